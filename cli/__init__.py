@@ -1,0 +1,1 @@
+"""The ``satcore`` command line (``satcore.cli``)."""

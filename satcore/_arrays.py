@@ -1,0 +1,39 @@
+"""Shape handling shared by every array-level function.
+
+The paper writes one column per sample; satcore is sample-first.  A candidate
+with positions (tokens, pixels) has per-sample matrices ``Q_i`` of shape
+``(T, N)`` and ``Psi_i`` of shape ``(T, r)``.  Plain ``(M, N)`` input is the
+``T = 1`` case, so every function works on the 3-d form internally.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def as_samples(array, name: str) -> np.ndarray:
+    """Return ``array`` as float64 of shape ``(M, T, width)``.
+
+    Accepts ``(M, width)`` (one position per sample) or ``(M, T, width)``.
+    Integer and boolean input is refused: gradients and features are real
+    numbers, and silently casting labels would hide a mistake.
+    """
+    arr = np.asarray(array)
+    if arr.dtype.kind not in "fc" or arr.dtype.kind == "c":
+        raise TypeError(f"{name}: expected a real floating-point array, got dtype {arr.dtype}")
+    if arr.ndim == 2:
+        arr = arr[:, None, :]
+    elif arr.ndim != 3:
+        raise ValueError(f"{name}: expected shape (M, N) or (M, T, N), got {arr.shape}")
+    return np.asarray(arr, dtype=np.float64)
+
+
+def as_pair(Q, Psi) -> tuple[np.ndarray, np.ndarray]:
+    """Both arrays as ``(M, T, width)`` float64 with matching ``M`` and ``T``."""
+    q = as_samples(Q, "Q")
+    psi = as_samples(Psi, "Psi")
+    if q.shape[:2] != psi.shape[:2]:
+        raise ValueError(
+            f"Q has (samples, positions) = {q.shape[:2]} but Psi has {psi.shape[:2]}; they must match"
+        )
+    return q, psi

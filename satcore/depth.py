@@ -1,0 +1,115 @@
+"""Statistics over an ordered set of candidates and the depth-wide report."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from ._psd import DEFAULT_RTOL
+from .certification import saturation_test
+from .results import TRAINING_SPLIT_WARNING, DepthReport
+from .statistics import CandidateStatistics
+
+TRAINING_SPLIT_NAMES = ("train", "training", "trainset", "train_set")
+
+
+class DepthStatistics(OrderedDict):
+    """Ordered mapping ``candidate name -> CandidateStatistics``, upstream first.
+
+    Mergeable (candidate-wise, names and order must agree) and serialisable as
+    ``{"<name>/<field>": array}``.
+    """
+
+    def merge(self, other: "DepthStatistics") -> "DepthStatistics":
+        if list(self) != list(other):
+            raise ValueError(f"candidate lists differ: {list(self)} vs {list(other)}")
+        return DepthStatistics((k, self[k].merge(other[k])) for k in self)
+
+    __add__ = merge
+
+    def to_arrays(self) -> dict:
+        return {f"{name}/{f}": v for name, s in self.items() for f, v in s.to_arrays().items()}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict, order) -> "DepthStatistics":
+        """``arrays`` maps ``"<name>/<field>"``; ``order`` lists candidate names.
+
+        Names may contain dots and slashes; the field is the part after the last ``/``.
+        """
+        grouped: dict[str, dict] = {name: {} for name in order}
+        for key, value in arrays.items():
+            name, _, field = key.rpartition("/")
+            if name not in grouped:
+                raise ValueError(f"statistics for unknown candidate {name!r}")
+            grouped[name][field] = value
+        out = cls()
+        for name in order:
+            try:
+                out[name] = CandidateStatistics.from_arrays(grouped[name])
+            except ValueError as exc:
+                raise ValueError(f"stats/{name}: {exc}") from None
+        return out
+
+    def report(
+        self,
+        *,
+        split: str | None = None,
+        delta: float = 0.0,
+        t: float | None = None,
+        error: float | None = None,
+        detector_scale: float = 1.0,
+        rtol: float = DEFAULT_RTOL,
+    ) -> DepthReport:
+        """Score every candidate; run the separated test when ``t`` or ``error`` is given."""
+        return depth_report(
+            [s.score(name, rtol) for name, s in self.items()],
+            split=split,
+            delta=delta,
+            t=t,
+            error=error,
+            detector_scale=detector_scale,
+        )
+
+
+def depth_report(scores, *, split=None, delta=0.0, t=None, error=None, detector_scale=1.0) -> DepthReport:
+    """Depth-wide maxima (Theorem 1: ``V_depth = max_l V_l``) and the optional test."""
+    scores = tuple(scores)
+    if not scores:
+        raise ValueError("no candidates")
+    best = max(scores, key=lambda c: c.growth_value)
+    best_ag = max(scores, key=lambda c: c.ag)
+    warnings = []
+    if split is not None and split.lower() in TRAINING_SPLIT_NAMES:
+        warnings.append(TRAINING_SPLIT_WARNING)
+    if split is None and (t is not None or error is not None):
+        warnings.append("probe split not stated: the test assumes a probe independent of training")
+    test = None
+    if t is not None or error is not None:
+        test = saturation_test(
+            [c.name for c in scores],
+            [c.cross_gradient_norm for c in scores],
+            [c.sigma_sq for c in scores],
+            [c.n_samples for c in scores],
+            delta=delta,
+            t=t,
+            error=error,
+            detector_scale=detector_scale,
+        )
+    return DepthReport(
+        candidates=scores,
+        ag_max=best_ag.ag,
+        growth_value_max=best.growth_value,
+        argmax=best.name,
+        ag_argmax=best_ag.name,
+        split=split,
+        test=test,
+        warnings=tuple(warnings),
+    )
+
+
+def score(Q, Psi, *, name: str = "", rtol: float = DEFAULT_RTOL, batch_size: int | None = None):
+    """Score one candidate from in-memory arrays: the frozen :class:`CandidateScore`.
+
+    Runs the same streaming statistics a probe uses (with ``sum X_i^T X_i``),
+    so ``score(Q, Psi).growth_value == growth_value(Q, Psi)``.
+    """
+    return CandidateStatistics.from_samples(Q, Psi, variance=True, batch_size=batch_size).score(name, rtol)

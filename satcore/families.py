@@ -1,0 +1,137 @@
+"""Candidate residual families with fixed, seeded feature maps (NumPy reference).
+
+A family fixes the feature map ``psi`` of the zero-output block ``h = V psi``.
+Its weights are drawn ONCE from ``numpy.random.default_rng(seed)`` and then
+held fixed, so the PyTorch, TensorFlow and ONNX adapters, given the same seed,
+use the very same ``psi`` and must report the same scores.  The NumPy
+``features`` here is the reference the adapters are tested against and the
+implementation the ONNX adapter uses.
+
+Layouts: token/vector candidates take ``z`` of shape ``(M, N)`` or
+``(M, T, N)`` and return ``(M, T, r)``; the ``conv`` family takes
+channels-first ``(M, C, H, W)`` and returns ``(M, H*W, C_mid*9)`` whose
+columns are the 3x3 patches a terminal ``conv3x3`` sees (PyTorch ``unfold``
+order ``c*9 + ki*3 + kj``, zero padding 1, stride 1), one position per pixel.
+Gradients ``Q`` for a conv candidate are laid out ``(M, H*W, C)`` to match.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.special import erf
+
+FAMILIES = ("mlp", "conv", "linear", "bias")
+
+
+def gelu(x):
+    """Exact (erf) GELU, PyTorch's default ``nn.GELU()``."""
+    return 0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))
+
+
+def relu(x):
+    return np.maximum(x, 0.0)
+
+
+ACTIVATIONS = {"gelu": gelu, "relu": relu}
+
+
+def _positions(z):
+    z = np.asarray(z, dtype=np.float64)
+    return z[:, None, :] if z.ndim == 2 else z
+
+
+def layer_norm(z, eps: float = 1e-5):
+    """LayerNorm over the last axis with unit gain and zero bias."""
+    mean = z.mean(axis=-1, keepdims=True)
+    var = z.var(axis=-1, keepdims=True)
+    return (z - mean) / np.sqrt(var + eps)
+
+
+def unfold3x3(x):
+    """``(M, C, H, W) -> (M, H*W, C*9)`` zero-padded 3x3 patches, PyTorch ``F.unfold`` order."""
+    M, C, H, W = x.shape
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    patches = np.stack(
+        [padded[:, :, i : i + H, j : j + W] for i in range(3) for j in range(3)], axis=2
+    )  # (M, C, 9, H, W)
+    return patches.reshape(M, C * 9, H * W).transpose(0, 2, 1)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A fixed feature map.  ``params`` holds its seeded NumPy weights."""
+
+    kind: str
+    width: int
+    n_features: int
+    params: dict = field(default_factory=dict)
+    activation: str = "gelu"
+    eps: float = 1e-5
+    seed: int = 0
+
+    def features(self, z) -> np.ndarray:
+        """``psi(z)`` as ``(M, T, r)`` float64 (see module docstring for layouts)."""
+        if self.kind == "linear":
+            return _positions(z)
+        if self.kind == "bias":
+            zz = _positions(z) if np.ndim(z) != 4 else np.zeros((len(z), z.shape[2] * z.shape[3], 1))
+            return np.ones(zz.shape[:2] + (1,))
+        if self.kind == "mlp":
+            h = layer_norm(_positions(z), self.eps) @ self.params["w1"].T
+            return ACTIVATIONS[self.activation](h)
+        if self.kind == "conv":
+            x = np.asarray(z, dtype=np.float64)
+            M, C, H, W = x.shape
+            u = self.params["conv1"].reshape(self.params["conv1"].shape[0], -1)
+            pre = unfold3x3(x) @ u.T  # (M, H*W, C_mid)
+            # BatchNorm in identity mode: running mean 0, running var 1, unit affine.
+            mid = relu(pre / np.sqrt(1.0 + self.eps))
+            return unfold3x3(mid.transpose(0, 2, 1).reshape(M, -1, H, W))
+        raise ValueError(f"unknown family {self.kind!r}")
+
+
+def make_family(
+    kind: str,
+    width: int,
+    *,
+    seed: int = 0,
+    expansion: int = 4,
+    mid_channels: int | None = None,
+    init_std: float | None = None,
+    activation: str = "gelu",
+    eps: float = 1e-5,
+) -> Family:
+    """Build a family for a candidate of hidden width ``width`` (channels for ``conv``).
+
+    ``mlp``: ``psi = act(W1 LN(z))`` with ``W1`` (``expansion*width x width``)
+    drawn ``N(0, init_std^2)``, ``init_std`` defaulting to ``width^-1/2`` (pass the
+    model's own, e.g. GPT-2's 0.02); ``r = expansion * width``.
+    ``conv``: ``psi`` = 3x3 patches of ``relu(BN(conv3x3(z)))`` with He-normal
+    ``conv3x3`` weights (std ``sqrt(2 / (9 C))``), ``mid_channels`` defaulting to
+    ``width``; ``r = 9 * mid_channels``.  ``linear``: ``psi = z``, ``r = width``.
+    ``bias``: ``psi = 1``, ``r = 1``.
+    """
+    rng = np.random.default_rng(seed)
+    if kind == "linear":
+        return Family("linear", width, width, seed=seed)
+    if kind == "bias":
+        return Family("bias", width, 1, seed=seed)
+    if kind == "mlp":
+        r = expansion * width
+        std = init_std if init_std is not None else width**-0.5
+        w1 = rng.standard_normal((r, width)) * std
+        return Family("mlp", width, r, {"w1": w1}, activation=activation, eps=eps, seed=seed)
+    if kind == "conv":
+        mid = mid_channels or width
+        std = init_std if init_std is not None else np.sqrt(2.0 / (9 * width))
+        conv1 = rng.standard_normal((mid, width, 3, 3)) * std
+        return Family("conv", width, 9 * mid, {"conv1": conv1}, activation="relu", eps=eps, seed=seed)
+    raise ValueError(f"unknown family {kind!r}; choose one of {FAMILIES} or pass a feature map")
+
+
+def conv_gradients(grad_nchw) -> np.ndarray:
+    """Channels-first gradients ``(M, C, H, W)`` as ``Q`` of shape ``(M, H*W, C)``."""
+    g = np.asarray(grad_nchw)
+    return g.reshape(g.shape[0], g.shape[1], -1).transpose(0, 2, 1)

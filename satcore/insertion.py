@@ -1,0 +1,72 @@
+"""Gradient-matched insertion (paper Appendix H) and its first-order prediction.
+
+Fitting the terminal projection of a zero-output block to the target
+``-alpha q_i`` by least squares,
+
+    min_V (1 / 2M) sum_i ||V psi_i + alpha q_i||^2,
+
+gives the normal equations ``V K = -alpha C`` and the minimum-norm solution
+``V* = -alpha C K^+``.  The inserted block outputs ``-alpha (Pi q)_i`` and the
+first-order change of the mean loss is ``<C_eval, V*>_F =
+-alpha tr(C_eval K^+ C^T)``; on the fitting split this is
+``-alpha growth_value^2``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._psd import DEFAULT_RTOL, psd_spectrum
+
+
+def matched_projection(C, K, alpha: float, rtol: float = DEFAULT_RTOL) -> np.ndarray:
+    """``V* = -alpha C K^+`` (``N x r``), the least-squares fit of Appendix H."""
+    return -alpha * (np.asarray(C, dtype=np.float64) @ psd_spectrum(K, rtol).pinv())
+
+
+def predicted_loss_change(C_fit, K, alpha: float, C_eval=None, rtol: float = DEFAULT_RTOL) -> float:
+    """First-order loss change ``-alpha tr(C_eval K^+ C_fit^T)``.
+
+    With ``C_eval`` omitted the evaluation split is the fitting split and the
+    value is ``-alpha * growth_value^2``.
+    """
+    V = matched_projection(C_fit, K, alpha, rtol)
+    C_eval = C_fit if C_eval is None else C_eval
+    return float(np.sum(np.asarray(C_eval, dtype=np.float64) * V))
+
+
+def alpha_for_relative_update(rho: float, stream_rms: float, growth: float) -> float:
+    """The ``alpha`` whose inserted update has ``||h||_S / ||z||_S = rho``.
+
+    The fitted block outputs ``-alpha Pi q``, of size ``alpha * growth_value``
+    in the empirical norm; ``stream_rms = ||z||_S = sqrt(mean_i ||z_i||^2)``.
+    An absolute ``alpha`` means nothing across models; a relative size does.
+    """
+    if growth <= 0:
+        raise ValueError("growth value is zero: no first-order direction to insert")
+    return rho * stream_rms / growth
+
+
+@dataclass(frozen=True)
+class InsertionPlan:
+    """A gradient-matched block: its terminal projection and predicted effect."""
+
+    alpha: float
+    projection: np.ndarray  # V*, (N, r)
+    predicted_change: float  # on the fitting split: -alpha V^2
+    predicted_change_eval: float | None  # on a second split, -alpha tr(C' K^+ C^T)
+
+
+def plan_insertion(stats_fit, alpha: float, stats_eval=None, rtol: float = DEFAULT_RTOL) -> InsertionPlan:
+    """Plan an insertion from :class:`~satcore.statistics.CandidateStatistics`."""
+    C, K = stats_fit.cross_gradient(), stats_fit.feature_gram()
+    return InsertionPlan(
+        alpha=alpha,
+        projection=matched_projection(C, K, alpha, rtol),
+        predicted_change=predicted_loss_change(C, K, alpha, rtol=rtol),
+        predicted_change_eval=(
+            None if stats_eval is None else predicted_loss_change(C, K, alpha, stats_eval.cross_gradient(), rtol)
+        ),
+    )

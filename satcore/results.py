@@ -1,0 +1,100 @@
+"""Frozen result objects: what a finished probe says, with the JSON names of SPEC section 8."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from .certification import SaturationTest
+
+REPORT_SCHEMA = "satcore-report/1"
+
+TRAINING_SPLIT_WARNING = (
+    "the probe split is the training set: the finite-sample test (Prop. 1) assumes an "
+    "independent probe (Assumption 4, Remark 5); fixed-sample values remain exact"
+)
+
+
+def _json_number(x):
+    """JSON has no NaN/Inf: map them to null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+@dataclass(frozen=True)
+class CandidateScore:
+    """Scores of one insertion candidate (SPEC section 2 and 4).
+
+    ``growth_value`` is ``V_S = sqrt(tr(C K^+ C^T))`` (Thm 2, Lemma 4);
+    ``realizability = growth_value / ag`` (Remark 3); ``cross_gradient_norm`` is
+    ``||C||_F = ||g_S||_2`` (Remark 4).  ``sigma_sq`` is the per-sample variance
+    of ``xi_i = vec(Q_i^T Psi_i)``, ``noise_floor = sqrt(sigma_sq / n)`` the
+    typical ``||g_hat||`` under saturation, ``signal_energy_debiased`` the
+    unbiased estimate of ``||g_pop||^2`` and ``growth_value_sq_debiased`` the
+    same debiasing of ``growth_value^2`` in the ``K^+`` metric (``None`` when
+    the probe did not accumulate ``sum X_i^T X_i``).
+    """
+
+    name: str
+    n_samples: int
+    n_hidden: int
+    n_features: int
+    n_positions: int
+    ag: float
+    ag_normalized: float
+    ag_batch: float | None
+    growth_value: float
+    realizability: float
+    cross_gradient_norm: float
+    feature_rank: int
+    tangent_complete: bool
+    sigma_sq: float
+    noise_floor: float
+    signal_energy_debiased: float
+    growth_value_sq_debiased: float | None
+
+    def to_dict(self) -> dict:
+        return {k: _json_number(v) for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class DepthReport:
+    """Depth-wide report over ordered candidates (upstream first).
+
+    ``growth_value_max`` is ``V_S,depth = max_l V_S,l`` (Theorem 1) and
+    ``argmax`` names where it is attained; ``ag_max`` is the paper's
+    ``AG_max``.  ``test`` holds the separated test when one was asked for.
+    """
+
+    candidates: tuple[CandidateScore, ...]
+    ag_max: float
+    growth_value_max: float
+    argmax: str
+    ag_argmax: str
+    split: str | None = None
+    test: SaturationTest | None = None
+    warnings: tuple[str, ...] = field(default=())
+
+    def __getitem__(self, name: str) -> CandidateScore:
+        for c in self.candidates:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def to_dict(self) -> dict:
+        out = {
+            "schema": REPORT_SCHEMA,
+            "candidates": [c.to_dict() for c in self.candidates],
+            "depth": {
+                "ag_max": self.ag_max,
+                "growth_value_max": self.growth_value_max,
+                "argmax": self.argmax,
+                "ag_argmax": self.ag_argmax,
+            },
+            "split": self.split,
+            "warnings": list(self.warnings),
+        }
+        if self.test is not None:
+            out["test"] = {k: _json_number(v) for k, v in self.test.to_dict().items()}
+        return out

@@ -1,0 +1,252 @@
+"""Streaming sufficient statistics per candidate (SPEC section 3).
+
+A probe never holds ``Q`` or ``Psi`` for all samples.  Per candidate it adds up,
+in float64:
+
+=====================  ============================================  ==========
+field                  meaning                                       shape
+=====================  ============================================  ==========
+``n_samples``          samples seen                                  scalar
+``sum_q_sq``           ``sum_i ||Q_i||_F^2``                         scalar
+``sum_cross``          ``sum_i Q_i^T Psi_i``  (``= n C``)            ``(N, r)``
+``sum_gram``           ``sum_i Psi_i^T Psi_i`` (``= n K``)           ``(r, r)``
+``sum_xi_sq``          ``sum_i ||X_i||_F^2``, ``X_i = Q_i^T Psi_i``  scalar
+``sum_xtx``            ``sum_i X_i^T X_i`` (optional, ``variance``)  ``(r, r)``
+``sum_batch_grad_norm`` ``sum_b ||Q_b||_F / |b|`` (paper eq. 2)      scalar
+``n_batches``          batches behind ``sum_batch_grad_norm``        scalar
+``n_positions``        ``T`` (1 for unpositioned candidates)          scalar
+=====================  ============================================  ==========
+
+Memory is ``O(N r + r^2)`` whatever the number of samples.  Two statistics
+merge by adding fields, which equals one pass over the union.  ``to_arrays``
+and ``from_arrays`` give the ``stats/<name>/<field>`` members of a dump.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._arrays import as_pair
+from ._psd import DEFAULT_RTOL, psd_spectrum
+from .certification import debiased_energy, noise_floor, variance_estimate
+from .quantities import growth_value_from_moments, realizability
+from .results import CandidateScore
+
+SCALAR_FIELDS = ("n_samples", "n_positions", "sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm", "n_batches")
+MATRIX_FIELDS = ("sum_cross", "sum_gram", "sum_xtx")
+FIELDS = SCALAR_FIELDS + MATRIX_FIELDS
+
+
+def batch_moments(Q, Psi, *, variance: bool = False) -> dict:
+    """The per-batch sums of the table above, in float64, from arrays.
+
+    ``sum_xi_sq`` uses ``||Q_i^T Psi_i||_F^2 = <Q_i Q_i^T, Psi_i Psi_i^T>_F`` (a
+    ``T x T`` kernel) when that is cheaper than forming ``X_i`` (``N x r``).
+    """
+    q, psi = as_pair(Q, Psi)
+    M, T, N = q.shape
+    r = psi.shape[2]
+    out = {
+        "n_samples": M,
+        "sum_q_sq": float(np.einsum("mtn,mtn->", q, q)),
+        "sum_cross": np.einsum("mtn,mtr->nr", q, psi),
+        "sum_gram": np.einsum("mtr,mts->rs", psi, psi),
+    }
+    if variance or T * (N + r) >= N * r:
+        X = np.einsum("mtn,mtr->mnr", q, psi)
+        out["sum_xi_sq"] = float(np.einsum("mnr,mnr->", X, X))
+        if variance:
+            out["sum_xtx"] = np.einsum("mnr,mns->rs", X, X)
+    else:
+        kq = np.einsum("mtn,msn->mts", q, q)
+        kp = np.einsum("mtr,msr->mts", psi, psi)
+        out["sum_xi_sq"] = float(np.einsum("mts,mts->", kq, kp))
+    if M:
+        out["batch_grad_norm"] = float(np.sqrt(out["sum_q_sq"])) / M
+    return out
+
+
+@dataclass
+class CandidateStatistics:
+    """Mergeable, serialisable running sums for one candidate (see module docstring)."""
+
+    n_hidden: int
+    n_features: int
+    n_positions: int = 1
+    variance: bool = False
+
+    def __post_init__(self):
+        self.n_samples = 0
+        self.n_batches = 0
+        self.sum_q_sq = 0.0
+        self.sum_xi_sq = 0.0
+        self.sum_batch_grad_norm = 0.0
+        self.sum_cross = np.zeros((self.n_hidden, self.n_features))
+        self.sum_gram = np.zeros((self.n_features, self.n_features))
+        self.sum_xtx = np.zeros((self.n_features, self.n_features)) if self.variance else None
+
+    @classmethod
+    def from_samples(cls, Q, Psi, *, variance: bool = True, batch_size: int | None = None):
+        """One pass over in-memory arrays (batched as ``batch_size`` for eq. (2))."""
+        q, psi = as_pair(Q, Psi)
+        stats = cls(q.shape[2], psi.shape[2], q.shape[1], variance)
+        step = batch_size or q.shape[0]
+        for s in range(0, q.shape[0], step):
+            stats.update(q[s : s + step], psi[s : s + step])
+        return stats
+
+    def update(self, Q, Psi) -> "CandidateStatistics":
+        """Add one batch; the batch also counts once in the eq. (2) average."""
+        q, psi = as_pair(Q, Psi)
+        if q.shape[2] != self.n_hidden or psi.shape[2] != self.n_features or q.shape[1] != self.n_positions:
+            raise ValueError(
+                f"batch has (T, N, r) = ({q.shape[1]}, {q.shape[2]}, {psi.shape[2]}), statistics expect "
+                f"({self.n_positions}, {self.n_hidden}, {self.n_features})"
+            )
+        return self.add_moments(**batch_moments(q, psi, variance=self.variance))
+
+    def add_moments(
+        self,
+        n_samples,
+        sum_q_sq,
+        sum_cross,
+        sum_gram,
+        sum_xi_sq,
+        sum_xtx=None,
+        batch_grad_norm=None,
+    ) -> "CandidateStatistics":
+        """Add precomputed batch sums (adapters compute them on their device)."""
+        if self.variance and sum_xtx is None:
+            raise ValueError("these statistics track sum_xtx (variance=True); the batch did not supply it")
+        self.n_samples += int(n_samples)
+        self.sum_q_sq += float(sum_q_sq)
+        self.sum_xi_sq += float(sum_xi_sq)
+        self.sum_cross += np.asarray(sum_cross, dtype=np.float64)
+        self.sum_gram += np.asarray(sum_gram, dtype=np.float64)
+        if self.variance:
+            self.sum_xtx += np.asarray(sum_xtx, dtype=np.float64)
+        if batch_grad_norm is not None:
+            self.sum_batch_grad_norm += float(batch_grad_norm)
+            self.n_batches += 1
+        return self
+
+    # -- merging and serialisation -------------------------------------------------
+    def _check_compatible(self, other: "CandidateStatistics"):
+        mine = (self.n_hidden, self.n_features, self.n_positions)
+        theirs = (other.n_hidden, other.n_features, other.n_positions)
+        if mine != theirs:
+            raise ValueError(f"cannot merge statistics with (N, r, T) {mine} and {theirs}")
+
+    def merge(self, other: "CandidateStatistics") -> "CandidateStatistics":
+        """New statistics equal to one pass over both sample sets.
+
+        ``sum_xtx`` survives only when both sides have it.
+        """
+        self._check_compatible(other)
+        out = CandidateStatistics(
+            self.n_hidden, self.n_features, self.n_positions, self.variance and other.variance
+        )
+        for part in (self, other):
+            out.add_moments(
+                part.n_samples,
+                part.sum_q_sq,
+                part.sum_cross,
+                part.sum_gram,
+                part.sum_xi_sq,
+                part.sum_xtx if out.variance else None,
+            )
+        out.sum_batch_grad_norm = self.sum_batch_grad_norm + other.sum_batch_grad_norm
+        out.n_batches = self.n_batches + other.n_batches
+        return out
+
+    __add__ = merge
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        out = {f: np.asarray(getattr(self, f)) for f in SCALAR_FIELDS}
+        out["sum_cross"] = self.sum_cross
+        out["sum_gram"] = self.sum_gram
+        if self.variance:
+            out["sum_xtx"] = self.sum_xtx
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: dict) -> "CandidateStatistics":
+        """Inverse of :meth:`to_arrays`; validates shapes and consistency."""
+        missing = [f for f in FIELDS if f != "sum_xtx" and f not in arrays]
+        if missing:
+            raise ValueError(f"missing field(s) {', '.join(missing)}")
+        cross = np.asarray(arrays["sum_cross"], dtype=np.float64)
+        gram = np.asarray(arrays["sum_gram"], dtype=np.float64)
+        if cross.ndim != 2 or gram.shape != (cross.shape[1], cross.shape[1]):
+            raise ValueError(f"sum_cross {cross.shape} and sum_gram {gram.shape} do not fit (N, r) and (r, r)")
+        stats = cls(cross.shape[0], cross.shape[1], int(arrays["n_positions"]), "sum_xtx" in arrays)
+        for f in SCALAR_FIELDS:
+            value = np.asarray(arrays[f])
+            if value.shape != ():
+                raise ValueError(f"{f} must be a scalar, got shape {value.shape}")
+            if value.dtype.kind not in "iuf":
+                raise ValueError(f"{f} must be numeric, got dtype {value.dtype}")
+            setattr(stats, f, value.item())
+        if stats.n_samples < 0 or stats.n_batches < 0 or stats.n_positions < 1:
+            raise ValueError("negative or zero counts")
+        if stats.sum_q_sq < 0 or stats.sum_xi_sq < 0:
+            raise ValueError("negative sum of squares")
+        stats.n_samples, stats.n_batches = int(stats.n_samples), int(stats.n_batches)
+        stats.sum_cross, stats.sum_gram = cross.copy(), gram.copy()
+        if stats.variance:
+            xtx = np.asarray(arrays["sum_xtx"], dtype=np.float64)
+            if xtx.shape != gram.shape:
+                raise ValueError(f"sum_xtx has shape {xtx.shape}, expected {gram.shape}")
+            stats.sum_xtx = xtx.copy()
+        for f in ("sum_gram", "sum_xtx"):
+            m = getattr(stats, f)
+            if m is not None and not np.allclose(m, m.T, rtol=1e-10, atol=1e-12 * (np.abs(m).max() + 1e-300)):
+                raise ValueError(f"{f} is not symmetric")
+        return stats
+
+    # -- finished quantities -----------------------------------------------------------
+    def cross_gradient(self) -> np.ndarray:
+        """``C = sum_cross / n``."""
+        return self.sum_cross / self.n_samples
+
+    def feature_gram(self) -> np.ndarray:
+        """``K = sum_gram / n``."""
+        return self.sum_gram / self.n_samples
+
+    def score(self, name: str = "", rtol: float = DEFAULT_RTOL) -> CandidateScore:
+        """Finalise into a :class:`CandidateScore`; see its docstring for the formulas."""
+        n = self.n_samples
+        if n == 0:
+            raise ValueError(f"candidate {name!r} has no samples")
+        C, K = self.cross_gradient(), self.feature_gram()
+        spectrum = psd_spectrum(K, rtol)
+        ag_value = float(np.sqrt(self.sum_q_sq / n))
+        growth = growth_value_from_moments(C, K, rtol)
+        g_norm_sq = float(np.sum(C * C))
+        sigma_sq = variance_estimate(n, self.sum_xi_sq, g_norm_sq)
+        gv_debiased = None
+        if self.variance and n > 1:
+            # sum_i xi_i^T (I kron K^+) xi_i = <K^+, sum_i X_i^T X_i>
+            noise = float(np.sum(spectrum.pinv() * self.sum_xtx))
+            gv_debiased = (n * n * growth**2 - noise) / (n * (n - 1))
+        return CandidateScore(
+            name=name,
+            n_samples=n,
+            n_hidden=self.n_hidden,
+            n_features=self.n_features,
+            n_positions=self.n_positions,
+            ag=ag_value,
+            ag_normalized=ag_value / float(np.sqrt(self.n_hidden)),
+            ag_batch=self.sum_batch_grad_norm / self.n_batches if self.n_batches else None,
+            growth_value=growth,
+            realizability=realizability(growth, ag_value),
+            cross_gradient_norm=float(np.sqrt(g_norm_sq)),
+            feature_rank=spectrum.rank,
+            tangent_complete=spectrum.rank == n * self.n_positions,
+            sigma_sq=sigma_sq,
+            noise_floor=noise_floor(n, sigma_sq),
+            signal_energy_debiased=debiased_energy(n, self.sum_xi_sq, g_norm_sq),
+            growth_value_sq_debiased=gv_debiased,
+        )
