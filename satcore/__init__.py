@@ -30,6 +30,7 @@ from .certification import (
     variance_estimate,
 )
 from .depth import DepthStatistics, depth_report, score
+from .dump import DumpError, read_dump, write_dump
 from .families import FAMILIES, Family, make_family
 from .insertion import (
     InsertionPlan,
