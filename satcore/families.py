@@ -74,10 +74,11 @@ class Family:
     def features(self, z) -> np.ndarray:
         """``psi(z)`` as ``(M, T, r)`` float64 (see module docstring for layouts)."""
         if self.kind == "linear":
-            return _positions(z)
+            return conv_gradients(z).astype(np.float64) if np.ndim(z) == 4 else _positions(z)
         if self.kind == "bias":
-            zz = _positions(z) if np.ndim(z) != 4 else np.zeros((len(z), z.shape[2] * z.shape[3], 1))
-            return np.ones(zz.shape[:2] + (1,))
+            z = np.asarray(z)
+            positions = int(np.prod(z.shape[2:])) if z.ndim == 4 else (z.shape[1] if z.ndim == 3 else 1)
+            return np.ones((z.shape[0], positions, 1))
         if self.kind == "mlp":
             h = layer_norm(_positions(z), self.eps) @ self.params["w1"].T
             return ACTIVATIONS[self.activation](h)
@@ -114,7 +115,7 @@ def make_family(
     ``bias``: ``psi = 1``, ``r = 1``.
     """
     rng = np.random.default_rng(seed)
-    if kind == "linear":
+    if kind == "linear":  # for a conv candidate: psi = z per pixel (a 1x1 terminal conv)
         return Family("linear", width, width, seed=seed)
     if kind == "bias":
         return Family("bias", width, 1, seed=seed)
@@ -132,6 +133,6 @@ def make_family(
 
 
 def conv_gradients(grad_nchw) -> np.ndarray:
-    """Channels-first gradients ``(M, C, H, W)`` as ``Q`` of shape ``(M, H*W, C)``."""
+    """Channels-first ``(M, C, H, W)`` as positions ``(M, H*W, C)``: the layout of ``Q`` at a conv candidate."""
     g = np.asarray(grad_nchw)
     return g.reshape(g.shape[0], g.shape[1], -1).transpose(0, 2, 1)

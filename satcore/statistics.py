@@ -181,14 +181,17 @@ class CandidateStatistics:
         gram = np.asarray(arrays["sum_gram"], dtype=np.float64)
         if cross.ndim != 2 or gram.shape != (cross.shape[1], cross.shape[1]):
             raise ValueError(f"sum_cross {cross.shape} and sum_gram {gram.shape} do not fit (N, r) and (r, r)")
-        stats = cls(cross.shape[0], cross.shape[1], int(arrays["n_positions"]), "sum_xtx" in arrays)
+        scalars = {}
         for f in SCALAR_FIELDS:
             value = np.asarray(arrays[f])
             if value.shape != ():
                 raise ValueError(f"{f} must be a scalar, got shape {value.shape}")
             if value.dtype.kind not in "iuf":
                 raise ValueError(f"{f} must be numeric, got dtype {value.dtype}")
-            setattr(stats, f, value.item())
+            scalars[f] = value.item()
+        stats = cls(cross.shape[0], cross.shape[1], int(scalars["n_positions"]), "sum_xtx" in arrays)
+        for f, value in scalars.items():
+            setattr(stats, f, value)
         if stats.n_samples < 0 or stats.n_batches < 0 or stats.n_positions < 1:
             raise ValueError("negative or zero counts")
         if stats.sum_q_sq < 0 or stats.sum_xi_sq < 0:

@@ -1,0 +1,137 @@
+"""Depth sweeps: the ``AG_max`` / growth-value curve over model depth and its low-signal plateau.
+
+The paper (Section 5, Figure 1) reads saturation off a sweep of models of
+increasing depth: ``AG_max`` falls quickly at shallow depths and then enters a
+"stable low-signal plateau"; it argues for that plateau, "rather than a
+universal threshold" such as 5e-3, as the practical indicator.  This module
+makes the plateau a precise rule.
+
+Noise floor of a growth value.  ``E V_hat^2 = V^2 + f^2`` with
+``f^2 = sigma_K^2 / n`` the sampling variance of ``g_hat`` in the ``K^+``
+metric (SPEC section 4), and ``growth_value_sq_debiased = V_hat^2 - f^2``, so
+``f = sqrt(V_hat^2 - growth_value_sq_debiased)``: the value a saturated
+candidate shows on ``n`` probe samples.
+
+Plateau rule.  With depth-ordered values ``v_0 .. v_{L-1}`` (``growth_value_max``
+or ``ag_max``), noise floors ``f_j`` (0 where unknown, and for ``ag_max``) and
+a relative tolerance ``rel_tol``, the plateau starts at the smallest ``k``
+with at least ``min_points`` depths from ``k`` on such that
+
+    v_j <= (1 + rel_tol) * min_{i >= k} v_i + f_j     for every j >= k,
+
+i.e. no later depth exceeds the tail's minimum by more than the tolerance plus
+its own sampling noise: the curve has stopped falling.  The rule is monotone
+(if it holds from ``k`` it holds from ``k + 1``).  The plateau is *low signal*
+when moreover ``v_j <= noise_factor * f_j`` for every ``j >= k``: the values
+there are what sampling noise alone produces.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from .results import DepthReport
+
+SWEEP_SCHEMA = "satcore-sweep/1"
+METRICS = ("growth_value", "ag")
+
+
+def growth_noise_floor(score) -> float | None:
+    """``f = sqrt(max(0, growth_value^2 - growth_value_sq_debiased))``; ``None`` without ``sum_xtx``."""
+    if score.growth_value_sq_debiased is None or not math.isfinite(score.growth_value_sq_debiased):
+        return None
+    return math.sqrt(max(0.0, score.growth_value**2 - score.growth_value_sq_debiased))
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One model depth: the depth-wide maxima of its report and the noise floor at the argmax."""
+
+    depth: int
+    label: str
+    ag_max: float
+    ag_argmax: str
+    growth_value_max: float
+    argmax: str
+    noise_floor: float | None
+    n_samples: int
+
+
+@dataclass(frozen=True)
+class Plateau:
+    start_index: int
+    start_depth: int
+    low_signal: bool
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Sweep points in depth order and the plateau (``None`` when the curve is still falling)."""
+
+    points: tuple[SweepPoint, ...]
+    metric: str
+    rel_tol: float
+    noise_factor: float
+    min_points: int
+    plateau: Plateau | None
+
+    def values(self) -> list[float]:
+        return [_value(p, self.metric) for p in self.points]
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SWEEP_SCHEMA,
+            "metric": self.metric,
+            "rel_tol": self.rel_tol,
+            "noise_factor": self.noise_factor,
+            "min_points": self.min_points,
+            "points": [asdict(p) for p in self.points],
+            "plateau": asdict(self.plateau) if self.plateau else None,
+        }
+
+
+def _value(point: SweepPoint, metric: str) -> float:
+    return point.growth_value_max if metric == "growth_value" else point.ag_max
+
+
+def sweep_point(depth: int, label: str, report: DepthReport) -> SweepPoint:
+    best = report[report.argmax]
+    return SweepPoint(
+        depth=int(depth),
+        label=label,
+        ag_max=report.ag_max,
+        ag_argmax=report.ag_argmax,
+        growth_value_max=report.growth_value_max,
+        argmax=report.argmax,
+        noise_floor=growth_noise_floor(best),
+        n_samples=min(c.n_samples for c in report.candidates),
+    )
+
+
+def find_plateau(values, floors, *, rel_tol=0.25, noise_factor=2.0, min_points=2):
+    """The plateau rule of the module docstring: ``(start_index, low_signal)`` or ``None``."""
+    floors = [f or 0.0 for f in floors]
+    for k in range(0, len(values) - min_points + 1):
+        tail_min = min(values[k:])
+        if all(v <= (1 + rel_tol) * tail_min + f for v, f in zip(values[k:], floors[k:])):
+            low = all(f > 0 and v <= noise_factor * f for v, f in zip(values[k:], floors[k:]))
+            return k, low
+    return None
+
+
+def depth_sweep(points, *, metric="growth_value", rel_tol=0.25, noise_factor=2.0, min_points=2) -> Sweep:
+    """Order ``points`` (:class:`SweepPoint`) by depth and locate the plateau."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    if rel_tol < 0 or noise_factor <= 0 or min_points < 2:
+        raise ValueError("need rel_tol >= 0, noise_factor > 0 and min_points >= 2")
+    ordered = tuple(sorted(points, key=lambda p: p.depth))
+    for a, b in zip(ordered, ordered[1:]):
+        if a.depth == b.depth:
+            raise ValueError(f"two dumps have depth {a.depth}: {a.label} and {b.label}")
+    values = [_value(p, metric) for p in ordered]
+    floors = [p.noise_floor if metric == "growth_value" else None for p in ordered]
+    found = find_plateau(values, floors, rel_tol=rel_tol, noise_factor=noise_factor, min_points=min_points)
+    plateau = Plateau(found[0], ordered[found[0]].depth, found[1]) if found else None
+    return Sweep(ordered, metric, rel_tol, noise_factor, min_points, plateau)

@@ -1,0 +1,59 @@
+"""The NumPy feature maps every adapter must reproduce, against direct loops."""
+
+import numpy as np
+import pytest
+from scipy.signal import correlate2d
+
+import satcore
+from satcore.families import gelu, unfold3x3
+
+
+def test_conv_family_against_direct_convolution():
+    rng = np.random.default_rng(0)
+    M, C, H, W = 2, 3, 5, 4
+    fam = satcore.make_family("conv", C, seed=7, mid_channels=2)
+    z = rng.standard_normal((M, C, H, W))
+    U = fam.params["conv1"]
+    mid = np.zeros((M, 2, H, W))
+    for m in range(M):
+        for o in range(2):
+            mid[m, o] = sum(correlate2d(z[m, c], U[o, c], mode="same") for c in range(C))
+    mid = np.maximum(mid / np.sqrt(1 + fam.eps), 0)
+    psi = fam.features(z)
+    assert psi.shape == (M, H * W, 2 * 9) and fam.n_features == 18
+    padded = np.pad(mid, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    for m, y, x in [(0, 0, 0), (1, 2, 3), (1, 4, 0)]:
+        patch = padded[m, :, y : y + 3, x : x + 3].reshape(-1)  # c*9 + ki*3 + kj
+        np.testing.assert_allclose(psi[m, y * W + x], patch, rtol=1e-12, atol=1e-12)
+
+
+def test_unfold_then_linear_equals_conv():
+    """A terminal conv3x3 with weights V acts on unfolded patches as psi @ V.reshape(out, -1).T."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 2, 4, 4))
+    V = rng.standard_normal((3, 2, 3, 3))
+    direct = np.stack([sum(correlate2d(x[0, c], V[o, c], mode="same") for c in range(2)) for o in range(3)])
+    via_unfold = (unfold3x3(x) @ V.reshape(3, -1).T)[0].T.reshape(3, 4, 4)
+    np.testing.assert_allclose(via_unfold, direct, rtol=1e-12, atol=1e-12)
+    grad = rng.standard_normal((1, 3, 4, 4))
+    assert satcore.families.conv_gradients(grad).shape == (1, 16, 3)
+
+
+def test_mlp_linear_bias_families():
+    rng = np.random.default_rng(2)
+    z = rng.standard_normal((3, 4, 6)) * 3 + 1
+    fam = satcore.make_family("mlp", 6, seed=5, init_std=0.02)
+    ln = (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(fam.features(z), gelu(ln @ fam.params["w1"].T), rtol=1e-13)
+    assert fam.n_features == 24 and np.std(fam.params["w1"]) == pytest.approx(0.02, rel=0.2)
+    # Same seed, same weights: the cross-framework contract.
+    np.testing.assert_array_equal(fam.params["w1"], satcore.make_family("mlp", 6, seed=5, init_std=0.02).params["w1"])
+    assert not np.array_equal(fam.params["w1"], satcore.make_family("mlp", 6, seed=6, init_std=0.02).params["w1"])
+    np.testing.assert_array_equal(satcore.make_family("linear", 6).features(z), z)
+    assert satcore.make_family("bias", 6).features(z).shape == (3, 4, 1)
+    img = rng.standard_normal((3, 2, 4, 5))
+    assert satcore.make_family("bias", 2).features(img).shape == (3, 20, 1)
+    np.testing.assert_array_equal(satcore.make_family("linear", 2).features(img)[1, 7], img[1, :, 1, 2])
+    assert gelu(np.array([1.0]))[0] == pytest.approx(0.8413447460685429)
+    with pytest.raises(ValueError, match="unknown family"):
+        satcore.make_family("attention", 4)

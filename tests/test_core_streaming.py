@@ -1,0 +1,125 @@
+"""Streaming statistics: any batching equals one pass; merged shards equal one pass (SPEC section 3)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import satcore
+from satcore.statistics import FIELDS
+
+
+def one_pass(Q, Psi, variance=True):
+    stats = satcore.CandidateStatistics(Q.shape[2], Psi.shape[2], Q.shape[1], variance)
+    stats.update(Q, Psi)
+    return stats
+
+
+def reference_sums(Q, Psi):
+    """Per-sample loop, explicit X_i = Q_i^T Psi_i: the independent reference."""
+    X = [Q[i].T @ Psi[i] for i in range(Q.shape[0])]
+    return {
+        "sum_q_sq": sum(np.sum(Q[i] ** 2) for i in range(Q.shape[0])),
+        "sum_cross": sum(X),
+        "sum_gram": sum(Psi[i].T @ Psi[i] for i in range(Q.shape[0])),
+        "sum_xi_sq": sum(np.sum(x * x) for x in X),
+        "sum_xtx": sum(x.T @ x for x in X),
+    }
+
+
+def assert_stats_equal(a, b, rel=1e-12):
+    for f in FIELDS:
+        va, vb = getattr(a, f), getattr(b, f)
+        if f in ("n_batches", "sum_batch_grad_norm") or va is None or vb is None:
+            assert (va is None) == (vb is None)
+            continue
+        np.testing.assert_allclose(va, vb, rtol=rel, atol=rel * (np.abs(vb).max() if np.size(vb) else 0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 4), st.lists(st.integers(1, 9), min_size=1, max_size=6))
+def test_any_batching_equals_one_pass(seed, T, sizes):
+    rng = np.random.default_rng(seed)
+    M = sum(sizes)
+    # Wide candidates (T (N + r) >= N r) and narrow ones take different sum_xi_sq paths.
+    N, r = int(rng.integers(1, 6)), int(rng.integers(1, 7))
+    Q = rng.standard_normal((M, T, N))
+    Psi = rng.standard_normal((M, T, r))
+    whole = one_pass(Q, Psi)
+    ref = reference_sums(Q, Psi)
+    for f, v in ref.items():
+        np.testing.assert_allclose(getattr(whole, f), v, rtol=1e-12, atol=1e-12)
+    streamed = satcore.CandidateStatistics(N, r, T, variance=True)
+    start = 0
+    for size in sizes:
+        streamed.update(Q[start : start + size], Psi[start : start + size])
+        start += size
+    assert streamed.n_samples == M and streamed.n_batches == len(sizes)
+    assert_stats_equal(streamed, whole)
+    # Shards merged in any grouping equal one pass.
+    cut = sizes[0]
+    merged = one_pass(Q[:cut], Psi[:cut]).merge(one_pass(Q[cut:], Psi[cut:])) if cut < M else whole
+    assert_stats_equal(merged, whole)
+    assert merged.score("c").growth_value == pytest.approx(whole.score("c").growth_value, rel=1e-12)
+
+
+def test_narrow_and_wide_xi_paths_agree():
+    rng = np.random.default_rng(0)
+    Q, Psi = rng.standard_normal((7, 5, 3)), rng.standard_normal((7, 5, 2))
+    wide = satcore.batch_moments(Q, Psi, variance=True)["sum_xi_sq"]
+    narrow = satcore.batch_moments(Q[:, :1], Psi[:, :1], variance=False)["sum_xi_sq"]
+    assert wide == pytest.approx(reference_sums(Q, Psi)["sum_xi_sq"], rel=1e-13)
+    assert narrow == pytest.approx(reference_sums(Q[:, :1], Psi[:, :1])["sum_xi_sq"], rel=1e-13)
+    # T (N + r) < N r picks the T x T kernel route:
+    Q2, P2 = rng.standard_normal((4, 2, 6)), rng.standard_normal((4, 2, 7))
+    assert satcore.batch_moments(Q2, P2)["sum_xi_sq"] == pytest.approx(reference_sums(Q2, P2)["sum_xi_sq"], rel=1e-13)
+
+
+def test_serialisation_round_trip_and_depth_merge():
+    rng = np.random.default_rng(1)
+    depth = satcore.DepthStatistics()
+    other = satcore.DepthStatistics()
+    for name, (N, r, T) in {"layer1.0": (3, 4, 2), "layer2.0/a": (2, 5, 1)}.items():
+        Q, Psi = rng.standard_normal((12, T, N)), rng.standard_normal((12, T, r))
+        depth[name] = one_pass(Q[:5], Psi[:5], variance=(T == 2))
+        other[name] = one_pass(Q[5:], Psi[5:], variance=(T == 2))
+    arrays = depth.to_arrays()
+    back = satcore.DepthStatistics.from_arrays(arrays, list(depth))
+    for name in depth:
+        assert_stats_equal(back[name], depth[name], rel=0)
+        assert back[name].variance == depth[name].variance
+    merged = depth.merge(other)
+    assert list(merged) == ["layer1.0", "layer2.0/a"]
+    assert merged["layer1.0"].n_samples == 12
+    with pytest.raises(ValueError, match="candidate lists differ"):
+        depth.merge(satcore.DepthStatistics(reversed(list(other.items()))))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (("n_samples", -1), "negative"),
+        (("sum_q_sq", -2.0), "negative"),
+        (("sum_gram", "asym"), "not symmetric"),
+        (("sum_cross", np.zeros((3,))), "do not fit"),
+        (("n_positions", np.array([1, 2])), "scalar"),
+    ],
+)
+def test_inconsistent_statistics_are_refused(change, message):
+    rng = np.random.default_rng(2)
+    arrays = one_pass(rng.standard_normal((4, 1, 3)), rng.standard_normal((4, 1, 2))).to_arrays()
+    key, value = change
+    if isinstance(value, str):
+        value = arrays[key].copy()
+        value[0, 1] += 1.0
+    arrays[key] = value
+    with pytest.raises(ValueError, match=message):
+        satcore.CandidateStatistics.from_arrays(arrays)
+
+
+def test_merge_refuses_mismatched_shapes():
+    a = satcore.CandidateStatistics(3, 4, 1)
+    with pytest.raises(ValueError, match="cannot merge"):
+        a.merge(satcore.CandidateStatistics(3, 5, 1))
+    with pytest.raises(ValueError, match="expect"):
+        a.update(np.ones((2, 1, 3)), np.ones((2, 1, 5)))
