@@ -139,14 +139,15 @@ class Dump:
         self.schema, self.meta = self._read_header_members(archive, members)
         groups, seen = self._group(members)
         self.candidates = self._order(seen)
+        # raw candidates (read on demand) and stats candidates (small, read now)
         self.raw: dict[str, RawMembers] = {}
-        self._stats: dict[str, CandidateStatistics] = {}
+        self.stored: dict[str, CandidateStatistics] = {}
         for name in self.candidates:
             parts = groups[name]
             if "stats" in parts and len(parts) > 1:
                 raise DumpError(f"candidate {name!r}: has both raw and stats/ members; keep one form")
             if "stats" in parts:
-                self._stats[name] = self._read_stats(archive, name, parts["stats"])
+                self.stored[name] = self._read_stats(archive, name, parts["stats"])
             else:
                 self.raw[name] = self._raw(archive, name, parts)
 
@@ -309,7 +310,7 @@ class Dump:
         with zipfile.ZipFile(self.path) as archive:
             for name in self.candidates:
                 if name not in self.raw:
-                    out[name] = self._stats[name]
+                    out[name] = self.stored[name]
                     continue
                 members = self.raw[name]
                 rows = chunk_samples or self._auto_chunk(members, variance)

@@ -1,0 +1,91 @@
+"""Shared pieces of the ``satcore`` commands: reading dumps with progress, number formatting."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from satcore.dump import Dump, read_dump
+
+QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress output on stderr.")
+CHUNK_OPTION = click.option(
+    "--chunk-samples",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Samples per chunk when streaming raw members (default: about 64 MiB of working memory).",
+)
+
+
+class StderrProgress:
+    """``progress(done_bytes, total_bytes)`` for :meth:`Dump.statistics`.
+
+    Writes one self-overwriting line to stderr, only when stderr is a terminal
+    and the read has lasted over a second (short reads stay silent).
+    """
+
+    def __init__(self, label: str, delay_s: float = 1.0):
+        self.label = label
+        self.start = time.monotonic()
+        self.delay_s = delay_s
+        self.shown = False
+
+    def __call__(self, done: int, total: int):
+        if time.monotonic() - self.start < self.delay_s:
+            return
+        self.shown = True
+        pct = 100.0 * done / total if total else 100.0
+        sys.stderr.write(f"\r{self.label}: {pct:5.1f}% of {human_bytes(total)}")
+        sys.stderr.flush()
+
+    def close(self):
+        if self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def load(path: str, *, quiet: bool, chunk_samples: int | None = None):
+    """``(dump, statistics)`` of a validated dump."""
+    dump: Dump = read_dump(path)
+    return dump, statistics(dump, quiet=quiet, chunk_samples=chunk_samples)
+
+
+def statistics(dump: Dump, *, quiet: bool, chunk_samples: int | None = None):
+    """Stream the dump's statistics; progress on stderr unless ``quiet`` or stderr is not a terminal."""
+    progress = None if quiet or not sys.stderr.isatty() else StderrProgress(f"reading {dump.path}")
+    try:
+        return dump.statistics(chunk_samples=chunk_samples, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def num(x) -> str:
+    """Compact number for tables: 4 significant digits, '-' for missing."""
+    if x is None or (isinstance(x, float) and x != x):
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return str(x)
+    return f"{x:.4g}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """Left-aligned first column, right-aligned others."""
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+
+    def line(cells):
+        first = cells[0].ljust(widths[0])
+        return "  ".join([first] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:])])
+
+    return "\n".join([line(header)] + [line(r) for r in rows])

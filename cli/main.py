@@ -1,0 +1,59 @@
+"""The ``satcore`` command line (SPEC section 8).
+
+Each command lives in its own module; adding one is one ``main.add_command``
+line.  Every failure the user can cause (bad usage, an invalid dump, a value
+the core rejects) ends with ONE line on stderr and exit status 2, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from satcore.dump import DumpError
+
+from .inspect_dump import inspect
+from .merge import merge
+from .score import score
+from .sweep import sweep
+
+USAGE_OR_INPUT_ERROR = 2
+
+
+class SatcoreGroup(click.Group):
+    """A click group whose errors are one line on stderr with exit status 2."""
+
+    def main(self, args=None, prog_name=None, **kwargs):
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(args=args, prog_name=prog_name or "satcore", **kwargs)
+        except click.UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            _fail(f"{exc.format_message()}{hint}")
+        except click.ClickException as exc:
+            _fail(exc.format_message())
+        except click.Abort:
+            _fail("aborted")
+        except (DumpError, ValueError, TypeError, OSError) as exc:
+            _fail(str(exc) or type(exc).__name__)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _fail(message: str):
+    one_line = " ".join(message.split())
+    click.echo(f"satcore: error: {one_line}", err=True)
+    sys.exit(USAGE_OR_INPUT_ERROR)
+
+
+@click.group(cls=SatcoreGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="satcore")
+def main():
+    """First-order residual depth saturation: can adding a residual block still help, and where?"""
+
+
+main.add_command(score)
+main.add_command(inspect)
+main.add_command(merge)
+main.add_command(sweep)

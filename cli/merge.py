@@ -1,0 +1,43 @@
+"""``satcore merge A B ... -o OUT``: add the statistics of dumps over disjoint samples."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from satcore.dump import write_dump
+
+from .common import CHUNK_OPTION, QUIET_OPTION, load
+
+
+@click.command()
+@click.argument("dumps", nargs=-1, required=True)
+@click.option("-o", "--output", required=True, metavar="OUT", help="Path of the merged statistics dump (.npz).")
+@QUIET_OPTION
+@CHUNK_OPTION
+def merge(dumps, output, quiet, chunk_samples):
+    """Merge DUMPS (shards over disjoint samples, same candidates) into one statistics dump.
+
+    Scoring the result equals scoring the union of the shards.  Raw inputs are
+    reduced to statistics first, so a single input compacts a raw dump.  Meta
+    fields on which all inputs agree are kept; ``merged_from`` lists the inputs.
+    """
+    loaded = [load(path, quiet=quiet, chunk_samples=chunk_samples) for path in dumps]
+    merged = loaded[0][1]
+    for path, (_, stats) in zip(dumps[1:], loaded[1:]):
+        try:
+            merged = merged.merge(stats)
+        except ValueError as exc:
+            raise click.ClickException(f"{path}: cannot merge with {dumps[0]}: {exc}") from None
+    meta = common_meta([source.meta for source, _ in loaded])
+    meta["merged_from"] = [os.path.basename(p) for p in dumps]
+    write_dump(output, merged, meta=meta)
+    total = sum(s.n_samples for s in merged.values()) // max(1, len(merged))
+    click.echo(f"wrote {output}: {len(merged)} candidate(s), {total} samples per candidate, from {len(dumps)} dump(s)")
+
+
+def common_meta(metas: list[dict]) -> dict:
+    """Meta fields (other than ``candidates``) equal in every input."""
+    first = metas[0]
+    return {k: v for k, v in first.items() if k != "candidates" and all(m.get(k) == v for m in metas[1:])}

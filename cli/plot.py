@@ -1,0 +1,67 @@
+"""Figures for ``satcore score --plot`` and ``satcore sweep --plot`` (matplotlib, the ``plot`` extra).
+
+Imported only when a plot is asked for, so the command line runs without matplotlib.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise click.ClickException("--plot needs matplotlib: pip install 'satcore[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_report(report, path: str, title: str = ""):
+    """AG and growth value per candidate in depth order, noise floors dashed, the argmax marked."""
+    plt = _pyplot()
+    names = [c.name for c in report.candidates]
+    x = range(len(names))
+    fig, ax = plt.subplots(figsize=(max(6, 0.4 * len(names) + 3), 4))
+    ax.plot(x, [c.ag for c in report.candidates], "o-", label="AG")
+    ax.plot(x, [c.growth_value for c in report.candidates], "s-", label="growth value")
+    floors = [c.noise_floor for c in report.candidates]
+    ax.plot(x, floors, "k--", lw=1, label="noise floor of ||C||_F")
+    best = names.index(report.argmax)
+    ax.plot([best], [report.growth_value_max], "r*", ms=14, label=f"max at {report.argmax}")
+    ax.set_xticks(list(x), names, rotation=60, ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("score")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    _save(fig, plt, path)
+
+
+def plot_sweep(sweep, path: str):
+    """AG_max and growth_value_max over depth, the growth noise floor, the plateau shaded."""
+    plt = _pyplot()
+    depths = [p.depth for p in sweep.points]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(depths, [p.ag_max for p in sweep.points], "o-", label="AG_max")
+    ax.plot(depths, [p.growth_value_max for p in sweep.points], "s-", label="growth_value_max")
+    floors = [p.noise_floor for p in sweep.points]
+    if any(f is not None for f in floors):
+        ax.plot(depths, [f if f is not None else float("nan") for f in floors], "k--", lw=1,
+                label="noise floor (growth value)")
+    if sweep.plateau is not None:
+        ax.axvspan(sweep.plateau.start_depth, depths[-1], color="0.85", label="plateau")
+    ax.set_xlabel("model depth")
+    ax.set_yscale("log")
+    ax.set_ylabel("score")
+    ax.legend(fontsize=8)
+    _save(fig, plt, path)
+
+
+def _save(fig, plt, path: str):
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)

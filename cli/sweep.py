@@ -1,0 +1,63 @@
+"""``satcore sweep DUMP...``: the AG_max / growth-value curve over model depth and its plateau."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from satcore.sweep import depth_sweep, sweep_point
+
+from .common import CHUNK_OPTION, QUIET_OPTION, load, num, table
+
+
+@click.command()
+@click.argument("dumps", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the satcore-sweep/1 JSON object instead of a table.")
+@click.option("--metric", type=click.Choice(["growth_value", "ag"]), default="growth_value", show_default=True,
+              help="Curve the plateau rule reads: growth_value_max or AG_max.")
+@click.option("--rel-tol", type=click.FloatRange(min=0), default=0.25, show_default=True,
+              help="Plateau: later depths stay within (1 + rel_tol) x the tail minimum plus noise.")
+@click.option("--noise-factor", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
+              help="Plateau is 'low signal' when every value is <= noise_factor x its noise floor.")
+@click.option("--plot", "plot_path", metavar="PNG", help="Draw the curve, noise floor and plateau (matplotlib).")
+@QUIET_OPTION
+@CHUNK_OPTION
+def sweep(dumps, as_json, metric, rel_tol, noise_factor, plot_path, quiet, chunk_samples):
+    """Depth sweep over DUMPS, one dump per model depth.
+
+    A dump's depth is meta 'model_depth' when given, else its number of
+    candidates (residual blocks).  The plateau rule is in docs/dump-format.md.
+    """
+    points = []
+    for path in dumps:
+        source, stats = load(path, quiet=quiet, chunk_samples=chunk_samples)
+        depth = source.meta.get("model_depth", len(source.candidates))
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+            raise click.ClickException(f"{path}: meta: model_depth must be a positive integer, found {depth!r}")
+        points.append(sweep_point(depth, path, stats.report(split=source.meta.get("split"))))
+    result = depth_sweep(points, metric=metric, rel_tol=rel_tol, noise_factor=noise_factor)
+    if plot_path:
+        from .plot import plot_sweep
+
+        plot_sweep(result, plot_path)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2, allow_nan=False))
+    else:
+        click.echo(render_sweep(result))
+
+
+def render_sweep(result) -> str:
+    rows = []
+    for p in result.points:
+        ratio = p.growth_value_max / p.noise_floor if p.noise_floor else None
+        rows.append([str(p.depth), p.label, num(p.ag_max), p.ag_argmax, num(p.growth_value_max), p.argmax,
+                     num(p.noise_floor), num(ratio)])
+    lines = [table(["depth", "dump", "AG_max", "at", "growth_value_max", "at", "noise_floor", "V/floor"], rows)]
+    p = result.plateau
+    if p is None:
+        lines.append(f"plateau: none ({result.metric} still falling beyond rel_tol {num(result.rel_tol)} + noise)")
+    else:
+        signal = "low signal (within sampling noise)" if p.low_signal else "above the noise floor"
+        lines.append(f"plateau: from depth {p.start_depth} on ({result.metric}, rel_tol {num(result.rel_tol)}); {signal}")
+    return "\n".join(lines)
