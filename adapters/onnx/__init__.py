@@ -1,0 +1,15 @@
+"""ONNX adapter: ``probe`` an ``.onnx`` model with ONNX Runtime training gradients.
+
+Gradients ``q_i`` at candidate tensors come from ONNX Runtime (imported
+lazily, it imports torch); features from the captured activations with
+:mod:`satcore.families` in NumPy.  Untrusted files are loaded with their
+external data confined to the model's folder (:mod:`.loading`).
+"""
+
+from .errors import OnnxProbeError
+from .graph import residual_candidates
+from .loading import load_model
+from .probe import probe
+from .result import ProbeResult
+
+__all__ = ["OnnxProbeError", "ProbeResult", "load_model", "probe", "residual_candidates"]

@@ -1,0 +1,73 @@
+"""Family features in NumPy from captured activations (no second framework).
+
+Layouts follow :mod:`satcore.families`: a 4-d activation is channels-first
+``(M, C, H, W)`` (ONNX, PyTorch) and its gradient becomes ``Q`` of shape
+``(M, H*W, C)``; 2-d and 3-d activations are ``(M, N)`` / ``(M, T, N)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from satcore.families import FAMILIES, Family, conv_gradients, make_family
+
+from .errors import OnnxProbeError
+
+
+def positions(a: np.ndarray) -> np.ndarray:
+    """``(M, N)``, ``(M, T, N)`` or ``(M, C, H, W)`` as ``(M, T, N)`` (pixels row-major)."""
+    if a.ndim == 4:
+        return conv_gradients(a)
+    if a.ndim in (2, 3):
+        return a.reshape(a.shape[0], -1, a.shape[-1])
+    raise OnnxProbeError(f"activation of shape {a.shape}: expected (M, N), (M, T, N) or (M, C, H, W)")
+
+
+def width(z: np.ndarray) -> int:
+    return z.shape[1] if z.ndim == 4 else z.shape[-1]
+
+
+@dataclass(frozen=True)
+class FeatureMap:
+    """``psi`` for one candidate: a seeded :class:`Family` or a user callable ``z -> (M, [T,] r)``."""
+
+    family: Family | None
+    user: Callable | None = None
+
+    def __call__(self, z: np.ndarray) -> np.ndarray:
+        if self.user is not None:
+            psi = np.asarray(self.user(z))
+            return psi if psi.ndim == 3 else psi[:, None, :]
+        if self.family.kind in ("conv", "bias"):
+            return self.family.features(z)
+        return self.family.features(positions(z))
+
+    def describe(self) -> dict:
+        if self.family is None:
+            return {"kind": "user", "callable": getattr(self.user, "__name__", type(self.user).__name__)}
+        f = self.family
+        return {"kind": f.kind, "width": f.width, "n_features": f.n_features, "seed": f.seed}
+
+
+def feature_map(spec, z: np.ndarray, *, seed: int = 0, init_std: float | None = None) -> FeatureMap:
+    """Resolve ``spec`` (``"auto"``, a kind, a :class:`Family` or a callable) for activations like ``z``.
+
+    ``auto`` is ``conv`` for 4-d activations and ``mlp`` otherwise; built-in
+    kinds use ``make_family(kind, width, seed=seed)`` exactly as the other
+    adapters do, so the same seed gives the same ``psi`` in every framework.
+    """
+    if isinstance(spec, Family):
+        if spec.width != width(z):
+            raise OnnxProbeError(f"family width {spec.width} does not match the activation's {width(z)}")
+        return FeatureMap(spec)
+    if callable(spec):
+        return FeatureMap(None, spec)
+    kind = ("conv" if z.ndim == 4 else "mlp") if spec == "auto" else spec
+    if kind not in FAMILIES:
+        raise OnnxProbeError(f"unknown family {spec!r}; choose 'auto', one of {FAMILIES}, or pass a callable")
+    if kind == "conv" and z.ndim != 4:
+        raise OnnxProbeError(f"family 'conv' needs a (M, C, H, W) activation, got shape {z.shape}")
+    return FeatureMap(make_family(kind, width(z), seed=seed, init_std=init_std if kind == "mlp" else None))

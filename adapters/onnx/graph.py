@@ -1,0 +1,212 @@
+"""Reading an ONNX graph: tensor types, residual candidates, and the probe graph.
+
+The probe graph is the model plus (a) a per-sample loss summed over the batch,
+``sum_i loss_i`` (SPEC section 1: for sequences ``loss_i`` is the mean over
+tokens), so that its gradient at a candidate tensor ``z`` is ``q_i = d loss_i /
+d z_i`` for every sample at once (samples do not interact in an inference
+graph), and (b) every candidate tensor as an extra graph output, so the
+features can be computed from the captured activations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import OnnxProbeError
+
+LOSSES = ("cross_entropy", "mse")
+TARGETS = "satcore_targets"
+LOSS_SCALE = "satcore_loss_scale"
+LOSS = "satcore_loss"
+MAX_IR_VERSION = 10  # onnxruntime 1.19 reads IR <= 10; onnx 1.23 writes 11
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Element type (``onnx.TensorProto`` enum) and shape (ints, strings or None)."""
+
+    elem_type: int
+    shape: tuple | None
+
+
+def _info(value_info) -> TensorInfo:
+    t = value_info.type.tensor_type
+    if not t.HasField("shape"):
+        return TensorInfo(t.elem_type, None)
+    dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim)
+    return TensorInfo(t.elem_type, dims)
+
+
+def tensor_infos(model) -> dict[str, TensorInfo]:
+    """Types and shapes of every named tensor, after ONNX shape inference."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # inference is a convenience; unknown shapes are handled later
+        inferred = model
+    g = inferred.graph
+    out = {vi.name: _info(vi) for vi in list(g.value_info) + list(g.input) + list(g.output)}
+    for init in g.initializer:
+        out[init.name] = TensorInfo(init.data_type, tuple(init.dims))
+    return out
+
+
+def constant_names(graph) -> set[str]:
+    """Initializers and outputs of ``Constant`` nodes: never candidates."""
+    names = {i.name for i in graph.initializer}
+    names.update(o for n in graph.node if n.op_type == "Constant" for o in n.output)
+    return names
+
+
+def residual_candidates(model) -> list[str]:
+    """Skip inputs of residual ``Add`` nodes, upstream first.
+
+    An ``Add(a, b)`` is residual when one input (the skip, ``a``) is an
+    ancestor of the other (the branch output ``b``): the tensor ``a`` is the
+    input of a residual block ``a + f(a)``.  Bias additions (a constant input)
+    and sums of independent paths are not residual.
+    """
+    graph = model.graph
+    constants = constant_names(graph)
+    producer = {o: n for n in graph.node for o in n.output}
+    ancestors_memo: dict[str, frozenset] = {}
+
+    def ancestors(name: str) -> frozenset:
+        # iterative post-order walk: deep networks would overflow recursion
+        stack = [name]
+        while stack:
+            top = stack[-1]
+            if top in ancestors_memo:
+                stack.pop()
+                continue
+            node = producer.get(top)
+            parents = [i for i in node.input if i] if node is not None else []
+            todo = [p for p in parents if p not in ancestors_memo]
+            if todo:
+                stack.extend(todo)
+                continue
+            acc = set(parents)
+            for p in parents:
+                acc |= ancestors_memo[p]
+            ancestors_memo[top] = frozenset(acc)
+            stack.pop()
+        return ancestors_memo[name]
+
+    found: list[str] = []
+    for node in graph.node:
+        if node.op_type != "Add" or len(node.input) != 2:
+            continue
+        a, b = node.input
+        if a in constants or b in constants or a == b:
+            continue
+        skip = a if a in ancestors(b) else b if b in ancestors(a) else None
+        if skip is not None and skip not in found:
+            found.append(skip)
+    return found
+
+
+def check_candidates(model, names) -> None:
+    """Refuse names that are not tensors of the graph (or are constants)."""
+    graph = model.graph
+    known = {o for n in graph.node for o in n.output} | {i.name for i in graph.input}
+    constants = constant_names(graph)
+    for name in names:
+        if name in constants:
+            raise OnnxProbeError(f"candidate {name!r} is a constant (initializer), not an activation")
+        if name not in known:
+            raise OnnxProbeError(f"candidate tensor {name!r} is not in the ONNX graph")
+
+
+def _opset(model) -> int:
+    for op in model.opset_import:
+        if op.domain in ("", "ai.onnx"):
+            return op.version
+    raise OnnxProbeError("model imports no default-domain opset")
+
+
+def _loss_nodes(model, loss: str, output: str, infos) -> tuple[list, list]:
+    """Nodes computing ``LOSS = LOSS_SCALE * sum(...)`` and the extra graph inputs they read."""
+    from onnx import TensorProto, helper
+
+    info = infos.get(output)
+    elem = info.elem_type if info is not None and info.elem_type else TensorProto.FLOAT
+    scale = helper.make_tensor_value_info(LOSS_SCALE, elem, [])
+    if loss == "cross_entropy":
+        if _opset(model) < 12:
+            raise OnnxProbeError("loss 'cross_entropy' needs opset >= 12 (SoftmaxCrossEntropyLoss)")
+        rank = len(info.shape) if info is not None and info.shape is not None else None
+        if rank is None or rank < 2:
+            raise OnnxProbeError(
+                f"loss 'cross_entropy' needs output {output!r} of known rank >= 2 (batch, ..., classes)"
+            )
+        nodes, logits = [], output
+        if rank > 2:  # SoftmaxCrossEntropyLoss wants classes on axis 1
+            logits = "satcore_logits_nc"
+            perm = [0, rank - 1, *range(1, rank - 1)]
+            nodes.append(helper.make_node("Transpose", [output], [logits], perm=perm))
+        # the second output (log-probabilities) is what ORT's gradient of this op reads
+        nodes.append(
+            helper.make_node(
+                "SoftmaxCrossEntropyLoss", [logits, TARGETS], ["satcore_ce_sum", "satcore_log_prob"], reduction="sum"
+            )
+        )
+        nodes.append(helper.make_node("Mul", ["satcore_ce_sum", LOSS_SCALE], [LOSS]))
+        targets = helper.make_tensor_value_info(TARGETS, TensorProto.INT64, None)
+        return nodes, [targets, scale]
+    if loss == "mse":
+        nodes = [
+            helper.make_node("Sub", [output, TARGETS], ["satcore_residual"]),
+            helper.make_node("Mul", ["satcore_residual", "satcore_residual"], ["satcore_sq"]),
+            helper.make_node("ReduceSum", ["satcore_sq"], ["satcore_sq_sum"], keepdims=0),
+            helper.make_node("Mul", ["satcore_sq_sum", LOSS_SCALE], [LOSS]),
+        ]
+        return nodes, [helper.make_tensor_value_info(TARGETS, elem, None), scale]
+    # ``loss`` names an output that already holds per-sample (per-token) losses
+    nodes = [
+        helper.make_node("ReduceSum", [output], ["satcore_loss_sum"], keepdims=0),
+        helper.make_node("Mul", ["satcore_loss_sum", LOSS_SCALE], [LOSS]),
+    ]
+    return nodes, [scale]
+
+
+def probe_graph(model, candidates, *, loss: str, output: str | None = None):
+    """``(probe model, logits/loss output name, infos)``: the model with summed loss and candidate outputs.
+
+    ``loss`` is ``"cross_entropy"`` (integer targets), ``"mse"`` (targets
+    shaped like the output) or the name of a graph output holding per-sample
+    losses.  ``output`` picks the model output the loss reads (default: the
+    first graph output).
+    """
+    import onnx
+    from onnx import helper
+
+    infos = tensor_infos(model)
+    outputs = [o.name for o in model.graph.output]
+    if loss not in LOSSES:
+        if loss not in outputs:
+            raise OnnxProbeError(f"loss {loss!r} is neither {' nor '.join(LOSSES)} nor a graph output {outputs}")
+        output = loss
+    output = output or outputs[0]
+    if output not in outputs:
+        raise OnnxProbeError(f"output {output!r} is not a graph output {outputs}")
+    check_candidates(model, candidates)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    graph = probe.graph
+    for k, node in enumerate(graph.node):
+        # ORT's LayerNormalization gradient reads the optional mean / inv-std outputs
+        if node.op_type == "LayerNormalization" and len(node.output) == 1:
+            node.output.extend([f"satcore_ln{k}_mean", f"satcore_ln{k}_inv_std"])
+    nodes, inputs = _loss_nodes(model, loss, output, infos)
+    graph.node.extend(nodes)
+    graph.input.extend(inputs)
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info(LOSS, inputs[-1].type.tensor_type.elem_type, []))
+    graph_inputs = {i.name for i in model.graph.input}
+    for name in candidates:
+        if name not in graph_inputs:
+            elem = infos[name].elem_type if name in infos else onnx.TensorProto.FLOAT
+            graph.output.append(helper.make_tensor_value_info(name, elem, None))
+    probe.ir_version = min(probe.ir_version, MAX_IR_VERSION)
+    return probe, output, infos

@@ -1,0 +1,100 @@
+"""Loading untrusted ONNX files: external data must stay inside the model's folder.
+
+``onnx.load`` follows each external tensor's ``location`` relative to the
+model's folder; absolute paths, ``..`` components and symlinks leaving the
+folder would let a hostile file read anything on disk (onnx path-traversal
+CVEs).  We load the graph without external data, check every location, and
+only then read the data.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath, PureWindowsPath
+
+from .errors import OnnxProbeError
+
+
+def _tensors(graph):
+    """Every TensorProto of ``graph`` and its subgraphs (initializers and attributes)."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _tensors(sub)
+
+
+def external_locations(model) -> list[tuple[str, str]]:
+    """``(tensor name, location)`` for every tensor stored outside the model file."""
+    from onnx import TensorProto
+
+    out = []
+    for tensor in _tensors(model.graph):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            entries = {e.key: e.value for e in tensor.external_data}
+            out.append((tensor.name, entries.get("location", "")))
+    return out
+
+
+def check_location(tensor: str, location: str, folder: Path) -> Path:
+    """The resolved file of one external location, refused unless inside ``folder``."""
+    if not location:
+        raise OnnxProbeError(f"external data of tensor {tensor!r} has no location")
+    for pure in (PurePosixPath(location), PureWindowsPath(location)):
+        if pure.is_absolute() or pure.drive or ".." in pure.parts:
+            raise OnnxProbeError(
+                f"external data of tensor {tensor!r} points outside the model folder: {location!r}"
+            )
+    root = folder.resolve()
+    target = (root / location).resolve()  # follows symlinks
+    if target != root and root not in target.parents:
+        raise OnnxProbeError(
+            f"external data of tensor {tensor!r} resolves outside the model folder: {location!r} -> {target}"
+        )
+    if not target.is_file():
+        raise OnnxProbeError(f"external data file of tensor {tensor!r} not found: {location!r}")
+    return target
+
+
+def load_model(model):
+    """A ``ModelProto`` from a path or a ``ModelProto``, external data checked before reading.
+
+    A ``ModelProto`` that still refers to external data is refused (its folder
+    is unknown); pass the file path instead.
+    """
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_model
+
+    if isinstance(model, onnx.ModelProto):
+        pending = external_locations(model)
+        if pending:
+            raise OnnxProbeError(
+                f"model refers to external data ({pending[0][1]!r}); pass the .onnx path so it can be checked"
+            )
+        return model
+    path = Path(os.fspath(model))
+    if not path.is_file():
+        raise OnnxProbeError(f"no ONNX file at {str(path)!r}")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises DecodeError and friends
+        raise OnnxProbeError(f"{path}: not a readable ONNX model ({type(exc).__name__})") from None
+    if not proto.graph.node:
+        raise OnnxProbeError(f"{path}: the ONNX graph has no nodes")
+    locations = external_locations(proto)
+    for tensor, location in locations:
+        check_location(tensor, location, path.parent)
+    if locations:
+        try:
+            load_external_data_for_model(proto, str(path.parent))
+        except Exception as exc:
+            raise OnnxProbeError(f"{path}: external data could not be read ({exc})") from None
+    return proto

@@ -1,0 +1,174 @@
+"""``probe``: growth statistics of an ONNX model from ONNX Runtime gradients and NumPy features."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+from satcore.depth import DepthStatistics
+from satcore.statistics import CandidateStatistics
+
+from .errors import OnnxProbeError
+from .features import feature_map, positions
+from .gradients import gradient_route
+from .graph import LOSS_SCALE, LOSSES, TARGETS, probe_graph, residual_candidates
+from .loading import load_model
+from .result import ProbeResult
+
+TARGET_KEYS = ("targets", "target", "labels", "y")
+
+
+def _numpy_dtype(elem_type: int):
+    from onnx import helper
+
+    return helper.tensor_dtype_to_np_dtype(elem_type)
+
+
+def split_batch(batch, input_names: list[str]) -> tuple[dict, np.ndarray | None]:
+    """``(inputs by name, targets)`` from ``(x, y)``, ``(x,)``, ``x`` or a mapping.
+
+    ``x`` is an array (single-input models) or a mapping of input names; a
+    mapping batch holds the input names plus ``targets`` (or ``labels``/``y``).
+    """
+    if isinstance(batch, Mapping):
+        targets = next((batch[k] for k in TARGET_KEYS if k in batch), None)
+        inputs = {k: v for k, v in batch.items() if k not in TARGET_KEYS}
+    elif isinstance(batch, (tuple, list)):
+        if not 1 <= len(batch) <= 2:
+            raise OnnxProbeError(f"a batch must be (inputs, targets); got a sequence of {len(batch)} items")
+        inputs, targets = batch[0], (batch[1] if len(batch) == 2 else None)
+    else:
+        inputs, targets = batch, None
+    if not isinstance(inputs, Mapping):
+        if len(input_names) != 1:
+            raise OnnxProbeError(f"the model has inputs {input_names}: pass a mapping name -> array")
+        inputs = {input_names[0]: inputs}
+    missing = [n for n in input_names if n not in inputs]
+    extra = [n for n in inputs if n not in input_names]
+    if missing or extra:
+        raise OnnxProbeError(f"batch inputs {sorted(inputs)} do not match the model inputs {input_names}")
+    return {k: np.asarray(v) for k, v in inputs.items()}, None if targets is None else np.asarray(targets)
+
+
+def _loss_feeds(loss: str, targets, out_shape_per_sample: int | None, batch: int, scale_dtype) -> dict:
+    """Targets and the scale turning the summed loss into ``sum_i loss_i`` (mean over tokens)."""
+    if loss in LOSSES and targets is None:
+        raise OnnxProbeError(f"loss {loss!r} needs targets in every batch")
+    feeds = {}
+    if loss == "cross_entropy":
+        if targets.dtype.kind not in "iu":
+            raise OnnxProbeError(f"cross_entropy targets must be integer class indices, got dtype {targets.dtype}")
+        if targets.ndim < 1 or len(targets) != batch:
+            raise OnnxProbeError(f"targets have shape {targets.shape}; expected ({batch}, ...)")
+        feeds[TARGETS] = targets.astype(np.int64)
+        per_sample = int(np.prod(targets.shape[1:], dtype=np.int64))
+    elif loss == "mse":
+        if targets.dtype.kind != "f":
+            raise OnnxProbeError(f"mse targets must be floating point, got dtype {targets.dtype}")
+        feeds[TARGETS] = targets.astype(scale_dtype)
+        per_sample = out_shape_per_sample
+    else:
+        per_sample = out_shape_per_sample
+    feeds[LOSS_SCALE] = np.array(1.0 / per_sample, dtype=scale_dtype)
+    return feeds
+
+
+def probe(
+    model,
+    data,
+    *,
+    loss: str = "cross_entropy",
+    candidates=None,
+    family="auto",
+    seed: int = 0,
+    init_std: float | None = None,
+    output: str | None = None,
+    variance: bool = True,
+    split: str | None = None,
+    route: str = "auto",
+) -> ProbeResult:
+    """Per-candidate growth statistics of an ONNX model over ``data`` (SPEC sections 1-3, 9).
+
+    ``model``: a ``.onnx`` path (external data must lie inside its folder) or
+    a ``ModelProto``.  ``data``: an iterable of batches (see
+    :func:`split_batch`); every batch runs once through ONNX Runtime.
+    ``loss``: ``"cross_entropy"`` (logits ``(B, [T,] classes)``, integer targets;
+    for sequences ``loss_i`` is the mean over tokens), ``"mse"`` (mean over a
+    sample's elements), or the name of a graph output holding per-sample
+    (per-token) losses.  ``candidates``: tensor names, default the skip inputs
+    of residual ``Add`` nodes (:func:`residual_candidates`).  ``family``:
+    ``"auto"``, a kind, a :class:`~satcore.Family`, a callable ``z -> psi``, or
+    a mapping candidate -> one of those; built-in kinds use
+    ``make_family(kind, width, seed=seed)``.  For candidate ``z``, ``q_i = d
+    loss_i / d z_i`` comes from ORT training (:mod:`.gradients`), ``psi`` from
+    :mod:`satcore.families`, and both enter :class:`~satcore.CandidateStatistics`.
+    """
+    proto = load_model(model)
+    names = list(candidates) if candidates is not None else residual_candidates(proto)
+    if not names:
+        raise OnnxProbeError("no residual Add found in the graph; pass candidates=[tensor names]")
+    if len(set(names)) != len(names):
+        raise OnnxProbeError(f"candidate names must be distinct: {names}")
+    graph_probe, output, infos = probe_graph(proto, names, loss=loss, output=output)
+    initializers = {i.name for i in proto.graph.initializer}
+    input_names = [i.name for i in proto.graph.input if i.name not in initializers]
+    runner = gradient_route(graph_probe, names, input_names, route)
+    input_dtypes = {i.name: _numpy_dtype(i.type.tensor_type.elem_type) for i in proto.graph.input}
+    out_info = infos.get(output)
+    scale_dtype = _numpy_dtype(out_info.elem_type) if out_info is not None and out_info.elem_type else np.float32
+    specs = family if isinstance(family, Mapping) else {n: family for n in names}
+    unknown = [n for n in specs if n not in names]
+    if unknown or any(n not in specs for n in names):
+        raise OnnxProbeError(f"family mapping keys {sorted(specs)} must be exactly the candidates {names}")
+
+    stats = DepthStatistics()
+    maps = {}
+    for batch in data:
+        inputs, targets = split_batch(batch, input_names)
+        feeds = {k: v.astype(input_dtypes[k], copy=False) for k, v in inputs.items()}
+        b = len(next(iter(feeds.values())))
+        if b == 0:
+            continue
+        out_shape = None if loss == "cross_entropy" else _output_elements(out_info, feeds)
+        feeds.update(_loss_feeds(loss, targets, out_shape, b, scale_dtype))
+        acts, grads = runner(feeds)
+        for name in names:
+            z, g = acts[name], grads[name]
+            if name not in maps:
+                maps[name] = feature_map(specs[name], z, seed=seed, init_std=init_std)
+            q, psi = positions(g), maps[name](z)
+            if name not in stats:
+                stats[name] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], variance)
+            try:
+                stats[name].update(q, psi)
+            except ValueError as exc:
+                raise OnnxProbeError(f"candidate {name!r}: {exc}") from None
+    if not stats:
+        raise OnnxProbeError("the data held no samples")
+    meta = {
+        "candidates": names,
+        "framework": "onnx",
+        "model": os.fspath(model) if isinstance(model, (str, os.PathLike)) else proto.graph.name,
+        "loss": loss,
+        "output": output,
+        "split": split,
+        "seed": seed,
+        "gradient_route": runner.name,
+        "family": {n: maps[n].describe() for n in names},
+    }
+    return ProbeResult(stats, meta)
+
+
+def _output_elements(out_info, feeds) -> int:
+    """Elements per sample of the loss's output (for mse and per-token loss outputs)."""
+    shape = out_info.shape if out_info is not None else None
+    if shape is not None and all(isinstance(d, int) and d > 0 for d in shape[1:]):
+        return int(np.prod(shape[1:], dtype=np.int64))
+    # symbolic non-batch dims (e.g. sequence length): assume they follow the first input's
+    first = next(iter(feeds.values()))
+    if shape is not None and len(shape) == first.ndim:
+        dims = [d if isinstance(d, int) and d > 0 else first.shape[k] for k, d in enumerate(shape)]
+        return int(np.prod(dims[1:], dtype=np.int64))
+    raise OnnxProbeError("cannot tell the number of elements per sample of the loss output; give it a static shape")
