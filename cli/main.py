@@ -16,6 +16,7 @@ from satcore.dump import DumpError
 
 from .inspect_dump import inspect
 from .merge import merge
+from .probe import probe
 from .score import score
 from .sweep import sweep
 
@@ -57,3 +58,4 @@ main.add_command(score)
 main.add_command(inspect)
 main.add_command(merge)
 main.add_command(sweep)
+main.add_command(probe)

@@ -38,8 +38,10 @@ def one_line(exc: BaseException) -> str:
 
 def _builder_gradient_model(probe_bytes: bytes, wrt: list[str]) -> bytes:
     """The probe model with ``<name>_grad`` outputs (private ORT API, wrapped here only)."""
+    import onnxruntime as ort
     from onnxruntime.capi._pybind_state import GradientGraphBuilder
 
+    ort.set_default_logger_severity(3)  # the builder logs every graph transformer at INFO
     builder = GradientGraphBuilder(probe_bytes, {LOSS}, set(wrt), LOSS)
     builder.build()
     return builder.get_model()
