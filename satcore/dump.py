@@ -392,6 +392,6 @@ def read_dump(path) -> Dump:
     except IsADirectoryError:
         raise DumpError(f"{os.fspath(path)}: is a directory, not a dump") from None
     except ZIP_ERRORS as exc:
-        raise DumpError(f"{os.fspath(path)}: not a zip/.npz file ({exc})") from None
+        raise DumpError(f"{os.fspath(path)}: not a zip/.npz file, or truncated ({exc})") from None
     with archive:
         return Dump(path, archive)
