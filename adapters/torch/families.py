@@ -1,0 +1,211 @@
+"""PyTorch feature maps of the candidate families, with the core's seeded weights.
+
+Each built-in family is built from :func:`satcore.families.make_family` (the
+same ``numpy.random.default_rng(seed)`` draw every framework uses) and its
+weights are copied into tensors, so ``features`` here equals
+``Family.features`` to float round-off and scores agree across frameworks.
+
+Layouts (SPEC section 1): the stream ``z`` is ``(M, N)``, ``(M, T, N)`` or
+channels-first ``(M, C, H, W)``; :func:`positions` views it as ``(M, T, N)``
+(pixels row-major, ``T = H*W``), which is also the layout of ``Q``.  Features
+are ``(M, T, r)``.
+
+* ``mlp``: ``psi = act(W1 LN(z))``, LayerNorm with unit gain and zero bias,
+  ``W1`` ``(r x N)``, ``r = 4N``.
+* ``conv``: ``psi`` = zero-padded 3x3 patches (``F.unfold`` order) of
+  ``relu(BN(conv3x3(z)))`` with BN in identity mode (running mean 0, var 1,
+  unit affine); the terminal ``V`` is a 3x3 convolution.
+* ``linear``: ``psi = z``.  ``bias``: ``psi = 1``.
+* a user ``nn.Module`` ``f``: ``psi = f(z)`` of shape ``(M, r)`` or ``(M, T, r)``
+  with positions in the layout of ``Q``.
+
+:class:`ResidualBranch` is the block ``h(z) = V psi(z)`` in ``z``'s layout;
+``grow`` inserts it, and all its parameters (feature map included) are
+ordinary trainable parameters for continued training.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from satcore.families import FAMILIES, make_family
+
+ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
+
+
+def positions(z: torch.Tensor) -> torch.Tensor:
+    """``z`` as ``(M, T, N)``: ``(M, N) -> (M, 1, N)``, ``(M, C, H, W) -> (M, H*W, C)``."""
+    if z.dim() == 2:
+        return z[:, None, :]
+    if z.dim() == 3:
+        return z
+    if z.dim() == 4:
+        return z.flatten(2).transpose(1, 2)
+    raise ValueError(f"stream of shape {tuple(z.shape)}: expected (M, N), (M, T, N) or (M, C, H, W)")
+
+
+def unpositions(h: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`positions` for a tensor shaped like ``like``."""
+    if like.dim() == 4:
+        return h.transpose(1, 2).reshape(like.shape)
+    return h.reshape(like.shape)
+
+
+def _tensor(array, like: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(array), dtype=like.dtype, device=like.device)
+
+
+class FeatureMap(nn.Module):
+    """Base: ``forward(z) -> (M, T, r)``; ``spec`` describes it for dump metadata.
+
+    ``positionwise`` maps say each position's features depend on that
+    position only (so positions can be subsampled before computing them).
+    """
+
+    kind = "user"
+    positionwise = False
+
+    def __init__(self, width: int, n_features: int, spec: dict):
+        super().__init__()
+        self.width, self.n_features, self.spec = width, n_features, spec
+
+
+class MLPFeatures(FeatureMap):
+    kind, positionwise = "mlp", True
+
+    def __init__(self, family, like):
+        super().__init__(family.width, family.n_features, _spec(family))
+        self.norm = nn.LayerNorm(family.width, eps=family.eps).to(like.dtype).to(like.device)
+        self.fc = nn.Linear(family.width, family.n_features, bias=False).to(like.dtype).to(like.device)
+        with torch.no_grad():
+            self.fc.weight.copy_(_tensor(family.params["w1"], like))
+        self.act = ACTIVATIONS[family.activation]()
+
+    def forward(self, z):
+        return self.act(self.fc(self.norm(positions(z))))
+
+
+class ConvFeatures(FeatureMap):
+    kind = "conv"
+
+    def __init__(self, family, like):
+        super().__init__(family.width, family.n_features, _spec(family))
+        conv1 = family.params["conv1"]
+        self.mid_channels = conv1.shape[0]
+        self.conv = nn.Conv2d(family.width, self.mid_channels, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(self.mid_channels, eps=family.eps)  # fresh: the identity in eval mode
+        self.to(like.dtype).to(like.device)
+        with torch.no_grad():
+            self.conv.weight.copy_(_tensor(conv1, like))
+        self.act = nn.ReLU()
+
+    def hidden(self, z):
+        """``relu(BN(conv3x3(z)))``, ``(M, C_mid, H, W)``."""
+        return self.act(self.bn(self.conv(z)))
+
+    def forward(self, z):
+        return F.unfold(self.hidden(z), 3, padding=1).transpose(1, 2)
+
+
+class LinearFeatures(FeatureMap):
+    kind, positionwise = "linear", True
+
+    def __init__(self, family, like):
+        super().__init__(family.width, family.n_features, _spec(family))
+
+    def forward(self, z):
+        return positions(z)
+
+
+class BiasFeatures(FeatureMap):
+    kind, positionwise = "bias", True
+
+    def __init__(self, family, like):
+        super().__init__(family.width, 1, _spec(family))
+
+    def forward(self, z):
+        p = positions(z)
+        return p.new_ones(p.shape[:2] + (1,))
+
+
+class UserFeatures(FeatureMap):
+    """A user feature map ``f``: ``psi = f(z)``, ``(M, r)`` read as ``(M, 1, r)``."""
+
+    def __init__(self, module: nn.Module, z: torch.Tensor):
+        with torch.no_grad():
+            r = _as_positions(module(z[:1]), 1).shape[2]
+        super().__init__(positions(z).shape[2], r, {"kind": "user", "module": type(module).__name__, "n_features": r})
+        self.module = module
+
+    def forward(self, z):
+        return _as_positions(self.module(z), z.shape[0])
+
+
+def _as_positions(psi, m):
+    psi = psi[:, None, :] if psi.dim() == 2 else psi
+    if psi.dim() != 3 or psi.shape[0] != m:
+        raise ValueError(f"feature map returned shape {tuple(psi.shape)}; expected (M, r) or (M, T, r) with M = {m}")
+    return psi
+
+
+def _spec(family) -> dict:
+    return {"kind": family.kind, "width": family.width, "n_features": family.n_features, "seed": family.seed}
+
+
+BUILDERS = {"mlp": MLPFeatures, "conv": ConvFeatures, "linear": LinearFeatures, "bias": BiasFeatures}
+
+
+def auto_kind(z: torch.Tensor) -> str:
+    """``conv`` for channels-first images, ``mlp`` for vectors and token streams."""
+    return "conv" if z.dim() == 4 else "mlp"
+
+
+def build_feature_map(family, z: torch.Tensor, *, seed: int = 0, init_std: float | None = None) -> FeatureMap:
+    """The feature map for a candidate whose stream looks like ``z``.
+
+    ``family`` is ``"auto"``, a kind of :data:`satcore.families.FAMILIES`, or an
+    ``nn.Module``.  Built-in weights come from
+    ``make_family(kind, width, seed=seed, init_std=init_std)``; ``init_std`` only
+    concerns ``mlp`` (the model's init scale, e.g. GPT-2's
+    ``initializer_range``); ``conv`` keeps its He-normal default.
+    """
+    if isinstance(family, nn.Module):
+        return UserFeatures(family, z).to(z.device)
+    kind = auto_kind(z) if family == "auto" else family
+    if kind not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose 'auto', one of {FAMILIES}, or pass an nn.Module")
+    if kind == "conv" and z.dim() != 4:
+        raise ValueError(f"family 'conv' needs a (M, C, H, W) stream, got shape {tuple(z.shape)}")
+    width = z.shape[1] if z.dim() == 4 else z.shape[-1]
+    numpy_family = make_family(kind, width, seed=seed, init_std=init_std if kind == "mlp" else None)
+    return BUILDERS[kind](numpy_family, z).eval()
+
+
+class ResidualBranch(nn.Module):
+    """The inserted block ``h(z) = V psi(z)`` in the layout of ``z``.
+
+    ``V`` (``N x r``) is the terminal projection: a bias-free ``Linear`` over
+    positions, or for ``conv`` a 3x3 ``Conv2d`` whose weight is ``V`` reshaped
+    to ``(C, C_mid, 3, 3)`` (the unfold order of the patches).
+    """
+
+    def __init__(self, features: FeatureMap, projection: torch.Tensor):
+        super().__init__()
+        self.features = features
+        if isinstance(features, ConvFeatures):
+            self.projection = nn.Conv2d(features.mid_channels, features.width, 3, padding=1, bias=False)
+            weight = projection.reshape(features.width, features.mid_channels, 3, 3)
+        else:
+            self.projection = nn.Linear(features.n_features, projection.shape[0], bias=False)
+            weight = projection
+        self.projection.to(projection.dtype).to(projection.device)
+        with torch.no_grad():
+            self.projection.weight.copy_(weight)
+
+    def forward(self, z):
+        if isinstance(self.features, ConvFeatures):
+            return self.projection(self.features.hidden(z))
+        return unpositions(self.projection(self.features(z)), z)

@@ -1,0 +1,101 @@
+"""``grow``: insert a gradient-matched residual block before a candidate (Appendix H).
+
+The inserted block is ``h(z) = V psi(z)`` with the probe's feature map and
+``V = -alpha C K^+`` (:func:`satcore.plan_insertion`): the least-squares fit
+of ``-alpha q``.  It outputs ``-alpha (Pi q)_i``, so the first-order change of
+the mean per-sample loss on the probe data is ``-alpha * growth_value^2``
+(SPEC section 5).  ``rho`` gives the step as the relative size of the
+inserted update, ``||h||_S / ||z||_S = rho``, converted by
+:func:`satcore.alpha_for_relative_update` with the probe's stream RMS; an
+absolute ``alpha`` means nothing across models.  ``zero=True`` inserts the
+zero-output block (``V = 0``) of the paper's Growth arm for continued
+training; its predicted change is 0 and its gradient is ``C``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from satcore._psd import DEFAULT_RTOL
+from satcore.insertion import alpha_for_relative_update, plan_insertion
+from satcore.quantities import growth_value_from_moments
+
+from .capture import get_output, get_stream, with_output, with_stream
+from .families import ResidualBranch
+
+
+class InsertedResidual(nn.Module):
+    """``block`` with ``z -> z + branch(z)`` applied to its input (or, for ``head``, its output).
+
+    Attributes not found here are looked up on ``block``, so code that reads
+    a wrapped layer's attributes keeps working.
+    """
+
+    def __init__(self, block: nn.Module, branch: nn.Module, position: str = "input"):
+        super().__init__()
+        self.block, self.branch, self.position = block, branch, position
+
+    def forward(self, *args, **kwargs):
+        if self.position == "input":
+            z = get_stream(args, kwargs)
+            args, kwargs = with_stream(args, kwargs, z + self.branch(z))
+            return self.block(*args, **kwargs)
+        out = self.block(*args, **kwargs)
+        z = get_output(out)
+        return with_output(out, z + self.branch(z))
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("block"), name)
+
+
+class Grown(NamedTuple):
+    """The expanded copy, the first-order predicted change of the mean loss, and the ``alpha`` used."""
+
+    model: nn.Module
+    predicted_change: float
+    alpha: float
+
+
+def _step(stats, stream_rms, alpha, rho, zero, rtol):
+    if sum(x is not None and x is not False for x in (alpha, rho, zero)) != 1:
+        raise ValueError("give exactly one of alpha, rho or zero=True")
+    if zero:
+        return 0.0
+    if rho is not None:
+        growth = growth_value_from_moments(stats.cross_gradient(), stats.feature_gram(), rtol)
+        return alpha_for_relative_update(rho, stream_rms, growth)
+    return float(alpha)
+
+
+def grow(model: nn.Module, result, at: str, *, alpha=None, rho=None, zero: bool = False, rtol=DEFAULT_RTOL) -> Grown:
+    """A deep copy of ``model`` with a residual block inserted at candidate ``at``.
+
+    Exactly one of ``alpha`` (absolute step), ``rho`` (relative update size)
+    or ``zero=True``.  With ``alpha=0`` or ``zero=True`` the copy's outputs are
+    bit-identical to the original's.
+    """
+    if at not in result.statistics:
+        raise ValueError(f"unknown candidate {at!r}; the probe has {list(result.statistics)}")
+    stats = result.statistics[at]
+    alpha = _step(stats, result.diagnostics[at].stream_rms, alpha, rho, zero, rtol)
+    plan = plan_insertion(stats, alpha, rtol=rtol)
+    candidate = next(c for c in result.candidates if c.name == at)
+    expanded = copy.deepcopy(model)
+    block = expanded.get_submodule(candidate.module)
+    reference = next(iter(block.parameters()), None)
+    reference = next(expanded.parameters()) if reference is None else reference
+    projection = torch.as_tensor(plan.projection, dtype=reference.dtype, device=reference.device)
+    if zero:
+        projection = torch.zeros_like(projection)
+    features = copy.deepcopy(result.families[at]).to(dtype=reference.dtype, device=reference.device)
+    wrapper = InsertedResidual(block, ResidualBranch(features, projection), candidate.position)
+    parent_name, _, child = candidate.module.rpartition(".")
+    setattr(expanded.get_submodule(parent_name), child, wrapper)
+    return Grown(expanded, 0.0 if zero else plan.predicted_change, alpha)

@@ -1,0 +1,97 @@
+"""Where to probe: candidate insertion points of a PyTorch model.
+
+A candidate is the residual stream at the INPUT of a residual block: inserting
+a zero-output block ``z -> z + V psi(z)`` there is the paper's depth
+expansion (Problem Setup).  Blocks are found without importing any model zoo:
+
+* stacks of blocks: an ``nn.ModuleList`` whose last name is one of
+  ``h`` (Hugging Face GPT-2, ``transformer.h``), ``layers`` (GPT-NeoX/Pythia
+  ``gpt_neox.layers``, Llama-style ``model.layers``, ``nn.TransformerEncoder``),
+  ``layer`` (BERT-style ``encoder.layer``), ``block``/``blocks``; every child
+  that has submodules of its own is a block;
+* torchvision-style ResNet blocks, recognised by structure: ``conv1``/``bn1``/
+  ``conv2``/``bn2`` children (BasicBlock; Bottleneck adds ``conv3``/``bn3``).
+
+The ``head`` endpoint is the OUTPUT of the last block, i.e. the stream the
+model's head reads (before a final norm if any): inserting there appends a
+block at the end.  Candidates are ordered as the modules are registered,
+which is their forward order in the supported families (upstream first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+STACK_NAMES = ("h", "layers", "layer", "block", "blocks")
+HEAD = "head"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One insertion point: the ``position`` (``"input"``/``"output"``) of ``module``."""
+
+    name: str
+    module: str
+    position: str = "input"
+
+
+def is_resnet_block(module: nn.Module) -> bool:
+    """torchvision BasicBlock/Bottleneck by structure (no torchvision import)."""
+    return all(
+        isinstance(getattr(module, c, None), nn.Conv2d) for c in ("conv1", "conv2")
+    ) and all(isinstance(getattr(module, b, None), nn.modules.batchnorm._BatchNorm) for b in ("bn1", "bn2"))
+
+
+def _is_inserted(module: nn.Module) -> bool:
+    # a block already grown by satcore counts as one block
+    return type(module).__name__ == "InsertedResidual"
+
+
+def find_blocks(model: nn.Module) -> list[str]:
+    """Module names of the residual blocks of ``model``, upstream first."""
+    blocks: list[str] = []
+    for name, module in model.named_modules():
+        if any(name.startswith(b + ".") for b in blocks):
+            continue  # inside a block already found
+        if isinstance(module, nn.ModuleList) and name.rpartition(".")[2] in STACK_NAMES:
+            blocks.extend(
+                f"{name}.{i}" for i, child in enumerate(module) if len(list(child.children())) > 0
+            )
+        elif name and (is_resnet_block(module) or _is_inserted(module)):
+            blocks.append(name)
+    return blocks
+
+
+def find_candidates(model: nn.Module, *, head: bool = True) -> tuple[Candidate, ...]:
+    """Block inputs of ``model`` (see module docstring), plus the ``head`` endpoint.
+
+    Raises ``ValueError`` naming the model class when no block is recognised.
+    """
+    blocks = find_blocks(model)
+    if not blocks:
+        raise ValueError(
+            f"no residual blocks recognised in {type(model).__name__}; pass candidates=[module names]"
+        )
+    return with_head([Candidate(b, b) for b in blocks], head)
+
+
+def named_candidates(model: nn.Module, names, *, head: bool = True) -> tuple[Candidate, ...]:
+    """Explicit candidates: the input of each named module (``head``: output of the last one)."""
+    modules = dict(model.named_modules())
+    names = list(names)
+    if not names:
+        raise ValueError("candidates is empty")
+    for n in names:
+        if not isinstance(n, str) or n not in modules or n == "":
+            raise ValueError(f"candidate {n!r} is not a submodule name of {type(model).__name__}")
+    if len(set(names)) != len(names) or HEAD in names:
+        raise ValueError(f"candidate names must be distinct and not {HEAD!r}: {names}")
+    return with_head([Candidate(n, n) for n in names], head)
+
+
+def with_head(candidates: list[Candidate], head: bool) -> tuple[Candidate, ...]:
+    if head:
+        candidates = candidates + [Candidate(HEAD, candidates[-1].module, "output")]
+    return tuple(candidates)

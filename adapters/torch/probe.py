@@ -1,0 +1,240 @@
+"""``probe``: stream a model over data and accumulate every candidate's statistics.
+
+Per batch: one forward with the stream taps of :mod:`.capture`, per-sample
+losses ``loss_i`` from ``loss_fn``, ONE backward of ``sum_i loss_i`` to the
+taps, which gives every sample's ``q_i = d loss_i / d z_i`` at once because
+in eval mode samples do not interact (the model is switched to ``eval()`` for
+the probe and restored after; a model that mixes samples in eval mode,
+e.g. BatchNorm in training mode or batch-level attention across samples,
+violates this).  Features ``psi(z_i)`` are computed without a graph, the
+batch sums go to the core's float64 :class:`satcore.CandidateStatistics`.
+Gradients go to the taps only (``torch.autograd.grad``), never into the
+parameters' ``.grad``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+
+import torch
+from torch import nn
+
+from satcore.depth import DepthStatistics
+from satcore.statistics import CandidateStatistics
+
+from .capture import StreamTaps
+from .checkpoint import load_checkpoint, save_checkpoint
+from .diagnostics import StreamAccumulator
+from .distributed import reduce_probe
+from .families import build_feature_map, positions
+from .locate import find_candidates, named_candidates
+from .moments import batch_moments, position_index, subsample_positions
+from .result import ProbeResult
+
+
+def call_model(model: nn.Module, inputs):
+    """``model(**inputs)`` for a mapping, ``model(*inputs)`` for a tuple/list, else ``model(inputs)``."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def to_device(x, device):
+    if torch.is_tensor(x):
+        return x.to(device)
+    if isinstance(x, dict):
+        return {k: to_device(v, device) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(to_device(v, device) for v in x)
+    return x
+
+
+def per_sample_losses(losses: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """``(B,)`` losses as given; a 0-d loss is read as the batch MEAN and rescaled by ``B``.
+
+    Either way ``sum_i loss_i`` is returned, whose gradient at ``z_i`` is
+    ``q_i`` (SPEC section 1: a batch-mean loss would give ``q_i / B``).
+    """
+    if not torch.is_tensor(losses):
+        raise TypeError(f"loss_fn must return a tensor, got {type(losses).__name__}")
+    if losses.dim() == 0:
+        return losses * batch_size
+    if losses.shape != (batch_size,):
+        raise ValueError(
+            f"loss_fn returned shape {tuple(losses.shape)}; expected per-sample losses ({batch_size},) or a scalar mean"
+        )
+    return losses.sum()
+
+
+def sequence_loss(outputs, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Per-sample causal-LM loss ``(B,)``: the mean over a sample's predicted tokens.
+
+    ``outputs`` is a Hugging Face output (its ``.logits``) or logits
+    ``(B, T, V)``; token ``t`` predicts ``labels[:, t + 1]``; labels equal to
+    ``ignore_index`` are left out of the mean.
+    """
+    logits = getattr(outputs, "logits", outputs)
+    pred, target = logits[:, :-1], labels[:, 1:]
+    token = nn.functional.cross_entropy(
+        pred.reshape(-1, pred.shape[-1]), target.reshape(-1), ignore_index=ignore_index, reduction="none"
+    ).view(target.shape)
+    mask = (target != ignore_index).to(token.dtype)
+    return (token * mask).sum(1) / mask.sum(1).clamp_min(1)
+
+
+def model_init_std(model: nn.Module) -> float | None:
+    """The model's init scale when it states one (Hugging Face ``config.initializer_range``)."""
+    value = getattr(getattr(model, "config", None), "initializer_range", None)
+    return float(value) if value is not None else None
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module):
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes.items():
+            m.train(training)
+
+
+def _family_for(family, name):
+    return family.get(name, "auto") if isinstance(family, dict) else family
+
+
+def _batches(data, skip: int):
+    for index, batch in enumerate(data):
+        if index >= skip:
+            yield index, batch
+
+
+def probe(
+    model: nn.Module,
+    data,
+    loss_fn,
+    *,
+    candidates=None,
+    family="auto",
+    seed: int = 0,
+    init_std: float | None = None,
+    variance: bool = False,
+    position_subsample: int | None = None,
+    batch_dtype: torch.dtype = torch.float64,
+    head: bool = True,
+    split: str | None = None,
+    progress: bool = False,
+    checkpoint=None,
+    checkpoint_every: int = 1,
+) -> ProbeResult:
+    """Probe ``model`` on ``data`` at every candidate; see the module docstring.
+
+    Parameters
+    ----------
+    data : iterable of ``(inputs, targets)``; ``inputs`` is passed as
+        :func:`call_model` says and moved to the model's device.
+    loss_fn : ``loss_fn(outputs, targets) -> (B,)`` per-sample losses (a 0-d
+        batch mean is rescaled by ``B``); :func:`sequence_loss` for causal LMs.
+    candidates : ``None`` (the blocks :func:`find_candidates` recognises) or a
+        list of module names (the input of each).
+    family : ``"auto"`` (``conv`` for ``(M, C, H, W)`` streams, else ``mlp``),
+        ``"mlp"``/``"conv"``/``"linear"``/``"bias"``, an ``nn.Module`` feature
+        map, or a dict candidate name -> one of those.  Built-in weights are
+        ``satcore.make_family(kind, width, seed=seed, init_std=...)``.
+    init_std : ``mlp`` weight scale; default the model's own
+        (``config.initializer_range``) when it has one, else ``width**-0.5``.
+    variance : also accumulate ``sum X_i^T X_i`` (debiased growth value).
+    position_subsample : keep this many positions per batch (uniform, scaled
+        by ``sqrt(T/T')``: unbiased sums; see :mod:`.moments`).
+    batch_dtype : dtype of the per-batch sums (totals are float64).
+    head : add the ``"head"`` endpoint (output of the last block).
+    split : name of the probe data, passed to the report.
+    progress : a tqdm bar counting samples (samples/s).
+    checkpoint, checkpoint_every : save the running sums to this ``.npz``
+        every ``checkpoint_every`` batches; if the file exists the probe resumes
+        from it, skipping the batches it already holds (``data`` must yield the
+        same batches in the same order).  Under ``torch.distributed`` give each
+        rank its own path.
+    """
+    found = find_candidates(model, head=head) if candidates is None else named_candidates(model, candidates, head=head)
+    init_std = model_init_std(model) if init_std is None else init_std
+    parameter = next(model.parameters(), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
+    config = {"seed": seed, "position_subsample": position_subsample, "variance": variance}
+    statistics, streams, families, skip = DepthStatistics(), {}, {}, 0
+    if checkpoint is not None and os.path.exists(checkpoint):
+        statistics, streams, _, skip = load_checkpoint(checkpoint, config)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(unit="sample", desc="probe")
+    done = skip
+    try:
+        with eval_mode(model), StreamTaps(model, found) as taps:
+            for index, (inputs, targets) in _batches(data, skip):
+                taps.clear()
+                outputs = call_model(model, to_device(inputs, device))
+                first = taps.taps[found[0].name]
+                total = per_sample_losses(loss_fn(outputs, to_device(targets, device)), first.shape[0])
+                names = [c.name for c in found]
+                grads = torch.autograd.grad(total, [taps.taps[n] for n in names], allow_unused=True)
+                generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
+                for name, grad in zip(names, grads):
+                    z = taps.streams[name]
+                    grad = torch.zeros_like(z) if grad is None else grad
+                    if name not in families:
+                        families[name] = build_feature_map(
+                            _family_for(family, name), z, seed=seed, init_std=init_std
+                        ).eval()
+                    _accumulate(name, z, grad, families[name], taps.updates.get(name), statistics, streams,
+                                generator, position_subsample, variance, batch_dtype)
+                done = index + 1
+                if bar is not None:
+                    bar.update(first.shape[0])
+                if checkpoint is not None and done % checkpoint_every == 0:
+                    save_checkpoint(checkpoint, statistics, streams, _specs(families), done, config)
+    finally:
+        if bar is not None:
+            bar.close()
+    if checkpoint is not None and statistics:
+        save_checkpoint(checkpoint, statistics, streams, _specs(families), done, config)
+    ordered = DepthStatistics((c.name, statistics[c.name]) for c in found if c.name in statistics)
+    if len(ordered) != len(found):
+        raise ValueError("data yielded no batches: nothing was probed")
+    reduce_probe(ordered, streams, device)
+    return ProbeResult(
+        statistics=ordered,
+        families=families,
+        streams={c.name: streams[c.name] for c in found},
+        candidates=found,
+        split=split,
+        meta={"model": type(model).__name__, "loss": getattr(loss_fn, "__name__", type(loss_fn).__name__)},
+    )
+
+
+def _specs(families):
+    return {name: fm.spec for name, fm in families.items()}
+
+
+def _accumulate(name, z, grad, feature_map, update, statistics, streams, generator, keep, variance, dtype):
+    """Add one batch of one candidate to its statistics and stream sums."""
+    with torch.no_grad():
+        zp = positions(z)
+        M, T = zp.shape[:2]
+        index = position_index(T, keep, generator)
+        q = subsample_positions(positions(grad), index)
+        if feature_map.positionwise and index is not None:
+            # features of the kept positions only, then the same sqrt(T/T') scale as q
+            psi = feature_map(zp[:, index.to(z.device)]) * math.sqrt(T / index.numel())
+        else:
+            psi = subsample_positions(feature_map(z), index)
+        if name not in statistics:
+            statistics[name] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], variance)
+            streams[name] = StreamAccumulator(T, update is not None)
+        statistics[name].add_moments(**batch_moments(q, psi, variance=variance, dtype=dtype))
+        streams[name].add(M, float(zp.to(torch.float64).pow(2).sum()), None if update is None else float(update))
