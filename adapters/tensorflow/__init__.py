@@ -1,0 +1,14 @@
+"""TensorFlow / Keras 3 adapter: ``probe`` a Keras model with ``tf.GradientTape``.
+
+Import this module only when TensorFlow is wanted: ``import satcore`` never
+imports it.  Candidates are found in functional models (residual ``Add``
+layers) or named (a layer's input); features use the core's seeded families
+(channels-last streams are laid out like the channels-first core); statistics
+are summed across replicas with ``strategy.reduce(SUM)``.
+"""
+
+from .families import feature_map
+from .locate import Candidate, named_candidates, residual_candidates
+from .probe import per_sample_loss, probe
+
+__all__ = ["Candidate", "feature_map", "named_candidates", "per_sample_loss", "probe", "residual_candidates"]

@@ -1,0 +1,100 @@
+"""TensorFlow feature maps of the candidate families, with the core's seeded weights.
+
+Built-in families take their weights from :func:`satcore.families.make_family`
+(the draw every framework uses) and compute in float64, so ``psi`` equals the
+NumPy reference ``Family.features`` to round-off.  Keras is channels-last: a
+4-d stream is ``(M, H, W, C)``; :func:`positions` views it as ``(M, H*W, C)``
+(pixels row-major), which is the core's layout of ``Q`` for a conv candidate,
+and ``conv`` features are the 3x3 patches in PyTorch ``unfold`` column order
+``c*9 + ki*3 + kj`` (SPEC section 1), so scores match channels-first frameworks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from satcore.families import FAMILIES, Family, make_family
+
+
+def positions(z):
+    """``(M, N) -> (M, 1, N)``; ``(M, T, N)`` unchanged; ``(M, H, W, C) -> (M, H*W, C)``."""
+    rank = z.shape.rank
+    if rank == 2:
+        return z[:, None, :]
+    if rank == 3:
+        return z
+    if rank == 4:
+        s = tf.shape(z)
+        return tf.reshape(z, [s[0], s[1] * s[2], s[3]])
+    raise ValueError(f"stream of shape {tuple(z.shape)}: expected (M, N), (M, T, N) or (M, H, W, C)")
+
+
+def _patches3x3(x):
+    """``(M, H, W, C) -> (M, H*W, C*9)`` zero-padded 3x3 patches in ``unfold`` order ``c*9 + ki*3 + kj``."""
+    p = tf.image.extract_patches(x, sizes=[1, 3, 3, 1], strides=[1, 1, 1, 1], rates=[1, 1, 1, 1], padding="SAME")
+    s = tf.shape(x)
+    p = tf.reshape(p, [s[0], s[1] * s[2], 3, 3, s[3]])  # TF order: ki, kj, c
+    p = tf.transpose(p, [0, 1, 4, 2, 3])
+    return tf.reshape(p, [s[0], s[1] * s[2], s[3] * 9])
+
+
+def numpy_features(family: Family, z):
+    """``Family.features`` in TF (float64), channels-last ``z``."""
+    z = tf.cast(z, tf.float64)
+    if family.kind == "linear":
+        return positions(z)
+    if family.kind == "bias":
+        zp = positions(z)
+        return tf.ones_like(zp[:, :, :1])
+    if family.kind == "mlp":
+        zp = positions(z)
+        mean, var = tf.nn.moments(zp, axes=[-1], keepdims=True)
+        h = tf.matmul((zp - mean) / tf.sqrt(var + family.eps), tf.constant(family.params["w1"].T))
+        return tf.nn.gelu(h, approximate=False) if family.activation == "gelu" else tf.nn.relu(h)
+    if family.kind == "conv":
+        kernel = tf.constant(np.transpose(family.params["conv1"], (2, 3, 1, 0)))  # (3, 3, C, mid)
+        pre = tf.nn.conv2d(z, kernel, strides=1, padding="SAME")
+        # BatchNorm in identity mode: running mean 0, running var 1, unit affine
+        mid = tf.nn.relu(pre / np.sqrt(1.0 + family.eps))
+        return _patches3x3(mid)
+    raise ValueError(f"unknown family {family.kind!r}")
+
+
+@dataclass(frozen=True)
+class FeatureMap:
+    """``psi`` of one candidate: a seeded :class:`Family` or a user Keras layer / callable."""
+
+    family: Family | None
+    user: object = None
+
+    def __call__(self, z):
+        if self.user is None:
+            return numpy_features(self.family, z)
+        psi = tf.cast(self.user(z), tf.float64)
+        return positions(psi)
+
+    def describe(self) -> dict:
+        if self.family is None:
+            return {"kind": "user", "layer": getattr(self.user, "name", type(self.user).__name__)}
+        f = self.family
+        return {"kind": f.kind, "width": f.width, "n_features": f.n_features, "seed": f.seed}
+
+
+def feature_map(spec, z, *, seed: int = 0, init_std: float | None = None) -> FeatureMap:
+    """Resolve ``"auto"`` (``conv`` for 4-d streams, else ``mlp``), a kind, a Family or a Keras layer."""
+    width = int(z.shape[-1])
+    if isinstance(spec, Family):
+        if spec.width != width:
+            raise ValueError(f"family width {spec.width} does not match the stream's {width}")
+        return FeatureMap(spec)
+    if callable(spec):
+        return FeatureMap(None, spec)
+    kind = ("conv" if z.shape.rank == 4 else "mlp") if spec == "auto" else spec
+    if kind not in FAMILIES:
+        raise ValueError(f"unknown family {spec!r}; choose 'auto', one of {FAMILIES}, or pass a Keras layer")
+    if kind == "conv" and z.shape.rank != 4:
+        raise ValueError(f"family 'conv' needs a (M, H, W, C) stream, got shape {tuple(z.shape)}")
+    return FeatureMap(make_family(kind, width, seed=seed, init_std=init_std if kind == "mlp" else None))

@@ -1,0 +1,114 @@
+"""Where to probe in a Keras 3 model.
+
+A candidate is a tensor ``z`` at which a zero-output block ``z -> z + V psi(z)``
+would be inserted, and ``q_i = d loss_i / d z_i`` is its TOTAL gradient:
+
+* found automatically in functional models: every ``Add`` layer with two
+  inputs of which one (the skip ``a``) is an ancestor of the other (the branch
+  output ``f(a)``).  The candidate, named after the ``Add`` layer, is ``a``
+  itself, tapped at the OUTPUT of the layer that produced it (or at the model
+  input), so every consumer of ``a`` sees the inserted block;
+* named explicitly (functional or subclassed models): the INPUT of the named
+  layer, as that layer sees it (e.g. a residual block layer ``x + f(x)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Tap ``position`` (``"input"``, ``"output"`` or ``"model_input"``) of ``layer`` (a name)."""
+
+    name: str
+    layer: str | None
+    position: str = "input"
+    input_index: int = 0
+
+
+def all_layers(model) -> dict:
+    """Every layer of ``model`` by name, nested ones included."""
+    return {layer.name: layer for layer in model._flatten_layers(include_self=False, recursive=True)}
+
+
+def _history(tensor):
+    history = getattr(tensor, "_keras_history", None)
+    if history is None:
+        raise ValueError(f"tensor {tensor!r} has no Keras history (not a functional model?)")
+    return history
+
+
+def _node_inputs(tensor):
+    operation, node_index, _ = _history(tensor)
+    node = operation._inbound_nodes[node_index]
+    return list(node.input_tensors)
+
+
+def _is_ancestor(a, b) -> bool:
+    """Does KerasTensor ``b`` depend on ``a``?"""
+    seen, stack = set(), [b]
+    while stack:
+        t = stack.pop()
+        if t is a:
+            return True
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        stack.extend(_node_inputs(t))
+    return False
+
+
+def _tap_of(tensor, model, name: str) -> Candidate:
+    operation, node_index, tensor_index = _history(tensor)
+    inputs = model.inputs if isinstance(model.inputs, (list, tuple)) else [model.inputs]
+    for k, x in enumerate(inputs):
+        if x is tensor:
+            return Candidate(name, None, "model_input", k)
+    if len(operation._inbound_nodes) > 1 or tensor_index != 0:
+        raise ValueError(
+            f"the skip input of {name!r} comes from shared or multi-output layer {operation.name!r}; "
+            "name the candidate layers explicitly"
+        )
+    return Candidate(name, operation.name, "output")
+
+
+def residual_candidates(model) -> tuple[Candidate, ...]:
+    """Skip tensors of the residual ``Add`` layers of a functional model, upstream first."""
+    import keras
+
+    if not is_functional(model):
+        raise ValueError(f"{type(model).__name__} is not a functional Keras model; pass candidates=[layer names]")
+    found = []
+    for layer in model.layers:
+        if not isinstance(layer, keras.layers.Add) or len(layer._inbound_nodes) != 1:
+            continue
+        inputs = list(layer._inbound_nodes[0].input_tensors)
+        if len(inputs) != 2:
+            continue
+        a, b = inputs
+        skip = a if _is_ancestor(a, b) else b if _is_ancestor(b, a) else None
+        if skip is not None:
+            found.append(_tap_of(skip, model, layer.name))
+    if not found:
+        raise ValueError(f"no residual Add layer found in {model.name!r}; pass candidates=[layer names]")
+    return tuple(found)
+
+
+def named_candidates(model, names) -> tuple[Candidate, ...]:
+    """The input of each named layer (nested layers of subclassed models included)."""
+    layers = all_layers(model)
+    names = list(names)
+    if not names:
+        raise ValueError("candidates is empty")
+    for n in names:
+        if n not in layers:
+            raise ValueError(f"candidate {n!r} is not a layer name of {model.name!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"candidate names must be distinct: {names}")
+    return tuple(Candidate(n, n, "input") for n in names)
+
+
+def is_functional(model) -> bool:
+    """A Keras 3 functional model (a graph of layers), as opposed to a subclassed one."""
+    return hasattr(model, "_operations")  # keras Functional subclasses keras' Function graph

@@ -1,0 +1,37 @@
+"""The per-batch sums of :func:`satcore.statistics.batch_moments`, on the TF device in float64.
+
+Computed per replica and summed with ``strategy.reduce(SUM)``, then handed to
+:meth:`CandidateStatistics.add_moments`, so a distributed probe equals one
+pass over the global batch.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def replica_moments(q, psi, *, variance: bool) -> dict:
+    """``n_samples``, ``sum_q_sq``, ``sum_cross``, ``sum_gram``, ``sum_xi_sq`` (, ``sum_xtx``).
+
+    ``q``: ``(M, T, N)``, ``psi``: ``(M, T, r)``.  ``sum_xi_sq = sum_i ||Q_i^T Psi_i||_F^2``
+    uses the ``T x T`` kernels ``<Q_i Q_i^T, Psi_i Psi_i^T>`` unless ``X_i`` is needed anyway.
+    """
+    q = tf.cast(q, tf.float64)
+    psi = tf.cast(psi, tf.float64)
+    out = {
+        "n_samples": tf.cast(tf.shape(q)[0], tf.float64),
+        "sum_q_sq": tf.reduce_sum(q * q),
+        "sum_cross": tf.einsum("mtn,mtr->nr", q, psi),
+        "sum_gram": tf.einsum("mtr,mts->rs", psi, psi),
+    }
+    T, N, r = q.shape[1], q.shape[2], psi.shape[2]
+    if variance or T * (N + r) >= N * r:
+        X = tf.einsum("mtn,mtr->mnr", q, psi)
+        out["sum_xi_sq"] = tf.reduce_sum(X * X)
+        if variance:
+            out["sum_xtx"] = tf.einsum("mnr,mns->rs", X, X)
+    else:
+        kq = tf.einsum("mtn,msn->mts", q, q)
+        kp = tf.einsum("mtr,msr->mts", psi, psi)
+        out["sum_xi_sq"] = tf.reduce_sum(kq * kp)
+    return out
