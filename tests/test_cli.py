@@ -1,0 +1,200 @@
+"""``satcore score / inspect / merge`` through click's runner and the installed console script.
+
+JSON values are compared with the core's array functions, with the explicit
+projector (``satcore.projected_growth_value``) and with per-sample loops for
+the certification quantities.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import satcore
+from satcore.cli.common import StderrProgress
+from satcore.cli.main import main
+
+SATCORE = Path(sys.executable).parent / "satcore"
+
+
+def arrays(seed=0):
+    """Three candidates of different shapes; 'layer2.0' carries a realizable signal."""
+    rng = np.random.default_rng(seed)
+    M = 40
+    out = {}
+    psi = rng.standard_normal((M, 3, 6))
+    out["layer1.0"] = (rng.standard_normal((M, 3, 4)), psi)
+    psi = rng.standard_normal((M, 5))
+    out["layer2.0"] = (psi @ rng.standard_normal((5, 4)) + 0.1 * rng.standard_normal((M, 4)), psi)
+    out["layer2.1"] = (rng.standard_normal((M, 4)).astype(np.float32), rng.standard_normal((M, 30)).astype(np.float32))
+    return out
+
+
+@pytest.fixture()
+def dump(tmp_path):
+    path = tmp_path / "d.npz"
+    satcore.write_dump(path, raw=arrays(), meta={"split": "val", "framework": "numpy"})
+    return path
+
+
+def invoke(*args):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def per_sample_sigma_sq(q, psi):
+    """Unbiased variance of xi_i = vec(Q_i^T Psi_i), by an explicit per-sample loop."""
+    q = np.asarray(q, np.float64).reshape(q.shape[0], -1, q.shape[-1])
+    psi = np.asarray(psi, np.float64).reshape(psi.shape[0], -1, psi.shape[-1])
+    xi = np.stack([(q[i].T @ psi[i]).ravel() for i in range(q.shape[0])])
+    return float(np.sum((xi - xi.mean(0)) ** 2) / (xi.shape[0] - 1))
+
+
+def test_score_json_matches_core_and_explicit_projector(dump):
+    out = json.loads(invoke("score", dump, "--json").stdout)
+    assert out["schema"] == "satcore-report/1" and out["split"] == "val"
+    data = arrays()
+    assert [c["name"] for c in out["candidates"]] == list(data)
+    for c, (name, (q, psi)) in zip(out["candidates"], data.items()):
+        assert c["n_samples"] == q.shape[0] and c["n_hidden"] == q.shape[-1] and c["n_features"] == psi.shape[-1]
+        assert c["ag"] == pytest.approx(satcore.ag(q), rel=1e-12)
+        assert c["ag_normalized"] == pytest.approx(satcore.ag_normalized(q), rel=1e-12)
+        assert c["growth_value"] == pytest.approx(satcore.growth_value(q, psi), rel=1e-12)
+        assert c["growth_value"] == pytest.approx(satcore.projected_growth_value(q, psi), rel=1e-9)
+        assert c["realizability"] == pytest.approx(satcore.growth_value(q, psi) / satcore.ag(q), rel=1e-12)
+        assert c["cross_gradient_norm"] == pytest.approx(np.linalg.norm(satcore.cross_gradient(q, psi)), rel=1e-12)
+        assert c["feature_rank"] == satcore.feature_rank(psi)
+        assert c["sigma_sq"] == pytest.approx(per_sample_sigma_sq(q, psi), rel=1e-9)
+    gv = {n: satcore.growth_value(q, psi) for n, (q, psi) in data.items()}
+    assert out["depth"]["growth_value_max"] == pytest.approx(max(gv.values()), rel=1e-12)
+    assert out["depth"]["argmax"] == max(gv, key=gv.get) == "layer2.0"
+    assert out["depth"]["ag_max"] == pytest.approx(max(satcore.ag(q) for q, _ in data.values()), rel=1e-12)
+    assert "test" not in out
+
+
+def test_score_json_is_the_core_report(dump):
+    out = json.loads(invoke("score", dump, "--json", "--error", "0.2").stdout)
+    expected = satcore.read_dump(dump).statistics().report(split="val", error=0.2).to_dict()
+    assert out.pop("dump") == str(dump)
+    assert out == json.loads(json.dumps(expected))
+
+
+def test_error_level_test_block_matches_prop1(dump):
+    out = json.loads(invoke("score", dump, "--json", "--error", "0.1").stdout)
+    data = arrays()
+    norms = [np.linalg.norm(satcore.cross_gradient(q, psi)) for q, psi in data.values()]
+    sigma = [per_sample_sigma_sq(q, psi) for q, psi in data.values()]
+    t = np.sqrt(sum(s / 40 for s in sigma) / 0.1)  # Prop. 1 solved for t
+    test = out["test"]
+    assert test["gamma_hat"] == pytest.approx(max(norms), rel=1e-12)
+    assert test["t"] == pytest.approx(t, rel=1e-9)
+    assert test["error_bound"] == pytest.approx(0.1, rel=1e-9)
+    assert test["interval"] == pytest.approx([max(0.0, max(norms) - t), max(norms) + t], rel=1e-9)
+    assert test["saturated"] == (max(norms) <= t)
+
+
+def test_delta_t_verdict_both_ways(dump):
+    data = arrays()
+    gamma = max(np.linalg.norm(satcore.cross_gradient(q, psi)) for q, psi in data.values())
+    high = invoke("score", dump, "--delta", gamma / 2, "--t", gamma).stdout
+    low = invoke("score", dump, "--delta", 0.0, "--t", gamma / 4).stdout
+    assert "verdict: SATURATED" in high and "verdict: NOT SATURATED" in low
+    as_json = json.loads(invoke("score", dump, "--json", "--delta", 0.0, "--t", gamma / 4).stdout)["test"]
+    assert as_json["saturated"] is False and as_json["threshold"] == pytest.approx(gamma / 4)
+    sigma_sum = sum(per_sample_sigma_sq(q, psi) for q, psi in data.values())
+    assert as_json["error_bound"] == pytest.approx(sigma_sum / (40 * (gamma / 4) ** 2), rel=1e-9)
+
+
+def test_table_rows_in_depth_order_and_maximum_line(dump):
+    text = invoke("score", dump).stdout
+    lines = text.splitlines()
+    names = [ln.split()[0] for ln in lines[2:5]]
+    assert names == ["layer1.0", "layer2.0", "layer2.1"]
+    gv = satcore.growth_value(*arrays()["layer2.0"])
+    assert f"depth-wide maximum: growth_value {gv:.4g} at layer2.0" in text
+    assert "verdict" not in text
+
+
+def test_probe_split_override_warns_on_training_set(dump):
+    out = json.loads(invoke("score", dump, "--json", "--probe-split", "train").stdout)
+    assert out["split"] == "train"
+    assert any("training set" in w for w in out["warnings"])
+    assert "warning:" in invoke("score", dump, "--probe-split", "train").stdout
+
+
+def test_merge_of_shards_equals_union(tmp_path):
+    data = arrays(5)
+    cuts = (0, 13, 40)
+    shards = []
+    for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+        path = tmp_path / f"shard{i}.npz"
+        satcore.write_dump(path, raw={n: (q[a:b], p[a:b]) for n, (q, p) in data.items()}, meta={"split": "val"})
+        shards.append(path)
+    merged = tmp_path / "merged.npz"
+    text = invoke("merge", *shards, "-o", merged, "--quiet").stdout
+    assert "2 dump(s)" in text
+    got = json.loads(invoke("score", merged, "--json").stdout)
+    assert got["split"] == "val"
+    for c, (name, (q, psi)) in zip(got["candidates"], data.items()):
+        want = satcore.score(q, psi, name=name)
+        for field in ("ag", "growth_value", "cross_gradient_norm", "sigma_sq", "realizability"):
+            assert c[field] == pytest.approx(getattr(want, field), rel=1e-12), (name, field)
+        assert c["n_samples"] == 40
+    assert satcore.read_dump(merged).meta["merged_from"] == ["shard0.npz", "shard1.npz"]
+
+
+def test_merge_refuses_different_candidates(tmp_path, dump):
+    other = tmp_path / "other.npz"
+    q, psi = arrays()["layer1.0"]
+    satcore.write_dump(other, raw={"layer9": (q, psi)})
+    result = CliRunner().invoke(main, ["merge", str(dump), str(other), "-o", str(tmp_path / "m.npz")])
+    assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1
+    assert "candidate lists differ" in result.stderr
+
+
+def test_inspect_summarises(dump):
+    text = invoke("inspect", dump).stdout
+    assert "satcore-dump/1; 3 candidate(s)" in text
+    assert '"framework": "numpy"' in text
+    assert "(40, 3, 4) float64" in text and "(40, 30) float32" in text
+    assert "all values finite" in text
+    assert "data read" not in invoke("inspect", dump, "--headers-only").stdout
+
+
+def test_score_plot_writes_png(dump, tmp_path):
+    png = tmp_path / "score.png"
+    invoke("score", dump, "--plot", png, "--quiet")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_installed_console_script(dump, tmp_path):
+    run = lambda *a: subprocess.run([str(SATCORE), *map(str, a)], capture_output=True, text=True, timeout=120)
+    proc = run("score", dump, "--json", "--error", "0.1")
+    assert proc.returncode == 0 and proc.stderr == ""  # no progress: stderr is not a terminal
+    assert json.loads(proc.stdout) == json.loads(invoke("score", dump, "--json", "--error", "0.1").stdout)
+    assert run("inspect", dump).returncode == 0
+    assert run("merge", dump, "-o", tmp_path / "m.npz").returncode == 0
+    assert json.loads(run("score", tmp_path / "m.npz", "--json").stdout)["candidates"] == json.loads(proc.stdout)["candidates"]
+    assert run("--help").returncode == 0
+
+
+def test_cli_import_does_not_load_matplotlib_or_frameworks():
+    code = "import sys, satcore.cli.main; print(sorted(m for m in ('matplotlib', 'torch', 'tensorflow', 'onnxruntime') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "[]", proc.stderr
+
+
+def test_progress_line(capsys):
+    progress = StderrProgress("reading x", delay_s=0.0)
+    progress(250, 1000)
+    progress(1000, 1000)
+    progress.close()
+    err = capsys.readouterr().err
+    assert "\rreading x:  25.0% of 1.0 kB" in err and err.endswith("100.0% of 1.0 kB\n")
