@@ -79,7 +79,7 @@ def test_sweep_json_and_plateau(tmp_path):
 
 
 def test_sweep_table_plot_and_model_depth(tmp_path):
-    paths, _ = sweep_dumps(tmp_path, signal=(1.0, 0.5, 0.25))
+    paths, _ = sweep_dumps(tmp_path, signal=(2.0, 0.5, 0.1))
     png = tmp_path / "sweep.png"
     result = CliRunner().invoke(main, ["sweep", *map(str, paths), "--plot", str(png), "--quiet"])
     assert result.exit_code == 0, result.output
