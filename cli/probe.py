@@ -96,4 +96,4 @@ def probe(model, data_path, loss, candidates, family, seed, output_name, batch_s
         split=split,
     )
     result.save(out_path)
-    click.echo(f"wrote {out_path}: {len(result.stats)} candidate(s), {next(iter(result.stats.values())).n_samples} samples")
+    click.echo(f"wrote {out_path}: {len(result.statistics)} candidate(s), {next(iter(result.statistics.values())).n_samples} samples")

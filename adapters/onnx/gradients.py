@@ -36,12 +36,17 @@ def one_line(exc: BaseException) -> str:
     return text[:400]
 
 
+def _quiet_ort() -> None:
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)  # gradient builders log every graph transformer at INFO
+
+
 def _builder_gradient_model(probe_bytes: bytes, wrt: list[str]) -> bytes:
     """The probe model with ``<name>_grad`` outputs (private ORT API, wrapped here only)."""
-    import onnxruntime as ort
     from onnxruntime.capi._pybind_state import GradientGraphBuilder
 
-    ort.set_default_logger_severity(3)  # the builder logs every graph transformer at INFO
+    _quiet_ort()
     builder = GradientGraphBuilder(probe_bytes, {LOSS}, set(wrt), LOSS)
     builder.build()
     return builder.get_model()
@@ -139,6 +144,7 @@ class ArtifactsRoute:
             from onnxruntime.training import artifacts
             from onnxruntime.training.api import CheckpointState, Module
 
+            _quiet_ort()
             model, deltas = self._delta_model(acts)
             folder = Path(self.workdir.name) / f"set{len(self.modules)}"
             folder.mkdir(parents=True)

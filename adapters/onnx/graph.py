@@ -19,6 +19,7 @@ TARGETS = "satcore_targets"
 LOSS_SCALE = "satcore_loss_scale"
 LOSS = "satcore_loss"
 MAX_IR_VERSION = 10  # onnxruntime 1.19 reads IR <= 10; onnx 1.23 writes 11
+FLOAT_TYPES = (1, 10, 11, 16)  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 
 @dataclass(frozen=True)
@@ -59,39 +60,47 @@ def constant_names(graph) -> set[str]:
     return names
 
 
+SHAPE_OPS = ("Shape", "Size")  # their outputs carry no gradient: not data paths
+
+
 def residual_candidates(model) -> list[str]:
-    """Skip inputs of residual ``Add`` nodes, upstream first.
+    """Input tensors of residual blocks (skip inputs of residual ``Add`` nodes), upstream first.
 
     An ``Add(a, b)`` is residual when one input (the skip, ``a``) is an
-    ancestor of the other (the branch output ``b``): the tensor ``a`` is the
-    input of a residual block ``a + f(a)``.  Bias additions (a constant input)
-    and sums of independent paths are not residual.
+    ancestor of the other (the branch output ``b``): ``a`` is the input of a
+    block ``a + f(a)``.  With a projection shortcut, ``Add(g(x), f(x))``, the
+    block input is the latest floating-point tensor both inputs derive from
+    (``x``).  Ancestry follows data edges only (not through ``Shape``/``Size``),
+    so a mask built from a tensor's shape does not make its ``Add`` residual;
+    bias additions (a constant input) are never residual.
     """
     graph = model.graph
     constants = constant_names(graph)
     producer = {o: n for n in graph.node for o in n.output}
-    ancestors_memo: dict[str, frozenset] = {}
+    order = {o: k for k, n in enumerate(graph.node) for o in n.output}
+    floating = {name for name, info in tensor_infos(model).items() if info.elem_type in FLOAT_TYPES}
+    memo: dict[str, frozenset] = {}
 
     def ancestors(name: str) -> frozenset:
         # iterative post-order walk: deep networks would overflow recursion
         stack = [name]
         while stack:
             top = stack[-1]
-            if top in ancestors_memo:
+            if top in memo:
                 stack.pop()
                 continue
             node = producer.get(top)
-            parents = [i for i in node.input if i] if node is not None else []
-            todo = [p for p in parents if p not in ancestors_memo]
+            parents = [] if node is None or node.op_type in SHAPE_OPS else [i for i in node.input if i]
+            todo = [p for p in parents if p not in memo]
             if todo:
                 stack.extend(todo)
                 continue
             acc = set(parents)
             for p in parents:
-                acc |= ancestors_memo[p]
-            ancestors_memo[top] = frozenset(acc)
+                acc |= memo[p]
+            memo[top] = frozenset(acc)
             stack.pop()
-        return ancestors_memo[name]
+        return memo[name]
 
     found: list[str] = []
     for node in graph.node:
@@ -100,7 +109,13 @@ def residual_candidates(model) -> list[str]:
         a, b = node.input
         if a in constants or b in constants or a == b:
             continue
-        skip = a if a in ancestors(b) else b if b in ancestors(a) else None
+        if a in ancestors(b):
+            skip = a
+        elif b in ancestors(a):
+            skip = b
+        else:
+            common = [t for t in ancestors(a) & ancestors(b) if t in floating and t not in constants]
+            skip = max(common, key=lambda t: order.get(t, -1)) if common else None
         if skip is not None and skip not in found:
             found.append(skip)
     return found

@@ -9,23 +9,23 @@ from satcore.depth import DepthStatistics
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """``stats``: :class:`~satcore.DepthStatistics` (upstream first); ``meta``: JSON-able provenance.
+    """``statistics``: :class:`~satcore.DepthStatistics` (upstream first); ``meta``: JSON-able provenance.
 
     ``meta`` holds at least ``candidates``, ``framework``, ``loss`` and
     ``family`` (per candidate: kind, width, n_features, seed); it becomes the
-    dump's ``meta`` member.
+    dump's ``meta`` member.  Field names follow the torch adapter's result.
     """
 
-    stats: DepthStatistics
+    statistics: DepthStatistics
     meta: dict = field(default_factory=dict)
 
     def report(self, **options):
         """:meth:`DepthStatistics.report` with the probe's split (SPEC section 4)."""
         options.setdefault("split", self.meta.get("split"))
-        return self.stats.report(**options)
+        return self.statistics.report(**options)
 
     def save(self, path) -> None:
         """Write a ``satcore-dump/1`` file that ``satcore score`` reads."""
         from satcore.dump import write_dump
 
-        write_dump(path, self.stats, meta=self.meta)
+        write_dump(path, self.statistics, meta=self.meta)

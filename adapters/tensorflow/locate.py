@@ -45,20 +45,6 @@ def _node_inputs(tensor):
     return list(node.input_tensors)
 
 
-def _is_ancestor(a, b) -> bool:
-    """Does KerasTensor ``b`` depend on ``a``?"""
-    seen, stack = set(), [b]
-    while stack:
-        t = stack.pop()
-        if t is a:
-            return True
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        stack.extend(_node_inputs(t))
-    return False
-
-
 def _tap_of(tensor, model, name: str) -> Candidate:
     operation, node_index, tensor_index = _history(tensor)
     inputs = model.inputs if isinstance(model.inputs, (list, tuple)) else [model.inputs]
@@ -73,8 +59,43 @@ def _tap_of(tensor, model, name: str) -> Candidate:
     return Candidate(name, operation.name, "output")
 
 
+def _ancestors(tensor) -> list:
+    """KerasTensors ``tensor`` depends on, nearest first (breadth-first)."""
+    out, seen, frontier = [], {id(tensor)}, [tensor]
+    while frontier:
+        nxt = []
+        for t in frontier:
+            for p in _node_inputs(t):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+                    nxt.append(p)
+        frontier = nxt
+    return out
+
+
+def _block_input(a, b):
+    """The skip tensor of ``Add(a, b)``, or None when the Add is not residual.
+
+    ``a`` when ``b`` derives from it (``a + f(a)``); with a projection shortcut
+    ``g(x) + f(x)``, the latest floating-point tensor both derive from (``x``).
+    """
+    anc_a, anc_b = _ancestors(a), _ancestors(b)
+    if any(t is a for t in anc_b):
+        return a
+    if any(t is b for t in anc_a):
+        return b
+    ids_b = {id(t) for t in anc_b}
+    common = [t for t in anc_a if id(t) in ids_b and "float" in str(t.dtype)]
+    # the latest common ancestor is the one no other common ancestor derives from
+    for c in common:
+        if not any(any(t is c for t in _ancestors(other)) for other in common if other is not c):
+            return c
+    return None
+
+
 def residual_candidates(model) -> tuple[Candidate, ...]:
-    """Skip tensors of the residual ``Add`` layers of a functional model, upstream first."""
+    """Block inputs at the residual ``Add`` layers of a functional model, upstream first."""
     import keras
 
     if not is_functional(model):
@@ -86,8 +107,7 @@ def residual_candidates(model) -> tuple[Candidate, ...]:
         inputs = list(layer._inbound_nodes[0].input_tensors)
         if len(inputs) != 2:
             continue
-        a, b = inputs
-        skip = a if _is_ancestor(a, b) else b if _is_ancestor(b, a) else None
+        skip = _block_input(*inputs)
         if skip is not None:
             found.append(_tap_of(skip, model, layer.name))
     if not found:
@@ -96,17 +116,23 @@ def residual_candidates(model) -> tuple[Candidate, ...]:
 
 
 def named_candidates(model, names) -> tuple[Candidate, ...]:
-    """The input of each named layer (nested layers of subclassed models included)."""
+    """The input of each named layer (nested layers of subclassed models included).
+
+    A :class:`Candidate` may be given instead of a name, e.g.
+    ``Candidate("stage2", "block1_out", "output")`` to tap a layer's output.
+    """
     layers = all_layers(model)
-    names = list(names)
-    if not names:
+    cands = [c if isinstance(c, Candidate) else Candidate(c, c, "input") for c in names]
+    if not cands:
         raise ValueError("candidates is empty")
-    for n in names:
-        if n not in layers:
-            raise ValueError(f"candidate {n!r} is not a layer name of {model.name!r}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"candidate names must be distinct: {names}")
-    return tuple(Candidate(n, n, "input") for n in names)
+    for c in cands:
+        if c.position not in ("input", "output"):
+            raise ValueError(f"candidate {c.name!r}: position must be 'input' or 'output', not {c.position!r}")
+        if c.layer not in layers:
+            raise ValueError(f"candidate {c.name!r}: {c.layer!r} is not a layer name of {model.name!r}")
+    if len({c.name for c in cands}) != len(cands) or len({(c.layer, c.position) for c in cands}) != len(cands):
+        raise ValueError(f"candidates must be distinct: {[c.name for c in cands]}")
+    return tuple(cands)
 
 
 def is_functional(model) -> bool:
