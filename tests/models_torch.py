@@ -19,10 +19,11 @@ weights are cached per process, so repeated calls are cheap and independent):
   residual blocks ``layer1.0, layer1.1, layer2.0, layer2.1``;
 * :func:`digits_transformer` -- ``nn.TransformerEncoder`` (2 layers, d 32,
   batch_first) over the 8 image rows as tokens, blocks ``encoder.layers.0/1``;
-* :func:`gpt2` / :func:`gpt_neox` -- Hugging Face ``GPT2LMHeadModel`` /
-  ``GPTNeoXForCausalLM`` from tiny configs (d 32, 2 layers, eager attention),
-  trained a few steps on the GPT-3 text; blocks ``transformer.h.*`` /
-  ``gpt_neox.layers.*``.
+* :func:`gpt2` / :func:`gpt_neox` / :func:`llama` -- Hugging Face
+  ``GPT2LMHeadModel`` / ``GPTNeoXForCausalLM`` / ``LlamaForCausalLM`` from tiny
+  configs (d 32, 2 layers, eager attention, no cache), trained a few steps on
+  the GPL-3 text; blocks ``transformer.h.*`` / ``gpt_neox.layers.*`` /
+  ``model.layers.*``.
 
 Batches: :func:`digits_batches` and :func:`text_batches` give lists of
 ``(inputs, targets)``; losses: ``per_sample_ce`` (classification, ``(B,)``)
@@ -179,7 +180,7 @@ def _train_lm(model, steps, seed, lr=3e-3, batch_size=8, seq_len=32):
 def _trained_state(kind: str, seed: int, steps: int):
     torch.manual_seed(seed)
     model = BUILDERS[kind]()
-    train = _train_lm if kind in ("gpt2", "gpt_neox") else _train_classifier
+    train = _train_lm if kind in ("gpt2", "gpt_neox", "llama") else _train_classifier
     with torch.random.fork_rng():
         train(model, steps, seed)
     return {k: v.clone() for k, v in model.state_dict().items()}
@@ -211,6 +212,22 @@ def gpt_neox_config(**overrides):
     return GPTNeoXConfig(**kw)
 
 
+def llama_config(**overrides):
+    from transformers import LlamaConfig
+
+    kw = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=2, max_position_embeddings=64, use_cache=False, attn_implementation="eager",
+              bos_token_id=0, eos_token_id=0)
+    kw.update(overrides)
+    return LlamaConfig(**kw)
+
+
+def _llama():
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM(llama_config())
+
+
 def _gpt2():
     from transformers import GPT2LMHeadModel
 
@@ -223,7 +240,13 @@ def _gpt_neox():
     return GPTNeoXForCausalLM(gpt_neox_config())
 
 
-BUILDERS = {"resnet": DigitsResNet, "transformer": DigitsTransformer, "gpt2": _gpt2, "gpt_neox": _gpt_neox}
+BUILDERS = {
+    "resnet": DigitsResNet,
+    "transformer": DigitsTransformer,
+    "gpt2": _gpt2,
+    "gpt_neox": _gpt_neox,
+    "llama": _llama,
+}
 
 
 def digits_resnet(seed: int = 0, steps: int = 150) -> DigitsResNet:
@@ -244,3 +267,8 @@ def gpt2(seed: int = 0, steps: int = 40):
 def gpt_neox(seed: int = 0, steps: int = 40):
     """Tiny Hugging Face GPT-NeoX trained ``steps`` Adam steps on the GPL-3 text (bytes)."""
     return _fresh("gpt_neox", seed, steps)
+
+
+def llama(seed: int = 0, steps: int = 20):
+    """Tiny Hugging Face Llama-style decoder trained ``steps`` Adam steps on the GPL-3 text (bytes)."""
+    return _fresh("llama", seed, steps)
