@@ -1,0 +1,169 @@
+"""Models, batches, the floor pass and measuring helpers shared by the probe benchmarks.
+
+Workloads (real models, real data shipped with the OS / scikit-learn; the
+building blocks come from ``tests/models_torch.py`` so benches and tests use
+the same code):
+
+* ``gpt2``: Hugging Face ``GPT2LMHeadModel`` from a small config (``n_embd``
+  256, 8 blocks, 8 heads, ``T`` 128, byte vocabulary 256) over byte windows of
+  ``/usr/share/common-licenses/Apache-2.0``; loss :func:`sequence_loss`.
+* ``resnet8``: the paper's stagewise ResNet-8 (stem conv3x3 -> one
+  BasicBlock per stage, widths 16/32/64, stride 2 between stages) on
+  ``load_digits`` images upsampled 8x8 -> 32x32 and repeated to 3 channels.
+
+Weights are the seeded initialisation (timings and memory do not depend on
+training).  The floor is a plain forward + backward of ``sum_i loss_i`` over
+the same batches in ``eval()`` mode (what the probe runs too): activation
+gradients cannot be had for less.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from models_torch import BasicBlock, digits, gpt2_config, per_sample_ce, text_batches  # noqa: E402
+
+from satcore.adapters.torch import probe, sequence_loss  # noqa: E402
+from satcore.adapters.torch.probe import call_model  # noqa: E402
+
+
+def set_threads(n: int) -> None:
+    """Pin intra-op threads (the bench machine has 2 cores shared with other work)."""
+    torch.set_num_threads(n)
+
+
+# -- models -------------------------------------------------------------------------------
+class ResNet8(nn.Module):
+    """Stagewise ResNet-8 (paper, Appendix on ResNet experiments): one BasicBlock per stage."""
+
+    def __init__(self, widths=(16, 32, 64), classes=10, in_channels=3):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        self.relu = nn.ReLU(inplace=True)
+        self.layer1 = nn.Sequential(BasicBlock(widths[0], widths[0], 1))
+        self.layer2 = nn.Sequential(BasicBlock(widths[0], widths[1], 2))
+        self.layer3 = nn.Sequential(BasicBlock(widths[1], widths[2], 2))
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(widths[2], classes)
+
+    def forward(self, x):
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def gpt2_model(n_embd=256, n_layer=8, n_head=8, seq_len=128, seed=0):
+    from transformers import GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = gpt2_config(n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_positions=seq_len, attn_implementation="sdpa")
+    return GPT2LMHeadModel(config).eval()
+
+
+def resnet8_model(seed=0):
+    torch.manual_seed(seed)
+    return ResNet8().eval()
+
+
+# -- data ---------------------------------------------------------------------------------
+def gpt2_batches(batch_size, n_batches, seq_len=128, offset=0):
+    """Byte windows; the Apache-2.0 text is recycled when more windows are asked than it holds."""
+    from models_torch import text_bytes, HELDOUT_TEXT
+
+    per_pass = len(text_bytes(HELDOUT_TEXT)) // (batch_size * seq_len)
+    out = []
+    for b in range(n_batches):
+        ids, labels = text_batches(seq_len, batch_size, 1, offset=offset + (b % per_pass) * batch_size * seq_len)[0]
+        out.append(({"input_ids": ids}, labels))
+    return out
+
+
+def resnet8_batches(batch_size, n_batches, start=0):
+    """Digits upsampled to 32x32 (nearest), 3 channels, standardised; recycled past 1797 samples."""
+    X, y = digits()
+    X = (X - 0.3) / 0.4
+    X = X.repeat_interleave(4, 2).repeat_interleave(4, 3).repeat(1, 3, 1, 1)
+    out = []
+    for b in range(n_batches):
+        idx = torch.arange(start + b * batch_size, start + (b + 1) * batch_size) % X.shape[0]
+        out.append((X[idx], y[idx]))
+    return out
+
+
+WORKLOADS = {
+    "gpt2": (gpt2_model, gpt2_batches, sequence_loss),
+    "resnet8": (resnet8_model, resnet8_batches, per_sample_ce),
+}
+
+
+# -- the floor and the probe --------------------------------------------------------------
+def floor_pass(model, batches, loss_fn):
+    """Forward + backward of ``sum_i loss_i`` to the parameters, batch by batch (eval mode)."""
+    for inputs, targets in batches:
+        loss_fn(call_model(model, inputs), targets).sum().backward()
+        for p in model.parameters():
+            p.grad = None
+
+
+def probe_pass(model, batches, loss_fn, **options):
+    return probe(model, batches, loss_fn, **options)
+
+
+# -- measuring ----------------------------------------------------------------------------
+def interleaved(functions: dict, repeats: int) -> dict:
+    """Median wall time of each function, run in rotating order ``repeats`` times.
+
+    Rotation spreads slow phases of a shared machine over all contenders; a
+    ratio of two medians from the same run is what the benches report.
+    """
+    names = list(functions)
+    times = {n: [] for n in names}
+    for rep in range(repeats):
+        order = names[rep % len(names) :] + names[: rep % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            functions[name]()
+            times[name].append(time.perf_counter() - start)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def peak_rss_increase(fn) -> int:
+    """Bytes the process's resident peak rose above its current RSS while ``fn`` ran.
+
+    Resets the kernel's high-water mark (``/proc/self/clear_refs`` = 5) first,
+    so this covers torch's CPU allocations, which tracemalloc does not see.
+    """
+    import gc
+
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _status_kib("VmRSS")
+    fn()
+    return max(0, _status_kib("VmHWM") - base) * 1024
+
+
+def versions() -> dict:
+    import numpy
+    import transformers
+
+    return {"torch": torch.__version__, "numpy": numpy.__version__, "transformers": transformers.__version__,
+            "threads": torch.get_num_threads(), "cpus": os.cpu_count()}

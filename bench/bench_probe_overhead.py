@@ -1,0 +1,129 @@
+"""Probe overhead: ``satcore.adapters.torch.probe`` over every residual block vs the floor.
+
+Usage: ``python bench/bench_probe_overhead.py [--quick] [--threads N] [--repeats R]``.
+
+For each workload of :mod:`_workloads` (GPT-2 d=256, 8 blocks, T=128; the
+paper's stagewise ResNet-8 at 32x32) the same list of batches is run through
+
+* ``floor``: a plain forward + backward of ``sum_i loss_i`` (eval mode);
+* ``default``: ``probe(model, batches, loss_fn)`` with default options (all
+  blocks + the ``head`` endpoint, per-batch sums in float64);
+* ``variance``: ``variance=True`` (adds ``sum X_i^T X_i``);
+* ``float32``: ``batch_dtype=torch.float32`` (per-batch sums in float32, totals
+  still float64) -- an existing option, measured as a candidate default;
+* ``float32_subsample``: float32 and ``position_subsample=64``;
+
+interleaved in rotating order, ``repeats`` times; ratios are medians over the
+floor's median from the same run.  One extra probe under ``cProfile`` splits
+the default probe's time into forward, backward (``autograd.grad``), feature
+maps, per-batch moments and the rest.  Peak memory is the resident high-water
+increase of one call (``/proc/self/clear_refs``).
+
+Writes ``probe_overhead_default`` and ``probe_overhead_variance`` (the WORST
+of the workloads, since the goal ``default <= 1.5x`` must hold for each) plus
+per-workload ``probe_overhead_<option>_<workload>`` keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+
+import torch
+
+from _results import record
+from _workloads import WORKLOADS, floor_pass, interleaved, peak_rss_increase, probe_pass, set_threads, versions
+
+SIZES = {  # workload -> (batch size, batches) for quick / full
+    "gpt2": {"quick": (4, 2), "full": (8, 4)},
+    "resnet8": {"quick": (32, 2), "full": (64, 4)},
+}
+OPTIONS = {
+    "default": {},
+    "variance": {"variance": True},
+    "float32": {"batch_dtype": torch.float32},
+    "float32_subsample": {"batch_dtype": torch.float32, "position_subsample": 64},
+}
+# (file suffix, function) of the phases the profile reports, in the adapter and torch.
+PHASES = {
+    "forward": ("adapters/torch/probe.py", "call_model"),
+    "backward": ("torch/autograd/__init__.py", "grad"),
+    "features": ("adapters/torch/families.py", "forward"),
+    "moments": ("adapters/torch/moments.py", "batch_moments"),
+    "total": ("adapters/torch/probe.py", "probe"),
+}
+
+
+def phase_breakdown(run) -> dict:
+    """Seconds per phase of one probe from cProfile's cumulative times (``other`` = the rest)."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run()
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    out = {}
+    for phase, (suffix, function) in PHASES.items():
+        out[phase] = sum(
+            row[3] for (filename, _, name), row in stats.items() if filename.endswith(suffix) and name == function
+        )
+    out["other"] = out["total"] - sum(v for k, v in out.items() if k != "total")
+    return out
+
+
+def measure(workload: str, size: str, repeats: int) -> dict:
+    build, make_batches, loss_fn = WORKLOADS[workload]
+    model = build()
+    batch_size, n_batches = SIZES[workload][size]
+    batches = make_batches(batch_size, n_batches)
+    probe_pass(model, batches[:1], loss_fn)  # warm-up: allocator, feature-map construction
+    floor_pass(model, batches[:1], loss_fn)
+    runs = {"floor": lambda: floor_pass(model, batches, loss_fn)}
+    for option, kwargs in OPTIONS.items():
+        runs[option] = lambda kwargs=kwargs: probe_pass(model, batches, loss_fn, **kwargs)
+    seconds = interleaved(runs, repeats)
+    memory = {name: peak_rss_increase(fn) for name, fn in runs.items()}
+    breakdown = phase_breakdown(runs["default"])
+    row = {
+        "batch_size": batch_size,
+        "batches": n_batches,
+        "candidates": len(probe_pass(model, batches[:1], loss_fn).statistics),
+        "seconds": seconds,
+        "ratio": {name: seconds[name] / seconds["floor"] for name in OPTIONS},
+        "peak_rss_increase_bytes": memory,
+        "default_breakdown_seconds": breakdown,
+    }
+    ratios = ", ".join(f"{k} {v:.2f}x" for k, v in row["ratio"].items())
+    shares = ", ".join(f"{k} {v / breakdown['total']:.0%}" for k, v in breakdown.items() if k != "total")
+    print(f"{workload}: floor {seconds['floor']:.3f} s over {batch_size}x{n_batches}; {ratios}", flush=True)
+    print(f"  default probe time split: {shares}", flush=True)
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args()
+    set_threads(args.threads)
+    size = "quick" if args.quick else "full"
+    repeats = args.repeats or (3 if args.quick else 5)
+    rows = {workload: measure(workload, size, repeats) for workload in WORKLOADS}
+    summary = {}
+    for option in OPTIONS:
+        for workload, row in rows.items():
+            summary[f"probe_overhead_{option}_{workload}"] = row["ratio"][option]
+    summary["probe_overhead_default"] = max(row["ratio"]["default"] for row in rows.values())
+    summary["probe_overhead_variance"] = max(row["ratio"]["variance"] for row in rows.values())
+    record(
+        "probe_overhead",
+        {"quick": args.quick, "repeats": repeats, "versions": versions(), "workloads": rows},
+        summary,
+    )
+    print(f"probe_overhead_default {summary['probe_overhead_default']:.2f}x, "
+          f"probe_overhead_variance {summary['probe_overhead_variance']:.2f}x (worst workload)")
+
+
+if __name__ == "__main__":
+    main()
