@@ -53,8 +53,8 @@ def find_blocks(model: nn.Module) -> list[str]:
     """Module names of the residual blocks of ``model``, upstream first."""
     blocks: list[str] = []
     for name, module in model.named_modules():
-        if any(name.startswith(b + ".") for b in blocks):
-            continue  # inside a block already found
+        if any(name == b or name.startswith(b + ".") for b in blocks):
+            continue  # a block already found, or inside one
         if isinstance(module, nn.ModuleList) and name.rpartition(".")[2] in STACK_NAMES:
             blocks.extend(
                 f"{name}.{i}" for i, child in enumerate(module) if len(list(child.children())) > 0
