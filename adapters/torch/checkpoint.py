@@ -1,11 +1,13 @@
-"""Checkpoint and resume of a probe's running sums (``.npz``, no pickle).
+"""Checkpoint and resume of a probe's running sums (a ``satcore-dump/1`` file, no pickle).
 
-A checkpoint is a ``satcore-dump/1``-shaped file: ``satcore_schema``, a JSON
-``meta`` (candidates in order, their feature-map specs, and
-``checkpoint.batches_done``), the statistics as ``stats/<name>/<field>`` and
-the stream sums as ``stream/<name>/<field>``.  It is written to a temporary
-file and renamed, so an interruption never leaves a torn checkpoint.  It is
-read with ``allow_pickle=False``.
+A checkpoint is an ordinary dump written by :func:`satcore.dump.write_dump`:
+the statistics so far as ``stats/<name>/<field>``, and in ``meta`` the
+candidates in order, their feature-map specs and ``checkpoint`` =
+``{batches_done, seed, position_subsample, variance, streams}`` (the stream
+diagnostic sums as JSON numbers, which round-trip float64 exactly).  So
+``satcore score CHECKPOINT`` reads a partial probe.  It is written to a
+temporary file and renamed: an interruption never leaves a torn checkpoint.
+It is read with ``allow_pickle=False``.
 """
 
 from __future__ import annotations
@@ -16,46 +18,36 @@ import os
 import numpy as np
 
 from satcore.depth import DepthStatistics
+from satcore.dump import SCHEMA, write_dump
 
 from .diagnostics import StreamAccumulator
 
-SCHEMA = "satcore-dump/1"
-
 
 def save_checkpoint(path, statistics, streams, specs, batches_done: int, config: dict) -> None:
-    meta = {
-        "candidates": list(statistics),
-        "family": specs,
-        "framework": "torch",
-        "checkpoint": {"batches_done": int(batches_done), **config},
+    state = {
+        "batches_done": int(batches_done),
+        **config,
+        "streams": {name: {f: float(v) for f, v in acc.to_arrays().items()} for name, acc in streams.items()},
     }
-    arrays = {"satcore_schema": np.asarray(SCHEMA), "meta": np.asarray(json.dumps(meta))}
-    arrays.update({f"stats/{k}": v for k, v in statistics.to_arrays().items()})
-    for name, acc in streams.items():
-        arrays.update({f"stream/{name}/{f}": v for f, v in acc.to_arrays().items()})
+    meta = {"candidates": list(statistics), "family": specs, "framework": "torch", "checkpoint": state}
     tmp = f"{os.fspath(path)}.tmp.npz"
-    np.savez(tmp, **arrays)
+    write_dump(tmp, statistics, meta=meta)
     os.replace(tmp, path)
 
 
 def load_checkpoint(path, config: dict):
     """``(statistics, streams, specs, batches_done)``; refuses a checkpoint of another probe setup."""
     with np.load(path, allow_pickle=False) as data:
-        if "meta" not in data.files or str(data["satcore_schema"]) != SCHEMA:
+        if "meta" not in data.files or "satcore_schema" not in data.files or str(data["satcore_schema"]) != SCHEMA:
             raise ValueError(f"{path}: not a satcore probe checkpoint")
         meta = json.loads(str(data["meta"]))
-        saved = dict(meta.get("checkpoint", {}))
-        batches_done = saved.pop("batches_done", None)
-        if batches_done is None or saved != config:
-            raise ValueError(f"{path}: checkpoint was written by a probe with settings {saved}, not {config}")
+        state = dict(meta.get("checkpoint", {}))
+        batches_done, saved_streams = state.pop("batches_done", None), state.pop("streams", None)
+        if batches_done is None or saved_streams is None or state != config:
+            raise ValueError(f"{path}: checkpoint was written by a probe with settings {state}, not {config}")
         order = meta["candidates"]
         stats = DepthStatistics.from_arrays(
             {k[len("stats/") :]: data[k] for k in data.files if k.startswith("stats/")}, order
         )
-        streams = {
-            name: StreamAccumulator.from_arrays(
-                {k.rpartition("/")[2]: data[k] for k in data.files if k.startswith(f"stream/{name}/")}
-            )
-            for name in order
-        }
+    streams = {name: StreamAccumulator.from_arrays(saved_streams[name]) for name in order}
     return stats, streams, meta["family"], int(batches_done)

@@ -1,0 +1,94 @@
+"""Checkpoint/resume: a probe interrupted mid-way and resumed from its checkpoint
+gives exactly the uninterrupted statistics; progress bar; .save() dumps."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import models_torch as mt
+from satcore.adapters.torch import probe, sequence_loss
+
+torch.set_num_threads(1)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def interrupt_after(batches, k):
+    """Yield ``k`` batches, then fail as a killed job would."""
+    yield from batches[:k]
+    raise Interrupted
+
+
+def assert_same(a, b):
+    assert list(a.statistics) == list(b.statistics)
+    for name in a.statistics:
+        x, y = a.statistics[name].to_arrays(), b.statistics[name].to_arrays()
+        assert x.keys() == y.keys()
+        for f in x:
+            np.testing.assert_array_equal(x[f], y[f], err_msg=f"{name}/{f}")
+        assert a.diagnostics[name] == b.diagnostics[name]
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, every):
+    model = mt.gpt2()
+    batches = mt.text_batches(16, 2, 5)
+    options = dict(variance=True, position_subsample=6, seed=3, checkpoint_every=every)
+    whole = probe(model, batches, sequence_loss, **{k: v for k, v in options.items() if k != "checkpoint_every"})
+    path = tmp_path / "probe.ckpt.npz"
+    with pytest.raises(Interrupted):
+        probe(model, interrupt_after(batches, 3), sequence_loss, checkpoint=path, **options)
+    with np.load(path, allow_pickle=False) as data:
+        meta = json.loads(str(data["meta"]))
+    assert meta["checkpoint"]["batches_done"] == (3 if every == 1 else 2)
+    resumed = probe(model, batches, sequence_loss, checkpoint=path, **options)
+    assert_same(resumed, whole)
+    # a finished checkpoint resumes to the same result without new batches
+    assert_same(probe(model, batches, sequence_loss, checkpoint=path, **options), whole)
+
+
+def test_checkpoint_of_other_settings_is_refused(tmp_path):
+    model = mt.digits_resnet()
+    path = tmp_path / "c.npz"
+    probe(model, mt.digits_batches(4, 2), mt.per_sample_ce, checkpoint=path)
+    with pytest.raises(ValueError, match="checkpoint was written by a probe with settings"):
+        probe(model, mt.digits_batches(4, 2), mt.per_sample_ce, checkpoint=path, seed=1)
+
+
+def test_progress_bar_counts_samples(capsys):
+    model = mt.digits_resnet()
+    probe(model, mt.digits_batches(4, 3), mt.per_sample_ce, progress=True)
+    err = capsys.readouterr().err
+    assert "12sample" in err.replace(" ", "") and "sample/s" in err
+
+
+def test_save_writes_a_satcore_dump(tmp_path):
+    from satcore.dump import read_dump
+
+    model = mt.digits_resnet()
+    result = probe(model, mt.digits_batches(4, 2), mt.per_sample_ce, split="heldout", variance=True)
+    path = tmp_path / "probe.npz"
+    result.save(path)
+    dump = read_dump(path)
+    assert dump.meta["candidates"] == list(result.statistics)
+    assert dump.meta["framework"] == "torch" and dump.meta["split"] == "heldout"
+    assert dump.meta["family"]["layer1.0"]["kind"] == "conv"
+    stats = dump.statistics()
+    assert stats.report().to_dict()["candidates"] == result.report().to_dict()["candidates"]
+
+
+def test_checkpoint_is_a_readable_dump_of_the_partial_probe(tmp_path):
+    from satcore.dump import read_dump
+
+    model = mt.digits_resnet()
+    batches = mt.digits_batches(4, 3)
+    path = tmp_path / "c.npz"
+    with pytest.raises(Interrupted):
+        probe(model, interrupt_after(batches, 2), mt.per_sample_ce, checkpoint=path)
+    partial = probe(model, batches[:2], mt.per_sample_ce)
+    stats = read_dump(path).statistics()
+    assert stats.report().to_dict() == partial.report().to_dict()
