@@ -1,0 +1,66 @@
+"""One probe per model: the numbers a depth-sweep table row shows.
+
+Everything is computed by satcore: :func:`satcore.adapters.torch.probe`
+accumulates the statistics, :meth:`DepthStatistics.report` scores them and runs
+the separated test of Prop. 1 at a stated error level, and
+:func:`satcore.sweep.growth_noise_floor` gives the growth value a saturated
+candidate would show on the same number of probe samples.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from satcore.adapters.torch import probe
+from satcore.sweep import growth_noise_floor
+
+ERROR_LEVEL = 0.1  # error level of the certified test: t = sqrt(sum sigma^2 / (n a))
+
+
+def probe_model(model, data, loss_fn, *, split: str, depth: int, dump_path: Path | None = None, seed: int = 0,
+                variance: bool = True, **kwargs):
+    """Probe ``model`` on ``data``; write a ``satcore-dump/1`` (with ``model_depth``) when asked."""
+    kwargs.setdefault("batch_dtype", torch.float32)  # per-batch sums in float32 for speed; totals stay float64
+    result = probe(model, data, loss_fn, seed=seed, variance=variance, split=split, **kwargs)
+    result.meta["model_depth"] = int(depth)
+    if dump_path is not None:
+        Path(dump_path).parent.mkdir(parents=True, exist_ok=True)
+        result.save(dump_path)
+    return result
+
+
+def report_row(result, prefix: str = "") -> dict:
+    """Depth-wide numbers of one probe, keys prefixed by ``prefix``.
+
+    ``ag_batch_max`` is the paper's logged statistic, eq. (2) (batch-mean
+    loss, mean over analysis batches), maximised over candidates.  With
+    ``variance`` statistics also: ``growth_floor`` (noise floor of the growth
+    value at its argmax), the certified test at :data:`ERROR_LEVEL`.
+    """
+    report = result.report(error=ERROR_LEVEL) if _has_variance(result) else result.report()
+    best = report[report.argmax]
+    row = {
+        "ag_max": report.ag_max,
+        "ag_argmax": report.ag_argmax,
+        "ag_batch_max": max(c.ag_batch for c in report.candidates if c.ag_batch is not None),
+        "growth_value_max": report.growth_value_max,
+        "argmax": report.argmax,
+        "realizability": best.realizability,
+        "n_probe": best.n_samples,
+    }
+    floor = growth_noise_floor(best)
+    if floor is not None:
+        row["growth_floor"] = floor
+        row["signal_to_floor"] = report.growth_value_max / floor if floor > 0 else math.inf
+    if report.test is not None:
+        t = report.test
+        row.update(gamma_hat=t.gamma_hat, noise_floor=report[t.argmax].noise_floor, t=t.t,
+                   certified_saturated=t.saturated, test_error_bound=t.error_bound)
+    return {prefix + k: v for k, v in row.items()}
+
+
+def _has_variance(result) -> bool:
+    return all(s.variance and s.n_samples > 1 for s in result.statistics.values())
