@@ -42,27 +42,36 @@ FIELDS = SCALAR_FIELDS + MATRIX_FIELDS
 def batch_moments(Q, Psi, *, variance: bool = False) -> dict:
     """The per-batch sums of the table above, in float64, from arrays.
 
-    ``sum_xi_sq`` uses ``||Q_i^T Psi_i||_F^2 = <Q_i Q_i^T, Psi_i Psi_i^T>_F`` (a
-    ``T x T`` kernel) when that is cheaper than forming ``X_i`` (``N x r``).
+    Every sum is a BLAS matrix product.  The per-sample parameter gradient
+    ``X_i = Q_i^T Psi_i`` (``N x r``) is formed only when that is cheaper than
+    the ``T x T`` kernel ``K_i = Q_i Q_i^T``, using
+    ``||X_i||_F^2 = <K_i, Psi_i Psi_i^T>_F`` and ``X_i^T X_i = Psi_i^T K_i Psi_i``.
     """
     q, psi = as_pair(Q, Psi)
     M, T, N = q.shape
     r = psi.shape[2]
+    q2, p2 = q.reshape(M * T, N), psi.reshape(M * T, r)
     out = {
         "n_samples": M,
-        "sum_q_sq": float(np.einsum("mtn,mtn->", q, q)),
-        "sum_cross": np.einsum("mtn,mtr->nr", q, psi),
-        "sum_gram": np.einsum("mtr,mts->rs", psi, psi),
+        "sum_q_sq": float(np.vdot(q2, q2)),
+        "sum_cross": q2.T @ p2,
+        "sum_gram": p2.T @ p2,
     }
-    if variance or T * (N + r) >= N * r:
-        X = np.einsum("mtn,mtr->mnr", q, psi)
-        out["sum_xi_sq"] = float(np.einsum("mnr,mnr->", X, X))
+    kernel_cost = T * T * (N + r) + (T * r * r if variance else 0)
+    gradient_cost = T * N * r + (N * r * r if variance else 0)
+    if kernel_cost <= gradient_cost:
+        kq = q @ q.transpose(0, 2, 1)
         if variance:
-            out["sum_xtx"] = np.einsum("mnr,mns->rs", X, X)
+            w = kq @ psi  # K_i Psi_i
+            out["sum_xi_sq"] = float(np.vdot(w, psi))
+            out["sum_xtx"] = p2.T @ w.reshape(M * T, r)
+        else:
+            out["sum_xi_sq"] = float(np.vdot(kq, psi @ psi.transpose(0, 2, 1)))
     else:
-        kq = np.einsum("mtn,msn->mts", q, q)
-        kp = np.einsum("mtr,msr->mts", psi, psi)
-        out["sum_xi_sq"] = float(np.einsum("mts,mts->", kq, kp))
+        X = (q.transpose(0, 2, 1) @ psi).reshape(M * N, r)
+        out["sum_xi_sq"] = float(np.vdot(X, X))
+        if variance:
+            out["sum_xtx"] = X.T @ X
     if M:
         out["batch_grad_norm"] = float(np.sqrt(out["sum_q_sq"])) / M
     return out
