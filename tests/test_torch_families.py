@@ -90,7 +90,8 @@ def test_branch_is_V_psi(streams, kind):
     assert torch.allclose(positions(h), ref, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("shape", [(5, 1, 3, 4), (4, 6, 3, 7), (3, 9, 2, 2)])
+# both routes of the core: X_i formed (T large vs N, r) and the T x T kernel (T small)
+@pytest.mark.parametrize("shape", [(5, 1, 3, 4), (4, 6, 3, 7), (3, 9, 2, 2), (2, 3, 8, 9)])
 @pytest.mark.parametrize("variance", [False, True])
 def test_torch_batch_moments_equal_core(shape, variance):
     g = torch.Generator().manual_seed(sum(shape))

@@ -31,31 +31,39 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
     """Sums of one batch for ``add_moments``; ``q`` ``(M, T, N)``, ``psi`` ``(M, T, r)``.
 
     ``sum_q_sq = sum ||Q_i||^2``, ``sum_cross = sum Q_i^T Psi_i``,
-    ``sum_gram = sum Psi_i^T Psi_i``, ``sum_xi_sq = sum ||Q_i^T Psi_i||_F^2``
-    (by the ``T x T`` kernels ``<Q_i Q_i^T, Psi_i Psi_i^T>`` when cheaper),
-    ``sum_xtx = sum X_i^T X_i`` when ``variance``, and the eq. (2) batch norm
-    ``||Q_b||_F / |b|``.
+    ``sum_gram = sum Psi_i^T Psi_i``, ``sum_xi_sq = sum ||X_i||_F^2`` and, when
+    ``variance``, ``sum_xtx = sum X_i^T X_i`` with ``X_i = Q_i^T Psi_i``, plus
+    the eq. (2) batch norm ``||Q_b||_F / |b|``.  As in the core, ``X_i`` is
+    formed only when cheaper than the ``T x T`` kernel ``K_i = Q_i Q_i^T``
+    (``||X_i||^2 = <K_i, Psi_i Psi_i^T>``, ``X_i^T X_i = Psi_i^T K_i Psi_i``).
     """
     q, psi = q.to(dtype), psi.to(dtype)
     M, T, N = q.shape
     r = psi.shape[2]
-    sum_q_sq = (q * q).sum()
+    q2, p2 = q.reshape(M * T, N), psi.reshape(M * T, r)
+    sum_q_sq = float((q2 * q2).sum())
     out = {
         "n_samples": M,
-        "sum_q_sq": float(sum_q_sq),
-        "sum_cross": _numpy(torch.einsum("mtn,mtr->nr", q, psi)),
-        "sum_gram": _numpy(torch.einsum("mtr,mts->rs", psi, psi)),
-        "batch_grad_norm": math.sqrt(float(sum_q_sq)) / M,
+        "sum_q_sq": sum_q_sq,
+        "sum_cross": _numpy(q2.T @ p2),
+        "sum_gram": _numpy(p2.T @ p2),
+        "batch_grad_norm": math.sqrt(sum_q_sq) / M,
     }
-    if variance or T * (N + r) >= N * r:
-        X = torch.einsum("mtn,mtr->mnr", q, psi)
+    kernel_cost = T * T * (N + r) + (T * r * r if variance else 0)
+    gradient_cost = T * N * r + (N * r * r if variance else 0)
+    if kernel_cost <= gradient_cost:
+        kq = q @ q.transpose(1, 2)
+        if variance:
+            w = kq @ psi  # K_i Psi_i
+            out["sum_xi_sq"] = float((w * psi).sum())
+            out["sum_xtx"] = _numpy(p2.T @ w.reshape(M * T, r))
+        else:
+            out["sum_xi_sq"] = float((kq * (psi @ psi.transpose(1, 2))).sum())
+    else:
+        X = (q.transpose(1, 2) @ psi).reshape(M * N, r)
         out["sum_xi_sq"] = float((X * X).sum())
         if variance:
-            out["sum_xtx"] = _numpy(torch.einsum("mnr,mns->rs", X, X))
-    else:
-        kq = torch.einsum("mtn,msn->mts", q, q)
-        kp = torch.einsum("mtr,msr->mts", psi, psi)
-        out["sum_xi_sq"] = float((kq * kp).sum())
+            out["sum_xtx"] = _numpy(X.T @ X)
     return out
 
 
