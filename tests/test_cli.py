@@ -198,3 +198,14 @@ def test_progress_line(capsys):
     progress.close()
     err = capsys.readouterr().err
     assert "\rreading x:  25.0% of 1.0 kB" in err and err.endswith("100.0% of 1.0 kB\n")
+
+
+def test_bare_form_through_the_cli(tmp_path):
+    data = arrays(3)
+    path = tmp_path / "bare.npz"
+    np.savez(path, **{f"{kind}/{name}": arr for name, pair in reversed(data.items()) for kind, arr in zip(("q", "psi"), pair)})
+    out = json.loads(invoke("score", path, "--json").stdout)
+    assert [c["name"] for c in out["candidates"]] == list(reversed(data))  # key order, not sorted
+    assert out["split"] is None
+    for c in out["candidates"]:
+        assert c["growth_value"] == pytest.approx(satcore.growth_value(*data[c["name"]]), rel=1e-12)
