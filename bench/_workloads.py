@@ -19,6 +19,7 @@ gradients cannot be had for less.
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import sys
@@ -30,15 +31,22 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from models_torch import BasicBlock, digits, gpt2_config, per_sample_ce, text_batches  # noqa: E402
+from models_torch import HELDOUT_TEXT, BasicBlock, digits, gpt2_config, per_sample_ce, text_bytes  # noqa: E402
 
 from satcore.adapters.torch import probe, sequence_loss  # noqa: E402
 from satcore.adapters.torch.probe import call_model  # noqa: E402
 
 
 def set_threads(n: int) -> None:
-    """Pin intra-op threads (the bench machine has 2 cores shared with other work)."""
+    """Pin torch's intra-op threads and NumPy's BLAS threads to ``n``.
+
+    The bench machine has 2 cores shared with other work: oversubscribed
+    OpenBLAS threads spin and made one ``eigh`` 5x slower in a trial.
+    """
+    from threadpoolctl import threadpool_limits
+
     torch.set_num_threads(n)
+    threadpool_limits(n)
 
 
 # -- models -------------------------------------------------------------------------------
@@ -76,28 +84,40 @@ def resnet8_model(seed=0):
 
 
 # -- data ---------------------------------------------------------------------------------
-def gpt2_batches(batch_size, n_batches, seq_len=128, offset=0):
-    """Byte windows; the Apache-2.0 text is recycled when more windows are asked than it holds."""
-    from models_torch import text_bytes, HELDOUT_TEXT
-
-    per_pass = len(text_bytes(HELDOUT_TEXT)) // (batch_size * seq_len)
+def gpt2_batches(batch_size, n_batches, start=0, seq_len=128):
+    """Byte windows of ``seq_len`` from sequence ``start`` on; the text is recycled past its end."""
+    data = text_bytes(HELDOUT_TEXT)
+    n_windows = len(data) // seq_len
     out = []
     for b in range(n_batches):
-        ids, labels = text_batches(seq_len, batch_size, 1, offset=offset + (b % per_pass) * batch_size * seq_len)[0]
-        out.append(({"input_ids": ids}, labels))
+        idx = torch.arange(start + b * batch_size, start + (b + 1) * batch_size) % n_windows
+        ids = torch.stack([data[i * seq_len : (i + 1) * seq_len] for i in idx.tolist()])
+        out.append(({"input_ids": ids}, ids))
     return out
 
 
-def resnet8_batches(batch_size, n_batches, start=0):
-    """Digits upsampled to 32x32 (nearest), 3 channels, standardised; recycled past 1797 samples."""
+@functools.lru_cache(maxsize=1)
+def digits_32x32():
+    """``load_digits`` upsampled 8x8 -> 32x32 (nearest), repeated to 3 channels, standardised."""
     X, y = digits()
     X = (X - 0.3) / 0.4
-    X = X.repeat_interleave(4, 2).repeat_interleave(4, 3).repeat(1, 3, 1, 1)
+    return X.repeat_interleave(4, 2).repeat_interleave(4, 3).repeat(1, 3, 1, 1), y
+
+
+def resnet8_batches(batch_size, n_batches, start=0):
+    """Batches of :func:`digits_32x32`, recycled past its 1797 samples."""
+    X, y = digits_32x32()
     out = []
     for b in range(n_batches):
         idx = torch.arange(start + b * batch_size, start + (b + 1) * batch_size) % X.shape[0]
         out.append((X[idx], y[idx]))
     return out
+
+
+def stream(make_batches, batch_size, n_batches):
+    """The batches of ``make_batches`` made one at a time: memory does not grow with ``n_batches``."""
+    for b in range(n_batches):
+        yield make_batches(batch_size, 1, b * batch_size)[0]
 
 
 WORKLOADS = {
@@ -137,6 +157,9 @@ def interleaved(functions: dict, repeats: int) -> dict:
     return {n: statistics.median(t) for n, t in times.items()}
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+
+
 def _status_kib(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -150,10 +173,20 @@ def peak_rss_increase(fn) -> int:
 
     Resets the kernel's high-water mark (``/proc/self/clear_refs`` = 5) first,
     so this covers torch's CPU allocations, which tracemalloc does not see.
+    glibc is told to serve every allocation over 64 KiB by ``mmap`` and to
+    give freed memory back (``mallopt``, ``malloc_trim``): otherwise memory
+    freed by an earlier call is reused without raising the RSS and later
+    calls look free.  This slows allocation, so benches measure memory only
+    after their timings.
     """
+    import ctypes
     import gc
 
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(M_MMAP_THRESHOLD, 1 << 16)
+    libc.mallopt(M_TRIM_THRESHOLD, 1 << 16)
     gc.collect()
+    libc.malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     base = _status_kib("VmRSS")
