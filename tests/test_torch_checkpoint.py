@@ -47,8 +47,13 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, every):
     assert meta["checkpoint"]["batches_done"] == (3 if every == 1 else 2)
     resumed = probe(model, batches, sequence_loss, checkpoint=path, **options)
     assert_same(resumed, whole)
-    # a finished checkpoint resumes to the same result without new batches
-    assert_same(probe(model, batches, sequence_loss, checkpoint=path, **options), whole)
+    # a finished checkpoint resumes to the same result without new batches, feature maps included
+    again = probe(model, batches, sequence_loss, checkpoint=path, **options)
+    assert_same(again, whole)
+    z = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        assert all(torch.equal(again.families[n](z), whole.families[n](z)) for n in whole.families)
+    assert {n: f.spec for n, f in again.families.items()} == {n: f.spec for n, f in whole.families.items()}
 
 
 def test_checkpoint_of_other_settings_is_refused(tmp_path):

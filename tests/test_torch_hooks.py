@@ -205,3 +205,9 @@ def test_bad_losses_and_models_are_refused():
         probe(nn.Linear(3, 3), [(torch.zeros(2, 3), torch.zeros(2))], lambda o, t: o.sum(1))
     with pytest.raises(ValueError, match="data yielded no batches"):
         probe(model, [], mt.per_sample_ce)
+    with pytest.raises(ValueError, match=r"family given for unknown candidate\(s\) \['layer7'\]"):
+        probe(model, mt.digits_batches(4, 1), mt.per_sample_ce, family={"layer7": "conv"})
+    # a named module that the forward never calls
+    model.unused = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"candidate\(s\) \['unused'\] did not run in the forward pass"):
+        probe(model, mt.digits_batches(4, 1), mt.per_sample_ce, candidates=["layer1.0", "unused"], head=False)

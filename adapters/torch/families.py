@@ -152,6 +152,7 @@ def _as_positions(psi, m):
 
 
 def _spec(family) -> dict:
+    """What rebuilds the family in any framework: ``make_family(kind, width, seed=..., init_std=...)``."""
     return {"kind": family.kind, "width": family.width, "n_features": family.n_features, "seed": family.seed}
 
 
@@ -180,8 +181,18 @@ def build_feature_map(family, z: torch.Tensor, *, seed: int = 0, init_std: float
     if kind == "conv" and z.dim() != 4:
         raise ValueError(f"family 'conv' needs a (M, C, H, W) stream, got shape {tuple(z.shape)}")
     width = z.shape[1] if z.dim() == 4 else z.shape[-1]
-    numpy_family = make_family(kind, width, seed=seed, init_std=init_std if kind == "mlp" else None)
-    return BUILDERS[kind](numpy_family, z).eval()
+    init_std = init_std if kind == "mlp" else None
+    feature_map = BUILDERS[kind](make_family(kind, width, seed=seed, init_std=init_std), z).eval()
+    if kind == "mlp":
+        feature_map.spec["init_std"] = init_std  # None: the family's default width**-0.5
+    return feature_map
+
+
+def rebuild_feature_map(spec: dict, dtype, device) -> FeatureMap:
+    """A built-in feature map from its ``spec`` (as stored in dump metadata)."""
+    shape = (1, spec["width"], 1, 1) if spec["kind"] == "conv" else (1, spec["width"])
+    like = torch.zeros(shape, dtype=dtype, device=device)
+    return build_feature_map(spec["kind"], like, seed=spec["seed"], init_std=spec.get("init_std"))
 
 
 class ResidualBranch(nn.Module):

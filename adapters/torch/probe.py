@@ -22,13 +22,14 @@ import torch
 from torch import nn
 
 from satcore.depth import DepthStatistics
+from satcore.families import FAMILIES
 from satcore.statistics import CandidateStatistics
 
 from .capture import StreamTaps
 from .checkpoint import load_checkpoint, save_checkpoint
 from .diagnostics import StreamAccumulator
 from .distributed import reduce_probe
-from .families import build_feature_map, positions
+from .families import build_feature_map, positions, rebuild_feature_map
 from .locate import find_candidates, named_candidates
 from .moments import batch_moments, position_index, subsample_positions
 from .result import ProbeResult
@@ -165,9 +166,12 @@ def probe(
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
     config = {"seed": seed, "position_subsample": position_subsample, "variance": variance}
-    statistics, streams, families, skip = DepthStatistics(), {}, {}, 0
+    if isinstance(family, dict) and set(family) - {c.name for c in found}:
+        unknown = sorted(set(family) - {c.name for c in found})
+        raise ValueError(f"family given for unknown candidate(s) {unknown}; candidates are {[c.name for c in found]}")
+    statistics, streams, families, specs, skip = DepthStatistics(), {}, {}, {}, 0
     if checkpoint is not None and os.path.exists(checkpoint):
-        statistics, streams, _, skip = load_checkpoint(checkpoint, config)
+        statistics, streams, specs, skip = load_checkpoint(checkpoint, config)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -179,9 +183,12 @@ def probe(
             for index, (inputs, targets) in _batches(data, skip):
                 taps.clear()
                 outputs = call_model(model, to_device(inputs, device))
-                first = taps.taps[found[0].name]
-                total = per_sample_losses(loss_fn(outputs, to_device(targets, device)), first.shape[0])
                 names = [c.name for c in found]
+                missing = [n for n in names if n not in taps.taps]
+                if missing:
+                    raise ValueError(f"candidate(s) {missing} did not run in the forward pass")
+                first = taps.taps[names[0]]
+                total = per_sample_losses(loss_fn(outputs, to_device(targets, device)), first.shape[0])
                 grads = torch.autograd.grad(total, [taps.taps[n] for n in names], allow_unused=True)
                 generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
                 for name, grad in zip(names, grads):
@@ -206,6 +213,9 @@ def probe(
     ordered = DepthStatistics((c.name, statistics[c.name]) for c in found if c.name in statistics)
     if len(ordered) != len(found):
         raise ValueError("data yielded no batches: nothing was probed")
+    for name, spec in specs.items():  # resumed from a checkpoint holding every batch
+        if name not in families and spec["kind"] in FAMILIES:
+            families[name] = rebuild_feature_map(spec, parameter.dtype if parameter is not None else torch.float32, device)
     reduce_probe(ordered, streams, device)
     return ProbeResult(
         statistics=ordered,
