@@ -9,7 +9,7 @@ external data confined to the model's folder (:mod:`.loading`).
 from .errors import OnnxProbeError
 from .graph import residual_candidates
 from .loading import load_model
-from .probe import probe
+from .probe import GradientSession, per_sample_gradients, probe
 from .result import ProbeResult
 
-__all__ = ["OnnxProbeError", "ProbeResult", "load_model", "probe", "residual_candidates"]
+__all__ = ["GradientSession", "OnnxProbeError", "ProbeResult", "load_model", "per_sample_gradients", "probe", "residual_candidates"]

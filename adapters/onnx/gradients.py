@@ -31,9 +31,12 @@ ROUTES = ("auto", "builder", "artifacts")
 
 
 def one_line(exc: BaseException) -> str:
-    """ORT messages span lines and carry source paths; keep the first meaningful line."""
+    """ORT's message without the C++ location and signature that precede it, on one line."""
     text = " ".join(str(exc).split())
-    return text[:400]
+    for marker in ("was false. ", "FAIL : "):
+        if marker in text:
+            text = text.rpartition(marker)[2]
+    return text[:300]
 
 
 def _quiet_ort() -> None:
@@ -47,17 +50,23 @@ def _builder_gradient_model(probe_bytes: bytes, wrt: list[str]) -> bytes:
     from onnxruntime.capi._pybind_state import GradientGraphBuilder
 
     _quiet_ort()
-    builder = GradientGraphBuilder(probe_bytes, {LOSS}, set(wrt), LOSS)
+    builder = GradientGraphBuilder(probe_bytes, {LOSS}, set(wrt), LOSS, _options())
     builder.build()
     return builder.get_model()
+
+
+def _options():
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return options
 
 
 def _session(model_bytes: bytes):
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model_bytes, _options(), providers=["CPUExecutionProvider"])
 
 
 class BuilderRoute:

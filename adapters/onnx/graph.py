@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .errors import OnnxProbeError
 
 LOSSES = ("cross_entropy", "mse")
@@ -185,6 +187,44 @@ def _loss_nodes(model, loss: str, output: str, infos) -> tuple[list, list]:
     return nodes, [scale]
 
 
+def batchnorm_as_affine(graph, infos) -> None:
+    """Rewrite inference ``BatchNormalization`` (constant statistics) as ``x * a + b``, in place.
+
+    ORT has no gradient for inference-mode BatchNormalization; ``a = gamma /
+    sqrt(var + eps)`` and ``b = beta - mean * a`` (float64, then the input's
+    dtype) is what PyTorch's CPU kernel computes in eval mode, so gradients
+    match autograd's to round-off.
+    """
+    from onnx import helper, numpy_helper
+
+    inits = {i.name: i for i in graph.initializer}
+    for node in graph.node:  # exporters share weights through Identity nodes
+        if node.op_type == "Identity" and node.input[0] in inits:
+            inits[node.output[0]] = inits[node.input[0]]
+    nodes = []
+    for k, node in enumerate(graph.node):
+        params = list(node.input[1:5])
+        rank = len(infos[node.input[0]].shape or ()) if node.input and node.input[0] in infos else 0
+        if node.op_type != "BatchNormalization" or len(node.output) != 1 or not all(p in inits for p in params) or rank < 2:
+            nodes.append(node)
+            continue
+        eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
+        gamma, beta, mean, var = (numpy_helper.to_array(inits[p]).astype(np.float64) for p in params)
+        a = gamma / np.sqrt(var + eps)
+        b = beta - mean * a
+        dtype = numpy_helper.to_array(inits[params[0]]).dtype
+        shape = (-1,) + (1,) * (rank - 2)
+        names = (f"satcore_bn{k}_scale", f"satcore_bn{k}_shift", f"satcore_bn{k}_scaled")
+        graph.initializer.extend(
+            [numpy_helper.from_array(a.reshape(shape).astype(dtype), names[0]),
+             numpy_helper.from_array(b.reshape(shape).astype(dtype), names[1])]
+        )
+        nodes.append(helper.make_node("Mul", [node.input[0], names[0]], [names[2]]))
+        nodes.append(helper.make_node("Add", [names[2], names[1]], [node.output[0]]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
 def probe_graph(model, candidates, *, loss: str, output: str | None = None):
     """``(probe model, logits/loss output name, infos)``: the model with summed loss and candidate outputs.
 
@@ -209,6 +249,7 @@ def probe_graph(model, candidates, *, loss: str, output: str | None = None):
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     graph = probe.graph
+    batchnorm_as_affine(graph, infos)
     for k, node in enumerate(graph.node):
         # ORT's LayerNormalization gradient reads the optional mean / inv-std outputs
         if node.op_type == "LayerNormalization" and len(node.output) == 1:

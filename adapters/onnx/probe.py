@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -75,6 +76,68 @@ def _loss_feeds(loss: str, targets, out_shape_per_sample: int | None, batch: int
     return feeds
 
 
+@dataclass(frozen=True)
+class GradientSession:
+    """A model prepared for per-sample gradients: call it on a batch.
+
+    ``session(batch)`` gives ``(activations, gradients)``: ``{name: z}`` and
+    ``{name: d (sum_i loss_i) / d z}`` in the graph's layout (``(B, C, H, W)``
+    stays channels-first); row ``i`` of a gradient is ``q_i = d loss_i / d z_i``.
+    """
+
+    candidates: tuple
+    output: str
+    route: str
+    runner: object = field(repr=False)
+    input_names: tuple = ()
+    input_dtypes: dict = field(default_factory=dict, repr=False)
+    output_info: object = field(default=None, repr=False)
+    loss: str = "cross_entropy"
+
+    def __call__(self, batch):
+        inputs, targets = split_batch(batch, list(self.input_names))
+        feeds = {k: v.astype(self.input_dtypes[k], copy=False) for k, v in inputs.items()}
+        b = len(next(iter(feeds.values())))
+        if b == 0:
+            return None
+        info = self.output_info
+        scale_dtype = _numpy_dtype(info.elem_type) if info is not None and info.elem_type else np.float32
+        per_sample = None if self.loss == "cross_entropy" else _output_elements(info, feeds)
+        feeds.update(_loss_feeds(self.loss, targets, per_sample, b, scale_dtype))
+        return self.runner(feeds)
+
+
+def per_sample_gradients(
+    model,
+    *,
+    loss: str = "cross_entropy",
+    candidates=None,
+    output: str | None = None,
+    route: str = "auto",
+) -> GradientSession:
+    """Prepare ``model`` (path or ``ModelProto``) for per-sample gradients; arguments as :func:`probe`."""
+    proto = load_model(model)
+    names = list(candidates) if candidates is not None else residual_candidates(proto)
+    if not names:
+        raise OnnxProbeError("no residual Add found in the graph; pass candidates=[tensor names]")
+    if len(set(names)) != len(names):
+        raise OnnxProbeError(f"candidate names must be distinct: {names}")
+    graph_probe, output, infos = probe_graph(proto, names, loss=loss, output=output)
+    initializers = {i.name for i in proto.graph.initializer}
+    input_names = tuple(i.name for i in proto.graph.input if i.name not in initializers)
+    runner = gradient_route(graph_probe, names, input_names, route)
+    return GradientSession(
+        candidates=tuple(names),
+        output=output,
+        route=runner.name,
+        runner=runner,
+        input_names=input_names,
+        input_dtypes={i.name: _numpy_dtype(i.type.tensor_type.elem_type) for i in proto.graph.input},
+        output_info=infos.get(output),
+        loss=loss,
+    )
+
+
 def probe(
     model,
     data,
@@ -97,43 +160,27 @@ def probe(
     ``loss``: ``"cross_entropy"`` (logits ``(B, [T,] classes)``, integer targets;
     for sequences ``loss_i`` is the mean over tokens), ``"mse"`` (mean over a
     sample's elements), or the name of a graph output holding per-sample
-    (per-token) losses.  ``candidates``: tensor names, default the skip inputs
-    of residual ``Add`` nodes (:func:`residual_candidates`).  ``family``:
+    (per-token) losses.  ``candidates``: tensor names, default the inputs of
+    residual ``Add`` nodes (:func:`residual_candidates`).  ``family``:
     ``"auto"``, a kind, a :class:`~satcore.Family`, a callable ``z -> psi``, or
     a mapping candidate -> one of those; built-in kinds use
     ``make_family(kind, width, seed=seed)``.  For candidate ``z``, ``q_i = d
-    loss_i / d z_i`` comes from ORT training (:mod:`.gradients`), ``psi`` from
+    loss_i / d z_i`` comes from ORT training (:mod:`.gradients`, route
+    ``"auto"``, ``"builder"`` or ``"artifacts"``), ``psi`` from
     :mod:`satcore.families`, and both enter :class:`~satcore.CandidateStatistics`.
     """
-    proto = load_model(model)
-    names = list(candidates) if candidates is not None else residual_candidates(proto)
-    if not names:
-        raise OnnxProbeError("no residual Add found in the graph; pass candidates=[tensor names]")
-    if len(set(names)) != len(names):
-        raise OnnxProbeError(f"candidate names must be distinct: {names}")
-    graph_probe, output, infos = probe_graph(proto, names, loss=loss, output=output)
-    initializers = {i.name for i in proto.graph.initializer}
-    input_names = [i.name for i in proto.graph.input if i.name not in initializers]
-    runner = gradient_route(graph_probe, names, input_names, route)
-    input_dtypes = {i.name: _numpy_dtype(i.type.tensor_type.elem_type) for i in proto.graph.input}
-    out_info = infos.get(output)
-    scale_dtype = _numpy_dtype(out_info.elem_type) if out_info is not None and out_info.elem_type else np.float32
+    session = per_sample_gradients(model, loss=loss, candidates=candidates, output=output, route=route)
+    names = list(session.candidates)
     specs = family if isinstance(family, Mapping) else {n: family for n in names}
-    unknown = [n for n in specs if n not in names]
-    if unknown or any(n not in specs for n in names):
+    if sorted(specs) != sorted(names):
         raise OnnxProbeError(f"family mapping keys {sorted(specs)} must be exactly the candidates {names}")
-
     stats = DepthStatistics()
     maps = {}
     for batch in data:
-        inputs, targets = split_batch(batch, input_names)
-        feeds = {k: v.astype(input_dtypes[k], copy=False) for k, v in inputs.items()}
-        b = len(next(iter(feeds.values())))
-        if b == 0:
+        captured = session(batch)
+        if captured is None:
             continue
-        out_shape = None if loss == "cross_entropy" else _output_elements(out_info, feeds)
-        feeds.update(_loss_feeds(loss, targets, out_shape, b, scale_dtype))
-        acts, grads = runner(feeds)
+        acts, grads = captured
         for name in names:
             z, g = acts[name], grads[name]
             if name not in maps:
@@ -150,12 +197,12 @@ def probe(
     meta = {
         "candidates": names,
         "framework": "onnx",
-        "model": os.fspath(model) if isinstance(model, (str, os.PathLike)) else proto.graph.name,
+        "model": os.fspath(model) if isinstance(model, (str, os.PathLike)) else "ModelProto",
         "loss": loss,
-        "output": output,
+        "output": session.output,
         "split": split,
         "seed": seed,
-        "gradient_route": runner.name,
+        "gradient_route": session.route,
         "family": {n: maps[n].describe() for n in names},
     }
     return ProbeResult(stats, meta)

@@ -1,0 +1,173 @@
+"""ONNX Runtime per-sample gradients equal torch autograd's at the same tensor (SPEC section 1).
+
+Models exported with ``torch.onnx.export(..., dynamo=False)`` at batch 4 are run at batches 3
+and 7 (dynamic batch axis).  The reference is ``torch.autograd.grad`` of ``sum_i loss_i`` at a
+zero ``delta`` added to the same tensor; ``loss_i`` is per-sample cross-entropy, for token
+outputs the mean over tokens, or the per-sample mean squared error.  Both gradient routes
+(ORT's gradient builder and the ``onnxruntime.training.artifacts`` fallback) are checked.
+Float32 only: ORT's gradient builder does not support float64 graphs.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+
+import models_torch  # noqa: E402
+
+from satcore.adapters.onnx import per_sample_gradients, residual_candidates, load_model  # noqa: E402
+
+TOL = 1e-6  # ||q_onnx - q_torch||_F / ||q_torch||_F per tensor
+MAX_TOL = 1e-5  # elementwise: max |q_onnx - q_torch| / max |q_torch|
+# Through a dozen float32 convolutions torch's own float32 gradients are ~1.5e-6 (relative) from
+# the float64 truth, so the ResNet is held to float32 round-off instead: ONNX's error against
+# torch's float64 gradients must be within FLOAT32_FACTOR of torch float32's own (measured here).
+FLOAT32_FACTOR = 3.0
+EXPORT_BATCH = 4
+
+
+class Block(torch.nn.Module):
+    """Pre-LN transformer MLP block ``x + W2 gelu(W1 LN(x))``."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = torch.nn.LayerNorm(d), torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+
+
+class TokenModel(torch.nn.Module):
+    """``(B, T, 5) -> (B, T, 3)`` logits through two residual MLP blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(5, 8)
+        self.blocks = torch.nn.ModuleList([Block(8), Block(8)])
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.embed(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h)
+
+
+def export(model, example, path):
+    torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=17, input_names=["x"],
+                      output_names=["out"], dynamic_axes={"x": {0: "batch"}, "out": {0: "batch"}})
+    return path
+
+
+def torch_gradients(model, x, loss_of, taps):
+    """Per-sample ``q`` at each tapped module output, by autograd of ``sum_i loss_i``."""
+    delta, handles = [], []
+    for module in taps:
+        def shift(m, args, out):
+            d = torch.zeros_like(out, requires_grad=True)
+            delta.append(d)
+            return out + d
+
+        handles.append(module.register_forward_hook(shift))
+    try:
+        total = loss_of(model(x)).sum()
+        return [g.numpy() for g in torch.autograd.grad(total, delta)]
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def ce_tokens(targets):
+    return lambda logits: torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(1)
+
+
+def mse(targets):
+    return lambda out: ((out - targets) ** 2).flatten(1).mean(1)
+
+
+@pytest.fixture(scope="module")
+def token_model(tmp_path_factory):
+    torch.manual_seed(0)
+    model = TokenModel().eval()
+    path = export(model, torch.randn(EXPORT_BATCH, 6, 5), tmp_path_factory.mktemp("tok") / "tok.onnx")
+    return model, path
+
+
+@pytest.fixture(scope="module")
+def resnet(tmp_path_factory):
+    model = models_torch.digits_resnet()
+    x = models_torch.digits_batches(EXPORT_BATCH, 1)[0][0]
+    return model, export(model, x, tmp_path_factory.mktemp("resnet") / "resnet.onnx")
+
+
+def relative_error(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def assert_close(onnx_grads, torch_grads, tol=TOL):
+    for mine, ref in zip(onnx_grads, torch_grads):
+        assert mine.shape == ref.shape
+        scale = np.abs(ref).max()
+        assert scale > 1e-6  # a real gradient
+        assert relative_error(mine, ref) <= tol
+        assert np.abs(mine - ref).max() <= MAX_TOL * scale
+
+
+@pytest.mark.parametrize("route", ["builder", "artifacts"])
+@pytest.mark.parametrize("batch", [3, 7])
+@pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
+def test_token_model_gradients(token_model, route, batch, loss):
+    model, path = token_model
+    rng = np.random.default_rng(batch)
+    x = rng.standard_normal((batch, 6, 5)).astype(np.float32)
+    if loss == "cross_entropy":
+        y = rng.integers(0, 3, (batch, 6))
+        loss_of = ce_tokens(torch.tensor(y))
+    else:
+        y = rng.standard_normal((batch, 6, 3)).astype(np.float32)
+        loss_of = mse(torch.tensor(y))
+    session = per_sample_gradients(path, loss=loss, route=route)
+    assert session.route == route
+    acts, grads = session((x, y))
+    names = list(session.candidates)
+    assert len(names) == 2  # the two residual Adds' skip inputs: embed output, block 0 output
+    ref = torch_gradients(model, torch.tensor(x), loss_of, [model.embed, model.blocks[0]])
+    assert_close([grads[n] for n in names], ref)
+    with torch.no_grad():
+        np.testing.assert_allclose(acts[names[0]], model.embed(torch.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("route", ["builder", "artifacts"])
+def test_resnet_gradients_at_other_batch_sizes(resnet, route):
+    model, path = resnet
+    exact = copy.deepcopy(model).double()
+    session = per_sample_gradients(path, route=route)
+
+    def taps(m):  # stem output, block outputs; layer2.0 has a projection shortcut
+        return [m.relu, m.layer1[0], m.layer1[1], m.layer2[0]]
+
+    for batch, start in ((3, 1100), (7, 1200)):
+        x, y = models_torch.digits_batches(batch, 1, start=start)[0]
+        _, grads = session((x.numpy(), y.numpy()))
+
+        def ce(out):
+            return torch.nn.functional.cross_entropy(out, y, reduction="none")
+
+        truth = torch_gradients(exact, x.double(), ce, taps(exact))
+        single = torch_gradients(model, x, ce, taps(model))
+        for name, t, s in zip(session.candidates, truth, single):
+            torch_error = relative_error(s, t)
+            assert 0 < torch_error < 1e-5
+            assert_close([grads[name]], [t], tol=max(TOL, FLOAT32_FACTOR * torch_error))
+
+
+def test_residual_candidates_of_the_resnet(resnet):
+    _, path = resnet
+    names = residual_candidates(load_model(path))
+    # four blocks, each found once; the projection block (layer2.0) through its common input
+    assert len(names) == 4 and len(set(names)) == 4
