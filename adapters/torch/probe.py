@@ -108,6 +108,12 @@ def _family_for(family, name):
     return family.get(name, "auto") if isinstance(family, dict) else family
 
 
+def _family_label(family):
+    if isinstance(family, dict):
+        return {name: _family_label(f) for name, f in family.items()}
+    return family if isinstance(family, str) else type(family).__name__
+
+
 def _batches(data, skip: int):
     for index, batch in enumerate(data):
         if index >= skip:
@@ -165,7 +171,14 @@ def probe(
     init_std = model_init_std(model) if init_std is None else init_std
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
-    config = {"seed": seed, "position_subsample": position_subsample, "variance": variance}
+    config = {  # what a checkpoint must agree on to be resumed
+        "candidates": [c.name for c in found],
+        "family": _family_label(family),
+        "seed": seed,
+        "init_std": init_std,
+        "position_subsample": position_subsample,
+        "variance": variance,
+    }
     if isinstance(family, dict) and set(family) - {c.name for c in found}:
         unknown = sorted(set(family) - {c.name for c in found})
         raise ValueError(f"family given for unknown candidate(s) {unknown}; candidates are {[c.name for c in found]}")
@@ -208,14 +221,14 @@ def probe(
     finally:
         if bar is not None:
             bar.close()
-    if checkpoint is not None and statistics:
-        save_checkpoint(checkpoint, statistics, streams, _specs(families), done, config)
     ordered = DepthStatistics((c.name, statistics[c.name]) for c in found if c.name in statistics)
     if len(ordered) != len(found):
         raise ValueError("data yielded no batches: nothing was probed")
-    for name, spec in specs.items():  # resumed from a checkpoint holding every batch
+    for name, spec in specs.items():  # resumed from a checkpoint that already held every batch
         if name not in families and spec["kind"] in FAMILIES:
             families[name] = rebuild_feature_map(spec, parameter.dtype if parameter is not None else torch.float32, device)
+    if checkpoint is not None:
+        save_checkpoint(checkpoint, statistics, streams, _specs(families), done, config)
     reduce_probe(ordered, streams, device)
     return ProbeResult(
         statistics=ordered,
