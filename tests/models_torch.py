@@ -23,7 +23,9 @@ weights are cached per process, so repeated calls are cheap and independent):
   ``GPT2LMHeadModel`` / ``GPTNeoXForCausalLM`` / ``LlamaForCausalLM`` from tiny
   configs (d 32, 2 layers, eager attention, no cache), trained a few steps on
   the GPL-3 text; blocks ``transformer.h.*`` / ``gpt_neox.layers.*`` /
-  ``model.layers.*``.
+  ``model.layers.*``;
+* :func:`bert` -- Hugging Face ``BertForMaskedLM`` (d 32, 2 layers), seeded and
+  untrained, blocks ``bert.encoder.layer.*``; loss :func:`token_loss`.
 
 Batches: :func:`digits_batches` and :func:`text_batches` give lists of
 ``(inputs, targets)``; losses: ``per_sample_ce`` (classification, ``(B,)``)
@@ -272,3 +274,23 @@ def gpt_neox(seed: int = 0, steps: int = 40):
 def llama(seed: int = 0, steps: int = 20):
     """Tiny Hugging Face Llama-style decoder trained ``steps`` Adam steps on the GPL-3 text (bytes)."""
     return _fresh("llama", seed, steps)
+
+
+def bert(seed: int = 0):
+    """Tiny Hugging Face ``BertForMaskedLM`` (d 32, 2 layers, eager attention), seeded, untrained.
+
+    Blocks ``bert.encoder.layer.*``; use with :func:`token_loss` on text batches.
+    """
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=256, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, attn_implementation="eager")
+    return BertForMaskedLM(config).eval()
+
+
+def token_loss(outputs, labels):
+    """Per-sample mean cross-entropy of predicting each token in place (no shift), ``(B,)``."""
+    logits = getattr(outputs, "logits", outputs)
+    return nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none").mean(1)

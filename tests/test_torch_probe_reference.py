@@ -5,7 +5,7 @@ by a fresh leaf (its own plain hook, not the adapter's taps), takes
 ``torch.autograd.grad(loss_i, z_i)``, computes ``psi`` with the NumPy
 ``satcore.families`` (same seed) and accumulates with the core's
 ``CandidateStatistics.from_samples``.  Real models: a ResNet trained on
-load_digits, Hugging Face GPT-2, GPT-NeoX and Llama trained on English text, and an
+load_digits, Hugging Face GPT-2, GPT-NeoX and Llama trained on English text, a BERT masked LM, and an
 ``nn.TransformerEncoder``.
 """
 
@@ -26,6 +26,7 @@ PROBLEMS = {
     "gpt2": (mt.gpt2, lambda dt: mt.text_batches(16, 3, 2), sequence_loss),
     "gpt_neox": (mt.gpt_neox, lambda dt: mt.text_batches(16, 3, 2), sequence_loss),
     "llama": (mt.llama, lambda dt: mt.text_batches(16, 3, 2), sequence_loss),
+    "bert": (mt.bert, lambda dt: mt.text_batches(16, 3, 2), mt.token_loss),
 }
 FIELDS = ("sum_q_sq", "sum_cross", "sum_gram", "sum_xi_sq", "sum_xtx")
 
