@@ -28,8 +28,8 @@ def inspect(dump, headers_only, quiet, chunk_samples):
     form = source.schema or "bare form (q/ and psi/ keys only, no schema or meta)"
     click.echo(f"{dump}: {form}; {len(source.candidates)} candidate(s); raw data {human_bytes(source.raw_bytes)}")
     extra = {k: v for k, v in source.meta.items() if k != "candidates"}
-    if extra:
-        click.echo(f"meta: {json.dumps(extra, sort_keys=True)}")
+    for key in sorted(extra):
+        click.echo(f"meta {key}: {_short(json.dumps(extra[key], sort_keys=True))}")
     rows = []
     for name in source.candidates:
         if name in source.raw:
@@ -42,3 +42,8 @@ def inspect(dump, headers_only, quiet, chunk_samples):
                          f"r={s.n_features} sum_xtx={'yes' if s.variance else 'no'}"])
     click.echo(table(["candidate", "form", "q / counts", "psi or jac / widths"], rows))
     click.echo("valid: structure and headers checked" + ("" if headers_only else "; all data read, all values finite"))
+
+
+def _short(text: str, limit: int = 100) -> str:
+    """One readable line per meta field: long values are cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."

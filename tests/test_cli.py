@@ -162,7 +162,7 @@ def test_merge_refuses_different_candidates(tmp_path, dump):
 def test_inspect_summarises(dump):
     text = invoke("inspect", dump).stdout
     assert "satcore-dump/1; 3 candidate(s)" in text
-    assert '"framework": "numpy"' in text
+    assert 'meta framework: "numpy"' in text
     assert "(40, 3, 4) float64" in text and "(40, 30) float32" in text
     assert "all values finite" in text
     assert "data read" not in invoke("inspect", dump, "--headers-only").stdout
