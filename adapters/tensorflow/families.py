@@ -53,7 +53,9 @@ def numpy_features(family: Family, z):
         zp = positions(z)
         mean, var = tf.nn.moments(zp, axes=[-1], keepdims=True)
         h = tf.matmul((zp - mean) / tf.sqrt(var + family.eps), tf.constant(family.params["w1"].T))
-        return tf.nn.gelu(h, approximate=False) if family.activation == "gelu" else tf.nn.relu(h)
+        if family.activation == "gelu":  # exact erf GELU; tf.nn.gelu rounds sqrt(2) to float32
+            return 0.5 * h * (1.0 + tf.math.erf(h / np.sqrt(2.0)))
+        return tf.nn.relu(h)
     if family.kind == "conv":
         kernel = tf.constant(np.transpose(family.params["conv1"], (2, 3, 1, 0)))  # (3, 3, C, mid)
         pre = tf.nn.conv2d(z, kernel, strides=1, padding="SAME")

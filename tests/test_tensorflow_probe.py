@@ -1,0 +1,269 @@
+"""TensorFlow / Keras 3 adapter against independent references.
+
+* feature maps in TF equal the core's NumPy ``Family.features`` (channels-last streams laid
+  out like the channels-first core: ``Q`` ``(M, H*W, C)``, patches in ``unfold`` order);
+* per-replica moments equal :func:`satcore.statistics.batch_moments`;
+* a subclassed token model probed at named layers (a causal-LM-style loss averaged over
+  tokens) equals a per-sample loop of ``tf.GradientTape`` (batch of one), and the functional
+  copy of the same model, probed at its automatically found residual ``Add`` layers, agrees;
+* a user Keras layer ``psi = z A`` (invertible ``A``) gives the ``linear`` growth value
+  (reparameterisation invariance, SPEC section 2 identity 3) with a different ``||C||``;
+* ``MirroredStrategy`` on 2 logical CPUs (fresh process) equals one device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+from satcore import CandidateStatistics, make_family  # noqa: E402
+from satcore.adapters.tensorflow import Candidate, feature_map, probe  # noqa: E402
+from satcore.adapters.tensorflow.moments import replica_moments  # noqa: E402
+from satcore.statistics import batch_moments  # noqa: E402
+
+D, T, VOCAB, IN = 8, 5, 7, 3
+
+
+# -- features and moments -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kind, shape",
+    [("mlp", (4, T, D)), ("mlp", (4, D)), ("linear", (4, T, D)), ("bias", (4, T, D)),
+     ("bias", (3, 5, 6, 4)), ("conv", (3, 5, 6, 4)), ("linear", (3, 5, 6, 4))],
+)
+def test_tf_features_equal_numpy_family(kind, shape):
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal(shape)
+    tf_psi = feature_map(kind, tf.constant(z), seed=7)(tf.constant(z)).numpy()
+    family = make_family(kind, shape[-1], seed=7)
+    if len(shape) == 4:  # Keras NHWC -> core NCHW
+        nchw = np.transpose(z, (0, 3, 1, 2))
+        ref = family.features(nchw) if kind in ("conv", "bias") else family.features(
+            nchw.reshape(shape[0], shape[3], -1).transpose(0, 2, 1))
+    else:
+        ref = family.features(z)
+    assert tf_psi.shape == ref.shape
+    np.testing.assert_allclose(tf_psi, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("variance", [False, True])
+@pytest.mark.parametrize("t, n, r", [(1, 5, 3), (6, 4, 9), (2, 8, 8)])
+def test_replica_moments_equal_core(variance, t, n, r):
+    rng = np.random.default_rng(t * 100 + n)
+    q, psi = rng.standard_normal((7, t, n)), rng.standard_normal((7, t, r))
+    got = {k: v.numpy() for k, v in replica_moments(tf.constant(q), tf.constant(psi), variance=variance).items()}
+    ref = batch_moments(q, psi, variance=variance)
+    assert got.pop("n_samples") == 7
+    for key, value in got.items():
+        np.testing.assert_allclose(value, ref[key], rtol=1e-12, atol=1e-12)
+
+
+# -- a subclassed token model and its functional copy ------------------------------------------
+class Block(keras.layers.Layer):
+    """Pre-LN residual MLP block ``x + W2 gelu(W1 LN(x))``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.ln = keras.layers.LayerNormalization(epsilon=1e-5)
+        self.fc1 = keras.layers.Dense(4 * D, activation="gelu")
+        self.fc2 = keras.layers.Dense(D)
+
+    def call(self, x):
+        return x + self.fc2(self.fc1(self.ln(x)))
+
+
+class TokenModel(keras.Model):
+    def __init__(self):
+        super().__init__(name="token_model")
+        self.stem = keras.layers.Dense(D, name="stem")
+        self.blocks = [Block(name=f"block{i}") for i in range(2)]
+        self.head = keras.layers.Dense(VOCAB, name="head")
+
+    def call(self, x):
+        h = self.stem(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h)
+
+
+def functional_copy(sub: TokenModel) -> keras.Model:
+    x_in = keras.Input((T, IN))
+    h = keras.layers.Dense(D, name="stem")(x_in)
+    layers = [("stem", sub.stem)]
+    for i, blk in enumerate(sub.blocks):
+        ln = keras.layers.LayerNormalization(epsilon=1e-5, name=f"ln{i}")
+        fc1 = keras.layers.Dense(4 * D, activation="gelu", name=f"fc1_{i}")
+        fc2 = keras.layers.Dense(D, name=f"fc2_{i}")
+        h = keras.layers.Add(name=f"add{i}")([h, fc2(fc1(ln(h)))])
+        layers += [(f"ln{i}", blk.ln), (f"fc1_{i}", blk.fc1), (f"fc2_{i}", blk.fc2)]
+    model = keras.Model(x_in, keras.layers.Dense(VOCAB, name="head")(h))
+    layers.append(("head", sub.head))
+    for name, source in layers:
+        model.get_layer(name).set_weights(source.get_weights())
+    return model
+
+
+def token_loss(y_true, logits):
+    return keras.losses.sparse_categorical_crossentropy(y_true, logits, from_logits=True)  # (B, T)
+
+
+@pytest.fixture(scope="module")
+def token_setup():
+    keras.utils.set_random_seed(0)
+    model = TokenModel()
+    rng = np.random.default_rng(3)
+    batches = [(rng.standard_normal((b, T, IN)).astype(np.float32), rng.integers(0, VOCAB, (b, T)))
+               for b in (6, 4)]
+    model(batches[0][0])
+    return model, batches
+
+
+def loop_reference(model, batches, seed):
+    """One sample at a time: ``q_i = d loss_i / d z_i`` with ``loss_i`` the token mean."""
+    stats = [None, None]
+    for x, y in batches:
+        for i in range(len(x)):
+            z0 = model.stem(x[i : i + 1])
+            z1 = model.blocks[0](z0)
+            for k, z in enumerate((z0, z1)):
+                with tf.GradientTape() as tape:
+                    tape.watch(z)
+                    h = z
+                    for b in model.blocks[k:]:
+                        h = b(h)
+                    loss_i = tf.reduce_mean(token_loss(y[i : i + 1], model.head(h)))
+                q = tape.gradient(loss_i, z).numpy().astype(np.float64)
+                psi = make_family("mlp", D, seed=seed).features(z.numpy())
+                if stats[k] is None:
+                    stats[k] = CandidateStatistics(D, 4 * D, T)
+                stats[k].update(q, psi)
+    return stats
+
+
+def assert_same(stats, reference, rtol):
+    for mine, ref in zip(stats, reference):
+        a, b = mine.score(), ref.score()
+        assert a.n_samples == b.n_samples
+        for field in ("ag", "growth_value", "cross_gradient_norm"):
+            assert getattr(a, field) == pytest.approx(getattr(b, field), rel=rtol), field
+        np.testing.assert_allclose(mine.cross_gradient(), ref.cross_gradient(), rtol=0,
+                                   atol=rtol * np.abs(ref.cross_gradient()).max())
+        assert 0.05 < b.realizability < 0.9999
+
+
+def test_subclassed_named_layers_match_per_sample_loop(token_setup):
+    model, batches = token_setup
+    result = probe(model, batches, token_loss, candidates=["block0", "block1"], family="mlp", seed=4)
+    assert list(result.statistics) == ["block0", "block1"]
+    assert result.meta["taps"]["block0"] == {"layer": "block0", "position": "input"}
+    assert_same(list(result.statistics.values()), loop_reference(model, batches, seed=4), rtol=1e-5)
+
+
+def test_functional_copy_found_automatically_agrees(token_setup):
+    model, batches = token_setup
+    functional = functional_copy(model)
+    np.testing.assert_allclose(functional(batches[0][0]).numpy(), model(batches[0][0]).numpy(), atol=1e-6)
+    result = probe(functional, batches, token_loss, seed=4)
+    assert list(result.statistics) == ["add0", "add1"]
+    assert result.meta["taps"]["add0"] == {"layer": "stem", "position": "output"}
+    sub = probe(model, batches, token_loss, candidates=["block0", "block1"], family="mlp", seed=4)
+    assert_same(list(result.statistics.values()), list(sub.statistics.values()), rtol=1e-6)
+
+
+def test_output_tap_candidate_equals_next_layer_input(token_setup):
+    model, batches = token_setup
+    functional = functional_copy(model)
+    by_output = probe(functional, batches, token_loss, candidates=[Candidate("s", "stem", "output")], seed=1)
+    auto = probe(functional, batches, token_loss, seed=1)
+    assert by_output.statistics["s"].score().growth_value == pytest.approx(
+        auto.statistics["add0"].score().growth_value, rel=1e-12)
+
+
+def test_user_keras_layer_is_a_reparameterised_linear_family(token_setup):
+    model, batches = token_setup
+    rng = np.random.default_rng(9)
+    A = rng.standard_normal((D, D)) + 3 * np.eye(D)  # invertible
+    user = keras.layers.Dense(D, use_bias=False, dtype="float64")
+    user.build((None, T, D))
+    user.set_weights([A])
+    mapped = probe(model, batches, token_loss, candidates=["block1"], family=user)
+    linear = probe(model, batches, token_loss, candidates=["block1"], family="linear")
+    a, b = mapped.statistics["block1"].score(), linear.statistics["block1"].score()
+    assert mapped.meta["family"]["block1"]["kind"] == "user"
+    assert a.growth_value == pytest.approx(b.growth_value, rel=1e-8)
+    assert abs(a.cross_gradient_norm / b.cross_gradient_norm - 1) > 1e-2
+
+
+def test_bad_candidates_and_losses(token_setup):
+    model, batches = token_setup
+    with pytest.raises(ValueError, match="not a functional Keras model"):
+        probe(model, batches, token_loss)
+    with pytest.raises(ValueError, match="'nope' is not a layer name"):
+        probe(model, batches, token_loss, candidates=["nope"])
+    mean_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    with pytest.raises(ValueError, match="reduction=None"):
+        probe(model, batches, lambda y, p: mean_loss(y, p), candidates=["block0"])
+
+
+# -- tf.distribute ----------------------------------------------------------------------------
+MIRRORED_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np, tensorflow as tf, keras
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from satcore.adapters.tensorflow import probe
+
+    def build():
+        keras.utils.set_random_seed(0)
+        x = keras.Input((6, 6, 3))
+        h = keras.layers.Conv2D(4, 3, padding="same", name="stem")(x)
+        b = keras.layers.Conv2D(4, 3, padding="same", activation="relu")(h)
+        h = keras.layers.Add(name="add0")([h, keras.layers.Conv2D(4, 3, padding="same")(b)])
+        return keras.Model(x, keras.layers.Dense(5)(keras.layers.GlobalAveragePooling2D()(h)))
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 6, 6, 3)).astype(np.float32)
+    y = rng.integers(0, 5, 16)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    single = probe(build(), tf.data.Dataset.from_tensor_slices((x, y)).batch(8), loss)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = build()
+    mirrored = probe(model, tf.data.Dataset.from_tensor_slices((x, y)).batch(8), loss, strategy=strategy)
+    out = {"replicas": mirrored.meta["replicas"]}
+    for name, res in (("single", single), ("mirrored", mirrored)):
+        s = res.statistics["add0"]
+        out[name] = {"n": s.n_samples, "sum_q_sq": s.sum_q_sq, "sum_cross": s.sum_cross.tolist(),
+                     "sum_gram": s.sum_gram.tolist(), "sum_xtx": s.sum_xtx.tolist(),
+                     "growth_value": s.score().growth_value}
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+def test_mirrored_strategy_equals_one_device(tmp_path):
+    script = tmp_path / "mirrored.py"
+    script.write_text(MIRRORED_SCRIPT)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    out = json.loads(lines[0][len("RESULT "):])
+    assert out["replicas"] == 2
+    single, mirrored = out["single"], out["mirrored"]
+    assert single["n"] == mirrored["n"] == 16
+    assert mirrored["sum_q_sq"] == pytest.approx(single["sum_q_sq"], rel=1e-6)
+    for key in ("sum_cross", "sum_gram", "sum_xtx"):
+        a, b = np.array(mirrored[key]), np.array(single[key])
+        assert np.linalg.norm(a - b) <= 1e-6 * np.linalg.norm(b), key
+    assert mirrored["growth_value"] == pytest.approx(single["growth_value"], rel=1e-6)
+    assert single["growth_value"] > 0
