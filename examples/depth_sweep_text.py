@@ -57,7 +57,7 @@ def settings(quick: bool) -> TextSettings:
 
 
 def run(quick: bool) -> dict:
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    torch.set_num_threads(1)  # one thread: on a shared 2-core machine two threads ran 10x slower
     s = settings(quick)
     text = load_text(quick)
     print(f"text: {text.source}")

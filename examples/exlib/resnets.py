@@ -34,8 +34,8 @@ class ImageSettings:
 def settings(quick: bool) -> ImageSettings:
     if quick:
         return ImageSettings(n_train=512, n_probe=128, n_test=384, widths=(8, 16, 32), epochs=6, depths=(0, 1, 2))
-    return ImageSettings(n_train=8000, n_probe=1500, n_test=4000, widths=(16, 32, 64), epochs=10,
-                         depths=(0, 1, 2, 3, 5, 7, 10))
+    return ImageSettings(n_train=6000, n_probe=1000, n_test=3000, widths=(8, 16, 32), epochs=10,
+                         depths=(0, 1, 2, 4, 7))
 
 
 @lru_cache(maxsize=2)
