@@ -72,8 +72,9 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int):
 @click.option("--output", "output_name", default=None, help="Model output the loss reads (default: the first).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--split", default=None, help="Name of the split DATA comes from (recorded in the dump).")
+@click.option("--variance", is_flag=True, help="Also accumulate sum X_i^T X_i (debiased growth value).")
 @click.option("-o", "--out", "out_path", required=True, metavar="DUMP", help="Dump file to write (.npz).")
-def probe(model, data_path, loss, candidates, family, seed, output_name, batch_size, split, out_path):
+def probe(model, data_path, loss, candidates, family, seed, output_name, batch_size, split, variance, out_path):
     """Probe the ONNX file MODEL on DATA.npz and write a dump for 'satcore score'."""
     from satcore.adapters.onnx import probe as onnx_probe
 
@@ -94,6 +95,7 @@ def probe(model, data_path, loss, candidates, family, seed, output_name, batch_s
         seed=seed,
         output=output_name,
         split=split,
+        variance=variance,
     )
     result.save(out_path)
     click.echo(f"wrote {out_path}: {len(result.statistics)} candidate(s), {next(iter(result.statistics.values())).n_samples} samples")

@@ -202,6 +202,20 @@ def test_user_keras_layer_is_a_reparameterised_linear_family(token_setup):
     assert abs(a.cross_gradient_norm / b.cross_gradient_norm - 1) > 1e-2
 
 
+def test_save_writes_a_dump_that_reads_back(token_setup, tmp_path):
+    from satcore.dump import read_dump
+
+    model, batches = token_setup
+    result = probe(model, batches, token_loss, candidates=["block0", "block1"], variance=True, split="heldout")
+    result.save(tmp_path / "tf.npz")
+    dump = read_dump(tmp_path / "tf.npz")
+    assert dump.meta["framework"] == "tensorflow" and dump.meta["candidates"] == ["block0", "block1"]
+    back = dump.statistics()
+    for name in ("block0", "block1"):
+        a, b = back[name].score(), result.statistics[name].score()
+        assert a.growth_value == b.growth_value and a.growth_value_sq_debiased == b.growth_value_sq_debiased
+
+
 def test_bad_candidates_and_losses(token_setup):
     model, batches = token_setup
     with pytest.raises(ValueError, match="not a functional Keras model"):
@@ -234,11 +248,12 @@ MIRRORED_SCRIPT = textwrap.dedent(
     x = rng.standard_normal((16, 6, 6, 3)).astype(np.float32)
     y = rng.integers(0, 5, 16)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-    single = probe(build(), tf.data.Dataset.from_tensor_slices((x, y)).batch(8), loss)
+    single = probe(build(), tf.data.Dataset.from_tensor_slices((x, y)).batch(8), loss, variance=True)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
         model = build()
-    mirrored = probe(model, tf.data.Dataset.from_tensor_slices((x, y)).batch(8), loss, strategy=strategy)
+    mirrored = probe(model, tf.data.Dataset.from_tensor_slices((x, y)).batch(8), loss, strategy=strategy,
+                     variance=True)
     out = {"replicas": mirrored.meta["replicas"]}
     for name, res in (("single", single), ("mirrored", mirrored)):
         s = res.statistics["add0"]

@@ -148,7 +148,7 @@ def probe(
     seed: int = 0,
     init_std: float | None = None,
     output: str | None = None,
-    variance: bool = True,
+    variance: bool = False,
     split: str | None = None,
     route: str = "auto",
 ) -> ProbeResult:
@@ -167,7 +167,13 @@ def probe(
     ``make_family(kind, width, seed=seed)``.  For candidate ``z``, ``q_i = d
     loss_i / d z_i`` comes from ORT training (:mod:`.gradients`, route
     ``"auto"``, ``"builder"`` or ``"artifacts"``), ``psi`` from
-    :mod:`satcore.families`, and both enter :class:`~satcore.CandidateStatistics`.
+    :mod:`satcore.families`, and both enter :class:`~satcore.CandidateStatistics`
+    (``C = (1/M) sum_i Q_i^T Psi_i``, ``K = (1/M) sum_i Psi_i^T Psi_i``; the growth
+    value ``sqrt(tr(C K^+ C^T))`` is ``||Pi_S q_S||_S`` of Theorem 2 / Lemma 4).
+    ``variance`` also accumulates ``sum_i X_i^T X_i`` (debiased growth value,
+    SPEC section 4).  The model must not mix samples (inference graph: no
+    training-mode BatchNormalization); inference BatchNormalization is rewritten
+    as an affine map because ORT has no gradient for it.
     """
     session = per_sample_gradients(model, loss=loss, candidates=candidates, output=output, route=route)
     names = list(session.candidates)

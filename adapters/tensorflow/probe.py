@@ -43,7 +43,7 @@ def probe(
     family="auto",
     seed: int = 0,
     init_std: float | None = None,
-    variance: bool = True,
+    variance: bool = False,
     strategy=None,
     split: str | None = None,
 ) -> ProbeResult:
@@ -61,6 +61,10 @@ def probe(
     seed=seed)``.  The gradient of ``sum_i loss_i`` at a zero ``delta`` added at
     the candidate is ``q_i = d loss_i / d z_i``.  Each replica sums its moments;
     ``strategy.reduce(SUM)`` adds them (``strategy`` defaults to the one in scope).
+    The sums give ``C = (1/M) sum_i Q_i^T Psi_i`` and ``K = (1/M) sum_i Psi_i^T Psi_i``,
+    whence the growth value ``sqrt(tr(C K^+ C^T)) = ||Pi_S q_S||_S`` (Theorem 2,
+    Lemma 4); ``variance`` adds ``sum_i X_i^T X_i`` (debiased value, SPEC section 4).
+    The model runs with ``training=False`` and must not mix samples.
     """
     cands = residual_candidates(model) if candidates is None else named_candidates(model, candidates)
     names = [c.name for c in cands]
