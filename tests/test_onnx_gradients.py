@@ -171,3 +171,33 @@ def test_residual_candidates_of_the_resnet(resnet):
     names = residual_candidates(load_model(path))
     # four blocks, each found once; the projection block (layer2.0) through its common input
     assert len(names) == 4 and len(set(names)) == 4
+
+
+class TokenLoss(torch.nn.Module):
+    """Two inputs ``(x, tokens)``; outputs the per-token cross-entropy ``(B, T)`` itself."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, tokens):
+        logits = self.model(x)
+        return torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens, reduction="none")
+
+
+@pytest.mark.parametrize("route", ["builder", "artifacts"])
+def test_loss_given_as_a_model_output(token_model, tmp_path, route):
+    """``loss="<output name>"``: a (B, T) per-token loss output is averaged over tokens per sample."""
+    model, _ = token_model
+    wrapped = TokenLoss(model).eval()
+    x0, t0 = torch.randn(EXPORT_BATCH, 6, 5), torch.randint(0, 3, (EXPORT_BATCH, 6))
+    path = tmp_path / "loss.onnx"
+    torch.onnx.export(wrapped, (x0, t0), str(path), dynamo=False, opset_version=17, input_names=["x", "tokens"],
+                      output_names=["token_loss"],
+                      dynamic_axes={"x": {0: "batch"}, "tokens": {0: "batch"}, "token_loss": {0: "batch"}})
+    rng = np.random.default_rng(11)
+    x, t = rng.standard_normal((5, 6, 5)).astype(np.float32), rng.integers(0, 3, (5, 6))
+    session = per_sample_gradients(path, loss="token_loss", route=route)
+    _, grads = session({"x": x, "tokens": t})
+    ref = torch_gradients(model, torch.tensor(x), ce_tokens(torch.tensor(t)), [model.embed, model.blocks[0]])
+    assert_close([grads[n] for n in session.candidates], ref)

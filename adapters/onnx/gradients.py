@@ -34,9 +34,9 @@ def one_line(exc: BaseException) -> str:
     """ORT's message without the C++ location and signature that precede it, on one line."""
     text = " ".join(str(exc).split())
     for marker in ("was false. ", "FAIL : "):
-        if marker in text:
+        if marker in text and text.rpartition(marker)[2].strip():
             text = text.rpartition(marker)[2]
-    return text[:300]
+    return text[-300:]
 
 
 def _quiet_ort() -> None:

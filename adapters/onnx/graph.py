@@ -251,9 +251,11 @@ def probe_graph(model, candidates, *, loss: str, output: str | None = None):
     graph = probe.graph
     batchnorm_as_affine(graph, infos)
     for k, node in enumerate(graph.node):
-        # ORT's LayerNormalization gradient reads the optional mean / inv-std outputs
+        # ORT's gradients of these ops read their optional outputs (mean / inv-std, log-probabilities)
         if node.op_type == "LayerNormalization" and len(node.output) == 1:
             node.output.extend([f"satcore_ln{k}_mean", f"satcore_ln{k}_inv_std"])
+        if node.op_type == "SoftmaxCrossEntropyLoss" and len(node.output) == 1:
+            node.output.append(f"satcore_sce{k}_log_prob")
     nodes, inputs = _loss_nodes(model, loss, output, infos)
     graph.node.extend(nodes)
     graph.input.extend(inputs)
