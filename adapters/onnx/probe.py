@@ -34,8 +34,12 @@ def split_batch(batch, input_names: list[str]) -> tuple[dict, np.ndarray | None]
     mapping batch holds the input names plus ``targets`` (or ``labels``/``y``).
     """
     if isinstance(batch, Mapping):
-        targets = next((batch[k] for k in TARGET_KEYS if k in batch), None)
-        inputs = {k: v for k, v in batch.items() if k not in TARGET_KEYS}
+        # a model input may itself be called "labels" or "y": model inputs win
+        keys = [k for k in TARGET_KEYS if k in batch and k not in input_names]
+        if len(keys) > 1:
+            raise OnnxProbeError(f"batch has several target keys {keys}; give one")
+        targets = batch[keys[0]] if keys else None
+        inputs = {k: v for k, v in batch.items() if k not in keys}
     elif isinstance(batch, (tuple, list)):
         if not 1 <= len(batch) <= 2:
             raise OnnxProbeError(f"a batch must be (inputs, targets); got a sequence of {len(batch)} items")
