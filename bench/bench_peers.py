@@ -21,7 +21,22 @@ The model's own parameters are frozen for the peers (their backward then
 only reaches ``V``, the cheapest a peer can do); satcore's probe computes
 gradients to its taps only anyway.  First the numbers are checked where the
 quantities coincide (relative differences are printed and stored), then time
-(interleaved medians) and resident peak memory are compared.
+(interleaved medians) and resident peak memory are compared:
+
+=========================  =====================================================
+``satcore``                default probe: C, K, sum ||xi||^2 (per-batch float64)
+``satcore_float32``        the same with ``batch_dtype=torch.float32``
+``satcore_variance``       ``variance=True`` (adds sum X^T X)
+``satcore_scored``         default probe + ``report()`` (growth values)
+``backpack_sumgradsquared`` C and sum ||xi||^2 (no K: no growth value)
+``backpack_batchgrad``     every X_i, summed into sum X^T X
+``gromo``                  K and C (no variance)
+``gromo_scored``           + ``compute_optimal_delta()`` (its defaults)
+=========================  =====================================================
+
+BackPACK computes less than satcore's default (no ``r x r`` Gram), GroMo
+computes K and C in float32: the ``*_float32`` ratios are the like-for-like
+arithmetic.
 """
 
 from __future__ import annotations
@@ -43,7 +58,7 @@ from satcore.adapters.torch.probe import call_model, model_init_std
 from satcore.certification import variance_estimate
 
 SIZES = {  # (blocks, batch size, batches); M*T must exceed r = 1024 for a full-rank K
-    "quick": (4, 4, 3),
+    "quick": (2, 4, 3),
     "full": (8, 8, 4),
 }
 

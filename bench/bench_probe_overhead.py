@@ -30,6 +30,7 @@ import argparse
 import cProfile
 import pstats
 
+import numpy as np
 import torch
 
 from _results import record
@@ -71,6 +72,20 @@ def phase_breakdown(run) -> dict:
     return out
 
 
+def float32_rel_error(model, batches, loss_fn) -> dict:
+    """Largest relative error (Frobenius, over candidates) of float32 per-batch sums against float64."""
+    exact = probe_pass(model, batches, loss_fn).statistics
+    fast = probe_pass(model, batches, loss_fn, batch_dtype=torch.float32).statistics
+    out = {}
+    for field in ("sum_cross", "sum_gram", "sum_xi_sq", "sum_q_sq"):
+        out[field] = max(
+            float(np.linalg.norm(np.subtract(getattr(fast[n], field), getattr(exact[n], field)))
+                  / np.linalg.norm(getattr(exact[n], field)))
+            for n in exact
+        )
+    return out
+
+
 def measure(workload: str, size: str, repeats: int) -> dict:
     build, make_batches, loss_fn = WORKLOADS[workload]
     model = build()
@@ -84,6 +99,7 @@ def measure(workload: str, size: str, repeats: int) -> dict:
     seconds = interleaved(runs, repeats)
     memory = {name: peak_rss_increase(fn) for name, fn in runs.items()}
     breakdown = phase_breakdown(runs["default"])
+    float32_error = float32_rel_error(model, batches, loss_fn)
     row = {
         "batch_size": batch_size,
         "batches": n_batches,
@@ -92,11 +108,14 @@ def measure(workload: str, size: str, repeats: int) -> dict:
         "ratio": {name: seconds[name] / seconds["floor"] for name in OPTIONS},
         "peak_rss_increase_bytes": memory,
         "default_breakdown_seconds": breakdown,
+        "float32_max_rel_error": float32_error,
     }
     ratios = ", ".join(f"{k} {v:.2f}x" for k, v in row["ratio"].items())
     shares = ", ".join(f"{k} {v / breakdown['total']:.0%}" for k, v in breakdown.items() if k != "total")
     print(f"{workload}: floor {seconds['floor']:.3f} s over {batch_size}x{n_batches}; {ratios}", flush=True)
     print(f"  default probe time split: {shares}", flush=True)
+    print("  float32 per-batch sums, max rel error vs float64: "
+          + ", ".join(f"{k} {v:.1e}" for k, v in float32_error.items()), flush=True)
     return row
 
 

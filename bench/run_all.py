@@ -1,0 +1,82 @@
+"""Run every ``bench/bench_*.py`` in turn, then check ``bench/results.json``.
+
+Usage: ``python bench/run_all.py [--quick] [--threads N] [--only NAME ...]``.
+
+Each script runs in its own process (so one's allocations cannot inflate the
+next one's peak memory) with ``--quick`` when asked and when the script
+accepts it (scripts without a ``--quick`` flag get the small arguments of
+:data:`QUICK_FALLBACK`).  Every script merges its own keys into
+``bench/results.json``; afterwards the keys of :data:`REQUIRED` are checked
+and printed.  Exit status 1 if a script failed or a required key is missing.
+``--quick`` is meant to finish in under 5 minutes on 2 idle cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REQUIRED = (
+    "probe_overhead_default",
+    "probe_overhead_variance",
+    "gram_vs_projector_speedup",
+    "score_vs_read_ratio",
+    "probe_peak_memory_ratio_10x_samples",
+    "backpack_vs_satcore_time",
+    "gromo_vs_satcore_time",
+)
+QUICK_FALLBACK = {"bench_probe_memory.py": ["--batches", "1"]}
+
+
+def scripts(only) -> list[Path]:
+    found = sorted(HERE.glob("bench_*.py"))
+    return [s for s in found if not only or s.stem in only or s.name in only]
+
+
+def accepts(script: Path, flag: str) -> bool:
+    """Whether the script declares ``flag`` (read from its source: cheaper than importing torch for --help)."""
+    return f'"{flag}"' in script.read_text()
+
+
+def arguments(script: Path, quick: bool, threads: int) -> list[str]:
+    args = ["--threads", str(threads)] if accepts(script, "--threads") else []
+    if quick:
+        args += ["--quick"] if accepts(script, "--quick") else QUICK_FALLBACK.get(script.name, [])
+    return args
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--only", nargs="*", default=None, help="script names (bench_peers or bench_peers.py)")
+    args = parser.parse_args()
+    failed, timings = [], {}
+    for script in scripts(args.only):
+        command = [sys.executable, str(script), *arguments(script, args.quick, args.threads)]
+        print(f"== {script.name} {' '.join(command[2:])}", flush=True)
+        start = time.perf_counter()
+        code = subprocess.run(command, cwd=HERE).returncode
+        timings[script.name] = time.perf_counter() - start
+        print(f"== {script.name}: exit {code}, {timings[script.name]:.0f} s", flush=True)
+        if code:
+            failed.append(script.name)
+    results = json.loads((HERE / "results.json").read_text()) if (HERE / "results.json").exists() else {}
+    missing = [k for k in REQUIRED if k not in results]
+    print(f"\ntotal {sum(timings.values()):.0f} s")
+    for key in REQUIRED:
+        print(f"  {key:40s} {results.get(key, 'MISSING')}")
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+    if missing:
+        print(f"missing keys: {', '.join(missing)}")
+    sys.exit(1 if failed or missing else 0)
+
+
+if __name__ == "__main__":
+    main()
