@@ -120,3 +120,21 @@ def test_named_inputs_npz(files, tmp_path):
     got = json.loads(res.output)["candidates"]
     assert [c["name"] for c in got] == ["h1"]
     assert got[0]["growth_value"] == pytest.approx(reference(ws, x, y, "mlp", 0)[1].growth_value, rel=1e-5)
+
+
+def test_user_feature_map_and_per_candidate_families(files):
+    """A callable ``psi = z A`` (invertible ``A``) reparameterises ``linear``: same growth value (SPEC identity 3)."""
+    from satcore.adapters.onnx import probe
+
+    ws, x, y, model, _ = files
+    A = np.random.default_rng(4).standard_normal((D, D)) + 3 * np.eye(D)
+    data = [(x[:25], y[:25]), (x[25:], y[25:])]
+    mapped = probe(model, data, family={"h0": lambda z: z @ A, "h1": "bias"})
+    linear = probe(model, data, family="linear")
+    a, b = mapped.statistics["h0"].score(), linear.statistics["h0"].score()
+    assert mapped.meta["family"]["h0"]["kind"] == "user" and mapped.meta["family"]["h1"]["kind"] == "bias"
+    assert a.growth_value == pytest.approx(b.growth_value, rel=1e-7)
+    assert abs(a.cross_gradient_norm / b.cross_gradient_norm - 1) > 1e-2
+    # bias family: psi = 1, so C is the mean gradient and the growth value its norm
+    ref = reference(ws, x, y, "bias", 0)[1]
+    assert mapped.statistics["h1"].score().growth_value == pytest.approx(ref.growth_value, rel=1e-5)
