@@ -80,7 +80,9 @@ class BuilderRoute:
         try:
             grad_bytes = _builder_gradient_model(probe.SerializeToString(), self.candidates)
             self.session = _session(grad_bytes)
-        except (RuntimeError, ValueError) as exc:
+        except ImportError:
+            raise  # no private builder in this build: gradient_route falls back
+        except Exception as exc:  # ORT's pybind errors (Fail, InvalidGraph, ...)
             raise OnnxProbeError(f"no gradient graph from the candidates to the loss: {one_line(exc)}") from None
         self.fetch = [LOSS]
         self.fetch += [n for n in self.candidates if n not in self.graph_inputs]
@@ -171,7 +173,7 @@ class ArtifactsRoute:
                 )
                 state = CheckpointState.load_checkpoint(str(folder / "checkpoint"))
                 module = Module(str(folder / "training_model.onnx"), state, str(folder / "eval_model.onnx"))
-            except (RuntimeError, ValueError) as exc:
+            except Exception as exc:  # ORT's pybind errors (Fail, InvalidGraph, ...)
                 raise OnnxProbeError(f"no gradient graph from the candidates to the loss: {one_line(exc)}") from None
             self.modules[key] = (module, state, deltas)
         return self.modules[key]
