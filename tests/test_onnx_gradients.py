@@ -201,3 +201,21 @@ def test_loss_given_as_a_model_output(token_model, tmp_path, route):
     _, grads = session({"x": x, "tokens": t})
     ref = torch_gradients(model, torch.tensor(x), ce_tokens(torch.tensor(t)), [model.embed, model.blocks[0]])
     assert_close([grads[n] for n in session.candidates], ref)
+
+
+def test_auto_route_falls_back_when_the_private_builder_is_missing(token_model, monkeypatch):
+    """Without ``GradientGraphBuilder`` (private API) the public artifacts route is used."""
+    from satcore.adapters.onnx import gradients
+
+    def missing(*args, **kwargs):
+        raise ImportError("cannot import name 'GradientGraphBuilder'")
+
+    monkeypatch.setattr(gradients, "_builder_gradient_model", missing)
+    model, path = token_model
+    session = per_sample_gradients(path, route="auto")
+    assert session.route == "artifacts"
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal((3, 6, 5)).astype(np.float32), rng.integers(0, 3, (3, 6))
+    _, grads = session((x, y))
+    ref = torch_gradients(model, torch.tensor(x), ce_tokens(torch.tensor(y)), [model.embed, model.blocks[0]])
+    assert_close([grads[n] for n in session.candidates], ref)
