@@ -98,4 +98,5 @@ def probe(model, data_path, loss, candidates, family, seed, output_name, batch_s
         variance=variance,
     )
     result.save(out_path)
-    click.echo(f"wrote {out_path}: {len(result.statistics)} candidate(s), {next(iter(result.statistics.values())).n_samples} samples")
+    n_samples = next(iter(result.statistics.values())).n_samples
+    click.echo(f"wrote {out_path}: {len(result.statistics)} candidate(s), {n_samples} samples")

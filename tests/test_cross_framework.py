@@ -67,7 +67,8 @@ def keras_resnet(torch_model) -> keras.Model:
         return bn(x)
 
     x_in = keras.Input((8, 8, 1))
-    x = keras.layers.ReLU(name="stem_relu")(batchnorm(apply(x_in, torch_model.conv1, "stem_conv"), torch_model.bn1, "stem_bn"))
+    x = batchnorm(apply(x_in, torch_model.conv1, "stem_conv"), torch_model.bn1, "stem_bn")
+    x = keras.layers.ReLU(name="stem_relu")(x)
     for stage, layer in (("layer1", torch_model.layer1), ("layer2", torch_model.layer2)):
         for i, block in enumerate(layer):
             name = f"{stage}_{i}"

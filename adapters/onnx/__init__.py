@@ -12,4 +12,12 @@ from .loading import load_model
 from .probe import GradientSession, per_sample_gradients, probe
 from .result import ProbeResult
 
-__all__ = ["GradientSession", "OnnxProbeError", "ProbeResult", "load_model", "per_sample_gradients", "probe", "residual_candidates"]
+__all__ = [
+    "GradientSession",
+    "OnnxProbeError",
+    "ProbeResult",
+    "load_model",
+    "per_sample_gradients",
+    "probe",
+    "residual_candidates",
+]

@@ -205,7 +205,8 @@ def batchnorm_as_affine(graph, infos) -> None:
     for k, node in enumerate(graph.node):
         params = list(node.input[1:5])
         rank = len(infos[node.input[0]].shape or ()) if node.input and node.input[0] in infos else 0
-        if node.op_type != "BatchNormalization" or len(node.output) != 1 or not all(p in inits for p in params) or rank < 2:
+        inference = node.op_type == "BatchNormalization" and len(node.output) == 1
+        if not inference or not all(p in inits for p in params) or rank < 2:
             nodes.append(node)
             continue
         eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)

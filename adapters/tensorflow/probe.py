@@ -83,7 +83,7 @@ def probe(
     def step(x, y):
         with tf.GradientTape() as tape, recording(tape) as rec:
             if model_inputs:
-                x = rec.tap(model_inputs[0].name, x) if not isinstance(x, (list, tuple)) else _tap_inputs(rec, x, model_inputs)
+                x = _tap_inputs(rec, x, model_inputs)
             total = tf.reduce_sum(per_sample_loss(loss_fn, y, model(x, training=False)))
         missing = [n for n in names if n not in rec.z]
         if missing:
@@ -135,8 +135,11 @@ def probe(
     return ProbeResult(stats, meta)
 
 
-def _tap_inputs(rec, xs, model_inputs):
-    xs = list(xs)
+def _tap_inputs(rec, x, model_inputs):
+    """Tap candidates that are model inputs (``x`` one tensor or a list of them)."""
+    if not isinstance(x, (list, tuple)):
+        return rec.tap(model_inputs[0].name, x)
+    xs = list(x)
     for c in model_inputs:
         xs[c.input_index] = rec.tap(c.name, xs[c.input_index])
     return xs
