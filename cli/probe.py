@@ -69,12 +69,17 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int):
     help="Feature family of the probed blocks (auto: conv for NCHW activations, mlp otherwise).",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the family's fixed weights.")
+@click.option(
+    "--init-std", type=click.FloatRange(min=0, min_open=True), default=None,
+    help="Weight scale of the mlp family (default width**-0.5; e.g. 0.02 for GPT-2-style models).",
+)
 @click.option("--output", "output_name", default=None, help="Model output the loss reads (default: the first).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--split", default=None, help="Name of the split DATA comes from (recorded in the dump).")
 @click.option("--variance", is_flag=True, help="Also accumulate sum X_i^T X_i (debiased growth value).")
 @click.option("-o", "--out", "out_path", required=True, metavar="DUMP", help="Dump file to write (.npz).")
-def probe(model, data_path, loss, candidates, family, seed, output_name, batch_size, split, variance, out_path):
+def probe(model, data_path, loss, candidates, family, seed, init_std, output_name, batch_size, split, variance,
+          out_path):
     """Probe the ONNX file MODEL on DATA.npz and write a dump for 'satcore score'."""
     from satcore.adapters.onnx import probe as onnx_probe
 
@@ -93,6 +98,7 @@ def probe(model, data_path, loss, candidates, family, seed, output_name, batch_s
         candidates=names,
         family=family,
         seed=seed,
+        init_std=init_std,
         output=output_name,
         split=split,
         variance=variance,
