@@ -199,4 +199,5 @@ def versions() -> dict:
     import transformers
 
     return {"torch": torch.__version__, "numpy": numpy.__version__, "transformers": transformers.__version__,
-            "threads": torch.get_num_threads(), "cpus": os.cpu_count()}
+            "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+            "load_average_1min": os.getloadavg()[0]}  # other processes share the machine

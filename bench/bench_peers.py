@@ -59,7 +59,7 @@ from satcore.certification import variance_estimate
 
 SIZES = {  # (blocks, batch size, batches); M*T must exceed r = 1024 for a full-rank K
     "quick": (2, 4, 3),
-    "full": (8, 8, 4),
+    "full": (8, 4, 4),
 }
 
 
@@ -209,7 +209,7 @@ def main():
     set_threads(args.threads)
     # BackPACK's hooks on V, whose input needs no gradient: harmless, V's weight gradient is what is read.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
-    repeats = args.repeats or (3 if args.quick else 5)
+    repeats = args.repeats or 3
     n_layer, batch_size, n_batches = SIZES["quick" if args.quick else "full"]
     model = gpt2_model(n_layer=n_layer)
     for p in model.parameters():

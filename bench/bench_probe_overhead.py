@@ -37,7 +37,7 @@ from _results import record
 from _workloads import WORKLOADS, floor_pass, interleaved, peak_rss_increase, probe_pass, set_threads, versions
 
 SIZES = {  # workload -> (batch size, batches) for quick / full
-    "gpt2": {"quick": (2, 2), "full": (8, 4)},
+    "gpt2": {"quick": (2, 2), "full": (8, 2)},
     "resnet8": {"quick": (32, 2), "full": (64, 4)},
 }
 OPTIONS = {
