@@ -5,7 +5,8 @@ Usage: ``python bench/run_all.py [--quick] [--threads N] [--only NAME ...]``.
 Each script runs in its own process (so one's allocations cannot inflate the
 next one's peak memory) with ``--quick`` when asked and when the script
 accepts it (scripts without a ``--quick`` flag get the small arguments of
-:data:`QUICK_FALLBACK`).  Every script merges its own keys into
+:data:`QUICK_FALLBACK`) and with BLAS/OpenMP threads pinned to ``--threads``
+(default 1) through the environment.  Every script merges its own keys into
 ``bench/results.json``; afterwards the keys of :data:`REQUIRED` are checked
 and printed.  Exit status 1 if a script failed or a required key is missing.
 ``--quick`` is meant to finish in under 5 minutes on 2 idle cores.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -50,6 +52,17 @@ def arguments(script: Path, quick: bool, threads: int) -> list[str]:
     return args
 
 
+def thread_env(threads: int) -> dict:
+    """The environment with BLAS/OpenMP pools pinned to ``threads``, also for scripts without ``--threads``.
+
+    Besides fairness on a shared machine: NumPy 2.4's bundled OpenBLAS 0.3.31
+    segfaulted here in ``A @ A.T`` (its syrk path) for ``A`` of shape
+    ``(20000, 256)`` with 2 threads, and not with 1.
+    """
+    pinned = {name: str(threads) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    return {**os.environ, **pinned}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -61,7 +74,7 @@ def main():
         command = [sys.executable, str(script), *arguments(script, args.quick, args.threads)]
         print(f"== {script.name} {' '.join(command[2:])}", flush=True)
         start = time.perf_counter()
-        code = subprocess.run(command, cwd=HERE).returncode
+        code = subprocess.run(command, cwd=HERE, env=thread_env(args.threads)).returncode
         timings[script.name] = time.perf_counter() - start
         print(f"== {script.name}: exit {code}, {timings[script.name]:.0f} s", flush=True)
         if code:
