@@ -46,6 +46,8 @@ def run(quick: bool) -> dict:
     data = image_data(quick)
     print(f"data: {data.source}; train {len(data.train[1])}, held-out probe {len(data.probe[1])}, test {len(data.test[1])}")
     dumps, results = out_dir("image_dumps", quick), results_dir(quick)
+    for stale in dumps.glob("*.npz"):  # one dump per depth of THIS sweep, so `satcore sweep dir/*.npz` is exact
+        stale.unlink()
     rows, points, start = [], [], time.time()
     train_probe_data = batches(data.train[0][: s.n_probe], data.train[1][: s.n_probe], 128)
     heldout_data = batches(*data.probe, 128)

@@ -52,7 +52,7 @@ class TextSettings:
 def settings(quick: bool) -> TextSettings:
     if quick:
         return TextSettings(depths=(1, 2), d_model=32, steps=60, seq_len=32, batch_size=16, n_probe=64, n_eval=128)
-    return TextSettings(depths=(1, 2, 3, 4, 6, 8), d_model=64, steps=700, seq_len=64, batch_size=32, n_probe=384,
+    return TextSettings(depths=(1, 2, 4, 6, 8), d_model=64, steps=1200, seq_len=64, batch_size=32, n_probe=384,
                         n_eval=1024)
 
 
@@ -66,6 +66,8 @@ def run(quick: bool) -> dict:
     train_probe = lm_batches(lm_windows(text.train, s.seq_len, s.n_probe, seed=3), 32)
     heldout_probe = lm_batches(lm_windows(text.probe, s.seq_len, s.n_probe, seed=4), 32)
     dumps, results = out_dir("text_dumps", quick), results_dir(quick)
+    for stale in dumps.glob("*.npz"):  # one dump per depth of THIS sweep, so `satcore sweep dir/*.npz` is exact
+        stale.unlink()
     rows, points, start = [], [], time.time()
     for L in s.depths:
         model = gpt2_decoder(L, d_model=s.d_model, n_positions=max(128, s.seq_len))

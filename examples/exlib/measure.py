@@ -12,8 +12,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import torch
-
 from satcore.adapters.torch import probe
 from satcore.sweep import growth_noise_floor
 
@@ -23,7 +21,6 @@ ERROR_LEVEL = 0.1  # error level of the certified test: t = sqrt(sum sigma^2 / (
 def probe_model(model, data, loss_fn, *, split: str, depth: int, dump_path: Path | None = None, seed: int = 0,
                 variance: bool = True, **kwargs):
     """Probe ``model`` on ``data``; write a ``satcore-dump/1`` (with ``model_depth``) when asked."""
-    kwargs.setdefault("batch_dtype", torch.float32)  # per-batch sums in float32 for speed; totals stay float64
     result = probe(model, data, loss_fn, seed=seed, variance=variance, split=split, **kwargs)
     result.meta["model_depth"] = int(depth)
     if dump_path is not None:

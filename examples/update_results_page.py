@@ -1,0 +1,58 @@
+"""Copy the tables the full runs wrote (``docs/figures/<stem>.md``) into ``docs/results.md``.
+
+``docs/results.md`` marks each table as
+
+    <!-- table: images_depth_sweep -->
+    ... (replaced) ...
+    <!-- end table -->
+
+and this script replaces everything between the markers with the current
+file, so the page always shows what the scripts last produced.  ``--check``
+exits 1 (naming the table) when the page is out of date, changing nothing.
+
+    python examples/update_results_page.py [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+PAGE = DOCS / "results.md"
+MARKER = re.compile(r"(<!-- table: (?P<stem>[\w-]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
+
+
+def updated(text: str) -> tuple[str, list[str]]:
+    """The page with every marked table replaced, and the stems whose content changed."""
+    changed = []
+
+    def replace(match):
+        source = DOCS / "figures" / f"{match['stem']}.md"
+        body = source.read_text() if source.exists() else f"*(not yet run: {source.name} missing)*\n"
+        if body != match["body"]:
+            changed.append(match["stem"])
+        return match.group(1) + body + match.group(4)
+
+    return MARKER.sub(replace, text), changed
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only report tables that are out of date")
+    args = parser.parse_args()
+    text, changed = updated(PAGE.read_text())
+    if args.check:
+        if changed:
+            print(f"docs/results.md is out of date for: {', '.join(changed)}", file=sys.stderr)
+            sys.exit(1)
+        print("docs/results.md is up to date")
+        return
+    PAGE.write_text(text)
+    print(f"updated {len(changed)} table(s): {', '.join(changed) or 'none'}")
+
+
+if __name__ == "__main__":
+    main()
