@@ -1,12 +1,18 @@
-"""Peers: BackPACK and GroMo against satcore on the same GPT-2 blocks and batches.
+"""Peers: BackPACK and GroMo against satcore on the same blocks and batches.
 
 Usage: ``python bench/bench_peers.py [--quick] [--threads N] [--repeats R]``.
 
-The peers get what a user of each would build: at the input of every block
-``transformer.h.i`` a zero-output branch ``z -> z + V psi(z)`` is inserted
-with a forward pre-hook, ``psi`` being satcore's own ``mlp`` feature map (the
-same seeded weights, ``r = 4d``; computed without a graph, as the peers only
-need ``V``'s gradient) and ``V`` a zero ``Linear(r, d, bias=False)``:
+Workloads of :mod:`_workloads`: GPT-2 (``mlp`` family, BackPACK and GroMo)
+and the paper's ResNet-8 (``conv`` family, BackPACK; GroMo's convolution
+module is not wired here).  The peers get what a user of each would build:
+at the input of every residual block a zero-output branch
+``z -> z + V psi(z)`` is inserted with a forward pre-hook, ``psi`` being
+satcore's own feature map (the same seeded weights; computed without a graph,
+as the peers only need ``V``'s gradient) and ``V`` zero: a
+``Linear(r, d, bias=False)`` on the ``mlp`` features ``act(W1 LN(z))``, or a
+3x3 ``Conv2d(C_mid, C)`` on ``relu(BN(conv3x3(z)))`` for ``conv`` (its
+per-sample gradient, flattened, is ``X_i`` in the unfold order of satcore's
+patches):
 
 * BackPACK (``backpack.extend(V)``): ``SumGradSquared`` gives
   ``sum_i ||xi_i||^2`` and ``V.grad`` gives ``sum_i X_i = n C`` (the
@@ -36,7 +42,8 @@ quantities coincide (relative differences are printed and stored), then time
 
 BackPACK computes less than satcore's default (no ``r x r`` Gram), GroMo
 computes K and C in float32: the ``*_float32`` ratios are the like-for-like
-arithmetic.
+arithmetic.  Summary keys without a suffix are GPT-2's; ResNet-8's end in
+``_resnet8``.
 """
 
 from __future__ import annotations
@@ -51,15 +58,16 @@ import torch
 from torch import nn
 
 from _results import record
-from _workloads import gpt2_batches, gpt2_model, interleaved, peak_rss_increase, set_threads, versions
-from satcore.adapters.torch import build_feature_map, probe, sequence_loss
+from _workloads import WORKLOADS, interleaved, peak_rss_increase, set_threads, versions
+from satcore.adapters.torch import build_feature_map, find_blocks, probe
+from satcore.adapters.torch.families import ConvFeatures
 from satcore.adapters.torch.capture import get_stream, with_stream
 from satcore.adapters.torch.probe import call_model, model_init_std
 from satcore.certification import variance_estimate
 
-SIZES = {  # (blocks, batch size, batches); M*T must exceed r = 1024 for a full-rank K
-    "quick": (2, 4, 3),
-    "full": (8, 4, 4),
+SIZES = {  # workload -> mode -> (blocks, batch size, batches); GPT-2: M*T > r = 1024 for a full-rank K
+    "gpt2": {"quick": (2, 4, 3), "full": (8, 4, 4)},
+    "resnet8": {"quick": (3, 32, 2), "full": (3, 64, 4)},
 }
 
 
@@ -77,8 +85,8 @@ def inserted_branches(model, terminals: dict):
     def hook_for(features, V):
         def hook(module, args, kwargs):
             z = get_stream(args, kwargs)
-            with torch.no_grad():
-                psi = features(z)
+            with torch.no_grad():  # conv: V is a 3x3 conv on the hidden map, i.e. V applied to the patches
+                psi = features.hidden(z) if isinstance(features, ConvFeatures) else features(z)
             return with_stream(args, kwargs, z + V(psi))
 
         return hook
@@ -94,33 +102,54 @@ def inserted_branches(model, terminals: dict):
             handle.remove()
 
 
-def feature_maps(model, blocks):
-    """satcore's seeded ``mlp`` feature map for each block (built from one stream sample)."""
-    width = model.config.n_embd
-    like = torch.zeros(1, 1, width)
-    return {name: build_feature_map("mlp", like, init_std=model_init_std(model)) for name in blocks}
+def feature_maps(model, batches, blocks):
+    """satcore's seeded feature map (family ``auto``) for each block, built from one stream sample."""
+    modules, streams = dict(model.named_modules()), {}
+
+    def record_stream(name):
+        def hook(module, args, kwargs):
+            streams[name] = get_stream(args, kwargs)[:1].detach()
+
+        return hook
+
+    handles = [modules[n].register_forward_pre_hook(record_stream(n), with_kwargs=True) for n in blocks]
+    with torch.no_grad():
+        call_model(model, batches[0][0])
+    for handle in handles:
+        handle.remove()
+    init_std = model_init_std(model)
+    return {name: build_feature_map("auto", streams[name], init_std=init_std) for name in blocks}
 
 
-def backpack_pass(model, batches, features, *, batch_grad: bool):
+def zero_terminal(features) -> nn.Module:
+    """``V = 0``: ``Linear(r, N)`` on the features, or the 3x3 ``Conv2d(C_mid, C)`` of the conv family."""
+    if isinstance(features, ConvFeatures):
+        V = nn.Conv2d(features.mid_channels, features.width, 3, padding=1, bias=False)
+    else:
+        V = nn.Linear(features.n_features, features.width, bias=False)
+    nn.init.zeros_(V.weight)
+    return V
+
+
+def backpack_pass(model, batches, loss_fn, features, *, batch_grad: bool):
     """Per block: ``n``, ``sum X_i`` (N x r), ``sum ||X_i||^2`` and, with ``batch_grad``, ``sum X_i^T X_i``."""
     from backpack import backpack, extend
     from backpack.extensions import BatchGrad, SumGradSquared
 
-    width, r = model.config.n_embd, next(iter(features.values())).n_features
-    terminals = {name: (f, extend(zero_linear(r, width))) for name, f in features.items()}
+    terminals = {name: (f, extend(zero_terminal(f))) for name, f in features.items()}
     sums = {name: {"n": 0, "cross": 0.0, "xi_sq": 0.0, "xtx": 0.0} for name in features}
     extension = BatchGrad() if batch_grad else SumGradSquared()
     with inserted_branches(model, terminals):
         for inputs, targets in batches:
             with backpack(extension):
-                sequence_loss(call_model(model, inputs), targets).sum().backward()
+                loss_fn(call_model(model, inputs), targets).sum().backward()
             for name, (_, V) in terminals.items():
                 w = V.weight
                 acc = sums[name]
                 acc["n"] += targets.shape[0]
-                acc["cross"] = acc["cross"] + w.grad.to(torch.float64)
+                acc["cross"] = acc["cross"] + w.grad.to(torch.float64).flatten(1)
                 if batch_grad:
-                    X = w.grad_batch.to(torch.float64)
+                    X = w.grad_batch.to(torch.float64).flatten(2)
                     acc["xi_sq"] += float(X.pow(2).sum())
                     acc["xtx"] = acc["xtx"] + torch.einsum("bnr,bns->rs", X, X)
                 else:
@@ -129,22 +158,21 @@ def backpack_pass(model, batches, features, *, batch_grad: bool):
     return sums
 
 
-def gromo_pass(model, batches, features, *, finalize=None):
+def gromo_pass(model, batches, loss_fn, features, *, finalize=None):
     """Per block GroMo's ``tensor_s`` (K), ``tensor_m`` (C^T) and, when ``finalize`` is a dict of
     ``compute_optimal_delta`` keywords, its first-order decrease ``tr(M^T S^+ M)``."""
     from gromo.modules.linear_growing_module import LinearGrowingModule
 
-    width, r = model.config.n_embd, next(iter(features.values())).n_features
     terminals = {}
     for name, f in features.items():
-        V = LinearGrowingModule(r, width, use_bias=False, device=torch.device("cpu"), name=name)
+        V = LinearGrowingModule(f.n_features, f.width, use_bias=False, device=torch.device("cpu"), name=name)
         with torch.no_grad():
             V.weight.zero_()
         V.init_computation()
         terminals[name] = (f, V)
     with inserted_branches(model, terminals):
         for inputs, targets in batches:
-            sequence_loss(call_model(model, inputs), targets).sum().backward()
+            loss_fn(call_model(model, inputs), targets).sum().backward()
             for _, V in terminals.values():
                 V.update_computation(update_covariance_loss_gradient=False)
                 V.weight.grad = None
@@ -157,31 +185,22 @@ def gromo_pass(model, batches, features, *, finalize=None):
     return out
 
 
-def zero_linear(r, width) -> nn.Linear:
-    V = nn.Linear(r, width, bias=False)
-    nn.init.zeros_(V.weight)
-    return V
-
-
-def satcore_pass(model, batches, blocks, *, variance=False, scored=False, **options):
-    result = probe(model, batches, sequence_loss, candidates=blocks, head=False, family="mlp", variance=variance,
-                   **options)
+def satcore_pass(model, batches, loss_fn, blocks, *, scored=False, **options):
+    result = probe(model, batches, loss_fn, candidates=blocks, head=False, **options)
     return result.report() if scored else result
 
 
-def agreement(model, batches, blocks) -> dict:
+def agreement(model, batches, loss_fn, blocks, features, *, gromo: bool) -> dict:
     """Relative differences, per block, where satcore's and the peers' quantities coincide."""
-    features = feature_maps(model, blocks)
-    ours = satcore_pass(model, batches, blocks, variance=True).statistics
-    bp = backpack_pass(model, batches, features, batch_grad=True)
-    bp_sgs = backpack_pass(model, batches, features, batch_grad=False)
-    gm = gromo_pass(model, batches, features, finalize={"dtype": torch.float64, "force_pseudo_inverse": True})
+    ours = satcore_pass(model, batches, loss_fn, blocks, variance=True).statistics
+    bp = backpack_pass(model, batches, loss_fn, features, batch_grad=True)
+    bp_sgs = backpack_pass(model, batches, loss_fn, features, batch_grad=False)
+    gm = gromo_pass(model, batches, loss_fn, features, finalize=EXACT_DELTA) if gromo else None
     rows = {}
     for name in blocks:
         s = ours[name]
-        n = s.n_samples
         score = s.score(name)
-        b, g = bp[name], gm[name]
+        b = bp[name]
         C_bp = b["cross"].numpy() / b["n"]
         sigma_bp = variance_estimate(b["n"], bp_sgs[name]["xi_sq"], float(np.sum(C_bp**2)))
         rows[name] = {
@@ -189,15 +208,74 @@ def agreement(model, batches, blocks) -> dict:
             "backpack_sum_xi_sq": rel(bp_sgs[name]["xi_sq"], s.sum_xi_sq),
             "backpack_sigma_sq": rel(sigma_bp, score.sigma_sq),
             "backpack_sum_xtx": rel(b["xtx"].numpy(), s.sum_xtx),
-            "gromo_K": rel(g["K"].numpy(), s.feature_gram()),
-            "gromo_C": rel(g["C"].numpy(), s.cross_gradient()),
-            "gromo_growth_value": rel(math.sqrt(max(g["decrease"], 0.0)), score.growth_value),
-            "n_samples": n,
         }
-    worst = {k: max(row[k] for row in rows.values()) for k in next(iter(rows.values())) if k != "n_samples"}
+        if gm is not None:
+            g = gm[name]
+            rows[name].update({
+                "gromo_K": rel(g["K"].numpy(), s.feature_gram()),
+                "gromo_C": rel(g["C"].numpy(), s.cross_gradient()),
+                "gromo_growth_value": rel(math.sqrt(max(g["decrease"], 0.0)), score.growth_value),
+            })
+    worst = {k: max(row[k] for row in rows.values()) for k in next(iter(rows.values()))}
     for k, v in worst.items():
         print(f"  agreement {k:22s} max rel diff over blocks {v:.2e}", flush=True)
-    return {"per_block": rows, "max_rel_diff": worst}
+    return {"per_block": rows, "max_rel_diff": worst, "n_samples": ours[blocks[0]].n_samples}
+
+
+EXACT_DELTA = {"dtype": torch.float64, "force_pseudo_inverse": True}  # GroMo's decrease, for the check only
+
+
+def measure(workload: str, mode: str, repeats: int) -> tuple[dict, dict]:
+    """Agreement, then interleaved times and peak memory of every contender on one workload."""
+    build, make_batches, loss_fn = WORKLOADS[workload]
+    n_blocks, batch_size, n_batches = SIZES[workload][mode]
+    model = build(n_layer=n_blocks) if workload == "gpt2" else build()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    blocks = find_blocks(model)
+    batches = make_batches(batch_size, n_batches)
+    gromo = workload == "gpt2"
+    print(f"{workload}: {len(blocks)} blocks, {n_batches} batches of {batch_size}", flush=True)
+    features = feature_maps(model, batches, blocks)
+    checks = agreement(model, batches, loss_fn, blocks, features, gromo=gromo)
+    runs = {
+        "satcore": lambda: satcore_pass(model, batches, loss_fn, blocks),
+        "satcore_float32": lambda: satcore_pass(model, batches, loss_fn, blocks, batch_dtype=torch.float32),
+        "satcore_variance": lambda: satcore_pass(model, batches, loss_fn, blocks, variance=True),
+        "satcore_scored": lambda: satcore_pass(model, batches, loss_fn, blocks, scored=True),
+        "backpack_sumgradsquared": lambda: backpack_pass(model, batches, loss_fn, features, batch_grad=False),
+        "backpack_batchgrad": lambda: backpack_pass(model, batches, loss_fn, features, batch_grad=True),
+    }
+    if gromo:
+        runs["gromo"] = lambda: gromo_pass(model, batches, loss_fn, features)
+        runs["gromo_scored"] = lambda: gromo_pass(model, batches, loss_fn, features, finalize={})
+    seconds = interleaved(runs, repeats)
+    memory = {name: peak_rss_increase(fn) for name, fn in runs.items()}
+    for name in runs:
+        print(f"  {name:24s} {seconds[name]:7.3f} s  peak +{memory[name] / 1e6:7.1f} MB", flush=True)
+    suffix = "" if workload == "gpt2" else f"_{workload}"
+    t, m = seconds, memory
+    summary = {
+        "backpack_vs_satcore_time": t["backpack_sumgradsquared"] / t["satcore"],
+        "backpack_vs_satcore_float32_time": t["backpack_sumgradsquared"] / t["satcore_float32"],
+        "backpack_batchgrad_vs_satcore_variance_time": t["backpack_batchgrad"] / t["satcore_variance"],
+        "backpack_vs_satcore_memory": m["backpack_sumgradsquared"] / max(m["satcore"], 1),
+        "backpack_batchgrad_vs_satcore_variance_memory": m["backpack_batchgrad"] / max(m["satcore_variance"], 1),
+    }
+    if gromo:
+        summary.update({
+            "gromo_vs_satcore_time": t["gromo"] / t["satcore"],
+            "gromo_vs_satcore_float32_time": t["gromo"] / t["satcore_float32"],
+            "gromo_scored_vs_satcore_scored_time": t["gromo_scored"] / t["satcore_scored"],
+            "gromo_vs_satcore_memory": m["gromo"] / max(m["satcore"], 1),
+        })
+    summary["peers_max_rel_diff"] = max(checks["max_rel_diff"].values())
+    summary = {key + suffix: value for key, value in summary.items()}
+    for k, v in summary.items():
+        print(f"{k} {v:.3g}", flush=True)
+    details = {"blocks": blocks, "batch_size": batch_size, "batches": n_batches, "agreement": checks,
+               "seconds": seconds, "peak_rss_increase_bytes": memory}
+    return details, summary
 
 
 def main():
@@ -210,56 +288,15 @@ def main():
     # BackPACK's hooks on V, whose input needs no gradient: harmless, V's weight gradient is what is read.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     repeats = args.repeats or 3
-    n_layer, batch_size, n_batches = SIZES["quick" if args.quick else "full"]
-    model = gpt2_model(n_layer=n_layer)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    blocks = [f"transformer.h.{i}" for i in range(model.config.n_layer)]
-    batches = gpt2_batches(batch_size, n_batches)
-    print(f"GPT-2 d={model.config.n_embd}, {len(blocks)} blocks, {batch_size}x{n_batches} sequences of T=128")
-    checks = agreement(model, batches, blocks)
-    features = feature_maps(model, blocks)
-    runs = {
-        "satcore": lambda: satcore_pass(model, batches, blocks),
-        "satcore_float32": lambda: satcore_pass(model, batches, blocks, batch_dtype=torch.float32),
-        "satcore_variance": lambda: satcore_pass(model, batches, blocks, variance=True),
-        "satcore_scored": lambda: satcore_pass(model, batches, blocks, scored=True),
-        "backpack_sumgradsquared": lambda: backpack_pass(model, batches, features, batch_grad=False),
-        "backpack_batchgrad": lambda: backpack_pass(model, batches, features, batch_grad=True),
-        "gromo": lambda: gromo_pass(model, batches, features),
-        "gromo_scored": lambda: gromo_pass(model, batches, features, finalize={}),
-    }
-    seconds = interleaved(runs, repeats)
-    memory = {name: peak_rss_increase(fn) for name, fn in runs.items()}
-    for name in runs:
-        print(f"  {name:24s} {seconds[name]:7.3f} s  peak +{memory[name] / 2**20:7.1f} MiB", flush=True)
-    summary = {
-        "backpack_vs_satcore_time": seconds["backpack_sumgradsquared"] / seconds["satcore"],
-        "backpack_batchgrad_vs_satcore_variance_time": seconds["backpack_batchgrad"] / seconds["satcore_variance"],
-        "backpack_vs_satcore_float32_time": seconds["backpack_sumgradsquared"] / seconds["satcore_float32"],
-        "gromo_vs_satcore_time": seconds["gromo"] / seconds["satcore"],
-        "gromo_vs_satcore_float32_time": seconds["gromo"] / seconds["satcore_float32"],
-        "gromo_scored_vs_satcore_scored_time": seconds["gromo_scored"] / seconds["satcore_scored"],
-        "backpack_vs_satcore_memory": memory["backpack_sumgradsquared"] / max(memory["satcore"], 1),
-        "backpack_batchgrad_vs_satcore_variance_memory": memory["backpack_batchgrad"]
-        / max(memory["satcore_variance"], 1),
-        "gromo_vs_satcore_memory": memory["gromo"] / max(memory["satcore"], 1),
-        "peers_max_rel_diff": max(checks["max_rel_diff"].values()),
-    }
-    for k, v in summary.items():
-        print(f"{k} {v:.3g}")
+    mode = "quick" if args.quick else "full"
+    details, summary = {}, {}
+    for workload in SIZES:
+        details[workload], values = measure(workload, mode, repeats)
+        summary.update(values)
     record(
         "peers",
-        {
-            "quick": args.quick,
-            "repeats": repeats,
-            "workload": {"model": "gpt2", "n_embd": model.config.n_embd, "blocks": len(blocks),
-                         "batch_size": batch_size, "batches": n_batches, "seq_len": 128},
-            "versions": {**versions(), **peer_versions()},
-            "agreement": checks,
-            "seconds": seconds,
-            "peak_rss_increase_bytes": memory,
-        },
+        {"quick": args.quick, "repeats": repeats, "versions": {**versions(), **peer_versions()},
+         "workloads": details},
         summary,
     )
 
