@@ -7,7 +7,8 @@
     <!-- end table -->
 
 and this script replaces everything between the markers with the current
-file, so the page always shows what the scripts last produced.  ``--check``
+file (the special table ``runs`` lists every run's command, wall time,
+data and versions from the JSON files), so the page always shows what the scripts last produced.  ``--check``
 exits 1 (naming the table) when the page is out of date, changing nothing.
 
     python examples/update_results_page.py [--check]
@@ -16,6 +17,7 @@ exits 1 (naming the table) when the page is out of date, changing nothing.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -25,13 +27,28 @@ PAGE = DOCS / "results.md"
 MARKER = re.compile(r"(<!-- table: (?P<stem>[\w-]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
 
 
+def runs_table() -> str:
+    """One line per full-run table: command, wall time, when, data, versions (from the JSON ``meta``)."""
+    lines = ["| table | command | wall time (s) | written | data | versions |", "|---|---|---|---|---|---|"]
+    for path in sorted((DOCS / "figures").glob("*.json")):
+        meta = json.loads(path.read_text())["meta"]
+        versions = ", ".join(f"{k} {v}" for k, v in meta.get("versions", {}).items())
+        data = meta.get("data", meta.get("model", ""))
+        lines.append(f"| {path.stem} | `{meta.get('command', '')}` | {meta.get('seconds', float('nan')):.0f} | "
+                     f"{meta.get('written', '')} | {data} | {versions} |")
+    return "\n".join(lines) + "\n"
+
+
 def updated(text: str) -> tuple[str, list[str]]:
     """The page with every marked table replaced, and the stems whose content changed."""
     changed = []
 
     def replace(match):
         source = DOCS / "figures" / f"{match['stem']}.md"
-        body = source.read_text() if source.exists() else f"*(not yet run: {source.name} missing)*\n"
+        if match["stem"] == "runs":
+            body = runs_table()
+        else:
+            body = source.read_text() if source.exists() else f"*(not yet run: {source.name} missing)*\n"
         if body != match["body"]:
             changed.append(match["stem"])
         return match.group(1) + body + match.group(4)

@@ -28,7 +28,7 @@ SCRIPTS = {
     "depth_sweep_text.py": ["text_depth_sweep"],
     "matched_insertion.py": ["matched_insertion", "matched_insertion_heldout"],
     "growth_vs_scratch.py": ["growth_vs_scratch"],
-    "pretrained_llm.py": ["pretrained_minilm", "pretrained_matched_insertion"],
+    "pretrained_llm.py": ["pretrained_minilm", "pretrained_minilm_insertion"],
 }
 PLOTS = ["images_depth_sweep", "text_depth_sweep", "matched_insertion", "growth_vs_scratch", "pretrained_minilm"]
 
@@ -90,7 +90,7 @@ def test_matched_prediction_within_5pct_at_smallest_alpha(quick_runs):
         assert row["rel_err_smallest"] <= 0.05, row
         # the insertion lowers the training loss, as the first-order analysis predicts
         assert row["d_train"] < 0 and row["d_train_pred"] < 0
-    pretrained = _rows("pretrained_matched_insertion")
+    pretrained = _rows("pretrained_minilm_insertion")
     smallest = min(r["rho"] for r in pretrained)
     for row in pretrained:
         if row["rho"] == smallest:
@@ -122,3 +122,18 @@ def test_sweep_cli_reads_the_dumps_back(quick_runs, kind, stem):
     for point, row in zip(sweep["points"], rows):
         assert point["growth_value_max"] == pytest.approx(row["growth_value_max"], rel=1e-9)
         assert point["ag_max"] == pytest.approx(row["ag_max"], rel=1e-9)
+
+
+def test_results_page_shows_the_tables_the_full_runs_wrote():
+    proc = _run([sys.executable, "update_results_page.py", "--check"], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_results_page_figures_exist():
+    import re
+
+    page = (ROOT / "docs" / "results.md").read_text()
+    figures = re.findall(r"\]\((figures/[^)]+\.png)\)", page)
+    assert figures
+    missing = [f for f in figures if not (ROOT / "docs" / f).is_file()]
+    assert not missing, missing
