@@ -194,10 +194,27 @@ def peak_rss_increase(fn) -> int:
     return max(0, _status_kib("VmHWM") - base) * 1024
 
 
+def code_state() -> dict:
+    """The commit measured, and whether the library's sources had uncommitted edits (shared checkout)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "--short", "HEAD"),
+            "uncommitted": git("status", "--porcelain", "--", "satcore", "adapters").splitlines()}
+
+
+CODE_STATE = code_state()  # at import, i.e. when the bench started
+
+
 def versions() -> dict:
     import numpy
     import transformers
 
     return {"torch": torch.__version__, "numpy": numpy.__version__, "transformers": transformers.__version__,
             "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-            "load_average_1min": os.getloadavg()[0]}  # other processes share the machine
+            "load_average_1min": os.getloadavg()[0],  # other processes share the machine
+            **CODE_STATE}
