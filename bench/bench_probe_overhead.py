@@ -46,13 +46,14 @@ OPTIONS = {
     "float32": {"batch_dtype": torch.float32},
     "float32_subsample": {"batch_dtype": torch.float32, "position_subsample": 64},
 }
-# (file suffix, function) of the phases the profile reports, in the adapter and torch.
+# (file suffix, functions) of the phases the profile reports, in the adapter and torch (the
+# conv family's route calls ``hidden`` and ``conv_batch_moments`` instead of ``forward``/``batch_moments``).
 PHASES = {
-    "forward": ("adapters/torch/probe.py", "call_model"),
-    "backward": ("torch/autograd/__init__.py", "grad"),
-    "features": ("adapters/torch/families.py", "forward"),
-    "moments": ("adapters/torch/moments.py", "batch_moments"),
-    "total": ("adapters/torch/probe.py", "probe"),
+    "forward": ("adapters/torch/probe.py", ("call_model",)),
+    "backward": ("torch/autograd/__init__.py", ("grad",)),
+    "features": ("adapters/torch/families.py", ("forward", "hidden")),
+    "moments": ("adapters/torch/moments.py", ("batch_moments", "conv_batch_moments")),
+    "total": ("adapters/torch/probe.py", ("probe",)),
 }
 
 
@@ -64,9 +65,9 @@ def phase_breakdown(run) -> dict:
     profiler.disable()
     stats = pstats.Stats(profiler).stats
     out = {}
-    for phase, (suffix, function) in PHASES.items():
+    for phase, (suffix, functions) in PHASES.items():
         out[phase] = sum(
-            row[3] for (filename, _, name), row in stats.items() if filename.endswith(suffix) and name == function
+            row[3] for (filename, _, name), row in stats.items() if filename.endswith(suffix) and name in functions
         )
     out["other"] = out["total"] - sum(v for k, v in out.items() if k != "total")
     return out

@@ -4,7 +4,8 @@
 (same fields, same choice of the cheaper ``sum ||X_i||^2`` route); it runs in
 ``dtype`` (float64 by default, float32 for speed) and returns float64 NumPy
 values for :meth:`satcore.CandidateStatistics.add_moments`, where the totals
-are always float64.
+are always float64.  :func:`conv_batch_moments` gives the same sums for the
+``conv`` family straight from the hidden map, without forming the patches.
 
 Position subsampling (:func:`subsample_positions`): keep ``T'`` of ``T``
 positions, drawn uniformly without replacement once per batch, and scale
@@ -18,13 +19,31 @@ variance the finite-sample test needs for the estimator actually used.
 
 from __future__ import annotations
 
+import itertools
 import math
 
+import numpy as np
 import torch
 
 
 def _numpy(x: torch.Tensor):
     return x.detach().to(device="cpu", dtype=torch.float64).numpy()
+
+
+def gram(x: torch.Tensor):
+    """``x^T x`` (float64 NumPy) for ``x`` ``(n, r)``.
+
+    On CPU in float64 this is BLAS ``dsyrk`` on the zero-copy NumPy view: the
+    product is symmetric, so one triangle (half the flops of a general
+    product) is computed and mirrored.
+    """
+    if x.device.type != "cpu" or x.dtype != torch.float64 or x.shape[0] == 0:
+        return _numpy(x.T @ x)
+    from scipy.linalg.blas import dsyrk
+
+    a = x.detach().contiguous().numpy()
+    upper = dsyrk(1.0, a.T, trans=0, lower=0)  # a.T is Fortran-ordered: no copy
+    return np.triu(upper) + np.triu(upper, 1).T
 
 
 def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False, dtype=torch.float64) -> dict:
@@ -46,7 +65,7 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
         "n_samples": M,
         "sum_q_sq": sum_q_sq,
         "sum_cross": _numpy(q2.T @ p2),
-        "sum_gram": _numpy(p2.T @ p2),
+        "sum_gram": gram(p2),
         "batch_grad_norm": math.sqrt(sum_q_sq) / M,
     }
     kernel_cost = T * T * (N + r) + (T * r * r if variance else 0)
@@ -63,7 +82,141 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
         X = (q.transpose(1, 2) @ psi).reshape(M * N, r)
         out["sum_xi_sq"] = float((X * X).sum())
         if variance:
-            out["sum_xtx"] = _numpy(X.T @ X)
+            out["sum_xtx"] = gram(X)
+    return out
+
+
+class _FlatImages:
+    """Images ``(M, C, H, W)`` laid out so that every 3x3 shift is a plain offset.
+
+    Each image gets two zero columns and two zero rows (pitch ``P = W + 2``,
+    ``L = (H + 2) P`` entries per image), images follow each other, and a zero
+    margin of ``2P + 2`` entries sits at both ends.  Then pixel ``(a + dh,
+    b + dw)`` of an image is entry ``u + dh P + dw`` of pixel ``(a, b)`` at
+    ``u``, for ``|dh|, |dw| <= 2``, and a shift that leaves the image lands on
+    a zero, never on another image: the zero padding of a 3x3 ``unfold``.
+    """
+
+    def __init__(self, x: torch.Tensor, dtype):
+        M, C, H, W = x.shape
+        self.M, self.C, self.H, self.W = M, C, H, W
+        self.pitch = W + 2
+        self.length = (H + 2) * self.pitch
+        self.margin = 2 * self.pitch + 2
+        self.data = x.new_zeros((C, 2 * self.margin + M * self.length), dtype=dtype)
+        self.images()[:, :, :H, :W] = x.transpose(0, 1)
+
+    def images(self) -> torch.Tensor:
+        """``(C, M, H + 2, P)`` view of the images with their zero rows and columns."""
+        return self.data[:, self.margin : self.margin + self.M * self.length].view(
+            self.C, self.M, self.H + 2, self.pitch
+        )
+
+    def shifted(self, dh: int, dw: int) -> torch.Tensor:
+        """``(C, M L)``: entry ``u`` is the pixel ``(dh, dw)`` away from the pixel at ``u``."""
+        start = self.margin + dh * self.pitch + dw
+        return self.data[:, start : start + self.M * self.length]
+
+    def per_image(self, dh: int, dw: int) -> torch.Tensor:
+        """:meth:`shifted` as ``(M, C, L)`` (one matrix per image, no copy)."""
+        start = self.data.storage_offset() + self.margin + dh * self.pitch + dw
+        return self.data.as_strided((self.M, self.C, self.length), (self.length, self.data.stride(0), 1), start)
+
+    def line_products(self, row: int | None, col: int | None, shift: int) -> torch.Tensor:
+        """``sum_m sum_v x[v] x[v + shift]^T`` over the pixels ``v`` of one row or one column (``C x C``)."""
+        offset = self.data.storage_offset() + self.margin
+        if row is not None:
+            size, step, offset = self.pitch, 1, offset + row * self.pitch
+        else:
+            size, step, offset = self.H + 2, self.pitch, offset + col
+        stride = (self.data.stride(0), self.length, step)
+        line = self.data.as_strided((self.C, self.M, size), stride, offset)
+        moved = self.data.as_strided((self.C, self.M, size), stride, offset + shift)
+        return torch.einsum("cmv,dmv->cd", line, moved)
+
+
+def conv_gram(flat: _FlatImages) -> torch.Tensor:
+    """``sum_m U_m U_m^T`` (``9C x 9C``, unfold order) of the zero-padded 3x3 patches ``U_m``.
+
+    Block ``(k, k')`` (kernel offsets ``k = (kh, kw)``) is
+    ``sum_p x[p + k - 1] x[p + k' - 1]^T`` over the ``H x W`` output grid.  With
+    ``d = k' - k`` it is the full-map channel correlation
+    ``S_d = sum_u x[u] x[u + d]^T`` (25 offsets, ``S_{-d} = S_d^T``: 13
+    products of ``C x ML`` by ``ML x C`` instead of one ``9C x ML`` by
+    ``ML x 9C``) minus the pixels the window of ``k`` leaves out: the last row
+    for ``kh = 0``, the first for ``kh = 2`` (likewise columns for ``kw``).  A
+    left-out row only pairs with a pixel inside the map when ``kh' = kh``, so
+    the exact corrections are one row correlation per ``(kh, kw' - kw)``, one
+    column correlation per ``(kw, kh' - kh)`` and, where both apply with
+    ``k' = k``, the corner pixel added back (inclusion-exclusion).
+    """
+    C, H, W = flat.C, flat.H, flat.W
+    base = flat.shifted(0, 0)
+    half = {(dh, dw): base @ flat.shifted(dh, dw).T for dh in range(3) for dw in range(-2, 3) if dh or dw >= 0}
+    edge_row, edge_col = {0: H - 1, 2: 0}, {0: W - 1, 2: 0}  # the pixel row/column window kh/kw leaves out
+    blocks = base.new_empty((3, 3, 3, 3, C, C))
+    for kh, kw, kh2, kw2 in np.ndindex(3, 3, 3, 3):
+        dh, dw = kh2 - kh, kw2 - kw
+        blocks[kh, kw, kh2, kw2] = half[(dh, dw)] if (dh, dw) in half else half[(-dh, -dw)].T
+    for kh, row in edge_row.items():
+        for dw in range(-2, 3):
+            correction = flat.line_products(row, None, dw)
+            for kw in range(max(0, -dw), min(3, 3 - dw)):
+                blocks[kh, kw, kh, kw + dw] -= correction
+    for kw, col in edge_col.items():
+        for dh in range(-2, 3):
+            correction = flat.line_products(None, col, dh * flat.pitch)
+            for kh in range(max(0, -dh), min(3, 3 - dh)):
+                blocks[kh, kw, kh + dh, kw] -= correction
+    images = flat.images()
+    for (kh, row), (kw, col) in itertools.product(edge_row.items(), edge_col.items()):
+        corner = images[:, :, row, col]
+        blocks[kh, kw, kh, kw] += corner @ corner.T
+    return blocks.permute(4, 0, 1, 5, 2, 3).reshape(9 * C, 9 * C)
+
+
+def conv_gradients_x(flat: _FlatImages, grad: torch.Tensor, dtype) -> tuple:
+    """Per-image parameter gradients ``X_m = G_m U_m^T`` ``(M, N, 9C)`` and ``sum ||G_m||^2``.
+
+    Column ``c*9 + kh*3 + kw`` (unfold order) of ``X_m`` is
+    ``sum_p g[p] x_c[p + k - 1]``: nine batched products of the gradient,
+    placed in the same padded layout, with shifted views of the map.
+    """
+    M, N, H, W = grad.shape
+    g = grad.new_zeros((M, N, H + 2, flat.pitch), dtype=dtype)
+    g[:, :, :H, :W] = grad
+    g = g.view(M, N, flat.length)
+    X = g.new_empty((M, N, flat.C, 9))
+    for kh, kw in np.ndindex(3, 3):
+        X[:, :, :, kh * 3 + kw] = torch.bmm(g, flat.per_image(kh - 1, kw - 1).transpose(1, 2))
+    return X.reshape(M, N, 9 * flat.C), float((g * g).sum())
+
+
+def conv_batch_moments(grad: torch.Tensor, hidden: torch.Tensor, *, variance: bool = False,
+                       dtype=torch.float64) -> dict:
+    """:func:`batch_moments` of ``q = positions(grad)`` and the ``conv`` family's
+    ``psi = F.unfold(hidden, 3, padding=1).transpose(1, 2)``, without the patches.
+
+    ``grad`` ``(M, N, H, W)`` is ``d loss / d z``, ``hidden`` ``(M, C, H, W)``
+    the map whose 3x3 patches are the features (``r = 9C``).  The Gram comes
+    from 13 channel correlations (:func:`conv_gram`), the per-sample
+    gradients ``X_m`` from nine shifted products (:func:`conv_gradients_x`);
+    ``sum_cross = sum_m X_m``, ``sum_xi_sq = sum ||X_m||^2`` and
+    ``sum_xtx = sum X_m^T X_m``.  Equal to the patch route to round-off.
+    """
+    flat = _FlatImages(hidden, dtype)
+    X, sum_q_sq = conv_gradients_x(flat, grad, dtype)
+    M = grad.shape[0]
+    out = {
+        "n_samples": M,
+        "sum_q_sq": sum_q_sq,
+        "sum_cross": _numpy(X.sum(0)),
+        "sum_gram": _numpy(conv_gram(flat)),
+        "sum_xi_sq": float((X * X).sum()),
+        "batch_grad_norm": math.sqrt(sum_q_sq) / M,
+    }
+    if variance:
+        out["sum_xtx"] = gram(X.reshape(-1, X.shape[2]))
     return out
 
 

@@ -29,9 +29,9 @@ from .capture import StreamTaps
 from .checkpoint import load_checkpoint, save_checkpoint
 from .diagnostics import StreamAccumulator
 from .distributed import reduce_probe
-from .families import build_feature_map, positions, rebuild_feature_map
+from .families import ConvFeatures, build_feature_map, positions, rebuild_feature_map
 from .locate import find_candidates, named_candidates
-from .moments import batch_moments, position_index, subsample_positions
+from .moments import batch_moments, conv_batch_moments, position_index, subsample_positions
 from .result import ProbeResult
 
 
@@ -250,14 +250,21 @@ def _accumulate(name, z, grad, feature_map, update, statistics, streams, generat
         zp = positions(z)
         M, T = zp.shape[:2]
         index = position_index(T, keep, generator)
-        q = subsample_positions(positions(grad), index)
-        if feature_map.positionwise and index is not None:
-            # features of the kept positions only, then the same sqrt(T/T') scale as q
-            psi = feature_map(zp[:, index.to(z.device)]) * math.sqrt(T / index.numel())
+        if isinstance(feature_map, ConvFeatures) and index is None:
+            # the same sums from the hidden map, without the 9x larger patches
+            moments = conv_batch_moments(grad, feature_map.hidden(z), variance=variance, dtype=dtype)
+            shape = (grad.shape[1], feature_map.n_features, T)
         else:
-            psi = subsample_positions(feature_map(z), index)
+            q = subsample_positions(positions(grad), index)
+            if feature_map.positionwise and index is not None:
+                # features of the kept positions only, then the same sqrt(T/T') scale as q
+                psi = feature_map(zp[:, index.to(z.device)]) * math.sqrt(T / index.numel())
+            else:
+                psi = subsample_positions(feature_map(z), index)
+            moments = batch_moments(q, psi, variance=variance, dtype=dtype)
+            shape = (q.shape[2], psi.shape[2], q.shape[1])
         if name not in statistics:
-            statistics[name] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], variance)
+            statistics[name] = CandidateStatistics(*shape, variance)
             streams[name] = StreamAccumulator(T, update is not None)
-        statistics[name].add_moments(**batch_moments(q, psi, variance=variance, dtype=dtype))
+        statistics[name].add_moments(**moments)
         streams[name].add(M, float(zp.to(torch.float64).pow(2).sum()), None if update is None else float(update))

@@ -1,0 +1,91 @@
+"""The fast per-batch sums equal the direct ones: the ``conv`` family's sums from the
+hidden map (13 channel correlations with exact border corrections, nine shifted
+products) against the core's NumPy sums on explicit ``unfold3x3`` patches, the
+symmetric ``dsyrk`` Gram against a plain product, and the probe's conv route
+against the generic patch route on a real ResNet."""
+
+import numpy as np
+import pytest
+import torch
+
+import models_torch as mt
+from satcore import batch_moments as core_batch_moments
+from satcore.adapters.torch import build_feature_map, probe
+from satcore.adapters.torch.moments import conv_batch_moments, gram
+from satcore.families import conv_gradients, unfold3x3
+
+torch.set_num_threads(1)
+
+
+def rel(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+# (M, N, C, H, W): square, oblong, single row / column / pixel, 2-pixel sides (every border case)
+SHAPES = [(3, 4, 5, 6, 7), (2, 3, 2, 1, 1), (2, 3, 2, 2, 5), (3, 5, 4, 1, 6), (2, 2, 3, 5, 2), (1, 1, 1, 3, 3)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("variance", [False, True])
+@pytest.mark.parametrize("heavy_border", [False, True])
+def test_conv_moments_equal_explicit_patches(shape, variance, heavy_border):
+    """Every field against ``satcore.batch_moments(conv_gradients(g), unfold3x3(h))`` in float64."""
+    M, N, C, H, W = shape
+    g = torch.Generator().manual_seed(sum(shape))
+    grad = torch.randn(M, N, H, W, generator=g, dtype=torch.float64)
+    hidden = torch.randn(M, C, H, W, generator=g, dtype=torch.float64)
+    if heavy_border:  # the border corrections carry most of the Gram: a wrong one cannot hide
+        hidden[:, :, [0, -1], :] *= 1e3
+        hidden[:, :, :, [0, -1]] *= 1e3
+    got = conv_batch_moments(grad, hidden, variance=variance)
+    ref = core_batch_moments(conv_gradients(grad.numpy()), unfold3x3(hidden.numpy()), variance=variance)
+    assert set(got) == set(ref)
+    assert got["n_samples"] == ref["n_samples"]
+    for field in set(ref) - {"n_samples"}:
+        assert rel(got[field], ref[field]) < 1e-12, field
+    assert np.asarray(got["sum_gram"]).shape == (9 * C, 9 * C)
+
+
+def test_conv_moments_float32_sums():
+    g = torch.Generator().manual_seed(0)
+    grad = torch.randn(4, 3, 6, 5, generator=g)
+    hidden = torch.randn(4, 2, 6, 5, generator=g).relu()
+    got = conv_batch_moments(grad, hidden, variance=True, dtype=torch.float32)
+    ref = core_batch_moments(conv_gradients(grad.double().numpy()), unfold3x3(hidden.double().numpy()), variance=True)
+    for field in ("sum_q_sq", "sum_cross", "sum_gram", "sum_xi_sq", "sum_xtx"):
+        assert rel(got[field], ref[field]) < 1e-5, field
+        assert np.asarray(got[field]).dtype == np.float64
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-13), (torch.float32, 1e-5)])
+def test_symmetric_gram_equals_product(dtype, tol):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(37, 11, generator=g, dtype=torch.float64)
+    ref = x.numpy().T @ x.numpy()
+    for view in (x, x.T.contiguous().T, x[::2]):  # contiguous, column-major, strided
+        got = gram(view.to(dtype))
+        assert got.dtype == np.float64
+        assert dtype != torch.float64 or np.array_equal(got, got.T)  # dsyrk: one triangle, mirrored
+        ref_view = view.numpy().T @ view.numpy()
+        assert rel(got, ref_view) < tol
+    assert rel(gram(x.to(dtype)), ref) < tol
+    assert gram(x[:0]).shape == (11, 11) and not gram(x[:0]).any()
+
+
+def test_probe_conv_route_equals_patch_route():
+    """``family="conv"`` (hidden-map route) == the same feature map given as a module (patch route)."""
+    model = mt.digits_resnet().double()
+    batches = mt.digits_batches(5, 2, dtype=torch.float64)
+    name = "layer2.0"
+    fast = probe(model, batches, mt.per_sample_ce, candidates=[name], head=False, family="conv", variance=True)
+    z = {}
+    hook = model.get_submodule(name).register_forward_pre_hook(lambda m, a: z.setdefault("z", a[0]))
+    model(batches[0][0])
+    hook.remove()
+    patches = build_feature_map("conv", z["z"], seed=0)  # an nn.Module: probed as a user feature map
+    slow = probe(model, batches, mt.per_sample_ce, candidates=[name], head=False, family=patches, variance=True)
+    a, b = fast.statistics[name], slow.statistics[name]
+    for field in ("sum_q_sq", "sum_cross", "sum_gram", "sum_xi_sq", "sum_xtx", "sum_batch_grad_norm"):
+        assert rel(getattr(a, field), getattr(b, field)) < 1e-12, field
+    assert a.score().growth_value == pytest.approx(b.score().growth_value, rel=1e-10)
