@@ -30,11 +30,15 @@ def predicted_loss_change(C_fit, K, alpha: float, C_eval=None, rtol: float = DEF
     """First-order loss change ``-alpha tr(C_eval K^+ C_fit^T)``.
 
     With ``C_eval`` omitted the evaluation split is the fitting split and the
-    value is ``-alpha * growth_value^2``.
+    value is ``-alpha * growth_value^2``.  Computed, like the growth value, from
+    the whitened ``C U diag(lam^-1/2)`` (``tr(A K^+ B^T) = <A U lam^-1/2, B U
+    lam^-1/2>_F``), so both agree to round-off even when ``K`` has eigenvalues
+    just above the cut, where an explicit ``K^+`` loses digits.
     """
-    V = matched_projection(C_fit, K, alpha, rtol)
-    C_eval = C_fit if C_eval is None else C_eval
-    return float(np.sum(np.asarray(C_eval, dtype=np.float64) * V))
+    spectrum = psd_spectrum(K, rtol)
+    fit = spectrum.whiten(np.asarray(C_fit, dtype=np.float64))
+    evaluated = fit if C_eval is None else spectrum.whiten(np.asarray(C_eval, dtype=np.float64))
+    return -alpha * float(np.sum(evaluated * fit))
 
 
 def alpha_for_relative_update(rho: float, stream_rms: float, growth: float) -> float:
