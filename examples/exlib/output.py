@@ -65,9 +65,10 @@ def fmt(v) -> str:
 
 def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     """``columns``: ``(key, header)`` pairs."""
-    head = "| " + " | ".join(h for _, h in columns) + " |"
+    cell = lambda text: text.replace("|", "\\|")  # noqa: E731  (a bare | would end the cell)
+    head = "| " + " | ".join(cell(h) for _, h in columns) + " |"
     sep = "|" + "|".join("---" for _ in columns) + "|"
-    body = ["| " + " | ".join(fmt(r.get(k)) for k, _ in columns) + " |" for r in rows]
+    body = ["| " + " | ".join(cell(fmt(r.get(k))) for k, _ in columns) + " |" for r in rows]
     return "\n".join([head, sep] + body)
 
 
