@@ -11,7 +11,7 @@ import torch
 import models_torch as mt
 from satcore import batch_moments as core_batch_moments
 from satcore.adapters.torch import build_feature_map, probe
-from satcore.adapters.torch.moments import conv_batch_moments, gram
+from satcore.adapters.torch.moments import batch_moments, conv_batch_moments, gram
 from satcore.families import conv_gradients, unfold3x3
 
 torch.set_num_threads(1)
@@ -89,3 +89,19 @@ def test_probe_conv_route_equals_patch_route():
     for field in ("sum_q_sq", "sum_cross", "sum_gram", "sum_xi_sq", "sum_xtx", "sum_batch_grad_norm"):
         assert rel(getattr(a, field), getattr(b, field)) < 1e-12, field
     assert a.score().growth_value == pytest.approx(b.score().growth_value, rel=1e-10)
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 9, 6), (2, 5, 5, 3), (4, 2, 3, 7)])
+def test_variance_factor_route_equals_core(shape):
+    """``sum X_i^T X_i`` through the QR factor of ``Q_i^T`` (T < N) on rank-deficient ``Q``
+    (a position with zero gradient, like a causal LM's last token) against the core."""
+    M, T, N, r = shape
+    g = torch.Generator().manual_seed(sum(shape))
+    q = torch.randn(M, T, N, generator=g, dtype=torch.float64)
+    q[:, -1] = 0.0
+    q[0] = q[0, :1]  # sample 0: every position along one direction (rank 1)
+    psi = torch.randn(M, T, r, generator=g, dtype=torch.float64)
+    got = batch_moments(q, psi, variance=True)
+    ref = core_batch_moments(q.numpy(), psi.numpy(), variance=True)
+    for field in ("sum_xi_sq", "sum_xtx", "sum_gram", "sum_cross"):
+        assert rel(got[field], ref[field]) < 1e-12, field

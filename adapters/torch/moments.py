@@ -54,7 +54,10 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
     ``variance``, ``sum_xtx = sum X_i^T X_i`` with ``X_i = Q_i^T Psi_i``, plus
     the eq. (2) batch norm ``||Q_b||_F / |b|``.  As in the core, ``X_i`` is
     formed only when cheaper than the ``T x T`` kernel ``K_i = Q_i Q_i^T``
-    (``||X_i||^2 = <K_i, Psi_i Psi_i^T>``, ``X_i^T X_i = Psi_i^T K_i Psi_i``).
+    (``||X_i||^2 = <K_i, Psi_i Psi_i^T>``).  With ``variance`` the kernel is
+    used through its factor ``R_i`` (QR of ``Q_i^T``, ``K_i = R_i^T R_i``):
+    ``Y_i = R_i Psi_i`` has ``Y_i^T Y_i = Psi_i^T K_i Psi_i = X_i^T X_i`` and
+    ``min(N, T)`` rows, so ``sum X_i^T X_i`` is one symmetric product.
     """
     q, psi = q.to(dtype), psi.to(dtype)
     M, T, N = q.shape
@@ -68,21 +71,21 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
         "sum_gram": gram(p2),
         "batch_grad_norm": math.sqrt(sum_q_sq) / M,
     }
-    kernel_cost = T * T * (N + r) + (T * r * r if variance else 0)
-    gradient_cost = T * N * r + (N * r * r if variance else 0)
-    if kernel_cost <= gradient_cost:
-        kq = q @ q.transpose(1, 2)
-        if variance:
-            w = kq @ psi  # K_i Psi_i
-            out["sum_xi_sq"] = float((w * psi).sum())
-            out["sum_xtx"] = _numpy(p2.T @ w.reshape(M * T, r))
-        else:
-            out["sum_xi_sq"] = float((kq * (psi @ psi.transpose(1, 2))).sum())
-    else:
+    k = min(N, T)
+    kernel_cost = T * T * (N + r) if not variance else N * T * k + k * T * r + k * r * r // 2
+    gradient_cost = T * N * r + (N * r * r // 2 if variance else 0)
+    if kernel_cost > gradient_cost:
         X = (q.transpose(1, 2) @ psi).reshape(M * N, r)
         out["sum_xi_sq"] = float((X * X).sum())
         if variance:
             out["sum_xtx"] = gram(X)
+    elif variance:
+        Y = (torch.linalg.qr(q.transpose(1, 2), mode="r")[1] @ psi).reshape(M * k, r)  # R_i Psi_i
+        out["sum_xi_sq"] = float((Y * Y).sum())
+        out["sum_xtx"] = gram(Y)
+    else:
+        kq = q @ q.transpose(1, 2)
+        out["sum_xi_sq"] = float((kq * (psi @ psi.transpose(1, 2))).sum())
     return out
 
 
