@@ -178,7 +178,7 @@ def conv_gram(flat: _FlatImages) -> torch.Tensor:
     return blocks.permute(4, 0, 1, 5, 2, 3).reshape(9 * C, 9 * C)
 
 
-def conv_gradients_x(flat: _FlatImages, grad: torch.Tensor, dtype) -> tuple:
+def conv_sample_gradients(flat: _FlatImages, grad: torch.Tensor, dtype) -> tuple:
     """Per-image parameter gradients ``X_m = G_m U_m^T`` ``(M, N, 9C)`` and ``sum ||G_m||^2``.
 
     Column ``c*9 + kh*3 + kw`` (unfold order) of ``X_m`` is
@@ -203,12 +203,12 @@ def conv_batch_moments(grad: torch.Tensor, hidden: torch.Tensor, *, variance: bo
     ``grad`` ``(M, N, H, W)`` is ``d loss / d z``, ``hidden`` ``(M, C, H, W)``
     the map whose 3x3 patches are the features (``r = 9C``).  The Gram comes
     from 13 channel correlations (:func:`conv_gram`), the per-sample
-    gradients ``X_m`` from nine shifted products (:func:`conv_gradients_x`);
+    gradients ``X_m`` from nine shifted products (:func:`conv_sample_gradients`);
     ``sum_cross = sum_m X_m``, ``sum_xi_sq = sum ||X_m||^2`` and
     ``sum_xtx = sum X_m^T X_m``.  Equal to the patch route to round-off.
     """
     flat = _FlatImages(hidden, dtype)
-    X, sum_q_sq = conv_gradients_x(flat, grad, dtype)
+    X, sum_q_sq = conv_sample_gradients(flat, grad, dtype)
     M = grad.shape[0]
     out = {
         "n_samples": M,
