@@ -204,15 +204,29 @@ def plot(rows, label, path):
     ax2.set_ylabel("residual-stream RMS per token")
     log_if_spread(ax2, [r["stream_rms_per_position"] for r in rows])
     right = ax2.twinx()
-    right.plot(layers, [r["realizability"] for r in rows], "s-", color="C2", label="realizability")
+    right.plot(layers, [r["realizability"] for r in rows], "s-", color="C5", label="realizability")
     right.plot(layers, [r["relative_update"] for r in rows], "^-", color="C4", label="rel. block update")
-    right.set_ylabel("realizability / relative update")
+    right.set_ylabel("realizability / relative block update")
+    log_if_spread(right, [r["relative_update"] for r in rows] + [r["realizability"] for r in rows])
     ax2.set_title("stream norm, realizability, block update")
-    fig.legend(loc="lower right", fontsize=7)
+    handles = ax2.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    ax2.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="best")
     for ax in (ax1, ax2):
         step = max(1, len(ticks) // 10)
         ax.set_xticks(layers[::step], ticks[::step])
     save_figure(fig, path)
+
+
+def replot(quick: bool):
+    """Redraw ``pretrained_<model>.png`` from ``pretrained_<model>.json`` (no model is run)."""
+    import json
+
+    results = results_dir(quick)
+    for key in ("smollm2", "minilm"):
+        table = results / f"pretrained_{key}.json"
+        if table.exists():
+            content = json.loads(table.read_text())
+            plot(content["rows"], content["meta"]["model"], results / f"pretrained_{key}.png")
 
 
 def run(quick: bool, which: str) -> dict:
@@ -254,8 +268,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="MiniLM on a few sentences only (smoke test)")
     parser.add_argument("--model", choices=("smollm2", "minilm", "both"), default="both")
+    parser.add_argument("--replot", action="store_true", help="only redraw the figures from the tables already written")
     args = parser.parse_args()
-    run(args.quick, args.model)
+    if args.replot:
+        replot(args.quick)
+    else:
+        run(args.quick, args.model)
     sys.exit(0)
 
 
