@@ -37,6 +37,16 @@ class PsdSpectrum:
         """``C U diag(lam^-1/2)``: its squared Frobenius norm is ``tr(C G^+ C^T)``."""
         return (C @ self.eigenvectors) / np.sqrt(self.eigenvalues)
 
+    def quadratic_form(self, A: np.ndarray, B: np.ndarray | None = None) -> float:
+        """``tr(A G^+ B^T)`` (``B = A`` when omitted) through the whitened factors.
+
+        Going through ``A U lam^-1/2`` rather than an explicit ``G^+`` keeps
+        full precision when eigenvalues sit just above the cut.
+        """
+        wa = self.whiten(np.asarray(A, dtype=np.float64))
+        wb = wa if B is None else self.whiten(np.asarray(B, dtype=np.float64))
+        return float(np.sum(wa * wb))
+
     def pinv(self) -> np.ndarray:
         """The Moore-Penrose pseudo-inverse ``G^+`` at this tolerance."""
         U = self.eigenvectors

@@ -35,10 +35,7 @@ def predicted_loss_change(C_fit, K, alpha: float, C_eval=None, rtol: float = DEF
     lam^-1/2>_F``), so both agree to round-off even when ``K`` has eigenvalues
     just above the cut, where an explicit ``K^+`` loses digits.
     """
-    spectrum = psd_spectrum(K, rtol)
-    fit = spectrum.whiten(np.asarray(C_fit, dtype=np.float64))
-    evaluated = fit if C_eval is None else spectrum.whiten(np.asarray(C_eval, dtype=np.float64))
-    return -alpha * float(np.sum(evaluated * fit))
+    return -alpha * psd_spectrum(K, rtol).quadratic_form(C_fit, C_eval)
 
 
 def alpha_for_relative_update(rho: float, stream_rms: float, growth: float) -> float:

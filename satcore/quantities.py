@@ -75,9 +75,7 @@ def growth_value_from_moments(C, K, rtol: float = DEFAULT_RTOL) -> float:
     Never forms an ``M x M`` matrix.  ``rtol`` is the eigenvalue cut of
     :mod:`satcore._psd`.
     """
-    spectrum = psd_spectrum(K, rtol)
-    whitened = spectrum.whiten(np.asarray(C, dtype=np.float64))
-    return float(np.sqrt(np.sum(whitened * whitened)))
+    return float(np.sqrt(psd_spectrum(K, rtol).quadratic_form(C)))
 
 
 def growth_value(Q, Psi, rtol: float = DEFAULT_RTOL) -> float:
@@ -107,9 +105,7 @@ def growth_value_jacobian(Q, J, rtol: float = DEFAULT_RTOL) -> float:
     flat_q = q.reshape(M, T * N)
     g = np.einsum("mkp,mk->p", jac, flat_q) / M
     G = np.einsum("mkp,mks->ps", jac, jac) / M
-    spectrum = psd_spectrum(G, rtol)
-    w = spectrum.whiten(g[None, :])
-    return float(np.sqrt(np.sum(w * w)))
+    return float(np.sqrt(psd_spectrum(G, rtol).quadratic_form(g[None, :])))
 
 
 def projector(Psi, rtol: float = DEFAULT_RTOL) -> np.ndarray:
@@ -125,7 +121,9 @@ def projector(Psi, rtol: float = DEFAULT_RTOL) -> np.ndarray:
     U, s, _ = np.linalg.svd(P, full_matrices=False)
     keep = s > np.sqrt(rtol) * s[0] if s.size and s[0] > 0 else np.zeros(s.shape, dtype=bool)
     Uk = U[:, keep]
-    return Uk @ Uk.T
+    # An explicit copy keeps NumPy off the syrk path: OpenBLAS 0.3.31's threaded syrk
+    # segfaults on tall inputs (seen at 20000 x 256 with 2 threads).
+    return Uk @ np.ascontiguousarray(Uk.T)
 
 
 def projected_growth_value(Q, Psi, rtol: float = DEFAULT_RTOL) -> float:

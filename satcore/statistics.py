@@ -31,7 +31,7 @@ import numpy as np
 from ._arrays import as_pair
 from ._psd import DEFAULT_RTOL, psd_spectrum
 from .certification import debiased_energy, noise_floor, variance_estimate
-from .quantities import growth_value_from_moments, realizability
+from .quantities import realizability
 from .results import CandidateScore
 
 SCALAR_FIELDS = ("n_samples", "n_positions", "sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm", "n_batches")
@@ -235,7 +235,7 @@ class CandidateStatistics:
         C, K = self.cross_gradient(), self.feature_gram()
         spectrum = psd_spectrum(K, rtol)
         ag_value = float(np.sqrt(self.sum_q_sq / n))
-        growth = growth_value_from_moments(C, K, rtol)
+        growth = float(np.sqrt(spectrum.quadratic_form(C)))
         g_norm_sq = float(np.sum(C * C))
         sigma_sq = variance_estimate(n, self.sum_xi_sq, g_norm_sq)
         gv_debiased = None
