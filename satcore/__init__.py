@@ -9,6 +9,19 @@ Only NumPy and SciPy are imported here; framework adapters live in
 ``satcore.adapters.<framework>`` and are imported on demand.
 """
 
+import os as _os
+
+# The design card keeps the framework front-ends in top-level ``adapters/`` and ``cli/``
+# folders that install as ``satcore.adapters`` and ``satcore.cli``.  When Python imports
+# ``satcore`` from a source checkout instead (a script or ``python -c`` run in the repo
+# root), look for those subpackages beside this folder, so the checkout behaves like the
+# installed package.  Installed, ``satcore/adapters`` exists and is found first.
+_checkout = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if _os.path.isfile(_os.path.join(_checkout, "adapters", "__init__.py")) and _os.path.isfile(
+    _os.path.join(_checkout, "cli", "__init__.py")
+):
+    __path__.append(_checkout)
+
 from ._psd import DEFAULT_RTOL
 from .alignment import (
     AlignmentEstimate,
