@@ -156,7 +156,7 @@ def measure(label, model, data, loss_fn, described, key, results, start, positio
     return result, report, loss
 
 
-def matched_check(label, model, data, loss_fn, at, n_batches=2, rhos=(1e-4, 1e-3)):
+def matched_check(label, model, data, loss_fn, at, n_batches=2, rhos=(1e-6, 1e-5, 1e-4, 1e-3)):
     """Float64 gradient-matched insertion at ``at`` on a few batches: measured vs ``-alpha V^2``."""
     model = model.double()
     data = [(to_double(x), to_double(y)) for x, y in data[:n_batches]]
@@ -244,7 +244,7 @@ def run(quick: bool, which: str) -> dict:
         if quick:
             print("SKIP SmolLM2 in --quick mode (135M parameters: full mode only)")
         else:
-            jobs.append(("smollm2", lambda: smollm2(raw, 32, 64), text.source + ", probe split"))
+            jobs.append(("smollm2", lambda: smollm2(raw, 48, 64), text.source + ", probe split"))
     for key, load, source in jobs:
         loaded = load()
         if loaded is None:
