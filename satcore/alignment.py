@@ -48,18 +48,24 @@ def misalignment_bound(mean: float, var: float) -> float:
     return var / (var + mean * mean)
 
 
-def xi_kernel(Q, Psi, chunk: int = 256) -> np.ndarray:
+def xi_kernel(Q, Psi, chunk: int = 256, max_bytes: int = 2**28) -> np.ndarray:
     """Per-sample gradient kernel ``k_ij = <Q_i^T Psi_i, Q_j^T Psi_j>_F`` (``n x n``).
 
     Equals ``sum_{t,s} (q_it . q_js)(psi_it . psi_js)``; with one position it is
-    ``(Q Q^T) * (Psi Psi^T)``.  Work is chunked so memory stays
-    ``O(chunk^2 T^2)``.
+    ``(Q Q^T) * (Psi Psi^T)``.  With positions, the per-sample ``X_i`` (``N x r``)
+    are formed when they fit in ``max_bytes`` (then ``k = X X^T``, one product);
+    otherwise the ``T x T`` position kernels are used in chunks of samples, so
+    memory stays ``O(chunk^2 T^2)`` and no ``p = N r`` vector is formed.
     """
     q, psi = as_pair(Q, Psi)
-    n, T, _ = q.shape
+    n, T, N = q.shape
+    r = psi.shape[2]
     if T == 1:
         return (q[:, 0] @ q[:, 0].T) * (psi[:, 0] @ psi[:, 0].T)
-    step = max(1, int(chunk // T) or 1)
+    if n * N * r * 8 <= max_bytes:
+        X = (q.transpose(0, 2, 1) @ psi).reshape(n, N * r)
+        return X @ np.ascontiguousarray(X.T)
+    step = max(1, chunk // T)
     out = np.empty((n, n))
     for a in range(0, n, step):
         for b in range(0, n, step):

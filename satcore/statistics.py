@@ -77,6 +77,11 @@ def batch_moments(Q, Psi, *, variance: bool = False) -> dict:
     return out
 
 
+def _symmetric(matrix) -> np.ndarray:
+    m = np.asarray(matrix, dtype=np.float64)
+    return 0.5 * (m + m.T)
+
+
 @dataclass
 class CandidateStatistics:
     """Mergeable, serialisable running sums for one candidate (see module docstring)."""
@@ -133,9 +138,11 @@ class CandidateStatistics:
         self.sum_q_sq += float(sum_q_sq)
         self.sum_xi_sq += float(sum_xi_sq)
         self.sum_cross += np.asarray(sum_cross, dtype=np.float64)
-        self.sum_gram += np.asarray(sum_gram, dtype=np.float64)
+        # Batch sums computed in float32 (or by a non-symmetric BLAS path) are symmetric only
+        # to round-off; symmetrising here keeps the totals exactly symmetric, as dumps require.
+        self.sum_gram += _symmetric(sum_gram)
         if self.variance:
-            self.sum_xtx += np.asarray(sum_xtx, dtype=np.float64)
+            self.sum_xtx += _symmetric(sum_xtx)
         if batch_grad_norm is not None:
             self.sum_batch_grad_norm += float(batch_grad_norm)
             self.n_batches += 1

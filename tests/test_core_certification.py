@@ -181,7 +181,9 @@ def test_xi_kernel_with_positions_equals_explicit_products():
     rng = np.random.default_rng(7)
     Q, Psi = rng.standard_normal((9, 4, 3)), rng.standard_normal((9, 4, 5))
     X = np.einsum("mtn,mtr->mnr", Q, Psi).reshape(9, -1)
-    np.testing.assert_allclose(satcore.xi_kernel(Q, Psi, chunk=8), X @ X.T, rtol=1e-12)
+    np.testing.assert_allclose(satcore.xi_kernel(Q, Psi), X @ X.T, rtol=1e-12)
+    # The chunked position-kernel route (when X would not fit) gives the same kernel.
+    np.testing.assert_allclose(satcore.xi_kernel(Q, Psi, chunk=8, max_bytes=0), X @ X.T, rtol=1e-12)
     assert satcore.split_inner_product(Q[:4], Psi[:4], Q[4:], Psi[4:]) == pytest.approx(
         X[:4].mean(0) @ X[4:].mean(0), rel=1e-12
     )
