@@ -37,6 +37,19 @@ from satcore.adapters.torch import probe, sequence_loss  # noqa: E402
 from satcore.adapters.torch.probe import call_model  # noqa: E402
 
 
+def parse_bench_args(doc: str):
+    """The options every probe bench shares (``--quick``, ``--threads``, ``--repeats``); pins the threads."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args()
+    set_threads(args.threads)
+    return args
+
+
 def set_threads(n: int) -> None:
     """Pin torch's intra-op threads and NumPy's BLAS threads to ``n``.
 

@@ -48,7 +48,6 @@ arithmetic.  Summary keys without a suffix are GPT-2's; ResNet-8's end in
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import warnings
@@ -58,7 +57,7 @@ import torch
 from torch import nn
 
 from _results import record
-from _workloads import WORKLOADS, interleaved, peak_rss_increase, set_threads, versions
+from _workloads import WORKLOADS, interleaved, peak_rss_increase, parse_bench_args, versions
 from satcore.adapters.torch import build_feature_map, find_blocks, probe
 from satcore.adapters.torch.families import ConvFeatures
 from satcore.adapters.torch.capture import get_stream, with_stream
@@ -279,12 +278,7 @@ def measure(workload: str, mode: str, repeats: int) -> tuple[dict, dict]:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=None)
-    args = parser.parse_args()
-    set_threads(args.threads)
+    args = parse_bench_args(__doc__)
     # BackPACK's hooks on V, whose input needs no gradient: harmless, V's weight gradient is what is read.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     repeats = args.repeats or 3

@@ -26,7 +26,6 @@ per-workload ``probe_overhead_<option>_<workload>`` keys.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import pstats
 
@@ -34,7 +33,7 @@ import numpy as np
 import torch
 
 from _results import record
-from _workloads import WORKLOADS, floor_pass, interleaved, peak_rss_increase, probe_pass, set_threads, versions
+from _workloads import WORKLOADS, floor_pass, interleaved, peak_rss_increase, probe_pass, parse_bench_args, versions
 
 SIZES = {  # workload -> (batch size, batches) for quick / full
     "gpt2": {"quick": (2, 2), "full": (8, 2)},
@@ -121,12 +120,7 @@ def measure(workload: str, size: str, repeats: int) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=None)
-    args = parser.parse_args()
-    set_threads(args.threads)
+    args = parse_bench_args(__doc__)
     size = "quick" if args.quick else "full"
     repeats = args.repeats or (3 if args.quick else 5)
     rows = {workload: measure(workload, size, repeats) for workload in WORKLOADS}

@@ -17,12 +17,11 @@ Writes ``scaling_seconds_per_sample``, ``scaling_time_linear_r2``,
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 
 from _results import record
-from _workloads import WORKLOADS, interleaved, peak_rss_increase, probe_pass, set_threads, stream, versions
+from _workloads import WORKLOADS, interleaved, peak_rss_increase, probe_pass, parse_bench_args, stream, versions
 
 BATCH_SIZE = 32
 MULTIPLES = {"quick": (1, 2, 4, 8), "full": (1, 2, 4, 8, 16, 32)}
@@ -40,12 +39,7 @@ def linear_fit(n, seconds) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=None)
-    args = parser.parse_args()
-    set_threads(args.threads)
+    args = parse_bench_args(__doc__)
     repeats = args.repeats or 3
     build, make_batches, loss_fn = WORKLOADS["resnet8"]
     model = build()
