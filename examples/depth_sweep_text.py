@@ -52,7 +52,7 @@ class TextSettings:
 def settings(quick: bool) -> TextSettings:
     if quick:
         return TextSettings(depths=(1, 2), d_model=32, steps=60, seq_len=32, batch_size=16, n_probe=64, n_eval=128)
-    return TextSettings(depths=(1, 2, 4, 6, 8), d_model=64, steps=1200, seq_len=64, batch_size=32, n_probe=384,
+    return TextSettings(depths=(1, 2, 3, 4, 5, 6, 7, 8), d_model=64, steps=1200, seq_len=64, batch_size=32, n_probe=384,
                         n_eval=1024)
 
 
