@@ -1,11 +1,12 @@
-"""Per-batch sums on the model's device, handed to the core in float64.
+"""Per-batch sums on the model's device, in float64.
 
 :func:`batch_moments` is the torch twin of :func:`satcore.batch_moments`
 (same fields, same choice of the cheaper ``sum ||X_i||^2`` route); it runs in
-``dtype`` (float64 by default, float32 for speed) and returns float64 NumPy
-values for :meth:`satcore.CandidateStatistics.add_moments`, where the totals
-are always float64.  :func:`conv_batch_moments` gives the same sums for the
-``conv`` family straight from the hidden map, without forming the patches.
+``dtype`` (float64 by default, float32 for speed) and returns float64 tensors
+on the input's device (0-d for the scalars), which :class:`.running.RunningSums`
+adds up without leaving the device.  :func:`conv_batch_moments` gives the
+same sums for the ``conv`` family straight from the hidden map, without
+forming the patches.
 
 Position subsampling (:func:`subsample_positions`): keep ``T'`` of ``T``
 positions, drawn uniformly without replacement once per batch, and scale
@@ -26,25 +27,36 @@ import numpy as np
 import torch
 
 
-def _numpy(x: torch.Tensor):
-    return x.detach().to(device="cpu", dtype=torch.float64).numpy()
+def _float64(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().to(torch.float64)
 
 
-def gram(x: torch.Tensor):
-    """``x^T x`` (float64 NumPy) for ``x`` ``(n, r)``.
+def mirror_upper(x: torch.Tensor) -> torch.Tensor:
+    """The exactly symmetric matrix with ``x``'s upper triangle.
+
+    A general product ``x^T x`` is symmetric only to round-off; running totals
+    of exactly symmetric batches stay exactly symmetric (as dumps require) and
+    add up the same way whether or not a probe was resumed.
+    """
+    return x.triu() + x.triu(1).T
+
+
+def gram(x: torch.Tensor) -> torch.Tensor:
+    """``x^T x`` (float64, on ``x``'s device, exactly symmetric) for ``x`` ``(n, r)``.
 
     On CPU in float64 this is BLAS ``dsyrk`` on the zero-copy NumPy view: the
     product is symmetric, so one triangle (half the flops of a general
-    product) is computed and mirrored.
+    product) is computed and mirrored.  torch has no symmetric rank-k update
+    on other devices, where it is the general product, mirrored.
     """
     if x.device.type != "cpu" or x.dtype != torch.float64 or x.shape[0] == 0:
-        return _numpy(x.T @ x)
+        return mirror_upper(_float64(x.T @ x))
     from scipy.linalg.blas import dsyrk
 
     a = x.detach().contiguous().numpy()
     zeros = np.zeros((a.shape[1], a.shape[1]), order="F")  # the lower triangle stays zero
     upper = torch.from_numpy(dsyrk(1.0, a.T, c=zeros, trans=0, lower=0, overwrite_c=1))  # a.T: Fortran order, no copy
-    return (upper + upper.triu(1).T).numpy()  # torch: 7x faster than np.triu on 1024 x 1024
+    return upper + upper.triu(1).T  # torch: 7x faster than np.triu on 1024 x 1024
 
 
 def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False, dtype=torch.float64) -> dict:
@@ -64,29 +76,29 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
     M, T, N = q.shape
     r = psi.shape[2]
     q2, p2 = q.reshape(M * T, N), psi.reshape(M * T, r)
-    sum_q_sq = float((q2 * q2).sum())
+    sum_q_sq = _float64((q2 * q2).sum())
     out = {
         "n_samples": M,
         "sum_q_sq": sum_q_sq,
-        "sum_cross": _numpy(q2.T @ p2),
+        "sum_cross": _float64(q2.T @ p2),
         "sum_gram": gram(p2),
-        "batch_grad_norm": math.sqrt(sum_q_sq) / M,
+        "batch_grad_norm": sum_q_sq.sqrt() / M,
     }
     k = min(N, T)
     kernel_cost = T * T * (N + r) if not variance else N * T * k + k * T * r + k * r * r // 2
     gradient_cost = T * N * r + (N * r * r // 2 if variance else 0)
     if kernel_cost > gradient_cost:
         X = (q.transpose(1, 2) @ psi).reshape(M * N, r)
-        out["sum_xi_sq"] = float((X * X).sum())
+        out["sum_xi_sq"] = _float64((X * X).sum())
         if variance:
             out["sum_xtx"] = gram(X)
     elif variance:
         Y = (torch.linalg.qr(q.transpose(1, 2), mode="r")[1] @ psi).reshape(M * k, r)  # R_i Psi_i
-        out["sum_xi_sq"] = float((Y * Y).sum())
+        out["sum_xi_sq"] = _float64((Y * Y).sum())
         out["sum_xtx"] = gram(Y)
     else:
         kq = q @ q.transpose(1, 2)
-        out["sum_xi_sq"] = float((kq * (psi @ psi.transpose(1, 2))).sum())
+        out["sum_xi_sq"] = _float64((kq * (psi @ psi.transpose(1, 2))).sum())
     return out
 
 
@@ -193,7 +205,7 @@ def conv_sample_gradients(flat: _FlatImages, grad: torch.Tensor, dtype) -> tuple
     X = g.new_empty((M, N, flat.C, 9))
     for kh, kw in np.ndindex(3, 3):
         X[:, :, :, kh * 3 + kw] = torch.bmm(g, flat.per_image(kh - 1, kw - 1).transpose(1, 2))
-    return X.reshape(M, N, 9 * flat.C), float((g * g).sum())
+    return X.reshape(M, N, 9 * flat.C), _float64((g * g).sum())
 
 
 def conv_batch_moments(grad: torch.Tensor, hidden: torch.Tensor, *, variance: bool = False,
@@ -214,10 +226,10 @@ def conv_batch_moments(grad: torch.Tensor, hidden: torch.Tensor, *, variance: bo
     out = {
         "n_samples": M,
         "sum_q_sq": sum_q_sq,
-        "sum_cross": _numpy(X.sum(0)),
-        "sum_gram": _numpy(conv_gram(flat)),
-        "sum_xi_sq": float((X * X).sum()),
-        "batch_grad_norm": math.sqrt(sum_q_sq) / M,
+        "sum_cross": _float64(X.sum(0)),
+        "sum_gram": mirror_upper(_float64(conv_gram(flat))),
+        "sum_xi_sq": _float64((X * X).sum()),
+        "batch_grad_norm": sum_q_sq.sqrt() / M,
     }
     if variance:
         out["sum_xtx"] = gram(X.reshape(-1, X.shape[2]))

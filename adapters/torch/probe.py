@@ -6,8 +6,9 @@ taps, which gives every sample's ``q_i = d loss_i / d z_i`` at once because
 in eval mode samples do not interact (the model is switched to ``eval()`` for
 the probe and restored after; a model that mixes samples in eval mode,
 e.g. BatchNorm in training mode or batch-level attention across samples,
-violates this).  Features ``psi(z_i)`` are computed without a graph, the
-batch sums go to the core's float64 :class:`satcore.CandidateStatistics`.
+violates this).  Features ``psi(z_i)`` are computed without a graph; the
+batch sums are added up in float64 on the model's device (:mod:`.running`)
+into the core's :class:`satcore.CandidateStatistics`.
 Gradients go to the taps only (``torch.autograd.grad``), never into the
 parameters' ``.grad``.
 """
@@ -33,6 +34,7 @@ from .families import ConvFeatures, build_feature_map, positions, rebuild_featur
 from .locate import find_candidates, named_candidates
 from .moments import batch_moments, conv_batch_moments, position_index, subsample_positions
 from .result import ProbeResult
+from .running import RunningSums
 
 
 def call_model(model: nn.Module, inputs):
@@ -183,6 +185,7 @@ def probe(
         unknown = sorted(set(family) - {c.name for c in found})
         raise ValueError(f"family given for unknown candidate(s) {unknown}; candidates are {[c.name for c in found]}")
     statistics, streams, families, specs, skip = DepthStatistics(), {}, {}, {}, 0
+    running: dict[str, RunningSums] = {}
     if checkpoint is not None and os.path.exists(checkpoint):
         statistics, streams, specs, skip = load_checkpoint(checkpoint, config)
     bar = None
@@ -211,16 +214,21 @@ def probe(
                         families[name] = build_feature_map(
                             _family_for(family, name), z, seed=seed, init_std=init_std
                         ).eval()
-                    _accumulate(name, z, grad, families[name], taps.updates.get(name), statistics, streams,
-                                generator, position_subsample, variance, batch_dtype)
+                    if name not in running:
+                        running[name] = _running_sums(name, z, families[name], statistics, streams, variance,
+                                                      position_subsample)
+                    running[name].add(*_batch_sums(z, grad, families[name], taps.updates.get(name),
+                                                   generator, position_subsample, variance, batch_dtype))
                 done = index + 1
                 if bar is not None:
                     bar.update(first.shape[0])
                 if checkpoint is not None and done % checkpoint_every == 0:
+                    _sync(running)
                     save_checkpoint(checkpoint, statistics, streams, _specs(families), done, config)
     finally:
         if bar is not None:
             bar.close()
+    _sync(running)
     ordered = DepthStatistics((c.name, statistics[c.name]) for c in found if c.name in statistics)
     if len(ordered) != len(found):
         raise ValueError("data yielded no batches: nothing was probed")
@@ -244,16 +252,30 @@ def _specs(families):
     return {name: fm.spec for name, fm in families.items()}
 
 
-def _accumulate(name, z, grad, feature_map, update, statistics, streams, generator, keep, variance, dtype):
-    """Add one batch of one candidate to its statistics and stream sums."""
+def _sync(running):
+    for sums in running.values():
+        sums.sync()
+
+
+def _running_sums(name, z, feature_map, statistics, streams, variance, keep) -> RunningSums:
+    """Device totals of candidate ``name``, seeded from its resumed statistics if any."""
+    if name not in statistics:
+        _, T, N = positions(z).shape
+        kept = T if keep is None else min(keep, T)  # the statistics see the subsampled positions
+        statistics[name] = CandidateStatistics(N, feature_map.n_features, kept, variance)
+        streams[name] = StreamAccumulator(T, True)
+    return RunningSums(statistics[name], streams[name], z.device)
+
+
+def _batch_sums(z, grad, feature_map, update, generator, keep, variance, dtype):
+    """``(moments, sum ||z_i||^2, update energy)`` of one batch of one candidate, on its device."""
     with torch.no_grad():
         zp = positions(z)
-        M, T = zp.shape[:2]
+        T = zp.shape[1]
         index = position_index(T, keep, generator)
         if isinstance(feature_map, ConvFeatures) and index is None:
             # the same sums from the hidden map, without the 9x larger patches
             moments = conv_batch_moments(grad, feature_map.hidden(z), variance=variance, dtype=dtype)
-            shape = (grad.shape[1], feature_map.n_features, T)
         else:
             q = subsample_positions(positions(grad), index)
             if feature_map.positionwise and index is not None:
@@ -262,9 +284,4 @@ def _accumulate(name, z, grad, feature_map, update, statistics, streams, generat
             else:
                 psi = subsample_positions(feature_map(z), index)
             moments = batch_moments(q, psi, variance=variance, dtype=dtype)
-            shape = (q.shape[2], psi.shape[2], q.shape[1])
-        if name not in statistics:
-            statistics[name] = CandidateStatistics(*shape, variance)
-            streams[name] = StreamAccumulator(T, update is not None)
-        statistics[name].add_moments(**moments)
-        streams[name].add(M, float(zp.to(torch.float64).pow(2).sum()), None if update is None else float(update))
+        return moments, zp.to(torch.float64).pow(2).sum(), update

@@ -1,0 +1,71 @@
+"""A probe's running totals, added up on the model's device.
+
+Per batch each candidate's sums (float64 tensors on the model's device, see
+:mod:`.moments`) are added in place to float64 totals on that device, with no
+host transfer and no synchronisation: on a GPU a per-batch copy of an
+``r x r`` Gram to the host, or a Python ``float()`` of a device scalar,
+stalls the queue for longer than the sums take.  On the CPU the totals ARE
+the arrays of the core's :class:`satcore.CandidateStatistics` (shared
+memory, nothing copied); elsewhere :meth:`RunningSums.sync` copies them
+into those arrays, which the probe does before each checkpoint and at the
+end.  The totals are the whole probe's (seeded from a resumed checkpoint),
+added batch after batch in the same order whether or not the probe was
+interrupted, so a resumed probe is bitwise the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from satcore.statistics import CandidateStatistics
+
+from .diagnostics import StreamAccumulator
+
+MATRICES = ("sum_cross", "sum_gram", "sum_xtx")
+SCALARS = {"sum_q_sq": "sum_q_sq", "sum_xi_sq": "sum_xi_sq", "batch_grad_norm": "sum_batch_grad_norm"}
+
+
+class RunningSums:
+    """Device totals of one candidate's ``statistics`` and ``stream`` diagnostics."""
+
+    def __init__(self, statistics: CandidateStatistics, stream: StreamAccumulator, device: torch.device):
+        self.statistics, self.stream = statistics, stream
+
+        def scalar(value):
+            return torch.tensor(float(value), dtype=torch.float64, device=device)
+
+        self.matrices = {
+            f: torch.as_tensor(getattr(statistics, f), device=device)  # on the CPU: a view, no copy
+            for f in MATRICES if getattr(statistics, f) is not None
+        }
+        self.scalars = {field: scalar(getattr(statistics, name)) for field, name in SCALARS.items()}
+        self.sum_z_sq, self.sum_update_sq = scalar(stream.sum_z_sq), scalar(stream.sum_update_sq)
+
+    def add(self, moments: dict, sum_z_sq: torch.Tensor, sum_update_sq: torch.Tensor | None) -> None:
+        """Add one batch: ``moments`` from :mod:`.moments` (exactly symmetric Grams), the
+        stream's ``sum ||z_i||^2`` and the block update's ``sum ||block(z_i) - z_i||^2``
+        (``None`` when the block changes the shape)."""
+        for field, total in self.matrices.items():
+            total += moments[field]
+        for field, total in self.scalars.items():
+            total += moments[field]
+        self.sum_z_sq += sum_z_sq
+        if sum_update_sq is None:
+            self.stream.has_update = False
+        else:
+            self.sum_update_sq += sum_update_sq
+        self.statistics.n_samples += int(moments["n_samples"])
+        self.statistics.n_batches += 1
+        self.stream.n_samples += int(moments["n_samples"])
+
+    def sync(self) -> None:
+        """Bring ``statistics`` and ``stream`` up to date (one host copy per field off the CPU)."""
+        for field, total in self.matrices.items():
+            target = getattr(self.statistics, field)
+            if total.device.type != "cpu":
+                np.copyto(target, total.cpu().numpy())
+        for field, total in self.scalars.items():
+            setattr(self.statistics, SCALARS[field], float(total))
+        self.stream.sum_z_sq = float(self.sum_z_sq)
+        self.stream.sum_update_sq = float(self.sum_update_sq)
