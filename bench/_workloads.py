@@ -214,7 +214,10 @@ def code_state() -> dict:
     root = Path(__file__).resolve().parents[1]
 
     def git(*args):
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+        except FileNotFoundError:  # no git where the bench runs (a lent GPU machine)
+            return ""
 
     return {"commit": git("rev-parse", "--short", "HEAD"),
             "uncommitted": git("status", "--porcelain", "--", "satcore", "adapters").splitlines()}
