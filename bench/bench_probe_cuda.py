@@ -33,8 +33,8 @@ from satcore.adapters.torch import probe
 from satcore.adapters.torch.probe import to_device
 
 SIZES = {  # workload -> {label: (batch size, batches)}
-    "gpt2": {"cpu_bench_size": (8, 2), "gpu_size": (64, 4)},
-    "resnet8": {"cpu_bench_size": (64, 4), "gpu_size": (512, 4)},
+    "gpt2": {"cpu_bench_size": (8, 2), "gpu_size": (64, 16)},
+    "resnet8": {"cpu_bench_size": (64, 4), "gpu_size": (512, 16)},
 }
 OPTIONS = {"default": {}, "variance": {"variance": True}, "float32": {"batch_dtype": torch.float32}}
 CUDA = torch.device("cuda")
@@ -87,7 +87,7 @@ def main():
     if not torch.cuda.is_available():
         print("no CUDA device: skipped (results.json unchanged)")
         return
-    repeats = args.repeats or (3 if args.quick else 11)
+    repeats = args.repeats or (3 if args.quick else 7)
     rows, summary = {}, {}
     for workload, sizes in SIZES.items():
         for label, (batch_size, n_batches) in sizes.items():

@@ -4,12 +4,17 @@ CI has no GPU, so this module is skipped there; it runs wherever torch sees
 one (docs/benchmarks.md records such a run).  float64 models: every field of
 every candidate to 1e-10 relative (only the order of reductions differs), on
 each route of the adapter (``mlp`` with the ``T x T`` kernel, the per-sample
-``X_i`` route, the QR factor route for ``variance``, the ``conv`` hidden-map
-route, subsampled positions); float32 models (TF32 off) to 1e-4; ``grow`` on
-the GPU matches its first-order prediction; a resumed probe is bitwise the
-uninterrupted one; an NCCL all-reduce over one rank changes nothing.
+``X_i`` route, the GPU's ``K_i Psi_i`` route for ``variance``, the ``conv``
+hidden-map route, subsampled positions), plus 100 times the gap between the
+model's own CPU and GPU outputs (Hugging Face Llama computes its rotary
+angles in float32 even in a float64 model); float32 models (TF32 off) to
+1e-4; ``grow`` on the GPU matches its first-order prediction.  With
+``torch.use_deterministic_algorithms`` a resumed probe is bitwise the
+uninterrupted one and an NCCL all-reduce over one rank changes nothing
+(without it two identical GPU probes differ in the last bit).
 """
 
+import copy
 import os
 
 import numpy as np
@@ -20,6 +25,7 @@ import models_torch as mt
 from satcore.adapters.torch import grow, probe, sequence_loss
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, read when CUDA starts
 
 CUDA = torch.device("cuda")
 PROBLEMS = {
@@ -63,16 +69,33 @@ def no_tf32():
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
 
 
+@pytest.fixture
+def deterministic():
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def output_gap(model, gpu_model, batches) -> float:
+    """Relative difference of the model's own outputs on the CPU and on the GPU."""
+    with torch.no_grad():
+        a = torch.cat([getattr(o, "logits", o).flatten() for o in (model(x) for x, _ in batches)])
+        b = torch.cat([getattr(o, "logits", o).flatten().cpu() for o in (gpu_model(x) for x, _ in on(CUDA, batches))])
+    return float((a - b).norm() / a.norm())
+
+
 @pytest.mark.parametrize("options", OPTIONS, ids=["default", "variance", "subsample"])
 @pytest.mark.parametrize("problem", PROBLEMS)
 def test_float64_probe_on_cuda_equals_cpu(problem, options):
     build, batches_for, loss_fn = PROBLEMS[problem]
     model = build().double()
+    gpu_model = copy.deepcopy(model).to(CUDA)
     batches = batches_for(torch.float64)
+    gap = output_gap(model, gpu_model, batches)
     cpu = probe(model, batches, loss_fn, **options)
-    gpu = probe(model.to(CUDA), on(CUDA, batches), loss_fn, **options)
+    gpu = probe(gpu_model, on(CUDA, batches), loss_fn, **options)
     assert list(gpu.statistics) == list(cpu.statistics)
-    assert max_rel_diff(gpu, cpu) < 1e-10
+    assert max_rel_diff(gpu, cpu) < 1e-10 + 100 * gap
     for name in cpu.statistics:
         assert gpu.statistics[name].n_samples == cpu.statistics[name].n_samples
         assert gpu.statistics[name].n_batches == cpu.statistics[name].n_batches
@@ -110,7 +133,7 @@ def test_grow_on_cuda_matches_prediction():
     assert abs(measured / grown.predicted_change - 1) < 0.05
 
 
-def test_resumed_probe_on_cuda_is_bitwise_uninterrupted(tmp_path):
+def test_resumed_probe_on_cuda_is_bitwise_uninterrupted(tmp_path, deterministic):
     model = mt.digits_resnet().double().to(CUDA)
     batches = on(CUDA, mt.digits_batches(8, 4, dtype=torch.float64))
     whole = probe(model, batches, mt.per_sample_ce, variance=True)
@@ -120,7 +143,7 @@ def test_resumed_probe_on_cuda_is_bitwise_uninterrupted(tmp_path):
     assert max_rel_diff(resumed, whole) == 0.0
 
 
-def test_nccl_single_rank_all_reduce_is_identity(tmp_path):
+def test_nccl_single_rank_all_reduce_is_identity(tmp_path, deterministic):
     model = mt.digits_resnet().double().to(CUDA)
     batches = on(CUDA, mt.digits_batches(8, 2, dtype=torch.float64))
     alone = probe(model, batches, mt.per_sample_ce, variance=True)

@@ -91,17 +91,21 @@ def test_probe_conv_route_equals_patch_route():
     assert a.score().growth_value == pytest.approx(b.score().growth_value, rel=1e-10)
 
 
-@pytest.mark.parametrize("shape", [(3, 4, 9, 6), (2, 5, 5, 3), (4, 2, 3, 7)])
-def test_variance_factor_route_equals_core(shape):
-    """``sum X_i^T X_i`` through the QR factor of ``Q_i^T`` (T < N) on rank-deficient ``Q``
-    (a position with zero gradient, like a causal LM's last token) against the core."""
+# the last two take the kernel routes (T small against N and r); the first three the X_i route
+@pytest.mark.parametrize("shape", [(3, 4, 9, 6), (2, 5, 5, 3), (4, 2, 3, 7), (3, 2, 12, 10), (2, 3, 16, 8)])
+@pytest.mark.parametrize("factor", [True, False])
+def test_variance_kernel_routes_equal_core(shape, factor):
+    """``sum X_i^T X_i`` through the QR factor of ``Q_i^T`` (the CPU's route) or through
+    ``K_i Psi_i`` (other devices') (T < N) on rank-deficient ``Q`` (a position with zero
+    gradient, like a causal LM's last token) against the core."""
     M, T, N, r = shape
     g = torch.Generator().manual_seed(sum(shape))
     q = torch.randn(M, T, N, generator=g, dtype=torch.float64)
     q[:, -1] = 0.0
     q[0] = q[0, :1]  # sample 0: every position along one direction (rank 1)
     psi = torch.randn(M, T, r, generator=g, dtype=torch.float64)
-    got = batch_moments(q, psi, variance=True)
+    got = batch_moments(q, psi, variance=True, factor=factor)
     ref = core_batch_moments(q.numpy(), psi.numpy(), variance=True)
     for field in ("sum_xi_sq", "sum_xtx", "sum_gram", "sum_cross"):
         assert rel(got[field], ref[field]) < 1e-12, field
+    assert torch.equal(got["sum_xtx"], got["sum_xtx"].T)

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import skip_init
 
 from satcore.families import FAMILIES, make_family
 
@@ -79,7 +80,9 @@ class MLPFeatures(FeatureMap):
     def __init__(self, family, like):
         super().__init__(family.width, family.n_features, _spec(family))
         self.norm = nn.LayerNorm(family.width, eps=family.eps).to(like.dtype).to(like.device)
-        self.fc = nn.Linear(family.width, family.n_features, bias=False).to(like.dtype).to(like.device)
+        # skip_init: the default (Kaiming) draw would be overwritten at once; it cost 1 ms per r x d map
+        self.fc = skip_init(nn.Linear, family.width, family.n_features, bias=False, dtype=like.dtype,
+                            device=like.device)
         with torch.no_grad():
             self.fc.weight.copy_(_tensor(family.params["w1"], like))
         self.act = ACTIVATIONS[family.activation]()
@@ -95,7 +98,7 @@ class ConvFeatures(FeatureMap):
         super().__init__(family.width, family.n_features, _spec(family))
         conv1 = family.params["conv1"]
         self.mid_channels = conv1.shape[0]
-        self.conv = nn.Conv2d(family.width, self.mid_channels, 3, padding=1, bias=False)
+        self.conv = skip_init(nn.Conv2d, family.width, self.mid_channels, 3, padding=1, bias=False)
         self.bn = nn.BatchNorm2d(self.mid_channels, eps=family.eps)  # fresh: the identity in eval mode
         self.to(like.dtype).to(like.device)
         with torch.no_grad():

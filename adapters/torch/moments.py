@@ -59,7 +59,8 @@ def gram(x: torch.Tensor) -> torch.Tensor:
     return upper + upper.triu(1).T  # torch: 7x faster than np.triu on 1024 x 1024
 
 
-def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False, dtype=torch.float64) -> dict:
+def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False, dtype=torch.float64,
+                  factor: bool | None = None) -> dict:
     """Sums of one batch for ``add_moments``; ``q`` ``(M, T, N)``, ``psi`` ``(M, T, r)``.
 
     ``sum_q_sq = sum ||Q_i||^2``, ``sum_cross = sum Q_i^T Psi_i``,
@@ -67,14 +68,18 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
     ``variance``, ``sum_xtx = sum X_i^T X_i`` with ``X_i = Q_i^T Psi_i``, plus
     the eq. (2) batch norm ``||Q_b||_F / |b|``.  As in the core, ``X_i`` is
     formed only when cheaper than the ``T x T`` kernel ``K_i = Q_i Q_i^T``
-    (``||X_i||^2 = <K_i, Psi_i Psi_i^T>``).  With ``variance`` the kernel is
-    used through its factor ``R_i`` (QR of ``Q_i^T``, ``K_i = R_i^T R_i``):
-    ``Y_i = R_i Psi_i`` has ``Y_i^T Y_i = Psi_i^T K_i Psi_i = X_i^T X_i`` and
-    ``min(N, T)`` rows, so ``sum X_i^T X_i`` is one symmetric product.
+    (``||X_i||^2 = <K_i, Psi_i Psi_i^T>``, ``X_i^T X_i = Psi_i^T K_i Psi_i``).
+    With ``variance`` and ``factor`` (default: on the CPU) the kernel is used
+    through its factor ``R_i`` (QR of ``Q_i^T``, ``K_i = R_i^T R_i``):
+    ``Y_i = R_i Psi_i`` has ``Y_i^T Y_i = X_i^T X_i`` and ``min(N, T)`` rows, so
+    ``sum X_i^T X_i`` is one symmetric product.  Off the CPU there is no
+    symmetric product and a batched QR costs more than it saves, so
+    ``W_i = K_i Psi_i`` and ``sum X_i^T X_i = Psi^T W`` (mirrored) instead.
     """
     q, psi = q.to(dtype), psi.to(dtype)
     M, T, N = q.shape
     r = psi.shape[2]
+    factor = q.device.type == "cpu" if factor is None else factor
     q2, p2 = q.reshape(M * T, N), psi.reshape(M * T, r)
     sum_q_sq = _float64((q2 * q2).sum())
     out = {
@@ -85,17 +90,24 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
         "batch_grad_norm": sum_q_sq.sqrt() / M,
     }
     k = min(N, T)
-    kernel_cost = T * T * (N + r) if not variance else N * T * k + k * T * r + k * r * r // 2
-    gradient_cost = T * N * r + (N * r * r // 2 if variance else 0)
+    gradient_cost = T * N * r
+    kernel_cost = T * T * (N + r)
+    if variance:
+        gradient_cost += N * r * r // 2
+        kernel_cost = N * T * k + k * T * r + k * r * r // 2 if factor else kernel_cost + T * r * r
     if kernel_cost > gradient_cost:
         X = (q.transpose(1, 2) @ psi).reshape(M * N, r)
         out["sum_xi_sq"] = _float64((X * X).sum())
         if variance:
             out["sum_xtx"] = gram(X)
-    elif variance:
+    elif variance and factor:
         Y = (torch.linalg.qr(q.transpose(1, 2), mode="r")[1] @ psi).reshape(M * k, r)  # R_i Psi_i
         out["sum_xi_sq"] = _float64((Y * Y).sum())
         out["sum_xtx"] = gram(Y)
+    elif variance:
+        W = (q @ q.transpose(1, 2)) @ psi  # K_i Psi_i
+        out["sum_xi_sq"] = _float64((W * psi).sum())
+        out["sum_xtx"] = mirror_upper(_float64(p2.T @ W.reshape(M * T, r)))
     else:
         kq = q @ q.transpose(1, 2)
         out["sum_xi_sq"] = _float64((kq * (psi @ psi.transpose(1, 2))).sum())

@@ -35,10 +35,12 @@ class RunningSums:
         def scalar(value):
             return torch.tensor(float(value), dtype=torch.float64, device=device)
 
-        self.matrices = {
-            f: torch.as_tensor(getattr(statistics, f), device=device)  # on the CPU: a view, no copy
-            for f in MATRICES if getattr(statistics, f) is not None
-        }
+        def matrix(array):
+            if device.type != "cpu" and statistics.n_samples == 0:
+                return torch.zeros(array.shape, dtype=torch.float64, device=device)  # nothing to copy over
+            return torch.as_tensor(array, device=device)  # on the CPU: a view of the array, no copy
+
+        self.matrices = {f: matrix(getattr(statistics, f)) for f in MATRICES if getattr(statistics, f) is not None}
         self.scalars = {field: scalar(getattr(statistics, name)) for field, name in SCALARS.items()}
         self.sum_z_sq, self.sum_update_sq = scalar(stream.sum_z_sq), scalar(stream.sum_update_sq)
 
