@@ -100,7 +100,8 @@ def test_float64_probe_on_cuda_equals_cpu(problem, options):
         assert gpu.statistics[name].n_samples == cpu.statistics[name].n_samples
         assert gpu.statistics[name].n_batches == cpu.statistics[name].n_batches
         assert np.array_equal(gpu.statistics[name].sum_gram, gpu.statistics[name].sum_gram.T)
-        assert gpu.diagnostics[name].stream_rms == pytest.approx(cpu.diagnostics[name].stream_rms, rel=1e-12)
+        assert gpu.diagnostics[name].stream_rms == pytest.approx(cpu.diagnostics[name].stream_rms,
+                                                                 rel=1e-12 + 100 * gap)
     for got, ref in zip(gpu.report().candidates, cpu.report().candidates):
         assert got.growth_value == pytest.approx(ref.growth_value, rel=1e-8)
 

@@ -182,25 +182,31 @@ def conv_gram(flat: _FlatImages) -> torch.Tensor:
     base = flat.shifted(0, 0)
     half = {(dh, dw): base @ flat.shifted(dh, dw).T for dh in range(3) for dw in range(-2, 3) if dh or dw >= 0}
     edge_row, edge_col = {0: H - 1, 2: 0}, {0: W - 1, 2: 0}  # the pixel row/column window kh/kw leaves out
-    blocks = base.new_empty((3, 3, 3, 3, C, C))
-    for kh, kw, kh2, kw2 in np.ndindex(3, 3, 3, 3):
-        dh, dw = kh2 - kh, kw2 - kw
-        blocks[kh, kw, kh2, kw2] = half[(dh, dw)] if (dh, dw) in half else half[(-dh, -dw)].T
+    # the corrections of each block, in one list per block, then every block in one stack: ~40
+    # small products and adds instead of ~120 indexed writes (on a GPU each one is a launch)
+    corrections = {}
     for kh, row in edge_row.items():
         for dw in range(-2, 3):
             correction = flat.line_products(row, None, dw)
             for kw in range(max(0, -dw), min(3, 3 - dw)):
-                blocks[kh, kw, kh, kw + dw] -= correction
+                corrections.setdefault((kh, kw, kh, kw + dw), []).append(-correction)
     for kw, col in edge_col.items():
         for dh in range(-2, 3):
             correction = flat.line_products(None, col, dh * flat.pitch)
             for kh in range(max(0, -dh), min(3, 3 - dh)):
-                blocks[kh, kw, kh + dh, kw] -= correction
+                corrections.setdefault((kh, kw, kh + dh, kw), []).append(-correction)
     images = flat.images()
     for (kh, row), (kw, col) in itertools.product(edge_row.items(), edge_col.items()):
         corner = images[:, :, row, col]
-        blocks[kh, kw, kh, kw] += corner @ corner.T
-    return blocks.permute(4, 0, 1, 5, 2, 3).reshape(9 * C, 9 * C)
+        corrections.setdefault((kh, kw, kh, kw), []).append(corner @ corner.T)
+    blocks = []
+    for kh, kw, kh2, kw2 in np.ndindex(3, 3, 3, 3):
+        dh, dw = kh2 - kh, kw2 - kw
+        block = half[(dh, dw)] if (dh, dw) in half else half[(-dh, -dw)].T
+        for term in corrections.get((kh, kw, kh2, kw2), ()):
+            block = block + term
+        blocks.append(block)
+    return torch.stack(blocks).view(3, 3, 3, 3, C, C).permute(4, 0, 1, 5, 2, 3).reshape(9 * C, 9 * C)
 
 
 def conv_sample_gradients(flat: _FlatImages, grad: torch.Tensor, dtype) -> tuple:
@@ -214,9 +220,9 @@ def conv_sample_gradients(flat: _FlatImages, grad: torch.Tensor, dtype) -> tuple
     g = grad.new_zeros((M, N, H + 2, flat.pitch), dtype=dtype)
     g[:, :, :H, :W] = grad
     g = g.view(M, N, flat.length)
-    X = g.new_empty((M, N, flat.C, 9))
-    for kh, kw in np.ndindex(3, 3):
-        X[:, :, :, kh * 3 + kw] = torch.bmm(g, flat.per_image(kh - 1, kw - 1).transpose(1, 2))
+    X = torch.stack(
+        [torch.bmm(g, flat.per_image(kh - 1, kw - 1).transpose(1, 2)) for kh, kw in np.ndindex(3, 3)], dim=3
+    )
     return X.reshape(M, N, 9 * flat.C), _float64((g * g).sum())
 
 
