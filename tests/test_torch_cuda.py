@@ -103,7 +103,7 @@ def test_float64_probe_on_cuda_equals_cpu(problem, options):
         assert gpu.diagnostics[name].stream_rms == pytest.approx(cpu.diagnostics[name].stream_rms,
                                                                  rel=1e-12 + 100 * gap)
     for got, ref in zip(gpu.report().candidates, cpu.report().candidates):
-        assert got.growth_value == pytest.approx(ref.growth_value, rel=1e-8)
+        assert got.growth_value == pytest.approx(ref.growth_value, rel=1e-8 + 100 * gap)
 
 
 @pytest.mark.parametrize("problem", ["resnet", "gpt2"])
