@@ -53,6 +53,50 @@ dirty = sorted({u for v in versioned for u in v.get("uncommitted", [])})
 goal_g = g["ratio"]["default"] <= 1.5
 goal_r = rn["ratio"]["default"] <= 1.5
 
+
+def share(w, *phases):
+    b = w["default_breakdown_seconds"]
+    return sum(b[k] for k in phases) / b["total"] * w["ratio"]["default"]
+
+
+def rows_ms(key: str) -> str:
+    row = S["probe_cuda"]["workloads"][key]
+    return f"{row['seconds']['floor'] / row['batches'] * 1e3:.1f}"
+
+
+def gpu_section() -> str:
+    """Section 1b from ``sections.probe_cuda`` (written by ``bench_probe_cuda.py`` where a GPU was lent)."""
+    pc = S.get("probe_cuda")
+    if pc is None:
+        return "No GPU was available to the runs behind this page: `sections.probe_cuda` is absent.\n"
+    dev, ver, rows = pc["device"], pc["versions"], pc["workloads"]
+    lines = [
+        f"Measured on one {dev['name']} (compute capability {dev['capability'][0]}.{dev['capability'][1]}, CUDA "
+        f"{dev['cuda']}, torch {ver['torch']}, transformers {ver['transformers']}, {ver['cpus']} host cores), "
+        f"float32 weights with PyTorch's default precision (`matmul_allow_tf32` = {dev['matmul_allow_tf32']}, "
+        f"`cudnn_allow_tf32` = {dev['cudnn_allow_tf32']}), probe sums in float64, code {ver['commit']}; "
+        f"{pc['repeats']} interleaved repeats, each run ended by `torch.cuda.synchronize()`.",
+        "",
+        "| workload, batches | floor ms | default | `variance=True` | `batch_dtype=float32` | earlier runs, default (code) |",
+        "|---|---|---|---|---|---|",
+    ]
+    earlier = {run["commit"]: run["ratios"] for run in pc.get("earlier_runs", [])}
+    for key, row in rows.items():
+        before = "; ".join(f"{x(r[key]['default'])} ({c})" for c, r in earlier.items() if key in r) or "-"
+        lines.append(
+            f"| {key.replace('_', ' ')}: {row['batches']} x {row['batch_size']} | {row['seconds']['floor'] * 1e3:.0f} "
+            f"| **{x(row['ratio']['default'])}** | {x(row['ratio']['variance'])} | {x(row['ratio']['float32'])} | {before} |"
+        )
+    mem = pc["memory"]
+    lines += [
+        "",
+        "Peak CUDA memory of a probe (`torch.cuda.max_memory_allocated` rise; default options): "
+        + ", ".join(f"{w} {m['peak_bytes_1x'] / 2**20:.0f} MiB over {m['batches_1x']} batches of {m['batch_size']} and "
+                    f"{m['peak_bytes_10x'] / 2**20:.0f} MiB over {10 * m['batches_1x']}" for w, m in mem.items())
+        + f": `probe_peak_memory_ratio_10x_samples_cuda` = {R['probe_peak_memory_ratio_10x_samples_cuda']:.2f}.",
+    ]
+    return "\n".join(lines) + "\n"
+
 if __name__ == "__main__":
     template = (HERE / "benchmarks_template.md").read_text()
     namespace = dict(globals())
