@@ -61,6 +61,7 @@ from .optim import (
     joint_gradient,
     preconditioned,
 )
+from .probe_result import ProbeResult
 from .quantities import (
     ag,
     ag_batch,

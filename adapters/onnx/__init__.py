@@ -6,11 +6,12 @@ lazily, it imports torch); features from the captured activations with
 external data confined to the model's folder (:mod:`.loading`).
 """
 
+from satcore.probe_result import ProbeResult
+
 from .errors import OnnxProbeError
 from .graph import residual_candidates
 from .loading import load_model
 from .probe import GradientSession, per_sample_gradients, probe
-from .result import ProbeResult
 
 __all__ = [
     "GradientSession",

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from satcore.depth import DepthStatistics
+from satcore.probe_result import ProbeResult
 from satcore.statistics import CandidateStatistics
 
 from .errors import OnnxProbeError
@@ -16,7 +17,6 @@ from .features import feature_map, positions
 from .gradients import gradient_route
 from .graph import LOSS_SCALE, LOSSES, TARGETS, probe_graph, residual_candidates
 from .loading import load_model
-from .result import ProbeResult
 
 TARGET_KEYS = ("targets", "target", "labels", "y")
 

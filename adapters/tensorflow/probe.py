@@ -8,9 +8,9 @@ import numpy as np
 import tensorflow as tf
 
 from satcore.depth import DepthStatistics
+from satcore.probe_result import ProbeResult
 from satcore.statistics import CandidateStatistics
 
-from ..onnx.result import ProbeResult
 from .capture import recording, taps
 from .families import feature_map, positions
 from .locate import named_candidates, residual_candidates

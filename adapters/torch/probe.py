@@ -243,8 +243,8 @@ def probe(
         families=families,
         streams={c.name: streams[c.name] for c in found},
         candidates=found,
-        split=split,
-        meta={"model": type(model).__name__, "loss": getattr(loss_fn, "__name__", type(loss_fn).__name__)},
+        meta={"model": type(model).__name__, "loss": getattr(loss_fn, "__name__", type(loss_fn).__name__),
+              "split": split},
     )
 
 

@@ -1,55 +1,36 @@
-"""What a finished probe holds: the core's statistics plus the torch side."""
+"""What a finished torch probe holds: the core's result plus the torch side."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from satcore.depth import DepthStatistics
-from satcore.results import DepthReport
+from satcore.probe_result import ProbeResult as CoreProbeResult
 
 from .diagnostics import StreamDiagnostics
 from .locate import Candidate
 
 
 @dataclass(frozen=True)
-class ProbeResult:
-    """Result of :func:`probe`.
+class ProbeResult(CoreProbeResult):
+    """Result of :func:`probe`: :class:`satcore.probe_result.ProbeResult` plus
 
-    ``statistics`` is a :class:`satcore.DepthStatistics` (candidate name ->
-    :class:`satcore.CandidateStatistics`, upstream first); ``families`` maps
-    each candidate to its torch feature map; ``diagnostics`` maps it to
-    :class:`StreamDiagnostics` (stream norm and relative block update);
-    ``split`` names the probe data (reports warn when it is the training set).
+    ``families`` (each candidate's torch feature map), ``streams`` (the stream
+    sums behind :attr:`diagnostics`: stream norm and relative block update per
+    candidate) and ``candidates`` (where each one was tapped).
     """
 
-    statistics: DepthStatistics
-    families: dict
-    streams: dict = field(repr=False)
+    families: dict = field(default_factory=dict)
+    streams: dict = field(default_factory=dict, repr=False)
     candidates: tuple[Candidate, ...] = ()
-    split: str | None = None
-    meta: dict = field(default_factory=dict)
 
     @property
     def diagnostics(self) -> dict[str, StreamDiagnostics]:
         return {name: acc.summary(name) for name, acc in self.streams.items()}
 
-    def report(self, **kwargs) -> DepthReport:
-        """The core's :class:`satcore.DepthReport` (keywords of :meth:`DepthStatistics.report`)."""
-        kwargs.setdefault("split", self.split)
-        return self.statistics.report(**kwargs)
-
     def dump_meta(self) -> dict:
         return {
-            **self.meta,
-            "candidates": list(self.statistics),
+            **super().dump_meta(),
             "framework": "torch",
-            "split": self.split,
             "family": {name: fm.spec for name, fm in self.families.items()},
             "diagnostics": {name: d.to_dict() for name, d in self.diagnostics.items()},
         }
-
-    def save(self, path) -> None:
-        """Write a ``satcore-dump/1`` file with the statistics (``satcore.dump.write_dump``)."""
-        from satcore.dump import write_dump
-
-        write_dump(path, self.statistics, meta=self.dump_meta())

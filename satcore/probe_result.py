@@ -1,0 +1,46 @@
+"""What a framework probe returns: the statistics per candidate and how they were made.
+
+Framework-free, so that every adapter (PyTorch, TensorFlow, ONNX) hands back
+the same object: ``report()`` scores it with the core, ``save()`` writes the
+``satcore-dump/1`` file that ``satcore score`` reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .depth import DepthStatistics
+from .results import DepthReport
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """``statistics``: :class:`~satcore.DepthStatistics` (upstream first); ``meta``: JSON-able provenance.
+
+    ``meta`` holds at least ``candidates``, ``framework``, ``loss``,
+    ``family`` (per candidate: kind, width, n_features, seed) and ``split``
+    (the name of the probe data; reports warn when it is the training set);
+    it becomes the dump's ``meta`` member.
+    """
+
+    statistics: DepthStatistics
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def split(self) -> str | None:
+        return self.meta.get("split")
+
+    def report(self, **options) -> DepthReport:
+        """:meth:`DepthStatistics.report` with the probe's split (SPEC section 4)."""
+        options.setdefault("split", self.split)
+        return self.statistics.report(**options)
+
+    def dump_meta(self) -> dict:
+        """The dump's ``meta``: :attr:`meta` with the candidates in order."""
+        return {**self.meta, "candidates": list(self.statistics)}
+
+    def save(self, path) -> None:
+        """Write a ``satcore-dump/1`` file that ``satcore score`` reads (:func:`satcore.dump.write_dump`)."""
+        from .dump import write_dump
+
+        write_dump(path, self.statistics, meta=self.dump_meta())
