@@ -11,7 +11,7 @@ import torch
 import models_torch as mt
 from satcore import batch_moments as core_batch_moments
 from satcore.adapters.torch import build_feature_map, probe
-from satcore.adapters.torch.moments import batch_moments, conv_batch_moments, gram
+from satcore.adapters.torch.moments import batch_moments, conv_batch_moments, float64_device, gram
 from satcore.families import conv_gradients, unfold3x3
 
 torch.set_num_threads(1)
@@ -109,3 +109,10 @@ def test_variance_kernel_routes_equal_core(shape, factor):
     for field in ("sum_xi_sq", "sum_xtx", "sum_gram", "sum_cross"):
         assert rel(got[field], ref[field]) < 1e-12, field
     assert torch.equal(got["sum_xtx"], got["sum_xtx"].T)
+
+
+def test_float64_sums_leave_devices_without_float64():
+    """Apple's MPS has no float64: its sums and totals go to the CPU; every other device keeps them."""
+    assert float64_device(torch.device("mps")) == torch.device("cpu")
+    for name in ("cpu", "cuda", "cuda:1", "xpu"):
+        assert float64_device(torch.device(name)) == torch.device(name)

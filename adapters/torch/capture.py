@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .locate import Candidate
+from .moments import float64_device
 
 STREAM_KWARGS = ("hidden_states", "x", "input", "src", "inputs_embeds")
 
@@ -67,7 +68,7 @@ def update_energy(z, out) -> torch.Tensor | None:
     """``sum_i ||block(z_i) - z_i||^2`` (``None`` when the block changes the shape)."""
     if out.shape != z.shape:
         return None
-    diff = (out.detach() - z).to(torch.float64)
+    diff = (out.detach() - z).to(float64_device(z.device), torch.float64)
     return diff.pow(2).sum()
 
 

@@ -27,8 +27,18 @@ import numpy as np
 import torch
 
 
+def float64_device(device: torch.device) -> torch.device:
+    """Where float64 sums of tensors on ``device`` live: that device, except Apple's MPS (no float64)."""
+    return torch.device("cpu") if device.type == "mps" else device
+
+
 def _float64(x: torch.Tensor) -> torch.Tensor:
-    return x.detach().to(torch.float64)
+    return x.detach().to(float64_device(x.device), torch.float64)
+
+
+def _in_dtype(dtype, *tensors):
+    """``tensors`` in ``dtype``, moved to :func:`float64_device` when that is float64."""
+    return [t.to(float64_device(t.device) if dtype == torch.float64 else t.device, dtype) for t in tensors]
 
 
 def mirror_upper(x: torch.Tensor) -> torch.Tensor:
@@ -76,7 +86,7 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
     symmetric product and a batched QR costs more than it saves, so
     ``W_i = K_i Psi_i`` and ``sum X_i^T X_i = Psi^T W`` (mirrored) instead.
     """
-    q, psi = q.to(dtype), psi.to(dtype)
+    q, psi = _in_dtype(dtype, q, psi)
     M, T, N = q.shape
     r = psi.shape[2]
     factor = q.device.type == "cpu" if factor is None else factor
@@ -238,6 +248,7 @@ def conv_batch_moments(grad: torch.Tensor, hidden: torch.Tensor, *, variance: bo
     ``sum_cross = sum_m X_m``, ``sum_xi_sq = sum ||X_m||^2`` and
     ``sum_xtx = sum X_m^T X_m``.  Equal to the patch route to round-off.
     """
+    grad, hidden = _in_dtype(dtype, grad, hidden)
     flat = _FlatImages(hidden, dtype)
     X, sum_q_sq = conv_sample_gradients(flat, grad, dtype)
     M = grad.shape[0]

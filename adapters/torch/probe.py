@@ -32,7 +32,7 @@ from .diagnostics import StreamAccumulator
 from .distributed import reduce_probe
 from .families import ConvFeatures, build_feature_map, positions, rebuild_feature_map
 from .locate import find_candidates, named_candidates
-from .moments import batch_moments, conv_batch_moments, position_index, subsample_positions
+from .moments import batch_moments, conv_batch_moments, float64_device, position_index, subsample_positions
 from .result import ProbeResult
 from .running import RunningSums
 
@@ -159,7 +159,9 @@ def probe(
     variance : also accumulate ``sum X_i^T X_i`` (debiased growth value).
     position_subsample : keep this many positions per batch (uniform, scaled
         by ``sqrt(T/T')``: unbiased sums; see :mod:`.moments`).
-    batch_dtype : dtype of the per-batch sums (totals are float64).
+    batch_dtype : dtype of the per-batch sums (totals are float64, kept on the
+        model's device; on Apple's MPS, which has no float64, float64 sums and
+        totals are computed on the CPU).
     head : add the ``"head"`` endpoint (output of the last block).
     split : name of the probe data, passed to the report.
     progress : a tqdm bar counting samples (samples/s).
@@ -264,7 +266,7 @@ def _running_sums(name, z, feature_map, statistics, streams, variance, keep) -> 
         kept = T if keep is None else min(keep, T)  # the statistics see the subsampled positions
         statistics[name] = CandidateStatistics(N, feature_map.n_features, kept, variance)
         streams[name] = StreamAccumulator(T, True)
-    return RunningSums(statistics[name], streams[name], z.device)
+    return RunningSums(statistics[name], streams[name], float64_device(z.device))
 
 
 def _batch_sums(z, grad, feature_map, update, generator, keep, variance, dtype):
@@ -284,4 +286,4 @@ def _batch_sums(z, grad, feature_map, update, generator, keep, variance, dtype):
             else:
                 psi = subsample_positions(feature_map(z), index)
             moments = batch_moments(q, psi, variance=variance, dtype=dtype)
-        return moments, zp.to(torch.float64).pow(2).sum(), update
+        return moments, zp.to(float64_device(zp.device), torch.float64).pow(2).sum(), update
