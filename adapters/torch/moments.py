@@ -51,6 +51,10 @@ def mirror_upper(x: torch.Tensor) -> torch.Tensor:
     return x.triu() + x.triu(1).T
 
 
+def _dsyrk_ready(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype == torch.float64 and x.shape[0] > 0
+
+
 def gram(x: torch.Tensor) -> torch.Tensor:
     """``x^T x`` (float64, on ``x``'s device, exactly symmetric) for ``x`` ``(n, r)``.
 
@@ -59,7 +63,7 @@ def gram(x: torch.Tensor) -> torch.Tensor:
     product) is computed and mirrored.  torch has no symmetric rank-k update
     on other devices, where it is the general product, mirrored.
     """
-    if x.device.type != "cpu" or x.dtype != torch.float64 or x.shape[0] == 0:
+    if not _dsyrk_ready(x):
         return mirror_upper(_float64(x.T @ x))
     from scipy.linalg.blas import dsyrk
 
@@ -69,8 +73,25 @@ def gram(x: torch.Tensor) -> torch.Tensor:
     return upper + upper.triu(1).T  # torch: 7x faster than np.triu on 1024 x 1024
 
 
+def add_gram(total: torch.Tensor, x: torch.Tensor) -> None:
+    """``total += x^T x`` in ``total``'s UPPER triangle at least; :func:`mirror_upper` makes it whole.
+
+    On CPU in float64 (``total`` a C-ordered float64 CPU tensor) this is one
+    ``dsyrk`` with ``beta = 1`` straight into ``total`` (its transpose is the
+    Fortran-ordered lower triangle BLAS writes): no ``r x r`` temporary, no
+    mirroring and no separate addition per batch, 25% of the Gram's time at
+    ``r = 1024``.  Elsewhere the exactly symmetric :func:`gram` is added.
+    """
+    if not (_dsyrk_ready(x) and total.device.type == "cpu" and total.is_contiguous()):
+        total += gram(x)
+        return
+    from scipy.linalg.blas import dsyrk
+
+    dsyrk(1.0, x.detach().contiguous().numpy().T, beta=1.0, c=total.numpy().T, trans=0, lower=1, overwrite_c=1)
+
+
 def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False, dtype=torch.float64,
-                  factor: bool | None = None) -> dict:
+                  factor: bool | None = None, grams_into: dict | None = None) -> dict:
     """Sums of one batch for ``add_moments``; ``q`` ``(M, T, N)``, ``psi`` ``(M, T, r)``.
 
     ``sum_q_sq = sum ||Q_i||^2``, ``sum_cross = sum Q_i^T Psi_i``,
@@ -85,6 +106,9 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
     ``sum X_i^T X_i`` is one symmetric product.  Off the CPU there is no
     symmetric product and a batched QR costs more than it saves, so
     ``W_i = K_i Psi_i`` and ``sum X_i^T X_i = Psi^T W`` (mirrored) instead.
+    ``grams_into`` (running float64 totals by field name): ``sum_gram`` and the
+    symmetric-product ``sum_xtx`` are added into those totals' upper
+    triangles by :func:`add_gram` instead of being returned.
     """
     q, psi = _in_dtype(dtype, q, psi)
     M, T, N = q.shape
@@ -96,9 +120,16 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
         "n_samples": M,
         "sum_q_sq": sum_q_sq,
         "sum_cross": _float64(q2.T @ p2),
-        "sum_gram": gram(p2),
         "batch_grad_norm": sum_q_sq.sqrt() / M,
     }
+
+    def symmetric_sum(field, x):
+        if grams_into is not None and field in grams_into:
+            add_gram(grams_into[field], x)
+        else:
+            out[field] = gram(x)
+
+    symmetric_sum("sum_gram", p2)
     k = min(N, T)
     gradient_cost = T * N * r
     kernel_cost = T * T * (N + r)
@@ -109,11 +140,11 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
         X = (q.transpose(1, 2) @ psi).reshape(M * N, r)
         out["sum_xi_sq"] = _float64((X * X).sum())
         if variance:
-            out["sum_xtx"] = gram(X)
+            symmetric_sum("sum_xtx", X)
     elif variance and factor:
         Y = (torch.linalg.qr(q.transpose(1, 2), mode="r")[1] @ psi).reshape(M * k, r)  # R_i Psi_i
         out["sum_xi_sq"] = _float64((Y * Y).sum())
-        out["sum_xtx"] = gram(Y)
+        symmetric_sum("sum_xtx", Y)
     elif variance:
         W = (q @ q.transpose(1, 2)) @ psi  # K_i Psi_i
         out["sum_xi_sq"] = _float64((W * psi).sum())

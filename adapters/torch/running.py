@@ -21,8 +21,10 @@ import torch
 from satcore.statistics import CandidateStatistics
 
 from .diagnostics import StreamAccumulator
+from .moments import mirror_upper
 
 MATRICES = ("sum_cross", "sum_gram", "sum_xtx")
+SYMMETRIC = ("sum_gram", "sum_xtx")
 SCALARS = {"sum_q_sq": "sum_q_sq", "sum_xi_sq": "sum_xi_sq", "batch_grad_norm": "sum_batch_grad_norm"}
 
 
@@ -45,11 +47,12 @@ class RunningSums:
         self.sum_z_sq, self.sum_update_sq = scalar(stream.sum_z_sq), scalar(stream.sum_update_sq)
 
     def add(self, moments: dict, sum_z_sq: torch.Tensor, sum_update_sq: torch.Tensor | None) -> None:
-        """Add one batch: ``moments`` from :mod:`.moments` (exactly symmetric Grams), the
+        """Add one batch: ``moments`` from :mod:`.moments` (exactly symmetric Grams, if any), the
         stream's ``sum ||z_i||^2`` and the block update's ``sum ||block(z_i) - z_i||^2``
         (``None`` when the block changes the shape)."""
         for field, total in self.matrices.items():
-            total += moments[field]
+            if field in moments:  # the Grams may have been added already (``batch_moments(grams_into=...)``)
+                total += moments[field]
         for field, total in self.scalars.items():
             total += moments[field]
         self.sum_z_sq += sum_z_sq
@@ -62,7 +65,14 @@ class RunningSums:
         self.stream.n_samples += int(moments["n_samples"])
 
     def sync(self) -> None:
-        """Bring ``statistics`` and ``stream`` up to date (one host copy per field off the CPU)."""
+        """Bring ``statistics`` and ``stream`` up to date (one host copy per field off the CPU).
+
+        The Gram totals are made whole from their upper triangles first
+        (:func:`.moments.add_gram` may update only those).
+        """
+        for field in SYMMETRIC:
+            if field in self.matrices:
+                self.matrices[field].copy_(mirror_upper(self.matrices[field]))
         for field, total in self.matrices.items():
             target = getattr(self.statistics, field)
             if total.device.type != "cpu":
