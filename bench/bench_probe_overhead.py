@@ -14,14 +14,20 @@ paper's stagewise ResNet-8 at 32x32) the same list of batches is run through
 * ``float32_subsample``: float32 and ``position_subsample=64``;
 
 interleaved in rotating order, ``repeats`` times; ratios are medians over the
-floor's median from the same run.  One extra probe under ``cProfile`` splits
+floor's median from the same run.  The floor and the default probe also run
+over 4x the batches, which splits the probe's time into a fixed cost per call
+(feature maps drawn, totals allocated and handed over) and a cost per batch:
+the MARGINAL ratio ``(probe_4x - probe) / (floor_4x - floor)`` is what the
+probe costs per batch of a long streaming pass.  One extra probe under ``cProfile`` splits
 the default probe's time into forward, backward (``autograd.grad``), feature
 maps, per-batch moments and the rest.  Peak memory is the resident high-water
 increase of one call (``/proc/self/clear_refs``).
 
 Writes ``probe_overhead_default`` and ``probe_overhead_variance`` (the WORST
 of the workloads, since the goal ``default <= 1.5x`` must hold for each) plus
-per-workload ``probe_overhead_<option>_<workload>`` keys.
+per-workload ``probe_overhead_<option>_<workload>``,
+``probe_overhead_default_marginal_<workload>`` and
+``probe_fixed_seconds_<workload>`` keys.
 """
 
 from __future__ import annotations
@@ -93,11 +99,16 @@ def measure(workload: str, size: str, repeats: int) -> dict:
     batches = make_batches(batch_size, n_batches)
     probe_pass(model, batches[:1], loss_fn)  # warm-up: allocator, feature-map construction
     floor_pass(model, batches[:1], loss_fn)
+    more = batches * 4
     runs = {"floor": lambda: floor_pass(model, batches, loss_fn)}
     for option, kwargs in OPTIONS.items():
         runs[option] = lambda kwargs=kwargs: probe_pass(model, batches, loss_fn, **kwargs)
+    runs["floor_4x"] = lambda: floor_pass(model, more, loss_fn)
+    runs["default_4x"] = lambda: probe_pass(model, more, loss_fn)
     seconds = interleaved(runs, repeats)
-    memory = {name: peak_rss_increase(fn) for name, fn in runs.items()}
+    marginal = (seconds["default_4x"] - seconds["default"]) / (seconds["floor_4x"] - seconds["floor"])
+    fixed = (4 * seconds["default"] - seconds["default_4x"]) / 3  # intercept of probe time against batches
+    memory = {name: peak_rss_increase(fn) for name, fn in runs.items() if not name.endswith("_4x")}
     breakdown = phase_breakdown(runs["default"])
     float32_error = float32_rel_error(model, batches, loss_fn)
     row = {
@@ -106,13 +117,16 @@ def measure(workload: str, size: str, repeats: int) -> dict:
         "candidates": len(probe_pass(model, batches[:1], loss_fn).statistics),
         "seconds": seconds,
         "ratio": {name: seconds[name] / seconds["floor"] for name in OPTIONS},
+        "marginal_ratio_default": marginal,
+        "fixed_seconds_default": fixed,
         "peak_rss_increase_bytes": memory,
         "default_breakdown_seconds": breakdown,
         "float32_max_rel_error": float32_error,
     }
     ratios = ", ".join(f"{k} {v:.2f}x" for k, v in row["ratio"].items())
     shares = ", ".join(f"{k} {v / breakdown['total']:.0%}" for k, v in breakdown.items() if k != "total")
-    print(f"{workload}: floor {seconds['floor']:.3f} s over {batch_size}x{n_batches}; {ratios}", flush=True)
+    print(f"{workload}: floor {seconds['floor']:.3f} s over {batch_size}x{n_batches}; {ratios}; default per batch "
+          f"(marginal, from {4 * n_batches} batches) {marginal:.2f}x, fixed {fixed:.2f} s per call", flush=True)
     print(f"  default probe time split: {shares}", flush=True)
     print("  float32 per-batch sums, max rel error vs float64: "
           + ", ".join(f"{k} {v:.1e}" for k, v in float32_error.items()), flush=True)
@@ -128,6 +142,9 @@ def main():
     for option in OPTIONS:
         for workload, row in rows.items():
             summary[f"probe_overhead_{option}_{workload}"] = row["ratio"][option]
+    for workload, row in rows.items():
+        summary[f"probe_overhead_default_marginal_{workload}"] = row["marginal_ratio_default"]
+        summary[f"probe_fixed_seconds_{workload}"] = row["fixed_seconds_default"]
     summary["probe_overhead_default"] = max(row["ratio"]["default"] for row in rows.values())
     summary["probe_overhead_variance"] = max(row["ratio"]["variance"] for row in rows.values())
     record(

@@ -21,7 +21,7 @@ import torch
 from satcore.statistics import CandidateStatistics
 
 from .diagnostics import StreamAccumulator
-from .moments import mirror_upper
+from .moments import complete_lower
 
 MATRICES = ("sum_cross", "sum_gram", "sum_xtx")
 SYMMETRIC = ("sum_gram", "sum_xtx")
@@ -68,11 +68,11 @@ class RunningSums:
         """Bring ``statistics`` and ``stream`` up to date (one host copy per field off the CPU).
 
         The Gram totals are made whole from their upper triangles first
-        (:func:`.moments.add_gram` may update only those).
+        (:func:`.moments.add_gram` updates only those on the CPU).
         """
         for field in SYMMETRIC:
             if field in self.matrices:
-                self.matrices[field].copy_(mirror_upper(self.matrices[field]))
+                complete_lower(self.matrices[field])
         for field, total in self.matrices.items():
             target = getattr(self.statistics, field)
             if total.device.type != "cpu":
