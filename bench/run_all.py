@@ -40,9 +40,14 @@ def scripts(only) -> list[Path]:
     return [s for s in found if not only or s.stem in only or s.name in only]
 
 
+SHARED_OPTIONS = ("--quick", "--threads", "--repeats")  # what ``_workloads.parse_bench_args`` declares
+
+
 def accepts(script: Path, flag: str) -> bool:
-    """Whether the script declares ``flag`` (read from its source: cheaper than importing torch for --help)."""
-    return f'"{flag}"' in script.read_text()
+    """Whether the script declares ``flag``, itself or through ``parse_bench_args`` (read from its
+    source: cheaper than importing torch for --help)."""
+    source = script.read_text()
+    return f'"{flag}"' in source or (flag in SHARED_OPTIONS and "parse_bench_args(" in source)
 
 
 def arguments(script: Path, quick: bool, threads: int) -> list[str]:
