@@ -105,7 +105,7 @@ def add_gram(total: torch.Tensor, x: torch.Tensor) -> None:
 
 def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False, dtype=torch.float64,
                   factor: bool | None = None, grams_into: dict | None = None) -> dict:
-    """Sums of one batch for ``add_moments``; ``q`` ``(M, T, N)``, ``psi`` ``(M, T, r)``.
+    """Sums of one batch (the fields of ``satcore.batch_moments``); ``q`` ``(M, T, N)``, ``psi`` ``(M, T, r)``.
 
     ``sum_q_sq = sum ||Q_i||^2``, ``sum_cross = sum Q_i^T Psi_i``,
     ``sum_gram = sum Psi_i^T Psi_i``, ``sum_xi_sq = sum ||X_i||_F^2`` and, when
