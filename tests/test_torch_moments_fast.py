@@ -11,7 +11,14 @@ import torch
 import models_torch as mt
 from satcore import batch_moments as core_batch_moments
 from satcore.adapters.torch import build_feature_map, probe
-from satcore.adapters.torch.moments import batch_moments, conv_batch_moments, complete_lower, float64_device, gram
+from satcore.adapters.torch.moments import (
+    batch_moments,
+    complete_lower,
+    conv_batch_moments,
+    float64_device,
+    gram,
+    kernel_inner_products,
+)
 from satcore.families import conv_gradients, unfold3x3
 
 torch.set_num_threads(1)
@@ -140,3 +147,17 @@ def test_grams_added_into_running_totals_equal_returned_grams(dtype, variance):
         assert rel(totals["sum_xtx"], start * 3 + ref["sum_xtx"]) < 1e-13
     else:
         assert torch.equal(totals["sum_xtx"], start * 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_kernel_inner_products_equal_per_sample_gradient_norms(dtype):
+    """``sum_i <Q_i Q_i^T, Psi_i Psi_i^T>`` (one dsyrk triangle per sample on the CPU in float64)
+    == ``sum_i ||Q_i^T Psi_i||^2`` formed explicitly, for contiguous and strided features."""
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(5, 6, 4, generator=g, dtype=torch.float64)
+    psi = torch.randn(5, 9, 6, generator=g, dtype=torch.float64).transpose(1, 2)  # (5, 6, 9), strided
+    ref = float(sum((q[i].T @ psi[i]).pow(2).sum() for i in range(5)))
+    for features in (psi, psi.contiguous()):
+        got = kernel_inner_products(q.to(dtype), features.to(dtype))
+        assert got.dtype == torch.float64
+        assert float(got) == pytest.approx(ref, rel=1e-13 if dtype == torch.float64 else 1e-5)

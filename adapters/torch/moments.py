@@ -103,6 +103,25 @@ def add_gram(total: torch.Tensor, x: torch.Tensor) -> None:
     dsyrk(1.0, x.detach().contiguous().numpy().T, beta=1.0, c=total.numpy().T, trans=0, lower=1, overwrite_c=1)
 
 
+def kernel_inner_products(q: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
+    """``sum_i <Q_i Q_i^T, Psi_i Psi_i^T>_F`` (``= sum_i ||Q_i^T Psi_i||_F^2``), float64, 0-d.
+
+    The features' ``T x T`` kernels ``P_i = Psi_i Psi_i^T`` are symmetric: on the
+    CPU in float64 each is one ``dsyrk`` (its upper triangle ``U_i``, half the
+    multiply-adds of the product, which is most of this sum's cost) and
+    ``<K, P> = 2 <K, U> - <diag K, diag U>``.
+    """
+    kq = q @ q.transpose(1, 2)
+    if not (_dsyrk_ready(psi) and psi.shape[1] > 0):
+        return _float64((kq * (psi @ psi.transpose(1, 2))).sum())
+    from scipy.linalg.blas import dsyrk
+
+    p = psi.detach().contiguous().numpy()
+    upper = torch.from_numpy(np.stack([dsyrk(1.0, p[i].T, trans=1, lower=0) for i in range(p.shape[0])]))
+    diagonal = (kq.diagonal(dim1=1, dim2=2) * upper.diagonal(dim1=1, dim2=2)).sum()
+    return 2 * (kq * upper).sum() - diagonal
+
+
 def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False, dtype=torch.float64,
                   factor: bool | None = None, grams_into: dict | None = None) -> dict:
     """Sums of one batch (the fields of ``satcore.batch_moments``); ``q`` ``(M, T, N)``, ``psi`` ``(M, T, r)``.
@@ -145,10 +164,10 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
     symmetric_sum("sum_gram", p2)
     k = min(N, T)
     gradient_cost = T * N * r
-    kernel_cost = T * T * (N + r)
+    kernel_cost = T * T * (N + (r // 2 if _dsyrk_ready(psi) else r))  # kernel_inner_products
     if variance:
         gradient_cost += N * r * r // 2
-        kernel_cost = N * T * k + k * T * r + k * r * r // 2 if factor else kernel_cost + T * r * r
+        kernel_cost = N * T * k + k * T * r + k * r * r // 2 if factor else T * T * (N + r) + T * r * r
     if kernel_cost > gradient_cost:
         X = (q.transpose(1, 2) @ psi).reshape(M * N, r)
         out["sum_xi_sq"] = _float64((X * X).sum())
@@ -163,8 +182,7 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
         out["sum_xi_sq"] = _float64((W * psi).sum())
         out["sum_xtx"] = mirror_upper(_float64(p2.T @ W.reshape(M * T, r)))
     else:
-        kq = q @ q.transpose(1, 2)
-        out["sum_xi_sq"] = _float64((kq * (psi @ psi.transpose(1, 2))).sum())
+        out["sum_xi_sq"] = kernel_inner_products(q, psi)
     return out
 
 
