@@ -12,6 +12,10 @@ paper's stagewise ResNet-8 at 32x32) the same list of batches is run through
 * ``float32``: ``batch_dtype=torch.float32`` (per-batch sums in float32, totals
   still float64) -- an existing option, measured as a candidate default;
 * ``float32_subsample``: float32 and ``position_subsample=64``;
+* ``bias_family``: the one-feature ``bias`` family (r = 1): the same taps,
+  forward and backward with next to no sums, i.e. the probe's skeleton, so
+  ``default - bias_family`` is what the default family's features and float64
+  sums cost;
 
 interleaved in rotating order, ``repeats`` times; ratios are medians over the
 floor's median from the same run.  The floor and the default probe also run
@@ -50,6 +54,7 @@ OPTIONS = {
     "variance": {"variance": True},
     "float32": {"batch_dtype": torch.float32},
     "float32_subsample": {"batch_dtype": torch.float32, "position_subsample": 64},
+    "bias_family": {"family": "bias"},
 }
 # (file suffix, functions) of the phases the profile reports, in the adapter and torch (the
 # conv family's route calls ``hidden`` and ``conv_batch_moments`` instead of ``forward``/``batch_moments``).

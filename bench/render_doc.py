@@ -54,9 +54,9 @@ goal_g = g["ratio"]["default"] <= 1.5
 goal_r = rn["ratio"]["default"] <= 1.5
 
 
-def share(w, *phases):
-    b = w["default_breakdown_seconds"]
-    return sum(b[k] for k in phases) / b["total"] * w["ratio"]["default"]
+def fixed(seconds: float) -> str:
+    """A fixed per-call cost from an intercept: near zero it is within the timing noise."""
+    return f"{seconds:.2f} s" if seconds >= 0.02 else f"~0 (intercept {seconds:.2f} s, within noise)"
 
 
 def rows_ms(key: str) -> str:
