@@ -19,11 +19,11 @@ half the paper's widths (8/16/32), 6000 training images, 10 epochs with a cosine
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 
+from exlib.command import quick_main
 from exlib.measure import ERROR_LEVEL, probe_model, report_row
 from exlib.output import out_dir, results_dir, write_results
 from exlib.sweeps import plateau_note, plot_sweep
@@ -76,9 +76,7 @@ def run(quick: bool) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny data and widths (smoke test, ~1 minute)")
-    run(parser.parse_args().quick)
+    quick_main(__doc__, run, "tiny data and widths (smoke test, ~1 minute)")
 
 
 if __name__ == "__main__":

@@ -14,12 +14,12 @@ W1 ~ N(0, 0.02^2) as GPT-2 initialises) at every block input and the head:
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass
 
 import torch
 
+from exlib.command import quick_main
 from exlib.data import load_text
 from exlib.measure import ERROR_LEVEL, probe_model, report_row
 from exlib.models import gpt2_decoder
@@ -94,9 +94,7 @@ def run(quick: bool) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny model and text (smoke test, ~1 minute)")
-    run(parser.parse_args().quick)
+    quick_main(__doc__, run, "tiny model and text (smoke test, ~1 minute)")
 
 
 if __name__ == "__main__":

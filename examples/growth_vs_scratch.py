@@ -14,12 +14,12 @@ the reference's training).
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 import torch
 
+from exlib.command import quick_main
 from exlib.models import grow_zero_block
 from exlib.output import figure, results_dir, save_figure, write_results
 from exlib.resnets import image_data, settings, trained_resnet
@@ -96,9 +96,7 @@ def plot(rows, path):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one tiny configuration, two seeds (smoke test)")
-    run(parser.parse_args().quick)
+    quick_main(__doc__, run, "one tiny configuration, two seeds (smoke test)")
 
 
 if __name__ == "__main__":

@@ -26,13 +26,13 @@ sweep has not cached it), in float64 so tiny loss changes are measurable:
 
 from __future__ import annotations
 
-import argparse
 import copy
 import math
 import time
 
 import torch
 
+from exlib.command import quick_main
 from exlib.output import figure, results_dir, save_figure, write_results
 from exlib.persample import per_sample_xi, whitened_kernel
 from exlib.resnets import image_data, settings, trained_resnet
@@ -161,9 +161,7 @@ def plot(rows, curves, path):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the quick image models (smoke test)")
-    run(parser.parse_args().quick)
+    quick_main(__doc__, run, "the quick image models (smoke test)")
 
 
 if __name__ == "__main__":

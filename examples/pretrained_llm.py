@@ -30,7 +30,6 @@ reported and skipped.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import re
@@ -43,6 +42,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import torch
 
+from exlib.command import quick_parser
 from exlib.data import load_text
 from exlib.output import figure, log_if_spread, results_dir, save_figure, write_results
 from satcore.adapters.torch import find_blocks, grow, probe, sequence_loss
@@ -265,8 +265,7 @@ def run(quick: bool, which: str) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="MiniLM on a few sentences only (smoke test)")
+    parser = quick_parser(__doc__, "MiniLM on a few sentences only (smoke test)")
     parser.add_argument("--model", choices=("smollm2", "minilm", "both"), default="both")
     parser.add_argument("--replot", action="store_true", help="only redraw the figures from the tables already written")
     args = parser.parse_args()
