@@ -161,3 +161,22 @@ def test_kernel_inner_products_equal_per_sample_gradient_norms(dtype):
         got = kernel_inner_products(q.to(dtype), features.to(dtype))
         assert got.dtype == torch.float64
         assert float(got) == pytest.approx(ref, rel=1e-13 if dtype == torch.float64 else 1e-5)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 3000])
+@pytest.mark.parametrize("variance", [False, True])
+def test_conv_moments_in_image_groups_equal_explicit_patches(monkeypatch, chunk_bytes, variance):
+    """The CPU's cache-sized image groups (here one image, or a few, per group) add up to the
+    explicit-patch sums, batch norm of eq. (2) included (it is of the whole batch, not a sum of groups)."""
+    from satcore.adapters.torch import moments
+
+    monkeypatch.setattr(moments, "CONV_CHUNK_BYTES", chunk_bytes)
+    g = torch.Generator().manual_seed(11)
+    grad = torch.randn(5, 3, 4, 6, generator=g, dtype=torch.float64)
+    hidden = torch.randn(5, 2, 4, 6, generator=g, dtype=torch.float64)
+    got = conv_batch_moments(grad, hidden, variance=variance)
+    ref = core_batch_moments(conv_gradients(grad.numpy()), unfold3x3(hidden.numpy()), variance=variance)
+    assert set(got) == set(ref) and got["n_samples"] == 5
+    for field in set(ref) - {"n_samples"}:
+        assert rel(got[field], ref[field]) < 1e-12, field
+    assert torch.equal(got["sum_gram"], got["sum_gram"].T)

@@ -298,6 +298,9 @@ def conv_sample_gradients(flat: _FlatImages, grad: torch.Tensor, dtype) -> tuple
     return X.reshape(M, N, 9 * flat.C), _float64((g * g).sum())
 
 
+CONV_CHUNK_BYTES = 2 << 20  # CPU: images per pass so that their padded map stays in cache
+
+
 def conv_batch_moments(grad: torch.Tensor, hidden: torch.Tensor, *, variance: bool = False,
                        dtype=torch.float64) -> dict:
     """:func:`batch_moments` of ``q = positions(grad)`` and the ``conv`` family's
@@ -309,18 +312,32 @@ def conv_batch_moments(grad: torch.Tensor, hidden: torch.Tensor, *, variance: bo
     gradients ``X_m`` from nine shifted products (:func:`conv_sample_gradients`);
     ``sum_cross = sum_m X_m``, ``sum_xi_sq = sum ||X_m||^2`` and
     ``sum_xtx = sum X_m^T X_m``.  Equal to the patch route to round-off.
+    On the CPU the images go through in groups whose padded map takes at most
+    :data:`CONV_CHUNK_BYTES`: those ``C x C`` products are memory-bound, and
+    a cache-sized group runs them from cache.
     """
     grad, hidden = _in_dtype(dtype, grad, hidden)
+    M, C, H, W = hidden.shape
+    step = M
+    if hidden.device.type == "cpu":
+        step = max(1, CONV_CHUNK_BYTES // (C * (H + 2) * (W + 2) * hidden.element_size()))
+    out = {"n_samples": M}
+    for start in range(0, M, step):
+        for field, value in _conv_sums(grad[start : start + step], hidden[start : start + step], variance, dtype).items():
+            out[field] = out[field] + value if field in out else value
+    out["sum_gram"] = mirror_upper(out["sum_gram"])
+    out["batch_grad_norm"] = out["sum_q_sq"].sqrt() / M
+    return out
+
+
+def _conv_sums(grad, hidden, variance, dtype) -> dict:
     flat = _FlatImages(hidden, dtype)
     X, sum_q_sq = conv_sample_gradients(flat, grad, dtype)
-    M = grad.shape[0]
     out = {
-        "n_samples": M,
         "sum_q_sq": sum_q_sq,
         "sum_cross": _float64(X.sum(0)),
-        "sum_gram": mirror_upper(_float64(conv_gram(flat))),
+        "sum_gram": _float64(conv_gram(flat)),
         "sum_xi_sq": _float64((X * X).sum()),
-        "batch_grad_norm": sum_q_sq.sqrt() / M,
     }
     if variance:
         out["sum_xtx"] = gram(X.reshape(-1, X.shape[2]))
