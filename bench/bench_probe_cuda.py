@@ -27,7 +27,7 @@ import argparse
 import torch
 
 from _results import record
-from _workloads import WORKLOADS, floor_pass, interleaved, versions
+from _workloads import WORKLOADS, floor_pass, interleaved, stream, versions
 
 from satcore.adapters.torch import probe
 from satcore.adapters.torch.probe import to_device
@@ -67,8 +67,7 @@ def peak_memory(workload: str, batch_size: int, n_batches: int, **options) -> in
     model = build().to(CUDA)
 
     def lazy():
-        for b in range(n_batches):
-            yield to_device(make_batches(batch_size, 1, b * batch_size)[0], CUDA)
+        return (to_device(batch, CUDA) for batch in stream(make_batches, batch_size, n_batches))
 
     probe(model, lazy(), loss_fn, **options)  # warm-up
     torch.cuda.synchronize()

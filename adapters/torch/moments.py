@@ -58,19 +58,17 @@ def _dsyrk_ready(x: torch.Tensor) -> bool:
 def gram(x: torch.Tensor) -> torch.Tensor:
     """``x^T x`` (float64, on ``x``'s device, exactly symmetric) for ``x`` ``(n, r)``.
 
-    On CPU in float64 this is BLAS ``dsyrk`` on the zero-copy NumPy view: the
-    product is symmetric, so one triangle (half the flops of a general
-    product) is computed and mirrored.  torch has no symmetric rank-k update
+    On CPU in float64 this is :func:`add_gram` into zeros (BLAS ``dsyrk``: the
+    product is symmetric, so one triangle, half the flops of a general
+    product) and :func:`complete_lower`.  torch has no symmetric rank-k update
     on other devices, where it is the general product, mirrored.
     """
     if not _dsyrk_ready(x):
         return mirror_upper(_float64(x.T @ x))
-    from scipy.linalg.blas import dsyrk
-
-    a = x.detach().contiguous().numpy()
-    zeros = np.zeros((a.shape[1], a.shape[1]), order="F")  # the lower triangle stays zero
-    upper = torch.from_numpy(dsyrk(1.0, a.T, c=zeros, trans=0, lower=0, overwrite_c=1))  # a.T: Fortran order, no copy
-    return upper + upper.triu(1).T  # torch: 7x faster than np.triu on 1024 x 1024
+    total = torch.zeros((x.shape[1], x.shape[1]), dtype=torch.float64)
+    add_gram(total, x)
+    complete_lower(total)
+    return total
 
 
 def complete_lower(total: torch.Tensor) -> None:

@@ -219,8 +219,9 @@ def probe(
                     if name not in running:
                         running[name] = _running_sums(name, z, families[name], statistics, streams, variance,
                                                       position_subsample)
-                    running[name].add(*_batch_sums(z, grad, families[name], taps.updates.get(name), generator,
-                                                   position_subsample, variance, batch_dtype, running[name].matrices))
+                    moments, sum_z_sq = _batch_sums(z, grad, families[name], generator, position_subsample,
+                                                    variance, batch_dtype, running[name].matrices)
+                    running[name].add(moments, sum_z_sq, taps.updates.get(name))
                 done = index + 1
                 if bar is not None:
                     bar.update(first.shape[0])
@@ -269,9 +270,9 @@ def _running_sums(name, z, feature_map, statistics, streams, variance, keep) -> 
     return RunningSums(statistics[name], streams[name], float64_device(z.device))
 
 
-def _batch_sums(z, grad, feature_map, update, generator, keep, variance, dtype, totals):
-    """``(moments, sum ||z_i||^2, update energy)`` of one batch of one candidate, on its device;
-    its Grams may go straight into ``totals`` (``batch_moments(grams_into=...)``)."""
+def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals):
+    """``(moments, sum ||z_i||^2)`` of one batch of one candidate, on its device; its Grams
+    may go straight into ``totals`` (``batch_moments(grams_into=...)``)."""
     with torch.no_grad():
         zp = positions(z)
         T = zp.shape[1]
@@ -287,4 +288,4 @@ def _batch_sums(z, grad, feature_map, update, generator, keep, variance, dtype, 
             else:
                 psi = subsample_positions(feature_map(z), index)
             moments = batch_moments(q, psi, variance=variance, dtype=dtype, grams_into=totals)
-        return moments, zp.to(float64_device(zp.device), torch.float64).pow(2).sum(), update
+        return moments, zp.to(float64_device(zp.device), torch.float64).pow(2).sum()
