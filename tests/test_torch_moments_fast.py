@@ -1,6 +1,6 @@
 """The fast per-batch sums equal the direct ones: the ``conv`` family's sums from the
-hidden map (13 channel correlations with exact border corrections, nine shifted
-products) against the core's NumPy sums on explicit ``unfold3x3`` patches, the
+hidden map (channel correlations by FFT or by 13 shifted products, exact border
+corrections, nine shifted products) against the core's NumPy sums on explicit ``unfold3x3`` patches, the
 symmetric ``dsyrk`` Gram against a plain product, and the probe's conv route
 against the generic patch route on a real ResNet."""
 
@@ -33,10 +33,20 @@ def rel(a, b):
 SHAPES = [(3, 4, 5, 6, 7), (2, 3, 2, 1, 1), (2, 3, 2, 2, 5), (3, 5, 4, 1, 6), (2, 2, 3, 5, 2), (1, 1, 1, 3, 3)]
 
 
+@pytest.fixture(params=["spectral", "shifted"])
+def gram_route(request, monkeypatch):
+    """The conv Gram's channel correlations by FFT (small maps) or by 13 shifted products (large maps)."""
+    from satcore.adapters.torch import moments
+
+    if request.param == "shifted":
+        monkeypatch.setattr(moments, "CONV_SPECTRA_BYTES", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("variance", [False, True])
 @pytest.mark.parametrize("heavy_border", [False, True])
-def test_conv_moments_equal_explicit_patches(shape, variance, heavy_border):
+def test_conv_moments_equal_explicit_patches(shape, variance, heavy_border, gram_route):
     """Every field against ``satcore.batch_moments(conv_gradients(g), unfold3x3(h))`` in float64."""
     M, N, C, H, W = shape
     g = torch.Generator().manual_seed(sum(shape))
@@ -54,7 +64,7 @@ def test_conv_moments_equal_explicit_patches(shape, variance, heavy_border):
     assert got["sum_gram"].shape == (9 * C, 9 * C) and torch.equal(got["sum_gram"], got["sum_gram"].T)
 
 
-def test_conv_moments_float32_sums():
+def test_conv_moments_float32_sums(gram_route):
     g = torch.Generator().manual_seed(0)
     grad = torch.randn(4, 3, 6, 5, generator=g)
     hidden = torch.randn(4, 2, 6, 5, generator=g).relu()
@@ -165,7 +175,7 @@ def test_kernel_inner_products_equal_per_sample_gradient_norms(dtype):
 
 @pytest.mark.parametrize("chunk_bytes", [1, 3000])
 @pytest.mark.parametrize("variance", [False, True])
-def test_conv_moments_in_image_groups_equal_explicit_patches(monkeypatch, chunk_bytes, variance):
+def test_conv_moments_in_image_groups_equal_explicit_patches(monkeypatch, chunk_bytes, variance, gram_route):
     """The CPU's cache-sized image groups (here one image, or a few, per group) add up to the
     explicit-patch sums, batch norm of eq. (2) included (it is of the whole batch, not a sum of groups)."""
     from satcore.adapters.torch import moments

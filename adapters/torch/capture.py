@@ -68,8 +68,8 @@ def update_energy(z, out) -> torch.Tensor | None:
     """``sum_i ||block(z_i) - z_i||^2`` (``None`` when the block changes the shape)."""
     if out.shape != z.shape:
         return None
-    diff = (out.detach() - z).to(float64_device(z.device), torch.float64)
-    return diff.pow(2).sum()
+    diff = (out.detach() - z).to(float64_device(z.device), torch.float64).reshape(-1)
+    return torch.dot(diff, diff)
 
 
 class StreamTaps:

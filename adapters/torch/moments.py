@@ -185,7 +185,7 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
 
 
 class _FlatImages:
-    """Images ``(M, C, H, W)`` laid out so that every 3x3 shift is a plain offset.
+    """Images ``(M, C, H, W)`` laid out so that every shift of up to 2 pixels is a plain offset.
 
     Each image gets two zero columns and two zero rows (pitch ``P = W + 2``,
     ``L = (H + 2) P`` entries per image), images follow each other, and a zero
@@ -202,12 +202,8 @@ class _FlatImages:
         self.length = (H + 2) * self.pitch
         self.margin = 2 * self.pitch + 2
         self.data = x.new_zeros((C, 2 * self.margin + M * self.length), dtype=dtype)
-        self.images()[:, :, :H, :W] = x.transpose(0, 1)
-
-    def images(self) -> torch.Tensor:
-        """``(C, M, H + 2, P)`` view of the images with their zero rows and columns."""
-        return self.data[:, self.margin : self.margin + self.M * self.length].view(
-            self.C, self.M, self.H + 2, self.pitch
+        self.data[:, self.margin : self.margin + M * self.length].view(C, M, H + 2, self.pitch)[:, :, :H, :W] = (
+            x.transpose(0, 1)
         )
 
     def shifted(self, dh: int, dw: int) -> torch.Tensor:
@@ -220,80 +216,137 @@ class _FlatImages:
         start = self.data.storage_offset() + self.margin + dh * self.pitch + dw
         return self.data.as_strided((self.M, self.C, self.length), (self.length, self.data.stride(0), 1), start)
 
-    def line_products(self, row: int | None, col: int | None, shift: int) -> torch.Tensor:
-        """``sum_m sum_v x[v] x[v + shift]^T`` over the pixels ``v`` of one row or one column (``C x C``)."""
-        offset = self.data.storage_offset() + self.margin
-        if row is not None:
-            size, step, offset = self.pitch, 1, offset + row * self.pitch
+
+CONV_SPECTRA_BYTES = 32 << 20  # the largest cross-spectra (C^2 per frequency) the FFT route may hold
+
+
+def _fft_size(n: int) -> int:
+    """The smallest ``2^a 3^b 5^c >= n``: FFTs of such lengths are the fast ones."""
+    size = n
+    while True:
+        rest = size
+        for p in (2, 3, 5):
+            while rest % p == 0:
+                rest //= p
+        if rest == 1:
+            return size
+        size += 1
+
+
+def channel_correlations(x: torch.Tensor, step: int | None = None) -> torch.Tensor:
+    """``S[dh + 2, dw + 2] = sum_m sum_u x_m[u] x_m[u + d]^T`` (``C x C``) for ``|dh|, |dw| <= 2``.
+
+    ``x`` ``(M, C, H, W)`` is zero outside each image; ``step`` images go
+    through at a time (default: all).  By the correlation theorem, over an
+    ``n_h x n_w`` grid with ``n >= H + 2`` (so that lags up to 2 never wrap
+    onto the image), ``S_d`` is the inverse DFT at lag ``-d`` of the
+    cross-spectra ``P(f) = sum_m X_m(f) X_m(f)^H``: one real FFT per image and
+    channel, one ``C x M`` by ``M x C`` complex product per frequency (4 real
+    multiply-adds per pixel and pair of channels, the other half of the
+    spectrum being its conjugate, instead of 13 for the 13 shifted products
+    ``S_d``, ``S_{-d} = S_d^T``), and the 25 wanted lags of the inverse as one
+    product with their DFT weights (a conjugate pair of frequencies counted
+    twice, by its real part).  The cross-spectra take ``C^2 n_h n_w / 2``
+    complex numbers, ``n_h n_w / 81`` times the Gram: past
+    :data:`CONV_SPECTRA_BYTES` (large maps) the shifted products are used.
+    """
+    M, C, H, W = x.shape
+    n_h, n_w = _fft_size(H + 2), _fft_size(W + 2)
+    step = step or M
+    if C * C * n_h * (n_w // 2 + 1) * 2 * x.element_size() > CONV_SPECTRA_BYTES:
+        return _shifted_correlations(x, step)
+    cross = None
+    for start in range(0, M, step):
+        spectra = torch.fft.rfft2(x[start : start + step], s=(n_h, n_w))  # (m, C, n_h, n_w // 2 + 1)
+        per_frequency = spectra.permute(2, 3, 1, 0).reshape(-1, C, spectra.shape[0]).contiguous()
+        if cross is None:
+            cross = torch.bmm(per_frequency, per_frequency.mH)
         else:
-            size, step, offset = self.H + 2, self.pitch, offset + col
-        stride = (self.data.stride(0), self.length, step)
-        line = self.data.as_strided((self.C, self.M, size), stride, offset)
-        moved = self.data.as_strided((self.C, self.M, size), stride, offset + shift)
-        return torch.einsum("cmv,dmv->cd", line, moved)
+            cross.baddbmm_(per_frequency, per_frequency.mH)
+    real = torch.float64 if x.dtype == torch.float64 else torch.float32
+    lags = torch.arange(-2, 3, dtype=real, device=x.device)
+    f_h = torch.arange(n_h, dtype=real, device=x.device)
+    f_w = torch.arange(n_w // 2 + 1, dtype=real, device=x.device)
+    pairs = torch.full_like(f_w, 2.0)
+    pairs[0] = 1.0
+    if n_w % 2 == 0:
+        pairs[-1] = 1.0  # the Nyquist column is its own conjugate
+    # e^{-2 pi i f d / n}: P(f) = X X^H is the spectrum of lag -d
+    along_h = torch.polar(torch.ones(5, n_h, dtype=real, device=x.device), -2 * math.pi * lags[:, None] * f_h / n_h)
+    along_w = torch.polar(pairs / (n_h * n_w), -2 * math.pi * lags[:, None] * f_w / n_w)
+    weights = (along_h[:, None, :, None] * along_w[None, :, None, :]).reshape(25, -1)
+    return (weights @ cross.view(-1, C * C)).real.view(5, 5, C, C)
 
 
-def conv_gram(flat: _FlatImages) -> torch.Tensor:
-    """``sum_m U_m U_m^T`` (``9C x 9C``, unfold order) of the zero-padded 3x3 patches ``U_m``.
+def _shifted_correlations(x: torch.Tensor, step: int) -> torch.Tensor:
+    """:func:`channel_correlations` as 13 products ``S_d`` of ``C x ML`` by ``ML x C`` (``S_{-d} = S_d^T``)."""
+    M, C, H, W = x.shape
+    S = x.new_zeros((5, 5, C, C))
+    half = [(dh, dw) for dh in range(3) for dw in range(-2, 3) if dh or dw >= 0]
+    for start in range(0, M, step):
+        flat = _FlatImages(x[start : start + step], x.dtype)
+        base = flat.shifted(0, 0)
+        for dh, dw in half:
+            S[dh + 2, dw + 2] += base @ flat.shifted(dh, dw).T
+    for dh, dw in half[1:]:
+        S[2 - dh, 2 - dw] = S[dh + 2, dw + 2].T
+    return S
+
+
+def _line_correlations(lines: torch.Tensor) -> torch.Tensor:
+    """``out[r, s] = sum_m sum_j x[m, :, r, j] x[m, :, r, j + s - 2]^T`` (``C x C``) for ``lines`` ``(M, C, R, n)``."""
+    M, C, R, n = lines.shape
+    windows = torch.nn.functional.pad(lines, (2, 2)).unfold(3, n, 1)  # (M, C, R, 5, n): x[j + s - 2]
+    return torch.einsum("mcrj,mdrsj->rscd", lines, windows)
+
+
+def conv_gram(x: torch.Tensor, step: int | None = None) -> torch.Tensor:
+    """``sum_m U_m U_m^T`` (``9C x 9C``, unfold order) of the zero-padded 3x3 patches ``U_m`` of ``x`` ``(M, C, H, W)``.
 
     Block ``(k, k')`` (kernel offsets ``k = (kh, kw)``) is
     ``sum_p x[p + k - 1] x[p + k' - 1]^T`` over the ``H x W`` output grid.  With
-    ``d = k' - k`` it is the full-map channel correlation
-    ``S_d = sum_u x[u] x[u + d]^T`` (25 offsets, ``S_{-d} = S_d^T``: 13
-    products of ``C x ML`` by ``ML x C`` instead of one ``9C x ML`` by
-    ``ML x 9C``) minus the pixels the window of ``k`` leaves out: the last row
-    for ``kh = 0``, the first for ``kh = 2`` (likewise columns for ``kw``).  A
-    left-out row only pairs with a pixel inside the map when ``kh' = kh``, so
-    the exact corrections are one row correlation per ``(kh, kw' - kw)``, one
-    column correlation per ``(kw, kh' - kh)`` and, where both apply with
-    ``k' = k``, the corner pixel added back (inclusion-exclusion).
+    ``d = k' - k`` it is the full-map channel correlation ``S_d``
+    (:func:`channel_correlations`, 25 lags) minus the pixels the window of
+    ``k`` leaves out: the last row for ``kh = 0``, the first for ``kh = 2``
+    (likewise columns for ``kw``).  A left-out row only pairs with a pixel
+    inside the map when ``kh' = kh``, so the exact corrections are one row
+    correlation per ``(kh, kw' - kw)``, one column correlation per
+    ``(kw, kh' - kh)`` and, where both apply with ``k' = k``, the corner
+    pixel added back (inclusion-exclusion).  Symmetric to round-off (the
+    FFT computes ``S_d`` and ``S_{-d}`` apart).  ``step``: images per FFT pass.
     """
-    C, H, W = flat.C, flat.H, flat.W
-    base = flat.shifted(0, 0)
-    half = {(dh, dw): base @ flat.shifted(dh, dw).T for dh in range(3) for dw in range(-2, 3) if dh or dw >= 0}
-    edge_row, edge_col = {0: H - 1, 2: 0}, {0: W - 1, 2: 0}  # the pixel row/column window kh/kw leaves out
-    # the corrections of each block, in one list per block, then every block in one stack: ~40
-    # small products and adds instead of ~120 indexed writes (on a GPU each one is a launch)
-    corrections = {}
-    for kh, row in edge_row.items():
-        for dw in range(-2, 3):
-            correction = flat.line_products(row, None, dw)
-            for kw in range(max(0, -dw), min(3, 3 - dw)):
-                corrections.setdefault((kh, kw, kh, kw + dw), []).append(-correction)
-    for kw, col in edge_col.items():
-        for dh in range(-2, 3):
-            correction = flat.line_products(None, col, dh * flat.pitch)
-            for kh in range(max(0, -dh), min(3, 3 - dh)):
-                corrections.setdefault((kh, kw, kh + dh, kw), []).append(-correction)
-    images = flat.images()
-    for (kh, row), (kw, col) in itertools.product(edge_row.items(), edge_col.items()):
-        corner = images[:, :, row, col]
-        corrections.setdefault((kh, kw, kh, kw), []).append(corner @ corner.T)
-    blocks = []
-    for kh, kw, kh2, kw2 in np.ndindex(3, 3, 3, 3):
-        dh, dw = kh2 - kh, kw2 - kw
-        block = half[(dh, dw)] if (dh, dw) in half else half[(-dh, -dw)].T
-        for term in corrections.get((kh, kw, kh2, kw2), ()):
-            block = block + term
-        blocks.append(block)
-    return torch.stack(blocks).view(3, 3, 3, 3, C, C).permute(4, 0, 1, 5, 2, 3).reshape(9 * C, 9 * C)
+    M, C, H, W = x.shape
+    k = torch.arange(3, device=x.device)
+    lag = k[None, :] - k[:, None] + 2  # [k, k'] -> index of k' - k
+    blocks = channel_correlations(x, step)[lag[:, None, :, None], lag[None, :, None, :]]  # (kh, kw, kh', kw', C, C)
+    edges = {0: -1, 2: 0}  # kernel offset -> the row / column its window leaves out
+    rows = _line_correlations(torch.stack([x[:, :, e] for e in edges.values()], 2))  # (2, 5, C, C)
+    cols = _line_correlations(torch.stack([x[:, :, :, e] for e in edges.values()], 2))
+    for i, kh in enumerate(edges):
+        blocks[kh, :, kh, :] -= rows[i][lag]
+        blocks[:, kh, :, kh] -= cols[i][lag]
+    for (kh, row), (kw, col) in itertools.product(edges.items(), edges.items()):
+        corner = x[:, :, row, col]
+        blocks[kh, kw, kh, kw] += corner.T @ corner
+    return blocks.permute(4, 0, 1, 5, 2, 3).reshape(9 * C, 9 * C)
 
 
 def conv_sample_gradients(flat: _FlatImages, grad: torch.Tensor, dtype) -> tuple:
-    """Per-image parameter gradients ``X_m = G_m U_m^T`` ``(M, N, 9C)`` and ``sum ||G_m||^2``.
+    """Per-image parameter gradients ``X_m = G_m U_m^T``, kernel offset first, and ``sum ||G_m||^2``.
 
-    Column ``c*9 + kh*3 + kw`` (unfold order) of ``X_m`` is
-    ``sum_p g[p] x_c[p + k - 1]``: nine batched products of the gradient,
-    placed in the same padded layout, with shifted views of the map.
+    ``out[kh*3 + kw, m]`` ``(N x C)`` is column block ``kh*3 + kw`` of ``X_m`` in
+    unfold order (column ``c*9 + kh*3 + kw``): ``sum_p g[p] x_c[p + k - 1]``,
+    one batched product of the gradient, placed in the same padded layout,
+    with a shifted view of the map, written in place (no stacking copy).
     """
     M, N, H, W = grad.shape
     g = grad.new_zeros((M, N, H + 2, flat.pitch), dtype=dtype)
     g[:, :, :H, :W] = grad
     g = g.view(M, N, flat.length)
-    X = torch.stack(
-        [torch.bmm(g, flat.per_image(kh - 1, kw - 1).transpose(1, 2)) for kh, kw in np.ndindex(3, 3)], dim=3
-    )
-    return X.reshape(M, N, 9 * flat.C), _float64((g * g).sum())
+    X = g.new_empty((9, M, N, flat.C))
+    for k, (kh, kw) in enumerate(np.ndindex(3, 3)):
+        torch.bmm(g, flat.per_image(kh - 1, kw - 1).transpose(1, 2), out=X[k])
+    return X, _float64((g * g).sum())
 
 
 CONV_CHUNK_BYTES = 2 << 20  # CPU: images per pass so that their padded map stays in cache
@@ -306,39 +359,40 @@ def conv_batch_moments(grad: torch.Tensor, hidden: torch.Tensor, *, variance: bo
 
     ``grad`` ``(M, N, H, W)`` is ``d loss / d z``, ``hidden`` ``(M, C, H, W)``
     the map whose 3x3 patches are the features (``r = 9C``).  The Gram comes
-    from 13 channel correlations (:func:`conv_gram`), the per-sample
+    from the map's channel correlations (:func:`conv_gram`), the per-sample
     gradients ``X_m`` from nine shifted products (:func:`conv_sample_gradients`);
     ``sum_cross = sum_m X_m``, ``sum_xi_sq = sum ||X_m||^2`` and
     ``sum_xtx = sum X_m^T X_m``.  Equal to the patch route to round-off.
-    On the CPU the images go through in groups whose padded map takes at most
-    :data:`CONV_CHUNK_BYTES`: those ``C x C`` products are memory-bound, and
-    a cache-sized group runs them from cache.
+    On the CPU the images go through in groups whose padded map takes at
+    most :data:`CONV_CHUNK_BYTES` (the ``X_m`` and the Gram's FFTs): the small
+    products are memory-bound and a cache-sized group runs them from cache,
+    and its temporaries are reused instead of page-faulted afresh.
     """
     grad, hidden = _in_dtype(dtype, grad, hidden)
     M, C, H, W = hidden.shape
     step = M
     if hidden.device.type == "cpu":
         step = max(1, CONV_CHUNK_BYTES // (C * (H + 2) * (W + 2) * hidden.element_size()))
-    out = {"n_samples": M}
+    out = {"n_samples": M, "sum_gram": mirror_upper(_float64(conv_gram(hidden, step)))}
     for start in range(0, M, step):
-        for field, value in _conv_sums(grad[start : start + step], hidden[start : start + step], variance, dtype).items():
+        for field, value in _sample_gradient_sums(grad[start : start + step], hidden[start : start + step],
+                                                  variance, dtype).items():
             out[field] = out[field] + value if field in out else value
-    out["sum_gram"] = mirror_upper(out["sum_gram"])
     out["batch_grad_norm"] = out["sum_q_sq"].sqrt() / M
     return out
 
 
-def _conv_sums(grad, hidden, variance, dtype) -> dict:
-    flat = _FlatImages(hidden, dtype)
-    X, sum_q_sq = conv_sample_gradients(flat, grad, dtype)
+def _sample_gradient_sums(grad, hidden, variance, dtype) -> dict:
+    X, sum_q_sq = conv_sample_gradients(_FlatImages(hidden, dtype), grad, dtype)
+    _, M, N, C = X.shape
+    entries = X.view(-1)
     out = {
         "sum_q_sq": sum_q_sq,
-        "sum_cross": _float64(X.sum(0)),
-        "sum_gram": _float64(conv_gram(flat)),
-        "sum_xi_sq": _float64((X * X).sum()),
+        "sum_cross": _float64(X.sum(1).permute(1, 2, 0).reshape(N, 9 * C)),
+        "sum_xi_sq": _float64(torch.dot(entries, entries)),
     }
     if variance:
-        out["sum_xtx"] = gram(X.reshape(-1, X.shape[2]))
+        out["sum_xtx"] = gram(X.permute(1, 2, 3, 0).reshape(M * N, 9 * C))
     return out
 
 
