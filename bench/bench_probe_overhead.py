@@ -16,6 +16,9 @@ paper's stagewise ResNet-8 at 32x32) the same list of batches is run through
   forward and backward with next to no sums, i.e. the probe's skeleton, so
   ``default - bias_family`` is what the default family's features and float64
   sums cost;
+* ``shifted_gram`` (workloads with ``conv`` candidates): the default probe with
+  the ``conv`` Gram's channel correlations from 13 shifted products instead
+  of the FFT (``moments.CONV_SPECTRA_BYTES = 0``: the route large maps take);
 
 interleaved in rotating order, ``repeats`` times; ratios are medians over the
 floor's median from the same run.  The floor and the default probe also run
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import cProfile
 import pstats
+import sys
 
 import numpy as np
 import torch
@@ -45,6 +49,7 @@ import torch
 from _results import record
 from _workloads import WORKLOADS, floor_pass, interleaved, peak_rss_increase, probe_pass, parse_bench_args, versions
 
+CONV_WORKLOADS = ("resnet8",)  # the workloads whose candidates take the conv family's route
 SIZES = {  # workload -> (batch size, batches) for quick / full
     "gpt2": {"quick": (2, 2), "full": (8, 2)},
     "resnet8": {"quick": (32, 2), "full": (64, 4)},
@@ -97,6 +102,16 @@ def float32_rel_error(model, batches, loss_fn) -> dict:
     return out
 
 
+def with_shifted_gram(run):
+    """``run()`` with the conv Gram's correlations forced onto the shifted-products route."""
+    moments = sys.modules["satcore.adapters.torch.moments"]
+    budget, moments.CONV_SPECTRA_BYTES = moments.CONV_SPECTRA_BYTES, 0
+    try:
+        return run()
+    finally:
+        moments.CONV_SPECTRA_BYTES = budget
+
+
 def measure(workload: str, size: str, repeats: int) -> dict:
     build, make_batches, loss_fn = WORKLOADS[workload]
     model = build()
@@ -108,6 +123,10 @@ def measure(workload: str, size: str, repeats: int) -> dict:
     runs = {"floor": lambda: floor_pass(model, batches, loss_fn)}
     for option, kwargs in OPTIONS.items():
         runs[option] = lambda kwargs=kwargs: probe_pass(model, batches, loss_fn, **kwargs)
+    options = list(OPTIONS)
+    if workload in CONV_WORKLOADS:
+        runs["shifted_gram"] = lambda: with_shifted_gram(lambda: probe_pass(model, batches, loss_fn))
+        options.append("shifted_gram")
     runs["floor_4x"] = lambda: floor_pass(model, more, loss_fn)
     runs["default_4x"] = lambda: probe_pass(model, more, loss_fn)
     seconds = interleaved(runs, repeats)
@@ -121,7 +140,7 @@ def measure(workload: str, size: str, repeats: int) -> dict:
         "batches": n_batches,
         "candidates": len(probe_pass(model, batches[:1], loss_fn).statistics),
         "seconds": seconds,
-        "ratio": {name: seconds[name] / seconds["floor"] for name in OPTIONS},
+        "ratio": {name: seconds[name] / seconds["floor"] for name in options},
         "marginal_ratio_default": marginal,
         "fixed_seconds_default": fixed,
         "peak_rss_increase_bytes": memory,
@@ -144,9 +163,9 @@ def main():
     repeats = args.repeats or (3 if args.quick else 5)
     rows = {workload: measure(workload, size, repeats) for workload in WORKLOADS}
     summary = {}
-    for option in OPTIONS:
-        for workload, row in rows.items():
-            summary[f"probe_overhead_{option}_{workload}"] = row["ratio"][option]
+    for workload, row in rows.items():
+        for option, ratio in row["ratio"].items():
+            summary[f"probe_overhead_{option}_{workload}"] = ratio
     for workload, row in rows.items():
         summary[f"probe_overhead_default_marginal_{workload}"] = row["marginal_ratio_default"]
         summary[f"probe_fixed_seconds_{workload}"] = row["fixed_seconds_default"]

@@ -20,6 +20,7 @@ variance the finite-sample test needs for the estimator actually used.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -263,19 +264,28 @@ def channel_correlations(x: torch.Tensor, step: int | None = None) -> torch.Tens
             cross = torch.bmm(per_frequency, per_frequency.mH)
         else:
             cross.baddbmm_(per_frequency, per_frequency.mH)
-    real = torch.float64 if x.dtype == torch.float64 else torch.float32
-    lags = torch.arange(-2, 3, dtype=real, device=x.device)
-    f_h = torch.arange(n_h, dtype=real, device=x.device)
-    f_w = torch.arange(n_w // 2 + 1, dtype=real, device=x.device)
+    return (_lag_weights(n_h, n_w, x.dtype, x.device) @ cross.view(-1, C * C)).real.view(5, 5, C, C)
+
+
+@functools.lru_cache(maxsize=64)
+def _lag_weights(n_h: int, n_w: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``(25, n_h (n_w // 2 + 1))``: the inverse-DFT weights of lags ``-2..2`` squared on a half spectrum.
+
+    ``e^{-2 pi i f d / n} / (n_h n_w)`` (``P(f) = X X^H`` is the spectrum of lag
+    ``-d``), doubled where the column's conjugate is the half left out.
+    Cached: a probe asks for the same few grids every batch.
+    """
+    real = torch.float64 if dtype == torch.float64 else torch.float32
+    lags = torch.arange(-2, 3, dtype=real, device=device)
+    f_h = torch.arange(n_h, dtype=real, device=device)
+    f_w = torch.arange(n_w // 2 + 1, dtype=real, device=device)
     pairs = torch.full_like(f_w, 2.0)
     pairs[0] = 1.0
     if n_w % 2 == 0:
         pairs[-1] = 1.0  # the Nyquist column is its own conjugate
-    # e^{-2 pi i f d / n}: P(f) = X X^H is the spectrum of lag -d
-    along_h = torch.polar(torch.ones(5, n_h, dtype=real, device=x.device), -2 * math.pi * lags[:, None] * f_h / n_h)
+    along_h = torch.polar(torch.ones(5, n_h, dtype=real, device=device), -2 * math.pi * lags[:, None] * f_h / n_h)
     along_w = torch.polar(pairs / (n_h * n_w), -2 * math.pi * lags[:, None] * f_w / n_w)
-    weights = (along_h[:, None, :, None] * along_w[None, :, None, :]).reshape(25, -1)
-    return (weights @ cross.view(-1, C * C)).real.view(5, 5, C, C)
+    return (along_h[:, None, :, None] * along_w[None, :, None, :]).reshape(25, -1)
 
 
 def _shifted_correlations(x: torch.Tensor, step: int) -> torch.Tensor:
@@ -325,9 +335,10 @@ def conv_gram(x: torch.Tensor, step: int | None = None) -> torch.Tensor:
     for i, kh in enumerate(edges):
         blocks[kh, :, kh, :] -= rows[i][lag]
         blocks[:, kh, :, kh] -= cols[i][lag]
-    for (kh, row), (kw, col) in itertools.product(edges.items(), edges.items()):
-        corner = x[:, :, row, col]
-        blocks[kh, kw, kh, kw] += corner.T @ corner
+    corners = list(itertools.product(edges.items(), edges.items()))
+    pixels = torch.stack([x[:, :, row, col] for (_, row), (_, col) in corners], 2)  # (M, C, 4)
+    for ((kh, _), (kw, _)), product in zip(corners, torch.einsum("mci,mdi->icd", pixels, pixels)):
+        blocks[kh, kw, kh, kw] += product
     return blocks.permute(4, 0, 1, 5, 2, 3).reshape(9 * C, 9 * C)
 
 
