@@ -59,6 +59,13 @@ def fixed(seconds: float) -> str:
     return f"{seconds:.2f} s" if seconds >= 0.02 else f"~0 (intercept {seconds:.2f} s, within noise)"
 
 
+def score_flops() -> float:
+    """Floating-point operations of the three products per candidate that scoring the dump cannot avoid."""
+    shape = sd["shape"]
+    M, T, N, r = shape["M"], shape["T"], shape["N"], shape["r"]
+    return 2 * shape["candidates"] * M * r * (T * r / 2 + min(N, T) * r / 2 + T * N)
+
+
 def rows_ms(key: str) -> str:
     row = S["probe_cuda"]["workloads"][key]
     return f"{row['seconds']['floor'] / row['batches'] * 1e3:.1f}"

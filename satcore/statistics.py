@@ -45,7 +45,11 @@ def batch_moments(Q, Psi, *, variance: bool = False) -> dict:
     Every sum is a BLAS matrix product.  The per-sample parameter gradient
     ``X_i = Q_i^T Psi_i`` (``N x r``) is formed only when that is cheaper than
     the ``T x T`` kernel ``K_i = Q_i Q_i^T``, using
-    ``||X_i||_F^2 = <K_i, Psi_i Psi_i^T>_F`` and ``X_i^T X_i = Psi_i^T K_i Psi_i``.
+    ``||X_i||_F^2 = <K_i, Psi_i Psi_i^T>_F`` and, for ``variance``, the factor
+    ``R_i`` of ``K_i = R_i^T R_i`` (QR of ``Q_i^T``): ``Y_i = R_i Psi_i`` has
+    ``min(N, T)`` rows and ``Y_i^T Y_i = X_i^T X_i``, so ``sum X_i^T X_i`` is
+    one symmetric product (``syrk``, half the multiply-adds of
+    ``Psi^T (K Psi)``).
     """
     q, psi = as_pair(Q, Psi)
     M, T, N = q.shape
@@ -57,16 +61,19 @@ def batch_moments(Q, Psi, *, variance: bool = False) -> dict:
         "sum_cross": q2.T @ p2,
         "sum_gram": p2.T @ p2,
     }
-    kernel_cost = T * T * (N + r) + (T * r * r if variance else 0)
-    gradient_cost = T * N * r + (N * r * r if variance else 0)
-    if kernel_cost <= gradient_cost:
-        kq = q @ q.transpose(0, 2, 1)
-        if variance:
-            w = kq @ psi  # K_i Psi_i
-            out["sum_xi_sq"] = float(np.vdot(w, psi))
-            out["sum_xtx"] = p2.T @ w.reshape(M * T, r)
-        else:
-            out["sum_xi_sq"] = float(np.vdot(kq, psi @ psi.transpose(0, 2, 1)))
+    k = min(N, T)
+    if variance:
+        kernel_cost = N * T * k + k * T * r + k * r * r // 2
+        gradient_cost = T * N * r + N * r * r // 2
+    else:
+        kernel_cost = T * T * (N + r)
+        gradient_cost = T * N * r
+    if kernel_cost <= gradient_cost and variance:
+        Y = (np.linalg.qr(q.transpose(0, 2, 1), mode="r") @ psi).reshape(M * k, r)
+        out["sum_xi_sq"] = float(np.vdot(Y, Y))
+        out["sum_xtx"] = Y.T @ Y
+    elif kernel_cost <= gradient_cost:
+        out["sum_xi_sq"] = float(np.vdot(q @ q.transpose(0, 2, 1), psi @ psi.transpose(0, 2, 1)))
     else:
         X = (q.transpose(0, 2, 1) @ psi).reshape(M * N, r)
         out["sum_xi_sq"] = float(np.vdot(X, X))

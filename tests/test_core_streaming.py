@@ -70,9 +70,14 @@ def test_narrow_and_wide_xi_paths_agree():
     narrow = satcore.batch_moments(Q[:, :1], Psi[:, :1], variance=False)["sum_xi_sq"]
     assert wide == pytest.approx(reference_sums(Q, Psi)["sum_xi_sq"], rel=1e-13)
     assert narrow == pytest.approx(reference_sums(Q[:, :1], Psi[:, :1])["sum_xi_sq"], rel=1e-13)
-    # T (N + r) < N r picks the T x T kernel route:
+    # T (N + r) < N r picks the T x T kernel route; with variance, its QR factor (min(N, T) rows per sample):
     Q2, P2 = rng.standard_normal((4, 2, 6)), rng.standard_normal((4, 2, 7))
-    assert satcore.batch_moments(Q2, P2)["sum_xi_sq"] == pytest.approx(reference_sums(Q2, P2)["sum_xi_sq"], rel=1e-13)
+    ref = reference_sums(Q2, P2)
+    assert satcore.batch_moments(Q2, P2)["sum_xi_sq"] == pytest.approx(ref["sum_xi_sq"], rel=1e-13)
+    factored = satcore.batch_moments(Q2, P2, variance=True)
+    assert factored["sum_xi_sq"] == pytest.approx(ref["sum_xi_sq"], rel=1e-13)
+    np.testing.assert_allclose(factored["sum_xtx"], ref["sum_xtx"], rtol=1e-12, atol=1e-12 * np.abs(ref["sum_xtx"]).max())
+    np.testing.assert_array_equal(factored["sum_xtx"], factored["sum_xtx"].T)  # one symmetric product
 
 
 def test_serialisation_round_trip_and_depth_merge():
