@@ -249,12 +249,15 @@ def channel_correlations(x: torch.Tensor, step: int | None = None) -> torch.Tens
     product with their DFT weights (a conjugate pair of frequencies counted
     twice, by its real part).  The cross-spectra take ``C^2 n_h n_w / 2``
     complex numbers, ``n_h n_w / 81`` times the Gram: past
-    :data:`CONV_SPECTRA_BYTES` (large maps) the shifted products are used.
+    :data:`CONV_SPECTRA_BYTES` (large maps), and on Apple's MPS, the shifted
+    products are used.
     """
     M, C, H, W = x.shape
     n_h, n_w = _fft_size(H + 2), _fft_size(W + 2)
     step = step or M
-    if C * C * n_h * (n_w // 2 + 1) * 2 * x.element_size() > CONV_SPECTRA_BYTES:
+    spectra_bytes = C * C * n_h * (n_w // 2 + 1) * 2 * x.element_size()
+    # Apple's MPS (float32 sums only) has partial complex support: it keeps the real products
+    if spectra_bytes > CONV_SPECTRA_BYTES or x.device.type == "mps":
         return _shifted_correlations(x, step)
     cross = None
     for start in range(0, M, step):
