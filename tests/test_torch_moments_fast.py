@@ -190,3 +190,27 @@ def test_conv_moments_in_image_groups_equal_explicit_patches(monkeypatch, chunk_
     for field in set(ref) - {"n_samples"}:
         assert rel(got[field], ref[field]) < 1e-12, field
     assert torch.equal(got["sum_gram"], got["sum_gram"].T)
+
+
+def test_symmetric_products_on_more_threads_use_torch_and_agree():
+    """With torch on 2 threads the Grams and kernels skip SciPy's dsyrk (its BLAS threads would fight
+    torch's spinning OpenMP workers) and take torch's product: same values, still exactly symmetric."""
+    from satcore.adapters.torch import moments
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(4, 3, 12, generator=g, dtype=torch.float64)
+    psi = torch.randn(4, 3, 10, generator=g, dtype=torch.float64)
+    one = batch_moments(q, psi, variance=True)
+    assert moments._dsyrk_ready(psi)
+    torch.set_num_threads(2)
+    try:
+        assert not moments._dsyrk_ready(psi)
+        two = batch_moments(q, psi, variance=True)
+        kernels = kernel_inner_products(q, psi)
+    finally:
+        torch.set_num_threads(1)
+    for field in ("sum_cross", "sum_gram", "sum_xi_sq", "sum_xtx"):
+        assert rel(two[field], one[field]) < 1e-13, field
+    for field in ("sum_gram", "sum_xtx"):
+        assert torch.equal(two[field], two[field].T)
+    assert float(kernels) == pytest.approx(float(kernel_inner_products(q, psi)), rel=1e-13)

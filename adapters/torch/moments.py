@@ -52,19 +52,34 @@ def mirror_upper(x: torch.Tensor) -> torch.Tensor:
     return x.triu() + x.triu(1).T
 
 
-def _dsyrk_ready(x: torch.Tensor) -> bool:
+def _upper_ready(x: torch.Tensor) -> bool:
+    """Whether ``x``'s Grams are added by upper triangle (:func:`add_gram`): float64 on the CPU."""
     return x.device.type == "cpu" and x.dtype == torch.float64 and x.shape[0] > 0
+
+
+def _dsyrk_ready(x: torch.Tensor) -> bool:
+    """Whether ``x``'s symmetric products go to SciPy's BLAS ``dsyrk`` (half the flops of torch's product).
+
+    Only while torch runs one thread: with more, torch's OpenMP workers spin
+    between its own ops and starve SciPy's BLAS threads (a float32 product
+    then a ``dsyrk`` took 83 ms on 2 threads against 26 ms for the two
+    apart), so products stay in torch's own thread pool.
+    """
+    return _upper_ready(x) and torch.get_num_threads() == 1
+
+
+GRAM_BLOCK = 512  # columns per block of the upper block triangle torch computes on several threads
 
 
 def gram(x: torch.Tensor) -> torch.Tensor:
     """``x^T x`` (float64, on ``x``'s device, exactly symmetric) for ``x`` ``(n, r)``.
 
-    On CPU in float64 this is :func:`add_gram` into zeros (BLAS ``dsyrk``: the
-    product is symmetric, so one triangle, half the flops of a general
-    product) and :func:`complete_lower`.  torch has no symmetric rank-k update
-    on other devices, where it is the general product, mirrored.
+    On CPU in float64 this is :func:`add_gram` into zeros (the product is
+    symmetric: one triangle, about half the flops of a general product) and
+    :func:`complete_lower`.  torch has no symmetric rank-k update on other
+    devices, where it is the general product, mirrored.
     """
-    if not _dsyrk_ready(x):
+    if not _upper_ready(x):
         return mirror_upper(_float64(x.T @ x))
     total = torch.zeros((x.shape[1], x.shape[1]), dtype=torch.float64)
     add_gram(total, x)
@@ -88,18 +103,29 @@ def complete_lower(total: torch.Tensor) -> None:
 def add_gram(total: torch.Tensor, x: torch.Tensor) -> None:
     """``total += x^T x`` in ``total``'s UPPER triangle at least; :func:`complete_lower` makes it whole.
 
-    On CPU in float64 (``total`` a C-ordered float64 CPU tensor) this is one
-    ``dsyrk`` with ``beta = 1`` straight into ``total`` (its transpose is the
-    Fortran-ordered lower triangle BLAS writes): no ``r x r`` temporary, no
-    mirroring and no separate addition per batch, 25% of the Gram's time at
-    ``r = 1024``.  Elsewhere the exactly symmetric :func:`gram` is added.
+    On CPU in float64 (``total`` a C-ordered float64 CPU tensor), with torch
+    on one thread, this is one ``dsyrk`` with ``beta = 1`` straight into
+    ``total`` (its transpose is the Fortran-ordered lower triangle BLAS
+    writes): no ``r x r`` temporary, no mirroring and no separate addition
+    per batch, 25% of the Gram's time at ``r = 1024``.  On more threads it is
+    torch's ``addmm_`` into the blocks of the upper block triangle
+    (:data:`GRAM_BLOCK` columns a block: 3 of 4 block products at
+    ``r = 1024``), in torch's thread pool (:func:`_dsyrk_ready`).  Elsewhere
+    the exactly symmetric :func:`gram` is added.
     """
-    if not (_dsyrk_ready(x) and total.device.type == "cpu" and total.is_contiguous()):
+    if not (_upper_ready(x) and total.device.type == "cpu" and total.is_contiguous()):
         total += gram(x)
         return
-    from scipy.linalg.blas import dsyrk
+    x = x.detach()
+    if _dsyrk_ready(x):
+        from scipy.linalg.blas import dsyrk
 
-    dsyrk(1.0, x.detach().contiguous().numpy().T, beta=1.0, c=total.numpy().T, trans=0, lower=1, overwrite_c=1)
+        dsyrk(1.0, x.contiguous().numpy().T, beta=1.0, c=total.numpy().T, trans=0, lower=1, overwrite_c=1)
+        return
+    r = x.shape[1]
+    for i in range(0, r, GRAM_BLOCK):
+        for j in range(i, r, GRAM_BLOCK):
+            total[i : i + GRAM_BLOCK, j : j + GRAM_BLOCK].addmm_(x[:, i : i + GRAM_BLOCK].T, x[:, j : j + GRAM_BLOCK])
 
 
 def kernel_inner_products(q: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
