@@ -192,11 +192,14 @@ def test_conv_moments_in_image_groups_equal_explicit_patches(monkeypatch, chunk_
     assert torch.equal(got["sum_gram"], got["sum_gram"].T)
 
 
-def test_symmetric_products_on_more_threads_use_torch_and_agree():
+@pytest.mark.parametrize("block", [512, 4])  # one block; blocks of 4 columns with a ragged last one (r = 10)
+def test_symmetric_products_on_more_threads_use_torch_and_agree(monkeypatch, block):
     """With torch on 2 threads the Grams and kernels skip SciPy's dsyrk (its BLAS threads would fight
-    torch's spinning OpenMP workers) and take torch's product: same values, still exactly symmetric."""
+    torch's spinning OpenMP workers) and take torch's product, by blocks of the upper block triangle:
+    same values, still exactly symmetric."""
     from satcore.adapters.torch import moments
 
+    monkeypatch.setattr(moments, "GRAM_BLOCK", block)
     g = torch.Generator().manual_seed(3)
     q = torch.randn(4, 3, 12, generator=g, dtype=torch.float64)
     psi = torch.randn(4, 3, 10, generator=g, dtype=torch.float64)
