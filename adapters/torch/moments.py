@@ -298,7 +298,7 @@ def channel_correlations(x: torch.Tensor, step: int | None = None) -> torch.Tens
 
 @functools.lru_cache(maxsize=64)
 def _lag_weights(n_h: int, n_w: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``(25, n_h (n_w // 2 + 1))``: the inverse-DFT weights of lags ``-2..2`` squared on a half spectrum.
+    """``(25, n_h (n_w // 2 + 1))``: inverse-DFT weights of the lags ``|dh|, |dw| <= 2`` on a half spectrum.
 
     ``e^{-2 pi i f d / n} / (n_h n_w)`` (``P(f) = X X^H`` is the spectrum of lag
     ``-d``), doubled where the column's conjugate is the half left out.
@@ -361,9 +361,9 @@ def conv_gram(x: torch.Tensor, step: int | None = None) -> torch.Tensor:
     edges = {0: -1, 2: 0}  # kernel offset -> the row / column its window leaves out
     rows = _line_correlations(torch.stack([x[:, :, e] for e in edges.values()], 2))  # (2, 5, C, C)
     cols = _line_correlations(torch.stack([x[:, :, :, e] for e in edges.values()], 2))
-    for i, kh in enumerate(edges):
-        blocks[kh, :, kh, :] -= rows[i][lag]
-        blocks[:, kh, :, kh] -= cols[i][lag]
+    for i, offset in enumerate(edges):
+        blocks[offset, :, offset, :] -= rows[i][lag]  # kh = kh' = offset
+        blocks[:, offset, :, offset] -= cols[i][lag]  # kw = kw' = offset
     corners = list(itertools.product(edges.items(), edges.items()))
     pixels = torch.stack([x[:, :, row, col] for (_, row), (_, col) in corners], 2)  # (M, C, 4)
     for ((kh, _), (kw, _)), product in zip(corners, torch.einsum("mci,mdi->icd", pixels, pixels)):
