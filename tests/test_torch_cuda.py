@@ -5,9 +5,10 @@ one (docs/benchmarks.md records such a run).  float64 models: every field of
 every candidate to 1e-10 relative (only the order of reductions differs), on
 each route of the adapter (``mlp`` with the ``T x T`` kernel, the per-sample
 ``X_i`` route, the GPU's ``K_i Psi_i`` route for ``variance``, the ``conv``
-hidden-map route, subsampled positions), plus 100 times the gap between the
-model's own CPU and GPU outputs (Hugging Face Llama computes its rotary
-angles in float32 even in a float64 model); float32 models (TF32 off) to
+hidden-map route (its Gram by FFT and by shifted products), subsampled
+positions), plus 100 times the gap between the model's own CPU and GPU
+outputs (Hugging Face Llama computes its rotary angles in float32 even in a
+float64 model); float32 models (TF32 off) to
 1e-4; ``grow`` on the GPU matches its first-order prediction.  With
 ``torch.use_deterministic_algorithms`` a resumed probe is bitwise the
 uninterrupted one and an NCCL all-reduce over one rank changes nothing
@@ -155,3 +156,23 @@ def test_nccl_single_rank_all_reduce_is_identity(tmp_path, deterministic):
     finally:
         torch.distributed.destroy_process_group()
     assert max_rel_diff(reduced, alone) == 0.0
+
+
+@pytest.mark.parametrize("route", ["fft", "shifted"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_conv_moments_on_cuda_equal_cpu(monkeypatch, route, dtype, tol):
+    """The conv family's sums on the GPU, with the Gram by FFT and by shifted products, against the CPU's float64."""
+    from satcore.adapters.torch import moments
+
+    if route == "shifted":
+        monkeypatch.setattr(moments, "CONV_SPECTRA_BYTES", 0)
+    g = torch.Generator().manual_seed(4)
+    grad = torch.randn(6, 5, 9, 7, generator=g, dtype=torch.float64)
+    hidden = torch.randn(6, 4, 9, 7, generator=g, dtype=torch.float64).relu()
+    cpu = moments.conv_batch_moments(grad, hidden, variance=True)
+    gpu = moments.conv_batch_moments(grad.to(CUDA), hidden.to(CUDA), variance=True, dtype=dtype)
+    assert set(gpu) == set(cpu)
+    for field in set(cpu) - {"n_samples"}:
+        assert gpu[field].device.type == CUDA.type and gpu[field].dtype == torch.float64
+        assert float((gpu[field].cpu() - cpu[field]).norm() / cpu[field].norm()) < tol, field
+    assert torch.equal(gpu["sum_gram"], gpu["sum_gram"].T)
