@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import cProfile
 import pstats
-import sys
 
 import numpy as np
 import torch
@@ -106,7 +105,8 @@ def float32_rel_error(model, batches, loss_fn) -> dict:
 
 def with_shifted_gram(run):
     """``run()`` with the conv Gram's correlations forced onto the shifted-products route."""
-    moments = sys.modules["satcore.adapters.torch.moments"]
+    from satcore.adapters.torch import moments
+
     budget, moments.CONV_SPECTRA_BYTES = moments.CONV_SPECTRA_BYTES, 0
     try:
         return run()

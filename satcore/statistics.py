@@ -39,6 +39,29 @@ MATRIX_FIELDS = ("sum_cross", "sum_gram", "sum_xtx")
 FIELDS = SCALAR_FIELDS + MATRIX_FIELDS
 
 
+def forms_sample_gradients(T: int, N: int, r: int, *, variance: bool, factor: bool = True,
+                           half_kernels: bool = False) -> bool:
+    """Whether forming ``X_i = Q_i^T Psi_i`` costs fewer multiply-adds per sample than the ``T x T`` kernels.
+
+    ``X_i``: ``T N r``, plus ``N r^2 / 2`` for ``sum X_i^T X_i`` (a symmetric
+    product).  Kernels, for ``sum ||X_i||^2 = <Q_i Q_i^T, Psi_i Psi_i^T>``:
+    ``T^2 (N + r)`` (``T^2 (N + r / 2)`` when ``half_kernels``: the
+    ``Psi_i Psi_i^T`` as symmetric products); for ``variance`` through the QR
+    factor ``R_i`` of ``Q_i^T`` (``factor``): ``N T k + k T r + k r^2 / 2``
+    with ``k = min(N, T)``, else through ``K_i Psi_i``: ``T^2 (N + r) + T r^2``.
+    The one rule behind this module's :func:`batch_moments` and the adapters'.
+    """
+    k = min(N, T)
+    gradient = T * N * r + (N * r * r // 2 if variance else 0)
+    if not variance:
+        kernel = T * T * (N + (r // 2 if half_kernels else r))
+    elif factor:
+        kernel = N * T * k + k * T * r + k * r * r // 2
+    else:
+        kernel = T * T * (N + r) + T * r * r
+    return kernel > gradient
+
+
 def batch_moments(Q, Psi, *, variance: bool = False) -> dict:
     """The per-batch sums of the table above, in float64, from arrays.
 
@@ -61,24 +84,17 @@ def batch_moments(Q, Psi, *, variance: bool = False) -> dict:
         "sum_cross": q2.T @ p2,
         "sum_gram": p2.T @ p2,
     }
-    k = min(N, T)
-    if variance:
-        kernel_cost = N * T * k + k * T * r + k * r * r // 2
-        gradient_cost = T * N * r + N * r * r // 2
-    else:
-        kernel_cost = T * T * (N + r)
-        gradient_cost = T * N * r
-    if kernel_cost <= gradient_cost and variance:
-        Y = (np.linalg.qr(q.transpose(0, 2, 1), mode="r") @ psi).reshape(M * k, r)
-        out["sum_xi_sq"] = float(np.vdot(Y, Y))
-        out["sum_xtx"] = Y.T @ Y
-    elif kernel_cost <= gradient_cost:
-        out["sum_xi_sq"] = float(np.vdot(q @ q.transpose(0, 2, 1), psi @ psi.transpose(0, 2, 1)))
-    else:
+    if forms_sample_gradients(T, N, r, variance=variance):
         X = (q.transpose(0, 2, 1) @ psi).reshape(M * N, r)
         out["sum_xi_sq"] = float(np.vdot(X, X))
         if variance:
             out["sum_xtx"] = X.T @ X
+    elif variance:
+        Y = (np.linalg.qr(q.transpose(0, 2, 1), mode="r") @ psi).reshape(M * min(N, T), r)
+        out["sum_xi_sq"] = float(np.vdot(Y, Y))
+        out["sum_xtx"] = Y.T @ Y
+    else:
+        out["sum_xi_sq"] = float(np.vdot(q @ q.transpose(0, 2, 1), psi @ psi.transpose(0, 2, 1)))
     if M:
         out["batch_grad_norm"] = float(np.sqrt(out["sum_q_sq"])) / M
     return out

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from satcore.statistics import forms_sample_gradients
+
 
 def replica_moments(q, psi, *, variance: bool) -> dict:
     """``n_samples``, ``sum_q_sq``, ``sum_cross``, ``sum_gram``, ``sum_xi_sq`` (, ``sum_xtx``).
@@ -25,7 +27,7 @@ def replica_moments(q, psi, *, variance: bool) -> dict:
         "sum_gram": tf.einsum("mtr,mts->rs", psi, psi),
     }
     T, N, r = q.shape[1], q.shape[2], psi.shape[2]
-    if variance or T * (N + r) >= N * r:
+    if variance or forms_sample_gradients(T, N, r, variance=False):  # TF has no QR-factor route for sum_xtx
         X = tf.einsum("mtn,mtr->mnr", q, psi)
         out["sum_xi_sq"] = tf.reduce_sum(X * X)
         if variance:

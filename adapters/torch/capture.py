@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .locate import Candidate
-from .moments import float64_device
+from .moments import squared_norm
 
 STREAM_KWARGS = ("hidden_states", "x", "input", "src", "inputs_embeds")
 
@@ -68,8 +68,7 @@ def update_energy(z, out) -> torch.Tensor | None:
     """``sum_i ||block(z_i) - z_i||^2`` (``None`` when the block changes the shape)."""
     if out.shape != z.shape:
         return None
-    diff = (out.detach() - z).to(float64_device(z.device), torch.float64).reshape(-1)
-    return torch.dot(diff, diff)
+    return squared_norm(out.detach() - z)
 
 
 class StreamTaps:

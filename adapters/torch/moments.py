@@ -27,6 +27,8 @@ import math
 import numpy as np
 import torch
 
+from satcore.statistics import forms_sample_gradients
+
 
 def float64_device(device: torch.device) -> torch.device:
     """Where float64 sums of tensors on ``device`` live: that device, except Apple's MPS (no float64)."""
@@ -35,6 +37,12 @@ def float64_device(device: torch.device) -> torch.device:
 
 def _float64(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to(float64_device(x.device), torch.float64)
+
+
+def squared_norm(x: torch.Tensor) -> torch.Tensor:
+    """``||x||^2`` in float64 (0-d, on :func:`float64_device`), read in ``x``'s own memory order."""
+    flat = _float64(x).reshape(-1)
+    return torch.dot(flat, flat)
 
 
 def _in_dtype(dtype, *tensors):
@@ -187,19 +195,14 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
             out[field] = gram(x)
 
     symmetric_sum("sum_gram", p2)
-    k = min(N, T)
-    gradient_cost = T * N * r
-    kernel_cost = T * T * (N + (r // 2 if _dsyrk_ready(psi) else r))  # kernel_inner_products
-    if variance:
-        gradient_cost += N * r * r // 2
-        kernel_cost = N * T * k + k * T * r + k * r * r // 2 if factor else T * T * (N + r) + T * r * r
-    if kernel_cost > gradient_cost:
+    # kernel_inner_products takes the Psi_i Psi_i^T as dsyrk triangles where it can
+    if forms_sample_gradients(T, N, r, variance=variance, factor=factor, half_kernels=_dsyrk_ready(psi)):
         X = (q.transpose(1, 2) @ psi).reshape(M * N, r)
         out["sum_xi_sq"] = _float64((X * X).sum())
         if variance:
             symmetric_sum("sum_xtx", X)
     elif variance and factor:
-        Y = (torch.linalg.qr(q.transpose(1, 2), mode="r")[1] @ psi).reshape(M * k, r)  # R_i Psi_i
+        Y = (torch.linalg.qr(q.transpose(1, 2), mode="r")[1] @ psi).reshape(M * min(N, T), r)  # R_i Psi_i
         out["sum_xi_sq"] = _float64((Y * Y).sum())
         symmetric_sum("sum_xtx", Y)
     elif variance:

@@ -32,7 +32,14 @@ from .diagnostics import StreamAccumulator
 from .distributed import reduce_probe
 from .families import ConvFeatures, build_feature_map, positions, rebuild_feature_map
 from .locate import find_candidates, named_candidates
-from .moments import batch_moments, conv_batch_moments, float64_device, position_index, subsample_positions
+from .moments import (
+    batch_moments,
+    conv_batch_moments,
+    float64_device,
+    position_index,
+    squared_norm,
+    subsample_positions,
+)
 from .result import ProbeResult
 from .running import RunningSums
 
@@ -288,6 +295,5 @@ def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals):
             else:
                 psi = subsample_positions(feature_map(z), index)
             moments = batch_moments(q, psi, variance=variance, dtype=dtype, grams_into=totals)
-        # in z's own layout: positions(z) of a channels-first map is a transposed view, 10x slower to square
-        z64 = z.to(float64_device(z.device), torch.float64).reshape(-1)
-        return moments, torch.dot(z64, z64)
+        # of z, not positions(z): that is a transposed view of a channels-first map, 10x slower to square
+        return moments, squared_norm(z)
