@@ -33,16 +33,6 @@ def rel(a, b):
 SHAPES = [(3, 4, 5, 6, 7), (2, 3, 2, 1, 1), (2, 3, 2, 2, 5), (3, 5, 4, 1, 6), (2, 2, 3, 5, 2), (1, 1, 1, 3, 3)]
 
 
-@pytest.fixture(params=["spectral", "shifted"])
-def gram_route(request, monkeypatch):
-    """The conv Gram's channel correlations by FFT (small maps) or by 13 shifted products (large maps)."""
-    from satcore.adapters.torch import moments
-
-    if request.param == "shifted":
-        monkeypatch.setattr(moments, "CONV_SPECTRA_BYTES", 0)
-    return request.param
-
-
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("variance", [False, True])
 @pytest.mark.parametrize("heavy_border", [False, True])
