@@ -21,10 +21,16 @@ from .common import CHUNK_OPTION, QUIET_OPTION, load, num, table
     default=None,
     help="Error level a: derive t = sqrt(sum sigma^2 / (n a)) (Prop. 1).",
 )
+@click.option(
+    "--detector-scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Also run Theorem 3's detector: saturated iff Gamma_hat <= S * n^-1/4 (S in ||C||_F units).",
+)
 @click.option("--plot", "plot_path", metavar="PNG", help="Also draw AG and growth value per candidate (matplotlib).")
 @QUIET_OPTION
 @CHUNK_OPTION
-def score(dump, as_json, probe_split, delta, t, error, plot_path, quiet, chunk_samples):
+def score(dump, as_json, probe_split, delta, t, error, detector_scale, plot_path, quiet, chunk_samples):
     """Score every candidate of DUMP: AG, growth value, realizability, depth-wide maximum.
 
     With --t (and --delta) or --error, also run the separated saturation test
@@ -32,11 +38,12 @@ def score(dump, as_json, probe_split, delta, t, error, plot_path, quiet, chunk_s
     """
     if t is not None and error is not None:
         raise click.UsageError("give either --t or --error, not both")
-    if delta is not None and t is None and error is None:
-        raise click.UsageError("--delta needs --t or --error")
+    for option, value in (("--delta", delta), ("--detector-scale", detector_scale)):
+        if value is not None and t is None and error is None:
+            raise click.UsageError(f"{option} needs --t or --error")
     source, stats = load(dump, quiet=quiet, chunk_samples=chunk_samples)
     split = probe_split if probe_split is not None else source.meta.get("split")
-    report = stats.report(split=split, delta=delta or 0.0, t=t, error=error)
+    report = stats.report(split=split, delta=delta or 0.0, t=t, error=error, detector_scale=detector_scale)
     if plot_path:
         from .plot import plot_report
 
@@ -77,4 +84,7 @@ def render_test(test) -> str:
     )
     if test.interval is not None:
         text += f"; Gamma in [{num(test.interval[0])}, {num(test.interval[1])}] at level {num(test.error_level)}"
+    if test.detector_threshold is not None:
+        verdict = "SATURATED" if test.detector_saturated else "NOT SATURATED"
+        text += f"\ndetector (Theorem 3): {verdict}: Gamma_hat vs tau_n = S n^-1/4 = {num(test.detector_threshold)}"
     return text

@@ -16,7 +16,9 @@ def as_samples(array, name: str) -> np.ndarray:
 
     Accepts ``(M, width)`` (one position per sample) or ``(M, T, width)``.
     Integer and boolean input is refused: gradients and features are real
-    numbers, and silently casting labels would hide a mistake.
+    numbers, and silently casting labels would hide a mistake.  So are NaN and
+    infinite entries (e.g. a float16 overflow upstream): every sum would
+    carry them into the scores.
     """
     arr = np.asarray(array)
     if arr.dtype.kind not in "fc" or arr.dtype.kind == "c":
@@ -25,7 +27,11 @@ def as_samples(array, name: str) -> np.ndarray:
         arr = arr[:, None, :]
     elif arr.ndim != 3:
         raise ValueError(f"{name}: expected shape (M, N) or (M, T, N), got {arr.shape}")
-    return np.asarray(arr, dtype=np.float64)
+    arr = np.asarray(arr, dtype=np.float64)
+    if not np.isfinite(arr).all():
+        bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+        raise ValueError(f"{name}: {bad} of {arr.size} entries are NaN or infinite")
+    return arr
 
 
 def as_pair(Q, Psi) -> tuple[np.ndarray, np.ndarray]:

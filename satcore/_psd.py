@@ -3,13 +3,26 @@
 Every growth value is ``g^T G^+ g`` for some Gram matrix ``G`` (paper Lemma 4),
 so the one tolerance that decides which directions of ``G`` count lives here.
 
-Tolerance.  An eigenvalue ``lam`` of ``G`` is treated as zero when
+Scaling.  The spectrum is taken of the Jacobi-scaled ``S G S`` with
+``S = diag(G)^-1/2`` (1 where a diagonal entry is 0): the Gram of the features
+rescaled to unit norm, a diagonal reparameterisation ``theta = S alpha``.  The
+growth value does not depend on the parameterisation (Theorem 2; SPEC
+identity 3), but an eigenvalue cut does: without the scaling, features on
+scales 1e5 apart (a bias column next to large activations, channels with
+massive activations) would lose directions to the cut.  The inverse used is
+``G^- = S (S G S)^+ S``, a generalised inverse of ``G`` (``G G^- G = G``) equal
+to ``G^{-1}`` whenever ``G`` is nonsingular at the cut; every quantity built
+from it (``tr(C G^- C^T)``, ``<G^-, sum X_i^T X_i>``, the fitted outputs
+``V psi_i``) is the same for any generalised inverse, since ``C`` and the
+``X_i`` live in the row space of the features.
+
+Tolerance.  An eigenvalue ``lam`` of ``S G S`` is treated as zero when
 ``lam <= rtol * lam_max`` with ``DEFAULT_RTOL = 1e-10``.  Eigenvalues of a Gram
 matrix are squared singular values of the feature matrix, so this drops
-feature directions whose singular value is below ``1e-5`` of the largest.  The
-choice sits between two error sources: float32 features carry relative noise
-near ``1e-7`` (eigenvalues near ``1e-14``, dropped), and float64 accumulation
-of ``10^8`` rows leaves eigenvalue errors far below ``1e-10``.
+(scaled) feature directions whose singular value is below ``1e-5`` of the
+largest.  The choice sits between two error sources: float32 features carry
+relative noise near ``1e-7`` (eigenvalues near ``1e-14``, dropped), and float64
+accumulation of ``10^8`` rows leaves eigenvalue errors far below ``1e-10``.
 """
 
 from __future__ import annotations
@@ -23,10 +36,10 @@ DEFAULT_RTOL = 1e-10
 
 @dataclass(frozen=True)
 class PsdSpectrum:
-    """Eigen-decomposition of a PSD matrix restricted to its numerical range."""
+    """The kept part of the Jacobi-scaled eigen-decomposition of a PSD matrix ``G``."""
 
-    eigenvalues: np.ndarray  # kept eigenvalues, > tolerance
-    eigenvectors: np.ndarray  # (dim, rank) orthonormal columns
+    eigenvalues: np.ndarray  # kept eigenvalues of S G S, > tolerance
+    basis: np.ndarray  # (dim, rank): S times their orthonormal eigenvectors
     tolerance: float
 
     @property
@@ -34,13 +47,13 @@ class PsdSpectrum:
         return int(self.eigenvalues.size)
 
     def whiten(self, C: np.ndarray) -> np.ndarray:
-        """``C U diag(lam^-1/2)``: its squared Frobenius norm is ``tr(C G^+ C^T)``."""
-        return (C @ self.eigenvectors) / np.sqrt(self.eigenvalues)
+        """``C S U diag(lam^-1/2)``: its squared Frobenius norm is ``tr(C G^- C^T)``."""
+        return (C @ self.basis) / np.sqrt(self.eigenvalues)
 
     def quadratic_form(self, A: np.ndarray, B: np.ndarray | None = None) -> float:
-        """``tr(A G^+ B^T)`` (``B = A`` when omitted) through the whitened factors.
+        """``tr(A G^- B^T)`` (``B = A`` when omitted) through the whitened factors.
 
-        Going through ``A U lam^-1/2`` rather than an explicit ``G^+`` keeps
+        Going through ``A S U lam^-1/2`` rather than an explicit ``G^-`` keeps
         full precision when eigenvalues sit just above the cut.
         """
         wa = self.whiten(np.asarray(A, dtype=np.float64))
@@ -48,16 +61,22 @@ class PsdSpectrum:
         return float(np.sum(wa * wb))
 
     def pinv(self) -> np.ndarray:
-        """The Moore-Penrose pseudo-inverse ``G^+`` at this tolerance."""
-        U = self.eigenvectors
-        return (U / self.eigenvalues) @ U.T
+        """``G^- = S (S G S)^+ S`` at this tolerance (``G^+`` when ``G`` is nonsingular; module docstring)."""
+        return (self.basis / self.eigenvalues) @ self.basis.T
+
+
+def jacobi_scale(G: np.ndarray) -> np.ndarray:
+    """``diag(G)^-1/2``, with 1 where the diagonal is not positive (an all-zero feature)."""
+    d = np.diagonal(G)
+    return np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 1.0)
 
 
 def psd_spectrum(G: np.ndarray, rtol: float = DEFAULT_RTOL) -> PsdSpectrum:
     G = np.asarray(G, dtype=np.float64)
+    s = jacobi_scale(G)
     # Symmetrise: accumulated sums are symmetric only up to round-off.
-    lam, U = np.linalg.eigh(0.5 * (G + G.T))
+    lam, U = np.linalg.eigh(0.5 * (G + G.T) * s[:, None] * s[None, :])
     top = float(lam[-1]) if lam.size else 0.0
     tol = rtol * top if top > 0 else 0.0
     keep = lam > tol if top > 0 else np.zeros(lam.shape, dtype=bool)
-    return PsdSpectrum(eigenvalues=lam[keep], eigenvectors=U[:, keep], tolerance=tol)
+    return PsdSpectrum(eigenvalues=lam[keep], basis=s[:, None] * U[:, keep], tolerance=tol)

@@ -22,10 +22,15 @@ import numpy as np
 
 
 def variance_estimate(n: int, sum_xi_sq: float, g_norm_sq: float) -> float:
-    """Unbiased ``sigma^2 = (sum_i ||xi_i||^2 - n ||g_hat||^2) / (n - 1)``; ``nan`` for ``n < 2``."""
+    """Unbiased ``sigma^2 = (sum_i ||xi_i||^2 - n ||g_hat||^2) / (n - 1)``; ``nan`` for ``n < 2``.
+
+    Round-off can make the difference slightly negative; it is clipped at 0
+    (a NaN input stays NaN).
+    """
     if n < 2:
         return float("nan")
-    return max(0.0, (sum_xi_sq - n * g_norm_sq) / (n - 1))
+    value = (sum_xi_sq - n * g_norm_sq) / (n - 1)
+    return value if math.isnan(value) else max(0.0, value)
 
 
 def debiased_energy(n: int, sum_xi_sq: float, g_norm_sq: float) -> float:
@@ -49,13 +54,16 @@ def prop1_bound(sigma_sq, n, t: float) -> float:
     """Right-hand side of Proposition 1, eq. (1): ``sum_l sigma_l^2 / (n_l t^2)``.
 
     ``sigma_sq`` and ``n`` are per candidate (``n`` may be a scalar).  The value
-    can exceed 1, in which case the bound says nothing.
+    can exceed 1, in which case the bound says nothing.  With every
+    ``sigma_l^2 = 0`` there is no sampling noise (``Gamma_hat = Gamma``) and
+    the bound is 0 for any ``t >= 0``.
     """
-    if t <= 0:
-        raise ValueError("t must be > 0")
     s = np.asarray(sigma_sq, dtype=np.float64)
     nn = np.broadcast_to(np.asarray(n, dtype=np.float64), s.shape)
-    return float(np.sum(s / nn) / t**2)
+    noise = float(np.sum(s / nn))
+    if t < 0 or (t == 0 and noise != 0):
+        raise ValueError("t must be > 0")
+    return 0.0 if noise == 0 else noise / t**2
 
 
 def interval_half_width(sigma_sq, n, error: float) -> float:
@@ -66,7 +74,7 @@ def interval_half_width(sigma_sq, n, error: float) -> float:
     """
     if not 0 < error < 1:
         raise ValueError("error level must be in (0, 1)")
-    return math.sqrt(prop1_bound(sigma_sq, n, 1.0) / error)
+    return math.sqrt(prop1_bound(sigma_sq, n, 1.0) / error)  # 0 when there is no noise
 
 
 def required_probe_size(sigma_sq_sum: float, t: float, error: float) -> int:
@@ -100,7 +108,9 @@ class SaturationTest:
     iff ``Gamma_hat <= delta + t``.  ``error_bound`` bounds the probability of a
     wrong decision under either hypothesis; ``interval`` is the
     distribution-free interval for ``Gamma`` at level ``error_level`` when one
-    was asked for.
+    was asked for.  ``detector_*``: Theorem 3's ``Gamma_hat <= tau_n``, only
+    when a ``detector_scale`` was given (its scale is in ``cross_gradient_norm``
+    units, which depend on the parameterisation: no default is meaningful).
     """
 
     gamma_hat: float
@@ -114,8 +124,8 @@ class SaturationTest:
     interval: tuple[float, float] | None
     sigma_sq_sum: float
     n_samples: int
-    detector_threshold: float
-    detector_saturated: bool
+    detector_threshold: float | None
+    detector_saturated: bool | None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -132,12 +142,13 @@ def saturation_test(
     delta: float = 0.0,
     t: float | None = None,
     error: float | None = None,
-    detector_scale: float = 1.0,
+    detector_scale: float | None = None,
 ) -> SaturationTest:
     """Separated saturation test over candidates (Prop. 1, Remark 4, Theorem 3).
 
     Give ``t`` (and ``delta``) for the test at a chosen separation, or ``error``
     to derive ``t`` from the error level (``t = sqrt(sum sigma^2 / (n a))``).
+    ``detector_scale``: also run Theorem 3's detector ``Gamma_hat <= scale * n^-1/4``.
     """
     norms = np.asarray(gradient_norms, dtype=np.float64)
     sig = np.asarray(sigma_sq, dtype=np.float64)
@@ -156,7 +167,7 @@ def saturation_test(
     if error is not None:
         interval = (max(0.0, gamma_hat - t), gamma_hat + t)
     n_min = int(np.min(nn))
-    tau = detection_threshold(n_min, detector_scale)
+    tau = None if detector_scale is None else detection_threshold(n_min, detector_scale)
     return SaturationTest(
         gamma_hat=gamma_hat,
         argmax=str(list(names)[idx]),
@@ -170,5 +181,5 @@ def saturation_test(
         sigma_sq_sum=float(np.sum(sig)),
         n_samples=n_min,
         detector_threshold=tau,
-        detector_saturated=bool(gamma_hat <= tau),
+        detector_saturated=None if tau is None else bool(gamma_hat <= tau),
     )

@@ -56,7 +56,7 @@ class DepthStatistics(OrderedDict):
         delta: float = 0.0,
         t: float | None = None,
         error: float | None = None,
-        detector_scale: float = 1.0,
+        detector_scale: float | None = None,
         rtol: float = DEFAULT_RTOL,
     ) -> DepthReport:
         """Score every candidate; run the separated test when ``t`` or ``error`` is given."""
@@ -70,7 +70,7 @@ class DepthStatistics(OrderedDict):
         )
 
 
-def depth_report(scores, *, split=None, delta=0.0, t=None, error=None, detector_scale=1.0) -> DepthReport:
+def depth_report(scores, *, split=None, delta=0.0, t=None, error=None, detector_scale=None) -> DepthReport:
     """Depth-wide maxima (Theorem 1: ``V_depth = max_l V_l``) and the optional test."""
     scores = tuple(scores)
     if not scores:

@@ -10,6 +10,8 @@ Notation (sample-first; the paper's matrices are the transposes):
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._arrays import as_pair, as_samples
@@ -112,13 +114,16 @@ def projector(Psi, rtol: float = DEFAULT_RTOL) -> np.ndarray:
     """Explicit orthogonal projector ``Pi_Psi`` onto the row space of the paper's ``Psi_S``.
 
     Sample-first this is the ``(M*T) x (M*T)`` matrix ``P (P^T P)^+ P^T`` with
-    ``P`` the features stacked as ``(M*T, r)`` rows.  Built from the SVD of ``P``
-    with the singular-value cut ``sqrt(rtol)``, the same cut the Gram form uses
-    on eigenvalues.  Memory is ``O((M*T)^2)``: a reference and teaching path.
+    ``P`` the features stacked as ``(M*T, r)`` rows.  Built from the SVD of
+    ``P S`` (the columns scaled to unit norm, the Jacobi scaling of
+    :mod:`satcore._psd`; same column space) with the singular-value cut
+    ``sqrt(rtol)``, the same cut the Gram form uses on eigenvalues.  Memory is
+    ``O((M*T)^2)``: a reference and teaching path.
     """
     psi = as_samples(Psi, "Psi")
     P = psi.reshape(-1, psi.shape[2])
-    U, s, _ = np.linalg.svd(P, full_matrices=False)
+    norms = np.linalg.norm(P, axis=0)
+    U, s, _ = np.linalg.svd(P / np.where(norms > 0, norms, 1.0), full_matrices=False)
     keep = s > np.sqrt(rtol) * s[0] if s.size and s[0] > 0 else np.zeros(s.shape, dtype=bool)
     Uk = U[:, keep]
     # An explicit copy keeps NumPy off the syrk path: OpenBLAS 0.3.31's threaded syrk
@@ -137,12 +142,13 @@ def projected_growth_value(Q, Psi, rtol: float = DEFAULT_RTOL) -> float:
 def realizability(growth: float, ag_value: float) -> float:
     """``growth_value / ag`` in ``[0, 1]``, i.e. ``sqrt(1 - eps_real^2)`` (Remark 3).
 
-    ``nan`` when ``ag == 0`` (no signal to realise).  Round-off can push the
+    ``nan`` when ``ag == 0`` (no signal to realise) or either value is ``nan``.  Round-off can push the
     ratio a few ulps above 1 in the tangent-complete case; it is capped at 1.
     """
     if ag_value == 0:
         return float("nan")
-    return float(min(1.0, growth / ag_value))
+    ratio = growth / ag_value
+    return float(ratio if math.isnan(ratio) else min(1.0, ratio))
 
 
 def feature_rank(Psi, rtol: float = DEFAULT_RTOL) -> int:

@@ -257,11 +257,22 @@ class CandidateStatistics:
         """``K = sum_gram / n``."""
         return self.sum_gram / self.n_samples
 
+    def _check_finite(self, name: str) -> None:
+        """Refuse sums that hold NaN or inf: adapters add batches without looking at them
+        (a per-batch check would stall a GPU), so this is where a float16 overflow surfaces."""
+        fields = [f for f in ("sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm") + MATRIX_FIELDS
+                  if getattr(self, f) is not None and not np.isfinite(getattr(self, f)).all()]
+        if fields:
+            raise ValueError(
+                f"candidate {name!r}: {', '.join(fields)} not finite: its gradients or features held NaN or inf"
+            )
+
     def score(self, name: str = "", rtol: float = DEFAULT_RTOL) -> CandidateScore:
         """Finalise into a :class:`CandidateScore`; see its docstring for the formulas."""
         n = self.n_samples
         if n == 0:
             raise ValueError(f"candidate {name!r} has no samples")
+        self._check_finite(name)
         C, K = self.cross_gradient(), self.feature_gram()
         spectrum = psd_spectrum(K, rtol)
         ag_value = float(np.sqrt(self.sum_q_sq / n))

@@ -98,7 +98,8 @@ def test_consistent_detector_separates_saturated_and_not():
         verdicts = []
         for _ in range(20):
             s = satcore.score(*draw(rng, B, n))
-            test = satcore.saturation_test(["x"], [s.cross_gradient_norm], [s.sigma_sq], n, t=0.01)
+            test = satcore.saturation_test(["x"], [s.cross_gradient_norm], [s.sigma_sq], n, t=0.01,
+                                           detector_scale=1.0)
             verdicts.append(test.detector_saturated)
         assert np.mean(verdicts) >= 0.95 if expect else np.mean(verdicts) <= 0.05
 
@@ -120,6 +121,47 @@ def test_report_test_block_and_training_split_warning():
     lo, hi = d["test"]["interval"]
     assert hi - d["test"]["gamma_hat"] == pytest.approx(d["test"]["t"])
     assert not depth.report(split="heldout").warnings
+
+
+def test_noise_free_probe_gets_a_verdict_at_any_error_level():
+    """sum sigma^2 = 0 (every xi_i equal, here all zero: exactly saturated): t = 0, bound 0, interval a point."""
+    rng = np.random.default_rng(7)
+    depth = satcore.DepthStatistics()
+    for name in ("a", "b"):
+        depth[name] = satcore.CandidateStatistics.from_samples(np.zeros((50, 4)), rng.standard_normal((50, 6)))
+    test = depth.report(split="heldout", error=0.05).test
+    assert (test.t, test.error_bound, test.interval, test.saturated) == (0.0, 0.0, (0.0, 0.0), True)
+    assert satcore.prop1_bound([0.0, 0.0], 50, 0.0) == 0.0
+    with pytest.raises(ValueError, match="t must be > 0"):
+        satcore.prop1_bound([0.0, 1e-3], 50, 0.0)
+
+
+def test_detector_runs_only_with_a_scale():
+    """Theorem 3's tau_n is in ||C||_F units: without a stated scale the report leaves it out."""
+    rng = np.random.default_rng(8)
+    B, _ = population(0.2)
+    depth = satcore.DepthStatistics({"x": satcore.CandidateStatistics.from_samples(*draw(rng, B, 64))})
+    assert depth.report(t=0.1).test.detector_threshold is None
+    test = depth.report(t=0.1, detector_scale=2.0).test
+    assert test.detector_threshold == pytest.approx(2.0 * 64**-0.25)
+    assert test.detector_saturated == (test.gamma_hat <= test.detector_threshold)
+
+
+def test_non_finite_inputs_and_sums_are_refused():
+    rng = np.random.default_rng(9)
+    Q, Psi = rng.standard_normal((20, 3)), rng.standard_normal((20, 4))
+    for bad in (np.nan, np.inf):
+        q = Q.copy()
+        q[3, 1] = bad
+        with pytest.raises(ValueError, match="Q: 1 of 60 entries are NaN or infinite"):
+            satcore.score(q, Psi)
+    stats = satcore.CandidateStatistics(3, 4)
+    stats.add_moments(**satcore.batch_moments(Q, Psi))
+    stats.sum_gram[0, 0] = np.inf  # as an adapter's float16 overflow would leave it
+    with pytest.raises(ValueError, match="candidate 'x': sum_gram not finite"):
+        stats.score("x")
+    assert np.isnan(satcore.realizability(np.nan, 1.0))
+    assert np.isnan(satcore.variance_estimate(5, np.nan, 1.0))
 
 
 def test_alignment_variance_matches_simulation():

@@ -227,16 +227,35 @@ def test_input_validation():
 
 
 def test_rank_tolerance_is_the_documented_cut():
-    """Singular values of Psi above sqrt(DEFAULT_RTOL) * s_max count, those below do not."""
+    """Singular values of the unit-column features Psi S above sqrt(DEFAULT_RTOL) * s_max count, those below do not."""
     rng = np.random.default_rng(5)
     U, _ = np.linalg.qr(rng.standard_normal((30, 4)))
     W, _ = np.linalg.qr(rng.standard_normal((4, 4)))
     cut = np.sqrt(satcore.DEFAULT_RTOL)
-    s = np.array([1.0, 0.1, 30 * cut, cut / 30])
-    Psi = (U * s) @ W.T
+    Psi = (U * np.array([1.0, 0.1, 30 * cut, cut / 30])) @ W.T
     Q = rng.standard_normal((30, 2))
+    Us, s, _ = np.linalg.svd(Psi / np.linalg.norm(Psi, axis=0), full_matrices=False)
+    assert s[2] > 10 * cut * s[0] and s[3] < cut * s[0] / 10  # the construction straddles the cut
     assert satcore.feature_rank(Psi) == 3
     assert satcore.growth_value(Q, Psi) == pytest.approx(satcore.projected_growth_value(Q, Psi), rel=1e-6)
     # The kept weak direction contributes fully: ||Q^T u_3||^2 / M is inside V^2.
-    kept = np.sum((U[:, :3].T @ Q) ** 2) / 30
+    kept = np.sum((Us[:, :3].T @ Q) ** 2) / 30
     assert satcore.growth_value(Q, Psi) ** 2 == pytest.approx(kept, rel=1e-6)
+
+
+@pytest.mark.parametrize("spread", [1e3, 1e6, 1e9])
+def test_feature_scales_do_not_decide_the_rank(spread):
+    """A diagonal reparameterisation (features on scales ``spread`` apart: a bias column next to
+    large activations) keeps every direction and the growth value (identity 3), where a cut on the
+    unscaled Gram would drop the small features once spread^2 passes 1/DEFAULT_RTOL."""
+    rng = np.random.default_rng(6)
+    Psi = rng.standard_normal((40, 3, 6))
+    Q = rng.standard_normal((40, 3, 4))
+    scales = np.logspace(0, np.log10(spread), 6)
+    P, Y = Psi.reshape(-1, 6), Q.reshape(-1, 4)
+    reference = np.linalg.norm(P @ np.linalg.lstsq(P, Y, rcond=None)[0]) / np.sqrt(40)  # unscaled least squares
+    for features in (Psi, Psi * scales):
+        s = satcore.score(Q, features)
+        assert s.feature_rank == 6
+        assert s.growth_value == pytest.approx(reference, rel=1e-9)
+        assert satcore.projected_growth_value(Q, features) == pytest.approx(reference, rel=1e-9)
