@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
 import click
 
-from satcore.dump import Dump, read_dump
+from satcore.dump import Dump, DumpError, read_dump
+
+class FiniteFloatRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses NaN and infinities (``FloatRange`` lets NaN through)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
 
 QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress output on stderr.")
 CHUNK_OPTION = click.option(
@@ -46,9 +57,13 @@ class StderrProgress:
 
 
 def load(path: str, *, quiet: bool, chunk_samples: int | None = None):
-    """``(dump, statistics)`` of a validated dump."""
-    dump: Dump = read_dump(path)
-    return dump, statistics(dump, quiet=quiet, chunk_samples=chunk_samples)
+    """``(dump, statistics)`` of a validated dump; errors name the file (commands take several)."""
+    try:
+        dump: Dump = read_dump(path)
+        return dump, statistics(dump, quiet=quiet, chunk_samples=chunk_samples)
+    except DumpError as exc:
+        message = str(exc)
+        raise DumpError(message if message.startswith(f"{path}:") else f"{path}: {message}") from None
 
 
 def statistics(dump: Dump, *, quiet: bool, chunk_samples: int | None = None):

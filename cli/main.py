@@ -30,6 +30,9 @@ class SatcoreGroup(click.Group):
         kwargs["standalone_mode"] = False
         try:
             code = super().main(args=args, prog_name=prog_name or "satcore", **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help(), err=True)  # bare ``satcore``: the help as written, not one line
+            sys.exit(USAGE_OR_INPUT_ERROR)
         except click.UsageError as exc:
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
             _fail(f"{exc.format_message()}{hint}")
@@ -39,6 +42,10 @@ class SatcoreGroup(click.Group):
             _fail("aborted")
         except (DumpError, ValueError, TypeError, OSError) as exc:
             _fail(str(exc) or type(exc).__name__)
+        except MemoryError:
+            _fail("out of memory")
+        except (ArithmeticError, RecursionError) as exc:  # input values beyond float range or nesting limits
+            _fail(f"{type(exc).__name__}: {exc}")
         sys.exit(code if isinstance(code, int) else 0)
 
 

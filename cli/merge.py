@@ -23,6 +23,12 @@ def merge(dumps, output, quiet, chunk_samples):
     reduced to statistics first, so a single input compacts a raw dump.  Meta
     fields on which all inputs agree are kept; ``merged_from`` lists the inputs.
     """
+    inputs = [os.path.realpath(p) for p in dumps]
+    repeated = next((p for i, p in enumerate(dumps) if inputs[i] in inputs[:i]), None)
+    if repeated is not None:
+        raise click.UsageError(f"{repeated} is given twice: its samples would count twice")
+    if os.path.realpath(output) in inputs:
+        raise click.UsageError(f"-o {output} is also an input: write the merge to a new file")
     loaded = [load(path, quiet=quiet, chunk_samples=chunk_samples) for path in dumps]
     merged = loaded[0][1]
     for path, (_, stats) in zip(dumps[1:], loaded[1:]):

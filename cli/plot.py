@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import click
 
+from satcore.sweep import growth_noise_floor
+
 
 def _pyplot():
     try:
@@ -27,12 +29,15 @@ def plot_report(report, path: str, title: str = ""):
     fig, ax = plt.subplots(figsize=(max(6, 0.4 * len(names) + 3), 4))
     ax.plot(x, [c.ag for c in report.candidates], "o-", label="AG")
     ax.plot(x, [c.growth_value for c in report.candidates], "s-", label="growth value")
-    floors = [c.noise_floor for c in report.candidates]
-    ax.plot(x, floors, "k--", lw=1, label="noise floor of ||C||_F")
+    # the growth value's own floor (needs sum X^T X), not ||C||_F's: it is drawn against the growth value
+    floors = [growth_noise_floor(c) for c in report.candidates]
+    if any(f is not None for f in floors):
+        ax.plot(x, [f if f is not None else float("nan") for f in floors], "k--", lw=1,
+                label="noise floor (growth value)")
     best = names.index(report.argmax)
     ax.plot([best], [report.growth_value_max], "r*", ms=14, label=f"max at {report.argmax}")
     ax.set_xticks(list(x), names, rotation=60, ha="right", fontsize=8)
-    ax.set_yscale("log")
+    _log_scale(ax, [c.ag for c in report.candidates])
     ax.set_ylabel("score")
     ax.set_title(title)
     ax.legend(fontsize=8)
@@ -46,17 +51,22 @@ def plot_sweep(sweep, path: str):
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(depths, [p.ag_max for p in sweep.points], "o-", label="AG_max")
     ax.plot(depths, [p.growth_value_max for p in sweep.points], "s-", label="growth_value_max")
-    floors = [p.noise_floor for p in sweep.points]
+    floors = [p.growth_noise_floor for p in sweep.points]
     if any(f is not None for f in floors):
         ax.plot(depths, [f if f is not None else float("nan") for f in floors], "k--", lw=1,
                 label="noise floor (growth value)")
     if sweep.plateau is not None:
         ax.axvspan(sweep.plateau.start_depth, depths[-1], color="0.85", label="plateau")
     ax.set_xlabel("model depth")
-    ax.set_yscale("log")
+    _log_scale(ax, [p.ag_max for p in sweep.points])
     ax.set_ylabel("score")
     ax.legend(fontsize=8)
     _save(fig, plt, path)
+
+
+def _log_scale(ax, values):
+    """Log scale unless nothing is positive (an exactly saturated probe), where matplotlib cannot use one."""
+    ax.set_yscale("log" if any(v > 0 for v in values) else "linear")
 
 
 def _save(fig, plt, path: str):

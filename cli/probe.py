@@ -15,6 +15,8 @@ import numpy as np
 
 from satcore.families import FAMILIES
 
+from .common import FiniteFloatRange
+
 TARGETS = "targets"
 
 
@@ -70,7 +72,7 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int):
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the family's fixed weights.")
 @click.option(
-    "--init-std", type=click.FloatRange(min=0, min_open=True), default=None,
+    "--init-std", type=FiniteFloatRange(min=0, min_open=True), default=None,
     help="Weight scale of the mlp family (default width**-0.5; e.g. 0.02 for GPT-2-style models).",
 )
 @click.option("--output", "output_name", default=None, help="Model output the loss reads (default: the first).")

@@ -8,7 +8,7 @@ import click
 
 from satcore.sweep import depth_sweep, sweep_point
 
-from .common import CHUNK_OPTION, QUIET_OPTION, load, num, table
+from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, num, table
 
 
 @click.command()
@@ -16,9 +16,9 @@ from .common import CHUNK_OPTION, QUIET_OPTION, load, num, table
 @click.option("--json", "as_json", is_flag=True, help="Print the satcore-sweep/1 JSON object instead of a table.")
 @click.option("--metric", type=click.Choice(["growth_value", "ag"]), default="growth_value", show_default=True,
               help="Curve the plateau rule reads: growth_value_max or AG_max.")
-@click.option("--rel-tol", type=click.FloatRange(min=0), default=0.25, show_default=True,
+@click.option("--rel-tol", type=FiniteFloatRange(min=0), default=0.25, show_default=True,
               help="Plateau: later depths stay within (1 + rel_tol) x the tail minimum plus noise.")
-@click.option("--noise-factor", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
+@click.option("--noise-factor", type=FiniteFloatRange(min=0, min_open=True), default=2.0, show_default=True,
               help="Plateau is 'low signal' when every value is <= noise_factor x its noise floor.")
 @click.option("--plot", "plot_path", metavar="PNG", help="Draw the curve, noise floor and plateau (matplotlib).")
 @QUIET_OPTION
@@ -32,9 +32,7 @@ def sweep(dumps, as_json, metric, rel_tol, noise_factor, plot_path, quiet, chunk
     points = []
     for path in dumps:
         source, stats = load(path, quiet=quiet, chunk_samples=chunk_samples)
-        depth = source.meta.get("model_depth", len(source.candidates))
-        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
-            raise click.ClickException(f"{path}: meta: model_depth must be a positive integer, found {depth!r}")
+        depth = source.meta.get("model_depth", len(source.candidates))  # the reader checked it
         points.append(sweep_point(depth, path, stats.report(split=source.meta.get("split"))))
     result = depth_sweep(points, metric=metric, rel_tol=rel_tol, noise_factor=noise_factor)
     if plot_path:
@@ -50,12 +48,14 @@ def sweep(dumps, as_json, metric, rel_tol, noise_factor, plot_path, quiet, chunk
 def render_sweep(result) -> str:
     rows = []
     for p in result.points:
-        ratio = p.growth_value_max / p.noise_floor if p.noise_floor else None
+        ratio = p.growth_value_max / p.growth_noise_floor if p.growth_noise_floor else None
         rows.append([str(p.depth), p.label, num(p.ag_max), p.ag_argmax, num(p.growth_value_max), p.argmax,
-                     num(p.noise_floor), num(ratio)])
-    lines = [table(["depth", "dump", "AG_max", "at", "growth_value_max", "at", "noise_floor", "V/floor"], rows)]
+                     num(p.growth_noise_floor), num(ratio)])
+    lines = [table(["depth", "dump", "AG_max", "at", "growth_value_max", "at", "growth_noise_floor", "V/floor"], rows)]
     p = result.plateau
-    if p is None:
+    if len(result.points) < result.min_points:
+        lines.append(f"plateau: not assessed (needs at least {result.min_points} depths, got {len(result.points)})")
+    elif p is None:
         lines.append(f"plateau: none ({result.metric} still falling beyond rel_tol {num(result.rel_tol)} + noise)")
     else:
         signal = "low signal (within sampling noise)" if p.low_signal else "above the noise floor"

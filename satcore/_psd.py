@@ -17,12 +17,24 @@ from it (``tr(C G^- C^T)``, ``<G^-, sum X_i^T X_i>``, the fitted outputs
 ``X_i`` live in the row space of the features.
 
 Tolerance.  An eigenvalue ``lam`` of ``S G S`` is treated as zero when
-``lam <= rtol * lam_max`` with ``DEFAULT_RTOL = 1e-10``.  Eigenvalues of a Gram
+``lam <= rtol * lam_max`` with ``DEFAULT_RTOL = 1e-10`` (or below the round-off
+floor, next paragraph).  Eigenvalues of a Gram
 matrix are squared singular values of the feature matrix, so this drops
 (scaled) feature directions whose singular value is below ``1e-5`` of the
 largest.  The choice sits between two error sources: float32 features carry
 relative noise near ``1e-7`` (eigenvalues near ``1e-14``, dropped), and float64
 accumulation of ``10^8`` rows leaves eigenvalue errors far below ``1e-10``.
+
+Round-off floor.  Sums added up in float32 per batch (an adapter's
+``batch_dtype=float32``) perturb ``G`` by ``E`` with ``||E||`` near ``1e-8`` of the
+largest eigenvalue, far above that cut: with fewer positions than features
+(``r > M T``), the null directions of ``G`` then come out as eigenvalues of
+either sign at that level, and whitening by them inflates the growth value
+past ``ag``.  A Gram matrix has no negative eigenvalues, so the most negative
+one measures the perturbation (Weyl: every eigenvalue moved by at most
+``||E||``), and eigenvalues below ``ROUNDOFF_FACTOR`` times its magnitude are
+cut too; they cannot be told apart from zero.  Float64 sums leave that floor
+near ``1e-16`` of the largest, under the ``rtol`` cut.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 DEFAULT_RTOL = 1e-10
+ROUNDOFF_FACTOR = 10.0  # the round-off's positive eigenvalues stayed within 3x its most negative one (MiniLM, float32 sums)
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,8 @@ class PsdSpectrum:
     eigenvalues: np.ndarray  # kept eigenvalues of S G S, > tolerance
     basis: np.ndarray  # (dim, rank): S times their orthonormal eigenvectors
     tolerance: float
+    lowest: float  # the smallest eigenvalue of S G S: far below 0 means G is not a Gram matrix
+    highest: float
 
     @property
     def rank(self) -> int:
@@ -77,6 +92,7 @@ def psd_spectrum(G: np.ndarray, rtol: float = DEFAULT_RTOL) -> PsdSpectrum:
     # Symmetrise: accumulated sums are symmetric only up to round-off.
     lam, U = np.linalg.eigh(0.5 * (G + G.T) * s[:, None] * s[None, :])
     top = float(lam[-1]) if lam.size else 0.0
-    tol = rtol * top if top > 0 else 0.0
+    low = float(lam[0]) if lam.size else 0.0
+    tol = max(rtol * top, ROUNDOFF_FACTOR * -low) if top > 0 else 0.0
     keep = lam > tol if top > 0 else np.zeros(lam.shape, dtype=bool)
-    return PsdSpectrum(eigenvalues=lam[keep], basis=s[:, None] * U[:, keep], tolerance=tol)
+    return PsdSpectrum(eigenvalues=lam[keep], basis=s[:, None] * U[:, keep], tolerance=tol, lowest=low, highest=top)

@@ -12,6 +12,7 @@ message; :mod:`satcore.dump` adds the key.
 
 from __future__ import annotations
 
+import math
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -36,11 +37,11 @@ class NpyHeader:
     @property
     def row_bytes(self) -> int:
         """Bytes of one row (one sample) of a C-ordered array."""
-        return int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape[1:]) * self.dtype.itemsize  # Python ints: a declared shape cannot wrap
 
     @property
     def n_bytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def _read_header(stream) -> NpyHeader:
@@ -61,11 +62,16 @@ def _read_header(stream) -> NpyHeader:
         raise NpyMemberError(f"malformed .npy header ({exc})") from None
     if dtype.hasobject:
         raise NpyMemberError("holds Python objects (a pickle); refused, nothing was unpickled")
+    if any(int(s) < 0 for s in shape):
+        raise NpyMemberError(f"malformed .npy header (negative dimension in shape {tuple(shape)})")
     return NpyHeader(tuple(int(s) for s in shape), dtype, bool(fortran))
 
 
 def _read_exact(stream, n_bytes: int) -> bytes:
-    data = stream.read(n_bytes)
+    try:
+        data = stream.read(n_bytes)
+    except MemoryError:
+        raise NpyMemberError(f"{n_bytes} bytes of data do not fit in memory") from None
     if len(data) != n_bytes:
         raise NpyMemberError(f"truncated: expected {n_bytes} bytes of data, found {len(data)}")
     return data

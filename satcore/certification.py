@@ -61,9 +61,9 @@ def prop1_bound(sigma_sq, n, t: float) -> float:
     s = np.asarray(sigma_sq, dtype=np.float64)
     nn = np.broadcast_to(np.asarray(n, dtype=np.float64), s.shape)
     noise = float(np.sum(s / nn))
-    if t < 0 or (t == 0 and noise != 0):
+    if not t >= 0 or (t == 0 and noise != 0):
         raise ValueError("t must be > 0")
-    return 0.0 if noise == 0 else noise / t**2
+    return 0.0 if noise == 0 else noise / t / t  # not t**2: a Python float overflows there (t = 1e200)
 
 
 def interval_half_width(sigma_sq, n, error: float) -> float:
@@ -82,9 +82,12 @@ def required_probe_size(sigma_sq_sum: float, t: float, error: float) -> int:
 
     ``sigma_sq_sum`` is ``sum_l sigma_l^2`` (estimated on a pilot probe).
     """
-    if t <= 0 or not 0 < error < 1:
+    if not t > 0 or not 0 < error < 1:
         raise ValueError("need t > 0 and error in (0, 1)")
-    return max(2, math.ceil(sigma_sq_sum / (error * t * t)))
+    need = sigma_sq_sum / error / t / t
+    if not math.isfinite(need):
+        raise ValueError(f"t = {t} is too small for a finite probe size")
+    return max(2, math.ceil(need))
 
 
 def detection_threshold(n: int, scale: float = 1.0, exponent: float = 0.25) -> float:
@@ -108,7 +111,8 @@ class SaturationTest:
     iff ``Gamma_hat <= delta + t``.  ``error_bound`` bounds the probability of a
     wrong decision under either hypothesis; ``interval`` is the
     distribution-free interval for ``Gamma`` at level ``error_level`` when one
-    was asked for.  ``detector_*``: Theorem 3's ``Gamma_hat <= tau_n``, only
+    was asked for; ``required_probe_size`` the ``n`` that brings the bound to
+    ``error_level`` at this ``t`` (when both were given).  ``detector_*``: Theorem 3's ``Gamma_hat <= tau_n``, only
     when a ``detector_scale`` was given (its scale is in ``cross_gradient_norm``
     units, which depend on the parameterisation: no default is meaningful).
     """
@@ -124,6 +128,7 @@ class SaturationTest:
     interval: tuple[float, float] | None
     sigma_sq_sum: float
     n_samples: int
+    required_probe_size: int | None
     detector_threshold: float | None
     detector_saturated: bool | None
 
@@ -147,7 +152,10 @@ def saturation_test(
     """Separated saturation test over candidates (Prop. 1, Remark 4, Theorem 3).
 
     Give ``t`` (and ``delta``) for the test at a chosen separation, or ``error``
-    to derive ``t`` from the error level (``t = sqrt(sum sigma^2 / (n a))``).
+    to derive ``t`` from the error level (``t = sqrt(sum sigma^2 / (n a))``),
+    or both: the test at ``t``, the interval at level ``error`` and the probe
+    size that would bring the bound to ``error`` at ``t``
+    (``n >= sum sigma^2 / (a t^2)``, SPEC section 4).
     ``detector_scale``: also run Theorem 3's detector ``Gamma_hat <= scale * n^-1/4``.
     """
     norms = np.asarray(gradient_norms, dtype=np.float64)
@@ -157,15 +165,22 @@ def saturation_test(
     if np.any(np.isnan(sig)):
         raise ValueError("variance estimates need at least 2 samples per candidate")
     nn = np.broadcast_to(np.asarray(n), norms.shape)
-    if (t is None) == (error is None):
-        raise ValueError("give exactly one of t or error")
-    interval = None
+    if t is None and error is None:
+        raise ValueError("give t, error or both")
+    for label, value in (("delta", delta), ("t", t)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{label} must be a finite number >= 0, got {value}")
+    interval, planned = None, None
     if error is not None:
-        t = interval_half_width(sig, nn, error)
+        half_width = interval_half_width(sig, nn, error)
+        if t is None:
+            t = half_width
+        elif t > 0:
+            planned = required_probe_size(float(np.sum(sig)), t, error)
     idx = int(np.argmax(norms))
     gamma_hat = float(norms[idx])
     if error is not None:
-        interval = (max(0.0, gamma_hat - t), gamma_hat + t)
+        interval = (max(0.0, gamma_hat - half_width), gamma_hat + half_width)
     n_min = int(np.min(nn))
     tau = None if detector_scale is None else detection_threshold(n_min, detector_scale)
     return SaturationTest(
@@ -180,6 +195,7 @@ def saturation_test(
         interval=interval,
         sigma_sq_sum=float(np.sum(sig)),
         n_samples=n_min,
+        required_probe_size=planned,
         detector_threshold=tau,
         detector_saturated=None if tau is None else bool(gamma_hat <= tau),
     )

@@ -22,7 +22,13 @@ class DepthStatistics(OrderedDict):
     def merge(self, other: "DepthStatistics") -> "DepthStatistics":
         if list(self) != list(other):
             raise ValueError(f"candidate lists differ: {list(self)} vs {list(other)}")
-        return DepthStatistics((k, self[k].merge(other[k])) for k in self)
+        merged = DepthStatistics()
+        for name in self:
+            try:
+                merged[name] = self[name].merge(other[name])
+            except ValueError as exc:
+                raise ValueError(f"candidate {name!r}: {exc}") from None
+        return merged
 
     __add__ = merge
 

@@ -18,6 +18,7 @@ plus the statistics.  Full description: ``docs/dump-format.md``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import zipfile
@@ -52,6 +53,11 @@ def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None
     ``meta``: extra JSON fields.  ``meta["candidates"]`` sets the depth order
     (it must list exactly the candidates given); otherwise the order is stats,
     then raw, then jac.  Arrays are written as given (float32 stays float32).
+
+    The file is written next to ``path`` under a temporary name and renamed
+    onto it when complete, so a failed write (full disk, a size limit) leaves
+    any earlier file at ``path`` intact; ``path`` is used exactly as given
+    (no ``.npz`` appended).
     """
     members: dict[str, np.ndarray] = {}
     order: list[str] = []
@@ -70,13 +76,29 @@ def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None
             claim(name)
             members[f"q/{name}"] = np.asarray(q)
             members[f"{prefix}/{name}"] = np.asarray(second)
+    for key, value in members.items():
+        if value.dtype.kind not in "iuf":  # np.savez would pickle an object array
+            raise ValueError(f"{key}: dtype {value.dtype} is not a real number type")
     info = dict(meta or {})
     if "candidates" in info and sorted(info["candidates"]) != sorted(order):
         raise ValueError(f"meta candidates {info['candidates']} do not match the data {order}")
     info.setdefault("candidates", order)
     members["satcore_schema"] = np.array(SCHEMA)
     members["meta"] = np.array(json.dumps(info))
-    (np.savez_compressed if compress else np.savez)(path, **members)
+    target = os.fspath(path)
+    if os.path.isdir(target):
+        raise OSError(f"{target}: is a directory")
+    partial = os.path.join(os.path.dirname(os.path.abspath(target)), f".{os.path.basename(target)}.{os.getpid()}.part")
+    try:
+        with open(partial, "xb") as stream:
+            (np.savez_compressed if compress else np.savez)(stream, **members)
+        os.replace(partial, target)
+    except BaseException as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+        if isinstance(exc, OSError):
+            raise OSError(f"{target}: cannot write ({exc.strerror or exc})") from None
+        raise
 
 
 # -- reading --------------------------------------------------------------------------------
@@ -101,14 +123,28 @@ class RawMembers:
         return self.q_header.row_bytes + self.features_header.row_bytes
 
 
+def _check_meta_fields(meta: dict):
+    """The meta fields satcore reads besides ``candidates``: ``split`` (text), ``batch_size`` and
+    ``model_depth`` (positive integers); refused here so that ``inspect`` catches what ``score`` would."""
+    split = meta.get("split")
+    if split is not None and not isinstance(split, str):
+        raise DumpError(f"meta: split must be a string, found {split!r}")
+    for field in ("batch_size", "model_depth"):
+        value = meta.get(field)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise DumpError(f"meta: {field} must be a positive integer, found {value!r}")
+
+
 def _strip_npy(member: str) -> str:
     return member[:-4] if member.endswith(".npy") else member
 
 
 def _text(archive, member: str, key: str) -> str:
     header = _checked(member_header, archive, member, key)
-    if header.shape != () or header.dtype.kind not in "US" or header.n_bytes > MAX_META_BYTES:
+    if header.shape != () or header.dtype.kind not in "US":
         raise DumpError(f"{key}: expected a 0-d string, found shape {header.shape} dtype {header.dtype}")
+    if header.n_bytes > MAX_META_BYTES:
+        raise DumpError(f"{key}: {header.n_bytes} bytes, over the {MAX_META_BYTES}-byte limit")
     value = _checked(read_member, archive, member, key).item()
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
@@ -168,11 +204,14 @@ class Dump:
             meta = json.loads(_text(archive, meta_member, "meta"))
         except json.JSONDecodeError as exc:
             raise DumpError(f"meta: not valid JSON ({exc.msg} at position {exc.pos})") from None
+        except RecursionError:
+            raise DumpError("meta: JSON nested too deeply") from None
         names = meta.get("candidates") if isinstance(meta, dict) else None
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
             raise DumpError("meta: 'candidates' must be a list of non-empty candidate names")
         if len(set(names)) != len(names):
             raise DumpError("meta: 'candidates' lists a name twice")
+        _check_meta_fields(meta)
         return SCHEMA, meta
 
     @staticmethod
@@ -305,8 +344,6 @@ class Dump:
         done = 0
         out = DepthStatistics()
         batch = self.meta.get("batch_size")
-        if batch is not None and (not isinstance(batch, int) or isinstance(batch, bool) or batch < 1):
-            raise DumpError(f"meta: batch_size must be a positive integer, found {batch!r}")
         with zipfile.ZipFile(self.path) as archive:
             for name in self.candidates:
                 if name not in self.raw:

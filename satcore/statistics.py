@@ -35,6 +35,16 @@ from .quantities import realizability
 from .results import CandidateScore
 
 SCALAR_FIELDS = ("n_samples", "n_positions", "sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm", "n_batches")
+COUNT_FIELDS = ("n_samples", "n_positions", "n_batches")
+MAX_COUNT = 2**53  # counts stored as float64 are exact up to here
+# Stored sums may come from float32 per-batch sums (relative round-off ~1e-7 per batch); a relation
+# they break by more than this was not produced by adding up honest batches.
+CONSISTENCY_RTOL = 1e-5
+# Round-off of a Gram summed in float32 moves the unit-diagonal Gram's eigenvalues by far less than
+# this share of the largest; a corrupted or hand-edited sum_gram moves them by more.
+INDEFINITE_RTOL = 1e-3
+# The growth value is a projection of ag's Q: it may pass ag only by round-off near tangent completeness.
+PROJECTION_RTOL = 1e-2
 MATRIX_FIELDS = ("sum_cross", "sum_gram", "sum_xtx")
 FIELDS = SCALAR_FIELDS + MATRIX_FIELDS
 
@@ -74,6 +84,13 @@ def batch_moments(Q, Psi, *, variance: bool = False) -> dict:
     one symmetric product (``syrk``, half the multiply-adds of
     ``Psi^T (K Psi)``).
     """
+    # Values too large to square overflow to inf; CandidateStatistics.score refuses such sums with
+    # a message, so NumPy's overflow warnings would only add noise to it.
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _batch_moments(Q, Psi, variance)
+
+
+def _batch_moments(Q, Psi, variance: bool) -> dict:
     q, psi = as_pair(Q, Psi)
     M, T, N = q.shape
     r = psi.shape[2]
@@ -220,6 +237,8 @@ class CandidateStatistics:
         gram = np.asarray(arrays["sum_gram"], dtype=np.float64)
         if cross.ndim != 2 or gram.shape != (cross.shape[1], cross.shape[1]):
             raise ValueError(f"sum_cross {cross.shape} and sum_gram {gram.shape} do not fit (N, r) and (r, r)")
+        if 0 in cross.shape:
+            raise ValueError(f"sum_cross has shape {cross.shape}: a candidate needs N >= 1 and r >= 1")
         scalars = {}
         for f in SCALAR_FIELDS:
             value = np.asarray(arrays[f])
@@ -228,14 +247,18 @@ class CandidateStatistics:
             if value.dtype.kind not in "iuf":
                 raise ValueError(f"{f} must be numeric, got dtype {value.dtype}")
             scalars[f] = value.item()
-        stats = cls(cross.shape[0], cross.shape[1], int(scalars["n_positions"]), "sum_xtx" in arrays)
+        for f in COUNT_FIELDS:
+            count = scalars[f]
+            if not (0 <= count <= MAX_COUNT and count == int(count)):
+                raise ValueError(f"{f} must be a whole number in [0, 2^53], got {count!r}")
+            scalars[f] = int(count)
+        if scalars["n_positions"] < 1:
+            raise ValueError("n_positions must be >= 1")
+        stats = cls(cross.shape[0], cross.shape[1], scalars["n_positions"], "sum_xtx" in arrays)
         for f, value in scalars.items():
             setattr(stats, f, value)
-        if stats.n_samples < 0 or stats.n_batches < 0 or stats.n_positions < 1:
-            raise ValueError("negative or zero counts")
-        if stats.sum_q_sq < 0 or stats.sum_xi_sq < 0:
-            raise ValueError("negative sum of squares")
-        stats.n_samples, stats.n_batches = int(stats.n_samples), int(stats.n_batches)
+        if stats.sum_q_sq < 0 or stats.sum_xi_sq < 0 or stats.sum_batch_grad_norm < 0:
+            raise ValueError("negative sum of squares or norms")
         stats.sum_cross, stats.sum_gram = cross.copy(), gram.copy()
         if stats.variance:
             xtx = np.asarray(arrays["sum_xtx"], dtype=np.float64)
@@ -246,7 +269,24 @@ class CandidateStatistics:
             m = getattr(stats, f)
             if m is not None and not np.allclose(m, m.T, rtol=1e-10, atol=1e-12 * (np.abs(m).max() + 1e-300)):
                 raise ValueError(f"{f} is not symmetric")
+        stats._check_consistent()
         return stats
+
+    def _check_consistent(self) -> None:
+        """Relations every honest set of sums satisfies, up to float32 round-off of per-batch sums:
+        ``sum ||xi_i||^2 >= ||sum xi_i||^2 / n`` (a variance is not negative) and
+        ``tr(sum X_i^T X_i) = sum ||xi_i||^2``; diagonals of the Grams are sums of squares."""
+        if np.any(np.diagonal(self.sum_gram) < 0) or (self.variance and np.any(np.diagonal(self.sum_xtx) < 0)):
+            raise ValueError("a Gram (sum_gram or sum_xtx) has a negative diagonal entry")
+        if self.n_samples > 0:
+            mean_part = float(np.sum(self.sum_cross * self.sum_cross)) / self.n_samples
+            if self.sum_xi_sq < mean_part * (1 - CONSISTENCY_RTOL):
+                raise ValueError(f"sum_xi_sq {self.sum_xi_sq:.6g} < ||sum_cross||^2 / n_samples {mean_part:.6g} "
+                                 "(a negative variance)")
+        if self.variance:
+            trace = float(np.trace(self.sum_xtx))
+            if abs(trace - self.sum_xi_sq) > CONSISTENCY_RTOL * max(trace, self.sum_xi_sq):
+                raise ValueError(f"trace(sum_xtx) {trace:.6g} differs from sum_xi_sq {self.sum_xi_sq:.6g}")
 
     # -- finished quantities -----------------------------------------------------------
     def cross_gradient(self) -> np.ndarray:
@@ -264,7 +304,8 @@ class CandidateStatistics:
                   if getattr(self, f) is not None and not np.isfinite(getattr(self, f)).all()]
         if fields:
             raise ValueError(
-                f"candidate {name!r}: {', '.join(fields)} not finite: its gradients or features held NaN or inf"
+                f"candidate {name!r}: {', '.join(fields)} not finite: its gradients or features held NaN or inf, "
+                "or values too large to square in float64"
             )
 
     def score(self, name: str = "", rtol: float = DEFAULT_RTOL) -> CandidateScore:
@@ -275,8 +316,15 @@ class CandidateStatistics:
         self._check_finite(name)
         C, K = self.cross_gradient(), self.feature_gram()
         spectrum = psd_spectrum(K, rtol)
+        if spectrum.lowest < -INDEFINITE_RTOL * spectrum.highest:
+            raise ValueError(f"candidate {name!r}: sum_gram is not positive semi-definite (eigenvalue "
+                             f"{spectrum.lowest:.3g} of the unit-diagonal Gram, largest {spectrum.highest:.3g})")
         ag_value = float(np.sqrt(self.sum_q_sq / n))
         growth = float(np.sqrt(spectrum.quadratic_form(C)))
+        if growth > ag_value * (1 + PROJECTION_RTOL) + np.finfo(float).tiny:
+            # a projection of Q cannot be longer than Q (Theorem 1 item 2)
+            raise ValueError(f"candidate {name!r}: growth value {growth:.6g} exceeds ag {ag_value:.6g}: "
+                             "sum_q_sq is too small for sum_cross and sum_gram")
         g_norm_sq = float(np.sum(C * C))
         sigma_sq = variance_estimate(n, self.sum_xi_sq, g_norm_sq)
         gv_debiased = None

@@ -46,7 +46,7 @@ def growth_noise_floor(score) -> float | None:
 
 @dataclass(frozen=True)
 class SweepPoint:
-    """One model depth: the depth-wide maxima of its report and the noise floor at the argmax."""
+    """One model depth: the depth-wide maxima of its report and the growth value's noise floor at the argmax."""
 
     depth: int
     label: str
@@ -54,7 +54,7 @@ class SweepPoint:
     ag_argmax: str
     growth_value_max: float
     argmax: str
-    noise_floor: float | None
+    growth_noise_floor: float | None
     n_samples: int
 
 
@@ -104,7 +104,7 @@ def sweep_point(depth: int, label: str, report: DepthReport) -> SweepPoint:
         ag_argmax=report.ag_argmax,
         growth_value_max=report.growth_value_max,
         argmax=report.argmax,
-        noise_floor=growth_noise_floor(best),
+        growth_noise_floor=growth_noise_floor(best),
         n_samples=min(c.n_samples for c in report.candidates),
     )
 
@@ -131,7 +131,7 @@ def depth_sweep(points, *, metric="growth_value", rel_tol=0.25, noise_factor=2.0
         if a.depth == b.depth:
             raise ValueError(f"two dumps have depth {a.depth}: {a.label} and {b.label}")
     values = [_value(p, metric) for p in ordered]
-    floors = [p.noise_floor if metric == "growth_value" else None for p in ordered]
+    floors = [p.growth_noise_floor if metric == "growth_value" else None for p in ordered]
     found = find_plateau(values, floors, rel_tol=rel_tol, noise_factor=noise_factor, min_points=min_points)
     plateau = Plateau(found[0], ordered[found[0]].depth, found[1]) if found else None
     return Sweep(ordered, metric, rel_tol, noise_factor, min_points, plateau)

@@ -112,6 +112,23 @@ def test_delta_t_verdict_both_ways(dump):
     assert as_json["error_bound"] == pytest.approx(sigma_sum / (40 * (gamma / 4) ** 2), rel=1e-9)
 
 
+def test_t_with_error_plans_the_probe_size(dump):
+    """SPEC section 4: with --t and --error, the probe size n >= sum sigma^2 / (a t^2) is reported,
+    and a bound above 1 is called vacuous rather than read as a probability."""
+    data = arrays()
+    sigma_sum = sum(per_sample_sigma_sq(q, psi) for q, psi in data.values())
+    t = 0.05
+    test = json.loads(invoke("score", dump, "--json", "--t", t, "--error", 0.1).stdout)["test"]
+    assert test["t"] == t and test["error_level"] == 0.1
+    assert test["required_probe_size"] == int(np.ceil(sigma_sum / (0.1 * t**2)))
+    assert test["error_bound"] == pytest.approx(sigma_sum / (40 * t**2), rel=1e-9)
+    text = invoke("score", dump, "--t", t, "--error", 0.1).stdout
+    assert f"n >= {test['required_probe_size']} (this probe: 40)" in text
+    assert "vacuous" in text  # this bound is well above 1 on 40 samples
+    assert test["error_bound"] > 1
+    assert json.loads(invoke("score", dump, "--json", "--t", t).stdout)["test"]["required_probe_size"] is None
+
+
 def test_table_rows_in_depth_order_and_maximum_line(dump):
     text = invoke("score", dump).stdout
     lines = text.splitlines()
@@ -157,6 +174,10 @@ def test_merge_refuses_different_candidates(tmp_path, dump):
     result = CliRunner().invoke(main, ["merge", str(dump), str(other), "-o", str(tmp_path / "m.npz")])
     assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1
     assert "candidate lists differ" in result.stderr
+    wider = tmp_path / "wider.npz"
+    satcore.write_dump(wider, raw={n: (q, np.concatenate([p, p], -1)) for n, (q, p) in arrays().items()})
+    result = CliRunner().invoke(main, ["merge", str(dump), str(wider), "-o", str(tmp_path / "m.npz")])
+    assert result.exit_code == 2 and "candidate 'layer1.0': cannot merge statistics with (N, r, T)" in result.stderr
 
 
 def test_inspect_summarises(dump):
@@ -172,6 +193,9 @@ def test_score_plot_writes_png(dump, tmp_path):
     png = tmp_path / "score.png"
     invoke("score", dump, "--plot", png, "--quiet")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a plot that cannot be written fails the command, after the scores were printed
+    result = CliRunner().invoke(main, ["score", str(dump), "--plot", str(tmp_path / "no" / "such" / "x.png")])
+    assert result.exit_code == 2 and "depth-wide maximum" in result.stdout
 
 
 def test_installed_console_script(dump, tmp_path):

@@ -74,8 +74,8 @@ def test_sweep_json_and_plateau(tmp_path):
     assert [p["growth_value_max"] for p in out["points"]] == pytest.approx(values, rel=1e-12)
     assert out["plateau"] == {"start_index": 2, "start_depth": 6, "low_signal": True}
     for p in out["points"][2:]:
-        assert p["growth_value_max"] <= 2 * p["noise_floor"]
-    assert out["points"][0]["growth_value_max"] > 5 * out["points"][0]["noise_floor"]
+        assert p["growth_value_max"] <= 2 * p["growth_noise_floor"]
+    assert out["points"][0]["growth_value_max"] > 5 * out["points"][0]["growth_noise_floor"]
 
 
 def test_sweep_table_plot_and_model_depth(tmp_path):
@@ -92,6 +92,8 @@ def test_sweep_table_plot_and_model_depth(tmp_path):
     satcore.write_dump(b, raw={"x": (q, psi)}, meta={"model_depth": 50})
     bad = CliRunner().invoke(main, ["sweep", str(a), str(b)])
     assert bad.exit_code == 2 and "two dumps have depth 50" in bad.stderr and len(bad.stderr.splitlines()) == 1
+    one = CliRunner().invoke(main, ["sweep", str(paths[0])])
+    assert one.exit_code == 0 and "plateau: not assessed (needs at least 2 depths, got 1)" in one.stdout
 
 
 def test_depth_sweep_ag_metric_has_no_noise_floor():

@@ -259,3 +259,21 @@ def test_feature_scales_do_not_decide_the_rank(spread):
         assert s.feature_rank == 6
         assert s.growth_value == pytest.approx(reference, rel=1e-9)
         assert satcore.projected_growth_value(Q, features) == pytest.approx(reference, rel=1e-9)
+
+
+def test_float32_batch_sums_do_not_invent_directions():
+    """With fewer positions than features (r > M*T), Grams summed in float32 per batch (an adapter's
+    batch_dtype=float32) put round-off of either sign on K's null directions, far above the 1e-10 cut;
+    the cut at ROUNDOFF_FACTOR x the most negative eigenvalue keeps the rank at M*T and the growth value
+    at the float64 one, instead of whitening noise past ag."""
+    rng = np.random.default_rng(11)
+    Q, Psi = rng.standard_normal((30, 2, 5)), rng.standard_normal((30, 2, 100)) * np.logspace(0, 1, 100)
+    exact = satcore.CandidateStatistics.from_samples(Q, Psi, batch_size=10).score()
+    single = satcore.CandidateStatistics(5, 100, 2)
+    for b in range(0, 30, 10):
+        q, p = (a[b : b + 10].reshape(-1, a.shape[2]).astype(np.float32) for a in (Q, Psi))
+        single.add_moments(10, float(np.vdot(q, q)), q.T @ p, p.T @ p, 0.0)  # products in float32
+    got = single.score()
+    assert exact.feature_rank == 60 and got.feature_rank == 60
+    assert got.growth_value == pytest.approx(exact.growth_value, rel=1e-4)
+    assert got.growth_value <= got.ag * (1 + 1e-6)

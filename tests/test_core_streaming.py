@@ -103,23 +103,53 @@ def test_serialisation_round_trip_and_depth_merge():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (("n_samples", -1), "negative"),
+        (("n_samples", -1), "whole number"),
+        (("n_samples", 2.7), "whole number"),
+        (("n_samples", 1e300), "whole number"),
+        (("n_positions", 1.5), "whole number"),
+        (("n_positions", 0), "n_positions must be >= 1"),
         (("sum_q_sq", -2.0), "negative"),
+        (("sum_batch_grad_norm", -1.0), "negative"),
         (("sum_gram", "asym"), "not symmetric"),
+        (("sum_gram", "negdiag"), "negative diagonal"),
         (("sum_cross", np.zeros((3,))), "do not fit"),
+        (("sum_cross", np.zeros((0, 2))), "do not fit|N >= 1"),
         (("n_positions", np.array([1, 2])), "scalar"),
+        (("sum_xi_sq", "shrink"), "negative variance"),
+        (("sum_xtx", "trace"), "trace"),
     ],
 )
 def test_inconsistent_statistics_are_refused(change, message):
     rng = np.random.default_rng(2)
     arrays = one_pass(rng.standard_normal((4, 1, 3)), rng.standard_normal((4, 1, 2))).to_arrays()
     key, value = change
-    if isinstance(value, str):
-        value = arrays[key].copy()
-        value[0, 1] += 1.0
-    arrays[key] = value
+    edits = {
+        "asym": lambda a: a + np.array([[0.0, 1.0], [0.0, 0.0]]),
+        "negdiag": lambda a: a - 2 * np.diag(np.diag(a)),
+        "shrink": lambda a: a * 1e-3,
+        "trace": lambda a: a * 1.01,  # sum_xi_sq no longer its trace
+    }
+    arrays[key] = edits[value](np.asarray(arrays[key])) if isinstance(value, str) else value
     with pytest.raises(ValueError, match=message):
         satcore.CandidateStatistics.from_arrays(arrays)
+
+
+@pytest.mark.parametrize("corruption", ["indefinite", "ag_too_small"])
+def test_statistics_no_data_could_give_are_refused_when_scored(corruption):
+    """A sum_gram with a clearly negative eigenvalue, or a sum_q_sq too small for the projection
+    sum_cross and sum_gram imply (growth value > ag), cannot come from adding up samples."""
+    rng = np.random.default_rng(3)
+    stats = one_pass(rng.standard_normal((40, 2, 3)), rng.standard_normal((40, 2, 4)))
+    if corruption == "indefinite":
+        lam, U = np.linalg.eigh(stats.sum_gram)
+        lam[0] = -0.5 * lam[-1]
+        stats.sum_gram = (U * lam) @ U.T
+        message = "not positive semi-definite"
+    else:
+        stats.sum_q_sq *= 1e-4
+        message = "exceeds ag"
+    with pytest.raises(ValueError, match=message):
+        stats.score("x")
 
 
 def test_merge_refuses_mismatched_shapes():

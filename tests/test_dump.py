@@ -209,3 +209,36 @@ def test_write_dump_refuses_inconsistent_input(tmp_path):
         write_dump(tmp_path / "x.npz", raw={"a": (q, psi)}, jac={"a": (q, psi[:, None, :].repeat(2, 1))})
     with pytest.raises(ValueError, match="do not match"):
         write_dump(tmp_path / "x.npz", raw={"a": (q, psi)}, meta={"candidates": ["b"]})
+    with pytest.raises(ValueError, match="q/a: dtype object"):
+        write_dump(tmp_path / "x.npz", raw={"a": (np.array([[1.0, "x"]], dtype=object), psi[:1])})
+
+
+def test_write_is_all_or_nothing_and_uses_the_path_as_given(tmp_path):
+    """A write that fails part way (here: the file-size limit) leaves the earlier file whole and no
+    partial file behind; a path without .npz is written as given, not with .npz appended."""
+    import subprocess
+    import sys
+
+    q, psi = make_pair(1, 5, 1, 2, 3, "full", np.float64)
+    good = tmp_path / "out"
+    write_dump(good, raw={"a": (q, psi)})
+    assert good.exists() and not (tmp_path / "out.npz").exists()
+    before = good.read_bytes()
+    script = f"""
+import resource, signal, numpy as np
+from satcore import write_dump
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write then fails with EFBIG instead of killing us
+resource.setrlimit(resource.RLIMIT_FSIZE, ({len(before) + 4096}, resource.RLIM_INFINITY))
+try:
+    write_dump({str(good)!r}, raw={{"a": (np.ones((4000, 64)), np.ones((4000, 64)))}})
+except OSError as exc:
+    print(exc)
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    out = run.stdout
+    assert run.returncode == 0, run.stderr
+    assert out.startswith(f"{good}: cannot write (File too large)"), out
+    assert good.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    with pytest.raises(OSError, match="is a directory"):
+        write_dump(tmp_path, raw={"a": (q, psi)})

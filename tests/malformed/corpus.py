@@ -131,14 +131,34 @@ def cases(tmp: pathlib.Path, pickle_target: pathlib.Path):
         ["'other'", "listed in meta"])
     add("unknown_key", {**header(), "q/blk": q, "psi/blk": p, "weights/blk": p}, ["weights/blk", "unknown key"])
     stats = good_stats(rng)
-    add("negative_count", {**header(), **stats, "stats/blk/n_samples": np.array(-5)}, ["stats/blk", "negative"])
+    add("negative_count", {**header(), **stats, "stats/blk/n_samples": np.array(-5)}, ["stats/blk", "whole number"])
     asym = stats["stats/blk/sum_gram"].copy()
     asym[0, 1] += 1.0
     add("nonsymmetric_gram", {**header(), **stats, "stats/blk/sum_gram": asym}, ["stats/blk", "sum_gram", "symmetric"])
     add("stats_nan", {**header(), **stats, "stats/blk/sum_q_sq": np.array(np.nan)}, ["stats/blk/sum_q_sq", "non-finite"])
     add("stats_unknown_field", {**header(), **stats, "stats/blk/sum_foo": np.array(1.0)},
         ["stats/blk/sum_foo", "not a statistics field"])
+    add("stats_negative_variance", {**header(), **stats, "stats/blk/sum_xi_sq": stats["stats/blk/sum_xi_sq"] * 1e-3},
+        ["stats/blk", "negative variance"])
+    add("stats_fractional_count", {**header(), **stats, "stats/blk/n_samples": np.array(2.7)},
+        ["stats/blk", "n_samples", "whole number"])
+    add("meta_split_not_text", {**header({"candidates": ["blk"], "split": 5}), "q/blk": q, "psi/blk": p},
+        ["meta", "split must be a string"])
+    add("meta_model_depth", {**header({"candidates": ["blk"], "model_depth": 2.5}), "q/blk": q, "psi/blk": p},
+        ["meta", "model_depth must be a positive integer"])
+    deep = '{"candidates": ["blk"], "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    add("meta_deeply_nested", {"satcore_schema": np.array(SCHEMA), "meta": np.array(deep), "q/blk": q, "psi/blk": p},
+        ["meta", "nested too deeply"])
+    add("negative_dimension", {**header(), "q/blk": npy_with_shape(q, (20, -4)), "psi/blk": p},
+        ["q/blk", "negative dimension"])
     return out
+
+
+def npy_with_shape(array, shape) -> bytes:
+    """``array``'s data under a header that declares ``shape`` (numpy would refuse to write it)."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": array.dtype.str, "fortran_order": False, "shape": shape})
+    return buf.getvalue() + np.ascontiguousarray(array).tobytes()
 
 
 CASE_IDS = (
@@ -147,5 +167,6 @@ CASE_IDS = (
     "nan_inf", "mismatched_samples", "mismatched_positions", "mismatched_rank", "mismatched_jac_width",
     "empty_candidate", "zero_width", "q_without_psi", "unknown_schema", "meta_not_json",
     "meta_missing_candidate", "unknown_key", "negative_count", "nonsymmetric_gram", "stats_nan",
-    "stats_unknown_field",
+    "stats_unknown_field", "stats_negative_variance", "stats_fractional_count", "meta_split_not_text",
+    "meta_model_depth", "meta_deeply_nested", "negative_dimension",
 )
