@@ -181,3 +181,36 @@ def test_data_with_wrong_input_names(tmp_path):
     data = tmp_path / "d.npz"
     np.savez(data, pixels=x, targets=y)
     assert_one_line_exit_2(["probe", tmp_path / "m.onnx", "--data", data, "-o", tmp_path / "o.npz"], "pixels")
+
+
+@pytest.mark.parametrize("label", [D, -1, 10**8])  # one past the classes, negative (not -100), huge
+def test_cross_entropy_label_outside_the_classes(tmp_path, label):
+    """ONNX Runtime would read past the logits (wrong scores, or a crash at 10**8): refused before it runs."""
+    x, y = batch()
+    bad = y.copy()
+    bad[3] = label
+    words = ("batch 1", f"target {label} ", f"[0, {D})")
+    with pytest.raises(OnnxProbeError) as info:
+        probe(small_model(), [(x, y), (x, bad)])
+    assert all(w in str(info.value) for w in words), str(info.value)
+    onnx.save(small_model(), str(tmp_path / "m.onnx"))
+    data = tmp_path / "data.npz"
+    np.savez(data, inputs=np.concatenate([x, x]), targets=np.concatenate([y, bad]))
+    assert_one_line_exit_2(["probe", tmp_path / "m.onnx", "--data", data, "--batch-size", len(x),
+                            "-o", tmp_path / "d.npz"], *words)
+    assert not (tmp_path / "d.npz").exists()
+
+
+def test_cross_entropy_needs_a_fixed_class_count():
+    """Labels are checked against the class count before a batch runs, so it must be known then."""
+    from onnx import helper
+
+    model = small_model()
+    # Reshape(h, Shape(h)): shape inference cannot see through it, the logits' width is symbolic
+    model.graph.node[3].output[0] = "h"
+    model.graph.node.extend(
+        [helper.make_node("Shape", ["h"], ["s"]), helper.make_node("Reshape", ["h", "s"], ["logits"])]
+    )
+    model.graph.output[0].type.tensor_type.shape.dim[1].dim_param = "classes"
+    with pytest.raises(OnnxProbeError, match="fixed class count on output 'logits'"):
+        probe(model, [batch()])

@@ -18,7 +18,10 @@ from .errors import OnnxProbeError
 
 LOSSES = ("cross_entropy", "mse")
 TARGETS = "satcore_targets"
+# weights turning the loss terms into ``sum_i loss_i``: a scalar 1 / (elements per sample) for
+# mse and loss outputs, one weight per target for cross_entropy (see ``probe._cross_entropy_feeds``)
 LOSS_SCALE = "satcore_loss_scale"
+IGNORE_INDEX = -100  # PyTorch's and Hugging Face's label for a token left out of the loss
 LOSS = "satcore_loss"
 MAX_IR_VERSION = 10  # onnxruntime 1.19 reads IR <= 10; onnx 1.23 writes 11
 FLOAT_TYPES = (1, 10, 11, 16)  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
@@ -143,12 +146,12 @@ def _opset(model) -> int:
 
 
 def _loss_nodes(model, loss: str, output: str, infos) -> tuple[list, list]:
-    """Nodes computing ``LOSS = LOSS_SCALE * sum(...)`` and the extra graph inputs they read."""
+    """Nodes computing ``LOSS = sum_i loss_i`` (terms weighted by ``LOSS_SCALE``) and the extra inputs they read."""
     from onnx import TensorProto, helper
 
     info = infos.get(output)
     elem = info.elem_type if info is not None and info.elem_type else TensorProto.FLOAT
-    scale = helper.make_tensor_value_info(LOSS_SCALE, elem, [])
+    scale = helper.make_tensor_value_info(LOSS_SCALE, elem, None)
     if loss == "cross_entropy":
         if _opset(model) < 12:
             raise OnnxProbeError("loss 'cross_entropy' needs opset >= 12 (SoftmaxCrossEntropyLoss)")
@@ -157,18 +160,26 @@ def _loss_nodes(model, loss: str, output: str, infos) -> tuple[list, list]:
             raise OnnxProbeError(
                 f"loss 'cross_entropy' needs output {output!r} of known rank >= 2 (batch, ..., classes)"
             )
+        if not isinstance(info.shape[-1], int) or info.shape[-1] < 1:
+            # targets are checked against it before a batch runs: an index past it is read out of bounds
+            raise OnnxProbeError(
+                f"loss 'cross_entropy' needs a fixed class count on output {output!r}; its shape is {info.shape}"
+            )
         nodes, logits = [], output
         if rank > 2:  # SoftmaxCrossEntropyLoss wants classes on axis 1
             logits = "satcore_logits_nc"
             perm = [0, rank - 1, *range(1, rank - 1)]
             nodes.append(helper.make_node("Transpose", [output], [logits], perm=perm))
-        # the second output (log-probabilities) is what ORT's gradient of this op reads
+        # per-target losses (0 at IGNORE_INDEX), weighted per sample; the second output
+        # (log-probabilities) is what ORT's gradient of this op reads
         nodes.append(
             helper.make_node(
-                "SoftmaxCrossEntropyLoss", [logits, TARGETS], ["satcore_ce_sum", "satcore_log_prob"], reduction="sum"
+                "SoftmaxCrossEntropyLoss", [logits, TARGETS], ["satcore_ce", "satcore_log_prob"],
+                reduction="none", ignore_index=IGNORE_INDEX,
             )
         )
-        nodes.append(helper.make_node("Mul", ["satcore_ce_sum", LOSS_SCALE], [LOSS]))
+        nodes.append(helper.make_node("Mul", ["satcore_ce", LOSS_SCALE], ["satcore_ce_weighted"]))
+        nodes.append(helper.make_node("ReduceSum", ["satcore_ce_weighted"], [LOSS], keepdims=0))
         targets = helper.make_tensor_value_info(TARGETS, TensorProto.INT64, None)
         return nodes, [targets, scale]
     if loss == "mse":

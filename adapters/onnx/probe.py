@@ -10,12 +10,12 @@ import numpy as np
 
 from satcore.depth import DepthStatistics
 from satcore.probe_result import ProbeResult
-from satcore.statistics import CandidateStatistics
+from satcore.statistics import CandidateStatistics, batch_moments
 
 from .errors import OnnxProbeError
 from .features import feature_map, positions
 from .gradients import gradient_route
-from .graph import LOSS_SCALE, LOSSES, TARGETS, probe_graph, residual_candidates
+from .graph import IGNORE_INDEX, LOSS_SCALE, LOSSES, TARGETS, probe_graph, residual_candidates
 from .loading import load_model
 
 TARGET_KEYS = ("targets", "target", "labels", "y")
@@ -57,27 +57,42 @@ def split_batch(batch, input_names: list[str]) -> tuple[dict, np.ndarray | None]
     return {k: np.asarray(v) for k, v in inputs.items()}, None if targets is None else np.asarray(targets)
 
 
-def _loss_feeds(loss: str, targets, out_shape_per_sample: int | None, batch: int, scale_dtype) -> dict:
-    """Targets and the scale turning the summed loss into ``sum_i loss_i`` (mean over tokens)."""
+def _loss_feeds(loss: str, targets, info, inputs: dict, batch: int, scale_dtype) -> dict:
+    """Targets and the ``LOSS_SCALE`` weights turning the loss terms into ``sum_i loss_i``."""
     if loss in LOSSES and targets is None:
         raise OnnxProbeError(f"loss {loss!r} needs targets in every batch")
-    feeds = {}
     if loss == "cross_entropy":
-        if targets.dtype.kind not in "iu":
-            raise OnnxProbeError(f"cross_entropy targets must be integer class indices, got dtype {targets.dtype}")
-        if targets.ndim < 1 or len(targets) != batch:
-            raise OnnxProbeError(f"targets have shape {targets.shape}; expected ({batch}, ...)")
-        feeds[TARGETS] = targets.astype(np.int64)
-        per_sample = int(np.prod(targets.shape[1:], dtype=np.int64))
-    elif loss == "mse":
+        return _cross_entropy_feeds(targets, info.shape[-1], batch, scale_dtype)
+    feeds = {LOSS_SCALE: np.array(1.0 / _output_elements(info, inputs), dtype=scale_dtype)}
+    if loss == "mse":
         if targets.dtype.kind != "f":
             raise OnnxProbeError(f"mse targets must be floating point, got dtype {targets.dtype}")
         feeds[TARGETS] = targets.astype(scale_dtype)
-        per_sample = out_shape_per_sample
-    else:
-        per_sample = out_shape_per_sample
-    feeds[LOSS_SCALE] = np.array(1.0 / per_sample, dtype=scale_dtype)
     return feeds
+
+
+def _cross_entropy_feeds(targets, classes: int, batch: int, scale_dtype) -> dict:
+    """Class indices checked against ``[0, classes)``, and one weight per target.
+
+    ``loss_i`` is the mean over sample ``i``'s targets other than
+    ``IGNORE_INDEX`` (the torch adapter's ``sequence_loss``): each weighs
+    ``1 / count``, an ignored one 0, and a sample with nothing counted adds 0.
+    """
+    if targets.dtype.kind not in "iu":
+        raise OnnxProbeError(f"cross_entropy targets must be integer class indices, got dtype {targets.dtype}")
+    if targets.ndim < 1 or len(targets) != batch:
+        raise OnnxProbeError(f"targets have shape {targets.shape}; expected ({batch}, ...)")
+    counted = targets != IGNORE_INDEX
+    # ONNX Runtime reads the log-probability at each index unchecked: out of range is a crash or garbage
+    outside = counted & ((targets < 0) | (targets >= classes))
+    if outside.any():
+        raise OnnxProbeError(
+            f"cross_entropy target {targets[outside][0]} is outside the class range [0, {classes}) "
+            f"(the only other label allowed is the ignore index {IGNORE_INDEX})"
+        )
+    per_sample = counted.reshape(batch, -1).sum(1).reshape((batch,) + (1,) * (targets.ndim - 1))
+    weights = counted / np.maximum(per_sample, 1)
+    return {TARGETS: targets.astype(np.int64), LOSS_SCALE: weights.astype(scale_dtype)}
 
 
 @dataclass(frozen=True)
@@ -106,8 +121,7 @@ class GradientSession:
             return None
         info = self.output_info
         scale_dtype = _numpy_dtype(info.elem_type) if info is not None and info.elem_type else np.float32
-        per_sample = None if self.loss == "cross_entropy" else _output_elements(info, feeds)
-        feeds.update(_loss_feeds(self.loss, targets, per_sample, b, scale_dtype))
+        feeds.update(_loss_feeds(self.loss, targets, info, feeds, b, scale_dtype))
         return self.runner(feeds)
 
 
@@ -161,13 +175,15 @@ def probe(
     ``model``: a ``.onnx`` path (external data must lie inside its folder) or
     a ``ModelProto``.  ``data``: an iterable of batches (see
     :func:`split_batch`); every batch runs once through ONNX Runtime.
-    ``loss``: ``"cross_entropy"`` (logits ``(B, [T,] classes)``, integer targets;
-    for sequences ``loss_i`` is the mean over tokens), ``"mse"`` (mean over a
-    sample's elements), or the name of a graph output holding per-sample
-    (per-token) losses.  ``candidates``: tensor names, default the inputs of
-    residual ``Add`` nodes (:func:`residual_candidates`).  ``family``:
-    ``"auto"``, a kind, a :class:`~satcore.Family`, a callable ``z -> psi``, or
-    a mapping candidate -> one of those; built-in kinds use
+    ``loss``: ``"cross_entropy"`` (logits ``(B, [T,] classes)`` with a fixed
+    class count, integer targets in ``[0, classes)`` or ``-100`` for a token
+    left out; for sequences ``loss_i`` is the mean over the counted tokens),
+    ``"mse"`` (mean over a sample's elements), or the name of a graph output
+    holding per-sample (per-token) losses.  ``T`` may differ between batches
+    (the statistics record the first batch's).  ``candidates``: tensor names,
+    default the inputs of residual ``Add`` nodes (:func:`residual_candidates`).
+    ``family``: ``"auto"``, a kind, a :class:`~satcore.Family`, a callable
+    ``z -> psi``, or a mapping candidate -> one of those; built-in kinds use
     ``make_family(kind, width, seed=seed)``.  For candidate ``z``, ``q_i = d
     loss_i / d z_i`` comes from ORT training (:mod:`.gradients`, route
     ``"auto"``, ``"builder"`` or ``"artifacts"``), ``psi`` from
@@ -186,8 +202,11 @@ def probe(
         raise OnnxProbeError(f"family mapping keys {sorted(specs)} must be exactly the candidates {names}")
     stats = DepthStatistics()
     maps = {}
-    for batch in data:
-        captured = session(batch)
+    for index, batch in enumerate(data):
+        try:
+            captured = session(batch)
+        except OnnxProbeError as exc:
+            raise OnnxProbeError(f"batch {index}: {exc}") from None
         if captured is None:
             continue
         acts, grads = captured
@@ -197,11 +216,19 @@ def probe(
                 maps[name] = feature_map(specs[name], z, seed=seed, init_std=init_std)
             q, psi = positions(g), maps[name](z)
             if name not in stats:
+                # T (tokens, pixels) may change from batch to batch, as in the torch adapter: the
+                # statistics record the first batch's
                 stats[name] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], variance)
+            widths = (stats[name].n_hidden, stats[name].n_features)
+            if (q.shape[2], psi.shape[2]) != widths:
+                raise OnnxProbeError(
+                    f"batch {index}: candidate {name!r} has (N, r) = ({q.shape[2]}, {psi.shape[2]}), "
+                    f"earlier batches {widths}"
+                )
             try:
-                stats[name].update(q, psi)
+                stats[name].add_moments(**batch_moments(q, psi, variance=variance))
             except ValueError as exc:
-                raise OnnxProbeError(f"candidate {name!r}: {exc}") from None
+                raise OnnxProbeError(f"batch {index}: candidate {name!r}: {exc}") from None
     if not stats:
         raise OnnxProbeError("the data held no samples")
     meta = {
