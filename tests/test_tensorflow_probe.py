@@ -6,9 +6,13 @@
 * a subclassed token model probed at named layers (a causal-LM-style loss averaged over
   tokens) equals a per-sample loop of ``tf.GradientTape`` (batch of one), and the functional
   copy of the same model, probed at its automatically found residual ``Add`` layers, agrees;
+* NumPy batches into a model whose first candidate is the model input equal ``tf.constant``
+  batches and the same per-sample loop;
+* a Keras loss with its default (batch-mean) reduction gives the same sums as ``reduction=None``;
 * a user Keras layer ``psi = z A`` (invertible ``A``) gives the ``linear`` growth value
   (reparameterisation invariance, SPEC section 2 identity 3) with a different ``||C||``;
-* ``MirroredStrategy`` on 2 logical CPUs (fresh process) equals one device.
+* ``MirroredStrategy`` on 2 logical CPUs (fresh process) equals one device, with per-sample
+  losses and with a Keras mean loss over unevenly split batches.
 """
 
 from __future__ import annotations
@@ -126,25 +130,25 @@ def token_setup():
     return model, batches
 
 
-def loop_reference(model, batches, seed):
-    """One sample at a time: ``q_i = d loss_i / d z_i`` with ``loss_i`` the token mean."""
-    stats = [None, None]
+def loop_reference(stem, blocks, head, batches, seed):
+    """One sample at a time: ``q_i = d loss_i / d z_i`` at each block input, ``loss_i`` the token mean."""
+    stats = [None] * len(blocks)
     for x, y in batches:
         for i in range(len(x)):
-            z0 = model.stem(x[i : i + 1])
-            z1 = model.blocks[0](z0)
-            for k, z in enumerate((z0, z1)):
+            z = stem(x[i : i + 1])
+            for k in range(len(blocks)):
                 with tf.GradientTape() as tape:
                     tape.watch(z)
                     h = z
-                    for b in model.blocks[k:]:
+                    for b in blocks[k:]:
                         h = b(h)
-                    loss_i = tf.reduce_mean(token_loss(y[i : i + 1], model.head(h)))
+                    loss_i = tf.reduce_mean(token_loss(y[i : i + 1], head(h)))
                 q = tape.gradient(loss_i, z).numpy().astype(np.float64)
-                psi = make_family("mlp", D, seed=seed).features(z.numpy())
+                psi = make_family("mlp", z.shape[-1], seed=seed).features(z.numpy())
                 if stats[k] is None:
-                    stats[k] = CandidateStatistics(D, 4 * D, T)
+                    stats[k] = CandidateStatistics(q.shape[-1], psi.shape[-1], q.shape[1] if q.ndim == 3 else 1)
                 stats[k].update(q, psi)
+                z = blocks[k](z)
     return stats
 
 
@@ -164,7 +168,8 @@ def test_subclassed_named_layers_match_per_sample_loop(token_setup):
     result = probe(model, batches, token_loss, candidates=["block0", "block1"], family="mlp", seed=4)
     assert list(result.statistics) == ["block0", "block1"]
     assert result.meta["taps"]["block0"] == {"layer": "block0", "position": "input"}
-    assert_same(list(result.statistics.values()), loop_reference(model, batches, seed=4), rtol=1e-5)
+    reference = loop_reference(model.stem, model.blocks, model.head, batches, seed=4)
+    assert_same(list(result.statistics.values()), reference, rtol=1e-5)
 
 
 def test_functional_copy_found_automatically_agrees(token_setup):
@@ -185,6 +190,50 @@ def test_output_tap_candidate_equals_next_layer_input(token_setup):
     auto = probe(functional, batches, token_loss, seed=1)
     assert by_output.statistics["s"].score().growth_value == pytest.approx(
         auto.statistics["add0"].score().growth_value, rel=1e-12)
+
+
+def assert_same_sums(stats, reference, rtol):
+    assert stats.n_samples == reference.n_samples
+    for field in ("sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm", "sum_cross", "sum_gram", "sum_xtx"):
+        np.testing.assert_allclose(getattr(stats, field), getattr(reference, field), rtol=rtol, atol=0, err_msg=field)
+
+
+@pytest.fixture(scope="module")
+def input_skip_setup():
+    """``h = x + f0(x)``, ``h + f1(h)``: the first candidate is the model input itself."""
+    keras.utils.set_random_seed(1)
+    f0 = keras.layers.Dense(D, activation="tanh")
+    f1 = keras.layers.Dense(D, activation="tanh")
+    head = keras.layers.Dense(VOCAB)
+    x_in = keras.Input((D,))
+    h = keras.layers.Add(name="add0")([x_in, f0(x_in)])
+    model = keras.Model(x_in, head(keras.layers.Add(name="add1")([h, f1(h)])))
+    rng = np.random.default_rng(5)
+    # more samples than the 4*D mlp features, so the growth value is not ag by tangent completeness
+    batches = [(rng.standard_normal((b, D)).astype(np.float32), rng.integers(0, VOCAB, b)) for b in (24, 16)]
+    return model, batches, [lambda h: h + f0(h), lambda h: h + f1(h)], head
+
+
+def test_numpy_batches_tap_the_model_input(input_skip_setup):
+    model, batches, blocks, head = input_skip_setup
+    from_numpy = probe(model, batches, token_loss, seed=2, variance=True)
+    assert from_numpy.meta["taps"]["add0"] == {"layer": None, "position": "model_input"}
+    from_tensors = probe(model, [(tf.constant(x), y) for x, y in batches], token_loss, seed=2, variance=True)
+    for name in ("add0", "add1"):
+        assert_same_sums(from_numpy.statistics[name], from_tensors.statistics[name], rtol=1e-12)
+    reference = loop_reference(tf.convert_to_tensor, blocks, head, batches, seed=2)
+    assert_same(list(from_numpy.statistics.values()), reference, rtol=1e-5)
+
+
+def test_batch_mean_loss_is_rescaled_to_per_sample(token_setup):
+    """A Keras loss's default reduction is the batch mean (gradients ``q_i / B``); ``B`` is undone."""
+    model, batches = token_setup  # batches of 6 and 4: a wrong or fixed B would show
+    kwargs = {"candidates": ["block0", "block1"], "variance": True}
+    per_sample = probe(model, batches, keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None),
+                       **kwargs)
+    mean = probe(model, batches, keras.losses.SparseCategoricalCrossentropy(from_logits=True), **kwargs)
+    for name in ("block0", "block1"):
+        assert_same_sums(mean.statistics[name], per_sample.statistics[name], rtol=1e-6)
 
 
 def test_user_keras_layer_is_a_reparameterised_linear_family(token_setup):
@@ -222,9 +271,11 @@ def test_bad_candidates_and_losses(token_setup):
         probe(model, batches, token_loss)
     with pytest.raises(ValueError, match="'nope' is not a layer name"):
         probe(model, batches, token_loss, candidates=["nope"])
-    mean_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    with pytest.raises(ValueError, match="reduction=None"):
-        probe(model, batches, lambda y, p: mean_loss(y, p), candidates=["block0"])
+    over_batch = lambda y, p: tf.reduce_mean(token_loss(y, p), axis=0)  # noqa: E731  (T,): one per token
+    with pytest.raises(ValueError, match=r"loss_fn returned shape \(5,\); expected per-sample losses \(6, ...\)"):
+        probe(model, batches, over_batch, candidates=["block0"])
+    with pytest.raises(TypeError, match="loss_fn must return a tensor, got float"):
+        probe(model, batches, lambda y, p: 1.0, candidates=["block0"])
 
 
 # -- tf.distribute ----------------------------------------------------------------------------
@@ -254,8 +305,12 @@ MIRRORED_SCRIPT = textwrap.dedent(
         model = build()
     mirrored = probe(model, tf.data.Dataset.from_tensor_slices((x, y)).batch(8), loss, strategy=strategy,
                      variance=True)
+    # a Keras mean loss is each replica's mean divided by the replicas; batches of 7 split unevenly
+    mean_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    mirrored_mean = probe(model, tf.data.Dataset.from_tensor_slices((x, y)).batch(7), mean_loss,
+                          strategy=strategy, variance=True)
     out = {"replicas": mirrored.meta["replicas"]}
-    for name, res in (("single", single), ("mirrored", mirrored)):
+    for name, res in (("single", single), ("mirrored", mirrored), ("mirrored_mean", mirrored_mean)):
         s = res.statistics["add0"]
         out[name] = {"n": s.n_samples, "sum_q_sq": s.sum_q_sq, "sum_cross": s.sum_cross.tolist(),
                      "sum_gram": s.sum_gram.tolist(), "sum_xtx": s.sum_xtx.tolist(),
@@ -274,11 +329,12 @@ def test_mirrored_strategy_equals_one_device(tmp_path):
     assert proc.returncode == 0 and lines, proc.stderr[-2000:]
     out = json.loads(lines[0][len("RESULT "):])
     assert out["replicas"] == 2
-    single, mirrored = out["single"], out["mirrored"]
-    assert single["n"] == mirrored["n"] == 16
-    assert mirrored["sum_q_sq"] == pytest.approx(single["sum_q_sq"], rel=1e-6)
-    for key in ("sum_cross", "sum_gram", "sum_xtx"):
-        a, b = np.array(mirrored[key]), np.array(single[key])
-        assert np.linalg.norm(a - b) <= 1e-6 * np.linalg.norm(b), key
-    assert mirrored["growth_value"] == pytest.approx(single["growth_value"], rel=1e-6)
+    single = out["single"]
+    for mirrored in (out["mirrored"], out["mirrored_mean"]):
+        assert single["n"] == mirrored["n"] == 16
+        assert mirrored["sum_q_sq"] == pytest.approx(single["sum_q_sq"], rel=1e-6)
+        for key in ("sum_cross", "sum_gram", "sum_xtx"):
+            a, b = np.array(mirrored[key]), np.array(single[key])
+            assert np.linalg.norm(a - b) <= 1e-6 * np.linalg.norm(b), key
+        assert mirrored["growth_value"] == pytest.approx(single["growth_value"], rel=1e-6)
     assert single["growth_value"] > 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Mapping
 
 _local = threading.local()
 
@@ -28,8 +29,16 @@ class Recording:
 
         if name in self.z:
             raise ValueError(f"candidate {name!r} was reached twice in one forward pass (a shared layer?)")
-        if not isinstance(z, (tf.Tensor, tf.Variable)) and not hasattr(z, "shape"):
-            raise ValueError(f"candidate {name!r}: the tapped value is not a tensor ({type(z).__name__})")
+        # tf.convert_to_tensor would stack a structure of tensors into one, silently changing what
+        # the downstream layers receive
+        if isinstance(z, (list, tuple, Mapping)):
+            raise ValueError(f"candidate {name!r}: the tapped value is a {type(z).__name__}, not one tensor")
+        # a model-input candidate arrives as the user's batch (NumPy or any array Keras accepts);
+        # everything downstream (features, positions, moments) reads tensor shapes
+        try:
+            z = tf.convert_to_tensor(z)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"candidate {name!r}: the tapped value ({type(z).__name__}) is not an array: {e}") from None
         delta = tf.zeros_like(z)
         self.tape.watch(delta)
         self.z[name], self.delta[name] = z, delta

@@ -17,14 +17,26 @@ from .locate import named_candidates, residual_candidates
 from .moments import replica_moments
 
 
-def per_sample_loss(loss_fn, y_true, y_pred):
-    """``loss_i``: ``loss_fn`` with ``reduction=None``, averaged over the non-batch axes (tokens)."""
-    values = loss_fn(y_true, y_pred)
+def total_loss(values, batch_size: int, replicas: int = 1):
+    """``sum_i loss_i`` over a replica's ``batch_size`` samples, from what ``loss_fn`` returned.
+
+    ``values`` of shape ``(B,)`` are the per-sample losses; ``(B, ...)`` (tokens) are averaged
+    over the non-batch axes, so ``loss_i`` is a sequence's mean.  A 0-d value is read as the
+    batch MEAN as a Keras loss with its default reduction (``"sum_over_batch_size"``) returns
+    it: under ``tf.distribute`` Keras divides the replica's mean by ``replicas`` so that replica
+    gradients sum to the global mean's.  Its gradient at ``z_i`` is then ``q_i / (B * replicas)``
+    (SPEC section 1: adapters undo a batch mean), so it is multiplied back.
+    """
+    if not tf.is_tensor(values):
+        raise TypeError(f"loss_fn must return a tensor, got {type(values).__name__}")
     if values.shape.rank == 0:
-        raise ValueError("loss_fn returned a scalar; it must return per-sample losses (use reduction=None)")
-    if values.shape.rank > 1:
-        values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
-    return values
+        return values * tf.cast(batch_size * replicas, values.dtype)
+    if values.shape[0] != batch_size:
+        raise ValueError(
+            f"loss_fn returned shape {tuple(values.shape)}; expected per-sample losses ({batch_size}, ...) "
+            "(reduction=None) or a scalar batch mean"
+        )
+    return tf.reduce_sum(tf.reduce_mean(values, axis=list(range(1, values.shape.rank))))
 
 
 def _unpack(batch):
@@ -51,11 +63,14 @@ def probe(
 
     ``data``: an iterable of ``(x, y)`` batches, or a ``tf.data.Dataset`` of them
     (required under a multi-replica strategy: it is distributed with
-    ``strategy.experimental_distribute_dataset``).  ``loss_fn(y_true, y_pred)``
-    returns per-sample losses (a Keras loss with ``reduction=None``); for
-    sequences ``loss_i`` is their mean over tokens.  ``candidates``: layer names
-    (the layer's input) or, for functional models, ``None`` for the skip inputs
-    of residual ``Add`` layers (:mod:`.locate`).  ``family``: ``"auto"``, a kind,
+    ``strategy.experimental_distribute_dataset``); ``x`` may be NumPy or any array
+    Keras accepts.  ``loss_fn(y_true, y_pred)`` returns per-sample losses ``(B,)``
+    (a Keras loss with ``reduction=None``), or ``(B, T)`` for sequences, whose
+    ``loss_i`` is the mean over tokens, or a scalar batch mean (a Keras loss with
+    its default reduction): its gradients ``q_i / B`` are rescaled by ``B`` (and
+    by the number of replicas, which Keras divides by), see :func:`total_loss`.
+    ``candidates``: layer names (the layer's input) or, for functional models,
+    ``None`` for the skip inputs of residual ``Add`` layers (:mod:`.locate`).  ``family``: ``"auto"``, a kind,
     a :class:`~satcore.Family`, a Keras layer (user feature map), or a mapping
     candidate -> one of those; built-in kinds use ``make_family(kind, width,
     seed=seed)``.  The gradient of ``sum_i loss_i`` at a zero ``delta`` added at
@@ -84,10 +99,12 @@ def probe(
         with tf.GradientTape() as tape, recording(tape) as rec:
             if model_inputs:
                 x = _tap_inputs(rec, x, model_inputs)
-            total = tf.reduce_sum(per_sample_loss(loss_fn, y, model(x, training=False)))
-        missing = [n for n in names if n not in rec.z]
-        if missing:
-            raise ValueError(f"candidate(s) {missing} were not reached in the forward pass")
+            y_pred = model(x, training=False)
+            missing = [n for n in names if n not in rec.z]
+            if missing:
+                raise ValueError(f"candidate(s) {missing} were not reached in the forward pass")
+            batch_size = int(rec.z[names[0]].shape[0])
+            total = total_loss(loss_fn(y, y_pred), batch_size, strategy.num_replicas_in_sync)
         grads = tape.gradient(total, [rec.delta[n] for n in names])
         out = {}
         for n, g in zip(names, grads):
