@@ -19,6 +19,8 @@ weights are cached per process, so repeated calls are cheap and independent):
   residual blocks ``layer1.0, layer1.1, layer2.0, layer2.1``;
 * :func:`digits_transformer` -- ``nn.TransformerEncoder`` (2 layers, d 32,
   batch_first) over the 8 image rows as tokens, blocks ``encoder.layers.0/1``;
+  ``batch_first=False`` gives the same weights in PyTorch's default
+  ``(T, B, d)`` layout;
 * :func:`gpt2` / :func:`gpt_neox` / :func:`llama` -- Hugging Face
   ``GPT2LMHeadModel`` / ``GPTNeoXForCausalLM`` / ``LlamaForCausalLM`` from tiny
   configs (d 32, 2 layers, eager attention, no cache), trained a few steps on
@@ -136,17 +138,20 @@ class DigitsResNet(nn.Module):
 class DigitsTransformer(nn.Module):
     """The 8 rows of a digit as 8 tokens -> ``nn.TransformerEncoder`` -> mean pool -> classes."""
 
-    def __init__(self, d_model=32, nhead=4, layers=2, classes=10):
+    def __init__(self, d_model=32, nhead=4, layers=2, classes=10, batch_first=True):
         super().__init__()
+        self.batch_first = batch_first
         self.embed = nn.Linear(8, d_model)
         self.position = nn.Parameter(torch.randn(8, d_model) * 0.1)
-        layer = nn.TransformerEncoderLayer(d_model, nhead, 2 * d_model, dropout=0.0, batch_first=True)
+        layer = nn.TransformerEncoderLayer(d_model, nhead, 2 * d_model, dropout=0.0, batch_first=batch_first)
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.fc = nn.Linear(d_model, classes)
 
     def forward(self, x):
         tokens = self.embed(x.reshape(x.shape[0], 8, 8)) + self.position
-        return self.fc(self.encoder(tokens).mean(1))
+        if self.batch_first:
+            return self.fc(self.encoder(tokens).mean(1))
+        return self.fc(self.encoder(tokens.transpose(0, 1)).mean(0))
 
 
 def _train_classifier(model, steps, seed, lr=1e-2, batch_size=64):
@@ -256,9 +261,14 @@ def digits_resnet(seed: int = 0, steps: int = 150) -> DigitsResNet:
     return _fresh("resnet", seed, steps)
 
 
-def digits_transformer(seed: int = 0, steps: int = 150) -> DigitsTransformer:
-    """The ``nn.TransformerEncoder`` classifier trained ``steps`` Adam steps on digits samples 0-999."""
-    return _fresh("transformer", seed, steps)
+def digits_transformer(seed: int = 0, steps: int = 150, batch_first: bool = True) -> DigitsTransformer:
+    """The ``nn.TransformerEncoder`` classifier trained ``steps`` Adam steps on digits samples 0-999
+    (the weights do not depend on ``batch_first``, only the stream's layout does)."""
+    if batch_first:
+        return _fresh("transformer", seed, steps)
+    model = DigitsTransformer(batch_first=False)
+    model.load_state_dict(_trained_state("transformer", seed, steps))
+    return model.eval()
 
 
 def gpt2(seed: int = 0, steps: int = 40):

@@ -181,6 +181,18 @@ def test_explicit_candidates_capture_that_modules_input():
     assert explicit.statistics["fc"].n_positions == 1 and explicit.statistics["fc"].n_hidden == 16
 
 
+def test_integer_candidate_input_is_refused_naming_it():
+    model = mt.gpt2()
+    before = _hook_counts(model)
+    with pytest.raises(ValueError) as err:
+        probe(model, mt.text_batches(16, 2, 1), sequence_loss, candidates=["transformer.wte"])
+    assert str(err.value) == (
+        "candidate 'transformer.wte': its input is a torch.int64 tensor, not a floating-point activation; "
+        "name a module that reads the residual stream"
+    )
+    assert _hook_counts(model) == before
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

@@ -8,8 +8,11 @@ in-place operations inside the block cannot rebase it, and
 ``autograd.grad(loss, tap)`` is exactly ``d loss / d z`` at the insertion
 point (the gradient through the block's skip and branch, nothing else).
 Forward pre-hooks use ``with_kwargs=True`` so blocks called with keyword
-streams (``hidden_states=...``) work.  Hooks live only inside the
-:class:`StreamTaps` context and are removed on exit, also on exceptions.
+streams (``hidden_states=...``) work.  The streams and gradients handed out
+are batch-first: at a ``sequence_first`` candidate (``(T, B, d)``, see
+:mod:`.locate`) they are transposed views, so dim 0 is always the sample.
+Hooks live only inside the :class:`StreamTaps` context and are removed on
+exit, also on exceptions.
 """
 
 from __future__ import annotations
@@ -74,15 +77,17 @@ def update_energy(z, out) -> torch.Tensor | None:
 class StreamTaps:
     """Context manager tapping ``candidates`` during every forward of ``model``.
 
-    After a forward: ``taps[name]`` is the tensor to differentiate (gives
-    ``q``), ``streams[name]`` the detached stream ``z``, ``updates[name]`` the
-    batch's ``sum_i ||block(z_i) - z_i||^2`` for input candidates (``None`` when
-    shapes differ).  Call :meth:`clear` between batches.
+    After a forward: ``taps[name]`` is the tensor to differentiate (in the
+    model's layout; :meth:`gradients` gives ``q`` batch-first),
+    ``streams[name]`` the detached stream ``z`` batch-first, ``updates[name]``
+    the batch's ``sum_i ||block(z_i) - z_i||^2`` for input candidates (``None``
+    when shapes differ).  Call :meth:`clear` between batches.
     """
 
     def __init__(self, model: nn.Module, candidates: tuple[Candidate, ...]):
         self.model = model
         self.candidates = candidates
+        self.by_name = {c.name: c for c in candidates}
         self.handles: list = []
         self.clear()
 
@@ -91,12 +96,35 @@ class StreamTaps:
         self.streams: dict[str, torch.Tensor] = {}
         self.updates: dict[str, torch.Tensor | None] = {}
 
+    def batch_first(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """``x``, a tensor in candidate ``name``'s layout, with the samples in dim 0."""
+        if not self.by_name[name].sequence_first:
+            return x
+        if x.dim() != 3:
+            raise ValueError(
+                f"candidate {name!r} reads (T, B, d) (batch_first=False) but its stream has shape {tuple(x.shape)}"
+            )
+        return x.transpose(0, 1)
+
+    def gradients(self, total: torch.Tensor, names) -> list[torch.Tensor]:
+        """``d total / d z`` at each of ``names``, batch-first (zeros where ``total`` does not reach)."""
+        grads = torch.autograd.grad(total, [self.taps[n] for n in names], allow_unused=True)
+        return [
+            torch.zeros_like(self.streams[n]) if g is None else self.batch_first(n, g) for n, g in zip(names, grads)
+        ]
+
     def _record(self, name, z):
         if name in self.taps:
             raise RuntimeError(f"candidate {name!r} ran twice in one forward pass; candidates must run once")
+        if not z.is_floating_point():
+            side = "input" if self.by_name[name].position == "input" else "output"
+            raise ValueError(
+                f"candidate {name!r}: its {side} is a {z.dtype} tensor, not a floating-point activation; "
+                "name a module that reads the residual stream"
+            )
         tap, passed = _tap(z)
         self.taps[name] = tap
-        self.streams[name] = z.detach()
+        self.streams[name] = self.batch_first(name, z.detach())
         return passed
 
     def _input_hook(self, name):
@@ -108,7 +136,7 @@ class StreamTaps:
     def _update_hook(self, name):
         def hook(module, args, kwargs, output):
             with torch.no_grad():
-                self.updates[name] = update_energy(self.streams[name], get_output(output))
+                self.updates[name] = update_energy(self.streams[name], self.batch_first(name, get_output(output)))
 
         return hook
 

@@ -19,6 +19,10 @@ are ``(M, T, r)``.
 * a user ``nn.Module`` ``f``: ``psi = f(z)`` of shape ``(M, r)`` or ``(M, T, r)``
   with positions in the layout of ``Q``.
 
+Built-in maps compute in the dtype of their weights, which is the stream's but
+at least float32 (:func:`build_feature_map`); a user map gets the stream as the
+model produced it.
+
 :class:`ResidualBranch` is the block ``h(z) = V psi(z)`` in ``z``'s layout;
 ``grow`` inserts it, and all its parameters (feature map included) are
 ordinary trainable parameters for continued training.
@@ -88,7 +92,7 @@ class MLPFeatures(FeatureMap):
         self.act = ACTIVATIONS[family.activation]()
 
     def forward(self, z):
-        return self.act(self.fc(self.norm(positions(z))))
+        return self.act(self.fc(self.norm(positions(z).to(self.fc.weight.dtype))))
 
 
 class ConvFeatures(FeatureMap):
@@ -107,7 +111,7 @@ class ConvFeatures(FeatureMap):
 
     def hidden(self, z):
         """``relu(BN(conv3x3(z)))``, ``(M, C_mid, H, W)``."""
-        return self.act(self.bn(self.conv(z)))
+        return self.act(self.bn(self.conv(z.to(self.conv.weight.dtype))))
 
     def forward(self, z):
         return F.unfold(self.hidden(z), 3, padding=1).transpose(1, 2)
@@ -185,7 +189,10 @@ def build_feature_map(family, z: torch.Tensor, *, seed: int = 0, init_std: float
         raise ValueError(f"family 'conv' needs a (M, C, H, W) stream, got shape {tuple(z.shape)}")
     width = z.shape[1] if z.dim() == 4 else z.shape[-1]
     init_std = init_std if kind == "mlp" else None
-    feature_map = BUILDERS[kind](make_family(kind, width, seed=seed, init_std=init_std), z).eval()
+    # half-precision round-off in LayerNorm and W1 moved growth_value by 3% (bfloat16 GPT-2); the
+    # stream's values are exact in float32, so half-precision streams get float32 weights
+    like = z.new_empty(0, dtype=torch.promote_types(z.dtype, torch.float32))
+    feature_map = BUILDERS[kind](make_family(kind, width, seed=seed, init_std=init_std), like).eval()
     if kind == "mlp":
         feature_map.spec["init_std"] = init_std  # None: the family's default width**-0.5
     return feature_map

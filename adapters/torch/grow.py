@@ -31,22 +31,27 @@ from .families import ResidualBranch
 class InsertedResidual(nn.Module):
     """``block`` with ``z -> z + branch(z)`` applied to its input (or, for ``head``, its output).
 
-    Attributes not found here are looked up on ``block``, so code that reads
-    a wrapped layer's attributes keeps working.
+    At a ``sequence_first`` candidate (``(T, B, d)`` stream) the branch sees
+    ``z`` batch-first, as the probe that fitted it did.  Attributes not found
+    here are looked up on ``block``, so code that reads a wrapped layer's
+    attributes keeps working.
     """
 
-    def __init__(self, block: nn.Module, branch: nn.Module, position: str = "input"):
+    def __init__(self, block: nn.Module, branch: nn.Module, position: str = "input", sequence_first: bool = False):
         super().__init__()
-        self.block, self.branch, self.position = block, branch, position
+        self.block, self.branch, self.position, self.sequence_first = block, branch, position, sequence_first
+
+    def _add_branch(self, z):
+        if self.sequence_first:
+            return z + self.branch(z.transpose(0, 1)).transpose(0, 1)
+        return z + self.branch(z)
 
     def forward(self, *args, **kwargs):
         if self.position == "input":
-            z = get_stream(args, kwargs)
-            args, kwargs = with_stream(args, kwargs, z + self.branch(z))
+            args, kwargs = with_stream(args, kwargs, self._add_branch(get_stream(args, kwargs)))
             return self.block(*args, **kwargs)
         out = self.block(*args, **kwargs)
-        z = get_output(out)
-        return with_output(out, z + self.branch(z))
+        return with_output(out, self._add_branch(get_output(out)))
 
     def __getattr__(self, name):
         try:
@@ -95,7 +100,8 @@ def grow(model: nn.Module, result, at: str, *, alpha=None, rho=None, zero: bool 
     if zero:
         projection = torch.zeros_like(projection)
     features = copy.deepcopy(result.families[at]).to(dtype=reference.dtype, device=reference.device)
-    wrapper = InsertedResidual(block, ResidualBranch(features, projection), candidate.position)
+    wrapper = InsertedResidual(block, ResidualBranch(features, projection), candidate.position,
+                               candidate.sequence_first)
     parent_name, _, child = candidate.module.rpartition(".")
     setattr(expanded.get_submodule(parent_name), child, wrapper)
     return Grown(expanded, 0.0 if zero else plan.predicted_change, alpha)

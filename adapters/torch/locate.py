@@ -30,11 +30,13 @@ HEAD = "head"
 
 @dataclass(frozen=True)
 class Candidate:
-    """One insertion point: the ``position`` (``"input"``/``"output"``) of ``module``."""
+    """One insertion point: the ``position`` (``"input"``/``"output"``) of ``module``, whose
+    stream is ``(T, B, d)`` when ``sequence_first``."""
 
     name: str
     module: str
     position: str = "input"
+    sequence_first: bool = False
 
 
 def is_resnet_block(module: nn.Module) -> bool:
@@ -47,6 +49,21 @@ def is_resnet_block(module: nn.Module) -> bool:
 def _is_inserted(module: nn.Module) -> bool:
     # a block already grown by satcore counts as one block
     return type(module).__name__ == "InsertedResidual"
+
+
+def is_sequence_first(module: nn.Module) -> bool:
+    """Whether ``module`` reads its stream as ``(T, B, d)`` (``batch_first=False``).
+
+    The layer classes of ``nn.TransformerEncoder``/``Decoder`` keep the flag on
+    their attention (``self_attn.batch_first``), not on themselves.
+    """
+    if _is_inserted(module):
+        module = module.block
+    if isinstance(module, (nn.TransformerEncoder, nn.TransformerDecoder)):
+        module = module.layers[0]
+    if isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+        module = module.self_attn
+    return getattr(module, "batch_first", True) is False
 
 
 def find_blocks(model: nn.Module) -> list[str]:
@@ -74,7 +91,7 @@ def find_candidates(model: nn.Module, *, head: bool = True) -> tuple[Candidate, 
         raise ValueError(
             f"no residual blocks recognised in {type(model).__name__}; pass candidates=[module names]"
         )
-    return with_head([Candidate(b, b) for b in blocks], head)
+    return with_head([_candidate(model, b) for b in blocks], head)
 
 
 def named_candidates(model: nn.Module, names, *, head: bool = True) -> tuple[Candidate, ...]:
@@ -88,10 +105,16 @@ def named_candidates(model: nn.Module, names, *, head: bool = True) -> tuple[Can
             raise ValueError(f"candidate {n!r} is not a submodule name of {type(model).__name__}")
     if len(set(names)) != len(names) or HEAD in names:
         raise ValueError(f"candidate names must be distinct and not {HEAD!r}: {names}")
-    return with_head([Candidate(n, n) for n in names], head)
+    return with_head([_candidate(model, n) for n in names], head)
+
+
+def _candidate(model: nn.Module, name: str) -> Candidate:
+    return Candidate(name, name, sequence_first=is_sequence_first(model.get_submodule(name)))
 
 
 def with_head(candidates: list[Candidate], head: bool) -> tuple[Candidate, ...]:
+    """``candidates`` plus, if ``head``, the output of the last one (which keeps that block's layout)."""
     if head:
-        candidates = candidates + [Candidate(HEAD, candidates[-1].module, "output")]
+        last = candidates[-1]
+        candidates = candidates + [Candidate(HEAD, last.module, "output", last.sequence_first)]
     return tuple(candidates)

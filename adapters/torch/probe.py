@@ -6,9 +6,11 @@ taps, which gives every sample's ``q_i = d loss_i / d z_i`` at once because
 in eval mode samples do not interact (the model is switched to ``eval()`` for
 the probe and restored after; a model that mixes samples in eval mode,
 e.g. BatchNorm in training mode or batch-level attention across samples,
-violates this).  Features ``psi(z_i)`` are computed without a graph; the
-batch sums are added up in float64 on the model's device (:mod:`.running`)
-into the core's :class:`satcore.CandidateStatistics`.
+violates this).  Streams and gradients are read batch-first, also where
+the model keeps them ``(T, B, d)`` (:mod:`.capture`).  Features
+``psi(z_i)`` are computed without a graph; the batch sums are added up in
+float64 on the model's device (:mod:`.running`) into the core's
+:class:`satcore.CandidateStatistics`.
 Gradients go to the taps only (``torch.autograd.grad``), never into the
 parameters' ``.grad``.
 """
@@ -78,6 +80,25 @@ def per_sample_losses(losses: torch.Tensor, batch_size: int) -> torch.Tensor:
             f"loss_fn returned shape {tuple(losses.shape)}; expected per-sample losses ({batch_size},) or a scalar mean"
         )
     return losses.sum()
+
+
+def _batch_size(losses, streams: dict, names) -> int:
+    """``B``: the length of ``(B,)`` per-sample losses, else (a scalar mean) of the first
+    candidate's batch; every candidate's batch-first stream must have ``B`` samples."""
+    if torch.is_tensor(losses) and losses.dim() == 1:
+        size, source = losses.shape[0], f"loss_fn returned {losses.shape[0]} per-sample losses"
+    else:
+        size = streams[names[0]].shape[0]
+        source = f"candidate {names[0]!r} has {size}"
+    for name in names:
+        shape = tuple(streams[name].shape)
+        if shape[0] != size:
+            # a (T, B, d) stream read as batch-first shows up here, unless T == B
+            raise ValueError(
+                f"candidate {name!r} has a stream of batch-first shape {shape} ({shape[0]} samples) but {source}; "
+                "a stream that is not batch-first is recognised only at a module with batch_first=False"
+            )
+    return size
 
 
 def sequence_loss(outputs, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
@@ -212,13 +233,12 @@ def probe(
                 missing = [n for n in names if n not in taps.taps]
                 if missing:
                     raise ValueError(f"candidate(s) {missing} did not run in the forward pass")
-                first = taps.taps[names[0]]
-                total = per_sample_losses(loss_fn(outputs, to_device(targets, device)), first.shape[0])
-                grads = torch.autograd.grad(total, [taps.taps[n] for n in names], allow_unused=True)
+                losses = loss_fn(outputs, to_device(targets, device))
+                samples = _batch_size(losses, taps.streams, names)
+                grads = taps.gradients(per_sample_losses(losses, samples), names)
                 generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
                 for name, grad in zip(names, grads):
                     z = taps.streams[name]
-                    grad = torch.zeros_like(z) if grad is None else grad
                     if name not in families:
                         families[name] = build_feature_map(
                             _family_for(family, name), z, seed=seed, init_std=init_std
@@ -231,7 +251,7 @@ def probe(
                     running[name].add(moments, sum_z_sq, taps.updates.get(name))
                 done = index + 1
                 if bar is not None:
-                    bar.update(first.shape[0])
+                    bar.update(samples)
                 if checkpoint is not None and done % checkpoint_every == 0:
                     _sync(running)
                     save_checkpoint(checkpoint, statistics, streams, _specs(families), done, config)

@@ -28,10 +28,10 @@ def per_sample_xi(model, data, loss_fn, candidate, feature_map) -> np.ndarray:
         for inputs, targets in data:
             taps.clear()
             total = loss_fn(model(inputs), targets).sum()
-            (grad,) = torch.autograd.grad(total, [taps.taps[candidate.name]])
+            (grad,) = taps.gradients(total, [candidate.name])  # batch-first, as the streams
             with torch.no_grad():
                 psi = feature_map(taps.streams[candidate.name])
-                out.append(torch.einsum("mtn,mtr->mnr", positions(grad), psi).to(torch.float64).numpy())
+                out.append(torch.einsum("mtn,mtr->mnr", positions(grad).to(psi.dtype), psi).to(torch.float64).numpy())
     return np.concatenate(out)
 
 
