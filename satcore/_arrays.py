@@ -11,14 +11,15 @@ from __future__ import annotations
 import numpy as np
 
 
-def as_samples(array, name: str) -> np.ndarray:
+def as_samples(array, name: str, check_finite: bool = True) -> np.ndarray:
     """Return ``array`` as float64 of shape ``(M, T, width)``.
 
     Accepts ``(M, width)`` (one position per sample) or ``(M, T, width)``.
     Integer and boolean input is refused: gradients and features are real
     numbers, and silently casting labels would hide a mistake.  So are NaN and
     infinite entries (e.g. a float16 overflow upstream): every sum would
-    carry them into the scores.
+    carry them into the scores.  ``check_finite=False`` leaves that check to
+    a caller that sees it in its sums for free (:func:`refuse_non_finite`).
     """
     arr = np.asarray(array)
     if arr.dtype.kind not in "fc" or arr.dtype.kind == "c":
@@ -28,16 +29,21 @@ def as_samples(array, name: str) -> np.ndarray:
     elif arr.ndim != 3:
         raise ValueError(f"{name}: expected shape (M, N) or (M, T, N), got {arr.shape}")
     arr = np.asarray(arr, dtype=np.float64)
-    if not np.isfinite(arr).all():
-        bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
-        raise ValueError(f"{name}: {bad} of {arr.size} entries are NaN or infinite")
+    if check_finite:
+        refuse_non_finite(arr, name)
     return arr
 
 
-def as_pair(Q, Psi) -> tuple[np.ndarray, np.ndarray]:
+def refuse_non_finite(arr: np.ndarray, name: str) -> None:
+    if not np.isfinite(arr).all():
+        bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+        raise ValueError(f"{name}: {bad} of {arr.size} entries are NaN or infinite")
+
+
+def as_pair(Q, Psi, check_finite: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Both arrays as ``(M, T, width)`` float64 with matching ``M`` and ``T``."""
-    q = as_samples(Q, "Q")
-    psi = as_samples(Psi, "Psi")
+    q = as_samples(Q, "Q", check_finite)
+    psi = as_samples(Psi, "Psi", check_finite)
     if q.shape[:2] != psi.shape[:2]:
         raise ValueError(
             f"Q has (samples, positions) = {q.shape[:2]} but Psi has {psi.shape[:2]}; they must match"
