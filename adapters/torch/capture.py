@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .locate import Candidate
+from .masks import applies, drop_absent
 from .moments import squared_norm
 
 STREAM_KWARGS = ("hidden_states", "x", "input", "src", "inputs_embeds")
@@ -67,11 +68,13 @@ def _tap(z):
     return tap, tap.clone()
 
 
-def update_energy(z, out) -> torch.Tensor | None:
-    """``sum_i ||block(z_i) - z_i||^2`` (``None`` when the block changes the shape)."""
+def update_energy(z, out, keep) -> torch.Tensor | None:
+    """``sum_i ||block(z_i) - z_i||^2`` over the positions ``keep`` marks as data where it
+    :func:`~.masks.applies` (``None`` when the block changes the shape)."""
     if out.shape != z.shape:
         return None
-    return squared_norm(out.detach() - z)
+    update = out.detach() - z
+    return squared_norm(drop_absent(update, keep) if applies(keep, z) else update)
 
 
 class StreamTaps:
@@ -81,7 +84,8 @@ class StreamTaps:
     model's layout; :meth:`gradients` gives ``q`` batch-first),
     ``streams[name]`` the detached stream ``z`` batch-first, ``updates[name]``
     the batch's ``sum_i ||block(z_i) - z_i||^2`` for input candidates (``None``
-    when shapes differ).  Call :meth:`clear` between batches.
+    when shapes differ).  Call :meth:`clear` between batches, with the batch's
+    padding mask (:mod:`.masks`) if it has one.
     """
 
     def __init__(self, model: nn.Module, candidates: tuple[Candidate, ...]):
@@ -91,7 +95,8 @@ class StreamTaps:
         self.handles: list = []
         self.clear()
 
-    def clear(self):
+    def clear(self, keep: torch.Tensor | None = None):
+        self.keep = keep
         self.taps: dict[str, torch.Tensor] = {}
         self.streams: dict[str, torch.Tensor] = {}
         self.updates: dict[str, torch.Tensor | None] = {}
@@ -136,7 +141,8 @@ class StreamTaps:
     def _update_hook(self, name):
         def hook(module, args, kwargs, output):
             with torch.no_grad():
-                self.updates[name] = update_energy(self.streams[name], self.batch_first(name, get_output(output)))
+                self.updates[name] = update_energy(self.streams[name], self.batch_first(name, get_output(output)),
+                                                   self.keep)
 
         return hook
 

@@ -3,8 +3,10 @@
 A checkpoint is an ordinary dump written by :func:`satcore.dump.write_dump`:
 the statistics so far as ``stats/<name>/<field>``, and in ``meta`` the
 candidates in order, their feature-map specs and ``checkpoint`` =
-``{batches_done, seed, position_subsample, variance, streams}`` (the stream
-diagnostic sums as JSON numbers, which round-trip float64 exactly).  So
+``{batches_done, streams}`` plus the probe's settings (candidates, family,
+seed, init_std, position_subsample, variance, mask; of a callable mask only
+that there was one) with ``streams`` the stream diagnostic sums as JSON
+numbers, which round-trip float64 exactly.  So
 ``satcore score CHECKPOINT`` reads a partial probe.  It is written to a
 temporary file and renamed: an interruption never leaves a torn checkpoint.
 It is read with ``allow_pickle=False``.

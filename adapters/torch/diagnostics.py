@@ -8,10 +8,14 @@ blocks are suppressed.  Per candidate we add up, in float64,
 * ``stream_rms = sqrt(sum_i ||z_i||^2 / M) = ||z||_S``, the empirical norm that
   turns a relative insertion size ``rho`` into ``alpha``
   (:func:`satcore.alpha_for_relative_update`);
-* ``stream_rms_per_position = stream_rms / sqrt(T)``, the typical norm of one
-  token's (pixel's) stream vector;
+* ``stream_rms_per_position = sqrt(sum_i ||z_i||^2 / n_vectors)``, the RMS
+  norm of one token's (pixel's) stream vector, with ``n_vectors`` the stream
+  vectors counted (``M T`` when every batch has ``T`` positions);
 * ``relative_update = sqrt(sum_i ||block(z_i) - z_i||^2 / sum_i ||z_i||^2)``
   (``None`` for the ``head`` endpoint and for blocks that change the shape).
+
+Under a padding mask (:mod:`.masks`) the sums and ``n_vectors`` cover the
+positions that are data only.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FIELDS = ("n_samples", "n_positions", "sum_z_sq", "sum_update_sq", "has_update")
+FIELDS = ("n_samples", "n_vectors", "sum_z_sq", "sum_update_sq", "has_update")
 
 
 @dataclass(frozen=True)
@@ -43,36 +47,29 @@ class StreamDiagnostics:
 
 
 class StreamAccumulator:
-    """Running float64 sums behind :class:`StreamDiagnostics`; mergeable by addition."""
+    """Float64 sums behind :class:`StreamDiagnostics` (added up by :class:`.running.RunningSums`)."""
 
-    def __init__(self, n_positions: int, has_update: bool):
+    def __init__(self, has_update: bool):
         self.n_samples = 0
-        self.n_positions = int(n_positions)
+        self.n_vectors = 0
         self.sum_z_sq = 0.0
         self.sum_update_sq = 0.0
         self.has_update = bool(has_update)
 
-    def add(self, n_samples: int, sum_z_sq: float, sum_update_sq: float | None):
-        self.n_samples += int(n_samples)
-        self.sum_z_sq += float(sum_z_sq)
-        if sum_update_sq is None:
-            self.has_update = False
-        else:
-            self.sum_update_sq += float(sum_update_sq)
-
     def summary(self, name: str) -> StreamDiagnostics:
-        n = max(self.n_samples, 1)
-        rms = math.sqrt(self.sum_z_sq / n)
+        rms = math.sqrt(self.sum_z_sq / max(self.n_samples, 1))
+        per_position = math.sqrt(self.sum_z_sq / max(self.n_vectors, 1))
         relative = math.sqrt(self.sum_update_sq / self.sum_z_sq) if self.has_update and self.sum_z_sq > 0 else None
-        return StreamDiagnostics(name, rms, rms / math.sqrt(self.n_positions), relative)
+        return StreamDiagnostics(name, rms, per_position, relative)
 
     def to_arrays(self) -> dict:
         return {f: np.asarray(float(getattr(self, f))) for f in FIELDS}
 
     @classmethod
     def from_arrays(cls, arrays: dict) -> "StreamAccumulator":
-        out = cls(int(arrays["n_positions"]), bool(arrays["has_update"]))
+        out = cls(bool(arrays["has_update"]))
         out.n_samples = int(arrays["n_samples"])
+        out.n_vectors = int(arrays["n_vectors"])
         out.sum_z_sq = float(arrays["sum_z_sq"])
         out.sum_update_sq = float(arrays["sum_update_sq"])
         return out

@@ -10,7 +10,8 @@ violates this).  Streams and gradients are read batch-first, also where
 the model keeps them ``(T, B, d)`` (:mod:`.capture`).  Features
 ``psi(z_i)`` are computed without a graph; the batch sums are added up in
 float64 on the model's device (:mod:`.running`) into the core's
-:class:`satcore.CandidateStatistics`.
+:class:`satcore.CandidateStatistics`.  Positions a padding mask marks as
+absent are left out of every sum (:mod:`.masks`).
 Gradients go to the taps only (``torch.autograd.grad``), never into the
 parameters' ``.grad``.
 """
@@ -34,6 +35,7 @@ from .diagnostics import StreamAccumulator
 from .distributed import reduce_probe
 from .families import ConvFeatures, build_feature_map, positions, rebuild_feature_map
 from .locate import find_candidates, named_candidates
+from .masks import applies, batch_mask, check_samples, drop_absent, mask_label
 from .moments import (
     batch_moments,
     conv_batch_moments,
@@ -161,6 +163,7 @@ def probe(
     init_std: float | None = None,
     variance: bool = False,
     position_subsample: int | None = None,
+    mask="auto",
     batch_dtype: torch.dtype = torch.float64,
     head: bool = True,
     split: str | None = None,
@@ -187,6 +190,22 @@ def probe(
     variance : also accumulate ``sum X_i^T X_i`` (debiased growth value).
     position_subsample : keep this many positions per batch (uniform, scaled
         by ``sqrt(T/T')``: unbiased sums; see :mod:`.moments`).
+    mask : which positions are data, for padded batches.  ``"auto"``: the
+        inputs' ``"attention_mask"`` when they are a mapping holding one (a
+        ``(B, T)`` tensor, as Hugging Face tokenizers give with
+        ``padding=True``), else none; ``None``: every position counts; or a
+        callable ``mask(inputs) -> (B, T)`` tensor (inputs on the model's
+        device), for models whose inputs are not a mapping.  Positions where
+        the mask is 0 are absent: their rows of ``q`` and ``psi`` are zeroed
+        before the batch sums (so ``K``, ``C``, ``sum ||Q_i||^2`` and the
+        variance sums leave them out; under ``position_subsample`` the mask
+        of the kept positions is applied), and the stream diagnostics
+        (``sum ||z_i||^2``, the block update and the per-position RMS, hence
+        ``grow``'s ``rho``) count only the others.  The mask concerns only
+        candidates whose batch-first stream is ``(B, T, d)`` with its ``T``;
+        the others (images ``(B, C, H, W)``, a stream of another length,
+        ``(B, d)`` vectors) count every position.  A mask whose ``B`` is not
+        the batch's is refused.
     batch_dtype : dtype of the per-batch sums (totals are float64, kept on the
         model's device; on Apple's MPS, which has no float64, float64 sums and
         totals are computed on the CPU).
@@ -210,6 +229,7 @@ def probe(
         "init_std": init_std,
         "position_subsample": position_subsample,
         "variance": variance,
+        "mask": mask_label(mask),
     }
     if isinstance(family, dict) and set(family) - {c.name for c in found}:
         unknown = sorted(set(family) - {c.name for c in found})
@@ -227,14 +247,17 @@ def probe(
     try:
         with eval_mode(model), StreamTaps(model, found) as taps:
             for index, (inputs, targets) in _batches(data, skip):
-                taps.clear()
-                outputs = call_model(model, to_device(inputs, device))
+                inputs = to_device(inputs, device)
+                keep = batch_mask(mask, inputs, device)
+                taps.clear(keep)
+                outputs = call_model(model, inputs)
                 names = [c.name for c in found]
                 missing = [n for n in names if n not in taps.taps]
                 if missing:
                     raise ValueError(f"candidate(s) {missing} did not run in the forward pass")
                 losses = loss_fn(outputs, to_device(targets, device))
                 samples = _batch_size(losses, taps.streams, names)
+                check_samples(keep, samples)
                 grads = taps.gradients(per_sample_losses(losses, samples), names)
                 generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
                 for name, grad in zip(names, grads):
@@ -246,9 +269,10 @@ def probe(
                     if name not in running:
                         running[name] = _running_sums(name, z, families[name], statistics, streams, variance,
                                                       position_subsample)
-                    moments, sum_z_sq = _batch_sums(z, grad, families[name], generator, position_subsample,
-                                                    variance, batch_dtype, running[name].matrices)
-                    running[name].add(moments, sum_z_sq, taps.updates.get(name))
+                    present = keep if applies(keep, z) else None
+                    moments, sum_z_sq, n_vectors = _batch_sums(z, grad, families[name], generator, position_subsample,
+                                                               variance, batch_dtype, running[name].matrices, present)
+                    running[name].add(moments, sum_z_sq, n_vectors, taps.updates.get(name))
                 done = index + 1
                 if bar is not None:
                     bar.update(samples)
@@ -293,13 +317,14 @@ def _running_sums(name, z, feature_map, statistics, streams, variance, keep) -> 
         _, T, N = positions(z).shape
         kept = T if keep is None else min(keep, T)  # the statistics see the subsampled positions
         statistics[name] = CandidateStatistics(N, feature_map.n_features, kept, variance)
-        streams[name] = StreamAccumulator(T, True)
+        streams[name] = StreamAccumulator(True)
     return RunningSums(statistics[name], streams[name], float64_device(z.device))
 
 
-def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals):
-    """``(moments, sum ||z_i||^2)`` of one batch of one candidate, on its device; its Grams
-    may go straight into ``totals`` (``batch_moments(grams_into=...)``)."""
+def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals, present):
+    """``(moments, sum ||z_i||^2, stream vectors counted)`` of one batch of one candidate, on its
+    device, over the positions ``present`` (``(B, T)`` bool, or ``None``: all) marks as data; its
+    Grams may go straight into ``totals`` (``batch_moments(grams_into=...)``)."""
     with torch.no_grad():
         zp = positions(z)
         T = zp.shape[1]
@@ -314,6 +339,11 @@ def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals):
                 psi = feature_map(zp[:, index.to(z.device)]) * math.sqrt(T / index.numel())
             else:
                 psi = subsample_positions(feature_map(z), index)
+            if present is not None:
+                kept = present if index is None else present[:, index.to(present.device)]
+                q, psi = drop_absent(q, kept), drop_absent(psi, kept)
             moments = batch_moments(q, psi, variance=variance, dtype=dtype, grams_into=totals)
+        if present is not None:
+            return moments, squared_norm(drop_absent(z, present)), present.sum()
         # of z, not positions(z): that is a transposed view of a channels-first map, 10x slower to square
-        return moments, squared_norm(z)
+        return moments, squared_norm(z), z.shape[0] * T
