@@ -214,3 +214,20 @@ def test_cross_entropy_needs_a_fixed_class_count():
     model.graph.output[0].type.tensor_type.shape.dim[1].dim_param = "classes"
     with pytest.raises(OnnxProbeError, match="fixed class count on output 'logits'"):
         probe(model, [batch()])
+
+
+def test_a_batch_onnx_runtime_refuses_is_one_line_on_the_console(tmp_path):
+    """ONNX Runtime logs its own error to the process's stderr (below Python) before satcore's
+    one-line error; the console script must still print exactly one line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    onnx.save(small_model(), str(tmp_path / "m.onnx"))
+    x, y = batch()
+    np.savez(tmp_path / "d.npz", inputs=x, targets=np.stack([y, y], 1))  # (B, 2) labels for (B, classes) logits
+    satcore_cli = Path(sys.executable).parent / "satcore"
+    run = subprocess.run([str(satcore_cli), "probe", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "d.npz"),
+                          "-o", str(tmp_path / "o.npz")], capture_output=True, text=True)
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode == 2 and len(lines) == 1 and lines[0].startswith("satcore: error: "), run.stderr

@@ -42,7 +42,9 @@ def one_line(exc: BaseException) -> str:
 def _quiet_ort() -> None:
     import onnxruntime as ort
 
-    ort.set_default_logger_severity(3)  # gradient builders log every graph transformer at INFO
+    # gradient builders log every graph transformer at INFO, and a refused batch would add ORT's own
+    # error line to the one-line error satcore raises for it: fatal only
+    ort.set_default_logger_severity(4)
 
 
 def _builder_gradient_model(probe_bytes: bytes, wrt: list[str]) -> bytes:
@@ -59,7 +61,7 @@ def _options():
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4
     return options
 
 
