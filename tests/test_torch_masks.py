@@ -213,3 +213,15 @@ def test_checkpoint_records_the_mask_and_resumes_its_counts(tmp_path):
     for name in whole.statistics:
         assert resumed.diagnostics[name] == whole.diagnostics[name]
         np.testing.assert_array_equal(resumed.statistics[name].sum_gram, whole.statistics[name].sum_gram)
+
+
+def test_a_tokenizers_batch_encoding_is_a_mapping_of_inputs():
+    """tokenizer(...) returns a BatchEncoding (a UserDict, not a dict): it is unpacked into the model
+    and its attention_mask found, as for dict(enc)."""
+    tokenizer, model = minilm()
+    (inputs, targets), = minilm_batches(True)
+    enc = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    assert not isinstance(enc, dict)
+    direct = probe(model, [(enc, targets)], pooled_mse, family="bias")
+    plain = probe(model, [(inputs, targets)], pooled_mse, family="bias")
+    np.testing.assert_array_equal(growth_values(direct), growth_values(plain))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -50,7 +51,7 @@ from .running import RunningSums
 
 def call_model(model: nn.Module, inputs):
     """``model(**inputs)`` for a mapping, ``model(*inputs)`` for a tuple/list, else ``model(inputs)``."""
-    if isinstance(inputs, dict):
+    if isinstance(inputs, Mapping):  # a dict, or a tokenizer's BatchEncoding (a UserDict)
         return model(**inputs)
     if isinstance(inputs, (tuple, list)):
         return model(*inputs)
@@ -60,7 +61,7 @@ def call_model(model: nn.Module, inputs):
 def to_device(x, device):
     if torch.is_tensor(x):
         return x.to(device)
-    if isinstance(x, dict):
+    if isinstance(x, Mapping):
         return {k: to_device(v, device) for k, v in x.items()}
     if isinstance(x, (tuple, list)):
         return type(x)(to_device(v, device) for v in x)
