@@ -22,7 +22,12 @@ from ._psd import DEFAULT_RTOL, psd_spectrum
 
 
 def matched_projection(C, K, alpha: float, rtol: float = DEFAULT_RTOL) -> np.ndarray:
-    """``V* = -alpha C K^+`` (``N x r``), the least-squares fit of Appendix H."""
+    """``V* = -alpha C K^+`` (``N x r``), the least-squares fit of Appendix H.
+
+    Where ``K`` is singular, the minimum-norm fit of the unit-scaled features
+    (:mod:`satcore._psd`): the inserted ``V* psi`` does not depend on how the
+    features are scaled.
+    """
     return -alpha * (np.asarray(C, dtype=np.float64) @ psd_spectrum(K, rtol).pinv())
 
 
@@ -30,10 +35,13 @@ def predicted_loss_change(C_fit, K, alpha: float, C_eval=None, rtol: float = DEF
     """First-order loss change ``-alpha tr(C_eval K^+ C_fit^T)``.
 
     With ``C_eval`` omitted the evaluation split is the fitting split and the
-    value is ``-alpha * growth_value^2``.  Computed, like the growth value, from
-    the whitened ``C U diag(lam^-1/2)`` (``tr(A K^+ B^T) = <A U lam^-1/2, B U
-    lam^-1/2>_F``), so both agree to round-off even when ``K`` has eigenvalues
-    just above the cut, where an explicit ``K^+`` loses digits.
+    value is ``-alpha * growth_value^2``.  Otherwise it is ``<C_eval, V*>_F``,
+    the first-order change of the block :func:`matched_projection` inserts
+    (``K^+`` is :mod:`satcore._psd`'s generalised inverse, the same in both).
+    Computed, like the growth value, from the whitened ``C S U diag(lam^-1/2)``
+    (``tr(A K^+ B^T) = <A S U lam^-1/2, B S U lam^-1/2>_F``), so both agree to
+    round-off even when ``K`` has eigenvalues just above the cut, where an
+    explicit ``K^+`` loses digits.
     """
     return -alpha * psd_spectrum(K, rtol).quadratic_form(C_fit, C_eval)
 

@@ -87,6 +87,30 @@ def test_matched_projection_is_the_least_squares_fit():
     assert np.linalg.norm(out) / np.sqrt(30) == pytest.approx(alpha * satcore.growth_value(Q, Psi), rel=1e-9)
 
 
+def test_matched_block_is_scale_free_when_K_is_singular():
+    """Fewer positions than features (r > M*T) on scales 1e4 apart: V* is the minimum-norm least-squares
+    fit of the unit-scaled features (np.linalg.lstsq on them), so the inserted function V* psi on new
+    inputs does not change when the features are rescaled, and a second split's prediction is the
+    first-order change <C', V*> of that block."""
+    rng = np.random.default_rng(8)
+    Q, base = rng.standard_normal((6, 1, 3)), rng.standard_normal((6, 1, 10))
+    fresh = rng.standard_normal((4, 10))  # inputs the fit never saw
+    alpha = 0.3
+    outputs = []
+    for scales in (np.ones(10), np.logspace(0, 4, 10)):
+        Psi = base * scales
+        C, K = satcore.cross_gradient(Q, Psi), satcore.feature_gram(Psi)
+        V = satcore.matched_projection(C, K, alpha)
+        P = Psi.reshape(-1, 10)
+        norms = np.linalg.norm(P, axis=0)
+        V_unit = np.linalg.lstsq(P / norms, -alpha * Q.reshape(-1, 3), rcond=None)[0].T
+        np.testing.assert_allclose(V, V_unit / norms, rtol=1e-8, atol=1e-12 * np.abs(V).max())
+        outputs.append((fresh * scales) @ V.T)
+        C_eval = rng.standard_normal(C.shape)  # rows outside the fitting features' span
+        assert satcore.predicted_loss_change(C, K, alpha, C_eval) == pytest.approx(np.sum(C_eval * V), rel=1e-9)
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-8)
+
+
 def test_second_split_prediction():
     """On another split the first-order change is -alpha tr(C' K^+ C^T)."""
     Z, loss, grad = make_problem("quadratic", M=80, seed=4)
