@@ -14,7 +14,7 @@ field                  meaning                                       shape
 ``sum_xtx``            ``sum_i X_i^T X_i`` (optional, ``variance``)  ``(r, r)``
 ``sum_batch_grad_norm`` ``sum_b ||Q_b||_F / |b|`` (paper eq. 2)      scalar
 ``n_batches``          batches behind ``sum_batch_grad_norm``        scalar
-``n_positions``        ``T`` (1 for unpositioned candidates)          scalar
+``n_positions``        ``T`` of the first batch (1: unpositioned)      scalar
 =====================  ============================================  ==========
 
 Memory is ``O(N r + r^2)`` whatever the number of samples.  Two statistics
@@ -157,12 +157,16 @@ class CandidateStatistics:
         return stats
 
     def update(self, Q, Psi) -> "CandidateStatistics":
-        """Add one batch; the batch also counts once in the eq. (2) average."""
-        q, psi = as_pair(Q, Psi)
-        if q.shape[2] != self.n_hidden or psi.shape[2] != self.n_features or q.shape[1] != self.n_positions:
+        """Add one batch; the batch also counts once in the eq. (2) average.
+
+        ``T`` may differ from batch to batch (sequences of different lengths);
+        ``n_positions`` keeps the first batch's, as the adapters do.
+        """
+        q, psi = as_pair(Q, Psi, check_finite=False)  # batch_moments checks, for free
+        if q.shape[2] != self.n_hidden or psi.shape[2] != self.n_features:
             raise ValueError(
-                f"batch has (T, N, r) = ({q.shape[1]}, {q.shape[2]}, {psi.shape[2]}), statistics expect "
-                f"({self.n_positions}, {self.n_hidden}, {self.n_features})"
+                f"batch has (N, r) = ({q.shape[2]}, {psi.shape[2]}), statistics expect "
+                f"({self.n_hidden}, {self.n_features})"
             )
         return self.add_moments(**batch_moments(q, psi, variance=self.variance))
 

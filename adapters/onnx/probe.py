@@ -10,7 +10,7 @@ import numpy as np
 
 from satcore.depth import DepthStatistics
 from satcore.probe_result import ProbeResult
-from satcore.statistics import CandidateStatistics, batch_moments
+from satcore.statistics import CandidateStatistics
 
 from .errors import OnnxProbeError
 from .features import feature_map, positions
@@ -216,17 +216,9 @@ def probe(
                 maps[name] = feature_map(specs[name], z, seed=seed, init_std=init_std)
             q, psi = positions(g), maps[name](z)
             if name not in stats:
-                # T (tokens, pixels) may change from batch to batch, as in the torch adapter: the
-                # statistics record the first batch's
                 stats[name] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], variance)
-            widths = (stats[name].n_hidden, stats[name].n_features)
-            if (q.shape[2], psi.shape[2]) != widths:
-                raise OnnxProbeError(
-                    f"batch {index}: candidate {name!r} has (N, r) = ({q.shape[2]}, {psi.shape[2]}), "
-                    f"earlier batches {widths}"
-                )
             try:
-                stats[name].add_moments(**batch_moments(q, psi, variance=variance))
+                stats[name].update(q, psi)  # T may change from batch to batch (the first batch's is kept)
             except ValueError as exc:
                 raise OnnxProbeError(f"batch {index}: candidate {name!r}: {exc}") from None
     if not stats:
