@@ -10,6 +10,7 @@ import click
 
 from satcore.dump import Dump, DumpError, read_dump
 
+
 class FiniteFloatRange(click.FloatRange):
     """``click.FloatRange`` that also refuses NaN and infinities (``FloatRange`` lets NaN through)."""
 

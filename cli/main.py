@@ -21,6 +21,8 @@ from .score import score
 from .sweep import sweep
 
 USAGE_OR_INPUT_ERROR = 2
+# click >= 8.2 raises this for a bare group; older click prints the help itself (an empty tuple catches nothing)
+NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 class SatcoreGroup(click.Group):
@@ -30,7 +32,7 @@ class SatcoreGroup(click.Group):
         kwargs["standalone_mode"] = False
         try:
             code = super().main(args=args, prog_name=prog_name or "satcore", **kwargs)
-        except click.exceptions.NoArgsIsHelpError as exc:
+        except NO_ARGS_IS_HELP as exc:
             click.echo(exc.ctx.get_help(), err=True)  # bare ``satcore``: the help as written, not one line
             sys.exit(USAGE_OR_INPUT_ERROR)
         except click.UsageError as exc:

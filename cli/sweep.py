@@ -13,7 +13,7 @@ from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, num, tab
 
 @click.command()
 @click.argument("dumps", nargs=-1, required=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the satcore-sweep/1 JSON object instead of a table.")
+@click.option("--json", "as_json", is_flag=True, help="Print the satcore-sweep/2 JSON object instead of a table.")
 @click.option("--metric", type=click.Choice(["growth_value", "ag"]), default="growth_value", show_default=True,
               help="Curve the plateau rule reads: growth_value_max or AG_max.")
 @click.option("--rel-tol", type=FiniteFloatRange(min=0), default=0.25, show_default=True,
@@ -33,7 +33,11 @@ def sweep(dumps, as_json, metric, rel_tol, noise_factor, plot_path, quiet, chunk
     for path in dumps:
         source, stats = load(path, quiet=quiet, chunk_samples=chunk_samples)
         depth = source.meta.get("model_depth", len(source.candidates))  # the reader checked it
-        points.append(sweep_point(depth, path, stats.report(split=source.meta.get("split"))))
+        try:
+            report = stats.report(split=source.meta.get("split"))
+        except ValueError as exc:
+            raise click.ClickException(f"{path}: {exc}") from None
+        points.append(sweep_point(depth, path, report))
     result = depth_sweep(points, metric=metric, rel_tol=rel_tol, noise_factor=noise_factor)
     if plot_path:
         from .plot import plot_sweep

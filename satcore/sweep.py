@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 
 from .results import DepthReport
 
-SWEEP_SCHEMA = "satcore-sweep/1"
+SWEEP_SCHEMA = "satcore-sweep/2"
 METRICS = ("growth_value", "ag")
 
 

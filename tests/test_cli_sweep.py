@@ -69,7 +69,7 @@ def test_sweep_json_and_plateau(tmp_path):
     result = CliRunner().invoke(main, ["sweep", "--json", *map(str, reversed(paths))])  # order is by depth
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
-    assert out["schema"] == "satcore-sweep/1"
+    assert out["schema"] == "satcore-sweep/2"
     assert [p["depth"] for p in out["points"]] == [2, 4, 6, 8, 10]
     assert [p["growth_value_max"] for p in out["points"]] == pytest.approx(values, rel=1e-12)
     assert out["plateau"] == {"start_index": 2, "start_depth": 6, "low_signal": True}
