@@ -276,6 +276,9 @@ def test_bad_candidates_and_losses(token_setup):
         probe(model, batches, over_batch, candidates=["block0"])
     with pytest.raises(TypeError, match="loss_fn must return a tensor, got float"):
         probe(model, batches, lambda y, p: 1.0, candidates=["block0"])
+    summed = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+    with pytest.raises(ValueError, match="reduction='sum'"):
+        probe(model, batches, summed, candidates=["block0"])
 
 
 # -- tf.distribute ----------------------------------------------------------------------------

@@ -68,7 +68,8 @@ def probe(
     (a Keras loss with ``reduction=None``), or ``(B, T)`` for sequences, whose
     ``loss_i`` is the mean over tokens, or a scalar batch mean (a Keras loss with
     its default reduction): its gradients ``q_i / B`` are rescaled by ``B`` (and
-    by the number of replicas, which Keras divides by), see :func:`total_loss`.
+    by the number of replicas, which Keras divides by), see :func:`total_loss`;
+    a Keras loss with ``reduction="sum"`` is refused (a scalar that is not a mean).
     ``candidates``: layer names (the layer's input) or, for functional models,
     ``None`` for the skip inputs of residual ``Add`` layers (:mod:`.locate`).  ``family``: ``"auto"``, a kind,
     a :class:`~satcore.Family`, a Keras layer (user feature map), or a mapping
@@ -81,6 +82,9 @@ def probe(
     Lemma 4); ``variance`` adds ``sum_i X_i^T X_i`` (debiased value, SPEC section 4).
     The model runs with ``training=False`` and must not mix samples.
     """
+    if getattr(loss_fn, "reduction", None) == "sum":
+        # its scalar is sum_i loss_i, which total_loss would read as a mean and multiply by B
+        raise ValueError("loss_fn sums over the batch (reduction='sum'); use reduction=None or the default mean")
     cands = residual_candidates(model) if candidates is None else named_candidates(model, candidates)
     names = [c.name for c in cands]
     specs = family if isinstance(family, Mapping) else {n: family for n in names}
