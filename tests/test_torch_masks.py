@@ -180,7 +180,7 @@ def test_mask_leaves_other_candidates_alone_and_refuses_another_batch_size():
     X, y = mt.digits_batches(6, 1)[0]
 
     def none_present(length):  # would zero every candidate it applied to
-        return lambda x: torch.zeros(x.shape[0], length)
+        return lambda x: torch.zeros(x.shape[0], length, dtype=torch.bool)
 
     # layer1's maps are (B, 8, 8, 8): dim 1 is the mask's T = 8, yet images are never masked
     resnet = mt.digits_resnet()
@@ -195,9 +195,12 @@ def test_mask_leaves_other_candidates_alone_and_refuses_another_batch_size():
     np.testing.assert_array_equal(growth_values(other_length), growth_values(plain))
     assert growth_values(applied).max() == 0 and growth_values(plain).min() > 0
     with pytest.raises(ValueError, match=r"mask has shape \(7, 8\) but the batch has 6 samples"):
-        probe(transformer, [(X, y)], mt.per_sample_ce, mask=lambda x: torch.ones(7, 8))
+        probe(transformer, [(X, y)], mt.per_sample_ce, mask=lambda x: torch.ones(7, 8, dtype=torch.long))
     with pytest.raises(ValueError, match=r"mask\(inputs\) must be a \(B, T\) tensor"):
-        probe(transformer, [(X, y)], mt.per_sample_ce, mask=lambda x: torch.ones(6))
+        probe(transformer, [(X, y)], mt.per_sample_ce, mask=lambda x: torch.ones(6, dtype=torch.long))
+    # an additive float mask (0 data, -inf padding) would be read inverted: refused
+    with pytest.raises(ValueError, match=r"is a torch.float32 tensor; give a bool or 0/1 integer mask"):
+        probe(transformer, [(X, y)], mt.per_sample_ce, mask=lambda x: torch.zeros(6, 8))
 
 
 def test_checkpoint_records_the_mask_and_resumes_its_counts(tmp_path):

@@ -7,15 +7,14 @@ candidates in order, their feature-map specs and ``checkpoint`` =
 seed, init_std, position_subsample, variance, mask; of a callable mask only
 that there was one) with ``streams`` the stream diagnostic sums as JSON
 numbers, which round-trip float64 exactly.  So
-``satcore score CHECKPOINT`` reads a partial probe.  It is written to a
-temporary file and renamed: an interruption never leaves a torn checkpoint.
+``satcore score CHECKPOINT`` reads a partial probe.  ``write_dump`` writes a
+temporary file and renames it: an interruption never leaves a torn checkpoint.
 It is read with ``allow_pickle=False``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 
@@ -32,9 +31,7 @@ def save_checkpoint(path, statistics, streams, specs, batches_done: int, config:
         "streams": {name: {f: float(v) for f, v in acc.to_arrays().items()} for name, acc in streams.items()},
     }
     meta = {"candidates": list(statistics), "family": specs, "framework": "torch", "checkpoint": state}
-    tmp = f"{os.fspath(path)}.tmp.npz"
-    write_dump(tmp, statistics, meta=meta)
-    os.replace(tmp, path)
+    write_dump(path, statistics, meta=meta)
 
 
 def load_checkpoint(path, config: dict):

@@ -41,6 +41,12 @@ def batch_mask(mask, inputs, device) -> torch.Tensor | None:
             f"{source} must be a (B, T) tensor to mask padded positions, got {shape}; "
             "pass mask=None to count every position, or a callable mask(inputs) -> (B, T)"
         )
+    if value.is_floating_point():
+        # an additive mask (0 for data, -inf for padding) would be read the wrong way round
+        raise ValueError(
+            f"{source} is a {value.dtype} tensor; give a bool or 0/1 integer mask, e.g. "
+            "mask=lambda inputs: inputs['attention_mask'] > 0.5 for a 0/1 float mask"
+        )
     return value.to(device) != 0
 
 
@@ -50,7 +56,12 @@ def check_samples(keep: torch.Tensor | None, samples: int) -> None:
 
 
 def applies(keep: torch.Tensor | None, z: torch.Tensor) -> bool:
-    """Whether ``keep`` masks the batch-first stream ``z``: a ``(B, T, d)`` stream with the mask's ``B, T``."""
+    """Whether ``keep`` masks the batch-first stream ``z``: a ``(B, T, d)`` stream with the mask's ``B, T``.
+
+    Decided by shape alone: in an encoder-decoder whose decoder length equals
+    the encoder's, the encoder's mask would reach the decoder's candidates too;
+    pass a callable or name the candidates of one stack there.
+    """
     return keep is not None and z.dim() == 3 and z.shape[:2] == keep.shape
 
 
