@@ -58,7 +58,11 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int):
 
 @click.command()
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--data", "data_path", required=True, metavar="DATA.npz", help="Inputs and targets (see above).")
+@click.option(
+    "--data", "data_path", required=True, metavar="DATA.npz",
+    help="'inputs' (single-input models) or one array per model input name, plus 'targets' unless --loss names "
+    "a loss output; one shared sample axis.",
+)
 @click.option(
     "--loss",
     default="cross_entropy",
@@ -76,9 +80,11 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int):
     help="Weight scale of the mlp family (default width**-0.5; e.g. 0.02 for GPT-2-style models).",
 )
 @click.option("--output", "output_name", default=None, help="Model output the loss reads (default: the first).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Samples per ONNX Runtime run.")
 @click.option("--split", default=None, help="Name of the split DATA comes from (recorded in the dump).")
-@click.option("--variance", is_flag=True, help="Also accumulate sum X_i^T X_i (debiased growth value).")
+@click.option("--variance", is_flag=True,
+              help="Also accumulate sum X_i^T X_i (debiased growth value; satcore sweep's noise floor).")
 @click.option("-o", "--out", "out_path", required=True, metavar="DUMP", help="Dump file to write (.npz).")
 def probe(model, data_path, loss, candidates, family, seed, init_std, output_name, batch_size, split, variance,
           out_path):

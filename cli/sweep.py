@@ -60,7 +60,8 @@ def render_sweep(result) -> str:
     if len(result.points) < result.min_points:
         lines.append(f"plateau: not assessed (needs at least {result.min_points} depths, got {len(result.points)})")
     elif p is None:
-        lines.append(f"plateau: none ({result.metric} still falling beyond rel_tol {num(result.rel_tol)} + noise)")
+        lines.append(f"plateau: none (later depths do not stay within rel_tol {num(result.rel_tol)} + noise of "
+                     f"the tail's minimum {result.metric})")
     else:
         signal = "low signal (within sampling noise)" if p.low_signal else "above the noise floor"
         lines.append(f"plateau: from depth {p.start_depth} on ({result.metric}, rel_tol {num(result.rel_tol)}); {signal}")

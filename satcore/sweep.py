@@ -67,7 +67,7 @@ class Plateau:
 
 @dataclass(frozen=True)
 class Sweep:
-    """Sweep points in depth order and the plateau (``None`` when the curve is still falling)."""
+    """Sweep points in depth order and the plateau (``None`` when later depths do not stay near the tail minimum)."""
 
     points: tuple[SweepPoint, ...]
     metric: str
