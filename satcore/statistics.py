@@ -15,7 +15,14 @@ field                  meaning                                       shape
 ``sum_batch_grad_norm`` ``sum_b ||Q_b||_F / |b|`` (paper eq. 2)      scalar
 ``n_batches``          batches behind ``sum_batch_grad_norm``        scalar
 ``n_positions``        ``T`` of the first batch (1: unpositioned)      scalar
+``n_vectors``          position vectors summed (``sum_b M_b T_b``)   scalar
 =====================  ============================================  ==========
+
+``n_vectors`` is what ``tangent_complete`` compares the rank with: it differs
+from ``n_samples * n_positions`` when ``T`` changes from batch to batch or a
+padding mask leaves positions out.  Dumps written before it existed lack it;
+such statistics (and any merge or continuation of them) hold ``None`` and fall
+back on ``n_samples * n_positions``.
 
 Memory is ``O(N r + r^2)`` whatever the number of samples.  Two statistics
 merge by adding fields, which equals one pass over the union.  ``to_arrays``
@@ -34,8 +41,9 @@ from .certification import debiased_energy, noise_floor, variance_estimate
 from .quantities import realizability
 from .results import CandidateScore
 
-SCALAR_FIELDS = ("n_samples", "n_positions", "sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm", "n_batches")
-COUNT_FIELDS = ("n_samples", "n_positions", "n_batches")
+SCALAR_FIELDS = ("n_samples", "n_positions", "n_vectors", "sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm",
+                 "n_batches")
+COUNT_FIELDS = ("n_samples", "n_positions", "n_vectors", "n_batches")
 MAX_COUNT = 2**53  # counts stored as float64 are exact up to here
 # Stored sums may come from float32 per-batch sums (relative round-off ~1e-7 per batch); a relation
 # they break by more than this was not produced by adding up honest batches.
@@ -47,6 +55,7 @@ INDEFINITE_RTOL = 1e-3
 PROJECTION_RTOL = 1e-2
 MATRIX_FIELDS = ("sum_cross", "sum_gram", "sum_xtx")
 FIELDS = SCALAR_FIELDS + MATRIX_FIELDS
+OPTIONAL_FIELDS = ("n_vectors", "sum_xtx")  # n_vectors: absent from dumps written before it existed
 
 
 def forms_sample_gradients(T: int, N: int, r: int, *, variance: bool, factor: bool = True,
@@ -99,6 +108,7 @@ def _batch_moments(Q, Psi, variance: bool) -> dict:
     q2, p2 = q.reshape(M * T, N), psi.reshape(M * T, r)
     out = {
         "n_samples": M,
+        "n_vectors": M * T,
         "sum_q_sq": float(np.vdot(q2, q2)),
         "sum_cross": q2.T @ p2,
         "sum_gram": p2.T @ p2,
@@ -138,6 +148,7 @@ class CandidateStatistics:
 
     def __post_init__(self):
         self.n_samples = 0
+        self.n_vectors = 0  # None once a part of the sums did not count them (an old dump)
         self.n_batches = 0
         self.sum_q_sq = 0.0
         self.sum_xi_sq = 0.0
@@ -160,7 +171,8 @@ class CandidateStatistics:
         """Add one batch; the batch also counts once in the eq. (2) average.
 
         ``T`` may differ from batch to batch (sequences of different lengths);
-        ``n_positions`` keeps the first batch's, as the adapters do.
+        ``n_positions`` keeps the first batch's, as the adapters do, and
+        ``n_vectors`` counts every batch's ``M T``.
         """
         q, psi = as_pair(Q, Psi, check_finite=False)  # batch_moments checks, for free
         if q.shape[2] != self.n_hidden or psi.shape[2] != self.n_features:
@@ -179,11 +191,19 @@ class CandidateStatistics:
         sum_xi_sq,
         sum_xtx=None,
         batch_grad_norm=None,
+        *,
+        n_vectors,
     ) -> "CandidateStatistics":
-        """Add precomputed batch sums (adapters compute them on their device)."""
+        """Add precomputed batch sums (adapters compute them on their device).
+
+        ``n_vectors``: the batch's position vectors that entered the sums
+        (``M T``, or fewer when a mask left positions out); ``None`` when
+        not known, which leaves the statistics' ``n_vectors`` unknown too.
+        """
         if self.variance and sum_xtx is None:
             raise ValueError("these statistics track sum_xtx (variance=True); the batch did not supply it")
         self.n_samples += int(n_samples)
+        self.n_vectors = None if self.n_vectors is None or n_vectors is None else self.n_vectors + int(n_vectors)
         self.sum_q_sq += float(sum_q_sq)
         self.sum_xi_sq += float(sum_xi_sq)
         self.sum_cross += np.asarray(sum_cross, dtype=np.float64)
@@ -207,7 +227,7 @@ class CandidateStatistics:
     def merge(self, other: "CandidateStatistics") -> "CandidateStatistics":
         """New statistics equal to one pass over both sample sets.
 
-        ``sum_xtx`` survives only when both sides have it.
+        ``sum_xtx`` and ``n_vectors`` survive only when both sides have them.
         """
         self._check_compatible(other)
         out = CandidateStatistics(
@@ -221,6 +241,7 @@ class CandidateStatistics:
                 part.sum_gram,
                 part.sum_xi_sq,
                 part.sum_xtx if out.variance else None,
+                n_vectors=part.n_vectors,
             )
         out.sum_batch_grad_norm = self.sum_batch_grad_norm + other.sum_batch_grad_norm
         out.n_batches = self.n_batches + other.n_batches
@@ -229,7 +250,7 @@ class CandidateStatistics:
     __add__ = merge
 
     def to_arrays(self) -> dict[str, np.ndarray]:
-        out = {f: np.asarray(getattr(self, f)) for f in SCALAR_FIELDS}
+        out = {f: np.asarray(getattr(self, f)) for f in SCALAR_FIELDS if getattr(self, f) is not None}
         out["sum_cross"] = self.sum_cross
         out["sum_gram"] = self.sum_gram
         if self.variance:
@@ -239,7 +260,7 @@ class CandidateStatistics:
     @classmethod
     def from_arrays(cls, arrays: dict) -> "CandidateStatistics":
         """Inverse of :meth:`to_arrays`; validates shapes and consistency."""
-        missing = [f for f in FIELDS if f != "sum_xtx" and f not in arrays]
+        missing = [f for f in FIELDS if f not in OPTIONAL_FIELDS and f not in arrays]
         if missing:
             raise ValueError(f"missing field(s) {', '.join(missing)}")
         cross = np.asarray(arrays["sum_cross"], dtype=np.float64)
@@ -249,21 +270,24 @@ class CandidateStatistics:
         if 0 in cross.shape:
             raise ValueError(f"sum_cross has shape {cross.shape}: a candidate needs N >= 1 and r >= 1")
         scalars = {}
-        for f in SCALAR_FIELDS:
+        for f in [f for f in SCALAR_FIELDS if f in arrays]:
             value = np.asarray(arrays[f])
             if value.shape != ():
                 raise ValueError(f"{f} must be a scalar, got shape {value.shape}")
             if value.dtype.kind not in "iuf":
                 raise ValueError(f"{f} must be numeric, got dtype {value.dtype}")
             scalars[f] = value.item()
-        for f in COUNT_FIELDS:
+        for f in [f for f in COUNT_FIELDS if f in scalars]:
             count = scalars[f]
             if not (0 <= count <= MAX_COUNT and count == int(count)):
                 raise ValueError(f"{f} must be a whole number in [0, 2^53], got {count!r}")
             scalars[f] = int(count)
         if scalars["n_positions"] < 1:
             raise ValueError("n_positions must be >= 1")
+        if scalars.get("n_vectors") == 0 and scalars["n_samples"] >= 1:
+            raise ValueError(f"n_vectors is 0 but n_samples is {scalars['n_samples']}: samples add position vectors")
         stats = cls(cross.shape[0], cross.shape[1], scalars["n_positions"], "sum_xtx" in arrays)
+        stats.n_vectors = None  # unless stored: a dump written before the field existed
         for f, value in scalars.items():
             setattr(stats, f, value)
         if stats.sum_q_sq < 0 or stats.sum_xi_sq < 0 or stats.sum_batch_grad_norm < 0:
@@ -337,6 +361,8 @@ class CandidateStatistics:
         g_norm_sq = float(np.sum(C * C))
         sigma_sq = variance_estimate(n, self.sum_xi_sq, g_norm_sq)
         gv_debiased = None
+        # without a stored count (an old dump) every batch is taken to have had the first batch's T
+        rows = n * self.n_positions if self.n_vectors is None else self.n_vectors
         if self.variance and n > 1:
             # sum_i xi_i^T (I kron K^+) xi_i = <K^+, sum_i X_i^T X_i>
             noise = float(np.sum(spectrum.pinv() * self.sum_xtx))
@@ -354,7 +380,7 @@ class CandidateStatistics:
             realizability=realizability(growth, ag_value),
             cross_gradient_norm=float(np.sqrt(g_norm_sq)),
             feature_rank=spectrum.rank,
-            tangent_complete=spectrum.rank == n * self.n_positions,
+            tangent_complete=spectrum.rank == rows,
             sigma_sq=sigma_sq,
             noise_floor=noise_floor(n, sigma_sq),
             signal_energy_debiased=debiased_energy(n, self.sum_xi_sq, g_norm_sq),

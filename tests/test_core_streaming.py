@@ -1,5 +1,7 @@
 """Streaming statistics: any batching equals one pass; merged shards equal one pass (SPEC section 3)."""
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -115,6 +117,9 @@ def test_serialisation_round_trip_and_depth_merge():
         (("sum_cross", np.zeros((3,))), "do not fit"),
         (("sum_cross", np.zeros((0, 2))), "do not fit|N >= 1"),
         (("n_positions", np.array([1, 2])), "scalar"),
+        (("n_vectors", 2.5), "whole number"),
+        (("n_vectors", -4), "whole number"),
+        (("n_vectors", 0), "n_vectors is 0 but n_samples is 4"),
         (("sum_xi_sq", "shrink"), "negative variance"),
         (("sum_xtx", "trace"), "trace"),
     ],
@@ -175,3 +180,65 @@ def test_float32_level_asymmetry_is_removed_and_dumps_validate():
     np.testing.assert_array_equal(stats.sum_xtx, stats.sum_xtx.T)
     back = satcore.CandidateStatistics.from_arrays(stats.to_arrays())
     np.testing.assert_allclose(back.sum_gram, m["sum_gram"], rtol=0, atol=1e-6 * np.abs(m["sum_gram"]).max())
+
+
+def two_lengths(repeat_a_row: bool):
+    """Batches of T = 3 and T = 5 (2 and 3 samples: 21 position vectors) with r = 30 features,
+    the last feature row a copy of the first when ``repeat_a_row``; and the stacked feature rows."""
+    rng = np.random.default_rng(5)
+    batches = [(rng.standard_normal((M, T, 4)), rng.standard_normal((M, T, 30))) for M, T in ((2, 3), (3, 5))]
+    if repeat_a_row:
+        batches[1][1][-1, -1] = batches[0][1][0, 0]
+    return batches, np.concatenate([psi.reshape(-1, 30) for _, psi in batches])
+
+
+@pytest.mark.parametrize("repeat_a_row", [False, True])
+def test_tangent_complete_counts_the_rows_of_batches_of_different_lengths(repeat_a_row):
+    """The reference: the explicit projector ``P P^+`` on the 21 stacked rows is the identity exactly
+    when the features span every sample-position row.  ``n_samples * n_positions`` (first T) is 15."""
+    batches, rows = two_lengths(repeat_a_row)
+    stats = satcore.CandidateStatistics(4, 30, 3, variance=True)
+    for q, psi in batches:
+        stats.update(q, psi)
+    assert stats.n_vectors == rows.shape[0] == 21
+    spans_every_row = np.allclose(rows @ np.linalg.pinv(rows), np.eye(21), atol=1e-8)
+    assert spans_every_row == (not repeat_a_row)
+    score = stats.score("x")
+    assert score.tangent_complete == spans_every_row
+    assert score.feature_rank == np.linalg.matrix_rank(rows)
+    if spans_every_row:  # Thm 2 item 4
+        assert score.growth_value == pytest.approx(score.ag, rel=1e-10)
+    else:
+        assert score.growth_value < score.ag * (1 - 1e-3)
+
+
+def test_n_vectors_survives_serialisation_merge_and_dumps(tmp_path):
+    batches, _ = two_lengths(False)
+    stats = satcore.CandidateStatistics(4, 30, 3)
+    for q, psi in batches:
+        stats.update(q, psi)
+    back = satcore.CandidateStatistics.from_arrays(stats.to_arrays())
+    assert back.n_vectors == 21 and back.score().tangent_complete
+    more = satcore.CandidateStatistics(4, 30, 3).update(*(a[:, :3] for a in batches[1]))  # 3 samples of T = 3
+    assert stats.merge(more).n_vectors == 21 + 9
+    satcore.write_dump(tmp_path / "stats.npz", satcore.DepthStatistics(x=stats))
+    read = satcore.read_dump(tmp_path / "stats.npz").statistics()["x"]
+    assert read.n_vectors == 21 and read.score("x").tangent_complete
+    q, psi = batches[1]
+    satcore.write_dump(tmp_path / "raw.npz", raw={"x": (q, psi)})
+    assert satcore.read_dump(tmp_path / "raw.npz").statistics(chunk_samples=2)["x"].n_vectors == 3 * 5
+
+
+def test_a_dump_written_before_n_vectors_scores_with_n_samples_times_n_positions(tmp_path):
+    """4 samples of T = 2 and r = 10: rank 8 == n_samples * n_positions, the only count such a dump gives."""
+    rng = np.random.default_rng(6)
+    stats = one_pass(rng.standard_normal((4, 2, 3)), rng.standard_normal((4, 2, 10)))
+    members = {f"stats/x/{f}": v for f, v in stats.to_arrays().items() if f != "n_vectors"}
+    np.savez(tmp_path / "old.npz", satcore_schema=np.array("satcore-dump/1"),
+             meta=np.array(json.dumps({"candidates": ["x"]})), **members)
+    old = satcore.read_dump(tmp_path / "old.npz").statistics()["x"]
+    assert old.n_vectors is None
+    assert old.score("x").feature_rank == 8 and old.score("x").tangent_complete
+    merged = old.merge(stats)
+    assert merged.n_vectors is None and "n_vectors" not in merged.to_arrays()
+    assert merged.n_samples == 8

@@ -4,7 +4,8 @@ The ONNX model is ``TokenModel`` of ``test_onnx_gradients`` exported with dynami
 sequence axes; the reference is the torch adapter's ``probe`` on the same module, with
 ``loss_i`` its ``sequence_loss`` (the mean over the sample's tokens whose label is not -100, 0
 when none is) applied without the next-token shift, since ONNX cross_entropy targets line up
-with the logits.  Batches have T = 12 and then T = 8, so the statistics cannot assume one T.
+with the logits.  Batches have T = 12 and then T = 8, so the statistics cannot assume one T: their
+``n_vectors`` counts 4 * 12 + 3 * 8 position vectors.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def test_varying_lengths_and_ignored_labels_match_the_torch_adapter(token_model,
     for mine, theirs in zip(got.statistics.values(), ref.statistics.values()):
         assert (mine.n_samples, mine.n_positions, mine.n_batches) == (7, 12, 2)
         assert (theirs.n_samples, theirs.n_positions) == (7, 12)
+        assert mine.n_vectors == theirs.n_vectors == sum(x.shape[0] * x.shape[1] for x, _ in data)
         for field in FIELDS:
             a, b = np.asarray(getattr(mine, field)), np.asarray(getattr(theirs, field))
             assert np.linalg.norm(a - b) <= RTOL * np.linalg.norm(b), field

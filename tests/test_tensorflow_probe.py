@@ -183,6 +183,26 @@ def test_functional_copy_found_automatically_agrees(token_setup):
     assert_same(list(result.statistics.values()), list(sub.statistics.values()), rtol=1e-6)
 
 
+def test_batches_of_two_lengths_count_every_row_for_tangent_completeness(token_setup):
+    """2 samples of T = 5 and 3 of T = 3: 19 position vectors against r = 4 D = 32 features.  The
+    reference for completeness is Thm 2 item 4 (growth value == ag) and the rank of the Gram of the
+    per-sample loop's features (of its stacked rows), which sees every sample at its own length."""
+    model, _ = token_setup
+    rng = np.random.default_rng(8)
+    batches = [(rng.standard_normal((b, t, IN)).astype(np.float32), rng.integers(0, VOCAB, (b, t)))
+               for b, t in ((2, 5), (3, 3))]
+    rows = sum(x.shape[0] * x.shape[1] for x, _ in batches)
+    result = probe(model, batches, token_loss, candidates=["block0", "block1"], family="mlp", seed=4)
+    reference = loop_reference(model.stem, model.blocks, model.head, batches, seed=4)
+    for stats, ref in zip(result.statistics.values(), reference):
+        assert stats.n_vectors == ref.n_vectors == rows
+        assert stats.n_samples * stats.n_positions != rows  # the first batch's T does not count them
+        score = stats.score()
+        assert score.feature_rank == np.linalg.matrix_rank(ref.sum_gram) == rows
+        assert score.tangent_complete
+        assert score.growth_value == pytest.approx(score.ag, rel=1e-6)
+
+
 def test_output_tap_candidate_equals_next_layer_input(token_setup):
     model, batches = token_setup
     functional = functional_copy(model)
@@ -315,8 +335,8 @@ MIRRORED_SCRIPT = textwrap.dedent(
     out = {"replicas": mirrored.meta["replicas"]}
     for name, res in (("single", single), ("mirrored", mirrored), ("mirrored_mean", mirrored_mean)):
         s = res.statistics["add0"]
-        out[name] = {"n": s.n_samples, "sum_q_sq": s.sum_q_sq, "sum_cross": s.sum_cross.tolist(),
-                     "sum_gram": s.sum_gram.tolist(), "sum_xtx": s.sum_xtx.tolist(),
+        out[name] = {"n": s.n_samples, "n_vectors": s.n_vectors, "sum_q_sq": s.sum_q_sq,
+                     "sum_cross": s.sum_cross.tolist(), "sum_gram": s.sum_gram.tolist(), "sum_xtx": s.sum_xtx.tolist(),
                      "growth_value": s.score().growth_value}
     print("RESULT " + json.dumps(out))
     """
@@ -335,6 +355,7 @@ def test_mirrored_strategy_equals_one_device(tmp_path):
     single = out["single"]
     for mirrored in (out["mirrored"], out["mirrored_mean"]):
         assert single["n"] == mirrored["n"] == 16
+        assert single["n_vectors"] == mirrored["n_vectors"] == 16 * 6 * 6
         assert mirrored["sum_q_sq"] == pytest.approx(single["sum_q_sq"], rel=1e-6)
         for key in ("sum_cross", "sum_gram", "sum_xtx"):
             a, b = np.array(mirrored[key]), np.array(single[key])

@@ -169,7 +169,8 @@ def test_conv_moments_on_cuda_equal_cpu(gram_route, dtype, tol):
     cpu = moments.conv_batch_moments(grad, hidden, variance=True)
     gpu = moments.conv_batch_moments(grad.to(CUDA), hidden.to(CUDA), variance=True, dtype=dtype)
     assert set(gpu) == set(cpu)
-    for field in set(cpu) - {"n_samples"}:
+    assert (gpu["n_samples"], gpu["n_vectors"]) == (cpu["n_samples"], cpu["n_vectors"]) == (6, 6 * 9 * 7)
+    for field in set(cpu) - {"n_samples", "n_vectors"}:
         assert gpu[field].device.type == CUDA.type and gpu[field].dtype == torch.float64
         assert float((gpu[field].cpu() - cpu[field]).norm() / cpu[field].norm()) < tol, field
     assert torch.equal(gpu["sum_gram"], gpu["sum_gram"].T)

@@ -115,6 +115,33 @@ def test_minilm_stream_diagnostics_match_the_models_hidden_states():
     np.testing.assert_allclose([got[k].relative_update for k in names[:6]], np.sqrt(updates / z_sq[:6]), rtol=1e-5)
 
 
+def test_minilm_padded_batch_counts_real_tokens_for_tangent_completeness():
+    """``n_vectors`` is the number of real tokens (the unpadded sentences' lengths), and
+    ``tangent_complete`` compares the rank with it.  Reference: the rank of the model's own hidden
+    states of the unpadded sentences (family ``linear``: ``psi = z``): full (45 of 45 tokens) at
+    encoder.layer.4; at encoder.layer.0 the four [CLS] rows are one vector (42)."""
+    tokenizer, model = minilm()
+    names = ["encoder.layer.0", "encoder.layer.4"]
+    padded = probe(model, minilm_batches(True), pooled_mse, candidates=names, family="linear", head=False)
+    unpadded = probe(model, minilm_batches(False), pooled_mse, candidates=names, family="linear", head=False,
+                     mask=None)
+    with torch.no_grad():
+        states = [model(**tokenizer([s], return_tensors="pt"), output_hidden_states=True).hidden_states
+                  for s in SENTENCES]
+    tokens = sum(h[0].shape[1] for h in states)
+    complete = []
+    for layer, name in zip((0, 4), names):
+        stats = padded.statistics[name]
+        assert stats.n_vectors == unpadded.statistics[name].n_vectors == tokens
+        assert stats.n_samples * stats.n_positions > tokens  # the batch really holds pads
+        rank = np.linalg.matrix_rank(np.concatenate([h[layer][0].double().numpy() for h in states]))
+        score = padded.report()[name]
+        assert score.feature_rank == rank
+        assert score.tangent_complete == (rank == tokens) == unpadded.report()[name].tangent_complete
+        complete.append(score.tangent_complete)
+    assert complete == [False, True]
+
+
 def test_minilm_without_a_mask_counts_pads_and_a_callable_mask_equals_auto():
     _, model = minilm()
     (inputs, targets), = minilm_batches(True)
@@ -164,13 +191,19 @@ def test_gpt2_right_padded_batch_equals_unpadded_samples(family):
 
 def test_position_subsample_masks_the_kept_positions_unbiased():
     """Averaged over many batches (a fresh draw of positions each), the subsampled masked sums
-    approach the full masked ones; counting the kept pads would overshoot ``K`` by ~60%."""
+    approach the full masked ones (``n_vectors``: the kept real tokens); counting the kept pads would
+    overshoot ``K`` by ~60%."""
     model, samples = mt.gpt2(), gpt2_samples()
-    batch, repeats = gpt2_padded(samples), 300
+    batch, repeats, kept = gpt2_padded(samples), 300, 8
     full = probe(model, [batch], sequence_loss, family="bias").statistics
-    sub = probe(model, [batch] * repeats, sequence_loss, family="bias", position_subsample=8).statistics
-    unmasked = probe(model, [batch] * repeats, sequence_loss, family="bias", position_subsample=8, mask=None).statistics
+    sub = probe(model, [batch] * repeats, sequence_loss, family="bias", position_subsample=kept).statistics
+    unmasked = probe(model, [batch] * repeats, sequence_loss, family="bias", position_subsample=kept,
+                     mask=None).statistics
+    tokens, T = sum(len(s) for s in samples), max(len(s) for s in samples)
     for name in full:
+        assert full[name].n_vectors == tokens
+        assert unmasked[name].n_vectors == repeats * len(samples) * kept
+        assert sub[name].n_vectors / repeats == pytest.approx(tokens * kept / T, rel=0.03)
         assert sub[name].sum_gram[0, 0] / repeats == pytest.approx(full[name].sum_gram[0, 0], rel=0.03)
         assert unmasked[name].sum_gram[0, 0] / repeats > 1.3 * full[name].sum_gram[0, 0]
         assert sub[name].sum_q_sq / repeats == pytest.approx(full[name].sum_q_sq, rel=0.1)
@@ -213,7 +246,9 @@ def test_checkpoint_records_the_mask_and_resumes_its_counts(tmp_path):
         with pytest.raises(ValueError, match="checkpoint was written by a probe with settings"):
             probe(model, batches, sequence_loss, checkpoint=path, mask=other)
     resumed = probe(model, batches, sequence_loss, checkpoint=path)
+    tokens = sum(len(s) for s in samples) + sum(len(s) for s in gpt2_samples((5, 30, 12), offset=100))
     for name in whole.statistics:
+        assert resumed.statistics[name].n_vectors == whole.statistics[name].n_vectors == tokens
         assert resumed.diagnostics[name] == whole.diagnostics[name]
         np.testing.assert_array_equal(resumed.statistics[name].sum_gram, whole.statistics[name].sum_gram)
 

@@ -13,7 +13,7 @@ from satcore.statistics import forms_sample_gradients
 
 
 def replica_moments(q, psi, *, variance: bool) -> dict:
-    """``n_samples``, ``sum_q_sq``, ``sum_cross``, ``sum_gram``, ``sum_xi_sq`` (, ``sum_xtx``).
+    """``n_samples``, ``n_vectors``, ``sum_q_sq``, ``sum_cross``, ``sum_gram``, ``sum_xi_sq`` (, ``sum_xtx``).
 
     ``q``: ``(M, T, N)``, ``psi``: ``(M, T, r)``.  ``sum_xi_sq = sum_i ||Q_i^T Psi_i||_F^2``
     uses the ``T x T`` kernels ``<Q_i Q_i^T, Psi_i Psi_i^T>`` unless ``X_i`` is needed anyway.
@@ -22,6 +22,7 @@ def replica_moments(q, psi, *, variance: bool) -> dict:
     psi = tf.cast(psi, tf.float64)
     out = {
         "n_samples": tf.cast(tf.shape(q)[0], tf.float64),
+        "n_vectors": tf.cast(tf.shape(q)[0] * tf.shape(q)[1], tf.float64),
         "sum_q_sq": tf.reduce_sum(q * q),
         "sum_cross": tf.einsum("mtn,mtr->nr", q, psi),
         "sum_gram": tf.einsum("mtr,mts->rs", psi, psi),

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-SUMMED = ("n_samples", "n_batches", "sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm", "sum_cross", "sum_gram", "sum_xtx")
+SUMMED = ("n_samples", "n_vectors", "n_batches", "sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm", "sum_cross", "sum_gram",
+          "sum_xtx")
 STREAM_SUMMED = ("n_samples", "n_vectors", "sum_z_sq", "sum_update_sq")
 
 

@@ -183,6 +183,7 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
     sum_q_sq = _float64((q2 * q2).sum())
     out = {
         "n_samples": M,
+        "n_vectors": M * T,
         "sum_q_sq": sum_q_sq,
         "sum_cross": _float64(q2.T @ p2),
         "batch_grad_norm": sum_q_sq.sqrt() / M,
@@ -416,7 +417,7 @@ def conv_batch_moments(grad: torch.Tensor, hidden: torch.Tensor, *, variance: bo
     step = M
     if hidden.device.type == "cpu":
         step = max(1, CONV_CHUNK_BYTES // (C * (H + 2) * (W + 2) * hidden.element_size()))
-    out = {"n_samples": M, "sum_gram": mirror_upper(_float64(conv_gram(hidden, step)))}
+    out = {"n_samples": M, "n_vectors": M * H * W, "sum_gram": mirror_upper(_float64(conv_gram(hidden, step)))}
     for start in range(0, M, step):
         for field, value in _sample_gradient_sums(grad[start : start + step], hidden[start : start + step],
                                                   variance, dtype).items():

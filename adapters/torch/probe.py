@@ -199,14 +199,16 @@ def probe(
         device), for models whose inputs are not a mapping.  Positions where
         the mask is 0 are absent: their rows of ``q`` and ``psi`` are zeroed
         before the batch sums (so ``K``, ``C``, ``sum ||Q_i||^2`` and the
-        variance sums leave them out; under ``position_subsample`` the mask
-        of the kept positions is applied), and the stream diagnostics
-        (``sum ||z_i||^2``, the block update and the per-position RMS, hence
-        ``grow``'s ``rho``) count only the others.  The mask concerns only
-        candidates whose batch-first stream is ``(B, T, d)`` with its ``T``;
-        the others (images ``(B, C, H, W)``, a stream of another length,
-        ``(B, d)`` vectors) count every position.  A mask whose ``B`` is not
-        the batch's is refused.
+        variance sums leave them out, and the statistics' ``n_vectors``, which
+        ``tangent_complete`` compares the rank with, does not count them;
+        under ``position_subsample`` the mask of the kept positions is
+        applied), and the stream diagnostics (``sum ||z_i||^2``, the block
+        update and the per-position RMS, hence ``grow``'s ``rho``) count only
+        the others.  The mask concerns only candidates whose batch-first
+        stream is ``(B, T, d)`` with its ``T``; the others (images
+        ``(B, C, H, W)``, a stream of another length, ``(B, d)`` vectors)
+        count every position.  A mask whose ``B`` is not the batch's is
+        refused.
     batch_dtype : dtype of the per-batch sums (totals are float64, kept on the
         model's device; on Apple's MPS, which has no float64, float64 sums and
         totals are computed on the CPU).
@@ -344,6 +346,8 @@ def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals, 
                 kept = present if index is None else present[:, index.to(present.device)]
                 q, psi = drop_absent(q, kept), drop_absent(psi, kept)
             moments = batch_moments(q, psi, variance=variance, dtype=dtype, grams_into=totals)
+            if present is not None:
+                moments["n_vectors"] = kept.sum()  # the zeroed rows are no position vectors
         if present is not None:
             return moments, squared_norm(drop_absent(z, present)), present.sum()
         # of z, not positions(z): that is a transposed view of a channels-first map, 10x slower to square

@@ -45,15 +45,18 @@ class RunningSums:
         self.matrices = {f: matrix(getattr(statistics, f)) for f in MATRICES if getattr(statistics, f) is not None}
         self.scalars = {field: scalar(getattr(statistics, name)) for field, name in SCALARS.items()}
         self.sum_z_sq, self.sum_update_sq = scalar(stream.sum_z_sq), scalar(stream.sum_update_sq)
-        # stream vectors counted since the last sync: a Python int, or a device tensor once a
-        # padding mask counted them there (read at sync, so no per-batch host copy)
-        self.new_vectors = 0
+        # position vectors counted since the last sync, of the stream and of the statistics (fewer
+        # under position_subsample): Python ints, or device tensors once a padding mask counted them
+        # there (read at sync, so no per-batch host copy)
+        self.new_stream_vectors = 0
+        self.new_statistics_vectors = 0
 
-    def add(self, moments: dict, sum_z_sq: torch.Tensor, n_vectors, sum_update_sq: torch.Tensor | None) -> None:
+    def add(self, moments: dict, sum_z_sq: torch.Tensor, stream_vectors, sum_update_sq: torch.Tensor | None) -> None:
         """Add one batch: ``moments`` from :mod:`.moments` (exactly symmetric Grams, if any), the
-        stream's ``sum ||z_i||^2`` over its ``n_vectors`` position vectors (an int, or a 0-d
-        tensor counted from a padding mask) and the block update's ``sum ||block(z_i) - z_i||^2``
-        (``None`` when the block changes the shape)."""
+        stream's ``sum ||z_i||^2`` over its ``stream_vectors`` position vectors and the block update's
+        ``sum ||block(z_i) - z_i||^2`` (``None`` when the block changes the shape).  The counts
+        (``stream_vectors``, ``moments["n_vectors"]``) are ints, or 0-d tensors counted from a
+        padding mask."""
         for field, total in self.matrices.items():
             if field in moments:  # the Grams may have been added already (``batch_moments(grams_into=...)``)
                 total += moments[field]
@@ -67,7 +70,8 @@ class RunningSums:
         self.statistics.n_samples += int(moments["n_samples"])
         self.statistics.n_batches += 1
         self.stream.n_samples += int(moments["n_samples"])
-        self.new_vectors = self.new_vectors + n_vectors
+        self.new_stream_vectors = self.new_stream_vectors + stream_vectors
+        self.new_statistics_vectors = self.new_statistics_vectors + moments["n_vectors"]
 
     def sync(self) -> None:
         """Bring ``statistics`` and ``stream`` up to date (one host copy per field off the CPU).
@@ -86,5 +90,7 @@ class RunningSums:
             setattr(self.statistics, SCALARS[field], float(total))
         self.stream.sum_z_sq = float(self.sum_z_sq)
         self.stream.sum_update_sq = float(self.sum_update_sq)
-        self.stream.n_vectors += int(self.new_vectors)
-        self.new_vectors = 0
+        self.stream.n_vectors += int(self.new_stream_vectors)
+        if self.statistics.n_vectors is not None:  # None: resumed from a checkpoint that did not count them
+            self.statistics.n_vectors += int(self.new_statistics_vectors)
+        self.new_stream_vectors = self.new_statistics_vectors = 0
