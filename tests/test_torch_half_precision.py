@@ -4,14 +4,12 @@ so its scores equal a reference built from the SAME half-precision model's per-s
 core in float64.
 """
 
-import numpy as np
 import pytest
 import torch
 
 import models_torch as mt
-from satcore import CandidateStatistics, make_family, score
 from satcore.adapters.torch import probe, sequence_loss
-from satcore.families import conv_gradients
+from test_torch_probe_reference import reference_statistics
 
 torch.set_num_threads(1)
 
@@ -21,33 +19,6 @@ PROBLEMS = {  # model, candidate block, batches, loss, mlp init_std (GPT-2's ini
 }
 
 
-def reference_score(model, block, batches, loss_fn, init_std):
-    """``satcore.score`` of per-sample ``q_i``, ``z_i`` at ``block``'s input, features in float64."""
-    module = model.get_submodule(block)
-    Q, Psi = [], []
-    for x, y in batches:
-        for i in range(len(y)):
-            store = []
-
-            def pre(module, args, kwargs):
-                store.append(args[0].detach().clone().requires_grad_())
-                return (store[0],) + tuple(args[1:]), kwargs
-
-            handle = module.register_forward_pre_hook(pre, with_kwargs=True)
-            try:
-                (grad,) = torch.autograd.grad(loss_fn(model(x[i : i + 1]), y[i : i + 1]).sum(), store)
-            finally:
-                handle.remove()
-            z, g = store[0].detach().double().numpy(), grad.double().numpy()
-            if z.ndim == 4:
-                Q.append(conv_gradients(g))
-                Psi.append(make_family("conv", z.shape[1], seed=0).features(z))
-            else:
-                Q.append(g)
-                Psi.append(make_family("mlp", z.shape[-1], seed=0, init_std=init_std).features(z))
-    return score(np.concatenate(Q), np.concatenate(Psi))
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("problem", list(PROBLEMS))
 def test_half_precision_probe_matches_float64_features(problem, dtype):
@@ -55,7 +26,8 @@ def test_half_precision_probe_matches_float64_features(problem, dtype):
     model = build().to(dtype)
     batches = batches_for(dtype)
     got = probe(model, batches, loss_fn, candidates=[block], head=False).report()[block]
-    ref = reference_score(model, block, batches, loss_fn, init_std)
+    # the same per-sample autograd loop as the float probes' reference, features in float64
+    ref = reference_statistics(model, batches, loss_fn, (block, "input"), init_std).score()
     assert got.realizability < 0.95  # not tangent complete: growth_value is not just ag
     # float32 features: measured within 2e-6 of float64 ones; half-precision ones were
     # 4e-5 (float16 ResNet) to 3e-2 (bfloat16 GPT-2) off
