@@ -9,6 +9,7 @@ import time
 import click
 
 from satcore.dump import Dump, DumpError, read_dump
+from satcore.report_text import display_name, num, table  # noqa: F401  (the commands' shared formatting)
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -83,25 +84,3 @@ def human_bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     raise AssertionError("unreachable")
-
-
-def num(x) -> str:
-    """Compact number for tables: 4 significant digits, '-' for missing."""
-    if x is None or (isinstance(x, float) and x != x):
-        return "-"
-    if isinstance(x, bool):
-        return "yes" if x else "no"
-    if isinstance(x, int):
-        return str(x)
-    return f"{x:.4g}"
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    """Left-aligned first column, right-aligned others."""
-    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
-
-    def line(cells):
-        first = cells[0].ljust(widths[0])
-        return "  ".join([first] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:])])
-
-    return "\n".join([line(header)] + [line(r) for r in rows])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from satcore.sweep import growth_noise_floor
+from satcore.report_text import growth_noise_floor
 
 
 def _pyplot():

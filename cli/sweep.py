@@ -8,7 +8,7 @@ import click
 
 from satcore.sweep import depth_sweep, sweep_point
 
-from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, num, table
+from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, display_name, load, num, table
 
 
 @click.command()
@@ -27,12 +27,13 @@ def sweep(dumps, as_json, metric, rel_tol, noise_factor, plot_path, quiet, chunk
     """Depth sweep over DUMPS, one dump per model depth.
 
     A dump's depth is meta 'model_depth' when given, else its number of
-    candidates (residual blocks).  The plateau rule is in docs/dump-format.md.
+    candidates other than the 'head' endpoint (its residual blocks).  The plateau rule is in docs/dump-format.md.
     """
     points = []
     for path in dumps:
         source, stats = load(path, quiet=quiet, chunk_samples=chunk_samples)
-        depth = source.meta.get("model_depth", len(source.candidates))  # the reader checked it
+        # the reader checked model_depth; without it, the residual blocks (candidates but the head endpoint)
+        depth = source.meta.get("model_depth") or max(1, sum(name != "head" for name in source.candidates))
         try:
             report = stats.report(split=source.meta.get("split"))
         except ValueError as exc:
@@ -53,9 +54,11 @@ def render_sweep(result) -> str:
     rows = []
     for p in result.points:
         ratio = p.growth_value_max / p.growth_noise_floor if p.growth_noise_floor else None
-        rows.append([str(p.depth), p.label, num(p.ag_max), p.ag_argmax, num(p.growth_value_max), p.argmax,
-                     num(p.growth_noise_floor), num(ratio)])
-    lines = [table(["depth", "dump", "AG_max", "at", "growth_value_max", "at", "growth_noise_floor", "V/floor"], rows)]
+        rows.append([str(p.depth), display_name(p.label), num(p.ag_max), display_name(p.ag_argmax),
+                     num(p.growth_value_max), display_name(p.argmax), num(p.growth_noise_floor), num(ratio),
+                     p.verdict or "-"])
+    lines = [table(["depth", "dump", "AG_max", "at", "growth_value_max", "at", "growth_noise_floor", "V/floor",
+                    "verdict"], rows)]
     p = result.plateau
     if len(result.points) < result.min_points:
         lines.append(f"plateau: not assessed (needs at least {result.min_points} depths, got {len(result.points)})")
@@ -63,6 +66,7 @@ def render_sweep(result) -> str:
         lines.append(f"plateau: none (later depths do not stay within rel_tol {num(result.rel_tol)} + noise of "
                      f"the tail's minimum {result.metric})")
     else:
-        signal = "low signal (within sampling noise)" if p.low_signal else "above the noise floor"
+        signal = ("low signal (within sampling noise, no depth improvable)" if p.low_signal
+                  else "not shown to be low signal (a depth is improvable or has no noise floor)")
         lines.append(f"plateau: from depth {p.start_depth} on ({result.metric}, rel_tol {num(result.rel_tol)}); {signal}")
     return "\n".join(lines)

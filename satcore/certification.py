@@ -115,6 +115,15 @@ class SaturationTest:
     ``error_level`` at this ``t`` (when both were given).  ``detector_*``: Theorem 3's ``Gamma_hat <= tau_n``, only
     when a ``detector_scale`` was given (its scale is in ``cross_gradient_norm``
     units, which depend on the parameterisation: no default is meaningful).
+
+    ``verdict`` is the three-way reading of ``[Gamma_hat - t, Gamma_hat + t]``,
+    which holds ``Gamma`` except with probability ``error_bound``: when that
+    bound is at most the error level (``error``, else 0.05), ``improvable`` if
+    the interval lies above ``delta``, ``saturated`` if it lies at or below it;
+    ``inconclusive`` otherwise (the usual outcome at practical probe sizes:
+    Chebyshev and a union bound need far more samples than the fold test).
+    ``saturated`` keeps the separated test's decision ``Gamma_hat <= delta + t``
+    for callers of the paper's test; it is not a verdict.
     """
 
     gamma_hat: float
@@ -131,6 +140,7 @@ class SaturationTest:
     required_probe_size: int | None
     detector_threshold: float | None
     detector_saturated: bool | None
+    verdict: str = "inconclusive"
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -183,6 +193,13 @@ def saturation_test(
         interval = (max(0.0, gamma_hat - half_width), gamma_hat + half_width)
     n_min = int(np.min(nn))
     tau = None if detector_scale is None else detection_threshold(n_min, detector_scale)
+    bound = prop1_bound(sig, nn, t)
+    verdict = "inconclusive"
+    if bound <= (error if error is not None else 0.05):
+        if gamma_hat - t > delta:
+            verdict = "improvable"
+        elif gamma_hat + t <= delta:
+            verdict = "saturated"
     return SaturationTest(
         gamma_hat=gamma_hat,
         argmax=str(list(names)[idx]),
@@ -190,7 +207,7 @@ def saturation_test(
         t=float(t),
         threshold=float(delta + t),
         saturated=bool(gamma_hat <= delta + t),
-        error_bound=prop1_bound(sig, nn, t),
+        error_bound=bound,
         error_level=error,
         interval=interval,
         sigma_sq_sum=float(np.sum(sig)),
@@ -198,4 +215,5 @@ def saturation_test(
         required_probe_size=planned,
         detector_threshold=tau,
         detector_saturated=None if tau is None else bool(gamma_hat <= tau),
+        verdict=verdict,
     )

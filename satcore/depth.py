@@ -8,6 +8,7 @@ from ._psd import DEFAULT_RTOL
 from .certification import saturation_test
 from .results import TRAINING_SPLIT_WARNING, DepthReport
 from .statistics import CandidateStatistics
+from .verdicts import DEFAULT_ALPHA, decide
 
 TRAINING_SPLIT_NAMES = ("train", "training", "trainset", "train_set")
 
@@ -59,16 +60,24 @@ class DepthStatistics(OrderedDict):
         self,
         *,
         split: str | None = None,
+        alpha: float = DEFAULT_ALPHA,
+        tolerance: float = 0.0,
+        rho: float | None = None,
+        stream_rms: dict | None = None,
         delta: float = 0.0,
         t: float | None = None,
         error: float | None = None,
         detector_scale: float | None = None,
         rtol: float = DEFAULT_RTOL,
     ) -> DepthReport:
-        """Score every candidate; run the separated test when ``t`` or ``error`` is given."""
+        """Score every candidate, test each one and give the verdict (:func:`depth_report`)."""
         return depth_report(
             [s.score(name, rtol) for name, s in self.items()],
             split=split,
+            alpha=alpha,
+            tolerance=tolerance,
+            rho=rho,
+            stream_rms=stream_rms,
             delta=delta,
             t=t,
             error=error,
@@ -76,8 +85,14 @@ class DepthStatistics(OrderedDict):
         )
 
 
-def depth_report(scores, *, split=None, delta=0.0, t=None, error=None, detector_scale=None) -> DepthReport:
-    """Depth-wide maxima (Theorem 1: ``V_depth = max_l V_l``) and the optional test."""
+def depth_report(scores, *, split=None, alpha=DEFAULT_ALPHA, tolerance=0.0, rho=None, stream_rms=None,
+                 delta=0.0, t=None, error=None, detector_scale=None) -> DepthReport:
+    """Depth-wide maxima (Theorem 1: ``V_depth = max_l V_l``), the fold tests and the verdicts.
+
+    ``alpha``, ``tolerance``, ``rho`` and ``stream_rms`` are those of
+    :func:`satcore.verdicts.decide`.  Proposition 1's separated test runs at
+    ``t`` and/or ``error``; without either, at the error level ``alpha``.
+    """
     scores = tuple(scores)
     if not scores:
         raise ValueError("no candidates")
@@ -86,18 +101,22 @@ def depth_report(scores, *, split=None, delta=0.0, t=None, error=None, detector_
     warnings = []
     if split is not None and split.lower() in TRAINING_SPLIT_NAMES:
         warnings.append(TRAINING_SPLIT_WARNING)
-    if split is None and (t is not None or error is not None):
-        warnings.append("probe split not stated: the test assumes a probe independent of training")
-    test = None
-    if t is not None or error is not None:
-        test = saturation_test(
+    if split is None:
+        warnings.append("probe split not stated: the tests assume a probe independent of training")
+    warnings += [f"candidate {c.name!r}: feature rank = number of position vectors ({c.feature_rank}), so the "
+                 "growth value equals AG by construction and says nothing about this candidate's family"
+                 for c in scores if c.tangent_complete]
+    tests, verdict = decide(scores, alpha=alpha, tolerance=tolerance, rho=rho, stream_rms=stream_rms)
+    prop1 = None
+    if all(c.n_samples >= 2 for c in scores):
+        prop1 = saturation_test(
             [c.name for c in scores],
             [c.cross_gradient_norm for c in scores],
             [c.sigma_sq for c in scores],
             [c.n_samples for c in scores],
             delta=delta,
             t=t,
-            error=error,
+            error=alpha if t is None and error is None else error,
             detector_scale=detector_scale,
         )
     return DepthReport(
@@ -107,8 +126,10 @@ def depth_report(scores, *, split=None, delta=0.0, t=None, error=None, detector_
         argmax=best.name,
         ag_argmax=best_ag.name,
         split=split,
-        test=test,
+        prop1=prop1,
         warnings=tuple(warnings),
+        tests=tests,
+        verdict=verdict,
     )
 
 

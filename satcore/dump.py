@@ -357,7 +357,8 @@ class Dump:
                 for q, features in self._chunks(archive, name, members, rows):
                     if stats is None:
                         stats = CandidateStatistics(q.shape[2], features.shape[2], q.shape[1], variance)
-                    step = batch or q.shape[0]
+                    # without training batches, blocks of about M / n_folds samples feed the folds
+                    step = batch or min(q.shape[0], -(-members.n_samples // stats.n_folds))
                     for s in range(0, q.shape[0], step):
                         stats.update(q[s : s + step], features[s : s + step])
                     done += q.shape[0] * members.row_bytes

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from .certification import SaturationTest
+from .folds import FoldTest
+from .verdicts import CandidateTest, Verdict
 
-REPORT_SCHEMA = "satcore-report/1"
+REPORT_SCHEMA = "satcore-report/2"
 
 TRAINING_SPLIT_WARNING = (
     "the probe split is the training set: the finite-sample test (Prop. 1) assumes an "
@@ -53,9 +55,16 @@ class CandidateScore:
     noise_floor: float
     signal_energy_debiased: float
     growth_value_sq_debiased: float | None
+    fold_test: FoldTest | None = None
+    fold_test_euclidean: FoldTest | None = None
 
     def to_dict(self) -> dict:
-        return {k: _json_number(v) for k, v in asdict(self).items()}
+        out = {k: _json_number(getattr(self, k)) for k in self.__dataclass_fields__
+               if k not in ("fold_test", "fold_test_euclidean")}
+        out["n_folds"] = 0 if self.fold_test is None else self.fold_test.n_folds
+        if self.fold_test_euclidean is not None:
+            out["cross_gradient_norm_sq_unbiased"] = _json_number(self.fold_test_euclidean.unbiased)
+        return out
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,10 @@ class DepthReport:
 
     ``growth_value_max`` is ``V_S,depth = max_l V_S,l`` (Theorem 1) and
     ``argmax`` names where it is attained; ``ag_max`` is the paper's
-    ``AG_max``.  ``test`` holds the separated test when one was asked for.
+    ``AG_max``.  ``tests`` holds each candidate's fold test and verdict
+    (:mod:`satcore.verdicts`) and ``verdict`` the depth-wide answer;
+    ``prop1`` the distribution-free separated test of Proposition 1.
+    ``print(report)`` shows the table of ``satcore score``.
     """
 
     candidates: tuple[CandidateScore, ...]
@@ -73,8 +85,22 @@ class DepthReport:
     argmax: str
     ag_argmax: str
     split: str | None = None
-    test: SaturationTest | None = None
+    prop1: SaturationTest | None = None
     warnings: tuple[str, ...] = field(default=())
+    tests: tuple[CandidateTest, ...] = ()
+    verdict: Verdict | None = None
+
+    def __str__(self) -> str:
+        from .report_text import render_report
+
+        return render_report(self)
+
+    def test(self, name: str) -> CandidateTest:
+        """The fold test and verdict of candidate ``name``."""
+        for t in self.tests:
+            if t.name == name:
+                return t
+        raise KeyError(name)
 
     def __getitem__(self, name: str) -> CandidateScore:
         for c in self.candidates:
@@ -83,9 +109,11 @@ class DepthReport:
         raise KeyError(name)
 
     def to_dict(self) -> dict:
+        tests = {t.name: t.to_dict() for t in self.tests}
         out = {
             "schema": REPORT_SCHEMA,
-            "candidates": [c.to_dict() for c in self.candidates],
+            "candidates": [{**c.to_dict(), **({"test": tests[c.name]} if c.name in tests else {})}
+                           for c in self.candidates],
             "depth": {
                 "ag_max": self.ag_max,
                 "growth_value_max": self.growth_value_max,
@@ -95,6 +123,8 @@ class DepthReport:
             "split": self.split,
             "warnings": list(self.warnings),
         }
-        if self.test is not None:
-            out["test"] = {k: _json_number(v) for k, v in self.test.to_dict().items()}
+        if self.verdict is not None:
+            out["verdict"] = self.verdict.to_dict()
+        if self.prop1 is not None:
+            out["prop1"] = {k: _json_number(v) for k, v in self.prop1.to_dict().items()}
         return out

@@ -16,7 +16,20 @@ field                  meaning                                       shape
 ``n_batches``          batches behind ``sum_batch_grad_norm``        scalar
 ``n_positions``        ``T`` of the first batch (1: unpositioned)      scalar
 ``n_vectors``          position vectors summed (``sum_b M_b T_b``)   scalar
+``n_folds``            folds ``m`` (0: none kept)                    scalar
+``fold_cross``         ``sum_{i in a} X_i`` per fold ``a``           ``(m, N, r)``
+``fold_samples``       samples per fold                              ``(m,)``
 =====================  ============================================  ==========
+
+Folds.  Batch ``b`` (counted from 0 over the whole probe) goes to fold
+``b mod m``; the fold sums are what the per-candidate test of
+:mod:`satcore.folds` needs (an unbiased ``V^2``, a sign-flip p-value, a
+jackknife interval) and add ``m N r`` numbers to the memory.  Merging
+``A + B`` rotates ``B``'s folds by ``A``'s batch count, so a merge of shards
+holds exactly the folds of one pass over ``A``'s batches then ``B``'s.  Arrays
+scored in memory without a batch size (:meth:`CandidateStatistics.from_samples`)
+are cut into ``m`` consecutive blocks of samples.  Statistics from dumps
+written before folds existed have ``n_folds = 0``.
 
 ``n_vectors`` is what ``tangent_complete`` compares the rank with: it differs
 from ``n_samples * n_positions`` when ``T`` changes from batch to batch or a
@@ -38,12 +51,14 @@ import numpy as np
 from ._arrays import as_pair, refuse_non_finite
 from ._psd import DEFAULT_RTOL, psd_spectrum
 from .certification import debiased_energy, noise_floor, variance_estimate
+from .folds import DEFAULT_FOLDS, fold_test
 from .quantities import realizability
 from .results import CandidateScore
 
 SCALAR_FIELDS = ("n_samples", "n_positions", "n_vectors", "sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm",
-                 "n_batches")
-COUNT_FIELDS = ("n_samples", "n_positions", "n_vectors", "n_batches")
+                 "n_batches", "n_folds")
+COUNT_FIELDS = ("n_samples", "n_positions", "n_vectors", "n_batches", "n_folds")
+MAX_FOLDS = 64  # 2^63 sign patterns: far past anything a probe needs (16 is the default)
 MAX_COUNT = 2**53  # counts stored as float64 are exact up to here
 # Stored sums may come from float32 per-batch sums (relative round-off ~1e-7 per batch); a relation
 # they break by more than this was not produced by adding up honest batches.
@@ -54,8 +69,10 @@ INDEFINITE_RTOL = 1e-3
 # The growth value is a projection of ag's Q: it may pass ag only by round-off near tangent completeness.
 PROJECTION_RTOL = 1e-2
 MATRIX_FIELDS = ("sum_cross", "sum_gram", "sum_xtx")
-FIELDS = SCALAR_FIELDS + MATRIX_FIELDS
-OPTIONAL_FIELDS = ("n_vectors", "sum_xtx")  # n_vectors: absent from dumps written before it existed
+FOLD_FIELDS = ("fold_cross", "fold_samples")
+FIELDS = SCALAR_FIELDS + MATRIX_FIELDS + FOLD_FIELDS
+# absent from dumps written before they existed (n_vectors, folds) or when not asked for (sum_xtx)
+OPTIONAL_FIELDS = ("n_vectors", "sum_xtx", "n_folds") + FOLD_FIELDS
 
 
 def forms_sample_gradients(T: int, N: int, r: int, *, variance: bool, factor: bool = True,
@@ -132,6 +149,24 @@ def _batch_moments(Q, Psi, variance: bool) -> dict:
     return out
 
 
+def _checked_folds(arrays, n_folds: int, cross: np.ndarray, n_samples: int):
+    """The stored ``fold_cross`` and ``fold_samples``, refused unless they add up to the totals."""
+    folds = np.asarray(arrays["fold_cross"], dtype=np.float64)
+    counts = np.asarray(arrays["fold_samples"])
+    if folds.shape != (n_folds, *cross.shape) or counts.shape != (n_folds,):
+        raise ValueError(f"fold_cross {folds.shape} and fold_samples {counts.shape} do not fit "
+                         f"{n_folds} folds of {cross.shape}")
+    if counts.dtype.kind not in "iuf" or not np.all((counts >= 0) & (counts == np.round(counts))):
+        raise ValueError("fold_samples must hold whole numbers >= 0")
+    counts = counts.astype(np.int64)
+    if int(counts.sum()) != n_samples:
+        raise ValueError(f"fold_samples add up to {int(counts.sum())}, n_samples is {n_samples}")
+    scale = float(np.abs(folds).sum(axis=0).max(initial=0.0))
+    if float(np.abs(folds.sum(axis=0) - cross).max(initial=0.0)) > CONSISTENCY_RTOL * scale:
+        raise ValueError("fold_cross does not add up to sum_cross")
+    return folds.copy(), counts
+
+
 def _symmetric(matrix) -> np.ndarray:
     m = np.asarray(matrix, dtype=np.float64)
     return 0.5 * (m + m.T)
@@ -145,8 +180,11 @@ class CandidateStatistics:
     n_features: int
     n_positions: int = 1
     variance: bool = False
+    n_folds: int = DEFAULT_FOLDS
 
     def __post_init__(self):
+        if not 0 <= self.n_folds <= MAX_FOLDS:
+            raise ValueError(f"n_folds must be in [0, {MAX_FOLDS}], got {self.n_folds}")
         self.n_samples = 0
         self.n_vectors = 0  # None once a part of the sums did not count them (an old dump)
         self.n_batches = 0
@@ -156,15 +194,25 @@ class CandidateStatistics:
         self.sum_cross = np.zeros((self.n_hidden, self.n_features))
         self.sum_gram = np.zeros((self.n_features, self.n_features))
         self.sum_xtx = np.zeros((self.n_features, self.n_features)) if self.variance else None
+        self.fold_cross = np.zeros((self.n_folds, self.n_hidden, self.n_features)) if self.n_folds else None
+        self.fold_samples = np.zeros(self.n_folds, dtype=np.int64) if self.n_folds else None
 
     @classmethod
-    def from_samples(cls, Q, Psi, *, variance: bool = True, batch_size: int | None = None):
-        """One pass over in-memory arrays (batched as ``batch_size`` for eq. (2))."""
+    def from_samples(cls, Q, Psi, *, variance: bool = True, batch_size: int | None = None,
+                     n_folds: int = DEFAULT_FOLDS):
+        """One pass over in-memory arrays (batched as ``batch_size`` for eq. (2)).
+
+        Without ``batch_size`` the samples are one batch for eq. (2) and
+        ``n_folds`` consecutive blocks for the folds.
+        """
         q, psi = as_pair(Q, Psi)
-        stats = cls(q.shape[2], psi.shape[2], q.shape[1], variance)
-        step = batch_size or q.shape[0]
-        for s in range(0, q.shape[0], step):
+        M = q.shape[0]
+        stats = cls(q.shape[2], psi.shape[2], q.shape[1], variance, n_folds)
+        step = batch_size or -(-M // max(n_folds, 1))
+        for s in range(0, M, step):
             stats.update(q[s : s + step], psi[s : s + step])
+        if not batch_size and M:
+            stats.sum_batch_grad_norm, stats.n_batches = float(np.sqrt(stats.sum_q_sq)) / M, 1
         return stats
 
     def update(self, Q, Psi) -> "CandidateStatistics":
@@ -193,15 +241,22 @@ class CandidateStatistics:
         batch_grad_norm=None,
         *,
         n_vectors,
+        fold: int | None = None,
     ) -> "CandidateStatistics":
         """Add precomputed batch sums (adapters compute them on their device).
 
         ``n_vectors``: the batch's position vectors that entered the sums
         (``M T``, or fewer when a mask left positions out); ``None`` when
         not known, which leaves the statistics' ``n_vectors`` unknown too.
+        ``fold``: the fold the batch goes to; by default the number of
+        batches before it, modulo ``n_folds``.
         """
         if self.variance and sum_xtx is None:
             raise ValueError("these statistics track sum_xtx (variance=True); the batch did not supply it")
+        if self.n_folds:
+            k = self.n_batches % self.n_folds if fold is None else int(fold)
+            self.fold_cross[k] += np.asarray(sum_cross, dtype=np.float64)
+            self.fold_samples[k] += int(n_samples)
         self.n_samples += int(n_samples)
         self.n_vectors = None if self.n_vectors is None or n_vectors is None else self.n_vectors + int(n_vectors)
         self.sum_q_sq += float(sum_q_sq)
@@ -223,15 +278,20 @@ class CandidateStatistics:
         theirs = (other.n_hidden, other.n_features, other.n_positions)
         if mine != theirs:
             raise ValueError(f"cannot merge statistics with (N, r, T) {mine} and {theirs}")
+        if self.n_folds and other.n_folds and self.n_folds != other.n_folds:
+            raise ValueError(f"cannot merge statistics with {self.n_folds} and {other.n_folds} folds")
 
     def merge(self, other: "CandidateStatistics") -> "CandidateStatistics":
-        """New statistics equal to one pass over both sample sets.
+        """New statistics equal to one pass over both sample sets (``self``'s batches first).
 
-        ``sum_xtx`` and ``n_vectors`` survive only when both sides have them.
+        ``sum_xtx`` and ``n_vectors`` survive only when both sides have them,
+        folds likewise; ``other``'s folds are rotated by ``self``'s batch
+        count, as one pass would have dealt its batches.
         """
         self._check_compatible(other)
+        n_folds = self.n_folds if self.n_folds and other.n_folds else 0
         out = CandidateStatistics(
-            self.n_hidden, self.n_features, self.n_positions, self.variance and other.variance
+            self.n_hidden, self.n_features, self.n_positions, self.variance and other.variance, n_folds
         )
         for part in (self, other):
             out.add_moments(
@@ -242,7 +302,12 @@ class CandidateStatistics:
                 part.sum_xi_sq,
                 part.sum_xtx if out.variance else None,
                 n_vectors=part.n_vectors,
+                fold=0,  # placeholder: the folds are set below
             )
+        if n_folds:
+            shift = self.n_batches % n_folds
+            out.fold_cross = self.fold_cross + np.roll(other.fold_cross, shift, axis=0)
+            out.fold_samples = self.fold_samples + np.roll(other.fold_samples, shift)
         out.sum_batch_grad_norm = self.sum_batch_grad_norm + other.sum_batch_grad_norm
         out.n_batches = self.n_batches + other.n_batches
         return out
@@ -255,6 +320,9 @@ class CandidateStatistics:
         out["sum_gram"] = self.sum_gram
         if self.variance:
             out["sum_xtx"] = self.sum_xtx
+        if self.n_folds:
+            out["fold_cross"] = self.fold_cross
+            out["fold_samples"] = self.fold_samples
         return out
 
     @classmethod
@@ -286,7 +354,12 @@ class CandidateStatistics:
             raise ValueError("n_positions must be >= 1")
         if scalars.get("n_vectors") == 0 and scalars["n_samples"] >= 1:
             raise ValueError(f"n_vectors is 0 but n_samples is {scalars['n_samples']}: samples add position vectors")
-        stats = cls(cross.shape[0], cross.shape[1], scalars["n_positions"], "sum_xtx" in arrays)
+        n_folds = scalars.get("n_folds", 0)
+        if n_folds > MAX_FOLDS:
+            raise ValueError(f"n_folds must be in [0, {MAX_FOLDS}], got {n_folds}")
+        if bool(n_folds) != ("fold_cross" in arrays) or ("fold_cross" in arrays) != ("fold_samples" in arrays):
+            raise ValueError("n_folds, fold_cross and fold_samples come together (all or none)")
+        stats = cls(cross.shape[0], cross.shape[1], scalars["n_positions"], "sum_xtx" in arrays, n_folds)
         stats.n_vectors = None  # unless stored: a dump written before the field existed
         for f, value in scalars.items():
             setattr(stats, f, value)
@@ -298,6 +371,8 @@ class CandidateStatistics:
             if xtx.shape != gram.shape:
                 raise ValueError(f"sum_xtx has shape {xtx.shape}, expected {gram.shape}")
             stats.sum_xtx = xtx.copy()
+        if n_folds:
+            stats.fold_cross, stats.fold_samples = _checked_folds(arrays, n_folds, cross, stats.n_samples)
         for f in ("sum_gram", "sum_xtx"):
             m = getattr(stats, f)
             if m is not None and not np.allclose(m, m.T, rtol=1e-10, atol=1e-12 * (np.abs(m).max() + 1e-300)):
@@ -309,8 +384,11 @@ class CandidateStatistics:
         """Relations every honest set of sums satisfies, up to float32 round-off of per-batch sums:
         ``sum ||xi_i||^2 >= ||sum xi_i||^2 / n`` (a variance is not negative) and
         ``tr(sum X_i^T X_i) = sum ||xi_i||^2``; diagonals of the Grams are sums of squares."""
-        if np.any(np.diagonal(self.sum_gram) < 0) or (self.variance and np.any(np.diagonal(self.sum_xtx) < 0)):
-            raise ValueError("a Gram (sum_gram or sum_xtx) has a negative diagonal entry")
+        for gram in [self.sum_gram] + ([self.sum_xtx] if self.variance else []):
+            # a Gram summed by FFT (the conv route) may leave an all-zero feature at -1e-16 of the largest
+            diagonal = np.diagonal(gram)
+            if not np.all(diagonal >= -CONSISTENCY_RTOL * np.max(np.abs(diagonal), initial=0.0)):
+                raise ValueError("a Gram (sum_gram or sum_xtx) has a negative diagonal entry")
         if self.n_samples > 0:
             mean_part = float(np.sum(self.sum_cross * self.sum_cross)) / self.n_samples
             if self.sum_xi_sq < mean_part * (1 - CONSISTENCY_RTOL):
@@ -367,6 +445,10 @@ class CandidateStatistics:
             # sum_i xi_i^T (I kron K^+) xi_i = <K^+, sum_i X_i^T X_i>
             noise = float(np.sum(spectrum.pinv() * self.sum_xtx))
             gv_debiased = (n * n * growth**2 - noise) / (n * (n - 1))
+        tests = {}
+        if self.n_folds:
+            tests = {"fold_test": fold_test(self.fold_cross, self.fold_samples, spectrum.whiten),
+                     "fold_test_euclidean": fold_test(self.fold_cross, self.fold_samples)}
         return CandidateScore(
             name=name,
             n_samples=n,
@@ -385,4 +467,5 @@ class CandidateStatistics:
             noise_floor=noise_floor(n, sigma_sq),
             signal_energy_debiased=debiased_energy(n, self.sum_xi_sq, g_norm_sq),
             growth_value_sq_debiased=gv_debiased,
+            **tests,
         )

@@ -8,9 +8,10 @@ makes the plateau a precise rule.
 
 Noise floor of a growth value.  ``E V_hat^2 = V^2 + f^2`` with
 ``f^2 = sigma_K^2 / n`` the sampling variance of ``g_hat`` in the ``K^+``
-metric (SPEC section 4), and ``growth_value_sq_debiased = V_hat^2 - f^2``, so
-``f = sqrt(V_hat^2 - growth_value_sq_debiased)``: the value a saturated
-candidate shows on ``n`` probe samples.
+metric (docs/core.md, "Noise floor"), and an unbiased ``V^2`` (from
+``sum X^T X`` or from the folds) is ``V_hat^2 - f^2``, so
+``f = sqrt(V_hat^2 - V2_unbiased)``: the value a saturated candidate shows on
+``n`` probe samples (:func:`satcore.report_text.growth_noise_floor`).
 
 Plateau rule.  With depth-ordered values ``v_0 .. v_{L-1}`` (``growth_value_max``
 or ``ag_max``), noise floors ``f_j`` (0 where unknown, and for ``ag_max``) and
@@ -23,25 +24,24 @@ i.e. no later depth exceeds the tail's minimum by more than the tolerance plus
 its own sampling noise: the curve has stopped falling.  The rule is monotone
 (if it holds from ``k`` it holds from ``k + 1``).  The plateau is *low signal*
 when moreover ``v_j <= noise_factor * f_j`` for every ``j >= k``: the values
-there are what sampling noise alone produces.
+there are what sampling noise alone produces: every depth from ``k`` on has
+a floor and a depth-wide verdict that is not ``improvable`` (the fold tests
+of :mod:`satcore.verdicts` found no first-order gain there).
+
+Depth.  A point's depth is the dump's ``model_depth`` when it states one,
+else its number of candidates other than the ``head`` endpoint (the
+residual blocks).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
+from .report_text import growth_noise_floor
 from .results import DepthReport
 
 SWEEP_SCHEMA = "satcore-sweep/2"
 METRICS = ("growth_value", "ag")
-
-
-def growth_noise_floor(score) -> float | None:
-    """``f = sqrt(max(0, growth_value^2 - growth_value_sq_debiased))``; ``None`` without ``sum_xtx``."""
-    if score.growth_value_sq_debiased is None or not math.isfinite(score.growth_value_sq_debiased):
-        return None
-    return math.sqrt(max(0.0, score.growth_value**2 - score.growth_value_sq_debiased))
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class SweepPoint:
     argmax: str
     growth_noise_floor: float | None
     n_samples: int
+    verdict: str | None = None
 
 
 @dataclass(frozen=True)
@@ -106,16 +107,23 @@ def sweep_point(depth: int, label: str, report: DepthReport) -> SweepPoint:
         argmax=report.argmax,
         growth_noise_floor=growth_noise_floor(best),
         n_samples=min(c.n_samples for c in report.candidates),
+        verdict=None if report.verdict is None else report.verdict.verdict,
     )
 
 
-def find_plateau(values, floors, *, rel_tol=0.25, noise_factor=2.0, min_points=2):
-    """The plateau rule of the module docstring: ``(start_index, low_signal)`` or ``None``."""
+def find_plateau(values, floors, *, rel_tol=0.25, noise_factor=2.0, min_points=2, verdicts=None):
+    """The plateau rule of the module docstring: ``(start_index, low_signal)`` or ``None``.
+
+    ``verdicts``: each depth's depth-wide verdict (``None``: not tested);
+    low signal needs none of them ``improvable``.
+    """
     floors = [f or 0.0 for f in floors]
+    verdicts = list(verdicts) if verdicts is not None else [None] * len(values)
     for k in range(0, len(values) - min_points + 1):
         tail_min = min(values[k:])
         if all(v <= (1 + rel_tol) * tail_min + f for v, f in zip(values[k:], floors[k:])):
-            low = all(f > 0 and v <= noise_factor * f for v, f in zip(values[k:], floors[k:]))
+            low = all(f > 0 and v <= noise_factor * f and d != "improvable"
+                      for v, f, d in zip(values[k:], floors[k:], verdicts[k:]))
             return k, low
     return None
 
@@ -132,6 +140,7 @@ def depth_sweep(points, *, metric="growth_value", rel_tol=0.25, noise_factor=2.0
             raise ValueError(f"two dumps have depth {a.depth}: {a.label} and {b.label}")
     values = [_value(p, metric) for p in ordered]
     floors = [p.growth_noise_floor if metric == "growth_value" else None for p in ordered]
-    found = find_plateau(values, floors, rel_tol=rel_tol, noise_factor=noise_factor, min_points=min_points)
+    found = find_plateau(values, floors, rel_tol=rel_tol, noise_factor=noise_factor, min_points=min_points,
+                         verdicts=[p.verdict for p in ordered])
     plateau = Plateau(found[0], ordered[found[0]].depth, found[1]) if found else None
     return Sweep(ordered, metric, rel_tol, noise_factor, min_points, plateau)

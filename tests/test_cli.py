@@ -59,7 +59,7 @@ def per_sample_sigma_sq(q, psi):
 
 def test_score_json_matches_core_and_explicit_projector(dump):
     out = json.loads(invoke("score", dump, "--json").stdout)
-    assert out["schema"] == "satcore-report/1" and out["split"] == "val"
+    assert out["schema"] == "satcore-report/2" and out["split"] == "val"
     data = arrays()
     assert [c["name"] for c in out["candidates"]] == list(data)
     for c, (name, (q, psi)) in zip(out["candidates"], data.items()):
@@ -92,7 +92,7 @@ def test_error_level_test_block_matches_prop1(dump):
     norms = [np.linalg.norm(satcore.cross_gradient(q, psi)) for q, psi in data.values()]
     sigma = [per_sample_sigma_sq(q, psi) for q, psi in data.values()]
     t = np.sqrt(sum(s / 40 for s in sigma) / 0.1)  # Prop. 1 solved for t
-    test = out["test"]
+    test = out["prop1"]
     assert test["gamma_hat"] == pytest.approx(max(norms), rel=1e-12)
     assert test["t"] == pytest.approx(t, rel=1e-9)
     assert test["error_bound"] == pytest.approx(0.1, rel=1e-9)
@@ -105,8 +105,9 @@ def test_delta_t_verdict_both_ways(dump):
     gamma = max(np.linalg.norm(satcore.cross_gradient(q, psi)) for q, psi in data.values())
     high = invoke("score", dump, "--delta", gamma / 2, "--t", gamma).stdout
     low = invoke("score", dump, "--delta", 0.0, "--t", gamma / 4).stdout
-    assert "verdict: SATURATED" in high and "verdict: NOT SATURATED" in low
-    as_json = json.loads(invoke("score", dump, "--json", "--delta", 0.0, "--t", gamma / 4).stdout)["test"]
+    # the separated test's decision stays in the JSON; the text gives only its three-way reading
+    assert "prop1 (distribution-free" in high and "SATURATED" not in high.replace("verdict: ", "")
+    as_json = json.loads(invoke("score", dump, "--json", "--delta", 0.0, "--t", gamma / 4).stdout)["prop1"]
     assert as_json["saturated"] is False and as_json["threshold"] == pytest.approx(gamma / 4)
     sigma_sum = sum(per_sample_sigma_sq(q, psi) for q, psi in data.values())
     assert as_json["error_bound"] == pytest.approx(sigma_sum / (40 * (gamma / 4) ** 2), rel=1e-9)
@@ -118,7 +119,7 @@ def test_t_with_error_plans_the_probe_size(dump):
     data = arrays()
     sigma_sum = sum(per_sample_sigma_sq(q, psi) for q, psi in data.values())
     t = 0.05
-    test = json.loads(invoke("score", dump, "--json", "--t", t, "--error", 0.1).stdout)["test"]
+    test = json.loads(invoke("score", dump, "--json", "--t", t, "--error", 0.1).stdout)["prop1"]
     assert test["t"] == t and test["error_level"] == 0.1
     assert test["required_probe_size"] == int(np.ceil(sigma_sum / (0.1 * t**2)))
     assert test["error_bound"] == pytest.approx(sigma_sum / (40 * t**2), rel=1e-9)
@@ -126,7 +127,7 @@ def test_t_with_error_plans_the_probe_size(dump):
     assert f"n >= {test['required_probe_size']} (this probe: 40)" in text
     assert "vacuous" in text  # this bound is well above 1 on 40 samples
     assert test["error_bound"] > 1
-    assert json.loads(invoke("score", dump, "--json", "--t", t).stdout)["test"]["required_probe_size"] is None
+    assert json.loads(invoke("score", dump, "--json", "--t", t).stdout)["prop1"]["required_probe_size"] is None
 
 
 def test_table_rows_in_depth_order_and_maximum_line(dump):
@@ -135,8 +136,8 @@ def test_table_rows_in_depth_order_and_maximum_line(dump):
     names = [ln.split()[0] for ln in lines[2:5]]
     assert names == ["layer1.0", "layer2.0", "layer2.1"]
     gv = satcore.growth_value(*arrays()["layer2.0"])
-    assert f"depth-wide maximum: growth_value {gv:.4g} at layer2.0" in text
-    assert "verdict" not in text
+    assert f"depth-wide maximum: V {gv:.4g} at layer2.0" in text
+    assert "verdict: " in text and "prop1 (distribution-free" in text
 
 
 def test_probe_split_override_warns_on_training_set(dump):

@@ -113,14 +113,14 @@ def test_report_test_block_and_training_split_warning():
     report = depth.report(split="train", error=0.1)
     assert report.warnings and "training set" in report.warnings[0]
     d = report.to_dict()
-    assert d["schema"] == "satcore-report/1"
+    assert d["schema"] == "satcore-report/2"
     names = [c["name"] for c in d["candidates"]]
     best = max(d["candidates"], key=lambda c: c["cross_gradient_norm"])
-    assert d["test"]["argmax"] == best["name"] and names == ["block0", "block1"]
-    assert d["test"]["error_bound"] == pytest.approx(0.1)
-    lo, hi = d["test"]["interval"]
-    assert hi - d["test"]["gamma_hat"] == pytest.approx(d["test"]["t"])
-    assert not depth.report(split="heldout").warnings
+    assert d["prop1"]["argmax"] == best["name"] and names == ["block0", "block1"]
+    assert d["prop1"]["error_bound"] == pytest.approx(0.1)
+    lo, hi = d["prop1"]["interval"]
+    assert hi - d["prop1"]["gamma_hat"] == pytest.approx(d["prop1"]["t"])
+    assert not depth.report(split="heldout").warnings  # no tangent-complete candidate here
 
 
 def test_noise_free_probe_gets_a_verdict_at_any_error_level():
@@ -129,7 +129,7 @@ def test_noise_free_probe_gets_a_verdict_at_any_error_level():
     depth = satcore.DepthStatistics()
     for name in ("a", "b"):
         depth[name] = satcore.CandidateStatistics.from_samples(np.zeros((50, 4)), rng.standard_normal((50, 6)))
-    test = depth.report(split="heldout", error=0.05).test
+    test = depth.report(split="heldout", error=0.05).prop1
     assert (test.t, test.error_bound, test.interval, test.saturated) == (0.0, 0.0, (0.0, 0.0), True)
     assert satcore.prop1_bound([0.0, 0.0], 50, 0.0) == 0.0
     with pytest.raises(ValueError, match="t must be > 0"):
@@ -141,8 +141,8 @@ def test_detector_runs_only_with_a_scale():
     rng = np.random.default_rng(8)
     B, _ = population(0.2)
     depth = satcore.DepthStatistics({"x": satcore.CandidateStatistics.from_samples(*draw(rng, B, 64))})
-    assert depth.report(t=0.1).test.detector_threshold is None
-    test = depth.report(t=0.1, detector_scale=2.0).test
+    assert depth.report(t=0.1).prop1.detector_threshold is None
+    test = depth.report(t=0.1, detector_scale=2.0).prop1
     assert test.detector_threshold == pytest.approx(2.0 * 64**-0.25)
     assert test.detector_saturated == (test.gamma_hat <= test.detector_threshold)
 

@@ -27,7 +27,7 @@ SENTENCES = [
     "Residual networks can be grown deeper when the growth value is large.",
 ]
 # batching changes these and nothing else: the batch count and the eq. (2) per-batch norms
-PER_BATCH = ("n_batches", "sum_batch_grad_norm", "n_positions")
+PER_BATCH = ("n_batches", "sum_batch_grad_norm", "n_positions", "fold_cross", "fold_samples")  # the folds: batching
 
 
 @functools.lru_cache(maxsize=1)

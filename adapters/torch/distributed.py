@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 SUMMED = ("n_samples", "n_vectors", "n_batches", "sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm", "sum_cross", "sum_gram",
-          "sum_xtx")
+          "sum_xtx", "fold_cross", "fold_samples")
 STREAM_SUMMED = ("n_samples", "n_vectors", "sum_z_sq", "sum_update_sq")
 
 
@@ -46,7 +46,7 @@ def all_reduce_sums(objects, names, device) -> None:
         value = reduced[offset : offset + size]
         offset += size
         if np.ndim(old):
-            setattr(obj, f, value.reshape(np.shape(old)).copy())
+            setattr(obj, f, value.reshape(np.shape(old)).astype(np.asarray(old).dtype))
         elif isinstance(old, (int, np.integer)):
             setattr(obj, f, int(round(value[0])))
         else:

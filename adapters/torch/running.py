@@ -28,6 +28,13 @@ SYMMETRIC = ("sum_gram", "sum_xtx")
 SCALARS = {"sum_q_sq": "sum_q_sq", "sum_xi_sq": "sum_xi_sq", "batch_grad_norm": "sum_batch_grad_norm"}
 
 
+def fold_layout() -> tuple[int, int]:
+    """``(world size, rank)`` of the ``torch.distributed`` process group, ``(1, 0)`` without one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size(), torch.distributed.get_rank()
+    return 1, 0
+
+
 class RunningSums:
     """Device totals of one candidate's ``statistics`` and ``stream`` diagnostics."""
 
@@ -43,6 +50,10 @@ class RunningSums:
             return torch.as_tensor(array, device=device)  # on the CPU: a view of the array, no copy
 
         self.matrices = {f: matrix(getattr(statistics, f)) for f in MATRICES if getattr(statistics, f) is not None}
+        self.fold_cross = None if not statistics.n_folds else matrix(statistics.fold_cross)
+        # Local batch i of rank k goes to fold (i * world + k) mod m: with batches dealt to ranks
+        # round-robin (rank k takes batches k, k + world, ...), the all-reduced folds are one pass's.
+        self.world, self.rank = fold_layout()
         self.scalars = {field: scalar(getattr(statistics, name)) for field, name in SCALARS.items()}
         self.sum_z_sq, self.sum_update_sq = scalar(stream.sum_z_sq), scalar(stream.sum_update_sq)
         # position vectors counted since the last sync, of the stream and of the statistics (fewer
@@ -62,6 +73,10 @@ class RunningSums:
                 total += moments[field]
         for field, total in self.scalars.items():
             total += moments[field]
+        if self.fold_cross is not None:
+            k = (self.statistics.n_batches * self.world + self.rank) % self.statistics.n_folds
+            self.fold_cross[k] += moments["sum_cross"]
+            self.statistics.fold_samples[k] += int(moments["n_samples"])
         self.sum_z_sq += sum_z_sq
         if sum_update_sq is None:
             self.stream.has_update = False
@@ -86,6 +101,8 @@ class RunningSums:
             target = getattr(self.statistics, field)
             if total.device.type != "cpu":
                 np.copyto(target, total.cpu().numpy())
+        if self.fold_cross is not None and self.fold_cross.device.type != "cpu":
+            np.copyto(self.statistics.fold_cross, self.fold_cross.cpu().numpy())
         for field, total in self.scalars.items():
             setattr(self.statistics, SCALARS[field], float(total))
         self.stream.sum_z_sq = float(self.sum_z_sq)

@@ -3,7 +3,7 @@
 Everything is computed by satcore: :func:`satcore.adapters.torch.probe`
 accumulates the statistics, :meth:`DepthStatistics.report` scores them and runs
 the separated test of Prop. 1 at a stated error level, and
-:func:`satcore.sweep.growth_noise_floor` gives the growth value a saturated
+:func:`satcore.report_text.growth_noise_floor` gives the growth value a saturated
 candidate would show on the same number of probe samples.
 """
 
@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from satcore.adapters.torch import probe
-from satcore.sweep import growth_noise_floor
+from satcore.report_text import growth_noise_floor
 
 ERROR_LEVEL = 0.1  # error level of the certified test: t = sqrt(sum sigma^2 / (n a))
 
@@ -52,8 +52,8 @@ def report_row(result, prefix: str = "") -> dict:
     if floor is not None:
         row["growth_floor"] = floor
         row["signal_to_floor"] = report.growth_value_max / floor if floor > 0 else math.inf
-    if report.test is not None:
-        t = report.test
+    if report.prop1 is not None:
+        t = report.prop1
         row.update(gamma_hat=t.gamma_hat, noise_floor=report[t.argmax].noise_floor, t=t.t,
                    certified_saturated=t.saturated, test_error_bound=t.error_bound)
     return {prefix + k: v for k, v in row.items()}

@@ -1,0 +1,128 @@
+"""Plain-text display of a :class:`~satcore.results.DepthReport` (``print(report)``, ``satcore score``).
+
+Display only: every number shown is computed elsewhere.  Names that came from
+a file are shown escaped (:func:`display_name`); JSON keeps them exact.
+"""
+
+from __future__ import annotations
+
+import math
+
+LEGEND = (
+    "columns: AG = activation-gradient norm; V = growth value (first-order gain per unit block size); "
+    "V_floor = V's sampling-noise floor; V2_unb = unbiased V^2 (may be < 0); V_interval = interval for the "
+    "population V; p_adj = Holm-adjusted sign-flip p-value of H0: V = 0; real. = V / AG; ||C||_F = "
+    "cross-gradient norm (Prop. 1's quantity)"
+)
+
+
+def display_name(name) -> str:
+    """``name`` as one printable line: control and other non-printable characters escaped (``\\x1b``)."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(name))
+
+
+def num(x) -> str:
+    """Compact number for tables: 4 significant digits, '-' for missing."""
+    if x is None or (isinstance(x, float) and x != x):
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return str(x)
+    return f"{x:.4g}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """Left-aligned first column, right-aligned others."""
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+
+    def line(cells):
+        first = cells[0].ljust(widths[0])
+        return "  ".join([first] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:])])
+
+    return "\n".join([line(header)] + [line(r) for r in rows])
+
+
+def growth_noise_floor(score) -> float | None:
+    """``f = sqrt(max(0, V_hat^2 - V2_unbiased))``: the growth value a saturated candidate shows on this probe.
+
+    ``E V_hat^2 = V^2 + f^2``; the unbiased ``V^2`` comes from ``sum X^T X``
+    (``variance=True``) when the probe kept it, else from the folds.
+    ``None`` when neither is there.
+    """
+    unbiased = score.growth_value_sq_debiased
+    if unbiased is None and score.fold_test is not None and score.fold_test.n_folds >= 2:
+        unbiased = score.fold_test.unbiased
+    if unbiased is None or not math.isfinite(unbiased):
+        return None
+    return math.sqrt(max(0.0, score.growth_value**2 - unbiased))
+
+
+def _interval(iv) -> str:
+    return "-" if iv is None else f"[{num(iv[0])}, {num(iv[1])}]"
+
+
+def render_report(report, label: str | None = None) -> str:
+    """The table ``satcore score`` prints: one row per candidate, the verdict, Prop. 1, warnings."""
+    tests = {t.name: t for t in report.tests}
+    header = ["candidate", "n", "r", "AG", "V", "V_floor", "V2_unb", "V_interval", "p_adj", "verdict",
+              "real.", "rank", "||C||_F"]
+    rows = []
+    for c in report.candidates:
+        t = tests.get(c.name)
+        rows.append([display_name(c.name), num(c.n_samples), num(c.n_features), num(c.ag), num(c.growth_value),
+                     num(growth_noise_floor(c)), num(None if t is None else t.growth_value_sq_unbiased),
+                     _interval(None if t is None else t.growth_value_interval),
+                     num(None if t is None else t.p_value_adjusted), "-" if t is None else t.verdict,
+                     num(c.realizability), num(c.feature_rank), num(c.cross_gradient_norm)])
+    head = f"{display_name(label)}: " if label else ""
+    lines = [f"{head}{len(report.candidates)} candidate(s), probe split: {display_name(report.split or 'not stated')}",
+             table(header, rows), LEGEND,
+             f"depth-wide maximum: V {num(report.growth_value_max)} at {display_name(report.argmax)}; "
+             f"AG_max {num(report.ag_max)} at {display_name(report.ag_argmax)}"]
+    if report.verdict is not None:
+        lines.append(render_verdict(report.verdict, report.tests))
+    if report.prop1 is not None:
+        lines.append(render_prop1(report.prop1))
+    lines += [f"warning: {display_name(w)}" for w in report.warnings]
+    return "\n".join(lines)
+
+
+def render_verdict(verdict, tests) -> str:
+    tol = verdict.tolerance
+    if tol["units"] == "loss":
+        tolerance = f"tolerance {num(tol['value'])} (loss units) at rho = {num(tol['rho'])}"
+    else:
+        tolerance = f"tolerance {num(tol['value'])} (growth-value units)"
+    text = (f"verdict: {verdict.verdict.upper()} (alpha {num(verdict.alpha)}, {tolerance}; {verdict.method})"
+            f"; best candidate: {display_name(verdict.argmax)}")
+    gains = [t for t in tests if t.predicted_gain is not None]
+    for t in gains:
+        g = t.predicted_gain
+        text += (f"\n  predicted first-order gain at {display_name(t.name)} (rho {num(g.rho)}): {num(g.value)} "
+                 f"in [{num(g.interval[0])}, {num(g.interval[1])}]")
+    undecided = [t for t in tests if t.verdict == "inconclusive" and t.probe_size_to_decide is not None]
+    if undecided:
+        text += "\n  probe size estimated to decide: " + ", ".join(
+            f"{display_name(t.name)} n ~ {t.probe_size_to_decide}" for t in undecided)
+    if verdict.reason:
+        text += f"\n  note: {display_name(verdict.reason)}"
+    return text
+
+
+def render_prop1(test) -> str:
+    """Proposition 1's distribution-free reading, under its own name (never the headline)."""
+    vacuous = " (vacuous: a bound above 1 says nothing)" if test.error_bound > 1 else ""
+    text = (f"prop1 (distribution-free, Chebyshev + union bound): {test.verdict}: Gamma_hat = max ||C||_F = "
+            f"{num(test.gamma_hat)} at {display_name(test.argmax)}, t = {num(test.t)}, delta = {num(test.delta)}, "
+            f"P(|Gamma_hat - Gamma| >= t) <= {num(test.error_bound)}{vacuous}")
+    if test.interval is not None:
+        text += f"; Gamma in [{num(test.interval[0])}, {num(test.interval[1])}] at level {num(test.error_level)}"
+    if test.required_probe_size is not None:
+        text += (f"\nprop1 probe size for error <= {num(test.error_level)} at t = {num(test.t)}: "
+                 f"n >= {test.required_probe_size} (this probe: {test.n_samples})")
+    if test.detector_threshold is not None:
+        below = "at or below" if test.detector_saturated else "above"
+        text += (f"\ndetector (Theorem 3): Gamma_hat is {below} tau_n = S n^-1/4 = {num(test.detector_threshold)}"
+                 " (a consistency statement as n grows, not a finite-sample verdict)")
+    return text

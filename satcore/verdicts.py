@@ -1,0 +1,245 @@
+"""Three-way verdicts from the fold tests: improvable, saturated within a tolerance, or inconclusive.
+
+Per candidate (growth value's metric, :mod:`satcore.folds`):
+
+* ``improvable`` when Holm's adjusted sign-flip p-value is below ``alpha``:
+  some inserted block lowers the loss to first order there (Theorem 1);
+* ``saturated`` when the upper end of the ``1 - alpha`` interval for the
+  growth value lies below the tolerance ``tau``: whatever first-order gain is
+  left is smaller than the user said matters (checked first, so a gain that
+  is real but below the tolerance reads as saturated *within* it);
+* ``inconclusive`` otherwise, with the probe size estimated to decide it.
+
+Depth-wide: ``improvable`` when some candidate is (Holm controls the chance of
+any false "improvable" at ``alpha``), ``saturated`` when every candidate is,
+else ``inconclusive``.  Without a tolerance (``tau = 0``) nothing can be
+certified saturated: a growth value is never shown to be exactly zero.
+
+Tolerance in loss units.  A block whose output has empirical norm
+``rho ||z||_S`` (``rho`` its size relative to the residual stream ``z``)
+changes the loss to first order by at most ``rho ||z||_S V`` in magnitude, and
+by exactly that for the best block of the candidate's family: the inner product
+of ``q`` with an output in the tangent range is largest along the projection
+``Pi q``, whose norm is ``V``.  So a loss tolerance ``eps`` at relative size
+``rho`` is the growth-value tolerance ``tau = eps / (rho ||z||_S)``, and the
+predicted first-order gain at ``rho`` is ``rho ||z||_S V`` with the interval
+of ``V`` carried over.
+
+Probe size to decide.  The jackknife ``se`` shrinks like ``n^-1/2`` (or
+faster, under ``H0``); at the current estimate ``U`` the probe that would
+decide has ``se (n / n')^1/2`` small enough for ``U`` to clear
+``z_{1 - alpha/k} se'`` (improvable, ``k`` candidates: Holm's strictest
+step) or for ``U + z_{1-alpha/2} se' < tau^2`` (saturated):
+``n' = n (z se / U)^2`` or ``n (z se / (tau^2 - U))^2``.  Since it assumes
+the estimate stays put, it is a planning number, not a promise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as _scipy_stats
+
+from .folds import holm
+
+IMPROVABLE, SATURATED, INCONCLUSIVE = "improvable", "saturated", "inconclusive"
+DEFAULT_ALPHA = 0.05
+METHOD = "fold sign-flip test, Holm across candidates, jackknife interval"
+
+
+@dataclass(frozen=True)
+class PredictedGain:
+    """First-order loss decrease ``rho ||z||_S V`` of the best block of relative size ``rho``."""
+
+    rho: float
+    value: float
+    interval: tuple[float, float]
+
+    def to_dict(self) -> dict:
+        return {"rho": self.rho, "value": self.value, "interval": list(self.interval)}
+
+
+@dataclass(frozen=True)
+class CandidateTest:
+    """One candidate's test and verdict (module docstring).
+
+    ``statistic``: ``T(1) = sum_{a != b} w_a w_b G_ab``;
+    ``growth_value_sq_unbiased``: ``U``, unbiased for ``V_pop^2``;
+    ``growth_value_interval``: ``[sqrt(max(0, lo)), sqrt(max(0, hi))]`` from
+    the ``1 - alpha`` interval of ``U``; ``tolerance``: ``tau`` in growth-value
+    units; ``probe_size_to_decide``: ``None`` once decided or where no probe
+    size can decide (no tolerance and no signal); ``reason``: why a candidate
+    could not be tested, if so.
+    """
+
+    name: str
+    statistic: float | None
+    p_value: float
+    p_value_adjusted: float
+    verdict: str
+    growth_value_sq_unbiased: float | None
+    growth_value_interval: tuple[float, float] | None
+    se: float | None
+    n_folds: int
+    tolerance: float
+    predicted_gain: PredictedGain | None
+    probe_size_to_decide: int | None
+    reason: str | None = None
+
+    def to_dict(self) -> dict:
+        interval = self.growth_value_interval
+        return {
+            "statistic": _finite(self.statistic),
+            "p_value": self.p_value,
+            "p_value_adjusted": self.p_value_adjusted,
+            "verdict": self.verdict,
+            "growth_value_sq_unbiased": _finite(self.growth_value_sq_unbiased),
+            "growth_value_interval": None if interval is None else [_finite(v) for v in interval],
+            "se": _finite(self.se),
+            "n_folds": self.n_folds,
+            "tolerance": self.tolerance,
+            "predicted_gain": None if self.predicted_gain is None else self.predicted_gain.to_dict(),
+            "probe_size_to_decide": self.probe_size_to_decide,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The depth-wide answer: ``verdict``, the level ``alpha``, the tolerance as stated
+    (``{"value", "units", "rho"}``), ``argmax`` (the improvable candidate with the
+    largest unbiased ``V^2``, else the largest estimate) and the ``method``."""
+
+    verdict: str
+    alpha: float
+    tolerance: dict
+    argmax: str
+    method: str
+    reason: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict, "alpha": self.alpha, "tolerance": dict(self.tolerance),
+                "argmax": self.argmax, "method": self.method, "reason": self.reason}
+
+
+def _finite(x):
+    return x if x is None or math.isfinite(x) else None
+
+
+def growth_tolerances(names, tolerance: float, rho: float | None, stream_rms: dict | None) -> list[float]:
+    """Per-candidate ``tau``: ``tolerance`` itself, or ``tolerance / (rho ||z||_S)`` in loss units."""
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance}")
+    if rho is None:
+        return [float(tolerance)] * len(names)
+    if not (math.isfinite(rho) and rho > 0):
+        raise ValueError(f"rho must be a finite number > 0, got {rho}")
+    missing = [n for n in names if not stream_rms or not (stream_rms.get(n) or 0) > 0]
+    if missing:
+        raise ValueError(f"a tolerance in loss units needs the stream RMS ||z||_S of every candidate; "
+                         f"none for {missing[0]!r} (give the tolerance in growth-value units, without rho)")
+    return [float(tolerance) / (rho * stream_rms[n]) for n in names]
+
+
+def _probe_size(n: int, unbiased: float, se: float, tau: float, z_improve: float, z_saturate: float):
+    if not (math.isfinite(se) and se > 0 and math.isfinite(unbiased)):
+        return None
+    if unbiased >= tau * tau:
+        if unbiased <= 0:
+            return None  # no signal and no tolerance: no probe size decides
+        need = n * (z_improve * se / unbiased) ** 2
+    else:
+        need = n * (z_saturate * se / (tau * tau - unbiased)) ** 2
+    return max(n + 1, math.ceil(need)) if math.isfinite(need) else None
+
+
+def decide(scores, *, alpha: float = DEFAULT_ALPHA, tolerance: float = 0.0, rho: float | None = None,
+           stream_rms: dict | None = None) -> tuple[tuple[CandidateTest, ...], Verdict]:
+    """Per-candidate tests and the depth-wide verdict from scored candidates (module docstring).
+
+    Parameters
+    ----------
+    scores : sequence of CandidateScore
+        Depth order; each carries its ``fold_test`` (``None`` for statistics
+        without folds, which are then inconclusive with a reason).
+    alpha : float
+        Level of the tests and of the intervals.
+    tolerance : float
+        In loss units when ``rho`` is given (needs ``stream_rms``), else in
+        growth-value units.
+    rho : float, optional
+        Relative size of the inserted block's update, ``||h||_S / ||z||_S``.
+    stream_rms : dict, optional
+        ``||z||_S`` per candidate name (the adapters' stream diagnostics).
+
+    Returns
+    -------
+    tests : tuple of CandidateTest
+    verdict : Verdict
+    """
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    scores = tuple(scores)
+    names = [s.name for s in scores]
+    taus = growth_tolerances(names, tolerance, rho, stream_rms)
+    raw_p = [1.0 if s.fold_test is None else s.fold_test.p_value for s in scores]
+    adjusted = holm(raw_p)
+    k = len(scores)
+    z_improve = float(_scipy_stats.norm.ppf(1 - alpha / k))
+    z_saturate = float(_scipy_stats.norm.ppf(1 - alpha / 2))
+    tests = []
+    for s, tau, p_adj in zip(scores, taus, adjusted):
+        ft = s.fold_test
+        if ft is None or ft.n_folds < 2:
+            reason = ("these statistics keep no folds (written before satcore kept them): no per-candidate test"
+                      if ft is None else f"only {ft.n_folds} fold(s) hold samples: at least 2 are needed")
+            tests.append(CandidateTest(s.name, None, 1.0, 1.0, INCONCLUSIVE, None, None, None,
+                                       0 if ft is None else ft.n_folds, tau, None, None, reason))
+            continue
+        lo, hi = ft.interval(alpha)
+        v_interval = (math.sqrt(max(0.0, lo)), math.sqrt(max(0.0, hi)) if math.isfinite(hi) else math.inf)
+        if tau > 0 and v_interval[1] < tau:
+            verdict = SATURATED
+        elif p_adj < alpha:
+            verdict = IMPROVABLE
+        else:
+            verdict = INCONCLUSIVE
+        gain = None
+        if rho is not None:
+            scale = rho * stream_rms[s.name]
+            v_hat = math.sqrt(max(0.0, ft.unbiased))
+            gain = PredictedGain(rho, scale * v_hat, (scale * v_interval[0], scale * v_interval[1]))
+        size = None if verdict != INCONCLUSIVE else _probe_size(
+            s.n_samples, ft.unbiased, ft.se, tau, z_improve, z_saturate)
+        tests.append(CandidateTest(s.name, ft.statistic, ft.p_value, float(p_adj), verdict, ft.unbiased,
+                                   v_interval, ft.se, ft.n_folds, tau, gain, size))
+    verdicts = [t.verdict for t in tests]
+    if IMPROVABLE in verdicts:
+        overall = IMPROVABLE
+        pool = [t for t in tests if t.verdict == IMPROVABLE]
+    else:
+        overall = SATURATED if all(v == SATURATED for v in verdicts) else INCONCLUSIVE
+        pool = tests
+    best = max(pool, key=lambda t: -math.inf if t.growth_value_sq_unbiased is None else t.growth_value_sq_unbiased)
+    reasons = {t.reason for t in tests if t.reason}
+    units = "growth value" if rho is None else "loss"
+    if overall == INCONCLUSIVE and tolerance == 0 and not reasons:
+        reasons.add("no tolerance given: 'saturated' needs one (a growth value is never shown to be exactly 0)")
+    verdict = Verdict(overall, alpha, {"value": float(tolerance), "units": units, "rho": rho},
+                      best.name, METHOD, "; ".join(sorted(reasons)) or None)
+    return tuple(tests), verdict
+
+
+def stream_rms_from_meta(meta: dict) -> dict:
+    """``||z||_S`` per candidate from a dump's or probe's ``meta["diagnostics"]`` (empty when absent)."""
+    diagnostics = meta.get("diagnostics") if isinstance(meta, dict) else None
+    if not isinstance(diagnostics, dict):
+        return {}
+    out = {}
+    for name, d in diagnostics.items():
+        value = d.get("stream_rms") if isinstance(d, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value > 0:
+            out[name] = float(value)
+    return out
