@@ -36,7 +36,9 @@ COLUMNS = [
     ("train_ag_max", "AG_max (train)"), ("train_ag_batch_max", "eq.(2) (train)"),
     ("growth_value_max", "V_max (held-out)"), ("argmax", "at"), ("realizability", "realiz."),
     ("growth_floor", "V noise floor"), ("signal_to_floor", "V/floor"),
-    ("gamma_hat", "Gamma_hat"), ("t", "t (a=0.1)"), ("certified_saturated", "saturated?"),
+    ("min_p_adjusted", "min p_adj"), ("n_improvable", "# improvable"), ("verdict", "verdict (fold test)"),
+    ("gamma_hat", "Gamma_hat"), ("t", "t (a=0.1)"), ("certified_saturated", "Prop.1 'saturated'"),
+    ("prop1_verdict", "Prop.1 verdict"),
 ]
 
 
@@ -50,7 +52,7 @@ def run(quick: bool) -> dict:
         stale.unlink()
     rows, points, start = [], [], time.time()
     train_probe_data = batches(data.train[0][: s.n_probe], data.train[1][: s.n_probe], 128)
-    heldout_data = batches(*data.probe, 128)
+    heldout_data = batches(*data.probe, -(-len(data.probe[1]) // 16))  # 16 batches: one per fold of the tests
     for n_added in s.depths:
         model, seconds = trained_resnet(quick, n_added)
         train_loss, _ = classifier_loss(model, *data.train)

@@ -34,7 +34,9 @@ COLUMNS = [
     ("train_ag_max", "AG_max (train)"), ("train_ag_batch_max", "eq.(2) (train)"),
     ("growth_value_max", "V_max (held-out)"), ("argmax", "at"), ("realizability", "realiz."),
     ("growth_floor", "V noise floor"), ("signal_to_floor", "V/floor"),
-    ("gamma_hat", "Gamma_hat"), ("t", "t (a=0.1)"), ("certified_saturated", "saturated?"),
+    ("min_p_adjusted", "min p_adj"), ("n_improvable", "# improvable"), ("verdict", "verdict (fold test)"),
+    ("gamma_hat", "Gamma_hat"), ("t", "t (a=0.1)"), ("certified_saturated", "Prop.1 'saturated'"),
+    ("prop1_verdict", "Prop.1 verdict"),
 ]
 
 
@@ -64,7 +66,8 @@ def run(quick: bool) -> dict:
     train_eval = lm_windows(text.train, s.seq_len, s.n_eval, seed=1)
     test_eval = lm_windows(text.test, s.seq_len, s.n_eval, seed=2)
     train_probe = lm_batches(lm_windows(text.train, s.seq_len, s.n_probe, seed=3), 32)
-    heldout_probe = lm_batches(lm_windows(text.probe, s.seq_len, s.n_probe, seed=4), 32)
+    # 16 batches: one per fold of the per-candidate tests
+    heldout_probe = lm_batches(lm_windows(text.probe, s.seq_len, s.n_probe, seed=4), -(-s.n_probe // 16))
     dumps, results = out_dir("text_dumps", quick), results_dir(quick)
     for stale in dumps.glob("*.npz"):  # one dump per depth of THIS sweep, so `satcore sweep dir/*.npz` is exact
         stale.unlink()

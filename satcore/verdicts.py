@@ -224,6 +224,10 @@ def decide(scores, *, alpha: float = DEFAULT_ALPHA, tolerance: float = 0.0, rho:
         pool = tests
     best = max(pool, key=lambda t: -math.inf if t.growth_value_sq_unbiased is None else t.growth_value_sq_unbiased)
     reasons = {t.reason for t in tests if t.reason}
+    weak = sorted({t.n_folds for t in tests if t.reason is None and 2.0 ** -(t.n_folds - 1) >= alpha / k})
+    if weak:
+        reasons.add(f"only {weak[0]} fold(s) hold samples: the smallest sign-flip p-value 2^-{weak[0] - 1} cannot "
+                    f"pass Holm's alpha/{k}; probe at least as many batches as folds")
     units = "growth value" if rho is None else "loss"
     if overall == INCONCLUSIVE and tolerance == 0 and not reasons:
         reasons.add("no tolerance given: 'saturated' needs one (a growth value is never shown to be exactly 0)")

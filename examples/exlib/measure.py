@@ -35,7 +35,9 @@ def report_row(result, prefix: str = "") -> dict:
     ``ag_batch_max`` is the paper's logged statistic, eq. (2) (batch-mean
     loss, mean over analysis batches), maximised over candidates.  With
     ``variance`` statistics also: ``growth_floor`` (noise floor of the growth
-    value at its argmax), the certified test at :data:`ERROR_LEVEL`.
+    value at its argmax), Prop. 1's test at :data:`ERROR_LEVEL`; always the
+    fold tests' depth-wide verdict, the candidates called improvable and the
+    smallest Holm-adjusted p-value.
     """
     report = result.report(error=ERROR_LEVEL) if _has_variance(result) else result.report()
     best = report[report.argmax]
@@ -52,10 +54,14 @@ def report_row(result, prefix: str = "") -> dict:
     if floor is not None:
         row["growth_floor"] = floor
         row["signal_to_floor"] = report.growth_value_max / floor if floor > 0 else math.inf
+    improvable = [t for t in report.tests if t.verdict == "improvable"]
+    row.update(verdict=report.verdict.verdict, n_improvable=len(improvable), n_candidates=len(report.tests),
+               improvable_at=" ".join(t.name for t in improvable) or "-",
+               min_p_adjusted=min(t.p_value_adjusted for t in report.tests))
     if report.prop1 is not None:
         t = report.prop1
         row.update(gamma_hat=t.gamma_hat, noise_floor=report[t.argmax].noise_floor, t=t.t,
-                   certified_saturated=t.saturated, test_error_bound=t.error_bound)
+                   certified_saturated=t.saturated, prop1_verdict=t.verdict, test_error_bound=t.error_bound)
     return {prefix + k: v for k, v in row.items()}
 
 
