@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from satcore.report_text import growth_noise_floor
+from satcore.report_text import display_name, growth_noise_floor
 
 
 def _pyplot():
@@ -34,12 +34,26 @@ def plot_report(report, path: str, title: str = ""):
     if any(f is not None for f in floors):
         ax.plot(x, [f if f is not None else float("nan") for f in floors], "k--", lw=1,
                 label="noise floor (growth value)")
+    # the verdicts: improvable candidates marked, the interval for the population V as bars
+    tests = {t.name: t for t in report.tests}
+    marks = [(i, c.growth_value) for i, c in enumerate(report.candidates)
+             if c.name in tests and tests[c.name].verdict == "improvable"]
+    if marks:
+        ax.plot(*zip(*marks), "^", color="green", ms=9, mfc="none", label="improvable (Holm p < alpha)")
+    spans = [(i, tests[c.name].growth_value_interval) for i, c in enumerate(report.candidates)
+             if c.name in tests and tests[c.name].growth_value_interval is not None]
+    shown = [v for c in report.candidates for v in (c.ag, c.growth_value) if v > 0]
+    bottom = 0.3 * min(shown) if shown else 0.0  # an interval reaching 0 is drawn down to here (log scale)
+    for i, (lo, hi) in spans:
+        ax.plot([i, i], [max(lo, bottom), max(hi, bottom)], color="0.5", lw=3, alpha=0.5,
+                label="interval for V" if i == spans[0][0] else None)
     best = names.index(report.argmax)
-    ax.plot([best], [report.growth_value_max], "r*", ms=14, label=f"max at {report.argmax}")
-    ax.set_xticks(list(x), names, rotation=60, ha="right", fontsize=8)
+    ax.plot([best], [report.growth_value_max], "r*", ms=14, label=f"max at {display_name(report.argmax)}")
+    ax.set_xticks(list(x), [display_name(n) for n in names], rotation=60, ha="right", fontsize=8)
     _log_scale(ax, [c.ag for c in report.candidates])
     ax.set_ylabel("score")
-    ax.set_title(title)
+    verdict = f" — {report.verdict.verdict}" if report.verdict is not None else ""
+    ax.set_title(display_name(title) + verdict)
     ax.legend(fontsize=8)
     _save(fig, plt, path)
 

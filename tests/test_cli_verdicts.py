@@ -1,0 +1,80 @@
+"""`satcore score` prints the fold tests' verdicts: JSON names, loss-unit tolerances, old dumps."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import satcore
+from satcore.cli.main import main
+
+
+def _stats(rng, shift, n_folds=16, M=160):
+    s = satcore.CandidateStatistics(3, 5, n_folds=n_folds)
+    for b in range(16):
+        psi = rng.standard_normal((M // 16, 5))
+        s.update(rng.standard_normal((M // 16, 3)) + shift * psi[:, :3], psi)
+    return s
+
+
+def _dump(tmp_path, shifts, *, n_folds=16, diagnostics=None):
+    rng = np.random.default_rng(0)
+    depth = satcore.DepthStatistics({f"block{i}": _stats(rng, s, n_folds) for i, s in enumerate(shifts)})
+    meta = {"split": "heldout"}
+    if diagnostics:
+        meta["diagnostics"] = {name: {"stream_rms": v} for name, v in diagnostics.items()}
+    path = tmp_path / "d.npz"
+    satcore.write_dump(path, depth, meta=meta)
+    return path, depth
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_json_carries_the_tests_and_matches_the_python_report(tmp_path):
+    path, depth = _dump(tmp_path, [0.0, 0.6])
+    result = invoke("score", path, "--json", "--alpha", 0.01)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    expected = depth.report(split="heldout", alpha=0.01)
+    assert out["verdict"]["verdict"] == expected.verdict.verdict == "improvable"
+    assert out["verdict"]["argmax"] == "block1" and out["verdict"]["alpha"] == 0.01
+    for cand, test in zip(out["candidates"], expected.tests):
+        assert cand["test"]["p_value_adjusted"] == pytest.approx(test.p_value_adjusted)
+        assert cand["test"]["growth_value_sq_unbiased"] == pytest.approx(test.growth_value_sq_unbiased)
+
+
+def test_loss_unit_tolerance_uses_the_recorded_stream_rms(tmp_path):
+    path, depth = _dump(tmp_path, [0.0, 0.6], diagnostics={"block0": 2.0, "block1": 4.0})
+    out = json.loads(invoke("score", path, "--json", "--tolerance", 1e-3, "--rho", 0.01).output)
+    for cand, rms in zip(out["candidates"], (2.0, 4.0)):
+        assert cand["test"]["tolerance"] == pytest.approx(1e-3 / (0.01 * rms))
+        gain = cand["test"]["predicted_gain"]
+        assert gain["value"] == pytest.approx(0.01 * rms * math.sqrt(max(0, cand["test"]["growth_value_sq_unbiased"])))
+    text = invoke("score", path, "--tolerance", 1e-3, "--rho", 0.01).output
+    assert "predicted first-order gain at block1 (rho 0.01)" in text
+
+
+def test_loss_unit_tolerance_without_stream_rms_is_one_line_exit_2(tmp_path):
+    path, _ = _dump(tmp_path, [0.3])
+    result = invoke("score", path, "--tolerance", 1e-3, "--rho", 0.01)
+    assert result.exit_code == 2 and "stream RMS" in result.output and "Traceback" not in result.output
+
+
+def test_dump_without_folds_scores_inconclusive_with_a_reason(tmp_path):
+    path, _ = _dump(tmp_path, [1.0], n_folds=0)
+    result = invoke("score", path)
+    assert result.exit_code == 0
+    assert "verdict: INCONCLUSIVE" in result.output and "keep no folds" in result.output
+
+
+def test_a_large_tolerance_certifies_saturation(tmp_path):
+    path, _ = _dump(tmp_path, [0.0, 0.0])
+    out = json.loads(invoke("score", path, "--json", "--tolerance", 10.0).output)
+    assert out["verdict"]["verdict"] == "saturated"
+    assert all(c["test"]["verdict"] == "saturated" for c in out["candidates"])
