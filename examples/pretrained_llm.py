@@ -47,11 +47,13 @@ from exlib.data import load_text
 from exlib.output import figure, log_if_spread, results_dir, save_figure, write_results
 from satcore.adapters.torch import find_blocks, grow, probe, sequence_loss
 
+RHO, TOLERANCE = 0.01, 1e-4  # verdicts: a block of relative size 0.01 must gain more than 1e-4 nats to matter
 COLUMNS = [
     ("name", "candidate"), ("ag", "ag"), ("ag_batch", "eq.(2)"), ("growth_value", "growth value (mlp)"),
     ("realizability", "realiz."), ("feature_rank", "rank K"),
     ("cross_gradient_norm", "||g_hat|| = ||C||_F"), ("noise_floor", "its noise floor sqrt(sigma^2/n)"),
     ("stream_rms_per_position", "stream RMS/token"), ("relative_update", "rel. block update"),
+    ("p_adjusted", "p_adj (fold test)"), ("predicted_gain", f"first-order gain at rho {RHO}"), ("verdict", "verdict"),
 ]
 INSERT_COLUMNS = [
     ("model", "model"), ("at", "inserted at"), ("rho", "rho"), ("alpha", "alpha"), ("d_loss", "dLoss measured"),
@@ -139,17 +141,20 @@ def minilm(text: str, n_pairs: int, batch_size: int = 16):
 def measure(label, model, data, loss_fn, described, key, results, start, position_subsample=None):
     result = probe(model, data, loss_fn, family="mlp", variance=False, split="docs", batch_dtype=torch.float32,
                    position_subsample=position_subsample)
-    report, diagnostics = result.report(), result.diagnostics
+    report, diagnostics = result.report(tolerance=TOLERANCE, rho=RHO), result.diagnostics
     rows = []
     for c in report.candidates:
-        d = diagnostics[c.name]
+        d, t = diagnostics[c.name], report.test(c.name)
         rows.append({**c.to_dict(), "stream_rms_per_position": d.stream_rms_per_position,
-                     "relative_update": d.relative_update})
+                     "relative_update": d.relative_update, "p_adjusted": t.p_value_adjusted, "verdict": t.verdict,
+                     "predicted_gain": None if t.predicted_gain is None else t.predicted_gain.value})
     with torch.no_grad():
         loss = float(sum(float(loss_fn(model(**x), y).sum()) for x, y in data) / report.candidates[0].n_samples)
     notes = [f"{label}: {described}; mean loss {loss:.4f}; {len(report.candidates)} candidates "
              f"(block inputs and the head); AG_max {report.ag_max:.4g} at {report.ag_argmax}, "
-             f"growth value max {report.growth_value_max:.4g} at {report.argmax}."]
+             f"growth value max {report.growth_value_max:.4g} at {report.argmax}; depth-wide verdict "
+             f"{report.verdict.verdict} (fold sign-flip tests, Holm, alpha {report.verdict.alpha}; tolerance "
+             f"{TOLERANCE} nats at rho {RHO}); Prop. 1 at error 0.05: {report.prop1.verdict}."]
     meta = {"model": label, "data": described, "loss": loss, "report": report.to_dict(), "seconds": time.time() - start}
     write_results(results, f"pretrained_{key}", rows, COLUMNS, meta=meta, notes=notes)
     plot(rows, label, results / f"pretrained_{key}.png")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from .depth import DepthStatistics
 from .results import DepthReport
+from .verdicts import stream_rms_from_meta
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,11 @@ class ProbeResult:
         return self.meta.get("split")
 
     def report(self, **options) -> DepthReport:
-        """:meth:`DepthStatistics.report` with the probe's split (SPEC section 4)."""
+        """:meth:`DepthStatistics.report` with the probe's split and, where the adapter recorded
+        them, the stream RMS ``||z||_S`` per candidate (for a ``tolerance`` in loss units with ``rho``)."""
         options.setdefault("split", self.split)
+        if "stream_rms" not in options:
+            options["stream_rms"] = stream_rms_from_meta(self.dump_meta())
         return self.statistics.report(**options)
 
     def dump_meta(self) -> dict:

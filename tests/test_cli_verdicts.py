@@ -78,3 +78,19 @@ def test_a_large_tolerance_certifies_saturation(tmp_path):
     out = json.loads(invoke("score", path, "--json", "--tolerance", 10.0).output)
     assert out["verdict"]["verdict"] == "saturated"
     assert all(c["test"]["verdict"] == "saturated" for c in out["candidates"])
+
+
+def test_sweep_depth_counts_blocks_and_low_signal_comes_from_the_tests(tmp_path):
+    """Without model_depth a dump's depth is its residual blocks (the head endpoint is no block);
+    a plateau whose depths are improvable is not called low signal."""
+    rng = np.random.default_rng(3)
+    paths = []
+    for blocks, shift in ((2, 0.6), (4, 0.6)):
+        names = [f"block{i}" for i in range(blocks)] + ["head"]
+        depth = satcore.DepthStatistics({n: _stats(rng, shift) for n in names})
+        paths.append(tmp_path / f"d{blocks}.npz")
+        satcore.write_dump(paths[-1], depth, meta={"split": "heldout"})
+    out = json.loads(invoke("sweep", *paths, "--json", "--rel-tol", 10).output)
+    assert [p["depth"] for p in out["points"]] == [2, 4]
+    assert all(p["verdict"] == "improvable" for p in out["points"])
+    assert out["plateau"] is not None and out["plateau"]["low_signal"] is False
