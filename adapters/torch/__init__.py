@@ -10,7 +10,8 @@
 
 See :func:`probe` (statistics), :func:`find_candidates` (where),
 :mod:`.families` (feature maps with the core's seeded weights), :func:`grow`
-(Appendix H insertion) and :mod:`.diagnostics` (stream norms, NAG).
+(Appendix H insertion), :func:`insert_block` (a zero-output block of the
+model's own kind; ``family="native"`` probes its tangent space) and :mod:`.diagnostics` (stream norms, NAG).
 """
 
 from .capture import StreamTaps
@@ -18,6 +19,7 @@ from .diagnostics import StreamDiagnostics
 from .families import FeatureMap, ResidualBranch, build_feature_map, positions
 from .grow import Grown, InsertedResidual, grow
 from .locate import HEAD, Candidate, find_blocks, find_candidates, named_candidates
+from .native import NativeFeatures, insert_block, native_feature_map
 from .moments import batch_moments, position_index, subsample_positions
 from .probe import per_sample_losses, probe, sequence_loss
 from .result import ProbeResult
@@ -28,6 +30,7 @@ __all__ = [
     "FeatureMap",
     "Grown",
     "InsertedResidual",
+    "NativeFeatures",
     "ProbeResult",
     "ResidualBranch",
     "StreamDiagnostics",
@@ -37,7 +40,9 @@ __all__ = [
     "find_blocks",
     "find_candidates",
     "grow",
+    "insert_block",
     "named_candidates",
+    "native_feature_map",
     "per_sample_losses",
     "position_index",
     "positions",

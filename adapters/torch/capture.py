@@ -100,6 +100,7 @@ class StreamTaps:
         self.taps: dict[str, torch.Tensor] = {}
         self.streams: dict[str, torch.Tensor] = {}
         self.updates: dict[str, torch.Tensor | None] = {}
+        self.calls: dict[str, tuple] = {}  # the (args, kwargs) each candidate's module was called with
 
     def batch_first(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """``x``, a tensor in candidate ``name``'s layout, with the samples in dim 0."""
@@ -134,6 +135,7 @@ class StreamTaps:
 
     def _input_hook(self, name):
         def hook(module, args, kwargs):
+            self.calls[name] = (args, kwargs)
             return with_stream(args, kwargs, self._record(name, get_stream(args, kwargs)))
 
         return hook
@@ -147,7 +149,8 @@ class StreamTaps:
         return hook
 
     def _output_hook(self, name):
-        def hook(module, args, output):
+        def hook(module, args, kwargs, output):
+            self.calls[name] = (args, kwargs)
             return with_output(output, self._record(name, get_output(output)))
 
         return hook
@@ -161,7 +164,7 @@ class StreamTaps:
                     self.handles.append(module.register_forward_pre_hook(self._input_hook(c.name), with_kwargs=True))
                     self.handles.append(module.register_forward_hook(self._update_hook(c.name), with_kwargs=True))
                 else:
-                    self.handles.append(module.register_forward_hook(self._output_hook(c.name)))
+                    self.handles.append(module.register_forward_hook(self._output_hook(c.name), with_kwargs=True))
         except BaseException:
             self.remove()
             raise

@@ -16,6 +16,10 @@ are ``(M, T, r)``.
   ``relu(BN(conv3x3(z)))`` with BN in identity mode (running mean 0, var 1,
   unit affine); the terminal ``V`` is a 3x3 convolution.
 * ``linear``: ``psi = z``.  ``bias``: ``psi = 1``.
+* ``native``: the inputs of the zeroed terminal maps of the block
+  :func:`~.native.insert_block` would insert there (:mod:`.native`); it needs
+  the model and the candidate, and reads the candidate block's other call
+  arguments from ``context``.
 * a user ``nn.Module`` ``f``: ``psi = f(z)`` of shape ``(M, r)`` or ``(M, T, r)``
   with positions in the layout of ``Q``.
 
@@ -68,10 +72,14 @@ class FeatureMap(nn.Module):
 
     ``positionwise`` maps say each position's features depend on that
     position only (so positions can be subsampled before computing them).
+    ``context``: the ``(args, kwargs)`` of the candidate block's call in the
+    current batch, which the probe sets before computing features; only maps
+    that run a block on ``z`` (``native``) read it.
     """
 
     kind = "user"
     positionwise = False
+    context = None
 
     def __init__(self, width: int, n_features: int, spec: dict):
         super().__init__()
@@ -171,10 +179,13 @@ def auto_kind(z: torch.Tensor) -> str:
     return "conv" if z.dim() == 4 else "mlp"
 
 
-def build_feature_map(family, z: torch.Tensor, *, seed: int = 0, init_std: float | None = None) -> FeatureMap:
+def build_feature_map(family, z: torch.Tensor, *, seed: int = 0, init_std: float | None = None, model=None,
+                      candidate=None) -> FeatureMap:
     """The feature map for a candidate whose stream looks like ``z``.
 
-    ``family`` is ``"auto"``, a kind of :data:`satcore.families.FAMILIES`, or an
+    ``family`` is ``"auto"``, a kind of :data:`satcore.families.FAMILIES`,
+    ``"native"`` (needs ``model`` and the :class:`~.locate.Candidate`
+    ``candidate``; ``seed`` draws the fresh block as ``insert_block`` does), or an
     ``nn.Module``.  Built-in weights come from
     ``make_family(kind, width, seed=seed, init_std=init_std)``; ``init_std`` only
     concerns ``mlp`` (the model's init scale, e.g. GPT-2's
@@ -182,9 +193,15 @@ def build_feature_map(family, z: torch.Tensor, *, seed: int = 0, init_std: float
     """
     if isinstance(family, nn.Module):
         return UserFeatures(family, z).to(z.device)
+    if family == "native":
+        from .native import native_feature_map
+
+        if model is None or candidate is None:
+            raise ValueError("family 'native' needs the model and the candidate")
+        return native_feature_map(model, candidate, z, seed=seed)
     kind = auto_kind(z) if family == "auto" else family
     if kind not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; choose 'auto', one of {FAMILIES}, or pass an nn.Module")
+        raise ValueError(f"unknown family {family!r}; choose 'auto', 'native', one of {FAMILIES}, or pass an nn.Module")
     if kind == "conv" and z.dim() != 4:
         raise ValueError(f"family 'conv' needs a (M, C, H, W) stream, got shape {tuple(z.shape)}")
     width = z.shape[1] if z.dim() == 4 else z.shape[-1]

@@ -183,8 +183,10 @@ def probe(
     candidates : ``None`` (the blocks :func:`find_candidates` recognises) or a
         list of module names (the input of each).
     family : ``"auto"`` (``conv`` for ``(M, C, H, W)`` streams, else ``mlp``),
-        ``"mlp"``/``"conv"``/``"linear"``/``"bias"``, an ``nn.Module`` feature
-        map, or a dict candidate name -> one of those.  Built-in weights are
+        ``"mlp"``/``"conv"``/``"linear"``/``"bias"``, ``"native"`` (the tangent
+        space of the block ``insert_block(model, name, seed=seed)`` inserts:
+        :mod:`.native`), an ``nn.Module`` feature map, or a dict candidate name ->
+        one of those.  Built-in weights are
         ``satcore.make_family(kind, width, seed=seed, init_std=...)``.
     init_std : ``mlp`` weight scale; default the model's own
         (``config.initializer_range``) when it has one, else ``width**-0.5``.
@@ -267,8 +269,10 @@ def probe(
                     z = taps.streams[name]
                     if name not in families:
                         families[name] = build_feature_map(
-                            _family_for(family, name), z, seed=seed, init_std=init_std
+                            _family_for(family, name), z, seed=seed, init_std=init_std, model=model,
+                            candidate=taps.by_name[name],
                         ).eval()
+                    families[name].context = taps.calls[name]
                     if name not in running:
                         running[name] = _running_sums(name, z, families[name], statistics, streams, variance,
                                                       position_subsample)
