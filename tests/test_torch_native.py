@@ -355,3 +355,16 @@ def test_gpt2_native_cross_gradient_is_the_terminal_gradient():
     expected = np.concatenate([total[0].T, total[1][:, None], total[2].T, total[3][:, None]], 1) / M
     assert C.shape == (d, 5 * d + 2)
     np.testing.assert_allclose(C, expected, rtol=1e-10, atol=1e-14)
+
+
+def test_native_result_copies_and_grow_points_to_insert_block():
+    import copy
+
+    from satcore.adapters.torch import grow
+
+    model, batches = small_gpt2(), mt.text_batches(8, 2, 1, offset=3000)
+    result = probe(model, batches, sequence_loss, family="native", seed=0)
+    features = copy.deepcopy(result.families["transformer.h.0"])  # the last batch's graph is not copied
+    assert features.context is None and features.n_features == 5 * 16 + 2
+    with pytest.raises(ValueError, match="insert_block"):
+        grow(model, result, "transformer.h.0", zero=True)

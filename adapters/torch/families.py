@@ -72,13 +72,14 @@ class FeatureMap(nn.Module):
 
     ``positionwise`` maps say each position's features depend on that
     position only (so positions can be subsampled before computing them).
+    Maps with ``reads_context`` (``native``, which runs a block on ``z``) get
     ``context``: the ``(args, kwargs)`` of the candidate block's call in the
-    current batch, which the probe sets before computing features; only maps
-    that run a block on ``z`` (``native``) read it.
+    current batch, set by the probe before it computes the batch's features.
     """
 
     kind = "user"
     positionwise = False
+    reads_context = False
     context = None
 
     def __init__(self, width: int, n_features: int, spec: dict):

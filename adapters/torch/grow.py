@@ -88,6 +88,9 @@ def grow(model: nn.Module, result, at: str, *, alpha=None, rho=None, zero: bool 
     """
     if at not in result.statistics:
         raise ValueError(f"unknown candidate {at!r}; the probe has {list(result.statistics)}")
+    if getattr(result.families.get(at), "kind", None) == "native":
+        raise ValueError(f"{at}: a 'native' probe's block is inserted by insert_block(model, {at!r}, seed=...), "
+                         "not by grow()")
     stats = result.statistics[at]
     alpha = _step(stats, result.diagnostics[at].stream_rms, alpha, rho, zero, rtol)
     plan = plan_insertion(stats, alpha, rtol=rtol)

@@ -359,7 +359,11 @@ class NativeFeatures(FeatureMap):
     removed.  ``sequence_first`` blocks read ``z`` as ``(T, B, d)``.
     """
 
-    kind = "native"
+    kind, reads_context = "native", True
+
+    def __getstate__(self):
+        # the last batch's call arguments are tensors of its graph: neither copied nor pickled
+        return {**super().__getstate__(), "context": None}
 
     def __init__(self, block: nn.Module, site: Site, sequence_first: bool, z: torch.Tensor, spec: dict):
         paths = _terminal_paths(block, site.kind)

@@ -272,7 +272,8 @@ def probe(
                             _family_for(family, name), z, seed=seed, init_std=init_std, model=model,
                             candidate=taps.by_name[name],
                         ).eval()
-                    families[name].context = taps.calls[name]
+                    if families[name].reads_context:
+                        families[name].context = taps.calls[name]
                     if name not in running:
                         running[name] = _running_sums(name, z, families[name], statistics, streams, variance,
                                                       position_subsample)
