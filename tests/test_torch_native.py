@@ -368,3 +368,27 @@ def test_native_result_copies_and_grow_points_to_insert_block():
     assert features.context is None and features.n_features == 5 * 16 + 2
     with pytest.raises(ValueError, match="insert_block"):
         grow(model, result, "transformer.h.0", zero=True)
+
+
+@pytest.mark.parametrize("zero", ["terminal", "norm"])
+def test_resnet_zero_choice_exact_and_train_mode_step(zero):
+    """Both choices are exact; with the conv zeroed, train-mode BatchNorm normalises a zero map and the first
+    Adam step jumps the loss, with the gain zeroed it does not (the numbers in insert_block's docstring)."""
+    model = mt.digits_resnet()
+    x, y = mt.digits()[0][:64], mt.digits()[1][:64]
+    grown = insert_block(model, "layer1.1", seed=0, zero=zero)
+    new = grown.layer1[1]
+    assert not (new.bn2.weight if zero == "norm" else new.conv2.weight).any()
+    assert torch.equal(logits(grown, x), logits(model, x))
+    grown.train()
+    optimizer = torch.optim.Adam(grown.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(2):
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(grown(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert (losses[1] > 10 * losses[0]) if zero == "terminal" else (losses[1] < losses[0]), losses
+    with pytest.raises(ValueError, match="zero='norm'"):
+        insert_block(mt.gpt2(), "head", zero="norm")

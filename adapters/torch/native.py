@@ -45,7 +45,7 @@ Supported stacks and what is zeroed:
   BatchNorm normalises a constant-zero input, whose batch variance is 0, so
   its first update is amplified by ``1/sqrt(eps)`` and renormalised; train
   such a model with the inserted block's BatchNorms in eval mode for the first
-  steps, or expect a jump.  A torchvision block ends in ``relu(z + h(z))``:
+  steps, or insert with ``zero="norm"`` (the gain zeroed), or expect a jump.  A torchvision block ends in ``relu(z + h(z))``:
   the insertion is exact because ``z`` is itself a ReLU output (``z >= 0``)
   inside such stacks.  A block whose input changes shape (``downsample``)
   cannot take a block before it in its stage; the new block then goes at the
@@ -75,7 +75,12 @@ branch ``h``; the final ReLU of ``relu(z + h)`` has derivative
 ``1[z > 0]`` where autograd evaluates it, a per-channel mask that is not of
 the form ``I (x) psi``: the native value of a post-activation block is that of
 its branch, and equals autograd on the grown model only where ``z > 0``
-(pre-activation blocks, ``z + h(z)``, have no such mask).
+(pre-activation blocks, ``z + h(z)``, have no such mask).  On the digits
+ResNet (float64, 6 samples) the branch value was 0.311 against 0.302 for the
+masked autograd value before ``layer1.1`` (35% of the stream's entries are
+exactly 0) and 0.162 against 0.135 at ``head`` (44%).  At an exact zero the
+block's one-sided first-order change is ``relu(dh)``, a cone, so neither
+number is a linear first-order statement there.
 """
 
 from __future__ import annotations
@@ -256,13 +261,14 @@ def _stream_channels(model: nn.Module, site: Site) -> int:
     return reference.get_submodule(_terminal_paths(reference, "resnet")[0]).out_channels
 
 
-def fresh_block(model: nn.Module, site: Site, seed: int, config=None) -> nn.Module:
+def fresh_block(model: nn.Module, site: Site, seed: int, config=None, zero: str = "terminal") -> nn.Module:
     """The block :func:`insert_block` inserts at ``site``: built and initialised as the model does,
     drawn from ``torch.manual_seed(seed)`` (the global RNG is restored after), terminal maps
     zeroed, in the dtype and on the device of the reference block, in eval mode.
 
     ``config``: the Hugging Face config the block is built from, already counting the new layer
-    (:func:`_grow_config`).
+    (:func:`_grow_config`).  ``zero="norm"`` (ResNet blocks only) zeroes the gain of the
+    BatchNorm after the terminal conv instead of the conv.
     """
     reference = model.get_submodule(site.reference)
     parameter = next(reference.parameters())
@@ -282,7 +288,10 @@ def fresh_block(model: nn.Module, site: Site, seed: int, config=None) -> nn.Modu
         else:
             block = _resnet_copy(reference, _stream_channels(model, site)).cpu()
             _torchvision_init(block)
-        for path in _terminal_paths(block, site.kind):
+        paths = _terminal_paths(block, site.kind)
+        if zero == "norm":
+            paths = ("bn" + paths[0][-1],)  # bn2 after conv2, bn3 after conv3; its bias is 0 already
+        for path in paths:
             terminal = block.get_submodule(path)
             terminal.weight.zero_()
             if terminal.bias is not None:
@@ -290,7 +299,7 @@ def fresh_block(model: nn.Module, site: Site, seed: int, config=None) -> nn.Modu
     return block.to(parameter.device).eval()
 
 
-def insert_block(model: nn.Module, at: str, *, seed: int = 0) -> nn.Module:
+def insert_block(model: nn.Module, at: str, *, seed: int = 0, zero: str = "terminal") -> nn.Module:
     """A deep copy of ``model`` with a zero-output block of its own kind inserted before candidate ``at``.
 
     ``at`` is a block name of :func:`~.locate.find_blocks` (the new block goes before it) or
@@ -302,7 +311,17 @@ def insert_block(model: nn.Module, at: str, *, seed: int = 0) -> nn.Module:
     ``seed`` draws the fresh block's weights; ``probe(..., family="native", seed=seed)``
     measures the tangent space of the same block.  The new block is in the mode ``model`` is in
     (``train()``/``eval()``).
+
+    ``zero``: ``"terminal"`` (the terminal maps, the block the native family describes) or, for
+    torchvision-style ResNet blocks only, ``"norm"``: the gain of the BatchNorm after the terminal
+    conv is zeroed instead (torchvision's ``zero_init_residual``), whose block trains smoothly
+    in train-mode BatchNorm but whose first-order tangent is only the per-channel affine map
+    of that BatchNorm (module docstring).  Measured on the digits ResNet (``layer1.1``, one Adam
+    step at lr 1e-3 in train mode): the mean loss went 0.014 -> 0.628 with the conv zeroed,
+    0.014 -> 0.006 with the gain zeroed.
     """
+    if zero not in ("terminal", "norm"):
+        raise ValueError(f"zero must be 'terminal' or 'norm', got {zero!r}")
     grown = copy.deepcopy(model)
     site = insertion_site(grown, at)
     config = None
@@ -310,7 +329,11 @@ def insert_block(model: nn.Module, at: str, *, seed: int = 0) -> nn.Module:
         _check_hf(grown)
         config = grown.config
         _grow_config(config, site)
-    block = fresh_block(grown, site, seed, config).train(model.training)
+    if zero == "norm" and not (site.kind == "resnet" and isinstance(
+            getattr(grown.get_submodule(site.reference), "bn" + _terminal_paths(
+                grown.get_submodule(site.reference), "resnet")[0][-1], None), nn.modules.batchnorm._BatchNorm)):
+        raise ValueError(f"zero='norm' needs a ResNet block with a BatchNorm after its terminal conv; {at} has none")
+    block = fresh_block(grown, site, seed, config, zero).train(model.training)
     container = grown.get_submodule(site.container)
     container.insert(site.index, block)
     if site.kind == "hf":
