@@ -280,6 +280,11 @@ NATIVE = {
                 lambda: mt.digits_batches(4, 4, start=0, dtype=torch.float64), mt.per_sample_ce,
                 [("encoder.layers.1", "encoder.layers.1",
                   ("self_attn.out_proj.weight", "self_attn.out_proj.bias", "linear2.weight", "linear2.bias"))]),
+    "encoder_seq_first": (lambda: seeded(lambda: PreNormEncoder(batch_first=False)).double(),
+                          lambda: mt.digits_batches(4, 4, start=0, dtype=torch.float64), mt.per_sample_ce,
+                          [("head", "encoder.layers.2",
+                            ("self_attn.out_proj.weight", "self_attn.out_proj.bias", "linear2.weight",
+                             "linear2.bias"))]),
 }
 
 
