@@ -1,4 +1,4 @@
-"""Shared pieces of the ``satcore`` commands: reading dumps with progress, number formatting."""
+"""Shared pieces of the ``satcore`` commands: reading dumps with progress, names and numbers for tables."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import time
 
 import click
 
+from satcore._display import display_name
 from satcore.dump import Dump, DumpError, read_dump
+
+__all__ = ["display_name", "display_report", "display_sweep", "load", "scored", "statistics", "num", "table", "human_bytes"]
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -48,7 +51,7 @@ class StderrProgress:
             return
         self.shown = True
         pct = 100.0 * done / total if total else 100.0
-        sys.stderr.write(f"\r{self.label}: {pct:5.1f}% of {human_bytes(total)}")
+        sys.stderr.write(f"\r{display_name(self.label)}: {pct:5.1f}% of {human_bytes(total)}")
         sys.stderr.flush()
 
     def close(self):
@@ -58,13 +61,46 @@ class StderrProgress:
 
 
 def load(path: str, *, quiet: bool, chunk_samples: int | None = None):
-    """``(dump, statistics)`` of a validated dump; errors name the file (commands take several)."""
+    """``(dump, statistics)`` of a validated dump; errors name the file (:class:`DumpError` does)."""
+    dump: Dump = read_dump(path)
+    return dump, statistics(dump, quiet=quiet, chunk_samples=chunk_samples)
+
+
+def scored(path: str, stats, **options):
+    """``stats.report(**options)``; a refusal from scoring (an indefinite Gram, sums too large) names the file."""
     try:
-        dump: Dump = read_dump(path)
-        return dump, statistics(dump, quiet=quiet, chunk_samples=chunk_samples)
-    except DumpError as exc:
-        message = str(exc)
-        raise DumpError(message if message.startswith(f"{path}:") else f"{path}: {message}") from None
+        return stats.report(**options)
+    except ValueError as exc:
+        raise DumpError(f"{display_name(path)}: {display_name(exc, 300)}") from None
+
+
+def display_report(report):
+    """``report`` with every name from the file (candidates, split, warnings) shown as one printable line.
+
+    Tables and plots print this copy; JSON prints ``report`` itself, whose names are exact.
+    """
+    from dataclasses import replace
+
+    show = display_name
+    return replace(
+        report,
+        candidates=tuple(replace(c, name=show(c.name)) for c in report.candidates),
+        argmax=show(report.argmax),
+        ag_argmax=show(report.ag_argmax),
+        split=None if report.split is None else show(report.split),
+        warnings=tuple(show(w, 400) for w in report.warnings),
+        test=None if report.test is None else replace(report.test, argmax=show(report.test.argmax)),
+    )
+
+
+def display_sweep(sweep):
+    """``sweep`` with its dump labels and candidate names shown as one printable line each (as :func:`display_report`)."""
+    from dataclasses import replace
+
+    show = display_name
+    points = tuple(replace(p, label=show(p.label), ag_argmax=show(p.ag_argmax), argmax=show(p.argmax))
+                   for p in sweep.points)
+    return replace(sweep, points=points)
 
 
 def statistics(dump: Dump, *, quiet: bool, chunk_samples: int | None = None):

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, num, table
+from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, display_name, display_report, load, num, scored, table
 
 
 @click.command()
@@ -43,16 +43,16 @@ def score(dump, as_json, probe_split, delta, t, error, detector_scale, plot_path
             raise click.UsageError(f"{option} needs --t or --error")
     source, stats = load(dump, quiet=quiet, chunk_samples=chunk_samples)
     split = probe_split if probe_split is not None else source.meta.get("split")
-    report = stats.report(split=split, delta=delta or 0.0, t=t, error=error, detector_scale=detector_scale)
+    report = scored(dump, stats, split=split, delta=delta or 0.0, t=t, error=error, detector_scale=detector_scale)
     if as_json:
         out = {"dump": dump, **report.to_dict()}
         click.echo(json.dumps(out, indent=2, allow_nan=False))
     else:
-        click.echo(render_report(report, dump))
+        click.echo(render_report(display_report(report), display_name(dump)))
     if plot_path:  # after the scores, so that a bad plot path does not cost them
         from .plot import plot_report
 
-        plot_report(report, plot_path, title=dump)
+        plot_report(report, plot_path, title=dump, inputs=(dump,))
 
 
 def render_report(report, label: str) -> str:

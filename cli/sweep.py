@@ -8,7 +8,7 @@ import click
 
 from satcore.sweep import depth_sweep, sweep_point
 
-from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, num, table
+from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, display_sweep, load, num, table
 
 
 @click.command()
@@ -42,11 +42,11 @@ def sweep(dumps, as_json, metric, rel_tol, noise_factor, plot_path, quiet, chunk
     if plot_path:
         from .plot import plot_sweep
 
-        plot_sweep(result, plot_path)
+        plot_sweep(result, plot_path, inputs=dumps)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, allow_nan=False))
     else:
-        click.echo(render_sweep(result))
+        click.echo(render_sweep(display_sweep(result)))
 
 
 def render_sweep(result) -> str:
