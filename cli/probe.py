@@ -100,8 +100,6 @@ def batches(path: str, headers: dict[str, NpyHeader], batch_size: int):
 def probe(model, data_path, loss, candidates, family, seed, init_std, output_name, batch_size, split, variance,
           out_path):
     """Probe the ONNX file MODEL on DATA.npz and write a dump for 'satcore score'."""
-    from satcore.adapters.onnx import probe as onnx_probe
-
     check_target(out_path, (model, data_path))  # before the probe: -o MODEL or -o DATA is refused now
     arrays = read_data(data_path)
     if "inputs" in arrays and len(arrays) > 2:
@@ -111,6 +109,8 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, output_nam
     names = [c.strip() for c in candidates.split(",")] if candidates else None
     if names is not None and not all(names):
         raise click.BadParameter("empty candidate name", param_hint="--candidates")
+    from satcore.adapters.onnx import probe as onnx_probe  # after the data check: a refusal loads no runtime
+
     result = onnx_probe(
         model,
         batches(data_path, arrays, batch_size),

@@ -63,10 +63,13 @@ def check_target(path, inputs=()) -> None:
     if not stat.S_ISREG(existing.st_mode):
         raise OutputError(f"{shown}: is {_kind(existing.st_mode)}, not a regular file; refusing to replace it")
     for source in inputs:
-        with contextlib.suppress(OSError):
-            if os.path.samefile(source, target):
-                raise OutputError(f"{shown}: is also an input of this command ({display_name(os.fspath(source))}); "
-                                  "write the output to another file")
+        try:
+            same = os.path.samefile(source, target)
+        except OSError:  # an input that is not there (yet) is not this file
+            same = False
+        if same:
+            raise OutputError(f"{shown}: is also an input of this command ({display_name(os.fspath(source))}); "
+                              "write the output to another file")
 
 
 @contextlib.contextmanager

@@ -12,7 +12,12 @@ from __future__ import annotations
 MAX_DISPLAY_CHARS = 200  # a name is a label: past this it is cut (the JSON keeps it whole)
 
 
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
 def _escape(char: str) -> str:
+    if char in _SHORT_ESCAPES:
+        return _SHORT_ESCAPES[char]
     code = ord(char)
     if code < 0x100:
         return f"\\x{code:02x}"

@@ -167,9 +167,12 @@ class NpzArchive:
     def _open_zip(self):
         try:
             directory = _central_directory_bytes(self._file)
-            if directory is not None and directory > MAX_CENTRAL_DIRECTORY_BYTES:
-                raise NpzError(f"{self.shown}: zip directory of {directory} bytes, over the "
-                               f"{MAX_CENTRAL_DIRECTORY_BYTES}-byte limit (too many members)")
+        except ZIP_ERRORS as exc:
+            raise NpzError(f"{self.shown}: not a zip/.npz file, or truncated ({_reason(exc)})") from None
+        if directory is not None and directory > MAX_CENTRAL_DIRECTORY_BYTES:
+            raise NpzError(f"{self.shown}: zip directory of {directory} bytes, over the "
+                           f"{MAX_CENTRAL_DIRECTORY_BYTES}-byte limit (too many members)")
+        try:
             self._zip = zipfile.ZipFile(self._file)
             infos = self._zip.infolist()
         except ZIP_ERRORS as exc:

@@ -177,8 +177,9 @@ class Dump:
                             f"(this satcore reads {SCHEMA!r})")
         if not has_meta:
             raise DumpError("meta: missing (required with satcore_schema)")
+        text = Dump._text(archive, "meta")
         try:
-            meta = json.loads(Dump._text(archive, "meta"))
+            meta = json.loads(text)
         except json.JSONDecodeError as exc:
             raise DumpError(f"meta: not valid JSON ({exc.msg} at position {exc.pos})") from None
         except RecursionError:
