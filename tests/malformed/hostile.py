@@ -198,6 +198,8 @@ def dump_cases(tmp):
     stats["stats/blk/sum_xi_sq"] = np.array(0.0)
     add("gram_overflows_when_scaled", {**header(), **stats}, ["gram_overflows_when_scaled.npz", "'blk'", "sum_gram", "not positive semi-definite"],
         scope="scoring")
+    add("values_overflow_when_squared", {**header(), "q/blk": q * 1e200, "psi/blk": p * 1e200},
+        ["values_overflow_when_squared.npz", "'blk'", "not finite"], scope="scoring")
     return out
 
 
