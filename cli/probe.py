@@ -109,20 +109,26 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, output_nam
     names = [c.strip() for c in candidates.split(",")] if candidates else None
     if names is not None and not all(names):
         raise click.BadParameter("empty candidate name", param_hint="--candidates")
+    from satcore.adapters.onnx import OnnxProbeError
     from satcore.adapters.onnx import probe as onnx_probe  # after the data check: a refusal loads no runtime
 
-    result = onnx_probe(
-        model,
-        batches(data_path, arrays, batch_size),
-        loss=loss,
-        candidates=names,
-        family=family,
-        seed=seed,
-        init_std=init_std,
-        output=output_name,
-        split=split,
-        variance=variance,
-    )
+    try:
+        result = onnx_probe(
+            model,
+            batches(data_path, arrays, batch_size),
+            loss=loss,
+            candidates=names,
+            family=family,
+            seed=seed,
+            init_std=init_std,
+            output=output_name,
+            split=split,
+            variance=variance,
+        )
+    except OnnxProbeError as exc:
+        if str(exc).startswith("batch "):  # the adapter refused a batch: the data file's fault, so name it
+            raise _bad(f"{display_name(data_path)}: {exc}") from None
+        raise
     result.save(out_path, inputs=(model, data_path))
     n_samples = next(iter(result.statistics.values())).n_samples
     click.echo(f"wrote {display_name(out_path)}: {len(result.statistics)} candidate(s), {n_samples} samples")

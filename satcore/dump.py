@@ -395,6 +395,9 @@ class Dump:
     @staticmethod
     def _chunks(archive: NpzArchive, name, members: RawMembers, rows: int):
         """Matching chunks ``(Q, features)`` as ``(m, T, N)`` and ``(m, T, r)``, checked finite."""
+        for key, header in ((members.q, members.q_header), (members.features, members.features_header)):
+            if key not in archive.members or archive.header(key) != header:
+                raise DumpError(f"{display_name(key)}: changed since the dump was opened")
         q_reader = archive.rows(members.q)
         f_reader = archive.rows(members.features)
         bad = {members.q: 0, members.features: 0}

@@ -315,3 +315,13 @@ def test_a_bug_shows_as_a_bug_and_debug_prints_tracebacks(hostile, monkeypatch):
     result = CliRunner().invoke(main, ["--debug", "score", path])
     assert result.exit_code == 2
     assert "Traceback" in result.stderr and result.stderr.splitlines()[-1].startswith("satcore: error: ")
+
+
+def test_probe_batch_refusal_names_the_data_file(probe_inputs, tmp_path):
+    _, model, _ = probe_inputs
+    data = write_data(tmp_path / "labels.npz", inputs=np.ones((8, 5), dtype=np.float32),
+                      targets=np.full(8, 10**8, dtype=np.int64))
+    result = CliRunner().invoke(main, ["probe", model, "--data", str(data), "-o", str(tmp_path / "o.npz")])
+    assert result.exit_code == 2
+    assert_one_line(result.stderr, ["labels.npz", "batch 0"])
+    assert not (tmp_path / "o.npz").exists()
