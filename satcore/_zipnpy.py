@@ -144,7 +144,10 @@ def open_regular(path):
 
 def _central_directory_bytes(stream) -> int | None:
     """Size of the zip's central directory from its end record (``None`` if there is none)."""
-    end = zipfile._EndRecData(stream)  # the end-record parser zipfile itself uses
+    parse = getattr(zipfile, "_EndRecData", None)  # the end-record parser zipfile itself uses (private)
+    if parse is None:
+        return None
+    end = parse(stream)
     stream.seek(0)
     return None if end is None else int(end[zipfile._ECD_SIZE])
 

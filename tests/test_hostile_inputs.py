@@ -40,17 +40,18 @@ def hostile(tmp_path_factory):
     return cases, str(good), tmp
 
 
-def _case_ids(scope_filter):
-    # ids without building files: the builders are cheap but need a folder, so list them once from a temp dir
+def _case_scopes() -> dict[str, str]:
+    """``{case_id: scope}``, built once in a scratch folder (the ids parametrise the tests)."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        return [c for c, _, _, s in container_cases(Path(tmp)) + dump_cases(Path(tmp)) if scope_filter(s)]
+        return {c: s for c, _, _, s in container_cases(Path(tmp)) + dump_cases(Path(tmp))}
 
 
-ALL_CASES = _case_ids(lambda s: True)
-CONTAINER_CASES = _case_ids(lambda s: s == "container")
-READ_CASES = _case_ids(lambda s: s != "scoring")
+SCOPES = _case_scopes()
+ALL_CASES = list(SCOPES)
+CONTAINER_CASES = [c for c, s in SCOPES.items() if s == "container"]
+READ_CASES = [c for c, s in SCOPES.items() if s != "scoring"]
 
 
 def assert_one_line(text: str, expect):
