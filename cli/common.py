@@ -1,4 +1,4 @@
-"""Shared pieces of the ``satcore`` commands: reading dumps with progress, number formatting."""
+"""Shared pieces of the ``satcore`` commands: reading dumps with progress, names and numbers for tables."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import time
 
 import click
 
+from satcore._display import display_name
 from satcore.dump import Dump, DumpError, read_dump
-from satcore.report_text import display_name, num, table  # noqa: F401  (the commands' shared formatting)
+from satcore.report_text import num, table
+
+__all__ = ["display_name", "load", "scored", "statistics", "num", "table", "human_bytes"]
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -49,7 +52,7 @@ class StderrProgress:
             return
         self.shown = True
         pct = 100.0 * done / total if total else 100.0
-        sys.stderr.write(f"\r{self.label}: {pct:5.1f}% of {human_bytes(total)}")
+        sys.stderr.write(f"\r{display_name(self.label)}: {pct:5.1f}% of {human_bytes(total)}")
         sys.stderr.flush()
 
     def close(self):
@@ -59,13 +62,17 @@ class StderrProgress:
 
 
 def load(path: str, *, quiet: bool, chunk_samples: int | None = None):
-    """``(dump, statistics)`` of a validated dump; errors name the file (commands take several)."""
+    """``(dump, statistics)`` of a validated dump; errors name the file (:class:`DumpError` does)."""
+    dump: Dump = read_dump(path)
+    return dump, statistics(dump, quiet=quiet, chunk_samples=chunk_samples)
+
+
+def scored(path: str, stats, **options):
+    """``stats.report(**options)``; a refusal from scoring (an indefinite Gram, sums too large) names the file."""
     try:
-        dump: Dump = read_dump(path)
-        return dump, statistics(dump, quiet=quiet, chunk_samples=chunk_samples)
-    except DumpError as exc:
-        message = str(exc)
-        raise DumpError(message if message.startswith(f"{path}:") else f"{path}: {message}") from None
+        return stats.report(**options)
+    except ValueError as exc:
+        raise DumpError(f"{display_name(path)}: {display_name(exc, 300)}") from None
 
 
 def statistics(dump: Dump, *, quiet: bool, chunk_samples: int | None = None):

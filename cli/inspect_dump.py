@@ -8,7 +8,7 @@ import click
 
 from satcore.dump import read_dump
 
-from .common import CHUNK_OPTION, QUIET_OPTION, human_bytes, statistics, table
+from .common import CHUNK_OPTION, QUIET_OPTION, display_name, human_bytes, statistics, table
 
 
 @click.command()
@@ -26,19 +26,19 @@ def inspect(dump, headers_only, quiet, chunk_samples):
     if not headers_only:
         statistics(source, quiet=quiet, chunk_samples=chunk_samples)
     form = source.schema or "bare form (q/ and psi/ keys only, no schema or meta)"
-    click.echo(f"{dump}: {form}; {len(source.candidates)} candidate(s); raw data {human_bytes(source.raw_bytes)}")
+    click.echo(f"{display_name(dump)}: {form}; {len(source.candidates)} candidate(s); raw data {human_bytes(source.raw_bytes)}")
     extra = {k: v for k, v in source.meta.items() if k != "candidates"}
     for key in sorted(extra):
-        click.echo(f"meta {key}: {_short(json.dumps(extra[key], sort_keys=True))}")
+        click.echo(f"meta {display_name(key, 60)}: {_short(json.dumps(extra[key], sort_keys=True))}")
     rows = []
     for name in source.candidates:
         if name in source.raw:
             raw = source.raw[name]
-            rows.append([name, raw.kind, f"{raw.q_header.shape} {raw.q_header.dtype}",
+            rows.append([display_name(name), raw.kind, f"{raw.q_header.shape} {raw.q_header.dtype}",
                          f"{raw.features_header.shape} {raw.features_header.dtype}"])
         else:
             s = source.stored[name]
-            rows.append([name, "stats", f"n={s.n_samples} N={s.n_hidden} T={s.n_positions}",
+            rows.append([display_name(name), "stats", f"n={s.n_samples} N={s.n_hidden} T={s.n_positions}",
                          f"r={s.n_features} sum_xtx={'yes' if s.variance else 'no'}"])
     click.echo(table(["candidate", "form", "q / counts", "psi or jac / widths"], rows))
     click.echo("valid: structure and headers checked" + ("" if headers_only else "; all data read, all values finite"))

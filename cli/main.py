@@ -1,17 +1,29 @@
 """The ``satcore`` command line (SPEC section 8).
 
 Each command lives in its own module; adding one is one ``main.add_command``
-line.  Every failure the user can cause (bad usage, an invalid dump, a value
-the core rejects) ends with ONE line on stderr and exit status 2, never a
-traceback.
+line.  Every failure the user can cause (bad usage, an invalid input file, a
+value the core rejects, a file that cannot be written, memory running out)
+ends with ONE line on stderr and exit status 2, never a traceback; names from
+files in that line are escaped (printable, one line).  Any other exception is
+a bug in satcore and shows as one, with its traceback.  ``satcore --debug``
+prints the traceback of an expected error too, before its line.
+
+NumPy's floating-point warnings are silenced: every non-finite result is
+checked explicitly and refused with a message, so a RuntimeWarning would only
+print noise ahead of that message.
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
+import warnings
 
 import click
+import numpy as np
 
+from satcore._display import display_name
+from satcore._zipnpy import NpzError
 from satcore.dump import DumpError
 
 from .inspect_dump import inspect
@@ -25,13 +37,23 @@ USAGE_OR_INPUT_ERROR = 2
 NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
+# Input, usage and environment errors.  ValueError is the core's and the adapters' refusal of
+# invalid input (OnnxProbeError is one); OSError covers files that cannot be read or written.
+EXPECTED_ERRORS = (DumpError, NpzError, ValueError, OSError)
+
+
 class SatcoreGroup(click.Group):
-    """A click group whose errors are one line on stderr with exit status 2."""
+    """A click group whose expected errors are one line on stderr with exit status 2."""
+
+    debug = False  # set by --debug
 
     def main(self, args=None, prog_name=None, **kwargs):
         kwargs["standalone_mode"] = False
+        SatcoreGroup.debug = False
         try:
-            code = super().main(args=args, prog_name=prog_name or "satcore", **kwargs)
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", category=RuntimeWarning, module="numpy")
+                code = super().main(args=args, prog_name=prog_name or "satcore", **kwargs)
         except NO_ARGS_IS_HELP as exc:
             click.echo(exc.ctx.get_help(), err=True)  # bare ``satcore``: the help as written, not one line
             sys.exit(USAGE_OR_INPUT_ERROR)
@@ -42,22 +64,36 @@ class SatcoreGroup(click.Group):
             _fail(exc.format_message())
         except click.Abort:
             _fail("aborted")
-        except (DumpError, ValueError, TypeError, OSError) as exc:
-            _fail(str(exc) or type(exc).__name__)
+        except EXPECTED_ERRORS as exc:
+            _fail(_message(exc))
         except MemoryError:
             _fail("out of memory")
-        except (ArithmeticError, RecursionError) as exc:  # input values beyond float range or nesting limits
-            _fail(f"{type(exc).__name__}: {exc}")
         sys.exit(code if isinstance(code, int) else 0)
 
 
+def _message(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, OSError) and exc.filename is not None and str(exc.filename) not in text:
+        text = f"{exc.filename}: {exc.strerror or text}"  # name the file (e.g. '[Errno 27] File too large')
+    return text
+
+
 def _fail(message: str):
-    one_line = " ".join(message.split())
+    if SatcoreGroup.debug and sys.exc_info()[0] is not None:
+        traceback.print_exc()
+    one_line = display_name(" ".join(message.split()), limit=2000)
     click.echo(f"satcore: error: {one_line}", err=True)
     sys.exit(USAGE_OR_INPUT_ERROR)
 
 
+def _set_debug(ctx, param, value):
+    SatcoreGroup.debug = SatcoreGroup.debug or bool(value)
+    return value
+
+
 @click.group(cls=SatcoreGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, is_eager=True, expose_value=False, callback=_set_debug,
+              help="On an error, also print its traceback (to report a problem).")
 @click.version_option(package_name="satcore")
 def main():
     """First-order residual depth saturation: can adding a residual block still help, and where?"""

@@ -1,13 +1,26 @@
 """Figures for ``satcore score --plot`` and ``satcore sweep --plot`` (matplotlib, the ``plot`` extra).
 
-Imported only when a plot is asked for, so the command line runs without matplotlib.
+Imported only when a plot is asked for, so the command line runs without matplotlib.  Names from
+files are drawn as :func:`label` shows them (one printable line, no mathtext), and the figure is
+written by :func:`satcore._atomic.atomic_write` (whole or not at all, never over an input).
 """
 
 from __future__ import annotations
 
+import os
+
 import click
 
-from satcore.report_text import display_name, growth_noise_floor
+from satcore._atomic import atomic_write, check_target
+from satcore.report_text import growth_noise_floor
+
+from .common import display_name
+
+
+def label(text) -> str:
+    """A name from a file as plot text: printable, one line, and ``$`` kept literal (matplotlib reads
+    ``$...$`` as mathtext, which would mis-draw the name or fail on it)."""
+    return display_name(text).replace("$", r"\$")
 
 
 def _pyplot():
@@ -21,8 +34,9 @@ def _pyplot():
     return plt
 
 
-def plot_report(report, path: str, title: str = ""):
+def plot_report(report, path: str, title: str = "", inputs=()):
     """AG and growth value per candidate in depth order, noise floors dashed, the argmax marked."""
+    check_target(path, inputs)  # before the figure is drawn
     plt = _pyplot()
     names = [c.name for c in report.candidates]
     x = range(len(names))
@@ -48,18 +62,19 @@ def plot_report(report, path: str, title: str = ""):
         ax.plot([i, i], [max(lo, bottom), max(hi, bottom)], color="0.5", lw=3, alpha=0.5,
                 label="interval for V" if i == spans[0][0] else None)
     best = names.index(report.argmax)
-    ax.plot([best], [report.growth_value_max], "r*", ms=14, label=f"max at {display_name(report.argmax)}")
-    ax.set_xticks(list(x), [display_name(n) for n in names], rotation=60, ha="right", fontsize=8)
+    ax.plot([best], [report.growth_value_max], "r*", ms=14, label=f"max at {label(report.argmax)}")
+    ax.set_xticks(list(x), [label(n) for n in names], rotation=60, ha="right", fontsize=8)
     _log_scale(ax, [c.ag for c in report.candidates])
     ax.set_ylabel("score")
     verdict = f" — {report.verdict.verdict}" if report.verdict is not None else ""
-    ax.set_title(display_name(title) + verdict)
+    ax.set_title(label(title) + verdict)
     ax.legend(fontsize=8)
-    _save(fig, plt, path)
+    _save(fig, plt, path, inputs)
 
 
-def plot_sweep(sweep, path: str):
+def plot_sweep(sweep, path: str, inputs=()):
     """AG_max and growth_value_max over depth, the growth noise floor, the plateau shaded."""
+    check_target(path, inputs)
     plt = _pyplot()
     depths = [p.depth for p in sweep.points]
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -75,7 +90,7 @@ def plot_sweep(sweep, path: str):
     _log_scale(ax, [p.ag_max for p in sweep.points])
     ax.set_ylabel("score")
     ax.legend(fontsize=8)
-    _save(fig, plt, path)
+    _save(fig, plt, path, inputs)
 
 
 def _log_scale(ax, values):
@@ -83,9 +98,15 @@ def _log_scale(ax, values):
     ax.set_yscale("log" if any(v > 0 for v in values) else "linear")
 
 
-def _save(fig, plt, path: str):
+def _save(fig, plt, path: str, inputs):
+    """Write the figure in the format its extension names (PNG without one)."""
+    fmt = os.path.splitext(path)[1][1:].lower() or "png"
+    if fmt not in fig.canvas.get_supported_filetypes():
+        plt.close(fig)
+        raise click.BadParameter(f"{display_name(path)}: unknown image format {display_name(fmt)!r}",
+                                 param_hint="--plot")
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=120)
+        atomic_write(path, lambda stream: fig.savefig(stream, format=fmt, dpi=120), inputs=inputs)
     finally:
         plt.close(fig)

@@ -1,59 +1,70 @@
 """``satcore probe MODEL.onnx --data DATA.npz -o DUMP``: a dump from an ONNX file alone.
 
-DATA.npz (read with ``allow_pickle=False``) holds either ``inputs`` (single
-input models) or one array per model input name, plus ``targets`` unless the
-loss is a per-sample loss output of the model.  All arrays share the first
-(sample) axis; they are fed in batches of ``--batch-size``.
+DATA.npz holds either ``inputs`` (single input models) or one array per model
+input name, plus ``targets`` unless the loss is a per-sample loss output of the
+model.  All arrays share the first (sample) axis; they are fed in batches of
+``--batch-size``.  It is read through satcore's bounded ``.npz`` reader
+(:mod:`satcore._zipnpy`: nothing unpickled, sizes and compression checked
+before any allocation): the headers are validated up front and the arrays
+streamed one batch at a time, so memory is one batch whatever the file
+declares.
 """
 
 from __future__ import annotations
 
-import zipfile
-
 import click
 import numpy as np
 
+from satcore._atomic import check_target
+from satcore._zipnpy import NpyHeader, NpzArchive
 from satcore.families import FAMILIES
 
-from .common import FiniteFloatRange
+from .common import FiniteFloatRange, display_name
 
 TARGETS = "targets"
 
 
-def read_data(path: str) -> dict[str, np.ndarray]:
-    """The arrays of DATA.npz, validated: numeric, finite, one common sample count."""
-    if not zipfile.is_zipfile(path):
-        raise click.BadParameter(f"{path}: not an .npz file", param_hint="--data")
-    with np.load(path, allow_pickle=False) as npz:
-        arrays = {}
-        for key in npz.files:
-            try:
-                value = npz[key]
-            except ValueError as exc:  # object arrays refuse to load without pickle
-                raise click.BadParameter(f"{path}: member {key!r}: {exc}", param_hint="--data") from None
-            if value.dtype.kind not in "biuf" or value.ndim == 0:
-                raise click.BadParameter(
-                    f"{path}: member {key!r} must be a numeric array with a sample axis, got dtype {value.dtype} "
-                    f"shape {value.shape}",
-                    param_hint="--data",
-                )
-            if value.dtype.kind == "f" and not np.isfinite(value).all():
-                raise click.BadParameter(f"{path}: member {key!r} holds NaN or Inf", param_hint="--data")
-            arrays[key] = value
-    if not arrays:
-        raise click.BadParameter(f"{path}: no arrays", param_hint="--data")
-    counts = {k: len(v) for k, v in arrays.items()}
+def _bad(message: str):
+    return click.BadParameter(message, param_hint="--data")
+
+
+def read_data(path: str) -> dict[str, NpyHeader]:
+    """The headers of DATA.npz's arrays, validated: numeric, a sample axis, no empty axis, one sample count."""
+    shown = display_name(path)
+    with NpzArchive(path) as archive:
+        headers = {key: archive.header(key) for key in archive.members}
+    for key, h in headers.items():
+        if h.dtype.kind not in "biuf" or not h.shape or 0 in h.shape:
+            raise _bad(f"{shown}: member {display_name(key)!r} must be a numeric array with a sample axis and no "
+                       f"empty axis, got dtype {h.dtype} shape {h.shape}")
+    if not headers:
+        raise _bad(f"{shown}: no arrays")
+    counts = {k: h.shape[0] for k, h in headers.items()}
     if len(set(counts.values())) != 1:
-        raise click.BadParameter(f"{path}: members have different sample counts {counts}", param_hint="--data")
-    return arrays
+        shown_counts = {display_name(k): c for k, c in counts.items()}
+        raise _bad(f"{shown}: members have different sample counts {shown_counts}")
+    return headers
 
 
-def batches(arrays: dict[str, np.ndarray], batch_size: int):
-    """``(inputs, targets)`` batches, or mappings of input names plus ``targets``."""
-    n = len(next(iter(arrays.values())))
-    for start in range(0, n, batch_size):
-        chunk = {k: v[start : start + batch_size] for k, v in arrays.items()}
-        yield (chunk["inputs"], chunk.get(TARGETS)) if "inputs" in chunk else chunk
+def batches(path: str, headers: dict[str, NpyHeader], batch_size: int):
+    """``(inputs, targets)`` batches, or mappings of input names plus ``targets``, streamed from DATA.npz.
+
+    Each batch is checked finite as it is read; the error names the file, the key and the batch.
+    """
+    n = next(iter(headers.values())).shape[0]
+    with NpzArchive(path) as archive:
+        readers = {key: archive.rows(key) for key in headers}
+        try:
+            for index, start in enumerate(range(0, n, batch_size)):
+                chunk = {key: reader.read(batch_size) for key, reader in readers.items()}
+                for key, value in chunk.items():
+                    if value.dtype.kind == "f" and not np.isfinite(value).all():
+                        raise _bad(f"{display_name(path)}: member {display_name(key)!r} holds NaN or Inf "
+                                   f"(batch {index}, samples {start}..{start + len(value) - 1})")
+                yield (chunk["inputs"], chunk.get(TARGETS)) if "inputs" in chunk else chunk
+        finally:
+            for reader in readers.values():
+                reader.close()
 
 
 @click.command()
@@ -89,8 +100,7 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int):
 def probe(model, data_path, loss, candidates, family, seed, init_std, output_name, batch_size, split, variance,
           out_path):
     """Probe the ONNX file MODEL on DATA.npz and write a dump for 'satcore score'."""
-    from satcore.adapters.onnx import probe as onnx_probe
-
+    check_target(out_path, (model, data_path))  # before the probe: -o MODEL or -o DATA is refused now
     arrays = read_data(data_path)
     if "inputs" in arrays and len(arrays) > 2:
         raise click.BadParameter(
@@ -99,18 +109,26 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, output_nam
     names = [c.strip() for c in candidates.split(",")] if candidates else None
     if names is not None and not all(names):
         raise click.BadParameter("empty candidate name", param_hint="--candidates")
-    result = onnx_probe(
-        model,
-        batches(arrays, batch_size),
-        loss=loss,
-        candidates=names,
-        family=family,
-        seed=seed,
-        init_std=init_std,
-        output=output_name,
-        split=split,
-        variance=variance,
-    )
-    result.save(out_path)
+    from satcore.adapters.onnx import OnnxProbeError
+    from satcore.adapters.onnx import probe as onnx_probe  # after the data check: a refusal loads no runtime
+
+    try:
+        result = onnx_probe(
+            model,
+            batches(data_path, arrays, batch_size),
+            loss=loss,
+            candidates=names,
+            family=family,
+            seed=seed,
+            init_std=init_std,
+            output=output_name,
+            split=split,
+            variance=variance,
+        )
+    except OnnxProbeError as exc:
+        if str(exc).startswith("batch "):  # the adapter refused a batch: the data file's fault, so name it
+            raise _bad(f"{display_name(data_path)}: {exc}") from None
+        raise
+    result.save(out_path, inputs=(model, data_path))
     n_samples = next(iter(result.statistics.values())).n_samples
-    click.echo(f"wrote {out_path}: {len(result.statistics)} candidate(s), {n_samples} samples")
+    click.echo(f"wrote {display_name(out_path)}: {len(result.statistics)} candidate(s), {n_samples} samples")

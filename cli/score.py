@@ -9,7 +9,7 @@ import click
 from satcore.report_text import render_report
 from satcore.verdicts import DEFAULT_ALPHA, stream_rms_from_meta
 
-from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load
+from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, scored
 
 
 @click.command()
@@ -53,12 +53,9 @@ def score(dump, as_json, probe_split, alpha, tolerance, rho, delta, t, error, de
     """
     source, stats = load(dump, quiet=quiet, chunk_samples=chunk_samples)
     split = probe_split if probe_split is not None else source.meta.get("split")
-    try:
-        report = stats.report(split=split, alpha=alpha, tolerance=tolerance, rho=rho,
-                              stream_rms=stream_rms_from_meta(source.meta), delta=delta or 0.0, t=t, error=error,
-                              detector_scale=detector_scale)
-    except ValueError as exc:
-        raise click.ClickException(f"{dump}: {exc}") from None
+    report = scored(dump, stats, split=split, alpha=alpha, tolerance=tolerance, rho=rho,
+                    stream_rms=stream_rms_from_meta(source.meta), delta=delta or 0.0, t=t, error=error,
+                    detector_scale=detector_scale)
     if as_json:
         out = {"dump": dump, **report.to_dict()}
         click.echo(json.dumps(out, indent=2, allow_nan=False))
@@ -67,4 +64,4 @@ def score(dump, as_json, probe_split, alpha, tolerance, rho, delta, t, error, de
     if plot_path:  # after the scores, so that a bad plot path does not cost them
         from .plot import plot_report
 
-        plot_report(report, plot_path, title=dump)
+        plot_report(report, plot_path, title=dump, inputs=(dump,))

@@ -43,7 +43,7 @@ def sweep(dumps, as_json, metric, rel_tol, noise_factor, plot_path, quiet, chunk
     if plot_path:
         from .plot import plot_sweep
 
-        plot_sweep(result, plot_path)
+        plot_sweep(result, plot_path, inputs=dumps)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, allow_nan=False))
     else:

@@ -98,10 +98,28 @@ def jacobi_scale(G: np.ndarray) -> np.ndarray:
 
 
 def psd_spectrum(G: np.ndarray, rtol: float = DEFAULT_RTOL) -> PsdSpectrum:
+    """The kept spectrum of ``S G S``; ``lowest`` far below 0 (``-inf`` at worst) says ``G`` is no Gram matrix.
+
+    A Gram matrix has ``|G_jk| <= sqrt(G_jj G_kk)`` (Cauchy-Schwarz), so every
+    entry of ``S G S`` lies in ``[-1, 1]``.  An entry that overflows to infinity
+    (``[[1e-320, 1e300], [1e300, 1e-320]]``: ``1e300 * 1e160 * 1e160``) breaks
+    that bound by any measure: its 2x2 principal block ``[[1, x], [x, 1]]``
+    has the eigenvalue ``1 - |x|``, an upper bound on the smallest eigenvalue
+    (Cauchy interlacing).  Such a matrix is reported as ``lowest = -inf``,
+    ``highest = 1`` (the mean eigenvalue of a unit diagonal, a lower bound on
+    the largest) and no kept directions, rather than handed to ``eigh``, whose
+    NaNs would make every later comparison false.
+    """
     G = np.asarray(G, dtype=np.float64)
     s = jacobi_scale(G)
-    # Symmetrise: accumulated sums are symmetric only up to round-off.
-    lam, U = np.linalg.eigh(0.5 * (G + G.T) * s[:, None] * s[None, :])
+    with np.errstate(over="ignore", invalid="ignore"):
+        # Symmetrise: accumulated sums are symmetric only up to round-off.
+        scaled = 0.5 * (G + G.T) * s[:, None] * s[None, :]
+    if not np.isfinite(scaled).all():
+        dim = G.shape[0]
+        return PsdSpectrum(eigenvalues=np.zeros(0), basis=np.zeros((dim, 0)), tolerance=0.0, lowest=-np.inf,
+                           highest=1.0)
+    lam, U = np.linalg.eigh(scaled)
     top = float(lam[-1]) if lam.size else 0.0
     low = float(lam[0]) if lam.size else 0.0
     tol = max(rtol * top, ROUNDOFF_FACTOR * -low) if top > 0 else 0.0

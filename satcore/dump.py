@@ -21,15 +21,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import zipfile
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from ._zipnpy import ZIP_ERRORS, NpyHeader, NpyMemberError, RowReader, member_header, read_member
+from ._atomic import atomic_write
+from ._display import display_name
+from .folds import DEFAULT_FOLDS
+from ._zipnpy import NpyHeader, NpzArchive, NpzError
 from .depth import DepthStatistics
-from .statistics import FIELDS, CandidateStatistics
+from .statistics import FIELDS, CandidateStatistics, batch_moments
 
 SCHEMA = "satcore-dump/1"
 RAW_PREFIXES = ("q", "psi", "jac")
@@ -44,7 +46,8 @@ class DumpError(ValueError):
 # -- writing --------------------------------------------------------------------------------
 
 
-def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None, meta=None, compress=False):
+def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None, meta=None, compress=False,
+               inputs=()):
     """Write a ``satcore-dump/1`` file.
 
     ``stats``: a :class:`~satcore.DepthStatistics` (``stats/<name>/<field>``);
@@ -54,10 +57,11 @@ def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None
     (it must list exactly the candidates given); otherwise the order is stats,
     then raw, then jac.  Arrays are written as given (float32 stays float32).
 
-    The file is written next to ``path`` under a temporary name and renamed
-    onto it when complete, so a failed write (full disk, a size limit) leaves
-    any earlier file at ``path`` intact; ``path`` is used exactly as given
-    (no ``.npz`` appended).
+    The file is written whole or not at all (:func:`satcore._atomic.atomic_write`:
+    a failed or killed write leaves any earlier file at ``path`` intact, and
+    never a partial file); ``path`` is used exactly as given (no ``.npz``
+    appended).  A ``path`` that is not a regular file (a device, a FIFO), or
+    that is one of ``inputs`` (the files the caller read), is refused.
     """
     members: dict[str, np.ndarray] = {}
     order: list[str] = []
@@ -85,20 +89,8 @@ def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None
     info.setdefault("candidates", order)
     members["satcore_schema"] = np.array(SCHEMA)
     members["meta"] = np.array(json.dumps(info))
-    target = os.fspath(path)
-    if os.path.isdir(target):
-        raise OSError(f"{target}: is a directory")
-    partial = os.path.join(os.path.dirname(os.path.abspath(target)), f".{os.path.basename(target)}.{os.getpid()}.part")
-    try:
-        with open(partial, "xb") as stream:
-            (np.savez_compressed if compress else np.savez)(stream, **members)
-        os.replace(partial, target)
-    except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(partial)
-        if isinstance(exc, OSError):
-            raise OSError(f"{target}: cannot write ({exc.strerror or exc})") from None
-        raise
+    atomic_write(path, lambda stream: (np.savez_compressed if compress else np.savez)(stream, **members),
+                 inputs=inputs)
 
 
 # -- reading --------------------------------------------------------------------------------
@@ -108,7 +100,7 @@ def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None
 class RawMembers:
     """The raw members of one candidate: ``q/<name>`` with ``psi/`` or ``jac/``."""
 
-    q: str
+    q: str  # keys
     features: str
     kind: str  # "psi" (standard block) or "jac" (general family)
     q_header: NpyHeader
@@ -128,84 +120,73 @@ def _check_meta_fields(meta: dict):
     ``model_depth`` (positive integers); refused here so that ``inspect`` catches what ``score`` would."""
     split = meta.get("split")
     if split is not None and not isinstance(split, str):
-        raise DumpError(f"meta: split must be a string, found {split!r}")
+        raise DumpError(f"meta: split must be a string, found {_shown_value(split)}")
     for field in ("batch_size", "model_depth"):
         value = meta.get(field)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise DumpError(f"meta: {field} must be a positive integer, found {value!r}")
+            raise DumpError(f"meta: {field} must be a positive integer, found {_shown_value(value)}")
 
 
-def _strip_npy(member: str) -> str:
-    return member[:-4] if member.endswith(".npy") else member
+def _shown_value(value) -> str:
+    return display_name(json.dumps(value), limit=60)
 
 
-def _text(archive, member: str, key: str) -> str:
-    header = _checked(member_header, archive, member, key)
-    if header.shape != () or header.dtype.kind not in "US":
-        raise DumpError(f"{key}: expected a 0-d string, found shape {header.shape} dtype {header.dtype}")
-    if header.n_bytes > MAX_META_BYTES:
-        raise DumpError(f"{key}: {header.n_bytes} bytes, over the {MAX_META_BYTES}-byte limit")
-    value = _checked(read_member, archive, member, key).item()
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _checked(fn, archive, member, key):
+def _decode(value, key: str) -> str:
+    """The text of a 0-d ``U`` or ``S`` member; invalid code points or UTF-8 are refused."""
+    raw = value.tobytes()
     try:
-        return fn(archive, member)
-    except NpyMemberError as exc:
-        raise DumpError(f"{key}: {exc}") from None
-
-
-def _check_real(header: NpyHeader, key: str):
-    if header.dtype.kind != "f":
-        raise DumpError(f"{key}: dtype {header.dtype} is not a real floating-point type")
+        return raw.decode("utf-32-le" if value.dtype.kind == "U" else "utf-8").rstrip("\0")
+    except UnicodeDecodeError as exc:
+        raise DumpError(f"{key}: not valid {exc.encoding.upper()} text (byte {exc.start})") from None
 
 
 class Dump:
     """A validated dump, opened by :func:`read_dump`; raw data is read by :meth:`statistics`."""
 
-    def __init__(self, path, archive: zipfile.ZipFile):
+    def __init__(self, path, archive: NpzArchive):
         self.path = os.fspath(path)
-        members = {}
-        for info in archive.infolist():
-            key = _strip_npy(info.filename)
-            if key in members:
-                raise DumpError(f"{key}: duplicate member")
-            members[key] = info.filename
-        self.schema, self.meta = self._read_header_members(archive, members)
-        groups, seen = self._group(members)
-        self.candidates = self._order(seen)
+        self.schema, self.meta = read_header_members(archive)
+        groups = self._group(archive.members)
+        self.candidates = self._order(list(groups))
         # raw candidates (read on demand) and stats candidates (small, read now)
         self.raw: dict[str, RawMembers] = {}
         self.stored: dict[str, CandidateStatistics] = {}
+        stored_bytes = 0
         for name in self.candidates:
             parts = groups[name]
             if "stats" in parts and len(parts) > 1:
                 raise DumpError(f"candidate {name!r}: has both raw and stats/ members; keep one form")
             if "stats" in parts:
+                stored_bytes += self._stats_bytes(archive, parts["stats"])
+                # every candidate's sums are held at once: the budget is for all of them
+                archive.check_budget(parts["stats"][0], stored_bytes, "statistics held in memory")
                 self.stored[name] = self._read_stats(archive, name, parts["stats"])
             else:
                 self.raw[name] = self._raw(archive, name, parts)
 
     # -- structure ---------------------------------------------------------------------
-    def _read_header_members(self, archive, members):
-        schema = members.get("satcore_schema")
-        meta_member = members.get("meta")
-        if schema is None:
-            if meta_member is not None:
+    @staticmethod
+    def _read_header_members(archive: NpzArchive):
+        has_schema, has_meta = "satcore_schema" in archive.members, "meta" in archive.members
+        if not has_schema:
+            if has_meta:
                 raise DumpError("satcore_schema: missing (a dump with meta must state its schema)")
             return None, {}
-        schema_text = _text(archive, schema, "satcore_schema")
+        schema_text = Dump._text(archive, "satcore_schema")
         if schema_text != SCHEMA:
-            raise DumpError(f"satcore_schema: unknown schema {schema_text!r} (this satcore reads {SCHEMA!r})")
-        if meta_member is None:
+            raise DumpError(f"satcore_schema: unknown schema {display_name(schema_text, 60)!r} "
+                            f"(this satcore reads {SCHEMA!r})")
+        if not has_meta:
             raise DumpError("meta: missing (required with satcore_schema)")
+        text = Dump._text(archive, "meta")
         try:
-            meta = json.loads(_text(archive, meta_member, "meta"))
+            meta = json.loads(text)
         except json.JSONDecodeError as exc:
             raise DumpError(f"meta: not valid JSON ({exc.msg} at position {exc.pos})") from None
         except RecursionError:
             raise DumpError("meta: JSON nested too deeply") from None
+        except ValueError as exc:  # e.g. an integer of more digits than int() converts
+            raise DumpError(f"meta: not readable JSON ({display_name(exc, 100)})") from None
         names = meta.get("candidates") if isinstance(meta, dict) else None
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
             raise DumpError("meta: 'candidates' must be a list of non-empty candidate names")
@@ -215,25 +196,35 @@ class Dump:
         return SCHEMA, meta
 
     @staticmethod
+    def _text(archive: NpzArchive, key: str) -> str:
+        header = archive.header(key)
+        if header.shape != () or header.dtype.kind not in "US":
+            raise DumpError(f"{key}: expected a 0-d string, found shape {header.shape} dtype {header.dtype}")
+        if header.n_bytes > MAX_META_BYTES:
+            raise DumpError(f"{key}: {header.n_bytes} bytes, over the {MAX_META_BYTES}-byte limit")
+        return _decode(archive.read(key), key)
+
+    @staticmethod
     def _group(members):
-        """``{name: {"q"|"psi"|"jac": member, "stats": {field: member}}}`` and names in key order."""
+        """``{name: {"q"|"psi"|"jac": key, "stats": [keys]}}`` in key order."""
         groups: dict[str, dict] = {}
-        for key, member in members.items():
+        for key in members:
             if key in ("satcore_schema", "meta"):
                 continue
             prefix, _, rest = key.partition("/")
             if prefix == "stats":
                 name, _, field = rest.rpartition("/")
                 if not name or field not in FIELDS:
-                    raise DumpError(f"{key}: not a statistics field (fields: {', '.join(FIELDS)})")
-                groups.setdefault(name, {}).setdefault("stats", {})[field] = (key, member)
+                    raise DumpError(f"{display_name(key)}: not a statistics field (fields: {', '.join(FIELDS)})")
+                groups.setdefault(name, {}).setdefault("stats", []).append(key)
             elif prefix in RAW_PREFIXES and rest:
-                groups.setdefault(rest, {})[prefix] = (key, member)
+                groups.setdefault(rest, {})[prefix] = key
             else:
-                raise DumpError(f"{key}: unknown key (expected q/, psi/, jac/, stats/, meta, satcore_schema)")
+                raise DumpError(f"{display_name(key)}: unknown key (expected q/, psi/, jac/, stats/, meta, "
+                                "satcore_schema)")
         if not groups:
             raise DumpError("dump holds no candidates (no q/, psi/, jac/ or stats/ keys)")
-        return groups, list(groups)
+        return groups
 
     def _order(self, seen):
         if self.schema is None:
@@ -249,44 +240,57 @@ class Dump:
 
     # -- statistics form -------------------------------------------------------------
     @staticmethod
-    def _read_stats(archive, name, fields):
+    def _stats_bytes(archive: NpzArchive, keys) -> int:
+        """Bytes of a candidate's fields from their headers: dtypes and shapes checked before any data."""
+        headers = {key.rpartition("/")[2]: (key, archive.header(key)) for key in keys}
+        for key, header in headers.values():
+            if header.dtype.kind not in "iuf":
+                raise DumpError(f"{display_name(key)}: dtype {header.dtype} is not numeric")
+        cross = headers.get("sum_cross")
+        if cross is not None and len(cross[1].shape) == 2:
+            r = cross[1].shape[1]
+            for field in ("sum_gram", "sum_xtx"):
+                if field in headers and headers[field][1].shape != (r, r):
+                    key, header = headers[field]
+                    raise DumpError(f"{display_name(key)}: shape {header.shape} does not fit sum_cross "
+                                    f"{cross[1].shape} (expected ({r}, {r}))")
+        return sum(header.n_bytes for _, header in headers.values())
+
+    @staticmethod
+    def _read_stats(archive: NpzArchive, name, keys):
         arrays = {}
-        for field, (key, member) in fields.items():
-            value = _checked(read_member, archive, member, key)
-            if value.dtype.kind not in "iuf":
-                raise DumpError(f"{key}: dtype {value.dtype} is not numeric")
+        for key in keys:
+            value = archive.read(key)
             bad = int(value.size - np.count_nonzero(np.isfinite(value)))
             if bad:
-                raise DumpError(f"{key}: {bad} non-finite value(s) (NaN/Inf)")
-            arrays[field] = value
+                raise DumpError(f"{display_name(key)}: {bad} non-finite value(s) (NaN/Inf)")
+            arrays[key.rpartition("/")[2]] = value
         try:
-            stats = DepthStatistics.from_arrays(
-                {f"{name}/{field}": v for field, v in arrays.items()}, [name]
-            )[name]
+            stats = DepthStatistics.from_arrays({f"{name}/{field}": v for field, v in arrays.items()}, [name])[name]
         except ValueError as exc:
-            raise DumpError(str(exc)) from None
+            raise DumpError(display_name(exc, 300)) from None
         if stats.n_samples == 0:
-            raise DumpError(f"stats/{name}: empty candidate (n_samples is 0)")
+            raise DumpError(f"stats/{display_name(name)}: empty candidate (n_samples is 0)")
         return stats
 
     # -- raw form ------------------------------------------------------------------------
     @staticmethod
-    def _raw(archive, name, parts) -> RawMembers:
+    def _raw(archive: NpzArchive, name, parts) -> RawMembers:
+        shown = display_name(name)
         if "q" not in parts:
-            other = next(iter(parts.values()))[0]
-            raise DumpError(f"{other}: no matching q/{name}")
+            raise DumpError(f"{display_name(next(iter(parts.values())))}: no matching q/{shown}")
         kinds = [k for k in ("psi", "jac") if k in parts]
         if not kinds:
-            raise DumpError(f"q/{name}: no matching psi/{name} or jac/{name}")
+            raise DumpError(f"q/{shown}: no matching psi/{shown} or jac/{shown}")
         if len(kinds) == 2:
             raise DumpError(f"candidate {name!r}: has both psi/ and jac/ members; keep one")
         kind = kinds[0]
-        q_key, q_member = parts["q"]
-        f_key, f_member = parts[kind]
-        qh = _checked(member_header, archive, q_member, q_key)
-        fh = _checked(member_header, archive, f_member, f_key)
-        _check_real(qh, q_key)
-        _check_real(fh, f_key)
+        q_key, f_key = parts["q"], parts[kind]
+        qh, fh = archive.header(q_key), archive.header(f_key)
+        q_key, f_key = display_name(q_key), display_name(f_key)  # the keys as messages show them
+        for key, header in ((q_key, qh), (f_key, fh)):
+            if header.dtype.kind != "f":
+                raise DumpError(f"{key}: dtype {header.dtype} is not a real floating-point type")
         if qh.shape[:1] != fh.shape[:1] and qh.shape and fh.shape:
             raise DumpError(f"{f_key}: has {fh.shape[0]} samples but {q_key} has {qh.shape[0]}")
         if qh.shape and qh.shape[0] == 0:
@@ -308,7 +312,7 @@ class Dump:
         empty = [k for k, h in ((q_key, qh), (f_key, fh)) if 0 in h.shape]
         if empty:
             raise DumpError(f"{empty[0]}: empty candidate (a zero-sized axis)")
-        return RawMembers(q_member, f_member, kind, qh, fh)
+        return RawMembers(parts["q"], parts[kind], kind, qh, fh)
 
     # -- public ----------------------------------------------------------------------------
     def form(self, name: str) -> str:
@@ -330,44 +334,56 @@ class Dump:
 
         Raw candidates are streamed in chunks of ``chunk_samples`` samples
         (default: about 64 MiB of working memory) through
-        :meth:`CandidateStatistics.update`.  A ``jac/`` candidate is the general
+        :func:`~satcore.statistics.batch_moments`.  A ``jac/`` candidate is the general
         family of Lemma 4 written as a standard block: ``Q_i`` becomes the
         column ``vec(Q_i)`` (``T*N x 1``) and ``J_i`` the features, so
         ``C = g^T``, ``K = G`` and ``growth_value = sqrt(g^T G^+ g)``
         (``n_hidden`` is then 1 and ``n_positions`` is ``T*N``).
         ``progress(done_bytes, total_bytes)`` is called after each chunk.
         ``ag_batch`` (eq. 2) needs training batches: it is reported when
-        ``meta["batch_size"]`` is given (chunks then respect those batches).
+        ``meta["batch_size"]`` is given; a batch larger than a chunk is summed
+        over its chunks, so memory stays one chunk whatever the batch size.
         Stats candidates without ``sum_xtx`` keep ``variance=False``.
         """
+        with _named(self.path), NpzArchive(self.path) as archive:
+            return self._statistics(archive, chunk_samples, progress, variance)
+
+    def _statistics(self, archive, chunk_samples, progress, variance) -> DepthStatistics:
         total = self.raw_bytes
         done = 0
         out = DepthStatistics()
         batch = self.meta.get("batch_size")
-        with zipfile.ZipFile(self.path) as archive:
-            for name in self.candidates:
-                if name not in self.raw:
-                    out[name] = self.stored[name]
-                    continue
-                members = self.raw[name]
-                rows = chunk_samples or self._auto_chunk(members, variance)
-                if batch:
-                    rows = max(batch, rows // batch * batch)
-                stats = None
-                for q, features in self._chunks(archive, name, members, rows):
-                    if stats is None:
-                        stats = CandidateStatistics(q.shape[2], features.shape[2], q.shape[1], variance)
-                    # without training batches, blocks of about M / n_folds samples feed the folds
-                    step = batch or min(q.shape[0], -(-members.n_samples // stats.n_folds))
-                    for s in range(0, q.shape[0], step):
-                        stats.update(q[s : s + step], features[s : s + step])
-                    done += q.shape[0] * members.row_bytes
-                    if progress is not None:
-                        progress(done, total)
-                if not batch:
-                    # A chunk is not a training batch: eq. (2) is undefined here.
-                    stats.sum_batch_grad_norm, stats.n_batches = 0.0, 0
-                out[name] = stats
+        for name in self.candidates:
+            if name not in self.raw:
+                out[name] = self.stored[name]
+                continue
+            members = self.raw[name]
+            rows = chunk_samples or self._auto_chunk(members, variance)
+            # without training batches, blocks of about M / n_folds samples are the units dealt to the folds
+            block = batch or -(-members.n_samples // DEFAULT_FOLDS)
+            stats = None
+            units = 0  # batches (or blocks) added: unit u goes to fold u mod n_folds
+            read = 0  # samples of this candidate so far: batches start at multiples of ``batch``
+            pending = None  # the sums of a batch not yet complete
+            for q, features in self._chunks(archive, name, members, rows):
+                if stats is None:
+                    stats = CandidateStatistics(q.shape[2], features.shape[2], q.shape[1], variance)
+                start = 0
+                while start < q.shape[0]:
+                    stop = min(q.shape[0], start + block - read % block)
+                    part = batch_moments(q[start:stop], features[start:stop], variance=variance)
+                    pending = part if pending is None else _add_sums(pending, part)
+                    read += stop - start
+                    start = stop
+                    if read % block == 0:
+                        stats.add_moments(**_as_batch(pending, batch), fold=units % max(stats.n_folds, 1))
+                        pending, units = None, units + 1
+                done += q.shape[0] * members.row_bytes
+                if progress is not None:
+                    progress(done, total)
+            if pending is not None:  # a last, shorter batch
+                stats.add_moments(**_as_batch(pending, batch), fold=units % max(stats.n_folds, 1))
+            out[name] = stats
         return out
 
     @staticmethod
@@ -381,20 +397,22 @@ class Dump:
         return max(1, CHUNK_BYTES // per_sample)
 
     @staticmethod
-    def _chunks(archive, name, members: RawMembers, rows: int):
+    def _chunks(archive: NpzArchive, name, members: RawMembers, rows: int):
         """Matching chunks ``(Q, features)`` as ``(m, T, N)`` and ``(m, T, r)``, checked finite."""
-        q_key, f_key = f"q/{name}", f"{members.kind}/{name}"
-        q_reader = _checked(RowReader, archive, members.q, q_key)
-        f_reader = _checked(RowReader, archive, members.features, f_key)
-        bad = {q_key: 0, f_key: 0}
+        for key, header in ((members.q, members.q_header), (members.features, members.features_header)):
+            if key not in archive.members or archive.header(key) != header:
+                raise DumpError(f"{display_name(key)}: changed since the dump was opened")
+        q_reader = archive.rows(members.q)
+        f_reader = archive.rows(members.features)
+        bad = {members.q: 0, members.features: 0}
         try:
             left = members.n_samples
             while left:
                 n = min(rows, left)
-                q = _read_rows(q_reader, n, q_key)
-                f = _read_rows(f_reader, n, f_key)
+                q = q_reader.read(n)
+                f = f_reader.read(n)
                 left -= n
-                for key, arr in ((q_key, q), (f_key, f)):
+                for key, arr in ((members.q, q), (members.features, f)):
                     bad[key] += int(arr.size - np.count_nonzero(np.isfinite(arr)))
                 if any(bad.values()):
                     continue  # keep counting so the message gives the total
@@ -408,28 +426,53 @@ class Dump:
             f_reader.close()
         for key, count in bad.items():
             if count:
-                raise DumpError(f"{key}: candidate {name!r} has {count} non-finite value(s) (NaN/Inf)")
+                raise DumpError(f"{display_name(key)}: candidate {name!r} has {count} non-finite value(s) (NaN/Inf)")
 
 
-def _read_rows(reader: RowReader, n: int, key: str) -> np.ndarray:
+ADDITIVE = ("n_samples", "n_vectors", "sum_q_sq", "sum_cross", "sum_gram", "sum_xi_sq", "sum_xtx")
+
+
+def _add_sums(a: dict, b: dict) -> dict:
+    """The sums of two parts of one batch (``batch_moments`` outputs)."""
+    return {k: a[k] + b[k] for k in ADDITIVE if k in a}
+
+
+def _as_batch(sums: dict, batch: int | None) -> dict:
+    """``add_moments`` arguments of one batch: with training batches, eq. (2)'s ``||Q_b||_F / |b|`` of the whole
+    batch (what ``batch_moments`` gives a batch read in one piece); without, none (a chunk is not a batch)."""
+    out = {k: sums[k] for k in ADDITIVE if k in sums}
+    if batch:
+        out["batch_grad_norm"] = float(np.sqrt(out["sum_q_sq"])) / out["n_samples"]
+    return out
+
+
+@contextlib.contextmanager
+def _named(path):
+    """Reader errors as one :class:`DumpError` line that starts with the file's name."""
+    shown = display_name(os.fspath(path))
     try:
-        return reader.read(n)
-    except NpyMemberError as exc:
-        raise DumpError(f"{key}: {exc}") from None
+        yield
+    except (DumpError, NpzError) as exc:
+        message = str(exc)
+        raise DumpError(message if message.startswith(f"{shown}: ") else f"{shown}: {message}") from None
+
+
+def read_header_members(archive: NpzArchive):
+    """``(schema, meta)`` of an opened dump: ``(None, {})`` for the bare form."""
+    return Dump._read_header_members(archive)
+
+
+def read_dump_meta(path) -> tuple[str | None, dict]:
+    """``(schema, meta)`` of the dump at ``path``, validated, without reading its candidates."""
+    with _named(path), NpzArchive(path) as archive:
+        return read_header_members(archive)
 
 
 def read_dump(path) -> Dump:
     """Open and validate a dump (structure, dtypes, shapes, statistics); raw data is read later.
 
-    Raises :class:`DumpError` with one line naming the key and the problem.
+    Raises :class:`DumpError` with one line naming the file, the key and the problem
+    (the reader's limits: :mod:`satcore._zipnpy`).
     """
-    try:
-        archive = zipfile.ZipFile(path)
-    except FileNotFoundError:
-        raise DumpError(f"{os.fspath(path)}: no such file") from None
-    except IsADirectoryError:
-        raise DumpError(f"{os.fspath(path)}: is a directory, not a dump") from None
-    except ZIP_ERRORS as exc:
-        raise DumpError(f"{os.fspath(path)}: not a zip/.npz file, or truncated ({exc})") from None
-    with archive:
+    with _named(path), NpzArchive(path) as archive:
         return Dump(path, archive)

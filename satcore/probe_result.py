@@ -43,8 +43,9 @@ class ProbeResult:
         """The dump's ``meta``: :attr:`meta` with the candidates in order."""
         return {**self.meta, "candidates": list(self.statistics)}
 
-    def save(self, path) -> None:
-        """Write a ``satcore-dump/1`` file that ``satcore score`` reads (:func:`satcore.dump.write_dump`)."""
+    def save(self, path, inputs=()) -> None:
+        """Write a ``satcore-dump/1`` file that ``satcore score`` reads (:func:`satcore.dump.write_dump`;
+        ``inputs``, the files the probe read, may not be overwritten)."""
         from .dump import write_dump
 
-        write_dump(path, self.statistics, meta=self.dump_meta())
+        write_dump(path, self.statistics, meta=self.dump_meta(), inputs=inputs)

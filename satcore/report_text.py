@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import math
 
+from ._display import display_name
+
 LEGEND = (
     "columns: AG = activation-gradient norm; V = growth value (first-order gain per unit block size); "
     "V_floor = V's sampling-noise floor; V2_unb = unbiased V^2 (may be < 0); V_interval = interval for the "
     "population V; p_adj = Holm-adjusted sign-flip p-value of H0: V = 0; real. = V / AG; ||C||_F = "
     "cross-gradient norm (Prop. 1's quantity)"
 )
-
-
-def display_name(name) -> str:
-    """``name`` as one printable line: control and other non-printable characters escaped (``\\x1b``)."""
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(name))
 
 
 def num(x) -> str:

@@ -427,7 +427,7 @@ class CandidateStatistics:
         self._check_finite(name)
         C, K = self.cross_gradient(), self.feature_gram()
         spectrum = psd_spectrum(K, rtol)
-        if spectrum.lowest < -INDEFINITE_RTOL * spectrum.highest:
+        if not spectrum.lowest >= -INDEFINITE_RTOL * spectrum.highest:  # written so that a NaN fails it
             raise ValueError(f"candidate {name!r}: sum_gram is not positive semi-definite (eigenvalue "
                              f"{spectrum.lowest:.3g} of the unit-diagonal Gram, largest {spectrum.highest:.3g})")
         ag_value = float(np.sqrt(self.sum_q_sq / n))

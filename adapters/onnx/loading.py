@@ -1,10 +1,12 @@
-"""Loading untrusted ONNX files: external data must stay inside the model's folder.
+"""Loading untrusted ONNX files: external data must stay inside the model's folder, the graph acyclic.
 
 ``onnx.load`` follows each external tensor's ``location`` relative to the
 model's folder; absolute paths, ``..`` components and symlinks leaving the
 folder would let a hostile file read anything on disk (onnx path-traversal
 CVEs).  We load the graph without external data, check every location, and
-only then read the data.
+only then read the data.  A graph whose data edges form a cycle is refused
+(ONNX graphs are acyclic; a walk over a cyclic one, such as the candidate
+search's ancestry, would never end).
 """
 
 from __future__ import annotations
@@ -64,6 +66,33 @@ def check_location(tensor: str, location: str, folder: Path) -> Path:
     return target
 
 
+def check_acyclic(graph) -> None:
+    """Refuse a graph in which a node depends, through its inputs, on its own output (Kahn's algorithm).
+
+    Runs in ``O(nodes + edges)`` with no recursion; names one tensor on a cycle.
+    """
+    producer = {o: k for k, node in enumerate(graph.node) for o in node.output if o}
+    needs = [sorted({producer[i] for i in node.input if i in producer}) for node in graph.node]
+    users: list[list[int]] = [[] for _ in graph.node]
+    for k, parents in enumerate(needs):
+        for p in parents:
+            users[p].append(k)
+    waiting = [len(p) for p in needs]
+    ready = [k for k, w in enumerate(waiting) if w == 0]
+    done = 0
+    while ready:
+        k = ready.pop()
+        done += 1
+        for u in users[k]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                ready.append(u)
+    if done < len(needs):
+        stuck = next(k for k, w in enumerate(waiting) if w > 0)
+        tensor = next((o for o in graph.node[stuck].output if o), graph.node[stuck].name)
+        raise OnnxProbeError(f"the ONNX graph has a cycle (through tensor {tensor!r}); ONNX graphs are acyclic")
+
+
 def load_model(model):
     """A ``ModelProto`` from a path or a ``ModelProto``, external data checked before reading.
 
@@ -79,6 +108,7 @@ def load_model(model):
             raise OnnxProbeError(
                 f"model refers to external data ({pending[0][1]!r}); pass the .onnx path so it can be checked"
             )
+        check_acyclic(model.graph)
         return model
     path = Path(os.fspath(model))
     if not path.is_file():
@@ -89,6 +119,10 @@ def load_model(model):
         raise OnnxProbeError(f"{path}: not a readable ONNX model ({type(exc).__name__})") from None
     if not proto.graph.node:
         raise OnnxProbeError(f"{path}: the ONNX graph has no nodes")
+    try:
+        check_acyclic(proto.graph)
+    except OnnxProbeError as exc:
+        raise OnnxProbeError(f"{path}: {exc}") from None
     locations = external_locations(proto)
     for tensor, location in locations:
         check_location(tensor, location, path.parent)

@@ -8,18 +8,16 @@ seed, init_std, position_subsample, variance, mask; of a callable mask only
 that there was one) with ``streams`` the stream diagnostic sums as JSON
 numbers, which round-trip float64 exactly.  So
 ``satcore score CHECKPOINT`` reads a partial probe.  ``write_dump`` writes a
-temporary file and renames it: an interruption never leaves a torn checkpoint.
-It is read with ``allow_pickle=False``.
+file whole or not at all: an interruption never leaves a torn checkpoint.
+It is read back by :func:`satcore.dump.read_dump`, the bounded reader every
+dump goes through (nothing unpickled, sizes checked before allocating, the
+statistics validated).
 """
 
 from __future__ import annotations
 
-import json
-
-import numpy as np
-
 from satcore.depth import DepthStatistics
-from satcore.dump import SCHEMA, write_dump
+from satcore.dump import read_dump, read_dump_meta, write_dump
 
 from .diagnostics import StreamAccumulator
 
@@ -36,17 +34,20 @@ def save_checkpoint(path, statistics, streams, specs, batches_done: int, config:
 
 def load_checkpoint(path, config: dict):
     """``(statistics, streams, specs, batches_done)``; refuses a checkpoint of another probe setup."""
-    with np.load(path, allow_pickle=False) as data:
-        if "meta" not in data.files or "satcore_schema" not in data.files or str(data["satcore_schema"]) != SCHEMA:
-            raise ValueError(f"{path}: not a satcore probe checkpoint")
-        meta = json.loads(str(data["meta"]))
-        state = dict(meta.get("checkpoint", {}))
-        batches_done, saved_streams = state.pop("batches_done", None), state.pop("streams", None)
-        if batches_done is None or saved_streams is None or state != config:
-            raise ValueError(f"{path}: checkpoint was written by a probe with settings {state}, not {config}")
-        order = meta["candidates"]
-        stats = DepthStatistics.from_arrays(
-            {k[len("stats/") :]: data[k] for k in data.files if k.startswith("stats/")}, order
-        )
+    # a DumpError (a ValueError) names the file and the key; the settings are compared before the sums are read
+    schema, meta = read_dump_meta(path)
+    state = dict(meta.get("checkpoint", {})) if isinstance(meta.get("checkpoint"), dict) else {}
+    if schema is None or "family" not in meta:
+        raise ValueError(f"{path}: not a satcore probe checkpoint")
+    batches_done, saved_streams = state.pop("batches_done", None), state.pop("streams", None)
+    if batches_done is None or saved_streams is None or state != config:
+        raise ValueError(f"{path}: checkpoint was written by a probe with settings {state}, not {config}")
+    dump = read_dump(path)
+    if dump.raw:
+        raise ValueError(f"{path}: not a satcore probe checkpoint (holds raw arrays)")
+    order = list(dump.candidates)
+    stats = DepthStatistics()
+    for name in order:
+        stats[name] = dump.stored[name]
     streams = {name: StreamAccumulator.from_arrays(saved_streams[name]) for name in order}
     return stats, streams, meta["family"], int(batches_done)

@@ -1,0 +1,174 @@
+"""The one way satcore writes an output file (dumps, checkpoints, plots): whole or not at all.
+
+:func:`atomic_write` refuses a target that exists and is not a regular file
+(``-o /dev/null`` would otherwise replace the device node, a FIFO would be
+replaced by a file) or that is one of the command's own inputs (compared as
+files, ``os.path.samefile``: a hard link or another spelling of the path is
+the same input).
+
+On Linux the data goes to an unnamed file in the target's folder
+(``O_TMPFILE``), which is linked into place only once it is complete
+(``linkat`` of ``/proc/self/fd/N``): a process killed while writing, even by
+SIGKILL, leaves no file behind, and a failed write (full disk, ``RLIMIT_FSIZE``)
+leaves the earlier file intact.  When the target already exists the finished
+file is linked under a hidden name and renamed over it (one ``rename``, so a
+reader sees the old file or the new one, never a torn one).  Where the
+platform lacks ``O_TMPFILE`` the data is written under that hidden name
+(``.NAME.PID.RANDOM.part``) from the start; SIGTERM then removes it, SIGKILL
+cannot be caught and may leave it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import signal
+import stat
+import threading
+from typing import BinaryIO, Callable
+
+from ._display import display_name
+
+TMPFILE_UNSUPPORTED = {"EOPNOTSUPP", "EISDIR", "EINVAL", "ENOTSUP", "EACCES"}
+
+
+class OutputError(OSError):
+    """An output that cannot or must not be written; the message names the file (one line)."""
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived while an output was being written."""
+
+
+def _kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def check_target(path, inputs=()) -> None:
+    """Refuse ``path`` if it exists and is not a regular file, or is one of ``inputs``."""
+    target = os.fspath(path)
+    shown = display_name(target)
+    try:
+        existing = os.stat(target)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise OutputError(f"{shown}: cannot write ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(existing.st_mode):
+        raise OutputError(f"{shown}: is {_kind(existing.st_mode)}, not a regular file; refusing to replace it")
+    for source in inputs:
+        try:
+            same = os.path.samefile(source, target)
+        except OSError:  # an input that is not there (yet) is not this file
+            same = False
+        if same:
+            raise OutputError(f"{shown}: is also an input of this command ({display_name(os.fspath(source))}); "
+                              "write the output to another file")
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """SIGTERM raises :class:`_Terminated` inside the block (so the cleanup runs), where it would kill."""
+    install = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if install:
+        def handler(signum, frame):
+            raise _Terminated()
+
+        signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    except _Terminated:
+        # cleaned up by now: die of SIGTERM as the process would have, with the usual exit status
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise
+    finally:
+        if install:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _hidden_name(base: str) -> str:
+    return f".{base}.{os.getpid()}.{secrets.token_hex(4)}.part"
+
+
+def _unnamed_file(dir_fd: int) -> int | None:
+    """An ``O_TMPFILE`` descriptor in the folder, or ``None`` where the platform or file system has none."""
+    if not hasattr(os, "O_TMPFILE") or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
+    except OSError as exc:
+        if errno.errorcode.get(exc.errno) in TMPFILE_UNSUPPORTED:
+            return None
+        raise
+
+
+def atomic_write(path, write: Callable[[BinaryIO], None], *, inputs=()) -> None:
+    """Write ``path`` through ``write(stream)`` whole or not at all (module docstring).
+
+    ``inputs``: the files the command read; ``path`` may not be one of them.
+    Raises :class:`OutputError` (an ``OSError``) naming ``path`` when it is
+    refused or the write fails.
+    """
+    target = os.fspath(path)
+    shown = display_name(target)
+    check_target(target, inputs)
+    folder, base = os.path.split(os.path.abspath(target))
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise OutputError(f"{shown}: cannot write into {display_name(folder)} ({exc.strerror or exc})") from None
+    temp = None
+    try:
+        with _sigterm_raises():
+            try:
+                fd = _unnamed_file(dir_fd)
+                if fd is None:
+                    temp = _hidden_name(base)
+                    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
+                try:
+                    with os.fdopen(fd, "wb", closefd=False) as stream:
+                        write(stream)
+                    check_target(target, inputs)  # again: the target may have been swapped while we wrote
+                    if temp is None:
+                        _link_into_place(fd, base, dir_fd)
+                    else:
+                        os.replace(temp, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                        temp = None
+                finally:
+                    os.close(fd)
+            except BaseException:
+                if temp is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(temp, dir_fd=dir_fd)
+                raise
+    except OSError as exc:
+        if isinstance(exc, OutputError):
+            raise
+        raise OutputError(f"{shown}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        os.close(dir_fd)
+
+
+def _link_into_place(fd: int, base: str, dir_fd: int) -> None:
+    """Give the finished unnamed file its name: directly when the name is free, else by a rename over it."""
+    source = f"/proc/self/fd/{fd}"
+    try:
+        os.link(source, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=True)
+        return
+    except FileExistsError:
+        pass
+    hidden = _hidden_name(base)
+    os.link(source, hidden, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=True)
+    try:
+        os.replace(hidden, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(hidden, dir_fd=dir_fd)
+        raise

@@ -1,0 +1,328 @@
+"""Hostile inputs by failure class, through every command: one line naming file and key, exit 2, bounded memory.
+
+Classes and cases are in ``tests/malformed/hostile.py``.  Each refusal is checked in process (every
+command x every case, fast) and, for the peak-memory bound, in a fresh process whose ``ru_maxrss``
+is read with ``os.wait4``: the cases that declare gigabytes (in the ``.npy`` header or the zip
+directory) must be refused without allocating them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from malformed.hostile import container_cases, cyclic_model, dump_cases, evil_name_dump, write_data
+from satcore.cli.main import main
+from satcore.dump import DumpError, read_dump
+
+SATCORE = [str(Path(sys.executable).parent / "satcore")]
+RSS_LIMIT_BYTES = 200 * 2**20
+CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f\x80-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile")
+    cases = {case_id: (str(path), expect, scope) for case_id, path, expect, scope in container_cases(tmp) + dump_cases(tmp)}
+    good = tmp / "good.npz"
+    rng = np.random.default_rng(3)
+    from satcore import write_dump
+
+    write_dump(good, raw={"blk": (rng.standard_normal((20, 4)), rng.standard_normal((20, 3)))})
+    return cases, str(good), tmp
+
+
+def _case_scopes() -> dict[str, str]:
+    """``{case_id: scope}``, built once in a scratch folder (the ids parametrise the tests)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return {c: s for c, _, _, s in container_cases(Path(tmp)) + dump_cases(Path(tmp))}
+
+
+SCOPES = _case_scopes()
+ALL_CASES = list(SCOPES)
+CONTAINER_CASES = [c for c, s in SCOPES.items() if s == "container"]
+READ_CASES = [c for c, s in SCOPES.items() if s != "scoring"]
+
+
+def assert_one_line(text: str, expect):
+    lines = text.splitlines()
+    assert len(lines) == 1, text
+    line = lines[0]
+    assert line.startswith("satcore: error: "), line
+    assert "Traceback" not in text and not CONTROL.search(line), repr(line)
+    for part in expect:
+        assert part in line, (part, line)
+
+
+@pytest.mark.parametrize("case_id", READ_CASES)
+def test_reader_refuses_naming_file_and_key(hostile, case_id):
+    cases, _, _ = hostile
+    path, expect, _ = cases[case_id]
+    with pytest.raises(DumpError) as info:
+        read_dump(path).statistics(chunk_samples=4)
+    message = str(info.value)
+    assert "\n" not in message and not CONTROL.search(message), repr(message)
+    for part in expect:
+        assert part in message, (part, message)
+
+
+def command_args(command, path, good, out):
+    return {
+        "score": ["score", path],
+        "inspect": ["inspect", path],
+        "merge": ["merge", path, good, "-o", out],
+        "sweep": ["sweep", good, path],
+        "probe": ["probe", str(good) + ".onnx", "--data", path, "-o", out],
+    }[command]
+
+
+@pytest.mark.parametrize("command", ["score", "inspect", "merge", "sweep", "probe"])
+@pytest.mark.parametrize("case_id", ALL_CASES)
+def test_every_command_refuses_with_one_line(hostile, case_id, command, tmp_path):
+    cases, good, _ = hostile
+    path, expect, scope = cases[case_id]
+    if (command == "probe" and scope != "container") or (scope == "scoring" and command not in ("score", "sweep")):
+        pytest.skip(f"a {scope} case is valid input to {command}")
+    out = str(tmp_path / "out.npz")
+    result = CliRunner().invoke(main, command_args(command, path, good, out))
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stdout == ""
+    assert_one_line(result.stderr, expect)
+    assert not os.path.exists(out)
+
+
+# The child's ru_maxrss would include the (large) pytest process it was forked from: Linux carries the
+# memory high-water mark across fork and exec.  A small launcher process starts it instead and reports it.
+LAUNCHER = ("import os, subprocess, sys; child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL); "
+            "_, status, usage = os.wait4(child.pid, 0); print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)")
+
+
+def peak_rss(args, env=None) -> tuple[int, str, int]:
+    """``(exit status, stderr, peak RSS in bytes)`` of one fresh ``satcore`` process."""
+    proc = subprocess.run([sys.executable, "-c", LAUNCHER] + SATCORE + args, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+    code, rss_kb = proc.stdout.split()
+    return int(code), proc.stderr, int(rss_kb) * 1024  # ru_maxrss is in kB on Linux
+
+
+@pytest.mark.parametrize("case_id", CONTAINER_CASES + ["meta_huge_integer", "gram_overflows_when_scaled"])
+def test_refusal_peak_memory_is_bounded(hostile, case_id, tmp_path):
+    cases, good, _ = hostile
+    path, expect, _ = cases[case_id]
+    code, err, rss = peak_rss(["score", path])
+    assert code == 2, err
+    assert_one_line(err, expect)
+    assert rss < RSS_LIMIT_BYTES, f"{case_id}: peak RSS {rss / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("case_id", ["zip_declares_2gib", "header_declares_1tib", "deflate_bomb", "fifo", "dev_zero"])
+def test_probe_data_refusal_peak_memory_is_bounded(hostile, case_id, tmp_path):
+    cases, good, _ = hostile
+    path, expect, _ = cases[case_id]
+    code, err, rss = peak_rss(["probe", good + ".onnx", "--data", path, "-o", str(tmp_path / "o.npz")])
+    assert code == 2, err
+    assert_one_line(err, expect)
+    assert rss < RSS_LIMIT_BYTES, f"{case_id}: peak RSS {rss / 2**20:.0f} MiB"
+
+
+def test_limits_are_overridable(hostile, monkeypatch):
+    """The ratio cap refuses the bomb by default and lets it through when raised; the memory budget is enforced."""
+    cases, good, _ = hostile
+    bomb = cases["deflate_bomb"][0]
+    monkeypatch.setenv("SATCORE_MAX_INFLATE_RATIO", "5000")
+    with pytest.raises(DumpError, match="psi/blk: has 20 samples but q/blk has 524288"):
+        read_dump(bomb)  # past the cap, the dump's own checks run
+    monkeypatch.setenv("SATCORE_MAX_INFLATE_RATIO", "100")
+    monkeypatch.setenv("SATCORE_MEMORY_BUDGET", "100")
+    with pytest.raises(DumpError, match=r"good.npz: q/blk: a chunk of 20 rows of 640 bytes is over the memory budget"):
+        read_dump(good).statistics()
+    monkeypatch.setenv("SATCORE_MEMORY_BUDGET", "lots")
+    result = CliRunner().invoke(main, ["score", good])
+    assert result.exit_code == 2
+    assert_one_line(result.stderr, ["SATCORE_MEMORY_BUDGET=lots", "not a number"])
+
+
+def test_huge_batch_size_streams_in_chunks(tmp_path):
+    """meta batch_size 1e9 (one batch over the whole dump) is summed over chunks: same sums, memory one chunk."""
+    from satcore import CandidateStatistics, write_dump
+
+    rng = np.random.default_rng(5)
+    q, p = rng.standard_normal((20_000, 8, 16)), rng.standard_normal((20_000, 8, 48))  # 82 MB of float64
+    path = tmp_path / "big_batch.npz"
+    write_dump(path, raw={"blk": (q, p)}, meta={"batch_size": 10**9})
+    got = read_dump(path).statistics(chunk_samples=1000)["blk"]
+    ref = CandidateStatistics.from_samples(q, p)  # one batch
+    assert got.n_batches == 1
+    np.testing.assert_allclose(got.sum_batch_grad_norm, np.sqrt(np.sum(q**2)) / len(q), rtol=1e-12)
+    np.testing.assert_allclose(got.sum_gram, ref.sum_gram, rtol=1e-10)
+    np.testing.assert_allclose(got.sum_xtx, ref.sum_xtx, rtol=1e-10)
+    del q, p
+    code, err, rss = peak_rss(["score", str(path), "--chunk-samples", "500", "--json"])
+    assert code == 0, err
+    assert rss < RSS_LIMIT_BYTES, f"peak RSS {rss / 2**20:.0f} MiB for an 82 MB dump read in chunks of 500"
+
+
+# -- names from files ----------------------------------------------------------------------------
+
+EVIL = ("blk\x1b]0;PWNED\x07", "two\nline\ndepth-wide maximum: growth_value 9 at FORGED", "cr\rOVERWRITE",
+        "bidi\u202eevil", "math $\\frac{1}{0}$ name")
+
+
+def test_names_are_escaped_in_tables_and_exact_in_json(tmp_path):
+    path = str(evil_name_dump(tmp_path, EVIL))
+    for args in (["score", path], ["inspect", path], ["sweep", path]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+        assert not CONTROL.search(result.stdout.replace("\n", "")), repr(result.stdout)
+        assert "FORGED\n" not in result.stdout
+        assert not any(line.startswith("depth-wide maximum: growth_value 9") for line in result.stdout.splitlines())
+        assert "\\x1b]0;PWNED\\x07" in result.stdout or args[0] == "sweep"
+    table = CliRunner().invoke(main, ["score", path]).stdout
+    assert "two\\nline\\ndepth-wide maximum" in table and "cr\\rOVERWRITE" in table and "bidi\\u202eevil" in table
+    assert "probe split: val\\x1b]0;TITLE\\x07" in table
+    inspect = CliRunner().invoke(main, ["inspect", path]).stdout
+    assert "meta x\\x1b[1m: " in inspect and '"y\\nFORGED"' in inspect  # the JSON value's own escape
+    report = json.loads(CliRunner().invoke(main, ["score", path, "--json"]).stdout)
+    assert [c["name"] for c in report["candidates"]] == list(EVIL)
+    assert report["split"] == "val\x1b]0;TITLE\x07"
+
+
+def test_names_are_escaped_in_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = str(evil_name_dump(tmp_path, EVIL))
+    png = tmp_path / "names.png"
+    result = CliRunner().invoke(main, ["score", path, "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from satcore.cli.plot import label
+
+    assert label(EVIL[0]) == "blk\\x1b]0;PWNED\\x07" and label(EVIL[4]) == "math \\$\\frac{1}{0}\\$ name"
+
+
+# -- models ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def probe_inputs(tmp_path_factory):
+    pytest.importorskip("onnxruntime")
+    from test_onnx_cli import residual_mlp, weights
+
+    tmp = tmp_path_factory.mktemp("probe_inputs")
+    model = residual_mlp(tmp / "model.onnx", weights())
+    rng = np.random.default_rng(0)
+    data = write_data(tmp / "data.npz", inputs=rng.standard_normal((16, 5)).astype(np.float32),
+                      targets=rng.integers(0, 4, 16))
+    return tmp, str(model), str(data)
+
+
+def test_cyclic_graph_is_refused_not_walked_forever(probe_inputs, tmp_path):
+    _, _, data = probe_inputs
+    model = cyclic_model(tmp_path / "cycle.onnx")
+    proc = subprocess.run(SATCORE + ["probe", str(model), "--data", data, "-o", str(tmp_path / "o.npz")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line(proc.stderr, ["cycle.onnx", "cycle", "tensor"])
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "empty", "garbage", "directory"])
+def test_bad_model_files_are_one_line(probe_inputs, tmp_path, kind):
+    _, _, data = probe_inputs
+    model = tmp_path / "m.onnx"
+    if kind == "fifo":
+        os.mkfifo(model)
+    elif kind == "dev_zero":
+        model = "/dev/zero"
+    elif kind == "empty":
+        model.write_bytes(b"")
+    elif kind == "garbage":
+        model.write_bytes(os.urandom(4096))
+    else:
+        model.mkdir()
+    proc = subprocess.run(SATCORE + ["probe", str(model), "--data", data, "-o", str(tmp_path / "o.npz")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line(proc.stderr, [])
+    assert not (tmp_path / "o.npz").exists()
+
+
+def test_probe_data_nan_names_key_and_batch(probe_inputs, tmp_path):
+    _, model, _ = probe_inputs
+    x = np.ones((16, 5), dtype=np.float32)
+    x[11, 2] = np.nan
+    data = write_data(tmp_path / "nan.npz", inputs=x, targets=np.zeros(16, dtype=np.int64))
+    result = CliRunner().invoke(main, ["probe", model, "--data", str(data), "--batch-size", "4", "-o",
+                                       str(tmp_path / "o.npz")])
+    assert result.exit_code == 2
+    assert_one_line(result.stderr, ["nan.npz", "'inputs'", "NaN or Inf", "batch 2"])
+
+
+# -- outputs --------------------------------------------------------------------------------------
+
+
+def test_outputs_never_replace_inputs_or_devices(hostile, probe_inputs, tmp_path):
+    _, good, _ = hostile
+    _, model, data = probe_inputs
+    before = {p: open(p, "rb").read() for p in (good, model, data)}
+    fifo = tmp_path / "fifo.out"
+    os.mkfifo(fifo)
+    os.symlink("/dev/null", tmp_path / "null_link.npz")
+    os.link(good, tmp_path / "hardlink.npz")
+    refused = [
+        (["score", good, "--plot", good], ["good.npz", "is also an input"]),
+        (["sweep", good, "--plot", good], ["good.npz", "is also an input"]),
+        (["probe", model, "--data", data, "-o", data], ["data.npz", "is also an input"]),
+        (["probe", model, "--data", data, "-o", model], ["model.onnx", "is also an input"]),
+        (["merge", good, "-o", str(fifo)], ["fifo.out", "a FIFO", "refusing to replace"]),
+        (["merge", good, "-o", str(tmp_path / "null_link.npz")], ["null_link.npz", "a character device"]),
+        (["merge", good, "-o", str(tmp_path / "hardlink.npz")], ["hardlink.npz", "is also an input"]),
+        (["merge", good, "-o", str(tmp_path)], ["a directory"]),
+    ]
+    for args, expect in refused:
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert_one_line(result.stderr, expect)
+    assert {p: open(p, "rb").read() for p in (good, model, data)} == before
+    assert os.path.islink(tmp_path / "null_link.npz") and os.path.exists("/dev/null")
+    import stat
+
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+# -- the handler itself ------------------------------------------------------------------------------
+
+
+def test_a_bug_shows_as_a_bug_and_debug_prints_tracebacks(hostile, monkeypatch):
+    cases, good, _ = hostile
+    from satcore.cli import inspect_dump
+
+    def broken(*args, **kwargs):
+        raise TypeError("a programming error")
+
+    monkeypatch.setattr(inspect_dump, "read_dump", broken)
+    result = CliRunner().invoke(main, ["inspect", good])
+    assert isinstance(result.exception, TypeError)  # not turned into an input error
+    monkeypatch.undo()
+    path, expect, _ = cases["bad_crc"]
+    result = CliRunner().invoke(main, ["--debug", "score", path])
+    assert result.exit_code == 2
+    assert "Traceback" in result.stderr and result.stderr.splitlines()[-1].startswith("satcore: error: ")
+
+
+def test_probe_batch_refusal_names_the_data_file(probe_inputs, tmp_path):
+    _, model, _ = probe_inputs
+    data = write_data(tmp_path / "labels.npz", inputs=np.ones((8, 5), dtype=np.float32),
+                      targets=np.full(8, 10**8, dtype=np.int64))
+    result = CliRunner().invoke(main, ["probe", model, "--data", str(data), "-o", str(tmp_path / "o.npz")])
+    assert result.exit_code == 2
+    assert_one_line(result.stderr, ["labels.npz", "batch 0"])
+    assert not (tmp_path / "o.npz").exists()
