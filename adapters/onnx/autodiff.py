@@ -295,8 +295,8 @@ def _gemm(b, node, g, need):
     gy = g[0] if alpha == 1.0 else b.op("Mul", [g[0], b.const(alpha, e)])
     out = [None] * len(node.input)
     if need[0]:  # dA' = g B'^T; A = A'^T when transA
-        out[0] = (b.op("MatMul", [c, b.op("Transpose", [gy])]) if trans_b else
-                  b.op("MatMul", [b.op("Transpose", [c]), b.op("Transpose", [gy])])) if trans_a else \
+        out[0] = (b.op("MatMul", [b.op("Transpose", [c]), b.op("Transpose", [gy])]) if trans_b else
+                  b.op("MatMul", [c, b.op("Transpose", [gy])])) if trans_a else \
                  (b.op("MatMul", [gy, c]) if trans_b else b.op("MatMul", [gy, b.op("Transpose", [c])]))
     if need[1]:  # dB' = A'^T g; B = B'^T when transB
         out[1] = (b.op("MatMul", [b.op("Transpose", [gy]), b.op("Transpose", [a])]) if trans_a else
@@ -521,7 +521,8 @@ def _softmax_cross_entropy(b, node, g, need):
         weight = b.op("Div", [weight, b.reduce_sum(total, None, 0)])
     per_target = b.op("Mul", [g[0], weight])
     classes = b.op("Gather", [b.op("Shape", [scores]), b.ints([1])])
-    one_hot = b.op("OneHot", [labels, classes, b.const([0, 1], e)], axis=1)
+    # ORT's OneHot has no float64 output: make it in int64 and cast
+    one_hot = b.op("Cast", [b.op("OneHot", [labels, classes, b.ints([0, 1])], axis=1)], to=e)
     residual = b.op("Sub", [b.op("Softmax", [scores], axis=1), one_hot])
     return [b.op("Mul", [residual, b.op("Unsqueeze", [per_target, b.ints([1])])])] + [None] * (len(node.input) - 1)
 

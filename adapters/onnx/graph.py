@@ -159,14 +159,16 @@ def _loss_nodes(model, loss: str, output: str, infos) -> tuple[list, list]:
         # -log softmax(logits)[target] per target as a one-hot contraction over the class axis, weighted
         # per sample (an ignored target weighs 0 and is fed as class 0)
         depth = numpy_helper.from_array(np.array(classes, dtype=np.int64), "satcore_classes")
-        on_off = numpy_helper.from_array(np.array([0, 1], dtype=helper.tensor_dtype_to_np_dtype(elem)), "satcore_on_off")
+        on_off = numpy_helper.from_array(np.array([0, 1], dtype=np.int64), "satcore_on_off")
         last = numpy_helper.from_array(np.array([-1], dtype=np.int64), "satcore_last_axis")
         nodes = [
             helper.make_node("Constant", [], [depth.name], value=depth),
             helper.make_node("Constant", [], [on_off.name], value=on_off),
             helper.make_node("Constant", [], [last.name], value=last),
             helper.make_node("LogSoftmax", [output], ["satcore_log_prob"], axis=-1),
-            helper.make_node("OneHot", [TARGETS, depth.name, on_off.name], ["satcore_one_hot"], axis=-1),
+            # int64 then cast: ORT's OneHot has no float64 output
+            helper.make_node("OneHot", [TARGETS, depth.name, on_off.name], ["satcore_one_hot_int"], axis=-1),
+            helper.make_node("Cast", ["satcore_one_hot_int"], ["satcore_one_hot"], to=elem),
             helper.make_node("Mul", ["satcore_log_prob", "satcore_one_hot"], ["satcore_picked"]),
             helper.make_node("ReduceSum", ["satcore_picked", last.name], ["satcore_target_log_prob"], keepdims=0),
             helper.make_node("Mul", ["satcore_target_log_prob", LOSS_SCALE], ["satcore_weighted"]),
