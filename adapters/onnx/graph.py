@@ -78,34 +78,18 @@ def residual_candidates(model) -> list[str]:
     so a mask built from a tensor's shape does not make its ``Add`` residual;
     bias additions (a constant input) are never residual.
     """
+    from satcore._graph import Ancestry, residual_skip
+
     graph = model.graph
     constants = constant_names(graph)
     producer = {o: n for n in graph.node for o in n.output}
-    order = {o: k for k, n in enumerate(graph.node) for o in n.output}
     floating = {name for name, info in tensor_infos(model).items() if info.elem_type in FLOAT_TYPES}
-    memo: dict[str, frozenset] = {}
 
-    def ancestors(name: str) -> frozenset:
-        # iterative post-order walk: deep networks would overflow recursion
-        stack = [name]
-        while stack:
-            top = stack[-1]
-            if top in memo:
-                stack.pop()
-                continue
-            node = producer.get(top)
-            parents = [] if node is None or node.op_type in SHAPE_OPS else [i for i in node.input if i]
-            todo = [p for p in parents if p not in memo]
-            if todo:
-                stack.extend(todo)
-                continue
-            acc = set(parents)
-            for p in parents:
-                acc |= memo[p]
-            memo[top] = frozenset(acc)
-            stack.pop()
-        return memo[name]
+    def parents(name):
+        node = producer.get(name)
+        return [] if node is None or node.op_type in SHAPE_OPS else [i for i in node.input if i]
 
+    ancestry = Ancestry(parents)
     found: list[str] = []
     for node in graph.node:
         if node.op_type != "Add" or len(node.input) != 2:
@@ -113,13 +97,7 @@ def residual_candidates(model) -> list[str]:
         a, b = node.input
         if a in constants or b in constants or a == b:
             continue
-        if a in ancestors(b):
-            skip = a
-        elif b in ancestors(a):
-            skip = b
-        else:
-            common = [t for t in ancestors(a) & ancestors(b) if t in floating and t not in constants]
-            skip = max(common, key=lambda t: order.get(t, -1)) if common else None
+        skip = residual_skip(ancestry, a, b, lambda t: t in floating and t not in constants)
         if skip is not None and skip not in found:
             found.append(skip)
     return found
