@@ -76,14 +76,27 @@ def residual_candidates(model) -> list[str]:
     block input is the latest floating-point tensor both inputs derive from
     (``x``).  Ancestry follows data edges only (not through ``Shape``/``Size``),
     so a mask built from a tensor's shape does not make its ``Add`` residual;
-    bias additions (a constant input) are never residual.
+    bias additions (a constant input) are never residual, nor is an ``Add``
+    whose skip does not depend on a graph input (a mask made from shapes),
+    whose output is shaped unlike its identity skip (a broadcast mask), or
+    whose branch applies no weight (a constant of more than one element;
+    e.g. the ``x + 0.044715 x^3`` inside a tanh GELU).
     """
     from satcore._graph import Ancestry, residual_skip
 
     graph = model.graph
     constants = constant_names(graph)
     producer = {o: n for n in graph.node for o in n.output}
-    floating = {name for name, info in tensor_infos(model).items() if info.elem_type in FLOAT_TYPES}
+    infos = tensor_infos(model)
+    floating = {name for name, info in infos.items() if info.elem_type in FLOAT_TYPES}
+    inputs = {i.name for i in graph.input} - constants
+    # parameters: constants of more than one element (a block's branch applies some)
+    weights = {i.name for i in graph.initializer if np.prod(i.dims, dtype=np.int64) > 1}
+    weights.update(o for n in graph.node if n.op_type == "Constant" for o in n.output
+                   if n.attribute and n.attribute[0].name == "value" and np.prod(n.attribute[0].t.dims, dtype=np.int64) > 1)
+    for n in graph.node:  # exporters share equal weights through Identity nodes
+        if n.op_type == "Identity" and n.input[0] in weights:
+            weights.add(n.output[0])
 
     def parents(name):
         node = producer.get(name)
@@ -98,9 +111,25 @@ def residual_candidates(model) -> list[str]:
         if a in constants or b in constants or a == b:
             continue
         skip = residual_skip(ancestry, a, b, lambda t: t in floating and t not in constants)
-        if skip is not None and skip not in found:
+        if skip is None or skip in found or not (skip in inputs or ancestry.of(skip) & inputs):
+            continue  # a mask made from shapes and constants carries no sample's data
+        if skip in (a, b) and not _same_shape(infos.get(skip), infos.get(node.output[0])):
+            continue  # an identity skip broadcast into the sum (an attention mask, say) is no block x + f(x)
+        # the branch's nodes (computed after the skip) must apply a weight, shared ones included;
+        # x + 0.0447 x^3 inside a GELU applies none: no block
+        branch = (ancestry.of(a) | ancestry.of(b) | {a, b}) - ancestry.of(skip) - {skip}
+        if any(t in producer and any(i in weights for i in producer[t].input) for t in branch):
             found.append(skip)
     return found
+
+
+def _same_shape(one, other) -> bool:
+    """False only where both shapes are known and differ (rank, or a static extent)."""
+    if one is None or other is None or one.shape is None or other.shape is None:
+        return True
+    if len(one.shape) != len(other.shape):
+        return False
+    return all(not (isinstance(p, int) and isinstance(q, int)) or p == q for p, q in zip(one.shape, other.shape))
 
 
 def check_candidates(model, names) -> None:
