@@ -148,14 +148,16 @@ def tensors_holding(model_path, feeds, values, rtol):
     return found
 
 
-def export(model, example, path, dynamo):
+def export(model, example, path, dynamo, opset=None):
+    """TorchScript at opset 17 by default, dynamo (onnxscript) at its default opset."""
     if dynamo:
         pytest.importorskip("onnxscript")
-        torch.onnx.export(Logits(model), (example,), str(path), dynamo=True, input_names=["x"],
+        torch.onnx.export(Logits(model), (example,), str(path), dynamo=True, input_names=["x"], opset_version=opset,
                           output_names=["out"], dynamic_shapes=({0: torch.export.Dim("batch")},))
     else:
-        torch.onnx.export(Logits(model), (example,), str(path), dynamo=False, opset_version=17, input_names=["x"],
-                          output_names=["out"], dynamic_axes={"x": {0: "batch"}, "out": {0: "batch"}})
+        torch.onnx.export(Logits(model), (example,), str(path), dynamo=False, opset_version=opset or 17,
+                          input_names=["x"], output_names=["out"],
+                          dynamic_axes={"x": {0: "batch"}, "out": {0: "batch"}})
     return path
 
 
@@ -169,6 +171,19 @@ CASES = [(name, exporter, dtype) for name in SETTINGS for exporter in ("torchscr
 
 @pytest.mark.parametrize("name,exporter,dtype", CASES, ids=["-".join(c) for c in CASES])
 def test_per_sample_gradients_equal_torch_autograd(name, exporter, dtype, tmp_path):
+    check(name, exporter, dtype, tmp_path)
+
+
+@pytest.mark.parametrize("exporter,opset", [("torchscript", 20), ("dynamo", 18), ("dynamo", 21)])
+def test_other_opsets(exporter, opset, tmp_path):
+    """The TransformerEncoder in float64 at the exporters' other opsets (ReduceMean, Split take
+    their axes and sizes as inputs from 18 on)."""
+    check("transformer-encoder", exporter, "float64", tmp_path, opset)
+    assert next(o.version for o in onnx.load(str(tmp_path / "transformer-encoder.onnx")).opset_import
+                if o.domain == "") == opset
+
+
+def check(name, exporter, dtype, tmp_path, opset=None):
     build, batch_of, loss_of, taps, f64_ok = SETTINGS[name]
     if dtype == "float64" and not f64_ok:
         pytest.skip(f"{name}: ONNX Runtime's CPU Conv has no float64 kernel (float32 case covers it)")
@@ -190,7 +205,7 @@ def test_per_sample_gradients_equal_torch_autograd(name, exporter, dtype, tmp_pa
         return x.to(getattr(torch, dtype)) if x.is_floating_point() else x
 
     example, _ = batch_of(EXPORT_BATCH, 0)
-    path = export(subject, cast(example), tmp_path / f"{name}.onnx", exporter == "dynamo")
+    path = export(subject, cast(example), tmp_path / f"{name}.onnx", exporter == "dynamo", opset)
     x, y = batch_of(BATCH, 200)  # another batch size than the export's
     def loss(out):
         return loss_of(out, y)
