@@ -138,3 +138,23 @@ def test_user_feature_map_and_per_candidate_families(files):
     # bias family: psi = 1, so C is the mean gradient and the growth value its norm
     ref = reference(ws, x, y, "bias", 0)[1]
     assert mapped.statistics["h1"].score().growth_value == pytest.approx(ref.growth_value, rel=1e-5)
+
+
+def test_cli_probe_runs_without_onnxruntime_training(files, tmp_path):
+    """``satcore probe`` in a process where ``onnxruntime.training`` and ORT's private gradient builder
+    cannot be imported: the backward graph is satcore's own, plain ``onnxruntime`` runs it."""
+    import subprocess
+    import sys
+
+    _, _, _, model, data = files
+    out = tmp_path / "dump.npz"
+    code = (
+        "import sys; sys.modules['onnxruntime.training'] = None\n"
+        "import onnxruntime.capi._pybind_state as state\n"
+        "if hasattr(state, 'GradientGraphBuilder'): del state.GradientGraphBuilder\n"
+        "from satcore.cli.main import main\n"
+        f"main(['probe', {str(model)!r}, '--data', {str(data)!r}, '-o', {str(out)!r}])\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "wrote" in res.stdout and out.is_file()

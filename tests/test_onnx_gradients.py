@@ -1,11 +1,10 @@
-"""ONNX Runtime per-sample gradients equal torch autograd's at the same tensor (SPEC section 1).
+"""Per-sample gradients from the ONNX backward graph equal torch autograd's at the same tensor.
 
 Models exported with ``torch.onnx.export(..., dynamo=False)`` at batch 4 are run at batches 3
 and 7 (dynamic batch axis).  The reference is ``torch.autograd.grad`` of ``sum_i loss_i`` at a
 zero ``delta`` added to the same tensor; ``loss_i`` is per-sample cross-entropy, for token
-outputs the mean over tokens, or the per-sample mean squared error.  Both gradient routes
-(ORT's gradient builder and the ``onnxruntime.training.artifacts`` fallback) are checked.
-Float32 only: ORT's gradient builder does not support float64 graphs.
+outputs the mean over tokens, or the per-sample mean squared error.  Float32 models here;
+float64 graphs and the exporters' other models are in ``test_onnx_models.py``.
 """
 
 from __future__ import annotations
@@ -118,10 +117,9 @@ def assert_close(onnx_grads, torch_grads, tol=TOL):
         assert np.abs(mine - ref).max() <= MAX_TOL * scale
 
 
-@pytest.mark.parametrize("route", ["builder", "artifacts"])
 @pytest.mark.parametrize("batch", [3, 7])
 @pytest.mark.parametrize("loss", ["cross_entropy", "mse"])
-def test_token_model_gradients(token_model, route, batch, loss):
+def test_token_model_gradients(token_model, batch, loss):
     model, path = token_model
     rng = np.random.default_rng(batch)
     x = rng.standard_normal((batch, 6, 5)).astype(np.float32)
@@ -131,8 +129,7 @@ def test_token_model_gradients(token_model, route, batch, loss):
     else:
         y = rng.standard_normal((batch, 6, 3)).astype(np.float32)
         loss_of = mse(torch.tensor(y))
-    session = per_sample_gradients(path, loss=loss, route=route)
-    assert session.route == route
+    session = per_sample_gradients(path, loss=loss)
     acts, grads = session((x, y))
     names = list(session.candidates)
     assert len(names) == 2  # the two residual Adds' skip inputs: embed output, block 0 output
@@ -142,11 +139,10 @@ def test_token_model_gradients(token_model, route, batch, loss):
         np.testing.assert_allclose(acts[names[0]], model.embed(torch.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("route", ["builder", "artifacts"])
-def test_resnet_gradients_at_other_batch_sizes(resnet, route):
+def test_resnet_gradients_at_other_batch_sizes(resnet):
     model, path = resnet
     exact = copy.deepcopy(model).double()
-    session = per_sample_gradients(path, route=route)
+    session = per_sample_gradients(path)
 
     def taps(m):  # stem output, block outputs; layer2.0 has a projection shortcut
         return [m.relu, m.layer1[0], m.layer1[1], m.layer2[0]]
@@ -185,8 +181,7 @@ class TokenLoss(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens, reduction="none")
 
 
-@pytest.mark.parametrize("route", ["builder", "artifacts"])
-def test_loss_given_as_a_model_output(token_model, tmp_path, route):
+def test_loss_given_as_a_model_output(token_model, tmp_path):
     """``loss="<output name>"``: a (B, T) per-token loss output is averaged over tokens per sample."""
     model, _ = token_model
     wrapped = TokenLoss(model).eval()
@@ -197,25 +192,7 @@ def test_loss_given_as_a_model_output(token_model, tmp_path, route):
                       dynamic_axes={"x": {0: "batch"}, "tokens": {0: "batch"}, "token_loss": {0: "batch"}})
     rng = np.random.default_rng(11)
     x, t = rng.standard_normal((5, 6, 5)).astype(np.float32), rng.integers(0, 3, (5, 6))
-    session = per_sample_gradients(path, loss="token_loss", route=route)
+    session = per_sample_gradients(path, loss="token_loss")
     _, grads = session({"x": x, "tokens": t})
     ref = torch_gradients(model, torch.tensor(x), ce_tokens(torch.tensor(t)), [model.embed, model.blocks[0]])
-    assert_close([grads[n] for n in session.candidates], ref)
-
-
-def test_auto_route_falls_back_when_the_private_builder_is_missing(token_model, monkeypatch):
-    """Without ``GradientGraphBuilder`` (private API) the public artifacts route is used."""
-    from satcore.adapters.onnx import gradients
-
-    def missing(*args, **kwargs):
-        raise ImportError("cannot import name 'GradientGraphBuilder'")
-
-    monkeypatch.setattr(gradients, "_builder_gradient_model", missing)
-    model, path = token_model
-    session = per_sample_gradients(path, route="auto")
-    assert session.route == "artifacts"
-    rng = np.random.default_rng(5)
-    x, y = rng.standard_normal((3, 6, 5)).astype(np.float32), rng.integers(0, 3, (3, 6))
-    _, grads = session((x, y))
-    ref = torch_gradients(model, torch.tensor(x), ce_tokens(torch.tensor(y)), [model.embed, model.blocks[0]])
     assert_close([grads[n] for n in session.candidates], ref)

@@ -57,12 +57,11 @@ def batches(ignored: bool):
     return out
 
 
-@pytest.mark.parametrize("route", ["builder", "artifacts"])
 @pytest.mark.parametrize("ignored", [False, True], ids=["all-labels", "ignore-index"])
-def test_varying_lengths_and_ignored_labels_match_the_torch_adapter(token_model, route, ignored):
+def test_varying_lengths_and_ignored_labels_match_the_torch_adapter(token_model, ignored):
     model, path = token_model
     data = batches(ignored)
-    got = probe(path, data, family="mlp", seed=SEED, route=route)
+    got = probe(path, data, family="mlp", seed=SEED)
     ref = adapter.probe(model, [(torch.tensor(x), torch.tensor(y)) for x, y in data], unshifted_sequence_loss,
                         candidates=["blocks.0", "blocks.1"], family="mlp", seed=SEED, head=False)
     assert len(got.statistics) == 2

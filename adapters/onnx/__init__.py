@@ -1,13 +1,15 @@
-"""ONNX adapter: ``probe`` an ``.onnx`` model with ONNX Runtime training gradients.
+"""ONNX adapter: ``probe`` an ``.onnx`` model with gradients from our own backward graph on ONNX Runtime.
 
-Gradients ``q_i`` at candidate tensors come from ONNX Runtime (imported
-lazily, it imports torch); features from the captured activations with
+Gradients ``q_i`` at candidate tensors come from a backward graph of standard
+ONNX ops built by :mod:`.autodiff` and run by plain ``onnxruntime`` (imported
+lazily); features from the captured activations with
 :mod:`satcore.families` in NumPy.  Untrusted files are loaded with their
 external data confined to the model's folder (:mod:`.loading`).
 """
 
 from satcore.probe_result import ProbeResult
 
+from .autodiff import supported_ops
 from .errors import OnnxProbeError
 from .graph import residual_candidates
 from .loading import load_model
@@ -21,4 +23,5 @@ __all__ = [
     "per_sample_gradients",
     "probe",
     "residual_candidates",
+    "supported_ops",
 ]

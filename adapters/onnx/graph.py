@@ -1,7 +1,7 @@
 """Reading an ONNX graph: tensor types, residual candidates, and the probe graph.
 
 The probe graph is the model plus (a) a per-sample loss summed over the batch,
-``sum_i loss_i`` (SPEC section 1: for sequences ``loss_i`` is the mean over
+``sum_i loss_i`` (for sequences ``loss_i`` is the mean over the counted
 tokens), so that its gradient at a candidate tensor ``z`` is ``q_i = d loss_i /
 d z_i`` for every sample at once (samples do not interact in an inference
 graph), and (b) every candidate tensor as an extra graph output, so the
@@ -23,7 +23,6 @@ TARGETS = "satcore_targets"
 LOSS_SCALE = "satcore_loss_scale"
 IGNORE_INDEX = -100  # PyTorch's and Hugging Face's label for a token left out of the loss
 LOSS = "satcore_loss"
-MAX_IR_VERSION = 10  # onnxruntime 1.19 reads IR <= 10; onnx 1.23 writes 11
 FLOAT_TYPES = (1, 10, 11, 16)  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 
@@ -77,36 +76,33 @@ def residual_candidates(model) -> list[str]:
     block input is the latest floating-point tensor both inputs derive from
     (``x``).  Ancestry follows data edges only (not through ``Shape``/``Size``),
     so a mask built from a tensor's shape does not make its ``Add`` residual;
-    bias additions (a constant input) are never residual.
+    bias additions (a constant input) are never residual, nor is an ``Add``
+    whose skip does not depend on a graph input (a mask made from shapes),
+    whose output is shaped unlike its identity skip (a broadcast mask), or
+    whose branch applies no weight (a constant of more than one element;
+    e.g. the ``x + 0.044715 x^3`` inside a tanh GELU).
     """
+    from satcore._graph import Ancestry, residual_skip
+
     graph = model.graph
     constants = constant_names(graph)
     producer = {o: n for n in graph.node for o in n.output}
-    order = {o: k for k, n in enumerate(graph.node) for o in n.output}
-    floating = {name for name, info in tensor_infos(model).items() if info.elem_type in FLOAT_TYPES}
-    memo: dict[str, frozenset] = {}
+    infos = tensor_infos(model)
+    floating = {name for name, info in infos.items() if info.elem_type in FLOAT_TYPES}
+    inputs = {i.name for i in graph.input} - constants
+    # parameters: constants of more than one element (a block's branch applies some)
+    weights = {i.name for i in graph.initializer if np.prod(i.dims, dtype=np.int64) > 1}
+    weights.update(o for n in graph.node if n.op_type == "Constant" for o in n.output
+                   if n.attribute and n.attribute[0].name == "value" and np.prod(n.attribute[0].t.dims, dtype=np.int64) > 1)
+    for n in graph.node:  # exporters share equal weights through Identity nodes
+        if n.op_type == "Identity" and n.input[0] in weights:
+            weights.add(n.output[0])
 
-    def ancestors(name: str) -> frozenset:
-        # iterative post-order walk: deep networks would overflow recursion
-        stack = [name]
-        while stack:
-            top = stack[-1]
-            if top in memo:
-                stack.pop()
-                continue
-            node = producer.get(top)
-            parents = [] if node is None or node.op_type in SHAPE_OPS else [i for i in node.input if i]
-            todo = [p for p in parents if p not in memo]
-            if todo:
-                stack.extend(todo)
-                continue
-            acc = set(parents)
-            for p in parents:
-                acc |= memo[p]
-            memo[top] = frozenset(acc)
-            stack.pop()
-        return memo[name]
+    def parents(name):
+        node = producer.get(name)
+        return [] if node is None or node.op_type in SHAPE_OPS else [i for i in node.input if i]
 
+    ancestry = Ancestry(parents)
     found: list[str] = []
     for node in graph.node:
         if node.op_type != "Add" or len(node.input) != 2:
@@ -114,16 +110,26 @@ def residual_candidates(model) -> list[str]:
         a, b = node.input
         if a in constants or b in constants or a == b:
             continue
-        if a in ancestors(b):
-            skip = a
-        elif b in ancestors(a):
-            skip = b
-        else:
-            common = [t for t in ancestors(a) & ancestors(b) if t in floating and t not in constants]
-            skip = max(common, key=lambda t: order.get(t, -1)) if common else None
-        if skip is not None and skip not in found:
+        skip = residual_skip(ancestry, a, b, lambda t: t in floating and t not in constants)
+        if skip is None or skip in found or not (skip in inputs or ancestry.of(skip) & inputs):
+            continue  # a mask made from shapes and constants carries no sample's data
+        if skip in (a, b) and not _same_shape(infos.get(skip), infos.get(node.output[0])):
+            continue  # an identity skip broadcast into the sum (an attention mask, say) is no block x + f(x)
+        # the branch's nodes (computed after the skip) must apply a weight, shared ones included;
+        # x + 0.0447 x^3 inside a GELU applies none: no block
+        branch = (ancestry.of(a) | ancestry.of(b) | {a, b}) - ancestry.of(skip) - {skip}
+        if any(t in producer and any(i in weights for i in producer[t].input) for t in branch):
             found.append(skip)
     return found
+
+
+def _same_shape(one, other) -> bool:
+    """False only where both shapes are known and differ (rank, or a static extent)."""
+    if one is None or other is None or one.shape is None or other.shape is None:
+        return True
+    if len(one.shape) != len(other.shape):
+        return False
+    return all(not (isinstance(p, int) and isinstance(q, int)) or p == q for p, q in zip(one.shape, other.shape))
 
 
 def check_candidates(model, names) -> None:
@@ -138,50 +144,47 @@ def check_candidates(model, names) -> None:
             raise OnnxProbeError(f"candidate tensor {name!r} is not in the ONNX graph")
 
 
-def _opset(model) -> int:
-    for op in model.opset_import:
-        if op.domain in ("", "ai.onnx"):
-            return op.version
-    raise OnnxProbeError("model imports no default-domain opset")
-
-
 def _loss_nodes(model, loss: str, output: str, infos) -> tuple[list, list]:
     """Nodes computing ``LOSS = sum_i loss_i`` (terms weighted by ``LOSS_SCALE``) and the extra inputs they read."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper, numpy_helper
 
     info = infos.get(output)
     elem = info.elem_type if info is not None and info.elem_type else TensorProto.FLOAT
-    scale = helper.make_tensor_value_info(LOSS_SCALE, elem, None)
+    scale = helper.make_tensor_value_info(LOSS_SCALE, elem, [])
     if loss == "cross_entropy":
-        if _opset(model) < 12:
-            raise OnnxProbeError("loss 'cross_entropy' needs opset >= 12 (SoftmaxCrossEntropyLoss)")
         rank = len(info.shape) if info is not None and info.shape is not None else None
         if rank is None or rank < 2:
             raise OnnxProbeError(
                 f"loss 'cross_entropy' needs output {output!r} of known rank >= 2 (batch, ..., classes)"
             )
-        if not isinstance(info.shape[-1], int) or info.shape[-1] < 1:
+        classes = info.shape[-1]
+        if not isinstance(classes, int) or classes < 1:
             # targets are checked against it before a batch runs: an index past it is read out of bounds
             raise OnnxProbeError(
                 f"loss 'cross_entropy' needs a fixed class count on output {output!r}; its shape is {info.shape}"
             )
-        nodes, logits = [], output
-        if rank > 2:  # SoftmaxCrossEntropyLoss wants classes on axis 1
-            logits = "satcore_logits_nc"
-            perm = [0, rank - 1, *range(1, rank - 1)]
-            nodes.append(helper.make_node("Transpose", [output], [logits], perm=perm))
-        # per-target losses (0 at IGNORE_INDEX), weighted per sample; the second output
-        # (log-probabilities) is what ORT's gradient of this op reads
-        nodes.append(
-            helper.make_node(
-                "SoftmaxCrossEntropyLoss", [logits, TARGETS], ["satcore_ce", "satcore_log_prob"],
-                reduction="none", ignore_index=IGNORE_INDEX,
-            )
-        )
-        nodes.append(helper.make_node("Mul", ["satcore_ce", LOSS_SCALE], ["satcore_ce_weighted"]))
-        nodes.append(helper.make_node("ReduceSum", ["satcore_ce_weighted"], [LOSS], keepdims=0))
-        targets = helper.make_tensor_value_info(TARGETS, TensorProto.INT64, None)
-        return nodes, [targets, scale]
+        # -log softmax(logits)[target] per target as a one-hot contraction over the class axis, weighted
+        # per sample (an ignored target weighs 0 and is fed as class 0)
+        depth = numpy_helper.from_array(np.array(classes, dtype=np.int64), "satcore_classes")
+        on_off = numpy_helper.from_array(np.array([0, 1], dtype=np.int64), "satcore_on_off")
+        last = numpy_helper.from_array(np.array([-1], dtype=np.int64), "satcore_last_axis")
+        nodes = [
+            helper.make_node("Constant", [], [depth.name], value=depth),
+            helper.make_node("Constant", [], [on_off.name], value=on_off),
+            helper.make_node("Constant", [], [last.name], value=last),
+            helper.make_node("LogSoftmax", [output], ["satcore_log_prob"], axis=-1),
+            # int64 then cast: ORT's OneHot has no float64 output
+            helper.make_node("OneHot", [TARGETS, depth.name, on_off.name], ["satcore_one_hot_int"], axis=-1),
+            helper.make_node("Cast", ["satcore_one_hot_int"], ["satcore_one_hot"], to=elem),
+            helper.make_node("Mul", ["satcore_log_prob", "satcore_one_hot"], ["satcore_picked"]),
+            helper.make_node("ReduceSum", ["satcore_picked", last.name], ["satcore_target_log_prob"], keepdims=0),
+            helper.make_node("Mul", ["satcore_target_log_prob", LOSS_SCALE], ["satcore_weighted"]),
+            helper.make_node("ReduceSum", ["satcore_weighted"], ["satcore_log_likelihood"], keepdims=0),
+            helper.make_node("Neg", ["satcore_log_likelihood"], [LOSS]),
+        ]
+        per_target = list(info.shape[:-1])
+        targets = helper.make_tensor_value_info(TARGETS, TensorProto.INT64, per_target)
+        return nodes, [targets, helper.make_tensor_value_info(LOSS_SCALE, elem, per_target)]
     if loss == "mse":
         nodes = [
             helper.make_node("Sub", [output, TARGETS], ["satcore_residual"]),
@@ -189,7 +192,8 @@ def _loss_nodes(model, loss: str, output: str, infos) -> tuple[list, list]:
             helper.make_node("ReduceSum", ["satcore_sq"], ["satcore_sq_sum"], keepdims=0),
             helper.make_node("Mul", ["satcore_sq_sum", LOSS_SCALE], [LOSS]),
         ]
-        return nodes, [helper.make_tensor_value_info(TARGETS, elem, None), scale]
+        shape = list(info.shape) if info is not None and info.shape is not None else None
+        return nodes, [helper.make_tensor_value_info(TARGETS, elem, shape), scale]
     # ``loss`` names an output that already holds per-sample (per-token) losses
     nodes = [
         helper.make_node("ReduceSum", [output], ["satcore_loss_sum"], keepdims=0),
@@ -201,7 +205,7 @@ def _loss_nodes(model, loss: str, output: str, infos) -> tuple[list, list]:
 def batchnorm_as_affine(graph, infos) -> None:
     """Rewrite inference ``BatchNormalization`` (constant statistics) as ``x * a + b``, in place.
 
-    ORT has no gradient for inference-mode BatchNormalization; ``a = gamma /
+    So the backward graph needs only ``Mul`` and ``Add`` for it; ``a = gamma /
     sqrt(var + eps)`` and ``b = beta - mean * a`` (float64, then the input's
     dtype) is what PyTorch's CPU kernel computes in eval mode, so gradients
     match autograd's to round-off.
@@ -262,12 +266,6 @@ def probe_graph(model, candidates, *, loss: str, output: str | None = None):
     probe.CopyFrom(model)
     graph = probe.graph
     batchnorm_as_affine(graph, infos)
-    for k, node in enumerate(graph.node):
-        # ORT's gradients of these ops read their optional outputs (mean / inv-std, log-probabilities)
-        if node.op_type == "LayerNormalization" and len(node.output) == 1:
-            node.output.extend([f"satcore_ln{k}_mean", f"satcore_ln{k}_inv_std"])
-        if node.op_type == "SoftmaxCrossEntropyLoss" and len(node.output) == 1:
-            node.output.append(f"satcore_sce{k}_log_prob")
     nodes, inputs = _loss_nodes(model, loss, output, infos)
     graph.node.extend(nodes)
     graph.input.extend(inputs)
@@ -278,5 +276,4 @@ def probe_graph(model, candidates, *, loss: str, output: str | None = None):
         if name not in graph_inputs:
             elem = infos[name].elem_type if name in infos else onnx.TensorProto.FLOAT
             graph.output.append(helper.make_tensor_value_info(name, elem, None))
-    probe.ir_version = min(probe.ir_version, MAX_IR_VERSION)
     return probe, output, infos

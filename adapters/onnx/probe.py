@@ -1,4 +1,4 @@
-"""``probe``: growth statistics of an ONNX model from ONNX Runtime gradients and NumPy features."""
+"""``probe``: growth statistics of an ONNX model from its backward graph on ONNX Runtime, and NumPy features."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from satcore.statistics import CandidateStatistics
 
 from .errors import OnnxProbeError
 from .features import feature_map, positions
-from .gradients import gradient_route
+from .gradients import GradientRunner
 from .graph import IGNORE_INDEX, LOSS_SCALE, LOSSES, TARGETS, probe_graph, residual_candidates
 from .loading import load_model
 
@@ -92,7 +92,9 @@ def _cross_entropy_feeds(targets, classes: int, batch: int, scale_dtype) -> dict
         )
     per_sample = counted.reshape(batch, -1).sum(1).reshape((batch,) + (1,) * (targets.ndim - 1))
     weights = counted / np.maximum(per_sample, 1)
-    return {TARGETS: targets.astype(np.int64), LOSS_SCALE: weights.astype(scale_dtype)}
+    # an ignored target weighs 0; it is fed as class 0 so that the one-hot row is a real one
+    classes_fed = np.where(counted, targets, 0).astype(np.int64)
+    return {TARGETS: classes_fed, LOSS_SCALE: weights.astype(scale_dtype)}
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ def per_sample_gradients(
     loss: str = "cross_entropy",
     candidates=None,
     output: str | None = None,
-    route: str = "auto",
+    providers=None,
 ) -> GradientSession:
     """Prepare ``model`` (path or ``ModelProto``) for per-sample gradients; arguments as :func:`probe`."""
     proto = load_model(model)
@@ -143,7 +145,7 @@ def per_sample_gradients(
     graph_probe, output, infos = probe_graph(proto, names, loss=loss, output=output)
     initializers = {i.name for i in proto.graph.initializer}
     input_names = tuple(i.name for i in proto.graph.input if i.name not in initializers)
-    runner = gradient_route(graph_probe, names, input_names, route)
+    runner = GradientRunner(graph_probe, names, input_names, providers)
     return GradientSession(
         candidates=tuple(names),
         output=output,
@@ -168,9 +170,9 @@ def probe(
     output: str | None = None,
     variance: bool = False,
     split: str | None = None,
-    route: str = "auto",
+    providers=None,
 ) -> ProbeResult:
-    """Per-candidate growth statistics of an ONNX model over ``data`` (SPEC sections 1-3, 9).
+    """Per-candidate growth statistics of an ONNX model over ``data``.
 
     ``model``: a ``.onnx`` path (external data must lie inside its folder) or
     a ``ModelProto``.  ``data``: an iterable of batches (see
@@ -185,17 +187,18 @@ def probe(
     ``family``: ``"auto"``, a kind, a :class:`~satcore.Family`, a callable
     ``z -> psi``, or a mapping candidate -> one of those; built-in kinds use
     ``make_family(kind, width, seed=seed)``.  For candidate ``z``, ``q_i = d
-    loss_i / d z_i`` comes from ORT training (:mod:`.gradients`, route
-    ``"auto"``, ``"builder"`` or ``"artifacts"``), ``psi`` from
+    loss_i / d z_i`` comes from our backward graph of the model run by ONNX
+    Runtime (:mod:`.autodiff`; ``providers``: its execution providers,
+    default ``["CPUExecutionProvider"]``), ``psi`` from
     :mod:`satcore.families`, and both enter :class:`~satcore.CandidateStatistics`
     (``C = (1/M) sum_i Q_i^T Psi_i``, ``K = (1/M) sum_i Psi_i^T Psi_i``; the growth
     value ``sqrt(tr(C K^+ C^T))`` is ``||Pi_S q_S||_S`` of Theorem 2 / Lemma 4).
     ``variance`` also accumulates ``sum_i X_i^T X_i`` (debiased growth value,
-    SPEC section 4).  The model must not mix samples (inference graph: no
-    training-mode BatchNormalization); inference BatchNormalization is rewritten
-    as an affine map because ORT has no gradient for it.
+    :mod:`satcore.statistics`).  The model must not mix samples (inference
+    graph: no training-mode BatchNormalization); inference BatchNormalization
+    is rewritten as an affine map.
     """
-    session = per_sample_gradients(model, loss=loss, candidates=candidates, output=output, route=route)
+    session = per_sample_gradients(model, loss=loss, candidates=candidates, output=output, providers=providers)
     names = list(session.candidates)
     specs = family if isinstance(family, Mapping) else {n: family for n in names}
     if sorted(specs) != sorted(names):

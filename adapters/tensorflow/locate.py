@@ -59,39 +59,24 @@ def _tap_of(tensor, model, name: str) -> Candidate:
     return Candidate(name, operation.name, "output")
 
 
-def _ancestors(tensor) -> list:
-    """KerasTensors ``tensor`` depends on, nearest first (breadth-first)."""
-    out, seen, frontier = [], {id(tensor)}, [tensor]
-    while frontier:
-        nxt = []
-        for t in frontier:
-            for p in _node_inputs(t):
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    out.append(p)
-                    nxt.append(p)
-        frontier = nxt
-    return out
-
-
 def _block_input(a, b):
     """The skip tensor of ``Add(a, b)``, or None when the Add is not residual.
 
     ``a`` when ``b`` derives from it (``a + f(a)``); with a projection shortcut
-    ``g(x) + f(x)``, the latest floating-point tensor both derive from (``x``).
+    ``g(x) + f(x)``, the latest floating-point tensor both derive from (``x``);
+    the search is :func:`satcore._graph.residual_skip`, shared with the ONNX adapter.
     """
-    anc_a, anc_b = _ancestors(a), _ancestors(b)
-    if any(t is a for t in anc_b):
-        return a
-    if any(t is b for t in anc_a):
-        return b
-    ids_b = {id(t) for t in anc_b}
-    common = [t for t in anc_a if id(t) in ids_b and "float" in str(t.dtype)]
-    # the latest common ancestor is the one no other common ancestor derives from
-    for c in common:
-        if not any(any(t is c for t in _ancestors(other)) for other in common if other is not c):
-            return c
-    return None
+    from satcore._graph import Ancestry, residual_skip
+
+    tensors = {id(a): a, id(b): b}
+
+    def parents(key):
+        inputs = _node_inputs(tensors[key])
+        tensors.update((id(t), t) for t in inputs)
+        return [id(t) for t in inputs]
+
+    skip = residual_skip(Ancestry(parents), id(a), id(b), lambda key: "float" in str(tensors[key].dtype))
+    return None if skip is None else tensors[skip]
 
 
 def residual_candidates(model) -> tuple[Candidate, ...]:
