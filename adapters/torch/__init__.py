@@ -19,6 +19,7 @@ from .diagnostics import StreamDiagnostics
 from .families import FeatureMap, ResidualBranch, build_feature_map, positions
 from .grow import Grown, InsertedResidual, grow
 from .locate import HEAD, Candidate, find_blocks, find_candidates, named_candidates
+from .growth import GrowthResult, GrowthRound, grow_until_saturated
 from .native import NativeFeatures, insert_block, native_feature_map
 from .moments import batch_moments, position_index, subsample_positions
 from .probe import per_sample_losses, probe, sequence_loss
@@ -41,6 +42,9 @@ __all__ = [
     "find_candidates",
     "grow",
     "insert_block",
+    "GrowthResult",
+    "GrowthRound",
+    "grow_until_saturated",
     "named_candidates",
     "native_feature_map",
     "per_sample_losses",

@@ -1,0 +1,93 @@
+"""grow_until_saturated on a real Hugging Face GPT-2 (from a config) and Debian licence text:
+insertions preserve the function, the stop reasons follow the verdicts, a killed run resumes to
+the same log as an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import models_torch as mt  # noqa: E402
+from satcore.adapters.torch import find_blocks, grow_until_saturated, sequence_loss  # noqa: E402
+
+
+def _setup():
+    torch.manual_seed(0)
+    model = mt.gpt2(steps=10).double()  # briefly trained: depth still helps
+    probe_data = [(ids, ids) for ids, _ in mt.text_batches(24, 4, 16)]  # 16 batches: one per fold
+    heldout = [(ids, ids) for ids, _ in mt.text_batches(24, 8, 2, offset=24 * 4 * 16)]
+    return model, probe_data, heldout
+
+
+def _train(model, round_index, steps=3):
+    torch.manual_seed(100 + round_index)  # deterministic per round, so a resumed run trains alike
+    return mt._train_lm(model.double(), steps=steps, seed=round_index)
+
+
+def _loss(outputs, labels):
+    return sequence_loss(outputs, labels)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return _setup()
+
+
+def test_grows_where_improvable_and_each_insertion_preserves_the_function(setup):
+    model, probe_data, heldout = setup
+    result = grow_until_saturated(model, _train, probe_data, _loss, heldout_data=heldout, tolerance=0.0,
+                                  rho=0.01, max_depth=4, max_rounds=4)
+    assert len(find_blocks(model)) == 2  # the input model is untouched
+    inserted = [r for r in result.rounds if r.inserted_at is not None]
+    assert inserted and result.depth == 2 + len(inserted)
+    for r in inserted:
+        assert r.verdict == "improvable"
+        chosen = next(c for c in r.candidates if c["name"] == r.inserted_at)
+        assert chosen["verdict"] == "improvable" and chosen["predicted_gain"] > 0
+        assert chosen["predicted_gain"] == max(c["predicted_gain"] or 0 for c in r.candidates
+                                               if c["verdict"] == "improvable")
+        # a zero-output block: the loss right after insertion is the loss before it
+        assert r.loss_after_insert == pytest.approx(r.train_loss_before, rel=1e-12)
+    assert result.stop_reason in ("max_depth", "max_rounds", "inconclusive", "no gain above tolerance")
+    if result.stop_reason == "max_depth":
+        assert result.depth == 4
+
+
+def test_a_tolerance_no_block_can_reach_stops_at_once(setup):
+    model, probe_data, _ = setup
+    result = grow_until_saturated(model, _train, probe_data, _loss, tolerance=1e3, rho=0.01)
+    assert len(result.rounds) == 1 and result.rounds[0].inserted_at is None
+    assert result.stop_reason in ("saturated", "no gain above tolerance")
+    assert result.depth == 2
+
+
+def test_killed_run_resumes_to_the_uninterrupted_log(setup, tmp_path):
+    model, probe_data, heldout = setup
+    whole = tmp_path / "whole.jsonl"
+    grow_until_saturated(model, _train, probe_data, _loss, tolerance=0.0, max_depth=4, max_rounds=3,
+                         log_path=whole)
+
+    class Killed(Exception):
+        pass
+
+    def train_then_die(m, k):
+        if k == 1:
+            raise Killed
+        return _train(m, k)
+
+    part = tmp_path / "part.jsonl"
+    with pytest.raises(Killed):
+        grow_until_saturated(model, train_then_die, probe_data, _loss, tolerance=0.0, max_depth=4, max_rounds=3,
+                             log_path=part)
+    resumed = grow_until_saturated(model, _train, probe_data, _loss, tolerance=0.0, max_depth=4, max_rounds=3,
+                                   log_path=part)
+    a = [json.loads(line) for line in whole.read_text().splitlines()]
+    b = [json.loads(line) for line in part.read_text().splitlines()]
+    drop = ("probe_seconds", "train_seconds")
+    assert [{k: v for k, v in e.items() if k not in drop} for e in a] == \
+           [{k: v for k, v in e.items() if k not in drop} for e in b]
+    assert resumed.depth == 2 + sum(e["inserted_at"] is not None for e in a)
