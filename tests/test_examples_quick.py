@@ -29,8 +29,10 @@ SCRIPTS = {
     "matched_insertion.py": ["matched_insertion", "matched_insertion_heldout"],
     "growth_vs_scratch.py": ["growth_vs_scratch"],
     "pretrained_llm.py": ["pretrained_minilm", "pretrained_minilm_insertion"],
+    "grow_until_saturated.py": ["grow_until_saturated"],
 }
-PLOTS = ["images_depth_sweep", "text_depth_sweep", "matched_insertion", "growth_vs_scratch", "pretrained_minilm"]
+PLOTS = ["images_depth_sweep", "text_depth_sweep", "matched_insertion", "growth_vs_scratch", "pretrained_minilm",
+         "grow_until_saturated"]
 
 pytestmark = pytest.mark.slow
 
@@ -137,3 +139,14 @@ def test_results_page_figures_exist():
     assert figures
     missing = [f for f in figures if not (ROOT / "docs" / f).is_file()]
     assert not missing, missing
+
+
+def test_grow_loop_inserts_without_changing_the_loss(quick_runs):
+    """Every round of the growth example that inserted a block: the loss right after insertion is the loss
+    before it (a zero-output native block), and the chosen candidate was improvable."""
+    runs = json.loads((RESULTS / "grow_until_saturated.json").read_text())["meta"]["runs"]
+    inserted = [r for run in runs for r in run["rounds"] if r["inserted_at"] is not None]
+    assert inserted
+    for r in inserted:
+        assert math.isclose(r["loss_after_insert"], r["train_loss_before"], rel_tol=1e-6)
+        assert next(c for c in r["candidates"] if c["name"] == r["inserted_at"])["verdict"] == "improvable"
