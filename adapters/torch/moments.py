@@ -357,6 +357,13 @@ def conv_gram(x: torch.Tensor, step: int | None = None) -> torch.Tensor:
     ``(kw, kh' - kh)`` and, where both apply with ``k' = k``, the corner
     pixel added back (inclusion-exclusion).  Symmetric to round-off (the
     FFT computes ``S_d`` and ``S_{-d}`` apart).  ``step``: images per FFT pass.
+
+    The diagonal is set to the exact sums of squares (nine window sums of
+    ``x^2``), and a feature that is exactly zero on every image (a dead ReLU
+    channel, or an offset that only reads zero padding and zero pixels) gets an
+    exactly zero row and column: the FFT leaves such features at round-off
+    (+-1e-18 of the largest entry in float64), which the Jacobi scaling of the
+    rank cut would blow up into O(1) entries of an indefinite matrix.
     """
     M, C, H, W = x.shape
     k = torch.arange(3, device=x.device)
@@ -372,7 +379,15 @@ def conv_gram(x: torch.Tensor, step: int | None = None) -> torch.Tensor:
     pixels = torch.stack([x[:, :, row, col] for (_, row), (_, col) in corners], 2)  # (M, C, 4)
     for ((kh, _), (kw, _)), product in zip(corners, torch.einsum("mci,mdi->icd", pixels, pixels)):
         blocks[kh, kw, kh, kw] += product
-    return blocks.permute(4, 0, 1, 5, 2, 3).reshape(9 * C, 9 * C)
+    out = blocks.permute(4, 0, 1, 5, 2, 3).reshape(9 * C, 9 * C)
+    energy = torch.nn.functional.pad((x * x).sum(0), (1, 1, 1, 1))  # (C, H + 2, W + 2)
+    diagonal = torch.stack([energy[:, kh : kh + H, kw : kw + W].sum((1, 2)) for kh, kw in np.ndindex(3, 3)], 1)
+    diagonal = diagonal.reshape(9 * C)  # unfold order: channel, then kernel offset
+    dead = diagonal == 0
+    out[dead, :] = 0
+    out[:, dead] = 0
+    out.diagonal().copy_(diagonal)
+    return out
 
 
 def conv_sample_gradients(flat: _FlatImages, grad: torch.Tensor, dtype) -> tuple:
