@@ -1,0 +1,302 @@
+"""Predictive validity: do satcore's numbers predict what a trained inserted block actually does?
+
+For stagewise ResNets trained for several lengths (under- to over-fitted) on
+real data that ships offline (sklearn digits; Fashion-MNIST from Debian's
+``dataset-fashion-mnist`` in the full run), at every candidate:
+
+1. probe the model on its training split and on an independent held-out
+   ("probe") split (:func:`satcore.adapters.torch.probe`), and tap the
+   activation-gradient second moment ``F = E[Q^T Q]`` on both;
+2. insert the zero-output block (:func:`satcore.adapters.torch.grow`,
+   ``zero=True``) and train it, the rest of the model frozen in eval mode,
+   with one fixed recipe: ``STEPS`` minibatch steps (batch ``BATCH``) on the
+   training split, the terminal map only or the whole block, with SGD
+   (``LR["sgd"]``) and with Adam (``LR["adam"]``), for each of ``SEEDS``
+   (minibatch order);
+3. record the realized decrease of the training loss (whole training split)
+   and of the test loss (the official test split, never probed), and their
+   spread over seeds;
+4. score every predictor of :mod:`satcore.predictors` (and the paper's
+   numbers) against them: pooled and within-model Spearman correlations with
+   ``n``, the share of held-out signs predicted among insertions whose
+   realized change exceeds its seed spread, and a calibration plot.
+
+Run ``python bench/predictive_validity.py [--quick]``; output: JSON and PNG
+under ``docs/figures/`` (``--out`` to change), seeds, recipes and sizes inside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+import torch  # noqa: E402
+from scipy.stats import spearmanr  # noqa: E402
+
+from exlib.data import load_images  # noqa: E402
+from exlib.models import StagewiseResNet  # noqa: E402
+from exlib.training import batches, classifier_loss, per_sample_ce, train_classifier  # noqa: E402
+from satcore import predictors as P  # noqa: E402
+from satcore.insertion import predicted_loss_change  # noqa: E402
+from satcore.adapters.torch import StreamTaps, grow, positions, probe  # noqa: E402
+from satcore.adapters.torch.probe import eval_mode  # noqa: E402
+
+STEPS = 30
+BATCH = 64
+LR = {"sgd": 0.05, "adam": 0.003}
+SEEDS = (0, 1)
+RECIPES = ("terminal", "whole")
+WIDTHS = (8, 16, 32)
+FULL = [
+    # (dataset, n_train, n_probe, n_test, probe batch, training epochs)
+    ("digits", 600, 320, 400, 20, (1, 3, 10, 60)),
+    ("fashion", 1500, 640, 1000, 40, (1, 3, 12, 40)),
+]
+QUICK = [("digits", 256, 160, 200, 10, (1, 8))]
+QUICK_STEPS = 8
+
+
+def fisher(model, data, candidates) -> dict:
+    """``F = (1/n) sum_i Q_i^T Q_i`` (``N x N``, summed over positions) per candidate, float64."""
+    names = [c.name for c in candidates]
+    total, n = {name: 0.0 for name in names}, 0
+    with eval_mode(model), StreamTaps(model, tuple(candidates)) as taps:
+        for inputs, targets in data:
+            taps.clear()
+            loss = per_sample_ce(model(inputs), targets).sum()
+            for name, grad in zip(names, taps.gradients(loss, names)):
+                q = positions(grad).to(torch.float64)
+                q = q.reshape(-1, q.shape[-1])
+                total[name] = total[name] + (q.T @ q).numpy()
+            n += len(targets)
+    return {name: total[name] / n for name in names}
+
+
+def train_block(model, result, at, recipe, optimizer, seed, train, steps):
+    """Insert the zero-output block at ``at`` and train it; returns the grown model (eval mode)."""
+    grown = grow(model, result, at, zero=True).model.eval()
+    branch = next(m for m in grown.modules() if type(m).__name__ == "InsertedResidual").branch
+    for p in grown.parameters():
+        p.requires_grad_(False)
+    params = list(branch.projection.parameters()) if recipe == "terminal" else list(branch.parameters())
+    for p in params:
+        p.requires_grad_(True)
+    opt = (torch.optim.SGD(params, lr=LR["sgd"]) if optimizer == "sgd"
+           else torch.optim.Adam(params, lr=LR["adam"]))
+    x, y = torch.as_tensor(train[0]), torch.as_tensor(train[1])
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.cat([torch.randperm(len(y), generator=gen) for _ in range(steps * BATCH // len(y) + 1)])
+    for s in range(steps):
+        idx = order[s * BATCH : (s + 1) * BATCH]
+        loss = per_sample_ce(grown(x[idx]), y[idx]).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return grown
+
+
+def candidate_predictors(name, tr, ho, f_tr, f_ho, rms, steps) -> dict:
+    """Every predictor's value for one candidate (gains: positive = the loss goes down)."""
+    C, K, T = tr.cross_gradient(), tr.feature_gram(), tr.n_positions
+    s_tr, s_ho = tr.score(name), ho.score(name)
+    out = {
+        "growth_value_train": s_tr.growth_value,
+        "cnorm_train": s_tr.cross_gradient_norm,
+        "ag_train": s_tr.ag,
+        "growth_value_heldout": s_ho.growth_value,
+        "growth_value_sq_heldout_unbiased": s_ho.fold_test.unbiased,
+    }
+    for opt in ("sgd", "adam"):
+        lr = LR[opt]
+        first = P.sgd_step_gain(C, lr, steps) if opt == "sgd" else P.adam_step_gain(C, lr, steps)
+        out[f"first_order_{opt}"] = first
+        point = P.kronecker_sgd_point if opt == "sgd" else P.kronecker_adam_point
+        V2 = point(C, f_tr, K, T, lr, steps)
+        out[f"kfac_{opt}"] = -(float(np.sum(C * V2)) + P.kronecker_quadratic(V2, f_tr, K, T))
+        V1 = -steps * lr * C if opt == "sgd" else steps * lr * P.adam_direction(C)
+        h1 = P.heldout_gain(V1, ho.fold_cross, ho.fold_samples)
+        quad = P.kronecker_quadratic(V2, f_ho, ho.feature_gram(), ho.n_positions)
+        h2 = P.heldout_gain(V2, ho.fold_cross, ho.fold_samples, second_order=quad)
+        out[f"alignment_{opt}"], out[f"alignment_{opt}_p_decrease"] = h1.value, h1.p_decrease
+        out[f"alignment_{opt}_interval"] = list(h1.interval)
+        out[f"alignment_kfac_{opt}"], out[f"alignment_kfac_{opt}_p_decrease"] = h2.value, h2.p_decrease
+        out[f"alignment_kfac_{opt}_interval"] = list(h2.interval)
+    # held-out decrease of the gradient-matched block per unit of its training-split decrease rate
+    out["alignment_matched"] = -predicted_loss_change(C, K, 1.0, ho.cross_gradient()) / max(s_tr.growth_value, 1e-300)
+    out["stream_rms"] = rms
+    return out
+
+
+def run_model(dataset, n_train, n_probe, n_test, probe_batch, epochs, steps, log) -> list[dict]:
+    data = load_images(n_train, n_probe, n_test, seed=0, digits=dataset == "digits")
+    torch.manual_seed(1)
+    model = StagewiseResNet(1, WIDTHS)
+    t0 = time.time()
+    train_classifier(model, *data.train, epochs=epochs, seed=1)
+    train_data, probe_data = batches(*data.train, 50), batches(*data.probe, probe_batch)
+    base_train, acc_train = classifier_loss(model, *data.train)
+    base_test, acc_test = classifier_loss(model, *data.test)
+    res_tr = probe(model, train_data, per_sample_ce, split="train", variance=True)
+    res_ho = probe(model, probe_data, per_sample_ce, split="heldout", variance=True)
+    f_tr = fisher(model, train_data, res_tr.candidates)
+    f_ho = fisher(model, probe_data, res_ho.candidates)
+    tag = f"{dataset}/e{epochs}"
+    log(f"{tag}: train loss {base_train:.3f} (acc {acc_train:.3f}), test {base_test:.3f} (acc {acc_test:.3f}), "
+        f"{len(res_tr.statistics)} candidates, trained in {time.time() - t0:.1f}s")
+    rows, skipped = [], []
+    for name in res_tr.statistics:
+        try:
+            res_tr.statistics[name].score(name), res_ho.statistics[name].score(name)
+        except ValueError as exc:  # reported, never silently dropped
+            log(f"  {tag} {name}: skipped: {exc}")
+            skipped.append({"model": tag, "candidate": name, "reason": str(exc)})
+            continue
+        row = {"model": tag, "dataset": data.source, "epochs": epochs, "candidate": name,
+               "base_train_loss": base_train, "base_test_loss": base_test,
+               "predictors": candidate_predictors(name, res_tr.statistics[name], res_ho.statistics[name],
+                                                  f_tr[name], f_ho[name], res_tr.diagnostics[name].stream_rms,
+                                                  steps),
+               "realized": {}}
+        for recipe in RECIPES:
+            for opt in ("sgd", "adam"):
+                gains = []
+                for seed in SEEDS:
+                    grown = train_block(model, res_tr, name, recipe, opt, seed, data.train, steps)
+                    gains.append((base_train - classifier_loss(grown, *data.train)[0],
+                                  base_test - classifier_loss(grown, *data.test)[0]))
+                g = np.array(gains)
+                row["realized"][f"{recipe}_{opt}"] = {
+                    "train_gain": float(g[:, 0].mean()), "test_gain": float(g[:, 1].mean()),
+                    "train_spread": float(np.ptp(g[:, 0])), "test_spread": float(np.ptp(g[:, 1])),
+                    "per_seed": g.tolist()}
+        rows.append(row)
+    return rows, skipped
+
+
+TRAIN_PREDICTORS = ("growth_value_train", "cnorm_train", "ag_train", "growth_value_heldout",
+                    "growth_value_sq_heldout_unbiased", "first_order_{opt}", "kfac_{opt}",
+                    "alignment_{opt}", "alignment_kfac_{opt}", "alignment_matched")
+
+
+def _spearman(x, y) -> float | None:
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return None
+    return float(spearmanr(x, y).statistic)
+
+
+def score(rows) -> dict:
+    """Per realized column (recipe x optimizer x split) and predictor: Spearman pooled and within model, signs."""
+    out = {}
+    models = sorted({r["model"] for r in rows})
+    for recipe in RECIPES:
+        for opt in ("sgd", "adam"):
+            col = f"{recipe}_{opt}"
+            for split in ("train", "test"):
+                realized = np.array([r["realized"][col][f"{split}_gain"] for r in rows])
+                spread = np.array([r["realized"][col][f"{split}_spread"] for r in rows])
+                clear = np.abs(realized) > spread
+                table = {}
+                for template in TRAIN_PREDICTORS:
+                    key = template.format(opt=opt)
+                    pred = np.array([r["predictors"][key] for r in rows])
+                    within = [_spearman(pred[[r["model"] == m for r in rows]],
+                                        realized[[r["model"] == m for r in rows]]) for m in models]
+                    within = [w for w in within if w is not None]
+                    signs = np.sign(pred[clear]) == np.sign(realized[clear])
+                    table[key] = {
+                        "spearman_pooled": _spearman(pred, realized), "n": len(rows),
+                        "spearman_within_mean": float(np.mean(within)) if within else None,
+                        "n_models": len(within),
+                        "sign_agreement": float(signs.mean()) if clear.any() else None,
+                        "n_clear": int(clear.sum())}
+                out[f"{col}/{split}"] = {"predictors": table,
+                                         "share_decreasing": float(np.mean(realized > 0)),
+                                         "n_clear": int(clear.sum())}
+    return out
+
+
+def plot(rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(9, 8))
+    for i, opt in enumerate(("sgd", "adam")):
+        for j, (split, key) in enumerate((("train", f"kfac_{opt}"), ("test", f"alignment_kfac_{opt}"))):
+            ax = axes[i, j]
+            for recipe, marker in zip(RECIPES, ("o", "x")):
+                pred = [r["predictors"][key] for r in rows]
+                real = [r["realized"][f"{recipe}_{opt}"][f"{split}_gain"] for r in rows]
+                ax.scatter(pred, real, marker=marker, s=18, label=f"{recipe} block")
+            lim = max(1e-6, max(abs(v) for r in rows for v in (r["predictors"][key],
+                                                                 r["realized"][f"terminal_{opt}"][f"{split}_gain"])))
+            ax.plot([-lim, lim], [-lim, lim], "k:", lw=1, label="predicted = realized")
+            ax.axhline(0, color="grey", lw=0.5)
+            ax.axvline(0, color="grey", lw=0.5)
+            ax.set_xscale("symlog", linthresh=lim / 100)
+            ax.set_yscale("symlog", linthresh=lim / 100)
+            ax.set_xlabel(f"predicted {split} decrease ({key})")
+            ax.set_ylabel(f"realized {split} decrease ({opt.upper()}, {STEPS_USED} steps)")
+            ax.legend(fontsize=7)
+    fig.suptitle("Inserted zero-output blocks: predicted vs realized loss decrease (loss units)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+STEPS_USED = STEPS
+
+
+def main(argv=None) -> int:
+    global STEPS_USED
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="digits only, 2 checkpoints, short recipe (CI)")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "figures")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    plan = QUICK if args.quick else FULL
+    steps = QUICK_STEPS if args.quick else STEPS
+    STEPS_USED = steps
+    start = time.time()
+    rows, skipped = [], []
+    for dataset, n_train, n_probe, n_test, probe_batch, epoch_list in plan:
+        for epochs in epoch_list:
+            more, left_out = run_model(dataset, n_train, n_probe, n_test, probe_batch, epochs, steps, print)
+            rows, skipped = rows + more, skipped + left_out
+    result = {
+        "schema": "satcore-bench-predictive-validity/1",
+        "mode": "quick" if args.quick else "full",
+        "recipe": {"steps": steps, "batch": BATCH, "lr": LR, "seeds": list(SEEDS), "recipes": list(RECIPES),
+                   "optimizers": ["sgd", "adam"], "frozen": "rest of the model, eval mode (BatchNorm running stats)",
+                   "model": f"StagewiseResNet(n_added=1, widths={WIDTHS}), SGD momentum 0.9, cosine, seed 1",
+                   "family": "conv (probe default), feature seed 0",
+                   "realized_test_split": "official test split (never probed); held-out predictors use the probe split"},
+        "models": [{"dataset": d, "n_train": a, "n_probe": b, "n_test": c, "probe_batch": pb, "epochs": list(e)}
+                   for d, a, b, c, pb, e in plan],
+        "rows": rows,
+        "skipped": skipped,
+        "scores": score(rows),
+        "wall_seconds": time.time() - start,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = "predictive_validity" + ("_quick" if args.quick else "")
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=float))
+    plot(rows, args.out / f"{stem}.png")
+    print(f"{len(rows)} insertions in {result['wall_seconds']:.0f}s -> {args.out / stem}.json/.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
