@@ -62,8 +62,9 @@ FULL = [
     ("digits", 600, 320, 400, 20, (1, 3, 10, 60)),
     ("fashion", 1500, 640, 1000, 40, (1, 3, 12, 40)),
 ]
-QUICK = [("digits", 256, 160, 200, 10, (1, 8))]
+QUICK = [("digits", 192, 160, 160, 10, (1, 8))]
 QUICK_STEPS = 8
+QUICK_CANDIDATES = ("layer1.0", "layer2.0", "layer3.0")
 
 
 def fisher(model, data, candidates) -> dict:
@@ -137,7 +138,7 @@ def candidate_predictors(name, tr, ho, f_tr, f_ho, rms, steps) -> dict:
     return out
 
 
-def run_model(dataset, n_train, n_probe, n_test, probe_batch, epochs, steps, log) -> list[dict]:
+def run_model(dataset, n_train, n_probe, n_test, probe_batch, epochs, steps, log, candidates=None):
     data = load_images(n_train, n_probe, n_test, seed=0, digits=dataset == "digits")
     torch.manual_seed(1)
     model = StagewiseResNet(1, WIDTHS)
@@ -146,8 +147,10 @@ def run_model(dataset, n_train, n_probe, n_test, probe_batch, epochs, steps, log
     train_data, probe_data = batches(*data.train, 50), batches(*data.probe, probe_batch)
     base_train, acc_train = classifier_loss(model, *data.train)
     base_test, acc_test = classifier_loss(model, *data.test)
-    res_tr = probe(model, train_data, per_sample_ce, split="train", variance=True)
-    res_ho = probe(model, probe_data, per_sample_ce, split="heldout", variance=True)
+    res_tr = probe(model, train_data, per_sample_ce, split="train", variance=True, candidates=candidates,
+                   head=candidates is None)
+    res_ho = probe(model, probe_data, per_sample_ce, split="heldout", variance=True, candidates=candidates,
+                   head=candidates is None)
     f_tr = fisher(model, train_data, res_tr.candidates)
     f_ho = fisher(model, probe_data, res_ho.candidates)
     tag = f"{dataset}/e{epochs}"
@@ -273,7 +276,8 @@ def main(argv=None) -> int:
     rows, skipped = [], []
     for dataset, n_train, n_probe, n_test, probe_batch, epoch_list in plan:
         for epochs in epoch_list:
-            more, left_out = run_model(dataset, n_train, n_probe, n_test, probe_batch, epochs, steps, print)
+            more, left_out = run_model(dataset, n_train, n_probe, n_test, probe_batch, epochs, steps, print,
+                                       QUICK_CANDIDATES if args.quick else None)
             rows, skipped = rows + more, skipped + left_out
     result = {
         "schema": "satcore-bench-predictive-validity/1",
