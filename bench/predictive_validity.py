@@ -260,6 +260,36 @@ def plot(rows, path: Path) -> None:
 
 
 STEPS_USED = STEPS
+COLUMNS = [f"{recipe}_{opt}" for recipe in RECIPES for opt in ("sgd", "adam")]
+
+
+def _fmt(x, digits=2):
+    return "-" if x is None else f"{x:+.{digits}f}"
+
+
+def markdown_tables(result) -> str:
+    """The docs tables: per predictor, pooled / within-model Spearman with each realized column; for the
+    test split also the share of signs predicted among insertions whose change exceeds its seed spread."""
+    scores, lines = result["scores"], []
+    for split, title in (("train", "realized training-loss decrease"), ("test", "realized test-loss decrease")):
+        n = scores[f"{COLUMNS[0]}/{split}"]["predictors"]["cnorm_train"]["n"]
+        lines.append(f"**{title}** (n = {n} insertions; pooled Spearman / mean within-model Spearman"
+                     + ("; sign agreement on insertions beyond their seed spread" if split == "test" else "") + ")\n")
+        lines.append("| predictor | " + " | ".join(COLUMNS) + " |")
+        lines.append("|---" * (len(COLUMNS) + 1) + "|")
+        for template in TRAIN_PREDICTORS:
+            cells = []
+            for col in COLUMNS:
+                opt = col.split("_")[1]
+                entry = scores[f"{col}/{split}"]["predictors"][template.format(opt=opt)]
+                cell = f"{_fmt(entry['spearman_pooled'])} / {_fmt(entry['spearman_within_mean'])}"
+                if split == "test" and entry["sign_agreement"] is not None:
+                    cell += f"; {100 * entry['sign_agreement']:.0f}% of {entry['n_clear']}"
+                cells.append(cell)
+            lines.append(f"| `{template.replace('{opt}', '<opt>')}` | " + " | ".join(cells) + " |")
+        shares = ", ".join(f"{c}: {100 * scores[f'{c}/{split}']['share_decreasing']:.0f}%" for c in COLUMNS)
+        lines.append(f"\nShare of insertions whose {split} loss went down: {shares}.\n")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -267,7 +297,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="digits only, 2 checkpoints, short recipe (CI)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "figures")
+    parser.add_argument("--tables", type=Path, help="print the docs tables of a finished run's JSON and exit")
     args = parser.parse_args(argv)
+    if args.tables:
+        print(markdown_tables(json.loads(args.tables.read_text())))
+        return 0
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     plan = QUICK if args.quick else FULL
     steps = QUICK_STEPS if args.quick else STEPS
