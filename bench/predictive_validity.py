@@ -45,6 +45,7 @@ from scipy.stats import spearmanr  # noqa: E402
 
 from exlib.data import load_images  # noqa: E402
 from exlib.models import StagewiseResNet  # noqa: E402
+from exlib.output import versions  # noqa: E402
 from exlib.training import batches, classifier_loss, per_sample_ce, train_classifier  # noqa: E402
 from satcore import predictors as P  # noqa: E402
 from satcore.insertion import predicted_loss_change  # noqa: E402
@@ -328,6 +329,10 @@ def main(argv=None) -> int:
         "scores": score(rows),
         "wall_seconds": time.time() - start,
     }
+    # the fields docs/results.md's table of runs reads (examples/update_results_page.py)
+    result["meta"] = {"command": "bench/predictive_validity.py" + (" --quick" if args.quick else ""),
+                      "seconds": result["wall_seconds"], "written": time.strftime("%Y-%m-%d %H:%M:%S"),
+                      "data": "; ".join(sorted({r["dataset"] for r in rows})), "versions": versions()}
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "predictive_validity" + ("_quick" if args.quick else "")
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=float))
