@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -43,14 +42,15 @@ sys.path.insert(0, str(ROOT / "examples"))
 import torch  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
-from exlib.data import load_images  # noqa: E402
-from exlib.models import StagewiseResNet  # noqa: E402
+from exlib.data import load_images, load_text  # noqa: E402
+from exlib.models import StagewiseResNet, gpt2_decoder  # noqa: E402
 from exlib.output import versions  # noqa: E402
-from exlib.training import batches, classifier_loss, per_sample_ce, train_classifier  # noqa: E402
+from exlib.training import (  # noqa: E402
+    batches, classifier_loss, lm_batches, lm_loss, lm_windows, per_sample_ce, train_classifier, train_lm)
 from satcore import predictors as P  # noqa: E402
-from satcore.insertion import predicted_loss_change  # noqa: E402
-from satcore.adapters.torch import StreamTaps, grow, positions, probe  # noqa: E402
-from satcore.adapters.torch.probe import eval_mode  # noqa: E402
+from satcore.depth import DepthStatistics  # noqa: E402
+from satcore.adapters.torch import StreamTaps, grow, positions, probe, sequence_loss  # noqa: E402
+from satcore.adapters.torch.probe import call_model, eval_mode  # noqa: E402
 
 STEPS = 30
 BATCH = 64
@@ -63,19 +63,60 @@ FULL = [
     ("digits", 600, 320, 400, 20, (1, 3, 10, 60)),
     ("fashion", 1500, 640, 1000, 40, (1, 3, 12, 40)),
 ]
+# GPT-2-style byte decoder (2 blocks, width 64) on the Debian python3.11-doc text (licence texts when it
+# is not extracted): (training steps, windows of 64 bytes: train / probe / test, probe batch)
+TEXT = {"steps": (20, 150, 800), "windows": (384, 256, 256), "probe_batch": 16, "batch": 16}
 QUICK = [("digits", 192, 160, 160, 10, (1, 8))]
 QUICK_STEPS = 8
 QUICK_CANDIDATES = ("layer1.0", "layer2.0", "layer3.0")
 
 
-def fisher(model, data, candidates) -> dict:
+class Task:
+    """One trained model and its splits: ``train`` (inputs, targets) tensors the block is trained on,
+    ``probe_train`` / ``probe_heldout`` batches, ``loss_fn`` (per-sample) and ``evaluate(model, split)``."""
+
+    def __init__(self, tag, source, model, train, test, probe_train, probe_heldout, loss_fn, evaluate, batch,
+                 to_inputs):
+        self.tag, self.source, self.model, self.train, self.test = tag, source, model, train, test
+        self.probe_train, self.probe_heldout, self.loss_fn = probe_train, probe_heldout, loss_fn
+        self.evaluate, self.batch, self.to_inputs = evaluate, batch, to_inputs
+
+    def losses(self, model) -> tuple[float, float]:
+        return self.evaluate(model, *self.train), self.evaluate(model, *self.test)
+
+
+def image_task(dataset, n_train, n_probe, n_test, probe_batch, epochs) -> Task:
+    data = load_images(n_train, n_probe, n_test, seed=0, digits=dataset == "digits")
+    torch.manual_seed(1)
+    model = StagewiseResNet(1, WIDTHS)
+    train_classifier(model, *data.train, epochs=epochs, seed=1)
+    train = tuple(torch.as_tensor(a) for a in data.train)
+    test = tuple(torch.as_tensor(a) for a in data.test)
+    return Task(f"{dataset}/e{epochs}", data.source, model, train, test, batches(*data.train, 50),
+                batches(*data.probe, probe_batch), per_sample_ce, lambda m, x, y: classifier_loss(m, x, y)[0],
+                BATCH, lambda x: x)
+
+
+def text_task(steps, quick) -> Task:
+    text = load_text(quick)
+    n_train, n_probe, n_test = TEXT["windows"]
+    model = gpt2_decoder(2, d_model=64, n_head=4, n_positions=64, seed=1)
+    train_lm(model, text.train, steps=steps, seq_len=64, batch_size=16, seed=1)
+    train = lm_windows(text.train, 64, n_train, seed=2)
+    test = lm_windows(text.test, 64, n_test, seed=4)
+    return Task(f"text/s{steps}", text.source, model, (train, train), (test, test), lm_batches(train, 32),
+                lm_batches(lm_windows(text.probe, 64, n_probe, seed=3), TEXT["probe_batch"]), sequence_loss,
+                lambda m, x, y: lm_loss(m, x), TEXT["batch"], lambda x: {"input_ids": x})
+
+
+def fisher(model, data, candidates, loss_fn) -> dict:
     """``F = (1/n) sum_i Q_i^T Q_i`` (``N x N``, summed over positions) per candidate, float64."""
     names = [c.name for c in candidates]
     total, n = {name: 0.0 for name in names}, 0
     with eval_mode(model), StreamTaps(model, tuple(candidates)) as taps:
         for inputs, targets in data:
             taps.clear()
-            loss = per_sample_ce(model(inputs), targets).sum()
+            loss = loss_fn(call_model(model, inputs), targets).sum()
             for name, grad in zip(names, taps.gradients(loss, names)):
                 q = positions(grad).to(torch.float64)
                 q = q.reshape(-1, q.shape[-1])
@@ -84,9 +125,9 @@ def fisher(model, data, candidates) -> dict:
     return {name: total[name] / n for name in names}
 
 
-def train_block(model, result, at, recipe, optimizer, seed, train, steps):
+def train_block(task, result, at, recipe, optimizer, seed, steps):
     """Insert the zero-output block at ``at`` and train it; returns the grown model (eval mode)."""
-    grown = grow(model, result, at, zero=True).model.eval()
+    grown = grow(task.model, result, at, zero=True).model.eval()
     branch = next(m for m in grown.modules() if type(m).__name__ == "InsertedResidual").branch
     for p in grown.parameters():
         p.requires_grad_(False)
@@ -95,12 +136,12 @@ def train_block(model, result, at, recipe, optimizer, seed, train, steps):
         p.requires_grad_(True)
     opt = (torch.optim.SGD(params, lr=LR["sgd"]) if optimizer == "sgd"
            else torch.optim.Adam(params, lr=LR["adam"]))
-    x, y = torch.as_tensor(train[0]), torch.as_tensor(train[1])
+    (x, y), size = task.train, task.batch
     gen = torch.Generator().manual_seed(seed)
-    order = torch.cat([torch.randperm(len(y), generator=gen) for _ in range(steps * BATCH // len(y) + 1)])
+    order = torch.cat([torch.randperm(len(y), generator=gen) for _ in range(steps * size // len(y) + 1)])
     for s in range(steps):
-        idx = order[s * BATCH : (s + 1) * BATCH]
-        loss = per_sample_ce(grown(x[idx]), y[idx]).mean()
+        idx = order[s * size : (s + 1) * size]
+        loss = task.loss_fn(call_model(grown, task.to_inputs(x[idx])), y[idx]).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -109,7 +150,6 @@ def train_block(model, result, at, recipe, optimizer, seed, train, steps):
 
 def candidate_predictors(name, tr, ho, f_tr, f_ho, rms, steps) -> dict:
     """Every predictor's value for one candidate (gains: positive = the loss goes down)."""
-    C, K, T = tr.cross_gradient(), tr.feature_gram(), tr.n_positions
     s_tr, s_ho = tr.score(name), ho.score(name)
     out = {
         "growth_value_train": s_tr.growth_value,
@@ -118,45 +158,34 @@ def candidate_predictors(name, tr, ho, f_tr, f_ho, rms, steps) -> dict:
         "growth_value_heldout": s_ho.growth_value,
         "growth_value_sq_heldout_unbiased": s_ho.fold_test.unbiased,
     }
+    train, held = DepthStatistics({name: tr}), DepthStatistics({name: ho})
     for opt in ("sgd", "adam"):
-        lr = LR[opt]
-        first = P.sgd_step_gain(C, lr, steps) if opt == "sgd" else P.adam_step_gain(C, lr, steps)
-        out[f"first_order_{opt}"] = first
-        point = P.kronecker_sgd_point if opt == "sgd" else P.kronecker_adam_point
-        V2 = point(C, f_tr, K, T, lr, steps)
-        out[f"kfac_{opt}"] = -(float(np.sum(C * V2)) + P.kronecker_quadratic(V2, f_tr, K, T))
-        V1 = -steps * lr * C if opt == "sgd" else steps * lr * P.adam_direction(C)
-        h1 = P.heldout_gain(V1, ho.fold_cross, ho.fold_samples)
-        quad = P.kronecker_quadratic(V2, f_ho, ho.feature_gram(), ho.n_positions)
-        h2 = P.heldout_gain(V2, ho.fold_cross, ho.fold_samples, second_order=quad)
-        out[f"alignment_{opt}"], out[f"alignment_{opt}_p_decrease"] = h1.value, h1.p_decrease
-        out[f"alignment_{opt}_interval"] = list(h1.interval)
-        out[f"alignment_kfac_{opt}"], out[f"alignment_kfac_{opt}_p_decrease"] = h2.value, h2.p_decrease
-        out[f"alignment_kfac_{opt}_interval"] = list(h2.interval)
-    # held-out decrease of the gradient-matched block per unit of its training-split decrease rate
-    out["alignment_matched"] = -predicted_loss_change(C, K, 1.0, ho.cross_gradient()) / max(s_tr.growth_value, 1e-300)
+        first = P.predict_gains(train, held, optimizer=opt, lr=LR[opt], steps=steps)[name]
+        second = P.predict_gains(train, held, optimizer=opt, lr=LR[opt], steps=steps, train_fisher={name: f_tr},
+                                 heldout_fisher={name: f_ho})[name]
+        out[f"first_order_{opt}"], out[f"kfac_{opt}"] = first.training_gain, second.training_gain_second_order
+        for key, gain in ((f"alignment_{opt}", first.heldout), (f"alignment_kfac_{opt}", second.heldout)):
+            out[key], out[f"{key}_p_decrease"], out[f"{key}_interval"] = gain.value, gain.p_decrease, list(gain.interval)
+    # held-out decrease of the gradient-matched block per unit of its relative size times ||z||_S:
+    # tr(C_heldout K^- C^T) / V, which ranks like the held-out gain of any rho
+    matched = P.predict_gains(train, held, optimizer="matched", rho=1.0, stream_rms={name: rms})[name]
+    out["alignment_matched"] = matched.heldout.value / rms
     out["stream_rms"] = rms
     return out
 
 
-def run_model(dataset, n_train, n_probe, n_test, probe_batch, epochs, steps, log, candidates=None):
-    data = load_images(n_train, n_probe, n_test, seed=0, digits=dataset == "digits")
-    torch.manual_seed(1)
-    model = StagewiseResNet(1, WIDTHS)
+def run_model(task, steps, log, candidates=None):
     t0 = time.time()
-    train_classifier(model, *data.train, epochs=epochs, seed=1)
-    train_data, probe_data = batches(*data.train, 50), batches(*data.probe, probe_batch)
-    base_train, acc_train = classifier_loss(model, *data.train)
-    base_test, acc_test = classifier_loss(model, *data.test)
-    res_tr = probe(model, train_data, per_sample_ce, split="train", variance=True, candidates=candidates,
+    base_train, base_test = task.losses(task.model)
+    res_tr = probe(task.model, task.probe_train, task.loss_fn, split="train", variance=True, candidates=candidates,
                    head=candidates is None)
-    res_ho = probe(model, probe_data, per_sample_ce, split="heldout", variance=True, candidates=candidates,
-                   head=candidates is None)
-    f_tr = fisher(model, train_data, res_tr.candidates)
-    f_ho = fisher(model, probe_data, res_ho.candidates)
-    tag = f"{dataset}/e{epochs}"
-    log(f"{tag}: train loss {base_train:.3f} (acc {acc_train:.3f}), test {base_test:.3f} (acc {acc_test:.3f}), "
-        f"{len(res_tr.statistics)} candidates, trained in {time.time() - t0:.1f}s")
+    res_ho = probe(task.model, task.probe_heldout, task.loss_fn, split="heldout", variance=True,
+                   candidates=candidates, head=candidates is None)
+    f_tr = fisher(task.model, task.probe_train, res_tr.candidates, task.loss_fn)
+    f_ho = fisher(task.model, task.probe_heldout, res_ho.candidates, task.loss_fn)
+    tag = task.tag
+    log(f"{tag}: train loss {base_train:.3f}, test {base_test:.3f}, {len(res_tr.statistics)} candidates, "
+        f"probed in {time.time() - t0:.1f}s")
     rows, skipped = [], []
     for name in res_tr.statistics:
         try:
@@ -165,7 +194,7 @@ def run_model(dataset, n_train, n_probe, n_test, probe_batch, epochs, steps, log
             log(f"  {tag} {name}: skipped: {exc}")
             skipped.append({"model": tag, "candidate": name, "reason": str(exc)})
             continue
-        row = {"model": tag, "dataset": data.source, "epochs": epochs, "candidate": name,
+        row = {"model": tag, "dataset": task.source, "candidate": name,
                "base_train_loss": base_train, "base_test_loss": base_test,
                "predictors": candidate_predictors(name, res_tr.statistics[name], res_ho.statistics[name],
                                                   f_tr[name], f_ho[name], res_tr.diagnostics[name].stream_rms,
@@ -175,9 +204,8 @@ def run_model(dataset, n_train, n_probe, n_test, probe_batch, epochs, steps, log
             for opt in ("sgd", "adam"):
                 gains = []
                 for seed in SEEDS:
-                    grown = train_block(model, res_tr, name, recipe, opt, seed, data.train, steps)
-                    gains.append((base_train - classifier_loss(grown, *data.train)[0],
-                                  base_test - classifier_loss(grown, *data.test)[0]))
+                    after_train, after_test = task.losses(train_block(task, res_tr, name, recipe, opt, seed, steps))
+                    gains.append((base_train - after_train, base_test - after_test))
                 g = np.array(gains)
                 row["realized"][f"{recipe}_{opt}"] = {
                     "train_gain": float(g[:, 0].mean()), "test_gain": float(g[:, 1].mean()),
@@ -309,21 +337,25 @@ def main(argv=None) -> int:
     STEPS_USED = steps
     start = time.time()
     rows, skipped = [], []
-    for dataset, n_train, n_probe, n_test, probe_batch, epoch_list in plan:
-        for epochs in epoch_list:
-            more, left_out = run_model(dataset, n_train, n_probe, n_test, probe_batch, epochs, steps, print,
-                                       QUICK_CANDIDATES if args.quick else None)
-            rows, skipped = rows + more, skipped + left_out
+    tasks = [lambda d=d, e=e: image_task(*d[:5], e) for d in plan for e in d[5]]
+    if not args.quick:
+        tasks += [lambda n=n: text_task(n, quick=False) for n in TEXT["steps"]]
+    for make in tasks:
+        more, left_out = run_model(make(), steps, print, QUICK_CANDIDATES if args.quick else None)
+        rows, skipped = rows + more, skipped + left_out
     result = {
         "schema": "satcore-bench-predictive-validity/1",
         "mode": "quick" if args.quick else "full",
-        "recipe": {"steps": steps, "batch": BATCH, "lr": LR, "seeds": list(SEEDS), "recipes": list(RECIPES),
+        "recipe": {"steps": steps, "batch": {"images": BATCH, "text windows": TEXT["batch"]}, "lr": LR,
+                   "seeds": list(SEEDS), "recipes": list(RECIPES),
                    "optimizers": ["sgd", "adam"], "frozen": "rest of the model, eval mode (BatchNorm running stats)",
                    "model": f"StagewiseResNet(n_added=1, widths={WIDTHS}), SGD momentum 0.9, cosine, seed 1",
                    "family": "conv (probe default), feature seed 0",
                    "realized_test_split": "official test split (never probed); held-out predictors use the probe split"},
         "models": [{"dataset": d, "n_train": a, "n_probe": b, "n_test": c, "probe_batch": pb, "epochs": list(e)}
-                   for d, a, b, c, pb, e in plan],
+                   for d, a, b, c, pb, e in plan]
+        + ([] if args.quick else [{"dataset": "text", "model": "gpt2_decoder(2, d_model=64, n_head=4)",
+                                   "seq_len": 64, "train": "train_lm AdamW lr 3e-3, batch 16, seed 1", **TEXT}]),
         "rows": rows,
         "skipped": skipped,
         "scores": score(rows),
