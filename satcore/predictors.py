@@ -34,7 +34,7 @@ where ``h = 0``).  For Adam the model is taken along the zero-state Adam
 direction ``d``: the step length ``s`` is ``min(S eta, <g, d> / d^T H d)``
 (the model's minimiser along ``d`` when it comes first).
 
-Held-out (independent-split alignment, "Gradient alignment" paper).  A step
+Held-out (the training-fitted step priced on an independent split).  A step
 ``V`` fitted on the training split changes the held-out loss to first order
 by ``<g_heldout, V>``; with the held-out fold means ``g_a`` (the probe's fold
 sums) the per-fold values ``y_a = <g_a, V>`` are independent given ``V``, so
