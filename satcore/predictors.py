@@ -254,9 +254,10 @@ def predict_gains(train_stats, heldout_stats, *, optimizer: str = "sgd", lr: flo
         ``"matched"`` the gradient-matched block of relative size ``rho``
         (needs ``stream_rms``: ``||z||_S`` per candidate).
     train_fisher, heldout_fisher : dict, optional
-        ``F = E[Q^T Q]`` per candidate on each split; with ``train_fisher`` the
+        ``F = E[Q^T Q]`` per candidate on each split (default: the statistics'
+        own ``sum_qq / n`` where they keep it, ``curvature=True``); with one the
         step is the Kronecker model's (module docstring) and the training gain
-        gets its second-order value; with ``heldout_fisher`` too, the held-out
+        gets its second-order value; with the held-out one too, the held-out
         gain includes the held-out quadratic term.
 
     Returns
@@ -280,12 +281,14 @@ def predict_gains(train_stats, heldout_stats, *, optimizer: str = "sgd", lr: flo
         ho = heldout_stats[name]
         if not ho.n_folds:
             raise ValueError(f"candidate {name!r}: the held-out statistics keep no folds (n_folds = 0)")
-        fisher = None if train_fisher is None else train_fisher[name]
+        fisher = train_fisher[name] if train_fisher is not None else tr.gradient_moment() if tr.curvature else None
         V, first, second = _step(tr, optimizer, lr, steps, rho, None if stream_rms is None else stream_rms[name],
                                  fisher, rtol)
         quad = 0.0
-        if heldout_fisher is not None and optimizer != "matched":
-            quad = kronecker_quadratic(V, heldout_fisher[name], ho.feature_gram(), ho.n_positions)
+        held_fisher = (heldout_fisher[name] if heldout_fisher is not None
+                       else ho.gradient_moment() if ho.curvature and fisher is not None else None)
+        if held_fisher is not None and optimizer != "matched":
+            quad = kronecker_quadratic(V, held_fisher, ho.feature_gram(), ho.n_positions)
         out.append(CandidateGain(name, first, second,
                                  heldout_gain(V, ho.fold_cross, ho.fold_samples, second_order=quad, alpha=alpha),
                                  float(np.linalg.norm(V))))

@@ -179,3 +179,41 @@ def test_predict_gains_refuses_bad_requests():
     with pytest.raises(ValueError, match="no folds"):
         P.predict_gains(DepthStatistics(a=CandidateStatistics.from_samples(
             rng.normal(size=(8, 1, 3)), rng.normal(size=(8, 1, 5)), n_folds=0)), no_folds, lr=0.1)
+
+
+def test_sum_qq_is_the_explicit_gradient_moment_and_survives_merge_and_dumps(tmp_path):
+    from satcore.dump import read_dump, write_dump
+
+    rng = np.random.default_rng(5)
+    Q, Psi = rng.normal(size=(40, 3, 4)), rng.normal(size=(40, 3, 6))
+    stats = CandidateStatistics.from_samples(Q, Psi, batch_size=5, curvature=True)
+    explicit = sum(q.T @ q for q in Q) / 40  # (1/n) sum_i Q_i^T Q_i, summed over positions
+    np.testing.assert_allclose(stats.gradient_moment(), explicit, rtol=1e-12)
+    halves = (CandidateStatistics.from_samples(Q[:20], Psi[:20], batch_size=5, curvature=True)
+              + CandidateStatistics.from_samples(Q[20:], Psi[20:], batch_size=5, curvature=True))
+    np.testing.assert_allclose(halves.sum_qq, stats.sum_qq, rtol=1e-12)
+    plain = CandidateStatistics.from_samples(Q[20:], Psi[20:], batch_size=5)
+    assert not (CandidateStatistics.from_samples(Q[:20], Psi[:20], curvature=True) + plain).curvature
+    back = CandidateStatistics.from_arrays(stats.to_arrays())
+    np.testing.assert_array_equal(back.sum_qq, stats.sum_qq)
+    bad = stats.to_arrays()
+    bad["sum_qq"] = bad["sum_qq"] * 2
+    with pytest.raises(ValueError, match="trace\\(sum_qq\\)"):
+        CandidateStatistics.from_arrays(bad)
+    write_dump(tmp_path / "d.npz", DepthStatistics(a=stats), meta={})
+    np.testing.assert_array_equal(read_dump(tmp_path / "d.npz").stored["a"].sum_qq, stats.sum_qq)
+    with pytest.raises(ValueError, match="curvature=False"):
+        plain.gradient_moment()
+
+
+def test_predict_gains_reads_the_fisher_from_curvature_statistics():
+    rng = np.random.default_rng(6)
+    Q, Psi = rng.normal(size=(64, 2, 3)) + 0.3, rng.normal(size=(64, 2, 5))
+    Qh, Psih = rng.normal(size=(64, 2, 3)) + 0.3, rng.normal(size=(64, 2, 5))
+    train = DepthStatistics(a=CandidateStatistics.from_samples(Q, Psi, batch_size=4, curvature=True))
+    held = DepthStatistics(a=CandidateStatistics.from_samples(Qh, Psih, batch_size=4, curvature=True))
+    given = P.predict_gains(train, held, lr=0.05, steps=4, train_fisher={"a": train["a"].gradient_moment()},
+                            heldout_fisher={"a": held["a"].gradient_moment()})["a"]
+    own = P.predict_gains(train, held, lr=0.05, steps=4)["a"]
+    assert own.training_gain_second_order == given.training_gain_second_order is not None
+    assert own.heldout.value == given.heldout.value
