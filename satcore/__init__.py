@@ -61,6 +61,17 @@ from .optim import (
     joint_gradient,
     preconditioned,
 )
+from .predictors import (
+    CandidateGain,
+    HeldoutGain,
+    PredictedGains,
+    adam_step_gain,
+    heldout_gain,
+    kronecker_adam_gain,
+    kronecker_sgd_gain,
+    predict_gains,
+    sgd_step_gain,
+)
 from .probe_result import ProbeResult
 from .quantities import (
     ag,

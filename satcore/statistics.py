@@ -19,7 +19,13 @@ field                  meaning                                       shape
 ``n_folds``            folds ``m`` (0: none kept)                    scalar
 ``fold_cross``         ``sum_{i in a} X_i`` per fold ``a``           ``(m, N, r)``
 ``fold_samples``       samples per fold                              ``(m,)``
+``sum_qq``             ``sum_i Q_i^T Q_i`` (optional, ``curvature``)   ``(N, N)``
 =====================  ============================================  ==========
+
+``sum_qq`` is the activation-gradient second moment ``F = sum_qq / n`` of the
+Kronecker-factored curvature in :mod:`satcore.predictors` (``N^2`` per
+position vector; kept only when asked for, and only by :meth:`update` and
+:meth:`add_moments` callers that supply it).
 
 Folds.  Batch ``b`` (counted from 0 over the whole probe) goes to fold
 ``b mod m``; the fold sums are what the per-candidate test of
@@ -68,11 +74,11 @@ CONSISTENCY_RTOL = 1e-5
 INDEFINITE_RTOL = 1e-3
 # The growth value is a projection of ag's Q: it may pass ag only by round-off near tangent completeness.
 PROJECTION_RTOL = 1e-2
-MATRIX_FIELDS = ("sum_cross", "sum_gram", "sum_xtx")
+MATRIX_FIELDS = ("sum_cross", "sum_gram", "sum_xtx", "sum_qq")
 FOLD_FIELDS = ("fold_cross", "fold_samples")
 FIELDS = SCALAR_FIELDS + MATRIX_FIELDS + FOLD_FIELDS
 # absent from dumps written before they existed (n_vectors, folds) or when not asked for (sum_xtx)
-OPTIONAL_FIELDS = ("n_vectors", "sum_xtx", "n_folds") + FOLD_FIELDS
+OPTIONAL_FIELDS = ("n_vectors", "sum_xtx", "n_folds", "sum_qq") + FOLD_FIELDS
 
 
 def forms_sample_gradients(T: int, N: int, r: int, *, variance: bool, factor: bool = True,
@@ -98,7 +104,7 @@ def forms_sample_gradients(T: int, N: int, r: int, *, variance: bool, factor: bo
     return kernel > gradient
 
 
-def batch_moments(Q, Psi, *, variance: bool = False) -> dict:
+def batch_moments(Q, Psi, *, variance: bool = False, curvature: bool = False) -> dict:
     """The per-batch sums of the table above, in float64, from arrays.
 
     Every sum is a BLAS matrix product.  The per-sample parameter gradient
@@ -108,12 +114,17 @@ def batch_moments(Q, Psi, *, variance: bool = False) -> dict:
     ``R_i`` of ``K_i = R_i^T R_i`` (QR of ``Q_i^T``): ``Y_i = R_i Psi_i`` has
     ``min(N, T)`` rows and ``Y_i^T Y_i = X_i^T X_i``, so ``sum X_i^T X_i`` is
     one symmetric product (``syrk``, half the multiply-adds of
-    ``Psi^T (K Psi)``).
+    ``Psi^T (K Psi)``).  ``curvature`` adds ``sum_qq = sum_i Q_i^T Q_i``.
     """
     # Values too large to square overflow to inf; CandidateStatistics.score refuses such sums with
     # a message, so NumPy's overflow warnings would only add noise to it.
     with np.errstate(over="ignore", invalid="ignore"):
-        return _batch_moments(Q, Psi, variance)
+        out = _batch_moments(Q, Psi, variance)
+        if curvature:
+            q = np.asarray(Q, dtype=np.float64)
+            q2 = q.reshape(-1, q.shape[-1])
+            out["sum_qq"] = q2.T @ q2
+        return out
 
 
 def _batch_moments(Q, Psi, variance: bool) -> dict:
@@ -181,6 +192,7 @@ class CandidateStatistics:
     n_positions: int = 1
     variance: bool = False
     n_folds: int = DEFAULT_FOLDS
+    curvature: bool = False
 
     def __post_init__(self):
         if not 0 <= self.n_folds <= MAX_FOLDS:
@@ -194,12 +206,13 @@ class CandidateStatistics:
         self.sum_cross = np.zeros((self.n_hidden, self.n_features))
         self.sum_gram = np.zeros((self.n_features, self.n_features))
         self.sum_xtx = np.zeros((self.n_features, self.n_features)) if self.variance else None
+        self.sum_qq = np.zeros((self.n_hidden, self.n_hidden)) if self.curvature else None
         self.fold_cross = np.zeros((self.n_folds, self.n_hidden, self.n_features)) if self.n_folds else None
         self.fold_samples = np.zeros(self.n_folds, dtype=np.int64) if self.n_folds else None
 
     @classmethod
     def from_samples(cls, Q, Psi, *, variance: bool = True, batch_size: int | None = None,
-                     n_folds: int = DEFAULT_FOLDS):
+                     n_folds: int = DEFAULT_FOLDS, curvature: bool = False):
         """One pass over in-memory arrays (batched as ``batch_size`` for eq. (2)).
 
         Without ``batch_size`` the samples are one batch for eq. (2) and
@@ -207,7 +220,7 @@ class CandidateStatistics:
         """
         q, psi = as_pair(Q, Psi)
         M = q.shape[0]
-        stats = cls(q.shape[2], psi.shape[2], q.shape[1], variance, n_folds)
+        stats = cls(q.shape[2], psi.shape[2], q.shape[1], variance, n_folds, curvature)
         step = batch_size or -(-M // max(n_folds, 1))
         for s in range(0, M, step):
             stats.update(q[s : s + step], psi[s : s + step])
@@ -228,7 +241,7 @@ class CandidateStatistics:
                 f"batch has (N, r) = ({q.shape[2]}, {psi.shape[2]}), statistics expect "
                 f"({self.n_hidden}, {self.n_features})"
             )
-        return self.add_moments(**batch_moments(q, psi, variance=self.variance))
+        return self.add_moments(**batch_moments(q, psi, variance=self.variance, curvature=self.curvature))
 
     def add_moments(
         self,
@@ -242,6 +255,7 @@ class CandidateStatistics:
         *,
         n_vectors,
         fold: int | None = None,
+        sum_qq=None,
     ) -> "CandidateStatistics":
         """Add precomputed batch sums (adapters compute them on their device).
 
@@ -253,6 +267,8 @@ class CandidateStatistics:
         """
         if self.variance and sum_xtx is None:
             raise ValueError("these statistics track sum_xtx (variance=True); the batch did not supply it")
+        if self.curvature and sum_qq is None:
+            raise ValueError("these statistics track sum_qq (curvature=True); the batch did not supply it")
         if self.n_folds:
             k = self.n_batches % self.n_folds if fold is None else int(fold)
             self.fold_cross[k] += np.asarray(sum_cross, dtype=np.float64)
@@ -267,6 +283,8 @@ class CandidateStatistics:
         self.sum_gram += _symmetric(sum_gram)
         if self.variance:
             self.sum_xtx += _symmetric(sum_xtx)
+        if self.curvature:
+            self.sum_qq += _symmetric(sum_qq)
         if batch_grad_norm is not None:
             self.sum_batch_grad_norm += float(batch_grad_norm)
             self.n_batches += 1
@@ -284,14 +302,15 @@ class CandidateStatistics:
     def merge(self, other: "CandidateStatistics") -> "CandidateStatistics":
         """New statistics equal to one pass over both sample sets (``self``'s batches first).
 
-        ``sum_xtx`` and ``n_vectors`` survive only when both sides have them,
+        ``sum_xtx``, ``sum_qq`` and ``n_vectors`` survive only when both sides have them,
         folds likewise; ``other``'s folds are rotated by ``self``'s batch
         count, as one pass would have dealt its batches.
         """
         self._check_compatible(other)
         n_folds = self.n_folds if self.n_folds and other.n_folds else 0
         out = CandidateStatistics(
-            self.n_hidden, self.n_features, self.n_positions, self.variance and other.variance, n_folds
+            self.n_hidden, self.n_features, self.n_positions, self.variance and other.variance, n_folds,
+            self.curvature and other.curvature,
         )
         for part in (self, other):
             out.add_moments(
@@ -303,6 +322,7 @@ class CandidateStatistics:
                 part.sum_xtx if out.variance else None,
                 n_vectors=part.n_vectors,
                 fold=0,  # placeholder: the folds are set below
+                sum_qq=part.sum_qq if out.curvature else None,
             )
         if n_folds:
             shift = self.n_batches % n_folds
@@ -320,6 +340,8 @@ class CandidateStatistics:
         out["sum_gram"] = self.sum_gram
         if self.variance:
             out["sum_xtx"] = self.sum_xtx
+        if self.curvature:
+            out["sum_qq"] = self.sum_qq
         if self.n_folds:
             out["fold_cross"] = self.fold_cross
             out["fold_samples"] = self.fold_samples
@@ -359,7 +381,8 @@ class CandidateStatistics:
             raise ValueError(f"n_folds must be in [0, {MAX_FOLDS}], got {n_folds}")
         if bool(n_folds) != ("fold_cross" in arrays) or ("fold_cross" in arrays) != ("fold_samples" in arrays):
             raise ValueError("n_folds, fold_cross and fold_samples come together (all or none)")
-        stats = cls(cross.shape[0], cross.shape[1], scalars["n_positions"], "sum_xtx" in arrays, n_folds)
+        stats = cls(cross.shape[0], cross.shape[1], scalars["n_positions"], "sum_xtx" in arrays, n_folds,
+                    "sum_qq" in arrays)
         stats.n_vectors = None  # unless stored: a dump written before the field existed
         for f, value in scalars.items():
             setattr(stats, f, value)
@@ -371,9 +394,14 @@ class CandidateStatistics:
             if xtx.shape != gram.shape:
                 raise ValueError(f"sum_xtx has shape {xtx.shape}, expected {gram.shape}")
             stats.sum_xtx = xtx.copy()
+        if stats.curvature:
+            qq = np.asarray(arrays["sum_qq"], dtype=np.float64)
+            if qq.shape != (cross.shape[0], cross.shape[0]):
+                raise ValueError(f"sum_qq has shape {qq.shape}, expected {(cross.shape[0], cross.shape[0])}")
+            stats.sum_qq = qq.copy()
         if n_folds:
             stats.fold_cross, stats.fold_samples = _checked_folds(arrays, n_folds, cross, stats.n_samples)
-        for f in ("sum_gram", "sum_xtx"):
+        for f in ("sum_gram", "sum_xtx", "sum_qq"):
             m = getattr(stats, f)
             if m is not None and not np.allclose(m, m.T, rtol=1e-10, atol=1e-12 * (np.abs(m).max() + 1e-300)):
                 raise ValueError(f"{f} is not symmetric")
@@ -384,7 +412,8 @@ class CandidateStatistics:
         """Relations every honest set of sums satisfies, up to float32 round-off of per-batch sums:
         ``sum ||xi_i||^2 >= ||sum xi_i||^2 / n`` (a variance is not negative) and
         ``tr(sum X_i^T X_i) = sum ||xi_i||^2``; diagonals of the Grams are sums of squares."""
-        for gram in [self.sum_gram] + ([self.sum_xtx] if self.variance else []):
+        for gram in [self.sum_gram] + ([self.sum_xtx] if self.variance else []) + (
+                [self.sum_qq] if self.curvature else []):
             # a Gram summed by FFT (the conv route) may leave an all-zero feature at -1e-16 of the largest
             diagonal = np.diagonal(gram)
             if not np.all(diagonal >= -CONSISTENCY_RTOL * np.max(np.abs(diagonal), initial=0.0)):
@@ -398,6 +427,10 @@ class CandidateStatistics:
             trace = float(np.trace(self.sum_xtx))
             if abs(trace - self.sum_xi_sq) > CONSISTENCY_RTOL * max(trace, self.sum_xi_sq):
                 raise ValueError(f"trace(sum_xtx) {trace:.6g} differs from sum_xi_sq {self.sum_xi_sq:.6g}")
+        if self.curvature:  # tr(sum_i Q_i^T Q_i) = sum_i ||Q_i||_F^2
+            trace = float(np.trace(self.sum_qq))
+            if abs(trace - self.sum_q_sq) > CONSISTENCY_RTOL * max(trace, self.sum_q_sq):
+                raise ValueError(f"trace(sum_qq) {trace:.6g} differs from sum_q_sq {self.sum_q_sq:.6g}")
 
     # -- finished quantities -----------------------------------------------------------
     def cross_gradient(self) -> np.ndarray:
@@ -407,6 +440,12 @@ class CandidateStatistics:
     def feature_gram(self) -> np.ndarray:
         """``K = sum_gram / n``."""
         return self.sum_gram / self.n_samples
+
+    def gradient_moment(self) -> np.ndarray:
+        """``F = sum_qq / n`` (``curvature=True`` statistics only)."""
+        if not self.curvature:
+            raise ValueError("these statistics do not keep sum_qq (curvature=False)")
+        return self.sum_qq / self.n_samples
 
     def _check_finite(self, name: str) -> None:
         """Refuse sums that hold NaN or inf: adapters add batches without looking at them

@@ -52,10 +52,14 @@ def _pool2(x: np.ndarray) -> np.ndarray:
     return x.reshape(m, h // 2, 2, w // 2, 2).mean(axis=(2, 4))
 
 
-def load_images(n_train: int, n_probe: int, n_test: int, *, seed: int = 0, downsample: bool = True) -> ImageSplits:
-    """Disjoint train/probe/test subsets, standardised with the train mean and std."""
+def load_images(n_train: int, n_probe: int, n_test: int, *, seed: int = 0, downsample: bool = True,
+                digits: bool = False) -> ImageSplits:
+    """Disjoint train/probe/test subsets, standardised with the train mean and std.
+
+    ``digits=True`` takes sklearn's digits even where Fashion-MNIST is installed.
+    """
     rng = np.random.default_rng(seed)
-    if (FASHION_DIR / "train-images-idx3-ubyte.gz").exists():
+    if not digits and (FASHION_DIR / "train-images-idx3-ubyte.gz").exists():
         x_all = _idx(FASHION_DIR / "train-images-idx3-ubyte.gz").astype(np.float32) / 255.0
         y_all = _idx(FASHION_DIR / "train-labels-idx1-ubyte.gz").astype(np.int64)
         x_test = _idx(FASHION_DIR / "t10k-images-idx3-ubyte.gz").astype(np.float32) / 255.0
@@ -73,8 +77,10 @@ def load_images(n_train: int, n_probe: int, n_test: int, *, seed: int = 0, downs
         n_hold = min(n_test, len(y) // 4)
         x_test, y_test = x[order[:n_hold]], y[order[:n_hold]]
         x_all, y_all = x[order[n_hold:]], y[order[n_hold:]]
-        source = "sklearn load_digits (8x8) -- FALLBACK: Fashion-MNIST not found in " + str(FASHION_DIR)
-        print("NOTE:", source)
+        source = "sklearn load_digits (8x8)"
+        if not digits:
+            source += " -- FALLBACK: Fashion-MNIST not found in " + str(FASHION_DIR)
+            print("NOTE:", source)
     order = rng.permutation(len(y_all))
     n_train = min(n_train, len(order) - n_probe)
     tr, pr = order[:n_train], order[n_train : n_train + n_probe]
