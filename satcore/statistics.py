@@ -27,6 +27,11 @@ back on ``n_samples * n_positions``.
 Memory is ``O(N r + r^2)`` whatever the number of samples.  Two statistics
 merge by adding fields, which equals one pass over the union.  ``to_arrays``
 and ``from_arrays`` give the ``stats/<name>/<field>`` members of a dump.
+The public ways to add are :meth:`CandidateStatistics.update` (arrays),
+:meth:`~CandidateStatistics.add_moments` (one batch's sums),
+:meth:`~CandidateStatistics.accumulate` (another statistics, in place) and,
+for adapters that keep totals on a device, :meth:`~CandidateStatistics.add_counts`
+with :meth:`~CandidateStatistics.set_sums`.  Equality compares the sums.
 """
 
 from __future__ import annotations
@@ -137,7 +142,7 @@ def _symmetric(matrix) -> np.ndarray:
     return 0.5 * (m + m.T)
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class CandidateStatistics:
     """Mergeable, serialisable running sums for one candidate (see module docstring)."""
 
@@ -217,6 +222,78 @@ class CandidateStatistics:
             self.n_batches += 1
         return self
 
+    def add_counts(self, n_samples: int = 0, *, n_batches: int = 0, n_vectors=0) -> "CandidateStatistics":
+        """In place: count ``n_samples`` samples, ``n_batches`` batches and ``n_vectors`` position
+        vectors (``None``: not known, which leaves ``n_vectors`` unknown) whose sums an adapter adds
+        up elsewhere (on its device) and hands over with :meth:`set_sums`."""
+        self.n_samples += int(n_samples)
+        self.n_batches += int(n_batches)
+        self.n_vectors = None if self.n_vectors is None or n_vectors is None else self.n_vectors + int(n_vectors)
+        return self
+
+    def set_sums(self, **sums) -> "CandidateStatistics":
+        """In place: replace the named running sums by totals an adapter added up elsewhere.
+
+        Scalars (``sum_q_sq``, ``sum_xi_sq``, ``sum_batch_grad_norm``) become floats; matrices
+        (``sum_cross``, ``sum_gram``, ``sum_xtx``) are copied into the existing arrays, whose
+        shapes they must have.  Counts go through :meth:`add_counts`.
+        """
+        for name, value in sums.items():
+            if name in MATRIX_FIELDS and getattr(self, name) is not None:
+                target = getattr(self, name)
+                value = np.asarray(value, dtype=np.float64)
+                if value.shape != target.shape:
+                    raise ValueError(f"{name} has shape {value.shape}, these statistics hold {target.shape}")
+                np.copyto(target, value)
+            elif name in ("sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm"):
+                setattr(self, name, float(value))
+            else:
+                raise ValueError(f"{name!r} is not a running sum of these statistics")
+        return self
+
+    def accumulate(self, other: "CandidateStatistics") -> "CandidateStatistics":
+        """In place: add ``other``'s sums, so that ``self`` equals one pass over both sample sets.
+
+        ``sum_xtx`` is kept only when both sides have it (else refused: ``self`` tracks it);
+        ``n_vectors`` becomes unknown when either side's is.
+        """
+        self._check_compatible(other)
+        self.add_moments(
+            other.n_samples,
+            other.sum_q_sq,
+            other.sum_cross,
+            other.sum_gram,
+            other.sum_xi_sq,
+            other.sum_xtx if self.variance else None,
+            n_vectors=other.n_vectors,
+        )
+        self.sum_batch_grad_norm += other.sum_batch_grad_norm
+        self.n_batches += other.n_batches
+        return self
+
+    def __eq__(self, other) -> bool:
+        """Equal shapes, settings and sums (every array of :meth:`to_arrays`, element for element)."""
+        if not isinstance(other, CandidateStatistics):
+            return NotImplemented
+        mine, theirs = self.to_arrays(), other.to_arrays()
+        return (
+            (self.n_hidden, self.n_features, self.n_positions, self.variance)
+            == (other.n_hidden, other.n_features, other.n_positions, other.variance)
+            and mine.keys() == theirs.keys()
+            and all(np.array_equal(mine[k], theirs[k]) for k in mine)
+        )
+
+    __hash__ = None  # mutable sums
+
+    def __repr__(self) -> str:
+        return (
+            f"CandidateStatistics(N={self.n_hidden}, r={self.n_features}, T={self.n_positions}, "
+            f"variance={self.variance}, n_samples={self.n_samples}, n_vectors={self.n_vectors}, "
+            f"n_batches={self.n_batches}, sum_q_sq={self.sum_q_sq:.6g}, sum_xi_sq={self.sum_xi_sq:.6g}, "
+            f"||sum_cross||_F={float(np.linalg.norm(self.sum_cross)):.6g}, "
+            f"tr(sum_gram)={float(np.trace(self.sum_gram)):.6g})"
+        )
+
     # -- merging and serialisation -------------------------------------------------
     def _check_compatible(self, other: "CandidateStatistics"):
         mine = (self.n_hidden, self.n_features, self.n_positions)
@@ -233,19 +310,7 @@ class CandidateStatistics:
         out = CandidateStatistics(
             self.n_hidden, self.n_features, self.n_positions, self.variance and other.variance
         )
-        for part in (self, other):
-            out.add_moments(
-                part.n_samples,
-                part.sum_q_sq,
-                part.sum_cross,
-                part.sum_gram,
-                part.sum_xi_sq,
-                part.sum_xtx if out.variance else None,
-                n_vectors=part.n_vectors,
-            )
-        out.sum_batch_grad_norm = self.sum_batch_grad_norm + other.sum_batch_grad_norm
-        out.n_batches = self.n_batches + other.n_batches
-        return out
+        return out.accumulate(self).accumulate(other)
 
     __add__ = merge
 
@@ -309,8 +374,12 @@ class CandidateStatistics:
         """Relations every honest set of sums satisfies, up to float32 round-off of per-batch sums:
         ``sum ||xi_i||^2 >= ||sum xi_i||^2 / n`` (a variance is not negative) and
         ``tr(sum X_i^T X_i) = sum ||xi_i||^2``; diagonals of the Grams are sums of squares."""
-        if np.any(np.diagonal(self.sum_gram) < 0) or (self.variance and np.any(np.diagonal(self.sum_xtx) < 0)):
-            raise ValueError("a Gram (sum_gram or sum_xtx) has a negative diagonal entry")
+        for gram in (self.sum_gram, self.sum_xtx if self.variance else None):
+            # a sum of squares computed through FFTs (the adapters' conv Grams) is about -1e-16 of the
+            # largest entry where a channel is all zeros; more than round-off below zero is no sum of squares
+            diagonal = None if gram is None else np.diagonal(gram)
+            if diagonal is not None and diagonal.size and diagonal.min() < -CONSISTENCY_RTOL * np.abs(diagonal).max():
+                raise ValueError("a Gram (sum_gram or sum_xtx) has a negative diagonal entry")
         if self.n_samples > 0:
             mean_part = float(np.sum(self.sum_cross * self.sum_cross)) / self.n_samples
             if self.sum_xi_sq < mean_part * (1 - CONSISTENCY_RTOL):

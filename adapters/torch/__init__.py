@@ -2,8 +2,13 @@
 
 ::
 
-    from satcore.adapters.torch import probe, sequence_loss, grow
+    from satcore.adapters.torch import Probe, probe, sequence_loss, grow
     result = probe(model, loader, sequence_loss, split="heldout")
+    # or batch by batch, e.g. inside a training loop (DataCollator batches need no loss_fn):
+    running = Probe(model, split="heldout")
+    for batch in collated_batches:
+        running.update(batch)
+    result = running.result()
     print(result.report().to_dict())          # the core's DepthReport
     result.save("probe.npz")                  # satcore-dump/1
     grown = grow(model, result, result.report().argmax, rho=1e-3)
@@ -19,7 +24,8 @@ from .families import FeatureMap, ResidualBranch, build_feature_map, positions
 from .grow import Grown, InsertedResidual, grow
 from .locate import HEAD, Candidate, find_blocks, find_candidates, named_candidates
 from .moments import batch_moments, position_index, subsample_positions
-from .probe import per_sample_losses, probe, sequence_loss
+from .hf import model_loss, per_sample_loss
+from .probe import Probe, ProbeConfig, per_sample_losses, probe, sequence_loss
 from .result import ProbeResult
 
 __all__ = [
@@ -28,6 +34,8 @@ __all__ = [
     "FeatureMap",
     "Grown",
     "InsertedResidual",
+    "Probe",
+    "ProbeConfig",
     "ProbeResult",
     "ResidualBranch",
     "StreamDiagnostics",
@@ -37,7 +45,9 @@ __all__ = [
     "find_blocks",
     "find_candidates",
     "grow",
+    "model_loss",
     "named_candidates",
+    "per_sample_loss",
     "per_sample_losses",
     "position_index",
     "positions",

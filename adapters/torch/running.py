@@ -15,7 +15,6 @@ interrupted, so a resumed probe is bitwise the uninterrupted one.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from satcore.statistics import CandidateStatistics
@@ -67,8 +66,7 @@ class RunningSums:
             self.stream.has_update = False
         else:
             self.sum_update_sq += sum_update_sq
-        self.statistics.n_samples += int(moments["n_samples"])
-        self.statistics.n_batches += 1
+        self.statistics.add_counts(int(moments["n_samples"]), n_batches=1, n_vectors=0)  # vectors: at sync
         self.stream.n_samples += int(moments["n_samples"])
         self.new_stream_vectors = self.new_stream_vectors + stream_vectors
         self.new_statistics_vectors = self.new_statistics_vectors + moments["n_vectors"]
@@ -82,15 +80,13 @@ class RunningSums:
         for field in SYMMETRIC:
             if field in self.matrices:
                 complete_lower(self.matrices[field])
-        for field, total in self.matrices.items():
-            target = getattr(self.statistics, field)
-            if total.device.type != "cpu":
-                np.copyto(target, total.cpu().numpy())
-        for field, total in self.scalars.items():
-            setattr(self.statistics, SCALARS[field], float(total))
+        # on the CPU the totals are the statistics' own arrays already
+        self.statistics.set_sums(**{f: total.cpu().numpy() for f, total in self.matrices.items()
+                                    if total.device.type != "cpu"})
+        self.statistics.set_sums(**{SCALARS[field]: float(total) for field, total in self.scalars.items()})
         self.stream.sum_z_sq = float(self.sum_z_sq)
         self.stream.sum_update_sq = float(self.sum_update_sq)
         self.stream.n_vectors += int(self.new_stream_vectors)
-        if self.statistics.n_vectors is not None:  # None: resumed from a checkpoint that did not count them
-            self.statistics.n_vectors += int(self.new_statistics_vectors)
+        # (stays None when resumed from a checkpoint that did not count them)
+        self.statistics.add_counts(n_vectors=int(self.new_statistics_vectors))
         self.new_stream_vectors = self.new_statistics_vectors = 0
