@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from .certification import SaturationTest
 
@@ -98,3 +98,54 @@ class DepthReport:
         if self.test is not None:
             out["test"] = {k: _json_number(v) for k, v in self.test.to_dict().items()}
         return out
+
+    def to_records(self) -> list[dict]:
+        """One flat dict per candidate, upstream first, ``name`` first: the candidate's
+        :meth:`CandidateScore.to_dict` with a nested mapping's keys joined by ``.``
+        (pandas' ``json_normalize`` convention), so that every value is a scalar."""
+        return [_flatten(c.to_dict()) for c in self.candidates]
+
+    def to_pandas(self):
+        """A ``pandas.DataFrame``, one row per candidate (upstream first) and one column per score,
+        ``name`` first (WeightWatcher's layout: rows are layers, columns are metrics).
+
+        pandas is optional: it is imported here, and its absence is one clear ``ImportError``.
+        """
+        try:
+            import pandas
+        except ImportError:
+            raise ImportError("DepthReport.to_pandas needs pandas (pip install pandas)") from None
+        records = self.to_records()
+        columns = list(records[0]) if records else [f.name for f in fields(CandidateScore)]
+        return pandas.DataFrame.from_records(records, columns=columns)
+
+    def scalars(self, prefix: str = "satcore/") -> dict[str, float]:
+        """Numbers for a metrics logger (TensorBoard, a Trainer's logs), keys starting with ``prefix``.
+
+        ``growth_value_max``, ``ag_max`` and ``argmax_index`` (the upstream-first index of the
+        candidate holding the growth maximum; loggers keep numbers, not names), ``saturated`` (1/0)
+        when the report holds the test, and per candidate ``<name>/growth_value``, ``<name>/ag``,
+        ``<name>/realizability`` and ``<name>/noise_floor``.  Values that are not finite are left out.
+        """
+        out = {
+            f"{prefix}growth_value_max": self.growth_value_max,
+            f"{prefix}ag_max": self.ag_max,
+            f"{prefix}argmax_index": float([c.name for c in self.candidates].index(self.argmax)),
+        }
+        if self.test is not None:
+            out[f"{prefix}saturated"] = float(bool(self.test.saturated))
+        for c in self.candidates:
+            for key in ("growth_value", "ag", "realizability", "noise_floor"):
+                out[f"{prefix}{c.name}/{key}"] = getattr(c, key)
+        return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}
+
+
+def _flatten(record: dict, parent: str = "") -> dict:
+    out = {}
+    for key, value in record.items():
+        name = f"{parent}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out

@@ -9,6 +9,6 @@ are summed across replicas with ``strategy.reduce(SUM)``.
 
 from .families import feature_map
 from .locate import Candidate, named_candidates, residual_candidates
-from .probe import probe, total_loss
+from .probe import Probe, ProbeConfig, probe, total_loss
 
-__all__ = ["Candidate", "feature_map", "named_candidates", "probe", "residual_candidates", "total_loss"]
+__all__ = ["Candidate", "Probe", "ProbeConfig", "feature_map", "named_candidates", "probe", "residual_candidates", "total_loss"]

@@ -278,7 +278,9 @@ class Probe:
                 raise ValueError("loss_fn is needed unless every batch is a mapping of model inputs holding 'labels' "
                                  "(then the model's own per-sample loss is used)")
             loss_fn = model_loss(self.model)
-        with eval_mode(self.model), StreamTaps(self.model, self.found) as taps:
+        # gradients also where the caller runs without them (an evaluation hook under no_grad / inference_mode)
+        with torch.inference_mode(False), torch.enable_grad(), eval_mode(self.model), \
+                StreamTaps(self.model, self.found) as taps:
             inputs = to_device(inputs, self.device)
             keep = batch_mask(config.mask, inputs, self.device)
             taps.clear(keep)
