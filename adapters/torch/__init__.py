@@ -28,8 +28,23 @@ from .hf import model_loss, per_sample_loss
 from .probe import Probe, ProbeConfig, per_sample_losses, probe, sequence_loss
 from .result import ProbeResult
 
+# The callbacks subclass their framework's base class: imported on first use, so that the
+# adapter needs neither transformers nor lightning.
+_CALLBACKS = {"HFCallback": ".trainer_callback", "LightningCallback": ".lightning_callback"}
+
+
+def __getattr__(name):
+    if name in _CALLBACKS:
+        import importlib
+
+        return getattr(importlib.import_module(_CALLBACKS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "HEAD",
+    "HFCallback",
+    "LightningCallback",
     "Candidate",
     "FeatureMap",
     "Grown",
