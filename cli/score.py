@@ -12,6 +12,9 @@ from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, num, tab
 @click.command()
 @click.argument("dump")
 @click.option("--json", "as_json", is_flag=True, help="Print the satcore-report/1 JSON object instead of a table.")
+@click.option("--format", "output_format", type=click.Choice(["table", "json", "jsonl", "csv"]), default=None,
+              help="table (default), json (= --json), jsonl (one JSON object per candidate) or csv "
+              "(a header, then one row per candidate, name first).")
 @click.option("--probe-split", metavar="NAME", help="Split the probe came from (overrides meta 'split').")
 @click.option("--delta", type=FiniteFloatRange(min=0), default=None, help="Tolerance delta of the separated test.")
 @click.option("--t", "t", type=FiniteFloatRange(min=0, min_open=True), default=None, help="Separation t of the test.")
@@ -31,7 +34,7 @@ from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, num, tab
 @click.option("--plot", "plot_path", metavar="PNG", help="Also draw AG and growth value per candidate (matplotlib).")
 @QUIET_OPTION
 @CHUNK_OPTION
-def score(dump, as_json, probe_split, delta, t, error, detector_scale, plot_path, quiet, chunk_samples):
+def score(dump, as_json, output_format, probe_split, delta, t, error, detector_scale, plot_path, quiet, chunk_samples):
     """Score every candidate of DUMP: AG, growth value, realizability, depth-wide maximum.
 
     With --t (and --delta) or --error, also run the separated saturation test
@@ -44,9 +47,14 @@ def score(dump, as_json, probe_split, delta, t, error, detector_scale, plot_path
     source, stats = load(dump, quiet=quiet, chunk_samples=chunk_samples)
     split = probe_split if probe_split is not None else source.meta.get("split")
     report = stats.report(split=split, delta=delta or 0.0, t=t, error=error, detector_scale=detector_scale)
-    if as_json:
+    if as_json and output_format not in (None, "json"):
+        raise click.UsageError(f"--json and --format {output_format} disagree")
+    output_format = "json" if as_json else output_format or "table"
+    if output_format == "json":
         out = {"dump": dump, **report.to_dict()}
         click.echo(json.dumps(out, indent=2, allow_nan=False))
+    elif output_format in ("jsonl", "csv"):
+        click.echo(report.to_jsonl() if output_format == "jsonl" else report.to_csv(), nl=False)
     else:
         click.echo(render_report(report, dump))
     if plot_path:  # after the scores, so that a bad plot path does not cost them

@@ -119,6 +119,25 @@ class DepthReport:
         columns = list(records[0]) if records else [f.name for f in fields(CandidateScore)]
         return pandas.DataFrame.from_records(records, columns=columns)
 
+    def to_csv(self) -> str:
+        """:meth:`to_records` as CSV text: a header line (``name`` first), then one line per candidate;
+        a missing value (``None``) is an empty field."""
+        import csv
+        import io
+
+        records = self.to_records()
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=list(records[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in records)
+        return out.getvalue()
+
+    def to_jsonl(self) -> str:
+        """:meth:`to_records` as JSON Lines: one JSON object per candidate, upstream first."""
+        import json
+
+        return "".join(json.dumps(r, allow_nan=False) + "\n" for r in self.to_records())
+
     def scalars(self, prefix: str = "satcore/") -> dict[str, float]:
         """Numbers for a metrics logger (TensorBoard, a Trainer's logs), keys starting with ``prefix``.
 

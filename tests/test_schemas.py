@@ -86,3 +86,47 @@ def test_dump_meta_schema_accepts_torch_tf_and_checkpoint_meta(torch_result, tmp
     for broken in ({"candidates": []}, {"candidates": ["a", "a"]}, {"candidates": ["a"], "batch_size": 0},
                    {"split": "x"}):
         assert not check.is_valid(broken)
+
+
+def test_score_formats_jsonl_and_csv_hold_the_report_rows(torch_result, tmp_path):
+    import csv
+    import io
+
+    from click.testing import CliRunner
+
+    from satcore.cli.main import main
+
+    torch_result.save(tmp_path / "d.npz")
+    report = torch_result.report()
+    run = CliRunner()
+    lines = run.invoke(main, ["score", str(tmp_path / "d.npz"), "--format", "jsonl"]).output.splitlines()
+    assert [json.loads(line) for line in lines] == [c.to_dict() for c in report.candidates]
+    rows = list(csv.DictReader(io.StringIO(run.invoke(main, ["score", str(tmp_path / "d.npz"), "--format", "csv"]).output)))
+    assert [r["name"] for r in rows] == [c.name for c in report.candidates]
+    assert [float(r["growth_value"]) for r in rows] == [c.growth_value for c in report.candidates]
+    assert list(rows[0])[0] == "name"
+    table = run.invoke(main, ["score", str(tmp_path / "d.npz"), "--format", "table"]).output
+    assert table == run.invoke(main, ["score", str(tmp_path / "d.npz")]).output
+    both = run.invoke(main, ["score", str(tmp_path / "d.npz"), "--json", "--format", "csv"])
+    assert both.exit_code == 2 and "disagree" in both.output
+
+
+def test_to_pandas_one_row_per_candidate_name_first(torch_result):
+    pandas = pytest.importorskip("pandas")
+    report = torch_result.report(t=0.01)
+    frame = report.to_pandas()
+    assert isinstance(frame, pandas.DataFrame)
+    assert list(frame.columns)[0] == "name" and list(frame["name"]) == [c.name for c in report.candidates]
+    assert frame["growth_value"].tolist() == [c.growth_value for c in report.candidates]
+    assert frame.loc[frame["growth_value"].idxmax(), "name"] == report.argmax
+
+
+def test_scalars_keys_and_values(torch_result):
+    report = torch_result.report(t=0.01)
+    scalars = report.scalars()
+    assert all(k.startswith("satcore/") for k in scalars)
+    assert scalars["satcore/growth_value_max"] == report.growth_value_max
+    assert report.candidates[int(scalars["satcore/argmax_index"])].name == report.argmax
+    assert scalars["satcore/saturated"] == float(report.test.saturated)
+    name = report.candidates[0].name
+    assert scalars[f"satcore/{name}/ag"] == report.candidates[0].ag
