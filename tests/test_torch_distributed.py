@@ -4,6 +4,7 @@ single-process statistics (SPEC section 3) to 1e-10 relative."""
 import os
 
 import numpy as np
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -23,11 +24,13 @@ def _model():
     return mt.DigitsResNet().double().eval()
 
 
-def _worker(rank, init_file, out_dir):
+def _worker(rank, init_file, out_dir, wrap):
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
         model = _model()
+        if wrap:  # as a DDP training script holds it: probed through the wrapper, names without "module."
+            model = torch.nn.parallel.DistributedDataParallel(model)
         mine = _batches()[rank::WORLD]
         result = probe(model, mine, mt.per_sample_ce, variance=True)
         arrays = result.statistics.to_arrays()
@@ -37,8 +40,9 @@ def _worker(rank, init_file, out_dir):
         torch.distributed.destroy_process_group()
 
 
-def test_two_gloo_processes_equal_one(tmp_path):
-    mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
+@pytest.mark.parametrize("wrap", [False, True], ids=["plain", "ddp"])
+def test_two_gloo_processes_equal_one(tmp_path, wrap):
+    mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path), wrap), nprocs=WORLD, join=True)
     torch.set_num_threads(1)
     single = probe(_model(), _batches(), mt.per_sample_ce, variance=True)
     expected = single.statistics.to_arrays()

@@ -109,6 +109,15 @@ def _batch_size(losses, streams: dict, names) -> int:
     return size
 
 
+def unwrap_data_parallel(model: nn.Module) -> nn.Module:
+    """The module inside ``DistributedDataParallel`` / ``DataParallel``: the same weights, without the
+    wrapper's gradient synchronisation, which the probe does not want (its gradients go to the stream
+    taps, never to the parameters) and which it replaces by the all-reduce of its sums."""
+    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        model = model.module
+    return model
+
+
 def model_init_std(model: nn.Module) -> float | None:
     """The model's init scale when it states one (Hugging Face ``config.initializer_range``)."""
     value = getattr(getattr(model, "config", None), "initializer_range", None)
@@ -237,6 +246,7 @@ class Probe:
 
     def __init__(self, model: nn.Module, loss_fn=None, config: ProbeConfig | None = None, **options):
         config = ProbeConfig(**options) if config is None else replace(config, **options)
+        model = unwrap_data_parallel(model)
         self.model, self.loss_fn, self.config = model, loss_fn, config
         self.found = (find_candidates(model, head=config.head) if config.candidates is None
                       else named_candidates(model, config.candidates, head=config.head))
