@@ -258,3 +258,27 @@ def test_blocks_come_from_no_split_modules_first():
     undeclared._no_split_modules = None
     with pytest.raises(ValueError, match="no residual blocks"):
         probe(undeclared, [(torch.randn(3, 4), torch.zeros(3))], lambda out, y: out.sum(1))
+
+
+def test_n_features_and_the_memory_plan_match_the_probe():
+    from satcore.adapters.torch import plan
+
+    model, batches = causal_lm(), lm_batches(False)
+    small = probe(model, batches, n_features={"transformer.h.1": 24}, variance=True)
+    full = probe(model, batches, variance=True)
+    assert small.statistics["transformer.h.1"].n_features == 24 and full.statistics["transformer.h.1"].n_features == 128
+    assert small.statistics["transformer.h.0"] == full.statistics["transformer.h.0"]
+    # the first 24 mlp rows of W1 are the larger family's: the Gram is the leading 24 x 24 block
+    np.testing.assert_allclose(small.statistics["transformer.h.1"].sum_gram,
+                               full.statistics["transformer.h.1"].sum_gram[:24, :24], rtol=1e-12)
+    memory = probe(model, batches, n_features={"transformer.h.1": 24}, variance=True, plan_only=True)
+    assert memory == plan(model, batches[0], n_features={"transformer.h.1": 24}, variance=True)
+    for row in memory.candidates:
+        stats = small.statistics[row.name]
+        assert (row.n_hidden, row.n_features) == (stats.n_hidden, stats.n_features)
+        assert row.sums_bytes == stats.sum_cross.nbytes + stats.sum_gram.nbytes + stats.sum_xtx.nbytes
+    assert memory.device_bytes == sum(r.sums_bytes for r in memory.candidates) and memory.host_bytes == 0
+    with pytest.raises(ValueError, match="multiple of 9"):
+        from satcore import make_family
+
+        make_family("conv", 4, n_features=10)

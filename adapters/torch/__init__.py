@@ -25,7 +25,7 @@ from .grow import Grown, InsertedResidual, grow
 from .locate import HEAD, Candidate, find_blocks, find_candidates, named_candidates
 from .moments import batch_moments, position_index, subsample_positions
 from .hf import model_loss, per_sample_loss
-from .probe import Probe, ProbeConfig, per_sample_losses, probe, sequence_loss
+from .probe import MemoryPlan, Probe, ProbeConfig, per_sample_losses, plan, probe, sequence_loss
 from .result import ProbeResult
 
 # The callbacks subclass their framework's base class: imported on first use, so that the
@@ -49,6 +49,7 @@ __all__ = [
     "FeatureMap",
     "Grown",
     "InsertedResidual",
+    "MemoryPlan",
     "Probe",
     "ProbeConfig",
     "ProbeResult",
@@ -63,6 +64,7 @@ __all__ = [
     "model_loss",
     "named_candidates",
     "per_sample_loss",
+    "plan",
     "per_sample_losses",
     "position_index",
     "positions",

@@ -135,8 +135,8 @@ def eval_mode(model: nn.Module):
             m.train(training)
 
 
-def _family_for(family, name):
-    return family.get(name, "auto") if isinstance(family, dict) else family
+def _family_for(family, name, default="auto"):
+    return family.get(name, default) if isinstance(family, dict) else family
 
 
 def _family_label(family):
@@ -187,6 +187,11 @@ class ProbeConfig:
     head : add the ``"head"`` endpoint (output of the last block).
     split : name of the probe data, passed to the report (a training split
         warns: the finite-sample test assumes an independent probe).
+    n_features : the built-in families' ``r`` (an int, or a dict candidate
+        name -> int; default the family's own: ``4 d`` for ``mlp``, ``9 C`` for
+        ``conv``).  A candidate's sums take ``8 (N r + r^2)`` bytes
+        (``+ 8 r^2`` with ``variance``): a smaller ``r`` is what fits a wide
+        model; :func:`plan` says how much.
     checkpoint, checkpoint_every : save the running sums to this ``.npz``
         every ``checkpoint_every`` batches; if the file exists the probe resumes
         from it (:attr:`Probe.batches_done` batches are held already:
@@ -206,6 +211,7 @@ class ProbeConfig:
     split: str | None = None
     checkpoint: str | os.PathLike | None = None
     checkpoint_every: int = 1
+    n_features: int | dict | None = None
 
     def __post_init__(self):
         if self.candidates is not None and not isinstance(self.candidates, tuple):
@@ -267,6 +273,8 @@ class Probe:
             "variance": config.variance,
             "mask": mask_label(config.mask),
         }
+        if config.n_features is not None:  # only then: checkpoints written before the option still resume
+            self.settings["n_features"] = config.n_features
         self.statistics, self.streams, self.families, self.specs = DepthStatistics(), {}, {}, {}
         self.running: dict[str, RunningSums] = {}
         self.batches_done = 0
@@ -310,8 +318,8 @@ class Probe:
                 z = taps.streams[name]
                 if name not in self.families:
                     self.families[name] = build_feature_map(
-                        _family_for(config.family, name), z, seed=config.seed, init_std=self.init_std
-                    ).eval()
+                        _family_for(config.family, name), z, seed=config.seed, init_std=self.init_std,
+                        n_features=_family_for(config.n_features, name, None)).eval()
                 if name not in self.running:
                     self.running[name] = _running_sums(name, z, self.families[name], self.statistics, self.streams,
                                                        config.variance, config.position_subsample)
@@ -375,15 +383,86 @@ class Probe:
         )
 
 
+@dataclass(frozen=True)
+class CandidatePlan:
+    """Memory of one candidate's statistics, in bytes (float64 everywhere).
+
+    ``sums_bytes = 8 (N r + r^2)`` (``sum_cross``, ``sum_gram``; ``+ 8 r^2`` for
+    ``sum_xtx`` with ``variance``): held on the model's device by the running
+    totals and once more on the host (on a CPU model the two are the same
+    memory).  ``score_bytes = 8 (N r + 3 r^2)``: scoring forms ``C``, the
+    unit-diagonal Gram and its eigenvectors (one ``r x r`` more for ``K^+``
+    with ``variance``, counted in the ``3``).
+    """
+
+    name: str
+    n_hidden: int
+    n_features: int
+    sums_bytes: int
+    score_bytes: int
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What a probe will hold (:func:`plan`): per candidate and in total, on device and host."""
+
+    candidates: tuple[CandidatePlan, ...]
+    device: str
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(c.sums_bytes for c in self.candidates)
+
+    @property
+    def host_bytes(self) -> int:
+        """The host's copy of the sums (0 extra on a CPU model: they are the device totals)."""
+        return 0 if self.device == "cpu" else self.device_bytes
+
+    @property
+    def score_bytes(self) -> int:
+        """Scoring goes candidate by candidate: the largest candidate's need."""
+        return max(c.score_bytes for c in self.candidates)
+
+
+def plan(model: nn.Module, batch, loss_fn=None, *, config: ProbeConfig | None = None, **options) -> MemoryPlan:
+    """The memory a probe with these settings will hold, from one forward pass of ``batch`` (no backward).
+
+    The forward gives each candidate's width ``N``; the feature maps the probe
+    would build give ``r`` (see :class:`CandidatePlan` for the formulas).
+    """
+    state = Probe(model, loss_fn, config, **options)
+    inputs, _ = split_batch(batch)
+    names = [c.name for c in state.found]
+    with torch.no_grad(), eval_mode(state.model), StreamTaps(state.model, state.found) as taps:
+        call_model(state.model, to_device(inputs, state.device))
+        missing = [n for n in names if n not in taps.streams]
+        if missing:
+            raise ValueError(f"candidate(s) {missing} did not run in the forward pass")
+        rows = []
+        for name in names:
+            z = taps.streams[name]
+            feature_map = build_feature_map(_family_for(state.config.family, name), z, seed=state.config.seed,
+                                            init_std=state.init_std,
+                                            n_features=_family_for(state.config.n_features, name, None))
+            N, r = positions(z).shape[2], feature_map.n_features
+            grams = 2 if state.config.variance else 1
+            rows.append(CandidatePlan(name, N, r, 8 * (N * r + grams * r * r), 8 * (N * r + 3 * r * r)))
+    return MemoryPlan(tuple(rows), state.device.type)
+
+
 def probe(model: nn.Module, data, loss_fn=None, *, progress: bool = False, config: ProbeConfig | None = None,
-          **options) -> ProbeResult:
+          plan_only: bool = False, **options) -> ProbeResult | MemoryPlan:
     """Probe ``model`` on every batch of ``data``: a loop of :meth:`Probe.update`, then :meth:`Probe.result`.
 
     ``loss_fn`` and the batch convention are :class:`Probe`'s; ``options`` are
     the fields of :class:`ProbeConfig` (or ``config``); ``progress`` shows a
     tqdm bar counting samples (samples/s).  A probe resumed from a checkpoint
-    skips the batches it already holds.
+    skips the batches it already holds.  ``plan_only``: return the
+    :class:`MemoryPlan` of the probe from ``data``'s first batch (:func:`plan`)
+    instead of probing.
     """
+    if plan_only:
+        return plan(model, next(iter(data)), loss_fn, config=config, **options)
     state = Probe(model, loss_fn, config, **options)
     bar = None
     if progress:
