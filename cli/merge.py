@@ -19,6 +19,9 @@ from .common import CHUNK_OPTION, QUIET_OPTION, load
 def merge(dumps, output, quiet, chunk_samples):
     """Merge DUMPS (shards over disjoint samples, same candidates) into one statistics dump.
 
+    Dumps of disjoint candidates (a model probed in groups of candidates over
+    the same samples) are joined instead: one dump of all their candidates.
+
     Scoring the result equals scoring the union of the shards.  Raw inputs are
     reduced to statistics first, so a single input compacts a raw dump.  Meta
     fields on which all inputs agree are kept; ``merged_from`` lists the inputs.
@@ -30,6 +33,9 @@ def merge(dumps, output, quiet, chunk_samples):
     if os.path.realpath(output) in inputs:
         raise click.UsageError(f"-o {output} is also an input: write the merge to a new file")
     loaded = [load(path, quiet=quiet, chunk_samples=chunk_samples) for path in dumps]
+    names = [name for _, stats in loaded for name in stats]
+    if len(loaded) > 1 and len(set(names)) == len(names):
+        return join(dumps, loaded, output)
     merged = loaded[0][1]
     for path, (_, stats) in zip(dumps[1:], loaded[1:]):
         try:
@@ -41,6 +47,28 @@ def merge(dumps, output, quiet, chunk_samples):
     write_dump(output, merged, meta=meta)
     total = sum(s.n_samples for s in merged.values()) // max(1, len(merged))
     click.echo(f"wrote {output}: {len(merged)} candidate(s), {total} samples per candidate, from {len(dumps)} dump(s)")
+
+
+def join(dumps, loaded, output) -> None:
+    """Dumps of disjoint candidates (one model probed in groups of candidates, each pass over the
+    same samples): one dump holding all of them in the order given; per-candidate meta (``family``,
+    ``diagnostics``) is united, the rest kept where all inputs agree."""
+    joined = loaded[0][1]
+    for _, stats in loaded[1:]:
+        joined = joined.join(stats)
+    counts = {name: s.n_samples for name, s in joined.items()}
+    if len(set(counts.values())) > 1:
+        raise click.ClickException(f"the dumps hold different samples {counts}: join needs one pass over the same data")
+    metas = [source.meta for source, _ in loaded]
+    meta = common_meta(metas)
+    for key in ("family", "diagnostics"):
+        parts = [m.get(key) for m in metas]
+        if all(isinstance(p, dict) for p in parts):
+            meta[key] = {name: value for part in parts for name, value in part.items()}
+    meta["joined_from"] = [os.path.basename(p) for p in dumps]
+    write_dump(output, joined, meta={**meta, "candidates": list(joined)})
+    click.echo(f"wrote {output}: {len(joined)} candidate(s) joined from {len(dumps)} dump(s), "
+               f"{next(iter(counts.values()))} samples each")
 
 
 def common_meta(metas: list[dict]) -> dict:

@@ -282,3 +282,32 @@ def test_n_features_and_the_memory_plan_match_the_probe():
         from satcore import make_family
 
         make_family("conv", 4, n_features=10)
+
+
+def test_candidates_probed_in_groups_join_to_the_one_pass_probe(tmp_path):
+    from click.testing import CliRunner
+
+    from satcore.adapters.torch import probe_in_groups
+    from satcore.cli.main import main
+    from satcore.dump import read_dump
+
+    model, batches = causal_lm(), lm_batches(False)
+    whole = probe(model, batches, variance=True)
+    grouped = probe_in_groups(model, batches, group_size=1, variance=True)
+    assert list(grouped.statistics) == list(whole.statistics) == ["transformer.h.0", "transformer.h.1", "head"]
+    for name in whole.statistics:
+        for field, value in whole.statistics[name].to_arrays().items():
+            np.testing.assert_allclose(grouped.statistics[name].to_arrays()[field], value, rtol=1e-12, atol=0)
+    assert grouped.report().to_dict()["depth"] == pytest.approx(whole.report().to_dict()["depth"])
+    # the same through dumps: one per group, joined by `satcore merge`
+    probe(model, batches, candidates=["transformer.h.0"], head=False, variance=True).save(tmp_path / "a.npz")
+    probe(model, batches, candidates=["transformer.h.1"], variance=True).save(tmp_path / "b.npz")
+    out = CliRunner().invoke(main, ["merge", str(tmp_path / "a.npz"), str(tmp_path / "b.npz"), "-o", str(tmp_path / "j.npz")])
+    assert out.exit_code == 0, out.output
+    joined = read_dump(tmp_path / "j.npz")
+    assert joined.meta["candidates"] == list(whole.statistics) and set(joined.meta["family"]) == set(whole.statistics)
+    for got, want in zip(joined.statistics().report().candidates, whole.report().candidates):
+        assert (got.name, got.growth_value, got.ag) == (want.name, pytest.approx(want.growth_value), pytest.approx(want.ag))
+    probe(model, batches[:1], candidates=["transformer.h.1"], head=False).save(tmp_path / "c.npz")
+    out = CliRunner().invoke(main, ["merge", str(tmp_path / "a.npz"), str(tmp_path / "c.npz"), "-o", str(tmp_path / "k.npz")])
+    assert out.exit_code != 0 and "different samples" in out.output

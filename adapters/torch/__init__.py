@@ -25,7 +25,7 @@ from .grow import Grown, InsertedResidual, grow
 from .locate import HEAD, Candidate, find_blocks, find_candidates, named_candidates
 from .moments import batch_moments, position_index, subsample_positions
 from .hf import model_loss, per_sample_loss
-from .probe import MemoryPlan, Probe, ProbeConfig, per_sample_losses, plan, probe, sequence_loss
+from .probe import MemoryPlan, Probe, ProbeConfig, per_sample_losses, plan, probe, probe_in_groups, sequence_loss
 from .result import ProbeResult
 
 # The callbacks subclass their framework's base class: imported on first use, so that the
@@ -69,6 +69,7 @@ __all__ = [
     "position_index",
     "positions",
     "probe",
+    "probe_in_groups",
     "sequence_loss",
     "subsample_positions",
 ]

@@ -528,3 +528,37 @@ def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals, 
             return moments, squared_norm(drop_absent(z, present)), present.sum()
         # of z, not positions(z): that is a transposed view of a channels-first map, 10x slower to square
         return moments, squared_norm(z), z.shape[0] * T
+
+
+def probe_in_groups(model: nn.Module, data, loss_fn=None, *, group_size: int, config: ProbeConfig | None = None,
+                    **options) -> ProbeResult:
+    """:func:`probe` of ``group_size`` candidates at a time, one pass over ``data`` (re-iterable) per group.
+
+    The device then holds the running sums of one group only (:func:`plan`
+    gives each candidate's bytes); each candidate's sums are those of a
+    probe of all candidates at once, since a candidate's ``q_i`` and
+    ``psi(z_i)`` do not depend on which other candidates are tapped.  The
+    groups' statistics are joined (:meth:`satcore.DepthStatistics.join`) in
+    the model's order.  A checkpoint per group is not supported.
+    """
+    config = ProbeConfig(**options) if config is None else replace(config, **options)
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if config.checkpoint is not None:
+        raise ValueError("probe_in_groups does not checkpoint; probe each group with its own checkpoint instead")
+    found = Probe(model, loss_fn, config).found
+    blocks = [c.module for c in found if c.position == "input"]
+    groups = [blocks[i : i + group_size] for i in range(0, len(blocks), group_size)]
+    parts = [probe(model, data, loss_fn, config=replace(config, candidates=group,
+                                                         head=config.head and i == len(groups) - 1))
+             for i, group in enumerate(groups)]
+    statistics = parts[0].statistics
+    for part in parts[1:]:
+        statistics = statistics.join(part.statistics)
+    return ProbeResult(
+        statistics=statistics,
+        families={k: v for part in parts for k, v in part.families.items()},
+        streams={k: v for part in parts for k, v in part.streams.items()},
+        candidates=tuple(c for part in parts for c in part.candidates),
+        meta=parts[0].meta,
+    )
