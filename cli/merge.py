@@ -14,13 +14,16 @@ from .common import CHUNK_OPTION, QUIET_OPTION, load
 @click.command()
 @click.argument("dumps", nargs=-1, required=True)
 @click.option("-o", "--output", required=True, metavar="OUT", help="Path of the merged statistics dump (.npz).")
+@click.option("--join", "join_candidates", is_flag=True,
+              help="The dumps hold disjoint candidates of one model over the same samples (probed in groups): "
+              "write one dump of all their candidates, in the order given.")
 @QUIET_OPTION
 @CHUNK_OPTION
-def merge(dumps, output, quiet, chunk_samples):
+def merge(dumps, output, join_candidates, quiet, chunk_samples):
     """Merge DUMPS (shards over disjoint samples, same candidates) into one statistics dump.
 
-    Dumps of disjoint candidates (a model probed in groups of candidates over
-    the same samples) are joined instead: one dump of all their candidates.
+    With --join, dumps of disjoint candidates (a model probed in groups of
+    candidates over the same samples) become one dump of all their candidates.
 
     Scoring the result equals scoring the union of the shards.  Raw inputs are
     reduced to statistics first, so a single input compacts a raw dump.  Meta
@@ -33,8 +36,7 @@ def merge(dumps, output, quiet, chunk_samples):
     if os.path.realpath(output) in inputs:
         raise click.UsageError(f"-o {output} is also an input: write the merge to a new file")
     loaded = [load(path, quiet=quiet, chunk_samples=chunk_samples) for path in dumps]
-    names = [name for _, stats in loaded for name in stats]
-    if len(loaded) > 1 and len(set(names)) == len(names):
+    if join_candidates:
         return join(dumps, loaded, output)
     merged = loaded[0][1]
     for path, (_, stats) in zip(dumps[1:], loaded[1:]):
@@ -54,8 +56,11 @@ def join(dumps, loaded, output) -> None:
     same samples): one dump holding all of them in the order given; per-candidate meta (``family``,
     ``diagnostics``) is united, the rest kept where all inputs agree."""
     joined = loaded[0][1]
-    for _, stats in loaded[1:]:
-        joined = joined.join(stats)
+    for path, (_, stats) in zip(dumps[1:], loaded[1:]):
+        try:
+            joined = joined.join(stats)
+        except ValueError as exc:
+            raise click.ClickException(f"{path}: cannot join with the dumps before it: {exc}") from None
     counts = {name: s.n_samples for name, s in joined.items()}
     if len(set(counts.values())) > 1:
         raise click.ClickException(f"the dumps hold different samples {counts}: join needs one pass over the same data")

@@ -302,12 +302,15 @@ def test_candidates_probed_in_groups_join_to_the_one_pass_probe(tmp_path):
     # the same through dumps: one per group, joined by `satcore merge`
     probe(model, batches, candidates=["transformer.h.0"], head=False, variance=True).save(tmp_path / "a.npz")
     probe(model, batches, candidates=["transformer.h.1"], variance=True).save(tmp_path / "b.npz")
-    out = CliRunner().invoke(main, ["merge", str(tmp_path / "a.npz"), str(tmp_path / "b.npz"), "-o", str(tmp_path / "j.npz")])
+    out = CliRunner().invoke(main, ["merge", "--join", str(tmp_path / "a.npz"), str(tmp_path / "b.npz"), "-o", str(tmp_path / "j.npz")])
     assert out.exit_code == 0, out.output
     joined = read_dump(tmp_path / "j.npz")
     assert joined.meta["candidates"] == list(whole.statistics) and set(joined.meta["family"]) == set(whole.statistics)
     for got, want in zip(joined.statistics().report().candidates, whole.report().candidates):
         assert (got.name, got.growth_value, got.ag) == (want.name, pytest.approx(want.growth_value), pytest.approx(want.ag))
     probe(model, batches[:1], candidates=["transformer.h.1"], head=False).save(tmp_path / "c.npz")
-    out = CliRunner().invoke(main, ["merge", str(tmp_path / "a.npz"), str(tmp_path / "c.npz"), "-o", str(tmp_path / "k.npz")])
+    out = CliRunner().invoke(main, ["merge", "--join", str(tmp_path / "a.npz"), str(tmp_path / "c.npz"), "-o", str(tmp_path / "k.npz")])
     assert out.exit_code != 0 and "different samples" in out.output
+    out = CliRunner().invoke(main, ["merge", "--join", str(tmp_path / "a.npz"), str(tmp_path / "j.npz"), "-o",
+                                    str(tmp_path / "l.npz")])
+    assert out.exit_code != 0 and "disjoint candidates" in out.output
