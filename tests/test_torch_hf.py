@@ -314,3 +314,24 @@ def test_candidates_probed_in_groups_join_to_the_one_pass_probe(tmp_path):
     out = CliRunner().invoke(main, ["merge", "--join", str(tmp_path / "a.npz"), str(tmp_path / "j.npz"), "-o",
                                     str(tmp_path / "l.npz")])
     assert out.exit_code != 0 and "disjoint candidates" in out.output
+
+
+def test_accelerate_device_map_with_disk_offload_equals_the_plain_model(tmp_path):
+    pytest.importorskip("accelerate")
+    from transformers import GPT2LMHeadModel
+
+    model, batches = causal_lm(), lm_batches(False)
+    model.save_pretrained(tmp_path / "model")
+    # the (tied) embeddings and head and the second block on disk: their parameters are meta tensors, loaded per forward
+    device_map = {"transformer.wte": "disk", "transformer.wpe": "cpu", "transformer.drop": "cpu",
+                  "transformer.h.0": "cpu", "transformer.h.1": "disk", "transformer.ln_f": "cpu", "lm_head": "disk"}
+    dispatched = GPT2LMHeadModel.from_pretrained(tmp_path / "model", device_map=device_map, dtype=torch.float64,
+                                                 offload_folder=str(tmp_path / "offload")).eval()
+    assert next(dispatched.parameters()).device.type == "meta"
+    want = probe(model, batches, variance=True).statistics
+    got = probe(dispatched, batches, variance=True).statistics
+    assert list(got) == list(want)
+    for name in want:
+        for field, value in want[name].to_arrays().items():
+            scale = max(np.abs(value).max(), 1e-300)
+            np.testing.assert_allclose(got[name].to_arrays()[field], value, rtol=0, atol=1e-10 * scale)

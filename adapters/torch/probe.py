@@ -118,6 +118,17 @@ def unwrap_data_parallel(model: nn.Module) -> nn.Module:
     return model
 
 
+def input_device(model: nn.Module, parameter) -> torch.device:
+    """Where the batches go: for a model dispatched by ``accelerate`` (``hf_device_map``) the device of
+    its first module, as accelerate itself does (offloaded ``"cpu"``/``"disk"`` modules compute on
+    the CPU; their parameters sit on the meta device), else that of the first parameter."""
+    device_map = getattr(model, "hf_device_map", None)
+    if device_map:
+        first = next(iter(device_map.values()))
+        return torch.device("cpu") if first in ("cpu", "disk") else torch.device(first)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
 def model_init_std(model: nn.Module) -> float | None:
     """The model's init scale when it states one (Hugging Face ``config.initializer_range``)."""
     value = getattr(getattr(model, "config", None), "initializer_range", None)
@@ -263,7 +274,7 @@ class Probe:
         self.init_std = model_init_std(model) if config.init_std is None else config.init_std
         parameter = next(model.parameters(), None)
         self.dtype = parameter.dtype if parameter is not None else torch.float32
-        self.device = parameter.device if parameter is not None else torch.device("cpu")
+        self.device = input_device(model, parameter)
         self.settings = {  # what a checkpoint must agree on to be resumed
             "candidates": names,
             "family": _family_label(config.family),
