@@ -234,21 +234,22 @@ class CandidateStatistics:
     def set_sums(self, **sums) -> "CandidateStatistics":
         """In place: replace the named running sums by totals an adapter added up elsewhere.
 
-        Scalars (``sum_q_sq``, ``sum_xi_sq``, ``sum_batch_grad_norm``) become floats; matrices
-        (``sum_cross``, ``sum_gram``, ``sum_xtx``) are copied into the existing arrays, whose
-        shapes they must have.  Counts go through :meth:`add_counts`.
+        Any field of :meth:`to_arrays` but the counts (which go through :meth:`add_counts`):
+        scalar sums become floats; arrays (``sum_cross``, ``sum_gram``, ``sum_xtx``) are copied
+        into the existing arrays, whose shapes they must have.
         """
+        held = self.to_arrays()
         for name, value in sums.items():
-            if name in MATRIX_FIELDS and getattr(self, name) is not None:
-                target = getattr(self, name)
+            if name not in held or name in COUNT_FIELDS:
+                raise ValueError(f"{name!r} is not a running sum of these statistics")
+            target = getattr(self, name)
+            if isinstance(target, np.ndarray):
                 value = np.asarray(value, dtype=np.float64)
                 if value.shape != target.shape:
                     raise ValueError(f"{name} has shape {value.shape}, these statistics hold {target.shape}")
                 np.copyto(target, value)
-            elif name in ("sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm"):
-                setattr(self, name, float(value))
             else:
-                raise ValueError(f"{name!r} is not a running sum of these statistics")
+                setattr(self, name, float(value))
         return self
 
     def accumulate(self, other: "CandidateStatistics") -> "CandidateStatistics":

@@ -152,6 +152,7 @@ def test_padded_collator_batches_need_no_loss_and_equal_unpadded_reference(probl
     build, make_batches, loss = PROBLEMS[problem]
     model, batches = build(), make_batches()
     assert all((b["attention_mask"] == 0).any() for b in batches)  # really padded
+    assert type(batches[0]).__name__ == "BatchEncoding"  # what the collators return
     result = probe(model, batches, variance=True)  # no loss_fn: the model's own per-sample loss
     assert result.meta["loss"] == "model_loss"
     for c in result.candidates:
