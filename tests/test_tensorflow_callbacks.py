@@ -42,3 +42,16 @@ def test_keras_callback_adds_satcore_metrics_to_epoch_logs(tmp_path):
         rows = list(csv.DictReader(f))
     assert float(rows[-1]["satcore/growth_value_max"]) == pytest.approx(final.growth_value_max, rel=1e-6)
     assert any(key.endswith("/growth_value") for key in rows[0])
+
+
+def test_n_features_gives_the_leading_block_of_the_larger_family():
+    keras.utils.set_random_seed(0)
+    model = residual_classifier()
+    rng = np.random.default_rng(0)
+    data = [(rng.random((16, 64)).astype(np.float32), rng.integers(0, 10, 16))]
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    full = probe(model, data, loss)
+    small = probe(model, data, loss, n_features={"add1": 20})
+    assert list(full.statistics) == ["add0", "add1"] and small.statistics["add1"].n_features == 20
+    assert small.statistics["add0"] == full.statistics["add0"]
+    np.testing.assert_allclose(small.statistics["add1"].sum_gram, full.statistics["add1"].sum_gram[:20, :20], rtol=1e-6)

@@ -62,6 +62,7 @@ class ProbeConfig:
     weight scale).  ``variance`` adds ``sum_i X_i^T X_i`` (the debiased value).
     ``strategy``: the ``tf.distribute`` strategy (default: the one in scope).
     ``split``: the name of the probe data (a training split warns).
+    ``n_features``: the built-in families' ``r`` (an int or a mapping candidate -> int).
     """
 
     candidates: tuple[str, ...] | None = None
@@ -71,6 +72,7 @@ class ProbeConfig:
     variance: bool = False
     strategy: object = None
     split: str | None = None
+    n_features: int | dict | None = None
 
     def __post_init__(self):
         if self.candidates is not None and not isinstance(self.candidates, tuple):
@@ -143,7 +145,8 @@ class Probe:
                 raise ValueError(f"the loss does not depend on candidate {n!r}")
             z = rec.z[n]
             if n not in self.maps:  # same seeded weights on every replica and batch
-                self.maps[n] = feature_map(self.specs[n], z, seed=config.seed, init_std=config.init_std)
+                r = config.n_features.get(n) if isinstance(config.n_features, Mapping) else config.n_features
+                self.maps[n] = feature_map(self.specs[n], z, seed=config.seed, init_std=config.init_std, n_features=r)
             q = positions(g)
             self.n_positions[n] = int(q.shape[1])
             out[n] = replica_moments(q, self.maps[n](z), variance=config.variance)
