@@ -364,10 +364,11 @@ class Probe:
         save_checkpoint(self.config.checkpoint, self.statistics, self.streams, _specs(self.families),
                         self.batches_done, self.settings)
 
-    def result(self) -> ProbeResult:
+    def result(self, *, copy_sums: bool = True) -> ProbeResult:
         """The statistics of every batch so far (summed over ranks under ``torch.distributed``).
 
-        The probe can go on after it; the result holds copies of the sums.
+        The probe can go on after it: the result holds copies of the sums
+        (``copy_sums=False``: the probe's own, for a last call, without doubling the memory).
         """
         _sync(self.running)
         ordered = DepthStatistics(
@@ -380,7 +381,8 @@ class Probe:
         if self.config.checkpoint is not None:
             self.save_checkpoint()
         # copies: on the CPU the running totals are these very arrays, which later updates add to
-        ordered = copy.deepcopy(ordered)
+        if copy_sums:
+            ordered = copy.deepcopy(ordered)
         streams = {n: copy.deepcopy(self.streams[n]) for n in ordered}
         ordered, streams = reduce_probe(ordered, streams, self.device)
         loss_fn = self.loss_fn
@@ -401,16 +403,23 @@ class CandidatePlan:
     ``sums_bytes = 8 (N r + r^2)`` (``sum_cross``, ``sum_gram``; ``+ 8 r^2`` for
     ``sum_xtx`` with ``variance``): held on the model's device by the running
     totals and once more on the host (on a CPU model the two are the same
-    memory).  ``score_bytes = 8 (N r + 3 r^2)``: scoring forms ``C``, the
-    unit-diagonal Gram and its eigenvectors (one ``r x r`` more for ``K^+``
-    with ``variance``, counted in the ``3``).
+    memory).  ``batch_bytes``: one batch's transient sums and features in the
+    batch dtype (``b`` bytes an entry), ``b (N r + 4 M T r + M min(N, T) r)``:
+    ``sum_cross``, the features with their normalised input and activation,
+    and the factor products behind ``sum ||X_i||^2``; the model's own
+    activations and graph are not counted.  ``map_bytes``: the feature map's
+    own weights (``W1`` of ``mlp``: ``r N`` entries of the model's dtype).  ``score_bytes = 8 (N r + 3 r^2)``:
+    scoring forms ``C``, the unit-diagonal Gram and its eigenvectors (one
+    ``r x r`` more for ``K^+`` with ``variance``, counted in the ``3``).
     """
 
     name: str
     n_hidden: int
     n_features: int
     sums_bytes: int
+    batch_bytes: int
     score_bytes: int
+    map_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -428,6 +437,13 @@ class MemoryPlan:
     def host_bytes(self) -> int:
         """The host's copy of the sums (0 extra on a CPU model: they are the device totals)."""
         return 0 if self.device == "cpu" else self.device_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        """The probe's peak on the device: every candidate's sums and feature map plus the largest
+        batch transient."""
+        return (self.device_bytes + sum(c.map_bytes for c in self.candidates)
+                + max(c.batch_bytes for c in self.candidates))
 
     @property
     def score_bytes(self) -> int:
@@ -455,9 +471,14 @@ def plan(model: nn.Module, batch, loss_fn=None, *, config: ProbeConfig | None = 
             feature_map = build_feature_map(_family_for(state.config.family, name), z, seed=state.config.seed,
                                             init_std=state.init_std,
                                             n_features=_family_for(state.config.n_features, name, None))
-            N, r = positions(z).shape[2], feature_map.n_features
+            M, T, N = positions(z).shape
+            r = feature_map.n_features
             grams = 2 if state.config.variance else 1
-            rows.append(CandidatePlan(name, N, r, 8 * (N * r + grams * r * r), 8 * (N * r + 3 * r * r)))
+            entry = torch.empty(0, dtype=state.config.batch_dtype).element_size()
+            rows.append(CandidatePlan(name, N, r, 8 * (N * r + grams * r * r),
+                                      entry * (N * r + 4 * M * T * r + M * min(N, T) * r), 8 * (N * r + 3 * r * r),
+                                      sum(t.numel() * t.element_size() for t in
+                                          list(feature_map.parameters()) + list(feature_map.buffers()))))
     return MemoryPlan(tuple(rows), state.device.type)
 
 
@@ -490,7 +511,7 @@ def probe(model: nn.Module, data, loss_fn=None, *, progress: bool = False, confi
     finally:
         if bar is not None:
             bar.close()
-    return state.result()
+    return state.result(copy_sums=False)  # the probe ends here: no second set of sums
 
 def _specs(families):
     return {name: fm.spec for name, fm in families.items()}
