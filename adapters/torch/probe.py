@@ -440,8 +440,9 @@ class MemoryPlan:
 
     @property
     def peak_bytes(self) -> int:
-        """The probe's peak on the device: every candidate's sums and feature map plus the largest
-        batch transient."""
+        """The probe's peak on the device above the model's own forward + backward (which training
+        needs anyway): every candidate's sums and feature map plus the largest batch transient
+        (measured within 10% on a CPU GPT-2, ``bench/bench_memory_plan.py``)."""
         return (self.device_bytes + sum(c.map_bytes for c in self.candidates)
                 + max(c.batch_bytes for c in self.candidates))
 
