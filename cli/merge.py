@@ -15,10 +15,16 @@ from .common import CHUNK_OPTION, QUIET_OPTION, display_name, load
 @click.command()
 @click.argument("dumps", nargs=-1, required=True)
 @click.option("-o", "--output", required=True, metavar="OUT", help="Path of the merged statistics dump (.npz).")
+@click.option("--join", "join_candidates", is_flag=True,
+              help="The dumps hold disjoint candidates of one model over the same samples (probed in groups): "
+              "write one dump of all their candidates, in the order given.")
 @QUIET_OPTION
 @CHUNK_OPTION
-def merge(dumps, output, quiet, chunk_samples):
+def merge(dumps, output, join_candidates, quiet, chunk_samples):
     """Merge DUMPS (shards over disjoint samples, same candidates) into one statistics dump.
+
+    With --join, dumps of disjoint candidates (a model probed in groups of
+    candidates over the same samples) become one dump of all their candidates.
 
     Scoring the result equals scoring the union of the shards.  Raw inputs are
     reduced to statistics first, so a single input compacts a raw dump.  Meta
@@ -32,6 +38,8 @@ def merge(dumps, output, quiet, chunk_samples):
         raise click.UsageError(f"-o {display_name(output)} is also an input: write the merge to a new file")
     check_target(output, dumps)  # before reading: a device or a hard link of an input is refused now, not after
     loaded = [load(path, quiet=quiet, chunk_samples=chunk_samples) for path in dumps]
+    if join_candidates:
+        return join(dumps, loaded, output)
     merged = loaded[0][1]
     for path, (_, stats) in zip(dumps[1:], loaded[1:]):
         try:
@@ -43,6 +51,31 @@ def merge(dumps, output, quiet, chunk_samples):
     write_dump(output, merged, meta=meta, inputs=dumps)
     total = sum(s.n_samples for s in merged.values()) // max(1, len(merged))
     click.echo(f"wrote {display_name(output)}: {len(merged)} candidate(s), {total} samples per candidate, from {len(dumps)} dump(s)")
+
+
+def join(dumps, loaded, output) -> None:
+    """Dumps of disjoint candidates (one model probed in groups of candidates, each pass over the
+    same samples): one dump holding all of them in the order given; per-candidate meta (``family``,
+    ``diagnostics``) is united, the rest kept where all inputs agree."""
+    joined = loaded[0][1]
+    for path, (_, stats) in zip(dumps[1:], loaded[1:]):
+        try:
+            joined = joined.join(stats)
+        except ValueError as exc:
+            raise click.ClickException(f"{path}: cannot join with the dumps before it: {exc}") from None
+    counts = {name: s.n_samples for name, s in joined.items()}
+    if len(set(counts.values())) > 1:
+        raise click.ClickException(f"the dumps hold different samples {counts}: join needs one pass over the same data")
+    metas = [source.meta for source, _ in loaded]
+    meta = common_meta(metas)
+    for key in ("family", "diagnostics"):
+        parts = [m.get(key) for m in metas]
+        if all(isinstance(p, dict) for p in parts):
+            meta[key] = {name: value for part in parts for name, value in part.items()}
+    meta["joined_from"] = [os.path.basename(p) for p in dumps]
+    write_dump(output, joined, meta={**meta, "candidates": list(joined)})
+    click.echo(f"wrote {output}: {len(joined)} candidate(s) joined from {len(dumps)} dump(s), "
+               f"{next(iter(counts.values()))} samples each")
 
 
 def common_meta(metas: list[dict]) -> dict:

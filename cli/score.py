@@ -15,6 +15,9 @@ from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, scored
 @click.command()
 @click.argument("dump")
 @click.option("--json", "as_json", is_flag=True, help="Print the satcore-report/2 JSON object instead of a table.")
+@click.option("--format", "output_format", type=click.Choice(["table", "json", "jsonl", "csv"]), default=None,
+              help="table (default), json (= --json), jsonl (one JSON object per candidate) or csv "
+              "(a header, then one row per candidate, name first).")
 @click.option("--probe-split", metavar="NAME", help="Split the probe came from (overrides meta 'split').")
 @click.option("--alpha", type=FiniteFloatRange(0, 1, min_open=True, max_open=True), default=DEFAULT_ALPHA,
               show_default=True, help="Level of the per-candidate tests (Holm across candidates) and intervals.")
@@ -42,8 +45,8 @@ from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, scored
 @click.option("--plot", "plot_path", metavar="PNG", help="Also draw AG and growth value per candidate (matplotlib).")
 @QUIET_OPTION
 @CHUNK_OPTION
-def score(dump, as_json, probe_split, alpha, tolerance, rho, delta, t, error, detector_scale, plot_path, quiet,
-          chunk_samples):
+def score(dump, as_json, output_format, probe_split, alpha, tolerance, rho, delta, t, error, detector_scale,
+          plot_path, quiet, chunk_samples):
     """Score and test every candidate of DUMP; print the verdict.
 
     Per candidate: AG, growth value V, its noise floor and unbiased square, a
@@ -56,9 +59,14 @@ def score(dump, as_json, probe_split, alpha, tolerance, rho, delta, t, error, de
     report = scored(dump, stats, split=split, alpha=alpha, tolerance=tolerance, rho=rho,
                     stream_rms=stream_rms_from_meta(source.meta), delta=delta or 0.0, t=t, error=error,
                     detector_scale=detector_scale)
-    if as_json:
+    if as_json and output_format not in (None, "json"):
+        raise click.UsageError(f"--json and --format {output_format} disagree")
+    output_format = "json" if as_json else output_format or "table"
+    if output_format == "json":
         out = {"dump": dump, **report.to_dict()}
         click.echo(json.dumps(out, indent=2, allow_nan=False))
+    elif output_format in ("jsonl", "csv"):
+        click.echo(report.to_jsonl() if output_format == "jsonl" else report.to_csv(), nl=False)
     else:
         click.echo(render_report(report, dump))
     if plot_path:  # after the scores, so that a bad plot path does not cost them

@@ -33,6 +33,14 @@ class DepthStatistics(OrderedDict):
 
     __add__ = merge
 
+    def join(self, other: "DepthStatistics") -> "DepthStatistics":
+        """The candidates of both, ``self``'s first: one model probed in groups of candidates (one pass
+        each, over the same samples), whose statistics form one report.  Names must be disjoint."""
+        shared = [name for name in other if name in self]
+        if shared:
+            raise ValueError(f"candidate(s) {shared} are in both: join takes disjoint candidates (merge adds samples)")
+        return DepthStatistics(list(self.items()) + list(other.items()))
+
     def to_arrays(self) -> dict:
         return {f"{name}/{f}": v for name, s in self.items() for f, v in s.to_arrays().items()}
 

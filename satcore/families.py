@@ -103,6 +103,7 @@ def make_family(
     init_std: float | None = None,
     activation: str = "gelu",
     eps: float = 1e-5,
+    n_features: int | None = None,
 ) -> Family:
     """Build a family for a candidate of hidden width ``width`` (channels for ``conv``).
 
@@ -113,14 +114,29 @@ def make_family(
     ``conv3x3`` weights (std ``sqrt(2 / (9 C))``), ``mid_channels`` defaulting to
     ``width``; ``r = 9 * mid_channels``.  ``linear``: ``psi = z``, ``r = width``.
     ``bias``: ``psi = 1``, ``r = 1``.
+    ``n_features`` chooses ``r`` instead (the memory of a candidate's sums is
+    ``O(N r + r^2)``): for ``mlp`` any ``r >= 1`` (its ``W1`` rows are drawn in
+    order, so a smaller ``r`` keeps the first rows of a larger one); for
+    ``conv`` a multiple of 9 (``mid_channels = r / 9``).
     """
+    if n_features is not None:
+        n_features = int(n_features)
+        if n_features < 1 or (kind == "conv" and n_features % 9):
+            raise ValueError(f"n_features={n_features} for family {kind!r}: "
+                             + ("a positive multiple of 9 (9 per middle channel)" if kind == "conv" else "must be >= 1"))
+        if kind in ("linear", "bias") and n_features != (width if kind == "linear" else 1):
+            raise ValueError(f"family {kind!r} has a fixed number of features; n_features does not apply")
+        if kind == "mlp":
+            expansion = None
+        elif kind == "conv":
+            mid_channels = n_features // 9
     rng = np.random.default_rng(seed)
     if kind == "linear":  # for a conv candidate: psi = z per pixel (a 1x1 terminal conv)
         return Family("linear", width, width, seed=seed)
     if kind == "bias":
         return Family("bias", width, 1, seed=seed)
     if kind == "mlp":
-        r = expansion * width
+        r = expansion * width if expansion is not None else n_features
         std = init_std if init_std is not None else width**-0.5
         w1 = rng.standard_normal((r, width)) * std
         return Family("mlp", width, r, {"w1": w1}, activation=activation, eps=eps, seed=seed)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from .certification import SaturationTest
 from .folds import FoldTest
@@ -128,3 +128,94 @@ class DepthReport:
         if self.prop1 is not None:
             out["prop1"] = {k: _json_number(v) for k, v in self.prop1.to_dict().items()}
         return out
+
+    def to_records(self) -> list[dict]:
+        """One flat dict per candidate, upstream first, ``name`` first: the candidate's
+        entry of :meth:`to_dict` (its scores and its ``test``) with a nested mapping's keys joined
+        by ``.`` (pandas' ``json_normalize`` convention: ``test.verdict``), so that every value is a
+        scalar."""
+        return [_flatten(c) for c in self.to_dict()["candidates"]]
+
+    def to_pandas(self):
+        """A ``pandas.DataFrame``, one row per candidate (upstream first) and one column per score,
+        ``name`` first (WeightWatcher's layout: rows are layers, columns are metrics).
+
+        pandas is optional: it is imported here, and its absence is one clear ``ImportError``.
+        """
+        try:
+            import pandas
+        except ImportError:
+            raise ImportError("DepthReport.to_pandas needs pandas (pip install pandas)") from None
+        records = self.to_records()
+        columns = list(records[0]) if records else [f.name for f in fields(CandidateScore)]
+        return pandas.DataFrame.from_records(records, columns=columns)
+
+    def to_csv(self) -> str:
+        """:meth:`to_records` as CSV text: a header line (``name`` first), then one line per candidate;
+        a missing value (``None``) is an empty field."""
+        import csv
+        import io
+
+        records = self.to_records()
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=list(records[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in records)
+        return out.getvalue()
+
+    def to_jsonl(self) -> str:
+        """:meth:`to_records` as JSON Lines: one JSON object per candidate, upstream first."""
+        import json
+
+        return "".join(json.dumps(r, allow_nan=False) + "\n" for r in self.to_records())
+
+    def scalars(self, prefix: str = "satcore/") -> dict[str, float]:
+        """Numbers for a metrics logger (TensorBoard, a Trainer's logs), keys starting with ``prefix``.
+
+        ``growth_value_max``, ``ag_max`` and ``argmax_index`` (the upstream-first index of the
+        candidate holding the growth maximum; loggers keep numbers, not names), ``improvable`` and
+        ``saturated`` (1/0: the depth-wide verdict), ``n_improvable``, and per candidate
+        ``<name>/growth_value``, ``<name>/ag``, ``<name>/realizability``, ``<name>/noise_floor`` and
+        ``<name>/p_value_adjusted``.  Values that are not finite are left out.
+        """
+        out = {
+            f"{prefix}growth_value_max": self.growth_value_max,
+            f"{prefix}ag_max": self.ag_max,
+            f"{prefix}argmax_index": float([c.name for c in self.candidates].index(self.argmax)),
+        }
+        if self.verdict is not None:
+            out[f"{prefix}improvable"] = float(self.verdict.verdict == "improvable")
+            out[f"{prefix}saturated"] = float(self.verdict.verdict == "saturated")
+            out[f"{prefix}n_improvable"] = float(sum(t.verdict == "improvable" for t in self.tests))
+        tests = {t.name: t for t in self.tests}
+        for c in self.candidates:
+            for key in ("growth_value", "ag", "realizability", "noise_floor"):
+                out[f"{prefix}{c.name}/{key}"] = getattr(c, key)
+            if c.name in tests:
+                out[f"{prefix}{c.name}/p_value_adjusted"] = tests[c.name].p_value_adjusted
+        return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}
+
+
+def _flatten(record: dict, parent: str = "") -> dict:
+    out = {}
+    for key, value in record.items():
+        name = f"{parent}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+SCHEMA_FILES = {"report": "report.schema.json", "sweep": "sweep.schema.json", "dump-meta": "dump-meta.schema.json"}
+
+
+def json_schema(name: str) -> dict:
+    """The JSON Schema (draft 2020-12) shipped with satcore for ``"report"`` (``satcore-report/1``),
+    ``"sweep"`` (``satcore-sweep/2``) or ``"dump-meta"`` (a dump's ``meta`` member)."""
+    import json
+    from importlib.resources import files
+
+    if name not in SCHEMA_FILES:
+        raise ValueError(f"no schema {name!r}; schemas are {sorted(SCHEMA_FILES)}")
+    return json.loads(files("satcore").joinpath("schemas", SCHEMA_FILES[name]).read_text())

@@ -46,6 +46,11 @@ back on ``n_samples * n_positions``.
 Memory is ``O(N r + r^2)`` whatever the number of samples.  Two statistics
 merge by adding fields, which equals one pass over the union.  ``to_arrays``
 and ``from_arrays`` give the ``stats/<name>/<field>`` members of a dump.
+The public ways to add are :meth:`CandidateStatistics.update` (arrays),
+:meth:`~CandidateStatistics.add_moments` (one batch's sums),
+:meth:`~CandidateStatistics.accumulate` (another statistics, in place) and,
+for adapters that keep totals on a device, :meth:`~CandidateStatistics.add_counts`
+with :meth:`~CandidateStatistics.set_sums`.  Equality compares the sums.
 """
 
 from __future__ import annotations
@@ -183,7 +188,7 @@ def _symmetric(matrix) -> np.ndarray:
     return 0.5 * (m + m.T)
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class CandidateStatistics:
     """Mergeable, serialisable running sums for one candidate (see module docstring)."""
 
@@ -256,6 +261,7 @@ class CandidateStatistics:
         n_vectors,
         fold: int | None = None,
         sum_qq=None,
+        folds=None,
     ) -> "CandidateStatistics":
         """Add precomputed batch sums (adapters compute them on their device).
 
@@ -263,13 +269,18 @@ class CandidateStatistics:
         (``M T``, or fewer when a mask left positions out); ``None`` when
         not known, which leaves the statistics' ``n_vectors`` unknown too.
         ``fold``: the fold the batch goes to; by default the number of
-        batches before it, modulo ``n_folds``.
+        batches before it, modulo ``n_folds``.  ``folds``: instead, per-fold
+        parts ``(fold_cross, fold_samples)`` of the sums (another statistics'
+        folds, as :meth:`accumulate` adds them).
         """
         if self.variance and sum_xtx is None:
             raise ValueError("these statistics track sum_xtx (variance=True); the batch did not supply it")
         if self.curvature and sum_qq is None:
             raise ValueError("these statistics track sum_qq (curvature=True); the batch did not supply it")
-        if self.n_folds:
+        if self.n_folds and folds is not None:
+            self.fold_cross += np.asarray(folds[0], dtype=np.float64)
+            self.fold_samples += np.asarray(folds[1], dtype=np.int64)
+        elif self.n_folds:
             k = self.n_batches % self.n_folds if fold is None else int(fold)
             self.fold_cross[k] += np.asarray(sum_cross, dtype=np.float64)
             self.fold_samples[k] += int(n_samples)
@@ -289,6 +300,93 @@ class CandidateStatistics:
             self.sum_batch_grad_norm += float(batch_grad_norm)
             self.n_batches += 1
         return self
+
+    def add_counts(self, n_samples: int = 0, *, n_batches: int = 0, n_vectors=0,
+                   fold: int | None = None) -> "CandidateStatistics":
+        """In place: count ``n_samples`` samples, ``n_batches`` batches and ``n_vectors`` position
+        vectors (``None``: not known, which leaves ``n_vectors`` unknown) whose sums an adapter adds
+        up elsewhere (on its device) and hands over with :meth:`set_sums`; the samples count in
+        fold ``fold`` too, when given (its ``fold_cross`` part likewise comes through ``set_sums``)."""
+        if fold is not None and self.n_folds:
+            self.fold_samples[int(fold)] += int(n_samples)
+        self.n_samples += int(n_samples)
+        self.n_batches += int(n_batches)
+        self.n_vectors = None if self.n_vectors is None or n_vectors is None else self.n_vectors + int(n_vectors)
+        return self
+
+    def set_sums(self, **sums) -> "CandidateStatistics":
+        """In place: replace the named running sums by totals an adapter added up elsewhere.
+
+        Any field of :meth:`to_arrays` but the counts (which go through :meth:`add_counts`):
+        scalar sums become floats; arrays (``sum_cross``, ``sum_gram``, ``sum_xtx``) are copied
+        into the existing arrays, whose shapes they must have.
+        """
+        held = self.to_arrays()
+        for name, value in sums.items():
+            if name not in held or name in COUNT_FIELDS:
+                raise ValueError(f"{name!r} is not a running sum of these statistics")
+            target = getattr(self, name)
+            if isinstance(target, np.ndarray):
+                value = np.asarray(value, dtype=np.float64)
+                if value.shape != target.shape:
+                    raise ValueError(f"{name} has shape {value.shape}, these statistics hold {target.shape}")
+                np.copyto(target, value)
+            else:
+                setattr(self, name, float(value))
+        return self
+
+    def accumulate(self, other: "CandidateStatistics") -> "CandidateStatistics":
+        """In place: add ``other``'s sums, so that ``self`` equals one pass over both sample sets.
+
+        ``sum_xtx``, ``sum_qq`` and the folds are kept only when both sides have them (else
+        refused: ``self`` tracks them); ``n_vectors`` becomes unknown when either side's is.
+        ``other``'s folds are rotated by ``self``'s batch count, as one pass over ``self``'s
+        batches then ``other``'s would have dealt them.
+        """
+        self._check_compatible(other)
+        folds = None
+        if self.n_folds:
+            if not other.n_folds:
+                raise ValueError("these statistics keep folds; the other statistics keep none")
+            shift = self.n_batches % self.n_folds
+            folds = (np.roll(other.fold_cross, shift, axis=0), np.roll(other.fold_samples, shift))
+        self.add_moments(
+            other.n_samples,
+            other.sum_q_sq,
+            other.sum_cross,
+            other.sum_gram,
+            other.sum_xi_sq,
+            other.sum_xtx if self.variance else None,
+            n_vectors=other.n_vectors,
+            sum_qq=other.sum_qq if self.curvature else None,
+            folds=folds,
+        )
+        self.sum_batch_grad_norm += other.sum_batch_grad_norm
+        self.n_batches += other.n_batches
+        return self
+
+    def __eq__(self, other) -> bool:
+        """Equal shapes, settings and sums (every array of :meth:`to_arrays`, element for element)."""
+        if not isinstance(other, CandidateStatistics):
+            return NotImplemented
+        mine, theirs = self.to_arrays(), other.to_arrays()
+        return (
+            (self.n_hidden, self.n_features, self.n_positions, self.variance)
+            == (other.n_hidden, other.n_features, other.n_positions, other.variance)
+            and mine.keys() == theirs.keys()
+            and all(np.array_equal(mine[k], theirs[k]) for k in mine)
+        )
+
+    __hash__ = None  # mutable sums
+
+    def __repr__(self) -> str:
+        return (
+            f"CandidateStatistics(N={self.n_hidden}, r={self.n_features}, T={self.n_positions}, "
+            f"variance={self.variance}, n_samples={self.n_samples}, n_vectors={self.n_vectors}, "
+            f"n_batches={self.n_batches}, sum_q_sq={self.sum_q_sq:.6g}, sum_xi_sq={self.sum_xi_sq:.6g}, "
+            f"||sum_cross||_F={float(np.linalg.norm(self.sum_cross)):.6g}, "
+            f"tr(sum_gram)={float(np.trace(self.sum_gram)):.6g})"
+        )
 
     # -- merging and serialisation -------------------------------------------------
     def _check_compatible(self, other: "CandidateStatistics"):
@@ -312,25 +410,7 @@ class CandidateStatistics:
             self.n_hidden, self.n_features, self.n_positions, self.variance and other.variance, n_folds,
             self.curvature and other.curvature,
         )
-        for part in (self, other):
-            out.add_moments(
-                part.n_samples,
-                part.sum_q_sq,
-                part.sum_cross,
-                part.sum_gram,
-                part.sum_xi_sq,
-                part.sum_xtx if out.variance else None,
-                n_vectors=part.n_vectors,
-                fold=0,  # placeholder: the folds are set below
-                sum_qq=part.sum_qq if out.curvature else None,
-            )
-        if n_folds:
-            shift = self.n_batches % n_folds
-            out.fold_cross = self.fold_cross + np.roll(other.fold_cross, shift, axis=0)
-            out.fold_samples = self.fold_samples + np.roll(other.fold_samples, shift)
-        out.sum_batch_grad_norm = self.sum_batch_grad_norm + other.sum_batch_grad_norm
-        out.n_batches = self.n_batches + other.n_batches
-        return out
+        return out.accumulate(self).accumulate(other)
 
     __add__ = merge
 

@@ -7,8 +7,9 @@ layers) or named (a layer's input); features use the core's seeded families
 are summed across replicas with ``strategy.reduce(SUM)``.
 """
 
+from .callbacks import KerasCallback
 from .families import feature_map
 from .locate import Candidate, named_candidates, residual_candidates
-from .probe import probe, total_loss
+from .probe import Probe, ProbeConfig, probe, total_loss
 
-__all__ = ["Candidate", "feature_map", "named_candidates", "probe", "residual_candidates", "total_loss"]
+__all__ = ["Candidate", "KerasCallback", "Probe", "ProbeConfig", "feature_map", "named_candidates", "probe", "residual_candidates", "total_loss"]

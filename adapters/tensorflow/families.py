@@ -85,8 +85,9 @@ class FeatureMap:
         return {"kind": f.kind, "width": f.width, "n_features": f.n_features, "seed": f.seed}
 
 
-def feature_map(spec, z, *, seed: int = 0, init_std: float | None = None) -> FeatureMap:
-    """Resolve ``"auto"`` (``conv`` for 4-d streams, else ``mlp``), a kind, a Family or a Keras layer."""
+def feature_map(spec, z, *, seed: int = 0, init_std: float | None = None, n_features: int | None = None) -> FeatureMap:
+    """Resolve ``"auto"`` (``conv`` for 4-d streams, else ``mlp``), a kind, a Family or a Keras layer
+    (``n_features``: a built-in kind's ``r``, as ``make_family`` takes it)."""
     width = int(z.shape[-1])
     if isinstance(spec, Family):
         if spec.width != width:
@@ -99,4 +100,5 @@ def feature_map(spec, z, *, seed: int = 0, init_std: float | None = None) -> Fea
         raise ValueError(f"unknown family {spec!r}; choose 'auto', one of {FAMILIES}, or pass a Keras layer")
     if kind == "conv" and z.shape.rank != 4:
         raise ValueError(f"family 'conv' needs a (M, H, W, C) stream, got shape {tuple(z.shape)}")
-    return FeatureMap(make_family(kind, width, seed=seed, init_std=init_std if kind == "mlp" else None))
+    return FeatureMap(make_family(kind, width, seed=seed, init_std=init_std if kind == "mlp" else None,
+                                  n_features=n_features))

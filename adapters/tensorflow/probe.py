@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import copy
+import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 import numpy as np
 import tensorflow as tf
 
-from satcore.depth import DepthStatistics
+from satcore.depth import TRAINING_SPLIT_NAMES, DepthStatistics
 from satcore.probe_result import ProbeResult
+from satcore.results import TRAINING_SPLIT_WARNING
 from satcore.statistics import CandidateStatistics
 
 from .capture import recording, taps
@@ -46,114 +50,164 @@ def _unpack(batch):
     return x, y
 
 
-def probe(
-    model,
-    data,
-    loss_fn,
-    *,
-    candidates=None,
-    family="auto",
-    seed: int = 0,
-    init_std: float | None = None,
-    variance: bool = False,
-    strategy=None,
-    split: str | None = None,
-) -> ProbeResult:
-    """Per-candidate growth statistics of a Keras 3 model over ``data`` (SPEC sections 1-3, 9).
+@dataclass(frozen=True)
+class ProbeConfig:
+    """How a TensorFlow :class:`Probe` runs.
 
-    ``data``: an iterable of ``(x, y)`` batches, or a ``tf.data.Dataset`` of them
-    (required under a multi-replica strategy: it is distributed with
-    ``strategy.experimental_distribute_dataset``); ``x`` may be NumPy or any array
-    Keras accepts.  ``loss_fn(y_true, y_pred)`` returns per-sample losses ``(B,)``
-    (a Keras loss with ``reduction=None``), or ``(B, T)`` for sequences, whose
+    ``candidates``: layer names (the layer's input) or, for functional models,
+    ``None`` for the skip inputs of residual ``Add`` layers (:mod:`.locate`).
+    ``family``: ``"auto"``, a kind, a :class:`~satcore.Family`, a Keras layer
+    (user feature map), or a mapping candidate -> one of those; built-in kinds
+    use ``make_family(kind, width, seed=seed)`` (``init_std``: the ``mlp``
+    weight scale).  ``variance`` adds ``sum_i X_i^T X_i`` (the debiased value).
+    ``strategy``: the ``tf.distribute`` strategy (default: the one in scope).
+    ``split``: the name of the probe data (a training split warns).
+    ``n_features``: the built-in families' ``r`` (an int or a mapping candidate -> int).
+    """
+
+    candidates: tuple[str, ...] | None = None
+    family: object = "auto"
+    seed: int = 0
+    init_std: float | None = None
+    variance: bool = False
+    strategy: object = None
+    split: str | None = None
+    n_features: int | dict | None = None
+
+    def __post_init__(self):
+        if self.candidates is not None and not isinstance(self.candidates, tuple):
+            object.__setattr__(self, "candidates", tuple(self.candidates))
+
+
+class Probe:
+    """Incremental growth statistics of a Keras 3 model: :meth:`update` per batch, :meth:`result` any time.
+
+    ``loss_fn(y_true, y_pred)`` returns per-sample losses ``(B,)`` (a Keras
+    loss with ``reduction=None``), or ``(B, T)`` for sequences, whose
     ``loss_i`` is the mean over tokens, or a scalar batch mean (a Keras loss with
     its default reduction): its gradients ``q_i / B`` are rescaled by ``B`` (and
     by the number of replicas, which Keras divides by), see :func:`total_loss`;
     a Keras loss with ``reduction="sum"`` is refused (a scalar that is not a mean).
-    ``candidates``: layer names (the layer's input) or, for functional models,
-    ``None`` for the skip inputs of residual ``Add`` layers (:mod:`.locate`).  ``family``: ``"auto"``, a kind,
-    a :class:`~satcore.Family`, a Keras layer (user feature map), or a mapping
-    candidate -> one of those; built-in kinds use ``make_family(kind, width,
-    seed=seed)``.  The gradient of ``sum_i loss_i`` at a zero ``delta`` added at
-    the candidate is ``q_i = d loss_i / d z_i``.  Each replica sums its moments;
-    ``strategy.reduce(SUM)`` adds them (``strategy`` defaults to the one in scope).
-    The sums give ``C = (1/M) sum_i Q_i^T Psi_i`` and ``K = (1/M) sum_i Psi_i^T Psi_i``,
+    The gradient of ``sum_i loss_i`` at a zero ``delta`` added at the
+    candidate is ``q_i = d loss_i / d z_i``.  Each replica sums its moments;
+    ``strategy.reduce(SUM)`` adds them.  The sums give
+    ``C = (1/M) sum_i Q_i^T Psi_i`` and ``K = (1/M) sum_i Psi_i^T Psi_i``,
     whence the growth value ``sqrt(tr(C K^+ C^T)) = ||Pi_S q_S||_S`` (Theorem 2,
-    Lemma 4); ``variance`` adds ``sum_i X_i^T X_i`` (debiased value, SPEC section 4).
-    The model runs with ``training=False`` and must not mix samples.
-    """
-    if getattr(loss_fn, "reduction", None) == "sum":
-        # its scalar is sum_i loss_i, which total_loss would read as a mean and multiply by B
-        raise ValueError("loss_fn sums over the batch (reduction='sum'); use reduction=None or the default mean")
-    cands = residual_candidates(model) if candidates is None else named_candidates(model, candidates)
-    names = [c.name for c in cands]
-    specs = family if isinstance(family, Mapping) else {n: family for n in names}
-    if sorted(specs) != sorted(names):
-        raise ValueError(f"family mapping keys {sorted(specs)} must be exactly the candidates {names}")
-    strategy = strategy or tf.distribute.get_strategy()
-    if isinstance(data, tf.data.Dataset):
-        data = strategy.experimental_distribute_dataset(data)
-    elif strategy.num_replicas_in_sync > 1:
-        raise ValueError("under a multi-replica strategy, pass data as a tf.data.Dataset")
-    maps: dict = {}
-    n_positions: dict = {}
-    model_inputs = [c for c in cands if c.position == "model_input"]
+    Lemma 4).  The model runs with ``training=False`` and must not mix samples.
 
-    def step(x, y):
+    A batch is ``(x, y)`` or a mapping with ``"x"`` and ``"y"``; under a
+    multi-replica strategy, a distributed batch (:func:`probe` distributes a
+    ``tf.data.Dataset``).  ``config`` is a :class:`ProbeConfig`; keyword
+    ``options`` build one (or replace its fields).
+    """
+
+    def __init__(self, model, loss_fn, config: ProbeConfig | None = None, **options):
+        config = ProbeConfig(**options) if config is None else replace(config, **options)
+        if getattr(loss_fn, "reduction", None) == "sum":
+            # its scalar is sum_i loss_i, which total_loss would read as a mean and multiply by B
+            raise ValueError("loss_fn sums over the batch (reduction='sum'); use reduction=None or the default mean")
+        self.model, self.loss_fn, self.config = model, loss_fn, config
+        self.cands = residual_candidates(model) if config.candidates is None else named_candidates(model, config.candidates)
+        self.names = [c.name for c in self.cands]
+        family = config.family
+        self.specs = family if isinstance(family, Mapping) else {n: family for n in self.names}
+        if sorted(self.specs) != sorted(self.names):
+            raise ValueError(f"family mapping keys {sorted(self.specs)} must be exactly the candidates {self.names}")
+        self.strategy = config.strategy or tf.distribute.get_strategy()
+        self.maps: dict = {}
+        self.n_positions: dict = {}
+        self.stats = DepthStatistics()
+        self.model_inputs = [c for c in self.cands if c.position == "model_input"]
+        self._warned_scalar = False
+        if config.split is not None and config.split.lower() in TRAINING_SPLIT_NAMES:
+            warnings.warn(TRAINING_SPLIT_WARNING, UserWarning, stacklevel=2)
+
+    def _step(self, x, y):
+        names, config = self.names, self.config
         with tf.GradientTape() as tape, recording(tape) as rec:
-            if model_inputs:
-                x = _tap_inputs(rec, x, model_inputs)
-            y_pred = model(x, training=False)
+            if self.model_inputs:
+                x = _tap_inputs(rec, x, self.model_inputs)
+            y_pred = self.model(x, training=False)
             missing = [n for n in names if n not in rec.z]
             if missing:
                 raise ValueError(f"candidate(s) {missing} were not reached in the forward pass")
             batch_size = int(rec.z[names[0]].shape[0])
-            total = total_loss(loss_fn(y, y_pred), batch_size, strategy.num_replicas_in_sync)
+            values = self.loss_fn(y, y_pred)
+            if tf.is_tensor(values) and values.shape.rank == 0 and not self._warned_scalar:
+                self._warned_scalar = True
+                warnings.warn("loss_fn returned a 0-d loss: read as the batch mean and multiplied by the batch size "
+                              "(and replicas); pass reduction=None for per-sample losses", UserWarning, stacklevel=2)
+            total = total_loss(values, batch_size, self.strategy.num_replicas_in_sync)
         grads = tape.gradient(total, [rec.delta[n] for n in names])
         out = {}
         for n, g in zip(names, grads):
             if g is None:
                 raise ValueError(f"the loss does not depend on candidate {n!r}")
             z = rec.z[n]
-            if n not in maps:  # same seeded weights on every replica and batch
-                maps[n] = feature_map(specs[n], z, seed=seed, init_std=init_std)
+            if n not in self.maps:  # same seeded weights on every replica and batch
+                r = config.n_features.get(n) if isinstance(config.n_features, Mapping) else config.n_features
+                self.maps[n] = feature_map(self.specs[n], z, seed=config.seed, init_std=config.init_std, n_features=r)
             q = positions(g)
-            n_positions[n] = int(q.shape[1])
-            out[n] = replica_moments(q, maps[n](z), variance=variance)
+            self.n_positions[n] = int(q.shape[1])
+            out[n] = replica_moments(q, self.maps[n](z), variance=config.variance)
         return out
 
-    stats = DepthStatistics()
-    with taps(model, cands):
-        for batch in data:
-            x, y = _unpack(batch)
-            per_replica = strategy.run(step, args=(x, y))
-            summed = tf.nest.map_structure(
-                lambda v: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None), per_replica
-            )
-            for n in names:
-                m = {k: np.asarray(v) for k, v in summed[n].items()}
-                n_samples = int(round(float(m.pop("n_samples"))))
-                if n_samples == 0:
-                    continue
-                if n not in stats:
-                    N, r = m["sum_cross"].shape
-                    stats[n] = CandidateStatistics(N, r, n_positions[n], variance)
-                m["batch_grad_norm"] = float(np.sqrt(m["sum_q_sq"])) / n_samples
-                stats[n].add_moments(n_samples, **m)
-    if not stats:
-        raise ValueError("the data held no samples")
-    meta = {
-        "candidates": names,
-        "framework": "tensorflow",
-        "model": model.name,
-        "loss": getattr(loss_fn, "name", getattr(loss_fn, "__name__", type(loss_fn).__name__)),
-        "split": split,
-        "seed": seed,
-        "replicas": strategy.num_replicas_in_sync,
-        "family": {n: maps[n].describe() for n in names},
-        "taps": {c.name: {"layer": c.layer, "position": c.position} for c in cands},
-    }
-    return ProbeResult(stats, meta)
+    def update(self, batch) -> None:
+        """Add one batch (see the class docstring)."""
+        strategy = self.strategy
+        x, y = _unpack(batch)
+        with taps(self.model, self.cands):
+            per_replica = strategy.run(self._step, args=(x, y))
+        summed = tf.nest.map_structure(
+            lambda v: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None), per_replica
+        )
+        for n in self.names:
+            m = {k: np.asarray(v) for k, v in summed[n].items()}
+            n_samples = int(round(float(m.pop("n_samples"))))
+            if n_samples == 0:
+                continue
+            if n not in self.stats:
+                N, r = m["sum_cross"].shape
+                self.stats[n] = CandidateStatistics(N, r, self.n_positions[n], self.config.variance)
+            m["batch_grad_norm"] = float(np.sqrt(m["sum_q_sq"])) / n_samples
+            self.stats[n].add_moments(n_samples, **m)
+
+    def result(self) -> ProbeResult:
+        """The statistics of every batch so far (a copy: the probe can go on)."""
+        if not self.stats:
+            raise ValueError("the data held no samples")
+        loss_fn, names = self.loss_fn, self.names
+        meta = {
+            "candidates": names,
+            "framework": "tensorflow",
+            "model": self.model.name,
+            "loss": getattr(loss_fn, "name", getattr(loss_fn, "__name__", type(loss_fn).__name__)),
+            "split": self.config.split,
+            "seed": self.config.seed,
+            "replicas": self.strategy.num_replicas_in_sync,
+            "family": {n: self.maps[n].describe() for n in names},
+            "taps": {c.name: {"layer": c.layer, "position": c.position} for c in self.cands},
+        }
+        return ProbeResult(copy.deepcopy(self.stats), meta)
+
+
+def probe(model, data, loss_fn, *, config: ProbeConfig | None = None, **options) -> ProbeResult:
+    """Per-candidate growth statistics of a Keras 3 model over ``data``: :class:`Probe` over every batch.
+
+    ``data``: an iterable of ``(x, y)`` batches, or a ``tf.data.Dataset`` of them
+    (required under a multi-replica strategy: it is distributed with
+    ``strategy.experimental_distribute_dataset``); ``x`` may be NumPy or any array
+    Keras accepts.  ``loss_fn`` is :class:`Probe`'s; ``options`` are the fields
+    of :class:`ProbeConfig`.
+    """
+    state = Probe(model, loss_fn, config, **options)
+    if isinstance(data, tf.data.Dataset):
+        data = state.strategy.experimental_distribute_dataset(data)
+    elif state.strategy.num_replicas_in_sync > 1:
+        raise ValueError("under a multi-replica strategy, pass data as a tf.data.Dataset")
+    for batch in data:
+        state.update(batch)
+    return state.result()
 
 
 def _tap_inputs(rec, x, model_inputs):

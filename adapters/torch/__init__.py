@@ -2,8 +2,13 @@
 
 ::
 
-    from satcore.adapters.torch import probe, sequence_loss, grow
+    from satcore.adapters.torch import Probe, probe, sequence_loss, grow
     result = probe(model, loader, sequence_loss, split="heldout")
+    # or batch by batch, e.g. inside a training loop (DataCollator batches need no loss_fn):
+    running = Probe(model, split="heldout")
+    for batch in collated_batches:
+        running.update(batch)
+    result = running.result()
     print(result.report().to_dict())          # the core's DepthReport
     result.save("probe.npz")                  # satcore-dump/1
     grown = grow(model, result, result.report().argmax, rho=1e-3)
@@ -22,16 +27,35 @@ from .locate import HEAD, Candidate, find_blocks, find_candidates, named_candida
 from .growth import GrowthResult, GrowthRound, grow_until_saturated
 from .native import NativeFeatures, insert_block, native_feature_map
 from .moments import batch_moments, position_index, subsample_positions
-from .probe import per_sample_losses, probe, sequence_loss
+from .hf import model_loss, per_sample_loss
+from .probe import MemoryPlan, Probe, ProbeConfig, per_sample_losses, plan, probe, probe_in_groups, sequence_loss
 from .result import ProbeResult
+
+# The callbacks subclass their framework's base class: imported on first use, so that the
+# adapter needs neither transformers nor lightning.
+_CALLBACKS = {"HFCallback": ".trainer_callback", "LightningCallback": ".lightning_callback"}
+
+
+def __getattr__(name):
+    if name in _CALLBACKS:
+        import importlib
+
+        return getattr(importlib.import_module(_CALLBACKS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "HEAD",
+    "HFCallback",
+    "LightningCallback",
     "Candidate",
     "FeatureMap",
     "Grown",
     "InsertedResidual",
     "NativeFeatures",
+    "MemoryPlan",
+    "Probe",
+    "ProbeConfig",
     "ProbeResult",
     "ResidualBranch",
     "StreamDiagnostics",
@@ -45,12 +69,16 @@ __all__ = [
     "GrowthResult",
     "GrowthRound",
     "grow_until_saturated",
+    "model_loss",
     "named_candidates",
     "native_feature_map",
+    "per_sample_loss",
+    "plan",
     "per_sample_losses",
     "position_index",
     "positions",
     "probe",
+    "probe_in_groups",
     "sequence_loss",
     "subsample_positions",
 ]

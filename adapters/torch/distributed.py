@@ -2,11 +2,12 @@
 
 Every field of :class:`satcore.CandidateStatistics` except ``n_positions`` is
 a sum over samples (or batches), so the statistics of the union of the
-ranks' data are the element-wise SUM over ranks (SPEC section 3).  All sums
-of all candidates are packed into one float64 tensor and reduced at once;
-float64 keeps the counts exact (below 2**53) and the sums at full precision.
-Every rank must have probed at least one batch (so its statistics exist with
-the same shapes).
+ranks' data are the element-wise SUM over ranks (the sums merge by adding).
+The statistics go through their public ``to_arrays`` / ``from_arrays``: all
+sums of all candidates are packed into one float64 tensor and reduced at
+once; float64 keeps the counts exact (below 2**53) and the sums at full
+precision.  Every rank must have probed at least one batch (so its
+statistics exist with the same shapes).
 """
 
 from __future__ import annotations
@@ -14,23 +15,21 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-SUMMED = ("n_samples", "n_vectors", "n_batches", "sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm", "sum_cross", "sum_gram",
-          "sum_xtx", "fold_cross", "fold_samples")
-STREAM_SUMMED = ("n_samples", "n_vectors", "sum_z_sq", "sum_update_sq")
+from satcore.depth import DepthStatistics
+
+from .diagnostics import StreamAccumulator
+
+NOT_SUMMED = ("n_positions", "n_folds", "has_update")  # settings, the same on every rank
 
 
 def is_distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
-def _fields(objects, names):
-    return [(obj, f) for obj in objects for f in names if getattr(obj, f, None) is not None]
-
-
-def all_reduce_sums(objects, names, device) -> None:
-    """In place: each listed field of each object becomes its sum over ranks."""
-    fields = _fields(objects, names)
-    flat = np.concatenate([np.ravel(np.asarray(getattr(o, f), dtype=np.float64)) for o, f in fields])
+def all_reduce_arrays(parts: list[dict], device) -> list[dict]:
+    """Each dict of arrays with every entry but :data:`NOT_SUMMED` summed over ranks."""
+    keys = [(i, k) for i, part in enumerate(parts) for k in part if k not in NOT_SUMMED]
+    flat = np.concatenate([np.ravel(np.asarray(parts[i][k], dtype=np.float64)) for i, k in keys])
     sizes = torch.tensor([float(flat.size)], dtype=torch.float64, device=device)
     reference = sizes.clone()
     torch.distributed.all_reduce(sizes, op=torch.distributed.ReduceOp.MAX)
@@ -39,24 +38,23 @@ def all_reduce_sums(objects, names, device) -> None:
     buffer = torch.from_numpy(flat).to(device)
     torch.distributed.all_reduce(buffer)
     reduced = buffer.cpu().numpy()
+    out = [dict(part) for part in parts]
     offset = 0
-    for obj, f in fields:
-        old = getattr(obj, f)
-        size = np.size(old)
-        value = reduced[offset : offset + size]
+    for i, k in keys:
+        shape = np.shape(parts[i][k])
+        size = int(np.prod(shape))
+        out[i][k] = reduced[offset : offset + size].reshape(shape).copy()
         offset += size
-        if np.ndim(old):
-            setattr(obj, f, value.reshape(np.shape(old)).astype(np.asarray(old).dtype))
-        elif isinstance(old, (int, np.integer)):
-            setattr(obj, f, int(round(value[0])))
-        else:
-            setattr(obj, f, float(value[0]))
+    return out
 
 
-def reduce_probe(statistics, streams, device) -> None:
-    """All-reduce a probe's statistics and stream diagnostics (no-op without a process group)."""
+def reduce_probe(statistics: DepthStatistics, streams: dict, device):
+    """``(statistics, streams)`` summed over the ranks' data; the same objects without a process group."""
     if not is_distributed():
-        return
+        return statistics, streams
     backend_device = device if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
-    all_reduce_sums(list(statistics.values()), SUMMED, backend_device)
-    all_reduce_sums(list(streams.values()), STREAM_SUMMED, backend_device)
+    names = list(statistics)
+    stats = all_reduce_arrays([statistics[n].to_arrays() for n in names], backend_device)
+    stream = all_reduce_arrays([streams[n].to_arrays() for n in names], backend_device)
+    reduced = DepthStatistics.from_arrays({f"{n}/{f}": v for n, s in zip(names, stats) for f, v in s.items()}, names)
+    return reduced, {n: StreamAccumulator.from_arrays(s) for n, s in zip(names, stream)}

@@ -181,7 +181,7 @@ def auto_kind(z: torch.Tensor) -> str:
 
 
 def build_feature_map(family, z: torch.Tensor, *, seed: int = 0, init_std: float | None = None, model=None,
-                      candidate=None) -> FeatureMap:
+                      candidate=None, n_features: int | None = None) -> FeatureMap:
     """The feature map for a candidate whose stream looks like ``z``.
 
     ``family`` is ``"auto"``, a kind of :data:`satcore.families.FAMILIES`,
@@ -191,6 +191,7 @@ def build_feature_map(family, z: torch.Tensor, *, seed: int = 0, init_std: float
     ``make_family(kind, width, seed=seed, init_std=init_std)``; ``init_std`` only
     concerns ``mlp`` (the model's init scale, e.g. GPT-2's
     ``initializer_range``); ``conv`` keeps its He-normal default.
+    ``n_features``: the built-in family's ``r`` (``make_family``'s), default its own.
     """
     if isinstance(family, nn.Module):
         return UserFeatures(family, z).to(z.device)
@@ -210,7 +211,8 @@ def build_feature_map(family, z: torch.Tensor, *, seed: int = 0, init_std: float
     # half-precision round-off in LayerNorm and W1 moved growth_value by 3% (bfloat16 GPT-2); the
     # stream's values are exact in float32, so half-precision streams get float32 weights
     like = z.new_empty(0, dtype=torch.promote_types(z.dtype, torch.float32))
-    feature_map = BUILDERS[kind](make_family(kind, width, seed=seed, init_std=init_std), like).eval()
+    family = make_family(kind, width, seed=seed, init_std=init_std, n_features=n_features)
+    feature_map = BUILDERS[kind](family, like).eval()
     if kind == "mlp":
         feature_map.spec["init_std"] = init_std  # None: the family's default width**-0.5
     return feature_map
@@ -220,7 +222,8 @@ def rebuild_feature_map(spec: dict, dtype, device) -> FeatureMap:
     """A built-in feature map from its ``spec`` (as stored in dump metadata)."""
     shape = (1, spec["width"], 1, 1) if spec["kind"] == "conv" else (1, spec["width"])
     like = torch.zeros(shape, dtype=dtype, device=device)
-    return build_feature_map(spec["kind"], like, seed=spec["seed"], init_std=spec.get("init_std"))
+    return build_feature_map(spec["kind"], like, seed=spec["seed"], init_std=spec.get("init_std"),
+                             n_features=spec.get("n_features") if spec["kind"] in ("mlp", "conv") else None)
 
 
 class ResidualBranch(nn.Module):

@@ -2,7 +2,9 @@
 
 A candidate is the residual stream at the INPUT of a residual block: inserting
 a zero-output block ``z -> z + V psi(z)`` there is the paper's depth
-expansion (Problem Setup).  Blocks are found without importing any model zoo:
+expansion (Problem Setup).  A Hugging Face model that declares its layer
+classes (``_no_split_modules``) gets those; otherwise blocks are found without
+importing any model zoo:
 
 * stacks of blocks: an ``nn.ModuleList`` whose last name is one of
   ``h`` (Hugging Face GPT-2, ``transformer.h``), ``layers`` (GPT-NeoX/Pythia
@@ -66,9 +68,28 @@ def is_sequence_first(module: nn.Module) -> bool:
     return getattr(module, "batch_first", True) is False
 
 
-def find_blocks(model: nn.Module) -> list[str]:
-    """Module names of the residual blocks of ``model``, upstream first."""
+def declared_blocks(model: nn.Module) -> list[str]:
+    """The blocks a Hugging Face model declares: items of an ``nn.ModuleList`` whose class is one of
+    its ``_no_split_modules`` (the units ``accelerate`` never splits across devices, i.e. its layers;
+    embeddings listed there are no stack items), upstream first; ``[]`` when it declares none."""
+    declared = set(getattr(model, "_no_split_modules", None) or ())
+    if not declared:
+        return []
     blocks: list[str] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or any(name.startswith(b + ".") for b in blocks):
+            continue
+        blocks.extend(f"{name}.{i}" for i, child in enumerate(module)
+                      if type(child).__name__ in declared or _is_inserted(child))
+    return blocks
+
+
+def find_blocks(model: nn.Module) -> list[str]:
+    """Module names of the residual blocks of ``model``, upstream first: the blocks it declares
+    (:func:`declared_blocks`), else those the name and structure rules recognise."""
+    blocks = declared_blocks(model)
+    if blocks:
+        return blocks
     for name, module in model.named_modules():
         if any(name == b or name.startswith(b + ".") for b in blocks):
             continue  # a block already found, or inside one

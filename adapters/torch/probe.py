@@ -19,21 +19,26 @@ parameters' ``.grad``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import os
+import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
-from satcore.depth import DepthStatistics
+from satcore.depth import TRAINING_SPLIT_NAMES, DepthStatistics
 from satcore.families import FAMILIES
+from satcore.results import TRAINING_SPLIT_WARNING
 from satcore.statistics import CandidateStatistics
 
 from .capture import StreamTaps
 from .checkpoint import load_checkpoint, save_checkpoint
 from .diagnostics import StreamAccumulator
 from .distributed import reduce_probe
+from .hf import model_loss, scalar_loss_problem, sequence_loss, split_batch
 from .families import ConvFeatures, build_feature_map, positions, rebuild_feature_map
 from .locate import find_candidates, named_candidates
 from .masks import applies, batch_mask, check_samples, drop_absent, mask_label
@@ -104,20 +109,24 @@ def _batch_size(losses, streams: dict, names) -> int:
     return size
 
 
-def sequence_loss(outputs, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """Per-sample causal-LM loss ``(B,)``: the mean over a sample's predicted tokens.
+def unwrap_data_parallel(model: nn.Module) -> nn.Module:
+    """The module inside ``DistributedDataParallel`` / ``DataParallel``: the same weights, without the
+    wrapper's gradient synchronisation, which the probe does not want (its gradients go to the stream
+    taps, never to the parameters) and which it replaces by the all-reduce of its sums."""
+    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        model = model.module
+    return model
 
-    ``outputs`` is a Hugging Face output (its ``.logits``) or logits
-    ``(B, T, V)``; token ``t`` predicts ``labels[:, t + 1]``; labels equal to
-    ``ignore_index`` are left out of the mean.
-    """
-    logits = getattr(outputs, "logits", outputs)
-    pred, target = logits[:, :-1], labels[:, 1:]
-    token = nn.functional.cross_entropy(
-        pred.reshape(-1, pred.shape[-1]), target.reshape(-1), ignore_index=ignore_index, reduction="none"
-    ).view(target.shape)
-    mask = (target != ignore_index).to(token.dtype)
-    return (token * mask).sum(1) / mask.sum(1).clamp_min(1)
+
+def input_device(model: nn.Module, parameter) -> torch.device:
+    """Where the batches go: for a model dispatched by ``accelerate`` (``hf_device_map``) the device of
+    its first module, as accelerate itself does (offloaded ``"cpu"``/``"disk"`` modules compute on
+    the CPU; their parameters sit on the meta device), else that of the first parameter."""
+    device_map = getattr(model, "hf_device_map", None)
+    if device_map:
+        first = next(iter(device_map.values()))
+        return torch.device("cpu") if first in ("cpu", "disk") else torch.device(first)
+    return parameter.device if parameter is not None else torch.device("cpu")
 
 
 def model_init_std(model: nn.Module) -> float | None:
@@ -137,8 +146,8 @@ def eval_mode(model: nn.Module):
             m.train(training)
 
 
-def _family_for(family, name):
-    return family.get(name, "auto") if isinstance(family, dict) else family
+def _family_for(family, name, default="auto"):
+    return family.get(name, default) if isinstance(family, dict) else family
 
 
 def _family_label(family):
@@ -147,39 +156,12 @@ def _family_label(family):
     return family if isinstance(family, str) else type(family).__name__
 
 
-def _batches(data, skip: int):
-    for index, batch in enumerate(data):
-        if index >= skip:
-            yield index, batch
+@dataclass(frozen=True)
+class ProbeConfig:
+    """How a :class:`Probe` runs: every setting in one frozen object.
 
-
-def probe(
-    model: nn.Module,
-    data,
-    loss_fn,
-    *,
-    candidates=None,
-    family="auto",
-    seed: int = 0,
-    init_std: float | None = None,
-    variance: bool = False,
-    position_subsample: int | None = None,
-    mask="auto",
-    batch_dtype: torch.dtype = torch.float64,
-    head: bool = True,
-    split: str | None = None,
-    progress: bool = False,
-    checkpoint=None,
-    checkpoint_every: int = 1,
-) -> ProbeResult:
-    """Probe ``model`` on ``data`` at every candidate; see the module docstring.
-
-    Parameters
+    Attributes
     ----------
-    data : iterable of ``(inputs, targets)``; ``inputs`` is passed as
-        :func:`call_model` says and moved to the model's device.
-    loss_fn : ``loss_fn(outputs, targets) -> (B,)`` per-sample losses (a 0-d
-        batch mean is rescaled by ``B``); :func:`sequence_loss` for causal LMs.
     candidates : ``None`` (the blocks :func:`find_candidates` recognises) or a
         list of module names (the input of each).
     family : ``"auto"`` (``conv`` for ``(M, C, H, W)`` streams, else ``mlp``),
@@ -188,6 +170,7 @@ def probe(
         :mod:`.native`), an ``nn.Module`` feature map, or a dict candidate name ->
         one of those.  Built-in weights are
         ``satcore.make_family(kind, width, seed=seed, init_std=...)``.
+    seed : seed of the built-in families' weights and of ``position_subsample``.
     init_std : ``mlp`` weight scale; default the model's own
         (``config.initializer_range``) when it has one, else ``width**-0.5``.
     variance : also accumulate ``sum X_i^T X_i`` (debiased growth value).
@@ -215,100 +198,327 @@ def probe(
         model's device; on Apple's MPS, which has no float64, float64 sums and
         totals are computed on the CPU).
     head : add the ``"head"`` endpoint (output of the last block).
-    split : name of the probe data, passed to the report.
-    progress : a tqdm bar counting samples (samples/s).
+    split : name of the probe data, passed to the report (a training split
+        warns: the finite-sample test assumes an independent probe).
+    n_features : the built-in families' ``r`` (an int, or a dict candidate
+        name -> int; default the family's own: ``4 d`` for ``mlp``, ``9 C`` for
+        ``conv``).  A candidate's sums take ``8 (N r + r^2)`` bytes
+        (``+ 8 r^2`` with ``variance``): a smaller ``r`` is what fits a wide
+        model; :func:`plan` says how much.
     checkpoint, checkpoint_every : save the running sums to this ``.npz``
         every ``checkpoint_every`` batches; if the file exists the probe resumes
-        from it, skipping the batches it already holds (``data`` must yield the
-        same batches in the same order).  Under ``torch.distributed`` give each
-        rank its own path.
+        from it (:attr:`Probe.batches_done` batches are held already:
+        :func:`probe` skips them, so ``data`` must yield the same batches in the
+        same order).  Under ``torch.distributed`` give each rank its own path.
     """
-    found = find_candidates(model, head=head) if candidates is None else named_candidates(model, candidates, head=head)
-    init_std = model_init_std(model) if init_std is None else init_std
-    parameter = next(model.parameters(), None)
-    device = parameter.device if parameter is not None else torch.device("cpu")
-    config = {  # what a checkpoint must agree on to be resumed
-        "candidates": [c.name for c in found],
-        "family": _family_label(family),
-        "seed": seed,
-        "init_std": init_std,
-        "position_subsample": position_subsample,
-        "variance": variance,
-        "mask": mask_label(mask),
-    }
-    if isinstance(family, dict) and set(family) - {c.name for c in found}:
-        unknown = sorted(set(family) - {c.name for c in found})
-        raise ValueError(f"family given for unknown candidate(s) {unknown}; candidates are {[c.name for c in found]}")
-    statistics, streams, families, specs, skip = DepthStatistics(), {}, {}, {}, 0
-    running: dict[str, RunningSums] = {}
-    if checkpoint is not None and os.path.exists(checkpoint):
-        statistics, streams, specs, skip = load_checkpoint(checkpoint, config)
+
+    candidates: tuple[str, ...] | None = None
+    family: object = "auto"
+    seed: int = 0
+    init_std: float | None = None
+    variance: bool = False
+    position_subsample: int | None = None
+    mask: object = "auto"
+    batch_dtype: torch.dtype = torch.float64
+    head: bool = True
+    split: str | None = None
+    checkpoint: str | os.PathLike | None = None
+    checkpoint_every: int = 1
+    n_features: int | dict | None = None
+
+    def __post_init__(self):
+        if self.candidates is not None and not isinstance(self.candidates, tuple):
+            object.__setattr__(self, "candidates", tuple(self.candidates))
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        mask_label(self.mask)  # refuses what is not a mask
+
+
+class Probe:
+    """Incremental probe of ``model``: :meth:`update` one batch at a time, :meth:`result` at any point.
+
+    Per batch: one forward with the stream taps of :mod:`.capture`, per-sample
+    losses ``loss_i``, ONE backward of ``sum_i loss_i`` to the taps, and the
+    batch's sums added in float64 on the model's device (module docstring).
+    The model is in ``eval()`` mode and tapped only inside :meth:`update`:
+    between updates it trains as usual, so a training loop (or a callback)
+    can feed the probe as it goes.
+
+    Parameters
+    ----------
+    model : the ``nn.Module``.
+    loss_fn : ``loss_fn(outputs, targets) -> (B,)`` per-sample losses
+        (:func:`sequence_loss` for causal LMs).  ``None`` for mapping batches
+        holding ``labels`` (Hugging Face): the model's own loss per sample,
+        -100 labels ignored (:func:`.hf.per_sample_loss`).  A 0-d loss is read
+        as the batch MEAN and multiplied by ``B`` (with a warning); it is
+        refused where that is not ``sum_i loss_i`` (a padding mask leaves
+        positions out, or samples have different numbers of labels).
+    config : a :class:`ProbeConfig`; keyword ``options`` build one (or
+        replace fields of ``config``).
+
+    A batch is ``(inputs, targets)`` (``inputs`` passed as :func:`call_model`
+    says) or a mapping of model inputs, passed whole as ``model(**batch)``,
+    whose ``"labels"`` are the targets (a ``DataCollator``'s output, a
+    ``BatchEncoding``); either is moved to the model's device.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn=None, config: ProbeConfig | None = None, **options):
+        config = ProbeConfig(**options) if config is None else replace(config, **options)
+        model = unwrap_data_parallel(model)
+        self.model, self.loss_fn, self.config = model, loss_fn, config
+        self.found = (find_candidates(model, head=config.head) if config.candidates is None
+                      else named_candidates(model, config.candidates, head=config.head))
+        names = [c.name for c in self.found]
+        if isinstance(config.family, dict) and set(config.family) - set(names):
+            unknown = sorted(set(config.family) - set(names))
+            raise ValueError(f"family given for unknown candidate(s) {unknown}; candidates are {names}")
+        self.init_std = model_init_std(model) if config.init_std is None else config.init_std
+        parameter = next(model.parameters(), None)
+        self.dtype = parameter.dtype if parameter is not None else torch.float32
+        self.device = input_device(model, parameter)
+        self.settings = {  # what a checkpoint must agree on to be resumed
+            "candidates": names,
+            "family": _family_label(config.family),
+            "seed": config.seed,
+            "init_std": self.init_std,
+            "position_subsample": config.position_subsample,
+            "variance": config.variance,
+            "mask": mask_label(config.mask),
+        }
+        if config.n_features is not None:  # only then: checkpoints written before the option still resume
+            self.settings["n_features"] = config.n_features
+        self.statistics, self.streams, self.families, self.specs = DepthStatistics(), {}, {}, {}
+        self.running: dict[str, RunningSums] = {}
+        self.batches_done = 0
+        self.samples_done = 0
+        self._warned_scalar = False
+        if config.checkpoint is not None and os.path.exists(config.checkpoint):
+            self.statistics, self.streams, self.specs, self.batches_done = load_checkpoint(
+                config.checkpoint, self.settings)
+        if config.split is not None and config.split.lower() in TRAINING_SPLIT_NAMES:
+            warnings.warn(TRAINING_SPLIT_WARNING, UserWarning, stacklevel=2)
+
+    def update(self, batch) -> int:
+        """Add one batch (see the class docstring); returns its number of samples."""
+        config, names = self.config, [c.name for c in self.found]
+        inputs, targets = split_batch(batch)
+        loss_fn = self.loss_fn
+        if loss_fn is None:
+            if not isinstance(inputs, Mapping) or targets is None:
+                raise ValueError("loss_fn is needed unless every batch is a mapping of model inputs holding 'labels' "
+                                 "(then the model's own per-sample loss is used)")
+            loss_fn = model_loss(self.model)
+        # gradients also where the caller runs without them (an evaluation hook under no_grad / inference_mode)
+        with torch.inference_mode(False), torch.enable_grad(), eval_mode(self.model), \
+                StreamTaps(self.model, self.found) as taps:
+            inputs = to_device(inputs, self.device)
+            keep = batch_mask(config.mask, inputs, self.device)
+            taps.clear(keep)
+            outputs = call_model(self.model, inputs)
+            missing = [n for n in names if n not in taps.taps]
+            if missing:
+                raise ValueError(f"candidate(s) {missing} did not run in the forward pass")
+            targets = to_device(targets, self.device)
+            losses = loss_fn(outputs, targets)
+            samples = _batch_size(losses, taps.streams, names)
+            check_samples(keep, samples)
+            if torch.is_tensor(losses) and losses.dim() == 0:
+                self._check_scalar_loss(keep, targets)
+            grads = taps.gradients(per_sample_losses(losses, samples), names)
+            generator = torch.Generator().manual_seed(config.seed * 1_000_003 + self.batches_done)
+            for name, grad in zip(names, grads):
+                z = taps.streams[name]
+                if name not in self.families:
+                    self.families[name] = build_feature_map(
+                        _family_for(config.family, name), z, seed=config.seed, init_std=self.init_std,
+                        n_features=_family_for(config.n_features, name, None), model=self.model,
+                        candidate=taps.by_name[name]).eval()
+                if self.families[name].reads_context:  # the native family runs the fresh block with the call's context
+                    self.families[name].context = taps.calls[name]
+                if name not in self.running:
+                    self.running[name] = _running_sums(name, z, self.families[name], self.statistics, self.streams,
+                                                       config.variance, config.position_subsample)
+                present = keep if applies(keep, z) else None
+                moments, sum_z_sq, n_vectors = _batch_sums(
+                    z, grad, self.families[name], generator, config.position_subsample, config.variance,
+                    config.batch_dtype, self.running[name].matrices, present)
+                self.running[name].add(moments, sum_z_sq, n_vectors, taps.updates.get(name))
+        self.batches_done += 1
+        self.samples_done += samples
+        if config.checkpoint is not None and self.batches_done % config.checkpoint_every == 0:
+            self.save_checkpoint()
+        return samples
+
+    def _check_scalar_loss(self, keep, targets) -> None:
+        problem = scalar_loss_problem(keep, targets)
+        if problem is not None:
+            raise ValueError(
+                f"loss_fn returned a 0-d loss (a batch mean) but {problem}: B times that mean is not the sum of "
+                "per-sample losses; pass loss_fn=None with batches holding 'labels' (the model's own per-sample "
+                "loss), sequence_loss for a causal LM, or a loss_fn returning (B,) per-sample losses"
+            )
+        if not self._warned_scalar:
+            self._warned_scalar = True
+            warnings.warn("loss_fn returned a 0-d loss: read as the batch mean and multiplied by the batch size; "
+                          "return (B,) per-sample losses to avoid relying on that", UserWarning, stacklevel=3)
+
+    def save_checkpoint(self) -> None:
+        """Write the running sums to ``config.checkpoint`` (a ``satcore-dump/1`` file)."""
+        _sync(self.running)
+        save_checkpoint(self.config.checkpoint, self.statistics, self.streams, _specs(self.families),
+                        self.batches_done, self.settings)
+
+    def result(self, *, copy_sums: bool = True) -> ProbeResult:
+        """The statistics of every batch so far (summed over ranks under ``torch.distributed``).
+
+        The probe can go on after it: the result holds copies of the sums
+        (``copy_sums=False``: the probe's own, for a last call, without doubling the memory).
+        """
+        _sync(self.running)
+        ordered = DepthStatistics(
+            (c.name, self.statistics[c.name]) for c in self.found if c.name in self.statistics)
+        if len(ordered) != len(self.found):
+            raise ValueError("data yielded no batches: nothing was probed")
+        for name, spec in self.specs.items():  # resumed from a checkpoint that already held every batch
+            if name not in self.families and spec["kind"] in FAMILIES:
+                self.families[name] = rebuild_feature_map(spec, self.dtype, self.device)
+        if self.config.checkpoint is not None:
+            self.save_checkpoint()
+        # copies: on the CPU the running totals are these very arrays, which later updates add to
+        if copy_sums:
+            ordered = copy.deepcopy(ordered)
+        streams = {n: copy.deepcopy(self.streams[n]) for n in ordered}
+        ordered, streams = reduce_probe(ordered, streams, self.device)
+        loss_fn = self.loss_fn
+        loss = "model_loss" if loss_fn is None else getattr(loss_fn, "__name__", type(loss_fn).__name__)
+        return ProbeResult(
+            statistics=ordered,
+            families=dict(self.families),
+            streams=streams,
+            candidates=self.found,
+            meta={"model": type(self.model).__name__, "loss": loss, "split": self.config.split},
+        )
+
+
+@dataclass(frozen=True)
+class CandidatePlan:
+    """Memory of one candidate's statistics, in bytes (float64 everywhere).
+
+    ``sums_bytes = 8 (N r + r^2)`` (``sum_cross``, ``sum_gram``; ``+ 8 r^2`` for
+    ``sum_xtx`` with ``variance``): held on the model's device by the running
+    totals and once more on the host (on a CPU model the two are the same
+    memory).  ``batch_bytes``: one batch's transient sums and features in the
+    batch dtype (``b`` bytes an entry), ``b (N r + 4 M T r + M min(N, T) r)``:
+    ``sum_cross``, the features with their normalised input and activation,
+    and the factor products behind ``sum ||X_i||^2``; the model's own
+    activations and graph are not counted.  ``map_bytes``: the feature map's
+    own weights (``W1`` of ``mlp``: ``r N`` entries of the model's dtype).  ``score_bytes = 8 (N r + 3 r^2)``:
+    scoring forms ``C``, the unit-diagonal Gram and its eigenvectors (one
+    ``r x r`` more for ``K^+`` with ``variance``, counted in the ``3``).
+    """
+
+    name: str
+    n_hidden: int
+    n_features: int
+    sums_bytes: int
+    batch_bytes: int
+    score_bytes: int
+    map_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What a probe will hold (:func:`plan`): per candidate and in total, on device and host."""
+
+    candidates: tuple[CandidatePlan, ...]
+    device: str
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(c.sums_bytes for c in self.candidates)
+
+    @property
+    def host_bytes(self) -> int:
+        """The host's copy of the sums (0 extra on a CPU model: they are the device totals)."""
+        return 0 if self.device == "cpu" else self.device_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        """The probe's peak on the device above the model's own forward + backward (which training
+        needs anyway): every candidate's sums and feature map plus the largest batch transient
+        (measured within 10% on a CPU GPT-2, ``bench/bench_memory_plan.py``)."""
+        return (self.device_bytes + sum(c.map_bytes for c in self.candidates)
+                + max(c.batch_bytes for c in self.candidates))
+
+    @property
+    def score_bytes(self) -> int:
+        """Scoring goes candidate by candidate: the largest candidate's need."""
+        return max(c.score_bytes for c in self.candidates)
+
+
+def plan(model: nn.Module, batch, loss_fn=None, *, config: ProbeConfig | None = None, **options) -> MemoryPlan:
+    """The memory a probe with these settings will hold, from one forward pass of ``batch`` (no backward).
+
+    The forward gives each candidate's width ``N``; the feature maps the probe
+    would build give ``r`` (see :class:`CandidatePlan` for the formulas).
+    """
+    state = Probe(model, loss_fn, config, **options)
+    inputs, _ = split_batch(batch)
+    names = [c.name for c in state.found]
+    with torch.no_grad(), eval_mode(state.model), StreamTaps(state.model, state.found) as taps:
+        call_model(state.model, to_device(inputs, state.device))
+        missing = [n for n in names if n not in taps.streams]
+        if missing:
+            raise ValueError(f"candidate(s) {missing} did not run in the forward pass")
+        rows = []
+        for name in names:
+            z = taps.streams[name]
+            feature_map = build_feature_map(_family_for(state.config.family, name), z, seed=state.config.seed,
+                                            init_std=state.init_std,
+                                            n_features=_family_for(state.config.n_features, name, None),
+                                            model=state.model, candidate=taps.by_name[name])
+            M, T, N = positions(z).shape
+            r = feature_map.n_features
+            grams = 2 if state.config.variance else 1
+            entry = torch.empty(0, dtype=state.config.batch_dtype).element_size()
+            rows.append(CandidatePlan(name, N, r, 8 * (N * r + grams * r * r),
+                                      entry * (N * r + 4 * M * T * r + M * min(N, T) * r), 8 * (N * r + 3 * r * r),
+                                      sum(t.numel() * t.element_size() for t in
+                                          list(feature_map.parameters()) + list(feature_map.buffers()))))
+    return MemoryPlan(tuple(rows), state.device.type)
+
+
+def probe(model: nn.Module, data, loss_fn=None, *, progress: bool = False, config: ProbeConfig | None = None,
+          plan_only: bool = False, **options) -> ProbeResult | MemoryPlan:
+    """Probe ``model`` on every batch of ``data``: a loop of :meth:`Probe.update`, then :meth:`Probe.result`.
+
+    ``loss_fn`` and the batch convention are :class:`Probe`'s; ``options`` are
+    the fields of :class:`ProbeConfig` (or ``config``); ``progress`` shows a
+    tqdm bar counting samples (samples/s).  A probe resumed from a checkpoint
+    skips the batches it already holds.  ``plan_only``: return the
+    :class:`MemoryPlan` of the probe from ``data``'s first batch (:func:`plan`)
+    instead of probing.
+    """
+    if plan_only:
+        return plan(model, next(iter(data)), loss_fn, config=config, **options)
+    state = Probe(model, loss_fn, config, **options)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(unit="sample", desc="probe")
-    done = skip
+    skip = state.batches_done
     try:
-        with eval_mode(model), StreamTaps(model, found) as taps:
-            for index, (inputs, targets) in _batches(data, skip):
-                inputs = to_device(inputs, device)
-                keep = batch_mask(mask, inputs, device)
-                taps.clear(keep)
-                outputs = call_model(model, inputs)
-                names = [c.name for c in found]
-                missing = [n for n in names if n not in taps.taps]
-                if missing:
-                    raise ValueError(f"candidate(s) {missing} did not run in the forward pass")
-                losses = loss_fn(outputs, to_device(targets, device))
-                samples = _batch_size(losses, taps.streams, names)
-                check_samples(keep, samples)
-                grads = taps.gradients(per_sample_losses(losses, samples), names)
-                generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
-                for name, grad in zip(names, grads):
-                    z = taps.streams[name]
-                    if name not in families:
-                        families[name] = build_feature_map(
-                            _family_for(family, name), z, seed=seed, init_std=init_std, model=model,
-                            candidate=taps.by_name[name],
-                        ).eval()
-                    if families[name].reads_context:
-                        families[name].context = taps.calls[name]
-                    if name not in running:
-                        running[name] = _running_sums(name, z, families[name], statistics, streams, variance,
-                                                      position_subsample)
-                    present = keep if applies(keep, z) else None
-                    moments, sum_z_sq, n_vectors = _batch_sums(z, grad, families[name], generator, position_subsample,
-                                                               variance, batch_dtype, running[name].matrices, present)
-                    running[name].add(moments, sum_z_sq, n_vectors, taps.updates.get(name))
-                done = index + 1
+        for index, batch in enumerate(data):
+            if index >= skip:
+                samples = state.update(batch)
                 if bar is not None:
                     bar.update(samples)
-                if checkpoint is not None and done % checkpoint_every == 0:
-                    _sync(running)
-                    save_checkpoint(checkpoint, statistics, streams, _specs(families), done, config)
     finally:
         if bar is not None:
             bar.close()
-    _sync(running)
-    ordered = DepthStatistics((c.name, statistics[c.name]) for c in found if c.name in statistics)
-    if len(ordered) != len(found):
-        raise ValueError("data yielded no batches: nothing was probed")
-    for name, spec in specs.items():  # resumed from a checkpoint that already held every batch
-        if name not in families and spec["kind"] in FAMILIES:
-            families[name] = rebuild_feature_map(spec, parameter.dtype if parameter is not None else torch.float32, device)
-    if checkpoint is not None:
-        save_checkpoint(checkpoint, statistics, streams, _specs(families), done, config)
-    reduce_probe(ordered, streams, device)
-    return ProbeResult(
-        statistics=ordered,
-        families=families,
-        streams={c.name: streams[c.name] for c in found},
-        candidates=found,
-        meta={"model": type(model).__name__, "loss": getattr(loss_fn, "__name__", type(loss_fn).__name__),
-              "split": split},
-    )
-
+    return state.result(copy_sums=False)  # the probe ends here: no second set of sums
 
 def _specs(families):
     return {name: fm.spec for name, fm in families.items()}
@@ -357,3 +567,37 @@ def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals, 
             return moments, squared_norm(drop_absent(z, present)), present.sum()
         # of z, not positions(z): that is a transposed view of a channels-first map, 10x slower to square
         return moments, squared_norm(z), z.shape[0] * T
+
+
+def probe_in_groups(model: nn.Module, data, loss_fn=None, *, group_size: int, config: ProbeConfig | None = None,
+                    **options) -> ProbeResult:
+    """:func:`probe` of ``group_size`` candidates at a time, one pass over ``data`` (re-iterable) per group.
+
+    The device then holds the running sums of one group only (:func:`plan`
+    gives each candidate's bytes); each candidate's sums are those of a
+    probe of all candidates at once, since a candidate's ``q_i`` and
+    ``psi(z_i)`` do not depend on which other candidates are tapped.  The
+    groups' statistics are joined (:meth:`satcore.DepthStatistics.join`) in
+    the model's order.  A checkpoint per group is not supported.
+    """
+    config = ProbeConfig(**options) if config is None else replace(config, **options)
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if config.checkpoint is not None:
+        raise ValueError("probe_in_groups does not checkpoint; probe each group with its own checkpoint instead")
+    found = Probe(model, loss_fn, config).found
+    blocks = [c.module for c in found if c.position == "input"]
+    groups = [blocks[i : i + group_size] for i in range(0, len(blocks), group_size)]
+    parts = [probe(model, data, loss_fn, config=replace(config, candidates=group,
+                                                         head=config.head and i == len(groups) - 1))
+             for i, group in enumerate(groups)]
+    statistics = parts[0].statistics
+    for part in parts[1:]:
+        statistics = statistics.join(part.statistics)
+    return ProbeResult(
+        statistics=statistics,
+        families={k: v for part in parts for k, v in part.families.items()},
+        streams={k: v for part in parts for k, v in part.streams.items()},
+        candidates=tuple(c for part in parts for c in part.candidates),
+        meta=parts[0].meta,
+    )

@@ -15,7 +15,6 @@ interrupted, so a resumed probe is bitwise the uninterrupted one.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from satcore.statistics import CandidateStatistics
@@ -73,17 +72,16 @@ class RunningSums:
                 total += moments[field]
         for field, total in self.scalars.items():
             total += moments[field]
+        fold = None
         if self.fold_cross is not None:
-            k = (self.statistics.n_batches * self.world + self.rank) % self.statistics.n_folds
-            self.fold_cross[k] += moments["sum_cross"]
-            self.statistics.fold_samples[k] += int(moments["n_samples"])
+            fold = (self.statistics.n_batches * self.world + self.rank) % self.statistics.n_folds
+            self.fold_cross[fold] += moments["sum_cross"]
         self.sum_z_sq += sum_z_sq
         if sum_update_sq is None:
             self.stream.has_update = False
         else:
             self.sum_update_sq += sum_update_sq
-        self.statistics.n_samples += int(moments["n_samples"])
-        self.statistics.n_batches += 1
+        self.statistics.add_counts(int(moments["n_samples"]), n_batches=1, n_vectors=0, fold=fold)  # vectors: at sync
         self.stream.n_samples += int(moments["n_samples"])
         self.new_stream_vectors = self.new_stream_vectors + stream_vectors
         self.new_statistics_vectors = self.new_statistics_vectors + moments["n_vectors"]
@@ -97,17 +95,15 @@ class RunningSums:
         for field in SYMMETRIC:
             if field in self.matrices:
                 complete_lower(self.matrices[field])
-        for field, total in self.matrices.items():
-            target = getattr(self.statistics, field)
-            if total.device.type != "cpu":
-                np.copyto(target, total.cpu().numpy())
+        # on the CPU the totals are the statistics' own arrays already
+        self.statistics.set_sums(**{f: total.cpu().numpy() for f, total in self.matrices.items()
+                                    if total.device.type != "cpu"})
+        self.statistics.set_sums(**{SCALARS[field]: float(total) for field, total in self.scalars.items()})
         if self.fold_cross is not None and self.fold_cross.device.type != "cpu":
-            np.copyto(self.statistics.fold_cross, self.fold_cross.cpu().numpy())
-        for field, total in self.scalars.items():
-            setattr(self.statistics, SCALARS[field], float(total))
+            self.statistics.set_sums(fold_cross=self.fold_cross.cpu().numpy())
         self.stream.sum_z_sq = float(self.sum_z_sq)
         self.stream.sum_update_sq = float(self.sum_update_sq)
         self.stream.n_vectors += int(self.new_stream_vectors)
-        if self.statistics.n_vectors is not None:  # None: resumed from a checkpoint that did not count them
-            self.statistics.n_vectors += int(self.new_statistics_vectors)
+        # (stays None when resumed from a checkpoint that did not count them)
+        self.statistics.add_counts(n_vectors=int(self.new_statistics_vectors))
         self.new_stream_vectors = self.new_statistics_vectors = 0

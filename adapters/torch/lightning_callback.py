@@ -1,0 +1,58 @@
+"""``LightningCallback``: probe at the end of a Lightning validation, metrics through ``log_dict``.
+
+At the end of every ``every_n_epochs``-th validation epoch (not during the
+sanity check) the callback probes the module on ``probe_data`` and logs the
+report's :meth:`~satcore.results.DepthReport.scalars` (keys starting
+``satcore/``) with ``pl_module.log_dict``: every logger of the Trainer gets
+them, and ``trainer.callback_metrics`` holds them (so a ``ModelCheckpoint``
+can monitor ``satcore/growth_value_max``).  Lightning validates under
+``torch.inference_mode``; the probe takes its gradients outside it.  Works
+with ``lightning`` (``lightning.pytorch``) or the older ``pytorch_lightning``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+try:
+    from lightning.pytorch import Callback
+except ImportError:  # the standalone package
+    from pytorch_lightning import Callback
+
+from .probe import ProbeConfig, probe
+
+
+class LightningCallback(Callback):
+    """A Lightning ``Callback`` that probes at validation end (module docstring).
+
+    Parameters
+    ----------
+    probe_data : re-iterable of batches (:class:`~.probe.Probe`'s convention).
+    loss_fn : :class:`~.probe.Probe`'s.
+    module : which ``nn.Module`` to probe: ``None`` for the LightningModule
+        itself (its ``forward``), else a callable ``module(pl_module)``, e.g.
+        ``lambda m: m.model`` for a module that wraps a Hugging Face model.
+    every_n_epochs, prefix, report : how often, the key prefix, and keyword
+        arguments of ``report()``.
+    config, options : the probe's :class:`~.probe.ProbeConfig` (or its fields).
+
+    ``reports`` holds ``(epoch, DepthReport)`` of every probe made.
+    """
+
+    def __init__(self, probe_data, loss_fn=None, *, module=None, every_n_epochs: int = 1, prefix: str = "satcore/",
+                 report: dict | None = None, config: ProbeConfig | None = None, **options):
+        if every_n_epochs < 1:
+            raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
+        self.probe_data, self.loss_fn, self.module = probe_data, loss_fn, module
+        self.every_n_epochs, self.prefix, self.report_options = every_n_epochs, prefix, dict(report or {})
+        self.config = ProbeConfig(**options) if config is None else replace(config, **options)
+        self.reports: list = []
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
+            return
+        model = pl_module if self.module is None else self.module(pl_module)
+        report = probe(model, self.probe_data, self.loss_fn, config=self.config).report(**self.report_options)
+        self.reports.append((trainer.current_epoch, report))
+        # the sums are all-reduced already: every rank holds the same numbers
+        pl_module.log_dict(report.scalars(self.prefix), sync_dist=False)

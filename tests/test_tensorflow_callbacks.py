@@ -1,0 +1,57 @@
+"""KerasCallback in a real ``fit``: the epoch logs (History, and a CSVLogger after it) hold the satcore
+metrics, equal to a probe of the trained model made afterwards with a per-sample loss."""
+
+import csv
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+from sklearn.datasets import load_digits  # noqa: E402
+
+from satcore.adapters.tensorflow import KerasCallback, probe  # noqa: E402
+
+
+def residual_classifier(width=16):
+    x_in = keras.Input((64,))
+    h = keras.layers.Dense(width, name="stem")(x_in)
+    for i in range(2):
+        h = keras.layers.Add(name=f"add{i}")([h, keras.layers.Dense(width, activation="tanh", name=f"branch{i}")(h)])
+    return keras.Model(x_in, keras.layers.Dense(10, name="head")(h))
+
+
+def test_keras_callback_adds_satcore_metrics_to_epoch_logs(tmp_path):
+    keras.utils.set_random_seed(0)
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    model = residual_classifier()
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    probe_data = [(x[1000:1032], y[1000:1032]), (x[1032:1064], y[1032:1064])]
+    callback = KerasCallback(probe_data)  # the compiled loss, made per-sample
+    history = model.fit(x[:512], y[:512], batch_size=64, epochs=2, verbose=0,
+                        callbacks=[callback, keras.callbacks.CSVLogger(str(tmp_path / "log.csv"))])
+    logged = history.history["satcore/growth_value_max"]
+    assert len(logged) == 2 and logged[0] != logged[1]
+    per_sample = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    final = probe(model, probe_data, per_sample).report()
+    assert logged[-1] == pytest.approx(final.growth_value_max, rel=1e-6)
+    assert [epoch for epoch, _ in callback.reports] == [0, 1]
+    with open(tmp_path / "log.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert float(rows[-1]["satcore/growth_value_max"]) == pytest.approx(final.growth_value_max, rel=1e-6)
+    assert any(key.endswith("/growth_value") for key in rows[0])
+
+
+def test_n_features_gives_the_leading_block_of_the_larger_family():
+    keras.utils.set_random_seed(0)
+    model = residual_classifier()
+    rng = np.random.default_rng(0)
+    data = [(rng.random((16, 64)).astype(np.float32), rng.integers(0, 10, 16))]
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    full = probe(model, data, loss)
+    small = probe(model, data, loss, n_features={"add1": 20})
+    assert list(full.statistics) == ["add0", "add1"] and small.statistics["add1"].n_features == 20
+    assert small.statistics["add0"] == full.statistics["add0"]
+    np.testing.assert_allclose(small.statistics["add1"].sum_gram, full.statistics["add1"].sum_gram[:20, :20], rtol=1e-6)
