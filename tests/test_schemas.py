@@ -100,7 +100,8 @@ def test_score_formats_jsonl_and_csv_hold_the_report_rows(torch_result, tmp_path
     report = torch_result.report()
     run = CliRunner()
     lines = run.invoke(main, ["score", str(tmp_path / "d.npz"), "--format", "jsonl"]).output.splitlines()
-    assert [json.loads(line) for line in lines] == [c.to_dict() for c in report.candidates]
+    assert [json.loads(line) for line in lines] == report.to_records()  # flat: the test's fields as test.<key>
+    assert all("test.verdict" in json.loads(line) for line in lines)
     rows = list(csv.DictReader(io.StringIO(run.invoke(main, ["score", str(tmp_path / "d.npz"), "--format", "csv"]).output)))
     assert [r["name"] for r in rows] == [c.name for c in report.candidates]
     assert [float(r["growth_value"]) for r in rows] == [c.growth_value for c in report.candidates]
@@ -127,6 +128,8 @@ def test_scalars_keys_and_values(torch_result):
     assert all(k.startswith("satcore/") for k in scalars)
     assert scalars["satcore/growth_value_max"] == report.growth_value_max
     assert report.candidates[int(scalars["satcore/argmax_index"])].name == report.argmax
-    assert scalars["satcore/saturated"] == float(report.test.saturated)
+    assert scalars["satcore/improvable"] == float(report.verdict.verdict == "improvable")
+    assert scalars["satcore/saturated"] == float(report.verdict.verdict == "saturated")
+    assert scalars["satcore/n_improvable"] == sum(t.verdict == "improvable" for t in report.tests)
     name = report.candidates[0].name
     assert scalars[f"satcore/{name}/ag"] == report.candidates[0].ag
