@@ -114,7 +114,7 @@ def test_delta_t_verdict_both_ways(dump):
 
 
 def test_t_with_error_plans_the_probe_size(dump):
-    """SPEC section 4: with --t and --error, the probe size n >= sum sigma^2 / (a t^2) is reported,
+    """docs/core.md, Certification: with --t and --error, the probe size n >= sum sigma^2 / (a t^2) is reported,
     and a bound above 1 is called vacuous rather than read as a probability."""
     data = arrays()
     sigma_sum = sum(per_sample_sigma_sq(q, psi) for q, psi in data.values())

@@ -1,4 +1,4 @@
-"""Finite-sample certification and alignment against Monte Carlo (Prop. 1, App. G, SPEC 4 and 6).
+"""Finite-sample certification and alignment against Monte Carlo (Prop. 1, App. G; docs/core.md, Certification and Train/held-out alignment).
 
 The generating model is the standard block with known population quantities:
 psi ~ N(0, I_r), q = B psi + s * eps with eps ~ N(0, I_N) independent.  Then
@@ -165,7 +165,7 @@ def test_non_finite_inputs_and_sums_are_refused():
 
 
 def test_alignment_variance_matches_simulation():
-    """SPEC 6: exact E and Var of <g1, g2> against simulation, non-Gaussian per-sample gradients."""
+    """docs/core.md, Train/held-out alignment: exact E and Var of <g1, g2> against simulation, non-Gaussian per-sample gradients."""
     rng = np.random.default_rng(5)
     p, n1, n2, reps = 4, 7, 11, 40000
     mu = np.array([0.3, -0.2, 0.1, 0.0])

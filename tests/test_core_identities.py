@@ -1,4 +1,4 @@
-"""SPEC section 2 identities, property-tested against the explicit projector."""
+"""The identities of docs/core.md (Quantities), property-tested against the explicit projector."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
 """Two gloo processes, each probing half of the batches, all-reduce to the
-single-process statistics (SPEC section 3) to 1e-10 relative."""
+single-process statistics (docs/core.md, Streaming statistics) to 1e-10 relative."""
 
 import os
 

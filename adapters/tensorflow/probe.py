@@ -25,7 +25,7 @@ def total_loss(values, batch_size: int, replicas: int = 1):
     batch MEAN as a Keras loss with its default reduction (``"sum_over_batch_size"``) returns
     it: under ``tf.distribute`` Keras divides the replica's mean by ``replicas`` so that replica
     gradients sum to the global mean's.  Its gradient at ``z_i`` is then ``q_i / (B * replicas)``
-    (SPEC section 1: adapters undo a batch mean), so it is multiplied back.
+    (docs/core.md, Conventions: adapters undo a batch mean), so it is multiplied back.
     """
     if not tf.is_tensor(values):
         raise TypeError(f"loss_fn must return a tensor, got {type(values).__name__}")
@@ -59,7 +59,7 @@ def probe(
     strategy=None,
     split: str | None = None,
 ) -> ProbeResult:
-    """Per-candidate growth statistics of a Keras 3 model over ``data`` (SPEC sections 1-3, 9).
+    """Per-candidate growth statistics of a Keras 3 model over ``data`` (docs/core.md, Adapters).
 
     ``data``: an iterable of ``(x, y)`` batches, or a ``tf.data.Dataset`` of them
     (required under a multi-replica strategy: it is distributed with
@@ -79,7 +79,7 @@ def probe(
     ``strategy.reduce(SUM)`` adds them (``strategy`` defaults to the one in scope).
     The sums give ``C = (1/M) sum_i Q_i^T Psi_i`` and ``K = (1/M) sum_i Psi_i^T Psi_i``,
     whence the growth value ``sqrt(tr(C K^+ C^T)) = ||Pi_S q_S||_S`` (Theorem 2,
-    Lemma 4); ``variance`` adds ``sum_i X_i^T X_i`` (debiased value, SPEC section 4).
+    Lemma 4); ``variance`` adds ``sum_i X_i^T X_i`` (debiased value, docs/core.md, Certification).
     The model runs with ``training=False`` and must not mix samples.
     """
     if getattr(loss_fn, "reduction", None) == "sum":
