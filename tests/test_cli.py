@@ -200,7 +200,9 @@ def test_score_plot_writes_png(dump, tmp_path):
 
 
 def test_installed_console_script(dump, tmp_path):
-    run = lambda *a: subprocess.run([str(SATCORE), *map(str, a)], capture_output=True, text=True, timeout=120)
+    def run(*a):
+        return subprocess.run([str(SATCORE), *map(str, a)], capture_output=True, text=True, timeout=120)
+
     proc = run("score", dump, "--json", "--error", "0.1")
     assert proc.returncode == 0 and proc.stderr == ""  # no progress: stderr is not a terminal
     assert json.loads(proc.stdout) == json.loads(invoke("score", dump, "--json", "--error", "0.1").stdout)
