@@ -1,4 +1,4 @@
-"""Train/held-out gradient alignment (SPEC section 6; seed 002).
+"""Train/held-out gradient alignment (docs/core.md, Train/held-out alignment).
 
 Two independent means ``g1`` (``n1`` samples) and ``g2`` (``n2`` samples) of
 per-sample gradients ``xi`` with mean ``mu`` and covariance ``Sigma`` satisfy,
