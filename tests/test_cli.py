@@ -191,6 +191,7 @@ def test_inspect_summarises(dump):
 
 
 def test_score_plot_writes_png(dump, tmp_path):
+    pytest.importorskip("matplotlib")  # the plot extra
     png = tmp_path / "score.png"
     invoke("score", dump, "--plot", png, "--quiet")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

