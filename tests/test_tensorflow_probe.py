@@ -343,6 +343,7 @@ MIRRORED_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a fresh TF process with 2 logical devices: ~7 s
 def test_mirrored_strategy_equals_one_device(tmp_path):
     script = tmp_path / "mirrored.py"
     script.write_text(MIRRORED_SCRIPT)

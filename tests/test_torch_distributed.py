@@ -4,6 +4,7 @@ single-process statistics (docs/core.md, Streaming statistics) to 1e-10 relative
 import os
 
 import numpy as np
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -37,6 +38,7 @@ def _worker(rank, init_file, out_dir):
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow  # two spawned gloo processes: ~13 s
 def test_two_gloo_processes_equal_one(tmp_path):
     mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
     torch.set_num_threads(1)

@@ -83,6 +83,7 @@ def growth_values(result):
 
 
 # float32 batch sums: K^+ amplifies their round-off (8e-5 seen on a growth value)
+@pytest.mark.slow  # the pretrained MiniLM, one probe per sentence: 7-10 s per case
 @pytest.mark.parametrize("family, dtype, growth_rtol",
                          [("mlp", torch.float64, 1e-5), ("bias", torch.float64, 1e-5), ("mlp", torch.float32, 1e-3)])
 def test_minilm_padded_batch_equals_one_sentence_per_batch(family, dtype, growth_rtol):
