@@ -42,13 +42,13 @@ def test_implementation_pointers_exist(doc):
 
 
 def test_no_citations_of_documents_outside_the_repository():
-    pattern = re.compile(r"SPEC (section|identity|\d)|seed 00\d")
+    pattern = re.compile("SP" + r"EC (section|identity|\d)|se" + r"ed 00\d")  # split: this file must not match
     hits = []
     for folder in ("satcore", "adapters", "cli", "docs", "tests", "bench", "examples"):
         for path in (ROOT / folder).rglob("*"):
             if path.suffix in (".py", ".md") and "satcore/adapters" not in str(path) and "satcore/cli" not in str(path):
                 hits += [f"{path.relative_to(ROOT)}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1)
-                         if pattern.search(line) and path.name != "test_docs.py"]
+                         if pattern.search(line)]
     hits += [f"README.md:{i}" for i, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1)
              if pattern.search(line)]
     assert not hits, hits
