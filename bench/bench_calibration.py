@@ -119,7 +119,10 @@ def real_gradients():
     torch.nn.functional.cross_entropy(model(xs), ys, reduction="sum").backward()
     handle.remove()
     z = stream["z"]
-    to_positions = lambda t: t.detach().permute(0, 2, 3, 1).reshape(t.shape[0], -1, t.shape[1]).numpy()
+
+    def to_positions(t):
+        return t.detach().permute(0, 2, 3, 1).reshape(t.shape[0], -1, t.shape[1]).numpy()
+
     return to_positions(z.grad), to_positions(z)
 
 

@@ -8,7 +8,7 @@ batches are measured (default options, and ``variance=True``).  Batches are
 produced lazily by a generator, so the data itself is never held; what is
 measured is the resident high-water increase of the probe call
 (:func:`_workloads.peak_rss_increase`).  Statistics are ``O(N r + r^2)`` per
-candidate (SPEC section 3), so the ratio should stay near 1.
+candidate (docs/core.md, Streaming statistics), so the ratio should stay near 1.
 
 Writes ``probe_peak_memory_ratio_10x_samples`` (the WORST ratio over
 workloads and options) and the details under ``sections.probe_memory``.

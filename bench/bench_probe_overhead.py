@@ -18,7 +18,7 @@ paper's stagewise ResNet-8 at 32x32) the same list of batches is run through
   sums cost;
 * ``shifted_gram`` (workloads with ``conv`` candidates): the default probe with
   the ``conv`` Gram's channel correlations from 13 shifted products instead
-  of the FFT (``moments.CONV_SPECTRA_BYTES = 0``: the route large maps take);
+  of the FFT (``moments.CONV_FFT_BYTES = 0``: the route large maps take);
 
 interleaved in rotating order, ``repeats`` times; ratios are medians over the
 floor's median from the same run.  The floor and the default probe also run
@@ -107,11 +107,11 @@ def with_shifted_gram(run):
     """``run()`` with the conv Gram's correlations forced onto the shifted-products route."""
     from satcore.adapters.torch import moments
 
-    budget, moments.CONV_SPECTRA_BYTES = moments.CONV_SPECTRA_BYTES, 0
+    budget, moments.CONV_FFT_BYTES = moments.CONV_FFT_BYTES, 0
     try:
         return run()
     finally:
-        moments.CONV_SPECTRA_BYTES = budget
+        moments.CONV_FFT_BYTES = budget
 
 
 def measure(workload: str, size: str, repeats: int) -> dict:

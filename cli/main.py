@@ -1,4 +1,4 @@
-"""The ``satcore`` command line (SPEC section 8).
+"""The ``satcore`` command line (docs/dump-format.md, Command line).
 
 Each command lives in its own module; adding one is one ``main.add_command``
 line.  Every failure the user can cause (bad usage, an invalid input file, a

@@ -155,7 +155,7 @@ def sweep_note(per_seed) -> str:
     spread = curve.std(axis=0, ddof=1).max() if len(per_seed) > 1 else 0.0
     enough = next(d for d, v in zip(depths, mean) if v <= mean.min() + spread)
     loop = [r["loop"]["depth"] for r in per_seed]
-    return (f"scratch sweep (same total steps as the loop's run, mean over seeds): held-out "
+    return ("scratch sweep (same total steps as the loop's run, mean over seeds): held-out "
             + ", ".join(f"{d} blocks {v:.4f}" for d, v in zip(depths, mean))
             + f"; depth stops helping at {enough} block(s) (within the largest seed sd {spread:.4f} of the best); "
             f"the loop stopped at depths {loop} with reasons {[r['stop_reason'] for r in per_seed]}.")

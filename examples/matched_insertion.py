@@ -10,10 +10,10 @@ sweep has not cached it), in float64 so tiny loss changes are measurable:
    range of relative update sizes ``rho`` (``alpha = rho ||z||_S / V``) and
    the paper's absolute ``alpha = 1e-3``; we measure the change of the mean
    training loss on S and compare it with the first-order prediction
-   ``-alpha V^2`` (SPEC section 5).
+   ``-alpha V^2`` (docs/core.md, Gradient-matched insertion).
 3. Test loss: the measured change vs the first-order prediction
    ``-alpha tr(C_test K^+ C_S^T)``.
-4. Held-out alignment (SPEC section 6): fit the block instead on the
+4. Held-out alignment (docs/core.md, Train/held-out alignment): fit the block instead on the
    held-out probe split P (independent of training, like the test set), and
    predict the test change BEFORE looking at the test set from the U-statistic
    moments of the per-sample gradients on P (in the ``K^+`` metric of the
@@ -118,7 +118,7 @@ def run(quick: bool) -> dict:
     write_results(results, "matched_insertion", rows, COLUMNS, meta=meta, notes=notes)
     write_results(results, "matched_insertion_heldout", rows, HELDOUT_COLUMNS, meta=meta, notes=[
         f"block fitted on the held-out probe split P ({len(data.probe[1])} images) at rho = {MAIN_RHO}; "
-        "prediction from P alone (U-statistics of the per-sample kernel in the K_P^+ metric, SPEC section 6); "
+        "prediction from P alone (U-statistics of the per-sample kernel in the K_P^+ metric, docs/core.md, Train/held-out alignment); "
         "d_eff = tr(Sigma)^2 / tr(Sigma^2).",
     ])
     plot(rows, curves, results / "matched_insertion.png")

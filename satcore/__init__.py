@@ -1,26 +1,20 @@
 """satcore: first-order residual depth saturation, from arrays to verdicts.
 
-Implements the criterion of "first-order residual depth saturation" (paper:
-Theorems 1-2, Lemma 4, Proposition 1, Appendices C-H): for each insertion
+Implements the criterion of "Quantifying Depth Sufficiency in Residual Neural
+Networks: A First-Order Criterion" (Liu, Zhang, Zhang, Tan, Gao, Liu and Cheng;
+Theorems 1-3, Lemma 4, Proposition 1, Appendices C-H; docs/references.md): for each insertion
 candidate, the growth value ``V_S = ||Pi_S q_S||_S`` tells whether inserting a
 zero-output residual block there can decrease the loss to first order.
 
 Only NumPy and SciPy are imported here; framework adapters live in
-``satcore.adapters.<framework>`` and are imported on demand.
+``satcore.adapters.<framework>`` and are imported on demand.  docs/api.md lists
+every name below with its formula (docs/core.md) and the file implementing it.
+
+The design card keeps the front-ends in the top-level ``adapters/`` and ``cli/``
+folders.  They install as ``satcore.adapters`` and ``satcore.cli`` (pyproject's
+package-dir), and in a checkout the symlinks ``satcore/adapters -> ../adapters``
+and ``satcore/cli -> ../cli`` make them the same subpackages without installing.
 """
-
-import os as _os
-
-# The design card keeps the framework front-ends in top-level ``adapters/`` and ``cli/``
-# folders that install as ``satcore.adapters`` and ``satcore.cli``.  When Python imports
-# ``satcore`` from a source checkout instead (a script or ``python -c`` run in the repo
-# root), look for those subpackages beside this folder, so the checkout behaves like the
-# installed package.  Installed, ``satcore/adapters`` exists and is found first.
-_checkout = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if _os.path.isfile(_os.path.join(_checkout, "adapters", "__init__.py")) and _os.path.isfile(
-    _os.path.join(_checkout, "cli", "__init__.py")
-):
-    __path__.append(_checkout)
 
 from ._psd import DEFAULT_RTOL
 from .alignment import (
@@ -91,7 +85,93 @@ from .quantities import (
 )
 from .results import REPORT_SCHEMA, CandidateScore, DepthReport
 from .statistics import CandidateStatistics, batch_moments
+from .sweep import (
+    SWEEP_SCHEMA,
+    Plateau,
+    Sweep,
+    SweepPoint,
+    depth_sweep,
+    find_plateau,
+    growth_noise_floor,
+    sweep_point,
+)
 
 __version__ = "0.1.0"
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+
+__all__ = [
+    # quantities (docs/core.md, Quantities)
+    "ag",
+    "ag_batch",
+    "ag_normalized",
+    "cross_gradient",
+    "depth_max",
+    "feature_gram",
+    "feature_rank",
+    "growth_value",
+    "growth_value_from_moments",
+    "growth_value_jacobian",
+    "projected_growth_value",
+    "projector",
+    "realizability",
+    "tangent_complete",
+    "DEFAULT_RTOL",
+    # streaming statistics and reports (docs/core.md, Streaming statistics)
+    "CandidateStatistics",
+    "batch_moments",
+    "DepthStatistics",
+    "depth_report",
+    "score",
+    "CandidateScore",
+    "DepthReport",
+    "REPORT_SCHEMA",
+    "ProbeResult",
+    # certification (docs/core.md, Certification)
+    "SaturationTest",
+    "debiased_energy",
+    "detection_threshold",
+    "interval_half_width",
+    "noise_floor",
+    "prop1_bound",
+    "required_probe_size",
+    "saturation_test",
+    "variance_estimate",
+    # depth sweeps (docs/dump-format.md, Depth sweeps)
+    "SWEEP_SCHEMA",
+    "Plateau",
+    "Sweep",
+    "SweepPoint",
+    "depth_sweep",
+    "find_plateau",
+    "growth_noise_floor",
+    "sweep_point",
+    # gradient-matched insertion (docs/core.md, Gradient-matched insertion)
+    "InsertionPlan",
+    "alpha_for_relative_update",
+    "matched_projection",
+    "plan_insertion",
+    "predicted_loss_change",
+    # train/held-out alignment (docs/core.md, Train/held-out alignment)
+    "AlignmentEstimate",
+    "alignment_moments",
+    "estimate_alignment",
+    "misalignment_bound",
+    "split_inner_product",
+    "xi_kernel",
+    # optimizer direction maps and joint insertion (docs/core.md, Optimizers and joint insertion)
+    "adam_zero_state",
+    "descent_bound",
+    "gradient_descent",
+    "is_descent_compatible",
+    "joint_descent_exists",
+    "joint_gradient",
+    "preconditioned",
+    # feature families (docs/core.md, Feature families)
+    "FAMILIES",
+    "Family",
+    "make_family",
+    # dumps (docs/dump-format.md)
+    "DumpError",
+    "read_dump",
+    "write_dump",
+]

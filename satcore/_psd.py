@@ -6,8 +6,8 @@ so the one tolerance that decides which directions of ``G`` count lives here.
 Scaling.  The spectrum is taken of the Jacobi-scaled ``S G S`` with
 ``S = diag(G)^-1/2`` (1 where a diagonal entry is 0): the Gram of the features
 rescaled to unit norm, a diagonal reparameterisation ``theta = S alpha``.  The
-growth value does not depend on the parameterisation (Theorem 2; SPEC
-identity 3), but an eigenvalue cut does: without the scaling, features on
+growth value does not depend on the parameterisation (Theorem 2;
+docs/core.md, identity 3), but an eigenvalue cut does: without the scaling, features on
 scales 1e5 apart (a bias column next to large activations, channels with
 massive activations) would lose directions to the cut.  The inverse used is
 ``G^- = S (S G S)^+ S``, a generalised inverse of ``G`` (``G G^- G = G``) equal

@@ -165,7 +165,7 @@ def saturation_test(
     to derive ``t`` from the error level (``t = sqrt(sum sigma^2 / (n a))``),
     or both: the test at ``t``, the interval at level ``error`` and the probe
     size that would bring the bound to ``error`` at ``t``
-    (``n >= sum sigma^2 / (a t^2)``, SPEC section 4).
+    (``n >= sum sigma^2 / (a t^2)``, docs/core.md, Certification).
     ``detector_scale``: also run Theorem 3's detector ``Gamma_hat <= scale * n^-1/4``.
     """
     norms = np.asarray(gradient_norms, dtype=np.float64)

@@ -1,4 +1,4 @@
-"""The ``satcore-dump/1`` file: gradients or statistics saved by any framework (SPEC section 7).
+"""The ``satcore-dump/1`` file: gradients or statistics saved by any framework (docs/dump-format.md).
 
 A dump is a ``.npz`` (zip of ``.npy`` members) with keys
 

@@ -13,6 +13,7 @@ channels-first ``(M, C, H, W)`` and returns ``(M, H*W, C_mid*9)`` whose
 columns are the 3x3 patches a terminal ``conv3x3`` sees (PyTorch ``unfold``
 order ``c*9 + ki*3 + kj``, zero padding 1, stride 1), one position per pixel.
 Gradients ``Q`` for a conv candidate are laid out ``(M, H*W, C)`` to match.
+Formulas: docs/core.md, Feature families.
 """
 
 from __future__ import annotations
@@ -50,7 +51,30 @@ def layer_norm(z, eps: float = 1e-5):
 
 
 def unfold3x3(x):
-    """``(M, C, H, W) -> (M, H*W, C*9)`` zero-padded 3x3 patches, PyTorch ``F.unfold`` order."""
+    """``(M, C, H, W) -> (M, H*W, C*9)`` zero-padded 3x3 patches, PyTorch ``F.unfold`` order.
+
+    Parameters
+    ----------
+    x : numpy.ndarray, shape (M, C, H, W)
+        Channels-first maps.
+
+    Returns
+    -------
+    numpy.ndarray, shape (M, H*W, C*9)
+        One row per output pixel (row-major), columns ``c*9 + ki*3 + kj``.
+
+    References
+    ----------
+    docs/core.md, Feature families (the ``conv`` family's columns).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from satcore.families import unfold3x3
+    >>> patches = unfold3x3(np.arange(4.0).reshape(1, 1, 2, 2))
+    >>> patches.shape, patches[0, 0]  # the top-left pixel's 3x3 window, padded with zeros
+    ((1, 4, 9), array([0., 0., 0., 0., 0., 1., 0., 2., 3.]))
+    """
     M, C, H, W = x.shape
     padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
     patches = np.stack(
@@ -72,7 +96,32 @@ class Family:
     seed: int = 0
 
     def features(self, z) -> np.ndarray:
-        """``psi(z)`` as ``(M, T, r)`` float64 (see module docstring for layouts)."""
+        """``psi(z)`` as ``(M, T, r)`` float64 (see module docstring for layouts).
+
+        Parameters
+        ----------
+        z : array_like
+            The stream at the candidate: ``(M, N)`` or ``(M, T, N)``, or
+            channels-first ``(M, C, H, W)`` for ``conv`` (and ``linear`` or
+            ``bias`` at a conv candidate).
+
+        Returns
+        -------
+        numpy.ndarray, shape (M, T, r)
+            The features, ``T = H*W`` for maps.
+
+        References
+        ----------
+        docs/core.md, Feature families.
+
+        Examples
+        --------
+        >>> import numpy as np, satcore
+        >>> satcore.make_family("mlp", 8, seed=0).features(np.ones((2, 3, 8))).shape
+        (2, 3, 32)
+        >>> satcore.make_family("conv", 4, seed=1).features(np.zeros((2, 4, 5, 5))).shape
+        (2, 25, 36)
+        """
         if self.kind == "linear":
             return conv_gradients(z).astype(np.float64) if np.ndim(z) == 4 else _positions(z)
         if self.kind == "bias":
@@ -114,10 +163,49 @@ def make_family(
     ``conv3x3`` weights (std ``sqrt(2 / (9 C))``), ``mid_channels`` defaulting to
     ``width``; ``r = 9 * mid_channels``.  ``linear``: ``psi = z``, ``r = width``.
     ``bias``: ``psi = 1``, ``r = 1``.
-    ``n_features`` chooses ``r`` instead (the memory of a candidate's sums is
-    ``O(N r + r^2)``): for ``mlp`` any ``r >= 1`` (its ``W1`` rows are drawn in
-    order, so a smaller ``r`` keeps the first rows of a larger one); for
-    ``conv`` a multiple of 9 (``mid_channels = r / 9``).
+
+    Parameters
+    ----------
+    kind : {"mlp", "conv", "linear", "bias"}
+        The family.
+    width : int
+        The stream width ``N`` (channels ``C`` for ``conv``).
+    seed : int, optional
+        Seed of ``numpy.random.default_rng`` for the fixed weights; the same
+        seed gives the same weights in every adapter.
+    expansion : int, optional
+        ``r / width`` of ``mlp``.
+    mid_channels : int, optional
+        Channels of ``conv``'s first convolution (default ``width``).
+    init_std : float, optional
+        Standard deviation of the weights (defaults above).
+    activation : {"gelu", "relu"}, optional
+        ``mlp``'s activation.
+    eps : float, optional
+        LayerNorm/BatchNorm epsilon.
+    n_features : int, optional
+        ``r`` instead of the family's default (the memory of a candidate's sums is
+        ``O(N r + r^2)``): for ``mlp`` any ``r >= 1`` (its ``W1`` rows are drawn in
+        order, so a smaller ``r`` keeps the first rows of a larger one); for
+        ``conv`` a multiple of 9 (``mid_channels = r / 9``).
+
+    Returns
+    -------
+    Family
+        The frozen feature map, ``n_features = r``.
+
+    References
+    ----------
+    docs/core.md, Feature families and Conventions (the zero-output block ``h = V psi``).
+
+    Examples
+    --------
+    >>> import numpy as np, satcore
+    >>> fam = satcore.make_family("mlp", 8, seed=0)
+    >>> fam.n_features, fam.params["w1"].shape
+    (32, (32, 8))
+    >>> bool(np.array_equal(fam.params["w1"], satcore.make_family("mlp", 8, seed=0).params["w1"]))
+    True
     """
     if n_features is not None:
         n_features = int(n_features)
@@ -149,6 +237,28 @@ def make_family(
 
 
 def conv_gradients(grad_nchw) -> np.ndarray:
-    """Channels-first ``(M, C, H, W)`` as positions ``(M, H*W, C)``: the layout of ``Q`` at a conv candidate."""
+    """Channels-first ``(M, C, H, W)`` as positions ``(M, H*W, C)``: the layout of ``Q`` at a conv candidate.
+
+    Parameters
+    ----------
+    grad_nchw : array_like, shape (M, C, H, W)
+        Gradients (or maps) in channels-first layout.
+
+    Returns
+    -------
+    numpy.ndarray, shape (M, H*W, C)
+        One position per pixel, row-major, matching :func:`unfold3x3`'s rows.
+
+    References
+    ----------
+    docs/core.md, Feature families.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from satcore.families import conv_gradients
+    >>> conv_gradients(np.zeros((2, 3, 4, 5))).shape
+    (2, 20, 3)
+    """
     g = np.asarray(grad_nchw)
     return g.reshape(g.shape[0], g.shape[1], -1).transpose(0, 2, 1)

@@ -9,7 +9,10 @@ gives the normal equations ``V K = -alpha C`` and the minimum-norm solution
 ``V* = -alpha C K^+``.  The inserted block outputs ``-alpha (Pi q)_i`` and the
 first-order change of the mean loss is ``<C_eval, V*>_F =
 -alpha tr(C_eval K^+ C^T)``; on the fitting split this is
-``-alpha growth_value^2``.
+``-alpha growth_value^2``.  Formulas: docs/core.md, Gradient-matched insertion.
+
+The examples use ``C = (2, 1)^T / 3`` and ``K = 2 / 3`` (three samples, one
+feature), whose growth value is ``V^2 = 5 / 6``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,34 @@ def matched_projection(C, K, alpha: float, rtol: float = DEFAULT_RTOL) -> np.nda
     Where ``K`` is singular, the minimum-norm fit of the unit-scaled features
     (:mod:`satcore._psd`): the inserted ``V* psi`` does not depend on how the
     features are scaled.
+
+    Parameters
+    ----------
+    C : array_like, shape (N, r)
+        Cross-gradient of the fitting split.
+    K : array_like, shape (r, r)
+        Feature Gram of the fitting split.
+    alpha : float
+        Step: the block is fitted to ``-alpha q_i``.
+    rtol : float, optional
+        Relative eigenvalue cut of ``K`` (docs/core.md, Rank tolerance).
+
+    Returns
+    -------
+    numpy.ndarray, shape (N, r)
+        The terminal projection ``V*``.
+
+    References
+    ----------
+    Paper, Appendix H; docs/core.md, Gradient-matched insertion.
+
+    Examples
+    --------
+    >>> import numpy as np, satcore
+    >>> C, K = np.array([[2.0], [1.0]]) / 3, np.array([[2.0]]) / 3
+    >>> satcore.matched_projection(C, K, alpha=0.1)
+    array([[-0.1 ],
+           [-0.05]])
     """
     return -alpha * (np.asarray(C, dtype=np.float64) @ psd_spectrum(K, rtol).pinv())
 
@@ -42,6 +73,37 @@ def predicted_loss_change(C_fit, K, alpha: float, C_eval=None, rtol: float = DEF
     (``tr(A K^+ B^T) = <A S U lam^-1/2, B S U lam^-1/2>_F``), so both agree to
     round-off even when ``K`` has eigenvalues just above the cut, where an
     explicit ``K^+`` loses digits.
+
+    Parameters
+    ----------
+    C_fit : array_like, shape (N, r)
+        Cross-gradient of the split the block is fitted on.
+    K : array_like, shape (r, r)
+        Feature Gram of that split.
+    alpha : float
+        The step of :func:`matched_projection`.
+    C_eval : array_like, shape (N, r), optional
+        Cross-gradient of the split whose loss change is predicted.
+    rtol : float, optional
+        Relative eigenvalue cut of ``K``.
+
+    Returns
+    -------
+    float
+        The first-order change of the mean loss on the evaluation split.
+
+    References
+    ----------
+    Paper, Appendix H; docs/core.md, Gradient-matched insertion.
+
+    Examples
+    --------
+    >>> import numpy as np, satcore
+    >>> C, K = np.array([[2.0], [1.0]]) / 3, np.array([[2.0]]) / 3
+    >>> round(satcore.predicted_loss_change(C, K, 0.1), 12)  # -alpha V^2
+    -0.083333333333
+    >>> round(satcore.predicted_loss_change(C, K, 0.1, C_eval=np.array([[1.0], [0.0]])), 12)
+    -0.1
     """
     return -alpha * psd_spectrum(K, rtol).quadratic_form(C_fit, C_eval)
 
@@ -52,6 +114,30 @@ def alpha_for_relative_update(rho: float, stream_rms: float, growth: float) -> f
     The fitted block outputs ``-alpha Pi q``, of size ``alpha * growth_value``
     in the empirical norm; ``stream_rms = ||z||_S = sqrt(mean_i ||z_i||^2)``.
     An absolute ``alpha`` means nothing across models; a relative size does.
+
+    Parameters
+    ----------
+    rho : float
+        Wanted relative size of the inserted update.
+    stream_rms : float
+        ``||z||_S`` at the candidate.
+    growth : float
+        The candidate's growth value (``> 0``).
+
+    Returns
+    -------
+    float
+        ``rho * stream_rms / growth``.
+
+    References
+    ----------
+    docs/core.md, Gradient-matched insertion.
+
+    Examples
+    --------
+    >>> import satcore
+    >>> satcore.alpha_for_relative_update(0.01, stream_rms=2.0, growth=0.5)
+    0.04
     """
     if growth <= 0:
         raise ValueError("growth value is zero: no first-order direction to insert")
@@ -69,7 +155,37 @@ class InsertionPlan:
 
 
 def plan_insertion(stats_fit, alpha: float, stats_eval=None, rtol: float = DEFAULT_RTOL) -> InsertionPlan:
-    """Plan an insertion from :class:`~satcore.statistics.CandidateStatistics`."""
+    """Plan an insertion from :class:`~satcore.statistics.CandidateStatistics`.
+
+    Parameters
+    ----------
+    stats_fit : CandidateStatistics
+        Statistics of the split the block is fitted on.
+    alpha : float
+        The step of :func:`matched_projection`.
+    stats_eval : CandidateStatistics, optional
+        Statistics of a second split for ``predicted_change_eval``.
+    rtol : float, optional
+        Relative eigenvalue cut of ``K``.
+
+    Returns
+    -------
+    InsertionPlan
+        ``V*`` and the predicted first-order changes.
+
+    References
+    ----------
+    Paper, Appendix H; docs/core.md, Gradient-matched insertion.
+
+    Examples
+    --------
+    >>> import numpy as np, satcore
+    >>> Q = np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+    >>> Psi = np.array([[1.0], [0.0], [1.0]])
+    >>> plan = satcore.plan_insertion(satcore.CandidateStatistics.from_samples(Q, Psi), alpha=0.1)
+    >>> round(plan.predicted_change, 12), plan.predicted_change_eval
+    (-0.083333333333, None)
+    """
     C, K = stats_fit.cross_gradient(), stats_fit.feature_gram()
     return InsertionPlan(
         alpha=alpha,

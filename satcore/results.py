@@ -1,4 +1,4 @@
-"""Frozen result objects: what a finished probe says, with the JSON names of SPEC section 8."""
+"""Frozen result objects: what a finished probe says, with the JSON names of docs/dump-format.md, Report JSON."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _json_number(x):
 
 @dataclass(frozen=True)
 class CandidateScore:
-    """Scores of one insertion candidate (SPEC section 2 and 4).
+    """Scores of one insertion candidate (docs/core.md, Quantities and Certification).
 
     ``growth_value`` is ``V_S = sqrt(tr(C K^+ C^T))`` (Thm 2, Lemma 4);
     ``realizability = growth_value / ag`` (Remark 3); ``cross_gradient_norm`` is

@@ -1,4 +1,4 @@
-"""Streaming sufficient statistics per candidate (SPEC section 3).
+"""Streaming sufficient statistics per candidate (docs/core.md, Streaming statistics).
 
 A probe never holds ``Q`` or ``Psi`` for all samples.  Per candidate it adds up,
 in float64:

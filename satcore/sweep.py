@@ -97,6 +97,34 @@ def _value(point: SweepPoint, metric: str) -> float:
 
 
 def sweep_point(depth: int, label: str, report: DepthReport) -> SweepPoint:
+    """One model's point of the sweep: its report's maxima, the noise floor at the argmax, its verdict.
+
+    Parameters
+    ----------
+    depth : int
+        The model's depth (a dump's ``meta["model_depth"]``).
+    label : str
+        A name for the point (the CLI uses the dump's path).
+    report : DepthReport
+        The model's report.
+
+    Returns
+    -------
+    SweepPoint
+
+    References
+    ----------
+    docs/dump-format.md, Depth sweeps.
+
+    Examples
+    --------
+    >>> import numpy as np, satcore
+    >>> rng = np.random.default_rng(0)
+    >>> scores = [satcore.score(rng.standard_normal((50, 4)), rng.standard_normal((50, 2)), name=n) for n in "ab"]
+    >>> point = satcore.sweep_point(2, "model-2", satcore.depth_report(scores))
+    >>> point.depth, point.n_samples, point.argmax in ("a", "b")
+    (2, 50, True)
+    """
     best = report[report.argmax]
     return SweepPoint(
         depth=int(depth),
@@ -116,6 +144,41 @@ def find_plateau(values, floors, *, rel_tol=0.25, noise_factor=2.0, min_points=2
 
     ``verdicts``: each depth's depth-wide verdict (``None``: not tested);
     low signal needs none of them ``improvable``.
+
+    Parameters
+    ----------
+    values : sequence of float
+        Depth-ordered values ``v_j``.
+    floors : sequence of float or None
+        Their noise floors ``f_j`` (``None`` counts as 0).
+    rel_tol : float, optional
+        Relative tolerance above the tail's minimum.
+    noise_factor : float, optional
+        A plateau is low-signal when every ``v_j <= noise_factor * f_j``.
+    min_points : int, optional
+        Fewest depths a plateau spans.
+    verdicts : sequence of str or None, optional
+        Each depth's depth-wide verdict.
+
+    Returns
+    -------
+    (int, bool) or None
+        The first index of the plateau and whether it is low-signal; ``None``
+        when no tail of ``min_points`` depths stays within the tolerance.
+
+    References
+    ----------
+    Paper, Section 5 (the "stable low-signal plateau"); docs/dump-format.md, Depth sweeps.
+
+    Examples
+    --------
+    >>> from satcore import find_plateau
+    >>> find_plateau([1.0, 0.5, 0.3, 0.29, 0.31], [0.0] * 5)
+    (2, False)
+    >>> find_plateau([1.0, 0.5, 0.3, 0.29, 0.31], [0.2] * 5)  # 0.5 is within its noise of 0.29
+    (1, False)
+    >>> find_plateau([1.0, 0.5, 0.3, 0.2, 0.1], [0.0] * 5) is None  # still falling
+    True
     """
     floors = [f or 0.0 for f in floors]
     verdicts = list(verdicts) if verdicts is not None else [None] * len(values)
@@ -129,7 +192,34 @@ def find_plateau(values, floors, *, rel_tol=0.25, noise_factor=2.0, min_points=2
 
 
 def depth_sweep(points, *, metric="growth_value", rel_tol=0.25, noise_factor=2.0, min_points=2) -> Sweep:
-    """Order ``points`` (:class:`SweepPoint`) by depth and locate the plateau."""
+    """Order ``points`` (:class:`SweepPoint`) by depth and locate the plateau.
+
+    Parameters
+    ----------
+    points : iterable of SweepPoint
+        One per model; depths must differ.
+    metric : {"growth_value", "ag"}, optional
+        Which maximum the curve follows (``ag`` uses no noise floor).
+    rel_tol, noise_factor, min_points : optional
+        As :func:`find_plateau`.
+
+    Returns
+    -------
+    Sweep
+        The ordered points, the options and the plateau (or ``None``).
+
+    References
+    ----------
+    docs/dump-format.md, Depth sweeps.
+
+    Examples
+    --------
+    >>> from satcore import SweepPoint, depth_sweep
+    >>> points = [SweepPoint(d, f"d{d}", v, "a", v, "a", None, 100) for d, v in [(4, 0.3), (2, 1.0), (6, 0.29)]]
+    >>> sweep = depth_sweep(points)
+    >>> [p.depth for p in sweep.points], sweep.plateau.start_depth
+    ([2, 4, 6], 4)
+    """
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     if rel_tol < 0 or noise_factor <= 0 or min_points < 2:

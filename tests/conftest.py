@@ -16,5 +16,5 @@ def gram_route(request, monkeypatch):
     from satcore.adapters.torch import moments
 
     if request.param == "shifted":
-        monkeypatch.setattr(moments, "CONV_SPECTRA_BYTES", 0)
+        monkeypatch.setattr(moments, "CONV_FFT_BYTES", 0)
     return request.param

@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -55,9 +56,7 @@ def per_sample_ce(outputs, targets):
 @functools.lru_cache(maxsize=1)
 def digits() -> tuple[torch.Tensor, torch.Tensor]:
     """``(X, y)``: ``X`` ``(1797, 1, 8, 8)`` float32 in ``[0, 1]``, ``y`` int64."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
+    d = pytest.importorskip("sklearn.datasets").load_digits()
     X = torch.tensor(d.images / 16.0, dtype=torch.float32)[:, None]
     return X, torch.tensor(d.target, dtype=torch.int64)
 
@@ -201,7 +200,7 @@ def _fresh(kind: str, seed: int, steps: int):
 
 
 def gpt2_config(**overrides):
-    from transformers import GPT2Config
+    GPT2Config = pytest.importorskip("transformers").GPT2Config
 
     kw = dict(vocab_size=256, n_positions=64, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
               attn_pdrop=0.0, use_cache=False, attn_implementation="eager", bos_token_id=0, eos_token_id=0)
@@ -210,7 +209,7 @@ def gpt2_config(**overrides):
 
 
 def gpt_neox_config(**overrides):
-    from transformers import GPTNeoXConfig
+    GPTNeoXConfig = pytest.importorskip("transformers").GPTNeoXConfig
 
     kw = dict(vocab_size=256, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
               max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0, use_cache=False,
@@ -220,7 +219,7 @@ def gpt_neox_config(**overrides):
 
 
 def llama_config(**overrides):
-    from transformers import LlamaConfig
+    LlamaConfig = pytest.importorskip("transformers").LlamaConfig
 
     kw = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
               num_key_value_heads=2, max_position_embeddings=64, use_cache=False, attn_implementation="eager",
@@ -230,19 +229,19 @@ def llama_config(**overrides):
 
 
 def _llama():
-    from transformers import LlamaForCausalLM
+    LlamaForCausalLM = pytest.importorskip("transformers").LlamaForCausalLM
 
     return LlamaForCausalLM(llama_config())
 
 
 def _gpt2():
-    from transformers import GPT2LMHeadModel
+    GPT2LMHeadModel = pytest.importorskip("transformers").GPT2LMHeadModel
 
     return GPT2LMHeadModel(gpt2_config())
 
 
 def _gpt_neox():
-    from transformers import GPTNeoXForCausalLM
+    GPTNeoXForCausalLM = pytest.importorskip("transformers").GPTNeoXForCausalLM
 
     return GPTNeoXForCausalLM(gpt_neox_config())
 
@@ -291,7 +290,8 @@ def bert(seed: int = 0):
 
     Blocks ``bert.encoder.layer.*``; use with :func:`token_loss` on text batches.
     """
-    from transformers import BertConfig, BertForMaskedLM
+    transformers = pytest.importorskip("transformers")
+    BertConfig, BertForMaskedLM = transformers.BertConfig, transformers.BertForMaskedLM
 
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=256, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,

@@ -81,6 +81,7 @@ def test_sweep_json_and_plateau(tmp_path):
 
 
 def test_sweep_table_plot_and_model_depth(tmp_path):
+    pytest.importorskip("matplotlib")  # the plot extra
     paths, _ = sweep_dumps(tmp_path, signal=(2.0, 0.5, 0.1))
     png = tmp_path / "sweep.png"
     result = CliRunner().invoke(main, ["sweep", *map(str, paths), "--plot", str(png), "--quiet"])

@@ -179,6 +179,7 @@ def _null_q(rng, psi, kind):
     raise AssertionError(kind)
 
 
+@pytest.mark.slow  # Monte Carlo of the sign-flip test over 32768 patterns: 3-4 s per case on an idle core
 @pytest.mark.parametrize("kind, r, uneven", [
     ("gaussian", 6, False),
     ("heavy", 6, True),

@@ -1,4 +1,4 @@
-"""Streaming statistics: any batching equals one pass; merged shards equal one pass (SPEC section 3)."""
+"""Streaming statistics: any batching equals one pass; merged shards equal one pass (docs/core.md, Streaming statistics)."""
 
 import json
 

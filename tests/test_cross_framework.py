@@ -1,4 +1,4 @@
-"""Cross-framework agreement (SPEC section 9): the same trained weights in PyTorch, Keras 3 and
+"""Cross-framework agreement (docs/core.md, Adapters): the same trained weights in PyTorch, Keras 3 and
 ONNX (exported with ``torch.onnx.export(..., dynamo=False)``) give the same ``ag``,
 ``growth_value``, ``C`` and ``K`` per candidate, to 1e-5 relative (float32 round-off), for the
 same family seed.

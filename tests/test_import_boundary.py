@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -15,5 +16,26 @@ def test_import_satcore_imports_no_framework():
 
 def test_no_top_level_adapters_or_cli_module():
     code = "import importlib.util as u; print(u.find_spec('adapters'), u.find_spec('cli'))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    # Without PYTHONPATH: a checkout root on it would make its folders top-level packages by design.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/", env=env)
     assert out.stdout.strip() == "None None"
+
+
+def test_checkout_subpackages_are_the_design_folders():
+    """From a checkout root with nothing installed, ``satcore.adapters`` and ``satcore.cli`` are the
+    top-level ``adapters/`` and ``cli/`` folders (through the committed symlinks), and nothing else in
+    the checkout (``tests/``, ``examples/``) becomes part of ``satcore``."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        "import os, importlib.util as u, satcore.adapters, satcore.cli.main\n"
+        "print(os.path.realpath(satcore.adapters.__path__[0]))\n"
+        "print(os.path.realpath(os.path.dirname(satcore.cli.main.__file__)))\n"
+        "print(u.find_spec('satcore.tests'), u.find_spec('satcore.examples'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root, env=env)
+    adapters, cli, absent = out.stdout.strip().splitlines()
+    assert adapters == os.path.realpath(os.path.join(root, "adapters"))
+    assert cli == os.path.realpath(os.path.join(root, "cli"))
+    assert absent == "None None"

@@ -123,7 +123,7 @@ def test_named_inputs_npz(files, tmp_path):
 
 
 def test_user_feature_map_and_per_candidate_families(files):
-    """A callable ``psi = z A`` (invertible ``A``) reparameterises ``linear``: same growth value (SPEC identity 3)."""
+    """A callable ``psi = z A`` (invertible ``A``) reparameterises ``linear``: same growth value (docs/core.md, identity 3)."""
     from satcore.adapters.onnx import probe
 
     ws, x, y, model, _ = files

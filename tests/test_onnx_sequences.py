@@ -1,4 +1,4 @@
-"""Token batches of different lengths, and ignored labels, score as in the torch adapter (SPEC sections 1, 9).
+"""Token batches of different lengths, and ignored labels, score as in the torch adapter (docs/core.md, Conventions and Adapters).
 
 The ONNX model is ``TokenModel`` of ``test_onnx_gradients`` exported with dynamic batch AND
 sequence axes; the reference is the torch adapter's ``probe`` on the same module, with

@@ -10,7 +10,7 @@
   batches and the same per-sample loop;
 * a Keras loss with its default (batch-mean) reduction gives the same sums as ``reduction=None``;
 * a user Keras layer ``psi = z A`` (invertible ``A``) gives the ``linear`` growth value
-  (reparameterisation invariance, SPEC section 2 identity 3) with a different ``||C||``;
+  (reparameterisation invariance, docs/core.md identity 3) with a different ``||C||``;
 * ``MirroredStrategy`` on 2 logical CPUs (fresh process) equals one device, with per-sample
   losses and with a Keras mean loss over unevenly split batches.
 """
@@ -343,6 +343,7 @@ MIRRORED_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a fresh TF process with 2 logical devices: ~7 s
 def test_mirrored_strategy_equals_one_device(tmp_path):
     script = tmp_path / "mirrored.py"
     script.write_text(MIRRORED_SCRIPT)

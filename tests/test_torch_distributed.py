@@ -1,10 +1,11 @@
 """Two gloo processes, each probing half of the batches, all-reduce to the
-single-process statistics to 1e-10 relative: the model bare, wrapped in
+single-process statistics (docs/core.md, Streaming statistics) to 1e-10 relative: the model bare, wrapped in
 DistributedDataParallel, and sharded with FSDP2's fully_shard."""
 
 import os
 
 import numpy as np
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -56,6 +57,7 @@ def _worker(rank, init_file, out_dir):
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow  # spawned gloo processes
 def test_two_gloo_processes_equal_one_bare_ddp_and_fsdp(tmp_path):
     mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
     torch.set_num_threads(1)

@@ -1,5 +1,5 @@
 """grow(): the measured change of the probe-set mean loss matches the first-order
-prediction -alpha * growth_value^2 (SPEC section 5, paper Appendix H), for an
+prediction -alpha * growth_value^2 (docs/core.md, Gradient-matched insertion; paper Appendix H), for an
 absolute alpha and for a relative update size rho; alpha=0 and zero=True are
 function-preserving; the zero block's gradient is the cross-gradient C."""
 

@@ -152,7 +152,8 @@ def test_scalar_mean_loss_is_rescaled_to_per_sample():
 
 
 def test_discovery_on_real_families():
-    from transformers import BertConfig, BertModel
+    transformers = pytest.importorskip("transformers")
+    BertConfig, BertModel = transformers.BertConfig, transformers.BertModel
 
     assert [c.name for c in find_candidates(mt.digits_resnet())] == [
         "layer1.0", "layer1.1", "layer2.0", "layer2.1", "head",

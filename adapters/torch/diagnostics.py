@@ -1,4 +1,4 @@
-"""Residual-stream diagnostics from the same hooks (related work, NAG: seed 000).
+"""Residual-stream diagnostics from the same hooks (related work: NAG, docs/references.md).
 
 NAG argues that the residual stream's norm grows with depth, so the relative
 size of each block's update ``||block(z) - z|| / ||z||`` shrinks and late

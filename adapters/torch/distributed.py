@@ -2,7 +2,7 @@
 
 Every field of :class:`satcore.CandidateStatistics` except ``n_positions`` is
 a sum over samples (or batches), so the statistics of the union of the
-ranks' data are the element-wise SUM over ranks (the sums merge by adding).
+ranks' data are the element-wise SUM over ranks (docs/core.md, Streaming statistics).
 The statistics go through their public ``to_arrays`` / ``from_arrays``: all
 sums of all candidates are packed into one float64 tensor and reduced at
 once; float64 keeps the counts exact (below 2**53) and the sums at full

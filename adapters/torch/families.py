@@ -5,7 +5,7 @@ same ``numpy.random.default_rng(seed)`` draw every framework uses) and its
 weights are copied into tensors, so ``features`` here equals
 ``Family.features`` to float round-off and scores agree across frameworks.
 
-Layouts (SPEC section 1): the stream ``z`` is ``(M, N)``, ``(M, T, N)`` or
+Layouts (docs/core.md, Conventions): the stream ``z`` is ``(M, N)``, ``(M, T, N)`` or
 channels-first ``(M, C, H, W)``; :func:`positions` views it as ``(M, T, N)``
 (pixels row-major, ``T = H*W``), which is also the layout of ``Q``.  Features
 are ``(M, T, r)``.

@@ -4,7 +4,7 @@ The inserted block is ``h(z) = V psi(z)`` with the probe's feature map and
 ``V = -alpha C K^+`` (:func:`satcore.plan_insertion`): the least-squares fit
 of ``-alpha q``.  It outputs ``-alpha (Pi q)_i``, so the first-order change of
 the mean per-sample loss on the probe data is ``-alpha * growth_value^2``
-(SPEC section 5).  ``rho`` gives the step as the relative size of the
+(docs/core.md, Gradient-matched insertion).  ``rho`` gives the step as the relative size of the
 inserted update, ``||h||_S / ||z||_S = rho``, converted by
 :func:`satcore.alpha_for_relative_update` with the probe's stream RMS; an
 absolute ``alpha`` means nothing across models.  ``zero=True`` inserts the

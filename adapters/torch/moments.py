@@ -248,7 +248,7 @@ class _FlatImages:
         return self.data.as_strided((self.M, self.C, self.length), (self.length, self.data.stride(0), 1), start)
 
 
-CONV_SPECTRA_BYTES = 32 << 20  # the largest cross-spectra (C^2 per frequency) the FFT route may hold
+CONV_FFT_BYTES = 32 << 20  # the largest cross-spectra (C^2 per frequency) the FFT route may hold
 
 
 def _fft_size(n: int) -> int:
@@ -279,7 +279,7 @@ def channel_correlations(x: torch.Tensor, step: int | None = None) -> torch.Tens
     product with their DFT weights (a conjugate pair of frequencies counted
     twice, by its real part).  The cross-spectra take ``C^2 n_h n_w / 2``
     complex numbers, ``n_h n_w / 81`` times the Gram: past
-    :data:`CONV_SPECTRA_BYTES` (large maps), and on Apple's MPS, the shifted
+    :data:`CONV_FFT_BYTES` (large maps), and on Apple's MPS, the shifted
     products are used.
     """
     M, C, H, W = x.shape
@@ -287,7 +287,7 @@ def channel_correlations(x: torch.Tensor, step: int | None = None) -> torch.Tens
     step = step or M
     spectra_bytes = C * C * n_h * (n_w // 2 + 1) * 2 * x.element_size()
     # Apple's MPS (float32 sums only) has partial complex support: it keeps the real products
-    if spectra_bytes > CONV_SPECTRA_BYTES or x.device.type == "mps":
+    if spectra_bytes > CONV_FFT_BYTES or x.device.type == "mps":
         return _shifted_correlations(x, step)
     cross = None
     for start in range(0, M, step):

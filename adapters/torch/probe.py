@@ -77,7 +77,7 @@ def per_sample_losses(losses: torch.Tensor, batch_size: int) -> torch.Tensor:
     """``(B,)`` losses as given; a 0-d loss is read as the batch MEAN and rescaled by ``B``.
 
     Either way ``sum_i loss_i`` is returned, whose gradient at ``z_i`` is
-    ``q_i`` (SPEC section 1: a batch-mean loss would give ``q_i / B``).
+    ``q_i`` (docs/core.md, Conventions: a batch-mean loss would give ``q_i / B``).
     """
     if not torch.is_tensor(losses):
         raise TypeError(f"loss_fn must return a tensor, got {type(losses).__name__}")

@@ -1,7 +1,7 @@
 """Per-sample residual-parameter gradients ``xi_i = vec(Q_i^T Psi_i)`` at one candidate.
 
-The probe keeps only sums; the train/held-out alignment statistics of SPEC
-section 6 need the per-sample kernel ``k_ij = xi_i^T xi_j``.  We tap the
+The probe keeps only sums; the train/held-out alignment statistics
+(docs/core.md, Train/held-out alignment) need the per-sample kernel ``k_ij = xi_i^T xi_j``.  We tap the
 stream with the adapter's own :class:`StreamTaps` and feature map, so ``q``
 and ``psi`` are exactly those the probe used.  For the gradient-matched block
 the relevant metric is ``K^+`` (its first-order change is

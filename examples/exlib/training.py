@@ -27,7 +27,7 @@ def batches(x, y, batch_size: int):
 
 
 def per_sample_ce(outputs, targets):
-    """Per-sample cross-entropy ``(B,)`` (the ``loss_i`` of SPEC section 1)."""
+    """Per-sample cross-entropy ``(B,)`` (the ``loss_i`` of docs/core.md, Conventions)."""
     return nn.functional.cross_entropy(outputs, targets, reduction="none")
 
 
