@@ -166,6 +166,16 @@ __all__ = [
     "joint_descent_exists",
     "joint_gradient",
     "preconditioned",
+    # predictors of what a trained inserted block does (docs/predictive-validity.md)
+    "CandidateGain",
+    "HeldoutGain",
+    "PredictedGains",
+    "adam_step_gain",
+    "heldout_gain",
+    "kronecker_adam_gain",
+    "kronecker_sgd_gain",
+    "predict_gains",
+    "sgd_step_gain",
     # feature families (docs/core.md, Feature families)
     "FAMILIES",
     "Family",

@@ -27,8 +27,8 @@ from .locate import HEAD, Candidate, find_blocks, find_candidates, named_candida
 from .growth import GrowthResult, GrowthRound, grow_until_saturated
 from .native import NativeFeatures, insert_block, native_feature_map
 from .moments import batch_moments, position_index, subsample_positions
-from .hf import model_loss, per_sample_loss
-from .probe import MemoryPlan, Probe, ProbeConfig, per_sample_losses, plan, probe, probe_in_groups, sequence_loss
+from .hf import model_loss, per_sample_loss, sequence_loss
+from .probe import MemoryPlan, Probe, ProbeConfig, per_sample_losses, plan, probe, probe_in_groups
 from .result import ProbeResult
 
 # The callbacks subclass their framework's base class: imported on first use, so that the

@@ -38,7 +38,7 @@ from .capture import StreamTaps
 from .checkpoint import load_checkpoint, save_checkpoint
 from .diagnostics import StreamAccumulator
 from .distributed import reduce_probe
-from .hf import model_loss, scalar_loss_problem, sequence_loss, split_batch
+from .hf import model_loss, scalar_loss_problem, split_batch
 from .families import ConvFeatures, build_feature_map, positions, rebuild_feature_map
 from .locate import find_candidates, named_candidates
 from .masks import applies, batch_mask, check_samples, drop_absent, mask_label
