@@ -42,11 +42,18 @@ from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, scored
     default=None,
     help="Also run Theorem 3's detector Gamma_hat <= S * n^-1/4 (S in ||C||_F units).",
 )
+@click.option("--train", "train_dump", metavar="TRAIN_DUMP", default=None,
+              help="The same candidates probed on the training split: lead with the predicted training and held-out "
+              "gains of --optimizer steps (DUMP is the held-out probe).")
+@click.option("--optimizer", type=click.Choice(["sgd", "adam", "matched"]), default="sgd", show_default=True,
+              help="With --train: the step predicted (matched: the gradient-matched block of relative size --rho).")
+@click.option("--lr", type=FiniteFloatRange(min=0, min_open=True), default=None, help="With --train: learning rate.")
+@click.option("--steps", type=click.IntRange(min=1), default=1, show_default=True, help="With --train: steps.")
 @click.option("--plot", "plot_path", metavar="PNG", help="Also draw AG and growth value per candidate (matplotlib).")
 @QUIET_OPTION
 @CHUNK_OPTION
 def score(dump, as_json, output_format, probe_split, alpha, tolerance, rho, delta, t, error, detector_scale,
-          plot_path, quiet, chunk_samples):
+          train_dump, optimizer, lr, steps, plot_path, quiet, chunk_samples):
     """Score and test every candidate of DUMP; print the verdict.
 
     Per candidate: AG, growth value V, its noise floor and unbiased square, a
@@ -56,9 +63,14 @@ def score(dump, as_json, output_format, probe_split, alpha, tolerance, rho, delt
     """
     source, stats = load(dump, quiet=quiet, chunk_samples=chunk_samples)
     split = probe_split if probe_split is not None else source.meta.get("split")
+    train = None
+    if train_dump is not None:
+        if optimizer != "matched" and lr is None:
+            raise click.UsageError("--train needs --lr (or --optimizer matched with --rho)")
+        train = load(train_dump, quiet=quiet, chunk_samples=chunk_samples)[1]
     report = scored(dump, stats, split=split, alpha=alpha, tolerance=tolerance, rho=rho,
                     stream_rms=stream_rms_from_meta(source.meta), delta=delta or 0.0, t=t, error=error,
-                    detector_scale=detector_scale)
+                    detector_scale=detector_scale, train=train, optimizer=optimizer, lr=lr, steps=steps)
     if as_json and output_format not in (None, "json"):
         raise click.UsageError(f"--json and --format {output_format} disagree")
     output_format = "json" if as_json else output_format or "table"

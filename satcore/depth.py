@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 
 from ._psd import DEFAULT_RTOL
 from .certification import saturation_test
@@ -77,9 +78,28 @@ class DepthStatistics(OrderedDict):
         error: float | None = None,
         detector_scale: float | None = None,
         rtol: float = DEFAULT_RTOL,
+        train: "DepthStatistics | None" = None,
+        optimizer: str | None = None,
+        lr: float | None = None,
+        steps: int = 1,
     ) -> DepthReport:
-        """Score every candidate, test each one and give the verdict (:func:`depth_report`)."""
-        return depth_report(
+        """Score every candidate, test each one and give the verdict (:func:`depth_report`).
+
+        ``self`` is the probe split the tests read (independent of training).
+        With ``train`` (the same candidates on the training split) and a step
+        (``optimizer`` ``"sgd"``/``"adam"`` with ``lr`` and ``steps``, or
+        ``"matched"`` with ``rho``), the report also carries
+        :func:`satcore.predictors.predict_gains`: per candidate the predicted
+        training gain of that step and its held-out gain on ``self`` with
+        interval and ``P(decrease)``, which the table then leads with.
+        """
+        predictions = None
+        if train is not None:
+            from .predictors import predict_gains
+
+            predictions = predict_gains(train, self, optimizer=optimizer or "sgd", lr=lr, steps=steps, rho=rho,
+                                        stream_rms=stream_rms, alpha=alpha, rtol=rtol)
+        report = depth_report(
             [s.score(name, rtol) for name, s in self.items()],
             split=split,
             alpha=alpha,
@@ -91,6 +111,7 @@ class DepthStatistics(OrderedDict):
             error=error,
             detector_scale=detector_scale,
         )
+        return report if predictions is None else replace(report, predictions=predictions)
 
 
 def depth_report(scores, *, split=None, alpha=DEFAULT_ALPHA, tolerance=0.0, rho=None, stream_rms=None,

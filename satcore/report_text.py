@@ -73,8 +73,10 @@ def render_report(report, label: str | None = None) -> str:
                      num(None if t is None else t.p_value_adjusted), "-" if t is None else t.verdict,
                      num(c.realizability), num(c.feature_rank), num(c.cross_gradient_norm)])
     head = f"{display_name(label)}: " if label else ""
-    lines = [f"{head}{len(report.candidates)} candidate(s), probe split: {display_name(report.split or 'not stated')}",
-             table(header, rows), LEGEND,
+    lines = [f"{head}{len(report.candidates)} candidate(s), probe split: {display_name(report.split or 'not stated')}"]
+    if report.predictions is not None:
+        lines.append(render_predictions(report.predictions))
+    lines += [table(header, rows), LEGEND,
              f"depth-wide maximum: V {num(report.growth_value_max)} at {display_name(report.argmax)}; "
              f"AG_max {num(report.ag_max)} at {display_name(report.ag_argmax)}"]
     if report.verdict is not None:
@@ -83,6 +85,19 @@ def render_report(report, label: str | None = None) -> str:
         lines.append(render_prop1(report.prop1))
     lines += [f"warning: {display_name(w)}" for w in report.warnings]
     return "\n".join(lines)
+
+
+def render_predictions(predictions) -> str:
+    """The headline when a training split was given: what the stated step is predicted to gain, per candidate."""
+    step = ", ".join(f"{k} {num(v)}" for k, v in predictions.step.items())
+    rows = [[display_name(c.name), num(c.training_gain), num(c.training_gain_second_order), num(c.heldout.value),
+             _interval(c.heldout.interval), num(c.heldout.p_decrease)] for c in predictions.candidates]
+    best = max(predictions.candidates, key=lambda c: c.heldout.value)
+    return "\n".join([
+        f"predicted gains of one inserted block trained by {predictions.optimizer} ({step}); loss units, positive = "
+        "the loss falls; training gain from the training split, held-out gain from the probe split's folds:",
+        table(["candidate", "train gain", "train gain (2nd order)", "held-out gain", "interval", "P(decrease)"], rows),
+        f"largest predicted held-out gain: {num(best.heldout.value)} at {display_name(best.name)}"])
 
 
 def render_verdict(verdict, tests) -> str:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 from .certification import SaturationTest
 from .folds import FoldTest
 from .verdicts import CandidateTest, Verdict
+
+if TYPE_CHECKING:
+    from .predictors import PredictedGains
 
 REPORT_SCHEMA = "satcore-report/2"
 
@@ -22,6 +26,15 @@ def _json_number(x):
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return x
+
+
+def _json_safe(x):
+    """:func:`_json_number` through nested dicts and lists."""
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return _json_number(x)
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,7 @@ class DepthReport:
     warnings: tuple[str, ...] = field(default=())
     tests: tuple[CandidateTest, ...] = ()
     verdict: Verdict | None = None
+    predictions: PredictedGains | None = None  # when a training split was given (DepthStatistics.report(train=))
 
     def __str__(self) -> str:
         from .report_text import render_report
@@ -127,6 +141,8 @@ class DepthReport:
             out["verdict"] = self.verdict.to_dict()
         if self.prop1 is not None:
             out["prop1"] = {k: _json_number(v) for k, v in self.prop1.to_dict().items()}
+        if self.predictions is not None:
+            out["predictions"] = _json_safe(self.predictions.to_dict())
         return out
 
     def to_records(self) -> list[dict]:

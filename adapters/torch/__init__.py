@@ -30,6 +30,7 @@ from .moments import batch_moments, position_index, subsample_positions
 from .hf import model_loss, per_sample_loss, sequence_loss
 from .probe import MemoryPlan, Probe, ProbeConfig, per_sample_losses, plan, probe, probe_in_groups
 from .result import ProbeResult
+from .splits import SplitResults, probe_splits
 
 # The callbacks subclass their framework's base class: imported on first use, so that the
 # adapter needs neither transformers nor lightning.
@@ -74,6 +75,8 @@ __all__ = [
     "native_feature_map",
     "per_sample_loss",
     "plan",
+    "probe_splits",
+    "SplitResults",
     "per_sample_losses",
     "position_index",
     "positions",

@@ -1,0 +1,44 @@
+"""A training split and a held-out split in one call: the probe behind predicted gains.
+
+:func:`probe_splits` probes the same candidates, with the same feature maps
+(one seed), on two streams of batches.  Its :meth:`SplitResults.report` is the
+held-out probe's report (the tests read the split the model did not train on)
+carrying :func:`satcore.predictors.predict_gains`: per candidate the training
+gain of a stated optimizer step, fitted on the training split, and that step's
+held-out gain with interval and ``P(decrease)``.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass
+
+from satcore.results import DepthReport, TRAINING_SPLIT_WARNING
+
+from .probe import probe
+from .result import ProbeResult
+
+
+@dataclass(frozen=True)
+class SplitResults:
+    """The two probes of :func:`probe_splits`."""
+
+    train: ProbeResult
+    heldout: ProbeResult
+
+    def report(self, *, optimizer: str = "sgd", lr: float | None = None, steps: int = 1, **options) -> DepthReport:
+        """The held-out report with the predicted gains of ``steps`` ``optimizer`` steps at ``lr``
+        (or, for ``optimizer="matched"``, the gradient-matched block of relative size ``rho=``);
+        ``options`` as for :meth:`satcore.DepthStatistics.report`."""
+        return self.heldout.report(train=self.train.statistics, optimizer=optimizer, lr=lr, steps=steps, **options)
+
+
+def probe_splits(model, train, heldout, loss_fn=None, **options) -> SplitResults:
+    """Probe ``model`` on the ``train`` batches and on the ``heldout`` batches (``options`` as for
+    :func:`~.probe.probe`, the same for both, so the feature maps are the same)."""
+    with warnings.catch_warnings():
+        # the training probe is meant to be the training split here: its statistics fit the step
+        warnings.filterwarnings("ignore", message=re.escape(TRAINING_SPLIT_WARNING))
+        train_result = probe(model, train, loss_fn, split="train", **options)
+    return SplitResults(train_result, probe(model, heldout, loss_fn, split="heldout", **options))

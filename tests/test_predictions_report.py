@@ -1,0 +1,58 @@
+"""Reports lead with predicted gains when a training split is given: the torch two-split probe, the
+Python report and `satcore score --train` all carry satcore.predict_gains of the same statistics."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import models_torch as mt
+import satcore
+from satcore.adapters.torch import probe_splits
+from satcore.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def splits():
+    torch.manual_seed(0)
+    model = mt.digits_resnet(steps=40)
+    train = mt.digits_batches(10, 16, start=0)  # the samples it trained on
+    heldout = mt.digits_batches(10, 16, start=1000)  # 16 batches: one per fold
+    return probe_splits(model, train, heldout, mt.per_sample_ce)
+
+
+def test_two_split_report_carries_predict_gains_of_the_two_probes(splits):
+    report = splits.report(optimizer="sgd", lr=0.05, steps=3)
+    direct = satcore.predict_gains(splits.train.statistics, splits.heldout.statistics, optimizer="sgd", lr=0.05,
+                                   steps=3)
+    assert report.predictions == direct
+    assert report.split == "heldout" and splits.train.meta["split"] == "train"
+    assert [t.name for t in report.tests] == [c.name for c in direct.candidates]
+    d = report.to_dict()
+    assert d["predictions"]["splits"]["predicted_heldout_gain"].startswith("held-out")
+    json.dumps(d, allow_nan=False)
+    text = str(report)
+    assert text.splitlines()[1].startswith("predicted gains of one inserted block trained by sgd")
+    best = max(direct.candidates, key=lambda c: c.heldout.value)
+    assert f"largest predicted held-out gain: {best.heldout.value:.4g} at {best.name}" in text
+
+
+def test_score_train_option_equals_the_python_report(splits, tmp_path):
+    splits.train.save(tmp_path / "train.npz")
+    splits.heldout.save(tmp_path / "heldout.npz")
+    run = CliRunner()
+    result = run.invoke(main, ["score", str(tmp_path / "heldout.npz"), "--train", str(tmp_path / "train.npz"),
+                               "--lr", "0.05", "--steps", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.output)["predictions"]
+    want = splits.report(optimizer="sgd", lr=0.05, steps=3).to_dict()["predictions"]
+    for a, b in zip(got["candidates"], want["candidates"]):
+        assert a["name"] == b["name"]
+        np.testing.assert_allclose(a["predicted_heldout_gain"]["value"], b["predicted_heldout_gain"]["value"],
+                                   rtol=1e-9)
+    missing = run.invoke(main, ["score", str(tmp_path / "heldout.npz"), "--train", str(tmp_path / "train.npz")])
+    assert missing.exit_code == 2 and "--lr" in missing.output
