@@ -56,3 +56,33 @@ def test_score_train_option_equals_the_python_report(splits, tmp_path):
                                    rtol=1e-9)
     missing = run.invoke(main, ["score", str(tmp_path / "heldout.npz"), "--train", str(tmp_path / "train.npz")])
     assert missing.exit_code == 2 and "--lr" in missing.output
+
+
+def test_torch_curvature_sums_equal_the_per_sample_reference():
+    """probe(curvature=True) accumulates sum_i Q_i^T Q_i: against the per-sample autograd loop's Q."""
+    from test_torch_probe_reference import reference_statistics
+
+    from satcore.adapters.torch import probe
+
+    torch.manual_seed(0)
+    model = mt.digits_resnet(steps=20).double()
+    batches = mt.digits_batches(6, 3, dtype=torch.float64)
+    result = probe(model, batches, mt.per_sample_ce, curvature=True, variance=True, candidates=["layer2.0"],
+                   head=False)
+    got = result.statistics["layer2.0"]
+    ref = reference_statistics(model, batches, mt.per_sample_ce, ("layer2.0", "input"), None)
+    assert got.curvature and got.sum_qq.shape == (got.n_hidden, got.n_hidden)
+    want = np.zeros_like(got.sum_qq)
+    for x, y in batches:  # activation gradients of the summed per-sample losses (eval mode: samples apart)
+        store = {}
+        block = model.get_submodule("layer2.0")
+        handle = block.register_forward_pre_hook(lambda _m, inputs: store.update(z=inputs[0]) or inputs[0].retain_grad())
+        mt.per_sample_ce(model(x), y).sum().backward()
+        handle.remove()
+        q = store["z"].grad.permute(0, 2, 3, 1).reshape(-1, store["z"].shape[1]).numpy()
+        want += q.T @ q
+    np.testing.assert_allclose(got.sum_qq, want, rtol=0, atol=1e-10 * np.abs(want).max())
+    assert np.trace(got.sum_qq) == pytest.approx(ref.sum_q_sq, rel=1e-10)
+    np.testing.assert_allclose(got.sum_cross, ref.sum_cross, rtol=0, atol=1e-10 * np.abs(ref.sum_cross).max())
+    report = result.report(train=result.statistics, optimizer="sgd", lr=0.01)  # the Fisher from sum_qq
+    assert report.predictions["layer2.0"].training_gain_second_order is not None

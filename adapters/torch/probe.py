@@ -174,6 +174,9 @@ class ProbeConfig:
     init_std : ``mlp`` weight scale; default the model's own
         (``config.initializer_range``) when it has one, else ``width**-0.5``.
     variance : also accumulate ``sum X_i^T X_i`` (debiased growth value).
+    curvature : also accumulate ``sum_qq = sum_i Q_i^T Q_i`` (``N x N``), the
+        activation-gradient second moment ``F`` of the Kronecker-factored
+        second-order predictions (:func:`satcore.predict_gains`).
     position_subsample : keep this many positions per batch (uniform, scaled
         by ``sqrt(T/T')``: unbiased sums; see :mod:`.moments`).
     mask : which positions are data, for padded batches.  ``"auto"``: the
@@ -217,6 +220,7 @@ class ProbeConfig:
     seed: int = 0
     init_std: float | None = None
     variance: bool = False
+    curvature: bool = False
     position_subsample: int | None = None
     mask: object = "auto"
     batch_dtype: torch.dtype = torch.float64
@@ -338,11 +342,11 @@ class Probe:
                     self.families[name].context = taps.calls[name]
                 if name not in self.running:
                     self.running[name] = _running_sums(name, z, self.families[name], self.statistics, self.streams,
-                                                       config.variance, config.position_subsample)
+                                                       config.variance, config.position_subsample, config.curvature)
                 present = keep if applies(keep, z) else None
                 moments, sum_z_sq, n_vectors = _batch_sums(
                     z, grad, self.families[name], generator, config.position_subsample, config.variance,
-                    config.batch_dtype, self.running[name].matrices, present)
+                    config.batch_dtype, self.running[name].matrices, present, config.curvature)
                 self.running[name].add(moments, sum_z_sq, n_vectors, taps.updates.get(name))
         self.batches_done += 1
         self.samples_done += samples
@@ -529,24 +533,31 @@ def _sync(running):
         sums.sync()
 
 
-def _running_sums(name, z, feature_map, statistics, streams, variance, keep) -> RunningSums:
+def _running_sums(name, z, feature_map, statistics, streams, variance, keep, curvature=False) -> RunningSums:
     """Device totals of candidate ``name``, seeded from its resumed statistics if any."""
     if name not in statistics:
         _, T, N = positions(z).shape
         kept = T if keep is None else min(keep, T)  # the statistics see the subsampled positions
-        statistics[name] = CandidateStatistics(N, feature_map.n_features, kept, variance)
+        statistics[name] = CandidateStatistics(N, feature_map.n_features, kept, variance, curvature=curvature)
         streams[name] = StreamAccumulator(True)
     return RunningSums(statistics[name], streams[name], float64_device(z.device))
 
 
-def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals, present):
+def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals, present, curvature=False):
     """``(moments, sum ||z_i||^2, stream vectors counted)`` of one batch of one candidate, on its
     device, over the positions ``present`` (``(B, T)`` bool, or ``None``: all) marks as data; its
-    Grams may go straight into ``totals`` (``batch_moments(grams_into=...)``)."""
+    Grams may go straight into ``totals`` (``batch_moments(grams_into=...)``); with ``curvature``
+    also ``sum_qq = sum_i Q_i^T Q_i`` of the same positions."""
     with torch.no_grad():
         zp = positions(z)
         T = zp.shape[1]
         index = position_index(T, keep, generator)
+        if curvature:
+            q_kept = subsample_positions(positions(grad), index)
+            if present is not None:
+                q_kept = drop_absent(q_kept, present if index is None else present[:, index.to(present.device)])
+            q_flat = q_kept.reshape(-1, q_kept.shape[-1]).to(float64_device(z.device), torch.float64)
+            sum_qq = q_flat.T @ q_flat
         if isinstance(feature_map, ConvFeatures) and index is None:
             # the same sums from the hidden map, without the 9x larger patches
             moments = conv_batch_moments(grad, feature_map.hidden(z), variance=variance, dtype=dtype)
@@ -563,6 +574,8 @@ def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals, 
             moments = batch_moments(q, psi, variance=variance, dtype=dtype, grams_into=totals)
             if present is not None:
                 moments["n_vectors"] = kept.sum()  # the zeroed rows are no position vectors
+        if curvature:
+            moments["sum_qq"] = sum_qq
         if present is not None:
             return moments, squared_norm(drop_absent(z, present)), present.sum()
         # of z, not positions(z): that is a transposed view of a channels-first map, 10x slower to square

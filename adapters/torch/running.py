@@ -22,7 +22,7 @@ from satcore.statistics import CandidateStatistics
 from .diagnostics import StreamAccumulator
 from .moments import complete_lower
 
-MATRICES = ("sum_cross", "sum_gram", "sum_xtx")
+MATRICES = ("sum_cross", "sum_gram", "sum_xtx", "sum_qq")
 SYMMETRIC = ("sum_gram", "sum_xtx")
 SCALARS = {"sum_q_sq": "sum_q_sq", "sum_xi_sq": "sum_xi_sq", "batch_grad_norm": "sum_batch_grad_norm"}
 
