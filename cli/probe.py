@@ -96,9 +96,12 @@ def batches(path: str, headers: dict[str, NpyHeader], batch_size: int):
 @click.option("--split", default=None, help="Name of the split DATA comes from (recorded in the dump).")
 @click.option("--variance", is_flag=True,
               help="Also accumulate sum X_i^T X_i (debiased growth value; satcore sweep's noise floor).")
+@click.option("--providers", default=None, metavar="EP[,EP...]",
+              help="ONNX Runtime execution providers in order of preference, e.g. "
+              "CUDAExecutionProvider,CPUExecutionProvider (default: CPU).")
 @click.option("-o", "--out", "out_path", required=True, metavar="DUMP", help="Dump file to write (.npz).")
 def probe(model, data_path, loss, candidates, family, seed, init_std, output_name, batch_size, split, variance,
-          out_path):
+          providers, out_path):
     """Probe the ONNX file MODEL on DATA.npz and write a dump for 'satcore score'."""
     check_target(out_path, (model, data_path))  # before the probe: -o MODEL or -o DATA is refused now
     arrays = read_data(data_path)
@@ -112,6 +115,16 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, output_nam
     from satcore.adapters.onnx import OnnxProbeError
     from satcore.adapters.onnx import probe as onnx_probe  # after the data check: a refusal loads no runtime
 
+    if providers is not None:
+        import onnxruntime
+
+        providers = [p.strip() for p in providers.split(",")]
+        unknown = [p for p in providers if p not in onnxruntime.get_available_providers()]
+        if unknown or not all(providers):
+            raise click.BadParameter(f"{unknown[0] if unknown else 'an empty name'} is not available here; this "
+                                     f"onnxruntime has {', '.join(onnxruntime.get_available_providers())}",
+                                     param_hint="--providers")
+
     try:
         result = onnx_probe(
             model,
@@ -124,6 +137,7 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, output_nam
             output=output_name,
             split=split,
             variance=variance,
+            providers=providers,
         )
     except OnnxProbeError as exc:
         if str(exc).startswith("batch "):  # the adapter refused a batch: the data file's fault, so name it

@@ -158,3 +158,21 @@ def test_cli_probe_runs_without_onnxruntime_training(files, tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "wrote" in res.stdout and out.is_file()
+
+
+def test_providers_option_runs_on_the_named_provider_and_refuses_unknown_ones(files, tmp_path):
+    """--providers reaches ONNX Runtime (the same dump as the default CPU run); a provider this build lacks
+    is one line, exit 2, before anything runs."""
+    ws, x, y, model, data = files
+    runner = CliRunner()
+    outs = []
+    for extra in ([], ["--providers", "CPUExecutionProvider"]):
+        outs.append(tmp_path / f"d{len(outs)}.npz")
+        res = runner.invoke(main, ["probe", str(model), "--data", str(data), *extra, "-o", str(outs[-1])])
+        assert res.exit_code == 0, res.output
+    a, b = (json.loads(runner.invoke(main, ["score", str(o), "--json"]).output)["candidates"] for o in outs)
+    assert [c["growth_value"] for c in a] == [c["growth_value"] for c in b]
+    res = runner.invoke(main, ["probe", str(model), "--data", str(data), "--providers", "NoSuchExecutionProvider",
+                               "-o", str(tmp_path / "x.npz")])
+    assert res.exit_code == 2 and "NoSuchExecutionProvider is not available" in res.output
+    assert not (tmp_path / "x.npz").exists()
