@@ -31,7 +31,7 @@ from ._display import display_name
 from .folds import DEFAULT_FOLDS
 from ._zipnpy import NpyHeader, NpzArchive, NpzError
 from .depth import DepthStatistics
-from .statistics import FIELDS, CandidateStatistics, batch_moments
+from .statistics import FIELDS, MATRIX_FIELDS, CandidateStatistics, batch_moments
 
 SCHEMA = "satcore-dump/1"
 RAW_PREFIXES = ("q", "psi", "jac")
@@ -47,7 +47,7 @@ class DumpError(ValueError):
 
 
 def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None, meta=None, compress=False,
-               inputs=()):
+               inputs=(), stats_dtype=None):
     """Write a ``satcore-dump/1`` file.
 
     ``stats``: a :class:`~satcore.DepthStatistics` (``stats/<name>/<field>``);
@@ -62,6 +62,12 @@ def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None
     never a partial file); ``path`` is used exactly as given (no ``.npz``
     appended).  A ``path`` that is not a regular file (a device, a FIFO), or
     that is one of ``inputs`` (the files the caller read), is refused.
+
+    ``stats_dtype``: store the statistics' matrices (``sum_cross``,
+    ``sum_gram``, ``sum_xtx``, ``sum_qq``, ``fold_cross``) in this dtype, e.g.
+    ``numpy.float32`` to halve a large model's dump.  The sums were added up in
+    float64; only their storage is rounded (relative ``6e-8`` per entry), and
+    they are read back as float64.  Scalars and counts stay exact.
     """
     members: dict[str, np.ndarray] = {}
     order: list[str] = []
@@ -74,7 +80,10 @@ def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None
     for name, s in (stats or {}).items():
         claim(name)
         for field, value in s.to_arrays().items():
-            members[f"stats/{name}/{field}"] = np.asarray(value)
+            value = np.asarray(value)
+            if stats_dtype is not None and field in MATRIX_FIELDS + ("fold_cross",):
+                value = value.astype(stats_dtype)
+            members[f"stats/{name}/{field}"] = value
     for prefix, group in (("psi", raw), ("jac", jac)):
         for name, (q, second) in (group or {}).items():
             claim(name)

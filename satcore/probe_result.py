@@ -43,9 +43,10 @@ class ProbeResult:
         """The dump's ``meta``: :attr:`meta` with the candidates in order."""
         return {**self.meta, "candidates": list(self.statistics)}
 
-    def save(self, path, inputs=()) -> None:
+    def save(self, path, inputs=(), *, stats_dtype=None) -> None:
         """Write a ``satcore-dump/1`` file that ``satcore score`` reads (:func:`satcore.dump.write_dump`;
-        ``inputs``, the files the probe read, may not be overwritten)."""
+        ``inputs``, the files the probe read, may not be overwritten; ``stats_dtype=numpy.float32``
+        stores the float64-summed matrices as float32 on the host)."""
         from .dump import write_dump
 
-        write_dump(path, self.statistics, meta=self.dump_meta(), inputs=inputs)
+        write_dump(path, self.statistics, meta=self.dump_meta(), inputs=inputs, stats_dtype=stats_dtype)

@@ -86,3 +86,21 @@ def test_torch_curvature_sums_equal_the_per_sample_reference():
     np.testing.assert_allclose(got.sum_cross, ref.sum_cross, rtol=0, atol=1e-10 * np.abs(ref.sum_cross).max())
     report = result.report(train=result.statistics, optimizer="sgd", lr=0.01)  # the Fisher from sum_qq
     assert report.predictions["layer2.0"].training_gain_second_order is not None
+
+
+def test_float32_storage_of_float64_sums_round_trips_within_its_rounding(splits, tmp_path):
+    """Sums added up in float64 on the device, stored as float32 on the host: half the bytes, the scores
+    within float32 rounding of the float64 dump's, and the same verdicts."""
+    import os
+
+    splits.heldout.save(tmp_path / "f64.npz")
+    splits.heldout.save(tmp_path / "f32.npz", stats_dtype=np.float32)
+    a = satcore.read_dump(tmp_path / "f64.npz").statistics()
+    b = satcore.read_dump(tmp_path / "f32.npz").statistics()
+    assert os.path.getsize(tmp_path / "f32.npz") < 0.6 * os.path.getsize(tmp_path / "f64.npz")
+    ra, rb = a.report(split="heldout"), b.report(split="heldout")
+    for ca, cb in zip(ra.candidates, rb.candidates):
+        assert cb.growth_value == pytest.approx(ca.growth_value, rel=1e-5)
+        assert cb.ag == ca.ag  # scalars stay float64
+    assert [t.verdict for t in ra.tests] == [t.verdict for t in rb.tests]
+    assert b[next(iter(b))].sum_gram.dtype == np.float64  # read back as float64
