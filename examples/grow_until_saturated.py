@@ -133,7 +133,8 @@ def summary(per_seed) -> list[dict]:
                   for k in ("depth", "heldout", "train", "steps", "compute")}
         row = {"method": method, "final_depth": fmt_mean(values["depth"], 1), "heldout": fmt_mean(values["heldout"]),
                "train": fmt_mean(values["train"]), "steps": fmt_mean(values["steps"], 0),
-               "compute": fmt_mean(values["compute"], 0), "heldout_mean": float(values["heldout"].mean())}
+               "compute": fmt_mean(values["compute"], 0), "heldout_mean": float(values["heldout"].mean()),
+               "train_mean": float(values["train"].mean()), "depth_mean": float(values["depth"].mean())}
         if method != "loop":
             wins = sum(r["loop"]["heldout"] < r[method]["heldout"] for r in per_seed)
             row["wins"] = f"{wins}/{len(per_seed)}"
