@@ -498,12 +498,13 @@ def main(argv=None) -> int:
                 continue
             more, left_out = run_model(task, steps, print)
             rows, skipped = rows + more, skipped + left_out
-        models.append(entry)
+        if not any(s["model"] == name and s["candidate"] is None for s in skipped):
+            models.append(entry)
     seconds = time.time() - start
     command = "bench/predictive_validity.py" + (" --quick" if args.quick else "")
     if args.only:  # merge: the other sets' rows, skips and sizes stay as they were measured
         old = json.loads(path.read_text())
-        ran = {entry["dataset"] for entry in models}
+        ran = set(sets)
         keep = [r for r in old["rows"] if not _in_set(r["model"], ran)]
         rows = keep + rows
         skipped = [s for s in old["skipped"] if not _in_set(s["model"], ran)] + skipped
