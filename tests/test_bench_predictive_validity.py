@@ -32,3 +32,30 @@ def test_quick_bench_measures_and_scores(tmp_path):
     scores = result["scores"]["terminal_sgd/train"]["predictors"]
     assert scores["first_order_sgd"]["n"] == len(rows)
     assert scores["first_order_sgd"]["spearman_pooled"] > 0.5
+
+
+def test_only_reruns_one_model_set_and_merges(tmp_path):
+    """``--only SET`` replaces that set's rows in the JSON under --out and rescores all rows; without a JSON,
+    or with a set the mode does not have, it is exit 2."""
+    spec = importlib.util.spec_from_file_location("predictive_validity", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "predictive_validity_quick.json"
+    assert bench.main(["--quick", "--only", "digits", "--out", str(tmp_path)]) == 2  # nothing to merge into yet
+    # a first run whose rows are all digits; mark them so the re-run's replacements can be told apart
+    assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    first = json.loads(out.read_text())
+    first["rows"].append({**first["rows"][0], "model": "minilm", "candidate": "encoder.layer.0"})
+    for row in first["rows"][:-1]:
+        row["base_train_loss"] = -1.0
+    out.write_text(json.dumps(first))
+    assert bench.main(["--quick", "--only", "minilm", "--out", str(tmp_path)]) == 2  # not a quick-mode set
+    assert bench.main(["--quick", "--only", "digits", "--out", str(tmp_path)]) == 0
+    merged = json.loads(out.read_text())
+    digits = [r for r in merged["rows"] if r["model"].startswith("digits/")]
+    assert len(digits) == len(first["rows"]) - 1 and all(r["base_train_loss"] > 0 for r in digits)
+    assert [r["candidate"] for r in merged["rows"] if r["model"] == "minilm"] == ["encoder.layer.0"]  # kept
+    assert merged["scores"]["terminal_sgd/train"]["predictors"]["cnorm_train"]["n"] == len(merged["rows"])
+    assert [p["command"] for p in merged["parts"]] == ["bench/predictive_validity.py --quick",
+                                                       "bench/predictive_validity.py --quick --only digits"]
+    assert merged["wall_seconds"] == pytest.approx(sum(p["seconds"] for p in merged["parts"]))
