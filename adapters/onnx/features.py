@@ -1,8 +1,10 @@
 """Family features in NumPy from captured activations (no second framework).
 
 Layouts follow :mod:`satcore.families`: a 4-d activation is channels-first
-``(M, C, H, W)`` (ONNX, PyTorch) and its gradient becomes ``Q`` of shape
-``(M, H*W, C)``; 2-d and 3-d activations are ``(M, N)`` / ``(M, T, N)``.
+``(M, C, H, W)`` (ONNX, PyTorch) and :func:`satcore.families.positions` (the core's
+one definition, used here as is: ONNX Runtime hands out NumPy arrays) makes its
+gradient ``Q`` of shape ``(M, H*W, C)``; 2-d and 3-d activations are ``(M, N)`` /
+``(M, T, N)``.
 """
 
 from __future__ import annotations
@@ -12,18 +14,9 @@ from typing import Callable
 
 import numpy as np
 
-from satcore.families import FAMILIES, Family, conv_gradients, make_family
+from satcore.families import FAMILIES, Family, make_family, positions
 
 from .errors import OnnxProbeError
-
-
-def positions(a: np.ndarray) -> np.ndarray:
-    """``(M, N)``, ``(M, T, N)`` or ``(M, C, H, W)`` as ``(M, T, N)`` (pixels row-major)."""
-    if a.ndim == 4:
-        return conv_gradients(a)
-    if a.ndim in (2, 3):
-        return a.reshape(a.shape[0], -1, a.shape[-1])
-    raise OnnxProbeError(f"activation of shape {a.shape}: expected (M, N), (M, T, N) or (M, C, H, W)")
 
 
 def width(z: np.ndarray) -> int:

@@ -8,17 +8,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from satcore.adapters.batches import LABELS
+from satcore.adapters.batches import split_batch as shared_split_batch
 from satcore.depth import DepthStatistics
+from satcore.families import positions
 from satcore.probe_result import ProbeResult
 from satcore.statistics import CandidateStatistics
 
+from .capture import IGNORE_INDEX, LOSS_SCALE, LOSSES, TARGETS, GradientRunner, probe_graph
 from .errors import OnnxProbeError
-from .features import feature_map, positions
-from .gradients import GradientRunner
-from .graph import IGNORE_INDEX, LOSS_SCALE, LOSSES, TARGETS, probe_graph, residual_candidates
+from .features import feature_map
 from .loading import load_model
+from .locate import residual_candidates
 
-TARGET_KEYS = ("targets", "target", "labels", "y")
+TARGET_KEYS = (LABELS, "targets", "target", "y")
 
 
 def _numpy_dtype(elem_type: int):
@@ -28,24 +31,22 @@ def _numpy_dtype(elem_type: int):
 
 
 def split_batch(batch, input_names: list[str]) -> tuple[dict, np.ndarray | None]:
-    """``(inputs by name, targets)`` from ``(x, y)``, ``(x,)``, ``x`` or a mapping.
+    """``(inputs by name, targets)`` of a batch.
 
-    ``x`` is an array (single-input models) or a mapping of input names; a
-    mapping batch holds the input names plus ``targets`` (or ``labels``/``y``).
+    The adapters' convention (:func:`satcore.adapters.batches.split_batch`): ``(x, y)``
+    or a mapping of input names holding the targets under ``labels``; ONNX also reads
+    the targets under ``targets``, ``target`` or ``y`` (a model input of that name is
+    an input), and ``x`` or ``(x,)`` alone (no targets: a loss output of the graph).
+    ``x`` is an array (single-input models) or a mapping of input names.
     """
-    if isinstance(batch, Mapping):
-        # a model input may itself be called "labels" or "y": model inputs win
-        keys = [k for k in TARGET_KEYS if k in batch and k not in input_names]
-        if len(keys) > 1:
-            raise OnnxProbeError(f"batch has several target keys {keys}; give one")
-        targets = batch[keys[0]] if keys else None
-        inputs = {k: v for k, v in batch.items() if k not in keys}
-    elif isinstance(batch, (tuple, list)):
-        if not 1 <= len(batch) <= 2:
-            raise OnnxProbeError(f"a batch must be (inputs, targets); got a sequence of {len(batch)} items")
-        inputs, targets = batch[0], (batch[1] if len(batch) == 2 else None)
-    else:
-        inputs, targets = batch, None
+    if isinstance(batch, (tuple, list)) and len(batch) == 1:
+        batch = batch[0]
+    if not isinstance(batch, (Mapping, tuple, list)):
+        batch = (batch, None)
+    try:
+        inputs, targets = shared_split_batch(batch, target_keys=TARGET_KEYS, input_names=input_names)
+    except ValueError as exc:
+        raise OnnxProbeError(str(exc)) from None
     if not isinstance(inputs, Mapping):
         if len(input_names) != 1:
             raise OnnxProbeError(f"the model has inputs {input_names}: pass a mapping name -> array")
@@ -217,10 +218,10 @@ def probe(
             z, g = acts[name], grads[name]
             if name not in maps:
                 maps[name] = feature_map(specs[name], z, seed=seed, init_std=init_std)
-            q, psi = positions(g), maps[name](z)
-            if name not in stats:
-                stats[name] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], variance)
             try:
+                q, psi = positions(g), maps[name](z)
+                if name not in stats:
+                    stats[name] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], variance)
                 stats[name].update(q, psi)  # T may change from batch to batch (the first batch's is kept)
             except ValueError as exc:
                 raise OnnxProbeError(f"batch {index}: candidate {name!r}: {exc}") from None

@@ -10,13 +10,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 import tensorflow as tf
 
+from satcore.adapters.batches import LABELS, split_batch
 from satcore.depth import TRAINING_SPLIT_NAMES, DepthStatistics
 from satcore.probe_result import ProbeResult
 from satcore.results import TRAINING_SPLIT_WARNING
 from satcore.statistics import CandidateStatistics
 
 from .capture import recording, taps
-from .families import feature_map, positions
+from .features import feature_map, positions
 from .locate import named_candidates, residual_candidates
 from .moments import replica_moments
 
@@ -44,9 +45,12 @@ def total_loss(values, batch_size: int, replicas: int = 1):
 
 
 def _unpack(batch):
-    if isinstance(batch, Mapping):
+    """``(x, y)`` of a batch (:mod:`satcore.adapters.batches`); ``{"x": ..., "y": ...}`` is the older spelling."""
+    if isinstance(batch, Mapping) and set(batch) == {"x", "y"}:
         return batch["x"], batch["y"]
-    x, y = batch
+    x, y = split_batch(batch)
+    if y is None:
+        raise ValueError(f"a batch mapping needs the targets under {LABELS!r} (the rest are the model's inputs)")
     return x, y
 
 
@@ -95,7 +99,10 @@ class Probe:
     whence the growth value ``sqrt(tr(C K^+ C^T)) = ||Pi_S q_S||_S`` (Theorem 2,
     Lemma 4).  The model runs with ``training=False`` and must not mix samples.
 
-    A batch is ``(x, y)`` or a mapping with ``"x"`` and ``"y"``; under a
+    A batch is ``(x, y)`` or a mapping of the model's inputs with the targets under
+    ``"labels"`` (the adapters' one convention, :mod:`satcore.adapters.batches`; the
+    model is called on the mapping without ``"labels"``; the older ``{"x", "y"}``
+    is still read); under a
     multi-replica strategy, a distributed batch (:func:`probe` distributes a
     ``tf.data.Dataset``).  ``config`` is a :class:`ProbeConfig`; keyword
     ``options`` build one (or replace its fields).

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from satcore.depth import TRAINING_SPLIT_NAMES, DepthStatistics
+from satcore.adapters.batches import split_batch
 from satcore.families import FAMILIES
 from satcore.results import TRAINING_SPLIT_WARNING
 from satcore.statistics import CandidateStatistics
@@ -38,8 +39,8 @@ from .capture import StreamTaps
 from .checkpoint import load_checkpoint, save_checkpoint
 from .diagnostics import StreamAccumulator
 from .distributed import reduce_probe
-from .hf import model_loss, scalar_loss_problem, split_batch
-from .families import ConvFeatures, build_feature_map, positions, rebuild_feature_map
+from .features import ConvFeatures, build_feature_map, positions, rebuild_feature_map
+from .hf import model_loss, scalar_loss_problem
 from .locate import find_candidates, named_candidates
 from .masks import applies, batch_mask, check_samples, drop_absent, mask_label
 from .moments import (
@@ -306,7 +307,7 @@ class Probe:
     def update(self, batch) -> int:
         """Add one batch (see the class docstring); returns its number of samples."""
         config, names = self.config, [c.name for c in self.found]
-        inputs, targets = split_batch(batch)
+        inputs, targets = split_batch(batch, targets_to_model=True)
         loss_fn = self.loss_fn
         if loss_fn is None:
             if not isinstance(inputs, Mapping) or targets is None:
@@ -468,7 +469,7 @@ def plan(model: nn.Module, batch, loss_fn=None, *, config: ProbeConfig | None = 
     would build give ``r`` (see :class:`CandidatePlan` for the formulas).
     """
     state = Probe(model, loss_fn, config, **options)
-    inputs, _ = split_batch(batch)
+    inputs, _ = split_batch(batch, targets_to_model=True)
     names = [c.name for c in state.found]
     with torch.no_grad(), eval_mode(state.model), StreamTaps(state.model, state.found) as taps:
         call_model(state.model, to_device(inputs, state.device))

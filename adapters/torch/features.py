@@ -46,7 +46,11 @@ ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
 
 def positions(z: torch.Tensor) -> torch.Tensor:
-    """``z`` as ``(M, T, N)``: ``(M, N) -> (M, 1, N)``, ``(M, C, H, W) -> (M, H*W, C)``."""
+    """``z`` as ``(M, T, N)``: ``(M, N) -> (M, 1, N)``, ``(M, C, H, W) -> (M, H*W, C)``.
+
+    The torch twin of :func:`satcore.families.positions` (the one layout, docs/core.md,
+    Conventions), for tensors that stay on the model's device and in its graph.
+    """
     if z.dim() == 2:
         return z[:, None, :]
     if z.dim() == 3:

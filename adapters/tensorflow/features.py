@@ -20,7 +20,12 @@ from satcore.families import FAMILIES, Family, make_family
 
 
 def positions(z):
-    """``(M, N) -> (M, 1, N)``; ``(M, T, N)`` unchanged; ``(M, H, W, C) -> (M, H*W, C)``."""
+    """``(M, N) -> (M, 1, N)``; ``(M, T, N)`` unchanged; ``(M, H, W, C) -> (M, H*W, C)``.
+
+    The TensorFlow twin of :func:`satcore.families.positions` (the one layout, docs/core.md,
+    Conventions): a channels-last map gives the same ``(M, H*W, C)`` positions as the
+    core's channels-first one, pixels row-major.
+    """
     rank = z.shape.rank
     if rank == 2:
         return z[:, None, :]
