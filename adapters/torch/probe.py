@@ -402,7 +402,7 @@ class Probe:
             families=dict(self.families),
             streams=streams,
             candidates=self.found,
-            meta={"model": type(self.model).__name__, "loss": loss, "split": self.config.split},
+            meta={"framework": "torch", "model": type(self.model).__name__, "loss": loss, "split": self.config.split},
         )
 
 
