@@ -202,7 +202,7 @@ def keras_transformer(torch_model) -> keras.Model:
 
 
 # -- the independent reference -------------------------------------------------------------
-def torch_reference(model, batches, taps, kind):
+def torch_reference(model, batches, taps, kind, n_features=None):
     """``CandidateStatistics`` (with ``sum_i X_i^T X_i``) per tap, from autograd and NumPy features.
 
     ``taps``: ``(module, "input" | "output")``; the tapped tensor gets a zero ``delta``
@@ -229,7 +229,7 @@ def torch_reference(model, batches, taps, kind):
                 h.remove()
         for k, g in enumerate(grads):
             zk, gk = z[k].double().numpy(), g.double().numpy()
-            family = make_family(kind, zk.shape[1] if zk.ndim == 4 else zk.shape[-1], seed=SEED)
+            family = make_family(kind, zk.shape[1] if zk.ndim == 4 else zk.shape[-1], seed=SEED, n_features=n_features)
             q, psi = positions(gk), family.features(zk)
             if stats[k] is None:
                 stats[k] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], variance=True)
@@ -299,9 +299,7 @@ SETTINGS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(SETTINGS))
-def setting(request, tmp_path_factory):
-    name = request.param
+def build_setting(name, tmp_path_factory):
     build, port, keras_layout, kind, n_batches, taps, torch_candidates = SETTINGS[name]
     torch.manual_seed(0)
     model = build()
@@ -316,7 +314,17 @@ def setting(request, tmp_path_factory):
     np.testing.assert_allclose(logits, model(batches[0][0]).detach().numpy(), atol=2e-5)
     return {"name": name, "model": model, "keras": keras_model, "keras_layout": keras_layout, "kind": kind,
             "batches": batches, "onnx": path, "reference": torch_reference(model, batches, taps(model), kind),
-            "torch_candidates": torch_candidates}
+            "torch_candidates": torch_candidates, "taps": taps}
+
+
+@pytest.fixture(scope="module", params=sorted(SETTINGS))
+def setting(request, tmp_path_factory):
+    return build_setting(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def mlp_setting(tmp_path_factory):
+    return build_setting("mlp", tmp_path_factory)
 
 
 # -- the adapters: each probes its own form of the setting's model ---------------------------
@@ -332,8 +340,8 @@ class TakesLabels(torch.nn.Module):
         return self.model(x)
 
 
-def probe_torch(setting, mapping):
-    """``(statistics in candidate order, the reference taps they are)``."""
+def probe_torch(setting, mapping=False, **options):
+    """``(statistics in candidate order, the reference taps they are)``; ``options`` of every adapter's probe."""
     from satcore.adapters.torch import probe
 
     names, picks = setting["torch_candidates"]
@@ -342,12 +350,12 @@ def probe_torch(setting, mapping):
         model, names = TakesLabels(model), ["model." + n for n in names]
         data = [{"x": x, "labels": y} for x, y in data]
     result = probe(model, data, models_torch.per_sample_ce, candidates=names, family=setting["kind"], seed=SEED,
-                   head=False, variance=True)
+                   head=False, variance=True, **options)
     assert result.meta["framework"] == "torch"
     return list(result.statistics.values()), picks
 
 
-def probe_tensorflow(setting, mapping):
+def probe_tensorflow(setting, mapping=False, **options):
     from satcore.adapters.tensorflow import probe
 
     layout = setting["keras_layout"]
@@ -355,18 +363,19 @@ def probe_tensorflow(setting, mapping):
     if mapping:
         data = [{"x": x, "labels": y} for x, y in data]
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-    result = probe(setting["keras"], data, loss, family=setting["kind"], seed=SEED, variance=True)
+    result = probe(setting["keras"], data, loss, family=setting["kind"], seed=SEED, variance=True, **options)
     assert result.meta["framework"] == "tensorflow"
     return list(result.statistics.values()), range(len(setting["reference"]))
 
 
-def probe_onnx(setting, mapping):
+def probe_onnx(setting, mapping=False, **options):
     from satcore.adapters.onnx import probe
 
     data = [(x.numpy(), y.numpy()) for x, y in setting["batches"]]
     if mapping:
         data = [{"x": x, "labels": y} for x, y in data]
-    result = probe(setting["onnx"], data, loss="cross_entropy", family=setting["kind"], seed=SEED, variance=True)
+    result = probe(setting["onnx"], data, loss="cross_entropy", family=setting["kind"], seed=SEED, variance=True,
+                   **options)
     assert result.meta["framework"] == "onnx"
     return list(result.statistics.values()), range(len(setting["reference"]))
 
@@ -391,6 +400,20 @@ def test_a_mapping_with_labels_is_the_pair(setting, adapter):
         assert sorted(arrays_a) == sorted(arrays_b)
         for key in arrays_a:
             np.testing.assert_allclose(arrays_b[key], arrays_a[key], rtol=1e-12, atol=0, err_msg=key)
+
+
+@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
+def test_n_features_and_a_training_split_mean_the_same_everywhere(mlp_setting, adapter):
+    """``n_features=r`` draws ``make_family(..., n_features=r)`` in every adapter, and every adapter
+    warns (``warnings.warn``) when the probe data is called a training split."""
+    r = 24  # below the 96 samples: the projection is a proper one
+    with pytest.warns(UserWarning, match="the probe split is the training set"):
+        stats, picks = ADAPTERS[adapter](mlp_setting, n_features=r, split="train")
+    model = mlp_setting["model"]
+    reference = torch_reference(model, mlp_setting["batches"], mlp_setting["taps"](model), "mlp", n_features=r)
+    assert all(s.n_features == r for s in stats)
+    assert_agree(stats, [reference[k] for k in picks], f"{adapter}/mlp/n_features={r}",
+                 BATCH * len(mlp_setting["batches"]))
 
 
 @pytest.mark.parametrize("shape", [(3, 5), (3, 4, 5), (3, 2, 4, 5)])

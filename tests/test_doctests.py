@@ -23,6 +23,7 @@ MODULES = [
     "satcore.sweep",
     "satcore.adapters.batches",  # pure Python, like the core: no framework is imported
     "satcore.adapters.graph",
+    "satcore.adapters.options",
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -10,9 +11,11 @@ import numpy as np
 
 from satcore.adapters.batches import LABELS
 from satcore.adapters.batches import split_batch as shared_split_batch
-from satcore.depth import DepthStatistics
+from satcore.adapters.options import per_candidate
+from satcore.depth import TRAINING_SPLIT_NAMES, DepthStatistics
 from satcore.families import positions
 from satcore.probe_result import ProbeResult
+from satcore.results import TRAINING_SPLIT_WARNING
 from satcore.statistics import CandidateStatistics
 
 from .capture import IGNORE_INDEX, LOSS_SCALE, LOSSES, TARGETS, GradientRunner, probe_graph
@@ -172,6 +175,7 @@ def probe(
     variance: bool = False,
     split: str | None = None,
     providers=None,
+    n_features=None,
 ) -> ProbeResult:
     """Per-candidate growth statistics of an ONNX model over ``data``.
 
@@ -186,8 +190,10 @@ def probe(
     (the statistics record the first batch's).  ``candidates``: tensor names,
     default the inputs of residual ``Add`` nodes (:func:`residual_candidates`).
     ``family``: ``"auto"``, a kind, a :class:`~satcore.Family`, a callable
-    ``z -> psi``, or a mapping candidate -> one of those; built-in kinds use
-    ``make_family(kind, width, seed=seed)``.  For candidate ``z``, ``q_i = d
+    ``z -> psi``, or a mapping candidate -> one of those (candidates it leaves
+    out get ``"auto"``); built-in kinds use ``make_family(kind, width,
+    seed=seed)``, ``n_features`` (an int or a mapping candidate -> int) their
+    ``r``.  ``split``: the name of the probe data (a training split warns).  For candidate ``z``, ``q_i = d
     loss_i / d z_i`` comes from our backward graph of the model run by ONNX
     Runtime (:mod:`.autodiff`; ``providers``: its execution providers,
     default ``["CPUExecutionProvider"]``), ``psi`` from
@@ -201,9 +207,13 @@ def probe(
     """
     session = per_sample_gradients(model, loss=loss, candidates=candidates, output=output, providers=providers)
     names = list(session.candidates)
-    specs = family if isinstance(family, Mapping) else {n: family for n in names}
-    if sorted(specs) != sorted(names):
-        raise OnnxProbeError(f"family mapping keys {sorted(specs)} must be exactly the candidates {names}")
+    try:
+        specs = per_candidate(family, names, "family", default="auto")
+        widths = per_candidate(n_features, names, "n_features")
+    except ValueError as exc:
+        raise OnnxProbeError(str(exc)) from None
+    if split is not None and split.lower() in TRAINING_SPLIT_NAMES:
+        warnings.warn(TRAINING_SPLIT_WARNING, UserWarning, stacklevel=2)
     stats = DepthStatistics()
     maps = {}
     for index, batch in enumerate(data):
@@ -217,7 +227,7 @@ def probe(
         for name in names:
             z, g = acts[name], grads[name]
             if name not in maps:
-                maps[name] = feature_map(specs[name], z, seed=seed, init_std=init_std)
+                maps[name] = feature_map(specs[name], z, seed=seed, init_std=init_std, n_features=widths[name])
             try:
                 q, psi = positions(g), maps[name](z)
                 if name not in stats:

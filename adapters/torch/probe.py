@@ -31,6 +31,7 @@ from torch import nn
 
 from satcore.depth import TRAINING_SPLIT_NAMES, DepthStatistics
 from satcore.adapters.batches import split_batch
+from satcore.adapters.options import per_candidate
 from satcore.families import FAMILIES
 from satcore.results import TRAINING_SPLIT_WARNING
 from satcore.statistics import CandidateStatistics
@@ -145,10 +146,6 @@ def eval_mode(model: nn.Module):
     finally:
         for m, training in modes.items():
             m.train(training)
-
-
-def _family_for(family, name, default="auto"):
-    return family.get(name, default) if isinstance(family, dict) else family
 
 
 def _family_label(family):
@@ -275,9 +272,8 @@ class Probe:
         self.found = (find_candidates(model, head=config.head) if config.candidates is None
                       else named_candidates(model, config.candidates, head=config.head))
         names = [c.name for c in self.found]
-        if isinstance(config.family, dict) and set(config.family) - set(names):
-            unknown = sorted(set(config.family) - set(names))
-            raise ValueError(f"family given for unknown candidate(s) {unknown}; candidates are {names}")
+        self.family = per_candidate(config.family, names, "family", default="auto")
+        self.n_features = per_candidate(config.n_features, names, "n_features")
         self.init_std = model_init_std(model) if config.init_std is None else config.init_std
         parameter = next(model.parameters(), None)
         self.dtype = parameter.dtype if parameter is not None else torch.float32
@@ -336,8 +332,8 @@ class Probe:
                 z = taps.streams[name]
                 if name not in self.families:
                     self.families[name] = build_feature_map(
-                        _family_for(config.family, name), z, seed=config.seed, init_std=self.init_std,
-                        n_features=_family_for(config.n_features, name, None), model=self.model,
+                        self.family[name], z, seed=config.seed, init_std=self.init_std,
+                        n_features=self.n_features[name], model=self.model,
                         candidate=taps.by_name[name]).eval()
                 if self.families[name].reads_context:  # the native family runs the fresh block with the call's context
                     self.families[name].context = taps.calls[name]
@@ -479,10 +475,9 @@ def plan(model: nn.Module, batch, loss_fn=None, *, config: ProbeConfig | None = 
         rows = []
         for name in names:
             z = taps.streams[name]
-            feature_map = build_feature_map(_family_for(state.config.family, name), z, seed=state.config.seed,
-                                            init_std=state.init_std,
-                                            n_features=_family_for(state.config.n_features, name, None),
-                                            model=state.model, candidate=taps.by_name[name])
+            feature_map = build_feature_map(state.family[name], z, seed=state.config.seed, init_std=state.init_std,
+                                            n_features=state.n_features[name], model=state.model,
+                                            candidate=taps.by_name[name])
             M, T, N = positions(z).shape
             r = feature_map.n_features
             grams = 2 if state.config.variance else 1
