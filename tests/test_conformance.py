@@ -340,7 +340,7 @@ class TakesLabels(torch.nn.Module):
         return self.model(x)
 
 
-def probe_torch(setting, mapping=False, **options):
+def probe_torch(setting, mapping=False, with_meta=False, **options):
     """``(statistics in candidate order, the reference taps they are)``; ``options`` of every adapter's probe."""
     from satcore.adapters.torch import probe
 
@@ -351,11 +351,10 @@ def probe_torch(setting, mapping=False, **options):
         data = [{"x": x, "labels": y} for x, y in data]
     result = probe(model, data, models_torch.per_sample_ce, candidates=names, family=setting["kind"], seed=SEED,
                    head=False, variance=True, **options)
-    assert result.meta["framework"] == "torch"
-    return list(result.statistics.values()), picks
+    return _returned(result, picks, with_meta)
 
 
-def probe_tensorflow(setting, mapping=False, **options):
+def probe_tensorflow(setting, mapping=False, with_meta=False, **options):
     from satcore.adapters.tensorflow import probe
 
     layout = setting["keras_layout"]
@@ -364,11 +363,10 @@ def probe_tensorflow(setting, mapping=False, **options):
         data = [{"x": x, "labels": y} for x, y in data]
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
     result = probe(setting["keras"], data, loss, family=setting["kind"], seed=SEED, variance=True, **options)
-    assert result.meta["framework"] == "tensorflow"
-    return list(result.statistics.values()), range(len(setting["reference"]))
+    return _returned(result, range(len(setting["reference"])), with_meta)
 
 
-def probe_onnx(setting, mapping=False, **options):
+def probe_onnx(setting, mapping=False, with_meta=False, **options):
     from satcore.adapters.onnx import probe
 
     data = [(x.numpy(), y.numpy()) for x, y in setting["batches"]]
@@ -376,8 +374,12 @@ def probe_onnx(setting, mapping=False, **options):
         data = [{"x": x, "labels": y} for x, y in data]
     result = probe(setting["onnx"], data, loss="cross_entropy", family=setting["kind"], seed=SEED, variance=True,
                    **options)
-    assert result.meta["framework"] == "onnx"
-    return list(result.statistics.values()), range(len(setting["reference"]))
+    return _returned(result, range(len(setting["reference"])), with_meta)
+
+
+def _returned(result, picks, with_meta):
+    stats = list(result.statistics.values())
+    return (stats, picks, result.dump_meta()) if with_meta else (stats, picks)
 
 
 ADAPTERS = {"torch": probe_torch, "tensorflow": probe_tensorflow, "onnx": probe_onnx}
@@ -385,7 +387,11 @@ ADAPTERS = {"torch": probe_torch, "tensorflow": probe_tensorflow, "onnx": probe_
 
 @pytest.mark.parametrize("adapter", sorted(ADAPTERS))
 def test_adapter_matches_the_reference(setting, adapter):
-    stats, picks = ADAPTERS[adapter](setting, mapping=False)
+    stats, picks, meta = ADAPTERS[adapter](setting, mapping=False, with_meta=True)
+    # every dump records the same provenance
+    assert {"candidates", "framework", "model", "loss", "split", "seed", "family"} <= set(meta), sorted(meta)
+    assert meta["framework"] == adapter and meta["seed"] == SEED and len(meta["candidates"]) == len(stats)
+    assert all(meta["family"][name]["kind"] == setting["kind"] for name in meta["candidates"])
     n_samples = BATCH * len(setting["batches"])
     assert_agree(stats, [setting["reference"][k] for k in picks], f"{adapter}/{setting['name']}", n_samples)
 

@@ -398,7 +398,8 @@ class Probe:
             families=dict(self.families),
             streams=streams,
             candidates=self.found,
-            meta={"framework": "torch", "model": type(self.model).__name__, "loss": loss, "split": self.config.split},
+            meta={"framework": "torch", "model": type(self.model).__name__, "loss": loss, "split": self.config.split,
+                  "seed": self.config.seed},
         )
 
 
