@@ -12,8 +12,10 @@ The reference is written here directly: ``q_i`` from ``torch.autograd.grad`` of 
 at a zero ``delta`` added at each tapped tensor (row ``i`` is sample ``i``'s gradient: the
 models do not mix samples), features from the core's NumPy :meth:`satcore.Family.features`,
 statistics from :class:`satcore.CandidateStatistics`.  Also conformance: the one batch
-convention (a mapping with ``labels`` gives the statistics of the pair ``(inputs, targets)``)
-and the one layout of positions (each framework's ``positions`` is the core's).
+convention (a mapping with ``labels`` gives the statistics of the pair ``(inputs, targets)``),
+the options every adapter resolves alike (``n_features``, a training ``split`` warns), the dump
+metadata every adapter records, the one layout of positions (each framework's ``positions`` is
+the core's) and the built-in feature maps (each framework's equals ``Family.features``).
 """
 
 from __future__ import annotations
@@ -439,3 +441,38 @@ def test_every_framework_lays_out_positions_as_the_core(shape):
     np.testing.assert_array_equal(torch_positions(torch.from_numpy(a)).numpy(), core)
     channels_last = np.moveaxis(a, 1, -1) if len(shape) == 4 else a
     np.testing.assert_array_equal(np.asarray(tf_positions(keras.ops.convert_to_tensor(channels_last))), core)
+
+
+FEATURE_CASES = [("mlp", (4, 5, 8)), ("mlp", (4, 8)), ("linear", (4, 5, 8)), ("bias", (4, 5, 8)),
+                 ("bias", (3, 4, 5, 6)), ("conv", (3, 4, 5, 6)), ("linear", (3, 4, 5, 6)), ("mlp", (3, 4, 5, 6))]
+
+
+def features_of(framework, kind, z):
+    """``psi`` of the built-in family ``kind`` (seed 7) for the channels-first ``z``, by ``framework``."""
+    if framework == "torch":
+        from satcore.adapters.torch import build_feature_map
+
+        t = torch.from_numpy(z)
+        with torch.no_grad():
+            return build_feature_map(kind, t, seed=7)(t).numpy()
+    if framework == "tensorflow":
+        from satcore.adapters.tensorflow import feature_map
+
+        nhwc = keras.ops.convert_to_tensor(np.moveaxis(z, 1, -1) if z.ndim == 4 else z)
+        return np.asarray(feature_map(kind, nhwc, seed=7)(nhwc))
+    from satcore.adapters.onnx.features import feature_map
+
+    return feature_map(kind, z, seed=7)(z)
+
+
+@pytest.mark.parametrize("framework", sorted(ADAPTERS))
+@pytest.mark.parametrize("kind, shape", FEATURE_CASES)
+def test_feature_maps_equal_the_numpy_family(framework, kind, shape):
+    """Every framework's built-in feature map is ``Family.features`` of ``make_family(kind, width, seed)``
+    (float64, to round-off): same weights, same positions, same ``unfold`` column order."""
+    z = np.random.default_rng(0).standard_normal(shape)
+    width = shape[1] if len(shape) == 4 else shape[-1]
+    ref = make_family(kind, width, seed=7).features(z)
+    got = features_of(framework, kind, z)
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
