@@ -476,3 +476,39 @@ def test_feature_maps_equal_the_numpy_family(framework, kind, shape):
     got = features_of(framework, kind, z)
     assert got.shape == ref.shape
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+
+
+# (M, T, N, r): both routes of the core, X_i formed (T large against N, r) and the T x T kernel (T small)
+MOMENT_SHAPES = [(5, 1, 3, 4), (4, 6, 3, 7), (3, 9, 2, 2), (2, 3, 8, 9), (7, 1, 5, 3), (7, 6, 4, 9), (7, 2, 8, 8)]
+
+
+def moments_of(framework, q, psi, variance):
+    """The framework's per-batch sums as NumPy; ONNX has none of its own (it calls the core's)."""
+    if framework == "torch":
+        from satcore.adapters.torch import batch_moments
+
+        got = batch_moments(torch.from_numpy(q), torch.from_numpy(psi), variance=variance)
+        return {k: np.asarray(v) for k, v in got.items()}
+    from satcore.adapters.tensorflow.moments import replica_moments
+
+    got = {k: v.numpy() for k, v in replica_moments(keras.ops.convert_to_tensor(q), keras.ops.convert_to_tensor(psi),
+                                                    variance=variance).items()}
+    # a replica's sums carry no batch norm (it needs the global batch): Probe.update adds it
+    got["batch_grad_norm"] = np.sqrt(got["sum_q_sq"]) / got["n_samples"]
+    return got
+
+
+@pytest.mark.parametrize("framework", ["tensorflow", "torch"])
+@pytest.mark.parametrize("shape", MOMENT_SHAPES)
+@pytest.mark.parametrize("variance", [False, True])
+def test_moments_equal_the_core_batch_moments(framework, shape, variance):
+    """Each framework's own per-batch sums are :func:`satcore.batch_moments`, field by field (float64)."""
+    from satcore.statistics import batch_moments
+
+    M, T, N, r = shape
+    rng = np.random.default_rng(sum(shape))
+    q, psi = rng.standard_normal((M, T, N)), rng.standard_normal((M, T, r))
+    got, ref = moments_of(framework, q, psi, variance), batch_moments(q, psi, variance=variance)
+    assert set(got) == set(ref)
+    for key in ref:
+        np.testing.assert_allclose(got[key], ref[key], rtol=1e-12, atol=1e-12, err_msg=key)

@@ -31,24 +31,13 @@ keras = pytest.importorskip("keras")
 
 from satcore import CandidateStatistics, make_family  # noqa: E402
 from satcore.adapters.tensorflow import Candidate, probe  # noqa: E402
-from satcore.adapters.tensorflow.moments import replica_moments  # noqa: E402
-from satcore.statistics import batch_moments  # noqa: E402
 
 D, T, VOCAB, IN = 8, 5, 7, 3
 
 
 # -- features and moments -------------------------------------------------------------------
-# TF feature maps against the NumPy family: tests/test_conformance.py, test_feature_maps_equal_the_numpy_family
-@pytest.mark.parametrize("variance", [False, True])
-@pytest.mark.parametrize("t, n, r", [(1, 5, 3), (6, 4, 9), (2, 8, 8)])
-def test_replica_moments_equal_core(variance, t, n, r):
-    rng = np.random.default_rng(t * 100 + n)
-    q, psi = rng.standard_normal((7, t, n)), rng.standard_normal((7, t, r))
-    got = {k: v.numpy() for k, v in replica_moments(tf.constant(q), tf.constant(psi), variance=variance).items()}
-    ref = batch_moments(q, psi, variance=variance)
-    assert got.pop("n_samples") == 7
-    for key, value in got.items():
-        np.testing.assert_allclose(value, ref[key], rtol=1e-12, atol=1e-12)
+# TF feature maps and replica moments against the NumPy core: tests/test_conformance.py
+# (test_feature_maps_equal_the_numpy_family, test_moments_equal_the_core_batch_moments)
 
 
 # -- a subclassed token model and its functional copy ------------------------------------------
