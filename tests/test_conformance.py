@@ -269,7 +269,7 @@ def assert_agree(stats, reference, label, n_samples):
 # -- the problem settings -------------------------------------------------------------------
 SETTINGS = {
     # name: (torch builder, keras port, Keras input layout, family kind, batches,
-    #        taps of the reference, torch-adapter candidates and the reference taps they are)
+    #        taps of the reference, the blocks the torch adapter finds and the reference taps they are)
     "mlp": (
         residual_mlp,
         keras_mlp,
@@ -351,8 +351,10 @@ def probe_torch(setting, mapping=False, with_meta=False, **options):
     if mapping:
         model, names = TakesLabels(model), ["model." + n for n in names]
         data = [{"x": x, "labels": y} for x, y in data]
-    result = probe(model, data, models_torch.per_sample_ce, candidates=names, family=setting["kind"], seed=SEED,
-                   head=False, variance=True, **options)
+    # default candidates (the located blocks), as the other adapters' residual Adds
+    result = probe(model, data, models_torch.per_sample_ce, family=setting["kind"], seed=SEED, head=False,
+                   variance=True, **options)
+    assert list(result.statistics) == names
     return _returned(result, picks, with_meta)
 
 
