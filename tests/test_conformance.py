@@ -426,6 +426,44 @@ def test_n_features_and_a_training_split_mean_the_same_everywhere(mlp_setting, a
                  BATCH * len(mlp_setting["batches"]))
 
 
+def incremental(adapter, setting, batches):
+    """Each adapter's ``Probe`` fed ``batches`` one by one, and its ``result()`` after every batch."""
+    if adapter == "torch":
+        from satcore.adapters.torch import Probe
+
+        state = Probe(setting["model"], models_torch.per_sample_ce, family=setting["kind"], seed=SEED, head=False,
+                      variance=True)
+        data = batches
+    elif adapter == "tensorflow":
+        from satcore.adapters.tensorflow import Probe
+
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+        state = Probe(setting["keras"], loss, family=setting["kind"], seed=SEED, variance=True)
+        data = [(setting["keras_layout"](x.numpy()), y.numpy()) for x, y in batches]
+    else:
+        from satcore.adapters.onnx import Probe
+
+        state = Probe(setting["onnx"], loss="cross_entropy", family=setting["kind"], seed=SEED, variance=True)
+        data = [(x.numpy(), y.numpy()) for x, y in batches]
+    results = []
+    for batch in data:
+        state.update(batch)
+        results.append(list(state.result().statistics.values()))
+    return results
+
+
+@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
+def test_every_adapter_probes_incrementally(mlp_setting, adapter):
+    """``Probe.update`` batch by batch: ``result()`` after batch ``k`` is the probe of the first ``k``
+    batches (the reference over them), and the probe goes on after a ``result()``."""
+    batches = mlp_setting["batches"]
+    model = mlp_setting["model"]
+    steps = incremental(adapter, mlp_setting, batches)
+    for k in (6, len(batches)):  # 72 and 96 samples, above r = 64: proper projections
+        reference = torch_reference(model, batches[:k], mlp_setting["taps"](model), "mlp")
+        assert_agree(steps[k - 1], reference, f"{adapter}/incremental/{k}", BATCH * k)
+
+
 @pytest.mark.parametrize("shape", [(3, 5), (3, 4, 5), (3, 2, 4, 5)])
 def test_every_framework_lays_out_positions_as_the_core(shape):
     """``positions`` of torch (channels-first) and TensorFlow (channels-last) equal the core's NumPy one."""

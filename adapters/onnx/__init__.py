@@ -13,11 +13,12 @@ from .autodiff import supported_ops
 from .errors import OnnxProbeError
 from .locate import residual_candidates
 from .loading import load_model
-from .probe import GradientSession, per_sample_gradients, probe
+from .probe import GradientSession, Probe, per_sample_gradients, probe
 
 __all__ = [
     "GradientSession",
     "OnnxProbeError",
+    "Probe",
     "ProbeResult",
     "load_model",
     "per_sample_gradients",

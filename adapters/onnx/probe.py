@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from collections.abc import Mapping
@@ -205,50 +206,79 @@ def probe(
     graph: no training-mode BatchNormalization); inference BatchNormalization
     is rewritten as an affine map.
     """
-    session = per_sample_gradients(model, loss=loss, candidates=candidates, output=output, providers=providers)
-    names = list(session.candidates)
-    try:
-        specs = per_candidate(family, names, "family", default="auto")
-        widths = per_candidate(n_features, names, "n_features")
-    except ValueError as exc:
-        raise OnnxProbeError(str(exc)) from None
-    if split is not None and split.lower() in TRAINING_SPLIT_NAMES:
-        warnings.warn(TRAINING_SPLIT_WARNING, UserWarning, stacklevel=2)
-    stats = DepthStatistics()
-    maps = {}
-    for index, batch in enumerate(data):
+    state = Probe(model, loss=loss, candidates=candidates, family=family, seed=seed, init_std=init_std,
+                  output=output, variance=variance, split=split, providers=providers, n_features=n_features)
+    for batch in data:
+        state.update(batch)
+    return state.result()
+
+
+class Probe:
+    """Incremental growth statistics of an ONNX model: :meth:`update` per batch, :meth:`result` any time.
+
+    The same probe as :func:`probe` (its keyword arguments, its statistics), fed one batch
+    at a time, e.g. from a loop that produces them, as the torch and TensorFlow ``Probe`` are.
+    """
+
+    def __init__(self, model, *, loss: str = "cross_entropy", candidates=None, family="auto", seed: int = 0,
+                 init_std: float | None = None, output: str | None = None, variance: bool = False,
+                 split: str | None = None, providers=None, n_features=None):
+        self.session = per_sample_gradients(model, loss=loss, candidates=candidates, output=output,
+                                            providers=providers)
+        self.names = list(self.session.candidates)
         try:
-            captured = session(batch)
+            self.specs = per_candidate(family, self.names, "family", default="auto")
+            self.widths = per_candidate(n_features, self.names, "n_features")
+        except ValueError as exc:
+            raise OnnxProbeError(str(exc)) from None
+        if split is not None and split.lower() in TRAINING_SPLIT_NAMES:
+            warnings.warn(TRAINING_SPLIT_WARNING, UserWarning, stacklevel=3)
+        self.seed, self.init_std, self.variance = seed, init_std, variance
+        self.stats = DepthStatistics()
+        self.maps: dict = {}
+        self.batches_seen = 0
+        self.meta = {
+            "candidates": self.names,
+            "framework": "onnx",
+            "model": os.fspath(model) if isinstance(model, (str, os.PathLike)) else "ModelProto",
+            "loss": loss,
+            "output": self.session.output,
+            "split": split,
+            "seed": seed,
+            "gradient_route": self.session.route,
+        }
+
+    def update(self, batch) -> int:
+        """Add one batch (:func:`split_batch`); returns its number of samples (0: an empty batch)."""
+        index = self.batches_seen
+        self.batches_seen += 1
+        try:
+            captured = self.session(batch)
         except OnnxProbeError as exc:
             raise OnnxProbeError(f"batch {index}: {exc}") from None
         if captured is None:
-            continue
+            return 0
         acts, grads = captured
-        for name in names:
+        for name in self.names:
             z, g = acts[name], grads[name]
-            if name not in maps:
-                maps[name] = feature_map(specs[name], z, seed=seed, init_std=init_std, n_features=widths[name])
+            if name not in self.maps:
+                self.maps[name] = feature_map(self.specs[name], z, seed=self.seed, init_std=self.init_std,
+                                              n_features=self.widths[name])
             try:
-                q, psi = positions(g), maps[name](z)
-                if name not in stats:
-                    stats[name] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], variance)
-                stats[name].update(q, psi)  # T may change from batch to batch (the first batch's is kept)
+                q, psi = positions(g), self.maps[name](z)
+                if name not in self.stats:
+                    self.stats[name] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], self.variance)
+                self.stats[name].update(q, psi)  # T may change from batch to batch (the first batch's is kept)
             except ValueError as exc:
                 raise OnnxProbeError(f"batch {index}: candidate {name!r}: {exc}") from None
-    if not stats:
-        raise OnnxProbeError("the data held no samples")
-    meta = {
-        "candidates": names,
-        "framework": "onnx",
-        "model": os.fspath(model) if isinstance(model, (str, os.PathLike)) else "ModelProto",
-        "loss": loss,
-        "output": session.output,
-        "split": split,
-        "seed": seed,
-        "gradient_route": session.route,
-        "family": {n: maps[n].describe() for n in names},
-    }
-    return ProbeResult(stats, meta)
+        return len(next(iter(acts.values())))
+
+    def result(self) -> ProbeResult:
+        """The statistics of every batch so far (a copy: the probe can go on)."""
+        if not self.stats:
+            raise OnnxProbeError("the data held no samples")
+        meta = {**self.meta, "family": {n: self.maps[n].describe() for n in self.names}}
+        return ProbeResult(copy.deepcopy(self.stats), meta)
 
 
 def _output_elements(out_info, feeds) -> int:
