@@ -119,11 +119,7 @@ def real_gradients():
     torch.nn.functional.cross_entropy(model(xs), ys, reduction="sum").backward()
     handle.remove()
     z = stream["z"]
-
-    def to_positions(t):
-        return t.detach().permute(0, 2, 3, 1).reshape(t.shape[0], -1, t.shape[1]).numpy()
-
-    return to_positions(z.grad), to_positions(z)
+    return satcore.families.positions(z.grad.numpy()), satcore.families.positions(z.detach().numpy())
 
 
 def real_null(reps, rng):

@@ -59,7 +59,7 @@ from torch import nn
 from _results import record
 from _workloads import WORKLOADS, interleaved, peak_rss_increase, parse_bench_args, versions
 from satcore.adapters.torch import build_feature_map, find_blocks, probe
-from satcore.adapters.torch.families import ConvFeatures
+from satcore.adapters.torch.features import ConvFeatures
 from satcore.adapters.torch.capture import get_stream, with_stream
 from satcore.adapters.torch.probe import call_model, model_init_std
 from satcore.certification import variance_estimate

@@ -67,7 +67,7 @@ OPTIONS = {
 PHASES = {
     "forward": ("adapters/torch/probe.py", ("call_model",)),
     "backward": ("torch/autograd/__init__.py", ("grad",)),
-    "features": ("adapters/torch/families.py", ("forward", "hidden")),
+    "features": ("adapters/torch/features.py", ("forward", "hidden")),
     "moments": ("adapters/torch/moments.py", ("batch_moments", "conv_batch_moments")),
     "total": ("adapters/torch/probe.py", ("probe",)),
 }

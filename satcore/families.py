@@ -38,11 +38,6 @@ def relu(x):
 ACTIVATIONS = {"gelu": gelu, "relu": relu}
 
 
-def _positions(z):
-    z = np.asarray(z, dtype=np.float64)
-    return z[:, None, :] if z.ndim == 2 else z
-
-
 def layer_norm(z, eps: float = 1e-5):
     """LayerNorm over the last axis with unit gain and zero bias."""
     mean = z.mean(axis=-1, keepdims=True)
@@ -123,13 +118,11 @@ class Family:
         (2, 25, 36)
         """
         if self.kind == "linear":
-            return conv_gradients(z).astype(np.float64) if np.ndim(z) == 4 else _positions(z)
+            return positions(z).astype(np.float64)
         if self.kind == "bias":
-            z = np.asarray(z)
-            positions = int(np.prod(z.shape[2:])) if z.ndim == 4 else (z.shape[1] if z.ndim == 3 else 1)
-            return np.ones((z.shape[0], positions, 1))
+            return np.ones(positions(z).shape[:2] + (1,))
         if self.kind == "mlp":
-            h = layer_norm(_positions(z), self.eps) @ self.params["w1"].T
+            h = layer_norm(positions(z).astype(np.float64), self.eps) @ self.params["w1"].T
             return ACTIVATIONS[self.activation](h)
         if self.kind == "conv":
             x = np.asarray(z, dtype=np.float64)
@@ -234,6 +227,55 @@ def make_family(
         conv1 = rng.standard_normal((mid, width, 3, 3)) * std
         return Family("conv", width, 9 * mid, {"conv1": conv1}, activation="relu", eps=eps, seed=seed)
     raise ValueError(f"unknown family {kind!r}; choose one of {FAMILIES} or pass a feature map")
+
+
+def positions(stream) -> np.ndarray:
+    """A stream (or its gradient) as positions ``(M, T, N)``: the one layout of ``Q`` and ``Psi``.
+
+    ``(M, N)`` is one position, ``(M, 1, N)``; ``(M, T, N)`` (tokens) is unchanged; a
+    channels-first map ``(M, C, H, W)`` has one position per pixel, row-major,
+    ``(M, H*W, C)`` (:func:`conv_gradients`).  The torch and TensorFlow adapters have
+    twins for their tensor types (``satcore.adapters.torch.positions``; TensorFlow's
+    channels-last ``(M, H, W, C)`` maps to the same ``(M, H*W, C)``); the ONNX adapter
+    uses this one.
+
+    Parameters
+    ----------
+    stream : array_like, shape (M, N), (M, T, N) or (M, C, H, W)
+        Activations or activation gradients at a candidate, sample first.
+
+    Returns
+    -------
+    numpy.ndarray, shape (M, T, N)
+        A view where the layout allows (no copy of a 3-d stream).
+
+    Raises
+    ------
+    ValueError
+        For any other rank.
+
+    References
+    ----------
+    docs/core.md, Conventions (layout) and Feature families (pixels as positions).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from satcore.families import positions
+    >>> positions(np.zeros((2, 5))).shape, positions(np.zeros((2, 3, 5))).shape
+    ((2, 1, 5), (2, 3, 5))
+    >>> positions(np.arange(8.0).reshape(1, 2, 2, 2))[0]
+    array([[0., 4.],
+           [1., 5.],
+           [2., 6.],
+           [3., 7.]])
+    """
+    a = np.asarray(stream)
+    if a.ndim == 4:
+        return conv_gradients(a)
+    if a.ndim in (2, 3):
+        return a.reshape(a.shape[0], -1, a.shape[-1])
+    raise ValueError(f"stream of shape {a.shape}: expected (M, N), (M, T, N) or (M, C, H, W)")
 
 
 def conv_gradients(grad_nchw) -> np.ndarray:

@@ -21,6 +21,9 @@ MODULES = [
     "satcore.optim",
     "satcore.families",
     "satcore.sweep",
+    "satcore.adapters.batches",  # pure Python, like the core: no framework is imported
+    "satcore.adapters.graph",
+    "satcore.adapters.options",
 ]
 
 

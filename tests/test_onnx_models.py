@@ -128,7 +128,7 @@ def tensors_holding(model_path, feeds, values, rtol):
     """The first (producer-most) float tensor of the graph equal to each array in ``values``."""
     import onnxruntime as ort
 
-    from satcore.adapters.onnx.graph import FLOAT_TYPES, tensor_infos
+    from satcore.adapters.onnx.locate import FLOAT_TYPES, tensor_infos
 
     model = onnx.load(str(model_path))
     infos = tensor_infos(model)

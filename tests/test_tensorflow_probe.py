@@ -30,44 +30,14 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from satcore import CandidateStatistics, make_family  # noqa: E402
-from satcore.adapters.tensorflow import Candidate, feature_map, probe  # noqa: E402
-from satcore.adapters.tensorflow.moments import replica_moments  # noqa: E402
-from satcore.statistics import batch_moments  # noqa: E402
+from satcore.adapters.tensorflow import Candidate, probe  # noqa: E402
 
 D, T, VOCAB, IN = 8, 5, 7, 3
 
 
 # -- features and moments -------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "kind, shape",
-    [("mlp", (4, T, D)), ("mlp", (4, D)), ("linear", (4, T, D)), ("bias", (4, T, D)),
-     ("bias", (3, 5, 6, 4)), ("conv", (3, 5, 6, 4)), ("linear", (3, 5, 6, 4))],
-)
-def test_tf_features_equal_numpy_family(kind, shape):
-    rng = np.random.default_rng(0)
-    z = rng.standard_normal(shape)
-    tf_psi = feature_map(kind, tf.constant(z), seed=7)(tf.constant(z)).numpy()
-    family = make_family(kind, shape[-1], seed=7)
-    if len(shape) == 4:  # Keras NHWC -> core NCHW
-        nchw = np.transpose(z, (0, 3, 1, 2))
-        ref = family.features(nchw) if kind in ("conv", "bias") else family.features(
-            nchw.reshape(shape[0], shape[3], -1).transpose(0, 2, 1))
-    else:
-        ref = family.features(z)
-    assert tf_psi.shape == ref.shape
-    np.testing.assert_allclose(tf_psi, ref, rtol=1e-12, atol=1e-12)
-
-
-@pytest.mark.parametrize("variance", [False, True])
-@pytest.mark.parametrize("t, n, r", [(1, 5, 3), (6, 4, 9), (2, 8, 8)])
-def test_replica_moments_equal_core(variance, t, n, r):
-    rng = np.random.default_rng(t * 100 + n)
-    q, psi = rng.standard_normal((7, t, n)), rng.standard_normal((7, t, r))
-    got = {k: v.numpy() for k, v in replica_moments(tf.constant(q), tf.constant(psi), variance=variance).items()}
-    ref = batch_moments(q, psi, variance=variance)
-    assert got.pop("n_samples") == 7
-    for key, value in got.items():
-        np.testing.assert_allclose(value, ref[key], rtol=1e-12, atol=1e-12)
+# TF feature maps and replica moments against the NumPy core: tests/test_conformance.py
+# (test_feature_maps_equal_the_numpy_family, test_moments_equal_the_core_batch_moments)
 
 
 # -- a subclassed token model and its functional copy ------------------------------------------

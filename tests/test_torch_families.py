@@ -90,19 +90,15 @@ def test_branch_is_V_psi(streams, kind):
     assert torch.allclose(positions(h), ref, rtol=1e-12, atol=1e-12)
 
 
-# both routes of the core: X_i formed (T large vs N, r) and the T x T kernel (T small)
+# float64 torch sums against the core, both routes: tests/test_conformance.py, test_moments_equal_the_core_batch_moments
 @pytest.mark.parametrize("shape", [(5, 1, 3, 4), (4, 6, 3, 7), (3, 9, 2, 2), (2, 3, 8, 9)])
 @pytest.mark.parametrize("variance", [False, True])
-def test_torch_batch_moments_equal_core(shape, variance):
+def test_torch_float32_batch_moments_equal_core_to_float32_roundoff(shape, variance):
     g = torch.Generator().manual_seed(sum(shape))
     M, T, N, r = shape
     q = torch.randn(M, T, N, generator=g, dtype=torch.float64)
     psi = torch.randn(M, T, r, generator=g, dtype=torch.float64)
-    got = batch_moments(q, psi, variance=variance)
     ref = core_batch_moments(q.numpy(), psi.numpy(), variance=variance)
-    assert set(got) == set(ref)
-    for k in ref:
-        np.testing.assert_allclose(got[k], ref[k], rtol=1e-12, atol=1e-12)
     f32 = batch_moments(q.float(), psi.float(), variance=variance, dtype=torch.float32)
     np.testing.assert_allclose(f32["sum_cross"], ref["sum_cross"], rtol=1e-5, atol=1e-5)
 

@@ -4,20 +4,21 @@ Gradients ``q_i`` at candidate tensors come from a backward graph of standard
 ONNX ops built by :mod:`.autodiff` and run by plain ``onnxruntime`` (imported
 lazily); features from the captured activations with
 :mod:`satcore.families` in NumPy.  Untrusted files are loaded with their
-external data confined to the model's folder (:mod:`.loading`).
+external data confined to the model's folder (:mod:`.loading`); the probe graph and its gradient session are :mod:`.capture`, candidates :mod:`.locate`.
 """
 
 from satcore.probe_result import ProbeResult
 
 from .autodiff import supported_ops
 from .errors import OnnxProbeError
-from .graph import residual_candidates
+from .locate import residual_candidates
 from .loading import load_model
-from .probe import GradientSession, per_sample_gradients, probe
+from .probe import GradientSession, Probe, per_sample_gradients, probe
 
 __all__ = [
     "GradientSession",
     "OnnxProbeError",
+    "Probe",
     "ProbeResult",
     "load_model",
     "per_sample_gradients",

@@ -564,7 +564,7 @@ def gradient_model(model, loss: str, wrt, infos):
     """``model`` with outputs ``<z>_grad = d loss / d z`` for each ``z`` in ``wrt`` appended (in place).
 
     ``loss`` names a scalar tensor of ``model``; ``infos`` maps tensor names
-    to :class:`~satcore.adapters.onnx.graph.TensorInfo` (types, shapes) of
+    to :class:`~satcore.adapters.onnx.locate.TensorInfo` (types, shapes) of
     the model as given.  ``MaxPool`` nodes on the path gain their ``Indices``
     output.  Raises :class:`OnnxProbeError` with one line naming the op and
     node whose gradient is not built, or a ``z`` the loss does not depend on.

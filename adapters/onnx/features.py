@@ -1,8 +1,10 @@
 """Family features in NumPy from captured activations (no second framework).
 
 Layouts follow :mod:`satcore.families`: a 4-d activation is channels-first
-``(M, C, H, W)`` (ONNX, PyTorch) and its gradient becomes ``Q`` of shape
-``(M, H*W, C)``; 2-d and 3-d activations are ``(M, N)`` / ``(M, T, N)``.
+``(M, C, H, W)`` (ONNX, PyTorch) and :func:`satcore.families.positions` (the core's
+one definition, used here as is: ONNX Runtime hands out NumPy arrays) makes its
+gradient ``Q`` of shape ``(M, H*W, C)``; 2-d and 3-d activations are ``(M, N)`` /
+``(M, T, N)``.
 """
 
 from __future__ import annotations
@@ -12,18 +14,10 @@ from typing import Callable
 
 import numpy as np
 
-from satcore.families import FAMILIES, Family, conv_gradients, make_family
+from satcore.adapters.options import builtin_kind, family_spec
+from satcore.families import Family, make_family, positions
 
 from .errors import OnnxProbeError
-
-
-def positions(a: np.ndarray) -> np.ndarray:
-    """``(M, N)``, ``(M, T, N)`` or ``(M, C, H, W)`` as ``(M, T, N)`` (pixels row-major)."""
-    if a.ndim == 4:
-        return conv_gradients(a)
-    if a.ndim in (2, 3):
-        return a.reshape(a.shape[0], -1, a.shape[-1])
-    raise OnnxProbeError(f"activation of shape {a.shape}: expected (M, N), (M, T, N) or (M, C, H, W)")
 
 
 def width(z: np.ndarray) -> int:
@@ -48,16 +42,17 @@ class FeatureMap:
     def describe(self) -> dict:
         if self.family is None:
             return {"kind": "user", "callable": getattr(self.user, "__name__", type(self.user).__name__)}
-        f = self.family
-        return {"kind": f.kind, "width": f.width, "n_features": f.n_features, "seed": f.seed}
+        return family_spec(self.family)
 
 
-def feature_map(spec, z: np.ndarray, *, seed: int = 0, init_std: float | None = None) -> FeatureMap:
+def feature_map(spec, z: np.ndarray, *, seed: int = 0, init_std: float | None = None,
+                n_features: int | None = None) -> FeatureMap:
     """Resolve ``spec`` (``"auto"``, a kind, a :class:`Family` or a callable) for activations like ``z``.
 
     ``auto`` is ``conv`` for 4-d activations and ``mlp`` otherwise; built-in
     kinds use ``make_family(kind, width, seed=seed)`` exactly as the other
-    adapters do, so the same seed gives the same ``psi`` in every framework.
+    adapters do, so the same seed gives the same ``psi`` in every framework
+    (``n_features``: a built-in kind's ``r``, as ``make_family`` takes it).
     """
     if isinstance(spec, Family):
         if spec.width != width(z):
@@ -65,9 +60,9 @@ def feature_map(spec, z: np.ndarray, *, seed: int = 0, init_std: float | None = 
         return FeatureMap(spec)
     if callable(spec):
         return FeatureMap(None, spec)
-    kind = ("conv" if z.ndim == 4 else "mlp") if spec == "auto" else spec
-    if kind not in FAMILIES:
-        raise OnnxProbeError(f"unknown family {spec!r}; choose 'auto', one of {FAMILIES}, or pass a callable")
-    if kind == "conv" and z.ndim != 4:
-        raise OnnxProbeError(f"family 'conv' needs a (M, C, H, W) activation, got shape {z.shape}")
-    return FeatureMap(make_family(kind, width(z), seed=seed, init_std=init_std if kind == "mlp" else None))
+    try:
+        kind = builtin_kind(spec, z.shape, others="pass a callable")
+    except ValueError as exc:
+        raise OnnxProbeError(str(exc)) from None
+    return FeatureMap(make_family(kind, width(z), seed=seed, init_std=init_std if kind == "mlp" else None,
+                                  n_features=n_features))

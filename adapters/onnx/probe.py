@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import copy
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from satcore.depth import DepthStatistics
+from satcore.adapters.batches import LABELS
+from satcore.adapters.batches import split_batch as shared_split_batch
+from satcore.adapters.options import per_candidate
+from satcore.depth import TRAINING_SPLIT_NAMES, DepthStatistics
+from satcore.families import positions
 from satcore.probe_result import ProbeResult
+from satcore.results import TRAINING_SPLIT_WARNING
 from satcore.statistics import CandidateStatistics
 
+from .capture import IGNORE_INDEX, LOSS_SCALE, LOSSES, TARGETS, GradientRunner, probe_graph
 from .errors import OnnxProbeError
-from .features import feature_map, positions
-from .gradients import GradientRunner
-from .graph import IGNORE_INDEX, LOSS_SCALE, LOSSES, TARGETS, probe_graph, residual_candidates
+from .features import feature_map
 from .loading import load_model
+from .locate import residual_candidates
 
-TARGET_KEYS = ("targets", "target", "labels", "y")
+TARGET_KEYS = (LABELS, "targets", "target", "y")
 
 
 def _numpy_dtype(elem_type: int):
@@ -28,24 +35,22 @@ def _numpy_dtype(elem_type: int):
 
 
 def split_batch(batch, input_names: list[str]) -> tuple[dict, np.ndarray | None]:
-    """``(inputs by name, targets)`` from ``(x, y)``, ``(x,)``, ``x`` or a mapping.
+    """``(inputs by name, targets)`` of a batch.
 
-    ``x`` is an array (single-input models) or a mapping of input names; a
-    mapping batch holds the input names plus ``targets`` (or ``labels``/``y``).
+    The adapters' convention (:func:`satcore.adapters.batches.split_batch`): ``(x, y)``
+    or a mapping of input names holding the targets under ``labels``; ONNX also reads
+    the targets under ``targets``, ``target`` or ``y`` (a model input of that name is
+    an input), and ``x`` or ``(x,)`` alone (no targets: a loss output of the graph).
+    ``x`` is an array (single-input models) or a mapping of input names.
     """
-    if isinstance(batch, Mapping):
-        # a model input may itself be called "labels" or "y": model inputs win
-        keys = [k for k in TARGET_KEYS if k in batch and k not in input_names]
-        if len(keys) > 1:
-            raise OnnxProbeError(f"batch has several target keys {keys}; give one")
-        targets = batch[keys[0]] if keys else None
-        inputs = {k: v for k, v in batch.items() if k not in keys}
-    elif isinstance(batch, (tuple, list)):
-        if not 1 <= len(batch) <= 2:
-            raise OnnxProbeError(f"a batch must be (inputs, targets); got a sequence of {len(batch)} items")
-        inputs, targets = batch[0], (batch[1] if len(batch) == 2 else None)
-    else:
-        inputs, targets = batch, None
+    if isinstance(batch, (tuple, list)) and len(batch) == 1:
+        batch = batch[0]
+    if not isinstance(batch, (Mapping, tuple, list)):
+        batch = (batch, None)
+    try:
+        inputs, targets = shared_split_batch(batch, target_keys=TARGET_KEYS, input_names=input_names)
+    except ValueError as exc:
+        raise OnnxProbeError(str(exc)) from None
     if not isinstance(inputs, Mapping):
         if len(input_names) != 1:
             raise OnnxProbeError(f"the model has inputs {input_names}: pass a mapping name -> array")
@@ -171,6 +176,7 @@ def probe(
     variance: bool = False,
     split: str | None = None,
     providers=None,
+    n_features=None,
 ) -> ProbeResult:
     """Per-candidate growth statistics of an ONNX model over ``data``.
 
@@ -185,8 +191,10 @@ def probe(
     (the statistics record the first batch's).  ``candidates``: tensor names,
     default the inputs of residual ``Add`` nodes (:func:`residual_candidates`).
     ``family``: ``"auto"``, a kind, a :class:`~satcore.Family`, a callable
-    ``z -> psi``, or a mapping candidate -> one of those; built-in kinds use
-    ``make_family(kind, width, seed=seed)``.  For candidate ``z``, ``q_i = d
+    ``z -> psi``, or a mapping candidate -> one of those (candidates it leaves
+    out get ``"auto"``); built-in kinds use ``make_family(kind, width,
+    seed=seed)``, ``n_features`` (an int or a mapping candidate -> int) their
+    ``r``.  ``split``: the name of the probe data (a training split warns).  For candidate ``z``, ``q_i = d
     loss_i / d z_i`` comes from our backward graph of the model run by ONNX
     Runtime (:mod:`.autodiff`; ``providers``: its execution providers,
     default ``["CPUExecutionProvider"]``), ``psi`` from
@@ -198,46 +206,79 @@ def probe(
     graph: no training-mode BatchNormalization); inference BatchNormalization
     is rewritten as an affine map.
     """
-    session = per_sample_gradients(model, loss=loss, candidates=candidates, output=output, providers=providers)
-    names = list(session.candidates)
-    specs = family if isinstance(family, Mapping) else {n: family for n in names}
-    if sorted(specs) != sorted(names):
-        raise OnnxProbeError(f"family mapping keys {sorted(specs)} must be exactly the candidates {names}")
-    stats = DepthStatistics()
-    maps = {}
-    for index, batch in enumerate(data):
+    state = Probe(model, loss=loss, candidates=candidates, family=family, seed=seed, init_std=init_std,
+                  output=output, variance=variance, split=split, providers=providers, n_features=n_features)
+    for batch in data:
+        state.update(batch)
+    return state.result()
+
+
+class Probe:
+    """Incremental growth statistics of an ONNX model: :meth:`update` per batch, :meth:`result` any time.
+
+    The same probe as :func:`probe` (its keyword arguments, its statistics), fed one batch
+    at a time, e.g. from a loop that produces them, as the torch and TensorFlow ``Probe`` are.
+    """
+
+    def __init__(self, model, *, loss: str = "cross_entropy", candidates=None, family="auto", seed: int = 0,
+                 init_std: float | None = None, output: str | None = None, variance: bool = False,
+                 split: str | None = None, providers=None, n_features=None):
+        self.session = per_sample_gradients(model, loss=loss, candidates=candidates, output=output,
+                                            providers=providers)
+        self.names = list(self.session.candidates)
         try:
-            captured = session(batch)
+            self.specs = per_candidate(family, self.names, "family", default="auto")
+            self.widths = per_candidate(n_features, self.names, "n_features")
+        except ValueError as exc:
+            raise OnnxProbeError(str(exc)) from None
+        if split is not None and split.lower() in TRAINING_SPLIT_NAMES:
+            warnings.warn(TRAINING_SPLIT_WARNING, UserWarning, stacklevel=3)
+        self.seed, self.init_std, self.variance = seed, init_std, variance
+        self.stats = DepthStatistics()
+        self.maps: dict = {}
+        self.batches_seen = 0
+        self.meta = {
+            "candidates": self.names,
+            "framework": "onnx",
+            "model": os.fspath(model) if isinstance(model, (str, os.PathLike)) else "ModelProto",
+            "loss": loss,
+            "output": self.session.output,
+            "split": split,
+            "seed": seed,
+            "gradient_route": self.session.route,
+        }
+
+    def update(self, batch) -> int:
+        """Add one batch (:func:`split_batch`); returns its number of samples (0: an empty batch)."""
+        index = self.batches_seen
+        self.batches_seen += 1
+        try:
+            captured = self.session(batch)
         except OnnxProbeError as exc:
             raise OnnxProbeError(f"batch {index}: {exc}") from None
         if captured is None:
-            continue
+            return 0
         acts, grads = captured
-        for name in names:
+        for name in self.names:
             z, g = acts[name], grads[name]
-            if name not in maps:
-                maps[name] = feature_map(specs[name], z, seed=seed, init_std=init_std)
-            q, psi = positions(g), maps[name](z)
-            if name not in stats:
-                stats[name] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], variance)
+            if name not in self.maps:
+                self.maps[name] = feature_map(self.specs[name], z, seed=self.seed, init_std=self.init_std,
+                                              n_features=self.widths[name])
             try:
-                stats[name].update(q, psi)  # T may change from batch to batch (the first batch's is kept)
+                q, psi = positions(g), self.maps[name](z)
+                if name not in self.stats:
+                    self.stats[name] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], self.variance)
+                self.stats[name].update(q, psi)  # T may change from batch to batch (the first batch's is kept)
             except ValueError as exc:
                 raise OnnxProbeError(f"batch {index}: candidate {name!r}: {exc}") from None
-    if not stats:
-        raise OnnxProbeError("the data held no samples")
-    meta = {
-        "candidates": names,
-        "framework": "onnx",
-        "model": os.fspath(model) if isinstance(model, (str, os.PathLike)) else "ModelProto",
-        "loss": loss,
-        "output": session.output,
-        "split": split,
-        "seed": seed,
-        "gradient_route": session.route,
-        "family": {n: maps[n].describe() for n in names},
-    }
-    return ProbeResult(stats, meta)
+        return len(next(iter(acts.values())))
+
+    def result(self) -> ProbeResult:
+        """The statistics of every batch so far (a copy: the probe can go on)."""
+        if not self.stats:
+            raise OnnxProbeError("the data held no samples")
+        meta = {**self.meta, "family": {n: self.maps[n].describe() for n in self.names}}
+        return ProbeResult(copy.deepcopy(self.stats), meta)
 
 
 def _output_elements(out_info, feeds) -> int:

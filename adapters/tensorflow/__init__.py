@@ -8,7 +8,7 @@ are summed across replicas with ``strategy.reduce(SUM)``.
 """
 
 from .callbacks import KerasCallback
-from .families import feature_map
+from .features import feature_map
 from .locate import Candidate, named_candidates, residual_candidates
 from .probe import Probe, ProbeConfig, probe, total_loss
 

@@ -64,9 +64,9 @@ def _block_input(a, b):
 
     ``a`` when ``b`` derives from it (``a + f(a)``); with a projection shortcut
     ``g(x) + f(x)``, the latest floating-point tensor both derive from (``x``);
-    the search is :func:`satcore._graph.residual_skip`, shared with the ONNX adapter.
+    the search is :func:`satcore.adapters.graph.residual_skip`, shared with the ONNX adapter.
     """
-    from satcore._graph import Ancestry, residual_skip
+    from satcore.adapters.graph import Ancestry, residual_skip
 
     tensors = {id(a): a, id(b): b}
 

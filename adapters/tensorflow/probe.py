@@ -10,13 +10,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 import tensorflow as tf
 
+from satcore.adapters.batches import LABELS, split_batch
+from satcore.adapters.options import per_candidate
 from satcore.depth import TRAINING_SPLIT_NAMES, DepthStatistics
 from satcore.probe_result import ProbeResult
 from satcore.results import TRAINING_SPLIT_WARNING
 from satcore.statistics import CandidateStatistics
 
 from .capture import recording, taps
-from .families import feature_map, positions
+from .features import feature_map, positions
 from .locate import named_candidates, residual_candidates
 from .moments import replica_moments
 
@@ -44,9 +46,12 @@ def total_loss(values, batch_size: int, replicas: int = 1):
 
 
 def _unpack(batch):
-    if isinstance(batch, Mapping):
+    """``(x, y)`` of a batch (:mod:`satcore.adapters.batches`); ``{"x": ..., "y": ...}`` is the older spelling."""
+    if isinstance(batch, Mapping) and set(batch) == {"x", "y"}:
         return batch["x"], batch["y"]
-    x, y = batch
+    x, y = split_batch(batch)
+    if y is None:
+        raise ValueError(f"a batch mapping needs the targets under {LABELS!r} (the rest are the model's inputs)")
     return x, y
 
 
@@ -58,7 +63,8 @@ class ProbeConfig:
     ``None`` for the skip inputs of residual ``Add`` layers (:mod:`.locate`).
     ``family``: ``"auto"``, a kind, a :class:`~satcore.Family`, a Keras layer
     (user feature map), or a mapping candidate -> one of those; built-in kinds
-    use ``make_family(kind, width, seed=seed)`` (``init_std``: the ``mlp``
+    use ``make_family(kind, width, seed=seed)`` (a mapping may leave candidates
+    out: they get ``"auto"``; ``init_std``: the ``mlp``
     weight scale).  ``variance`` adds ``sum_i X_i^T X_i`` (the debiased value).
     ``strategy``: the ``tf.distribute`` strategy (default: the one in scope).
     ``split``: the name of the probe data (a training split warns).
@@ -95,7 +101,10 @@ class Probe:
     whence the growth value ``sqrt(tr(C K^+ C^T)) = ||Pi_S q_S||_S`` (Theorem 2,
     Lemma 4).  The model runs with ``training=False`` and must not mix samples.
 
-    A batch is ``(x, y)`` or a mapping with ``"x"`` and ``"y"``; under a
+    A batch is ``(x, y)`` or a mapping of the model's inputs with the targets under
+    ``"labels"`` (the adapters' one convention, :mod:`satcore.adapters.batches`; the
+    model is called on the mapping without ``"labels"``; the older ``{"x", "y"}``
+    is still read); under a
     multi-replica strategy, a distributed batch (:func:`probe` distributes a
     ``tf.data.Dataset``).  ``config`` is a :class:`ProbeConfig`; keyword
     ``options`` build one (or replace its fields).
@@ -109,10 +118,8 @@ class Probe:
         self.model, self.loss_fn, self.config = model, loss_fn, config
         self.cands = residual_candidates(model) if config.candidates is None else named_candidates(model, config.candidates)
         self.names = [c.name for c in self.cands]
-        family = config.family
-        self.specs = family if isinstance(family, Mapping) else {n: family for n in self.names}
-        if sorted(self.specs) != sorted(self.names):
-            raise ValueError(f"family mapping keys {sorted(self.specs)} must be exactly the candidates {self.names}")
+        self.specs = per_candidate(config.family, self.names, "family", default="auto")
+        self.n_features = per_candidate(config.n_features, self.names, "n_features")
         self.strategy = config.strategy or tf.distribute.get_strategy()
         self.maps: dict = {}
         self.n_positions: dict = {}
@@ -145,8 +152,8 @@ class Probe:
                 raise ValueError(f"the loss does not depend on candidate {n!r}")
             z = rec.z[n]
             if n not in self.maps:  # same seeded weights on every replica and batch
-                r = config.n_features.get(n) if isinstance(config.n_features, Mapping) else config.n_features
-                self.maps[n] = feature_map(self.specs[n], z, seed=config.seed, init_std=config.init_std, n_features=r)
+                self.maps[n] = feature_map(self.specs[n], z, seed=config.seed, init_std=config.init_std,
+                                           n_features=self.n_features[n])
             q = positions(g)
             self.n_positions[n] = int(q.shape[1])
             out[n] = replica_moments(q, self.maps[n](z), variance=config.variance)

@@ -14,14 +14,14 @@
     grown = grow(model, result, result.report().argmax, rho=1e-3)
 
 See :func:`probe` (statistics), :func:`find_candidates` (where),
-:mod:`.families` (feature maps with the core's seeded weights), :func:`grow`
+:mod:`.features` (feature maps with the core's seeded weights), :func:`grow`
 (Appendix H insertion), :func:`insert_block` (a zero-output block of the
 model's own kind; ``family="native"`` probes its tangent space) and :mod:`.diagnostics` (stream norms, NAG).
 """
 
 from .capture import StreamTaps
 from .diagnostics import StreamDiagnostics
-from .families import FeatureMap, ResidualBranch, build_feature_map, positions
+from .features import FeatureMap, ResidualBranch, build_feature_map, positions
 from .grow import Grown, InsertedResidual, grow
 from .locate import HEAD, Candidate, find_blocks, find_candidates, named_candidates
 from .growth import GrowthResult, GrowthRound, grow_until_saturated

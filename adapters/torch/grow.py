@@ -20,12 +20,12 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from satcore._psd import DEFAULT_RTOL
+from satcore import DEFAULT_RTOL
 from satcore.insertion import alpha_for_relative_update, plan_insertion
 from satcore.quantities import growth_value_from_moments
 
 from .capture import get_output, get_stream, with_output, with_stream
-from .families import ResidualBranch
+from .features import ResidualBranch
 
 
 class InsertedResidual(nn.Module):

@@ -2,7 +2,8 @@
 
 A ``DataCollator`` (or a tokenizer's ``BatchEncoding``) gives a mapping
 ``{"input_ids", "attention_mask", "labels", ...}``.  The probe passes the
-whole mapping to the model and reads the targets from ``labels``.  Without a
+whole mapping to the model and reads the targets from ``labels`` (the batch
+convention of every adapter, :mod:`satcore.adapters.batches`).  Without a
 ``loss_fn`` it uses :func:`per_sample_loss` for the model's task, the
 PER-SAMPLE form of the loss the model computes itself:
 
@@ -27,7 +28,6 @@ the probe refuses a 0-d loss under padding (:func:`scalar_loss_problem`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -111,19 +111,6 @@ def model_loss(model: nn.Module):
 
     loss_fn.__name__ = "model_loss"
     return loss_fn
-
-
-def split_batch(batch):
-    """``(inputs, targets)`` of one batch: a mapping is the model's inputs (all of it) with targets
-    ``batch["labels"]`` (``None`` without), else a pair ``(inputs, targets)``."""
-    if isinstance(batch, Mapping):  # a dict, a DataCollator's output, a BatchEncoding (a UserDict)
-        return batch, batch.get("labels")
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0], batch[1]
-    raise ValueError(
-        f"a batch is a pair (inputs, targets) or a mapping of model inputs (with 'labels' for the targets), "
-        f"got {type(batch).__name__}" + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
-    )
 
 
 def scalar_loss_problem(keep: torch.Tensor | None, targets) -> str | None:

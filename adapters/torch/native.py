@@ -94,7 +94,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .capture import with_stream
-from .families import FeatureMap
+from .features import FeatureMap
 from .locate import HEAD, find_blocks, is_resnet_block
 
 # (attention output, MLP output) of the supported Hugging Face pre-norm blocks

@@ -30,6 +30,8 @@ import torch
 from torch import nn
 
 from satcore.depth import TRAINING_SPLIT_NAMES, DepthStatistics
+from satcore.adapters.batches import split_batch
+from satcore.adapters.options import per_candidate
 from satcore.families import FAMILIES
 from satcore.results import TRAINING_SPLIT_WARNING
 from satcore.statistics import CandidateStatistics
@@ -38,8 +40,8 @@ from .capture import StreamTaps
 from .checkpoint import load_checkpoint, save_checkpoint
 from .diagnostics import StreamAccumulator
 from .distributed import reduce_probe
-from .hf import model_loss, scalar_loss_problem, split_batch
-from .families import ConvFeatures, build_feature_map, positions, rebuild_feature_map
+from .features import ConvFeatures, build_feature_map, positions, rebuild_feature_map
+from .hf import model_loss, scalar_loss_problem
 from .locate import find_candidates, named_candidates
 from .masks import applies, batch_mask, check_samples, drop_absent, mask_label
 from .moments import (
@@ -144,10 +146,6 @@ def eval_mode(model: nn.Module):
     finally:
         for m, training in modes.items():
             m.train(training)
-
-
-def _family_for(family, name, default="auto"):
-    return family.get(name, default) if isinstance(family, dict) else family
 
 
 def _family_label(family):
@@ -274,9 +272,8 @@ class Probe:
         self.found = (find_candidates(model, head=config.head) if config.candidates is None
                       else named_candidates(model, config.candidates, head=config.head))
         names = [c.name for c in self.found]
-        if isinstance(config.family, dict) and set(config.family) - set(names):
-            unknown = sorted(set(config.family) - set(names))
-            raise ValueError(f"family given for unknown candidate(s) {unknown}; candidates are {names}")
+        self.family = per_candidate(config.family, names, "family", default="auto")
+        self.n_features = per_candidate(config.n_features, names, "n_features")
         self.init_std = model_init_std(model) if config.init_std is None else config.init_std
         parameter = next(model.parameters(), None)
         self.dtype = parameter.dtype if parameter is not None else torch.float32
@@ -306,7 +303,7 @@ class Probe:
     def update(self, batch) -> int:
         """Add one batch (see the class docstring); returns its number of samples."""
         config, names = self.config, [c.name for c in self.found]
-        inputs, targets = split_batch(batch)
+        inputs, targets = split_batch(batch, targets_to_model=True)
         loss_fn = self.loss_fn
         if loss_fn is None:
             if not isinstance(inputs, Mapping) or targets is None:
@@ -335,8 +332,8 @@ class Probe:
                 z = taps.streams[name]
                 if name not in self.families:
                     self.families[name] = build_feature_map(
-                        _family_for(config.family, name), z, seed=config.seed, init_std=self.init_std,
-                        n_features=_family_for(config.n_features, name, None), model=self.model,
+                        self.family[name], z, seed=config.seed, init_std=self.init_std,
+                        n_features=self.n_features[name], model=self.model,
                         candidate=taps.by_name[name]).eval()
                 if self.families[name].reads_context:  # the native family runs the fresh block with the call's context
                     self.families[name].context = taps.calls[name]
@@ -401,7 +398,8 @@ class Probe:
             families=dict(self.families),
             streams=streams,
             candidates=self.found,
-            meta={"model": type(self.model).__name__, "loss": loss, "split": self.config.split},
+            meta={"framework": "torch", "model": type(self.model).__name__, "loss": loss, "split": self.config.split,
+                  "seed": self.config.seed},
         )
 
 
@@ -468,7 +466,7 @@ def plan(model: nn.Module, batch, loss_fn=None, *, config: ProbeConfig | None = 
     would build give ``r`` (see :class:`CandidatePlan` for the formulas).
     """
     state = Probe(model, loss_fn, config, **options)
-    inputs, _ = split_batch(batch)
+    inputs, _ = split_batch(batch, targets_to_model=True)
     names = [c.name for c in state.found]
     with torch.no_grad(), eval_mode(state.model), StreamTaps(state.model, state.found) as taps:
         call_model(state.model, to_device(inputs, state.device))
@@ -478,10 +476,9 @@ def plan(model: nn.Module, batch, loss_fn=None, *, config: ProbeConfig | None = 
         rows = []
         for name in names:
             z = taps.streams[name]
-            feature_map = build_feature_map(_family_for(state.config.family, name), z, seed=state.config.seed,
-                                            init_std=state.init_std,
-                                            n_features=_family_for(state.config.n_features, name, None),
-                                            model=state.model, candidate=taps.by_name[name])
+            feature_map = build_feature_map(state.family[name], z, seed=state.config.seed, init_std=state.init_std,
+                                            n_features=state.n_features[name], model=state.model,
+                                            candidate=taps.by_name[name])
             M, T, N = positions(z).shape
             r = feature_map.n_features
             grams = 2 if state.config.variance else 1

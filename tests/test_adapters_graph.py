@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from satcore._graph import Ancestry, residual_skip
+from satcore.adapters.graph import Ancestry, residual_skip
 
 # x -> h -> f1 -> f2 ; g = proj(h) ; y = relu(x) ; m = mask (no parents)
 GRAPH = {"x": [], "h": ["x"], "f1": ["h"], "f2": ["f1", "w"], "w": [], "g": ["h", "w"], "y": ["x"], "m": [],

@@ -1,4 +1,4 @@
-"""The residual-``Add`` search shared by the Keras and ONNX front-ends (pure Python).
+"""The residual-``Add`` search shared by the Keras and ONNX adapters (pure Python, no framework).
 
 A front-end describes its tensor graph by ``parents(key)``: the keys (any hashable: ONNX
 tensor names, ids of Keras tensors) of the tensors a tensor is computed from, along the data
@@ -68,6 +68,18 @@ def residual_skip(ancestry: Ancestry, a, b, eligible: Callable[[Hashable], bool]
     otherwise the latest ``eligible`` tensor both derive from (projection shortcut
     ``g(x) + f(x)``): one no other eligible common ancestor derives from, the nearest to ``a``
     when there are several.
+
+    Examples
+    --------
+    >>> from satcore.adapters.graph import Ancestry, residual_skip
+    >>> edges = {"x": [], "h": ["x"], "f": ["h"], "g": ["h"], "m": []}   # f(h), g(h) from h = stem(x)
+    >>> ancestry = Ancestry(lambda key: edges[key])
+    >>> residual_skip(ancestry, "h", "f", eligible=lambda key: True)     # h + f(h)
+    'h'
+    >>> residual_skip(ancestry, "g", "f", eligible=lambda key: True)     # g(h) + f(h): projection shortcut
+    'h'
+    >>> residual_skip(ancestry, "x", "m", eligible=lambda key: True) is None   # unrelated: no block
+    True
     """
     if a in ancestry.of(b):
         return a

@@ -40,13 +40,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import skip_init
 
-from satcore.families import FAMILIES, make_family
+from satcore.adapters.options import builtin_kind, family_spec
+from satcore.families import make_family
 
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
 
 def positions(z: torch.Tensor) -> torch.Tensor:
-    """``z`` as ``(M, T, N)``: ``(M, N) -> (M, 1, N)``, ``(M, C, H, W) -> (M, H*W, C)``."""
+    """``z`` as ``(M, T, N)``: ``(M, N) -> (M, 1, N)``, ``(M, C, H, W) -> (M, H*W, C)``.
+
+    The torch twin of :func:`satcore.families.positions` (the one layout, docs/core.md,
+    Conventions), for tensors that stay on the model's device and in its graph.
+    """
     if z.dim() == 2:
         return z[:, None, :]
     if z.dim() == 3:
@@ -91,7 +96,7 @@ class MLPFeatures(FeatureMap):
     kind, positionwise = "mlp", True
 
     def __init__(self, family, like):
-        super().__init__(family.width, family.n_features, _spec(family))
+        super().__init__(family.width, family.n_features, family_spec(family))
         self.norm = nn.LayerNorm(family.width, eps=family.eps).to(like.dtype).to(like.device)
         # skip_init: the default (Kaiming) draw would be overwritten at once; it cost 1 ms per r x d map
         self.fc = skip_init(nn.Linear, family.width, family.n_features, bias=False, dtype=like.dtype,
@@ -108,7 +113,7 @@ class ConvFeatures(FeatureMap):
     kind = "conv"
 
     def __init__(self, family, like):
-        super().__init__(family.width, family.n_features, _spec(family))
+        super().__init__(family.width, family.n_features, family_spec(family))
         conv1 = family.params["conv1"]
         self.mid_channels = conv1.shape[0]
         self.conv = skip_init(nn.Conv2d, family.width, self.mid_channels, 3, padding=1, bias=False)
@@ -130,7 +135,7 @@ class LinearFeatures(FeatureMap):
     kind, positionwise = "linear", True
 
     def __init__(self, family, like):
-        super().__init__(family.width, family.n_features, _spec(family))
+        super().__init__(family.width, family.n_features, family_spec(family))
 
     def forward(self, z):
         return positions(z)
@@ -140,7 +145,7 @@ class BiasFeatures(FeatureMap):
     kind, positionwise = "bias", True
 
     def __init__(self, family, like):
-        super().__init__(family.width, 1, _spec(family))
+        super().__init__(family.width, 1, family_spec(family))
 
     def forward(self, z):
         p = positions(z)
@@ -167,17 +172,9 @@ def _as_positions(psi, m):
     return psi
 
 
-def _spec(family) -> dict:
-    """What rebuilds the family in any framework: ``make_family(kind, width, seed=..., init_std=...)``."""
-    return {"kind": family.kind, "width": family.width, "n_features": family.n_features, "seed": family.seed}
 
 
 BUILDERS = {"mlp": MLPFeatures, "conv": ConvFeatures, "linear": LinearFeatures, "bias": BiasFeatures}
-
-
-def auto_kind(z: torch.Tensor) -> str:
-    """``conv`` for channels-first images, ``mlp`` for vectors and token streams."""
-    return "conv" if z.dim() == 4 else "mlp"
 
 
 def build_feature_map(family, z: torch.Tensor, *, seed: int = 0, init_std: float | None = None, model=None,
@@ -201,11 +198,7 @@ def build_feature_map(family, z: torch.Tensor, *, seed: int = 0, init_std: float
         if model is None or candidate is None:
             raise ValueError("family 'native' needs the model and the candidate")
         return native_feature_map(model, candidate, z, seed=seed)
-    kind = auto_kind(z) if family == "auto" else family
-    if kind not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; choose 'auto', 'native', one of {FAMILIES}, or pass an nn.Module")
-    if kind == "conv" and z.dim() != 4:
-        raise ValueError(f"family 'conv' needs a (M, C, H, W) stream, got shape {tuple(z.shape)}")
+    kind = builtin_kind(family, z.shape, others="'native', or pass an nn.Module")
     width = z.shape[1] if z.dim() == 4 else z.shape[-1]
     init_std = init_std if kind == "mlp" else None
     # half-precision round-off in LayerNorm and W1 moved growth_value by 3% (bfloat16 GPT-2); the

@@ -16,11 +16,17 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from satcore.families import FAMILIES, Family, make_family
+from satcore.adapters.options import builtin_kind, family_spec
+from satcore.families import Family, make_family
 
 
 def positions(z):
-    """``(M, N) -> (M, 1, N)``; ``(M, T, N)`` unchanged; ``(M, H, W, C) -> (M, H*W, C)``."""
+    """``(M, N) -> (M, 1, N)``; ``(M, T, N)`` unchanged; ``(M, H, W, C) -> (M, H*W, C)``.
+
+    The TensorFlow twin of :func:`satcore.families.positions` (the one layout, docs/core.md,
+    Conventions): a channels-last map gives the same ``(M, H*W, C)`` positions as the
+    core's channels-first one, pixels row-major.
+    """
     rank = z.shape.rank
     if rank == 2:
         return z[:, None, :]
@@ -81,8 +87,7 @@ class FeatureMap:
     def describe(self) -> dict:
         if self.family is None:
             return {"kind": "user", "layer": getattr(self.user, "name", type(self.user).__name__)}
-        f = self.family
-        return {"kind": f.kind, "width": f.width, "n_features": f.n_features, "seed": f.seed}
+        return family_spec(self.family)
 
 
 def feature_map(spec, z, *, seed: int = 0, init_std: float | None = None, n_features: int | None = None) -> FeatureMap:
@@ -95,10 +100,6 @@ def feature_map(spec, z, *, seed: int = 0, init_std: float | None = None, n_feat
         return FeatureMap(spec)
     if callable(spec):
         return FeatureMap(None, spec)
-    kind = ("conv" if z.shape.rank == 4 else "mlp") if spec == "auto" else spec
-    if kind not in FAMILIES:
-        raise ValueError(f"unknown family {spec!r}; choose 'auto', one of {FAMILIES}, or pass a Keras layer")
-    if kind == "conv" and z.shape.rank != 4:
-        raise ValueError(f"family 'conv' needs a (M, H, W, C) stream, got shape {tuple(z.shape)}")
+    kind = builtin_kind(spec, tuple(z.shape), image_layout="(M, H, W, C)", others="pass a Keras layer")
     return FeatureMap(make_family(kind, width, seed=seed, init_std=init_std if kind == "mlp" else None,
                                   n_features=n_features))

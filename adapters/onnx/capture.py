@@ -1,21 +1,30 @@
-"""Reading an ONNX graph: tensor types, residual candidates, and the probe graph.
+"""Capture: the probe graph and per-sample activation gradients on plain ONNX Runtime.
 
-The probe graph is the model plus (a) a per-sample loss summed over the batch,
-``sum_i loss_i`` (for sequences ``loss_i`` is the mean over the counted
-tokens), so that its gradient at a candidate tensor ``z`` is ``q_i = d loss_i /
-d z_i`` for every sample at once (samples do not interact in an inference
-graph), and (b) every candidate tensor as an extra graph output, so the
-features can be computed from the captured activations.
+The probe graph (:func:`probe_graph`) is the model plus (a) a per-sample loss
+summed over the batch, ``sum_i loss_i`` (for sequences ``loss_i`` is the mean
+over the counted tokens), so that its gradient at a candidate tensor ``z`` is
+``q_i = d loss_i / d z_i`` for every sample at once (samples do not interact in
+an inference graph), and (b) every candidate tensor as an extra graph output,
+so the features can be computed from the captured activations.
+
+:class:`GradientRunner` runs it with :func:`~.autodiff.gradient_model`'s backward
+graph appended: one inference model that also outputs ``d (sum_i loss_i) / d z`` at each candidate ``z``; that is
+``q_i`` for every sample at once because an inference graph does not mix
+samples.  Any current ``onnxruntime`` runs it, at any batch size, on the
+execution providers given (CPU by default).
+
+``onnxruntime`` is imported inside functions so that ``import satcore`` stays light.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from .autodiff import GRAD_SUFFIX, gradient_model
 from .errors import OnnxProbeError
+from .locate import check_candidates, tensor_infos
 
+ROUTE = "backward-graph"
 LOSSES = ("cross_entropy", "mse")
 TARGETS = "satcore_targets"
 # weights turning the loss terms into ``sum_i loss_i``: a scalar 1 / (elements per sample) for
@@ -23,125 +32,49 @@ TARGETS = "satcore_targets"
 LOSS_SCALE = "satcore_loss_scale"
 IGNORE_INDEX = -100  # PyTorch's and Hugging Face's label for a token left out of the loss
 LOSS = "satcore_loss"
-FLOAT_TYPES = (1, 10, 11, 16)  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    """Element type (``onnx.TensorProto`` enum) and shape (ints, strings or None)."""
-
-    elem_type: int
-    shape: tuple | None
-
-
-def _info(value_info) -> TensorInfo:
-    t = value_info.type.tensor_type
-    if not t.HasField("shape"):
-        return TensorInfo(t.elem_type, None)
-    dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim)
-    return TensorInfo(t.elem_type, dims)
+def one_line(exc: BaseException) -> str:
+    """ORT's message without the C++ location and signature that precede it, on one line."""
+    text = " ".join(str(exc).split())
+    for marker in ("was false. ", "FAIL : "):
+        if marker in text and text.rpartition(marker)[2].strip():
+            text = text.rpartition(marker)[2]
+    return text[-300:]
 
 
-def tensor_infos(model) -> dict[str, TensorInfo]:
-    """Types and shapes of every named tensor, after ONNX shape inference."""
-    import onnx
+class GradientRunner:
+    """One ONNX Runtime session over the probe graph plus its backward graph.
 
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # inference is a convenience; unknown shapes are handled later
-        inferred = model
-    g = inferred.graph
-    out = {vi.name: _info(vi) for vi in list(g.value_info) + list(g.input) + list(g.output)}
-    for init in g.initializer:
-        out[init.name] = TensorInfo(init.data_type, tuple(init.dims))
-    return out
-
-
-def constant_names(graph) -> set[str]:
-    """Initializers and outputs of ``Constant`` nodes: never candidates."""
-    names = {i.name for i in graph.initializer}
-    names.update(o for n in graph.node if n.op_type == "Constant" for o in n.output)
-    return names
-
-
-SHAPE_OPS = ("Shape", "Size")  # their outputs carry no gradient: not data paths
-
-
-def residual_candidates(model) -> list[str]:
-    """Input tensors of residual blocks (skip inputs of residual ``Add`` nodes), upstream first.
-
-    An ``Add(a, b)`` is residual when one input (the skip, ``a``) is an
-    ancestor of the other (the branch output ``b``): ``a`` is the input of a
-    block ``a + f(a)``.  With a projection shortcut, ``Add(g(x), f(x))``, the
-    block input is the latest floating-point tensor both inputs derive from
-    (``x``).  Ancestry follows data edges only (not through ``Shape``/``Size``),
-    so a mask built from a tensor's shape does not make its ``Add`` residual;
-    bias additions (a constant input) are never residual, nor is an ``Add``
-    whose skip does not depend on a graph input (a mask made from shapes),
-    whose output is shaped unlike its identity skip (a broadcast mask), or
-    whose branch applies no weight (a constant of more than one element;
-    e.g. the ``x + 0.044715 x^3`` inside a tanh GELU).
+    ``runner(feeds)`` is ``(activations, gradients)``, each ``{candidate: array}``.
     """
-    from satcore._graph import Ancestry, residual_skip
 
-    graph = model.graph
-    constants = constant_names(graph)
-    producer = {o: n for n in graph.node for o in n.output}
-    infos = tensor_infos(model)
-    floating = {name for name, info in infos.items() if info.elem_type in FLOAT_TYPES}
-    inputs = {i.name for i in graph.input} - constants
-    # parameters: constants of more than one element (a block's branch applies some)
-    weights = {i.name for i in graph.initializer if np.prod(i.dims, dtype=np.int64) > 1}
-    weights.update(o for n in graph.node if n.op_type == "Constant" for o in n.output
-                   if n.attribute and n.attribute[0].name == "value" and np.prod(n.attribute[0].t.dims, dtype=np.int64) > 1)
-    for n in graph.node:  # exporters share equal weights through Identity nodes
-        if n.op_type == "Identity" and n.input[0] in weights:
-            weights.add(n.output[0])
+    name = ROUTE
 
-    def parents(name):
-        node = producer.get(name)
-        return [] if node is None or node.op_type in SHAPE_OPS else [i for i in node.input if i]
+    def __init__(self, probe, candidates, graph_inputs, providers=None):
+        import onnxruntime as ort
 
-    ancestry = Ancestry(parents)
-    found: list[str] = []
-    for node in graph.node:
-        if node.op_type != "Add" or len(node.input) != 2:
-            continue
-        a, b = node.input
-        if a in constants or b in constants or a == b:
-            continue
-        skip = residual_skip(ancestry, a, b, lambda t: t in floating and t not in constants)
-        if skip is None or skip in found or not (skip in inputs or ancestry.of(skip) & inputs):
-            continue  # a mask made from shapes and constants carries no sample's data
-        if skip in (a, b) and not _same_shape(infos.get(skip), infos.get(node.output[0])):
-            continue  # an identity skip broadcast into the sum (an attention mask, say) is no block x + f(x)
-        # the branch's nodes (computed after the skip) must apply a weight, shared ones included;
-        # x + 0.0447 x^3 inside a GELU applies none: no block
-        branch = (ancestry.of(a) | ancestry.of(b) | {a, b}) - ancestry.of(skip) - {skip}
-        if any(t in producer and any(i in weights for i in producer[t].input) for t in branch):
-            found.append(skip)
-    return found
+        self.candidates = list(candidates)
+        self.graph_inputs = set(graph_inputs)
+        model = gradient_model(probe, LOSS, self.candidates, tensor_infos(probe))
+        options = ort.SessionOptions()
+        options.log_severity_level = 4  # a refused batch raises one line here; ORT's own log would add another
+        try:
+            self.session = ort.InferenceSession(model.SerializeToString(), options,
+                                                providers=list(providers or ["CPUExecutionProvider"]))
+        except Exception as exc:  # ORT's pybind errors (Fail, InvalidGraph, NotImplemented, ...)
+            raise OnnxProbeError(f"ONNX Runtime refused the gradient graph: {one_line(exc)}") from None
+        self.fetch = [LOSS]
+        self.fetch += [n for n in self.candidates if n not in self.graph_inputs]
+        self.fetch += [n + GRAD_SUFFIX for n in self.candidates]
 
-
-def _same_shape(one, other) -> bool:
-    """False only where both shapes are known and differ (rank, or a static extent)."""
-    if one is None or other is None or one.shape is None or other.shape is None:
-        return True
-    if len(one.shape) != len(other.shape):
-        return False
-    return all(not (isinstance(p, int) and isinstance(q, int)) or p == q for p, q in zip(one.shape, other.shape))
-
-
-def check_candidates(model, names) -> None:
-    """Refuse names that are not tensors of the graph (or are constants)."""
-    graph = model.graph
-    known = {o for n in graph.node for o in n.output} | {i.name for i in graph.input}
-    constants = constant_names(graph)
-    for name in names:
-        if name in constants:
-            raise OnnxProbeError(f"candidate {name!r} is a constant (initializer), not an activation")
-        if name not in known:
-            raise OnnxProbeError(f"candidate tensor {name!r} is not in the ONNX graph")
+    def __call__(self, feeds: dict) -> tuple[dict, dict]:
+        try:
+            values = dict(zip(self.fetch, self.session.run(self.fetch, feeds)))
+        except Exception as exc:  # ORT raises its own exception types
+            raise OnnxProbeError(f"ONNX Runtime failed on a batch: {one_line(exc)}") from None
+        acts = {n: (feeds[n] if n in self.graph_inputs else values[n]) for n in self.candidates}
+        return acts, {n: values[n + GRAD_SUFFIX] for n in self.candidates}
 
 
 def _loss_nodes(model, loss: str, output: str, infos) -> tuple[list, list]:

@@ -1,0 +1,70 @@
+"""Options every adapter resolves the same way (pure Python: no framework is imported).
+
+* :func:`per_candidate`: an option given once for every candidate or as a mapping
+  candidate -> value (``family``, ``n_features``);
+* :func:`builtin_kind`: which of :data:`satcore.families.FAMILIES` a family option names
+  (``"auto"``: ``conv`` for a 4-d image stream, ``mlp`` for vectors and tokens);
+* :func:`family_spec`: what a result records of a built-in family, enough to rebuild it
+  with ``make_family`` in any framework.
+
+Each adapter then builds the family's feature map for its tensors (``features.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from satcore.families import FAMILIES
+
+
+def per_candidate(value, names, option: str, default=None) -> dict:
+    """``{candidate: value}`` for the candidates ``names``.
+
+    A mapping gives each candidate its own value (one it leaves out gets ``default``);
+    any other value is every candidate's.  A mapping key that is no candidate is refused
+    (ValueError naming it and ``option``): a misspelt name would silently fall back.
+
+    Examples
+    --------
+    >>> from satcore.adapters.options import per_candidate
+    >>> per_candidate("mlp", ["a", "b"], "family")
+    {'a': 'mlp', 'b': 'mlp'}
+    >>> per_candidate({"b": "linear"}, ["a", "b"], "family", default="auto")
+    {'a': 'auto', 'b': 'linear'}
+    """
+    names = list(names)
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - set(names), key=str)
+        if unknown:
+            raise ValueError(f"{option} given for unknown candidate(s) {unknown}; candidates are {names}")
+        return {name: value.get(name, default) for name in names}
+    return {name: value for name in names}
+
+
+def builtin_kind(spec, shape, *, image_layout: str = "(M, C, H, W)", others: str = "pass a feature map") -> str:
+    """The built-in family ``spec`` names for a stream of ``shape``.
+
+    ``"auto"`` is ``conv`` for a 4-d stream (an image, laid out ``image_layout`` by the
+    framework) and ``mlp`` otherwise; a kind must be one of ``FAMILIES``, and ``conv``
+    needs a 4-d stream.  ``others`` says in the error what else the adapter takes.
+
+    Examples
+    --------
+    >>> from satcore.adapters.options import builtin_kind
+    >>> builtin_kind("auto", (8, 3, 5, 5)), builtin_kind("auto", (8, 16, 32)), builtin_kind("linear", (8, 4))
+    ('conv', 'mlp', 'linear')
+    """
+    rank = len(shape)
+    kind = ("conv" if rank == 4 else "mlp") if spec == "auto" else spec
+    if kind not in FAMILIES:
+        raise ValueError(f"unknown family {spec!r}; choose 'auto', one of {FAMILIES}, or {others}")
+    if kind == "conv" and rank != 4:
+        raise ValueError(f"family 'conv' needs a {image_layout} stream, got shape {tuple(shape)}")
+    return kind
+
+
+def family_spec(family) -> dict:
+    """``{kind, width, n_features, seed}`` of a :class:`satcore.Family`: ``make_family(kind, width,
+    seed=seed)`` rebuilds it (``n_features=`` for ``mlp`` and ``conv``; ``init_std=`` as the
+    adapter records it)."""
+    return {"kind": family.kind, "width": family.width, "n_features": family.n_features, "seed": family.seed}
