@@ -81,6 +81,9 @@ INDEFINITE_RTOL = 1e-3
 PROJECTION_RTOL = 1e-2
 MATRIX_FIELDS = ("sum_cross", "sum_gram", "sum_xtx", "sum_qq")
 FOLD_FIELDS = ("fold_cross", "fold_samples")
+# what depends on how the samples were cut into batches (eq. (2)'s batch average, the folds); every
+# other sum of one pass is the same however the same samples are batched
+BATCHING_FIELDS = ("n_batches", "sum_batch_grad_norm") + FOLD_FIELDS
 FIELDS = SCALAR_FIELDS + MATRIX_FIELDS + FOLD_FIELDS
 # absent from dumps written before they existed (n_vectors, folds) or when not asked for (sum_xtx)
 OPTIONAL_FIELDS = ("n_vectors", "sum_xtx", "n_folds", "sum_qq") + FOLD_FIELDS

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from satcore.statistics import BATCHING_FIELDS
 from satcore import CandidateStatistics, make_family
 from satcore.adapters.torch import Probe, find_blocks, probe
 from satcore.adapters.torch.locate import declared_blocks
@@ -33,8 +34,7 @@ SENTENCES = [
     "Depth sufficiency is a first-order criterion.",
     "Short one",
 ]
-# batching changes these and nothing else
-PER_BATCH = ("n_batches", "sum_batch_grad_norm", "n_positions", "fold_cross", "fold_samples")  # the folds: batching
+PER_BATCH = BATCHING_FIELDS + ("n_positions",)  # n_positions: the first batch's T
 
 
 @functools.lru_cache(maxsize=1)

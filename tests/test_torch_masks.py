@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import models_torch as mt
+from satcore.statistics import BATCHING_FIELDS
 from satcore.adapters.torch import probe, sequence_loss
 
 torch.set_num_threads(1)
@@ -26,8 +27,7 @@ SENTENCES = [
     "Hello world",
     "Residual networks can be grown deeper when the growth value is large.",
 ]
-# batching changes these and nothing else: the batch count and the eq. (2) per-batch norms
-PER_BATCH = ("n_batches", "sum_batch_grad_norm", "n_positions", "fold_cross", "fold_samples")  # the folds: batching
+PER_BATCH = BATCHING_FIELDS + ("n_positions",)  # n_positions: the first batch's T
 
 
 @functools.lru_cache(maxsize=1)
