@@ -140,7 +140,7 @@ def sign_flip_p_value(G, w, *, seed: int = 0) -> tuple[float, bool]:
     observed = float(A.sum())
     # ties within round-off count as at least as extreme (the identity pattern always does)
     slack = 1e-12 * float(np.abs(A).sum())
-    if m - 1 <= EXACT_FOLDS - 1:
+    if m <= EXACT_FOLDS:
         codes = np.arange(2 ** (m - 1), dtype=np.int64)
         bits = (codes[:, None] >> np.arange(m - 1)) & 1
         eps = np.concatenate([np.ones((codes.size, 1)), 1.0 - 2.0 * bits], axis=1)
@@ -152,12 +152,17 @@ def sign_flip_p_value(G, w, *, seed: int = 0) -> tuple[float, bool]:
     return (1.0 + float(np.count_nonzero(values >= observed - slack))) / (1.0 + RANDOM_PATTERNS), False
 
 
-def unbiased_square(G, w) -> float:
-    """``U = sum_{a != b} w_a w_b G_ab / (1 - sum_a w_a^2)``: unbiased for ``||mu||^2``."""
+def off_diagonal_sum(G, w) -> float:
+    """``T(1) = sum_{a != b} w_a w_b G_ab``."""
     G = np.asarray(G, dtype=np.float64)
     w = np.asarray(w, dtype=np.float64)
-    off = float(w @ G @ w - np.sum(w * w * np.diagonal(G)))
-    return off / (1.0 - float(np.sum(w * w)))
+    return float(w @ G @ w - np.sum(w * w * np.diagonal(G)))
+
+
+def unbiased_square(G, w) -> float:
+    """``U = sum_{a != b} w_a w_b G_ab / (1 - sum_a w_a^2)``: unbiased for ``||mu||^2``."""
+    w = np.asarray(w, dtype=np.float64)
+    return off_diagonal_sum(G, w) / (1.0 - float(np.sum(w * w)))
 
 
 def jackknife_se(G, w) -> float:
@@ -202,8 +207,7 @@ def fold_test(fold_sums, fold_counts, whiten=None, *, seed: int = 0) -> FoldTest
     if m < MIN_FOLDS:
         return FoldTest(0.0, math.nan, math.inf, 1.0, m, True)
     p, exact = sign_flip_p_value(G, w, seed=seed)
-    off = float(w @ G @ w - np.sum(w * w * np.diagonal(G)))
-    return FoldTest(off, unbiased_square(G, w), jackknife_se(G, w), p, m, exact)
+    return FoldTest(off_diagonal_sum(G, w), unbiased_square(G, w), jackknife_se(G, w), p, m, exact)
 
 
 def holm(p_values) -> np.ndarray:
