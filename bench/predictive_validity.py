@@ -202,7 +202,7 @@ def smollm2_task() -> Task | None:
 
     text = load_text(False)
     raw = bytes(np.concatenate([text.train, text.probe, text.test])).decode("utf-8", "replace")
-    loaded = smollm2(raw, 8 * sum(SMOLLM2["batches"]), SMOLLM2["seq_len"])
+    loaded = smollm2(raw, 8 * sum(SMOLLM2["batches"]), SMOLLM2["seq_len"], n_batches=sum(SMOLLM2["batches"]))
     if loaded is None:
         return None
     model, data, loss_fn, label, _ = loaded

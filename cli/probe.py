@@ -90,6 +90,11 @@ def batches(path: str, headers: dict[str, NpyHeader], batch_size: int):
     "--init-std", type=FiniteFloatRange(min=0, min_open=True), default=None,
     help="Weight scale of the mlp family (default width**-0.5; e.g. 0.02 for GPT-2-style models).",
 )
+@click.option(
+    "--n-features", type=click.IntRange(min=1), default=None,
+    help="Feature count r of the built-in families (mlp: its hidden width, default 4x the stream width; "
+    "conv: 9x its mid channels).",
+)
 @click.option("--output", "output_name", default=None, help="Model output the loss reads (default: the first).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True,
               help="Samples per ONNX Runtime run.")
@@ -100,8 +105,8 @@ def batches(path: str, headers: dict[str, NpyHeader], batch_size: int):
               help="ONNX Runtime execution providers in order of preference, e.g. "
               "CUDAExecutionProvider,CPUExecutionProvider (default: CPU).")
 @click.option("-o", "--out", "out_path", required=True, metavar="DUMP", help="Dump file to write (.npz).")
-def probe(model, data_path, loss, candidates, family, seed, init_std, output_name, batch_size, split, variance,
-          providers, out_path):
+def probe(model, data_path, loss, candidates, family, seed, init_std, n_features, output_name, batch_size, split,
+          variance, providers, out_path):
     """Probe the ONNX file MODEL on DATA.npz and write a dump for 'satcore score'."""
     check_target(out_path, (model, data_path))  # before the probe: -o MODEL or -o DATA is refused now
     arrays = read_data(data_path)
@@ -138,6 +143,7 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, output_nam
             split=split,
             variance=variance,
             providers=providers,
+            n_features=n_features,
         )
     except OnnxProbeError as exc:
         if str(exc).startswith("batch "):  # the adapter refused a batch: the data file's fault, so name it

@@ -56,8 +56,8 @@ def residual_mlp(path, ws):
     return path
 
 
-def reference(ws, x, y, kind, seed):
-    """Closed-form per-sample gradients at h0 and h1 (float64), scored by the core."""
+def closed_form(ws, x, y):
+    """``(z, q)`` at h0 and h1: the stream and its closed-form per-sample gradients (float64)."""
     W0, W1, W2, W3 = (w.astype(np.float64) for w in ws)
     h0 = x.astype(np.float64) @ W0
     b1 = np.tanh(h0 @ W1)
@@ -70,11 +70,13 @@ def reference(ws, x, y, kind, seed):
     g_h2 = g_logits @ W3.T
     g_h1 = g_h2 + (g_h2 * (1 - b2**2)) @ W2.T
     g_h0 = g_h1 + (g_h1 * (1 - b1**2)) @ W1.T
-    out = []
-    for z, q in ((h0, g_h0), (h1, g_h1)):
-        psi = make_family(kind, D, seed=seed).features(z)
-        out.append(CandidateStatistics.from_samples(q, psi).score())
-    return out
+    return [(h0, g_h0), (h1, g_h1)]
+
+
+def reference(ws, x, y, kind, seed, n_features=None):
+    """The closed-form gradients scored by the core with the family ``make_family(kind, D, seed, n_features)``."""
+    family = make_family(kind, D, seed=seed, n_features=n_features)
+    return [CandidateStatistics.from_samples(q, family.features(z)).score() for z, q in closed_form(ws, x, y)]
 
 
 @pytest.fixture
@@ -176,3 +178,28 @@ def test_providers_option_runs_on_the_named_provider_and_refuses_unknown_ones(fi
                                "-o", str(tmp_path / "x.npz")])
     assert res.exit_code == 2 and "NoSuchExecutionProvider is not available" in res.output
     assert not (tmp_path / "x.npz").exists()
+
+
+def test_n_features_sets_the_family_width(files, tmp_path):
+    """``--n-features 10`` gives the mlp family r = 10 (not 4 * D = 24), scored like the closed form at r = 10."""
+    ws, x, y, model, data = files
+    out = tmp_path / "dump.npz"
+    res = CliRunner().invoke(main, ["probe", str(model), "--data", str(data), "--family", "mlp", "--n-features", "10",
+                                    "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads(CliRunner().invoke(main, ["score", str(out), "--json"]).output)
+    at_10, at_24 = reference(ws, x, y, "mlp", 0, n_features=10), reference(ws, x, y, "mlp", 0)
+    for got, ref, default in zip(report["candidates"], at_10, at_24):
+        assert got["n_features"] == 10
+        assert got["growth_value"] == pytest.approx(ref.growth_value, rel=1e-5)
+        assert got["growth_value"] != pytest.approx(default.growth_value, rel=1e-3)  # the option acts
+
+
+def test_n_features_the_family_cannot_take_is_one_line_exit_2(files, tmp_path):
+    _, _, _, model, data = files
+    out = tmp_path / "dump.npz"
+    res = CliRunner().invoke(main, ["probe", str(model), "--data", str(data), "--family", "linear", "--n-features", "3",
+                                    "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    assert "n_features" in res.output and "Traceback" not in res.output
+    assert not out.exists()
