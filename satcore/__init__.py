@@ -16,7 +16,7 @@ package-dir), and in a checkout the symlinks ``satcore/adapters -> ../adapters``
 and ``satcore/cli -> ../cli`` make them the same subpackages without installing.
 """
 
-from ._psd import DEFAULT_RTOL
+from ._psd import DEFAULT_RTOL, PsdSpectrum, psd_spectrum
 from .alignment import (
     AlignmentEstimate,
     alignment_moments,
@@ -116,6 +116,8 @@ __all__ = [
     "realizability",
     "tangent_complete",
     "DEFAULT_RTOL",
+    "PsdSpectrum",
+    "psd_spectrum",
     # streaming statistics and reports (docs/core.md, Streaming statistics)
     "CandidateStatistics",
     "batch_moments",

@@ -100,6 +100,40 @@ def jacobi_scale(G: np.ndarray) -> np.ndarray:
 def psd_spectrum(G: np.ndarray, rtol: float = DEFAULT_RTOL) -> PsdSpectrum:
     """The kept spectrum of ``S G S``; ``lowest`` far below 0 (``-inf`` at worst) says ``G`` is no Gram matrix.
 
+    The one generalised inverse ``G^- = S (S G S)^+ S`` (``S = diag(G)^-1/2``)
+    every growth value uses, ``V^2 = tr(C K^- C^T)`` (Lemma 4 of Liu et al.);
+    this module's docstring says why ``G^-`` and which eigenvalues count.
+
+    Parameters
+    ----------
+    G : ndarray, shape (r, r)
+        A symmetric positive semi-definite matrix (a feature Gram ``K``).
+    rtol : float, optional
+        Eigenvalues of ``S G S`` at or below ``rtol`` times the largest are zero.
+
+    Returns
+    -------
+    PsdSpectrum
+        ``rank``, ``whiten(C)`` (``||whiten(C)||_F^2 = tr(C G^- C^T)``),
+        ``quadratic_form(A, B)`` and ``pinv()``.
+
+    Examples
+    --------
+    A rank-one Gram matrix: the growth value of ``C`` is the norm of its part
+    along the one feature direction.
+
+    >>> import numpy as np
+    >>> from satcore import psd_spectrum
+    >>> K = np.array([[1.0, 2.0], [2.0, 4.0]])
+    >>> spec = psd_spectrum(K)
+    >>> spec.rank
+    1
+    >>> C = np.array([[1.0, 2.0]])
+    >>> round(spec.quadratic_form(C), 12)  # tr(C K^- C^T): C = (1, 2) lies in K's row space
+    1.0
+    >>> bool(np.allclose(K @ spec.pinv() @ K, K))  # a generalised inverse
+    True
+
     A Gram matrix has ``|G_jk| <= sqrt(G_jj G_kk)`` (Cauchy-Schwarz), so every
     entry of ``S G S`` lies in ``[-1, 1]``.  An entry that overflows to infinity
     (``[[1e-320, 1e300], [1e300, 1e-320]]``: ``1e300 * 1e160 * 1e160``) breaks

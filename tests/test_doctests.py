@@ -16,6 +16,7 @@ import pytest
 
 MODULES = [
     "satcore.quantities",
+    "satcore._psd",
     "satcore.alignment",
     "satcore.insertion",
     "satcore.optim",

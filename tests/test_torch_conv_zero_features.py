@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from satcore._psd import psd_spectrum
+from satcore import psd_spectrum
 from satcore.adapters.torch.moments import conv_batch_moments
 from satcore.families import unfold3x3
 

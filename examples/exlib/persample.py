@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from satcore._psd import psd_spectrum
+from satcore import psd_spectrum
 from satcore.adapters.torch import StreamTaps, positions
 from satcore.adapters.torch.probe import eval_mode
 
