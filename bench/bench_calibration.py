@@ -161,13 +161,67 @@ def power_table(reps, rng, shifts=(0.05, 0.1, 0.2, 0.35)):
     return rows
 
 
+def looks_sequence(rng, schedule, shift=0.0, batch=2, r=4):
+    """One probe enlarged by ``schedule`` on ``q = noise + shift psi[:, :4]`` (``V_pop = 2 shift``), one
+    candidate, ``batch`` samples a batch: ``(verdict, batches used, looks taken)``."""
+    n = schedule.total * batch
+    psi = rng.standard_normal((n, 1, r))
+    q = rng.standard_normal((n, 1, N_HIDDEN)) + shift * psi[..., :N_HIDDEN]
+    stats = satcore.CandidateStatistics(N_HIDDEN, r, 1, True)
+    done = [0]
+
+    def report_at(n_batches, alpha):
+        for b in range(done[0], n_batches):  # batch b goes to fold b mod 16, as in a probe
+            stats.update(q[b * batch : (b + 1) * batch], psi[b * batch : (b + 1) * batch])
+        done[0] = n_batches
+        return satcore.DepthStatistics({"z": stats}).report(alpha=alpha)
+
+    report, used, looks = schedule.enlarge(report_at)
+    return report.verdict.verdict, used, looks
+
+
+def looks_table(reps, rng, initial=16, total=128, shifts=(0.0, 0.1, 0.2, 0.35)):
+    """Probes enlarged until they decide (``look_schedule``: looks at 16, >= 32, >= 64, 128 batches of 2,
+    each at alpha / 4) beside the first look alone and the whole probe at alpha, and under H0 beside the
+    same looks each at alpha: rate of 'improvable' and mean batches probed."""
+    from dataclasses import replace
+
+    from satcore.verdicts import look_schedule
+
+    modes = {"enlarged": look_schedule(initial, total, ALPHA), "first look only": look_schedule(initial, initial, ALPHA),
+             "whole probe": look_schedule(total, total, ALPHA)}
+    rows = {}
+    for shift in shifts:
+        run = dict(modes)
+        if shift == 0:
+            run["enlarged, alpha at every look"] = replace(modes["enlarged"], alpha_per_look=ALPHA)
+        for mode, schedule in run.items():
+            out = [looks_sequence(rng, schedule, shift) for _ in range(reps)]
+            rows[f"V_pop_{2 * shift:g} {mode}"] = {
+                "V_pop": 2 * shift, "mode": mode, "reps": reps, "looks_planned": schedule.looks,
+                "alpha_per_look": schedule.alpha_per_look,
+                "improvable": float(np.mean([o[0] == "improvable" for o in out])),
+                "mean_batches": float(np.mean([o[1] for o in out])), "mean_looks": float(np.mean([o[2] for o in out]))}
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 repetitions instead of 1000.")
     parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--looks", action="store_true",
+                        help="only the probes enlarged until they decide (section calibration_looks; 500 repetitions)")
     args = parser.parse_args()
     reps = args.reps or (100 if args.quick else 1000)
     rng = np.random.default_rng(2026)
+    if args.looks:
+        start = time.perf_counter()
+        values = {"alpha": ALPHA, "batch": 2, "looks": looks_table(args.reps or 500, rng)}
+        values["seconds"] = round(time.perf_counter() - start, 1)
+        record("calibration_looks", values)
+        for name, row in values["looks"].items():
+            print(name, {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+        return
     start = time.perf_counter()
     values = {"alpha": ALPHA, "folds": FOLDS, "size": size_table(reps, rng), "power": power_table(reps // 2, rng)}
     values["seconds"] = round(time.perf_counter() - start, 1)

@@ -32,6 +32,16 @@ decide has ``se (n / n')^1/2`` small enough for ``U`` to clear
 step) or for ``U + z_{1-alpha/2} se' < tau^2`` (saturated):
 ``n' = n (z se / U)^2`` or ``n (z se / (tau^2 - U))^2``.  Since it assumes
 the estimate stays put, it is a planning number, not a promise.
+
+Enlarging a probe until it decides.  Testing again each time batches are
+added and stopping at the first decision would spend ``alpha`` once per look.
+:func:`look_schedule` fixes the looks in advance instead: the first after
+``initial`` batches, each next one at least twice as large (or at the size
+estimated to decide, if larger) and the last one at ``total``, so there are at
+most ``L = 1 + ceil(log2(total / initial))`` of them, and every look tests at
+``alpha / L``.  By the union bound over looks the chance of any false
+"improvable" (or any wrong "saturated") in the whole sequence stays at most
+``alpha``, however the looks' sizes were chosen from the data.
 """
 
 from __future__ import annotations
@@ -234,6 +244,78 @@ def decide(scores, *, alpha: float = DEFAULT_ALPHA, tolerance: float = 0.0, rho:
     verdict = Verdict(overall, alpha, {"value": float(tolerance), "units": units, "rho": rho},
                       best.name, METHOD, "; ".join(sorted(reasons)) or None)
     return tuple(tests), verdict
+
+
+@dataclass(frozen=True)
+class LookSchedule:
+    """Planned looks of a probe enlarged until it decides (module docstring).
+
+    ``initial`` and ``total``: batches at the first and at the largest look;
+    ``looks``: ``L``, the most looks the schedule can take; ``alpha``: the
+    sequence's level; ``alpha_per_look``: ``alpha / L``, each look's level.
+    """
+
+    initial: int
+    total: int
+    looks: int
+    alpha: float
+    alpha_per_look: float
+
+    def next_size(self, used: int, needed: int | None = None) -> int:
+        """Batches at the look after one at ``used``: ``max(2 used, needed)``, at most ``total``.
+
+        ``needed``: the batches estimated to decide (from ``probe_size_to_decide``), if known.
+        """
+        if not 1 <= used < self.total:
+            raise ValueError(f"no look after {used} of {self.total} batches")
+        return min(self.total, max(2 * used, needed or 0))
+
+    def enlarge(self, report_at):
+        """Look until the depth-wide verdict is not inconclusive or every batch is in.
+
+        ``report_at(n_batches, alpha)``: the report of the first ``n_batches``
+        batches at level ``alpha`` (an incremental probe fed up to there).
+        The size after an inconclusive look is :meth:`next_size`, with
+        ``needed`` the smallest ``probe_size_to_decide`` of its inconclusive
+        candidates in batches.  Returns ``(report, batches used, looks taken)``.
+        """
+        used = self.initial
+        for look in range(1, self.looks + 1):
+            report = report_at(used, self.alpha_per_look)
+            if report.verdict.verdict != INCONCLUSIVE or used == self.total:
+                return report, used, look
+            sizes = [t.probe_size_to_decide for t in report.tests
+                     if t.verdict == INCONCLUSIVE and t.probe_size_to_decide]
+            samples = max(c.n_samples for c in report.candidates)
+            used = self.next_size(used, math.ceil(min(sizes) * used / samples) if sizes else None)
+        raise AssertionError("unreachable: the last planned look holds every batch")
+
+
+def look_schedule(initial: int, total: int, alpha: float = DEFAULT_ALPHA) -> LookSchedule:
+    """Looks at ``initial``, then at least doubling, up to ``total`` batches, each at ``alpha / L``.
+
+    Parameters
+    ----------
+    initial, total : int
+        Batches of the first look and of the whole probe split (``1 <= initial``).
+    alpha : float
+        The level of the whole sequence of looks.
+
+    Examples
+    --------
+    >>> s = look_schedule(4, 20)
+    >>> s.looks, s.alpha_per_look  # looks at 4, >= 8, >= 16 and 20 batches at most
+    (4, 0.0125)
+    >>> s.next_size(4), s.next_size(8, needed=19), s.next_size(16)
+    (8, 19, 20)
+    """
+    if not (isinstance(initial, int) and isinstance(total, int) and 1 <= initial):
+        raise ValueError(f"initial must be an int >= 1 and total an int, got {initial!r} and {total!r}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    initial = min(initial, total)
+    looks = 1 + (math.ceil(math.log2(total / initial)) if total > initial else 0)
+    return LookSchedule(initial, total, looks, alpha, alpha / looks)
 
 
 def stream_rms_from_meta(meta: dict) -> dict:

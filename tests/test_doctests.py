@@ -22,6 +22,7 @@ MODULES = [
     "satcore.optim",
     "satcore.families",
     "satcore.sweep",
+    "satcore.verdicts",
     "satcore.adapters.batches",  # pure Python, like the core: no framework is imported
     "satcore.adapters.graph",
     "satcore.adapters.options",

@@ -16,6 +16,16 @@ Each round
 4. logs the round (JSON lines: depth, candidates with their tests, where the
    block went, losses before and after, seconds) and checkpoints the weights.
 
+Enlarging the probe.  With ``first_look_batches=b``, a round probes the first
+``b`` batches of ``probe_data`` and, while it is inconclusive, goes on over the
+next ones (the incremental :class:`~.probe.Probe`: nothing is probed twice),
+to at least twice as many batches each time, or to the size estimated to
+decide if that is larger, up to all of them.  Every look tests at
+``alpha / L``, ``L`` the most looks that schedule can take
+(:func:`satcore.verdicts.look_schedule`), so the round's chance of a false
+verdict stays at most ``alpha`` although it looks more than once.  Rounds with
+a strong signal then stop at ``b`` batches, and weak ones are decided on more.
+
 It stops with a stated reason: ``saturated`` (every candidate certified below
 the tolerance), ``inconclusive`` (no candidate qualifies but some are not
 certified either: the log gives the probe size estimated to decide them),
@@ -40,9 +50,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from satcore.verdicts import look_schedule
+
 from .locate import find_blocks
 from .native import insert_block
-from .probe import call_model, probe
+from .probe import Probe, call_model, probe
 
 SATURATED, INCONCLUSIVE, NO_GAIN, MAX_DEPTH, MAX_ROUNDS = (
     "saturated", "inconclusive", "no gain above tolerance", "max_depth", "max_rounds")
@@ -66,6 +78,9 @@ class GrowthRound:
     probe_seconds: float
     train_seconds: float | None
     stop_reason: str | None = None
+    probe_samples: int | None = None
+    probe_looks: int = 1
+    alpha_per_look: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -125,6 +140,29 @@ def _choose(report, tolerance: float):
     return None, NO_GAIN if improvable else INCONCLUSIVE
 
 
+def _probe_round(model, probe_data, loss_fn, *, seed, alpha, tolerance, rho, first_look_batches, options):
+    """``(report, samples probed, looks taken, level of each look)`` of one round (module docstring)."""
+    config = dict(family="native", seed=seed, split="probe", **options)
+    if first_look_batches is None:
+        report = probe(model, probe_data, loss_fn, **config).report(alpha=alpha, tolerance=tolerance, rho=rho)
+        return report, _samples(report), 1, alpha
+    batches = list(probe_data)
+    schedule = look_schedule(first_look_batches, len(batches), alpha)
+    state = Probe(model, loss_fn, **config)
+
+    def report_at(n_batches, level):
+        for batch in batches[state.batches_done : n_batches]:
+            state.update(batch)
+        return state.result().report(alpha=level, tolerance=tolerance, rho=rho)
+
+    report, _, looks = schedule.enlarge(report_at)
+    return report, _samples(report), looks, schedule.alpha_per_look
+
+
+def _samples(report) -> int:
+    return max(c.n_samples for c in report.candidates)
+
+
 def _read_log(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -150,6 +188,7 @@ def grow_until_saturated(
     max_rounds: int = 10,
     seed: int = 0,
     zero: str = "terminal",
+    first_look_batches: int | None = None,
     log_path=None,
     **probe_options,
 ) -> GrowthResult:
@@ -179,6 +218,11 @@ def grow_until_saturated(
         Round ``k`` probes and inserts with seed ``seed * 1000 + k``.
     zero : str
         Passed to :func:`~.native.insert_block`.
+    first_look_batches : int, optional
+        Start each round's probe with this many batches of ``probe_data`` and
+        enlarge it while inconclusive (module docstring, Enlarging the probe);
+        ``None``: every batch, one look at ``alpha``.  Give at least one batch
+        per fold (16) for the first look to have full resolution.
     log_path : path, optional
         JSON-lines log; the weights of each round go beside it; an existing log is resumed.
     **probe_options
@@ -206,8 +250,9 @@ def grow_until_saturated(
         depth = len(find_blocks(model))
         round_seed = seed * 1000 + k
         began = time.perf_counter()
-        result = probe(model, probe_data, loss_fn, family="native", seed=round_seed, split="probe", **probe_options)
-        report = result.report(alpha=alpha, tolerance=tolerance, rho=rho)
+        report, samples, looks, alpha_per_look = _probe_round(
+            model, probe_data, loss_fn, seed=round_seed, alpha=alpha, tolerance=tolerance, rho=rho,
+            first_look_batches=first_look_batches, options=probe_options)
         probe_seconds = time.perf_counter() - began
         at, reason = _choose(report, tolerance)
         if at is not None and max_depth is not None and depth >= max_depth:
@@ -217,7 +262,8 @@ def grow_until_saturated(
         entry = dict(round=k, depth=depth, seed=round_seed, verdict=report.verdict.verdict,
                      candidates=_candidate_rows(report), inserted_at=at, train_loss_before=before,
                      heldout_loss_before=held_before, loss_after_insert=None, train_loss_after=None,
-                     heldout_loss_after=None, probe_seconds=probe_seconds, train_seconds=None)
+                     heldout_loss_after=None, probe_seconds=probe_seconds, train_seconds=None,
+                     probe_samples=samples, probe_looks=looks, alpha_per_look=alpha_per_look)
         if at is None:
             entry["stop_reason"] = reason
             rounds.append(GrowthRound(**entry))

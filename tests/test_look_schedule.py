@@ -1,0 +1,68 @@
+"""The planned looks of a probe enlarged until it decides (``satcore.verdicts.look_schedule``).
+
+Under the null (``q`` independent of ``psi``: ``V_pop = 0``; the simulation of
+``bench/bench_calibration.py --looks``) a sequence of looks that stops at
+the first "improvable" must say so at most ``alpha`` of the time when each look tests at
+``alpha / L``; testing every look at ``alpha`` is measured to exceed that, so the split matters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from satcore.verdicts import look_schedule
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.mark.parametrize("initial, total, looks", [(16, 16, 1), (16, 17, 2), (16, 32, 2), (16, 33, 3), (4, 20, 4),
+                                                   (1, 1024, 11), (40, 16, 1)])
+def test_looks_are_one_plus_the_doublings_to_total(initial, total, looks):
+    s = look_schedule(initial, total, 0.05)
+    assert s.looks == looks and s.alpha_per_look == pytest.approx(0.05 / looks)
+    used, taken = s.initial, 1  # doubling from the first look reaches total in exactly the planned looks
+    while used < s.total:
+        used, taken = s.next_size(used), taken + 1
+    assert taken == looks and used == min(total, max(initial, total))
+
+
+def test_next_size_takes_the_size_needed_but_never_passes_total():
+    s = look_schedule(10, 100)
+    assert s.next_size(10) == 20 and s.next_size(10, needed=35) == 35 and s.next_size(10, needed=500) == 100
+    with pytest.raises(ValueError, match="no look after 100"):
+        s.next_size(100)
+    with pytest.raises(ValueError):
+        look_schedule(0, 10)
+    with pytest.raises(ValueError):
+        look_schedule(4, 10, alpha=1.5)
+
+
+def _calibration_bench():
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("bench_calibration", BENCH / "bench_calibration.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_level_holds_across_looks_and_would_not_at_full_alpha_each():
+    """bench/bench_calibration.py --looks under H0, at 300 repetitions instead of 500."""
+    bench, rng, reps = _calibration_bench(), np.random.default_rng(0), 300
+    split = look_schedule(16, 128, 0.05)  # looks at 16, >= 32, >= 64, 128 batches, each at 0.0125
+    naive = dataclasses.replace(split, alpha_per_look=0.05)
+    runs = {name: [bench.looks_sequence(rng, s) for _ in range(reps)] for name, s in (("split", split),
+                                                                                       ("naive", naive))}
+    rate = {name: np.mean([v == "improvable" for v, _, _ in out]) for name, out in runs.items()}
+    se = np.sqrt(0.05 * 0.95 / reps)
+    print(f"false improvable: {rate['split']:.3f} split, {rate['naive']:.3f} at full alpha per look")
+    assert rate["split"] <= 0.05 + 2 * se
+    assert rate["naive"] > 0.05 + 2 * se  # four looks at 0.05 each do spend more than 0.05
+    for verdict, used, looks in runs["split"]:  # an inconclusive sequence ran to the whole probe
+        assert verdict != "inconclusive" or used == 128
+        assert 1 <= looks <= split.looks

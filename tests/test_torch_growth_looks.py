@@ -1,0 +1,49 @@
+"""A growth round that enlarges its probe while inconclusive (``first_look_batches``), on the digits ResNet.
+
+The schedule's level split across looks is measured in ``tests/test_look_schedule.py``; here:
+the enlarged round decides where its first look alone cannot, its statistics are those of a
+one-shot probe of the batches it used, and a strong signal stops at the first look.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import models_torch as mt
+from satcore.adapters.torch import grow_until_saturated, probe, sequence_loss
+
+
+def _keep(model, round_index):
+    return model
+
+
+@pytest.fixture(scope="module")
+def weak():
+    """A digits ResNet trained 150 steps, probed on single held-out images: a weak signal per sample."""
+    return mt.digits_resnet(steps=150).double(), mt.digits_batches(1, 256, dtype=torch.float64)
+
+
+def test_an_inconclusive_first_look_is_enlarged_until_it_decides(weak):
+    model, data = weak
+    grown = grow_until_saturated(model, _keep, data, mt.per_sample_ce, tolerance=0.0, max_rounds=1,
+                                 first_look_batches=16).rounds[0]
+    assert grown.probe_looks > 1 and grown.probe_samples > 16
+    assert grown.alpha_per_look == pytest.approx(0.05 / 5)  # looks at 16, 32, 64, 128, 256 batches at most
+    assert grown.verdict == "improvable" and grown.inserted_at is not None
+    # the first 16 batches alone, even at the full alpha, cannot decide
+    first = grow_until_saturated(model, _keep, data[:16], mt.per_sample_ce, tolerance=0.0, max_rounds=1).rounds[0]
+    assert first.verdict == "inconclusive" and first.stop_reason == "inconclusive" and first.probe_looks == 1
+    # the enlarged round's statistics are a one-shot probe's over the batches it used
+    one_shot = probe(model, data[: grown.probe_samples], mt.per_sample_ce, family="native", seed=0, split="probe")
+    scores = {c.name: c for c in one_shot.report(alpha=grown.alpha_per_look, tolerance=0.0, rho=0.01).candidates}
+    for row in grown.candidates:
+        assert row["growth_value"] == pytest.approx(scores[row["name"]].growth_value, rel=1e-12)
+
+
+def test_a_strong_signal_stops_at_the_first_look():
+    model = mt.gpt2(steps=10).double()
+    data = [(ids, ids) for ids, _ in mt.text_batches(24, 2, 64)]
+    r = grow_until_saturated(model, _keep, data, sequence_loss, tolerance=0.0, max_rounds=1, first_look_batches=16).rounds[0]
+    assert r.probe_looks == 1 and r.probe_samples == 32 and r.inserted_at is not None
+    assert r.alpha_per_look == pytest.approx(0.05 / 3)
