@@ -91,3 +91,23 @@ def test_killed_run_resumes_to_the_uninterrupted_log(setup, tmp_path):
     assert [{k: v for k, v in e.items() if k not in drop} for e in a] == \
            [{k: v for k, v in e.items() if k not in drop} for e in b]
     assert resumed.depth == 2 + sum(e["inserted_at"] is not None for e in a)
+
+
+def test_a_stopped_run_called_again_returns_its_trained_model(setup, tmp_path):
+    """The log's last round is a stop round (it writes no weights): the model comes back as trained, not as
+    the input model with untrained zero blocks re-inserted."""
+    model, probe_data, _ = setup
+    log = tmp_path / "run.jsonl"
+    first = grow_until_saturated(model, _train, probe_data, _loss, tolerance=0.0, max_depth=3, max_rounds=3,
+                                 log_path=log)
+    assert first.stop_reason == "max_depth" and first.rounds[-1].inserted_at is None
+    again = grow_until_saturated(model, _train, probe_data, _loss, tolerance=0.0, max_depth=3, max_rounds=3,
+                                 log_path=log)
+    assert again.stop_reason == first.stop_reason and len(again.rounds) == len(first.rounds)
+    trained, resumed = first.model.state_dict(), again.model.state_dict()
+    assert trained.keys() == resumed.keys()
+    for key in trained:
+        assert torch.equal(trained[key], resumed[key]), key
+    (tmp_path / "run.jsonl.round0.pt").unlink()  # a missing weights file is said, not silently skipped
+    with pytest.raises(FileNotFoundError, match="round0.pt"):
+        grow_until_saturated(model, _train, probe_data, _loss, tolerance=0.0, max_depth=3, max_rounds=3, log_path=log)

@@ -34,9 +34,10 @@ below the tolerance), ``max_depth`` or ``max_rounds``.
 
 Resuming.  With ``log_path``, a run that stopped (or was killed) after round
 ``k`` resumes from its log: the logged insertions are replayed on ``model``
-(``insert_block`` is deterministic in its seed), the weights of round ``k`` are
-loaded (``torch.load(weights_only=True)``: no pickled code) and the loop goes
-on with round ``k + 1``.
+(``insert_block`` is deterministic in its seed), the weights written by the
+last round that inserted a block are loaded (``torch.load(weights_only=True)``:
+no pickled code) and the loop goes on with round ``k + 1``; a log whose run
+had stopped returns that trained model as it was.
 """
 
 from __future__ import annotations
@@ -239,8 +240,12 @@ def grow_until_saturated(
             rounds.append(GrowthRound(**entry))
         if rounds:
             last = rounds[-1].round
-            weights = _weights_path(log, last)
-            if weights.exists():
+            trained = [r.round for r in rounds if r.inserted_at is not None]
+            if trained:  # the last round that inserted and trained wrote the weights (a stop round writes none)
+                weights = _weights_path(log, trained[-1])
+                if not weights.exists():
+                    raise FileNotFoundError(f"{weights}: the weights of logged round {trained[-1]} are missing; "
+                                            f"cannot resume {log}")
                 model.load_state_dict(torch.load(weights, weights_only=True))
             if rounds[-1].stop_reason is not None:  # the logged run had stopped: nothing left to do
                 return GrowthResult(model, tuple(rounds), rounds[-1].stop_reason, str(log))
