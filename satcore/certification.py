@@ -167,6 +167,8 @@ def saturation_test(
     size that would bring the bound to ``error`` at ``t``
     (``n >= sum sigma^2 / (a t^2)``, docs/core.md, Certification).
     ``detector_scale``: also run Theorem 3's detector ``Gamma_hat <= scale * n^-1/4``.
+    The three-way ``verdict`` needs the bound at ``t`` to be at most ``error``
+    (0.05 when only ``t`` is given; :func:`satcore.depth_report` passes its ``alpha``).
     """
     norms = np.asarray(gradient_norms, dtype=np.float64)
     sig = np.asarray(sigma_sq, dtype=np.float64)

@@ -145,7 +145,7 @@ def depth_report(scores, *, split=None, alpha=DEFAULT_ALPHA, tolerance=0.0, rho=
             [c.n_samples for c in scores],
             delta=delta,
             t=t,
-            error=alpha if t is None and error is None else error,
+            error=alpha if error is None else error,  # Prop. 1's error level defaults to the tests' alpha
             detector_scale=detector_scale,
         )
     return DepthReport(

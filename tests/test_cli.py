@@ -127,7 +127,11 @@ def test_t_with_error_plans_the_probe_size(dump):
     assert f"n >= {test['required_probe_size']} (this probe: 40)" in text
     assert "vacuous" in text  # this bound is well above 1 on 40 samples
     assert test["error_bound"] > 1
-    assert json.loads(invoke("score", dump, "--json", "--t", t).stdout)["prop1"]["required_probe_size"] is None
+    # without --error the level is --alpha (0.05 by default), for the size planned and for the reading
+    for alpha in (0.05, 0.2):
+        test = json.loads(invoke("score", dump, "--json", "--t", t, "--alpha", alpha).stdout)["prop1"]
+        assert test["error_level"] == alpha
+        assert test["required_probe_size"] == int(np.ceil(sigma_sum / (alpha * t**2)))
 
 
 def test_table_rows_in_depth_order_and_maximum_line(dump):
