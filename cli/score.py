@@ -26,7 +26,8 @@ from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, scored
               "growth-value units. 'saturated' needs a tolerance > 0.")
 @click.option("--rho", type=FiniteFloatRange(min=0, min_open=True), default=None,
               help="Relative size ||h|| / ||z|| of the inserted block: the tolerance is then in loss units and "
-              "each candidate's predicted first-order gain rho ||z||_S V is shown.")
+              "each candidate's predicted first-order gain rho ||z||_S sqrt(max(U, 0)) is shown (U: the "
+              "fold-unbiased V^2).")
 @click.option("--delta", type=FiniteFloatRange(min=0), default=None, help="Prop. 1: tolerance delta (||C||_F units).")
 @click.option("--t", "t", type=FiniteFloatRange(min=0, min_open=True), default=None, help="Prop. 1: separation t.")
 @click.option(
