@@ -181,25 +181,27 @@ def looks_sequence(rng, schedule, shift=0.0, batch=2, r=4):
 
 
 def looks_table(reps, rng, initial=16, total=128, shifts=(0.0, 0.1, 0.2, 0.35)):
-    """Probes enlarged until they decide (``look_schedule``: looks at 16, >= 32, >= 64, 128 batches of 2,
-    each at alpha / 4) beside the first look alone and the whole probe at alpha, and under H0 beside the
-    same looks each at alpha: rate of 'improvable' and mean batches probed."""
+    """Probes enlarged until they decide (``look_schedule``: looks at 16, >= 32, >= 64, 128 batches of 2),
+    with half of alpha at the whole probe (the default) and with alpha / 4 at every look, beside the first
+    look alone and the whole probe at alpha, and under H0 beside the same looks each at alpha: rate of
+    'improvable' and mean batches probed."""
     from dataclasses import replace
 
     from satcore.verdicts import look_schedule
 
-    modes = {"enlarged": look_schedule(initial, total, ALPHA), "first look only": look_schedule(initial, initial, ALPHA),
-             "whole probe": look_schedule(total, total, ALPHA)}
+    half = look_schedule(initial, total, ALPHA)
+    modes = {"enlarged": half, "enlarged, alpha / L each": look_schedule(initial, total, ALPHA, final_share=None),
+             "first look only": look_schedule(initial, initial, ALPHA), "whole probe": look_schedule(total, total, ALPHA)}
     rows = {}
     for shift in shifts:
         run = dict(modes)
         if shift == 0:
-            run["enlarged, alpha at every look"] = replace(modes["enlarged"], alpha_per_look=ALPHA)
+            run["enlarged, alpha at every look"] = replace(half, alpha_early=ALPHA, alpha_final=ALPHA)
         for mode, schedule in run.items():
             out = [looks_sequence(rng, schedule, shift) for _ in range(reps)]
             rows[f"V_pop_{2 * shift:g} {mode}"] = {
                 "V_pop": 2 * shift, "mode": mode, "reps": reps, "looks_planned": schedule.looks,
-                "alpha_per_look": schedule.alpha_per_look,
+                "alpha_early": schedule.alpha_early, "alpha_final": schedule.alpha_final,
                 "improvable": float(np.mean([o[0] == "improvable" for o in out])),
                 "mean_batches": float(np.mean([o[1] for o in out])), "mean_looks": float(np.mean([o[2] for o in out]))}
     return rows

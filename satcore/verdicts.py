@@ -22,8 +22,10 @@ by exactly that for the best block of the candidate's family: the inner product
 of ``q`` with an output in the tangent range is largest along the projection
 ``Pi q``, whose norm is ``V``.  So a loss tolerance ``eps`` at relative size
 ``rho`` is the growth-value tolerance ``tau = eps / (rho ||z||_S)``, and the
-predicted first-order gain at ``rho`` is ``rho ||z||_S V`` with the interval
-of ``V`` carried over.
+predicted first-order gain at ``rho`` is ``rho ||z||_S sqrt(max(U, 0))``, with
+``U`` the fold-unbiased estimate of ``V^2`` (the bound holds at the population
+``V_pop``, and ``U`` is unbiased for ``V_pop^2``) and the interval of ``V``
+carried over.
 
 Probe size to decide.  The jackknife ``se`` shrinks like ``n^-1/2`` (or
 faster, under ``H0``); at the current estimate ``U`` the probe that would
@@ -38,8 +40,10 @@ added and stopping at the first decision would spend ``alpha`` once per look.
 :func:`look_schedule` fixes the looks in advance instead: the first after
 ``initial`` batches, each next one at least twice as large (or at the size
 estimated to decide, if larger) and the last one at ``total``, so there are at
-most ``L = 1 + ceil(log2(total / initial))`` of them, and every look tests at
-``alpha / L``.  By the union bound over looks the chance of any false
+most ``L = 1 + ceil(log2(total / initial))`` of them.  The level is split in
+advance: ``alpha_final`` (half of ``alpha`` by default) at the look that holds
+every batch and ``alpha_early = (alpha - alpha_final) / (L - 1)`` at each look
+before it.  By the union bound over looks the chance of any false
 "improvable" (or any wrong "saturated") in the whole sequence stays at most
 ``alpha``, however the looks' sizes were chosen from the data.
 """
@@ -61,7 +65,11 @@ METHOD = "fold sign-flip test, Holm across candidates, jackknife interval"
 
 @dataclass(frozen=True)
 class PredictedGain:
-    """First-order loss decrease ``rho ||z||_S V`` of the best block of relative size ``rho``."""
+    """First-order loss decrease ``rho ||z||_S sqrt(max(U, 0))`` of the best block of relative size ``rho``.
+
+    ``U``: the fold-unbiased ``V^2`` (module docstring); ``interval``: the
+    growth value's interval times ``rho ||z||_S``.
+    """
 
     rho: float
     value: float
@@ -252,14 +260,21 @@ class LookSchedule:
 
     ``initial`` and ``total``: batches at the first and at the largest look;
     ``looks``: ``L``, the most looks the schedule can take; ``alpha``: the
-    sequence's level; ``alpha_per_look``: ``alpha / L``, each look's level.
+    sequence's level, spent as ``alpha_final`` at the look that holds every
+    batch and ``alpha_early`` at each of the (at most ``L - 1``) looks before
+    it, so that ``alpha_final + (L - 1) alpha_early = alpha``.
     """
 
     initial: int
     total: int
     looks: int
     alpha: float
-    alpha_per_look: float
+    alpha_early: float
+    alpha_final: float
+
+    def alpha_at(self, used: int) -> float:
+        """The level of a look at ``used`` batches."""
+        return self.alpha_final if used >= self.total else self.alpha_early
 
     def next_size(self, used: int, needed: int | None = None) -> int:
         """Batches at the look after one at ``used``: ``max(2 used, needed)``, at most ``total``.
@@ -281,7 +296,7 @@ class LookSchedule:
         """
         used = self.initial
         for look in range(1, self.looks + 1):
-            report = report_at(used, self.alpha_per_look)
+            report = report_at(used, self.alpha_at(used))
             if report.verdict.verdict != INCONCLUSIVE or used == self.total:
                 return report, used, look
             sizes = [t.probe_size_to_decide for t in report.tests
@@ -291,8 +306,9 @@ class LookSchedule:
         raise AssertionError("unreachable: the last planned look holds every batch")
 
 
-def look_schedule(initial: int, total: int, alpha: float = DEFAULT_ALPHA) -> LookSchedule:
-    """Looks at ``initial``, then at least doubling, up to ``total`` batches, each at ``alpha / L``.
+def look_schedule(initial: int, total: int, alpha: float = DEFAULT_ALPHA, *,
+                  final_share: float | None = 0.5) -> LookSchedule:
+    """Looks at ``initial``, then at least doubling, up to ``total`` batches; ``alpha`` split across them.
 
     Parameters
     ----------
@@ -300,12 +316,20 @@ def look_schedule(initial: int, total: int, alpha: float = DEFAULT_ALPHA) -> Loo
         Batches of the first look and of the whole probe split (``1 <= initial``).
     alpha : float
         The level of the whole sequence of looks.
+    final_share : float or None, optional
+        The share of ``alpha`` kept for the look at every batch (the rest is
+        split evenly over the ``L - 1`` looks before it); ``None``: ``alpha / L``
+        at every look.  The default 0.5 keeps the power of the whole probe
+        where the size estimated to decide jumps there, as it mostly does for
+        weak signals (docs/growth.md has the measured comparison).
 
     Examples
     --------
     >>> s = look_schedule(4, 20)
-    >>> s.looks, s.alpha_per_look  # looks at 4, >= 8, >= 16 and 20 batches at most
-    (4, 0.0125)
+    >>> s.looks, s.alpha_early, s.alpha_final  # looks at 4, >= 8, >= 16 and 20 batches at most
+    (4, 0.008333333333333333, 0.025)
+    >>> look_schedule(4, 20, final_share=None).alpha_final
+    0.0125
     >>> s.next_size(4), s.next_size(8, needed=19), s.next_size(16)
     (8, 19, 20)
     """
@@ -313,9 +337,15 @@ def look_schedule(initial: int, total: int, alpha: float = DEFAULT_ALPHA) -> Loo
         raise ValueError(f"initial must be an int >= 1 and total an int, got {initial!r} and {total!r}")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if final_share is not None and not 0 < final_share < 1:
+        raise ValueError(f"final_share must be in (0, 1) or None, got {final_share}")
     initial = min(initial, total)
     looks = 1 + (math.ceil(math.log2(total / initial)) if total > initial else 0)
-    return LookSchedule(initial, total, looks, alpha, alpha / looks)
+    if looks == 1:
+        return LookSchedule(initial, total, 1, alpha, alpha, alpha)
+    if final_share is None:
+        return LookSchedule(initial, total, looks, alpha, alpha / looks, alpha / looks)
+    return LookSchedule(initial, total, looks, alpha, alpha * (1 - final_share) / (looks - 1), alpha * final_share)
 
 
 def stream_rms_from_meta(meta: dict) -> dict:

@@ -2,8 +2,7 @@
 
 Under the null (``q`` independent of ``psi``: ``V_pop = 0``; the simulation of
 ``bench/bench_calibration.py --looks``) a sequence of looks that stops at
-the first "improvable" must say so at most ``alpha`` of the time when each look tests at
-``alpha / L``; testing every look at ``alpha`` is measured to exceed that, so the split matters.
+the first "improvable" must say so at most ``alpha`` of the time when the looks' levels add up to ``alpha``; testing every look at ``alpha`` is measured to exceed that, so the split matters.
 """
 
 from __future__ import annotations
@@ -25,7 +24,11 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
                                                    (1, 1024, 11), (40, 16, 1)])
 def test_looks_are_one_plus_the_doublings_to_total(initial, total, looks):
     s = look_schedule(initial, total, 0.05)
-    assert s.looks == looks and s.alpha_per_look == pytest.approx(0.05 / looks)
+    assert s.looks == looks
+    early = 0.05 if looks == 1 else 0.025 / (looks - 1)
+    assert s.alpha_final == pytest.approx(0.05 if looks == 1 else 0.025) and s.alpha_early == pytest.approx(early)
+    assert s.alpha_final + (looks - 1) * s.alpha_early == pytest.approx(0.05)  # the union bound's budget
+    assert look_schedule(initial, total, 0.05, final_share=None).alpha_at(total) == pytest.approx(0.05 / looks)
     used, taken = s.initial, 1  # doubling from the first look reaches total in exactly the planned looks
     while used < s.total:
         used, taken = s.next_size(used), taken + 1
@@ -54,8 +57,8 @@ def _calibration_bench():
 def test_the_level_holds_across_looks_and_would_not_at_full_alpha_each():
     """bench/bench_calibration.py --looks under H0, at 300 repetitions instead of 500."""
     bench, rng, reps = _calibration_bench(), np.random.default_rng(0), 300
-    split = look_schedule(16, 128, 0.05)  # looks at 16, >= 32, >= 64, 128 batches, each at 0.0125
-    naive = dataclasses.replace(split, alpha_per_look=0.05)
+    split = look_schedule(16, 128, 0.05)  # looks at 16, >= 32, >= 64 batches at 0.05/6 each, then 128 at 0.025
+    naive = dataclasses.replace(split, alpha_early=0.05, alpha_final=0.05)
     runs = {name: [bench.looks_sequence(rng, s) for _ in range(reps)] for name, s in (("split", split),
                                                                                        ("naive", naive))}
     rate = {name: np.mean([v == "improvable" for v, _, _ in out]) for name, out in runs.items()}

@@ -29,14 +29,15 @@ def test_an_inconclusive_first_look_is_enlarged_until_it_decides(weak):
     grown = grow_until_saturated(model, _keep, data, mt.per_sample_ce, tolerance=0.0, max_rounds=1,
                                  first_look_batches=16).rounds[0]
     assert grown.probe_looks > 1 and grown.probe_samples > 16
-    assert grown.alpha_per_look == pytest.approx(0.05 / 5)  # looks at 16, 32, 64, 128, 256 batches at most
+    # looks at 16, 32, 64, 128 batches at 0.025 / 4 each, at 256 at 0.025
+    assert grown.look_alpha == pytest.approx(0.025 if grown.probe_samples == 256 else 0.025 / 4)
     assert grown.verdict == "improvable" and grown.inserted_at is not None
     # the first 16 batches alone, even at the full alpha, cannot decide
     first = grow_until_saturated(model, _keep, data[:16], mt.per_sample_ce, tolerance=0.0, max_rounds=1).rounds[0]
     assert first.verdict == "inconclusive" and first.stop_reason == "inconclusive" and first.probe_looks == 1
     # the enlarged round's statistics are a one-shot probe's over the batches it used
     one_shot = probe(model, data[: grown.probe_samples], mt.per_sample_ce, family="native", seed=0, split="probe")
-    scores = {c.name: c for c in one_shot.report(alpha=grown.alpha_per_look, tolerance=0.0, rho=0.01).candidates}
+    scores = {c.name: c for c in one_shot.report(alpha=grown.look_alpha, tolerance=0.0, rho=0.01).candidates}
     for row in grown.candidates:
         assert row["growth_value"] == pytest.approx(scores[row["name"]].growth_value, rel=1e-12)
 
@@ -46,4 +47,4 @@ def test_a_strong_signal_stops_at_the_first_look():
     data = [(ids, ids) for ids, _ in mt.text_batches(24, 2, 64)]
     r = grow_until_saturated(model, _keep, data, sequence_loss, tolerance=0.0, max_rounds=1, first_look_batches=16).rounds[0]
     assert r.probe_looks == 1 and r.probe_samples == 32 and r.inserted_at is not None
-    assert r.alpha_per_look == pytest.approx(0.05 / 3)
+    assert r.look_alpha == pytest.approx(0.025 / 2)  # a first look of 3 planned (16, 32, 64 batches)

@@ -20,10 +20,12 @@ Enlarging the probe.  With ``first_look_batches=b``, a round probes the first
 ``b`` batches of ``probe_data`` and, while it is inconclusive, goes on over the
 next ones (the incremental :class:`~.probe.Probe`: nothing is probed twice),
 to at least twice as many batches each time, or to the size estimated to
-decide if that is larger, up to all of them.  Every look tests at
-``alpha / L``, ``L`` the most looks that schedule can take
-(:func:`satcore.verdicts.look_schedule`), so the round's chance of a false
-verdict stays at most ``alpha`` although it looks more than once.  Rounds with
+decide if that is larger, up to all of them.  The level is split over the
+looks that schedule can take before the first one (:func:`satcore.verdicts.look_schedule`:
+half of ``alpha`` at the look that holds every batch, the other half shared by
+the looks before it), so the round's chance of a false verdict stays at most
+``alpha`` although it looks more than once; ``look_alpha`` in the log is the
+level of the look that decided.  Rounds with
 a strong signal then stop at ``b`` batches, and weak ones are decided on more.
 
 It stops with a stated reason: ``saturated`` (every candidate certified below
@@ -81,7 +83,7 @@ class GrowthRound:
     stop_reason: str | None = None
     probe_samples: int | None = None
     probe_looks: int = 1
-    alpha_per_look: float | None = None
+    look_alpha: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -142,7 +144,7 @@ def _choose(report, tolerance: float):
 
 
 def _probe_round(model, probe_data, loss_fn, *, seed, alpha, tolerance, rho, first_look_batches, options):
-    """``(report, samples probed, looks taken, level of each look)`` of one round (module docstring)."""
+    """``(report, samples probed, looks taken, level of the last look)`` of one round (module docstring)."""
     config = dict(family="native", seed=seed, split="probe", **options)
     if first_look_batches is None:
         report = probe(model, probe_data, loss_fn, **config).report(alpha=alpha, tolerance=tolerance, rho=rho)
@@ -156,8 +158,8 @@ def _probe_round(model, probe_data, loss_fn, *, seed, alpha, tolerance, rho, fir
             state.update(batch)
         return state.result().report(alpha=level, tolerance=tolerance, rho=rho)
 
-    report, _, looks = schedule.enlarge(report_at)
-    return report, _samples(report), looks, schedule.alpha_per_look
+    report, used, looks = schedule.enlarge(report_at)
+    return report, _samples(report), looks, schedule.alpha_at(used)
 
 
 def _samples(report) -> int:
@@ -255,7 +257,7 @@ def grow_until_saturated(
         depth = len(find_blocks(model))
         round_seed = seed * 1000 + k
         began = time.perf_counter()
-        report, samples, looks, alpha_per_look = _probe_round(
+        report, samples, looks, look_alpha = _probe_round(
             model, probe_data, loss_fn, seed=round_seed, alpha=alpha, tolerance=tolerance, rho=rho,
             first_look_batches=first_look_batches, options=probe_options)
         probe_seconds = time.perf_counter() - began
@@ -268,7 +270,7 @@ def grow_until_saturated(
                      candidates=_candidate_rows(report), inserted_at=at, train_loss_before=before,
                      heldout_loss_before=held_before, loss_after_insert=None, train_loss_after=None,
                      heldout_loss_after=None, probe_seconds=probe_seconds, train_seconds=None,
-                     probe_samples=samples, probe_looks=looks, alpha_per_look=alpha_per_look)
+                     probe_samples=samples, probe_looks=looks, look_alpha=look_alpha)
         if at is None:
             entry["stop_reason"] = reason
             rounds.append(GrowthRound(**entry))
