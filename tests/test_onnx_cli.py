@@ -180,12 +180,16 @@ def test_providers_option_runs_on_the_named_provider_and_refuses_unknown_ones(fi
     assert not (tmp_path / "x.npz").exists()
 
 
+def _probe_with(model, data, tmp_path, *options):
+    """``satcore probe MODEL --data DATA OPTIONS -o dump.npz``: the result and the dump's path."""
+    out = tmp_path / "dump.npz"
+    return CliRunner().invoke(main, ["probe", str(model), "--data", str(data), *options, "-o", str(out)]), out
+
+
 def test_n_features_sets_the_family_width(files, tmp_path):
     """``--n-features 10`` gives the mlp family r = 10 (not 4 * D = 24), scored like the closed form at r = 10."""
     ws, x, y, model, data = files
-    out = tmp_path / "dump.npz"
-    res = CliRunner().invoke(main, ["probe", str(model), "--data", str(data), "--family", "mlp", "--n-features", "10",
-                                    "-o", str(out)])
+    res, out = _probe_with(model, data, tmp_path, "--family", "mlp", "--n-features", "10")
     assert res.exit_code == 0, res.output
     report = json.loads(CliRunner().invoke(main, ["score", str(out), "--json"]).output)
     at_10, at_24 = reference(ws, x, y, "mlp", 0, n_features=10), reference(ws, x, y, "mlp", 0)
@@ -197,9 +201,7 @@ def test_n_features_sets_the_family_width(files, tmp_path):
 
 def test_n_features_the_family_cannot_take_is_one_line_exit_2(files, tmp_path):
     _, _, _, model, data = files
-    out = tmp_path / "dump.npz"
-    res = CliRunner().invoke(main, ["probe", str(model), "--data", str(data), "--family", "linear", "--n-features", "3",
-                                    "-o", str(out)])
+    res, out = _probe_with(model, data, tmp_path, "--family", "linear", "--n-features", "3")
     assert res.exit_code == 2, res.output
     assert "n_features" in res.output and "Traceback" not in res.output
     assert not out.exists()
