@@ -35,12 +35,18 @@ def _pyplot():
 
 
 def plot_report(report, path: str, title: str = "", inputs=()):
-    """AG and growth value per candidate in depth order, noise floors dashed, the argmax marked."""
+    """AG and growth value per candidate in depth order, noise floors dashed, the argmax marked; when the
+    report carries predictions (a training split was given), the predicted gains lead, in a panel above."""
     check_target(path, inputs)  # before the figure is drawn
     plt = _pyplot()
     names = [c.name for c in report.candidates]
     x = range(len(names))
-    fig, ax = plt.subplots(figsize=(max(6, 0.4 * len(names) + 3), 4))
+    width = max(6, 0.4 * len(names) + 3)
+    if report.predictions is None:
+        fig, ax = plt.subplots(figsize=(width, 4))
+    else:
+        fig, (top, ax) = plt.subplots(2, 1, figsize=(width, 7.5), sharex=True)
+        draw_predictions(top, report.predictions, names)
     ax.plot(x, [c.ag for c in report.candidates], "o-", label="AG")
     ax.plot(x, [c.growth_value for c in report.candidates], "s-", label="growth value")
     # the growth value's own floor (needs sum X^T X), not ||C||_F's: it is drawn against the growth value
@@ -70,6 +76,38 @@ def plot_report(report, path: str, title: str = "", inputs=()):
     ax.set_title(label(title) + verdict)
     ax.legend(fontsize=8)
     _save(fig, plt, path, inputs)
+
+
+def draw_predictions(ax, predictions, names):
+    """Predicted training gain (second order where the report has it) and held-out gain with its interval and
+    P(decrease) per candidate, in loss units (positive = the loss falls), on ``ax``; candidates in ``names``' order."""
+    by_name = {c.name: c for c in predictions.candidates}
+    gains = [by_name[n] for n in names]
+    train = [c.training_gain if c.training_gain_second_order is None else c.training_gain_second_order
+             for c in gains]
+    held = [c.heldout.value for c in gains]
+    below = [c.heldout.value - c.heldout.interval[0] for c in gains]
+    above = [c.heldout.interval[1] - c.heldout.value for c in gains]
+    x = range(len(names))
+    ax.plot(x, train, "o-", label="predicted training gain (training split)")
+    ax.errorbar(x, held, yerr=[below, above], fmt="s-", capsize=3,
+                label="predicted held-out gain, interval (probe split's folds)")
+    for i, c in enumerate(gains):
+        ax.annotate(f"P {c.heldout.p_decrease:.2f}", (i, c.heldout.value), textcoords="offset points",
+                    xytext=(4, 4), fontsize=7)
+    ax.axhline(0.0, color="0.6", lw=0.8)
+    ax.set_yscale("symlog", linthresh=_linear_range(train + held))
+    ax.set_ylabel("loss decrease")
+    step = ", ".join(f"{k} {v:g}" for k, v in predictions.step.items())
+    ax.set_title(f"one inserted block trained by {predictions.optimizer} ({step}); P = P(held-out decrease)",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+
+
+def _linear_range(values) -> float:
+    """The symlog scale's linear range: a tenth of the smallest nonzero magnitude drawn (1 if none)."""
+    nonzero = [abs(v) for v in values if v != 0]
+    return 0.1 * min(nonzero) if nonzero else 1.0
 
 
 def plot_sweep(sweep, path: str, inputs=()):

@@ -58,6 +58,38 @@ def test_score_train_option_equals_the_python_report(splits, tmp_path):
     assert missing.exit_code == 2 and "--lr" in missing.output
 
 
+def test_plot_leads_with_the_predicted_gains(splits, tmp_path):
+    """``satcore score --train ... --plot``: a panel of the predicted gains above the growth values; the
+    drawn points are the report's predictions (training gain, held-out gain and its interval)."""
+    matplotlib = pytest.importorskip("matplotlib")  # the plot extra
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from satcore.cli.plot import draw_predictions
+
+    report = splits.report(optimizer="sgd", lr=0.05, steps=3)
+    names = [c.name for c in report.candidates]
+    fig, ax = plt.subplots()
+    draw_predictions(ax, report.predictions, names)
+    train_line, held_line = ax.get_lines()[:2]
+    by_name = {c.name: c for c in report.predictions.candidates}
+    want_train = [by_name[n].training_gain for n in names]  # no Fisher given: first order
+    np.testing.assert_allclose(train_line.get_ydata(), want_train, rtol=1e-12)
+    held = np.asarray(held_line.get_ydata(), dtype=float)
+    np.testing.assert_allclose(held, [by_name[n].heldout.value for n in names], rtol=1e-12)
+    bars = ax.collections[0].get_segments()  # the interval of each held-out gain
+    np.testing.assert_allclose([seg[:, 1] for seg in bars], [by_name[n].heldout.interval for n in names], rtol=1e-9)
+    assert [t.get_text() for t in ax.texts] == [f"P {by_name[n].heldout.p_decrease:.2f}" for n in names]
+    plt.close(fig)
+    splits.train.save(tmp_path / "train.npz")
+    splits.heldout.save(tmp_path / "heldout.npz")
+    png = tmp_path / "report.png"
+    result = CliRunner().invoke(main, ["score", str(tmp_path / "heldout.npz"), "--train", str(tmp_path / "train.npz"),
+                                       "--lr", "0.05", "--steps", "3", "--plot", str(png), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_torch_curvature_sums_equal_the_per_sample_reference():
     """probe(curvature=True) accumulates sum_i Q_i^T Q_i: against the per-sample autograd loop's Q."""
     from test_torch_probe_reference import reference_statistics
