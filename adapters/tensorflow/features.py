@@ -73,10 +73,15 @@ def numpy_features(family: Family, z):
 
 @dataclass(frozen=True)
 class FeatureMap:
-    """``psi`` of one candidate: a seeded :class:`Family` or a user Keras layer / callable."""
+    """``psi`` of one candidate: a seeded :class:`Family` or a user Keras layer / callable.
+
+    ``init_std``: the ``mlp`` weight scale the probe drew the family with (``None``: the
+    default ``width^-1/2``), recorded so that ``grow`` rebuilds the same draw.
+    """
 
     family: Family | None
     user: object = None
+    init_std: float | None = None
 
     def __call__(self, z):
         if self.user is None:
@@ -87,7 +92,10 @@ class FeatureMap:
     def describe(self) -> dict:
         if self.family is None:
             return {"kind": "user", "layer": getattr(self.user, "name", type(self.user).__name__)}
-        return family_spec(self.family)
+        spec = family_spec(self.family)
+        if self.family.kind == "mlp":
+            spec["init_std"] = self.init_std
+        return spec
 
 
 def feature_map(spec, z, *, seed: int = 0, init_std: float | None = None, n_features: int | None = None) -> FeatureMap:
@@ -101,5 +109,5 @@ def feature_map(spec, z, *, seed: int = 0, init_std: float | None = None, n_feat
     if callable(spec):
         return FeatureMap(None, spec)
     kind = builtin_kind(spec, tuple(z.shape), image_layout="(M, H, W, C)", others="pass a Keras layer")
-    return FeatureMap(make_family(kind, width, seed=seed, init_std=init_std if kind == "mlp" else None,
-                                  n_features=n_features))
+    init_std = init_std if kind == "mlp" else None
+    return FeatureMap(make_family(kind, width, seed=seed, init_std=init_std, n_features=n_features), init_std=init_std)
