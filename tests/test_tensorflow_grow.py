@@ -24,7 +24,7 @@ keras = pytest.importorskip("keras")
 
 from sklearn.datasets import load_digits  # noqa: E402
 
-from satcore import growth_value_from_moments  # noqa: E402
+from satcore import growth_value_from_moments, make_family  # noqa: E402
 from satcore.adapters.tensorflow import InsertedResidual, grow, probe  # noqa: E402
 
 F64 = "float64"
@@ -170,3 +170,7 @@ def test_refusals(trained):
     user = probe(model, [(X[:32], y[:32])], LOSS, family=keras.layers.Identity())
     with pytest.raises(ValueError, match="user feature map"):
         grow(model, user, at, zero=True)
+    width = result.statistics[at].cross_gradient().shape[0]
+    given = probe(model, [(X[:32], y[:32])], LOSS, family={at: make_family("linear", width)})
+    with pytest.raises(ValueError, match="Family object"):
+        grow(model, given, at, zero=True)

@@ -76,12 +76,14 @@ class FeatureMap:
     """``psi`` of one candidate: a seeded :class:`Family` or a user Keras layer / callable.
 
     ``init_std``: the ``mlp`` weight scale the probe drew the family with (``None``: the
-    default ``width^-1/2``), recorded so that ``grow`` rebuilds the same draw.
+    default ``width^-1/2``), recorded so that ``grow`` redraws the same weights; ``given``: the
+    family was passed as a :class:`Family` object, whose draw the record does not pin down.
     """
 
     family: Family | None
     user: object = None
     init_std: float | None = None
+    given: bool = False
 
     def __call__(self, z):
         if self.user is None:
@@ -93,7 +95,9 @@ class FeatureMap:
         if self.family is None:
             return {"kind": "user", "layer": getattr(self.user, "name", type(self.user).__name__)}
         spec = family_spec(self.family)
-        if self.family.kind == "mlp":
+        if self.given:
+            spec["given"] = True
+        elif self.family.kind == "mlp":
             spec["init_std"] = self.init_std
         return spec
 
@@ -105,7 +109,7 @@ def feature_map(spec, z, *, seed: int = 0, init_std: float | None = None, n_feat
     if isinstance(spec, Family):
         if spec.width != width:
             raise ValueError(f"family width {spec.width} does not match the stream's {width}")
-        return FeatureMap(spec)
+        return FeatureMap(spec, given=True)
     if callable(spec):
         return FeatureMap(None, spec)
     kind = builtin_kind(spec, tuple(z.shape), image_layout="(M, H, W, C)", others="pass a Keras layer")

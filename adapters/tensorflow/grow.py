@@ -75,7 +75,7 @@ def _refuse_unless_growable(model, result, at):
     if result.meta.get("framework") != "tensorflow" or at not in result.statistics:
         raise ValueError(f"unknown candidate {at!r}; the TensorFlow probe has {list(result.statistics)}")
     family = result.meta["family"][at]
-    if family["kind"] == "user" or (family["kind"] == "mlp" and "init_std" not in family):
+    if family["kind"] == "user" or family.get("given"):
         raise ValueError(f"{at}: grow rebuilds the probe's own seeded family (family='auto' or a kind), "
                          f"not a {'user feature map' if family['kind'] == 'user' else 'Family object'}")
     tap = result.meta["taps"][at]

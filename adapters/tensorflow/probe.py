@@ -108,6 +108,10 @@ class Probe:
     multi-replica strategy, a distributed batch (:func:`probe` distributes a
     ``tf.data.Dataset``).  ``config`` is a :class:`ProbeConfig`; keyword
     ``options`` build one (or replace its fields).
+
+    The result's ``meta`` records per candidate the tap (``taps``), the family drawn
+    (``family``, with ``init_std`` for ``mlp``) and ``diagnostics`` with
+    ``stream_rms = ||z||_S``: what :func:`.grow` needs to redraw ``psi`` and scale ``rho``.
     """
 
     def __init__(self, model, loss_fn, config: ProbeConfig | None = None, **options):
