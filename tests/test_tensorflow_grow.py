@@ -11,7 +11,9 @@ Each is probed with the adapter's ``probe``; then, against independent reference
 * the gradient of the mean loss w.r.t. the inserted ``V`` at ``V = 0`` (``tf.GradientTape``)
   equals the probe's ``C``;
 * ``model.save`` / ``keras.models.load_model`` give the same outputs and ``V``;
-* the original model is unchanged and shares no weights; bad requests are refused.
+* the original model is unchanged and shares no weights; bad requests are refused;
+* a float32 model at a named layer's input: the same, and one full-batch SGD step of ``fit``
+  moves the zero block's ``V`` to ``-lr C``.
 """
 
 from __future__ import annotations
@@ -174,3 +176,31 @@ def test_refusals(trained):
     given = probe(model, [(X[:32], y[:32])], LOSS, family={at: make_family("linear", width)})
     with pytest.raises(ValueError, match="Family object"):
         grow(model, given, at, zero=True)
+
+
+def test_float32_model_at_a_named_layer_input_trains_the_inserted_block():
+    """A float32 model probed at the input of ``head`` (a named candidate): the zero block keeps
+    the outputs bit for bit, ``rho = 1e-3`` changes the loss as predicted (to 1%),
+    and ``fit`` moves ``V`` from zero by its gradient ``C``."""
+    keras.utils.set_random_seed(1)
+    X, y = load_digits(return_X_y=True)
+    X, y = (X[:256] / 16.0).astype(np.float32), y[:256]
+    x = keras.Input((64,))
+    h = keras.layers.Dense(16, activation="relu", name="stem")(x)
+    model = keras.Model(x, keras.layers.Dense(10, name="head")(h))
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(X, y, batch_size=64, epochs=2, verbose=0)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    result = probe(model, [(X, y)], loss, candidates=["head"], family="mlp")
+    zero = grow(model, result, "head", zero=True).model
+    np.testing.assert_array_equal(zero(X).numpy(), model(X).numpy())
+    grown = grow(model, result, "head", rho=1e-3)
+    measured = float(np.mean(loss(y, grown.model(X)).numpy(), dtype=np.float64) - np.mean(loss(y, model(X)).numpy(), dtype=np.float64))
+    assert measured == pytest.approx(grown.predicted_change, rel=0.01)
+    zero.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    assert any(v is inserted(zero).projection for v in zero.trainable_weights)
+    zero.fit(X, y, batch_size=256, epochs=1, verbose=0, shuffle=False)  # one full-batch SGD step
+    V = inserted(zero).projection.numpy()
+    # the first step on the mean loss moves V = 0 to -lr C
+    C = result.statistics["head"].cross_gradient()
+    np.testing.assert_allclose(V, -0.1 * C, rtol=1e-4, atol=1e-5 * 0.1 * np.abs(C).max())
