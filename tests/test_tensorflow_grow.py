@@ -130,14 +130,14 @@ def test_gradient_at_the_zero_block_is_the_cross_gradient(trained):
 
 def test_save_and_load_round_trip(trained, tmp_path):
     model, X, _, result = trained
-    at = list(result.statistics)[-1]
-    grown = grow(model, result, at, rho=1e-3).model
-    path = tmp_path / "grown.keras"
-    grown.save(path)
-    loaded = keras.models.load_model(path)
-    np.testing.assert_array_equal(loaded(X).numpy(), grown(X).numpy())
-    np.testing.assert_array_equal(inserted(loaded).projection.numpy(), inserted(grown).projection.numpy())
-    assert not np.array_equal(loaded(X).numpy(), model(X).numpy())
+    for at in result.statistics:
+        grown = grow(model, result, at, rho=1e-3).model
+        path = tmp_path / f"grown_{at}.keras"
+        grown.save(path)
+        loaded = keras.models.load_model(path)
+        np.testing.assert_array_equal(loaded(X).numpy(), grown(X).numpy())
+        np.testing.assert_array_equal(inserted(loaded).projection.numpy(), inserted(grown).projection.numpy())
+        assert not np.array_equal(loaded(X).numpy(), model(X).numpy())
 
 
 def test_the_original_is_unchanged_and_shares_no_weights(trained):
@@ -172,7 +172,7 @@ def test_refusals(trained):
     user = probe(model, [(X[:32], y[:32])], LOSS, family=keras.layers.Identity())
     with pytest.raises(ValueError, match="user feature map"):
         grow(model, user, at, zero=True)
-    width = result.statistics[at].cross_gradient().shape[0]
+    width = result.statistics[at].cross_gradient().shape[0]  # a Family object: its record does not pin psi
     given = probe(model, [(X[:32], y[:32])], LOSS, family={at: make_family("linear", width)})
     with pytest.raises(ValueError, match="Family object"):
         grow(model, given, at, zero=True)
@@ -204,3 +204,26 @@ def test_float32_model_at_a_named_layer_input_trains_the_inserted_block():
     # the first step on the mean loss moves V = 0 to -lr C
     C = result.statistics["head"].cross_gradient()
     np.testing.assert_allclose(V, -0.1 * C, rtol=1e-4, atol=1e-5 * 0.1 * np.abs(C).max())
+
+
+class TwoLayers(keras.layers.Layer):
+    """A layer with its own sublayers: a candidate inside it is not in the functional graph."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = keras.layers.Dense(10, dtype=F64, name="inner")
+
+    def call(self, x):
+        return self.inner(x)
+
+
+def test_a_candidate_inside_a_layer_is_refused():
+    x = keras.Input((64,), dtype=F64)
+    model = keras.Model(x, TwoLayers(dtype=F64, name="outer")(keras.layers.Dense(8, dtype=F64, name="stem")(x)))
+    X, y = load_digits(return_X_y=True)
+    result = probe(model, [(X[:16] / 16.0, y[:16])], LOSS, candidates=["inner"], family="linear")
+    with pytest.raises(ValueError, match="'inner' is not a layer called once at the top level"):
+        grow(model, result, "inner", zero=True)
+    outer = probe(model, [(X[:16] / 16.0, y[:16])], LOSS, candidates=["outer"], family="linear")
+    np.testing.assert_array_equal(grow(model, outer, "outer", zero=True).model(X[:16] / 16.0).numpy(),
+                                  model(X[:16] / 16.0).numpy())

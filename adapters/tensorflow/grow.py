@@ -119,8 +119,10 @@ def grow(model, result, at: str, *, alpha=None, rho=None, zero: bool = False, rt
     stats = result.statistics[at]
     alpha = insertion_step(stats, stream_rms_from_meta(result.dump_meta()).get(at), alpha, rho, zero, rtol)
     plan = plan_insertion(stats, alpha, rtol=rtol)
-    taken = {layer.name for layer in model.layers}
-    name = next(n for n in (f"grow_{at}_{k}" if k else f"grow_{at}" for k in range(len(taken) + 1)) if n not in taken)
+    taken, name, k = {layer.name for layer in model.layers}, f"grow_{at}", 0
+    while name in taken:
+        k += 1
+        name = f"grow_{at}_{k}"
     blocks = []
 
     def block(z):
