@@ -140,7 +140,7 @@ def grow(model, result, at: str, *, alpha=None, rho=None, zero: bool = False, rt
         # every consumer of a model input reads it: the clone runs nested on the grown input
         inputs = [keras.Input(batch_shape=x.shape, dtype=x.dtype, name=x.name) for x in model.inputs]
         clone = keras.models.clone_model(model)
-        grown_inputs = [block(x) if k == tap.get("input_index", 0) else x for k, x in enumerate(inputs)]
+        grown_inputs = [block(x) if index == tap.get("input_index", 0) else x for index, x in enumerate(inputs)]
         expanded = keras.Model(inputs if len(inputs) > 1 else inputs[0],
                                clone(grown_inputs if len(inputs) > 1 else grown_inputs[0]), name=model.name)
         copies = clone
