@@ -207,7 +207,7 @@ def input_skip_setup():
 def test_numpy_batches_tap_the_model_input(input_skip_setup):
     model, batches, blocks, head = input_skip_setup
     from_numpy = probe(model, batches, token_loss, seed=2, variance=True)
-    assert from_numpy.meta["taps"]["add0"] == {"layer": None, "position": "model_input"}
+    assert from_numpy.meta["taps"]["add0"] == {"layer": None, "position": "model_input", "input_index": 0}
     from_tensors = probe(model, [(tf.constant(x), y) for x, y in batches], token_loss, seed=2, variance=True)
     for name in ("add0", "add1"):
         assert_same_sums(from_numpy.statistics[name], from_tensors.statistics[name], rtol=1e-12)

@@ -4,12 +4,15 @@ Import this module only when TensorFlow is wanted: ``import satcore`` never
 imports it.  Candidates are found in functional models (residual ``Add``
 layers) or named (a layer's input); features use the core's seeded families
 (channels-last streams are laid out like the channels-first core); statistics
-are summed across replicas with ``strategy.reduce(SUM)``.
+are summed across replicas with ``strategy.reduce(SUM)``.  ``grow`` inserts the
+gradient-matched (or zero) block at a candidate of a functional model.
 """
 
 from .callbacks import KerasCallback
 from .features import feature_map
+from .grow import InsertedResidual, grow
 from .locate import Candidate, named_candidates, residual_candidates
 from .probe import Probe, ProbeConfig, probe, total_loss
 
-__all__ = ["Candidate", "KerasCallback", "Probe", "ProbeConfig", "feature_map", "named_candidates", "probe", "residual_candidates", "total_loss"]
+__all__ = ["Candidate", "InsertedResidual", "KerasCallback", "Probe", "ProbeConfig", "feature_map", "grow", "named_candidates",
+           "probe", "residual_candidates", "total_loss"]

@@ -73,10 +73,17 @@ def numpy_features(family: Family, z):
 
 @dataclass(frozen=True)
 class FeatureMap:
-    """``psi`` of one candidate: a seeded :class:`Family` or a user Keras layer / callable."""
+    """``psi`` of one candidate: a seeded :class:`Family` or a user Keras layer / callable.
+
+    ``init_std``: the ``mlp`` weight scale the probe drew the family with (``None``: the
+    default ``width^-1/2``), recorded so that ``grow`` redraws the same weights; ``given``: the
+    family was passed as a :class:`Family` object, whose draw the record does not pin down.
+    """
 
     family: Family | None
     user: object = None
+    init_std: float | None = None
+    given: bool = False
 
     def __call__(self, z):
         if self.user is None:
@@ -87,7 +94,12 @@ class FeatureMap:
     def describe(self) -> dict:
         if self.family is None:
             return {"kind": "user", "layer": getattr(self.user, "name", type(self.user).__name__)}
-        return family_spec(self.family)
+        spec = family_spec(self.family)
+        if self.given:
+            spec["given"] = True
+        elif self.family.kind == "mlp":
+            spec["init_std"] = self.init_std
+        return spec
 
 
 def feature_map(spec, z, *, seed: int = 0, init_std: float | None = None, n_features: int | None = None) -> FeatureMap:
@@ -97,9 +109,9 @@ def feature_map(spec, z, *, seed: int = 0, init_std: float | None = None, n_feat
     if isinstance(spec, Family):
         if spec.width != width:
             raise ValueError(f"family width {spec.width} does not match the stream's {width}")
-        return FeatureMap(spec)
+        return FeatureMap(spec, given=True)
     if callable(spec):
         return FeatureMap(None, spec)
     kind = builtin_kind(spec, tuple(z.shape), image_layout="(M, H, W, C)", others="pass a Keras layer")
-    return FeatureMap(make_family(kind, width, seed=seed, init_std=init_std if kind == "mlp" else None,
-                                  n_features=n_features))
+    init_std = init_std if kind == "mlp" else None
+    return FeatureMap(make_family(kind, width, seed=seed, init_std=init_std, n_features=n_features), init_std=init_std)

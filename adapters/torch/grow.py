@@ -15,14 +15,13 @@ training; its predicted change is 0 and its gradient is ``C``.
 from __future__ import annotations
 
 import copy
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from satcore import DEFAULT_RTOL
-from satcore.insertion import alpha_for_relative_update, plan_insertion
-from satcore.quantities import growth_value_from_moments
+from satcore.adapters.insertion import Grown, insertion_step
+from satcore.insertion import plan_insertion
 
 from .capture import get_output, get_stream, with_output, with_stream
 from .features import ResidualBranch
@@ -60,25 +59,6 @@ class InsertedResidual(nn.Module):
             return getattr(super().__getattr__("block"), name)
 
 
-class Grown(NamedTuple):
-    """The expanded copy, the first-order predicted change of the mean loss, and the ``alpha`` used."""
-
-    model: nn.Module
-    predicted_change: float
-    alpha: float
-
-
-def _step(stats, stream_rms, alpha, rho, zero, rtol):
-    if sum(x is not None and x is not False for x in (alpha, rho, zero)) != 1:
-        raise ValueError("give exactly one of alpha, rho or zero=True")
-    if zero:
-        return 0.0
-    if rho is not None:
-        growth = growth_value_from_moments(stats.cross_gradient(), stats.feature_gram(), rtol)
-        return alpha_for_relative_update(rho, stream_rms, growth)
-    return float(alpha)
-
-
 def grow(model: nn.Module, result, at: str, *, alpha=None, rho=None, zero: bool = False, rtol=DEFAULT_RTOL) -> Grown:
     """A deep copy of ``model`` with a residual block inserted at candidate ``at``.
 
@@ -92,7 +72,7 @@ def grow(model: nn.Module, result, at: str, *, alpha=None, rho=None, zero: bool 
         raise ValueError(f"{at}: a 'native' probe's block is inserted by insert_block(model, {at!r}, seed=...), "
                          "not by grow()")
     stats = result.statistics[at]
-    alpha = _step(stats, result.diagnostics[at].stream_rms, alpha, rho, zero, rtol)
+    alpha = insertion_step(stats, result.diagnostics[at].stream_rms, alpha, rho, zero, rtol)
     plan = plan_insertion(stats, alpha, rtol=rtol)
     candidate = next(c for c in result.candidates if c.name == at)
     expanded = copy.deepcopy(model)

@@ -1,0 +1,38 @@
+"""What every adapter's ``grow`` shares (pure Python: no framework is imported).
+
+* :class:`Grown`: the expanded copy, the first-order predicted change of the mean loss and
+  the ``alpha`` used;
+* :func:`insertion_step`: the ``alpha`` of one of ``alpha=``, ``rho=`` or ``zero=True``.
+  ``rho`` is the relative size of the inserted update, ``||h||_S / ||z||_S = rho``, turned
+  into ``alpha = rho ||z||_S / V`` by :func:`satcore.alpha_for_relative_update`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from satcore.insertion import alpha_for_relative_update
+from satcore.quantities import growth_value_from_moments
+
+
+class Grown(NamedTuple):
+    """The expanded copy, the first-order predicted change of the mean loss, and the ``alpha`` used."""
+
+    model: object
+    predicted_change: float
+    alpha: float
+
+
+def insertion_step(stats, stream_rms, alpha, rho, zero, rtol) -> float:
+    """``alpha`` from exactly one of ``alpha``, ``rho`` (with the candidate's ``stream_rms``) or ``zero``."""
+    if sum(x is not None and x is not False for x in (alpha, rho, zero)) != 1:
+        raise ValueError("give exactly one of alpha, rho or zero=True")
+    if zero:
+        return 0.0
+    if rho is not None:
+        if stream_rms is None:
+            raise ValueError("rho needs the candidate's stream RMS ||z||_S, which this probe result does not record; "
+                             "give alpha instead")
+        growth = growth_value_from_moments(stats.cross_gradient(), stats.feature_gram(), rtol)
+        return alpha_for_relative_update(rho, stream_rms, growth)
+    return float(alpha)
