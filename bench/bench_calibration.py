@@ -181,7 +181,7 @@ def looks_sequence(rng, schedule, shift=0.0, batch=2, r=4):
 
 
 def looks_table(reps, rng, initial=16, total=128, shifts=(0.0, 0.1, 0.2, 0.35)):
-    """Probes enlarged until they decide (``look_schedule``: looks at 16, >= 32, >= 64, 128 batches of 2),
+    """Probes enlarged until they decide (``look_schedule``: looks at 16, 32, 64, 128 batches of 2),
     with half of alpha at the whole probe (the default) and with alpha / 4 at every look, beside the first
     look alone and the whole probe at alpha, and under H0 beside the same looks each at alpha: rate of
     'improvable' and mean batches probed."""

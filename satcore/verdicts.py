@@ -37,15 +37,18 @@ the estimate stays put, it is a planning number, not a promise.
 
 Enlarging a probe until it decides.  Testing again each time batches are
 added and stopping at the first decision would spend ``alpha`` once per look.
-:func:`look_schedule` fixes the looks in advance instead: the first after
-``initial`` batches, each next one at least twice as large (or at the size
-estimated to decide, if larger) and the last one at ``total``, so there are at
-most ``L = 1 + ceil(log2(total / initial))`` of them.  The level is split in
+:func:`look_schedule` fixes the looks in advance instead: after ``initial``
+batches, then twice as many each time, the last at ``total``, so there are at
+most ``L = 1 + ceil(log2(total / initial))`` of them, at sizes that do not
+depend on the data.  The level is split in
 advance: ``alpha_final`` (half of ``alpha`` by default) at the look that holds
 every batch and ``alpha_early = (alpha - alpha_final) / (L - 1)`` at each look
-before it.  By the union bound over looks the chance of any false
+before it.  The look at size ``n_j`` is reached or not depending on the
+data, but it rejects only if the fixed-size test on the first ``n_j`` batches
+does, so by the union bound over the ``L`` fixed sizes the chance of any false
 "improvable" (or any wrong "saturated") in the whole sequence stays at most
-``alpha``, however the looks' sizes were chosen from the data.
+``alpha``.  (Jumping to a size estimated from the data would break that: the
+size would depend on the very batches the next look reuses.)
 """
 
 from __future__ import annotations
@@ -276,39 +279,28 @@ class LookSchedule:
         """The level of a look at ``used`` batches."""
         return self.alpha_final if used >= self.total else self.alpha_early
 
-    def next_size(self, used: int, needed: int | None = None) -> int:
-        """Batches at the look after one at ``used``: ``max(2 used, needed)``, at most ``total``.
-
-        ``needed``: the batches estimated to decide (from ``probe_size_to_decide``), if known.
-        """
-        if not 1 <= used < self.total:
-            raise ValueError(f"no look after {used} of {self.total} batches")
-        return min(self.total, max(2 * used, needed or 0))
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Batches at each planned look: ``initial * 2^k``, the last one ``total``."""
+        return tuple(min(self.total, self.initial * 2**k) for k in range(self.looks))
 
     def enlarge(self, report_at):
-        """Look until the depth-wide verdict is not inconclusive or every batch is in.
+        """Look at :attr:`sizes` in turn until the depth-wide verdict is not inconclusive.
 
         ``report_at(n_batches, alpha)``: the report of the first ``n_batches``
         batches at level ``alpha`` (an incremental probe fed up to there).
-        The size after an inconclusive look is :meth:`next_size`, with
-        ``needed`` the smallest ``probe_size_to_decide`` of its inconclusive
-        candidates in batches.  Returns ``(report, batches used, looks taken)``.
+        Returns ``(report, batches used, looks taken)``.
         """
-        used = self.initial
-        for look in range(1, self.looks + 1):
+        for look, used in enumerate(self.sizes, start=1):
             report = report_at(used, self.alpha_at(used))
-            if report.verdict.verdict != INCONCLUSIVE or used == self.total:
-                return report, used, look
-            sizes = [t.probe_size_to_decide for t in report.tests
-                     if t.verdict == INCONCLUSIVE and t.probe_size_to_decide]
-            samples = max(c.n_samples for c in report.candidates)
-            used = self.next_size(used, math.ceil(min(sizes) * used / samples) if sizes else None)
-        raise AssertionError("unreachable: the last planned look holds every batch")
+            if report.verdict.verdict != INCONCLUSIVE:
+                break
+        return report, used, look
 
 
 def look_schedule(initial: int, total: int, alpha: float = DEFAULT_ALPHA, *,
                   final_share: float | None = 0.5) -> LookSchedule:
-    """Looks at ``initial``, then at least doubling, up to ``total`` batches; ``alpha`` split across them.
+    """Looks at ``initial``, then doubling, up to ``total`` batches; ``alpha`` split across them.
 
     Parameters
     ----------
@@ -319,22 +311,20 @@ def look_schedule(initial: int, total: int, alpha: float = DEFAULT_ALPHA, *,
     final_share : float or None, optional
         The share of ``alpha`` kept for the look at every batch (the rest is
         split evenly over the ``L - 1`` looks before it); ``None``: ``alpha / L``
-        at every look.  The default 0.5 keeps the power of the whole probe
-        where the size estimated to decide jumps there, as it mostly does for
-        weak signals (docs/growth.md has the measured comparison).
+        at every look.  The default 0.5 keeps more of the whole probe's power
+        for weak signals, which only the last look decides (docs/growth.md has
+        the measured comparison).
 
     Examples
     --------
     >>> s = look_schedule(4, 20)
-    >>> s.looks, s.alpha_early, s.alpha_final  # looks at 4, >= 8, >= 16 and 20 batches at most
-    (4, 0.008333333333333333, 0.025)
+    >>> s.sizes, s.alpha_early, s.alpha_final
+    ((4, 8, 16, 20), 0.008333333333333333, 0.025)
     >>> look_schedule(4, 20, final_share=None).alpha_final
     0.0125
-    >>> s.next_size(4), s.next_size(8, needed=19), s.next_size(16)
-    (8, 19, 20)
     """
-    if not (isinstance(initial, int) and isinstance(total, int) and 1 <= initial):
-        raise ValueError(f"initial must be an int >= 1 and total an int, got {initial!r} and {total!r}")
+    if not (isinstance(initial, int) and isinstance(total, int) and 1 <= initial and 1 <= total):
+        raise ValueError(f"initial and total must be ints >= 1, got {initial!r} and {total!r}")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if final_share is not None and not 0 < final_share < 1:

@@ -22,28 +22,25 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 @pytest.mark.parametrize("initial, total, looks", [(16, 16, 1), (16, 17, 2), (16, 32, 2), (16, 33, 3), (4, 20, 4),
                                                    (1, 1024, 11), (40, 16, 1)])
-def test_looks_are_one_plus_the_doublings_to_total(initial, total, looks):
+def test_looks_double_to_total_and_their_levels_add_up_to_alpha(initial, total, looks):
     s = look_schedule(initial, total, 0.05)
-    assert s.looks == looks
+    assert s.looks == looks and len(s.sizes) == looks and s.sizes[-1] == total
+    first = min(initial, total)
+    assert list(s.sizes) == [min(total, first * 2**k) for k in range(looks)]  # fixed in advance
     early = 0.05 if looks == 1 else 0.025 / (looks - 1)
     assert s.alpha_final == pytest.approx(0.05 if looks == 1 else 0.025) and s.alpha_early == pytest.approx(early)
     assert s.alpha_final + (looks - 1) * s.alpha_early == pytest.approx(0.05)  # the union bound's budget
     assert look_schedule(initial, total, 0.05, final_share=None).alpha_at(total) == pytest.approx(0.05 / looks)
-    used, taken = s.initial, 1  # doubling from the first look reaches total in exactly the planned looks
-    while used < s.total:
-        used, taken = s.next_size(used), taken + 1
-    assert taken == looks and used == min(total, max(initial, total))
 
 
-def test_next_size_takes_the_size_needed_but_never_passes_total():
-    s = look_schedule(10, 100)
-    assert s.next_size(10) == 20 and s.next_size(10, needed=35) == 35 and s.next_size(10, needed=500) == 100
-    with pytest.raises(ValueError, match="no look after 100"):
-        s.next_size(100)
-    with pytest.raises(ValueError):
-        look_schedule(0, 10)
+def test_bad_schedules_are_refused():
+    for initial, total in ((0, 10), (4, 0)):
+        with pytest.raises(ValueError, match=">= 1"):
+            look_schedule(initial, total)
     with pytest.raises(ValueError):
         look_schedule(4, 10, alpha=1.5)
+    with pytest.raises(ValueError):
+        look_schedule(4, 10, final_share=1.0)
 
 
 def _calibration_bench():
@@ -57,7 +54,7 @@ def _calibration_bench():
 def test_the_level_holds_across_looks_and_would_not_at_full_alpha_each():
     """bench/bench_calibration.py --looks under H0, at 300 repetitions instead of 500."""
     bench, rng, reps = _calibration_bench(), np.random.default_rng(0), 300
-    split = look_schedule(16, 128, 0.05)  # looks at 16, >= 32, >= 64 batches at 0.05/6 each, then 128 at 0.025
+    split = look_schedule(16, 128, 0.05)  # looks at 16, 32, 64 batches at 0.05/6 each, then 128 at 0.025
     naive = dataclasses.replace(split, alpha_early=0.05, alpha_final=0.05)
     runs = {name: [bench.looks_sequence(rng, s) for _ in range(reps)] for name, s in (("split", split),
                                                                                        ("naive", naive))}
@@ -68,4 +65,4 @@ def test_the_level_holds_across_looks_and_would_not_at_full_alpha_each():
     assert rate["naive"] > 0.05 + 2 * se  # four looks at 0.05 each do spend more than 0.05
     for verdict, used, looks in runs["split"]:  # an inconclusive sequence ran to the whole probe
         assert verdict != "inconclusive" or used == 128
-        assert 1 <= looks <= split.looks
+        assert used == split.sizes[looks - 1]

@@ -48,3 +48,17 @@ def test_a_strong_signal_stops_at_the_first_look():
     r = grow_until_saturated(model, _keep, data, sequence_loss, tolerance=0.0, max_rounds=1, first_look_batches=16).rounds[0]
     assert r.probe_looks == 1 and r.probe_samples == 32 and r.inserted_at is not None
     assert r.look_alpha == pytest.approx(0.025 / 2)  # a first look of 3 planned (16, 32, 64 batches)
+
+
+def test_a_first_look_as_large_as_the_split_is_one_look_at_alpha_and_progress_is_shown(weak, capsys):
+    model, data = weak
+    few = data[:20]
+    r = grow_until_saturated(model, _keep, few, mt.per_sample_ce, tolerance=0.0, max_rounds=1,
+                             first_look_batches=64, progress=True).rounds[0]
+    assert r.probe_looks == 1 and r.probe_samples == 20 and r.look_alpha == 0.05
+    plain = grow_until_saturated(model, _keep, few, mt.per_sample_ce, tolerance=0.0, max_rounds=1).rounds[0]
+    assert [c["growth_value"] for c in r.candidates] == [c["growth_value"] for c in plain.candidates]
+    assert "sample" in capsys.readouterr().err  # the tqdm bar counts samples, as probe(progress=True) does
+    with pytest.raises(TypeError, match="len"):
+        grow_until_saturated(model, _keep, iter(few), mt.per_sample_ce, tolerance=0.0, max_rounds=1,
+                             first_look_batches=4)

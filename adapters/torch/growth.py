@@ -19,13 +19,13 @@ Each round
 Enlarging the probe.  With ``first_look_batches=b``, a round probes the first
 ``b`` batches of ``probe_data`` and, while it is inconclusive, goes on over the
 next ones (the incremental :class:`~.probe.Probe`: nothing is probed twice),
-to at least twice as many batches each time, or to the size estimated to
-decide if that is larger, up to all of them.  The level is split over the
+to twice as many batches each time, up to all of them (sizes fixed in
+advance, so that the level holds).  The level is split over the
 looks that schedule can take before the first one (:func:`satcore.verdicts.look_schedule`:
 half of ``alpha`` at the look that holds every batch, the other half shared by
 the looks before it), so the round's chance of a false verdict stays at most
 ``alpha`` although it looks more than once; ``look_alpha`` in the log is the
-level of the look that decided.  Rounds with
+level of the round's last look.  Rounds with
 a strong signal then stop at ``b`` batches, and weak ones are decided on more.
 
 It stops with a stated reason: ``saturated`` (every candidate certified below
@@ -44,6 +44,7 @@ had stopped returns that trained model as it was.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -149,16 +150,31 @@ def _probe_round(model, probe_data, loss_fn, *, seed, alpha, tolerance, rho, fir
     if first_look_batches is None:
         report = probe(model, probe_data, loss_fn, **config).report(alpha=alpha, tolerance=tolerance, rho=rho)
         return report, _samples(report), 1, alpha
-    batches = list(probe_data)
-    schedule = look_schedule(first_look_batches, len(batches), alpha)
-    state = Probe(model, loss_fn, **config)
+    try:
+        total = len(probe_data)
+    except TypeError:
+        raise TypeError("first_look_batches needs probe_data with a len() (a list, a DataLoader): the looks are "
+                        "planned from the number of batches") from None
+    schedule = look_schedule(first_look_batches, total, alpha)
+    bar = None
+    if config.pop("progress", False):
+        from tqdm.auto import tqdm
+
+        bar = tqdm(unit="sample", desc="probe")
+    state, stream = Probe(model, loss_fn, **config), iter(probe_data)  # streamed: one pass, as probe() does
 
     def report_at(n_batches, level):
-        for batch in batches[state.batches_done : n_batches]:
-            state.update(batch)
+        for batch in itertools.islice(stream, n_batches - state.batches_done):
+            samples = state.update(batch)
+            if bar is not None:
+                bar.update(samples)
         return state.result().report(alpha=level, tolerance=tolerance, rho=rho)
 
-    report, used, looks = schedule.enlarge(report_at)
+    try:
+        report, used, looks = schedule.enlarge(report_at)
+    finally:
+        if bar is not None:
+            bar.close()
     return report, _samples(report), looks, schedule.alpha_at(used)
 
 
@@ -224,7 +240,8 @@ def grow_until_saturated(
     first_look_batches : int, optional
         Start each round's probe with this many batches of ``probe_data`` and
         enlarge it while inconclusive (module docstring, Enlarging the probe);
-        ``None``: every batch, one look at ``alpha``.  Give at least one batch
+        ``None``: every batch, one look at ``alpha``.  ``probe_data`` then needs
+        a ``len()``; it is streamed, not held in memory.  Give at least one batch
         per fold (16) for the first look to have full resolution.
     log_path : path, optional
         JSON-lines log; the weights of each round go beside it; an existing log is resumed.
