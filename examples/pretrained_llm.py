@@ -35,6 +35,7 @@ import os
 import re
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -57,7 +58,8 @@ COLUMNS = [
 ]
 INSERT_COLUMNS = [
     ("model", "model"), ("at", "inserted at"), ("rho", "rho"), ("alpha", "alpha"), ("d_loss", "dLoss measured"),
-    ("d_loss_pred", "dLoss predicted"), ("rel_err", "rel. err"),
+    ("d_loss_pred", "dLoss predicted"), ("rel_err", "rel. err"), ("odd_rel_err", "rel. err, odd orders"),
+    ("even_over_pred", "even orders / |pred|"),
 ]
 
 
@@ -179,10 +181,35 @@ def matched_check(label, model, data, loss_fn, at, n_batches=2, rhos=(1e-6, 1e-5
     for rho in rhos:
         g = grow(model, fit, at, rho=rho)
         d = mean_loss(g.model) - before
-        rows.append({"model": label, "at": at, "rho": rho, "alpha": g.alpha, "d_loss": d, "d_loss_pred": g.predicted_change,
-                     "rel_err": abs(d - g.predicted_change) / abs(g.predicted_change)})
+        # the same block with -alpha: (d(alpha) - d(-alpha)) / 2 keeps the odd orders (first and third),
+        # (d(alpha) + d(-alpha)) / 2 the even ones (second), so their errors tell curvature from round-off
+        reverse = mean_loss(grow(model, fit, at, alpha=-g.alpha).model) - before
+        pred = g.predicted_change
+        rows.append({"model": label, "at": at, "rho": rho, "alpha": g.alpha, "d_loss": d, "d_loss_pred": pred,
+                     "rel_err": abs(d - pred) / abs(pred), "d_loss_reversed": reverse,
+                     "odd_rel_err": abs((d - reverse) / 2 - pred) / abs(pred),
+                     "even_over_pred": (d + reverse) / 2 / abs(pred)})
     model.float()
     return rows
+
+
+@contextmanager
+def llama_norm_in_model_dtype():
+    """transformers' ``LlamaRMSNorm`` computes in float32 whatever the model's dtype, so a "float64" model
+    rounds every normalised stream to float32; inside this block it computes in the model's dtype."""
+    from transformers.models.llama import modeling_llama
+
+    shipped = modeling_llama.LlamaRMSNorm.forward
+
+    def forward(self, hidden_states):
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+    modeling_llama.LlamaRMSNorm.forward = forward
+    try:
+        yield
+    finally:
+        modeling_llama.LlamaRMSNorm.forward = shipped
 
 
 def to_double(x):
@@ -263,11 +290,23 @@ def run(quick: bool, which: str) -> dict:
         result, report, loss = measure(label, model, data, loss_fn, described, key, results, start, keep)
         # full: fit on at least 16 samples whatever the probe's batch size (the tests want 16 batches)
         fit_batches = 1 if quick else max(2, -(-16 // len(data[0][1][0] if isinstance(data[0][1], tuple) else data[0][1])))
-        inserts = matched_check(label, model, data, loss_fn, report.argmax, n_batches=fit_batches)
-        write_results(results, f"pretrained_{key}_insertion", inserts, INSERT_COLUMNS,
-                      meta={"model": label, "seconds": time.time() - start},
-                      notes=["float64, on the first probe batches (the fitting set: 1 batch in --quick, in full at least 16 samples and 2 batches); "
-                             "d = after - before."])
+        notes = ["float64, on the first probe batches (the fitting set: 1 batch in --quick, in full at least 16 "
+                 "samples and 2 batches); d = after - before; odd orders: (d(alpha) - d(-alpha)) / 2 against the "
+                 "prediction, even orders: (d(alpha) + d(-alpha)) / 2."]
+        if key == "smollm2":  # its RMSNorm computes in float32 in a float64 model: measured with and without
+            rhos = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3)
+            inserts = [{**row, "norm": "float32 (as shipped)"} for row in
+                       matched_check(label, model, data, loss_fn, report.argmax, fit_batches, rhos)]
+            with llama_norm_in_model_dtype():
+                inserts += [{**row, "norm": "float64"} for row in
+                            matched_check(label, model, data, loss_fn, report.argmax, fit_batches, rhos)]
+            notes.append("norm: transformers' LlamaRMSNorm casts its input to float32 whatever the model's dtype; "
+                         "'float64' reruns the check with the norm computed in the model's dtype.")
+        else:
+            inserts = matched_check(label, model, data, loss_fn, report.argmax, n_batches=fit_batches)
+        write_results(results, f"pretrained_{key}_insertion", inserts,
+                      INSERT_COLUMNS + ([("norm", "RMSNorm in")] if key == "smollm2" else []),
+                      meta={"model": label, "seconds": time.time() - start}, notes=notes)
         out[key] = {"report": report, "loss": loss}
         print(f"{label} done ({time.time() - start:.0f}s)")
     return out
