@@ -81,6 +81,17 @@ def test_plot_leads_with_the_predicted_gains(splits, tmp_path):
     np.testing.assert_allclose([seg[:, 1] for seg in bars], [by_name[n].heldout.interval for n in names], rtol=1e-9)
     assert [t.get_text() for t in ax.texts] == [f"P {by_name[n].heldout.p_decrease:.2f}" for n in names]
     plt.close(fig)
+    # with the curvature sums the training gain drawn is the second-order one
+    curved = probe_splits(mt.digits_resnet(steps=40), mt.digits_batches(10, 16, start=0),
+                          mt.digits_batches(10, 16, start=1000), mt.per_sample_ce, curvature=True)
+    second = curved.report(optimizer="sgd", lr=0.05, steps=3).predictions
+    assert all(c.training_gain_second_order is not None for c in second.candidates)
+    assert all(c.training_gain_second_order != pytest.approx(c.training_gain, rel=1e-3) for c in second.candidates)
+    fig, ax = plt.subplots()
+    draw_predictions(ax, second, [c.name for c in second.candidates])
+    np.testing.assert_allclose(ax.get_lines()[0].get_ydata(),
+                               [c.training_gain_second_order for c in second.candidates], rtol=1e-12)
+    plt.close(fig)
     splits.train.save(tmp_path / "train.npz")
     splits.heldout.save(tmp_path / "heldout.npz")
     png = tmp_path / "report.png"
