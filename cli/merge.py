@@ -40,12 +40,7 @@ def merge(dumps, output, join_candidates, quiet, chunk_samples):
     loaded = [load(path, quiet=quiet, chunk_samples=chunk_samples) for path in dumps]
     if join_candidates:
         return join(dumps, loaded, output)
-    merged = loaded[0][1]
-    for path, (_, stats) in zip(dumps[1:], loaded[1:]):
-        try:
-            merged = merged.merge(stats)
-        except ValueError as exc:
-            raise click.ClickException(f"{display_name(path)}: cannot merge with {display_name(dumps[0])}: {exc}") from None
+    merged = _combine(dumps, loaded, "merge", f"cannot merge with {display_name(dumps[0])}")
     meta = common_meta([source.meta for source, _ in loaded])
     meta["merged_from"] = [os.path.basename(p) for p in dumps]
     write_dump(output, merged, meta=meta, inputs=dumps)
@@ -53,16 +48,22 @@ def merge(dumps, output, join_candidates, quiet, chunk_samples):
     click.echo(f"wrote {display_name(output)}: {len(merged)} candidate(s), {total} samples per candidate, from {len(dumps)} dump(s)")
 
 
+def _combine(dumps, loaded, method: str, refusal: str):
+    """The loaded statistics combined left to right by ``DepthStatistics.<method>``; a refusal names the dump."""
+    combined = loaded[0][1]
+    for path, (_, stats) in zip(dumps[1:], loaded[1:]):
+        try:
+            combined = getattr(combined, method)(stats)
+        except ValueError as exc:
+            raise click.ClickException(f"{display_name(path)}: {refusal}: {exc}") from None
+    return combined
+
+
 def join(dumps, loaded, output) -> None:
     """Dumps of disjoint candidates (one model probed in groups of candidates, each pass over the
     same samples): one dump holding all of them in the order given; per-candidate meta (``family``,
     ``diagnostics``) is united, the rest kept where all inputs agree."""
-    joined = loaded[0][1]
-    for path, (_, stats) in zip(dumps[1:], loaded[1:]):
-        try:
-            joined = joined.join(stats)
-        except ValueError as exc:
-            raise click.ClickException(f"{path}: cannot join with the dumps before it: {exc}") from None
+    joined = _combine(dumps, loaded, "join", "cannot join with the dumps before it")
     counts = {name: s.n_samples for name, s in joined.items()}
     if len(set(counts.values())) > 1:
         raise click.ClickException(f"the dumps hold different samples {counts}: join needs one pass over the same data")
