@@ -83,6 +83,8 @@ from .quantities import (
     realizability,
     tangent_complete,
 )
+from .errors import GrowthLogError, InputError, ProbeError, SatcoreError
+from .recipe import Recipe
 from .results import REPORT_SCHEMA, CandidateScore, DepthReport
 from .statistics import CandidateStatistics, batch_moments
 from .sweep import (
@@ -182,6 +184,13 @@ __all__ = [
     "FAMILIES",
     "Family",
     "make_family",
+    # errors: one root (satcore.errors)
+    "SatcoreError",
+    "InputError",
+    "ProbeError",
+    "GrowthLogError",
+    # how an inserted block is trained (satcore.recipe)
+    "Recipe",
     # dumps (docs/dump-format.md)
     "DumpError",
     "read_dump",

@@ -30,11 +30,12 @@ import threading
 from typing import BinaryIO, Callable
 
 from ._display import display_name
+from .errors import SatcoreError
 
 TMPFILE_UNSUPPORTED = {"EOPNOTSUPP", "EISDIR", "EINVAL", "ENOTSUP", "EACCES"}
 
 
-class OutputError(OSError):
+class OutputError(SatcoreError, OSError):
     """An output that cannot or must not be written; the message names the file (one line)."""
 
 

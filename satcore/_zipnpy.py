@@ -42,6 +42,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from ._display import display_name
+from .errors import InputError
 
 ENV_MAX_RATIO = "SATCORE_MAX_INFLATE_RATIO"
 ENV_MAX_INFLATED = "SATCORE_MAX_INFLATED_BYTES"
@@ -59,7 +60,7 @@ ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedE
               struct.error, OverflowError)
 
 
-class NpzError(ValueError):
+class NpzError(InputError):
     """An ``.npz`` file or member that cannot be read safely; the message names file and key (one line)."""
 
 

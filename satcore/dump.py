@@ -28,6 +28,7 @@ import numpy as np
 
 from ._atomic import atomic_write
 from ._display import display_name
+from .errors import InputError
 from .folds import DEFAULT_FOLDS
 from ._zipnpy import NpyHeader, NpzArchive, NpzError
 from .depth import DepthStatistics
@@ -39,7 +40,7 @@ CHUNK_BYTES = 64 * 2**20  # working memory per chunk when chunk_samples is not g
 MAX_META_BYTES = 16 * 2**20
 
 
-class DumpError(ValueError):
+class DumpError(InputError):
     """An invalid dump: the message names the key and the problem (one line)."""
 
 

@@ -23,6 +23,7 @@ MODULES = [
     "satcore.families",
     "satcore.sweep",
     "satcore.verdicts",
+    "satcore.recipe",
     "satcore.adapters.batches",  # pure Python, like the core: no framework is imported
     "satcore.adapters.graph",
     "satcore.adapters.options",
