@@ -22,6 +22,7 @@ import warnings
 import click
 import numpy as np
 
+from satcore._atomic import command_inputs
 from satcore._display import display_name
 from satcore._zipnpy import NpzError
 from satcore.dump import DumpError
@@ -69,6 +70,10 @@ class SatcoreGroup(click.Group):
         except MemoryError:
             _fail("out of memory")
         sys.exit(code if isinstance(code, int) else 0)
+
+    def invoke(self, ctx):
+        with command_inputs():  # every file the command reads is an input that none of its outputs may replace
+            return super().invoke(ctx)
 
 
 def _message(exc: BaseException) -> str:

@@ -74,8 +74,8 @@ def join(dumps, loaded, output) -> None:
         if all(isinstance(p, dict) for p in parts):
             meta[key] = {name: value for part in parts for name, value in part.items()}
     meta["joined_from"] = [os.path.basename(p) for p in dumps]
-    write_dump(output, joined, meta={**meta, "candidates": list(joined)})
-    click.echo(f"wrote {output}: {len(joined)} candidate(s) joined from {len(dumps)} dump(s), "
+    write_dump(output, joined, meta={**meta, "candidates": list(joined)}, inputs=dumps)
+    click.echo(f"wrote {display_name(output)}: {len(joined)} candidate(s) joined from {len(dumps)} dump(s), "
                f"{next(iter(counts.values()))} samples each")
 
 

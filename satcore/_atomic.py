@@ -21,6 +21,7 @@ cannot be caught and may leave it.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import os
 import secrets
@@ -51,25 +52,62 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+# The files read so far by the running command, as (shown name, resolved path, (device, inode)); None outside
+# command_inputs(), where reading a file and then writing it (a checkpoint resumed and saved) is legitimate.
+_READ: contextvars.ContextVar[list | None] = contextvars.ContextVar("satcore_command_inputs", default=None)
+
+
+@contextlib.contextmanager
+def command_inputs():
+    """Within the block, every file noted by :func:`note_input` is an input no output may replace."""
+    token = _READ.set([])
+    try:
+        yield
+    finally:
+        _READ.reset(token)
+
+
+def note_input(path, st: os.stat_result | None = None) -> None:
+    """Record ``path`` (whose ``os.stat`` is ``st`` when known) as read by the running command, if any."""
+    read = _READ.get()
+    if read is None:
+        return
+    try:
+        st = st or os.stat(path)
+    except OSError:
+        return
+    read.append((os.fspath(path), os.path.realpath(path), (st.st_dev, st.st_ino)))
+
+
+def _identity(path) -> tuple[str, tuple[int, int] | None]:
+    """``(resolved path, (device, inode) or None when it cannot be stat'ed)``."""
+    resolved = os.path.realpath(path)
+    try:
+        st = os.stat(path)
+    except OSError:  # an input that is not there (yet) is matched by its path only
+        return resolved, None
+    return resolved, (st.st_dev, st.st_ino)
+
+
 def check_target(path, inputs=()) -> None:
-    """Refuse ``path`` if it exists and is not a regular file, or is one of ``inputs``."""
+    """Refuse ``path`` if it exists and is not a regular file, or is one of ``inputs`` or of the files the
+    running command has read (module docstring), by resolved path or as the same file."""
     target = os.fspath(path)
     shown = display_name(target)
     try:
         existing = os.stat(target)
     except FileNotFoundError:
-        return
+        existing = None
     except OSError as exc:
         raise OutputError(f"{shown}: cannot write ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(existing.st_mode):
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
         raise OutputError(f"{shown}: is {_kind(existing.st_mode)}, not a regular file; refusing to replace it")
-    for source in inputs:
-        try:
-            same = os.path.samefile(source, target)
-        except OSError:  # an input that is not there (yet) is not this file
-            same = False
-        if same:
-            raise OutputError(f"{shown}: is also an input of this command ({display_name(os.fspath(source))}); "
+    resolved = os.path.realpath(target)
+    file_id = None if existing is None else (existing.st_dev, existing.st_ino)
+    sources = [(os.fspath(s), *_identity(s)) for s in inputs] + list(_READ.get() or ())
+    for name, source_path, source_id in sources:
+        if source_path == resolved or (file_id is not None and source_id == file_id):
+            raise OutputError(f"{shown}: is also an input of this command ({display_name(name)}); "
                               "write the output to another file")
 
 
@@ -120,6 +158,7 @@ def atomic_write(path, write: Callable[[BinaryIO], None], *, inputs=()) -> None:
     target = os.fspath(path)
     shown = display_name(target)
     check_target(target, inputs)
+    mode = _kept_mode(target)
     folder, base = os.path.split(os.path.abspath(target))
     try:
         dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -136,6 +175,8 @@ def atomic_write(path, write: Callable[[BinaryIO], None], *, inputs=()) -> None:
                 try:
                     with os.fdopen(fd, "wb", closefd=False) as stream:
                         write(stream)
+                    if mode is not None:
+                        os.fchmod(fd, mode)
                     check_target(target, inputs)  # again: the target may have been swapped while we wrote
                     if temp is None:
                         _link_into_place(fd, base, dir_fd)
@@ -155,6 +196,16 @@ def atomic_write(path, write: Callable[[BinaryIO], None], *, inputs=()) -> None:
         raise OutputError(f"{shown}: cannot write ({exc.strerror or exc})") from None
     finally:
         os.close(dir_fd)
+
+
+def _kept_mode(target: str) -> int | None:
+    """The permission bits of the regular file ``target`` replaces (``None``: a new file, umask applies)."""
+    try:
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise OutputError(f"{display_name(target)}: cannot write ({exc.strerror or exc})") from None
 
 
 def _link_into_place(fd: int, base: str, dir_fd: int) -> None:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib import format as npy_format
 
+from ._atomic import note_input
 from ._display import display_name
 from .errors import InputError
 
@@ -137,6 +138,7 @@ def open_regular(path):
         if not stat.S_ISREG(now.st_mode):  # replaced between stat and open
             raise NpzError(f"{shown}: is {_file_kind(now.st_mode)}, not a regular file; refused")
         os.set_blocking(fd, True)
+        note_input(path, now)  # an input of the running command: no output of it may replace this file
         return os.fdopen(fd, "rb"), now.st_size
     except BaseException:
         os.close(fd)
