@@ -12,6 +12,8 @@ from satcore._display import display_name
 from satcore.dump import Dump, DumpError, read_dump
 from satcore.report_text import num, table
 
+from .numbers import Count
+
 __all__ = ["display_name", "load", "scored", "statistics", "num", "table", "human_bytes"]
 
 
@@ -28,7 +30,7 @@ class FiniteFloatRange(click.FloatRange):
 QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress output on stderr.")
 CHUNK_OPTION = click.option(
     "--chunk-samples",
-    type=click.IntRange(min=1),
+    type=Count(),
     default=None,
     help="Samples per chunk when streaming raw members (default: about 64 MiB of working memory).",
 )

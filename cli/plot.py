@@ -3,11 +3,21 @@
 Imported only when a plot is asked for, so the command line runs without matplotlib.  Names from
 files are drawn as :func:`label` shows them (one printable line, no mathtext), and the figure is
 written by :func:`satcore._atomic.atomic_write` (whole or not at all, never over an input).
+
+A command checks its ``--plot`` path with :func:`check_plot_path` before it reads or prints
+anything: the format must be one the Agg canvas writes by itself (:data:`PLOT_FORMATS`; ``pgf``
+needs a TeX installation and is refused), the target must be writable by the atomic writer, and
+matplotlib must be installed.  Drawing and saving a figure writes nothing to stderr: matplotlib's
+warnings (a glyph missing from the font, a layout that does not fit) and log messages describe the
+figure, not the command's outcome.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import warnings
 
 import click
 
@@ -23,13 +33,52 @@ def label(text) -> str:
     return display_name(text).replace("$", r"\$")
 
 
-def _pyplot():
+# What the Agg canvas writes without an external program (the raster formats through Pillow, a
+# matplotlib dependency); a name matplotlib also knows but that is not here (pgf: LaTeX) is refused.
+PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp", "raw", "rgba")
+
+
+def plot_format(path: str) -> str:
+    """The image format ``path``'s extension names (``png`` without one); refused unless in :data:`PLOT_FORMATS`."""
+    fmt = os.path.splitext(path)[1][1:].lower() or "png"
+    if fmt not in PLOT_FORMATS:
+        raise click.BadParameter(f"{display_name(path)}: image format {display_name(fmt)!r} is not one satcore "
+                                 f"writes ({', '.join(PLOT_FORMATS)})", param_hint="--plot")
+    return fmt
+
+
+def check_plot_path(path: str, inputs=()) -> None:
+    """Refuse a ``--plot`` path before any work (module docstring): its format, its target, no matplotlib."""
+    plot_format(path)
+    check_target(path, inputs)
+    _pyplot()
+
+
+@contextlib.contextmanager
+def _silent_matplotlib():
+    """matplotlib's warnings and log messages held back while a figure is drawn and saved."""
+    logger = logging.getLogger("matplotlib")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
     try:
-        import matplotlib
-    except ImportError:
-        raise click.ClickException("--plot needs matplotlib: pip install 'satcore[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def _pyplot():
+    with _silent_matplotlib():
+        try:
+            import matplotlib
+        except ImportError:
+            raise click.ClickException("--plot needs matplotlib: pip install 'satcore[plot]'") from None
+        matplotlib.use("Agg")
+        # a user's matplotlibrc may route text through TeX or PostScript through Ghostscript: external programs
+        matplotlib.rcParams["text.usetex"] = False
+        matplotlib.rcParams["ps.usedistiller"] = None
+        import matplotlib.pyplot as plt
 
     return plt
 
@@ -37,7 +86,12 @@ def _pyplot():
 def plot_report(report, path: str, title: str = "", inputs=()):
     """AG and growth value per candidate in depth order, noise floors dashed, the argmax marked; when the
     report carries predictions (a training split was given), the predicted gains lead, in a panel above."""
-    check_target(path, inputs)  # before the figure is drawn
+    check_plot_path(path, inputs)  # before the figure is drawn
+    with _silent_matplotlib():
+        _draw_report(report, path, title, inputs)
+
+
+def _draw_report(report, path: str, title: str, inputs):
     plt = _pyplot()
     names = [c.name for c in report.candidates]
     x = range(len(names))
@@ -112,7 +166,12 @@ def _linear_range(values) -> float:
 
 def plot_sweep(sweep, path: str, inputs=()):
     """AG_max and growth_value_max over depth, the growth noise floor, the plateau shaded."""
-    check_target(path, inputs)
+    check_plot_path(path, inputs)
+    with _silent_matplotlib():
+        _draw_sweep(sweep, path, inputs)
+
+
+def _draw_sweep(sweep, path: str, inputs):
     plt = _pyplot()
     depths = [p.depth for p in sweep.points]
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -138,11 +197,7 @@ def _log_scale(ax, values):
 
 def _save(fig, plt, path: str, inputs):
     """Write the figure in the format its extension names (PNG without one)."""
-    fmt = os.path.splitext(path)[1][1:].lower() or "png"
-    if fmt not in fig.canvas.get_supported_filetypes():
-        plt.close(fig)
-        raise click.BadParameter(f"{display_name(path)}: unknown image format {display_name(fmt)!r}",
-                                 param_hint="--plot")
+    fmt = plot_format(path)
     fig.tight_layout()
     try:
         atomic_write(path, lambda stream: fig.savefig(stream, format=fmt, dpi=120), inputs=inputs)

@@ -20,6 +20,7 @@ from satcore._zipnpy import NpyHeader, NpzArchive
 from satcore.families import FAMILIES
 
 from .common import FiniteFloatRange, display_name
+from .numbers import MAX_SEED, Count
 
 TARGETS = "targets"
 
@@ -85,18 +86,18 @@ def batches(path: str, headers: dict[str, NpyHeader], batch_size: int):
     "--family", type=click.Choice(("auto",) + FAMILIES), default="auto", show_default=True,
     help="Feature family of the probed blocks (auto: conv for NCHW activations, mlp otherwise).",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the family's fixed weights.")
+@click.option("--seed", type=Count(min=0, max=MAX_SEED), default=0, show_default=True, help="Seed of the family's fixed weights.")
 @click.option(
     "--init-std", type=FiniteFloatRange(min=0, min_open=True), default=None,
     help="Weight scale of the mlp family (default width**-0.5; e.g. 0.02 for GPT-2-style models).",
 )
 @click.option(
-    "--n-features", type=click.IntRange(min=1), default=None,
+    "--n-features", type=Count(), default=None,
     help="Feature count r of the built-in families (mlp: its hidden width, default 4x the stream width; "
     "conv: 9x its mid channels).",
 )
 @click.option("--output", "output_name", default=None, help="Model output the loss reads (default: the first).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True,
+@click.option("--batch-size", type=Count(), default=64, show_default=True,
               help="Samples per ONNX Runtime run.")
 @click.option("--split", default=None, help="Name of the split DATA comes from (recorded in the dump).")
 @click.option("--variance", is_flag=True,

@@ -6,10 +6,14 @@ import json
 
 import click
 
+from satcore._display import display_name
+from satcore.errors import InputError
+from satcore.predictors import check_paired
 from satcore.report_text import render_report
 from satcore.verdicts import DEFAULT_ALPHA, stream_rms_from_meta
 
 from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, scored
+from .numbers import Count
 
 
 @click.command()
@@ -49,7 +53,7 @@ from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, scored
 @click.option("--optimizer", type=click.Choice(["sgd", "adam", "matched"]), default="sgd", show_default=True,
               help="With --train: the step predicted (matched: the gradient-matched block of relative size --rho).")
 @click.option("--lr", type=FiniteFloatRange(min=0, min_open=True), default=None, help="With --train: learning rate.")
-@click.option("--steps", type=click.IntRange(min=1), default=1, show_default=True, help="With --train: steps.")
+@click.option("--steps", type=Count(), default=1, show_default=True, help="With --train: steps.")
 @click.option("--plot", "plot_path", metavar="PNG", help="Also draw AG and growth value per candidate (matplotlib).")
 @QUIET_OPTION
 @CHUNK_OPTION
@@ -62,6 +66,10 @@ def score(dump, as_json, output_format, probe_split, alpha, tolerance, rho, delt
     the verdict improvable / saturated (within --tolerance) / inconclusive.
     Proposition 1's distribution-free test is printed under its own name.
     """
+    if plot_path:  # before any work: a format or target that cannot be written costs nothing, prints nothing
+        from .plot import check_plot_path
+
+        check_plot_path(plot_path, inputs=(dump,) if train_dump is None else (dump, train_dump))
     source, stats = load(dump, quiet=quiet, chunk_samples=chunk_samples)
     split = probe_split if probe_split is not None else source.meta.get("split")
     train = None
@@ -69,6 +77,10 @@ def score(dump, as_json, output_format, probe_split, alpha, tolerance, rho, delt
         if optimizer != "matched" and lr is None:
             raise click.UsageError("--train needs --lr (or --optimizer matched with --rho)")
         train = load(train_dump, quiet=quiet, chunk_samples=chunk_samples)[1]
+        try:  # here, where both files are known: a training dump of other candidates or shapes is named
+            check_paired(train, stats)
+        except InputError as exc:
+            raise InputError(f"{display_name(train_dump)}: {exc} (held-out dump {display_name(dump)})") from None
     report = scored(dump, stats, split=split, alpha=alpha, tolerance=tolerance, rho=rho,
                     stream_rms=stream_rms_from_meta(source.meta), delta=delta or 0.0, t=t, error=error,
                     detector_scale=detector_scale, train=train, optimizer=optimizer, lr=lr, steps=steps)

@@ -29,6 +29,10 @@ def sweep(dumps, as_json, metric, rel_tol, noise_factor, plot_path, quiet, chunk
     A dump's depth is meta 'model_depth' when given, else its number of
     candidates other than the 'head' endpoint (its residual blocks).  The plateau rule is in docs/dump-format.md.
     """
+    if plot_path:  # before any work: a format or target that cannot be written costs nothing
+        from .plot import check_plot_path
+
+        check_plot_path(plot_path, inputs=dumps)
     points = []
     for path in dumps:
         source, stats = load(path, quiet=quiet, chunk_samples=chunk_samples)
