@@ -2,9 +2,11 @@
 
 A name read from a dump or a model is data, not text to print: a newline in it
 would forge a line of the report, ``\\r`` would overwrite a row, and escape
-sequences (CSI, OSC window titles, BEL) would drive the terminal.  Tables,
-error messages and plots show :func:`display_name` of such a name; JSON output
-keeps the exact name (``json.dumps`` escapes control characters itself).
+sequences (CSI, OSC window titles, BEL) would drive the terminal.  Every text
+output shows :func:`display_name` of such a name: tables, error messages,
+plots and CSV (uncut there: ``limit=None``).  JSON output keeps the exact name
+(``json.dumps`` escapes control characters itself, and every non-ASCII
+character with its default ``ensure_ascii``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ def _escape(char: str) -> str:
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
-def display_name(text, limit: int = MAX_DISPLAY_CHARS) -> str:
-    """``text`` as one printable line: every non-printable character escaped, long text cut.
+def display_name(text, limit: int | None = MAX_DISPLAY_CHARS) -> str:
+    """``text`` as one printable line: every non-printable character escaped, text longer than ``limit``
+    characters cut (``None``: never cut).
 
     Non-printable is Python's ``str.isprintable`` (Unicode categories Other and
     Separator except the space): control characters, line and paragraph
@@ -33,7 +36,7 @@ def display_name(text, limit: int = MAX_DISPLAY_CHARS) -> str:
     that reorder a line.  A printable name is returned unchanged.
     """
     text = str(text)
-    if text.isprintable() and len(text) <= limit:
+    if text.isprintable() and (limit is None or len(text) <= limit):
         return text
     shown = "".join(c if c.isprintable() else _escape(c) for c in text)
-    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+    return shown if limit is None or len(shown) <= limit else shown[: limit - 3] + "..."

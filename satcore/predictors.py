@@ -53,6 +53,7 @@ import numpy as np
 from scipy import stats as _scipy_stats
 
 from ._psd import DEFAULT_RTOL, psd_spectrum
+from .errors import InputError
 
 OPTIMIZERS = ("sgd", "adam", "matched")
 ADAM_EPS = 1e-8
@@ -238,6 +239,25 @@ def _step(stats, optimizer, lr, steps, rho, stream_rms, fisher, rtol):
     return V, first, -(float(np.sum(C * V)) + kronecker_quadratic(V, fisher, K, T))
 
 
+def check_paired(train_stats, heldout_stats) -> None:
+    """Refuse training and held-out statistics that are not of the same candidates, in the same order and
+    with the same block shape (``N`` hidden units, ``r`` features): a step fitted on one is priced on the other.
+
+    Raises
+    ------
+    InputError
+        Naming the first candidate that differs and both shapes.
+    """
+    if list(train_stats) != list(heldout_stats):
+        raise InputError(f"candidate lists differ: training {list(train_stats)} vs held-out {list(heldout_stats)}")
+    for name, tr in train_stats.items():
+        ho = heldout_stats[name]
+        if (tr.n_hidden, tr.n_features) != (ho.n_hidden, ho.n_features):
+            raise InputError(f"candidate {name!r}: the training statistics are N = {tr.n_hidden} "
+                             f"hidden x r = {tr.n_features} features, the held-out ones N = {ho.n_hidden} x "
+                             f"r = {ho.n_features}: not the same block")
+
+
 def predict_gains(train_stats, heldout_stats, *, optimizer: str = "sgd", lr: float | None = None, steps: int = 1,
                   rho: float | None = None, stream_rms: dict | None = None, train_fisher: dict | None = None,
                   heldout_fisher: dict | None = None, alpha: float = 0.05, rtol: float = DEFAULT_RTOL
@@ -266,8 +286,7 @@ def predict_gains(train_stats, heldout_stats, *, optimizer: str = "sgd", lr: flo
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-    if list(train_stats) != list(heldout_stats):
-        raise ValueError(f"candidate lists differ: {list(train_stats)} vs {list(heldout_stats)}")
+    check_paired(train_stats, heldout_stats)
     if optimizer == "matched":
         if rho is None or stream_rms is None or not (rho > 0):
             raise ValueError("optimizer='matched' needs rho > 0 and stream_rms per candidate")

@@ -143,7 +143,7 @@ class DepthReport:
             out["prop1"] = {k: _json_number(v) for k, v in self.prop1.to_dict().items()}
         if self.predictions is not None:
             out["predictions"] = _json_safe(self.predictions.to_dict())
-        return out
+        return _json_safe(out)  # every number: a tolerance or gain that overflowed to inf is null, not invalid JSON
 
     def to_records(self) -> list[dict]:
         """One flat dict per candidate, upstream first, ``name`` first: the candidate's
@@ -168,15 +168,20 @@ class DepthReport:
 
     def to_csv(self) -> str:
         """:meth:`to_records` as CSV text: a header line (``name`` first), then one line per candidate;
-        a missing value (``None``) is an empty field."""
+        a missing value (``None``) is an empty field.  Text is written as the table shows it
+        (:func:`satcore._display.display_name`, uncut): a name from a file holding a newline, a
+        carriage return or a terminal escape cannot break a row or reach the terminal."""
         import csv
         import io
 
+        from ._display import display_name
+
         records = self.to_records()
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=list(records[0]), lineterminator="\n")
+        writer = csv.DictWriter(out, fieldnames=[display_name(k, None) for k in records[0]], lineterminator="\n")
         writer.writeheader()
-        writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in records)
+        writer.writerows({display_name(k, None): "" if v is None else display_name(v, None) if isinstance(v, str) else v
+                          for k, v in r.items()} for r in records)
         return out.getvalue()
 
     def to_jsonl(self) -> str:
