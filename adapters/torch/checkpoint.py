@@ -12,12 +12,28 @@ file whole or not at all: an interruption never leaves a torn checkpoint.
 It is read back by :func:`satcore.dump.read_dump`, the bounded reader every
 dump goes through (nothing unpickled, sizes checked before allocating, the
 statistics validated).
+
+A checkpoint resumes only the probe that wrote it.  Every setting is compared
+key by key (a missing, extra or different one is refused by its key), and the
+settings include ``model``, the fingerprint of :func:`model_fingerprint`: the
+names, shapes and dtypes of the model's parameters and buffers and, of each,
+its first and last four values.  So a checkpoint of another architecture, of
+other candidates or of the same architecture with other weights is refused;
+two models that agree in every name, shape, dtype and sampled value are not
+told apart.  ``batches_done`` must be a whole number >= 0 equal to the
+batches each candidate's statistics hold (a tampered count would skip batches
+or count them twice).
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
+
+from satcore._display import display_name
 from satcore.depth import DepthStatistics
 from satcore.dump import read_dump, read_dump_meta, write_dump
+from satcore.errors import ProbeError
 
 from .diagnostics import StreamAccumulator
 
@@ -36,18 +52,91 @@ def load_checkpoint(path, config: dict):
     """``(statistics, streams, specs, batches_done)``; refuses a checkpoint of another probe setup."""
     # a DumpError (a ValueError) names the file and the key; the settings are compared before the sums are read
     schema, meta = read_dump_meta(path)
-    state = dict(meta.get("checkpoint", {})) if isinstance(meta.get("checkpoint"), dict) else {}
-    if schema is None or "family" not in meta:
-        raise ValueError(f"{path}: not a satcore probe checkpoint")
-    batches_done, saved_streams = state.pop("batches_done", None), state.pop("streams", None)
-    if batches_done is None or saved_streams is None or state != config:
-        raise ValueError(f"{path}: checkpoint was written by a probe with settings {state}, not {config}")
+    batches_done, saved_streams = _checked_state(path, schema, meta, config)
+    if saved_streams is None:
+        raise ProbeError(f"{_shown(path)}: checkpoint.streams is missing")
     dump = read_dump(path)
     if dump.raw:
-        raise ValueError(f"{path}: not a satcore probe checkpoint (holds raw arrays)")
+        raise ProbeError(f"{_shown(path)}: not a satcore probe checkpoint (holds raw arrays)")
     order = list(dump.candidates)
     stats = DepthStatistics()
     for name in order:
         stats[name] = dump.stored[name]
+        if stats[name].n_batches != batches_done:
+            raise ProbeError(f"{_shown(path)}: checkpoint.batches_done = {batches_done} but candidate {name!r} "
+                             f"holds {stats[name].n_batches} batches")
+    _check_streams(path, saved_streams, order)
     streams = {name: StreamAccumulator.from_arrays(saved_streams[name]) for name in order}
     return stats, streams, meta["family"], int(batches_done)
+
+
+def _shown(path) -> str:
+    return display_name(str(path))
+
+
+def _checked_state(path, schema, meta: dict, config: dict):
+    """``(batches_done, streams or None)`` of a checkpoint's meta, its settings equal to ``config`` key by key."""
+    state = meta.get("checkpoint")
+    if schema is None or "family" not in meta or not isinstance(state, dict):
+        raise ProbeError(f"{_shown(path)}: not a satcore probe checkpoint (meta has no 'checkpoint' mapping)")
+    state = dict(state)
+    batches_done, saved_streams = state.pop("batches_done", None), state.pop("streams", None)
+    if type(batches_done) is not int or batches_done < 0:
+        raise ProbeError(f"{_shown(path)}: checkpoint.batches_done must be a whole number >= 0, got {batches_done!r}")
+    for key in list(config) + [k for k in state if k not in config]:
+        if key not in state:
+            raise ProbeError(f"{_shown(path)}: checkpoint was written by a probe with settings that differ: "
+                             f"checkpoint.{key} is missing (this probe: {config[key]!r})")
+        if key not in config or state[key] != config[key]:
+            theirs = "not a setting of this probe" if key not in config else f"this probe: {config[key]!r}"
+            what = " (another model: names, shapes, dtypes or values of its parameters differ)" if key == "model" else ""
+            raise ProbeError(f"{_shown(path)}: checkpoint was written by a probe with settings that differ: "
+                             f"checkpoint.{key} = {state[key]!r} ({theirs}){what}")
+    if saved_streams is not None and not isinstance(saved_streams, dict):
+        raise ProbeError(f"{_shown(path)}: checkpoint.streams must be a mapping of candidate names")
+    return batches_done, saved_streams
+
+
+STREAM_FIELDS = ("n_samples", "n_vectors", "sum_z_sq", "sum_update_sq")
+
+
+def _check_streams(path, saved_streams: dict, order) -> None:
+    """Each candidate's saved stream sums: a mapping of finite numbers >= 0 (and the flag ``has_update``)."""
+    for name in order:
+        saved = saved_streams.get(name)
+        if not isinstance(saved, dict):
+            raise ProbeError(f"{_shown(path)}: checkpoint.streams has no mapping for candidate {name!r}")
+        for field in STREAM_FIELDS:
+            value = saved.get(field)
+            if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+                raise ProbeError(f"{_shown(path)}: checkpoint.streams[{name!r}].{field} must be a finite number "
+                                 f">= 0, got {value!r}")
+        if type(saved.get("has_update")) not in (bool, int, float):
+            raise ProbeError(f"{_shown(path)}: checkpoint.streams[{name!r}].has_update must be a flag, "
+                             f"got {saved.get('has_update')!r}")
+
+
+def model_fingerprint(model) -> str:
+    """A hash of ``model``'s architecture and weights, cheap to compute (module docstring).
+
+    Hashed: for every entry of ``state_dict`` (parameters and persistent buffers) in order, its
+    name, shape and dtype, and its first and last four values as float64.  Not hashed: the other
+    values (reading them all would cost a pass over the weights at every resume).  A tensor
+    without data (the ``meta`` device) contributes its name, shape and dtype only.
+    """
+    import torch
+
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, tensor in model.state_dict(keep_vars=True).items():
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            digest.update(f"{name}\0{tuple(tensor.shape)}\0{tensor.dtype}\0".encode())
+            if tensor.is_meta or tensor.numel() == 0:
+                continue
+            flat = tensor.detach().reshape(-1)
+            ends = torch.cat([flat[:4], flat[-4:]]) if flat.numel() > 8 else flat
+            if ends.is_complex():
+                ends = torch.view_as_real(ends)
+            digest.update(ends.to(device="cpu", dtype=torch.float64).numpy().tobytes())
+    return digest.hexdigest()[:32]

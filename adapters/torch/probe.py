@@ -37,7 +37,7 @@ from satcore.results import TRAINING_SPLIT_WARNING
 from satcore.statistics import CandidateStatistics
 
 from .capture import StreamTaps
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
 from .diagnostics import StreamAccumulator
 from .distributed import reduce_probe
 from .features import ConvFeatures, build_feature_map, positions, rebuild_feature_map
@@ -286,6 +286,7 @@ class Probe:
             "position_subsample": config.position_subsample,
             "variance": config.variance,
             "mask": mask_label(config.mask),
+            "model": model_fingerprint(model),  # a checkpoint resumes only on the model that wrote it
         }
         if config.n_features is not None:  # only then: checkpoints written before the option still resume
             self.settings["n_features"] = config.n_features
