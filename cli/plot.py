@@ -49,8 +49,8 @@ def plot_format(path: str) -> str:
 
 def check_plot_path(path: str, inputs=()) -> None:
     """Refuse a ``--plot`` path before any work (module docstring): its format, its target, no matplotlib."""
+    check_target(path, inputs)  # first: "this is your input" says more than "not an image format"
     plot_format(path)
-    check_target(path, inputs)
     _pyplot()
 
 
