@@ -381,3 +381,21 @@ def test_fingerprint_covers_names_shapes_dtypes_and_sampled_values():
         nudged[1].bias[-1] += 1e-6  # among the last four values of a tensor
     prints = [model_fingerprint(m) for m in (base, wider, renamed, halved, nudged)]
     assert len(set(prints)) == len(prints)
+
+
+def test_probe_output_never_replaces_the_models_external_data(tmp_path):
+    """``probe -o weights.bin`` where the model keeps W in weights.bin: an input of the command like the model."""
+    pytest.importorskip("onnxruntime")
+    from test_onnx_errors import batch, with_external_weight
+
+    model = with_external_weight(tmp_path / "m", lambda folder: None)
+    weights = model.parent / "weights.bin"
+    before = weights.read_bytes()
+    x, y = batch()
+    data = tmp_path / "data.npz"
+    np.savez(data, inputs=x, targets=y)
+    result = CliRunner().invoke(main, ["probe", str(model), "--data", str(data), "--family", "linear",
+                                       "-o", str(weights)])
+    assert result.exit_code == 2, result.output
+    assert_one_line(result.stderr, ["weights.bin: is also an input of this command"])
+    assert weights.read_bytes() == before

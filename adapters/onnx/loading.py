@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
+from satcore._atomic import note_input
+
 from .errors import OnnxProbeError
 
 
@@ -63,6 +65,7 @@ def check_location(tensor: str, location: str, folder: Path) -> Path:
         )
     if not target.is_file():
         raise OnnxProbeError(f"external data file of tensor {tensor!r} not found: {location!r}")
+    note_input(target)  # read by the running command: `probe -o` may not replace the model's weights
     return target
 
 
