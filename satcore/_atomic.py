@@ -52,15 +52,15 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-# The files read so far by the running command, as (shown name, resolved path, (device, inode)); None outside
+# The files read so far by the running command: {(resolved path, (device, inode)): shown name}; None outside
 # command_inputs(), where reading a file and then writing it (a checkpoint resumed and saved) is legitimate.
-_READ: contextvars.ContextVar[list | None] = contextvars.ContextVar("satcore_command_inputs", default=None)
+_READ: contextvars.ContextVar[dict | None] = contextvars.ContextVar("satcore_command_inputs", default=None)
 
 
 @contextlib.contextmanager
 def command_inputs():
     """Within the block, every file noted by :func:`note_input` is an input no output may replace."""
-    token = _READ.set([])
+    token = _READ.set({})
     try:
         yield
     finally:
@@ -76,7 +76,7 @@ def note_input(path, st: os.stat_result | None = None) -> None:
         st = st or os.stat(path)
     except OSError:
         return
-    read.append((os.fspath(path), os.path.realpath(path), (st.st_dev, st.st_ino)))
+    read.setdefault((os.path.realpath(path), (st.st_dev, st.st_ino)), os.fspath(path))  # a file read twice: once
 
 
 def _identity(path) -> tuple[str, tuple[int, int] | None]:
@@ -104,7 +104,8 @@ def check_target(path, inputs=()) -> None:
         raise OutputError(f"{shown}: is {_kind(existing.st_mode)}, not a regular file; refusing to replace it")
     resolved = os.path.realpath(target)
     file_id = None if existing is None else (existing.st_dev, existing.st_ino)
-    sources = [(os.fspath(s), *_identity(s)) for s in inputs] + list(_READ.get() or ())
+    sources = [(os.fspath(s), *_identity(s)) for s in inputs]
+    sources += [(name, *identity) for identity, name in (_READ.get() or {}).items()]
     for name, source_path, source_id in sources:
         if source_path == resolved or (file_id is not None and source_id == file_id):
             raise OutputError(f"{shown}: is also an input of this command ({display_name(name)}); "
