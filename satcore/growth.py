@@ -139,11 +139,12 @@ class HeldoutGuard:
 
 @dataclass(frozen=True)
 class GrowthOptions:
-    """Everything that decides what a run does (recorded in its log's header)."""
+    """Everything that decides what a run does (recorded in its log's header); ``guard=None`` measures the
+    held-out change without acting on it."""
 
     criteria: GrowthCriteria
     budget: GrowthBudget = field(default_factory=GrowthBudget)
-    guard: HeldoutGuard = field(default_factory=HeldoutGuard)
+    guard: HeldoutGuard | None = field(default_factory=HeldoutGuard)
     seed: int = 0
     first_look_batches: int | None = None
 
@@ -158,7 +159,7 @@ class GrowthOptions:
     def settings(self) -> dict:
         c = self.criteria
         return {"alpha": c.alpha, "tolerance": c.tolerance, "rho": c.rho, **asdict(self.budget),
-                "guard_tolerance": self.guard.tolerance, "guard_alpha": self.guard.alpha, "seed": self.seed,
+                "guard": None if self.guard is None else asdict(self.guard), "seed": self.seed,
                 "first_look_batches": self.first_look_batches}
 
 
@@ -355,6 +356,8 @@ def _round(model, k: int, decide, steps: GrowthSteps, options: GrowthOptions):
     held_after = steps.losses(grown, "heldout")
     change, se = paired_change(held_before, held_after)
     entry.update(heldout_loss_after=_mean(held_after), heldout_change=change, heldout_change_se=se)
+    if options.guard is None:
+        return grown, GrowthRound(**entry)
     if change > options.guard.noise(se):
         return model, GrowthRound(**entry, rolled_back=True, stop_reason=StopReason.HELDOUT_KNEE)
     if -change < options.guard.tolerance:

@@ -118,7 +118,7 @@ def load_weights(model: nn.Module, path: str) -> nn.Module:
         raise GrowthLogError(f"{shown}: cannot be read as weights ({type(exc).__name__}: {str(exc)[:120]})") from None
     if not isinstance(state, dict):
         raise GrowthLogError(f"{shown}: holds a {type(state).__name__}, not a state_dict")
-    for key in sorted(set(own) | set(state)):
+    for key in list(own) + [k for k in state if k not in own]:  # the model's order: its first key named
         if key not in state or key not in own:
             side = "missing from the file" if key not in state else "not in the model"
             raise GrowthLogError(f"{shown}: key {display_name(key)!r} {side}; not this run's weights")
