@@ -156,6 +156,20 @@ class GrowthOptions:
         """Round ``k`` decides and inserts with seed ``seed * 1000 + k``."""
         return self.seed * 1000 + k
 
+    @classmethod
+    def resolve(cls, options: "GrowthOptions | None", tolerance: float | None, **loose) -> "GrowthOptions":
+        """``options`` as given, or built from ``tolerance`` and the loose settings (``rho``, ``alpha``,
+        ``max_depth``, ``max_rounds``, ``guard``, ``seed``, ``first_look_batches``) of an adapter's call."""
+        if options is not None:
+            if tolerance is not None:
+                raise TypeError("give either options= or tolerance= and the other loose settings, not both")
+            return options
+        if tolerance is None:
+            raise TypeError("the growth loop needs tolerance= (or options=GrowthOptions(...))")
+        criteria = GrowthCriteria(tolerance, loose.pop("rho"), loose.pop("alpha"))
+        budget = GrowthBudget(loose.pop("max_depth"), loose.pop("max_rounds"))
+        return cls(criteria, budget, **loose)
+
     def settings(self) -> dict:
         c = self.criteria
         return {"alpha": c.alpha, "tolerance": c.tolerance, "rho": c.rho, **asdict(self.budget),
@@ -287,6 +301,8 @@ class GrowthSteps(Protocol):
 
     def settings(self) -> dict: ...
 
+    weights_suffix: str  # the weights file's extension, ".pt" or ".npz"
+
 
 @dataclass(frozen=True)
 class GrowthResult:
@@ -299,9 +315,9 @@ class GrowthResult:
     log_path: str | None = None
 
 
-def weights_path(log_path: str, round_index: int) -> str:
-    """Where round ``round_index``'s weights go: beside the log, ``<log>.round<k>.pt``."""
-    return f"{log_path}.round{round_index}.pt"
+def weights_path(log_path: str, round_index: int, suffix: str = ".pt") -> str:
+    """Where round ``round_index``'s weights go: beside the log, ``<log>.round<k><suffix>``."""
+    return f"{log_path}.round{round_index}{suffix}"
 
 
 def paired_change(before: np.ndarray, after: np.ndarray) -> tuple[float, float]:
@@ -324,7 +340,7 @@ def _resume(log: GrowthLog, model, steps: GrowthSteps):
             model = steps.replay(model, entry)
     kept = [r.round for r in rounds if r.kept]
     if kept:  # the last round that kept a trained block wrote the weights (stop and rollback rounds write none)
-        model = steps.load(model, weights_path(log.path, kept[-1]))
+        model = steps.load(model, weights_path(log.path, kept[-1], steps.weights_suffix))
     return model, list(rounds)
 
 
@@ -400,7 +416,7 @@ def run_growth(model, steps: GrowthSteps, decide: Callable, options: GrowthOptio
         for k in range(start, options.budget.max_rounds):
             model, entry = _round(model, k, decide, steps, options)
             if log is not None and entry.kept:
-                steps.save(model, weights_path(log.path, k))
+                steps.save(model, weights_path(log.path, k, steps.weights_suffix))
             if log is not None:
                 log.append(entry)
             rounds.append(entry)

@@ -16,6 +16,8 @@ from satcore.growth import GrowthCriteria, GrowthOptions, RoundDecision
 
 
 class FakeSteps:
+    weights_suffix = ".json"
+
     def __init__(self, curve, n=200, jitter=0.0, on_train=None):
         self.curve, self.jitter, self.on_train = dict(curve), jitter, on_train
         self.noise = np.random.default_rng(0).normal(0.0, 0.3, n)

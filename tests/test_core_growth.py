@@ -290,7 +290,7 @@ def test_weights_are_written_only_for_kept_rounds(tmp_path):
     log = tmp_path / "g.jsonl"
     result = run_growth(("a", "b"), steps, fk.FakeDecide(), fk.options(), log_path=log)
     assert result.stop_reason == "heldout_knee"
-    assert [os.path.basename(p) for p in steps.saved] == ["g.jsonl.round0.pt"]  # round 1 was rolled back
+    assert [os.path.basename(p) for p in steps.saved] == ["g.jsonl.round0.json"]  # round 1 was rolled back
     again = run_growth(("a", "b"), fk.FakeSteps({2: 1.0}), fk.FakeDecide(), fk.options(), log_path=log)
     assert again.model == result.model and again.depth == 3
 

@@ -40,8 +40,6 @@ from satcore._display import display_name
 from satcore.errors import GrowthLogError
 from satcore.growth import (
     FirstOrderDecide,
-    GrowthBudget,
-    GrowthCriteria,
     GrowthOptions,
     GrowthResult,
     GrowthRound,
@@ -145,6 +143,8 @@ def _has_module(family) -> bool:
 
 class TorchGrowthSteps:
     """The torch side of a round (:class:`satcore.growth.GrowthSteps`)."""
+
+    weights_suffix = ".pt"
 
     def __init__(self, train, loss_fn, data: dict, family="native", zero: str = "terminal", probe_options=None):
         self.train_fn, self.loss_fn, self.data = train, loss_fn, data
@@ -279,13 +279,8 @@ def grow_until_saturated(
     **probe_options
         Passed to :class:`~.probe.Probe` (``candidates``, ``mask``, ``batch_dtype``, ...).
     """
-    if options is None:
-        if tolerance is None:
-            raise TypeError("grow_until_saturated needs tolerance= (or options=GrowthOptions(...))")
-        options = GrowthOptions(GrowthCriteria(tolerance, rho, alpha), GrowthBudget(max_depth, max_rounds), guard,
-                                seed, first_look_batches)
-    elif tolerance is not None:
-        raise TypeError("give either options= or tolerance= and the other loose settings, not both")
+    options = GrowthOptions.resolve(options, tolerance, rho=rho, alpha=alpha, max_depth=max_depth,
+                                    max_rounds=max_rounds, guard=guard, seed=seed, first_look_batches=first_look_batches)
     if log_path is not None and _has_module(family):
         raise GrowthLogError(f"{display_name(os.fspath(log_path))}: an nn.Module family cannot be rebuilt when the "
                              "run resumes; use a built-in family or no log_path")
