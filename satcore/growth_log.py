@@ -6,7 +6,8 @@ run does (criteria, budgets, seed, family, guard), so that a log is never resume
 or returned under other ones.  Each further line is one round
 (:class:`GrowthRound`), written compactly: no spaces, and the per-candidate rows
 as columns (``"candidates":{"name":[...],"growth_value":[...],...}``), so a key
-is written once per round and not once per candidate.
+is written once per round and not once per candidate, and floats with 9
+significant digits (the in-memory :class:`GrowthRound` keeps every digit).
 
 Safety.  While a run appends, it holds an exclusive ``flock`` on the log: a second
 run on the same log is refused at once (:class:`~satcore.errors.GrowthLogError`,
@@ -34,6 +35,7 @@ from .errors import GrowthLogError
 
 FORMAT_KEY = "satcore_growth_log"
 FORMAT_VERSION = 1
+LOG_DIGITS = 9  # significant digits of a logged float: past float32's, the statistics' own noise is far larger
 MAX_LOG_BYTES = 64 * 2**20  # a round is ~0.2 kB + ~0.1 kB per candidate: far above any real run
 
 
@@ -104,13 +106,24 @@ def _type_ok(value, types) -> bool:
     return isinstance(value, types)
 
 
+def _significant(value):
+    """Floats to ``LOG_DIGITS`` significant digits (lists and dicts walked); everything else as it is."""
+    if isinstance(value, float) and math.isfinite(value):
+        return float(f"{value:.{LOG_DIGITS}g}")
+    if isinstance(value, list):
+        return [_significant(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _significant(v) for k, v in value.items()}
+    return value
+
+
 def encode_round(entry: GrowthRound) -> bytes:
     """One compact log line (module docstring), newline included."""
     data = entry.to_dict()
     rows = data.pop("candidates")
     keys = list(dict.fromkeys(k for row in rows for k in row))
     data["candidates"] = {k: [row.get(k) for row in rows] for k in keys}
-    return (json.dumps(data, separators=(",", ":")) + "\n").encode()
+    return (json.dumps(_significant(data), separators=(",", ":")) + "\n").encode()
 
 
 def _decode_candidates(columns, where: str) -> list:

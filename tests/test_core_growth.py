@@ -273,7 +273,7 @@ def test_concurrent_processes_on_one_log_never_interleave(tmp_path):
 def test_the_log_line_is_compact_and_reads_back_exactly(tmp_path):
     log = _good_log(tmp_path)
     rounds = read_growth_log(log).rounds
-    rows = [{"name": f"transformer.h.{i}", "growth_value": 0.1 * i, "p_value_adjusted": 0.01,
+    rows = [{"name": f"transformer.h.{i}", "growth_value": i / 8, "p_value_adjusted": 0.01,
              "verdict": "improvable", "growth_value_interval": [0.1, 0.2], "predicted_gain": 1e-3,
              "predicted_gain_interval": [1e-4, 2e-3], "probe_size_to_decide": None} for i in range(6)]
     entry = rounds[0].__class__(**{**rounds[0].to_dict(), "candidates": rows})
@@ -282,7 +282,11 @@ def test_the_log_line_is_compact_and_reads_back_exactly(tmp_path):
     assert len(line) < 0.6 * len(verbose)
     header = log.read_bytes().split(b"\n")[0]
     (back,) = parse_log(header + b"\n" + line, "x").rounds
-    assert back == entry
+    assert back.candidates == rows  # these values have fewer than 9 significant digits: exact
+    whole = entry.__class__(**{**entry.to_dict(), "train_loss_before": 1 / 3, "heldout_change": -2 / 3})
+    (back,) = parse_log(header + b"\n" + encode_round(whole), "x").rounds
+    assert back.train_loss_before == 0.333333333 and back.heldout_change == -0.666666667
+    assert back.to_dict() | {"train_loss_before": 1 / 3, "heldout_change": -2 / 3} == whole.to_dict()
 
 
 def test_weights_are_written_only_for_kept_rounds(tmp_path):
