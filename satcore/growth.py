@@ -181,7 +181,8 @@ class GrowthOptions:
 class RoundDecision:
     """A round's decision: where the block goes (``choice``; ``None`` stops with ``stop_reason``), the
     depth-wide ``verdict``, one row per candidate for the log, and the probe's size (``probe_samples``,
-    ``probe_looks``, ``look_alpha``)."""
+    ``probe_looks``, ``look_alpha``); ``details``: what else a pluggable decision reported (logged as
+    the round's ``decision``)."""
 
     choice: str | None
     stop_reason: str | None
@@ -190,6 +191,7 @@ class RoundDecision:
     probe_samples: int | None = None
     probe_looks: int = 1
     look_alpha: float | None = None
+    details: dict | None = None
 
     @classmethod
     def of(cls, decision) -> "RoundDecision":
@@ -201,9 +203,11 @@ class RoundDecision:
             if not hasattr(decision, name):
                 raise TypeError(f"decide returned {type(decision).__name__}, which has no {name!r}")
         data = decision.to_dict()
-        rows = data.get("candidates", {}) if isinstance(data, dict) else {}
+        data = data if isinstance(data, dict) else {}
+        rows = data.get("candidates", {})
         rows = [{"name": k, **v} for k, v in rows.items()] if isinstance(rows, dict) else list(rows)
-        return cls(decision.choice, decision.stop_reason, rows)
+        details = {k: v for k, v in data.items() if k not in ("choice", "stop_reason", "candidates")}
+        return cls(decision.choice, decision.stop_reason, rows, details=details or None)
 
 
 def candidate_rows(report) -> list:
@@ -359,7 +363,7 @@ def _round(model, k: int, decide, steps: GrowthSteps, options: GrowthOptions):
                  heldout_loss_before=_mean(held_before), loss_after_insert=None, train_loss_after=None,
                  heldout_loss_after=None, probe_seconds=probe_seconds, train_seconds=None,
                  probe_samples=decision.probe_samples, probe_looks=decision.probe_looks,
-                 look_alpha=decision.look_alpha)
+                 look_alpha=decision.look_alpha, decision=decision.details)
     if at is None:
         return model, GrowthRound(**entry, stop_reason=reason)
     grown, block = steps.insert(model, at, seed)

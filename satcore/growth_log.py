@@ -50,7 +50,9 @@ class GrowthRound:
     (a harm is positive) and ``heldout_change_se`` its paired standard error;
     ``rolled_back`` says the block was removed again (a harm beyond noise);
     ``inserted_block`` is what an adapter needs to rebuild the block on resume
-    (the feature family of a generic block; ``None`` for a native one).
+    (the feature family of a generic block; ``None`` for a native one);
+    ``decision`` is what a pluggable decide step reported beyond its candidates
+    (its cost, recipe, ...; ``None`` for the first-order decision).
     """
 
     round: int
@@ -74,6 +76,7 @@ class GrowthRound:
     heldout_change_se: float | None = None
     rolled_back: bool = False
     inserted_block: dict | None = None
+    decision: dict | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready fields, the candidates as one dict per row."""
@@ -96,7 +99,7 @@ FIELDS = {
     "train_seconds": (_NUMBER + _NONE, True), "stop_reason": (_STR + _NONE, False),
     "probe_samples": (_INT + _NONE, False), "probe_looks": (_INT, False), "look_alpha": (_NUMBER + _NONE, False),
     "heldout_change": (_NUMBER + _NONE, False), "heldout_change_se": (_NUMBER + _NONE, False),
-    "rolled_back": ((bool,), False), "inserted_block": ((dict,) + _NONE, False),
+    "rolled_back": ((bool,), False), "inserted_block": ((dict,) + _NONE, False), "decision": ((dict,) + _NONE, False),
 }
 
 

@@ -94,12 +94,12 @@ class _Decision:
         self.choice, self.stop_reason = choice, stop_reason
 
     def to_dict(self):
-        return {"choice": self.choice, "stop_reason": self.stop_reason,
+        return {"choice": self.choice, "stop_reason": self.stop_reason, "cost_block_steps": 300,
                 "candidates": {"a": {"predicted_heldout_change": -0.1, "p_decrease": 0.9},
                                "b": {"predicted_heldout_change": 0.2, "p_decrease": 0.1}}}
 
 
-def test_a_pluggable_decide_step_chooses_and_stops_with_its_own_reason():
+def test_a_pluggable_decide_step_chooses_and_stops_with_its_own_reason(tmp_path):
     calls = []
 
     def decide(model, seed):
@@ -107,12 +107,17 @@ def test_a_pluggable_decide_step_chooses_and_stops_with_its_own_reason():
         return _Decision("a", None) if len(calls) == 1 else _Decision(None, "every candidate harms")
 
     steps = fk.FakeSteps({2: 1.0, 3: 0.9})
-    result = run_growth(("a", "b"), steps, decide, GrowthOptions(GrowthCriteria(0.0), seed=3))
+    result = run_growth(("a", "b"), steps, decide, GrowthOptions(GrowthCriteria(0.0), seed=3),
+                        log_path=tmp_path / "g.jsonl")
     assert calls == [3000, 3001]  # round k's seed is seed * 1000 + k
     assert result.stop_reason == "every candidate harms" and result.depth == 3
     assert result.rounds[0].inserted_at == "a"
     assert result.rounds[0].candidates == [{"name": "a", "predicted_heldout_change": -0.1, "p_decrease": 0.9},
                                            {"name": "b", "predicted_heldout_change": 0.2, "p_decrease": 0.1}]
+    assert result.rounds[0].decision == {"cost_block_steps": 300}
+    logged = read_growth_log(tmp_path / "g.jsonl").rounds  # what the decision reported reads back
+    assert [(r.candidates, r.decision, r.stop_reason) for r in logged] == \
+           [(r.candidates, r.decision, r.stop_reason) for r in result.rounds]
     with pytest.raises(TypeError, match="choice"):
         run_growth(("a",), steps, lambda m, s: object(), GrowthOptions(GrowthCriteria(0.0)))
 
@@ -307,4 +312,4 @@ def test_round_decision_of_a_decision_without_candidates():
             return {}
 
     d = RoundDecision.of(Bare())
-    assert d.candidates == [] and d.stop_reason == "saturated"
+    assert d.candidates == [] and d.stop_reason == "saturated" and d.details is None
