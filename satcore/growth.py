@@ -139,8 +139,12 @@ class HeldoutGuard:
 
 @dataclass(frozen=True)
 class GrowthOptions:
-    """Everything that decides what a run does (recorded in its log's header); ``guard=None`` measures the
-    held-out change without acting on it."""
+    """Everything that decides what a run does (recorded in its log's header).
+
+    ``criteria``: a :class:`GrowthCriteria`, or any object with ``alpha``, ``tolerance`` and ``rho``
+    (such as the report's own criteria object); ``guard=None`` measures the held-out change
+    without acting on it.
+    """
 
     criteria: GrowthCriteria
     budget: GrowthBudget = field(default_factory=GrowthBudget)
