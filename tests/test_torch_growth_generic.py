@@ -241,3 +241,34 @@ except SatcoreError as e:
         out.stdout + out.stderr
     assert sorted(os.listdir(tmp_path)) == ["g.jsonl"]  # no weights, no partial file
     assert read_growth_log(tmp_path / "g.jsonl").rounds == ()  # the round is not claimed: a resume redoes it
+
+
+class ConvResidual(nn.Module):
+    """A user's own conv residual block (names no rule recognises)."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(channels, channels, 3, padding=1), nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, z):
+        return z + self.b(torch.relu(self.a(z)))
+
+
+def test_a_users_own_conv_resnet_grows_with_the_conv_family():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), ConvResidual(4), ConvResidual(4), nn.Flatten(),
+                          nn.Linear(4 * 64, 10)).double().eval()
+    data = mt.digits_batches(16, 16, start=1000, dtype=torch.float64)
+    result = grow_until_saturated(model, lambda m, k: m, data, mt.per_sample_ce, tolerance=0.0, max_rounds=1,
+                                  family="conv", candidates=["1", "2"])
+    (r,) = result.rounds
+    assert r.inserted_at is not None and r.inserted_block["family"]["kind"] == "conv" and result.depth == 3
+    x = torch.cat([b[0] for b in data])
+    assert torch.equal(result.model(x), model(x))
+    wrapper = result.model.get_submodule("2" if r.inserted_at == "head" else r.inserted_at)  # head: after "2"
+    result.model.zero_grad()
+    torch.cat([mt.per_sample_ce(result.model(b[0]), b[1]) for b in data]).mean().backward()
+    gradient = wrapper.branch.projection.weight.grad.reshape(4, -1).numpy()  # V as (C, C_mid * 9)
+    reference = probe(model, data, mt.per_sample_ce, family="conv", seed=r.seed, candidates=["1", "2"])
+    C = reference.statistics[r.inserted_at].cross_gradient()
+    assert gradient == pytest.approx(C, rel=1e-9, abs=1e-12 * abs(C).max())
