@@ -66,8 +66,8 @@ class StopReason(str, Enum):
     MAX_DEPTH = "max_depth"
     MAX_ROUNDS = "max_rounds"
 
-    def __str__(self) -> str:
-        return self.value
+    __str__ = str.__str__  # the words themselves in messages and f-strings
+    __format__ = str.__format__
 
 
 def _stop_reason(value):
