@@ -65,6 +65,7 @@ def _blocks(model):
     return [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, InsertedResidual)]
 
 
+@pytest.mark.slow
 def test_keras_grows_with_zero_blocks_of_the_probed_family(setup):
     model, probe_data, heldout = setup
     result = grow_until_saturated(model, lambda m, k: m, probe_data, LOSS, tolerance=0.0, max_rounds=1,

@@ -62,7 +62,7 @@ def train_inserted(model, round_index, steps=20):
     X, y = mt.digits()
     g = torch.Generator().manual_seed(100 + round_index)
     params = [m.branch.projection.weight for m in model.modules() if isinstance(m, InsertedResidual)]
-    opt = torch.optim.Adam(params, lr=1e-2)
+    opt = torch.optim.Adam(params, lr=1e-3)
     for _ in range(steps):
         idx = torch.randint(0, 1000, (64,), generator=g)
         opt.zero_grad()
@@ -82,13 +82,17 @@ def setup():
 def test_a_sequential_without_a_native_kind_grows_with_the_probed_family(setup):
     model, probe_data, heldout = setup
     result = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=heldout,
-                                  tolerance=0.0, max_rounds=2, family="mlp", candidates=CANDIDATES)
-    first = result.rounds[0]
-    assert first.inserted_at in CANDIDATES and first.inserted_block["family"]["kind"] == "mlp"
-    assert first.loss_after_insert == pytest.approx(first.train_loss_before, rel=1e-14)
-    kept = [r for r in result.rounds if r.kept]
-    assert result.depth == 2 + len(kept)
-    assert sum(isinstance(m, InsertedResidual) for m in result.model.modules()) == len(kept)
+                                  tolerance=0.0, max_rounds=3, family="mlp", candidates=CANDIDATES)
+    for r in result.rounds:
+        assert r.inserted_at in CANDIDATES and r.inserted_block["family"]["kind"] == "mlp"
+        assert r.loss_after_insert == pytest.approx(r.train_loss_before, rel=1e-14)
+    # measured: held-out -0.33 (se 0.14), -0.09 (0.09), then +0.06 (0.11): within noise, kept, and no gain
+    first, last = result.rounds[0], result.rounds[-1]
+    assert first.heldout_change < -2 * first.heldout_change_se
+    assert 0 < last.heldout_change < 1.6448536269514722 * last.heldout_change_se
+    assert result.stop_reason == "heldout gain below tolerance" and len(result.rounds) == 3
+    assert not any(r.rolled_back for r in result.rounds) and result.depth == 5
+    assert sum(isinstance(m, InsertedResidual) for m in result.model.modules()) == 3
 
 
 def test_the_generic_block_is_the_one_the_probe_measured(setup):
