@@ -159,7 +159,7 @@ def sweep_note(per_seed) -> str:
     return ("scratch sweep (same total steps as the loop's run, mean over seeds): held-out "
             + ", ".join(f"{d} blocks {v:.4f}" for d, v in zip(depths, mean))
             + f"; depth stops helping at {enough} block(s) (within the largest seed sd {spread:.4f} of the best); "
-            f"the loop stopped at depths {loop} with reasons {[r['stop_reason'] for r in per_seed]}.")
+            f"the loop stopped at depths {loop} with reasons {[str(r['stop_reason']) for r in per_seed]}.")
 
 
 def plot(per_seed, path):

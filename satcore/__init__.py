@@ -84,6 +84,19 @@ from .quantities import (
     tangent_complete,
 )
 from .errors import GrowthLogError, InputError, ProbeError, SatcoreError
+from .growth import (
+    FirstOrderDecide,
+    GrowthBudget,
+    GrowthCriteria,
+    GrowthOptions,
+    GrowthResult,
+    GrowthRound,
+    HeldoutGuard,
+    RoundDecision,
+    StopReason,
+    run_growth,
+)
+from .growth_log import GrowthLogContents, read_growth_log
 from .recipe import Recipe
 from .results import REPORT_SCHEMA, CandidateScore, DepthReport
 from .statistics import CandidateStatistics, batch_moments
@@ -191,6 +204,19 @@ __all__ = [
     "GrowthLogError",
     # how an inserted block is trained (satcore.recipe)
     "Recipe",
+    # the growth loop and its log (satcore.growth, satcore.growth_log; docs/growth.md)
+    "run_growth",
+    "FirstOrderDecide",
+    "RoundDecision",
+    "StopReason",
+    "GrowthCriteria",
+    "GrowthBudget",
+    "HeldoutGuard",
+    "GrowthOptions",
+    "GrowthResult",
+    "GrowthRound",
+    "GrowthLogContents",
+    "read_growth_log",
     # dumps (docs/dump-format.md)
     "DumpError",
     "read_dump",

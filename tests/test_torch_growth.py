@@ -4,8 +4,6 @@ the same log as an uninterrupted one."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -13,6 +11,7 @@ pytest.importorskip("transformers")
 
 import models_torch as mt  # noqa: E402
 from satcore.adapters.torch import find_blocks, grow_until_saturated, sequence_loss  # noqa: E402
+from satcore import GrowthLogError, read_growth_log  # noqa: E402
 
 
 def _setup():
@@ -85,8 +84,9 @@ def test_killed_run_resumes_to_the_uninterrupted_log(setup, tmp_path):
                              log_path=part)
     resumed = grow_until_saturated(model, _train, probe_data, _loss, tolerance=0.0, max_depth=4, max_rounds=3,
                                    log_path=part)
-    a = [json.loads(line) for line in whole.read_text().splitlines()]
-    b = [json.loads(line) for line in part.read_text().splitlines()]
+    a = [r.to_dict() for r in read_growth_log(whole).rounds]
+    b = [r.to_dict() for r in read_growth_log(part).rounds]
+    assert len(a) == 3
     drop = ("probe_seconds", "train_seconds")
     assert [{k: v for k, v in e.items() if k not in drop} for e in a] == \
            [{k: v for k, v in e.items() if k not in drop} for e in b]
@@ -109,5 +109,5 @@ def test_a_stopped_run_called_again_returns_its_trained_model(setup, tmp_path):
     for key in trained:
         assert torch.equal(trained[key], resumed[key]), key
     (tmp_path / "run.jsonl.round0.pt").unlink()  # a missing weights file is said, not silently skipped
-    with pytest.raises(FileNotFoundError, match="round0.pt"):
+    with pytest.raises(GrowthLogError, match="round0.pt.*missing"):
         grow_until_saturated(model, _train, probe_data, _loss, tolerance=0.0, max_depth=3, max_rounds=3, log_path=log)

@@ -7,6 +7,8 @@ one-shot probe of the batches it used, and a strong signal stops at the first lo
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -58,7 +60,9 @@ def test_a_first_look_as_large_as_the_split_is_one_look_at_alpha_and_progress_is
     assert r.probe_looks == 1 and r.probe_samples == 20 and r.look_alpha == 0.05
     plain = grow_until_saturated(model, _keep, few, mt.per_sample_ce, tolerance=0.0, max_rounds=1).rounds[0]
     assert [c["growth_value"] for c in r.candidates] == [c["growth_value"] for c in plain.candidates]
-    assert "sample" in capsys.readouterr().err  # the tqdm bar counts samples, as probe(progress=True) does
+    err = capsys.readouterr().err
+    assert "sample" in err  # the tqdm bar counts samples, as probe(progress=True) does
+    assert re.search(r"round 0: depth \d+, block before \S+, training loss \S+ -> \S+ \(", err)  # one line a round
     with pytest.raises(TypeError, match="len"):
         grow_until_saturated(model, _keep, iter(few), mt.per_sample_ce, tolerance=0.0, max_rounds=1,
                              first_look_batches=4)

@@ -11,8 +11,10 @@ gradient-matched (or zero) block at a candidate of a functional model.
 from .callbacks import KerasCallback
 from .features import feature_map
 from .grow import InsertedResidual, grow
+from .growth import grow_until_saturated
 from .locate import Candidate, named_candidates, residual_candidates
 from .probe import Probe, ProbeConfig, probe, total_loss
 
-__all__ = ["Candidate", "InsertedResidual", "KerasCallback", "Probe", "ProbeConfig", "feature_map", "grow", "named_candidates",
+__all__ = ["Candidate", "InsertedResidual", "KerasCallback", "Probe", "ProbeConfig", "feature_map", "grow", "grow_until_saturated",
+           "named_candidates",
            "probe", "residual_candidates", "total_loss"]

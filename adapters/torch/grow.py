@@ -75,16 +75,24 @@ def grow(model: nn.Module, result, at: str, *, alpha=None, rho=None, zero: bool 
     alpha = insertion_step(stats, result.diagnostics[at].stream_rms, alpha, rho, zero, rtol)
     plan = plan_insertion(stats, alpha, rtol=rtol)
     candidate = next(c for c in result.candidates if c.name == at)
+    expanded = insert_branch(model, candidate, result.families[at], None if zero else plan.projection)
+    return Grown(expanded, 0.0 if zero else plan.predicted_change, alpha)
+
+
+def insert_branch(model: nn.Module, candidate, features, projection=None) -> nn.Module:
+    """A deep copy of ``model`` with ``z -> z + V psi(z)`` at ``candidate`` (a :class:`~.locate.Candidate`):
+    ``psi`` a copy of the feature map ``features``, ``V`` the ``N x r`` array ``projection``, or zeros
+    (``None``: the zero-output block, whose copy computes what ``model`` does)."""
     expanded = copy.deepcopy(model)
     block = expanded.get_submodule(candidate.module)
     reference = next(iter(block.parameters()), None)
     reference = next(expanded.parameters()) if reference is None else reference
-    projection = torch.as_tensor(plan.projection, dtype=reference.dtype, device=reference.device)
-    if zero:
-        projection = torch.zeros_like(projection)
-    features = copy.deepcopy(result.families[at]).to(dtype=reference.dtype, device=reference.device)
+    if projection is None:
+        projection = torch.zeros(features.width, features.n_features, dtype=reference.dtype, device=reference.device)
+    projection = torch.as_tensor(projection, dtype=reference.dtype, device=reference.device)
+    features = copy.deepcopy(features).to(dtype=reference.dtype, device=reference.device)
     wrapper = InsertedResidual(block, ResidualBranch(features, projection), candidate.position,
                                candidate.sequence_first)
     parent_name, _, child = candidate.module.rpartition(".")
     setattr(expanded.get_submodule(parent_name), child, wrapper)
-    return Grown(expanded, 0.0 if zero else plan.predicted_change, alpha)
+    return expanded

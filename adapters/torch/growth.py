@@ -1,195 +1,213 @@
-"""Grow until saturated: probe, decide, insert the model's own block, train, repeat, stop on evidence.
+"""Grow a PyTorch model until the evidence says stop: the core loop (:mod:`satcore.growth`) on torch.
 
-Each round
+Each round decides where a block goes (by default the first-order verdicts of a probe
+on ``probe_data``, a split the model does not train on; or a pluggable ``decide``),
+inserts a zero-output block there, calls the user's ``train(model, round)``, and with
+``heldout_data`` guards the held-out loss: a harm beyond noise rolls the block back and
+stops (``heldout_knee``), a gain below the guard's tolerance stops.  docs/growth.md
+describes the rounds, the stop reasons, the enlarged probe and the log.
 
-1. probes the model on ``probe_data`` (a split it does not train on) with the
-   ``native`` family at the round's seed, so every candidate's growth value is
-   that of the very block :func:`~.native.insert_block` would insert there;
-2. reads the report at the user's level ``alpha``, tolerance (loss units) and
-   relative block size ``rho`` (:mod:`satcore.verdicts`): a candidate qualifies
-   when its fold test calls it *improvable* and its predicted first-order gain
-   ``rho ||z||_S V`` is above the tolerance; the best one (largest predicted
-   gain) gets the block;
-3. inserts a zero-output block there (the grown model computes what the old
-   one did, so the loss right after insertion equals the loss before) and calls
-   the user's ``train(model, round)``, which trains it and returns it;
-4. logs the round (JSON lines: depth, candidates with their tests, where the
-   block went, losses before and after, seconds) and checkpoints the weights.
+Which block.  ``family="native"`` (the default) inserts a block of the model's own kind
+(:func:`~.native.insert_block`; GPT-2, GPT-NeoX, Llama-style, pre-norm encoders,
+torchvision-style ResNets) and probes exactly its tangent space.  Any other family
+(``"auto"``, a kind such as ``"mlp"`` or ``"conv"``, or an ``nn.Module`` feature map)
+grows any model the probe can read, a user's own ResNet or an ``nn.Sequential`` of
+residual blocks (``candidates=[names]``) included: the block is the family's
+zero-output residual ``z + V psi(z)`` with ``V = 0`` (:func:`~.grow.insert_branch`),
+drawn at the round's seed, whose first-order value the probe measured.
 
-Enlarging the probe.  With ``first_look_batches=b``, a round probes the first
-``b`` batches of ``probe_data`` and, while it is inconclusive, goes on over the
-next ones (the incremental :class:`~.probe.Probe`: nothing is probed twice),
-to twice as many batches each time, up to all of them (sizes fixed in
-advance, so that the level holds).  The level is split over the
-looks that schedule can take before the first one (:func:`satcore.verdicts.look_schedule`:
-half of ``alpha`` at the look that holds every batch, the other half shared by
-the looks before it), so the round's chance of a false verdict stays at most
-``alpha`` although it looks more than once; ``look_alpha`` in the log is the
-level of the round's last look.  Rounds with
-a strong signal then stop at ``b`` batches, and weak ones are decided on more.
-
-It stops with a stated reason: ``saturated`` (every candidate certified below
-the tolerance), ``inconclusive`` (no candidate qualifies but some are not
-certified either: the log gives the probe size estimated to decide them),
-``no gain above tolerance`` (improvable candidates whose predicted gain is
-below the tolerance), ``max_depth`` or ``max_rounds``.
-
-Resuming.  With ``log_path``, a run that stopped (or was killed) after round
-``k`` resumes from its log: the logged insertions are replayed on ``model``
-(``insert_block`` is deterministic in its seed), the weights written by the
-last round that inserted a block are loaded (``torch.load(weights_only=True)``:
-no pickled code) and the loop goes on with round ``k + 1``; a log whose run
-had stopped returns that trained model as it was.
+Weights.  With ``log_path`` each kept round's ``state_dict`` goes beside the log
+(``<log>.round<k>.pt``) through satcore's atomic writer (no partial file, a planted
+link at that name is replaced, not followed).  On resume the file is checked before a
+byte is unpickled: a regular file, a zip of uncompressed members whose sizes add up to
+no more than the model's own tensors need, then ``torch.load(weights_only=True)``
+(no code), then every key and shape against the model.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import os
-import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+import stat
+import sys
+import zipfile
 
+import numpy as np
 import torch
 from torch import nn
 
-from satcore.verdicts import look_schedule
+from satcore._atomic import atomic_write
+from satcore._display import display_name
+from satcore.errors import GrowthLogError
+from satcore.growth import (
+    FirstOrderDecide,
+    GrowthOptions,
+    GrowthResult,
+    GrowthRound,
+    HeldoutGuard,
+    round_summary,
+    run_growth,
+)
 
-from .locate import find_blocks
+from .features import rebuild_feature_map
+from .grow import InsertedResidual, insert_branch
+from .locate import HEAD, find_blocks, find_candidates, named_candidates
 from .native import insert_block
-from .probe import Probe, call_model, probe
+from .probe import Probe, call_model
 
-SATURATED, INCONCLUSIVE, NO_GAIN, MAX_DEPTH, MAX_ROUNDS = (
-    "saturated", "inconclusive", "no gain above tolerance", "max_depth", "max_rounds")
-
-
-@dataclass(frozen=True)
-class GrowthRound:
-    """One round of :func:`grow_until_saturated` (one JSON line of its log)."""
-
-    round: int
-    depth: int
-    seed: int
-    verdict: str
-    candidates: list
-    inserted_at: str | None
-    train_loss_before: float
-    heldout_loss_before: float | None
-    loss_after_insert: float | None
-    train_loss_after: float | None
-    heldout_loss_after: float | None
-    probe_seconds: float
-    train_seconds: float | None
-    stop_reason: str | None = None
-    probe_samples: int | None = None
-    probe_looks: int = 1
-    look_alpha: float | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+WEIGHTS_SLACK_BYTES = 2**20  # the pickle, the zip directory and 64-byte record alignment of a torch.save file
 
 
-@dataclass(frozen=True)
-class GrowthResult:
-    """The grown model, every round, and why the loop stopped."""
-
-    model: nn.Module
-    rounds: tuple[GrowthRound, ...]
-    stop_reason: str
-    log_path: str | None = field(default=None)
-
-    @property
-    def depth(self) -> int:
-        return len(find_blocks(self.model))
+def per_sample_losses(model: nn.Module, data, loss_fn) -> np.ndarray:
+    """Per-sample losses of ``model`` over ``(inputs, targets)`` batches, in eval mode, no gradients."""
+    was_training = model.training
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for inputs, targets in data:
+            out.append(loss_fn(call_model(model, inputs), targets).double().reshape(-1).cpu().numpy())
+    model.train(was_training)
+    return np.concatenate(out)
 
 
 def mean_loss(model: nn.Module, data, loss_fn) -> float:
     """Mean per-sample loss of ``model`` over ``(inputs, targets)`` batches, in eval mode, no gradients."""
-    was_training = model.training
-    model.eval()
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for inputs, targets in data:
-            losses = loss_fn(call_model(model, inputs), targets)
-            total += float(losses.double().sum())
-            count += int(losses.numel())
-    model.train(was_training)
-    return total / count
+    return float(per_sample_losses(model, data, loss_fn).mean())
 
 
-def _candidate_rows(report) -> list:
-    rows = []
-    for c in report.candidates:
-        t = report.test(c.name)
-        gain = t.predicted_gain
-        rows.append({
-            "name": c.name, "growth_value": c.growth_value, "p_value_adjusted": t.p_value_adjusted,
-            "verdict": t.verdict, "growth_value_interval": list(t.growth_value_interval or (None, None)),
-            "predicted_gain": None if gain is None else gain.value,
-            "predicted_gain_interval": None if gain is None else list(gain.interval),
-            "probe_size_to_decide": t.probe_size_to_decide,
-        })
-    return rows
+def save_weights(model: nn.Module, path: str) -> None:
+    """``model.state_dict()`` to ``path``, whole or not at all (satcore's atomic writer)."""
+    state = model.state_dict()
+    atomic_write(path, lambda stream: torch.save(state, stream))
 
 
-def _choose(report, tolerance: float):
-    """``(candidate or None, stop reason or None)`` from a report (module docstring, step 2)."""
-    if report.verdict.verdict == SATURATED:
-        return None, SATURATED
-    improvable = [t for t in report.tests if t.verdict == "improvable"]
-    qualified = [t for t in improvable if t.predicted_gain is not None and t.predicted_gain.value > tolerance]
-    if qualified:
-        return max(qualified, key=lambda t: t.predicted_gain.value).name, None
-    return None, NO_GAIN if improvable else INCONCLUSIVE
+def _expected_bytes(state: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
 
 
-def _probe_round(model, probe_data, loss_fn, *, seed, alpha, tolerance, rho, first_look_batches, options):
-    """``(report, samples probed, looks taken, level of the last look)`` of one round (module docstring)."""
-    config = dict(family="native", seed=seed, split="probe", **options)
-    if first_look_batches is None:
-        report = probe(model, probe_data, loss_fn, **config).report(alpha=alpha, tolerance=tolerance, rho=rho)
-        return report, _samples(report), 1, alpha
+def load_weights(model: nn.Module, path: str) -> nn.Module:
+    """Load the weights file ``path`` into ``model`` after the checks of the module docstring."""
+    shown = display_name(path)
+    own = model.state_dict()
+    limit = _expected_bytes(own) + 64 * len(own) + WEIGHTS_SLACK_BYTES
     try:
-        total = len(probe_data)
-    except TypeError:
-        raise TypeError("first_look_batches needs probe_data with a len() (a list, a DataLoader): the looks are "
-                        "planned from the number of batches") from None
-    schedule = look_schedule(first_look_batches, total, alpha)
-    bar = None
-    if config.pop("progress", False):
-        from tqdm.auto import tqdm
-
-        bar = tqdm(unit="sample", desc="probe")
-    state, stream = Probe(model, loss_fn, **config), iter(probe_data)  # streamed: one pass, as probe() does
-
-    def report_at(n_batches, level):
-        for batch in itertools.islice(stream, n_batches - state.batches_done):
-            samples = state.update(batch)
-            if bar is not None:
-                bar.update(samples)
-        return state.result().report(alpha=level, tolerance=tolerance, rho=rho)
-
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise GrowthLogError(f"{shown}: the weights of a logged round are missing; cannot resume") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise GrowthLogError(f"{shown}: not a regular file; refusing to read it as weights")
+    if info.st_size > limit:
+        raise GrowthLogError(f"{shown}: {info.st_size} bytes, more than this model's weights take ({limit}); "
+                             "not this run's weights")
     try:
-        report, used, looks = schedule.enlarge(report_at)
-    finally:
-        if bar is not None:
-            bar.close()
-    return report, _samples(report), looks, schedule.alpha_at(used)
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise GrowthLogError(f"{shown}: not a torch weights file ({exc})") from None
+    packed = [m.filename for m in members if m.compress_type != zipfile.ZIP_STORED]
+    if packed:
+        raise GrowthLogError(f"{shown}: member {display_name(packed[0])!r} is compressed; torch.save writes none")
+    declared = sum(m.file_size for m in members)
+    if declared > limit:
+        raise GrowthLogError(f"{shown}: members declare {declared} bytes, more than this model's weights take "
+                             f"({limit})")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 -- whatever the unpickler refuses is a damaged file
+        raise GrowthLogError(f"{shown}: cannot be read as weights ({type(exc).__name__}: {str(exc)[:120]})") from None
+    if not isinstance(state, dict):
+        raise GrowthLogError(f"{shown}: holds a {type(state).__name__}, not a state_dict")
+    for key in list(own) + [k for k in state if k not in own]:  # the model's order: its first key named
+        if key not in state or key not in own:
+            side = "missing from the file" if key not in state else "not in the model"
+            raise GrowthLogError(f"{shown}: key {display_name(key)!r} {side}; not this run's weights")
+        value = state[key]
+        if not isinstance(value, torch.Tensor) or value.shape != own[key].shape:
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise GrowthLogError(f"{shown}: key {display_name(key)!r} has shape {shape}, the model's "
+                                 f"{tuple(own[key].shape)}")
+    model.load_state_dict(state)
+    return model
 
 
-def _samples(report) -> int:
-    return max(c.n_samples for c in report.candidates)
+def _family_label(family):
+    if isinstance(family, nn.Module):
+        return f"module:{type(family).__name__}"
+    if isinstance(family, dict):
+        return {k: _family_label(v) for k, v in family.items()}
+    return family
 
 
-def _read_log(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def _has_module(family) -> bool:
+    return isinstance(family, nn.Module) or (isinstance(family, dict) and any(map(_has_module, family.values())))
 
 
-def _weights_path(log_path: Path, round_index: int) -> Path:
-    return log_path.with_name(f"{log_path.name}.round{round_index}.pt")
+class TorchGrowthSteps:
+    """The torch side of a round (:class:`satcore.growth.GrowthSteps`)."""
+
+    weights_suffix = ".pt"
+
+    def __init__(self, train, loss_fn, data: dict, family="native", zero: str = "terminal", probe_options=None):
+        self.train_fn, self.loss_fn, self.data = train, loss_fn, data
+        self.family, self.zero, self.options = family, zero, dict(probe_options or {})
+
+    @property
+    def native(self) -> bool:
+        return isinstance(self.family, str) and self.family == "native"
+
+    def start_probe(self, model, seed: int) -> Probe:
+        return Probe(model, self.loss_fn, family=self.family, seed=seed, split="probe", **self.options)
+
+    def _candidates(self, model):
+        names = self.options.get("candidates")
+        head = self.options.get("head", True)
+        return find_candidates(model, head=head) if names is None else named_candidates(model, names, head=head)
+
+    def depth(self, model) -> int:
+        if self.native:
+            return len(find_blocks(model))
+        base = [c for c in self._candidates(model) if c.name != HEAD]
+        return len(base) + sum(isinstance(m, InsertedResidual) for m in model.modules())
+
+    def insert(self, model, at: str, seed: int):
+        if self.native:
+            return insert_block(model, at, seed=seed, zero=self.zero), None
+        # the feature map the round's probe measured at ``at``: built on one batch, as the probe builds it
+        state = self.start_probe(model, seed)
+        state.update(next(iter(self.data["probe"])))
+        candidate = next(c for c in state.found if c.name == at)
+        features = state.families[at]
+        return insert_branch(model, candidate, features), {"family": features.spec}
+
+    def replay(self, model, entry: GrowthRound):
+        if self.native:
+            return insert_block(model, entry.inserted_at, seed=entry.seed, zero=self.zero)
+        spec = (entry.inserted_block or {}).get("family")
+        if not isinstance(spec, dict) or spec.get("kind") not in ("mlp", "conv", "linear", "bias"):
+            raise GrowthLogError(f"round {entry.round}: the logged block has no built-in family to rebuild it from")
+        candidate = next((c for c in self._candidates(model) if c.name == entry.inserted_at), None)
+        if candidate is None:
+            raise GrowthLogError(f"round {entry.round}: candidate {display_name(entry.inserted_at)!r} is not in "
+                                 "this model")
+        reference = next(model.parameters())
+        return insert_branch(model, candidate, rebuild_feature_map(spec, reference.dtype, reference.device))
+
+    def train(self, model, round_index: int):
+        return self.train_fn(model, round_index)
+
+    def losses(self, model, split: str):
+        data = self.data.get(split)
+        return None if data is None else per_sample_losses(model, data, self.loss_fn)
+
+    def save(self, model, path: str) -> None:
+        save_weights(model, path)
+
+    def load(self, model, path: str):
+        return load_weights(model, path)
+
+    def settings(self) -> dict:
+        candidates = self.options.get("candidates")
+        return {"framework": "torch", "family": _family_label(self.family), "zero": self.zero,
+                "candidates": None if candidates is None else list(candidates)}
 
 
 def grow_until_saturated(
@@ -200,7 +218,7 @@ def grow_until_saturated(
     *,
     heldout_data=None,
     train_data=None,
-    tolerance: float,
+    tolerance: float | None = None,
     rho: float = 0.01,
     alpha: float = 0.05,
     max_depth: int | None = None,
@@ -209,115 +227,95 @@ def grow_until_saturated(
     zero: str = "terminal",
     first_look_batches: int | None = None,
     log_path=None,
+    family="native",
+    guard: HeldoutGuard | None = HeldoutGuard(),
+    decide=None,
+    options: GrowthOptions | None = None,
+    progress: bool = False,
     **probe_options,
 ) -> GrowthResult:
-    """Rounds of probe -> decide -> insert -> train until the evidence says stop (module docstring).
+    """Rounds of decide -> insert -> train -> guard until the evidence says stop (module docstring).
 
     Parameters
     ----------
     model : nn.Module
         The trained model; not modified (each insertion makes a new model).
     train : callable
-        ``train(model, round) -> model``: trains the grown model for the round's budget.
+        ``train(model, round) -> model``: trains the grown model for the round's budget.  A resumed
+        run repeats the uninterrupted one only if it is deterministic (seeded by ``round``).
     probe_data : iterable of (inputs, targets)
         The probe split (independent of training: the tests assume it).
     loss_fn : callable
         Per-sample loss ``loss_fn(outputs, targets) -> (B,)`` (as for :func:`~.probe.probe`).
     heldout_data, train_data : iterables of (inputs, targets), optional
-        Where the realized held-out and training losses are measured each round
-        (without ``train_data`` the "training" loss logged is the probe split's).
-    tolerance : float
-        Loss units: a gain of at most this, by a block of relative size ``rho``,
-        does not matter (:func:`satcore.verdicts.decide`).
-    rho, alpha : float
-        Relative block size ``||h||_S / ||z||_S`` and the tests' level.
+        Where the held-out and training losses are measured each round (without ``train_data``
+        the "training" loss logged is the probe split's).  ``heldout_data`` turns the guard on.
+    tolerance, rho, alpha : float
+        The first-order decision (:class:`satcore.growth.GrowthCriteria`): a gain of at most
+        ``tolerance`` (loss units) by a block of relative size ``rho`` does not matter; level ``alpha``.
     max_depth, max_rounds : int
-        Budgets: blocks in the model, rounds run.
+        Budgets (:class:`satcore.growth.GrowthBudget`).
     seed : int
-        Round ``k`` probes and inserts with seed ``seed * 1000 + k``.
+        Round ``k`` decides and inserts with seed ``seed * 1000 + k``.
     zero : str
-        Passed to :func:`~.native.insert_block`.
+        Passed to :func:`~.native.insert_block` (native family).
     first_look_batches : int, optional
-        Start each round's probe with this many batches of ``probe_data`` and
-        enlarge it while inconclusive (module docstring, Enlarging the probe);
-        ``None``: every batch, one look at ``alpha``.  ``probe_data`` then needs
-        a ``len()``; it is streamed, not held in memory.  Give at least one batch
-        per fold (16) for the first look to have full resolution.
+        Start each round's probe with this many batches of ``probe_data`` and enlarge it while
+        inconclusive (docs/growth.md); ``probe_data`` then needs a ``len()``.
     log_path : path, optional
-        JSON-lines log; the weights of each round go beside it; an existing log is resumed.
+        JSON-lines log (:mod:`satcore.growth_log`); the weights of each round go beside it; an
+        existing log is resumed (or returned, if its run finished under the same settings).
+    family : str or nn.Module
+        ``"native"`` (the model's own block), or a family for the generic zero-output residual.
+    guard : HeldoutGuard or None
+        The held-out guard (:class:`satcore.growth.HeldoutGuard`); ``None``: measure, never stop on it.
+    decide : callable, optional
+        ``decide(model, seed)`` -> a decision with ``choice``, ``stop_reason`` and ``to_dict()``
+        (the first-order probe by default).
+    options : GrowthOptions, optional
+        All of ``tolerance`` ... ``first_look_batches`` and ``guard`` as one object (then leave those out).
+    progress : bool
+        A probe progress bar (samples) and one line per round on stderr.
     **probe_options
-        Passed to :func:`~.probe.probe` (``candidates``, ``mask``, ``batch_dtype``, ...).
+        Passed to :class:`~.probe.Probe` (``candidates``, ``mask``, ``batch_dtype``, ...).
     """
-    measure_train = train_data if train_data is not None else probe_data
-    rounds: list[GrowthRound] = []
-    log = Path(log_path) if log_path is not None else None
-    start_round = 0
-    if log is not None:
-        for entry in _read_log(log):
-            if entry["inserted_at"] is not None:
-                model = insert_block(model, entry["inserted_at"], seed=entry["seed"], zero=zero)
-            rounds.append(GrowthRound(**entry))
-        if rounds:
-            last = rounds[-1].round
-            trained = [r.round for r in rounds if r.inserted_at is not None]
-            if trained:  # the last round that inserted and trained wrote the weights (a stop round writes none)
-                weights = _weights_path(log, trained[-1])
-                if not weights.exists():
-                    raise FileNotFoundError(f"{weights}: the weights of logged round {trained[-1]} are missing; "
-                                            f"cannot resume {log}")
-                model.load_state_dict(torch.load(weights, weights_only=True))
-            if rounds[-1].stop_reason is not None:  # the logged run had stopped: nothing left to do
-                return GrowthResult(model, tuple(rounds), rounds[-1].stop_reason, str(log))
-            start_round = last + 1
-    stop = MAX_ROUNDS
-    for k in range(start_round, max_rounds):
-        depth = len(find_blocks(model))
-        round_seed = seed * 1000 + k
-        began = time.perf_counter()
-        report, samples, looks, look_alpha = _probe_round(
-            model, probe_data, loss_fn, seed=round_seed, alpha=alpha, tolerance=tolerance, rho=rho,
-            first_look_batches=first_look_batches, options=probe_options)
-        probe_seconds = time.perf_counter() - began
-        at, reason = _choose(report, tolerance)
-        if at is not None and max_depth is not None and depth >= max_depth:
-            at, reason = None, MAX_DEPTH
-        before = mean_loss(model, measure_train, loss_fn)
-        held_before = None if heldout_data is None else mean_loss(model, heldout_data, loss_fn)
-        entry = dict(round=k, depth=depth, seed=round_seed, verdict=report.verdict.verdict,
-                     candidates=_candidate_rows(report), inserted_at=at, train_loss_before=before,
-                     heldout_loss_before=held_before, loss_after_insert=None, train_loss_after=None,
-                     heldout_loss_after=None, probe_seconds=probe_seconds, train_seconds=None,
-                     probe_samples=samples, probe_looks=looks, look_alpha=look_alpha)
-        if at is None:
-            entry["stop_reason"] = reason
-            rounds.append(GrowthRound(**entry))
-            _append(log, rounds[-1])
-            stop = reason
-            break
-        model = insert_block(model, at, seed=round_seed, zero=zero)
-        entry["loss_after_insert"] = mean_loss(model, measure_train, loss_fn)
-        began = time.perf_counter()
-        model = train(model, k)
-        entry["train_seconds"] = time.perf_counter() - began
-        entry["train_loss_after"] = mean_loss(model, measure_train, loss_fn)
-        entry["heldout_loss_after"] = None if heldout_data is None else mean_loss(model, heldout_data, loss_fn)
-        rounds.append(GrowthRound(**entry))
-        if log is not None:
-            _save_weights(model, _weights_path(log, k))
-        _append(log, rounds[-1])
-    return GrowthResult(model, tuple(rounds), stop, None if log is None else str(log))
+    options = GrowthOptions.resolve(options, tolerance, rho=rho, alpha=alpha, max_depth=max_depth,
+                                    max_rounds=max_rounds, guard=guard, seed=seed, first_look_batches=first_look_batches)
+    if log_path is not None and _has_module(family):
+        raise GrowthLogError(f"{display_name(os.fspath(log_path))}: an nn.Module family cannot be rebuilt when the "
+                             "run resumes; use a built-in family or no log_path")
+    data = {"probe": probe_data, "train": train_data if train_data is not None else probe_data,
+            "heldout": heldout_data}
+    steps = TorchGrowthSteps(train, loss_fn, data, family, zero, probe_options)
+    bar = _ProgressBar() if progress else None
+    if decide is None:
+        decide = FirstOrderDecide(steps.start_probe, probe_data, options.criteria, options.first_look_batches,
+                                  None if bar is None else bar.update)
+    try:
+        return run_growth(model, steps, decide, options, log_path=log_path,
+                          on_round=None if bar is None else bar.round_done)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
-def _append(log: Path | None, entry: GrowthRound) -> None:
-    if log is None:
-        return
-    with open(log, "a") as f:
-        f.write(json.dumps(entry.to_dict()) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+class _ProgressBar:
+    """A tqdm bar counting probed samples, and one line per finished round."""
+
+    def __init__(self):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(unit="sample", desc="probe")
+
+    def update(self, samples: int) -> None:
+        self.bar.update(samples)
+
+    def round_done(self, entry: GrowthRound) -> None:
+        self.bar.write(round_summary(entry), file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
-def _save_weights(model: nn.Module, path: Path) -> None:
-    partial = path.with_name(path.name + ".part")
-    torch.save(model.state_dict(), partial)
-    os.replace(partial, path)
+__all__ = ["GrowthResult", "GrowthRound", "TorchGrowthSteps", "grow_until_saturated", "load_weights", "mean_loss",
+           "per_sample_losses", "save_weights"]

@@ -1,0 +1,177 @@
+"""Grow a functional Keras model until the evidence says stop: the core loop (:mod:`satcore.growth`) on Keras.
+
+The rounds, stop reasons, held-out guard and log are the core's (docs/growth.md).  Keras has no
+native block kinds here: every block is the generic zero-output residual ``z + V psi(z)`` of the
+probed feature family with ``V = 0`` (:func:`~.grow.grow` with ``zero=True``, an
+:class:`~.grow.InsertedResidual` layer), drawn at the round's seed, whose first-order value the
+round's probe measured.  ``train(model, round) -> model`` is the user's (``compile`` + ``fit``).
+
+Weights.  With ``log_path`` each kept round's ``model.get_weights()`` goes beside the log as an
+``.npz`` (``<log>.round<k>.npz``, arrays ``w0, w1, ...``) through satcore's atomic writer; on
+resume it is read with satcore's checked ``.npz`` reader (sizes bounded, nothing unpickled) and
+every array's shape and dtype are checked against the model before ``set_weights``.  Resuming
+replays each kept insertion by probing one batch at the logged seed (the family's weights are
+redrawn from it) and inserting its zero block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from satcore._atomic import atomic_write
+from satcore._display import display_name
+from satcore._zipnpy import NpzArchive, NpzError
+from satcore.errors import GrowthLogError
+from satcore.growth import (
+    FirstOrderDecide,
+    GrowthOptions,
+    GrowthResult,
+    GrowthRound,
+    HeldoutGuard,
+    run_growth,
+)
+
+from .grow import InsertedResidual, grow
+from .locate import named_candidates, residual_candidates
+from .probe import Probe, _unpack
+
+
+def per_sample_losses(model, data, loss_fn) -> np.ndarray:
+    """Per-sample losses ``loss_fn(y, model(x, training=False))`` over ``(x, y)`` batches (a ``(B, T)`` loss:
+    the mean over ``T``)."""
+    out = []
+    for batch in data:
+        x, y = _unpack(batch)
+        values = tf.convert_to_tensor(loss_fn(y, model(x, training=False)))
+        if values.shape.rank == 0:
+            raise ValueError("loss_fn returned a 0-d loss; the growth loop needs per-sample losses (reduction=None)")
+        if values.shape.rank > 1:
+            values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
+        out.append(np.asarray(values, dtype=np.float64))
+    return np.concatenate(out)
+
+
+def save_weights(model, path: str) -> None:
+    """``model.get_weights()`` to ``path`` as ``w0, w1, ...`` of an ``.npz``, whole or not at all."""
+    weights = {f"w{i}": np.asarray(w) for i, w in enumerate(model.get_weights())}
+    atomic_write(path, lambda stream: np.savez(stream, **weights))
+
+
+def load_weights(model, path: str):
+    """Read ``path`` (written by :func:`save_weights`) into ``model`` after checking it (module docstring)."""
+    shown = display_name(path)
+    own = model.get_weights()
+    try:
+        with NpzArchive(path) as archive:
+            keys = [f"w{i}" for i in range(len(own))]
+            if sorted(archive.members) != sorted(keys):
+                extra = sorted(set(archive.members) ^ set(keys))
+                raise GrowthLogError(f"{shown}: array {display_name(extra[0])!r} does not match this model's "
+                                     f"{len(own)} weights; not this run's weights")
+            for key, mine in zip(keys, own):
+                header = archive.header(key)
+                if tuple(header.shape) != tuple(mine.shape) or header.dtype != mine.dtype:
+                    raise GrowthLogError(f"{shown}: {key} is {header.dtype}{tuple(header.shape)}, the model's "
+                                         f"{mine.dtype}{tuple(mine.shape)}")
+            weights = [archive.read(key) for key in keys]
+    except NpzError as exc:
+        raise GrowthLogError(str(exc)) from None
+    model.set_weights(weights)
+    return model
+
+
+def _inserted(model) -> int:
+    return sum(isinstance(layer, InsertedResidual) for layer in model._flatten_layers(include_self=False))
+
+
+class _CountingProbe:
+    """A Keras :class:`~.probe.Probe` that counts batches and reports each batch's samples (the core's
+    incremental-probe interface)."""
+
+    def __init__(self, probe: Probe):
+        self.probe, self.batches_done = probe, 0
+
+    def update(self, batch) -> int:
+        self.probe.update(batch)
+        self.batches_done += 1
+        return int(tf.shape(tf.nest.flatten(_unpack(batch)[0])[0])[0])
+
+    def result(self):
+        return self.probe.result()
+
+
+class KerasGrowthSteps:
+    """The Keras side of a round (:class:`satcore.growth.GrowthSteps`)."""
+
+    weights_suffix = ".npz"
+
+    def __init__(self, train, loss_fn, data: dict, family="auto", probe_options=None):
+        self.train_fn, self.loss_fn, self.data = train, loss_fn, data
+        self.family, self.options = family, dict(probe_options or {})
+
+    def start_probe(self, model, seed: int) -> _CountingProbe:
+        return _CountingProbe(Probe(model, self.loss_fn, family=self.family, seed=seed, split="probe",
+                                    **self.options))
+
+    def depth(self, model) -> int:
+        names = self.options.get("candidates")
+        base = residual_candidates(model) if names is None else named_candidates(model, names)
+        return len(base) + _inserted(model)
+
+    def _zero_block(self, model, at: str, seed: int):
+        state = self.start_probe(model, seed)
+        state.update(next(iter(self.data["probe"])))
+        result = state.result()
+        return grow(model, result, at, zero=True).model, {"family": result.meta["family"][at]}
+
+    def insert(self, model, at: str, seed: int):
+        return self._zero_block(model, at, seed)
+
+    def replay(self, model, entry: GrowthRound):
+        return self._zero_block(model, entry.inserted_at, entry.seed)[0]
+
+    def train(self, model, round_index: int):
+        return self.train_fn(model, round_index)
+
+    def losses(self, model, split: str):
+        data = self.data.get(split)
+        return None if data is None else per_sample_losses(model, data, self.loss_fn)
+
+    def save(self, model, path: str) -> None:
+        save_weights(model, path)
+
+    def load(self, model, path: str):
+        return load_weights(model, path)
+
+    def settings(self) -> dict:
+        family = self.family if isinstance(self.family, str) else type(self.family).__name__
+        candidates = self.options.get("candidates")
+        return {"framework": "tensorflow", "family": family,
+                "candidates": None if candidates is None else list(candidates)}
+
+
+def grow_until_saturated(model, train, probe_data, loss_fn, *, heldout_data=None, train_data=None,
+                         options: GrowthOptions | None = None, tolerance: float | None = None, rho: float = 0.01,
+                         alpha: float = 0.05, max_depth: int | None = None, max_rounds: int = 10, seed: int = 0,
+                         first_look_batches: int | None = None, guard: HeldoutGuard | None = HeldoutGuard(),
+                         family="auto", decide=None, log_path=None, **probe_options) -> GrowthResult:
+    """Rounds of decide -> insert -> train -> guard on a functional Keras model (module docstring).
+
+    The arguments are those of :func:`satcore.adapters.torch.grow_until_saturated` (``options``
+    or the loose ``tolerance ... guard``; ``family`` and ``probe_options`` as the Keras
+    :class:`~.probe.Probe` takes them), except ``zero`` (no native blocks) and ``progress``.
+    ``loss_fn(y_true, y_pred)`` returns per-sample losses (a Keras loss with ``reduction=None``).
+    Weights go beside the log as ``<log>.round<k>.npz``.
+    """
+    options = GrowthOptions.resolve(options, tolerance, rho=rho, alpha=alpha, max_depth=max_depth,
+                                    max_rounds=max_rounds, guard=guard, seed=seed, first_look_batches=first_look_batches)
+    data = {"probe": probe_data, "train": train_data if train_data is not None else probe_data,
+            "heldout": heldout_data}
+    steps = KerasGrowthSteps(train, loss_fn, data, family, probe_options)
+    if decide is None:
+        decide = FirstOrderDecide(steps.start_probe, probe_data, options.criteria, options.first_look_batches)
+    return run_growth(model, steps, decide, options, log_path=log_path)
+
+
+__all__ = ["KerasGrowthSteps", "grow_until_saturated", "load_weights", "per_sample_losses", "save_weights"]
