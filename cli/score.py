@@ -7,7 +7,7 @@ import json
 import click
 
 from satcore.report_text import render_report
-from satcore.verdicts import DEFAULT_ALPHA, stream_rms_from_meta
+from satcore.verdicts import DEFAULT_ALPHA
 
 from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, scored
 
@@ -70,7 +70,7 @@ def score(dump, as_json, output_format, probe_split, alpha, tolerance, rho, delt
             raise click.UsageError("--train needs --lr (or --optimizer matched with --rho)")
         train = load(train_dump, quiet=quiet, chunk_samples=chunk_samples)[1]
     report = scored(dump, stats, split=split, alpha=alpha, tolerance=tolerance, rho=rho,
-                    stream_rms=stream_rms_from_meta(source.meta), delta=delta or 0.0, t=t, error=error,
+                    stream_rms=stats.stream_rms(source.meta), delta=delta or 0.0, t=t, error=error,
                     detector_scale=detector_scale, train=train, optimizer=optimizer, lr=lr, steps=steps)
     if as_json and output_format not in (None, "json"):
         raise click.UsageError(f"--json and --format {output_format} disagree")

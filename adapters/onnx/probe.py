@@ -267,8 +267,10 @@ class Probe:
             try:
                 q, psi = positions(g), self.maps[name](z)
                 if name not in self.stats:
-                    self.stats[name] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], self.variance)
-                self.stats[name].update(q, psi)  # T may change from batch to batch (the first batch's is kept)
+                    self.stats[name] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], self.variance,
+                                                           stream=True)
+                # T may change from batch to batch (the first batch's is kept)
+                self.stats[name].update(q, psi, z=positions(z))
             except ValueError as exc:
                 raise OnnxProbeError(f"batch {index}: candidate {name!r}: {exc}") from None
         return len(next(iter(acts.values())))

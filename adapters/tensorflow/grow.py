@@ -26,7 +26,6 @@ from satcore import DEFAULT_RTOL
 from satcore.adapters.insertion import Grown, insertion_step
 from satcore.families import make_family
 from satcore.insertion import plan_insertion
-from satcore.verdicts import stream_rms_from_meta
 
 from .features import numpy_features
 from .locate import is_functional
@@ -120,7 +119,7 @@ def grow(model, result, at: str, *, alpha=None, rho=None, zero: bool = False, rt
     """
     family, tap = _refuse_unless_growable(model, result, at)
     stats = result.statistics[at]
-    alpha = insertion_step(stats, stream_rms_from_meta(result.dump_meta()).get(at), alpha, rho, zero, rtol)
+    alpha = insertion_step(stats, result.statistics.stream_rms(result.meta).get(at), alpha, rho, zero, rtol)
     plan = plan_insertion(stats, alpha, rtol=rtol)
     taken, name, k = {layer.name for layer in model.layers}, f"grow_{at}", 0
     while name in taken:

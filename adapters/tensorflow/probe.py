@@ -109,9 +109,9 @@ class Probe:
     ``tf.data.Dataset``).  ``config`` is a :class:`ProbeConfig`; keyword
     ``options`` build one (or replace its fields).
 
-    The result's ``meta`` records per candidate the tap (``taps``), the family drawn
-    (``family``, with ``init_std`` for ``mlp``) and ``diagnostics`` with
-    ``stream_rms = ||z||_S``: what :func:`.grow` needs to redraw ``psi`` and scale ``rho``.
+    The result's ``meta`` records per candidate the tap (``taps``) and the family drawn
+    (``family``, with ``init_std`` for ``mlp``), its statistics the stream sums behind
+    ``||z||_S``: what :func:`.grow` needs to redraw ``psi`` and scale ``rho``.
     """
 
     def __init__(self, model, loss_fn, config: ProbeConfig | None = None, **options):
@@ -128,7 +128,6 @@ class Probe:
         self.maps: dict = {}
         self.n_positions: dict = {}
         self.stats = DepthStatistics()
-        self.streams: dict = {}  # per candidate: [n_samples, n_vectors, sum_i ||z_i||^2]
         self.model_inputs = [c for c in self.cands if c.position == "model_input"]
         self._warned_scalar = False
         if config.split is not None and config.split.lower() in TRAINING_SPLIT_NAMES:
@@ -177,18 +176,14 @@ class Probe:
         for n in self.names:
             m = {k: np.asarray(v) for k, v in summed[n].items()}
             n_samples = int(round(float(m.pop("n_samples"))))
-            sum_z_sq = float(m.pop("sum_z_sq"))
             if n_samples == 0:
                 continue
-            stream = self.streams.setdefault(n, [0, 0, 0.0])
-            stream[0] += n_samples
-            stream[1] += int(round(float(m["n_vectors"])))
-            stream[2] += sum_z_sq
             if n not in self.stats:
                 N, r = m["sum_cross"].shape
-                self.stats[n] = CandidateStatistics(N, r, self.n_positions[n], self.config.variance)
+                self.stats[n] = CandidateStatistics(N, r, self.n_positions[n], self.config.variance, stream=True)
             m["batch_grad_norm"] = float(np.sqrt(m["sum_q_sq"])) / n_samples
-            self.stats[n].add_moments(n_samples, **m)
+            # every position of a Keras stream is in the sums: the stream's vectors are the statistics'
+            self.stats[n].add_moments(n_samples, **m, n_stream_vectors=int(round(float(m["n_vectors"]))))
 
     def result(self) -> ProbeResult:
         """The statistics of every batch so far (a copy: the probe can go on)."""
@@ -207,7 +202,6 @@ class Probe:
             "taps": {c.name: {"layer": c.layer, "position": c.position,
                               **({"input_index": c.input_index} if c.position == "model_input" else {})}
                      for c in self.cands},
-            "diagnostics": {n: _stream_diagnostics(n, *self.streams[n]) for n in names if n in self.streams},
         }
         return ProbeResult(copy.deepcopy(self.stats), meta)
 
@@ -229,13 +223,6 @@ def probe(model, data, loss_fn, *, config: ProbeConfig | None = None, **options)
     for batch in data:
         state.update(batch)
     return state.result()
-
-
-def _stream_diagnostics(name: str, n_samples: int, n_vectors: int, sum_z_sq: float) -> dict:
-    """``stream_rms = ||z||_S = sqrt(sum_i ||z_i||^2 / M)`` (what ``grow(rho=...)`` scales by) and
-    the RMS norm of one position's stream vector ``sqrt(sum_i ||z_i||^2 / n_vectors)``."""
-    return {"name": name, "stream_rms": float(np.sqrt(sum_z_sq / n_samples)),
-            "stream_rms_per_position": float(np.sqrt(sum_z_sq / n_vectors)), "relative_update": None}
 
 
 def _tap_inputs(rec, x, model_inputs):

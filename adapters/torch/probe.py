@@ -38,7 +38,6 @@ from satcore.statistics import CandidateStatistics
 
 from .capture import StreamTaps
 from .checkpoint import load_checkpoint, save_checkpoint
-from .diagnostics import StreamAccumulator
 from .distributed import reduce_probe
 from .features import ConvFeatures, build_feature_map, positions, rebuild_feature_map
 from .hf import model_loss, scalar_loss_problem
@@ -289,13 +288,13 @@ class Probe:
         }
         if config.n_features is not None:  # only then: checkpoints written before the option still resume
             self.settings["n_features"] = config.n_features
-        self.statistics, self.streams, self.families, self.specs = DepthStatistics(), {}, {}, {}
+        self.statistics, self.families, self.specs = DepthStatistics(), {}, {}
         self.running: dict[str, RunningSums] = {}
         self.batches_done = 0
         self.samples_done = 0
         self._warned_scalar = False
         if config.checkpoint is not None and os.path.exists(config.checkpoint):
-            self.statistics, self.streams, self.specs, self.batches_done = load_checkpoint(
+            self.statistics, self.specs, self.batches_done = load_checkpoint(
                 config.checkpoint, self.settings)
         if config.split is not None and config.split.lower() in TRAINING_SPLIT_NAMES:
             warnings.warn(TRAINING_SPLIT_WARNING, UserWarning, stacklevel=2)
@@ -338,8 +337,8 @@ class Probe:
                 if self.families[name].reads_context:  # the native family runs the fresh block with the call's context
                     self.families[name].context = taps.calls[name]
                 if name not in self.running:
-                    self.running[name] = _running_sums(name, z, self.families[name], self.statistics, self.streams,
-                                                       config.variance, config.position_subsample, config.curvature)
+                    self.running[name] = _running_sums(name, z, self.families[name], self.statistics, config,
+                                                       has_update=taps.updates.get(name) is not None)
                 present = keep if applies(keep, z) else None
                 moments, sum_z_sq, n_vectors = _batch_sums(
                     z, grad, self.families[name], generator, config.position_subsample, config.variance,
@@ -367,7 +366,7 @@ class Probe:
     def save_checkpoint(self) -> None:
         """Write the running sums to ``config.checkpoint`` (a ``satcore-dump/1`` file)."""
         _sync(self.running)
-        save_checkpoint(self.config.checkpoint, self.statistics, self.streams, _specs(self.families),
+        save_checkpoint(self.config.checkpoint, self.statistics, _specs(self.families),
                         self.batches_done, self.settings)
 
     def result(self, *, copy_sums: bool = True) -> ProbeResult:
@@ -389,14 +388,12 @@ class Probe:
         # copies: on the CPU the running totals are these very arrays, which later updates add to
         if copy_sums:
             ordered = copy.deepcopy(ordered)
-        streams = {n: copy.deepcopy(self.streams[n]) for n in ordered}
-        ordered, streams = reduce_probe(ordered, streams, self.device)
+        ordered = reduce_probe(ordered, self.device)
         loss_fn = self.loss_fn
         loss = "model_loss" if loss_fn is None else getattr(loss_fn, "__name__", type(loss_fn).__name__)
         return ProbeResult(
             statistics=ordered,
             families=dict(self.families),
-            streams=streams,
             candidates=self.found,
             meta={"framework": "torch", "model": type(self.model).__name__, "loss": loss, "split": self.config.split,
                   "seed": self.config.seed},
@@ -530,14 +527,16 @@ def _sync(running):
         sums.sync()
 
 
-def _running_sums(name, z, feature_map, statistics, streams, variance, keep, curvature=False) -> RunningSums:
-    """Device totals of candidate ``name``, seeded from its resumed statistics if any."""
+def _running_sums(name, z, feature_map, statistics, config, *, has_update: bool) -> RunningSums:
+    """Device totals of candidate ``name``, seeded from its resumed statistics if any; they keep the
+    stream sums, and the block update's where the block keeps the shape (``has_update``)."""
     if name not in statistics:
         _, T, N = positions(z).shape
+        keep = config.position_subsample
         kept = T if keep is None else min(keep, T)  # the statistics see the subsampled positions
-        statistics[name] = CandidateStatistics(N, feature_map.n_features, kept, variance, curvature=curvature)
-        streams[name] = StreamAccumulator(True)
-    return RunningSums(statistics[name], streams[name], float64_device(z.device))
+        statistics[name] = CandidateStatistics(N, feature_map.n_features, kept, config.variance,
+                                               curvature=config.curvature, stream=True, block_update=has_update)
+    return RunningSums(statistics[name], float64_device(z.device))
 
 
 def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals, present, curvature=False):
@@ -607,7 +606,6 @@ def probe_in_groups(model: nn.Module, data, loss_fn=None, *, group_size: int, co
     return ProbeResult(
         statistics=statistics,
         families={k: v for part in parts for k, v in part.families.items()},
-        streams={k: v for part in parts for k, v in part.streams.items()},
         candidates=tuple(c for part in parts for c in part.candidates),
         meta=parts[0].meta,
     )
