@@ -24,10 +24,10 @@ import tensorflow as tf
 
 from satcore import DEFAULT_RTOL
 from satcore.adapters.insertion import Grown, insertion_step
-from satcore.families import make_family
+from satcore.families import rebuild_family
 from satcore.insertion import plan_insertion
 
-from .features import numpy_features
+from .features import family_features
 from .locate import is_functional
 
 
@@ -46,17 +46,14 @@ class InsertedResidual(keras.layers.Layer):
     def __init__(self, family: dict, **kwargs):
         super().__init__(**kwargs)
         self.family_record = dict(family)
-        kind = family["kind"]
-        self.family = make_family(kind, int(family["width"]), seed=int(family["seed"]),
-                                  init_std=family.get("init_std") if kind == "mlp" else None,
-                                  n_features=family["n_features"] if kind in ("mlp", "conv") else None)
+        self.family = rebuild_family(family)
 
     def build(self, input_shape):
         self.projection = self.add_weight(name="projection", shape=(self.family.width, self.family.n_features),
                                           initializer="zeros", dtype="float64", autocast=False)
 
     def call(self, z):
-        psi = numpy_features(self.family, z)  # (M, T, r), positions as the probe laid them out
+        psi = family_features(self.family, z)  # (M, T, r), positions as the probe laid them out
         update = tf.einsum("mtr,nr->mtn", psi, tf.convert_to_tensor(self.projection))
         return z + tf.cast(tf.reshape(update, tf.shape(z)), z.dtype)
 

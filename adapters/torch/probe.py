@@ -32,14 +32,13 @@ from torch import nn
 from satcore.depth import TRAINING_SPLIT_NAMES, DepthStatistics
 from satcore.adapters.batches import split_batch
 from satcore.adapters.options import per_candidate
-from satcore.families import FAMILIES
 from satcore.results import TRAINING_SPLIT_WARNING
 from satcore.statistics import CandidateStatistics
 
 from .capture import StreamTaps
 from .checkpoint import load_checkpoint, save_checkpoint
 from .distributed import reduce_probe
-from .features import ConvFeatures, build_feature_map, positions, rebuild_feature_map
+from .features import ConvFeatures, build_feature_map, positions, rebuild_feature_map, rebuildable
 from .hf import model_loss, scalar_loss_problem
 from .locate import find_candidates, named_candidates
 from .masks import applies, batch_mask, check_samples, drop_absent, mask_label
@@ -381,7 +380,7 @@ class Probe:
         if len(ordered) != len(self.found):
             raise ValueError("data yielded no batches: nothing was probed")
         for name, spec in self.specs.items():  # resumed from a checkpoint that already held every batch
-            if name not in self.families and spec["kind"] in FAMILIES:
+            if name not in self.families and rebuildable(spec):
                 self.families[name] = rebuild_feature_map(spec, self.dtype, self.device)
         if self.config.checkpoint is not None:
             self.save_checkpoint()
