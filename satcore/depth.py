@@ -14,6 +14,11 @@ from .verdicts import DEFAULT_ALPHA, decide, stream_rms_from_meta
 TRAINING_SPLIT_NAMES = ("train", "training", "trainset", "train_set")
 
 
+def is_training_split(split: str | None) -> bool:
+    """Whether the probe data's name says it is the training set (reports and probes then warn)."""
+    return split is not None and split.lower() in TRAINING_SPLIT_NAMES
+
+
 class DepthStatistics(OrderedDict):
     """Ordered mapping ``candidate name -> CandidateStatistics``, upstream first.
 
@@ -146,7 +151,7 @@ def depth_report(scores, *, split=None, alpha=DEFAULT_ALPHA, tolerance=0.0, rho=
     best = max(scores, key=lambda c: c.growth_value)
     best_ag = max(scores, key=lambda c: c.ag)
     warnings = []
-    if split is not None and split.lower() in TRAINING_SPLIT_NAMES:
+    if is_training_split(split):
         warnings.append(TRAINING_SPLIT_WARNING)
     if split is None:
         warnings.append("probe split not stated: the tests assume a probe independent of training")

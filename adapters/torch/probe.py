@@ -29,10 +29,10 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from satcore.depth import TRAINING_SPLIT_NAMES, DepthStatistics
+from satcore.adapters.base import ProbeOptions, probe_meta, resolve_options, warn_if_training_split
 from satcore.adapters.batches import split_batch
 from satcore.adapters.options import per_candidate
-from satcore.results import TRAINING_SPLIT_WARNING
+from satcore.depth import DepthStatistics
 from satcore.statistics import CandidateStatistics
 
 from .capture import StreamTaps
@@ -153,8 +153,9 @@ def _family_label(family):
 
 
 @dataclass(frozen=True)
-class ProbeConfig:
-    """How a :class:`Probe` runs: every setting in one frozen object.
+class ProbeConfig(ProbeOptions):
+    """How a :class:`Probe` runs: every setting in one frozen object (the options every adapter
+    takes, :class:`satcore.adapters.base.ProbeOptions`, and the torch ones).
 
     Attributes
     ----------
@@ -211,24 +212,16 @@ class ProbeConfig:
         same order).  Under ``torch.distributed`` give each rank its own path.
     """
 
-    candidates: tuple[str, ...] | None = None
-    family: object = "auto"
-    seed: int = 0
-    init_std: float | None = None
-    variance: bool = False
     curvature: bool = False
     position_subsample: int | None = None
     mask: object = "auto"
     batch_dtype: torch.dtype = torch.float64
     head: bool = True
-    split: str | None = None
     checkpoint: str | os.PathLike | None = None
     checkpoint_every: int = 1
-    n_features: int | dict | None = None
 
     def __post_init__(self):
-        if self.candidates is not None and not isinstance(self.candidates, tuple):
-            object.__setattr__(self, "candidates", tuple(self.candidates))
+        super().__post_init__()
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         mask_label(self.mask)  # refuses what is not a mask
@@ -264,7 +257,7 @@ class Probe:
     """
 
     def __init__(self, model: nn.Module, loss_fn=None, config: ProbeConfig | None = None, **options):
-        config = ProbeConfig(**options) if config is None else replace(config, **options)
+        config = resolve_options(ProbeConfig, config, **options)
         model = unwrap_data_parallel(model)
         self.model, self.loss_fn, self.config = model, loss_fn, config
         self.found = (find_candidates(model, head=config.head) if config.candidates is None
@@ -295,8 +288,7 @@ class Probe:
         if config.checkpoint is not None and os.path.exists(config.checkpoint):
             self.statistics, self.specs, self.batches_done = load_checkpoint(
                 config.checkpoint, self.settings)
-        if config.split is not None and config.split.lower() in TRAINING_SPLIT_NAMES:
-            warnings.warn(TRAINING_SPLIT_WARNING, UserWarning, stacklevel=2)
+        warn_if_training_split(config.split)
 
     def update(self, batch) -> int:
         """Add one batch (see the class docstring); returns its number of samples."""
@@ -388,14 +380,11 @@ class Probe:
         if copy_sums:
             ordered = copy.deepcopy(ordered)
         ordered = reduce_probe(ordered, self.device)
-        loss_fn = self.loss_fn
-        loss = "model_loss" if loss_fn is None else getattr(loss_fn, "__name__", type(loss_fn).__name__)
         return ProbeResult(
             statistics=ordered,
             families=dict(self.families),
             candidates=self.found,
-            meta={"framework": "torch", "model": type(self.model).__name__, "loss": loss, "split": self.config.split,
-                  "seed": self.config.seed},
+            meta=probe_meta("torch", type(self.model).__name__, self.loss_fn, self.config),
         )
 
 
@@ -588,7 +577,7 @@ def probe_in_groups(model: nn.Module, data, loss_fn=None, *, group_size: int, co
     groups' statistics are joined (:meth:`satcore.DepthStatistics.join`) in
     the model's order.  A checkpoint per group is not supported.
     """
-    config = ProbeConfig(**options) if config is None else replace(config, **options)
+    config = resolve_options(ProbeConfig, config, **options)
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     if config.checkpoint is not None:
