@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from satcore import DEFAULT_RTOL
 from satcore.adapters.insertion import Grown, insertion_step
-from satcore.families import rebuild_family
+from satcore.families import family_spec, rebuild_family
 from satcore.insertion import plan_insertion
 
 from .features import family_features
@@ -71,12 +71,12 @@ def _refuse_unless_growable(model, result, at):
     if result.meta.get("framework") != "tensorflow" or at not in result.statistics:
         raise ValueError(f"unknown candidate {at!r}; the TensorFlow probe has {list(result.statistics)}")
     family = result.meta["family"][at]
-    if family["kind"] == "mlp" and "init_std" not in family:  # written before the probe recorded it
-        raise ValueError(f"{at}: this probe result does not record the mlp family's init_std, so its psi cannot "
-                         "be redrawn; probe the model again")
     if family["kind"] == "user" or family.get("given"):
         raise ValueError(f"{at}: grow rebuilds the probe's own seeded family (family='auto' or a kind), "
                          f"not a {'user feature map' if family['kind'] == 'user' else 'Family object'}")
+    if family_spec(family["kind"]).takes_init_std and "init_std" not in family:  # written before it was recorded
+        raise ValueError(f"{at}: this probe result does not record the {family['kind']} family's init_std, so its "
+                         "psi cannot be redrawn; probe the model again")
     tap = result.meta["taps"][at]
     if tap["position"] != "model_input":
         top = {layer.name: layer for layer in model.layers}
