@@ -231,12 +231,7 @@ class StreamDiagnostics:
     relative_update: float | None
 
     def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "stream_rms": self.stream_rms,
-            "stream_rms_per_position": self.stream_rms_per_position,
-            "relative_update": self.relative_update,
-        }
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def _flatten(record: dict, parent: str = "") -> dict:
