@@ -2,19 +2,21 @@
 
 * :func:`per_candidate`: an option given once for every candidate or as a mapping
   candidate -> value (``family``, ``n_features``);
-* :func:`builtin_kind`: which of :data:`satcore.families.FAMILIES` a family option names
-  (``"auto"``: ``conv`` for a 4-d image stream, ``mlp`` for vectors and tokens);
-* :func:`family_spec`: what a result records of a built-in family, enough to rebuild it
-  with ``make_family`` in any framework.
+* :func:`builtin_kind`: which registered family (:func:`satcore.families.registered_families`)
+  a family option names (``"auto"``: ``conv`` for a 4-d image stream, ``mlp`` for vectors and
+  tokens);
+* :func:`family_record`: what a result records of a drawn family, enough to rebuild it
+  with ``make_family`` in any framework (:func:`satcore.families.rebuild_family`).
 
-Each adapter then builds the family's feature map for its tensors (``features.py``).
+Each adapter then builds the family's feature map for its tensors with the builder it
+registered for the kind (:func:`satcore.families.family_builder`; ``features.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from satcore.families import FAMILIES
+from satcore.families import family_spec, registered_families
 
 
 def per_candidate(value, names, option: str, default=None) -> dict:
@@ -45,8 +47,8 @@ def builtin_kind(spec, shape, *, image_layout: str = "(M, C, H, W)", others: str
     """The built-in family ``spec`` names for a stream of ``shape``.
 
     ``"auto"`` is ``conv`` for a 4-d stream (an image, laid out ``image_layout`` by the
-    framework) and ``mlp`` otherwise; a kind must be one of ``FAMILIES``, and ``conv``
-    needs a 4-d stream.  ``others`` says in the error what else the adapter takes.
+    framework) and ``mlp`` otherwise; a kind must be registered, and one for images only
+    (``conv``) needs a 4-d stream.  ``others`` says in the error what else the adapter takes.
 
     Examples
     --------
@@ -56,14 +58,17 @@ def builtin_kind(spec, shape, *, image_layout: str = "(M, C, H, W)", others: str
     """
     rank = len(shape)
     kind = ("conv" if rank == 4 else "mlp") if spec == "auto" else spec
-    if kind not in FAMILIES:
-        raise ValueError(f"unknown family {spec!r}; choose 'auto', one of {FAMILIES}, or {others}")
-    if kind == "conv" and rank != 4:
-        raise ValueError(f"family 'conv' needs a {image_layout} stream, got shape {tuple(shape)}")
+    try:
+        definition = family_spec(kind)
+    except ValueError:
+        raise ValueError(f"unknown family {spec!r}; choose 'auto', one of {registered_families()}, "
+                         f"or {others}") from None
+    if definition.images_only and rank != 4:
+        raise ValueError(f"family {kind!r} needs a {image_layout} stream, got shape {tuple(shape)}")
     return kind
 
 
-def family_spec(family) -> dict:
+def family_record(family) -> dict:
     """``{kind, width, n_features, seed}`` of a :class:`satcore.Family`: ``make_family(kind, width,
     seed=seed)`` rebuilds it (``n_features=`` for ``mlp`` and ``conv``; ``init_std=`` as the
     adapter records it)."""

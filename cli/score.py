@@ -10,7 +10,7 @@ from satcore._display import display_name
 from satcore.errors import InputError
 from satcore.predictors import check_paired
 from satcore.report_text import render_report
-from satcore.verdicts import DEFAULT_ALPHA, stream_rms_from_meta
+from satcore.verdicts import DEFAULT_ALPHA
 
 from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, scored
 from .numbers import Count
@@ -82,7 +82,7 @@ def score(dump, as_json, output_format, probe_split, alpha, tolerance, rho, delt
         except InputError as exc:
             raise InputError(f"{display_name(train_dump)}: {exc} (held-out dump {display_name(dump)})") from None
     report = scored(dump, stats, split=split, alpha=alpha, tolerance=tolerance, rho=rho,
-                    stream_rms=stream_rms_from_meta(source.meta), delta=delta or 0.0, t=t, error=error,
+                    stream_rms=stats.stream_rms(source.meta), delta=delta or 0.0, t=t, error=error,
                     detector_scale=detector_scale, train=train, optimizer=optimizer, lr=lr, steps=steps)
     if as_json and output_format not in (None, "json"):
         raise click.UsageError(f"--json and --format {output_format} disagree")

@@ -9,9 +9,14 @@ from ._psd import DEFAULT_RTOL
 from .certification import saturation_test
 from .results import TRAINING_SPLIT_WARNING, DepthReport
 from .statistics import CandidateStatistics
-from .verdicts import DEFAULT_ALPHA, decide
+from .verdicts import DEFAULT_ALPHA, decide, stream_rms_from_meta
 
 TRAINING_SPLIT_NAMES = ("train", "training", "trainset", "train_set")
+
+
+def is_training_split(split: str | None) -> bool:
+    """Whether the probe data's name says it is the training set (reports and probes then warn)."""
+    return split is not None and split.lower() in TRAINING_SPLIT_NAMES
 
 
 class DepthStatistics(OrderedDict):
@@ -41,6 +46,24 @@ class DepthStatistics(OrderedDict):
         if shared:
             raise ValueError(f"candidate(s) {shared} are in both: join takes disjoint candidates (merge adds samples)")
         return DepthStatistics(list(self.items()) + list(other.items()))
+
+    def stream_rms(self, meta: dict | None = None) -> dict:
+        """``||z||_S`` per candidate (:meth:`CandidateStatistics.stream_rms`), in candidate order.
+
+        A candidate whose statistics hold no stream sums (a dump written before they existed)
+        falls back on the value ``meta["diagnostics"][name]["stream_rms"]`` records, if any
+        (:func:`satcore.verdicts.stream_rms_from_meta`); the sums come first, so a merge of
+        shards, whose meta is one shard's, reads the merged norm.
+        """
+        recorded = stream_rms_from_meta(meta) if meta is not None else {}
+        out = {}
+        for name, stats in self.items():
+            value = stats.stream_rms()
+            if value is None:
+                value = recorded.get(name)
+            if value is not None:
+                out[name] = value
+        return out
 
     def to_arrays(self) -> dict:
         return {f"{name}/{f}": v for name, s in self.items() for f, v in s.to_arrays().items()}
@@ -128,7 +151,7 @@ def depth_report(scores, *, split=None, alpha=DEFAULT_ALPHA, tolerance=0.0, rho=
     best = max(scores, key=lambda c: c.growth_value)
     best_ag = max(scores, key=lambda c: c.ag)
     warnings = []
-    if split is not None and split.lower() in TRAINING_SPLIT_NAMES:
+    if is_training_split(split):
         warnings.append(TRAINING_SPLIT_WARNING)
     if split is None:
         warnings.append("probe split not stated: the tests assume a probe independent of training")

@@ -14,16 +14,22 @@ columns are the 3x3 patches a terminal ``conv3x3`` sees (PyTorch ``unfold``
 order ``c*9 + ki*3 + kj``, zero padding 1, stride 1), one position per pixel.
 Gradients ``Q`` for a conv candidate are laid out ``(M, H*W, C)`` to match.
 Formulas: docs/core.md, Feature families.
+
+Every kind is a :class:`FamilySpec` in one registry (:func:`register_family`): how its weights
+are drawn, its NumPy features, which streams and sizes it takes.  Each framework registers its
+own feature map of a kind (:func:`register_builder`), so a new family is one spec plus one
+builder per framework, and no adapter's source changes (docs/adapters.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.special import erf
 
-FAMILIES = ("mlp", "conv", "linear", "bias")
+FAMILIES = ("mlp", "conv", "linear", "bias")  # the built-in kinds; registered_families() adds the others
 
 
 def gelu(x):
@@ -78,9 +84,14 @@ def unfold3x3(x):
     return patches.reshape(M, C * 9, H * W).transpose(0, 2, 1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Family:
-    """A fixed feature map.  ``params`` holds its seeded NumPy weights."""
+    """A fixed feature map.  ``params`` holds its seeded NumPy weights.
+
+    Two families are equal when they are the same map: kind, sizes, settings, seed and every
+    weight array element for element (``params`` holds arrays, so the dataclass default, which
+    compares them with ``==``, would raise).
+    """
 
     kind: str
     width: int
@@ -89,6 +100,16 @@ class Family:
     activation: str = "gelu"
     eps: float = 1e-5
     seed: int = 0
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Family):
+            return NotImplemented
+        settings = ("kind", "width", "n_features", "activation", "eps", "seed")
+        return (all(getattr(self, a) == getattr(other, a) for a in settings)
+                and self.params.keys() == other.params.keys()
+                and all(np.array_equal(self.params[k], other.params[k]) for k in self.params))
+
+    __hash__ = None  # params are mutable arrays
 
     def features(self, z) -> np.ndarray:
         """``psi(z)`` as ``(M, T, r)`` float64 (see module docstring for layouts).
@@ -117,22 +138,130 @@ class Family:
         >>> satcore.make_family("conv", 4, seed=1).features(np.zeros((2, 4, 5, 5))).shape
         (2, 25, 36)
         """
-        if self.kind == "linear":
-            return positions(z).astype(np.float64)
-        if self.kind == "bias":
-            return np.ones(positions(z).shape[:2] + (1,))
-        if self.kind == "mlp":
-            h = layer_norm(positions(z).astype(np.float64), self.eps) @ self.params["w1"].T
-            return ACTIVATIONS[self.activation](h)
-        if self.kind == "conv":
-            x = np.asarray(z, dtype=np.float64)
-            M, C, H, W = x.shape
-            u = self.params["conv1"].reshape(self.params["conv1"].shape[0], -1)
-            pre = unfold3x3(x) @ u.T  # (M, H*W, C_mid)
-            # BatchNorm in identity mode: running mean 0, running var 1, unit affine.
-            mid = relu(pre / np.sqrt(1.0 + self.eps))
-            return unfold3x3(mid.transpose(0, 2, 1).reshape(M, -1, H, W))
-        raise ValueError(f"unknown family {self.kind!r}")
+        spec = family_spec(self.kind)
+        if spec.features is None:
+            raise ValueError(f"family {self.kind!r} has no NumPy reference (it is built by its framework)")
+        return spec.features(self, z)
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """What defines a family kind, framework-free: the registry entry behind ``make_family``.
+
+    Attributes
+    ----------
+    name : str
+        The kind, as ``family=`` options and dump metadata name it.
+    draw : callable or None
+        ``draw(width, rng, n_features=, init_std=, **settings) -> Family``: the family's fixed
+        weights from ``numpy.random.default_rng(seed)`` (``n_features`` already checked; ``None``:
+        the kind's default).  ``None`` for a kind that is not drawn from ``(kind, width, seed)``
+        alone (``native``: the tangent space of a model's own block, built by its framework).
+    features : callable or None
+        ``features(family, z) -> (M, T, r)`` float64, ``z`` as :func:`positions` reads it (a 4-d
+        stream channels-first): the NumPy reference every framework's builder must equal
+        (``tests/test_conformance.py``), and the ONNX adapter's own map (ONNX Runtime hands
+        out NumPy arrays, so it registers no builder).
+    images_only : bool
+        The kind needs a 4-d image stream (``conv``).
+    takes_init_std : bool
+        ``init_std`` (the model's weight scale) concerns the draw (``mlp``); adapters record it.
+    sized : str
+        How ``n_features`` is taken: ``"any"`` (``r >= 1``), ``"nine"`` (a multiple of 9) or
+        ``"fixed"`` (no choice: ``fixed_features(width)`` is ``r``).
+    fixed_features : callable or None
+        ``r`` of a ``"fixed"`` kind for a stream of ``width``.
+    positionwise : bool
+        Each position's features depend on that position alone (positions may be subsampled first).
+    """
+
+    name: str
+    draw: Callable | None
+    features: Callable | None
+    images_only: bool = False
+    takes_init_std: bool = False
+    sized: str = "any"
+    fixed_features: Callable | None = None
+    positionwise: bool = True
+
+    def __post_init__(self):
+        if self.sized not in ("any", "nine", "fixed"):
+            raise ValueError(f"sized must be 'any', 'nine' or 'fixed', got {self.sized!r}")
+        if (self.sized == "fixed") != (self.fixed_features is not None):
+            raise ValueError("a 'fixed' kind gives fixed_features(width), and only it")
+
+    @property
+    def drawn(self) -> bool:
+        """Whether ``make_family(name, width, seed=...)`` rebuilds it (what a dump records suffices)."""
+        return self.draw is not None
+
+    def checked_features(self, n_features, width: int):
+        """``n_features`` as an int after the kind's rule (``None`` stays ``None``: the default)."""
+        if n_features is None:
+            return None
+        n = int(n_features)
+        if self.sized == "fixed":
+            if n != self.fixed_features(width):
+                raise ValueError(f"family {self.name!r} has a fixed number of features; n_features does not apply")
+        elif n < 1 or (self.sized == "nine" and n % 9):
+            raise ValueError(f"n_features={n} for family {self.name!r}: "
+                             + ("a positive multiple of 9 (9 per middle channel)" if self.sized == "nine"
+                                else "must be >= 1"))
+        return n
+
+
+_SPECS: dict[str, FamilySpec] = {}
+_BUILDERS: dict[tuple[str, str], Callable] = {}
+
+
+def register_family(spec: FamilySpec) -> FamilySpec:
+    """Add ``spec`` to the registry (replacing a spec of the same name); returns it.
+
+    A new family is this spec plus one builder per framework (:func:`register_builder`); the
+    adapters and the conformance tests then take it like a built-in one (docs/adapters.md).
+    """
+    _SPECS[spec.name] = spec
+    return spec
+
+
+def unregister_family(name: str) -> None:
+    """Remove the kind ``name`` and its framework builders (a test's family, once done)."""
+    _SPECS.pop(name, None)
+    for key in [k for k in _BUILDERS if k[1] == name]:
+        del _BUILDERS[key]
+
+
+def registered_families() -> tuple[str, ...]:
+    """The registered kinds, built-in ones first (:data:`FAMILIES`), in registration order."""
+    return tuple(_SPECS)
+
+
+def family_spec(kind: str) -> FamilySpec:
+    """The :class:`FamilySpec` of ``kind``; an unknown kind is refused (ValueError naming the known ones)."""
+    spec = _SPECS.get(kind) if isinstance(kind, str) else None
+    if spec is None:
+        raise ValueError(f"unknown family {kind!r}; choose one of {registered_families()} or pass a feature map")
+    return spec
+
+
+def register_builder(framework: str, kind: str, builder: Callable) -> None:
+    """Register ``builder``, the ``framework``'s feature map of the family ``kind``.
+
+    What a builder takes is the framework's (a torch builder returns an ``nn.Module``, a
+    TensorFlow one a function of tensors); the core only keeps them, so that adding a family
+    touches no adapter's source.  ``kind`` must be registered first.
+    """
+    family_spec(kind)
+    _BUILDERS[(framework, kind)] = builder
+
+
+def family_builder(framework: str, kind: str) -> Callable:
+    """The ``framework``'s builder of ``kind`` (ValueError when it has none)."""
+    family_spec(kind)
+    builder = _BUILDERS.get((framework, kind))
+    if builder is None:
+        raise ValueError(f"family {kind!r} has no {framework} feature map")
+    return builder
 
 
 def make_family(
@@ -155,12 +284,12 @@ def make_family(
     ``conv``: ``psi`` = 3x3 patches of ``relu(BN(conv3x3(z)))`` with He-normal
     ``conv3x3`` weights (std ``sqrt(2 / (9 C))``), ``mid_channels`` defaulting to
     ``width``; ``r = 9 * mid_channels``.  ``linear``: ``psi = z``, ``r = width``.
-    ``bias``: ``psi = 1``, ``r = 1``.
+    ``bias``: ``psi = 1``, ``r = 1``.  Other kinds: their :class:`FamilySpec`'s ``draw``.
 
     Parameters
     ----------
-    kind : {"mlp", "conv", "linear", "bias"}
-        The family.
+    kind : str
+        The family: ``"mlp"``, ``"conv"``, ``"linear"``, ``"bias"`` or a registered kind.
     width : int
         The stream width ``N`` (channels ``C`` for ``conv``).
     seed : int, optional
@@ -200,33 +329,70 @@ def make_family(
     >>> bool(np.array_equal(fam.params["w1"], satcore.make_family("mlp", 8, seed=0).params["w1"]))
     True
     """
-    if n_features is not None:
-        n_features = int(n_features)
-        if n_features < 1 or (kind == "conv" and n_features % 9):
-            raise ValueError(f"n_features={n_features} for family {kind!r}: "
-                             + ("a positive multiple of 9 (9 per middle channel)" if kind == "conv" else "must be >= 1"))
-        if kind in ("linear", "bias") and n_features != (width if kind == "linear" else 1):
-            raise ValueError(f"family {kind!r} has a fixed number of features; n_features does not apply")
-        if kind == "mlp":
-            expansion = None
-        elif kind == "conv":
-            mid_channels = n_features // 9
-    rng = np.random.default_rng(seed)
-    if kind == "linear":  # for a conv candidate: psi = z per pixel (a 1x1 terminal conv)
-        return Family("linear", width, width, seed=seed)
-    if kind == "bias":
-        return Family("bias", width, 1, seed=seed)
-    if kind == "mlp":
-        r = expansion * width if expansion is not None else n_features
-        std = init_std if init_std is not None else width**-0.5
-        w1 = rng.standard_normal((r, width)) * std
-        return Family("mlp", width, r, {"w1": w1}, activation=activation, eps=eps, seed=seed)
-    if kind == "conv":
-        mid = mid_channels or width
-        std = init_std if init_std is not None else np.sqrt(2.0 / (9 * width))
-        conv1 = rng.standard_normal((mid, width, 3, 3)) * std
-        return Family("conv", width, 9 * mid, {"conv1": conv1}, activation="relu", eps=eps, seed=seed)
-    raise ValueError(f"unknown family {kind!r}; choose one of {FAMILIES} or pass a feature map")
+    spec = family_spec(kind)
+    if not spec.drawn:
+        raise ValueError(f"family {kind!r} is not drawn from a seed alone: its framework builds it from the model")
+    n_features = spec.checked_features(n_features, width)
+    return spec.draw(width, np.random.default_rng(seed), n_features=n_features, init_std=init_std, seed=seed,
+                     expansion=expansion, mid_channels=mid_channels, activation=activation, eps=eps)
+
+
+def rebuild_family(record: dict) -> Family:
+    """The family a result recorded as ``{kind, width, n_features, seed[, init_std]}``
+    (:func:`satcore.adapters.options.family_record`), drawn again with ``make_family``."""
+    spec = family_spec(record["kind"])
+    return make_family(record["kind"], int(record["width"]), seed=int(record["seed"]),
+                       init_std=record.get("init_std") if spec.takes_init_std else None,
+                       n_features=record.get("n_features") if spec.sized != "fixed" else None)
+
+
+# -- the built-in kinds ------------------------------------------------------------------------
+def _draw_mlp(width, rng, *, n_features, init_std, seed, expansion, activation, eps, **_):
+    r = expansion * width if n_features is None else n_features
+    std = init_std if init_std is not None else width**-0.5
+    w1 = rng.standard_normal((r, width)) * std
+    return Family("mlp", width, r, {"w1": w1}, activation=activation, eps=eps, seed=seed)
+
+
+def _mlp_features(family, z):
+    h = layer_norm(positions(z).astype(np.float64), family.eps) @ family.params["w1"].T
+    return ACTIVATIONS[family.activation](h)
+
+
+def _draw_conv(width, rng, *, n_features, init_std, seed, mid_channels, eps, **_):
+    mid = n_features // 9 if n_features is not None else mid_channels or width
+    std = init_std if init_std is not None else np.sqrt(2.0 / (9 * width))
+    conv1 = rng.standard_normal((mid, width, 3, 3)) * std
+    return Family("conv", width, 9 * mid, {"conv1": conv1}, activation="relu", eps=eps, seed=seed)
+
+
+def _conv_features(family, z):
+    x = np.asarray(z, dtype=np.float64)
+    M, C, H, W = x.shape
+    u = family.params["conv1"].reshape(family.params["conv1"].shape[0], -1)
+    pre = unfold3x3(x) @ u.T  # (M, H*W, C_mid)
+    # BatchNorm in identity mode: running mean 0, running var 1, unit affine.
+    mid = relu(pre / np.sqrt(1.0 + family.eps))
+    return unfold3x3(mid.transpose(0, 2, 1).reshape(M, -1, H, W))
+
+
+def _draw_linear(width, rng, *, seed, **_):  # for a conv candidate: psi = z per pixel (a 1x1 terminal conv)
+    return Family("linear", width, width, seed=seed)
+
+
+def _draw_bias(width, rng, *, seed, **_):
+    return Family("bias", width, 1, seed=seed)
+
+
+for _spec in (
+    FamilySpec("mlp", _draw_mlp, _mlp_features, takes_init_std=True),
+    FamilySpec("conv", _draw_conv, _conv_features, images_only=True, sized="nine", positionwise=False),
+    FamilySpec("linear", _draw_linear, lambda family, z: positions(z).astype(np.float64), sized="fixed",
+               fixed_features=lambda width: width),
+    FamilySpec("bias", _draw_bias, lambda family, z: np.ones(positions(z).shape[:2] + (1,)), sized="fixed",
+               fixed_features=lambda width: 1),
+):
+    register_family(_spec)
 
 
 def positions(stream) -> np.ndarray:

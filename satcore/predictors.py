@@ -288,8 +288,10 @@ def predict_gains(train_stats, heldout_stats, *, optimizer: str = "sgd", lr: flo
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     check_paired(train_stats, heldout_stats)
     if optimizer == "matched":
-        if rho is None or stream_rms is None or not (rho > 0):
-            raise ValueError("optimizer='matched' needs rho > 0 and stream_rms per candidate")
+        missing = [name for name in train_stats if not (stream_rms or {}).get(name)]
+        if rho is None or missing or not (rho > 0):
+            raise ValueError("optimizer='matched' needs rho > 0 and the stream RMS ||z||_S of every candidate"
+                             + (f" (none for {missing})" if missing else ""))
         step = {"rho": float(rho)}
     else:
         if lr is None or not (lr > 0) or steps < 1:
@@ -301,7 +303,7 @@ def predict_gains(train_stats, heldout_stats, *, optimizer: str = "sgd", lr: flo
         if not ho.n_folds:
             raise ValueError(f"candidate {name!r}: the held-out statistics keep no folds (n_folds = 0)")
         fisher = train_fisher[name] if train_fisher is not None else tr.gradient_moment() if tr.curvature else None
-        V, first, second = _step(tr, optimizer, lr, steps, rho, None if stream_rms is None else stream_rms[name],
+        V, first, second = _step(tr, optimizer, lr, steps, rho, stream_rms[name] if optimizer == "matched" else None,
                                  fisher, rtol)
         quad = 0.0
         held_fisher = (heldout_fisher[name] if heldout_fisher is not None

@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .depth import DepthStatistics
-from .results import DepthReport
-from .verdicts import stream_rms_from_meta
+from .results import DepthReport, StreamDiagnostics
 
 
 @dataclass(frozen=True)
@@ -21,7 +20,8 @@ class ProbeResult:
     ``meta`` holds at least ``candidates``, ``framework``, ``loss``,
     ``family`` (per candidate: kind, width, n_features, seed) and ``split``
     (the name of the probe data; reports warn when it is the training set);
-    it becomes the dump's ``meta`` member.
+    it becomes the dump's ``meta`` member, with ``diagnostics`` (:attr:`diagnostics`)
+    added from the statistics' stream sums.
     """
 
     statistics: DepthStatistics
@@ -31,17 +31,30 @@ class ProbeResult:
     def split(self) -> str | None:
         return self.meta.get("split")
 
+    @property
+    def diagnostics(self) -> dict[str, StreamDiagnostics]:
+        """Stream norms per candidate (:meth:`CandidateStatistics.stream_diagnostics`): ``||z||_S``,
+        the RMS norm per position and the block's relative update; candidates whose statistics hold
+        no stream sums are left out."""
+        out = {name: stats.stream_diagnostics(name) for name, stats in self.statistics.items()}
+        return {name: d for name, d in out.items() if d is not None}
+
     def report(self, **options) -> DepthReport:
-        """:meth:`DepthStatistics.report` with the probe's split and, where the adapter recorded
-        them, the stream RMS ``||z||_S`` per candidate (for a ``tolerance`` in loss units with ``rho``)."""
+        """:meth:`DepthStatistics.report` with the probe's split and the stream RMS ``||z||_S`` per
+        candidate (:meth:`DepthStatistics.stream_rms`: for a ``tolerance`` in loss units with ``rho``)."""
         options.setdefault("split", self.split)
         if "stream_rms" not in options:
-            options["stream_rms"] = stream_rms_from_meta(self.dump_meta())
+            options["stream_rms"] = self.statistics.stream_rms(self.meta)
         return self.statistics.report(**options)
 
     def dump_meta(self) -> dict:
-        """The dump's ``meta``: :attr:`meta` with the candidates in order."""
-        return {**self.meta, "candidates": list(self.statistics)}
+        """The dump's ``meta``: :attr:`meta` with the candidates in order and the :attr:`diagnostics`
+        (which readers of dumps without the stream sums fall back on)."""
+        meta = {**self.meta, "candidates": list(self.statistics)}
+        diagnostics = self.diagnostics
+        if diagnostics:
+            meta["diagnostics"] = {name: d.to_dict() for name, d in diagnostics.items()}
+        return meta
 
     def save(self, path, inputs=(), *, stats_dtype=None) -> None:
         """Write a ``satcore-dump/1`` file that ``satcore score`` reads (:func:`satcore.dump.write_dump`;

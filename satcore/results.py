@@ -217,6 +217,28 @@ class DepthReport:
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}
 
 
+@dataclass(frozen=True)
+class StreamDiagnostics:
+    """Residual-stream norms of one candidate, from its stream sums (:mod:`satcore.statistics`).
+
+    * ``stream_rms = sqrt(sum_i ||z_i||^2 / M) = ||z||_S``, the empirical norm that turns a
+      relative insertion size ``rho`` into ``alpha`` (:func:`satcore.alpha_for_relative_update`);
+    * ``stream_rms_per_position = sqrt(sum_i ||z_i||^2 / n_stream_vectors)``, the RMS norm of one
+      token's (pixel's) stream vector;
+    * ``relative_update = sqrt(sum_i ||block(z_i) - z_i||^2 / sum_i ||z_i||^2)``, the size of the
+      block's own update relative to the stream (NAG, docs/references.md; ``None`` for the
+      ``head`` endpoint, blocks that change the shape, and adapters that do not run the block).
+    """
+
+    name: str
+    stream_rms: float
+    stream_rms_per_position: float
+    relative_update: float | None
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
 def _flatten(record: dict, parent: str = "") -> dict:
     out = {}
     for key, value in record.items():

@@ -20,12 +20,30 @@ field                  meaning                                       shape
 ``fold_cross``         ``sum_{i in a} X_i`` per fold ``a``           ``(m, N, r)``
 ``fold_samples``       samples per fold                              ``(m,)``
 ``sum_qq``             ``sum_i Q_i^T Q_i`` (optional, ``curvature``)   ``(N, N)``
+``sum_z_sq``           ``sum_i ||z_i||_F^2`` of the stream (optional,  scalar
+                       ``stream``)
+``n_stream_vectors``   stream position vectors behind ``sum_z_sq``    scalar
+``sum_update_sq``      ``sum_i ||block(z_i) - z_i||_F^2`` (optional,   scalar
+                       ``block_update``)
 =====================  ============================================  ==========
 
 ``sum_qq`` is the activation-gradient second moment ``F = sum_qq / n`` of the
 Kronecker-factored curvature in :mod:`satcore.predictors` (``N^2`` per
 position vector; kept only when asked for, and only by :meth:`update` and
 :meth:`add_moments` callers that supply it).
+
+Stream sums.  ``sum_z_sq`` over the candidate's stream ``z`` (the block
+input) gives the empirical norm ``||z||_S = sqrt(sum_z_sq / n_samples)``
+(:meth:`CandidateStatistics.stream_rms`) that turns a relative insertion size
+``rho`` into ``alpha`` and a ``tolerance`` in loss units into growth-value
+units; ``n_stream_vectors`` counts the stream's position vectors (every
+position the stream has, which ``position_subsample`` does not thin; a padding
+mask leaves its absent ones out), ``sum_update_sq`` the block's own update
+where it keeps the shape.  Adapters add them (``stream=True``,
+``block_update=True``); they merge like every other sum, so a merge of
+shards keeps ``||z||_S``.  Statistics made from ``Q`` and ``Psi`` alone
+(:meth:`~CandidateStatistics.update`) and dumps written before the fields
+existed have none (readers then fall back on ``meta.diagnostics``).
 
 Folds.  Batch ``b`` (counted from 0 over the whole probe) goes to fold
 ``b mod m``; the fold sums are what the per-candidate test of
@@ -64,11 +82,12 @@ from ._psd import DEFAULT_RTOL, psd_spectrum
 from .certification import debiased_energy, noise_floor, variance_estimate
 from .folds import DEFAULT_FOLDS, fold_test
 from .quantities import realizability
-from .results import CandidateScore
+from .results import CandidateScore, StreamDiagnostics
 
+STREAM_FIELDS = ("sum_z_sq", "n_stream_vectors")  # together, or neither (``stream``)
 SCALAR_FIELDS = ("n_samples", "n_positions", "n_vectors", "sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm",
-                 "n_batches", "n_folds")
-COUNT_FIELDS = ("n_samples", "n_positions", "n_vectors", "n_batches", "n_folds")
+                 "n_batches", "n_folds") + STREAM_FIELDS + ("sum_update_sq",)
+COUNT_FIELDS = ("n_samples", "n_positions", "n_vectors", "n_batches", "n_folds", "n_stream_vectors")
 MAX_FOLDS = 64  # 2^63 sign patterns: far past anything a probe needs (16 is the default)
 MAX_COUNT = 2**53  # counts stored as float64 are exact up to here
 # Stored sums may come from float32 per-batch sums (relative round-off ~1e-7 per batch); a relation
@@ -86,7 +105,7 @@ FOLD_FIELDS = ("fold_cross", "fold_samples")
 BATCHING_FIELDS = ("n_batches", "sum_batch_grad_norm") + FOLD_FIELDS
 FIELDS = SCALAR_FIELDS + MATRIX_FIELDS + FOLD_FIELDS
 # absent from dumps written before they existed (n_vectors, folds) or when not asked for (sum_xtx)
-OPTIONAL_FIELDS = ("n_vectors", "sum_xtx", "n_folds", "sum_qq") + FOLD_FIELDS
+OPTIONAL_FIELDS = ("n_vectors", "sum_xtx", "n_folds", "sum_qq") + FOLD_FIELDS + STREAM_FIELDS + ("sum_update_sq",)
 
 
 def forms_sample_gradients(T: int, N: int, r: int, *, variance: bool, factor: bool = True,
@@ -168,6 +187,16 @@ def _batch_moments(Q, Psi, variance: bool) -> dict:
     return out
 
 
+def stream_sums(z) -> dict:
+    """``{sum_z_sq: sum_i ||z_i||_F^2, n_stream_vectors: M T}`` of a stream ``z`` laid out as positions
+    ``(M, T, N)``, summed in float64: the stream sums :meth:`CandidateStatistics.add_moments` takes."""
+    zp = np.asarray(z)
+    if zp.ndim != 3:
+        raise ValueError(f"stream sums need the stream as positions (M, T, N), got shape {zp.shape}")
+    flat = zp.reshape(-1).astype(np.float64, copy=False)
+    return {"sum_z_sq": float(np.dot(flat, flat)), "n_stream_vectors": zp.shape[0] * zp.shape[1]}
+
+
 def _checked_folds(arrays, n_folds: int, cross: np.ndarray, n_samples: int):
     """The stored ``fold_cross`` and ``fold_samples``, refused unless they add up to the totals."""
     folds = np.asarray(arrays["fold_cross"], dtype=np.float64)
@@ -201,6 +230,8 @@ class CandidateStatistics:
     variance: bool = False
     n_folds: int = DEFAULT_FOLDS
     curvature: bool = False
+    stream: bool = False
+    block_update: bool = False
 
     def __post_init__(self):
         if not 0 <= self.n_folds <= MAX_FOLDS:
@@ -217,6 +248,11 @@ class CandidateStatistics:
         self.sum_qq = np.zeros((self.n_hidden, self.n_hidden)) if self.curvature else None
         self.fold_cross = np.zeros((self.n_folds, self.n_hidden, self.n_features)) if self.n_folds else None
         self.fold_samples = np.zeros(self.n_folds, dtype=np.int64) if self.n_folds else None
+        if self.block_update and not self.stream:
+            raise ValueError("block_update sums are relative to the stream's: they need stream=True")
+        self.sum_z_sq = 0.0 if self.stream else None
+        self.n_stream_vectors = 0 if self.stream else None
+        self.sum_update_sq = 0.0 if self.block_update else None
 
     @classmethod
     def from_samples(cls, Q, Psi, *, variance: bool = True, batch_size: int | None = None,
@@ -236,12 +272,14 @@ class CandidateStatistics:
             stats.sum_batch_grad_norm, stats.n_batches = float(np.sqrt(stats.sum_q_sq)) / M, 1
         return stats
 
-    def update(self, Q, Psi) -> "CandidateStatistics":
+    def update(self, Q, Psi, *, z=None) -> "CandidateStatistics":
         """Add one batch; the batch also counts once in the eq. (2) average.
 
         ``T`` may differ from batch to batch (sequences of different lengths);
         ``n_positions`` keeps the first batch's, as the adapters do, and
-        ``n_vectors`` counts every batch's ``M T``.
+        ``n_vectors`` counts every batch's ``M T``.  ``z``: the batch's stream
+        as positions ``(M, T, N)``, whose sums (:func:`stream_sums`) statistics
+        with ``stream=True`` need.
         """
         q, psi = as_pair(Q, Psi, check_finite=False)  # batch_moments checks, for free
         if q.shape[2] != self.n_hidden or psi.shape[2] != self.n_features:
@@ -249,7 +287,8 @@ class CandidateStatistics:
                 f"batch has (N, r) = ({q.shape[2]}, {psi.shape[2]}), statistics expect "
                 f"({self.n_hidden}, {self.n_features})"
             )
-        return self.add_moments(**batch_moments(q, psi, variance=self.variance, curvature=self.curvature))
+        sums = stream_sums(z) if z is not None and self.stream else {}
+        return self.add_moments(**batch_moments(q, psi, variance=self.variance, curvature=self.curvature), **sums)
 
     def add_moments(
         self,
@@ -265,6 +304,9 @@ class CandidateStatistics:
         fold: int | None = None,
         sum_qq=None,
         folds=None,
+        sum_z_sq=None,
+        n_stream_vectors=None,
+        sum_update_sq=None,
     ) -> "CandidateStatistics":
         """Add precomputed batch sums (adapters compute them on their device).
 
@@ -274,12 +316,18 @@ class CandidateStatistics:
         ``fold``: the fold the batch goes to; by default the number of
         batches before it, modulo ``n_folds``.  ``folds``: instead, per-fold
         parts ``(fold_cross, fold_samples)`` of the sums (another statistics'
-        folds, as :meth:`accumulate` adds them).
+        folds, as :meth:`accumulate` adds them).  ``sum_z_sq`` and
+        ``n_stream_vectors`` (``stream=True``), ``sum_update_sq``
+        (``block_update=True``): the batch's stream sums (module docstring).
         """
         if self.variance and sum_xtx is None:
             raise ValueError("these statistics track sum_xtx (variance=True); the batch did not supply it")
         if self.curvature and sum_qq is None:
             raise ValueError("these statistics track sum_qq (curvature=True); the batch did not supply it")
+        if self.stream and (sum_z_sq is None or n_stream_vectors is None):
+            raise ValueError("these statistics track the stream sums (stream=True); the batch did not supply them")
+        if self.block_update and sum_update_sq is None:
+            raise ValueError("these statistics track sum_update_sq (block_update=True); the batch did not supply it")
         if self.n_folds and folds is not None:
             self.fold_cross += np.asarray(folds[0], dtype=np.float64)
             self.fold_samples += np.asarray(folds[1], dtype=np.int64)
@@ -299,19 +347,27 @@ class CandidateStatistics:
             self.sum_xtx += _symmetric(sum_xtx)
         if self.curvature:
             self.sum_qq += _symmetric(sum_qq)
+        if self.stream:
+            self.sum_z_sq += float(sum_z_sq)
+            self.n_stream_vectors += int(n_stream_vectors)
+        if self.block_update:
+            self.sum_update_sq += float(sum_update_sq)
         if batch_grad_norm is not None:
             self.sum_batch_grad_norm += float(batch_grad_norm)
             self.n_batches += 1
         return self
 
     def add_counts(self, n_samples: int = 0, *, n_batches: int = 0, n_vectors=0,
-                   fold: int | None = None) -> "CandidateStatistics":
+                   fold: int | None = None, n_stream_vectors: int = 0) -> "CandidateStatistics":
         """In place: count ``n_samples`` samples, ``n_batches`` batches and ``n_vectors`` position
         vectors (``None``: not known, which leaves ``n_vectors`` unknown) whose sums an adapter adds
         up elsewhere (on its device) and hands over with :meth:`set_sums`; the samples count in
-        fold ``fold`` too, when given (its ``fold_cross`` part likewise comes through ``set_sums``)."""
+        fold ``fold`` too, when given (its ``fold_cross`` part likewise comes through ``set_sums``);
+        ``n_stream_vectors``: the stream's position vectors (``stream=True`` statistics)."""
         if fold is not None and self.n_folds:
             self.fold_samples[int(fold)] += int(n_samples)
+        if self.stream:
+            self.n_stream_vectors += int(n_stream_vectors)
         self.n_samples += int(n_samples)
         self.n_batches += int(n_batches)
         self.n_vectors = None if self.n_vectors is None or n_vectors is None else self.n_vectors + int(n_vectors)
@@ -341,8 +397,8 @@ class CandidateStatistics:
     def accumulate(self, other: "CandidateStatistics") -> "CandidateStatistics":
         """In place: add ``other``'s sums, so that ``self`` equals one pass over both sample sets.
 
-        ``sum_xtx``, ``sum_qq`` and the folds are kept only when both sides have them (else
-        refused: ``self`` tracks them); ``n_vectors`` becomes unknown when either side's is.
+        ``sum_xtx``, ``sum_qq``, the stream sums and the folds are kept only when both sides
+        have them (else refused: ``self`` tracks them); ``n_vectors`` becomes unknown when either side's is.
         ``other``'s folds are rotated by ``self``'s batch count, as one pass over ``self``'s
         batches then ``other``'s would have dealt them.
         """
@@ -363,6 +419,9 @@ class CandidateStatistics:
             n_vectors=other.n_vectors,
             sum_qq=other.sum_qq if self.curvature else None,
             folds=folds,
+            sum_z_sq=other.sum_z_sq,
+            n_stream_vectors=other.n_stream_vectors,
+            sum_update_sq=other.sum_update_sq,
         )
         self.sum_batch_grad_norm += other.sum_batch_grad_norm
         self.n_batches += other.n_batches
@@ -385,7 +444,7 @@ class CandidateStatistics:
     def __repr__(self) -> str:
         return (
             f"CandidateStatistics(N={self.n_hidden}, r={self.n_features}, T={self.n_positions}, "
-            f"variance={self.variance}, n_samples={self.n_samples}, n_vectors={self.n_vectors}, "
+            f"variance={self.variance}, stream={self.stream}, n_samples={self.n_samples}, n_vectors={self.n_vectors}, "
             f"n_batches={self.n_batches}, sum_q_sq={self.sum_q_sq:.6g}, sum_xi_sq={self.sum_xi_sq:.6g}, "
             f"||sum_cross||_F={float(np.linalg.norm(self.sum_cross)):.6g}, "
             f"tr(sum_gram)={float(np.trace(self.sum_gram)):.6g})"
@@ -403,15 +462,16 @@ class CandidateStatistics:
     def merge(self, other: "CandidateStatistics") -> "CandidateStatistics":
         """New statistics equal to one pass over both sample sets (``self``'s batches first).
 
-        ``sum_xtx``, ``sum_qq`` and ``n_vectors`` survive only when both sides have them,
-        folds likewise; ``other``'s folds are rotated by ``self``'s batch
+        ``sum_xtx``, ``sum_qq``, ``n_vectors`` and the stream sums survive only when both
+        sides have them, folds likewise; ``other``'s folds are rotated by ``self``'s batch
         count, as one pass would have dealt its batches.
         """
         self._check_compatible(other)
         n_folds = self.n_folds if self.n_folds and other.n_folds else 0
         out = CandidateStatistics(
             self.n_hidden, self.n_features, self.n_positions, self.variance and other.variance, n_folds,
-            self.curvature and other.curvature,
+            self.curvature and other.curvature, self.stream and other.stream,
+            self.block_update and other.block_update,
         )
         return out.accumulate(self).accumulate(other)
 
@@ -464,12 +524,18 @@ class CandidateStatistics:
             raise ValueError(f"n_folds must be in [0, {MAX_FOLDS}], got {n_folds}")
         if bool(n_folds) != ("fold_cross" in arrays) or ("fold_cross" in arrays) != ("fold_samples" in arrays):
             raise ValueError("n_folds, fold_cross and fold_samples come together (all or none)")
+        stream = "sum_z_sq" in scalars
+        if stream != ("n_stream_vectors" in scalars) or ("sum_update_sq" in scalars and not stream):
+            raise ValueError("sum_z_sq and n_stream_vectors come together (both or none); sum_update_sq needs them")
         stats = cls(cross.shape[0], cross.shape[1], scalars["n_positions"], "sum_xtx" in arrays, n_folds,
-                    "sum_qq" in arrays)
+                    "sum_qq" in arrays, stream, "sum_update_sq" in scalars)
         stats.n_vectors = None  # unless stored: a dump written before the field existed
         for f, value in scalars.items():
             setattr(stats, f, value)
-        if stats.sum_q_sq < 0 or stats.sum_xi_sq < 0 or stats.sum_batch_grad_norm < 0:
+        if not all(np.isfinite(v) for v in (stats.sum_z_sq or 0.0, stats.sum_update_sq or 0.0)):
+            raise ValueError("sum_z_sq or sum_update_sq is not finite")
+        if min(stats.sum_q_sq, stats.sum_xi_sq, stats.sum_batch_grad_norm, stats.sum_z_sq or 0.0,
+               stats.sum_update_sq or 0.0) < 0:
             raise ValueError("negative sum of squares or norms")
         stats.sum_cross, stats.sum_gram = cross.copy(), gram.copy()
         if stats.variance:
@@ -523,6 +589,24 @@ class CandidateStatistics:
     def feature_gram(self) -> np.ndarray:
         """``K = sum_gram / n``."""
         return self.sum_gram / self.n_samples
+
+    def stream_rms(self) -> float | None:
+        """``||z||_S = sqrt(sum_i ||z_i||^2 / n_samples)``, the empirical norm of the candidate's stream
+        (paper, Appendix H: the block of relative size ``rho`` has ``alpha = rho ||z||_S / V``);
+        ``None`` when the statistics hold no stream sums or no samples."""
+        if not self.stream or not self.n_samples:
+            return None
+        return float(np.sqrt(self.sum_z_sq / self.n_samples))
+
+    def stream_diagnostics(self, name: str = "") -> StreamDiagnostics | None:
+        """:class:`~satcore.results.StreamDiagnostics` from the stream sums (``None`` without them)."""
+        rms = self.stream_rms()
+        if rms is None:
+            return None
+        per_position = float(np.sqrt(self.sum_z_sq / max(self.n_stream_vectors, 1)))
+        relative = (float(np.sqrt(self.sum_update_sq / self.sum_z_sq))
+                    if self.block_update and self.sum_z_sq > 0 else None)
+        return StreamDiagnostics(name, rms, per_position, relative)
 
     def gradient_moment(self) -> np.ndarray:
         """``F = sum_qq / n`` (``curvature=True`` statistics only)."""

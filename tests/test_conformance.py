@@ -14,8 +14,11 @@ models do not mix samples), features from the core's NumPy :meth:`satcore.Family
 statistics from :class:`satcore.CandidateStatistics`.  Also conformance: the one batch
 convention (a mapping with ``labels`` gives the statistics of the pair ``(inputs, targets)``),
 the options every adapter resolves alike (``n_features``, a training ``split`` warns), the dump
-metadata every adapter records, the one layout of positions (each framework's ``positions`` is
-the core's) and the built-in feature maps (each framework's equals ``Family.features``).
+metadata every adapter records (valid against the dump-meta schema) and the stream sums behind
+``||z||_S`` (against the reference's stream), the one layout of positions (each framework's
+``positions`` is the core's), the registered feature maps (each framework's equals
+``Family.features``), and a family added by one spec plus one builder per framework passing all
+of it like a built-in one.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ pytest.importorskip("onnxruntime")
 
 import models_torch  # noqa: E402
 
+import satcore  # noqa: E402
 from satcore import CandidateStatistics, make_family  # noqa: E402
 from satcore.families import positions  # noqa: E402
 
@@ -234,8 +238,8 @@ def torch_reference(model, batches, taps, kind, n_features=None):
             family = make_family(kind, zk.shape[1] if zk.ndim == 4 else zk.shape[-1], seed=SEED, n_features=n_features)
             q, psi = positions(gk), family.features(zk)
             if stats[k] is None:
-                stats[k] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], variance=True)
-            stats[k].update(q, psi)
+                stats[k] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], variance=True, stream=True)
+            stats[k].update(q, psi, z=positions(zk))
     return stats
 
 
@@ -257,6 +261,9 @@ def assert_agree(stats, reference, label, n_samples):
         square, correction = b.growth_value ** 2, b.growth_value ** 2 - b.growth_value_sq_debiased
         assert abs(a.growth_value_sq_debiased - b.growth_value_sq_debiased) <= RTOL * (square + abs(correction)), \
             f"{label}[{k}] growth_value_sq_debiased"
+        # the stream sums: ||z||_S and the stream's position vectors, whatever the framework's layout
+        assert mine.n_stream_vectors == ref.n_stream_vectors, f"{label}[{k}] n_stream_vectors"
+        assert mine.stream_rms() == pytest.approx(ref.stream_rms(), rel=RTOL), f"{label}[{k}] stream_rms"
         for name, m, r in (("C", mine.cross_gradient(), ref.cross_gradient()),
                            ("K", mine.feature_gram(), ref.feature_gram()),
                            ("sum_xtx", mine.sum_xtx, ref.sum_xtx)):
@@ -352,8 +359,8 @@ def probe_torch(setting, mapping=False, with_meta=False, **options):
         model, names = TakesLabels(model), ["model." + n for n in names]
         data = [{"x": x, "labels": y} for x, y in data]
     # default candidates (the located blocks), as the other adapters' residual Adds
-    result = probe(model, data, models_torch.per_sample_ce, family=setting["kind"], seed=SEED, head=False,
-                   variance=True, **options)
+    result = probe(model, data, models_torch.per_sample_ce, seed=SEED, head=False, variance=True,
+                   **{"family": setting["kind"], **options})
     assert list(result.statistics) == names
     return _returned(result, picks, with_meta)
 
@@ -366,7 +373,7 @@ def probe_tensorflow(setting, mapping=False, with_meta=False, **options):
     if mapping:
         data = [{"x": x, "labels": y} for x, y in data]
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-    result = probe(setting["keras"], data, loss, family=setting["kind"], seed=SEED, variance=True, **options)
+    result = probe(setting["keras"], data, loss, seed=SEED, variance=True, **{"family": setting["kind"], **options})
     return _returned(result, range(len(setting["reference"])), with_meta)
 
 
@@ -376,8 +383,8 @@ def probe_onnx(setting, mapping=False, with_meta=False, **options):
     data = [(x.numpy(), y.numpy()) for x, y in setting["batches"]]
     if mapping:
         data = [{"x": x, "labels": y} for x, y in data]
-    result = probe(setting["onnx"], data, loss="cross_entropy", family=setting["kind"], seed=SEED, variance=True,
-                   **options)
+    result = probe(setting["onnx"], data, loss="cross_entropy", seed=SEED, variance=True,
+                   **{"family": setting["kind"], **options})
     return _returned(result, range(len(setting["reference"])), with_meta)
 
 
@@ -389,15 +396,32 @@ def _returned(result, picks, with_meta):
 ADAPTERS = {"torch": probe_torch, "tensorflow": probe_tensorflow, "onnx": probe_onnx}
 
 
+def assert_meta_conforms(meta, adapter, kind, n_candidates):
+    """Every adapter's dump meta: the same provenance, valid against the shipped dump-meta schema, the
+    family recorded per candidate and the stream diagnostics of every candidate."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from satcore.results import json_schema
+
+    jsonschema.Draft202012Validator(json_schema("dump-meta")).validate(meta)
+    assert {"candidates", "framework", "model", "loss", "split", "seed", "family", "diagnostics"} <= set(meta), \
+        sorted(meta)
+    assert meta["framework"] == adapter and meta["seed"] == SEED and len(meta["candidates"]) == n_candidates
+    assert all(meta["family"][name]["kind"] == kind for name in meta["candidates"])
+    assert set(meta["diagnostics"]) == set(meta["candidates"])
+
+
+def assert_adapter_conforms(setting, adapter, kind, reference):
+    """One adapter's probe of ``setting`` with the family ``kind``: its meta and its statistics (against
+    ``reference``, the independent one of the same family)."""
+    stats, picks, meta = ADAPTERS[adapter](setting, mapping=False, with_meta=True, family=kind)
+    assert_meta_conforms(meta, adapter, kind, len(stats))
+    n_samples = BATCH * len(setting["batches"])
+    assert_agree(stats, [reference[k] for k in picks], f"{adapter}/{setting['name']}/{kind}", n_samples)
+
+
 @pytest.mark.parametrize("adapter", sorted(ADAPTERS))
 def test_adapter_matches_the_reference(setting, adapter):
-    stats, picks, meta = ADAPTERS[adapter](setting, mapping=False, with_meta=True)
-    # every dump records the same provenance
-    assert {"candidates", "framework", "model", "loss", "split", "seed", "family"} <= set(meta), sorted(meta)
-    assert meta["framework"] == adapter and meta["seed"] == SEED and len(meta["candidates"]) == len(stats)
-    assert all(meta["family"][name]["kind"] == setting["kind"] for name in meta["candidates"])
-    n_samples = BATCH * len(setting["batches"])
-    assert_agree(stats, [setting["reference"][k] for k in picks], f"{adapter}/{setting['name']}", n_samples)
+    assert_adapter_conforms(setting, adapter, setting["kind"], setting["reference"])
 
 
 @pytest.mark.parametrize("adapter", sorted(ADAPTERS))
@@ -505,17 +529,106 @@ def features_of(framework, kind, z):
     return feature_map(kind, z, seed=7)(z)
 
 
-@pytest.mark.parametrize("framework", sorted(ADAPTERS))
-@pytest.mark.parametrize("kind, shape", FEATURE_CASES)
-def test_feature_maps_equal_the_numpy_family(framework, kind, shape):
-    """Every framework's built-in feature map is ``Family.features`` of ``make_family(kind, width, seed)``
-    (float64, to round-off): same weights, same positions, same ``unfold`` column order."""
+def assert_features_conform(framework, kind, shape):
+    """The framework's feature map of ``kind`` is ``Family.features`` of ``make_family(kind, width, seed)``
+    (float64, to round-off): same weights, same positions, same column order."""
     z = np.random.default_rng(0).standard_normal(shape)
     width = shape[1] if len(shape) == 4 else shape[-1]
     ref = make_family(kind, width, seed=7).features(z)
     got = features_of(framework, kind, z)
     assert got.shape == ref.shape
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_feature_cases_cover_every_drawn_family():
+    from satcore.families import family_spec, registered_families
+
+    drawn = {k for k in registered_families() if family_spec(k).drawn}
+    assert drawn == {kind for kind, _ in FEATURE_CASES}
+
+
+@pytest.mark.parametrize("framework", sorted(ADAPTERS))
+@pytest.mark.parametrize("kind, shape", FEATURE_CASES)
+def test_feature_maps_equal_the_numpy_family(framework, kind, shape):
+    """Every framework's built-in feature map is ``Family.features`` (float64, to round-off)."""
+    assert_features_conform(framework, kind, shape)
+
+
+# -- a family added from outside: one spec in the core, one builder per framework --------------
+def _draw_tanh(width, rng, *, n_features, init_std, seed, **_):
+    r = 2 * width if n_features is None else n_features
+    w = rng.standard_normal((r, width)) * (init_std if init_std is not None else width**-0.5)
+    return satcore.Family("tanh", width, r, {"w": w}, seed=seed)
+
+
+TANH = satcore.families.FamilySpec(
+    "tanh", _draw_tanh, lambda family, z: np.tanh(positions(z).astype(np.float64) @ family.params["w"].T),
+    takes_init_std=True)
+
+
+def torch_tanh(family, like):
+    """The torch builder: ``builder(family, like) -> FeatureMap``."""
+    from satcore.adapters.options import family_record
+    from satcore.adapters.torch import FeatureMap, positions as torch_positions
+
+    class TanhFeatures(FeatureMap):
+        kind, positionwise = "tanh", True
+
+        def __init__(self):
+            super().__init__(family.width, family.n_features, family_record(family))
+            self.register_buffer("w", torch.as_tensor(family.params["w"], dtype=like.dtype, device=like.device))
+
+        def forward(self, z):
+            return torch.tanh(torch_positions(z).to(self.w.dtype) @ self.w.T)
+
+    return TanhFeatures()
+
+
+def tensorflow_tanh(family, z):
+    """The TensorFlow builder: ``builder(family, z) -> (M, T, r)``, ``z`` float64 channels-last."""
+    import tensorflow as tf
+
+    from satcore.adapters.tensorflow.features import positions as tf_positions
+
+    return tf.tanh(tf.matmul(tf_positions(z), tf.constant(family.params["w"].T)))
+
+
+@pytest.fixture
+def tanh_family():
+    import satcore.adapters.tensorflow  # noqa: F401  (each adapter registers its built-in builders on import)
+    import satcore.adapters.torch  # noqa: F401
+    from satcore.families import register_builder, register_family, unregister_family
+
+    register_family(TANH)
+    register_builder("torch", "tanh", torch_tanh)
+    register_builder("tensorflow", "tanh", tensorflow_tanh)
+    yield "tanh"
+    unregister_family("tanh")
+
+
+def test_a_family_added_by_one_spec_and_one_builder_per_framework_conforms(tanh_family, mlp_setting):
+    """No adapter's source names ``tanh``: the spec and the two builders above make every adapter take
+    ``family="tanh"`` (ONNX from the spec's NumPy features), and it passes the suite's checks: features
+    equal to ``Family.features``, statistics equal to the independent reference, meta valid."""
+    for framework in sorted(ADAPTERS):
+        for shape in ((4, 5, 8), (4, 8), (3, 4, 5, 6)):
+            assert_features_conform(framework, tanh_family, shape)
+    model = mlp_setting["model"]
+    reference = torch_reference(model, mlp_setting["batches"], mlp_setting["taps"](model), tanh_family)
+    for adapter in sorted(ADAPTERS):
+        assert_adapter_conforms(mlp_setting, adapter, tanh_family, reference)
+
+
+def test_a_kind_without_a_builder_is_refused_by_name(tanh_family):
+    from satcore.families import unregister_family
+
+    z = np.zeros((2, 8))
+    unregister_family(tanh_family)
+    with pytest.raises(ValueError, match="unknown family 'tanh'"):
+        features_of("onnx", tanh_family, z)
+    satcore.families.register_family(TANH)  # a spec without the torch builder
+    with pytest.raises(ValueError, match="family 'tanh' has no torch feature map"):
+        features_of("torch", tanh_family, z)
 
 
 # (M, T, N, r): both routes of the core, X_i formed (T large against N, r) and the T x T kernel (T small)

@@ -57,3 +57,50 @@ def test_mlp_linear_bias_families():
     assert gelu(np.array([1.0]))[0] == pytest.approx(0.8413447460685429)
     with pytest.raises(ValueError, match="unknown family"):
         satcore.make_family("attention", 4)
+
+
+def test_families_compare_by_their_weights():
+    """``Family == Family`` compares kind, settings and every weight array (the dataclass default
+    compared dicts of arrays with ``==`` and raised "truth value of an array is ambiguous")."""
+    a, b = satcore.make_family("mlp", 6, seed=0), satcore.make_family("mlp", 6, seed=0)
+    assert a == b and not (a != b)
+    assert a != satcore.make_family("mlp", 6, seed=1)  # same shapes, other weights
+    assert a != satcore.make_family("mlp", 6, seed=0, n_features=12)
+    assert a != satcore.make_family("linear", 6) and a != "mlp"
+    assert satcore.make_family("conv", 3, seed=2) == satcore.make_family("conv", 3, seed=2)
+    with pytest.raises(TypeError):
+        hash(a)  # mutable weights
+
+
+def test_the_registry_defines_the_built_in_kinds():
+    from satcore.families import FAMILIES, family_spec, rebuild_family, registered_families
+
+    assert registered_families()[: len(FAMILIES)] == FAMILIES
+    assert family_spec("conv").images_only and family_spec("mlp").takes_init_std
+    with pytest.raises(ValueError, match=r"unknown family 'gru'.*'mlp'"):
+        satcore.make_family("gru", 4)
+    with pytest.raises(ValueError, match="fixed number of features"):
+        satcore.make_family("bias", 4, n_features=2)
+    with pytest.raises(ValueError, match="multiple of 9"):
+        satcore.make_family("conv", 4, n_features=10)
+    record = {"kind": "mlp", "width": 5, "n_features": 7, "seed": 3, "init_std": 0.1}
+    assert rebuild_family(record) == satcore.make_family("mlp", 5, seed=3, n_features=7, init_std=0.1)
+
+
+def test_a_registered_spec_is_a_family_like_the_built_in_ones():
+    from satcore.families import FamilySpec, positions, register_family, registered_families, unregister_family
+
+    def draw(width, rng, *, seed, **_):
+        return satcore.Family("square", width, width, {"scale": rng.standard_normal(width)}, seed=seed)
+
+    register_family(FamilySpec("square", draw, lambda f, z: positions(z) ** 2 * f.params["scale"]))
+    try:
+        assert "square" in registered_families()
+        z = np.random.default_rng(0).standard_normal((3, 2, 4))
+        family = satcore.make_family("square", 4, seed=5)
+        np.testing.assert_array_equal(family.features(z),
+                                      z**2 * np.random.default_rng(5).standard_normal(4))
+    finally:
+        unregister_family("square")
+    with pytest.raises(ValueError, match="unknown family 'square'"):
+        satcore.make_family("square", 4)

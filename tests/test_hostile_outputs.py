@@ -310,11 +310,7 @@ TAMPERED = {
     "setting_extra": (lambda m: m["checkpoint"].update(colour="red"), ["checkpoint.colour = 'red'"]),
     "setting_wrong_type": (lambda m: m["checkpoint"].update(variance="no"), ["checkpoint.variance = 'no'"]),
     "model_missing": (lambda m: m["checkpoint"].pop("model"), ["checkpoint.model is missing"]),
-    "streams_missing": (lambda m: m["checkpoint"].pop("streams"), ["checkpoint.streams"]),
     "streams_not_a_mapping": (lambda m: m["checkpoint"].update(streams=3), ["checkpoint.streams"]),
-    "stream_field_text": (lambda m: next(iter(m["checkpoint"]["streams"].values())).update(sum_z_sq="x"),
-                          ["checkpoint.streams[", "sum_z_sq", "'x'"]),
-    "stream_missing_candidate": (lambda m: m["checkpoint"]["streams"].popitem(), ["checkpoint.streams has no mapping"]),
 }
 
 

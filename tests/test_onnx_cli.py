@@ -205,3 +205,31 @@ def test_n_features_the_family_cannot_take_is_one_line_exit_2(files, tmp_path):
     assert res.exit_code == 2, res.output
     assert "n_features" in res.output and "Traceback" not in res.output
     assert not out.exists()
+
+
+def test_rho_scores_an_onnx_dump_and_a_merge_of_its_shards(files, tmp_path):
+    """ONNX dumps carry the stream sums: ``--rho`` turns the tolerance into loss units with
+    ``||z||_S = sqrt(mean_i ||z_i||^2)`` of the closed-form stream, on one dump and on a merge of
+    two shards (whose meta records neither shard's norm alone)."""
+    ws, x, y, model, _ = files
+    runner = CliRunner()
+    shards = []
+    for k, rows in enumerate((slice(0, 30), slice(30, 50))):
+        data, out = tmp_path / f"part{k}.npz", tmp_path / f"part{k}_dump.npz"
+        np.savez(data, inputs=x[rows], targets=y[rows])
+        res = runner.invoke(main, ["probe", str(model), "--data", str(data), "--batch-size", "10",
+                                   "--split", "heldout", "-o", str(out)])
+        assert res.exit_code == 0, res.output
+        shards.append(out)
+    merged = tmp_path / "merged.npz"
+    res = runner.invoke(main, ["merge", *map(str, shards), "-o", str(merged)])
+    assert res.exit_code == 0, res.output
+    rms = [np.sqrt(np.mean(np.sum(z**2, axis=1))) for z, _ in closed_form(ws, x, y)]
+    shard_rms = [np.sqrt(np.mean(np.sum(z**2, axis=1))) for z, _ in closed_form(ws, x[:30], y[:30])]
+    assert min(abs(a / b - 1) for a, b in zip(rms, shard_rms)) > 1e-3  # a shard's norm would be seen
+    for path, expected in ((shards[0], shard_rms), (merged, rms)):
+        res = runner.invoke(main, ["score", str(path), "--json", "--tolerance", "1e-3", "--rho", "0.01"])
+        assert res.exit_code == 0, res.output
+        for cand, value in zip(json.loads(res.output)["candidates"], expected):
+            # float32 activations from ONNX Runtime, summed in float64
+            assert cand["test"]["tolerance"] == pytest.approx(1e-3 / (0.01 * value), rel=1e-5)

@@ -86,7 +86,8 @@ def test_probe_records_what_grow_needs(trained):
     if model.name == "residual_mlp":
         assert result.meta["taps"]["add0"] == {"layer": None, "position": "model_input", "input_index": 0}
         rms = np.sqrt(np.mean(np.sum(X**2, axis=1)))  # ||z||_S of the model-input candidate
-        assert result.meta["diagnostics"]["add0"]["stream_rms"] == pytest.approx(rms, rel=1e-12)
+        assert result.dump_meta()["diagnostics"]["add0"]["stream_rms"] == pytest.approx(rms, rel=1e-12)
+        assert result.statistics["add0"].stream_rms() == pytest.approx(rms, rel=1e-12)
 
 
 @pytest.mark.parametrize("how", [{"zero": True}, {"alpha": 0.0}])
@@ -113,7 +114,7 @@ def test_measured_loss_change_matches_the_prediction(trained, rho):
         measured = mean_loss(grown.model, X, y) - base
         assert measured == pytest.approx(grown.predicted_change, rel=0.01), (at, rho)
         # the update's relative size is rho: ||h||_S = alpha * growth_value = rho ||z||_S
-        assert grown.alpha * growth == pytest.approx(rho * result.meta["diagnostics"][at]["stream_rms"], rel=1e-9)
+        assert grown.alpha * growth == pytest.approx(rho * result.diagnostics[at].stream_rms, rel=1e-9)
 
 
 def test_gradient_at_the_zero_block_is_the_cross_gradient(trained):

@@ -110,3 +110,35 @@ def test_float32_batch_sums_save_a_valid_dump(tmp_path):
     back = satcore.read_dump(tmp_path / "f32.npz").statistics()
     for name, stats in result.statistics.items():
         np.testing.assert_array_equal(back[name].sum_gram, stats.sum_gram)
+
+
+def test_a_checkpoint_written_before_the_stream_sums_were_statistics_resumes(tmp_path):
+    """Older checkpoints held the stream sums as ``meta.checkpoint.streams`` (JSON numbers), not as
+    ``stats/<name>/sum_z_sq``: such a file resumes to exactly the uninterrupted statistics."""
+    import satcore
+    from satcore.dump import read_dump
+
+    model = mt.gpt2()
+    batches = mt.text_batches(16, 2, 4)
+    whole = probe(model, batches, sequence_loss, seed=3)
+    path = tmp_path / "probe.ckpt.npz"
+    with pytest.raises(Interrupted):
+        probe(model, interrupt_after(batches, 2), sequence_loss, checkpoint=path, seed=3)
+    dump = read_dump(path)
+    stream_fields = ("sum_z_sq", "n_stream_vectors", "sum_update_sq")
+    streams, stats = {}, {}
+    for name, s in dump.statistics().items():
+        arrays = s.to_arrays()
+        streams[name] = {"n_samples": float(s.n_samples), "n_vectors": float(s.n_stream_vectors),
+                         "sum_z_sq": s.sum_z_sq, "sum_update_sq": s.sum_update_sq or 0.0,
+                         "has_update": float(s.block_update)}
+        stats[name] = satcore.CandidateStatistics.from_arrays({k: v for k, v in arrays.items()
+                                                               if k not in stream_fields})
+    meta = {**dump.meta, "checkpoint": {**dump.meta["checkpoint"], "streams": streams}}
+    path.unlink()
+    satcore.write_dump(path, satcore.DepthStatistics(stats), meta=meta)
+    assert "sum_z_sq" not in read_dump(path).statistics()[next(iter(stats))].to_arrays()
+    resumed = probe(model, batches, sequence_loss, checkpoint=path, seed=3)
+    assert_same(resumed, whole)
+    assert "head" in whole.diagnostics and whole.diagnostics["head"].relative_update is None
+    assert all(d.relative_update > 0 for n, d in whole.diagnostics.items() if n != "head")

@@ -13,12 +13,13 @@ from .autodiff import supported_ops
 from .errors import OnnxProbeError
 from .locate import residual_candidates
 from .loading import load_model
-from .probe import GradientSession, Probe, per_sample_gradients, probe
+from .probe import GradientSession, Probe, ProbeConfig, per_sample_gradients, probe
 
 __all__ = [
     "GradientSession",
     "OnnxProbeError",
     "Probe",
+    "ProbeConfig",
     "ProbeResult",
     "load_model",
     "per_sample_gradients",

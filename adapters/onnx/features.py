@@ -14,8 +14,8 @@ from typing import Callable
 
 import numpy as np
 
-from satcore.adapters.options import builtin_kind, family_spec
-from satcore.families import Family, make_family, positions
+from satcore.adapters.options import builtin_kind, family_record
+from satcore.families import Family, family_spec, make_family
 
 from .errors import OnnxProbeError
 
@@ -35,14 +35,12 @@ class FeatureMap:
         if self.user is not None:
             psi = np.asarray(self.user(z))
             return psi if psi.ndim == 3 else psi[:, None, :]
-        if self.family.kind in ("conv", "bias"):
-            return self.family.features(z)
-        return self.family.features(positions(z))
+        return self.family.features(z)
 
     def describe(self) -> dict:
         if self.family is None:
             return {"kind": "user", "callable": getattr(self.user, "__name__", type(self.user).__name__)}
-        return family_spec(self.family)
+        return family_record(self.family)
 
 
 def feature_map(spec, z: np.ndarray, *, seed: int = 0, init_std: float | None = None,
@@ -62,7 +60,10 @@ def feature_map(spec, z: np.ndarray, *, seed: int = 0, init_std: float | None = 
         return FeatureMap(None, spec)
     try:
         kind = builtin_kind(spec, z.shape, others="pass a callable")
+        definition = family_spec(kind)
+        if not definition.drawn or definition.features is None:
+            raise ValueError(f"family {kind!r} has no NumPy feature map (it is built from a model by its framework)")
     except ValueError as exc:
         raise OnnxProbeError(str(exc)) from None
-    return FeatureMap(make_family(kind, width(z), seed=seed, init_std=init_std if kind == "mlp" else None,
+    return FeatureMap(make_family(kind, width(z), seed=seed, init_std=init_std if definition.takes_init_std else None,
                                   n_features=n_features))

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import copy
 import os
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from satcore.adapters.base import ProbeOptions, probe_meta, resolve_options, warn_if_training_split
 from satcore.adapters.batches import LABELS
 from satcore.adapters.batches import split_batch as shared_split_batch
 from satcore.adapters.options import per_candidate
-from satcore.depth import TRAINING_SPLIT_NAMES, DepthStatistics
+from satcore.depth import DepthStatistics
 from satcore.families import positions
 from satcore.probe_result import ProbeResult
-from satcore.results import TRAINING_SPLIT_WARNING
 from satcore.statistics import CandidateStatistics
 
 from .capture import IGNORE_INDEX, LOSS_SCALE, LOSSES, TARGETS, GradientRunner, probe_graph
@@ -163,21 +162,18 @@ def per_sample_gradients(
     )
 
 
-def probe(
-    model,
-    data,
-    *,
-    loss: str = "cross_entropy",
-    candidates=None,
-    family="auto",
-    seed: int = 0,
-    init_std: float | None = None,
-    output: str | None = None,
-    variance: bool = False,
-    split: str | None = None,
-    providers=None,
-    n_features=None,
-) -> ProbeResult:
+@dataclass(frozen=True)
+class ProbeConfig(ProbeOptions):
+    """How an ONNX :class:`Probe` runs: the options every adapter takes
+    (:class:`satcore.adapters.base.ProbeOptions`; ``family`` may also be a callable ``z -> psi``)
+    and ``loss``, ``output``, ``providers`` (:func:`probe`)."""
+
+    loss: str = "cross_entropy"
+    output: str | None = None
+    providers: tuple[str, ...] | None = None
+
+
+def probe(model, data, *, config: ProbeConfig | None = None, **options) -> ProbeResult:
     """Per-candidate growth statistics of an ONNX model over ``data``.
 
     ``model``: a ``.onnx`` path (external data must lie inside its folder) or
@@ -204,10 +200,9 @@ def probe(
     ``variance`` also accumulates ``sum_i X_i^T X_i`` (debiased growth value,
     :mod:`satcore.statistics`).  The model must not mix samples (inference
     graph: no training-mode BatchNormalization); inference BatchNormalization
-    is rewritten as an affine map.
+    is rewritten as an affine map.  ``options`` are the fields of :class:`ProbeConfig` (or ``config``).
     """
-    state = Probe(model, loss=loss, candidates=candidates, family=family, seed=seed, init_std=init_std,
-                  output=output, variance=variance, split=split, providers=providers, n_features=n_features)
+    state = Probe(model, config, **options)
     for batch in data:
         state.update(batch)
     return state.result()
@@ -216,37 +211,28 @@ def probe(
 class Probe:
     """Incremental growth statistics of an ONNX model: :meth:`update` per batch, :meth:`result` any time.
 
-    The same probe as :func:`probe` (its keyword arguments, its statistics), fed one batch
+    The same probe as :func:`probe` (its options, its statistics), fed one batch
     at a time, e.g. from a loop that produces them, as the torch and TensorFlow ``Probe`` are.
+    ``config`` is a :class:`ProbeConfig`; keyword ``options`` build one (or replace its fields).
     """
 
-    def __init__(self, model, *, loss: str = "cross_entropy", candidates=None, family="auto", seed: int = 0,
-                 init_std: float | None = None, output: str | None = None, variance: bool = False,
-                 split: str | None = None, providers=None, n_features=None):
-        self.session = per_sample_gradients(model, loss=loss, candidates=candidates, output=output,
-                                            providers=providers)
+    def __init__(self, model, config: ProbeConfig | None = None, **options):
+        self.config = config = resolve_options(ProbeConfig, config, **options)
+        self.session = per_sample_gradients(model, loss=config.loss, candidates=config.candidates,
+                                            output=config.output, providers=config.providers)
         self.names = list(self.session.candidates)
         try:
-            self.specs = per_candidate(family, self.names, "family", default="auto")
-            self.widths = per_candidate(n_features, self.names, "n_features")
+            self.specs = per_candidate(config.family, self.names, "family", default="auto")
+            self.widths = per_candidate(config.n_features, self.names, "n_features")
         except ValueError as exc:
             raise OnnxProbeError(str(exc)) from None
-        if split is not None and split.lower() in TRAINING_SPLIT_NAMES:
-            warnings.warn(TRAINING_SPLIT_WARNING, UserWarning, stacklevel=3)
-        self.seed, self.init_std, self.variance = seed, init_std, variance
+        warn_if_training_split(config.split)
         self.stats = DepthStatistics()
         self.maps: dict = {}
         self.batches_seen = 0
-        self.meta = {
-            "candidates": self.names,
-            "framework": "onnx",
-            "model": os.fspath(model) if isinstance(model, (str, os.PathLike)) else "ModelProto",
-            "loss": loss,
-            "output": self.session.output,
-            "split": split,
-            "seed": seed,
-            "gradient_route": self.session.route,
-        }
+        model_name = os.fspath(model) if isinstance(model, (str, os.PathLike)) else "ModelProto"
+        self.meta = probe_meta("onnx", model_name, config.loss, config, output=self.session.output,
+                               gradient_route=self.session.route)
 
     def update(self, batch) -> int:
         """Add one batch (:func:`split_batch`); returns its number of samples (0: an empty batch)."""
@@ -262,13 +248,15 @@ class Probe:
         for name in self.names:
             z, g = acts[name], grads[name]
             if name not in self.maps:
-                self.maps[name] = feature_map(self.specs[name], z, seed=self.seed, init_std=self.init_std,
-                                              n_features=self.widths[name])
+                self.maps[name] = feature_map(self.specs[name], z, seed=self.config.seed,
+                                              init_std=self.config.init_std, n_features=self.widths[name])
             try:
                 q, psi = positions(g), self.maps[name](z)
                 if name not in self.stats:
-                    self.stats[name] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1], self.variance)
-                self.stats[name].update(q, psi)  # T may change from batch to batch (the first batch's is kept)
+                    self.stats[name] = CandidateStatistics(q.shape[2], psi.shape[2], q.shape[1],
+                                                           self.config.variance, stream=True)
+                # T may change from batch to batch (the first batch's is kept)
+                self.stats[name].update(q, psi, z=positions(z))
             except ValueError as exc:
                 raise OnnxProbeError(f"batch {index}: candidate {name!r}: {exc}") from None
         return len(next(iter(acts.values())))

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from satcore.adapters.options import builtin_kind, family_spec
-from satcore.families import Family, make_family
+from satcore.adapters.options import builtin_kind, family_record
+from satcore.families import Family, family_builder, family_spec, make_family, register_builder
 
 
 def positions(z):
@@ -47,28 +47,33 @@ def _patches3x3(x):
     return tf.reshape(p, [s[0], s[1] * s[2], s[3] * 9])
 
 
-def numpy_features(family: Family, z):
-    """``Family.features`` in TF (float64), channels-last ``z``."""
-    z = tf.cast(z, tf.float64)
-    if family.kind == "linear":
-        return positions(z)
-    if family.kind == "bias":
-        zp = positions(z)
-        return tf.ones_like(zp[:, :, :1])
-    if family.kind == "mlp":
-        zp = positions(z)
-        mean, var = tf.nn.moments(zp, axes=[-1], keepdims=True)
-        h = tf.matmul((zp - mean) / tf.sqrt(var + family.eps), tf.constant(family.params["w1"].T))
-        if family.activation == "gelu":  # exact erf GELU; tf.nn.gelu rounds sqrt(2) to float32
-            return 0.5 * h * (1.0 + tf.math.erf(h / np.sqrt(2.0)))
-        return tf.nn.relu(h)
-    if family.kind == "conv":
-        kernel = tf.constant(np.transpose(family.params["conv1"], (2, 3, 1, 0)))  # (3, 3, C, mid)
-        pre = tf.nn.conv2d(z, kernel, strides=1, padding="SAME")
-        # BatchNorm in identity mode: running mean 0, running var 1, unit affine
-        mid = tf.nn.relu(pre / np.sqrt(1.0 + family.eps))
-        return _patches3x3(mid)
-    raise ValueError(f"unknown family {family.kind!r}")
+def _mlp(family: Family, z):
+    zp = positions(z)
+    mean, var = tf.nn.moments(zp, axes=[-1], keepdims=True)
+    h = tf.matmul((zp - mean) / tf.sqrt(var + family.eps), tf.constant(family.params["w1"].T))
+    if family.activation == "gelu":  # exact erf GELU; tf.nn.gelu rounds sqrt(2) to float32
+        return 0.5 * h * (1.0 + tf.math.erf(h / np.sqrt(2.0)))
+    return tf.nn.relu(h)
+
+
+def _conv(family: Family, z):
+    kernel = tf.constant(np.transpose(family.params["conv1"], (2, 3, 1, 0)))  # (3, 3, C, mid)
+    pre = tf.nn.conv2d(z, kernel, strides=1, padding="SAME")
+    # BatchNorm in identity mode: running mean 0, running var 1, unit affine
+    mid = tf.nn.relu(pre / np.sqrt(1.0 + family.eps))
+    return _patches3x3(mid)
+
+
+for _kind, _builder in (("mlp", _mlp), ("conv", _conv), ("linear", lambda family, z: positions(z)),
+                        ("bias", lambda family, z: tf.ones_like(positions(z)[:, :, :1]))):
+    register_builder("tensorflow", _kind, _builder)
+
+
+def family_features(family: Family, z):
+    """``Family.features`` in TF (float64) for a channels-last ``z``: the TensorFlow builder registered
+    for ``family.kind`` (:func:`satcore.families.register_builder`), ``builder(family, z) -> (M, T, r)``
+    with ``z`` already float64."""
+    return family_builder("tensorflow", family.kind)(family, tf.cast(z, tf.float64))
 
 
 @dataclass(frozen=True)
@@ -87,19 +92,19 @@ class FeatureMap:
 
     def __call__(self, z):
         if self.user is None:
-            return numpy_features(self.family, z)
+            return family_features(self.family, z)
         psi = tf.cast(self.user(z), tf.float64)
         return positions(psi)
 
     def describe(self) -> dict:
         if self.family is None:
             return {"kind": "user", "layer": getattr(self.user, "name", type(self.user).__name__)}
-        spec = family_spec(self.family)
+        record = family_record(self.family)
         if self.given:
-            spec["given"] = True
-        elif self.family.kind == "mlp":
-            spec["init_std"] = self.init_std
-        return spec
+            record["given"] = True
+        elif family_spec(self.family.kind).takes_init_std:
+            record["init_std"] = self.init_std
+        return record
 
 
 def feature_map(spec, z, *, seed: int = 0, init_std: float | None = None, n_features: int | None = None) -> FeatureMap:
@@ -113,5 +118,6 @@ def feature_map(spec, z, *, seed: int = 0, init_std: float | None = None, n_feat
     if callable(spec):
         return FeatureMap(None, spec)
     kind = builtin_kind(spec, tuple(z.shape), image_layout="(M, H, W, C)", others="pass a Keras layer")
-    init_std = init_std if kind == "mlp" else None
+    family_builder("tensorflow", kind)  # a kind with no TensorFlow feature map is refused here, not per batch
+    init_std = init_std if family_spec(kind).takes_init_std else None
     return FeatureMap(make_family(kind, width, seed=seed, init_std=init_std, n_features=n_features), init_std=init_std)

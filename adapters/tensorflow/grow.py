@@ -24,11 +24,10 @@ import tensorflow as tf
 
 from satcore import DEFAULT_RTOL
 from satcore.adapters.insertion import Grown, insertion_step
-from satcore.families import make_family
+from satcore.families import family_spec, rebuild_family
 from satcore.insertion import plan_insertion
-from satcore.verdicts import stream_rms_from_meta
 
-from .features import numpy_features
+from .features import family_features
 from .locate import is_functional
 
 
@@ -47,17 +46,14 @@ class InsertedResidual(keras.layers.Layer):
     def __init__(self, family: dict, **kwargs):
         super().__init__(**kwargs)
         self.family_record = dict(family)
-        kind = family["kind"]
-        self.family = make_family(kind, int(family["width"]), seed=int(family["seed"]),
-                                  init_std=family.get("init_std") if kind == "mlp" else None,
-                                  n_features=family["n_features"] if kind in ("mlp", "conv") else None)
+        self.family = rebuild_family(family)
 
     def build(self, input_shape):
         self.projection = self.add_weight(name="projection", shape=(self.family.width, self.family.n_features),
                                           initializer="zeros", dtype="float64", autocast=False)
 
     def call(self, z):
-        psi = numpy_features(self.family, z)  # (M, T, r), positions as the probe laid them out
+        psi = family_features(self.family, z)  # (M, T, r), positions as the probe laid them out
         update = tf.einsum("mtr,nr->mtn", psi, tf.convert_to_tensor(self.projection))
         return z + tf.cast(tf.reshape(update, tf.shape(z)), z.dtype)
 
@@ -75,12 +71,12 @@ def _refuse_unless_growable(model, result, at):
     if result.meta.get("framework") != "tensorflow" or at not in result.statistics:
         raise ValueError(f"unknown candidate {at!r}; the TensorFlow probe has {list(result.statistics)}")
     family = result.meta["family"][at]
-    if family["kind"] == "mlp" and "init_std" not in family:  # written before the probe recorded it
-        raise ValueError(f"{at}: this probe result does not record the mlp family's init_std, so its psi cannot "
-                         "be redrawn; probe the model again")
     if family["kind"] == "user" or family.get("given"):
         raise ValueError(f"{at}: grow rebuilds the probe's own seeded family (family='auto' or a kind), "
                          f"not a {'user feature map' if family['kind'] == 'user' else 'Family object'}")
+    if family_spec(family["kind"]).takes_init_std and "init_std" not in family:  # written before it was recorded
+        raise ValueError(f"{at}: this probe result does not record the {family['kind']} family's init_std, so its "
+                         "psi cannot be redrawn; probe the model again")
     tap = result.meta["taps"][at]
     if tap["position"] != "model_input":
         top = {layer.name: layer for layer in model.layers}
@@ -120,7 +116,7 @@ def grow(model, result, at: str, *, alpha=None, rho=None, zero: bool = False, rt
     """
     family, tap = _refuse_unless_growable(model, result, at)
     stats = result.statistics[at]
-    alpha = insertion_step(stats, stream_rms_from_meta(result.dump_meta()).get(at), alpha, rho, zero, rtol)
+    alpha = insertion_step(stats, result.statistics.stream_rms(result.meta).get(at), alpha, rho, zero, rtol)
     plan = plan_insertion(stats, alpha, rtol=rtol)
     taken, name, k = {layer.name for layer in model.layers}, f"grow_{at}", 0
     while name in taken:

@@ -5,16 +5,16 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 
+from satcore.adapters.base import ProbeOptions, probe_meta, resolve_options, warn_if_training_split
 from satcore.adapters.batches import LABELS, split_batch
 from satcore.adapters.options import per_candidate
-from satcore.depth import TRAINING_SPLIT_NAMES, DepthStatistics
+from satcore.depth import DepthStatistics
 from satcore.probe_result import ProbeResult
-from satcore.results import TRAINING_SPLIT_WARNING
 from satcore.statistics import CandidateStatistics
 
 from .capture import recording, taps
@@ -56,8 +56,9 @@ def _unpack(batch):
 
 
 @dataclass(frozen=True)
-class ProbeConfig:
-    """How a TensorFlow :class:`Probe` runs.
+class ProbeConfig(ProbeOptions):
+    """How a TensorFlow :class:`Probe` runs: the options every adapter takes
+    (:class:`satcore.adapters.base.ProbeOptions`) and ``strategy``.
 
     ``candidates``: layer names (the layer's input) or, for functional models,
     ``None`` for the skip inputs of residual ``Add`` layers (:mod:`.locate`).
@@ -71,18 +72,7 @@ class ProbeConfig:
     ``n_features``: the built-in families' ``r`` (an int or a mapping candidate -> int).
     """
 
-    candidates: tuple[str, ...] | None = None
-    family: object = "auto"
-    seed: int = 0
-    init_std: float | None = None
-    variance: bool = False
     strategy: object = None
-    split: str | None = None
-    n_features: int | dict | None = None
-
-    def __post_init__(self):
-        if self.candidates is not None and not isinstance(self.candidates, tuple):
-            object.__setattr__(self, "candidates", tuple(self.candidates))
 
 
 class Probe:
@@ -109,13 +99,13 @@ class Probe:
     ``tf.data.Dataset``).  ``config`` is a :class:`ProbeConfig`; keyword
     ``options`` build one (or replace its fields).
 
-    The result's ``meta`` records per candidate the tap (``taps``), the family drawn
-    (``family``, with ``init_std`` for ``mlp``) and ``diagnostics`` with
-    ``stream_rms = ||z||_S``: what :func:`.grow` needs to redraw ``psi`` and scale ``rho``.
+    The result's ``meta`` records per candidate the tap (``taps``) and the family drawn
+    (``family``, with ``init_std`` for ``mlp``), its statistics the stream sums behind
+    ``||z||_S``: what :func:`.grow` needs to redraw ``psi`` and scale ``rho``.
     """
 
     def __init__(self, model, loss_fn, config: ProbeConfig | None = None, **options):
-        config = ProbeConfig(**options) if config is None else replace(config, **options)
+        config = resolve_options(ProbeConfig, config, **options)
         if getattr(loss_fn, "reduction", None) == "sum":
             # its scalar is sum_i loss_i, which total_loss would read as a mean and multiply by B
             raise ValueError("loss_fn sums over the batch (reduction='sum'); use reduction=None or the default mean")
@@ -128,11 +118,9 @@ class Probe:
         self.maps: dict = {}
         self.n_positions: dict = {}
         self.stats = DepthStatistics()
-        self.streams: dict = {}  # per candidate: [n_samples, n_vectors, sum_i ||z_i||^2]
         self.model_inputs = [c for c in self.cands if c.position == "model_input"]
         self._warned_scalar = False
-        if config.split is not None and config.split.lower() in TRAINING_SPLIT_NAMES:
-            warnings.warn(TRAINING_SPLIT_WARNING, UserWarning, stacklevel=2)
+        warn_if_training_split(config.split)
 
     def _step(self, x, y):
         names, config = self.names, self.config
@@ -177,38 +165,27 @@ class Probe:
         for n in self.names:
             m = {k: np.asarray(v) for k, v in summed[n].items()}
             n_samples = int(round(float(m.pop("n_samples"))))
-            sum_z_sq = float(m.pop("sum_z_sq"))
             if n_samples == 0:
                 continue
-            stream = self.streams.setdefault(n, [0, 0, 0.0])
-            stream[0] += n_samples
-            stream[1] += int(round(float(m["n_vectors"])))
-            stream[2] += sum_z_sq
             if n not in self.stats:
                 N, r = m["sum_cross"].shape
-                self.stats[n] = CandidateStatistics(N, r, self.n_positions[n], self.config.variance)
+                self.stats[n] = CandidateStatistics(N, r, self.n_positions[n], self.config.variance, stream=True)
             m["batch_grad_norm"] = float(np.sqrt(m["sum_q_sq"])) / n_samples
-            self.stats[n].add_moments(n_samples, **m)
+            # every position of a Keras stream is in the sums: the stream's vectors are the statistics'
+            self.stats[n].add_moments(n_samples, **m, n_stream_vectors=int(round(float(m["n_vectors"]))))
 
     def result(self) -> ProbeResult:
         """The statistics of every batch so far (a copy: the probe can go on)."""
         if not self.stats:
             raise ValueError("the data held no samples")
-        loss_fn, names = self.loss_fn, self.names
-        meta = {
-            "candidates": names,
-            "framework": "tensorflow",
-            "model": self.model.name,
-            "loss": getattr(loss_fn, "name", getattr(loss_fn, "__name__", type(loss_fn).__name__)),
-            "split": self.config.split,
-            "seed": self.config.seed,
-            "replicas": self.strategy.num_replicas_in_sync,
-            "family": {n: self.maps[n].describe() for n in names},
-            "taps": {c.name: {"layer": c.layer, "position": c.position,
-                              **({"input_index": c.input_index} if c.position == "model_input" else {})}
-                     for c in self.cands},
-            "diagnostics": {n: _stream_diagnostics(n, *self.streams[n]) for n in names if n in self.streams},
-        }
+        meta = probe_meta(
+            "tensorflow", self.model.name, self.loss_fn, self.config,
+            replicas=self.strategy.num_replicas_in_sync,
+            family={n: self.maps[n].describe() for n in self.names},
+            taps={c.name: {"layer": c.layer, "position": c.position,
+                           **({"input_index": c.input_index} if c.position == "model_input" else {})}
+                  for c in self.cands},
+        )
         return ProbeResult(copy.deepcopy(self.stats), meta)
 
 
@@ -229,13 +206,6 @@ def probe(model, data, loss_fn, *, config: ProbeConfig | None = None, **options)
     for batch in data:
         state.update(batch)
     return state.result()
-
-
-def _stream_diagnostics(name: str, n_samples: int, n_vectors: int, sum_z_sq: float) -> dict:
-    """``stream_rms = ||z||_S = sqrt(sum_i ||z_i||^2 / M)`` (what ``grow(rho=...)`` scales by) and
-    the RMS norm of one position's stream vector ``sqrt(sum_i ||z_i||^2 / n_vectors)``."""
-    return {"name": name, "stream_rms": float(np.sqrt(sum_z_sq / n_samples)),
-            "stream_rms_per_position": float(np.sqrt(sum_z_sq / n_vectors)), "relative_update": None}
 
 
 def _tap_inputs(rec, x, model_inputs):

@@ -16,11 +16,13 @@
 See :func:`probe` (statistics), :func:`find_candidates` (where),
 :mod:`.features` (feature maps with the core's seeded weights), :func:`grow`
 (Appendix H insertion), :func:`insert_block` (a zero-output block of the
-model's own kind; ``family="native"`` probes its tangent space) and :mod:`.diagnostics` (stream norms, NAG).
+model's own kind; ``family="native"`` probes its tangent space); the stream norms (NAG) are the
+result's ``diagnostics``, from the statistics' stream sums.
 """
 
+from satcore.results import StreamDiagnostics
+
 from .capture import StreamTaps
-from .diagnostics import StreamDiagnostics
 from .features import FeatureMap, ResidualBranch, build_feature_map, positions
 from .grow import Grown, InsertedResidual, grow
 from .locate import HEAD, Candidate, find_blocks, find_candidates, named_candidates

@@ -1,12 +1,13 @@
 """Checkpoint and resume of a probe's running sums (a ``satcore-dump/1`` file, no pickle).
 
 A checkpoint is an ordinary dump written by :func:`satcore.dump.write_dump`:
-the statistics so far as ``stats/<name>/<field>``, and in ``meta`` the
-candidates in order, their feature-map specs and ``checkpoint`` =
-``{batches_done, streams}`` plus the probe's settings (candidates, family,
-seed, init_std, position_subsample, variance, mask; of a callable mask only
-that there was one) with ``streams`` the stream diagnostic sums as JSON
-numbers, which round-trip float64 exactly.  So
+the statistics so far as ``stats/<name>/<field>`` (the stream sums among
+them), and in ``meta`` the candidates in order, their feature-map specs and
+``checkpoint`` = ``{batches_done}`` plus the probe's settings (candidates,
+family, seed, init_std, position_subsample, variance, mask; of a callable mask
+only that there was one).  Checkpoints written before the statistics kept the
+stream sums hold them as ``checkpoint.streams`` (JSON numbers, which
+round-trip float64 exactly); they still resume.  So
 ``satcore score CHECKPOINT`` reads a partial probe.  ``write_dump`` writes a
 file whole or not at all: an interruption never leaves a torn checkpoint.
 It is read back by :func:`satcore.dump.read_dump`, the bounded reader every
@@ -28,33 +29,25 @@ or count them twice).
 from __future__ import annotations
 
 import hashlib
-import math
 
 from satcore._display import display_name
 from satcore.depth import DepthStatistics
 from satcore.dump import read_dump, read_dump_meta, write_dump
 from satcore.errors import ProbeError
+from satcore.statistics import CandidateStatistics
 
-from .diagnostics import StreamAccumulator
 
-
-def save_checkpoint(path, statistics, streams, specs, batches_done: int, config: dict) -> None:
-    state = {
-        "batches_done": int(batches_done),
-        **config,
-        "streams": {name: {f: float(v) for f, v in acc.to_arrays().items()} for name, acc in streams.items()},
-    }
+def save_checkpoint(path, statistics, specs, batches_done: int, config: dict) -> None:
+    state = {"batches_done": int(batches_done), **config}
     meta = {"candidates": list(statistics), "family": specs, "framework": "torch", "checkpoint": state}
     write_dump(path, statistics, meta=meta)
 
 
 def load_checkpoint(path, config: dict):
-    """``(statistics, streams, specs, batches_done)``; refuses a checkpoint of another probe setup."""
+    """``(statistics, specs, batches_done)``; refuses a checkpoint of another probe setup."""
     # a DumpError (a ValueError) names the file and the key; the settings are compared before the sums are read
     schema, meta = read_dump_meta(path)
     batches_done, saved_streams = _checked_state(path, schema, meta, config)
-    if saved_streams is None:
-        raise ProbeError(f"{_shown(path)}: checkpoint.streams is missing")
     dump = read_dump(path)
     if dump.raw:
         raise ProbeError(f"{_shown(path)}: not a satcore probe checkpoint (holds raw arrays)")
@@ -65,9 +58,9 @@ def load_checkpoint(path, config: dict):
         if stats[name].n_batches != batches_done:
             raise ProbeError(f"{_shown(path)}: checkpoint.batches_done = {batches_done} but candidate {name!r} "
                              f"holds {stats[name].n_batches} batches")
-    _check_streams(path, saved_streams, order)
-    streams = {name: StreamAccumulator.from_arrays(saved_streams[name]) for name in order}
-    return stats, streams, meta["family"], int(batches_done)
+        if saved_streams is not None:  # an older checkpoint kept the stream sums in its meta
+            stats[name] = _with_stream_sums(stats[name], saved_streams.get(name), path)
+    return stats, meta["family"], int(batches_done)
 
 
 def _shown(path) -> str:
@@ -97,25 +90,6 @@ def _checked_state(path, schema, meta: dict, config: dict):
     return batches_done, saved_streams
 
 
-STREAM_FIELDS = ("n_samples", "n_vectors", "sum_z_sq", "sum_update_sq")
-
-
-def _check_streams(path, saved_streams: dict, order) -> None:
-    """Each candidate's saved stream sums: a mapping of finite numbers >= 0 (and the flag ``has_update``)."""
-    for name in order:
-        saved = saved_streams.get(name)
-        if not isinstance(saved, dict):
-            raise ProbeError(f"{_shown(path)}: checkpoint.streams has no mapping for candidate {name!r}")
-        for field in STREAM_FIELDS:
-            value = saved.get(field)
-            if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
-                raise ProbeError(f"{_shown(path)}: checkpoint.streams[{name!r}].{field} must be a finite number "
-                                 f">= 0, got {value!r}")
-        if type(saved.get("has_update")) not in (bool, int, float):
-            raise ProbeError(f"{_shown(path)}: checkpoint.streams[{name!r}].has_update must be a flag, "
-                             f"got {saved.get('has_update')!r}")
-
-
 def model_fingerprint(model) -> str:
     """A hash of ``model``'s architecture and weights, cheap to compute (module docstring).
 
@@ -140,3 +114,16 @@ def model_fingerprint(model) -> str:
                 ends = torch.view_as_real(ends)
             digest.update(ends.to(device="cpu", dtype=torch.float64).numpy().tobytes())
     return digest.hexdigest()[:32]
+
+
+def _with_stream_sums(statistics: CandidateStatistics, saved, path) -> CandidateStatistics:
+    """``statistics`` with the stream sums an older checkpoint kept in ``checkpoint.streams``
+    (``{n_samples, n_vectors, sum_z_sq, sum_update_sq, has_update}``)."""
+    try:
+        arrays = {**statistics.to_arrays(), "sum_z_sq": float(saved["sum_z_sq"]),
+                  "n_stream_vectors": float(saved["n_vectors"])}
+        if saved["has_update"]:
+            arrays["sum_update_sq"] = float(saved["sum_update_sq"])
+        return CandidateStatistics.from_arrays(arrays)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProbeError(f"{_shown(path)}: checkpoint.streams: {exc}") from None

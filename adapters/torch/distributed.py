@@ -17,9 +17,7 @@ import torch
 
 from satcore.depth import DepthStatistics
 
-from .diagnostics import StreamAccumulator
-
-NOT_SUMMED = ("n_positions", "n_folds", "has_update")  # settings, the same on every rank
+NOT_SUMMED = ("n_positions", "n_folds")  # settings, the same on every rank
 
 
 def is_distributed() -> bool:
@@ -48,13 +46,12 @@ def all_reduce_arrays(parts: list[dict], device) -> list[dict]:
     return out
 
 
-def reduce_probe(statistics: DepthStatistics, streams: dict, device):
-    """``(statistics, streams)`` summed over the ranks' data; the same objects without a process group."""
+def reduce_probe(statistics: DepthStatistics, device) -> DepthStatistics:
+    """``statistics`` (stream sums included) summed over the ranks' data; the same object without a
+    process group."""
     if not is_distributed():
-        return statistics, streams
+        return statistics
     backend_device = device if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
     names = list(statistics)
     stats = all_reduce_arrays([statistics[n].to_arrays() for n in names], backend_device)
-    stream = all_reduce_arrays([streams[n].to_arrays() for n in names], backend_device)
-    reduced = DepthStatistics.from_arrays({f"{n}/{f}": v for n, s in zip(names, stats) for f, v in s.items()}, names)
-    return reduced, {n: StreamAccumulator.from_arrays(s) for n, s in zip(names, stream)}
+    return DepthStatistics.from_arrays({f"{n}/{f}": v for n, s in zip(names, stats) for f, v in s.items()}, names)

@@ -17,9 +17,11 @@ are ``(M, T, r)``.
   unit affine); the terminal ``V`` is a 3x3 convolution.
 * ``linear``: ``psi = z``.  ``bias``: ``psi = 1``.
 * ``native``: the inputs of the zeroed terminal maps of the block
-  :func:`~.native.insert_block` would insert there (:mod:`.native`); it needs
-  the model and the candidate, and reads the candidate block's other call
-  arguments from ``context``.
+  :func:`~.native.insert_block` would insert there (:mod:`.native`, which
+  registers it); it needs the model and the candidate, and reads the candidate
+  block's other call arguments from ``context``.
+* any other registered kind (:func:`satcore.families.register_family`): the
+  torch builder registered for it.
 * a user ``nn.Module`` ``f``: ``psi = f(z)`` of shape ``(M, r)`` or ``(M, T, r)``
   with positions in the layout of ``Q``.
 
@@ -40,8 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import skip_init
 
-from satcore.adapters.options import builtin_kind, family_spec
-from satcore.families import make_family
+from satcore.adapters.options import builtin_kind, family_record
+from satcore.families import family_builder, family_spec, make_family, register_builder, registered_families
 
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
@@ -96,7 +98,7 @@ class MLPFeatures(FeatureMap):
     kind, positionwise = "mlp", True
 
     def __init__(self, family, like):
-        super().__init__(family.width, family.n_features, family_spec(family))
+        super().__init__(family.width, family.n_features, family_record(family))
         self.norm = nn.LayerNorm(family.width, eps=family.eps).to(like.dtype).to(like.device)
         # skip_init: the default (Kaiming) draw would be overwritten at once; it cost 1 ms per r x d map
         self.fc = skip_init(nn.Linear, family.width, family.n_features, bias=False, dtype=like.dtype,
@@ -113,7 +115,7 @@ class ConvFeatures(FeatureMap):
     kind = "conv"
 
     def __init__(self, family, like):
-        super().__init__(family.width, family.n_features, family_spec(family))
+        super().__init__(family.width, family.n_features, family_record(family))
         conv1 = family.params["conv1"]
         self.mid_channels = conv1.shape[0]
         self.conv = skip_init(nn.Conv2d, family.width, self.mid_channels, 3, padding=1, bias=False)
@@ -135,7 +137,7 @@ class LinearFeatures(FeatureMap):
     kind, positionwise = "linear", True
 
     def __init__(self, family, like):
-        super().__init__(family.width, family.n_features, family_spec(family))
+        super().__init__(family.width, family.n_features, family_record(family))
 
     def forward(self, z):
         return positions(z)
@@ -145,7 +147,7 @@ class BiasFeatures(FeatureMap):
     kind, positionwise = "bias", True
 
     def __init__(self, family, like):
-        super().__init__(family.width, 1, family_spec(family))
+        super().__init__(family.width, 1, family_record(family))
 
     def forward(self, z):
         p = positions(z)
@@ -174,49 +176,57 @@ def _as_positions(psi, m):
 
 
 
-BUILDERS = {"mlp": MLPFeatures, "conv": ConvFeatures, "linear": LinearFeatures, "bias": BiasFeatures}
+for _kind, _builder in (("mlp", MLPFeatures), ("conv", ConvFeatures), ("linear", LinearFeatures),
+                        ("bias", BiasFeatures)):
+    register_builder("torch", _kind, _builder)
 
 
 def build_feature_map(family, z: torch.Tensor, *, seed: int = 0, init_std: float | None = None, model=None,
                       candidate=None, n_features: int | None = None) -> FeatureMap:
     """The feature map for a candidate whose stream looks like ``z``.
 
-    ``family`` is ``"auto"``, a kind of :data:`satcore.families.FAMILIES`,
-    ``"native"`` (needs ``model`` and the :class:`~.locate.Candidate`
-    ``candidate``; ``seed`` draws the fresh block as ``insert_block`` does), or an
-    ``nn.Module``.  Built-in weights come from
-    ``make_family(kind, width, seed=seed, init_std=init_std)``; ``init_std`` only
-    concerns ``mlp`` (the model's init scale, e.g. GPT-2's
-    ``initializer_range``); ``conv`` keeps its He-normal default.
-    ``n_features``: the built-in family's ``r`` (``make_family``'s), default its own.
+    ``family`` is ``"auto"``, a registered kind (:func:`satcore.families.registered_families`:
+    the built-in ``mlp``, ``conv``, ``linear``, ``bias``, and ``native``), or an ``nn.Module``.
+    A drawn kind's weights come from ``make_family(kind, width, seed=seed, init_std=init_std)``
+    and its torch builder (registered with ``register_builder("torch", kind, builder)``) is
+    ``builder(family, like) -> FeatureMap``, ``like`` an empty tensor of the dtype and device to
+    compute in; ``init_std`` only concerns kinds that take it (``mlp``: the model's init scale,
+    e.g. GPT-2's ``initializer_range``; ``conv`` keeps its He-normal default).  A kind built
+    from the model (``native``: needs ``model`` and the :class:`~.locate.Candidate`
+    ``candidate``; ``seed`` draws the fresh block as ``insert_block`` does) has the builder
+    ``builder(z, seed=, model=, candidate=)``.  ``n_features``: a drawn family's ``r``
+    (``make_family``'s), default its own.
     """
     if isinstance(family, nn.Module):
         return UserFeatures(family, z).to(z.device)
-    if family == "native":
-        from .native import native_feature_map
-
-        if model is None or candidate is None:
-            raise ValueError("family 'native' needs the model and the candidate")
-        return native_feature_map(model, candidate, z, seed=seed)
-    kind = builtin_kind(family, z.shape, others="'native', or pass an nn.Module")
+    kind = builtin_kind(family, z.shape, others="pass an nn.Module")
+    spec, builder = family_spec(kind), family_builder("torch", kind)
+    if not spec.drawn:
+        return builder(z, seed=seed, model=model, candidate=candidate)
     width = z.shape[1] if z.dim() == 4 else z.shape[-1]
-    init_std = init_std if kind == "mlp" else None
+    init_std = init_std if spec.takes_init_std else None
     # half-precision round-off in LayerNorm and W1 moved growth_value by 3% (bfloat16 GPT-2); the
     # stream's values are exact in float32, so half-precision streams get float32 weights
     like = z.new_empty(0, dtype=torch.promote_types(z.dtype, torch.float32))
     family = make_family(kind, width, seed=seed, init_std=init_std, n_features=n_features)
-    feature_map = BUILDERS[kind](family, like).eval()
-    if kind == "mlp":
+    feature_map = builder(family, like).eval()
+    if spec.takes_init_std:
         feature_map.spec["init_std"] = init_std  # None: the family's default width**-0.5
     return feature_map
 
 
-def rebuild_feature_map(spec: dict, dtype, device) -> FeatureMap:
-    """A built-in feature map from its ``spec`` (as stored in dump metadata)."""
-    shape = (1, spec["width"], 1, 1) if spec["kind"] == "conv" else (1, spec["width"])
+def rebuildable(record: dict) -> bool:
+    """Whether a recorded feature map is a drawn family :func:`rebuild_feature_map` can build again."""
+    return record.get("kind") in registered_families() and family_spec(record["kind"]).drawn
+
+
+def rebuild_feature_map(record: dict, dtype, device) -> FeatureMap:
+    """A drawn family's feature map from its ``record`` (as stored in dump metadata)."""
+    spec = family_spec(record["kind"])
+    shape = (1, record["width"], 1, 1) if spec.images_only else (1, record["width"])
     like = torch.zeros(shape, dtype=dtype, device=device)
-    return build_feature_map(spec["kind"], like, seed=spec["seed"], init_std=spec.get("init_std"),
-                             n_features=spec.get("n_features") if spec["kind"] in ("mlp", "conv") else None)
+    return build_feature_map(record["kind"], like, seed=record["seed"], init_std=record.get("init_std"),
+                             n_features=record.get("n_features") if spec.sized != "fixed" else None)
 
 
 class ResidualBranch(nn.Module):

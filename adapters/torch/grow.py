@@ -21,6 +21,7 @@ from torch import nn
 
 from satcore import DEFAULT_RTOL
 from satcore.adapters.insertion import Grown, insertion_step
+from satcore.families import family_spec, registered_families
 from satcore.insertion import plan_insertion
 
 from .capture import get_output, get_stream, with_output, with_stream
@@ -68,8 +69,9 @@ def grow(model: nn.Module, result, at: str, *, alpha=None, rho=None, zero: bool 
     """
     if at not in result.statistics:
         raise ValueError(f"unknown candidate {at!r}; the probe has {list(result.statistics)}")
-    if getattr(result.families.get(at), "kind", None) == "native":
-        raise ValueError(f"{at}: a 'native' probe's block is inserted by insert_block(model, {at!r}, seed=...), "
+    kind = getattr(result.families.get(at), "kind", None)
+    if kind in registered_families() and not family_spec(kind).drawn:  # built from the model: 'native'
+        raise ValueError(f"{at}: a {kind!r} probe's block is inserted by insert_block(model, {at!r}, seed=...), "
                          "not by grow()")
     stats = result.statistics[at]
     alpha = insertion_step(stats, result.diagnostics[at].stream_rms, alpha, rho, zero, rtol)

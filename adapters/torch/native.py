@@ -93,6 +93,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from satcore.families import FamilySpec, register_builder, register_family
+
 from .capture import with_stream
 from .features import FeatureMap
 from .locate import HEAD, find_blocks, is_resnet_block
@@ -481,3 +483,15 @@ def native_feature_map(model: nn.Module, candidate, z: torch.Tensor, *, seed: in
     spec = {"kind": "native", "block": type(block).__name__, "seed": seed, "container": site.container,
             "index": site.index}
     return NativeFeatures(block, site, candidate.sequence_first, z, spec)
+
+
+def _native_builder(z: torch.Tensor, *, seed: int, model, candidate) -> NativeFeatures:
+    """The torch builder of the ``native`` kind (built from the model, not drawn from a seed alone)."""
+    if model is None or candidate is None:
+        raise ValueError("family 'native' needs the model and the candidate")
+    return native_feature_map(model, candidate, z, seed=seed)
+
+
+# the tangent space of the model's own block: no NumPy reference, a feature map of every position at once
+register_family(FamilySpec("native", draw=None, features=None, positionwise=False))
+register_builder("torch", "native", _native_builder)

@@ -29,18 +29,16 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from satcore.depth import TRAINING_SPLIT_NAMES, DepthStatistics
+from satcore.adapters.base import ProbeOptions, probe_meta, resolve_options, warn_if_training_split
 from satcore.adapters.batches import split_batch
 from satcore.adapters.options import per_candidate
-from satcore.families import FAMILIES
-from satcore.results import TRAINING_SPLIT_WARNING
+from satcore.depth import DepthStatistics
 from satcore.statistics import CandidateStatistics
 
 from .capture import StreamTaps
 from .checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
-from .diagnostics import StreamAccumulator
 from .distributed import reduce_probe
-from .features import ConvFeatures, build_feature_map, positions, rebuild_feature_map
+from .features import ConvFeatures, build_feature_map, positions, rebuild_feature_map, rebuildable
 from .hf import model_loss, scalar_loss_problem
 from .locate import find_candidates, named_candidates
 from .masks import applies, batch_mask, check_samples, drop_absent, mask_label
@@ -155,8 +153,9 @@ def _family_label(family):
 
 
 @dataclass(frozen=True)
-class ProbeConfig:
-    """How a :class:`Probe` runs: every setting in one frozen object.
+class ProbeConfig(ProbeOptions):
+    """How a :class:`Probe` runs: every setting in one frozen object (the options every adapter
+    takes, :class:`satcore.adapters.base.ProbeOptions`, and the torch ones).
 
     Attributes
     ----------
@@ -213,24 +212,16 @@ class ProbeConfig:
         same order).  Under ``torch.distributed`` give each rank its own path.
     """
 
-    candidates: tuple[str, ...] | None = None
-    family: object = "auto"
-    seed: int = 0
-    init_std: float | None = None
-    variance: bool = False
     curvature: bool = False
     position_subsample: int | None = None
     mask: object = "auto"
     batch_dtype: torch.dtype = torch.float64
     head: bool = True
-    split: str | None = None
     checkpoint: str | os.PathLike | None = None
     checkpoint_every: int = 1
-    n_features: int | dict | None = None
 
     def __post_init__(self):
-        if self.candidates is not None and not isinstance(self.candidates, tuple):
-            object.__setattr__(self, "candidates", tuple(self.candidates))
+        super().__post_init__()
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         mask_label(self.mask)  # refuses what is not a mask
@@ -266,7 +257,7 @@ class Probe:
     """
 
     def __init__(self, model: nn.Module, loss_fn=None, config: ProbeConfig | None = None, **options):
-        config = ProbeConfig(**options) if config is None else replace(config, **options)
+        config = resolve_options(ProbeConfig, config, **options)
         model = unwrap_data_parallel(model)
         self.model, self.loss_fn, self.config = model, loss_fn, config
         self.found = (find_candidates(model, head=config.head) if config.candidates is None
@@ -290,16 +281,15 @@ class Probe:
         }
         if config.n_features is not None:  # only then: checkpoints written before the option still resume
             self.settings["n_features"] = config.n_features
-        self.statistics, self.streams, self.families, self.specs = DepthStatistics(), {}, {}, {}
+        self.statistics, self.families, self.specs = DepthStatistics(), {}, {}
         self.running: dict[str, RunningSums] = {}
         self.batches_done = 0
         self.samples_done = 0
         self._warned_scalar = False
         if config.checkpoint is not None and os.path.exists(config.checkpoint):
-            self.statistics, self.streams, self.specs, self.batches_done = load_checkpoint(
+            self.statistics, self.specs, self.batches_done = load_checkpoint(
                 config.checkpoint, self.settings)
-        if config.split is not None and config.split.lower() in TRAINING_SPLIT_NAMES:
-            warnings.warn(TRAINING_SPLIT_WARNING, UserWarning, stacklevel=2)
+        warn_if_training_split(config.split)
 
     def update(self, batch) -> int:
         """Add one batch (see the class docstring); returns its number of samples."""
@@ -339,8 +329,8 @@ class Probe:
                 if self.families[name].reads_context:  # the native family runs the fresh block with the call's context
                     self.families[name].context = taps.calls[name]
                 if name not in self.running:
-                    self.running[name] = _running_sums(name, z, self.families[name], self.statistics, self.streams,
-                                                       config.variance, config.position_subsample, config.curvature)
+                    self.running[name] = _running_sums(name, z, self.families[name], self.statistics, config,
+                                                       has_update=taps.updates.get(name) is not None)
                 present = keep if applies(keep, z) else None
                 moments, sum_z_sq, n_vectors = _batch_sums(
                     z, grad, self.families[name], generator, config.position_subsample, config.variance,
@@ -368,7 +358,7 @@ class Probe:
     def save_checkpoint(self) -> None:
         """Write the running sums to ``config.checkpoint`` (a ``satcore-dump/1`` file)."""
         _sync(self.running)
-        save_checkpoint(self.config.checkpoint, self.statistics, self.streams, _specs(self.families),
+        save_checkpoint(self.config.checkpoint, self.statistics, _specs(self.families),
                         self.batches_done, self.settings)
 
     def result(self, *, copy_sums: bool = True) -> ProbeResult:
@@ -383,24 +373,19 @@ class Probe:
         if len(ordered) != len(self.found):
             raise ValueError("data yielded no batches: nothing was probed")
         for name, spec in self.specs.items():  # resumed from a checkpoint that already held every batch
-            if name not in self.families and spec["kind"] in FAMILIES:
+            if name not in self.families and rebuildable(spec):
                 self.families[name] = rebuild_feature_map(spec, self.dtype, self.device)
         if self.config.checkpoint is not None:
             self.save_checkpoint()
         # copies: on the CPU the running totals are these very arrays, which later updates add to
         if copy_sums:
             ordered = copy.deepcopy(ordered)
-        streams = {n: copy.deepcopy(self.streams[n]) for n in ordered}
-        ordered, streams = reduce_probe(ordered, streams, self.device)
-        loss_fn = self.loss_fn
-        loss = "model_loss" if loss_fn is None else getattr(loss_fn, "__name__", type(loss_fn).__name__)
+        ordered = reduce_probe(ordered, self.device)
         return ProbeResult(
             statistics=ordered,
             families=dict(self.families),
-            streams=streams,
             candidates=self.found,
-            meta={"framework": "torch", "model": type(self.model).__name__, "loss": loss, "split": self.config.split,
-                  "seed": self.config.seed},
+            meta=probe_meta("torch", type(self.model).__name__, self.loss_fn, self.config),
         )
 
 
@@ -531,14 +516,16 @@ def _sync(running):
         sums.sync()
 
 
-def _running_sums(name, z, feature_map, statistics, streams, variance, keep, curvature=False) -> RunningSums:
-    """Device totals of candidate ``name``, seeded from its resumed statistics if any."""
+def _running_sums(name, z, feature_map, statistics, config, *, has_update: bool) -> RunningSums:
+    """Device totals of candidate ``name``, seeded from its resumed statistics if any; they keep the
+    stream sums, and the block update's where the block keeps the shape (``has_update``)."""
     if name not in statistics:
         _, T, N = positions(z).shape
+        keep = config.position_subsample
         kept = T if keep is None else min(keep, T)  # the statistics see the subsampled positions
-        statistics[name] = CandidateStatistics(N, feature_map.n_features, kept, variance, curvature=curvature)
-        streams[name] = StreamAccumulator(True)
-    return RunningSums(statistics[name], streams[name], float64_device(z.device))
+        statistics[name] = CandidateStatistics(N, feature_map.n_features, kept, config.variance,
+                                               curvature=config.curvature, stream=True, block_update=has_update)
+    return RunningSums(statistics[name], float64_device(z.device))
 
 
 def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals, present, curvature=False):
@@ -591,7 +578,7 @@ def probe_in_groups(model: nn.Module, data, loss_fn=None, *, group_size: int, co
     groups' statistics are joined (:meth:`satcore.DepthStatistics.join`) in
     the model's order.  A checkpoint per group is not supported.
     """
-    config = ProbeConfig(**options) if config is None else replace(config, **options)
+    config = resolve_options(ProbeConfig, config, **options)
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     if config.checkpoint is not None:
@@ -608,7 +595,6 @@ def probe_in_groups(model: nn.Module, data, loss_fn=None, *, group_size: int, co
     return ProbeResult(
         statistics=statistics,
         families={k: v for part in parts for k, v in part.families.items()},
-        streams={k: v for part in parts for k, v in part.streams.items()},
         candidates=tuple(c for part in parts for c in part.candidates),
         meta=parts[0].meta,
     )

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 from satcore.probe_result import ProbeResult as CoreProbeResult
 
-from .diagnostics import StreamDiagnostics
 from .locate import Candidate
 
 
@@ -14,23 +13,19 @@ from .locate import Candidate
 class ProbeResult(CoreProbeResult):
     """Result of :func:`probe`: :class:`satcore.probe_result.ProbeResult` plus
 
-    ``families`` (each candidate's torch feature map), ``streams`` (the stream
-    sums behind :attr:`diagnostics`: stream norm and relative block update per
-    candidate) and ``candidates`` (where each one was tapped).
+    ``families`` (each candidate's torch feature map) and ``candidates`` (where each
+    one was tapped).  The stream diagnostics (``||z||_S``, the RMS norm per position and
+    the block's relative update, NAG: docs/references.md) come from the statistics'
+    stream sums (:attr:`diagnostics`); under a padding mask (:mod:`.masks`) those cover
+    the positions that are data only.
     """
 
     families: dict = field(default_factory=dict)
-    streams: dict = field(default_factory=dict, repr=False)
     candidates: tuple[Candidate, ...] = ()
-
-    @property
-    def diagnostics(self) -> dict[str, StreamDiagnostics]:
-        return {name: acc.summary(name) for name, acc in self.streams.items()}
 
     def dump_meta(self) -> dict:
         return {
             **super().dump_meta(),
             "framework": "torch",
             "family": {name: fm.spec for name, fm in self.families.items()},
-            "diagnostics": {name: d.to_dict() for name, d in self.diagnostics.items()},
         }

@@ -8,7 +8,9 @@ stalls the queue for longer than the sums take.  On the CPU the totals ARE
 the arrays of the core's :class:`satcore.CandidateStatistics` (shared
 memory, nothing copied); elsewhere :meth:`RunningSums.sync` copies them
 into those arrays, which the probe does before each checkpoint and at the
-end.  The totals are the whole probe's (seeded from a resumed checkpoint),
+end.  The stream sums (``sum_i ||z_i||^2``, its position vectors, the block
+update's ``sum_i ||block(z_i) - z_i||^2``) are fields of the same statistics.
+The totals are the whole probe's (seeded from a resumed checkpoint),
 added batch after batch in the same order whether or not the probe was
 interrupted, so a resumed probe is bitwise the uninterrupted one.
 """
@@ -19,12 +21,12 @@ import torch
 
 from satcore.statistics import CandidateStatistics
 
-from .diagnostics import StreamAccumulator
 from .moments import complete_lower
 
 MATRICES = ("sum_cross", "sum_gram", "sum_xtx", "sum_qq")
 SYMMETRIC = ("sum_gram", "sum_xtx")
 SCALARS = {"sum_q_sq": "sum_q_sq", "sum_xi_sq": "sum_xi_sq", "batch_grad_norm": "sum_batch_grad_norm"}
+STREAM_SCALARS = ("sum_z_sq", "sum_update_sq")
 
 
 def fold_layout() -> tuple[int, int]:
@@ -35,10 +37,10 @@ def fold_layout() -> tuple[int, int]:
 
 
 class RunningSums:
-    """Device totals of one candidate's ``statistics`` and ``stream`` diagnostics."""
+    """Device totals of one candidate's ``statistics``, its stream sums included."""
 
-    def __init__(self, statistics: CandidateStatistics, stream: StreamAccumulator, device: torch.device):
-        self.statistics, self.stream = statistics, stream
+    def __init__(self, statistics: CandidateStatistics, device: torch.device):
+        self.statistics = statistics
 
         def scalar(value):
             return torch.tensor(float(value), dtype=torch.float64, device=device)
@@ -54,7 +56,7 @@ class RunningSums:
         # round-robin (rank k takes batches k, k + world, ...), the all-reduced folds are one pass's.
         self.world, self.rank = fold_layout()
         self.scalars = {field: scalar(getattr(statistics, name)) for field, name in SCALARS.items()}
-        self.sum_z_sq, self.sum_update_sq = scalar(stream.sum_z_sq), scalar(stream.sum_update_sq)
+        self.stream = {f: scalar(getattr(statistics, f)) for f in STREAM_SCALARS if getattr(statistics, f) is not None}
         # position vectors counted since the last sync, of the stream and of the statistics (fewer
         # under position_subsample): Python ints, or device tensors once a padding mask counted them
         # there (read at sync, so no per-batch host copy)
@@ -64,7 +66,8 @@ class RunningSums:
     def add(self, moments: dict, sum_z_sq: torch.Tensor, stream_vectors, sum_update_sq: torch.Tensor | None) -> None:
         """Add one batch: ``moments`` from :mod:`.moments` (exactly symmetric Grams, if any), the
         stream's ``sum ||z_i||^2`` over its ``stream_vectors`` position vectors and the block update's
-        ``sum ||block(z_i) - z_i||^2`` (``None`` when the block changes the shape).  The counts
+        ``sum ||block(z_i) - z_i||^2`` (``None`` when the block changes the shape or is the ``head``
+        endpoint: then the statistics keep no update sum, ``block_update=False``).  The counts
         (``stream_vectors``, ``moments["n_vectors"]``) are ints, or 0-d tensors counted from a
         padding mask."""
         for field, total in self.matrices.items():
@@ -76,18 +79,15 @@ class RunningSums:
         if self.fold_cross is not None:
             fold = (self.statistics.n_batches * self.world + self.rank) % self.statistics.n_folds
             self.fold_cross[fold] += moments["sum_cross"]
-        self.sum_z_sq += sum_z_sq
-        if sum_update_sq is None:
-            self.stream.has_update = False
-        else:
-            self.sum_update_sq += sum_update_sq
+        self.stream["sum_z_sq"] += sum_z_sq
+        if "sum_update_sq" in self.stream:
+            self.stream["sum_update_sq"] += sum_update_sq
         self.statistics.add_counts(int(moments["n_samples"]), n_batches=1, n_vectors=0, fold=fold)  # vectors: at sync
-        self.stream.n_samples += int(moments["n_samples"])
         self.new_stream_vectors = self.new_stream_vectors + stream_vectors
         self.new_statistics_vectors = self.new_statistics_vectors + moments["n_vectors"]
 
     def sync(self) -> None:
-        """Bring ``statistics`` and ``stream`` up to date (one host copy per field off the CPU).
+        """Bring ``statistics`` up to date (one host copy per field off the CPU).
 
         The Gram totals are made whole from their upper triangles first
         (:func:`.moments.add_gram` updates only those on the CPU).
@@ -101,9 +101,8 @@ class RunningSums:
         self.statistics.set_sums(**{SCALARS[field]: float(total) for field, total in self.scalars.items()})
         if self.fold_cross is not None and self.fold_cross.device.type != "cpu":
             self.statistics.set_sums(fold_cross=self.fold_cross.cpu().numpy())
-        self.stream.sum_z_sq = float(self.sum_z_sq)
-        self.stream.sum_update_sq = float(self.sum_update_sq)
-        self.stream.n_vectors += int(self.new_stream_vectors)
-        # (stays None when resumed from a checkpoint that did not count them)
-        self.statistics.add_counts(n_vectors=int(self.new_statistics_vectors))
+        self.statistics.set_sums(**{f: float(total) for f, total in self.stream.items()})
+        # (n_vectors stays None when resumed from a checkpoint that did not count them)
+        self.statistics.add_counts(n_vectors=int(self.new_statistics_vectors),
+                                   n_stream_vectors=int(self.new_stream_vectors))
         self.new_stream_vectors = self.new_statistics_vectors = 0
