@@ -6,8 +6,10 @@ import json
 
 import click
 
+from satcore.criteria import DEFAULT_ALPHA, Criteria, Prop1Options
+from satcore.recipe import Recipe
 from satcore.report_text import render_report
-from satcore.verdicts import DEFAULT_ALPHA, stream_rms_from_meta
+from satcore.verdicts import stream_rms_from_meta
 
 from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, scored
 
@@ -53,8 +55,7 @@ from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, scored
 @click.option("--plot", "plot_path", metavar="PNG", help="Also draw AG and growth value per candidate (matplotlib).")
 @QUIET_OPTION
 @CHUNK_OPTION
-def score(dump, as_json, output_format, probe_split, alpha, tolerance, rho, delta, t, error, detector_scale,
-          train_dump, optimizer, lr, steps, plot_path, quiet, chunk_samples):
+def score(dump, **options):
     """Score and test every candidate of DUMP; print the verdict.
 
     Per candidate: AG, growth value V, its noise floor and unbiased square, a
@@ -62,16 +63,24 @@ def score(dump, as_json, output_format, probe_split, alpha, tolerance, rho, delt
     the verdict improvable / saturated (within --tolerance) / inconclusive.
     Proposition 1's distribution-free test is printed under its own name.
     """
+    as_json, output_format, quiet, chunk_samples = (options.pop(k) for k in ("as_json", "output_format", "quiet",
+                                                                             "chunk_samples"))
     source, stats = load(dump, quiet=quiet, chunk_samples=chunk_samples)
+    probe_split = options.pop("probe_split")
     split = probe_split if probe_split is not None else source.meta.get("split")
-    train = None
+    criteria = Criteria(*(options.pop(k) for k in ("alpha", "tolerance", "rho")))
+    prop1 = Prop1Options(options.pop("delta") or 0.0, *(options.pop(k) for k in ("t", "error", "detector_scale")))
+    train_dump, optimizer, lr, steps = (options.pop(k) for k in ("train_dump", "optimizer", "lr", "steps"))
+    train = recipe = None
     if train_dump is not None:
         if optimizer != "matched" and lr is None:
             raise click.UsageError("--train needs --lr (or --optimizer matched with --rho)")
         train = load(train_dump, quiet=quiet, chunk_samples=chunk_samples)[1]
-    report = scored(dump, stats, split=split, alpha=alpha, tolerance=tolerance, rho=rho,
-                    stream_rms=stream_rms_from_meta(source.meta), delta=delta or 0.0, t=t, error=error,
-                    detector_scale=detector_scale, train=train, optimizer=optimizer, lr=lr, steps=steps)
+        if optimizer != "matched":  # full-batch steps on the training split: its size is the batch
+            recipe = Recipe(optimizer, lr, steps, max(s.n_samples for s in train.values()) or 1)
+    report = scored(dump, stats, criteria, split=split, prop1=prop1, stream_rms=stream_rms_from_meta(source.meta),
+                    train=train, recipe=recipe)
+    plot_path = options.pop("plot_path")
     if as_json and output_format not in (None, "json"):
         raise click.UsageError(f"--json and --format {output_format} disagree")
     output_format = "json" if as_json else output_format or "table"

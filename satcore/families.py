@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.special import erf
 
+from .errors import InputError
+
 FAMILIES = ("mlp", "conv", "linear", "bias")
 
 
@@ -132,7 +134,7 @@ class Family:
             # BatchNorm in identity mode: running mean 0, running var 1, unit affine.
             mid = relu(pre / np.sqrt(1.0 + self.eps))
             return unfold3x3(mid.transpose(0, 2, 1).reshape(M, -1, H, W))
-        raise ValueError(f"unknown family {self.kind!r}")
+        raise InputError(f"unknown family {self.kind!r}")
 
 
 def make_family(
@@ -203,10 +205,10 @@ def make_family(
     if n_features is not None:
         n_features = int(n_features)
         if n_features < 1 or (kind == "conv" and n_features % 9):
-            raise ValueError(f"n_features={n_features} for family {kind!r}: "
+            raise InputError(f"n_features={n_features} for family {kind!r}: "
                              + ("a positive multiple of 9 (9 per middle channel)" if kind == "conv" else "must be >= 1"))
         if kind in ("linear", "bias") and n_features != (width if kind == "linear" else 1):
-            raise ValueError(f"family {kind!r} has a fixed number of features; n_features does not apply")
+            raise InputError(f"family {kind!r} has a fixed number of features; n_features does not apply")
         if kind == "mlp":
             expansion = None
         elif kind == "conv":
@@ -226,7 +228,7 @@ def make_family(
         std = init_std if init_std is not None else np.sqrt(2.0 / (9 * width))
         conv1 = rng.standard_normal((mid, width, 3, 3)) * std
         return Family("conv", width, 9 * mid, {"conv1": conv1}, activation="relu", eps=eps, seed=seed)
-    raise ValueError(f"unknown family {kind!r}; choose one of {FAMILIES} or pass a feature map")
+    raise InputError(f"unknown family {kind!r}; choose one of {FAMILIES} or pass a feature map")
 
 
 def positions(stream) -> np.ndarray:
@@ -275,7 +277,7 @@ def positions(stream) -> np.ndarray:
         return conv_gradients(a)
     if a.ndim in (2, 3):
         return a.reshape(a.shape[0], -1, a.shape[-1])
-    raise ValueError(f"stream of shape {a.shape}: expected (M, N), (M, T, N) or (M, C, H, W)")
+    raise InputError(f"stream of shape {a.shape}: expected (M, N), (M, T, N) or (M, C, H, W)")
 
 
 def conv_gradients(grad_nchw) -> np.ndarray:

@@ -31,13 +31,13 @@ class ProbeResult:
     def split(self) -> str | None:
         return self.meta.get("split")
 
-    def report(self, **options) -> DepthReport:
+    def report(self, criteria=None, **options) -> DepthReport:
         """:meth:`DepthStatistics.report` with the probe's split and, where the adapter recorded
         them, the stream RMS ``||z||_S`` per candidate (for a ``tolerance`` in loss units with ``rho``)."""
         options.setdefault("split", self.split)
         if "stream_rms" not in options:
             options["stream_rms"] = stream_rms_from_meta(self.dump_meta())
-        return self.statistics.report(**options)
+        return self.statistics.report(criteria, **options)
 
     def dump_meta(self) -> dict:
         """The dump's ``meta``: :attr:`meta` with the candidates in order."""
