@@ -67,7 +67,7 @@ def render_report(report, label: str | None = None) -> str:
     if report.predictions is not None:
         lines.append(render_predictions(report.predictions))
     lines += [table(header, rows), LEGEND]
-    lines += [f"note: {display_name(n)}" for n in table_notes(report)]
+    lines += [f"note: {n}" for n in table_notes(report)]
     lines.append(f"largest growth value (the raw estimate, not a recommendation): V {num(report.growth_value_max)} "
                  f"at {display_name(report.argmax)}; AG_max {num(report.ag_max)} at {display_name(report.ag_argmax)}")
     if report.verdict is not None:
@@ -85,7 +85,7 @@ def table_notes(report) -> list[str]:
     the noise floor's (``E V^2 = V_pop^2 + V_floor^2``), so it may lie above
     the interval for the population ``V``; and the sign-flip test (exact under
     symmetry) may reject ``V = 0`` where the jackknife interval (approximate)
-    still reaches 0.
+    still reaches 0.  Candidate names in the notes are shown escaped.
     """
     tests = {t.name: t for t in report.tests}
     above, reaching = [], []
@@ -95,9 +95,9 @@ def table_notes(report) -> list[str]:
             continue
         lo, hi = t.growth_value_interval
         if not lo <= c.growth_value <= hi:
-            above.append(c.name)
+            above.append(display_name(c.name))
         if t.verdict == Verdict.IMPROVABLE and lo <= 0:
-            reaching.append(c.name)
+            reaching.append(display_name(c.name))
     notes = []
     if above:
         notes.append(f"V lies outside V_interval at {', '.join(above)}: V is the raw estimate, biased up by the "

@@ -244,3 +244,36 @@ def test_from_samples_in_one_pass_equals_adding_batch_by_batch(batch_size, shape
         np.testing.assert_allclose(a[key], b[key], rtol=1e-12, atol=1e-12 * float(np.abs(b[key]).max()), err_msg=key)
     assert fast.n_batches == slow.n_batches and fast.n_vectors == slow.n_vectors == M * T
     np.testing.assert_array_equal(fast.fold_samples, slow.fold_samples)
+
+
+def test_a_decision_is_shown_above_the_first_order_table_and_in_json():
+    """The report leads with the insertion decision when it carries one (the fields of InsertionDecision)."""
+    from dataclasses import dataclass, replace
+
+    @dataclass(frozen=True)
+    class Candidate:
+        predicted_heldout_change: float
+        interval: tuple
+        p_decrease: float
+
+    @dataclass(frozen=True)
+    class Decision:
+        choice: str | None
+        stop_reason: str | None
+        candidates: dict
+        cost_block_steps: int
+
+        def to_dict(self):
+            return {"choice": self.choice, "stop_reason": self.stop_reason, "cost_block_steps": self.cost_block_steps}
+
+    rng = np.random.default_rng(7)
+    report = _depth(rng, [0.3, 0.0]).report(split="heldout")
+    decision = Decision("b1", None, {"b0": Candidate(0.02, (-0.01, 0.05), 0.2),
+                                     "b1": Candidate(-0.04, (-0.07, -0.01), 0.97)}, 600)
+    text = str(replace(report, decision=decision))
+    assert text.index("decision: insert a block at b1 (decision cost: 600 block-steps)") < text.index("V_floor")
+    assert text.index("decision:") < text.index("first-order verdict:")
+    assert replace(report, decision=decision).to_dict()["decision"]["choice"] == "b1"
+    stop = str(replace(report, decision=replace(decision, choice=None, stop_reason="held-out knee")))
+    assert "decision: stop (held-out knee)" in stop
+    assert "decision" not in report.to_dict() and "decision:" not in str(report)
