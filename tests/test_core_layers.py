@@ -137,7 +137,7 @@ def test_options_objects_and_their_keyword_shorthand_agree_and_refuse_mixing():
 def test_split_sign_flip_enumeration_counts_what_every_pattern_gives(m):
     """The two-halves enumeration against the plain one (a quadratic form per pattern)."""
     rng = np.random.default_rng(m)
-    for shift in (0.0, 0.4, 2.0):
+    for shift in (0.0, 0.4, 2.0)[: 3 if m <= 16 else 1]:  # the reference costs 2^(m-1) quadratic forms
         X = rng.normal(size=(m, 5)) + shift
         G, w = X @ X.T, rng.random(m) + 0.1
         w /= w.sum()
