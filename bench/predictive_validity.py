@@ -54,7 +54,7 @@ from exlib.models import StagewiseResNet, gpt2_decoder  # noqa: E402
 from exlib.output import versions  # noqa: E402
 from exlib.training import (  # noqa: E402
     batches, classifier_loss, lm_batches, lm_loss, lm_windows, per_sample_ce, train_classifier, train_lm)
-from satcore import predictors as P  # noqa: E402
+from satcore import Criteria, Recipe, predictors as P  # noqa: E402
 from satcore.depth import DepthStatistics  # noqa: E402
 from satcore.adapters.torch import StreamTaps, grow, positions, probe, sequence_loss  # noqa: E402
 from satcore.adapters.torch.probe import call_model, eval_mode  # noqa: E402
@@ -260,15 +260,15 @@ def candidate_predictors(name, tr, ho, f_tr, f_ho, rms, steps) -> dict:
     }
     train, held = DepthStatistics({name: tr}), DepthStatistics({name: ho})
     for opt in ("sgd", "adam"):
-        first = P.predict_gains(train, held, optimizer=opt, lr=LR[opt], steps=steps)[name]
-        second = P.predict_gains(train, held, optimizer=opt, lr=LR[opt], steps=steps, train_fisher={name: f_tr},
-                                 heldout_fisher={name: f_ho})[name]
+        recipe = Recipe(opt, LR[opt], steps, tr.n_samples)  # full-batch steps: the batch size plays no part
+        first = P.predict_gains(train, held, recipe)[name]
+        second = P.predict_gains(train, held, recipe, train_fisher={name: f_tr}, heldout_fisher={name: f_ho})[name]
         out[f"first_order_{opt}"], out[f"kfac_{opt}"] = first.training_gain, second.training_gain_second_order
         for key, gain in ((f"alignment_{opt}", first.heldout), (f"alignment_kfac_{opt}", second.heldout)):
             out[key], out[f"{key}_p_decrease"], out[f"{key}_interval"] = gain.value, gain.p_decrease, list(gain.interval)
     # held-out decrease of the gradient-matched block per unit of its relative size times ||z||_S:
     # tr(C_heldout K^- C^T) / V, which ranks like the held-out gain of any rho
-    matched = P.predict_gains(train, held, optimizer="matched", rho=1.0, stream_rms={name: rms})[name]
+    matched = P.predict_gains(train, held, criteria=Criteria(rho=1.0), stream_rms={name: rms})[name]
     out["alignment_matched"] = matched.heldout.value / rms
     out["stream_rms"] = rms
     return out

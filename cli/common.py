@@ -10,6 +10,7 @@ import click
 
 from satcore._display import display_name
 from satcore.dump import Dump, DumpError, read_dump
+from satcore.errors import InputError
 from satcore.report_text import num, table
 
 from .numbers import Count
@@ -69,11 +70,12 @@ def load(path: str, *, quiet: bool, chunk_samples: int | None = None):
     return dump, statistics(dump, quiet=quiet, chunk_samples=chunk_samples)
 
 
-def scored(path: str, stats, **options):
-    """``stats.report(**options)``; a refusal from scoring (an indefinite Gram, sums too large) names the file."""
+def scored(path: str, stats, criteria, **options):
+    """``stats.report(criteria, **options)``; a refusal from scoring (an indefinite Gram, sums too large)
+    names the file."""
     try:
-        return stats.report(**options)
-    except ValueError as exc:
+        return stats.report(criteria, **options)
+    except InputError as exc:
         raise DumpError(f"{display_name(path)}: {display_name(exc, 300)}") from None
 
 

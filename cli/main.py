@@ -24,8 +24,7 @@ import numpy as np
 
 from satcore._atomic import command_inputs
 from satcore._display import display_name
-from satcore._zipnpy import NpzError
-from satcore.dump import DumpError
+from satcore.errors import SatcoreError
 
 from .inspect_dump import inspect
 from .merge import merge
@@ -38,9 +37,10 @@ USAGE_OR_INPUT_ERROR = 2
 NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
-# Input, usage and environment errors.  ValueError is the core's and the adapters' refusal of
-# invalid input (OnnxProbeError is one); OSError covers files that cannot be read or written.
-EXPECTED_ERRORS = (DumpError, NpzError, ValueError, OSError)
+# Input, usage and environment errors: SatcoreError is every refusal satcore makes on purpose (invalid
+# input, dumps, probes: satcore.errors); OSError covers files that cannot be read or written.  Any other
+# exception, a bare ValueError included, is a bug and shows its traceback.
+EXPECTED_ERRORS = (SatcoreError, OSError)
 
 
 class SatcoreGroup(click.Group):

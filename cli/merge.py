@@ -8,6 +8,7 @@ import click
 
 from satcore._atomic import check_target
 from satcore.dump import write_dump
+from satcore.errors import InputError
 
 from .common import CHUNK_OPTION, QUIET_OPTION, display_name, load
 
@@ -54,7 +55,7 @@ def _combine(dumps, loaded, method: str, refusal: str):
     for path, (_, stats) in zip(dumps[1:], loaded[1:]):
         try:
             combined = getattr(combined, method)(stats)
-        except ValueError as exc:
+        except InputError as exc:
             raise click.ClickException(f"{display_name(path)}: {refusal}: {exc}") from None
     return combined
 

@@ -22,7 +22,7 @@ import warnings
 import click
 
 from satcore._atomic import atomic_write, check_target
-from satcore.report_text import growth_noise_floor
+from satcore.criteria import Verdict
 
 from .common import display_name
 
@@ -104,14 +104,14 @@ def _draw_report(report, path: str, title: str, inputs):
     ax.plot(x, [c.ag for c in report.candidates], "o-", label="AG")
     ax.plot(x, [c.growth_value for c in report.candidates], "s-", label="growth value")
     # the growth value's own floor (needs sum X^T X), not ||C||_F's: it is drawn against the growth value
-    floors = [growth_noise_floor(c) for c in report.candidates]
+    floors = [c.growth_noise_floor for c in report.candidates]
     if any(f is not None for f in floors):
         ax.plot(x, [f if f is not None else float("nan") for f in floors], "k--", lw=1,
                 label="noise floor (growth value)")
     # the verdicts: improvable candidates marked, the interval for the population V as bars
     tests = {t.name: t for t in report.tests}
     marks = [(i, c.growth_value) for i, c in enumerate(report.candidates)
-             if c.name in tests and tests[c.name].verdict == "improvable"]
+             if c.name in tests and tests[c.name].verdict == Verdict.IMPROVABLE]
     if marks:
         ax.plot(*zip(*marks), "^", color="green", ms=9, mfc="none", label="improvable (Holm p < alpha)")
     spans = [(i, tests[c.name].growth_value_interval) for i, c in enumerate(report.candidates)

@@ -7,10 +7,11 @@ import json
 import click
 
 from satcore._display import display_name
+from satcore.criteria import DEFAULT_ALPHA, Criteria, Prop1Options
 from satcore.errors import InputError
 from satcore.predictors import check_paired
+from satcore.recipe import Recipe
 from satcore.report_text import render_report
-from satcore.verdicts import DEFAULT_ALPHA
 
 from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, scored
 from .numbers import Count
@@ -57,8 +58,7 @@ from .numbers import Count
 @click.option("--plot", "plot_path", metavar="PNG", help="Also draw AG and growth value per candidate (matplotlib).")
 @QUIET_OPTION
 @CHUNK_OPTION
-def score(dump, as_json, output_format, probe_split, alpha, tolerance, rho, delta, t, error, detector_scale,
-          train_dump, optimizer, lr, steps, plot_path, quiet, chunk_samples):
+def score(dump, **options):
     """Score and test every candidate of DUMP; print the verdict.
 
     Per candidate: AG, growth value V, its noise floor and unbiased square, a
@@ -66,13 +66,20 @@ def score(dump, as_json, output_format, probe_split, alpha, tolerance, rho, delt
     the verdict improvable / saturated (within --tolerance) / inconclusive.
     Proposition 1's distribution-free test is printed under its own name.
     """
+    as_json, output_format, quiet, chunk_samples = (options.pop(k) for k in ("as_json", "output_format", "quiet",
+                                                                             "chunk_samples"))
+    plot_path, train_dump = options.pop("plot_path"), options.pop("train_dump")
     if plot_path:  # before any work: a format or target that cannot be written costs nothing, prints nothing
         from .plot import check_plot_path
 
         check_plot_path(plot_path, inputs=(dump,) if train_dump is None else (dump, train_dump))
     source, stats = load(dump, quiet=quiet, chunk_samples=chunk_samples)
+    probe_split = options.pop("probe_split")
     split = probe_split if probe_split is not None else source.meta.get("split")
-    train = None
+    criteria = Criteria(*(options.pop(k) for k in ("alpha", "tolerance", "rho")))
+    prop1 = Prop1Options(options.pop("delta") or 0.0, *(options.pop(k) for k in ("t", "error", "detector_scale")))
+    optimizer, lr, steps = (options.pop(k) for k in ("optimizer", "lr", "steps"))
+    train = recipe = None
     if train_dump is not None:
         if optimizer != "matched" and lr is None:
             raise click.UsageError("--train needs --lr (or --optimizer matched with --rho)")
@@ -81,9 +88,10 @@ def score(dump, as_json, output_format, probe_split, alpha, tolerance, rho, delt
             check_paired(train, stats)
         except InputError as exc:
             raise InputError(f"{display_name(train_dump)}: {exc} (held-out dump {display_name(dump)})") from None
-    report = scored(dump, stats, split=split, alpha=alpha, tolerance=tolerance, rho=rho,
-                    stream_rms=stats.stream_rms(source.meta), delta=delta or 0.0, t=t, error=error,
-                    detector_scale=detector_scale, train=train, optimizer=optimizer, lr=lr, steps=steps)
+        if optimizer != "matched":  # full-batch steps on the training split: its size is the batch
+            recipe = Recipe(optimizer, lr, steps, max(s.n_samples for s in train.values()) or 1)
+    report = scored(dump, stats, criteria, split=split, prop1=prop1, stream_rms=stats.stream_rms(source.meta),
+                    train=train, recipe=recipe)
     if as_json and output_format not in (None, "json"):
         raise click.UsageError(f"--json and --format {output_format} disagree")
     output_format = "json" if as_json else output_format or "table"

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from satcore.errors import InputError
 from satcore.sweep import depth_sweep, sweep_point
 
 from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, display_name, load, num, table
@@ -40,7 +41,7 @@ def sweep(dumps, as_json, metric, rel_tol, noise_factor, plot_path, quiet, chunk
         depth = source.meta.get("model_depth") or max(1, sum(name != "head" for name in source.candidates))
         try:
             report = stats.report(split=source.meta.get("split"))
-        except ValueError as exc:
+        except InputError as exc:
             raise click.ClickException(f"{path}: {exc}") from None
         points.append(sweep_point(depth, path, report))
     result = depth_sweep(points, metric=metric, rel_tol=rel_tol, noise_factor=noise_factor)

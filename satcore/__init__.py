@@ -36,7 +36,8 @@ from .certification import (
     saturation_test,
     variance_estimate,
 )
-from .depth import DepthStatistics, depth_report, score
+from .criteria import Criteria, Prop1Options, Verdict
+from .depth import DepthStatistics, score
 from .dump import DumpError, read_dump, write_dump
 from .families import FAMILIES, Family, make_family
 from .insertion import (
@@ -98,7 +99,8 @@ from .growth import (
 )
 from .growth_log import GrowthLogContents, read_growth_log
 from .recipe import Recipe
-from .results import REPORT_SCHEMA, CandidateScore, DepthReport
+from .reporting import depth_report
+from .results import REPORT_SCHEMA, CandidateScore, DepthReport, DepthScores, growth_noise_floor
 from .statistics import CandidateStatistics, batch_moments
 from .sweep import (
     SWEEP_SCHEMA,
@@ -107,7 +109,6 @@ from .sweep import (
     SweepPoint,
     depth_sweep,
     find_plateau,
-    growth_noise_floor,
     sweep_point,
 )
 
@@ -139,10 +140,15 @@ __all__ = [
     "DepthStatistics",
     "depth_report",
     "score",
+    "DepthScores",
     "CandidateScore",
     "DepthReport",
     "REPORT_SCHEMA",
     "ProbeResult",
+    # what turns scores into a report (satcore.criteria)
+    "Criteria",
+    "Prop1Options",
+    "Verdict",
     # certification (docs/core.md, Certification)
     "SaturationTest",
     "debiased_energy",

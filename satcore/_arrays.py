@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import InputError
+
 
 def as_samples(array, name: str, check_finite: bool = True) -> np.ndarray:
     """Return ``array`` as float64 of shape ``(M, T, width)``.
@@ -27,7 +29,7 @@ def as_samples(array, name: str, check_finite: bool = True) -> np.ndarray:
     if arr.ndim == 2:
         arr = arr[:, None, :]
     elif arr.ndim != 3:
-        raise ValueError(f"{name}: expected shape (M, N) or (M, T, N), got {arr.shape}")
+        raise InputError(f"{name}: expected shape (M, N) or (M, T, N), got {arr.shape}")
     arr = np.asarray(arr, dtype=np.float64)
     if check_finite:
         refuse_non_finite(arr, name)
@@ -37,7 +39,7 @@ def as_samples(array, name: str, check_finite: bool = True) -> np.ndarray:
 def refuse_non_finite(arr: np.ndarray, name: str) -> None:
     if not np.isfinite(arr).all():
         bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
-        raise ValueError(f"{name}: {bad} of {arr.size} entries are NaN or infinite")
+        raise InputError(f"{name}: {bad} of {arr.size} entries are NaN or infinite")
 
 
 def as_pair(Q, Psi, check_finite: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -45,7 +47,7 @@ def as_pair(Q, Psi, check_finite: bool = True) -> tuple[np.ndarray, np.ndarray]:
     q = as_samples(Q, "Q", check_finite)
     psi = as_samples(Psi, "Psi", check_finite)
     if q.shape[:2] != psi.shape[:2]:
-        raise ValueError(
+        raise InputError(
             f"Q has (samples, positions) = {q.shape[:2]} but Psi has {psi.shape[:2]}; they must match"
         )
     return q, psi

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._arrays import as_pair
+from .errors import InputError
 from .quantities import cross_gradient
 
 
@@ -218,7 +219,7 @@ def estimate_alignment(kernel) -> AlignmentEstimate:
     k = np.asarray(kernel, dtype=np.float64)
     n = k.shape[0]
     if n < 4 or k.shape != (n, n):
-        raise ValueError("need a square kernel over at least 4 samples")
+        raise InputError("need a square kernel over at least 4 samples")
     diag = np.diag(k).copy()
     off = k - np.diag(diag)
     S = off.sum()  # sum over ordered pairs i != j

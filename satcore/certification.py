@@ -20,6 +20,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .criteria import Verdict
+from .errors import InputError
+
 
 def variance_estimate(n: int, sum_xi_sq: float, g_norm_sq: float) -> float:
     """Unbiased ``sigma^2 = (sum_i ||xi_i||^2 - n ||g_hat||^2) / (n - 1)``; ``nan`` for ``n < 2``.
@@ -62,7 +65,7 @@ def prop1_bound(sigma_sq, n, t: float) -> float:
     nn = np.broadcast_to(np.asarray(n, dtype=np.float64), s.shape)
     noise = float(np.sum(s / nn))
     if not t >= 0 or (t == 0 and noise != 0):
-        raise ValueError("t must be > 0")
+        raise InputError("t must be > 0")
     return 0.0 if noise == 0 else noise / t / t  # not t**2: a Python float overflows there (t = 1e200)
 
 
@@ -73,7 +76,7 @@ def interval_half_width(sigma_sq, n, error: float) -> float:
     at least ``1 - error``, whatever the distribution.
     """
     if not 0 < error < 1:
-        raise ValueError("error level must be in (0, 1)")
+        raise InputError("error level must be in (0, 1)")
     return math.sqrt(prop1_bound(sigma_sq, n, 1.0) / error)  # 0 when there is no noise
 
 
@@ -83,10 +86,10 @@ def required_probe_size(sigma_sq_sum: float, t: float, error: float) -> int:
     ``sigma_sq_sum`` is ``sum_l sigma_l^2`` (estimated on a pilot probe).
     """
     if not t > 0 or not 0 < error < 1:
-        raise ValueError("need t > 0 and error in (0, 1)")
+        raise InputError("need t > 0 and error in (0, 1)")
     need = sigma_sq_sum / error / t / t
     if not math.isfinite(need):
-        raise ValueError(f"t = {t} is too small for a finite probe size")
+        raise InputError(f"t = {t} is too small for a finite probe size")
     return max(2, math.ceil(need))
 
 
@@ -99,7 +102,7 @@ def detection_threshold(n: int, scale: float = 1.0, exponent: float = 0.25) -> f
     must be fixed before the probe is looked at.
     """
     if not 0 < exponent < 0.5:
-        raise ValueError("exponent must lie in (0, 1/2) for consistency")
+        raise InputError("exponent must lie in (0, 1/2) for consistency")
     return scale * n ** (-exponent)
 
 
@@ -140,7 +143,7 @@ class SaturationTest:
     required_probe_size: int | None
     detector_threshold: float | None
     detector_saturated: bool | None
-    verdict: str = "inconclusive"
+    verdict: Verdict = Verdict.INCONCLUSIVE
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -173,15 +176,15 @@ def saturation_test(
     norms = np.asarray(gradient_norms, dtype=np.float64)
     sig = np.asarray(sigma_sq, dtype=np.float64)
     if norms.size == 0:
-        raise ValueError("no candidates")
+        raise InputError("no candidates")
     if np.any(np.isnan(sig)):
-        raise ValueError("variance estimates need at least 2 samples per candidate")
+        raise InputError("variance estimates need at least 2 samples per candidate")
     nn = np.broadcast_to(np.asarray(n), norms.shape)
     if t is None and error is None:
-        raise ValueError("give t, error or both")
+        raise InputError("give t, error or both")
     for label, value in (("delta", delta), ("t", t)):
         if value is not None and not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{label} must be a finite number >= 0, got {value}")
+            raise InputError(f"{label} must be a finite number >= 0, got {value}")
     interval, planned = None, None
     if error is not None:
         half_width = interval_half_width(sig, nn, error)
@@ -196,12 +199,12 @@ def saturation_test(
     n_min = int(np.min(nn))
     tau = None if detector_scale is None else detection_threshold(n_min, detector_scale)
     bound = prop1_bound(sig, nn, t)
-    verdict = "inconclusive"
+    verdict = Verdict.INCONCLUSIVE
     if bound <= (error if error is not None else 0.05):
         if gamma_hat - t > delta:
-            verdict = "improvable"
+            verdict = Verdict.IMPROVABLE
         elif gamma_hat + t <= delta:
-            verdict = "saturated"
+            verdict = Verdict.SATURATED
     return SaturationTest(
         gamma_hat=gamma_hat,
         argmax=str(list(names)[idx]),

@@ -75,7 +75,7 @@ def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None
 
     def claim(name):
         if name in order:
-            raise ValueError(f"candidate {name!r} given twice (one form per candidate)")
+            raise InputError(f"candidate {name!r} given twice (one form per candidate)")
         order.append(name)
 
     for name, s in (stats or {}).items():
@@ -92,10 +92,10 @@ def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None
             members[f"{prefix}/{name}"] = np.asarray(second)
     for key, value in members.items():
         if value.dtype.kind not in "iuf":  # np.savez would pickle an object array
-            raise ValueError(f"{key}: dtype {value.dtype} is not a real number type")
+            raise InputError(f"{key}: dtype {value.dtype} is not a real number type")
     info = dict(meta or {})
     if "candidates" in info and sorted(info["candidates"]) != sorted(order):
-        raise ValueError(f"meta candidates {info['candidates']} do not match the data {order}")
+        raise InputError(f"meta candidates {info['candidates']} do not match the data {order}")
     info.setdefault("candidates", order)
     members["satcore_schema"] = np.array(SCHEMA)
     members["meta"] = np.array(json.dumps(info))
@@ -277,7 +277,7 @@ class Dump:
             arrays[key.rpartition("/")[2]] = value
         try:
             stats = DepthStatistics.from_arrays({f"{name}/{field}": v for field, v in arrays.items()}, [name])[name]
-        except ValueError as exc:
+        except InputError as exc:
             raise DumpError(display_name(exc, 300)) from None
         if stats.n_samples == 0:
             raise DumpError(f"stats/{display_name(name)}: empty candidate (n_samples is 0)")

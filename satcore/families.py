@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.special import erf
 
+from .errors import InputError
+
 FAMILIES = ("mlp", "conv", "linear", "bias")  # the built-in kinds; registered_families() adds the others
 
 
@@ -140,7 +142,7 @@ class Family:
         """
         spec = family_spec(self.kind)
         if spec.features is None:
-            raise ValueError(f"family {self.kind!r} has no NumPy reference (it is built by its framework)")
+            raise InputError(f"family {self.kind!r} has no NumPy reference (it is built by its framework)")
         return spec.features(self, z)
 
 
@@ -186,9 +188,9 @@ class FamilySpec:
 
     def __post_init__(self):
         if self.sized not in ("any", "nine", "fixed"):
-            raise ValueError(f"sized must be 'any', 'nine' or 'fixed', got {self.sized!r}")
+            raise InputError(f"sized must be 'any', 'nine' or 'fixed', got {self.sized!r}")
         if (self.sized == "fixed") != (self.fixed_features is not None):
-            raise ValueError("a 'fixed' kind gives fixed_features(width), and only it")
+            raise InputError("a 'fixed' kind gives fixed_features(width), and only it")
 
     @property
     def drawn(self) -> bool:
@@ -202,9 +204,9 @@ class FamilySpec:
         n = int(n_features)
         if self.sized == "fixed":
             if n != self.fixed_features(width):
-                raise ValueError(f"family {self.name!r} has a fixed number of features; n_features does not apply")
+                raise InputError(f"family {self.name!r} has a fixed number of features; n_features does not apply")
         elif n < 1 or (self.sized == "nine" and n % 9):
-            raise ValueError(f"n_features={n} for family {self.name!r}: "
+            raise InputError(f"n_features={n} for family {self.name!r}: "
                              + ("a positive multiple of 9 (9 per middle channel)" if self.sized == "nine"
                                 else "must be >= 1"))
         return n
@@ -237,10 +239,10 @@ def registered_families() -> tuple[str, ...]:
 
 
 def family_spec(kind: str) -> FamilySpec:
-    """The :class:`FamilySpec` of ``kind``; an unknown kind is refused (ValueError naming the known ones)."""
+    """The :class:`FamilySpec` of ``kind``; an unknown kind is refused (InputError naming the known ones)."""
     spec = _SPECS.get(kind) if isinstance(kind, str) else None
     if spec is None:
-        raise ValueError(f"unknown family {kind!r}; choose one of {registered_families()} or pass a feature map")
+        raise InputError(f"unknown family {kind!r}; choose one of {registered_families()} or pass a feature map")
     return spec
 
 
@@ -256,11 +258,11 @@ def register_builder(framework: str, kind: str, builder: Callable) -> None:
 
 
 def family_builder(framework: str, kind: str) -> Callable:
-    """The ``framework``'s builder of ``kind`` (ValueError when it has none)."""
+    """The ``framework``'s builder of ``kind`` (InputError when it has none)."""
     family_spec(kind)
     builder = _BUILDERS.get((framework, kind))
     if builder is None:
-        raise ValueError(f"family {kind!r} has no {framework} feature map")
+        raise InputError(f"family {kind!r} has no {framework} feature map")
     return builder
 
 
@@ -331,7 +333,7 @@ def make_family(
     """
     spec = family_spec(kind)
     if not spec.drawn:
-        raise ValueError(f"family {kind!r} is not drawn from a seed alone: its framework builds it from the model")
+        raise InputError(f"family {kind!r} is not drawn from a seed alone: its framework builds it from the model")
     n_features = spec.checked_features(n_features, width)
     return spec.draw(width, np.random.default_rng(seed), n_features=n_features, init_std=init_std, seed=seed,
                      expansion=expansion, mid_channels=mid_channels, activation=activation, eps=eps)
@@ -441,7 +443,7 @@ def positions(stream) -> np.ndarray:
         return conv_gradients(a)
     if a.ndim in (2, 3):
         return a.reshape(a.shape[0], -1, a.shape[-1])
-    raise ValueError(f"stream of shape {a.shape}: expected (M, N), (M, T, N) or (M, C, H, W)")
+    raise InputError(f"stream of shape {a.shape}: expected (M, N), (M, T, N) or (M, C, H, W)")
 
 
 def conv_gradients(grad_nchw) -> np.ndarray:

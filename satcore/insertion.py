@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._psd import DEFAULT_RTOL, psd_spectrum
+from .errors import InputError
 
 
 def matched_projection(C, K, alpha: float, rtol: float = DEFAULT_RTOL) -> np.ndarray:
@@ -140,7 +141,7 @@ def alpha_for_relative_update(rho: float, stream_rms: float, growth: float) -> f
     0.04
     """
     if growth <= 0:
-        raise ValueError("growth value is zero: no first-order direction to insert")
+        raise InputError("growth value is zero: no first-order direction to insert")
     return rho * stream_rms / growth
 
 

@@ -12,6 +12,8 @@ from typing import Callable
 
 import numpy as np
 
+from .errors import InputError
+
 DirectionMap = Callable[[np.ndarray], np.ndarray]
 
 
@@ -61,7 +63,7 @@ def preconditioned(P) -> DirectionMap:
     """
     P = np.asarray(P, dtype=np.float64)
     if not np.allclose(P, P.T) or np.linalg.eigvalsh(P).min() <= 0:
-        raise ValueError("preconditioner must be symmetric positive definite")
+        raise InputError("preconditioner must be symmetric positive definite")
     return lambda g: -(P @ np.asarray(g, dtype=np.float64))
 
 
@@ -91,7 +93,7 @@ def adam_zero_state(eps: float = 1e-8) -> DirectionMap:
     array([-0.5 ,  0.75])
     """
     if eps <= 0:
-        raise ValueError("eps must be > 0")
+        raise InputError("eps must be > 0")
     return lambda g: -np.asarray(g, dtype=np.float64) / (np.abs(g) + eps)
 
 
@@ -213,5 +215,5 @@ def descent_bound(g_norm_sq: float, smoothness: float, eta: float) -> float:
     1.5
     """
     if smoothness <= 0 or not 0 < eta <= 1 / smoothness:
-        raise ValueError("need L > 0 and 0 < eta <= 1/L")
+        raise InputError("need L > 0 and 0 < eta <= 1/L")
     return eta * (1 - smoothness * eta / 2) * g_norm_sq

@@ -53,9 +53,11 @@ import numpy as np
 from scipy import stats as _scipy_stats
 
 from ._psd import DEFAULT_RTOL, psd_spectrum
+from .criteria import Criteria
 from .errors import InputError
+from .recipe import Recipe
 
-OPTIMIZERS = ("sgd", "adam", "matched")
+OPTIMIZERS = ("sgd", "adam", "matched")  # the steps modelled (a Recipe's "adamw" without decay is "adam")
 ADAM_EPS = 1e-8
 
 
@@ -258,10 +260,9 @@ def check_paired(train_stats, heldout_stats) -> None:
                              f"r = {ho.n_features}: not the same block")
 
 
-def predict_gains(train_stats, heldout_stats, *, optimizer: str = "sgd", lr: float | None = None, steps: int = 1,
-                  rho: float | None = None, stream_rms: dict | None = None, train_fisher: dict | None = None,
-                  heldout_fisher: dict | None = None, alpha: float = 0.05, rtol: float = DEFAULT_RTOL
-                  ) -> PredictedGains:
+def predict_gains(train_stats, heldout_stats, recipe: Recipe | None = None, *, criteria: Criteria | None = None,
+                  stream_rms: dict | None = None, train_fisher: dict | None = None,
+                  heldout_fisher: dict | None = None, rtol: float = DEFAULT_RTOL) -> PredictedGains:
     """Predicted training and held-out gains per candidate for one stated step.
 
     Parameters
@@ -269,10 +270,15 @@ def predict_gains(train_stats, heldout_stats, *, optimizer: str = "sgd", lr: flo
     train_stats, heldout_stats : DepthStatistics
         The same candidates probed on the training split (the step is fitted
         there) and on an independent held-out split (with folds).
-    optimizer : ``"sgd"``, ``"adam"`` (zero-state) or ``"matched"``
-        The step: ``steps`` updates of learning rate ``lr``, or for
-        ``"matched"`` the gradient-matched block of relative size ``rho``
-        (needs ``stream_rms``: ``||z||_S`` per candidate).
+    recipe : Recipe, optional
+        The step: ``recipe.steps`` full-batch updates of ``recipe.optimizer``
+        (``"sgd"``, or ``"adam"`` from a zero state; ``"adamw"`` without weight
+        decay is the same step) at ``recipe.lr`` (the recipe's batch size plays
+        no part).  Without a recipe: the gradient-matched block of relative
+        size ``criteria.rho`` (needs ``stream_rms``: ``||z||_S`` per candidate).
+    criteria : Criteria, optional
+        Its ``alpha`` sets the held-out intervals' level (default 0.05), its
+        ``rho`` the matched block's size.
     train_fisher, heldout_fisher : dict, optional
         ``F = E[Q^T Q]`` per candidate on each split (default: the statistics'
         own ``sum_qq / n`` where they keep it, ``curvature=True``); with one the
@@ -284,24 +290,27 @@ def predict_gains(train_stats, heldout_stats, *, optimizer: str = "sgd", lr: flo
     -------
     PredictedGains
     """
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    criteria = Criteria() if criteria is None else criteria
+    alpha, rho = criteria.alpha, criteria.rho
     check_paired(train_stats, heldout_stats)
-    if optimizer == "matched":
+    if recipe is None:
         missing = [name for name in train_stats if not (stream_rms or {}).get(name)]
         if rho is None or missing or not (rho > 0):
-            raise ValueError("optimizer='matched' needs rho > 0 and the stream RMS ||z||_S of every candidate"
-                             + (f" (none for {missing})" if missing else ""))
+            raise InputError("the matched block (no recipe) needs criteria with rho > 0 and the stream RMS "
+                             "||z||_S of every candidate" + (f" (none for {missing})" if missing else ""))
+        optimizer, lr, steps = "matched", None, 1
         step = {"rho": float(rho)}
     else:
-        if lr is None or not (lr > 0) or steps < 1:
-            raise ValueError("optimizer 'sgd'/'adam' needs lr > 0 and steps >= 1")
-        step = {"lr": float(lr), "steps": int(steps)}
+        if recipe.optimizer == "adamw" and recipe.weight_decay > 0:
+            raise InputError("predicted gains model AdamW only without weight decay (then it is Adam's step)")
+        optimizer = "sgd" if recipe.optimizer == "sgd" else "adam"
+        lr, steps = recipe.lr, recipe.steps
+        step = {"lr": lr, "steps": steps}
     out = []
     for name, tr in train_stats.items():
         ho = heldout_stats[name]
         if not ho.n_folds:
-            raise ValueError(f"candidate {name!r}: the held-out statistics keep no folds (n_folds = 0)")
+            raise InputError(f"candidate {name!r}: the held-out statistics keep no folds (n_folds = 0)")
         fisher = train_fisher[name] if train_fisher is not None else tr.gradient_moment() if tr.curvature else None
         V, first, second = _step(tr, optimizer, lr, steps, rho, stream_rms[name] if optimizer == "matched" else None,
                                  fisher, rtol)

@@ -39,13 +39,13 @@ class ProbeResult:
         out = {name: stats.stream_diagnostics(name) for name, stats in self.statistics.items()}
         return {name: d for name, d in out.items() if d is not None}
 
-    def report(self, **options) -> DepthReport:
+    def report(self, criteria=None, **options) -> DepthReport:
         """:meth:`DepthStatistics.report` with the probe's split and the stream RMS ``||z||_S`` per
         candidate (:meth:`DepthStatistics.stream_rms`: for a ``tolerance`` in loss units with ``rho``)."""
         options.setdefault("split", self.split)
         if "stream_rms" not in options:
             options["stream_rms"] = self.statistics.stream_rms(self.meta)
-        return self.statistics.report(**options)
+        return self.statistics.report(criteria, **options)
 
     def dump_meta(self) -> dict:
         """The dump's ``meta``: :attr:`meta` with the candidates in order and the :attr:`diagnostics`

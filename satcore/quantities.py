@@ -22,6 +22,7 @@ import numpy as np
 
 from ._arrays import as_pair, as_samples
 from ._psd import DEFAULT_RTOL, psd_spectrum
+from .errors import InputError
 
 
 def ag(Q) -> float:
@@ -116,7 +117,7 @@ def ag_batch(Q, batch_size: int) -> float:
     """
     q = as_samples(Q, "Q")
     if batch_size < 1:
-        raise ValueError("batch_size must be >= 1")
+        raise InputError("batch_size must be >= 1")
     norms = [
         np.linalg.norm(q[s : s + batch_size]) / q[s : s + batch_size].shape[0]
         for s in range(0, q.shape[0], batch_size)
@@ -301,11 +302,11 @@ def growth_value_jacobian(Q, J, rtol: float = DEFAULT_RTOL) -> float:
     q = as_samples(Q, "Q")
     jac = np.asarray(J)
     if jac.ndim != 3 or jac.dtype.kind != "f":
-        raise ValueError(f"J: expected a float array of shape (M, T*N, p), got {jac.shape} {jac.dtype}")
+        raise InputError(f"J: expected a float array of shape (M, T*N, p), got {jac.shape} {jac.dtype}")
     jac = jac.astype(np.float64, copy=False)
     M, T, N = q.shape
     if jac.shape[:2] != (M, T * N):
-        raise ValueError(f"J has shape {jac.shape}, expected ({M}, {T * N}, p) for Q of shape {q.shape}")
+        raise InputError(f"J has shape {jac.shape}, expected ({M}, {T * N}, p) for Q of shape {q.shape}")
     flat_q = q.reshape(M, T * N)
     g = np.einsum("mkp,mk->p", jac, flat_q) / M
     G = np.einsum("mkp,mks->ps", jac, jac) / M
@@ -515,6 +516,6 @@ def depth_max(values) -> tuple[float, int]:
     """
     arr = np.asarray(values, dtype=np.float64)
     if arr.size == 0:
-        raise ValueError("no candidates")
+        raise InputError("no candidates")
     idx = int(np.nanargmax(arr))
     return float(arr[idx]), idx

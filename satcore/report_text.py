@@ -6,15 +6,16 @@ a file are shown escaped (:func:`display_name`); JSON keeps them exact.
 
 from __future__ import annotations
 
-import math
-
 from ._display import display_name
+from .criteria import Verdict
 
 LEGEND = (
-    "columns: AG = activation-gradient norm; V = growth value (first-order gain per unit block size); "
-    "V_floor = V's sampling-noise floor; V2_unb = unbiased V^2 (may be < 0); V_interval = interval for the "
-    "population V; p_adj = Holm-adjusted sign-flip p-value of H0: V = 0; real. = V / AG; ||C||_F = "
-    "cross-gradient norm (Prop. 1's quantity)"
+    "columns: AG = activation-gradient norm; V = growth value (first-order gain per unit block size, the raw "
+    "estimate); V_floor = V's sampling-noise floor, in V's units (JSON growth_noise_floor); V2_unb = unbiased "
+    "V^2 (may be < 0); V_interval = interval for the population V; p_adj = Holm-adjusted sign-flip p-value of "
+    "H0: V = 0; first-order = the first-order verdict of the paper's criterion; real. = V / AG; ||C||_F = "
+    "cross-gradient norm (Prop. 1's quantity); C_floor = its sampling-noise floor, in ||C||_F's units (JSON "
+    "noise_floor)"
 )
 
 
@@ -40,50 +41,85 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header)] + [line(r) for r in rows])
 
 
-def growth_noise_floor(score) -> float | None:
-    """``f = sqrt(max(0, V_hat^2 - V2_unbiased))``: the growth value a saturated candidate shows on this probe.
-
-    ``E V_hat^2 = V^2 + f^2``; the unbiased ``V^2`` comes from ``sum X^T X``
-    (``variance=True``) when the probe kept it, else from the folds.
-    ``None`` when neither is there.
-    """
-    unbiased = score.growth_value_sq_debiased
-    if unbiased is None and score.fold_test is not None and score.fold_test.n_folds >= 2:
-        unbiased = score.fold_test.unbiased
-    if unbiased is None or not math.isfinite(unbiased):
-        return None
-    return math.sqrt(max(0.0, score.growth_value**2 - unbiased))
-
-
 def _interval(iv) -> str:
     return "-" if iv is None else f"[{num(iv[0])}, {num(iv[1])}]"
 
 
 def render_report(report, label: str | None = None) -> str:
-    """The table ``satcore score`` prints: one row per candidate, the verdict, Prop. 1, warnings."""
+    """The table ``satcore score`` prints: a decision block when the report carries one, then one row per
+    candidate, the first-order verdict, Prop. 1, warnings."""
     tests = {t.name: t for t in report.tests}
-    header = ["candidate", "n", "r", "AG", "V", "V_floor", "V2_unb", "V_interval", "p_adj", "verdict",
-              "real.", "rank", "||C||_F"]
+    header = ["candidate", "n", "r", "AG", "V", "V_floor", "V2_unb", "V_interval", "p_adj", "first-order",
+              "real.", "rank", "||C||_F", "C_floor"]
     rows = []
     for c in report.candidates:
         t = tests.get(c.name)
         rows.append([display_name(c.name), num(c.n_samples), num(c.n_features), num(c.ag), num(c.growth_value),
-                     num(growth_noise_floor(c)), num(None if t is None else t.growth_value_sq_unbiased),
+                     num(c.growth_noise_floor), num(None if t is None else t.growth_value_sq_unbiased),
                      _interval(None if t is None else t.growth_value_interval),
                      num(None if t is None else t.p_value_adjusted), "-" if t is None else t.verdict,
-                     num(c.realizability), num(c.feature_rank), num(c.cross_gradient_norm)])
+                     num(c.realizability), num(c.feature_rank), num(c.cross_gradient_norm), num(c.noise_floor)])
     head = f"{display_name(label)}: " if label else ""
     lines = [f"{head}{len(report.candidates)} candidate(s), probe split: {display_name(report.split or 'not stated')}"]
+    decision = getattr(report, "decision", None)
+    if decision is not None:
+        lines.append(render_decision(decision))
     if report.predictions is not None:
         lines.append(render_predictions(report.predictions))
-    lines += [table(header, rows), LEGEND,
-             f"depth-wide maximum: V {num(report.growth_value_max)} at {display_name(report.argmax)}; "
-             f"AG_max {num(report.ag_max)} at {display_name(report.ag_argmax)}"]
+    lines += [table(header, rows), LEGEND]
+    lines += [f"note: {n}" for n in table_notes(report)]
+    lines.append(f"largest growth value (the raw estimate, not a recommendation): V {num(report.growth_value_max)} "
+                 f"at {display_name(report.argmax)}; AG_max {num(report.ag_max)} at {display_name(report.ag_argmax)}")
     if report.verdict is not None:
         lines.append(render_verdict(report.verdict, report.tests))
     if report.prop1 is not None:
         lines.append(render_prop1(report.prop1))
     lines += [f"warning: {display_name(w)}" for w in report.warnings]
+    return "\n".join(lines)
+
+
+def table_notes(report) -> list[str]:
+    """Why a row's numbers look as they do where they seem to disagree.
+
+    ``V`` is the raw estimate, whose square exceeds the population ``V^2`` by
+    the noise floor's (``E V^2 = V_pop^2 + V_floor^2``), so it may lie above
+    the interval for the population ``V``; and the sign-flip test (exact under
+    symmetry) may reject ``V = 0`` where the jackknife interval (approximate)
+    still reaches 0.  Candidate names in the notes are shown escaped.
+    """
+    tests = {t.name: t for t in report.tests}
+    above, reaching = [], []
+    for c in report.candidates:
+        t = tests.get(c.name)
+        if t is None or t.growth_value_interval is None:
+            continue
+        lo, hi = t.growth_value_interval
+        if not lo <= c.growth_value <= hi:
+            above.append(display_name(c.name))
+        if t.verdict == Verdict.IMPROVABLE and lo <= 0:
+            reaching.append(display_name(c.name))
+    notes = []
+    if above:
+        notes.append(f"V lies outside V_interval at {', '.join(above)}: V is the raw estimate, biased up by the "
+                     "noise (E V^2 = V_pop^2 + V_floor^2); V_interval is for the population V, from V2_unb")
+    if reaching:
+        notes.append(f"improvable with V_interval reaching 0 at {', '.join(reaching)}: the sign-flip test (exact "
+                     "when fold means are symmetric under H0) rejects V = 0; the jackknife interval is approximate "
+                     "and wider")
+    return notes
+
+
+def render_decision(decision) -> str:
+    """The decision a user acts on (an ``InsertionDecision``), shown above the first-order table."""
+    choice = decision.choice
+    head = (f"decision: insert a block at {display_name(choice)}" if choice is not None
+            else f"decision: stop ({display_name(decision.stop_reason)})")
+    cost = getattr(decision, "cost_block_steps", None)
+    rows = [[display_name(name), num(c.predicted_heldout_change), _interval(c.interval), num(c.p_decrease)]
+            for name, c in decision.candidates.items()]
+    lines = [head + ("" if cost is None else f" (decision cost: {num(cost)} block-steps)")]
+    if rows:
+        lines.append(table(["candidate", "held-out change", "interval", "P(decrease)"], rows))
     return "\n".join(lines)
 
 
@@ -106,14 +142,14 @@ def render_verdict(verdict, tests) -> str:
         tolerance = f"tolerance {num(tol['value'])} (loss units) at rho = {num(tol['rho'])}"
     else:
         tolerance = f"tolerance {num(tol['value'])} (growth-value units)"
-    text = (f"verdict: {verdict.verdict.upper()} (alpha {num(verdict.alpha)}, {tolerance}; {verdict.method})"
-            f"; best candidate: {display_name(verdict.argmax)}")
+    text = (f"first-order verdict: {verdict.verdict.upper()} (alpha {num(verdict.alpha)}, {tolerance}; "
+            f"{verdict.method}); best candidate: {display_name(verdict.best_candidate)}")
     gains = [t for t in tests if t.predicted_gain is not None]
     for t in gains:
         g = t.predicted_gain
         text += (f"\n  predicted first-order gain at {display_name(t.name)} (rho {num(g.rho)}): {num(g.value)} "
                  f"in [{num(g.interval[0])}, {num(g.interval[1])}]")
-    undecided = [t for t in tests if t.verdict == "inconclusive" and t.probe_size_to_decide is not None]
+    undecided = [t for t in tests if t.verdict == Verdict.INCONCLUSIVE and t.probe_size_to_decide is not None]
     if undecided:
         text += "\n  probe size estimated to decide: " + ", ".join(
             f"{display_name(t.name)} n ~ {t.probe_size_to_decide}" for t in undecided)

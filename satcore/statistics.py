@@ -80,7 +80,8 @@ import numpy as np
 from ._arrays import as_pair, refuse_non_finite
 from ._psd import DEFAULT_RTOL, psd_spectrum
 from .certification import debiased_energy, noise_floor, variance_estimate
-from .folds import DEFAULT_FOLDS, fold_test
+from .errors import InputError
+from .folds import DEFAULT_FOLDS, FoldSums
 from .quantities import realizability
 from .results import CandidateScore, StreamDiagnostics
 
@@ -192,7 +193,7 @@ def stream_sums(z) -> dict:
     ``(M, T, N)``, summed in float64: the stream sums :meth:`CandidateStatistics.add_moments` takes."""
     zp = np.asarray(z)
     if zp.ndim != 3:
-        raise ValueError(f"stream sums need the stream as positions (M, T, N), got shape {zp.shape}")
+        raise InputError(f"stream sums need the stream as positions (M, T, N), got shape {zp.shape}")
     flat = zp.reshape(-1).astype(np.float64, copy=False)
     return {"sum_z_sq": float(np.dot(flat, flat)), "n_stream_vectors": zp.shape[0] * zp.shape[1]}
 
@@ -202,16 +203,16 @@ def _checked_folds(arrays, n_folds: int, cross: np.ndarray, n_samples: int):
     folds = np.asarray(arrays["fold_cross"], dtype=np.float64)
     counts = np.asarray(arrays["fold_samples"])
     if folds.shape != (n_folds, *cross.shape) or counts.shape != (n_folds,):
-        raise ValueError(f"fold_cross {folds.shape} and fold_samples {counts.shape} do not fit "
+        raise InputError(f"fold_cross {folds.shape} and fold_samples {counts.shape} do not fit "
                          f"{n_folds} folds of {cross.shape}")
     if counts.dtype.kind not in "iuf" or not np.all((counts >= 0) & (counts == np.round(counts))):
-        raise ValueError("fold_samples must hold whole numbers >= 0")
+        raise InputError("fold_samples must hold whole numbers >= 0")
     counts = counts.astype(np.int64)
     if int(counts.sum()) != n_samples:
-        raise ValueError(f"fold_samples add up to {int(counts.sum())}, n_samples is {n_samples}")
+        raise InputError(f"fold_samples add up to {int(counts.sum())}, n_samples is {n_samples}")
     scale = float(np.abs(folds).sum(axis=0).max(initial=0.0))
     if float(np.abs(folds.sum(axis=0) - cross).max(initial=0.0)) > CONSISTENCY_RTOL * scale:
-        raise ValueError("fold_cross does not add up to sum_cross")
+        raise InputError("fold_cross does not add up to sum_cross")
     return folds.copy(), counts
 
 
@@ -235,7 +236,7 @@ class CandidateStatistics:
 
     def __post_init__(self):
         if not 0 <= self.n_folds <= MAX_FOLDS:
-            raise ValueError(f"n_folds must be in [0, {MAX_FOLDS}], got {self.n_folds}")
+            raise InputError(f"n_folds must be in [0, {MAX_FOLDS}], got {self.n_folds}")
         self.n_samples = 0
         self.n_vectors = 0  # None once a part of the sums did not count them (an old dump)
         self.n_batches = 0
@@ -249,7 +250,7 @@ class CandidateStatistics:
         self.fold_cross = np.zeros((self.n_folds, self.n_hidden, self.n_features)) if self.n_folds else None
         self.fold_samples = np.zeros(self.n_folds, dtype=np.int64) if self.n_folds else None
         if self.block_update and not self.stream:
-            raise ValueError("block_update sums are relative to the stream's: they need stream=True")
+            raise InputError("block_update sums are relative to the stream's: they need stream=True")
         self.sum_z_sq = 0.0 if self.stream else None
         self.n_stream_vectors = 0 if self.stream else None
         self.sum_update_sq = 0.0 if self.block_update else None
@@ -260,15 +261,33 @@ class CandidateStatistics:
         """One pass over in-memory arrays (batched as ``batch_size`` for eq. (2)).
 
         Without ``batch_size`` the samples are one batch for eq. (2) and
-        ``n_folds`` consecutive blocks for the folds.
+        ``n_folds`` consecutive blocks for the folds.  The sums are those of
+        :meth:`update` batch by batch (to round-off), made in one pass over
+        all samples: a batch at a time costs a call per batch, which dominated
+        scoring small arrays.
         """
         q, psi = as_pair(Q, Psi)
-        M = q.shape[0]
-        stats = cls(q.shape[2], psi.shape[2], q.shape[1], variance, n_folds, curvature)
+        M, T = q.shape[:2]
+        stats = cls(q.shape[2], psi.shape[2], T, variance, n_folds, curvature)
+        if M == 0:
+            return stats
         step = batch_size or -(-M // max(n_folds, 1))
-        for s in range(0, M, step):
-            stats.update(q[s : s + step], psi[s : s + step])
-        if not batch_size and M:
+        batch_of = np.arange(M) // step
+        folds = None
+        if n_folds:  # batch b goes to fold b mod m, as update() deals them
+            counts = np.bincount(batch_of % n_folds, minlength=n_folds)
+            order = np.argsort(batch_of % n_folds, kind="stable")  # each fold's samples together
+            qs, ps = q[order].reshape(M * T, -1), psi[order].reshape(M * T, -1)
+            ends = np.cumsum(counts) * T
+            cross = np.stack([qs[e - c * T : e].T @ ps[e - c * T : e] for c, e in zip(counts, ends)])
+            folds = (cross, counts)
+        stats.add_moments(**batch_moments(q, psi, variance=variance, curvature=curvature) | {"batch_grad_norm": None},
+                          folds=folds)
+        if batch_size:  # eq. (2): sum over batches of ||Q_b||_F / |b|
+            per_batch = np.bincount(batch_of, weights=np.einsum("mtn,mtn->m", q, q))
+            stats.sum_batch_grad_norm = float(np.sum(np.sqrt(per_batch) / np.bincount(batch_of)))
+            stats.n_batches = int(batch_of[-1]) + 1
+        else:
             stats.sum_batch_grad_norm, stats.n_batches = float(np.sqrt(stats.sum_q_sq)) / M, 1
         return stats
 
@@ -283,7 +302,7 @@ class CandidateStatistics:
         """
         q, psi = as_pair(Q, Psi, check_finite=False)  # batch_moments checks, for free
         if q.shape[2] != self.n_hidden or psi.shape[2] != self.n_features:
-            raise ValueError(
+            raise InputError(
                 f"batch has (N, r) = ({q.shape[2]}, {psi.shape[2]}), statistics expect "
                 f"({self.n_hidden}, {self.n_features})"
             )
@@ -321,13 +340,13 @@ class CandidateStatistics:
         (``block_update=True``): the batch's stream sums (module docstring).
         """
         if self.variance and sum_xtx is None:
-            raise ValueError("these statistics track sum_xtx (variance=True); the batch did not supply it")
+            raise InputError("these statistics track sum_xtx (variance=True); the batch did not supply it")
         if self.curvature and sum_qq is None:
-            raise ValueError("these statistics track sum_qq (curvature=True); the batch did not supply it")
+            raise InputError("these statistics track sum_qq (curvature=True); the batch did not supply it")
         if self.stream and (sum_z_sq is None or n_stream_vectors is None):
-            raise ValueError("these statistics track the stream sums (stream=True); the batch did not supply them")
+            raise InputError("these statistics track the stream sums (stream=True); the batch did not supply them")
         if self.block_update and sum_update_sq is None:
-            raise ValueError("these statistics track sum_update_sq (block_update=True); the batch did not supply it")
+            raise InputError("these statistics track sum_update_sq (block_update=True); the batch did not supply it")
         if self.n_folds and folds is not None:
             self.fold_cross += np.asarray(folds[0], dtype=np.float64)
             self.fold_samples += np.asarray(folds[1], dtype=np.int64)
@@ -383,12 +402,12 @@ class CandidateStatistics:
         held = self.to_arrays()
         for name, value in sums.items():
             if name not in held or name in COUNT_FIELDS:
-                raise ValueError(f"{name!r} is not a running sum of these statistics")
+                raise InputError(f"{name!r} is not a running sum of these statistics")
             target = getattr(self, name)
             if isinstance(target, np.ndarray):
                 value = np.asarray(value, dtype=np.float64)
                 if value.shape != target.shape:
-                    raise ValueError(f"{name} has shape {value.shape}, these statistics hold {target.shape}")
+                    raise InputError(f"{name} has shape {value.shape}, these statistics hold {target.shape}")
                 np.copyto(target, value)
             else:
                 setattr(self, name, float(value))
@@ -406,7 +425,7 @@ class CandidateStatistics:
         folds = None
         if self.n_folds:
             if not other.n_folds:
-                raise ValueError("these statistics keep folds; the other statistics keep none")
+                raise InputError("these statistics keep folds; the other statistics keep none")
             shift = self.n_batches % self.n_folds
             folds = (np.roll(other.fold_cross, shift, axis=0), np.roll(other.fold_samples, shift))
         self.add_moments(
@@ -455,9 +474,9 @@ class CandidateStatistics:
         mine = (self.n_hidden, self.n_features, self.n_positions)
         theirs = (other.n_hidden, other.n_features, other.n_positions)
         if mine != theirs:
-            raise ValueError(f"cannot merge statistics with (N, r, T) {mine} and {theirs}")
+            raise InputError(f"cannot merge statistics with (N, r, T) {mine} and {theirs}")
         if self.n_folds and other.n_folds and self.n_folds != other.n_folds:
-            raise ValueError(f"cannot merge statistics with {self.n_folds} and {other.n_folds} folds")
+            raise InputError(f"cannot merge statistics with {self.n_folds} and {other.n_folds} folds")
 
     def merge(self, other: "CandidateStatistics") -> "CandidateStatistics":
         """New statistics equal to one pass over both sample sets (``self``'s batches first).
@@ -495,65 +514,65 @@ class CandidateStatistics:
         """Inverse of :meth:`to_arrays`; validates shapes and consistency."""
         missing = [f for f in FIELDS if f not in OPTIONAL_FIELDS and f not in arrays]
         if missing:
-            raise ValueError(f"missing field(s) {', '.join(missing)}")
+            raise InputError(f"missing field(s) {', '.join(missing)}")
         cross = np.asarray(arrays["sum_cross"], dtype=np.float64)
         gram = np.asarray(arrays["sum_gram"], dtype=np.float64)
         if cross.ndim != 2 or gram.shape != (cross.shape[1], cross.shape[1]):
-            raise ValueError(f"sum_cross {cross.shape} and sum_gram {gram.shape} do not fit (N, r) and (r, r)")
+            raise InputError(f"sum_cross {cross.shape} and sum_gram {gram.shape} do not fit (N, r) and (r, r)")
         if 0 in cross.shape:
-            raise ValueError(f"sum_cross has shape {cross.shape}: a candidate needs N >= 1 and r >= 1")
+            raise InputError(f"sum_cross has shape {cross.shape}: a candidate needs N >= 1 and r >= 1")
         scalars = {}
         for f in [f for f in SCALAR_FIELDS if f in arrays]:
             value = np.asarray(arrays[f])
             if value.shape != ():
-                raise ValueError(f"{f} must be a scalar, got shape {value.shape}")
+                raise InputError(f"{f} must be a scalar, got shape {value.shape}")
             if value.dtype.kind not in "iuf":
-                raise ValueError(f"{f} must be numeric, got dtype {value.dtype}")
+                raise InputError(f"{f} must be numeric, got dtype {value.dtype}")
             scalars[f] = value.item()
         for f in [f for f in COUNT_FIELDS if f in scalars]:
             count = scalars[f]
             if not (0 <= count <= MAX_COUNT and count == int(count)):
-                raise ValueError(f"{f} must be a whole number in [0, 2^53], got {count!r}")
+                raise InputError(f"{f} must be a whole number in [0, 2^53], got {count!r}")
             scalars[f] = int(count)
         if scalars["n_positions"] < 1:
-            raise ValueError("n_positions must be >= 1")
+            raise InputError("n_positions must be >= 1")
         if scalars.get("n_vectors") == 0 and scalars["n_samples"] >= 1:
-            raise ValueError(f"n_vectors is 0 but n_samples is {scalars['n_samples']}: samples add position vectors")
+            raise InputError(f"n_vectors is 0 but n_samples is {scalars['n_samples']}: samples add position vectors")
         n_folds = scalars.get("n_folds", 0)
         if n_folds > MAX_FOLDS:
-            raise ValueError(f"n_folds must be in [0, {MAX_FOLDS}], got {n_folds}")
+            raise InputError(f"n_folds must be in [0, {MAX_FOLDS}], got {n_folds}")
         if bool(n_folds) != ("fold_cross" in arrays) or ("fold_cross" in arrays) != ("fold_samples" in arrays):
-            raise ValueError("n_folds, fold_cross and fold_samples come together (all or none)")
+            raise InputError("n_folds, fold_cross and fold_samples come together (all or none)")
         stream = "sum_z_sq" in scalars
         if stream != ("n_stream_vectors" in scalars) or ("sum_update_sq" in scalars and not stream):
-            raise ValueError("sum_z_sq and n_stream_vectors come together (both or none); sum_update_sq needs them")
+            raise InputError("sum_z_sq and n_stream_vectors come together (both or none); sum_update_sq needs them")
         stats = cls(cross.shape[0], cross.shape[1], scalars["n_positions"], "sum_xtx" in arrays, n_folds,
                     "sum_qq" in arrays, stream, "sum_update_sq" in scalars)
         stats.n_vectors = None  # unless stored: a dump written before the field existed
         for f, value in scalars.items():
             setattr(stats, f, value)
         if not all(np.isfinite(v) for v in (stats.sum_z_sq or 0.0, stats.sum_update_sq or 0.0)):
-            raise ValueError("sum_z_sq or sum_update_sq is not finite")
+            raise InputError("sum_z_sq or sum_update_sq is not finite")
         if min(stats.sum_q_sq, stats.sum_xi_sq, stats.sum_batch_grad_norm, stats.sum_z_sq or 0.0,
                stats.sum_update_sq or 0.0) < 0:
-            raise ValueError("negative sum of squares or norms")
+            raise InputError("negative sum of squares or norms")
         stats.sum_cross, stats.sum_gram = cross.copy(), gram.copy()
         if stats.variance:
             xtx = np.asarray(arrays["sum_xtx"], dtype=np.float64)
             if xtx.shape != gram.shape:
-                raise ValueError(f"sum_xtx has shape {xtx.shape}, expected {gram.shape}")
+                raise InputError(f"sum_xtx has shape {xtx.shape}, expected {gram.shape}")
             stats.sum_xtx = xtx.copy()
         if stats.curvature:
             qq = np.asarray(arrays["sum_qq"], dtype=np.float64)
             if qq.shape != (cross.shape[0], cross.shape[0]):
-                raise ValueError(f"sum_qq has shape {qq.shape}, expected {(cross.shape[0], cross.shape[0])}")
+                raise InputError(f"sum_qq has shape {qq.shape}, expected {(cross.shape[0], cross.shape[0])}")
             stats.sum_qq = qq.copy()
         if n_folds:
             stats.fold_cross, stats.fold_samples = _checked_folds(arrays, n_folds, cross, stats.n_samples)
         for f in ("sum_gram", "sum_xtx", "sum_qq"):
             m = getattr(stats, f)
             if m is not None and not np.allclose(m, m.T, rtol=1e-10, atol=1e-12 * (np.abs(m).max() + 1e-300)):
-                raise ValueError(f"{f} is not symmetric")
+                raise InputError(f"{f} is not symmetric")
         stats._check_consistent()
         return stats
 
@@ -566,20 +585,20 @@ class CandidateStatistics:
             # a Gram summed by FFT (the conv route) may leave an all-zero feature at -1e-16 of the largest
             diagonal = np.diagonal(gram)
             if not np.all(diagonal >= -CONSISTENCY_RTOL * np.max(np.abs(diagonal), initial=0.0)):
-                raise ValueError("a Gram (sum_gram or sum_xtx) has a negative diagonal entry")
+                raise InputError("a Gram (sum_gram or sum_xtx) has a negative diagonal entry")
         if self.n_samples > 0:
             mean_part = float(np.sum(self.sum_cross * self.sum_cross)) / self.n_samples
             if self.sum_xi_sq < mean_part * (1 - CONSISTENCY_RTOL):
-                raise ValueError(f"sum_xi_sq {self.sum_xi_sq:.6g} < ||sum_cross||^2 / n_samples {mean_part:.6g} "
+                raise InputError(f"sum_xi_sq {self.sum_xi_sq:.6g} < ||sum_cross||^2 / n_samples {mean_part:.6g} "
                                  "(a negative variance)")
         if self.variance:
             trace = float(np.trace(self.sum_xtx))
             if abs(trace - self.sum_xi_sq) > CONSISTENCY_RTOL * max(trace, self.sum_xi_sq):
-                raise ValueError(f"trace(sum_xtx) {trace:.6g} differs from sum_xi_sq {self.sum_xi_sq:.6g}")
+                raise InputError(f"trace(sum_xtx) {trace:.6g} differs from sum_xi_sq {self.sum_xi_sq:.6g}")
         if self.curvature:  # tr(sum_i Q_i^T Q_i) = sum_i ||Q_i||_F^2
             trace = float(np.trace(self.sum_qq))
             if abs(trace - self.sum_q_sq) > CONSISTENCY_RTOL * max(trace, self.sum_q_sq):
-                raise ValueError(f"trace(sum_qq) {trace:.6g} differs from sum_q_sq {self.sum_q_sq:.6g}")
+                raise InputError(f"trace(sum_qq) {trace:.6g} differs from sum_q_sq {self.sum_q_sq:.6g}")
 
     # -- finished quantities -----------------------------------------------------------
     def cross_gradient(self) -> np.ndarray:
@@ -611,7 +630,7 @@ class CandidateStatistics:
     def gradient_moment(self) -> np.ndarray:
         """``F = sum_qq / n`` (``curvature=True`` statistics only)."""
         if not self.curvature:
-            raise ValueError("these statistics do not keep sum_qq (curvature=False)")
+            raise InputError("these statistics do not keep sum_qq (curvature=False)")
         return self.sum_qq / self.n_samples
 
     def _check_finite(self, name: str) -> None:
@@ -620,7 +639,7 @@ class CandidateStatistics:
         fields = [f for f in ("sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm") + MATRIX_FIELDS
                   if getattr(self, f) is not None and not np.isfinite(getattr(self, f)).all()]
         if fields:
-            raise ValueError(
+            raise InputError(
                 f"candidate {name!r}: {', '.join(fields)} not finite: its gradients or features held NaN or inf, "
                 "or values too large to square in float64"
             )
@@ -629,18 +648,18 @@ class CandidateStatistics:
         """Finalise into a :class:`CandidateScore`; see its docstring for the formulas."""
         n = self.n_samples
         if n == 0:
-            raise ValueError(f"candidate {name!r} has no samples")
+            raise InputError(f"candidate {name!r} has no samples")
         self._check_finite(name)
         C, K = self.cross_gradient(), self.feature_gram()
         spectrum = psd_spectrum(K, rtol)
         if not spectrum.lowest >= -INDEFINITE_RTOL * spectrum.highest:  # written so that a NaN fails it
-            raise ValueError(f"candidate {name!r}: sum_gram is not positive semi-definite (eigenvalue "
+            raise InputError(f"candidate {name!r}: sum_gram is not positive semi-definite (eigenvalue "
                              f"{spectrum.lowest:.3g} of the unit-diagonal Gram, largest {spectrum.highest:.3g})")
         ag_value = float(np.sqrt(self.sum_q_sq / n))
         growth = float(np.sqrt(spectrum.quadratic_form(C)))
         if growth > ag_value * (1 + PROJECTION_RTOL) + np.finfo(float).tiny:
             # a projection of Q cannot be longer than Q (Theorem 1 item 2)
-            raise ValueError(f"candidate {name!r}: growth value {growth:.6g} exceeds ag {ag_value:.6g}: "
+            raise InputError(f"candidate {name!r}: growth value {growth:.6g} exceeds ag {ag_value:.6g}: "
                              "sum_q_sq is too small for sum_cross and sum_gram")
         g_norm_sq = float(np.sum(C * C))
         sigma_sq = variance_estimate(n, self.sum_xi_sq, g_norm_sq)
@@ -651,10 +670,8 @@ class CandidateStatistics:
             # sum_i xi_i^T (I kron K^+) xi_i = <K^+, sum_i X_i^T X_i>
             noise = float(np.sum(spectrum.pinv() * self.sum_xtx))
             gv_debiased = (n * n * growth**2 - noise) / (n * (n - 1))
-        tests = {}
-        if self.n_folds:
-            tests = {"fold_test": fold_test(self.fold_cross, self.fold_samples, spectrum.whiten),
-                     "fold_test_euclidean": fold_test(self.fold_cross, self.fold_samples)}
+        # copies: these statistics may go on adding batches before the score's tests are asked for
+        fold_sums = FoldSums(self.fold_cross.copy(), self.fold_samples.copy(), spectrum.whiten) if self.n_folds else None
         return CandidateScore(
             name=name,
             n_samples=n,
@@ -673,5 +690,5 @@ class CandidateStatistics:
             noise_floor=noise_floor(n, sigma_sq),
             signal_energy_debiased=debiased_energy(n, self.sum_xi_sq, g_norm_sq),
             growth_value_sq_debiased=gv_debiased,
-            **tests,
+            fold_sums=fold_sums,
         )

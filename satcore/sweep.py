@@ -11,7 +11,7 @@ Noise floor of a growth value.  ``E V_hat^2 = V^2 + f^2`` with
 metric (docs/core.md, "Noise floor"), and an unbiased ``V^2`` (from
 ``sum X^T X`` or from the folds) is ``V_hat^2 - f^2``, so
 ``f = sqrt(V_hat^2 - V2_unbiased)``: the value a saturated candidate shows on
-``n`` probe samples (:func:`satcore.report_text.growth_noise_floor`).
+``n`` probe samples (:func:`satcore.results.growth_noise_floor`).
 
 Plateau rule.  With depth-ordered values ``v_0 .. v_{L-1}`` (``growth_value_max``
 or ``ag_max``), noise floors ``f_j`` (0 where unknown, and for ``ag_max``) and
@@ -37,8 +37,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .report_text import growth_noise_floor
-from .results import DepthReport
+from .errors import InputError
+from .criteria import Verdict
+from .results import DepthReport, growth_noise_floor
 
 SWEEP_SCHEMA = "satcore-sweep/2"
 METRICS = ("growth_value", "ag")
@@ -185,7 +186,7 @@ def find_plateau(values, floors, *, rel_tol=0.25, noise_factor=2.0, min_points=2
     for k in range(0, len(values) - min_points + 1):
         tail_min = min(values[k:])
         if all(v <= (1 + rel_tol) * tail_min + f for v, f in zip(values[k:], floors[k:])):
-            low = all(f > 0 and v <= noise_factor * f and d != "improvable"
+            low = all(f > 0 and v <= noise_factor * f and d != Verdict.IMPROVABLE
                       for v, f, d in zip(values[k:], floors[k:], verdicts[k:]))
             return k, low
     return None
@@ -221,13 +222,13 @@ def depth_sweep(points, *, metric="growth_value", rel_tol=0.25, noise_factor=2.0
     ([2, 4, 6], 4)
     """
     if metric not in METRICS:
-        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+        raise InputError(f"metric must be one of {METRICS}, got {metric!r}")
     if rel_tol < 0 or noise_factor <= 0 or min_points < 2:
-        raise ValueError("need rel_tol >= 0, noise_factor > 0 and min_points >= 2")
+        raise InputError("need rel_tol >= 0, noise_factor > 0 and min_points >= 2")
     ordered = tuple(sorted(points, key=lambda p: p.depth))
     for a, b in zip(ordered, ordered[1:]):
         if a.depth == b.depth:
-            raise ValueError(f"two dumps have depth {a.depth}: {a.label} and {b.label}")
+            raise InputError(f"two dumps have depth {a.depth}: {a.label} and {b.label}")
     values = [_value(p, metric) for p in ordered]
     floors = [p.growth_noise_floor if metric == "growth_value" else None for p in ordered]
     found = find_plateau(values, floors, rel_tol=rel_tol, noise_factor=noise_factor, min_points=min_points,

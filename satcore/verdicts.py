@@ -56,13 +56,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 from scipy import stats as _scipy_stats
 
+from .criteria import DEFAULT_ALPHA, Criteria, Verdict
+from .errors import InputError
 from .folds import holm
 
-IMPROVABLE, SATURATED, INCONCLUSIVE = "improvable", "saturated", "inconclusive"
-DEFAULT_ALPHA = 0.05
+IMPROVABLE, SATURATED, INCONCLUSIVE = Verdict.IMPROVABLE, Verdict.SATURATED, Verdict.INCONCLUSIVE
 METHOD = "fold sign-flip test, Holm across candidates, jackknife interval"
 
 
@@ -99,7 +99,7 @@ class CandidateTest:
     statistic: float | None
     p_value: float
     p_value_adjusted: float
-    verdict: str
+    verdict: Verdict
     growth_value_sq_unbiased: float | None
     growth_value_interval: tuple[float, float] | None
     se: float | None
@@ -128,40 +128,36 @@ class CandidateTest:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class DepthVerdict:
     """The depth-wide answer: ``verdict``, the level ``alpha``, the tolerance as stated
-    (``{"value", "units", "rho"}``), ``argmax`` (the improvable candidate with the
+    (``{"value", "units", "rho"}``), ``best_candidate`` (the improvable candidate with the
     largest unbiased ``V^2``, else the largest estimate) and the ``method``."""
 
-    verdict: str
+    verdict: Verdict
     alpha: float
     tolerance: dict
-    argmax: str
+    best_candidate: str
     method: str
     reason: str | None = None
 
     def to_dict(self) -> dict:
         return {"verdict": self.verdict, "alpha": self.alpha, "tolerance": dict(self.tolerance),
-                "argmax": self.argmax, "method": self.method, "reason": self.reason}
+                "best_candidate": self.best_candidate, "method": self.method, "reason": self.reason}
 
 
 def _finite(x):
     return x if x is None or math.isfinite(x) else None
 
 
-def growth_tolerances(names, tolerance: float, rho: float | None, stream_rms: dict | None) -> list[float]:
-    """Per-candidate ``tau``: ``tolerance`` itself, or ``tolerance / (rho ||z||_S)`` in loss units."""
-    if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance}")
-    if rho is None:
-        return [float(tolerance)] * len(names)
-    if not (math.isfinite(rho) and rho > 0):
-        raise ValueError(f"rho must be a finite number > 0, got {rho}")
+def growth_tolerances(names, criteria: Criteria, stream_rms: dict | None) -> list[float]:
+    """Per-candidate ``tau``: the tolerance itself, or ``tolerance / (rho ||z||_S)`` in loss units."""
+    if criteria.rho is None:
+        return [criteria.tolerance] * len(names)
     missing = [n for n in names if not stream_rms or not (stream_rms.get(n) or 0) > 0]
     if missing:
-        raise ValueError(f"a tolerance in loss units needs the stream RMS ||z||_S of every candidate; "
+        raise InputError(f"a tolerance in loss units needs the stream RMS ||z||_S of every candidate; "
                          f"none for {missing[0]!r} (give the tolerance in growth-value units, without rho)")
-    return [float(tolerance) / (rho * stream_rms[n]) for n in names]
+    return [criteria.tolerance / (criteria.rho * stream_rms[n]) for n in names]
 
 
 def _probe_size(n: int, unbiased: float, se: float, tau: float, z_improve: float, z_saturate: float):
@@ -176,35 +172,33 @@ def _probe_size(n: int, unbiased: float, se: float, tau: float, z_improve: float
     return max(n + 1, math.ceil(need)) if math.isfinite(need) else None
 
 
-def decide(scores, *, alpha: float = DEFAULT_ALPHA, tolerance: float = 0.0, rho: float | None = None,
-           stream_rms: dict | None = None) -> tuple[tuple[CandidateTest, ...], Verdict]:
+def decide(scores, criteria: Criteria | None = None, *,
+           stream_rms: dict | None = None) -> tuple[tuple[CandidateTest, ...], DepthVerdict]:
     """Per-candidate tests and the depth-wide verdict from scored candidates (module docstring).
 
     Parameters
     ----------
     scores : sequence of CandidateScore
-        Depth order; each carries its ``fold_test`` (``None`` for statistics
-        without folds, which are then inconclusive with a reason).
-    alpha : float
-        Level of the tests and of the intervals.
-    tolerance : float
-        In loss units when ``rho`` is given (needs ``stream_rms``), else in
-        growth-value units.
-    rho : float, optional
-        Relative size of the inserted block's update, ``||h||_S / ||z||_S``.
+        Depth order; each gives its ``fold_test`` when asked (``None`` for
+        statistics without folds, which are then inconclusive with a reason).
+    criteria : Criteria, optional
+        ``alpha`` (level of the tests and of the intervals), ``tolerance``
+        (in loss units when ``rho`` is given, else in growth-value units) and
+        ``rho`` (relative size ``||h||_S / ||z||_S`` of the inserted block).
+        Default ``Criteria()``.
     stream_rms : dict, optional
-        ``||z||_S`` per candidate name (the adapters' stream diagnostics).
+        ``||z||_S`` per candidate name, for a tolerance in loss units.
 
     Returns
     -------
     tests : tuple of CandidateTest
-    verdict : Verdict
+    verdict : DepthVerdict
     """
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    criteria = Criteria() if criteria is None else criteria
+    alpha, tolerance, rho = criteria.alpha, criteria.tolerance, criteria.rho
     scores = tuple(scores)
     names = [s.name for s in scores]
-    taus = growth_tolerances(names, tolerance, rho, stream_rms)
+    taus = growth_tolerances(names, criteria, stream_rms)
     raw_p = [1.0 if s.fold_test is None else s.fold_test.p_value for s in scores]
     adjusted = holm(raw_p)
     k = len(scores)
@@ -249,11 +243,9 @@ def decide(scores, *, alpha: float = DEFAULT_ALPHA, tolerance: float = 0.0, rho:
     if weak:
         reasons.add(f"only {weak[0]} fold(s) hold samples: the smallest sign-flip p-value 2^-{weak[0] - 1} cannot "
                     f"pass Holm's alpha/{k}; probe at least as many batches as folds")
-    units = "growth value" if rho is None else "loss"
     if overall == INCONCLUSIVE and tolerance == 0 and not reasons:
         reasons.add("no tolerance given: 'saturated' needs one (a growth value is never shown to be exactly 0)")
-    verdict = Verdict(overall, alpha, {"value": float(tolerance), "units": units, "rho": rho},
-                      best.name, METHOD, "; ".join(sorted(reasons)) or None)
+    verdict = DepthVerdict(overall, alpha, criteria.to_dict(), best.name, METHOD, "; ".join(sorted(reasons)) or None)
     return tuple(tests), verdict
 
 
@@ -324,11 +316,11 @@ def look_schedule(initial: int, total: int, alpha: float = DEFAULT_ALPHA, *,
     0.0125
     """
     if not (isinstance(initial, int) and isinstance(total, int) and 1 <= initial and 1 <= total):
-        raise ValueError(f"initial and total must be ints >= 1, got {initial!r} and {total!r}")
+        raise InputError(f"initial and total must be ints >= 1, got {initial!r} and {total!r}")
     if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+        raise InputError(f"alpha must be in (0, 1), got {alpha}")
     if final_share is not None and not 0 < final_share < 1:
-        raise ValueError(f"final_share must be in (0, 1) or None, got {final_share}")
+        raise InputError(f"final_share must be in (0, 1) or None, got {final_share}")
     initial = min(initial, total)
     looks = 1 + (math.ceil(math.log2(total / initial)) if total > initial else 0)
     if looks == 1:
@@ -336,16 +328,3 @@ def look_schedule(initial: int, total: int, alpha: float = DEFAULT_ALPHA, *,
     if final_share is None:
         return LookSchedule(initial, total, looks, alpha, alpha / looks, alpha / looks)
     return LookSchedule(initial, total, looks, alpha, alpha * (1 - final_share) / (looks - 1), alpha * final_share)
-
-
-def stream_rms_from_meta(meta: dict) -> dict:
-    """``||z||_S`` per candidate from a dump's or probe's ``meta["diagnostics"]`` (empty when absent)."""
-    diagnostics = meta.get("diagnostics") if isinstance(meta, dict) else None
-    if not isinstance(diagnostics, dict):
-        return {}
-    out = {}
-    for name, d in diagnostics.items():
-        value = d.get("stream_rms") if isinstance(d, dict) else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value > 0:
-            out[name] = float(value)
-    return out

@@ -140,7 +140,7 @@ def test_table_rows_in_depth_order_and_maximum_line(dump):
     names = [ln.split()[0] for ln in lines[2:5]]
     assert names == ["layer1.0", "layer2.0", "layer2.1"]
     gv = satcore.growth_value(*arrays()["layer2.0"])
-    assert f"depth-wide maximum: V {gv:.4g} at layer2.0" in text
+    assert f"largest growth value (the raw estimate, not a recommendation): V {gv:.4g} at layer2.0" in text
     assert "verdict: " in text and "prop1 (distribution-free" in text
 
 
@@ -201,7 +201,7 @@ def test_score_plot_writes_png(dump, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a plot that cannot be written fails the command, after the scores were printed
     result = CliRunner().invoke(main, ["score", str(dump), "--plot", str(tmp_path / "no" / "such" / "x.png")])
-    assert result.exit_code == 2 and "depth-wide maximum" in result.stdout
+    assert result.exit_code == 2 and "largest growth value" in result.stdout
 
 
 def test_installed_console_script(dump, tmp_path):

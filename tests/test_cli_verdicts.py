@@ -43,7 +43,7 @@ def test_json_carries_the_tests_and_matches_the_python_report(tmp_path):
     out = json.loads(result.output)
     expected = depth.report(split="heldout", alpha=0.01)
     assert out["verdict"]["verdict"] == expected.verdict.verdict == "improvable"
-    assert out["verdict"]["argmax"] == "block1" and out["verdict"]["alpha"] == 0.01
+    assert out["verdict"]["best_candidate"] == out["best_candidate"] == "block1" and out["verdict"]["alpha"] == 0.01
     for cand, test in zip(out["candidates"], expected.tests):
         assert cand["test"]["p_value_adjusted"] == pytest.approx(test.p_value_adjusted)
         assert cand["test"]["growth_value_sq_unbiased"] == pytest.approx(test.growth_value_sq_unbiased)

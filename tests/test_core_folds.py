@@ -266,7 +266,7 @@ def test_three_way_verdicts_and_depth_wide_answer():
     report = depth.report(split="heldout")
     verdicts = [t.verdict for t in report.tests]
     assert verdicts[1] == "improvable" and report.verdict.verdict == "improvable"
-    assert report.verdict.argmax == "b1"
+    assert report.verdict.best_candidate == report.best_candidate == "b1"
     assert "saturated" not in verdicts  # no tolerance: nothing is certified saturated
     big = report.test("b0").growth_value_interval[1] * 1.5
     lenient = depth.report(split="heldout", tolerance=max(big, report.test("b1").growth_value_interval[1] * 1.5))
@@ -309,7 +309,7 @@ def test_report_json_names_and_text():
     for key in ("statistic", "p_value", "p_value_adjusted", "verdict", "growth_value_sq_unbiased",
                 "growth_value_interval", "predicted_gain", "probe_size_to_decide"):
         assert key in test
-    assert set(d["verdict"]) >= {"verdict", "alpha", "tolerance", "argmax", "method"}
+    assert set(d["verdict"]) >= {"verdict", "alpha", "tolerance", "best_candidate", "method"}
     assert "prop1" in d and d["prop1"]["verdict"] in ("improvable", "saturated", "inconclusive")
     assert d["candidates"][0]["n_folds"] == 16
     text = str(report)

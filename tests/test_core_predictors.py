@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import models_torch as mt
+from satcore import Criteria, InputError, Recipe
 from satcore import predictors as P
 from satcore.depth import DepthStatistics
 from satcore.insertion import predicted_loss_change
@@ -146,39 +147,39 @@ def test_predict_gains_restates_the_step_predictions():
     rng = np.random.default_rng(2)
     train, held = _depth_stats(rng, 0.4), _depth_stats(rng, 0.4)
     C, K, Ch = train["a"].cross_gradient(), train["a"].feature_gram(), held["a"].cross_gradient()
-    sgd = P.predict_gains(train, held, optimizer="sgd", lr=0.01, steps=3)["a"]
+    sgd = P.predict_gains(train, held, Recipe("sgd", 0.01, 3, 64))["a"]
     assert sgd.training_gain == pytest.approx(3 * 0.01 * np.sum(C * C), rel=1e-12)
     assert sgd.heldout.value == pytest.approx(3 * 0.01 * np.sum(C * Ch), rel=1e-12)
-    matched = P.predict_gains(train, held, optimizer="matched", rho=0.1, stream_rms={"a": 2.0})["a"]
+    matched = P.predict_gains(train, held, criteria=Criteria(rho=0.1), stream_rms={"a": 2.0})["a"]
     growth = train["a"].score("a").growth_value
     assert matched.training_gain == pytest.approx(0.1 * 2.0 * growth, rel=1e-9)  # rho ||z||_S V
     alpha = 0.1 * 2.0 / growth
     assert matched.heldout.value == pytest.approx(-predicted_loss_change(C, K, alpha, Ch), rel=1e-9)
     F = {"a": np.eye(3)}
-    second = P.predict_gains(train, held, optimizer="sgd", lr=0.01, train_fisher=F, heldout_fisher=F)["a"]
+    second = P.predict_gains(train, held, Recipe("sgd", 0.01, 1, 64), train_fisher=F, heldout_fisher=F)["a"]
     assert second.training_gain_second_order == pytest.approx(
         P.kronecker_sgd_gain(C, F["a"], K, train["a"].n_positions, 0.01), rel=1e-12)
-    d = P.predict_gains(train, held, optimizer="adam", lr=0.01).to_dict()
+    d = P.predict_gains(train, held, Recipe("adam", 0.01, 1, 64)).to_dict()
     assert d["candidates"][0]["predicted_heldout_gain"]["n_folds"] == 16 and "splits" in d
 
 
 def test_predict_gains_refuses_bad_requests():
     rng = np.random.default_rng(4)
     train, held = _depth_stats(rng, 0.0), _depth_stats(rng, 0.0)
-    with pytest.raises(ValueError, match="optimizer"):
-        P.predict_gains(train, held, optimizer="lbfgs", lr=0.1)
-    with pytest.raises(ValueError, match="lr > 0"):
-        P.predict_gains(train, held, optimizer="sgd")
-    with pytest.raises(ValueError, match="rho"):
-        P.predict_gains(train, held, optimizer="matched", rho=0.1)
+    with pytest.raises(InputError, match="rho > 0"):
+        P.predict_gains(train, held)
+    with pytest.raises(InputError, match="stream_rms"):
+        P.predict_gains(train, held, criteria=Criteria(rho=0.1))
+    with pytest.raises(InputError, match="weight decay"):
+        P.predict_gains(train, held, Recipe("adamw", 0.1, 1, 8, weight_decay=0.01))
     other = DepthStatistics(b=held["a"])
     with pytest.raises(ValueError, match="candidate lists differ"):
-        P.predict_gains(train, other, lr=0.1)
+        P.predict_gains(train, other, Recipe("sgd", 0.1, 1, 8))
     no_folds = DepthStatistics(a=CandidateStatistics.from_samples(rng.normal(size=(8, 1, 3)),
                                                                   rng.normal(size=(8, 1, 5)), n_folds=0))
     with pytest.raises(ValueError, match="no folds"):
         P.predict_gains(DepthStatistics(a=CandidateStatistics.from_samples(
-            rng.normal(size=(8, 1, 3)), rng.normal(size=(8, 1, 5)), n_folds=0)), no_folds, lr=0.1)
+            rng.normal(size=(8, 1, 3)), rng.normal(size=(8, 1, 5)), n_folds=0)), no_folds, Recipe("sgd", 0.1, 1, 8))
 
 
 def test_sum_qq_is_the_explicit_gradient_moment_and_survives_merge_and_dumps(tmp_path):
@@ -212,8 +213,8 @@ def test_predict_gains_reads_the_fisher_from_curvature_statistics():
     Qh, Psih = rng.normal(size=(64, 2, 3)) + 0.3, rng.normal(size=(64, 2, 5))
     train = DepthStatistics(a=CandidateStatistics.from_samples(Q, Psi, batch_size=4, curvature=True))
     held = DepthStatistics(a=CandidateStatistics.from_samples(Qh, Psih, batch_size=4, curvature=True))
-    given = P.predict_gains(train, held, lr=0.05, steps=4, train_fisher={"a": train["a"].gradient_moment()},
+    given = P.predict_gains(train, held, Recipe("sgd", 0.05, 4, 64), train_fisher={"a": train["a"].gradient_moment()},
                             heldout_fisher={"a": held["a"].gradient_moment()})["a"]
-    own = P.predict_gains(train, held, lr=0.05, steps=4)["a"]
+    own = P.predict_gains(train, held, Recipe("sgd", 0.05, 4, 64))["a"]
     assert own.training_gain_second_order == given.training_gain_second_order is not None
     assert own.heldout.value == given.heldout.value

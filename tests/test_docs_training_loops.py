@@ -16,5 +16,5 @@ def test_training_loops_doc_snippets_run(monkeypatch, tmp_path):
     assert len(snippets) == 3
     namespace = {}
     exec(compile("\n".join(snippets), "training-loops.md", "exec"), namespace)
-    assert namespace["grouped"].report().argmax in namespace["grouped"].statistics
+    assert namespace["grouped"].report().best_candidate in namespace["grouped"].statistics
     assert any(k.startswith("satcore/") for k in namespace["trainer"].state.log_history[-2])

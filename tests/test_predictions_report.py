@@ -27,8 +27,7 @@ def splits():
 
 def test_two_split_report_carries_predict_gains_of_the_two_probes(splits):
     report = splits.report(optimizer="sgd", lr=0.05, steps=3)
-    direct = satcore.predict_gains(splits.train.statistics, splits.heldout.statistics, optimizer="sgd", lr=0.05,
-                                   steps=3)
+    direct = satcore.predict_gains(splits.train.statistics, splits.heldout.statistics, satcore.Recipe("sgd", 0.05, 3, 1))
     assert report.predictions == direct
     assert report.split == "heldout" and splits.train.meta["split"] == "train"
     assert [t.name for t in report.tests] == [c.name for c in direct.candidates]

@@ -49,7 +49,11 @@ def test_report_schema_accepts_reports_and_rejects_broken_ones(torch_result, tmp
     for breakage in (lambda r: r["candidates"][0].pop("growth_value"),
                      lambda r: r.update(schema="satcore-report/0"),
                      lambda r: r["candidates"][0].update(ag=-1.0),
-                     lambda r: r["depth"].update(argmax=3)):
+                     lambda r: r["depth"].update(argmax=3),
+                     lambda r: r.pop("best_candidate"),
+                     lambda r: r["verdict"].update(best_candidate=None),
+                     lambda r: r["candidates"][0].pop("growth_noise_floor"),
+                     lambda r: r["candidates"][0].update(growth_noise_floor=-0.5)):
         broken = copy.deepcopy(report)
         breakage(broken)
         assert not check.is_valid(broken)
@@ -128,6 +132,7 @@ def test_scalars_keys_and_values(torch_result):
     assert all(k.startswith("satcore/") for k in scalars)
     assert scalars["satcore/growth_value_max"] == report.growth_value_max
     assert report.candidates[int(scalars["satcore/argmax_index"])].name == report.argmax
+    assert report.candidates[int(scalars["satcore/best_candidate_index"])].name == report.best_candidate
     assert scalars["satcore/improvable"] == float(report.verdict.verdict == "improvable")
     assert scalars["satcore/saturated"] == float(report.verdict.verdict == "saturated")
     assert scalars["satcore/n_improvable"] == sum(t.verdict == "improvable" for t in report.tests)

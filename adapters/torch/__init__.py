@@ -11,7 +11,7 @@
     result = running.result()
     print(result.report().to_dict())          # the core's DepthReport
     result.save("probe.npz")                  # satcore-dump/1
-    grown = grow(model, result, result.report().argmax, rho=1e-3)
+    grown = grow(model, result, result.report().best_candidate, rho=1e-3)
 
 See :func:`probe` (statistics), :func:`find_candidates` (where),
 :mod:`.features` (feature maps with the core's seeded weights), :func:`grow`

@@ -1,0 +1,279 @@
+"""The core reads in the order the data flows: statistics -> scores -> decisions -> results.
+
+* no function of the core takes more than 8 parameters (ast count);
+* the sums modules import no decision module;
+* scores compute their fold tests on request, once, and a report under other
+  criteria reuses them (no re-scoring);
+* the fast sign-flip enumeration counts exactly what the plain one does;
+* verdicts are a str Enum whose JSON is unchanged; the CLI shows a one-line error only
+  for satcore's own refusals.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+import satcore
+from satcore import Criteria, Prop1Options, Verdict, folds
+
+CORE = pathlib.Path(satcore.__file__).parent
+MAX_PARAMETERS = 8
+# Owned by the adapter-contract work in flight (a typed moments object, the family registry); listed
+# here so that no other function can grow past the limit meanwhile.
+PENDING = {("statistics.py", "add_moments"), ("families.py", "make_family")}
+
+
+def _parameters(node: ast.FunctionDef) -> int:
+    a = node.args
+    names = [p.arg for p in a.posonlyargs + a.args]
+    count = len(names) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+    return count - (names[:1] in (["self"], ["cls"]))
+
+
+def test_no_core_function_takes_more_than_eight_parameters():
+    over = []
+    for path in sorted(CORE.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _parameters(node) > MAX_PARAMETERS:
+                if (path.name, node.name) not in PENDING:
+                    over.append(f"{path.name}:{node.lineno} {node.name} ({_parameters(node)})")
+    assert not over, over
+
+
+def test_the_parameter_count_sees_a_long_signature():
+    """The count the test above relies on, on a signature of 9 (and self, which does not count)."""
+    node = ast.parse("def f(self, a, b=1, *c, d, e=2, **g): pass\ndef h(a, b, c, d, e, f, g, h, i): pass").body
+    assert [_parameters(n) for n in node] == [6, 9]
+
+
+def _module_imports(path: pathlib.Path) -> set[str]:
+    """Modules a file imports when it loads (top level, outside ``if TYPE_CHECKING``)."""
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            out.add((node.module or "").lstrip("."))
+        elif isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+    return out
+
+
+@pytest.mark.parametrize("module", ["statistics.py", "depth.py", "results.py"])
+def test_sums_and_scores_import_no_decision(module):
+    imports = _module_imports(CORE / module)
+    assert not imports & {"verdicts", "predictors", "reporting", "certification"} - (
+        {"certification"} if module == "statistics.py" else set())  # statistics uses its variance formulas
+
+
+def _depth(rng, signals, n=96, batch=6):
+    depth = satcore.DepthStatistics()
+    for i, s in enumerate(signals):
+        Q = rng.normal(size=(n, 1, 3)) + s
+        Psi = rng.normal(size=(n, 1, 4)) + 1.0
+        depth[f"b{i}"] = satcore.CandidateStatistics.from_samples(Q, Psi, batch_size=batch)
+    return depth
+
+
+def test_scores_compute_fold_tests_on_request_and_reports_reuse_them(monkeypatch):
+    rng = np.random.default_rng(0)
+    depth = _depth(rng, [0.0, 0.5])
+    calls = []
+    real = folds.fold_test
+    monkeypatch.setattr(folds, "fold_test", lambda *a, **k: calls.append(1) or real(*a, **k))
+    scores = depth.score()
+    assert calls == []  # scoring alone runs no test
+    strict = scores.report(Criteria(alpha=0.01), split="heldout")
+    assert len(calls) == 2  # one growth-metric test per candidate
+    loose = scores.report(Criteria(alpha=0.2, tolerance=1e-3), split="heldout")
+    assert len(calls) == 2  # another alpha reads the same tests
+    for a, b in zip(strict.tests, loose.tests):
+        assert a.p_value == b.p_value and a.growth_value_sq_unbiased == b.growth_value_sq_unbiased
+    # the same numbers as a report made in one call with the keyword shorthand
+    direct = depth.report(alpha=0.01, split="heldout")
+    assert [t.p_value_adjusted for t in direct.tests] == [t.p_value_adjusted for t in strict.tests]
+    assert direct.verdict == strict.verdict
+    # the lazily computed test is the one fold_test gives on the statistics' own sums
+    s = depth["b1"]
+    eager = real(s.fold_cross, s.fold_samples)
+    assert scores["b1"].fold_test_euclidean == eager
+
+
+def test_a_score_keeps_its_own_copy_of_the_fold_sums():
+    """An incremental probe goes on adding batches after a look; the look's tests must not see them."""
+    rng = np.random.default_rng(1)
+    stats = satcore.CandidateStatistics(3, 4)
+    stats.update(rng.normal(size=(40, 1, 3)) + 0.3, rng.normal(size=(40, 1, 4)))
+    stats.update(rng.normal(size=(40, 1, 3)) + 0.3, rng.normal(size=(40, 1, 4)))
+    score = stats.score("x")
+    before = folds.fold_test(stats.fold_cross.copy(), stats.fold_samples.copy()).unbiased
+    stats.update(rng.normal(size=(40, 1, 3)) - 5.0, rng.normal(size=(40, 1, 4)))
+    assert score.fold_test_euclidean.unbiased == before
+
+
+def test_options_objects_and_their_keyword_shorthand_agree_and_refuse_mixing():
+    rng = np.random.default_rng(2)
+    depth = _depth(rng, [0.2, 0.0])
+    a = depth.report(Criteria(alpha=0.1, tolerance=0.05), prop1=Prop1Options(t=0.2), split="heldout")
+    b = depth.report(alpha=0.1, tolerance=0.05, t=0.2, split="heldout")
+    assert a.to_dict() == b.to_dict()
+    with pytest.raises(TypeError, match="not both"):
+        depth.report(Criteria(), alpha=0.1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'alhpa'"):
+        depth.report(alhpa=0.1)
+    with pytest.raises(satcore.InputError, match=r"alpha must be in \(0, 1\), got 1.5"):
+        Criteria(alpha=1.5)
+    with pytest.raises(satcore.InputError, match="rho must be a finite number > 0"):
+        Criteria(rho=0.0)
+    with pytest.raises(satcore.InputError, match="tolerance must be a finite number >= 0"):
+        Criteria(tolerance=math.nan)
+
+
+@pytest.mark.parametrize("m", [2, 3, 5, 8, 13, 16, 20])
+def test_split_sign_flip_enumeration_counts_what_every_pattern_gives(m):
+    """The two-halves enumeration against the plain one (a quadratic form per pattern)."""
+    rng = np.random.default_rng(m)
+    for shift in (0.0, 0.4, 2.0)[: 3 if m <= 16 else 1]:  # the reference costs 2^(m-1) quadratic forms
+        X = rng.normal(size=(m, 5)) + shift
+        G, w = X @ X.T, rng.random(m) + 0.1
+        w /= w.sum()
+        A = G * np.outer(w, w)
+        np.fill_diagonal(A, 0.0)
+        codes = np.arange(2 ** (m - 1))
+        eps = np.concatenate([np.ones((codes.size, 1)), 1.0 - 2.0 * ((codes[:, None] >> np.arange(m - 1)) & 1)],
+                             axis=1)
+        values = np.einsum("pa,ab,pb->p", eps, A, eps)
+        expected = np.count_nonzero(values >= A.sum() - 1e-12 * np.abs(A).sum()) / codes.size
+        assert folds.sign_flip_p_value(G, w) == (expected, True)
+    # exact ties: with G = 0 every pattern ties with the observed statistic
+    assert folds.sign_flip_p_value(np.zeros((m, m)), np.full(m, 1 / m)) == (1.0, True)
+
+
+def test_verdicts_are_a_str_enum_with_unchanged_json():
+    assert Verdict.IMPROVABLE == "improvable" and f"{Verdict.SATURATED}" == "saturated"
+    assert json.dumps({"v": Verdict.INCONCLUSIVE}) == '{"v": "inconclusive"}'
+    rng = np.random.default_rng(3)
+    report = _depth(rng, [0.0, 0.6]).report(split="heldout")
+    assert report.verdict.verdict is Verdict.IMPROVABLE
+    assert json.loads(json.dumps(report.to_dict()))["verdict"]["verdict"] == "improvable"
+
+
+def test_one_best_candidate_in_every_output():
+    """The decision's best candidate, not the largest raw growth value, is what every output names."""
+    rng = np.random.default_rng(4)
+    depth = satcore.DepthStatistics()
+    # b0: a strong mean on few samples' worth of noise; b1: noise only but larger raw V (more features)
+    depth["b0"] = satcore.CandidateStatistics.from_samples(rng.normal(size=(96, 1, 2)) + 0.8,
+                                                           rng.normal(size=(96, 1, 2)) + 1.0, batch_size=6)
+    depth["b1"] = satcore.CandidateStatistics.from_samples(rng.normal(size=(96, 1, 40)) * 3,
+                                                           rng.normal(size=(96, 1, 30)), batch_size=6)
+    report = depth.report(split="heldout")
+    assert report.argmax == "b1" and report.best_candidate == "b0"  # the two differ here
+    assert report.to_dict()["best_candidate"] == report.verdict.best_candidate == "b0"
+    assert [r["best_candidate"] for r in report.to_records()] == [True, False]
+    assert report.scalars()["satcore/best_candidate_index"] == 0.0
+    text = str(report)
+    assert "best candidate: b0" in text and "not a recommendation" in text
+
+
+def test_each_noise_floor_is_named_by_its_unit_in_every_output():
+    rng = np.random.default_rng(5)
+    report = _depth(rng, [0.0, 0.3]).report(split="heldout")
+    c = report.candidates[0]
+    record = report.to_records()[0]
+    assert record["growth_noise_floor"] == c.growth_noise_floor == satcore.growth_noise_floor(c)
+    assert record["noise_floor"] == c.noise_floor == math.sqrt(c.sigma_sq / c.n_samples)
+    assert report.scalars()[f"satcore/{c.name}/growth_noise_floor"] == c.growth_noise_floor
+    assert c.growth_noise_floor != pytest.approx(c.noise_floor)  # two units, two numbers
+    text = str(report)
+    assert "V_floor" in text and "C_floor" in text and "JSON growth_noise_floor" in text
+
+
+def test_the_table_says_why_a_point_estimate_lies_outside_its_interval():
+    rng = np.random.default_rng(6)
+    report = _depth(rng, [0.0, 0.0]).report(split="heldout")
+    outside = [t.name for t, c in zip(report.tests, report.candidates)
+               if not t.growth_value_interval[0] <= c.growth_value <= t.growth_value_interval[1]]
+    assert outside  # under H0 the raw V sits above the population V's interval
+    assert f"V lies outside V_interval at {', '.join(outside)}" in str(report)
+    assert "first-order verdict:" in str(report)
+
+
+def test_the_cli_shows_one_line_for_satcore_errors_and_a_traceback_for_bugs(monkeypatch, capsys):
+    from satcore.cli import main as cli_main
+
+    def refuse(*args, **kwargs):
+        raise satcore.InputError("a refusal")
+
+    def bug(*args, **kwargs):
+        raise ValueError("an internal bug")
+
+    for fake, code in ((refuse, 2), (bug, None)):
+        monkeypatch.setattr(cli_main.score, "callback", fake)
+        if code is None:
+            with pytest.raises(ValueError, match="an internal bug"):
+                cli_main.main(["score", "x.npz"])
+        else:
+            with pytest.raises(SystemExit) as exit_info:
+                cli_main.main(["score", "x.npz"])
+            assert exit_info.value.code == 2
+            assert capsys.readouterr().err == "satcore: error: a refusal\n"
+
+
+@pytest.mark.parametrize("batch_size", [None, 7, 40])
+@pytest.mark.parametrize("shape", [(83, 1, 3, 4), (50, 5, 4, 6)])
+def test_from_samples_in_one_pass_equals_adding_batch_by_batch(batch_size, shape):
+    """from_samples sums all samples at once; update() batch by batch is the reference (to round-off)."""
+    M, T, N, r = shape
+    rng = np.random.default_rng(M + T)
+    Q, Psi = rng.normal(size=(M, T, N)) + 0.2, rng.normal(size=(M, T, r))
+    fast = satcore.CandidateStatistics.from_samples(Q, Psi, batch_size=batch_size, curvature=True)
+    slow = satcore.CandidateStatistics(N, r, T, variance=True, curvature=True)
+    step = batch_size or -(-M // 16)
+    for s in range(0, M, step):
+        slow.update(Q[s : s + step], Psi[s : s + step])
+    if batch_size is None:  # one batch for eq. (2)
+        slow.sum_batch_grad_norm, slow.n_batches = math.sqrt(slow.sum_q_sq) / M, 1
+    a, b = fast.to_arrays(), slow.to_arrays()
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-12, atol=1e-12 * float(np.abs(b[key]).max()), err_msg=key)
+    assert fast.n_batches == slow.n_batches and fast.n_vectors == slow.n_vectors == M * T
+    np.testing.assert_array_equal(fast.fold_samples, slow.fold_samples)
+
+
+def test_a_decision_is_shown_above_the_first_order_table_and_in_json():
+    """The report leads with the insertion decision when it carries one (the fields of InsertionDecision)."""
+    from dataclasses import dataclass, replace
+
+    @dataclass(frozen=True)
+    class Candidate:
+        predicted_heldout_change: float
+        interval: tuple
+        p_decrease: float
+
+    @dataclass(frozen=True)
+    class Decision:
+        choice: str | None
+        stop_reason: str | None
+        candidates: dict
+        cost_block_steps: int
+
+        def to_dict(self):
+            return {"choice": self.choice, "stop_reason": self.stop_reason, "cost_block_steps": self.cost_block_steps}
+
+    rng = np.random.default_rng(7)
+    report = _depth(rng, [0.3, 0.0]).report(split="heldout")
+    decision = Decision("b1", None, {"b0": Candidate(0.02, (-0.01, 0.05), 0.2),
+                                     "b1": Candidate(-0.04, (-0.07, -0.01), 0.97)}, 600)
+    text = str(replace(report, decision=decision))
+    assert text.index("decision: insert a block at b1 (decision cost: 600 block-steps)") < text.index("V_floor")
+    assert text.index("decision:") < text.index("first-order verdict:")
+    assert replace(report, decision=decision).to_dict()["decision"]["choice"] == "b1"
+    stop = str(replace(report, decision=replace(decision, choice=None, stop_reason="held-out knee")))
+    assert "decision: stop (held-out knee)" in stop
+    assert "decision" not in report.to_dict() and "decision:" not in str(report)
