@@ -349,11 +349,12 @@ def rebuild_family(record: dict) -> Family:
 
 
 # -- the built-in kinds ------------------------------------------------------------------------
-def _draw_mlp(width, rng, *, n_features, init_std, seed, expansion, activation, eps, **_):
+def _draw_mlp(width, rng, *, n_features, init_std, expansion, **settings):  # settings: seed, activation, eps, ...
     r = expansion * width if n_features is None else n_features
     std = init_std if init_std is not None else width**-0.5
     w1 = rng.standard_normal((r, width)) * std
-    return Family("mlp", width, r, {"w1": w1}, activation=activation, eps=eps, seed=seed)
+    return Family("mlp", width, r, {"w1": w1}, activation=settings["activation"], eps=settings["eps"],
+                  seed=settings["seed"])
 
 
 def _mlp_features(family, z):
