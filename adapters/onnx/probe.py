@@ -23,7 +23,7 @@ from .capture import IGNORE_INDEX, LOSS_SCALE, LOSSES, TARGETS, GradientRunner, 
 from .errors import OnnxProbeError
 from .features import feature_map
 from .loading import load_model
-from .locate import residual_candidates
+from .locate import resolve_candidates
 
 TARGET_KEYS = (LABELS, "targets", "target", "y")
 
@@ -119,6 +119,7 @@ class GradientSession:
     input_dtypes: dict = field(default_factory=dict, repr=False)
     output_info: object = field(default=None, repr=False)
     loss: str = "cross_entropy"
+    tensors: tuple = ()  # the graph tensor each candidate name stands for
 
     def __call__(self, batch):
         inputs, targets = split_batch(batch, list(self.input_names))
@@ -129,7 +130,9 @@ class GradientSession:
         info = self.output_info
         scale_dtype = _numpy_dtype(info.elem_type) if info is not None and info.elem_type else np.float32
         feeds.update(_loss_feeds(self.loss, targets, info, feeds, b, scale_dtype))
-        return self.runner(feeds)
+        acts, grads = self.runner(feeds)
+        pairs = list(zip(self.candidates, self.tensors))
+        return {n: acts[t] for n, t in pairs}, {n: grads[t] for n, t in pairs}
 
 
 def per_sample_gradients(
@@ -139,20 +142,19 @@ def per_sample_gradients(
     candidates=None,
     output: str | None = None,
     providers=None,
+    head: bool = True,
 ) -> GradientSession:
     """Prepare ``model`` (path or ``ModelProto``) for per-sample gradients; arguments as :func:`probe`."""
     proto = load_model(model)
-    names = list(candidates) if candidates is not None else residual_candidates(proto)
-    if not names:
-        raise OnnxProbeError("no residual Add found in the graph; pass candidates=[tensor names]")
-    if len(set(names)) != len(names):
-        raise OnnxProbeError(f"candidate names must be distinct: {names}")
-    graph_probe, output, infos = probe_graph(proto, names, loss=loss, output=output)
+    chosen = resolve_candidates(proto, candidates, head=head)
+    tensors = list(chosen.values())
+    graph_probe, output, infos = probe_graph(proto, tensors, loss=loss, output=output)
     initializers = {i.name for i in proto.graph.initializer}
     input_names = tuple(i.name for i in proto.graph.input if i.name not in initializers)
-    runner = GradientRunner(graph_probe, names, input_names, providers)
+    runner = GradientRunner(graph_probe, tensors, input_names, providers)
     return GradientSession(
-        candidates=tuple(names),
+        candidates=tuple(chosen),
+        tensors=tuple(tensors),
         output=output,
         route=runner.name,
         runner=runner,
@@ -177,6 +179,7 @@ def probe(
     split: str | None = None,
     providers=None,
     n_features=None,
+    head: bool = True,
 ) -> ProbeResult:
     """Per-candidate growth statistics of an ONNX model over ``data``.
 
@@ -188,8 +191,11 @@ def probe(
     left out; for sequences ``loss_i`` is the mean over the counted tokens),
     ``"mse"`` (mean over a sample's elements), or the name of a graph output
     holding per-sample (per-token) losses.  ``T`` may differ between batches
-    (the statistics record the first batch's).  ``candidates``: tensor names,
-    default the inputs of residual ``Add`` nodes (:func:`residual_candidates`).
+    (the statistics record the first batch's).  ``candidates``: block names
+    (``blocks.0``: the input of a residual ``Add``'s block, named after its
+    scope), ``"head"`` (the last block's output) or tensor names; default every
+    residual block, and ``head`` unless ``head=False``
+    (:func:`~satcore.adapters.onnx.locate.resolve_candidates`).
     ``family``: ``"auto"``, a kind, a :class:`~satcore.Family`, a callable
     ``z -> psi``, or a mapping candidate -> one of those (candidates it leaves
     out get ``"auto"``); built-in kinds use ``make_family(kind, width,
@@ -207,7 +213,8 @@ def probe(
     is rewritten as an affine map.
     """
     state = Probe(model, loss=loss, candidates=candidates, family=family, seed=seed, init_std=init_std,
-                  output=output, variance=variance, split=split, providers=providers, n_features=n_features)
+                  output=output, variance=variance, split=split, providers=providers, n_features=n_features,
+                  head=head)
     for batch in data:
         state.update(batch)
     return state.result()
@@ -222,9 +229,9 @@ class Probe:
 
     def __init__(self, model, *, loss: str = "cross_entropy", candidates=None, family="auto", seed: int = 0,
                  init_std: float | None = None, output: str | None = None, variance: bool = False,
-                 split: str | None = None, providers=None, n_features=None):
+                 split: str | None = None, providers=None, n_features=None, head: bool = True):
         self.session = per_sample_gradients(model, loss=loss, candidates=candidates, output=output,
-                                            providers=providers)
+                                            providers=providers, head=head)
         self.names = list(self.session.candidates)
         try:
             self.specs = per_candidate(family, self.names, "family", default="auto")
@@ -246,6 +253,7 @@ class Probe:
             "split": split,
             "seed": seed,
             "gradient_route": self.session.route,
+            "tensors": dict(zip(self.names, self.session.tensors)),
         }
 
     def update(self, batch) -> int:
