@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.special import erf
 
+from ._arrays import check_statistics_memory
+from .errors import InputError
+
 FAMILIES = ("mlp", "conv", "linear", "bias")
 
 
@@ -203,7 +206,7 @@ def make_family(
     if n_features is not None:
         n_features = int(n_features)
         if n_features < 1 or (kind == "conv" and n_features % 9):
-            raise ValueError(f"n_features={n_features} for family {kind!r}: "
+            raise InputError(f"n_features={n_features} for family {kind!r}: "
                              + ("a positive multiple of 9 (9 per middle channel)" if kind == "conv" else "must be >= 1"))
         if kind in ("linear", "bias") and n_features != (width if kind == "linear" else 1):
             raise ValueError(f"family {kind!r} has a fixed number of features; n_features does not apply")
@@ -218,11 +221,13 @@ def make_family(
         return Family("bias", width, 1, seed=seed)
     if kind == "mlp":
         r = expansion * width if expansion is not None else n_features
+        check_statistics_memory(width, r)  # the sums the features will feed, refused before any weight is drawn
         std = init_std if init_std is not None else width**-0.5
         w1 = rng.standard_normal((r, width)) * std
         return Family("mlp", width, r, {"w1": w1}, activation=activation, eps=eps, seed=seed)
     if kind == "conv":
         mid = mid_channels or width
+        check_statistics_memory(width, 9 * mid)
         std = init_std if init_std is not None else np.sqrt(2.0 / (9 * width))
         conv1 = rng.standard_normal((mid, width, 3, 3)) * std
         return Family("conv", width, 9 * mid, {"conv1": conv1}, activation="relu", eps=eps, seed=seed)
