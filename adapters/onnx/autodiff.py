@@ -581,7 +581,7 @@ def gradient_model(model, loss: str, wrt, infos):
     if opset < MIN_OPSET:
         raise OnnxProbeError(f"the backward graph needs opset >= {MIN_OPSET}; the model imports opset {opset}")
     wrt = list(wrt)
-    order = topological_nodes(graph)  # the one order of every graph walk (outer-scope reads included)
+    order = list(topological_nodes(graph))  # the one order of every graph walk (outer-scope reads included)
     floating = {n for n, info in infos.items() if info.elem_type in FLOAT_TYPES}
     active = set(wrt)
     readers: dict[str, int] = defaultdict(int)  # nodes reading each tensor, not yet visited by the reverse walk

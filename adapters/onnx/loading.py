@@ -101,27 +101,30 @@ def node_reads(node) -> list[str]:
     return reads
 
 
-def topological_nodes(graph) -> list:
-    """``graph``'s nodes in a topological order (producers before readers), the one every walk uses.
+def topological_order(graph) -> list[int]:
+    """Indices of ``graph``'s nodes in a topological order (producers before readers), the one every walk uses.
 
     Kahn's algorithm over the data edges, subgraphs' outer-scope reads included,
     taking the listed order wherever it is valid (a sorted graph keeps its order).
-    Runs in ``O(nodes + edges)`` with no recursion.  Refuses, in one line, a
-    tensor made by two nodes and a cycle (naming a tensor on it).
+    Runs in ``O(nodes + edges)`` with no recursion, holding integers only (node
+    objects are read one at a time: a list of them costs ~0.5 kB per node).
+    Refuses, in one line, a tensor made by two nodes and a cycle (naming a
+    tensor on it).
     """
-    nodes = list(graph.node)
+    nodes = graph.node
     producer: dict[str, int] = {}
     for k, node in enumerate(nodes):
         for o in node.output:
             if o and producer.setdefault(o, k) != k:
                 raise OnnxProbeError(f"tensor {o!r} is made by two nodes ({describe_node(nodes[producer[o]])} and "
                                      f"{describe_node(node)}); ONNX tensors have one producer")
-    users: list[list[int]] = [[] for _ in nodes]
+    users: list[list[int]] = [[] for _ in range(len(nodes))]
     waiting = [0] * len(nodes)
     for k, node in enumerate(nodes):
         for p in {producer[i] for i in node_reads(node) if i in producer}:
             users[p].append(k)
             waiting[k] += 1
+    del producer
     ready = [k for k, w in enumerate(waiting) if w == 0]
     heapq.heapify(ready)
     order = []
@@ -132,24 +135,30 @@ def topological_nodes(graph) -> list:
             waiting[u] -= 1
             if waiting[u] == 0:
                 heapq.heappush(ready, u)
+        users[k] = []
     if len(order) < len(nodes):
         stuck = next(k for k, w in enumerate(waiting) if w > 0)
         tensor = next((o for o in nodes[stuck].output if o), nodes[stuck].name)
         raise OnnxProbeError(f"the ONNX graph has a cycle (through tensor {tensor!r}); ONNX graphs are acyclic")
-    return [nodes[k] for k in order]
+    return order
+
+
+def topological_nodes(graph):
+    """``graph``'s nodes in :func:`topological_order` (an iterator: each node is read when it is reached)."""
+    return (graph.node[k] for k in topological_order(graph))
 
 
 def sort_graph(graph) -> None:
-    """Put the nodes of ``graph`` and of every subgraph in :func:`topological_nodes` order, in place."""
+    """Put the nodes of ``graph`` and of every subgraph in :func:`topological_order`, in place."""
     stack = [graph]
     while stack:
         g = stack.pop()
-        ordered = topological_nodes(g)
-        if any(a is not b for a, b in zip(ordered, g.node)):
-            ordered = [copy_node(n) for n in ordered]
+        order = topological_order(g)
+        if any(k != j for j, k in enumerate(order)):
+            ordered = [copy_node(g.node[k]) for k in order]
             del g.node[:]
             g.node.extend(ordered)
-        stack.extend(sub for n in g.node for sub in subgraphs(n))
+        stack.extend(sub for n in g.node if n.attribute for sub in subgraphs(n))
 
 
 def copy_node(node):

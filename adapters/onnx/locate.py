@@ -10,17 +10,18 @@ activations of the graph.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import OnnxProbeError
-from .loading import describe_node, node_reads, topological_nodes
+from .loading import describe_node, node_reads, topological_nodes, topological_order
 
 FLOAT_TYPES = (1, 10, 11, 16)  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorInfo:
     """Element type (``onnx.TensorProto`` enum) and shape (ints, strings or None)."""
 
@@ -45,7 +46,7 @@ def tensor_infos(model) -> dict[str, TensorInfo]:
     except Exception:  # inference is a convenience; unknown shapes are handled later
         inferred = model
     g = inferred.graph
-    out = {vi.name: _info(vi) for vi in list(g.value_info) + list(g.input) + list(g.output)}
+    out = {vi.name: _info(vi) for vi in itertools.chain(g.value_info, g.input, g.output)}
     for init in g.initializer:
         out[init.name] = TensorInfo(init.data_type, tuple(init.dims))
     return out
@@ -62,8 +63,8 @@ SHAPE_OPS = ("Shape", "Size")  # their outputs carry no gradient: not data paths
 HEAD = "head"  # the output of the last residual block, as the torch adapter's candidate of that name
 # steps of the residual search per tensor of the graph (a block's search visits the block's own
 # tensors, so real networks use a few per tensor); past it the graph is refused, not walked for minutes
-SEARCH_STEPS_PER_TENSOR = 16
-MIN_SEARCH_STEPS = 20_000
+SEARCH_STEPS_PER_TENSOR = 4
+MIN_SEARCH_STEPS = 50_000
 
 
 @dataclass(frozen=True)
@@ -91,22 +92,34 @@ def residual_blocks(model) -> list[Block]:
     broadcast mask), or whose branch applies no weight (a constant of more
     than one element; e.g. the ``x + 0.044715 x^3`` inside a tanh GELU).
 
-    A block's name is its ``Add`` node's scope: ``/blocks.0/Add`` (the torch
+    A block's name is its ``Add`` node's scope: ``/blocks.0/Add_1`` (the torch
     exporter's names) is ``blocks.0``, the module whose input the skip is, as
-    the torch adapter names it; a second ``Add`` in that scope keeps its own
-    name (``blocks.0/Add_1``); a node without a scope, or a name taken twice,
-    gives the skip tensor's name.  Refuses, in one line, a graph whose search
+    the torch adapter names it; a second residual ``Add`` in that scope keeps
+    its op's name too (``blocks.0/Add_2``); a node without a scope gives the
+    skip tensor's name.  Refuses, in one line, a graph whose search
     would take more than ``SEARCH_STEPS_PER_TENSOR`` steps per tensor.
     """
     from satcore.adapters.graph import Ancestry, SearchLimitError, residual_block
 
     graph = model.graph
-    order = topological_nodes(graph)
+    order = topological_order(graph)
     constants = constant_names(graph)
-    producer = {o: n for n in order for o in n.output if o}
-    infos = tensor_infos(model)
-    floating = {name for name, info in infos.items() if info.elem_type in FLOAT_TYPES}
-    inputs = {i.name for i in graph.input} - constants
+    producer = {o: k for k, n in enumerate(graph.node) for o in n.output if o}  # indices: nodes read when needed
+    declared = {i.name: i.type.tensor_type.elem_type for i in graph.input if i.name not in constants}
+    inferred: dict = {}
+
+    def infos() -> dict:  # shape inference holds a copy of the graph: run only when a type is needed
+        if not inferred:
+            inferred.update(tensor_infos(model))
+        return inferred
+
+    def eligible(t) -> bool:
+        if t in constants:
+            return False
+        elem = declared.get(t) or getattr(infos().get(t), "elem_type", 0)
+        return elem in FLOAT_TYPES
+
+    inputs = set(declared)
     # parameters: constants of more than one element (a block's branch applies some)
     weights = {i.name for i in graph.initializer if np.prod(i.dims, dtype=np.int64) > 1}
     weights.update(o for n in graph.node if n.op_type == "Constant" for o in n.output
@@ -115,53 +128,52 @@ def residual_blocks(model) -> list[Block]:
         if n.op_type == "Identity" and n.input[0] in weights:
             weights.add(n.output[0])
     carries_data = set(inputs)  # tensors computed from a graph input along data edges
-    for n in order:
+    for n in topological_nodes(graph):
         if n.op_type not in SHAPE_OPS and any(i in carries_data for i in node_reads(n)):
             carries_data.update(o for o in n.output if o)
 
     def parents(name):
-        node = producer.get(name)
+        node = graph.node[producer[name]] if name in producer else None
         return [] if node is None or node.op_type in SHAPE_OPS else node_reads(node)
 
     ancestry = Ancestry(parents, max_steps=MIN_SEARCH_STEPS + SEARCH_STEPS_PER_TENSOR * len(producer))
     found: list[Block] = []
     skips: set[str] = set()
-    for node in order:
+    for k in order:
+        node = graph.node[k]
         if node.op_type != "Add" or len(node.input) != 2:
             continue
         a, b = node.input
         if a in constants or b in constants or a == b or not {a, b} <= carries_data:
             continue  # a mask made from shapes and constants carries no sample's data
         try:
-            block = residual_block(ancestry, a, b, lambda t: t in floating and t not in constants)
+            block = residual_block(ancestry, a, b, eligible)
         except SearchLimitError as exc:
             raise OnnxProbeError(f"{exc} at {describe_node(node)} ({len(order)} nodes); "
                                  "pass candidates=[tensor names]") from None
         if block is None or block[0] in skips:
             continue
         skip, branch = block
-        if skip in (a, b) and not _same_shape(infos.get(skip), infos.get(node.output[0])):
+        if skip in (a, b) and not _same_shape(infos().get(skip), infos().get(node.output[0])):
             continue  # an identity skip broadcast into the sum (an attention mask, say) is no block x + f(x)
         # the branch's nodes (computed after the skip) must apply a weight, shared ones included;
         # x + 0.0447 x^3 inside a GELU applies none: no block
-        if any(t in producer and any(i in weights for i in producer[t].input) for t in branch):
+        if any(t in producer and any(i in weights for i in graph.node[producer[t]].input) for t in branch):
             skips.add(skip)
-            found.append(Block(_scope_name(node), skip, node.output[0]))
+            found.append(Block(node.name, skip, node.output[0]))
     taken: set[str] = set()
     named = []
-    for block in found:  # a name given twice, or "head", falls back to the tensor's own
-        name = block.name if block.name and block.name not in taken and block.name != HEAD else block.skip
+    for block in found:  # the scope; its second residual Add keeps its own name; else the tensor's
+        name = next((n for n in _scope_names(block.name) if n not in taken and n != HEAD), block.skip)
         taken.add(name)
         named.append(Block(name, block.skip, block.output))
     return named
 
 
-def _scope_name(node) -> str:
-    """``blocks.0`` for ``/blocks.0/Add``, ``blocks.0/Add_1`` for ``/blocks.0/Add_1``; "" without a scope."""
-    parts = [p for p in node.name.split("/") if p]
-    if len(parts) < 2:
-        return ""
-    return parts[-2] if parts[-1] == "Add" else f"{parts[-2]}/{parts[-1]}"
+def _scope_names(node_name: str) -> list[str]:
+    """``["blocks.0", "blocks.0/Add_1"]`` for ``/blocks.0/Add_1``: scope, then scope and op; [] without a scope."""
+    parts = [p for p in node_name.split("/") if p]
+    return [parts[-2], f"{parts[-2]}/{parts[-1]}"] if len(parts) >= 2 else []
 
 
 def residual_candidates(model) -> list[str]:
