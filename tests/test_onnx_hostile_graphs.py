@@ -238,7 +238,8 @@ def run_measured(code: str, tmp_path, env=None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-REFUSE = """  # the refusal's message, or None when the call went through
+# a script whose result is the refusal's message, or None when the call went through
+REFUSE = """
     from satcore.errors import InputError
     try:
         {call}
@@ -373,3 +374,19 @@ def test_the_budget_governs_the_sums(monkeypatch):
     monkeypatch.setenv("SATCORE_MEMORY_BUDGET", str(need - 1))
     with pytest.raises(InputError, match=f"needs {need:,} bytes"):
         CandidateStatistics(4, 8)
+
+
+def test_cli_n_features_over_the_budget_is_one_line_exit_2(tmp_path):
+    """``satcore probe --n-features 40000``: the default 2 GiB budget refuses its 12.8 GB of sums."""
+    from click.testing import CliRunner
+
+    from satcore.cli.main import main
+
+    onnx.save(stacked_model(2), tmp_path / "stack.onnx")
+    np.savez(tmp_path / "data.npz", inputs=np.ones((8, 4), np.float32), targets=np.zeros(8, np.int64))
+    res = CliRunner().invoke(main, ["probe", str(tmp_path / "stack.onnx"), "--data", str(tmp_path / "data.npz"),
+                                    "--family", "mlp", "--n-features", "40000", "-o", str(tmp_path / "out.npz")])
+    assert res.exit_code == 2, res.output
+    assert len(res.output.strip().splitlines()) == 1
+    assert "r = 40000 features needs" in res.output and "SATCORE_MEMORY_BUDGET" in res.output
+    assert not (tmp_path / "out.npz").exists()

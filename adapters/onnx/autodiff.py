@@ -95,8 +95,13 @@ class Backward:
     def elem(self, name: str) -> int:
         info = self.infos.get(name)
         if info is None or not info.elem_type:
-            raise OnnxProbeError(f"the type of tensor {name!r} is unknown (ONNX shape inference found none)")
+            raise OnnxProbeError(f"the type of tensor {name!r} is unknown ({self.missing(name)})")
         return info.elem_type
+
+    def missing(self, name: str) -> str:
+        """Why ``name`` has no type or shape (the shape inference's failure, when it failed)."""
+        explain = getattr(self.infos, "missing", None)
+        return explain(name) if explain is not None else "no type or shape was given for it"
 
     def shape(self, name: str):
         info = self.infos.get(name)
@@ -105,7 +110,8 @@ class Backward:
     def rank(self, name: str, node) -> int:
         shape = self.shape(name)
         if shape is None:
-            raise OnnxProbeError(f"{describe(node)}: the rank of {name!r} is unknown; give the model static ranks")
+            raise OnnxProbeError(f"{describe(node)}: the rank of {name!r} is unknown ({self.missing(name)}); "
+                                 "give the model static ranks")
         return len(shape)
 
     def constant(self, name: str, node):

@@ -1,12 +1,15 @@
-"""Loading untrusted ONNX files: external data must stay inside the model's folder, the graph acyclic.
+"""Loading untrusted ONNX files: sizes and locations checked before reading, nodes in one order.
 
 ``onnx.load`` follows each external tensor's ``location`` relative to the
 model's folder; absolute paths, ``..`` components and symlinks leaving the
 folder would let a hostile file read anything on disk (onnx path-traversal
-CVEs).  We load the graph without external data, check every location, and
-only then read the data.  A graph whose data edges form a cycle is refused
-(ONNX graphs are acyclic; a walk over a cyclic one, such as the candidate
-search's ancestry, would never end).
+CVEs), and without a ``length`` it reads the whole file (a 256-byte tensor
+pointing at a 6 GiB file).  We load the graph without external data, check
+every location and every tensor's stored bytes against its declared shape,
+and only then read the data.  The nodes are put in one topological order
+(:func:`topological_order`, with the tensors that subgraphs read from outer
+scopes as edges) that every walk over the graph uses; ONNX Runtime accepts
+any listed order, and a graph whose data edges form a cycle is refused.
 """
 
 from __future__ import annotations
@@ -148,17 +151,25 @@ def topological_nodes(graph):
     return (graph.node[k] for k in topological_order(graph))
 
 
-def sort_graph(graph) -> None:
-    """Put the nodes of ``graph`` and of every subgraph in :func:`topological_order`, in place."""
-    stack = [graph]
+def sort_graph(graph, *, check_only: bool = False) -> bool:
+    """Put the nodes of ``graph`` and of every subgraph in :func:`topological_order`, in place.
+
+    Returns whether they already were; ``check_only`` only checks (and refuses
+    what :func:`topological_order` refuses).
+    """
+    stack, was_sorted = [graph], True
     while stack:
         g = stack.pop()
         order = topological_order(g)
         if any(k != j for j, k in enumerate(order)):
+            was_sorted = False
+            if check_only:
+                continue
             ordered = [copy_node(g.node[k]) for k in order]
             del g.node[:]
             g.node.extend(ordered)
         stack.extend(sub for n in g.node if n.attribute for sub in subgraphs(n))
+    return was_sorted
 
 
 def copy_node(node):
@@ -237,8 +248,8 @@ def load_model(model):
 
     Every tensor's stored bytes are checked against its declared shape and the
     external data's locations against the model's folder before any external
-    byte is read; the nodes are put in :func:`topological_nodes` order (a copy
-    when given a ``ModelProto``: the caller's model is left as it was).  A
+    byte is read; the nodes are put in :func:`topological_order` (a copy when
+    given a ``ModelProto`` listed otherwise: the caller's model is left as it was).  A
     ``ModelProto`` that still refers to external data is refused (its folder is
     unknown); pass the file path instead.
     """
@@ -252,6 +263,8 @@ def load_model(model):
                 f"model refers to external data ({pending[0][1]!r}); pass the .onnx path so it can be checked"
             )
         check_tensor_sizes(model, None)
+        if sort_graph(model.graph, check_only=True):
+            return model
         proto = onnx.ModelProto()
         proto.CopyFrom(model)
         sort_graph(proto.graph)

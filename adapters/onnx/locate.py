@@ -37,16 +37,29 @@ def _info(value_info) -> TensorInfo:
     return TensorInfo(t.elem_type, dims)
 
 
-def tensor_infos(model) -> dict[str, TensorInfo]:
-    """Types and shapes of every named tensor, after ONNX shape inference."""
+class TensorInfos(dict):
+    """``{tensor name: TensorInfo}``; ``missing(name)`` says why a tensor has none (one clause)."""
+
+    inference_error: str | None = None
+
+    def missing(self, name: str) -> str:
+        if self.inference_error:
+            return f"ONNX shape inference failed: {self.inference_error}"
+        return f"ONNX shape inference found none for {name!r}; the file declares no value_info for it"
+
+
+def tensor_infos(model) -> TensorInfos:
+    """Types and shapes of every named tensor, after ONNX shape inference (nodes in topological order)."""
     import onnx
 
+    out = TensorInfos()
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # inference is a convenience; unknown shapes are handled later
+    except Exception as exc:  # inference is a convenience: unknown shapes are refused where needed, with this
+        out.inference_error = " ".join(str(exc).split())[:200]
         inferred = model
     g = inferred.graph
-    out = {vi.name: _info(vi) for vi in itertools.chain(g.value_info, g.input, g.output)}
+    out.update((vi.name, _info(vi)) for vi in itertools.chain(g.value_info, g.input, g.output))
     for init in g.initializer:
         out[init.name] = TensorInfo(init.data_type, tuple(init.dims))
     return out
@@ -137,7 +150,7 @@ def residual_blocks(model) -> list[Block]:
         return [] if node is None or node.op_type in SHAPE_OPS else node_reads(node)
 
     ancestry = Ancestry(parents, max_steps=MIN_SEARCH_STEPS + SEARCH_STEPS_PER_TENSOR * len(producer))
-    found: list[Block] = []
+    found: list[tuple[str, str, str]] = []  # (Add node's name, skip, output)
     skips: set[str] = set()
     for k in order:
         node = graph.node[k]
@@ -160,13 +173,13 @@ def residual_blocks(model) -> list[Block]:
         # x + 0.0447 x^3 inside a GELU applies none: no block
         if any(t in producer and any(i in weights for i in graph.node[producer[t]].input) for t in branch):
             skips.add(skip)
-            found.append(Block(node.name, skip, node.output[0]))
+            found.append((node.name, skip, node.output[0]))
     taken: set[str] = set()
     named = []
-    for block in found:  # the scope; its second residual Add keeps its own name; else the tensor's
-        name = next((n for n in _scope_names(block.name) if n not in taken and n != HEAD), block.skip)
+    for node_name, skip, output in found:  # the scope; its second residual Add keeps its own name; else the tensor's
+        name = next((n for n in _scope_names(node_name) if n not in taken and n != HEAD), skip)
         taken.add(name)
-        named.append(Block(name, block.skip, block.output))
+        named.append(Block(name, skip, output))
     return named
 
 
@@ -190,6 +203,13 @@ def resolve_candidates(model, names=None, *, head: bool = True) -> dict[str, str
     ``head`` is true.
     """
     graph = model.graph
+    if names is not None:
+        names = list(names)
+        if not names:
+            raise OnnxProbeError("candidates is empty; pass None for the residual blocks")
+        bad = next((n for n in names if not isinstance(n, str)), None)
+        if bad is not None:
+            raise OnnxProbeError(f"candidate {bad!r} is not a name")
     known = {o for n in graph.node for o in n.output} | {i.name for i in graph.input}
     blocks = residual_blocks(model) if names is None or any(n == HEAD or n not in known for n in names) else []
     by_name = {b.name: b.skip for b in blocks}
@@ -199,13 +219,10 @@ def resolve_candidates(model, names=None, *, head: bool = True) -> dict[str, str
         if not blocks:
             raise OnnxProbeError("no residual Add found in the graph; pass candidates=[tensor names]")
         return {n: t for n, t in by_name.items() if head or n != HEAD}
-    names = list(names)
     if len(set(names)) != len(names):
         raise OnnxProbeError(f"candidate names must be distinct: {names}")
     out = {}
     for name in names:
-        if not isinstance(name, str):
-            raise OnnxProbeError(f"candidate {name!r} is not a name")
         tensor = by_name.get(name, name)
         check_candidates(model, [tensor], blocks=[b.name for b in blocks])
         out[name] = tensor
