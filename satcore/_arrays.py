@@ -95,6 +95,8 @@ def as_pair(Q, Psi, check_finite: bool = True, allow_empty: bool = False) -> tup
     """Both arrays as ``(M, T, width)`` float64 with matching ``M`` and ``T``."""
     q = as_samples(Q, "Q", check_finite, allow_empty)
     psi = as_samples(Psi, "Psi", check_finite, allow_empty)
+    # every function of the pair forms C (N x r) and K (r x r), and K can dwarf the arrays themselves
+    check_memory(statistics_bytes(q.shape[2], psi.shape[2]), f"the sums of N = {q.shape[2]} and r = {psi.shape[2]}")
     if q.shape[:2] != psi.shape[:2]:
         raise ValueError(
             f"Q has (samples, positions) = {q.shape[:2]} but Psi has {psi.shape[:2]}; they must match"

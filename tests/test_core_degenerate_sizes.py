@@ -87,3 +87,15 @@ def test_an_empty_batch_still_streams():
     assert with_empty.n_samples == plain.n_samples == 5
     np.testing.assert_array_equal(with_empty.sum_cross, plain.sum_cross)
     np.testing.assert_array_equal(with_empty.sum_gram, plain.sum_gram)
+
+
+@pytest.mark.parametrize("call,what", [
+    (lambda: satcore.projector(np.ones((3000, 1))), "the projector of 3000 position vectors needs 72,000,000 bytes"),
+    (lambda: satcore.feature_gram(np.ones((2, 2000))), "the Gram of r = 2000 features needs 32,000,000 bytes"),
+    (lambda: satcore.growth_value(np.ones((2, 4)), np.ones((2, 2000))), "the sums of N = 4 and r = 2000 needs"),
+])
+def test_array_functions_check_what_they_form_against_the_budget(monkeypatch, call, what):
+    """An (M T)^2 projector, an r^2 Gram: refused before they are formed when over the budget."""
+    monkeypatch.setenv("SATCORE_MEMORY_BUDGET", str(10**7))
+    with pytest.raises(InputError, match=what):
+        call()
