@@ -47,6 +47,12 @@ def statistics_bytes(N: int, r: int, *, variance: bool = False, n_folds: int = 0
     return 8 * (N * r * (1 + n_folds) + r * r * (1 + bool(variance)) + (N * N if curvature else 0))
 
 
+def check_feature_count(r) -> None:
+    """Refuse a feature count below 1, or whose ``r x r`` float64 Gram alone is over the memory budget."""
+    check_sizes(n_features=r)
+    check_memory(8 * int(r) ** 2, f"the Gram of r = {r} features")
+
+
 def check_statistics_memory(N: int, r: int, **options) -> None:
     """:func:`check_sizes` of ``N`` and ``r``, then :func:`check_memory` of :func:`statistics_bytes`."""
     check_sizes(N=N, r=r)

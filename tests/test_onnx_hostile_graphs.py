@@ -356,7 +356,7 @@ def test_sums_over_the_memory_budget_are_refused_before_allocating(tmp_path):
                 refused.append(str(exc))
         result = {"refused": refused}
     """, tmp_path, env={"SATCORE_MEMORY_BUDGET": str(2**30)})
-    for message, what in zip(out["refused"], ("N = 4 with r = 40000 features needs 12,8",  # GB
+    for message, what in zip(out["refused"], ("the Gram of r = 40000 features needs 12,800,000,000 bytes",  # before ONNX Runtime starts
                                               "N = 64 with r = 1000000 features needs 8,008,704,000,000 bytes")):
         assert message is not None and "\n" not in message and what in message, message
         assert "over the memory budget of 1,073,741,824 bytes (set SATCORE_MEMORY_BUDGET to raise it)" in message

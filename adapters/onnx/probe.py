@@ -12,6 +12,7 @@ import numpy as np
 
 from satcore.adapters.batches import LABELS
 from satcore.adapters.batches import split_batch as shared_split_batch
+from satcore._arrays import check_feature_count
 from satcore.adapters.options import per_candidate
 from satcore.depth import TRAINING_SPLIT_NAMES, DepthStatistics
 from satcore.families import positions
@@ -230,6 +231,9 @@ class Probe:
     def __init__(self, model, *, loss: str = "cross_entropy", candidates=None, family="auto", seed: int = 0,
                  init_std: float | None = None, output: str | None = None, variance: bool = False,
                  split: str | None = None, providers=None, n_features=None, head: bool = True):
+        for r in (n_features.values() if isinstance(n_features, Mapping) else [n_features]):
+            if r is not None:  # before ONNX Runtime starts: the r x r Gram alone may be over the budget
+                check_feature_count(r)
         self.session = per_sample_gradients(model, loss=loss, candidates=candidates, output=output,
                                             providers=providers, head=head)
         self.names = list(self.session.candidates)
