@@ -81,7 +81,8 @@ def batches(path: str, headers: dict[str, NpyHeader], batch_size: int):
     show_default=True,
     help="cross_entropy, mse, or the name of a model output holding per-sample losses.",
 )
-@click.option("--candidates", default=None, help="Comma-separated tensor names (default: inputs of residual Adds).")
+@click.option("--candidates", default=None,
+              help="Comma-separated block names, 'head' or tensor names (default: every residual block and head).")
 @click.option(
     "--family", type=click.Choice(("auto",) + FAMILIES), default="auto", show_default=True,
     help="Feature family of the probed blocks (auto: conv for NCHW activations, mlp otherwise).",

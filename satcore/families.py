@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.special import erf
 
+from ._arrays import check_statistics_memory
 from .errors import InputError
 
 FAMILIES = ("mlp", "conv", "linear", "bias")  # the built-in kinds; registered_families() adds the others
@@ -351,6 +352,7 @@ def rebuild_family(record: dict) -> Family:
 # -- the built-in kinds ------------------------------------------------------------------------
 def _draw_mlp(width, rng, *, n_features, init_std, expansion, **settings):  # settings: seed, activation, eps, ...
     r = expansion * width if n_features is None else n_features
+    check_statistics_memory(width, r)  # the sums the features will feed, refused before any weight is drawn
     std = init_std if init_std is not None else width**-0.5
     w1 = rng.standard_normal((r, width)) * std
     return Family("mlp", width, r, {"w1": w1}, activation=settings["activation"], eps=settings["eps"],
@@ -364,6 +366,7 @@ def _mlp_features(family, z):
 
 def _draw_conv(width, rng, *, n_features, init_std, seed, mid_channels, eps, **_):
     mid = n_features // 9 if n_features is not None else mid_channels or width
+    check_statistics_memory(width, 9 * mid)
     std = init_std if init_std is not None else np.sqrt(2.0 / (9 * width))
     conv1 = rng.standard_normal((mid, width, 3, 3)) * std
     return Family("conv", width, 9 * mid, {"conv1": conv1}, activation="relu", eps=eps, seed=seed)

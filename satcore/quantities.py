@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from ._arrays import as_pair, as_samples
+from ._arrays import as_pair, as_samples, check_memory
 from ._psd import DEFAULT_RTOL, psd_spectrum
 from .errors import InputError
 
@@ -187,6 +187,7 @@ def feature_gram(Psi) -> np.ndarray:
            [1., 2.]])
     """
     psi = as_samples(Psi, "Psi")
+    check_memory(8 * psi.shape[2] ** 2, f"the Gram of r = {psi.shape[2]} features")
     return np.einsum("mtr,mts->rs", psi, psi) / psi.shape[0]
 
 
@@ -351,6 +352,7 @@ def projector(Psi, rtol: float = DEFAULT_RTOL) -> np.ndarray:
     """
     psi = as_samples(Psi, "Psi")
     P = psi.reshape(-1, psi.shape[2])
+    check_memory(8 * P.shape[0] ** 2, f"the projector of {P.shape[0]} position vectors")
     norms = np.linalg.norm(P, axis=0)
     U, s, _ = np.linalg.svd(P / np.where(norms > 0, norms, 1.0), full_matrices=False)
     keep = s > np.sqrt(rtol) * s[0] if s.size and s[0] > 0 else np.zeros(s.shape, dtype=bool)

@@ -77,7 +77,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._arrays import as_pair, refuse_non_finite
+from ._arrays import as_pair, check_sizes, check_statistics_memory, refuse_non_finite
 from ._psd import DEFAULT_RTOL, psd_spectrum
 from .certification import debiased_energy, noise_floor, variance_estimate
 from .errors import InputError
@@ -158,7 +158,7 @@ def batch_moments(Q, Psi, *, variance: bool = False, curvature: bool = False) ->
 def _batch_moments(Q, Psi, variance: bool) -> dict:
     # A NaN or inf input shows in ||Q||^2 or in K's diagonal; only then are the inputs scanned
     # (a separate scan of every batch cost ~10% of `satcore score` on a raw dump).
-    q, psi = as_pair(Q, Psi, check_finite=False)
+    q, psi = as_pair(Q, Psi, check_finite=False, allow_empty=True)
     M, T, N = q.shape
     r = psi.shape[2]
     q2, p2 = q.reshape(M * T, N), psi.reshape(M * T, r)
@@ -237,6 +237,9 @@ class CandidateStatistics:
     def __post_init__(self):
         if not 0 <= self.n_folds <= MAX_FOLDS:
             raise InputError(f"n_folds must be in [0, {MAX_FOLDS}], got {self.n_folds}")
+        check_sizes(n_positions=self.n_positions)  # before any array is allocated, within the memory budget
+        check_statistics_memory(self.n_hidden, self.n_features, variance=self.variance, n_folds=self.n_folds,
+                                curvature=self.curvature)
         self.n_samples = 0
         self.n_vectors = 0  # None once a part of the sums did not count them (an old dump)
         self.n_batches = 0
@@ -300,7 +303,7 @@ class CandidateStatistics:
         as positions ``(M, T, N)``, whose sums (:func:`stream_sums`) statistics
         with ``stream=True`` need.
         """
-        q, psi = as_pair(Q, Psi, check_finite=False)  # batch_moments checks, for free
+        q, psi = as_pair(Q, Psi, check_finite=False, allow_empty=True)  # batch_moments checks, for free
         if q.shape[2] != self.n_hidden or psi.shape[2] != self.n_features:
             raise InputError(
                 f"batch has (N, r) = ({q.shape[2]}, {psi.shape[2]}), statistics expect "

@@ -383,7 +383,8 @@ def probe_onnx(setting, mapping=False, with_meta=False, **options):
     data = [(x.numpy(), y.numpy()) for x, y in setting["batches"]]
     if mapping:
         data = [{"x": x, "labels": y} for x, y in data]
-    result = probe(setting["onnx"], data, loss="cross_entropy", seed=SEED, variance=True,
+    # the residual blocks, as the torch adapter's head=False
+    result = probe(setting["onnx"], data, loss="cross_entropy", seed=SEED, variance=True, head=False,
                    **{"family": setting["kind"], **options})
     return _returned(result, range(len(setting["reference"])), with_meta)
 
@@ -467,7 +468,8 @@ def incremental(adapter, setting, batches):
     else:
         from satcore.adapters.onnx import Probe
 
-        state = Probe(setting["onnx"], loss="cross_entropy", family=setting["kind"], seed=SEED, variance=True)
+        state = Probe(setting["onnx"], loss="cross_entropy", family=setting["kind"], seed=SEED, variance=True,
+                      head=False)
         data = [(x.numpy(), y.numpy()) for x, y in batches]
     results = []
     for batch in data:

@@ -57,7 +57,7 @@ def residual_mlp(path, ws):
 
 
 def closed_form(ws, x, y):
-    """``(z, q)`` at h0 and h1: the stream and its closed-form per-sample gradients (float64)."""
+    """``(z, q)`` at h0, h1 and the head h2: the stream and its closed-form per-sample gradients (float64)."""
     W0, W1, W2, W3 = (w.astype(np.float64) for w in ws)
     h0 = x.astype(np.float64) @ W0
     b1 = np.tanh(h0 @ W1)
@@ -70,7 +70,7 @@ def closed_form(ws, x, y):
     g_h2 = g_logits @ W3.T
     g_h1 = g_h2 + (g_h2 * (1 - b2**2)) @ W2.T
     g_h0 = g_h1 + (g_h1 * (1 - b1**2)) @ W1.T
-    return [(h0, g_h0), (h1, g_h1)]
+    return [(h0, g_h0), (h1, g_h1), (h1 + b2, g_h2)]
 
 
 def reference(ws, x, y, kind, seed, n_features=None):
@@ -102,8 +102,8 @@ def test_cli_dump_scores_like_the_closed_form(files, tmp_path, kind):
     res = runner.invoke(main, ["score", str(out), "--json"])
     assert res.exit_code == 0, res.output
     report = json.loads(res.output)
-    assert [c["name"] for c in report["candidates"]] == ["h0", "h1"]
-    for got, ref in zip(report["candidates"], reference(ws, x, y, kind, seed=5)):
+    assert [c["name"] for c in report["candidates"]] == ["h0", "h1", "head"]  # head: the last block's output
+    for got, ref in zip(report["candidates"], reference(ws, x, y, kind, seed=5), strict=True):
         assert got["n_samples"] == 50
         for field in ("ag", "growth_value", "cross_gradient_norm"):
             assert got[field] == pytest.approx(getattr(ref, field), rel=1e-5), field

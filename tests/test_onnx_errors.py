@@ -98,7 +98,7 @@ def test_external_data_inside_the_folder_is_read(tmp_path):
     w = onnx.numpy_helper.to_array(model.graph.initializer[0])
     np.testing.assert_array_equal(w, onnx.numpy_helper.to_array(small_model().graph.initializer[0]))
     result = probe(path, [batch()], family="linear")
-    assert list(result.statistics) == ["x"]
+    assert list(result.statistics) == ["x", "head"]
 
 
 @pytest.mark.parametrize(

@@ -132,8 +132,10 @@ def test_token_model_gradients(token_model, batch, loss):
     session = per_sample_gradients(path, loss=loss)
     acts, grads = session((x, y))
     names = list(session.candidates)
-    assert len(names) == 2  # the two residual Adds' skip inputs: embed output, block 0 output
-    ref = torch_gradients(model, torch.tensor(x), loss_of, [model.embed, model.blocks[0]])
+    # the two residual Adds' skip inputs (embed output, block 0 output), named after their blocks, and
+    # the head (block 1's output)
+    assert names == ["blocks.0", "blocks.1", "head"]
+    ref = torch_gradients(model, torch.tensor(x), loss_of, [model.embed, model.blocks[0], model.blocks[1]])
     assert_close([grads[n] for n in names], ref)
     with torch.no_grad():
         np.testing.assert_allclose(acts[names[0]], model.embed(torch.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)

@@ -11,7 +11,7 @@ Float64 models use a LayerNorm epsilon exact in float32 (ONNX stores it as a flo
 Reference: ``torch.autograd.grad`` of ``sum_i loss_i`` at a zero ``delta`` added to the output
 of tapped modules (residual-stream tensors); the ONNX tensor holding the same values is found by
 running every float tensor of the graph as an output.  The residual Adds found automatically
-(``residual_candidates``) must be the four of each model, those taps among them.  Float64 graphs agree with torch float64 to
+(``residual_blocks``) must be the four of each model, those taps among them.  Float64 graphs agree with torch float64 to
 1e-12 (relative Frobenius error per tensor); float32 graphs are held to 1e-6 or, where torch's own
 float32 gradients are further than that from the float64 truth, to three times torch's error.
 """
@@ -29,7 +29,8 @@ onnx = pytest.importorskip("onnx")
 
 import models_torch  # noqa: E402
 
-from satcore.adapters.onnx import load_model, per_sample_gradients, residual_candidates  # noqa: E402
+from satcore.adapters.onnx import load_model, per_sample_gradients  # noqa: E402
+from satcore.adapters.onnx.locate import residual_blocks  # noqa: E402
 
 F64_TOL = 1e-12
 F32_TOL = 1e-6
@@ -214,7 +215,7 @@ def check(name, exporter, dtype, tmp_path, opset=None):
     feeds = {"x": cast(x).numpy()}
     names = tensors_holding(path, feeds, truth_acts, rtol=1e-5 if dtype == "float32" else 1e-9)
     assert len(set(names)) == len(names)
-    found = residual_candidates(load_model(path))
+    found = [block.skip for block in residual_blocks(load_model(path))]
     assert len(found) == 4 and {names[k] for k in SKIP_TAPS[name]} <= set(found)
     session = per_sample_gradients(path, loss="cross_entropy", candidates=names)
     acts, grads = session((feeds["x"], y.numpy()))

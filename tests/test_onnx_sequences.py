@@ -63,8 +63,8 @@ def test_varying_lengths_and_ignored_labels_match_the_torch_adapter(token_model,
     data = batches(ignored)
     got = probe(path, data, family="mlp", seed=SEED)
     ref = adapter.probe(model, [(torch.tensor(x), torch.tensor(y)) for x, y in data], unshifted_sequence_loss,
-                        candidates=["blocks.0", "blocks.1"], family="mlp", seed=SEED, head=False)
-    assert len(got.statistics) == 2
+                        candidates=["blocks.0", "blocks.1"], family="mlp", seed=SEED)
+    assert list(got.statistics) == list(ref.statistics) == ["blocks.0", "blocks.1", "head"]  # one naming
     for mine, theirs in zip(got.statistics.values(), ref.statistics.values()):
         assert (mine.n_samples, mine.n_positions, mine.n_batches) == (7, 12, 2)
         assert (theirs.n_samples, theirs.n_positions) == (7, 12)

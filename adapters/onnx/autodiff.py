@@ -7,9 +7,13 @@
 because an inference graph does not mix samples, row ``i`` of ``d loss / d z``
 is ``q_i = d loss_i / d z_i`` for every sample of the batch in one pass.
 
-The walk visits the nodes in reverse topological order, sums the gradient
-contributions reaching each tensor, and emits each op's vector-Jacobian
-product (:data:`RULES`) for the inputs that depend on a ``z``.  Tensors of
+The walk visits the nodes in reverse topological order
+(:func:`~.loading.topological_nodes`, whatever order the file lists them in;
+a subgraph's reads of outer tensors are edges too), takes each tensor's
+gradient as the sum of its readers' contributions once every reader has been
+visited, and emits each op's vector-Jacobian product (:data:`RULES`) for the
+inputs that depend on a ``z``.  A node with a subgraph (``If``, ``Loop``,
+``Scan``) on the gradient path is refused, never skipped.  Tensors of
 integer or boolean type, and ops that only read shapes, carry no gradient.
 Nodes are built with :mod:`onnx.helper`; nothing is parsed from text.
 """
@@ -22,6 +26,7 @@ from collections import defaultdict
 import numpy as np
 
 from .errors import OnnxProbeError
+from .loading import node_reads, subgraphs, topological_nodes
 
 GRAD_SUFFIX = "_grad"
 MIN_OPSET = 13  # reductions, Squeeze/Unsqueeze and Split take axes/sizes as inputs from 13 on
@@ -42,7 +47,7 @@ def _attr(node, name, default=None):
 class Backward:
     """One backward pass being built: emitted nodes, new initializers, fresh names."""
 
-    def __init__(self, model, infos):
+    def __init__(self, model, infos, order):
         from onnx import numpy_helper
 
         self.graph = model.graph
@@ -54,7 +59,7 @@ class Backward:
         self.consts: dict = {}
         values = {i.name: i for i in self.graph.initializer}
         self.constant_values = {n: (lambda t=t: numpy_helper.to_array(t)) for n, t in values.items()}
-        for node in self.graph.node:
+        for node in order:
             if node.op_type == "Constant":
                 self.constant_values[node.output[0]] = lambda node=node: _constant_node_value(node)
             elif node.op_type == "Identity" and node.input[0] in self.constant_values:
@@ -90,8 +95,13 @@ class Backward:
     def elem(self, name: str) -> int:
         info = self.infos.get(name)
         if info is None or not info.elem_type:
-            raise OnnxProbeError(f"the type of tensor {name!r} is unknown (ONNX shape inference found none)")
+            raise OnnxProbeError(f"the type of tensor {name!r} is unknown ({self.missing(name)})")
         return info.elem_type
+
+    def missing(self, name: str) -> str:
+        """Why ``name`` has no type or shape (the shape inference's failure, when it failed)."""
+        explain = getattr(self.infos, "missing", None)
+        return explain(name) if explain is not None else "no type or shape was given for it"
 
     def shape(self, name: str):
         info = self.infos.get(name)
@@ -100,7 +110,8 @@ class Backward:
     def rank(self, name: str, node) -> int:
         shape = self.shape(name)
         if shape is None:
-            raise OnnxProbeError(f"{describe(node)}: the rank of {name!r} is unknown; give the model static ranks")
+            raise OnnxProbeError(f"{describe(node)}: the rank of {name!r} is unknown ({self.missing(name)}); "
+                                 "give the model static ranks")
         return len(shape)
 
     def constant(self, name: str, node):
@@ -576,24 +587,31 @@ def gradient_model(model, loss: str, wrt, infos):
     if opset < MIN_OPSET:
         raise OnnxProbeError(f"the backward graph needs opset >= {MIN_OPSET}; the model imports opset {opset}")
     wrt = list(wrt)
+    order = list(topological_nodes(graph))  # the one order of every graph walk (outer-scope reads included)
     floating = {n for n, info in infos.items() if info.elem_type in FLOAT_TYPES}
     active = set(wrt)
-    for node in graph.node:  # tensors depending on a z through differentiable data edges
+    readers: dict[str, int] = defaultdict(int)  # nodes reading each tensor, not yet visited by the reverse walk
+    for node in order:  # tensors depending on a z through differentiable data edges
+        reads = set(node_reads(node))
+        for name in reads:
+            readers[name] += 1
         if node.domain not in ("", "ai.onnx") or node.op_type in NO_GRADIENT:
             continue
-        if any(i in active for i in node.input):
+        if reads & active:
             active.update(o for o in node.output if o in floating or o not in infos)
     if loss not in active:
         raise OnnxProbeError(f"the loss does not depend on the candidate(s) {wrt}")
-    for node in graph.node:
+    for node in order:
         if node.op_type == "MaxPool" and node.input[0] in active and len(node.output) < 2:
             node.output.append(f"satcore_maxpool_indices/{node.output[0]}")
-    b = Backward(model, infos)
+    b = Backward(model, infos, order)
     contributions: dict[str, list] = defaultdict(list)
     contributions[loss].append(b.const(1, infos[loss].elem_type if loss in infos else 1))
     totals: dict[str, str] = {}
 
     def total(name):
+        if readers[name]:  # a reader not yet visited would add to the sum after it was taken
+            raise AssertionError(f"gradient of {name!r} summed before its {readers[name]} other reader(s)")
         if name not in totals and contributions.get(name):
             acc = contributions[name][0]
             for more in contributions[name][1:]:
@@ -601,12 +619,18 @@ def gradient_model(model, loss: str, wrt, infos):
             totals[name] = acc
         return totals.get(name)
 
-    for node in reversed(list(graph.node)):
+    for node in reversed(order):
+        reads = node_reads(node)
         outs = [total(o) if o in active else None for o in node.output]
+        for name in set(reads):
+            readers[name] -= 1
         need = [i in active and i != "" for i in node.input]
-        if all(o is None for o in outs) or not any(need):
+        if all(o is None for o in outs) or not any(i in active for i in reads):
             continue
         rule = RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if any(True for _ in subgraphs(node)):
+            raise OnnxProbeError(f"{describe(node)}: the gradient path runs through its subgraph, which is not "
+                                 "differentiated; export the model without control flow on that path")
         if rule is None:
             raise OnnxProbeError(f"no gradient for op {node.op_type} (node {node.name or node.output[0]!r}); "
                                  "satcore.adapters.onnx.supported_ops() lists the ops it differentiates")

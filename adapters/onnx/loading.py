@@ -1,16 +1,21 @@
-"""Loading untrusted ONNX files: external data must stay inside the model's folder, the graph acyclic.
+"""Loading untrusted ONNX files: sizes and locations checked before reading, nodes in one order.
 
 ``onnx.load`` follows each external tensor's ``location`` relative to the
 model's folder; absolute paths, ``..`` components and symlinks leaving the
 folder would let a hostile file read anything on disk (onnx path-traversal
-CVEs).  We load the graph without external data, check every location, and
-only then read the data.  A graph whose data edges form a cycle is refused
-(ONNX graphs are acyclic; a walk over a cyclic one, such as the candidate
-search's ancestry, would never end).
+CVEs), and without a ``length`` it reads the whole file (a 256-byte tensor
+pointing at a 6 GiB file).  We load the graph without external data, check
+every location and every tensor's stored bytes against its declared shape,
+and only then read the data.  The nodes are put in one topological order
+(:func:`topological_order`, with the tensors that subgraphs read from outer
+scopes as edges) that every walk over the graph uses; ONNX Runtime accepts
+any listed order, and a graph whose data edges form a cycle is refused.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 import os
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
@@ -69,38 +74,187 @@ def check_location(tensor: str, location: str, folder: Path) -> Path:
     return target
 
 
-def check_acyclic(graph) -> None:
-    """Refuse a graph in which a node depends, through its inputs, on its own output (Kahn's algorithm).
+def subgraphs(node):
+    """The graphs in ``node``'s attributes (the branches of ``If``, the bodies of ``Loop`` and ``Scan``)."""
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            yield attr.g
+        yield from attr.graphs
 
-    Runs in ``O(nodes + edges)`` with no recursion; names one tensor on a cycle.
+
+def outer_reads(graph) -> set[str]:
+    """Tensors ``graph`` reads from enclosing scopes: read by its nodes or outputs, not made inside it.
+
+    ONNX lets a subgraph read any tensor of the graphs around it by name; these are
+    the edges a node with subgraphs has beyond its ``input`` list.
     """
-    producer = {o: k for k, node in enumerate(graph.node) for o in node.output if o}
-    needs = [sorted({producer[i] for i in node.input if i in producer}) for node in graph.node]
-    users: list[list[int]] = [[] for _ in graph.node]
-    for k, parents in enumerate(needs):
-        for p in parents:
+    local = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    local.update(s.values.name for s in graph.sparse_initializer)
+    local.update(o for n in graph.node for o in n.output if o)
+    read = {o.name for o in graph.output}
+    for node in graph.node:
+        read.update(i for i in node.input if i)
+        for sub in subgraphs(node):
+            read |= outer_reads(sub)
+    return read - local
+
+
+def node_reads(node) -> list[str]:
+    """Every tensor ``node`` reads: its inputs, then what its subgraphs read from outside them."""
+    reads = [i for i in node.input if i]
+    for sub in subgraphs(node):
+        reads += sorted(outer_reads(sub) - set(reads))
+    return reads
+
+
+def topological_order(graph) -> list[int]:
+    """Indices of ``graph``'s nodes in a topological order (producers before readers), the one every walk uses.
+
+    Kahn's algorithm over the data edges, subgraphs' outer-scope reads included,
+    taking the listed order wherever it is valid (a sorted graph keeps its order).
+    Runs in ``O(nodes + edges)`` with no recursion, holding integers only (node
+    objects are read one at a time: a list of them costs ~0.5 kB per node).
+    Refuses, in one line, a tensor made by two nodes and a cycle (naming a
+    tensor on it).
+    """
+    nodes = graph.node
+    producer: dict[str, int] = {}
+    for k, node in enumerate(nodes):
+        for o in node.output:
+            if o and producer.setdefault(o, k) != k:
+                raise OnnxProbeError(f"tensor {o!r} is made by two nodes ({describe_node(nodes[producer[o]])} and "
+                                     f"{describe_node(node)}); ONNX tensors have one producer")
+    users: list[list[int]] = [[] for _ in range(len(nodes))]
+    waiting = [0] * len(nodes)
+    for k, node in enumerate(nodes):
+        for p in {producer[i] for i in node_reads(node) if i in producer}:
             users[p].append(k)
-    waiting = [len(p) for p in needs]
+            waiting[k] += 1
+    del producer
     ready = [k for k, w in enumerate(waiting) if w == 0]
-    done = 0
+    heapq.heapify(ready)
+    order = []
     while ready:
-        k = ready.pop()
-        done += 1
+        k = heapq.heappop(ready)
+        order.append(k)
         for u in users[k]:
             waiting[u] -= 1
             if waiting[u] == 0:
-                ready.append(u)
-    if done < len(needs):
+                heapq.heappush(ready, u)
+        users[k] = []
+    if len(order) < len(nodes):
         stuck = next(k for k, w in enumerate(waiting) if w > 0)
-        tensor = next((o for o in graph.node[stuck].output if o), graph.node[stuck].name)
+        tensor = next((o for o in nodes[stuck].output if o), nodes[stuck].name)
         raise OnnxProbeError(f"the ONNX graph has a cycle (through tensor {tensor!r}); ONNX graphs are acyclic")
+    return order
+
+
+def topological_nodes(graph):
+    """``graph``'s nodes in :func:`topological_order` (an iterator: each node is read when it is reached)."""
+    return (graph.node[k] for k in topological_order(graph))
+
+
+def sort_graph(graph, *, check_only: bool = False) -> bool:
+    """Put the nodes of ``graph`` and of every subgraph in :func:`topological_order`, in place.
+
+    Returns whether they already were; ``check_only`` only checks (and refuses
+    what :func:`topological_order` refuses).
+    """
+    stack, was_sorted = [graph], True
+    while stack:
+        g = stack.pop()
+        order = topological_order(g)
+        if any(k != j for j, k in enumerate(order)):
+            was_sorted = False
+            if check_only:
+                continue
+            ordered = [copy_node(g.node[k]) for k in order]
+            del g.node[:]
+            g.node.extend(ordered)
+        stack.extend(sub for n in g.node if n.attribute for sub in subgraphs(n))
+    return was_sorted
+
+
+def copy_node(node):
+    from onnx import NodeProto
+
+    out = NodeProto()
+    out.CopyFrom(node)
+    return out
+
+
+def describe_node(node) -> str:
+    return f"{node.op_type} node {node.name or next((o for o in node.output if o), '')!r}"
+
+
+def check_tensor_sizes(proto, folder: Path | None) -> None:
+    """Refuse tensors whose bytes are not exactly what their shape and type declare.
+
+    Inline ``raw_data`` must hold ``prod(dims) * itemsize`` bytes.  External
+    data (``folder``: the model's) is checked from ``stat`` alone, before a
+    byte is read: its location must stay in ``folder``, and the tensor's
+    ``prod(dims) * itemsize`` must equal its ``length`` entry (or, without
+    one, the rest of the file after ``offset``, which is what ``onnx`` would
+    read), lie inside the file, and all of them together fit the memory
+    budget (``SATCORE_MEMORY_BUDGET``).
+    """
+    from onnx import TensorProto, helper
+
+    from satcore._arrays import check_memory
+
+    total = 0
+    for tensor in _tensors(proto.graph):
+        external = tensor.data_location == TensorProto.EXTERNAL
+        if not external and not tensor.HasField("raw_data"):
+            continue  # typed fields (float_data, ...) hold what they hold; onnx checks their count
+        if tensor.data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
+            raise OnnxProbeError(f"tensor {tensor.name!r}: raw bytes of type {tensor.data_type} are not read")
+        try:
+            itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        except (KeyError, ValueError, TypeError):
+            raise OnnxProbeError(f"tensor {tensor.name!r} has an unknown data type {tensor.data_type}") from None
+        if any(d < 0 for d in tensor.dims):
+            raise OnnxProbeError(f"tensor {tensor.name!r} declares a negative dimension {list(tensor.dims)}")
+        declared = math.prod(tensor.dims) * itemsize  # Python ints: a declared shape cannot wrap
+        if not external:
+            if len(tensor.raw_data) != declared:
+                raise OnnxProbeError(f"tensor {tensor.name!r} holds {len(tensor.raw_data)} bytes but its shape "
+                                     f"{list(tensor.dims)} and type declare {declared}")
+            continue
+        entries = {e.key: e.value for e in tensor.external_data}
+        if folder is None:
+            raise OnnxProbeError(f"tensor {tensor.name!r} refers to external data; pass the .onnx path")
+        target = check_location(tensor.name, entries.get("location", ""), folder)
+        try:
+            offset = int(entries.get("offset", 0))
+            length = int(entries["length"]) if "length" in entries else None
+        except ValueError:
+            raise OnnxProbeError(f"external data of tensor {tensor.name!r}: offset and length must be integers") \
+                from None
+        size = target.stat().st_size
+        available = size - offset
+        if offset < 0 or (length is not None and length < 0) or available < (length or 0):
+            raise OnnxProbeError(f"external data of tensor {tensor.name!r} ({offset=}, {length=}) lies outside "
+                                 f"its file {entries['location']!r} of {size} bytes")
+        stored = length if length is not None else available
+        if stored != declared:
+            raise OnnxProbeError(
+                f"external data of tensor {tensor.name!r} holds {stored} bytes in {entries['location']!r} but its "
+                f"shape {list(tensor.dims)} and type declare {declared}")
+        total += declared
+    if total:
+        check_memory(total, "the model's external data")
 
 
 def load_model(model):
-    """A ``ModelProto`` from a path or a ``ModelProto``, external data checked before reading.
+    """A ``ModelProto`` from a path or a ``ModelProto``: sizes and external data checked, nodes sorted.
 
-    A ``ModelProto`` that still refers to external data is refused (its folder
-    is unknown); pass the file path instead.
+    Every tensor's stored bytes are checked against its declared shape and the
+    external data's locations against the model's folder before any external
+    byte is read; the nodes are put in :func:`topological_order` (a copy when
+    given a ``ModelProto`` listed otherwise: the caller's model is left as it was).  A
+    ``ModelProto`` that still refers to external data is refused (its folder is
+    unknown); pass the file path instead.
     """
     import onnx
     from onnx.external_data_helper import load_external_data_for_model
@@ -111,8 +265,13 @@ def load_model(model):
             raise OnnxProbeError(
                 f"model refers to external data ({pending[0][1]!r}); pass the .onnx path so it can be checked"
             )
-        check_acyclic(model.graph)
-        return model
+        check_tensor_sizes(model, None)
+        if sort_graph(model.graph, check_only=True):
+            return model
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+        sort_graph(proto.graph)
+        return proto
     path = Path(os.fspath(model))
     if not path.is_file():
         raise OnnxProbeError(f"no ONNX file at {str(path)!r}")
@@ -123,13 +282,11 @@ def load_model(model):
     if not proto.graph.node:
         raise OnnxProbeError(f"{path}: the ONNX graph has no nodes")
     try:
-        check_acyclic(proto.graph)
+        sort_graph(proto.graph)
+        check_tensor_sizes(proto, path.parent)
     except OnnxProbeError as exc:
         raise OnnxProbeError(f"{path}: {exc}") from None
-    locations = external_locations(proto)
-    for tensor, location in locations:
-        check_location(tensor, location, path.parent)
-    if locations:
+    if external_locations(proto):
         try:
             load_external_data_for_model(proto, str(path.parent))
         except Exception as exc:

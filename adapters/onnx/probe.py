@@ -12,6 +12,7 @@ import numpy as np
 from satcore.adapters.base import ProbeOptions, probe_meta, resolve_options, warn_if_training_split
 from satcore.adapters.batches import LABELS
 from satcore.adapters.batches import split_batch as shared_split_batch
+from satcore._arrays import check_feature_count
 from satcore.adapters.options import per_candidate
 from satcore.depth import DepthStatistics
 from satcore.families import positions
@@ -22,7 +23,7 @@ from .capture import IGNORE_INDEX, LOSS_SCALE, LOSSES, TARGETS, GradientRunner, 
 from .errors import OnnxProbeError
 from .features import feature_map
 from .loading import load_model
-from .locate import residual_candidates
+from .locate import resolve_candidates
 
 TARGET_KEYS = (LABELS, "targets", "target", "y")
 
@@ -118,6 +119,7 @@ class GradientSession:
     input_dtypes: dict = field(default_factory=dict, repr=False)
     output_info: object = field(default=None, repr=False)
     loss: str = "cross_entropy"
+    tensors: tuple = ()  # the graph tensor each candidate name stands for
 
     def __call__(self, batch):
         inputs, targets = split_batch(batch, list(self.input_names))
@@ -128,7 +130,9 @@ class GradientSession:
         info = self.output_info
         scale_dtype = _numpy_dtype(info.elem_type) if info is not None and info.elem_type else np.float32
         feeds.update(_loss_feeds(self.loss, targets, info, feeds, b, scale_dtype))
-        return self.runner(feeds)
+        acts, grads = self.runner(feeds)
+        pairs = list(zip(self.candidates, self.tensors))
+        return {n: acts[t] for n, t in pairs}, {n: grads[t] for n, t in pairs}
 
 
 def per_sample_gradients(
@@ -138,20 +142,19 @@ def per_sample_gradients(
     candidates=None,
     output: str | None = None,
     providers=None,
+    head: bool = True,
 ) -> GradientSession:
     """Prepare ``model`` (path or ``ModelProto``) for per-sample gradients; arguments as :func:`probe`."""
     proto = load_model(model)
-    names = list(candidates) if candidates is not None else residual_candidates(proto)
-    if not names:
-        raise OnnxProbeError("no residual Add found in the graph; pass candidates=[tensor names]")
-    if len(set(names)) != len(names):
-        raise OnnxProbeError(f"candidate names must be distinct: {names}")
-    graph_probe, output, infos = probe_graph(proto, names, loss=loss, output=output)
+    chosen = resolve_candidates(proto, candidates, head=head)
+    tensors = list(chosen.values())
+    graph_probe, output, infos = probe_graph(proto, tensors, loss=loss, output=output)
     initializers = {i.name for i in proto.graph.initializer}
     input_names = tuple(i.name for i in proto.graph.input if i.name not in initializers)
-    runner = GradientRunner(graph_probe, names, input_names, providers)
+    runner = GradientRunner(graph_probe, tensors, input_names, providers)
     return GradientSession(
-        candidates=tuple(names),
+        candidates=tuple(chosen),
+        tensors=tuple(tensors),
         output=output,
         route=runner.name,
         runner=runner,
@@ -171,6 +174,7 @@ class ProbeConfig(ProbeOptions):
     loss: str = "cross_entropy"
     output: str | None = None
     providers: tuple[str, ...] | None = None
+    head: bool = True  # also the last block's output, as the torch adapter's head candidate
 
 
 def probe(model, data, *, config: ProbeConfig | None = None, **options) -> ProbeResult:
@@ -184,8 +188,11 @@ def probe(model, data, *, config: ProbeConfig | None = None, **options) -> Probe
     left out; for sequences ``loss_i`` is the mean over the counted tokens),
     ``"mse"`` (mean over a sample's elements), or the name of a graph output
     holding per-sample (per-token) losses.  ``T`` may differ between batches
-    (the statistics record the first batch's).  ``candidates``: tensor names,
-    default the inputs of residual ``Add`` nodes (:func:`residual_candidates`).
+    (the statistics record the first batch's).  ``candidates``: block names
+    (``blocks.0``: the input of a residual ``Add``'s block, named after its
+    scope), ``"head"`` (the last block's output) or tensor names; default every
+    residual block, and ``head`` unless ``head=False``
+    (:func:`~satcore.adapters.onnx.locate.resolve_candidates`).
     ``family``: ``"auto"``, a kind, a :class:`~satcore.Family`, a callable
     ``z -> psi``, or a mapping candidate -> one of those (candidates it leaves
     out get ``"auto"``); built-in kinds use ``make_family(kind, width,
@@ -218,8 +225,12 @@ class Probe:
 
     def __init__(self, model, config: ProbeConfig | None = None, **options):
         self.config = config = resolve_options(ProbeConfig, config, **options)
+        for r in (config.n_features.values() if isinstance(config.n_features, Mapping) else [config.n_features]):
+            if r is not None:  # before ONNX Runtime starts: the r x r Gram alone may be over the budget
+                check_feature_count(r)
         self.session = per_sample_gradients(model, loss=config.loss, candidates=config.candidates,
-                                            output=config.output, providers=config.providers)
+                                            output=config.output, providers=config.providers,
+                                            head=config.head)
         self.names = list(self.session.candidates)
         try:
             self.specs = per_candidate(config.family, self.names, "family", default="auto")
@@ -232,7 +243,8 @@ class Probe:
         self.batches_seen = 0
         model_name = os.fspath(model) if isinstance(model, (str, os.PathLike)) else "ModelProto"
         self.meta = probe_meta("onnx", model_name, config.loss, config, output=self.session.output,
-                               gradient_route=self.session.route)
+                               gradient_route=self.session.route,
+                               tensors=dict(zip(self.names, self.session.tensors)))
 
     def update(self, batch) -> int:
         """Add one batch (:func:`split_batch`); returns its number of samples (0: an empty batch)."""
