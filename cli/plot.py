@@ -12,6 +12,8 @@ import os
 import click
 
 from satcore._atomic import atomic_write, check_target
+from satcore._optional import require
+from satcore.errors import MissingDependencyError
 from satcore.report_text import growth_noise_floor
 
 from .common import display_name
@@ -25,9 +27,11 @@ def label(text) -> str:
 
 def _pyplot():
     try:
-        import matplotlib
-    except ImportError:
-        raise click.ClickException("--plot needs matplotlib: pip install 'satcore[plot]'") from None
+        require("matplotlib", extra="plot", by="--plot")
+    except MissingDependencyError as exc:
+        raise click.ClickException(str(exc)) from None
+    import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

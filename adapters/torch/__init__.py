@@ -19,6 +19,11 @@ See :func:`probe` (statistics), :func:`find_candidates` (where),
 model's own kind; ``family="native"`` probes its tangent space) and :mod:`.diagnostics` (stream norms, NAG).
 """
 
+from satcore._optional import require
+
+require("torch", extra="torch", by="satcore.adapters.torch")
+
+
 from .capture import StreamTaps
 from .diagnostics import StreamDiagnostics
 from .features import FeatureMap, ResidualBranch, build_feature_map, positions
