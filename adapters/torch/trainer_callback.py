@@ -146,7 +146,10 @@ class HFCallback(TrainerCallback):
     def on_evaluate(self, args, state, control, metrics=None, model=None, **kwargs):
         scalars = self._measure(state, model)
         if scalars and metrics is not None:
-            metrics.update({f"{self.eval_prefix}_{k}": v for k, v in scalars.items()})
+            for key, value in scalars.items():
+                # the Trainer logged this very dict, so on_log put the unprefixed key in it too: one name per value
+                metrics.pop(key, None)
+                metrics[f"{self.eval_prefix}_{key}"] = value
         # this evaluation is over: the next one probes again even at the same step (after load_best_model_at_end
         # the Trainer holds another model at the last step, and trainer.evaluate() must see that one)
         self._step = None
