@@ -41,14 +41,14 @@ require("transformers", "accelerate", extra="hf", by="HFCallback")
 from transformers import TrainerCallback
 from transformers.trainer_callback import CallbackHandler
 
+import numpy as np
+
+from satcore import CandidateStatistics, DepthStatistics
 from satcore.errors import InputError
 
 from .locate import find_candidates, named_candidates
 from .probe import ProbeConfig, probe, unwrap_data_parallel
 
-# DepthReport.scalars(): the depth-wide keys and, per candidate, <name>/<field>
-DEPTH_KEYS = ("growth_value_max", "ag_max", "argmax_index", "improvable", "saturated", "n_improvable")
-CANDIDATE_FIELDS = ("growth_value", "ag", "realizability", "noise_floor", "p_value_adjusted")
 
 
 class HFCallback(TrainerCallback):
@@ -105,18 +105,25 @@ class HFCallback(TrainerCallback):
         key = metric.removeprefix(self.eval_prefix + "_")
         if not key.startswith(self.prefix):
             return  # another metric: the Trainer's own, or a compute_metrics key
-        name = key[len(self.prefix):]
         model = unwrap_data_parallel(model)
         found = (find_candidates(model, head=self.config.head) if self.config.candidates is None
                  else named_candidates(model, self.config.candidates, head=self.config.head))
-        candidates = [c.name for c in found]
-        candidate, _, field = name.rpartition("/")
-        if name in DEPTH_KEYS or (candidate in candidates and field in CANDIDATE_FIELDS):
-            return
-        raise InputError(
-            f"metric_for_best_model={metric!r} is not a key HFCallback logs: it logs {self.prefix}<key> for <key> in "
-            f"{list(DEPTH_KEYS)} and {self.prefix}<candidate>/<field> for <field> in {list(CANDIDATE_FIELDS)}, "
-            f"<candidate> in {candidates}")
+        keys = self._logged_keys([c.name for c in found])
+        if key not in keys:
+            raise InputError(f"metric_for_best_model={metric!r} is not a key HFCallback logs; it logs "
+                             f"{sorted(keys)}")
+
+    def _logged_keys(self, names: list[str]) -> set[str]:
+        """The keys :meth:`~satcore.results.DepthReport.scalars` gives for these candidates, read off the report of
+        placeholder statistics (16 folds, so with the verdict keys), so that the list never drifts from it."""
+        rng = np.random.default_rng(0)
+        placeholder = DepthStatistics([(name, CandidateStatistics.from_samples(
+            rng.standard_normal((32, 1)), rng.standard_normal((32, 1)), batch_size=2)) for name in names])
+        try:
+            report = placeholder.report(**self.report_options)
+        except ValueError:  # an option the placeholder cannot take (it has no stream norms): the plain report
+            report = placeholder.report()
+        return set(report.scalars(self.prefix))
 
     def _measure(self, state, model) -> dict | None:
         """This evaluation's scalars (probing once per evaluation: ``on_log`` and then ``on_evaluate`` of one
