@@ -22,7 +22,9 @@ import warnings
 import click
 
 from satcore._atomic import atomic_write, check_target
+from satcore._optional import require
 from satcore.criteria import Verdict
+from satcore.errors import MissingDependencyError
 
 from .common import display_name
 
@@ -71,9 +73,11 @@ def _silent_matplotlib():
 def _pyplot():
     with _silent_matplotlib():
         try:
-            import matplotlib
-        except ImportError:
-            raise click.ClickException("--plot needs matplotlib: pip install 'satcore[plot]'") from None
+            require("matplotlib", extra="plot", by="--plot")
+        except MissingDependencyError as exc:
+            raise click.ClickException(str(exc)) from None
+        import matplotlib
+
         matplotlib.use("Agg")
         # a user's matplotlibrc may route text through TeX or PostScript through Ghostscript: external programs
         matplotlib.rcParams["text.usetex"] = False

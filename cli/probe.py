@@ -18,11 +18,14 @@ import numpy as np
 from satcore._atomic import check_target
 from satcore._zipnpy import NpyHeader, NpzArchive
 from satcore.families import FAMILIES
+from satcore.folds import DEFAULT_FOLDS
 
 from .common import FiniteFloatRange, display_name
 from .numbers import MAX_SEED, Count
 
 TARGETS = "targets"
+# the default batch size: at most this, and small enough that the data makes one batch per fold of the fold test
+MAX_DEFAULT_BATCH = 64
 
 
 def _bad(message: str):
@@ -98,8 +101,10 @@ def batches(path: str, headers: dict[str, NpyHeader], batch_size: int):
     "conv: 9x its mid channels).",
 )
 @click.option("--output", "output_name", default=None, help="Model output the loss reads (default: the first).")
-@click.option("--batch-size", type=Count(), default=64, show_default=True,
-              help="Samples per ONNX Runtime run.")
+@click.option("--batch-size", type=Count(), default=None,
+              help=f"Samples per ONNX Runtime run (default: {MAX_DEFAULT_BATCH}, or fewer so that the data makes "
+              f"{DEFAULT_FOLDS} batches: the verdict's fold test deals batches, not samples, into {DEFAULT_FOLDS} "
+              "folds, and fewer batches than folds can never show a candidate improvable).")
 @click.option("--split", default=None, help="Name of the split DATA comes from (recorded in the dump).")
 @click.option("--variance", is_flag=True,
               help="Also accumulate sum X_i^T X_i (debiased growth value; satcore sweep's noise floor).")
@@ -122,6 +127,10 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
     from satcore.adapters.onnx import OnnxProbeError
     from satcore.adapters.onnx import probe as onnx_probe  # after the data check: a refusal loads no runtime
 
+    n_data = next(iter(arrays.values())).shape[0]
+    chosen = batch_size is None
+    if chosen:
+        batch_size = min(MAX_DEFAULT_BATCH, -(-n_data // DEFAULT_FOLDS))
     if providers is not None:
         import onnxruntime
 
@@ -153,4 +162,12 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
         raise
     result.save(out_path, inputs=(model, data_path))
     n_samples = next(iter(result.statistics.values())).n_samples
-    click.echo(f"wrote {display_name(out_path)}: {len(result.statistics)} candidate(s), {n_samples} samples")
+    n_batches = -(-n_data // batch_size)
+    click.echo(f"wrote {display_name(out_path)}: {len(result.statistics)} candidate(s), {n_samples} samples in "
+               f"{n_batches} batch(es) of {batch_size}"
+               + (f" (the default --batch-size: one batch per fold of the {DEFAULT_FOLDS}-fold test where the data "
+                  f"allows)" if chosen else ""))
+    if n_batches < DEFAULT_FOLDS:
+        click.echo(f"note: {n_batches} batch(es) fill only {n_batches} of the fold test's {DEFAULT_FOLDS} folds "
+                   f"(folds are made of batches, not samples); a smaller --batch-size or more data gives more",
+                   err=True)

@@ -6,6 +6,8 @@ import json
 
 import click
 
+import re
+
 from satcore.errors import InputError
 from satcore.sweep import depth_sweep, sweep_point
 
@@ -29,14 +31,23 @@ def sweep(dumps, as_json, metric, rel_tol, noise_factor, plot_path, quiet, chunk
 
     A dump's depth is meta 'model_depth' when given, else its number of
     candidates other than the 'head' endpoint (its residual blocks).  The plateau rule is in docs/dump-format.md.
+    Dumps of unrelated models are refused (see :func:`model_identity`).
     """
     if plot_path:  # before any work: a format or target that cannot be written costs nothing
         from .plot import check_plot_path
 
         check_plot_path(plot_path, inputs=dumps)
-    points = []
+    points, first = [], None
     for path in dumps:
         source, stats = load(path, quiet=quiet, chunk_samples=chunk_samples)
+        identity = model_identity(source.meta, stats)
+        if first is None:
+            first = (path, identity)
+        for key, value in identity.items():
+            if value is not None and first[1].get(key) is not None and value != first[1][key]:
+                raise InputError(f"{display_name(path)} and {display_name(first[0])} are not one model at two depths: "
+                                 f"their {key} differ ({_shown(value)} vs {_shown(first[1][key])}); a depth sweep "
+                                 f"compares one architecture, probed the same way, at several depths")
         # the reader checked model_depth; without it, the residual blocks (candidates but the head endpoint)
         depth = source.meta.get("model_depth") or max(1, sum(name != "head" for name in source.candidates))
         try:
@@ -53,6 +64,33 @@ def sweep(dumps, as_json, metric, rel_tol, noise_factor, plot_path, quiet, chunk
         click.echo(json.dumps(result.to_dict(), indent=2, allow_nan=False))
     else:
         click.echo(render_sweep(result))
+
+
+# meta fields that say how a dump was probed; dumps of one sweep must agree where they state them
+PROBE_META = ("framework", "loss", "split")
+
+
+def model_identity(meta: dict, stats) -> dict:
+    """What must agree between the dumps of one depth sweep: the candidates' naming pattern (names with
+    their digits as ``#``: ``transformer.h.#``, ``layer#.#``), the stream widths, the feature families
+    (kind, width, feature count, seed) and the probe's ``framework``/``loss``/``split``, each compared
+    where both dumps' meta state it.
+    A deeper model of the same architecture has more candidates of the same patterns and widths."""
+    identity = {
+        "candidate name patterns": sorted({re.sub(r"[0-9]+", "#", name) for name in stats}),
+        "stream widths": sorted({s.n_hidden for s in stats.values()}),
+        "feature counts": sorted({s.n_features for s in stats.values()}),
+    }
+    family = meta.get("family")
+    identity["feature families"] = (sorted({json.dumps(spec, sort_keys=True) for spec in family.values()})
+                                    if isinstance(family, dict) else None)
+    for key in PROBE_META:
+        identity[key] = meta.get(key)
+    return identity
+
+
+def _shown(value) -> str:
+    return display_name(json.dumps(value)) if not isinstance(value, str) else display_name(value)
 
 
 def render_sweep(result) -> str:

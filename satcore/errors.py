@@ -18,7 +18,8 @@ against earlier releases keeps catching them.
     │   ├── ProbeError                a model, candidate or batch an adapter cannot probe
     │   │   └── OnnxProbeError        (satcore.adapters.onnx)
     │   └── GrowthLogError            a growth log or its weights that cannot be resumed
-    └── OutputError (OSError)         an output that cannot or must not be written (satcore._atomic)
+    ├── OutputError (OSError)         an output that cannot or must not be written (satcore._atomic)
+    └── MissingDependencyError (ImportError)  an optional package is not installed (satcore._optional)
 """
 
 from __future__ import annotations
@@ -40,4 +41,9 @@ class GrowthLogError(InputError):
     """A growth log (or a weights file it names) that is damaged, foreign or in use."""
 
 
-__all__ = ["SatcoreError", "InputError", "ProbeError", "GrowthLogError"]
+class MissingDependencyError(SatcoreError, ImportError):
+    """An optional package a front-end needs is not installed; the message names the extra to install
+    (``pip install 'satcore[EXTRA]'``).  An :class:`ImportError`, so ``except ImportError`` still catches it."""
+
+
+__all__ = ["SatcoreError", "InputError", "ProbeError", "GrowthLogError", "MissingDependencyError"]

@@ -241,8 +241,10 @@ def decide(scores, criteria: Criteria | None = None, *,
     reasons = {t.reason for t in tests if t.reason}
     weak = sorted({t.n_folds for t in tests if t.reason is None and 2.0 ** -(t.n_folds - 1) >= alpha / k})
     if weak:
+        needed = 2 + math.floor(math.log2(k / alpha))  # the fewest folds whose 2^-(m-1) is below alpha/k
         reasons.add(f"only {weak[0]} fold(s) hold samples: the smallest sign-flip p-value 2^-{weak[0] - 1} cannot "
-                    f"pass Holm's alpha/{k}; probe at least as many batches as folds")
+                    f"pass Holm's alpha/{k}; folds are made of batches, so the limit is the number of batches, not "
+                    f"samples: probe at least {needed} batches (satcore probe: a smaller --batch-size)")
     if overall == INCONCLUSIVE and tolerance == 0 and not reasons:
         reasons.add("no tolerance given: 'saturated' needs one (a growth value is never shown to be exactly 0)")
     verdict = DepthVerdict(overall, alpha, criteria.to_dict(), best.name, METHOD, "; ".join(sorted(reasons)) or None)

@@ -107,3 +107,34 @@ def test_depth_sweep_ag_metric_has_no_noise_floor():
     sweep = depth_sweep(points, metric="ag")
     assert [p.depth for p in sweep.points] == [1, 2, 3]
     assert sweep.plateau.start_index == 0 and sweep.plateau.low_signal is False
+
+
+def test_sweep_refuses_dumps_of_unrelated_models(tmp_path):
+    """Dumps of different architectures or probes made a 'plateau' before; now one line, exit 2, naming both
+    files and what differs. Dumps of one architecture at two depths (more candidates, same patterns) pass."""
+    rng = np.random.default_rng(0)
+
+    def dump(name, names, width=3, r=4, **meta):
+        raw = {n: (rng.standard_normal((64, width)), rng.standard_normal((64, r))) for n in names}
+        path = tmp_path / name
+        satcore.write_dump(path, raw=raw, meta={"split": "val", **meta})
+        return str(path)
+
+    shallow = dump("shallow.npz", ["h.0", "h.1"], framework="torch", loss="sequence_loss")
+    deep = dump("deep.npz", ["h.0", "h.1", "h.2", "h.3"], framework="torch", loss="sequence_loss")
+    ok = CliRunner().invoke(main, ["sweep", shallow, deep])
+    assert ok.exit_code == 0, ok.output
+    cases = {
+        dump("resnet.npz", ["layer1.0", "layer1.1", "layer2.0"]): "their candidate name patterns differ "
+                                                                   "([\"layer#.#\"] vs [\"h.#\"])",
+        dump("wide.npz", ["h.0", "h.1", "h.2"], width=5): "their stream widths differ ([5] vs [3])",
+        dump("r8.npz", ["h.0", "h.1", "h.2"], r=8): "their feature counts differ ([8] vs [4])",
+        dump("onnx.npz", ["h.0", "h.1", "h.2"], framework="onnx"): "their framework differ (onnx vs torch)",
+        dump("train.npz", ["h.0", "h.1", "h.2"], split="train"): "their split differ (train vs val)",
+    }
+    for other, differs in cases.items():
+        bad = CliRunner().invoke(main, ["sweep", shallow, deep, other])
+        assert bad.exit_code == 2, bad.output
+        assert bad.stderr.splitlines() == [
+            f"satcore: error: {other} and {shallow} are not one model at two depths: {differs}; a depth "
+            "sweep compares one architecture, probed the same way, at several depths"]

@@ -233,3 +233,34 @@ def test_rho_scores_an_onnx_dump_and_a_merge_of_its_shards(files, tmp_path):
         for cand, value in zip(json.loads(res.output)["candidates"], expected):
             # float32 activations from ONNX Runtime, summed in float64
             assert cand["test"]["tolerance"] == pytest.approx(1e-3 / (0.01 * value), rel=1e-5)
+
+
+def test_default_batch_size_makes_one_batch_per_fold_so_256_samples_decide(tmp_path):
+    """256 samples at the old default (64 a batch) filled 4 of the fold test's 16 folds, where no p-value can
+    pass Holm's alpha/k: never improvable. The default now gives 16 batches of 16 and says so; the untrained
+    model's mean gradient is far from 0, so the probe decides."""
+    ws = weights()
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((256, IN)).astype(np.float32), rng.integers(0, CLASSES, 256)
+    model, data = residual_mlp(tmp_path / "mlp.onnx", ws), tmp_path / "data.npz"
+    np.savez(data, inputs=x, targets=y)
+    runner = CliRunner()
+    verdicts = {}
+    for batch_size in (None, "64"):
+        out = tmp_path / f"dump-{batch_size}.npz"
+        res = runner.invoke(main, ["probe", str(model), "--data", str(data), "-o", str(out)]
+                            + (["--batch-size", batch_size] if batch_size else []))
+        assert res.exit_code == 0, res.output
+        if batch_size is None:
+            assert "256 samples in 16 batch(es) of 16 (the default --batch-size: one batch per fold" in res.output
+            assert "note:" not in res.output
+        else:
+            assert "note: 4 batch(es) fill only 4 of the fold test's 16 folds (folds are made of batches, not " \
+                   "samples); a smaller --batch-size" in res.output
+        res = runner.invoke(main, ["score", str(out), "--json"])
+        assert res.exit_code == 0, res.output
+        verdicts[batch_size] = json.loads(res.output)["verdict"]
+    assert verdicts[None]["verdict"] == "improvable"
+    assert verdicts["64"]["verdict"] == "inconclusive"
+    assert "the limit is the number of batches, not samples: probe at least 7 batches (satcore probe: a smaller " \
+           "--batch-size)" in verdicts["64"]["reason"]

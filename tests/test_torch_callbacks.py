@@ -105,3 +105,150 @@ def test_lightning_callback_logs_satcore_metrics_at_validation_end(tmp_path):
     assert len(rows) == 2 and "satcore/net.layer2.1/growth_value" in rows[0]
     assert float(rows[-1]["satcore/growth_value_max"]) == pytest.approx(final.growth_value_max, rel=1e-6)
     assert float(rows[0]["satcore/growth_value_max"]) != float(rows[1]["satcore/growth_value_max"])
+
+
+def trainer_with(tmp_path, callback, **options):
+    """A real ``Trainer`` on the small causal LM, evaluating (and saving) every 2 steps."""
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    model = causal_lm().float().train()
+    lines = [" ".join(SENTENCES[i:] + SENTENCES[:i]) for i in range(len(SENTENCES))] * 2
+    train = [{"input_ids": ids} for ids in tokenizer()(lines)["input_ids"]]
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=5,
+                             per_device_eval_batch_size=5, eval_strategy="steps", eval_steps=2, logging_steps=2,
+                             report_to=[], use_cpu=True, disable_tqdm=True, learning_rate=1e-3, seed=0, **options)
+    return model, Trainer(model=model, args=args, train_dataset=train, eval_dataset=train[:5],
+                          data_collator=DataCollatorForLanguageModeling(tokenizer(), mlm=False), callbacks=[callback])
+
+
+def test_trainer_keeps_the_best_model_by_a_satcore_metric(tmp_path):
+    """The documented ``metric_for_best_model="satcore/growth_value_max"`` with ``load_best_model_at_end``:
+    the Trainer looks the metric up as ``eval_satcore/growth_value_max`` in what ``evaluate()`` returns
+    (a KeyError at the first evaluation before), picks the step whose probe had the largest growth value,
+    and reloads that checkpoint."""
+    pytest.importorskip("accelerate")
+    from satcore.adapters.torch import HFCallback
+
+    probe_data = [collated(SENTENCES[:3]), collated(SENTENCES[3:])]
+    callback = HFCallback(probe_data)
+    model, trainer = trainer_with(tmp_path, callback, save_strategy="steps", save_steps=2,
+                                  metric_for_best_model="satcore/growth_value_max", load_best_model_at_end=True)
+    trainer.train()
+    values = {step: report.growth_value_max for step, report in callback.reports}
+    assert sorted(values) == [2, 4] and values[2] != values[4]
+    best = max(values, key=values.get)  # greater_is_better: the Trainer's default for a non-loss metric
+    assert trainer.state.best_metric == pytest.approx(values[best], rel=1e-12)
+    assert trainer.state.best_model_checkpoint.endswith(f"checkpoint-{best}")
+    # the model the Trainer ends with is the best checkpoint's: probing it again gives that step's value
+    reloaded = probe(trainer.model, probe_data).report().growth_value_max
+    assert reloaded == pytest.approx(values[best], rel=1e-6)  # float32 model, float64 sums
+    metrics = trainer.evaluate()
+    assert metrics["eval_satcore/growth_value_max"] == pytest.approx(values[best], rel=1e-6)
+    assert not any(k.startswith("satcore/") for k in metrics)  # one name per value: the Trainer's eval_ prefix
+
+
+@pytest.mark.parametrize("metric", ["satcore/growth_value_mx", "eval_satcore/transformer.h.9/growth_value"])
+def test_trainer_refuses_a_satcore_metric_it_will_never_log_before_training(tmp_path, metric):
+    pytest.importorskip("accelerate")
+    from satcore.adapters.torch import HFCallback
+    from satcore.errors import InputError
+
+    callback = HFCallback([collated(SENTENCES[:3])])
+    model, trainer = trainer_with(tmp_path, callback, save_strategy="no", metric_for_best_model=metric)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(InputError, match=r"is not a key HFCallback logs; it logs \[.*'satcore/growth_value_max', .*"
+                                          r"'satcore/transformer\.h\.1/growth_value'"):
+        trainer.train()
+    assert trainer.state.global_step == 0 and callback.reports == []
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # not one step trained
+
+
+class Residual(torch.nn.Module):
+    """``z + W2 relu(W1 z)``."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(d, d), torch.nn.Linear(d, d)
+
+    def forward(self, z):
+        return z + self.fc2(torch.relu(self.fc1(z)))
+
+
+def lightning_fit(tmp_path, callback, max_epochs=1):
+    """A LightningModule holding its residual stack in an ``nn.Sequential`` (``net.blocks``), fitted on digits;
+    returns ``(module, trainer, [steps trained])``."""
+    pl = pytest.importorskip("lightning.pytorch")
+    import models_torch as mt
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Linear(64, 16)
+            self.blocks = torch.nn.Sequential(Residual(16), Residual(16))
+            self.fc = torch.nn.Linear(16, 10)
+
+        def forward(self, x):
+            return self.fc(self.blocks(self.embed(x.flatten(1))))
+
+    steps = []
+
+    class Digits(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = Net()
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, _):
+            steps.append(self.global_step)
+            return torch.nn.functional.cross_entropy(self(batch[0]), batch[1])
+
+        def validation_step(self, batch, _):
+            self.log("val_loss", torch.nn.functional.cross_entropy(self(batch[0]), batch[1]))
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+    x, y = mt.digits()
+    train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:128], y[:128]), batch_size=64)
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[128:192], y[128:192]), batch_size=64)
+    module = Digits()
+    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=[callback], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+                         num_sanity_val_steps=0)
+    return module, trainer, lambda: trainer.fit(module, train, val), steps
+
+
+def test_lightning_callback_finds_a_sequential_stack_and_takes_a_module(tmp_path):
+    """``module=`` an ``nn.Module`` (it was called as a function: a TypeError inside the model's forward),
+    and the residual blocks of an ``nn.Sequential`` named ``blocks`` found (none were)."""
+    import models_torch as mt
+    from satcore.adapters.torch import LightningCallback
+
+    probe_data = mt.digits_batches(8, 2)
+    callback = LightningCallback(probe_data, mt.per_sample_ce, module=None)
+    module, trainer, fit, _ = lightning_fit(tmp_path, callback)
+    callback.module = module.net  # the inner nn.Module itself
+    fit()
+    (epoch, report), = callback.reports
+    assert [c.name for c in report.candidates] == ["blocks.0", "blocks.1", "head"]
+    assert report.growth_value_max == pytest.approx(
+        probe(module.net, probe_data, mt.per_sample_ce).report().growth_value_max, rel=1e-12)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"module": lambda m: "net"}, r"module=\.\.\.\) must be an nn\.Module or a callable returning one; it gave str"),
+    ({"candidates": ["block.0"]}, r"candidate 'block\.0' is not a submodule name of Digits; its residual blocks are "
+                                  r"\['net\.blocks\.0', 'net\.blocks\.1'\]"),
+])
+def test_lightning_callback_configuration_is_refused_before_training(tmp_path, options, message):
+    import models_torch as mt
+    from satcore.adapters.torch import LightningCallback
+
+    callback = LightningCallback(mt.digits_batches(8, 1), mt.per_sample_ce, **options)
+    _, _, fit, steps = lightning_fit(tmp_path, callback)
+    with pytest.raises(ValueError, match=message):
+        fit()
+    assert steps == [] and callback.reports == []  # refused at on_fit_start, not after an epoch

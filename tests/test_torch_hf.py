@@ -336,3 +336,20 @@ def test_accelerate_device_map_with_disk_offload_equals_the_plain_model(tmp_path
         for field, value in want[name].to_arrays().items():
             scale = max(np.abs(value).max(), 1e-300)
             np.testing.assert_allclose(got[name].to_arrays()[field], value, rtol=0, atol=1e-10 * scale)
+
+
+def test_sequence_loss_with_targets_of_another_length_is_one_line():
+    """Targets one token short (or long, or flattened) of the inputs: a ProbeError naming both shapes, before any
+    statistic is touched (it was torch's cross_entropy complaining about a view)."""
+    from satcore.adapters.torch import sequence_loss
+    from satcore.errors import ProbeError
+
+    model = causal_lm()
+    ids = torch.tensor(tokenizer()(["one two three four five six"])["input_ids"])
+    B, T = ids.shape
+    for targets in (ids[:, 1:], torch.cat([ids, ids[:, :1]], 1), ids.reshape(-1)):
+        with pytest.raises(ProbeError) as err:
+            probe(model, [(ids, targets)], sequence_loss)
+        message = str(err.value)
+        assert "\n" not in message and message.startswith("token losses need labels (B, T) for logits (B, T, V); "
+                                                          f"got labels {tuple(targets.shape)} for logits ({B}, {T}, ")

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import models_torch as mt
+from roundoff import assert_nested_close
 from satcore import CandidateStatistics, make_family
 from satcore.adapters.torch import grow, probe
 
@@ -80,12 +81,17 @@ def test_sequence_first_equals_batch_first_and_reference(batch_size, n_batches):
             assert da.relative_update is db.relative_update is None
         else:
             assert db.relative_update == pytest.approx(da.relative_update, rel=1e-12)
-    # the report: growth value (not tangent complete: M T > r), sigma_sq, noise floor, debiased values
-    for ra, rb in zip(a.report().to_dict()["candidates"], b.report().to_dict()["candidates"]):
+    # the report: growth value (not tangent complete: M T > r), sigma_sq, noise floor, debiased values, the
+    # fold test's nested record. The two layouts sum the same float64 products in another order, a few eps64
+    # apart (the statistics agree to 1e-12 above); the report's pseudo-inverses amplify a relative change of K
+    # by at most its condition number on the kept spectrum (1e5-1e7 here), so each value is held to
+    # 64 eps64 cond(K): a margin of 64 over that first-order bound, and still 1e-7 or less, where a wrong layout
+    # is off by O(1).
+    for c, ra, rb in zip(a.candidates, a.report().to_dict()["candidates"], b.report().to_dict()["candidates"]):
         assert rb["realizability"] < 0.999
-        assert rb.keys() == ra.keys()
-        for key, value in ra.items():
-            assert rb[key] == (pytest.approx(value, rel=1e-9, abs=1e-12) if isinstance(value, float) else value), key
+        lam = np.linalg.eigvalsh(a.statistics[c.name].feature_gram())
+        condition = lam.max() / lam[lam > 1e-10 * lam.max()].min()
+        assert_nested_close(rb, ra, rel=64 * np.finfo(np.float64).eps * condition, abs=1e-12)
 
 
 def test_sequence_first_mean_loss_is_rescaled_like_per_sample():

@@ -7,6 +7,10 @@ lazily); features from the captured activations with
 external data confined to the model's folder (:mod:`.loading`); the probe graph and its gradient session are :mod:`.capture`, candidates :mod:`.locate`.
 """
 
+from satcore._optional import require
+
+require("onnx", "onnxruntime", extra="onnx", by="satcore.adapters.onnx")
+
 from satcore.probe_result import ProbeResult
 
 from .autodiff import supported_ops

@@ -8,6 +8,10 @@ are summed across replicas with ``strategy.reduce(SUM)``.  ``grow`` inserts the
 gradient-matched (or zero) block at a candidate of a functional model.
 """
 
+from satcore._optional import require
+
+require("tensorflow", extra="tensorflow", by="satcore.adapters.tensorflow")
+
 from .callbacks import KerasCallback
 from .features import feature_map
 from .grow import InsertedResidual, grow

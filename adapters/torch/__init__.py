@@ -20,6 +20,10 @@ model's own kind; ``family="native"`` probes its tangent space); the stream norm
 result's ``diagnostics``, from the statistics' stream sums.
 """
 
+from satcore._optional import require
+
+require("torch", extra="torch", by="satcore.adapters.torch")
+
 from satcore.results import StreamDiagnostics
 
 from .capture import StreamTaps

@@ -32,6 +32,8 @@ import functools
 import torch
 from torch import nn
 
+from satcore.errors import ProbeError
+
 IGNORE_INDEX = -100
 TASKS = ("causal_lm", "token", "sequence")
 
@@ -41,7 +43,11 @@ def token_losses(logits: torch.Tensor, labels: torch.Tensor, *, shift: bool,
     """``(B,)``: each sample's mean cross-entropy over its labels that are not ``ignore_index``.
 
     ``shift``: token ``t`` predicts ``labels[:, t + 1]`` (causal LM), else ``labels[:, t]``.
+    Labels that are not ``(B, T)`` for logits ``(B, T, V)`` are refused with one line naming both shapes.
     """
+    if logits.dim() != 3 or labels.shape != logits.shape[:2]:
+        raise ProbeError(f"token losses need labels (B, T) for logits (B, T, V); got labels {tuple(labels.shape)} "
+                         f"for logits {tuple(logits.shape)}")
     pred, target = (logits[:, :-1], labels[:, 1:]) if shift else (logits, labels)
     token = nn.functional.cross_entropy(
         pred.reshape(-1, pred.shape[-1]), target.reshape(-1), ignore_index=ignore_index, reduction="none"

@@ -8,18 +8,33 @@ them, and ``trainer.callback_metrics`` holds them (so a ``ModelCheckpoint``
 can monitor ``satcore/growth_value_max``).  Lightning validates under
 ``torch.inference_mode``; the probe takes its gradients outside it.  Works
 with ``lightning`` (``lightning.pytorch``) or the older ``pytorch_lightning``.
+
+The configuration is checked at ``on_fit_start``, before the first training
+step: ``module`` must give an ``nn.Module`` and the candidates must be found
+in it, else the fit stops with one line instead of after a full epoch.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
+
+from satcore._optional import require
+
+if importlib.util.find_spec("pytorch_lightning") is None:  # else the standalone package serves
+    require("lightning", extra="lightning", by="LightningCallback")
 
 try:
     from lightning.pytorch import Callback
 except ImportError:  # the standalone package
     from pytorch_lightning import Callback
 
-from .probe import ProbeConfig, probe
+from torch import nn
+
+from satcore.errors import InputError
+
+from .locate import find_candidates, named_candidates
+from .probe import ProbeConfig, probe, unwrap_data_parallel
 
 
 class LightningCallback(Callback):
@@ -30,8 +45,9 @@ class LightningCallback(Callback):
     probe_data : re-iterable of batches (:class:`~.probe.Probe`'s convention).
     loss_fn : :class:`~.probe.Probe`'s.
     module : which ``nn.Module`` to probe: ``None`` for the LightningModule
-        itself (its ``forward``), else a callable ``module(pl_module)``, e.g.
-        ``lambda m: m.model`` for a module that wraps a Hugging Face model.
+        itself (its ``forward``), an ``nn.Module`` (e.g. ``pl_module.model``,
+        a wrapped Hugging Face model), or a callable ``module(pl_module)``
+        returning one, e.g. ``lambda m: m.model``.
     every_n_epochs, prefix, report : how often, the key prefix, and keyword
         arguments of ``report()``.
     config, options : the probe's :class:`~.probe.ProbeConfig` (or its fields).
@@ -48,10 +64,29 @@ class LightningCallback(Callback):
         self.config = ProbeConfig(**options) if config is None else replace(config, **options)
         self.reports: list = []
 
+    def _model(self, pl_module) -> nn.Module:
+        if self.module is None:
+            return pl_module
+        if isinstance(self.module, nn.Module):  # callable too: calling it would run its forward on pl_module
+            model = self.module
+        else:
+            model = self.module(pl_module) if callable(self.module) else self.module
+        if not isinstance(model, nn.Module):
+            raise InputError(f"LightningCallback(module=...) must be an nn.Module or a callable returning one; "
+                             f"it gave {type(model).__name__}")
+        return model
+
+    def on_fit_start(self, trainer, pl_module):
+        model = unwrap_data_parallel(self._model(pl_module))
+        if self.config.candidates is None:
+            find_candidates(model, head=self.config.head)
+        else:
+            named_candidates(model, self.config.candidates, head=self.config.head)
+
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
             return
-        model = pl_module if self.module is None else self.module(pl_module)
+        model = self._model(pl_module)
         report = probe(model, self.probe_data, self.loss_fn, config=self.config).report(**self.report_options)
         self.reports.append((trainer.current_epoch, report))
         # the sums are all-reduced already: every rank holds the same numbers

@@ -6,7 +6,7 @@ expansion (Problem Setup).  A Hugging Face model that declares its layer
 classes (``_no_split_modules``) gets those; otherwise blocks are found without
 importing any model zoo:
 
-* stacks of blocks: an ``nn.ModuleList`` whose last name is one of
+* stacks of blocks: an ``nn.ModuleList`` or ``nn.Sequential`` whose last name is one of
   ``h`` (Hugging Face GPT-2, ``transformer.h``), ``layers`` (GPT-NeoX/Pythia
   ``gpt_neox.layers``, Llama-style ``model.layers``, ``nn.TransformerEncoder``),
   ``layer`` (BERT-style ``encoder.layer``), ``block``/``blocks``; every child
@@ -93,7 +93,7 @@ def find_blocks(model: nn.Module) -> list[str]:
     for name, module in model.named_modules():
         if any(name == b or name.startswith(b + ".") for b in blocks):
             continue  # a block already found, or inside one
-        if isinstance(module, nn.ModuleList) and name.rpartition(".")[2] in STACK_NAMES:
+        if isinstance(module, (nn.ModuleList, nn.Sequential)) and name.rpartition(".")[2] in STACK_NAMES:
             blocks.extend(
                 f"{name}.{i}" for i, child in enumerate(module) if len(list(child.children())) > 0
             )
@@ -123,10 +123,19 @@ def named_candidates(model: nn.Module, names, *, head: bool = True) -> tuple[Can
         raise ValueError("candidates is empty")
     for n in names:
         if not isinstance(n, str) or n not in modules or n == "":
-            raise ValueError(f"candidate {n!r} is not a submodule name of {type(model).__name__}")
+            raise ValueError(f"candidate {n!r} is not a submodule name of {type(model).__name__}; "
+                             + _valid_names(model, modules))
     if len(set(names)) != len(names) or HEAD in names:
         raise ValueError(f"candidate names must be distinct and not {HEAD!r}: {names}")
     return with_head([_candidate(model, n) for n in names], head)
+
+
+def _valid_names(model: nn.Module, modules: dict) -> str:
+    """What a misspelt candidate could have been: the recognised blocks, else the top-level submodules."""
+    blocks = find_blocks(model)
+    if blocks:
+        return f"its residual blocks are {blocks}"
+    return f"no residual block is recognised; its top-level submodules are {[n for n in modules if n and '.' not in n]}"
 
 
 def _candidate(model: nn.Module, name: str) -> Candidate:

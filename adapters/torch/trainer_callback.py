@@ -10,8 +10,15 @@ batch convention is :class:`~.probe.Probe`'s, so ``DataCollator`` batches with
   has (``report_to``: TensorBoard, W&B, ...) and keeps in
   ``state.log_history``; the evaluation is recognised in ``on_log`` by its
   ``eval_``-prefixed keys (``eval_prefix``);
-* the metrics ``trainer.evaluate()`` returns (``on_evaluate``), so that
-  ``metric_for_best_model="satcore/growth_value_max"`` works.
+* the metrics ``trainer.evaluate()`` returns (``on_evaluate``), under the
+  evaluation's prefix like every other metric there (``eval_satcore/...``),
+  so that ``metric_for_best_model="satcore/growth_value_max"`` works with
+  ``load_best_model_at_end`` (the ``Trainer`` looks that name up as
+  ``eval_satcore/growth_value_max``).
+
+A ``metric_for_best_model`` naming a ``satcore/`` key the callback cannot log
+(a typo, a candidate the probe does not have) is refused at ``on_train_begin``,
+before the first training step, with the keys it logs.
 
 The ``Trainer`` logs before it calls ``on_evaluate`` and calls callbacks in
 list order, the loggers first; so that they see the keys, the callback moves
@@ -27,10 +34,21 @@ import sys
 import warnings
 from dataclasses import replace
 
+from satcore._optional import require
+
+require("transformers", "accelerate", extra="hf", by="HFCallback")
+
 from transformers import TrainerCallback
 from transformers.trainer_callback import CallbackHandler
 
-from .probe import ProbeConfig, probe
+import numpy as np
+
+from satcore import CandidateStatistics, DepthStatistics
+from satcore.errors import InputError
+
+from .locate import find_candidates, named_candidates
+from .probe import ProbeConfig, probe, unwrap_data_parallel
+
 
 
 class HFCallback(TrainerCallback):
@@ -76,11 +94,40 @@ class HFCallback(TrainerCallback):
     def on_init_end(self, args, state, control, **kwargs):
         self._go_first()
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._go_first()
+        self._check_metric(args.metric_for_best_model, model)
+
+    def _check_metric(self, metric: str | None, model) -> None:
+        """Refuse a ``metric_for_best_model`` under this callback's prefix that it will never log."""
+        if metric is None:
+            return
+        key = metric.removeprefix(self.eval_prefix + "_")
+        if not key.startswith(self.prefix):
+            return  # another metric: the Trainer's own, or a compute_metrics key
+        model = unwrap_data_parallel(model)
+        found = (find_candidates(model, head=self.config.head) if self.config.candidates is None
+                 else named_candidates(model, self.config.candidates, head=self.config.head))
+        keys = self._logged_keys([c.name for c in found])
+        if key not in keys:
+            raise InputError(f"metric_for_best_model={metric!r} is not a key HFCallback logs; it logs "
+                             f"{sorted(keys)}")
+
+    def _logged_keys(self, names: list[str]) -> set[str]:
+        """The keys :meth:`~satcore.results.DepthReport.scalars` gives for these candidates, read off the report of
+        placeholder statistics (16 folds, so with the verdict keys), so that the list never drifts from it."""
+        rng = np.random.default_rng(0)
+        placeholder = DepthStatistics([(name, CandidateStatistics.from_samples(
+            rng.standard_normal((32, 1)), rng.standard_normal((32, 1)), batch_size=2)) for name in names])
+        try:
+            report = placeholder.report(**self.report_options)
+        except ValueError:  # an option the placeholder cannot take (it has no stream norms): the plain report
+            report = placeholder.report()
+        return set(report.scalars(self.prefix))
 
     def _measure(self, state, model) -> dict | None:
-        """This evaluation's scalars (probing once per evaluation), ``None`` when it is skipped."""
+        """This evaluation's scalars (probing once per evaluation: ``on_log`` and then ``on_evaluate`` of one
+        evaluation share them), ``None`` when it is skipped."""
         if self._step == state.global_step:
             return self._scalars
         self._step = state.global_step
@@ -106,4 +153,10 @@ class HFCallback(TrainerCallback):
     def on_evaluate(self, args, state, control, metrics=None, model=None, **kwargs):
         scalars = self._measure(state, model)
         if scalars and metrics is not None:
-            metrics.update(scalars)
+            for key, value in scalars.items():
+                # the Trainer logged this very dict, so on_log put the unprefixed key in it too: one name per value
+                metrics.pop(key, None)
+                metrics[f"{self.eval_prefix}_{key}"] = value
+        # this evaluation is over: the next one probes again even at the same step (after load_best_model_at_end
+        # the Trainer holds another model at the last step, and trainer.evaluate() must see that one)
+        self._step = None
