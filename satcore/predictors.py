@@ -296,7 +296,7 @@ def predict_gains(train_stats, heldout_stats, recipe: Recipe | None = None, *, c
     if recipe is None:
         missing = [name for name in train_stats if not (stream_rms or {}).get(name)]
         if rho is None or missing or not (rho > 0):
-            raise InputError("the matched block (no recipe) needs criteria with rho > 0 and the stream RMS "
+            raise InputError("the matched block (no recipe) needs criteria with rho > 0 and stream_rms, the stream RMS "
                              "||z||_S of every candidate" + (f" (none for {missing})" if missing else ""))
         optimizer, lr, steps = "matched", None, 1
         step = {"rho": float(rho)}
