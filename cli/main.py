@@ -26,6 +26,7 @@ from satcore._display import display_name
 from satcore._zipnpy import NpzError
 from satcore.dump import DumpError
 
+from .expand import expand
 from .inspect_dump import inspect
 from .merge import merge
 from .probe import probe
@@ -104,3 +105,4 @@ main.add_command(inspect)
 main.add_command(merge)
 main.add_command(sweep)
 main.add_command(probe)
+main.add_command(expand)
