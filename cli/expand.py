@@ -124,6 +124,9 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
 
     import torch
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one report on stdout, no bars on stderr
     model = load_causal_lm(model_dir, dtype=torch.float32)  # decided in float32; saved in the checkpoint's dtype
     saved_dtype = _checkpoint_dtype(model_dir)
     names, _ = _stack(model)
@@ -139,6 +142,9 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
     parent = os.path.dirname(os.path.abspath(out_dir))
     staging = tempfile.mkdtemp(prefix=".satcore-expand-", dir=parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; OUT_DIR gets the usual permissions
         grown = expansion.model.to(getattr(torch, saved_dtype))
         grown.save_pretrained(staging, safe_serialization=True)
         for name in COPIED_FILES:

@@ -378,12 +378,13 @@ def _windows_batches(tokens: torch.Tensor, batch_size: int) -> list:
 
 def split_batches(data, heldout=None) -> tuple[list, list]:
     """``(train, heldout)`` batches: ``data`` as given (a ``(N, T)`` tensor of token ids becomes batches
-    of 8 windows), the held-out split every other batch when ``heldout`` is ``None``."""
+    of up to 8 windows, at least 32 batches where ``N`` allows: 16 per split, one per fold of the
+    held-out tests), the held-out split every other batch when ``heldout`` is ``None``."""
     def batches(value):
         if torch.is_tensor(value):
             if value.dim() != 2 or value.is_floating_point():
                 raise InputError(f"token ids must be an integer (windows, tokens) tensor, got {tuple(value.shape)}")
-            return _windows_batches(value, 8)
+            return _windows_batches(value, max(1, min(8, len(value) // 32)))
         return list(value)
 
     data = batches(data)
