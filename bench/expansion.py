@@ -183,7 +183,7 @@ def random_places(L: int, K: int, rng) -> list:
 
 # --- runs ---------------------------------------------------------------------------------------
 def run_one(base, before, mode, steps, args, seed, python_train, held):
-    from satcore.adapters.torch.expand import freeze_old, insert_blocks
+    from satcore.adapters.torch.expansion import freeze_old, insert_blocks
 
     grown, new = insert_blocks(base, before, init="copy")
     params = None
@@ -202,7 +202,7 @@ def run_one(base, before, mode, steps, args, seed, python_train, held):
 def decision(base, python_train, args, seed, max_blocks=None):
     from satcore import Recipe
     from satcore.adapters.torch import sequence_loss
-    from satcore.adapters.torch.expand import first_order_decision
+    from satcore.adapters.torch.expansion import first_order_decision
 
     rng = np.random.default_rng(20_000 + seed)
     n = args.decision_batches * args.batch_size

@@ -119,8 +119,8 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
     _check_out_dir(out_dir, model_dir)
     from satcore import Recipe
     from satcore.adapters.torch.checkpoint_dir import load_causal_lm, read_token_windows
-    from satcore.adapters.torch.expand import _stack
-    from satcore.adapters.torch.expand import expand as expand_model
+    from satcore.adapters.torch.expansion import decoder_stack
+    from satcore.adapters.torch.expansion import expand as expand_model
 
     import torch
 
@@ -129,7 +129,7 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
     hf_logging.disable_progress_bar()  # one report on stdout, no bars on stderr
     model = load_causal_lm(model_dir, dtype=torch.float32)  # decided in float32; saved in the checkpoint's dtype
     saved_dtype = _checkpoint_dtype(model_dir)
-    names, _ = _stack(model)
+    names, _ = decoder_stack(model)
     recipe = Recipe(optimizer, lr=lr, steps=steps, batch_size=batch_size, trainable="block")
     forced = None if at is None else _at_option(at, len(names), names)
     data = None

@@ -23,7 +23,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from satcore import Recipe  # noqa: E402
 from satcore.adapters.torch import find_blocks, sequence_loss  # noqa: E402
-from satcore.adapters.torch.expand import (  # noqa: E402
+from satcore.adapters.torch.expansion import (  # noqa: E402
     expand, first_order_decision, insert_blocks, layout_of,
 )
 from satcore.cli.main import main  # noqa: E402

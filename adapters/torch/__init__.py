@@ -16,7 +16,9 @@
 See :func:`probe` (statistics), :func:`find_candidates` (where),
 :mod:`.features` (feature maps with the core's seeded weights), :func:`grow`
 (Appendix H insertion), :func:`insert_block` (a zero-output block of the
-model's own kind; ``family="native"`` probes its tangent space) and :mod:`.diagnostics` (stream norms, NAG).
+model's own kind; ``family="native"`` probes its tangent space), :func:`expand` (grow a pretrained
+decoder by identity blocks where one decision on the user's data says; LLaMA-Pro copies, mergekit and
+trainer exports) and :mod:`.diagnostics` (stream norms, NAG).
 """
 
 from .capture import StreamTaps
@@ -26,6 +28,7 @@ from .grow import Grown, InsertedResidual, grow
 from .locate import HEAD, Candidate, find_blocks, find_candidates, named_candidates
 from .growth import GrowthResult, GrowthRound, grow_until_saturated
 from .native import NativeFeatures, insert_block, native_feature_map
+from .expansion import Expansion, expand, first_order_decision, insert_blocks
 from .moments import batch_moments, position_index, subsample_positions
 from .hf import model_loss, per_sample_loss, sequence_loss
 from .probe import MemoryPlan, Probe, ProbeConfig, per_sample_losses, plan, probe, probe_in_groups
@@ -50,6 +53,7 @@ __all__ = [
     "HFCallback",
     "LightningCallback",
     "Candidate",
+    "Expansion",
     "FeatureMap",
     "Grown",
     "InsertedResidual",
@@ -63,10 +67,13 @@ __all__ = [
     "StreamTaps",
     "batch_moments",
     "build_feature_map",
+    "expand",
     "find_blocks",
+    "first_order_decision",
     "find_candidates",
     "grow",
     "insert_block",
+    "insert_blocks",
     "GrowthResult",
     "GrowthRound",
     "grow_until_saturated",

@@ -151,7 +151,7 @@ class NewBlock:
     source: int | None  # the original block it copies (init="copy"), else None
 
 
-def _stack(model: nn.Module) -> tuple[list[str], tuple[str, str]]:
+def decoder_stack(model: nn.Module) -> tuple[list[str], tuple[str, str]]:
     blocks = find_blocks(model)
     if not blocks or not hasattr(model, "config"):
         raise ProbeError(f"{type(model).__name__}: no stack of decoder blocks recognised")
@@ -201,7 +201,7 @@ def insert_blocks(model: nn.Module, inserted_before, *, init: str = "copy", seed
     """
     if init not in INITS:
         raise InputError(f"init must be one of {', '.join(INITS)}, got {init!r}")
-    blocks, _ = _stack(model)
+    blocks, _ = decoder_stack(model)
     n = len(blocks)
     before = []
     for value in inserted_before:
@@ -227,7 +227,7 @@ def insert_blocks(model: nn.Module, inserted_before, *, init: str = "copy", seed
 
 def freeze_old(model: nn.Module, new_blocks) -> nn.Module:
     """Only the new blocks' parameters train (``requires_grad``), LLaMA-Pro's recipe; returns ``model``."""
-    blocks, _ = _stack(model)
+    blocks, _ = decoder_stack(model)
     keep = {blocks[b.position] for b in new_blocks}
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(any(name.startswith(k + ".") for k in keep))
@@ -421,7 +421,7 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
     Expansion
     """
     recipe = DEFAULT_RECIPE if recipe is None else recipe
-    names, terminals = _stack(model)
+    names, terminals = decoder_stack(model)
     n = len(names)
     if init not in INITS:
         raise InputError(f"init must be one of {', '.join(INITS)}, got {init!r}")
