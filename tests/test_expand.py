@@ -126,6 +126,8 @@ def test_layout_and_refusals():
         insert_blocks(model, [3])
     with pytest.raises(ValueError, match="init must be"):
         insert_blocks(model, [1], init="zeros")
+    unchanged, new = insert_blocks(model, [])  # what blocks="auto" inserts when the decision stops
+    assert unchanged is not model and new == () and unchanged.config.num_hidden_layers == 3
 
 
 def windows(n=32, length=12, seed=0):

@@ -37,6 +37,7 @@ zeroes its output projections: Llama-style ``self_attn.o_proj`` and
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -208,7 +209,7 @@ def insert_blocks(model: nn.Module, inserted_before, *, init: str = "copy", seed
         if value != HEAD and not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < n):
             raise InputError(f"inserted_before: {value!r} is neither a block index 0..{n - 1} nor {HEAD!r}")
         before.append(_before_index(value, n))
-    grown = model
+    grown = model if before else copy.deepcopy(model)  # never the caller's object, even with no block to add
     # from the top down: an insertion before block j leaves the names of blocks 0..j-1 as they are
     for rank, j in enumerate(sorted(before, reverse=True)):
         at = HEAD if j == n else blocks[j]
