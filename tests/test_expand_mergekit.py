@@ -33,12 +33,14 @@ MODELS = {
         num_key_value_heads=2, max_position_embeddings=32)),
     "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(vocab_size=64, n_embd=16, n_layer=3, n_head=4, n_positions=32,
                                                    bos_token_id=0, eos_token_id=0)),
-    "qwen3": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(
+    "mistral": lambda: T.MistralForCausalLM(T.MistralConfig(
         vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=4, max_position_embeddings=32)),
+        num_key_value_heads=2, max_position_embeddings=32)),
 }
-# Not GPT-NeoX: mergekit 0.1.5's gpt-neox definition requires the tensors attention.bias and
-# attention.masked_bias, which checkpoints saved by transformers 5 no longer hold (mergekit refuses them).
+# Not here, mergekit 0.1.5's limits (docs/expansion.md): GPT-NeoX (its definition requires the tensors
+# attention.bias and attention.masked_bias, which checkpoints saved by transformers 5 no longer hold), and
+# configs with layer_types (Qwen2/3, Gemma-2/3: mergekit grows num_hidden_layers but copies layer_types,
+# and transformers refuses the merged config).
 # the output projections each family zeroes: these tensors of new blocks differ from mergekit's under init=fresh
 NEW_BLOCK_TERMINALS = ("o_proj", "down_proj", "c_proj", "attention.dense.", "dense_4h_to_h")
 
@@ -62,7 +64,7 @@ def mergekit():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, init", [("llama", "copy"), ("gpt2", "copy"), ("qwen3", "copy"),
+@pytest.mark.parametrize("kind, init", [("llama", "copy"), ("gpt2", "copy"), ("mistral", "copy"),
                                         ("llama", "fresh")])
 def test_mergekit_rebuilds_the_grown_checkpoint(kind, init, mergekit, tmp_path):
     torch.manual_seed(0)
