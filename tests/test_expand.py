@@ -302,6 +302,7 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
     ("no_config", "no config.json"),
     ("no_weights", "no weights"),
     ("bert", "none of the output projections"),
+    ("quantized", "quantized checkpoints"),
     ("no_tokenizer", "no tokenizer"),
     ("out_not_empty", "not an empty directory"),
     ("out_inside", "inside it"),
@@ -325,6 +326,10 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path):
         shutil.rmtree(model_dir)
         T.BertForMaskedLM(T.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                                        intermediate_size=32)).save_pretrained(model_dir)
+    elif case == "quantized":
+        config = json.loads((model_dir / "config.json").read_text())
+        config["quantization_config"] = {"quant_method": "gguf"}
+        (model_dir / "config.json").write_text(json.dumps(config))
     elif case == "no_tokenizer":
         for f in ("tokenizer.json", "tokenizer_config.json"):
             (model_dir / f).unlink()
@@ -380,7 +385,9 @@ def test_smollm2_the_real_pretrained_case(tmp_path):
     gguf = next(folder.glob("*.gguf"))
     tokenizer = T.AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
     loaded = T.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name, dtype=torch.float32)
-    model = T.AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    config = loaded.config
+    del config.quantization_config  # de-quantised above: a plain float32 checkpoint, as users hold one
+    model = T.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     source = tmp_path / "smollm2"
     model.save_pretrained(source)
@@ -388,8 +395,8 @@ def test_smollm2_the_real_pretrained_case(tmp_path):
     text = tmp_path / "licence.txt"
     text.write_text(Path("/usr/share/common-licenses/GPL-3").read_text())
     before = digest(source)
-    result = cli("expand", source, "--data", text, "--blocks", "2", "-o", tmp_path / "grown", "--seq-len", "32",
-                 "--max-windows", "16", "--steps", "10")
+    result = cli("expand", source, "--data", text, "--blocks", "2", "-o", tmp_path / "grown", "--seq-len", "16",
+                 "--max-windows", "8", "--steps", "10")
     assert result.exit_code == 0, result.output
     assert digest(source) == before
     record = json.loads((tmp_path / "grown" / "expansion.json").read_text())

@@ -52,6 +52,16 @@ def check_checkpoint_dir(path) -> None:
         raise InputError(f"{shown}: no config.json (not a Hugging Face checkpoint directory)")
     if not any(any(Path(path).glob(p)) for p in WEIGHT_PATTERNS):
         raise InputError(f"{shown}: no weights (model.safetensors or pytorch_model.bin)")
+    try:
+        with open(os.path.join(path, "config.json"), "rb") as stream:
+            config = json.loads(stream.read(2**24))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{shown}/config.json: not JSON ({exc})") from None
+    quantization = config.get("quantization_config") if isinstance(config, dict) else None
+    if quantization is not None:
+        method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else "?"
+        raise InputError(f"{shown}/config.json: quantized checkpoints (quantization_config, {method!r}) are not "
+                         "supported: their weights cannot be grown and saved; de-quantise to a float checkpoint")
 
 
 def load_causal_lm(path, *, dtype=None):
