@@ -405,3 +405,15 @@ def test_smollm2_the_real_pretrained_case(tmp_path):
     x = tokenizer("The licenses for most software are designed to take away", return_tensors="pt").input_ids
     with torch.no_grad():
         assert torch.equal(grown(x).logits, model.eval()(x).logits)
+
+
+@pytest.mark.slow
+def test_the_docs_python_example_runs_as_written(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "expansion.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/expansion.md", "exec"), {})
+    assert json.loads((tmp_path / "grown" / "config.json").read_text())["num_hidden_layers"] == 6
