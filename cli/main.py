@@ -26,6 +26,7 @@ from satcore._atomic import command_inputs
 from satcore._display import display_name
 from satcore.errors import SatcoreError
 
+from .expand import expand
 from .inspect_dump import inspect
 from .merge import merge
 from .probe import probe
@@ -109,3 +110,4 @@ main.add_command(inspect)
 main.add_command(merge)
 main.add_command(sweep)
 main.add_command(probe)
+main.add_command(expand)

@@ -12,6 +12,8 @@ declares.
 
 from __future__ import annotations
 
+import os
+
 import click
 import numpy as np
 
@@ -72,7 +74,7 @@ def batches(path: str, headers: dict[str, NpyHeader], batch_size: int):
 
 
 @click.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", type=click.Path())
 @click.option(
     "--data", "data_path", required=True, metavar="DATA.npz",
     help="'inputs' (single-input models) or one array per model input name, plus 'targets' unless --loss names "
@@ -114,8 +116,15 @@ def batches(path: str, headers: dict[str, NpyHeader], batch_size: int):
 @click.option("-o", "--out", "out_path", required=True, metavar="DUMP", help="Dump file to write (.npz).")
 def probe(model, data_path, loss, candidates, family, seed, init_std, n_features, output_name, batch_size, split,
           variance, providers, out_path):
-    """Probe the ONNX file MODEL on DATA.npz and write a dump for 'satcore score'."""
+    """Probe MODEL (an ONNX file, or a Hugging Face checkpoint directory) on DATA and write a dump for
+    'satcore score'.  A directory takes text or token ids as DATA (see 'satcore expand --help')."""
     check_target(out_path, (model, data_path))  # before the probe: -o MODEL or -o DATA is refused now
+    if os.path.isdir(model):
+        from .hf_dir import probe_checkpoint_dir
+
+        return probe_checkpoint_dir(model, data_path, candidates=candidates, family=family, seed=seed,
+                                    init_std=init_std, n_features=n_features, batch_size=batch_size, split=split,
+                                    variance=variance, out_path=out_path)
     arrays = read_data(data_path)
     if "inputs" in arrays and len(arrays) > 2:
         raise click.BadParameter(

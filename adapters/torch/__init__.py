@@ -16,8 +16,9 @@
 See :func:`probe` (statistics), :func:`find_candidates` (where),
 :mod:`.features` (feature maps with the core's seeded weights), :func:`grow`
 (Appendix H insertion), :func:`insert_block` (a zero-output block of the
-model's own kind; ``family="native"`` probes its tangent space); the stream norms (NAG) are the
-result's ``diagnostics``, from the statistics' stream sums.
+model's own kind; ``family="native"`` probes its tangent space), :func:`expand` (grow a pretrained
+decoder by identity blocks where one decision on the user's data says; LLaMA-Pro copies, mergekit and
+trainer exports); the stream norms (NAG) are the result's ``diagnostics``, from the statistics' stream sums.
 """
 
 from satcore._optional import require
@@ -32,6 +33,7 @@ from .grow import Grown, InsertedResidual, grow
 from .locate import HEAD, Candidate, find_blocks, find_candidates, named_candidates
 from .growth import GrowthResult, GrowthRound, grow_until_saturated
 from .native import NativeFeatures, insert_block, native_feature_map
+from .expansion import Expansion, expand, first_order_decision, insert_blocks
 from .moments import batch_moments, position_index, subsample_positions
 from .hf import model_loss, per_sample_loss, sequence_loss
 from .probe import MemoryPlan, Probe, ProbeConfig, per_sample_losses, plan, probe, probe_in_groups
@@ -56,6 +58,7 @@ __all__ = [
     "HFCallback",
     "LightningCallback",
     "Candidate",
+    "Expansion",
     "FeatureMap",
     "Grown",
     "InsertedResidual",
@@ -69,10 +72,13 @@ __all__ = [
     "StreamTaps",
     "batch_moments",
     "build_feature_map",
+    "expand",
     "find_blocks",
+    "first_order_decision",
     "find_candidates",
     "grow",
     "insert_block",
+    "insert_blocks",
     "GrowthResult",
     "GrowthRound",
     "grow_until_saturated",

@@ -198,12 +198,13 @@ def _post_order(module: nn.Module):
     yield module
 
 
-def _grow_config(config, site: Site) -> None:
-    """One more layer in a Hugging Face config: ``num_hidden_layers`` and ``layer_types``."""
+def _grow_config(config, site: Site, source: int | None = None) -> None:
+    """One more layer in a Hugging Face config: ``num_hidden_layers`` and ``layer_types`` (the new
+    layer takes the type of block ``source``, default the reference block's)."""
     config.num_hidden_layers = config.num_hidden_layers + 1  # GPT-2's attribute_map makes this n_layer
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
-        reference = int(_parent(site.reference)[1])
+        reference = int(_parent(site.reference)[1]) if source is None else source
         config.layer_types = list(layer_types[:site.index]) + [layer_types[reference]] + list(layer_types[site.index:])
 
 
@@ -301,7 +302,24 @@ def fresh_block(model: nn.Module, site: Site, seed: int, config=None, zero: str 
     return block.to(parameter.device).eval()
 
 
-def insert_block(model: nn.Module, at: str, *, seed: int = 0, zero: str = "terminal") -> nn.Module:
+def _zeroed_copy(reference: nn.Module, site: Site) -> nn.Module:
+    """A copy of the decoder block ``reference`` for position ``site.index``: terminal maps zeroed,
+    its layer index (the cache's key) set to the new position."""
+    block = _copy_without_hooks(reference)
+    with torch.no_grad():
+        for path in _terminal_paths(block, "hf"):
+            terminal = block.get_submodule(path)
+            terminal.weight.zero_()
+            if terminal.bias is not None:
+                terminal.bias.zero_()
+    for module in block.modules():
+        if isinstance(getattr(module, "layer_idx", None), int):
+            module.layer_idx = site.index
+    return block
+
+
+def insert_block(model: nn.Module, at: str, *, seed: int = 0, zero: str = "terminal",
+                 copy_of: str | None = None) -> nn.Module:
     """A deep copy of ``model`` with a zero-output block of its own kind inserted before candidate ``at``.
 
     ``at`` is a block name of :func:`~.locate.find_blocks` (the new block goes before it) or
@@ -321,21 +339,34 @@ def insert_block(model: nn.Module, at: str, *, seed: int = 0, zero: str = "termi
     of that BatchNorm (module docstring).  Measured on the digits ResNet (``layer1.1``, one Adam
     step at lr 1e-3 in train mode): the mean loss went 0.014 -> 0.628 with the conv zeroed,
     0.014 -> 0.006 with the gain zeroed.
+
+    ``copy_of``: a block name of a Hugging Face decoder; the new block is then a copy of that
+    block with its terminal maps zeroed (LLaMA-Pro's block expansion) instead of a fresh draw, and
+    the config's ``layer_types`` gives it that block's type (sliding window or full attention).
     """
     if zero not in ("terminal", "norm"):
         raise ValueError(f"zero must be 'terminal' or 'norm', got {zero!r}")
     grown = copy.deepcopy(model)
     site = insertion_site(grown, at)
     config = None
+    source = None
+    if copy_of is not None:
+        if site.kind != "hf" or copy_of not in find_blocks(grown):
+            raise ValueError(f"copy_of={copy_of!r}: a block of a Hugging Face decoder is needed, the blocks of "
+                             f"{type(model).__name__} are {find_blocks(grown)}")
+        source = int(_parent(copy_of)[1])
     if site.kind == "hf":
         _check_hf(grown)
         config = grown.config
-        _grow_config(config, site)
+        _grow_config(config, site, source)
     if zero == "norm" and not (site.kind == "resnet" and isinstance(
             getattr(grown.get_submodule(site.reference), "bn" + _terminal_paths(
                 grown.get_submodule(site.reference), "resnet")[0][-1], None), nn.modules.batchnorm._BatchNorm)):
         raise ValueError(f"zero='norm' needs a ResNet block with a BatchNorm after its terminal conv; {at} has none")
-    block = fresh_block(grown, site, seed, config, zero).train(model.training)
+    if copy_of is None:
+        block = fresh_block(grown, site, seed, config, zero).train(model.training)
+    else:
+        block = _zeroed_copy(grown.get_submodule(copy_of), site).train(model.training)
     container = grown.get_submodule(site.container)
     container.insert(site.index, block)
     if site.kind == "hf":

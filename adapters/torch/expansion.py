@@ -1,0 +1,457 @@
+"""Grow a pretrained decoder by identity blocks where the evidence says: ``expand`` and its exports.
+
+What practitioners run today to add depth to a pretrained decoder is LLaMA-Pro's
+block expansion (Wu et al., "LLaMA Pro: Progressive LLaMA with Block
+Expansion"): copy blocks, zero their output projections so that each new block
+is the identity, interleave them uniformly, train the new blocks on the new
+corpus.  :func:`expand` does the same insertion but places the blocks where a
+decision on the user's own data says (the first-order criterion of Liu et al.,
+"Quantifying Depth Sufficiency in Residual Neural Networks: A First-Order
+Criterion"), and :class:`Expansion` writes what the tools people already use
+read: a mergekit passthrough YAML that rebuilds the same layer layout from the
+original checkpoint, and the trainable-layer settings of LLaMA-Factory and
+ms-swift.
+
+The placement is ONE decision step over the candidates of the unexpanded model
+(:func:`first_order_decision`: the native-family probe on a training and a
+held-out split, and the predicted held-out change of the recipe's step per
+candidate), then a ranking: ``blocks=K`` takes the ``K`` candidates with the
+largest predicted held-out decrease, ``blocks="auto"`` those whose decrease is
+significant (its interval excludes zero), best first, at most ``max_blocks``.
+Why one step and not ``K`` rounds of decide-then-insert: an inserted identity
+block leaves the stream, the loss and the gradients of the model unchanged, so
+every other candidate's first-order statistics after an insertion are what they
+were before; rounds without training between them would repeat one ranking at
+``K`` times its cost.
+
+Layout words: a new block's ``position`` is its index in the grown stack;
+``inserted_before`` is the index of the ORIGINAL block it precedes, or
+``"head"`` after the last one.  ``init="copy"`` (LLaMA-Pro) copies the original
+block before the new one (block 0 for a block inserted before block 0) and
+zeroes its output projections: Llama-style ``self_attn.o_proj`` and
+``mlp.down_proj``, GPT-2 ``attn.c_proj`` and ``mlp.c_proj``, GPT-NeoX
+``attention.dense`` and ``mlp.dense_4h_to_h`` (weights and biases);
+``init="fresh"`` builds the block as the model builds its layers, drawn from
+``seed``, with the same maps zeroed (:func:`~.native.insert_block`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from satcore.errors import InputError, ProbeError
+from satcore.recipe import Recipe
+
+from .hf import sequence_loss
+from .locate import HEAD, find_blocks
+from .native import HF_TERMINALS, insert_block
+from .splits import probe_splits
+
+INITS = ("copy", "fresh")
+# LLaMA-Pro's recipe (the paper trains the new blocks with AdamW at 2e-4); steps and batch size are the user's
+DEFAULT_RECIPE = Recipe("adamw", lr=2e-4, steps=1000, batch_size=8, trainable="block")
+ALPHA = 0.05
+# mergekit ``scale`` filters (substrings of tensor names) that zero a copied block's output projections
+MERGEKIT_FILTERS = {
+    ("attn.c_proj", "mlp.c_proj"): ("c_proj",),
+    ("attention.dense", "mlp.dense_4h_to_h"): ("attention.dense", "dense_4h_to_h"),
+    ("self_attn.o_proj", "mlp.down_proj"): ("o_proj", "down_proj"),
+}
+
+
+# --- the decision step ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class CandidateEvidence:
+    """One candidate's predicted held-out change of the recipe's step (negative: the loss goes down)."""
+
+    predicted_heldout_change: float
+    interval: tuple[float, float]
+    p_decrease: float
+    predicted_training_gain: float
+
+    def to_dict(self) -> dict:
+        return {"predicted_heldout_change": self.predicted_heldout_change, "interval": list(self.interval),
+                "p_decrease": self.p_decrease, "predicted_training_gain": self.predicted_training_gain}
+
+
+@dataclass(frozen=True)
+class ScreenDecision:
+    """What :func:`first_order_decision` decided: the best candidate whose predicted held-out
+    decrease is significant (``choice``), or ``None`` with a ``stop_reason``."""
+
+    choice: str | None
+    stop_reason: str | None
+    candidates: dict
+    cost_block_steps: int
+    recipe: Recipe
+
+    def ranking(self) -> list[str]:
+        """Candidate names, largest predicted held-out decrease first."""
+        return sorted(self.candidates, key=lambda n: self.candidates[n].predicted_heldout_change)
+
+    def significant(self, name: str) -> bool:
+        return self.candidates[name].interval[1] < 0
+
+    def to_dict(self) -> dict:
+        return {"choice": self.choice, "stop_reason": self.stop_reason, "cost_block_steps": self.cost_block_steps,
+                "recipe": self.recipe.to_dict(),
+                "candidates": {n: c.to_dict() for n, c in self.candidates.items()}}
+
+
+def _batch_samples(batch) -> int:
+    inputs = batch[0] if isinstance(batch, tuple) else batch
+    if isinstance(inputs, dict):
+        inputs = inputs["input_ids"]
+    return len(inputs)
+
+
+def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=None,
+                         family: str = "native", seed: int = 0, **probe_options) -> ScreenDecision:
+    """The first-order screen: probe ``model`` on ``train`` and ``heldout`` (:func:`~.splits.probe_splits`,
+    ``family="native"``: the tangent space of the block that will be inserted) and price the
+    recipe's step at every candidate on the held-out folds (:func:`satcore.predictors.predict_gains`).
+
+    The predicted step is ``recipe.steps`` steps of the recipe's optimizer (Adam for AdamW) on the
+    new block's zeroed terminal maps, with the gradient held at its value at insertion.  The
+    choice is the candidate with the largest predicted held-out decrease among those whose
+    ``1 - 0.05`` interval lies below zero.  Cost: each probed sample is one forward and backward
+    pass of the model, as one training sample is, so the probe costs
+    ``ceil(samples / recipe.batch_size)`` steps of training one block (block-steps).
+    """
+    train, heldout = list(train), list(heldout)
+    split = probe_splits(model, train, heldout, loss_fn, family=family, seed=seed, candidates=candidates,
+                         **probe_options)
+    optimizer = "sgd" if recipe.optimizer == "sgd" else "adam"
+    report = split.report(optimizer=optimizer, lr=recipe.lr, steps=recipe.steps, alpha=ALPHA)
+    evidence = {}
+    for gain in report.predictions.candidates:
+        lo, hi = gain.heldout.interval
+        evidence[gain.name] = CandidateEvidence(-gain.heldout.value, (-hi, -lo), gain.heldout.p_decrease,
+                                                gain.training_gain)
+    samples = sum(_batch_samples(b) for b in train + heldout)
+    decision = ScreenDecision(None, None, evidence, math.ceil(samples / recipe.batch_size), recipe)
+    significant = [n for n in decision.ranking() if decision.significant(n)]
+    if significant:
+        return ScreenDecision(significant[0], None, evidence, decision.cost_block_steps, recipe)
+    return ScreenDecision(None, f"no candidate's predicted held-out decrease is significant (its {1 - ALPHA:.0%} "
+                          "interval reaches zero)", evidence, decision.cost_block_steps, recipe)
+
+
+# --- the grown model --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NewBlock:
+    """A block :func:`insert_blocks` added: where it sits, which original block it precedes, what it copies."""
+
+    position: int
+    inserted_before: int | str
+    source: int | None  # the original block it copies (init="copy"), else None
+
+
+def decoder_stack(model: nn.Module) -> tuple[list[str], tuple[str, str]]:
+    blocks = find_blocks(model)
+    if not blocks or not hasattr(model, "config"):
+        raise ProbeError(f"{type(model).__name__}: no stack of decoder blocks recognised")
+    terminals = next((pair for pair in HF_TERMINALS if all(_has(model.get_submodule(blocks[0]), p) for p in pair)),
+                     None)
+    if terminals is None:
+        raise ProbeError(f"{type(model).__name__}: its blocks ({type(model.get_submodule(blocks[0])).__name__}) have "
+                         "none of the output projections expand zeroes (o_proj/down_proj, c_proj, "
+                         "attention.dense/dense_4h_to_h)")
+    return blocks, terminals
+
+
+def _has(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+        return True
+    except AttributeError:
+        return False
+
+
+def _before_index(value, n_blocks: int) -> int:
+    return n_blocks if value == HEAD else int(value)
+
+
+def layout_of(inserted_before, n_blocks: int) -> list[int | None]:
+    """The grown stack as original indices, ``None`` for a new block; new blocks before original
+    block ``j`` (``"head"``: ``n_blocks``) in the order given."""
+    counts = [0] * (n_blocks + 1)
+    for value in inserted_before:
+        counts[_before_index(value, n_blocks)] += 1
+    layout: list[int | None] = []
+    for j in range(n_blocks + 1):
+        layout += [None] * counts[j]
+        if j < n_blocks:
+            layout.append(j)
+    return layout
+
+
+def insert_blocks(model: nn.Module, inserted_before, *, init: str = "copy", seed: int = 0
+                  ) -> tuple[nn.Module, tuple[NewBlock, ...]]:
+    """A copy of the Hugging Face decoder ``model`` with one identity block before each original block
+    index in ``inserted_before`` (``"head"``: after the last block); ``model`` is not modified.
+
+    The grown model's outputs equal the original's bit for bit; ``config.num_hidden_layers``,
+    ``config.layer_types`` and every block's ``layer_idx`` follow, so generation with a cache and
+    ``save_pretrained``/``from_pretrained`` work (:func:`~.native.insert_block`).
+    """
+    if init not in INITS:
+        raise InputError(f"init must be one of {', '.join(INITS)}, got {init!r}")
+    blocks, _ = decoder_stack(model)
+    n = len(blocks)
+    before = []
+    for value in inserted_before:
+        if value != HEAD and not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < n):
+            raise InputError(f"inserted_before: {value!r} is neither a block index 0..{n - 1} nor {HEAD!r}")
+        before.append(_before_index(value, n))
+    grown = model if before else copy.deepcopy(model)  # never the caller's object, even with no block to add
+    # from the top down: an insertion before block j leaves the names of blocks 0..j-1 as they are
+    for rank, j in enumerate(sorted(before, reverse=True)):
+        at = HEAD if j == n else blocks[j]
+        source = blocks[max(j - 1, 0)] if init == "copy" else None
+        grown = insert_block(grown, at, seed=seed + rank, copy_of=source)
+    layout = layout_of(before, n)
+    new = []
+    for position, original in enumerate(layout):
+        if original is None:
+            following = next((o for o in layout[position:] if o is not None), None)
+            j = n if following is None else following
+            new.append(NewBlock(position, HEAD if following is None else following,
+                                max(j - 1, 0) if init == "copy" else None))
+    return grown, tuple(new)
+
+
+def freeze_old(model: nn.Module, new_blocks) -> nn.Module:
+    """Only the new blocks' parameters train (``requires_grad``), LLaMA-Pro's recipe; returns ``model``."""
+    blocks, _ = decoder_stack(model)
+    keep = {blocks[b.position] for b in new_blocks}
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(any(name.startswith(k + ".") for k in keep))
+    return model
+
+
+# --- the expansion and its exports --------------------------------------------------------------
+@dataclass(frozen=True)
+class Expansion:
+    """What :func:`expand` did: the grown model, where the new blocks are, and the evidence.
+
+    ``to_dict()`` is ``expansion.json``; :meth:`mergekit_yaml` and :meth:`trainer_settings`
+    are the exports.
+    """
+
+    model: nn.Module
+    new_blocks: tuple[NewBlock, ...]
+    n_original: int
+    init: str
+    blocks_requested: int | str
+    decision: ScreenDecision | None
+    forced: tuple[str, ...]
+    recipe: Recipe
+    train_new_only: bool
+    terminals: tuple[str, str]
+    block_prefix: str = field(default="")
+
+    @property
+    def positions(self) -> list[int]:
+        return [b.position for b in self.new_blocks]
+
+    @property
+    def inserted_before(self) -> list[int | str]:
+        return [b.inserted_before for b in self.new_blocks]
+
+    @property
+    def cost_block_steps(self) -> int:
+        return 0 if self.decision is None else self.decision.cost_block_steps
+
+    def trainer_settings(self) -> dict:
+        """The trainable layers in the forms LLaMA-Factory and ms-swift read (``finetuning_type: freeze``).
+
+        LLaMA-Factory selects freeze-tuned layers by count only: the last ``n``
+        (``freeze_trainable_layers: n``), the first ``n`` (``-n``), or with ``use_llama_pro: true``
+        every ``stride``-th layer ``stride - 1, 2 stride - 1, ...`` (``stride = layers / n``,
+        LLaMA-Pro's uniform interleave); other positions it cannot express, and the entry says
+        so.  ms-swift takes parameter-name prefixes: ``freeze_parameters_ratio: 1`` freezes
+        everything and ``trainable_parameters`` unfreezes the new blocks.
+        """
+        total = self.n_original + len(self.new_blocks)
+        layers = sorted(self.positions)
+        k = len(layers)
+        factory: dict = {"finetuning_type": "freeze", "freeze_trainable_modules": "all"}
+        if k and total % k == 0 and layers == list(range(total // k - 1, total, total // k)):
+            factory.update(freeze_trainable_layers=k, use_llama_pro=True)
+        elif k and layers == list(range(total - k, total)):
+            factory.update(freeze_trainable_layers=k)
+        elif k and layers == list(range(k)):
+            factory.update(freeze_trainable_layers=-k)
+        else:
+            factory = {"expressible": False,
+                       "reason": f"LLaMA-Factory's freeze tuning selects the last, the first or every "
+                                 f"(layers/n)-th layer; layers {layers} of {total} are none of these: use "
+                                 "ms-swift's trainable_parameters, or the Python loop in the docs"}
+        swift = {"train_type": "full", "freeze_parameters_ratio": 1,
+                 "trainable_parameters": [f"{self.block_prefix}.{i}." for i in layers]}
+        return {"trainable_layers": layers, "llama_factory": factory, "ms_swift": swift}
+
+    def mergekit_yaml(self, source_dir: str, dtype: str) -> str:
+        """A mergekit passthrough configuration that rebuilds this layer layout from ``source_dir``.
+
+        Original blocks come as ``layer_range`` slices of ``source_dir``; each new block is a
+        one-layer slice of the block it copies with ``scale`` 0 on its output projections
+        (LLaMA-Pro's recipe in mergekit).  For ``init="copy"`` every tensor of the merge equals
+        the grown checkpoint's (mergekit's ``x * 0`` writes ``-0.0`` where ``x < 0``); for
+        ``init="fresh"`` the layout and the zeroed projections match, the new blocks' other
+        weights are copies instead of fresh draws.
+        """
+        filters = MERGEKIT_FILTERS[self.terminals]
+        source = _yaml_string(source_dir)
+        lines = ["# written by satcore expand: mergekit-yaml THIS_FILE OUT rebuilds the expanded layer layout",
+                 f"# from the original checkpoint ({len(self.new_blocks)} new block(s) at "
+                 f"{self.positions}, init={self.init})"]
+        if self.init == "fresh":
+            lines.append("# init=fresh: the new blocks below are zeroed copies, the checkpoint's are fresh draws")
+        lines += ["merge_method: passthrough", f"dtype: {dtype}", "slices:"]
+        layout = layout_of(self.inserted_before, self.n_original)
+        sources = iter(self.new_blocks)
+        run: list[int] = []
+
+        def flush():
+            if run:
+                lines.extend(["  - sources:", f"      - model: {source}",
+                              f"        layer_range: [{run[0]}, {run[-1] + 1}]"])
+                run.clear()
+
+        for original in layout:
+            if original is not None:
+                run.append(original)
+                continue
+            flush()
+            copied = next(sources).source
+            copied = copied if copied is not None else 0
+            lines += ["  - sources:", f"      - model: {source}", f"        layer_range: [{copied}, {copied + 1}]",
+                      "        parameters:", "          scale:"]
+            lines += [f"            - filter: {f}\n              value: 0.0" for f in filters]
+            lines += ["            - value: 1.0"]
+        flush()
+        return "\n".join(lines) + "\n"
+
+    def to_dict(self) -> dict:
+        evidence = {}
+        if self.decision is not None:
+            for name, c in self.decision.candidates.items():
+                evidence[name] = {"inserted_before": _original_index(name), **c.to_dict()}
+        return {
+            "format": "satcore-expansion/1",
+            "positions": self.positions,
+            "inserted_before": self.inserted_before,
+            "copied_from": [b.source for b in self.new_blocks],
+            "init": self.init,
+            "blocks_requested": self.blocks_requested,
+            "num_hidden_layers": {"before": self.n_original, "after": self.n_original + len(self.new_blocks)},
+            "forced": list(self.forced),
+            "decision": None if self.decision is None else {
+                "method": "first-order screen (native family, predicted held-out change of the recipe's step)",
+                "choice": self.decision.choice, "stop_reason": self.decision.stop_reason,
+                "ranking": self.decision.ranking()},
+            "evidence": evidence,
+            "cost_block_steps": self.cost_block_steps,
+            "recipe": self.recipe.to_dict(),
+            "train": "new_blocks" if self.train_new_only else "all",
+            **self.trainer_settings(),
+        }
+
+
+def _yaml_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _original_index(name: str) -> int | str:
+    return HEAD if name == HEAD else int(name.rpartition(".")[2])
+
+
+def _windows_batches(tokens: torch.Tensor, batch_size: int) -> list:
+    return [({"input_ids": w}, w) for w in tokens.split(batch_size)]
+
+
+def split_batches(data, heldout=None) -> tuple[list, list]:
+    """``(train, heldout)`` batches: ``data`` as given (a ``(N, T)`` tensor of token ids becomes batches
+    of up to 8 windows, at least 32 batches where ``N`` allows: 16 per split, one per fold of the
+    held-out tests), the held-out split every other batch when ``heldout`` is ``None``."""
+    def batches(value):
+        if torch.is_tensor(value):
+            if value.dim() != 2 or value.is_floating_point():
+                raise InputError(f"token ids must be an integer (windows, tokens) tensor, got {tuple(value.shape)}")
+            return _windows_batches(value, max(1, min(8, len(value) // 32)))
+        return list(value)
+
+    data = batches(data)
+    if heldout is not None:
+        return data, batches(heldout)
+    if len(data) < 4:
+        raise InputError(f"expand needs at least 4 batches of data (2 to train the decision on, 2 held out), "
+                         f"got {len(data)}")
+    return data[0::2], data[1::2]
+
+
+def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=None, recipe: Recipe | None = None,
+           at=None, init: str = "copy", train_new_only: bool = False, max_blocks: int | None = None, seed: int = 0,
+           **probe_options) -> Expansion:
+    """Grow the Hugging Face decoder ``model`` by identity blocks placed by one decision on ``data``.
+
+    Parameters
+    ----------
+    model : a ``...ForCausalLM`` (Llama, Mistral, Qwen2/3, Gemma, GPT-2, GPT-NeoX, ...); not modified.
+    data : batches ``({"input_ids": ...}, labels)`` (or a ``(N, T)`` tensor of token ids), split
+        into a training half (even batches) and a held-out half (odd) unless ``heldout`` is given.
+    blocks : int or ``"auto"``
+        ``K``: the ``K`` candidates with the largest predicted held-out decrease; ``"auto"``:
+        the candidates whose decrease is significant, best first, at most ``max_blocks``
+        (default a quarter of the layers, LLaMA-Pro's ratio).
+    recipe : :class:`satcore.Recipe`, default LLaMA-Pro's (AdamW, lr 2e-4): the step the decision prices.
+    at : original block indices (or ``"head"``) to insert before, instead of the decision.
+    init : ``"copy"`` (LLaMA-Pro) or ``"fresh"`` (module docstring).
+    train_new_only : leave only the new blocks' parameters trainable.
+    probe_options : passed to the probe (``position_subsample``, ``batch_dtype``, ...).
+
+    Returns
+    -------
+    Expansion
+    """
+    recipe = DEFAULT_RECIPE if recipe is None else recipe
+    names, terminals = decoder_stack(model)
+    n = len(names)
+    if init not in INITS:
+        raise InputError(f"init must be one of {', '.join(INITS)}, got {init!r}")
+    decision, forced = None, ()
+    if at is not None:
+        chosen = list(at)
+        if not chosen:
+            raise InputError("at: give at least one block index or 'head'")
+        forced = tuple(str(a) for a in chosen)
+    else:
+        if blocks != "auto" and not (isinstance(blocks, int) and not isinstance(blocks, bool) and blocks >= 1):
+            raise InputError(f"blocks must be an integer >= 1 or 'auto', got {blocks!r}")
+        train, held = split_batches(data, heldout)
+        decision = first_order_decision(model, train, held, loss_fn or sequence_loss, recipe=recipe, seed=seed,
+                                        **probe_options)
+        ranking = decision.ranking()
+        if blocks == "auto":
+            limit = max(1, n // 4) if max_blocks is None else max_blocks
+            picked = [c for c in ranking if decision.significant(c)][:limit]
+        else:
+            if blocks > len(ranking):
+                raise InputError(f"blocks={blocks}: the model has {len(ranking)} places for a block "
+                                 f"({n} blocks and the head)")
+            picked = ranking[:blocks]
+        chosen = [_original_index(c) for c in picked]
+    grown, new = insert_blocks(model, chosen, init=init, seed=seed)
+    if train_new_only:
+        freeze_old(grown, new)
+    prefix = names[0].rpartition(".")[0]
+    return Expansion(grown, new, n, init, blocks if at is None else len(chosen), decision, forced, recipe,
+                     train_new_only, terminals, prefix)
+

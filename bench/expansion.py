@@ -1,0 +1,385 @@
+"""Head-to-head: where should LLaMA-Pro's new blocks go?  satcore's placement against the recipes in use.
+
+Main protocol (CPU-sized).  A Llama-style decoder (byte-level vocabulary, 8
+blocks, width 48, grouped-query attention) is pretrained inside the bench on
+one Debian text, the Linux kernel documentation (``linux-doc-6.1``), then
+expanded by K identity blocks (LLaMA-Pro copies: the preceding block with
+``o_proj``/``down_proj`` zeroed) and trained on another, the Python 3.11
+documentation (``python3.11-doc``), whose held-out files give the held-out
+loss.  Placements:
+
+* ``satcore``: :func:`satcore.adapters.torch.expand`'s decision on windows of
+  the new corpus's training files (the first-order screen: native-family
+  probe, predicted held-out change of the recipe's step), its top K;
+* ``uniform``: LLaMA-Pro's default, one new block after each group of L/K blocks;
+* ``end``: all K after the last block;
+* ``random``: K distinct places out of L + 1, the mean over ``--draws`` draws;
+* ``shortgpt``: after the K blocks with the largest block influence
+  ``1 - E cos(x_in, x_out)`` (ShortGPT's measure, used here to add, not remove).
+
+Training modes: ``llama_pro`` (only the new blocks train, LLaMA-Pro's recipe)
+and ``full`` (every parameter).  Equal compute: every placement gets the same
+number of optimizer steps, minus, for satcore, the decision's own cost
+(``cost_block_steps``: one step per ``batch_size`` probed windows) and, for
+ShortGPT, its forward pass (a third of a step per batch).  Seeds change the
+continued-training batches, the decision's windows and the random draws; the
+pretrained model is the same.  Reported: held-out loss per run, and per mode
+and K the paired differences satcore minus each baseline over seeds with a
+Student-t 95% interval.  ``--blocks auto`` (significant candidates, up to
+L + 1) is compared with a sweep of K (satcore placement, ``llama_pro`` mode).
+
+Every finished run is appended to ``--out`` (JSON lines), so a run cut short
+keeps what it measured and a rerun skips what is there.
+
+    OMP_NUM_THREADS=1 python bench/expansion.py [--seeds 3] [--steps 120] [--phase all]
+    python bench/expansion.py --render      # the tables of docs/expansion.md from --out
+
+The second protocol of the issue (SmolLM2-135M) is not run here: on 2 shared
+CPU cores one continued-training run of it takes hours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+LINUX_DOC = Path.home() / ".cache/satcore-text-linux/usr/share/doc/linux-doc-6.1/Documentation"
+PYDOC = Path.home() / ".cache/satcore-text/usr/share/doc/python3.11/html/_sources"
+HINT = ("apt-get download linux-doc-6.1 python3.11-doc && dpkg-deb -x linux-doc-6.1_*.deb "
+        "~/.cache/satcore-text-linux && dpkg-deb -x python3.11-doc_*.deb ~/.cache/satcore-text")
+CACHE = Path.home() / ".cache/satcore-bench-expansion"
+RESULTS = Path(__file__).resolve().parent / "results" / "expansion.jsonl"
+MODES = ("llama_pro", "full")
+PLACEMENTS = ("satcore", "uniform", "end", "random", "shortgpt")
+
+
+# --- data -------------------------------------------------------------------------------------
+def read_files(files, max_bytes: int) -> np.ndarray:
+    """Bytes of ``files`` (gzip or plain) concatenated, at most ``max_bytes``: the byte-level token ids."""
+    chunks, total = [], 0
+    for f in files:
+        raw = gzip.open(f).read() if f.suffix == ".gz" else f.read_bytes()
+        chunks.append(np.frombuffer(raw, dtype=np.uint8))
+        total += len(raw)
+        if total >= max_bytes:
+            break
+    return np.concatenate(chunks)[:max_bytes].astype(np.int64)
+
+
+def corpora(max_bytes: int):
+    if not LINUX_DOC.is_dir() or not PYDOC.is_dir():
+        sys.exit(f"texts missing; extract them with: {HINT}")
+    linux = read_files(sorted(LINUX_DOC.rglob("*.rst.gz")), max_bytes)
+    python_files = sorted(PYDOC.rglob("*.txt"))
+    held_files = python_files[4::5]  # every fifth file is held out: new text, same domain
+    train_files = [f for f in python_files if f not in set(held_files)]
+    return linux, read_files(train_files, max_bytes), read_files(held_files, max_bytes // 4)
+
+
+def sample_windows(ids: np.ndarray, n: int, seq_len: int, rng) -> torch.Tensor:
+    starts = rng.integers(0, len(ids) - seq_len, size=n)
+    return torch.from_numpy(np.stack([ids[s:s + seq_len] for s in starts]))
+
+
+# --- model --------------------------------------------------------------------------------------
+def base_config(args):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=256, hidden_size=args.width, intermediate_size=2 * args.width,
+                       num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=args.seq_len, tie_word_embeddings=False, bos_token_id=0,
+                       eos_token_id=0, attn_implementation="sdpa")
+
+
+def train(model, data: np.ndarray, steps: int, args, rng, params=None) -> list[float]:
+    """``steps`` AdamW steps on random windows of ``data``; returns the training losses."""
+    optimizer = torch.optim.AdamW(params if params is not None else model.parameters(), lr=args.lr,
+                                  weight_decay=0.0)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        x = sample_windows(data, args.batch_size, args.seq_len, rng)
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def heldout_loss(model, windows: torch.Tensor) -> float:
+    model.eval()
+    return float(np.mean([float(model(input_ids=w, labels=w).loss) for w in windows.split(16)]))
+
+
+def pretrained(args, linux):
+    """The base model, pretrained on the Linux docs once and cached (safetensors)."""
+    from transformers import LlamaForCausalLM
+
+    key = f"L{args.layers}-d{args.width}-T{args.seq_len}-B{args.batch_size}-P{args.pretrain_steps}-lr{args.lr}"
+    folder = CACHE / key
+    if (folder / "config.json").exists():
+        return LlamaForCausalLM.from_pretrained(folder).eval(), json.loads((folder / "pretrain.json").read_text())
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(base_config(args))
+    start = time.time()
+    losses = train(model, linux, args.pretrain_steps, args, np.random.default_rng(0))
+    model.save_pretrained(folder)
+    info = {"pretrain_steps": args.pretrain_steps, "final_train_loss": float(np.mean(losses[-50:])),
+            "seconds": time.time() - start}
+    (folder / "pretrain.json").write_text(json.dumps(info))
+    return model.eval(), info
+
+
+# --- placements ---------------------------------------------------------------------------------
+def uniform(L: int, K: int) -> list:
+    """LLaMA-Pro: one new block after each of K equal groups of blocks (the last after block L-1)."""
+    return [(i + 1) * L // K if (i + 1) * L // K < L else "head" for i in range(K)]
+
+
+def shortgpt(model, windows: torch.Tensor, K: int) -> list:
+    """After the K blocks with the largest block influence ``1 - E cos(x_in, x_out)``."""
+    layers = model.model.layers
+    sims = {i: [] for i in range(len(layers))}
+    def hook(i):
+        def record(module, args, kwargs, out):
+            x = args[0] if args else kwargs["hidden_states"]
+            y = out[0] if isinstance(out, tuple) else out
+            sims[i].append(torch.nn.functional.cosine_similarity(x, y, dim=-1).mean().item())
+        return record
+
+    hooks = [layer.register_forward_hook(hook(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    try:
+        with torch.no_grad():
+            for w in windows.split(16):
+                model(input_ids=w)
+    finally:
+        for h in hooks:
+            h.remove()
+    influence = {i: 1 - float(np.mean(v)) for i, v in sims.items()}
+    top = sorted(influence, key=influence.get, reverse=True)[:K]
+    return [i + 1 if i + 1 < len(layers) else "head" for i in top], influence
+
+
+def random_places(L: int, K: int, rng) -> list:
+    picks = rng.choice(L + 1, size=K, replace=False)
+    return [int(p) if p < L else "head" for p in picks]
+
+
+# --- runs ---------------------------------------------------------------------------------------
+def run_one(base, before, mode, steps, args, seed, python_train, held):
+    from satcore.adapters.torch.expansion import freeze_old, insert_blocks
+
+    grown, new = insert_blocks(base, before, init="copy")
+    params = None
+    if mode == "llama_pro":
+        freeze_old(grown, new)
+        params = [p for p in grown.parameters() if p.requires_grad]
+    torch.manual_seed(seed)
+    start = time.time()
+    losses = [math.nan]
+    if params != []:  # an auto decision of 0 blocks leaves nothing to train in llama_pro mode
+        losses = train(grown, python_train, steps, args, np.random.default_rng(10_000 + seed), params)
+    return {"positions": [b.position for b in new], "heldout": heldout_loss(grown, held),
+            "train_last": float(np.mean(losses[-20:])), "seconds": time.time() - start}
+
+
+def decision(base, python_train, args, seed, max_blocks=None):
+    from satcore import Recipe
+    from satcore.adapters.torch import sequence_loss
+    from satcore.adapters.torch.expansion import first_order_decision
+
+    rng = np.random.default_rng(20_000 + seed)
+    n = args.decision_batches * args.batch_size
+    train_w, held_w = (sample_windows(python_train, n, args.seq_len, rng) for _ in range(2))
+    batches = [[({"input_ids": w}, w) for w in ws.split(args.batch_size)] for ws in (train_w, held_w)]
+    recipe = Recipe("adamw", lr=args.lr, steps=args.steps, batch_size=args.batch_size, trainable="block")
+    start = time.time()
+    d = first_order_decision(base, batches[0], batches[1], sequence_loss, recipe=recipe, seed=seed)
+    return d, time.time() - start
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=120, help="continued-training steps per run (equal compute)")
+    p.add_argument("--pretrain-steps", type=int, default=800)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--width", type=int, default=48)
+    p.add_argument("--seq-len", type=int, default=48)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--blocks", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--sweep", type=int, nargs="+", default=[1, 2, 4, 6])
+    p.add_argument("--draws", type=int, default=2, help="random placements per seed")
+    p.add_argument("--decision-batches", type=int, default=6, help="probe batches per split of the decision")
+    p.add_argument("--heldout-windows", type=int, default=64)
+    p.add_argument("--max-bytes", type=int, default=4_000_000)
+    p.add_argument("--phase", choices=("main", "baselines", "random", "sweep", "all"), default="all")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--render", type=Path, nargs="*", default=None, metavar="JSONL",
+                   help="print the tables from these result files (default --out) and exit")
+    args = p.parse_args(argv)
+    if args.render is not None:
+        print(render(args.render or [args.out]))
+        return
+    torch.set_num_threads(1)
+    linux, python_train, python_held = corpora(args.max_bytes)
+    base, info = pretrained(args, linux)
+    held = sample_windows(python_held, args.heldout_windows, args.seq_len, np.random.default_rng(1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    done = {json.dumps(r["key"]) for r in _rows(args.out)}
+    setup = {k: getattr(args, k) for k in ("steps", "pretrain_steps", "layers", "width", "seq_len", "batch_size",
+                                            "lr", "decision_batches", "heldout_windows")}
+    base_held = heldout_loss(base, held)
+    L = args.layers
+
+    def record(key, row):
+        row = {"key": key, "setup": setup, "pretrain": info, "heldout_before": base_held, **row}
+        with open(args.out, "a") as stream:
+            stream.write(json.dumps(row) + "\n")
+        done.add(json.dumps(key))
+        print(json.dumps({k: row[k] for k in ("key", "heldout", "steps_trained") if k in row}), flush=True)
+
+    decisions = {}
+
+    def decided(seed):
+        if seed not in decisions:
+            decisions[seed] = decision(base, python_train, args, seed)
+        return decisions[seed]
+
+    phases = ["main", "baselines", "random", "sweep"] if args.phase == "all" else [args.phase]
+    for phase in phases:
+        for seed in range(args.seeds):
+            for mode in MODES if phase != "sweep" else ("llama_pro",):
+                # the sweep reuses the main phase's satcore runs at the K it has (llama_pro mode)
+                sweep = [K for K in args.sweep if K not in args.blocks] + ["auto"]
+                for K in (args.blocks if phase != "sweep" else sweep):
+                    jobs = []
+                    if phase in ("main", "sweep"):
+                        jobs.append("satcore")
+                    if phase == "main":
+                        jobs.append("uniform")
+                    if phase == "baselines":
+                        jobs += ["end", "shortgpt"]
+                    if phase == "random":
+                        jobs += [f"random{d}" for d in range(args.draws)]
+                    for job in jobs:
+                        key = {"phase": "sweep" if phase == "sweep" else "main", "seed": seed, "mode": mode,
+                               "K": K, "placement": job}
+                        if json.dumps(key) in done:
+                            continue
+                        extra, steps = {}, args.steps
+                        if job == "satcore":
+                            d, seconds = decided(seed)
+                            ranking = d.ranking()
+                            if K == "auto":
+                                picked = [c for c in ranking if d.significant(c)][: L + 1]
+                                extra["auto_count"] = len([c for c in ranking if d.significant(c)])
+                            else:
+                                picked = ranking[:K]
+                            before = ["head" if c == "head" else int(c.rpartition(".")[2]) for c in picked]
+                            steps -= d.cost_block_steps
+                            extra.update(cost_block_steps=d.cost_block_steps, decision_seconds=seconds,
+                                         evidence={n: c.to_dict() for n, c in d.candidates.items()})
+                        elif job == "uniform":
+                            before = uniform(L, K)
+                        elif job == "end":
+                            before = ["head"] * K
+                        elif job == "shortgpt":
+                            windows = sample_windows(python_train, args.decision_batches * args.batch_size,
+                                                     args.seq_len, np.random.default_rng(30_000 + seed))
+                            before, influence = shortgpt(base, windows, K)
+                            cost = math.ceil(len(windows) / args.batch_size / 3)
+                            steps -= cost
+                            extra.update(cost_block_steps=cost, influence=influence)
+                        else:
+                            draw = int(job[len("random"):])
+                            before = random_places(L, K, np.random.default_rng(40_000 + 100 * seed + draw))
+                        result = run_one(base, before, mode, steps, args, seed, python_train, held)
+                        record(key, {"inserted_before": before, "steps_trained": steps, **extra, **result})
+
+
+# --- report ---------------------------------------------------------------------------------------
+def _rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def paired(diffs) -> tuple[float, float, float]:
+    """Mean of paired differences with its Student-t 95% interval (``nan`` half-width for one pair)."""
+    from scipy import stats
+
+    d = np.asarray(diffs, dtype=float)
+    mean = float(d.mean())
+    if len(d) < 2:
+        return mean, math.nan, math.nan
+    half = float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d)))
+    return mean, mean - half, mean + half
+
+
+def render(paths) -> str:
+    rows = [r for path in paths for r in _rows(path)]
+    if not rows:
+        return f"no results in {', '.join(map(str, paths))}"
+    loss = {}
+    for r in rows:
+        k = r["key"]
+        placement = "random" if k["placement"].startswith("random") else k["placement"]
+        loss.setdefault((k["phase"], k["mode"], k["K"], placement, k["seed"]), []).append(r["heldout"])
+    mean_loss = {k: float(np.mean(v)) for k, v in loss.items()}  # random: the mean over draws
+    setup = rows[0]["setup"]
+    out = [f"Setup: {json.dumps(setup)}; pretrained: {json.dumps(rows[0]['pretrain'])}; held-out loss of the "
+           f"unexpanded model on the new corpus: {rows[0]['heldout_before']:.4f} nats/byte.", ""]
+    out += ["| mode | K | placement | seeds | mean held-out loss | satcore minus it (95% interval) |",
+            "|---|---|---|---|---|---|"]
+    for mode in MODES:
+        for K in sorted({k[2] for k in mean_loss if k[0] == "main" and k[1] == mode}):
+            for placement in PLACEMENTS:
+                seeds = sorted(s for (ph, m, k, pl, s) in mean_loss if (ph, m, k, pl) == ("main", mode, K, placement))
+                if not seeds:
+                    continue
+                values = [mean_loss[("main", mode, K, placement, s)] for s in seeds]
+                cell = ""
+                if placement != "satcore":
+                    pairs = [mean_loss[("main", mode, K, "satcore", s)] - mean_loss[("main", mode, K, placement, s)]
+                             for s in seeds if ("main", mode, K, "satcore", s) in mean_loss]
+                    if pairs:
+                        m, lo, hi = paired(pairs)
+                        cell = f"{m:+.4f} [{lo:+.4f}, {hi:+.4f}] (n={len(pairs)})"
+                out.append(f"| {mode} | {K} | {placement} | {len(seeds)} | {np.mean(values):.4f} | {cell} |")
+    sweep = {}
+    for (ph, m, K, pl, s), v in mean_loss.items():
+        if pl == "satcore" and m == "llama_pro":
+            sweep.setdefault(K, {})[s] = v
+    auto = {r["key"]["seed"]: (r["auto_count"], r["heldout"]) for r in rows
+            if r["key"]["phase"] == "sweep" and r["key"]["K"] == "auto"}
+    if auto:
+        out += ["", "| seed | auto count | auto held-out | best K of the sweep | its held-out | held-out per K |",
+                "|---|---|---|---|---|---|"]
+        for s, (count, value) in sorted(auto.items()):
+            per_k = {K: sweep[K][s] for K in sweep if K != "auto" and s in sweep[K]}
+            best = min(per_k, key=per_k.get) if per_k else None
+            listing = ", ".join(f"{K}: {v:.4f}" for K, v in sorted(per_k.items()))
+            out.append(f"| {s} | {count} | {value:.4f} | {best} | {per_k.get(best, math.nan):.4f} | {listing} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()

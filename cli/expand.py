@@ -1,0 +1,179 @@
+"""``satcore expand MODEL_DIR --data FILE --blocks K|auto -o OUT_DIR``: grow a pretrained decoder.
+
+Reads the Hugging Face checkpoint directory MODEL_DIR (never writes to it),
+decides where identity blocks go on the user's data
+(:func:`satcore.adapters.torch.expand`), and writes OUT_DIR: the grown model
+(``save_pretrained``, safetensors, the config counting the new layers), the
+tokenizer files copied, ``expansion.json`` (positions, the evidence per
+candidate, the decision's cost, the LLaMA-Factory / ms-swift settings) and
+``mergekit.yaml`` (the same layout rebuilt from MODEL_DIR by ``mergekit-yaml``).
+OUT_DIR must not exist or be empty; it is written under a temporary name and
+renamed into place, so a failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import click
+
+from satcore.errors import InputError
+
+from .common import FiniteFloatRange, display_name, num, table
+
+COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
+
+
+def _blocks_option(ctx, param, value):
+    if value is None or value == "auto":
+        return value
+    try:
+        k = int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither an integer nor 'auto'") from None
+    if k < 1:
+        raise click.BadParameter(f"{value!r}: at least 1 block")
+    return k
+
+
+def _at_option(value, n_blocks: int, block_names: list[str]):
+    """``--at`` entries (block names, indices or ``head``) as original block indices or ``"head"``."""
+    out = []
+    for item in (v.strip() for v in value.split(",")):
+        if item == "head":
+            out.append("head")
+        elif item.isdigit() and int(item) < n_blocks:
+            out.append(int(item))
+        elif item in block_names:
+            out.append(block_names.index(item))
+        else:
+            raise click.BadParameter(f"{item!r} is not a block of the model ({block_names[0]} .. "
+                                     f"{block_names[-1]}, an index 0..{n_blocks - 1}, or head)", param_hint="--at")
+    return out
+
+
+def _check_out_dir(out_dir: str, model_dir: str) -> None:
+    shown = display_name(out_dir)
+    real_out, real_model = os.path.realpath(out_dir), os.path.realpath(model_dir)
+    if real_out == real_model or real_out.startswith(real_model + os.sep):
+        raise InputError(f"{shown}: is MODEL_DIR or inside it; MODEL_DIR is never written to")
+    if os.path.lexists(out_dir) and (not os.path.isdir(out_dir) or os.path.islink(out_dir) or os.listdir(out_dir)):
+        raise InputError(f"{shown}: exists and is not an empty directory; refusing to replace it")
+
+
+def _report(expansion) -> str:
+    lines = [f"{len(expansion.new_blocks)} new block(s) at positions {expansion.positions} "
+             f"(inserted before original blocks {expansion.inserted_before}), init={expansion.init}"]
+    decision = expansion.decision
+    if decision is not None:
+        rows = []
+        chosen = set(expansion.inserted_before)
+        for name in decision.ranking():
+            c = decision.candidates[name]
+            before = name.rpartition(".")[2]
+            rows.append([name, num(c.predicted_heldout_change), f"[{num(c.interval[0])}, {num(c.interval[1])}]",
+                         num(c.p_decrease), "yes" if (before if before == "head" else int(before)) in chosen else ""])
+        lines += ["", table(["candidate", "predicted held-out change", "95% interval", "P(decrease)", "chosen"], rows),
+                  "", f"decision cost: {decision.cost_block_steps} block-steps"]
+        if decision.stop_reason:
+            lines.append(f"the decision stops: {decision.stop_reason}")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.argument("model_dir", type=click.Path())
+@click.option("--data", "data_path", required=True, metavar="FILE",
+              help="UTF-8 text (tokenised with MODEL_DIR's tokenizer), or token ids: .npz with input_ids, .jsonl.")
+@click.option("--blocks", callback=_blocks_option, default=None, metavar="K|auto",
+              help="How many blocks: K, or auto (those whose predicted held-out decrease is significant).")
+@click.option("-o", "--out", "out_dir", required=True, metavar="OUT_DIR", help="Directory to write (new or empty).")
+@click.option("--at", "at", default=None, metavar="NAME,...",
+              help="Force the positions: original block names or indices to insert before, or head.")
+@click.option("--init", type=click.Choice(("copy", "fresh")), default="copy", show_default=True,
+              help="copy: LLaMA-Pro (the preceding block, output projections zeroed); fresh: the model's own "
+              "initialisation, output projections zeroed.")
+@click.option("--freeze-old", is_flag=True, help="Train only the new blocks (recorded for the trainer exports).")
+@click.option("--optimizer", type=click.Choice(("adamw", "adam", "sgd")), default="adamw", show_default=True,
+              help="Optimizer of the training the decision prices.")
+@click.option("--lr", type=FiniteFloatRange(min=0, min_open=True), default=2e-4, show_default=True,
+              help="Learning rate of that training.")
+@click.option("--steps", type=click.IntRange(min=1), default=1000, show_default=True, help="Its steps.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Its batch size (windows); also the unit of the decision's cost.")
+@click.option("--seq-len", type=click.IntRange(min=2), default=None,
+              help="Tokens per window (default min(256, the model's context)).")
+@click.option("--max-windows", type=click.IntRange(min=4), default=256, show_default=True,
+              help="Windows of data read at most (half train the decision, half are held out).")
+@click.option("--max-blocks", type=click.IntRange(min=1), default=None,
+              help="With --blocks auto: at most this many (default a quarter of the layers).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the fresh blocks' draws.")
+def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimizer, lr, steps, batch_size, seq_len,
+           max_windows, max_blocks, seed):
+    """Grow the decoder in MODEL_DIR by identity blocks where the evidence on FILE says; write OUT_DIR."""
+    if (blocks is None) == (at is None):
+        raise click.UsageError("give --blocks K|auto, or --at NAME,... to force the positions (not both)")
+    _check_out_dir(out_dir, model_dir)
+    from satcore import Recipe
+    from satcore.adapters.torch.checkpoint_dir import load_causal_lm, read_token_windows
+    from satcore.adapters.torch.expansion import decoder_stack
+    from satcore.adapters.torch.expansion import expand as expand_model
+
+    import torch
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one report on stdout, no bars on stderr
+    model = load_causal_lm(model_dir, dtype=torch.float32)  # decided in float32; saved in the checkpoint's dtype
+    saved_dtype = _checkpoint_dtype(model_dir)
+    names, _ = decoder_stack(model)
+    recipe = Recipe(optimizer, lr=lr, steps=steps, batch_size=batch_size, trainable="block")
+    forced = None if at is None else _at_option(at, len(names), names)
+    data = None
+    if forced is None:
+        context = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", 256)
+        data = read_token_windows(data_path, tokenizer_dir=model_dir, vocab_size=model.config.vocab_size,
+                                  seq_len=seq_len or min(256, context), max_windows=max_windows)
+    expansion = expand_model(model, data, blocks=blocks, recipe=recipe, at=forced, init=init,
+                             train_new_only=freeze_old, max_blocks=max_blocks, seed=seed)
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    staging = tempfile.mkdtemp(prefix=".satcore-expand-", dir=parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; OUT_DIR gets the usual permissions
+        grown = expansion.model.to(getattr(torch, saved_dtype))
+        grown.save_pretrained(staging, safe_serialization=True)
+        for name in COPIED_FILES:
+            if os.path.isfile(os.path.join(model_dir, name)):
+                shutil.copyfile(os.path.join(model_dir, name), os.path.join(staging, name))
+        record = expansion.to_dict()
+        record["source"] = os.path.abspath(model_dir)
+        record["data"] = None if data is None else {"file": os.path.abspath(data_path), "windows": len(data),
+                                                    "seq_len": data.shape[1]}
+        with open(os.path.join(staging, "expansion.json"), "w") as stream:
+            json.dump(record, stream, indent=1)
+        with open(os.path.join(staging, "mergekit.yaml"), "w") as stream:
+            stream.write(expansion.mergekit_yaml(os.path.abspath(model_dir), saved_dtype))
+        if os.path.isdir(out_dir):
+            os.rmdir(out_dir)  # empty, checked above
+        os.rename(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    click.echo(_report(expansion))
+    click.echo(f"wrote {display_name(out_dir)}: {expansion.n_original} -> "
+               f"{expansion.n_original + len(expansion.new_blocks)} layers, expansion.json, mergekit.yaml")
+
+
+def _checkpoint_dtype(model_dir: str) -> str:
+    """The dtype name the checkpoint's config declares (``float32`` when it declares none)."""
+    with open(os.path.join(model_dir, "config.json")) as stream:
+        config = json.load(stream)
+    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    if name not in ("float32", "float16", "bfloat16", "float64"):
+        raise InputError(f"{display_name(model_dir)}/config.json: dtype {name!r} is not one expand writes")
+    return name

