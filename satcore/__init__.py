@@ -85,6 +85,7 @@ from .quantities import (
 )
 from .errors import GrowthLogError, InputError, ProbeError, SatcoreError
 from .recipe import Recipe
+from .decision import CandidateDecision, InsertionDecision, TrialCurve
 from .results import REPORT_SCHEMA, CandidateScore, DepthReport
 from .statistics import CandidateStatistics, batch_moments
 from .sweep import (
@@ -191,6 +192,10 @@ __all__ = [
     "GrowthLogError",
     # how an inserted block is trained (satcore.recipe)
     "Recipe",
+    # the decision a user acts on (satcore.decision)
+    "InsertionDecision",
+    "CandidateDecision",
+    "TrialCurve",
     # dumps (docs/dump-format.md)
     "DumpError",
     "read_dump",

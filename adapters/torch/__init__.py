@@ -20,6 +20,7 @@ model's own kind; ``family="native"`` probes its tangent space) and :mod:`.diagn
 """
 
 from .capture import StreamTaps
+from .decide import decide
 from .diagnostics import StreamDiagnostics
 from .features import FeatureMap, ResidualBranch, build_feature_map, positions
 from .grow import Grown, InsertedResidual, grow
@@ -63,6 +64,7 @@ __all__ = [
     "StreamTaps",
     "batch_moments",
     "build_feature_map",
+    "decide",
     "find_blocks",
     "find_candidates",
     "grow",
