@@ -33,7 +33,7 @@ def load(out: Path) -> tuple[list, list, dict]:
         data = json.loads(path.read_text())
         models += data["models"]
         sweeps += data["sweeps"]
-        meta[data["part"]] = {"seconds": data.get("seconds"), "written": data.get("written"),
+        meta[path.stem] = {"seconds": data.get("seconds"), "written": data.get("written"),
                               "columns": data["columns"], "seeds": data["seeds"]}
     return models, sweeps, meta
 
@@ -204,11 +204,12 @@ def score(insts, calibrations: dict, method: str) -> dict:
         else:
             gains.append(0.0 if choice is None else -target[names.index(choice)] / inst["base_test"])
         for k, r in enumerate(inst["rows"]):
-            is_clear = abs(r["mean"]) > r["spread"]
+            # the target is the other seeds' change: the trial seed's own continuation is never scored
+            is_clear = abs(r["target"]) > r["spread"]
             if pred is not None and is_clear:
                 clear += 1
-                signs += int(np.sign(pred[k]) == np.sign(r["mean"]))
-            if is_clear and r["mean"] > 0:
+                signs += int(np.sign(pred[k]) == np.sign(r["target"]))
+            if is_clear and r["target"] > 0:
                 harms += 1
                 flagged += int(p[k] < 0.5) if p is not None else int(pred is not None and pred[k] > 0)
             if p is not None:

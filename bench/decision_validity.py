@@ -64,22 +64,27 @@ MAX_TRIALS = 4
 COLUMNS = {
     "adam_block": ("adam", 1e-3, "block", 300),
 }
-IMAGE_BATCH, TEXT_BATCH = 64, 16
+# further columns, recorded one at a time with --column where the CPU budget allowed
+EXTRA_COLUMNS = {
+    "sgd_block": ("sgd", 0.05, "block", 300),
+    "adam_terminal": ("adam", 1e-3, "terminal", 300),
+}
+IMAGE_BATCH, TEXT_BATCH = 32, 8
 WIDTHS = (8, 16, 32)
 IMAGES = {
-    # (digits?, n_train, n_probe, n_test, training epochs: under-trained .. over-fitted)
-    "digits": (True, 300, 160, 300, (2, 15, 150)),
-    "fashion": (False, 500, 160, 300, (2, 12, 120)),
+    # (digits?, n_train, n_probe, n_test, training epochs: over-fitted first, then under-trained .. mid)
+    "digits": (True, 300, 160, 300, (150, 2, 15)),
+    "fashion": (False, 500, 160, 300, (120, 2, 12)),
 }
 LLAMA = {"hidden": 32, "intermediate": 64, "layers": 2, "heads": 2, "seq_len": 32,
-         "windows": (128, 96, 128), "steps": (40, 300, 1000), "lr": 3e-3, "longest": 300}
+         "windows": (128, 96, 128), "steps": (1000, 40, 300), "lr": 3e-3, "longest": 300}
 TEXTS = {"llama-pydoc": "pydoc", "llama-linux": "linux"}
 LINUX_DOC = Path.home() / ".cache/satcore-text-linux/usr/share/doc/linux-doc-6.1/Documentation"
 LINUX_HINT = "apt-get download linux-doc-6.1 && dpkg-deb -x linux-doc-6.1_*.deb ~/.cache/satcore-text-linux"
 # depth sweeps: (dataset digits?, n_train, epochs, width); 1..6 blocks, SGD momentum as for the model sets
 SWEEPS = {"digits-n150": (True, 150, 80, 8), "digits-n1000": (True, 1000, 20, 8),
           "fashion-n500": (False, 500, 30, 8)}
-SWEEP_RECIPE = Recipe("adam", 1e-3, 300, IMAGE_BATCH, "block")
+SWEEP_RECIPE = Recipe("adam", 1e-3, 150, IMAGE_BATCH, "block")
 DEPTHS = range(1, 7)
 
 
@@ -250,9 +255,12 @@ def record_sweep(name: str, log) -> dict:
     return out
 
 
-def record(part: str, log=print) -> None:
+def record(part: str, log=print, column: str | None = None) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"{part}.json"
+    path = OUT / (f"{part}.json" if column is None else f"{part}-{column}.json")
+    if column is not None:
+        COLUMNS.clear()
+        COLUMNS[column] = EXTRA_COLUMNS[column]
     start = time.time()
     result = {"schema": "satcore-bench-decision-validity/1", "part": part, "columns": COLUMNS,
               "lengths": list(LENGTHS), "seeds": list(SEEDS), "max_trials": MAX_TRIALS,
@@ -276,12 +284,14 @@ def record(part: str, log=print) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--part", choices=(*IMAGES, *TEXTS, "sweeps"))
+    parser.add_argument("--column", choices=tuple(EXTRA_COLUMNS),
+                        help="record this recipe column instead of the default ones (to <part>-<column>.json)")
     parser.add_argument("--tables", action="store_true", help="score the recorded parts and print the docs tables")
     parser.add_argument("--fit", action="store_true", help="write satcore/decision_calibration.py from every set")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if args.part:
-        record(args.part)
+        record(args.part, column=args.column)
     if args.tables or args.fit:
         from decision_scores import fit_and_write, tables
 
