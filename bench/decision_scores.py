@@ -21,6 +21,7 @@ LEVELS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.
           0.85, 0.9, 0.95, 0.975, 0.99)
 TREND_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5)
 RELATIVE_SCALES = (0.0, 0.1, 0.25, 0.5, 1.0)
+TREND_SCALES = (0.0, 0.1, 0.25, 0.5, 1.0)
 P_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9)
 TOLERANCES = (0.0, 0.001, 0.003, 0.01)
 LONG = (300, 1000)
@@ -78,12 +79,12 @@ def instances(models: list) -> list[dict]:
 
 
 # -- calibration -----------------------------------------------------------------------------------------
-def _residuals(insts, trend_weight, relative_scale):
+def _residuals(insts, trend_weight, relative_scale, trend_scale):
     z = []
     for inst in insts:
         for r in inst["rows"]:
             point = extrapolate(r["curve"], inst["steps"], trend_weight)
-            scale = error_scale(r["curve"], inst["steps"], point, relative_scale)
+            scale = error_scale(r["curve"], inst["steps"], point, relative_scale, trend_scale)
             if scale > 0:
                 z.append((r["target"] - point) / scale)
     return np.array(z)
@@ -97,7 +98,8 @@ def _decide(inst, calibration):
 
 
 def fit(insts, source: str) -> Calibration:
-    """The calibration fitted on ``insts``: trend weight by relative absolute error, error scale by Brier score,
+    """The calibration fitted on ``insts``: trend weight by relative absolute error, error scale (``gamma``, ``c``)
+    by Brier score,
     the residual quantiles of the fitted pair, threshold and tolerance by the decisions' mean realized gain."""
     def abs_error(w):
         return sum(abs(r["target"] - extrapolate(r["curve"], i["steps"], w)) / i["base_test"]
@@ -106,19 +108,47 @@ def fit(insts, source: str) -> Calibration:
     trend_weight = min(TREND_WEIGHTS, key=abs_error)
     best = None
     for gamma in RELATIVE_SCALES:
-        z = _residuals(insts, trend_weight, gamma)
-        cal = Calibration(trend_weight, gamma, LEVELS, tuple(np.quantile(z, LEVELS)), 0.5, 0.0, source)
-        brier = np.mean([(c.p_decrease - float(r["target"] < 0)) ** 2
-                         for i in insts for r, c in zip(i["rows"], _decide(i, cal).candidates.values())])
-        if best is None or brier < best[0]:
-            best = (brier, cal)
+        for c_trend in TREND_SCALES:
+            z = _residuals(insts, trend_weight, gamma, c_trend)
+            if gamma == 0 and c_trend == 0 and not all(math.isfinite(v) for v in z):
+                continue
+            cal = Calibration(trend_weight, gamma, LEVELS, tuple(np.quantile(z, LEVELS)), 0.5, 0.0, source, c_trend)
+            a, b = _logistic(insts, cal)
+            cal = Calibration(**{**cal.to_dict(), "logit_intercept": a, "logit_slope": b})
+            brier = np.mean([(c.p_decrease - float(r["target"] < 0)) ** 2
+                             for i in insts for r, c in zip(i["rows"], _decide(i, cal).candidates.values())])
+            if best is None or brier < best[0]:
+                best = (brier, cal)
     cal = best[1]
     scored = []
     for p in P_THRESHOLDS:
         for tol in TOLERANCES:
-            trial = Calibration(cal.trend_weight, cal.relative_scale, cal.levels, cal.quantiles, p, tol, source)
+            trial = Calibration(**{**cal.to_dict(), "p_threshold": p, "tolerance": tol})
             scored.append((_mean_decision_gain(insts, trial), -p, -tol, trial))
     return max(scored, key=lambda s: s[:3])[3]
+
+
+def _logistic(insts, cal) -> tuple[float, float]:
+    """``(a, b)`` of ``P(decrease) = 1 / (1 + exp(a + b t))``, ``t = point / scale``, by maximum likelihood."""
+    from scipy.optimize import minimize
+
+    t, y = [], []
+    for inst in insts:
+        for r in inst["rows"]:
+            point = extrapolate(r["curve"], inst["steps"], cal.trend_weight)
+            scale = error_scale(r["curve"], inst["steps"], point, cal.relative_scale, cal.trend_scale)
+            if scale > 0:
+                t.append(np.clip(point / scale, -50, 50))
+                y.append(float(r["target"] < 0))
+    t, y = np.array(t), np.array(y)
+
+    def nll(ab):
+        x = ab[0] + ab[1] * t
+        # -log p(y): p(decrease) = sigmoid(-x)
+        return float(np.sum(np.logaddexp(0, x) * y + np.logaddexp(0, -x) * (1 - y)))
+
+    a, b = minimize(nll, np.array([0.0, 1.0]), method="Nelder-Mead").x
+    return float(a), float(b)
 
 
 def _mean_decision_gain(insts, calibration) -> float:
@@ -359,6 +389,9 @@ DEFAULT_CALIBRATION = Calibration(
     p_threshold={cal.p_threshold!r},
     tolerance={cal.tolerance!r},
     source={cal.source!r},
+    trend_scale={cal.trend_scale!r},
+    logit_intercept={cal.logit_intercept!r},
+    logit_slope={cal.logit_slope!r},
 )
 ''')
     return cal

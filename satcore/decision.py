@@ -21,13 +21,15 @@ of the steps,
     \\hat d(S) = d(T) + \\beta \\, [d(T) - d(T/2)] \\, \\log_2(S / T),
 
 and its error is modelled as ``realized - \\hat d = s z`` with the scale
-``s = se + |d(T) - d(T/2)| (1 + \\log_2(S/T)) + \\gamma |\\hat d|`` (``se``: the
+``s = se + c |d(T) - d(T/2)| (1 + \\log_2(S/T)) + \\gamma |\\hat d|`` (``se``: the
 standard error of ``d(T)`` from the paired per-sample held-out losses) and ``z``
 drawn from the empirical distribution of normalised residuals measured on the bench
-(split conformal prediction).  ``beta``, ``gamma``, the quantiles of ``z``, the
+(split conformal prediction).  ``beta``, ``c``, ``gamma``, the quantiles of ``z``, the
 ``P(decrease)`` threshold and the tolerance are fitted on bench model sets
 (:class:`Calibration`; ``bench/decision_validity.py`` fits and scores them leave one
-model set out).  ``P(decrease) = F_z(-\\hat d / s)``; the ``1 - alpha`` interval is
+model set out).  ``P(decrease) = 1 / (1 + exp(a + b \\hat d / s))`` (logistic calibration of
+the standardised prediction, fitted on the bench; ``F_z(-\\hat d / s)`` where no logistic fit is
+given); the ``1 - alpha`` interval is
 ``\\hat d + s [Q_z(alpha/2), Q_z(1 - alpha/2)]``.
 
 The choice is the verified candidate with the lowest calibrated held-out change
@@ -134,6 +136,11 @@ class Calibration:
         Smallest predicted decrease worth a block, as a fraction of the held-out loss before insertion.
     source : str
         Where the constants were fitted.
+    trend_scale : float
+        ``c``: weight of the trial's trend in the error scale.
+    logit_intercept, logit_slope : float
+        ``a``, ``b`` of ``P(decrease) = 1 / (1 + exp(a + b point / scale))``; with ``logit_slope``
+        None, ``P(decrease) = F_z(-point / scale)``.
     """
 
     trend_weight: float
@@ -143,6 +150,9 @@ class Calibration:
     p_threshold: float
     tolerance: float
     source: str = ""
+    trend_scale: float = 1.0
+    logit_intercept: float = 0.0
+    logit_slope: float | None = None
 
     def __post_init__(self):
         levels = tuple(float(v) for v in self.levels)
@@ -179,7 +189,16 @@ class Calibration:
     def to_dict(self) -> dict:
         return {"trend_weight": self.trend_weight, "relative_scale": self.relative_scale,
                 "levels": list(self.levels), "quantiles": list(self.quantiles),
-                "p_threshold": self.p_threshold, "tolerance": self.tolerance, "source": self.source}
+                "p_threshold": self.p_threshold, "tolerance": self.tolerance, "source": self.source,
+                "trend_scale": self.trend_scale, "logit_intercept": self.logit_intercept,
+                "logit_slope": self.logit_slope}
+
+    def p_decrease(self, standardised: float) -> float:
+        """``P(decrease)`` of a prediction ``point / scale`` (class docstring)."""
+        if self.logit_slope is None:
+            return self.cdf(-standardised)
+        x = self.logit_intercept + self.logit_slope * standardised
+        return float(1.0 / (1.0 + math.exp(min(x, 700.0))))
 
     @classmethod
     def from_dict(cls, data: dict) -> "Calibration":
@@ -194,11 +213,12 @@ def extrapolate(curve: TrialCurve, full_steps: int, trend_weight: float, which: 
     return values[-1] + trend_weight * curve.trend(which) * doublings
 
 
-def error_scale(curve: TrialCurve, full_steps: int, point: float, relative_scale: float) -> float:
-    """``se + |d(T) - d(T/2)| (1 + log2(S/T)) + gamma |point|``, the scale of the prediction's error."""
+def error_scale(curve: TrialCurve, full_steps: int, point: float, relative_scale: float,
+                trend_scale: float = 1.0) -> float:
+    """``se + c |d(T) - d(T/2)| (1 + log2(S/T)) + gamma |point|``, the scale of the prediction's error."""
     doublings = max(0.0, math.log2(full_steps / curve.steps[-1]))
     se = curve.heldout_se if math.isfinite(curve.heldout_se) else 0.0
-    return se + abs(curve.trend()) * (1.0 + doublings) + relative_scale * abs(point)
+    return se + trend_scale * abs(curve.trend()) * (1.0 + doublings) + relative_scale * abs(point)
 
 
 @dataclass(frozen=True)
@@ -236,11 +256,11 @@ def verified_candidate(name: str, curve: TrialCurve, full_steps: int, calibratio
                        screen_heldout_change: float, alpha: float = 0.05) -> CandidateDecision:
     """A verified candidate's calibrated prediction, interval and ``P(decrease)`` (module docstring)."""
     point = extrapolate(curve, full_steps, calibration.trend_weight)
-    scale = error_scale(curve, full_steps, point, calibration.relative_scale)
+    scale = error_scale(curve, full_steps, point, calibration.relative_scale, calibration.trend_scale)
     training = extrapolate(curve, full_steps, 1.0, which="training")
     if scale > 0:
         interval = (point + scale * calibration.quantile(alpha / 2), point + scale * calibration.quantile(1 - alpha / 2))
-        p_decrease = calibration.cdf(-point / scale)
+        p_decrease = calibration.p_decrease(point / scale)
     else:
         interval, p_decrease = (point, point), float(point < 0)
     return CandidateDecision(name, float(point), float(training), tuple(float(v) for v in interval),

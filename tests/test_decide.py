@@ -100,6 +100,18 @@ def test_shipped_interval_covers_at_its_nominal_rate_monte_carlo():
             assert abs(p[sel].mean() - decreased[sel].mean()) < 4 * math.sqrt(0.25 / sel.sum()) + 0.01
 
 
+def test_logistic_p_decrease_is_the_documented_map():
+    cal = Calibration(**{**NORMAL.to_dict(), "logit_intercept": 0.3, "logit_slope": 1.5})
+    for t in (-4.0, -0.2, 0.0, 0.2, 4.0):
+        assert cal.p_decrease(t) == pytest.approx(1 / (1 + math.exp(0.3 + 1.5 * t)), rel=1e-12)
+    curve = _curve((0.01, 0.02, 0.04))
+    c = verified_candidate("x", curve, 300, cal, 0.0)
+    point = extrapolate(curve, 300, 1.0)
+    assert c.p_decrease == pytest.approx(cal.p_decrease(point / error_scale(curve, 300, point, 0.0, 1.0)), rel=1e-12)
+    # without a logistic fit: the conformal CDF of -point / scale
+    assert NORMAL.p_decrease(0.0) == pytest.approx(0.5) and NORMAL.p_decrease(-1.96) == pytest.approx(0.975)
+
+
 def test_trial_plan_costs_at_most_one_block_for_up_to_eight_candidates():
     for steps in (30, 300, 1000):
         recipe = Recipe("sgd", 0.1, steps, 32)
