@@ -26,8 +26,10 @@ fitted leave one model set out (``--tables``).
 
 Run ``python bench/decision_validity.py --part SET`` (one process per part:
 ``digits``, ``fashion``, ``llama-pydoc``, ``llama-linux``, ``sweeps``) to record raw
-rows to ``docs/figures/decision_validity/<part>.json``; ``--tables`` scores them and
-prints the docs tables; ``--fit`` writes ``satcore/decision_calibration.py`` from all sets.
+rows to ``docs/figures/decision_validity/<part>.json`` (``--column sgd_block`` or
+``adam_terminal``: that recipe column instead, to ``<part>-<column>.json``); ``--tables``
+scores them (``bench/decision_scores.py``) and prints the docs tables; ``--fit`` writes
+``satcore/decision_calibration.py`` from all sets.
 """
 
 from __future__ import annotations

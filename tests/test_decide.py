@@ -15,6 +15,7 @@ from satcore import InputError, InsertionDecision, Recipe
 from satcore.decision import (Calibration, CandidateDecision, TrialCurve, choose, error_scale, extrapolate,
                               trial_plan, verified_candidate)
 from satcore.adapters.torch import decide, grow, probe_splits
+from satcore.decision_calibration import DEFAULT_CALIBRATION
 from satcore.adapters.torch.decide import trial_losses
 
 NORMAL = Calibration(1.0, 0.0, (0.025, 0.16, 0.5, 0.84, 0.975), (-1.96, -0.994, 0.0, 0.994, 1.96), 0.5, 0.0,
@@ -197,3 +198,7 @@ def test_decide_stops_when_every_insertion_harms():
     assert d.choice is None and d.stop_reason == "no_credible_decrease"
     for c in d.candidates.values():
         assert c.trial.heldout_change[-1] > 0 and c.p_decrease < 0.5
+    # the shipped calibration, on the same trials, stops too
+    shipped = [verified_candidate(n, c.trial, d.recipe.steps, DEFAULT_CALIBRATION, c.screen_heldout_change)
+               for n, c in d.candidates.items()]
+    assert choose(shipped, d.recipe, d.heldout_loss, d.cost_block_steps, DEFAULT_CALIBRATION).choice is None
