@@ -326,6 +326,10 @@ def all_scores(out: Path) -> dict:
               "long_by_set": {s: score([i for i in long if i["set"] == s], cals, "decide") for s in cals},
               "in_sample_long": score(long, {s: full for s in cals}, "decide"),
               "sweeps": sweep_scores(sweeps, full)}
+    longer = out.parent / "decision_validity_1000"
+    if longer.is_dir():  # 1000-step runs, kept out of every fit: scored with the calibration of all the sets
+        insts_1000 = [i for i in instances(load(longer)[0]) if i["steps"] == 1000]
+        result["transfer_1000"] = {m: score(insts_1000, {i["set"]: full for i in insts_1000}, m) for m in METHODS}
     return result
 
 
@@ -350,6 +354,12 @@ def tables(out: Path) -> str:
         n = scores["decide"]
         lines += [f"\n**{target}** ({n['n_decisions']} decisions, {n['n_insertions']} insertions)\n", head, rule]
         lines += [row(m, scores[m]) for m in METHODS]
+    if "transfer_1000" in res:
+        n = res["transfer_1000"]["decide"]
+        lines += [f"\n**adam_block/1000, digits** ({n['n_decisions']} decisions, {n['n_insertions']} insertions; "
+                  "runs kept out of every fit, scored with the calibration fitted on all the 30- and 300-step "
+                  "runs, which include digits')\n", head, rule]
+        lines += [row(m, res["transfer_1000"][m]) for m in METHODS]
     lines += ["\n**Per model set, long recipes (decide)**\n", head, rule]
     lines += [row(s, v) for s, v in res["long_by_set"].items()]
     rel = res["long"]["decide"].get("reliability", [])
