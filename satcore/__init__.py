@@ -99,6 +99,7 @@ from .growth import (
 )
 from .growth_log import GrowthLogContents, read_growth_log
 from .recipe import Recipe
+from .decision import CandidateDecision, InsertionDecision, TrialCurve
 from .reporting import depth_report
 from .results import REPORT_SCHEMA, CandidateScore, DepthReport, DepthScores, growth_noise_floor
 from .statistics import CandidateStatistics, batch_moments
@@ -223,6 +224,10 @@ __all__ = [
     "GrowthRound",
     "GrowthLogContents",
     "read_growth_log",
+    # the decision a user acts on (satcore.decision)
+    "InsertionDecision",
+    "CandidateDecision",
+    "TrialCurve",
     # dumps (docs/dump-format.md)
     "DumpError",
     "read_dump",

@@ -28,6 +28,7 @@ require("torch", extra="torch", by="satcore.adapters.torch")
 from satcore.results import StreamDiagnostics
 
 from .capture import StreamTaps
+from .decide import decide
 from .features import FeatureMap, ResidualBranch, build_feature_map, positions
 from .grow import Grown, InsertedResidual, grow
 from .locate import HEAD, Candidate, find_blocks, find_candidates, named_candidates
@@ -73,6 +74,7 @@ __all__ = [
     "batch_moments",
     "build_feature_map",
     "expand",
+    "decide",
     "find_blocks",
     "first_order_decision",
     "find_candidates",

@@ -1,0 +1,407 @@
+"""Scores of ``bench/decision_validity.py``'s recorded runs: calibration fitted leave one model set out, the
+decision and its baselines per target, the depth sweeps, and the shipped calibration (``fit_and_write``).
+
+Everything here reads the raw JSON rows and calls the core functions ``decide`` calls
+(:mod:`satcore.decision`), so the tables are regenerated from data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from satcore import Recipe
+from satcore.decision import Calibration, TrialCurve, choose, error_scale, extrapolate, trial_plan, verified_candidate
+
+LEVELS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8,
+          0.85, 0.9, 0.95, 0.975, 0.99)
+TREND_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5)
+RELATIVE_SCALES = (0.0, 0.1, 0.25, 0.5, 1.0)
+TREND_SCALES = (0.0, 0.1, 0.25, 0.5, 1.0)
+P_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9)
+TOLERANCES = (0.0, 0.001, 0.003, 0.01)
+LONG = (300, 1000)
+BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+def load(out: Path) -> tuple[list, list, dict]:
+    models, sweeps, meta = [], [], {}
+    for path in sorted(out.glob("*.json")):
+        data = json.loads(path.read_text())
+        models += data["models"]
+        sweeps += data["sweeps"]
+        meta[path.stem] = {"seconds": data.get("seconds"), "written": data.get("written"),
+                              "columns": data["columns"], "seeds": data["seeds"]}
+    return models, sweeps, meta
+
+
+def _at(run: dict, split: str, step: int) -> float:
+    return run[split]["change"][run["steps"].index(step)]
+
+
+def instances(models: list) -> list[dict]:
+    """One decision per (model, recipe column, length, trial seed): every candidate's trial curve (that seed's
+    prefix), its target (the other seeds' mean realized test change at the length) and seed spread."""
+    out = []
+    for m in models:
+        runs = {(r["candidate"], r["column"], r["seed"]): r for r in m["runs"]}
+        columns = sorted({r["column"] for r in m["runs"]})
+        seeds = sorted({r["seed"] for r in m["runs"]})
+        n = len(m["candidates"])
+        for column in columns:
+            longest = max(runs[(m["candidates"][0], column, seeds[0])]["steps"])
+            for steps in (30, 300, 1000):
+                if steps > longest:
+                    continue
+                _, T, points = trial_plan(n, Recipe("sgd", 1.0, steps, 1), 4)
+                screen = m["screen"][f"{column}/{steps}"]
+                for a in seeds:
+                    rows = []
+                    for c in m["candidates"]:
+                        run = runs[(c, column, a)]
+                        curve = TrialCurve(points, [_at(run, "heldout", p) for p in points],
+                                           [_at(run, "train", p) for p in points],
+                                           run["heldout"]["se"][run["steps"].index(T)])
+                        others = [_at(runs[(c, column, b)], "test", steps) for b in seeds if b != a]
+                        every = [_at(runs[(c, column, b)], "test", steps) for b in seeds]
+                        train_others = [_at(runs[(c, column, b)], "train", steps) for b in seeds if b != a]
+                        rows.append({"candidate": c, "curve": curve, "target": float(np.mean(others)),
+                                     "mean": float(np.mean(every)), "spread": float(np.ptp(every)),
+                                     "train_target": float(np.mean(train_others)), "screen": screen[c]})
+                    out.append({"model": m["model"], "set": m["set"], "column": column, "steps": steps, "seed": a,
+                                "T": T, "base_heldout": m["base"]["heldout"], "base_test": m["base"]["test"],
+                                "rows": rows})
+    return out
+
+
+# -- calibration -----------------------------------------------------------------------------------------
+def _residuals(insts, trend_weight, relative_scale, trend_scale):
+    z = []
+    for inst in insts:
+        for r in inst["rows"]:
+            point = extrapolate(r["curve"], inst["steps"], trend_weight)
+            scale = error_scale(r["curve"], inst["steps"], point, relative_scale, trend_scale)
+            if scale > 0:
+                z.append((r["target"] - point) / scale)
+    return np.array(z)
+
+
+def _decide(inst, calibration):
+    recipe = Recipe("sgd", 1.0, inst["steps"], 1)
+    cands = [verified_candidate(r["candidate"], r["curve"], inst["steps"], calibration, r["screen"])
+             for r in inst["rows"]]
+    return choose(cands, recipe, inst["base_heldout"], len(cands) * inst["T"], calibration)
+
+
+def fit(insts, source: str) -> Calibration:
+    """The calibration fitted on ``insts``: trend weight by relative absolute error, error scale (``gamma``, ``c``)
+    by Brier score,
+    the residual quantiles of the fitted pair, threshold and tolerance by the decisions' mean realized gain."""
+    def abs_error(w):
+        return sum(abs(r["target"] - extrapolate(r["curve"], i["steps"], w)) / i["base_test"]
+                   for i in insts for r in i["rows"])
+
+    trend_weight = min(TREND_WEIGHTS, key=abs_error)
+    best = None
+    for gamma in RELATIVE_SCALES:
+        for c_trend in TREND_SCALES:
+            z = _residuals(insts, trend_weight, gamma, c_trend)
+            if gamma == 0 and c_trend == 0 and not all(math.isfinite(v) for v in z):
+                continue
+            cal = Calibration(trend_weight, gamma, LEVELS, tuple(np.quantile(z, LEVELS)), 0.5, 0.0, source, c_trend)
+            a, b = _logistic(insts, cal)
+            cal = Calibration(**{**cal.to_dict(), "logit_intercept": a, "logit_slope": b})
+            brier = np.mean([(c.p_decrease - float(r["target"] < 0)) ** 2
+                             for i in insts for r, c in zip(i["rows"], _decide(i, cal).candidates.values())])
+            if best is None or brier < best[0]:
+                best = (brier, cal)
+    cal = best[1]
+    scored = []
+    for p in P_THRESHOLDS:
+        for tol in TOLERANCES:
+            trial = Calibration(**{**cal.to_dict(), "p_threshold": p, "tolerance": tol})
+            scored.append((_mean_decision_gain(insts, trial), -p, -tol, trial))
+    return max(scored, key=lambda s: s[:3])[3]
+
+
+def _logistic(insts, cal) -> tuple[float, float]:
+    """``(a, b)`` of ``P(decrease) = 1 / (1 + exp(a + b t))``, ``t = point / scale``, by maximum likelihood."""
+    from scipy.optimize import minimize
+
+    t, y = [], []
+    for inst in insts:
+        for r in inst["rows"]:
+            point = extrapolate(r["curve"], inst["steps"], cal.trend_weight)
+            scale = error_scale(r["curve"], inst["steps"], point, cal.relative_scale, cal.trend_scale)
+            if scale > 0:
+                t.append(np.clip(point / scale, -50, 50))
+                y.append(float(r["target"] < 0))
+    t, y = np.array(t), np.array(y)
+
+    def nll(ab):
+        x = ab[0] + ab[1] * t
+        # -log p(y): p(decrease) = sigmoid(-x)
+        return float(np.sum(np.logaddexp(0, x) * y + np.logaddexp(0, -x) * (1 - y)))
+
+    a, b = minimize(nll, np.array([0.0, 1.0]), method="Nelder-Mead").x
+    return float(a), float(b)
+
+
+def _mean_decision_gain(insts, calibration) -> float:
+    """Mean realized test decrease of the decisions, relative to the test loss (0 where they stop)."""
+    gains = []
+    for inst in insts:
+        d = _decide(inst, calibration)
+        target = {r["candidate"]: r["target"] for r in inst["rows"]}
+        gains.append(0.0 if d.choice is None else -target[d.choice] / inst["base_test"])
+    return float(np.mean(gains))
+
+
+def lomo_calibrations(insts) -> dict:
+    sets = sorted({i["set"] for i in insts})
+    return {s: fit([i for i in insts if i["set"] != s], f"bench sets other than {s}") for s in sets}
+
+
+# -- scores -------------------------------------------------------------------------------------------------
+def _spearman(x, y):
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return None
+    return float(spearmanr(x, y).statistic)
+
+
+METHODS = ("decide", "short trial alone", "first-order ranking", "every block helps", "random candidate",
+           "head / end of stack", "full-training oracle")
+
+
+def _predictions(inst, method, calibration):
+    """``(predicted changes per candidate or None, p_decrease per candidate or None, pick, decision choice)``."""
+    rows, names = inst["rows"], [r["candidate"] for r in inst["rows"]]
+    if method == "decide":
+        d = _decide(inst, calibration)
+        cands = d.candidates
+        pred = [cands[n].predicted_heldout_change for n in names]
+        return pred, [cands[n].p_decrease for n in names], names[int(np.argmin(pred))], d.choice
+    if method == "short trial alone":
+        pred = [r["curve"].heldout_change[-1] for r in rows]
+        p = [0.5 * math.erfc(v / max(r["curve"].heldout_se, 1e-12) / math.sqrt(2)) for v, r in zip(pred, rows)]
+        pick = names[int(np.argmin(pred))]
+        return pred, p, pick, pick if min(pred) < 0 else None
+    if method == "first-order ranking":
+        pred = [r["screen"] for r in rows]
+        pick = names[int(np.argmin(pred))]
+        return pred, None, pick, pick if min(pred) < 0 else None
+    if method == "every block helps":
+        return [-1.0] * len(rows), [1.0] * len(rows), None, "random"
+    if method == "random candidate":
+        return None, None, None, "random"
+    if method == "head / end of stack":
+        return None, None, names[-1], names[-1]
+    pick = names[int(np.argmin([r["target"] for r in rows]))]
+    return [r["target"] for r in rows], None, pick, pick if min(r["target"] for r in rows) < 0 else None
+
+
+def score(insts, calibrations: dict, method: str) -> dict:
+    """One method's scores over ``insts`` (each scored with its own set's leave-one-out calibration)."""
+    pooled_pred, pooled_real, within, picked, ratios, gains, probs, outcomes = [], [], [], [], [], [], [], []
+    harms = flagged = clear = signs = covered = n_cov = 0
+    for inst in insts:
+        cal = calibrations[inst["set"]]
+        pred, p, pick, choice = _predictions(inst, method, cal)
+        target = np.array([r["target"] for r in inst["rows"]])
+        names = [r["candidate"] for r in inst["rows"]]
+        best = int(np.argmin(target))
+        if pred is not None and method != "every block helps":
+            pooled_pred += list(np.asarray(pred) / inst["base_test"])
+            pooled_real += list(target / inst["base_test"])
+            w = _spearman(pred, target)
+            if w is not None:
+                within.append(w)
+        if pick is None:  # random / every block helps: expected values
+            picked.append(1 / len(names))
+            if target[best] < 0:
+                ratios.append(float(np.mean(-target)) / -target[best])
+        else:
+            picked.append(float(names.index(pick) == best))
+            if target[best] < 0:
+                ratios.append(-target[names.index(pick)] / -target[best])
+        if choice == "random":
+            gains.append(float(np.mean(-target)) / inst["base_test"])
+        else:
+            gains.append(0.0 if choice is None else -target[names.index(choice)] / inst["base_test"])
+        for k, r in enumerate(inst["rows"]):
+            # the target is the other seeds' change: the trial seed's own continuation is never scored
+            is_clear = abs(r["target"]) > r["spread"]
+            if pred is not None and is_clear:
+                clear += 1
+                signs += int(np.sign(pred[k]) == np.sign(r["target"]))
+            if is_clear and r["target"] > 0:
+                harms += 1
+                flagged += int(p[k] < 0.5) if p is not None else int(pred is not None and pred[k] > 0)
+            if p is not None:
+                probs.append(p[k])
+                outcomes.append(float(r["target"] < 0))
+        if method == "decide":
+            d = _decide(inst, cal)
+            for k, n in enumerate(names):
+                lo, hi = d.candidates[n].interval
+                covered += int(lo <= target[k] <= hi)
+                n_cov += 1
+    out = {"n_decisions": len(insts), "n_insertions": sum(len(i["rows"]) for i in insts),
+           "spearman_pooled": _spearman(pooled_pred, pooled_real) if pooled_pred else None,
+           "spearman_within": float(np.mean(within)) if within else None,
+           "best_picked": float(np.mean(picked)), "pick_gain_ratio": float(np.mean(ratios)) if ratios else None,
+           "decision_gain": float(np.mean(gains)), "harms": harms, "harms_flagged": flagged,
+           "clear": clear, "sign_right": signs / clear if clear and pred is not None else None}
+    if probs:
+        probs, outcomes = np.array(probs), np.array(outcomes)
+        brier = float(np.mean((probs - outcomes) ** 2))
+        base = float(np.mean((outcomes.mean() - outcomes) ** 2))
+        bins = []
+        for lo, hi in zip(BINS, BINS[1:]):
+            sel = (probs >= lo) & ((probs < hi) if hi < 1 else (probs <= hi))
+            if sel.any():
+                bins.append({"bin": [lo, hi], "n": int(sel.sum()), "mean_p": float(probs[sel].mean()),
+                             "frequency": float(outcomes[sel].mean())})
+        big = [b for b in bins if b["n"] >= 10]
+        out |= {"brier": brier, "brier_base_rate": base, "brier_skill": 1 - brier / base if base > 0 else None,
+                "reliability": bins,
+                "reliability_max_gap": max(abs(b["mean_p"] - b["frequency"]) for b in big) if big else None}
+    if n_cov:
+        out["coverage_95"] = covered / n_cov
+    return out
+
+
+# -- depth sweeps -----------------------------------------------------------------------------------------
+def sweep_scores(sweeps, calibration) -> list[dict]:
+    out = []
+    for sw in sweeps:
+        recipe = Recipe.from_dict(sw["recipe"])
+        stops, per_depth = None, []
+        for d in sw["depths"]:
+            cands = []
+            for name, t in d["trials"].items():
+                curve = TrialCurve(t["steps"], t["heldout"]["change"], t["train"]["change"], t["heldout"]["se"][-1])
+                cands.append(verified_candidate(name, curve, recipe.steps, calibration, d["screen"][name]))
+            T = max(t["steps"][-1] for t in d["trials"].values())
+            dec = choose(cands, recipe, d["heldout_loss"], len(cands) * T, calibration)
+            per_depth.append({"depth": d["depth"], "test_loss": d["test_loss"], "choice": dec.choice,
+                              "stop_reason": dec.stop_reason, "cost_fraction": dec.cost_fraction})
+            if stops is None and dec.choice is None:
+                stops = d["depth"]
+        depths = [d["depth"] for d in sw["depths"]]
+        best = depths[int(np.argmin([d["test_loss"] for d in sw["depths"]]))]
+        stop = stops if stops is not None else max(depths) + 1
+        out.append({"sweep": sw["sweep"], "best_depth": best, "stop_depth": stop, "within_one": abs(stop - best) <= 1,
+                    "best_is_shallowest": best == min(depths), "depths": per_depth})
+    return out
+
+
+# -- output -------------------------------------------------------------------------------------------------
+def _f(x, pct=False, digits=2):
+    if x is None:
+        return "-"
+    return f"{100 * x:.0f}%" if pct else f"{x:+.{digits}f}"
+
+
+def all_scores(out: Path) -> dict:
+    models, sweeps, meta = load(out)
+    insts = instances(models)
+    cals = lomo_calibrations(insts)
+    targets = sorted({(i["column"], i["steps"]) for i in insts})
+    by_target = {f"{c}/{s}": {m: score([i for i in insts if (i["column"], i["steps"]) == (c, s)], cals, m)
+                              for m in METHODS} for c, s in targets}
+    long = [i for i in insts if i["steps"] in LONG]
+    full = fit(insts, "every bench model set")
+    result = {"meta": meta, "sets": sorted({i["set"] for i in insts}),
+              "models": sorted({i["model"] for i in insts}),
+              "calibrations_lomo": {s: c.to_dict() for s, c in cals.items()},
+              "calibration_all": full.to_dict(),
+              "by_target": by_target,
+              "long": {m: score(long, cals, m) for m in METHODS},
+              "long_by_set": {s: score([i for i in long if i["set"] == s], cals, "decide") for s in cals},
+              "in_sample_long": score(long, {s: full for s in cals}, "decide"),
+              "sweeps": sweep_scores(sweeps, full)}
+    longer = out.parent / "decision_validity_1000"
+    if longer.is_dir():  # 1000-step runs, kept out of every fit: scored with the calibration of all the sets
+        insts_1000 = [i for i in instances(load(longer)[0]) if i["steps"] == 1000]
+        result["transfer_1000"] = {m: score(insts_1000, {i["set"]: full for i in insts_1000}, m) for m in METHODS}
+    return result
+
+
+def tables(out: Path) -> str:
+    res = all_scores(out)
+    (out.parent / "decision_validity_scores.json").write_text(json.dumps(res, indent=1, default=float))
+    lines = [f"Model sets: {', '.join(res['sets'])} ({len(res['models'])} models). Calibration fitted leave one "
+             "model set out; every number below is on the set left out.\n"]
+    head = ("| method | pooled Spearman | within-model Spearman | best picked | pick gain / best | decision gain "
+            "(% of test loss) | harms flagged | sign right (clear) | Brier skill | max reliability gap |")
+    rule = "|---" * 10 + "|"
+
+    def row(name, s):
+        return (f"| {name} | {_f(s['spearman_pooled'])} | {_f(s['spearman_within'])} | {_f(s['best_picked'], True)} | "
+                f"{_f(s['pick_gain_ratio'], True)} | {100 * s['decision_gain']:+.2f} | "
+                f"{s['harms_flagged']}/{s['harms']} | {_f(s['sign_right'], True)} of {s['clear']} | "
+                f"{_f(s.get('brier_skill'), True)} | {_f(s.get('reliability_max_gap'))} |")
+
+    lines += ["**Long recipes (300 and 1000 steps), every column pooled**\n", head, rule]
+    lines += [row(m, res["long"][m]) for m in METHODS]
+    for target, scores in res["by_target"].items():
+        n = scores["decide"]
+        lines += [f"\n**{target}** ({n['n_decisions']} decisions, {n['n_insertions']} insertions)\n", head, rule]
+        lines += [row(m, scores[m]) for m in METHODS]
+    if "transfer_1000" in res:
+        n = res["transfer_1000"]["decide"]
+        lines += [f"\n**adam_block/1000, digits** ({n['n_decisions']} decisions, {n['n_insertions']} insertions; "
+                  "runs kept out of every fit, scored with the calibration fitted on all the 30- and 300-step "
+                  "runs, which include digits')\n", head, rule]
+        lines += [row(m, res["transfer_1000"][m]) for m in METHODS]
+    lines += ["\n**Per model set, long recipes (decide)**\n", head, rule]
+    lines += [row(s, v) for s, v in res["long_by_set"].items()]
+    rel = res["long"]["decide"].get("reliability", [])
+    lines += ["\n**Reliability of P(decrease), long recipes** (bin: mean P, realized frequency, n)\n",
+              "| bin | mean P(decrease) | share that decreased | n |", "|---|---|---|---|"]
+    lines += [f"| {b['bin'][0]:.1f}-{b['bin'][1]:.1f} | {b['mean_p']:.2f} | {b['frequency']:.2f} | {b['n']} |"
+              for b in rel]
+    lines += [f"\n95% interval coverage (long recipes): {_f(res['long']['decide'].get('coverage_95'), True)}\n",
+              "**Depth sweeps** (calibration fitted on every insertion set; no sweep model is in it)\n",
+              "| sweep | test loss by depth | realized best depth | decide stops at | within one block |",
+              "|---|---|---|---|---|"]
+    for sw in res["sweeps"]:
+        losses = ", ".join(f"{d['test_loss']:.3f}" for d in sw["depths"])
+        lines.append(f"| {sw['sweep']} | {losses} | {sw['best_depth']} | {sw['stop_depth']} | "
+                     f"{'yes' if sw['within_one'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def fit_and_write(out: Path, target: Path) -> Calibration:
+    models, _, _ = load(out)
+    cal = fit(instances(models), "bench/decision_validity.py, every model set (" +
+              ", ".join(sorted({m["set"] for m in models})) + ")")
+    target.write_text(f'''"""The shipped calibration of :mod:`satcore.decision`: written by ``bench/decision_validity.py --fit``.
+
+Fitted on every model set of the bench (``source`` says which); the bench scores the same
+fitting procedure leave one model set out (docs/predictive-validity.md).  Regenerate with
+``python bench/decision_validity.py --fit``.
+"""
+
+from .decision import Calibration
+
+DEFAULT_CALIBRATION = Calibration(
+    trend_weight={cal.trend_weight!r},
+    relative_scale={cal.relative_scale!r},
+    levels={tuple(cal.levels)!r},
+    quantiles={tuple(round(q, 6) for q in cal.quantiles)!r},
+    p_threshold={cal.p_threshold!r},
+    tolerance={cal.tolerance!r},
+    source={cal.source!r},
+    trend_scale={cal.trend_scale!r},
+    logit_intercept={cal.logit_intercept!r},
+    logit_slope={cal.logit_slope!r},
+)
+''')
+    return cal

@@ -1,0 +1,312 @@
+"""Decision validity: does ``decide`` pick the insertion that lowers the test loss under a practitioner's recipe?
+
+Two parts, both on real data that ships offline, every model trained here from a seed:
+
+* **Insertions.**  Model sets (``SETS``): stagewise ResNets on sklearn digits and on
+  Fashion-MNIST (Debian ``dataset-fashion-mnist``), and small Llama decoders
+  (``transformers.LlamaForCausalLM``, byte vocabulary) on the Python 3.11 documentation
+  (Debian ``python3.11-doc``) and on the Linux kernel documentation (Debian
+  ``linux-doc-6.1``), each trained for three lengths (under-trained to over-fitted).  At
+  every candidate the zero-output block (the probe family's residual branch for the
+  ResNets, the model's own decoder layer, ``family="native"``, for the Llamas) is trained,
+  the rest frozen in eval mode, with each recipe column of ``COLUMNS`` for each seed of
+  ``SEEDS`` (minibatch order) up to the column's longest length, and the held-out
+  (probe split), test (never probed) and training-probe losses are recorded at every
+  checkpoint a decision or a target needs.  The recipes have constant learning rates,
+  so the first ``S`` steps of a run are the ``S``-step recipe.
+* **Depth sweeps.**  ResNets of 1-6 blocks trained from scratch alike; the realized
+  best depth (lowest test loss) and the trials ``decide`` runs at each depth.
+
+The decisions themselves are recomputed from the recorded curves by the same core
+functions ``decide`` calls (:mod:`satcore.decision`): a decision of seed ``a`` uses
+seed ``a``'s trial prefix, its target is the other seeds' realized test change (so the
+trial never shares its minibatches with what it predicts).  Every fitted choice (the
+calibration's trend weight, error scale, residual quantiles, threshold, tolerance) is
+fitted leave one model set out (``--tables``).
+
+Run ``python bench/decision_validity.py --part SET`` (one process per part:
+``digits``, ``fashion``, ``llama-pydoc``, ``llama-linux``, ``sweeps``) to record raw
+rows to ``docs/figures/decision_validity/<part>.json`` (``--column sgd_block`` or
+``adam_terminal``: that recipe column instead, to ``<part>-<column>.json``); ``--tables``
+scores them (``bench/decision_scores.py``) and prints the docs tables; ``--fit`` writes
+``satcore/decision_calibration.py`` from all sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from exlib.data import load_images, load_text  # noqa: E402
+from exlib.models import BasicBlock, StagewiseResNet  # noqa: E402
+from exlib.training import batches, classifier_loss, lm_batches, lm_windows, per_sample_ce, train_classifier  # noqa: E402
+from satcore import Recipe  # noqa: E402
+from satcore.decision import trial_plan  # noqa: E402
+from satcore.adapters.torch import probe_splits, sequence_loss  # noqa: E402
+from satcore.adapters.torch.decide import per_sample_eval, screen, trial_losses  # noqa: E402
+
+OUT = ROOT / "docs" / "figures" / "decision_validity"
+OUT_1000 = ROOT / "docs" / "figures" / "decision_validity_1000"
+LENGTHS = (30, 300, 1000)
+SEEDS = (0, 1)
+MAX_TRIALS = 4
+# recipe columns: (optimizer, lr, trainable, longest length); the Llamas use AdamW where the ResNets use Adam
+COLUMNS = {
+    "adam_block": ("adam", 1e-3, "block", 300),
+}
+# further columns, recorded one at a time with --column where the CPU budget allowed
+EXTRA_COLUMNS = {
+    "sgd_block": ("sgd", 0.05, "block", 300),
+    "adam_terminal": ("adam", 1e-3, "terminal", 300),
+    # 1000 steps, recorded to OUT_1000 and kept out of every fit: the shipped calibration's transfer to a longer recipe
+    "adam_block_1000": ("adam", 1e-3, "block", 1000),
+}
+IMAGE_BATCH, TEXT_BATCH = 32, 8
+WIDTHS = (8, 16, 32)
+IMAGES = {
+    # (digits?, n_train, n_probe, n_test, training epochs: over-fitted first, then under-trained .. mid)
+    "digits": (True, 300, 160, 300, (150, 2, 15)),
+    "fashion": (False, 500, 160, 300, (120, 2, 12)),
+}
+LLAMA = {"hidden": 32, "intermediate": 64, "layers": 2, "heads": 2, "seq_len": 32,
+         "windows": (128, 96, 128), "steps": (1000, 40, 300), "lr": 3e-3, "longest": 300}
+TEXTS = {"llama-pydoc": "pydoc", "llama-linux": "linux"}
+LINUX_DOC = Path.home() / ".cache/satcore-text-linux/usr/share/doc/linux-doc-6.1/Documentation"
+LINUX_HINT = "apt-get download linux-doc-6.1 && dpkg-deb -x linux-doc-6.1_*.deb ~/.cache/satcore-text-linux"
+# depth sweeps: (dataset digits?, n_train, epochs, width); 1..6 blocks, SGD momentum as for the model sets
+SWEEPS = {"digits-n150": (True, 150, 80, 8), "digits-n1000": (True, 1000, 20, 8),
+          "fashion-n500": (False, 500, 30, 8)}
+SWEEP_RECIPE = Recipe("adam", 1e-3, 150, IMAGE_BATCH, "block")
+DEPTHS = range(1, 7)
+
+
+def column_recipe(column: str, text: bool, steps: int) -> Recipe:
+    optimizer, lr, trainable, _ = COLUMNS[column]
+    if text and optimizer == "adam":
+        optimizer = "adamw"
+    return Recipe(optimizer, lr, steps, TEXT_BATCH if text else IMAGE_BATCH, trainable)
+
+
+def checkpoints_for(n_candidates: int, longest: int) -> list[int]:
+    """Every step a decision (its trial plan) or a target (the recipe's length) reads, up to ``longest``."""
+    points = set()
+    for steps in LENGTHS:
+        if steps <= longest:
+            points |= set(trial_plan(n_candidates, Recipe("sgd", 1.0, steps, 1), MAX_TRIALS)[2]) | {steps}
+    return sorted(points)
+
+
+def _summary(before, after) -> dict:
+    """Mean change per checkpoint and the paired standard error of each."""
+    diff = after - before[None, :]
+    return {"change": diff.mean(1).tolist(), "se": (diff.std(1, ddof=1) / np.sqrt(diff.shape[1])).tolist()}
+
+
+def record_model(task: dict, log) -> dict:
+    """Screen and trajectories of every candidate of one trained model."""
+    t0 = time.time()
+    model, loss_fn, text = task["model"], task["loss_fn"], task["text"]
+    family = "native" if text else "auto"
+    splits = probe_splits(model, task["probe_train"], task["heldout"], loss_fn, family=family)
+    names = list(splits.train.statistics)
+    sets = {"heldout": task["heldout"], "test": task["test"], "train": task["probe_train"]}
+    base = {k: float(per_sample_eval(model, v, loss_fn).mean()) for k, v in sets.items()}
+    out = {"model": task["tag"], "set": task["set"], "source": task["source"], "candidates": names, "base": base,
+           "screen": {}, "runs": []}
+    for column, (_, _, _, longest) in COLUMNS.items():
+        longest = min(longest, LLAMA["longest"]) if text else longest
+        for steps in LENGTHS:
+            if steps <= longest:
+                out["screen"][f"{column}/{steps}"] = {
+                    name: value[0] for name, value in screen(splits, column_recipe(column, text, steps)).items()}
+    for name in names:
+        for column, (_, _, _, longest) in COLUMNS.items():
+            longest = min(longest, LLAMA["longest"]) if text else longest  # CPU budget: decoders to 300 steps
+            points = checkpoints_for(len(names), longest)
+            for seed in SEEDS:
+                measured = trial_losses(model, splits.train, name, column_recipe(column, text, longest),
+                                        task["train"], sets, points, loss_fn, seed=seed)
+                out["runs"].append({"candidate": name, "column": column, "seed": seed, "steps": points,
+                                    **{k: _summary(*measured[k]) for k in sets}})
+        log(f"  {task['tag']} {name}: {time.time() - t0:.0f}s")
+    return out
+
+
+# -- model sets ---------------------------------------------------------------------------------------------
+def image_tasks(name: str):
+    use_digits, n_train, n_probe, n_test, epochs = IMAGES[name]
+    data = load_images(n_train, n_probe, n_test, seed=0, digits=use_digits)
+    for e in epochs:
+        torch.manual_seed(1)
+        model = StagewiseResNet(0, WIDTHS)
+        train_classifier(model, *data.train, epochs=e, seed=1)
+        yield {"tag": f"{name}/e{e}", "set": name, "source": data.source, "model": model, "loss_fn": per_sample_ce,
+               "text": False, "train": batches(*data.train, 100),
+               "probe_train": batches(data.train[0][:128], data.train[1][:128], 64),
+               "heldout": batches(*data.probe, 40), "test": batches(*data.test, 150)}
+
+
+def linux_text():
+    """Byte tokens of the kernel's admin-guide, process and filesystems documentation, split like ``load_text``."""
+    if not LINUX_DOC.is_dir():
+        raise SystemExit(f"{LINUX_DOC} not found; to get it: {LINUX_HINT}")
+    files = sorted(p for sub in ("admin-guide", "process", "filesystems") for p in (LINUX_DOC / sub).rglob("*.rst.gz"))
+    data = np.frombuffer(b"\n".join(gzip.open(p).read() for p in files), dtype=np.uint8)
+    parts = {"train": [], "probe": [], "test": []}
+    for i, start in enumerate(range(0, len(data), 1 << 16)):
+        parts["probe" if i % 10 == 8 else "test" if i % 10 == 9 else "train"].append(data[start : start + (1 << 16)])
+    return (f"Linux 6.1 documentation (Debian linux-doc-6.1), {len(files)} files, {len(data)} bytes",
+            *(np.concatenate(parts[k]) for k in ("train", "probe", "test")))
+
+
+def llama(layers: int, seed: int = 1):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=LLAMA["hidden"], intermediate_size=LLAMA["intermediate"],
+                      num_hidden_layers=layers, num_attention_heads=LLAMA["heads"],
+                      num_key_value_heads=LLAMA["heads"], max_position_embeddings=LLAMA["seq_len"],
+                      tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg)
+
+
+def train_lm_windows(model, windows, steps: int, seed: int = 1) -> None:
+    """AdamW (lr ``LLAMA["lr"]``, weight decay 0.01, cosine) on a FIXED pool of windows (so long runs over-fit)."""
+    import math
+
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=LLAMA["lr"], weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
+    model.train()
+    for _ in range(steps):
+        ids = windows[torch.randint(0, len(windows), (TEXT_BATCH,), generator=gen)]
+        loss = sequence_loss(model(input_ids=ids), ids).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+    model.eval()
+
+
+def text_tasks(name: str):
+    if TEXTS[name] == "pydoc":
+        text = load_text(False)
+        source, train, probe, test = text.source, text.train, text.probe, text.test
+    else:
+        source, train, probe, test = linux_text()
+    seq, (n_train, n_probe, n_test) = LLAMA["seq_len"], LLAMA["windows"]
+    train_w, probe_w, test_w = (lm_windows(train, seq, n_train, seed=2), lm_windows(probe, seq, n_probe, seed=3),
+                                lm_windows(test, seq, n_test, seed=4))
+    for steps in LLAMA["steps"]:
+        model = llama(LLAMA["layers"])
+        train_lm_windows(model, train_w, steps)
+        yield {"tag": f"{name}/s{steps}", "set": name, "source": source, "model": model, "loss_fn": sequence_loss,
+               "text": True, "train": lm_batches(train_w, 64), "probe_train": lm_batches(train_w[:64], 32),
+               "heldout": lm_batches(probe_w, 32), "test": lm_batches(test_w, 64)}
+
+
+# -- depth sweeps -------------------------------------------------------------------------------------------
+class PlainResNet(nn.Module):
+    """A 3x3 stem, ``depth`` BasicBlocks of one width (``blocks``), global average pooling, a linear classifier."""
+
+    def __init__(self, depth: int, width: int, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        self.blocks = nn.Sequential(*[BasicBlock(width, width) for _ in range(depth)])
+        self.fc = nn.Linear(width, classes)
+
+    def forward(self, x):
+        return self.fc(self.blocks(self.stem(x)).mean(dim=(2, 3)))
+
+
+def record_sweep(name: str, log) -> dict:
+    use_digits, n_train, epochs, width = SWEEPS[name]
+    data = load_images(n_train, 160, 300, seed=0, digits=use_digits)
+    train, heldout = batches(*data.train, 100), batches(*data.probe, 40)
+    probe_train = batches(data.train[0][:128], data.train[1][:128], 64)
+    out = {"sweep": name, "source": data.source, "recipe": SWEEP_RECIPE.to_dict(), "depths": []}
+    for depth in DEPTHS:
+        t0 = time.time()
+        torch.manual_seed(1)
+        model = PlainResNet(depth, width)
+        train_classifier(model, *data.train, epochs=epochs, seed=1)
+        test_loss = classifier_loss(model, *data.test)[0]
+        splits = probe_splits(model, probe_train, heldout, per_sample_ce)
+        screened = screen(splits, SWEEP_RECIPE)
+        names = list(screened)
+        verified, T, points = trial_plan(len(names), SWEEP_RECIPE, MAX_TRIALS)
+        trials = {}
+        for name_c in names[:verified]:
+            measured = trial_losses(model, splits.train, name_c, SWEEP_RECIPE.with_steps(T), train,
+                                    {"heldout": heldout, "train": probe_train}, points, per_sample_ce, seed=0)
+            trials[name_c] = {"steps": list(points), **{k: _summary(*measured[k]) for k in ("heldout", "train")}}
+        out["depths"].append({"depth": depth, "test_loss": test_loss,
+                              "heldout_loss": float(per_sample_eval(model, heldout, per_sample_ce).mean()),
+                              "screen": {k: v[0] for k, v in screened.items()}, "trials": trials})
+        log(f"  {name} depth {depth}: test {test_loss:.3f} ({time.time() - t0:.0f}s)")
+    return out
+
+
+def record(part: str, log=print, column: str | None = None) -> None:
+    out = OUT_1000 if column == "adam_block_1000" else OUT
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / (f"{part}.json" if column is None else f"{part}-{column}.json")
+    if column is not None:
+        COLUMNS.clear()
+        COLUMNS[column] = EXTRA_COLUMNS[column]
+    start = time.time()
+    result = {"schema": "satcore-bench-decision-validity/1", "part": part, "columns": COLUMNS,
+              "lengths": list(LENGTHS), "seeds": list(SEEDS), "max_trials": MAX_TRIALS,
+              "sizes": {"images": IMAGES, "llama": LLAMA, "widths": list(WIDTHS), "sweeps": SWEEPS},
+              "models": [], "sweeps": []}
+    if part == "sweeps":
+        makers = [(lambda n=n: record_sweep(n, log)) for n in SWEEPS]
+        key = "sweeps"
+    else:
+        tasks = image_tasks(part) if part in IMAGES else text_tasks(part)
+        makers = [(lambda t=t: record_model(t, log)) for t in tasks]
+        key = "models"
+    for make in makers:
+        result[key].append(make())
+        result["seconds"] = time.time() - start
+        result["written"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        path.write_text(json.dumps(result, indent=0, default=float))  # after every model: a partial run is usable
+    log(f"{part}: {time.time() - start:.0f}s -> {path}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--part", choices=(*IMAGES, *TEXTS, "sweeps"))
+    parser.add_argument("--column", choices=tuple(EXTRA_COLUMNS),
+                        help="record this recipe column instead of the default ones (to <part>-<column>.json)")
+    parser.add_argument("--tables", action="store_true", help="score the recorded parts and print the docs tables")
+    parser.add_argument("--fit", action="store_true", help="write satcore/decision_calibration.py from every set")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if args.part:
+        record(args.part, column=args.column)
+    if args.tables or args.fit:
+        from decision_scores import fit_and_write, tables
+
+        if args.fit:
+            fit_and_write(OUT, ROOT / "satcore" / "decision_calibration.py")
+        if args.tables:
+            print(tables(OUT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

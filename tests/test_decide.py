@@ -1,0 +1,204 @@
+"""``decide`` and the decision core: the object's invariants and JSON, the trial against a hand-written one,
+the user's model untouched, cost accounting, calibration by Monte Carlo, and a stop where every insertion harms."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from models_torch import digits, digits_resnet, per_sample_ce
+from satcore import InputError, InsertionDecision, Recipe
+from satcore.decision import (Calibration, CandidateDecision, TrialCurve, choose, error_scale, extrapolate,
+                              trial_plan, verified_candidate)
+from satcore.adapters.torch import decide, grow, probe_splits
+from satcore.decision_calibration import DEFAULT_CALIBRATION
+from satcore.adapters.torch.decide import trial_losses
+
+NORMAL = Calibration(1.0, 0.0, (0.025, 0.16, 0.5, 0.84, 0.975), (-1.96, -0.994, 0.0, 0.994, 1.96), 0.5, 0.0,
+                     "normal residuals (test)")
+CANDIDATES = ["layer1.1", "layer2.1", "head"]
+
+
+def _data(start, n, batch, shuffle_labels=False):
+    X, y = digits()
+    X, y = X[start : start + n], y[start : start + n]
+    if shuffle_labels:
+        y = y[torch.randperm(n, generator=torch.Generator().manual_seed(7))]
+    return [(X[i : i + batch], y[i : i + batch]) for i in range(0, n, batch)]
+
+
+def _curve(values, se=0.01, steps=(2, 5, 10)):
+    return TrialCurve(steps, values, values, se)
+
+
+# -- core ---------------------------------------------------------------------------------------------------
+def test_extrapolation_and_scale_are_the_documented_formulas():
+    curve = _curve((-0.01, -0.03, -0.05))
+    # d(T) = -0.05; d(T/2) = d(5) = -0.03; 300 steps = log2(30) doublings past T = 10
+    k = math.log2(30)
+    assert extrapolate(curve, 300, 0.5) == pytest.approx(-0.05 + 0.5 * (-0.02) * k, rel=1e-12)
+    point = extrapolate(curve, 300, 1.0)
+    assert error_scale(curve, 300, point, 0.25) == pytest.approx(0.01 + 0.02 * (1 + k) + 0.25 * abs(point), rel=1e-12)
+    # between checkpoints the curve is linear in log(steps)
+    assert curve.at(math.sqrt(2 * 5)) == pytest.approx(-0.02, rel=1e-12)
+    with pytest.raises(InputError, match="strictly increasing"):
+        TrialCurve((5, 5), (0, 0), (0, 0), 0.1)
+
+
+def test_decision_invariants_and_json_round_trip():
+    recipe = Recipe("adam", 1e-3, 300, 64, "block")
+    cands = [verified_candidate(n, _curve(v), 300, NORMAL, -1.0)
+             for n, v in (("a", (-0.01, -0.02, -0.03)), ("b", (-0.02, -0.05, -0.09)), ("c", (0.01, 0.02, 0.04)))]
+    d = choose(cands, recipe, heldout_loss=1.0, cost_block_steps=30, calibration=NORMAL)
+    assert d.choice == "b" and d.stop_reason is None
+    assert d.cost_fraction == pytest.approx(0.1)
+    for c in d.candidates.values():
+        lo, hi = c.interval
+        assert lo <= c.predicted_heldout_change <= hi
+        assert 0 <= c.p_decrease <= 1
+    assert d.candidates["c"].p_decrease < 0.5 < d.candidates["b"].p_decrease
+    back = json.loads(json.dumps(d.to_dict()))
+    assert back["choice"] == "b" and set(back["candidates"]) == {"a", "b", "c"}
+    assert back["candidates"]["b"]["trial"]["heldout_change"] == [-0.02, -0.05, -0.09]
+    assert Calibration.from_dict(back["calibration"]) == NORMAL
+    with pytest.raises(TypeError):
+        d.candidates["d"] = d.candidates["a"]  # read-only
+    with pytest.raises(InputError, match="exactly one"):
+        InsertionDecision(None, None, {}, recipe, 1.0, 0, NORMAL)
+    # stop: every candidate harms / the best gain is below the tolerance
+    stop = choose([cands[2]], recipe, 1.0, 10, NORMAL)
+    assert stop.choice is None and stop.stop_reason == "no_credible_decrease"
+    strict = Calibration(**{**NORMAL.to_dict(), "tolerance": 1.0})
+    assert choose(cands, recipe, 1.0, 30, strict).stop_reason == "gain_below_tolerance"
+    # an unverified candidate is never chosen
+    unverified = CandidateDecision("u", -5.0, -5.0, (-6.0, -4.0), 1.0, -5.0)
+    assert choose([unverified], recipe, 1.0, 0, NORMAL).stop_reason == "no_candidates"
+
+
+def test_shipped_interval_covers_at_its_nominal_rate_monte_carlo():
+    """Residuals z ~ Student t(4): a calibration fitted on 40,000 draws, scored on 40,000 new ones."""
+    rng = np.random.default_rng(0)
+    levels = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.975, 0.99)
+    cal = Calibration(1.0, 0.0, levels, tuple(np.quantile(rng.standard_t(4, 40_000), levels)), 0.5, 0.0)
+    n = 40_000
+    scale = rng.uniform(0.01, 1.0, n)
+    point = rng.uniform(-2, 2, n) * scale
+    realized = point + scale * rng.standard_t(4, n)
+    lo, hi = point + scale * cal.quantile(0.025), point + scale * cal.quantile(0.975)
+    coverage = np.mean((lo <= realized) & (realized <= hi))
+    mc = math.sqrt(0.95 * 0.05 / n) + math.sqrt(0.95 * 0.05 / 40_000)  # new draws + fitted quantiles
+    assert abs(coverage - 0.95) < 4 * mc
+    p = np.array([cal.cdf(-a / s) for a, s in zip(point, scale)])
+    decreased = realized < 0
+    for lo_b, hi_b in ((0.0, 0.2), (0.2, 0.4), (0.4, 0.6), (0.6, 0.8), (0.8, 1.0)):
+        sel = (p >= lo_b) & (p < hi_b)
+        if sel.sum() > 500:
+            # within 4 Monte Carlo sigmas, plus the linear interpolation between stored levels (<= 0.01)
+            assert abs(p[sel].mean() - decreased[sel].mean()) < 4 * math.sqrt(0.25 / sel.sum()) + 0.01
+
+
+def test_logistic_p_decrease_is_the_documented_map():
+    cal = Calibration(**{**NORMAL.to_dict(), "logit_intercept": 0.3, "logit_slope": 1.5})
+    for t in (-4.0, -0.2, 0.0, 0.2, 4.0):
+        assert cal.p_decrease(t) == pytest.approx(1 / (1 + math.exp(0.3 + 1.5 * t)), rel=1e-12)
+    curve = _curve((0.01, 0.02, 0.04))
+    c = verified_candidate("x", curve, 300, cal, 0.0)
+    point = extrapolate(curve, 300, 1.0)
+    assert c.p_decrease == pytest.approx(cal.p_decrease(point / error_scale(curve, 300, point, 0.0, 1.0)), rel=1e-12)
+    # without a logistic fit: the conformal CDF of -point / scale
+    assert NORMAL.p_decrease(0.0) == pytest.approx(0.5) and NORMAL.p_decrease(-1.96) == pytest.approx(0.975)
+
+
+def test_trial_plan_costs_at_most_one_block_for_up_to_eight_candidates():
+    for steps in (30, 300, 1000):
+        recipe = Recipe("sgd", 0.1, steps, 32)
+        for n in range(1, 9):
+            for max_trials in (1, 4, 8):
+                verified, T, points = trial_plan(n, recipe, max_trials)
+                assert verified == min(n, max_trials) and verified * T <= steps and points[-1] == T
+
+
+# -- the adapter ------------------------------------------------------------------------------------------
+def test_trial_equals_a_hand_written_trial_and_leaves_the_model_bit_identical():
+    model = digits_resnet()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    grads = {k: p.requires_grad for k, p in model.named_parameters()}
+    train, heldout = _data(0, 128, 32), _data(1200, 96, 32)
+    splits = probe_splits(model, train, heldout, per_sample_ce, candidates=["layer2.1"], head=False)
+    recipe = Recipe("adam", 3e-3, 6, 16, "terminal")
+    measured = trial_losses(model, splits.train, "layer2.1", recipe, train, {"heldout": heldout}, (3, 6),
+                            per_sample_ce, seed=5)
+    # by hand: the same zero block, the same minibatches (one seeded permutation of the pooled samples)
+    grown = grow(model, splits.train, "layer2.1", zero=True).model.eval()
+    branch = grown.layer2[1].branch
+    for p in grown.parameters():
+        p.requires_grad_(False)
+    params = list(branch.projection.parameters())
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.Adam(params, lr=3e-3)
+    X, y = torch.cat([b[0] for b in train]), torch.cat([b[1] for b in train])
+    order = torch.randperm(128, generator=torch.Generator().manual_seed(5))
+    Xh, yh = torch.cat([b[0] for b in heldout]), torch.cat([b[1] for b in heldout])
+    with torch.no_grad():
+        base = per_sample_ce(model(Xh), yh).double()
+    changes = []
+    for step in range(6):
+        idx = order[16 * step : 16 * (step + 1)]
+        loss = per_sample_ce(grown(X[idx]), y[idx]).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step + 1 in (3, 6):
+            with torch.no_grad():
+                changes.append(float((per_sample_ce(grown(Xh), yh).double() - base).mean()))
+    hb, ha = measured["heldout"]
+    np.testing.assert_allclose(ha.mean(1) - hb.mean(), changes, rtol=0, atol=1e-6)
+    assert abs(changes[-1]) > 1e-4  # the block did move the loss: the comparison is not of zeros
+    # the user's model: parameters, buffers and requires_grad as they were
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert all(p.requires_grad == grads[k] for k, p in model.named_parameters())
+
+
+def test_decide_contract_cost_and_untouched_model():
+    model = digits_resnet()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    recipe = Recipe("adam", 1e-3, 24, 16, "block")
+    d = decide(model, _data(0, 128, 32), _data(1200, 96, 32), per_sample_ce, recipe=recipe,
+               candidates=CANDIDATES[:2], calibration=NORMAL)
+    assert list(d.candidates) and set(d.candidates) == set(CANDIDATES)
+    assert d.cost_block_steps == 3 * 8 and d.cost_fraction == pytest.approx(1.0)
+    assert all(c.verified for c in d.candidates.values())
+    assert d.choice is None or d.choice in d.candidates
+    assert json.loads(json.dumps(d.to_dict()))["recipe"] == recipe.to_dict()
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    # max_trials: the screen's first candidates are verified, the others carry the screen's numbers
+    d1 = decide(model, _data(0, 128, 32), _data(1200, 96, 32), per_sample_ce, recipe=recipe,
+                candidates=CANDIDATES[:2], max_trials=1, calibration=NORMAL)
+    verified = [n for n, c in d1.candidates.items() if c.verified]
+    assert len(verified) == 1 and d1.cost_block_steps == 24 and d1.choice in (None, verified[0])
+    first = list(d1.candidates)[0]
+    assert verified == [first]
+    for c in d1.candidates.values():
+        if not c.verified:
+            assert c.predicted_heldout_change == c.screen_heldout_change
+
+
+def test_decide_stops_when_every_insertion_harms():
+    """Over-fitting by construction: the training batches carry shuffled labels, so whatever a block learns from
+    them raises the held-out loss at every candidate."""
+    model = digits_resnet()
+    train, heldout = _data(0, 128, 32, shuffle_labels=True), _data(1200, 128, 32)
+    d = decide(model, train, heldout, per_sample_ce, recipe=Recipe("adam", 1e-2, 60, 32, "block"),
+               candidates=CANDIDATES[:2], calibration=NORMAL)
+    assert d.choice is None and d.stop_reason == "no_credible_decrease"
+    for c in d.candidates.values():
+        assert c.trial.heldout_change[-1] > 0 and c.p_decrease < 0.5
+    # the shipped calibration, on the same trials, stops too
+    shipped = [verified_candidate(n, c.trial, d.recipe.steps, DEFAULT_CALIBRATION, c.screen_heldout_change)
+               for n, c in d.candidates.items()]
+    assert choose(shipped, d.recipe, d.heldout_loss, d.cost_block_steps, DEFAULT_CALIBRATION).choice is None
