@@ -276,3 +276,26 @@ def test_a_users_own_conv_resnet_grows_with_the_conv_family():
     reference = probe(model, data, mt.per_sample_ce, family="conv", seed=r.seed, candidates=["1", "2"])
     C = reference.statistics[r.inserted_at].cross_gradient()
     assert gradient == pytest.approx(C, rel=1e-9, abs=1e-12 * abs(C).max())
+
+
+def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup):
+    """``recipe=`` makes each round's decision :func:`decide`'s: the first round logs exactly the decision
+    ``decide`` gives, called by hand on the same model, splits and seed (an independent call)."""
+    from satcore import Recipe
+    from satcore.adapters.torch import decide
+
+    model, probe_data, heldout = setup
+    train_data = mt.digits_batches(64, 8, start=0, dtype=torch.float64)
+    recipe = Recipe("adam", lr=1e-3, steps=16, batch_size=64, trainable="terminal")
+    result = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=heldout,
+                                  train_data=train_data, recipe=recipe, tolerance=0.0, max_rounds=1, family="mlp",
+                                  candidates=CANDIDATES)
+    by_hand = decide(model, train_data, probe_data, mt.per_sample_ce, recipe=recipe, family="mlp", seed=0,
+                     candidates=CANDIDATES)
+    first = result.rounds[0]
+    assert by_hand.choice in CANDIDATES and first.inserted_at == by_hand.choice
+    assert first.decision["cost_block_steps"] == by_hand.cost_block_steps <= recipe.steps
+    assert first.decision["recipe"] == recipe.to_dict()
+    with pytest.raises(ValueError, match="needs train_data"):
+        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, recipe=recipe, tolerance=0.0,
+                             family="mlp", candidates=CANDIDATES)

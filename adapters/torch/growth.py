@@ -26,6 +26,8 @@ no more than the model's own tensors need, then ``torch.load(weights_only=True)`
 
 from __future__ import annotations
 
+import functools
+
 import os
 import stat
 import sys
@@ -37,7 +39,7 @@ from torch import nn
 
 from satcore._atomic import atomic_write
 from satcore._display import display_name
-from satcore.errors import GrowthLogError
+from satcore.errors import GrowthLogError, InputError
 from satcore.growth import (
     FirstOrderDecide,
     GrowthOptions,
@@ -230,6 +232,7 @@ def grow_until_saturated(
     family="native",
     guard: HeldoutGuard | None = HeldoutGuard(),
     decide=None,
+    recipe=None,
     options: GrowthOptions | None = None,
     progress: bool = False,
     **probe_options,
@@ -272,6 +275,10 @@ def grow_until_saturated(
     decide : callable, optional
         ``decide(model, seed)`` -> a decision with ``choice``, ``stop_reason`` and ``to_dict()``
         (the first-order probe by default).
+    recipe : satcore.Recipe, optional
+        Decide each round with :func:`~.decide.decide` under this recipe instead (the first-order
+        screen verified by short trials of the recipe; needs ``train_data``, the split the trials
+        train on, and takes ``probe_data`` as its held-out split).
     options : GrowthOptions, optional
         All of ``tolerance`` ... ``first_look_batches`` and ``guard`` as one object (then leave those out).
     progress : bool
@@ -288,6 +295,12 @@ def grow_until_saturated(
             "heldout": heldout_data}
     steps = TorchGrowthSteps(train, loss_fn, data, family, zero, probe_options)
     bar = _ProgressBar() if progress else None
+    if recipe is not None:
+        if decide is not None or train_data is None:
+            raise InputError("recipe= decides each round with satcore.adapters.torch.decide: it needs train_data "
+                             "(the trials train on it) and no decide=")
+        decide = functools.partial(_recipe_decision, train=train_data, heldout=probe_data, loss_fn=loss_fn,
+                                   recipe=recipe, family=family, probe_options=probe_options)
     if decide is None:
         decide = FirstOrderDecide(steps.start_probe, probe_data, options.criteria, options.first_look_batches,
                                   None if bar is None else bar.update)
@@ -297,6 +310,13 @@ def grow_until_saturated(
     finally:
         if bar is not None:
             bar.close()
+
+
+def _recipe_decision(model, seed, *, train, heldout, loss_fn, recipe, family, probe_options):
+    """A round's decision under ``recipe`` (:func:`~.decide.decide`), for :func:`grow_until_saturated`."""
+    from .decide import decide
+
+    return decide(model, train, heldout, loss_fn, recipe=recipe, family=family, seed=seed, **probe_options)
 
 
 class _ProgressBar:
