@@ -23,6 +23,7 @@ import click
 from satcore.errors import InputError
 
 from .common import FiniteFloatRange, display_name, num, table
+from .numbers import MAX_SEED, Count
 
 COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                 "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
@@ -101,18 +102,22 @@ def _report(expansion) -> str:
               help="Optimizer of the training the decision prices.")
 @click.option("--lr", type=FiniteFloatRange(min=0, min_open=True), default=2e-4, show_default=True,
               help="Learning rate of that training.")
-@click.option("--steps", type=click.IntRange(min=1), default=1000, show_default=True, help="Its steps.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--steps", type=Count(min=1), default=1000, show_default=True, help="Its steps.")
+@click.option("--batch-size", type=Count(min=1), default=8, show_default=True,
               help="Its batch size (windows); also the unit of the decision's cost.")
-@click.option("--seq-len", type=click.IntRange(min=2), default=None,
+@click.option("--seq-len", type=Count(min=2), default=None,
               help="Tokens per window (default min(256, the model's context)).")
-@click.option("--max-windows", type=click.IntRange(min=4), default=256, show_default=True,
+@click.option("--max-windows", type=Count(min=4), default=256, show_default=True,
               help="Windows of data read at most (half train the decision, half are held out).")
-@click.option("--max-blocks", type=click.IntRange(min=1), default=None,
+@click.option("--max-blocks", type=Count(min=1), default=None,
               help="With --blocks auto: at most this many (default a quarter of the layers).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the fresh blocks' draws.")
+@click.option("--seed", type=Count(min=0, max=MAX_SEED), default=0, show_default=True,
+              help="Seed of the fresh blocks' draws and of the decision's trials.")
+@click.option("--decision", type=click.Choice(("trial", "screen")), default="trial", show_default=True,
+              help="trial: the first-order screen verified by short trials of the recipe (at most one block's "
+              "training in all); screen: the first-order screen alone (cheaper).")
 def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimizer, lr, steps, batch_size, seq_len,
-           max_windows, max_blocks, seed):
+           max_windows, max_blocks, seed, decision):
     """Grow the decoder in MODEL_DIR by identity blocks where the evidence on FILE says; write OUT_DIR."""
     if (blocks is None) == (at is None):
         raise click.UsageError("give --blocks K|auto, or --at NAME,... to force the positions (not both)")
@@ -138,7 +143,7 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
         data = read_token_windows(data_path, tokenizer_dir=model_dir, vocab_size=model.config.vocab_size,
                                   seq_len=seq_len or min(256, context), max_windows=max_windows)
     expansion = expand_model(model, data, blocks=blocks, recipe=recipe, at=forced, init=init,
-                             train_new_only=freeze_old, max_blocks=max_blocks, seed=seed)
+                             train_new_only=freeze_old, max_blocks=max_blocks, seed=seed, decision=decision)
     parent = os.path.dirname(os.path.abspath(out_dir))
     staging = tempfile.mkdtemp(prefix=".satcore-expand-", dir=parent)
     try:

@@ -173,7 +173,7 @@ def test_expand_ranks_and_freezes():
     model = build("llama")
     data = windows(32)
     recipe = Recipe("adamw", lr=1e-3, steps=10, batch_size=4)
-    expansion = expand(model, data, blocks=2, recipe=recipe, train_new_only=True)
+    expansion = expand(model, data, blocks=2, recipe=recipe, train_new_only=True, decision="screen")
     ranking = expansion.decision.ranking()
     changes = [expansion.decision.candidates[n].predicted_heldout_change for n in ranking]
     assert changes == sorted(changes)
@@ -260,9 +260,13 @@ def test_cli_writes_a_loadable_checkpoint_and_leaves_model_dir_alone(checkpoint,
     assert digest(folder) == before
     record = json.loads((out / "expansion.json").read_text())
     assert len(record["positions"]) == 2 and record["num_hidden_layers"] == {"before": 4, "after": 6}
-    assert record["cost_block_steps"] > 0 and set(record["evidence"]) == {f"model.layers.{i}" for i in range(4)} | {
-        "head"}
-    ranked = sorted(record["evidence"], key=lambda n: record["evidence"][n]["predicted_heldout_change"])
+    # the default decision: the screen verified by short trials whose steps add up to at most the recipe's 5
+    assert record["decision"]["method"].startswith("first-order screen verified by short trials")
+    assert 0 < record["cost_block_steps"] <= 5 and set(record["evidence"]) == {
+        f"model.layers.{i}" for i in range(4)} | {"head"}
+    ranked = record["decision"]["ranking"]
+    verified = [n for n in ranked if record["evidence"][n]["verified"]]
+    assert ranked[:len(verified)] == sorted(verified, key=lambda n: record["evidence"][n]["predicted_heldout_change"])
     assert sorted(record["inserted_before"], key=str) == sorted(
         [record["evidence"][n]["inserted_before"] for n in ranked[:2]], key=str)
     assert (out / "mergekit.yaml").exists() and (out / "tokenizer.json").exists()
@@ -282,7 +286,8 @@ def test_cli_token_files_give_the_text_decision(checkpoint, tmp_path):
                                                   for i in range(0, len(ids), 50)))
     evidence = []
     for name, data in (("t", text), ("n", tmp_path / "ids.npz"), ("j", tmp_path / "ids.jsonl")):
-        result = cli("expand", folder, "--data", data, "--blocks", "1", "-o", tmp_path / name, "--seq-len", "16")
+        result = cli("expand", folder, "--data", data, "--blocks", "1", "-o", tmp_path / name, "--seq-len", "16",
+                     "--decision", "screen")
         assert result.exit_code == 0, result.output
         evidence.append(json.loads((tmp_path / name / "expansion.json").read_text())["evidence"])
     assert evidence[0] == evidence[1] == evidence[2]
