@@ -109,3 +109,7 @@ main.add_command(inspect)
 main.add_command(merge)
 main.add_command(sweep)
 main.add_command(probe)
+
+
+if __name__ == "__main__":  # `python -m satcore.cli.main`: the console script without an install
+    main()
