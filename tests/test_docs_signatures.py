@@ -66,6 +66,9 @@ def calls(text: str):
                 yield ast.get_source_segment(block, node), node
     for span in re.findall(r"`([^`\n]+\))`", re.sub(r"```.*?```", "", text, flags=re.S)):
         source = re.sub(r"=\s*(?=[,)])", "=None", span)  # `f(x, rtol=)` -> rtol=None
+        # a signature written out (`f(a, *, k=1)`) and a trailing `...` after keywords (`f(a, k=, ...)`) are not
+        # calls Python parses; without them they are, and they were skipped unchecked
+        source = re.sub(r",\s*\.\.\.\s*\)$", ")", re.sub(r"\(\s*\*\s*,\s*|,\s*\*\s*(?=,)", lambda m: "(" if m.group(0).startswith("(") else "", source))
         try:
             node = ast.parse(source, mode="eval").body
         except SyntaxError:
