@@ -64,7 +64,7 @@ def calls(text: str):
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 yield ast.get_source_segment(block, node), node
-    for span in re.findall(r"`([^`\n]+\))`", re.sub(r"```.*?```", "", text, flags=re.S)):
+    for span in re.findall(r"`([^`]+\))`", re.sub(r"```.*?```", "", text, flags=re.S)):
         source = re.sub(r"=\s*(?=[,)])", "=None", span)  # `f(x, rtol=)` -> rtol=None
         # a signature written out (`f(a, *, k=1)`) and a trailing `...` after keywords (`f(a, k=, ...)`) are not
         # calls Python parses; without them they are, and they were skipped unchecked
