@@ -111,3 +111,7 @@ main.add_command(merge)
 main.add_command(sweep)
 main.add_command(probe)
 main.add_command(expand)
+
+
+if __name__ == "__main__":  # `python -m satcore.cli.main`: the console script without an install
+    main()

@@ -217,6 +217,14 @@ def test_installed_console_script(dump, tmp_path):
     assert run("--help").returncode == 0
 
 
+def test_module_entry_point_runs_the_command(dump):
+    # `python -m satcore.cli.main` is the console script without an install; it once exited 0 doing nothing
+    proc = subprocess.run([sys.executable, "-m", "satcore.cli.main", "score", str(dump), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == json.loads(invoke("score", dump, "--json").stdout)
+
+
 def test_cli_import_does_not_load_matplotlib_or_frameworks():
     code = "import sys, satcore.cli.main; print(sorted(m for m in ('matplotlib', 'torch', 'tensorflow', 'onnxruntime') if m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -1,8 +1,8 @@
 """Calls shown in the README and docs/ match the signatures they show: an argument written positionally is a
 positional parameter, and every keyword exists (a keyword-only argument shown positionally is a TypeError for
 whoever copies it).  Inline code spans ``name(...)`` and the calls inside ```python blocks are checked wherever
-``name`` is a public name of satcore or of its PyTorch / ONNX adapters (not TensorFlow's: importing it takes
-longer than the whole check)."""
+``name`` is a public name of satcore or of its PyTorch / ONNX adapters (TensorFlow's only where a doc spells out
+``satcore.adapters.tensorflow.<name>``: importing it takes longer than the rest of the check)."""
 
 import ast
 import importlib
@@ -64,8 +64,11 @@ def calls(text: str):
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 yield ast.get_source_segment(block, node), node
-    for span in re.findall(r"`([^`\n]+\))`", re.sub(r"```.*?```", "", text, flags=re.S)):
-        source = re.sub(r"=\s*(?=[,)])", "=None", span.replace("...", "None"))  # `f(x, rtol=)` -> rtol=None
+    for span in re.findall(r"`([^`]+\))`", re.sub(r"```.*?```", "", text, flags=re.S)):
+        source = re.sub(r"=\s*(?=[,)])", "=None", span)  # `f(x, rtol=)` -> rtol=None
+        # a signature written out (`f(a, *, k=1)`) and a trailing `...` after keywords (`f(a, k=, ...)`) are not
+        # calls Python parses; without them they are, and they were skipped unchecked
+        source = re.sub(r",\s*\.\.\.\s*\)$", ")", re.sub(r"\(\s*\*\s*,\s*|,\s*\*\s*(?=,)", lambda m: "(" if m.group(0).startswith("(") else "", source))
         try:
             node = ast.parse(source, mode="eval").body
         except SyntaxError:
@@ -82,13 +85,15 @@ def test_documented_calls_bind_to_the_signatures():
             target = resolve(node.func, names)
             if target is None or any(isinstance(a, ast.Starred) for a in node.args):
                 continue
+            # `f(model, data, ...)`: the `...` elides the remaining arguments; it is not one more positional
+            args = [a for a in node.args if not (isinstance(a, ast.Constant) and a.value is Ellipsis)]
             try:
                 signature = inspect.signature(target)
             except (TypeError, ValueError):
                 continue
             keywords = {k.arg: None for k in node.keywords if k.arg is not None}
             try:
-                signature.bind_partial(*[None] * len(node.args), **keywords)
+                signature.bind_partial(*[None] * len(args), **keywords)
             except TypeError as exc:
                 wrong.append(f"{doc.relative_to(ROOT)}: `{source}`: {exc}")
             checked += 1
