@@ -13,6 +13,7 @@ is measured in a fresh interpreter: its peak RSS must stay under ``MAX_REFUSAL_R
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -28,6 +29,7 @@ pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from roundoff import float32_sensitivity  # noqa: E402
 from test_onnx_gradients import EXPORT_BATCH, TokenModel, assert_close, ce_tokens, export, torch_gradients  # noqa: E402
 
 from satcore.adapters.onnx import OnnxProbeError, load_model, per_sample_gradients, residual_candidates  # noqa: E402
@@ -51,8 +53,15 @@ def token_batch(seed=3, batch=5):
 
 
 def reference(model, x, y):
-    """torch's per-sample gradients at the two blocks' inputs (embed output, block 0 output)."""
-    return torch_gradients(model, torch.tensor(x), ce_tokens(torch.tensor(y)), [model.embed, model.blocks[0]])
+    """torch's per-sample gradients at the two blocks' inputs (embed output, block 0 output), in float64, and
+    their float32 sensitivity (tests/roundoff.py: the tolerance of a float32 graph)."""
+    exact, loss64 = copy.deepcopy(model).double(), ce_tokens(torch.tensor(y))
+
+    def gradients(m, xx):
+        return torch_gradients(m, xx, loss64, [m.embed, m.blocks[0]])
+
+    x64 = torch.tensor(x, dtype=torch.float64)
+    return gradients(exact, x64), float32_sensitivity(exact, x64, gradients)
 
 
 def reordered(proto, order):
@@ -100,7 +109,7 @@ def test_any_node_order_gives_autograds_gradients(token, order, value_info):
     session = per_sample_gradients(shuffled)
     assert session.candidates == ("blocks.0", "blocks.1", "head")
     _, grads = session((x, y))
-    assert_close([grads["blocks.0"], grads["blocks.1"]], reference(model, x, y))
+    assert_close([grads["blocks.0"], grads["blocks.1"]], *reference(model, x, y))
 
 
 def with_if(proto, *, on_path: bool):
@@ -167,7 +176,7 @@ def test_if_off_the_gradient_path_is_probed(token):
     model = with_if(proto, on_path=False)
     x, y = token_batch(4)
     _, grads = per_sample_gradients(reordered(model, ORDERS["reversed"]))((x, y))
-    assert_close([grads["blocks.0"], grads["blocks.1"]], reference(torch_model, x, y))
+    assert_close([grads["blocks.0"], grads["blocks.1"]], *reference(torch_model, x, y))
 
 
 def test_candidate_names_map_back_to_tensors(token):
