@@ -40,6 +40,10 @@ def sweep(dumps, as_json, metric, rel_tol, noise_factor, plot_path, quiet, chunk
     points, first = [], None
     for path in dumps:
         source, stats = load(path, quiet=quiet, chunk_samples=chunk_samples)
+        try:  # each dump scored first: a damaged dump is named for its damage, not for differing from another
+            report = stats.report(split=source.meta.get("split"))
+        except InputError as exc:
+            raise click.ClickException(f"{path}: {exc}") from None
         identity = model_identity(source.meta, stats)
         if first is None:
             first = (path, identity)
@@ -50,10 +54,6 @@ def sweep(dumps, as_json, metric, rel_tol, noise_factor, plot_path, quiet, chunk
                                  f"compares one architecture, probed the same way, at several depths")
         # the reader checked model_depth; without it, the residual blocks (candidates but the head endpoint)
         depth = source.meta.get("model_depth") or max(1, sum(name != "head" for name in source.candidates))
-        try:
-            report = stats.report(split=source.meta.get("split"))
-        except InputError as exc:
-            raise click.ClickException(f"{path}: {exc}") from None
         points.append(sweep_point(depth, path, report))
     result = depth_sweep(points, metric=metric, rel_tol=rel_tol, noise_factor=noise_factor)
     if plot_path:
