@@ -312,6 +312,29 @@ class GrowthSteps(Protocol):
     weights_suffix: str  # the weights file's extension, ".pt" or ".npz"
 
 
+class AdapterSteps:
+    """The part of :class:`GrowthSteps` every adapter writes alike, over its own functions.
+
+    A subclass sets ``train_fn`` (the user's ``train(model, round)``), ``loss_fn``, ``data``
+    (``{"train": ..., "heldout": ...}``) and, as static methods, its framework's
+    ``per_sample_losses(model, data, loss_fn)``, ``save_weights(model, path)`` and
+    ``load_weights(model, path)``; it writes the rest (``depth``, ``insert``, ``replay``, ``settings``).
+    """
+
+    def train(self, model, round_index: int):
+        return self.train_fn(model, round_index)
+
+    def losses(self, model, split: str):
+        data = self.data.get(split)
+        return None if data is None else self.per_sample_losses(model, data, self.loss_fn)
+
+    def save(self, model, path: str) -> None:
+        self.save_weights(model, path)
+
+    def load(self, model, path: str):
+        return self.load_weights(model, path)
+
+
 @dataclass(frozen=True)
 class GrowthResult:
     """The grown model, every round, why the loop stopped, its depth and log."""

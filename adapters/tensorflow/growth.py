@@ -24,6 +24,7 @@ from satcore._display import display_name
 from satcore._zipnpy import NpzArchive, NpzError
 from satcore.errors import GrowthLogError
 from satcore.growth import (
+    AdapterSteps,
     FirstOrderDecide,
     GrowthOptions,
     GrowthResult,
@@ -101,9 +102,12 @@ class _CountingProbe:
         return self.probe.result()
 
 
-class KerasGrowthSteps:
+class KerasGrowthSteps(AdapterSteps):
     """The Keras side of a round (:class:`satcore.growth.GrowthSteps`)."""
 
+    per_sample_losses = staticmethod(per_sample_losses)
+    save_weights = staticmethod(save_weights)
+    load_weights = staticmethod(load_weights)
     weights_suffix = ".npz"
 
     def __init__(self, train, loss_fn, data: dict, family="auto", probe_options=None):
@@ -130,19 +134,6 @@ class KerasGrowthSteps:
 
     def replay(self, model, entry: GrowthRound):
         return self._zero_block(model, entry.inserted_at, entry.seed)[0]
-
-    def train(self, model, round_index: int):
-        return self.train_fn(model, round_index)
-
-    def losses(self, model, split: str):
-        data = self.data.get(split)
-        return None if data is None else per_sample_losses(model, data, self.loss_fn)
-
-    def save(self, model, path: str) -> None:
-        save_weights(model, path)
-
-    def load(self, model, path: str):
-        return load_weights(model, path)
 
     def settings(self) -> dict:
         family = self.family if isinstance(self.family, str) else type(self.family).__name__

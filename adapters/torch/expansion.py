@@ -49,7 +49,7 @@ from satcore.recipe import Recipe
 
 from .hf import sequence_loss
 from .locate import HEAD, find_blocks
-from .native import HF_TERMINALS, insert_block
+from .native import HF_TERMINALS, _has, insert_block
 from .splits import probe_splits
 
 INITS = ("copy", "fresh")
@@ -205,14 +205,6 @@ def decoder_stack(model: nn.Module) -> tuple[list[str], tuple[str, str]]:
                          "none of the output projections expand zeroes (o_proj/down_proj, c_proj, "
                          "attention.dense/dense_4h_to_h)")
     return blocks, terminals
-
-
-def _has(module: nn.Module, path: str) -> bool:
-    try:
-        module.get_submodule(path)
-        return True
-    except AttributeError:
-        return False
 
 
 def _before_index(value, n_blocks: int) -> int:

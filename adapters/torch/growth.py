@@ -41,6 +41,7 @@ from satcore._atomic import atomic_write
 from satcore._display import display_name
 from satcore.errors import GrowthLogError, InputError
 from satcore.growth import (
+    AdapterSteps,
     FirstOrderDecide,
     GrowthOptions,
     GrowthResult,
@@ -143,9 +144,12 @@ def _has_module(family) -> bool:
     return isinstance(family, nn.Module) or (isinstance(family, dict) and any(map(_has_module, family.values())))
 
 
-class TorchGrowthSteps:
+class TorchGrowthSteps(AdapterSteps):
     """The torch side of a round (:class:`satcore.growth.GrowthSteps`)."""
 
+    per_sample_losses = staticmethod(per_sample_losses)
+    save_weights = staticmethod(save_weights)
+    load_weights = staticmethod(load_weights)
     weights_suffix = ".pt"
 
     def __init__(self, train, loss_fn, data: dict, family="native", zero: str = "terminal", probe_options=None):
@@ -192,19 +196,6 @@ class TorchGrowthSteps:
                                  "this model")
         reference = next(model.parameters())
         return insert_branch(model, candidate, rebuild_feature_map(spec, reference.dtype, reference.device))
-
-    def train(self, model, round_index: int):
-        return self.train_fn(model, round_index)
-
-    def losses(self, model, split: str):
-        data = self.data.get(split)
-        return None if data is None else per_sample_losses(model, data, self.loss_fn)
-
-    def save(self, model, path: str) -> None:
-        save_weights(model, path)
-
-    def load(self, model, path: str):
-        return load_weights(model, path)
 
     def settings(self) -> dict:
         candidates = self.options.get("candidates")
