@@ -155,6 +155,7 @@ def integer_option_cases(heldout, train, tmp_path):
     data = str(tmp_path / "data.npz")
     np.savez(data, inputs=np.ones((4, 3), np.float32), targets=np.zeros(4, np.int64))
     probe = ["probe", str(tmp_path / "m.onnx"), "--data", data, "-o", str(tmp_path / "o.npz")]
+    expand = ["expand", str(tmp_path / "model"), "--data", data, "--blocks", "2", "-o", str(tmp_path / "grown")]
     return {
         ("score", "--steps"): ["score", heldout, "--train", train, "--lr", "0.1", "--steps", HUGE],
         ("score", "--chunk-samples"): ["score", heldout, "--chunk-samples", HUGE],
@@ -164,6 +165,8 @@ def integer_option_cases(heldout, train, tmp_path):
         ("probe", "--seed"): probe + ["--seed", HUGE],
         ("probe", "--n-features"): probe + ["--n-features", HUGE],
         ("probe", "--batch-size"): probe + ["--batch-size", HUGE],
+        **{("expand", option): expand + [option, HUGE] for option in
+           ("--steps", "--batch-size", "--seq-len", "--max-windows", "--max-blocks", "--seed")},
     }
 
 
