@@ -32,6 +32,11 @@ def runs_table() -> str:
     lines = ["| table | command | wall time (s) | written | data | versions |", "|---|---|---|---|---|---|"]
     for path in sorted((DOCS / "figures").glob("*.json")):
         meta = json.loads(path.read_text())["meta"]
+        parts = {name: part for name, part in meta.items() if isinstance(part, dict) and "seconds" in part}
+        if "seconds" not in meta and parts:  # a bench run in parts (bench/decision_validity.py): their sum
+            meta = {"seconds": sum(part["seconds"] for part in parts.values()),
+                    "written": max(str(part.get("written", "")) for part in parts.values()),
+                    "data": f"{len(parts)} parts, seconds summed: {', '.join(sorted(parts))}"}
         versions = ", ".join(f"{k} {v}" for k, v in meta.get("versions", {}).items())
         data = meta.get("data", meta.get("model", ""))
         lines.append(f"| {path.stem} | `{meta.get('command', '')}` | {meta.get('seconds', float('nan')):.0f} | "

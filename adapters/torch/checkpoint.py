@@ -96,7 +96,8 @@ def model_fingerprint(model) -> str:
     Hashed: for every entry of ``state_dict`` (parameters and persistent buffers) in order, its
     name, shape and dtype, and its first and last four values as float64.  Not hashed: the other
     values (reading them all would cost a pass over the weights at every resume).  A tensor
-    without data (the ``meta`` device) contributes its name, shape and dtype only.
+    without data (the ``meta`` device) or sharded across processes (a tensor subclass such as FSDP's
+    ``DTensor``) contributes its name, shape and dtype only.
     """
     import torch
 
@@ -106,9 +107,10 @@ def model_fingerprint(model) -> str:
             if not isinstance(tensor, torch.Tensor):
                 continue
             digest.update(f"{name}\0{tuple(tensor.shape)}\0{tensor.dtype}\0".encode())
-            if tensor.is_meta or tensor.numel() == 0:
-                continue
-            flat = tensor.detach().reshape(-1)
+            values = tensor.detach()
+            if values.is_meta or values.numel() == 0 or type(values) is not torch.Tensor:
+                continue  # no data here, or a sharded subclass (an FSDP DTensor) whose values this rank cannot read alone
+            flat = values.reshape(-1)
             ends = torch.cat([flat[:4], flat[-4:]]) if flat.numel() > 8 else flat
             if ends.is_complex():
                 ends = torch.view_as_real(ends)
