@@ -277,8 +277,9 @@ class Probe:
             "position_subsample": config.position_subsample,
             "variance": config.variance,
             "mask": mask_label(config.mask),
-            "model": model_fingerprint(model),  # a checkpoint resumes only on the model that wrote it
         }
+        if config.checkpoint is not None:  # a checkpoint resumes only on the model that wrote it
+            self.settings["model"] = model_fingerprint(model)  # a pass over every tensor: only when it is used
         if config.n_features is not None:  # only then: checkpoints written before the option still resume
             self.settings["n_features"] = config.n_features
         self.statistics, self.families, self.specs = DepthStatistics(), {}, {}
