@@ -48,7 +48,7 @@ def test_sigma_and_debiased_energy_are_unbiased():
     n, reps = 20, 3000
     raw, debiased, sig = [], [], []
     for _ in range(reps):
-        s = satcore.score(*draw(rng, B, n))
+        s = satcore.score(*draw(rng, B, n), n_folds=0)  # no fold test read: no fold sums kept
         raw.append(s.cross_gradient_norm**2)
         debiased.append(s.signal_energy_debiased)
         sig.append(s.sigma_sq)
@@ -73,7 +73,7 @@ def _separated_test_errors(rng, scales, n, reps, bound_target, shift):
     delta = gamma - shift(t)
     deviations, saturated = 0, 0
     for _ in range(reps):
-        scores = [satcore.score(*draw(rng, B, n)) for B in (B1, B2)]
+        scores = [satcore.score(*draw(rng, B, n), n_folds=0) for B in (B1, B2)]  # no fold test read
         norms = [c.cross_gradient_norm for c in scores]
         sig = [c.sigma_sq for c in scores]
         deviations += abs(max(norms) - gamma) >= t
@@ -111,7 +111,7 @@ def test_consistent_detector_separates_saturated_and_not():
     for B, expect in ((zero, True), (signal, False)):
         verdicts = []
         for _ in range(20):
-            s = satcore.score(*draw(rng, B, n))
+            s = satcore.score(*draw(rng, B, n), n_folds=0)
             test = satcore.saturation_test(["x"], [s.cross_gradient_norm], [s.sigma_sq], n, t=0.01,
                                            detector_scale=1.0)
             verdicts.append(test.detector_saturated)
@@ -252,7 +252,7 @@ def test_debiased_growth_value_removes_the_noise_floor():
     n, reps = 50, 1500
     raw, debiased = [], []
     for _ in range(reps):
-        s = satcore.score(*draw(rng, B, n))
+        s = satcore.score(*draw(rng, B, n), n_folds=0)  # no fold test read: no fold sums kept
         raw.append(s.growth_value**2)
         debiased.append(s.growth_value_sq_debiased)
     truth = np.sum(B * B)
