@@ -103,7 +103,7 @@ def fit(insts, source: str, trend_by: str = "error") -> Calibration:
     then the error scale (``gamma``, ``c``) by Brier score, the residual quantiles and logistic of the fitted
     pair, threshold and tolerance by the decisions' mean realized gain.
 
-    ``"error"`` ships: ``"gain"`` lifted the insertions' held-out scores a little but lost a depth sweep
+    ``"error"`` ships: ``"gain"`` lifted the insertions' held-out scores a little but lost depth sweeps
     (``variants``, docs/predictive-validity.md)."""
     if trend_by == "error":
         def abs_error(w):
