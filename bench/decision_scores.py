@@ -97,15 +97,30 @@ def _decide(inst, calibration):
     return choose(cands, recipe, inst["base_heldout"], len(cands) * inst["T"], calibration)
 
 
-def fit(insts, source: str) -> Calibration:
-    """The calibration fitted on ``insts``: trend weight by relative absolute error, error scale (``gamma``, ``c``)
-    by Brier score,
-    the residual quantiles of the fitted pair, threshold and tolerance by the decisions' mean realized gain."""
-    def abs_error(w):
-        return sum(abs(r["target"] - extrapolate(r["curve"], i["steps"], w)) / i["base_test"]
-                   for i in insts for r in i["rows"])
+def fit(insts, source: str, trend_by: str = "error") -> Calibration:
+    """The calibration fitted on ``insts``: the trend weight (``trend_by="error"``: the least relative absolute
+    error of the point prediction; ``"gain"``: the largest mean realized gain of the decisions fitted at it),
+    then the error scale (``gamma``, ``c``) by Brier score, the residual quantiles and logistic of the fitted
+    pair, threshold and tolerance by the decisions' mean realized gain.
 
-    trend_weight = min(TREND_WEIGHTS, key=abs_error)
+    ``"error"`` ships: ``"gain"`` lifted the insertions' held-out scores a little but lost depth sweeps
+    (``variants``, docs/predictive-validity.md)."""
+    if trend_by == "error":
+        def abs_error(w):
+            return sum(abs(r["target"] - extrapolate(r["curve"], i["steps"], w)) / i["base_test"]
+                       for i in insts for r in i["rows"])
+
+        return _fit_at_trend_weight(insts, source, min(TREND_WEIGHTS, key=abs_error))
+    best = None
+    for trend_weight in TREND_WEIGHTS:
+        cal = _fit_at_trend_weight(insts, source, trend_weight)
+        gain = _mean_decision_gain(insts, cal)
+        if best is None or gain > best[0]:
+            best = (gain, cal)
+    return best[1]
+
+
+def _fit_at_trend_weight(insts, source: str, trend_weight: float) -> Calibration:
     best = None
     for gamma in RELATIVE_SCALES:
         for c_trend in TREND_SCALES:
@@ -267,6 +282,11 @@ def score(insts, calibrations: dict, method: str) -> dict:
             if sel.any():
                 bins.append({"bin": [lo, hi], "n": int(sel.sum()), "mean_p": float(probs[sel].mean()),
                              "frequency": float(outcomes[sel].mean())})
+        rng = np.random.default_rng(0)
+        for b in bins:  # what a bin of n insertions resolves: a bootstrap 95% interval of its frequency
+            sel = (probs >= b["bin"][0]) & ((probs < b["bin"][1]) if b["bin"][1] < 1 else (probs <= 1))
+            boot = rng.choice(outcomes[sel], (2000, int(sel.sum()))).mean(1)
+            b["frequency_95"] = [float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))]
         big = [b for b in bins if b["n"] >= 10]
         out |= {"brier": brier, "brier_base_rate": base, "brier_skill": 1 - brier / base if base > 0 else None,
                 "reliability": bins,
@@ -299,6 +319,49 @@ def sweep_scores(sweeps, calibration) -> list[dict]:
         out.append({"sweep": sw["sweep"], "best_depth": best, "stop_depth": stop, "within_one": abs(stop - best) <= 1,
                     "best_is_shallowest": best == min(depths), "depths": per_depth})
     return out
+
+
+# -- decision rules tried ------------------------------------------------------------------------------------
+def _with(fitter, **changes):
+    return lambda insts, source: Calibration(**{**fitter(insts, source).to_dict(), **changes})
+
+
+VARIANTS = {
+    "shipped: trend weight by the point's error": fit,
+    "trend weight by the decisions' gain": lambda insts, source: fit(insts, source, "gain"),
+    "fitted on the long recipes only": lambda insts, source: fit([i for i in insts if i["steps"] in LONG], source),
+    "trend weight 0.5": lambda insts, source: _fit_at_trend_weight(insts, source, 0.5),
+    "trend weight 1.0": lambda insts, source: _fit_at_trend_weight(insts, source, 1.0),
+    "P(decrease) from the residual quantiles (no logistic)": _with(fit, logit_slope=None),
+    "P(decrease) threshold 0.7": _with(fit, p_threshold=0.7),
+    "tolerance 0.003 of the held-out loss": _with(fit, tolerance=0.003),
+}
+
+
+def variants(out: Path) -> str:
+    """Every rule of ``VARIANTS`` fitted leave one model set out and scored on the set left out (long recipes),
+    beside the same rule fitted on every set and scored in sample, and the depth sweeps under the rule fitted on
+    every insertion set."""
+    models, sweeps, _ = load(out)
+    insts = instances(models)
+    long = [i for i in insts if i["steps"] in LONG]
+    sets = sorted({i["set"] for i in insts})
+    lines = ["| rule | fitted on | best picked | pick gain / best | decision gain (% of test loss) | harms flagged | "
+             "sign right (clear) | Brier skill | max reliability gap | 95% coverage | sweeps within one block |",
+             "|---" * 11 + "|"]
+    for name, fitter in VARIANTS.items():
+        full = fitter(insts, "every bench model set")
+        held = {s: fitter([i for i in insts if i["set"] != s], f"bench sets other than {s}") for s in sets}
+        sw = sweep_scores(sweeps, full)
+        within = f"{sum(x['within_one'] for x in sw)} of {len(sw)}"
+        for label, cals in (("other sets (held out)", held), ("every set (in sample)", {s: full for s in sets})):
+            r = score(long, cals, "decide")
+            lines.append(f"| {name} | {label} | {_f(r['best_picked'], True)} | {_f(r['pick_gain_ratio'], True)} | "
+                         f"{100 * r['decision_gain']:+.2f} | {r['harms_flagged']}/{r['harms']} | "
+                         f"{_f(r['sign_right'], True)} | {_f(r['brier_skill'], True)} | "
+                         f"{_f(r['reliability_max_gap'])} | {_f(r['coverage_95'], True)} | "
+                         f"{within if label.startswith('every') else '-'} |")
+    return "\n".join(lines)
 
 
 # -- output -------------------------------------------------------------------------------------------------
@@ -364,9 +427,10 @@ def tables(out: Path) -> str:
     lines += [row(s, v) for s, v in res["long_by_set"].items()]
     rel = res["long"]["decide"].get("reliability", [])
     lines += ["\n**Reliability of P(decrease), long recipes** (bin: mean P, realized frequency, n)\n",
-              "| bin | mean P(decrease) | share that decreased | n |", "|---|---|---|---|"]
-    lines += [f"| {b['bin'][0]:.1f}-{b['bin'][1]:.1f} | {b['mean_p']:.2f} | {b['frequency']:.2f} | {b['n']} |"
-              for b in rel]
+              "| bin | mean P(decrease) | share that decreased | bootstrap 95% interval of the share | n |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {b['bin'][0]:.1f}-{b['bin'][1]:.1f} | {b['mean_p']:.2f} | {b['frequency']:.2f} | "
+              f"{b['frequency_95'][0]:.2f}-{b['frequency_95'][1]:.2f} | {b['n']} |" for b in rel]
     lines += [f"\n95% interval coverage (long recipes): {_f(res['long']['decide'].get('coverage_95'), True)}\n",
               "**Depth sweeps** (calibration fitted on every insertion set; no sweep model is in it)\n",
               "| sweep | test loss by depth | realized best depth | decide stops at | within one block |",
@@ -375,6 +439,9 @@ def tables(out: Path) -> str:
         losses = ", ".join(f"{d['test_loss']:.3f}" for d in sw["depths"])
         lines.append(f"| {sw['sweep']} | {losses} | {sw['best_depth']} | {sw['stop_depth']} | "
                      f"{'yes' if sw['within_one'] else 'no'} |")
+    shallow = [sw for sw in res["sweeps"] if sw["best_is_shallowest"]]
+    lines.append(f"\nWithin one block: {sum(sw['within_one'] for sw in res['sweeps'])} of {len(res['sweeps'])} sweeps; "
+                 f"of the {len(shallow)} whose best depth is the shallowest, {sum(sw['within_one'] for sw in shallow)}.")
     return "\n".join(lines)
 
 

@@ -15,7 +15,9 @@ Two parts, both on real data that ships offline, every model trained here from a
   checkpoint a decision or a target needs.  The recipes have constant learning rates,
   so the first ``S`` steps of a run are the ``S``-step recipe.
 * **Depth sweeps.**  ResNets of 1-6 blocks trained from scratch alike; the realized
-  best depth (lowest test loss) and the trials ``decide`` runs at each depth.
+  best depth (lowest test loss) and the trials ``decide`` runs at each depth.  The
+  over-fitting sweeps (few training images, no weight decay, long training, 2-3 model
+  seeds) make every deeper model over-fit more, so that the best depth is the shallowest.
 
 The decisions themselves are recomputed from the recorded curves by the same core
 functions ``decide`` calls (:mod:`satcore.decision`): a decision of seed ``a`` uses
@@ -25,11 +27,13 @@ calibration's trend weight, error scale, residual quantiles, threshold, toleranc
 fitted leave one model set out (``--tables``).
 
 Run ``python bench/decision_validity.py --part SET`` (one process per part:
-``digits``, ``fashion``, ``llama-pydoc``, ``llama-linux``, ``sweeps``) to record raw
+``digits``, ``fashion``, ``llama-pydoc``, ``llama-linux``, ``sweeps``,
+``sweeps-overfit-digits``, ``sweeps-overfit-fashion``) to record raw
 rows to ``docs/figures/decision_validity/<part>.json`` (``--column sgd_block`` or
-``adam_terminal``: that recipe column instead, to ``<part>-<column>.json``); ``--tables``
-scores them (``bench/decision_scores.py``) and prints the docs tables; ``--fit`` writes
-``satcore/decision_calibration.py`` from all sets.
+``adam_terminal``: that recipe column instead, to ``<part>-<column>.json``; ``--seeds 3``:
+a sweep part's model seed 3 only, to ``<part>-seeds3.json``); ``--tables``
+scores them (``bench/decision_scores.py``) and prints the docs tables; ``--variants`` the
+decision rules tried; ``--fit`` writes ``satcore/decision_calibration.py`` from all sets.
 """
 
 from __future__ import annotations
@@ -86,9 +90,14 @@ LLAMA = {"hidden": 32, "intermediate": 64, "layers": 2, "heads": 2, "seq_len": 3
 TEXTS = {"llama-pydoc": "pydoc", "llama-linux": "linux"}
 LINUX_DOC = Path.home() / ".cache/satcore-text-linux/usr/share/doc/linux-doc-6.1/Documentation"
 LINUX_HINT = "apt-get download linux-doc-6.1 && dpkg-deb -x linux-doc-6.1_*.deb ~/.cache/satcore-text-linux"
-# depth sweeps: (dataset digits?, n_train, epochs, width); 1..6 blocks, SGD momentum as for the model sets
-SWEEPS = {"digits-n150": (True, 150, 80, 8), "digits-n1000": (True, 1000, 20, 8),
-          "fashion-n500": (False, 500, 30, 8)}
+# depth sweeps: (dataset digits?, n_train, epochs, width, weight decay, model seeds); 1..6 blocks, SGD momentum
+# as for the model sets.  Part "sweeps": moderately trained; parts "sweeps-overfit-*": few training images, no weight
+# decay and long training, so that every deeper model over-fits more and the realized best depth is the shallowest
+SWEEPS = {"digits-n150": (True, 150, 80, 8, 5e-4, (1,)), "digits-n1000": (True, 1000, 20, 8, 5e-4, (1,)),
+          "fashion-n500": (False, 500, 30, 8, 5e-4, (1,))}
+SWEEP_PARTS = {"sweeps": SWEEPS,
+               "sweeps-overfit-digits": {"digits-n100-overfit": (True, 100, 300, 16, 0.0, (1, 2, 3))},
+               "sweeps-overfit-fashion": {"fashion-n200-overfit": (False, 200, 150, 16, 0.0, (1, 2))}}
 SWEEP_RECIPE = Recipe("adam", 1e-3, 150, IMAGE_BATCH, "block")
 DEPTHS = range(1, 7)
 
@@ -232,17 +241,22 @@ class PlainResNet(nn.Module):
         return self.fc(self.blocks(self.stem(x)).mean(dim=(2, 3)))
 
 
-def record_sweep(name: str, log) -> dict:
-    use_digits, n_train, epochs, width = SWEEPS[name]
+def record_sweep(name: str, spec: tuple, seed: int, log) -> dict:
+    """Test loss of scratch models of every depth (one recipe, model seed ``seed``) and the trials ``decide`` runs
+    at each depth (trial minibatch seed ``seed``), with the trials' test change recorded beside the held-out one."""
+    use_digits, n_train, epochs, width, weight_decay, seeds = spec
     data = load_images(n_train, 160, 300, seed=0, digits=use_digits)
     train, heldout = batches(*data.train, 100), batches(*data.probe, 40)
+    test = batches(*data.test, 150)
     probe_train = batches(data.train[0][:128], data.train[1][:128], 64)
-    out = {"sweep": name, "source": data.source, "recipe": SWEEP_RECIPE.to_dict(), "depths": []}
+    tag = f"{name}/seed{seed}" if len(seeds) > 1 else name
+    out = {"sweep": tag, "source": data.source, "recipe": SWEEP_RECIPE.to_dict(), "model_seed": seed,
+           "n_train": n_train, "epochs": epochs, "width": width, "weight_decay": weight_decay, "depths": []}
     for depth in DEPTHS:
         t0 = time.time()
-        torch.manual_seed(1)
+        torch.manual_seed(seed)
         model = PlainResNet(depth, width)
-        train_classifier(model, *data.train, epochs=epochs, seed=1)
+        train_classifier(model, *data.train, epochs=epochs, seed=seed, weight_decay=weight_decay)
         test_loss = classifier_loss(model, *data.test)[0]
         splits = probe_splits(model, probe_train, heldout, per_sample_ce)
         screened = screen(splits, SWEEP_RECIPE)
@@ -251,29 +265,34 @@ def record_sweep(name: str, log) -> dict:
         trials = {}
         for name_c in names[:verified]:
             measured = trial_losses(model, splits.train, name_c, SWEEP_RECIPE.with_steps(T), train,
-                                    {"heldout": heldout, "train": probe_train}, points, per_sample_ce, seed=0)
-            trials[name_c] = {"steps": list(points), **{k: _summary(*measured[k]) for k in ("heldout", "train")}}
+                                    {"heldout": heldout, "train": probe_train, "test": test}, points, per_sample_ce,
+                                    seed=seed - 1)  # minibatch order: seed 0 with model seed 1, as first recorded
+            trials[name_c] = {"steps": list(points), **{k: _summary(*measured[k]) for k in ("heldout", "train", "test")}}
         out["depths"].append({"depth": depth, "test_loss": test_loss,
+                              "train_loss": classifier_loss(model, *data.train)[0],
                               "heldout_loss": float(per_sample_eval(model, heldout, per_sample_ce).mean()),
                               "screen": {k: v[0] for k, v in screened.items()}, "trials": trials})
-        log(f"  {name} depth {depth}: test {test_loss:.3f} ({time.time() - t0:.0f}s)")
+        log(f"  {tag} depth {depth}: test {test_loss:.3f} ({time.time() - t0:.0f}s)")
     return out
 
 
-def record(part: str, log=print, column: str | None = None) -> None:
+def record(part: str, log=print, column: str | None = None, seeds: tuple | None = None) -> None:
     out = OUT_1000 if column == "adam_block_1000" else OUT
     out.mkdir(parents=True, exist_ok=True)
     path = out / (f"{part}.json" if column is None else f"{part}-{column}.json")
+    if seeds is not None:  # a sweep part's model seeds recorded one process at a time
+        path = path.with_name(f"{part}-seeds{'-'.join(map(str, seeds))}.json")
     if column is not None:
         COLUMNS.clear()
         COLUMNS[column] = EXTRA_COLUMNS[column]
     start = time.time()
     result = {"schema": "satcore-bench-decision-validity/1", "part": part, "columns": COLUMNS,
               "lengths": list(LENGTHS), "seeds": list(SEEDS), "max_trials": MAX_TRIALS,
-              "sizes": {"images": IMAGES, "llama": LLAMA, "widths": list(WIDTHS), "sweeps": SWEEPS},
+              "sizes": {"images": IMAGES, "llama": LLAMA, "widths": list(WIDTHS), "sweeps": SWEEP_PARTS.get(part)},
               "models": [], "sweeps": []}
-    if part == "sweeps":
-        makers = [(lambda n=n: record_sweep(n, log)) for n in SWEEPS]
+    if part in SWEEP_PARTS:
+        makers = [(lambda n=n, spec=spec, seed=seed: record_sweep(n, spec, seed, log))
+                  for n, spec in SWEEP_PARTS[part].items() for seed in spec[-1] if seeds is None or seed in seeds]
         key = "sweeps"
     else:
         tasks = image_tasks(part) if part in IMAGES else text_tasks(part)
@@ -289,22 +308,28 @@ def record(part: str, log=print, column: str | None = None) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", choices=(*IMAGES, *TEXTS, "sweeps"))
+    parser.add_argument("--part", choices=(*IMAGES, *TEXTS, *SWEEP_PARTS))
     parser.add_argument("--column", choices=tuple(EXTRA_COLUMNS),
                         help="record this recipe column instead of the default ones (to <part>-<column>.json)")
+    parser.add_argument("--seeds", type=int, nargs="+",
+                        help="sweep parts: only these model seeds (to <part>-seeds<seeds>.json)")
     parser.add_argument("--tables", action="store_true", help="score the recorded parts and print the docs tables")
+    parser.add_argument("--variants", action="store_true",
+                        help="score the decision rules tried (bench/decision_scores.py VARIANTS) and print their table")
     parser.add_argument("--fit", action="store_true", help="write satcore/decision_calibration.py from every set")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if args.part:
-        record(args.part, column=args.column)
-    if args.tables or args.fit:
-        from decision_scores import fit_and_write, tables
+        record(args.part, column=args.column, seeds=None if args.seeds is None else tuple(args.seeds))
+    if args.tables or args.fit or args.variants:
+        from decision_scores import fit_and_write, tables, variants
 
         if args.fit:
             fit_and_write(OUT, ROOT / "satcore" / "decision_calibration.py")
         if args.tables:
             print(tables(OUT))
+        if args.variants:
+            print(variants(OUT))
     return 0
 
 
