@@ -131,8 +131,11 @@ def decide_section() -> str:
         f"trials ran `cost_block_steps` = **{row['cost_block_steps']}** optimizer steps of one block "
         f"(`decide_cost_block_steps`; at most the recipe's {rec['steps']}), the rest is the probe of both splits "
         f"and the trials' evaluations at their checkpoints. Its answer here: "
-        f"{row['choice'] or 'stop'} ({row['stop_reason'] or 'a candidate chosen'}). One repeat on a loaded "
-        "machine: read the ratios to +-20%.\n"
+        f"{row['choice'] or 'stop'} ({row['stop_reason'] or 'a candidate chosen'}). One repeat at a load "
+        f"average of {ver['load_average_1min']:.0f} on 2 cores: single timings moved a lot (the probe here at "
+        f"{x(ratio['probe_vs_floor'])} of the floor against {x(rn['ratio']['default'])} in section 1), so read "
+        "these ratios to within a factor of 1.5-2; `decide / train_block` compares two runs of the same kind "
+        "(optimizer steps of one block) and is the steadiest.\n"
     )
 
 
