@@ -19,6 +19,9 @@ paper's stagewise ResNet-8 at 32x32) the same list of batches is run through
 * ``shifted_gram`` (workloads with ``conv`` candidates): the default probe with
   the ``conv`` Gram's channel correlations from 13 shifted products instead
   of the FFT (``moments.CONV_FFT_BYTES = 0``: the route large maps take);
+* ``shifted_sample_gradients`` (workloads with ``conv`` candidates): the default
+  probe with the per-image gradients ``X_i`` from nine shifted batched products
+  (the GPUs' route) instead of the CPU's one grouped weight gradient;
 
 interleaved in rotating order, ``repeats`` times; ratios are medians over the
 floor's median from the same run.  The floor and the default probe also run
@@ -114,6 +117,18 @@ def with_shifted_gram(run):
         moments.CONV_FFT_BYTES = budget
 
 
+def with_shifted_sample_gradients(run):
+    """``run()`` with the conv route's per-image gradients forced onto the nine shifted products."""
+    from satcore.adapters.torch import moments
+
+    grouped = moments.conv_sample_gradients
+    moments.conv_sample_gradients = lambda grad, hidden: grouped(grad, hidden, grouped=False)
+    try:
+        return run()
+    finally:
+        moments.conv_sample_gradients = grouped
+
+
 def measure(workload: str, size: str, repeats: int) -> dict:
     build, make_batches, loss_fn = WORKLOADS[workload]
     model = build()
@@ -128,7 +143,9 @@ def measure(workload: str, size: str, repeats: int) -> dict:
     options = list(OPTIONS)
     if workload in CONV_WORKLOADS:
         runs["shifted_gram"] = lambda: with_shifted_gram(lambda: probe_pass(model, batches, loss_fn))
-        options.append("shifted_gram")
+        runs["shifted_sample_gradients"] = lambda: with_shifted_sample_gradients(
+            lambda: probe_pass(model, batches, loss_fn))
+        options += ["shifted_gram", "shifted_sample_gradients"]
     runs["floor_4x"] = lambda: floor_pass(model, more, loss_fn)
     runs["default_4x"] = lambda: probe_pass(model, more, loss_fn)
     seconds = interleaved(runs, repeats)

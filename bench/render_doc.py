@@ -104,6 +104,41 @@ def gpu_section() -> str:
     ]
     return "\n".join(lines) + "\n"
 
+def decide_section() -> str:
+    """Section 1c from ``sections.decide_cost`` (``bench_decide_cost.py``)."""
+    dc = S.get("decide_cost")
+    if dc is None:
+        return "`sections.decide_cost` is absent: `bench_decide_cost.py` has not run.\n"
+    row, ver = dc["resnet8"], dc["versions"]
+    sec, ratio, rec = row["seconds"], row["ratio"], row["recipe"]
+    return (
+        f"`decide(model, train, heldout, recipe=Recipe(\"{rec['optimizer']}\", lr={rec['lr']}, steps={rec['steps']}, "
+        f"batch_size={rec['batch_size']}))` on the ResNet-8 of section 1 ({row['candidates']} candidates; "
+        f"{row['train_batches']} training and {row['heldout_batches']} held-out batches of {row['batch_size']} "
+        f"images) beside, in the same process and rotating order ({dc['repeats']} repeat(s); code {ver['commit']}, "
+        f"load average {ver['load_average_1min']:.1f} on the 2 cores): the floor (forward + backward over both "
+        f"splits), `probe` over both splits, and training one zero-output block by hand with the same recipe for "
+        f"its {rec['steps']} steps (no evaluation):\n\n"
+        "| run | seconds | / floor | key |\n|---|---|---|---|\n"
+        f"| floor | {sec['floor']:.1f} | 1 | `sections.decide_cost.resnet8.seconds` |\n"
+        f"| `probe` | {sec['probe']:.1f} | {x(ratio['probe_vs_floor'])} | |\n"
+        f"| one block trained by hand, {rec['steps']} steps | {sec['train_block']:.1f} | "
+        f"{x(ratio['train_block_vs_floor'])} | |\n"
+        f"| `decide` (probe of both splits, screen, trials) | {sec['decide']:.1f} | **{x(ratio['decide_vs_floor'])}** "
+        f"| `decide_cost_vs_floor` |\n\n"
+        f"`decide` costs **{x(ratio['decide_vs_train_block'])} the time of training one block by hand** "
+        f"(`decide_cost_vs_train_block`) and {x(ratio['decide_vs_probe'])} a probe (`decide_cost_vs_probe`); its "
+        f"trials ran `cost_block_steps` = **{row['cost_block_steps']}** optimizer steps of one block "
+        f"(`decide_cost_block_steps`; at most the recipe's {rec['steps']}), the rest is the probe of both splits "
+        f"and the trials' evaluations at their checkpoints. Its answer here: "
+        f"{row['choice'] or 'stop'} ({row['stop_reason'] or 'a candidate chosen'}). One repeat at a load "
+        f"average of {ver['load_average_1min']:.0f} on 2 cores: single timings moved a lot (the probe here at "
+        f"{x(ratio['probe_vs_floor'])} of the floor against {x(rn['ratio']['default'])} in section 1), so read "
+        "these ratios to within a factor of 1.5-2; `decide / train_block` compares two runs of the same kind "
+        "(optimizer steps of one block) and is the steadiest.\n"
+    )
+
+
 if __name__ == "__main__":
     template = (HERE / "benchmarks_template.md").read_text()
     namespace = dict(globals())

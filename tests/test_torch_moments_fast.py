@@ -1,6 +1,6 @@
 """The fast per-batch sums equal the direct ones: the ``conv`` family's sums from the
 hidden map (channel correlations by FFT or by 13 shifted products, exact border
-corrections, nine shifted products) against the core's NumPy sums on explicit ``unfold3x3`` patches, the
+corrections, per-image gradients by a grouped weight gradient or nine shifted products) against the core's NumPy sums on explicit ``unfold3x3`` patches, the
 symmetric ``dsyrk`` Gram against a plain product, and the probe's conv route
 against the generic patch route on a real ResNet."""
 
@@ -15,6 +15,7 @@ from satcore.adapters.torch.moments import (
     batch_moments,
     complete_lower,
     conv_batch_moments,
+    conv_sample_gradients,
     float64_device,
     gram,
     kernel_inner_products,
@@ -54,6 +55,22 @@ def test_conv_moments_equal_explicit_patches(shape, variance, heavy_border, gram
     assert got["sum_gram"].shape == (9 * C, 9 * C) and torch.equal(got["sum_gram"], got["sum_gram"].T)
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("grouped", [True, False])
+def test_conv_sample_gradients_equal_explicit_patch_products(shape, grouped):
+    """Both routes of the per-image gradients (one grouped weight gradient; nine shifted products, the
+    GPUs' route) == ``G_m U_m^T`` with ``U_m`` the explicit ``unfold3x3`` patches, image by image."""
+    M, N, C, H, W = shape
+    g = torch.Generator().manual_seed(sum(shape) + 1)
+    grad = torch.randn(M, N, H, W, generator=g, dtype=torch.float64)
+    hidden = torch.randn(M, C, H, W, generator=g, dtype=torch.float64)
+    got = conv_sample_gradients(grad, hidden, grouped=grouped)
+    patches = unfold3x3(hidden.numpy())  # (M, H W, 9 C)
+    positions = grad.numpy().reshape(M, N, H * W)
+    for m in range(M):
+        assert rel(got[m].reshape(N, 9 * C), positions[m] @ patches[m]) < 1e-13
+
+
 def test_conv_moments_float32_sums(gram_route):
     g = torch.Generator().manual_seed(0)
     grad = torch.randn(4, 3, 6, 5, generator=g)
@@ -63,6 +80,19 @@ def test_conv_moments_float32_sums(gram_route):
     for field in ("sum_q_sq", "sum_cross", "sum_gram", "sum_xi_sq", "sum_xtx"):
         assert rel(got[field], ref[field]) < 1e-5, field
         assert got[field].dtype == torch.float64
+
+
+def test_conv_float32_sum_of_squares_accumulates_in_float64():
+    """``sum ||X_m||^2`` of float32 per-image gradients is summed in float64.  The entries' own float32
+    errors are independent and average out over the 590 k squares (measured ~1e-9 relative); a float32
+    sum of the squares drifts with their count (1.5e-6 here, 9e-5 on the probe bench's ResNet-8)."""
+    g = torch.Generator().manual_seed(1)
+    grad = torch.randn(64, 32, 16, 16, generator=g, dtype=torch.float64) + 1.0  # all-positive mean: a drifting sum
+    hidden = torch.randn(64, 32, 16, 16, generator=g, dtype=torch.float64).relu()
+    exact = conv_batch_moments(grad, hidden)["sum_xi_sq"]
+    fast = conv_batch_moments(grad.float(), hidden.float(), dtype=torch.float32)["sum_xi_sq"]
+    assert fast.dtype == torch.float64
+    assert rel(fast, exact) < torch.finfo(torch.float32).eps
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-13), (torch.float32, 1e-5)])
@@ -165,8 +195,8 @@ def test_kernel_inner_products_equal_per_sample_gradient_norms(dtype):
 
 @pytest.mark.parametrize("chunk_bytes", [1, 3000])
 @pytest.mark.parametrize("variance", [False, True])
-def test_conv_moments_in_image_groups_equal_explicit_patches(monkeypatch, chunk_bytes, variance, gram_route):
-    """The CPU's cache-sized image groups (here one image, or a few, per group) add up to the
+def test_conv_moments_with_the_gram_in_image_groups_equal_explicit_patches(monkeypatch, chunk_bytes, variance, gram_route):
+    """The CPU's cache-sized image groups of the Gram's FFTs (here one image, or a few, per group) add up to the
     explicit-patch sums, batch norm of eq. (2) included (it is of the whole batch, not a sum of groups)."""
     from satcore.adapters.torch import moments
 
