@@ -372,6 +372,7 @@ def main(argv=None):
                    help="smollm2: SmolLM2-135M-Instruct instead of the decoder pretrained here (module docstring)")
     p.add_argument("--costs", action="store_true",
                    help="print the measured cost of a forward and of a step per layout and mode (JSON) and exit")
+    p.add_argument("--cost-repeats", type=int, default=30, help="timed repeats per layout of --costs")
     p.add_argument("--device", default="cpu", help="torch device of the models and windows (e.g. cuda)")
     p.add_argument("--modes", choices=MODES, nargs="+", default=list(MODES))
     p.add_argument("--placements", choices=PLACEMENTS, nargs="+", default=list(PLACEMENTS),
@@ -396,7 +397,7 @@ def main(argv=None):
                                                 "batch_size", "lr", "decision_batches", "heldout_windows")}
     base = base.to(args.device)
     if args.costs:
-        print(json.dumps(step_costs(base, args), indent=1))
+        print(json.dumps(step_costs(base, args, args.cost_repeats), indent=1))
         return
     held = sample_windows(python_held, args.heldout_windows, args.seq_len, np.random.default_rng(1), args.device)
     args.out.parent.mkdir(parents=True, exist_ok=True)
