@@ -514,8 +514,9 @@ def render(paths) -> str:
         steps.setdefault((k["phase"], k["mode"], k["K"], placement), []).append(r["steps_trained"])
     mean_loss = {k: float(np.mean(v)) for k, v in loss.items()}  # random: the mean over draws
     setup = rows[0]["setup"]
+    unit = "nats/token" if setup.get("protocol") == "smollm2" else "nats/byte"
     out = [f"Setup: {json.dumps(setup)}; pretrained: {json.dumps(rows[0]['pretrain'])}; held-out loss of the "
-           f"unexpanded model on the new corpus: {rows[0]['heldout_before']:.4f} nats/byte.", ""]
+           f"unexpanded model on the new corpus: {rows[0]['heldout_before']:.4f} {unit}.", ""]
     out += ["| mode | K | placement | decision | seeds | steps trained | mean held-out loss "
             "| satcore (trial) minus it (95% interval) | satcore-screen minus it | satcore-uncharged minus it |",
             "|---|---|---|---|---|---|---|---|---|---|"]
