@@ -469,8 +469,8 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
     train_new_only : leave only the new blocks' parameters trainable.
     decision : ``"trial"`` (default): :func:`~.decide.decide`, the first-order screen verified by
         short trials of ``recipe`` (at most one block's training in all); ``"screen"``: the
-        first-order screen alone (:func:`first_order_decision`, cheaper; measured to lose to
-        uniform interleave on the bench of docs/expansion.md).
+        first-order screen alone (:func:`first_order_decision`, cheaper).  Both placements were
+        measured to lose to LLaMA-Pro's uniform interleave on the bench of docs/expansion.md.
     probe_options : passed to the probe (``position_subsample``, ``batch_dtype``, ...).
 
     Returns
