@@ -333,10 +333,10 @@ class Probe:
                     self.running[name] = _running_sums(name, z, self.families[name], self.statistics, config,
                                                        has_update=taps.updates.get(name) is not None)
                 present = keep if applies(keep, z) else None
-                moments, sum_z_sq, n_vectors = _batch_sums(
+                moments = _batch_sums(
                     z, grad, self.families[name], generator, config.position_subsample, config.variance,
                     config.batch_dtype, self.running[name].matrices, present, config.curvature)
-                self.running[name].add(moments, sum_z_sq, n_vectors, taps.updates.get(name))
+                self.running[name].add(replace(moments, sum_update_sq=taps.updates.get(name)))
         self.batches_done += 1
         self.samples_done += samples
         if config.checkpoint is not None and self.batches_done % config.checkpoint_every == 0:
@@ -530,7 +530,7 @@ def _running_sums(name, z, feature_map, statistics, config, *, has_update: bool)
 
 
 def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals, present, curvature=False):
-    """``(moments, sum ||z_i||^2, stream vectors counted)`` of one batch of one candidate, on its
+    """The :class:`satcore.BatchMoments` of one batch of one candidate, its stream sums included, on its
     device, over the positions ``present`` (``(B, T)`` bool, or ``None``: all) marks as data; its
     Grams may go straight into ``totals`` (``batch_moments(grams_into=...)``); with ``curvature``
     also ``sum_qq = sum_i Q_i^T Q_i`` of the same positions."""
@@ -559,13 +559,13 @@ def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals, 
                 q, psi = drop_absent(q, kept), drop_absent(psi, kept)
             moments = batch_moments(q, psi, variance=variance, dtype=dtype, grams_into=totals)
             if present is not None:
-                moments["n_vectors"] = kept.sum()  # the zeroed rows are no position vectors
+                moments = replace(moments, n_vectors=kept.sum())  # the zeroed rows are no position vectors
         if curvature:
-            moments["sum_qq"] = sum_qq
+            moments = replace(moments, sum_qq=sum_qq)
         if present is not None:
-            return moments, squared_norm(drop_absent(z, present)), present.sum()
+            return replace(moments, sum_z_sq=squared_norm(drop_absent(z, present)), n_stream_vectors=present.sum())
         # of z, not positions(z): that is a transposed view of a channels-first map, 10x slower to square
-        return moments, squared_norm(z), z.shape[0] * T
+        return replace(moments, sum_z_sq=squared_norm(z), n_stream_vectors=z.shape[0] * T)
 
 
 def probe_in_groups(model: nn.Module, data, loss_fn=None, *, group_size: int, config: ProbeConfig | None = None,
