@@ -96,6 +96,7 @@ class BatchMoments:
     sum_update_sq: Any = None
 
     def __add__(self, other: BatchMoments) -> BatchMoments:
+        """The moments of both batches as one batch (see the class docstring)."""
         if not isinstance(other, BatchMoments):
             return NotImplemented
         summed = {}
@@ -123,7 +124,7 @@ class BatchMoments:
         """
         out = {}
         for f in fields(self):
-            value = getattr(self, f.name)
+            value = out[f.name] = getattr(self, f.name)
             if value is None:
                 continue
             array = np.asarray(convert(value), dtype=np.float64)
@@ -135,7 +136,8 @@ class BatchMoments:
 
     def as_dict(self) -> dict[str, Any]:
         """``{field: value}`` of the fields held (not ``None``), e.g. to hand across a framework's
-        all-reduce or to write out; ``BatchMoments(**d)`` is the inverse."""
+        all-reduce or to write out; ``BatchMoments(**d)`` is the inverse (when ``n_vectors`` and
+        ``sum_gram``, which have no default, are held)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
