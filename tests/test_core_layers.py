@@ -59,7 +59,7 @@ def _module_imports(path: pathlib.Path) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("module", ["statistics.py", "depth.py", "results.py"])
+@pytest.mark.parametrize("module", ["moments.py", "statistics.py", "depth.py", "results.py"])
 def test_sums_and_scores_import_no_decision(module):
     imports = _module_imports(CORE / module)
     assert not imports & {"verdicts", "predictors", "reporting", "certification"} - (
