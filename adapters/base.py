@@ -16,9 +16,10 @@ An adapter turns a model of its framework into the core's statistics
 Per batch the adapter computes, on its device, per candidate: the per-sample gradients
 ``q_i = d loss_i / d z_i`` (of a per-sample loss; a batch mean is multiplied back),
 the features ``psi(z_i)`` of the registered family (:mod:`satcore.families`), and hands
-the batch sums of :mod:`satcore.statistics` (``batch_moments``' fields and the stream
-sums ``sum_z_sq``, ``n_stream_vectors``) to :meth:`satcore.CandidateStatistics.add_moments`
-of statistics made with ``stream=True``.  ``tests/test_conformance.py`` holds every
+the batch's sums as a :class:`satcore.BatchMoments` (``batch_moments``' fields and the
+stream sums ``sum_z_sq``, ``n_stream_vectors``, in the framework's own arrays until
+converted) to :meth:`satcore.CandidateStatistics.add_moments` of statistics made with
+``stream=True``.  ``tests/test_conformance.py`` holds every
 adapter to one independent reference.
 """
 

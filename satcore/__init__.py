@@ -39,7 +39,7 @@ from .certification import (
 from .criteria import Criteria, Prop1Options, Verdict
 from .depth import DepthStatistics, score
 from .dump import DumpError, read_dump, write_dump
-from .families import FAMILIES, Family, make_family
+from .families import FAMILIES, Family, FamilySettings, make_family
 from .insertion import (
     InsertionPlan,
     alpha_for_relative_update,
@@ -102,7 +102,8 @@ from .recipe import Recipe
 from .decision import CandidateDecision, InsertionDecision, TrialCurve
 from .reporting import depth_report
 from .results import REPORT_SCHEMA, CandidateScore, DepthReport, DepthScores, growth_noise_floor
-from .statistics import CandidateStatistics, batch_moments
+from .moments import BatchMoments, batch_moments
+from .statistics import CandidateStatistics
 from .sweep import (
     SWEEP_SCHEMA,
     Plateau,
@@ -137,6 +138,7 @@ __all__ = [
     "psd_spectrum",
     # streaming statistics and reports (docs/core.md, Streaming statistics)
     "CandidateStatistics",
+    "BatchMoments",
     "batch_moments",
     "DepthStatistics",
     "depth_report",
@@ -203,6 +205,7 @@ __all__ = [
     # feature families (docs/core.md, Feature families)
     "FAMILIES",
     "Family",
+    "FamilySettings",
     "make_family",
     # errors: one root (satcore.errors)
     "SatcoreError",

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -32,7 +32,8 @@ from .errors import InputError
 from .folds import DEFAULT_FOLDS
 from ._zipnpy import NpyHeader, NpzArchive, NpzError
 from .depth import DepthStatistics
-from .statistics import FIELDS, MATRIX_FIELDS, CandidateStatistics, batch_moments
+from .moments import BatchMoments, batch_moments
+from .statistics import FIELDS, MATRIX_FIELDS, CandidateStatistics
 
 SCHEMA = "satcore-dump/1"
 RAW_PREFIXES = ("q", "psi", "jac")
@@ -382,17 +383,17 @@ class Dump:
                 while start < q.shape[0]:
                     stop = min(q.shape[0], start + block - read % block)
                     part = batch_moments(q[start:stop], features[start:stop], variance=variance)
-                    pending = part if pending is None else _add_sums(pending, part)
+                    pending = part if pending is None else pending + part
                     read += stop - start
                     start = stop
                     if read % block == 0:
-                        stats.add_moments(**_as_batch(pending, batch), fold=units % max(stats.n_folds, 1))
+                        stats.add_moments(_as_batch(pending, batch), fold=units % max(stats.n_folds, 1))
                         pending, units = None, units + 1
                 done += q.shape[0] * members.row_bytes
                 if progress is not None:
                     progress(done, total)
             if pending is not None:  # a last, shorter batch
-                stats.add_moments(**_as_batch(pending, batch), fold=units % max(stats.n_folds, 1))
+                stats.add_moments(_as_batch(pending, batch), fold=units % max(stats.n_folds, 1))
             out[name] = stats
         return out
 
@@ -439,21 +440,11 @@ class Dump:
                 raise DumpError(f"{display_name(key)}: candidate {name!r} has {count} non-finite value(s) (NaN/Inf)")
 
 
-ADDITIVE = ("n_samples", "n_vectors", "sum_q_sq", "sum_cross", "sum_gram", "sum_xi_sq", "sum_xtx")
-
-
-def _add_sums(a: dict, b: dict) -> dict:
-    """The sums of two parts of one batch (``batch_moments`` outputs)."""
-    return {k: a[k] + b[k] for k in ADDITIVE if k in a}
-
-
-def _as_batch(sums: dict, batch: int | None) -> dict:
-    """``add_moments`` arguments of one batch: with training batches, eq. (2)'s ``||Q_b||_F / |b|`` of the whole
-    batch (what ``batch_moments`` gives a batch read in one piece); without, none (a chunk is not a batch)."""
-    out = {k: sums[k] for k in ADDITIVE if k in sums}
-    if batch:
-        out["batch_grad_norm"] = float(np.sqrt(out["sum_q_sq"])) / out["n_samples"]
-    return out
+def _as_batch(sums: BatchMoments, batch: int | None) -> BatchMoments:
+    """The sums of one batch's parts (added up: eq. (2)'s ``||Q_b||_F / |b|`` of the whole batch, what
+    ``batch_moments`` gives a batch read in one piece), counted as a training batch only with training
+    batches (without, a block of samples is no batch of eq. (2))."""
+    return sums if batch else replace(sums, batch_grad_norm=None)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ builder per framework, and no adapter's source changes (docs/adapters.md).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.special import erf
@@ -267,17 +267,37 @@ def family_builder(framework: str, kind: str) -> Callable:
     return builder
 
 
+@dataclass(frozen=True)
+class FamilySettings:
+    """The settings of a drawn family besides its kind, width, seed and size (``make_family``'s).
+
+    Attributes
+    ----------
+    expansion : int
+        ``r / width`` of ``mlp``.
+    mid_channels : int or None
+        Channels of ``conv``'s first convolution (``None``: ``width``).
+    activation : {"gelu", "relu"}
+        ``mlp``'s activation.
+    eps : float
+        LayerNorm/BatchNorm epsilon.
+    """
+
+    expansion: int = 4
+    mid_channels: int | None = None
+    activation: str = "gelu"
+    eps: float = 1e-5
+
+
 def make_family(
     kind: str,
     width: int,
     *,
     seed: int = 0,
-    expansion: int = 4,
-    mid_channels: int | None = None,
-    init_std: float | None = None,
-    activation: str = "gelu",
-    eps: float = 1e-5,
     n_features: int | None = None,
+    init_std: float | None = None,
+    settings: FamilySettings | None = None,
+    **overrides,
 ) -> Family:
     """Build a family for a candidate of hidden width ``width`` (channels for ``conv``).
 
@@ -298,21 +318,19 @@ def make_family(
     seed : int, optional
         Seed of ``numpy.random.default_rng`` for the fixed weights; the same
         seed gives the same weights in every adapter.
-    expansion : int, optional
-        ``r / width`` of ``mlp``.
-    mid_channels : int, optional
-        Channels of ``conv``'s first convolution (default ``width``).
-    init_std : float, optional
-        Standard deviation of the weights (defaults above).
-    activation : {"gelu", "relu"}, optional
-        ``mlp``'s activation.
-    eps : float, optional
-        LayerNorm/BatchNorm epsilon.
     n_features : int, optional
         ``r`` instead of the family's default (the memory of a candidate's sums is
         ``O(N r + r^2)``): for ``mlp`` any ``r >= 1`` (its ``W1`` rows are drawn in
         order, so a smaller ``r`` keeps the first rows of a larger one); for
         ``conv`` a multiple of 9 (``mid_channels = r / 9``).
+    init_std : float, optional
+        Standard deviation of the weights (defaults above).
+    settings : FamilySettings, optional
+        ``expansion``, ``mid_channels``, ``activation`` and ``eps`` (defaults:
+        :class:`FamilySettings`'s).
+    **overrides
+        Fields of :class:`FamilySettings` given one by one (``expansion=2``), over
+        ``settings``; any other keyword is a TypeError.
 
     Returns
     -------
@@ -336,8 +354,10 @@ def make_family(
     if not spec.drawn:
         raise InputError(f"family {kind!r} is not drawn from a seed alone: its framework builds it from the model")
     n_features = spec.checked_features(n_features, width)
+    chosen = replace(settings or FamilySettings(), **overrides)
     return spec.draw(width, np.random.default_rng(seed), n_features=n_features, init_std=init_std, seed=seed,
-                     expansion=expansion, mid_channels=mid_channels, activation=activation, eps=eps)
+                     expansion=chosen.expansion, mid_channels=chosen.mid_channels, activation=chosen.activation,
+                     eps=chosen.eps)
 
 
 def rebuild_family(record: dict) -> Family:

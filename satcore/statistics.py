@@ -65,7 +65,8 @@ Memory is ``O(N r + r^2)`` whatever the number of samples.  Two statistics
 merge by adding fields, which equals one pass over the union.  ``to_arrays``
 and ``from_arrays`` give the ``stats/<name>/<field>`` members of a dump.
 The public ways to add are :meth:`CandidateStatistics.update` (arrays),
-:meth:`~CandidateStatistics.add_moments` (one batch's sums),
+:meth:`~CandidateStatistics.add_moments` (one batch's sums, a
+:class:`~satcore.moments.BatchMoments`),
 :meth:`~CandidateStatistics.accumulate` (another statistics, in place) and,
 for adapters that keep totals on a device, :meth:`~CandidateStatistics.add_counts`
 with :meth:`~CandidateStatistics.set_sums`.  Equality compares the sums.
@@ -73,15 +74,16 @@ with :meth:`~CandidateStatistics.set_sums`.  Equality compares the sums.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ._arrays import as_pair, check_sizes, check_statistics_memory, refuse_non_finite
+from ._arrays import as_pair, check_sizes, check_statistics_memory
 from ._psd import DEFAULT_RTOL, psd_spectrum
 from .certification import debiased_energy, noise_floor, variance_estimate
 from .errors import InputError
 from .folds import DEFAULT_FOLDS, FoldSums
+from .moments import BatchMoments, batch_moments
 from .quantities import realizability
 from .results import CandidateScore, StreamDiagnostics
 
@@ -107,95 +109,6 @@ BATCHING_FIELDS = ("n_batches", "sum_batch_grad_norm") + FOLD_FIELDS
 FIELDS = SCALAR_FIELDS + MATRIX_FIELDS + FOLD_FIELDS
 # absent from dumps written before they existed (n_vectors, folds) or when not asked for (sum_xtx)
 OPTIONAL_FIELDS = ("n_vectors", "sum_xtx", "n_folds", "sum_qq") + FOLD_FIELDS + STREAM_FIELDS + ("sum_update_sq",)
-
-
-def forms_sample_gradients(T: int, N: int, r: int, *, variance: bool, factor: bool = True,
-                           half_kernels: bool = False) -> bool:
-    """Whether forming ``X_i = Q_i^T Psi_i`` costs fewer multiply-adds per sample than the ``T x T`` kernels.
-
-    ``X_i``: ``T N r``, plus ``N r^2 / 2`` for ``sum X_i^T X_i`` (a symmetric
-    product).  Kernels, for ``sum ||X_i||^2 = <Q_i Q_i^T, Psi_i Psi_i^T>``:
-    ``T^2 (N + r)`` (``T^2 (N + r / 2)`` when ``half_kernels``: the
-    ``Psi_i Psi_i^T`` as symmetric products); for ``variance`` through the QR
-    factor ``R_i`` of ``Q_i^T`` (``factor``): ``N T k + k T r + k r^2 / 2``
-    with ``k = min(N, T)``, else through ``K_i Psi_i``: ``T^2 (N + r) + T r^2``.
-    The one rule behind this module's :func:`batch_moments` and the adapters'.
-    """
-    k = min(N, T)
-    gradient = T * N * r + (N * r * r // 2 if variance else 0)
-    if not variance:
-        kernel = T * T * (N + (r // 2 if half_kernels else r))
-    elif factor:
-        kernel = N * T * k + k * T * r + k * r * r // 2
-    else:
-        kernel = T * T * (N + r) + T * r * r
-    return kernel > gradient
-
-
-def batch_moments(Q, Psi, *, variance: bool = False, curvature: bool = False) -> dict:
-    """The per-batch sums of the table above, in float64, from arrays.
-
-    Every sum is a BLAS matrix product.  The per-sample parameter gradient
-    ``X_i = Q_i^T Psi_i`` (``N x r``) is formed only when that is cheaper than
-    the ``T x T`` kernel ``K_i = Q_i Q_i^T``, using
-    ``||X_i||_F^2 = <K_i, Psi_i Psi_i^T>_F`` and, for ``variance``, the factor
-    ``R_i`` of ``K_i = R_i^T R_i`` (QR of ``Q_i^T``): ``Y_i = R_i Psi_i`` has
-    ``min(N, T)`` rows and ``Y_i^T Y_i = X_i^T X_i``, so ``sum X_i^T X_i`` is
-    one symmetric product (``syrk``, half the multiply-adds of
-    ``Psi^T (K Psi)``).  ``curvature`` adds ``sum_qq = sum_i Q_i^T Q_i``.
-    """
-    # Values too large to square overflow to inf; CandidateStatistics.score refuses such sums with
-    # a message, so NumPy's overflow warnings would only add noise to it.
-    with np.errstate(over="ignore", invalid="ignore"):
-        out = _batch_moments(Q, Psi, variance)
-        if curvature:
-            q = np.asarray(Q, dtype=np.float64)
-            q2 = q.reshape(-1, q.shape[-1])
-            out["sum_qq"] = q2.T @ q2
-        return out
-
-
-def _batch_moments(Q, Psi, variance: bool) -> dict:
-    # A NaN or inf input shows in ||Q||^2 or in K's diagonal; only then are the inputs scanned
-    # (a separate scan of every batch cost ~10% of `satcore score` on a raw dump).
-    q, psi = as_pair(Q, Psi, check_finite=False, allow_empty=True)
-    M, T, N = q.shape
-    r = psi.shape[2]
-    q2, p2 = q.reshape(M * T, N), psi.reshape(M * T, r)
-    out = {
-        "n_samples": M,
-        "n_vectors": M * T,
-        "sum_q_sq": float(np.vdot(q2, q2)),
-        "sum_cross": q2.T @ p2,
-        "sum_gram": p2.T @ p2,
-    }
-    if not (np.isfinite(out["sum_q_sq"]) and np.isfinite(np.trace(out["sum_gram"]))):
-        refuse_non_finite(q, "Q")
-        refuse_non_finite(psi, "Psi")
-    if forms_sample_gradients(T, N, r, variance=variance):
-        X = (q.transpose(0, 2, 1) @ psi).reshape(M * N, r)
-        out["sum_xi_sq"] = float(np.vdot(X, X))
-        if variance:
-            out["sum_xtx"] = X.T @ X
-    elif variance:
-        Y = (np.linalg.qr(q.transpose(0, 2, 1), mode="r") @ psi).reshape(M * min(N, T), r)
-        out["sum_xi_sq"] = float(np.vdot(Y, Y))
-        out["sum_xtx"] = Y.T @ Y
-    else:
-        out["sum_xi_sq"] = float(np.vdot(q @ q.transpose(0, 2, 1), psi @ psi.transpose(0, 2, 1)))
-    if M:
-        out["batch_grad_norm"] = float(np.sqrt(out["sum_q_sq"])) / M
-    return out
-
-
-def stream_sums(z) -> dict:
-    """``{sum_z_sq: sum_i ||z_i||_F^2, n_stream_vectors: M T}`` of a stream ``z`` laid out as positions
-    ``(M, T, N)``, summed in float64: the stream sums :meth:`CandidateStatistics.add_moments` takes."""
-    zp = np.asarray(z)
-    if zp.ndim != 3:
-        raise InputError(f"stream sums need the stream as positions (M, T, N), got shape {zp.shape}")
-    flat = zp.reshape(-1).astype(np.float64, copy=False)
-    return {"sum_z_sq": float(np.dot(flat, flat)), "n_stream_vectors": zp.shape[0] * zp.shape[1]}
 
 
 def _checked_folds(arrays, n_folds: int, cross: np.ndarray, n_samples: int):
@@ -284,8 +197,8 @@ class CandidateStatistics:
             ends = np.cumsum(counts) * T
             cross = np.stack([qs[e - c * T : e].T @ ps[e - c * T : e] for c, e in zip(counts, ends)])
             folds = (cross, counts)
-        stats.add_moments(**batch_moments(q, psi, variance=variance, curvature=curvature) | {"batch_grad_norm": None},
-                          folds=folds)
+        moments = batch_moments(q, psi, variance=variance, curvature=curvature)
+        stats.add_moments(replace(moments, batch_grad_norm=None), folds=folds)
         if batch_size:  # eq. (2): sum over batches of ||Q_b||_F / |b|
             per_batch = np.bincount(batch_of, weights=np.einsum("mtn,mtn->m", q, q))
             stats.sum_batch_grad_norm = float(np.sum(np.sqrt(per_batch) / np.bincount(batch_of)))
@@ -300,8 +213,8 @@ class CandidateStatistics:
         ``T`` may differ from batch to batch (sequences of different lengths);
         ``n_positions`` keeps the first batch's, as the adapters do, and
         ``n_vectors`` counts every batch's ``M T``.  ``z``: the batch's stream
-        as positions ``(M, T, N)``, whose sums (:func:`stream_sums`) statistics
-        with ``stream=True`` need.
+        as positions ``(M, T, N)``, whose sums statistics with ``stream=True``
+        need (:func:`~satcore.moments.batch_moments`).
         """
         q, psi = as_pair(Q, Psi, check_finite=False, allow_empty=True)  # batch_moments checks, for free
         if q.shape[2] != self.n_hidden or psi.shape[2] != self.n_features:
@@ -309,73 +222,58 @@ class CandidateStatistics:
                 f"batch has (N, r) = ({q.shape[2]}, {psi.shape[2]}), statistics expect "
                 f"({self.n_hidden}, {self.n_features})"
             )
-        sums = stream_sums(z) if z is not None and self.stream else {}
-        return self.add_moments(**batch_moments(q, psi, variance=self.variance, curvature=self.curvature), **sums)
+        moments = batch_moments(q, psi, variance=self.variance, curvature=self.curvature,
+                                z=z if self.stream else None)
+        return self.add_moments(moments)
 
-    def add_moments(
-        self,
-        n_samples,
-        sum_q_sq,
-        sum_cross,
-        sum_gram,
-        sum_xi_sq,
-        sum_xtx=None,
-        batch_grad_norm=None,
-        *,
-        n_vectors,
-        fold: int | None = None,
-        sum_qq=None,
-        folds=None,
-        sum_z_sq=None,
-        n_stream_vectors=None,
-        sum_update_sq=None,
-    ) -> "CandidateStatistics":
-        """Add precomputed batch sums (adapters compute them on their device).
+    def add_moments(self, moments: BatchMoments, *, fold: int | None = None, folds=None) -> "CandidateStatistics":
+        """Add one batch's sums, a :class:`~satcore.moments.BatchMoments` (adapters compute them on their
+        device; NumPy values, Python numbers, or anything :func:`numpy.asarray` and ``float`` read).
 
-        ``n_vectors``: the batch's position vectors that entered the sums
-        (``M T``, or fewer when a mask left positions out); ``None`` when
-        not known, which leaves the statistics' ``n_vectors`` unknown too.
-        ``fold``: the fold the batch goes to; by default the number of
-        batches before it, modulo ``n_folds``.  ``folds``: instead, per-fold
-        parts ``(fold_cross, fold_samples)`` of the sums (another statistics'
-        folds, as :meth:`accumulate` adds them).  ``sum_z_sq`` and
-        ``n_stream_vectors`` (``stream=True``), ``sum_update_sq``
-        (``block_update=True``): the batch's stream sums (module docstring).
+        The batch counts in eq. (2)'s average when it carries ``batch_grad_norm``.  Its
+        ``n_vectors`` ``None`` leaves the statistics' ``n_vectors`` unknown too.  ``fold``: the
+        fold the batch goes to; by default the number of batches before it, modulo
+        ``n_folds``.  ``folds``: instead, per-fold parts ``(fold_cross, fold_samples)`` of the
+        sums (another statistics' folds, as :meth:`accumulate` adds them).  A sum these
+        statistics track (``sum_xtx``, ``sum_qq``, the stream sums) must be in the batch.
         """
-        if self.variance and sum_xtx is None:
+        m = moments
+        if m.sum_gram is None:
+            raise InputError("the batch holds no sum_gram (its producer added it into running totals)")
+        if self.variance and m.sum_xtx is None:
             raise InputError("these statistics track sum_xtx (variance=True); the batch did not supply it")
-        if self.curvature and sum_qq is None:
+        if self.curvature and m.sum_qq is None:
             raise InputError("these statistics track sum_qq (curvature=True); the batch did not supply it")
-        if self.stream and (sum_z_sq is None or n_stream_vectors is None):
+        if self.stream and (m.sum_z_sq is None or m.n_stream_vectors is None):
             raise InputError("these statistics track the stream sums (stream=True); the batch did not supply them")
-        if self.block_update and sum_update_sq is None:
+        if self.block_update and m.sum_update_sq is None:
             raise InputError("these statistics track sum_update_sq (block_update=True); the batch did not supply it")
         if self.n_folds and folds is not None:
             self.fold_cross += np.asarray(folds[0], dtype=np.float64)
             self.fold_samples += np.asarray(folds[1], dtype=np.int64)
         elif self.n_folds:
             k = self.n_batches % self.n_folds if fold is None else int(fold)
-            self.fold_cross[k] += np.asarray(sum_cross, dtype=np.float64)
-            self.fold_samples[k] += int(n_samples)
-        self.n_samples += int(n_samples)
-        self.n_vectors = None if self.n_vectors is None or n_vectors is None else self.n_vectors + int(n_vectors)
-        self.sum_q_sq += float(sum_q_sq)
-        self.sum_xi_sq += float(sum_xi_sq)
-        self.sum_cross += np.asarray(sum_cross, dtype=np.float64)
+            self.fold_cross[k] += np.asarray(m.sum_cross, dtype=np.float64)
+            self.fold_samples[k] += int(m.n_samples)
+        self.n_samples += int(m.n_samples)
+        self.n_vectors = None if self.n_vectors is None or m.n_vectors is None else self.n_vectors + int(m.n_vectors)
+        self.sum_q_sq += float(m.sum_q_sq)
+        self.sum_xi_sq += float(m.sum_xi_sq)
+        self.sum_cross += np.asarray(m.sum_cross, dtype=np.float64)
         # Batch sums computed in float32 (or by a non-symmetric BLAS path) are symmetric only
         # to round-off; symmetrising here keeps the totals exactly symmetric, as dumps require.
-        self.sum_gram += _symmetric(sum_gram)
+        self.sum_gram += _symmetric(m.sum_gram)
         if self.variance:
-            self.sum_xtx += _symmetric(sum_xtx)
+            self.sum_xtx += _symmetric(m.sum_xtx)
         if self.curvature:
-            self.sum_qq += _symmetric(sum_qq)
+            self.sum_qq += _symmetric(m.sum_qq)
         if self.stream:
-            self.sum_z_sq += float(sum_z_sq)
-            self.n_stream_vectors += int(n_stream_vectors)
+            self.sum_z_sq += float(m.sum_z_sq)
+            self.n_stream_vectors += int(m.n_stream_vectors)
         if self.block_update:
-            self.sum_update_sq += float(sum_update_sq)
-        if batch_grad_norm is not None:
-            self.sum_batch_grad_norm += float(batch_grad_norm)
+            self.sum_update_sq += float(m.sum_update_sq)
+        if m.batch_grad_norm is not None:
+            self.sum_batch_grad_norm += float(m.batch_grad_norm)
             self.n_batches += 1
         return self
 
@@ -431,20 +329,20 @@ class CandidateStatistics:
                 raise InputError("these statistics keep folds; the other statistics keep none")
             shift = self.n_batches % self.n_folds
             folds = (np.roll(other.fold_cross, shift, axis=0), np.roll(other.fold_samples, shift))
-        self.add_moments(
-            other.n_samples,
-            other.sum_q_sq,
-            other.sum_cross,
-            other.sum_gram,
-            other.sum_xi_sq,
-            other.sum_xtx if self.variance else None,
+        sums = BatchMoments(
+            n_samples=other.n_samples,
             n_vectors=other.n_vectors,
+            sum_q_sq=other.sum_q_sq,
+            sum_cross=other.sum_cross,
+            sum_gram=other.sum_gram,
+            sum_xi_sq=other.sum_xi_sq,
+            sum_xtx=other.sum_xtx if self.variance else None,
             sum_qq=other.sum_qq if self.curvature else None,
-            folds=folds,
             sum_z_sq=other.sum_z_sq,
             n_stream_vectors=other.n_stream_vectors,
             sum_update_sq=other.sum_update_sq,
         )
+        self.add_moments(sums, folds=folds)
         self.sum_batch_grad_norm += other.sum_batch_grad_norm
         self.n_batches += other.n_batches
         return self

@@ -170,7 +170,7 @@ def test_non_finite_inputs_and_sums_are_refused():
         with pytest.raises(ValueError, match="Q: 1 of 60 entries are NaN or infinite"):
             satcore.score(q, Psi)
     stats = satcore.CandidateStatistics(3, 4)
-    stats.add_moments(**satcore.batch_moments(Q, Psi))
+    stats.add_moments(satcore.batch_moments(Q, Psi))
     stats.sum_gram[0, 0] = np.inf  # as an adapter's float16 overflow would leave it
     with pytest.raises(ValueError, match="candidate 'x': sum_gram not finite"):
         stats.score("x")

@@ -271,7 +271,9 @@ def test_float32_batch_sums_do_not_invent_directions():
     single = satcore.CandidateStatistics(5, 100, 2)
     for b in range(0, 30, 10):
         q, p = (a[b : b + 10].reshape(-1, a.shape[2]).astype(np.float32) for a in (Q, Psi))
-        single.add_moments(10, float(np.vdot(q, q)), q.T @ p, p.T @ p, 0.0, n_vectors=20)  # products in float32
+        sums = satcore.BatchMoments(n_samples=10, n_vectors=20, sum_q_sq=float(np.vdot(q, q)), sum_cross=q.T @ p,
+                                    sum_gram=p.T @ p, sum_xi_sq=0.0)  # products in float32
+        single.add_moments(sums)
     got = single.score()
     assert exact.feature_rank == 60 and got.feature_rank == 60
     assert got.growth_value == pytest.approx(exact.growth_value, rel=1e-4)

@@ -1,5 +1,6 @@
 """Streaming statistics: any batching equals one pass; merged shards equal one pass (docs/core.md, Streaming statistics)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -69,18 +70,18 @@ def test_any_batching_equals_one_pass(seed, T, sizes):
 def test_narrow_and_wide_xi_paths_agree():
     rng = np.random.default_rng(0)
     Q, Psi = rng.standard_normal((7, 5, 3)), rng.standard_normal((7, 5, 2))
-    wide = satcore.batch_moments(Q, Psi, variance=True)["sum_xi_sq"]
-    narrow = satcore.batch_moments(Q[:, :1], Psi[:, :1], variance=False)["sum_xi_sq"]
+    wide = satcore.batch_moments(Q, Psi, variance=True).sum_xi_sq
+    narrow = satcore.batch_moments(Q[:, :1], Psi[:, :1], variance=False).sum_xi_sq
     assert wide == pytest.approx(reference_sums(Q, Psi)["sum_xi_sq"], rel=1e-13)
     assert narrow == pytest.approx(reference_sums(Q[:, :1], Psi[:, :1])["sum_xi_sq"], rel=1e-13)
     # T (N + r) < N r picks the T x T kernel route; with variance, its QR factor (min(N, T) rows per sample):
     Q2, P2 = rng.standard_normal((4, 2, 6)), rng.standard_normal((4, 2, 7))
     ref = reference_sums(Q2, P2)
-    assert satcore.batch_moments(Q2, P2)["sum_xi_sq"] == pytest.approx(ref["sum_xi_sq"], rel=1e-13)
+    assert satcore.batch_moments(Q2, P2).sum_xi_sq == pytest.approx(ref["sum_xi_sq"], rel=1e-13)
     factored = satcore.batch_moments(Q2, P2, variance=True)
-    assert factored["sum_xi_sq"] == pytest.approx(ref["sum_xi_sq"], rel=1e-13)
-    np.testing.assert_allclose(factored["sum_xtx"], ref["sum_xtx"], rtol=1e-12, atol=1e-12 * np.abs(ref["sum_xtx"]).max())
-    np.testing.assert_array_equal(factored["sum_xtx"], factored["sum_xtx"].T)  # one symmetric product
+    assert factored.sum_xi_sq == pytest.approx(ref["sum_xi_sq"], rel=1e-13)
+    np.testing.assert_allclose(factored.sum_xtx, ref["sum_xtx"], rtol=1e-12, atol=1e-12 * np.abs(ref["sum_xtx"]).max())
+    np.testing.assert_array_equal(factored.sum_xtx, factored.sum_xtx.T)  # one symmetric product
 
 
 def test_serialisation_round_trip_and_depth_merge():
@@ -171,16 +172,16 @@ def test_float32_level_asymmetry_is_removed_and_dumps_validate():
     rng = np.random.default_rng(3)
     Q, Psi = rng.standard_normal((6, 4, 3)), rng.standard_normal((6, 4, 5))
     m = satcore.batch_moments(Q, Psi, variance=True)
-    skewed = dict(m)
+    skewed = {}
     for key in ("sum_gram", "sum_xtx"):
-        noise = rng.standard_normal(m[key].shape) * 1e-7 * np.abs(m[key]).max()
-        skewed[key] = m[key] + noise
+        noise = rng.standard_normal(getattr(m, key).shape) * 1e-7 * np.abs(getattr(m, key)).max()
+        skewed[key] = getattr(m, key) + noise
         assert not np.array_equal(skewed[key], skewed[key].T)
-    stats = satcore.CandidateStatistics(3, 5, 4, variance=True).add_moments(**skewed)
+    stats = satcore.CandidateStatistics(3, 5, 4, variance=True).add_moments(dataclasses.replace(m, **skewed))
     np.testing.assert_array_equal(stats.sum_gram, stats.sum_gram.T)
     np.testing.assert_array_equal(stats.sum_xtx, stats.sum_xtx.T)
     back = satcore.CandidateStatistics.from_arrays(stats.to_arrays())
-    np.testing.assert_allclose(back.sum_gram, m["sum_gram"], rtol=0, atol=1e-6 * np.abs(m["sum_gram"]).max())
+    np.testing.assert_allclose(back.sum_gram, m.sum_gram, rtol=0, atol=1e-6 * np.abs(m.sum_gram).max())
 
 
 def two_lengths(repeat_a_row: bool):

@@ -20,7 +20,7 @@ def test_zero_features_stay_exactly_zero_and_the_gram_is_psd(H, W, gram_route):
     hidden[:, 1] = 0  # a dead channel
     hidden[:, 2, 1:, :] = 0  # a channel alive in row 0 only: offsets reading below it see zeros
     grad = torch.randn(M, N, H, W, generator=g, dtype=torch.float64)
-    got = conv_batch_moments(grad, hidden)["sum_gram"].numpy()
+    got = conv_batch_moments(grad, hidden).sum_gram.numpy()
     patches = unfold3x3(hidden.numpy()).reshape(-1, 9 * C)
     ref = patches.T @ patches
     zero = np.diagonal(ref) == 0

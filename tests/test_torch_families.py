@@ -98,8 +98,8 @@ def test_torch_float32_batch_moments_equal_core_to_float32_roundoff(shape, varia
     M, T, N, r = shape
     q = torch.randn(M, T, N, generator=g, dtype=torch.float64)
     psi = torch.randn(M, T, r, generator=g, dtype=torch.float64)
-    ref = core_batch_moments(q.numpy(), psi.numpy(), variance=variance)
-    f32 = batch_moments(q.float(), psi.float(), variance=variance, dtype=torch.float32)
+    ref = core_batch_moments(q.numpy(), psi.numpy(), variance=variance).as_dict()
+    f32 = batch_moments(q.float(), psi.float(), variance=variance, dtype=torch.float32).as_dict()
     np.testing.assert_allclose(f32["sum_cross"], ref["sum_cross"], rtol=1e-5, atol=1e-5)
 
 
@@ -109,12 +109,12 @@ def test_position_subsampling_is_exactly_unbiased():
     M, T, N, r, keep = 3, 6, 4, 5, 2
     q = torch.randn(M, T, N, generator=g, dtype=torch.float64)
     psi = torch.randn(M, T, r, generator=g, dtype=torch.float64)
-    full = batch_moments(q, psi)
+    full = batch_moments(q, psi).as_dict()
     subsets = list(itertools.combinations(range(T), keep))
     mean = {k: 0.0 for k in ("sum_q_sq", "sum_cross", "sum_gram")}
     for s in subsets:
         idx = torch.tensor(s)
-        part = batch_moments(subsample_positions(q, idx), subsample_positions(psi, idx))
+        part = batch_moments(subsample_positions(q, idx), subsample_positions(psi, idx)).as_dict()
         for k in mean:
             mean[k] = mean[k] + np.asarray(part[k]) / len(subsets)
     for k in mean:

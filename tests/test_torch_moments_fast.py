@@ -46,8 +46,8 @@ def test_conv_moments_equal_explicit_patches(shape, variance, heavy_border, gram
     if heavy_border:  # the border corrections carry most of the Gram: a wrong one cannot hide
         hidden[:, :, [0, -1], :] *= 1e3
         hidden[:, :, :, [0, -1]] *= 1e3
-    got = conv_batch_moments(grad, hidden, variance=variance)
-    ref = core_batch_moments(conv_gradients(grad.numpy()), unfold3x3(hidden.numpy()), variance=variance)
+    got = conv_batch_moments(grad, hidden, variance=variance).as_dict()
+    ref = core_batch_moments(conv_gradients(grad.numpy()), unfold3x3(hidden.numpy()), variance=variance).as_dict()
     assert set(got) == set(ref)
     assert got["n_samples"] == ref["n_samples"]
     for field in set(ref) - {"n_samples"}:
@@ -75,8 +75,8 @@ def test_conv_moments_float32_sums(gram_route):
     g = torch.Generator().manual_seed(0)
     grad = torch.randn(4, 3, 6, 5, generator=g)
     hidden = torch.randn(4, 2, 6, 5, generator=g).relu()
-    got = conv_batch_moments(grad, hidden, variance=True, dtype=torch.float32)
-    ref = core_batch_moments(conv_gradients(grad.double().numpy()), unfold3x3(hidden.double().numpy()), variance=True)
+    got = conv_batch_moments(grad, hidden, variance=True, dtype=torch.float32).as_dict()
+    ref = core_batch_moments(conv_gradients(grad.double().numpy()), unfold3x3(hidden.double().numpy()), variance=True).as_dict()
     for field in ("sum_q_sq", "sum_cross", "sum_gram", "sum_xi_sq", "sum_xtx"):
         assert rel(got[field], ref[field]) < 1e-5, field
         assert got[field].dtype == torch.float64
@@ -89,8 +89,8 @@ def test_conv_float32_sum_of_squares_accumulates_in_float64():
     g = torch.Generator().manual_seed(1)
     grad = torch.randn(64, 32, 16, 16, generator=g, dtype=torch.float64) + 1.0  # all-positive mean: a drifting sum
     hidden = torch.randn(64, 32, 16, 16, generator=g, dtype=torch.float64).relu()
-    exact = conv_batch_moments(grad, hidden)["sum_xi_sq"]
-    fast = conv_batch_moments(grad.float(), hidden.float(), dtype=torch.float32)["sum_xi_sq"]
+    exact = conv_batch_moments(grad, hidden).sum_xi_sq
+    fast = conv_batch_moments(grad.float(), hidden.float(), dtype=torch.float32).sum_xi_sq
     assert fast.dtype == torch.float64
     assert rel(fast, exact) < torch.finfo(torch.float32).eps
 
@@ -141,8 +141,8 @@ def test_variance_kernel_routes_equal_core(shape, factor):
     q[:, -1] = 0.0
     q[0] = q[0, :1]  # sample 0: every position along one direction (rank 1)
     psi = torch.randn(M, T, r, generator=g, dtype=torch.float64)
-    got = batch_moments(q, psi, variance=True, factor=factor)
-    ref = core_batch_moments(q.numpy(), psi.numpy(), variance=True)
+    got = batch_moments(q, psi, variance=True, factor=factor).as_dict()
+    ref = core_batch_moments(q.numpy(), psi.numpy(), variance=True).as_dict()
     for field in ("sum_xi_sq", "sum_xtx", "sum_gram", "sum_cross"):
         assert rel(got[field], ref[field]) < 1e-12, field
     assert torch.equal(got["sum_xtx"], got["sum_xtx"].T)
@@ -166,8 +166,8 @@ def test_grams_added_into_running_totals_equal_returned_grams(dtype, variance):
     start = torch.randn(10, 10, generator=g, dtype=torch.float64)
     start = start + start.T
     totals = {"sum_gram": start.clone(), "sum_xtx": start.clone() * 3}
-    got = batch_moments(q.to(dtype), psi.to(dtype), variance=variance, grams_into=totals)
-    ref = batch_moments(q.to(dtype), psi.to(dtype), variance=variance)
+    got = batch_moments(q.to(dtype), psi.to(dtype), variance=variance, grams_into=totals).as_dict()
+    ref = batch_moments(q.to(dtype), psi.to(dtype), variance=variance).as_dict()
     assert "sum_gram" not in got and "sum_xtx" not in got  # added to the totals, or not tracked
     for field in totals:
         complete_lower(totals[field])
@@ -204,8 +204,8 @@ def test_conv_moments_with_the_gram_in_image_groups_equal_explicit_patches(monke
     g = torch.Generator().manual_seed(11)
     grad = torch.randn(5, 3, 4, 6, generator=g, dtype=torch.float64)
     hidden = torch.randn(5, 2, 4, 6, generator=g, dtype=torch.float64)
-    got = conv_batch_moments(grad, hidden, variance=variance)
-    ref = core_batch_moments(conv_gradients(grad.numpy()), unfold3x3(hidden.numpy()), variance=variance)
+    got = conv_batch_moments(grad, hidden, variance=variance).as_dict()
+    ref = core_batch_moments(conv_gradients(grad.numpy()), unfold3x3(hidden.numpy()), variance=variance).as_dict()
     assert set(got) == set(ref) and got["n_samples"] == 5
     for field in set(ref) - {"n_samples"}:
         assert rel(got[field], ref[field]) < 1e-12, field
@@ -223,12 +223,12 @@ def test_symmetric_products_on_more_threads_use_torch_and_agree(monkeypatch, blo
     g = torch.Generator().manual_seed(3)
     q = torch.randn(4, 3, 12, generator=g, dtype=torch.float64)
     psi = torch.randn(4, 3, 10, generator=g, dtype=torch.float64)
-    one = batch_moments(q, psi, variance=True)
+    one = batch_moments(q, psi, variance=True).as_dict()
     assert moments._dsyrk_ready(psi)
     torch.set_num_threads(2)
     try:
         assert not moments._dsyrk_ready(psi)
-        two = batch_moments(q, psi, variance=True)
+        two = batch_moments(q, psi, variance=True).as_dict()
         kernels = kernel_inner_products(q, psi)
     finally:
         torch.set_num_threads(1)

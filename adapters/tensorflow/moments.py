@@ -1,6 +1,7 @@
-"""The per-batch sums of :func:`satcore.statistics.batch_moments`, on the TF device in float64.
+"""The per-batch sums of :func:`satcore.batch_moments`, on the TF device in float64.
 
-Computed per replica and summed with ``strategy.reduce(SUM)``, then handed to
+Computed per replica as a :class:`satcore.BatchMoments` of tensors, summed with
+``strategy.reduce(SUM)`` field by field, then handed to
 :meth:`CandidateStatistics.add_moments`, so a distributed probe equals one
 pass over the global batch.
 """
@@ -9,11 +10,13 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from satcore.statistics import forms_sample_gradients
+from satcore.moments import BatchMoments, forms_sample_gradients
 
 
-def replica_moments(q, psi, *, variance: bool) -> dict:
-    """``n_samples``, ``n_vectors``, ``sum_q_sq``, ``sum_cross``, ``sum_gram``, ``sum_xi_sq`` (, ``sum_xtx``).
+def replica_moments(q, psi, *, variance: bool) -> BatchMoments:
+    """``n_samples``, ``n_vectors``, ``sum_q_sq``, ``sum_cross``, ``sum_gram``, ``sum_xi_sq`` (, ``sum_xtx``)
+    of one replica's share, float64 tensors (the counts too: they are all-reduced with the sums).
+    No ``batch_grad_norm``: eq. (2)'s term needs the global batch.
 
     ``q``: ``(M, T, N)``, ``psi``: ``(M, T, r)``.  ``sum_xi_sq = sum_i ||Q_i^T Psi_i||_F^2``
     uses the ``T x T`` kernels ``<Q_i Q_i^T, Psi_i Psi_i^T>`` unless ``X_i`` is needed anyway.
@@ -37,4 +40,4 @@ def replica_moments(q, psi, *, variance: bool) -> dict:
         kq = tf.einsum("mtn,msn->mts", q, q)
         kp = tf.einsum("mtr,msr->mts", psi, psi)
         out["sum_xi_sq"] = tf.reduce_sum(kq * kp)
-    return out
+    return BatchMoments(**out)

@@ -5,15 +5,15 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-import numpy as np
 import tensorflow as tf
 
 from satcore.adapters.base import ProbeOptions, probe_meta, resolve_options, warn_if_training_split
 from satcore.adapters.batches import LABELS, split_batch
 from satcore.adapters.options import per_candidate
 from satcore.depth import DepthStatistics
+from satcore.moments import BatchMoments
 from satcore.probe_result import ProbeResult
 from satcore.statistics import CandidateStatistics
 
@@ -149,8 +149,9 @@ class Probe:
                                            n_features=self.n_features[n])
             q = positions(g)
             self.n_positions[n] = int(q.shape[1])
-            out[n] = replica_moments(q, self.maps[n](z), variance=config.variance)
-            out[n]["sum_z_sq"] = tf.reduce_sum(tf.square(tf.cast(z, tf.float64)))
+            moments = replica_moments(q, self.maps[n](z), variance=config.variance)
+            # a dict crosses the all-reduce
+            out[n] = replace(moments, sum_z_sq=tf.reduce_sum(tf.square(tf.cast(z, tf.float64)))).as_dict()
         return out
 
     def update(self, batch) -> None:
@@ -163,16 +164,14 @@ class Probe:
             lambda v: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None), per_replica
         )
         for n in self.names:
-            m = {k: np.asarray(v) for k, v in summed[n].items()}
-            n_samples = int(round(float(m.pop("n_samples"))))
-            if n_samples == 0:
+            moments = BatchMoments(**summed[n]).to_numpy()
+            if moments.n_samples == 0:
                 continue
             if n not in self.stats:
-                N, r = m["sum_cross"].shape
+                N, r = moments.sum_cross.shape
                 self.stats[n] = CandidateStatistics(N, r, self.n_positions[n], self.config.variance, stream=True)
-            m["batch_grad_norm"] = float(np.sqrt(m["sum_q_sq"])) / n_samples
             # every position of a Keras stream is in the sums: the stream's vectors are the statistics'
-            self.stats[n].add_moments(n_samples, **m, n_stream_vectors=int(round(float(m["n_vectors"]))))
+            self.stats[n].add_moments(replace(moments.as_one_batch(), n_stream_vectors=moments.n_vectors))
 
     def result(self) -> ProbeResult:
         """The statistics of every batch so far (a copy: the probe can go on)."""

@@ -2,9 +2,9 @@
 
 :func:`batch_moments` is the torch twin of :func:`satcore.batch_moments`
 (same fields, same choice of the cheaper ``sum ||X_i||^2`` route); it runs in
-``dtype`` (float64 by default, float32 for speed) and returns float64 tensors
-on the input's device (0-d for the scalars), which :class:`.running.RunningSums`
-adds up without leaving the device.  :func:`conv_batch_moments` gives the
+``dtype`` (float64 by default, float32 for speed) and returns a
+:class:`satcore.BatchMoments` of float64 tensors on the input's device (0-d for
+the scalars), which :class:`.running.RunningSums` adds up without leaving the device.  :func:`conv_batch_moments` gives the
 same sums for the ``conv`` family straight from the hidden map, without
 forming the patches.
 
@@ -27,7 +27,7 @@ import math
 import numpy as np
 import torch
 
-from satcore.statistics import forms_sample_gradients
+from satcore.moments import BatchMoments, forms_sample_gradients
 
 
 def float64_device(device: torch.device) -> torch.device:
@@ -156,8 +156,8 @@ def kernel_inner_products(q: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
 
 
 def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False, dtype=torch.float64,
-                  factor: bool | None = None, grams_into: dict | None = None) -> dict:
-    """Sums of one batch (the fields of ``satcore.batch_moments``); ``q`` ``(M, T, N)``, ``psi`` ``(M, T, r)``.
+                  factor: bool | None = None, grams_into: dict | None = None) -> BatchMoments:
+    """Sums of one batch (``satcore.batch_moments``'); ``q`` ``(M, T, N)``, ``psi`` ``(M, T, r)``.
 
     ``sum_q_sq = sum ||Q_i||^2``, ``sum_cross = sum Q_i^T Psi_i``,
     ``sum_gram = sum Psi_i^T Psi_i``, ``sum_xi_sq = sum ||X_i||_F^2`` and, when
@@ -173,7 +173,7 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
     ``W_i = K_i Psi_i`` and ``sum X_i^T X_i = Psi^T W`` (mirrored) instead.
     ``grams_into`` (running float64 totals by field name): ``sum_gram`` and the
     symmetric-product ``sum_xtx`` are added into those totals' upper
-    triangles by :func:`add_gram` instead of being returned.
+    triangles by :func:`add_gram` instead (the moments then hold ``None`` for them).
     """
     q, psi = _in_dtype(dtype, q, psi)
     M, T, N = q.shape
@@ -212,7 +212,7 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
         out["sum_xtx"] = mirror_upper(_float64(p2.T @ W.reshape(M * T, r)))
     else:
         out["sum_xi_sq"] = kernel_inner_products(q, psi)
-    return out
+    return BatchMoments(**{"sum_gram": None} | out)  # None: added into grams_into
 
 
 class _FlatImages:
@@ -433,7 +433,7 @@ CONV_CHUNK_BYTES = 2 << 20  # CPU: images per FFT pass of the Gram so that their
 
 
 def conv_batch_moments(grad: torch.Tensor, hidden: torch.Tensor, *, variance: bool = False,
-                       dtype=torch.float64) -> dict:
+                       dtype=torch.float64) -> BatchMoments:
     """:func:`batch_moments` of ``q = positions(grad)`` and the ``conv`` family's
     ``psi = F.unfold(hidden, 3, padding=1).transpose(1, 2)``, without the patches.
 
@@ -466,7 +466,7 @@ def conv_batch_moments(grad: torch.Tensor, hidden: torch.Tensor, *, variance: bo
     if variance:
         out["sum_xtx"] = gram(X.reshape(M * N, 9 * C))
     out["batch_grad_norm"] = out["sum_q_sq"].sqrt() / M
-    return out
+    return BatchMoments(**out)
 
 
 def position_index(T: int, keep: int | None, generator: torch.Generator) -> torch.Tensor | None:

@@ -333,10 +333,11 @@ class Probe:
                     self.running[name] = _running_sums(name, z, self.families[name], self.statistics, config,
                                                        has_update=taps.updates.get(name) is not None)
                 present = keep if applies(keep, z) else None
-                moments, sum_z_sq, n_vectors = _batch_sums(
+                moments = _batch_sums(
                     z, grad, self.families[name], generator, config.position_subsample, config.variance,
-                    config.batch_dtype, self.running[name].matrices, present, config.curvature)
-                self.running[name].add(moments, sum_z_sq, n_vectors, taps.updates.get(name))
+                    config.batch_dtype, self.running[name].matrices, present, config.curvature,
+                    taps.updates.get(name))
+                self.running[name].add(moments)
         self.batches_done += 1
         self.samples_done += samples
         if config.checkpoint is not None and self.batches_done % config.checkpoint_every == 0:
@@ -529,11 +530,14 @@ def _running_sums(name, z, feature_map, statistics, config, *, has_update: bool)
     return RunningSums(statistics[name], float64_device(z.device))
 
 
-def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals, present, curvature=False):
-    """``(moments, sum ||z_i||^2, stream vectors counted)`` of one batch of one candidate, on its
-    device, over the positions ``present`` (``(B, T)`` bool, or ``None``: all) marks as data; its
-    Grams may go straight into ``totals`` (``batch_moments(grams_into=...)``); with ``curvature``
-    also ``sum_qq = sum_i Q_i^T Q_i`` of the same positions."""
+def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals, present, curvature=False,
+                sum_update_sq=None):
+    """The :class:`satcore.BatchMoments` of one batch of one candidate, its stream sums (and the block
+    update's ``sum_update_sq``, as given) included, on its device, over the positions ``present``
+    (``(B, T)`` bool, or ``None``: all) marks as data; its Grams may go straight into ``totals``
+    (``batch_moments(grams_into=...)``); with ``curvature`` also ``sum_qq = sum_i Q_i^T Q_i`` of the
+    same positions."""
+    extra = {"sum_update_sq": sum_update_sq}  # what the probe adds to the sums' record, in one copy of it
     with torch.no_grad():
         zp = positions(z)
         T = zp.shape[1]
@@ -543,7 +547,7 @@ def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals, 
             if present is not None:
                 q_kept = drop_absent(q_kept, present if index is None else present[:, index.to(present.device)])
             q_flat = q_kept.reshape(-1, q_kept.shape[-1]).to(float64_device(z.device), torch.float64)
-            sum_qq = q_flat.T @ q_flat
+            extra["sum_qq"] = q_flat.T @ q_flat
         if isinstance(feature_map, ConvFeatures) and index is None:
             # the same sums from the hidden map, without the 9x larger patches
             moments = conv_batch_moments(grad, feature_map.hidden(z), variance=variance, dtype=dtype)
@@ -559,13 +563,13 @@ def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals, 
                 q, psi = drop_absent(q, kept), drop_absent(psi, kept)
             moments = batch_moments(q, psi, variance=variance, dtype=dtype, grams_into=totals)
             if present is not None:
-                moments["n_vectors"] = kept.sum()  # the zeroed rows are no position vectors
-        if curvature:
-            moments["sum_qq"] = sum_qq
+                extra["n_vectors"] = kept.sum()  # the zeroed rows are no position vectors
         if present is not None:
-            return moments, squared_norm(drop_absent(z, present)), present.sum()
-        # of z, not positions(z): that is a transposed view of a channels-first map, 10x slower to square
-        return moments, squared_norm(z), z.shape[0] * T
+            extra.update(sum_z_sq=squared_norm(drop_absent(z, present)), n_stream_vectors=present.sum())
+        else:
+            # of z, not positions(z): that is a transposed view of a channels-first map, 10x slower to square
+            extra.update(sum_z_sq=squared_norm(z), n_stream_vectors=z.shape[0] * T)
+        return replace(moments, **extra)
 
 
 def probe_in_groups(model: nn.Module, data, loss_fn=None, *, group_size: int, config: ProbeConfig | None = None,

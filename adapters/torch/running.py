@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from satcore.moments import BatchMoments
 from satcore.statistics import CandidateStatistics
 
 from .moments import complete_lower
@@ -63,28 +64,29 @@ class RunningSums:
         self.new_stream_vectors = 0
         self.new_statistics_vectors = 0
 
-    def add(self, moments: dict, sum_z_sq: torch.Tensor, stream_vectors, sum_update_sq: torch.Tensor | None) -> None:
-        """Add one batch: ``moments`` from :mod:`.moments` (exactly symmetric Grams, if any), the
-        stream's ``sum ||z_i||^2`` over its ``stream_vectors`` position vectors and the block update's
+    def add(self, moments: BatchMoments) -> None:
+        """Add one batch's ``moments`` from :mod:`.moments` (exactly symmetric Grams, if any; ``None``
+        for those already added, ``batch_moments(grams_into=...)``), with the stream's
+        ``sum ||z_i||^2`` over its ``n_stream_vectors`` and the block update's
         ``sum ||block(z_i) - z_i||^2`` (``None`` when the block changes the shape or is the ``head``
         endpoint: then the statistics keep no update sum, ``block_update=False``).  The counts
-        (``stream_vectors``, ``moments["n_vectors"]``) are ints, or 0-d tensors counted from a
-        padding mask."""
+        (``n_stream_vectors``, ``n_vectors``) are ints, or 0-d tensors counted from a padding mask."""
         for field, total in self.matrices.items():
-            if field in moments:  # the Grams may have been added already (``batch_moments(grams_into=...)``)
-                total += moments[field]
+            value = getattr(moments, field)
+            if value is not None:
+                total += value
         for field, total in self.scalars.items():
-            total += moments[field]
+            total += getattr(moments, field)
         fold = None
         if self.fold_cross is not None:
             fold = (self.statistics.n_batches * self.world + self.rank) % self.statistics.n_folds
-            self.fold_cross[fold] += moments["sum_cross"]
-        self.stream["sum_z_sq"] += sum_z_sq
+            self.fold_cross[fold] += moments.sum_cross
+        self.stream["sum_z_sq"] += moments.sum_z_sq
         if "sum_update_sq" in self.stream:
-            self.stream["sum_update_sq"] += sum_update_sq
-        self.statistics.add_counts(int(moments["n_samples"]), n_batches=1, n_vectors=0, fold=fold)  # vectors: at sync
-        self.new_stream_vectors = self.new_stream_vectors + stream_vectors
-        self.new_statistics_vectors = self.new_statistics_vectors + moments["n_vectors"]
+            self.stream["sum_update_sq"] += moments.sum_update_sq
+        self.statistics.add_counts(int(moments.n_samples), n_batches=1, n_vectors=0, fold=fold)  # vectors: at sync
+        self.new_stream_vectors = self.new_stream_vectors + moments.n_stream_vectors
+        self.new_statistics_vectors = self.new_statistics_vectors + moments.n_vectors
 
     def sync(self) -> None:
         """Bring ``statistics`` up to date (one host copy per field off the CPU).
