@@ -142,8 +142,12 @@ def render_verdict(verdict, tests) -> str:
         tolerance = f"tolerance {num(tol['value'])} (loss units) at rho = {num(tol['rho'])}"
     else:
         tolerance = f"tolerance {num(tol['value'])} (growth-value units)"
+    # "best candidate" only where a candidate passed the test; otherwise the name is just the largest
+    # estimate, and calling it "best" next to SATURATED or INCONCLUSIVE reads as advice to insert there.
+    pick = ("best candidate" if verdict.verdict == Verdict.IMPROVABLE
+            else "largest estimate (no candidate passed the test)")
     text = (f"first-order verdict: {verdict.verdict.upper()} (alpha {num(verdict.alpha)}, {tolerance}; "
-            f"{verdict.method}); best candidate: {display_name(verdict.best_candidate)}")
+            f"{verdict.method}); {pick}: {display_name(verdict.best_candidate)}")
     gains = [t for t in tests if t.predicted_gain is not None]
     for t in gains:
         g = t.predicted_gain

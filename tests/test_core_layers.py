@@ -176,6 +176,19 @@ def test_one_best_candidate_in_every_output():
     assert "best candidate: b0" in text and "not a recommendation" in text
 
 
+def test_best_candidate_is_named_so_only_when_a_candidate_passed_the_test():
+    """With no candidate improvable, the text names the largest estimate as such, not as a "best candidate"."""
+    rng = np.random.default_rng(6)
+    improvable = _depth(rng, [0.0, 0.6]).report(split="heldout")
+    assert improvable.verdict.verdict is Verdict.IMPROVABLE
+    assert "best candidate: " in str(improvable)
+    noise = _depth(rng, [0.0, 0.0]).report(split="heldout")
+    assert noise.verdict.verdict is not Verdict.IMPROVABLE
+    text = str(noise)
+    assert "best candidate: " not in text
+    assert f"largest estimate (no candidate passed the test): {noise.verdict.best_candidate}" in text
+
+
 def test_each_noise_floor_is_named_by_its_unit_in_every_output():
     rng = np.random.default_rng(5)
     report = _depth(rng, [0.0, 0.3]).report(split="heldout")
