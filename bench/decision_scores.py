@@ -231,6 +231,7 @@ def _predictions(inst, method, calibration):
 def score(insts, calibrations: dict, method: str) -> dict:
     """One method's scores over ``insts`` (each scored with its own set's leave-one-out calibration)."""
     pooled_pred, pooled_real, within, picked, ratios, gains, probs, outcomes = [], [], [], [], [], [], [], []
+    pick_gains, best_gains = [], []  # relative to the test loss, decisions whose best candidate decreased it
     harms = flagged = clear = signs = covered = n_cov = 0
     for inst in insts:
         cal = calibrations[inst["set"]]
@@ -248,10 +249,14 @@ def score(insts, calibrations: dict, method: str) -> dict:
             picked.append(1 / len(names))
             if target[best] < 0:
                 ratios.append(float(np.mean(-target)) / -target[best])
+                pick_gains.append(float(np.mean(-target)) / inst["base_test"])
+                best_gains.append(-target[best] / inst["base_test"])
         else:
             picked.append(float(names.index(pick) == best))
             if target[best] < 0:
                 ratios.append(-target[names.index(pick)] / -target[best])
+                pick_gains.append(-target[names.index(pick)] / inst["base_test"])
+                best_gains.append(-target[best] / inst["base_test"])
         if choice == "random":
             gains.append(float(np.mean(-target)) / inst["base_test"])
         else:
@@ -278,6 +283,8 @@ def score(insts, calibrations: dict, method: str) -> dict:
            "spearman_pooled": _spearman(pooled_pred, pooled_real) if pooled_pred else None,
            "spearman_within": float(np.mean(within)) if within else None,
            "best_picked": float(np.mean(picked)), "pick_gain_ratio": float(np.mean(ratios)) if ratios else None,
+           # the same target read as a ratio of averages: one decision whose best gain is near 0 cannot dominate it
+           "pick_gain_of_means": float(np.sum(pick_gains) / np.sum(best_gains)) if best_gains else None,
            "decision_gain": float(np.mean(gains)), "harms": harms, "harms_flagged": flagged,
            "clear": clear, "sign_right": signs / clear if clear and pred is not None else None}
     if probs:
@@ -409,14 +416,15 @@ def tables(out: Path) -> str:
     (out.parent / "decision_validity_scores.json").write_text(json.dumps(res, indent=1, default=float))
     lines = [f"Model sets: {', '.join(res['sets'])} ({len(res['models'])} models). Calibration fitted leave one "
              "model set out; every number below is on the set left out.\n"]
-    head = ("| method | pooled Spearman | within-model Spearman | best picked | pick gain / best | decision gain "
-            "(% of test loss) | harms flagged | sign right (clear) | Brier skill | max reliability gap |")
-    rule = "|---" * 10 + "|"
+    head = ("| method | pooled Spearman | within-model Spearman | best picked | pick gain / best | mean pick gain / "
+            "mean best | decision gain (% of test loss) | harms flagged | sign right (clear) | Brier skill | "
+            "max reliability gap |")
+    rule = "|---" * 11 + "|"
 
     def row(name, s):
         return (f"| {name} | {_f(s['spearman_pooled'])} | {_f(s['spearman_within'])} | {_f(s['best_picked'], True)} | "
-                f"{_f(s['pick_gain_ratio'], True)} | {100 * s['decision_gain']:+.2f} | "
-                f"{s['harms_flagged']}/{s['harms']} | {_f(s['sign_right'], True)} of {s['clear']} | "
+                f"{_f(s['pick_gain_ratio'], True)} | {_f(s['pick_gain_of_means'], True)} | "
+                f"{100 * s['decision_gain']:+.2f} | {s['harms_flagged']}/{s['harms']} | {_f(s['sign_right'], True)} of {s['clear']} | "
                 f"{_f(s.get('brier_skill'), True)} | {_f(s.get('reliability_max_gap'))} |")
 
     lines += ["**Long recipes (300 and 1000 steps), every column pooled**\n", head, rule]
