@@ -358,6 +358,8 @@ class RowReader:
             self._rows_left -= n
             if self._rows_left == 0 and self._stream.read(1):
                 raise NpyMemberError("has data beyond the array its header describes")
+        except NpzError:
+            raise  # already names file and key (the memory budget): an InputError is a ValueError, one of ZIP_ERRORS
         except NpyMemberError as exc:
             raise self._archive.error(self.key, str(exc)) from None
         except ZIP_ERRORS as exc:

@@ -144,8 +144,11 @@ def test_limits_are_overridable(hostile, monkeypatch):
         read_dump(bomb)  # past the cap, the dump's own checks run
     monkeypatch.setenv("SATCORE_MAX_INFLATE_RATIO", "100")
     monkeypatch.setenv("SATCORE_MEMORY_BUDGET", "100")
-    with pytest.raises(DumpError, match=r"good.npz: q/blk: a chunk of 20 rows of 640 bytes is over the memory budget"):
+    with pytest.raises(DumpError, match=r"good.npz: q/blk: a chunk of 20 rows of 640 bytes is over the memory budget"
+                       ) as refused:
         read_dump(good).statistics()
+    # the budget's own line, not wrapped as an unreadable member (whose reason is cut at 120 characters)
+    assert "unreadable" not in str(refused.value) and str(refused.value).count("good.npz") == 1
     monkeypatch.setenv("SATCORE_MEMORY_BUDGET", "lots")
     result = CliRunner().invoke(main, ["score", good])
     assert result.exit_code == 2
