@@ -18,6 +18,10 @@ held-out split, and the predicted held-out change of the recipe's step per
 candidate), then a ranking: ``blocks=K`` takes the ``K`` candidates with the
 largest predicted held-out decrease, ``blocks="auto"`` those whose decrease is
 significant (its interval excludes zero), best first, at most ``max_blocks``.
+(That is ``decision="screen"``; the default ``"trial"`` verifies the screen's
+best places by short trials, :func:`placement_decision`.)  ``layout="grouped"``
+reads the decision group by group instead: one block in each of ``K``
+contiguous groups of places, LLaMA-Pro's groups (:class:`GroupedPlacement`).
 Why one step and not ``K`` rounds of decide-then-insert: an inserted identity
 block leaves the stream, the loss and the gradients of the model unchanged, so
 every other candidate's first-order statistics after an insertion are what they
