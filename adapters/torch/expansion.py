@@ -150,8 +150,29 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
 DECISIONS = ("trial", "screen")
 
 
+class _ReadsDecision:
+    """A placement's ``choice``, ``stop_reason``, ``candidates`` and ``cost_block_steps``: those of the
+    decision it reads (``wrapped``, a property of the subclass)."""
+
+    @property
+    def choice(self):
+        return self.wrapped.choice
+
+    @property
+    def stop_reason(self):
+        return self.wrapped.stop_reason
+
+    @property
+    def candidates(self) -> dict:
+        return self.wrapped.candidates
+
+    @property
+    def cost_block_steps(self) -> int:
+        return self.wrapped.cost_block_steps
+
+
 @dataclass(frozen=True)
-class TrialRanking:
+class TrialRanking(_ReadsDecision):
     """:func:`~.decide.decide`'s :class:`satcore.InsertionDecision` read as a placement: candidates
     verified by a short trial of the recipe first (lowest calibrated held-out change first), then
     the ones the screen left out, in screen order; a candidate counts as significant when it was
@@ -160,20 +181,8 @@ class TrialRanking:
     decision: object  # satcore.InsertionDecision
 
     @property
-    def choice(self):
-        return self.decision.choice
-
-    @property
-    def stop_reason(self):
-        return self.decision.stop_reason
-
-    @property
-    def candidates(self) -> dict:
-        return self.decision.candidates
-
-    @property
-    def cost_block_steps(self) -> int:
-        return self.decision.cost_block_steps
+    def wrapped(self):
+        return self.decision
 
     def ranking(self) -> list[str]:
         rows = list(self.candidates.values())
@@ -204,7 +213,7 @@ def place_groups(n_blocks: int, k: int) -> list[list[int | str]]:
 
 
 @dataclass(frozen=True)
-class GroupedPlacement:
+class GroupedPlacement(_ReadsDecision):
     """A decision read group by group: one new block per group of contiguous places
     (:func:`place_groups`), at the place of the group that ``base`` ranks first
     (:class:`TrialRanking`: the verified place with the lowest calibrated held-out change, in
@@ -216,20 +225,8 @@ class GroupedPlacement:
     groups: tuple  # of tuples of candidate names
 
     @property
-    def choice(self):
-        return self.base.choice
-
-    @property
-    def stop_reason(self):
-        return self.base.stop_reason
-
-    @property
-    def candidates(self) -> dict:
-        return self.base.candidates
-
-    @property
-    def cost_block_steps(self) -> int:
-        return self.base.cost_block_steps
+    def wrapped(self):
+        return self.base
 
     def choices(self) -> list[str]:
         """Each group's place, bottom group first."""
