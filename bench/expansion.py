@@ -444,7 +444,7 @@ def main(argv=None):
                 for K in (args.blocks if phase != "sweep" else sweep):
                     jobs = []
                     if phase in ("main", "sweep"):
-                        jobs += ["satcore", "satcore-screen"]
+                        jobs += ["satcore", "satcore-screen", "satcore-grouped"]
                     if phase == "main":
                         jobs += ["uniform", "satcore-uncharged", *GROUPED]
                     if phase == "baselines":
@@ -567,7 +567,7 @@ def render(paths) -> str:
                 method = DECISION_OF.get(placement, "-") + (", grouped" if placement in GROUPED else "")
                 out.append(f"| {mode} | {K} | {placement} | {method} | {len(seeds)} "
                            f"| {trained} | {np.mean(values):.4f} | {' | '.join(cells)} |")
-    for ours in COMPARED[:2]:
+    for ours in ("satcore", "satcore-screen", "satcore-grouped"):  # charged: the sweep compares K at equal compute
         method = DECISION_OF[ours]
         sweep = {}
         for (ph, m, K, pl, s), v in mean_loss.items():
