@@ -540,7 +540,8 @@ def render(paths) -> str:
     out = [f"Setup: {json.dumps(setup)}; pretrained: {json.dumps(rows[0]['pretrain'])}; held-out loss of the "
            f"unexpanded model on the new corpus: {rows[0]['heldout_before']:.4f} {unit}.", ""]
     compared = [c for c in COMPARED if any(k[3] == c for k in mean_loss)]
-    heads = [f"{c} minus it" + (" (95% interval)" if i == 0 else "") for i, c in enumerate(compared)]
+    heads = [f"{'satcore (trial)' if c == 'satcore' else c} minus it" + (" (95% interval)" if i == 0 else "")
+             for i, c in enumerate(compared)]
     out += ["| mode | K | placement | decision | seeds | steps trained | mean held-out loss | " + " | ".join(heads)
             + " |", "|---|---|---|---|---|---|---|" + "---|" * len(compared)]
 
