@@ -555,7 +555,8 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
     decision : ``"trial"`` (default): :func:`~.decide.decide`, the first-order screen verified by
         short trials of ``recipe`` (at most one block's training in all); ``"screen"``: the
         first-order screen alone (:func:`first_order_decision`, cheaper).  Both placements were
-        measured to lose to LLaMA-Pro's uniform interleave on the bench of docs/expansion.md.
+        measured to lose to LLaMA-Pro's uniform interleave on the bench of docs/expansion.md;
+        ``layout="grouped"`` tied it there with the decision's cost not charged and lost with it.
     layout : ``"ranked"`` (default): the decision's top ``K`` places anywhere in the stack;
         ``"grouped"``: the ``L + 1`` places split into ``K`` contiguous groups (LLaMA-Pro's groups,
         :func:`place_groups`), one block per group at the place the decision ranks first within
