@@ -19,6 +19,9 @@ loss.  Placements:
 * ``satcore-uncharged``: ``satcore``'s placement trained for the full budget,
   the decision's cost not charged: a diagnostic that separates where the
   blocks go from what deciding costs, not an equal-compute comparison;
+* ``satcore-grouped`` / ``satcore-grouped-uncharged``: the same trial decision
+  with ``layout="grouped"`` (one block per contiguous group of places, the
+  trials spread over the groups), charged / not charged;
 * ``uniform``: LLaMA-Pro's default, one new block after each group of L/K blocks;
 * ``end``: all K after the last block;
 * ``random``: K distinct places out of L + 1, the mean over ``--draws`` draws;
@@ -96,9 +99,14 @@ HINT = ("apt-get download linux-doc-6.1 python3.11-doc && dpkg-deb -x linux-doc-
 CACHE = Path.home() / ".cache/satcore-bench-expansion"
 RESULTS = Path(__file__).resolve().parent / "results" / "expansion.jsonl"
 MODES = ("llama_pro", "full")
-PLACEMENTS = ("satcore", "satcore-screen", "satcore-uncharged", "uniform", "end", "random", "shortgpt")
-DECISION_OF = {"satcore": "trial", "satcore-screen": "screen", "satcore-uncharged": "trial"}
-COMPARED = ("satcore", "satcore-screen", "satcore-uncharged")  # the report pairs every other placement with these
+PLACEMENTS = ("satcore", "satcore-screen", "satcore-uncharged", "satcore-grouped", "satcore-grouped-uncharged",
+              "uniform", "end", "random", "shortgpt")
+DECISION_OF = {"satcore": "trial", "satcore-screen": "screen", "satcore-uncharged": "trial",
+               "satcore-grouped": "trial", "satcore-grouped-uncharged": "trial"}
+GROUPED = ("satcore-grouped", "satcore-grouped-uncharged")  # layout="grouped"; the others "ranked"
+UNCHARGED = ("satcore-uncharged", "satcore-grouped-uncharged")
+# the report pairs every other placement with these
+COMPARED = ("satcore", "satcore-screen", "satcore-uncharged", "satcore-grouped", "satcore-grouped-uncharged")
 
 
 # --- data -------------------------------------------------------------------------------------
@@ -324,11 +332,12 @@ class PassCounter:
                 "steps": grad + forward}
 
 
-def decision(base, python_train, args, seed, method):
-    """satcore's placement ranking for ``seed`` with ``method`` (``"trial"`` or ``"screen"``), its wall
-    seconds and its charge in continued-training steps (:class:`PassCounter`).  The screen reads
-    ``decision_batches`` batches per split and prices the full recipe; the trial decision reads
-    ``trial_batches`` per split and trials the recipe shortened to ``steps // trial_fraction``."""
+def decision(base, python_train, args, seed, method, layout="ranked", blocks=None):
+    """satcore's placement ranking for ``seed`` with ``method`` (``"trial"`` or ``"screen"``) and ``layout``
+    (``"grouped"``: into ``blocks`` groups), its wall seconds and its charge in continued-training steps
+    (:class:`PassCounter`).  The screen reads ``decision_batches`` batches per split and prices the full
+    recipe; the trial decision reads ``trial_batches`` per split and trials the recipe shortened to
+    ``steps // trial_fraction``."""
     from satcore import Recipe
     from satcore.adapters.torch.expansion import placement_decision
 
@@ -342,7 +351,8 @@ def decision(base, python_train, args, seed, method):
     counter = PassCounter(base)
     start = time.time()
     try:
-        d = placement_decision(base, batches[0], batches[1], recipe=recipe, decision=method, seed=seed)
+        d = placement_decision(base, batches[0], batches[1], recipe=recipe, decision=method, layout=layout,
+                               blocks=blocks, seed=seed)
     finally:
         counter.handle.remove()
     return d, time.time() - start, counter.charge(args.batch_size)
@@ -418,10 +428,12 @@ def main(argv=None):
 
     decisions = {}
 
-    def decided(seed, method):
-        if (seed, method) not in decisions:
-            decisions[seed, method] = decision(base, python_train, args, seed, method)
-        return decisions[seed, method]
+    def decided(seed, method, K=None):
+        """``K`` None: the ranked layout (one decision per seed); else the grouped layout's K groups."""
+        if (seed, method, K) not in decisions:
+            decisions[seed, method, K] = decision(base, python_train, args, seed, method,
+                                                  "ranked" if K is None else "grouped", K)
+        return decisions[seed, method, K]
 
     phases = ["main", "baselines", "random", "sweep"] if args.phase == "all" else [args.phase]
     for phase in phases:
@@ -432,9 +444,9 @@ def main(argv=None):
                 for K in (args.blocks if phase != "sweep" else sweep):
                     jobs = []
                     if phase in ("main", "sweep"):
-                        jobs += ["satcore", "satcore-screen"]
+                        jobs += ["satcore", "satcore-screen", "satcore-grouped"]
                     if phase == "main":
-                        jobs += ["uniform", "satcore-uncharged"]
+                        jobs += ["uniform", "satcore-uncharged", *GROUPED]
                     if phase == "baselines":
                         jobs += ["end", "shortgpt"]
                     if phase == "random":
@@ -446,7 +458,7 @@ def main(argv=None):
                             continue
                         extra, steps = {}, args.steps
                         if job in DECISION_OF:
-                            d, seconds, charge = decided(seed, DECISION_OF[job])
+                            d, seconds, charge = decided(seed, DECISION_OF[job], K if job in GROUPED else None)
                             ranking = d.ranking()
                             if K == "auto":
                                 picked = [c for c in ranking if d.significant(c)][: L + 1]
@@ -456,12 +468,14 @@ def main(argv=None):
                             before = ["head" if c == "head" else int(c.rpartition(".")[2]) for c in picked]
                             # the screen's charge is its probe, one step per batch (its stored rows
                             # predate the pass counter); the trial decision's is every pass it ran
-                            cost = {"satcore": charge["steps"], "satcore-screen": d.cost_block_steps,
-                                    "satcore-uncharged": 0}[job]
+                            cost = 0 if job in UNCHARGED else (
+                                d.cost_block_steps if job == "satcore-screen" else charge["steps"])
                             steps = max(0, steps - cost)
                             if DECISION_OF[job] == "trial":
                                 extra.update(trial_batches=args.trial_batches,
                                              trial_recipe_steps=args.steps // args.trial_fraction)
+                            if job in GROUPED:
+                                extra.update(layout="grouped", groups=[list(g) for g in d.groups])
                             extra.update(decision=DECISION_OF[job], cost_block_steps=d.cost_block_steps,
                                          charged_steps=cost, charge=charge, decision_seconds=seconds,
                                          evidence={n: c.to_dict() for n, c in d.candidates.items()})
@@ -503,9 +517,17 @@ def paired(diffs) -> tuple[float, float, float]:
 
 
 def render(paths) -> str:
-    rows = [r for path in paths for r in _rows(path)]
+    """The tables of docs/expansion.md from the result files ``paths``; a row with the key of a row in an
+    earlier file replaces it (a rerun, e.g. after a change of the charge), and files measured with
+    another setup or another pretrained model are refused (every difference is paired)."""
+    latest = {json.dumps(r["key"]): r for path in paths for r in _rows(path)}
+    rows = list(latest.values())
     if not rows:
         return f"no results in {', '.join(map(str, paths))}"
+    for r in rows:
+        if r["setup"] != rows[0]["setup"] or not math.isclose(r["heldout_before"], rows[0]["heldout_before"],
+                                                               rel_tol=1e-6):
+            return f"not paired: row {json.dumps(r['key'])} has another setup or pretrained model than the first row"
     loss, steps = {}, {}
     for r in rows:
         k = r["key"]
@@ -517,9 +539,11 @@ def render(paths) -> str:
     unit = "nats/token" if setup.get("protocol") == "smollm2" else "nats/byte"
     out = [f"Setup: {json.dumps(setup)}; pretrained: {json.dumps(rows[0]['pretrain'])}; held-out loss of the "
            f"unexpanded model on the new corpus: {rows[0]['heldout_before']:.4f} {unit}.", ""]
-    out += ["| mode | K | placement | decision | seeds | steps trained | mean held-out loss "
-            "| satcore (trial) minus it (95% interval) | satcore-screen minus it | satcore-uncharged minus it |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    compared = [c for c in COMPARED if any(k[3] == c for k in mean_loss)]
+    heads = [f"{'satcore (trial)' if c == 'satcore' else c} minus it" + (" (95% interval)" if i == 0 else "")
+             for i, c in enumerate(compared)]
+    out += ["| mode | K | placement | decision | seeds | steps trained | mean held-out loss | " + " | ".join(heads)
+            + " |", "|---|---|---|---|---|---|---|" + "---|" * len(compared)]
 
     def difference(mode, K, ours, placement, seeds):
         if placement == ours:
@@ -540,10 +564,11 @@ def render(paths) -> str:
                 values = [mean_loss[("main", mode, K, placement, s)] for s in seeds]
                 trained = steps[("main", mode, K, placement)]
                 trained = f"{min(trained)}" if min(trained) == max(trained) else f"{min(trained)}-{max(trained)}"
-                cells = [difference(mode, K, ours, placement, seeds) for ours in COMPARED]
-                out.append(f"| {mode} | {K} | {placement} | {DECISION_OF.get(placement, '-')} | {len(seeds)} "
+                cells = [difference(mode, K, ours, placement, seeds) for ours in compared]
+                method = DECISION_OF.get(placement, "-") + (", grouped" if placement in GROUPED else "")
+                out.append(f"| {mode} | {K} | {placement} | {method} | {len(seeds)} "
                            f"| {trained} | {np.mean(values):.4f} | {' | '.join(cells)} |")
-    for ours in COMPARED[:2]:
+    for ours in ("satcore", "satcore-screen", "satcore-grouped"):  # charged: the sweep compares K at equal compute
         method = DECISION_OF[ours]
         sweep = {}
         for (ph, m, K, pl, s), v in mean_loss.items():

@@ -70,6 +70,10 @@ def _report(expansion) -> str:
     lines = [f"{len(expansion.new_blocks)} new block(s) at positions {expansion.positions} "
              f"(inserted before original blocks {expansion.inserted_before}), init={expansion.init}"]
     decision = expansion.decision
+    groups = expansion.to_dict()["groups"]
+    if groups is not None:
+        lines.append("layout grouped, one block per group of places: "
+                     + ", ".join("[" + ", ".join(map(str, g)) + "]" for g in groups))
     if decision is not None:
         rows = []
         chosen = set(expansion.inserted_before)
@@ -116,8 +120,12 @@ def _report(expansion) -> str:
 @click.option("--decision", type=click.Choice(("trial", "screen")), default="trial", show_default=True,
               help="trial: the first-order screen verified by short trials of the recipe (at most one block's "
               "training in all); screen: the first-order screen alone (cheaper).")
+@click.option("--layout", type=click.Choice(("ranked", "grouped")), default="ranked", show_default=True,
+              help="ranked: the decision's top K places anywhere in the stack; grouped: the places split into K "
+              "contiguous groups (LLaMA-Pro's), one block per group where the decision ranks best within it "
+              "(with --blocks auto: 4 groups, a block where the group's place shows a credible decrease).")
 def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimizer, lr, steps, batch_size, seq_len,
-           max_windows, max_blocks, seed, decision):
+           max_windows, max_blocks, seed, decision, layout):
     """Grow the decoder in MODEL_DIR by identity blocks where the evidence on FILE says; write OUT_DIR."""
     if (blocks is None) == (at is None):
         raise click.UsageError("give --blocks K|auto, or --at NAME,... to force the positions (not both)")
@@ -143,7 +151,8 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
         data = read_token_windows(data_path, tokenizer_dir=model_dir, vocab_size=model.config.vocab_size,
                                   seq_len=seq_len or min(256, context), max_windows=max_windows)
     expansion = expand_model(model, data, blocks=blocks, recipe=recipe, at=forced, init=init,
-                             train_new_only=freeze_old, max_blocks=max_blocks, seed=seed, decision=decision)
+                             train_new_only=freeze_old, max_blocks=max_blocks, seed=seed, decision=decision,
+                             layout=layout)
     parent = os.path.dirname(os.path.abspath(out_dir))
     staging = tempfile.mkdtemp(prefix=".satcore-expand-", dir=parent)
     try:

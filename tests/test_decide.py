@@ -202,3 +202,40 @@ def test_decide_stops_when_every_insertion_harms():
     shipped = [verified_candidate(n, c.trial, d.recipe.steps, DEFAULT_CALIBRATION, c.screen_heldout_change)
                for n, c in d.candidates.items()]
     assert choose(shipped, d.recipe, d.heldout_loss, d.cost_block_steps, DEFAULT_CALIBRATION).choice is None
+
+
+def test_decide_evaluates_the_unexpanded_model_once_and_decides_as_the_trials_alone_would():
+    """The cost cut: ``decide`` evaluates the unexpanded model on both splits once and hands the losses to every
+    trial.  Its candidates equal, exactly (same arithmetic), those built from ``trial_losses`` evaluating
+    ``before`` itself; the unexpanded model runs forward-only over each split once, the trials' copies at their
+    checkpoints only."""
+    model = digits_resnet()
+    train, heldout = _data(0, 96, 32), _data(1200, 64, 32)
+    recipe = Recipe("adam", 1e-3, 12, 16, "block")
+    forward_samples = {"model": 0, "copies": 0}
+
+    def count(module, args):
+        if isinstance(module, type(model)) and not torch.is_grad_enabled():
+            forward_samples["model" if module is model else "copies"] += len(args[0])
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(count)
+    try:
+        d = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2],
+                   calibration=NORMAL, seed=2)
+    finally:
+        handle.remove()
+    verified, T, checkpoints = trial_plan(len(CANDIDATES), recipe, 4)
+    assert forward_samples == {"model": 96 + 64, "copies": verified * len(checkpoints) * (96 + 64)}
+    splits = probe_splits(model, train, heldout, per_sample_ce, candidates=CANDIDATES[:2], seed=2)
+    for name, c in d.candidates.items():
+        m = trial_losses(model, splits.train, name, recipe.with_steps(T), train, {"heldout": heldout, "train": train},
+                         checkpoints, per_sample_ce, seed=2)  # before= not given: evaluated in the trial
+        curve = TrialCurve.from_losses(checkpoints, *m["heldout"], *m["train"])
+        expected = verified_candidate(name, curve, recipe.steps, NORMAL, c.screen_heldout_change)
+        assert c.to_dict() == expected.to_dict(), name
+        assert np.array_equal(c.trial.heldout_change, expected.trial.heldout_change)
+    assert d.heldout_loss == float(np.concatenate(
+        [per_sample_ce(model(x), y).double().detach().numpy() for x, y in heldout]).mean())
+    with pytest.raises(InputError, match="before= lacks"):
+        trial_losses(model, splits.train, "head", recipe, train, {"heldout": heldout}, (1,), per_sample_ce,
+                     before={"train": np.zeros(96)})

@@ -25,7 +25,8 @@ from satcore import Recipe  # noqa: E402
 from satcore.adapters.torch import find_blocks, sequence_loss  # noqa: E402
 from satcore.adapters.torch import decide  # noqa: E402
 from satcore.adapters.torch.expansion import (  # noqa: E402
-    TrialRanking, expand, first_order_decision, insert_blocks, layout_of, placement_decision, split_batches,
+    GroupedPlacement, TrialRanking, expand, first_order_decision, insert_blocks, layout_of, place_groups,
+    placement_decision, split_batches,
 )
 from satcore.errors import InputError  # noqa: E402
 from satcore.cli.main import main  # noqa: E402
@@ -210,6 +211,74 @@ def test_placement_decision_is_decide_with_the_native_family_and_expand_places_b
         placement_decision(model, train, held, recipe=recipe, decision="oracle")
 
 
+@pytest.mark.parametrize("K", [2, 4])
+def test_groups_are_contiguous_splits_holding_uniform_interleaves_places(K):
+    """For 8 blocks the K groups of the 9 places each hold one of LLaMA-Pro's uniform places: after every
+    8 / K blocks, written independently here as the blocks ``j`` with ``(j + 1) % (8 / K) == 0``."""
+    groups = place_groups(8, K)
+    flat = [p for g in groups for p in g]
+    assert flat == list(range(8)) + ["head"] and len(groups) == K
+    assert max(map(len, groups)) - min(map(len, groups)) <= 1
+    uniform = [j + 1 if j + 1 < 8 else "head" for j in range(8) if (j + 1) % (8 // K) == 0]
+    assert len(uniform) == K
+    assert [sum(p in g for p in uniform) for g in groups] == [1] * K
+    with pytest.raises(InputError, match="places for a block"):
+        place_groups(8, 10)
+
+
+GROUPED_RECIPE = Recipe("adamw", lr=1e-3, steps=8, batch_size=4)
+
+
+def test_grouped_placement_spreads_the_trials_over_the_groups():
+    """3 blocks, 4 places, K = 2 with a trial budget of 2: the groups [0, 1] and [2, head] each get their
+    first place in the screen's order trialled, and that place; the trials' steps add up to the recipe's."""
+    model = build("llama")
+    recipe = GROUPED_RECIPE
+    train, held = split_batches(windows(16))
+    d = placement_decision(model, train, held, recipe=recipe, layout="grouped", blocks=2, max_trials=2, seed=3)
+    assert isinstance(d, GroupedPlacement) and isinstance(d.base, TrialRanking)
+    assert d.groups == (("model.layers.0", "model.layers.1"), ("model.layers.2", "head"))
+    screen_order = list(d.candidates)  # the decision keeps its candidates in the screen's order
+    firsts = [next(n for n in screen_order if n in g) for g in d.groups]
+    assert [n for n in screen_order if d.candidates[n].verified] == [n for n in screen_order if n in firsts]
+    assert d.choices() == firsts and sorted(d.ranking()[:2]) == sorted(firsts)
+    assert d.cost_block_steps == 2 * (8 // 2) <= recipe.steps
+
+
+def test_grouped_expand_takes_each_groups_lowest_calibrated_change():
+    """K = 3 with 4 trials: ceil(4 / 3) = 2 per group of [0, 1], [2], [head], so every place is trialled (2 steps
+    each, 8 in all) and each group takes its lowest calibrated held-out change; auto counts a group's place
+    only where its decrease is credible."""
+    model = build("llama")
+    recipe = GROUPED_RECIPE
+    expansion = expand(model, windows(16), blocks=3, recipe=recipe, seed=3, layout="grouped")
+    d3 = expansion.decision
+    assert all(c.verified for c in d3.candidates.values()) and d3.cost_block_steps == 4 * 2 <= recipe.steps
+    expected = [min(g, key=lambda n: d3.candidates[n].predicted_heldout_change) for g in d3.groups]
+    assert d3.choices() == expected
+    assert sorted(expansion.inserted_before, key=str) == sorted(
+        ["head" if n == "head" else int(n.rpartition(".")[2]) for n in expected], key=str)
+    record = expansion.to_dict()
+    assert record["layout"] == "grouped" and record["groups"] == [[0, 1], [2], ["head"]]
+    assert record["decision"]["method"].startswith("first-order screen verified by short trials")
+    # auto reads the same evidence group by group: a group's place counts when its decrease is credible
+    auto = GroupedPlacement(d3.base, tuple((n,) for n in d3.candidates))
+    threshold = d3.base.decision.calibration.p_threshold
+    assert {n for n in auto.ranking() if auto.significant(n)} == {
+        n for n, c in d3.candidates.items() if c.predicted_heldout_change < 0 and c.p_decrease >= threshold}
+    assert not any(d3.significant(n) for n in d3.candidates if n not in d3.choices())
+
+
+def test_forced_positions_override_the_grouped_layout():
+    model = build("llama")
+    expansion = expand(model, windows(16), blocks=2, at=[0, "head"], layout="grouped")
+    record = expansion.to_dict()
+    assert expansion.decision is None and record["inserted_before"] == [0, "head"]
+    assert record["layout"] == "grouped" and record["groups"] is None and record["cost_block_steps"] == 0
+    with pytest.raises(InputError, match="layout must be one of"):
+        expand(model, windows(16), blocks=2, layout="diagonal")
+
+
 def llama_factory_layers(num_layers, n, use_llama_pro):
     """LLaMA-Factory's freeze-tuning layer choice (its ``_setup_freeze_tuning``), restated."""
     if use_llama_pro:
@@ -303,6 +372,24 @@ def test_cli_writes_a_loadable_checkpoint_and_leaves_model_dir_alone(checkpoint,
     assert grown.config.num_hidden_layers == 6
 
 
+def test_cli_layout_round_trip(checkpoint, tmp_path):
+    """--layout grouped reaches expansion.json: 4 blocks, 5 places, K = 2 groups [0, 1, 2] and [3, head], one
+    new block in each; the default is ranked, with no groups."""
+    folder, text = checkpoint
+    result = cli("expand", folder, "--data", text, "--blocks", "2", "-o", tmp_path / "g", "--seq-len", "16",
+                 "--steps", "4", "--layout", "grouped", "--max-windows", "32")
+    assert result.exit_code == 0, result.output
+    assert "layout grouped, one block per group of places: [0, 1, 2], [3, head]" in result.output
+    record = json.loads((tmp_path / "g" / "expansion.json").read_text())
+    assert record["layout"] == "grouped" and record["groups"] == [[0, 1, 2], [3, "head"]]
+    assert [sum(b in g for b in record["inserted_before"]) for g in record["groups"]] == [1, 1]
+    assert 0 < record["cost_block_steps"] <= 4
+    result = cli("expand", folder, "--data", text, "--at", "1", "-o", tmp_path / "r")
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "r" / "expansion.json").read_text())
+    assert record["layout"] == "ranked" and record["groups"] is None
+
+
 def test_cli_token_files_give_the_text_decision(checkpoint, tmp_path):
     folder, text = checkpoint
     ids = T.AutoTokenizer.from_pretrained(folder)(TEXT, add_special_tokens=False)["input_ids"]
@@ -340,6 +427,7 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
     ("pickle", "object"),
     ("out_of_vocab", "outside the model's vocabulary"),
     ("bad_at", "is not a block"),
+    ("bad_layout", "'diagonal' is not one of 'ranked', 'grouped'"),
 ])
 def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path):
     import shutil
@@ -379,6 +467,8 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path):
         data.write_text(json.dumps([5] * 16 * 7 + [5000]) + "\n")
     elif case == "bad_at":
         extra = ["--at", "model.layers.9"]
+    elif case == "bad_layout":
+        extra = ["--blocks", "1", "--layout", "diagonal"]
     before = digest(model_dir) if model_dir.exists() else None
     result = CliRunner().invoke(main, ["expand", str(model_dir), "--data", str(data), "-o", str(out),
                                        "--seq-len", "16", *extra])

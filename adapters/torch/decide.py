@@ -17,6 +17,7 @@ along the way (:func:`trial_losses`).  The user's model is never modified.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -135,18 +136,25 @@ def _optimizer(recipe: Recipe, params):
 
 
 def trial_losses(model, result, at: str, recipe: Recipe, train, evaluate: dict, checkpoints, loss_fn=None, *,
-                 seed: int = 0) -> dict:
+                 seed: int = 0, before: dict | None = None) -> dict:
     """Train the zero-output block at ``at`` (in a copy, :func:`inserted_copy`) with ``recipe`` on
     minibatches of ``train`` (:func:`recipe_minibatches`, ``seed``) and evaluate it at ``checkpoints``.
 
     Returns ``{"steps": checkpoints, name: (before (n,), after (k, n))}``: per-sample losses of each
     ``evaluate[name]`` batch list before training and after each checkpoint's number of steps.
-    ``recipe.steps`` is not read: the trial runs to the last checkpoint.
+    ``recipe.steps`` is not read: the trial runs to the last checkpoint.  ``before``: the
+    unexpanded ``model``'s per-sample losses on each ``evaluate[name]`` (:func:`per_sample_eval`),
+    where the caller already has them (:func:`decide` evaluates them once for all its trials: the
+    inserted block is the identity, so they are also the grown copy's before training); ``None``:
+    evaluated here.
     """
     checkpoints = tuple(sorted({int(c) for c in checkpoints}))
+    if before is None:
+        before = {name: per_sample_eval(model, data, loss_fn) for name, data in evaluate.items()}
+    elif set(evaluate) - set(before):
+        raise InputError(f"trial_losses: before= lacks {sorted(set(evaluate) - set(before))}")
     grown, params = inserted_copy(model, result, at, seed=seed, trainable=recipe.trainable)
     out = {"steps": checkpoints}
-    before = {name: per_sample_eval(model, data, loss_fn) for name, data in evaluate.items()}
     after = {name: [] for name in evaluate}
     opt = _optimizer(recipe, params)
     device = params[0].device
@@ -182,8 +190,20 @@ def screen(splits, recipe: Recipe) -> dict:
     return dict(sorted(changes.items(), key=lambda kv: kv[1][0]))
 
 
+def grouped_trials(names, groups, max_trials: int) -> list[str]:
+    """The candidates a grouped trial plan verifies: each group's first ``ceil(max_trials / len(groups))``
+    (at least 1) of ``names`` (the screen's order), returned in that order; names of a group that are
+    not in ``names`` (not scored) are skipped."""
+    per_group = max(1, math.ceil(max_trials / max(1, len(groups))))
+    order = {name: i for i, name in enumerate(names)}
+    picked = set()
+    for group in groups:
+        picked.update(sorted((n for n in group if n in order), key=order.get)[:per_group])
+    return [n for n in names if n in picked]
+
+
 def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=None, family="auto", seed: int = 0,
-           max_trials: int = 4, calibration=None, **probe_options):
+           max_trials: int = 4, calibration=None, groups=None, **probe_options):
     """Where to insert the next block under ``recipe``, or why to stop: a :class:`satcore.InsertionDecision`.
 
     Parameters
@@ -204,6 +224,11 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
         How many candidates, in the screen's order, are verified by a trial.
     calibration : satcore.decision.Calibration, optional
         Default: the shipped one (:mod:`satcore.decision_calibration`).
+    groups : sequence of sequences of candidate names, optional
+        Spread the trials over these groups (:func:`grouped_trials`): each group's first
+        ``ceil(max_trials / len(groups))`` in the screen's order are verified instead of the
+        screen's first ``max_trials``; their steps still add up to at most ``recipe.steps`` where
+        there are no more trials than steps (:func:`satcore.decision.trial_plan`).
 
     Returns
     -------
@@ -218,21 +243,29 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
                           **probe_options)
     screened = screen(splits, recipe)
     names = list(screened)
-    verified, T, checkpoints = trial_plan(len(names), recipe, max_trials)
-    heldout_before = per_sample_eval(model, heldout, loss_fn)
+    if groups is None:
+        verified, T, checkpoints = trial_plan(len(names), recipe, max_trials)
+        trialled = set(names[:verified])
+    else:
+        trialled = grouped_trials(names, groups, max_trials)
+        verified, T, checkpoints = trial_plan(len(trialled), recipe, len(trialled))
+        trialled = set(trialled)
+    evaluate = {"heldout": heldout, "train": train}
+    # the unexpanded model's losses, once: every trial starts from them (its block is the identity)
+    before = {split: per_sample_eval(model, data, loss_fn) for split, data in evaluate.items()}
     out = []
-    for i, name in enumerate(names):
+    for name in names:
         screen_change, fold_gain, training_change = screened[name]
-        if i < verified:
-            measured = trial_losses(model, splits.train, name, recipe.with_steps(T), train,
-                                    {"heldout": heldout, "train": train}, checkpoints, loss_fn, seed=seed)
+        if name in trialled:
+            measured = trial_losses(model, splits.train, name, recipe.with_steps(T), train, evaluate, checkpoints,
+                                    loss_fn, seed=seed, before=before)
             curve = TrialCurve.from_losses(checkpoints, *measured["heldout"], *measured["train"])
             out.append(verified_candidate(name, curve, recipe.steps, calibration, screen_change))
         else:
             low, high = fold_gain.interval  # the fold interval only: never chosen (not verified)
             out.append(CandidateDecision(name, screen_change, training_change, (-high, -low), fold_gain.p_decrease,
                                          screen_change))
-    return choose(out, recipe, float(heldout_before.mean()), verified * T, calibration)
+    return choose(out, recipe, float(before["heldout"].mean()), verified * T, calibration)
 
 
-__all__ = ["decide", "inserted_copy", "per_sample_eval", "recipe_minibatches", "screen", "trial_losses"]
+__all__ = ["decide", "grouped_trials", "inserted_copy", "per_sample_eval", "recipe_minibatches", "screen", "trial_losses"]

@@ -18,6 +18,10 @@ held-out split, and the predicted held-out change of the recipe's step per
 candidate), then a ranking: ``blocks=K`` takes the ``K`` candidates with the
 largest predicted held-out decrease, ``blocks="auto"`` those whose decrease is
 significant (its interval excludes zero), best first, at most ``max_blocks``.
+(That is ``decision="screen"``; the default ``"trial"`` verifies the screen's
+best places by short trials, :func:`placement_decision`.)  ``layout="grouped"``
+reads the decision group by group instead: one block in each of ``K``
+contiguous groups of places, LLaMA-Pro's groups (:class:`GroupedPlacement`).
 Why one step and not ``K`` rounds of decide-then-insert: an inserted identity
 block leaves the stream, the loss and the gradients of the model unchanged, so
 every other candidate's first-order statistics after an insertion are what they
@@ -41,6 +45,7 @@ import copy
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -145,8 +150,29 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
 DECISIONS = ("trial", "screen")
 
 
+class _ReadsDecision:
+    """A placement's ``choice``, ``stop_reason``, ``candidates`` and ``cost_block_steps``: those of the
+    decision it reads (``wrapped``, a property of the subclass)."""
+
+    @property
+    def choice(self):
+        return self.wrapped.choice
+
+    @property
+    def stop_reason(self):
+        return self.wrapped.stop_reason
+
+    @property
+    def candidates(self) -> dict:
+        return self.wrapped.candidates
+
+    @property
+    def cost_block_steps(self) -> int:
+        return self.wrapped.cost_block_steps
+
+
 @dataclass(frozen=True)
-class TrialRanking:
+class TrialRanking(_ReadsDecision):
     """:func:`~.decide.decide`'s :class:`satcore.InsertionDecision` read as a placement: candidates
     verified by a short trial of the recipe first (lowest calibrated held-out change first), then
     the ones the screen left out, in screen order; a candidate counts as significant when it was
@@ -155,20 +181,8 @@ class TrialRanking:
     decision: object  # satcore.InsertionDecision
 
     @property
-    def choice(self):
-        return self.decision.choice
-
-    @property
-    def stop_reason(self):
-        return self.decision.stop_reason
-
-    @property
-    def candidates(self) -> dict:
-        return self.decision.candidates
-
-    @property
-    def cost_block_steps(self) -> int:
-        return self.decision.cost_block_steps
+    def wrapped(self):
+        return self.decision
 
     def ranking(self) -> list[str]:
         rows = list(self.candidates.values())
@@ -184,20 +198,86 @@ class TrialRanking:
         return self.decision.to_dict()
 
 
+LAYOUTS = ("ranked", "grouped")
+
+
+def place_groups(n_blocks: int, k: int) -> list[list[int | str]]:
+    """The unexpanded model's ``n_blocks + 1`` places (before blocks ``0 .. n_blocks - 1``, then
+    ``"head"``) split into ``k`` contiguous groups, ``numpy.array_split`` (LLaMA-Pro's groups).
+    For 8 blocks and ``k`` = 2 or 4 each group holds one of uniform interleave's places
+    (``[0..4], [5..head]``; ``[0..2], [3, 4], [5, 6], [7, head]``)."""
+    if not 1 <= k <= n_blocks + 1:
+        raise InputError(f"blocks={k}: the model has {n_blocks + 1} places for a block ({n_blocks} blocks and the "
+                         "head)")
+    return [[HEAD if i == n_blocks else int(i) for i in part] for part in np.array_split(np.arange(n_blocks + 1), k)]
+
+
+@dataclass(frozen=True)
+class GroupedPlacement(_ReadsDecision):
+    """A decision read group by group: one new block per group of contiguous places
+    (:func:`place_groups`), at the place of the group that ``base`` ranks first
+    (:class:`TrialRanking`: the verified place with the lowest calibrated held-out change, in
+    screen order where none was trialled; :class:`ScreenDecision`: the largest predicted
+    decrease).  ``ranking()`` lists the groups' places first (in ``base`` 's order), then
+    every other candidate as ``base`` ranks it; only a group's place can be significant."""
+
+    base: object  # TrialRanking or ScreenDecision
+    groups: tuple  # of tuples of candidate names
+
+    @property
+    def wrapped(self):
+        return self.base
+
+    def choices(self) -> list[str]:
+        """Each group's place, bottom group first."""
+        ranked = self.base.ranking()
+        return [next(n for n in ranked if n in group) for group in self.groups]
+
+    def ranking(self) -> list[str]:
+        ranked = self.base.ranking()
+        chosen = set(self.choices())
+        return [n for n in ranked if n in chosen] + [n for n in ranked if n not in chosen]
+
+    def significant(self, name: str) -> bool:
+        return name in self.choices() and self.base.significant(name)
+
+    def to_dict(self) -> dict:
+        return {**self.base.to_dict(), "groups": [list(g) for g in self.groups]}
+
+
 def placement_decision(model: nn.Module, train, heldout, loss_fn=None, *, recipe: Recipe, decision: str = "trial",
-                       seed: int = 0, **probe_options):
-    """The ranking :func:`expand` places blocks by: ``decision="trial"``, :func:`~.decide.decide` with
-    the native family read as a :class:`TrialRanking`; ``"screen"``, :func:`first_order_decision`.
+                       layout: str = "ranked", blocks: int | str | None = None, max_trials: int = 4, seed: int = 0,
+                       **probe_options):
+    """The ranking :func:`expand` places blocks by.
+
+    ``decision="trial"``: :func:`~.decide.decide` with the native family (``max_trials``
+    trials), read as a :class:`TrialRanking`; ``"screen"``: :func:`first_order_decision`.
+    ``layout="ranked"``: that ranking as it is (``expand`` takes its top ``K``);
+    ``"grouped"``: a :class:`GroupedPlacement` over ``blocks`` groups of places
+    (:func:`place_groups`; ``blocks="auto"``: ``max_trials`` groups, at most one per place), the trials spread over the
+    groups (each group's first ``ceil(max_trials / groups)`` places in the screen's order,
+    :func:`~.decide.grouped_trials`; their steps still add up to at most the recipe's).
     ``loss_fn`` ``None``: next-token cross-entropy (:func:`~.hf.sequence_loss`)."""
     if decision not in DECISIONS:
         raise InputError(f"decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
+    if layout not in LAYOUTS:
+        raise InputError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     loss_fn = sequence_loss if loss_fn is None else loss_fn
+    groups = None
+    if layout == "grouped":
+        if blocks != "auto" and not (isinstance(blocks, int) and not isinstance(blocks, bool)):
+            raise InputError(f"layout='grouped' needs blocks, an integer or 'auto', got {blocks!r}")
+        names, _ = decoder_stack(model)
+        places = place_groups(len(names), min(max_trials, len(names) + 1) if blocks == "auto" else blocks)
+        groups = tuple(tuple(HEAD if p == HEAD else names[p] for p in group) for group in places)
     if decision == "screen":
-        return first_order_decision(model, train, heldout, loss_fn, recipe=recipe, seed=seed, **probe_options)
-    from .decide import decide
+        ranked = first_order_decision(model, train, heldout, loss_fn, recipe=recipe, seed=seed, **probe_options)
+    else:
+        from .decide import decide
 
-    return TrialRanking(decide(model, train, heldout, loss_fn, recipe=recipe, family="native", seed=seed,
-                               **probe_options))
+        ranked = TrialRanking(decide(model, train, heldout, loss_fn, recipe=recipe, family="native", seed=seed,
+                                     max_trials=max_trials, groups=groups, **probe_options))
+    return ranked if groups is None else GroupedPlacement(ranked, groups)
 
 
 # --- the grown model --------------------------------------------------------------------------
@@ -305,6 +385,7 @@ class Expansion:
     train_new_only: bool
     terminals: tuple[str, str]
     block_prefix: str = field(default="")
+    layout: str = "ranked"
 
     @property
     def positions(self) -> list[int]:
@@ -394,6 +475,8 @@ class Expansion:
         if self.decision is not None:
             for name, c in self.decision.candidates.items():
                 evidence[name] = {"inserted_before": _original_index(name), **c.to_dict()}
+        grouped = isinstance(self.decision, GroupedPlacement)
+        method = self.decision.base if grouped else self.decision
         return {
             "format": "satcore-expansion/1",
             "positions": self.positions,
@@ -403,9 +486,11 @@ class Expansion:
             "blocks_requested": self.blocks_requested,
             "num_hidden_layers": {"before": self.n_original, "after": self.n_original + len(self.new_blocks)},
             "forced": list(self.forced),
+            "layout": self.layout,
+            "groups": [[_original_index(n) for n in g] for g in self.decision.groups] if grouped else None,
             "decision": None if self.decision is None else {
                 "method": ("first-order screen verified by short trials of the recipe (satcore.adapters.torch.decide)"
-                           if isinstance(self.decision, TrialRanking) else
+                           if isinstance(method, TrialRanking) else
                            "first-order screen (native family, predicted held-out change of the recipe's step)"),
                 "choice": self.decision.choice, "stop_reason": self.decision.stop_reason,
                 "ranking": self.decision.ranking()},
@@ -451,7 +536,7 @@ def split_batches(data, heldout=None) -> tuple[list, list]:
 
 def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=None, recipe: Recipe | None = None,
            at=None, init: str = "copy", train_new_only: bool = False, max_blocks: int | None = None, seed: int = 0,
-           decision: str = "trial", **probe_options) -> Expansion:
+           decision: str = "trial", layout: str = "ranked", **probe_options) -> Expansion:
     """Grow the Hugging Face decoder ``model`` by identity blocks placed by one decision on ``data``.
 
     Parameters
@@ -460,9 +545,9 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
     data : batches ``({"input_ids": ...}, labels)`` (or a ``(N, T)`` tensor of token ids), split
         into a training half (even batches) and a held-out half (odd) unless ``heldout`` is given.
     blocks : int or ``"auto"``
-        ``K``: the ``K`` candidates with the largest predicted held-out decrease; ``"auto"``:
-        the candidates whose decrease is significant, best first, at most ``max_blocks``
-        (default a quarter of the layers, LLaMA-Pro's ratio).
+        ``K``: the ``K`` candidates the decision ranks first (``layout="grouped"``: one per
+        group); ``"auto"``: the candidates whose decrease is significant, best first, at most
+        ``max_blocks`` (default a quarter of the layers, LLaMA-Pro's ratio).
     recipe : :class:`satcore.Recipe`, default LLaMA-Pro's (AdamW, lr 2e-4): the step the decision prices.
     at : original block indices (or ``"head"``) to insert before, instead of the decision.
     init : ``"copy"`` (LLaMA-Pro) or ``"fresh"`` (module docstring).
@@ -470,7 +555,15 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
     decision : ``"trial"`` (default): :func:`~.decide.decide`, the first-order screen verified by
         short trials of ``recipe`` (at most one block's training in all); ``"screen"``: the
         first-order screen alone (:func:`first_order_decision`, cheaper).  Both placements were
-        measured to lose to LLaMA-Pro's uniform interleave on the bench of docs/expansion.md.
+        measured to lose to LLaMA-Pro's uniform interleave on the bench of docs/expansion.md;
+        ``layout="grouped"`` tied it there with the decision's cost not charged and lost with it.
+    layout : ``"ranked"`` (default): the decision's top ``K`` places anywhere in the stack;
+        ``"grouped"``: the ``L + 1`` places split into ``K`` contiguous groups (LLaMA-Pro's groups,
+        :func:`place_groups`), one block per group at the place the decision ranks first within
+        it, the trials spread over the groups (:func:`placement_decision`).  With
+        ``blocks="auto"`` the split is into ``max_trials`` (4) groups and a group gets its block
+        when its place is significant (verified by a trial with a credible decrease), so ``K``
+        is 0 to 4, also at most ``max_blocks``, the groups with the lowest calibrated change first.
     probe_options : passed to the probe (``position_subsample``, ``batch_dtype``, ...).
 
     Returns
@@ -484,6 +577,8 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
         raise InputError(f"init must be one of {', '.join(INITS)}, got {init!r}")
     if decision not in DECISIONS:
         raise InputError(f"decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
+    if layout not in LAYOUTS:
+        raise InputError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     method, decision, forced = decision, None, ()
     if at is not None:
         chosen = list(at)
@@ -493,17 +588,16 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
     else:
         if blocks != "auto" and not (isinstance(blocks, int) and not isinstance(blocks, bool) and blocks >= 1):
             raise InputError(f"blocks must be an integer >= 1 or 'auto', got {blocks!r}")
+        if blocks != "auto" and blocks > n + 1:
+            raise InputError(f"blocks={blocks}: the model has {n + 1} places for a block ({n} blocks and the head)")
         train, held = split_batches(data, heldout)
-        decision = placement_decision(model, train, held, loss_fn, recipe=recipe, decision=method, seed=seed,
-                                      **probe_options)
+        decision = placement_decision(model, train, held, loss_fn, recipe=recipe, decision=method, layout=layout,
+                                      blocks=blocks, seed=seed, **probe_options)
         ranking = decision.ranking()
         if blocks == "auto":
             limit = max(1, n // 4) if max_blocks is None else max_blocks
             picked = [c for c in ranking if decision.significant(c)][:limit]
         else:
-            if blocks > len(ranking):
-                raise InputError(f"blocks={blocks}: the model has {len(ranking)} places for a block "
-                                 f"({n} blocks and the head)")
             picked = ranking[:blocks]
         chosen = [_original_index(c) for c in picked]
     grown, new = insert_blocks(model, chosen, init=init, seed=seed)
@@ -511,5 +605,5 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
         freeze_old(grown, new)
     prefix = names[0].rpartition(".")[0]
     return Expansion(grown, new, n, init, blocks if at is None else len(chosen), decision, forced, recipe,
-                     train_new_only, terminals, prefix)
+                     train_new_only, terminals, prefix, layout)
 
