@@ -120,10 +120,10 @@ def _report(expansion) -> str:
 @click.option("--decision", type=click.Choice(("trial", "screen")), default="trial", show_default=True,
               help="trial: the first-order screen verified by short trials of the recipe (at most one block's "
               "training in all); screen: the first-order screen alone (cheaper).")
-@click.option("--layout", type=click.Choice(("ranked", "grouped")), default="ranked", show_default=True,
-              help="ranked: the decision's top K places anywhere in the stack; grouped: the places split into K "
-              "contiguous groups (LLaMA-Pro's), one block per group where the decision ranks best within it "
-              "(with --blocks auto: 4 groups, a block where the group's place shows a credible decrease).")
+@click.option("--layout", type=click.Choice(("grouped", "ranked")), default="grouped", show_default=True,
+              help="grouped: the places split into K contiguous groups (LLaMA-Pro's), one block per group where the "
+              "decision ranks best within it (with --blocks auto: 4 groups, a block where the group's place shows a "
+              "credible decrease); ranked: the decision's top K places anywhere in the stack.")
 def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimizer, lr, steps, batch_size, seq_len,
            max_windows, max_blocks, seed, decision, layout):
     """Grow the decoder in MODEL_DIR by identity blocks where the evidence on FILE says; write OUT_DIR."""

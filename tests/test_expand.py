@@ -201,7 +201,7 @@ def test_placement_decision_is_decide_with_the_native_family_and_expand_places_b
     verified = [n for n in trial.ranking() if trial.candidates[n].verified]
     assert 0 < len(verified) <= 4 and trial.ranking()[:len(verified)] == sorted(
         verified, key=lambda n: trial.candidates[n].predicted_heldout_change)
-    expansion = expand(model, data, blocks=2, recipe=recipe, seed=3)
+    expansion = expand(model, data, blocks=2, recipe=recipe, seed=3, layout="ranked")
     top = ["head" if n == "head" else int(n.rpartition(".")[2]) for n in trial.ranking()[:2]]
     assert sorted(expansion.inserted_before, key=str) == sorted(top, key=str)
     screen = placement_decision(model, train, held, recipe=recipe, decision="screen", seed=3)
@@ -373,18 +373,18 @@ def test_cli_writes_a_loadable_checkpoint_and_leaves_model_dir_alone(checkpoint,
 
 
 def test_cli_layout_round_trip(checkpoint, tmp_path):
-    """--layout grouped reaches expansion.json: 4 blocks, 5 places, K = 2 groups [0, 1, 2] and [3, head], one
-    new block in each; the default is ranked, with no groups."""
+    """The default layout, grouped, reaches expansion.json: 4 blocks, 5 places, K = 2 groups [0, 1, 2] and
+    [3, head], one new block in each; --layout ranked is recorded, with no groups."""
     folder, text = checkpoint
     result = cli("expand", folder, "--data", text, "--blocks", "2", "-o", tmp_path / "g", "--seq-len", "16",
-                 "--steps", "4", "--layout", "grouped", "--max-windows", "32")
+                 "--steps", "4", "--max-windows", "32")
     assert result.exit_code == 0, result.output
     assert "layout grouped, one block per group of places: [0, 1, 2], [3, head]" in result.output
     record = json.loads((tmp_path / "g" / "expansion.json").read_text())
     assert record["layout"] == "grouped" and record["groups"] == [[0, 1, 2], [3, "head"]]
     assert [sum(b in g for b in record["inserted_before"]) for g in record["groups"]] == [1, 1]
     assert 0 < record["cost_block_steps"] <= 4
-    result = cli("expand", folder, "--data", text, "--at", "1", "-o", tmp_path / "r")
+    result = cli("expand", folder, "--data", text, "--at", "1", "--layout", "ranked", "-o", tmp_path / "r")
     assert result.exit_code == 0, result.output
     record = json.loads((tmp_path / "r" / "expansion.json").read_text())
     assert record["layout"] == "ranked" and record["groups"] is None
@@ -427,7 +427,7 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
     ("pickle", "object"),
     ("out_of_vocab", "outside the model's vocabulary"),
     ("bad_at", "is not a block"),
-    ("bad_layout", "'diagonal' is not one of 'ranked', 'grouped'"),
+    ("bad_layout", "'diagonal' is not one of 'grouped', 'ranked'"),
 ])
 def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path):
     import shutil

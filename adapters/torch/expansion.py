@@ -536,7 +536,7 @@ def split_batches(data, heldout=None) -> tuple[list, list]:
 
 def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=None, recipe: Recipe | None = None,
            at=None, init: str = "copy", train_new_only: bool = False, max_blocks: int | None = None, seed: int = 0,
-           decision: str = "trial", layout: str = "ranked", **probe_options) -> Expansion:
+           decision: str = "trial", layout: str = "grouped", **probe_options) -> Expansion:
     """Grow the Hugging Face decoder ``model`` by identity blocks placed by one decision on ``data``.
 
     Parameters
@@ -557,10 +557,13 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
         first-order screen alone (:func:`first_order_decision`, cheaper).  Both placements were
         measured to lose to LLaMA-Pro's uniform interleave on the bench of docs/expansion.md;
         ``layout="grouped"`` tied it there with the decision's cost not charged and lost with it.
-    layout : ``"ranked"`` (default): the decision's top ``K`` places anywhere in the stack;
-        ``"grouped"``: the ``L + 1`` places split into ``K`` contiguous groups (LLaMA-Pro's groups,
-        :func:`place_groups`), one block per group at the place the decision ranks first within
-        it, the trials spread over the groups (:func:`placement_decision`).  With
+    layout : ``"grouped"`` (default): the ``L + 1`` places split into ``K`` contiguous groups
+        (LLaMA-Pro's groups, :func:`place_groups`), one block per group at the place the decision
+        ranks first within it, the trials spread over the groups (:func:`placement_decision`);
+        ``"ranked"``: the decision's top ``K`` places anywhere in the stack.  Grouped is the
+        default because ranked put every block at the bottom of the stack and lost to uniform
+        interleave even with its cost not charged, where grouped tied it (docs/expansion.md; a
+        choice made on that one bench, so not independent evidence).  With
         ``blocks="auto"`` the split is into ``max_trials`` (4) groups and a group gets its block
         when its place is significant (verified by a trial with a credible decrease), so ``K``
         is 0 to 4, also at most ``max_blocks``, the groups with the lowest calibrated change first.
