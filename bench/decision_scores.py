@@ -28,14 +28,82 @@ LONG = (300, 1000)
 BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
 
+TRIAL_SEEDS_FILE = "-trialseed"  # <part>-trialseed<seeds>.json: more trial seeds of <part>.json's models
+# a re-trained model is the recorded one when its base losses and screen match to float64 round-off: the same
+# code, seeds and single thread reproduce the float32 training bit for bit, and the float64 statistics differ only
+# by a summation order (measured: 5e-15 relative); 1e-12 leaves room for sums of thousands of terms and is still
+# 1e5 times below a float32 round-off of any weight, which moves them by 1e-7 or more
+SAME_MODEL_RTOL = 1e-12
+
+
+def model_deviation(stored: dict, new: dict) -> tuple[float, str]:
+    """The largest relative difference between ``new`` (a model row re-recorded for more trial seeds) and the
+    ``stored`` one, and where: a base loss relative to itself, a screen value relative to the largest of its
+    length's candidates (a value near zero is a cancellation); ``inf`` where candidates, keys or ``None`` differ."""
+    if new["candidates"] != stored["candidates"]:
+        return math.inf, f"candidates {new['candidates']} != {stored['candidates']}"
+    worst = (0.0, "")
+    for key, value in new["base"].items():
+        if key not in stored["base"]:
+            return math.inf, f"base {key}: absent from the recorded model"
+        worst = max(worst, (abs(value - stored["base"][key]) / max(abs(value), abs(stored["base"][key]), 1e-300),
+                            f"base {key}: {value!r} vs recorded {stored['base'][key]!r}"))
+    for key, values in new["screen"].items():
+        recorded = stored["screen"].get(key, {})
+        scale = max([abs(v) for v in (*values.values(), *recorded.values()) if v is not None] + [1e-300])
+        for c, value in values.items():
+            was = recorded.get(c, "absent")
+            if value is None or was is None or was == "absent":
+                if value != was:
+                    return math.inf, f"screen {key} {c}: {value} vs recorded {was}"
+                continue
+            worst = max(worst, (abs(value - was) / scale, f"screen {key} {c}: {value!r} vs recorded {was!r}"))
+    return worst
+
+
+def model_mismatch(stored: dict, new: dict) -> str | None:
+    """Why ``new`` is not the ``stored`` model (:func:`model_deviation` beyond ``SAME_MODEL_RTOL``), or ``None``."""
+    deviation, where = model_deviation(stored, new)
+    return None if deviation <= SAME_MODEL_RTOL else f"{where}, relative {deviation:.1e} > {SAME_MODEL_RTOL:.0e}"
+
+
+def _merge_trial_seeds(models: list, path: Path, data: dict) -> None:
+    """Add the runs of ``path`` (``<part>-trialseed<seeds>.json``) to its part's models, matched by model tag."""
+    part = path.stem.split(TRIAL_SEEDS_FILE)[0] + ".json"
+    recorded = {m["model"]: m for m in models if m.get("file") == part}
+    for new in data["models"]:
+        stored = recorded.get(new["model"])
+        if stored is None:
+            raise ValueError(f"{path.name}: model {new['model']!r} is not in {part}")
+        if (why := model_mismatch(stored, new)) is not None:
+            raise ValueError(f"{path.name}: model {new['model']!r} is not the one in {part} ({why})")
+        have = {(r["candidate"], r["column"], r["seed"]): r["steps"] for r in stored["runs"]}
+        for run in new["runs"]:
+            key = (run["candidate"], run["column"], run["seed"])
+            if key in have:
+                raise ValueError(f"{path.name}: model {new['model']!r} run {key} is in {part} already")
+            first = (run["candidate"], run["column"], min(s for c, col, s in have if c == key[0] and col == key[1]))
+            if run["steps"] != have[first]:
+                raise ValueError(f"{path.name}: model {new['model']!r} run {key} has checkpoints {run['steps']}, "
+                                 f"{part} {have[first]}")
+        stored["runs"] = stored["runs"] + new["runs"]
+
+
 def load(out: Path) -> tuple[list, list, dict]:
+    """Models, sweeps and per-file metadata of every recorded part in ``out``; ``<part>-trialseed<seeds>.json``
+    files add their runs to ``<part>.json``'s models (only whole models are in a file: it is written after each)."""
     models, sweeps, meta = [], [], {}
-    for path in sorted(out.glob("*.json")):
+    paths = sorted(out.glob("*.json"))
+    extra = [p for p in paths if TRIAL_SEEDS_FILE in p.stem]
+    for path in [p for p in paths if p not in extra] + extra:
         data = json.loads(path.read_text())
-        models += data["models"]
-        sweeps += data["sweeps"]
+        if path in extra:
+            _merge_trial_seeds(models, path, data)
+        else:
+            models += [{**m, "file": path.name} for m in data["models"]]
+            sweeps += data["sweeps"]
         meta[path.stem] = {"seconds": data.get("seconds"), "written": data.get("written"),
-                              "columns": data["columns"], "seeds": data["seeds"]}
+                           "columns": data["columns"], "seeds": data["seeds"]}
     return models, sweeps, meta
 
 

@@ -124,8 +124,11 @@ def _summary(before, after) -> dict:
     return {"change": diff.mean(1).tolist(), "se": (diff.std(1, ddof=1) / np.sqrt(diff.shape[1])).tolist()}
 
 
-def record_model(task: dict, log) -> dict:
-    """Screen and trajectories of every candidate of one trained model."""
+def record_model(task: dict, log, seeds: tuple = SEEDS, stored: dict | None = None) -> dict:
+    """Screen and trajectories of every candidate of one trained model, for the trial seeds ``seeds``.
+
+    ``stored``: this model as an earlier run recorded it (``--trial-seeds``): the re-trained model must be that one
+    (:func:`decision_scores.model_mismatch`, checked before any trial runs), or nothing is recorded."""
     t0 = time.time()
     model, loss_fn, text = task["model"], task["loss_fn"], task["text"]
     family = "native" if text else "auto"
@@ -141,11 +144,19 @@ def record_model(task: dict, log) -> dict:
             if steps <= longest:
                 out["screen"][f"{column}/{steps}"] = {
                     name: value[0] for name, value in screen(splits, column_recipe(column, text, steps)).items()}
+    if stored is not None:
+        from decision_scores import model_deviation, model_mismatch
+
+        if (why := model_mismatch(stored, out)) is not None:
+            raise SystemExit(f"{task['tag']}: the re-trained model is not the recorded one ({why}); "
+                             "its trial seeds cannot be pooled with the recorded ones")
+        out["same_model_deviation"] = model_deviation(stored, out)[0]
+        log(f"  {task['tag']}: the recorded model (base losses and screen within {out['same_model_deviation']:.1e})")
     for name in names:
         for column, (_, _, _, longest) in COLUMNS.items():
             longest = min(longest, LLAMA["longest"]) if text else longest  # CPU budget: decoders to 300 steps
             points = checkpoints_for(len(names), longest)
-            for seed in SEEDS:
+            for seed in seeds:
                 measured = trial_losses(model, splits.train, name, column_recipe(column, text, longest),
                                         task["train"], sets, points, loss_fn, seed=seed)
                 out["runs"].append({"candidate": name, "column": column, "seed": seed, "steps": points,
@@ -276,18 +287,30 @@ def record_sweep(name: str, spec: tuple, seed: int, log) -> dict:
     return out
 
 
-def record(part: str, log=print, column: str | None = None, seeds: tuple | None = None) -> None:
+def record(part: str, log=print, column: str | None = None, seeds: tuple | None = None,
+           trial_seeds: tuple | None = None) -> None:
     out = OUT_1000 if column == "adam_block_1000" else OUT
     out.mkdir(parents=True, exist_ok=True)
     path = out / (f"{part}.json" if column is None else f"{part}-{column}.json")
     if seeds is not None:  # a sweep part's model seeds recorded one process at a time
         path = path.with_name(f"{part}-seeds{'-'.join(map(str, seeds))}.json")
+    stored = None
+    if trial_seeds is not None:  # more trial seeds of a recorded part's models, merged by decision_scores.load
+        if column is not None or part not in (*IMAGES, *TEXTS):
+            raise SystemExit("--trial-seeds: the default columns of a model set part only")
+        from decision_scores import TRIAL_SEEDS_FILE
+
+        recorded = json.loads(path.read_text())
+        if overlap := set(trial_seeds) & set(recorded["seeds"]):
+            raise SystemExit(f"{path}: trial seeds {sorted(overlap)} are recorded there already")
+        stored = {m["model"]: m for m in recorded["models"]}
+        path = path.with_name(f"{part}{TRIAL_SEEDS_FILE}{'-'.join(map(str, trial_seeds))}.json")
     if column is not None:
         COLUMNS.clear()
         COLUMNS[column] = EXTRA_COLUMNS[column]
     start = time.time()
     result = {"schema": "satcore-bench-decision-validity/1", "part": part, "columns": COLUMNS,
-              "lengths": list(LENGTHS), "seeds": list(SEEDS), "max_trials": MAX_TRIALS,
+              "lengths": list(LENGTHS), "seeds": list(trial_seeds or SEEDS), "max_trials": MAX_TRIALS,
               "sizes": {"images": IMAGES, "llama": LLAMA, "widths": list(WIDTHS), "sweeps": SWEEP_PARTS.get(part)},
               "models": [], "sweeps": []}
     if part in SWEEP_PARTS:
@@ -296,7 +319,8 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
         key = "sweeps"
     else:
         tasks = image_tasks(part) if part in IMAGES else text_tasks(part)
-        makers = [(lambda t=t: record_model(t, log)) for t in tasks]
+        makers = [(lambda t=t: record_model(t, log, trial_seeds or SEEDS, stored and stored[t["tag"]]))
+                  for t in tasks]
         key = "models"
     for make in makers:
         result[key].append(make())
@@ -313,6 +337,9 @@ def main(argv=None) -> int:
                         help="record this recipe column instead of the default ones (to <part>-<column>.json)")
     parser.add_argument("--seeds", type=int, nargs="+",
                         help="sweep parts: only these model seeds (to <part>-seeds<seeds>.json)")
+    parser.add_argument("--trial-seeds", type=int, nargs="+",
+                        help="model set parts: re-train the recorded models and run only these trial seeds "
+                             "(to <part>-trialseed<seeds>.json, merged into <part>.json's models when scored)")
     parser.add_argument("--tables", action="store_true", help="score the recorded parts and print the docs tables")
     parser.add_argument("--variants", action="store_true",
                         help="score the decision rules tried (bench/decision_scores.py VARIANTS) and print their table")
@@ -320,7 +347,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if args.part:
-        record(args.part, column=args.column, seeds=None if args.seeds is None else tuple(args.seeds))
+        record(args.part, column=args.column, seeds=None if args.seeds is None else tuple(args.seeds),
+               trial_seeds=None if args.trial_seeds is None else tuple(args.trial_seeds))
     if args.tables or args.fit or args.variants:
         from decision_scores import fit_and_write, tables, variants
 

@@ -1,0 +1,119 @@
+"""``bench/decision_scores.py``'s merge of a later run's trial seeds into the recorded models.
+
+A ``<part>-trialseed<seeds>.json`` file holds more trial seeds of ``<part>.json``'s models, re-trained from the
+same seeds; ``load`` adds its runs to the recorded models only when the re-trained model is the recorded one
+(base losses and screen to float64 round-off), and ``instances`` then targets each seed's decision at the mean
+of the other seeds' realized change.  Synthetic JSON, no training.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from satcore import Recipe
+from satcore.decision import trial_plan
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+CANDIDATES = ["stage0", "stage1"]
+LENGTHS = (30, 300)
+
+
+@pytest.fixture(scope="module")
+def scores():
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("decision_scores", BENCH / "decision_scores.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _steps() -> list[int]:
+    points = set(LENGTHS)
+    for steps in LENGTHS:
+        points |= set(trial_plan(len(CANDIDATES), Recipe("sgd", 1.0, steps, 1))[2])
+    return sorted(points)
+
+
+def _run(candidate: str, seed: int, rng) -> dict:
+    steps = _steps()
+    return {"candidate": candidate, "column": "adam_block", "seed": seed, "steps": steps,
+            **{k: {"change": rng.normal(size=len(steps)).tolist(), "se": rng.uniform(0.01, 0.1, len(steps)).tolist()}
+               for k in ("heldout", "test", "train")}}
+
+
+def _model(tag: str, seeds, rng) -> dict:
+    screen = {f"adam_block/{s}": {c: float(rng.normal()) for c in CANDIDATES} for s in LENGTHS}
+    screen["adam_block/30"]["stage1"] = None  # a candidate the screen cannot score
+    return {"model": tag, "set": "toy", "source": "synthetic", "candidates": CANDIDATES,
+            "base": {"heldout": 0.7, "test": 0.8, "train": 0.3}, "screen": screen,
+            "runs": [_run(c, s, rng) for c in CANDIDATES for s in seeds]}
+
+
+def _write(path: Path, models: list, seeds) -> None:
+    path.write_text(json.dumps({"columns": {"adam_block": ["adam", 1e-3, "block", 300]}, "seeds": list(seeds),
+                                "models": models, "sweeps": []}))
+
+
+def _parts(tmp_path, rng):
+    recorded = [_model("toy/a", (0, 1), rng), _model("toy/b", (0, 1), rng)]
+    later = []
+    for m in recorded[:1]:  # a partial later file: one whole model of the two
+        again = copy.deepcopy(m)
+        again["runs"] = [_run(c, 2, rng) for c in CANDIDATES]
+        later.append(again)
+    _write(tmp_path / "toy.json", recorded, (0, 1))
+    return recorded, later
+
+
+def test_trial_seeds_are_merged_by_model_and_each_targets_the_other_seeds(scores, tmp_path):
+    rng = np.random.default_rng(0)
+    recorded, later = _parts(tmp_path, rng)
+    # one ulp off in a base loss and a screen value: a summation order, still the same model
+    later[0]["base"]["test"] = float(np.nextafter(later[0]["base"]["test"], 1.0))
+    later[0]["screen"]["adam_block/300"]["stage0"] = float(np.nextafter(later[0]["screen"]["adam_block/300"]["stage0"],
+                                                                        0.0))
+    # a screen value near zero moved by round-off of its length's largest value: a cancellation, still the same
+    later[0]["screen"]["adam_block/300"]["stage1"] = 1e-9
+    recorded[0]["screen"]["adam_block/300"]["stage1"] = 1e-9 + 1e-16 * abs(later[0]["screen"]["adam_block/300"]["stage0"])
+    _write(tmp_path / "toy.json", recorded, (0, 1))
+    _write(tmp_path / "toy-trialseed2.json", later, (2,))
+    models, _, meta = scores.load(tmp_path)
+    assert [m["model"] for m in models] == ["toy/a", "toy/b"]
+    assert sorted({r["seed"] for r in models[0]["runs"]}) == [0, 1, 2]
+    assert sorted({r["seed"] for r in models[1]["runs"]}) == [0, 1]  # not in the partial file: left as recorded
+    assert meta["toy-trialseed2"]["seeds"] == [2]
+    insts = [i for i in scores.instances(models) if i["model"] == "toy/a" and i["steps"] == 300]
+    assert sorted(i["seed"] for i in insts) == [0, 1, 2]
+    runs = {(r["candidate"], r["seed"]): r for r in recorded[0]["runs"] + later[0]["runs"]}
+    at = _steps().index(300)
+    for inst in insts:
+        for row in inst["rows"]:
+            others = [runs[(row["candidate"], b)]["test"]["change"][at] for b in (0, 1, 2) if b != inst["seed"]]
+            assert row["target"] == pytest.approx((others[0] + others[1]) / 2, rel=4 * np.finfo(float).eps)
+            assert row["own"] == runs[(row["candidate"], inst["seed"])]["test"]["change"][at]
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda m: m["base"].update(heldout=m["base"]["heldout"] * (1 + 1e-11)), "base heldout"),
+    (lambda m: m["screen"]["adam_block/300"].update(stage1=m["screen"]["adam_block/300"]["stage1"] + 1e-9),
+     "screen adam_block/300 stage1"),
+    (lambda m: m["screen"]["adam_block/30"].update(stage1=0.5), "screen adam_block/30 stage1"),
+    (lambda m: m.update(candidates=["stage1", "stage0"]), "candidates"),
+    (lambda m: m.update(model="toy/c"), "not in toy.json"),
+    (lambda m: m["runs"].append({**m["runs"][0], "seed": 1}), "in toy.json already"),
+    (lambda m: m["runs"][1].update(steps=m["runs"][1]["steps"][:-1]), "checkpoints"),
+])
+def test_a_model_that_is_not_the_recorded_one_is_refused(scores, tmp_path, change, reason):
+    rng = np.random.default_rng(1)
+    _, later = _parts(tmp_path, rng)
+    change(later[0])
+    _write(tmp_path / "toy-trialseed2.json", later, (2,))
+    with pytest.raises(ValueError, match=reason):
+        scores.load(tmp_path)
