@@ -31,7 +31,9 @@ Run ``python bench/decision_validity.py --part SET`` (one process per part:
 ``sweeps-overfit-digits``, ``sweeps-overfit-fashion``) to record raw
 rows to ``docs/figures/decision_validity/<part>.json`` (``--column sgd_block`` or
 ``adam_terminal``: that recipe column instead, to ``<part>-<column>.json``; ``--seeds 3``:
-a sweep part's model seed 3 only, to ``<part>-seeds3.json``); ``--tables``
+a sweep part's model seed 3 only, to ``<part>-seeds3.json``; ``--trial-seeds 2``: a model set part's models
+re-trained from the same seeds, refused unless their base losses and screen are the recorded ones, and only trial
+seed 2 run, to ``<part>-trialseed2.json``, whose runs the scores merge into ``<part>.json``'s models); ``--tables``
 scores them (``bench/decision_scores.py``) and prints the docs tables; ``--variants`` the
 decision rules tried; ``--fit`` writes ``satcore/decision_calibration.py`` from all sets.
 """
