@@ -27,11 +27,12 @@ LENGTHS = (30, 300)
 
 @pytest.fixture(scope="module")
 def scores():
+    """``bench/decision_scores.py``, imported from the bench folder (not a package) without leaving it on the path."""
     sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("decision_scores", BENCH / "decision_scores.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    try:
+        return importlib.import_module("decision_scores")
+    finally:
+        sys.path.remove(str(BENCH))
 
 
 def _steps() -> list[int]:
