@@ -28,7 +28,8 @@ floor's median from the same run.  The floor and the default probe also run
 over 4x the batches, which splits the probe's time into a fixed cost per call
 (feature maps drawn, totals allocated and handed over) and a cost per batch:
 the MARGINAL ratio ``(probe_4x - probe) / (floor_4x - floor)`` is what the
-probe costs per batch of a long streaming pass.  One extra probe under ``cProfile`` splits
+probe costs per batch of a long streaming pass; the ``float32`` option runs
+over 4x the batches too, for its own marginal ratio.  One extra probe under ``cProfile`` splits
 the default probe's time into forward, backward (``autograd.grad``), feature
 maps, per-batch moments and the rest.  Peak memory is the resident high-water
 increase of one call (``/proc/self/clear_refs``).
@@ -36,7 +37,8 @@ increase of one call (``/proc/self/clear_refs``).
 Writes ``probe_overhead_default`` and ``probe_overhead_variance`` (the WORST
 of the workloads, since the goal ``default <= 1.5x`` must hold for each) plus
 per-workload ``probe_overhead_<option>_<workload>``,
-``probe_overhead_default_marginal_<workload>`` and
+``probe_overhead_default_marginal_<workload>``,
+``probe_overhead_float32_marginal_<workload>`` and
 ``probe_fixed_seconds_<workload>`` keys.  With ``--threads N`` other than 1
 the section is ``probe_overhead_threadsN`` and every key ends in
 ``_threadsN``: a side run that leaves the one-thread figures alone.
@@ -148,8 +150,11 @@ def measure(workload: str, size: str, repeats: int) -> dict:
         options += ["shifted_gram", "shifted_sample_gradients"]
     runs["floor_4x"] = lambda: floor_pass(model, more, loss_fn)
     runs["default_4x"] = lambda: probe_pass(model, more, loss_fn)
+    runs["float32_4x"] = lambda: probe_pass(model, more, loss_fn, **OPTIONS["float32"])
     seconds = interleaved(runs, repeats)
-    marginal = (seconds["default_4x"] - seconds["default"]) / (seconds["floor_4x"] - seconds["floor"])
+    per_floor_batch = seconds["floor_4x"] - seconds["floor"]
+    marginal = (seconds["default_4x"] - seconds["default"]) / per_floor_batch
+    marginal_float32 = (seconds["float32_4x"] - seconds["float32"]) / per_floor_batch
     fixed = (4 * seconds["default"] - seconds["default_4x"]) / 3  # intercept of probe time against batches
     memory = {name: peak_rss_increase(fn) for name, fn in runs.items() if not name.endswith("_4x")}
     breakdown = phase_breakdown(runs["default"])
@@ -161,6 +166,7 @@ def measure(workload: str, size: str, repeats: int) -> dict:
         "seconds": seconds,
         "ratio": {name: seconds[name] / seconds["floor"] for name in options},
         "marginal_ratio_default": marginal,
+        "marginal_ratio_float32": marginal_float32,
         "fixed_seconds_default": fixed,
         "peak_rss_increase_bytes": memory,
         "default_breakdown_seconds": breakdown,
@@ -169,7 +175,8 @@ def measure(workload: str, size: str, repeats: int) -> dict:
     ratios = ", ".join(f"{k} {v:.2f}x" for k, v in row["ratio"].items())
     shares = ", ".join(f"{k} {v / breakdown['total']:.0%}" for k, v in breakdown.items() if k != "total")
     print(f"{workload}: floor {seconds['floor']:.3f} s over {batch_size}x{n_batches}; {ratios}; default per batch "
-          f"(marginal, from {4 * n_batches} batches) {marginal:.2f}x, fixed {fixed:.2f} s per call", flush=True)
+          f"(marginal, from {4 * n_batches} batches) {marginal:.2f}x (float32 {marginal_float32:.2f}x), fixed {fixed:.2f} s "
+          "per call", flush=True)
     print(f"  default probe time split: {shares}", flush=True)
     print("  float32 per-batch sums, max rel error vs float64: "
           + ", ".join(f"{k} {v:.1e}" for k, v in float32_error.items()), flush=True)
@@ -187,6 +194,7 @@ def main():
             summary[f"probe_overhead_{option}_{workload}"] = ratio
     for workload, row in rows.items():
         summary[f"probe_overhead_default_marginal_{workload}"] = row["marginal_ratio_default"]
+        summary[f"probe_overhead_float32_marginal_{workload}"] = row["marginal_ratio_float32"]
         summary[f"probe_fixed_seconds_{workload}"] = row["fixed_seconds_default"]
     summary["probe_overhead_default"] = max(row["ratio"]["default"] for row in rows.values())
     summary["probe_overhead_variance"] = max(row["ratio"]["variance"] for row in rows.values())
