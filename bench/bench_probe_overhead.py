@@ -21,7 +21,7 @@ paper's stagewise ResNet-8 at 32x32) the same list of batches is run through
   of the FFT (``moments.CONV_FFT_BYTES = 0``: the route large maps take);
 * ``shifted_sample_gradients`` (workloads with ``conv`` candidates): the default
   probe with the per-image gradients ``X_i`` from nine shifted batched products
-  (the GPUs' route) instead of the CPU's one grouped weight gradient;
+  (the GPUs' route) instead of the CPU's one split-offset product per image;
 
 interleaved in rotating order, ``repeats`` times; ratios are medians over the
 floor's median from the same run.  The floor and the default probe also run
@@ -123,12 +123,12 @@ def with_shifted_sample_gradients(run):
     """``run()`` with the conv route's per-image gradients forced onto the nine shifted products."""
     from satcore.adapters.torch import moments
 
-    grouped = moments.conv_sample_gradients
-    moments.conv_sample_gradients = lambda grad, hidden: grouped(grad, hidden, grouped=False)
+    split = moments.conv_sample_gradients
+    moments.conv_sample_gradients = lambda grad, hidden: split(grad, hidden, split=False)
     try:
         return run()
     finally:
-        moments.conv_sample_gradients = grouped
+        moments.conv_sample_gradients = split
 
 
 def measure(workload: str, size: str, repeats: int) -> dict:
