@@ -24,7 +24,10 @@ paper's stagewise ResNet-8 at 32x32) the same list of batches is run through
   (the GPUs' route) instead of the CPU's one split-offset product per image;
 
 interleaved in rotating order, ``repeats`` times; ratios are medians over the
-floor's median from the same run.  The floor and the default probe also run
+floor's median from the same run.  On one thread the times are CPU seconds
+(user + system) of this process, which other processes on a shared machine
+disturb far less than wall time; with ``--threads N`` other than 1 they are
+wall time (CPU time would add up the threads).  The floor and the default probe also run
 over 4x the batches, which splits the probe's time into a fixed cost per call
 (feature maps drawn, totals allocated and handed over) and a cost per batch:
 the MARGINAL ratio ``(probe_4x - probe) / (floor_4x - floor)`` is what the
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import cProfile
 import pstats
+import time
 
 import numpy as np
 import torch
@@ -78,9 +82,9 @@ PHASES = {
 }
 
 
-def phase_breakdown(run) -> dict:
-    """Seconds per phase of one probe from cProfile's cumulative times (``other`` = the rest)."""
-    profiler = cProfile.Profile()
+def phase_breakdown(run, clock) -> dict:
+    """Seconds per phase of one probe from cProfile's cumulative times by ``clock`` (``other`` = the rest)."""
+    profiler = cProfile.Profile(clock)
     profiler.enable()
     run()
     profiler.disable()
@@ -131,7 +135,7 @@ def with_shifted_sample_gradients(run):
         moments.conv_sample_gradients = split
 
 
-def measure(workload: str, size: str, repeats: int) -> dict:
+def measure(workload: str, size: str, repeats: int, clock) -> dict:
     build, make_batches, loss_fn = WORKLOADS[workload]
     model = build()
     batch_size, n_batches = SIZES[workload][size]
@@ -151,13 +155,13 @@ def measure(workload: str, size: str, repeats: int) -> dict:
     runs["floor_4x"] = lambda: floor_pass(model, more, loss_fn)
     runs["default_4x"] = lambda: probe_pass(model, more, loss_fn)
     runs["float32_4x"] = lambda: probe_pass(model, more, loss_fn, **OPTIONS["float32"])
-    seconds = interleaved(runs, repeats)
+    seconds = interleaved(runs, repeats, clock)
     per_floor_batch = seconds["floor_4x"] - seconds["floor"]
     marginal = (seconds["default_4x"] - seconds["default"]) / per_floor_batch
     marginal_float32 = (seconds["float32_4x"] - seconds["float32"]) / per_floor_batch
     fixed = (4 * seconds["default"] - seconds["default_4x"]) / 3  # intercept of probe time against batches
     memory = {name: peak_rss_increase(fn) for name, fn in runs.items() if not name.endswith("_4x")}
-    breakdown = phase_breakdown(runs["default"])
+    breakdown = phase_breakdown(runs["default"], clock)
     float32_error = float32_rel_error(model, batches, loss_fn)
     row = {
         "batch_size": batch_size,
@@ -187,7 +191,8 @@ def main():
     args = parse_bench_args(__doc__)
     size = "quick" if args.quick else "full"
     repeats = args.repeats or (3 if args.quick else 5)
-    rows = {workload: measure(workload, size, repeats) for workload in WORKLOADS}
+    clock = time.process_time if args.threads == 1 else time.perf_counter
+    rows = {workload: measure(workload, size, repeats, clock) for workload in WORKLOADS}
     summary = {}
     for workload, row in rows.items():
         for option, ratio in row["ratio"].items():
@@ -204,7 +209,8 @@ def main():
     if args.threads != 1:  # a side run: its own section and keys, the one-thread figures stay
         section += f"_threads{args.threads}"
         summary = {f"{key}_threads{args.threads}": value for key, value in summary.items()}
-    record(section, {"quick": args.quick, "repeats": repeats, "versions": versions(), "workloads": rows}, summary)
+    record(section, {"quick": args.quick, "repeats": repeats, "clock": clock.__name__, "versions": versions(),
+                     "workloads": rows}, summary)
 
 
 if __name__ == "__main__":
