@@ -104,6 +104,28 @@ def gpu_section() -> str:
     ]
     return "\n".join(lines) + "\n"
 
+def conv_profile_section() -> str:
+    """The per-candidate split of the conv route's sums from ``sections.conv_moments_profile``."""
+    cp = S.get("conv_moments_profile")
+    if cp is None:
+        return "`sections.conv_moments_profile` is absent: `bench_conv_moments.py` has not run.\n"
+    parts = ("float64", "sample_gradients", "correlations", "border_and_diagonal", "rest", "total")
+    lines = ["| candidate: hidden map `(B, C, H, W)` | float64 copies | per-image gradients `X_m` | channel "
+             "correlations (FFT) | border corrections, diagonal | rest | total |",
+             "|---|---|---|---|---|---|---|"]
+    for i, row in enumerate(cp["candidates"]):
+        cells = " | ".join(f"{row['seconds'][k] * 1e3:.1f}" for k in parts)
+        lines.append(f"| {i}: {tuple(row['hidden_shape'])} | {cells} |")
+    total = {k: sum(row["seconds"][k] for row in cp["candidates"]) for k in parts}
+    lines.append("| all, ms per batch | " + " | ".join(f"**{total[k] * 1e3:.0f}**" for k in parts) + " |")
+    lines.append("| all / the floor | " + " | ".join(f"{total[k] / cp['floor_seconds']:.2f}" for k in parts) + " |")
+    ver = cp["versions"]
+    return (f"Milliseconds of CPU time per candidate and batch of {cp['batch_size']} images (medians of "
+            f"{cp['repeats']} rotating repeats, code {ver['commit']}, load average {ver['load_average_1min']:.1f}; "
+            f"floor {cp['floor_seconds'] * 1e3:.0f} ms per batch; `conv_moments_per_batch_vs_floor` = "
+            f"**{R['conv_moments_per_batch_vs_floor']:.2f}**):\n\n" + "\n".join(lines) + "\n")
+
+
 def decide_section() -> str:
     """Section 1c from ``sections.decide_cost`` (``bench_decide_cost.py``)."""
     dc = S.get("decide_cost")
