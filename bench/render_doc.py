@@ -126,6 +126,35 @@ def conv_profile_section() -> str:
             f"**{R['conv_moments_per_batch_vs_floor']:.2f}**):\n\n" + "\n".join(lines) + "\n")
 
 
+def decoder_cpu_section() -> str:
+    """The device script's 1.1B Llama run on this CPU, from ``sections.decoder_1b_cpu``."""
+    d = S.get("decoder_1b_cpu")
+    if d is None:
+        return "`sections.decoder_1b_cpu` is absent: `decoder_1b_cpu.py` has not run.\n"
+    c, sec, ver = d["config"], d["seconds"], d["versions"]
+    gib = 2**30
+    report = (f"`report()` took {sec['score']:.0f} s (verdict {d['report']})" if "score" in sec else
+              f"`report()` did not finish: it was {d['report']} (it held "
+              f"{d['resident_after_probe_bytes'] / gib:.1f} GiB after the probe, weights included, and scoring "
+              f"grew that steadily past the limit, where `plan().score_bytes` = "
+              f"{d['plan_score_bytes'] / gib:.2f} GiB says scoring holds only the largest candidate's need)")
+    return (
+        f"The device script's Llama-style decoder ({d['parameters'] / 1e9:.2f}B parameters: d {c['hidden_size']}, "
+        f"{c['num_hidden_layers']} layers, {c['num_attention_heads']} heads, {c['num_key_value_heads']} key-value "
+        f"heads), seeded random weights in {c['dtype']}, one thread, {d['windows']} windows of {d['seq_len']} "
+        f"tokens, probed at every block ({d['candidates']} candidates, `n_features` = {d['n_features']}); CPU "
+        f"seconds of one call each (code {ver['commit']}, load average {ver['load_average_1min']:.1f}): the floor "
+        f"{d['floor_tokens_per_s']:.1f} tokens/s, the probe **{d['probe_tokens_per_s']:.1f} tokens/s** "
+        f"({x(d['probe_vs_floor'])} the floor's time). Memory: `plan().peak_bytes` = "
+        f"{d['plan_peak_bytes'] / gib:.2f} GiB against a resident rise of {d['probe_peak_rss_increase_bytes'] / gib:.2f} "
+        f"GiB for a probe of one window (`probe_peak_over_planned` = **{d['probe_peak_over_planned']:.2f}**; the "
+        f"plan leaves out the model's own activations) and {d['floor_peak_rss_increase_bytes'] / gib:.2f} GiB for the "
+        f"floor (parameter gradients included, which the probe never forms). {report}. At "
+        f"{d['probe_tokens_per_s']:.1f} tokens/s a report on 10^6 tokens would take about "
+        f"{1e6 / d['probe_tokens_per_s'] / 3600:.0f} hours on this core: the GPU row stays the target.\n"
+    )
+
+
 def decide_section() -> str:
     """Section 1c from ``sections.decide_cost`` (``bench_decide_cost.py``)."""
     dc = S.get("decide_cost")
