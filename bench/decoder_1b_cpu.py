@@ -108,7 +108,7 @@ def main():
         "probe_peak_rss_increase_bytes": probe_peak,
         "probe_peak_over_planned": probe_peak / planned.peak_bytes,
         "resident_after_probe_bytes": resident_bytes(),
-        "report": f"stopped: resident memory passed {RSS_LIMIT / 2**30:.1f} GiB",  # replaced if it finishes
+        "report": f"stopped when the resident memory passed {RSS_LIMIT / 2**30:.1f} GiB",  # replaced if it finishes
     }
     print(f"llama {row['parameters'] / 1e9:.2f}B float32 on the CPU, {row['candidates']} candidates, r "
           f"{row['n_features']}, {tokens} tokens: floor {floor_seconds:.1f} s ({row['floor_tokens_per_s']:.1f} "

@@ -133,8 +133,9 @@ def decoder_cpu_section() -> str:
         return "`sections.decoder_1b_cpu` is absent: `decoder_1b_cpu.py` has not run.\n"
     c, sec, ver = d["config"], d["seconds"], d["versions"]
     gib = 2**30
+    grads = 4 * d["parameters"]  # float32 parameter gradients of the floor
     report = (f"`report()` took {sec['score']:.0f} s (verdict {d['report']})" if "score" in sec else
-              f"`report()` did not finish: it was {d['report']} (it held "
+              f"`report()` did not finish ({d['report']}; the process held "
               f"{d['resident_after_probe_bytes'] / gib:.1f} GiB after the probe, weights included, and scoring "
               f"grew that steadily past the limit, where `plan().score_bytes` = "
               f"{d['plan_score_bytes'] / gib:.2f} GiB says scoring holds only the largest candidate's need)")
@@ -147,9 +148,12 @@ def decoder_cpu_section() -> str:
         f"{d['floor_tokens_per_s']:.1f} tokens/s, the probe **{d['probe_tokens_per_s']:.1f} tokens/s** "
         f"({x(d['probe_vs_floor'])} the floor's time). Memory: `plan().peak_bytes` = "
         f"{d['plan_peak_bytes'] / gib:.2f} GiB against a resident rise of {d['probe_peak_rss_increase_bytes'] / gib:.2f} "
-        f"GiB for a probe of one window (`probe_peak_over_planned` = **{d['probe_peak_over_planned']:.2f}**; the "
-        f"plan leaves out the model's own activations) and {d['floor_peak_rss_increase_bytes'] / gib:.2f} GiB for the "
-        f"floor (parameter gradients included, which the probe never forms). {report}. At "
+        f"GiB for a probe of one window (`probe_peak_over_planned` = **{d['probe_peak_over_planned']:.2f}**, "
+        f"outside the 10% the plan aims at) and {d['floor_peak_rss_increase_bytes'] / gib:.2f} GiB for the floor, "
+        f"of which {grads / gib:.2f} GiB are parameter gradients the probe never forms: the model's own activations "
+        f"take about {(d['floor_peak_rss_increase_bytes'] - grads) / gib:.2f} GiB, so about "
+        f"{(d['probe_peak_rss_increase_bytes'] - d['plan_peak_bytes'] - d['floor_peak_rss_increase_bytes'] + grads) / gib:.1f}"
+        f" GiB of the probe's rise is outside both the plan and the activations (not traced here). {report}. At "
         f"{d['probe_tokens_per_s']:.1f} tokens/s a report on 10^6 tokens would take about "
         f"{1e6 / d['probe_tokens_per_s'] / 3600:.0f} hours on this core: the GPU row stays the target.\n"
     )
