@@ -21,14 +21,18 @@ paper's stagewise ResNet-8 at 32x32) the same list of batches is run through
   of the FFT (``moments.CONV_FFT_BYTES = 0``: the route large maps take);
 * ``shifted_sample_gradients`` (workloads with ``conv`` candidates): the default
   probe with the per-image gradients ``X_i`` from nine shifted batched products
-  (the GPUs' route) instead of the CPU's one grouped weight gradient;
+  (the GPUs' route) instead of the CPU's one split-offset product per image;
 
 interleaved in rotating order, ``repeats`` times; ratios are medians over the
-floor's median from the same run.  The floor and the default probe also run
+floor's median from the same run.  On one thread the times are CPU seconds
+(user + system) of this process, which other processes on a shared machine
+disturb far less than wall time; with ``--threads N`` other than 1 they are
+wall time (CPU time would add up the threads).  The floor and the default probe also run
 over 4x the batches, which splits the probe's time into a fixed cost per call
 (feature maps drawn, totals allocated and handed over) and a cost per batch:
 the MARGINAL ratio ``(probe_4x - probe) / (floor_4x - floor)`` is what the
-probe costs per batch of a long streaming pass.  One extra probe under ``cProfile`` splits
+probe costs per batch of a long streaming pass; the ``float32`` option runs
+over 4x the batches too, for its own marginal ratio.  One extra probe under ``cProfile`` splits
 the default probe's time into forward, backward (``autograd.grad``), feature
 maps, per-batch moments and the rest.  Peak memory is the resident high-water
 increase of one call (``/proc/self/clear_refs``).
@@ -36,7 +40,8 @@ increase of one call (``/proc/self/clear_refs``).
 Writes ``probe_overhead_default`` and ``probe_overhead_variance`` (the WORST
 of the workloads, since the goal ``default <= 1.5x`` must hold for each) plus
 per-workload ``probe_overhead_<option>_<workload>``,
-``probe_overhead_default_marginal_<workload>`` and
+``probe_overhead_default_marginal_<workload>``,
+``probe_overhead_float32_marginal_<workload>`` and
 ``probe_fixed_seconds_<workload>`` keys.  With ``--threads N`` other than 1
 the section is ``probe_overhead_threadsN`` and every key ends in
 ``_threadsN``: a side run that leaves the one-thread figures alone.
@@ -46,6 +51,7 @@ from __future__ import annotations
 
 import cProfile
 import pstats
+import time
 
 import numpy as np
 import torch
@@ -76,9 +82,9 @@ PHASES = {
 }
 
 
-def phase_breakdown(run) -> dict:
-    """Seconds per phase of one probe from cProfile's cumulative times (``other`` = the rest)."""
-    profiler = cProfile.Profile()
+def phase_breakdown(run, clock) -> dict:
+    """Seconds per phase of one probe from cProfile's cumulative times by ``clock`` (``other`` = the rest)."""
+    profiler = cProfile.Profile(clock)
     profiler.enable()
     run()
     profiler.disable()
@@ -121,15 +127,15 @@ def with_shifted_sample_gradients(run):
     """``run()`` with the conv route's per-image gradients forced onto the nine shifted products."""
     from satcore.adapters.torch import moments
 
-    grouped = moments.conv_sample_gradients
-    moments.conv_sample_gradients = lambda grad, hidden: grouped(grad, hidden, grouped=False)
+    split = moments.conv_sample_gradients
+    moments.conv_sample_gradients = lambda grad, hidden: split(grad, hidden, split=False)
     try:
         return run()
     finally:
-        moments.conv_sample_gradients = grouped
+        moments.conv_sample_gradients = split
 
 
-def measure(workload: str, size: str, repeats: int) -> dict:
+def measure(workload: str, size: str, repeats: int, clock) -> dict:
     build, make_batches, loss_fn = WORKLOADS[workload]
     model = build()
     batch_size, n_batches = SIZES[workload][size]
@@ -148,11 +154,14 @@ def measure(workload: str, size: str, repeats: int) -> dict:
         options += ["shifted_gram", "shifted_sample_gradients"]
     runs["floor_4x"] = lambda: floor_pass(model, more, loss_fn)
     runs["default_4x"] = lambda: probe_pass(model, more, loss_fn)
-    seconds = interleaved(runs, repeats)
-    marginal = (seconds["default_4x"] - seconds["default"]) / (seconds["floor_4x"] - seconds["floor"])
+    runs["float32_4x"] = lambda: probe_pass(model, more, loss_fn, **OPTIONS["float32"])
+    seconds = interleaved(runs, repeats, clock)
+    per_floor_batch = seconds["floor_4x"] - seconds["floor"]
+    marginal = (seconds["default_4x"] - seconds["default"]) / per_floor_batch
+    marginal_float32 = (seconds["float32_4x"] - seconds["float32"]) / per_floor_batch
     fixed = (4 * seconds["default"] - seconds["default_4x"]) / 3  # intercept of probe time against batches
     memory = {name: peak_rss_increase(fn) for name, fn in runs.items() if not name.endswith("_4x")}
-    breakdown = phase_breakdown(runs["default"])
+    breakdown = phase_breakdown(runs["default"], clock)
     float32_error = float32_rel_error(model, batches, loss_fn)
     row = {
         "batch_size": batch_size,
@@ -161,6 +170,7 @@ def measure(workload: str, size: str, repeats: int) -> dict:
         "seconds": seconds,
         "ratio": {name: seconds[name] / seconds["floor"] for name in options},
         "marginal_ratio_default": marginal,
+        "marginal_ratio_float32": marginal_float32,
         "fixed_seconds_default": fixed,
         "peak_rss_increase_bytes": memory,
         "default_breakdown_seconds": breakdown,
@@ -169,7 +179,8 @@ def measure(workload: str, size: str, repeats: int) -> dict:
     ratios = ", ".join(f"{k} {v:.2f}x" for k, v in row["ratio"].items())
     shares = ", ".join(f"{k} {v / breakdown['total']:.0%}" for k, v in breakdown.items() if k != "total")
     print(f"{workload}: floor {seconds['floor']:.3f} s over {batch_size}x{n_batches}; {ratios}; default per batch "
-          f"(marginal, from {4 * n_batches} batches) {marginal:.2f}x, fixed {fixed:.2f} s per call", flush=True)
+          f"(marginal, from {4 * n_batches} batches) {marginal:.2f}x (float32 {marginal_float32:.2f}x), fixed {fixed:.2f} s "
+          "per call", flush=True)
     print(f"  default probe time split: {shares}", flush=True)
     print("  float32 per-batch sums, max rel error vs float64: "
           + ", ".join(f"{k} {v:.1e}" for k, v in float32_error.items()), flush=True)
@@ -180,13 +191,15 @@ def main():
     args = parse_bench_args(__doc__)
     size = "quick" if args.quick else "full"
     repeats = args.repeats or (3 if args.quick else 5)
-    rows = {workload: measure(workload, size, repeats) for workload in WORKLOADS}
+    clock = time.process_time if args.threads == 1 else time.perf_counter
+    rows = {workload: measure(workload, size, repeats, clock) for workload in WORKLOADS}
     summary = {}
     for workload, row in rows.items():
         for option, ratio in row["ratio"].items():
             summary[f"probe_overhead_{option}_{workload}"] = ratio
     for workload, row in rows.items():
         summary[f"probe_overhead_default_marginal_{workload}"] = row["marginal_ratio_default"]
+        summary[f"probe_overhead_float32_marginal_{workload}"] = row["marginal_ratio_float32"]
         summary[f"probe_fixed_seconds_{workload}"] = row["fixed_seconds_default"]
     summary["probe_overhead_default"] = max(row["ratio"]["default"] for row in rows.values())
     summary["probe_overhead_variance"] = max(row["ratio"]["variance"] for row in rows.values())
@@ -196,7 +209,8 @@ def main():
     if args.threads != 1:  # a side run: its own section and keys, the one-thread figures stay
         section += f"_threads{args.threads}"
         summary = {f"{key}_threads{args.threads}": value for key, value in summary.items()}
-    record(section, {"quick": args.quick, "repeats": repeats, "versions": versions(), "workloads": rows}, summary)
+    record(section, {"quick": args.quick, "repeats": repeats, "clock": clock.__name__, "versions": versions(),
+                     "workloads": rows}, summary)
 
 
 if __name__ == "__main__":

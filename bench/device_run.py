@@ -143,7 +143,7 @@ def probe_cost_row(device, workload, batch_size, n_batches, repeats) -> dict:
     return row
 
 
-def llama(device, config_overrides):
+def llama(device, config_overrides, dtype=torch.bfloat16):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(max_position_embeddings=4096, use_cache=False, bos_token_id=0, eos_token_id=0,
@@ -151,7 +151,7 @@ def llama(device, config_overrides):
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(config)
-    return model.to(torch.bfloat16).eval(), config
+    return model.to(dtype).eval(), config
 
 
 def token_batches(config, batch_size, seq_len, n_batches, seed, device):

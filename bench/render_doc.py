@@ -104,6 +104,61 @@ def gpu_section() -> str:
     ]
     return "\n".join(lines) + "\n"
 
+def conv_profile_section() -> str:
+    """The per-candidate split of the conv route's sums from ``sections.conv_moments_profile``."""
+    cp = S.get("conv_moments_profile")
+    if cp is None:
+        return "`sections.conv_moments_profile` is absent: `bench_conv_moments.py` has not run.\n"
+    parts = ("float64", "sample_gradients", "correlations", "border_and_diagonal", "rest", "total")
+    lines = ["| candidate: hidden map `(B, C, H, W)` | float64 copies | per-image gradients `X_m` | channel "
+             "correlations (FFT) | border corrections, diagonal | rest | total |",
+             "|---|---|---|---|---|---|---|"]
+    for i, row in enumerate(cp["candidates"]):
+        cells = " | ".join(f"{row['seconds'][k] * 1e3:.1f}" for k in parts)
+        lines.append(f"| {i}: {tuple(row['hidden_shape'])} | {cells} |")
+    total = {k: sum(row["seconds"][k] for row in cp["candidates"]) for k in parts}
+    lines.append("| all, ms per batch | " + " | ".join(f"**{total[k] * 1e3:.0f}**" for k in parts) + " |")
+    lines.append("| all / the floor | " + " | ".join(f"{total[k] / cp['floor_seconds']:.2f}" for k in parts) + " |")
+    ver = cp["versions"]
+    return (f"Milliseconds of CPU time per candidate and batch of {cp['batch_size']} images (medians of "
+            f"{cp['repeats']} rotating repeats, code {ver['commit']}, load average {ver['load_average_1min']:.1f}; "
+            f"floor {cp['floor_seconds'] * 1e3:.0f} ms per batch; `conv_moments_per_batch_vs_floor` = "
+            f"**{R['conv_moments_per_batch_vs_floor']:.2f}**):\n\n" + "\n".join(lines) + "\n")
+
+
+def decoder_cpu_section() -> str:
+    """The device script's 1.1B Llama run on this CPU, from ``sections.decoder_1b_cpu``."""
+    d = S.get("decoder_1b_cpu")
+    if d is None:
+        return "`sections.decoder_1b_cpu` is absent: `decoder_1b_cpu.py` has not run.\n"
+    c, sec, ver = d["config"], d["seconds"], d["versions"]
+    gib = 2**30
+    grads = 4 * d["parameters"]  # float32 parameter gradients of the floor
+    report = (f"`report()` took {sec['score']:.0f} s (verdict {d['report']})" if "score" in sec else
+              f"`report()` did not finish ({d['report']}; the process held "
+              f"{d['resident_after_probe_bytes'] / gib:.1f} GiB after the probe, weights included, and scoring "
+              f"grew that steadily past the limit, where `plan().score_bytes` = "
+              f"{d['plan_score_bytes'] / gib:.2f} GiB says scoring holds only the largest candidate's need)")
+    return (
+        f"The device script's Llama-style decoder ({d['parameters'] / 1e9:.2f}B parameters: d {c['hidden_size']}, "
+        f"{c['num_hidden_layers']} layers, {c['num_attention_heads']} heads, {c['num_key_value_heads']} key-value "
+        f"heads), seeded random weights in {c['dtype']}, one thread, {d['windows']} windows of {d['seq_len']} "
+        f"tokens, probed at every block ({d['candidates']} candidates, `n_features` = {d['n_features']}); CPU "
+        f"seconds of one call each (code {ver['commit']}, load average {ver['load_average_1min']:.1f}): the floor "
+        f"{d['floor_tokens_per_s']:.1f} tokens/s, the probe **{d['probe_tokens_per_s']:.1f} tokens/s** "
+        f"({x(d['probe_vs_floor'])} the floor's time). Memory: `plan().peak_bytes` = "
+        f"{d['plan_peak_bytes'] / gib:.2f} GiB against a resident rise of {d['probe_peak_rss_increase_bytes'] / gib:.2f} "
+        f"GiB for a probe of one window (`probe_peak_over_planned` = **{d['probe_peak_over_planned']:.2f}**, "
+        f"outside the 10% the plan aims at) and {d['floor_peak_rss_increase_bytes'] / gib:.2f} GiB for the floor, "
+        f"of which {grads / gib:.2f} GiB are parameter gradients the probe never forms: the model's own activations "
+        f"take about {(d['floor_peak_rss_increase_bytes'] - grads) / gib:.2f} GiB, so about "
+        f"{(d['probe_peak_rss_increase_bytes'] - d['plan_peak_bytes'] - d['floor_peak_rss_increase_bytes'] + grads) / gib:.1f}"
+        f" GiB of the probe's rise is outside both the plan and the activations (not traced here). {report}. At "
+        f"{d['probe_tokens_per_s']:.1f} tokens/s a report on 10^6 tokens would take about "
+        f"{1e6 / d['probe_tokens_per_s'] / 3600:.0f} hours on this core: the GPU row stays the target.\n"
+    )
+
+
 def decide_section() -> str:
     """Section 1c from ``sections.decide_cost`` (``bench_decide_cost.py``)."""
     dc = S.get("decide_cost")

@@ -1,6 +1,6 @@
 """The fast per-batch sums equal the direct ones: the ``conv`` family's sums from the
 hidden map (channel correlations by FFT or by 13 shifted products, exact border
-corrections, per-image gradients by a grouped weight gradient or nine shifted products) against the core's NumPy sums on explicit ``unfold3x3`` patches, the
+corrections, per-image gradients by one split-offset product per image or nine shifted products) against the core's NumPy sums on explicit ``unfold3x3`` patches, the
 symmetric ``dsyrk`` Gram against a plain product, and the probe's conv route
 against the generic patch route on a real ResNet."""
 
@@ -15,6 +15,7 @@ from satcore.adapters.torch.moments import (
     batch_moments,
     complete_lower,
     conv_batch_moments,
+    SAMPLE_GRADIENT_IMAGES,
     conv_sample_gradients,
     float64_device,
     gram,
@@ -56,19 +57,22 @@ def test_conv_moments_equal_explicit_patches(shape, variance, heavy_border, gram
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("grouped", [True, False])
-def test_conv_sample_gradients_equal_explicit_patch_products(shape, grouped):
-    """Both routes of the per-image gradients (one grouped weight gradient; nine shifted products, the
-    GPUs' route) == ``G_m U_m^T`` with ``U_m`` the explicit ``unfold3x3`` patches, image by image."""
+@pytest.mark.parametrize("split", [True, False])
+def test_conv_sample_gradients_equal_explicit_patch_products(shape, split):
+    """Both routes of the per-image gradients (one product per image with the kernel offset split between
+    the shifted gradient and the shifted map; nine shifted products, the GPUs' route) == ``G_m U_m^T`` with
+    ``U_m`` the explicit ``unfold3x3`` patches, image by image (more images than one product takes)."""
     M, N, C, H, W = shape
+    M += SAMPLE_GRADIENT_IMAGES  # a full group and a partial one
     g = torch.Generator().manual_seed(sum(shape) + 1)
     grad = torch.randn(M, N, H, W, generator=g, dtype=torch.float64)
     hidden = torch.randn(M, C, H, W, generator=g, dtype=torch.float64)
-    got = conv_sample_gradients(grad, hidden, grouped=grouped)
+    got = conv_sample_gradients(grad, hidden, split=split)  # (M, kh, N, kw, C)
+    assert got.shape == (M, 3, N, 3, C)
     patches = unfold3x3(hidden.numpy())  # (M, H W, 9 C)
     positions = grad.numpy().reshape(M, N, H * W)
     for m in range(M):
-        assert rel(got[m].reshape(N, 9 * C), positions[m] @ patches[m]) < 1e-13
+        assert rel(got[m].permute(1, 3, 0, 2).reshape(N, 9 * C), positions[m] @ patches[m]) < 1e-13
 
 
 def test_conv_moments_float32_sums(gram_route):

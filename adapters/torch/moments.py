@@ -297,58 +297,80 @@ def channel_correlations(x: torch.Tensor, step: int | None = None) -> torch.Tens
             cross = torch.bmm(per_frequency, per_frequency.mH)
         else:
             cross.baddbmm_(per_frequency, per_frequency.mH)
-    return (_lag_weights(n_h, n_w, x.dtype, x.device) @ cross.view(-1, C * C)).real.view(5, 5, C, C)
+    # the real parts of the 13 lags' sums as ONE real product: [Re w, -Im w] by [Re P; Im P], frequency by frequency
+    parts = torch.view_as_real(cross).view(-1, C * C, 2).transpose(1, 2).reshape(-1, C * C)
+    return _from_half_lags((_lag_weights(n_h, n_w, x.dtype, x.device) @ parts).view(len(HALF_LAGS), C, C))
+
+
+HALF_LAGS = [(dh, dw) for dh in range(3) for dw in range(-2, 3) if dh or dw >= 0]  # the other 12: S_{-d} = S_d^T
+
+
+def _from_half_lags(half: torch.Tensor) -> torch.Tensor:
+    """``(5, 5, C, C)`` correlations ``S_d`` from those of :data:`HALF_LAGS` (``half[i]`` = ``S_d``), ``S_{-d} = S_d^T``."""
+    S = half.new_empty((5, 5) + half.shape[1:])
+    for i, (dh, dw) in enumerate(HALF_LAGS):
+        S[dh + 2, dw + 2] = half[i]
+        if i:
+            S[2 - dh, 2 - dw] = half[i].T
+    return S
 
 
 @functools.lru_cache(maxsize=64)
 def _lag_weights(n_h: int, n_w: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``(25, n_h (n_w // 2 + 1))``: inverse-DFT weights of the lags ``|dh|, |dw| <= 2`` on a half spectrum.
+    """``(13, 2 n_h (n_w // 2 + 1))``: real inverse-DFT weights of the lags :data:`HALF_LAGS` on a half spectrum.
 
-    ``e^{-2 pi i f d / n} / (n_h n_w)`` (``P(f) = X X^H`` is the spectrum of lag
-    ``-d``), doubled where the column's conjugate is the half left out.
+    The complex weight of lag ``d`` at frequency ``f`` is
+    ``w = e^{-2 pi i f d / n} / (n_h n_w)`` (``P(f) = X X^H`` is the spectrum of
+    lag ``-d``), doubled where the column's conjugate is the half left out;
+    ``S_d = Re sum_f w P(f) = sum_f (Re w Re P - Im w Im P)``, so row ``d``
+    holds ``Re w, -Im w`` for each frequency in turn (the order of
+    ``view_as_real``): a real product, a quarter of the multiply-adds of the
+    complex one whose imaginary part was discarded, for half the lags.
     Cached: a probe asks for the same few grids every batch.
     """
     real = torch.float64 if dtype == torch.float64 else torch.float32
-    lags = torch.arange(-2, 3, dtype=real, device=device)
+    lag_h = torch.tensor([dh for dh, _ in HALF_LAGS], dtype=real, device=device)
+    lag_w = torch.tensor([dw for _, dw in HALF_LAGS], dtype=real, device=device)
     f_h = torch.arange(n_h, dtype=real, device=device)
     f_w = torch.arange(n_w // 2 + 1, dtype=real, device=device)
     pairs = torch.full_like(f_w, 2.0)
     pairs[0] = 1.0
     if n_w % 2 == 0:
         pairs[-1] = 1.0  # the Nyquist column is its own conjugate
-    along_h = torch.polar(torch.ones(5, n_h, dtype=real, device=device), -2 * math.pi * lags[:, None] * f_h / n_h)
-    along_w = torch.polar(pairs / (n_h * n_w), -2 * math.pi * lags[:, None] * f_w / n_w)
-    return (along_h[:, None, :, None] * along_w[None, :, None, :]).reshape(25, -1)
+    phase = lag_h[:, None, None] * f_h[:, None] / n_h + lag_w[:, None, None] * f_w / n_w  # (13, n_h, n_w // 2 + 1)
+    weights = torch.polar(pairs / (n_h * n_w) * torch.ones_like(phase), -2 * math.pi * phase).reshape(len(HALF_LAGS), -1)
+    return torch.stack([weights.real, -weights.imag], 2).reshape(len(HALF_LAGS), -1).contiguous()
 
 
 def _shifted_correlations(x: torch.Tensor, step: int) -> torch.Tensor:
     """:func:`channel_correlations` as 13 products ``S_d`` of ``C x ML`` by ``ML x C`` (``S_{-d} = S_d^T``)."""
     M, C, H, W = x.shape
-    S = x.new_zeros((5, 5, C, C))
-    half = [(dh, dw) for dh in range(3) for dw in range(-2, 3) if dh or dw >= 0]
+    half = x.new_zeros((len(HALF_LAGS), C, C))
     for start in range(0, M, step):
         flat = _FlatImages(x[start : start + step], x.dtype)
         base = flat.shifted(0, 0)
-        for dh, dw in half:
-            S[dh + 2, dw + 2] += base @ flat.shifted(dh, dw).T
-    for dh, dw in half[1:]:
-        S[2 - dh, 2 - dw] = S[dh + 2, dw + 2].T
-    return S
+        for i, (dh, dw) in enumerate(HALF_LAGS):
+            half[i] += base @ flat.shifted(dh, dw).T
+    return _from_half_lags(half)
 
 
 def _line_correlations(lines: torch.Tensor) -> torch.Tensor:
     """``out[r, s] = sum_m sum_j x[m, :, r, j] x[m, :, r, j + s - 2]^T`` (``C x C``) for ``lines`` ``(M, C, R, n)``.
 
-    The lines of all images follow each other with two zeros after each (and
-    two before the first), so a shift of up to 2 never reaches another image:
-    five batched ``C x M(n + 2)`` products, a third of the time of the
-    equivalent ``einsum`` (which copied five shifted windows first).
+    The lines of all images follow each other with two zeros after each, so a
+    shift of up to 2 never reaches another image: the shifts 0, 1 and 2 are
+    ONE batched ``C x M(n + 2)`` by ``M(n + 2) x 3C`` product with the three
+    shifted copies stacked, and ``out[r, 2 - s] = out[r, 2 + s]^T``.  A fifth of
+    the products of five separate shifts (each a ``C``-column product at
+    MKL's small-matrix rate), a fifteenth of an ``einsum`` over copied windows.
     """
     M, C, R, n = lines.shape
-    flat = torch.nn.functional.pad(lines, (0, 2)).permute(2, 1, 0, 3).reshape(R, C, M * (n + 2))
-    flat = torch.nn.functional.pad(flat, (2, 2))
-    base = flat[:, :, 2:-2]
-    return torch.stack([base @ flat[:, :, s : s + M * (n + 2)].transpose(1, 2) for s in range(5)], 1)
+    length = M * (n + 2)
+    flat = torch.nn.functional.pad(lines, (0, 2)).permute(2, 1, 0, 3).reshape(R, C, length)
+    flat = torch.nn.functional.pad(flat, (0, 2))  # (R, C, length + 2): room for the shifts of the last line
+    shifted = flat.unfold(2, length, 1).reshape(R, 3 * C, length)  # row c * 3 + s: x_c shifted by s
+    ahead = torch.bmm(flat[:, :, :length], shifted.transpose(1, 2)).view(R, C, C, 3).permute(0, 3, 1, 2)
+    return torch.cat([ahead[:, 1:].flip(1).transpose(2, 3), ahead], 1)
 
 
 def conv_gram(x: torch.Tensor, step: int | None = None) -> torch.Tensor:
@@ -391,42 +413,67 @@ def conv_gram(x: torch.Tensor, step: int | None = None) -> torch.Tensor:
     energy = torch.nn.functional.pad((x * x).sum(0), (1, 1, 1, 1))  # (C, H + 2, W + 2)
     diagonal = torch.stack([energy[:, kh : kh + H, kw : kw + W].sum((1, 2)) for kh, kw in np.ndindex(3, 3)], 1)
     diagonal = diagonal.reshape(9 * C)  # unfold order: channel, then kernel offset
-    dead = diagonal == 0
-    out[dead, :] = 0
-    out[:, dead] = 0
+    alive = (diagonal != 0).to(out.dtype)
+    out *= alive[:, None] * alive[None, :]  # one pass, no boolean indexing (and no device sync off the CPU)
     out.diagonal().copy_(diagonal)
     return out
 
 
-def conv_sample_gradients(grad: torch.Tensor, hidden: torch.Tensor, grouped: bool | None = None) -> torch.Tensor:
-    """Per-image parameter gradients ``X_m = G_m U_m^T`` as ``(M, N, C, 9)`` (``X_m`` = ``out[m]`` in unfold order).
+SAMPLE_GRADIENT_IMAGES = 6  # CPU: images per product of the split route (4-8 were fastest at 8x8 to 32x32 maps)
 
-    Entry ``[m, n, c, kh*3 + kw]`` is ``sum_p g_n[p] x_c[p + k - 1]`` (column
-    ``c*9 + kh*3 + kw`` of ``X_m``): the weight gradient of a 3x3 convolution
-    of image ``m`` alone.  ``grouped`` (default: on the CPU) computes all of
-    them as ONE convolution weight gradient with the images as groups
-    (``torch.nn.grad.conv2d_weight``, ``groups = M``), 1.2-2.6x faster than the
-    other route in float64 on the CPU at ResNet-8's sizes (16-64 channels,
-    8x8 to 32x32 maps).  Otherwise nine batched products of the gradient,
-    placed in the map's padded layout (:class:`_FlatImages`), with shifted
-    views of the map, one kernel each; GPUs keep that route until the
-    grouped one has been measured there (float64 grouped convolutions are
-    not what GPU libraries tune for).
+
+def conv_sample_gradients(grad: torch.Tensor, hidden: torch.Tensor, split: bool | None = None) -> torch.Tensor:
+    """Per-image parameter gradients ``X_m = G_m U_m^T`` as ``(M, 3, N, 3, C)``: ``out[m, kh, n, kw, c]``.
+
+    That entry is ``sum_p g_n[p] x_c[p + k - 1]`` (``k = (kh, kw)``), column
+    ``c*9 + kh*3 + kw`` of row ``n`` of ``X_m`` in unfold order: the weight
+    gradient of a 3x3 convolution of image ``m`` alone.  ``split`` (default:
+    on the CPU) splits the kernel offset between the two factors:
+    ``out[m, kh, :, kw, :] = G_kh X_kw^T`` summed over the ``H x W`` grid, with
+    ``G_kh`` the gradient shifted by ``kh - 1`` rows and ``X_kw`` the map by
+    ``kw - 1`` columns (zero where they leave the map), so each image is ONE
+    ``3N x HW`` by ``HW x 3C`` product, :data:`SAMPLE_GRADIENT_IMAGES` images
+    per batched product: squarer than the ``N x 9C`` product of a
+    convolution weight gradient (1.5x MKL's float64 rate at ResNet-8's sizes)
+    from shifted copies of 6 maps instead of the 9 of an ``unfold``, and the
+    output stays in this order (putting it in unfold order was a strided copy
+    as long as the products at 8x8 maps).  Otherwise nine batched products of
+    the gradient, placed in the map's padded layout (:class:`_FlatImages`),
+    with shifted views of the map, one kernel each; GPUs keep that route
+    until the split one has been measured there.
     """
     M, N, H, W = grad.shape
     C = hidden.shape[1]
-    if hidden.device.type == "cpu" if grouped is None else grouped:
-        X = torch.nn.grad.conv2d_weight(hidden.reshape(1, M * C, H, W), (M * N, C, 3, 3),
-                                        grad.reshape(1, M * N, H, W), padding=1, groups=M)
-        return X.view(M, N, C, 9)
+    if hidden.device.type == "cpu" if split is None else split:
+        X = grad.new_empty((M, 3 * N, 3 * C))
+        step = min(M, SAMPLE_GRADIENT_IMAGES)
+        rows = grad.new_empty((step, 3, N, H, W))  # [kh]: grad shifted by kh - 1 rows
+        cols = hidden.new_empty((step, 3, C, H, W))  # [kw]: hidden shifted by kw - 1 columns
+        rows[:, 0, :, H - 1] = 0
+        rows[:, 2, :, 0] = 0
+        cols[:, 0, :, :, 0] = 0
+        cols[:, 2, :, :, W - 1] = 0
+        for start in range(0, M, step):
+            g, x = grad[start : start + step], hidden[start : start + step]
+            m = g.shape[0]
+            rows[:m, 0, :, : H - 1], rows[:m, 1], rows[:m, 2, :, 1:] = g[:, :, 1:], g, g[:, :, : H - 1]
+            cols[:m, 0, :, :, 1:], cols[:m, 1], cols[:m, 2, :, :, : W - 1] = x[..., : W - 1], x, x[..., 1:]
+            torch.bmm(rows[:m].view(m, 3 * N, H * W), cols[:m].view(m, 3 * C, H * W).transpose(1, 2),
+                      out=X[start : start + m])
+        return X.view(M, 3, N, 3, C)
     flat = _FlatImages(hidden, hidden.dtype)
     g = grad.new_zeros((M, N, H + 2, flat.pitch))
     g[:, :, :H, :W] = grad
     g = g.view(M, N, flat.length)
-    X = g.new_empty((9, M, N, C))
-    for k, (kh, kw) in enumerate(np.ndindex(3, 3)):
-        torch.bmm(g, flat.per_image(kh - 1, kw - 1).transpose(1, 2), out=X[k])
-    return X.permute(1, 2, 3, 0)
+    X = g.new_empty((3, 3, M, N, C))
+    for kh, kw in np.ndindex(3, 3):
+        torch.bmm(g, flat.per_image(kh - 1, kw - 1).transpose(1, 2), out=X[kh, kw])
+    return X.permute(2, 0, 3, 1, 4)
+
+
+def unfold_order(C: int, device=None) -> torch.Tensor:
+    """Index ``i`` such that ``v[..., i]`` is in unfold order (``c*9 + kh*3 + kw``) for ``v`` in ``(kh, kw, c)`` order."""
+    return torch.arange(9 * C, device=device).view(3, 3, C).permute(2, 0, 1).reshape(-1)
 
 
 CONV_CHUNK_BYTES = 2 << 20  # CPU: images per FFT pass of the Gram so that their padded map stays in cache
@@ -440,7 +487,7 @@ def conv_batch_moments(grad: torch.Tensor, hidden: torch.Tensor, *, variance: bo
     ``grad`` ``(M, N, H, W)`` is ``d loss / d z``, ``hidden`` ``(M, C, H, W)``
     the map whose 3x3 patches are the features (``r = 9C``).  The Gram comes
     from the map's channel correlations (:func:`conv_gram`), the per-sample
-    gradients ``X_m`` from one grouped weight gradient (:func:`conv_sample_gradients`);
+    gradients ``X_m`` from one product per image (:func:`conv_sample_gradients`);
     ``sum_cross = sum_m X_m``, ``sum_xi_sq = sum ||X_m||^2`` and
     ``sum_xtx = sum X_m^T X_m``.  Equal to the patch route to round-off.
     On the CPU the Gram's FFTs take the images in groups whose padded map
@@ -453,18 +500,21 @@ def conv_batch_moments(grad: torch.Tensor, hidden: torch.Tensor, *, variance: bo
     step = M
     if hidden.device.type == "cpu":
         step = max(1, CONV_CHUNK_BYTES // (C * (H + 2) * (W + 2) * hidden.element_size()))
-    X = conv_sample_gradients(grad, hidden)
-    N = X.shape[1]
+    X = conv_sample_gradients(grad, hidden)  # (M, kh, N, kw, C)
+    N = X.shape[2]
+    order = unfold_order(C, X.device)
+    # over the images as a matrix-vector product: 3x faster than X.sum(0) at C = 64
+    cross = (X.new_ones(M) @ X.reshape(M, -1)).view(3, N, 3, C).transpose(0, 1).reshape(N, 9 * C)
     out = {
         "n_samples": M,
         "n_vectors": M * H * W,
         "sum_gram": mirror_upper(_float64(conv_gram(hidden, step))),
         "sum_q_sq": squared_norm(grad),
-        "sum_cross": _float64(X.sum(0).reshape(N, 9 * C)),
+        "sum_cross": _float64(cross[:, order]),
         "sum_xi_sq": squared_norm(X),  # float64 accumulation: in float32, 2.4M squares lost 9e-5 of the sum
     }
-    if variance:
-        out["sum_xtx"] = gram(X.reshape(M * N, 9 * C))
+    if variance:  # rows (image, n), columns (kh, kw, c); the Gram's rows and columns then go to unfold order
+        out["sum_xtx"] = gram(X.transpose(1, 2).reshape(M * N, 9 * C))[order][:, order]
     out["batch_grad_norm"] = out["sum_q_sq"].sqrt() / M
     return BatchMoments(**out)
 
