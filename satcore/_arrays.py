@@ -43,8 +43,8 @@ def check_sizes(**sizes) -> None:
 
 def statistics_bytes(N: int, r: int, *, variance: bool = False, n_folds: int = 0, curvature: bool = False) -> int:
     """Bytes of one candidate's float64 running sums: ``N r`` (cross) and ``r^2`` (Gram), ``r^2`` more
-    with ``variance``, ``m N r`` for ``m`` folds and ``N^2`` with ``curvature``."""
-    return 8 * (N * r * (1 + n_folds) + r * r * (1 + bool(variance)) + (N * N if curvature else 0))
+    with ``variance``, ``m N r`` for ``m`` folds (and their ``m`` int64 counts) and ``N^2`` with ``curvature``."""
+    return 8 * (N * r * (1 + n_folds) + n_folds + r * r * (1 + bool(variance)) + (N * N if curvature else 0))
 
 
 def check_feature_count(r) -> None:

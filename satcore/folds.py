@@ -222,7 +222,11 @@ def fold_test(fold_sums, fold_counts, whiten=None, *, seed: int = 0) -> FoldTest
     >>> t.p_value < 1e-3, round(t.unbiased, 1)       # ||mu||^2 = 12 * 0.25 = 3
     (True, 2.8)
     """
-    G, w = fold_gram(fold_sums, fold_counts, whiten)
+    return gram_fold_test(*fold_gram(fold_sums, fold_counts, whiten), seed=seed)
+
+
+def gram_fold_test(G, w, *, seed: int = 0) -> FoldTest:
+    """:func:`fold_test` from the fold Gram ``G`` and weights ``w`` of :func:`fold_gram`."""
     m = len(w)
     if m < MIN_FOLDS:
         return FoldTest(0.0, math.nan, math.inf, 1.0, m, True)
@@ -232,23 +236,29 @@ def fold_test(fold_sums, fold_counts, whiten=None, *, seed: int = 0) -> FoldTest
 
 @dataclass(frozen=True, eq=False)
 class FoldSums:
-    """A candidate's fold sums, kept by its score so that the fold tests run only when asked for.
+    """What a candidate's score keeps of its fold sums so that the fold tests run only when asked for:
+    the fold Grams of :func:`fold_gram` in both metrics (``k x k`` each) and the fold weights.
 
-    ``sums`` ``(m, N, r)`` and ``counts`` ``(m,)`` as for :func:`fold_gram`
-    (copies: the statistics they came from may keep adding batches);
-    ``whiten`` maps to the growth value's metric (``K^-``, the whole probe's
-    feature Gram).
+    The tests read nothing else, so the ``(m, N, r)`` sums are not kept: a probe of many wide
+    candidates (``m N r`` doubles each, 0.5 GiB at ``N = r = 2048``) holds its scores in ``k^2``
+    numbers each.  Formed when the score is: later batches added to the statistics change nothing.
     """
 
-    sums: np.ndarray
-    counts: np.ndarray
-    whiten: object
+    gram: np.ndarray  # the growth value's metric (``K^-``, the whole probe's feature Gram)
+    gram_euclidean: np.ndarray
+    weights: np.ndarray
+
+    @classmethod
+    def of(cls, sums, counts, whiten) -> "FoldSums":
+        """From the fold sums ``(m, N, r)``, counts ``(m,)`` and the growth value's ``whiten``."""
+        gram, weights = fold_gram(sums, counts, whiten)
+        return cls(gram, fold_gram(sums, counts)[0], weights)
 
     def test(self, metric: str = "growth value") -> FoldTest:
         """:func:`fold_test` in the growth value's metric or, with ``metric="euclidean"``, ``||C||_F``'s."""
         if metric not in ("growth value", "euclidean"):
             raise InputError(f"metric must be 'growth value' or 'euclidean', got {metric!r}")
-        return fold_test(self.sums, self.counts, self.whiten if metric == "growth value" else None)
+        return gram_fold_test(self.gram if metric == "growth value" else self.gram_euclidean, self.weights)
 
 
 def holm(p_values) -> np.ndarray:

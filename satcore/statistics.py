@@ -571,8 +571,8 @@ class CandidateStatistics:
             # sum_i xi_i^T (I kron K^+) xi_i = <K^+, sum_i X_i^T X_i>
             noise = float(np.sum(spectrum.pinv() * self.sum_xtx))
             gv_debiased = (n * n * growth**2 - noise) / (n * (n - 1))
-        # copies: these statistics may go on adding batches before the score's tests are asked for
-        fold_sums = FoldSums(self.fold_cross.copy(), self.fold_samples.copy(), spectrum.whiten) if self.n_folds else None
+        # the fold Grams now: these statistics may go on adding batches before the score's tests are asked for
+        fold_sums = FoldSums.of(self.fold_cross, self.fold_samples, spectrum.whiten) if self.n_folds else None
         return CandidateScore(
             name=name,
             n_samples=n,

@@ -80,9 +80,10 @@ def test_scores_compute_fold_tests_on_request_and_reports_reuse_them(monkeypatch
     depth = _depth(rng, [0.0, 0.5])
     calls = []
     real = folds.fold_test
-    monkeypatch.setattr(folds, "fold_test", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(folds, "gram_fold_test", lambda *a, real_gram=folds.gram_fold_test, **k:
+                        calls.append(1) or real_gram(*a, **k))
     scores = depth.score()
-    assert calls == []  # scoring alone runs no test
+    assert calls == []  # scoring alone runs no test (its sign-flip p-value is the expensive part)
     strict = scores.report(Criteria(alpha=0.01), split="heldout")
     assert len(calls) == 2  # one growth-metric test per candidate
     loose = scores.report(Criteria(alpha=0.2, tolerance=1e-3), split="heldout")
@@ -106,6 +107,11 @@ def test_a_score_keeps_its_own_copy_of_the_fold_sums():
     stats.update(rng.normal(size=(40, 1, 3)) + 0.3, rng.normal(size=(40, 1, 4)))
     stats.update(rng.normal(size=(40, 1, 3)) + 0.3, rng.normal(size=(40, 1, 4)))
     score = stats.score("x")
+    # what the score keeps of the folds is k x k (the Grams the tests read), not the (m, N, r) sums: a probe of
+    # many wide candidates would otherwise hold m N r doubles per candidate in its scores
+    k = int((stats.fold_samples > 0).sum())
+    kept = score.fold_sums
+    assert kept.gram.shape == kept.gram_euclidean.shape == (k, k) and kept.weights.shape == (k,)
     before = folds.fold_test(stats.fold_cross.copy(), stats.fold_samples.copy()).unbiased
     stats.update(rng.normal(size=(40, 1, 3)) - 5.0, rng.normal(size=(40, 1, 4)))
     assert score.fold_test_euclidean.unbiased == before

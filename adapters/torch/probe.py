@@ -34,6 +34,8 @@ from satcore.adapters.batches import split_batch
 from satcore.adapters.options import per_candidate
 from satcore.depth import DepthStatistics
 from satcore.statistics import CandidateStatistics
+from satcore._arrays import statistics_bytes
+from satcore.folds import DEFAULT_FOLDS
 
 from .capture import StreamTaps
 from .checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
@@ -395,17 +397,22 @@ class Probe:
 class CandidatePlan:
     """Memory of one candidate's statistics, in bytes (float64 everywhere).
 
-    ``sums_bytes = 8 (N r + r^2)`` (``sum_cross``, ``sum_gram``; ``+ 8 r^2`` for
-    ``sum_xtx`` with ``variance``): held on the model's device by the running
-    totals and once more on the host (on a CPU model the two are the same
-    memory).  ``batch_bytes``: one batch's transient sums and features in the
+    ``sums_bytes = 8 (N r + r^2 + m N r + m)`` (``sum_cross``, ``sum_gram``,
+    the ``m`` folds' ``fold_cross`` and counts; ``+ 8 r^2`` for ``sum_xtx`` with
+    ``variance``, ``+ 8 N^2`` for ``sum_qq`` with ``curvature``:
+    :func:`satcore._arrays.statistics_bytes`): held on the model's device by the
+    running totals and once more on the host (on a CPU model the two are the
+    same memory).  ``batch_bytes``: one batch's transient sums and features in the
     batch dtype (``b`` bytes an entry), ``b (N r + 4 M T r + M min(N, T) r)``:
     ``sum_cross``, the features with their normalised input and activation,
     and the factor products behind ``sum ||X_i||^2``; the model's own
     activations and graph are not counted.  ``map_bytes``: the feature map's
-    own weights (``W1`` of ``mlp``: ``r N`` entries of the model's dtype).  ``score_bytes = 8 (N r + 3 r^2)``:
+    own weights (``W1`` of ``mlp``: ``r N`` entries of the model's dtype).  ``score_bytes = 8 (N r + 3 r^2 + 3 m N r)``:
     scoring forms ``C``, the unit-diagonal Gram and its eigenvectors (one
-    ``r x r`` more for ``K^+`` with ``variance``, counted in the ``3``).
+    ``r x r`` more for ``K^+`` with ``variance``, counted in the ``3``), and the
+    fold Grams' transient copies of the fold sums (the fold means and their
+    whitened form); a score keeps only ``k x k`` of them, so scoring holds one
+    candidate's need at a time.
     """
 
     name: str
@@ -469,10 +476,12 @@ def plan(model: nn.Module, batch, loss_fn=None, *, config: ProbeConfig | None = 
                                             candidate=taps.by_name[name])
             M, T, N = positions(z).shape
             r = feature_map.n_features
-            grams = 2 if state.config.variance else 1
             entry = torch.empty(0, dtype=state.config.batch_dtype).element_size()
-            rows.append(CandidatePlan(name, N, r, 8 * (N * r + grams * r * r),
-                                      entry * (N * r + 4 * M * T * r + M * min(N, T) * r), 8 * (N * r + 3 * r * r),
+            m = DEFAULT_FOLDS  # the folds every probe keeps (_running_sums)
+            rows.append(CandidatePlan(name, N, r, statistics_bytes(N, r, variance=state.config.variance, n_folds=m,
+                                                                   curvature=state.config.curvature),
+                                      entry * (N * r + 4 * M * T * r + M * min(N, T) * r),
+                                      8 * (N * r + 3 * r * r + 3 * m * N * r),
                                       sum(t.numel() * t.element_size() for t in
                                           list(feature_map.parameters()) + list(feature_map.buffers()))))
     return MemoryPlan(tuple(rows), state.device.type)
