@@ -33,7 +33,7 @@ rows to ``docs/figures/decision_validity/<part>.json`` (``--column sgd_block`` o
 ``adam_terminal``: that recipe column instead, to ``<part>-<column>.json``; ``--seeds 3``:
 a sweep part's model seed 3 only, to ``<part>-seeds3.json``; ``--trial-seeds 2``: a model set part's models
 re-trained from the same seeds, refused unless their base losses and screen are the recorded ones, and only trial
-seed 2 run, to ``<part>-trialseed2.json``, whose runs the scores merge into ``<part>.json``'s models); ``--tables``
+seed 2 run, to ``<part>-trialseed2.json`` (with ``--column``, ``<part>-<column>-trialseed2.json``), whose runs the scores merge into ``<part>.json``'s models); ``--tables``
 scores them (``bench/decision_scores.py``) and prints the docs tables; ``--variants`` the
 decision rules tried; ``--fit`` writes ``satcore/decision_calibration.py`` from all sets.
 """
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import os
 import sys
@@ -289,6 +290,14 @@ def record_sweep(name: str, spec: tuple, seed: int, log) -> dict:
     return out
 
 
+def _stored(stored: dict | None, tag: str, path: Path):
+    if stored is None:
+        return None
+    if tag not in stored:
+        raise SystemExit(f"{path}: the recorded part has no model {tag}")
+    return stored[tag]
+
+
 def record(part: str, log=print, column: str | None = None, seeds: tuple | None = None,
            trial_seeds: tuple | None = None) -> None:
     out = OUT_1000 if column == "adam_block_1000" else OUT
@@ -298,15 +307,15 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
         path = path.with_name(f"{part}-seeds{'-'.join(map(str, seeds))}.json")
     stored = None
     if trial_seeds is not None:  # more trial seeds of a recorded part's models, merged by decision_scores.load
-        if column is not None or part not in (*IMAGES, *TEXTS):
-            raise SystemExit("--trial-seeds: the default columns of a model set part only")
+        if part not in (*IMAGES, *TEXTS):
+            raise SystemExit("--trial-seeds: a model set part only")
         from decision_scores import TRIAL_SEEDS_FILE
 
         recorded = json.loads(path.read_text())
         if overlap := set(trial_seeds) & set(recorded["seeds"]):
             raise SystemExit(f"{path}: trial seeds {sorted(overlap)} are recorded there already")
         stored = {m["model"]: m for m in recorded["models"]}
-        path = path.with_name(f"{part}{TRIAL_SEEDS_FILE}{'-'.join(map(str, trial_seeds))}.json")
+        path = path.with_name(f"{path.stem}{TRIAL_SEEDS_FILE}{'-'.join(map(str, trial_seeds))}.json")
     if column is not None:
         COLUMNS.clear()
         COLUMNS[column] = EXTRA_COLUMNS[column]
@@ -321,7 +330,9 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
         key = "sweeps"
     else:
         tasks = image_tasks(part) if part in IMAGES else text_tasks(part)
-        makers = [(lambda t=t: record_model(t, log, trial_seeds or SEEDS, stored and stored[t["tag"]]))
+        if stored is not None:  # a column's part may hold only its first models (a run cut for CPU): train no more
+            tasks = itertools.islice(tasks, len(stored))
+        makers = [(lambda t=t: record_model(t, log, trial_seeds or SEEDS, _stored(stored, t["tag"], path)))
                   for t in tasks]
         key = "models"
     for make in makers:
