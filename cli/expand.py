@@ -20,9 +20,11 @@ import tempfile
 
 import click
 
-from satcore.errors import InputError
+from satcore._atomic import OutputError
+from satcore.errors import InputError, ProbeError
 
 from .common import FiniteFloatRange, display_name, num, table
+from .hf_dir import window_length
 from .numbers import MAX_SEED, Count
 
 COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
@@ -59,6 +61,10 @@ def _at_option(value, n_blocks: int, block_names: list[str]):
 
 def _check_out_dir(out_dir: str, model_dir: str) -> None:
     shown = display_name(out_dir)
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    if not os.path.isdir(parent):
+        given = os.path.dirname(os.path.normpath(out_dir))  # as the user wrote it, not made absolute
+        raise InputError(f"-o {shown}: its parent directory {display_name(given)} does not exist (create it first)")
     real_out, real_model = os.path.realpath(out_dir), os.path.realpath(model_dir)
     if real_out == real_model or real_out.startswith(real_model + os.sep):
         raise InputError(f"{shown}: is MODEL_DIR or inside it; MODEL_DIR is never written to")
@@ -67,6 +73,8 @@ def _check_out_dir(out_dir: str, model_dir: str) -> None:
 
 
 def _report(expansion) -> str:
+    from satcore.adapters.torch.expansion import _original_index
+
     lines = [f"{len(expansion.new_blocks)} new block(s) at positions {expansion.positions} "
              f"(inserted before original blocks {expansion.inserted_before}), init={expansion.init}"]
     decision = expansion.decision
@@ -74,25 +82,65 @@ def _report(expansion) -> str:
     if groups is not None:
         lines.append("layout grouped, one block per group of places: "
                      + ", ".join("[" + ", ".join(map(str, g)) + "]" for g in groups))
+    if expansion.left_out_by_max_blocks:
+        lines.append(f"--blocks auto: {len(expansion.left_out_by_max_blocks)} more place(s) with a credible decrease "
+                     f"left out by the cap --max-blocks {expansion.max_blocks} (default a quarter of the layers): "
+                     + ", ".join(expansion.left_out_by_max_blocks))
     if decision is not None:
         rows = []
         chosen = set(expansion.inserted_before)
-        for name in decision.ranking():
+        ranking = decision.ranking()
+        for name in ranking:
             c = decision.candidates[name]
-            before = name.rpartition(".")[2]
             rows.append([name, num(c.predicted_heldout_change), f"[{num(c.interval[0])}, {num(c.interval[1])}]",
-                         num(c.p_decrease), "yes" if (before if before == "head" else int(before)) in chosen else ""])
-        lines += ["", table(["candidate", "predicted held-out change", "95% interval", "P(decrease)", "chosen"], rows),
+                         num(c.p_decrease), "trial" if getattr(c, "verified", False) else "screen",
+                         "yes" if _original_index(name) in chosen else ""])
+        lines += ["", table(["candidate", "predicted held-out change", "95% interval", "P(decrease)", "evidence",
+                             "chosen"], rows), *_table_notes(decision.candidates, ranking, chosen),
                   "", f"decision cost: {decision.cost_block_steps} block-steps"]
         if decision.stop_reason:
             lines.append(f"the decision stops: {decision.stop_reason}")
     return "\n".join(lines)
 
 
+def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
+    """The lines under the ranking (``rows``, the candidates' evidence, in the table's ``order``) that say
+    what its columns are where they could mislead; ``chosen``: the original indices blocks went before."""
+    from satcore.adapters.torch.expansion import ALPHA, _original_index
+
+    trialled = [n for n in order if getattr(rows[n], "verified", False)]
+    if not trialled:
+        notes = ["evidence: every value is the first-order screen's (the recipe's step priced linearly; no trial "
+                 "ran); its interval and P(decrease) come from the same Student-t over the held-out folds"]
+    elif len(trialled) < len(order):
+        notes = ["evidence: 'trial' rows are short trials of the recipe, extrapolated and calibrated; 'screen' rows "
+                 "had no trial and show the first-order screen's value (not comparable with the trials', "
+                 "their order is the screen's, no trial chose them)"]
+    else:
+        notes = ["evidence: every place was verified by a short trial of the recipe (extrapolated, calibrated)"]
+    disagree = [n for n in trialled if rows[n].interval[1] >= 0 and rows[n].p_decrease >= 1 - ALPHA / 2]
+    if disagree:
+        notes.append(f"{', '.join(disagree)}: the 95% interval reaches 0 while P(decrease) is at least "
+                     f"{1 - ALPHA / 2:g}: the interval is from the calibrated residual quantiles, P(decrease) from "
+                     "the calibrated logistic of the point over its error scale; they answer different questions "
+                     "and can disagree near zero")
+    outside = [n for n in order if not rows[n].interval[0] <= rows[n].predicted_heldout_change <= rows[n].interval[1]]
+    if outside:
+        notes.append(f"{', '.join(outside)}: the point lies outside its 95% interval, whose ends are the calibrated "
+                     "residuals' quantiles, not symmetric around the point")
+    uncertain = [n for n in order if _original_index(n) in chosen and rows[n].interval[1] >= 0]
+    if uncertain:
+        notes.append(f"{', '.join(uncertain)}: chosen although the 95% interval reaches 0: --blocks K takes the K "
+                     "best-ranked places (one per group with --layout grouped) whatever their interval, --blocks auto "
+                     "a trialled place by its P(decrease) (at least the calibration's threshold)")
+    return notes
+
+
 @click.command()
 @click.argument("model_dir", type=click.Path())
-@click.option("--data", "data_path", required=True, metavar="FILE",
-              help="UTF-8 text (tokenised with MODEL_DIR's tokenizer), or token ids: .npz with input_ids, .jsonl.")
+@click.option("--data", "data_path", default=None, metavar="FILE",
+              help="UTF-8 text (tokenised with MODEL_DIR's tokenizer), or token ids: .npz with input_ids, .jsonl. "
+              "Required unless --at forces the places.")
 @click.option("--blocks", callback=_blocks_option, default=None, metavar="K|auto",
               help="How many blocks: K, or auto (those whose predicted held-out decrease is significant).")
 @click.option("-o", "--out", "out_dir", required=True, metavar="OUT_DIR", help="Directory to write (new or empty).")
@@ -127,13 +175,21 @@ def _report(expansion) -> str:
 def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimizer, lr, steps, batch_size, seq_len,
            max_windows, max_blocks, seed, decision, layout):
     """Grow the decoder in MODEL_DIR by identity blocks where the evidence on FILE says; write OUT_DIR."""
-    if (blocks is None) == (at is None):
-        raise click.UsageError("give --blocks K|auto, or --at NAME,... to force the positions (not both)")
+    if blocks is not None and at is not None:
+        raise click.UsageError("give --blocks K|auto or --at NAME,..., not both")
+    if blocks is None and at is None:
+        raise click.UsageError("give --blocks K|auto, or --at NAME,... to force the positions")
+    if data_path is None and at is None:
+        raise click.UsageError("--data FILE is required unless --at forces the positions")
+    if max_blocks is not None and blocks != "auto":
+        raise click.UsageError(f"--max-blocks caps --blocks auto only; with {'--at' if at else f'--blocks {blocks}'} "
+                               "it would be ignored")
     _check_out_dir(out_dir, model_dir)
     from satcore import Recipe
     from satcore.adapters.torch.checkpoint_dir import load_causal_lm, read_token_windows
     from satcore.adapters.torch.expansion import decoder_stack
     from satcore.adapters.torch.expansion import expand as expand_model
+    from satcore.adapters.torch.hf import context_length
 
     import torch
 
@@ -142,19 +198,32 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
     hf_logging.disable_progress_bar()  # one report on stdout, no bars on stderr
     model = load_causal_lm(model_dir, dtype=torch.float32)  # decided in float32; saved in the checkpoint's dtype
     saved_dtype = _checkpoint_dtype(model_dir)
-    names, _ = decoder_stack(model)
+    try:
+        names, _ = decoder_stack(model)
+    except ProbeError as exc:
+        raise ProbeError(f"{display_name(model_dir)}: {exc}") from None
     recipe = Recipe(optimizer, lr=lr, steps=steps, batch_size=batch_size, trainable="block")
     forced = None if at is None else _at_option(at, len(names), names)
+    context = context_length(model.config)
+    if seq_len is not None and context is not None and seq_len > context[1]:
+        raise InputError(f"--seq-len {seq_len}: longer than the model's context ({context[0]} {context[1]} in "
+                         f"{display_name(model_dir)}/config.json)")
     data = None
-    if forced is None:
-        context = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", 256)
+    if data_path is not None:  # with --at, read only to check it: the places are forced
         data = read_token_windows(data_path, tokenizer_dir=model_dir, vocab_size=model.config.vocab_size,
-                                  seq_len=seq_len or min(256, context), max_windows=max_windows)
+                                  seq_len=seq_len or window_length(model.config), max_windows=max_windows)
+    if forced is not None and data is not None:
+        click.echo(f"--data {display_name(data_path)}: checked, not read: --at forces the positions")
+        data = None
     expansion = expand_model(model, data, blocks=blocks, recipe=recipe, at=forced, init=init,
                              train_new_only=freeze_old, max_blocks=max_blocks, seed=seed, decision=decision,
                              layout=layout)
     parent = os.path.dirname(os.path.abspath(out_dir))
-    staging = tempfile.mkdtemp(prefix=".satcore-expand-", dir=parent)
+    try:
+        staging = tempfile.mkdtemp(prefix=".satcore-expand-", dir=parent)
+    except OSError as exc:  # name OUT_DIR, not the temporary name it is written under
+        raise OutputError(f"-o {display_name(out_dir)}: cannot write in {display_name(parent)} "
+                          f"({exc.strerror or exc})") from None
     try:
         umask = os.umask(0)
         os.umask(umask)

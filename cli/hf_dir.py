@@ -15,6 +15,14 @@ from .common import display_name
 SEQ_LEN, MAX_WINDOWS = 256, 256
 
 
+def window_length(config) -> int:
+    """Tokens per window unless the user says: ``min(SEQ_LEN, the model's context)``."""
+    from satcore.adapters.torch.hf import context_length
+
+    context = context_length(config)
+    return SEQ_LEN if context is None else min(SEQ_LEN, context[1])
+
+
 def probe_checkpoint_dir(model_dir, data_path, *, candidates, family, seed, init_std, n_features, batch_size, split,
                          variance, out_path):
     import click
@@ -28,9 +36,8 @@ def probe_checkpoint_dir(model_dir, data_path, *, candidates, family, seed, init
     hf_logging.disable_progress_bar()  # one report on stdout, no bars on stderr
     model = load_causal_lm(model_dir, dtype=torch.float32)
     config = model.config
-    context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", SEQ_LEN)
     windows = read_token_windows(data_path, tokenizer_dir=model_dir, vocab_size=config.vocab_size,
-                                 seq_len=min(SEQ_LEN, context), max_windows=MAX_WINDOWS)
+                                 seq_len=window_length(config), max_windows=MAX_WINDOWS)
     names = [c.strip() for c in candidates.split(",")] if candidates else None
     batches = [({"input_ids": w}, w) for w in windows.split(batch_size)]
     result = probe(model, batches, sequence_loss, candidates=names, family=family, seed=seed, init_std=init_std,

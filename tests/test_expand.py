@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -28,7 +29,9 @@ from satcore.adapters.torch.expansion import (  # noqa: E402
     GroupedPlacement, TrialRanking, expand, first_order_decision, insert_blocks, layout_of, place_groups,
     placement_decision, split_batches,
 )
+from satcore.decision import CandidateDecision, TrialCurve  # noqa: E402
 from satcore.errors import InputError  # noqa: E402
+from satcore.cli.expand import _report, _table_notes  # noqa: E402
 from satcore.cli.main import main  # noqa: E402
 
 T = transformers
@@ -270,13 +273,97 @@ def test_grouped_expand_takes_each_groups_lowest_calibrated_change():
 
 
 def test_forced_positions_override_the_grouped_layout():
+    """``at`` forces the places: no decision, the layout recorded as forced; ``at`` with ``blocks`` (or with
+    ``max_blocks``), neither of them, ``max_blocks`` without ``blocks="auto"`` and windows longer than the
+    model's context (32 positions) are refused before anything is probed."""
     model = build("llama")
-    expansion = expand(model, windows(16), blocks=2, at=[0, "head"], layout="grouped")
+    expansion = expand(model, windows(16), blocks=None, at=[0, "head"], layout="grouped")
     record = expansion.to_dict()
     assert expansion.decision is None and record["inserted_before"] == [0, "head"]
-    assert record["layout"] == "grouped" and record["groups"] is None and record["cost_block_steps"] == 0
+    assert record["layout"] == "forced" and record["groups"] is None and record["cost_block_steps"] == 0
+    assert record["max_blocks"] is None and record["capped_by_max_blocks"] is None
     with pytest.raises(InputError, match="layout must be one of"):
         expand(model, windows(16), blocks=2, layout="diagonal")
+    refusals = [(dict(blocks=2, at=[1]), "not both"), (dict(blocks=None), "give blocks"),
+                (dict(blocks=2, max_blocks=1), "max_blocks caps blocks='auto' only; with blocks=2"),
+                (dict(blocks=None, at=[1], max_blocks=1), "with at it would be ignored"),
+                (dict(blocks=2, data=windows(16, length=33)), "windows of 33 tokens are longer than the model's "
+                                                              "context \\(max_position_embeddings 32")]
+    for options, message in refusals:
+        with pytest.raises(InputError, match=message):
+            expand(model, **{"data": windows(16), **options})
+
+
+def test_auto_records_and_prints_the_places_its_cap_leaves_out():
+    """``blocks="auto"`` with ``max_blocks=1`` on the screen: the screen's places whose interval lies below
+    zero (counted here from the intervals) are credible; the best one is inserted, the others are recorded as
+    left out by the cap and named on the printed line."""
+    expansion = expand(build("llama"), windows(32), blocks="auto", max_blocks=1, decision="screen",
+                       layout="ranked", recipe=Recipe("adamw", lr=1e-3, steps=10, batch_size=4))
+    d = expansion.decision
+    credible = [n for n in d.ranking() if d.candidates[n].interval[1] < 0]
+    assert len(credible) >= 2  # the cap has something to leave out on these windows
+    assert expansion.inserted_before == ["head" if credible[0] == "head" else int(credible[0].rpartition(".")[2])]
+    assert expansion.left_out_by_max_blocks == tuple(credible[1:])
+    record = expansion.to_dict()
+    assert record["max_blocks"] == 1 and record["capped_by_max_blocks"] == len(credible) - 1
+    assert (f"--blocks auto: {len(credible) - 1} more place(s) with a credible decrease left out by the cap "
+            f"--max-blocks 1 (default a quarter of the layers): {', '.join(credible[1:])}") in _report(expansion)
+
+
+def report_rows(report, names):
+    """The ranking table's rows as ``{name: (change, lo, hi, p, evidence, chosen)}`` strings."""
+    rows = {}
+    for line in report.splitlines():
+        match = re.fullmatch(r"(\S+)\s+(\S+)\s+\[(\S+), (\S+)\]\s+(\S+)\s+(trial|screen)\s*(yes)?\s*", line)
+        if match and match[1] in names:
+            rows[match[1]] = match.groups()[1:]
+    return rows
+
+
+def test_the_ranking_table_says_which_rows_a_trial_verified():
+    """5 places and 4 trials: the table's evidence column is ``trial`` exactly at the verified places, a line
+    says the other row shows the screen's value; the interval / P(decrease) line names exactly the trialled
+    rows whose interval reaches 0 with P(decrease) >= 0.975, the chosen-row line those chosen with such an
+    interval (both conditions read from the decision here)."""
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(T.LlamaConfig(**{**DECODER, "num_hidden_layers": 4})).eval()
+    expansion = expand(model, windows(16), blocks=2, recipe=GROUPED_RECIPE, seed=3, layout="ranked")
+    d, report = expansion.decision, _report(expansion)
+    rows = report_rows(report, d.candidates)
+    assert set(rows) == set(d.candidates)
+    verified = {n for n, c in d.candidates.items() if c.verified}
+    assert len(verified) == 4 and {n for n, r in rows.items() if r[4] == "trial"} == verified
+    assert {n for n, r in rows.items() if r[5]} == {n for n in d.ranking()[:2]}
+    assert "'screen' rows had no trial and show the first-order screen's value" in report
+    disagree = [n for n in d.ranking() if n in verified and d.candidates[n].interval[1] >= 0
+                and d.candidates[n].p_decrease >= 0.975]
+    assert disagree  # these windows show it
+    assert f"{', '.join(disagree)}: the 95% interval reaches 0 while P(decrease) is at least 0.975" in report
+    uncertain = [n for n in d.ranking()[:2] if d.candidates[n].interval[1] >= 0]
+    assert (f"{', '.join(uncertain)}: chosen although the 95% interval reaches 0" in report) == bool(uncertain)
+
+
+def test_table_notes_name_the_rows_they_explain():
+    """Hand-made rows: a trialled row whose interval reaches 0 next to P(decrease) 0.9999, one whose point
+    lies outside its interval, one consistent row and one the screen alone priced; two chosen rows whose
+    interval reaches 0."""
+    curve = TrialCurve((1, 2), (0.0, -0.1), (0.0, -0.1), 0.01)
+    rows = {"m.0": CandidateDecision("m.0", -0.2, -0.1, (-0.5, 0.01), 0.9999, -0.3, curve),
+            "m.1": CandidateDecision("m.1", -0.2, -0.1, (-0.15, -0.05), 0.9, -0.3, curve),
+            "m.2": CandidateDecision("m.2", -0.2, -0.1, (-0.4, -0.1), 0.99, -0.3, curve),
+            "head": CandidateDecision("head", -0.1, -0.1, (-0.2, 0.1), 0.6, -0.1)}
+    notes = _table_notes(rows, list(rows), {0, 2, "head"})
+    assert len(notes) == 4 and notes[0].startswith("evidence: 'trial' rows are short trials")
+    assert notes[1].startswith("m.0: the 95% interval reaches 0 while P(decrease) is at least 0.975")
+    assert notes[2].startswith("m.1: the point lies outside its 95% interval")
+    assert notes[3].startswith("m.0, head: chosen although the 95% interval reaches 0")
+    trialled = {n: rows[n] for n in ("m.1", "m.2")}
+    assert _table_notes(trialled, list(trialled), {1})[0].startswith(
+        "evidence: every place was verified by a short trial")
+    assert _table_notes({"m.2": rows["head"]}, ["m.2"], set()) == [
+        "evidence: every value is the first-order screen's (the recipe's step priced linearly; no trial ran); "
+        "its interval and P(decrease) come from the same Student-t over the held-out folds"]
 
 
 def llama_factory_layers(num_layers, n, use_llama_pro):
@@ -354,6 +441,7 @@ def test_cli_writes_a_loadable_checkpoint_and_leaves_model_dir_alone(checkpoint,
     assert digest(folder) == before
     record = json.loads((out / "expansion.json").read_text())
     assert len(record["positions"]) == 2 and record["num_hidden_layers"] == {"before": 4, "after": 6}
+    assert record["max_blocks"] is None and record["capped_by_max_blocks"] is None and "left out" not in result.output
     # the default decision: the screen verified by short trials whose steps add up to at most the recipe's 5
     assert record["decision"]["method"].startswith("first-order screen verified by short trials")
     assert 0 < record["cost_block_steps"] <= 5 and set(record["evidence"]) == {
@@ -384,10 +472,10 @@ def test_cli_layout_round_trip(checkpoint, tmp_path):
     assert record["layout"] == "grouped" and record["groups"] == [[0, 1, 2], [3, "head"]]
     assert [sum(b in g for b in record["inserted_before"]) for g in record["groups"]] == [1, 1]
     assert 0 < record["cost_block_steps"] <= 4
-    result = cli("expand", folder, "--data", text, "--at", "1", "--layout", "ranked", "-o", tmp_path / "r")
+    result = cli("expand", folder, "--at", "1", "--layout", "ranked", "-o", tmp_path / "r")  # --data not needed
     assert result.exit_code == 0, result.output
     record = json.loads((tmp_path / "r" / "expansion.json").read_text())
-    assert record["layout"] == "ranked" and record["groups"] is None
+    assert record["layout"] == "forced" and record["groups"] is None and record["data"] is None
 
 
 def test_cli_token_files_give_the_text_decision(checkpoint, tmp_path):
@@ -410,6 +498,7 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
     result = cli("expand", folder, "--data", text, "--at", "model.layers.2,0,head", "--init", "fresh", "-o",
                  tmp_path / "o", "--freeze-old")
     assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == f"--data {text}: checked, not read: --at forces the positions"
     record = json.loads((tmp_path / "o" / "expansion.json").read_text())
     assert record["inserted_before"] == [0, 2, "head"] and record["positions"] == [0, 3, 6]
     assert record["cost_block_steps"] == 0 and record["train"] == "new_blocks" and record["init"] == "fresh"
@@ -428,14 +517,29 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
     ("out_of_vocab", "outside the model's vocabulary"),
     ("bad_at", "is not a block"),
     ("bad_layout", "'diagonal' is not one of 'grouped', 'ranked'"),
+    ("gpt2_scaled_attention", "config scale_attn_by_inverse_layer_idx=true (GPT-2)"),
+    ("seq_len_past_context", "--seq-len 33: longer than the model's context (max_position_embeddings 32 in"),
+    ("gpt2_seq_len_past_context", "--seq-len 33: longer than the model's context (n_positions 32 in"),
+    ("at_checks_data", "nonexist.txt: no such file"),
+    ("data_is_a_directory", ": is a directory, not a data file"),
+    ("out_parent_missing", "-o nope/deeper/p5: its parent directory nope/deeper does not exist"),
+    ("neither_blocks_nor_at", "give --blocks K|auto, or --at NAME,... to force the positions"),
+    ("blocks_and_at", "give --blocks K|auto or --at NAME,..., not both"),
+    ("no_data", "--data FILE is required unless --at forces the positions"),
+    ("max_blocks_without_auto", "--max-blocks caps --blocks auto only; with --blocks 1 it would be ignored"),
 ])
-def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path):
+def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, monkeypatch):
     import shutil
 
     folder, text = checkpoint
     model_dir, data, out = tmp_path / "m", text, tmp_path / "out"
     shutil.copytree(folder, model_dir)
     extra = ["--blocks", "1"]
+    if case.startswith("gpt2"):
+        scaled = case == "gpt2_scaled_attention"
+        T.GPT2LMHeadModel(T.GPT2Config(n_embd=16, n_layer=2, n_head=4, n_positions=32, bos_token_id=0, eos_token_id=0,
+                                       vocab_size=T.AutoTokenizer.from_pretrained(folder).vocab_size,
+                                       scale_attn_by_inverse_layer_idx=scaled)).save_pretrained(model_dir)
     if case == "no_config":
         (model_dir / "config.json").unlink()
     elif case == "no_weights":
@@ -469,12 +573,30 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path):
         extra = ["--at", "model.layers.9"]
     elif case == "bad_layout":
         extra = ["--blocks", "1", "--layout", "diagonal"]
+    elif case.endswith("seq_len_past_context"):
+        extra = ["--blocks", "1", "--seq-len", "33"]
+    elif case == "at_checks_data":  # --at does not read --data, but a --data given is checked all the same
+        data, extra = "nonexist.txt", ["--at", "1"]
+    elif case == "data_is_a_directory":
+        data = tmp_path
+    elif case == "out_parent_missing":
+        monkeypatch.chdir(tmp_path)
+        out = "nope/deeper/p5"
+    elif case == "neither_blocks_nor_at":
+        extra = []
+    elif case == "blocks_and_at":
+        extra = ["--blocks", "1", "--at", "1"]
+    elif case == "no_data":
+        data = None
+    elif case == "max_blocks_without_auto":
+        extra = ["--blocks", "1", "--max-blocks", "1"]
     before = digest(model_dir) if model_dir.exists() else None
-    result = CliRunner().invoke(main, ["expand", str(model_dir), "--data", str(data), "-o", str(out),
-                                       "--seq-len", "16", *extra])
+    result = CliRunner().invoke(main, ["expand", str(model_dir), *(["--data", str(data)] if data else []), "-o",
+                                       str(out), "--seq-len", "16", *extra])
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("satcore: error:") and message in lines[0], result.output
+    assert ".satcore-expand" not in lines[0] and (case == "blocks_and_at") == ("not both" in lines[0])
     if case == "out_not_empty":
         assert os.listdir(out) == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
     if before is not None:

@@ -71,7 +71,7 @@ def test_mergekit_rebuilds_the_grown_checkpoint(kind, init, mergekit, tmp_path):
     source = tmp_path / "source"
     MODELS[kind]().save_pretrained(source)
     grown_dir, merged_dir = tmp_path / "grown", tmp_path / "merged"
-    result = CliRunner().invoke(main, ["expand", str(source), "--data", "unused.txt", "--at", "0,2,2,head",
+    result = CliRunner().invoke(main, ["expand", str(source), "--at", "0,2,2,head",
                                        "--init", init, "-o", str(grown_dir)])
     assert result.exit_code == 0, result.output
     run = subprocess.run([str(mergekit), str(grown_dir / "mergekit.yaml"), str(merged_dir)], capture_output=True,

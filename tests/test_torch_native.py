@@ -22,6 +22,7 @@ from torch import nn
 
 import models_torch as mt
 from satcore.adapters.torch import find_blocks, insert_block, probe, sequence_loss
+from satcore.errors import ProbeError
 
 torch.set_num_threads(1)
 
@@ -209,10 +210,11 @@ def test_seed_draws_the_block_and_restores_the_global_rng():
      "scale_attn_by_inverse_layer_idx"),
 ])
 def test_refusals(build, message):
+    """The project's own error (one line on the command line, exit 2), not a bare ValueError."""
     model = build()
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ProbeError, match=message):
         insert_block(model, find_blocks(model)[0])
-    with pytest.raises(ValueError, match="unknown candidate"):
+    with pytest.raises(ProbeError, match="unknown candidate"):
         insert_block(mt.gpt2(), "transformer.h.9")
 
 
@@ -416,5 +418,5 @@ def test_resnet_zero_choice_exact_and_train_mode_step(zero):
         assert rms > 100 * lr and losses[1] > losses[0], (rms, losses)
     else:
         assert rms <= 2 * lr and losses[1] < losses[0], (rms, losses)
-    with pytest.raises(ValueError, match="zero='norm'"):
+    with pytest.raises(ProbeError, match="zero='norm'"):
         insert_block(mt.gpt2(), "head", zero="norm")

@@ -150,6 +150,8 @@ def _jsonl_ids(path, n_tokens: int) -> np.ndarray:
 def read_token_windows(path, *, tokenizer_dir, vocab_size: int, seq_len: int, max_windows: int) -> torch.Tensor:
     """``(N, seq_len)`` token ids from ``path`` (module docstring), ``N <= max_windows``."""
     shown = display_name(os.fspath(path))
+    if os.path.isdir(path):
+        raise InputError(f"{shown}: is a directory, not a data file (UTF-8 text, .npz or .jsonl)")
     if not os.path.isfile(path):
         raise InputError(f"{shown}: no such file")
     n_tokens = seq_len * max_windows

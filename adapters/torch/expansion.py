@@ -52,9 +52,9 @@ from torch import nn
 from satcore.errors import InputError, ProbeError
 from satcore.recipe import Recipe
 
-from .hf import sequence_loss
+from .hf import context_length, sequence_loss
 from .locate import HEAD, find_blocks
-from .native import HF_TERMINALS, _has, insert_block
+from .native import HF_TERMINALS, _check_hf, _has, insert_block
 from .splits import probe_splits
 
 INITS = ("copy", "fresh")
@@ -109,10 +109,7 @@ class ScreenDecision:
 
 
 def _batch_samples(batch) -> int:
-    inputs = batch[0] if isinstance(batch, tuple) else batch
-    if isinstance(inputs, dict):
-        inputs = inputs["input_ids"]
-    return len(inputs)
+    return len(_inputs_ids(batch))
 
 
 def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=None,
@@ -300,6 +297,7 @@ def decoder_stack(model: nn.Module) -> tuple[list[str], tuple[str, str]]:
         raise ProbeError(f"{type(model).__name__}: its blocks ({type(model.get_submodule(blocks[0])).__name__}) have "
                          "none of the output projections expand zeroes (o_proj/down_proj, c_proj, "
                          "attention.dense/dense_4h_to_h)")
+    _check_hf(model)  # refused here, before a decision is paid for, not when the first block goes in
     return blocks, terminals
 
 
@@ -386,6 +384,8 @@ class Expansion:
     terminals: tuple[str, str]
     block_prefix: str = field(default="")
     layout: str = "ranked"
+    max_blocks: int | None = None  # the cap blocks="auto" applied, else None
+    left_out_by_max_blocks: tuple[str, ...] = ()  # places with a credible decrease the cap left out
 
     @property
     def positions(self) -> list[int]:
@@ -486,6 +486,8 @@ class Expansion:
             "blocks_requested": self.blocks_requested,
             "num_hidden_layers": {"before": self.n_original, "after": self.n_original + len(self.new_blocks)},
             "forced": list(self.forced),
+            "max_blocks": self.max_blocks,
+            "capped_by_max_blocks": None if self.max_blocks is None else len(self.left_out_by_max_blocks),
             "layout": self.layout,
             "groups": [[_original_index(n) for n in g] for g in self.decision.groups] if grouped else None,
             "decision": None if self.decision is None else {
@@ -512,6 +514,25 @@ def _original_index(name: str) -> int | str:
 
 def _windows_batches(tokens: torch.Tensor, batch_size: int) -> list:
     return [({"input_ids": w}, w) for w in tokens.split(batch_size)]
+
+
+def _inputs_ids(batch):
+    inputs = batch[0] if isinstance(batch, tuple) else batch
+    return inputs.get("input_ids") if isinstance(inputs, dict) else inputs
+
+
+def check_context(model: nn.Module, batches, what: str = "data") -> None:
+    """Refuse windows longer than the model's context (:func:`~.hf.context_length`): GPT-2 would
+    index past its position table, a rotary model would run on positions it never trained on."""
+    context = context_length(model.config)
+    if context is None:
+        return
+    key, positions = context
+    for batch in batches:
+        ids = _inputs_ids(batch)
+        if torch.is_tensor(ids) and ids.dim() >= 1 and ids.shape[-1] > positions:
+            raise InputError(f"{what}: windows of {ids.shape[-1]} tokens are longer than the model's context "
+                             f"({key} {positions} in its config)")
 
 
 def split_batches(data, heldout=None) -> tuple[list, list]:
@@ -544,12 +565,17 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
     model : a ``...ForCausalLM`` (Llama, Mistral, Qwen2/3, Gemma, GPT-2, GPT-NeoX, ...); not modified.
     data : batches ``({"input_ids": ...}, labels)`` (or a ``(N, T)`` tensor of token ids), split
         into a training half (even batches) and a held-out half (odd) unless ``heldout`` is given.
-    blocks : int or ``"auto"``
+    blocks : int, ``"auto"`` or None
         ``K``: the ``K`` candidates the decision ranks first (``layout="grouped"``: one per
         group); ``"auto"``: the candidates whose decrease is significant, best first, at most
-        ``max_blocks`` (default a quarter of the layers, LLaMA-Pro's ratio).
+        ``max_blocks`` (default a quarter of the layers, LLaMA-Pro's ratio; the credible places
+        the cap leaves out are recorded, ``Expansion.left_out_by_max_blocks``); None with ``at``.
+        Windows longer than the model's context (``max_position_embeddings``, GPT-2's
+        ``n_positions``) are refused.
     recipe : :class:`satcore.Recipe`, default LLaMA-Pro's (AdamW, lr 2e-4): the step the decision prices.
-    at : original block indices (or ``"head"``) to insert before, instead of the decision.
+    at : original block indices (or ``"head"``) to insert before, instead of the decision (then
+        ``blocks`` and ``max_blocks`` must be None, ``data`` is not read, and the layout is
+        recorded as ``"forced"``).
     init : ``"copy"`` (LLaMA-Pro) or ``"fresh"`` (module docstring).
     train_new_only : leave only the new blocks' parameters trainable.
     decision : ``"trial"`` (default): :func:`~.decide.decide`, the first-order screen verified by
@@ -582,24 +608,33 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
         raise InputError(f"decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
     if layout not in LAYOUTS:
         raise InputError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    method, decision, forced = decision, None, ()
+    if (blocks is None) == (at is None):
+        raise InputError("give blocks (an integer or 'auto') or at (the places to force), not both"
+                         if at is not None else "give blocks (an integer or 'auto'), or at to force the places")
+    if max_blocks is not None and blocks != "auto":
+        given = "at" if at is not None else f"blocks={blocks!r}"
+        raise InputError(f"max_blocks caps blocks='auto' only; with {given} it would be ignored")
+    method, decision, forced, limit, left_out = decision, None, (), None, ()
     if at is not None:
         chosen = list(at)
         if not chosen:
             raise InputError("at: give at least one block index or 'head'")
         forced = tuple(str(a) for a in chosen)
+        layout = "forced"
     else:
         if blocks != "auto" and not (isinstance(blocks, int) and not isinstance(blocks, bool) and blocks >= 1):
             raise InputError(f"blocks must be an integer >= 1 or 'auto', got {blocks!r}")
         if blocks != "auto" and blocks > n + 1:
             raise InputError(f"blocks={blocks}: the model has {n + 1} places for a block ({n} blocks and the head)")
         train, held = split_batches(data, heldout)
+        check_context(model, train + held)
         decision = placement_decision(model, train, held, loss_fn, recipe=recipe, decision=method, layout=layout,
                                       blocks=blocks, seed=seed, **probe_options)
         ranking = decision.ranking()
         if blocks == "auto":
             limit = max(1, n // 4) if max_blocks is None else max_blocks
-            picked = [c for c in ranking if decision.significant(c)][:limit]
+            credible = [c for c in ranking if decision.significant(c)]
+            picked, left_out = credible[:limit], tuple(credible[limit:])
         else:
             picked = ranking[:blocks]
         chosen = [_original_index(c) for c in picked]
@@ -608,5 +643,5 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
         freeze_old(grown, new)
     prefix = names[0].rpartition(".")[0]
     return Expansion(grown, new, n, init, blocks if at is None else len(chosen), decision, forced, recipe,
-                     train_new_only, terminals, prefix, layout)
+                     train_new_only, terminals, prefix, layout, limit, left_out)
 

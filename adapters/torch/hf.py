@@ -66,6 +66,23 @@ def sequence_loss(outputs, labels: torch.Tensor, ignore_index: int = IGNORE_INDE
     return token_losses(getattr(outputs, "logits", outputs), labels, shift=True, ignore_index=ignore_index)
 
 
+# where configs keep the number of positions the model was built (and trained) for, by family
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
+
+
+def context_length(config) -> tuple[str, int] | None:
+    """``(key, positions)``: the model's context as its ``config.json`` names it (GPT-2's
+    ``n_positions``, Llama's ``max_position_embeddings``, ...), or ``None`` when the config has
+    none of :data:`CONTEXT_KEYS`.  Longer windows index past GPT-2's position table, and feed
+    rotary models positions they were never trained on."""
+    aliases = getattr(config, "attribute_map", {})
+    for key in CONTEXT_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return aliases.get(key, key), value
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def _causal_lm_classes() -> frozenset:
     try:

@@ -93,6 +93,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from satcore.errors import InputError, ProbeError
 from satcore.families import FamilySpec, register_builder, register_family
 
 from .capture import with_stream
@@ -135,15 +136,15 @@ def _kind(model: nn.Module, block: nn.Module, name: str) -> str:
         return "resnet"
     if isinstance(block, nn.TransformerEncoderLayer):
         if not block.norm_first:
-            raise ValueError(f"{name}: nn.TransformerEncoderLayer(norm_first=False) is post-norm, its output "
+            raise ProbeError(f"{name}: nn.TransformerEncoderLayer(norm_first=False) is post-norm, its output "
                              "LN(z + h(z)) is LN(z) != z at h = 0: no layer of its kind inserts exactly")
         return "encoder"
     if any(_has(block, p) for p in POST_NORM):
-        raise ValueError(f"{name}: {type(block).__name__} is post-norm (LayerNorm after the residual sum), its "
+        raise ProbeError(f"{name}: {type(block).__name__} is post-norm (LayerNorm after the residual sum), its "
                          "output LN(z + h(z)) is LN(z) != z at h = 0: no block of its kind inserts exactly")
     if hasattr(model, "config") and _hf_terminals(block) is not None:
         return "hf"
-    raise ValueError(f"{name}: no native insertion for {type(block).__name__}; supported: GPT-2, GPT-NeoX, "
+    raise ProbeError(f"{name}: no native insertion for {type(block).__name__}; supported: GPT-2, GPT-NeoX, "
                      "Llama-style, nn.TransformerEncoderLayer(norm_first=True), torchvision-style ResNet blocks")
 
 
@@ -163,9 +164,9 @@ def insertion_site(model: nn.Module, at: str) -> Site:
     """The container, index and reference block of a new block before candidate ``at``."""
     blocks = find_blocks(model)
     if at != HEAD and at not in blocks:
-        raise ValueError(f"unknown candidate {at!r}; the blocks of {type(model).__name__} are {blocks} (or {HEAD!r})")
+        raise ProbeError(f"unknown candidate {at!r}; the blocks of {type(model).__name__} are {blocks} (or {HEAD!r})")
     if not blocks:
-        raise ValueError(f"no residual blocks recognised in {type(model).__name__}")
+        raise ProbeError(f"no residual blocks recognised in {type(model).__name__}")
     position = len(blocks) if at == HEAD else blocks.index(at)
     name = blocks[min(position, len(blocks) - 1)]
     block = model.get_submodule(name)
@@ -176,7 +177,7 @@ def insertion_site(model: nn.Module, at: str) -> Site:
     # the end of a stack (head), or a stage whose first block reshapes: after the previous block
     previous = blocks[position - 1] if at != HEAD else name
     if at != HEAD and position == 0:
-        raise ValueError(f"{at}: its block changes the stream's shape and no block precedes it; no block of the "
+        raise ProbeError(f"{at}: its block changes the stream's shape and no block precedes it; no block of the "
                          "model's kind has the width of its input")
     container, child = _parent(previous)
     return Site(container, int(child) + 1, previous, _kind(model, model.get_submodule(previous), previous))
@@ -210,8 +211,8 @@ def _grow_config(config, site: Site, source: int | None = None) -> None:
 
 def _check_hf(model: nn.Module) -> None:
     if getattr(model.config, "scale_attn_by_inverse_layer_idx", False):
-        raise ValueError("GPT-2 with scale_attn_by_inverse_layer_idx=True: renumbering the layers would rescale "
-                         "the attention of every block after the new one")
+        raise ProbeError("config scale_attn_by_inverse_layer_idx=true (GPT-2): a new block renumbers the layers, "
+                         "which would rescale the attention of every block after it; no block inserts exactly")
 
 
 def _copy_without_hooks(module: nn.Module) -> nn.Module:
@@ -240,7 +241,7 @@ def _resnet_copy(reference: nn.Module, channels: int) -> nn.Module:
                                 device=first.weight.device)
     last = block.get_submodule(_terminal_paths(block, "resnet")[0])
     if last.out_channels != channels:
-        raise ValueError(f"a block like {type(reference).__name__} outputs {last.out_channels} channels, "
+        raise ProbeError(f"a block like {type(reference).__name__} outputs {last.out_channels} channels, "
                          f"the stream has {channels}")
     return block
 
@@ -345,14 +346,14 @@ def insert_block(model: nn.Module, at: str, *, seed: int = 0, zero: str = "termi
     the config's ``layer_types`` gives it that block's type (sliding window or full attention).
     """
     if zero not in ("terminal", "norm"):
-        raise ValueError(f"zero must be 'terminal' or 'norm', got {zero!r}")
+        raise InputError(f"zero must be 'terminal' or 'norm', got {zero!r}")
     grown = copy.deepcopy(model)
     site = insertion_site(grown, at)
     config = None
     source = None
     if copy_of is not None:
         if site.kind != "hf" or copy_of not in find_blocks(grown):
-            raise ValueError(f"copy_of={copy_of!r}: a block of a Hugging Face decoder is needed, the blocks of "
+            raise ProbeError(f"copy_of={copy_of!r}: a block of a Hugging Face decoder is needed, the blocks of "
                              f"{type(model).__name__} are {find_blocks(grown)}")
         source = int(_parent(copy_of)[1])
     if site.kind == "hf":
@@ -362,7 +363,7 @@ def insert_block(model: nn.Module, at: str, *, seed: int = 0, zero: str = "termi
     if zero == "norm" and not (site.kind == "resnet" and isinstance(
             getattr(grown.get_submodule(site.reference), "bn" + _terminal_paths(
                 grown.get_submodule(site.reference), "resnet")[0][-1], None), nn.modules.batchnorm._BatchNorm)):
-        raise ValueError(f"zero='norm' needs a ResNet block with a BatchNorm after its terminal conv; {at} has none")
+        raise ProbeError(f"zero='norm' needs a ResNet block with a BatchNorm after its terminal conv; {at} has none")
     if copy_of is None:
         block = fresh_block(grown, site, seed, config, zero).train(model.training)
     else:
@@ -519,7 +520,7 @@ def native_feature_map(model: nn.Module, candidate, z: torch.Tensor, *, seed: in
 def _native_builder(z: torch.Tensor, *, seed: int, model, candidate) -> NativeFeatures:
     """The torch builder of the ``native`` kind (built from the model, not drawn from a seed alone)."""
     if model is None or candidate is None:
-        raise ValueError("family 'native' needs the model and the candidate")
+        raise InputError("family 'native' needs the model and the candidate")
     return native_feature_map(model, candidate, z, seed=seed)
 
 
