@@ -8,6 +8,8 @@ The template is a Python f-string body: every number in the page is read from
 import json
 from pathlib import Path
 
+from satcore.folds import DEFAULT_FOLDS
+
 HERE = Path(__file__).resolve().parent
 R = json.loads((HERE / "results.json").read_text())
 S = R["sections"]
@@ -134,6 +136,9 @@ def decoder_cpu_section() -> str:
     c, sec, ver = d["config"], d["seconds"], d["versions"]
     gib = 2**30
     grads = 4 * d["parameters"]  # float32 parameter gradients of the floor
+    # the plan holds every fold; a probe of one window writes one, and unwritten zeros are never resident
+    per_fold = 8 * d["candidates"] * c["hidden_size"] * d["n_features"]
+    one_fold_plan = d["plan_peak_bytes"] - (DEFAULT_FOLDS - 1) * per_fold
     report = (f"`report()` took {sec['score']:.0f} s (verdict {d['report']})" if "score" in sec else
               f"`report()` did not finish ({d['report']}; the process held "
               f"{d['resident_after_probe_bytes'] / gib:.1f} GiB after the probe, weights included, and scoring "
@@ -147,13 +152,13 @@ def decoder_cpu_section() -> str:
         f"seconds of one call each (code {ver['commit']}, load average {ver['load_average_1min']:.1f}): the floor "
         f"{d['floor_tokens_per_s']:.1f} tokens/s, the probe **{d['probe_tokens_per_s']:.1f} tokens/s** "
         f"({x(d['probe_vs_floor'])} the floor's time). Memory: `plan().peak_bytes` = "
-        f"{d['plan_peak_bytes'] / gib:.2f} GiB against a resident rise of {d['probe_peak_rss_increase_bytes'] / gib:.2f} "
-        f"GiB for a probe of one window (`probe_peak_over_planned` = **{d['probe_peak_over_planned']:.2f}**, "
-        f"outside the 10% the plan aims at) and {d['floor_peak_rss_increase_bytes'] / gib:.2f} GiB for the floor, "
-        f"of which {grads / gib:.2f} GiB are parameter gradients the probe never forms: the model's own activations "
-        f"take about {(d['floor_peak_rss_increase_bytes'] - grads) / gib:.2f} GiB, so about "
-        f"{(d['probe_peak_rss_increase_bytes'] - d['plan_peak_bytes'] - d['floor_peak_rss_increase_bytes'] + grads) / gib:.1f}"
-        f" GiB of the probe's rise is outside both the plan and the activations (not traced here). {report}. At "
+        f"{d['plan_peak_bytes'] / gib:.2f} GiB for a probe that writes all {DEFAULT_FOLDS} folds of `sum_cross` "
+        f"({per_fold / gib:.2f} GiB a fold over the candidates); a probe of one window writes one, and the folds' "
+        f"untouched zeros are never resident, so its plan is {one_fold_plan / gib:.2f} GiB, against a resident rise "
+        f"of {d['probe_peak_rss_increase_bytes'] / gib:.2f} GiB (**"
+        f"{d['probe_peak_rss_increase_bytes'] / one_fold_plan:.2f}** of it), and "
+        f"{d['floor_peak_rss_increase_bytes'] / gib:.2f} GiB for the floor, of which {grads / gib:.2f} GiB are "
+        f"parameter gradients the probe never forms. {report}. At "
         f"{d['probe_tokens_per_s']:.1f} tokens/s a report on 10^6 tokens would take about "
         f"{1e6 / d['probe_tokens_per_s'] / 3600:.0f} hours on this core: the GPU row stays the target.\n"
     )
