@@ -366,18 +366,19 @@ def test_sums_over_the_memory_budget_are_refused_before_allocating(tmp_path):
         result = {"refused": refused}
     """, tmp_path, env={"SATCORE_MEMORY_BUDGET": str(2**30)})
     for message, what in zip(out["refused"], ("the Gram of r = 40000 features needs 12,800,000,000 bytes",  # before ONNX Runtime starts
-                                              "N = 64 with r = 1000000 features needs 8,008,704,000,000 bytes")):
+                                              "N = 64 with r = 1000000 features needs 8,008,704,000,128 bytes")):
         assert message is not None and "\n" not in message and what in message, message
         assert "over the memory budget of 1,073,741,824 bytes (set SATCORE_MEMORY_BUDGET to raise it)" in message
     assert out["rss"] < MAX_REFUSAL_RSS
 
 
 def test_the_budget_governs_the_sums(monkeypatch):
-    """Just under the budget is allowed, just over refused (16 folds of N r, N r and r^2, 8 bytes each)."""
+    """Just under the budget is allowed, just over refused (16 folds of N r, N r and r^2, 8 bytes each, and the
+    16 folds' int64 sample counts)."""
     from satcore import CandidateStatistics
     from satcore.errors import InputError
 
-    need = 8 * (4 * 8 * 17 + 8 * 8)
+    need = 8 * (4 * 8 * 17 + 8 * 8 + 16)
     monkeypatch.setenv("SATCORE_MEMORY_BUDGET", str(need))
     CandidateStatistics(4, 8)
     monkeypatch.setenv("SATCORE_MEMORY_BUDGET", str(need - 1))
