@@ -124,15 +124,22 @@ def fold_gram(fold_sums, fold_counts, whiten=None) -> tuple[np.ndarray, np.ndarr
         Over the ``k`` non-empty folds.
     w : ndarray, shape (k,)
     """
+    means, w = _fold_means(fold_sums, fold_counts)
+    return _gram(means if whiten is None else whiten(means)), w
+
+
+def _fold_means(fold_sums, fold_counts) -> tuple[np.ndarray, np.ndarray]:
+    """The non-empty folds' means ``(k, N, r)`` and weights ``w_a = n_a / n`` (:func:`fold_gram`)."""
     sums = np.asarray(fold_sums, dtype=np.float64)
     counts = np.asarray(fold_counts, dtype=np.float64)
     keep = counts > 0
-    sums, counts = sums[keep], counts[keep]
-    means = sums / counts[:, None, None]
-    if whiten is not None:
-        means = whiten(means)
+    counts = counts[keep]
+    return sums[keep] / counts[:, None, None], counts / counts.sum()
+
+
+def _gram(means: np.ndarray) -> np.ndarray:
     flat = means.reshape(means.shape[0], -1)
-    return flat @ flat.T, counts / counts.sum()
+    return flat @ flat.T
 
 
 def _sign_patterns(k: int) -> np.ndarray:
@@ -251,8 +258,8 @@ class FoldSums:
     @classmethod
     def of(cls, sums, counts, whiten) -> "FoldSums":
         """From the fold sums ``(m, N, r)``, counts ``(m,)`` and the growth value's ``whiten``."""
-        gram, weights = fold_gram(sums, counts, whiten)
-        return cls(gram, fold_gram(sums, counts)[0], weights)
+        means, weights = _fold_means(sums, counts)  # once for both metrics: k N r doubles at a time
+        return cls(_gram(whiten(means)), _gram(means), weights)
 
     def test(self, metric: str = "growth value") -> FoldTest:
         """:func:`fold_test` in the growth value's metric or, with ``metric="euclidean"``, ``||C||_F``'s."""
