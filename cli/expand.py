@@ -172,8 +172,11 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
               help="grouped: the places split into K contiguous groups (LLaMA-Pro's), one block per group where the "
               "decision ranks best within it (with --blocks auto: 4 groups, a block where the group's place shows a "
               "credible decrease); ranked: the decision's top K places anywhere in the stack.")
+@click.option("--max-statistics-gib", type=FiniteFloatRange(min=0, min_open=True), default=None, metavar="GIB",
+              help="The most probe statistics the decision holds at once (both splits), in GiB: the places are "
+              "probed in groups that fit, one pass over the data per group (default: all places in one pass).")
 def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimizer, lr, steps, batch_size, seq_len,
-           max_windows, max_blocks, seed, decision, layout):
+           max_windows, max_blocks, seed, decision, layout, max_statistics_gib):
     """Grow the decoder in MODEL_DIR by identity blocks where the evidence on FILE says; write OUT_DIR."""
     if blocks is not None and at is not None:
         raise click.UsageError("give --blocks K|auto or --at NAME,..., not both")
@@ -217,7 +220,8 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
         data = None
     expansion = expand_model(model, data, blocks=blocks, recipe=recipe, at=forced, init=init,
                              train_new_only=freeze_old, max_blocks=max_blocks, seed=seed, decision=decision,
-                             layout=layout)
+                             layout=layout, **({} if max_statistics_gib is None else
+                                               {"max_statistics_bytes": int(max_statistics_gib * 2**30)}))
     parent = os.path.dirname(os.path.abspath(out_dir))
     try:
         staging = tempfile.mkdtemp(prefix=".satcore-expand-", dir=parent)

@@ -17,6 +17,8 @@ from satcore.decision import (Calibration, CandidateDecision, TrialCurve, choose
 from satcore.adapters.torch import decide, grow, probe_splits
 from satcore.decision_calibration import DEFAULT_CALIBRATION
 from satcore.adapters.torch.decide import trial_losses
+from satcore.adapters.torch.expansion import first_order_decision
+from satcore.adapters.torch.probe import CandidatePlan, MemoryPlan, plan
 
 NORMAL = Calibration(1.0, 0.0, (0.025, 0.16, 0.5, 0.84, 0.975), (-1.96, -0.994, 0.0, 0.994, 1.96), 0.5, 0.0,
                      "normal residuals (test)")
@@ -239,3 +241,63 @@ def test_decide_evaluates_the_unexpanded_model_once_and_decides_as_the_trials_al
     with pytest.raises(InputError, match="before= lacks"):
         trial_losses(model, splits.train, "head", recipe, train, {"heldout": heldout}, (1,), per_sample_ce,
                      before={"train": np.zeros(96)})
+
+
+def test_statistics_budget_packs_neighbouring_candidates_and_refuses_one_that_cannot_fit():
+    rows = tuple(CandidatePlan(f"b{i}", 4, 8, sums_bytes=100 + i, batch_bytes=0, score_bytes=0) for i in range(4))
+    memory = MemoryPlan(rows + (CandidatePlan("head", 4, 8, 104, 0, 0),), "cpu")
+    # both splits: 2 x (100 + i) bytes a candidate, greedily in the stream's order; the head stays with b3,
+    # whose output it reads, and takes it into a group of its own when the two do not fit beside b2
+    assert memory.passes(2 * (103 + 104), splits=2) == [("b0", "b1"), ("b2",), ("b3", "head")]
+    assert memory.passes(2 * (102 + 103 + 104), splits=2) == [("b0", "b1", "b2"), ("b3", "head")]
+    assert memory.passes(10**9) == [("b0", "b1", "b2", "b3", "head")]
+    with pytest.raises(InputError, match=r"'b3' alone holds .* GiB of statistics \(2 split\(s\) of N=4, r=8\)"):
+        memory.passes(2 * 103 - 1, splits=2)
+    with pytest.raises(InputError, match=r"the head and 'b3' \(whose output it reads\) hold"):
+        memory.passes(2 * (103 + 104) - 1, splits=2)
+
+
+@pytest.mark.parametrize("route", ["decide", "first_order_decision"])
+def test_decision_in_passes_under_a_statistics_budget_equals_the_one_pass_decision(route):
+    """``max_statistics_bytes`` probes the candidates a group at a time (here ``layer1.1``, then ``layer2.1`` with
+    the head, which reads its output).  Every candidate's statistics are computed by the same arithmetic in either
+    case, so the decision is the same to the last bit; the passes cost one probe of both splits per group, plus a
+    probe of the training split of an earlier group for each of its trialled candidates (its statistics are gone)."""
+    model = digits_resnet()
+    train, heldout = _data(0, 96, 32), _data(1200, 64, 32)
+    recipe = Recipe("adam", 1e-3, 12, 16, "block")
+    memory = plan(model, train[0], per_sample_ce, candidates=CANDIDATES[:2], seed=2)
+    size = {c.name: c.sums_bytes for c in memory.candidates}
+    budget = 2 * (size["layer2.1"] + size["head"])
+    assert memory.passes(budget, splits=2) == [("layer1.1",), ("layer2.1", "head")]
+
+    grad_samples = [0]
+
+    def count(module, args):
+        if module is model and torch.is_grad_enabled():
+            grad_samples[0] += len(args[0])
+
+    if route == "decide":
+        run = lambda **kw: decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2],
+                                  calibration=NORMAL, seed=2, **kw)
+    else:
+        run = lambda **kw: first_order_decision(model, train, heldout, per_sample_ce, recipe=recipe,
+                                                candidates=CANDIDATES[:2], family="auto", seed=2, **kw)
+    one = run()
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(count)
+    try:
+        grouped = run(max_statistics_bytes=budget)
+    finally:
+        handle.remove()
+    cost = {"cost_block_steps"} if route == "first_order_decision" else set()  # the screen's cost is its probes
+    assert {k: v for k, v in grouped.to_dict().items() if k not in cost} == {
+        k: v for k, v in one.to_dict().items() if k not in cost}
+    if route == "decide":
+        assert grouped.candidates["layer1.1"].verified  # so its group was probed again for its trial
+        assert grad_samples[0] == 2 * (96 + 64) + 96
+        assert grouped.cost_block_steps == one.cost_block_steps  # the trials' steps: the passes add probes only
+    else:
+        assert grad_samples[0] == 2 * (96 + 64)
+        assert grouped.cost_block_steps == 2 * one.cost_block_steps
+    with pytest.raises(InputError, match="'layer2.1' alone holds"):
+        run(max_statistics_bytes=2 * size["layer2.1"] - 1)

@@ -659,3 +659,26 @@ def test_the_docs_python_example_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "docs/expansion.md", "exec"), {})
     assert json.loads((tmp_path / "grown" / "config.json").read_text())["num_hidden_layers"] == 6
+
+
+def test_cli_statistics_budget_probes_in_passes_and_decides_the_same(checkpoint, tmp_path):
+    """--max-statistics-gib: the 5 places of the 4-block Llama (N = 16, r = 16 + 32 features, 8 (17 N r + r^2 +
+    16) = 123,008 bytes a place and split) probed two at a time (a budget of 2 places x 2 splits, 492,032 bytes, and
+    not 3): the same evidence, places and trial cost as one pass; a budget below one place is one line, exit 2."""
+    folder, text = checkpoint
+    args = ["--data", text, "--blocks", "2", "--seq-len", "16", "--steps", "4", "--max-windows", "32"]
+    one = cli("expand", folder, *args, "-o", tmp_path / "one")
+    assert one.exit_code == 0, one.output
+    per_place = 8 * (17 * 16 * 48 + 48 * 48 + 16)
+    gib = 4 * per_place / 2**30 * 1.001
+    assert 4 * per_place <= int(gib * 2**30) < 6 * per_place
+    passes = cli("expand", folder, *args, "-o", tmp_path / "passes", "--max-statistics-gib", f"{gib:.6g}")
+    assert passes.exit_code == 0, passes.output
+    a, b = (json.loads((tmp_path / d / "expansion.json").read_text()) for d in ("one", "passes"))
+    assert a["evidence"] == b["evidence"] and a["inserted_before"] == b["inserted_before"]
+    assert a["cost_block_steps"] == b["cost_block_steps"]
+    small = cli("expand", folder, *args, "-o", tmp_path / "small", "--max-statistics-gib", "0.0001")
+    lines = [line for line in small.output.splitlines() if line.strip()]
+    assert small.exit_code == 2 and len(lines) == 1, small.output
+    assert "'model.layers.0' alone holds 0.000229 GiB of statistics (2 split(s) of N=16, r=48)" in lines[0]
+    assert not (tmp_path / "small").exists()

@@ -33,8 +33,8 @@ from satcore.recipe import Recipe
 from .grow import InsertedResidual, grow
 from .hf import model_loss
 from .native import _terminal_paths, insert_block, insertion_site
-from .probe import call_model, eval_mode, to_device
-from .splits import probe_splits
+from .probe import call_model, eval_mode, pass_options, plan, to_device
+from .splits import probe_splits, probe_training_split
 
 
 def inserted_copy(model, result, at: str, *, seed: int = 0, trainable: str = "terminal"):
@@ -203,7 +203,8 @@ def grouped_trials(names, groups, max_trials: int) -> list[str]:
 
 
 def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=None, family="auto", seed: int = 0,
-           max_trials: int = 4, calibration=None, groups=None, **probe_options):
+           max_trials: int = 4, calibration=None, groups=None, max_statistics_bytes: int | None = None,
+           **probe_options):
     """Where to insert the next block under ``recipe``, or why to stop: a :class:`satcore.InsertionDecision`.
 
     Parameters
@@ -229,6 +230,15 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
         ``ceil(max_trials / len(groups))`` in the screen's order are verified instead of the
         screen's first ``max_trials``; their steps still add up to at most ``recipe.steps`` where
         there are no more trials than steps (:func:`satcore.decision.trial_plan`).
+    max_statistics_bytes : int, optional
+        The most probe statistics (both splits' sums, :func:`~.probe.plan`) held at once.  The
+        candidates are then probed in consecutive groups that fit (:meth:`~.probe.MemoryPlan.passes`),
+        one pass over both splits per group, each group's statistics dropped once screened, and a
+        trialled candidate of an earlier group probed again (its group, training split) for its trial: the same
+        screen (with ``position_subsample`` the positions drawn differ), more passes.  A decoder
+        with ``r = d + intermediate`` features per place holds ``8 (17 d r + r^2)`` bytes per place
+        and split (16 folds): 0.20 GB for SmolLM2-135M (``d = 576``, ``r = 2112``), 2.6 GB for a
+        1.1B Llama (``d = 2048``, ``r = 7680``).
 
     Returns
     -------
@@ -239,9 +249,18 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
         raise InputError(f"decide: recipe must be a satcore.Recipe, got {type(recipe).__name__}")
     calibration = DEFAULT_CALIBRATION if calibration is None else calibration
     train, heldout = list(train), list(heldout)
-    splits = probe_splits(model, train, heldout, loss_fn, candidates=candidates, family=family, seed=seed,
-                          **probe_options)
-    screened = screen(splits, recipe)
+    probe_options.update(candidates=candidates, family=family, seed=seed)
+    passes = [{}]
+    if max_statistics_bytes is not None:
+        memory = plan(model, train[0], loss_fn, **probe_options)
+        passes = [pass_options(g) for g in memory.passes(max_statistics_bytes, splits=2)]
+    screened, pass_of = {}, {}
+    for selection in passes:
+        splits = None  # the previous group's statistics go before this group's are summed
+        splits = probe_splits(model, train, heldout, loss_fn, **probe_options | selection)
+        screened.update(screen(splits, recipe))
+        pass_of.update(dict.fromkeys(splits.train.statistics, selection))
+    screened = dict(sorted(screened.items(), key=lambda kv: kv[1][0]))
     names = list(screened)
     if groups is None:
         verified, T, checkpoints = trial_plan(len(names), recipe, max_trials)
@@ -257,7 +276,10 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
     for name in names:
         screen_change, fold_gain, training_change = screened[name]
         if name in trialled:
-            measured = trial_losses(model, splits.train, name, recipe.with_steps(T), train, evaluate, checkpoints,
+            probed = splits.train  # the last pass's; an earlier pass's statistics are gone: probed again
+            if name not in probed.statistics:
+                probed = probe_training_split(model, train, loss_fn, **probe_options | pass_of[name])
+            measured = trial_losses(model, probed, name, recipe.with_steps(T), train, evaluate, checkpoints,
                                     loss_fn, seed=seed, before=before)
             curve = TrialCurve.from_losses(checkpoints, *measured["heldout"], *measured["train"])
             out.append(verified_candidate(name, curve, recipe.steps, calibration, screen_change))

@@ -55,6 +55,7 @@ from satcore.recipe import Recipe
 from .hf import context_length, sequence_loss
 from .locate import HEAD, find_blocks
 from .native import HF_TERMINALS, _check_hf, _has, insert_block
+from .probe import pass_options, plan
 from .splits import probe_splits
 
 INITS = ("copy", "fresh")
@@ -113,7 +114,8 @@ def _batch_samples(batch) -> int:
 
 
 def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=None,
-                         family: str = "native", seed: int = 0, **probe_options) -> ScreenDecision:
+                         family: str = "native", seed: int = 0, max_statistics_bytes: int | None = None,
+                         **probe_options) -> ScreenDecision:
     """The first-order screen: probe ``model`` on ``train`` and ``heldout`` (:func:`~.splits.probe_splits`,
     ``family="native"``: the tangent space of the block that will be inserted) and price the
     recipe's step at every candidate on the held-out folds (:func:`satcore.predictors.predict_gains`).
@@ -124,18 +126,26 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
     ``1 - 0.05`` interval lies below zero.  Cost: each probed sample is one forward and backward
     pass of the model, as one training sample is, so the probe costs
     ``ceil(samples / recipe.batch_size)`` steps of training one block (block-steps).
+    ``max_statistics_bytes``: probe the candidates in groups whose statistics fit, as
+    :func:`~.decide.decide` does (one pass over both splits per group, the cost counted per pass).
     """
     train, heldout = list(train), list(heldout)
-    split = probe_splits(model, train, heldout, loss_fn, family=family, seed=seed, candidates=candidates,
-                         **probe_options)
+    probe_options.update(candidates=candidates, family=family, seed=seed)
+    passes = [{}]
+    if max_statistics_bytes is not None:
+        memory = plan(model, train[0], loss_fn, **probe_options)
+        passes = [pass_options(g) for g in memory.passes(max_statistics_bytes, splits=2)]
     optimizer = "sgd" if recipe.optimizer == "sgd" else "adam"
-    report = split.report(optimizer=optimizer, lr=recipe.lr, steps=recipe.steps, alpha=ALPHA)
     evidence = {}
-    for gain in report.predictions.candidates:
-        lo, hi = gain.heldout.interval
-        evidence[gain.name] = CandidateEvidence(-gain.heldout.value, (-hi, -lo), gain.heldout.p_decrease,
-                                                gain.training_gain)
-    samples = sum(_batch_samples(b) for b in train + heldout)
+    for selection in passes:
+        split = None  # the previous group's statistics go before this group's are summed
+        split = probe_splits(model, train, heldout, loss_fn, **probe_options | selection)
+        report = split.report(optimizer=optimizer, lr=recipe.lr, steps=recipe.steps, alpha=ALPHA)
+        for gain in report.predictions.candidates:
+            lo, hi = gain.heldout.interval
+            evidence[gain.name] = CandidateEvidence(-gain.heldout.value, (-hi, -lo), gain.heldout.p_decrease,
+                                                    gain.training_gain)
+    samples = len(passes) * sum(_batch_samples(b) for b in train + heldout)
     decision = ScreenDecision(None, None, evidence, math.ceil(samples / recipe.batch_size), recipe)
     significant = [n for n in decision.ranking() if decision.significant(n)]
     if significant:
@@ -593,7 +603,9 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
         ``blocks="auto"`` the split is into ``max_trials`` (4) groups and a group gets its block
         when its place is significant (verified by a trial with a credible decrease), so ``K``
         is 0 to 4, also at most ``max_blocks``, the groups with the lowest calibrated change first.
-    probe_options : passed to the probe (``position_subsample``, ``batch_dtype``, ...).
+    probe_options : passed to the probe (``position_subsample``, ``batch_dtype``, ...), and
+        ``max_statistics_bytes``: the decision's probe in groups of places whose statistics fit
+        (:func:`~.decide.decide`; the same decision, one pass over ``data`` per group).
 
     Returns
     -------

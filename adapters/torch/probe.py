@@ -33,6 +33,7 @@ from satcore.adapters.base import ProbeOptions, probe_meta, resolve_options, war
 from satcore.adapters.batches import split_batch
 from satcore.adapters.options import per_candidate
 from satcore.depth import DepthStatistics
+from satcore.errors import InputError
 from satcore.statistics import CandidateStatistics
 from satcore._arrays import statistics_bytes
 from satcore.folds import DEFAULT_FOLDS
@@ -42,7 +43,7 @@ from .checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
 from .distributed import reduce_probe
 from .features import ConvFeatures, build_feature_map, positions, rebuild_feature_map, rebuildable
 from .hf import model_loss, scalar_loss_problem
-from .locate import find_candidates, named_candidates
+from .locate import HEAD, find_candidates, named_candidates
 from .masks import applies, batch_mask, check_samples, drop_absent, mask_label
 from .moments import (
     batch_moments,
@@ -452,6 +453,52 @@ class MemoryPlan:
     def score_bytes(self) -> int:
         """Scoring goes candidate by candidate: the largest candidate's need."""
         return max(c.score_bytes for c in self.candidates)
+
+    def passes(self, max_bytes: int, *, splits: int = 1) -> list[tuple[str, ...]]:
+        """The candidates in consecutive groups whose sums, ``splits`` probes of them held at once
+        (two for a train / held-out pair), take at most ``max_bytes``: one probe pass per group
+        instead of one for all, each candidate's statistics the same.
+
+        Greedy in the candidates' order (the stream's), so a pass holds neighbouring blocks; the
+        ``head`` stays with the block before it (its tap is that block's output; :func:`pass_options`
+        probes a group).  A candidate whose own sums exceed ``max_bytes`` is refused
+        (:class:`satcore.InputError`), naming what it needs.
+
+        Examples
+        --------
+        >>> rows = tuple(CandidatePlan(f"b{i}", 4, 8, sums_bytes=100, batch_bytes=0, score_bytes=0) for i in range(5))
+        >>> MemoryPlan(rows, "cpu").passes(450, splits=2)
+        [('b0', 'b1'), ('b2', 'b3'), ('b4',)]
+        """
+        groups, held = [], 0
+        for c in self.candidates:
+            need = splits * c.sums_bytes
+            if need > max_bytes:
+                raise InputError(f"candidate {c.name!r} alone holds {need / 2**30:.3g} GiB of statistics "
+                                 f"({splits} split(s) of N={c.n_hidden}, r={c.n_features}); the statistics budget is "
+                                 f"{max_bytes / 2**30:.3g} GiB")
+            if c.name == HEAD and groups and held + need > max_bytes:  # its block moves to the head's group
+                block = groups[-1].pop()
+                groups = [g for g in groups if g]
+                groups.append([block])
+                held = splits * next(b.sums_bytes for b in self.candidates if b.name == block)
+                if held + need > max_bytes:
+                    raise InputError(f"the head and {block!r} (whose output it reads) hold "
+                                     f"{(held + need) / 2**30:.3g} GiB of statistics together ({splits} split(s)); "
+                                     f"the statistics budget is {max_bytes / 2**30:.3g} GiB")
+            if groups and held + need <= max_bytes:
+                groups[-1].append(c.name)
+                held += need
+            else:
+                groups.append([c.name])
+                held = need
+        return [tuple(g) for g in groups]
+
+
+def pass_options(group) -> dict:
+    """The probe options that probe exactly the candidates ``group`` names (a :meth:`MemoryPlan.passes`
+    group): its blocks by name, and the head where the group holds it (after the block it reads)."""
+    return {"candidates": [n for n in group if n != HEAD], "head": HEAD in group}
 
 
 def plan(model: nn.Module, batch, loss_fn=None, *, config: ProbeConfig | None = None, **options) -> MemoryPlan:

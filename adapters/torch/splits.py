@@ -34,11 +34,16 @@ class SplitResults:
         return self.heldout.report(train=self.train.statistics, optimizer=optimizer, lr=lr, steps=steps, **options)
 
 
+def probe_training_split(model, train, loss_fn=None, **options) -> ProbeResult:
+    """The probe of the ``train`` batches that fits the step (``options`` as for :func:`~.probe.probe`)."""
+    with warnings.catch_warnings():
+        # meant to be the training split here: its statistics fit the step, the held-out split tests it
+        warnings.filterwarnings("ignore", message=re.escape(TRAINING_SPLIT_WARNING))
+        return probe(model, train, loss_fn, split="train", **options)
+
+
 def probe_splits(model, train, heldout, loss_fn=None, **options) -> SplitResults:
     """Probe ``model`` on the ``train`` batches and on the ``heldout`` batches (``options`` as for
     :func:`~.probe.probe`, the same for both, so the feature maps are the same)."""
-    with warnings.catch_warnings():
-        # the training probe is meant to be the training split here: its statistics fit the step
-        warnings.filterwarnings("ignore", message=re.escape(TRAINING_SPLIT_WARNING))
-        train_result = probe(model, train, loss_fn, split="train", **options)
-    return SplitResults(train_result, probe(model, heldout, loss_fn, split="heldout", **options))
+    return SplitResults(probe_training_split(model, train, loss_fn, **options),
+                        probe(model, heldout, loss_fn, split="heldout", **options))
