@@ -277,12 +277,13 @@ def test_decision_in_passes_under_a_statistics_budget_equals_the_one_pass_decisi
         if module is model and torch.is_grad_enabled():
             grad_samples[0] += len(args[0])
 
-    if route == "decide":
-        run = lambda **kw: decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2],
-                                  calibration=NORMAL, seed=2, **kw)
-    else:
-        run = lambda **kw: first_order_decision(model, train, heldout, per_sample_ce, recipe=recipe,
-                                                candidates=CANDIDATES[:2], family="auto", seed=2, **kw)
+    def run(**kw):
+        if route == "decide":
+            return decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2],
+                          calibration=NORMAL, seed=2, **kw)
+        return first_order_decision(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2],
+                                    family="auto", seed=2, **kw)
+
     one = run()
     handle = torch.nn.modules.module.register_module_forward_pre_hook(count)
     try:
