@@ -260,6 +260,8 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
         splits = probe_splits(model, train, heldout, loss_fn, **probe_options | selection)
         screened.update(screen(splits, recipe))
         pass_of.update(dict.fromkeys(splits.train.statistics, selection))
+    last = splits.train  # the trials need only the training split's statistics: the held-out split's go now
+    del splits
     screened = dict(sorted(screened.items(), key=lambda kv: kv[1][0]))
     names = list(screened)
     if groups is None:
@@ -276,8 +278,8 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
     for name in names:
         screen_change, fold_gain, training_change = screened[name]
         if name in trialled:
-            probed = splits.train  # the last pass's; an earlier pass's statistics are gone: probed again
-            if name not in probed.statistics:
+            probed = last if name in last.statistics else None  # (None: the previous one goes first)
+            if probed is None:  # an earlier pass's: its statistics are gone, its group is probed again
                 probed = probe_training_split(model, train, loss_fn, **probe_options | pass_of[name])
             measured = trial_losses(model, probed, name, recipe.with_steps(T), train, evaluate, checkpoints,
                                     loss_fn, seed=seed, before=before)
