@@ -405,6 +405,32 @@ def sweep_scores(sweeps, calibration) -> list[dict]:
     return out
 
 
+def loop_scores(out: Path, sweeps) -> list[dict]:
+    """The growth loop's runs (files with ``loops``) beside the scratch sweep of the same tag: its final depth
+    against the sweep's realized best and against the best of the models the loop itself trained (lowest test
+    loss, the depth-1 start included).  A loop whose start is not the sweep's depth-1 model is refused."""
+    scratch = {sw["sweep"]: sw for sw in sweeps}
+    rows = []
+    for path in sorted(out.glob("*.json")):
+        for loop in json.loads(path.read_text()).get("loops", []):
+            sw = scratch[loop["loop"]]
+            first = sw["depths"][0]
+            if first["depth"] != loop["start_depth"] or not math.isclose(first["test_loss"], loop["start_test_loss"],
+                                                                           rel_tol=1e-9):
+                raise SystemExit(f"{path}: loop {loop['loop']} did not start from its sweep's depth-1 model "
+                                 f"(test loss {loop['start_test_loss']} against {first['test_loss']})")
+            best = sw["depths"][int(np.argmin([d["test_loss"] for d in sw["depths"]]))]["depth"]
+            trained = [(loop["start_depth"], loop["start_test_loss"])] + [(t["depth"], t["test_loss"])
+                                                                          for t in loop["trained"]]
+            own_best = min(trained, key=lambda dt: dt[1])[0]
+            final_test = next(t for d, t in reversed(trained) if d == loop["final_depth"])
+            rows.append({"loop": loop["loop"], "scratch_best": best, "final_depth": loop["final_depth"],
+                         "within_one": abs(loop["final_depth"] - best) <= 1, "own_best": own_best,
+                         "stop_reason": loop["stop_reason"], "start_test_loss": loop["start_test_loss"],
+                         "final_test_loss": final_test, "rounds": loop["rounds"], "seconds": loop["seconds"]})
+    return rows
+
+
 # -- decision rules tried ------------------------------------------------------------------------------------
 def _with(fitter, **changes):
     return lambda insts, source: Calibration(**{**fitter(insts, source).to_dict(), **changes})
@@ -472,7 +498,7 @@ def all_scores(out: Path) -> dict:
               "long": {m: score(long, cals, m) for m in METHODS},
               "long_by_set": {s: score([i for i in long if i["set"] == s], cals, "decide") for s in cals},
               "in_sample_long": score(long, {s: full for s in cals}, "decide"),
-              "sweeps": sweep_scores(sweeps, full)}
+              "sweeps": sweep_scores(sweeps, full), "loops": loop_scores(out, sweeps)}
     longer = out.parent / "decision_validity_1000"
     if longer.is_dir():  # 1000-step runs, kept out of every fit: scored with the calibration of all the sets
         insts_1000 = [i for i in instances(load(longer)[0]) if i["steps"] == 1000]
@@ -527,6 +553,20 @@ def tables(out: Path) -> str:
     shallow = [sw for sw in res["sweeps"] if sw["best_is_shallowest"]]
     lines.append(f"\nWithin one block: {sum(sw['within_one'] for sw in res['sweeps'])} of {len(res['sweeps'])} sweeps; "
                  f"of the {len(shallow)} whose best depth is the shallowest, {sum(sw['within_one'] for sw in shallow)}.")
+    if res["loops"]:
+        lines += ["\n**The growth loop** from each text sweep's depth-1 model (`--part loops-text`; rounds: where the "
+                  "block went, the held-out change after training the grown model, kept or rolled back)\n",
+                  "| loop | rounds | stops at (why) | scratch sweep's best | within one block | best of the loop's own "
+                  "models | test loss, start -> end |", "|---|---|---|---|---|---|---|"]
+        for lp in res["loops"]:
+            rounds = "; ".join(f"{r['inserted_at']} {r['heldout_change']:+.3f} "
+                               f"({'rolled back' if r['rolled_back'] else 'kept'})"
+                               for r in lp["rounds"] if r["inserted_at"] is not None) or "none inserted"
+            lines.append(f"| {lp['loop']} | {rounds} | {lp['final_depth']} ({lp['stop_reason']}) | {lp['scratch_best']} | "
+                         f"{'yes' if lp['within_one'] else 'no'} | {lp['own_best']} | "
+                         f"{lp['start_test_loss']:.3f} -> {lp['final_test_loss']:.3f} |")
+        lines.append(f"\nWithin one block of the scratch sweep's best: {sum(lp['within_one'] for lp in res['loops'])} "
+                     f"of {len(res['loops'])} loops.")
     return "\n".join(lines)
 
 

@@ -18,6 +18,9 @@ Two parts, both on real data that ships offline, every model trained here from a
   best depth (lowest test loss) and the trials ``decide`` runs at each depth.  The
   over-fitting sweeps (few training images, no weight decay, long training, 2-3 model
   seeds) make every deeper model over-fit more, so that the best depth is the shallowest.
+  The text sweeps (``sweeps-text``): Llama decoders of 1-6 layers trained from scratch
+  on the Python documentation for 300 and for 1000 steps (2 model seeds), the trials
+  inserting the model's own layer.
 
 The decisions themselves are recomputed from the recorded curves by the same core
 functions ``decide`` calls (:mod:`satcore.decision`): a decision of seed ``a`` uses
@@ -28,7 +31,7 @@ fitted leave one model set out (``--tables``).
 
 Run ``python bench/decision_validity.py --part SET`` (one process per part:
 ``digits``, ``fashion``, ``llama-pydoc``, ``llama-linux``, ``sweeps``,
-``sweeps-overfit-digits``, ``sweeps-overfit-fashion``) to record raw
+``sweeps-overfit-digits``, ``sweeps-overfit-fashion``, ``sweeps-text``) to record raw
 rows to ``docs/figures/decision_validity/<part>.json`` (``--column sgd_block`` or
 ``adam_terminal``: that recipe column instead, to ``<part>-<column>.json``; ``--seeds 3``:
 a sweep part's model seed 3 only, to ``<part>-seeds3.json``; ``--trial-seeds 2``: a model set part's models
@@ -101,7 +104,12 @@ SWEEPS = {"digits-n150": (True, 150, 80, 8, 5e-4, (1,)), "digits-n1000": (True, 
 SWEEP_PARTS = {"sweeps": SWEEPS,
                "sweeps-overfit-digits": {"digits-n100-overfit": (True, 100, 300, 16, 0.0, (1, 2, 3))},
                "sweeps-overfit-fashion": {"fashion-n200-overfit": (False, 200, 150, 16, 0.0, (1, 2))}}
+# text depth sweeps: (text, training steps, model seeds); Llamas of 1..6 layers of LLAMA's sizes on its windows,
+# trained as the model sets' decoders (AdamW on a fixed pool of windows: the 1000-step models over-fit)
+TEXT_SWEEPS = {"sweeps-text": {"pydoc-s300": ("pydoc", 300, (1, 2)), "pydoc-s1000": ("pydoc", 1000, (1, 2))}}
+SWEEP_PARTS.update(TEXT_SWEEPS)
 SWEEP_RECIPE = Recipe("adam", 1e-3, 150, IMAGE_BATCH, "block")
+TEXT_SWEEP_RECIPE = Recipe("adamw", 1e-3, 150, TEXT_BATCH, "block")
 DEPTHS = range(1, 7)
 
 
@@ -224,15 +232,20 @@ def train_lm_windows(model, windows, steps: int, seed: int = 1) -> None:
     model.eval()
 
 
-def text_tasks(name: str):
-    if TEXTS[name] == "pydoc":
-        text = load_text(False)
-        source, train, probe, test = text.source, text.train, text.probe, text.test
+def text_windows(text: str):
+    """``(source, train, probe, test)`` windows of ``LLAMA["seq_len"]`` bytes of ``text`` (``"pydoc"``, ``"linux"``)."""
+    if text == "pydoc":
+        loaded = load_text(False)
+        source, train, probe, test = loaded.source, loaded.train, loaded.probe, loaded.test
     else:
         source, train, probe, test = linux_text()
     seq, (n_train, n_probe, n_test) = LLAMA["seq_len"], LLAMA["windows"]
-    train_w, probe_w, test_w = (lm_windows(train, seq, n_train, seed=2), lm_windows(probe, seq, n_probe, seed=3),
-                                lm_windows(test, seq, n_test, seed=4))
+    return (source, lm_windows(train, seq, n_train, seed=2), lm_windows(probe, seq, n_probe, seed=3),
+            lm_windows(test, seq, n_test, seed=4))
+
+
+def text_tasks(name: str):
+    source, train_w, probe_w, test_w = text_windows(TEXTS[name])
     for steps in LLAMA["steps"]:
         model = llama(LLAMA["layers"])
         train_lm_windows(model, train_w, steps)
@@ -271,22 +284,103 @@ def record_sweep(name: str, spec: tuple, seed: int, log) -> dict:
         torch.manual_seed(seed)
         model = PlainResNet(depth, width)
         train_classifier(model, *data.train, epochs=epochs, seed=seed, weight_decay=weight_decay)
-        test_loss = classifier_loss(model, *data.test)[0]
-        splits = probe_splits(model, probe_train, heldout, per_sample_ce)
-        screened = screen(splits, SWEEP_RECIPE)
-        names = list(screened)
-        verified, T, points = trial_plan(len(names), SWEEP_RECIPE, MAX_TRIALS)
-        trials = {}
-        for name_c in names[:verified]:
-            measured = trial_losses(model, splits.train, name_c, SWEEP_RECIPE.with_steps(T), train,
-                                    {"heldout": heldout, "train": probe_train, "test": test}, points, per_sample_ce,
-                                    seed=seed - 1)  # minibatch order: seed 0 with model seed 1, as first recorded
-            trials[name_c] = {"steps": list(points), **{k: _summary(*measured[k]) for k in ("heldout", "train", "test")}}
-        out["depths"].append({"depth": depth, "test_loss": test_loss,
-                              "train_loss": classifier_loss(model, *data.train)[0],
-                              "heldout_loss": float(per_sample_eval(model, heldout, per_sample_ce).mean()),
-                              "screen": {k: v[0] for k, v in screened.items()}, "trials": trials})
-        log(f"  {tag} depth {depth}: test {test_loss:.3f} ({time.time() - t0:.0f}s)")
+        row = depth_row(model, per_sample_ce, "auto", SWEEP_RECIPE, train, probe_train, heldout, test, seed)
+        out["depths"].append({"depth": depth, "test_loss": classifier_loss(model, *data.test)[0],
+                              "train_loss": classifier_loss(model, *data.train)[0], **row})
+        log(f"  {tag} depth {depth}: test {out['depths'][-1]['test_loss']:.3f} ({time.time() - t0:.0f}s)")
+    return out
+
+
+def depth_row(model, loss_fn, family, recipe, train, probe_train, heldout, test, seed: int) -> dict:
+    """The screen and the trials ``decide`` runs on one model of a sweep, their test change recorded beside the
+    held-out one (trial minibatch seed ``seed - 1``: seed 0 with model seed 1, as first recorded)."""
+    splits = probe_splits(model, probe_train, heldout, loss_fn, family=family)
+    screened = screen(splits, recipe)
+    names = list(screened)
+    verified, T, points = trial_plan(len(names), recipe, MAX_TRIALS)
+    trials = {}
+    for name in names[:verified]:
+        measured = trial_losses(model, splits.train, name, recipe.with_steps(T), train,
+                                {"heldout": heldout, "train": probe_train, "test": test}, points, loss_fn, seed=seed - 1)
+        trials[name] = {"steps": list(points), **{k: _summary(*measured[k]) for k in ("heldout", "train", "test")}}
+    return {"heldout_loss": float(per_sample_eval(model, heldout, loss_fn).mean()),
+            "screen": {k: v[0] for k, v in screened.items()}, "trials": trials}
+
+
+def record_text_sweep(name: str, spec: tuple, seed: int, log) -> dict:
+    """:func:`record_sweep` for Llama decoders of 1-6 layers trained from scratch on a text (model seed ``seed``),
+    the trials inserting the model's own decoder layer (``family="native"``)."""
+    text, steps, seeds = spec
+    source, train_w, probe_w, test_w = text_windows(text)
+    train, probe_train = lm_batches(train_w, 64), lm_batches(train_w[:64], 32)
+    heldout, test = lm_batches(probe_w, 32), lm_batches(test_w, 64)
+    tag = f"{name}/seed{seed}" if len(seeds) > 1 else name
+    out = {"sweep": tag, "source": source, "recipe": TEXT_SWEEP_RECIPE.to_dict(), "model_seed": seed,
+           "n_train": len(train_w), "training_steps": steps, "llama": LLAMA, "depths": []}
+    for depth in DEPTHS:
+        t0 = time.time()
+        model = llama(depth, seed)
+        train_lm_windows(model, train_w, steps, seed)
+        row = depth_row(model, sequence_loss, "native", TEXT_SWEEP_RECIPE, train, probe_train, heldout, test, seed)
+        out["depths"].append({"depth": depth, "test_loss": float(per_sample_eval(model, test, sequence_loss).mean()),
+                              "train_loss": float(per_sample_eval(model, train, sequence_loss).mean()), **row})
+        log(f"  {tag} depth {depth}: test {out['depths'][-1]['test_loss']:.3f} ({time.time() - t0:.0f}s)")
+    return out
+
+
+# -- the growth loop on the text sweeps' models ---------------------------------------------------------------
+LOOP_PARTS = {"loops-text": TEXT_SWEEPS["sweeps-text"]}
+
+
+def train_all(model, windows, recipe: Recipe, seed: int) -> None:
+    """``recipe``'s optimizer, lr and steps on every parameter of ``model`` (constant lr; minibatches of
+    ``recipe.batch_size`` from the fixed pool ``windows``): a user training the grown model on."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+    model.train()
+    for _ in range(recipe.steps):
+        ids = windows[torch.randint(0, len(windows), (recipe.batch_size,), generator=gen)]
+        loss = sequence_loss(model(input_ids=ids), ids).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+def record_loop(name: str, spec: tuple, seed: int, log) -> dict:
+    """``grow_until_saturated(..., recipe=TEXT_SWEEP_RECIPE)`` from the text sweep's depth-1 model (the same
+    model: its test loss is checked against the sweep's): each round decides with :func:`decide` (its trials
+    train the block alone), inserts the model's own layer and trains the whole grown model with the recipe's
+    optimizer, lr and steps; the held-out guard rolls a harm back and stops.  The test loss of every round's
+    trained model is recorded beside (never read by the loop)."""
+    from satcore.adapters.torch import grow_until_saturated
+
+    text, steps, seeds = spec
+    source, train_w, probe_w, test_w = text_windows(text)
+    train, heldout, test = lm_batches(train_w, 64), lm_batches(probe_w, 32), lm_batches(test_w, 64)
+    tag = f"{name}/seed{seed}" if len(seeds) > 1 else name
+    model = llama(1, seed)
+    train_lm_windows(model, train_w, steps, seed)
+    start_test = float(per_sample_eval(model, test, sequence_loss).mean())
+    trained = []
+
+    def train_round(grown, round_index):
+        train_all(grown, train_w, TEXT_SWEEP_RECIPE, 50_000 + 100 * seed + round_index)
+        trained.append({"round": round_index, "depth": grown.config.num_hidden_layers,
+                        "test_loss": float(per_sample_eval(grown, test, sequence_loss).mean())})
+        return grown
+
+    t0 = time.time()
+    result = grow_until_saturated(model, train_round, heldout, sequence_loss, heldout_data=heldout, train_data=train,
+                                  recipe=TEXT_SWEEP_RECIPE, family="native", max_depth=max(DEPTHS), seed=seed,
+                                  tolerance=0.0)  # the first-order criterion's; the recipe's decision has its own
+    out = {"loop": tag, "source": source, "recipe": TEXT_SWEEP_RECIPE.to_dict(), "model_seed": seed,
+           "training_steps": steps, "start_depth": 1, "start_test_loss": start_test, "final_depth": result.depth,
+           "stop_reason": result.stop_reason, "trained": trained, "seconds": time.time() - t0,
+           "rounds": [{"round": r.round, "depth": r.depth, "inserted_at": r.inserted_at,
+                       "heldout_change": r.heldout_change, "heldout_change_se": r.heldout_change_se,
+                       "rolled_back": r.rolled_back, "stop_reason": r.stop_reason} for r in result.rounds]}
+    log(f"  {tag}: depth 1 -> {result.depth} ({result.stop_reason}; {time.time() - t0:.0f}s)")
     return out
 
 
@@ -324,8 +418,14 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
               "lengths": list(LENGTHS), "seeds": list(trial_seeds or SEEDS), "max_trials": MAX_TRIALS,
               "sizes": {"images": IMAGES, "llama": LLAMA, "widths": list(WIDTHS), "sweeps": SWEEP_PARTS.get(part)},
               "models": [], "sweeps": []}
-    if part in SWEEP_PARTS:
-        makers = [(lambda n=n, spec=spec, seed=seed: record_sweep(n, spec, seed, log))
+    if part in LOOP_PARTS:
+        makers = [(lambda n=n, spec=spec, seed=seed: record_loop(n, spec, seed, log))
+                  for n, spec in LOOP_PARTS[part].items() for seed in spec[-1]]
+        key = "loops"
+        result["loops"] = []
+    elif part in SWEEP_PARTS:
+        sweep = record_text_sweep if part in TEXT_SWEEPS else record_sweep
+        makers = [(lambda n=n, spec=spec, seed=seed: sweep(n, spec, seed, log))
                   for n, spec in SWEEP_PARTS[part].items() for seed in spec[-1] if seeds is None or seed in seeds]
         key = "sweeps"
     else:
@@ -345,7 +445,7 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", choices=(*IMAGES, *TEXTS, *SWEEP_PARTS))
+    parser.add_argument("--part", choices=(*IMAGES, *TEXTS, *SWEEP_PARTS, *LOOP_PARTS))
     parser.add_argument("--column", choices=tuple(EXTRA_COLUMNS),
                         help="record this recipe column instead of the default ones (to <part>-<column>.json)")
     parser.add_argument("--seeds", type=int, nargs="+",

@@ -118,3 +118,22 @@ def test_a_model_that_is_not_the_recorded_one_is_refused(scores, tmp_path, chang
     _write(tmp_path / "toy-trialseed2.json", later, (2,))
     with pytest.raises(ValueError, match=reason):
         scores.load(tmp_path)
+
+
+def test_loop_scores_read_the_loop_beside_its_scratch_sweep_and_refuse_another_start(scores, tmp_path):
+    """A loop's final depth is scored against its sweep's realized best (lowest test loss) and against the best of
+    the models the loop trained itself; a loop that did not start from the sweep's depth-1 model is refused."""
+    sweep = {"sweep": "text/seed1", "depths": [{"depth": d, "test_loss": t} for d, t in
+                                               zip(range(1, 5), (2.73, 2.68, 2.70, 2.79))]}
+    loop = {"loop": "text/seed1", "start_depth": 1, "start_test_loss": 2.73, "final_depth": 2,
+            "stop_reason": "heldout_knee", "seconds": 1.0,
+            "trained": [{"round": 0, "depth": 2, "test_loss": 2.75}, {"round": 1, "depth": 3, "test_loss": 2.83}],
+            "rounds": [{"inserted_at": "head", "heldout_change": -0.02, "rolled_back": False},
+                       {"inserted_at": "model.layers.0", "heldout_change": 0.14, "rolled_back": True}]}
+    (tmp_path / "loops.json").write_text(json.dumps({"loops": [loop]}))
+    (row,) = scores.loop_scores(tmp_path, [sweep])
+    assert (row["scratch_best"], row["final_depth"], row["within_one"], row["own_best"]) == (2, 2, True, 1)
+    assert row["final_test_loss"] == 2.75  # the kept depth-2 model's, not the rolled-back depth-3 one's
+    (tmp_path / "loops.json").write_text(json.dumps({"loops": [{**loop, "start_test_loss": 2.74}]}))
+    with pytest.raises(SystemExit, match="did not start from its sweep's depth-1 model"):
+        scores.loop_scores(tmp_path, [sweep])
