@@ -221,7 +221,7 @@ def decide_memory_section() -> str:
         f"{bud['cpu_seconds'] / one['cpu_seconds']:.1f}x the CPU time; the same decision: "
         f"{'yes' if dm['same_decision'] else 'NO'} (`same_decision`; tested to the bit in `tests/test_decide.py`). "
         "What stays is the budget's sums, the probe's batch transients and the trials' model copy; the saving grows "
-        "with the number of places (a 1.1B Llama's 23 places hold 2.6 GB each per split).\n"
+        "with the number of places (a 1.1B Llama's 23 places hold 2.4 GiB each per split).\n"
     )
 
 

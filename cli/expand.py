@@ -172,9 +172,11 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
               help="grouped: the places split into K contiguous groups (LLaMA-Pro's), one block per group where the "
               "decision ranks best within it (with --blocks auto: 4 groups, a block where the group's place shows a "
               "credible decrease); ranked: the decision's top K places anywhere in the stack.")
-@click.option("--max-statistics-gib", type=FiniteFloatRange(min=0, min_open=True), default=None, metavar="GIB",
+@click.option("--max-statistics-gib", type=FiniteFloatRange(min=0, min_open=True, max=2**30), default=None,
+              metavar="GIB",
               help="The most probe statistics the decision holds at once (both splits), in GiB: the places are "
-              "probed in groups that fit, one pass over the data per group (default: all places in one pass).")
+              "probed in groups that fit, one pass over the data per group (default: all places in one pass). "
+              "At least the last block's and the head's together (they share one pass).")
 def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimizer, lr, steps, batch_size, seq_len,
            max_windows, max_blocks, seed, decision, layout, max_statistics_gib):
     """Grow the decoder in MODEL_DIR by identity blocks where the evidence on FILE says; write OUT_DIR."""
@@ -187,6 +189,12 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
     if max_blocks is not None and blocks != "auto":
         raise click.UsageError(f"--max-blocks caps --blocks auto only; with {'--at' if at else f'--blocks {blocks}'} "
                                "it would be ignored")
+    if max_statistics_gib is not None and at is not None:
+        raise click.UsageError("--max-statistics-gib caps the decision's probe; with --at no decision is made, so it "
+                               "would be ignored")
+    max_statistics_bytes = None if max_statistics_gib is None else int(max_statistics_gib * 2**30)
+    if max_statistics_bytes == 0:
+        raise click.UsageError(f"--max-statistics-gib {max_statistics_gib:g}: less than one byte")
     _check_out_dir(out_dir, model_dir)
     from satcore import Recipe
     from satcore.adapters.torch.checkpoint_dir import load_causal_lm, read_token_windows
@@ -220,8 +228,8 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
         data = None
     expansion = expand_model(model, data, blocks=blocks, recipe=recipe, at=forced, init=init,
                              train_new_only=freeze_old, max_blocks=max_blocks, seed=seed, decision=decision,
-                             layout=layout, **({} if max_statistics_gib is None else
-                                               {"max_statistics_bytes": int(max_statistics_gib * 2**30)}))
+                             layout=layout, **({} if max_statistics_bytes is None else
+                                               {"max_statistics_bytes": max_statistics_bytes}))
     parent = os.path.dirname(os.path.abspath(out_dir))
     try:
         staging = tempfile.mkdtemp(prefix=".satcore-expand-", dir=parent)
@@ -239,6 +247,7 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
                 shutil.copyfile(os.path.join(model_dir, name), os.path.join(staging, name))
         record = expansion.to_dict()
         record["source"] = os.path.abspath(model_dir)
+        record["max_statistics_bytes"] = max_statistics_bytes  # None: every place in one probe pass
         record["data"] = None if data is None else {"file": os.path.abspath(data_path), "windows": len(data),
                                                     "seq_len": data.shape[1]}
         with open(os.path.join(staging, "expansion.json"), "w") as stream:

@@ -251,10 +251,16 @@ def test_statistics_budget_packs_neighbouring_candidates_and_refuses_one_that_ca
     assert memory.passes(2 * (103 + 104), splits=2) == [("b0", "b1"), ("b2",), ("b3", "head")]
     assert memory.passes(2 * (102 + 103 + 104), splits=2) == [("b0", "b1", "b2"), ("b3", "head")]
     assert memory.passes(10**9) == [("b0", "b1", "b2", "b3", "head")]
-    with pytest.raises(InputError, match=r"'b3' alone holds .* GiB of statistics \(2 split\(s\) of N=4, r=8\)"):
+    with pytest.raises(InputError, match=r"'b3' alone holds 206 bytes \(1\.92e-07 GiB\) of statistics \(2 split\(s\) "
+                                         r"of N=4, r=8\); the statistics budget is 205 bytes"):
         memory.passes(2 * 103 - 1, splits=2)
-    with pytest.raises(InputError, match=r"the head and 'b3' \(whose output it reads\) hold"):
+    with pytest.raises(InputError, match=r"the head and 'b3' \(whose output it reads\) hold 414 bytes \(3\.86e-07 GiB\)"):
         memory.passes(2 * (103 + 104) - 1, splits=2)
+    # the GiB printed is rounded up: a budget of that many GiB holds what was asked (206 B = 1.9185e-07 GiB)
+    assert 206 <= int(1.92e-07 * 2**30) and 414 <= int(3.86e-07 * 2**30)
+    for bad in (0, -1, 1.5, float("nan"), "1000", True, None):
+        with pytest.raises(InputError, match=r"max_statistics_bytes must be a positive integer \(bytes\), got"):
+            memory.passes(bad, splits=2)
 
 
 @pytest.mark.parametrize("route", ["decide", "first_order_decision"])

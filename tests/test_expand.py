@@ -680,5 +680,17 @@ def test_cli_statistics_budget_probes_in_passes_and_decides_the_same(checkpoint,
     small = cli("expand", folder, *args, "-o", tmp_path / "small", "--max-statistics-gib", "0.0001")
     lines = [line for line in small.output.splitlines() if line.strip()]
     assert small.exit_code == 2 and len(lines) == 1, small.output
-    assert "'model.layers.0' alone holds 0.000229 GiB of statistics (2 split(s) of N=16, r=48)" in lines[0]
+    assert "'model.layers.0' alone holds 246,016 bytes (0.00023 GiB) of statistics (2 split(s) of N=16, r=48)" in lines[0]
     assert not (tmp_path / "small").exists()
+    assert json.loads((tmp_path / "passes" / "expansion.json").read_text())["max_statistics_bytes"] == int(gib * 2**30)
+    assert json.loads((tmp_path / "one" / "expansion.json").read_text())["max_statistics_bytes"] is None
+    for extra, message in ((["--max-statistics-gib", "1e300"], "1e+300 is not in the range 0<x<=1073741824"),
+                           (["--max-statistics-gib", "1e-300"], "--max-statistics-gib 1e-300: less than one byte"),
+                           (["--at", "1", "--max-statistics-gib", "1"], "with --at no decision is made")):
+        given = [a for a in args if a not in ("--blocks", "2")] if "--at" in extra else args
+        result = cli("expand", folder, *given, "-o", tmp_path / "bad", *extra)
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output
+    model = T.AutoModelForCausalLM.from_pretrained(folder)
+    with pytest.raises(InputError, match="with at no decision is made"):
+        expand(model, None, blocks=None, at=[1], max_statistics_bytes=10**9)

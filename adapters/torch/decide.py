@@ -235,10 +235,10 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
         candidates are then probed in consecutive groups that fit (:meth:`~.probe.MemoryPlan.passes`),
         one pass over both splits per group, each group's statistics dropped once screened, and a
         trialled candidate of an earlier group probed again (its group, training split) for its trial: the same
-        screen (with ``position_subsample`` the positions drawn differ), more passes.  A decoder
-        with ``r = d + intermediate`` features per place holds ``8 (17 d r + r^2)`` bytes per place
-        and split (16 folds): 0.20 GB for SmolLM2-135M (``d = 576``, ``r = 2112``), 2.6 GB for a
-        1.1B Llama (``d = 2048``, ``r = 7680``).
+        screen (with ``position_subsample`` the positions drawn differ), more passes.  A Llama-style
+        place (``r = d + intermediate`` native features) holds ``8 (17 d r + r^2 + 16)`` bytes a
+        split (16 folds): 0.19 GiB for SmolLM2-135M (``d = 576``, ``r = 2112``), 2.4 GiB for a
+        1.1B Llama (``d = 2048``, ``r = 7680``).  The head shares the last block's pass.
 
     Returns
     -------

@@ -626,6 +626,9 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
     if max_blocks is not None and blocks != "auto":
         given = "at" if at is not None else f"blocks={blocks!r}"
         raise InputError(f"max_blocks caps blocks='auto' only; with {given} it would be ignored")
+    if at is not None and probe_options.get("max_statistics_bytes") is not None:
+        raise InputError("max_statistics_bytes caps the decision's probe; with at no decision is made, so it "
+                         "would be ignored")
     method, decision, forced, limit, left_out = decision, None, (), None, ()
     if at is not None:
         chosen = list(at)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import numbers
 import os
 import warnings
 from collections.abc import Mapping
@@ -461,8 +462,9 @@ class MemoryPlan:
 
         Greedy in the candidates' order (the stream's), so a pass holds neighbouring blocks; the
         ``head`` stays with the block before it (its tap is that block's output; :func:`pass_options`
-        probes a group).  A candidate whose own sums exceed ``max_bytes`` is refused
-        (:class:`satcore.InputError`), naming what it needs.
+        probes a group), so the smallest budget that works holds the last block's and the head's
+        sums together.  A candidate (or that pair) whose sums exceed ``max_bytes`` is refused
+        (:class:`satcore.InputError`), naming the bytes it needs.
 
         Examples
         --------
@@ -470,22 +472,24 @@ class MemoryPlan:
         >>> MemoryPlan(rows, "cpu").passes(450, splits=2)
         [('b0', 'b1'), ('b2', 'b3'), ('b4',)]
         """
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Integral) or max_bytes < 1:
+            raise InputError(f"max_statistics_bytes must be a positive integer (bytes), got {max_bytes!r}")
         groups, held = [], 0
         for c in self.candidates:
             need = splits * c.sums_bytes
             if need > max_bytes:
-                raise InputError(f"candidate {c.name!r} alone holds {need / 2**30:.3g} GiB of statistics "
+                raise InputError(f"candidate {c.name!r} alone holds {_needed(need)} of statistics "
                                  f"({splits} split(s) of N={c.n_hidden}, r={c.n_features}); the statistics budget is "
-                                 f"{max_bytes / 2**30:.3g} GiB")
+                                 f"{max_bytes:,} bytes")
             if c.name == HEAD and groups and held + need > max_bytes:  # its block moves to the head's group
                 block = groups[-1].pop()
                 groups = [g for g in groups if g]
                 groups.append([block])
                 held = splits * next(b.sums_bytes for b in self.candidates if b.name == block)
                 if held + need > max_bytes:
-                    raise InputError(f"the head and {block!r} (whose output it reads) hold "
-                                     f"{(held + need) / 2**30:.3g} GiB of statistics together ({splits} split(s)); "
-                                     f"the statistics budget is {max_bytes / 2**30:.3g} GiB")
+                    raise InputError(f"the head and {block!r} (whose output it reads) hold {_needed(held + need)} "
+                                     f"of statistics together ({splits} split(s)); the statistics budget is "
+                                     f"{max_bytes:,} bytes")
             if groups and held + need <= max_bytes:
                 groups[-1].append(c.name)
                 held += need
@@ -493,6 +497,13 @@ class MemoryPlan:
                 groups.append([c.name])
                 held = need
         return [tuple(g) for g in groups]
+
+
+def _needed(n_bytes: int) -> str:
+    """``n_bytes`` exactly and in GiB rounded UP to 3 significant digits (a budget of that many GiB holds it)."""
+    gib = n_bytes / 2**30
+    step = 10.0 ** (math.floor(math.log10(gib)) - 2)
+    return f"{n_bytes:,} bytes ({math.ceil(gib / step) * step:.3g} GiB)"
 
 
 def pass_options(group) -> dict:
