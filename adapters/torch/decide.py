@@ -33,8 +33,8 @@ from satcore.recipe import Recipe
 from .grow import InsertedResidual, grow
 from .hf import model_loss
 from .native import _terminal_paths, insert_block, insertion_site
-from .probe import call_model, eval_mode, pass_options, plan, to_device
-from .splits import probe_splits, probe_training_split
+from .probe import call_model, eval_mode, to_device
+from .splits import probe_splits_in_passes, probe_training_split
 
 
 def inserted_copy(model, result, at: str, *, seed: int = 0, trainable: str = "terminal"):
@@ -250,18 +250,15 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
     calibration = DEFAULT_CALIBRATION if calibration is None else calibration
     train, heldout = list(train), list(heldout)
     probe_options.update(candidates=candidates, family=family, seed=seed)
-    passes = [{}]
-    if max_statistics_bytes is not None:
-        memory = plan(model, train[0], loss_fn, **probe_options)
-        passes = [pass_options(g) for g in memory.passes(max_statistics_bytes, splits=2)]
     screened, pass_of = {}, {}
-    for selection in passes:
-        splits = None  # the previous group's statistics go before this group's are summed
-        splits = probe_splits(model, train, heldout, loss_fn, **probe_options | selection)
+
+    def read(selection, splits):
         screened.update(screen(splits, recipe))
         pass_of.update(dict.fromkeys(splits.train.statistics, selection))
-    last = splits.train  # the trials need only the training split's statistics: the held-out split's go now
-    del splits
+
+    # the trials need only the training split's statistics: the last pass's held-out split goes here
+    _, last = probe_splits_in_passes(model, train, heldout, loss_fn, read, max_statistics_bytes=max_statistics_bytes,
+                                     **probe_options)
     screened = dict(sorted(screened.items(), key=lambda kv: kv[1][0]))
     names = list(screened)
     if groups is None:

@@ -55,8 +55,7 @@ from satcore.recipe import Recipe
 from .hf import context_length, sequence_loss
 from .locate import HEAD, find_blocks
 from .native import HF_TERMINALS, _check_hf, _has, insert_block
-from .probe import pass_options, plan
-from .splits import probe_splits
+from .splits import probe_splits_in_passes
 
 INITS = ("copy", "fresh")
 # LLaMA-Pro's recipe (the paper trains the new blocks with AdamW at 2e-4); steps and batch size are the user's
@@ -130,22 +129,19 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
     :func:`~.decide.decide` does (one pass over both splits per group, the cost counted per pass).
     """
     train, heldout = list(train), list(heldout)
-    probe_options.update(candidates=candidates, family=family, seed=seed)
-    passes = [{}]
-    if max_statistics_bytes is not None:
-        memory = plan(model, train[0], loss_fn, **probe_options)
-        passes = [pass_options(g) for g in memory.passes(max_statistics_bytes, splits=2)]
     optimizer = "sgd" if recipe.optimizer == "sgd" else "adam"
     evidence = {}
-    for selection in passes:
-        split = None  # the previous group's statistics go before this group's are summed
-        split = probe_splits(model, train, heldout, loss_fn, **probe_options | selection)
+
+    def read(_, split):
         report = split.report(optimizer=optimizer, lr=recipe.lr, steps=recipe.steps, alpha=ALPHA)
         for gain in report.predictions.candidates:
             lo, hi = gain.heldout.interval
             evidence[gain.name] = CandidateEvidence(-gain.heldout.value, (-hi, -lo), gain.heldout.p_decrease,
                                                     gain.training_gain)
-    samples = len(passes) * sum(_batch_samples(b) for b in train + heldout)
+
+    passes, _ = probe_splits_in_passes(model, train, heldout, loss_fn, read, max_statistics_bytes=max_statistics_bytes,
+                                       candidates=candidates, family=family, seed=seed, **probe_options)
+    samples = passes * sum(_batch_samples(b) for b in train + heldout)
     decision = ScreenDecision(None, None, evidence, math.ceil(samples / recipe.batch_size), recipe)
     significant = [n for n in decision.ranking() if decision.significant(n)]
     if significant:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from satcore.results import DepthReport, TRAINING_SPLIT_WARNING
 
-from .probe import probe
+from .probe import pass_options, plan, probe
 from .result import ProbeResult
 
 
@@ -47,3 +47,23 @@ def probe_splits(model, train, heldout, loss_fn=None, **options) -> SplitResults
     :func:`~.probe.probe`, the same for both, so the feature maps are the same)."""
     return SplitResults(probe_training_split(model, train, loss_fn, **options),
                         probe(model, heldout, loss_fn, split="heldout", **options))
+
+
+def probe_splits_in_passes(model, train: list, heldout: list, loss_fn, read, *, max_statistics_bytes=None,
+                           **options) -> tuple[int, ProbeResult]:
+    """:func:`probe_splits` in one pass, or, with ``max_statistics_bytes``, in consecutive groups of
+    candidates whose statistics (both splits) fit (:meth:`~.probe.MemoryPlan.passes`).
+
+    ``read(selection, splits)`` is called on each pass's :class:`SplitResults` (``selection``: the
+    probe options that pick its candidates, :func:`~.probe.pass_options`; ``{}`` for one pass), whose
+    statistics are dropped before the next pass sums its own.  Returns the number of passes and the
+    last pass's training-split result."""
+    passes = [{}]
+    if max_statistics_bytes is not None:
+        memory = plan(model, train[0], loss_fn, **options)
+        passes = [pass_options(g) for g in memory.passes(max_statistics_bytes, splits=2)]
+    for selection in passes:
+        splits = None  # the previous group's statistics go before this group's are summed
+        splits = probe_splits(model, train, heldout, loss_fn, **options | selection)
+        read(selection, splits)
+    return len(passes), splits.train
