@@ -214,12 +214,14 @@ def llama(layers: int, seed: int = 1):
     return LlamaForCausalLM(cfg)
 
 
-def train_lm_windows(model, windows, steps: int, seed: int = 1) -> None:
-    """AdamW (lr ``LLAMA["lr"]``, weight decay 0.01, cosine) on a FIXED pool of windows (so long runs over-fit)."""
+def train_lm_windows(model, windows, steps: int, seed: int = 1, *, lr: float = LLAMA["lr"], weight_decay: float = 0.01,
+                     cosine: bool = True) -> None:
+    """AdamW (default: lr ``LLAMA["lr"]``, weight decay 0.01, cosine; ``cosine=False``: constant lr) on every
+    parameter, minibatches of ``TEXT_BATCH`` from a FIXED pool of windows (so long runs over-fit)."""
     import math
 
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=LLAMA["lr"], weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
     model.train()
     for _ in range(steps):
@@ -228,7 +230,8 @@ def train_lm_windows(model, windows, steps: int, seed: int = 1) -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        sched.step()
+        if cosine:
+            sched.step()
     model.eval()
 
 
@@ -332,21 +335,6 @@ def record_text_sweep(name: str, spec: tuple, seed: int, log) -> dict:
 LOOP_PARTS = {"loops-text": TEXT_SWEEPS["sweeps-text"]}
 
 
-def train_all(model, windows, recipe: Recipe, seed: int) -> None:
-    """``recipe``'s optimizer, lr and steps on every parameter of ``model`` (constant lr; minibatches of
-    ``recipe.batch_size`` from the fixed pool ``windows``): a user training the grown model on."""
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
-    model.train()
-    for _ in range(recipe.steps):
-        ids = windows[torch.randint(0, len(windows), (recipe.batch_size,), generator=gen)]
-        loss = sequence_loss(model(input_ids=ids), ids).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    model.eval()
-
-
 def record_loop(name: str, spec: tuple, seed: int, log) -> dict:
     """``grow_until_saturated(..., recipe=TEXT_SWEEP_RECIPE)`` from the text sweep's depth-1 model (the same
     model: its test loss is checked against the sweep's): each round decides with :func:`decide` (its trials
@@ -365,7 +353,9 @@ def record_loop(name: str, spec: tuple, seed: int, log) -> dict:
     trained = []
 
     def train_round(grown, round_index):
-        train_all(grown, train_w, TEXT_SWEEP_RECIPE, 50_000 + 100 * seed + round_index)
+        # the recipe's optimizer, lr and steps on every parameter: a user training the grown model on
+        train_lm_windows(grown, train_w, TEXT_SWEEP_RECIPE.steps, 50_000 + 100 * seed + round_index,
+                         lr=TEXT_SWEEP_RECIPE.lr, weight_decay=TEXT_SWEEP_RECIPE.weight_decay, cosine=False)
         trained.append({"round": round_index, "depth": grown.config.num_hidden_layers,
                         "test_loss": float(per_sample_eval(grown, test, sequence_loss).mean())})
         return grown
