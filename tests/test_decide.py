@@ -3,6 +3,7 @@ the user's model untouched, cost accounting, calibration by Monte Carlo, and a s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -192,11 +193,14 @@ def test_decide_contract_cost_and_untouched_model():
 
 def test_decide_stops_when_every_insertion_harms():
     """Over-fitting by construction: the training batches carry shuffled labels, so whatever a block learns from
-    them raises the held-out loss at every candidate."""
+    them raises the held-out loss at every candidate.  Read without a trend: at lr 1e-2 on shuffled labels a
+    trial's harm swings between checkpoints (on one host 3.8, 3.6, 2.1 nats), and NORMAL's trend weight of 1
+    extrapolates such a swing across zero on some hosts and not on others; the rule under test is the stop on
+    the trials' harms."""
     model = digits_resnet()
     train, heldout = _data(0, 128, 32, shuffle_labels=True), _data(1200, 128, 32)
     d = decide(model, train, heldout, per_sample_ce, recipe=Recipe("adam", 1e-2, 60, 32, "block"),
-               candidates=CANDIDATES[:2], calibration=NORMAL)
+               candidates=CANDIDATES[:2], calibration=dataclasses.replace(NORMAL, trend_weight=0.0))
     assert d.choice is None and d.stop_reason == "no_credible_decrease"
     for c in d.candidates.values():
         assert c.trial.heldout_change[-1] > 0 and c.p_decrease < 0.5
