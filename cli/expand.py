@@ -22,6 +22,7 @@ import click
 
 from satcore._atomic import OutputError
 from satcore.errors import InputError, ProbeError
+from satcore.report_text import decision_interval_notes
 
 from .common import FiniteFloatRange, display_name, num, table
 from .hf_dir import window_length
@@ -118,16 +119,7 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
                  "their order is the screen's, no trial chose them)"]
     else:
         notes = ["evidence: every place was verified by a short trial of the recipe (extrapolated, calibrated)"]
-    disagree = [n for n in trialled if rows[n].interval[1] >= 0 and rows[n].p_decrease >= 1 - ALPHA / 2]
-    if disagree:
-        notes.append(f"{', '.join(disagree)}: the 95% interval reaches 0 while P(decrease) is at least "
-                     f"{1 - ALPHA / 2:g}: the interval is from the calibrated residual quantiles, P(decrease) from "
-                     "the calibrated logistic of the point over its error scale; they answer different questions "
-                     "and can disagree near zero")
-    outside = [n for n in order if not rows[n].interval[0] <= rows[n].predicted_heldout_change <= rows[n].interval[1]]
-    if outside:
-        notes.append(f"{', '.join(outside)}: the point lies outside its 95% interval, whose ends are the calibrated "
-                     "residuals' quantiles, not symmetric around the point")
+    notes += decision_interval_notes({n: rows[n] for n in order}, ALPHA)
     uncertain = [n for n in order if _original_index(n) in chosen and rows[n].interval[1] >= 0]
     if uncertain:
         notes.append(f"{', '.join(uncertain)}: chosen although the 95% interval reaches 0: --blocks K takes the K "

@@ -120,7 +120,27 @@ def render_decision(decision) -> str:
     lines = [head + ("" if cost is None else f" (decision cost: {num(cost)} block-steps)")]
     if rows:
         lines.append(table(["candidate", "held-out change", "interval", "P(decrease)"], rows))
+        lines += [f"note: {n}" for n in decision_interval_notes(decision.candidates)]
     return "\n".join(lines)
+
+
+def decision_interval_notes(candidates, alpha: float = 0.05) -> list[str]:
+    """The lines a decision's table needs where its columns could mislead (``candidates``: name ->
+    ``CandidateDecision``, in table order): a trialled candidate whose ``1 - alpha`` interval reaches 0
+    beside a ``P(decrease)`` of at least ``1 - alpha / 2``, and a point outside its own interval."""
+    trialled = [n for n, c in candidates.items() if getattr(c, "verified", False)]
+    notes = []
+    disagree = [n for n in trialled if candidates[n].interval[1] >= 0 and candidates[n].p_decrease >= 1 - alpha / 2]
+    if disagree:
+        notes.append(f"{', '.join(map(display_name, disagree))}: the {1 - alpha:.0%} interval reaches 0 while "
+                     f"P(decrease) is at least {1 - alpha / 2:g}: the interval is from the calibrated residual "
+                     "quantiles, P(decrease) from the calibrated logistic of the point over its error scale; they "
+                     "answer different questions and can disagree near zero")
+    outside = [n for n, c in candidates.items() if not c.interval[0] <= c.predicted_heldout_change <= c.interval[1]]
+    if outside:
+        notes.append(f"{', '.join(map(display_name, outside))}: the point lies outside its {1 - alpha:.0%} interval, "
+                     "whose ends are the calibrated residuals' quantiles, not symmetric around the point")
+    return notes
 
 
 def render_predictions(predictions) -> str:

@@ -82,6 +82,25 @@ def test_decision_invariants_and_json_round_trip():
     assert choose([unverified], recipe, 1.0, 0, NORMAL).stop_reason == "no_candidates"
 
 
+def test_the_decision_table_says_why_where_its_columns_disagree():
+    """Hand-made candidates: a trialled one whose 95% interval reaches 0 beside P(decrease) 0.9999, one whose
+    point lies outside its interval, and a consistent one; the rendered decision names each under its table,
+    and a decision without such rows has no note."""
+    from satcore.report_text import render_decision
+
+    curve = TrialCurve((1, 2), (0.0, -0.1), (0.0, -0.1), 0.01)
+    recipe = Recipe("adam", 1e-3, 8, 4)
+    odd = [CandidateDecision("m.0", -0.2, -0.1, (-0.5, 0.01), 0.9999, -0.3, curve),
+           CandidateDecision("m.1", -0.2, -0.1, (-0.15, -0.05), 0.9, -0.3, curve)]
+    fine = CandidateDecision("m.2", -0.2, -0.1, (-0.4, -0.1), 0.99, -0.3, curve)
+    text = render_decision(choose([*odd, fine], recipe, 1.0, 8, NORMAL))
+    notes = [line for line in text.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 2
+    assert notes[0].startswith("note: m.0: the 95% interval reaches 0 while P(decrease) is at least 0.975")
+    assert notes[1].startswith("note: m.1: the point lies outside its 95% interval")
+    assert "note: " not in render_decision(choose([fine], recipe, 1.0, 8, NORMAL))
+
+
 def test_shipped_interval_covers_at_its_nominal_rate_monte_carlo():
     """Residuals z ~ Student t(4): a calibration fitted on 40,000 draws, scored on 40,000 new ones."""
     rng = np.random.default_rng(0)
