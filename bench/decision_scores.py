@@ -419,12 +419,14 @@ def loop_scores(out: Path, sweeps) -> list[dict]:
                                                                            rel_tol=1e-9):
                 raise SystemExit(f"{path}: loop {loop['loop']} did not start from its sweep's depth-1 model "
                                  f"(test loss {loop['start_test_loss']} against {first['test_loss']})")
-            best = sw["depths"][int(np.argmin([d["test_loss"] for d in sw["depths"]]))]["depth"]
+            best_row = sw["depths"][int(np.argmin([d["test_loss"] for d in sw["depths"]]))]
+            best = best_row["depth"]
             trained = [(loop["start_depth"], loop["start_test_loss"])] + [(t["depth"], t["test_loss"])
                                                                           for t in loop["trained"]]
             own_best = min(trained, key=lambda dt: dt[1])[0]
             final_test = next(t for d, t in reversed(trained) if d == loop["final_depth"])
-            rows.append({"loop": loop["loop"], "scratch_best": best, "final_depth": loop["final_depth"],
+            rows.append({"loop": loop["loop"], "scratch_best": best, "scratch_best_test_loss": best_row["test_loss"],
+                         "final_depth": loop["final_depth"],
                          "within_one": abs(loop["final_depth"] - best) <= 1, "own_best": own_best,
                          "stop_reason": loop["stop_reason"], "start_test_loss": loop["start_test_loss"],
                          "final_test_loss": final_test, "rounds": loop["rounds"], "seconds": loop["seconds"]})
@@ -554,19 +556,22 @@ def tables(out: Path) -> str:
     lines.append(f"\nWithin one block: {sum(sw['within_one'] for sw in res['sweeps'])} of {len(res['sweeps'])} sweeps; "
                  f"of the {len(shallow)} whose best depth is the shallowest, {sum(sw['within_one'] for sw in shallow)}.")
     if res["loops"]:
-        lines += ["\n**The growth loop** from each text sweep's depth-1 model (`--part loops-text`; rounds: where the "
-                  "block went, the held-out change after training the grown model, kept or rolled back)\n",
+        lines += ["\n**The growth loop** from each sweep's depth-1 model (`--part loops-*`; the text loops insert the "
+                  "model's own layer, the image loops the `conv` family's zero-output residual; rounds: where the block "
+                  "went, the held-out change after training the grown model, kept or rolled back)\n",
                   "| loop | rounds | stops at (why) | scratch sweep's best | within one block | best of the loop's own "
-                  "models | test loss, start -> end |", "|---|---|---|---|---|---|---|"]
+                  "models | test loss, start -> end (scratch best's) |", "|---|---|---|---|---|---|---|"]
         for lp in res["loops"]:
             rounds = "; ".join(f"{r['inserted_at']} {r['heldout_change']:+.3f} "
                                f"({'rolled back' if r['rolled_back'] else 'kept'})"
                                for r in lp["rounds"] if r["inserted_at"] is not None) or "none inserted"
             lines.append(f"| {lp['loop']} | {rounds} | {lp['final_depth']} ({lp['stop_reason']}) | {lp['scratch_best']} | "
                          f"{'yes' if lp['within_one'] else 'no'} | {lp['own_best']} | "
-                         f"{lp['start_test_loss']:.3f} -> {lp['final_test_loss']:.3f} |")
+                         f"{lp['start_test_loss']:.3f} -> {lp['final_test_loss']:.3f} ({lp['scratch_best_test_loss']:.3f}) |")
+        shallow = [lp for lp in res["loops"] if lp["scratch_best"] == 1]
         lines.append(f"\nWithin one block of the scratch sweep's best: {sum(lp['within_one'] for lp in res['loops'])} "
-                     f"of {len(res['loops'])} loops.")
+                     f"of {len(res['loops'])} loops; of the {len(shallow)} whose scratch best is the shallowest, "
+                     f"{sum(lp['within_one'] for lp in shallow)}.")
     return "\n".join(lines)
 
 

@@ -48,6 +48,7 @@ import gzip
 import itertools
 import json
 import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -65,8 +66,8 @@ from exlib.models import BasicBlock, StagewiseResNet  # noqa: E402
 from exlib.training import batches, classifier_loss, lm_batches, lm_windows, per_sample_ce, train_classifier  # noqa: E402
 from satcore import Recipe  # noqa: E402
 from satcore.decision import trial_plan  # noqa: E402
-from satcore.adapters.torch import probe_splits, sequence_loss  # noqa: E402
-from satcore.adapters.torch.decide import per_sample_eval, screen, trial_losses  # noqa: E402
+from satcore.adapters.torch import InsertedResidual, probe_splits, sequence_loss  # noqa: E402
+from satcore.adapters.torch.decide import per_sample_eval, recipe_minibatches, recipe_optimizer, screen, trial_losses  # noqa: E402
 
 OUT = ROOT / "docs" / "figures" / "decision_validity"
 OUT_1000 = ROOT / "docs" / "figures" / "decision_validity_1000"
@@ -331,42 +332,102 @@ def record_text_sweep(name: str, spec: tuple, seed: int, log) -> dict:
     return out
 
 
-# -- the growth loop on the text sweeps' models ---------------------------------------------------------------
-LOOP_PARTS = {"loops-text": TEXT_SWEEPS["sweeps-text"]}
+# -- the growth loop on the sweeps' depth-1 models -------------------------------------------------------------
+LOOP_PARTS = {"loops-text": TEXT_SWEEPS["sweeps-text"], "loops-sweeps": SWEEPS,
+              "loops-overfit-digits": SWEEP_PARTS["sweeps-overfit-digits"],
+              "loops-overfit-fashion": SWEEP_PARTS["sweeps-overfit-fashion"]}
+
+
+def train_with_recipe(model, train, recipe: Recipe, seed: int, loss_fn) -> None:
+    """``recipe``'s optimizer, lr, weight decay and steps on every parameter (constant lr, train mode, so
+    BatchNorm normalises by the batch and updates its running statistics), minibatches of ``recipe.batch_size``
+    drawn from ``train`` as :func:`decide`'s trials draw them."""
+    opt = recipe_optimizer(recipe, model.parameters())
+    stream = recipe_minibatches(train, recipe.batch_size, seed)
+    model.train()
+    for _ in range(recipe.steps):
+        inputs, targets = next(stream)
+        loss = loss_fn(model(inputs), targets).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+def text_loop_start(spec: tuple, seed: int) -> dict:
+    """The text sweep's depth-1 Llama and a round's training: the recipe's optimizer, lr and steps on every
+    parameter, windows drawn from the sweep's training pool (a user training the grown model on)."""
+    text, steps, _ = spec
+    source, train_w, probe_w, test_w = text_windows(text)
+    model = llama(1, seed)
+    train_lm_windows(model, train_w, steps, seed)
+
+    def train_round(grown, round_index):
+        train_lm_windows(grown, train_w, TEXT_SWEEP_RECIPE.steps, 50_000 + 100 * seed + round_index,
+                         lr=TEXT_SWEEP_RECIPE.lr, weight_decay=TEXT_SWEEP_RECIPE.weight_decay, cosine=False)
+
+    test = lm_batches(test_w, 64)
+    return {"source": source, "model": model, "train": lm_batches(train_w, 64), "heldout": lm_batches(probe_w, 32),
+            "test_loss": lambda m: float(per_sample_eval(m, test, sequence_loss).mean()),
+            "loss_fn": sequence_loss, "family": "native", "recipe": TEXT_SWEEP_RECIPE,
+            "train_round": train_round, "depth": lambda grown: grown.config.num_hidden_layers,
+            "settings": {"training_steps": steps}}
+
+
+def image_loop_start(spec: tuple, seed: int) -> dict:
+    """The image sweep's depth-1 ResNet (:func:`record_sweep`'s) and a round's training: the sweep recipe's
+    optimizer, lr and steps on every parameter (:func:`train_with_recipe`).  The loop inserts the probe family's
+    zero-output residual (``family="auto"``: the ``conv`` family's branch, its terminal map zero), as the
+    sweep's decisions do; the ResNet has no block kind ``insert_block`` would add at every candidate."""
+    use_digits, n_train, epochs, width, weight_decay, _ = spec
+    data = load_images(n_train, 160, 300, seed=0, digits=use_digits)
+    torch.manual_seed(seed)
+    model = PlainResNet(1, width)
+    train_classifier(model, *data.train, epochs=epochs, seed=seed, weight_decay=weight_decay)
+    train = batches(*data.train, 100)
+
+    def train_round(grown, round_index):
+        train_with_recipe(grown, train, SWEEP_RECIPE, 50_000 + 100 * seed + round_index, per_sample_ce)
+
+    def depth(grown):
+        return len(grown.blocks) + sum(isinstance(m, InsertedResidual) for m in grown.modules())
+
+    return {"source": data.source, "model": model, "train": train, "heldout": batches(*data.probe, 40),
+            "test_loss": lambda m: classifier_loss(m, *data.test)[0],
+            "loss_fn": per_sample_ce, "family": "auto", "recipe": SWEEP_RECIPE,
+            "train_round": train_round, "depth": depth,
+            "settings": {"n_train": n_train, "epochs": epochs, "width": width, "weight_decay": weight_decay}}
 
 
 def record_loop(name: str, spec: tuple, seed: int, log) -> dict:
-    """``grow_until_saturated(..., recipe=TEXT_SWEEP_RECIPE)`` from the text sweep's depth-1 model (the same
-    model: its test loss is checked against the sweep's): each round decides with :func:`decide` (its trials
-    train the block alone), inserts the model's own layer and trains the whole grown model with the recipe's
-    optimizer, lr and steps; the held-out guard rolls a harm back and stops.  The test loss of every round's
-    trained model is recorded beside (never read by the loop)."""
+    """``grow_until_saturated(..., recipe=...)`` from the sweep's depth-1 model (the same model: its test loss is
+    checked against the sweep's when scored): each round decides with :func:`decide` (its trials train the block
+    alone), inserts the block and trains the whole grown model with the recipe's optimizer, lr and steps; the
+    held-out guard rolls a harm back and stops.  The test loss of every round's trained model is recorded beside
+    (never read by the loop)."""
     from satcore.adapters.torch import grow_until_saturated
 
-    text, steps, seeds = spec
-    source, train_w, probe_w, test_w = text_windows(text)
-    train, heldout, test = lm_batches(train_w, 64), lm_batches(probe_w, 32), lm_batches(test_w, 64)
-    tag = f"{name}/seed{seed}" if len(seeds) > 1 else name
-    model = llama(1, seed)
-    train_lm_windows(model, train_w, steps, seed)
-    start_test = float(per_sample_eval(model, test, sequence_loss).mean())
+    start = text_loop_start(spec, seed) if name in TEXT_SWEEPS["sweeps-text"] else image_loop_start(spec, seed)
+    model, loss_fn, test_loss = start["model"], start["loss_fn"], start["test_loss"]
+    tag = f"{name}/seed{seed}" if len(spec[-1]) > 1 else name
+    start_test = test_loss(model)  # as the sweep measured it: the same model gives the same number
     trained = []
 
     def train_round(grown, round_index):
-        # the recipe's optimizer, lr and steps on every parameter: a user training the grown model on
-        train_lm_windows(grown, train_w, TEXT_SWEEP_RECIPE.steps, 50_000 + 100 * seed + round_index,
-                         lr=TEXT_SWEEP_RECIPE.lr, weight_decay=TEXT_SWEEP_RECIPE.weight_decay, cosine=False)
-        trained.append({"round": round_index, "depth": grown.config.num_hidden_layers,
-                        "test_loss": float(per_sample_eval(grown, test, sequence_loss).mean())})
+        start["train_round"](grown, round_index)
+        trained.append({"round": round_index, "depth": start["depth"](grown),
+                        "test_loss": test_loss(grown)})
         return grown
 
     t0 = time.time()
-    result = grow_until_saturated(model, train_round, heldout, sequence_loss, heldout_data=heldout, train_data=train,
-                                  recipe=TEXT_SWEEP_RECIPE, family="native", max_depth=max(DEPTHS), seed=seed,
+    result = grow_until_saturated(model, train_round, start["heldout"], loss_fn, heldout_data=start["heldout"],
+                                  train_data=start["train"], recipe=start["recipe"], family=start["family"],
+                                  max_depth=max(DEPTHS), seed=seed,
                                   tolerance=0.0)  # the first-order criterion's; the recipe's decision has its own
-    out = {"loop": tag, "source": source, "recipe": TEXT_SWEEP_RECIPE.to_dict(), "model_seed": seed,
-           "training_steps": steps, "start_depth": 1, "start_test_loss": start_test, "final_depth": result.depth,
-           "stop_reason": result.stop_reason, "trained": trained, "seconds": time.time() - t0,
+    out = {"loop": tag, "source": start["source"], "recipe": start["recipe"].to_dict(), "model_seed": seed,
+           **start["settings"], "family": start["family"], "start_depth": 1, "start_test_loss": start_test,
+           "final_depth": result.depth, "stop_reason": result.stop_reason, "trained": trained,
+           "seconds": time.time() - t0,
            "rounds": [{"round": r.round, "depth": r.depth, "inserted_at": r.inserted_at,
                        "heldout_change": r.heldout_change, "heldout_change_se": r.heldout_change_se,
                        "rolled_back": r.rolled_back, "stop_reason": r.stop_reason} for r in result.rounds]}
@@ -407,7 +468,11 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
     result = {"schema": "satcore-bench-decision-validity/1", "part": part, "columns": COLUMNS,
               "lengths": list(LENGTHS), "seeds": list(trial_seeds or SEEDS), "max_trials": MAX_TRIALS,
               "sizes": {"images": IMAGES, "llama": LLAMA, "widths": list(WIDTHS), "sweeps": SWEEP_PARTS.get(part)},
-              "models": [], "sweeps": []}
+              "models": [], "sweeps": [],
+              # float rounding differs between CPU kernels (AVX2, AVX-512), and long training amplifies it: the same
+              # seeds give another model on another machine, so a part's models are compared only within a machine
+              "machine": {"processor": platform.processor() or platform.machine(),
+                          "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}}
     if part in LOOP_PARTS:
         makers = [(lambda n=n, spec=spec, seed=seed: record_loop(n, spec, seed, log))
                   for n, spec in LOOP_PARTS[part].items() for seed in spec[-1]]

@@ -133,6 +133,7 @@ def test_loop_scores_read_the_loop_beside_its_scratch_sweep_and_refuse_another_s
     (tmp_path / "loops.json").write_text(json.dumps({"loops": [loop]}))
     (row,) = scores.loop_scores(tmp_path, [sweep])
     assert (row["scratch_best"], row["final_depth"], row["within_one"], row["own_best"]) == (2, 2, True, 1)
+    assert row["scratch_best_test_loss"] == 2.68  # copied from the sweep's depth-2 row, no arithmetic
     assert row["final_test_loss"] == 2.75  # the kept depth-2 model's, not the rolled-back depth-3 one's
     (tmp_path / "loops.json").write_text(json.dumps({"loops": [{**loop, "start_test_loss": 2.74}]}))
     with pytest.raises(SystemExit, match="did not start from its sweep's depth-1 model"):

@@ -127,7 +127,8 @@ def per_sample_eval(model, batches, loss_fn=None) -> np.ndarray:
     return np.concatenate(out)
 
 
-def _optimizer(recipe: Recipe, params):
+def recipe_optimizer(recipe: Recipe, params):
+    """The torch optimizer ``recipe`` names, over ``params``, at its lr and weight decay."""
     if recipe.optimizer == "sgd":
         return torch.optim.SGD(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
     if recipe.optimizer == "adamw":
@@ -156,7 +157,7 @@ def trial_losses(model, result, at: str, recipe: Recipe, train, evaluate: dict, 
     grown, params = inserted_copy(model, result, at, seed=seed, trainable=recipe.trainable)
     out = {"steps": checkpoints}
     after = {name: [] for name in evaluate}
-    opt = _optimizer(recipe, params)
+    opt = recipe_optimizer(recipe, params)
     device = params[0].device
     stream = recipe_minibatches(train, recipe.batch_size, seed)
     done = 0
