@@ -162,15 +162,21 @@ class GrowthOptions:
         return self.seed * 1000 + k
 
     @classmethod
-    def resolve(cls, options: "GrowthOptions | None", tolerance: float | None, **loose) -> "GrowthOptions":
+    def resolve(cls, options: "GrowthOptions | None", tolerance: float | None, *, first_order: bool = True,
+                **loose) -> "GrowthOptions":
         """``options`` as given, or built from ``tolerance`` and the loose settings (``rho``, ``alpha``,
-        ``max_depth``, ``max_rounds``, ``guard``, ``seed``, ``first_look_batches``) of an adapter's call."""
+        ``max_depth``, ``max_rounds``, ``guard``, ``seed``, ``first_look_batches``) of an adapter's call.
+
+        ``first_order``: whether the rounds decide with :class:`FirstOrderDecide`, the only reader of
+        the criteria; a pluggable decision (``decide=``, ``recipe=``) has its own, so there
+        ``tolerance`` may be left out and 0 is recorded."""
         if options is not None:
             if tolerance is not None:
                 raise TypeError("give either options= or tolerance= and the other loose settings, not both")
             return options
-        if tolerance is None:
+        if tolerance is None and first_order:
             raise TypeError("the growth loop needs tolerance= (or options=GrowthOptions(...))")
+        tolerance = 0.0 if tolerance is None else tolerance
         criteria = GrowthCriteria(tolerance, loose.pop("rho"), loose.pop("alpha"))
         budget = GrowthBudget(loose.pop("max_depth"), loose.pop("max_rounds"))
         return cls(criteria, budget, **loose)

@@ -280,7 +280,8 @@ def test_a_users_own_conv_resnet_grows_with_the_conv_family():
 
 def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup):
     """``recipe=`` makes each round's decision :func:`decide`'s: the first round logs exactly the decision
-    ``decide`` gives, called by hand on the same model, splits and seed (an independent call)."""
+    ``decide`` gives, called by hand on the same model, splits and seed (an independent call).  Called as
+    docs/growth.md shows it, without the first-order ``tolerance`` that a recipe's decision does not read."""
     from satcore import Recipe
     from satcore.adapters.torch import decide
 
@@ -288,7 +289,7 @@ def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup):
     train_data = mt.digits_batches(64, 8, start=0, dtype=torch.float64)
     recipe = Recipe("adam", lr=1e-3, steps=16, batch_size=64, trainable="terminal")
     result = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=heldout,
-                                  train_data=train_data, recipe=recipe, tolerance=0.0, max_rounds=1, family="mlp",
+                                  train_data=train_data, recipe=recipe, max_rounds=1, family="mlp",
                                   candidates=CANDIDATES)
     by_hand = decide(model, train_data, probe_data, mt.per_sample_ce, recipe=recipe, family="mlp", seed=0,
                      candidates=CANDIDATES)
@@ -299,3 +300,5 @@ def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup):
     with pytest.raises(ValueError, match="needs train_data"):
         grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, recipe=recipe, tolerance=0.0,
                              family="mlp", candidates=CANDIDATES)
+    with pytest.raises(TypeError, match="needs tolerance="):  # the first-order decision reads it
+        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, family="mlp", candidates=CANDIDATES)

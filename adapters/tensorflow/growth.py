@@ -155,8 +155,9 @@ def grow_until_saturated(model, train, probe_data, loss_fn, *, heldout_data=None
     ``loss_fn(y_true, y_pred)`` returns per-sample losses (a Keras loss with ``reduction=None``).
     Weights go beside the log as ``<log>.round<k>.npz``.
     """
-    options = GrowthOptions.resolve(options, tolerance, rho=rho, alpha=alpha, max_depth=max_depth,
-                                    max_rounds=max_rounds, guard=guard, seed=seed, first_look_batches=first_look_batches)
+    options = GrowthOptions.resolve(options, tolerance, first_order=decide is None, rho=rho, alpha=alpha,
+                                    max_depth=max_depth, max_rounds=max_rounds, guard=guard, seed=seed,
+                                    first_look_batches=first_look_batches)
     data = {"probe": probe_data, "train": train_data if train_data is not None else probe_data,
             "heldout": heldout_data}
     steps = KerasGrowthSteps(train, loss_fn, data, family, probe_options)

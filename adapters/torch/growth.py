@@ -247,6 +247,7 @@ def grow_until_saturated(
     tolerance, rho, alpha : float
         The first-order decision (:class:`satcore.growth.GrowthCriteria`): a gain of at most
         ``tolerance`` (loss units) by a block of relative size ``rho`` does not matter; level ``alpha``.
+        Needed unless ``decide`` or ``recipe`` decides the rounds (they do not read these).
     max_depth, max_rounds : int
         Budgets (:class:`satcore.growth.GrowthBudget`).
     seed : int
@@ -277,8 +278,9 @@ def grow_until_saturated(
     **probe_options
         Passed to :class:`~.probe.Probe` (``candidates``, ``mask``, ``batch_dtype``, ...).
     """
-    options = GrowthOptions.resolve(options, tolerance, rho=rho, alpha=alpha, max_depth=max_depth,
-                                    max_rounds=max_rounds, guard=guard, seed=seed, first_look_batches=first_look_batches)
+    options = GrowthOptions.resolve(options, tolerance, first_order=decide is None and recipe is None, rho=rho,
+                                    alpha=alpha, max_depth=max_depth, max_rounds=max_rounds, guard=guard, seed=seed,
+                                    first_look_batches=first_look_batches)
     if log_path is not None and _has_module(family):
         raise GrowthLogError(f"{display_name(os.fspath(log_path))}: an nn.Module family cannot be rebuilt when the "
                              "run resumes; use a built-in family or no log_path")
