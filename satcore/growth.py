@@ -329,11 +329,19 @@ class AdapterSteps:
     """
 
     def train(self, model, round_index: int):
-        return self.train_fn(model, round_index)
+        trained = self.train_fn(model, round_index)
+        if trained is None:  # a train that updates in place and forgets the return: the loop needs the model
+            raise InputError(f"growth: train(model, {round_index}) returned None; it must return the trained model")
+        return trained
 
     def losses(self, model, split: str):
         data = self.data.get(split)
-        return None if data is None else self.per_sample_losses(model, data, self.loss_fn)
+        if data is None:
+            return None
+        losses = self.per_sample_losses(model, data, self.loss_fn)
+        if losses.size == 0:
+            raise InputError(f"growth: the {split} data yielded no samples")
+        return losses
 
     def save(self, model, path: str) -> None:
         self.save_weights(model, path)

@@ -302,3 +302,31 @@ def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup):
                              family="mlp", candidates=CANDIDATES)
     with pytest.raises(TypeError, match="needs tolerance="):  # the first-order decision reads it
         grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, family="mlp", candidates=CANDIDATES)
+
+
+class _InsertAt:
+    """A decide step that always inserts at ``at`` (no probe): the loop's own checks are under test."""
+
+    def __init__(self, at):
+        self.choice, self.stop_reason = at, None
+
+    def __call__(self, model, seed):
+        return self
+
+    def to_dict(self):
+        return {"candidates": {}}
+
+
+def test_a_train_returning_none_or_empty_loss_data_is_one_line_naming_it(setup):
+    """A ``train`` that trains in place and returns nothing, and a held-out or training split without
+    batches, are refused as :class:`satcore.InputError` naming the cause, not numpy's or an attribute error."""
+    from satcore import InputError
+
+    model, probe_data, heldout = setup
+    common = dict(decide=_InsertAt("1"), max_rounds=1, family="mlp", candidates=CANDIDATES)
+    with pytest.raises(InputError, match=r"train\(model, 0\) returned None; it must return the trained model"):
+        grow_until_saturated(model, lambda m, k: None, probe_data, mt.per_sample_ce, heldout_data=heldout, **common)
+    with pytest.raises(InputError, match="the heldout data yielded no samples"):
+        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=[], **common)
+    with pytest.raises(InputError, match="the train data yielded no samples"):
+        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, train_data=[], **common)

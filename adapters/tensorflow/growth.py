@@ -50,7 +50,7 @@ def per_sample_losses(model, data, loss_fn) -> np.ndarray:
         if values.shape.rank > 1:
             values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
         out.append(np.asarray(values, dtype=np.float64))
-    return np.concatenate(out)
+    return np.concatenate(out) if out else np.zeros(0)
 
 
 def save_weights(model, path: str) -> None:

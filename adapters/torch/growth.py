@@ -69,7 +69,7 @@ def per_sample_losses(model: nn.Module, data, loss_fn) -> np.ndarray:
         for inputs, targets in data:
             out.append(loss_fn(call_model(model, inputs), targets).double().reshape(-1).cpu().numpy())
     model.train(was_training)
-    return np.concatenate(out)
+    return np.concatenate(out) if out else np.zeros(0)
 
 
 def mean_loss(model: nn.Module, data, loss_fn) -> float:
