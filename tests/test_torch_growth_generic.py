@@ -330,3 +330,30 @@ def test_a_train_returning_none_or_empty_loss_data_is_one_line_naming_it(setup):
         grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=[], **common)
     with pytest.raises(InputError, match="the train data yielded no samples"):
         grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, train_data=[], **common)
+
+
+def test_a_user_feature_map_with_batchnorm_is_measured_and_grown_in_eval_mode(setup):
+    """A user's ``nn.Module`` family holding a BatchNorm, in train mode as built: the probe reads its
+    width and computes ``psi`` in eval mode (a train-mode BatchNorm refuses the one sample the width is
+    read from, and would make ``psi_i`` depend on the batch), so the autograd gradient of the mean probe
+    loss w.r.t. the grown block's zero ``V`` equals the probe's ``C``."""
+    import numpy as np
+
+    from satcore.adapters.torch import grow
+
+    model, probe_data, _ = setup
+    torch.manual_seed(3)
+    user = nn.Sequential(nn.Linear(64, 16), nn.BatchNorm1d(16), nn.Tanh()).double()
+    with torch.no_grad():  # running statistics away from the identity, so that eval mode shows
+        user[1].running_mean.uniform_(-1.0, 1.0)
+        user[1].running_var.uniform_(0.5, 2.0)
+    result = probe(model, probe_data, mt.per_sample_ce, family=user, candidates=CANDIDATES)
+    grown = grow(model, result, "1", zero=True).model
+    x = torch.cat([b[0] for b in probe_data])
+    assert torch.equal(grown(x), model(x))
+    grown.zero_grad()
+    torch.cat([mt.per_sample_ce(grown(b[0]), b[1]) for b in probe_data]).mean().backward()
+    gradient = grown.get_submodule("1").branch.projection.weight.grad.numpy()
+    C = result.statistics["1"].cross_gradient()
+    # both are means of len(x) products accumulated in float64
+    assert np.abs(gradient - C).max() <= len(x) * np.finfo(np.float64).eps * np.abs(C).max()

@@ -158,8 +158,12 @@ class UserFeatures(FeatureMap):
     """A user feature map ``f``: ``psi = f(z)``, ``(M, r)`` read as ``(M, 1, r)``."""
 
     def __init__(self, module: nn.Module, z: torch.Tensor):
+        # r from one sample, in eval mode as the probe computes psi (a train-mode BatchNorm refuses one sample)
+        training = module.training
+        module.eval()
         with torch.no_grad():
             r = _as_positions(module(z[:1]), 1).shape[2]
+        module.train(training)
         super().__init__(positions(z).shape[2], r, {"kind": "user", "module": type(module).__name__, "n_features": r})
         self.module = module
 
