@@ -357,3 +357,27 @@ def test_a_user_feature_map_with_batchnorm_is_measured_and_grown_in_eval_mode(se
     C = result.statistics["1"].cross_gradient()
     # both are means of len(x) products accumulated in float64
     assert np.abs(gradient - C).max() <= len(x) * np.finfo(np.float64).eps * np.abs(C).max()
+
+
+@pytest.mark.parametrize("bad, says", [
+    (dict(candidates=None), "no residual blocks recognised in Sequential; pass candidates="),
+    (dict(candidates=["9"]), "candidate '9' is not a submodule name of Sequential"),
+    (dict(candidates=[]), "candidates is empty"),
+    (dict(family="convv"), "unknown family 'convv'"),
+    (dict(family="conv"), "family 'conv' needs a"),
+    (dict(family=nn.Flatten(0)), "feature map returned shape"),
+    (dict(family={"7": "mlp"}), r"family given for unknown candidate\(s\) \['7'\]"),
+    (dict(heldout=[]), "data yielded no batches"),
+])
+def test_what_decide_cannot_probe_is_one_satcore_error_naming_it(setup, bad, says):
+    """A model without recognised blocks, a wrong candidate or family, a user feature map of the wrong
+    shape and an empty split are refused as :class:`satcore.SatcoreError` (the one root), not a bare
+    ``ValueError`` from inside the adapter."""
+    from satcore import Recipe, SatcoreError
+    from satcore.adapters.torch import decide
+
+    model, probe_data, _ = setup
+    options = dict(candidates=CANDIDATES, family="auto", heldout=probe_data) | bad
+    with pytest.raises(SatcoreError, match=says):
+        decide(model, probe_data[:2], options.pop("heldout"), mt.per_sample_ce,
+               recipe=Recipe("adam", lr=1e-3, steps=2, batch_size=32), **options)

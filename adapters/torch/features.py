@@ -43,6 +43,7 @@ from torch import nn
 from torch.nn.utils import skip_init
 
 from satcore.adapters.options import builtin_kind, family_record
+from satcore.errors import ProbeError
 from satcore.families import family_builder, family_spec, make_family, register_builder, registered_families
 
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
@@ -174,7 +175,7 @@ class UserFeatures(FeatureMap):
 def _as_positions(psi, m):
     psi = psi[:, None, :] if psi.dim() == 2 else psi
     if psi.dim() != 3 or psi.shape[0] != m:
-        raise ValueError(f"feature map returned shape {tuple(psi.shape)}; expected (M, r) or (M, T, r) with M = {m}")
+        raise ProbeError(f"feature map returned shape {tuple(psi.shape)}; expected (M, r) or (M, T, r) with M = {m}")
     return psi
 
 
