@@ -79,6 +79,18 @@ def setup():
     return model, probe_data, heldout
 
 
+def test_the_native_default_on_a_model_without_blocks_says_which_family_to_pass(setup):
+    """``grow_until_saturated``'s default ``family="native"`` on a user's ``nn.Sequential``: the refusal
+    names the family to pass, not the candidate the user named correctly ("unknown candidate '1'; the
+    blocks of Sequential are []")."""
+    from satcore import ProbeError
+
+    model, probe_data, _ = setup
+    with pytest.raises(ProbeError, match="no residual blocks recognised in Sequential.*family='auto'"):
+        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, tolerance=0.0, max_rounds=1,
+                             candidates=CANDIDATES)
+
+
 def test_a_sequential_without_a_native_kind_grows_with_the_probed_family(setup):
     model, probe_data, heldout = setup
     result = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=heldout,
