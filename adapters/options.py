@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from satcore.errors import InputError
 from satcore.families import family_spec, registered_families
 
 
@@ -38,7 +39,7 @@ def per_candidate(value, names, option: str, default=None) -> dict:
     if isinstance(value, Mapping):
         unknown = sorted(set(value) - set(names), key=str)
         if unknown:
-            raise ValueError(f"{option} given for unknown candidate(s) {unknown}; candidates are {names}")
+            raise InputError(f"{option} given for unknown candidate(s) {unknown}; candidates are {names}")
         return {name: value.get(name, default) for name in names}
     return {name: value for name in names}
 
@@ -61,10 +62,10 @@ def builtin_kind(spec, shape, *, image_layout: str = "(M, C, H, W)", others: str
     try:
         definition = family_spec(kind)
     except ValueError:
-        raise ValueError(f"unknown family {spec!r}; choose 'auto', one of {registered_families()}, "
+        raise InputError(f"unknown family {spec!r}; choose 'auto', one of {registered_families()}, "
                          f"or {others}") from None
     if definition.images_only and rank != 4:
-        raise ValueError(f"family {kind!r} needs a {image_layout} stream, got shape {tuple(shape)}")
+        raise InputError(f"family {kind!r} needs a {image_layout} stream, got shape {tuple(shape)}")
     return kind
 
 

@@ -162,15 +162,21 @@ class GrowthOptions:
         return self.seed * 1000 + k
 
     @classmethod
-    def resolve(cls, options: "GrowthOptions | None", tolerance: float | None, **loose) -> "GrowthOptions":
+    def resolve(cls, options: "GrowthOptions | None", tolerance: float | None, *, first_order: bool = True,
+                **loose) -> "GrowthOptions":
         """``options`` as given, or built from ``tolerance`` and the loose settings (``rho``, ``alpha``,
-        ``max_depth``, ``max_rounds``, ``guard``, ``seed``, ``first_look_batches``) of an adapter's call."""
+        ``max_depth``, ``max_rounds``, ``guard``, ``seed``, ``first_look_batches``) of an adapter's call.
+
+        ``first_order``: whether the rounds decide with :class:`FirstOrderDecide`, the only reader of
+        the criteria; a pluggable decision (``decide=``, ``recipe=``) has its own, so there
+        ``tolerance`` may be left out and 0 is recorded."""
         if options is not None:
             if tolerance is not None:
                 raise TypeError("give either options= or tolerance= and the other loose settings, not both")
             return options
-        if tolerance is None:
+        if tolerance is None and first_order:
             raise TypeError("the growth loop needs tolerance= (or options=GrowthOptions(...))")
+        tolerance = 0.0 if tolerance is None else tolerance
         criteria = GrowthCriteria(tolerance, loose.pop("rho"), loose.pop("alpha"))
         budget = GrowthBudget(loose.pop("max_depth"), loose.pop("max_rounds"))
         return cls(criteria, budget, **loose)
@@ -323,11 +329,19 @@ class AdapterSteps:
     """
 
     def train(self, model, round_index: int):
-        return self.train_fn(model, round_index)
+        trained = self.train_fn(model, round_index)
+        if trained is None:  # a train that updates in place and forgets the return: the loop needs the model
+            raise InputError(f"growth: train(model, {round_index}) returned None; it must return the trained model")
+        return trained
 
     def losses(self, model, split: str):
         data = self.data.get(split)
-        return None if data is None else self.per_sample_losses(model, data, self.loss_fn)
+        if data is None:
+            return None
+        losses = self.per_sample_losses(model, data, self.loss_fn)
+        if losses.size == 0:
+            raise InputError(f"growth: the {split} data yielded no samples")
+        return losses
 
     def save(self, model, path: str) -> None:
         self.save_weights(model, path)

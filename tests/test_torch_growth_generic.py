@@ -79,6 +79,18 @@ def setup():
     return model, probe_data, heldout
 
 
+def test_the_native_default_on_a_model_without_blocks_says_which_family_to_pass(setup):
+    """``grow_until_saturated``'s default ``family="native"`` on a user's ``nn.Sequential``: the refusal
+    names the family to pass, not the candidate the user named correctly ("unknown candidate '1'; the
+    blocks of Sequential are []")."""
+    from satcore import ProbeError
+
+    model, probe_data, _ = setup
+    with pytest.raises(ProbeError, match="no residual blocks recognised in Sequential.*family='auto'"):
+        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, tolerance=0.0, max_rounds=1,
+                             candidates=CANDIDATES)
+
+
 def test_a_sequential_without_a_native_kind_grows_with_the_probed_family(setup):
     model, probe_data, heldout = setup
     result = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=heldout,
@@ -280,7 +292,8 @@ def test_a_users_own_conv_resnet_grows_with_the_conv_family():
 
 def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup):
     """``recipe=`` makes each round's decision :func:`decide`'s: the first round logs exactly the decision
-    ``decide`` gives, called by hand on the same model, splits and seed (an independent call)."""
+    ``decide`` gives, called by hand on the same model, splits and seed (an independent call).  Called as
+    docs/growth.md shows it, without the first-order ``tolerance`` that a recipe's decision does not read."""
     from satcore import Recipe
     from satcore.adapters.torch import decide
 
@@ -288,7 +301,7 @@ def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup):
     train_data = mt.digits_batches(64, 8, start=0, dtype=torch.float64)
     recipe = Recipe("adam", lr=1e-3, steps=16, batch_size=64, trainable="terminal")
     result = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=heldout,
-                                  train_data=train_data, recipe=recipe, tolerance=0.0, max_rounds=1, family="mlp",
+                                  train_data=train_data, recipe=recipe, max_rounds=1, family="mlp",
                                   candidates=CANDIDATES)
     by_hand = decide(model, train_data, probe_data, mt.per_sample_ce, recipe=recipe, family="mlp", seed=0,
                      candidates=CANDIDATES)
@@ -299,3 +312,84 @@ def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup):
     with pytest.raises(ValueError, match="needs train_data"):
         grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, recipe=recipe, tolerance=0.0,
                              family="mlp", candidates=CANDIDATES)
+    with pytest.raises(TypeError, match="needs tolerance="):  # the first-order decision reads it
+        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, family="mlp", candidates=CANDIDATES)
+
+
+class _InsertAt:
+    """A decide step that always inserts at ``at`` (no probe): the loop's own checks are under test."""
+
+    def __init__(self, at):
+        self.choice, self.stop_reason = at, None
+
+    def __call__(self, model, seed):
+        return self
+
+    def to_dict(self):
+        return {"candidates": {}}
+
+
+def test_a_train_returning_none_or_empty_loss_data_is_one_line_naming_it(setup):
+    """A ``train`` that trains in place and returns nothing, and a held-out or training split without
+    batches, are refused as :class:`satcore.InputError` naming the cause, not numpy's or an attribute error."""
+    from satcore import InputError
+
+    model, probe_data, heldout = setup
+    common = dict(decide=_InsertAt("1"), max_rounds=1, family="mlp", candidates=CANDIDATES)
+    with pytest.raises(InputError, match=r"train\(model, 0\) returned None; it must return the trained model"):
+        grow_until_saturated(model, lambda m, k: None, probe_data, mt.per_sample_ce, heldout_data=heldout, **common)
+    with pytest.raises(InputError, match="the heldout data yielded no samples"):
+        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=[], **common)
+    with pytest.raises(InputError, match="the train data yielded no samples"):
+        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, train_data=[], **common)
+
+
+def test_a_user_feature_map_with_batchnorm_is_measured_and_grown_in_eval_mode(setup):
+    """A user's ``nn.Module`` family holding a BatchNorm, in train mode as built: the probe reads its
+    width and computes ``psi`` in eval mode (a train-mode BatchNorm refuses the one sample the width is
+    read from, and would make ``psi_i`` depend on the batch), so the autograd gradient of the mean probe
+    loss w.r.t. the grown block's zero ``V`` equals the probe's ``C``."""
+    import numpy as np
+
+    from satcore.adapters.torch import grow
+
+    model, probe_data, _ = setup
+    torch.manual_seed(3)
+    user = nn.Sequential(nn.Linear(64, 16), nn.BatchNorm1d(16), nn.Tanh()).double()
+    with torch.no_grad():  # running statistics away from the identity, so that eval mode shows
+        user[1].running_mean.uniform_(-1.0, 1.0)
+        user[1].running_var.uniform_(0.5, 2.0)
+    result = probe(model, probe_data, mt.per_sample_ce, family=user, candidates=CANDIDATES)
+    grown = grow(model, result, "1", zero=True).model
+    x = torch.cat([b[0] for b in probe_data])
+    assert torch.equal(grown(x), model(x))
+    grown.zero_grad()
+    torch.cat([mt.per_sample_ce(grown(b[0]), b[1]) for b in probe_data]).mean().backward()
+    gradient = grown.get_submodule("1").branch.projection.weight.grad.numpy()
+    C = result.statistics["1"].cross_gradient()
+    # both are means of len(x) products accumulated in float64
+    assert np.abs(gradient - C).max() <= len(x) * np.finfo(np.float64).eps * np.abs(C).max()
+
+
+@pytest.mark.parametrize("bad, says", [
+    (dict(candidates=None), "no residual blocks recognised in Sequential; pass candidates="),
+    (dict(candidates=["9"]), "candidate '9' is not a submodule name of Sequential"),
+    (dict(candidates=[]), "candidates is empty"),
+    (dict(family="convv"), "unknown family 'convv'"),
+    (dict(family="conv"), "family 'conv' needs a"),
+    (dict(family=nn.Flatten(0)), "feature map returned shape"),
+    (dict(family={"7": "mlp"}), r"family given for unknown candidate\(s\) \['7'\]"),
+    (dict(heldout=[]), "data yielded no batches"),
+])
+def test_what_decide_cannot_probe_is_one_satcore_error_naming_it(setup, bad, says):
+    """A model without recognised blocks, a wrong candidate or family, a user feature map of the wrong
+    shape and an empty split are refused as :class:`satcore.SatcoreError` (the one root), not a bare
+    ``ValueError`` from inside the adapter."""
+    from satcore import Recipe, SatcoreError
+    from satcore.adapters.torch import decide
+
+    model, probe_data, _ = setup
+    options = dict(candidates=CANDIDATES, family="auto", heldout=probe_data) | bad
+    with pytest.raises(SatcoreError, match=says):
+        decide(model, probe_data[:2], options.pop("heldout"), mt.per_sample_ce,
+               recipe=Recipe("adam", lr=1e-3, steps=2, batch_size=32), **options)

@@ -50,7 +50,7 @@ def per_sample_losses(model, data, loss_fn) -> np.ndarray:
         if values.shape.rank > 1:
             values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
         out.append(np.asarray(values, dtype=np.float64))
-    return np.concatenate(out)
+    return np.concatenate(out) if out else np.zeros(0)
 
 
 def save_weights(model, path: str) -> None:
@@ -155,8 +155,9 @@ def grow_until_saturated(model, train, probe_data, loss_fn, *, heldout_data=None
     ``loss_fn(y_true, y_pred)`` returns per-sample losses (a Keras loss with ``reduction=None``).
     Weights go beside the log as ``<log>.round<k>.npz``.
     """
-    options = GrowthOptions.resolve(options, tolerance, rho=rho, alpha=alpha, max_depth=max_depth,
-                                    max_rounds=max_rounds, guard=guard, seed=seed, first_look_batches=first_look_batches)
+    options = GrowthOptions.resolve(options, tolerance, first_order=decide is None, rho=rho, alpha=alpha,
+                                    max_depth=max_depth, max_rounds=max_rounds, guard=guard, seed=seed,
+                                    first_look_batches=first_look_batches)
     data = {"probe": probe_data, "train": train_data if train_data is not None else probe_data,
             "heldout": heldout_data}
     steps = KerasGrowthSteps(train, loss_fn, data, family, probe_options)

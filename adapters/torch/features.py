@@ -43,6 +43,7 @@ from torch import nn
 from torch.nn.utils import skip_init
 
 from satcore.adapters.options import builtin_kind, family_record
+from satcore.errors import ProbeError
 from satcore.families import family_builder, family_spec, make_family, register_builder, registered_families
 
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
@@ -158,8 +159,12 @@ class UserFeatures(FeatureMap):
     """A user feature map ``f``: ``psi = f(z)``, ``(M, r)`` read as ``(M, 1, r)``."""
 
     def __init__(self, module: nn.Module, z: torch.Tensor):
+        # r from one sample, in eval mode as the probe computes psi (a train-mode BatchNorm refuses one sample)
+        training = module.training
+        module.eval()
         with torch.no_grad():
             r = _as_positions(module(z[:1]), 1).shape[2]
+        module.train(training)
         super().__init__(positions(z).shape[2], r, {"kind": "user", "module": type(module).__name__, "n_features": r})
         self.module = module
 
@@ -170,7 +175,7 @@ class UserFeatures(FeatureMap):
 def _as_positions(psi, m):
     psi = psi[:, None, :] if psi.dim() == 2 else psi
     if psi.dim() != 3 or psi.shape[0] != m:
-        raise ValueError(f"feature map returned shape {tuple(psi.shape)}; expected (M, r) or (M, T, r) with M = {m}")
+        raise ProbeError(f"feature map returned shape {tuple(psi.shape)}; expected (M, r) or (M, T, r) with M = {m}")
     return psi
 
 

@@ -69,7 +69,7 @@ def per_sample_losses(model: nn.Module, data, loss_fn) -> np.ndarray:
         for inputs, targets in data:
             out.append(loss_fn(call_model(model, inputs), targets).double().reshape(-1).cpu().numpy())
     model.train(was_training)
-    return np.concatenate(out)
+    return np.concatenate(out) if out else np.zeros(0)
 
 
 def mean_loss(model: nn.Module, data, loss_fn) -> float:
@@ -247,6 +247,7 @@ def grow_until_saturated(
     tolerance, rho, alpha : float
         The first-order decision (:class:`satcore.growth.GrowthCriteria`): a gain of at most
         ``tolerance`` (loss units) by a block of relative size ``rho`` does not matter; level ``alpha``.
+        Needed unless ``decide`` or ``recipe`` decides the rounds (they do not read these).
     max_depth, max_rounds : int
         Budgets (:class:`satcore.growth.GrowthBudget`).
     seed : int
@@ -277,8 +278,9 @@ def grow_until_saturated(
     **probe_options
         Passed to :class:`~.probe.Probe` (``candidates``, ``mask``, ``batch_dtype``, ...).
     """
-    options = GrowthOptions.resolve(options, tolerance, rho=rho, alpha=alpha, max_depth=max_depth,
-                                    max_rounds=max_rounds, guard=guard, seed=seed, first_look_batches=first_look_batches)
+    options = GrowthOptions.resolve(options, tolerance, first_order=decide is None and recipe is None, rho=rho,
+                                    alpha=alpha, max_depth=max_depth, max_rounds=max_rounds, guard=guard, seed=seed,
+                                    first_look_batches=first_look_batches)
     if log_path is not None and _has_module(family):
         raise GrowthLogError(f"{display_name(os.fspath(log_path))}: an nn.Module family cannot be rebuilt when the "
                              "run resumes; use a built-in family or no log_path")

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from satcore.errors import ProbeError
+
 STACK_NAMES = ("h", "layers", "layer", "block", "blocks")
 HEAD = "head"
 
@@ -105,11 +107,11 @@ def find_blocks(model: nn.Module) -> list[str]:
 def find_candidates(model: nn.Module, *, head: bool = True) -> tuple[Candidate, ...]:
     """Block inputs of ``model`` (see module docstring), plus the ``head`` endpoint.
 
-    Raises ``ValueError`` naming the model class when no block is recognised.
+    Raises :class:`satcore.ProbeError` naming the model class when no block is recognised.
     """
     blocks = find_blocks(model)
     if not blocks:
-        raise ValueError(
+        raise ProbeError(
             f"no residual blocks recognised in {type(model).__name__}; pass candidates=[module names]"
         )
     return with_head([_candidate(model, b) for b in blocks], head)
@@ -120,13 +122,13 @@ def named_candidates(model: nn.Module, names, *, head: bool = True) -> tuple[Can
     modules = dict(model.named_modules())
     names = list(names)
     if not names:
-        raise ValueError("candidates is empty")
+        raise ProbeError("candidates is empty")
     for n in names:
         if not isinstance(n, str) or n not in modules or n == "":
-            raise ValueError(f"candidate {n!r} is not a submodule name of {type(model).__name__}; "
+            raise ProbeError(f"candidate {n!r} is not a submodule name of {type(model).__name__}; "
                              + _valid_names(model, modules))
     if len(set(names)) != len(names) or HEAD in names:
-        raise ValueError(f"candidate names must be distinct and not {HEAD!r}: {names}")
+        raise ProbeError(f"candidate names must be distinct and not {HEAD!r}: {names}")
     return with_head([_candidate(model, n) for n in names], head)
 
 

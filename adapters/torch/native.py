@@ -163,10 +163,12 @@ def _hf_terminals(block: nn.Module):
 def insertion_site(model: nn.Module, at: str) -> Site:
     """The container, index and reference block of a new block before candidate ``at``."""
     blocks = find_blocks(model)
+    if not blocks:  # before the name check: no name can be right, the family is what to change
+        raise ProbeError(f"no residual blocks recognised in {type(model).__name__}, so no block of its own kind "
+                         "(family='native'); grow a family's zero-output residual instead: family='auto', a kind "
+                         "or an nn.Module, with candidates=[module names]")
     if at != HEAD and at not in blocks:
         raise ProbeError(f"unknown candidate {at!r}; the blocks of {type(model).__name__} are {blocks} (or {HEAD!r})")
-    if not blocks:
-        raise ProbeError(f"no residual blocks recognised in {type(model).__name__}")
     position = len(blocks) if at == HEAD else blocks.index(at)
     name = blocks[min(position, len(blocks) - 1)]
     block = model.get_submodule(name)

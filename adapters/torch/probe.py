@@ -34,7 +34,7 @@ from satcore.adapters.base import ProbeOptions, probe_meta, resolve_options, war
 from satcore.adapters.batches import split_batch
 from satcore.adapters.options import per_candidate
 from satcore.depth import DepthStatistics
-from satcore.errors import InputError
+from satcore.errors import InputError, ProbeError
 from satcore.statistics import CandidateStatistics
 from satcore._arrays import statistics_bytes
 from satcore.folds import DEFAULT_FOLDS
@@ -315,7 +315,7 @@ class Probe:
             outputs = call_model(self.model, inputs)
             missing = [n for n in names if n not in taps.taps]
             if missing:
-                raise ValueError(f"candidate(s) {missing} did not run in the forward pass")
+                raise ProbeError(f"candidate(s) {missing} did not run in the forward pass")
             targets = to_device(targets, self.device)
             losses = loss_fn(outputs, targets)
             samples = _batch_size(losses, taps.streams, names)
@@ -377,7 +377,7 @@ class Probe:
         ordered = DepthStatistics(
             (c.name, self.statistics[c.name]) for c in self.found if c.name in self.statistics)
         if len(ordered) != len(self.found):
-            raise ValueError("data yielded no batches: nothing was probed")
+            raise ProbeError("data yielded no batches: nothing was probed")
         for name, spec in self.specs.items():  # resumed from a checkpoint that already held every batch
             if name not in self.families and rebuildable(spec):
                 self.families[name] = rebuild_feature_map(spec, self.dtype, self.device)
@@ -525,7 +525,7 @@ def plan(model: nn.Module, batch, loss_fn=None, *, config: ProbeConfig | None = 
         call_model(state.model, to_device(inputs, state.device))
         missing = [n for n in names if n not in taps.streams]
         if missing:
-            raise ValueError(f"candidate(s) {missing} did not run in the forward pass")
+            raise ProbeError(f"candidate(s) {missing} did not run in the forward pass")
         rows = []
         for name in names:
             z = taps.streams[name]
