@@ -422,8 +422,7 @@ def record_loop(name: str, spec: tuple, seed: int, log) -> dict:
     t0 = time.time()
     result = grow_until_saturated(model, train_round, start["heldout"], loss_fn, heldout_data=start["heldout"],
                                   train_data=start["train"], recipe=start["recipe"], family=start["family"],
-                                  max_depth=max(DEPTHS), seed=seed,
-                                  tolerance=0.0)  # the first-order criterion's; the recipe's decision has its own
+                                  max_depth=max(DEPTHS), seed=seed)
     out = {"loop": tag, "source": start["source"], "recipe": start["recipe"].to_dict(), "model_seed": seed,
            **start["settings"], "family": start["family"], "start_depth": 1, "start_test_loss": start_test,
            "final_depth": result.depth, "stop_reason": result.stop_reason, "trained": trained,

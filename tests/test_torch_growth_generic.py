@@ -290,10 +290,11 @@ def test_a_users_own_conv_resnet_grows_with_the_conv_family():
     assert gradient == pytest.approx(C, rel=1e-9, abs=1e-12 * abs(C).max())
 
 
-def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup):
+def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup, capsys):
     """``recipe=`` makes each round's decision :func:`decide`'s: the first round logs exactly the decision
     ``decide`` gives, called by hand on the same model, splits and seed (an independent call).  Called as
-    docs/growth.md shows it, without the first-order ``tolerance`` that a recipe's decision does not read."""
+    docs/growth.md shows it, without the first-order ``tolerance`` that a recipe's decision does not read.
+    Its progress bar counts rounds (``decide`` reports no probed samples, so a sample bar stood at 0)."""
     from satcore import Recipe
     from satcore.adapters.torch import decide
 
@@ -302,7 +303,9 @@ def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup):
     recipe = Recipe("adam", lr=1e-3, steps=16, batch_size=64, trainable="terminal")
     result = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=heldout,
                                   train_data=train_data, recipe=recipe, max_rounds=1, family="mlp",
-                                  candidates=CANDIDATES)
+                                  candidates=CANDIDATES, progress=True)
+    err = capsys.readouterr().err
+    assert "growth: " in err and "1round " in err and "sample" not in err
     by_hand = decide(model, train_data, probe_data, mt.per_sample_ce, recipe=recipe, family="mlp", seed=0,
                      candidates=CANDIDATES)
     first = result.rounds[0]

@@ -287,7 +287,8 @@ def grow_until_saturated(
     data = {"probe": probe_data, "train": train_data if train_data is not None else probe_data,
             "heldout": heldout_data}
     steps = TorchGrowthSteps(train, loss_fn, data, family, zero, probe_options)
-    bar = _ProgressBar() if progress else None
+    # the first-order probe reports its samples; decide (recipe=) has no hook, so its bar counts rounds
+    bar = _ProgressBar(counts_samples=recipe is None and decide is None) if progress else None
     if recipe is not None:
         if decide is not None or train_data is None:
             raise InputError("recipe= decides each round with satcore.adapters.torch.decide: it needs train_data "
@@ -313,17 +314,20 @@ def _recipe_decision(model, seed, *, train, heldout, loss_fn, recipe, family, pr
 
 
 class _ProgressBar:
-    """A tqdm bar counting probed samples, and one line per finished round."""
+    """A tqdm bar counting probed samples (``counts_samples``) or finished rounds, and one line per round."""
 
-    def __init__(self):
+    def __init__(self, counts_samples: bool = True):
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(unit="sample", desc="probe")
+        self.counts_samples = counts_samples
+        self.bar = tqdm(unit="sample", desc="probe") if counts_samples else tqdm(unit="round", desc="growth")
 
     def update(self, samples: int) -> None:
         self.bar.update(samples)
 
     def round_done(self, entry: GrowthRound) -> None:
+        if not self.counts_samples:
+            self.bar.update(1)
         self.bar.write(round_summary(entry), file=sys.stderr)
 
     def close(self) -> None:
