@@ -62,7 +62,8 @@ def test_a_first_look_as_large_as_the_split_is_one_look_at_alpha_and_progress_is
     assert [c["growth_value"] for c in r.candidates] == [c["growth_value"] for c in plain.candidates]
     err = capsys.readouterr().err
     assert "sample" in err  # the tqdm bar counts samples, as probe(progress=True) does
-    assert re.search(r"round 0: depth \d+, block before \S+, training loss \S+ -> \S+ \(", err)  # one line a round
+    # one line a round; whether this weak signal inserts or stops moves with the host's float rounding
+    assert re.search(r"round 0: depth \d+(, block before \S+, training loss \S+ -> \S+|; stop: \S+) \(", err)
     with pytest.raises(TypeError, match="len"):
         grow_until_saturated(model, _keep, iter(few), mt.per_sample_ce, tolerance=0.0, max_rounds=1,
                              first_look_batches=4)
