@@ -1,8 +1,8 @@
 """The shipped calibration of :mod:`satcore.decision`: written by ``bench/decision_validity.py --fit``.
 
-Fitted on every model set of the bench (``source`` says which); the bench scores the same
-fitting procedure leave one model set out (docs/predictive-validity.md).  Regenerate with
-``python bench/decision_validity.py --fit``.
+Fitted on the long recipes (300 steps) of every model set of the bench (``source`` says which);
+the bench scores the same fitting procedure leave one model set out (docs/predictive-validity.md).
+Regenerate with ``python bench/decision_validity.py --fit``.
 """
 
 from .decision import Calibration
@@ -11,11 +11,11 @@ DEFAULT_CALIBRATION = Calibration(
     trend_weight=0.0,
     relative_scale=0.0,
     levels=(0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.975, 0.99),
-    quantiles=(-52.667954, -43.984371, -39.12971, -26.898514, -15.461335, -5.338737, -2.454076, -1.77743, -1.438769, -1.289939, -0.93332, -0.615296, -0.323043, 0.220972, 0.602061, 0.873883, 1.186566, 1.713362, 2.237631, 4.267913, 9.574031, 13.635834, 28.752917),
-    p_threshold=0.5,
-    tolerance=0.0,
-    source='bench/decision_validity.py, every model set (digits, fashion, llama-linux, llama-pydoc)',
-    trend_scale=0.0,
-    logit_intercept=-0.20916707288564196,
-    logit_slope=0.9258220045305358,
+    quantiles=(-20.849533, -16.711129, -13.032542, -8.716034, -6.942652, -3.199654, -1.669169, -1.250059, -0.982215, -0.653792, -0.365422, -0.062672, 0.148207, 0.326252, 0.508418, 0.715296, 1.013727, 1.453786, 2.194133, 4.202752, 6.277011, 8.81984, 11.098391),
+    p_threshold=0.7,
+    tolerance=0.003,
+    source='bench/decision_validity.py, the long recipes of every model set (digits, fashion, llama-linux, llama-pydoc)',
+    trend_scale=0.1,
+    logit_intercept=-0.177347195252803,
+    logit_slope=1.5190731560668909,
 )
