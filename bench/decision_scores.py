@@ -502,7 +502,7 @@ def all_scores(out: Path) -> dict:
               "calibrations_lomo": {s: c.to_dict() for s, c in cals.items()},
               "calibration_all": full.to_dict(),
               "by_target": by_target,
-              "long": {m: score(long, cals, m) for m in METHODS},
+              "long": {m: score(long, cals, m) for m in METHODS}, "long_steps": sorted({i["steps"] for i in long}),
               "long_by_set": {s: score([i for i in long if i["set"] == s], cals, "decide") for s in cals},
               "in_sample_long": score(long, {s: full for s in cals}, "decide"),
               "sweeps": sweep_scores(sweeps, full), "loops": loop_scores(out, sweeps)}
@@ -530,7 +530,8 @@ def tables(out: Path) -> str:
                 f"{100 * s['decision_gain']:+.2f} | {s['harms_flagged']}/{s['harms']} | {_f(s['sign_right'], True)} of {s['clear']} | "
                 f"{_f(s.get('brier_skill'), True)} | {_f(s.get('reliability_max_gap'))} |")
 
-    lines += ["**Long recipes (300 and 1000 steps), every column pooled**\n", head, rule]
+    lines += [f"**Long recipes ({', '.join(map(str, res['long_steps']))} steps), every column "
+              "pooled**\n", head, rule]
     lines += [row(m, res["long"][m]) for m in METHODS]
     for target, scores in res["by_target"].items():
         n = scores["decide"]
@@ -540,7 +541,7 @@ def tables(out: Path) -> str:
         n = res["transfer_1000"]["decide"]
         lines += [f"\n**adam_block/1000, {', '.join(res['transfer_1000_sets'])}** ({n['n_decisions']} decisions, "
                   f"{n['n_insertions']} insertions; runs kept out of every fit, each set scored with the calibration "
-                  "fitted on the other sets' 30- and 300-step runs)\n", head, rule]
+                  "fitted on the other sets' 300-step runs)\n", head, rule]
         lines += [row(m, res["transfer_1000"][m]) for m in METHODS]
     lines += ["\n**Per model set, long recipes (decide)**\n", head, rule]
     lines += [row(s, v) for s, v in res["long_by_set"].items()]
