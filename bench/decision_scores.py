@@ -7,6 +7,7 @@ Everything here reads the raw JSON rows and calls the core functions ``decide`` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -15,7 +16,8 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from satcore import Recipe
-from satcore.decision import Calibration, TrialCurve, choose, error_scale, extrapolate, trial_plan, verified_candidate
+from satcore.decision import (Calibration, CandidateDecision, TrialCurve, choose, error_scale, extrapolate,
+                              trial_plan, verified_candidate)
 
 LEVELS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8,
           0.85, 0.9, 0.95, 0.975, 0.99)
@@ -29,6 +31,32 @@ BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
 
 TRIAL_SEEDS_FILE = "-trialseed"  # <part>-trialseed<seeds>.json: more trial seeds of <part>.json's models
+
+
+def halving_plan(n: int, steps: int) -> tuple[int, int, int]:
+    """``(T1, finalists, T2)`` of a successive-halving trial schedule at the cost of ``trial_plan``'s: every
+    candidate trained ``T1`` = half of ``trial_plan``'s trial, then the ``ceil(n / 2)`` lowest held-out
+    changes at ``T1`` trained on to ``T2`` with the rest of the recipe's steps (``n T1 + finalists (T2 - T1)
+    <= steps``)."""
+    _, T, _ = trial_plan(n, Recipe("sgd", 1.0, steps, 1), n)
+    first = max(1, T // 2)
+    finalists = math.ceil(n / 2)
+    return first, finalists, first + (steps - n * first) // finalists
+
+
+def curve_points(T: int) -> tuple:
+    """The checkpoints a trial of ``T`` steps is read at (``trial_plan``'s: a quarter, half and all of it)."""
+    return tuple(sorted({max(1, T // 4), max(1, T // 2), T}))
+
+
+def schedule_points(n: int, steps: int, max_trials: int) -> set:
+    """Every checkpoint the trial schedules scored here read at ``steps``: ``trial_plan`` with 1 to
+    ``max_trials`` trials, and :func:`halving_plan`'s two stages."""
+    points = set()
+    for m in range(1, max_trials + 1):
+        points |= set(trial_plan(n, Recipe("sgd", 1.0, steps, 1), m)[2])
+    first, _, second = halving_plan(n, steps)
+    return points | set(curve_points(first)) | set(curve_points(second))
 # a re-trained model is the recorded one when its base losses and screen match to float64 round-off: the same
 # code, seeds and single thread reproduce the float32 training bit for bit, and the float64 statistics differ only
 # by a summation order (measured on the 12 bench models: at most 2e-16 of the largest screen value of a length, 5e-15
@@ -112,38 +140,60 @@ def _at(run: dict, split: str, step: int) -> float:
     return run[split]["change"][run["steps"].index(step)]
 
 
-def instances(models: list) -> list[dict]:
+def _curve(run: dict, T: int) -> TrialCurve:
+    points = curve_points(T)
+    return TrialCurve(points, [_at(run, "heldout", p) for p in points], [_at(run, "train", p) for p in points],
+                      run["heldout"]["se"][run["steps"].index(T)])
+
+
+def _trial_schedule(schedule: str, names: list, screen: dict, runs: dict, steps: int) -> tuple[dict, int]:
+    """``({candidate: (curve or None, chosen_allowed)}, block-steps)`` of one decision under ``schedule``:
+    ``"plan"`` (``trial_plan``: every candidate, up to 4, ``steps // n`` steps), ``"trials-m"`` (the screen's
+    first ``m`` trialled ``steps // m`` steps, the others priced by the screen: no curve), ``"halving"``
+    (:func:`halving_plan`: the candidates the first stage drops keep their ``T1`` curve and are never chosen)."""
+    n = len(names)
+    if schedule == "halving":
+        first, finalists, second = halving_plan(n, steps)
+        kept = sorted(names, key=lambda c: _at(runs[c], "heldout", first))[:finalists]
+        rows = {c: (_curve(runs[c], second), True) if c in kept else (_curve(runs[c], first), False) for c in names}
+        return rows, n * first + finalists * (second - first)
+    m = 4 if schedule == "plan" else int(schedule.split("-")[1])
+    verified, T, _ = trial_plan(n, Recipe("sgd", 1.0, steps, 1), m)
+    # the screen's order, as decide orders it; a candidate the screen could not score goes last
+    trialled = sorted(names, key=lambda c: (screen[c] is None, screen[c] or 0.0))[:verified]
+    return {c: ((_curve(runs[c], T), True) if c in trialled else (None, False)) for c in names}, verified * T
+
+
+def instances(models: list, schedule: str = "plan") -> list[dict]:
     """One decision per (model, recipe column, length, trial seed): every candidate's trial curve (that seed's
-    prefix), its target (the other seeds' mean realized test change at the length) and seed spread."""
+    prefix, read as ``schedule`` reads it, :func:`_trial_schedule`), its target (the other seeds' mean realized
+    test change at the length) and seed spread."""
     out = []
     for m in models:
         runs = {(r["candidate"], r["column"], r["seed"]): r for r in m["runs"]}
         columns = sorted({r["column"] for r in m["runs"]})
         seeds = sorted({r["seed"] for r in m["runs"]})
-        n = len(m["candidates"])
         for column in columns:
             longest = max(runs[(m["candidates"][0], column, seeds[0])]["steps"])
             for steps in (30, 300, 1000):
                 if steps > longest:
                     continue
-                _, T, points = trial_plan(n, Recipe("sgd", 1.0, steps, 1), 4)
                 screen = m["screen"][f"{column}/{steps}"]
                 for a in seeds:
+                    trials, cost = _trial_schedule(schedule, m["candidates"], screen,
+                                                   {c: runs[(c, column, a)] for c in m["candidates"]}, steps)
                     rows = []
                     for c in m["candidates"]:
                         run = runs[(c, column, a)]
-                        curve = TrialCurve(points, [_at(run, "heldout", p) for p in points],
-                                           [_at(run, "train", p) for p in points],
-                                           run["heldout"]["se"][run["steps"].index(T)])
                         others = [_at(runs[(c, column, b)], "test", steps) for b in seeds if b != a]
                         every = [_at(runs[(c, column, b)], "test", steps) for b in seeds]
                         train_others = [_at(runs[(c, column, b)], "train", steps) for b in seeds if b != a]
-                        rows.append({"candidate": c, "curve": curve, "target": float(np.mean(others)),
-                                     "own": _at(run, "test", steps),
+                        rows.append({"candidate": c, "curve": trials[c][0], "may_choose": trials[c][1],
+                                     "target": float(np.mean(others)), "own": _at(run, "test", steps),
                                      "mean": float(np.mean(every)), "spread": float(np.ptp(every)),
                                      "train_target": float(np.mean(train_others)), "screen": screen[c]})
                     out.append({"model": m["model"], "set": m["set"], "column": column, "steps": steps, "seed": a,
-                                "T": T, "base_heldout": m["base"]["heldout"], "base_test": m["base"]["test"],
+                                "cost": cost, "base_heldout": m["base"]["heldout"], "base_test": m["base"]["test"],
                                 "rows": rows})
     return out
 
@@ -152,7 +202,7 @@ def instances(models: list) -> list[dict]:
 def _residuals(insts, trend_weight, relative_scale, trend_scale):
     z = []
     for inst in insts:
-        for r in inst["rows"]:
+        for r in _trialled(inst):
             point = extrapolate(r["curve"], inst["steps"], trend_weight)
             scale = error_scale(r["curve"], inst["steps"], point, relative_scale, trend_scale)
             if scale > 0:
@@ -160,11 +210,25 @@ def _residuals(insts, trend_weight, relative_scale, trend_scale):
     return np.array(z)
 
 
+def _trialled(inst) -> list:
+    return [r for r in inst["rows"] if r["curve"] is not None]
+
+
 def _decide(inst, calibration):
+    """The decision :func:`satcore.decision.choose` makes on ``inst``: a row without a curve is priced by the
+    screen and a row that may not be chosen (dropped by a schedule's first stage) is not verified, as
+    ``decide`` builds its candidates."""
     recipe = Recipe("sgd", 1.0, inst["steps"], 1)
-    cands = [verified_candidate(r["candidate"], r["curve"], inst["steps"], calibration, r["screen"])
-             for r in inst["rows"]]
-    return choose(cands, recipe, inst["base_heldout"], len(cands) * inst["T"], calibration)
+    cands = []
+    for r in inst["rows"]:
+        if r["curve"] is None:  # priced by the screen alone (unscored: no change, even odds); never chosen
+            v = 0.0 if r["screen"] is None else r["screen"]
+            p = 0.5 if r["screen"] is None else float(v < 0)
+            cands.append(CandidateDecision(r["candidate"], v, v, (v, v), p, v))
+            continue
+        c = verified_candidate(r["candidate"], r["curve"], inst["steps"], calibration, r["screen"])
+        cands.append(c if r["may_choose"] else dataclasses.replace(c, trial=None))
+    return choose(cands, recipe, inst["base_heldout"], inst["cost"], calibration)
 
 
 def fit(insts, source: str, trend_by: str = "error", lengths: tuple = LONG) -> Calibration:
@@ -181,7 +245,7 @@ def fit(insts, source: str, trend_by: str = "error", lengths: tuple = LONG) -> C
     if trend_by == "error":
         def abs_error(w):
             return sum(abs(r["target"] - extrapolate(r["curve"], i["steps"], w)) / i["base_test"]
-                       for i in insts for r in i["rows"])
+                       for i in insts for r in _trialled(i))
 
         return _fit_at_trend_weight(insts, source, min(TREND_WEIGHTS, key=abs_error))
     best = None
@@ -222,7 +286,7 @@ def _logistic(insts, cal) -> tuple[float, float]:
 
     t, y = [], []
     for inst in insts:
-        for r in inst["rows"]:
+        for r in _trialled(inst):
             point = extrapolate(r["curve"], inst["steps"], cal.trend_weight)
             scale = error_scale(r["curve"], inst["steps"], point, cal.relative_scale, cal.trend_scale)
             if scale > 0:
@@ -455,25 +519,39 @@ VARIANTS = {
 }
 
 
+# trial schedules at the same cost (the depth sweeps recorded only the plan's checkpoints: their column is "-")
+SCHEDULE_VARIANTS = {
+    "successive halving: every candidate half a trial, the better half on (same cost)": "halving",
+    "2 trials: the screen's first 2, twice as long": "trials-2",
+    "3 trials: the screen's first 3": "trials-3",
+}
+
+
 def variants(out: Path) -> str:
     """Every rule of ``VARIANTS`` fitted leave one model set out and scored on the set left out (long recipes),
     beside the same rule fitted on every set and scored in sample, and the depth sweeps under the rule fitted on
-    every insertion set."""
+    every insertion set; then the shipped fit under each trial schedule of ``SCHEDULE_VARIANTS``."""
     models, sweeps, _ = load(out)
-    insts = instances(models)
-    long = [i for i in insts if i["steps"] in LONG]
-    sets = sorted({i["set"] for i in insts})
-    lines = ["| rule | fitted on | best picked | pick gain / best | decision gain (% of test loss) | harms flagged | "
-             "sign right (clear) | Brier skill | max reliability gap | 95% coverage | sweeps within one block |",
-             "|---" * 11 + "|"]
-    for name, fitter in VARIANTS.items():
+    sets = sorted({m["set"] for m in models})
+    lines = ["| rule | fitted on | within-model Spearman | best picked | pick gain / best | decision gain (% of test "
+             "loss) | harms flagged | sign right (clear) | Brier skill | max reliability gap | 95% coverage | sweeps "
+             "within one block |", "|---" * 12 + "|"]
+    rules = [(name, fitter, "plan") for name, fitter in VARIANTS.items()]
+    rules += [(name, fit, schedule) for name, schedule in SCHEDULE_VARIANTS.items()]
+    for name, fitter, schedule in rules:
+        insts = instances(models, schedule)
+        long = [i for i in insts if i["steps"] in LONG]
         full = fitter(insts, "every bench model set")
         held = {s: fitter([i for i in insts if i["set"] != s], f"bench sets other than {s}") for s in sets}
-        sw = sweep_scores(sweeps, full)
-        within = f"{sum(x['within_one'] for x in sw)} of {len(sw)}"
+        if schedule == "plan":
+            sw = sweep_scores(sweeps, full)
+            within = f"{sum(x['within_one'] for x in sw)} of {len(sw)}"
+        else:
+            within = "-"
         for label, cals in (("other sets (held out)", held), ("every set (in sample)", {s: full for s in sets})):
             r = score(long, cals, "decide")
-            lines.append(f"| {name} | {label} | {_f(r['best_picked'], True)} | {_f(r['pick_gain_ratio'], True)} | "
+            lines.append(f"| {name} | {label} | {_f(r['spearman_within'])} | {_f(r['best_picked'], True)} | "
+                         f"{_f(r['pick_gain_ratio'], True)} | "
                          f"{100 * r['decision_gain']:+.2f} | {r['harms_flagged']}/{r['harms']} | "
                          f"{_f(r['sign_right'], True)} | {_f(r['brier_skill'], True)} | "
                          f"{_f(r['reliability_max_gap'])} | {_f(r['coverage_95'], True)} | "

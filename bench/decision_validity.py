@@ -122,11 +122,14 @@ def column_recipe(column: str, text: bool, steps: int) -> Recipe:
 
 
 def checkpoints_for(n_candidates: int, longest: int) -> list[int]:
-    """Every step a decision (its trial plan) or a target (the recipe's length) reads, up to ``longest``."""
+    """Every step a decision (the trial schedules :mod:`decision_scores` scores) or a target (the recipe's length)
+    reads, up to ``longest``."""
+    from decision_scores import schedule_points
+
     points = set()
     for steps in LENGTHS:
         if steps <= longest:
-            points |= set(trial_plan(n_candidates, Recipe("sgd", 1.0, steps, 1), MAX_TRIALS)[2]) | {steps}
+            points |= schedule_points(n_candidates, steps, MAX_TRIALS) | {steps}
     return sorted(points)
 
 

@@ -138,3 +138,34 @@ def test_loop_scores_read_the_loop_beside_its_scratch_sweep_and_refuse_another_s
     (tmp_path / "loops.json").write_text(json.dumps({"loops": [{**loop, "start_test_loss": 2.74}]}))
     with pytest.raises(SystemExit, match="did not start from its sweep's depth-1 model"):
         scores.loop_scores(tmp_path, [sweep])
+
+
+def test_trial_schedules_read_the_runs_at_their_checkpoints_at_the_plans_cost(scores):
+    """The schedules ``--variants`` compares, on synthetic runs recorded at every step: the plan trials every
+    candidate ``steps // n``; two trials take the screen's first two, twice as long; successive halving trains
+    every candidate half a trial and the better half (lowest held-out change at that point) on, and only those
+    may be chosen.  Each costs the recipe's steps."""
+    rng = np.random.default_rng(1)
+    names, steps = ["a", "b", "c", "d"], list(range(1, 301))
+    runs = {c: {"steps": steps, **{k: {"change": rng.normal(size=300).tolist(),
+                                        "se": rng.uniform(0.01, 0.1, 300).tolist()} for k in ("heldout", "test", "train")}}
+            for c in names}
+    screen = {"a": 0.3, "b": -0.2, "c": -0.5, "d": 0.1}
+
+    def heldout(c, t):
+        return runs[c]["heldout"]["change"][t - 1]
+
+    assert scores.halving_plan(4, 300) == (37, 2, 113)  # 4 x 37 + 2 x 76 = 300
+    rows, cost = scores._trial_schedule("halving", names, screen, runs, 300)
+    kept = sorted(names, key=lambda c: heldout(c, 37))[:2]
+    assert cost == 300
+    for c in names:
+        curve, may_choose = rows[c]
+        assert may_choose == (c in kept)
+        assert curve.steps == ((28, 56, 113) if c in kept else (9, 18, 37))
+        assert curve.heldout_change == tuple(heldout(c, t) for t in curve.steps)
+    rows, cost = scores._trial_schedule("trials-2", names, screen, runs, 300)
+    assert cost == 300 and [c for c in names if rows[c][0] is not None] == ["b", "c"]
+    assert rows["c"][0].steps == (37, 75, 150)
+    rows, cost = scores._trial_schedule("plan", names, screen, runs, 300)
+    assert cost == 300 and all(rows[c][1] for c in names) and rows["a"][0].steps == (18, 37, 75)
