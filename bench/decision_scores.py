@@ -17,7 +17,7 @@ from scipy.stats import spearmanr
 
 from satcore import Recipe
 from satcore.decision import (Calibration, CandidateDecision, TrialCurve, choose, error_scale, extrapolate,
-                              trial_plan, verified_candidate)
+                              halving_plan, trial_checkpoints, trial_plan, verified_candidate)
 
 LEVELS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8,
           0.85, 0.9, 0.95, 0.975, 0.99)
@@ -33,30 +33,20 @@ BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 TRIAL_SEEDS_FILE = "-trialseed"  # <part>-trialseed<seeds>.json: more trial seeds of <part>.json's models
 
 
-def halving_plan(n: int, steps: int) -> tuple[int, int, int]:
-    """``(T1, finalists, T2)`` of a successive-halving trial schedule at the cost of ``trial_plan``'s: every
-    candidate trained ``T1`` = half of ``trial_plan``'s trial, then the ``ceil(n / 2)`` lowest held-out
-    changes at ``T1`` trained on to ``T2`` with the rest of the recipe's steps (``n T1 + finalists (T2 - T1)
-    <= steps``)."""
-    _, T, _ = trial_plan(n, Recipe("sgd", 1.0, steps, 1), n)
-    first = max(1, T // 2)
-    finalists = math.ceil(n / 2)
-    return first, finalists, first + (steps - n * first) // finalists
-
-
-def curve_points(T: int) -> tuple:
-    """The checkpoints a trial of ``T`` steps is read at (``trial_plan``'s: a quarter, half and all of it)."""
-    return tuple(sorted({max(1, T // 4), max(1, T // 2), T}))
+SHIPPED_SCHEDULE = "even"  # decide's default schedule; each schedule's calibration is fitted on its own trials
 
 
 def schedule_points(n: int, steps: int, max_trials: int) -> set:
-    """Every checkpoint the trial schedules scored here read at ``steps``: ``trial_plan`` with 1 to
-    ``max_trials`` trials, and :func:`halving_plan`'s two stages."""
+    """Every checkpoint the trial schedules scored here read at ``steps`` (``n`` candidates): the even plan
+    with 1 to ``max_trials`` trials, and successive halving's two stages (:func:`satcore.decision.halving_plan`)."""
+    recipe = Recipe("sgd", 1.0, steps, 1)
     points = set()
     for m in range(1, max_trials + 1):
-        points |= set(trial_plan(n, Recipe("sgd", 1.0, steps, 1), m)[2])
-    first, _, second = halving_plan(n, steps)
-    return points | set(curve_points(first)) | set(curve_points(second))
+        points |= set(trial_plan(n, recipe, m)[2])
+    _, first, _, second = halving_plan(n, recipe, max_trials)
+    return points | set(trial_checkpoints(first)) | set(trial_checkpoints(second))
+
+
 # a re-trained model is the recorded one when its base losses and screen match to float64 round-off: the same
 # code, seeds and single thread reproduce the float32 training bit for bit, and the float64 statistics differ only
 # by a summation order (measured on the 12 bench models: at most 2e-16 of the largest screen value of a length, 5e-15
@@ -141,30 +131,34 @@ def _at(run: dict, split: str, step: int) -> float:
 
 
 def _curve(run: dict, T: int) -> TrialCurve:
-    points = curve_points(T)
+    points = trial_checkpoints(T)
     return TrialCurve(points, [_at(run, "heldout", p) for p in points], [_at(run, "train", p) for p in points],
                       run["heldout"]["se"][run["steps"].index(T)])
 
 
 def _trial_schedule(schedule: str, names: list, screen: dict, runs: dict, steps: int) -> tuple[dict, int]:
-    """``({candidate: (curve or None, chosen_allowed)}, block-steps)`` of one decision under ``schedule``:
-    ``"plan"`` (``trial_plan``: every candidate, up to 4, ``steps // n`` steps), ``"trials-m"`` (the screen's
-    first ``m`` trialled ``steps // m`` steps, the others priced by the screen: no curve), ``"halving"``
-    (:func:`halving_plan`: the candidates the first stage drops keep their ``T1`` curve and are never chosen)."""
-    n = len(names)
-    if schedule == "halving":
-        first, finalists, second = halving_plan(n, steps)
-        kept = sorted(names, key=lambda c: _at(runs[c], "heldout", first))[:finalists]
-        rows = {c: (_curve(runs[c], second), True) if c in kept else (_curve(runs[c], first), False) for c in names}
-        return rows, n * first + finalists * (second - first)
-    m = 4 if schedule == "plan" else int(schedule.split("-")[1])
-    verified, T, _ = trial_plan(n, Recipe("sgd", 1.0, steps, 1), m)
+    """``({candidate: (curve or None, may_choose)}, block-steps)`` of one decision under ``schedule``, as
+    ``decide`` runs it with ``max_trials=4``: ``"halving"`` (the screen's first 4, successive halving: the
+    candidates its first stage drops keep their ``T1`` curve and are never chosen), ``"even"`` (each of them
+    ``steps // n`` steps), ``"trials-m"`` (the screen's first ``m``, ``steps // m`` steps each).  Candidates
+    without a trial are priced by the screen (no curve)."""
+    recipe = Recipe("sgd", 1.0, steps, 1)
+    m = int(schedule.split("-")[1]) if schedule.startswith("trials-") else 4
+    verified, T, _ = trial_plan(len(names), recipe, m)
     # the screen's order, as decide orders it; a candidate the screen could not score goes last
     trialled = sorted(names, key=lambda c: (screen[c] is None, screen[c] or 0.0))[:verified]
-    return {c: ((_curve(runs[c], T), True) if c in trialled else (None, False)) for c in names}, verified * T
+    rows = dict.fromkeys(names, (None, False))
+    if schedule == "halving":
+        _, first, finalists, second = halving_plan(len(trialled), recipe, len(trialled))
+        kept = sorted(trialled, key=lambda c: _at(runs[c], "heldout", first))[:finalists]
+        rows.update({c: (_curve(runs[c], second), True) if c in kept else (_curve(runs[c], first), False)
+                     for c in trialled})
+        return rows, verified * first + finalists * (second - first)
+    rows.update({c: (_curve(runs[c], T), True) for c in trialled})
+    return rows, verified * T
 
 
-def instances(models: list, schedule: str = "plan") -> list[dict]:
+def instances(models: list, schedule: str = SHIPPED_SCHEDULE) -> list[dict]:
     """One decision per (model, recipe column, length, trial seed): every candidate's trial curve (that seed's
     prefix, read as ``schedule`` reads it, :func:`_trial_schedule`), its target (the other seeds' mean realized
     test change at the length) and seed spread."""
@@ -334,16 +328,23 @@ METHODS = ("decide", "short trial alone", "first-order ranking", "every block he
 def _predictions(inst, method, calibration):
     """``(predicted changes per candidate or None, p_decrease per candidate or None, pick, decision choice)``."""
     rows, names = inst["rows"], [r["candidate"] for r in inst["rows"]]
+    # the pick: the lowest prediction among the candidates the decision may choose (trialled, not eliminated)
+    eligible = [k for k, r in enumerate(rows) if r["curve"] is not None and r["may_choose"]]
+
+    def pick_of(pred):
+        return names[min(eligible, key=lambda k: pred[k])]
+
     if method == "decide":
         d = _decide(inst, calibration)
         cands = d.candidates
         pred = [cands[n].predicted_heldout_change for n in names]
-        return pred, [cands[n].p_decrease for n in names], names[int(np.argmin(pred))], d.choice
+        return pred, [cands[n].p_decrease for n in names], pick_of(pred), d.choice
     if method == "short trial alone":
-        pred = [r["curve"].heldout_change[-1] for r in rows]
-        p = [0.5 * math.erfc(v / max(r["curve"].heldout_se, 1e-12) / math.sqrt(2)) for v, r in zip(pred, rows)]
-        pick = names[int(np.argmin(pred))]
-        return pred, p, pick, pick if min(pred) < 0 else None
+        pred = [r["screen"] if r["curve"] is None else r["curve"].heldout_change[-1] for r in rows]
+        p = [float(v < 0) if r["curve"] is None else
+             0.5 * math.erfc(v / max(r["curve"].heldout_se, 1e-12) / math.sqrt(2)) for v, r in zip(pred, rows)]
+        pick = pick_of(pred)
+        return pred, p, pick, pick if pred[names.index(pick)] < 0 else None
     if method == "first-order ranking":
         pred = [r["screen"] for r in rows]
         pick = names[int(np.argmin(pred))]
@@ -448,18 +449,20 @@ def score(insts, calibrations: dict, method: str) -> dict:
 
 
 # -- depth sweeps -----------------------------------------------------------------------------------------
-def sweep_scores(sweeps, calibration) -> list[dict]:
+def sweep_scores(sweeps, calibration, schedule: str = SHIPPED_SCHEDULE) -> list[dict]:
+    """Each sweep's per-depth decision (``decide`` under ``schedule`` on the trials recorded at every depth) and
+    where it first stops, beside the realized best depth."""
     out = []
     for sw in sweeps:
         recipe = Recipe.from_dict(sw["recipe"])
         stops, per_depth = None, []
         for d in sw["depths"]:
-            cands = []
-            for name, t in d["trials"].items():
-                curve = TrialCurve(t["steps"], t["heldout"]["change"], t["train"]["change"], t["heldout"]["se"][-1])
-                cands.append(verified_candidate(name, curve, recipe.steps, calibration, d["screen"][name]))
-            T = max(t["steps"][-1] for t in d["trials"].values())
-            dec = choose(cands, recipe, d["heldout_loss"], len(cands) * T, calibration)
+            names = list(d["screen"])
+            trials, cost = _trial_schedule(schedule, names, d["screen"], d["trials"], recipe.steps)
+            inst = {"steps": recipe.steps, "base_heldout": d["heldout_loss"], "cost": cost,
+                    "rows": [{"candidate": c, "curve": trials[c][0], "may_choose": trials[c][1],
+                              "screen": d["screen"][c]} for c in names]}
+            dec = _decide(inst, calibration)
             per_depth.append({"depth": d["depth"], "test_loss": d["test_loss"], "choice": dec.choice,
                               "stop_reason": dec.stop_reason, "cost_fraction": dec.cost_fraction})
             if stops is None and dec.choice is None:
@@ -519,9 +522,9 @@ VARIANTS = {
 }
 
 
-# trial schedules at the same cost (the depth sweeps recorded only the plan's checkpoints: their column is "-")
+# trial schedules at the same cost (the depth sweeps recorded the even plan's and halving's checkpoints only)
 SCHEDULE_VARIANTS = {
-    "successive halving: every candidate half a trial, the better half on (same cost)": "halving",
+    "successive halving: every candidate half a trial, the better half on (its own fit)": "halving",
     "2 trials: the screen's first 2, twice as long": "trials-2",
     "3 trials: the screen's first 3": "trials-3",
 }
@@ -536,18 +539,15 @@ def variants(out: Path) -> str:
     lines = ["| rule | fitted on | within-model Spearman | best picked | pick gain / best | decision gain (% of test "
              "loss) | harms flagged | sign right (clear) | Brier skill | max reliability gap | 95% coverage | sweeps "
              "within one block |", "|---" * 12 + "|"]
-    rules = [(name, fitter, "plan") for name, fitter in VARIANTS.items()]
+    rules = [(name, fitter, SHIPPED_SCHEDULE) for name, fitter in VARIANTS.items()]
     rules += [(name, fit, schedule) for name, schedule in SCHEDULE_VARIANTS.items()]
     for name, fitter, schedule in rules:
         insts = instances(models, schedule)
         long = [i for i in insts if i["steps"] in LONG]
         full = fitter(insts, "every bench model set")
         held = {s: fitter([i for i in insts if i["set"] != s], f"bench sets other than {s}") for s in sets}
-        if schedule == "plan":
-            sw = sweep_scores(sweeps, full)
-            within = f"{sum(x['within_one'] for x in sw)} of {len(sw)}"
-        else:
-            within = "-"
+        sw = sweep_scores(sweeps, full, schedule) if schedule in ("halving", "even") else None
+        within = "-" if sw is None else f"{sum(x['within_one'] for x in sw)} of {len(sw)}"
         for label, cals in (("other sets (held out)", held), ("every set (in sample)", {s: full for s in sets})):
             r = score(long, cals, "decide")
             lines.append(f"| {name} | {label} | {_f(r['spearman_within'])} | {_f(r['best_picked'], True)} | "
@@ -660,30 +660,34 @@ def tables(out: Path) -> str:
     return "\n".join(lines)
 
 
-def fit_and_write(out: Path, target: Path) -> Calibration:
-    models, _, _ = load(out)
-    cal = fit(instances(models), "bench/decision_validity.py, the long recipes of every model set (" +
-              ", ".join(sorted({m["set"] for m in models})) + ")")
-    target.write_text(f'''"""The shipped calibration of :mod:`satcore.decision`: written by ``bench/decision_validity.py --fit``.
+def _calibration_source(cal: Calibration, name: str) -> str:
+    return (f"{name} = Calibration(\n    trend_weight={cal.trend_weight!r},\n    relative_scale={cal.relative_scale!r},\n"
+            f"    levels={tuple(cal.levels)!r},\n    quantiles={tuple(round(q, 6) for q in cal.quantiles)!r},\n"
+            f"    p_threshold={cal.p_threshold!r},\n    tolerance={cal.tolerance!r},\n    source={cal.source!r},\n"
+            f"    trend_scale={cal.trend_scale!r},\n    logit_intercept={cal.logit_intercept!r},\n"
+            f"    logit_slope={cal.logit_slope!r},\n)\n")
 
-Fitted on the long recipes (300 steps) of every model set of the bench (``source`` says which);
-the bench scores the same fitting procedure leave one model set out (docs/predictive-validity.md).
-Regenerate with ``python bench/decision_validity.py --fit``.
+
+CALIBRATION_HEADER = '''"""The shipped calibrations of :mod:`satcore.decision`: written by ``bench/decision_validity.py --fit``.
+
+Fitted on the long recipes (300 steps) of every model set of the bench (``source`` says which), one per
+trial schedule of ``decide``: ``DEFAULT_CALIBRATION`` on the even plan's trials, ``HALVING_CALIBRATION`` on
+successive halving's; the bench scores the same fitting procedure leave one model set out
+(docs/predictive-validity.md).  Regenerate with ``python bench/decision_validity.py --fit``.
 """
 
 from .decision import Calibration
 
-DEFAULT_CALIBRATION = Calibration(
-    trend_weight={cal.trend_weight!r},
-    relative_scale={cal.relative_scale!r},
-    levels={tuple(cal.levels)!r},
-    quantiles={tuple(round(q, 6) for q in cal.quantiles)!r},
-    p_threshold={cal.p_threshold!r},
-    tolerance={cal.tolerance!r},
-    source={cal.source!r},
-    trend_scale={cal.trend_scale!r},
-    logit_intercept={cal.logit_intercept!r},
-    logit_slope={cal.logit_slope!r},
-)
-''')
-    return cal
+'''
+
+
+def fit_and_write(out: Path, target: Path) -> dict:
+    """The shipped calibrations, one per trial schedule (each fitted on the long recipes of every model set under
+    its own schedule), written to ``target``."""
+    models, _, _ = load(out)
+    sets = ", ".join(sorted({m["set"] for m in models}))
+    cals = {name: fit(instances(models, schedule), f"bench/decision_validity.py, the long recipes of every model "
+                                                   f"set ({sets}), {schedule} trials")
+            for name, schedule in (("DEFAULT_CALIBRATION", "even"), ("HALVING_CALIBRATION", "halving"))}
+    target.write_text(CALIBRATION_HEADER + "\n\n".join(_calibration_source(cal, name) for name, cal in cals.items()))
+    return cals

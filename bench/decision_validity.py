@@ -65,7 +65,7 @@ from exlib.data import load_images, load_text  # noqa: E402
 from exlib.models import BasicBlock, StagewiseResNet  # noqa: E402
 from exlib.training import batches, classifier_loss, lm_batches, lm_windows, per_sample_ce, train_classifier  # noqa: E402
 from satcore import Recipe  # noqa: E402
-from satcore.decision import trial_plan  # noqa: E402
+from satcore.decision import halving_plan, trial_checkpoints, trial_plan  # noqa: E402
 from satcore.adapters.torch import InsertedResidual, probe_splits, sequence_loss  # noqa: E402
 from satcore.adapters.torch.decide import per_sample_eval, recipe_minibatches, recipe_optimizer, screen, trial_losses  # noqa: E402
 
@@ -302,10 +302,13 @@ def depth_row(model, loss_fn, family, recipe, train, probe_train, heldout, test,
     splits = probe_splits(model, probe_train, heldout, loss_fn, family=family)
     screened = screen(splits, recipe)
     names = list(screened)
-    verified, T, points = trial_plan(len(names), recipe, MAX_TRIALS)
+    # the checkpoints of both schedules decide can run (the even plan's and successive halving's)
+    verified, _, even = trial_plan(len(names), recipe, MAX_TRIALS)
+    _, first, _, second = halving_plan(len(names), recipe, MAX_TRIALS)
+    points = sorted(set(even) | set(trial_checkpoints(first)) | set(trial_checkpoints(second)))
     trials = {}
     for name in names[:verified]:
-        measured = trial_losses(model, splits.train, name, recipe.with_steps(T), train,
+        measured = trial_losses(model, splits.train, name, recipe.with_steps(points[-1]), train,
                                 {"heldout": heldout, "train": probe_train, "test": test}, points, loss_fn, seed=seed - 1)
         trials[name] = {"steps": list(points), **{k: _summary(*measured[k]) for k in ("heldout", "train", "test")}}
     return {"heldout_loss": float(per_sample_eval(model, heldout, loss_fn).mean()),

@@ -7,10 +7,14 @@ decision is therefore made in two stages:
 1. **Screen.**  The probe's predicted held-out gains (:func:`satcore.predict_gains`)
    order the candidates; the first ``max_trials`` are verified.
 2. **Verify.**  At each verified candidate the zero-output block is inserted into a
-   copy of the model and trained with the user's :class:`~satcore.Recipe` for a short
-   trial of ``T = recipe.steps // n_verified`` steps (so the trials together cost at
-   most one block trained with the recipe); the held-out loss is measured at a few
-   checkpoints ``t_1 < ... < t_k = T`` of the trial (:class:`TrialCurve`).
+   copy of the model and trained with the user's :class:`~satcore.Recipe`, the trials
+   together costing at most one block trained with the recipe: by an even plan
+   (:func:`trial_plan`, every trial ``T = recipe.steps // n_verified`` steps), or by
+   successive halving (:func:`halving_plan`: every verified candidate trained ``T1``,
+   half of ``T``; the half with the lowest held-out change at ``T1`` trained on to
+   ``T2`` with the rest of the steps, and only those may be chosen, the others
+   ``eliminated``).  The held-out loss is measured at a quarter, half and all of each
+   trial (:class:`TrialCurve`).
 
 The trial's held-out change ``d(t)`` (loss after minus loss before, a harm is
 positive) is extrapolated to the recipe's ``S`` steps along its trend per doubling
@@ -229,7 +233,9 @@ class CandidateDecision:
     training minus loss before (a harm is positive).  For a verified candidate (``trial``
     set) they are the trial's calibrated extrapolation; for one the screen left out they are
     the screen's first-order values (``interval`` / ``p_decrease`` from the fold interval,
-    which omits the predictor's own error: such a candidate is never chosen).
+    which omits the predictor's own error: such a candidate is never chosen).  ``eliminated``:
+    trialled in the first stage of successive halving (:func:`halving_plan`) and dropped there;
+    its ``trial`` is that shorter one, and it is never chosen.
     """
 
     name: str
@@ -239,6 +245,7 @@ class CandidateDecision:
     p_decrease: float
     screen_heldout_change: float
     trial: TrialCurve | None = None
+    eliminated: bool = False
 
     @property
     def verified(self) -> bool:
@@ -249,6 +256,7 @@ class CandidateDecision:
                 "predicted_training_change": self.predicted_training_change,
                 "interval": list(self.interval), "p_decrease": self.p_decrease,
                 "screen_heldout_change": self.screen_heldout_change, "verified": self.verified,
+                "eliminated": self.eliminated,
                 "trial": None if self.trial is None else self.trial.to_dict()}
 
 
@@ -328,7 +336,7 @@ def choose(candidates, recipe: Recipe, heldout_loss: float, cost_block_steps: in
     is below ``calibration.tolerance * heldout_loss``.
     """
     candidates = {c.name: c for c in candidates}
-    verified = [c for c in candidates.values() if c.verified]
+    verified = [c for c in candidates.values() if c.verified and not c.eliminated]
     if not verified:
         reason, choice = "no_candidates", None
     else:
@@ -344,6 +352,11 @@ def choose(candidates, recipe: Recipe, heldout_loss: float, cost_block_steps: in
                              calibration)
 
 
+def trial_checkpoints(steps: int) -> tuple:
+    """Where a trial of ``steps`` steps is measured: a quarter, half and all of it (at least step 1)."""
+    return tuple(sorted({max(1, steps // 4), max(1, steps // 2), steps}))
+
+
 def trial_plan(n_candidates: int, recipe: Recipe, max_trials: int = 4) -> tuple[int, int, tuple]:
     """``(verified, trial steps, checkpoints)``: the first ``min(n, max_trials)`` candidates, each trained
     ``recipe.steps // verified`` steps (at least 1), measured at a quarter, half and all of it."""
@@ -351,8 +364,25 @@ def trial_plan(n_candidates: int, recipe: Recipe, max_trials: int = 4) -> tuple[
         return 0, 0, ()
     verified = max(1, min(n_candidates, max_trials))
     T = max(1, recipe.steps // verified)
-    return verified, T, tuple(sorted({max(1, T // 4), max(1, T // 2), T}))
+    return verified, T, trial_checkpoints(T)
+
+
+def halving_plan(n_candidates: int, recipe: Recipe, max_trials: int = 4) -> tuple[int, int, int, int]:
+    """``(verified, T1, finalists, T2)``: successive halving at the cost of :func:`trial_plan`.
+
+    The ``verified`` candidates of :func:`trial_plan` are each trained ``T1``, half of its trial
+    (at least 1 step); the ``finalists = ceil(verified / 2)`` with the lowest held-out change at
+    ``T1`` are trained on to ``T2 = T1 + (S - verified T1) // finalists`` (``S = recipe.steps``), so
+    that ``verified T1 + finalists (T2 - T1) <= max(S, verified)``.  One candidate gets one trial
+    of ``S`` steps.
+    """
+    verified, T, _ = trial_plan(n_candidates, recipe, max_trials)
+    if verified == 0:
+        return 0, 0, 0, 0
+    first = max(1, T // 2)
+    finalists = math.ceil(verified / 2)
+    return verified, first, finalists, first + max(0, recipe.steps - verified * first) // finalists
 
 
 __all__ = ["Calibration", "CandidateDecision", "InsertionDecision", "STOP_REASONS", "TrialCurve", "choose",
-           "error_scale", "extrapolate", "trial_plan", "verified_candidate"]
+           "error_scale", "extrapolate", "halving_plan", "trial_checkpoints", "trial_plan", "verified_candidate"]

@@ -18,15 +18,14 @@ import numpy as np
 import pytest
 
 from satcore import Recipe
-from satcore.decision import trial_plan
+from satcore.decision import halving_plan
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 CANDIDATES = ["stage0", "stage1"]
 LENGTHS = (30, 300)
 
 
-@pytest.fixture(scope="module")
-def scores():
+def _import_scores():
     """``bench/decision_scores.py``, imported from the bench folder (not a package) without leaving it on the path."""
     sys.path.insert(0, str(BENCH))
     try:
@@ -35,10 +34,16 @@ def scores():
         sys.path.remove(str(BENCH))
 
 
+@pytest.fixture(scope="module")
+def scores():
+    return _import_scores()
+
+
 def _steps() -> list[int]:
+    """Every checkpoint a decision of the synthetic runs reads, as the bench records them."""
     points = set(LENGTHS)
     for steps in LENGTHS:
-        points |= set(trial_plan(len(CANDIDATES), Recipe("sgd", 1.0, steps, 1))[2])
+        points |= _import_scores().schedule_points(len(CANDIDATES), steps, 4)
     return sorted(points)
 
 
@@ -141,7 +146,7 @@ def test_loop_scores_read_the_loop_beside_its_scratch_sweep_and_refuse_another_s
 
 
 def test_trial_schedules_read_the_runs_at_their_checkpoints_at_the_plans_cost(scores):
-    """The schedules ``--variants`` compares, on synthetic runs recorded at every step: the plan trials every
+    """The schedules ``--variants`` compares, on synthetic runs recorded at every step: the even plan trials every
     candidate ``steps // n``; two trials take the screen's first two, twice as long; successive halving trains
     every candidate half a trial and the better half (lowest held-out change at that point) on, and only those
     may be chosen.  Each costs the recipe's steps."""
@@ -155,7 +160,7 @@ def test_trial_schedules_read_the_runs_at_their_checkpoints_at_the_plans_cost(sc
     def heldout(c, t):
         return runs[c]["heldout"]["change"][t - 1]
 
-    assert scores.halving_plan(4, 300) == (37, 2, 113)  # 4 x 37 + 2 x 76 = 300
+    assert halving_plan(4, Recipe("sgd", 1.0, 300, 1)) == (4, 37, 2, 113)  # 4 x 37 + 2 x 76 = 300
     rows, cost = scores._trial_schedule("halving", names, screen, runs, 300)
     kept = sorted(names, key=lambda c: heldout(c, 37))[:2]
     assert cost == 300
@@ -167,5 +172,5 @@ def test_trial_schedules_read_the_runs_at_their_checkpoints_at_the_plans_cost(sc
     rows, cost = scores._trial_schedule("trials-2", names, screen, runs, 300)
     assert cost == 300 and [c for c in names if rows[c][0] is not None] == ["b", "c"]
     assert rows["c"][0].steps == (37, 75, 150)
-    rows, cost = scores._trial_schedule("plan", names, screen, runs, 300)
+    rows, cost = scores._trial_schedule("even", names, screen, runs, 300)
     assert cost == 300 and all(rows[c][1] for c in names) and rows["a"][0].steps == (18, 37, 75)

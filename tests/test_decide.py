@@ -14,7 +14,7 @@ import torch
 from models_torch import digits, digits_resnet, per_sample_ce
 from satcore import InputError, InsertionDecision, Recipe
 from satcore.decision import (Calibration, CandidateDecision, TrialCurve, choose, error_scale, extrapolate,
-                              trial_plan, verified_candidate)
+                              halving_plan, trial_checkpoints, trial_plan, verified_candidate)
 from satcore.adapters.torch import decide, grow, probe_splits
 from satcore.decision_calibration import DEFAULT_CALIBRATION
 from satcore.adapters.torch.decide import trial_losses
@@ -99,6 +99,42 @@ def test_the_decision_table_says_why_where_its_columns_disagree():
     assert notes[0].startswith("note: m.0: the 95% interval reaches 0 while P(decrease) is at least 0.975")
     assert notes[1].startswith("note: m.1: the point lies outside its 95% interval")
     assert "note: " not in render_decision(choose([fine], recipe, 1.0, 8, NORMAL))
+
+
+def test_halving_resumes_each_trial_exactly_and_chooses_only_among_the_finalists():
+    """Successive halving (``schedule="halving"``): every candidate trained ``T1`` steps, the two lowest held-out
+    changes at ``T1`` resumed to ``T2``.  Against one uninterrupted :func:`trial_losses` run per candidate (the
+    independent reference): a finalist's curve equals that run at ``T2``'s checkpoints to the bit (set aside
+    and resumed, its trial took exactly the same steps), the eliminated one's at ``T1``'s; the eliminated one
+    has the highest change at ``T1`` and is never chosen; the cost is the plan's."""
+    model = digits_resnet()
+    train, heldout = _data(0, 96, 32), _data(1200, 64, 32)
+    recipe = Recipe("adam", 1e-2, 24, 16, "block")
+    d = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2], calibration=NORMAL,
+               seed=2, schedule="halving")
+    verified, first, finalists, second = halving_plan(len(CANDIDATES), recipe)
+    assert (verified, first, finalists, second) == (3, 4, 2, 10)
+    assert d.cost_block_steps == verified * first + finalists * (second - first) == recipe.steps
+    splits = probe_splits(model, train, heldout, per_sample_ce, candidates=CANDIDATES[:2], seed=2)
+    points = sorted(set(trial_checkpoints(first)) | set(trial_checkpoints(second)))
+    evaluate = {"heldout": heldout, "train": train}
+    at_first = {}
+    for name, c in d.candidates.items():
+        m = trial_losses(model, splits.train, name, recipe, train, evaluate, points, per_sample_ce, seed=2)
+        at_first[name] = float(np.mean(m["heldout"][1][points.index(first)] - m["heldout"][0]))
+        own = trial_checkpoints(first) if c.eliminated else trial_checkpoints(second)
+        rows = [points.index(t) for t in own]
+        curve = TrialCurve.from_losses(own, m["heldout"][0], m["heldout"][1][rows], m["train"][0], m["train"][1][rows])
+        assert c.trial == curve, name
+    eliminated = [n for n, c in d.candidates.items() if c.eliminated]
+    assert eliminated == [max(at_first, key=at_first.get)]
+    assert d.choice is None or d.choice not in eliminated
+    # an eliminated candidate with the best prediction of all is still never chosen
+    best = dataclasses.replace(d.candidates[eliminated[0]], predicted_heldout_change=-10.0, p_decrease=1.0)
+    rest = [c for n, c in d.candidates.items() if n != eliminated[0]]
+    assert choose([best, *rest], recipe, d.heldout_loss, d.cost_block_steps, NORMAL).choice != eliminated[0]
+    with pytest.raises(InputError, match="schedule"):
+        decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2], schedule="thirds")
 
 
 def test_shipped_interval_covers_at_its_nominal_rate_monte_carlo():

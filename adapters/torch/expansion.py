@@ -278,8 +278,10 @@ def placement_decision(model: nn.Module, train, heldout, loss_fn=None, *, recipe
     else:
         from .decide import decide
 
+        # the even plan: K places are taken from the ranking (one per group with the grouped layout), so
+        # every trialled place needs a trial of the same length (docs/expansion.md measured it this way)
         ranked = TrialRanking(decide(model, train, heldout, loss_fn, recipe=recipe, family="native", seed=seed,
-                                     max_trials=max_trials, groups=groups, **probe_options))
+                                     max_trials=max_trials, groups=groups, schedule="even", **probe_options))
     return ranked if groups is None else GroupedPlacement(ranked, groups)
 
 
