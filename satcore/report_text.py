@@ -115,13 +115,26 @@ def render_decision(decision) -> str:
     head = (f"decision: insert a block at {display_name(choice)}" if choice is not None
             else f"decision: stop ({display_name(decision.stop_reason)})")
     cost = getattr(decision, "cost_block_steps", None)
-    rows = [[display_name(name), num(c.predicted_heldout_change), _interval(c.interval), num(c.p_decrease)]
-            for name, c in decision.candidates.items()]
+    rows = [[display_name(name), num(c.predicted_heldout_change), _interval(c.interval), num(c.p_decrease),
+             _trial_cell(c)] for name, c in decision.candidates.items()]
     lines = [head + ("" if cost is None else f" (decision cost: {num(cost)} block-steps)")]
     if rows:
-        lines.append(table(["candidate", "held-out change", "interval", "P(decrease)"], rows))
+        lines.append(table(["candidate", "held-out change", "interval", "P(decrease)", "trial"], rows))
+        # without this a row with a better prediction than the choice reads as a wrong decision
+        if any(getattr(c, "trial", None) is None or getattr(c, "eliminated", False)
+               for c in decision.candidates.values()):
+            lines.append("note: never chosen: a candidate eliminated in successive halving's first stage (its "
+                         "shorter trial's prediction) or not trialled (screen only: first-order values)")
         lines += [f"note: {n}" for n in decision_interval_notes(decision.candidates)]
     return "\n".join(lines)
+
+
+def _trial_cell(candidate) -> str:
+    """The trial a decision row rests on: its steps, whether halving eliminated it, or none (the screen's)."""
+    trial = getattr(candidate, "trial", None)
+    if trial is None:
+        return "none (screen only)"
+    return f"{trial.steps[-1]} steps" + (" (eliminated)" if getattr(candidate, "eliminated", False) else "")
 
 
 def decision_interval_notes(candidates, alpha: float = 0.05) -> list[str]:

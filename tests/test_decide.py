@@ -101,6 +101,31 @@ def test_the_decision_table_says_why_where_its_columns_disagree():
     assert "note: " not in render_decision(choose([fine], recipe, 1.0, 8, NORMAL))
 
 
+
+def test_the_decision_table_says_which_rows_were_eliminated_or_not_trialled():
+    """A halving decision whose eliminated row predicts a larger decrease than the choice, beside a row the
+    screen left out: the printed table says of each row which trial it rests on (the finalist's T2 steps, the
+    eliminated one's T1 steps, none), and a note says neither of the others is ever chosen, so the choice does
+    not read as a mistake."""
+    from satcore.report_text import render_decision
+
+    recipe = Recipe("adam", 1e-3, 300, 16, "block")
+    finalist = verified_candidate("m.0", _curve((-0.01, -0.02, -0.03), steps=(28, 56, 113)), 300, NORMAL, -0.3)
+    dropped = dataclasses.replace(verified_candidate("m.1", _curve((-0.2, -0.3, -0.4), steps=(9, 18, 37)), 300,
+                                                     NORMAL, -0.2), eliminated=True)
+    screened = CandidateDecision("m.2", -0.5, -0.5, (-0.6, -0.4), 0.99, -0.5)
+    d = choose([finalist, dropped, screened], recipe, 1.0, 300, NORMAL)
+    assert d.choice == "m.0" and dropped.predicted_heldout_change < finalist.predicted_heldout_change
+    lines = render_decision(d).splitlines()
+    assert lines[1].split()[-1] == "trial"
+    rows = {line.split()[0]: line for line in lines[2:5]}
+    assert rows["m.0"].endswith("113 steps")
+    assert rows["m.1"].endswith("37 steps (eliminated)")
+    assert rows["m.2"].endswith("none (screen only)")
+    assert any(line.startswith("note: never chosen: a candidate eliminated") for line in lines)
+    assert not any("never chosen" in line for line in render_decision(choose([finalist], recipe, 1.0, 300,
+                                                                             NORMAL)).splitlines())
+
 def test_halving_resumes_each_trial_exactly_and_chooses_only_among_the_finalists():
     """Successive halving (``schedule="halving"``): every candidate trained ``T1`` steps, the two lowest held-out
     changes at ``T1`` resumed to ``T2``.  Against one uninterrupted :func:`trial_losses` run per candidate (the
