@@ -4,6 +4,7 @@ the user's model untouched, cost accounting, calibration by Monte Carlo, and a s
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 
@@ -125,6 +126,19 @@ def test_the_decision_table_says_which_rows_were_eliminated_or_not_trialled():
     assert any(line.startswith("note: never chosen: a candidate eliminated") for line in lines)
     assert not any("never chosen" in line for line in render_decision(choose([finalist], recipe, 1.0, 300,
                                                                              NORMAL)).splitlines())
+
+
+def test_both_plans_cost_at_most_the_recipe_or_one_step_a_trial():
+    """Every plan of up to 10 candidates, 1 to 50 steps and 1 to 6 trials: the even plan and successive halving
+    cost at most ``max(recipe.steps, verified)`` (more than the recipe only where it has fewer steps than
+    trials, one step each), halving keeps ``ceil(verified / 2)`` finalists and never trains one less than ``T1``."""
+    for n, steps, max_trials in itertools.product(range(1, 11), range(1, 51), range(1, 7)):
+        recipe = Recipe("sgd", 0.1, steps, 1)
+        verified, T, _ = trial_plan(n, recipe, max_trials)
+        v, first, finalists, second = halving_plan(n, recipe, max_trials)
+        assert v == verified == min(n, max_trials) and finalists == math.ceil(v / 2) and 1 <= first <= second
+        for cost in (verified * T, v * first + finalists * (second - first)):
+            assert cost <= (steps if steps >= verified else verified), (n, steps, max_trials)
 
 def test_halving_resumes_each_trial_exactly_and_chooses_only_among_the_finalists():
     """Successive halving (``schedule="halving"``): every candidate trained ``T1`` steps, the two lowest held-out

@@ -299,7 +299,8 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
     Returns
     -------
     InsertionDecision
-        ``cost_block_steps`` is the trials' optimizer steps, at most ``recipe.steps``.
+        ``cost_block_steps`` is the trials' optimizer steps, at most ``recipe.steps`` (the number of
+        verified candidates where that is larger: each trial takes at least one step).
     """
     if not isinstance(recipe, Recipe):
         raise InputError(f"decide: recipe must be a satcore.Recipe, got {type(recipe).__name__}")
