@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 import models_torch as mt
-from satcore import GrowthLogError, read_growth_log
+from satcore import GrowthLogError, InputError, read_growth_log
 from satcore.adapters.torch import grow_until_saturated, probe
 from satcore.adapters.torch.grow import InsertedResidual
 from satcore.adapters.torch.growth import load_weights, save_weights
@@ -317,6 +317,32 @@ def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup, capsys
                              family="mlp", candidates=CANDIDATES)
     with pytest.raises(TypeError, match="needs tolerance="):  # the first-order decision reads it
         grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, family="mlp", candidates=CANDIDATES)
+
+
+def test_decide_options_reach_decide_and_misplaced_ones_are_one_line(setup):
+    """``decide_options`` carry decide's own arguments (here the halving schedule) to each round's decision: the
+    first round logs the decision ``decide`` gives by hand with them.  Passed loose they would reach the probe that
+    builds the block and fail late with a bare TypeError: refused up front, naming ``decide_options``."""
+    from satcore import Recipe
+    from satcore.adapters.torch import decide
+
+    model, probe_data, heldout = setup
+    train_data = mt.digits_batches(64, 8, start=0, dtype=torch.float64)
+    recipe = Recipe("adam", lr=1e-3, steps=16, batch_size=64, trainable="terminal")
+    result = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=heldout,
+                                  train_data=train_data, recipe=recipe, decide_options={"schedule": "halving"},
+                                  max_rounds=1, family="mlp", candidates=CANDIDATES)
+    by_hand = decide(model, train_data, probe_data, mt.per_sample_ce, recipe=recipe, family="mlp", seed=0,
+                     candidates=CANDIDATES, schedule="halving")
+    logged = {row["name"]: row for row in result.rounds[0].candidates}
+    assert logged == by_hand.to_dict()["candidates"]
+    assert any(c.eliminated for c in by_hand.candidates.values())  # halving ran: the logged rows say so too
+    with pytest.raises(InputError, match="decide_options"):
+        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, train_data=train_data,
+                             recipe=recipe, schedule="halving", family="mlp", candidates=CANDIDATES)
+    with pytest.raises(InputError, match="needs recipe="):
+        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, tolerance=0.0,
+                             decide_options={"max_trials": 2}, family="mlp", candidates=CANDIDATES)
 
 
 class _InsertAt:

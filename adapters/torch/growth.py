@@ -224,6 +224,7 @@ def grow_until_saturated(
     guard: HeldoutGuard | None = HeldoutGuard(),
     decide=None,
     recipe=None,
+    decide_options: dict | None = None,
     options: GrowthOptions | None = None,
     progress: bool = False,
     **probe_options,
@@ -271,6 +272,10 @@ def grow_until_saturated(
         Decide each round with :func:`~.decide.decide` under this recipe instead (the first-order
         screen verified by short trials of the recipe; needs ``train_data``, the split the trials
         train on, and takes ``probe_data`` as its held-out split).
+    decide_options : dict, optional
+        With ``recipe``: more arguments of :func:`~.decide.decide` (``schedule``, ``max_trials``,
+        ``calibration``, ``max_statistics_bytes``), kept apart from ``probe_options``, which also
+        reach the probe that builds the inserted block.
     options : GrowthOptions, optional
         All of ``tolerance`` ... ``first_look_batches`` and ``guard`` as one object (then leave those out).
     progress : bool
@@ -289,12 +294,19 @@ def grow_until_saturated(
     steps = TorchGrowthSteps(train, loss_fn, data, family, zero, probe_options)
     # the first-order probe reports its samples; decide (recipe=) has no hook, so its bar counts rounds
     bar = _ProgressBar(counts_samples=recipe is None and decide is None) if progress else None
+    decide_options = dict(decide_options or {})
+    if decide_options and recipe is None:
+        raise InputError("decide_options= needs recipe= (they are arguments of satcore.adapters.torch.decide)")
+    misplaced = sorted(set(probe_options) & DECIDE_ONLY)
+    if misplaced:  # the probe that builds each inserted block would refuse them late, with a bare TypeError
+        raise InputError(f"grow_until_saturated: {', '.join(misplaced)} are arguments of decide: pass them as "
+                         f"decide_options={{...}} with recipe=")
     if recipe is not None:
         if decide is not None or train_data is None:
             raise InputError("recipe= decides each round with satcore.adapters.torch.decide: it needs train_data "
                              "(the trials train on it) and no decide=")
         decide = functools.partial(_recipe_decision, train=train_data, heldout=probe_data, loss_fn=loss_fn,
-                                   recipe=recipe, family=family, probe_options=probe_options)
+                                   recipe=recipe, family=family, probe_options={**probe_options, **decide_options})
     if decide is None:
         decide = FirstOrderDecide(steps.start_probe, probe_data, options.criteria, options.first_look_batches,
                                   None if bar is None else bar.update)
@@ -304,6 +316,10 @@ def grow_until_saturated(
     finally:
         if bar is not None:
             bar.close()
+
+
+# decide's own arguments, which the probe (the block's builder) does not take
+DECIDE_ONLY = frozenset({"schedule", "max_trials", "calibration", "groups", "max_statistics_bytes"})
 
 
 def _recipe_decision(model, seed, *, train, heldout, loss_fn, recipe, family, probe_options):
