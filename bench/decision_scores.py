@@ -589,6 +589,8 @@ def all_scores(out: Path) -> dict:
         insts_1000 = [i for i in instances(load(longer)[0]) if i["steps"] == 1000]
         result["transfer_1000"] = {m: score(insts_1000, cals, m) for m in METHODS}
         result["transfer_1000_sets"] = sorted({i["set"] for i in insts_1000})
+        result["transfer_1000_by_column"] = {c: score([i for i in insts_1000 if i["column"] == c], cals, "decide")
+                                             for c in sorted({i["column"] for i in insts_1000})}
     return result
 
 
@@ -617,10 +619,13 @@ def tables(out: Path) -> str:
         lines += [row(m, scores[m]) for m in METHODS]
     if "transfer_1000" in res:
         n = res["transfer_1000"]["decide"]
-        lines += [f"\n**adam_block/1000, {', '.join(res['transfer_1000_sets'])}** ({n['n_decisions']} decisions, "
-                  f"{n['n_insertions']} insertions; runs kept out of every fit, each set scored with the calibration "
-                  "fitted on the other sets' 300-step runs)\n", head, rule]
+        columns = ", ".join(res["transfer_1000_by_column"])
+        lines += [f"\n**1000 steps ({columns}), {', '.join(res['transfer_1000_sets'])}** ({n['n_decisions']} "
+                  f"decisions, {n['n_insertions']} insertions; runs kept out of every fit, each set scored with the "
+                  "calibration fitted on the other sets' 300-step runs)\n", head, rule]
         lines += [row(m, res["transfer_1000"][m]) for m in METHODS]
+        lines += ["\n**1000 steps by column (decide)**\n", head, rule]
+        lines += [row(c, v) for c, v in res["transfer_1000_by_column"].items()]
     lines += ["\n**Per model set, long recipes (decide)**\n", head, rule]
     lines += [row(s, v) for s, v in res["long_by_set"].items()]
     rel = res["long"]["decide"].get("reliability", [])

@@ -84,6 +84,8 @@ EXTRA_COLUMNS = {
     "adam_terminal": ("adam", 1e-3, "terminal", 300),
     # 1000 steps, recorded to OUT_1000 and kept out of every fit: the shipped calibration's transfer to a longer recipe
     "adam_block_1000": ("adam", 1e-3, "block", 1000),
+    "sgd_block_1000": ("sgd", 0.05, "block", 1000),
+    "adam_terminal_1000": ("adam", 1e-3, "terminal", 1000),
 }
 IMAGE_BATCH, TEXT_BATCH = 32, 8
 WIDTHS = (8, 16, 32)
@@ -448,7 +450,7 @@ def _stored(stored: dict | None, tag: str, path: Path):
 
 def record(part: str, log=print, column: str | None = None, seeds: tuple | None = None,
            trial_seeds: tuple | None = None) -> None:
-    out = OUT_1000 if column == "adam_block_1000" else OUT
+    out = OUT_1000 if column is not None and column.endswith("_1000") else OUT
     out.mkdir(parents=True, exist_ok=True)
     path = out / (f"{part}.json" if column is None else f"{part}-{column}.json")
     if seeds is not None:  # a sweep part's model seeds recorded one process at a time
