@@ -36,12 +36,13 @@ TRIAL_SEEDS_FILE = "-trialseed"  # <part>-trialseed<seeds>.json: more trial seed
 SHIPPED_SCHEDULE = "even"  # decide's default schedule; each schedule's calibration is fitted on its own trials
 
 
-def schedule_points(n: int, steps: int, max_trials: int) -> set:
+def schedule_points(n: int, steps: int, max_trials: int, every_count: bool = True) -> set:
     """Every checkpoint the trial schedules scored here read at ``steps`` (``n`` candidates): the even plan
-    with 1 to ``max_trials`` trials, and successive halving's two stages (:func:`satcore.decision.halving_plan`)."""
+    with 1 to ``max_trials`` trials (``every_count=False``: with ``max_trials`` only, as ``decide`` runs it),
+    and successive halving's two stages (:func:`satcore.decision.halving_plan`)."""
     recipe = Recipe("sgd", 1.0, steps, 1)
     points = set()
-    for m in range(1, max_trials + 1):
+    for m in range(1, max_trials + 1) if every_count else (max_trials,):
         points |= set(trial_plan(n, recipe, m)[2])
     _, first, _, second = halving_plan(n, recipe, max_trials)
     return points | set(trial_checkpoints(first)) | set(trial_checkpoints(second))

@@ -65,9 +65,10 @@ from exlib.data import load_images, load_text  # noqa: E402
 from exlib.models import BasicBlock, StagewiseResNet  # noqa: E402
 from exlib.training import batches, classifier_loss, lm_batches, lm_windows, per_sample_ce, train_classifier  # noqa: E402
 from satcore import Recipe  # noqa: E402
-from satcore.decision import halving_plan, trial_checkpoints, trial_plan  # noqa: E402
+from satcore.decision import trial_plan  # noqa: E402
 from satcore.adapters.torch import InsertedResidual, probe_splits, sequence_loss  # noqa: E402
 from satcore.adapters.torch.decide import per_sample_eval, recipe_minibatches, recipe_optimizer, screen, trial_losses  # noqa: E402
+from decision_scores import schedule_points  # noqa: E402
 
 OUT = ROOT / "docs" / "figures" / "decision_validity"
 OUT_1000 = ROOT / "docs" / "figures" / "decision_validity_1000"
@@ -126,8 +127,6 @@ def column_recipe(column: str, text: bool, steps: int) -> Recipe:
 def checkpoints_for(n_candidates: int, longest: int) -> list[int]:
     """Every step a decision (the trial schedules :mod:`decision_scores` scores) or a target (the recipe's length)
     reads, up to ``longest``."""
-    from decision_scores import schedule_points
-
     points = set()
     for steps in LENGTHS:
         if steps <= longest:
@@ -305,9 +304,8 @@ def depth_row(model, loss_fn, family, recipe, train, probe_train, heldout, test,
     screened = screen(splits, recipe)
     names = list(screened)
     # the checkpoints of both schedules decide can run (the even plan's and successive halving's)
-    verified, _, even = trial_plan(len(names), recipe, MAX_TRIALS)
-    _, first, _, second = halving_plan(len(names), recipe, MAX_TRIALS)
-    points = sorted(set(even) | set(trial_checkpoints(first)) | set(trial_checkpoints(second)))
+    verified = trial_plan(len(names), recipe, MAX_TRIALS)[0]
+    points = sorted(schedule_points(len(names), recipe.steps, MAX_TRIALS, every_count=False))
     trials = {}
     for name in names[:verified]:
         measured = trial_losses(model, splits.train, name, recipe.with_steps(points[-1]), train,
