@@ -592,6 +592,13 @@ def all_scores(out: Path) -> dict:
         result["transfer_1000_sets"] = sorted({i["set"] for i in insts_1000})
         result["transfer_1000_by_column"] = {c: score([i for i in insts_1000 if i["column"] == c], cals, "decide")
                                              for c in sorted({i["column"] for i in insts_1000})}
+        # successive halving at 1000 steps, with its own leave-one-set-out calibrations (fitted on its 300-step trials)
+        halving_cals = lomo_calibrations(instances(models, "halving"))
+        halving_1000 = [i for i in instances(load(longer)[0], "halving") if i["steps"] == 1000]
+        result["transfer_1000_halving_by_column"] = {
+            "every column": score(halving_1000, halving_cals, "decide"),
+            **{c: score([i for i in halving_1000 if i["column"] == c], halving_cals, "decide")
+               for c in sorted({i["column"] for i in halving_1000})}}
     return result
 
 
@@ -627,6 +634,9 @@ def tables(out: Path) -> str:
         lines += [row(m, res["transfer_1000"][m]) for m in METHODS]
         lines += ["\n**1000 steps by column (decide)**\n", head, rule]
         lines += [row(c, v) for c, v in res["transfer_1000_by_column"].items()]
+        lines += ["\n**1000 steps with `schedule=\"halving\"`** (its own calibrations, fitted leave one model set out on "
+                  "halving's 300-step trials)\n", head, rule]
+        lines += [row(c, v) for c, v in res["transfer_1000_halving_by_column"].items()]
     lines += ["\n**Per model set, long recipes (decide)**\n", head, rule]
     lines += [row(s, v) for s, v in res["long_by_set"].items()]
     rel = res["long"]["decide"].get("reliability", [])
