@@ -159,13 +159,14 @@ def _trial_schedule(schedule: str, names: list, screen: dict, runs: dict, steps:
     return rows, verified * T
 
 
-def instances(models: list, schedule: str = SHIPPED_SCHEDULE) -> list[dict]:
+def instances(models: list, schedule: str = SHIPPED_SCHEDULE, heldout: str = "heldout") -> list[dict]:
     """One decision per (model, recipe column, length, trial seed): every candidate's trial curve (that seed's
     prefix, read as ``schedule`` reads it, :func:`_trial_schedule`), its target (the other seeds' mean realized
-    test change at the length) and seed spread."""
+    test change at the length) and seed spread.  ``heldout``: the recorded split the decision reads as its
+    held-out data (``"heldout_large"``: the ``--large-heldout`` recording's split 4 times the bench's)."""
     out = []
     for m in models:
-        runs = {(r["candidate"], r["column"], r["seed"]): r for r in m["runs"]}
+        runs = {(r["candidate"], r["column"], r["seed"]): {**r, "heldout": r[heldout]} for r in m["runs"]}
         columns = sorted({r["column"] for r in m["runs"]})
         seeds = sorted({r["seed"] for r in m["runs"]})
         for column in columns:
@@ -185,10 +186,11 @@ def instances(models: list, schedule: str = SHIPPED_SCHEDULE) -> list[dict]:
                         train_others = [_at(runs[(c, column, b)], "train", steps) for b in seeds if b != a]
                         rows.append({"candidate": c, "curve": trials[c][0], "may_choose": trials[c][1],
                                      "target": float(np.mean(others)), "own": _at(run, "test", steps),
+                                     "own_heldout": _at(run, "heldout", steps),
                                      "mean": float(np.mean(every)), "spread": float(np.ptp(every)),
                                      "train_target": float(np.mean(train_others)), "screen": screen[c]})
                     out.append({"model": m["model"], "set": m["set"], "column": column, "steps": steps, "seed": a,
-                                "cost": cost, "base_heldout": m["base"]["heldout"], "base_test": m["base"]["test"],
+                                "cost": cost, "base_heldout": m["base"][heldout], "base_test": m["base"]["test"],
                                 "rows": rows})
     return out
 
@@ -322,8 +324,9 @@ def _spearman(x, y):
 
 
 SEED_CEILING = "trial seed trained in full (seed ceiling)"
+HELDOUT_CEILING = "trial seed trained in full, read on the held-out split (held-out ceiling)"
 METHODS = ("decide", "short trial alone", "first-order ranking", "every block helps", "random candidate",
-           "head / end of stack", SEED_CEILING, "full-training oracle")
+           "head / end of stack", HELDOUT_CEILING, SEED_CEILING, "full-training oracle")
 
 
 def _predictions(inst, method, calibration):
@@ -360,6 +363,12 @@ def _predictions(inst, method, calibration):
         # the trial seed's own realized change at the recipe's full length: the most any predictor reading that
         # seed's training can know of the other seeds' outcome (their minibatch order is what differs)
         pred = [r["own"] for r in rows]
+        pick = names[int(np.argmin(pred))]
+        return pred, None, pick, pick if min(pred) < 0 else None
+    if method == HELDOUT_CEILING:
+        # the same full-length run as the seed ceiling, read where a decision reads it (the held-out split, not the
+        # test split the target is measured on): what a trial as long as the recipe could know through that split
+        pred = [r["own_heldout"] for r in rows]
         pick = names[int(np.argmin(pred))]
         return pred, None, pick, pick if min(pred) < 0 else None
     pick = names[int(np.argmin([r["target"] for r in rows]))]
@@ -541,6 +550,15 @@ def variants(out: Path) -> str:
              "loss) | harms flagged | sign right (clear) | Brier skill | max reliability gap | 95% coverage | sweeps "
              "within one block |", "|---" * 12 + "|"]
     rules = [(name, fitter, SHIPPED_SCHEDULE) for name, fitter in VARIANTS.items()]
+    large = out.parent / "decision_validity_large_heldout"
+    if large.is_dir():  # the same fit on the trials read at two held-out sizes: the bench's and 4 times it
+        larger = instances(load(large)[0], SHIPPED_SCHEDULE, "heldout_large")
+
+        def both_sizes(insts, source):
+            sets_in = {i["set"] for i in insts}
+            return fit(insts + [i for i in larger if i["set"] in sets_in], source)
+
+        rules.append(("fitted on two held-out sizes (the bench's and 4 times it)", both_sizes, SHIPPED_SCHEDULE))
     rules += [(name, fit, schedule) for name, schedule in SCHEDULE_VARIANTS.items()]
     for name, fitter, schedule in rules:
         insts = instances(models, schedule)
@@ -567,6 +585,54 @@ def _f(x, pct=False, digits=2):
     return f"{100 * x:.0f}%" if pct else f"{x:+.{digits}f}"
 
 
+def _recorded_deviation(models: list, recorded: list) -> float:
+    """The largest absolute difference between the held-out, test and training changes of ``models``'s runs and
+    the same runs (model, candidate, column, trial seed, checkpoint) in ``recorded``; refused where a run is not
+    recorded there."""
+    runs = {(m["model"], r["candidate"], r["column"], r["seed"]): r for m in recorded for r in m["runs"]}
+    worst = 0.0
+    for m in models:
+        for r in m["runs"]:
+            key = (m["model"], r["candidate"], r["column"], r["seed"])
+            if key not in runs:
+                raise SystemExit(f"{m.get('file')}: run {key} is not in the bench's recording")
+            old = runs[key]
+            for split in ("heldout", "test", "train"):
+                for step, value in zip(r["steps"], r[split]["change"]):
+                    worst = max(worst, abs(value - old[split]["change"][old["steps"].index(step)]))
+    return worst
+
+
+def large_heldout_scores(large: Path, recorded: list) -> dict:
+    """The 300-step decisions of the ``--large-heldout`` recording (the bench's models and trials, each trial also
+    evaluated on a held-out split 4 times the bench's), read on the bench's held-out split and on the larger one.
+
+    ``decide`` on the larger split is scored twice: with the calibrations fitted (leave one model set out) on the
+    bench's split, as a user with more held-out data gets the shipped calibration, and with calibrations fitted the
+    same way on the larger split's own trials; the even plan and successive halving, beside the short trial alone and
+    the ceilings read on each split."""
+    models = load(large)[0]
+    result = {"sets": sorted({m["set"] for m in models}), "columns": sorted({r["column"] for m in models
+                                                                              for r in m["runs"]}),
+              "max_deviation_from_recording": _recorded_deviation(models, recorded), "rows": {}}
+    rows = result["rows"]
+    for schedule in ("even", "halving"):
+        bench = instances(models, schedule)
+        larger = instances(models, schedule, "heldout_large")
+        bench_cals, larger_cals = lomo_calibrations(bench), lomo_calibrations(larger)
+        bench, larger = [i for i in bench if i["steps"] == 300], [i for i in larger if i["steps"] == 300]
+        name = "decide" if schedule == "even" else 'decide, `schedule="halving"`'
+        rows[f"{name} (bench's held-out split)"] = score(bench, bench_cals, "decide")
+        rows[f"{name} (held-out x4, the bench split's calibrations)"] = score(larger, bench_cals, "decide")
+        rows[f"{name} (held-out x4, calibrated on that split)"] = score(larger, larger_cals, "decide")
+        if schedule == "even":
+            for method, label in (("short trial alone", "short trial alone"), (HELDOUT_CEILING, "held-out ceiling")):
+                rows[f"{label} (bench's held-out split)"] = score(bench, bench_cals, method)
+                rows[f"{label} (held-out x4)"] = score(larger, larger_cals, method)
+            rows[SEED_CEILING] = score(bench, bench_cals, SEED_CEILING)
+    return result
+
+
 def all_scores(out: Path) -> dict:
     models, sweeps, meta = load(out)
     insts = instances(models)
@@ -585,6 +651,9 @@ def all_scores(out: Path) -> dict:
               "long_by_set": {s: score([i for i in long if i["set"] == s], cals, "decide") for s in cals},
               "in_sample_long": score(long, {s: full for s in cals}, "decide"),
               "sweeps": sweep_scores(sweeps, full), "loops": loop_scores(out, sweeps)}
+    large = out.parent / "decision_validity_large_heldout"
+    if large.is_dir() and len({m["set"] for m in load(large)[0]}) >= 2:
+        result["large_heldout"] = large_heldout_scores(large, models)
     longer = out.parent / "decision_validity_1000"
     if longer.is_dir():  # 1000-step runs, kept out of every fit: each set scored with the calibration of the others
         insts_1000 = [i for i in instances(load(longer)[0]) if i["steps"] == 1000]
@@ -637,6 +706,14 @@ def tables(out: Path) -> str:
         lines += ["\n**1000 steps with `schedule=\"halving\"`** (its own calibrations, fitted leave one model set out on "
                   "halving's 300-step trials)\n", head, rule]
         lines += [row(c, v) for c, v in res["transfer_1000_halving_by_column"].items()]
+    if "large_heldout" in res:
+        lh = res["large_heldout"]
+        lines += [f"\n**A held-out split 4 times the bench's** (`--large-heldout`; 300 steps, "
+                  f"{', '.join(lh['columns'])}; {', '.join(lh['sets'])}; the same models and trials, each read on the "
+                  "bench's held-out split and on one 4 times larger, its first quarter the bench's; calibrations "
+                  "fitted leave one model set out; the largest difference of a recorded "
+                  f"change from the bench's recording: {lh['max_deviation_from_recording']:.1e})\n", head, rule]
+        lines += [row(name, v) for name, v in lh["rows"].items()]
     lines += ["\n**Per model set, long recipes (decide)**\n", head, rule]
     lines += [row(s, v) for s, v in res["long_by_set"].items()]
     rel = res["long"]["decide"].get("reliability", [])

@@ -36,7 +36,9 @@ rows to ``docs/figures/decision_validity/<part>.json`` (``--column sgd_block`` o
 ``adam_terminal``: that recipe column instead, to ``<part>-<column>.json``; ``--seeds 3``:
 a sweep part's model seed 3 only, to ``<part>-seeds3.json``; ``--trial-seeds 2``: a model set part's models
 re-trained from the same seeds, refused unless their base losses and screen are the recorded ones, and only trial
-seed 2 run, to ``<part>-trialseed2.json`` (with ``--column``, ``<part>-<column>-trialseed2.json``), whose runs the scores merge into ``<part>.json``'s models); ``--tables``
+seed 2 run, to ``<part>-trialseed2.json`` (with ``--column``, ``<part>-<column>-trialseed2.json``), whose runs the scores merge into ``<part>.json``'s models; ``--large-heldout``: a model set part's
+models and trials with every trial also evaluated on a held-out split 4 times the bench's, to
+``docs/figures/decision_validity_large_heldout/``); ``--tables``
 scores them (``bench/decision_scores.py``) and prints the docs tables; ``--variants`` the
 decision rules tried; ``--fit`` writes ``satcore/decision_calibration.py`` from all sets.
 """
@@ -72,6 +74,11 @@ from decision_scores import schedule_points  # noqa: E402
 
 OUT = ROOT / "docs" / "figures" / "decision_validity"
 OUT_1000 = ROOT / "docs" / "figures" / "decision_validity_1000"
+# --large-heldout: the same models and trials, each trial also evaluated on a held-out split 4 times the bench's (its
+# first quarter is the bench's own held-out split), to OUT_LARGE_HELDOUT: how the decision depends on the size of the
+# held-out data it reads (the test split and the targets are unchanged)
+OUT_LARGE_HELDOUT = ROOT / "docs" / "figures" / "decision_validity_large_heldout"
+LARGE_HELDOUT = 4
 LENGTHS = (30, 300, 1000)
 SEEDS = (0, 1, 2)
 MAX_TRIALS = 4
@@ -151,6 +158,8 @@ def record_model(task: dict, log, seeds: tuple = SEEDS, stored: dict | None = No
     splits = probe_splits(model, task["probe_train"], task["heldout"], loss_fn, family=family)
     names = list(splits.train.statistics)
     sets = {"heldout": task["heldout"], "test": task["test"], "train": task["probe_train"]}
+    if "heldout_large" in task:
+        sets["heldout_large"] = task["heldout_large"]
     base = {k: float(per_sample_eval(model, v, loss_fn).mean()) for k, v in sets.items()}
     out = {"model": task["tag"], "set": task["set"], "source": task["source"], "candidates": names, "base": base,
            "screen": {}, "runs": []}
@@ -180,9 +189,12 @@ def record_model(task: dict, log, seeds: tuple = SEEDS, stored: dict | None = No
 
 
 # -- model sets ---------------------------------------------------------------------------------------------
-def image_tasks(name: str):
+def image_tasks(name: str, large_heldout: bool = False):
     use_digits, n_train, n_probe, n_test, epochs = IMAGES[name]
-    data = load_images(n_train, n_probe, n_test, seed=0, digits=use_digits)
+    # a larger probe split extends the bench's one (the same seeded permutation, read further); train and test are
+    # drawn as before
+    data = load_images(n_train, n_probe * (LARGE_HELDOUT if large_heldout else 1), n_test, seed=0, digits=use_digits)
+    probe = (data.probe[0][:n_probe], data.probe[1][:n_probe])
     for e in epochs:
         torch.manual_seed(1)
         model = StagewiseResNet(0, WIDTHS)
@@ -190,7 +202,8 @@ def image_tasks(name: str):
         yield {"tag": f"{name}/e{e}", "set": name, "source": data.source, "model": model, "loss_fn": per_sample_ce,
                "text": False, "train": batches(*data.train, 100),
                "probe_train": batches(data.train[0][:128], data.train[1][:128], 64),
-               "heldout": batches(*data.probe, 40), "test": batches(*data.test, 150)}
+               "heldout": batches(*probe, 40), "test": batches(*data.test, 150),
+               **({"heldout_large": batches(*data.probe, 40)} if large_heldout else {})}
 
 
 def linux_text():
@@ -238,26 +251,29 @@ def train_lm_windows(model, windows, steps: int, seed: int = 1, *, lr: float = L
     model.eval()
 
 
-def text_windows(text: str):
-    """``(source, train, probe, test)`` windows of ``LLAMA["seq_len"]`` bytes of ``text`` (``"pydoc"``, ``"linux"``)."""
+def text_windows(text: str, probe_factor: int = 1):
+    """``(source, train, probe, test)`` windows of ``LLAMA["seq_len"]`` bytes of ``text`` (``"pydoc"``, ``"linux"``);
+    ``probe_factor`` times the probe windows (their first part the same windows: the offsets are drawn in order)."""
     if text == "pydoc":
         loaded = load_text(False)
         source, train, probe, test = loaded.source, loaded.train, loaded.probe, loaded.test
     else:
         source, train, probe, test = linux_text()
     seq, (n_train, n_probe, n_test) = LLAMA["seq_len"], LLAMA["windows"]
-    return (source, lm_windows(train, seq, n_train, seed=2), lm_windows(probe, seq, n_probe, seed=3),
+    return (source, lm_windows(train, seq, n_train, seed=2), lm_windows(probe, seq, n_probe * probe_factor, seed=3),
             lm_windows(test, seq, n_test, seed=4))
 
 
-def text_tasks(name: str):
-    source, train_w, probe_w, test_w = text_windows(TEXTS[name])
+def text_tasks(name: str, large_heldout: bool = False):
+    source, train_w, large_w, test_w = text_windows(TEXTS[name], LARGE_HELDOUT if large_heldout else 1)
+    probe_w = large_w[:LLAMA["windows"][1]]
     for steps in LLAMA["steps"]:
         model = llama(LLAMA["layers"])
         train_lm_windows(model, train_w, steps)
         yield {"tag": f"{name}/s{steps}", "set": name, "source": source, "model": model, "loss_fn": sequence_loss,
                "text": True, "train": lm_batches(train_w, 64), "probe_train": lm_batches(train_w[:64], 32),
-               "heldout": lm_batches(probe_w, 32), "test": lm_batches(test_w, 64)}
+               "heldout": lm_batches(probe_w, 32), "test": lm_batches(test_w, 64),
+               **({"heldout_large": lm_batches(large_w, 32)} if large_heldout else {})}
 
 
 # -- depth sweeps -------------------------------------------------------------------------------------------
@@ -447,8 +463,12 @@ def _stored(stored: dict | None, tag: str, path: Path):
 
 
 def record(part: str, log=print, column: str | None = None, seeds: tuple | None = None,
-           trial_seeds: tuple | None = None) -> None:
+           trial_seeds: tuple | None = None, large_heldout: bool = False) -> None:
     out = OUT_1000 if column is not None and column.endswith("_1000") else OUT
+    if large_heldout:
+        if part not in (*IMAGES, *TEXTS) or trial_seeds is not None or (column or "").endswith("_1000"):
+            raise SystemExit("--large-heldout: a model set part's 300-step columns only")
+        out = OUT_LARGE_HELDOUT
     out.mkdir(parents=True, exist_ok=True)
     path = out / (f"{part}.json" if column is None else f"{part}-{column}.json")
     if seeds is not None:  # a sweep part's model seeds recorded one process at a time
@@ -470,7 +490,8 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
     start = time.time()
     result = {"schema": "satcore-bench-decision-validity/1", "part": part, "columns": COLUMNS,
               "lengths": list(LENGTHS), "seeds": list(trial_seeds or SEEDS), "max_trials": MAX_TRIALS,
-              "sizes": {"images": IMAGES, "llama": LLAMA, "widths": list(WIDTHS), "sweeps": SWEEP_PARTS.get(part)},
+              "sizes": {"images": IMAGES, "llama": LLAMA, "widths": list(WIDTHS), "sweeps": SWEEP_PARTS.get(part),
+                        **({"large_heldout_factor": LARGE_HELDOUT} if large_heldout else {})},
               "models": [], "sweeps": [],
               # float rounding differs between CPU kernels (AVX2, AVX-512), and long training amplifies it: the same
               # seeds give another model on another machine, so a part's models are compared only within a machine
@@ -487,7 +508,7 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
                   for n, spec in SWEEP_PARTS[part].items() for seed in spec[-1] if seeds is None or seed in seeds]
         key = "sweeps"
     else:
-        tasks = image_tasks(part) if part in IMAGES else text_tasks(part)
+        tasks = image_tasks(part, large_heldout) if part in IMAGES else text_tasks(part, large_heldout)
         if stored is not None:  # a column's part may hold only its first models (a run cut for CPU): train no more
             tasks = itertools.islice(tasks, len(stored))
         makers = [(lambda t=t: record_model(t, log, trial_seeds or SEEDS, _stored(stored, t["tag"], path)))
@@ -511,6 +532,9 @@ def main(argv=None) -> int:
     parser.add_argument("--trial-seeds", type=int, nargs="+",
                         help="model set parts: re-train the recorded models and run only these trial seeds "
                              "(to <part>-trialseed<seeds>.json, merged into <part>.json's models when scored)")
+    parser.add_argument("--large-heldout", action="store_true",
+                        help="model set parts: each trial also evaluated on a held-out split 4 times the bench's "
+                             "(to docs/figures/decision_validity_large_heldout/)")
     parser.add_argument("--tables", action="store_true", help="score the recorded parts and print the docs tables")
     parser.add_argument("--variants", action="store_true",
                         help="score the decision rules tried (bench/decision_scores.py VARIANTS) and print their table")
@@ -519,7 +543,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if args.part:
         record(args.part, column=args.column, seeds=None if args.seeds is None else tuple(args.seeds),
-               trial_seeds=None if args.trial_seeds is None else tuple(args.trial_seeds))
+               trial_seeds=None if args.trial_seeds is None else tuple(args.trial_seeds),
+               large_heldout=args.large_heldout)
     if args.tables or args.fit or args.variants:
         from decision_scores import fit_and_write, tables, variants
 

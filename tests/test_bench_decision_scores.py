@@ -174,3 +174,71 @@ def test_trial_schedules_read_the_runs_at_their_checkpoints_at_the_plans_cost(sc
     assert rows["c"][0].steps == (37, 75, 150)
     rows, cost = scores._trial_schedule("even", names, screen, runs, 300)
     assert cost == 300 and all(rows[c][1] for c in names) and rows["a"][0].steps == (18, 37, 75)
+
+
+def _with_large_split(model: dict, rng) -> dict:
+    """``model`` as ``--large-heldout`` records it: every run also evaluated on a larger held-out split."""
+    out = copy.deepcopy(model)
+    out["base"]["heldout_large"] = 0.65
+    for r in out["runs"]:
+        r["heldout_large"] = {"change": rng.normal(size=len(r["steps"])).tolist(),
+                              "se": rng.uniform(0.001, 0.01, len(r["steps"])).tolist()}
+    return out
+
+
+def test_a_decision_reads_the_held_out_split_it_is_given_and_the_held_out_ceiling_its_full_run(scores):
+    """``instances(..., heldout="heldout_large")`` builds every trial curve, its standard error and the tolerance's
+    base loss from that split, the targets from the test split as before; the held-out ceiling predicts each
+    candidate by the trial seed's own held-out change at the recipe's full length, on the split read."""
+    rng = np.random.default_rng(4)
+    model = _with_large_split(_model("toy/a", (0, 1, 2), rng), rng)
+    runs = {(r["candidate"], r["seed"]): r for r in model["runs"]}
+    for split in ("heldout", "heldout_large"):
+        insts = [i for i in scores.instances([model], "even", split) if i["steps"] == 300]
+        assert len(insts) == 3
+        for inst in insts:
+            assert inst["base_heldout"] == model["base"][split] and inst["base_test"] == 0.8
+            for row in inst["rows"]:
+                run = runs[(row["candidate"], inst["seed"])]
+                T = row["curve"].steps[-1]
+                assert T == 150  # 300 steps, 2 candidates: two trials of 150
+                assert row["curve"].heldout_change[-1] == run[split]["change"][run["steps"].index(T)]
+                assert row["curve"].heldout_se == run[split]["se"][run["steps"].index(T)]
+                others = [runs[(row["candidate"], b)]["test"]["change"][run["steps"].index(300)]
+                          for b in (0, 1, 2) if b != inst["seed"]]
+                assert row["target"] == pytest.approx(np.mean(others), rel=4 * np.finfo(float).eps)
+            pred, _, pick, _ = scores._predictions(inst, scores.HELDOUT_CEILING, None)
+            own = [runs[(c, inst["seed"])][split]["change"][runs[(c, inst["seed"])]["steps"].index(300)]
+                   for c in CANDIDATES]
+            assert pred == own and pick == CANDIDATES[int(np.argmin(own))]
+
+
+def test_the_larger_held_out_recording_must_hold_the_bench_recordings_runs(scores):
+    """``_recorded_deviation``: the largest difference of a held-out, test or training change from the same run of
+    the bench's recording (0 for the same trials), and a refusal for a run the bench never recorded."""
+    rng = np.random.default_rng(5)
+    recorded = [_model("toy/a", (0, 1), rng)]
+    again = [_with_large_split(recorded[0], rng)]
+    assert scores._recorded_deviation(again, recorded) == 0.0
+    again[0]["runs"][1]["test"]["change"][3] += 0.25
+    assert scores._recorded_deviation(again, recorded) == pytest.approx(0.25, abs=8 * np.finfo(float).eps)
+    again[0]["runs"][1]["seed"] = 7
+    with pytest.raises(SystemExit, match="is not in the bench's recording"):
+        scores._recorded_deviation(again, recorded)
+
+
+def test_the_larger_probe_split_extends_the_benchs_own_and_leaves_train_and_test_as_they_were():
+    """``--large-heldout`` draws 4 times the probe images from the same seeded permutation: the bench's probe split
+    is its first quarter, and the training and test images are the same arrays (sklearn digits, shipped)."""
+    sys.path.insert(0, str(BENCH.parent / "examples"))
+    try:
+        from exlib.data import load_images
+    finally:
+        sys.path.remove(str(BENCH.parent / "examples"))
+    small = load_images(300, 160, 300, seed=0, digits=True)
+    large = load_images(300, 640, 300, seed=0, digits=True)
+    assert large.probe[0].shape[0] == 640
+    for a, b in ((small.train, large.train), (small.test, large.test), (small.probe, (large.probe[0][:160],
+                                                                                     large.probe[1][:160]))):
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[1], b[1])
