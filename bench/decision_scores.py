@@ -228,44 +228,48 @@ def _decide(inst, calibration):
     return choose(cands, recipe, inst["base_heldout"], inst["cost"], calibration)
 
 
-def fit(insts, source: str, trend_by: str = "error", lengths: tuple = LONG) -> Calibration:
+def fit(insts, source: str, trend_by: str = "error", lengths: tuple = LONG, error_insts=()) -> Calibration:
     """The calibration fitted on the decisions of ``insts`` whose recipe length is in ``lengths``: the trend
     weight (``trend_by="error"``: the least relative absolute error of the point prediction; ``"gain"``: the
     largest mean realized gain of the decisions fitted at it), then the error scale (``gamma``, ``c``) by Brier
     score, the residual quantiles and logistic of the fitted pair, threshold and tolerance by the decisions'
-    mean realized gain.
+    mean realized gain.  ``error_insts``: more decisions pooled with ``insts`` for the error model alone
+    (``gamma``, ``c``, quantiles, logistic): the same models' trials read on a larger held-out split, so that
+    the error model holds where the held-out data, and with it the paired standard error, differs in size.
 
     ``"error"`` on the long recipes ships: fitted on the 30-step recipes too (near the first-order regime,
     where trials and targets behave otherwise), every held-out score of the long recipes was as good or worse
     (``variants``, docs/predictive-validity.md)."""
     insts = [i for i in insts if i["steps"] in lengths]
+    error_insts = [i for i in error_insts if i["steps"] in lengths]
     if trend_by == "error":
         def abs_error(w):
             return sum(abs(r["target"] - extrapolate(r["curve"], i["steps"], w)) / i["base_test"]
                        for i in insts for r in _trialled(i))
 
-        return _fit_at_trend_weight(insts, source, min(TREND_WEIGHTS, key=abs_error))
+        return _fit_at_trend_weight(insts, source, min(TREND_WEIGHTS, key=abs_error), error_insts)
     best = None
     for trend_weight in TREND_WEIGHTS:
-        cal = _fit_at_trend_weight(insts, source, trend_weight)
+        cal = _fit_at_trend_weight(insts, source, trend_weight, error_insts)
         gain = _mean_decision_gain(insts, cal)
         if best is None or gain > best[0]:
             best = (gain, cal)
     return best[1]
 
 
-def _fit_at_trend_weight(insts, source: str, trend_weight: float) -> Calibration:
+def _fit_at_trend_weight(insts, source: str, trend_weight: float, error_insts=()) -> Calibration:
+    pooled = list(insts) + list(error_insts)
     best = None
     for gamma in RELATIVE_SCALES:
         for c_trend in TREND_SCALES:
-            z = _residuals(insts, trend_weight, gamma, c_trend)
+            z = _residuals(pooled, trend_weight, gamma, c_trend)
             if gamma == 0 and c_trend == 0 and not all(math.isfinite(v) for v in z):
                 continue
             cal = Calibration(trend_weight, gamma, LEVELS, tuple(np.quantile(z, LEVELS)), 0.5, 0.0, source, c_trend)
-            a, b = _logistic(insts, cal)
+            a, b = _logistic(pooled, cal)
             cal = Calibration(**{**cal.to_dict(), "logit_intercept": a, "logit_slope": b})
             brier = np.mean([(c.p_decrease - float(r["target"] < 0)) ** 2
-                             for i in insts for r, c in zip(i["rows"], _decide(i, cal).candidates.values())])
+                             for i in pooled for r, c in zip(i["rows"], _decide(i, cal).candidates.values())])
             if best is None or brier < best[0]:
                 best = (brier, cal)
     cal = best[1]
@@ -310,9 +314,21 @@ def _mean_decision_gain(insts, calibration) -> float:
     return float(np.mean(gains))
 
 
-def lomo_calibrations(insts) -> dict:
+def lomo_calibrations(insts, error_insts=()) -> dict:
+    """Per model set, the calibration fitted on the other sets (their ``error_insts`` too, :func:`fit`)."""
     sets = sorted({i["set"] for i in insts})
-    return {s: fit([i for i in insts if i["set"] != s], f"bench sets other than {s}") for s in sets}
+    return {s: fit([i for i in insts if i["set"] != s], f"bench sets other than {s}",
+                   error_insts=[i for i in error_insts if i["set"] != s]) for s in sets}
+
+
+LARGE_HELDOUT = "decision_validity_large_heldout"  # beside the bench's folder: bench/decision_validity.py --large-heldout
+
+
+def larger_heldout(out: Path, schedule: str = SHIPPED_SCHEDULE) -> list[dict]:
+    """The decisions of the ``--large-heldout`` recording next to ``out``, read on its larger held-out split (the
+    error model's second size, :func:`fit`); none where it is not recorded."""
+    large = out.parent / LARGE_HELDOUT
+    return instances(load(large)[0], schedule, "heldout_large") if large.is_dir() else []
 
 
 # -- scores -------------------------------------------------------------------------------------------------
@@ -515,20 +531,31 @@ def loop_scores(out: Path, sweeps) -> list[dict]:
 
 # -- decision rules tried ------------------------------------------------------------------------------------
 def _with(fitter, **changes):
-    return lambda insts, source: Calibration(**{**fitter(insts, source).to_dict(), **changes})
+    return lambda insts, source, errors: Calibration(**{**fitter(insts, source, errors).to_dict(), **changes})
 
 
+def _shipped(insts, source, errors):
+    return fit(insts, source, error_insts=errors)
+
+
+def _long(insts):
+    return [i for i in insts if i["steps"] in LONG]
+
+
+# each rule: (insts, source, error_insts: the same sets' trials read on the larger held-out split) -> Calibration
 VARIANTS = {
-    "shipped: trend weight by the point's error, long recipes": fit,
-    "trend weight by the decisions' gain": lambda insts, source: fit(insts, source, "gain"),
-    "fitted on every recipe length (30 steps too)": lambda insts, source: fit(insts, source, lengths=(30, *LONG)),
-    "trend weight 0.5": lambda insts, source: _fit_at_trend_weight([i for i in insts if i["steps"] in LONG], source,
-                                                                   0.5),
-    "trend weight 1.0": lambda insts, source: _fit_at_trend_weight([i for i in insts if i["steps"] in LONG], source,
-                                                                   1.0),
-    "P(decrease) from the residual quantiles (no logistic)": _with(fit, logit_slope=None),
-    "P(decrease) threshold 0.7": _with(fit, p_threshold=0.7),
-    "tolerance 0.003 of the held-out loss": _with(fit, tolerance=0.003),
+    "shipped: trend weight by the point's error, long recipes, error model on two held-out sizes": _shipped,
+    "error model on the bench's held-out size only (shipped before)": lambda insts, source, errors: fit(insts, source),
+    "everything fitted on two held-out sizes (the bench's and 4 times it)":
+        lambda insts, source, errors: fit(insts + errors, source),
+    "trend weight by the decisions' gain": lambda insts, source, errors: fit(insts, source, "gain", error_insts=errors),
+    "fitted on every recipe length (30 steps too)":
+        lambda insts, source, errors: fit(insts, source, lengths=(30, *LONG), error_insts=errors),
+    "trend weight 0.5": lambda insts, source, errors: _fit_at_trend_weight(_long(insts), source, 0.5, _long(errors)),
+    "trend weight 1.0": lambda insts, source, errors: _fit_at_trend_weight(_long(insts), source, 1.0, _long(errors)),
+    "P(decrease) from the residual quantiles (no logistic)": _with(_shipped, logit_slope=None),
+    "P(decrease) threshold 0.7": _with(_shipped, p_threshold=0.7),
+    "tolerance 0.003 of the held-out loss": _with(_shipped, tolerance=0.003),
 }
 
 
@@ -550,21 +577,14 @@ def variants(out: Path) -> str:
              "loss) | harms flagged | sign right (clear) | Brier skill | max reliability gap | 95% coverage | sweeps "
              "within one block |", "|---" * 12 + "|"]
     rules = [(name, fitter, SHIPPED_SCHEDULE) for name, fitter in VARIANTS.items()]
-    large = out.parent / "decision_validity_large_heldout"
-    if large.is_dir():  # the same fit on the trials read at two held-out sizes: the bench's and 4 times it
-        larger = instances(load(large)[0], SHIPPED_SCHEDULE, "heldout_large")
-
-        def both_sizes(insts, source):
-            sets_in = {i["set"] for i in insts}
-            return fit(insts + [i for i in larger if i["set"] in sets_in], source)
-
-        rules.append(("fitted on two held-out sizes (the bench's and 4 times it)", both_sizes, SHIPPED_SCHEDULE))
-    rules += [(name, fit, schedule) for name, schedule in SCHEDULE_VARIANTS.items()]
+    rules += [(name, _shipped, schedule) for name, schedule in SCHEDULE_VARIANTS.items()]
     for name, fitter, schedule in rules:
         insts = instances(models, schedule)
+        errors = larger_heldout(out, schedule)
         long = [i for i in insts if i["steps"] in LONG]
-        full = fitter(insts, "every bench model set")
-        held = {s: fitter([i for i in insts if i["set"] != s], f"bench sets other than {s}") for s in sets}
+        full = fitter(insts, "every bench model set", errors)
+        held = {s: fitter([i for i in insts if i["set"] != s], f"bench sets other than {s}",
+                          [i for i in errors if i["set"] != s]) for s in sets}
         sw = sweep_scores(sweeps, full, schedule) if schedule in ("halving", "even") else None
         within = "-" if sw is None else f"{sum(x['within_one'] for x in sw)} of {len(sw)}"
         for label, cals in (("other sets (held out)", held), ("every set (in sample)", {s: full for s in sets})):
@@ -619,11 +639,12 @@ def large_heldout_scores(large: Path, recorded: list) -> dict:
     for schedule in ("even", "halving"):
         bench = instances(models, schedule)
         larger = instances(models, schedule, "heldout_large")
-        bench_cals, larger_cals = lomo_calibrations(bench), lomo_calibrations(larger)
+        # the shipped procedure (its error model on both sizes) beside a fit on the larger split's trials alone
+        bench_cals, larger_cals = lomo_calibrations(bench, larger), lomo_calibrations(larger)
         bench, larger = [i for i in bench if i["steps"] == 300], [i for i in larger if i["steps"] == 300]
         name = "decide" if schedule == "even" else 'decide, `schedule="halving"`'
         rows[f"{name} (bench's held-out split)"] = score(bench, bench_cals, "decide")
-        rows[f"{name} (held-out x4, the bench split's calibrations)"] = score(larger, bench_cals, "decide")
+        rows[f"{name} (held-out x4, the shipped procedure's calibrations)"] = score(larger, bench_cals, "decide")
         rows[f"{name} (held-out x4, calibrated on that split)"] = score(larger, larger_cals, "decide")
         if schedule == "even":
             for method, label in (("short trial alone", "short trial alone"), (HELDOUT_CEILING, "held-out ceiling")):
@@ -636,12 +657,13 @@ def large_heldout_scores(large: Path, recorded: list) -> dict:
 def all_scores(out: Path) -> dict:
     models, sweeps, meta = load(out)
     insts = instances(models)
-    cals = lomo_calibrations(insts)
+    errors = larger_heldout(out)
+    cals = lomo_calibrations(insts, errors)
     targets = sorted({(i["column"], i["steps"]) for i in insts})
     by_target = {f"{c}/{s}": {m: score([i for i in insts if (i["column"], i["steps"]) == (c, s)], cals, m)
                               for m in METHODS} for c, s in targets}
     long = [i for i in insts if i["steps"] in LONG]
-    full = fit(insts, "every bench model set")
+    full = fit(insts, "every bench model set", error_insts=errors)
     result = {"meta": meta, "sets": sorted({i["set"] for i in insts}),
               "models": sorted({i["model"] for i in insts}),
               "calibrations_lomo": {s: c.to_dict() for s, c in cals.items()},
@@ -651,7 +673,7 @@ def all_scores(out: Path) -> dict:
               "long_by_set": {s: score([i for i in long if i["set"] == s], cals, "decide") for s in cals},
               "in_sample_long": score(long, {s: full for s in cals}, "decide"),
               "sweeps": sweep_scores(sweeps, full), "loops": loop_scores(out, sweeps)}
-    large = out.parent / "decision_validity_large_heldout"
+    large = out.parent / LARGE_HELDOUT
     if large.is_dir() and len({m["set"] for m in load(large)[0]}) >= 2:
         result["large_heldout"] = large_heldout_scores(large, models)
     longer = out.parent / "decision_validity_1000"
@@ -662,7 +684,7 @@ def all_scores(out: Path) -> dict:
         result["transfer_1000_by_column"] = {c: score([i for i in insts_1000 if i["column"] == c], cals, "decide")
                                              for c in sorted({i["column"] for i in insts_1000})}
         # successive halving at 1000 steps, with its own leave-one-set-out calibrations (fitted on its 300-step trials)
-        halving_cals = lomo_calibrations(instances(models, "halving"))
+        halving_cals = lomo_calibrations(instances(models, "halving"), larger_heldout(out, "halving"))
         halving_1000 = [i for i in instances(load(longer)[0], "halving") if i["steps"] == 1000]
         result["transfer_1000_halving_by_column"] = {
             "every column": score(halving_1000, halving_cals, "decide"),
@@ -765,7 +787,9 @@ CALIBRATION_HEADER = '''"""The shipped calibrations of :mod:`satcore.decision`: 
 
 Fitted on the long recipes (300 steps) of every model set of the bench (``source`` says which), one per
 trial schedule of ``decide``: ``DEFAULT_CALIBRATION`` on the even plan's trials, ``HALVING_CALIBRATION`` on
-successive halving's; the bench scores the same fitting procedure leave one model set out
+successive halving's; the error model (scale, residual quantiles, logistic) on the same trials read at two
+held-out sizes, the bench's and 4 times it, so that it holds where a user's held-out split is larger than the
+bench's; the bench scores the same fitting procedure leave one model set out
 (docs/predictive-validity.md).  Regenerate with ``python bench/decision_validity.py --fit``.
 """
 
@@ -776,11 +800,13 @@ from .decision import Calibration
 
 def fit_and_write(out: Path, target: Path) -> dict:
     """The shipped calibrations, one per trial schedule (each fitted on the long recipes of every model set under
-    its own schedule), written to ``target``."""
+    its own schedule, the error model on the trials read at both held-out sizes), written to ``target``."""
     models, _, _ = load(out)
     sets = ", ".join(sorted({m["set"] for m in models}))
     cals = {name: fit(instances(models, schedule), f"bench/decision_validity.py, the long recipes of every model "
-                                                   f"set ({sets}), {schedule} trials")
+                                                   f"set ({sets}), {schedule} trials; the error model also on "
+                                                   "their trials read on a held-out split 4 times the bench's",
+                      error_insts=larger_heldout(out, schedule))
             for name, schedule in (("DEFAULT_CALIBRATION", "even"), ("HALVING_CALIBRATION", "halving"))}
     target.write_text(CALIBRATION_HEADER + "\n\n".join(_calibration_source(cal, name) for name, cal in cals.items()))
     return cals

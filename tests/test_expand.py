@@ -9,6 +9,7 @@ directory it must not modify.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -30,6 +31,7 @@ from satcore.adapters.torch.expansion import (  # noqa: E402
     placement_decision, split_batches,
 )
 from satcore.decision import CandidateDecision, TrialCurve  # noqa: E402
+from satcore.decision_calibration import DEFAULT_CALIBRATION  # noqa: E402
 from satcore.errors import InputError  # noqa: E402
 from satcore.cli.expand import _report, _table_notes  # noqa: E402
 from satcore.cli.main import main  # noqa: E402
@@ -325,10 +327,15 @@ def test_the_ranking_table_says_which_rows_a_trial_verified():
     """5 places and 4 trials: the table's evidence column is ``trial`` exactly at the verified places, a line
     says the other row shows the screen's value; the interval / P(decrease) line names exactly the trialled
     rows whose interval reaches 0 with P(decrease) >= 0.975, the chosen-row line those chosen with such an
-    interval (both conditions read from the decision here)."""
+    interval (both conditions read from the decision here).  A calibration with the shipped heavy-tailed
+    residual quantiles and a steep logistic (slope 5: P(decrease) >= 0.975 from a standardised decrease of 0.74,
+    the interval's upper end below 0 only beyond the 97.5% quantile, 11) makes such rows whatever the shipped
+    constants are."""
     torch.manual_seed(0)
     model = T.LlamaForCausalLM(T.LlamaConfig(**{**DECODER, "num_hidden_layers": 4})).eval()
-    expansion = expand(model, windows(16), blocks=2, recipe=GROUPED_RECIPE, seed=3, layout="ranked")
+    steep = dataclasses.replace(DEFAULT_CALIBRATION, logit_intercept=0.0, logit_slope=5.0)
+    expansion = expand(model, windows(16), blocks=2, recipe=GROUPED_RECIPE, seed=3, layout="ranked",
+                       calibration=steep)
     d, report = expansion.decision, _report(expansion)
     rows = report_rows(report, d.candidates)
     assert set(rows) == set(d.candidates)
