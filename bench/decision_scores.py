@@ -396,6 +396,7 @@ def score(insts, calibrations: dict, method: str) -> dict:
     pooled_pred, pooled_real, within, picked, ratios, gains, probs, outcomes = [], [], [], [], [], [], [], []
     pick_gains, best_gains = [], []  # relative to the test loss, decisions whose best candidate decreased it
     harms = flagged = clear = signs = covered = n_cov = 0
+    close_calls = {True: [], False: []}  # decide's choices by InsertionDecision.close_call: is the pick the best?
     for inst in insts:
         cal = calibrations[inst["set"]]
         pred, p, pick, choice = _predictions(inst, method, cal)
@@ -438,6 +439,8 @@ def score(insts, calibrations: dict, method: str) -> dict:
                 outcomes.append(float(r["target"] < 0))
         if method == "decide":
             d = _decide(inst, cal)
+            if d.runner_up is not None:
+                close_calls[d.close_call].append(float(d.choice == names[best]))
             for k, n in enumerate(names):
                 lo, hi = d.candidates[n].interval
                 covered += int(lo <= target[k] <= hi)
@@ -471,6 +474,9 @@ def score(insts, calibrations: dict, method: str) -> dict:
                 "reliability_max_gap": max(abs(b["mean_p"] - b["frequency"]) for b in big) if big else None}
     if n_cov:
         out["coverage_95"] = covered / n_cov
+        out |= {"close_calls": len(close_calls[True]), "choices_with_runner_up": sum(map(len, close_calls.values())),
+                "best_chosen_close": float(np.mean(close_calls[True])) if close_calls[True] else None,
+                "best_chosen_clear": float(np.mean(close_calls[False])) if close_calls[False] else None}
     return out
 
 
@@ -744,7 +750,12 @@ def tables(out: Path) -> str:
               "|---|---|---|---|---|"]
     lines += [f"| {b['bin'][0]:.1f}-{b['bin'][1]:.1f} | {b['mean_p']:.2f} | {b['frequency']:.2f} | "
               f"{b['frequency_95'][0]:.2f}-{b['frequency_95'][1]:.2f} | {b['n']} |" for b in rel]
-    lines += [f"\n95% interval coverage (long recipes): {_f(res['long']['decide'].get('coverage_95'), True)}\n",
+    d = res["long"]["decide"]
+    lines += [f"\n95% interval coverage (long recipes): {_f(d.get('coverage_95'), True)}\n",
+              f"Close calls (long recipes; `InsertionDecision.close_call`: the choice leads its runner-up by less than "
+              f"the standard error of the difference): {d['close_calls']} of the {d['choices_with_runner_up']} "
+              f"choices with a runner-up; the choice was the realized best in {_f(d['best_chosen_close'], True)} of "
+              f"the close calls and in {_f(d['best_chosen_clear'], True)} of the others.\n",
               "**Depth sweeps** (calibration fitted on every insertion set; no sweep model is in it)\n",
               "| sweep | test loss by depth | realized best depth | decide stops at | within one block |",
               "|---|---|---|---|---|"]

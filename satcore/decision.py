@@ -319,12 +319,44 @@ class InsertionDecision:
         """``cost_block_steps`` over the cost of training one block with the recipe."""
         return self.cost_block_steps / self.recipe.block_steps()
 
+    @property
+    def runner_up(self) -> str | None:
+        """The chosen candidate's closest rival: among the other verified candidates that could be chosen (not
+        eliminated), the one with the lowest ``predicted_heldout_change``; None without a choice or rival."""
+        if self.choice is None:
+            return None
+        rivals = [c for n, c in self.candidates.items() if n != self.choice and c.verified and not c.eliminated]
+        return min(rivals, key=lambda c: c.predicted_heldout_change).name if rivals else None
+
+    @property
+    def margin(self) -> tuple | None:
+        """``(difference, standard error)``: the runner-up's predicted held-out change minus the choice's
+        (negative where the runner-up predicts the larger decrease but was not credible enough to be chosen),
+        and ``sqrt(se_choice^2 + se_runner_up^2)`` from their trials' paired standard errors (both trials are
+        evaluated on the same held-out samples, so this ignores their correlation); None without a runner-up.
+
+        A difference below its standard error is a *close call*: the held-out data does not separate the two.
+        On the decision bench (docs/predictive-validity.md) close calls picked the best candidate far less
+        often than the others."""
+        if self.runner_up is None:
+            return None
+        first, second = self.candidates[self.choice], self.candidates[self.runner_up]
+        se = math.hypot(first.trial.heldout_se, second.trial.heldout_se)
+        return second.predicted_heldout_change - first.predicted_heldout_change, se
+
+    @property
+    def close_call(self) -> bool:
+        """Whether the choice leads its runner-up by less than the standard error of the difference (:attr:`margin`)."""
+        return self.margin is not None and self.margin[0] < self.margin[1]
+
     def to_dict(self) -> dict:
+        margin = self.margin
         return {"choice": self.choice, "stop_reason": self.stop_reason,
                 "candidates": {name: c.to_dict() for name, c in self.candidates.items()},
                 "recipe": self.recipe.to_dict(), "heldout_loss": self.heldout_loss,
                 "cost_block_steps": self.cost_block_steps, "cost_fraction": self.cost_fraction,
-                "calibration": self.calibration.to_dict()}
+                "runner_up": self.runner_up, "margin": None if margin is None else list(margin),
+                "close_call": self.close_call, "calibration": self.calibration.to_dict()}
 
 
 def choose(candidates, recipe: Recipe, heldout_loss: float, cost_block_steps: int,

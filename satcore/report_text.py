@@ -126,6 +126,12 @@ def render_decision(decision) -> str:
             lines.append("note: never chosen: a candidate eliminated in successive halving's first stage (its "
                          "shorter trial's prediction) or not trialled (screen only: first-order values)")
         lines += [f"note: {n}" for n in decision_interval_notes(decision.candidates)]
+        if getattr(decision, "close_call", False):
+            difference, se = decision.margin
+            lines.append(f"note: close call: {display_name(decision.runner_up)} is {num(difference)} behind the choice "
+                         f"in held-out change, within the standard error of the difference ({num(se)}): the held-out "
+                         "data does not separate them; more held-out samples would (on the decision bench close "
+                         "calls picked the best candidate far less often, docs/predictive-validity.md)")
     return "\n".join(lines)
 
 

@@ -96,10 +96,48 @@ def test_the_decision_table_says_why_where_its_columns_disagree():
     fine = CandidateDecision("m.2", -0.2, -0.1, (-0.4, -0.1), 0.99, -0.3, curve)
     text = render_decision(choose([*odd, fine], recipe, 1.0, 8, NORMAL))
     notes = [line for line in text.splitlines() if line.startswith("note: ")]
-    assert len(notes) == 2
+    assert len(notes) == 3
     assert notes[0].startswith("note: m.0: the 95% interval reaches 0 while P(decrease) is at least 0.975")
     assert notes[1].startswith("note: m.1: the point lies outside its 95% interval")
+    assert notes[2].startswith("note: close call: m.1 is 0 behind the choice")  # three equal predictions
     assert "note: " not in render_decision(choose([fine], recipe, 1.0, 8, NORMAL))
+
+
+def test_a_choice_within_the_standard_error_of_its_runner_up_is_a_close_call():
+    """Hand-made trials: the runner-up is the best other candidate that could be chosen (eliminated and
+    screen-only rows are not rivals); the margin is its prediction minus the choice's beside the root sum of
+    squares of the two trials' held-out standard errors, a close call when the margin is the smaller, also when
+    a rival predicting more decrease was not credible (negative margin); a stop has none.  The printed decision
+    says so in one note, and the JSON carries the three fields."""
+    from satcore.report_text import render_decision
+
+    recipe = Recipe("adam", 1e-3, 300, 16, "block")
+
+    def cand(name, point, p, se, **kw):
+        return CandidateDecision(name, point, point, (point - 0.1, point + 0.1), p, point,
+                                 TrialCurve((1, 2), (0.0, point), (0.0, point), se), **kw)
+
+    dropped = cand("m.2", -0.2, 0.99, 0.02, eliminated=True)  # a larger decrease, but eliminated: no rival
+    screened = CandidateDecision("head", -0.5, -0.5, (-0.6, -0.4), 0.99, -0.5)  # screen only: no rival
+    clear = choose([cand("m.0", -0.10, 0.9, 0.02), cand("m.1", -0.07, 0.8, 0.02), dropped, screened],
+                   recipe, 1.0, 300, NORMAL)
+    assert (clear.choice, clear.runner_up) == ("m.0", "m.1")
+    difference, se = clear.margin
+    assert difference == pytest.approx(0.03, rel=8 * np.finfo(float).eps)
+    assert se == pytest.approx(0.02 * np.sqrt(2), rel=4 * np.finfo(float).eps)
+    assert not clear.close_call and "close call" not in render_decision(clear)
+    close = choose([cand("m.0", -0.10, 0.9, 0.02), cand("m.1", -0.08, 0.8, 0.02), dropped], recipe, 1.0, 300,
+                   NORMAL)
+    assert close.close_call and close.margin[0] == pytest.approx(0.02, rel=8 * np.finfo(float).eps)
+    notes = [line for line in render_decision(close).splitlines() if "close call" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: close call: m.1 is 0.02 behind the choice")
+    shaky = choose([cand("m.0", -0.10, 0.9, 0.02), cand("m.1", -0.30, 0.3, 1.0)], recipe, 1.0, 300, NORMAL)
+    assert shaky.choice == "m.0" and shaky.runner_up == "m.1" and shaky.margin[0] < 0 and shaky.close_call
+    stop = choose([cand("m.1", 0.05, 0.2, 0.02)], recipe, 1.0, 300, NORMAL)
+    assert stop.choice is None and stop.runner_up is None and stop.margin is None and not stop.close_call
+    back = json.loads(json.dumps(close.to_dict()))
+    assert back["runner_up"] == "m.1" and back["close_call"] is True and back["margin"] == list(close.margin)
+    assert json.loads(json.dumps(stop.to_dict()))["margin"] is None
 
 
 
