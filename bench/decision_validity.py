@@ -176,6 +176,7 @@ def record_model(task: dict, log, seeds: tuple = SEEDS, stored: dict | None = No
                              "its trial seeds cannot be pooled with the recorded ones")
         out["same_model_deviation"] = model_deviation(stored, out)[0]
         log(f"  {task['tag']}: the recorded model (base losses and screen within {out['same_model_deviation']:.1e})")
+    after = {}  # (column, seed, held-out split) -> {candidate: per-sample losses after each checkpoint}
     for name in names:
         for column, (_, _, _, longest) in COLUMNS.items():
             points = checkpoints_for(len(names), longest)
@@ -184,8 +185,21 @@ def record_model(task: dict, log, seeds: tuple = SEEDS, stored: dict | None = No
                                         task["train"], sets, points, loss_fn, seed=seed)
                 out["runs"].append({"candidate": name, "column": column, "seed": seed, "steps": points,
                                     **{k: _summary(*measured[k]) for k in sets}})
+                if "heldout_large" in sets:  # --large-heldout: keep them for the candidates' paired differences
+                    for split in ("heldout", "heldout_large"):
+                        after.setdefault(f"{column}/{seed}/{split}", {})[name] = measured[split][1]
         log(f"  {task['tag']} {name}: {time.time() - t0:.0f}s")
+    if after:
+        out["paired_se"] = {key: {f"{a}|{b}": _paired_se(losses[a], losses[b])
+                                  for a, b in itertools.combinations(names, 2)} for key, losses in after.items()}
     return out
+
+
+def _paired_se(after_a, after_b) -> list:
+    """Per checkpoint, the standard error of the difference of two trials' mean held-out losses, paired over the
+    samples both are evaluated on (``InsertionDecision.margin_se`` as ``decide`` computes it)."""
+    diff = after_b - after_a
+    return (diff.std(1, ddof=1) / np.sqrt(diff.shape[1])).tolist()
 
 
 # -- model sets ---------------------------------------------------------------------------------------------

@@ -295,6 +295,10 @@ class InsertionDecision:
         The trials' optimizer steps of one inserted block, summed.
     calibration : Calibration
         The constants the predictions used.
+    margin_se : float or None
+        The standard error of :attr:`margin`'s difference from the paired per-sample differences of
+        the choice's and the runner-up's held-out losses after their trials (``decide`` sets it);
+        None: bounded by the two trials' standard errors alone (:attr:`margin`).
     """
 
     choice: str | None
@@ -304,6 +308,7 @@ class InsertionDecision:
     heldout_loss: float
     cost_block_steps: int
     calibration: Calibration = field(repr=False)
+    margin_se: float | None = None
 
     def __post_init__(self):
         if (self.choice is None) == (self.stop_reason is None):
@@ -332,16 +337,19 @@ class InsertionDecision:
     def margin(self) -> tuple | None:
         """``(difference, standard error)``: the runner-up's predicted held-out change minus the choice's
         (negative where the runner-up predicts the larger decrease but was not credible enough to be chosen),
-        and ``sqrt(se_choice^2 + se_runner_up^2)`` from their trials' paired standard errors (both trials are
-        evaluated on the same held-out samples, so this ignores their correlation); None without a runner-up.
+        and the standard error of that difference: :attr:`margin_se` where set (``decide``: paired over the
+        held-out samples both trials are evaluated on), else ``sqrt(se_choice^2 + se_runner_up^2)`` from the
+        two trials' own standard errors, which ignores that the two are evaluated on the same samples (their
+        correlation is usually positive, so this overstates it); None without a runner-up.
 
-        A difference below its standard error is a *close call*: the held-out data does not separate the two.
-        On the decision bench (docs/predictive-validity.md) close calls picked the best candidate far less
-        often than the others."""
+        A difference below its standard error is a *close call*: the held-out data does not tell the two
+        apart.  On the decision bench (docs/predictive-validity.md) close calls picked the best candidate
+        far less often than the others."""
         if self.runner_up is None:
             return None
         first, second = self.candidates[self.choice], self.candidates[self.runner_up]
-        se = math.hypot(first.trial.heldout_se, second.trial.heldout_se)
+        se = self.margin_se if self.margin_se is not None else math.hypot(first.trial.heldout_se,
+                                                                           second.trial.heldout_se)
         return second.predicted_heldout_change - first.predicted_heldout_change, se
 
     @property

@@ -130,8 +130,8 @@ def render_decision(decision) -> str:
             difference, se = decision.margin
             lines.append(f"note: close call: {display_name(decision.runner_up)} is {num(difference)} behind the choice "
                          f"in held-out change, within the standard error of the difference ({num(se)}): the held-out "
-                         "data does not separate them; more held-out samples would (on the decision bench close "
-                         "calls picked the best candidate far less often, docs/predictive-validity.md)")
+                         "data does not tell them apart (they may be as good as each other; on the decision bench "
+                         "close calls picked the best candidate far less often, docs/predictive-validity.md)")
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -242,3 +243,49 @@ def test_the_larger_probe_split_extends_the_benchs_own_and_leaves_train_and_test
                                                                                      large.probe[1][:160]))):
         np.testing.assert_array_equal(a[0], b[0])
         np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_a_recorded_paired_standard_error_is_the_margins_where_the_recording_has_it(scores):
+    """``--large-heldout`` records, per (column, trial seed, held-out split), each pair of candidates' standard
+    error of the difference paired over the held-out samples at every checkpoint; a decision on such a recording
+    reads its margin's standard error there, at the checkpoint its trials end on (a model without the record keeps
+    the bound from the trials' own errors), and only such decisions count in the close-call split."""
+    rng = np.random.default_rng(6)
+    model = _model("toy/a", (0, 1, 2), rng)
+    steps = model["runs"][0]["steps"]
+    model["paired_se"] = {f"adam_block/{a}/heldout": {"stage0|stage1": (np.arange(len(steps)) * 1e-3 + 1e-4).tolist()}
+                          for a in (0, 1, 2)}
+    plain = copy.deepcopy(model)
+    del plain["paired_se"]
+    cal = scores.Calibration(0.0, 0.0, (0.025, 0.5, 0.975), (-2.0, 0.0, 2.0), 0.0, 0.0, "test", 0.0, 0.0, 1.0)
+    long = [i for i in scores.instances([model]) if i["steps"] == 300]  # (the 30-step screen has an unscored row)
+    assert any(scores._decide(i, cal).runner_up is not None for i in long)
+    for inst, bare in zip(long, [i for i in scores.instances([plain]) if i["steps"] == 300]):
+        d, b = scores._decide(inst, cal), scores._decide(bare, cal)
+        if d.runner_up is None:
+            continue
+        end = d.candidates[d.choice].trial.steps[-1]
+        assert d.margin_se == (steps.index(end) * 1e-3 + 1e-4) and d.margin[1] == d.margin_se
+        assert b.margin_se is None and b.margin[1] == math.hypot(b.candidates[b.choice].trial.heldout_se,
+                                                                 b.candidates[b.runner_up].trial.heldout_se)
+    scored = scores.score(long, {"toy": cal}, "decide")
+    assert scored["choices_with_paired_margin"] == sum(scores._decide(i, cal).runner_up is not None for i in long)
+    assert scores.score([i for i in scores.instances([plain]) if i["steps"] == 300], {"toy": cal},
+                        "decide")["choices_with_paired_margin"] == 0
+
+
+def test_the_recorded_paired_standard_error_is_the_sample_standard_error_of_the_differences():
+    """``decision_validity._paired_se`` per checkpoint against ``statistics.stdev`` of the per-sample differences."""
+    import statistics
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        validity = importlib.import_module("decision_validity")
+    finally:
+        sys.path.remove(str(BENCH))
+    rng = np.random.default_rng(7)
+    a, b = rng.normal(size=(3, 50)), rng.normal(size=(3, 50))
+    got = validity._paired_se(a, b)
+    for k in range(3):
+        want = statistics.stdev((b[k] - a[k]).tolist()) / math.sqrt(50)
+        assert got[k] == pytest.approx(want, rel=16 * np.finfo(float).eps)

@@ -444,3 +444,57 @@ def test_decision_in_passes_under_a_statistics_budget_equals_the_one_pass_decisi
         assert grouped.cost_block_steps == 2 * one.cost_block_steps
     with pytest.raises(InputError, match="'layer2.1' alone holds"):
         run(max_statistics_bytes=2 * size["layer2.1"] - 1)
+
+
+def test_decide_pairs_the_margins_standard_error_over_the_held_out_samples():
+    """``decide`` sets ``margin_se`` from the per-sample differences of the choice's and the runner-up's held-out
+    losses after their trials, checked against ``trial_losses`` run by hand with the same seed (each trial starts
+    from the same model and minibatch order, so the losses are the same to the bit); the two trials share their
+    held-out samples, so the paired standard error is below the bound from the trials' own errors."""
+    model = digits_resnet()
+    train, heldout = _data(0, 256, 32), _data(1200, 256, 32)
+    recipe = Recipe("adam", 1e-3, 40, 32, "block")
+    # no trend: the predictions are the trials' last held-out changes, whose difference the margin is
+    flat = dataclasses.replace(DEFAULT_CALIBRATION, trend_weight=0.0)
+    d = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2], max_trials=2, seed=2,
+               calibration=flat)
+    assert d.runner_up is not None and d.margin_se is not None
+    splits = probe_splits(model, train, heldout, per_sample_ce, candidates=CANDIDATES[:2], seed=2)
+    final = {}
+    for name in (d.choice, d.runner_up):
+        measured = trial_losses(model, splits.train, name, recipe.with_steps(20), train, {"heldout": heldout},
+                                trial_checkpoints(20), per_sample_ce, seed=2)
+        final[name] = measured["heldout"][1][-1]
+    diff = final[d.runner_up] - final[d.choice]
+    assert d.margin_se == pytest.approx(diff.std(ddof=1) / math.sqrt(diff.size), rel=1e-9)
+    assert d.margin[0] == pytest.approx(diff.mean(), rel=1e-9, abs=1e-12)
+    bound = math.hypot(d.candidates[d.choice].trial.heldout_se, d.candidates[d.runner_up].trial.heldout_se)
+    assert d.margin[1] == d.margin_se < bound
+    assert json.loads(json.dumps(d.to_dict()))["margin"] == [d.margin[0], d.margin_se]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"train": []}, "the training data yielded no batches"),
+    ({"heldout": []}, "the held-out data yielded no batches"),
+    ({"heldout": "tensor pair"}, "held-out data: a batch is a pair"),
+    ({"heldout": "one sample"}, "holds 1 sample"),
+    ({"loss_fn": "batch mean"}, "0-d loss"),
+    ({"max_trials": 0}, "max_trials must be a positive integer"),
+    ({"max_trials": True}, "max_trials must be a positive integer"),
+])
+def test_decide_refuses_inputs_it_cannot_decide_on_in_one_line(change, message):
+    """What a user plausibly passes by mistake is refused before any probe or trial, with an ``InputError`` naming
+    the argument: empty splits, the held-out set as one ``(X, y)`` pair instead of batches, one held-out sample (no
+    standard error), a loss that returns the batch mean, and a non-positive ``max_trials``."""
+    X, y = digits()
+    args = {"train": _data(0, 64, 32), "heldout": _data(1200, 64, 32), "loss_fn": per_sample_ce, "max_trials": 2}
+    args.update(change)
+    if args["heldout"] == "tensor pair":
+        args["heldout"] = (X[1200:1264], y[1200:1264])
+    elif args["heldout"] == "one sample":
+        args["heldout"] = [(X[1200:1201], y[1200:1201])]
+    if args["loss_fn"] == "batch mean":
+        args["loss_fn"] = lambda out, target: torch.nn.functional.cross_entropy(out, target)
+    with pytest.raises(InputError, match=message):
+        decide(digits_resnet(), args["train"], args["heldout"], args["loss_fn"], recipe=Recipe("adam", 1e-3, 8, 32),
+               candidates=CANDIDATES, max_trials=args["max_trials"])

@@ -128,6 +128,9 @@ def per_sample_eval(model, batches, loss_fn=None) -> np.ndarray:
             inputs, targets = split_batch(batch, targets_to_model=True)
             inputs, targets = to_device(inputs, device), to_device(targets, device)
             losses = _loss_fn(model, loss_fn)(call_model(model, inputs), targets)
+            if losses.ndim == 0:  # a batch mean: the trials' paired standard errors need one loss per sample
+                raise InputError("decide: loss_fn returned a 0-d loss (a batch mean?); decide needs per-sample "
+                                 "losses of shape (B,), e.g. reduction='none'")
             out.append(losses.detach().to(torch.float64).reshape(-1).cpu().numpy())
     return np.concatenate(out)
 
@@ -308,9 +311,26 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
         raise InputError(f"decide: recipe must be a satcore.Recipe, got {type(recipe).__name__}")
     if schedule not in ("halving", "even"):
         raise InputError(f"decide: schedule must be 'halving' or 'even', got {schedule!r}")
+    if isinstance(max_trials, bool) or not isinstance(max_trials, int) or max_trials < 1:
+        raise InputError(f"decide: max_trials must be a positive integer, got {max_trials!r}")
     if calibration is None:
         calibration = HALVING_CALIBRATION if schedule == "halving" else DEFAULT_CALIBRATION
     train, heldout = list(train), list(heldout)
+    for split, data in (("training", train), ("held-out", heldout)):
+        if not data:
+            raise InputError(f"decide: the {split} data yielded no batches")
+        for batch in data:
+            try:
+                split_batch(batch, targets_to_model=True)
+            except ValueError as e:
+                raise InputError(f"decide: {split} data: {e} (pass batches, e.g. a list of (inputs, targets))") from None
+    evaluate = {"heldout": heldout, "train": train}
+    # the unexpanded model's losses, once, before the probe so that a loss without per-sample values or a held-out
+    # split too small for a standard error is refused first: every trial starts from them (its block is the identity)
+    before = {split: per_sample_eval(model, data, loss_fn) for split, data in evaluate.items()}
+    if before["heldout"].size < 2:
+        raise InputError(f"decide: the held-out data holds {before['heldout'].size} sample(s); a trial's held-out "
+                         "change needs at least 2 for its standard error")
     probe_options.update(candidates=candidates, family=family, seed=seed)
     screened, pass_of = {}, {}
 
@@ -334,11 +354,8 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
         # an earlier pass's: its statistics are gone, its group is probed again
         return probe_training_split(model, train, loss_fn, **probe_options | pass_of[name])
 
-    evaluate = {"heldout": heldout, "train": train}
-    # the unexpanded model's losses, once: every trial starts from them (its block is the identity)
-    before = {split: per_sample_eval(model, data, loss_fn) for split, data in evaluate.items()}
     run = _halving_trials if schedule == "halving" else _even_trials
-    curves, cost = run(model, trialled, probed, recipe, train, evaluate, before, loss_fn, seed)
+    curves, cost, final = run(model, trialled, probed, recipe, train, evaluate, before, loss_fn, seed)
     out = []
     for name in names:
         screen_change, fold_gain, training_change = screened[name]
@@ -350,22 +367,30 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
             low, high = fold_gain.interval  # the fold interval only: never chosen (not verified)
             out.append(CandidateDecision(name, screen_change, training_change, (-high, -low), fold_gain.p_decrease,
                                          screen_change))
-    return choose(out, recipe, float(before["heldout"].mean()), cost, calibration)
+    decision = choose(out, recipe, float(before["heldout"].mean()), cost, calibration)
+    if decision.runner_up is None:
+        return decision
+    # the margin's standard error paired over the held-out samples both trials were evaluated on
+    diff = final[decision.runner_up] - final[decision.choice]
+    return dataclasses.replace(decision, margin_se=float(diff.std(ddof=1) / math.sqrt(diff.size)))
 
 
 def _even_trials(model, trialled, probed, recipe, train, evaluate, before, loss_fn, seed):
-    """``({name: (curve, eliminated)}, block-steps)``: every trialled candidate ``recipe.steps // n`` steps."""
+    """``({name: (curve, eliminated)}, block-steps, {name: per-sample held-out losses at the trial's end})``:
+    every trialled candidate ``recipe.steps // n`` steps."""
     verified, T, checkpoints = trial_plan(len(trialled), recipe, len(trialled))
-    curves = {}
+    curves, final = {}, {}
     for name in trialled:
         measured = trial_losses(model, probed(name), name, recipe.with_steps(T), train, evaluate, checkpoints,
                                 loss_fn, seed=seed, before=before)
         curves[name] = (TrialCurve.from_losses(checkpoints, *measured["heldout"], *measured["train"]), False)
-    return curves, verified * T
+        final[name] = measured["heldout"][1][-1]
+    return curves, verified * T, final
 
 
 def _halving_trials(model, trialled, probed, recipe, train, evaluate, before, loss_fn, seed):
-    """``({name: (curve, eliminated)}, block-steps)`` by successive halving (:func:`satcore.decision.halving_plan`):
+    """``({name: (curve, eliminated)}, block-steps, {name: per-sample held-out losses at its curve's end})`` by
+    successive halving (:func:`satcore.decision.halving_plan`):
     every trialled candidate ``T1`` steps, set aside; the finalists (lowest held-out change at ``T1``) resumed to
     ``T2``.  A finalist's curve is read at a quarter, half and all of ``T2``, an eliminated one's of ``T1``."""
     verified, first, finalists, second = halving_plan(len(trialled), recipe, len(trialled))
@@ -388,13 +413,14 @@ def _halving_trials(model, trialled, probed, recipe, train, evaluate, before, lo
             if t > first:
                 trial.run_to(t)
                 measured[name][t] = trial.losses(evaluate)
-    curves = {}
+    curves, final = {}, {}
     for name in trialled:
         points = late if name in kept else trial_checkpoints(first)
         after = {split: np.stack([measured[name][t][split] for t in points]) for split in evaluate}
         curve = TrialCurve.from_losses(points, before["heldout"], after["heldout"], before["train"], after["train"])
         curves[name] = (curve, name not in kept)
-    return curves, verified * first + finalists * (second - first)
+        final[name] = after["heldout"][-1]
+    return curves, verified * first + finalists * (second - first), final
 
 
 __all__ = ["decide", "grouped_trials", "inserted_copy", "per_sample_eval", "recipe_minibatches", "screen", "trial_losses"]
