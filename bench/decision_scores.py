@@ -191,7 +191,10 @@ def instances(models: list, schedule: str = SHIPPED_SCHEDULE, heldout: str = "he
                                      "train_target": float(np.mean(train_others)), "screen": screen[c]})
                     out.append({"model": m["model"], "set": m["set"], "column": column, "steps": steps, "seed": a,
                                 "cost": cost, "base_heldout": m["base"][heldout], "base_test": m["base"]["test"],
-                                "rows": rows})
+                                "rows": rows,
+                                # --large-heldout recordings: the candidates' paired standard errors per checkpoint
+                                "paired_se": m.get("paired_se", {}).get(f"{column}/{a}/{heldout}"),
+                                "pair_steps": runs[(m["candidates"][0], column, a)]["steps"]})
     return out
 
 
@@ -225,7 +228,13 @@ def _decide(inst, calibration):
             continue
         c = verified_candidate(r["candidate"], r["curve"], inst["steps"], calibration, r["screen"])
         cands.append(c if r["may_choose"] else dataclasses.replace(c, trial=None))
-    return choose(cands, recipe, inst["base_heldout"], inst["cost"], calibration)
+    d = choose(cands, recipe, inst["base_heldout"], inst["cost"], calibration)
+    if d.runner_up is None or not inst.get("paired_se"):
+        return d
+    # the margin's standard error paired over the held-out samples, at the checkpoint both trials end on
+    pairs, end = inst["paired_se"], d.candidates[d.choice].trial.steps[-1]
+    se = pairs.get(f"{d.choice}|{d.runner_up}") or pairs[f"{d.runner_up}|{d.choice}"]
+    return dataclasses.replace(d, margin_se=se[inst["pair_steps"].index(end)])
 
 
 def fit(insts, source: str, trend_by: str = "error", lengths: tuple = LONG, error_insts=()) -> Calibration:
@@ -439,7 +448,7 @@ def score(insts, calibrations: dict, method: str) -> dict:
                 outcomes.append(float(r["target"] < 0))
         if method == "decide":
             d = _decide(inst, cal)
-            if d.runner_up is not None:
+            if d.runner_up is not None and inst.get("paired_se"):  # only where the paired margin is recorded
                 close_calls[d.close_call].append(float(d.choice == names[best]))
             for k, n in enumerate(names):
                 lo, hi = d.candidates[n].interval
@@ -474,7 +483,7 @@ def score(insts, calibrations: dict, method: str) -> dict:
                 "reliability_max_gap": max(abs(b["mean_p"] - b["frequency"]) for b in big) if big else None}
     if n_cov:
         out["coverage_95"] = covered / n_cov
-        out |= {"close_calls": len(close_calls[True]), "choices_with_runner_up": sum(map(len, close_calls.values())),
+        out |= {"close_calls": len(close_calls[True]), "choices_with_paired_margin": sum(map(len, close_calls.values())),
                 "best_chosen_close": float(np.mean(close_calls[True])) if close_calls[True] else None,
                 "best_chosen_clear": float(np.mean(close_calls[False])) if close_calls[False] else None}
     return out
@@ -742,6 +751,13 @@ def tables(out: Path) -> str:
                   "fitted leave one model set out; the largest difference of a recorded "
                   f"change from the bench's recording: {lh['max_deviation_from_recording']:.1e})\n", head, rule]
         lines += [row(name, v) for name, v in lh["rows"].items()]
+        lines += ["\nClose calls (`InsertionDecision.close_call`: the choice leads its runner-up by less than the "
+                  "standard error of the difference, paired over the held-out samples; recorded with `--large-heldout`)"
+                  "\n", "| decision | close calls / choices with a runner-up | best chosen: close calls | best chosen: "
+                  "the others |", "|---|---|---|---|"]
+        lines += [f"| {name} | {v['close_calls']} / {v['choices_with_paired_margin']} | "
+                  f"{_f(v['best_chosen_close'], True)} | {_f(v['best_chosen_clear'], True)} |"
+                  for name, v in lh["rows"].items() if v.get("choices_with_paired_margin")]
     lines += ["\n**Per model set, long recipes (decide)**\n", head, rule]
     lines += [row(s, v) for s, v in res["long_by_set"].items()]
     rel = res["long"]["decide"].get("reliability", [])
@@ -750,12 +766,7 @@ def tables(out: Path) -> str:
               "|---|---|---|---|---|"]
     lines += [f"| {b['bin'][0]:.1f}-{b['bin'][1]:.1f} | {b['mean_p']:.2f} | {b['frequency']:.2f} | "
               f"{b['frequency_95'][0]:.2f}-{b['frequency_95'][1]:.2f} | {b['n']} |" for b in rel]
-    d = res["long"]["decide"]
-    lines += [f"\n95% interval coverage (long recipes): {_f(d.get('coverage_95'), True)}\n",
-              f"Close calls (long recipes; `InsertionDecision.close_call`: the choice leads its runner-up by less than "
-              f"the standard error of the difference): {d['close_calls']} of the {d['choices_with_runner_up']} "
-              f"choices with a runner-up; the choice was the realized best in {_f(d['best_chosen_close'], True)} of "
-              f"the close calls and in {_f(d['best_chosen_clear'], True)} of the others.\n",
+    lines += [f"\n95% interval coverage (long recipes): {_f(res['long']['decide'].get('coverage_95'), True)}\n",
               "**Depth sweeps** (calibration fitted on every insertion set; no sweep model is in it)\n",
               "| sweep | test loss by depth | realized best depth | decide stops at | within one block |",
               "|---|---|---|---|---|"]

@@ -131,7 +131,7 @@ def render_decision(decision) -> str:
             lines.append(f"note: close call: {display_name(decision.runner_up)} is {num(difference)} behind the choice "
                          f"in held-out change, within the standard error of the difference ({num(se)}): the held-out "
                          "data does not tell them apart (they may be as good as each other; on the decision bench "
-                         "close calls picked the best candidate far less often, docs/predictive-validity.md)")
+                         "close calls picked the best candidate less often, docs/predictive-validity.md)")
     return "\n".join(lines)
 
 

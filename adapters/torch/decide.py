@@ -94,7 +94,8 @@ def _length(tree) -> int:
 
 def recipe_minibatches(batches, batch_size: int, seed: int):
     """An endless stream of ``(inputs, targets)`` minibatches of ``batch_size`` samples drawn from the
-    ``batches`` (pooled; a fresh seeded permutation each pass), or, where the batches cannot be pooled
+    ``batches`` (pooled; a fresh seeded permutation each pass; every sample in each minibatch where the
+    batches hold fewer than ``batch_size``), or, where the batches cannot be pooled
     (inputs of different lengths, inputs that are not tensors), the batches themselves in a seeded order."""
     pairs = [split_batch(b, targets_to_model=True) for b in batches]
     if not pairs:
