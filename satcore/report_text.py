@@ -128,10 +128,16 @@ def render_decision(decision) -> str:
         lines += [f"note: {n}" for n in decision_interval_notes(decision.candidates)]
         if getattr(decision, "close_call", False):
             difference, se = decision.margin
-            lines.append(f"note: close call: {display_name(decision.runner_up)} is {num(difference)} behind the choice "
-                         f"in held-out change, within the standard error of the difference ({num(se)}): the held-out "
-                         "data does not tell them apart (they may be as good as each other; on the decision bench "
-                         "close calls picked the best candidate less often, docs/predictive-validity.md)")
+            runner_up = display_name(decision.runner_up)
+            if difference < 0:  # the runner-up predicts more; its P(decrease) kept it from being chosen
+                lines.append(f"note: close call: {runner_up} predicts a held-out decrease larger by {num(-difference)} "
+                             "than the choice's, but its P(decrease) is below the threshold: the choice is the "
+                             "credible one, not the one predicted best")
+            else:
+                lines.append(f"note: close call: {runner_up} is {num(difference)} behind the choice in held-out "
+                             f"change, within the standard error of the difference ({num(se)}): the held-out data "
+                             "does not tell them apart (they may be as good as each other; on the decision bench "
+                             "close calls picked the best candidate less often, docs/predictive-validity.md)")
     return "\n".join(lines)
 
 

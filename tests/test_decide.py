@@ -133,6 +133,8 @@ def test_a_choice_within_the_standard_error_of_its_runner_up_is_a_close_call():
     assert len(notes) == 1 and notes[0].startswith("note: close call: m.1 is 0.02 behind the choice")
     shaky = choose([cand("m.0", -0.10, 0.9, 0.02), cand("m.1", -0.30, 0.3, 1.0)], recipe, 1.0, 300, NORMAL)
     assert shaky.choice == "m.0" and shaky.runner_up == "m.1" and shaky.margin[0] < 0 and shaky.close_call
+    notes = [line for line in render_decision(shaky).splitlines() if "close call" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: close call: m.1 predicts a held-out decrease larger by 0.2 ")
     stop = choose([cand("m.1", 0.05, 0.2, 0.02)], recipe, 1.0, 300, NORMAL)
     assert stop.choice is None and stop.runner_up is None and stop.margin is None and not stop.close_call
     back = json.loads(json.dumps(close.to_dict()))
@@ -481,20 +483,50 @@ def test_decide_pairs_the_margins_standard_error_over_the_held_out_samples():
     ({"loss_fn": "batch mean"}, "0-d loss"),
     ({"max_trials": 0}, "max_trials must be a positive integer"),
     ({"max_trials": True}, "max_trials must be a positive integer"),
+    ({"max_trials": 1.5}, "max_trials must be a positive integer"),
+    ({"heldout": "one batch"}, "the held-out data is one batch"),
+    ({"heldout": "empty batch"}, "held-out data: batch 2 holds no samples"),
+    ({"loss_fn": "kept mean"}, r"loss_fn returned shape \(1,\) for a batch of 32 samples"),
+    ({"loss_fn": "per class"}, r"loss_fn returned shape \(32, 10\)"),
 ])
 def test_decide_refuses_inputs_it_cannot_decide_on_in_one_line(change, message):
     """What a user plausibly passes by mistake is refused before any probe or trial, with an ``InputError`` naming
-    the argument: empty splits, the held-out set as one ``(X, y)`` pair instead of batches, one held-out sample (no
-    standard error), a loss that returns the batch mean, and a non-positive ``max_trials``."""
+    the argument: empty splits, one batch (or its two tensors) instead of an iterable of batches, an empty batch,
+    one held-out sample (no standard error), a loss that returns the batch mean (0-d or kept as ``(1,)``) or more
+    than one value per sample, and a ``max_trials`` that is not a positive integer."""
     X, y = digits()
     args = {"train": _data(0, 64, 32), "heldout": _data(1200, 64, 32), "loss_fn": per_sample_ce, "max_trials": 2}
     args.update(change)
     if args["heldout"] == "tensor pair":
+        args["heldout"] = [X[1200:1264], y[1200:1264]]  # the pair's two tensors read as two batches
+    elif args["heldout"] == "one batch":
         args["heldout"] = (X[1200:1264], y[1200:1264])
     elif args["heldout"] == "one sample":
         args["heldout"] = [(X[1200:1201], y[1200:1201])]
+    elif args["heldout"] == "empty batch":
+        args["heldout"] = _data(1200, 64, 32) + [(X[:0], y[:0])]
     if args["loss_fn"] == "batch mean":
         args["loss_fn"] = lambda out, target: torch.nn.functional.cross_entropy(out, target)
+    elif args["loss_fn"] == "kept mean":
+        args["loss_fn"] = lambda out, target: torch.nn.functional.cross_entropy(out, target).reshape(1)
+    elif args["loss_fn"] == "per class":
+        args["loss_fn"] = lambda out, target: torch.nn.functional.cross_entropy(
+            out, target, reduction="none")[:, None].expand(-1, 10)
     with pytest.raises(InputError, match=message):
         decide(digits_resnet(), args["train"], args["heldout"], args["loss_fn"], recipe=Recipe("adam", 1e-3, 8, 32),
                candidates=CANDIDATES, max_trials=args["max_trials"])
+
+
+def test_decide_takes_any_integer_max_trials_and_a_data_loader():
+    """``max_trials`` as a numpy integer decides as the same Python int; a ``DataLoader`` over the same samples in
+    the same order decides as the list of its batches."""
+    X, y = digits()
+    train, heldout = _data(0, 64, 32), _data(1200, 64, 32)
+    recipe = Recipe("adam", 1e-3, 8, 32)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X[1200:1264], y[1200:1264]), batch_size=32)
+    a = decide(digits_resnet(), train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2], max_trials=2)
+    b = decide(digits_resnet(), train, loader, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2],
+               max_trials=np.int64(2))
+    assert a.choice == b.choice and a.stop_reason == b.stop_reason
+    for name, c in a.candidates.items():
+        assert b.candidates[name].predicted_heldout_change == c.predicted_heldout_change

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import operator
 from collections.abc import Mapping
 
 import numpy as np
@@ -115,6 +116,14 @@ def recipe_minibatches(batches, batch_size: int, seed: int):
             yield _take(inputs, idx), _take(targets, idx)
 
 
+def _batch_size(inputs) -> int | None:
+    """The number of samples in a batch's inputs (a tensor, or a mapping of tensors); None where unknown."""
+    try:
+        return int(_length(inputs))
+    except (TypeError, AttributeError, StopIteration, IndexError):
+        return None
+
+
 def _loss_fn(model, loss_fn):
     return model_loss(model) if loss_fn is None else loss_fn
 
@@ -132,6 +141,10 @@ def per_sample_eval(model, batches, loss_fn=None) -> np.ndarray:
             if losses.ndim == 0:  # a batch mean: the trials' paired standard errors need one loss per sample
                 raise InputError("decide: loss_fn returned a 0-d loss (a batch mean?); decide needs per-sample "
                                  "losses of shape (B,), e.g. reduction='none'")
+            size = _batch_size(inputs)
+            if size is not None and tuple(losses.shape) != (size,):
+                raise InputError(f"decide: loss_fn returned shape {tuple(losses.shape)} for a batch of {size} samples; "
+                                 "decide needs per-sample losses of shape (B,), e.g. reduction='none'")
             out.append(losses.detach().to(torch.float64).reshape(-1).cpu().numpy())
     return np.concatenate(out)
 
@@ -307,24 +320,41 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
     InsertionDecision
         ``cost_block_steps`` is the trials' optimizer steps, at most ``recipe.steps`` (the number of
         verified candidates where that is larger: each trial takes at least one step).
+
+    Raises
+    ------
+    satcore.InputError
+        Before any probe or trial: a split that yields no batches or is one batch rather than an
+        iterable of batches, an empty batch, fewer than 2 held-out samples, a ``loss_fn`` that does not
+        return one loss per sample (a batch mean, 0-d or ``(1,)``), ``max_trials`` not a positive integer.
     """
     if not isinstance(recipe, Recipe):
         raise InputError(f"decide: recipe must be a satcore.Recipe, got {type(recipe).__name__}")
     if schedule not in ("halving", "even"):
         raise InputError(f"decide: schedule must be 'halving' or 'even', got {schedule!r}")
-    if isinstance(max_trials, bool) or not isinstance(max_trials, int) or max_trials < 1:
+    try:  # any integer, numpy's included; not a bool, float or str
+        count = None if isinstance(max_trials, bool) else operator.index(max_trials)
+    except TypeError:
+        count = None
+    if count is None or count < 1:
         raise InputError(f"decide: max_trials must be a positive integer, got {max_trials!r}")
+    max_trials = count
     if calibration is None:
         calibration = HALVING_CALIBRATION if schedule == "halving" else DEFAULT_CALIBRATION
+    for split, data in (("training", train), ("held-out", heldout)):
+        if isinstance(data, Mapping) or (isinstance(data, tuple) and len(data) == 2 and torch.is_tensor(data[0])):
+            raise InputError(f"decide: the {split} data is one batch; pass an iterable of batches, e.g. [batch]")
     train, heldout = list(train), list(heldout)
     for split, data in (("training", train), ("held-out", heldout)):
         if not data:
             raise InputError(f"decide: the {split} data yielded no batches")
-        for batch in data:
+        for i, batch in enumerate(data):
             try:
-                split_batch(batch, targets_to_model=True)
+                inputs, _ = split_batch(batch, targets_to_model=True)
             except ValueError as e:
                 raise InputError(f"decide: {split} data: {e} (pass batches, e.g. a list of (inputs, targets))") from None
+            if _batch_size(inputs) == 0:
+                raise InputError(f"decide: {split} data: batch {i} holds no samples")
     evaluate = {"heldout": heldout, "train": train}
     # the unexpanded model's losses, once, before the probe so that a loss without per-sample values or a held-out
     # split too small for a standard error is refused first: every trial starts from them (its block is the identity)
