@@ -669,6 +669,27 @@ def large_heldout_scores(large: Path, recorded: list) -> dict:
     return result
 
 
+def larger_size_scores(out: Path, cals: dict, factor: int = 16) -> dict | None:
+    """The shipped procedure's decisions (``cals``: its leave-one-set-out calibrations, fitted on the bench's split
+    and the 4x one) read on a held-out split ``factor`` times the bench's (``--large-heldout factor``), which no
+    fit reads, beside the same decisions read on the bench's split and on the 4x one, over the same model sets;
+    None where it is not recorded."""
+    larger = out.parent / f"{LARGE_HELDOUT}_x{factor}"
+    if not larger.is_dir():
+        return None
+    models = load(larger)[0]
+    sets = sorted({m["set"] for m in models})
+    four = [i for i in larger_heldout(out) if i["set"] in sets]
+    result = {"sets": sets, "factor": factor, "max_deviation_from_recording": _recorded_deviation(models, load(out)[0]),
+              "rows": {}}
+    for label, insts in (("bench's held-out split", instances(models)), ("held-out x4", four),
+                         (f"held-out x{factor}", instances(models, SHIPPED_SCHEDULE, "heldout_large"))):
+        long = [i for i in insts if i["steps"] == 300]
+        result["rows"][f"decide ({label})"] = score(long, cals, "decide")
+        result["rows"][f"held-out ceiling ({label})"] = score(long, cals, HELDOUT_CEILING)
+    return result
+
+
 def all_scores(out: Path) -> dict:
     models, sweeps, meta = load(out)
     insts = instances(models)
@@ -688,6 +709,8 @@ def all_scores(out: Path) -> dict:
               "long_by_set": {s: score([i for i in long if i["set"] == s], cals, "decide") for s in cals},
               "in_sample_long": score(long, {s: full for s in cals}, "decide"),
               "sweeps": sweep_scores(sweeps, full), "loops": loop_scores(out, sweeps)}
+    if (sized := larger_size_scores(out, cals)) is not None:
+        result["larger_size"] = sized
     large = out.parent / LARGE_HELDOUT
     if large.is_dir() and len({m["set"] for m in load(large)[0]}) >= 2:
         result["large_heldout"] = large_heldout_scores(large, models)
@@ -758,6 +781,19 @@ def tables(out: Path) -> str:
         lines += [f"| {name} | {v['close_calls']} / {v['choices_with_paired_margin']} | "
                   f"{_f(v['best_chosen_close'], True)} | {_f(v['best_chosen_clear'], True)} |"
                   for name, v in lh["rows"].items() if v.get("choices_with_paired_margin")]
+    if "larger_size" in res:
+        ls = res["larger_size"]
+        lines += [f"\n**A held-out split {ls['factor']} times the bench's** (`--large-heldout {ls['factor']}`; 300 steps; "
+                  f"{', '.join(ls['sets'])}: digits has too few images; no fit reads this split: every set scored "
+                  "with the shipped procedure's calibration fitted on the other sets at the bench's size and 4 times "
+                  f"it; the largest difference of a recorded change from the bench's recording: "
+                  f"{ls['max_deviation_from_recording']:.1e})\n", head, rule]
+        lines += [row(name, v) for name, v in ls["rows"].items()]
+        lines += ["", "| decision | 95% coverage | close calls / choices with a runner-up | best chosen: close calls | "
+                  "best chosen: the others |", "|---|---|---|---|---|"]
+        lines += [f"| {name} | {_f(v.get('coverage_95'), True)} | {v['close_calls']} / {v['choices_with_paired_margin']} | "
+                  f"{_f(v['best_chosen_close'], True)} | {_f(v['best_chosen_clear'], True)} |"
+                  for name, v in ls["rows"].items() if name.startswith("decide")]
     lines += ["\n**Per model set, long recipes (decide)**\n", head, rule]
     lines += [row(s, v) for s, v in res["long_by_set"].items()]
     rel = res["long"]["decide"].get("reliability", [])
@@ -820,6 +856,21 @@ from .decision import Calibration
 '''
 
 
+def heldout_sample_range(out: Path) -> tuple[int, int]:
+    """The fewest and most held-out samples a fitted trial was read on: each model set part's probe split (images,
+    or windows), at the bench's size in ``out`` and times the factor in the ``--large-heldout`` folder next to it."""
+    counts = set()
+    for folder in (out, out.parent / LARGE_HELDOUT):
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+            data = json.loads(path.read_text())
+            if not data.get("models"):
+                continue
+            sizes, part = data["sizes"], data["part"]
+            n = sizes["images"][part][2] if part in sizes["images"] else sizes["llama"]["windows"][1]
+            counts.add(n * sizes.get("large_heldout_factor", 1))
+    return min(counts), max(counts)
+
+
 def fit_and_write(out: Path, target: Path) -> dict:
     """The shipped calibrations, one per trial schedule (each fitted on the long recipes of every model set under
     its own schedule, the error model on the trials read at both held-out sizes), written to ``target``."""
@@ -830,5 +881,9 @@ def fit_and_write(out: Path, target: Path) -> dict:
                                                    "their trials read on a held-out split 4 times the bench's",
                       error_insts=larger_heldout(out, schedule))
             for name, schedule in (("DEFAULT_CALIBRATION", "even"), ("HALVING_CALIBRATION", "halving"))}
-    target.write_text(CALIBRATION_HEADER + "\n\n".join(_calibration_source(cal, name) for name, cal in cals.items()))
+    low, high = heldout_sample_range(out)
+    target.write_text(CALIBRATION_HEADER + "\n\n".join(_calibration_source(cal, name) for name, cal in cals.items())
+                      + "\n# the fewest and most held-out samples a fitted trial was read on: beyond the most, the "
+                      "error model is\n# over-confident on the bench (docs/predictive-validity.md)\n"
+                      f"CALIBRATED_HELDOUT_SAMPLES = ({low}, {high})\n")
     return cals

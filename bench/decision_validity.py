@@ -38,7 +38,7 @@ a sweep part's model seed 3 only, to ``<part>-seeds3.json``; ``--trial-seeds 2``
 re-trained from the same seeds, refused unless their base losses and screen are the recorded ones, and only trial
 seed 2 run, to ``<part>-trialseed2.json`` (with ``--column``, ``<part>-<column>-trialseed2.json``), whose runs the scores merge into ``<part>.json``'s models; ``--large-heldout``: a model set part's
 models and trials with every trial also evaluated on a held-out split 4 times the bench's, to
-``docs/figures/decision_validity_large_heldout/``); ``--tables``
+``docs/figures/decision_validity_large_heldout/``; ``--large-heldout 16``: 16 times, to ``..._x16/``); ``--tables``
 scores them (``bench/decision_scores.py``) and prints the docs tables; ``--variants`` the
 decision rules tried; ``--fit`` writes ``satcore/decision_calibration.py`` from all sets.
 """
@@ -78,7 +78,12 @@ OUT_1000 = ROOT / "docs" / "figures" / "decision_validity_1000"
 # first quarter is the bench's own held-out split), to OUT_LARGE_HELDOUT: how the decision depends on the size of the
 # held-out data it reads (the test split and the targets are unchanged)
 OUT_LARGE_HELDOUT = ROOT / "docs" / "figures" / "decision_validity_large_heldout"
-LARGE_HELDOUT = 4
+LARGE_HELDOUT = 4  # --large-heldout's default factor; another factor N records to OUT_LARGE_HELDOUT's name + _x<N>
+
+
+def large_heldout_out(factor: int) -> Path:
+    return OUT_LARGE_HELDOUT if factor == LARGE_HELDOUT else OUT_LARGE_HELDOUT.with_name(
+        f"{OUT_LARGE_HELDOUT.name}_x{factor}")
 LENGTHS = (30, 300, 1000)
 SEEDS = (0, 1, 2)
 MAX_TRIALS = 4
@@ -203,11 +208,14 @@ def _paired_se(after_a, after_b) -> list:
 
 
 # -- model sets ---------------------------------------------------------------------------------------------
-def image_tasks(name: str, large_heldout: bool = False):
+def image_tasks(name: str, large_heldout: int = 0):
     use_digits, n_train, n_probe, n_test, epochs = IMAGES[name]
     # a larger probe split extends the bench's one (the same seeded permutation, read further); train and test are
     # drawn as before
-    data = load_images(n_train, n_probe * (LARGE_HELDOUT if large_heldout else 1), n_test, seed=0, digits=use_digits)
+    data = load_images(n_train, n_probe * (large_heldout or 1), n_test, seed=0, digits=use_digits)
+    if len(data.train[1]) != n_train or len(data.probe[1]) != n_probe * (large_heldout or 1):
+        raise SystemExit(f"{name}: the data holds too few images for a held-out split {large_heldout} times the "
+                         f"bench's beside its {n_train} training images")
     probe = (data.probe[0][:n_probe], data.probe[1][:n_probe])
     for e in epochs:
         torch.manual_seed(1)
@@ -278,8 +286,8 @@ def text_windows(text: str, probe_factor: int = 1):
             lm_windows(test, seq, n_test, seed=4))
 
 
-def text_tasks(name: str, large_heldout: bool = False):
-    source, train_w, large_w, test_w = text_windows(TEXTS[name], LARGE_HELDOUT if large_heldout else 1)
+def text_tasks(name: str, large_heldout: int = 0):
+    source, train_w, large_w, test_w = text_windows(TEXTS[name], large_heldout or 1)
     probe_w = large_w[:LLAMA["windows"][1]]
     for steps in LLAMA["steps"]:
         model = llama(LLAMA["layers"])
@@ -477,12 +485,12 @@ def _stored(stored: dict | None, tag: str, path: Path):
 
 
 def record(part: str, log=print, column: str | None = None, seeds: tuple | None = None,
-           trial_seeds: tuple | None = None, large_heldout: bool = False) -> None:
+           trial_seeds: tuple | None = None, large_heldout: int = 0) -> None:
     out = OUT_1000 if column is not None and column.endswith("_1000") else OUT
     if large_heldout:
         if part not in (*IMAGES, *TEXTS) or trial_seeds is not None or (column or "").endswith("_1000"):
             raise SystemExit("--large-heldout: a model set part's 300-step columns only")
-        out = OUT_LARGE_HELDOUT
+        out = large_heldout_out(large_heldout)
     out.mkdir(parents=True, exist_ok=True)
     path = out / (f"{part}.json" if column is None else f"{part}-{column}.json")
     if seeds is not None:  # a sweep part's model seeds recorded one process at a time
@@ -505,7 +513,7 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
     result = {"schema": "satcore-bench-decision-validity/1", "part": part, "columns": COLUMNS,
               "lengths": list(LENGTHS), "seeds": list(trial_seeds or SEEDS), "max_trials": MAX_TRIALS,
               "sizes": {"images": IMAGES, "llama": LLAMA, "widths": list(WIDTHS), "sweeps": SWEEP_PARTS.get(part),
-                        **({"large_heldout_factor": LARGE_HELDOUT} if large_heldout else {})},
+                        **({"large_heldout_factor": large_heldout} if large_heldout else {})},
               "models": [], "sweeps": [],
               # float rounding differs between CPU kernels (AVX2, AVX-512), and long training amplifies it: the same
               # seeds give another model on another machine, so a part's models are compared only within a machine
@@ -546,9 +554,9 @@ def main(argv=None) -> int:
     parser.add_argument("--trial-seeds", type=int, nargs="+",
                         help="model set parts: re-train the recorded models and run only these trial seeds "
                              "(to <part>-trialseed<seeds>.json, merged into <part>.json's models when scored)")
-    parser.add_argument("--large-heldout", action="store_true",
-                        help="model set parts: each trial also evaluated on a held-out split 4 times the bench's "
-                             "(to docs/figures/decision_validity_large_heldout/)")
+    parser.add_argument("--large-heldout", type=int, nargs="?", const=LARGE_HELDOUT, default=0, metavar="N",
+                        help="model set parts: each trial also evaluated on a held-out split N (default 4) times the "
+                             "bench's (to docs/figures/decision_validity_large_heldout/, or ..._x<N>/)")
     parser.add_argument("--tables", action="store_true", help="score the recorded parts and print the docs tables")
     parser.add_argument("--variants", action="store_true",
                         help="score the decision rules tried (bench/decision_scores.py VARIANTS) and print their table")

@@ -299,6 +299,10 @@ class InsertionDecision:
         The standard error of :attr:`margin`'s difference from the paired per-sample differences of
         the choice's and the runner-up's held-out losses after their trials (``decide`` sets it);
         None: bounded by the two trials' standard errors alone (:attr:`margin`).
+    heldout_samples : int or None
+        How many held-out samples the trials were read on (``decide`` sets it); the shipped calibration's
+        error model was fitted on trials read on ``satcore.decision_calibration.CALIBRATED_HELDOUT_SAMPLES``
+        and is over-confident on many more (docs/predictive-validity.md).
     """
 
     choice: str | None
@@ -309,6 +313,7 @@ class InsertionDecision:
     cost_block_steps: int
     calibration: Calibration = field(repr=False)
     margin_se: float | None = None
+    heldout_samples: int | None = None
 
     def __post_init__(self):
         if (self.choice is None) == (self.stop_reason is None):
@@ -364,7 +369,8 @@ class InsertionDecision:
                 "recipe": self.recipe.to_dict(), "heldout_loss": self.heldout_loss,
                 "cost_block_steps": self.cost_block_steps, "cost_fraction": self.cost_fraction,
                 "runner_up": self.runner_up, "margin": None if margin is None else list(margin),
-                "close_call": self.close_call, "calibration": self.calibration.to_dict()}
+                "close_call": self.close_call, "heldout_samples": self.heldout_samples,
+                "calibration": self.calibration.to_dict()}
 
 
 def choose(candidates, recipe: Recipe, heldout_loss: float, cost_block_steps: int,

@@ -36,3 +36,7 @@ HALVING_CALIBRATION = Calibration(
     logit_intercept=-0.08286469336789068,
     logit_slope=1.2905647574065806,
 )
+
+# the fewest and most held-out samples a fitted trial was read on: beyond the most, the error model is
+# over-confident on the bench (docs/predictive-validity.md)
+CALIBRATED_HELDOUT_SAMPLES = (96, 640)

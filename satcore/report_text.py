@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ._display import display_name
 from .criteria import Verdict
+from .decision_calibration import CALIBRATED_HELDOUT_SAMPLES, DEFAULT_CALIBRATION, HALVING_CALIBRATION
 
 LEGEND = (
     "columns: AG = activation-gradient norm; V = growth value (first-order gain per unit block size, the raw "
@@ -126,6 +127,13 @@ def render_decision(decision) -> str:
             lines.append("note: never chosen: a candidate eliminated in successive halving's first stage (its "
                          "shorter trial's prediction) or not trialled (screen only: first-order values)")
         lines += [f"note: {n}" for n in decision_interval_notes(decision.candidates)]
+        samples = getattr(decision, "heldout_samples", None)
+        if samples is not None and samples > CALIBRATED_HELDOUT_SAMPLES[1] and decision.calibration in (
+                DEFAULT_CALIBRATION, HALVING_CALIBRATION):
+            lines.append(f"note: the trials were read on {samples} held-out samples, more than the shipped "
+                         f"calibration's error model was fitted on (at most {CALIBRATED_HELDOUT_SAMPLES[1]}): on "
+                         "larger held-out splits its intervals and P(decrease) were over-confident on the bench "
+                         "(docs/predictive-validity.md); the ranking is not affected")
         if getattr(decision, "close_call", False):
             difference, se = decision.margin
             runner_up = display_name(decision.runner_up)

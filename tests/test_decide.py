@@ -460,7 +460,7 @@ def test_decide_pairs_the_margins_standard_error_over_the_held_out_samples():
     flat = dataclasses.replace(DEFAULT_CALIBRATION, trend_weight=0.0)
     d = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2], max_trials=2, seed=2,
                calibration=flat)
-    assert d.runner_up is not None and d.margin_se is not None
+    assert d.runner_up is not None and d.margin_se is not None and d.heldout_samples == 256
     splits = probe_splits(model, train, heldout, per_sample_ce, candidates=CANDIDATES[:2], seed=2)
     final = {}
     for name in (d.choice, d.runner_up):
@@ -530,3 +530,24 @@ def test_decide_takes_any_integer_max_trials_and_a_data_loader():
     assert a.choice == b.choice and a.stop_reason == b.stop_reason
     for name, c in a.candidates.items():
         assert b.candidates[name].predicted_heldout_change == c.predicted_heldout_change
+
+
+def test_the_printed_decision_says_when_its_held_out_data_is_larger_than_the_calibration_was_fitted_on():
+    """A note under the table where the trials were read on more held-out samples than the shipped calibration's
+    error model was fitted on (``CALIBRATED_HELDOUT_SAMPLES``); none at or below it, and none for a calibration
+    of the user's own, whose range satcore does not know."""
+    from satcore.decision_calibration import CALIBRATED_HELDOUT_SAMPLES
+    from satcore.report_text import render_decision
+
+    recipe = Recipe("adam", 1e-3, 300, 16, "block")
+    curve = TrialCurve((1, 2), (0.0, -0.1), (0.0, -0.1), 0.01)
+    cand = CandidateDecision("m.0", -0.1, -0.1, (-0.2, -0.05), 0.9, -0.1, curve)
+    most = CALIBRATED_HELDOUT_SAMPLES[1]
+
+    def notes(samples, calibration=DEFAULT_CALIBRATION):
+        d = dataclasses.replace(choose([cand], recipe, 1.0, 300, calibration), heldout_samples=samples)
+        return [line for line in render_decision(d).splitlines() if "held-out samples" in line]
+
+    assert len(notes(most + 1)) == 1 and notes(most + 1)[0].startswith(
+        f"note: the trials were read on {most + 1} held-out samples, more than the shipped calibration's")
+    assert notes(most) == [] and notes(None) == [] and notes(10 * most, NORMAL) == []

@@ -398,7 +398,8 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
             low, high = fold_gain.interval  # the fold interval only: never chosen (not verified)
             out.append(CandidateDecision(name, screen_change, training_change, (-high, -low), fold_gain.p_decrease,
                                          screen_change))
-    decision = choose(out, recipe, float(before["heldout"].mean()), cost, calibration)
+    decision = dataclasses.replace(choose(out, recipe, float(before["heldout"].mean()), cost, calibration),
+                                   heldout_samples=int(before["heldout"].size))
     if decision.runner_up is None:
         return decision
     # the margin's standard error paired over the held-out samples both trials were evaluated on
