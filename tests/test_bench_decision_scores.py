@@ -289,3 +289,19 @@ def test_the_recorded_paired_standard_error_is_the_sample_standard_error_of_the_
     for k in range(3):
         want = statistics.stdev((b[k] - a[k]).tolist()) / math.sqrt(50)
         assert got[k] == pytest.approx(want, rel=16 * np.finfo(float).eps)
+
+
+def test_the_calibrated_held_out_range_is_read_from_the_recordings_sizes(scores, tmp_path):
+    """``heldout_sample_range``: every model set part's probe split (images or windows), times the factor of the
+    ``--large-heldout`` folder beside the bench's; parts without models (sweeps) do not count."""
+    bench, large = tmp_path / "decision_validity", tmp_path / scores.LARGE_HELDOUT
+    bench.mkdir()
+    large.mkdir()
+    sizes = {"images": {"digits": [True, 300, 160, 300, [2]]}, "llama": {"windows": [128, 96, 128]}}
+    for folder, factor in ((bench, None), (large, 4)):
+        for part in ("digits", "llama-pydoc"):
+            extra = {} if factor is None else {"large_heldout_factor": factor}
+            (folder / f"{part}.json").write_text(json.dumps({"part": part, "sizes": {**sizes, **extra},
+                                                             "models": [{"model": "m"}]}))
+    (bench / "sweeps.json").write_text(json.dumps({"part": "sweeps", "sizes": sizes, "models": []}))
+    assert scores.heldout_sample_range(bench) == (96, 640)
