@@ -333,10 +333,11 @@ def lomo_calibrations(insts, error_insts=()) -> dict:
 LARGE_HELDOUT = "decision_validity_large_heldout"  # beside the bench's folder: bench/decision_validity.py --large-heldout
 
 
-def larger_heldout(out: Path, schedule: str = SHIPPED_SCHEDULE) -> list[dict]:
-    """The decisions of the ``--large-heldout`` recording next to ``out``, read on its larger held-out split (the
-    error model's second size, :func:`fit`); none where it is not recorded."""
-    large = out.parent / LARGE_HELDOUT
+def larger_heldout(out: Path, schedule: str = SHIPPED_SCHEDULE, factor: int = 4) -> list[dict]:
+    """The decisions of the ``--large-heldout`` recording next to ``out`` (``factor`` 4: the error model's second
+    size, :func:`fit`; another factor: its ``_x<factor>`` folder), read on its larger held-out split; none where it
+    is not recorded."""
+    large = out.parent / (LARGE_HELDOUT if factor == 4 else f"{LARGE_HELDOUT}_x{factor}")
     return instances(load(large)[0], schedule, "heldout_large") if large.is_dir() else []
 
 
@@ -563,6 +564,7 @@ VARIANTS = {
     "error model on the bench's held-out size only (shipped before)": lambda insts, source, errors: fit(insts, source),
     "everything fitted on two held-out sizes (the bench's and 4 times it)":
         lambda insts, source, errors: fit(insts + errors, source),
+    "error model on three held-out sizes (16 times the bench's too)": "x16",
     "trend weight by the decisions' gain": lambda insts, source, errors: fit(insts, source, "gain", error_insts=errors),
     "fitted on every recipe length (30 steps too)":
         lambda insts, source, errors: fit(insts, source, lengths=(30, *LONG), error_insts=errors),
@@ -596,6 +598,8 @@ def variants(out: Path) -> str:
     for name, fitter, schedule in rules:
         insts = instances(models, schedule)
         errors = larger_heldout(out, schedule)
+        if fitter == "x16":  # the shipped fit with the 16-times split's trials in its error model too
+            errors, fitter = errors + larger_heldout(out, schedule, 16), _shipped
         long = [i for i in insts if i["steps"] in LONG]
         full = fitter(insts, "every bench model set", errors)
         held = {s: fitter([i for i in insts if i["set"] != s], f"bench sets other than {s}",
