@@ -330,14 +330,19 @@ def lomo_calibrations(insts, error_insts=()) -> dict:
                    error_insts=[i for i in error_insts if i["set"] != s]) for s in sets}
 
 
-LARGE_HELDOUT = "decision_validity_large_heldout"  # beside the bench's folder: bench/decision_validity.py --large-heldout
+LARGE_HELDOUT = 4  # bench/decision_validity.py --large-heldout's default factor: the error model's second size
 
 
-def larger_heldout(out: Path, schedule: str = SHIPPED_SCHEDULE, factor: int = 4) -> list[dict]:
-    """The decisions of the ``--large-heldout`` recording next to ``out`` (``factor`` 4: the error model's second
-    size, :func:`fit`; another factor: its ``_x<factor>`` folder), read on its larger held-out split; none where it
-    is not recorded."""
-    large = out.parent / (LARGE_HELDOUT if factor == 4 else f"{LARGE_HELDOUT}_x{factor}")
+def large_heldout_folder(out: Path, factor: int = LARGE_HELDOUT) -> Path:
+    """Where ``--large-heldout factor`` records, beside the bench's folder ``out``."""
+    name = "decision_validity_large_heldout"
+    return out.parent / (name if factor == LARGE_HELDOUT else f"{name}_x{factor}")
+
+
+def larger_heldout(out: Path, schedule: str = SHIPPED_SCHEDULE, factor: int = LARGE_HELDOUT) -> list[dict]:
+    """The decisions of the ``--large-heldout factor`` recording beside ``out`` (the default factor: the error
+    model's second size, :func:`fit`), read on its larger held-out split; none where it is not recorded."""
+    large = large_heldout_folder(out, factor)
     return instances(load(large)[0], schedule, "heldout_large") if large.is_dir() else []
 
 
@@ -678,7 +683,7 @@ def larger_size_scores(out: Path, cals: dict, factor: int = 16) -> dict | None:
     and the 4x one) read on a held-out split ``factor`` times the bench's (``--large-heldout factor``), which no
     fit reads, beside the same decisions read on the bench's split and on the 4x one, over the same model sets;
     None where it is not recorded."""
-    larger = out.parent / f"{LARGE_HELDOUT}_x{factor}"
+    larger = large_heldout_folder(out, factor)
     if not larger.is_dir():
         return None
     models = load(larger)[0]
@@ -715,7 +720,7 @@ def all_scores(out: Path) -> dict:
               "sweeps": sweep_scores(sweeps, full), "loops": loop_scores(out, sweeps)}
     if (sized := larger_size_scores(out, cals)) is not None:
         result["larger_size"] = sized
-    large = out.parent / LARGE_HELDOUT
+    large = large_heldout_folder(out)
     if large.is_dir() and len({m["set"] for m in load(large)[0]}) >= 2:
         result["large_heldout"] = large_heldout_scores(large, models)
     longer = out.parent / "decision_validity_1000"
@@ -864,7 +869,7 @@ def heldout_sample_range(out: Path) -> tuple[int, int]:
     """The fewest and most held-out samples a fitted trial was read on: each model set part's probe split (images,
     or windows), at the bench's size in ``out`` and times the factor in the ``--large-heldout`` folder next to it."""
     counts = set()
-    for folder in (out, out.parent / LARGE_HELDOUT):
+    for folder in (out, large_heldout_folder(out)):
         for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
             data = json.loads(path.read_text())
             if not data.get("models"):

@@ -67,23 +67,16 @@ from exlib.data import load_images, load_text  # noqa: E402
 from exlib.models import BasicBlock, StagewiseResNet  # noqa: E402
 from exlib.training import batches, classifier_loss, lm_batches, lm_windows, per_sample_ce, train_classifier  # noqa: E402
 from satcore import Recipe  # noqa: E402
-from satcore.decision import trial_plan  # noqa: E402
+from satcore.decision import paired_standard_error, trial_plan  # noqa: E402
 from satcore.adapters.torch import InsertedResidual, probe_splits, sequence_loss  # noqa: E402
 from satcore.adapters.torch.decide import per_sample_eval, recipe_minibatches, recipe_optimizer, screen, trial_losses  # noqa: E402
-from decision_scores import schedule_points  # noqa: E402
+from decision_scores import LARGE_HELDOUT, large_heldout_folder, schedule_points  # noqa: E402
 
 OUT = ROOT / "docs" / "figures" / "decision_validity"
 OUT_1000 = ROOT / "docs" / "figures" / "decision_validity_1000"
-# --large-heldout: the same models and trials, each trial also evaluated on a held-out split 4 times the bench's (its
-# first quarter is the bench's own held-out split), to OUT_LARGE_HELDOUT: how the decision depends on the size of the
-# held-out data it reads (the test split and the targets are unchanged)
-OUT_LARGE_HELDOUT = ROOT / "docs" / "figures" / "decision_validity_large_heldout"
-LARGE_HELDOUT = 4  # --large-heldout's default factor; another factor N records to OUT_LARGE_HELDOUT's name + _x<N>
-
-
-def large_heldout_out(factor: int) -> Path:
-    return OUT_LARGE_HELDOUT if factor == LARGE_HELDOUT else OUT_LARGE_HELDOUT.with_name(
-        f"{OUT_LARGE_HELDOUT.name}_x{factor}")
+# --large-heldout N: the same models and trials, each trial also evaluated on a held-out split N times the bench's (its
+# first part is the bench's own held-out split), to decision_scores.large_heldout_folder(OUT, N): how the decision
+# depends on the size of the held-out data it reads (the test split and the targets are unchanged)
 LENGTHS = (30, 300, 1000)
 SEEDS = (0, 1, 2)
 MAX_TRIALS = 4
@@ -149,7 +142,7 @@ def checkpoints_for(n_candidates: int, longest: int) -> list[int]:
 def _summary(before, after) -> dict:
     """Mean change per checkpoint and the paired standard error of each."""
     diff = after - before[None, :]
-    return {"change": diff.mean(1).tolist(), "se": (diff.std(1, ddof=1) / np.sqrt(diff.shape[1])).tolist()}
+    return {"change": diff.mean(1).tolist(), "se": paired_standard_error(diff).tolist()}
 
 
 def record_model(task: dict, log, seeds: tuple = SEEDS, stored: dict | None = None) -> dict:
@@ -195,16 +188,10 @@ def record_model(task: dict, log, seeds: tuple = SEEDS, stored: dict | None = No
                         after.setdefault(f"{column}/{seed}/{split}", {})[name] = measured[split][1]
         log(f"  {task['tag']} {name}: {time.time() - t0:.0f}s")
     if after:
-        out["paired_se"] = {key: {f"{a}|{b}": _paired_se(losses[a], losses[b])
+        # per checkpoint, InsertionDecision.margin_se as decide computes it
+        out["paired_se"] = {key: {f"{a}|{b}": paired_standard_error(losses[b] - losses[a]).tolist()
                                   for a, b in itertools.combinations(names, 2)} for key, losses in after.items()}
     return out
-
-
-def _paired_se(after_a, after_b) -> list:
-    """Per checkpoint, the standard error of the difference of two trials' mean held-out losses, paired over the
-    samples both are evaluated on (``InsertionDecision.margin_se`` as ``decide`` computes it)."""
-    diff = after_b - after_a
-    return (diff.std(1, ddof=1) / np.sqrt(diff.shape[1])).tolist()
 
 
 # -- model sets ---------------------------------------------------------------------------------------------
@@ -490,7 +477,7 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
     if large_heldout:
         if part not in (*IMAGES, *TEXTS) or trial_seeds is not None or (column or "").endswith("_1000"):
             raise SystemExit("--large-heldout: a model set part's 300-step columns only")
-        out = large_heldout_out(large_heldout)
+        out = large_heldout_folder(OUT, large_heldout)
     out.mkdir(parents=True, exist_ok=True)
     path = out / (f"{part}.json" if column is None else f"{part}-{column}.json")
     if seeds is not None:  # a sweep part's model seeds recorded one process at a time

@@ -62,6 +62,24 @@ from .recipe import Recipe
 STOP_REASONS = ("no_credible_decrease", "gain_below_tolerance", "no_candidates")
 
 
+def paired_standard_error(differences):
+    """The standard error of the mean of paired per-sample ``differences`` along the last axis,
+    ``std(d, ddof=1) / sqrt(n)``: a trial's held-out change (losses after minus before on the same samples),
+    or two trials' difference (both read on the same held-out samples); ``inf`` where ``n < 2``.
+
+    Examples
+    --------
+    >>> round(paired_standard_error([0.1, 0.3, 0.2, 0.4]), 6)
+    0.06455
+    """
+    d = np.asarray(differences, np.float64)
+    n = d.shape[-1]
+    if n < 2:
+        return np.full(d.shape[:-1], math.inf) if d.ndim > 1 else math.inf
+    se = d.std(-1, ddof=1) / math.sqrt(n)
+    return float(se) if d.ndim == 1 else se
+
+
 @dataclass(frozen=True)
 class TrialCurve:
     """Held-out and training loss changes measured along one short trial.
@@ -98,9 +116,8 @@ class TrialCurve:
         """From per-sample losses: ``*_before`` ``(n,)``, ``*_after`` ``(k, n)`` (one row per checkpoint)."""
         hb, ha = np.asarray(heldout_before, np.float64), np.atleast_2d(np.asarray(heldout_after, np.float64))
         tb, ta = np.asarray(training_before, np.float64), np.atleast_2d(np.asarray(training_after, np.float64))
-        diff = ha[-1] - hb
-        se = float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else math.inf
-        return cls(tuple(steps), tuple(ha.mean(1) - hb.mean()), tuple(ta.mean(1) - tb.mean()), se)
+        return cls(tuple(steps), tuple(ha.mean(1) - hb.mean()), tuple(ta.mean(1) - tb.mean()),
+                   paired_standard_error(ha[-1] - hb))
 
     def at(self, step: float, which: str = "heldout") -> float:
         """The change at ``step`` (linear in ``log step`` between checkpoints, 0 at step 0, clamped at the end)."""
@@ -431,4 +448,5 @@ def halving_plan(n_candidates: int, recipe: Recipe, max_trials: int = 4) -> tupl
 
 
 __all__ = ["Calibration", "CandidateDecision", "InsertionDecision", "STOP_REASONS", "TrialCurve", "choose",
-           "error_scale", "extrapolate", "halving_plan", "trial_checkpoints", "trial_plan", "verified_candidate"]
+           "error_scale", "extrapolate", "halving_plan", "paired_standard_error", "trial_checkpoints", "trial_plan",
+           "verified_candidate"]

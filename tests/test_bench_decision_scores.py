@@ -275,17 +275,16 @@ def test_a_recorded_paired_standard_error_is_the_margins_where_the_recording_has
 
 
 def test_the_recorded_paired_standard_error_is_the_sample_standard_error_of_the_differences():
-    """``decision_validity._paired_se`` per checkpoint against ``statistics.stdev`` of the per-sample differences."""
+    """``satcore.decision.paired_standard_error`` (what the bench records per checkpoint, and decide's margin and
+    trial curves use) row by row against ``statistics.stdev`` of the per-sample differences; ``inf`` for one sample."""
     import statistics
 
-    sys.path.insert(0, str(BENCH))
-    try:
-        validity = importlib.import_module("decision_validity")
-    finally:
-        sys.path.remove(str(BENCH))
+    from satcore.decision import paired_standard_error
+
     rng = np.random.default_rng(7)
     a, b = rng.normal(size=(3, 50)), rng.normal(size=(3, 50))
-    got = validity._paired_se(a, b)
+    got = paired_standard_error(b - a)
+    assert paired_standard_error([0.5]) == math.inf and paired_standard_error(np.ones((2, 1))).tolist() == [math.inf] * 2
     for k in range(3):
         want = statistics.stdev((b[k] - a[k]).tolist()) / math.sqrt(50)
         assert got[k] == pytest.approx(want, rel=16 * np.finfo(float).eps)
@@ -294,7 +293,8 @@ def test_the_recorded_paired_standard_error_is_the_sample_standard_error_of_the_
 def test_the_calibrated_held_out_range_is_read_from_the_recordings_sizes(scores, tmp_path):
     """``heldout_sample_range``: every model set part's probe split (images or windows), times the factor of the
     ``--large-heldout`` folder beside the bench's; parts without models (sweeps) do not count."""
-    bench, large = tmp_path / "decision_validity", tmp_path / scores.LARGE_HELDOUT
+    bench = tmp_path / "decision_validity"
+    large = scores.large_heldout_folder(bench)
     bench.mkdir()
     large.mkdir()
     sizes = {"images": {"digits": [True, 300, 160, 300, [2]]}, "llama": {"windows": [128, 96, 128]}}

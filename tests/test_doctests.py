@@ -24,6 +24,7 @@ MODULES = [
     "satcore.sweep",
     "satcore.verdicts",
     "satcore.recipe",
+    "satcore.decision",
     "satcore.adapters.batches",  # pure Python, like the core: no framework is imported
     "satcore.adapters.graph",
     "satcore.adapters.options",

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from satcore.adapters.batches import split_batch
-from satcore.decision import (CandidateDecision, TrialCurve, choose, halving_plan, trial_checkpoints, trial_plan,
+from satcore.decision import (CandidateDecision, TrialCurve, choose, halving_plan, paired_standard_error,
+                              trial_checkpoints, trial_plan,
                               verified_candidate)
 from satcore.decision_calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
 from satcore.errors import InputError
@@ -403,8 +404,8 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
     if decision.runner_up is None:
         return decision
     # the margin's standard error paired over the held-out samples both trials were evaluated on
-    diff = final[decision.runner_up] - final[decision.choice]
-    return dataclasses.replace(decision, margin_se=float(diff.std(ddof=1) / math.sqrt(diff.size)))
+    return dataclasses.replace(decision, margin_se=paired_standard_error(final[decision.runner_up]
+                                                                         - final[decision.choice]))
 
 
 def _even_trials(model, trialled, probed, recipe, train, evaluate, before, loss_fn, seed):
