@@ -699,6 +699,42 @@ def larger_size_scores(out: Path, cals: dict, factor: int = 16) -> dict | None:
     return result
 
 
+TRANSFER_FOLDER = "decision_validity_transfer"  # bench/decision_validity.py TRANSFER's recordings, beside ``out``
+
+
+def transfer_scores(out: Path) -> dict | None:
+    """The transfer sets (other architectures on other data, which no fit reads) decided with the calibrations
+    ``decide`` ships (fitted on every bench model set), as a user gets them: at 300 steps (the 300-step columns) and
+    at 1000 (the 1000-step columns), every column and set pooled beside the baselines, per set and per column; the
+    even plan and successive halving.  None where nothing is recorded."""
+    from satcore.decision_calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
+
+    folder = out.parent / TRANSFER_FOLDER
+    if not folder.is_dir():
+        return None
+    models = load(folder)[0]
+    result = {"sets": sorted({m["set"] for m in models}), "models": sorted({m["model"] for m in models}),
+              "base": {m["model"]: m["base"] for m in models}, "lengths": {}}
+    for schedule, calibration in (("even", DEFAULT_CALIBRATION), ("halving", HALVING_CALIBRATION)):
+        insts = instances(models, schedule)
+        cals = {s: calibration for s in result["sets"]}
+        for steps in LONG:
+            # a 1000-step column's first 300 steps are its own runs of the 300-step recipe: each length is read on
+            # the columns recorded for it, so no run is counted twice
+            sel = [i for i in insts if i["steps"] == steps and i["column"].endswith("_1000") == (steps == 1000)]
+            if not sel:
+                continue
+            rows = result["lengths"].setdefault(str(steps), {"columns": sorted({i["column"] for i in sel})})
+            if schedule == "even":
+                rows["every set"] = {m: score(sel, cals, m) for m in METHODS}
+                rows["by set"] = {s: score([i for i in sel if i["set"] == s], cals, "decide") for s in result["sets"]}
+                rows["by column"] = {c: score([i for i in sel if i["column"] == c], cals, "decide")
+                                     for c in rows["columns"]}
+            else:
+                rows["halving"] = score(sel, cals, "decide")
+    return result
+
+
 def all_scores(out: Path) -> dict:
     models, sweeps, meta = load(out)
     insts = instances(models)
@@ -720,6 +756,8 @@ def all_scores(out: Path) -> dict:
               "sweeps": sweep_scores(sweeps, full), "loops": loop_scores(out, sweeps)}
     if (sized := larger_size_scores(out, cals)) is not None:
         result["larger_size"] = sized
+    if (transfer := transfer_scores(out)) is not None:
+        result["transfer_sets"] = transfer
     large = large_heldout_folder(out)
     if large.is_dir() and len({m["set"] for m in load(large)[0]}) >= 2:
         result["large_heldout"] = large_heldout_scores(large, models)
@@ -803,6 +841,17 @@ def tables(out: Path) -> str:
         lines += [f"| {name} | {_f(v.get('coverage_95'), True)} | {v['close_calls']} / {v['choices_with_paired_margin']} | "
                   f"{_f(v['best_chosen_close'], True)} | {_f(v['best_chosen_clear'], True)} |"
                   for name, v in ls["rows"].items() if name.startswith("decide")]
+    if "transfer_sets" in res:
+        ts = res["transfer_sets"]
+        for steps, rows in ts["lengths"].items():
+            n = rows["every set"]["decide"]
+            lines += [f"\n**Transfer sets, {steps} steps** ({', '.join(ts['sets'])}: architectures and data no fit "
+                      f"reads; {', '.join(rows['columns'])}; {n['n_decisions']} decisions, {n['n_insertions']} "
+                      "insertions; decided with the calibrations `decide` ships, fitted on every bench model set)\n",
+                      head, rule]
+            lines += [row(m, rows["every set"][m]) for m in METHODS]
+            lines += [row('decide, `schedule="halving"`', rows["halving"])]
+            lines += [row(f"decide: {k}", v) for k, v in {**rows["by set"], **rows["by column"]}.items()]
     lines += ["\n**Per model set, long recipes (decide)**\n", head, rule]
     lines += [row(s, v) for s, v in res["long_by_set"].items()]
     rel = res["long"]["decide"].get("reliability", [])

@@ -41,6 +41,13 @@ models and trials with every trial also evaluated on a held-out split 4 times th
 ``docs/figures/decision_validity_large_heldout/``; ``--large-heldout 16``: 16 times, to ``..._x16/``); ``--tables``
 scores them (``bench/decision_scores.py``) and prints the docs tables; ``--variants`` the
 decision rules tried; ``--fit`` writes ``satcore/decision_calibration.py`` from all sets.
+
+**Transfer sets** (``TRANSFER``), which no fit reads: another architecture on data no fitted set uses, recorded
+the same way (``--part gpt2-perldoc`` or ``resmlp-fashion``, with ``--column`` as above) to
+``docs/figures/decision_validity_transfer/`` and scored with the calibration shipped (fitted on every model set):
+byte-level GPT-2 decoders (``transformers.GPT2LMHeadModel``, the ``native`` family inserting a ``GPT2Block`` with
+zeroed output projections) on the Perl 5.36 documentation (Debian ``perl-doc``), and pre-norm residual MLPs (an
+``nn.Sequential`` of the user's own blocks: the probe's ``auto`` family) on another draw of Fashion-MNIST images.
 """
 
 from __future__ import annotations
@@ -74,6 +81,7 @@ from decision_scores import LARGE_HELDOUT, large_heldout_folder, schedule_points
 
 OUT = ROOT / "docs" / "figures" / "decision_validity"
 OUT_1000 = ROOT / "docs" / "figures" / "decision_validity_1000"
+OUT_TRANSFER = ROOT / "docs" / "figures" / "decision_validity_transfer"  # every column and length of the transfer sets
 # --large-heldout N: the same models and trials, each trial also evaluated on a held-out split N times the bench's (its
 # first part is the bench's own held-out split), to decision_scores.large_heldout_folder(OUT, N): how the decision
 # depends on the size of the held-out data it reads (the test split and the targets are unchanged)
@@ -102,9 +110,19 @@ IMAGES = {
 }
 LLAMA = {"hidden": 32, "intermediate": 64, "layers": 2, "heads": 2, "seq_len": 32,
          "windows": (128, 96, 128), "steps": (1000, 40, 300), "lr": 3e-3}
-TEXTS = {"llama-pydoc": "pydoc", "llama-linux": "linux"}
+# decoder sets: (architecture, text)
+TEXTS = {"llama-pydoc": ("llama", "pydoc"), "llama-linux": ("llama", "linux")}
 LINUX_DOC = Path.home() / ".cache/satcore-text-linux/usr/share/doc/linux-doc-6.1/Documentation"
 LINUX_HINT = "apt-get download linux-doc-6.1 && dpkg-deb -x linux-doc-6.1_*.deb ~/.cache/satcore-text-linux"
+PERL_POD = Path.home() / ".cache/satcore-text-perl/usr/share/perl/5.36.0/pod"
+PERL_HINT = "apt-get download perl-doc && dpkg-deb -x perl-doc_*.deb ~/.cache/satcore-text-perl"
+# transfer sets (no fit reads them): GPT-2 decoders of the Llamas' sizes (4x-wide MLP, learned positions, LayerNorm,
+# GELU) on the Perl documentation; residual MLPs on Fashion-MNIST images drawn with another seed (data seed 5),
+# (digits?, n_train, n_probe, n_test, epochs, data seed) as IMAGES; trained as the fitted sets of their kind
+TRANSFER_TEXTS = {"gpt2-perldoc": ("gpt2", "perl")}
+TRANSFER_IMAGES = {"resmlp-fashion": (False, 500, 160, 300, (120, 2, 12), 5)}
+TRANSFER = (*TRANSFER_IMAGES, *TRANSFER_TEXTS)
+RESMLP = {"width": 64, "hidden": 128, "depth": 2}
 # depth sweeps: (dataset digits?, n_train, epochs, width, weight decay, model seeds); 1..6 blocks, SGD momentum
 # as for the model sets.  Part "sweeps": moderately trained; parts "sweeps-overfit-*": few training images, no weight
 # decay and long training, so that every deeper model over-fits more and the realized best depth is the shallowest
@@ -195,18 +213,48 @@ def record_model(task: dict, log, seeds: tuple = SEEDS, stored: dict | None = No
 
 
 # -- model sets ---------------------------------------------------------------------------------------------
+class ResMLPBlock(nn.Module):
+    """A pre-norm residual MLP block: ``x + W2 gelu(W1 LayerNorm(x))``."""
+
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
+
+    def forward(self, x):
+        return x + self.mlp(x)
+
+
+class ResMLP(nn.Module):
+    """Flattened image, a linear stem, ``RESMLP["depth"]`` :class:`ResMLPBlock`, LayerNorm and a linear head: a
+    user's own residual network with no block kind satcore knows (the probe's ``auto`` family)."""
+
+    def __init__(self, inputs: int, classes: int = 10):
+        super().__init__()
+        width = RESMLP["width"]
+        self.stem = nn.Sequential(nn.Flatten(), nn.Linear(inputs, width))
+        self.blocks = nn.Sequential(*[ResMLPBlock(width, RESMLP["hidden"]) for _ in range(RESMLP["depth"])])
+        self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, classes))
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)))
+
+
 def image_tasks(name: str, large_heldout: int = 0):
-    use_digits, n_train, n_probe, n_test, epochs = IMAGES[name]
+    if name in TRANSFER_IMAGES:
+        *spec, data_seed = TRANSFER_IMAGES[name]
+    else:
+        spec, data_seed = IMAGES[name], 0
+    use_digits, n_train, n_probe, n_test, epochs = spec
     # a larger probe split extends the bench's one (the same seeded permutation, read further); train and test are
     # drawn as before
-    data = load_images(n_train, n_probe * (large_heldout or 1), n_test, seed=0, digits=use_digits)
+    data = load_images(n_train, n_probe * (large_heldout or 1), n_test, seed=data_seed, digits=use_digits)
     if len(data.train[1]) != n_train or len(data.probe[1]) != n_probe * (large_heldout or 1):
         raise SystemExit(f"{name}: the data holds too few images for a held-out split {large_heldout} times the "
                          f"bench's beside its {n_train} training images")
     probe = (data.probe[0][:n_probe], data.probe[1][:n_probe])
     for e in epochs:
         torch.manual_seed(1)
-        model = StagewiseResNet(0, WIDTHS)
+        model = ResMLP(data.train[0][0].size) if name in TRANSFER_IMAGES else StagewiseResNet(0, WIDTHS)
         train_classifier(model, *data.train, epochs=e, seed=1)
         yield {"tag": f"{name}/e{e}", "set": name, "source": data.source, "model": model, "loss_fn": per_sample_ce,
                "text": False, "train": batches(*data.train, 100),
@@ -215,17 +263,40 @@ def image_tasks(name: str, large_heldout: int = 0):
                **({"heldout_large": batches(*data.probe, 40)} if large_heldout else {})}
 
 
+def _byte_splits(data: bytes, source: str):
+    """``(source, train, probe, test)`` byte tokens, every tenth 64 KiB chunk in ``load_text``'s fixed pattern."""
+    data = np.frombuffer(data, dtype=np.uint8)
+    parts = {"train": [], "probe": [], "test": []}
+    for i, start in enumerate(range(0, len(data), 1 << 16)):
+        parts["probe" if i % 10 == 8 else "test" if i % 10 == 9 else "train"].append(data[start : start + (1 << 16)])
+    return (f"{source}, {len(data)} bytes", *(np.concatenate(parts[k]) for k in ("train", "probe", "test")))
+
+
 def linux_text():
     """Byte tokens of the kernel's admin-guide, process and filesystems documentation, split like ``load_text``."""
     if not LINUX_DOC.is_dir():
         raise SystemExit(f"{LINUX_DOC} not found; to get it: {LINUX_HINT}")
     files = sorted(p for sub in ("admin-guide", "process", "filesystems") for p in (LINUX_DOC / sub).rglob("*.rst.gz"))
-    data = np.frombuffer(b"\n".join(gzip.open(p).read() for p in files), dtype=np.uint8)
-    parts = {"train": [], "probe": [], "test": []}
-    for i, start in enumerate(range(0, len(data), 1 << 16)):
-        parts["probe" if i % 10 == 8 else "test" if i % 10 == 9 else "train"].append(data[start : start + (1 << 16)])
-    return (f"Linux 6.1 documentation (Debian linux-doc-6.1), {len(files)} files, {len(data)} bytes",
-            *(np.concatenate(parts[k]) for k in ("train", "probe", "test")))
+    return _byte_splits(b"\n".join(gzip.open(p).read() for p in files),
+                        f"Linux 6.1 documentation (Debian linux-doc-6.1), {len(files)} files")
+
+
+def perl_text():
+    """Byte tokens of the Perl 5.36 manual pages (``pod/*.pod``), split like ``load_text``."""
+    files = sorted(PERL_POD.glob("*.pod")) if PERL_POD.is_dir() else []
+    if not files:
+        raise SystemExit(f"{PERL_POD} not found; to get it: {PERL_HINT}")
+    return _byte_splits(b"\n".join(p.read_bytes() for p in files),
+                        f"Perl 5.36 documentation (Debian perl-doc), {len(files)} files")
+
+
+def decoder(architecture: str, layers: int, seed: int = 1):
+    """A byte-level decoder of ``LLAMA``'s sizes: ``"llama"`` (:func:`llama`) or ``"gpt2"`` (``GPT2LMHeadModel``)."""
+    if architecture == "llama":
+        return llama(layers, seed)
+    from exlib.models import gpt2_decoder
+
+    return gpt2_decoder(layers, d_model=LLAMA["hidden"], n_head=LLAMA["heads"], n_positions=LLAMA["seq_len"], seed=seed)
 
 
 def llama(layers: int, seed: int = 1):
@@ -267,17 +338,18 @@ def text_windows(text: str, probe_factor: int = 1):
         loaded = load_text(False)
         source, train, probe, test = loaded.source, loaded.train, loaded.probe, loaded.test
     else:
-        source, train, probe, test = linux_text()
+        source, train, probe, test = linux_text() if text == "linux" else perl_text()
     seq, (n_train, n_probe, n_test) = LLAMA["seq_len"], LLAMA["windows"]
     return (source, lm_windows(train, seq, n_train, seed=2), lm_windows(probe, seq, n_probe * probe_factor, seed=3),
             lm_windows(test, seq, n_test, seed=4))
 
 
 def text_tasks(name: str, large_heldout: int = 0):
-    source, train_w, large_w, test_w = text_windows(TEXTS[name], large_heldout or 1)
+    architecture, text = {**TEXTS, **TRANSFER_TEXTS}[name]
+    source, train_w, large_w, test_w = text_windows(text, large_heldout or 1)
     probe_w = large_w[:LLAMA["windows"][1]]
     for steps in LLAMA["steps"]:
-        model = llama(LLAMA["layers"])
+        model = decoder(architecture, LLAMA["layers"])
         train_lm_windows(model, train_w, steps)
         yield {"tag": f"{name}/s{steps}", "set": name, "source": source, "model": model, "loss_fn": sequence_loss,
                "text": True, "train": lm_batches(train_w, 64), "probe_train": lm_batches(train_w[:64], 32),
@@ -474,6 +546,10 @@ def _stored(stored: dict | None, tag: str, path: Path):
 def record(part: str, log=print, column: str | None = None, seeds: tuple | None = None,
            trial_seeds: tuple | None = None, large_heldout: int = 0) -> None:
     out = OUT_1000 if column is not None and column.endswith("_1000") else OUT
+    if part in TRANSFER:
+        if large_heldout or trial_seeds is not None:
+            raise SystemExit("--large-heldout, --trial-seeds: the fitted model sets' parts only")
+        out = OUT_TRANSFER
     if large_heldout:
         if part not in (*IMAGES, *TEXTS) or trial_seeds is not None or (column or "").endswith("_1000"):
             raise SystemExit("--large-heldout: a model set part's 300-step columns only")
@@ -500,6 +576,8 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
     result = {"schema": "satcore-bench-decision-validity/1", "part": part, "columns": COLUMNS,
               "lengths": list(LENGTHS), "seeds": list(trial_seeds or SEEDS), "max_trials": MAX_TRIALS,
               "sizes": {"images": IMAGES, "llama": LLAMA, "widths": list(WIDTHS), "sweeps": SWEEP_PARTS.get(part),
+                        **({"transfer": {**TRANSFER_IMAGES, **TRANSFER_TEXTS}[part], "resmlp": RESMLP}
+                           if part in TRANSFER else {}),
                         **({"large_heldout_factor": large_heldout} if large_heldout else {})},
               "models": [], "sweeps": [],
               # float rounding differs between CPU kernels (AVX2, AVX-512), and long training amplifies it: the same
@@ -517,7 +595,8 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
                   for n, spec in SWEEP_PARTS[part].items() for seed in spec[-1] if seeds is None or seed in seeds]
         key = "sweeps"
     else:
-        tasks = image_tasks(part, large_heldout) if part in IMAGES else text_tasks(part, large_heldout)
+        is_image = part in IMAGES or part in TRANSFER_IMAGES
+        tasks = image_tasks(part, large_heldout) if is_image else text_tasks(part, large_heldout)
         if stored is not None:  # a column's part may hold only its first models (a run cut for CPU): train no more
             tasks = itertools.islice(tasks, len(stored))
         makers = [(lambda t=t: record_model(t, log, trial_seeds or SEEDS, _stored(stored, t["tag"], path)))
@@ -533,7 +612,7 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", choices=(*IMAGES, *TEXTS, *SWEEP_PARTS, *LOOP_PARTS))
+    parser.add_argument("--part", choices=(*IMAGES, *TEXTS, *TRANSFER, *SWEEP_PARTS, *LOOP_PARTS))
     parser.add_argument("--column", choices=tuple(EXTRA_COLUMNS),
                         help="record this recipe column instead of the default ones (to <part>-<column>.json)")
     parser.add_argument("--seeds", type=int, nargs="+",

@@ -305,3 +305,38 @@ def test_the_calibrated_held_out_range_is_read_from_the_recordings_sizes(scores,
                                                              "models": [{"model": "m"}]}))
     (bench / "sweeps.json").write_text(json.dumps({"part": "sweeps", "sizes": sizes, "models": []}))
     assert scores.heldout_sample_range(bench) == (96, 640)
+
+
+def test_transfer_sets_read_each_length_on_the_columns_recorded_for_it_with_the_shipped_calibration(scores, tmp_path):
+    """A 1000-step column's first 300 steps are runs of the 300-step recipe too; the transfer scores read 300 steps
+    on the 300-step columns only and 1000 on the 1000-step ones, so no run is counted twice, and decide with the
+    calibrations ``decide`` ships (no fit reads a transfer set)."""
+    from satcore.decision_calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
+
+    rng = np.random.default_rng(7)
+    folder = tmp_path / scores.TRANSFER_FOLDER
+    folder.mkdir()
+    short = [_model("far/a", (0, 1, 2), rng), _model("far/b", (0, 1, 2), rng)]
+    long_steps = sorted(set(_steps()) | scores.schedule_points(len(CANDIDATES), 1000, 4) | {1000})
+    longer = copy.deepcopy(short[:1])
+    for m in longer:
+        m["screen"] = {f"adam_block_1000/{s}": {c: float(rng.normal()) for c in CANDIDATES} for s in (30, 300, 1000)}
+        m["runs"] = [{**_run(c, s, rng), "column": "adam_block_1000", "steps": long_steps,
+                      **{k: {"change": rng.normal(size=len(long_steps)).tolist(),
+                             "se": rng.uniform(0.01, 0.1, len(long_steps)).tolist()} for k in ("heldout", "test", "train")}}
+                     for c in CANDIDATES for s in (0, 1, 2)]
+    _write(folder / "far.json", short, (0, 1, 2))
+    _write(folder / "far-adam_block_1000.json", longer, (0, 1, 2))
+    res = scores.transfer_scores(tmp_path / "decision_validity")
+    assert res["sets"] == ["toy"] and sorted(res["lengths"]) == ["1000", "300"]
+    at = {steps: res["lengths"][steps] for steps in ("300", "1000")}
+    assert at["300"]["columns"] == ["adam_block"] and at["1000"]["columns"] == ["adam_block_1000"]
+    # 2 models x 3 trial seeds at 300 steps, 1 model x 3 at 1000: the 1000-step column's 300-step prefix is not read
+    assert at["300"]["every set"]["decide"]["n_decisions"] == 6
+    assert at["1000"]["every set"]["decide"]["n_decisions"] == 3
+    for schedule, cal, key in (("even", DEFAULT_CALIBRATION, "every set"), ("halving", HALVING_CALIBRATION, "halving")):
+        insts = [i for i in scores.instances(short, schedule) if i["steps"] == 300]
+        expected = scores.score(insts, {"toy": cal}, "decide")
+        got = at["300"][key]["decide"] if key == "every set" else at["300"][key]
+        assert got == expected
+    assert scores.transfer_scores(tmp_path / "elsewhere" / "decision_validity") is None
