@@ -706,15 +706,17 @@ def transfer_scores(out: Path) -> dict | None:
     """The transfer sets (other architectures on other data, which no fit reads) decided with the calibrations
     ``decide`` ships (fitted on every bench model set), as a user gets them: at 300 steps (the 300-step columns) and
     at 1000 (the 1000-step columns), every column and set pooled beside the baselines, per set and per column; the
-    even plan and successive halving.  None where nothing is recorded."""
+    even plan and successive halving; and the transfer depth sweeps' per-depth decisions.  None where nothing is
+    recorded."""
     from satcore.decision_calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
 
     folder = out.parent / TRANSFER_FOLDER
     if not folder.is_dir():
         return None
-    models = load(folder)[0]
+    models, sweeps, _ = load(folder)
     result = {"sets": sorted({m["set"] for m in models}), "models": sorted({m["model"] for m in models}),
-              "base": {m["model"]: m["base"] for m in models}, "lengths": {}}
+              "base": {m["model"]: m["base"] for m in models}, "lengths": {},
+              "sweeps": sweep_scores(sweeps, DEFAULT_CALIBRATION)}
     for schedule, calibration in (("even", DEFAULT_CALIBRATION), ("halving", HALVING_CALIBRATION)):
         insts = instances(models, schedule)
         cals = {s: calibration for s in result["sets"]}
@@ -852,6 +854,10 @@ def tables(out: Path) -> str:
             lines += [row(m, rows["every set"][m]) for m in METHODS]
             lines += [row('decide, `schedule="halving"`', rows["halving"])]
             lines += [row(f"decide: {k}", v) for k, v in {**rows["by set"], **rows["by column"]}.items()]
+        if ts["sweeps"]:
+            lines += ["\n**Transfer depth sweeps** (residual MLPs and GPT-2 decoders of 1-6 blocks trained from "
+                      "scratch, `--part sweeps-transfer-*`; the per-depth decision with the calibration `decide` "
+                      "ships)\n", *_sweep_table(ts["sweeps"])]
     lines += ["\n**Per model set, long recipes (decide)**\n", head, rule]
     lines += [row(s, v) for s, v in res["long_by_set"].items()]
     rel = res["long"]["decide"].get("reliability", [])
@@ -862,15 +868,7 @@ def tables(out: Path) -> str:
               f"{b['frequency_95'][0]:.2f}-{b['frequency_95'][1]:.2f} | {b['n']} |" for b in rel]
     lines += [f"\n95% interval coverage (long recipes): {_f(res['long']['decide'].get('coverage_95'), True)}\n",
               "**Depth sweeps** (calibration fitted on every insertion set; no sweep model is in it)\n",
-              "| sweep | test loss by depth | realized best depth | decide stops at | within one block |",
-              "|---|---|---|---|---|"]
-    for sw in res["sweeps"]:
-        losses = ", ".join(f"{d['test_loss']:.3f}" for d in sw["depths"])
-        lines.append(f"| {sw['sweep']} | {losses} | {sw['best_depth']} | {sw['stop_depth']} | "
-                     f"{'yes' if sw['within_one'] else 'no'} |")
-    shallow = [sw for sw in res["sweeps"] if sw["best_is_shallowest"]]
-    lines.append(f"\nWithin one block: {sum(sw['within_one'] for sw in res['sweeps'])} of {len(res['sweeps'])} sweeps; "
-                 f"of the {len(shallow)} whose best depth is the shallowest, {sum(sw['within_one'] for sw in shallow)}.")
+              *_sweep_table(res["sweeps"])]
     if res["loops"]:
         lines += ["\n**The growth loop** from each sweep's depth-1 model (`--part loops-*`; the text loops insert the "
                   "model's own layer, the image loops the `conv` family's zero-output residual; rounds: where the block "
@@ -889,6 +887,20 @@ def tables(out: Path) -> str:
                      f"of {len(res['loops'])} loops; of the {len(shallow)} whose scratch best is the shallowest, "
                      f"{sum(lp['within_one'] for lp in shallow)}.")
     return "\n".join(lines)
+
+
+def _sweep_table(sweeps: list) -> list:
+    """Markdown lines: each sweep's test losses by depth, realized best depth and stop, and the tally."""
+    lines = ["| sweep | test loss by depth | realized best depth | decide stops at | within one block |",
+             "|---|---|---|---|---|"]
+    for sw in sweeps:
+        losses = ", ".join(f"{d['test_loss']:.3f}" for d in sw["depths"])
+        lines.append(f"| {sw['sweep']} | {losses} | {sw['best_depth']} | {sw['stop_depth']} | "
+                     f"{'yes' if sw['within_one'] else 'no'} |")
+    shallow = [sw for sw in sweeps if sw["best_is_shallowest"]]
+    lines.append(f"\nWithin one block: {sum(sw['within_one'] for sw in sweeps)} of {len(sweeps)} sweeps; "
+                 f"of the {len(shallow)} whose best depth is the shallowest, {sum(sw['within_one'] for sw in shallow)}.")
+    return lines
 
 
 def _calibration_source(cal: Calibration, name: str) -> str:

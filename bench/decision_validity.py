@@ -43,7 +43,8 @@ scores them (``bench/decision_scores.py``) and prints the docs tables; ``--varia
 decision rules tried; ``--fit`` writes ``satcore/decision_calibration.py`` from all sets.
 
 **Transfer sets** (``TRANSFER``), which no fit reads: another architecture on data no fitted set uses, recorded
-the same way (``--part gpt2-perldoc`` or ``resmlp-fashion``, with ``--column`` as above) to
+the same way (``--part gpt2-perldoc`` or ``resmlp-fashion``, with ``--column`` as above; depth sweeps
+``--part sweeps-transfer-resmlp``, ``sweeps-transfer-gpt2``) to
 ``docs/figures/decision_validity_transfer/`` and scored with the calibration shipped (fitted on every model set):
 byte-level GPT-2 decoders (``transformers.GPT2LMHeadModel``, the ``native`` family inserting a ``GPT2Block`` with
 zeroed output projections) on the Perl 5.36 documentation (Debian ``perl-doc``), and pre-norm residual MLPs (an
@@ -121,8 +122,7 @@ PERL_HINT = "apt-get download perl-doc && dpkg-deb -x perl-doc_*.deb ~/.cache/sa
 # (digits?, n_train, n_probe, n_test, epochs, data seed) as IMAGES; trained as the fitted sets of their kind
 TRANSFER_TEXTS = {"gpt2-perldoc": ("gpt2", "perl")}
 TRANSFER_IMAGES = {"resmlp-fashion": (False, 500, 160, 300, (120, 2, 12), 5)}
-TRANSFER = (*TRANSFER_IMAGES, *TRANSFER_TEXTS)
-RESMLP = {"width": 64, "hidden": 128, "depth": 2}
+RESMLP = {"width": 64, "hidden": 128, "depth": 2}  # the transfer set's; the sweeps' width in their specs, hidden 2 x width
 # depth sweeps: (dataset digits?, n_train, epochs, width, weight decay, model seeds); 1..6 blocks, SGD momentum
 # as for the model sets.  Part "sweeps": moderately trained; parts "sweeps-overfit-*": few training images, no weight
 # decay and long training, so that every deeper model over-fits more and the realized best depth is the shallowest
@@ -135,6 +135,16 @@ SWEEP_PARTS = {"sweeps": SWEEPS,
 # trained as the model sets' decoders (AdamW on a fixed pool of windows: the 1000-step models over-fit)
 TEXT_SWEEPS = {"sweeps-text": {"pydoc-s300": ("pydoc", 300, (1, 2)), "pydoc-s1000": ("pydoc", 1000, (1, 2))}}
 SWEEP_PARTS.update(TEXT_SWEEPS)
+# transfer sweeps (to OUT_TRANSFER, no fit reads them), specs as above: residual MLPs of 1..6 blocks (width 64) on
+# Fashion-MNIST (moderately trained; over-fitting: 200 images, no weight decay, 150 epochs) and GPT-2 decoders of
+# 1..6 layers on the Perl documentation, trained as the Llama sweeps
+TRANSFER_SWEEPS = {"sweeps-transfer-resmlp": {"resmlp-fashion-n500": (False, 500, 15, 64, 5e-4, (1, 2, 3)),
+                                              "resmlp-fashion-n200-overfit": (False, 200, 150, 64, 0.0, (1, 2, 3))},
+                   "sweeps-transfer-gpt2": {"gpt2-perl-s300": ("perl", 300, (1, 2)),
+                                            "gpt2-perl-s1000": ("perl", 1000, (1, 2))}}
+SWEEP_PARTS.update(TRANSFER_SWEEPS)
+SWEEP_ARCHITECTURE = {"sweeps-transfer-resmlp": "resmlp", "sweeps-transfer-gpt2": "gpt2"}  # else PlainResNet, Llama
+TRANSFER = (*TRANSFER_IMAGES, *TRANSFER_TEXTS, *TRANSFER_SWEEPS)
 SWEEP_RECIPE = Recipe("adam", 1e-3, 150, IMAGE_BATCH, "block")
 TEXT_SWEEP_RECIPE = Recipe("adamw", 1e-3, 150, TEXT_BATCH, "block")
 DEPTHS = range(1, 7)
@@ -228,11 +238,10 @@ class ResMLP(nn.Module):
     """Flattened image, a linear stem, ``RESMLP["depth"]`` :class:`ResMLPBlock`, LayerNorm and a linear head: a
     user's own residual network with no block kind satcore knows (the probe's ``auto`` family)."""
 
-    def __init__(self, inputs: int, classes: int = 10):
+    def __init__(self, inputs: int, classes: int = 10, depth: int = RESMLP["depth"], width: int = RESMLP["width"]):
         super().__init__()
-        width = RESMLP["width"]
         self.stem = nn.Sequential(nn.Flatten(), nn.Linear(inputs, width))
-        self.blocks = nn.Sequential(*[ResMLPBlock(width, RESMLP["hidden"]) for _ in range(RESMLP["depth"])])
+        self.blocks = nn.Sequential(*[ResMLPBlock(width, 2 * width) for _ in range(depth)])
         self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, classes))
 
     def forward(self, x):
@@ -371,9 +380,10 @@ class PlainResNet(nn.Module):
         return self.fc(self.blocks(self.stem(x)).mean(dim=(2, 3)))
 
 
-def record_sweep(name: str, spec: tuple, seed: int, log) -> dict:
+def record_sweep(name: str, spec: tuple, seed: int, log, architecture: str = "resnet") -> dict:
     """Test loss of scratch models of every depth (one recipe, model seed ``seed``) and the trials ``decide`` runs
-    at each depth (trial minibatch seed ``seed``), with the trials' test change recorded beside the held-out one."""
+    at each depth (trial minibatch seed ``seed``), with the trials' test change recorded beside the held-out one.
+    ``architecture``: ``"resnet"`` (:class:`PlainResNet`) or ``"resmlp"`` (:class:`ResMLP`)."""
     use_digits, n_train, epochs, width, weight_decay, seeds = spec
     data = load_images(n_train, 160, 300, seed=0, digits=use_digits)
     train, heldout = batches(*data.train, 100), batches(*data.probe, 40)
@@ -381,11 +391,15 @@ def record_sweep(name: str, spec: tuple, seed: int, log) -> dict:
     probe_train = batches(data.train[0][:128], data.train[1][:128], 64)
     tag = f"{name}/seed{seed}" if len(seeds) > 1 else name
     out = {"sweep": tag, "source": data.source, "recipe": SWEEP_RECIPE.to_dict(), "model_seed": seed,
-           "n_train": n_train, "epochs": epochs, "width": width, "weight_decay": weight_decay, "depths": []}
+           "n_train": n_train, "epochs": epochs, "width": width, "weight_decay": weight_decay,
+           "architecture": architecture, "depths": []}
     for depth in DEPTHS:
         t0 = time.time()
         torch.manual_seed(seed)
-        model = PlainResNet(depth, width)
+        if architecture == "resmlp":
+            model = ResMLP(data.train[0][0].size, depth=depth, width=width)
+        else:
+            model = PlainResNet(depth, width)
         train_classifier(model, *data.train, epochs=epochs, seed=seed, weight_decay=weight_decay)
         row = depth_row(model, per_sample_ce, "auto", SWEEP_RECIPE, train, probe_train, heldout, test, seed)
         out["depths"].append({"depth": depth, "test_loss": classifier_loss(model, *data.test)[0],
@@ -412,19 +426,20 @@ def depth_row(model, loss_fn, family, recipe, train, probe_train, heldout, test,
             "screen": {k: v[0] for k, v in screened.items()}, "trials": trials}
 
 
-def record_text_sweep(name: str, spec: tuple, seed: int, log) -> dict:
-    """:func:`record_sweep` for Llama decoders of 1-6 layers trained from scratch on a text (model seed ``seed``),
-    the trials inserting the model's own decoder layer (``family="native"``)."""
+def record_text_sweep(name: str, spec: tuple, seed: int, log, architecture: str = "llama") -> dict:
+    """:func:`record_sweep` for decoders (:func:`decoder`'s ``architecture``) of 1-6 layers trained from scratch on
+    a text (model seed ``seed``), the trials inserting the model's own decoder layer (``family="native"``)."""
     text, steps, seeds = spec
     source, train_w, probe_w, test_w = text_windows(text)
     train, probe_train = lm_batches(train_w, 64), lm_batches(train_w[:64], 32)
     heldout, test = lm_batches(probe_w, 32), lm_batches(test_w, 64)
     tag = f"{name}/seed{seed}" if len(seeds) > 1 else name
     out = {"sweep": tag, "source": source, "recipe": TEXT_SWEEP_RECIPE.to_dict(), "model_seed": seed,
-           "n_train": len(train_w), "training_steps": steps, "llama": LLAMA, "depths": []}
+           "n_train": len(train_w), "training_steps": steps, "llama": LLAMA, "architecture": architecture,
+           "depths": []}
     for depth in DEPTHS:
         t0 = time.time()
-        model = llama(depth, seed)
+        model = decoder(architecture, depth, seed)
         train_lm_windows(model, train_w, steps, seed)
         row = depth_row(model, sequence_loss, "native", TEXT_SWEEP_RECIPE, train, probe_train, heldout, test, seed)
         out["depths"].append({"depth": depth, "test_loss": float(per_sample_eval(model, test, sequence_loss).mean()),
@@ -576,7 +591,7 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
     result = {"schema": "satcore-bench-decision-validity/1", "part": part, "columns": COLUMNS,
               "lengths": list(LENGTHS), "seeds": list(trial_seeds or SEEDS), "max_trials": MAX_TRIALS,
               "sizes": {"images": IMAGES, "llama": LLAMA, "widths": list(WIDTHS), "sweeps": SWEEP_PARTS.get(part),
-                        **({"transfer": {**TRANSFER_IMAGES, **TRANSFER_TEXTS}[part], "resmlp": RESMLP}
+                        **({"transfer": {**TRANSFER_IMAGES, **TRANSFER_TEXTS}.get(part), "resmlp": RESMLP}
                            if part in TRANSFER else {}),
                         **({"large_heldout_factor": large_heldout} if large_heldout else {})},
               "models": [], "sweeps": [],
@@ -590,8 +605,9 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
         key = "loops"
         result["loops"] = []
     elif part in SWEEP_PARTS:
-        sweep = record_text_sweep if part in TEXT_SWEEPS else record_sweep
-        makers = [(lambda n=n, spec=spec, seed=seed: sweep(n, spec, seed, log))
+        sweep = record_text_sweep if part in TEXT_SWEEPS or SWEEP_ARCHITECTURE.get(part) == "gpt2" else record_sweep
+        architecture = {"architecture": SWEEP_ARCHITECTURE[part]} if part in SWEEP_ARCHITECTURE else {}
+        makers = [(lambda n=n, spec=spec, seed=seed: sweep(n, spec, seed, log, **architecture))
                   for n, spec in SWEEP_PARTS[part].items() for seed in spec[-1] if seeds is None or seed in seeds]
         key = "sweeps"
     else:
@@ -612,7 +628,8 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", choices=(*IMAGES, *TEXTS, *TRANSFER, *SWEEP_PARTS, *LOOP_PARTS))
+    parser.add_argument("--part", choices=(*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS, *SWEEP_PARTS,
+                                           *LOOP_PARTS))
     parser.add_argument("--column", choices=tuple(EXTRA_COLUMNS),
                         help="record this recipe column instead of the default ones (to <part>-<column>.json)")
     parser.add_argument("--seeds", type=int, nargs="+",
