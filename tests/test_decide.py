@@ -488,6 +488,8 @@ def test_decide_pairs_the_margins_standard_error_over_the_held_out_samples():
     ({"heldout": "empty batch"}, "held-out data: batch 2 holds no samples"),
     ({"loss_fn": "kept mean"}, r"loss_fn returned shape \(1,\) for a batch of 32 samples"),
     ({"loss_fn": "per class"}, r"loss_fn returned shape \(32, 10\)"),
+    ({"loss_fn": "nan"}, "the model's loss is not finite on 64 of 64 held-out samples before any block"),
+    ({"heldout": "no labels", "loss_fn": None}, r"a batch holds no targets \(no 'labels'\); pass loss_fn"),
 ])
 def test_decide_refuses_inputs_it_cannot_decide_on_in_one_line(change, message):
     """What a user plausibly passes by mistake is refused before any probe or trial, with an ``InputError`` naming
@@ -505,16 +507,36 @@ def test_decide_refuses_inputs_it_cannot_decide_on_in_one_line(change, message):
         args["heldout"] = [(X[1200:1201], y[1200:1201])]
     elif args["heldout"] == "empty batch":
         args["heldout"] = _data(1200, 64, 32) + [(X[:0], y[:0])]
+    elif args["heldout"] == "no labels":  # a mapping of inputs without targets, and no loss_fn to take them
+        args["heldout"] = [{"x": X[1200:1232]}, {"x": X[1232:1264]}]
     if args["loss_fn"] == "batch mean":
         args["loss_fn"] = lambda out, target: torch.nn.functional.cross_entropy(out, target)
     elif args["loss_fn"] == "kept mean":
         args["loss_fn"] = lambda out, target: torch.nn.functional.cross_entropy(out, target).reshape(1)
+    elif args["loss_fn"] == "nan":
+        args["loss_fn"] = lambda out, target: torch.nn.functional.cross_entropy(out, target, reduction="none") * math.nan
     elif args["loss_fn"] == "per class":
         args["loss_fn"] = lambda out, target: torch.nn.functional.cross_entropy(
             out, target, reduction="none")[:, None].expand(-1, 10)
     with pytest.raises(InputError, match=message):
         decide(digits_resnet(), args["train"], args["heldout"], args["loss_fn"], recipe=Recipe("adam", 1e-3, 8, 32),
                candidates=CANDIDATES, max_trials=args["max_trials"])
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_decide_under_no_grad_or_inference_mode_decides_as_with_gradients(context):
+    """A user's evaluation code often runs under ``torch.no_grad()`` or ``torch.inference_mode()``: the trials
+    train anyway (the probe already took its gradients there), and the decision is the one made outside it
+    (before: the first trial's ``backward`` raised "element 0 of tensors does not require grad")."""
+    train, heldout = _data(0, 64, 32), _data(1200, 64, 32)
+    recipe = Recipe("adam", 1e-3, 8, 32, "block")
+    model = digits_resnet()  # made outside: only the call runs under the context
+    a = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2])
+    with context():
+        b = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2])
+    assert a.choice == b.choice and a.stop_reason == b.stop_reason and a.cost_block_steps == b.cost_block_steps
+    for name, c in a.candidates.items():
+        assert b.candidates[name].predicted_heldout_change == c.predicted_heldout_change
 
 
 def test_decide_takes_any_integer_max_trials_and_a_data_loader():

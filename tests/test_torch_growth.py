@@ -56,6 +56,26 @@ def test_grows_where_improvable_and_each_insertion_preserves_the_function(setup)
         assert result.depth == 4
 
 
+def test_hugging_face_dict_batches_need_no_loss_and_guard_as_pairs_do(setup):
+    """``DataCollator``-style batches (``input_ids``, ``attention_mask``, ``labels``) with ``loss_fn=None``, the
+    model's own per-sample loss, as ``probe`` and ``decide`` take them: the round and its held-out guard measure
+    what the same windows as ``(ids, ids)`` pairs with ``sequence_loss`` give (before: the guard unpacked each
+    mapping's keys as ``(inputs, targets)``, "too many values to unpack")."""
+    model, probe_data, heldout = setup
+
+    def as_dicts(batches):
+        return [{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids} for ids, _ in batches]
+
+    pairs = grow_until_saturated(model, _train, probe_data, _loss, heldout_data=heldout, tolerance=0.0,
+                                 max_rounds=1)
+    dicts = grow_until_saturated(model, _train, as_dicts(probe_data), None, heldout_data=as_dicts(heldout),
+                                 tolerance=0.0, max_rounds=1)
+    a, b = pairs.rounds[0], dicts.rounds[0]
+    assert a.inserted_at == b.inserted_at is not None
+    assert b.heldout_change == pytest.approx(a.heldout_change, rel=1e-9, abs=1e-12)
+    assert b.heldout_change_se == pytest.approx(a.heldout_change_se, rel=1e-9)
+
+
 def test_a_tolerance_no_block_can_reach_stops_at_once(setup):
     model, probe_data, _ = setup
     result = grow_until_saturated(model, _train, probe_data, _loss, tolerance=1e3, rho=0.01)

@@ -91,6 +91,24 @@ def test_the_native_default_on_a_model_without_blocks_says_which_family_to_pass(
                              candidates=CANDIDATES)
 
 
+def test_the_native_default_on_recognised_blocks_of_no_native_kind_says_which_family_to_pass(setup):
+    """The user's residual blocks in ``self.blocks`` (recognised by name) but of their own class: the default
+    ``family="native"`` is refused naming the family to pass, as for a model without recognised blocks."""
+    from satcore import ProbeError
+
+    class Net(nn.Module):
+        def __init__(self, source):
+            super().__init__()
+            self.flat, self.blocks, self.out = source[0], nn.Sequential(source[1], source[2]), source[3]
+
+        def forward(self, x):
+            return self.out(self.blocks(self.flat(x)))
+
+    model, probe_data, _ = setup
+    with pytest.raises(ProbeError, match="no native insertion for Residual.*family='auto'"):
+        grow_until_saturated(Net(model), train_inserted, probe_data, mt.per_sample_ce, tolerance=0.0, max_rounds=1)
+
+
 def test_a_sequential_without_a_native_kind_grows_with_the_probed_family(setup):
     model, probe_data, heldout = setup
     result = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=heldout,
@@ -404,6 +422,7 @@ def test_a_user_feature_map_with_batchnorm_is_measured_and_grown_in_eval_mode(se
     (dict(candidates=None), "no residual blocks recognised in Sequential; pass candidates="),
     (dict(candidates=["9"]), "candidate '9' is not a submodule name of Sequential"),
     (dict(candidates=[]), "candidates is empty"),
+    (dict(candidates=["1", "head"]), "'head' .* is added without being named: leave it out"),
     (dict(family="convv"), "unknown family 'convv'"),
     (dict(family="conv"), "family 'conv' needs a"),
     (dict(family=nn.Flatten(0)), "feature map returned shape"),

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from satcore.statistics import BATCHING_FIELDS
-from satcore import CandidateStatistics, make_family
+from satcore import CandidateStatistics, InputError, make_family
 from satcore.adapters.torch import Probe, find_blocks, probe
 from satcore.adapters.torch.locate import declared_blocks
 from test_torch_probe_reference import _leaf_hook
@@ -214,7 +214,7 @@ def test_tuple_and_mapping_batches_and_a_clear_line_for_others():
     assert pair.statistics == mapping.statistics
     with pytest.raises(ValueError, match="a batch is a pair"):
         probe(model, [(ids, ids, ids)], sequence_loss)
-    with pytest.raises(ValueError, match="loss_fn is needed unless"):
+    with pytest.raises(InputError, match="loss_fn is needed unless"):  # satcore's one root, still a ValueError
         probe(model, [(ids, ids)])
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import operator
 from collections.abc import Mapping
@@ -42,6 +43,18 @@ from .hf import model_loss
 from .native import _terminal_paths, insert_block, insertion_site
 from .probe import call_model, eval_mode, to_device
 from .splits import probe_splits_in_passes, probe_training_split
+
+
+def _with_gradients(function):
+    """``function`` run with gradients on, also where the caller has them off (``torch.no_grad`` or
+    ``torch.inference_mode`` around an evaluation): the trials train (the probe does the same)."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with torch.inference_mode(False), torch.enable_grad():
+            return function(*args, **kwargs)
+
+    return wrapper
 
 
 def inserted_copy(model, result, at: str, *, seed: int = 0, trainable: str = "terminal"):
@@ -137,6 +150,9 @@ def per_sample_eval(model, batches, loss_fn=None) -> np.ndarray:
     with eval_mode(model):
         for batch in batches:
             inputs, targets = split_batch(batch, targets_to_model=True)
+            if loss_fn is None and targets is None:  # the model's own loss needs labels
+                raise InputError("decide: a batch holds no targets (no 'labels'); pass loss_fn(outputs, targets) -> (B,) "
+                                 "or batches with 'labels'")
             inputs, targets = to_device(inputs, device), to_device(targets, device)
             losses = _loss_fn(model, loss_fn)(call_model(model, inputs), targets)
             if losses.ndim == 0:  # a batch mean: the trials' paired standard errors need one loss per sample
@@ -213,6 +229,7 @@ class _Trial:
         self.saved = None
 
 
+@_with_gradients
 def trial_losses(model, result, at: str, recipe: Recipe, train, evaluate: dict, checkpoints, loss_fn=None, *,
                  seed: int = 0, before: dict | None = None) -> dict:
     """Train the zero-output block at ``at`` (in a copy, :func:`inserted_copy`) with ``recipe`` on
@@ -265,6 +282,7 @@ def grouped_trials(names, groups, max_trials: int) -> list[str]:
     return [n for n in names if n in picked]
 
 
+@_with_gradients
 def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=None, family="auto", seed: int = 0,
            max_trials: int = 4, schedule: str = "even", calibration=None, groups=None,
            max_statistics_bytes: int | None = None, **probe_options):
@@ -360,6 +378,11 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
     # the unexpanded model's losses, once, before the probe so that a loss without per-sample values or a held-out
     # split too small for a standard error is refused first: every trial starts from them (its block is the identity)
     before = {split: per_sample_eval(model, data, loss_fn) for split, data in evaluate.items()}
+    for split, losses in before.items():
+        if not np.isfinite(losses).all():
+            raise InputError(f"decide: the model's loss is not finite on {int((~np.isfinite(losses)).sum())} of "
+                             f"{losses.size} {'held-out' if split == 'heldout' else 'training'} samples before any "
+                             "block is inserted (loss_fn or the model gives NaN or inf)")
     if before["heldout"].size < 2:
         raise InputError(f"decide: the held-out data holds {before['heldout'].size} sample(s); a trial's held-out "
                          "change needs at least 2 for its standard error")

@@ -39,6 +39,7 @@ from torch import nn
 
 from satcore._atomic import atomic_write
 from satcore._display import display_name
+from satcore.adapters.batches import split_batch
 from satcore.errors import GrowthLogError, InputError
 from satcore.growth import (
     AdapterSteps,
@@ -53,6 +54,7 @@ from satcore.growth import (
 
 from .features import rebuild_feature_map
 from .grow import InsertedResidual, insert_branch
+from .hf import model_loss
 from .locate import HEAD, find_blocks, find_candidates, named_candidates
 from .native import insert_block
 from .probe import Probe, call_model
@@ -61,13 +63,17 @@ WEIGHTS_SLACK_BYTES = 2**20  # the pickle, the zip directory and 64-byte record 
 
 
 def per_sample_losses(model: nn.Module, data, loss_fn) -> np.ndarray:
-    """Per-sample losses of ``model`` over ``(inputs, targets)`` batches, in eval mode, no gradients."""
+    """Per-sample losses of ``model`` over batches (``(inputs, targets)`` or mappings with ``labels``,
+    :mod:`satcore.adapters.batches`; ``loss_fn=None``: the model's own per-sample loss), in eval mode,
+    no gradients."""
     was_training = model.training
     model.eval()
     out = []
     with torch.no_grad():
-        for inputs, targets in data:
-            out.append(loss_fn(call_model(model, inputs), targets).double().reshape(-1).cpu().numpy())
+        for batch in data:
+            inputs, targets = split_batch(batch, targets_to_model=True)
+            fn = model_loss(model) if loss_fn is None else loss_fn
+            out.append(fn(call_model(model, inputs), targets).double().reshape(-1).cpu().numpy())
     model.train(was_training)
     return np.concatenate(out) if out else np.zeros(0)
 

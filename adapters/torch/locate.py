@@ -123,6 +123,9 @@ def named_candidates(model: nn.Module, names, *, head: bool = True) -> tuple[Can
     names = list(names)
     if not names:
         raise ProbeError("candidates is empty")
+    if HEAD in names:  # a candidate the names imply, not a module: refused with what it is
+        raise ProbeError(f"candidates name modules; {HEAD!r} (the output of the last one) is added without being "
+                         f"named: leave it out of {names}")
     for n in names:
         if not isinstance(n, str) or n not in modules or n == "":
             raise ProbeError(f"candidate {n!r} is not a submodule name of {type(model).__name__}; "

@@ -145,7 +145,8 @@ def _kind(model: nn.Module, block: nn.Module, name: str) -> str:
     if hasattr(model, "config") and _hf_terminals(block) is not None:
         return "hf"
     raise ProbeError(f"{name}: no native insertion for {type(block).__name__}; supported: GPT-2, GPT-NeoX, "
-                     "Llama-style, nn.TransformerEncoderLayer(norm_first=True), torchvision-style ResNet blocks")
+                     "Llama-style, nn.TransformerEncoderLayer(norm_first=True), torchvision-style ResNet blocks; "
+                     "grow a family's zero-output residual instead: family='auto', a kind or an nn.Module")
 
 
 def _has(module: nn.Module, path: str) -> bool:

@@ -303,7 +303,7 @@ class Probe:
         loss_fn = self.loss_fn
         if loss_fn is None:
             if not isinstance(inputs, Mapping) or targets is None:
-                raise ValueError("loss_fn is needed unless every batch is a mapping of model inputs holding 'labels' "
+                raise InputError("loss_fn is needed unless every batch is a mapping of model inputs holding 'labels' "
                                  "(then the model's own per-sample loss is used)")
             loss_fn = model_loss(self.model)
         # gradients also where the caller runs without them (an evaluation hook under no_grad / inference_mode)
