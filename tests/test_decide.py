@@ -523,6 +523,30 @@ def test_decide_refuses_inputs_it_cannot_decide_on_in_one_line(change, message):
                candidates=CANDIDATES, max_trials=args["max_trials"])
 
 
+def test_a_misspelt_keyword_is_refused_as_decides_before_any_probe():
+    """A keyword that is neither ``decide``'s nor a probe option is a ``TypeError`` naming ``decide`` (before: the
+    probe's internal ``ProbeConfig`` named it, after the held-out losses were evaluated)."""
+    calls = []
+
+    def counting_ce(out, target):
+        calls.append(len(target))
+        return per_sample_ce(out, target)
+
+    with pytest.raises(TypeError, match=r"decide\(\) got unexpected keyword argument\(s\) 'shedule'; .* curvature"):
+        decide(digits_resnet(), _data(0, 64, 32), _data(1200, 64, 32), counting_ce, recipe=Recipe("adam", 1e-3, 8, 32),
+               candidates=CANDIDATES, shedule="halving")
+    assert calls == []
+
+
+def test_a_trial_that_diverges_is_refused_naming_the_place_and_the_recipe():
+    """A recipe whose lr makes the inserted block diverge gives non-finite trial losses: one ``InputError`` naming
+    the candidate, the steps and the lr (before: "heldout_change must hold 2 finite values")."""
+    with pytest.raises(InputError, match=r"the trial at 'layer1.1' diverged: its heldout loss is not finite after "
+                                         r"\d+ sgd steps at lr 1e\+30; lower the recipe's lr"):
+        decide(digits_resnet(), _data(0, 64, 32), _data(1200, 64, 32), per_sample_ce,
+               recipe=Recipe("sgd", 1e30, 8, 32, "block"), candidates=CANDIDATES[:1], max_trials=1)
+
+
 @pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
 def test_decide_under_no_grad_or_inference_mode_decides_as_with_gradients(context):
     """A user's evaluation code often runs under ``torch.no_grad()`` or ``torch.inference_mode()``: the trials

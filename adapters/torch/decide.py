@@ -41,8 +41,11 @@ from satcore.recipe import Recipe
 from .grow import InsertedResidual, grow
 from .hf import model_loss
 from .native import _terminal_paths, insert_block, insertion_site
-from .probe import call_model, eval_mode, to_device
+from .probe import ProbeConfig, call_model, eval_mode, to_device
 from .splits import probe_splits_in_passes, probe_training_split
+
+
+PROBE_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(ProbeConfig)) | {"progress"}
 
 
 def _with_gradients(function):
@@ -211,7 +214,12 @@ class _Trial:
             self.done += 1
 
     def losses(self, evaluate: dict) -> dict:
-        return {name: per_sample_eval(self.grown, data, self.loss_fn) for name, data in evaluate.items()}
+        out = {name: per_sample_eval(self.grown, data, self.loss_fn) for name, data in evaluate.items()}
+        for name, losses in out.items():
+            if not np.isfinite(losses).all():  # the model's own losses were finite: the recipe diverged here
+                raise InputError(f"the trial at {self.at!r} diverged: its {name} loss is not finite after {self.done} "
+                                 f"{self.recipe.optimizer} steps at lr {self.recipe.lr:g}; lower the recipe's lr")
+        return out
 
     def suspend(self) -> None:
         self.saved = ([p.detach().clone() for p in self.params], copy.deepcopy(self.opt.state_dict()))
@@ -345,10 +353,18 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
     satcore.InputError
         Before any probe or trial: a split that yields no batches or is one batch rather than an
         iterable of batches, an empty batch, fewer than 2 held-out samples, a ``loss_fn`` that does not
-        return one loss per sample (a batch mean, 0-d or ``(1,)``), ``max_trials`` not a positive integer.
+        return one loss per sample (a batch mean, 0-d or ``(1,)``), ``max_trials`` not a positive integer, a
+        loss that is not finite before any insertion; and a trial whose losses stop being finite (the recipe
+        diverged on the inserted block).
+    TypeError
+        A keyword argument that is neither ``decide``'s nor a probe option (:class:`~.probe.ProbeConfig`).
     """
     if not isinstance(recipe, Recipe):
         raise InputError(f"decide: recipe must be a satcore.Recipe, got {type(recipe).__name__}")
+    # the probe's options pass through; anything else is a misspelt argument of decide, named as Python would
+    if unknown := sorted(set(probe_options) - PROBE_OPTION_NAMES):
+        raise TypeError(f"decide() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; besides its "
+                        f"own it takes the probe's options: {', '.join(sorted(PROBE_OPTION_NAMES))}")
     if schedule not in ("halving", "even"):
         raise InputError(f"decide: schedule must be 'halving' or 'even', got {schedule!r}")
     try:  # any integer, numpy's included; not a bool, float or str
