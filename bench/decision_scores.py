@@ -334,8 +334,9 @@ LARGE_HELDOUT = 4  # bench/decision_validity.py --large-heldout's default factor
 
 
 def large_heldout_folder(out: Path, factor: int = LARGE_HELDOUT) -> Path:
-    """Where ``--large-heldout factor`` records, beside the bench's folder ``out``."""
-    name = "decision_validity_large_heldout"
+    """Where ``--large-heldout factor`` records the parts of the folder ``out`` (the bench's or the transfer
+    sets'), beside it."""
+    name = f"{out.name}_large_heldout"
     return out.parent / (name if factor == LARGE_HELDOUT else f"{name}_x{factor}")
 
 
@@ -717,6 +718,15 @@ def transfer_scores(out: Path) -> dict | None:
     result = {"sets": sorted({m["set"] for m in models}), "models": sorted({m["model"] for m in models}),
               "base": {m["model"]: m["base"] for m in models}, "lengths": {},
               "sweeps": sweep_scores(sweeps, DEFAULT_CALIBRATION)}
+    large = large_heldout_folder(folder)
+    if large.is_dir():  # the 300-step runs again, each trial also read on a held-out split 4 times the sets' own
+        recorded = load(large)[0]
+        cals = {s: DEFAULT_CALIBRATION for s in result["sets"]}
+        result["large_heldout"] = {"max_deviation_from_recording": _recorded_deviation(recorded, models), "rows": {}}
+        for label, split in (("held-out split as recorded", "heldout"), ("held-out x4", "heldout_large")):
+            insts = [i for i in instances(recorded, SHIPPED_SCHEDULE, split) if i["steps"] == 300]
+            result["large_heldout"]["rows"][f"decide ({label})"] = score(insts, cals, "decide")
+            result["large_heldout"]["rows"][f"held-out ceiling ({label})"] = score(insts, cals, HELDOUT_CEILING)
     for schedule, calibration in (("even", DEFAULT_CALIBRATION), ("halving", HALVING_CALIBRATION)):
         insts = instances(models, schedule)
         cals = {s: calibration for s in result["sets"]}
@@ -854,6 +864,13 @@ def tables(out: Path) -> str:
             lines += [row(m, rows["every set"][m]) for m in METHODS]
             lines += [row('decide, `schedule="halving"`', rows["halving"])]
             lines += [row(f"decide: {k}", v) for k, v in {**rows["by set"], **rows["by column"]}.items()]
+        if "large_heldout" in ts:
+            lh = ts["large_heldout"]
+            lines += ["\n**Transfer sets with a held-out split 4 times theirs** (`--large-heldout`; 300 steps; the "
+                      "same models and trials, each also read on a split 4 times larger, its first quarter the "
+                      "recorded one; the shipped calibration; the largest difference of a recorded change from the "
+                      f"transfer recording: {lh['max_deviation_from_recording']:.1e})\n", head, rule]
+            lines += [row(name, v) for name, v in lh["rows"].items()]
         if ts["sweeps"]:
             lines += ["\n**Transfer depth sweeps** (residual MLPs and GPT-2 decoders of 1-6 blocks trained from "
                       "scratch, `--part sweeps-transfer-*`; the per-depth decision with the calibration `decide` "

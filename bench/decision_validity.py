@@ -562,13 +562,14 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
            trial_seeds: tuple | None = None, large_heldout: int = 0) -> None:
     out = OUT_1000 if column is not None and column.endswith("_1000") else OUT
     if part in TRANSFER:
-        if large_heldout or trial_seeds is not None:
-            raise SystemExit("--large-heldout, --trial-seeds: the fitted model sets' parts only")
+        if trial_seeds is not None:
+            raise SystemExit("--trial-seeds: the fitted model sets' parts only")
         out = OUT_TRANSFER
     if large_heldout:
-        if part not in (*IMAGES, *TEXTS) or trial_seeds is not None or (column or "").endswith("_1000"):
+        if (part not in (*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS) or trial_seeds is not None
+                or (column or "").endswith("_1000")):
             raise SystemExit("--large-heldout: a model set part's 300-step columns only")
-        out = large_heldout_folder(OUT, large_heldout)
+        out = large_heldout_folder(OUT_TRANSFER if part in TRANSFER else OUT, large_heldout)
     out.mkdir(parents=True, exist_ok=True)
     path = out / (f"{part}.json" if column is None else f"{part}-{column}.json")
     if seeds is not None:  # a sweep part's model seeds recorded one process at a time

@@ -339,4 +339,18 @@ def test_transfer_sets_read_each_length_on_the_columns_recorded_for_it_with_the_
         expected = scores.score(insts, {"toy": cal}, "decide")
         got = at["300"][key]["decide"] if key == "every set" else at["300"][key]
         assert got == expected
+    assert "large_heldout" not in res
+    # --large-heldout for the transfer sets: beside their folder; each split's decisions read on that split
+    large = scores.large_heldout_folder(folder)
+    assert large.name == f"{scores.TRANSFER_FOLDER}_large_heldout"
+    large.mkdir()
+    _write(large / "far.json", [_with_large_split(m, rng) for m in short], (0, 1, 2))
+    rows = scores.transfer_scores(tmp_path / "decision_validity")["large_heldout"]
+    assert rows["max_deviation_from_recording"] == 0.0
+    recorded = json.loads((large / "far.json").read_text())["models"]
+    for label, split in (("held-out split as recorded", "heldout"), ("held-out x4", "heldout_large")):
+        insts = [i for i in scores.instances(recorded, "even", split) if i["steps"] == 300]
+        assert rows["rows"][f"decide ({label})"] == scores.score(insts, {"toy": DEFAULT_CALIBRATION}, "decide")
+    # the two splits' readings differ here, so reading the wrong one would fail above
+    assert rows["rows"]["decide (held-out split as recorded)"] != rows["rows"]["decide (held-out x4)"]
     assert scores.transfer_scores(tmp_path / "elsewhere" / "decision_validity") is None
