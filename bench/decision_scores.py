@@ -717,7 +717,7 @@ def transfer_scores(out: Path) -> dict | None:
     models, sweeps, _ = load(folder)
     result = {"sets": sorted({m["set"] for m in models}), "models": sorted({m["model"] for m in models}),
               "base": {m["model"]: m["base"] for m in models}, "lengths": {},
-              "sweeps": sweep_scores(sweeps, DEFAULT_CALIBRATION)}
+              "sweeps": sweep_scores(sweeps, DEFAULT_CALIBRATION), "loops": loop_scores(folder, sweeps)}
     large = large_heldout_folder(folder)
     if large.is_dir():  # the 300-step runs again, each trial also read on a held-out split 4 times the sets' own
         recorded = load(large)[0]
@@ -875,6 +875,10 @@ def tables(out: Path) -> str:
             lines += ["\n**Transfer depth sweeps** (residual MLPs and GPT-2 decoders of 1-6 blocks trained from "
                       "scratch, `--part sweeps-transfer-*`; the per-depth decision with the calibration `decide` "
                       "ships)\n", *_sweep_table(ts["sweeps"])]
+        if ts["loops"]:
+            lines += ["\n**Transfer growth loops** from each transfer sweep's depth-1 model (`--part loops-transfer-*`; "
+                      "the GPT-2 loops insert the model's own layer, the residual MLP loops the `auto` family's "
+                      "zero-output residual)\n", *_loop_table(ts["loops"])]
     lines += ["\n**Per model set, long recipes (decide)**\n", head, rule]
     lines += [row(s, v) for s, v in res["long_by_set"].items()]
     rel = res["long"]["decide"].get("reliability", [])
@@ -890,20 +894,26 @@ def tables(out: Path) -> str:
         lines += ["\n**The growth loop** from each sweep's depth-1 model (`--part loops-*`; the text loops insert the "
                   "model's own layer, the image loops the `conv` family's zero-output residual; rounds: where the block "
                   "went, the held-out change after training the grown model, kept or rolled back)\n",
-                  "| loop | rounds | stops at (why) | scratch sweep's best | within one block | best of the loop's own "
-                  "models | test loss, start -> end (scratch best's) |", "|---|---|---|---|---|---|---|"]
-        for lp in res["loops"]:
-            rounds = "; ".join(f"{r['inserted_at']} {r['heldout_change']:+.3f} "
-                               f"({'rolled back' if r['rolled_back'] else 'kept'})"
-                               for r in lp["rounds"] if r["inserted_at"] is not None) or "none inserted"
-            lines.append(f"| {lp['loop']} | {rounds} | {lp['final_depth']} ({lp['stop_reason']}) | {lp['scratch_best']} | "
-                         f"{'yes' if lp['within_one'] else 'no'} | {lp['own_best']} | "
-                         f"{lp['start_test_loss']:.3f} -> {lp['final_test_loss']:.3f} ({lp['scratch_best_test_loss']:.3f}) |")
-        shallow = [lp for lp in res["loops"] if lp["scratch_best"] == 1]
-        lines.append(f"\nWithin one block of the scratch sweep's best: {sum(lp['within_one'] for lp in res['loops'])} "
-                     f"of {len(res['loops'])} loops; of the {len(shallow)} whose scratch best is the shallowest, "
-                     f"{sum(lp['within_one'] for lp in shallow)}.")
+                  *_loop_table(res["loops"])]
     return "\n".join(lines)
+
+
+def _loop_table(loops: list) -> list:
+    """Markdown lines: each growth loop's rounds and stop beside its scratch sweep, and the tally."""
+    lines = ["| loop | rounds | stops at (why) | scratch sweep's best | within one block | best of the loop's own "
+             "models | test loss, start -> end (scratch best's) |", "|---|---|---|---|---|---|---|"]
+    for lp in loops:
+        rounds = "; ".join(f"{r['inserted_at']} {r['heldout_change']:+.3f} "
+                           f"({'rolled back' if r['rolled_back'] else 'kept'})"
+                           for r in lp["rounds"] if r["inserted_at"] is not None) or "none inserted"
+        lines.append(f"| {lp['loop']} | {rounds} | {lp['final_depth']} ({lp['stop_reason']}) | {lp['scratch_best']} | "
+                     f"{'yes' if lp['within_one'] else 'no'} | {lp['own_best']} | "
+                     f"{lp['start_test_loss']:.3f} -> {lp['final_test_loss']:.3f} ({lp['scratch_best_test_loss']:.3f}) |")
+    shallow = [lp for lp in loops if lp["scratch_best"] == 1]
+    lines.append(f"\nWithin one block of the scratch sweep's best: {sum(lp['within_one'] for lp in loops)} "
+                 f"of {len(loops)} loops; of the {len(shallow)} whose scratch best is the shallowest, "
+                 f"{sum(lp['within_one'] for lp in shallow)}.")
+    return lines
 
 
 def _sweep_table(sweeps: list) -> list:

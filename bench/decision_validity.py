@@ -144,7 +144,8 @@ TRANSFER_SWEEPS = {"sweeps-transfer-resmlp": {"resmlp-fashion-n500": (False, 500
                                             "gpt2-perl-s1000": ("perl", 1000, (1, 2))}}
 SWEEP_PARTS.update(TRANSFER_SWEEPS)
 SWEEP_ARCHITECTURE = {"sweeps-transfer-resmlp": "resmlp", "sweeps-transfer-gpt2": "gpt2"}  # else PlainResNet, Llama
-TRANSFER = (*TRANSFER_IMAGES, *TRANSFER_TEXTS, *TRANSFER_SWEEPS)
+TRANSFER_LOOPS = {"loops-transfer-resmlp": "sweeps-transfer-resmlp", "loops-transfer-gpt2": "sweeps-transfer-gpt2"}
+TRANSFER = (*TRANSFER_IMAGES, *TRANSFER_TEXTS, *TRANSFER_SWEEPS, *TRANSFER_LOOPS)
 SWEEP_RECIPE = Recipe("adam", 1e-3, 150, IMAGE_BATCH, "block")
 TEXT_SWEEP_RECIPE = Recipe("adamw", 1e-3, 150, TEXT_BATCH, "block")
 DEPTHS = range(1, 7)
@@ -451,7 +452,8 @@ def record_text_sweep(name: str, spec: tuple, seed: int, log, architecture: str 
 # -- the growth loop on the sweeps' depth-1 models -------------------------------------------------------------
 LOOP_PARTS = {"loops-text": TEXT_SWEEPS["sweeps-text"], "loops-sweeps": SWEEPS,
               "loops-overfit-digits": SWEEP_PARTS["sweeps-overfit-digits"],
-              "loops-overfit-fashion": SWEEP_PARTS["sweeps-overfit-fashion"]}
+              "loops-overfit-fashion": SWEEP_PARTS["sweeps-overfit-fashion"],
+              **{loop: TRANSFER_SWEEPS[sweep] for loop, sweep in TRANSFER_LOOPS.items()}}
 
 
 def train_with_recipe(model, train, recipe: Recipe, seed: int, loss_fn) -> None:
@@ -470,12 +472,12 @@ def train_with_recipe(model, train, recipe: Recipe, seed: int, loss_fn) -> None:
     model.eval()
 
 
-def text_loop_start(spec: tuple, seed: int) -> dict:
-    """The text sweep's depth-1 Llama and a round's training: the recipe's optimizer, lr and steps on every
+def text_loop_start(spec: tuple, seed: int, architecture: str = "llama") -> dict:
+    """The text sweep's depth-1 decoder and a round's training: the recipe's optimizer, lr and steps on every
     parameter, windows drawn from the sweep's training pool (a user training the grown model on)."""
     text, steps, _ = spec
     source, train_w, probe_w, test_w = text_windows(text)
-    model = llama(1, seed)
+    model = decoder(architecture, 1, seed)
     train_lm_windows(model, train_w, steps, seed)
 
     def train_round(grown, round_index):
@@ -490,7 +492,7 @@ def text_loop_start(spec: tuple, seed: int) -> dict:
             "settings": {"training_steps": steps}}
 
 
-def image_loop_start(spec: tuple, seed: int) -> dict:
+def image_loop_start(spec: tuple, seed: int, architecture: str = "resnet") -> dict:
     """The image sweep's depth-1 ResNet (:func:`record_sweep`'s) and a round's training: the sweep recipe's
     optimizer, lr and steps on every parameter (:func:`train_with_recipe`).  The loop inserts the probe family's
     zero-output residual (``family="auto"``: the ``conv`` family's branch, its terminal map zero), as the
@@ -498,7 +500,7 @@ def image_loop_start(spec: tuple, seed: int) -> dict:
     use_digits, n_train, epochs, width, weight_decay, _ = spec
     data = load_images(n_train, 160, 300, seed=0, digits=use_digits)
     torch.manual_seed(seed)
-    model = PlainResNet(1, width)
+    model = ResMLP(data.train[0][0].size, depth=1, width=width) if architecture == "resmlp" else PlainResNet(1, width)
     train_classifier(model, *data.train, epochs=epochs, seed=seed, weight_decay=weight_decay)
     train = batches(*data.train, 100)
 
@@ -515,7 +517,7 @@ def image_loop_start(spec: tuple, seed: int) -> dict:
             "settings": {"n_train": n_train, "epochs": epochs, "width": width, "weight_decay": weight_decay}}
 
 
-def record_loop(name: str, spec: tuple, seed: int, log) -> dict:
+def record_loop(name: str, spec: tuple, seed: int, log, part: str = "") -> dict:
     """``grow_until_saturated(..., recipe=...)`` from the sweep's depth-1 model (the same model: its test loss is
     checked against the sweep's when scored): each round decides with :func:`decide` (its trials train the block
     alone), inserts the block and trains the whole grown model with the recipe's optimizer, lr and steps; the
@@ -523,7 +525,10 @@ def record_loop(name: str, spec: tuple, seed: int, log) -> dict:
     (never read by the loop)."""
     from satcore.adapters.torch import grow_until_saturated
 
-    start = text_loop_start(spec, seed) if name in TEXT_SWEEPS["sweeps-text"] else image_loop_start(spec, seed)
+    architecture = SWEEP_ARCHITECTURE.get(TRANSFER_LOOPS.get(part, ""))
+    kind = {} if architecture is None else {"architecture": architecture}
+    is_text = name in TEXT_SWEEPS["sweeps-text"] or architecture == "gpt2"
+    start = text_loop_start(spec, seed, **kind) if is_text else image_loop_start(spec, seed, **kind)
     model, loss_fn, test_loss = start["model"], start["loss_fn"], start["test_loss"]
     tag = f"{name}/seed{seed}" if len(spec[-1]) > 1 else name
     start_test = test_loss(model)  # as the sweep measured it: the same model gives the same number
@@ -601,7 +606,7 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
               "machine": {"processor": platform.processor() or platform.machine(),
                           "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}}
     if part in LOOP_PARTS:
-        makers = [(lambda n=n, spec=spec, seed=seed: record_loop(n, spec, seed, log))
+        makers = [(lambda n=n, spec=spec, seed=seed: record_loop(n, spec, seed, log, part))
                   for n, spec in LOOP_PARTS[part].items() for seed in spec[-1]]
         key = "loops"
         result["loops"] = []
