@@ -747,6 +747,56 @@ def transfer_scores(out: Path) -> dict | None:
     return result
 
 
+COMPRESSED_FOLDER = "decision_validity_compressed"  # bench/decision_validity.py --compressed, beside ``out``
+
+
+def compressed_scores(out: Path) -> dict | None:
+    """Time-compressed trials (``--compressed``: the even plan's ``T`` steps at ``lr * S / T``) against the even
+    plan's trial (``T`` steps at the recipe's ``lr``, read from the recorded runs of the same models and seeds), as
+    rankings of a model's candidates: per recipe length, column and group of sets (the bench's, the transfer
+    sets), the mean within-model Spearman of each trial's held-out change at ``T`` with the target (the other trial
+    seeds' realized test change after the recipe's ``S`` steps at ``lr``) and the share of decisions whose lowest
+    reading is the realized best.  None where nothing is recorded."""
+    folder = out.parent / COMPRESSED_FOLDER
+    if not folder.is_dir():
+        return None
+    recorded, transfer = {}, set()
+    for path in (out, out.parent / "decision_validity_1000", out.parent / TRANSFER_FOLDER):
+        for m in load(path)[0] if path.is_dir() else []:
+            entry = recorded.setdefault(m["model"], {"base": m["base"], "runs": {}})
+            for r in m["runs"]:
+                steps = 1000 if r["column"].endswith("_1000") else 300
+                entry["runs"][(steps, r["column"].removesuffix("_1000"), r["candidate"], r["seed"])] = r
+            if path.name == TRANSFER_FOLDER:
+                transfer.add(m["model"])
+    cells, deviation = {}, 0.0
+    for m in load(folder)[0]:
+        rec = recorded[m["model"]]
+        # the same trained model as the recording's: its losses before any insertion
+        deviation = max(deviation, max(abs(m["base"][k] - rec["base"][k]) for k in m["base"]))
+        runs = {(r["steps_recipe"], r["column"], r["candidate"], r["seed"]): r for r in m["runs"]}
+        for steps, column, seed in sorted({(k[0], k[1], k[3]) for k in runs}):
+            T = runs[(steps, column, m["candidates"][0], seed)]["T"]
+            even, compressed, target = [], [], []
+            for c in m["candidates"]:
+                others = [r for k, r in rec["runs"].items() if k[:3] == (steps, column, c) and k[3] != seed]
+                even.append(_at(rec["runs"][(steps, column, c, seed)], "heldout", T))
+                compressed.append(_at(runs[(steps, column, c, seed)], "heldout", T))
+                target.append(float(np.mean([_at(r, "test", steps) for r in others])))
+            group = "transfer sets" if m["model"] in transfer else "bench sets"
+            for key in (f"{steps}/{column}/{group}", f"{steps}/every column/{group}"):
+                cell = cells.setdefault(key, {"within": {"even": [], "compressed": []},
+                                              "best": {"even": [], "compressed": []}})
+                for name, pred in (("even", even), ("compressed", compressed)):
+                    if (w := _spearman(pred, target)) is not None:
+                        cell["within"][name].append(w)
+                    cell["best"][name].append(float(np.argmin(pred) == np.argmin(target)))
+    rows = {key: {"n_decisions": len(cell["best"]["even"]),
+                  **{f"{k}_{name}": float(np.mean(v[name])) if v[name] else None for k, v in cell.items() for name in v}}
+            for key, cell in sorted(cells.items(), key=lambda kv: (int(kv[0].split("/")[0]), kv[0]))}
+    return {"max_base_deviation": deviation, "rows": rows}
+
+
 def all_scores(out: Path) -> dict:
     models, sweeps, meta = load(out)
     insts = instances(models)
@@ -770,6 +820,8 @@ def all_scores(out: Path) -> dict:
         result["larger_size"] = sized
     if (transfer := transfer_scores(out)) is not None:
         result["transfer_sets"] = transfer
+    if (compressed := compressed_scores(out)) is not None:
+        result["compressed_trials"] = compressed
     large = large_heldout_folder(out)
     if large.is_dir() and len({m["set"] for m in load(large)[0]}) >= 2:
         result["large_heldout"] = large_heldout_scores(large, models)
@@ -879,6 +931,16 @@ def tables(out: Path) -> str:
             lines += ["\n**Transfer growth loops** from each transfer sweep's depth-1 model (`--part loops-transfer-*`; "
                       "the GPT-2 loops insert the model's own layer, the residual MLP loops the `auto` family's "
                       "zero-output residual)\n", *_loop_table(ts["loops"])]
+    if "compressed_trials" in res:
+        ct = res["compressed_trials"]
+        lines += ["\n**Time-compressed trials** (`--compressed`, an experiment: the even plan's `T` steps trained at "
+                  "`lr * S / T` instead of `lr`, the same models, seeds and targets; the largest difference of a "
+                  f"model's losses from the recording's: {ct['max_base_deviation']:.1e}; rankings only, no "
+                  "calibration)\n",
+                  "| recipe / column / sets | decisions | within-model: even plan | within-model: compressed | "
+                  "best picked: even plan | best picked: compressed |", "|---|---|---|---|---|---|"]
+        lines += [f"| {key} | {v['n_decisions']} | {_f(v['within_even'])} | {_f(v['within_compressed'])} | "
+                  f"{_f(v['best_even'], True)} | {_f(v['best_compressed'], True)} |" for key, v in ct["rows"].items()]
     lines += ["\n**Per model set, long recipes (decide)**\n", head, rule]
     lines += [row(s, v) for s, v in res["long_by_set"].items()]
     rel = res["long"]["decide"].get("reliability", [])

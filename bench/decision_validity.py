@@ -49,6 +49,9 @@ the same way (``--part gpt2-perldoc`` or ``resmlp-fashion``, with ``--column`` a
 byte-level GPT-2 decoders (``transformers.GPT2LMHeadModel``, the ``native`` family inserting a ``GPT2Block`` with
 zeroed output projections) on the Perl 5.36 documentation (Debian ``perl-doc``), and pre-norm residual MLPs (an
 ``nn.Sequential`` of the user's own blocks: the probe's ``auto`` family) on another draw of Fashion-MNIST images.
+
+``--compressed`` (a model set part, fitted or transfer): an experiment, time-compressed trials (the even plan's
+``T`` steps at ``lr * S / T``, :func:`record_compressed`), to ``docs/figures/decision_validity_compressed/``.
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ from decision_scores import LARGE_HELDOUT, large_heldout_folder, schedule_points
 OUT = ROOT / "docs" / "figures" / "decision_validity"
 OUT_1000 = ROOT / "docs" / "figures" / "decision_validity_1000"
 OUT_TRANSFER = ROOT / "docs" / "figures" / "decision_validity_transfer"  # every column and length of the transfer sets
+# --compressed: time-compressed trials (an experiment, not what decide runs), every set's models, to OUT_COMPRESSED
+OUT_COMPRESSED = ROOT / "docs" / "figures" / "decision_validity_compressed"
 # --large-heldout N: the same models and trials, each trial also evaluated on a held-out split N times the bench's (its
 # first part is the bench's own held-out split), to decision_scores.large_heldout_folder(OUT, N): how the decision
 # depends on the size of the held-out data it reads (the test split and the targets are unchanged)
@@ -220,6 +225,36 @@ def record_model(task: dict, log, seeds: tuple = SEEDS, stored: dict | None = No
         # per checkpoint, InsertionDecision.margin_se as decide computes it
         out["paired_se"] = {key: {f"{a}|{b}": paired_standard_error(losses[b] - losses[a]).tolist()
                                   for a, b in itertools.combinations(names, 2)} for key, losses in after.items()}
+    return out
+
+
+def record_compressed(task: dict, log) -> dict:
+    """Time-compressed trials of one trained model: at every candidate, for each recipe column at 300 and 1000
+    steps ``S``, the even plan's trial length ``T = S // min(n, 4)`` trained at ``lr * S / T`` (the recipe's
+    ``lr * steps`` in ``T`` steps) with each trial seed, its held-out, test and training changes at ``T / 2``
+    and ``T``.  Read beside the recorded runs at the recipe's ``lr`` (the same models: the base losses are
+    recorded to check it) by :func:`decision_scores.compressed_scores`."""
+    t0 = time.time()
+    model, loss_fn, text = task["model"], task["loss_fn"], task["text"]
+    splits = probe_splits(model, task["probe_train"], task["heldout"], loss_fn, family="native" if text else "auto")
+    names = list(splits.train.statistics)
+    sets = {"heldout": task["heldout"], "test": task["test"], "train": task["probe_train"]}
+    out = {"model": task["tag"], "set": task["set"], "candidates": names,
+           "base": {k: float(per_sample_eval(model, v, loss_fn).mean()) for k, v in sets.items()}, "runs": []}
+    for steps in (300, 1000):
+        T = steps // min(len(names), MAX_TRIALS)
+        for column in ("adam_block", "sgd_block", "adam_terminal"):
+            optimizer, lr, trainable, _ = {**COLUMNS, **EXTRA_COLUMNS}[column]
+            recipe = Recipe("adamw" if text and optimizer == "adam" else optimizer, lr * steps / T, T,
+                            TEXT_BATCH if text else IMAGE_BATCH, trainable)
+            for name in names:
+                for seed in SEEDS:
+                    measured = trial_losses(model, splits.train, name, recipe, task["train"], sets, [T // 2, T],
+                                            loss_fn, seed=seed)
+                    out["runs"].append({"steps_recipe": steps, "T": T, "lr": recipe.lr, "column": column,
+                                        "candidate": name, "seed": seed, "steps": [T // 2, T],
+                                        **{k: _summary(*measured[k]) for k in sets}})
+    log(f"  {task['tag']} compressed trials: {time.time() - t0:.0f}s")
     return out
 
 
@@ -564,9 +599,13 @@ def _stored(stored: dict | None, tag: str, path: Path):
 
 
 def record(part: str, log=print, column: str | None = None, seeds: tuple | None = None,
-           trial_seeds: tuple | None = None, large_heldout: int = 0) -> None:
+           trial_seeds: tuple | None = None, large_heldout: int = 0, compressed: bool = False) -> None:
     out = OUT_1000 if column is not None and column.endswith("_1000") else OUT
-    if part in TRANSFER:
+    if compressed:
+        if part not in (*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS) or column or large_heldout or trial_seeds:
+            raise SystemExit("--compressed: a model set part alone")
+        out = OUT_COMPRESSED
+    if part in TRANSFER and not compressed:
         if trial_seeds is not None:
             raise SystemExit("--trial-seeds: the fitted model sets' parts only")
         out = OUT_TRANSFER
@@ -621,8 +660,11 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
         tasks = image_tasks(part, large_heldout) if is_image else text_tasks(part, large_heldout)
         if stored is not None:  # a column's part may hold only its first models (a run cut for CPU): train no more
             tasks = itertools.islice(tasks, len(stored))
-        makers = [(lambda t=t: record_model(t, log, trial_seeds or SEEDS, _stored(stored, t["tag"], path)))
-                  for t in tasks]
+        if compressed:
+            makers = [(lambda t=t: record_compressed(t, log)) for t in tasks]
+        else:
+            makers = [(lambda t=t: record_model(t, log, trial_seeds or SEEDS, _stored(stored, t["tag"], path)))
+                      for t in tasks]
         key = "models"
     for make in makers:
         result[key].append(make())
@@ -646,6 +688,9 @@ def main(argv=None) -> int:
     parser.add_argument("--large-heldout", type=int, nargs="?", const=LARGE_HELDOUT, default=0, metavar="N",
                         help="model set parts: each trial also evaluated on a held-out split N (default 4) times the "
                              "bench's (to docs/figures/decision_validity_large_heldout/, or ..._x<N>/)")
+    parser.add_argument("--compressed", action="store_true",
+                        help="model set parts: time-compressed trials (lr x S/T for the even plan's T steps; an "
+                             "experiment) to docs/figures/decision_validity_compressed/")
     parser.add_argument("--tables", action="store_true", help="score the recorded parts and print the docs tables")
     parser.add_argument("--variants", action="store_true",
                         help="score the decision rules tried (bench/decision_scores.py VARIANTS) and print their table")
@@ -655,7 +700,7 @@ def main(argv=None) -> int:
     if args.part:
         record(args.part, column=args.column, seeds=None if args.seeds is None else tuple(args.seeds),
                trial_seeds=None if args.trial_seeds is None else tuple(args.trial_seeds),
-               large_heldout=args.large_heldout)
+               large_heldout=args.large_heldout, compressed=args.compressed)
     if args.tables or args.fit or args.variants:
         from decision_scores import fit_and_write, tables, variants
 

@@ -354,3 +354,44 @@ def test_transfer_sets_read_each_length_on_the_columns_recorded_for_it_with_the_
     # the two splits' readings differ here, so reading the wrong one would fail above
     assert rows["rows"]["decide (held-out split as recorded)"] != rows["rows"]["decide (held-out x4)"]
     assert scores.transfer_scores(tmp_path / "elsewhere" / "decision_validity") is None
+
+
+def test_compressed_trials_are_read_at_the_even_plans_length_against_the_other_seeds_targets(scores, tmp_path):
+    """``compressed_scores`` ranks a model's candidates by each trial's held-out change at the even plan's ``T``
+    (the compressed run's and the recorded run of the same seed at the recipe's lr) against the other seeds' mean
+    realized test change after the recipe's steps; checked against the same readings taken by hand."""
+    rng = np.random.default_rng(11)
+    out = tmp_path / "decision_validity"
+    out.mkdir()
+    recorded = [_model("toy/a", (0, 1, 2), rng)]
+    _write(out / "toy.json", recorded, (0, 1, 2))
+    T = 150  # 300 steps over 2 candidates
+    compressed = {"model": "toy/a", "set": "toy", "candidates": CANDIDATES, "base": dict(recorded[0]["base"]),
+                  "runs": [{"steps_recipe": 300, "T": T, "lr": 2e-3, "column": "adam_block", "candidate": c,
+                            "seed": s, "steps": [T // 2, T],
+                            **{k: {"change": rng.normal(size=2).tolist(), "se": [0.01, 0.01]}
+                               for k in ("heldout", "test", "train")}} for c in CANDIDATES for s in (0, 1, 2)]}
+    (tmp_path / scores.COMPRESSED_FOLDER).mkdir()
+    _write(tmp_path / scores.COMPRESSED_FOLDER / "toy.json", [compressed], (0, 1, 2))
+    res = scores.compressed_scores(out)
+    assert res["max_base_deviation"] == 0.0
+    assert list(res["rows"]) == ["300/adam_block/bench sets", "300/every column/bench sets"]
+    assert res["rows"]["300/every column/bench sets"] == res["rows"]["300/adam_block/bench sets"]  # one column
+    row = res["rows"]["300/adam_block/bench sets"]
+    runs = {(r["candidate"], r["seed"]): r for r in recorded[0]["runs"]}
+    comp = {(r["candidate"], r["seed"]): r for r in compressed["runs"]}
+    best = {"even": [], "compressed": []}
+    for seed in (0, 1, 2):
+        target = [np.mean([runs[(c, b)]["test"]["change"][runs[(c, b)]["steps"].index(300)] for b in (0, 1, 2)
+                           if b != seed]) for c in CANDIDATES]
+        even = [runs[(c, seed)]["heldout"]["change"][runs[(c, seed)]["steps"].index(T)] for c in CANDIDATES]
+        fast = [comp[(c, seed)]["heldout"]["change"][1] for c in CANDIDATES]
+        best["even"].append(float(np.argmin(even) == np.argmin(target)))
+        best["compressed"].append(float(np.argmin(fast) == np.argmin(target)))
+    assert row["n_decisions"] == 3
+    assert row["best_even"] == pytest.approx(np.mean(best["even"]), abs=4 * np.finfo(float).eps)
+    assert row["best_compressed"] == pytest.approx(np.mean(best["compressed"]), abs=4 * np.finfo(float).eps)
+    assert row["within_even"] is None  # two candidates: no within-model correlation, as in score()
+    compressed["base"]["test"] += 1e-3  # another model than the recorded one shows in the deviation
+    _write(tmp_path / scores.COMPRESSED_FOLDER / "toy.json", [compressed], (0, 1, 2))
+    assert scores.compressed_scores(out)["max_base_deviation"] == pytest.approx(1e-3, rel=1e-9)
