@@ -134,6 +134,13 @@ def render_decision(decision) -> str:
                          f"calibration's error model was fitted on (at most {CALIBRATED_HELDOUT_SAMPLES[1]}): on "
                          "larger held-out splits its intervals and P(decrease) were over-confident on the bench "
                          "(docs/predictive-validity.md); the ranking is not affected")
+        recipe = getattr(decision, "recipe", None)
+        if getattr(recipe, "optimizer", None) == "sgd" and decision.calibration in (DEFAULT_CALIBRATION,
+                                                                                    HALVING_CALIBRATION):
+            # the calibration is fitted on every recipe pooled; held out, SGD's column was its weakest
+            lines.append("note: SGD recipe: on the decision bench and its transfer sets the short trials of SGD "
+                         "recipes ranked the candidates worst and their P(decrease) was the least reliable of the "
+                         "recipes tried (docs/predictive-validity.md): read P(decrease) as a ranking there")
         if getattr(decision, "close_call", False):
             difference, se = decision.margin
             runner_up = display_name(decision.runner_up)

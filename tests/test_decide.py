@@ -597,3 +597,19 @@ def test_the_printed_decision_says_when_its_held_out_data_is_larger_than_the_cal
     assert len(notes(most + 1)) == 1 and notes(most + 1)[0].startswith(
         f"note: the trials were read on {most + 1} held-out samples, more than the shipped calibration's")
     assert notes(most) == [] and notes(None) == [] and notes(10 * most, NORMAL) == []
+
+
+@pytest.mark.parametrize("optimizer, calibration, expected", [
+    ("sgd", DEFAULT_CALIBRATION, 1), ("sgd", NORMAL, 0), ("adam", DEFAULT_CALIBRATION, 0), ("adamw", DEFAULT_CALIBRATION, 0),
+])
+def test_the_printed_decision_of_an_sgd_recipe_says_its_p_decrease_was_the_least_reliable(optimizer, calibration,
+                                                                                          expected):
+    """Where the recipe is SGD and the calibration the shipped one (fitted on every recipe pooled), a note says that
+    SGD's column was the weakest held out; none for Adam or AdamW, nor for a calibration of the user's own."""
+    from satcore.report_text import render_decision
+
+    curve = TrialCurve((1, 2), (0.0, -0.1), (0.0, -0.1), 0.01)
+    cand = CandidateDecision("m.0", -0.1, -0.1, (-0.2, -0.05), 0.9, -0.1, curve)
+    d = choose([cand], Recipe(optimizer, 0.05, 300, 16, "block"), 1.0, 300, calibration)
+    notes = [line for line in render_decision(d).splitlines() if line.startswith("note: SGD recipe:")]
+    assert len(notes) == expected
