@@ -132,7 +132,8 @@ def _at(run: dict, split: str, step: int) -> float:
 
 
 def _curve(run: dict, T: int) -> TrialCurve:
-    points = trial_checkpoints(T)
+    # a compressed trial (--compressed) is recorded at T/2 and T only: its trend d(T) - d(T/2) is the same
+    points = [p for p in trial_checkpoints(T) if p in run["steps"]]
     return TrialCurve(points, [_at(run, "heldout", p) for p in points], [_at(run, "train", p) for p in points],
                       run["heldout"]["se"][run["steps"].index(T)])
 
@@ -159,6 +160,19 @@ def _trial_schedule(schedule: str, names: list, screen: dict, runs: dict, steps:
     return rows, verified * T
 
 
+COMPRESSED_SGD = "even, SGD trials compressed"  # a schedule of the rules table: the even plan, SGD trials at lr*S/T
+
+
+def attach_compressed(models: list, folder: Path) -> list:
+    """``models`` with their ``--compressed`` runs (``folder``) attached as ``model["compressed"]``, keyed by
+    ``(recipe steps, column, candidate, seed)``, for the :data:`COMPRESSED_SGD` schedule."""
+    if not folder.is_dir():
+        return models
+    runs = {m["model"]: {(r["steps_recipe"], r["column"], r["candidate"], r["seed"]): r for r in m["runs"]}
+            for m in load(folder)[0]}
+    return [{**m, "compressed": runs[m["model"]]} if m["model"] in runs else m for m in models]
+
+
 def instances(models: list, schedule: str = SHIPPED_SCHEDULE, heldout: str = "heldout") -> list[dict]:
     """One decision per (model, recipe column, length, trial seed): every candidate's trial curve (that seed's
     prefix, read as ``schedule`` reads it, :func:`_trial_schedule`), its target (the other seeds' mean realized
@@ -176,8 +190,13 @@ def instances(models: list, schedule: str = SHIPPED_SCHEDULE, heldout: str = "he
                     continue
                 screen = m["screen"][f"{column}/{steps}"]
                 for a in seeds:
-                    trials, cost = _trial_schedule(schedule, m["candidates"], screen,
-                                                   {c: runs[(c, column, a)] for c in m["candidates"]}, steps)
+                    read = {c: runs[(c, column, a)] for c in m["candidates"]}
+                    if schedule == COMPRESSED_SGD and column.startswith("sgd") and steps in LONG:
+                        # the SGD trials read from the time-compressed runs; targets from the recipe's own runs
+                        read = {c: m["compressed"][(steps, column.removesuffix("_1000"), c, a)]
+                                for c in m["candidates"]}
+                    trials, cost = _trial_schedule("even" if schedule == COMPRESSED_SGD else schedule,
+                                                   m["candidates"], screen, read, steps)
                     rows = []
                     for c in m["candidates"]:
                         run = runs[(c, column, a)]
@@ -564,10 +583,11 @@ def _long(insts):
     return [i for i in insts if i["steps"] in LONG]
 
 
+BENCH_SIZE_RULE = "error model on the bench's held-out size only (shipped before)"
 # each rule: (insts, source, error_insts: the same sets' trials read on the larger held-out split) -> Calibration
 VARIANTS = {
     "shipped: trend weight by the point's error, long recipes, error model on two held-out sizes": _shipped,
-    "error model on the bench's held-out size only (shipped before)": lambda insts, source, errors: fit(insts, source),
+    BENCH_SIZE_RULE: lambda insts, source, errors: fit(insts, source),
     "everything fitted on two held-out sizes (the bench's and 4 times it)":
         lambda insts, source, errors: fit(insts + errors, source),
     "error model on three held-out sizes (16 times the bench's too)": "x16",
@@ -585,6 +605,9 @@ VARIANTS = {
 # trial schedules at the same cost (the depth sweeps recorded the even plan's and halving's checkpoints only)
 SCHEDULE_VARIANTS = {
     "successive halving: every candidate half a trial, the better half on (its own fit)": "halving",
+    # no trial was read on the larger held-out split: its error model on the bench's size, as the row it compares with
+    "SGD trials time-compressed (lr x S/T), error model on the bench's held-out size only (its own fit)":
+        COMPRESSED_SGD,
     "2 trials: the screen's first 2, twice as long": "trials-2",
     "3 trials: the screen's first 3": "trials-3",
 }
@@ -595,6 +618,7 @@ def variants(out: Path) -> str:
     beside the same rule fitted on every set and scored in sample, and the depth sweeps under the rule fitted on
     every insertion set; then the shipped fit under each trial schedule of ``SCHEDULE_VARIANTS``."""
     models, sweeps, _ = load(out)
+    models = attach_compressed(models, out.parent / COMPRESSED_FOLDER)
     sets = sorted({m["set"] for m in models})
     lines = ["| rule | fitted on | within-model Spearman | best picked | pick gain / best | decision gain (% of test "
              "loss) | harms flagged | sign right (clear) | Brier skill | max reliability gap | 95% coverage | sweeps "
@@ -602,8 +626,10 @@ def variants(out: Path) -> str:
     rules = [(name, fitter, SHIPPED_SCHEDULE) for name, fitter in VARIANTS.items()]
     rules += [(name, _shipped, schedule) for name, schedule in SCHEDULE_VARIANTS.items()]
     for name, fitter, schedule in rules:
+        if schedule == COMPRESSED_SGD and not all("compressed" in m for m in models):
+            continue  # not recorded
         insts = instances(models, schedule)
-        errors = larger_heldout(out, schedule)
+        errors = [] if schedule == COMPRESSED_SGD else larger_heldout(out, schedule)
         if fitter == "x16":  # the shipped fit with the 16-times split's trials in its error model too
             errors, fitter = errors + larger_heldout(out, schedule, 16), _shipped
         long = [i for i in insts if i["steps"] in LONG]
@@ -612,8 +638,14 @@ def variants(out: Path) -> str:
                           [i for i in errors if i["set"] != s]) for s in sets}
         sw = sweep_scores(sweeps, full, schedule) if schedule in ("halving", "even") else None
         within = "-" if sw is None else f"{sum(x['within_one'] for x in sw)} of {len(sw)}"
-        for label, cals in (("other sets (held out)", held), ("every set (in sample)", {s: full for s in sets})):
-            r = score(long, cals, "decide")
+        scored = [("other sets (held out)", long, held), ("every set (in sample)", long, {s: full for s in sets})]
+        if (schedule == COMPRESSED_SGD or name == BENCH_SIZE_RULE) and (out.parent / TRANSFER_FOLDER).is_dir():
+            # the pair compared, also on the transfer sets
+            transfer = attach_compressed(load(out.parent / TRANSFER_FOLDER)[0], out.parent / COMPRESSED_FOLDER)
+            far = [i for i in instances(transfer, schedule) if i["steps"] == 300 and not i["column"].endswith("_1000")]
+            scored.append(("transfer sets, 300 steps (the every-set fit)", far, {i["set"]: full for i in far}))
+        for label, chosen, cals in scored:
+            r = score(chosen, cals, "decide")
             lines.append(f"| {name} | {label} | {_f(r['spearman_within'])} | {_f(r['best_picked'], True)} | "
                          f"{_f(r['pick_gain_ratio'], True)} | "
                          f"{100 * r['decision_gain']:+.2f} | {r['harms_flagged']}/{r['harms']} | "

@@ -395,3 +395,38 @@ def test_compressed_trials_are_read_at_the_even_plans_length_against_the_other_s
     compressed["base"]["test"] += 1e-3  # another model than the recorded one shows in the deviation
     _write(tmp_path / scores.COMPRESSED_FOLDER / "toy.json", [compressed], (0, 1, 2))
     assert scores.compressed_scores(out)["max_base_deviation"] == pytest.approx(1e-3, rel=1e-9)
+
+
+def test_the_compressed_sgd_schedule_reads_only_sgd_trials_from_the_compressed_runs(scores, tmp_path):
+    """``COMPRESSED_SGD``: the even plan whose SGD trials (long recipes) are read from the ``--compressed`` runs at
+    ``T/2`` and ``T``; their targets, and every other column's decisions, stay those of the recipe's own runs."""
+    rng = np.random.default_rng(13)
+    adam = _model("toy/a", (0, 1, 2), rng)
+    sgd = _model("toy/a", (0, 1, 2), rng)
+    for r in sgd["runs"]:
+        r["column"] = "sgd_block"
+    model = {**adam, "runs": adam["runs"] + sgd["runs"],
+             "screen": {**adam["screen"], **{k.replace("adam_block", "sgd_block"): v for k, v in sgd["screen"].items()}}}
+    T = 150  # 300 steps over 2 candidates
+    runs = [{"steps_recipe": 300, "T": T, "lr": 0.1, "column": "sgd_block", "candidate": c, "seed": s,
+             "steps": [T // 2, T], **{k: {"change": rng.normal(size=2).tolist(), "se": [0.01, 0.02]}
+                                      for k in ("heldout", "test", "train")}} for c in CANDIDATES for s in (0, 1, 2)]
+    folder = tmp_path / scores.COMPRESSED_FOLDER
+    folder.mkdir()
+    _write(folder / "toy.json", [{"model": "toy/a", "set": "toy", "candidates": CANDIDATES, "base": adam["base"],
+                                  "runs": runs}], (0, 1, 2))
+    plain = scores.instances([model], "even")
+    fast = scores.instances(scores.attach_compressed([model], folder), scores.COMPRESSED_SGD)
+    compressed = {(r["candidate"], r["seed"]): r for r in runs}
+    assert len(plain) == len(fast) == 2 * 2 * 3  # two columns, two lengths (30, 300), three seeds
+    for a, b in zip(plain, fast):
+        assert (a["column"], a["steps"], a["seed"]) == (b["column"], b["steps"], b["seed"])
+        for ra, rb in zip(a["rows"], b["rows"]):
+            assert ra["target"] == rb["target"] and ra["own_heldout"] == rb["own_heldout"]
+            if a["column"] == "sgd_block" and a["steps"] == 300:
+                run = compressed[(rb["candidate"], a["seed"])]
+                assert rb["curve"].steps == (T // 2, T)
+                assert list(rb["curve"].heldout_change) == run["heldout"]["change"]
+                assert rb["curve"].heldout_se == run["heldout"]["se"][1]
+            else:
+                assert rb["curve"] == ra["curve"]
