@@ -195,6 +195,7 @@ def instances(models: list, schedule: str = SHIPPED_SCHEDULE, heldout: str = "he
                         # the SGD trials read from the time-compressed runs; targets from the recipe's own runs
                         read = {c: m["compressed"][(steps, column.removesuffix("_1000"), c, a)]
                                 for c in m["candidates"]}
+                        read = {c: {**r, "heldout": r[heldout]} for c, r in read.items()}
                     trials, cost = _trial_schedule("even" if schedule == COMPRESSED_SGD else schedule,
                                                    m["candidates"], screen, read, steps)
                     rows = []
@@ -361,9 +362,17 @@ def large_heldout_folder(out: Path, factor: int = LARGE_HELDOUT) -> Path:
 
 def larger_heldout(out: Path, schedule: str = SHIPPED_SCHEDULE, factor: int = LARGE_HELDOUT) -> list[dict]:
     """The decisions of the ``--large-heldout factor`` recording beside ``out`` (the default factor: the error
-    model's second size, :func:`fit`), read on its larger held-out split; none where it is not recorded."""
+    model's second size, :func:`fit`), read on its larger held-out split; none where it is not recorded (for
+    :data:`COMPRESSED_SGD`, nor where the compressed SGD trials were not read on that split)."""
     large = large_heldout_folder(out, factor)
-    return instances(load(large)[0], schedule, "heldout_large") if large.is_dir() else []
+    if not large.is_dir():
+        return []
+    models = load(large)[0]
+    if schedule == COMPRESSED_SGD:
+        models = attach_compressed(models, large_heldout_folder(out.parent / COMPRESSED_FOLDER, factor))
+        if not all("compressed" in m for m in models):
+            return []
+    return instances(models, schedule, "heldout_large")
 
 
 # -- scores -------------------------------------------------------------------------------------------------
@@ -583,11 +592,11 @@ def _long(insts):
     return [i for i in insts if i["steps"] in LONG]
 
 
-BENCH_SIZE_RULE = "error model on the bench's held-out size only (shipped before)"
 # each rule: (insts, source, error_insts: the same sets' trials read on the larger held-out split) -> Calibration
+SHIPPED_RULE = "shipped: trend weight by the point's error, long recipes, error model on two held-out sizes"
 VARIANTS = {
-    "shipped: trend weight by the point's error, long recipes, error model on two held-out sizes": _shipped,
-    BENCH_SIZE_RULE: lambda insts, source, errors: fit(insts, source),
+    SHIPPED_RULE: _shipped,
+    "error model on the bench's held-out size only (shipped before)": lambda insts, source, errors: fit(insts, source),
     "everything fitted on two held-out sizes (the bench's and 4 times it)":
         lambda insts, source, errors: fit(insts + errors, source),
     "error model on three held-out sizes (16 times the bench's too)": "x16",
@@ -605,9 +614,8 @@ VARIANTS = {
 # trial schedules at the same cost (the depth sweeps recorded the even plan's and halving's checkpoints only)
 SCHEDULE_VARIANTS = {
     "successive halving: every candidate half a trial, the better half on (its own fit)": "halving",
-    # no trial was read on the larger held-out split: its error model on the bench's size, as the row it compares with
-    "SGD trials time-compressed (lr x S/T), error model on the bench's held-out size only (its own fit)":
-        COMPRESSED_SGD,
+    # its error model on two held-out sizes as shipped (the compressed SGD trials read on the larger split too)
+    "SGD trials time-compressed (lr x S/T; its own fit)": COMPRESSED_SGD,
     "2 trials: the screen's first 2, twice as long": "trials-2",
     "3 trials: the screen's first 3": "trials-3",
 }
@@ -629,7 +637,7 @@ def variants(out: Path) -> str:
         if schedule == COMPRESSED_SGD and not all("compressed" in m for m in models):
             continue  # not recorded
         insts = instances(models, schedule)
-        errors = [] if schedule == COMPRESSED_SGD else larger_heldout(out, schedule)
+        errors = larger_heldout(out, schedule)
         if fitter == "x16":  # the shipped fit with the 16-times split's trials in its error model too
             errors, fitter = errors + larger_heldout(out, schedule, 16), _shipped
         long = [i for i in insts if i["steps"] in LONG]
@@ -639,7 +647,7 @@ def variants(out: Path) -> str:
         sw = sweep_scores(sweeps, full, schedule) if schedule in ("halving", "even") else None
         within = "-" if sw is None else f"{sum(x['within_one'] for x in sw)} of {len(sw)}"
         scored = [("other sets (held out)", long, held), ("every set (in sample)", long, {s: full for s in sets})]
-        if (schedule == COMPRESSED_SGD or name == BENCH_SIZE_RULE) and (out.parent / TRANSFER_FOLDER).is_dir():
+        if (schedule == COMPRESSED_SGD or name == SHIPPED_RULE) and (out.parent / TRANSFER_FOLDER).is_dir():
             # the pair compared, also on the transfer sets
             transfer = attach_compressed(load(out.parent / TRANSFER_FOLDER)[0], out.parent / COMPRESSED_FOLDER)
             far = [i for i in instances(transfer, schedule) if i["steps"] == 300 and not i["column"].endswith("_1000")]

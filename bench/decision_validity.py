@@ -51,7 +51,9 @@ zeroed output projections) on the Perl 5.36 documentation (Debian ``perl-doc``),
 ``nn.Sequential`` of the user's own blocks: the probe's ``auto`` family) on another draw of Fashion-MNIST images.
 
 ``--compressed`` (a model set part, fitted or transfer): an experiment, time-compressed trials (the even plan's
-``T`` steps at ``lr * S / T``, :func:`record_compressed`), to ``docs/figures/decision_validity_compressed/``.
+``T`` steps at ``lr * S / T``, :func:`record_compressed`), to ``docs/figures/decision_validity_compressed/``;
+with ``--large-heldout``, a fitted set's SGD trials at 300 steps also read on the larger held-out split (the
+compressed-SGD rule's error model), to ``..._compressed_large_heldout/``.
 """
 
 from __future__ import annotations
@@ -228,22 +230,25 @@ def record_model(task: dict, log, seeds: tuple = SEEDS, stored: dict | None = No
     return out
 
 
-def record_compressed(task: dict, log) -> dict:
+def record_compressed(task: dict, log, large_heldout: bool = False) -> dict:
     """Time-compressed trials of one trained model: at every candidate, for each recipe column at 300 and 1000
     steps ``S``, the even plan's trial length ``T = S // min(n, 4)`` trained at ``lr * S / T`` (the recipe's
     ``lr * steps`` in ``T`` steps) with each trial seed, its held-out, test and training changes at ``T / 2``
     and ``T``.  Read beside the recorded runs at the recipe's ``lr`` (the same models: the base losses are
-    recorded to check it) by :func:`decision_scores.compressed_scores`."""
+    recorded to check it) by :func:`decision_scores.compressed_scores`.  ``large_heldout``: the SGD column's
+    300-step trials only, each also read on the task's larger held-out split (the error model's second size)."""
     t0 = time.time()
     model, loss_fn, text = task["model"], task["loss_fn"], task["text"]
     splits = probe_splits(model, task["probe_train"], task["heldout"], loss_fn, family="native" if text else "auto")
     names = list(splits.train.statistics)
     sets = {"heldout": task["heldout"], "test": task["test"], "train": task["probe_train"]}
+    if large_heldout:
+        sets["heldout_large"] = task["heldout_large"]
     out = {"model": task["tag"], "set": task["set"], "candidates": names,
            "base": {k: float(per_sample_eval(model, v, loss_fn).mean()) for k, v in sets.items()}, "runs": []}
-    for steps in (300, 1000):
+    for steps in (300,) if large_heldout else (300, 1000):
         T = steps // min(len(names), MAX_TRIALS)
-        for column in ("adam_block", "sgd_block", "adam_terminal"):
+        for column in ("sgd_block",) if large_heldout else ("adam_block", "sgd_block", "adam_terminal"):
             optimizer, lr, trainable, _ = {**COLUMNS, **EXTRA_COLUMNS}[column]
             recipe = Recipe("adamw" if text and optimizer == "adam" else optimizer, lr * steps / T, T,
                             TEXT_BATCH if text else IMAGE_BATCH, trainable)
@@ -602,14 +607,16 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
            trial_seeds: tuple | None = None, large_heldout: int = 0, compressed: bool = False) -> None:
     out = OUT_1000 if column is not None and column.endswith("_1000") else OUT
     if compressed:
-        if part not in (*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS) or column or large_heldout or trial_seeds:
-            raise SystemExit("--compressed: a model set part alone")
-        out = OUT_COMPRESSED
+        if part not in (*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS) or column or trial_seeds:
+            raise SystemExit("--compressed: a model set part alone (with --large-heldout: a fitted set's)")
+        if large_heldout and (part not in (*IMAGES, *TEXTS) or large_heldout != LARGE_HELDOUT):
+            raise SystemExit(f"--compressed --large-heldout: a fitted model set, {LARGE_HELDOUT} times")
+        out = large_heldout_folder(OUT_COMPRESSED) if large_heldout else OUT_COMPRESSED
     if part in TRANSFER and not compressed:
         if trial_seeds is not None:
             raise SystemExit("--trial-seeds: the fitted model sets' parts only")
         out = OUT_TRANSFER
-    if large_heldout:
+    if large_heldout and not compressed:
         if (part not in (*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS) or trial_seeds is not None
                 or (column or "").endswith("_1000")):
             raise SystemExit("--large-heldout: a model set part's 300-step columns only")
@@ -661,7 +668,7 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
         if stored is not None:  # a column's part may hold only its first models (a run cut for CPU): train no more
             tasks = itertools.islice(tasks, len(stored))
         if compressed:
-            makers = [(lambda t=t: record_compressed(t, log)) for t in tasks]
+            makers = [(lambda t=t: record_compressed(t, log, bool(large_heldout))) for t in tasks]
         else:
             makers = [(lambda t=t: record_model(t, log, trial_seeds or SEEDS, _stored(stored, t["tag"], path)))
                       for t in tasks]

@@ -430,3 +430,16 @@ def test_the_compressed_sgd_schedule_reads_only_sgd_trials_from_the_compressed_r
                 assert rb["curve"].heldout_se == run["heldout"]["se"][1]
             else:
                 assert rb["curve"] == ra["curve"]
+    # read on a larger held-out split (the error model's second size), the compressed runs' own reading of it
+    for r in runs:
+        r["heldout_large"] = {"change": rng.normal(size=2).tolist(), "se": [0.003, 0.004]}
+    _write(folder / "toy.json", [{"model": "toy/a", "set": "toy", "candidates": CANDIDATES, "base": adam["base"],
+                                  "runs": runs}], (0, 1, 2))
+    large = scores.instances(scores.attach_compressed([_with_large_split(model, rng)], folder), scores.COMPRESSED_SGD,
+                             "heldout_large")
+    for inst in large:
+        if inst["column"] == "sgd_block" and inst["steps"] == 300:
+            for row in inst["rows"]:
+                run = compressed[(row["candidate"], inst["seed"])]
+                assert list(row["curve"].heldout_change) == run["heldout_large"]["change"]
+                assert row["curve"].heldout_se == run["heldout_large"]["se"][1]
