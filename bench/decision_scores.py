@@ -927,11 +927,7 @@ def tables(out: Path) -> str:
         lines += [row(name, v) for name, v in lh["rows"].items()]
         lines += ["\nClose calls (`InsertionDecision.close_call`: the choice leads its runner-up by less than the "
                   "standard error of the difference, paired over the held-out samples; recorded with `--large-heldout`)"
-                  "\n", "| decision | close calls / choices with a runner-up | best chosen: close calls | best chosen: "
-                  "the others |", "|---|---|---|---|"]
-        lines += [f"| {name} | {v['close_calls']} / {v['choices_with_paired_margin']} | "
-                  f"{_f(v['best_chosen_close'], True)} | {_f(v['best_chosen_clear'], True)} |"
-                  for name, v in lh["rows"].items() if v.get("choices_with_paired_margin")]
+                  "\n", *_close_call_table({n: v for n, v in lh["rows"].items() if v.get("choices_with_paired_margin")})]
     if "larger_size" in res:
         ls = res["larger_size"]
         lines += [f"\n**A held-out split {ls['factor']} times the bench's** (`--large-heldout {ls['factor']}`; 300 steps; "
@@ -940,11 +936,8 @@ def tables(out: Path) -> str:
                   f"it; the largest difference of a recorded change from the bench's recording: "
                   f"{ls['max_deviation_from_recording']:.1e})\n", head, rule]
         lines += [row(name, v) for name, v in ls["rows"].items()]
-        lines += ["", "| decision | 95% coverage | close calls / choices with a runner-up | best chosen: close calls | "
-                  "best chosen: the others |", "|---|---|---|---|---|"]
-        lines += [f"| {name} | {_f(v.get('coverage_95'), True)} | {v['close_calls']} / {v['choices_with_paired_margin']} | "
-                  f"{_f(v['best_chosen_close'], True)} | {_f(v['best_chosen_clear'], True)} |"
-                  for name, v in ls["rows"].items() if name.startswith("decide")]
+        lines += ["", *_close_call_table({n: v for n, v in ls["rows"].items() if n.startswith("decide")},
+                                         coverage=True)]
     if "transfer_sets" in res:
         ts = res["transfer_sets"]
         for steps, rows in ts["lengths"].items():
@@ -1015,6 +1008,18 @@ def _loop_table(loops: list) -> list:
     lines.append(f"\nWithin one block of the scratch sweep's best: {sum(lp['within_one'] for lp in loops)} "
                  f"of {len(loops)} loops; of the {len(shallow)} whose scratch best is the shallowest, "
                  f"{sum(lp['within_one'] for lp in shallow)}.")
+    return lines
+
+
+def _close_call_table(rows: dict, coverage: bool = False) -> list:
+    """Markdown lines: per decision row, its close calls among the choices with a runner-up and how often each kind
+    chose the best candidate (``coverage``: its 95% interval coverage first)."""
+    lines = [f"| decision |{' 95% coverage |' if coverage else ''} close calls / choices with a runner-up | "
+             "best chosen: close calls | best chosen: the others |", "|---" * (5 if coverage else 4) + "|"]
+    for name, v in rows.items():
+        cover = f" {_f(v.get('coverage_95'), True)} |" if coverage else ""
+        lines.append(f"| {name} |{cover} {v['close_calls']} / {v['choices_with_paired_margin']} | "
+                     f"{_f(v['best_chosen_close'], True)} | {_f(v['best_chosen_clear'], True)} |")
     return lines
 
 

@@ -69,10 +69,10 @@ def per_sample_losses(model: nn.Module, data, loss_fn) -> np.ndarray:
     was_training = model.training
     model.eval()
     out = []
+    fn = model_loss(model) if loss_fn is None else loss_fn
     with torch.no_grad():
         for batch in data:
             inputs, targets = split_batch(batch, targets_to_model=True)
-            fn = model_loss(model) if loss_fn is None else loss_fn
             out.append(fn(call_model(model, inputs), targets).double().reshape(-1).cpu().numpy())
     model.train(was_training)
     return np.concatenate(out) if out else np.zeros(0)
