@@ -627,6 +627,8 @@ def variants(out: Path) -> str:
     every insertion set; then the shipped fit under each trial schedule of ``SCHEDULE_VARIANTS``."""
     models, sweeps, _ = load(out)
     models = attach_compressed(models, out.parent / COMPRESSED_FOLDER)
+    transfer = out.parent / TRANSFER_FOLDER  # the rules compared on the transfer sets too read them from here
+    transfer = attach_compressed(load(transfer)[0], out.parent / COMPRESSED_FOLDER) if transfer.is_dir() else None
     sets = sorted({m["set"] for m in models})
     lines = ["| rule | fitted on | within-model Spearman | best picked | pick gain / best | decision gain (% of test "
              "loss) | harms flagged | sign right (clear) | Brier skill | max reliability gap | 95% coverage | sweeps "
@@ -647,9 +649,8 @@ def variants(out: Path) -> str:
         sw = sweep_scores(sweeps, full, schedule) if schedule in ("halving", "even") else None
         within = "-" if sw is None else f"{sum(x['within_one'] for x in sw)} of {len(sw)}"
         scored = [("other sets (held out)", long, held), ("every set (in sample)", long, {s: full for s in sets})]
-        if (schedule == COMPRESSED_SGD or name == SHIPPED_RULE) and (out.parent / TRANSFER_FOLDER).is_dir():
+        if (schedule == COMPRESSED_SGD or name == SHIPPED_RULE) and transfer is not None:
             # the pair compared, also on the transfer sets
-            transfer = attach_compressed(load(out.parent / TRANSFER_FOLDER)[0], out.parent / COMPRESSED_FOLDER)
             far = [i for i in instances(transfer, schedule) if i["steps"] == 300 and not i["column"].endswith("_1000")]
             scored.append(("transfer sets, 300 steps (the every-set fit)", far, {i["set"]: full for i in far}))
         for label, chosen, cals in scored:
