@@ -35,7 +35,9 @@ def test_two_split_report_carries_predict_gains_of_the_two_probes(splits):
     assert d["predictions"]["splits"]["predicted_heldout_gain"].startswith("held-out")
     json.dumps(d, allow_nan=False)
     text = str(report)
-    assert text.splitlines()[1].startswith("predicted gains of one inserted block trained by sgd")
+    # first that the statistics make no insertion decision, then the predictions, then the first-order table
+    assert text.splitlines()[1].startswith("insertion decision: none from statistics alone")
+    assert text.splitlines()[2].startswith("predicted gains of one inserted block trained by sgd")
     best = max(direct.candidates, key=lambda c: c.heldout.value)
     assert f"largest predicted held-out gain: {best.heldout.value:.4g} at {best.name}" in text
 
