@@ -292,6 +292,10 @@ def verified_candidate(name: str, curve: TrialCurve, full_steps: int, calibratio
                              float(p_decrease), float(screen_heldout_change), curve)
 
 
+# InsertionDecision.scalars' per-candidate keys, in the order it reads them
+_CANDIDATE_SCALARS = ("chosen", "predicted_heldout_change", "p_decrease", "interval_low", "interval_high")
+
+
 @dataclass(frozen=True)
 class InsertionDecision:
     """Where to insert the next block under a recipe, or why not (:func:`choose`).
@@ -378,6 +382,41 @@ class InsertionDecision:
     def close_call(self) -> bool:
         """Whether the choice leads its runner-up by less than the standard error of the difference (:attr:`margin`)."""
         return self.margin is not None and self.margin[0] < self.margin[1]
+
+    def scalars(self, prefix: str = "satcore/") -> dict[str, float]:
+        """Numbers for a metrics logger, keys starting with ``prefix + "decision/"`` (loggers keep numbers, not
+        names): ``insert`` (1 to insert, 0 to stop), ``cost_block_steps``, ``close_call`` (1/0, with a choice)
+        and per candidate ``<name>/chosen`` (1/0), ``<name>/predicted_heldout_change``, ``<name>/p_decrease``,
+        ``<name>/interval_low`` and ``<name>/interval_high``.  Values that are not finite are left out.
+
+        Examples
+        --------
+        >>> from satcore import Recipe
+        >>> from satcore.decision import CandidateDecision, TrialCurve, choose
+        >>> from satcore.decision_calibration import DEFAULT_CALIBRATION
+        >>> trial = TrialCurve((75, 150, 300), (-0.02, -0.04, -0.05), (-0.03, -0.06, -0.08), 0.01)
+        >>> d = choose([CandidateDecision("b0", -0.05, -0.08, (-0.09, -0.01), 0.97, -0.02, trial)],
+        ...            Recipe("adam", 1e-3, 300, 32), 2.0, 300, DEFAULT_CALIBRATION)
+        >>> {k: v for k, v in d.scalars().items() if "interval" not in k}  # doctest: +NORMALIZE_WHITESPACE
+        {'satcore/decision/insert': 1.0, 'satcore/decision/cost_block_steps': 300.0,
+         'satcore/decision/close_call': 0.0, 'satcore/decision/b0/chosen': 1.0,
+         'satcore/decision/b0/predicted_heldout_change': -0.05, 'satcore/decision/b0/p_decrease': 0.97}
+        """
+        head = f"{prefix}decision/"
+        out = {f"{head}insert": float(self.choice is not None), f"{head}cost_block_steps": self.cost_block_steps}
+        if self.choice is not None:
+            out[f"{head}close_call"] = float(self.close_call)
+        for name, c in self.candidates.items():
+            values = (float(name == self.choice), c.predicted_heldout_change, c.p_decrease, *c.interval)
+            out |= {f"{head}{name}/{key}": v for key, v in zip(_CANDIDATE_SCALARS, values, strict=True)}
+        return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}
+
+    @staticmethod
+    def scalar_keys(names, prefix: str = "satcore/") -> set[str]:
+        """Every key :meth:`scalars` can give for candidates ``names`` (a callback checks a metric it is asked to
+        monitor against them before training)."""
+        return ({f"{prefix}decision/{k}" for k in ("insert", "cost_block_steps", "close_call")}
+                | {f"{prefix}decision/{n}/{k}" for n in names for k in _CANDIDATE_SCALARS})
 
     def to_dict(self) -> dict:
         margin = self.margin

@@ -7,6 +7,7 @@ import glob
 import pytest
 import torch
 
+from satcore import Recipe
 from satcore.adapters.torch import probe
 from test_torch_hf import SENTENCES, causal_lm, tokenizer
 
@@ -107,11 +108,11 @@ def test_lightning_callback_logs_satcore_metrics_at_validation_end(tmp_path):
     assert float(rows[0]["satcore/growth_value_max"]) != float(rows[1]["satcore/growth_value_max"])
 
 
-def trainer_with(tmp_path, callback, **options):
-    """A real ``Trainer`` on the small causal LM, evaluating (and saving) every 2 steps."""
+def trainer_with(tmp_path, callback, model=None, **options):
+    """A real ``Trainer`` on the small causal LM (or ``model``), evaluating (and saving) every 2 steps."""
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
-    model = causal_lm().float().train()
+    model = causal_lm().float().train() if model is None else model
     lines = [" ".join(SENTENCES[i:] + SENTENCES[:i]) for i in range(len(SENTENCES))] * 2
     train = [{"input_ids": ids} for ids in tokenizer()(lines)["input_ids"]]
     args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=5,
@@ -252,3 +253,86 @@ def test_lightning_callback_configuration_is_refused_before_training(tmp_path, o
     with pytest.raises(ValueError, match=message):
         fit()
     assert steps == [] and callback.reports == []  # refused at on_fit_start, not after an epoch
+
+
+def dropout_lm():
+    """The small causal LM with dropout on: its training draws random numbers at every step."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=tokenizer().vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                        resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, use_cache=False, attn_implementation="eager")
+    return GPT2LMHeadModel(config).train()
+
+
+def test_trainer_callback_decides_at_evaluations_without_changing_the_run(tmp_path):
+    """With ``decide=``, each probed evaluation also runs ``decide`` (the probe data as the held-out split): its
+    scalars are logged beside the first-order ones, the report leads with it, the decision equals ``decide`` on the
+    model the Trainer ends with, and the training run (dropout on) logs the same losses as without it."""
+    pytest.importorskip("accelerate")
+    from satcore import InsertionDecision, Recipe
+    from satcore.adapters.torch import HFCallback, decide
+
+    probe_data = [collated(SENTENCES[:3]), collated(SENTENCES[3:])]
+    train_batches = [collated(SENTENCES[i:i + 2]) for i in range(0, len(SENTENCES), 2)]
+    options = {"train": train_batches, "recipe": Recipe("adamw", 1e-3, 8, 4), "seed": 3}
+    runs = {}
+    for label, callback in (("plain", HFCallback(probe_data)), ("deciding", HFCallback(probe_data, decide=options))):
+        model, trainer = trainer_with(tmp_path / label, callback, model=dropout_lm(), save_strategy="no",
+                                      metric_for_best_model="satcore/decision/insert" if label == "deciding" else None)
+        trainer.train()
+        runs[label] = (model, trainer, callback)
+    losses = {k: [e["loss"] for e in t.state.log_history if "loss" in e] for k, (_, t, _) in runs.items()}
+    assert len(losses["plain"]) == 2 and losses["plain"] == losses["deciding"]  # the same numbers drawn: exact
+    model, trainer, callback = runs["deciding"]
+    assert [step for step, _ in callback.reports] == [2, 4]
+    assert all(isinstance(r.decision, InsertionDecision) for _, r in callback.reports)
+    assert str(callback.reports[-1][1]).splitlines()[1].startswith("decision: ")  # the report leads with it
+    direct = decide(model, train_batches, probe_data, recipe=options["recipe"], seed=3)
+    logged = [e for e in trainer.state.log_history if "eval_loss" in e][-1]
+    expected = direct.scalars()
+    assert set(expected) <= set(logged) and expected["satcore/decision/cost_block_steps"] <= 8
+    for key, value in expected.items():  # the same computation on the same weights
+        assert logged[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+    assert "satcore/growth_value_max" in logged  # the first-order keys stay
+
+
+RECIPE = Recipe("adam", 1e-3, 8, 4)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"recipe": RECIPE}, "needs 'train'"),
+    ({"train": [], "recipe": "adam"}, "'recipe' must be a satcore.Recipe"),
+    ({"train": [], "recipe": RECIPE, "heldout": []}, "'heldout' are the callback's own"),
+    ({"train": [], "recipe": RECIPE, "max_trial": 2}, r"unexpected keyword argument\(s\) 'max_trial'"),
+    ([("train", [])], "takes a dict"),
+])
+def test_callbacks_refuse_a_decide_option_they_cannot_run_when_built(options, message):
+    from satcore.adapters.torch import HFCallback
+
+    with pytest.raises(TypeError, match=message):
+        HFCallback([], decide=options)
+    pytest.importorskip("lightning.pytorch")
+    from satcore.adapters.torch import LightningCallback
+
+    with pytest.raises(TypeError, match=message):
+        LightningCallback([], decide=options)
+
+
+def test_lightning_callback_decides_at_validation_end(tmp_path):
+    """``decide=`` in Lightning (validation runs under ``inference_mode``; the trials train outside it): the logged
+    decision equals ``decide`` on the module the fit ends with, and the report leads with it."""
+    import models_torch as mt
+    from satcore.adapters.torch import LightningCallback, decide
+
+    probe_data, train_batches = mt.digits_batches(8, 2), mt.digits_batches(8, 4, start=400)
+    options = {"train": train_batches, "recipe": Recipe("adam", 1e-2, 8, 16)}
+    callback = LightningCallback(probe_data, mt.per_sample_ce, decide=options)
+    module, trainer, fit, _ = lightning_fit(tmp_path, callback)
+    fit()
+    (epoch, report), = callback.reports
+    assert str(report).splitlines()[1].startswith("decision: ")
+    direct = decide(module, train_batches, probe_data, mt.per_sample_ce, recipe=options["recipe"])
+    assert report.decision.to_dict()["choice"] == direct.choice
+    for key, value in direct.scalars().items():  # Lightning keeps logged values as float32 tensors: rel 1e-6
+        assert float(trainer.callback_metrics[key]) == pytest.approx(value, rel=1e-6, abs=1e-9), key

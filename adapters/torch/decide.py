@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import inspect
 import math
 import operator
 from collections.abc import Mapping
@@ -493,6 +494,50 @@ def _halving_trials(model, trialled, probed, recipe, train, evaluate, before, lo
         curves[name] = (curve, name not in kept)
         final[name] = after["heldout"][-1]
     return curves, verified * first + finalists * (second - first), final
+
+
+# decide's arguments a callback supplies itself: the model it is handed, its probe data as the held-out split, its loss
+CALLBACK_SUPPLIED = ("model", "heldout", "loss_fn")
+
+
+def callback_decide_options(options, by: str) -> dict | None:
+    """A training-loop callback's ``decide=`` (``None``: no decision): a mapping of :func:`decide`'s keyword
+    arguments holding at least ``train`` (the training batches the trials draw from) and ``recipe``; the model,
+    the held-out split (the callback's probe data) and ``loss_fn`` are the callback's.  Refused here, before
+    training starts, rather than at the first evaluation."""
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise TypeError(f"{by}(decide=...) takes a dict of decide's keyword arguments, got {type(options).__name__}")
+    options = dict(options)
+    if taken := sorted(set(options) & set(CALLBACK_SUPPLIED)):
+        raise TypeError(f"{by}(decide=...): {', '.join(map(repr, taken))} are the callback's own (the model it is "
+                        f"handed, its probe data as the held-out split, its loss_fn); leave them out")
+    if missing := [k for k in ("train", "recipe") if k not in options]:
+        raise TypeError(f"{by}(decide=...) needs {' and '.join(map(repr, missing))}: the training batches the "
+                        f"trials draw from and the satcore.Recipe they train with")
+    if not isinstance(options["recipe"], Recipe):
+        raise TypeError(f"{by}(decide=...): 'recipe' must be a satcore.Recipe, got {type(options['recipe']).__name__}")
+    known = set(inspect.signature(decide).parameters) - set(CALLBACK_SUPPLIED) - {"probe_options"}
+    if unknown := sorted(set(options) - known - PROBE_OPTION_NAMES):
+        raise TypeError(f"{by}(decide=...) got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; it "
+                        f"takes decide's: {', '.join(sorted(known | PROBE_OPTION_NAMES))}")
+    return options
+
+
+def callback_decision(model, heldout, loss_fn, options: dict):
+    """:func:`decide` as a callback runs it at an evaluation: on ``model`` with the callback's probe data as the
+    held-out split, under a fork of the random number generators, so that the run it is called from draws the same
+    numbers as without it (its dropout masks, its data order)."""
+    options = dict(options)
+    train = options.pop("train")
+    devices = [model_device.index or 0] if (model_device := _device(model)).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        return decide(model, train, heldout, loss_fn, **options)
+
+
+def _device(model) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 __all__ = ["decide", "grouped_trials", "inserted_copy", "per_sample_eval", "recipe_minibatches", "screen", "trial_losses"]

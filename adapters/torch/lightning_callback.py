@@ -33,6 +33,7 @@ from torch import nn
 
 from satcore.errors import InputError
 
+from .decide import callback_decide_options, callback_decision
 from .locate import find_candidates, named_candidates
 from .probe import ProbeConfig, probe, unwrap_data_parallel
 
@@ -50,16 +51,24 @@ class LightningCallback(Callback):
         returning one, e.g. ``lambda m: m.model``.
     every_n_epochs, prefix, report : how often, the key prefix, and keyword
         arguments of ``report()``.
+    decide : dict, optional
+        Also decide, at each probed validation end, where to insert a block under a recipe: keyword
+        arguments of :func:`~.decide.decide` with at least ``train`` and ``recipe`` (``HFCallback``'s
+        ``decide``); the held-out split is ``probe_data``, and the decision's scalars
+        (``satcore/decision/...``) are logged with the first-order ones.
     config, options : the probe's :class:`~.probe.ProbeConfig` (or its fields).
 
-    ``reports`` holds ``(epoch, DepthReport)`` of every probe made.
+    ``reports`` holds ``(epoch, DepthReport)`` of every probe made (with ``decide``, the report's
+    ``decision`` is that validation's :class:`satcore.InsertionDecision`).
     """
 
     def __init__(self, probe_data, loss_fn=None, *, module=None, every_n_epochs: int = 1, prefix: str = "satcore/",
-                 report: dict | None = None, config: ProbeConfig | None = None, **options):
+                 report: dict | None = None, decide: dict | None = None, config: ProbeConfig | None = None,
+                 **options):
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
         self.probe_data, self.loss_fn, self.module = probe_data, loss_fn, module
+        self.decide_options = callback_decide_options(decide, "LightningCallback")
         self.every_n_epochs, self.prefix, self.report_options = every_n_epochs, prefix, dict(report or {})
         self.config = ProbeConfig(**options) if config is None else replace(config, **options)
         self.reports: list = []
@@ -88,6 +97,12 @@ class LightningCallback(Callback):
             return
         model = self._model(pl_module)
         report = probe(model, self.probe_data, self.loss_fn, config=self.config).report(**self.report_options)
+        scalars = report.scalars(self.prefix)
+        if self.decide_options is not None:
+            decision = callback_decision(unwrap_data_parallel(model), self.probe_data, self.loss_fn,
+                                         self.decide_options)
+            report = replace(report, decision=decision)
+            scalars |= decision.scalars(self.prefix)
         self.reports.append((trainer.current_epoch, report))
         # the sums are all-reduced already: every rank holds the same numbers
-        pl_module.log_dict(report.scalars(self.prefix), sync_dist=False)
+        pl_module.log_dict(scalars, sync_dist=False)

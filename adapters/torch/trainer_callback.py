@@ -43,9 +43,10 @@ from transformers.trainer_callback import CallbackHandler
 
 import numpy as np
 
-from satcore import CandidateStatistics, DepthStatistics
+from satcore import CandidateStatistics, DepthStatistics, InsertionDecision
 from satcore.errors import InputError
 
+from .decide import callback_decide_options, callback_decision
 from .locate import find_candidates, named_candidates
 from .probe import ProbeConfig, probe, unwrap_data_parallel
 
@@ -63,18 +64,28 @@ class HFCallback(TrainerCallback):
     eval_prefix : the ``metric_key_prefix`` of the evaluations to follow.
     report : keyword arguments of :meth:`~satcore.probe_result.ProbeResult.report`
         (e.g. ``{"t": 0.01}`` for the separated test, which adds ``satcore/saturated``).
+    decide : dict, optional
+        Also decide, at each probed evaluation, where to insert a block under a recipe: keyword arguments of
+        :func:`~.decide.decide` with at least ``train`` (training batches) and ``recipe`` (a
+        :class:`satcore.Recipe`); the held-out split is ``probe_data``.  Its
+        :meth:`~satcore.decision.InsertionDecision.scalars` (``satcore/decision/...``) are logged with the
+        first-order ones and the report leads with it.  Each costs the probe of both splits and trials of at
+        most ``recipe.steps`` block-steps (one block trained with the recipe), on a copy of the model, under
+        forked random number generators: the training run is the same with or without it.
     config, options : the probe's :class:`~.probe.ProbeConfig` (or its fields).
 
-    ``reports`` holds ``(global_step, DepthReport)`` of every probe made.
+    ``reports`` holds ``(global_step, DepthReport)`` of every probe made (with ``decide``, the report's
+    ``decision`` is the evaluation's :class:`satcore.InsertionDecision`).
     """
 
     def __init__(self, probe_data, loss_fn=None, *, every: int = 1, prefix: str = "satcore/",
-                 eval_prefix: str = "eval", report: dict | None = None, config: ProbeConfig | None = None,
-                 **options):
+                 eval_prefix: str = "eval", report: dict | None = None, decide: dict | None = None,
+                 config: ProbeConfig | None = None, **options):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         self.probe_data, self.loss_fn, self.every, self.prefix = probe_data, loss_fn, every, prefix
         self.eval_prefix, self.report_options = eval_prefix, dict(report or {})
+        self.decide_options = callback_decide_options(decide, "HFCallback")
         self.config = ProbeConfig(**options) if config is None else replace(config, **options)
         self.reports: list = []
         self._evaluations = 0
@@ -109,6 +120,9 @@ class HFCallback(TrainerCallback):
         found = (find_candidates(model, head=self.config.head) if self.config.candidates is None
                  else named_candidates(model, self.config.candidates, head=self.config.head))
         keys = self._logged_keys([c.name for c in found])
+        if self.decide_options is not None:
+            names = self.decide_options.get("candidates") or [c.name for c in found]
+            keys |= InsertionDecision.scalar_keys(names, self.prefix)
         if key not in keys:
             raise InputError(f"metric_for_best_model={metric!r} is not a key HFCallback logs; it logs "
                              f"{sorted(keys)}")
@@ -136,8 +150,14 @@ class HFCallback(TrainerCallback):
         if (self._evaluations - 1) % self.every == 0:
             result = probe(model, self.probe_data, self.loss_fn, config=self.config)
             report = result.report(**self.report_options)
+            scalars = report.scalars(self.prefix)
+            if self.decide_options is not None:
+                decision = callback_decision(unwrap_data_parallel(model), self.probe_data, self.loss_fn,
+                                             self.decide_options)
+                report = replace(report, decision=decision)
+                scalars |= decision.scalars(self.prefix)
             self.reports.append((state.global_step, report))
-            self._scalars = report.scalars(self.prefix)
+            self._scalars = scalars
         return self._scalars
 
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
