@@ -100,7 +100,7 @@ def render_sweep(result) -> str:
         rows.append([str(p.depth), display_name(p.label), num(p.ag_max), display_name(p.ag_argmax),
                      num(p.growth_value_max), display_name(p.argmax), num(p.growth_noise_floor), num(ratio),
                      p.verdict or "-"])
-    lines = [table(["depth", "dump", "AG_max", "at", "growth_value_max", "at", "growth_noise_floor", "V/floor",
+    lines = [NO_STOP_DECISION, table(["depth", "dump", "AG_max", "at", "growth_value_max", "at", "growth_noise_floor", "V/floor",
                     "first-order"], rows)]
     p = result.plateau
     if len(result.points) < result.min_points:
@@ -112,13 +112,13 @@ def render_sweep(result) -> str:
         signal = ("low signal (within sampling noise, no depth improvable)" if p.low_signal
                   else "not shown to be low signal (a depth is improvable or has no noise floor)")
         lines.append(f"plateau: from depth {p.start_depth} on ({result.metric}, rel_tol {num(result.rel_tol)}); {signal}")
-    lines.append(NO_STOP_DECISION)
     return "\n".join(lines)
 
 
 # The first-order verdict is "improvable" at every depth of sweeps whose test loss is lowest at the shallowest (an
-# independent replication and the decision bench's over-fitting sweeps); the stop is decided by trials.
-NO_STOP_DECISION = ("depth decision: none from statistics alone: the first-order verdicts and plateau above say "
+# independent replication and the decision bench's over-fitting sweeps); the stop is decided by trials. Said first,
+# so that "plateau: from depth d on" is not read as "d blocks suffice".
+NO_STOP_DECISION = ("depth decision: none from statistics alone: the first-order verdicts and plateau below say "
                     "whether a zero-output block has a descent direction at each depth, not whether a deeper model "
                     "lowers the held-out loss; to decide when to stop, verify by short trials (satcore.adapters.torch."
                     "decide at each depth, or grow_until_saturated with a recipe; docs/predictive-validity.md)")

@@ -87,9 +87,9 @@ def test_sweep_table_plot_and_model_depth(tmp_path):
     result = CliRunner().invoke(main, ["sweep", *map(str, paths), "--plot", str(png), "--quiet"])
     assert result.exit_code == 0, result.output
     assert "plateau: none" in result.stdout
-    # the verdict column keeps its name, and the last line says the statistics make no stop decision
-    assert result.stdout.splitlines()[0].split()[-1] == "first-order"
-    assert result.stdout.splitlines()[-1].startswith("depth decision: none from statistics alone")
+    # first a line saying the statistics make no stop decision; the verdict column keeps its name
+    assert result.stdout.splitlines()[0].startswith("depth decision: none from statistics alone")
+    assert result.stdout.splitlines()[1].split()[-1] == "first-order"
     assert png.read_bytes()[:4] == b"\x89PNG"
     # model_depth from meta overrides the candidate count
     q, psi = np.ones((3, 2)), np.ones((3, 1))

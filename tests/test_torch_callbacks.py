@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from satcore import Recipe
+from satcore.errors import InputError, ProbeError
 from satcore.adapters.torch import probe
 from test_torch_hf import SENTENCES, causal_lm, tokenizer
 
@@ -298,25 +299,62 @@ def test_trainer_callback_decides_at_evaluations_without_changing_the_run(tmp_pa
 
 
 RECIPE = Recipe("adam", 1e-3, 8, 4)
+BATCHES = [{"input_ids": torch.zeros(1, 3, dtype=torch.long)}]  # never read: every refusal comes first
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"recipe": RECIPE}, "needs 'train'"),
-    ({"train": [], "recipe": "adam"}, "'recipe' must be a satcore.Recipe"),
-    ({"train": [], "recipe": RECIPE, "heldout": []}, "'heldout' are the callback's own"),
-    ({"train": [], "recipe": RECIPE, "max_trial": 2}, r"unexpected keyword argument\(s\) 'max_trial'"),
-    ([("train", [])], "takes a dict"),
+@pytest.mark.parametrize("probe_data, options, error, message", [
+    (BATCHES, {"recipe": RECIPE}, TypeError, r"needs 'train' \(the training batches"),
+    (BATCHES, {"train": BATCHES}, TypeError, r"needs 'recipe' \(the satcore.Recipe"),
+    (BATCHES, {"train": BATCHES, "recipe": "adam"}, TypeError, "'recipe' must be a satcore.Recipe"),
+    (BATCHES, {"train": BATCHES, "recipe": RECIPE, "heldout": []}, TypeError, "'heldout' is the callback's own"),
+    (BATCHES, {"train": BATCHES, "recipe": RECIPE, "max_trial": 2}, TypeError,
+     r"unexpected keyword argument\(s\) 'max_trial'"),
+    (BATCHES, [("train", [])], TypeError, "takes a dict"),
+    (BATCHES, {"train": iter(BATCHES), "recipe": RECIPE}, InputError, "'train' is a one-shot iterator"),
+    (BATCHES, {"train": [], "recipe": RECIPE}, InputError, "'train' holds no batches"),
+    (BATCHES, {"train": BATCHES, "recipe": RECIPE, "family": "nativ"}, InputError, "unknown family 'nativ'"),
+    (iter(BATCHES), None, InputError, "probe_data is a one-shot iterator"),
 ])
-def test_callbacks_refuse_a_decide_option_they_cannot_run_when_built(options, message):
+def test_callbacks_refuse_what_they_cannot_run_when_built(probe_data, options, error, message):
+    """Refused when the callback is built, not at the first evaluation after training steps."""
     from satcore.adapters.torch import HFCallback
 
-    with pytest.raises(TypeError, match=message):
-        HFCallback([], decide=options)
+    with pytest.raises(error, match=message):
+        HFCallback(probe_data, decide=options)
     pytest.importorskip("lightning.pytorch")
     from satcore.adapters.torch import LightningCallback
 
-    with pytest.raises(TypeError, match=message):
-        LightningCallback([], decide=options)
+    with pytest.raises(error, match=message):
+        LightningCallback(probe_data, decide=options)
+
+
+def test_callback_decisions_share_the_callbacks_places_unless_decide_sets_them():
+    from satcore.adapters.torch.decide import callback_decide_options
+    from satcore.adapters.torch.probe import ProbeConfig
+
+    config = ProbeConfig(candidates=["transformer.h.1"], family="native", head=False)
+    shared = callback_decide_options({"train": BATCHES, "recipe": RECIPE}, "HFCallback", config)
+    assert (shared["candidates"], shared["family"], shared["head"]) == (("transformer.h.1",), "native", False)
+    own = callback_decide_options({"train": BATCHES, "recipe": RECIPE, "family": "mlp"}, "HFCallback", config)
+    assert own["family"] == "mlp" and own["candidates"] == ("transformer.h.1",)
+
+
+@pytest.mark.parametrize("callback_options, metric, message", [
+    ({"every": 2}, "satcore/growth_value_max", r"every=2\) logs it at one evaluation in 2.*use every=1"),
+    ({}, "satcore/decision/insert", r"not a key HFCallback logs \(decision keys are logged with HFCallback\(decide"),
+    ({"decide": {"train": BATCHES, "recipe": RECIPE, "candidates": ["transformer.h.7"]}}, "eval_loss",
+     r"candidate 'transformer\.h\.7' is not a submodule name"),
+])
+def test_trainer_refuses_at_train_begin_what_would_fail_at_an_evaluation(tmp_path, callback_options, metric,
+                                                                        message):
+    pytest.importorskip("accelerate")
+    from satcore.adapters.torch import HFCallback
+
+    callback = HFCallback([collated(SENTENCES[:3])], **callback_options)
+    model, trainer = trainer_with(tmp_path, callback, save_strategy="no", metric_for_best_model=metric)
+    with pytest.raises((InputError, ProbeError), match=message):
+        trainer.train()
+    assert trainer.state.global_step == 0 and callback.reports == []
 
 
 def test_lightning_callback_decides_at_validation_end(tmp_path):
@@ -327,12 +365,15 @@ def test_lightning_callback_decides_at_validation_end(tmp_path):
 
     probe_data, train_batches = mt.digits_batches(8, 2), mt.digits_batches(8, 4, start=400)
     options = {"train": train_batches, "recipe": Recipe("adam", 1e-2, 8, 16)}
-    callback = LightningCallback(probe_data, mt.per_sample_ce, decide=options)
+    callback = LightningCallback(probe_data, mt.per_sample_ce, decide=options, candidates=["net.blocks.1"])
     module, trainer, fit, _ = lightning_fit(tmp_path, callback)
     fit()
     (epoch, report), = callback.reports
     assert str(report).splitlines()[1].startswith("decision: ")
-    direct = decide(module, train_batches, probe_data, mt.per_sample_ce, recipe=options["recipe"])
+    # the decision is of the callback's places (its candidates=), the ones its first-order keys are of
+    assert list(report.decision.candidates) == [c.name for c in report.candidates] == ["net.blocks.1", "head"]
+    direct = decide(module, train_batches, probe_data, mt.per_sample_ce, recipe=options["recipe"],
+                    candidates=["net.blocks.1"])
     assert report.decision.to_dict()["choice"] == direct.choice
     for key, value in direct.scalars().items():  # Lightning keeps logged values as float32 tensors: rel 1e-6
         assert float(trainer.callback_metrics[key]) == pytest.approx(value, rel=1e-6, abs=1e-9), key

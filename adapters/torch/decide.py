@@ -36,6 +36,7 @@ from satcore.decision import (CandidateDecision, TrialCurve, choose, halving_pla
                               verified_candidate)
 from satcore.decision_calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
 from satcore.errors import InputError
+from satcore.families import family_spec
 from satcore.predictors import predict_gains
 from satcore.recipe import Recipe
 
@@ -498,31 +499,60 @@ def _halving_trials(model, trialled, probed, recipe, train, evaluate, before, lo
 
 # decide's arguments a callback supplies itself: the model it is handed, its probe data as the held-out split, its loss
 CALLBACK_SUPPLIED = ("model", "heldout", "loss_fn")
+# the callback's probe settings its decisions share unless decide= sets them: the places, their family and features
+CALLBACK_SHARED = ("candidates", "family", "head", "mask", "n_features", "position_subsample", "batch_dtype",
+                   "init_std")
 
 
-def callback_decide_options(options, by: str) -> dict | None:
-    """A training-loop callback's ``decide=`` (``None``: no decision): a mapping of :func:`decide`'s keyword
-    arguments holding at least ``train`` (the training batches the trials draw from) and ``recipe``; the model,
-    the held-out split (the callback's probe data) and ``loss_fn`` are the callback's.  Refused here, before
-    training starts, rather than at the first evaluation."""
+def require_reiterable(data, what: str) -> None:
+    """Refuse ``data`` that a callback cannot read at every evaluation: a one-shot iterator (a generator), which
+    the first evaluation would exhaust, or an empty sequence."""
+    if iter(data) is data:
+        raise InputError(f"{what} is a one-shot iterator (a generator?): it is read at every evaluation, so pass a "
+                         f"re-iterable such as a list of batches or a DataLoader")
+    if hasattr(data, "__len__") and len(data) == 0:
+        raise InputError(f"{what} holds no batches")
+
+
+def check_family_name(family, what: str) -> None:
+    """Refuse a misspelt family name before any training (a dict, a feature map or a known name passes)."""
+    if isinstance(family, str) and family not in ("auto", "native"):
+        try:
+            family_spec(family)
+        except InputError as exc:
+            raise InputError(f"{what}: {exc}") from None
+
+
+def callback_decide_options(options, by: str, config: ProbeConfig) -> dict | None:
+    """A training-loop callback's ``decide=`` (``None``: no decision) as :func:`callback_decision` passes it on: a
+    mapping of :func:`decide`'s keyword arguments holding at least ``train`` (the training batches the trials draw
+    from, re-iterable) and ``recipe``; the model, the held-out split (the callback's probe data) and ``loss_fn`` are
+    the callback's, and the callback's probe settings :data:`CALLBACK_SHARED` (``config``: its candidates, family,
+    ...) hold unless ``decide=`` sets them, so its decisions and its first-order keys are of the same places.
+    Refused here, when the callback is built, rather than at the first evaluation."""
     if options is None:
         return None
     if not isinstance(options, Mapping):
         raise TypeError(f"{by}(decide=...) takes a dict of decide's keyword arguments, got {type(options).__name__}")
     options = dict(options)
     if taken := sorted(set(options) & set(CALLBACK_SUPPLIED)):
-        raise TypeError(f"{by}(decide=...): {', '.join(map(repr, taken))} are the callback's own (the model it is "
-                        f"handed, its probe data as the held-out split, its loss_fn); leave them out")
-    if missing := [k for k in ("train", "recipe") if k not in options]:
-        raise TypeError(f"{by}(decide=...) needs {' and '.join(map(repr, missing))}: the training batches the "
-                        f"trials draw from and the satcore.Recipe they train with")
+        raise TypeError(f"{by}(decide=...): {', '.join(map(repr, taken))} {'is' if len(taken) == 1 else 'are'} the "
+                        f"callback's own (the model it is handed, its probe data as the held-out split, its "
+                        f"loss_fn); leave {'it' if len(taken) == 1 else 'them'} out")
+    needs = {"train": "'train' (the training batches the trials draw from)",
+             "recipe": "'recipe' (the satcore.Recipe the trials train with)"}
+    if missing := [needs[k] for k in needs if k not in options]:
+        raise TypeError(f"{by}(decide=...) needs {' and '.join(missing)}")
     if not isinstance(options["recipe"], Recipe):
         raise TypeError(f"{by}(decide=...): 'recipe' must be a satcore.Recipe, got {type(options['recipe']).__name__}")
     known = set(inspect.signature(decide).parameters) - set(CALLBACK_SUPPLIED) - {"probe_options"}
     if unknown := sorted(set(options) - known - PROBE_OPTION_NAMES):
         raise TypeError(f"{by}(decide=...) got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; it "
                         f"takes decide's: {', '.join(sorted(known | PROBE_OPTION_NAMES))}")
-    return options
+    require_reiterable(options["train"], f"{by}(decide=...)'s 'train'")
+    shared = {k: getattr(config, k) for k in CALLBACK_SHARED}
+    check_family_name(options.get("family", shared["family"]), f"{by}(decide=...)")
+    return shared | options
 
 
 def callback_decision(model, heldout, loss_fn, options: dict):

@@ -33,8 +33,8 @@ from torch import nn
 
 from satcore.errors import InputError
 
-from .decide import callback_decide_options, callback_decision
-from .locate import find_candidates, named_candidates
+from .decide import callback_decide_options, callback_decision, check_family_name, require_reiterable
+from .locate import locate_candidates
 from .probe import ProbeConfig, probe, unwrap_data_parallel
 
 
@@ -68,9 +68,13 @@ class LightningCallback(Callback):
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
         self.probe_data, self.loss_fn, self.module = probe_data, loss_fn, module
-        self.decide_options = callback_decide_options(decide, "LightningCallback")
         self.every_n_epochs, self.prefix, self.report_options = every_n_epochs, prefix, dict(report or {})
         self.config = ProbeConfig(**options) if config is None else replace(config, **options)
+        if self.config.split is None:  # the probe data is held out from training (the tests assume it)
+            self.config = replace(self.config, split="heldout")
+        require_reiterable(probe_data, "LightningCallback's probe_data")
+        check_family_name(self.config.family, "LightningCallback")
+        self.decide_options = callback_decide_options(decide, "LightningCallback", self.config)
         self.reports: list = []
 
     def _model(self, pl_module) -> nn.Module:
@@ -87,10 +91,9 @@ class LightningCallback(Callback):
 
     def on_fit_start(self, trainer, pl_module):
         model = unwrap_data_parallel(self._model(pl_module))
-        if self.config.candidates is None:
-            find_candidates(model, head=self.config.head)
-        else:
-            named_candidates(model, self.config.candidates, head=self.config.head)
+        locate_candidates(model, self.config.candidates, head=self.config.head)
+        if self.decide_options is not None:
+            locate_candidates(model, self.decide_options["candidates"], head=self.decide_options["head"])
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:

@@ -117,6 +117,12 @@ def find_candidates(model: nn.Module, *, head: bool = True) -> tuple[Candidate, 
     return with_head([_candidate(model, b) for b in blocks], head)
 
 
+def locate_candidates(model: nn.Module, names=None, *, head: bool = True) -> tuple[Candidate, ...]:
+    """The candidates a probe setting names: :func:`find_candidates` where ``names`` is None, else
+    :func:`named_candidates`."""
+    return find_candidates(model, head=head) if names is None else named_candidates(model, names, head=head)
+
+
 def named_candidates(model: nn.Module, names, *, head: bool = True) -> tuple[Candidate, ...]:
     """Explicit candidates: the input of each named module (``head``: output of the last one)."""
     modules = dict(model.named_modules())

@@ -44,7 +44,7 @@ from .checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
 from .distributed import reduce_probe
 from .features import ConvFeatures, build_feature_map, positions, rebuild_feature_map, rebuildable
 from .hf import model_loss, scalar_loss_problem
-from .locate import HEAD, find_candidates, named_candidates
+from .locate import HEAD, locate_candidates
 from .masks import applies, batch_mask, check_samples, drop_absent, mask_label
 from .moments import (
     batch_moments,
@@ -264,8 +264,7 @@ class Probe:
         config = resolve_options(ProbeConfig, config, **options)
         model = unwrap_data_parallel(model)
         self.model, self.loss_fn, self.config = model, loss_fn, config
-        self.found = (find_candidates(model, head=config.head) if config.candidates is None
-                      else named_candidates(model, config.candidates, head=config.head))
+        self.found = locate_candidates(model, config.candidates, head=config.head)
         names = [c.name for c in self.found]
         self.family = per_candidate(config.family, names, "family", default="auto")
         self.n_features = per_candidate(config.n_features, names, "n_features")

@@ -46,8 +46,8 @@ import numpy as np
 from satcore import CandidateStatistics, DepthStatistics, InsertionDecision
 from satcore.errors import InputError
 
-from .decide import callback_decide_options, callback_decision
-from .locate import find_candidates, named_candidates
+from .decide import callback_decide_options, callback_decision, check_family_name, require_reiterable
+from .locate import locate_candidates
 from .probe import ProbeConfig, probe, unwrap_data_parallel
 
 
@@ -85,8 +85,12 @@ class HFCallback(TrainerCallback):
             raise ValueError(f"every must be >= 1, got {every}")
         self.probe_data, self.loss_fn, self.every, self.prefix = probe_data, loss_fn, every, prefix
         self.eval_prefix, self.report_options = eval_prefix, dict(report or {})
-        self.decide_options = callback_decide_options(decide, "HFCallback")
         self.config = ProbeConfig(**options) if config is None else replace(config, **options)
+        if self.config.split is None:  # the probe data is held out from training (the tests assume it)
+            self.config = replace(self.config, split="heldout")
+        require_reiterable(probe_data, "HFCallback's probe_data")
+        check_family_name(self.config.family, "HFCallback")
+        self.decide_options = callback_decide_options(decide, "HFCallback", self.config)
         self.reports: list = []
         self._evaluations = 0
         self._scalars: dict | None = None  # of the evaluation at _step
@@ -107,24 +111,31 @@ class HFCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._go_first()
-        self._check_metric(args.metric_for_best_model, model)
+        # the places, the probe's and the decisions', found before the first step rather than at an evaluation
+        model = unwrap_data_parallel(model)
+        names = [c.name for c in locate_candidates(model, self.config.candidates, head=self.config.head)]
+        decided = (None if self.decide_options is None else [c.name for c in locate_candidates(
+            model, self.decide_options["candidates"], head=self.decide_options["head"])])
+        self._check_metric(args.metric_for_best_model, names, decided)
 
-    def _check_metric(self, metric: str | None, model) -> None:
-        """Refuse a ``metric_for_best_model`` under this callback's prefix that it will never log."""
+    def _check_metric(self, metric: str | None, names: list, decided: list | None) -> None:
+        """Refuse a ``metric_for_best_model`` under this callback's prefix that it will not log at every
+        evaluation (the Trainer looks it up at each)."""
         if metric is None:
             return
         key = metric.removeprefix(self.eval_prefix + "_")
         if not key.startswith(self.prefix):
             return  # another metric: the Trainer's own, or a compute_metrics key
-        model = unwrap_data_parallel(model)
-        found = (find_candidates(model, head=self.config.head) if self.config.candidates is None
-                 else named_candidates(model, self.config.candidates, head=self.config.head))
-        keys = self._logged_keys([c.name for c in found])
-        if self.decide_options is not None:
-            names = self.decide_options.get("candidates") or [c.name for c in found]
-            keys |= InsertionDecision.scalar_keys(names, self.prefix)
+        if self.every > 1:
+            raise InputError(f"metric_for_best_model={metric!r}: HFCallback(every={self.every}) logs it at one "
+                             f"evaluation in {self.every}, and the Trainer looks it up at each; use every=1")
+        keys = self._logged_keys(names)
+        if decided is not None:
+            keys |= InsertionDecision.scalar_keys(decided, self.prefix)
         if key not in keys:
-            raise InputError(f"metric_for_best_model={metric!r} is not a key HFCallback logs; it logs "
+            hint = (" (decision keys are logged with HFCallback(decide=...))"
+                    if key.startswith(f"{self.prefix}decision/") and decided is None else "")
+            raise InputError(f"metric_for_best_model={metric!r} is not a key HFCallback logs{hint}; it logs "
                              f"{sorted(keys)}")
 
     def _logged_keys(self, names: list[str]) -> set[str]:
