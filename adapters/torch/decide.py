@@ -43,7 +43,7 @@ from satcore.recipe import Recipe
 from .grow import InsertedResidual, grow
 from .hf import model_loss
 from .native import _terminal_paths, insert_block, insertion_site
-from .probe import ProbeConfig, call_model, eval_mode, to_device
+from .probe import ProbeConfig, call_model, eval_mode, probe, to_device, unwrap_data_parallel
 from .splits import probe_splits_in_passes, probe_training_split
 
 
@@ -553,6 +553,20 @@ def callback_decide_options(options, by: str, config: ProbeConfig) -> dict | Non
     shared = {k: getattr(config, k) for k in CALLBACK_SHARED}
     check_family_name(options.get("family", shared["family"]), f"{by}(decide=...)")
     return shared | options
+
+
+def callback_report(model, probe_data, loss_fn, config: ProbeConfig, report_options: dict, decide_options,
+                    prefix: str):
+    """``(report, scalars)`` of a callback's evaluation: the probe of ``probe_data`` reported with
+    ``report_options`` and, with ``decide_options`` (:func:`callback_decide_options`), the decision it leads with
+    (:func:`callback_decision`); its scalars (``prefix``) those of the two."""
+    report = probe(model, probe_data, loss_fn, config=config).report(**report_options)
+    scalars = report.scalars(prefix)
+    if decide_options is not None:
+        decision = callback_decision(unwrap_data_parallel(model), probe_data, loss_fn, decide_options)
+        report = dataclasses.replace(report, decision=decision)
+        scalars |= decision.scalars(prefix)
+    return report, scalars
 
 
 def callback_decision(model, heldout, loss_fn, options: dict):

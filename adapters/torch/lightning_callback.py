@@ -33,9 +33,9 @@ from torch import nn
 
 from satcore.errors import InputError
 
-from .decide import callback_decide_options, callback_decision, check_family_name, require_reiterable
+from .decide import callback_decide_options, callback_report, check_family_name, require_reiterable
 from .locate import locate_candidates
-from .probe import ProbeConfig, probe, unwrap_data_parallel
+from .probe import ProbeConfig, unwrap_data_parallel
 
 
 class LightningCallback(Callback):
@@ -98,14 +98,8 @@ class LightningCallback(Callback):
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
             return
-        model = self._model(pl_module)
-        report = probe(model, self.probe_data, self.loss_fn, config=self.config).report(**self.report_options)
-        scalars = report.scalars(self.prefix)
-        if self.decide_options is not None:
-            decision = callback_decision(unwrap_data_parallel(model), self.probe_data, self.loss_fn,
-                                         self.decide_options)
-            report = replace(report, decision=decision)
-            scalars |= decision.scalars(self.prefix)
+        report, scalars = callback_report(self._model(pl_module), self.probe_data, self.loss_fn, self.config,
+                                          self.report_options, self.decide_options, self.prefix)
         self.reports.append((trainer.current_epoch, report))
         # the sums are all-reduced already: every rank holds the same numbers
         pl_module.log_dict(scalars, sync_dist=False)

@@ -46,9 +46,9 @@ import numpy as np
 from satcore import CandidateStatistics, DepthStatistics, InsertionDecision
 from satcore.errors import InputError
 
-from .decide import callback_decide_options, callback_decision, check_family_name, require_reiterable
+from .decide import callback_decide_options, callback_report, check_family_name, require_reiterable
 from .locate import locate_candidates
-from .probe import ProbeConfig, probe, unwrap_data_parallel
+from .probe import ProbeConfig, unwrap_data_parallel
 
 
 
@@ -159,14 +159,8 @@ class HFCallback(TrainerCallback):
         self._evaluations += 1
         self._scalars = None
         if (self._evaluations - 1) % self.every == 0:
-            result = probe(model, self.probe_data, self.loss_fn, config=self.config)
-            report = result.report(**self.report_options)
-            scalars = report.scalars(self.prefix)
-            if self.decide_options is not None:
-                decision = callback_decision(unwrap_data_parallel(model), self.probe_data, self.loss_fn,
-                                             self.decide_options)
-                report = replace(report, decision=decision)
-                scalars |= decision.scalars(self.prefix)
+            report, scalars = callback_report(model, self.probe_data, self.loss_fn, self.config, self.report_options,
+                                              self.decide_options, self.prefix)
             self.reports.append((state.global_step, report))
             self._scalars = scalars
         return self._scalars
