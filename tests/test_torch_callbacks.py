@@ -377,3 +377,18 @@ def test_lightning_callback_decides_at_validation_end(tmp_path):
     assert report.decision.to_dict()["choice"] == direct.choice
     for key, value in direct.scalars().items():  # Lightning keeps logged values as float32 tensors: rel 1e-6
         assert float(trainer.callback_metrics[key]) == pytest.approx(value, rel=1e-6, abs=1e-9), key
+
+
+def test_callbacks_take_data_loaders_without_reading_them_when_built():
+    """A DataLoader (over a map-style or an iterable dataset, which has no length) passes the re-iterable check, and
+    building the callback starts none of its workers (it is not iterated)."""
+    from satcore.adapters.torch import HFCallback
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            raise AssertionError("read when the callback was built")
+
+    mapped = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(4, 2)), batch_size=2)
+    streamed = torch.utils.data.DataLoader(Stream(), batch_size=2)
+    callback = HFCallback(mapped, decide={"train": streamed, "recipe": RECIPE})
+    assert callback.decide_options["train"] is streamed and callback.probe_data is mapped

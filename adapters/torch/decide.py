@@ -25,7 +25,7 @@ import functools
 import inspect
 import math
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import torch
@@ -507,10 +507,14 @@ CALLBACK_SHARED = ("candidates", "family", "head", "mask", "n_features", "positi
 def require_reiterable(data, what: str) -> None:
     """Refuse ``data`` that a callback cannot read at every evaluation: a one-shot iterator (a generator), which
     the first evaluation would exhaust, or an empty sequence."""
-    if iter(data) is data:
+    if isinstance(data, Iterator):  # not iter(data): that would start a DataLoader's worker processes
         raise InputError(f"{what} is a one-shot iterator (a generator?): it is read at every evaluation, so pass a "
                          f"re-iterable such as a list of batches or a DataLoader")
-    if hasattr(data, "__len__") and len(data) == 0:
+    try:
+        empty = len(data) == 0
+    except TypeError:  # no length (a DataLoader over an IterableDataset): found empty when read, if it is
+        empty = False
+    if empty:
         raise InputError(f"{what} holds no batches")
 
 
@@ -575,13 +579,10 @@ def callback_decision(model, heldout, loss_fn, options: dict):
     numbers as without it (its dropout masks, its data order)."""
     options = dict(options)
     train = options.pop("train")
-    devices = [model_device.index or 0] if (model_device := _device(model)).type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
+    # every CUDA device's generator too: a model dispatched over several GPUs trains its trials on each
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):
         return decide(model, train, heldout, loss_fn, **options)
-
-
-def _device(model) -> torch.device:
-    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 __all__ = ["decide", "grouped_trials", "inserted_copy", "per_sample_eval", "recipe_minibatches", "screen", "trial_losses"]
