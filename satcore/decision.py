@@ -292,7 +292,8 @@ def verified_candidate(name: str, curve: TrialCurve, full_steps: int, calibratio
                              float(p_decrease), float(screen_heldout_change), curve)
 
 
-# InsertionDecision.scalars' per-candidate keys, in the order it reads them
+# InsertionDecision.scalars' keys: the decision's, and each candidate's in the order it reads them
+_DECISION_SCALARS = ("insert", "cost_block_steps", "close_call")
 _CANDIDATE_SCALARS = ("chosen", "predicted_heldout_change", "p_decrease", "interval_low", "interval_high")
 
 
@@ -415,7 +416,7 @@ class InsertionDecision:
     def scalar_keys(names, prefix: str = "satcore/") -> set[str]:
         """Every key :meth:`scalars` can give for candidates ``names`` (a callback checks a metric it is asked to
         monitor against them before training)."""
-        return ({f"{prefix}decision/{k}" for k in ("insert", "cost_block_steps", "close_call")}
+        return ({f"{prefix}decision/{k}" for k in _DECISION_SCALARS}
                 | {f"{prefix}decision/{n}/{k}" for n in names for k in _CANDIDATE_SCALARS})
 
     def to_dict(self) -> dict:

@@ -329,7 +329,7 @@ def test_callbacks_refuse_what_they_cannot_run_when_built(probe_data, options, e
 
 
 def test_callback_decisions_share_the_callbacks_places_unless_decide_sets_them():
-    from satcore.adapters.torch.decide import callback_decide_options
+    from satcore.adapters.torch.callback_common import callback_decide_options
     from satcore.adapters.torch.probe import ProbeConfig
 
     config = ProbeConfig(candidates=["transformer.h.1"], family="native", head=False)

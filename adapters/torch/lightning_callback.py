@@ -17,7 +17,6 @@ in it, else the fit stops with one line instead of after a full epoch.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import replace
 
 from satcore._optional import require
 
@@ -33,9 +32,8 @@ from torch import nn
 
 from satcore.errors import InputError
 
-from .decide import callback_decide_options, callback_report, check_family_name, require_reiterable
-from .locate import locate_candidates
-from .probe import ProbeConfig, unwrap_data_parallel
+from .callback_common import callback_places, callback_report, callback_settings
+from .probe import ProbeConfig
 
 
 class LightningCallback(Callback):
@@ -69,12 +67,7 @@ class LightningCallback(Callback):
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
         self.probe_data, self.loss_fn, self.module = probe_data, loss_fn, module
         self.every_n_epochs, self.prefix, self.report_options = every_n_epochs, prefix, dict(report or {})
-        self.config = ProbeConfig(**options) if config is None else replace(config, **options)
-        if self.config.split is None:  # the probe data is held out from training (the tests assume it)
-            self.config = replace(self.config, split="heldout")
-        require_reiterable(probe_data, "LightningCallback's probe_data")
-        check_family_name(self.config.family, "LightningCallback")
-        self.decide_options = callback_decide_options(decide, "LightningCallback", self.config)
+        self.config, self.decide_options = callback_settings("LightningCallback", probe_data, decide, config, options)
         self.reports: list = []
 
     def _model(self, pl_module) -> nn.Module:
@@ -90,10 +83,7 @@ class LightningCallback(Callback):
         return model
 
     def on_fit_start(self, trainer, pl_module):
-        model = unwrap_data_parallel(self._model(pl_module))
-        locate_candidates(model, self.config.candidates, head=self.config.head)
-        if self.decide_options is not None:
-            locate_candidates(model, self.decide_options["candidates"], head=self.decide_options["head"])
+        callback_places(self._model(pl_module), self.config, self.decide_options)
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import sys
 import warnings
-from dataclasses import replace
 
 from satcore._optional import require
 
@@ -46,9 +45,8 @@ import numpy as np
 from satcore import CandidateStatistics, DepthStatistics, InsertionDecision
 from satcore.errors import InputError
 
-from .decide import callback_decide_options, callback_report, check_family_name, require_reiterable
-from .locate import locate_candidates
-from .probe import ProbeConfig, unwrap_data_parallel
+from .callback_common import callback_places, callback_report, callback_settings
+from .probe import ProbeConfig
 
 
 
@@ -85,12 +83,7 @@ class HFCallback(TrainerCallback):
             raise ValueError(f"every must be >= 1, got {every}")
         self.probe_data, self.loss_fn, self.every, self.prefix = probe_data, loss_fn, every, prefix
         self.eval_prefix, self.report_options = eval_prefix, dict(report or {})
-        self.config = ProbeConfig(**options) if config is None else replace(config, **options)
-        if self.config.split is None:  # the probe data is held out from training (the tests assume it)
-            self.config = replace(self.config, split="heldout")
-        require_reiterable(probe_data, "HFCallback's probe_data")
-        check_family_name(self.config.family, "HFCallback")
-        self.decide_options = callback_decide_options(decide, "HFCallback", self.config)
+        self.config, self.decide_options = callback_settings("HFCallback", probe_data, decide, config, options)
         self.reports: list = []
         self._evaluations = 0
         self._scalars: dict | None = None  # of the evaluation at _step
@@ -112,11 +105,7 @@ class HFCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._go_first()
         # the places, the probe's and the decisions', found before the first step rather than at an evaluation
-        model = unwrap_data_parallel(model)
-        names = [c.name for c in locate_candidates(model, self.config.candidates, head=self.config.head)]
-        decided = (None if self.decide_options is None else [c.name for c in locate_candidates(
-            model, self.decide_options["candidates"], head=self.decide_options["head"])])
-        self._check_metric(args.metric_for_best_model, names, decided)
+        self._check_metric(args.metric_for_best_model, *callback_places(model, self.config, self.decide_options))
 
     def _check_metric(self, metric: str | None, names: list, decided: list | None) -> None:
         """Refuse a ``metric_for_best_model`` under this callback's prefix that it will not log at every
