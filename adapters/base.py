@@ -4,7 +4,7 @@ An adapter turns a model of its framework into the core's statistics
 (docs/adapters.md).  Whatever the framework, it offers
 
 * a :class:`Probe` (the protocol below): ``update(batch)`` adds one batch's sums,
-  ``result()`` returns a :class:`satcore.probe_result.ProbeResult` at any point, and
+  ``result()`` returns a :class:`satcore._io.probe_result.ProbeResult` at any point, and
   the probe goes on after it;
 * ``probe(model, data, ...)``: a ``Probe`` fed every batch of ``data``, then its result;
 * its options as a frozen dataclass derived from :class:`ProbeOptions`, the options
@@ -15,7 +15,7 @@ An adapter turns a model of its framework into the core's statistics
 
 Per batch the adapter computes, on its device, per candidate: the per-sample gradients
 ``q_i = d loss_i / d z_i`` (of a per-sample loss; a batch mean is multiplied back),
-the features ``psi(z_i)`` of the registered family (:mod:`satcore.families`), and hands
+the features ``psi(z_i)`` of the registered family (:mod:`satcore._formulas.families`), and hands
 the batch's sums as a :class:`satcore.BatchMoments` (``batch_moments``' fields and the
 stream sums ``sum_z_sq``, ``n_stream_vectors``, in the framework's own arrays until
 converted) to :meth:`satcore.CandidateStatistics.add_moments` of statistics made with
@@ -29,9 +29,9 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
-from satcore.depth import is_training_split
-from satcore.probe_result import ProbeResult
-from satcore.results import TRAINING_SPLIT_WARNING
+from satcore.adapter_api import is_training_split
+from satcore import ProbeResult
+from satcore.adapter_api import TRAINING_SPLIT_WARNING
 
 
 @runtime_checkable
@@ -41,7 +41,7 @@ class Probe(Protocol):
     ``update(batch)`` runs one batch (the batch convention of :mod:`.batches`) and adds its
     sums to the running statistics; it returns the batch's number of samples (the torch and
     ONNX probes) or ``None``.  ``result()`` returns the statistics of every batch so far as a
-    :class:`~satcore.probe_result.ProbeResult` (upstream candidate first, ``meta`` from
+    :class:`~satcore._io.probe_result.ProbeResult` (upstream candidate first, ``meta`` from
     :func:`probe_meta`), without ending the probe.
     """
 
@@ -59,7 +59,7 @@ class ProbeOptions:
     candidates : ``None`` (the residual blocks the adapter locates) or names of candidate
         locations (module names, layer names or tensor names, as the framework names them).
     family : ``"auto"`` (``conv`` for a 4-d image stream, else ``mlp``), a registered kind
-        (:func:`satcore.families.registered_families`), a :class:`satcore.Family`, a
+        (:func:`satcore._formulas.families.registered_families`), a :class:`satcore.Family`, a
         framework feature map, or a mapping candidate -> one of those (a candidate it leaves
         out gets ``"auto"``).
     seed : seed of the drawn families' weights (``make_family(kind, width, seed=seed)``).
@@ -110,6 +110,6 @@ def probe_meta(framework: str, model: str, loss, options: ProbeOptions, **extra)
     ``satcore/schemas/dump-meta.schema.json``): ``framework``, ``model`` (a name), ``loss``
     (:func:`loss_name`), the probe data's ``split`` and the families' ``seed``, plus the
     adapter's own fields ``extra``.  ``candidates``, ``family`` and the stream ``diagnostics`` are
-    added when the result is written (:meth:`satcore.probe_result.ProbeResult.dump_meta`)."""
+    added when the result is written (:meth:`satcore._io.probe_result.ProbeResult.dump_meta`)."""
     return {"framework": framework, "model": model, "loss": loss_name(loss), "split": options.split,
             "seed": options.seed, **extra}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Hashable, Iterable
 
-from satcore.errors import InputError
+from satcore import InputError
 
 
 class SearchLimitError(InputError):

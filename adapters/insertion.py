@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from satcore.insertion import alpha_for_relative_update
-from satcore.quantities import growth_value_from_moments
+from satcore import alpha_for_relative_update
+from satcore import growth_value_from_moments
 
 
 class Grown(NamedTuple):

@@ -2,22 +2,22 @@
 
 * :func:`per_candidate`: an option given once for every candidate or as a mapping
   candidate -> value (``family``, ``n_features``);
-* :func:`builtin_kind`: which registered family (:func:`satcore.families.registered_families`)
+* :func:`builtin_kind`: which registered family (:func:`satcore._formulas.families.registered_families`)
   a family option names (``"auto"``: ``conv`` for a 4-d image stream, ``mlp`` for vectors and
   tokens);
 * :func:`family_record`: what a result records of a drawn family, enough to rebuild it
-  with ``make_family`` in any framework (:func:`satcore.families.rebuild_family`).
+  with ``make_family`` in any framework (:func:`satcore._formulas.families.rebuild_family`).
 
 Each adapter then builds the family's feature map for its tensors with the builder it
-registered for the kind (:func:`satcore.families.family_builder`; ``features.py``).
+registered for the kind (:func:`satcore._formulas.families.family_builder`; ``features.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from satcore.errors import InputError
-from satcore.families import family_spec, registered_families
+from satcore import InputError
+from satcore.adapter_api import family_spec, registered_families
 
 
 def per_candidate(value, names, option: str, default=None) -> dict:

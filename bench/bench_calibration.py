@@ -119,7 +119,7 @@ def real_gradients():
     torch.nn.functional.cross_entropy(model(xs), ys, reduction="sum").backward()
     handle.remove()
     z = stream["z"]
-    return satcore.families.positions(z.grad.numpy()), satcore.families.positions(z.detach().numpy())
+    return satcore._formulas.families.positions(z.grad.numpy()), satcore._formulas.families.positions(z.detach().numpy())
 
 
 def real_null(reps, rng):
@@ -187,7 +187,7 @@ def looks_table(reps, rng, initial=16, total=128, shifts=(0.0, 0.1, 0.2, 0.35)):
     'improvable' and mean batches probed."""
     from dataclasses import replace
 
-    from satcore.verdicts import look_schedule
+    from satcore._decisions.verdicts import look_schedule
 
     half = look_schedule(initial, total, ALPHA)
     modes = {"enlarged": half, "enlarged, alpha / L each": look_schedule(initial, total, ALPHA, final_share=None),

@@ -20,7 +20,7 @@ from _results import record
 from _workloads import floor_pass, gpt2_batches, gpt2_model, parse_bench_args, peak_rss_increase, stream, versions
 
 from satcore.adapters.torch import plan, probe, sequence_loss
-from satcore.folds import DEFAULT_FOLDS
+from satcore._formulas.folds import DEFAULT_FOLDS
 
 
 def main():

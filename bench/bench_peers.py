@@ -62,7 +62,7 @@ from satcore.adapters.torch import build_feature_map, find_blocks, probe
 from satcore.adapters.torch.features import ConvFeatures
 from satcore.adapters.torch.capture import get_stream, with_stream
 from satcore.adapters.torch.probe import call_model, model_init_std
-from satcore.certification import variance_estimate
+from satcore._formulas.certification import variance_estimate
 
 SIZES = {  # workload -> mode -> (blocks, batch size, batches); GPT-2: M*T > r = 1024 for a full-rank K
     "gpt2": {"quick": (2, 4, 3), "full": (8, 4, 4)},

@@ -2,7 +2,7 @@
 decision and its baselines per target, the depth sweeps, and the shipped calibration (``fit_and_write``).
 
 Everything here reads the raw JSON rows and calls the core functions ``decide`` calls
-(:mod:`satcore.decision`), so the tables are regenerated from data.
+(:mod:`satcore._decisions.trials`), so the tables are regenerated from data.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from satcore import Recipe
-from satcore.decision import (Calibration, CandidateDecision, TrialCurve, choose, error_scale, extrapolate,
+from satcore._decisions.trials import (Calibration, CandidateDecision, TrialCurve, choose, error_scale, extrapolate,
                               halving_plan, trial_checkpoints, trial_plan, verified_candidate)
 
 LEVELS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8,
@@ -39,7 +39,7 @@ SHIPPED_SCHEDULE = "even"  # decide's default schedule; each schedule's calibrat
 def schedule_points(n: int, steps: int, max_trials: int, every_count: bool = True) -> set:
     """Every checkpoint the trial schedules scored here read at ``steps`` (``n`` candidates): the even plan
     with 1 to ``max_trials`` trials (``every_count=False``: with ``max_trials`` only, as ``decide`` runs it),
-    and successive halving's two stages (:func:`satcore.decision.halving_plan`)."""
+    and successive halving's two stages (:func:`satcore._decisions.trials.halving_plan`)."""
     recipe = Recipe("sgd", 1.0, steps, 1)
     points = set()
     for m in range(1, max_trials + 1) if every_count else (max_trials,):
@@ -235,7 +235,7 @@ def _trialled(inst) -> list:
 
 
 def _decide(inst, calibration):
-    """The decision :func:`satcore.decision.choose` makes on ``inst``: a row without a curve is priced by the
+    """The decision :func:`satcore._decisions.trials.choose` makes on ``inst``: a row without a curve is priced by the
     screen and a row that may not be chosen (dropped by a schedule's first stage) is not verified, as
     ``decide`` builds its candidates."""
     recipe = Recipe("sgd", 1.0, inst["steps"], 1)
@@ -750,7 +750,7 @@ def transfer_scores(out: Path) -> dict | None:
     at 1000 (the 1000-step columns), every column and set pooled beside the baselines, per set and per column; the
     even plan and successive halving; and the transfer depth sweeps' per-depth decisions.  None where nothing is
     recorded."""
-    from satcore.decision_calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
+    from satcore._decisions.calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
 
     folder = out.parent / TRANSFER_FOLDER
     if not folder.is_dir():
@@ -1046,7 +1046,7 @@ def _calibration_source(cal: Calibration, name: str) -> str:
             f"    logit_slope={cal.logit_slope!r},\n)\n")
 
 
-CALIBRATION_HEADER = '''"""The shipped calibrations of :mod:`satcore.decision`: written by ``bench/decision_validity.py --fit``.
+CALIBRATION_HEADER = '''"""The shipped calibrations of :mod:`satcore._decisions.trials`: written by ``bench/decision_validity.py --fit``.
 
 Fitted on the long recipes (300 steps) of every model set of the bench (``source`` says which), one per
 trial schedule of ``decide``: ``DEFAULT_CALIBRATION`` on the even plan's trials, ``HALVING_CALIBRATION`` on

@@ -23,7 +23,7 @@ Two parts, both on real data that ships offline, every model trained here from a
   inserting the model's own layer.
 
 The decisions themselves are recomputed from the recorded curves by the same core
-functions ``decide`` calls (:mod:`satcore.decision`): a decision of seed ``a`` uses
+functions ``decide`` calls (:mod:`satcore._decisions.trials`): a decision of seed ``a`` uses
 seed ``a``'s trial prefix, its target is the other seeds' realized test change (so the
 trial never shares its minibatches with what it predicts).  Every fitted choice (the
 calibration's trend weight, error scale, residual quantiles, threshold, tolerance) is
@@ -40,7 +40,7 @@ seed 2 run, to ``<part>-trialseed2.json`` (with ``--column``, ``<part>-<column>-
 models and trials with every trial also evaluated on a held-out split 4 times the bench's, to
 ``docs/figures/decision_validity_large_heldout/``; ``--large-heldout 16``: 16 times, to ``..._x16/``); ``--tables``
 scores them (``bench/decision_scores.py``) and prints the docs tables; ``--variants`` the
-decision rules tried; ``--fit`` writes ``satcore/decision_calibration.py`` from all sets.
+decision rules tried; ``--fit`` writes ``satcore/_decisions/calibration.py`` from all sets.
 
 **Transfer sets** (``TRANSFER``), which no fit reads: another architecture on data no fitted set uses, recorded
 the same way (``--part gpt2-perldoc`` or ``resmlp-fashion``, with ``--column`` as above; depth sweeps
@@ -80,7 +80,7 @@ from exlib.data import load_images, load_text  # noqa: E402
 from exlib.models import BasicBlock, StagewiseResNet  # noqa: E402
 from exlib.training import batches, classifier_loss, lm_batches, lm_windows, per_sample_ce, train_classifier  # noqa: E402
 from satcore import Recipe  # noqa: E402
-from satcore.decision import paired_standard_error, trial_plan  # noqa: E402
+from satcore._decisions.trials import paired_standard_error, trial_plan  # noqa: E402
 from satcore.adapters.torch import InsertedResidual, probe_splits, sequence_loss  # noqa: E402
 from satcore.adapters.torch.decide import per_sample_eval, recipe_minibatches, recipe_optimizer, screen, trial_losses  # noqa: E402
 from decision_scores import LARGE_HELDOUT, large_heldout_folder, schedule_points  # noqa: E402
@@ -701,7 +701,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tables", action="store_true", help="score the recorded parts and print the docs tables")
     parser.add_argument("--variants", action="store_true",
                         help="score the decision rules tried (bench/decision_scores.py VARIANTS) and print their table")
-    parser.add_argument("--fit", action="store_true", help="write satcore/decision_calibration.py from every set")
+    parser.add_argument("--fit", action="store_true", help="write satcore/_decisions/calibration.py from every set")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if args.part:

@@ -21,7 +21,7 @@ candidate:
 3. record the realized decrease of the training loss (whole training split)
    and of the test loss (the official test split, never probed), and their
    spread over seeds;
-4. score every predictor of :mod:`satcore.predictors` (and the paper's
+4. score every predictor of :mod:`satcore._decisions.predictors` (and the paper's
    numbers) against them: pooled and within-model Spearman correlations with
    ``n``, the share of held-out signs predicted among insertions whose
    realized change exceeds its seed spread, and a calibration plot.
@@ -55,7 +55,7 @@ from exlib.output import versions  # noqa: E402
 from exlib.training import (  # noqa: E402
     batches, classifier_loss, lm_batches, lm_loss, lm_windows, per_sample_ce, train_classifier, train_lm)
 from satcore import Criteria, Recipe, predictors as P  # noqa: E402
-from satcore.depth import DepthStatistics  # noqa: E402
+from satcore._statistics.depth import DepthStatistics  # noqa: E402
 from satcore.adapters.torch import StreamTaps, grow, positions, probe, sequence_loss  # noqa: E402
 from satcore.adapters.torch.probe import call_model, eval_mode  # noqa: E402
 

@@ -8,7 +8,7 @@ The template is a Python f-string body: every number in the page is read from
 import json
 from pathlib import Path
 
-from satcore.folds import DEFAULT_FOLDS
+from satcore._formulas.folds import DEFAULT_FOLDS
 
 HERE = Path(__file__).resolve().parent
 R = json.loads((HERE / "results.json").read_text())

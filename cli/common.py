@@ -8,10 +8,11 @@ import time
 
 import click
 
-from satcore._display import display_name
-from satcore.dump import Dump, DumpError, read_dump
-from satcore.errors import InputError
-from satcore.report_text import num, table
+from satcore.adapter_api import display_name
+from satcore import DumpError, read_dump
+from satcore.adapter_api import Dump
+from satcore import InputError
+from satcore.adapter_api import num, table
 
 from .numbers import Count
 

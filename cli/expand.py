@@ -20,9 +20,9 @@ import tempfile
 
 import click
 
-from satcore._atomic import OutputError
-from satcore.errors import InputError, ProbeError
-from satcore.report_text import decision_interval_notes
+from satcore.adapter_api import OutputError
+from satcore import InputError, ProbeError
+from satcore.adapter_api import decision_interval_notes
 
 from .common import FiniteFloatRange, display_name, num, table
 from .hf_dir import window_length

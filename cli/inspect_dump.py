@@ -6,7 +6,7 @@ import json
 
 import click
 
-from satcore.dump import read_dump
+from satcore import read_dump
 
 from .common import CHUNK_OPTION, QUIET_OPTION, display_name, human_bytes, statistics, table
 

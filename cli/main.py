@@ -22,9 +22,9 @@ import warnings
 import click
 import numpy as np
 
-from satcore._atomic import command_inputs
-from satcore._display import display_name
-from satcore.errors import SatcoreError
+from satcore.adapter_api import command_inputs
+from satcore.adapter_api import display_name
+from satcore import SatcoreError
 
 from .expand import expand
 from .inspect_dump import inspect
@@ -39,7 +39,7 @@ NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 # Input, usage and environment errors: SatcoreError is every refusal satcore makes on purpose (invalid
-# input, dumps, probes: satcore.errors); OSError covers files that cannot be read or written.  Any other
+# input, dumps, probes: satcore._shared.errors); OSError covers files that cannot be read or written.  Any other
 # exception, a bare ValueError included, is a bug and shows its traceback.
 EXPECTED_ERRORS = (SatcoreError, OSError)
 

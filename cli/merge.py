@@ -6,9 +6,9 @@ import os
 
 import click
 
-from satcore._atomic import check_target
-from satcore.dump import write_dump
-from satcore.errors import InputError
+from satcore.adapter_api import check_target
+from satcore import write_dump
+from satcore import InputError
 
 from .common import CHUNK_OPTION, QUIET_OPTION, display_name, load
 

@@ -2,7 +2,7 @@
 
 Imported only when a plot is asked for, so the command line runs without matplotlib.  Names from
 files are drawn as :func:`label` shows them (one printable line, no mathtext), and the figure is
-written by :func:`satcore._atomic.atomic_write` (whole or not at all, never over an input).
+written by :func:`satcore._io.atomic.atomic_write` (whole or not at all, never over an input).
 
 A command checks its ``--plot`` path with :func:`check_plot_path` before it reads or prints
 anything: the format must be one the Agg canvas writes by itself (:data:`PLOT_FORMATS`; ``pgf``
@@ -21,10 +21,10 @@ import warnings
 
 import click
 
-from satcore._atomic import atomic_write, check_target
-from satcore._optional import require
-from satcore.criteria import Verdict
-from satcore.errors import MissingDependencyError
+from satcore.adapter_api import atomic_write, check_target
+from satcore.adapter_api import require
+from satcore import Verdict
+from satcore.adapter_api import MissingDependencyError
 
 from .common import display_name
 

@@ -4,7 +4,7 @@ DATA.npz holds either ``inputs`` (single input models) or one array per model
 input name, plus ``targets`` unless the loss is a per-sample loss output of the
 model.  All arrays share the first (sample) axis; they are fed in batches of
 ``--batch-size``.  It is read through satcore's bounded ``.npz`` reader
-(:mod:`satcore._zipnpy`: nothing unpickled, sizes and compression checked
+(:mod:`satcore._io.zipnpy`: nothing unpickled, sizes and compression checked
 before any allocation): the headers are validated up front and the arrays
 streamed one batch at a time, so memory is one batch whatever the file
 declares.
@@ -17,10 +17,10 @@ import os
 import click
 import numpy as np
 
-from satcore._atomic import check_target
-from satcore._zipnpy import NpyHeader, NpzArchive
-from satcore.families import FAMILIES
-from satcore.folds import DEFAULT_FOLDS
+from satcore.adapter_api import check_target
+from satcore.adapter_api import NpyHeader, NpzArchive
+from satcore import FAMILIES
+from satcore.adapter_api import DEFAULT_FOLDS
 
 from .common import FiniteFloatRange, display_name
 from .numbers import MAX_SEED, Count

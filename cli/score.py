@@ -6,12 +6,13 @@ import json
 
 import click
 
-from satcore._display import display_name
-from satcore.criteria import DEFAULT_ALPHA, Criteria, Prop1Options
-from satcore.errors import InputError
-from satcore.predictors import check_paired
-from satcore.recipe import Recipe
-from satcore.report_text import render_report
+from satcore.adapter_api import display_name
+from satcore import Criteria, Prop1Options
+from satcore.adapter_api import DEFAULT_ALPHA
+from satcore import InputError
+from satcore.adapter_api import check_paired
+from satcore import Recipe
+from satcore.adapter_api import render_report
 
 from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, load, scored
 from .numbers import Count

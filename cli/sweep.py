@@ -8,8 +8,8 @@ import click
 
 import re
 
-from satcore.errors import InputError
-from satcore.sweep import depth_sweep, sweep_point
+from satcore import InputError
+from satcore import depth_sweep, sweep_point
 
 from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, display_name, load, num, table
 

@@ -29,7 +29,7 @@ from exlib.output import out_dir, results_dir, write_results
 from exlib.sweeps import plateau_note, plot_sweep
 from exlib.resnets import image_data, settings, trained_resnet
 from exlib.training import batches, classifier_loss, per_sample_ce
-from satcore.sweep import depth_sweep, sweep_point
+from satcore._decisions.sweep import depth_sweep, sweep_point
 
 COLUMNS = [
     ("blocks", "blocks (3+N)"), ("train_loss", "train loss"), ("test_loss", "test loss"), ("test_acc", "test acc"),

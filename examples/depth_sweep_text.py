@@ -27,7 +27,7 @@ from exlib.output import out_dir, results_dir, write_results
 from exlib.sweeps import plateau_note, plot_sweep
 from exlib.training import lm_batches, lm_loss, lm_windows, train_lm
 from satcore.adapters.torch import sequence_loss
-from satcore.sweep import depth_sweep, sweep_point
+from satcore._decisions.sweep import depth_sweep, sweep_point
 
 COLUMNS = [
     ("blocks", "blocks L"), ("train_loss", "train loss"), ("test_loss", "test loss"),

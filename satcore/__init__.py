@@ -16,8 +16,8 @@ package-dir), and in a checkout the symlinks ``satcore/adapters -> ../adapters``
 and ``satcore/cli -> ../cli`` make them the same subpackages without installing.
 """
 
-from ._psd import DEFAULT_RTOL, PsdSpectrum, psd_spectrum
-from .alignment import (
+from ._formulas.psd import DEFAULT_RTOL, PsdSpectrum, psd_spectrum
+from ._formulas.alignment import (
     AlignmentEstimate,
     alignment_moments,
     estimate_alignment,
@@ -25,7 +25,7 @@ from .alignment import (
     split_inner_product,
     xi_kernel,
 )
-from .certification import (
+from ._formulas.certification import (
     SaturationTest,
     debiased_energy,
     detection_threshold,
@@ -36,18 +36,18 @@ from .certification import (
     saturation_test,
     variance_estimate,
 )
-from .criteria import Criteria, Prop1Options, Verdict
-from .depth import DepthStatistics, score
-from .dump import DumpError, read_dump, write_dump
-from .families import FAMILIES, Family, FamilySettings, make_family
-from .insertion import (
+from ._decisions.criteria import Criteria, Prop1Options, Verdict
+from ._statistics.depth import DepthStatistics, score
+from ._io.dump import DumpError, read_dump, write_dump
+from ._formulas.families import FAMILIES, Family, FamilySettings, make_family
+from ._formulas.insertion import (
     InsertionPlan,
     alpha_for_relative_update,
     matched_projection,
     plan_insertion,
     predicted_loss_change,
 )
-from .optim import (
+from ._formulas.optim import (
     adam_zero_state,
     descent_bound,
     gradient_descent,
@@ -56,7 +56,7 @@ from .optim import (
     joint_gradient,
     preconditioned,
 )
-from .predictors import (
+from ._decisions.predictors import (
     CandidateGain,
     HeldoutGain,
     PredictedGains,
@@ -67,8 +67,8 @@ from .predictors import (
     predict_gains,
     sgd_step_gain,
 )
-from .probe_result import ProbeResult
-from .quantities import (
+from ._io.probe_result import ProbeResult
+from ._formulas.quantities import (
     ag,
     ag_batch,
     ag_normalized,
@@ -84,8 +84,8 @@ from .quantities import (
     realizability,
     tangent_complete,
 )
-from .errors import GrowthLogError, InputError, ProbeError, SatcoreError
-from .growth import (
+from ._shared.errors import GrowthLogError, InputError, ProbeError, SatcoreError
+from ._growth.loop import (
     FirstOrderDecide,
     GrowthBudget,
     GrowthCriteria,
@@ -97,14 +97,15 @@ from .growth import (
     StopReason,
     run_growth,
 )
-from .growth_log import GrowthLogContents, read_growth_log
-from .recipe import Recipe
-from .decision import CandidateDecision, InsertionDecision, TrialCurve
-from .reporting import depth_report
-from .results import REPORT_SCHEMA, CandidateScore, DepthReport, DepthScores, growth_noise_floor
-from .moments import BatchMoments, batch_moments
-from .statistics import CandidateStatistics
-from .sweep import (
+from ._growth.log import GrowthLogContents, read_growth_log
+from ._decisions.recipe import Recipe
+from ._decisions.trials import CandidateDecision, InsertionDecision, TrialCurve
+from ._decisions.reporting import depth_report
+from ._decisions.report import REPORT_SCHEMA, DepthReport
+from ._scores.scores import CandidateScore, DepthScores, growth_noise_floor
+from ._statistics.moments import BatchMoments, batch_moments
+from ._statistics.candidate import CandidateStatistics
+from ._decisions.sweep import (
     SWEEP_SCHEMA,
     Plateau,
     Sweep,
@@ -113,6 +114,10 @@ from .sweep import (
     find_plateau,
     sweep_point,
 )
+
+from ._moved import install as _install_moved_modules
+
+_install_moved_modules()
 
 __version__ = "0.1.0"
 
@@ -148,7 +153,7 @@ __all__ = [
     "DepthReport",
     "REPORT_SCHEMA",
     "ProbeResult",
-    # what turns scores into a report (satcore.criteria)
+    # what turns scores into a report (satcore._decisions.criteria)
     "Criteria",
     "Prop1Options",
     "Verdict",
@@ -207,14 +212,14 @@ __all__ = [
     "Family",
     "FamilySettings",
     "make_family",
-    # errors: one root (satcore.errors)
+    # errors: one root (satcore._shared.errors)
     "SatcoreError",
     "InputError",
     "ProbeError",
     "GrowthLogError",
-    # how an inserted block is trained (satcore.recipe)
+    # how an inserted block is trained (satcore._decisions.recipe)
     "Recipe",
-    # the growth loop and its log (satcore.growth, satcore.growth_log; docs/growth.md)
+    # the growth loop and its log (satcore._growth.loop, satcore._growth.log; docs/growth.md)
     "run_growth",
     "FirstOrderDecide",
     "RoundDecision",
@@ -227,7 +232,7 @@ __all__ = [
     "GrowthRound",
     "GrowthLogContents",
     "read_growth_log",
-    # the decision a user acts on (satcore.decision)
+    # the decision a user acts on (satcore._decisions.trials)
     "InsertionDecision",
     "CandidateDecision",
     "TrialCurve",

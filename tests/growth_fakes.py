@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 
-from satcore.growth import GrowthCriteria, GrowthOptions, RoundDecision
+from satcore._growth.loop import GrowthCriteria, GrowthOptions, RoundDecision
 
 
 class FakeSteps:
@@ -76,14 +76,14 @@ class FakeDecide:
 
 
 def options(**budget):
-    from satcore.growth import GrowthBudget
+    from satcore._growth.loop import GrowthBudget
 
     return GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(**budget))
 
 
 def run_one(log_path, max_rounds=6):
     """A whole fake run on ``log_path`` (for the concurrent-runs test's processes)."""
-    from satcore.growth import run_growth
+    from satcore._growth.loop import run_growth
 
     steps = FakeSteps({d: 1.0 - 0.05 * d for d in range(1, 20)})
     return run_growth(("a", "b"), steps, FakeDecide(), options(max_rounds=max_rounds), log_path=log_path)

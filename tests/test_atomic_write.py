@@ -1,6 +1,6 @@
 """Fault injection on outputs: SIGKILL/SIGTERM at random points of a large write, RLIMIT_FSIZE, RLIMIT_AS.
 
-Every output goes through :func:`satcore._atomic.atomic_write`.  Whatever happens during the write,
+Every output goes through :func:`satcore._io.atomic.atomic_write`.  Whatever happens during the write,
 the target afterwards holds either its old bytes or a complete new file, and nothing else appears
 in the folder (no partial file, no temporary name).
 """
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from satcore import write_dump
-from satcore.dump import read_dump
+from satcore._io.dump import read_dump
 
 SATCORE = str(Path(sys.executable).parent / "satcore")
 OLD = b"the old file, which must survive intact\n"
@@ -28,10 +28,10 @@ M, N, R = 4000, 256, 512  # ~25 MB of float64 per write: long enough to be kille
 WRITER = f"""
 import sys, time
 import numpy as np
-import satcore._atomic
+import satcore._io.atomic
 from satcore import write_dump
 if sys.argv[2] == "fallback":  # the platform without O_TMPFILE: a hidden temporary name
-    satcore._atomic._unnamed_file = lambda dir_fd: None
+    satcore._io.atomic._unnamed_file = lambda dir_fd: None
 rng = np.random.default_rng(0)
 q, p = rng.standard_normal(({M}, {N})), rng.standard_normal(({M}, {R}))
 print("ready", flush=True)
@@ -126,7 +126,7 @@ def test_address_space_limit_is_one_line_and_keeps_output(tmp_path):
     """Under RLIMIT_AS a little above the interpreter's own, a 72 MB statistics member cannot be read:
     'out of memory', exit 2, one line, and the output file untouched."""
     from satcore import CandidateStatistics
-    from satcore.depth import DepthStatistics
+    from satcore._statistics.depth import DepthStatistics
 
     rng = np.random.default_rng(2)
     r = 3000

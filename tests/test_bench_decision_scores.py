@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from satcore import Recipe
-from satcore.decision import halving_plan
+from satcore._decisions.trials import halving_plan
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 CANDIDATES = ["stage0", "stage1"]
@@ -275,11 +275,11 @@ def test_a_recorded_paired_standard_error_is_the_margins_where_the_recording_has
 
 
 def test_the_recorded_paired_standard_error_is_the_sample_standard_error_of_the_differences():
-    """``satcore.decision.paired_standard_error`` (what the bench records per checkpoint, and decide's margin and
+    """``satcore._decisions.trials.paired_standard_error`` (what the bench records per checkpoint, and decide's margin and
     trial curves use) row by row against ``statistics.stdev`` of the per-sample differences; ``inf`` for one sample."""
     import statistics
 
-    from satcore.decision import paired_standard_error
+    from satcore._decisions.trials import paired_standard_error
 
     rng = np.random.default_rng(7)
     a, b = rng.normal(size=(3, 50)), rng.normal(size=(3, 50))
@@ -311,7 +311,7 @@ def test_transfer_sets_read_each_length_on_the_columns_recorded_for_it_with_the_
     """A 1000-step column's first 300 steps are runs of the 300-step recipe too; the transfer scores read 300 steps
     on the 300-step columns only and 1000 on the 1000-step ones, so no run is counted twice, and decide with the
     calibrations ``decide`` ships (no fit reads a transfer set)."""
-    from satcore.decision_calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
+    from satcore._decisions.calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
 
     rng = np.random.default_rng(7)
     folder = tmp_path / scores.TRANSFER_FOLDER

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import satcore
 from satcore.cli.main import main
-from satcore.sweep import depth_sweep, find_plateau, growth_noise_floor, sweep_point
+from satcore._decisions.sweep import depth_sweep, find_plateau, growth_noise_floor, sweep_point
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ import models_torch  # noqa: E402
 
 import satcore  # noqa: E402
 from satcore import CandidateStatistics, make_family  # noqa: E402
-from satcore.families import positions  # noqa: E402
+from satcore._formulas.families import positions  # noqa: E402
 
 RTOL = 1e-5
 SEED = 3
@@ -401,7 +401,7 @@ def assert_meta_conforms(meta, adapter, kind, n_candidates):
     """Every adapter's dump meta: the same provenance, valid against the shipped dump-meta schema, the
     family recorded per candidate and the stream diagnostics of every candidate."""
     jsonschema = pytest.importorskip("jsonschema")
-    from satcore.results import json_schema
+    from satcore._io.schemas import json_schema
 
     jsonschema.Draft202012Validator(json_schema("dump-meta")).validate(meta)
     assert {"candidates", "framework", "model", "loss", "split", "seed", "family", "diagnostics"} <= set(meta), \
@@ -543,7 +543,7 @@ def assert_features_conform(framework, kind, shape):
 
 
 def test_feature_cases_cover_every_drawn_family():
-    from satcore.families import family_spec, registered_families
+    from satcore._formulas.families import family_spec, registered_families
 
     drawn = {k for k in registered_families() if family_spec(k).drawn}
     assert drawn == {kind for kind, _ in FEATURE_CASES}
@@ -563,7 +563,7 @@ def _draw_tanh(width, rng, *, n_features, init_std, seed, **_):
     return satcore.Family("tanh", width, r, {"w": w}, seed=seed)
 
 
-TANH = satcore.families.FamilySpec(
+TANH = satcore._formulas.families.FamilySpec(
     "tanh", _draw_tanh, lambda family, z: np.tanh(positions(z).astype(np.float64) @ family.params["w"].T),
     takes_init_std=True)
 
@@ -599,7 +599,7 @@ def tensorflow_tanh(family, z):
 def tanh_family():
     import satcore.adapters.tensorflow  # noqa: F401  (each adapter registers its built-in builders on import)
     import satcore.adapters.torch  # noqa: F401
-    from satcore.families import register_builder, register_family, unregister_family
+    from satcore._formulas.families import register_builder, register_family, unregister_family
 
     register_family(TANH)
     register_builder("torch", "tanh", torch_tanh)
@@ -622,13 +622,13 @@ def test_a_family_added_by_one_spec_and_one_builder_per_framework_conforms(tanh_
 
 
 def test_a_kind_without_a_builder_is_refused_by_name(tanh_family):
-    from satcore.families import unregister_family
+    from satcore._formulas.families import unregister_family
 
     z = np.zeros((2, 8))
     unregister_family(tanh_family)
     with pytest.raises(ValueError, match="unknown family 'tanh'"):
         features_of("onnx", tanh_family, z)
-    satcore.families.register_family(TANH)  # a spec without the torch builder
+    satcore._formulas.families.register_family(TANH)  # a spec without the torch builder
     with pytest.raises(ValueError, match="family 'tanh' has no torch feature map"):
         features_of("torch", tanh_family, z)
 
@@ -656,7 +656,7 @@ def moments_of(framework, q, psi, variance):
 @pytest.mark.parametrize("variance", [False, True])
 def test_moments_equal_the_core_batch_moments(framework, shape, variance):
     """Each framework's own per-batch sums are :func:`satcore.batch_moments`, field by field (float64)."""
-    from satcore.statistics import batch_moments
+    from satcore._statistics.candidate import batch_moments
 
     M, T, N, r = shape
     rng = np.random.default_rng(sum(shape))

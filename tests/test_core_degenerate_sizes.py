@@ -14,8 +14,8 @@ import pytest
 
 import satcore
 from satcore import CandidateStatistics
-from satcore.alignment import xi_kernel
-from satcore.errors import InputError
+from satcore._formulas.alignment import xi_kernel
+from satcore._shared.errors import InputError
 
 GOOD_Q, GOOD_PSI = np.ones((4, 3)), np.ones((4, 2))
 

@@ -5,7 +5,7 @@ import pytest
 from scipy.signal import correlate2d
 
 import satcore
-from satcore.families import gelu, unfold3x3
+from satcore._formulas.families import gelu, unfold3x3
 
 
 def test_conv_family_against_direct_convolution():
@@ -36,7 +36,7 @@ def test_unfold_then_linear_equals_conv():
     via_unfold = (unfold3x3(x) @ V.reshape(3, -1).T)[0].T.reshape(3, 4, 4)
     np.testing.assert_allclose(via_unfold, direct, rtol=1e-12, atol=1e-12)
     grad = rng.standard_normal((1, 3, 4, 4))
-    assert satcore.families.conv_gradients(grad).shape == (1, 16, 3)
+    assert satcore._formulas.families.conv_gradients(grad).shape == (1, 16, 3)
 
 
 def test_mlp_linear_bias_families():
@@ -73,7 +73,7 @@ def test_families_compare_by_their_weights():
 
 
 def test_the_registry_defines_the_built_in_kinds():
-    from satcore.families import FAMILIES, family_spec, rebuild_family, registered_families
+    from satcore._formulas.families import FAMILIES, family_spec, rebuild_family, registered_families
 
     assert registered_families()[: len(FAMILIES)] == FAMILIES
     assert family_spec("conv").images_only and family_spec("mlp").takes_init_std
@@ -88,7 +88,7 @@ def test_the_registry_defines_the_built_in_kinds():
 
 
 def test_a_registered_spec_is_a_family_like_the_built_in_ones():
-    from satcore.families import FamilySpec, positions, register_family, registered_families, unregister_family
+    from satcore._formulas.families import FamilySpec, positions, register_family, registered_families, unregister_family
 
     def draw(width, rng, *, seed, **_):
         return satcore.Family("square", width, width, {"scale": rng.standard_normal(width)}, seed=seed)

@@ -1,4 +1,4 @@
-"""The fold test of H0: g = 0 (satcore.folds) and the three-way verdicts (satcore.verdicts).
+"""The fold test of H0: g = 0 (satcore._formulas.folds) and the three-way verdicts (satcore._decisions.verdicts).
 
 Problem settings -> cases -> independent references: brute-force sign enumeration and explicit
 per-sample parameter gradients with an explicit pseudo-inverse; Monte Carlo for unbiasedness, size
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import satcore
-from satcore.folds import fold_gram, fold_test, holm, sign_flip_p_value, unbiased_square
-from satcore.verdicts import decide
+from satcore._formulas.folds import fold_gram, fold_test, holm, sign_flip_p_value, unbiased_square
+from satcore._decisions.verdicts import decide
 
 
 def per_sample_xi(Q, Psi):

@@ -1,4 +1,4 @@
-"""The core growth loop (satcore.growth) with fake callables: no framework is imported.
+"""The core growth loop (satcore._growth.loop) with fake callables: no framework is imported.
 
 References are independent: the held-out change is recomputed here from the fake's scripted
 per-sample losses, and the noise threshold uses z_{0.95} = 1.6448536269514722 typed in (not
@@ -18,7 +18,7 @@ import pytest
 
 import growth_fakes as fk
 from satcore import GrowthLogError, InputError, read_growth_log
-from satcore.growth import (
+from satcore._growth.loop import (
     GrowthBudget,
     GrowthCriteria,
     GrowthOptions,
@@ -27,7 +27,7 @@ from satcore.growth import (
     StopReason,
     run_growth,
 )
-from satcore.growth_log import encode_round, parse_log
+from satcore._growth.log import encode_round, parse_log
 
 Z95 = 1.6448536269514722
 TESTS = Path(__file__).resolve().parent

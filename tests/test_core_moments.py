@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import satcore
-from satcore.families import FamilySettings
+from satcore._formulas.families import FamilySettings
 
 EPS = float(np.finfo(np.float64).eps)
 

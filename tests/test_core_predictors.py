@@ -1,4 +1,4 @@
-"""satcore.predictors against independent references.
+"""satcore._decisions.predictors against independent references.
 
 * first-step decreases (SGD, zero-state Adam) against the realized loss change
   of a real inserted zero-output block after one torch optimizer step
@@ -16,10 +16,10 @@ import torch
 
 import models_torch as mt
 from satcore import Criteria, InputError, Recipe
-from satcore import predictors as P
-from satcore.depth import DepthStatistics
-from satcore.insertion import predicted_loss_change
-from satcore.statistics import CandidateStatistics
+from satcore._decisions import predictors as P
+from satcore._statistics.depth import DepthStatistics
+from satcore._formulas.insertion import predicted_loss_change
+from satcore._statistics.candidate import CandidateStatistics
 from satcore.adapters.torch import grow, probe
 
 torch.set_num_threads(1)
@@ -183,7 +183,7 @@ def test_predict_gains_refuses_bad_requests():
 
 
 def test_sum_qq_is_the_explicit_gradient_moment_and_survives_merge_and_dumps(tmp_path):
-    from satcore.dump import read_dump, write_dump
+    from satcore._io.dump import read_dump, write_dump
 
     rng = np.random.default_rng(5)
     Q, Psi = rng.normal(size=(40, 3, 4)), rng.normal(size=(40, 3, 6))

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import satcore
-from satcore.statistics import BATCHING_FIELDS, FIELDS
+from satcore._statistics.candidate import BATCHING_FIELDS, FIELDS
 
 
 def one_pass(Q, Psi, variance=True):

@@ -14,10 +14,10 @@ import torch
 
 from models_torch import digits, digits_resnet, per_sample_ce
 from satcore import InputError, InsertionDecision, Recipe
-from satcore.decision import (Calibration, CandidateDecision, TrialCurve, choose, error_scale, extrapolate,
+from satcore._decisions.trials import (Calibration, CandidateDecision, TrialCurve, choose, error_scale, extrapolate,
                               halving_plan, trial_checkpoints, trial_plan, verified_candidate)
 from satcore.adapters.torch import decide, grow, probe_splits
-from satcore.decision_calibration import DEFAULT_CALIBRATION
+from satcore._decisions.calibration import DEFAULT_CALIBRATION
 from satcore.adapters.torch.decide import trial_losses
 from satcore.adapters.torch.expansion import first_order_decision
 from satcore.adapters.torch.probe import CandidatePlan, MemoryPlan, plan
@@ -87,7 +87,7 @@ def test_the_decision_table_says_why_where_its_columns_disagree():
     """Hand-made candidates: a trialled one whose 95% interval reaches 0 beside P(decrease) 0.9999, one whose
     point lies outside its interval, and a consistent one; the rendered decision names each under its table,
     and a decision without such rows has no note."""
-    from satcore.report_text import render_decision
+    from satcore._rendering.table import render_decision
 
     curve = TrialCurve((1, 2), (0.0, -0.1), (0.0, -0.1), 0.01)
     recipe = Recipe("adam", 1e-3, 8, 4)
@@ -109,7 +109,7 @@ def test_a_choice_within_the_standard_error_of_its_runner_up_is_a_close_call():
     squares of the two trials' held-out standard errors, a close call when the margin is the smaller, also when
     a rival predicting more decrease was not credible (negative margin); a stop has none.  The printed decision
     says so in one note, and the JSON carries the three fields."""
-    from satcore.report_text import render_decision
+    from satcore._rendering.table import render_decision
 
     recipe = Recipe("adam", 1e-3, 300, 16, "block")
 
@@ -148,7 +148,7 @@ def test_the_decision_table_says_which_rows_were_eliminated_or_not_trialled():
     screen left out: the printed table says of each row which trial it rests on (the finalist's T2 steps, the
     eliminated one's T1 steps, none), and a note says neither of the others is ever chosen, so the choice does
     not read as a mistake."""
-    from satcore.report_text import render_decision
+    from satcore._rendering.table import render_decision
 
     recipe = Recipe("adam", 1e-3, 300, 16, "block")
     finalist = verified_candidate("m.0", _curve((-0.01, -0.02, -0.03), steps=(28, 56, 113)), 300, NORMAL, -0.3)
@@ -582,8 +582,8 @@ def test_the_printed_decision_says_when_its_held_out_data_is_larger_than_the_cal
     """A note under the table where the trials were read on more held-out samples than the shipped calibration's
     error model was fitted on (``CALIBRATED_HELDOUT_SAMPLES``); none at or below it, and none for a calibration
     of the user's own, whose range satcore does not know."""
-    from satcore.decision_calibration import CALIBRATED_HELDOUT_SAMPLES
-    from satcore.report_text import render_decision
+    from satcore._decisions.calibration import CALIBRATED_HELDOUT_SAMPLES
+    from satcore._rendering.table import render_decision
 
     recipe = Recipe("adam", 1e-3, 300, 16, "block")
     curve = TrialCurve((1, 2), (0.0, -0.1), (0.0, -0.1), 0.01)
@@ -606,7 +606,7 @@ def test_the_printed_decision_of_an_sgd_recipe_says_its_p_decrease_was_the_least
                                                                                           expected):
     """Where the recipe is SGD and the calibration the shipped one (fitted on every recipe pooled), a note says that
     SGD's column was the weakest held out; none for Adam or AdamW, nor for a calibration of the user's own."""
-    from satcore.report_text import render_decision
+    from satcore._rendering.table import render_decision
 
     curve = TrialCurve((1, 2), (0.0, -0.1), (0.0, -0.1), 0.01)
     cand = CandidateDecision("m.0", -0.1, -0.1, (-0.2, -0.05), 0.9, -0.1, curve)

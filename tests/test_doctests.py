@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 
 MODULES = [
-    "satcore.quantities",
-    "satcore._psd",
-    "satcore.alignment",
-    "satcore.insertion",
-    "satcore.optim",
-    "satcore.families",
-    "satcore.sweep",
-    "satcore.verdicts",
-    "satcore.recipe",
-    "satcore.decision",
+    "satcore._formulas.quantities",
+    "satcore._formulas.psd",
+    "satcore._formulas.alignment",
+    "satcore._formulas.insertion",
+    "satcore._formulas.optim",
+    "satcore._formulas.families",
+    "satcore._decisions.sweep",
+    "satcore._decisions.verdicts",
+    "satcore._decisions.recipe",
+    "satcore._decisions.trials",
     "satcore.adapters.batches",  # pure Python, like the core: no framework is imported
     "satcore.adapters.graph",
     "satcore.adapters.options",

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from malformed.corpus import CASE_IDS, cases, object_npy_with_payload, pickle_payload
 from satcore.cli.main import main
-from satcore.dump import DumpError, read_dump
+from satcore._io.dump import DumpError, read_dump
 
 SATCORE = Path(sys.executable).parent / "satcore"
 

@@ -30,9 +30,9 @@ from satcore.adapters.torch.expansion import (  # noqa: E402
     GroupedPlacement, TrialRanking, expand, first_order_decision, insert_blocks, layout_of, place_groups,
     placement_decision, split_batches,
 )
-from satcore.decision import CandidateDecision, TrialCurve  # noqa: E402
-from satcore.decision_calibration import DEFAULT_CALIBRATION  # noqa: E402
-from satcore.errors import InputError  # noqa: E402
+from satcore._decisions.trials import CandidateDecision, TrialCurve  # noqa: E402
+from satcore._decisions.calibration import DEFAULT_CALIBRATION  # noqa: E402
+from satcore._shared.errors import InputError  # noqa: E402
 from satcore.cli.expand import _report, _table_notes  # noqa: E402
 from satcore.cli.main import main  # noqa: E402
 

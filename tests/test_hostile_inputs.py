@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from malformed.hostile import container_cases, cyclic_model, dump_cases, evil_name_dump, write_data
 from satcore.cli.main import main
-from satcore.dump import DumpError, read_dump
+from satcore._io.dump import DumpError, read_dump
 
 SATCORE = [str(Path(sys.executable).parent / "satcore")]
 RSS_LIMIT_BYTES = 200 * 2**20

@@ -26,10 +26,10 @@ import pytest
 from click.testing import CliRunner
 
 from satcore import write_dump
-from satcore._atomic import OutputError, atomic_write, command_inputs
-from satcore._display import display_name
+from satcore._io.atomic import OutputError, atomic_write, command_inputs
+from satcore._shared.display import display_name
 from satcore.cli.main import main
-from satcore.dump import read_dump
+from satcore._io.dump import read_dump
 from test_hostile_inputs import CONTROL, RSS_LIMIT_BYTES, SATCORE, assert_one_line, peak_rss
 
 EVIL = ("blk\x1b]0;PWNED\x07", "two\nline", "clear\x1b[2J\x1b[H", 'quote",comma', "bidi\u202eevil")
@@ -129,10 +129,10 @@ def test_new_file_gets_the_umask_mode(tmp_path):
 @pytest.mark.parametrize("fallback", [False, True])
 def test_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch, fallback):
     """A write that fails with ENOSPC after 1 MiB: one line naming the file, the old file intact, nothing else."""
-    import satcore._atomic
+    import satcore._io.atomic
 
     if fallback:  # the platform without O_TMPFILE: a hidden temporary name, removed on failure
-        monkeypatch.setattr(satcore._atomic, "_unnamed_file", lambda dir_fd: None)
+        monkeypatch.setattr(satcore._io.atomic, "_unnamed_file", lambda dir_fd: None)
     target = tmp_path / "out.npz"
     target.write_bytes(b"old")
 
@@ -323,7 +323,7 @@ def test_tampered_checkpoint_is_refused_naming_file_and_key(checkpoint, tmp_path
 
     import models_torch as mt
     from satcore.adapters.torch import probe
-    from satcore.errors import ProbeError
+    from satcore._shared.errors import ProbeError
 
     source, model, batches = checkpoint
     path = tmp_path / "tampered.npz"
@@ -344,7 +344,7 @@ def test_checkpoint_of_another_model_or_candidates_is_refused(checkpoint):
     import models_torch as mt
     from satcore.adapters.torch import probe
     from satcore.adapters.torch.checkpoint import model_fingerprint
-    from satcore.errors import ProbeError
+    from satcore._shared.errors import ProbeError
 
     path, model, batches = checkpoint
     other = mt.digits_resnet(seed=1)

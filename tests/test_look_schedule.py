@@ -1,4 +1,4 @@
-"""The planned looks of a probe enlarged until it decides (``satcore.verdicts.look_schedule``).
+"""The planned looks of a probe enlarged until it decides (``satcore._decisions.verdicts.look_schedule``).
 
 Under the null (``q`` independent of ``psi``: ``V_pop = 0``; the simulation of
 ``bench/bench_calibration.py --looks``) a sequence of looks that stops at
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from satcore.verdicts import look_schedule
+from satcore._decisions.verdicts import look_schedule
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 

@@ -249,7 +249,7 @@ def run_measured(code: str, tmp_path, env=None) -> dict:
 
 # a script whose result is the refusal's message, or None when the call went through
 REFUSE = """
-    from satcore.errors import InputError
+    from satcore._shared.errors import InputError
     try:
         {call}
         result = {{"refused": None}}
@@ -353,7 +353,7 @@ def test_sums_over_the_memory_budget_are_refused_before_allocating(tmp_path):
         import numpy as np
         from satcore import CandidateStatistics
         from satcore.adapters.onnx import probe
-        from satcore.errors import InputError
+        from satcore._shared.errors import InputError
         refused = []
         for call in (lambda: probe("stack.onnx", [(np.ones((2, 4), np.float32), np.zeros(2, np.int64))],
                                    family="mlp", n_features=40000),
@@ -376,7 +376,7 @@ def test_the_budget_governs_the_sums(monkeypatch):
     """Just under the budget is allowed, just over refused (16 folds of N r, N r and r^2, 8 bytes each, and the
     16 folds' int64 sample counts)."""
     from satcore import CandidateStatistics
-    from satcore.errors import InputError
+    from satcore._shared.errors import InputError
 
     need = 8 * (4 * 8 * 17 + 8 * 8 + 16)
     monkeypatch.setenv("SATCORE_MEMORY_BUDGET", str(need))

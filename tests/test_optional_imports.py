@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from satcore.errors import MissingDependencyError, SatcoreError
+from satcore._shared.errors import MissingDependencyError, SatcoreError
 
 # (what the user imports, the attribute taken from it or None, packages made absent, the line expected)
 CASES = [

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import models_torch as mt
-from satcore.results import json_schema
-from satcore.sweep import depth_sweep, sweep_point
+from satcore._io.schemas import json_schema
+from satcore._decisions.sweep import depth_sweep, sweep_point
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 import satcore
 from satcore.cli.main import main
-from satcore.statistics import CandidateStatistics
+from satcore._statistics.candidate import CandidateStatistics
 
 
 def _batches(rng, n_batches=6, M=10, T=3, N=4, r=5):

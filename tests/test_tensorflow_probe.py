@@ -2,7 +2,7 @@
 
 * feature maps in TF equal the core's NumPy ``Family.features`` (channels-last streams laid
   out like the channels-first core: ``Q`` ``(M, H*W, C)``, patches in ``unfold`` order);
-* per-replica moments equal :func:`satcore.statistics.batch_moments`;
+* per-replica moments equal :func:`satcore._statistics.candidate.batch_moments`;
 * a subclassed token model probed at named layers (a causal-LM-style loss averaged over
   tokens) equals a per-sample loop of ``tf.GradientTape`` (batch of one), and the functional
   copy of the same model, probed at its automatically found residual ``Add`` layers, agrees;
@@ -242,7 +242,7 @@ def test_user_keras_layer_is_a_reparameterised_linear_family(token_setup):
 
 
 def test_save_writes_a_dump_that_reads_back(token_setup, tmp_path):
-    from satcore.dump import read_dump
+    from satcore._io.dump import read_dump
 
     model, batches = token_setup
     result = probe(model, batches, token_loss, candidates=["block0", "block1"], variance=True, split="heldout")

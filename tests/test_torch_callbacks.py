@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from satcore import Recipe
-from satcore.errors import InputError, ProbeError
+from satcore._shared.errors import InputError, ProbeError
 from satcore.adapters.torch import probe
 from test_torch_hf import SENTENCES, causal_lm, tokenizer
 
@@ -153,7 +153,7 @@ def test_trainer_keeps_the_best_model_by_a_satcore_metric(tmp_path):
 def test_trainer_refuses_a_satcore_metric_it_will_never_log_before_training(tmp_path, metric):
     pytest.importorskip("accelerate")
     from satcore.adapters.torch import HFCallback
-    from satcore.errors import InputError
+    from satcore._shared.errors import InputError
 
     callback = HFCallback([collated(SENTENCES[:3])])
     model, trainer = trainer_with(tmp_path, callback, save_strategy="no", metric_for_best_model=metric)

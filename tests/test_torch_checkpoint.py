@@ -72,7 +72,7 @@ def test_progress_bar_counts_samples(capsys):
 
 
 def test_save_writes_a_satcore_dump(tmp_path):
-    from satcore.dump import read_dump
+    from satcore._io.dump import read_dump
 
     model = mt.digits_resnet()
     result = probe(model, mt.digits_batches(4, 2), mt.per_sample_ce, split="heldout", variance=True)
@@ -87,7 +87,7 @@ def test_save_writes_a_satcore_dump(tmp_path):
 
 
 def test_checkpoint_is_a_readable_dump_of_the_partial_probe(tmp_path):
-    from satcore.dump import read_dump
+    from satcore._io.dump import read_dump
 
     model = mt.digits_resnet()
     batches = mt.digits_batches(4, 3)
@@ -116,7 +116,7 @@ def test_a_checkpoint_written_before_the_stream_sums_were_statistics_resumes(tmp
     """Older checkpoints held the stream sums as ``meta.checkpoint.streams`` (JSON numbers), not as
     ``stats/<name>/sum_z_sq``: such a file resumes to exactly the uninterrupted statistics."""
     import satcore
-    from satcore.dump import read_dump
+    from satcore._io.dump import read_dump
 
     model = mt.gpt2()
     batches = mt.text_batches(16, 2, 4)

@@ -9,7 +9,7 @@ import torch
 
 from satcore import psd_spectrum
 from satcore.adapters.torch.moments import conv_batch_moments
-from satcore.families import unfold3x3
+from satcore._formulas.families import unfold3x3
 
 
 @pytest.mark.parametrize("H, W", [(2, 2), (4, 4), (3, 5)])

@@ -1,4 +1,4 @@
-"""Torch feature maps == satcore.families NumPy features (same seed); torch batch
+"""Torch feature maps == satcore._formulas.families NumPy features (same seed); torch batch
 sums == the core's batch_moments; position subsampling is unbiased."""
 
 import itertools

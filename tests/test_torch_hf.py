@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from satcore.statistics import BATCHING_FIELDS
+from satcore._statistics.candidate import BATCHING_FIELDS
 from satcore import CandidateStatistics, InputError, make_family
 from satcore.adapters.torch import Probe, find_blocks, probe
 from satcore.adapters.torch.locate import declared_blocks
@@ -292,7 +292,7 @@ def test_candidates_probed_in_groups_join_to_the_one_pass_probe(tmp_path):
 
     from satcore.adapters.torch import probe_in_groups
     from satcore.cli.main import main
-    from satcore.dump import read_dump
+    from satcore._io.dump import read_dump
 
     model, batches = causal_lm(), lm_batches(False)
     whole = probe(model, batches, variance=True)
@@ -344,7 +344,7 @@ def test_sequence_loss_with_targets_of_another_length_is_one_line():
     """Targets one token short (or long, or flattened) of the inputs: a ProbeError naming both shapes, before any
     statistic is touched (it was torch's cross_entropy complaining about a view)."""
     from satcore.adapters.torch import sequence_loss
-    from satcore.errors import ProbeError
+    from satcore._shared.errors import ProbeError
 
     model = causal_lm()
     ids = torch.tensor(tokenizer()(["one two three four five six"])["input_ids"])

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import models_torch as mt
-from satcore.statistics import BATCHING_FIELDS
+from satcore._statistics.candidate import BATCHING_FIELDS
 from satcore.adapters.torch import probe, sequence_loss
 
 torch.set_num_threads(1)

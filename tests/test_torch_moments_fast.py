@@ -21,7 +21,7 @@ from satcore.adapters.torch.moments import (
     gram,
     kernel_inner_products,
 )
-from satcore.families import conv_gradients, unfold3x3
+from satcore._formulas.families import conv_gradients, unfold3x3
 
 torch.set_num_threads(1)
 

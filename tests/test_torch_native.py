@@ -22,7 +22,7 @@ from torch import nn
 
 import models_torch as mt
 from satcore.adapters.torch import find_blocks, insert_block, probe, sequence_loss
-from satcore.errors import ProbeError
+from satcore._shared.errors import ProbeError
 
 torch.set_num_threads(1)
 

@@ -3,7 +3,7 @@
 The reference runs ONE sample at a time, replaces the stream at ONE candidate
 by a fresh leaf (its own plain hook, not the adapter's taps), takes
 ``torch.autograd.grad(loss_i, z_i)``, computes ``psi`` with the NumPy
-``satcore.families`` (same seed) and accumulates with the core's
+``satcore._formulas.families`` (same seed) and accumulates with the core's
 ``CandidateStatistics.from_samples``.  Real models: a ResNet trained on
 load_digits, Hugging Face GPT-2, GPT-NeoX and Llama trained on English text, a BERT masked LM, and an
 ``nn.TransformerEncoder``.
@@ -16,7 +16,7 @@ import torch
 import models_torch as mt
 from satcore import CandidateStatistics, ag_batch, make_family
 from satcore.adapters.torch import probe, sequence_loss
-from satcore.families import conv_gradients
+from satcore._formulas.families import conv_gradients
 
 torch.set_num_threads(1)
 

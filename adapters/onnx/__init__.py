@@ -3,15 +3,15 @@
 Gradients ``q_i`` at candidate tensors come from a backward graph of standard
 ONNX ops built by :mod:`.autodiff` and run by plain ``onnxruntime`` (imported
 lazily); features from the captured activations with
-:mod:`satcore.families` in NumPy.  Untrusted files are loaded with their
+:mod:`satcore._formulas.families` in NumPy.  Untrusted files are loaded with their
 external data confined to the model's folder (:mod:`.loading`); the probe graph and its gradient session are :mod:`.capture`, candidates :mod:`.locate`.
 """
 
-from satcore._optional import require
+from satcore.adapter_api import require
 
 require("onnx", "onnxruntime", extra="onnx", by="satcore.adapters.onnx")
 
-from satcore.probe_result import ProbeResult
+from satcore import ProbeResult
 
 from .autodiff import supported_ops
 from .errors import OnnxProbeError

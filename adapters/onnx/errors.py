@@ -1,6 +1,6 @@
 """The one exception the ONNX adapter raises for bad models, names and data."""
 
-from satcore.errors import ProbeError
+from satcore import ProbeError
 
 
 class OnnxProbeError(ProbeError):

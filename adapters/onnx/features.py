@@ -1,7 +1,7 @@
 """Family features in NumPy from captured activations (no second framework).
 
-Layouts follow :mod:`satcore.families`: a 4-d activation is channels-first
-``(M, C, H, W)`` (ONNX, PyTorch) and :func:`satcore.families.positions` (the core's
+Layouts follow :mod:`satcore._formulas.families`: a 4-d activation is channels-first
+``(M, C, H, W)`` (ONNX, PyTorch) and :func:`satcore._formulas.families.positions` (the core's
 one definition, used here as is: ONNX Runtime hands out NumPy arrays) makes its
 gradient ``Q`` of shape ``(M, H*W, C)``; 2-d and 3-d activations are ``(M, N)`` /
 ``(M, T, N)``.
@@ -15,7 +15,8 @@ from typing import Callable
 import numpy as np
 
 from satcore.adapters.options import builtin_kind, family_record
-from satcore.families import Family, family_spec, make_family
+from satcore import Family, make_family
+from satcore.adapter_api import family_spec
 
 from .errors import OnnxProbeError
 

@@ -19,7 +19,7 @@ import math
 import os
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
-from satcore._atomic import note_input
+from satcore.adapter_api import note_input
 
 from .errors import OnnxProbeError
 
@@ -200,7 +200,7 @@ def check_tensor_sizes(proto, folder: Path | None) -> None:
     """
     from onnx import TensorProto, helper
 
-    from satcore._arrays import check_memory
+    from satcore.adapter_api import check_memory
 
     total = 0
     for tensor in _tensors(proto.graph):

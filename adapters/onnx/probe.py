@@ -12,12 +12,12 @@ import numpy as np
 from satcore.adapters.base import ProbeOptions, probe_meta, resolve_options, warn_if_training_split
 from satcore.adapters.batches import LABELS
 from satcore.adapters.batches import split_batch as shared_split_batch
-from satcore._arrays import check_feature_count
+from satcore.adapter_api import check_feature_count
 from satcore.adapters.options import per_candidate
-from satcore.depth import DepthStatistics
-from satcore.families import positions
-from satcore.probe_result import ProbeResult
-from satcore.statistics import CandidateStatistics
+from satcore import DepthStatistics
+from satcore.adapter_api import positions
+from satcore import ProbeResult
+from satcore import CandidateStatistics
 
 from .capture import IGNORE_INDEX, LOSS_SCALE, LOSSES, TARGETS, GradientRunner, probe_graph
 from .errors import OnnxProbeError
@@ -201,11 +201,11 @@ def probe(model, data, *, config: ProbeConfig | None = None, **options) -> Probe
     loss_i / d z_i`` comes from our backward graph of the model run by ONNX
     Runtime (:mod:`.autodiff`; ``providers``: its execution providers,
     default ``["CPUExecutionProvider"]``), ``psi`` from
-    :mod:`satcore.families`, and both enter :class:`~satcore.CandidateStatistics`
+    :mod:`satcore._formulas.families`, and both enter :class:`~satcore.CandidateStatistics`
     (``C = (1/M) sum_i Q_i^T Psi_i``, ``K = (1/M) sum_i Psi_i^T Psi_i``; the growth
     value ``sqrt(tr(C K^+ C^T))`` is ``||Pi_S q_S||_S`` of Theorem 2 / Lemma 4).
     ``variance`` also accumulates ``sum_i X_i^T X_i`` (debiased growth value,
-    :mod:`satcore.statistics`).  The model must not mix samples (inference
+    :mod:`satcore._statistics.candidate`).  The model must not mix samples (inference
     graph: no training-mode BatchNormalization); inference BatchNormalization
     is rewritten as an affine map.  ``options`` are the fields of :class:`ProbeConfig` (or ``config``).
     """

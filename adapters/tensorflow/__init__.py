@@ -8,7 +8,7 @@ are summed across replicas with ``strategy.reduce(SUM)``.  ``grow`` inserts the
 gradient-matched (or zero) block at a candidate of a functional model.
 """
 
-from satcore._optional import require
+from satcore.adapter_api import require
 
 require("tensorflow", extra="tensorflow", by="satcore.adapters.tensorflow")
 

@@ -2,7 +2,7 @@
 
 At the end of every ``every_n_epochs``-th epoch the callback probes
 ``self.model`` on ``probe_data`` and adds the report's
-:meth:`~satcore.results.DepthReport.scalars` (keys starting ``satcore/``) to
+:meth:`~satcore.DepthReport.scalars` (keys starting ``satcore/``) to
 the epoch's ``logs``, which Keras hands to the callbacks after this one in
 the list and to the ``History`` that ``fit`` returns: place it before a
 ``keras.callbacks.TensorBoard`` or ``CSVLogger`` that should record them.

@@ -1,6 +1,6 @@
 """TensorFlow feature maps of the candidate families, with the core's seeded weights.
 
-Built-in families take their weights from :func:`satcore.families.make_family`
+Built-in families take their weights from :func:`satcore._formulas.families.make_family`
 (the draw every framework uses) and compute in float64, so ``psi`` equals the
 NumPy reference ``Family.features`` to round-off.  Keras is channels-last: a
 4-d stream is ``(M, H, W, C)``; :func:`positions` views it as ``(M, H*W, C)``
@@ -17,13 +17,14 @@ import numpy as np
 import tensorflow as tf
 
 from satcore.adapters.options import builtin_kind, family_record
-from satcore.families import Family, family_builder, family_spec, make_family, register_builder
+from satcore import Family, make_family
+from satcore.adapter_api import family_builder, family_spec, register_builder
 
 
 def positions(z):
     """``(M, N) -> (M, 1, N)``; ``(M, T, N)`` unchanged; ``(M, H, W, C) -> (M, H*W, C)``.
 
-    The TensorFlow twin of :func:`satcore.families.positions` (the one layout, docs/core.md,
+    The TensorFlow twin of :func:`satcore._formulas.families.positions` (the one layout, docs/core.md,
     Conventions): a channels-last map gives the same ``(M, H*W, C)`` positions as the
     core's channels-first one, pixels row-major.
     """
@@ -71,7 +72,7 @@ for _kind, _builder in (("mlp", _mlp), ("conv", _conv), ("linear", lambda family
 
 def family_features(family: Family, z):
     """``Family.features`` in TF (float64) for a channels-last ``z``: the TensorFlow builder registered
-    for ``family.kind`` (:func:`satcore.families.register_builder`), ``builder(family, z) -> (M, T, r)``
+    for ``family.kind`` (:func:`satcore._formulas.families.register_builder`), ``builder(family, z) -> (M, T, r)``
     with ``z`` already float64."""
     return family_builder("tensorflow", family.kind)(family, tf.cast(z, tf.float64))
 

@@ -24,8 +24,8 @@ import tensorflow as tf
 
 from satcore import DEFAULT_RTOL
 from satcore.adapters.insertion import Grown, insertion_step
-from satcore.families import family_spec, rebuild_family
-from satcore.insertion import plan_insertion
+from satcore.adapter_api import family_spec, rebuild_family
+from satcore import plan_insertion
 
 from .features import family_features
 from .locate import is_functional

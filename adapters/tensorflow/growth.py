@@ -1,4 +1,4 @@
-"""Grow a functional Keras model until the evidence says stop: the core loop (:mod:`satcore.growth`) on Keras.
+"""Grow a functional Keras model until the evidence says stop: the core loop (:mod:`satcore._growth.loop`) on Keras.
 
 The rounds, stop reasons, held-out guard and log are the core's (docs/growth.md).  Keras has no
 native block kinds here: every block is the generic zero-output residual ``z + V psi(z)`` of the
@@ -19,19 +19,12 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from satcore._atomic import atomic_write
-from satcore._display import display_name
-from satcore._zipnpy import NpzArchive, NpzError
-from satcore.errors import GrowthLogError
-from satcore.growth import (
-    AdapterSteps,
-    FirstOrderDecide,
-    GrowthOptions,
-    GrowthResult,
-    GrowthRound,
-    HeldoutGuard,
-    run_growth,
-)
+from satcore.adapter_api import atomic_write
+from satcore.adapter_api import display_name
+from satcore.adapter_api import NpzArchive, NpzError
+from satcore import GrowthLogError
+from satcore import FirstOrderDecide, GrowthOptions, GrowthResult, GrowthRound, HeldoutGuard, run_growth
+from satcore.adapter_api import AdapterSteps
 
 from .grow import InsertedResidual, grow
 from .locate import named_candidates, residual_candidates
@@ -103,7 +96,7 @@ class _CountingProbe:
 
 
 class KerasGrowthSteps(AdapterSteps):
-    """The Keras side of a round (:class:`satcore.growth.GrowthSteps`)."""
+    """The Keras side of a round (:class:`satcore._growth.loop.GrowthSteps`)."""
 
     per_sample_losses = staticmethod(per_sample_losses)
     save_weights = staticmethod(save_weights)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from satcore.moments import BatchMoments, forms_sample_gradients
+from satcore import BatchMoments
+from satcore.adapter_api import forms_sample_gradients
 
 
 def replica_moments(q, psi, *, variance: bool) -> BatchMoments:

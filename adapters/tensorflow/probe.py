@@ -12,10 +12,10 @@ import tensorflow as tf
 from satcore.adapters.base import ProbeOptions, probe_meta, resolve_options, warn_if_training_split
 from satcore.adapters.batches import LABELS, split_batch
 from satcore.adapters.options import per_candidate
-from satcore.depth import DepthStatistics
-from satcore.moments import BatchMoments
-from satcore.probe_result import ProbeResult
-from satcore.statistics import CandidateStatistics
+from satcore import DepthStatistics
+from satcore import BatchMoments
+from satcore import ProbeResult
+from satcore import CandidateStatistics
 
 from .capture import recording, taps
 from .features import feature_map, positions

@@ -21,11 +21,11 @@ decoder by identity blocks where one decision on the user's data says; LLaMA-Pro
 trainer exports); the stream norms (NAG) are the result's ``diagnostics``, from the statistics' stream sums.
 """
 
-from satcore._optional import require
+from satcore.adapter_api import require
 
 require("torch", extra="torch", by="satcore.adapters.torch")
 
-from satcore.results import StreamDiagnostics
+from satcore.adapter_api import StreamDiagnostics
 
 from .capture import StreamTaps
 from .decide import decide

@@ -10,9 +10,9 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from satcore.adapters.base import resolve_options
-from satcore.errors import InputError
-from satcore.families import family_spec
-from satcore.recipe import Recipe
+from satcore import InputError
+from satcore.adapter_api import family_spec
+from satcore import Recipe
 
 from .decide import PROBE_OPTION_NAMES, decide
 from .locate import locate_candidates

@@ -1,6 +1,6 @@
 """Checkpoint and resume of a probe's running sums (a ``satcore-dump/1`` file, no pickle).
 
-A checkpoint is an ordinary dump written by :func:`satcore.dump.write_dump`:
+A checkpoint is an ordinary dump written by :func:`satcore._io.dump.write_dump`:
 the statistics so far as ``stats/<name>/<field>`` (the stream sums among
 them), and in ``meta`` the candidates in order, their feature-map specs and
 ``checkpoint`` = ``{batches_done}`` plus the probe's settings (candidates,
@@ -10,7 +10,7 @@ stream sums hold them as ``checkpoint.streams`` (JSON numbers, which
 round-trip float64 exactly); they still resume.  So
 ``satcore score CHECKPOINT`` reads a partial probe.  ``write_dump`` writes a
 file whole or not at all: an interruption never leaves a torn checkpoint.
-It is read back by :func:`satcore.dump.read_dump`, the bounded reader every
+It is read back by :func:`satcore._io.dump.read_dump`, the bounded reader every
 dump goes through (nothing unpickled, sizes checked before allocating, the
 statistics validated).
 
@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import hashlib
 
-from satcore._display import display_name
-from satcore.depth import DepthStatistics
-from satcore.dump import read_dump, read_dump_meta, write_dump
-from satcore.errors import ProbeError
-from satcore.statistics import CandidateStatistics
+from satcore.adapter_api import display_name
+from satcore import DepthStatistics
+from satcore import read_dump, write_dump
+from satcore.adapter_api import read_dump_meta
+from satcore import ProbeError
+from satcore import CandidateStatistics
 
 
 def save_checkpoint(path, statistics, specs, batches_done: int, config: dict) -> None:

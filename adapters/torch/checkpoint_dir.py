@@ -16,7 +16,7 @@ Token data (``--data``), cut into windows of ``seq_len`` tokens:
   ``input_ids`` list; lines are concatenated.
 
 Every id must lie in ``0 .. vocab_size - 1``.  A problem is one
-:class:`~satcore.errors.InputError` naming the file (and the key or line).
+:class:`~satcore._shared.errors.InputError` naming the file (and the key or line).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from satcore._display import display_name
-from satcore._zipnpy import NpzArchive
-from satcore.errors import InputError, ProbeError
+from satcore.adapter_api import display_name
+from satcore.adapter_api import NpzArchive
+from satcore import InputError, ProbeError
 
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")

@@ -1,4 +1,4 @@
-"""``decide``: where to insert a block under the user's recipe, verified by short trials (:mod:`satcore.decision`).
+"""``decide``: where to insert a block under the user's recipe, verified by short trials (:mod:`satcore._decisions.trials`).
 
 ::
 
@@ -12,7 +12,7 @@ The probe of both splits screens every candidate (:func:`~.splits.probe_splits` 
 :func:`satcore.predict_gains` with the recipe's optimizer, lr and steps); the first
 ``max_trials`` are verified by training the zero-output block in a *copy* of the model
 with the recipe and measuring the held-out loss along the way, by successive halving
-(:func:`satcore.decision.halving_plan`: every one half a trial, the better half trained
+(:func:`satcore._decisions.trials.halving_plan`: every one half a trial, the better half trained
 on) or an even plan (``recipe.steps // verified`` steps each, :func:`trial_losses`).  The
 user's model is never modified.
 """
@@ -30,13 +30,12 @@ import numpy as np
 import torch
 
 from satcore.adapters.batches import split_batch
-from satcore.decision import (CandidateDecision, TrialCurve, choose, halving_plan, paired_standard_error,
-                              trial_checkpoints, trial_plan,
-                              verified_candidate)
-from satcore.decision_calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
-from satcore.errors import InputError
-from satcore.predictors import predict_gains
-from satcore.recipe import Recipe
+from satcore import CandidateDecision, TrialCurve
+from satcore.adapter_api import (choose, halving_plan, paired_standard_error, trial_checkpoints, trial_plan, verified_candidate)
+from satcore.adapter_api import DEFAULT_CALIBRATION, HALVING_CALIBRATION
+from satcore import InputError
+from satcore import predict_gains
+from satcore import Recipe
 
 from .grow import InsertedResidual, grow
 from .hf import model_loss
@@ -315,7 +314,7 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
     schedule : {"even", "halving"}
         How the trials share the recipe's steps.  ``"even"``: each verified candidate is trained
         ``recipe.steps // verified`` steps (:func:`trial_losses`).  ``"halving"`` (successive halving,
-        :func:`satcore.decision.halving_plan`): each is trained half of that, and the half with the
+        :func:`satcore._decisions.trials.halving_plan`): each is trained half of that, and the half with the
         lowest held-out change then trained on with the rest; only those may be chosen (the others
         come back ``eliminated``).  The same cost.  Held out on the bench's 300-step recipes, halving
         ranks the candidates better (best picked in 68% of decisions against 50%) but stops within one
@@ -323,15 +322,15 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
         1000-step recipes it picks no better (51% against 53%) and ranks the candidates it drops worse
         (within-model Spearman +0.31 against +0.50); so it is not the default
         (docs/predictive-validity.md).
-    calibration : satcore.decision.Calibration, optional
+    calibration : satcore._decisions.trials.Calibration, optional
         Default: the shipped one fitted on the bench's trials of ``schedule``
-        (:mod:`satcore.decision_calibration`: ``DEFAULT_CALIBRATION`` for the even plan,
+        (:mod:`satcore._decisions.calibration`: ``DEFAULT_CALIBRATION`` for the even plan,
         ``HALVING_CALIBRATION`` for halving).
     groups : sequence of sequences of candidate names, optional
         Spread the trials over these groups (:func:`grouped_trials`): each group's first
         ``ceil(max_trials / len(groups))`` in the screen's order are verified instead of the
         screen's first ``max_trials``; their steps still add up to at most ``recipe.steps`` where
-        there are no more trials than steps (:func:`satcore.decision.trial_plan`).
+        there are no more trials than steps (:func:`satcore._decisions.trials.trial_plan`).
     max_statistics_bytes : int, optional
         The most probe statistics (both splits' sums, :func:`~.probe.plan`) held at once.  The
         candidates are then probed in consecutive groups that fit (:meth:`~.probe.MemoryPlan.passes`),
@@ -462,7 +461,7 @@ def _even_trials(model, trialled, probed, recipe, train, evaluate, before, loss_
 
 def _halving_trials(model, trialled, probed, recipe, train, evaluate, before, loss_fn, seed):
     """``({name: (curve, eliminated)}, block-steps, {name: per-sample held-out losses at its curve's end})`` by
-    successive halving (:func:`satcore.decision.halving_plan`):
+    successive halving (:func:`satcore._decisions.trials.halving_plan`):
     every trialled candidate ``T1`` steps, set aside; the finalists (lowest held-out change at ``T1``) resumed to
     ``T2``.  A finalist's curve is read at a quarter, half and all of ``T2``, an eliminated one's of ``T1``."""
     verified, first, finalists, second = halving_plan(len(trialled), recipe, len(trialled))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from satcore.depth import DepthStatistics
+from satcore import DepthStatistics
 
 NOT_SUMMED = ("n_positions", "n_folds")  # settings, the same on every rank
 

@@ -49,8 +49,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from satcore.errors import InputError, ProbeError
-from satcore.recipe import Recipe
+from satcore import InputError, ProbeError
+from satcore import Recipe
 
 from .hf import context_length, sequence_loss
 from .locate import HEAD, find_blocks
@@ -117,7 +117,7 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
                          **probe_options) -> ScreenDecision:
     """The first-order screen: probe ``model`` on ``train`` and ``heldout`` (:func:`~.splits.probe_splits`,
     ``family="native"``: the tangent space of the block that will be inserted) and price the
-    recipe's step at every candidate on the held-out folds (:func:`satcore.predictors.predict_gains`).
+    recipe's step at every candidate on the held-out folds (:func:`satcore._decisions.predictors.predict_gains`).
 
     The predicted step is ``recipe.steps`` steps of the recipe's optimizer (Adam for AdamW) on the
     new block's zeroed terminal maps, with the gradient held at its value at insertion.  The

@@ -1,6 +1,6 @@
 """PyTorch feature maps of the candidate families, with the core's seeded weights.
 
-Each built-in family is built from :func:`satcore.families.make_family` (the
+Each built-in family is built from :func:`satcore._formulas.families.make_family` (the
 same ``numpy.random.default_rng(seed)`` draw every framework uses) and its
 weights are copied into tensors, so ``features`` here equals
 ``Family.features`` to float round-off and scores agree across frameworks.
@@ -20,7 +20,7 @@ are ``(M, T, r)``.
   :func:`~.native.insert_block` would insert there (:mod:`.native`, which
   registers it); it needs the model and the candidate, and reads the candidate
   block's other call arguments from ``context``.
-* any other registered kind (:func:`satcore.families.register_family`): the
+* any other registered kind (:func:`satcore._formulas.families.register_family`): the
   torch builder registered for it.
 * a user ``nn.Module`` ``f``: ``psi = f(z)`` of shape ``(M, r)`` or ``(M, T, r)``
   with positions in the layout of ``Q``.
@@ -43,8 +43,9 @@ from torch import nn
 from torch.nn.utils import skip_init
 
 from satcore.adapters.options import builtin_kind, family_record
-from satcore.errors import ProbeError
-from satcore.families import family_builder, family_spec, make_family, register_builder, registered_families
+from satcore import ProbeError
+from satcore import make_family
+from satcore.adapter_api import family_builder, family_spec, register_builder, registered_families
 
 ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
@@ -52,7 +53,7 @@ ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 def positions(z: torch.Tensor) -> torch.Tensor:
     """``z`` as ``(M, T, N)``: ``(M, N) -> (M, 1, N)``, ``(M, C, H, W) -> (M, H*W, C)``.
 
-    The torch twin of :func:`satcore.families.positions` (the one layout, docs/core.md,
+    The torch twin of :func:`satcore._formulas.families.positions` (the one layout, docs/core.md,
     Conventions), for tensors that stay on the model's device and in its graph.
     """
     if z.dim() == 2:
@@ -190,7 +191,7 @@ def build_feature_map(family, z: torch.Tensor, *, seed: int = 0, init_std: float
                       candidate=None, n_features: int | None = None) -> FeatureMap:
     """The feature map for a candidate whose stream looks like ``z``.
 
-    ``family`` is ``"auto"``, a registered kind (:func:`satcore.families.registered_families`:
+    ``family`` is ``"auto"``, a registered kind (:func:`satcore._formulas.families.registered_families`:
     the built-in ``mlp``, ``conv``, ``linear``, ``bias``, and ``native``), or an ``nn.Module``.
     A drawn kind's weights come from ``make_family(kind, width, seed=seed, init_std=init_std)``
     and its torch builder (registered with ``register_builder("torch", kind, builder)``) is

@@ -21,8 +21,8 @@ from torch import nn
 
 from satcore import DEFAULT_RTOL
 from satcore.adapters.insertion import Grown, insertion_step
-from satcore.families import family_spec, registered_families
-from satcore.insertion import plan_insertion
+from satcore.adapter_api import family_spec, registered_families
+from satcore import plan_insertion
 
 from .capture import get_output, get_stream, with_output, with_stream
 from .features import ResidualBranch

@@ -1,4 +1,4 @@
-"""Grow a PyTorch model until the evidence says stop: the core loop (:mod:`satcore.growth`) on torch.
+"""Grow a PyTorch model until the evidence says stop: the core loop (:mod:`satcore._growth.loop`) on torch.
 
 Each round decides where a block goes (by default the first-order verdicts of a probe
 on ``probe_data``, a split the model does not train on; or a pluggable ``decide``),
@@ -37,20 +37,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from satcore._atomic import atomic_write
-from satcore._display import display_name
+from satcore.adapter_api import atomic_write
+from satcore.adapter_api import display_name
 from satcore.adapters.batches import split_batch
-from satcore.errors import GrowthLogError, InputError
-from satcore.growth import (
-    AdapterSteps,
-    FirstOrderDecide,
-    GrowthOptions,
-    GrowthResult,
-    GrowthRound,
-    HeldoutGuard,
-    round_summary,
-    run_growth,
-)
+from satcore import GrowthLogError, InputError
+from satcore import FirstOrderDecide, GrowthOptions, GrowthResult, GrowthRound, HeldoutGuard, run_growth
+from satcore.adapter_api import AdapterSteps, round_summary
 
 from .features import rebuild_feature_map
 from .grow import InsertedResidual, insert_branch
@@ -151,7 +143,7 @@ def _has_module(family) -> bool:
 
 
 class TorchGrowthSteps(AdapterSteps):
-    """The torch side of a round (:class:`satcore.growth.GrowthSteps`)."""
+    """The torch side of a round (:class:`satcore._growth.loop.GrowthSteps`)."""
 
     per_sample_losses = staticmethod(per_sample_losses)
     save_weights = staticmethod(save_weights)
@@ -252,11 +244,11 @@ def grow_until_saturated(
         Where the held-out and training losses are measured each round (without ``train_data``
         the "training" loss logged is the probe split's).  ``heldout_data`` turns the guard on.
     tolerance, rho, alpha : float
-        The first-order decision (:class:`satcore.growth.GrowthCriteria`): a gain of at most
+        The first-order decision (:class:`satcore._growth.loop.GrowthCriteria`): a gain of at most
         ``tolerance`` (loss units) by a block of relative size ``rho`` does not matter; level ``alpha``.
         Needed unless ``decide`` or ``recipe`` decides the rounds (they do not read these).
     max_depth, max_rounds : int
-        Budgets (:class:`satcore.growth.GrowthBudget`).
+        Budgets (:class:`satcore._growth.loop.GrowthBudget`).
     seed : int
         Round ``k`` decides and inserts with seed ``seed * 1000 + k``.
     zero : str
@@ -265,12 +257,12 @@ def grow_until_saturated(
         Start each round's probe with this many batches of ``probe_data`` and enlarge it while
         inconclusive (docs/growth.md); ``probe_data`` then needs a ``len()``.
     log_path : path, optional
-        JSON-lines log (:mod:`satcore.growth_log`); the weights of each round go beside it; an
+        JSON-lines log (:mod:`satcore._growth.log`); the weights of each round go beside it; an
         existing log is resumed (or returned, if its run finished under the same settings).
     family : str or nn.Module
         ``"native"`` (the model's own block), or a family for the generic zero-output residual.
     guard : HeldoutGuard or None
-        The held-out guard (:class:`satcore.growth.HeldoutGuard`); ``None``: measure, never stop on it.
+        The held-out guard (:class:`satcore._growth.loop.HeldoutGuard`); ``None``: measure, never stop on it.
     decide : callable, optional
         ``decide(model, seed)`` -> a decision with ``choice``, ``stop_reason`` and ``to_dict()``
         (the first-order probe by default).

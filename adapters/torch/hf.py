@@ -32,7 +32,7 @@ import functools
 import torch
 from torch import nn
 
-from satcore.errors import ProbeError
+from satcore import ProbeError
 
 IGNORE_INDEX = -100
 TASKS = ("causal_lm", "token", "sequence")

@@ -2,7 +2,7 @@
 
 At the end of every ``every_n_epochs``-th validation epoch (not during the
 sanity check) the callback probes the module on ``probe_data`` and logs the
-report's :meth:`~satcore.results.DepthReport.scalars` (keys starting
+report's :meth:`~satcore.DepthReport.scalars` (keys starting
 ``satcore/``) with ``pl_module.log_dict``: every logger of the Trainer gets
 them, and ``trainer.callback_metrics`` holds them (so a ``ModelCheckpoint``
 can monitor ``satcore/growth_value_max``).  Lightning validates under
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from satcore._optional import require
+from satcore.adapter_api import require
 
 if importlib.util.find_spec("pytorch_lightning") is None:  # else the standalone package serves
     require("lightning", extra="lightning", by="LightningCallback")
@@ -30,7 +30,7 @@ except ImportError:  # the standalone package
 
 from torch import nn
 
-from satcore.errors import InputError
+from satcore import InputError
 
 from .callback_common import callback_places, callback_report, callback_settings
 from .probe import ProbeConfig

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from satcore.errors import ProbeError
+from satcore import ProbeError
 
 STACK_NAMES = ("h", "layers", "layer", "block", "blocks")
 HEAD = "head"

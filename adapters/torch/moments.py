@@ -27,7 +27,8 @@ import math
 import numpy as np
 import torch
 
-from satcore.moments import BatchMoments, forms_sample_gradients
+from satcore import BatchMoments
+from satcore.adapter_api import forms_sample_gradients
 
 
 def float64_device(device: torch.device) -> torch.device:

@@ -93,8 +93,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from satcore.errors import InputError, ProbeError
-from satcore.families import FamilySpec, register_builder, register_family
+from satcore import InputError, ProbeError
+from satcore.adapter_api import FamilySpec, register_builder, register_family
 
 from .capture import with_stream
 from .features import FeatureMap

@@ -33,11 +33,11 @@ from torch import nn
 from satcore.adapters.base import ProbeOptions, probe_meta, resolve_options, warn_if_training_split
 from satcore.adapters.batches import split_batch
 from satcore.adapters.options import per_candidate
-from satcore.depth import DepthStatistics
-from satcore.errors import InputError, ProbeError
-from satcore.statistics import CandidateStatistics
-from satcore._arrays import statistics_bytes
-from satcore.folds import DEFAULT_FOLDS
+from satcore import DepthStatistics
+from satcore import InputError, ProbeError
+from satcore import CandidateStatistics
+from satcore.adapter_api import statistics_bytes
+from satcore.adapter_api import DEFAULT_FOLDS
 
 from .capture import StreamTaps
 from .checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
@@ -401,7 +401,7 @@ class CandidatePlan:
     ``sums_bytes = 8 (N r + r^2 + m N r + m)`` (``sum_cross``, ``sum_gram``,
     the ``m`` folds' ``fold_cross`` and counts; ``+ 8 r^2`` for ``sum_xtx`` with
     ``variance``, ``+ 8 N^2`` for ``sum_qq`` with ``curvature``:
-    :func:`satcore._arrays.statistics_bytes`): held on the model's device by the
+    :func:`satcore._shared.arrays.statistics_bytes`): held on the model's device by the
     running totals and once more on the host (on a CPU model the two are the
     same memory).  ``batch_bytes``: one batch's transient sums and features in the
     batch dtype (``b`` bytes an entry), ``b (N r + 4 M T r + M min(N, T) r)``:

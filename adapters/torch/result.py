@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from satcore.probe_result import ProbeResult as CoreProbeResult
+from satcore import ProbeResult as CoreProbeResult
 
 from .locate import Candidate
 
 
 @dataclass(frozen=True)
 class ProbeResult(CoreProbeResult):
-    """Result of :func:`probe`: :class:`satcore.probe_result.ProbeResult` plus
+    """Result of :func:`probe`: :class:`satcore._io.probe_result.ProbeResult` plus
 
     ``families`` (each candidate's torch feature map) and ``candidates`` (where each
     one was tapped).  The stream diagnostics (``||z||_S``, the RMS norm per position and

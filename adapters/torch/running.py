@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from satcore.moments import BatchMoments
-from satcore.statistics import CandidateStatistics
+from satcore import BatchMoments
+from satcore import CandidateStatistics
 
 from .moments import complete_lower
 

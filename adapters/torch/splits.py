@@ -3,7 +3,7 @@
 :func:`probe_splits` probes the same candidates, with the same feature maps
 (one seed), on two streams of batches.  Its :meth:`SplitResults.report` is the
 held-out probe's report (the tests read the split the model did not train on)
-carrying :func:`satcore.predictors.predict_gains`: per candidate the training
+carrying :func:`satcore._decisions.predictors.predict_gains`: per candidate the training
 gain of a stated optimizer step, fitted on the training split, and that step's
 held-out gain with interval and ``P(decrease)``.
 """
@@ -14,7 +14,8 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from satcore.results import DepthReport, TRAINING_SPLIT_WARNING
+from satcore import DepthReport
+from satcore.adapter_api import TRAINING_SPLIT_WARNING
 
 from .probe import pass_options, plan, probe
 from .result import ProbeResult

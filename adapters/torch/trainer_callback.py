@@ -4,7 +4,7 @@ At every ``every``-th evaluation the callback probes the model on
 ``probe_data`` (a re-iterable: a list of batches or a ``DataLoader``; the
 batch convention is :class:`~.probe.Probe`'s, so ``DataCollator`` batches with
 ``labels`` need no ``loss_fn``) and adds the report's
-:meth:`~satcore.results.DepthReport.scalars` (keys starting ``satcore/``) to
+:meth:`~satcore.DepthReport.scalars` (keys starting ``satcore/``) to
 
 * the evaluation's log entry, which the ``Trainer`` hands to every logger it
   has (``report_to``: TensorBoard, W&B, ...) and keeps in
@@ -33,7 +33,7 @@ from __future__ import annotations
 import sys
 import warnings
 
-from satcore._optional import require
+from satcore.adapter_api import require
 
 require("transformers", "accelerate", extra="hf", by="HFCallback")
 
@@ -43,7 +43,7 @@ from transformers.trainer_callback import CallbackHandler
 import numpy as np
 
 from satcore import CandidateStatistics, DepthStatistics, InsertionDecision
-from satcore.errors import InputError
+from satcore import InputError
 
 from .callback_common import callback_places, callback_report, callback_settings
 from .probe import ProbeConfig
@@ -60,13 +60,13 @@ class HFCallback(TrainerCallback):
     every : probe at every ``every``-th evaluation.
     prefix : start of every metric key.
     eval_prefix : the ``metric_key_prefix`` of the evaluations to follow.
-    report : keyword arguments of :meth:`~satcore.probe_result.ProbeResult.report`
+    report : keyword arguments of :meth:`~satcore._io.probe_result.ProbeResult.report`
         (e.g. ``{"t": 0.01}`` for the separated test, which adds ``satcore/saturated``).
     decide : dict, optional
         Also decide, at each probed evaluation, where to insert a block under a recipe: keyword arguments of
         :func:`~.decide.decide` with at least ``train`` (training batches) and ``recipe`` (a
         :class:`satcore.Recipe`); the held-out split is ``probe_data``.  Its
-        :meth:`~satcore.decision.InsertionDecision.scalars` (``satcore/decision/...``) are logged with the
+        :meth:`~satcore._decisions.trials.InsertionDecision.scalars` (``satcore/decision/...``) are logged with the
         first-order ones and the report leads with it.  Each costs the probe of both splits and trials of at
         most ``recipe.steps`` block-steps (one block trained with the recipe), on a copy of the model, under
         forked random number generators: the training run is the same with or without it.
@@ -128,7 +128,7 @@ class HFCallback(TrainerCallback):
                              f"{sorted(keys)}")
 
     def _logged_keys(self, names: list[str]) -> set[str]:
-        """The keys :meth:`~satcore.results.DepthReport.scalars` gives for these candidates, read off the report of
+        """The keys :meth:`~satcore.DepthReport.scalars` gives for these candidates, read off the report of
         placeholder statistics (16 folds, so with the verdict keys), so that the list never drifts from it."""
         rng = np.random.default_rng(0)
         placeholder = DepthStatistics([(name, CandidateStatistics.from_samples(

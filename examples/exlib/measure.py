@@ -3,7 +3,7 @@
 Everything is computed by satcore: :func:`satcore.adapters.torch.probe`
 accumulates the statistics, :meth:`DepthStatistics.report` scores them and runs
 the separated test of Prop. 1 at a stated error level, and
-:func:`satcore.results.growth_noise_floor` gives the growth value a saturated
+:func:`satcore._scores.scores.growth_noise_floor` gives the growth value a saturated
 candidate would show on the same number of probe samples.
 """
 
@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from satcore.adapters.torch import probe
-from satcore.results import growth_noise_floor
+from satcore._scores.scores import growth_noise_floor
 
 ERROR_LEVEL = 0.1  # error level of the certified test: t = sqrt(sum sigma^2 / (n a))
 

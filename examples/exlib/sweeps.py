@@ -6,12 +6,12 @@ from .output import figure, log_if_spread, save_figure
 
 
 def plateau_note(sweep, rows) -> str:
-    """Where ``satcore.sweep``'s plateau starts and how much loss was gained before and after it.
+    """Where ``satcore._decisions.sweep``'s plateau starts and how much loss was gained before and after it.
 
     ``rows`` carry ``blocks``, ``train_loss`` and ``test_loss`` in depth order.
     """
     p = sweep.plateau
-    rule = f"plateau (satcore.sweep rule on V_max, rel_tol {sweep.rel_tol})"
+    rule = f"plateau (satcore._decisions.sweep rule on V_max, rel_tol {sweep.rel_tol})"
     if p is None:
         return f"{rule}: none -- the growth value is still falling at the deepest model."
     first = next(r for r in rows if r["blocks"] == p.start_depth)

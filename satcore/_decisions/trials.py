@@ -1,0 +1,492 @@
+"""Where to insert a block, whether it will lower the held-out loss under the user's recipe, and when to stop.
+
+The first-order statistics rank every candidate at once but do not predict what
+hundreds of Adam steps do to the held-out loss (docs/predictive-validity.md).  A
+decision is therefore made in two stages:
+
+1. **Screen.**  The probe's predicted held-out gains (:func:`satcore.predict_gains`)
+   order the candidates; the first ``max_trials`` are verified.
+2. **Verify.**  At each verified candidate the zero-output block is inserted into a
+   copy of the model and trained with the user's :class:`~satcore.Recipe`, the trials
+   together costing at most one block trained with the recipe: by an even plan
+   (:func:`trial_plan`, every trial ``T = recipe.steps // n_verified`` steps), or by
+   successive halving (:func:`halving_plan`: every verified candidate trained ``T1``,
+   half of ``T``; the half with the lowest held-out change at ``T1`` trained on to
+   ``T2`` with the rest of the steps, and only those may be chosen, the others
+   ``eliminated``).  The held-out loss is measured at a quarter, half and all of each
+   trial (:class:`TrialCurve`).
+
+The trial's held-out change ``d(t)`` (loss after minus loss before, a harm is
+positive) is extrapolated to the recipe's ``S`` steps along its trend per doubling
+of the steps,
+
+.. math::
+
+    \\hat d(S) = d(T) + \\beta \\, [d(T) - d(T/2)] \\, \\log_2(S / T),
+
+and its error is modelled as ``realized - \\hat d = s z`` with the scale
+``s = se + c |d(T) - d(T/2)| (1 + \\log_2(S/T)) + \\gamma |\\hat d|`` (``se``: the
+standard error of ``d(T)`` from the paired per-sample held-out losses) and ``z``
+drawn from the empirical distribution of normalised residuals measured on the bench
+(split conformal prediction).  ``beta``, ``c``, ``gamma``, the quantiles of ``z``, the
+``P(decrease)`` threshold and the tolerance are fitted on bench model sets
+(:class:`Calibration`; ``bench/decision_validity.py`` fits and scores them leave one
+model set out).  ``P(decrease) = 1 / (1 + exp(a + b \\hat d / s))`` (logistic calibration of
+the standardised prediction, fitted on the bench; ``F_z(-\\hat d / s)`` where no logistic fit is
+given); the ``1 - alpha`` interval is
+``\\hat d + s [Q_z(alpha/2), Q_z(1 - alpha/2)]``.
+
+The choice is the verified candidate with the lowest calibrated held-out change
+among those with ``P(decrease) >= p_threshold``; the decision stops (``choice`` is
+``None``) with ``stop_reason`` ``"no_credible_decrease"`` when no candidate reaches
+the threshold, or ``"gain_below_tolerance"`` when the best predicted decrease is
+below ``tolerance`` times the held-out loss before insertion.
+
+The paper's first-order criterion (Liu et al., "Quantifying Depth Sufficiency in
+Residual Neural Networks: A First-Order Criterion", Theorem 1) says whether a
+zero-output block has a descent direction at all; it is the screen here, never the
+decision.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from .._shared.errors import InputError
+from .recipe import Recipe
+
+STOP_REASONS = ("no_credible_decrease", "gain_below_tolerance", "no_candidates")
+
+
+def paired_standard_error(differences):
+    """The standard error of the mean of paired per-sample ``differences`` along the last axis,
+    ``std(d, ddof=1) / sqrt(n)``: a trial's held-out change (losses after minus before on the same samples),
+    or two trials' difference (both read on the same held-out samples); ``inf`` where ``n < 2``.
+
+    Examples
+    --------
+    >>> round(paired_standard_error([0.1, 0.3, 0.2, 0.4]), 6)
+    0.06455
+    """
+    d = np.asarray(differences, np.float64)
+    n = d.shape[-1]
+    if n < 2:
+        return np.full(d.shape[:-1], math.inf) if d.ndim > 1 else math.inf
+    se = d.std(-1, ddof=1) / math.sqrt(n)
+    return float(se) if d.ndim == 1 else se
+
+
+@dataclass(frozen=True)
+class TrialCurve:
+    """Held-out and training loss changes measured along one short trial.
+
+    Attributes
+    ----------
+    steps : tuple of int
+        Checkpoints (optimizer steps done), strictly increasing; the last is the trial's length.
+    heldout_change, training_change : tuple of float
+        Mean loss after minus mean loss before, at each checkpoint (a harm is positive).
+    heldout_se : float
+        Standard error of the last held-out change (paired per-sample differences).
+    """
+
+    steps: tuple
+    heldout_change: tuple
+    training_change: tuple
+    heldout_se: float
+
+    def __post_init__(self):
+        steps = tuple(int(s) for s in self.steps)
+        if not steps or any(b <= a for a, b in zip(steps, steps[1:])) or steps[0] < 1:
+            raise InputError(f"trial curve: steps must be strictly increasing integers >= 1, got {steps}")
+        for name in ("heldout_change", "training_change"):
+            values = tuple(float(v) for v in getattr(self, name))
+            if len(values) != len(steps) or not all(math.isfinite(v) for v in values):
+                raise InputError(f"trial curve: {name} must hold {len(steps)} finite values")
+            object.__setattr__(self, name, values)
+        object.__setattr__(self, "steps", steps)
+        object.__setattr__(self, "heldout_se", float(self.heldout_se))
+
+    @classmethod
+    def from_losses(cls, steps, heldout_before, heldout_after, training_before, training_after) -> "TrialCurve":
+        """From per-sample losses: ``*_before`` ``(n,)``, ``*_after`` ``(k, n)`` (one row per checkpoint)."""
+        hb, ha = np.asarray(heldout_before, np.float64), np.atleast_2d(np.asarray(heldout_after, np.float64))
+        tb, ta = np.asarray(training_before, np.float64), np.atleast_2d(np.asarray(training_after, np.float64))
+        return cls(tuple(steps), tuple(ha.mean(1) - hb.mean()), tuple(ta.mean(1) - tb.mean()),
+                   paired_standard_error(ha[-1] - hb))
+
+    def at(self, step: float, which: str = "heldout") -> float:
+        """The change at ``step`` (linear in ``log step`` between checkpoints, 0 at step 0, clamped at the end)."""
+        values = self.heldout_change if which == "heldout" else self.training_change
+        if step <= 0:
+            return 0.0
+        if step <= self.steps[0]:
+            return values[0] * step / self.steps[0]
+        return float(np.interp(math.log(step), np.log(self.steps), values))
+
+    def trend(self, which: str = "heldout") -> float:
+        """Change per doubling of the steps at the trial's end: ``d(T) - d(T/2)``."""
+        T = self.steps[-1]
+        values = self.heldout_change if which == "heldout" else self.training_change
+        return values[-1] - self.at(T / 2, which)
+
+    def to_dict(self) -> dict:
+        return {"steps": list(self.steps), "heldout_change": list(self.heldout_change),
+                "training_change": list(self.training_change), "heldout_se": self.heldout_se}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fitted constants of the trial's extrapolation and its error model (module docstring).
+
+    Attributes
+    ----------
+    trend_weight : float
+        ``beta``: weight of the trial's trend per doubling in the extrapolation.
+    relative_scale : float
+        ``gamma``: share of ``|prediction|`` in the error scale.
+    levels, quantiles : tuple of float
+        The normalised residual ``z`` 's empirical quantiles at increasing levels in (0, 1).
+    p_threshold : float
+        Smallest ``P(decrease)`` a candidate may be chosen with.
+    tolerance : float
+        Smallest predicted decrease worth a block, as a fraction of the held-out loss before insertion.
+    source : str
+        Where the constants were fitted.
+    trend_scale : float
+        ``c``: weight of the trial's trend in the error scale.
+    logit_intercept, logit_slope : float
+        ``a``, ``b`` of ``P(decrease) = 1 / (1 + exp(a + b point / scale))``; with ``logit_slope``
+        None, ``P(decrease) = F_z(-point / scale)``.
+    """
+
+    trend_weight: float
+    relative_scale: float
+    levels: tuple
+    quantiles: tuple
+    p_threshold: float
+    tolerance: float
+    source: str = ""
+    trend_scale: float = 1.0
+    logit_intercept: float = 0.0
+    logit_slope: float | None = None
+
+    def __post_init__(self):
+        levels = tuple(float(v) for v in self.levels)
+        quantiles = tuple(float(v) for v in self.quantiles)
+        if len(levels) != len(quantiles) or len(levels) < 2:
+            raise InputError("calibration: levels and quantiles must have the same length >= 2")
+        if any(b <= a for a, b in zip(levels, levels[1:])) or not (0 < levels[0] and levels[-1] < 1):
+            raise InputError("calibration: levels must increase strictly inside (0, 1)")
+        if any(b < a for a, b in zip(quantiles, quantiles[1:])):
+            raise InputError("calibration: quantiles must not decrease")
+        object.__setattr__(self, "levels", levels)
+        object.__setattr__(self, "quantiles", quantiles)
+
+    def cdf(self, z: float) -> float:
+        """``F_z(z)``: linear between the stored quantiles, half the outer level beyond them."""
+        q, p = np.asarray(self.quantiles), np.asarray(self.levels)
+        if z < q[0]:
+            return float(p[0] / 2)
+        if z > q[-1]:
+            return float(1 - (1 - p[-1]) / 2)
+        # flat stretches of the quantile function (ties) take their upper level
+        idx = np.searchsorted(q, z, side="right")
+        if idx == 0:
+            return float(p[0])
+        if idx >= len(q):
+            return float(p[-1])
+        lo, hi = q[idx - 1], q[idx]
+        return float(p[idx - 1] + (p[idx] - p[idx - 1]) * (z - lo) / (hi - lo)) if hi > lo else float(p[idx])
+
+    def quantile(self, level: float) -> float:
+        """``Q_z(level)``, linear between the stored levels, the outer quantile beyond them."""
+        return float(np.interp(level, self.levels, self.quantiles))
+
+    def to_dict(self) -> dict:
+        return {"trend_weight": self.trend_weight, "relative_scale": self.relative_scale,
+                "levels": list(self.levels), "quantiles": list(self.quantiles),
+                "p_threshold": self.p_threshold, "tolerance": self.tolerance, "source": self.source,
+                "trend_scale": self.trend_scale, "logit_intercept": self.logit_intercept,
+                "logit_slope": self.logit_slope}
+
+    def p_decrease(self, standardised: float) -> float:
+        """``P(decrease)`` of a prediction ``point / scale`` (class docstring)."""
+        if self.logit_slope is None:
+            return self.cdf(-standardised)
+        x = self.logit_intercept + self.logit_slope * standardised
+        return float(1.0 / (1.0 + math.exp(min(x, 700.0))))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Calibration":
+        return cls(**data)
+
+
+def extrapolate(curve: TrialCurve, full_steps: int, trend_weight: float, which: str = "heldout") -> float:
+    """``d(T) + beta [d(T) - d(T/2)] log2(S / T)``: the trial's change carried to ``full_steps``."""
+    T = curve.steps[-1]
+    values = curve.heldout_change if which == "heldout" else curve.training_change
+    doublings = max(0.0, math.log2(full_steps / T))
+    return values[-1] + trend_weight * curve.trend(which) * doublings
+
+
+def error_scale(curve: TrialCurve, full_steps: int, point: float, relative_scale: float,
+                trend_scale: float = 1.0) -> float:
+    """``se + c |d(T) - d(T/2)| (1 + log2(S/T)) + gamma |point|``, the scale of the prediction's error."""
+    doublings = max(0.0, math.log2(full_steps / curve.steps[-1]))
+    se = curve.heldout_se if math.isfinite(curve.heldout_se) else 0.0
+    return se + trend_scale * abs(curve.trend()) * (1.0 + doublings) + relative_scale * abs(point)
+
+
+@dataclass(frozen=True)
+class CandidateDecision:
+    """One candidate's evidence.
+
+    ``predicted_heldout_change`` / ``predicted_training_change``: loss after the recipe's
+    training minus loss before (a harm is positive).  For a verified candidate (``trial``
+    set) they are the trial's calibrated extrapolation; for one the screen left out they are
+    the screen's first-order values (``interval`` / ``p_decrease`` from the fold interval,
+    which omits the predictor's own error: such a candidate is never chosen).  ``eliminated``:
+    trialled in the first stage of successive halving (:func:`halving_plan`) and dropped there;
+    its ``trial`` is that shorter one, and it is never chosen.
+    """
+
+    name: str
+    predicted_heldout_change: float
+    predicted_training_change: float
+    interval: tuple
+    p_decrease: float
+    screen_heldout_change: float
+    trial: TrialCurve | None = None
+    eliminated: bool = False
+
+    @property
+    def verified(self) -> bool:
+        return self.trial is not None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "predicted_heldout_change": self.predicted_heldout_change,
+                "predicted_training_change": self.predicted_training_change,
+                "interval": list(self.interval), "p_decrease": self.p_decrease,
+                "screen_heldout_change": self.screen_heldout_change, "verified": self.verified,
+                "eliminated": self.eliminated,
+                "trial": None if self.trial is None else self.trial.to_dict()}
+
+
+def verified_candidate(name: str, curve: TrialCurve, full_steps: int, calibration: Calibration,
+                       screen_heldout_change: float, alpha: float = 0.05) -> CandidateDecision:
+    """A verified candidate's calibrated prediction, interval and ``P(decrease)`` (module docstring)."""
+    point = extrapolate(curve, full_steps, calibration.trend_weight)
+    scale = error_scale(curve, full_steps, point, calibration.relative_scale, calibration.trend_scale)
+    training = extrapolate(curve, full_steps, 1.0, which="training")
+    if scale > 0:
+        interval = (point + scale * calibration.quantile(alpha / 2), point + scale * calibration.quantile(1 - alpha / 2))
+        p_decrease = calibration.p_decrease(point / scale)
+    else:
+        interval, p_decrease = (point, point), float(point < 0)
+    return CandidateDecision(name, float(point), float(training), tuple(float(v) for v in interval),
+                             float(p_decrease), float(screen_heldout_change), curve)
+
+
+# InsertionDecision.scalars' keys: the decision's, and each candidate's in the order it reads them
+_DECISION_SCALARS = ("insert", "cost_block_steps", "close_call")
+_CANDIDATE_SCALARS = ("chosen", "predicted_heldout_change", "p_decrease", "interval_low", "interval_high")
+
+
+@dataclass(frozen=True)
+class InsertionDecision:
+    """Where to insert the next block under a recipe, or why not (:func:`choose`).
+
+    Attributes
+    ----------
+    choice : str or None
+        The candidate to insert at; ``None``: stop.
+    stop_reason : str or None
+        ``"no_credible_decrease"``, ``"gain_below_tolerance"`` or ``"no_candidates"`` when ``choice`` is None.
+    candidates : Mapping[str, CandidateDecision]
+        Every candidate's evidence, in the screen's order.
+    recipe : Recipe
+        The recipe the predictions are for.
+    heldout_loss : float
+        The held-out loss before insertion (the tolerance's unit).
+    cost_block_steps : int
+        The trials' optimizer steps of one inserted block, summed.
+    calibration : Calibration
+        The constants the predictions used.
+    margin_se : float or None
+        The standard error of :attr:`margin`'s difference from the paired per-sample differences of
+        the choice's and the runner-up's held-out losses after their trials (``decide`` sets it);
+        None: bounded by the two trials' standard errors alone (:attr:`margin`).
+    heldout_samples : int or None
+        How many held-out samples the trials were read on (``decide`` sets it); the shipped calibration's
+        error model was fitted on trials read on ``satcore._decisions.calibration.CALIBRATED_HELDOUT_SAMPLES``
+        and is over-confident on many more (docs/predictive-validity.md).
+    """
+
+    choice: str | None
+    stop_reason: str | None
+    candidates: MappingProxyType
+    recipe: Recipe
+    heldout_loss: float
+    cost_block_steps: int
+    calibration: Calibration = field(repr=False)
+    margin_se: float | None = None
+    heldout_samples: int | None = None
+
+    def __post_init__(self):
+        if (self.choice is None) == (self.stop_reason is None):
+            raise InputError("decision: exactly one of choice and stop_reason is set")
+        if self.stop_reason is not None and self.stop_reason not in STOP_REASONS:
+            raise InputError(f"decision: unknown stop_reason {self.stop_reason!r}")
+        if self.choice is not None and self.choice not in self.candidates:
+            raise InputError(f"decision: choice {self.choice!r} is not a candidate")
+        object.__setattr__(self, "candidates", MappingProxyType(dict(self.candidates)))
+
+    @property
+    def cost_fraction(self) -> float:
+        """``cost_block_steps`` over the cost of training one block with the recipe."""
+        return self.cost_block_steps / self.recipe.block_steps()
+
+    @property
+    def runner_up(self) -> str | None:
+        """The chosen candidate's closest rival: among the other verified candidates that could be chosen (not
+        eliminated), the one with the lowest ``predicted_heldout_change``; None without a choice or rival."""
+        if self.choice is None:
+            return None
+        rivals = [c for n, c in self.candidates.items() if n != self.choice and c.verified and not c.eliminated]
+        return min(rivals, key=lambda c: c.predicted_heldout_change).name if rivals else None
+
+    @property
+    def margin(self) -> tuple | None:
+        """``(difference, standard error)``: the runner-up's predicted held-out change minus the choice's
+        (negative where the runner-up predicts the larger decrease but was not credible enough to be chosen),
+        and the standard error of that difference: :attr:`margin_se` where set (``decide``: paired over the
+        held-out samples both trials are evaluated on), else ``sqrt(se_choice^2 + se_runner_up^2)`` from the
+        two trials' own standard errors, which ignores that the two are evaluated on the same samples (their
+        correlation is usually positive, so this overstates it); None without a runner-up.
+
+        A difference below its standard error is a *close call*: the held-out data does not tell the two
+        apart.  On the decision bench (docs/predictive-validity.md) close calls picked the best candidate
+        less often than the others (41% against 61% of the choices)."""
+        if self.runner_up is None:
+            return None
+        first, second = self.candidates[self.choice], self.candidates[self.runner_up]
+        se = self.margin_se if self.margin_se is not None else math.hypot(first.trial.heldout_se,
+                                                                           second.trial.heldout_se)
+        return second.predicted_heldout_change - first.predicted_heldout_change, se
+
+    @property
+    def close_call(self) -> bool:
+        """Whether the choice leads its runner-up by less than the standard error of the difference (:attr:`margin`)."""
+        return self.margin is not None and self.margin[0] < self.margin[1]
+
+    def scalars(self, prefix: str = "satcore/") -> dict[str, float]:
+        """Numbers for a metrics logger, keys starting with ``prefix + "decision/"`` (loggers keep numbers, not
+        names): ``insert`` (1 to insert, 0 to stop), ``cost_block_steps``, ``close_call`` (1/0, with a choice)
+        and per candidate ``<name>/chosen`` (1/0), ``<name>/predicted_heldout_change``, ``<name>/p_decrease``,
+        ``<name>/interval_low`` and ``<name>/interval_high``.  Values that are not finite are left out.
+
+        Examples
+        --------
+        >>> from satcore import Recipe
+        >>> from satcore._decisions.trials import CandidateDecision, TrialCurve, choose
+        >>> from satcore._decisions.calibration import DEFAULT_CALIBRATION
+        >>> trial = TrialCurve((75, 150, 300), (-0.02, -0.04, -0.05), (-0.03, -0.06, -0.08), 0.01)
+        >>> d = choose([CandidateDecision("b0", -0.05, -0.08, (-0.09, -0.01), 0.97, -0.02, trial)],
+        ...            Recipe("adam", 1e-3, 300, 32), 2.0, 300, DEFAULT_CALIBRATION)
+        >>> {k: v for k, v in d.scalars().items() if "interval" not in k}  # doctest: +NORMALIZE_WHITESPACE
+        {'satcore/decision/insert': 1.0, 'satcore/decision/cost_block_steps': 300.0,
+         'satcore/decision/close_call': 0.0, 'satcore/decision/b0/chosen': 1.0,
+         'satcore/decision/b0/predicted_heldout_change': -0.05, 'satcore/decision/b0/p_decrease': 0.97}
+        """
+        head = f"{prefix}decision/"
+        out = {f"{head}insert": float(self.choice is not None), f"{head}cost_block_steps": self.cost_block_steps}
+        if self.choice is not None:
+            out[f"{head}close_call"] = float(self.close_call)
+        for name, c in self.candidates.items():
+            values = (float(name == self.choice), c.predicted_heldout_change, c.p_decrease, *c.interval)
+            out |= {f"{head}{name}/{key}": v for key, v in zip(_CANDIDATE_SCALARS, values, strict=True)}
+        return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}
+
+    @staticmethod
+    def scalar_keys(names, prefix: str = "satcore/") -> set[str]:
+        """Every key :meth:`scalars` can give for candidates ``names`` (a callback checks a metric it is asked to
+        monitor against them before training)."""
+        return ({f"{prefix}decision/{k}" for k in _DECISION_SCALARS}
+                | {f"{prefix}decision/{n}/{k}" for n in names for k in _CANDIDATE_SCALARS})
+
+    def to_dict(self) -> dict:
+        margin = self.margin
+        return {"choice": self.choice, "stop_reason": self.stop_reason,
+                "candidates": {name: c.to_dict() for name, c in self.candidates.items()},
+                "recipe": self.recipe.to_dict(), "heldout_loss": self.heldout_loss,
+                "cost_block_steps": self.cost_block_steps, "cost_fraction": self.cost_fraction,
+                "runner_up": self.runner_up, "margin": None if margin is None else list(margin),
+                "close_call": self.close_call, "heldout_samples": self.heldout_samples,
+                "calibration": self.calibration.to_dict()}
+
+
+def choose(candidates, recipe: Recipe, heldout_loss: float, cost_block_steps: int,
+           calibration: Calibration) -> InsertionDecision:
+    """The decision over ``candidates`` (an iterable of :class:`CandidateDecision`, screen order).
+
+    Among verified candidates with ``p_decrease >= calibration.p_threshold`` the one with the
+    lowest ``predicted_heldout_change``; stop when there is none, or when its predicted decrease
+    is below ``calibration.tolerance * heldout_loss``.
+    """
+    candidates = {c.name: c for c in candidates}
+    verified = [c for c in candidates.values() if c.verified and not c.eliminated]
+    if not verified:
+        reason, choice = "no_candidates", None
+    else:
+        credible = [c for c in verified if c.p_decrease >= calibration.p_threshold]
+        best = min(credible, key=lambda c: c.predicted_heldout_change) if credible else None
+        if best is None:
+            reason, choice = "no_credible_decrease", None
+        elif -best.predicted_heldout_change < calibration.tolerance * abs(heldout_loss):
+            reason, choice = "gain_below_tolerance", None
+        else:
+            reason, choice = None, best.name
+    return InsertionDecision(choice, reason, candidates, recipe, float(heldout_loss), int(cost_block_steps),
+                             calibration)
+
+
+def trial_checkpoints(steps: int) -> tuple:
+    """Where a trial of ``steps`` steps is measured: a quarter, half and all of it (at least step 1)."""
+    return tuple(sorted({max(1, steps // 4), max(1, steps // 2), steps}))
+
+
+def trial_plan(n_candidates: int, recipe: Recipe, max_trials: int = 4) -> tuple[int, int, tuple]:
+    """``(verified, trial steps, checkpoints)``: the first ``min(n, max_trials)`` candidates, each trained
+    ``recipe.steps // verified`` steps (at least 1), measured at a quarter, half and all of it."""
+    if n_candidates < 1:
+        return 0, 0, ()
+    verified = max(1, min(n_candidates, max_trials))
+    T = max(1, recipe.steps // verified)
+    return verified, T, trial_checkpoints(T)
+
+
+def halving_plan(n_candidates: int, recipe: Recipe, max_trials: int = 4) -> tuple[int, int, int, int]:
+    """``(verified, T1, finalists, T2)``: successive halving at the cost of :func:`trial_plan`.
+
+    The ``verified`` candidates of :func:`trial_plan` are each trained ``T1``, half of its trial
+    (at least 1 step); the ``finalists = ceil(verified / 2)`` with the lowest held-out change at
+    ``T1`` are trained on to ``T2 = T1 + (S - verified T1) // finalists`` (``S = recipe.steps``), so
+    that ``verified T1 + finalists (T2 - T1) <= max(S, verified)``.  One candidate gets one trial
+    of ``S`` steps.
+    """
+    verified, T, _ = trial_plan(n_candidates, recipe, max_trials)
+    if verified == 0:
+        return 0, 0, 0, 0
+    first = max(1, T // 2)
+    finalists = math.ceil(verified / 2)
+    return verified, first, finalists, first + max(0, recipe.steps - verified * first) // finalists
+
+
+__all__ = ["Calibration", "CandidateDecision", "InsertionDecision", "STOP_REASONS", "TrialCurve", "choose",
+           "error_scale", "extrapolate", "halving_plan", "paired_standard_error", "trial_checkpoints", "trial_plan",
+           "verified_candidate"]

@@ -1,0 +1,1 @@
+"""The framework-free grow-until-saturated loop and its JSON-lines log."""

@@ -1,0 +1,227 @@
+"""The one way satcore writes an output file (dumps, checkpoints, plots): whole or not at all.
+
+:func:`atomic_write` refuses a target that exists and is not a regular file
+(``-o /dev/null`` would otherwise replace the device node, a FIFO would be
+replaced by a file) or that is one of the command's own inputs (compared as
+files, ``os.path.samefile``: a hard link or another spelling of the path is
+the same input).
+
+On Linux the data goes to an unnamed file in the target's folder
+(``O_TMPFILE``), which is linked into place only once it is complete
+(``linkat`` of ``/proc/self/fd/N``): a process killed while writing, even by
+SIGKILL, leaves no file behind, and a failed write (full disk, ``RLIMIT_FSIZE``)
+leaves the earlier file intact.  When the target already exists the finished
+file is linked under a hidden name and renamed over it (one ``rename``, so a
+reader sees the old file or the new one, never a torn one).  Where the
+platform lacks ``O_TMPFILE`` the data is written under that hidden name
+(``.NAME.PID.RANDOM.part``) from the start; SIGTERM then removes it, SIGKILL
+cannot be caught and may leave it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import errno
+import os
+import secrets
+import signal
+import stat
+import threading
+from typing import BinaryIO, Callable
+
+from .._shared.display import display_name
+from .._shared.errors import SatcoreError
+
+TMPFILE_UNSUPPORTED = {"EOPNOTSUPP", "EISDIR", "EINVAL", "ENOTSUP", "EACCES"}
+
+
+class OutputError(SatcoreError, OSError):
+    """An output that cannot or must not be written; the message names the file (one line)."""
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived while an output was being written."""
+
+
+def _kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+# The files read so far by the running command: {(resolved path, (device, inode)): shown name}; None outside
+# command_inputs(), where reading a file and then writing it (a checkpoint resumed and saved) is legitimate.
+_READ: contextvars.ContextVar[dict | None] = contextvars.ContextVar("satcore_command_inputs", default=None)
+
+
+@contextlib.contextmanager
+def command_inputs():
+    """Within the block, every file noted by :func:`note_input` is an input no output may replace."""
+    token = _READ.set({})
+    try:
+        yield
+    finally:
+        _READ.reset(token)
+
+
+def note_input(path, st: os.stat_result | None = None) -> None:
+    """Record ``path`` (whose ``os.stat`` is ``st`` when known) as read by the running command, if any."""
+    read = _READ.get()
+    if read is None:
+        return
+    try:
+        st = st or os.stat(path)
+    except OSError:
+        return
+    read.setdefault((os.path.realpath(path), (st.st_dev, st.st_ino)), os.fspath(path))  # a file read twice: once
+
+
+def _identity(path) -> tuple[str, tuple[int, int] | None]:
+    """``(resolved path, (device, inode) or None when it cannot be stat'ed)``."""
+    resolved = os.path.realpath(path)
+    try:
+        st = os.stat(path)
+    except OSError:  # an input that is not there (yet) is matched by its path only
+        return resolved, None
+    return resolved, (st.st_dev, st.st_ino)
+
+
+def check_target(path, inputs=()) -> None:
+    """Refuse ``path`` if it exists and is not a regular file, or is one of ``inputs`` or of the files the
+    running command has read (module docstring), by resolved path or as the same file."""
+    target = os.fspath(path)
+    shown = display_name(target)
+    try:
+        existing = os.stat(target)
+    except FileNotFoundError:
+        existing = None
+    except OSError as exc:
+        raise OutputError(f"{shown}: cannot write ({exc.strerror or exc})") from None
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        raise OutputError(f"{shown}: is {_kind(existing.st_mode)}, not a regular file; refusing to replace it")
+    resolved = os.path.realpath(target)
+    file_id = None if existing is None else (existing.st_dev, existing.st_ino)
+    sources = [(os.fspath(s), *_identity(s)) for s in inputs]
+    sources += [(name, *identity) for identity, name in (_READ.get() or {}).items()]
+    for name, source_path, source_id in sources:
+        if source_path == resolved or (file_id is not None and source_id == file_id):
+            raise OutputError(f"{shown}: is also an input of this command ({display_name(name)}); "
+                              "write the output to another file")
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """SIGTERM raises :class:`_Terminated` inside the block (so the cleanup runs), where it would kill."""
+    install = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if install:
+        def handler(signum, frame):
+            raise _Terminated()
+
+        signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    except _Terminated:
+        # cleaned up by now: die of SIGTERM as the process would have, with the usual exit status
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise
+    finally:
+        if install:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _hidden_name(base: str) -> str:
+    return f".{base}.{os.getpid()}.{secrets.token_hex(4)}.part"
+
+
+def _unnamed_file(dir_fd: int) -> int | None:
+    """An ``O_TMPFILE`` descriptor in the folder, or ``None`` where the platform or file system has none."""
+    if not hasattr(os, "O_TMPFILE") or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
+    except OSError as exc:
+        if errno.errorcode.get(exc.errno) in TMPFILE_UNSUPPORTED:
+            return None
+        raise
+
+
+def atomic_write(path, write: Callable[[BinaryIO], None], *, inputs=()) -> None:
+    """Write ``path`` through ``write(stream)`` whole or not at all (module docstring).
+
+    ``inputs``: the files the command read; ``path`` may not be one of them.
+    Raises :class:`OutputError` (an ``OSError``) naming ``path`` when it is
+    refused or the write fails.
+    """
+    target = os.fspath(path)
+    shown = display_name(target)
+    check_target(target, inputs)
+    mode = _kept_mode(target)
+    folder, base = os.path.split(os.path.abspath(target))
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise OutputError(f"{shown}: cannot write into {display_name(folder)} ({exc.strerror or exc})") from None
+    temp = None
+    try:
+        with _sigterm_raises():
+            try:
+                fd = _unnamed_file(dir_fd)
+                if fd is None:
+                    temp = _hidden_name(base)
+                    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
+                try:
+                    with os.fdopen(fd, "wb", closefd=False) as stream:
+                        write(stream)
+                    if mode is not None:
+                        os.fchmod(fd, mode)
+                    check_target(target, inputs)  # again: the target may have been swapped while we wrote
+                    if temp is None:
+                        _link_into_place(fd, base, dir_fd)
+                    else:
+                        os.replace(temp, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                        temp = None
+                finally:
+                    os.close(fd)
+            except BaseException:
+                if temp is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(temp, dir_fd=dir_fd)
+                raise
+    except OSError as exc:
+        if isinstance(exc, OutputError):
+            raise
+        raise OutputError(f"{shown}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        os.close(dir_fd)
+
+
+def _kept_mode(target: str) -> int | None:
+    """The permission bits of the regular file ``target`` replaces (``None``: a new file, umask applies)."""
+    try:
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise OutputError(f"{display_name(target)}: cannot write ({exc.strerror or exc})") from None
+
+
+def _link_into_place(fd: int, base: str, dir_fd: int) -> None:
+    """Give the finished unnamed file its name: directly when the name is free, else by a rename over it."""
+    source = f"/proc/self/fd/{fd}"
+    try:
+        os.link(source, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=True)
+        return
+    except FileExistsError:
+        pass
+    hidden = _hidden_name(base)
+    os.link(source, hidden, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=True)
+    try:
+        os.replace(hidden, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(hidden, dir_fd=dir_fd)
+        raise

@@ -1,0 +1,1 @@
+"""Text renderings of reports (the table `satcore score` prints)."""

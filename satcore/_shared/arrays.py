@@ -1,0 +1,110 @@
+"""Shape handling shared by every array-level function.
+
+The paper writes one column per sample; satcore is sample-first.  A candidate
+with positions (tokens, pixels) has per-sample matrices ``Q_i`` of shape
+``(T, N)`` and ``Psi_i`` of shape ``(T, r)``.  Plain ``(M, N)`` input is the
+``T = 1`` case, so every function works on the 3-d form internally.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import InputError
+
+
+def memory_budget() -> int:
+    """Bytes one planned allocation may take: ``SATCORE_MEMORY_BUDGET`` (default 2 GiB).
+
+    The one budget of satcore: the ``.npz`` reader's members and rows, a
+    probe's running sums, an ONNX model's external data.
+    """
+    from .._io.zipnpy import Limits
+
+    return Limits.from_env().memory_budget
+
+
+def check_memory(n_bytes: int, what: str) -> None:
+    """Refuse, before allocating, ``what`` needing more than :func:`memory_budget` bytes (one line)."""
+    from .._io.zipnpy import ENV_MEMORY_BUDGET
+
+    budget = memory_budget()
+    if n_bytes > budget:
+        raise InputError(f"{what} needs {n_bytes:,} bytes, over the memory budget of {budget:,} bytes "
+                         f"(set {ENV_MEMORY_BUDGET} to raise it)")
+
+
+def check_sizes(**sizes) -> None:
+    """Refuse a size that is not a whole number >= 1 (an empty axis leaves nothing to estimate)."""
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise InputError(f"{name} must be a whole number >= 1, got {value!r}")
+
+
+def statistics_bytes(N: int, r: int, *, variance: bool = False, n_folds: int = 0, curvature: bool = False) -> int:
+    """Bytes of one candidate's float64 running sums: ``N r`` (cross) and ``r^2`` (Gram), ``r^2`` more
+    with ``variance``, ``m N r`` for ``m`` folds (and their ``m`` int64 counts) and ``N^2`` with ``curvature``."""
+    return 8 * (N * r * (1 + n_folds) + n_folds + r * r * (1 + bool(variance)) + (N * N if curvature else 0))
+
+
+def check_feature_count(r) -> None:
+    """Refuse a feature count below 1, or whose ``r x r`` float64 Gram alone is over the memory budget."""
+    check_sizes(n_features=r)
+    check_memory(8 * int(r) ** 2, f"the Gram of r = {r} features")
+
+
+def check_statistics_memory(N: int, r: int, **options) -> None:
+    """:func:`check_sizes` of ``N`` and ``r``, then :func:`check_memory` of :func:`statistics_bytes`."""
+    check_sizes(N=N, r=r)
+    check_memory(statistics_bytes(int(N), int(r), **options),
+                 f"the running sums of a candidate of width N = {N} with r = {r} features")
+
+
+def as_samples(array, name: str, check_finite: bool = True, allow_empty: bool = False) -> np.ndarray:
+    """Return ``array`` as float64 of shape ``(M, T, width)``.
+
+    Accepts ``(M, width)`` (one position per sample) or ``(M, T, width)``.
+    Integer and boolean input is refused: gradients and features are real
+    numbers, and silently casting labels would hide a mistake.  So are NaN and
+    infinite entries (e.g. a float16 overflow upstream): every sum would
+    carry them into the scores.  ``check_finite=False`` leaves that check to
+    a caller that sees it in its sums for free (:func:`refuse_non_finite`).
+    An axis of extent 0 is refused (:class:`~satcore._shared.errors.InputError`):
+    with no sample, position or coordinate there is nothing to estimate;
+    ``allow_empty`` lets a streaming update add a batch of ``M = 0`` samples.
+    """
+    arr = np.asarray(array)
+    if arr.dtype.kind not in "fc" or arr.dtype.kind == "c":
+        raise TypeError(f"{name}: expected a real floating-point array, got dtype {arr.dtype}")
+    if arr.ndim == 2:
+        arr = arr[:, None, :]
+    elif arr.ndim != 3:
+        raise InputError(f"{name}: expected shape (M, N) or (M, T, N), got {arr.shape}")
+    empty = [axis for axis, n in zip(("samples", "positions", "columns"), arr.shape)
+             if n == 0 and not (axis == "samples" and allow_empty)]
+    if empty:
+        raise InputError(f"{name}: shape {np.asarray(array).shape} has no {' and no '.join(empty)} "
+                         "(an axis of extent 0); nothing to estimate")
+    arr = np.asarray(arr, dtype=np.float64)
+    if check_finite:
+        refuse_non_finite(arr, name)
+    return arr
+
+
+def refuse_non_finite(arr: np.ndarray, name: str) -> None:
+    if not np.isfinite(arr).all():
+        bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+        raise InputError(f"{name}: {bad} of {arr.size} entries are NaN or infinite")
+
+
+def as_pair(Q, Psi, check_finite: bool = True, allow_empty: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Both arrays as ``(M, T, width)`` float64 with matching ``M`` and ``T``."""
+    q = as_samples(Q, "Q", check_finite, allow_empty)
+    psi = as_samples(Psi, "Psi", check_finite, allow_empty)
+    # every function of the pair forms C (N x r) and K (r x r), and K can dwarf the arrays themselves
+    check_memory(statistics_bytes(q.shape[2], psi.shape[2]), f"the sums of N = {q.shape[2]} and r = {psi.shape[2]}")
+    if q.shape[:2] != psi.shape[:2]:
+        raise InputError(
+            f"Q has (samples, positions) = {q.shape[:2]} but Psi has {psi.shape[:2]}; they must match"
+        )
+    return q, psi

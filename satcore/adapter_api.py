@@ -1,0 +1,65 @@
+"""Everything the front-ends may import from the core beyond ``satcore``'s own namespace.
+
+The framework adapters (``satcore.adapters.torch``, ``.tensorflow``, ``.onnx``) and the command line
+(``satcore.cli``) import the core from two places only: the package namespace ``satcore`` (the names
+users rely on) and this module (what a front-end needs besides: the trial arithmetic its decision loop
+runs, the feature-family registry its builders join, the safe file readers and writers, the table's
+cells, and the one-line checks every front-end shares).  The layer folders behind it
+(``satcore._formulas``, ``_statistics``, ``_scores``, ``_decisions``, ``_growth``, ``_io``,
+``_rendering``, ``_shared``) are private: their modules may move.  A test checks that no front-end
+imports them directly.
+"""
+
+from ._decisions.calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
+from ._decisions.criteria import DEFAULT_ALPHA
+from ._decisions.predictors import check_paired
+from ._decisions.trials import (
+    choose,
+    halving_plan,
+    paired_standard_error,
+    trial_checkpoints,
+    trial_plan,
+    verified_candidate,
+)
+from ._formulas.families import (
+    FamilySpec,
+    family_builder,
+    family_spec,
+    positions,
+    rebuild_family,
+    register_builder,
+    register_family,
+    registered_families,
+)
+from ._formulas.folds import DEFAULT_FOLDS
+from ._growth.loop import AdapterSteps, round_summary
+from ._io.atomic import OutputError, atomic_write, check_target, command_inputs, note_input
+from ._io.dump import Dump, read_dump_meta
+from ._io.zipnpy import NpyHeader, NpzArchive, NpzError
+from ._rendering.table import decision_interval_notes, num, render_report, table
+from ._scores.scores import StreamDiagnostics
+from ._shared.arrays import check_feature_count, check_memory, statistics_bytes
+from ._shared.display import display_name
+from ._shared.errors import MissingDependencyError
+from ._shared.optional import require
+from ._shared.splits import TRAINING_SPLIT_WARNING, is_training_split
+from ._statistics.moments import forms_sample_gradients
+
+__all__ = [
+    # the trial decision's arithmetic and its shipped calibrations
+    "DEFAULT_CALIBRATION", "HALVING_CALIBRATION", "choose", "halving_plan", "paired_standard_error",
+    "trial_checkpoints", "trial_plan", "verified_candidate", "check_paired", "DEFAULT_ALPHA",
+    # the feature-family registry
+    "FamilySpec", "family_builder", "family_spec", "positions", "rebuild_family", "register_builder",
+    "register_family", "registered_families", "DEFAULT_FOLDS", "forms_sample_gradients",
+    # the growth loop's adapter protocol
+    "AdapterSteps", "round_summary",
+    # files: atomic writes, dumps, the safe .npz reader
+    "OutputError", "atomic_write", "check_target", "command_inputs", "note_input", "Dump", "read_dump_meta",
+    "NpyHeader", "NpzArchive", "NpzError",
+    # rendering
+    "decision_interval_notes", "num", "render_report", "table", "display_name", "StreamDiagnostics",
+    # shared checks
+    "check_feature_count", "check_memory", "statistics_bytes", "MissingDependencyError", "require",
+    "TRAINING_SPLIT_WARNING", "is_training_split",
+]
