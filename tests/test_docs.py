@@ -64,3 +64,14 @@ def test_readme_types_no_test_counts():
     assert typed == []
     assert "pytest --collect-only" in readme
     assert not re.search(r"\babout \d+ tests?\b", readme)
+
+
+def test_the_readme_leads_with_which_tool_answers_which_question_and_stays_short():
+    """The README is the front door: the question-to-tool table first, the details in docs/ (at most 200 lines)."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200
+    headings = [line for line in lines if line.startswith("## ")]
+    assert headings[0] == "## Which tool answers which question"
+    table = "\n".join(lines[lines.index(headings[0]):lines.index(headings[1])])
+    for tool in ("satcore score", "decide(", "grow_until_saturated(", "satcore expand"):
+        assert tool in table, tool
