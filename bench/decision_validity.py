@@ -712,7 +712,7 @@ def main(argv=None) -> int:
         from decision_scores import fit_and_write, tables, variants
 
         if args.fit:
-            fit_and_write(OUT, ROOT / "satcore" / "decision_calibration.py")
+            fit_and_write(OUT, ROOT / "satcore" / "_decisions" / "calibration.py")
         if args.tables:
             print(tables(OUT))
         if args.variants:
