@@ -1056,7 +1056,7 @@ bench's; the bench scores the same fitting procedure leave one model set out
 (docs/predictive-validity.md).  Regenerate with ``python bench/decision_validity.py --fit``.
 """
 
-from .decision import Calibration
+from .trials import Calibration
 
 '''
 
