@@ -40,7 +40,7 @@ seed 2 run, to ``<part>-trialseed2.json`` (with ``--column``, ``<part>-<column>-
 models and trials with every trial also evaluated on a held-out split 4 times the bench's, to
 ``docs/figures/decision_validity_large_heldout/``; ``--large-heldout 16``: 16 times, to ``..._x16/``); ``--tables``
 scores them (``bench/decision_scores.py``) and prints the docs tables; ``--variants`` the
-decision rules tried; ``--fit`` writes ``satcore/_decisions/calibration.py`` from all sets.
+decision rules tried; ``--fit`` writes ``satcore/_decisions/calibrations.json`` from all sets.
 
 **Transfer sets** (``TRANSFER``), which no fit reads: another architecture on data no fitted set uses, recorded
 the same way (``--part gpt2-perldoc`` or ``resmlp-fashion``, with ``--column`` as above; depth sweeps
@@ -701,7 +701,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tables", action="store_true", help="score the recorded parts and print the docs tables")
     parser.add_argument("--variants", action="store_true",
                         help="score the decision rules tried (bench/decision_scores.py VARIANTS) and print their table")
-    parser.add_argument("--fit", action="store_true", help="write satcore/_decisions/calibration.py from every set")
+    parser.add_argument("--fit", action="store_true", help="write satcore/_decisions/calibrations.json from every set")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if args.part:
@@ -712,7 +712,7 @@ def main(argv=None) -> int:
         from decision_scores import fit_and_write, tables, variants
 
         if args.fit:
-            fit_and_write(OUT, ROOT / "satcore" / "_decisions" / "calibration.py")
+            fit_and_write(OUT, ROOT / "satcore" / "_decisions" / "calibrations.json")
         if args.tables:
             print(tables(OUT))
         if args.variants:

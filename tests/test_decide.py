@@ -579,23 +579,23 @@ def test_decide_takes_any_integer_max_trials_and_a_data_loader():
 
 
 def test_the_printed_decision_says_when_its_held_out_data_is_larger_than_the_calibration_was_fitted_on():
-    """A note under the table where the trials were read on more held-out samples than the shipped calibration's
-    error model was fitted on (``CALIBRATED_HELDOUT_SAMPLES``); none at or below it, and none for a calibration
-    of the user's own, whose range satcore does not know."""
-    from satcore._decisions.calibration import CALIBRATED_HELDOUT_SAMPLES
+    """A note under the table where the trials were read on more held-out samples than the calibration's error
+    model was fitted on (its ``heldout_samples``, the shipped file's 96-640); none at or below it, and none for a
+    calibration of the user's own, whose range satcore does not know."""
     from satcore._rendering.table import render_decision
 
     recipe = Recipe("adam", 1e-3, 300, 16, "block")
     curve = TrialCurve((1, 2), (0.0, -0.1), (0.0, -0.1), 0.01)
     cand = CandidateDecision("m.0", -0.1, -0.1, (-0.2, -0.05), 0.9, -0.1, curve)
-    most = CALIBRATED_HELDOUT_SAMPLES[1]
+    assert DEFAULT_CALIBRATION.heldout_samples == (96, 640) and NORMAL.heldout_samples is None
+    most = DEFAULT_CALIBRATION.heldout_samples[1]
 
     def notes(samples, calibration=DEFAULT_CALIBRATION):
         d = dataclasses.replace(choose([cand], recipe, 1.0, 300, calibration), heldout_samples=samples)
         return [line for line in render_decision(d).splitlines() if "held-out samples" in line]
 
     assert len(notes(most + 1)) == 1 and notes(most + 1)[0].startswith(
-        f"note: the trials were read on {most + 1} held-out samples, more than the shipped calibration's")
+        f"note: the trials were read on {most + 1} held-out samples, more than the calibration's")
     assert notes(most) == [] and notes(None) == [] and notes(10 * most, NORMAL) == []
 
 
@@ -613,3 +613,23 @@ def test_the_printed_decision_of_an_sgd_recipe_says_its_p_decrease_was_the_least
     d = choose([cand], Recipe(optimizer, 0.05, 300, 16, "block"), 1.0, 300, calibration)
     notes = [line for line in render_decision(d).splitlines() if line.startswith("note: SGD recipe:")]
     assert len(notes) == expected
+
+
+def test_the_shipped_calibrations_are_a_data_file_with_their_provenance():
+    """``calibrations.json`` (what ``bench/decision_validity.py --fit`` writes) is read into the calibrations
+    decide uses; its provenance says what they were fitted on; a document of another format is refused."""
+    import json
+    from importlib.resources import files
+
+    from satcore._decisions import calibration as shipped
+
+    text = files("satcore._decisions").joinpath("calibrations.json").read_text()
+    data = json.loads(text)
+    assert set(data["provenance"]) == {"written_by", "fitted_on", "evidence"}
+    assert shipped.read_calibrations(text) == {"default": DEFAULT_CALIBRATION, "halving": shipped.HALVING_CALIBRATION}
+    # the constants decide reads, as fitted (an independent read of the file, not through Calibration)
+    assert DEFAULT_CALIBRATION.logit_slope == data["calibrations"]["default"]["logit_slope"]
+    assert list(DEFAULT_CALIBRATION.quantiles) == data["calibrations"]["default"]["quantiles"]
+    assert dict(DEFAULT_CALIBRATION.optimizer_notes) == data["calibrations"]["default"]["optimizer_notes"]
+    with pytest.raises(InputError, match="format must be"):
+        shipped.read_calibrations(json.dumps({**data, "format": "satcore-calibration/0"}))

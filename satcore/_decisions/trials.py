@@ -162,6 +162,12 @@ class Calibration:
     logit_intercept, logit_slope : float
         ``a``, ``b`` of ``P(decrease) = 1 / (1 + exp(a + b point / scale))``; with ``logit_slope``
         None, ``P(decrease) = F_z(-point / scale)``.
+    heldout_samples : tuple of int, optional
+        The fewest and most held-out samples the fitted trials were read on: beyond the most, the error
+        model is not known to hold (the printed decision says so).
+    optimizer_notes : tuple of (str, str)
+        ``(optimizer, what the fit's evidence says of recipes with it)``, printed under a decision whose
+        recipe uses that optimizer.
     """
 
     trend_weight: float
@@ -174,6 +180,8 @@ class Calibration:
     trend_scale: float = 1.0
     logit_intercept: float = 0.0
     logit_slope: float | None = None
+    heldout_samples: tuple | None = None
+    optimizer_notes: tuple = ()
 
     def __post_init__(self):
         levels = tuple(float(v) for v in self.levels)
@@ -186,6 +194,10 @@ class Calibration:
             raise InputError("calibration: quantiles must not decrease")
         object.__setattr__(self, "levels", levels)
         object.__setattr__(self, "quantiles", quantiles)
+        if self.heldout_samples is not None:
+            object.__setattr__(self, "heldout_samples", tuple(int(n) for n in self.heldout_samples))
+        notes = self.optimizer_notes.items() if isinstance(self.optimizer_notes, dict) else self.optimizer_notes
+        object.__setattr__(self, "optimizer_notes", tuple((str(k), str(v)) for k, v in notes))
 
     def cdf(self, z: float) -> float:
         """``F_z(z)``: linear between the stored quantiles, half the outer level beyond them."""
@@ -212,7 +224,9 @@ class Calibration:
                 "levels": list(self.levels), "quantiles": list(self.quantiles),
                 "p_threshold": self.p_threshold, "tolerance": self.tolerance, "source": self.source,
                 "trend_scale": self.trend_scale, "logit_intercept": self.logit_intercept,
-                "logit_slope": self.logit_slope}
+                "logit_slope": self.logit_slope,
+                "heldout_samples": None if self.heldout_samples is None else list(self.heldout_samples),
+                "optimizer_notes": dict(self.optimizer_notes)}
 
     def p_decrease(self, standardised: float) -> float:
         """``P(decrease)`` of a prediction ``point / scale`` (class docstring)."""
@@ -322,8 +336,8 @@ class InsertionDecision:
         the choice's and the runner-up's held-out losses after their trials (``decide`` sets it);
         None: bounded by the two trials' standard errors alone (:attr:`margin`).
     heldout_samples : int or None
-        How many held-out samples the trials were read on (``decide`` sets it); the shipped calibration's
-        error model was fitted on trials read on ``satcore._decisions.calibration.CALIBRATED_HELDOUT_SAMPLES``
+        How many held-out samples the trials were read on (``decide`` sets it); the calibration's
+        error model was fitted on trials read on ``calibration.heldout_samples``
         and is over-confident on many more (docs/predictive-validity.md).
     """
 

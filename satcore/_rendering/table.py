@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from .._shared.display import display_name
 from .._decisions.criteria import Verdict
-from .._decisions.calibration import CALIBRATED_HELDOUT_SAMPLES, DEFAULT_CALIBRATION, HALVING_CALIBRATION
 
 LEGEND = (
     "columns: AG = activation-gradient norm; V = growth value (first-order gain per unit block size, the raw "
@@ -138,20 +137,7 @@ def render_decision(decision) -> str:
             lines.append("note: never chosen: a candidate eliminated in successive halving's first stage (its "
                          "shorter trial's prediction) or not trialled (screen only: first-order values)")
         lines += [f"note: {n}" for n in decision_interval_notes(decision.candidates)]
-        samples = getattr(decision, "heldout_samples", None)
-        if samples is not None and samples > CALIBRATED_HELDOUT_SAMPLES[1] and decision.calibration in (
-                DEFAULT_CALIBRATION, HALVING_CALIBRATION):
-            lines.append(f"note: the trials were read on {samples} held-out samples, more than the shipped "
-                         f"calibration's error model was fitted on (at most {CALIBRATED_HELDOUT_SAMPLES[1]}): on "
-                         "larger held-out splits its intervals and P(decrease) were over-confident on the bench "
-                         "(docs/predictive-validity.md); the ranking is not affected")
-        recipe = getattr(decision, "recipe", None)
-        if getattr(recipe, "optimizer", None) == "sgd" and decision.calibration in (DEFAULT_CALIBRATION,
-                                                                                    HALVING_CALIBRATION):
-            # the calibration is fitted on every recipe pooled; held out, SGD's column was its weakest
-            lines.append("note: SGD recipe: on the decision bench and its transfer sets the short trials of SGD "
-                         "recipes ranked the candidates worst and their P(decrease) was the least reliable of the "
-                         "recipes tried (docs/predictive-validity.md): read P(decrease) as a ranking there")
+        lines += calibration_notes(decision)
         if getattr(decision, "close_call", False):
             difference, se = decision.margin
             runner_up = display_name(decision.runner_up)
@@ -249,3 +235,22 @@ def render_prop1(test) -> str:
         text += (f"\ndetector (Theorem 3): Gamma_hat is {below} tau_n = S n^-1/4 = {num(test.detector_threshold)}"
                  " (a consistency statement as n grows, not a finite-sample verdict)")
     return text
+
+
+def calibration_notes(decision) -> list[str]:
+    """What the decision's calibration says of itself: the held-out sizes its error model was fitted on,
+    and its evidence on the recipe's optimizer (a calibration of the user's own carries neither)."""
+    calibration = getattr(decision, "calibration", None)
+    if calibration is None:
+        return []
+    lines = []
+    samples, fitted = getattr(decision, "heldout_samples", None), calibration.heldout_samples
+    if samples is not None and fitted is not None and samples > fitted[1]:
+        lines.append(f"note: the trials were read on {samples} held-out samples, more than the calibration's error "
+                     f"model was fitted on (at most {fitted[1]}): on larger held-out splits its intervals and "
+                     "P(decrease) were over-confident on the decision bench (docs/predictive-validity.md); the "
+                     "ranking is not affected")
+    optimizer = getattr(getattr(decision, "recipe", None), "optimizer", None)
+    lines += [f"note: {optimizer.upper()} recipe: {text}" for name, text in calibration.optimizer_notes
+              if name == optimizer]
+    return lines
