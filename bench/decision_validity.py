@@ -201,7 +201,7 @@ def record_model(task: dict, log, seeds: tuple = SEEDS, stored: dict | None = No
         for steps in LENGTHS:
             if steps <= longest:
                 out["screen"][f"{column}/{steps}"] = {
-                    name: value[0] for name, value in screen(splits, column_recipe(column, text, steps)).items()}
+                    name: row.heldout_change for name, row in screen(splits, column_recipe(column, text, steps)).items()}
     if stored is not None:
         from decision_scores import model_deviation, model_mismatch
 
@@ -464,7 +464,7 @@ def depth_row(model, loss_fn, family, recipe, train, probe_train, heldout, test,
                                 {"heldout": heldout, "train": probe_train, "test": test}, points, loss_fn, seed=seed - 1)
         trials[name] = {"steps": list(points), **{k: _summary(*measured[k]) for k in ("heldout", "train", "test")}}
     return {"heldout_loss": float(per_sample_eval(model, heldout, loss_fn).mean()),
-            "screen": {k: v[0] for k, v in screened.items()}, "trials": trials}
+            "screen": {k: row.heldout_change for k, row in screened.items()}, "trials": trials}
 
 
 def record_text_sweep(name: str, spec: tuple, seed: int, log, architecture: str = "llama") -> dict:

@@ -100,6 +100,7 @@ from ._growth.loop import (
 from ._growth.log import GrowthLogContents, read_growth_log
 from ._decisions.recipe import Recipe
 from ._decisions.trials import CandidateDecision, InsertionDecision, TrialCurve
+from ._decisions.trial_loop import TrialSettings
 from ._decisions.reporting import depth_report
 from ._decisions.report import REPORT_SCHEMA, DepthReport
 from ._scores.scores import CandidateScore, DepthScores, growth_noise_floor
@@ -236,6 +237,7 @@ __all__ = [
     "InsertionDecision",
     "CandidateDecision",
     "TrialCurve",
+    "TrialSettings",
     # dumps (docs/dump-format.md)
     "DumpError",
     "read_dump",

@@ -2,8 +2,8 @@
 
 The framework adapters (``satcore.adapters.torch``, ``.tensorflow``, ``.onnx``) and the command line
 (``satcore.cli``) import the core from two places only: the package namespace ``satcore`` (the names
-users rely on) and this module (what a front-end needs besides: the trial arithmetic its decision loop
-runs, the feature-family registry its builders join, the safe file readers and writers, the table's
+users rely on) and this module (what a front-end needs besides: the trial decision's loop and the protocol its
+trials implement, the feature-family registry its builders join, the safe file readers and writers, the table's
 cells, and the one-line checks every front-end shares).  The layer folders behind it
 (``satcore._formulas``, ``_statistics``, ``_scores``, ``_decisions``, ``_growth``, ``_io``,
 ``_rendering``, ``_shared``) are private: their modules may move.  A test checks that no front-end
@@ -13,6 +13,18 @@ imports them directly.
 from ._decisions.calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
 from ._decisions.criteria import DEFAULT_ALPHA
 from ._decisions.predictors import check_paired
+from ._decisions.trial_loop import (
+    TRIAL_SPLITS,
+    ScreenRow,
+    Trial,
+    TrialSettings,
+    TrialSteps,
+    check_unexpanded_losses,
+    grouped_trials,
+    measure,
+    screen,
+    trial_decision,
+)
 from ._decisions.trials import (
     choose,
     halving_plan,
@@ -49,6 +61,9 @@ __all__ = [
     # the trial decision's arithmetic and its shipped calibrations
     "DEFAULT_CALIBRATION", "HALVING_CALIBRATION", "choose", "halving_plan", "paired_standard_error",
     "trial_checkpoints", "trial_plan", "verified_candidate", "check_paired", "DEFAULT_ALPHA",
+    # the trial decision's loop: the protocol a framework implements, the screen, the schedules
+    "TRIAL_SPLITS", "ScreenRow", "Trial", "TrialSettings", "TrialSteps", "check_unexpanded_losses", "grouped_trials",
+    "measure", "screen", "trial_decision",
     # the feature-family registry
     "FamilySpec", "family_builder", "family_spec", "positions", "rebuild_family", "register_builder",
     "register_family", "registered_families", "DEFAULT_FOLDS", "forms_sample_gradients",

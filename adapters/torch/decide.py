@@ -8,13 +8,13 @@
                       recipe=Recipe("adam", lr=1e-3, steps=300, batch_size=128))
     decision.choice, decision.stop_reason, decision.candidates[decision.choice or "head"].interval
 
-The probe of both splits screens every candidate (:func:`~.splits.probe_splits` and
-:func:`satcore.predict_gains` with the recipe's optimizer, lr and steps); the first
-``max_trials`` are verified by training the zero-output block in a *copy* of the model
-with the recipe and measuring the held-out loss along the way, by successive halving
-(:func:`satcore._decisions.trials.halving_plan`: every one half a trial, the better half trained
-on) or an even plan (``recipe.steps // verified`` steps each, :func:`trial_losses`).  The
-user's model is never modified.
+The decision is the core's loop (:func:`satcore.adapter_api.trial_decision`: the screen, the
+even plan or successive halving, the calibrated choice); this module supplies its torch side.
+The probe of both splits (:func:`~.splits.probe_splits`) gives the screen's statistics; the
+unexpanded model's per-sample losses (:func:`per_sample_eval`) are what every trial starts from;
+:class:`TorchTrials` trains the zero-output block in a *copy* of the model with the recipe
+(:func:`inserted_copy`, :func:`recipe_optimizer`, :func:`recipe_minibatches`) and reads its
+per-sample losses along the way.  The user's model is never modified.
 """
 
 from __future__ import annotations
@@ -22,20 +22,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import math
-import operator
 from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from satcore.adapters.batches import split_batch
-from satcore import CandidateDecision, TrialCurve
-from satcore.adapter_api import (choose, halving_plan, paired_standard_error, trial_checkpoints, trial_plan, verified_candidate)
-from satcore.adapter_api import DEFAULT_CALIBRATION, HALVING_CALIBRATION
-from satcore import InputError
-from satcore import predict_gains
-from satcore import Recipe
+from satcore import InputError, Recipe
+from satcore.adapter_api import TrialSettings, check_unexpanded_losses, grouped_trials, trial_decision
+from satcore.adapter_api import screen as screen_rows
 
 from .grow import InsertedResidual, grow
 from .hf import model_loss
@@ -177,6 +172,21 @@ def recipe_optimizer(recipe: Recipe, params):
     return torch.optim.Adam(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
 
 
+class TorchTrials:
+    """The torch side of :func:`satcore.adapter_api.trial_decision` (its ``TrialSteps``): trials of the zero-output
+    block at a candidate of ``model``, trained with ``recipe`` on minibatches of ``train`` (:func:`recipe_minibatches`,
+    ``seed``) and read on ``evaluate`` (``{split: batches}``).  ``probed(at)`` returns the probe result whose family
+    the block at ``at`` is built from; it is called again on resume rather than kept (a pass of a memory-bounded
+    probe is dropped once read)."""
+
+    def __init__(self, model, probed, recipe: Recipe, train, evaluate: dict, loss_fn=None, seed: int = 0):
+        self.model, self.probed, self.recipe, self.train = model, probed, recipe, train
+        self.evaluate, self.loss_fn, self.seed = evaluate, loss_fn, seed
+
+    def start(self, at: str) -> "_Trial":
+        return _Trial(self, at)
+
+
 class _Trial:
     """One candidate's trial that can be set aside and resumed: the copy with the block inserted
     (:func:`inserted_copy`), its optimizer and its minibatch stream (:func:`recipe_minibatches`).
@@ -184,24 +194,22 @@ class _Trial:
     ``suspend`` keeps only the trained parameters and the optimizer's state (the rest of the copy is
     frozen, and the trials run in eval mode, so nothing else changes); ``resume`` rebuilds the copy,
     loads them and draws the stream up to the steps done, so that a resumed trial takes exactly the
-    steps an uninterrupted one would.  ``probed()`` returns the probe result whose family the block
-    is built from; it is called again on resume rather than kept (a pass of a memory-bounded probe
-    is dropped once read)."""
+    steps an uninterrupted one would."""
 
-    def __init__(self, model, probed, at: str, recipe: Recipe, train, loss_fn, seed: int):
-        self.model, self.probed, self.at, self.recipe, self.train = model, probed, at, recipe, train
-        self.loss_fn, self.seed, self.done, self.saved = loss_fn, seed, 0, None
+    def __init__(self, source: TorchTrials, at: str):
+        self.source, self.at, self.recipe, self.done, self.saved = source, at, source.recipe, 0, None
         self._build()
 
     def _build(self) -> None:
-        self.grown, self.params = inserted_copy(self.model, self.probed(), self.at, seed=self.seed,
+        source = self.source
+        self.grown, self.params = inserted_copy(source.model, source.probed(self.at), self.at, seed=source.seed,
                                                 trainable=self.recipe.trainable)
         self.opt = recipe_optimizer(self.recipe, self.params)
-        self.stream = recipe_minibatches(self.train, self.recipe.batch_size, self.seed)
+        self.stream = recipe_minibatches(source.train, self.recipe.batch_size, source.seed)
 
     def run_to(self, target: int) -> None:
         device = self.params[0].device
-        loss_fn = _loss_fn(self.grown, self.loss_fn)
+        loss_fn = _loss_fn(self.grown, self.source.loss_fn)
         while self.done < target:
             inputs, targets = next(self.stream)
             inputs, targets = to_device(inputs, device), to_device(targets, device)
@@ -212,13 +220,12 @@ class _Trial:
             self.opt.step()
             self.done += 1
 
-    def losses(self, evaluate: dict) -> dict:
-        out = {name: per_sample_eval(self.grown, data, self.loss_fn) for name, data in evaluate.items()}
-        for name, losses in out.items():
-            if not np.isfinite(losses).all():  # the model's own losses were finite: the recipe diverged here
-                raise InputError(f"the trial at {self.at!r} diverged: its {name} loss is not finite after {self.done} "
-                                 f"{self.recipe.optimizer} steps at lr {self.recipe.lr:g}; lower the recipe's lr")
-        return out
+    def losses(self, split: str) -> np.ndarray:
+        losses = per_sample_eval(self.grown, self.source.evaluate[split], self.source.loss_fn)
+        if not np.isfinite(losses).all():  # the model's own losses were finite: the recipe diverged here
+            raise InputError(f"the trial at {self.at!r} diverged: its {split} loss is not finite after {self.done} "
+                             f"{self.recipe.optimizer} steps at lr {self.recipe.lr:g}; lower the recipe's lr")
+        return losses
 
     def suspend(self) -> None:
         self.saved = ([p.detach().clone() for p in self.params], copy.deepcopy(self.opt.state_dict()))
@@ -255,38 +262,19 @@ def trial_losses(model, result, at: str, recipe: Recipe, train, evaluate: dict, 
         before = {name: per_sample_eval(model, data, loss_fn) for name, data in evaluate.items()}
     elif set(evaluate) - set(before):
         raise InputError(f"trial_losses: before= lacks {sorted(set(evaluate) - set(before))}")
-    trial = _Trial(model, lambda: result, at, recipe, train, loss_fn, seed)
+    trial = TorchTrials(model, lambda _: result, recipe, train, evaluate, loss_fn, seed).start(at)
     after = {name: [] for name in evaluate}
     for target in checkpoints:
         trial.run_to(target)
-        for name, losses in trial.losses(evaluate).items():
-            after[name].append(losses)
+        for name in evaluate:
+            after[name].append(trial.losses(name))
     return {"steps": checkpoints, **{name: (before[name], np.stack(after[name])) for name in evaluate}}
 
 
 def screen(splits, recipe: Recipe) -> dict:
-    """Per candidate ``(held-out change, its HeldoutGain, training change)``: the first-order predicted
-    changes (loss after minus before) of the recipe's steps (:func:`satcore.predict_gains`; AdamW is priced as Adam), ``None`` where a candidate cannot be
-    scored; ordered from the largest predicted decrease."""
-    # the screen prices the recipe's steps without weight decay (AdamW as Adam): its first-order step
-    step = Recipe("sgd" if recipe.optimizer == "sgd" else "adam", recipe.lr, recipe.steps, recipe.batch_size,
-                  recipe.trainable)
-    train, held = splits.train.statistics, splits.heldout.statistics
-    gains = predict_gains(train, held, step)
-    changes = {c.name: (-c.heldout.value, c.heldout, -c.training_gain) for c in gains.candidates}
-    return dict(sorted(changes.items(), key=lambda kv: kv[1][0]))
-
-
-def grouped_trials(names, groups, max_trials: int) -> list[str]:
-    """The candidates a grouped trial plan verifies: each group's first ``ceil(max_trials / len(groups))``
-    (at least 1) of ``names`` (the screen's order), returned in that order; names of a group that are
-    not in ``names`` (not scored) are skipped."""
-    per_group = max(1, math.ceil(max_trials / max(1, len(groups))))
-    order = {name: i for i, name in enumerate(names)}
-    picked = set()
-    for group in groups:
-        picked.update(sorted((n for n in group if n in order), key=order.get)[:per_group])
-    return [n for n in names if n in picked]
+    """``{name: ScreenRow}`` of :func:`satcore.adapter_api.screen` on both splits' statistics (``splits``: a
+    :class:`~.splits.SplitResults`), ordered from the largest predicted held-out decrease."""
+    return {row.name: row for row in screen_rows(splits.train.statistics, splits.heldout.statistics, recipe)}
 
 
 @_with_gradients
@@ -314,7 +302,7 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
     schedule : {"even", "halving"}
         How the trials share the recipe's steps.  ``"even"``: each verified candidate is trained
         ``recipe.steps // verified`` steps (:func:`trial_losses`).  ``"halving"`` (successive halving,
-        :func:`satcore._decisions.trials.halving_plan`): each is trained half of that, and the half with the
+        :func:`satcore.adapter_api.halving_plan`): each is trained half of that, and the half with the
         lowest held-out change then trained on with the rest; only those may be chosen (the others
         come back ``eliminated``).  The same cost.  Held out on the bench's 300-step recipes, halving
         ranks the candidates better (best picked in 68% of decisions against 50%) but stops within one
@@ -364,17 +352,7 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
     if unknown := sorted(set(probe_options) - PROBE_OPTION_NAMES):
         raise TypeError(f"decide() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; besides its "
                         f"own it takes the probe's options: {', '.join(sorted(PROBE_OPTION_NAMES))}")
-    if schedule not in ("halving", "even"):
-        raise InputError(f"decide: schedule must be 'halving' or 'even', got {schedule!r}")
-    try:  # any integer, numpy's included; not a bool, float or str
-        count = None if isinstance(max_trials, bool) else operator.index(max_trials)
-    except TypeError:
-        count = None
-    if count is None or count < 1:
-        raise InputError(f"decide: max_trials must be a positive integer, got {max_trials!r}")
-    max_trials = count
-    if calibration is None:
-        calibration = HALVING_CALIBRATION if schedule == "halving" else DEFAULT_CALIBRATION
+    settings = TrialSettings(max_trials, schedule, calibration, groups)
     for split, data in (("training", train), ("held-out", heldout)):
         if isinstance(data, Mapping) or (isinstance(data, tuple) and len(data) == 2 and torch.is_tensor(data[0])):
             raise InputError(f"decide: the {split} data is one batch; pass an iterable of batches, e.g. [batch]")
@@ -393,30 +371,17 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
     # the unexpanded model's losses, once, before the probe so that a loss without per-sample values or a held-out
     # split too small for a standard error is refused first: every trial starts from them (its block is the identity)
     before = {split: per_sample_eval(model, data, loss_fn) for split, data in evaluate.items()}
-    for split, losses in before.items():
-        if not np.isfinite(losses).all():
-            raise InputError(f"decide: the model's loss is not finite on {int((~np.isfinite(losses)).sum())} of "
-                             f"{losses.size} {'held-out' if split == 'heldout' else 'training'} samples before any "
-                             "block is inserted (loss_fn or the model gives NaN or inf)")
-    if before["heldout"].size < 2:
-        raise InputError(f"decide: the held-out data holds {before['heldout'].size} sample(s); a trial's held-out "
-                         "change needs at least 2 for its standard error")
+    check_unexpanded_losses(before)
     probe_options.update(candidates=candidates, family=family, seed=seed)
-    screened, pass_of = {}, {}
+    screened, pass_of = [], {}
 
     def read(selection, splits):
-        screened.update(screen(splits, recipe))
+        screened.extend(screen(splits, recipe).values())
         pass_of.update(dict.fromkeys(splits.train.statistics, selection))
 
     # the trials need only the training split's statistics: the last pass's held-out split goes here
     _, last = probe_splits_in_passes(model, train, heldout, loss_fn, read, max_statistics_bytes=max_statistics_bytes,
                                      **probe_options)
-    screened = dict(sorted(screened.items(), key=lambda kv: kv[1][0]))
-    names = list(screened)
-    if groups is None:
-        trialled = names[:trial_plan(len(names), recipe, max_trials)[0]]
-    else:
-        trialled = grouped_trials(names, groups, max_trials)
 
     def probed(name):
         if name in last.statistics:
@@ -424,74 +389,8 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
         # an earlier pass's: its statistics are gone, its group is probed again
         return probe_training_split(model, train, loss_fn, **probe_options | pass_of[name])
 
-    run = _halving_trials if schedule == "halving" else _even_trials
-    curves, cost, final = run(model, trialled, probed, recipe, train, evaluate, before, loss_fn, seed)
-    out = []
-    for name in names:
-        screen_change, fold_gain, training_change = screened[name]
-        if name in curves:
-            curve, eliminated = curves[name]
-            candidate = verified_candidate(name, curve, recipe.steps, calibration, screen_change)
-            out.append(dataclasses.replace(candidate, eliminated=True) if eliminated else candidate)
-        else:
-            low, high = fold_gain.interval  # the fold interval only: never chosen (not verified)
-            out.append(CandidateDecision(name, screen_change, training_change, (-high, -low), fold_gain.p_decrease,
-                                         screen_change))
-    decision = dataclasses.replace(choose(out, recipe, float(before["heldout"].mean()), cost, calibration),
-                                   heldout_samples=int(before["heldout"].size))
-    if decision.runner_up is None:
-        return decision
-    # the margin's standard error paired over the held-out samples both trials were evaluated on
-    return dataclasses.replace(decision, margin_se=paired_standard_error(final[decision.runner_up]
-                                                                         - final[decision.choice]))
+    trials = TorchTrials(model, probed, recipe, train, evaluate, loss_fn, seed)
+    return trial_decision(trials, screened, before, recipe, settings)
 
 
-def _even_trials(model, trialled, probed, recipe, train, evaluate, before, loss_fn, seed):
-    """``({name: (curve, eliminated)}, block-steps, {name: per-sample held-out losses at the trial's end})``:
-    every trialled candidate ``recipe.steps // n`` steps."""
-    verified, T, checkpoints = trial_plan(len(trialled), recipe, len(trialled))
-    curves, final = {}, {}
-    for name in trialled:
-        measured = trial_losses(model, probed(name), name, recipe.with_steps(T), train, evaluate, checkpoints,
-                                loss_fn, seed=seed, before=before)
-        curves[name] = (TrialCurve.from_losses(checkpoints, *measured["heldout"], *measured["train"]), False)
-        final[name] = measured["heldout"][1][-1]
-    return curves, verified * T, final
-
-
-def _halving_trials(model, trialled, probed, recipe, train, evaluate, before, loss_fn, seed):
-    """``({name: (curve, eliminated)}, block-steps, {name: per-sample held-out losses at its curve's end})`` by
-    successive halving (:func:`satcore._decisions.trials.halving_plan`):
-    every trialled candidate ``T1`` steps, set aside; the finalists (lowest held-out change at ``T1``) resumed to
-    ``T2``.  A finalist's curve is read at a quarter, half and all of ``T2``, an eliminated one's of ``T1``."""
-    verified, first, finalists, second = halving_plan(len(trialled), recipe, len(trialled))
-    late = trial_checkpoints(second)
-    measured, trials = {}, {}
-    for name in trialled:
-        trial = _Trial(model, lambda name=name: probed(name), name, recipe, train, loss_fn, seed)
-        measured[name] = {}
-        for t in sorted(set(trial_checkpoints(first)) | {t for t in late if t <= first}):
-            trial.run_to(t)
-            measured[name][t] = trial.losses(evaluate)
-        trial.suspend()
-        trials[name] = trial
-    kept = sorted(trialled, key=lambda n: float(np.mean(measured[n][first]["heldout"] - before["heldout"])))
-    kept = kept[:finalists]
-    for name in kept:
-        trial = trials[name]
-        trial.resume()
-        for t in late:
-            if t > first:
-                trial.run_to(t)
-                measured[name][t] = trial.losses(evaluate)
-    curves, final = {}, {}
-    for name in trialled:
-        points = late if name in kept else trial_checkpoints(first)
-        after = {split: np.stack([measured[name][t][split] for t in points]) for split in evaluate}
-        curve = TrialCurve.from_losses(points, before["heldout"], after["heldout"], before["train"], after["train"])
-        curves[name] = (curve, name not in kept)
-        final[name] = after["heldout"][-1]
-    return curves, verified * first + finalists * (second - first), final
-
-
-__all__ = ["decide", "grouped_trials", "inserted_copy", "per_sample_eval", "recipe_minibatches", "screen", "trial_losses"]
+__all__ = ["TorchTrials", "decide", "grouped_trials", "inserted_copy", "per_sample_eval", "recipe_minibatches", "screen", "trial_losses"]

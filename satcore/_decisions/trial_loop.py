@@ -1,0 +1,292 @@
+"""The trial decision's loop, framework-free: screen -> trials by a schedule -> calibrated choice.
+
+:func:`trial_decision` is what ``decide`` runs in every framework adapter
+(``satcore.adapters.torch.decide``, ``satcore.adapters.tensorflow.decide``).  The adapter
+probes both splits and evaluates the unexpanded model; the loop
+
+1. **screens**: orders the candidates by the first-order predicted held-out change of the
+   recipe's steps (:func:`screen`, from the probe's statistics) and picks the ones to verify:
+   the first ``max_trials`` (:func:`~satcore._decisions.trials.trial_plan`), or each group's
+   first (:func:`grouped_trials`);
+2. **trials** them through the adapter's :class:`TrialSteps` by a schedule: the even plan
+   (every trial ``T = S // verified`` steps, measured at a quarter, half and all of it) or
+   successive halving (every trial ``T1`` steps and set aside; the half with the lowest
+   held-out change at ``T1`` resumed to ``T2``; :func:`~satcore._decisions.trials.halving_plan`);
+3. **decides**: each trial's :class:`~satcore._decisions.trials.TrialCurve` priced at the
+   recipe's length (:func:`~satcore._decisions.trials.verified_candidate`), screen-only rows
+   carried as the screen gave them, and :func:`~satcore._decisions.trials.choose`; the margin's
+   standard error paired over the held-out samples the choice and its runner-up share.
+
+Nothing here imports a framework: the adapter's trial steps insert, train and evaluate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from collections.abc import Mapping
+from typing import Protocol
+
+import numpy as np
+
+from .._shared.errors import InputError
+from .calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
+from .predictors import predict_gains
+from .recipe import Recipe
+from .trials import (CandidateDecision, InsertionDecision, TrialCurve, choose, halving_plan, paired_standard_error,
+                     trial_checkpoints, trial_plan, verified_candidate)
+
+SCHEDULES = ("even", "halving")
+# the splits a trial reads, in the order it reads them (the held-out first: a divergence is named by it)
+TRIAL_SPLITS = ("heldout", "train")
+
+
+class Trial(Protocol):
+    """One candidate's trial, as a framework adapter runs it (:meth:`TrialSteps.start` makes one).
+
+    A trial is a *copy* of the user's model with a zero-output block inserted at one candidate
+    (so that before any step it computes what the model does), the parameters
+    ``recipe.trainable`` names trainable and every other one frozen, the recipe's optimizer
+    from a zero state, and a seeded stream of ``recipe.batch_size`` minibatches of the training
+    split.  The user's model is never modified.
+    """
+
+    def run_to(self, step: int) -> None:
+        """Take optimizer steps, one minibatch each, until ``step`` steps have been taken in all since
+        :meth:`TrialSteps.start` (``step`` never decreases from one call to the next)."""
+
+    def losses(self, split: str) -> np.ndarray:
+        """The per-sample losses ``(n,)`` (float64) of the trained copy, in evaluation mode, on ``split``
+        (``"heldout"`` or ``"train"``): the same samples in the same order as the unexpanded model's
+        losses the loop was given, so that the changes are paired.  Raises
+        :class:`satcore.InputError` naming the candidate, the steps and the recipe's lr where a loss
+        is not finite (the recipe diverged on the inserted block)."""
+
+    def suspend(self) -> None:
+        """Set the trial aside: keep only what :meth:`resume` needs (the trained parameters, the
+        optimizer's state, the steps taken) and release the copy."""
+
+    def resume(self) -> None:
+        """Rebuild a suspended trial so that the steps it takes next are exactly those an
+        uninterrupted trial would take (the same parameters, optimizer state and minibatches)."""
+
+
+class TrialSteps(Protocol):
+    """What a framework adapter supplies to :func:`trial_decision`: one method."""
+
+    def start(self, at: str) -> Trial:
+        """A new :class:`Trial` at candidate ``at``, no step taken (its losses are the unexpanded
+        model's)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ScreenRow:
+    """The first-order screen's evidence on one candidate (:func:`screen`).
+
+    ``heldout_change`` / ``training_change``: the predicted change (loss after minus before; a
+    harm is positive) of the recipe's steps on the held-out and the training split;
+    ``interval`` and ``p_decrease``: the held-out change's fold interval and its probability of
+    a decrease (which omit the predictor's own error).
+    """
+
+    name: str
+    heldout_change: float
+    training_change: float
+    interval: tuple
+    p_decrease: float
+
+    def candidate(self) -> CandidateDecision:
+        """The row as a candidate the trials did not verify (never chosen)."""
+        return CandidateDecision(self.name, self.heldout_change, self.training_change, self.interval,
+                                 self.p_decrease, self.heldout_change)
+
+
+def screen(train_statistics, heldout_statistics, recipe: Recipe) -> list[ScreenRow]:
+    """Every scored candidate's :class:`ScreenRow`, from the largest predicted held-out decrease.
+
+    The first-order predicted gains (:func:`satcore.predict_gains`) of ``recipe.steps`` steps of
+    the recipe's optimizer at its lr, without weight decay (AdamW priced as Adam: the screen is a
+    first-order step), fitted on ``train_statistics`` and tested on ``heldout_statistics``
+    (:class:`satcore.DepthStatistics` of the same candidates and feature maps).
+    """
+    step = Recipe("sgd" if recipe.optimizer == "sgd" else "adam", recipe.lr, recipe.steps, recipe.batch_size,
+                  recipe.trainable)
+    rows = []
+    for c in predict_gains(train_statistics, heldout_statistics, step).candidates:
+        low, high = c.heldout.interval
+        rows.append(ScreenRow(c.name, -c.heldout.value, -c.training_gain, (-high, -low), c.heldout.p_decrease))
+    return sorted(rows, key=operator.attrgetter("heldout_change"))
+
+
+def grouped_trials(names, groups, max_trials: int) -> list[str]:
+    """The candidates a grouped trial plan verifies: each group's first ``ceil(max_trials / len(groups))``
+    (at least 1) of ``names`` (the screen's order), returned in that order; names of a group that are
+    not in ``names`` (not scored) are skipped."""
+    per_group = max(1, math.ceil(max_trials / max(1, len(groups))))
+    order = {name: i for i, name in enumerate(names)}
+    picked = set()
+    for group in groups:
+        picked.update(sorted((n for n in group if n in order), key=order.get)[:per_group])
+    return [n for n in names if n in picked]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialSettings:
+    """How the trials are planned (:func:`trial_decision`).
+
+    Attributes
+    ----------
+    max_trials : int
+        How many candidates, in the screen's order, are verified by a trial (a positive integer).
+    schedule : {"even", "halving"}
+        How the trials share the recipe's steps: the even plan or successive halving (module
+        docstring); the same cost.
+    calibration : Calibration, optional
+        The trials' extrapolation and error model; default the shipped one fitted on the bench's
+        trials of ``schedule`` (``DEFAULT_CALIBRATION``, ``HALVING_CALIBRATION``).
+    groups : sequence of sequences of candidate names, optional
+        Spread the trials over these groups (:func:`grouped_trials`) instead of the screen's first
+        ``max_trials``.
+    """
+
+    max_trials: int = 4
+    schedule: str = "even"
+    calibration: object = None
+    groups: tuple | None = None
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise InputError(f"decide: schedule must be 'halving' or 'even', got {self.schedule!r}")
+        try:  # any integer, numpy's included; not a bool, float or str
+            count = None if isinstance(self.max_trials, bool) else operator.index(self.max_trials)
+        except TypeError:
+            count = None
+        if count is None or count < 1:
+            raise InputError(f"decide: max_trials must be a positive integer, got {self.max_trials!r}")
+        object.__setattr__(self, "max_trials", count)
+        if self.calibration is None:
+            shipped = HALVING_CALIBRATION if self.schedule == "halving" else DEFAULT_CALIBRATION
+            object.__setattr__(self, "calibration", shipped)
+
+    def trialled(self, names: list, recipe: Recipe) -> list[str]:
+        """The candidates among ``names`` (the screen's order) the trials verify."""
+        if self.groups is None:
+            return names[:trial_plan(len(names), recipe, self.max_trials)[0]]
+        return grouped_trials(names, self.groups, self.max_trials)
+
+
+def check_unexpanded_losses(before: Mapping) -> None:
+    """Refuse per-sample losses of the unexpanded model (``{"heldout": (n,), "train": (m,)}``) that no trial
+    can start from: a loss that is not finite, or fewer than 2 held-out samples (no standard error)."""
+    for split, losses in before.items():
+        if not np.isfinite(losses).all():
+            raise InputError(f"decide: the model's loss is not finite on {int((~np.isfinite(losses)).sum())} of "
+                             f"{losses.size} {'held-out' if split == 'heldout' else 'training'} samples before any "
+                             "block is inserted (loss_fn or the model gives NaN or inf)")
+    if before["heldout"].size < 2:
+        raise InputError(f"decide: the held-out data holds {before['heldout'].size} sample(s); a trial's held-out "
+                         "change needs at least 2 for its standard error")
+
+
+def trial_decision(steps: TrialSteps, screened, before: Mapping, recipe: Recipe,
+                   settings: TrialSettings) -> InsertionDecision:
+    """Where to insert the next block under ``recipe``, or why to stop (module docstring).
+
+    Parameters
+    ----------
+    steps : TrialSteps
+        The framework's trials.
+    screened : iterable of ScreenRow
+        Every candidate's screen (:func:`screen`; rows of several probe passes may be joined:
+        they are ordered here, ties kept in the order given).
+    before : mapping
+        The unexpanded model's per-sample losses on ``"heldout"`` and ``"train"``
+        (:func:`check_unexpanded_losses`): every trial starts from them (its block is the identity).
+    recipe : Recipe
+        How the user will train the inserted block; the trials together take at most its steps.
+    settings : TrialSettings
+        How many trials, by which schedule, under which calibration.
+
+    Returns
+    -------
+    InsertionDecision
+        With ``heldout_samples`` and, where the choice has a runner-up, ``margin_se`` set.
+    """
+    rows = {row.name: row for row in sorted(screened, key=operator.attrgetter("heldout_change"))}
+    trialled = settings.trialled(list(rows), recipe)
+    run = _halving_trials if settings.schedule == "halving" else _even_trials
+    curves, cost, final = run(steps, trialled, recipe, before)
+    out = []
+    for name, row in rows.items():
+        if name in curves:
+            curve, eliminated = curves[name]
+            candidate = verified_candidate(name, curve, recipe.steps, settings.calibration, row.heldout_change)
+            out.append(dataclasses.replace(candidate, eliminated=True) if eliminated else candidate)
+        else:
+            out.append(row.candidate())
+    decision = dataclasses.replace(choose(out, recipe, float(before["heldout"].mean()), cost, settings.calibration),
+                                   heldout_samples=int(before["heldout"].size))
+    if decision.runner_up is None:
+        return decision
+    # the margin's standard error paired over the held-out samples both trials were evaluated on
+    return dataclasses.replace(decision, margin_se=paired_standard_error(final[decision.runner_up]
+                                                                         - final[decision.choice]))
+
+
+def measure(trial: Trial, checkpoints) -> dict:
+    """``{step: {split: per-sample losses}}``: ``trial`` run to each of ``checkpoints`` (increasing) in turn and
+    read on every split of :data:`TRIAL_SPLITS` there."""
+    out = {}
+    for step in checkpoints:
+        trial.run_to(step)
+        out[step] = {split: trial.losses(split) for split in TRIAL_SPLITS}
+    return out
+
+
+def _curve(points, measured: dict, before: Mapping) -> tuple[TrialCurve, np.ndarray]:
+    """The trial's curve at ``points`` and its per-sample held-out losses at the last of them."""
+    after = {split: np.stack([measured[t][split] for t in points]) for split in TRIAL_SPLITS}
+    curve = TrialCurve.from_losses(points, before["heldout"], after["heldout"], before["train"], after["train"])
+    return curve, after["heldout"][-1]
+
+
+def _even_trials(steps: TrialSteps, trialled, recipe: Recipe, before: Mapping):
+    """``({name: (curve, eliminated)}, block-steps, {name: per-sample held-out losses at the trial's end})``:
+    every trialled candidate ``recipe.steps // n`` steps."""
+    verified, T, checkpoints = trial_plan(len(trialled), recipe, len(trialled))
+    curves, final = {}, {}
+    for name in trialled:
+        # each trial is released once measured: one copy of the model at a time
+        curve, final[name] = _curve(checkpoints, measure(steps.start(name), checkpoints), before)
+        curves[name] = (curve, False)
+    return curves, verified * T, final
+
+
+def _halving_trials(steps: TrialSteps, trialled, recipe: Recipe, before: Mapping):
+    """``({name: (curve, eliminated)}, block-steps, {name: per-sample held-out losses at its curve's end})`` by
+    successive halving (:func:`~satcore._decisions.trials.halving_plan`): every trialled candidate ``T1`` steps,
+    set aside; the finalists (lowest held-out change at ``T1``) resumed to ``T2``.  A finalist's curve is read at
+    a quarter, half and all of ``T2``, an eliminated one's of ``T1``."""
+    verified, first, finalists, second = halving_plan(len(trialled), recipe, len(trialled))
+    late = trial_checkpoints(second)
+    measured, trials = {}, {}
+    for name in trialled:
+        trial = steps.start(name)
+        measured[name] = measure(trial, sorted(set(trial_checkpoints(first)) | {t for t in late if t <= first}))
+        trial.suspend()
+        trials[name] = trial
+    kept = sorted(trialled, key=lambda n: float(np.mean(measured[n][first]["heldout"] - before["heldout"])))
+    kept = kept[:finalists]
+    for name in kept:
+        trials[name].resume()
+        measured[name] |= measure(trials[name], [t for t in late if t > first])
+    curves, final = {}, {}
+    for name in trialled:
+        curve, final[name] = _curve(late if name in kept else trial_checkpoints(first), measured[name], before)
+        curves[name] = (curve, name not in kept)
+    return curves, verified * first + finalists * (second - first), final
+
+
+__all__ = ["SCHEDULES", "TRIAL_SPLITS", "ScreenRow", "Trial", "TrialSettings", "TrialSteps", "check_unexpanded_losses",
+           "grouped_trials", "measure", "screen", "trial_decision"]
