@@ -17,6 +17,8 @@ weights are cached per process, so repeated calls are cheap and independent):
   ``BasicBlock`` written here: ``conv1/bn1/relu(inplace)/conv2/bn2`` plus
   ``downsample``; stages ``layer1`` (8 ch, 8x8) and ``layer2`` (16 ch, stride 2)),
   residual blocks ``layer1.0, layer1.1, layer2.0, layer2.1``;
+* :class:`ResidualMLP` -- flattened digits, ``x + W2 relu(W1 x)`` blocks ``blocks.*``
+  (untrained; :mod:`models_keras` ports it to Keras with the same weights);
 * :func:`digits_transformer` -- ``nn.TransformerEncoder`` (2 layers, d 32,
   batch_first) over the 8 image rows as tokens, blocks ``encoder.layers.0/1``;
   ``batch_first=False`` gives the same weights in PyTorch's default
@@ -111,6 +113,33 @@ class BasicBlock(nn.Module):
         out = self.bn2(self.conv2(out))
         out += identity
         return self.relu(out)
+
+
+class MLPBlock(nn.Module):
+    """``x + W2 relu(W1 x)``."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class ResidualMLP(nn.Module):
+    """Flattened digits -> ``embed`` -> ``blocks`` (a stack of :class:`MLPBlock`) -> classes."""
+
+    def __init__(self, width=16, depth=2, classes=10):
+        super().__init__()
+        self.embed = nn.Linear(64, width)
+        self.blocks = nn.ModuleList(MLPBlock(width) for _ in range(depth))
+        self.fc = nn.Linear(width, classes)
+
+    def forward(self, x):
+        h = self.embed(x.flatten(1))
+        for block in self.blocks:
+            h = block(h)
+        return self.fc(h)
 
 
 class DigitsResNet(nn.Module):

@@ -31,6 +31,9 @@ keras = pytest.importorskip("keras")
 pytest.importorskip("onnxruntime")
 
 import models_torch  # noqa: E402
+from models_keras import copied_dense, keras_mlp  # noqa: E402
+from models_keras import to_numpy as _np  # noqa: E402
+from models_torch import ResidualMLP  # noqa: E402
 
 import satcore  # noqa: E402
 from satcore import CandidateStatistics, make_family  # noqa: E402
@@ -41,41 +44,10 @@ SEED = 3
 BATCH, EXPORT_BATCH = 12, 4
 
 
-class MLPBlock(torch.nn.Module):
-    """``x + W2 relu(W1 x)``."""
-
-    def __init__(self, width):
-        super().__init__()
-        self.fc1, self.fc2 = torch.nn.Linear(width, 2 * width), torch.nn.Linear(2 * width, width)
-
-    def forward(self, x):
-        return x + self.fc2(torch.relu(self.fc1(x)))
-
-
-class ResidualMLP(torch.nn.Module):
-    """Flattened digits -> ``embed`` -> ``blocks`` (a stack of :class:`MLPBlock`) -> classes."""
-
-    def __init__(self, width=16, depth=2, classes=10):
-        super().__init__()
-        self.embed = torch.nn.Linear(64, width)
-        self.blocks = torch.nn.ModuleList(MLPBlock(width) for _ in range(depth))
-        self.fc = torch.nn.Linear(width, classes)
-
-    def forward(self, x):
-        h = self.embed(x.flatten(1))
-        for block in self.blocks:
-            h = block(h)
-        return self.fc(h)
-
-
 def residual_mlp():
     torch.manual_seed(0)
     return models_torch._train_classifier(ResidualMLP(), steps=100, seed=0)
 
-
-
-def _np(t):
-    return t.detach().cpu().numpy()
 
 
 def _conv(torch_conv, name, stride=1):
@@ -91,26 +63,6 @@ def _conv(torch_conv, name, stride=1):
 def _bn(torch_bn, name):
     bn = keras.layers.BatchNormalization(epsilon=torch_bn.eps, name=name)
     return bn, [_np(torch_bn.weight), _np(torch_bn.bias), _np(torch_bn.running_mean), _np(torch_bn.running_var)]
-
-
-def keras_mlp(torch_model) -> keras.Model:
-    """:class:`ResidualMLP` in Keras (same weights); its input is the flattened ``(64,)`` digit."""
-    weights = []
-
-    def dense(x, lin, name, activation=None):
-        layer = keras.layers.Dense(lin.out_features, activation=activation, name=name)
-        weights.append((layer, [_np(lin.weight).T, _np(lin.bias)]))
-        return layer(x)
-
-    x_in = keras.Input((64,), name="x")
-    h = dense(x_in, torch_model.embed, "embed")
-    for i, block in enumerate(torch_model.blocks):
-        f = dense(dense(h, block.fc1, f"b{i}_fc1", activation="relu"), block.fc2, f"b{i}_fc2")
-        h = keras.layers.Add(name=f"b{i}_add")([h, f])
-    model = keras.Model(x_in, dense(h, torch_model.fc, "fc"), name="residual_mlp")
-    for layer, w in weights:
-        layer.set_weights(w)
-    return model
 
 
 def keras_resnet(torch_model) -> keras.Model:
@@ -174,9 +126,7 @@ def keras_transformer(torch_model) -> keras.Model:
     weights = []
 
     def dense(x, lin, name, activation=None):
-        layer = keras.layers.Dense(lin.out_features, activation=activation, name=name)
-        weights.append((layer, [_np(lin.weight).T, _np(lin.bias)]))
-        return layer(x)
+        return copied_dense(x, lin, name, weights, activation)
 
     def norm(x, ln, name):
         layer = keras.layers.LayerNormalization(epsilon=ln.eps, name=name)

@@ -1,0 +1,276 @@
+"""``decide`` on Keras: where to insert a block under the user's recipe, verified by short trials.
+
+::
+
+    from satcore import Recipe, TrialSettings
+    from satcore.adapters.tensorflow import decide
+    decision = decide(model, train_batches, heldout_batches, loss_fn,
+                      recipe=Recipe("adam", lr=1e-3, steps=300, batch_size=128),
+                      trials=TrialSettings(max_trials=4, schedule="even"))
+
+The decision is the core's loop (:func:`satcore.adapter_api.trial_decision`), the one the torch
+``decide`` runs: the same screen, schedules, calibration and :class:`satcore.InsertionDecision`.
+This module supplies the Keras side: both splits probed with the Keras :func:`~.probe.probe`
+(the same feature maps, one seed), the unexpanded model's per-sample losses, and
+:class:`KerasTrials`, which trains the zero-output block of :func:`~.grow.grow` (``zero=True``:
+an :class:`~.grow.InsertedResidual` whose ``V`` starts at 0) in a rebuilt copy of the functional
+model.  The copy runs with ``training=False`` throughout, as the torch trials run in eval mode;
+only ``V`` trains (the block's feature map is the probe's fixed seeded family, so
+``recipe.trainable`` must be ``"terminal"``).
+
+The recipe's optimizer is applied as the torch one is (:class:`RecipeOptimizer`: SGD and Adam
+with an L2 penalty, AdamW with decoupled decay, Adam's ``eps`` 1e-8 added to the bias-corrected
+root), not by ``keras.optimizers`` (whose Adam adds ``eps`` before the bias correction and whose
+weight decay is decoupled for every optimizer), so that a recipe means one thing in both
+frameworks.  Minibatches are drawn as the torch ones are (the pooled samples in a fresh seeded
+permutation each pass), from NumPy's generator: for the same seed the two frameworks draw
+different orders, the same minibatches only where each holds the whole training split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+from collections.abc import Mapping
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from satcore import InputError, Recipe
+from satcore.adapter_api import TRAINING_SPLIT_WARNING, TrialSettings, check_unexpanded_losses, screen, trial_decision
+
+from .grow import InsertedResidual, grow
+from .probe import ProbeConfig, _unpack, probe
+
+PROBE_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(ProbeConfig)) - {"seed", "split"}
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
+
+
+def _samples(tree) -> int:
+    return int(tf.shape(tf.nest.flatten(tree)[0])[0])
+
+
+def per_sample_eval(model, batches, loss_fn) -> np.ndarray:
+    """Per-sample losses (float64) of ``model`` (``training=False``) over ``(x, y)`` batches; a ``(B, T)`` loss is
+    averaged over ``T`` (as the Keras probe reads it)."""
+    out = []
+    for batch in batches:
+        x, y = _unpack(batch)
+        values = tf.convert_to_tensor(loss_fn(y, model(x, training=False)))
+        if values.shape.rank == 0:  # a batch mean: the trials' paired standard errors need one loss per sample
+            raise InputError("decide: loss_fn returned a 0-d loss (a batch mean?); decide needs per-sample losses of "
+                             "shape (B,), e.g. a Keras loss with reduction=None")
+        if values.shape[0] != _samples(x):
+            raise InputError(f"decide: loss_fn returned shape {tuple(values.shape)} for a batch of {_samples(x)} "
+                             "samples; decide needs per-sample losses of shape (B,), e.g. reduction=None")
+        if values.shape.rank > 1:
+            values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
+        out.append(np.asarray(values, dtype=np.float64))
+    return np.concatenate(out)
+
+
+def recipe_minibatches(batches: list, batch_size: int, seed: int):
+    """An endless stream of ``(x, y)`` minibatches of ``batch_size`` samples drawn from the ``batches`` (pooled; a
+    fresh permutation from ``numpy.random.default_rng(seed)`` each pass; every sample in each minibatch where the
+    batches hold fewer than ``batch_size``), or, where the batches cannot be pooled (inputs of different
+    shapes), the batches themselves in a seeded order."""
+    pairs = [_unpack(b) for b in batches]
+    rng = np.random.default_rng(int(seed))
+    try:
+        pooled = tf.nest.map_structure(lambda *parts: np.concatenate([np.asarray(p) for p in parts]), *pairs)
+    except ValueError:
+        while True:
+            for i in rng.permutation(len(pairs)):
+                yield pairs[i]
+    n = _samples(pooled)
+    while True:
+        order = rng.permutation(n)
+        for start in range(0, n - batch_size + 1 if n >= batch_size else 1, batch_size):
+            idx = order[start : start + batch_size]
+            yield tf.nest.map_structure(lambda a: a[idx], pooled)
+
+
+class RecipeOptimizer:
+    """``recipe``'s optimizer over NumPy arrays, as ``torch.optim`` steps it.
+
+    With gradient ``g`` of parameter ``p``, weight decay ``w``, learning rate ``lr`` and step ``t``:
+    SGD ``p -= lr (g + w p)``; Adam ``g += w p``, ``m = b1 m + (1 - b1) g``,
+    ``v = b2 v + (1 - b2) g^2``, ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``
+    (``b1, b2 = 0.9, 0.999``, ``eps = 1e-8``); AdamW: ``p *= 1 - lr w``, then Adam without ``w``.
+    ``state`` (``t``, ``m``, ``v``) is what a suspended trial keeps.
+    """
+
+    def __init__(self, recipe: Recipe):
+        self.recipe, self.state = recipe, {"t": 0, "m": None, "v": None}
+
+    def step(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """``p`` after one step along gradient ``g`` (a new array)."""
+        lr, decay, kind = self.recipe.lr, self.recipe.weight_decay, self.recipe.optimizer
+        if kind == "adamw":
+            p = p * (1.0 - lr * decay)
+        elif decay:
+            g = g + decay * p
+        if kind == "sgd":
+            return p - lr * g
+        b1, b2 = ADAM_BETAS
+        s = self.state
+        s["t"] += 1
+        s["m"] = (1 - b1) * g if s["m"] is None else b1 * s["m"] + (1 - b1) * g
+        s["v"] = (1 - b2) * g * g if s["v"] is None else b2 * s["v"] + (1 - b2) * g * g
+        denominator = np.sqrt(s["v"]) / np.sqrt(1 - b2 ** s["t"]) + ADAM_EPS
+        return p - lr / (1 - b1 ** s["t"]) * s["m"] / denominator
+
+
+class KerasTrials:
+    """The Keras side of :func:`satcore.adapter_api.trial_decision` (its ``TrialSteps``): trials of the zero-output
+    block at a candidate of ``model`` (probed in ``result``), trained with ``recipe`` on minibatches of ``train``
+    (:func:`recipe_minibatches`, ``seed``) and read on ``evaluate`` (``{split: batches}``)."""
+
+    def __init__(self, model, result, recipe: Recipe, evaluate: dict, loss_fn, seed: int = 0):
+        self.model, self.result, self.recipe = model, result, recipe
+        self.evaluate, self.loss_fn, self.seed = evaluate, loss_fn, seed
+
+    def start(self, at: str) -> "_KerasTrial":
+        return _KerasTrial(self, at)
+
+
+class _KerasTrial:
+    """One candidate's trial (:class:`satcore.adapter_api.Trial`): the grown copy, ``V``, the optimizer and the
+    minibatch stream; ``suspend`` keeps ``V`` and the optimizer's state, ``resume`` rebuilds the copy and draws the
+    stream up to the steps done."""
+
+    def __init__(self, source: KerasTrials, at: str):
+        self.source, self.at, self.done, self.saved = source, at, 0, None
+        self.optimizer = RecipeOptimizer(source.recipe)
+        self._build()
+
+    def _build(self) -> None:
+        source = self.source
+        self.grown = grow(source.model, source.result, self.at, zero=True).model
+        self.block = next(layer for layer in self.grown._flatten_layers(include_self=False)
+                          if isinstance(layer, InsertedResidual))
+        self.stream = recipe_minibatches(source.evaluate["train"], source.recipe.batch_size, source.seed)
+
+    def run_to(self, target: int) -> None:
+        projection = self.block.projection
+        while self.done < target:
+            x, y = next(self.stream)
+            with tf.GradientTape() as tape:
+                losses = tf.convert_to_tensor(self.source.loss_fn(y, self.grown(x, training=False)))
+                loss = tf.reduce_mean(losses)
+            gradient = tape.gradient(loss, projection)
+            projection.assign(self.optimizer.step(projection.numpy(), np.asarray(gradient)))
+            self.done += 1
+
+    def losses(self, split: str) -> np.ndarray:
+        losses = per_sample_eval(self.grown, self.source.evaluate[split], self.source.loss_fn)
+        if not np.isfinite(losses).all():  # the model's own losses were finite: the recipe diverged here
+            recipe = self.source.recipe
+            raise InputError(f"the trial at {self.at!r} diverged: its {split} loss is not finite after {self.done} "
+                             f"{recipe.optimizer} steps at lr {recipe.lr:g}; lower the recipe's lr")
+        return losses
+
+    def suspend(self) -> None:
+        self.saved = self.block.projection.numpy()
+        self.grown = self.block = self.stream = None
+
+    def resume(self) -> None:
+        self._build()
+        self.block.projection.assign(self.saved)
+        for _ in range(self.done):
+            next(self.stream)
+        self.saved = None
+
+
+def _per_sample_loss(model, loss_fn):
+    """``loss_fn``, or the compiled model's loss returning one value per sample (``reduction=None``)."""
+    if loss_fn is not None:
+        return loss_fn
+    compiled = getattr(model, "loss", None)
+    if isinstance(compiled, keras.losses.Loss):
+        return type(compiled).from_config({**compiled.get_config(), "reduction": None})
+    if isinstance(compiled, str):  # a name: Keras' function of that name returns per-sample losses
+        return keras.losses.get(compiled)
+    raise InputError("decide: pass loss_fn(y_true, y_pred) -> per-sample losses (B,) (a Keras loss with "
+                     "reduction=None), or compile the model with one loss")
+
+
+def _batches(data, split: str) -> list:
+    """``data`` read into a list of batches, each checked (:func:`decide`'s refusals)."""
+    if isinstance(data, Mapping) or (isinstance(data, tuple) and len(data) == 2 and hasattr(data[0], "shape")):
+        raise InputError(f"decide: the {split} data is one batch; pass an iterable of batches, e.g. [batch]")
+    batches = list(data)
+    if not batches:
+        raise InputError(f"decide: the {split} data yielded no batches")
+    for i, batch in enumerate(batches):
+        try:
+            x, _ = _unpack(batch)
+        except (ValueError, TypeError) as e:
+            raise InputError(f"decide: {split} data: {e} (pass batches, e.g. a list of (x, y))") from None
+        if _samples(x) == 0:
+            raise InputError(f"decide: {split} data: batch {i} holds no samples")
+    return batches
+
+
+def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, trials: TrialSettings | None = None,
+           seed: int = 0, **probe_options):
+    """Where to insert the next block of a functional Keras model under ``recipe``, or why to stop: a
+    :class:`satcore.InsertionDecision` (module docstring).
+
+    Parameters
+    ----------
+    model : keras.Model
+        Functional (:func:`~.grow.grow` rebuilds its graph); not modified (the trials train copies).
+    train, heldout : iterables of batches
+        ``(x, y)`` batches (or mappings with ``"labels"``), read into lists; the trials draw
+        ``recipe.batch_size`` minibatches from ``train`` and measure the held-out loss on ``heldout``.
+    loss_fn : ``loss_fn(y_true, y_pred) -> (B,)``, optional
+        Per-sample losses (a Keras loss with ``reduction=None``); ``None``: the compiled model's loss,
+        per sample.
+    recipe : satcore.Recipe
+        How the user will train the inserted block; ``trainable`` must be ``"terminal"``.
+    trials : satcore.TrialSettings, optional
+        How many candidates are verified, by which schedule, under which calibration
+        (default ``TrialSettings()``: 4 trials, the even plan, the shipped calibration).
+    seed : int
+        The probe's feature maps and the trials' minibatch order.
+    probe_options
+        As the Keras :func:`~.probe.probe` takes them (``candidates``, ``family``, ``n_features``, ...).
+
+    Raises
+    ------
+    satcore.InputError
+        Before any probe or trial: a recipe that is not a :class:`satcore.Recipe` or trains the whole
+        block, a split that yields no batches or is one batch, an empty batch, fewer than 2 held-out
+        samples, a loss that is not one per sample or not finite; and a trial whose losses stop
+        being finite (the recipe diverged on the inserted block).
+    TypeError
+        A keyword argument that is neither ``decide``'s nor a probe option.
+    """
+    if not isinstance(recipe, Recipe):
+        raise InputError(f"decide: recipe must be a satcore.Recipe, got {type(recipe).__name__}")
+    if recipe.trainable != "terminal":
+        raise InputError("decide: a Keras block's feature map is the probe's fixed seeded family, so only its terminal "
+                         f"map V trains; use a recipe with trainable='terminal', got {recipe.trainable!r}")
+    if unknown := sorted(set(probe_options) - PROBE_OPTION_NAMES):
+        raise TypeError(f"decide() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; besides its "
+                        f"own it takes the probe's options: {', '.join(sorted(PROBE_OPTION_NAMES))}")
+    settings = TrialSettings() if trials is None else trials
+    train = _batches(train, "training")
+    evaluate = {"heldout": _batches(heldout, "held-out"), "train": train}
+    loss_fn = _per_sample_loss(model, loss_fn)
+    before = {split: per_sample_eval(model, data, loss_fn) for split, data in evaluate.items()}
+    check_unexpanded_losses(before)
+    with warnings.catch_warnings():
+        # meant to be the training split here: its statistics fit the step, the held-out split tests it
+        warnings.filterwarnings("ignore", message=re.escape(TRAINING_SPLIT_WARNING))
+        fitted = probe(model, train, loss_fn, split="train", seed=seed, **probe_options)
+    tested = probe(model, evaluate["heldout"], loss_fn, split="heldout", seed=seed, **probe_options)
+    screened = screen(fitted.statistics, tested.statistics, recipe)
+    return trial_decision(KerasTrials(model, fitted, recipe, evaluate, loss_fn, seed), screened, before, recipe,
+                          settings)
+
+
+__all__ = ["KerasTrials", "RecipeOptimizer", "decide", "per_sample_eval", "recipe_minibatches"]

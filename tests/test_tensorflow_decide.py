@@ -1,0 +1,124 @@
+"""``satcore.adapters.tensorflow.decide`` decides as the torch ``decide`` does on the same model and data.
+
+One tiny residual MLP is built in PyTorch (seeded) and in Keras 3 with the same weights copied in; both
+frameworks probe the same digits batches, screen with the same feature maps and run the core's decision
+loop, each training its own zero-output block with the same recipe.  Each minibatch is the whole training
+split (``batch_size`` = its samples), so both frameworks' trials take the same full-batch steps whatever
+order their generators draw.  The independent reference of each framework's numbers is the other
+framework: the Keras block computes its update in float64, the torch one in float32, so they agree to
+float32 round-off, propagated through the trial's steps (the tolerance below); the choice, the stop reason,
+the cost and which candidates were verified or eliminated are equal.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+keras = pytest.importorskip("keras")
+pytest.importorskip("tensorflow")
+
+from models_keras import keras_mlp  # noqa: E402
+from models_torch import ResidualMLP, digits, per_sample_ce  # noqa: E402
+
+from satcore import InputError, Recipe, TrialSettings  # noqa: E402
+from satcore.adapters.tensorflow import decide as keras_decide  # noqa: E402
+from satcore.adapters.tensorflow.decide import RecipeOptimizer  # noqa: E402
+from satcore.adapters.torch import decide as torch_decide  # noqa: E402
+
+WIDTH, DEPTH = 8, 2
+TORCH_NAMES = [f"blocks.{i}" for i in range(DEPTH)]
+KERAS_NAMES = [f"b{i}_add" for i in range(DEPTH)]
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def _models():
+    torch.manual_seed(0)
+    net = ResidualMLP(WIDTH, DEPTH).eval()
+    return net, keras_mlp(net)
+
+
+def _batches(start, n, batch):
+    X, y = digits()
+    X, y = X[start : start + n].reshape(n, 64), y[start : start + n]
+    return [(X[i : i + batch], y[i : i + batch]) for i in range(0, n, batch)]
+
+
+def _as_numpy(batches):
+    return [(x.numpy(), y.numpy()) for x, y in batches]
+
+
+def _keras_ce():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+
+@pytest.mark.parametrize("optimizer, lr, schedule", [("sgd", 0.5, "even"), ("adam", 3e-2, "halving")])
+def test_keras_decide_equals_torch_decide_on_the_same_weights_and_data(optimizer, lr, schedule):
+    net, model = _models()
+    train, heldout = _batches(0, 64, 32), _batches(1200, 64, 32)
+    recipe = Recipe(optimizer, lr, 16, 64)  # every minibatch the whole training split
+    mine = torch_decide(net, train, heldout, per_sample_ce, recipe=recipe, candidates=TORCH_NAMES, head=False,
+                        max_trials=DEPTH, schedule=schedule, seed=1)
+    theirs = keras_decide(model, _as_numpy(train), _as_numpy(heldout), _keras_ce(), recipe=recipe,
+                          trials=TrialSettings(max_trials=DEPTH, schedule=schedule), seed=1)
+    assert list(theirs.candidates) == [KERAS_NAMES[TORCH_NAMES.index(n)] for n in mine.candidates]
+    assert theirs.stop_reason == mine.stop_reason and theirs.cost_block_steps == mine.cost_block_steps
+    # the unexpanded model's losses: one float32 forward pass each
+    loss_scale = max(1.0, mine.heldout_loss)
+    assert theirs.heldout_loss == pytest.approx(mine.heldout_loss, rel=0, abs=4 * EPS32 * loss_scale)
+    # the evaluation and each step add the float32 round-off of one forward and backward pass (a few eps32
+    # relative to the loss) to the trained block, which carries it to the losses: linear in the steps taken
+    steps = mine.cost_block_steps
+    curve_tol = 4 * EPS32 * loss_scale * (1 + steps)
+    calibration = mine.calibration
+    for torch_name, keras_name in zip(TORCH_NAMES, KERAS_NAMES):
+        a, b = mine.candidates[torch_name], theirs.candidates[keras_name]
+        assert (a.verified, a.eliminated) == (b.verified, b.eliminated)
+        assert a.trial.steps == b.trial.steps
+        np.testing.assert_allclose(b.trial.heldout_change, a.trial.heldout_change, rtol=0, atol=curve_tol)
+        np.testing.assert_allclose(b.trial.training_change, a.trial.training_change, rtol=0, atol=curve_tol)
+        # the prediction is d(T) + beta [d(T) - d(T/2)] log2(S/T): each of its three terms within curve_tol
+        doublings = max(0.0, math.log2(recipe.steps / a.trial.steps[-1]))
+        predicted_tol = curve_tol * (1 + 2 * abs(calibration.trend_weight) * doublings)
+        assert b.predicted_heldout_change == pytest.approx(a.predicted_heldout_change, rel=0, abs=predicted_tol)
+        assert abs(a.trial.heldout_change[-1]) > 100 * curve_tol  # the trial moved the loss: not a comparison of 0s
+    chosen = {mine.choice, None if theirs.choice is None else TORCH_NAMES[KERAS_NAMES.index(theirs.choice)]}
+    assert len(chosen) == 1, (mine.choice, theirs.choice)
+    predictions = sorted(c.predicted_heldout_change for c in mine.candidates.values())
+    assert predictions[1] - predictions[0] > 2 * curve_tol  # the choice is not a tie within round-off
+
+
+def test_the_recipe_optimizer_steps_as_torch_optim_does():
+    """:class:`RecipeOptimizer` against ``torch.optim`` in float64 on the same parameter and gradients: SGD and Adam
+    with an L2 penalty, AdamW with decoupled decay, five steps each, equal to float64 round-off."""
+    rng = np.random.default_rng(0)
+    start, grads = rng.normal(size=(3, 4)), rng.normal(size=(5, 3, 4)) * np.logspace(-6, 0, 4)
+    for name, optimizer in (("sgd", torch.optim.SGD), ("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)):
+        recipe = Recipe(name, 1e-2, 5, 1, weight_decay=0.1)
+        p = torch.tensor(start, requires_grad=True)
+        reference = optimizer([p], lr=recipe.lr, weight_decay=recipe.weight_decay)
+        mine, value = RecipeOptimizer(recipe), start
+        for g in grads:
+            p.grad = torch.tensor(g)
+            reference.step()
+            value = mine.step(value, g)
+            np.testing.assert_allclose(value, p.detach().numpy(), rtol=64 * np.finfo(float).eps, atol=0)
+
+
+def test_keras_decide_refuses_what_it_cannot_decide_on():
+    """A recipe training the whole block (Keras' feature map is fixed), a batch mean, one batch instead of a list,
+    and a misspelt keyword are refused before any trial, naming the argument."""
+    _, model = _models()
+    train, heldout = _as_numpy(_batches(0, 64, 32)), _as_numpy(_batches(1200, 64, 32))
+    with pytest.raises(InputError, match="trainable='terminal'"):
+        keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32, "block"))
+    with pytest.raises(InputError, match="0-d loss"):
+        keras_decide(model, train, heldout, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                     recipe=Recipe("sgd", 0.1, 4, 32))
+    with pytest.raises(InputError, match="the held-out data is one batch"):
+        keras_decide(model, train, heldout[0], _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32))
+    with pytest.raises(TypeError, match=r"decide\(\) got unexpected keyword argument\(s\) 'max_trials'"):
+        keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32), max_trials=2)
