@@ -14,14 +14,12 @@ from ._decisions.calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
 from ._decisions.criteria import DEFAULT_ALPHA
 from ._decisions.predictors import check_paired
 from ._decisions.trial_loop import (
-    TRIAL_SPLITS,
     ScreenRow,
     Trial,
     TrialSettings,
     TrialSteps,
     check_unexpanded_losses,
     grouped_trials,
-    measure,
     screen,
     trial_decision,
 )
@@ -62,8 +60,8 @@ __all__ = [
     "DEFAULT_CALIBRATION", "HALVING_CALIBRATION", "choose", "halving_plan", "paired_standard_error",
     "trial_checkpoints", "trial_plan", "verified_candidate", "check_paired", "DEFAULT_ALPHA",
     # the trial decision's loop: the protocol a framework implements, the screen, the schedules
-    "TRIAL_SPLITS", "ScreenRow", "Trial", "TrialSettings", "TrialSteps", "check_unexpanded_losses", "grouped_trials",
-    "measure", "screen", "trial_decision",
+    "ScreenRow", "Trial", "TrialSettings", "TrialSteps", "check_unexpanded_losses", "grouped_trials", "screen",
+    "trial_decision",
     # the feature-family registry
     "FamilySpec", "family_builder", "family_spec", "positions", "rebuild_family", "register_builder",
     "register_family", "registered_families", "DEFAULT_FOLDS", "forms_sample_gradients",
