@@ -108,11 +108,28 @@ def test_the_recipe_optimizer_steps_as_torch_optim_does():
             np.testing.assert_allclose(value, p.detach().numpy(), rtol=64 * np.finfo(float).eps, atol=0)
 
 
-def test_keras_decide_refuses_what_it_cannot_decide_on():
-    """A recipe training the whole block (Keras' feature map is fixed), a batch mean, one batch instead of a list,
-    and a misspelt keyword are refused before any trial, naming the argument."""
+def test_keras_decide_reads_the_compiled_loss_per_sample():
+    """``loss_fn=None`` takes the compiled model's loss with ``reduction=None``: the decision of the explicit
+    per-sample loss, to the bit (the same arithmetic)."""
     _, model = _models()
     train, heldout = _as_numpy(_batches(0, 64, 32)), _as_numpy(_batches(1200, 64, 32))
+    recipe, trials = Recipe("sgd", 0.5, 4, 64), TrialSettings(max_trials=1)
+    explicit = keras_decide(model, train, heldout, _keras_ce(), recipe=recipe, trials=trials)
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    compiled = keras_decide(model, train, heldout, recipe=recipe, trials=trials)
+    assert compiled.to_dict() == explicit.to_dict()
+
+
+def test_keras_decide_refuses_what_it_cannot_decide_on():
+    """A recipe training the whole block (Keras' feature map is fixed), a batch mean, one batch instead of a list,
+    no loss on an uncompiled model, trial settings that are not ``TrialSettings`` and a misspelt keyword are
+    refused before any trial, naming the argument."""
+    _, model = _models()
+    train, heldout = _as_numpy(_batches(0, 64, 32)), _as_numpy(_batches(1200, 64, 32))
+    with pytest.raises(InputError, match="pass loss_fn"):
+        keras_decide(model, train, heldout, recipe=Recipe("sgd", 0.1, 4, 32))
+    with pytest.raises(InputError, match="trials must be a satcore.TrialSettings"):
+        keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32), trials={"max_trials": 2})
     with pytest.raises(InputError, match="trainable='terminal'"):
         keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32, "block"))
     with pytest.raises(InputError, match="0-d loss"):

@@ -258,6 +258,8 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, trials: Trial
         raise TypeError(f"decide() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; besides its "
                         f"own it takes the probe's options: {', '.join(sorted(PROBE_OPTION_NAMES))}")
     settings = TrialSettings() if trials is None else trials
+    if not isinstance(settings, TrialSettings):
+        raise InputError(f"decide: trials must be a satcore.TrialSettings, got {type(settings).__name__}")
     train = _batches(train, "training")
     evaluate = {"heldout": _batches(heldout, "held-out"), "train": train}
     loss_fn = _per_sample_loss(model, loss_fn)

@@ -165,6 +165,8 @@ class TrialSettings:
         if count is None or count < 1:
             raise InputError(f"decide: max_trials must be a positive integer, got {self.max_trials!r}")
         object.__setattr__(self, "max_trials", count)
+        if self.groups is not None:
+            object.__setattr__(self, "groups", tuple(tuple(group) for group in self.groups))
         if self.calibration is None:
             shipped = HALVING_CALIBRATION if self.schedule == "halving" else DEFAULT_CALIBRATION
             object.__setattr__(self, "calibration", shipped)
