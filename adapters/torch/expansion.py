@@ -51,6 +51,7 @@ from torch import nn
 
 from satcore import InputError, ProbeError
 from satcore import Recipe
+from satcore.adapter_api import DEFAULT_ALPHA, screen
 
 from .hf import context_length, sequence_loss
 from .locate import HEAD, find_blocks
@@ -60,7 +61,7 @@ from .splits import probe_splits_in_passes
 INITS = ("copy", "fresh")
 # LLaMA-Pro's recipe (the paper trains the new blocks with AdamW at 2e-4); steps and batch size are the user's
 DEFAULT_RECIPE = Recipe("adamw", lr=2e-4, steps=1000, batch_size=8, trainable="block")
-ALPHA = 0.05
+ALPHA = DEFAULT_ALPHA  # the level of the screen's held-out intervals (satcore.adapter_api.screen)
 # mergekit ``scale`` filters (substrings of tensor names) that zero a copied block's output projections
 MERGEKIT_FILTERS = {
     ("attn.c_proj", "mlp.c_proj"): ("c_proj",),
@@ -129,15 +130,14 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
     :func:`~.decide.decide` does (one pass over both splits per group, the cost counted per pass).
     """
     train, heldout = list(train), list(heldout)
-    optimizer = "sgd" if recipe.optimizer == "sgd" else "adam"
     evidence = {}
 
     def read(_, split):
-        report = split.report(optimizer=optimizer, lr=recipe.lr, steps=recipe.steps, alpha=ALPHA)
-        for gain in report.predictions.candidates:
-            lo, hi = gain.heldout.interval
-            evidence[gain.name] = CandidateEvidence(-gain.heldout.value, (-hi, -lo), gain.heldout.p_decrease,
-                                                    gain.training_gain)
+        # decide's screen (satcore.adapter_api.screen), its rows kept in the candidates' depth order
+        rows = {row.name: row for row in screen(split.train.statistics, split.heldout.statistics, recipe)}
+        for name in (n for n in split.heldout.statistics if n in rows):
+            row = rows[name]
+            evidence[name] = CandidateEvidence(row.heldout_change, row.interval, row.p_decrease, -row.training_change)
 
     passes, _ = probe_splits_in_passes(model, train, heldout, loss_fn, read, max_statistics_bytes=max_statistics_bytes,
                                        candidates=candidates, family=family, seed=seed, **probe_options)
