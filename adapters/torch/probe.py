@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from satcore.adapters.base import ProbeOptions, probe_meta, resolve_options, warn_if_training_split
+from satcore.adapters.base import ProbeOptions, probe_meta, refusing_bad_batch, resolve_options, warn_if_training_split
 from satcore.adapters.batches import split_batch
 from satcore.adapters.options import per_candidate
 from satcore import DepthStatistics
@@ -56,6 +56,10 @@ from .moments import (
 )
 from .result import ProbeResult
 from .running import RunningSums
+
+
+# what torch raises for inputs or targets of a shape, dtype or range the model or loss cannot take
+BATCH_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
 
 
 def call_model(model: nn.Module, inputs):
@@ -311,12 +315,13 @@ class Probe:
             inputs = to_device(inputs, self.device)
             keep = batch_mask(config.mask, inputs, self.device)
             taps.clear(keep)
-            outputs = call_model(self.model, inputs)
-            missing = [n for n in names if n not in taps.taps]
-            if missing:
-                raise ProbeError(f"candidate(s) {missing} did not run in the forward pass")
-            targets = to_device(targets, self.device)
-            losses = loss_fn(outputs, targets)
+            with refusing_bad_batch(self.batches_done, BATCH_ERRORS, passing=(torch.cuda.OutOfMemoryError,)):
+                outputs = call_model(self.model, inputs)
+                missing = [n for n in names if n not in taps.taps]
+                if missing:
+                    raise ProbeError(f"candidate(s) {missing} did not run in the forward pass")
+                targets = to_device(targets, self.device)
+                losses = loss_fn(outputs, targets)
             samples = _batch_size(losses, taps.streams, names)
             check_samples(keep, samples)
             if torch.is_tensor(losses) and losses.dim() == 0:
