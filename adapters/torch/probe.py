@@ -367,7 +367,7 @@ class Probe:
 
     def save_checkpoint(self) -> None:
         """Write the running sums to ``config.checkpoint`` (a ``satcore-dump/1`` file)."""
-        _sync(self.running)
+        _sync(self.running, self.statistics)
         save_checkpoint(self.config.checkpoint, self.statistics, _specs(self.families),
                         self.batches_done, self.settings)
 
@@ -377,7 +377,7 @@ class Probe:
         The probe can go on after it: the result holds copies of the sums
         (``copy_sums=False``: the probe's own, for a last call, without doubling the memory).
         """
-        _sync(self.running)
+        _sync(self.running, self.statistics)
         ordered = DepthStatistics(
             (c.name, self.statistics[c.name]) for c in self.found if c.name in self.statistics)
         if len(ordered) != len(self.found):
@@ -584,9 +584,10 @@ def _specs(families):
     return {name: fm.spec for name, fm in families.items()}
 
 
-def _sync(running):
-    for sums in running.values():
-        sums.sync()
+def _sync(running, statistics):
+    """Each candidate's ``statistics`` made those of every batch so far (:meth:`RunningSums.sync`)."""
+    for name, sums in running.items():
+        statistics[name] = sums.sync()
 
 
 def _running_sums(name, z, feature_map, statistics, config, *, has_update: bool) -> RunningSums:
