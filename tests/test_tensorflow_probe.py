@@ -313,9 +313,15 @@ def test_the_other_refusals_name_their_argument(token_setup):
     with pytest.raises(InputError, match="^family: the Family's width 5 does not match the stream's 8"):
         probe(model, batches, token_loss, family=make_family("mlp", 5))
     from satcore.adapters.tensorflow import KerasCallback
+    from satcore.adapters.tensorflow.callbacks import per_sample_loss
+    from satcore.adapters.tensorflow.growth import per_sample_losses
 
     with pytest.raises(InputError, match="^every_n_epochs must be >= 1, got 0"):
         KerasCallback(batches, token_loss, every_n_epochs=0)
+    with pytest.raises(ProbeError, match="^loss_fn: the model's compiled loss 3 is not one loss"):
+        per_sample_loss(3)
+    with pytest.raises(ProbeError, match=r"^loss_fn returned a 0-d loss; the growth loop needs per-sample losses"):
+        per_sample_losses(model, batches, lambda y, p: tf.reduce_mean(token_loss(y, p)))
 
 
 # -- tf.distribute ----------------------------------------------------------------------------
