@@ -106,7 +106,9 @@ class RunningSums:
         totals as one :class:`satcore.BatchMoments` of ``n_batches`` batches.
 
         The Gram totals are made whole from their upper triangles first
-        (:func:`.moments.add_gram` updates only those on the CPU).
+        (:func:`.moments.add_gram` updates only those on the CPU).  On the CPU the new statistics'
+        arrays become the totals and the old ones are let go: while it runs, this candidate's sums
+        are held twice.
         """
         for field in SYMMETRIC:
             if field in self.matrices:
