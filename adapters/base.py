@@ -1,11 +1,14 @@
-"""What every adapter is, framework-free: the probe protocol, its shared options, split check and meta.
+"""What every adapter is, framework-free: the probe contract, its shared options, split check and meta.
 
 An adapter turns a model of its framework into the core's statistics
 (docs/adapters.md).  Whatever the framework, it offers
 
-* a :class:`Probe` (the protocol below): ``update(batch)`` adds one batch's sums,
-  ``result()`` returns a :class:`satcore._io.probe_result.ProbeResult` at any point, and
-  the probe goes on after it;
+* a ``Probe(model, ...)`` implementing :class:`Probe` (the core's contract,
+  :class:`satcore.adapter_api.Probe`, whose docstring is the spec): ``update(batch)``
+  adds one batch's sums and returns its samples, ``batches_done`` counts the batches,
+  ``result()`` returns a :class:`satcore.ProbeResult` at any point, and the probe goes on
+  after it; a batch it cannot use raises a :class:`satcore.ProbeError`
+  (:func:`refusing_bad_batch`), never the framework's own exception;
 * ``probe(model, data, ...)``: a ``Probe`` fed every batch of ``data``, then its result;
 * its options as a frozen dataclass derived from :class:`ProbeOptions`, the options
   every adapter takes and resolves alike (:mod:`.options`), built from keywords or
@@ -15,39 +18,48 @@ An adapter turns a model of its framework into the core's statistics
 
 Per batch the adapter computes, on its device, per candidate: the per-sample gradients
 ``q_i = d loss_i / d z_i`` (of a per-sample loss; a batch mean is multiplied back),
-the features ``psi(z_i)`` of the registered family (:mod:`satcore._formulas.families`), and hands
-the batch's sums as a :class:`satcore.BatchMoments` (``batch_moments``' fields and the
+the features ``psi(z_i)`` of the registered family (:func:`satcore.adapter_api.family_builder`),
+and hands the batch's sums as a :class:`satcore.BatchMoments` (``batch_moments``' fields and the
 stream sums ``sum_z_sq``, ``n_stream_vectors``, in the framework's own arrays until
 converted) to :meth:`satcore.CandidateStatistics.add_moments` of statistics made with
-``stream=True``.  ``tests/test_conformance.py`` holds every
-adapter to one independent reference.
+``stream=True``.  ``tests/test_conformance.py`` drives every installed adapter through the
+same cases of the contract and holds its statistics to one independent reference.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass, replace
-from typing import Protocol, runtime_checkable
 
-from satcore.adapter_api import is_training_split
-from satcore import ProbeResult
-from satcore.adapter_api import TRAINING_SPLIT_WARNING
+from satcore import ProbeError, SatcoreError
+from satcore.adapter_api import TRAINING_SPLIT_WARNING, Probe, is_training_split
+
+__all__ = ["Probe", "ProbeOptions", "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options",
+           "warn_if_training_split"]
 
 
-@runtime_checkable
-class Probe(Protocol):
-    """The incremental probe every adapter implements (torch, TensorFlow, ONNX; a JAX one would too).
+@contextlib.contextmanager
+def refusing_bad_batch(index: int, framework_errors: tuple, *, passing: tuple = ()):
+    """Run the model and the loss on batch ``index`` inside this block: a framework error raised
+    there is the batch's (inputs or targets of a shape or dtype they cannot take) and becomes a
+    :class:`~satcore.ProbeError` naming the batch and the error's first line, chained to it.
 
-    ``update(batch)`` runs one batch (the batch convention of :mod:`.batches`) and adds its
-    sums to the running statistics; it returns the batch's number of samples (the torch and
-    ONNX probes) or ``None``.  ``result()`` returns the statistics of every batch so far as a
-    :class:`~satcore._io.probe_result.ProbeResult` (upstream candidate first, ``meta`` from
-    :func:`probe_meta`), without ending the probe.
+    ``framework_errors``: what the framework raises for such inputs (torch ``RuntimeError``,
+    Keras ``ValueError``, ...); ``passing``: subclasses of those that are no fault of the batch
+    and propagate unchanged (an accelerator out of memory).  A :class:`~satcore.SatcoreError`
+    raised inside (a refusal of satcore's own) propagates unchanged.
     """
-
-    def update(self, batch) -> int | None: ...
-
-    def result(self) -> ProbeResult: ...
+    try:
+        yield
+    except SatcoreError:
+        raise
+    except framework_errors as exc:
+        if isinstance(exc, passing):
+            raise
+        lines = str(exc).strip().splitlines()
+        said = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        raise ProbeError(f"batch {index}: the model or loss_fn cannot take it ({said})") from exc
 
 
 @dataclass(frozen=True)

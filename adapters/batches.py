@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from satcore import ProbeError
+
 LABELS = "labels"
 
 
@@ -50,9 +52,9 @@ def split_batch(batch, *, target_keys=(LABELS,), input_names=(), targets_to_mode
 
     Raises
     ------
-    ValueError
+    ProbeError
         A sequence that is not a pair, something that is neither, or a mapping with
-        several target keys; one line saying what a batch is.
+        several target keys; one line saying what a batch is (a ``ValueError`` too).
 
     Examples
     --------
@@ -67,14 +69,14 @@ def split_batch(batch, *, target_keys=(LABELS,), input_names=(), targets_to_mode
     if isinstance(batch, Mapping):
         keys = [k for k in target_keys if k in batch and k not in input_names]
         if len(keys) > 1:
-            raise ValueError(f"batch has several target keys {keys}; give one ({LABELS!r})")
+            raise ProbeError(f"batch has several target keys {keys}; give one ({LABELS!r})")
         targets = batch[keys[0]] if keys else None
         if targets_to_model:
             return batch, targets
         return {k: v for k, v in batch.items() if k not in keys}, targets
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         return batch[0], batch[1]
-    raise ValueError(
+    raise ProbeError(
         f"a batch is a pair (inputs, targets) or a mapping of model inputs (with {LABELS!r} for the targets), "
         f"got {type(batch).__name__}" + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
     )

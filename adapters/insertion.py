@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from satcore import alpha_for_relative_update
+from satcore import InputError, alpha_for_relative_update
 from satcore import growth_value_from_moments
 
 
@@ -26,12 +26,12 @@ class Grown(NamedTuple):
 def insertion_step(stats, stream_rms, alpha, rho, zero, rtol) -> float:
     """``alpha`` from exactly one of ``alpha``, ``rho`` (with the candidate's ``stream_rms``) or ``zero``."""
     if sum(x is not None and x is not False for x in (alpha, rho, zero)) != 1:
-        raise ValueError("give exactly one of alpha, rho or zero=True")
+        raise InputError("give exactly one of alpha, rho or zero=True")
     if zero:
         return 0.0
     if rho is not None:
         if stream_rms is None:
-            raise ValueError("rho needs the candidate's stream RMS ||z||_S, which this probe result does not record; "
+            raise InputError("rho needs the candidate's stream RMS ||z||_S, which this probe result does not record; "
                              "give alpha instead")
         growth = growth_value_from_moments(stats.cross_gradient(), stats.feature_gram(), rtol)
         return alpha_for_relative_update(rho, stream_rms, growth)

@@ -2,10 +2,10 @@
 
 The framework adapters (``satcore.adapters.torch``, ``.tensorflow``, ``.onnx``) and the command line
 (``satcore.cli``) import the core from two places only: the package namespace ``satcore`` (the names
-users rely on) and this module (what a front-end needs besides: the trial decision's loop and the protocol its
-trials implement, the feature-family registry its builders join, the safe file readers and writers, the table's
-cells, and the one-line checks every front-end shares).  The layer folders behind it
-(``satcore._formulas``, ``_statistics``, ``_scores``, ``_decisions``, ``_growth``, ``_io``,
+users rely on) and this module (what a front-end needs besides: the probe contract it implements, the
+trial decision's loop and the protocol its trials implement, the feature-family registry its builders join,
+the safe file readers and writers, the table's cells, and the one-line checks every front-end shares).  The
+layer folders behind it (``satcore._formulas``, ``_statistics``, ``_scores``, ``_decisions``, ``_growth``, ``_io``,
 ``_rendering``, ``_shared``) are private: their modules may move.  A test checks that no front-end
 imports them directly.
 """
@@ -32,6 +32,8 @@ from ._decisions.trials import (
     verified_candidate,
 )
 from ._formulas.families import (
+    FAMILY_REGISTRY,
+    FamilyRegistry,
     FamilySpec,
     family_builder,
     family_spec,
@@ -45,6 +47,7 @@ from ._formulas.folds import DEFAULT_FOLDS
 from ._growth.loop import AdapterSteps, round_summary
 from ._io.atomic import OutputError, atomic_write, check_target, command_inputs, note_input
 from ._io.dump import Dump, read_dump_meta
+from ._io.probe_result import Probe
 from ._io.zipnpy import NpyHeader, NpzArchive, NpzError
 from ._rendering.table import decision_interval_notes, num, render_report, table
 from ._scores.scores import StreamDiagnostics
@@ -63,10 +66,11 @@ __all__ = [
     "ScreenRow", "Trial", "TrialSettings", "TrialSteps", "check_unexpanded_losses", "grouped_trials", "screen",
     "trial_decision",
     # the feature-family registry
-    "FamilySpec", "family_builder", "family_spec", "positions", "rebuild_family", "register_builder",
-    "register_family", "registered_families", "DEFAULT_FOLDS", "forms_sample_gradients",
-    # the growth loop's adapter protocol
-    "AdapterSteps", "round_summary",
+    "FAMILY_REGISTRY", "FamilyRegistry", "FamilySpec", "family_builder", "family_spec", "positions",
+    "rebuild_family", "register_builder", "register_family", "registered_families", "DEFAULT_FOLDS",
+    "forms_sample_gradients",
+    # the contracts every adapter implements: its incremental probe, its side of a growth round
+    "Probe", "AdapterSteps", "round_summary",
     # files: atomic writes, dumps, the safe .npz reader
     "OutputError", "atomic_write", "check_target", "command_inputs", "note_input", "Dump", "read_dump_meta",
     "NpyHeader", "NpzArchive", "NpzError",

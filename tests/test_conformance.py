@@ -3,7 +3,7 @@
 Each problem setting is one trained PyTorch model, ported with the same weights to Keras 3 and
 exported to ONNX (``torch.onnx.export(..., dynamo=False)``): a residual MLP (``mlp`` family), a
 stagewise conv ResNet with a projection shortcut (``conv``) and an ``nn.TransformerEncoder``
-classifier (``mlp``).  Every adapter (torch, tensorflow, onnx) probes its form of the model and
+classifier (``mlp``).  Every installed adapter (torch, tensorflow, onnx) probes its form of the model and
 its ``ag``, growth value, ``C``, ``K`` and variance sums ``sum_i X_i^T X_i`` must equal the SAME
 independent reference to 1e-5 relative (float32 round-off); adapters are never compared with
 each other.
@@ -11,7 +11,11 @@ each other.
 The reference is written here directly: ``q_i`` from ``torch.autograd.grad`` of ``sum_i loss_i``
 at a zero ``delta`` added at each tapped tensor (row ``i`` is sample ``i``'s gradient: the
 models do not mix samples), features from the core's NumPy :meth:`satcore.Family.features`,
-statistics from :class:`satcore.CandidateStatistics`.  Also conformance: the one batch
+statistics from :class:`satcore.CandidateStatistics`.  The probe contract
+(:class:`satcore.adapters.base.Probe`) is one test run for every installed adapter: ``update``,
+``batches_done``, ``result()`` at any point, and bad batches (not a pair, inputs the model cannot
+take, targets the loss cannot take) refused with a ``ProbeError``, never a framework's own
+exception, adding nothing.  Also conformance: the one batch
 convention (a mapping with ``labels`` gives the statistics of the pair ``(inputs, targets)``),
 the options every adapter resolves alike (``n_features``, a training ``split`` warns), the dump
 metadata every adapter records (valid against the dump-meta schema) and the stream sums behind
@@ -23,12 +27,12 @@ of it like a built-in one.
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-keras = pytest.importorskip("keras")
-pytest.importorskip("onnxruntime")
+torch = pytest.importorskip("torch")  # the settings' models and the reference are torch's
 
 import models_torch  # noqa: E402
 from models_keras import copied_dense, keras_mlp  # noqa: E402
@@ -36,8 +40,15 @@ from models_keras import to_numpy as _np  # noqa: E402
 from models_torch import ResidualMLP  # noqa: E402
 
 import satcore  # noqa: E402
-from satcore import CandidateStatistics, make_family  # noqa: E402
+from satcore import CandidateStatistics, ProbeError, SatcoreError, make_family  # noqa: E402
 from satcore._formulas.families import positions  # noqa: E402
+from satcore.adapters.base import Probe  # noqa: E402
+
+# the adapters whose framework is installed; each case runs for every one of them
+INSTALLED = {"torch"} | {adapter for adapter, packages in (("tensorflow", ("tensorflow", "keras")),
+                                                           ("onnx", ("onnx", "onnxruntime")))
+                         if all(importlib.util.find_spec(p) is not None for p in packages)}
+keras = pytest.importorskip("keras") if "tensorflow" in INSTALLED else None
 
 RTOL = 1e-5
 SEED = 3
@@ -263,14 +274,17 @@ def build_setting(name, tmp_path_factory):
     torch.manual_seed(0)
     model = build()
     batches = [(x, y) for x, y in models_torch.digits_batches(BATCH, n_batches, start=1200)]
-    path = tmp_path_factory.mktemp(name) / f"{name}.onnx"
-    example = batches[0][0][:EXPORT_BATCH]
-    torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=17, input_names=["x"],
-                      output_names=["logits"], dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}})
-    keras_model = port(model)
-    # the port itself is faithful: same logits to float32 round-off
-    logits = keras_model(keras_layout(batches[0][0].numpy()), training=False).numpy()
-    np.testing.assert_allclose(logits, model(batches[0][0]).detach().numpy(), atol=2e-5)
+    path = keras_model = None
+    if "onnx" in INSTALLED:
+        path = tmp_path_factory.mktemp(name) / f"{name}.onnx"
+        example = batches[0][0][:EXPORT_BATCH]
+        torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=17, input_names=["x"],
+                          output_names=["logits"], dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}})
+    if "tensorflow" in INSTALLED:
+        keras_model = port(model)
+        # the port itself is faithful: same logits to float32 round-off
+        logits = keras_model(keras_layout(batches[0][0].numpy()), training=False).numpy()
+        np.testing.assert_allclose(logits, model(batches[0][0]).detach().numpy(), atol=2e-5)
     return {"name": name, "model": model, "keras": keras_model, "keras_layout": keras_layout, "kind": kind,
             "batches": batches, "onnx": path, "reference": torch_reference(model, batches, taps(model), kind),
             "torch_candidates": torch_candidates, "taps": taps}
@@ -344,7 +358,8 @@ def _returned(result, picks, with_meta):
     return (stats, picks, result.dump_meta()) if with_meta else (stats, picks)
 
 
-ADAPTERS = {"torch": probe_torch, "tensorflow": probe_tensorflow, "onnx": probe_onnx}
+ADAPTERS = {name: probe for name, probe in (("torch", probe_torch), ("tensorflow", probe_tensorflow),
+                                            ("onnx", probe_onnx)) if name in INSTALLED}
 
 
 def assert_meta_conforms(meta, adapter, kind, n_candidates):
@@ -401,26 +416,30 @@ def test_n_features_and_a_training_split_mean_the_same_everywhere(mlp_setting, a
                  BATCH * len(mlp_setting["batches"]))
 
 
-def incremental(adapter, setting, batches):
-    """Each adapter's ``Probe`` fed ``batches`` one by one, and its ``result()`` after every batch."""
+def start_probe(adapter, setting, batches):
+    """``(a fresh Probe of the adapter's form of the setting's model, batches in that adapter's form)``."""
     if adapter == "torch":
-        from satcore.adapters.torch import Probe
+        from satcore.adapters.torch import Probe as TorchProbe
 
-        state = Probe(setting["model"], models_torch.per_sample_ce, family=setting["kind"], seed=SEED, head=False,
-                      variance=True)
-        data = batches
-    elif adapter == "tensorflow":
-        from satcore.adapters.tensorflow import Probe
+        state = TorchProbe(setting["model"], models_torch.per_sample_ce, family=setting["kind"], seed=SEED,
+                           head=False, variance=True)
+        return state, list(batches)
+    if adapter == "tensorflow":
+        from satcore.adapters.tensorflow import Probe as KerasProbe
 
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-        state = Probe(setting["keras"], loss, family=setting["kind"], seed=SEED, variance=True)
-        data = [(setting["keras_layout"](x.numpy()), y.numpy()) for x, y in batches]
-    else:
-        from satcore.adapters.onnx import Probe
+        state = KerasProbe(setting["keras"], loss, family=setting["kind"], seed=SEED, variance=True)
+        return state, [(setting["keras_layout"](x.numpy()), y.numpy()) for x, y in batches]
+    from satcore.adapters.onnx import Probe as OnnxProbe
 
-        state = Probe(setting["onnx"], loss="cross_entropy", family=setting["kind"], seed=SEED, variance=True,
+    state = OnnxProbe(setting["onnx"], loss="cross_entropy", family=setting["kind"], seed=SEED, variance=True,
                       head=False)
-        data = [(x.numpy(), y.numpy()) for x, y in batches]
+    return state, [(x.numpy(), y.numpy()) for x, y in batches]
+
+
+def incremental(adapter, setting, batches):
+    """Each adapter's ``Probe`` fed ``batches`` one by one, and its ``result()`` after every batch."""
+    state, data = start_probe(adapter, setting, batches)
     results = []
     for batch in data:
         state.update(batch)
@@ -440,6 +459,47 @@ def test_every_adapter_probes_incrementally(mlp_setting, adapter):
         assert_agree(steps[k - 1], reference, f"{adapter}/incremental/{k}", BATCH * k)
 
 
+def _wider(x):
+    """The inputs with their last axis doubled: a shape the model's first layer cannot take."""
+    return torch.cat([x, x], -1) if torch.is_tensor(x) else np.concatenate([x, x], -1)
+
+
+BAD_BATCHES = {
+    # what every adapter must refuse with a ProbeError (never its framework's exception), adding nothing
+    "not a pair": lambda x, y: (x, y, y),
+    "inputs of another width": lambda x, y: (_wider(x), y),
+    "fewer targets than inputs": lambda x, y: (x, y[:-1]),
+}
+
+
+@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
+def test_every_adapter_keeps_the_probe_contract(mlp_setting, adapter):
+    """The contract of :class:`satcore.adapters.base.Probe`, case by case, for every installed adapter:
+    a fresh probe holds no batch and refuses ``result()`` with a satcore error; ``update`` returns the
+    batch's samples and counts it in ``batches_done``; a bad batch (not a pair, inputs the model cannot
+    take, targets the loss cannot take) raises a one-line ``ProbeError`` naming it, not the framework's
+    exception, and adds nothing; ``result()`` does not end the probe; and the statistics after every
+    batch equal the independent reference (autograd gradients, the core's NumPy features and sums)."""
+    batches = mlp_setting["batches"]
+    state, data = start_probe(adapter, mlp_setting, batches)
+    assert isinstance(state, Probe) and state.batches_done == 0
+    with pytest.raises(ProbeError):
+        state.result()
+    assert state.update(data[0]) == BATCH and state.batches_done == 1
+    for case, make_bad in BAD_BATCHES.items():
+        with pytest.raises(SatcoreError) as refused:
+            state.update(make_bad(*data[1]))
+        assert isinstance(refused.value, ProbeError), (case, type(refused.value).__mro__)
+        assert "\n" not in str(refused.value) and state.batches_done == 1, case
+    middle = list(state.result().statistics.values())
+    assert [state.update(batch) for batch in data[1:]] == [BATCH] * (len(data) - 1)
+    assert state.batches_done == len(data)
+    assert all(stats.n_samples == BATCH for stats in middle)  # the first batch's, and the probe went on
+    assert_agree(list(state.result().statistics.values()), mlp_setting["reference"], f"{adapter}/contract",
+                 BATCH * len(data))
+
+
+@pytest.mark.skipif("tensorflow" not in INSTALLED, reason="compares torch's and TensorFlow's layouts")
 @pytest.mark.parametrize("shape", [(3, 5), (3, 4, 5), (3, 2, 4, 5)])
 def test_every_framework_lays_out_positions_as_the_core(shape):
     """``positions`` of torch (channels-first) and TensorFlow (channels-last) equal the core's NumPy one."""
@@ -547,13 +607,15 @@ def tensorflow_tanh(family, z):
 
 @pytest.fixture
 def tanh_family():
-    import satcore.adapters.tensorflow  # noqa: F401  (each adapter registers its built-in builders on import)
-    import satcore.adapters.torch  # noqa: F401
+    import importlib
+
     from satcore._formulas.families import register_builder, register_family, unregister_family
 
     register_family(TANH)
-    register_builder("torch", "tanh", torch_tanh)
-    register_builder("tensorflow", "tanh", tensorflow_tanh)
+    for framework, builder in (("torch", torch_tanh), ("tensorflow", tensorflow_tanh)):
+        if framework in INSTALLED:
+            importlib.import_module(f"satcore.adapters.{framework}")  # it registers its built-in builders
+            register_builder(framework, "tanh", builder)
     yield "tanh"
     unregister_family("tanh")
 
@@ -601,7 +663,7 @@ def moments_of(framework, q, psi, variance):
     return got.to_numpy().as_one_batch().as_dict()
 
 
-@pytest.mark.parametrize("framework", ["tensorflow", "torch"])
+@pytest.mark.parametrize("framework", sorted(INSTALLED - {"onnx"}))
 @pytest.mark.parametrize("shape", MOMENT_SHAPES)
 @pytest.mark.parametrize("variance", [False, True])
 def test_moments_equal_the_core_batch_moments(framework, shape, variance):

@@ -87,6 +87,41 @@ def test_the_registry_defines_the_built_in_kinds():
     assert rebuild_family(record) == satcore.make_family("mlp", 5, seed=3, n_features=7, init_std=0.1)
 
 
+def test_a_registry_object_refuses_a_second_entry_under_a_name_unless_told_to_overwrite():
+    """A :class:`FamilyRegistry` owns its kinds and builders (the package's is one instance): a name held
+    by another entry is refused by name, ``overwrite=True`` replaces it, the same entry again is a no-op;
+    a separate registry shares nothing with the package's."""
+    from satcore._formulas.families import FAMILY_REGISTRY, FamilyRegistry, FamilySpec, family_spec
+
+    def draw(width, rng, *, seed, **_):
+        return satcore.Family("cube", width, width, seed=seed)
+
+    cube, other_cube = FamilySpec("cube", draw, lambda f, z: z**3), FamilySpec("cube", draw, lambda f, z: -(z**3))
+    registry = FamilyRegistry([cube])
+    assert registry.kinds() == ("cube",) and registry.register(cube) is cube  # the same entry: no-op
+    with pytest.raises(satcore.InputError, match="^family 'cube' is registered already; pass overwrite=True"):
+        registry.register(other_cube)
+    assert registry.spec("cube") is cube
+    assert registry.register(other_cube, overwrite=True) is other_cube and registry.spec("cube") is other_cube
+    first, second = (lambda family, z: z), (lambda family, z: 2 * z)
+    registry.register_builder("jax", "cube", first)
+    registry.register_builder("jax", "cube", first)
+    with pytest.raises(satcore.InputError, match="^family 'cube' has a jax feature map already"):
+        registry.register_builder("jax", "cube", second)
+    registry.register_builder("jax", "cube", second, overwrite=True)
+    assert registry.builder("jax", "cube") is second
+    with pytest.raises(satcore.InputError, match=r"^unknown family 'mlp'; choose one of \('cube',\)"):
+        registry.register_builder("jax", "mlp", first)
+    with pytest.raises(satcore.InputError, match="^family 'cube' has no torch feature map"):
+        registry.builder("torch", "cube")
+    registry.unregister("cube")
+    assert registry.kinds() == ()
+    with pytest.raises(satcore.InputError, match="^unknown family 'cube'"):
+        family_spec("cube")  # the package's registry never saw it
+    with pytest.raises(satcore.InputError, match="^family 'mlp' is registered already"):
+        FAMILY_REGISTRY.register(FamilySpec("mlp", draw, lambda f, z: z))
+
+
 def test_a_registered_spec_is_a_family_like_the_built_in_ones():
     from satcore._formulas.families import FamilySpec, positions, register_family, registered_families, unregister_family
 

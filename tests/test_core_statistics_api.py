@@ -1,6 +1,8 @@
 """CandidateStatistics' public sums API: equality and repr reflect the sums; accumulate equals one pass
-over both sample sets (against from_samples on the concatenation); add_counts/set_sums refuse what they
-cannot hold."""
+over both sample sets (against from_samples on the concatenation); the totals of several batches handed
+over as one BatchMoments are those batches added one by one."""
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -40,14 +42,22 @@ def test_accumulate_is_one_pass_over_both_in_place():
         left.accumulate(CandidateStatistics(4, 6, 3, variance=False))
 
 
-def test_add_counts_and_set_sums():
-    stats = CandidateStatistics(2, 3)
-    stats.add_counts(4, n_batches=1, n_vectors=4).set_sums(sum_q_sq=2.0, sum_cross=np.ones((2, 3)))
-    assert (stats.n_samples, stats.n_batches, stats.n_vectors, stats.sum_q_sq) == (4, 1, 4, 2.0)
-    assert stats.sum_cross.sum() == 6
-    stats.add_counts(n_vectors=None)
-    assert stats.n_vectors is None
-    with pytest.raises(ValueError, match="shape"):
-        stats.set_sums(sum_gram=np.ones((2, 2)))
-    with pytest.raises(ValueError, match="not a running sum"):
-        stats.set_sums(n_samples=3)
+def test_totals_of_several_batches_are_those_batches_added_one_by_one():
+    """An adapter's device totals reach the statistics as one BatchMoments of ``n_batches`` batches (the
+    sum of their eq. (2) terms and their folds): equal, to the bit, to adding the batches one by one."""
+    from satcore import batch_moments
+
+    Q, Psi = arrays(3, M=9)
+    cuts = [(0, 2), (2, 5), (5, 9)]
+    one_by_one = CandidateStatistics(4, 6, 3, True, n_folds=2)
+    for start, stop in cuts:
+        one_by_one.add_moments(batch_moments(Q[start:stop], Psi[start:stop], variance=True))
+    parts = [batch_moments(Q[start:stop], Psi[start:stop], variance=True) for start, stop in cuts]
+    totals = dataclasses.replace(parts[0] + parts[1] + parts[2], n_batches=3,
+                                 batch_grad_norm=parts[0].batch_grad_norm + parts[1].batch_grad_norm
+                                 + parts[2].batch_grad_norm)
+    folds = (np.stack([parts[0].sum_cross + parts[2].sum_cross, parts[1].sum_cross]), np.array([2 + 4, 3]))
+    handed = CandidateStatistics(4, 6, 3, True, n_folds=2).add_moments(totals, folds=folds)
+    assert (handed.n_samples, handed.n_batches, handed.n_vectors) == (9, 3, 27)
+    assert handed == one_by_one
+    assert handed.score().growth_value == one_by_one.score().growth_value

@@ -26,7 +26,7 @@ keras = pytest.importorskip("keras")
 
 from sklearn.datasets import load_digits  # noqa: E402
 
-from satcore import growth_value_from_moments, make_family  # noqa: E402
+from satcore import InputError, growth_value_from_moments, make_family  # noqa: E402
 from satcore.adapters.tensorflow import InsertedResidual, grow, probe  # noqa: E402
 
 F64 = "float64"
@@ -164,18 +164,18 @@ class Subclassed(keras.Model):
 def test_refusals(trained):
     model, X, y, result = trained
     at = list(result.statistics)[0]
-    with pytest.raises(ValueError, match="functional"):
+    with pytest.raises(InputError, match="^model: grow needs a functional Keras model; Subclassed is not one"):
         grow(Subclassed(), result, at, zero=True)
-    with pytest.raises(ValueError, match="unknown candidate 'nowhere'"):
+    with pytest.raises(InputError, match="^at: unknown candidate 'nowhere'"):
         grow(model, result, "nowhere", zero=True)
-    with pytest.raises(ValueError, match="exactly one"):
+    with pytest.raises(InputError, match="^give exactly one of alpha, rho or zero=True"):
         grow(model, result, at, alpha=0.1, rho=1e-3)
     user = probe(model, [(X[:32], y[:32])], LOSS, family=keras.layers.Identity())
-    with pytest.raises(ValueError, match="user feature map"):
+    with pytest.raises(InputError, match=f"^at={at!r}: grow rebuilds the probe's own seeded family .* user feature map"):
         grow(model, user, at, zero=True)
     width = result.statistics[at].cross_gradient().shape[0]  # a Family object: its record does not pin psi
     given = probe(model, [(X[:32], y[:32])], LOSS, family={at: make_family("linear", width)})
-    with pytest.raises(ValueError, match="Family object"):
+    with pytest.raises(InputError, match=f"^at={at!r}: .*Family object"):
         grow(model, given, at, zero=True)
 
 
@@ -223,7 +223,7 @@ def test_a_candidate_inside_a_layer_is_refused():
     model = keras.Model(x, TwoLayers(dtype=F64, name="outer")(keras.layers.Dense(8, dtype=F64, name="stem")(x)))
     X, y = load_digits(return_X_y=True)
     result = probe(model, [(X[:16] / 16.0, y[:16])], LOSS, candidates=["inner"], family="linear")
-    with pytest.raises(ValueError, match="'inner' is not a layer called once at the top level"):
+    with pytest.raises(InputError, match="^at='inner': layer 'inner' is not a layer called once at the top level"):
         grow(model, result, "inner", zero=True)
     outer = probe(model, [(X[:16] / 16.0, y[:16])], LOSS, candidates=["outer"], family="linear")
     np.testing.assert_array_equal(grow(model, outer, "outer", zero=True).model(X[:16] / 16.0).numpy(),

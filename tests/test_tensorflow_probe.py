@@ -29,8 +29,8 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from satcore import CandidateStatistics, make_family  # noqa: E402
-from satcore.adapters.tensorflow import Candidate, probe  # noqa: E402
+from satcore import CandidateStatistics, InputError, ProbeError, make_family  # noqa: E402
+from satcore.adapters.tensorflow import Candidate, Probe, probe  # noqa: E402
 
 D, T, VOCAB, IN = 8, 5, 7, 3
 
@@ -257,18 +257,71 @@ def test_save_writes_a_dump_that_reads_back(token_setup, tmp_path):
 
 def test_bad_candidates_and_losses(token_setup):
     model, batches = token_setup
-    with pytest.raises(ValueError, match="not a functional Keras model"):
+    with pytest.raises(ProbeError, match="^model: TokenModel is not a functional Keras model"):
         probe(model, batches, token_loss)
-    with pytest.raises(ValueError, match="'nope' is not a layer name"):
+    with pytest.raises(ProbeError, match="^candidates: 'nope': 'nope' is not a layer name"):
         probe(model, batches, token_loss, candidates=["nope"])
+    with pytest.raises(ProbeError, match="^candidates is empty"):
+        probe(model, batches, token_loss, candidates=[])
     over_batch = lambda y, p: tf.reduce_mean(token_loss(y, p), axis=0)  # noqa: E731  (T,): one per token
-    with pytest.raises(ValueError, match=r"loss_fn returned shape \(5,\); expected per-sample losses \(6, ...\)"):
+    with pytest.raises(ProbeError, match=r"^loss_fn returned shape \(5,\); expected per-sample losses \(6, ...\)"):
         probe(model, batches, over_batch, candidates=["block0"])
-    with pytest.raises(TypeError, match="loss_fn must return a tensor, got float"):
+    with pytest.raises(ProbeError, match="^loss_fn must return a tensor, got float"):
         probe(model, batches, lambda y, p: 1.0, candidates=["block0"])
     summed = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
-    with pytest.raises(ValueError, match="reduction='sum'"):
+    with pytest.raises(ProbeError, match="^loss_fn sums over the batch"):
         probe(model, batches, summed, candidates=["block0"])
+
+
+BAD_BATCHES = {
+    # name: (the bad batch made from a good (x, y), what the one-line refusal says)
+    "a triple": (lambda x, y: (x, y, y), r"^a batch is a pair \(inputs, targets\) or a mapping .* tuple of length 3$"),
+    "no labels": (lambda x, y: {"x": x}, r"^batch: a mapping needs the targets under 'labels'"),
+    "inputs too wide": (lambda x, y: (np.concatenate([x, x], axis=-1), y),
+                        r"^batch 1: the model or loss_fn cannot take it \(ValueError: .*"),
+    "text inputs": (lambda x, y: (np.full(x.shape, "word"), y), r"^batch 1: the model or loss_fn cannot take it \("),
+    "too few targets": (lambda x, y: (x, y[:-1]), r"^batch 1: the model or loss_fn cannot take it \("),
+    "targets past the classes": (lambda x, y: (x, y + VOCAB), r"^batch 1: the model or loss_fn cannot take it \("),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BATCHES))
+def test_a_bad_batch_is_refused_by_name_and_adds_nothing(token_setup, case):
+    """Bad shapes, dtypes and missing labels on a real functional Keras model: a one-line ProbeError
+    (a satcore error, not Keras's or TensorFlow's), and the probe goes on as if the batch had not come."""
+    sub, batches = token_setup
+    model = functional_copy(sub)
+    make_bad, message = BAD_BATCHES[case]
+    clean = Probe(model, token_loss)
+    assert [clean.update(batch) for batch in batches] == [6, 4] and clean.batches_done == 2
+    state = Probe(model, token_loss)
+    assert state.update(batches[0]) == 6
+    with pytest.raises(ProbeError, match=message) as refused:
+        state.update(make_bad(*batches[1]))
+    assert "\n" not in str(refused.value) and state.batches_done == 1
+    assert state.update(batches[1]) == 4 and state.batches_done == 2
+    for name, stats in state.result().statistics.items():
+        expected = clean.result().statistics[name]
+        assert stats == expected, name  # the same sums to the bit: the refused batch added nothing
+
+
+def test_the_other_refusals_name_their_argument(token_setup):
+    sub, batches = token_setup
+    model = functional_copy(sub)
+    with pytest.raises(ProbeError, match="^data: the probe has held no samples yet"):
+        Probe(model, token_loss).result()
+    with pytest.raises(InputError, match="^family: the Family's width 5 does not match the stream's 8"):
+        probe(model, batches, token_loss, family=make_family("mlp", 5))
+    from satcore.adapters.tensorflow import KerasCallback
+    from satcore.adapters.tensorflow.callbacks import per_sample_loss
+    from satcore.adapters.tensorflow.growth import per_sample_losses
+
+    with pytest.raises(InputError, match="^every_n_epochs must be >= 1, got 0"):
+        KerasCallback(batches, token_loss, every_n_epochs=0)
+    with pytest.raises(ProbeError, match="^loss_fn: the model's compiled loss 3 is not one loss"):
+        per_sample_loss(3)
+    with pytest.raises(ProbeError, match=r"^loss_fn returned a 0-d loss; the growth loop needs per-sample losses"):
+        per_sample_losses(model, batches, lambda y, p: tf.reduce_mean(token_loss(y, p)))
 
 
 # -- tf.distribute ----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import models_torch as mt
+from satcore import ProbeError
 from satcore.adapters.torch import StreamTaps, find_candidates, probe, sequence_loss
 
 torch.set_num_threads(1)
@@ -123,7 +124,7 @@ def test_hooks_removed_after_exception_in_loop():
     def failing_loss(outputs, targets):
         raise RuntimeError("boom in loss")
 
-    with pytest.raises(RuntimeError, match="boom in loss"):
+    with pytest.raises(ProbeError, match=r"batch 0: the model or loss_fn cannot take it \(RuntimeError: boom in loss\)"):
         probe(model, mt.digits_batches(4, 2), failing_loss)
     assert _hook_counts(model) == before
 

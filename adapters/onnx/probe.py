@@ -240,7 +240,7 @@ class Probe:
         warn_if_training_split(config.split)
         self.stats = DepthStatistics()
         self.maps: dict = {}
-        self.batches_seen = 0
+        self.batches_done = 0
         model_name = os.fspath(model) if isinstance(model, (str, os.PathLike)) else "ModelProto"
         self.meta = probe_meta("onnx", model_name, config.loss, config, output=self.session.output,
                                gradient_route=self.session.route,
@@ -248,13 +248,13 @@ class Probe:
 
     def update(self, batch) -> int:
         """Add one batch (:func:`split_batch`); returns its number of samples (0: an empty batch)."""
-        index = self.batches_seen
-        self.batches_seen += 1
+        index = self.batches_done
         try:
             captured = self.session(batch)
         except OnnxProbeError as exc:
             raise OnnxProbeError(f"batch {index}: {exc}") from None
         if captured is None:
+            self.batches_done += 1
             return 0
         acts, grads = captured
         for name in self.names:
@@ -271,6 +271,7 @@ class Probe:
                 self.stats[name].update(q, psi, z=positions(z))
             except ValueError as exc:
                 raise OnnxProbeError(f"batch {index}: candidate {name!r}: {exc}") from None
+        self.batches_done += 1
         return len(next(iter(acts.values())))
 
     def result(self) -> ProbeResult:

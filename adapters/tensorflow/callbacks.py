@@ -14,6 +14,8 @@ from dataclasses import replace
 
 import keras
 
+from satcore import InputError, ProbeError
+
 from .probe import ProbeConfig, probe
 
 
@@ -29,7 +31,7 @@ def per_sample_loss(loss):
         return keras.losses.get(loss)
     if callable(loss):
         return loss
-    raise ValueError(f"the model's compiled loss {loss!r} is not one loss; pass loss_fn(y_true, y_pred) -> (B,)")
+    raise ProbeError(f"loss_fn: the model's compiled loss {loss!r} is not one loss; pass loss_fn(y_true, y_pred) -> (B,)")
 
 
 class KerasCallback(keras.callbacks.Callback):
@@ -50,7 +52,7 @@ class KerasCallback(keras.callbacks.Callback):
                  report: dict | None = None, config: ProbeConfig | None = None, **options):
         super().__init__()
         if every_n_epochs < 1:
-            raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
+            raise InputError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
         self.probe_data, self.loss_fn = probe_data, loss_fn
         self.every_n_epochs, self.prefix, self.report_options = every_n_epochs, prefix, dict(report or {})
         self.config = ProbeConfig(**options) if config is None else replace(config, **options)

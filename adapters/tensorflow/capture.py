@@ -13,6 +13,8 @@ import contextlib
 import threading
 from collections.abc import Mapping
 
+from satcore import ProbeError
+
 _local = threading.local()
 
 
@@ -28,17 +30,17 @@ class Recording:
         import tensorflow as tf
 
         if name in self.z:
-            raise ValueError(f"candidate {name!r} was reached twice in one forward pass (a shared layer?)")
+            raise ProbeError(f"candidate {name!r} was reached twice in one forward pass (a shared layer?)")
         # tf.convert_to_tensor would stack a structure of tensors into one, silently changing what
         # the downstream layers receive
         if isinstance(z, (list, tuple, Mapping)):
-            raise ValueError(f"candidate {name!r}: the tapped value is a {type(z).__name__}, not one tensor")
+            raise ProbeError(f"candidate {name!r}: the tapped value is a {type(z).__name__}, not one tensor")
         # a model-input candidate arrives as the user's batch (NumPy or any array Keras accepts);
         # everything downstream (features, positions, moments) reads tensor shapes
         try:
             z = tf.convert_to_tensor(z)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"candidate {name!r}: the tapped value ({type(z).__name__}) is not an array: {e}") from None
+            raise ProbeError(f"candidate {name!r}: the tapped value ({type(z).__name__}) is not an array: {e}") from None
         delta = tf.zeros_like(z)
         self.tape.watch(delta)
         self.z[name], self.delta[name] = z, delta
@@ -83,7 +85,7 @@ def taps(model, candidates):
                 continue
             layer = layers[c.layer]
             if "call" in vars(layer):
-                raise ValueError(f"layer {c.layer!r} is tapped twice; candidates must be distinct tensors")
+                raise ProbeError(f"candidates: layer {c.layer!r} is tapped twice; candidates must be distinct tensors")
             object.__setattr__(layer, "call", _wrap(layer, c))
             patched.append(layer)
         yield

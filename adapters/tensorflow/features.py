@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from satcore.adapters.options import builtin_kind, family_record
-from satcore import Family, make_family
+from satcore import Family, InputError, ProbeError, make_family
 from satcore.adapter_api import family_builder, family_spec, register_builder
 
 
@@ -36,7 +36,7 @@ def positions(z):
     if rank == 4:
         s = tf.shape(z)
         return tf.reshape(z, [s[0], s[1] * s[2], s[3]])
-    raise ValueError(f"stream of shape {tuple(z.shape)}: expected (M, N), (M, T, N) or (M, H, W, C)")
+    raise ProbeError(f"a candidate's stream of shape {tuple(z.shape)}: expected (M, N), (M, T, N) or (M, H, W, C)")
 
 
 def _patches3x3(x):
@@ -114,7 +114,7 @@ def feature_map(spec, z, *, seed: int = 0, init_std: float | None = None, n_feat
     width = int(z.shape[-1])
     if isinstance(spec, Family):
         if spec.width != width:
-            raise ValueError(f"family width {spec.width} does not match the stream's {width}")
+            raise InputError(f"family: the Family's width {spec.width} does not match the stream's {width}")
         return FeatureMap(spec, given=True)
     if callable(spec):
         return FeatureMap(None, spec)

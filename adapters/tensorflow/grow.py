@@ -22,7 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from satcore import DEFAULT_RTOL
+from satcore import DEFAULT_RTOL, InputError
 from satcore.adapters.insertion import Grown, insertion_step
 from satcore.adapter_api import family_spec, rebuild_family
 from satcore import plan_insertion
@@ -66,22 +66,22 @@ class InsertedResidual(keras.layers.Layer):
 
 def _refuse_unless_growable(model, result, at):
     if not is_functional(model):
-        raise ValueError(f"grow needs a functional Keras model; {type(model).__name__} is not one "
+        raise InputError(f"model: grow needs a functional Keras model; {type(model).__name__} is not one "
                          "(a subclassed model's graph cannot be rebuilt)")
     if result.meta.get("framework") != "tensorflow" or at not in result.statistics:
-        raise ValueError(f"unknown candidate {at!r}; the TensorFlow probe has {list(result.statistics)}")
+        raise InputError(f"at: unknown candidate {at!r}; the TensorFlow probe result has {list(result.statistics)}")
     family = result.meta["family"][at]
     if family["kind"] == "user" or family.get("given"):
-        raise ValueError(f"{at}: grow rebuilds the probe's own seeded family (family='auto' or a kind), "
+        raise InputError(f"at={at!r}: grow rebuilds the probe's own seeded family (family='auto' or a kind), "
                          f"not a {'user feature map' if family['kind'] == 'user' else 'Family object'}")
     if family_spec(family["kind"]).takes_init_std and "init_std" not in family:  # written before it was recorded
-        raise ValueError(f"{at}: this probe result does not record the {family['kind']} family's init_std, so its "
+        raise InputError(f"at={at!r}: this probe result does not record the {family['kind']} family's init_std, so its "
                          "psi cannot be redrawn; probe the model again")
     tap = result.meta["taps"][at]
     if tap["position"] != "model_input":
         top = {layer.name: layer for layer in model.layers}
         if tap["layer"] not in top or len(top[tap["layer"]]._inbound_nodes) != 1:
-            raise ValueError(f"{at}: layer {tap['layer']!r} is not a layer called once at the top level of "
+            raise InputError(f"at={at!r}: layer {tap['layer']!r} is not a layer called once at the top level of "
                              f"{model.name!r}; grow inserts only there")
     return family, tap
 
@@ -146,7 +146,7 @@ def grow(model, result, at: str, *, alpha=None, rho=None, zero: bool = False, rt
     else:
         expanded = copies = keras.models.clone_model(model, call_function=call_function)
     if len(blocks) != 1:
-        raise ValueError(f"{at}: the tapped tensor was reached {len(blocks)} times while rebuilding {model.name!r}")
+        raise InputError(f"at={at!r}: the tapped tensor was reached {len(blocks)} times while rebuilding {model.name!r}")
     for layer in model.layers:
         if layer.weights:  # clones keep the layer names (input layers get new ones, and hold no weights)
             copies.get_layer(layer.name).set_weights(layer.get_weights())

@@ -22,7 +22,7 @@ import tensorflow as tf
 from satcore.adapter_api import atomic_write
 from satcore.adapter_api import display_name
 from satcore.adapter_api import NpzArchive, NpzError
-from satcore import GrowthLogError
+from satcore import GrowthLogError, ProbeError
 from satcore import FirstOrderDecide, GrowthOptions, GrowthResult, GrowthRound, HeldoutGuard, run_growth
 from satcore.adapter_api import AdapterSteps
 
@@ -39,7 +39,7 @@ def per_sample_losses(model, data, loss_fn) -> np.ndarray:
         x, y = _unpack(batch)
         values = tf.convert_to_tensor(loss_fn(y, model(x, training=False)))
         if values.shape.rank == 0:
-            raise ValueError("loss_fn returned a 0-d loss; the growth loop needs per-sample losses (reduction=None)")
+            raise ProbeError("loss_fn returned a 0-d loss; the growth loop needs per-sample losses (reduction=None)")
         if values.shape.rank > 1:
             values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
         out.append(np.asarray(values, dtype=np.float64))
@@ -79,22 +79,6 @@ def _inserted(model) -> int:
     return sum(isinstance(layer, InsertedResidual) for layer in model._flatten_layers(include_self=False))
 
 
-class _CountingProbe:
-    """A Keras :class:`~.probe.Probe` that counts batches and reports each batch's samples (the core's
-    incremental-probe interface)."""
-
-    def __init__(self, probe: Probe):
-        self.probe, self.batches_done = probe, 0
-
-    def update(self, batch) -> int:
-        self.probe.update(batch)
-        self.batches_done += 1
-        return int(tf.shape(tf.nest.flatten(_unpack(batch)[0])[0])[0])
-
-    def result(self):
-        return self.probe.result()
-
-
 class KerasGrowthSteps(AdapterSteps):
     """The Keras side of a round (:class:`satcore._growth.loop.GrowthSteps`)."""
 
@@ -107,9 +91,8 @@ class KerasGrowthSteps(AdapterSteps):
         self.train_fn, self.loss_fn, self.data = train, loss_fn, data
         self.family, self.options = family, dict(probe_options or {})
 
-    def start_probe(self, model, seed: int) -> _CountingProbe:
-        return _CountingProbe(Probe(model, self.loss_fn, family=self.family, seed=seed, split="probe",
-                                    **self.options))
+    def start_probe(self, model, seed: int) -> Probe:
+        return Probe(model, self.loss_fn, family=self.family, seed=seed, split="probe", **self.options)
 
     def depth(self, model) -> int:
         names = self.options.get("candidates")

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from satcore import ProbeError
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -35,7 +37,7 @@ def all_layers(model) -> dict:
 def _history(tensor):
     history = getattr(tensor, "_keras_history", None)
     if history is None:
-        raise ValueError(f"tensor {tensor!r} has no Keras history (not a functional model?)")
+        raise ProbeError(f"model: tensor {tensor!r} has no Keras history (not a functional model?); pass candidates=[layer names]")
     return history
 
 
@@ -52,8 +54,8 @@ def _tap_of(tensor, model, name: str) -> Candidate:
         if x is tensor:
             return Candidate(name, None, "model_input", k)
     if len(operation._inbound_nodes) > 1 or tensor_index != 0:
-        raise ValueError(
-            f"the skip input of {name!r} comes from shared or multi-output layer {operation.name!r}; "
+        raise ProbeError(
+            f"model: the skip input of {name!r} comes from shared or multi-output layer {operation.name!r}; "
             "name the candidate layers explicitly"
         )
     return Candidate(name, operation.name, "output")
@@ -84,7 +86,7 @@ def residual_candidates(model) -> tuple[Candidate, ...]:
     import keras
 
     if not is_functional(model):
-        raise ValueError(f"{type(model).__name__} is not a functional Keras model; pass candidates=[layer names]")
+        raise ProbeError(f"model: {type(model).__name__} is not a functional Keras model; pass candidates=[layer names]")
     found = []
     for layer in model.layers:
         if not isinstance(layer, keras.layers.Add) or len(layer._inbound_nodes) != 1:
@@ -96,7 +98,7 @@ def residual_candidates(model) -> tuple[Candidate, ...]:
         if skip is not None:
             found.append(_tap_of(skip, model, layer.name))
     if not found:
-        raise ValueError(f"no residual Add layer found in {model.name!r}; pass candidates=[layer names]")
+        raise ProbeError(f"model: no residual Add layer found in {model.name!r}; pass candidates=[layer names]")
     return tuple(found)
 
 
@@ -109,14 +111,14 @@ def named_candidates(model, names) -> tuple[Candidate, ...]:
     layers = all_layers(model)
     cands = [c if isinstance(c, Candidate) else Candidate(c, c, "input") for c in names]
     if not cands:
-        raise ValueError("candidates is empty")
+        raise ProbeError("candidates is empty; name at least one layer")
     for c in cands:
         if c.position not in ("input", "output"):
-            raise ValueError(f"candidate {c.name!r}: position must be 'input' or 'output', not {c.position!r}")
+            raise ProbeError(f"candidates: {c.name!r}: position must be 'input' or 'output', not {c.position!r}")
         if c.layer not in layers:
-            raise ValueError(f"candidate {c.name!r}: {c.layer!r} is not a layer name of {model.name!r}")
+            raise ProbeError(f"candidates: {c.name!r}: {c.layer!r} is not a layer name of {model.name!r}")
     if len({c.name for c in cands}) != len(cands) or len({(c.layer, c.position) for c in cands}) != len(cands):
-        raise ValueError(f"candidates must be distinct: {[c.name for c in cands]}")
+        raise ProbeError(f"candidates must be distinct: {[c.name for c in cands]}")
     return tuple(cands)
 
 

@@ -9,18 +9,22 @@ from dataclasses import dataclass, replace
 
 import tensorflow as tf
 
-from satcore.adapters.base import ProbeOptions, probe_meta, resolve_options, warn_if_training_split
+from satcore.adapters.base import ProbeOptions, probe_meta, refusing_bad_batch, resolve_options, warn_if_training_split
 from satcore.adapters.batches import LABELS, split_batch
 from satcore.adapters.options import per_candidate
 from satcore import DepthStatistics
 from satcore import BatchMoments
 from satcore import ProbeResult
 from satcore import CandidateStatistics
+from satcore import InputError, ProbeError
 
 from .capture import recording, taps
 from .features import feature_map, positions
 from .locate import named_candidates, residual_candidates
 from .moments import replica_moments
+
+# what Keras and TensorFlow raise for inputs or targets of a shape or dtype the model or loss cannot take
+BATCH_ERRORS = (ValueError, TypeError, tf.errors.InvalidArgumentError)
 
 
 def total_loss(values, batch_size: int, replicas: int = 1):
@@ -34,11 +38,11 @@ def total_loss(values, batch_size: int, replicas: int = 1):
     (docs/core.md, Conventions: adapters undo a batch mean), so it is multiplied back.
     """
     if not tf.is_tensor(values):
-        raise TypeError(f"loss_fn must return a tensor, got {type(values).__name__}")
+        raise ProbeError(f"loss_fn must return a tensor, got {type(values).__name__}")
     if values.shape.rank == 0:
         return values * tf.cast(batch_size * replicas, values.dtype)
     if values.shape[0] != batch_size:
-        raise ValueError(
+        raise ProbeError(
             f"loss_fn returned shape {tuple(values.shape)}; expected per-sample losses ({batch_size}, ...) "
             "(reduction=None) or a scalar batch mean"
         )
@@ -51,7 +55,7 @@ def _unpack(batch):
         return batch["x"], batch["y"]
     x, y = split_batch(batch)
     if y is None:
-        raise ValueError(f"a batch mapping needs the targets under {LABELS!r} (the rest are the model's inputs)")
+        raise ProbeError(f"batch: a mapping needs the targets under {LABELS!r} (the rest are the model's inputs)")
     return x, y
 
 
@@ -108,7 +112,7 @@ class Probe:
         config = resolve_options(ProbeConfig, config, **options)
         if getattr(loss_fn, "reduction", None) == "sum":
             # its scalar is sum_i loss_i, which total_loss would read as a mean and multiply by B
-            raise ValueError("loss_fn sums over the batch (reduction='sum'); use reduction=None or the default mean")
+            raise ProbeError("loss_fn sums over the batch (reduction='sum'); use reduction=None or the default mean")
         self.model, self.loss_fn, self.config = model, loss_fn, config
         self.cands = residual_candidates(model) if config.candidates is None else named_candidates(model, config.candidates)
         self.names = [c.name for c in self.cands]
@@ -118,6 +122,7 @@ class Probe:
         self.maps: dict = {}
         self.n_positions: dict = {}
         self.stats = DepthStatistics()
+        self.batches_done = 0
         self.model_inputs = [c for c in self.cands if c.position == "model_input"]
         self._warned_scalar = False
         warn_if_training_split(config.split)
@@ -127,12 +132,13 @@ class Probe:
         with tf.GradientTape() as tape, recording(tape) as rec:
             if self.model_inputs:
                 x = _tap_inputs(rec, x, self.model_inputs)
-            y_pred = self.model(x, training=False)
-            missing = [n for n in names if n not in rec.z]
-            if missing:
-                raise ValueError(f"candidate(s) {missing} were not reached in the forward pass")
-            batch_size = int(rec.z[names[0]].shape[0])
-            values = self.loss_fn(y, y_pred)
+            with refusing_bad_batch(self.batches_done, BATCH_ERRORS):
+                y_pred = self.model(x, training=False)
+                missing = [n for n in names if n not in rec.z]
+                if missing:
+                    raise ProbeError(f"candidates {missing} were not reached in the forward pass")
+                batch_size = int(rec.z[names[0]].shape[0])
+                values = self.loss_fn(y, y_pred)
             if tf.is_tensor(values) and values.shape.rank == 0 and not self._warned_scalar:
                 self._warned_scalar = True
                 warnings.warn("loss_fn returned a 0-d loss: read as the batch mean and multiplied by the batch size "
@@ -142,7 +148,7 @@ class Probe:
         out = {}
         for n, g in zip(names, grads):
             if g is None:
-                raise ValueError(f"the loss does not depend on candidate {n!r}")
+                raise ProbeError(f"loss_fn: the loss does not depend on candidate {n!r}")
             z = rec.z[n]
             if n not in self.maps:  # same seeded weights on every replica and batch
                 self.maps[n] = feature_map(self.specs[n], z, seed=config.seed, init_std=config.init_std,
@@ -154,8 +160,8 @@ class Probe:
             out[n] = replace(moments, sum_z_sq=tf.reduce_sum(tf.square(tf.cast(z, tf.float64)))).as_dict()
         return out
 
-    def update(self, batch) -> None:
-        """Add one batch (see the class docstring)."""
+    def update(self, batch) -> int:
+        """Add one batch (see the class docstring); returns its number of samples (over every replica)."""
         strategy = self.strategy
         x, y = _unpack(batch)
         with taps(self.model, self.cands):
@@ -163,8 +169,10 @@ class Probe:
         summed = tf.nest.map_structure(
             lambda v: strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None), per_replica
         )
+        samples = 0
         for n in self.names:
             moments = BatchMoments(**summed[n]).to_numpy()
+            samples = moments.n_samples
             if moments.n_samples == 0:
                 continue
             if n not in self.stats:
@@ -172,11 +180,13 @@ class Probe:
                 self.stats[n] = CandidateStatistics(N, r, self.n_positions[n], self.config.variance, stream=True)
             # every position of a Keras stream is in the sums: the stream's vectors are the statistics'
             self.stats[n].add_moments(replace(moments.as_one_batch(), n_stream_vectors=moments.n_vectors))
+        self.batches_done += 1
+        return samples
 
     def result(self) -> ProbeResult:
         """The statistics of every batch so far (a copy: the probe can go on)."""
         if not self.stats:
-            raise ValueError("the data held no samples")
+            raise ProbeError("data: the probe has held no samples yet")
         meta = probe_meta(
             "tensorflow", self.model.name, self.loss_fn, self.config,
             replicas=self.strategy.num_replicas_in_sync,
@@ -201,7 +211,7 @@ def probe(model, data, loss_fn, *, config: ProbeConfig | None = None, **options)
     if isinstance(data, tf.data.Dataset):
         data = state.strategy.experimental_distribute_dataset(data)
     elif state.strategy.num_replicas_in_sync > 1:
-        raise ValueError("under a multi-replica strategy, pass data as a tf.data.Dataset")
+        raise InputError("data: under a multi-replica strategy, pass data as a tf.data.Dataset")
     for batch in data:
         state.update(batch)
     return state.result()

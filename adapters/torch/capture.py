@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from satcore import ProbeError
+
 from .locate import Candidate
 from .masks import applies, drop_absent
 from .moments import squared_norm
@@ -34,7 +36,7 @@ def stream_argument(args, kwargs):
     for key in STREAM_KWARGS:
         if torch.is_tensor(kwargs.get(key)):
             return None, key
-    raise ValueError("cannot find the residual stream: no positional tensor and none of " + ", ".join(STREAM_KWARGS))
+    raise ProbeError("cannot find the residual stream: no positional tensor and none of " + ", ".join(STREAM_KWARGS))
 
 
 def get_stream(args, kwargs):
@@ -107,7 +109,7 @@ class StreamTaps:
         if not self.by_name[name].sequence_first:
             return x
         if x.dim() != 3:
-            raise ValueError(
+            raise ProbeError(
                 f"candidate {name!r} reads (T, B, d) (batch_first=False) but its stream has shape {tuple(x.shape)}"
             )
         return x.transpose(0, 1)
@@ -121,10 +123,10 @@ class StreamTaps:
 
     def _record(self, name, z):
         if name in self.taps:
-            raise RuntimeError(f"candidate {name!r} ran twice in one forward pass; candidates must run once")
+            raise ProbeError(f"candidate {name!r} ran twice in one forward pass; candidates must run once")
         if not z.is_floating_point():
             side = "input" if self.by_name[name].position == "input" else "output"
-            raise ValueError(
+            raise ProbeError(
                 f"candidate {name!r}: its {side} is a {z.dtype} tensor, not a floating-point activation; "
                 "name a module that reads the residual stream"
             )

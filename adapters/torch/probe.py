@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from satcore.adapters.base import ProbeOptions, probe_meta, resolve_options, warn_if_training_split
+from satcore.adapters.base import ProbeOptions, probe_meta, refusing_bad_batch, resolve_options, warn_if_training_split
 from satcore.adapters.batches import split_batch
 from satcore.adapters.options import per_candidate
 from satcore import DepthStatistics
@@ -56,6 +56,10 @@ from .moments import (
 )
 from .result import ProbeResult
 from .running import RunningSums
+
+
+# what torch raises for inputs or targets of a shape, dtype or range the model or loss cannot take
+BATCH_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
 
 
 def call_model(model: nn.Module, inputs):
@@ -311,12 +315,13 @@ class Probe:
             inputs = to_device(inputs, self.device)
             keep = batch_mask(config.mask, inputs, self.device)
             taps.clear(keep)
-            outputs = call_model(self.model, inputs)
-            missing = [n for n in names if n not in taps.taps]
-            if missing:
-                raise ProbeError(f"candidate(s) {missing} did not run in the forward pass")
-            targets = to_device(targets, self.device)
-            losses = loss_fn(outputs, targets)
+            with refusing_bad_batch(self.batches_done, BATCH_ERRORS, passing=(torch.cuda.OutOfMemoryError,)):
+                outputs = call_model(self.model, inputs)
+                missing = [n for n in names if n not in taps.taps]
+                if missing:
+                    raise ProbeError(f"candidate(s) {missing} did not run in the forward pass")
+                targets = to_device(targets, self.device)
+                losses = loss_fn(outputs, targets)
             samples = _batch_size(losses, taps.streams, names)
             check_samples(keep, samples)
             if torch.is_tensor(losses) and losses.dim() == 0:
@@ -362,7 +367,7 @@ class Probe:
 
     def save_checkpoint(self) -> None:
         """Write the running sums to ``config.checkpoint`` (a ``satcore-dump/1`` file)."""
-        _sync(self.running)
+        _sync(self.running, self.statistics)
         save_checkpoint(self.config.checkpoint, self.statistics, _specs(self.families),
                         self.batches_done, self.settings)
 
@@ -372,7 +377,7 @@ class Probe:
         The probe can go on after it: the result holds copies of the sums
         (``copy_sums=False``: the probe's own, for a last call, without doubling the memory).
         """
-        _sync(self.running)
+        _sync(self.running, self.statistics)
         ordered = DepthStatistics(
             (c.name, self.statistics[c.name]) for c in self.found if c.name in self.statistics)
         if len(ordered) != len(self.found):
@@ -579,9 +584,10 @@ def _specs(families):
     return {name: fm.spec for name, fm in families.items()}
 
 
-def _sync(running):
-    for sums in running.values():
-        sums.sync()
+def _sync(running, statistics):
+    """Each candidate's ``statistics`` made those of every batch so far (:meth:`RunningSums.sync`)."""
+    for name, sums in running.items():
+        statistics[name] = sums.sync()
 
 
 def _running_sums(name, z, feature_map, statistics, config, *, has_update: bool) -> RunningSums:

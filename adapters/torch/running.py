@@ -6,10 +6,14 @@ host transfer and no synchronisation: on a GPU a per-batch copy of an
 ``r x r`` Gram to the host, or a Python ``float()`` of a device scalar,
 stalls the queue for longer than the sums take.  On the CPU the totals ARE
 the arrays of the core's :class:`satcore.CandidateStatistics` (shared
-memory, nothing copied); elsewhere :meth:`RunningSums.sync` copies them
-into those arrays, which the probe does before each checkpoint and at the
-end.  The stream sums (``sum_i ||z_i||^2``, its position vectors, the block
-update's ``sum_i ||block(z_i) - z_i||^2``) are fields of the same statistics.
+memory, nothing copied per batch).  :meth:`RunningSums.sync`, which the
+probe calls before each checkpoint and for each result, hands the totals
+of every batch so far to fresh statistics as one
+:class:`satcore.BatchMoments` through
+:meth:`~satcore.CandidateStatistics.add_moments`, the one way sums reach
+statistics (added to zeros: the totals' very bits).  The stream sums
+(``sum_i ||z_i||^2``, its position vectors, the block update's
+``sum_i ||block(z_i) - z_i||^2``) are fields of the same statistics.
 The totals are the whole probe's (seeded from a resumed checkpoint),
 added batch after batch in the same order whether or not the probe was
 interrupted, so a resumed probe is bitwise the uninterrupted one.
@@ -38,31 +42,39 @@ def fold_layout() -> tuple[int, int]:
 
 
 class RunningSums:
-    """Device totals of one candidate's ``statistics``, its stream sums included."""
+    """Device totals of one candidate's ``statistics``, its stream sums included, with the host counts."""
 
     def __init__(self, statistics: CandidateStatistics, device: torch.device):
-        self.statistics = statistics
+        self.statistics, self.device = statistics, device
 
         def scalar(value):
             return torch.tensor(float(value), dtype=torch.float64, device=device)
 
-        def matrix(array):
-            if device.type != "cpu" and statistics.n_samples == 0:
-                return torch.zeros(array.shape, dtype=torch.float64, device=device)  # nothing to copy over
-            return torch.as_tensor(array, device=device)  # on the CPU: a view of the array, no copy
-
-        self.matrices = {f: matrix(getattr(statistics, f)) for f in MATRICES if getattr(statistics, f) is not None}
-        self.fold_cross = None if not statistics.n_folds else matrix(statistics.fold_cross)
+        self._share_arrays(statistics, seeded=statistics.n_samples > 0)
         # Local batch i of rank k goes to fold (i * world + k) mod m: with batches dealt to ranks
         # round-robin (rank k takes batches k, k + world, ...), the all-reduced folds are one pass's.
         self.world, self.rank = fold_layout()
         self.scalars = {field: scalar(getattr(statistics, name)) for field, name in SCALARS.items()}
         self.stream = {f: scalar(getattr(statistics, f)) for f in STREAM_SCALARS if getattr(statistics, f) is not None}
+        self.n_samples, self.n_batches = statistics.n_samples, statistics.n_batches
+        self.n_vectors, self.n_stream_vectors = statistics.n_vectors, statistics.n_stream_vectors
+        self.fold_samples = None if not statistics.n_folds else statistics.fold_samples.copy()
         # position vectors counted since the last sync, of the stream and of the statistics (fewer
         # under position_subsample): Python ints, or device tensors once a padding mask counted them
         # there (read at sync, so no per-batch host copy)
         self.new_stream_vectors = 0
         self.new_statistics_vectors = 0
+
+    def _share_arrays(self, statistics: CandidateStatistics, seeded: bool) -> None:
+        """The matrix totals: on the CPU views of ``statistics``' arrays (no copy), elsewhere device
+        copies of them (zeros when not ``seeded``: nothing to copy over)."""
+        def matrix(array):
+            if self.device.type != "cpu" and not seeded:
+                return torch.zeros(array.shape, dtype=torch.float64, device=self.device)
+            return torch.as_tensor(array, device=self.device)  # on the CPU: a view of the array, no copy
+
+        self.matrices = {f: matrix(getattr(statistics, f)) for f in MATRICES if getattr(statistics, f) is not None}
+        self.fold_cross = None if not statistics.n_folds else matrix(statistics.fold_cross)
 
     def add(self, moments: BatchMoments) -> None:
         """Add one batch's ``moments`` from :mod:`.moments` (exactly symmetric Grams, if any; ``None``
@@ -77,34 +89,45 @@ class RunningSums:
                 total += value
         for field, total in self.scalars.items():
             total += getattr(moments, field)
-        fold = None
         if self.fold_cross is not None:
-            fold = (self.statistics.n_batches * self.world + self.rank) % self.statistics.n_folds
+            fold = (self.n_batches * self.world + self.rank) % self.statistics.n_folds
             self.fold_cross[fold] += moments.sum_cross
+            self.fold_samples[fold] += int(moments.n_samples)
         self.stream["sum_z_sq"] += moments.sum_z_sq
         if "sum_update_sq" in self.stream:
             self.stream["sum_update_sq"] += moments.sum_update_sq
-        self.statistics.add_counts(int(moments.n_samples), n_batches=1, n_vectors=0, fold=fold)  # vectors: at sync
+        self.n_samples += int(moments.n_samples)
+        self.n_batches += 1
         self.new_stream_vectors = self.new_stream_vectors + moments.n_stream_vectors
         self.new_statistics_vectors = self.new_statistics_vectors + moments.n_vectors
 
-    def sync(self) -> None:
-        """Bring ``statistics`` up to date (one host copy per field off the CPU).
+    def sync(self) -> CandidateStatistics:
+        """Statistics of every batch so far (one host copy per field off the CPU): fresh ones, fed the
+        totals as one :class:`satcore.BatchMoments` of ``n_batches`` batches.
 
         The Gram totals are made whole from their upper triangles first
-        (:func:`.moments.add_gram` updates only those on the CPU).
+        (:func:`.moments.add_gram` updates only those on the CPU).  On the CPU the new statistics'
+        arrays become the totals and the old ones are let go: while it runs, this candidate's sums
+        are held twice.
         """
         for field in SYMMETRIC:
             if field in self.matrices:
                 complete_lower(self.matrices[field])
-        # on the CPU the totals are the statistics' own arrays already
-        self.statistics.set_sums(**{f: total.cpu().numpy() for f, total in self.matrices.items()
-                                    if total.device.type != "cpu"})
-        self.statistics.set_sums(**{SCALARS[field]: float(total) for field, total in self.scalars.items()})
-        if self.fold_cross is not None and self.fold_cross.device.type != "cpu":
-            self.statistics.set_sums(fold_cross=self.fold_cross.cpu().numpy())
-        self.statistics.set_sums(**{f: float(total) for f, total in self.stream.items()})
         # (n_vectors stays None when resumed from a checkpoint that did not count them)
-        self.statistics.add_counts(n_vectors=int(self.new_statistics_vectors),
-                                   n_stream_vectors=int(self.new_stream_vectors))
+        if self.n_vectors is not None:
+            self.n_vectors += int(self.new_statistics_vectors)
+        self.n_stream_vectors += int(self.new_stream_vectors)
         self.new_stream_vectors = self.new_statistics_vectors = 0
+        matrices = {f: total.cpu().numpy() for f, total in self.matrices.items()}
+        scalars = {field: float(total) for field, total in self.scalars.items()}
+        stream = {f: float(total) for f, total in self.stream.items()}
+        totals = BatchMoments(n_samples=self.n_samples, n_vectors=self.n_vectors, n_batches=self.n_batches,
+                              n_stream_vectors=self.n_stream_vectors, **matrices, **scalars, **stream)
+        old = self.statistics
+        folds = None if self.fold_cross is None else (self.fold_cross.cpu().numpy(), self.fold_samples)
+        self.statistics = CandidateStatistics(old.n_hidden, old.n_features, old.n_positions, old.variance, old.n_folds,
+                                              old.curvature, old.stream, old.block_update).add_moments(totals,
+                                                                                                       folds=folds)
+        if self.device.type == "cpu":  # the new statistics' arrays are the totals from now on
+            self._share_arrays(self.statistics, seeded=True)
+        return self.statistics

@@ -15,10 +15,12 @@ order ``c*9 + ki*3 + kj``, zero padding 1, stride 1), one position per pixel.
 Gradients ``Q`` for a conv candidate are laid out ``(M, H*W, C)`` to match.
 Formulas: docs/core.md, Feature families.
 
-Every kind is a :class:`FamilySpec` in one registry (:func:`register_family`): how its weights
-are drawn, its NumPy features, which streams and sizes it takes.  Each framework registers its
-own feature map of a kind (:func:`register_builder`), so a new family is one spec plus one
-builder per framework, and no adapter's source changes (docs/adapters.md).
+Every kind is a :class:`FamilySpec` in one registry, a :class:`FamilyRegistry` object
+(:data:`FAMILY_REGISTRY`, made with the built-in kinds; :func:`register_family`): how its
+weights are drawn, its NumPy features, which streams and sizes it takes.  Each framework
+registers its own feature map of a kind (:func:`register_builder`), so a new family is one spec
+plus one builder per framework, and no adapter's source changes (docs/adapters.md).  A name
+registered twice with different entries is refused unless ``overwrite=True``.
 """
 
 from __future__ import annotations
@@ -213,58 +215,107 @@ class FamilySpec:
         return n
 
 
-_SPECS: dict[str, FamilySpec] = {}
-_BUILDERS: dict[tuple[str, str], Callable] = {}
+class FamilyRegistry:
+    """The family kinds (:class:`FamilySpec`) and each framework's feature map of them, owned by this object.
+
+    ``registry.register(spec)`` adds a kind; ``registry.register_builder(framework, kind, builder)``
+    adds a framework's feature map of a registered kind (what a builder takes is the
+    framework's: a torch builder returns an ``nn.Module``, a TensorFlow one a function of
+    tensors; the registry only keeps it, so that adding a family touches no adapter's source).
+
+    Failure mode: registering a name (or a framework's builder of a kind) that already holds
+    another entry is refused with an :class:`~satcore.InputError` naming it, unless
+    ``overwrite=True``, which replaces it; registering the very entry it holds again is a
+    no-op.  Looking up a kind that is not registered, or a builder a framework has not
+    registered, is refused with an :class:`~satcore.InputError` naming what is known.
+
+    The package holds one instance, :data:`FAMILY_REGISTRY`, made with the built-in kinds
+    (:data:`FAMILIES`) and filled with each adapter's builders as the adapter is imported; the
+    functions :func:`register_family`, :func:`register_builder`, :func:`family_spec`,
+    :func:`family_builder`, :func:`registered_families` and :func:`unregister_family` act on it.
+    """
+
+    def __init__(self, specs=()):
+        self._specs: dict[str, FamilySpec] = {}
+        self._builders: dict[tuple[str, str], Callable] = {}
+        for spec in specs:
+            self.register(spec)
+
+    def register(self, spec: FamilySpec, *, overwrite: bool = False) -> FamilySpec:
+        """Add the kind ``spec.name`` (see the class docstring for a name already held); returns ``spec``."""
+        held = self._specs.get(spec.name)
+        if held is not None and held is not spec and not overwrite:
+            raise InputError(f"family {spec.name!r} is registered already; pass overwrite=True to replace it")
+        self._specs[spec.name] = spec
+        return spec
+
+    def register_builder(self, framework: str, kind: str, builder: Callable, *, overwrite: bool = False) -> None:
+        """Add ``builder``, the ``framework``'s feature map of the registered kind ``kind``."""
+        self.spec(kind)
+        held = self._builders.get((framework, kind))
+        if held is not None and held is not builder and not overwrite:
+            raise InputError(f"family {kind!r} has a {framework} feature map already; pass overwrite=True to replace it")
+        self._builders[(framework, kind)] = builder
+
+    def unregister(self, name: str) -> None:
+        """Remove the kind ``name`` and its frameworks' builders (a test's family, once done)."""
+        self._specs.pop(name, None)
+        for key in [k for k in self._builders if k[1] == name]:
+            del self._builders[key]
+
+    def kinds(self) -> tuple[str, ...]:
+        """The registered kinds in registration order (the built-in ones first)."""
+        return tuple(self._specs)
+
+    def spec(self, kind: str) -> FamilySpec:
+        """The :class:`FamilySpec` of ``kind`` (InputError naming the known kinds when none is registered)."""
+        spec = self._specs.get(kind) if isinstance(kind, str) else None
+        if spec is None:
+            raise InputError(f"unknown family {kind!r}; choose one of {self.kinds()} or pass a feature map")
+        return spec
+
+    def builder(self, framework: str, kind: str) -> Callable:
+        """The ``framework``'s builder of ``kind`` (InputError when it has none)."""
+        self.spec(kind)
+        builder = self._builders.get((framework, kind))
+        if builder is None:
+            raise InputError(f"family {kind!r} has no {framework} feature map")
+        return builder
 
 
-def register_family(spec: FamilySpec) -> FamilySpec:
-    """Add ``spec`` to the registry (replacing a spec of the same name); returns it.
+def register_family(spec: FamilySpec, *, overwrite: bool = False) -> FamilySpec:
+    """:meth:`FamilyRegistry.register` on the package's :data:`FAMILY_REGISTRY`; returns ``spec``.
 
     A new family is this spec plus one builder per framework (:func:`register_builder`); the
     adapters and the conformance tests then take it like a built-in one (docs/adapters.md).
     """
-    _SPECS[spec.name] = spec
-    return spec
+    return FAMILY_REGISTRY.register(spec, overwrite=overwrite)
 
 
 def unregister_family(name: str) -> None:
-    """Remove the kind ``name`` and its framework builders (a test's family, once done)."""
-    _SPECS.pop(name, None)
-    for key in [k for k in _BUILDERS if k[1] == name]:
-        del _BUILDERS[key]
+    """:meth:`FamilyRegistry.unregister` on :data:`FAMILY_REGISTRY`."""
+    FAMILY_REGISTRY.unregister(name)
 
 
 def registered_families() -> tuple[str, ...]:
     """The registered kinds, built-in ones first (:data:`FAMILIES`), in registration order."""
-    return tuple(_SPECS)
+    return FAMILY_REGISTRY.kinds()
 
 
 def family_spec(kind: str) -> FamilySpec:
     """The :class:`FamilySpec` of ``kind``; an unknown kind is refused (InputError naming the known ones)."""
-    spec = _SPECS.get(kind) if isinstance(kind, str) else None
-    if spec is None:
-        raise InputError(f"unknown family {kind!r}; choose one of {registered_families()} or pass a feature map")
-    return spec
+    return FAMILY_REGISTRY.spec(kind)
 
 
-def register_builder(framework: str, kind: str, builder: Callable) -> None:
-    """Register ``builder``, the ``framework``'s feature map of the family ``kind``.
-
-    What a builder takes is the framework's (a torch builder returns an ``nn.Module``, a
-    TensorFlow one a function of tensors); the core only keeps them, so that adding a family
-    touches no adapter's source.  ``kind`` must be registered first.
-    """
-    family_spec(kind)
-    _BUILDERS[(framework, kind)] = builder
+def register_builder(framework: str, kind: str, builder: Callable, *, overwrite: bool = False) -> None:
+    """:meth:`FamilyRegistry.register_builder` on :data:`FAMILY_REGISTRY`: ``builder`` is the
+    ``framework``'s feature map of the registered family ``kind``."""
+    FAMILY_REGISTRY.register_builder(framework, kind, builder, overwrite=overwrite)
 
 
 def family_builder(framework: str, kind: str) -> Callable:
     """The ``framework``'s builder of ``kind`` (InputError when it has none)."""
-    family_spec(kind)
-    builder = _BUILDERS.get((framework, kind))
-    if builder is None:
-        raise InputError(f"family {kind!r} has no {framework} feature map")
-    return builder
+    return FAMILY_REGISTRY.builder(framework, kind)
 
 
 @dataclass(frozen=True)
@@ -410,15 +461,15 @@ def _draw_bias(width, rng, *, seed, **_):
     return Family("bias", width, 1, seed=seed)
 
 
-for _spec in (
+# the package's registry: the built-in kinds; each adapter adds its builders when it is imported
+FAMILY_REGISTRY = FamilyRegistry((
     FamilySpec("mlp", _draw_mlp, _mlp_features, takes_init_std=True),
     FamilySpec("conv", _draw_conv, _conv_features, images_only=True, sized="nine", positionwise=False),
     FamilySpec("linear", _draw_linear, lambda family, z: positions(z).astype(np.float64), sized="fixed",
                fixed_features=lambda width: width),
     FamilySpec("bias", _draw_bias, lambda family, z: np.ones(positions(z).shape[:2] + (1,)), sized="fixed",
                fixed_features=lambda width: 1),
-):
-    register_family(_spec)
+))
 
 
 def positions(stream) -> np.ndarray:

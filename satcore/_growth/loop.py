@@ -9,9 +9,9 @@ Each round of :func:`run_growth`
    Networks: A First-Order Criterion", Theorem 2 and the fold tests of
    :mod:`satcore._decisions.verdicts`): a candidate qualifies when its test calls it
    *improvable* and its predicted first-order gain ``rho ||z||_S V`` is above the
-   tolerance; the largest such gain gets the block.  Any object with ``choice``
-   (a candidate or ``None``), ``stop_reason`` and ``to_dict()`` (such as the
-   recipe-aware ``InsertionDecision``) can take its place;
+   tolerance; the largest such gain gets the block.  Any :class:`Decision` (``choice``,
+   a candidate or ``None``; ``stop_reason``; ``to_dict()``), such as the recipe-aware
+   ``InsertionDecision``, can take its place;
 2. **inserts** a zero-output block there (the adapter's ``insert``: the model's
    own kind, or the generic residual ``z + V psi(z)`` of a feature family with
    ``V = 0``), so the grown model computes what the old one did;
@@ -34,8 +34,9 @@ the uninterrupted one only if ``train(model, round)`` is deterministic (seeded b
 its round).  A log that finished returns its model; a log written under other
 settings is refused with what to do.
 
-The adapter supplies the framework parts through a :class:`GrowthSteps` object;
-nothing here imports a framework.
+The adapter supplies the framework parts through a :class:`GrowthSteps` object (most of it
+written once in :class:`AdapterSteps`) and its incremental probe, a
+:class:`satcore._io.probe_result.Probe`; nothing here imports a framework.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import numpy as np
 # scipy.special, not scipy.stats (whose ppf/cdf call these): a third of the import time, paid by every CLI run
 from scipy.special import ndtri
 
+from .._io.probe_result import Probe
 from .._shared.errors import InputError
 from .log import GrowthLog, GrowthLogContents, GrowthRound, read_growth_log
 from .._decisions.verdicts import look_schedule
@@ -188,6 +190,23 @@ class GrowthOptions:
                 "first_look_batches": self.first_look_batches}
 
 
+class Decision(Protocol):
+    """What a pluggable decide step may return instead of a :class:`RoundDecision` (which
+    :meth:`RoundDecision.of` reads it into).
+
+    ``choice``: the candidate the block goes before, or ``None`` to stop; ``stop_reason``:
+    why it stops (a :class:`StopReason` value or words of its own; ``None`` with a choice);
+    ``to_dict()``: a JSON-ready record whose ``"candidates"`` maps each candidate's name to
+    its row (or lists rows with a ``"name"``) and whose other keys are logged as the round's
+    ``decision``.
+    """
+
+    choice: str | None
+    stop_reason: str | None
+
+    def to_dict(self) -> dict: ...
+
+
 @dataclass(frozen=True)
 class RoundDecision:
     """A round's decision: where the block goes (``choice``; ``None`` stops with ``stop_reason``), the
@@ -205,9 +224,9 @@ class RoundDecision:
     details: dict | None = None
 
     @classmethod
-    def of(cls, decision) -> "RoundDecision":
-        """A :class:`RoundDecision` from what a decide step returned (this class, or any object with
-        ``choice``, ``stop_reason`` and ``to_dict()`` whose ``"candidates"`` maps names to rows)."""
+    def of(cls, decision: "RoundDecision | Decision") -> "RoundDecision":
+        """A :class:`RoundDecision` from what a decide step returned: this class, or a :class:`Decision`
+        (an object lacking one of its members is refused with a ``TypeError`` naming it)."""
         if isinstance(decision, cls):
             return decision
         for name in ("choice", "stop_reason", "to_dict"):
@@ -251,14 +270,16 @@ def first_order_choice(report, tolerance: float):
 class FirstOrderDecide:
     """The default decide step: probe, read the first-order verdicts, pick the largest qualified gain.
 
-    ``start_probe(model, seed)`` returns an incremental probe (``update(batch) -> samples``,
-    ``batches_done``, ``result()`` with ``.report(alpha=, tolerance=, rho=)``); ``data`` is the probe
-    split.  With ``first_look_batches`` the probe is enlarged while inconclusive at the levels of
+    ``start_probe(model, seed)`` returns a fresh incremental probe of ``model``, a
+    :class:`~satcore._io.probe_result.Probe` (``update(batch) -> samples``, ``batches_done``,
+    ``result()``, whose ``report(alpha=, tolerance=, rho=)`` is read): the adapter's
+    :meth:`GrowthSteps.start_probe`.  ``data`` is the probe split.  With ``first_look_batches`` the probe is enlarged while inconclusive at the levels of
     :func:`satcore._decisions.verdicts.look_schedule` (docs/growth.md); ``data`` then needs a ``len()``.
     ``on_samples(n)`` is called as samples are probed (a progress bar).
     """
 
-    def __init__(self, start_probe: Callable, data, criteria: GrowthCriteria, first_look_batches: int | None = None,
+    def __init__(self, start_probe: Callable[[object, int], Probe], data, criteria: GrowthCriteria,
+                 first_look_batches: int | None = None,
                  on_samples: Callable[[int], None] | None = None):
         if first_look_batches is not None:
             try:
@@ -294,11 +315,23 @@ class FirstOrderDecide:
 class GrowthSteps(Protocol):
     """What an adapter supplies to :func:`run_growth` (the framework's side of a round).
 
+    ``start_probe(model, seed)``: a fresh :class:`~satcore._io.probe_result.Probe` of ``model``
+    with the families drawn at ``seed`` (what :class:`FirstOrderDecide` feeds the probe split).
+    ``depth(model)``: the blocks the model has (what ``max_depth`` bounds).
     ``insert`` returns a NEW model (the input stays as it was: rolling back is keeping it) and a
-    JSON-ready record of the block for ``replay`` (``None`` when the candidate and seed suffice).
+    JSON-ready record of the block for ``replay`` (``None`` when the candidate and seed suffice);
+    ``replay(model, entry)`` inserts a logged round's block again (resume).
+    ``train(model, round_index)`` returns the trained model.
     ``losses(model, split)`` returns per-sample losses on ``"train"`` (where training loss is
     measured) or ``"heldout"`` (``None`` without held-out data), in a fixed sample order.
+    ``save(model, path)`` and ``load(model, path)`` write and read the weights beside the log
+    (files ending ``weights_suffix``); ``settings()`` is the JSON-ready part of the log's
+    header a resumed run must match.
     """
+
+    weights_suffix: str  # the weights file's extension, ".pt" or ".npz"
+
+    def start_probe(self, model, seed: int) -> Probe: ...
 
     def depth(self, model) -> int: ...
 
@@ -316,17 +349,22 @@ class GrowthSteps(Protocol):
 
     def settings(self) -> dict: ...
 
-    weights_suffix: str  # the weights file's extension, ".pt" or ".npz"
-
 
 class AdapterSteps:
     """The part of :class:`GrowthSteps` every adapter writes alike, over its own functions.
 
-    A subclass sets ``train_fn`` (the user's ``train(model, round)``), ``loss_fn``, ``data``
-    (``{"train": ..., "heldout": ...}``) and, as static methods, its framework's
-    ``per_sample_losses(model, data, loss_fn)``, ``save_weights(model, path)`` and
-    ``load_weights(model, path)``; it writes the rest (``depth``, ``insert``, ``replay``, ``settings``).
+    A subclass sets the attributes declared here (``per_sample_losses``, ``save_weights`` and
+    ``load_weights`` as static methods of its framework) and writes the rest of
+    :class:`GrowthSteps` (``start_probe``, ``depth``, ``insert``, ``replay``, ``settings``,
+    ``weights_suffix``).
     """
+
+    train_fn: Callable  # the user's train(model, round_index) -> the trained model
+    loss_fn: object  # the framework's per-sample loss, as its probe takes it
+    data: dict  # {"train": batches, "heldout": batches or None} (and the adapter's own splits)
+    per_sample_losses: Callable[..., np.ndarray]  # (model, data, loss_fn) -> losses in a fixed sample order
+    save_weights: Callable  # (model, path) -> None
+    load_weights: Callable  # (model, path) -> the model with the weights read
 
     def train(self, model, round_index: int):
         trained = self.train_fn(model, round_index)
@@ -494,6 +532,6 @@ def round_summary(entry: GrowthRound) -> str:
     return text + f" ({seconds:.1f} s)"
 
 
-__all__ = ["StopReason", "GrowthCriteria", "GrowthBudget", "HeldoutGuard", "GrowthOptions", "RoundDecision",
+__all__ = ["StopReason", "GrowthCriteria", "GrowthBudget", "HeldoutGuard", "GrowthOptions", "Decision", "RoundDecision",
            "FirstOrderDecide", "GrowthSteps", "GrowthResult", "GrowthRound", "GrowthLogContents", "candidate_rows",
            "first_order_choice", "paired_change", "read_growth_log", "round_summary", "run_growth", "weights_path"]

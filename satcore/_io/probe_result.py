@@ -1,6 +1,7 @@
-"""What a framework probe returns: the statistics per candidate and how they were made.
+"""What a framework probe is and returns: the :class:`Probe` contract and the :class:`ProbeResult`.
 
-Framework-free, so that every adapter (PyTorch, TensorFlow, ONNX) hands back
+Framework-free, so that every adapter (PyTorch, TensorFlow, ONNX) is fed and read the same
+way by the core's loops (the growth loop's decide step, the trial decision), and hands back
 the same object: ``report()`` scores it with the core, ``save()`` writes the
 ``satcore-dump/1`` file that ``satcore score`` reads.
 """
@@ -8,10 +9,51 @@ the same object: ``report()`` scores it with the core, ``save()`` writes the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 from .._statistics.depth import DepthStatistics
 from .._decisions.report import DepthReport
 from .._scores.scores import StreamDiagnostics
+
+
+@runtime_checkable
+class Probe(Protocol):
+    """An incremental probe of one model: the whole contract between a framework adapter and the core.
+
+    An adapter's ``Probe(model, ...)`` locates the candidates and resolves its options (refusing
+    bad ones with a :class:`~satcore.SatcoreError`) and runs nothing; then it is fed batches.
+
+    ``update(batch) -> int``
+        Runs the model on one batch and adds, per candidate, the batch's sums (one
+        :class:`~satcore.BatchMoments`, through :meth:`~satcore.CandidateStatistics.add_moments`)
+        to the running statistics.  A batch is ``(inputs, targets)`` or a mapping of the
+        model's inputs holding the targets under ``"labels"`` (``satcore.adapters.batches``).
+        Returns the batch's number of samples (0: an empty batch, which adds nothing).
+        A batch the probe cannot use (not a batch; inputs or targets of a shape or dtype the
+        model or the loss cannot take; targets missing where the loss needs them) raises a
+        :class:`~satcore.ProbeError` naming the batch, never the framework's own exception,
+        and adds nothing: the probe can go on with the next batch.
+    ``batches_done: int``
+        The batches ``update`` has taken so far, empty ones included (with those of a resumed
+        checkpoint); a refused batch is not counted.  The growth loop reads it to enlarge a
+        probe to a planned number of batches of its stream.
+    ``result() -> ProbeResult``
+        The statistics of every batch added so far, upstream candidate first, with the
+        provenance ``meta`` (``framework``, ``model``, ``loss``, ``split``, ``seed``, per
+        candidate ``family``).  It does not end the probe: later batches add to the same sums,
+        and a later ``result()`` holds them all.  Before any sample it raises a
+        :class:`~satcore.ProbeError`.
+
+    The statistics after batches ``b_1 .. b_k`` equal, to the round-off of the framework's
+    dtype, those :func:`satcore.batch_moments` gives from the same per-sample gradients and
+    features (``tests/test_conformance.py`` holds every installed adapter to it).
+    """
+
+    batches_done: int
+
+    def update(self, batch) -> int: ...
+
+    def result(self) -> ProbeResult: ...
 
 
 @dataclass(frozen=True)

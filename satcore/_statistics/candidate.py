@@ -64,12 +64,12 @@ back on ``n_samples * n_positions``.
 Memory is ``O(N r + r^2)`` whatever the number of samples.  Two statistics
 merge by adding fields, which equals one pass over the union.  ``to_arrays``
 and ``from_arrays`` give the ``stats/<name>/<field>`` members of a dump.
-The public ways to add are :meth:`CandidateStatistics.update` (arrays),
-:meth:`~CandidateStatistics.add_moments` (one batch's sums, a
-:class:`~satcore._statistics.moments.BatchMoments`),
-:meth:`~CandidateStatistics.accumulate` (another statistics, in place) and,
-for adapters that keep totals on a device, :meth:`~CandidateStatistics.add_counts`
-with :meth:`~CandidateStatistics.set_sums`.  Equality compares the sums.
+Sums reach the statistics one way: :meth:`~CandidateStatistics.add_moments`
+of a :class:`~satcore._statistics.moments.BatchMoments` (one batch's sums, or
+the totals of ``n_batches`` batches an adapter added up on its device).
+:meth:`CandidateStatistics.update` (arrays), :meth:`~CandidateStatistics.from_samples`
+and :meth:`~CandidateStatistics.accumulate` (another statistics, in place) go
+through it.  Equality compares the sums.
 """
 
 from __future__ import annotations
@@ -198,14 +198,11 @@ class CandidateStatistics:
             cross = np.stack([qs[e - c * T : e].T @ ps[e - c * T : e] for c, e in zip(counts, ends)])
             folds = (cross, counts)
         moments = batch_moments(q, psi, variance=variance, curvature=curvature)
-        stats.add_moments(replace(moments, batch_grad_norm=None), folds=folds)
         if batch_size:  # eq. (2): sum over batches of ||Q_b||_F / |b|
             per_batch = np.bincount(batch_of, weights=np.einsum("mtn,mtn->m", q, q))
-            stats.sum_batch_grad_norm = float(np.sum(np.sqrt(per_batch) / np.bincount(batch_of)))
-            stats.n_batches = int(batch_of[-1]) + 1
-        else:
-            stats.sum_batch_grad_norm, stats.n_batches = float(np.sqrt(stats.sum_q_sq)) / M, 1
-        return stats
+            moments = replace(moments, batch_grad_norm=float(np.sum(np.sqrt(per_batch) / np.bincount(batch_of))),
+                              n_batches=int(batch_of[-1]) + 1)
+        return stats.add_moments(moments, folds=folds)
 
     def update(self, Q, Psi, *, z=None) -> "CandidateStatistics":
         """Add one batch; the batch also counts once in the eq. (2) average.
@@ -230,7 +227,8 @@ class CandidateStatistics:
         """Add one batch's sums, a :class:`~satcore._statistics.moments.BatchMoments` (adapters compute them on their
         device; NumPy values, Python numbers, or anything :func:`numpy.asarray` and ``float`` read).
 
-        The batch counts in eq. (2)'s average when it carries ``batch_grad_norm``.  Its
+        The batch counts in eq. (2)'s average when it carries ``batch_grad_norm`` (as
+        ``n_batches`` batches when it says so: the totals of several).  Its
         ``n_vectors`` ``None`` leaves the statistics' ``n_vectors`` unknown too.  ``fold``: the
         fold the batch goes to; by default the number of batches before it, modulo
         ``n_folds``.  ``folds``: instead, per-fold parts ``(fold_cross, fold_samples)`` of the
@@ -274,44 +272,7 @@ class CandidateStatistics:
             self.sum_update_sq += float(m.sum_update_sq)
         if m.batch_grad_norm is not None:
             self.sum_batch_grad_norm += float(m.batch_grad_norm)
-            self.n_batches += 1
-        return self
-
-    def add_counts(self, n_samples: int = 0, *, n_batches: int = 0, n_vectors=0,
-                   fold: int | None = None, n_stream_vectors: int = 0) -> "CandidateStatistics":
-        """In place: count ``n_samples`` samples, ``n_batches`` batches and ``n_vectors`` position
-        vectors (``None``: not known, which leaves ``n_vectors`` unknown) whose sums an adapter adds
-        up elsewhere (on its device) and hands over with :meth:`set_sums`; the samples count in
-        fold ``fold`` too, when given (its ``fold_cross`` part likewise comes through ``set_sums``);
-        ``n_stream_vectors``: the stream's position vectors (``stream=True`` statistics)."""
-        if fold is not None and self.n_folds:
-            self.fold_samples[int(fold)] += int(n_samples)
-        if self.stream:
-            self.n_stream_vectors += int(n_stream_vectors)
-        self.n_samples += int(n_samples)
-        self.n_batches += int(n_batches)
-        self.n_vectors = None if self.n_vectors is None or n_vectors is None else self.n_vectors + int(n_vectors)
-        return self
-
-    def set_sums(self, **sums) -> "CandidateStatistics":
-        """In place: replace the named running sums by totals an adapter added up elsewhere.
-
-        Any field of :meth:`to_arrays` but the counts (which go through :meth:`add_counts`):
-        scalar sums become floats; arrays (``sum_cross``, ``sum_gram``, ``sum_xtx``) are copied
-        into the existing arrays, whose shapes they must have.
-        """
-        held = self.to_arrays()
-        for name, value in sums.items():
-            if name not in held or name in COUNT_FIELDS:
-                raise InputError(f"{name!r} is not a running sum of these statistics")
-            target = getattr(self, name)
-            if isinstance(target, np.ndarray):
-                value = np.asarray(value, dtype=np.float64)
-                if value.shape != target.shape:
-                    raise InputError(f"{name} has shape {value.shape}, these statistics hold {target.shape}")
-                np.copyto(target, value)
-            else:
-                setattr(self, name, float(value))
+            self.n_batches += 1 if m.n_batches is None else int(m.n_batches)
         return self
 
     def accumulate(self, other: "CandidateStatistics") -> "CandidateStatistics":
@@ -341,11 +302,10 @@ class CandidateStatistics:
             sum_z_sq=other.sum_z_sq,
             n_stream_vectors=other.n_stream_vectors,
             sum_update_sq=other.sum_update_sq,
+            batch_grad_norm=other.sum_batch_grad_norm,
+            n_batches=other.n_batches,
         )
-        self.add_moments(sums, folds=folds)
-        self.sum_batch_grad_norm += other.sum_batch_grad_norm
-        self.n_batches += other.n_batches
-        return self
+        return self.add_moments(sums, folds=folds)
 
     def __eq__(self, other) -> bool:
         """Equal shapes, settings and sums (every array of :meth:`to_arrays`, element for element)."""

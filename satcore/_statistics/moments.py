@@ -24,7 +24,7 @@ import numpy as np
 from .._shared.arrays import as_pair, refuse_non_finite
 from .._shared.errors import InputError
 
-COUNTS = ("n_samples", "n_vectors", "n_stream_vectors")
+COUNTS = ("n_samples", "n_vectors", "n_stream_vectors", "n_batches")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -57,7 +57,12 @@ class BatchMoments:
     batch_grad_norm : float or None
         ``||Q_b||_F / |b| = sqrt(sum_q_sq) / M``, the batch's term of the batch-averaged
         gradient norm (paper, eq. (2)); ``None`` when the sums are not one training batch
-        (a chunk of one, a TensorFlow replica's share, arrays scored without batches).
+        (a chunk of one, a TensorFlow replica's share, arrays scored without batches).  Sums
+        of several training batches (another statistics' totals, an adapter's device totals)
+        hold the sum of their terms here and their count in ``n_batches``.
+    n_batches : int or None
+        The training batches whose terms ``batch_grad_norm`` adds up; ``None``: one (the
+        sums are one batch's).
     sum_qq : array, shape (N, N), or None
         ``sum_i Q_i^T Q_i`` (``curvature``: the activation-gradient second moment ``F``).
     sum_z_sq : float or None
@@ -94,6 +99,7 @@ class BatchMoments:
     sum_z_sq: Any = None
     n_stream_vectors: Any = None
     sum_update_sq: Any = None
+    n_batches: Any = None
 
     def __add__(self, other: BatchMoments) -> BatchMoments:
         """The moments of both batches as one batch (see the class docstring)."""
@@ -102,7 +108,7 @@ class BatchMoments:
         summed = {}
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if f.name != "batch_grad_norm":
+            if f.name not in ("batch_grad_norm", "n_batches"):
                 summed[f.name] = None if mine is None or theirs is None else mine + theirs
         both = BatchMoments(**summed)
         one_batch = self.batch_grad_norm is not None and other.batch_grad_norm is not None
@@ -112,7 +118,7 @@ class BatchMoments:
         """These sums counted as one training batch: ``batch_grad_norm = sqrt(sum_q_sq) / n_samples``
         (eq. (2)), computed in the sums' own framework (a torch tensor stays on its device)."""
         root = self.sum_q_sq.sqrt() if hasattr(self.sum_q_sq, "sqrt") else float(np.sqrt(self.sum_q_sq))
-        return replace(self, batch_grad_norm=root / self.n_samples)
+        return replace(self, batch_grad_norm=root / self.n_samples, n_batches=None)
 
     def to_numpy(self, convert: Callable = np.asarray) -> BatchMoments:
         """The same moments in NumPy: arrays float64, scalar sums Python floats, counts Python ints.
