@@ -189,7 +189,7 @@ def test_halving_resumes_each_trial_exactly_and_chooses_only_among_the_finalists
     model = digits_resnet()
     train, heldout = _data(0, 96, 32), _data(1200, 64, 32)
     recipe = Recipe("adam", 1e-2, 24, 16, "block")
-    d = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2], calibration=NORMAL,
+    d = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES, calibration=NORMAL,
                seed=2, schedule="halving")
     verified, first, finalists, second = halving_plan(len(CANDIDATES), recipe)
     assert (verified, first, finalists, second) == (3, 4, 2, 10)
@@ -306,7 +306,7 @@ def test_decide_contract_cost_and_untouched_model():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     recipe = Recipe("adam", 1e-3, 24, 16, "block")
     d = decide(model, _data(0, 128, 32), _data(1200, 96, 32), per_sample_ce, recipe=recipe,
-               candidates=CANDIDATES[:2], calibration=NORMAL)
+               candidates=CANDIDATES, calibration=NORMAL)
     assert list(d.candidates) and set(d.candidates) == set(CANDIDATES)
     assert d.cost_block_steps == 3 * 8 and d.cost_fraction == pytest.approx(1.0)
     assert all(c.verified for c in d.candidates.values())
@@ -315,7 +315,7 @@ def test_decide_contract_cost_and_untouched_model():
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     # max_trials: the screen's first candidates are verified, the others carry the screen's numbers
     d1 = decide(model, _data(0, 128, 32), _data(1200, 96, 32), per_sample_ce, recipe=recipe,
-                candidates=CANDIDATES[:2], max_trials=1, calibration=NORMAL)
+                candidates=CANDIDATES, max_trials=1, calibration=NORMAL)
     verified = [n for n, c in d1.candidates.items() if c.verified]
     assert len(verified) == 1 and d1.cost_block_steps == 24 and d1.choice in (None, verified[0])
     first = list(d1.candidates)[0]
@@ -334,7 +334,7 @@ def test_decide_stops_when_every_insertion_harms():
     model = digits_resnet()
     train, heldout = _data(0, 128, 32, shuffle_labels=True), _data(1200, 128, 32)
     d = decide(model, train, heldout, per_sample_ce, recipe=Recipe("adam", 1e-2, 60, 32, "block"),
-               candidates=CANDIDATES[:2], calibration=dataclasses.replace(NORMAL, trend_weight=0.0))
+               candidates=CANDIDATES, calibration=dataclasses.replace(NORMAL, trend_weight=0.0))
     assert d.choice is None and d.stop_reason == "no_credible_decrease"
     for c in d.candidates.values():
         assert c.trial.heldout_change[-1] > 0 and c.p_decrease < 0.5
@@ -360,7 +360,7 @@ def test_decide_evaluates_the_unexpanded_model_once_and_decides_as_the_trials_al
 
     handle = torch.nn.modules.module.register_module_forward_pre_hook(count)
     try:
-        d = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2],
+        d = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES,
                    calibration=NORMAL, seed=2)
     finally:
         handle.remove()
@@ -423,9 +423,9 @@ def test_decision_in_passes_under_a_statistics_budget_equals_the_one_pass_decisi
 
     def run(**kw):
         if route == "decide":
-            return decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2],
+            return decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES,
                           calibration=NORMAL, seed=2, **kw)
-        return first_order_decision(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2],
+        return first_order_decision(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES,
                                     family="auto", seed=2, **kw)
 
     one = run()
@@ -458,7 +458,7 @@ def test_decide_pairs_the_margins_standard_error_over_the_held_out_samples():
     recipe = Recipe("adam", 1e-3, 40, 32, "block")
     # no trend: the predictions are the trials' last held-out changes, whose difference the margin is
     flat = dataclasses.replace(DEFAULT_CALIBRATION, trend_weight=0.0)
-    d = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2], max_trials=2, seed=2,
+    d = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES, max_trials=2, seed=2,
                calibration=flat)
     assert d.runner_up is not None and d.margin_se is not None and d.heldout_samples == 256
     splits = probe_splits(model, train, heldout, per_sample_ce, candidates=CANDIDATES[:2], seed=2)
@@ -538,6 +538,31 @@ def test_a_misspelt_keyword_is_refused_as_decides_before_any_probe():
     assert calls == []
 
 
+@pytest.mark.parametrize("route", ["decide", "first_order_decision"])
+def test_named_candidates_are_the_only_places_probed_and_trialled(route):
+    """``candidates=[...]`` names the places: the head is probed and trialled only where the list names it (or
+    ``head=True``), never by default (before: named blocks ``["1", "2"]`` still screened and trialled ``head``)."""
+    model = digits_resnet()
+    train, heldout = _data(0, 64, 32), _data(1200, 64, 32)
+    recipe = Recipe("adam", 1e-3, 4, 32, "block")
+
+    def run(**kw):
+        if route == "decide":
+            return decide(model, train, heldout, per_sample_ce, recipe=recipe, calibration=NORMAL, **kw)
+        return first_order_decision(model, train, heldout, per_sample_ce, recipe=recipe, family="auto", **kw)
+
+    named = run(candidates=["layer1.1", "layer2.1"])
+    assert set(named.candidates) == {"layer1.1", "layer2.1"}
+    if route == "decide":
+        assert all(c.verified for c in named.candidates.values())
+    assert set(run(candidates=CANDIDATES).candidates) == set(CANDIDATES)
+    assert set(run(candidates=["layer1.1", "layer2.1"], head=True).candidates) == set(CANDIDATES)
+    with pytest.raises(InputError, match=r"name 'head' and head=False leaves it out"):
+        run(candidates=CANDIDATES, head=False)
+    with pytest.raises(InputError, match=r"'head' is the output of the last named module; name at least one module"):
+        run(candidates=["head"])
+
+
 def test_a_trial_that_diverges_is_refused_naming_the_place_and_the_recipe():
     """A recipe whose lr makes the inserted block diverge gives non-finite trial losses: one ``InputError`` naming
     the candidate, the steps and the lr (before: "heldout_change must hold 2 finite values")."""
@@ -555,9 +580,9 @@ def test_decide_under_no_grad_or_inference_mode_decides_as_with_gradients(contex
     train, heldout = _data(0, 64, 32), _data(1200, 64, 32)
     recipe = Recipe("adam", 1e-3, 8, 32, "block")
     model = digits_resnet()  # made outside: only the call runs under the context
-    a = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2])
+    a = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES)
     with context():
-        b = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2])
+        b = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES)
     assert a.choice == b.choice and a.stop_reason == b.stop_reason and a.cost_block_steps == b.cost_block_steps
     for name, c in a.candidates.items():
         assert b.candidates[name].predicted_heldout_change == c.predicted_heldout_change
@@ -570,8 +595,8 @@ def test_decide_takes_any_integer_max_trials_and_a_data_loader():
     train, heldout = _data(0, 64, 32), _data(1200, 64, 32)
     recipe = Recipe("adam", 1e-3, 8, 32)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X[1200:1264], y[1200:1264]), batch_size=32)
-    a = decide(digits_resnet(), train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2], max_trials=2)
-    b = decide(digits_resnet(), train, loader, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2],
+    a = decide(digits_resnet(), train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES, max_trials=2)
+    b = decide(digits_resnet(), train, loader, per_sample_ce, recipe=recipe, candidates=CANDIDATES,
                max_trials=np.int64(2))
     assert a.choice == b.choice and a.stop_reason == b.stop_reason
     for name, c in a.candidates.items():

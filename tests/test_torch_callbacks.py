@@ -373,7 +373,7 @@ def test_lightning_callback_decides_at_validation_end(tmp_path):
     # the decision is of the callback's places (its candidates=), the ones its first-order keys are of
     assert list(report.decision.candidates) == [c.name for c in report.candidates] == ["net.blocks.1", "head"]
     direct = decide(module, train_batches, probe_data, mt.per_sample_ce, recipe=options["recipe"],
-                    candidates=["net.blocks.1"])
+                    candidates=["net.blocks.1", "head"])  # decide trials the head only where it is named
     assert report.decision.to_dict()["choice"] == direct.choice
     for key, value in direct.scalars().items():  # Lightning keeps logged values as float32 tensors: rel 1e-6
         assert float(trainer.callback_metrics[key]) == pytest.approx(value, rel=1e-6, abs=1e-9), key

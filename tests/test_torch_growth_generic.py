@@ -422,7 +422,7 @@ def test_a_user_feature_map_with_batchnorm_is_measured_and_grown_in_eval_mode(se
     (dict(candidates=None), "no residual blocks recognised in Sequential; pass candidates="),
     (dict(candidates=["9"]), "candidate '9' is not a submodule name of Sequential"),
     (dict(candidates=[]), "candidates is empty"),
-    (dict(candidates=["1", "head"]), "'head' .* is added without being named: leave it out"),
+    (dict(candidates=["1", "head"], head=False), "name 'head' and head=False leaves it out"),
     (dict(family="convv"), "unknown family 'convv'"),
     (dict(family="conv"), "family 'conv' needs a"),
     (dict(family=nn.Flatten(0)), "feature map returned shape"),

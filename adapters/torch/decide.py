@@ -34,6 +34,7 @@ from satcore.adapter_api import screen as screen_rows
 
 from .grow import InsertedResidual, grow
 from .hf import model_loss
+from .locate import decision_places
 from .native import _terminal_paths, insert_block, insertion_site
 from .probe import ProbeConfig, call_model, eval_mode, to_device
 from .splits import probe_splits_in_passes, probe_training_split
@@ -294,7 +295,11 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
     loss_fn : per-sample loss ``loss_fn(outputs, targets) -> (B,)``; ``None`` for batches holding ``labels``.
     recipe : satcore.Recipe
         How the user will train the inserted block.
-    candidates, family, seed, probe_options
+    candidates : ``None`` or a list of module names
+        ``None``: every block found and the ``head``.  A list: exactly those places are probed and
+        trialled; ``"head"`` in it adds the head (the output of the last named module), which is
+        otherwise left out (``head=True`` adds it too).
+    family, seed, probe_options
         As :func:`~.probe.probe` takes them (``family`` may be an ``nn.Module`` feature map, or
         ``"native"`` for a block of the model's own kind); ``seed`` also seeds the trials' minibatch order.
     max_trials : int
@@ -372,7 +377,8 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
     # split too small for a standard error is refused first: every trial starts from them (its block is the identity)
     before = {split: per_sample_eval(model, data, loss_fn) for split, data in evaluate.items()}
     check_unexpanded_losses(before)
-    probe_options.update(candidates=candidates, family=family, seed=seed)
+    # exactly the places named: the head only where "head" is named (or head=True), never by default
+    probe_options.update(decision_places(candidates, probe_options.pop("head", None)), family=family, seed=seed)
     screened, pass_of = [], {}
 
     def read(selection, splits):

@@ -54,7 +54,7 @@ from satcore import Recipe
 from satcore.adapter_api import DEFAULT_ALPHA, screen
 
 from .hf import context_length, sequence_loss
-from .locate import HEAD, find_blocks
+from .locate import HEAD, decision_places, find_blocks
 from .native import HF_TERMINALS, _check_hf, _has, insert_block
 from .splits import probe_splits_in_passes
 
@@ -139,8 +139,9 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
             row = rows[name]
             evidence[name] = CandidateEvidence(row.heldout_change, row.interval, row.p_decrease, -row.training_change)
 
+    places = decision_places(candidates, probe_options.pop("head", None))  # exactly the named places, as decide
     passes, _ = probe_splits_in_passes(model, train, heldout, loss_fn, read, max_statistics_bytes=max_statistics_bytes,
-                                       candidates=candidates, family=family, seed=seed, **probe_options)
+                                       family=family, seed=seed, **places, **probe_options)
     samples = passes * sum(_batch_samples(b) for b in train + heldout)
     decision = ScreenDecision(None, None, evidence, math.ceil(samples / recipe.batch_size), recipe)
     significant = [n for n in decision.ranking() if decision.significant(n)]

@@ -141,6 +141,27 @@ def named_candidates(model: nn.Module, names, *, head: bool = True) -> tuple[Can
     return with_head([_candidate(model, n) for n in names], head)
 
 
+def decision_places(candidates=None, head: bool | None = None) -> dict:
+    """The probe options (``candidates``, ``head``) of a decision that probes and trials exactly the places
+    its user named: ``candidates`` ``None``, every block found and the head (unless ``head`` is False); a
+    list of module names, those modules and the head only where the list names ``"head"`` (the output of the
+    last named module, as the probe defines it) or ``head`` is True.  (A probe alone adds the head to named
+    modules unless ``head=False``: its first-order report costs nothing more, a decision's trial does.)"""
+    if candidates is None:
+        return {"candidates": None, "head": True if head is None else bool(head)}
+    names = list(candidates)
+    named_head = HEAD in names
+    modules = [n for n in names if n != HEAD]
+    if named_head and head is False:
+        raise ProbeError(f"candidates {names} name {HEAD!r} and head=False leaves it out; give one or the other")
+    if not modules and named_head:
+        raise ProbeError(f"candidates {names}: {HEAD!r} is the output of the last named module; name at least one "
+                         "module")
+    if not modules:
+        raise ProbeError("candidates is empty")
+    return {"candidates": modules, "head": named_head or bool(head)}
+
+
 def _valid_names(model: nn.Module, modules: dict) -> str:
     """What a misspelt candidate could have been: the recognised blocks, else the top-level submodules."""
     blocks = find_blocks(model)
