@@ -13,9 +13,10 @@ of tapped modules (residual-stream tensors); the ONNX tensor holding the same va
 running every float tensor of the graph as an output.  The residual Adds found automatically
 (``residual_blocks``) must be the four of each model, those taps among them.  Float64 graphs agree with torch float64 to
 1e-12 (relative Frobenius error per tensor); float32 graphs are held to float32 round-off of the
-computation: ``roundoff.FLOAT32_MARGIN`` times how far float32-sized perturbations of the weights and
-the input move the float64 gradient (``roundoff.float32_sensitivity``), not to torch float32's own
-error on this host, which depends on the host's kernels as much as ONNX Runtime's does.
+computation: ``roundoff.FLOAT32_MARGIN`` times how far perturbations of the weights and the input by
+float32's backward error for the model's longest inner product (``n eps32``, any summation order)
+move the float64 gradient (``roundoff.float32_sensitivity``), not to torch float32's own error on
+this host, which depends on the host's kernels as much as ONNX Runtime's does.
 """
 
 from __future__ import annotations
