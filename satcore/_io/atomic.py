@@ -14,8 +14,12 @@ leaves the earlier file intact.  When the target already exists the finished
 file is linked under a hidden name and renamed over it (one ``rename``, so a
 reader sees the old file or the new one, never a torn one).  Where the
 platform lacks ``O_TMPFILE`` the data is written under that hidden name
-(``.NAME.PID.RANDOM.part``) from the start; SIGTERM then removes it, SIGKILL
-cannot be caught and may leave it.
+(``.NAME.PID.RANDOM.part``) from the start; SIGTERM then removes it.  SIGKILL
+cannot be caught: killed between the hidden link and the rename (or, without
+``O_TMPFILE``, at any point of the write) a process leaves its hidden name
+behind, next to the old file or the complete new one.  The next write of the
+same target removes every such name whose process (``PID``) is no longer
+running on this machine, so a stale temporary never outlives the next save.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import contextlib
 import contextvars
 import errno
 import os
+import re
 import secrets
 import signal
 import stat
@@ -137,6 +142,27 @@ def _hidden_name(base: str) -> str:
     return f".{base}.{os.getpid()}.{secrets.token_hex(4)}.part"
 
 
+def _process_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: nothing is sent, only whether the process exists is checked
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _remove_stale_temporaries(dir_fd: int, base: str) -> None:
+    """Unlink the hidden names (:func:`_hidden_name`) of ``base`` left in the folder by writers that were
+    killed (SIGKILL) and are no longer running; a running writer's name is left alone."""
+    pattern = re.compile(rf"\.{re.escape(base)}\.(\d+)\.[0-9a-f]{{8}}\.part")
+    for name in os.listdir(dir_fd):
+        match = pattern.fullmatch(name)
+        if match and not _process_running(int(match.group(1))):
+            with contextlib.suppress(OSError):  # another writer may have removed it first
+                os.unlink(name, dir_fd=dir_fd)
+
+
 def _unnamed_file(dir_fd: int) -> int | None:
     """An ``O_TMPFILE`` descriptor in the folder, or ``None`` where the platform or file system has none."""
     if not hasattr(os, "O_TMPFILE") or not os.path.isdir("/proc/self/fd"):
@@ -167,6 +193,7 @@ def atomic_write(path, write: Callable[[BinaryIO], None], *, inputs=()) -> None:
         raise OutputError(f"{shown}: cannot write into {display_name(folder)} ({exc.strerror or exc})") from None
     temp = None
     try:
+        _remove_stale_temporaries(dir_fd, base)
         with _sigterm_raises():
             try:
                 fd = _unnamed_file(dir_fd)
