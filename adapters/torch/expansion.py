@@ -53,6 +53,7 @@ from satcore import InputError, ProbeError
 from satcore import Recipe
 from satcore.adapter_api import DEFAULT_ALPHA, screen
 
+from .expansion_exports import llama_factory_lora
 from .hf import context_length, sequence_loss
 from .locate import HEAD, decision_places, find_blocks
 from .native import HF_TERMINALS, _check_hf, _has, insert_block
@@ -415,8 +416,10 @@ class Expansion:
         (``freeze_trainable_layers: n``), the first ``n`` (``-n``), or with ``use_llama_pro: true``
         every ``stride``-th layer ``stride - 1, 2 stride - 1, ...`` (``stride = layers / n``,
         LLaMA-Pro's uniform interleave); other positions it cannot express, and the entry says
-        so.  ms-swift takes parameter-name prefixes: ``freeze_parameters_ratio: 1`` freezes
-        everything and ``trainable_parameters`` unfreezes the new blocks.
+        so.  ``llama_factory_lora``: its LoRA on exactly the new blocks, any positions
+        (:func:`~.expansion_exports.llama_factory_lora`; ``None`` without a new block).  ms-swift takes
+        parameter-name prefixes: ``freeze_parameters_ratio: 1`` freezes everything and
+        ``trainable_parameters`` unfreezes the new blocks.
         """
         total = self.n_original + len(self.new_blocks)
         layers = sorted(self.positions)
@@ -435,7 +438,8 @@ class Expansion:
                                  "ms-swift's trainable_parameters, or the Python loop in the docs"}
         swift = {"train_type": "full", "freeze_parameters_ratio": 1,
                  "trainable_parameters": [f"{self.block_prefix}.{i}." for i in layers]}
-        return {"trainable_layers": layers, "llama_factory": factory, "ms_swift": swift}
+        lora = llama_factory_lora(self.model, find_blocks(self.model), layers) if layers else None
+        return {"trainable_layers": layers, "llama_factory": factory, "llama_factory_lora": lora, "ms_swift": swift}
 
     def mergekit_yaml(self, source_dir: str, dtype: str) -> str:
         """A mergekit passthrough configuration that rebuilds this layer layout from ``source_dir``.

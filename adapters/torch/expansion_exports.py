@@ -1,0 +1,130 @@
+"""Training exactly the new blocks of an :class:`~.expansion.Expansion`: PEFT, LLaMA-Factory, the model card.
+
+``satcore expand`` writes, beside the grown checkpoint and ``expansion.json``:
+
+* ``peft/adapter_config.json``: a LoRA configuration on exactly the new blocks
+  (``layers_to_transform`` = their positions, ``layers_pattern`` = the stack's name, ``target_modules`` =
+  every linear map of a block), which ``peft.LoraConfig.from_pretrained(OUT_DIR + "/peft")`` loads and
+  ``peft.get_peft_model`` applies: adapters on the new blocks and nowhere else;
+* ``llamafactory.yaml``: LLaMA-Factory settings that train exactly the new blocks.  Its freeze tuning
+  picks layers by count only (the last ``n``, the first ``n``, or with ``use_llama_pro`` every
+  ``(layers / n)``-th; ``llamafactory/model/adapter.py``, ``_setup_freeze_tuning``), so full training of
+  the new blocks is written where the positions are one of those; otherwise its LoRA, whose
+  ``lora_target`` list reaches PEFT's ``target_modules`` unchanged (a full module name matches that
+  module only), with every linear map of the new blocks named (``llama_factory_lora`` in
+  ``expansion.json`` holds the same settings either way);
+* ``README.md``: the model card (base model, places, the decision, how to train).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from torch import nn
+
+PEFT_DIR = "peft"  # OUT_DIR/peft/adapter_config.json: peft.LoraConfig.from_pretrained(OUT_DIR/peft)
+LLAMA_FACTORY_FILE = "llamafactory.yaml"
+LORA_RANK, LORA_ALPHA = 8, 16  # PEFT's and LLaMA-Factory's defaults
+
+
+def block_linear_maps(model: nn.Module, block: str) -> list[str]:
+    """The linear maps of the block ``block`` (``nn.Linear``, and transformers' ``Conv1D`` of GPT-2), as
+    names relative to it, in the block's order."""
+    maps = []
+    for name, module in model.get_submodule(block).named_modules():
+        if name and (isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"):
+            maps.append(name)
+    return maps
+
+
+def lora_adapter_config(model: nn.Module, blocks: list[str], positions: list[int], base_model: str) -> dict:
+    """``adapter_config.json`` of a LoRA on exactly the blocks at ``positions`` of ``model``'s stack
+    ``blocks`` (the grown model's block names)."""
+    maps = block_linear_maps(model, blocks[0])
+    conv1d = any(type(model.get_submodule(f"{blocks[0]}.{m}")).__name__ == "Conv1D" for m in maps)
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+            "r": LORA_RANK, "lora_alpha": LORA_ALPHA, "lora_dropout": 0.0, "bias": "none",
+            "target_modules": sorted({m.rpartition(".")[2] for m in maps}),
+            "layers_to_transform": sorted(positions), "layers_pattern": blocks[0].rpartition(".")[0].rpartition(".")[2],
+            "fan_in_fan_out": conv1d,  # GPT-2's Conv1D stores its weight transposed
+            "inference_mode": False}
+
+
+def llama_factory_lora(model: nn.Module, blocks: list[str], positions: list[int]) -> dict:
+    """LLaMA-Factory's LoRA settings on exactly the new blocks: ``lora_target`` names every linear map of
+    each by its full name (LLaMA-Factory splits it at commas and hands the list to PEFT, where a full
+    name matches that module alone)."""
+    names = [f"{blocks[p]}.{m}" for p in sorted(positions) for m in block_linear_maps(model, blocks[p])]
+    return {"finetuning_type": "lora", "lora_rank": LORA_RANK, "lora_alpha": LORA_ALPHA,
+            "lora_target": ",".join(names)}
+
+
+def llama_factory_yaml(record: dict, out_dir: str) -> str:
+    """A LLaMA-Factory configuration training exactly the new blocks (module docstring); the dataset and
+    output keys are the user's to add."""
+    freeze = record["llama_factory"]
+    method = freeze if freeze.get("expressible", True) else record["llama_factory_lora"]
+    why = ("full training of the new blocks (freeze tuning selects them)" if method is freeze else
+           f"LoRA on the new blocks: {freeze['reason']}")
+    lines = ["# written by satcore expand: trains exactly the new blocks " + json.dumps(record["trainable_layers"]),
+             f"# {why}",
+             "# add your dataset, template and output_dir, then: llamafactory-cli train THIS_FILE",
+             f"model_name_or_path: {json.dumps(os.path.abspath(out_dir))}", "stage: pt", "do_train: true"]
+    lines += [f"{key}: {json.dumps(value)}" for key, value in method.items()]
+    return "\n".join(lines) + "\n"
+
+
+def model_card(record: dict, out_dir: str) -> str:
+    """``README.md``: the base model, where the new blocks are, the decision, how to train them."""
+    layers = record["num_hidden_layers"]
+    decision = record.get("decision") or {}
+    lines = ["---", "library_name: transformers", "tags: [satcore, block-expansion, llama-pro]", "---", "",
+             f"# {os.path.basename(os.path.abspath(out_dir))}", "",
+             f"Base model: `{record['source']}`, grown from {layers['before']} to {layers['after']} layers by "
+             f"`satcore expand` (identity blocks, init `{record['init']}`: each new block adds exactly 0, so the "
+             "model computes what the base model computes until the new blocks are trained).", "",
+             "## Where the new blocks are", "",
+             "| position in this model | inserted before original block | copied from |", "|---|---|---|"]
+    for position, before, source in zip(record["positions"], record["inserted_before"], record["copied_from"]):
+        lines.append(f"| {position} | {before} | {'-' if source is None else source} |")
+    lines += ["", "## The decision", ""]
+    if record["layout"] == "forced":
+        lines.append(f"None: the places were forced (`--at {','.join(record['forced'])}`).")
+    else:
+        data = record.get("data") or {}
+        lines.append(f"Layout `{record['layout']}`; {decision.get('method', 'a decision')} on "
+                     f"`{data.get('file', 'the data')}` ({data.get('windows', '?')} windows of "
+                     f"{data.get('seq_len', '?')} tokens), for the recipe {json.dumps(record['recipe'])}; it cost "
+                     f"{record['cost_block_steps']} block-steps.")
+        if decision.get("stop_reason"):
+            lines.append(f"It stopped: `{decision['stop_reason']}`.")
+        lines.append("Every candidate place's evidence is in `expansion.json` (`evidence`, `decision`).")
+    if not record["positions"]:
+        return "\n".join(lines + ["", "No block was inserted: this is the base model as it was."]) + "\n"
+    lines += ["", "## How to train the new blocks", "",
+              f"Train layers {record['trainable_layers']} only (LLaMA-Pro's recipe), with any of:", "",
+              f"* PEFT: `peft.get_peft_model(model, peft.LoraConfig.from_pretrained(\"{PEFT_DIR}\"))` puts LoRA "
+              "adapters on exactly those layers;",
+              f"* LLaMA-Factory: `{LLAMA_FACTORY_FILE}` (add your dataset), `llamafactory-cli train "
+              f"{LLAMA_FACTORY_FILE}`;",
+              "* ms-swift: `--train_type full --freeze_parameters_ratio 1 --trainable_parameters "
+              + " ".join(record["ms_swift"]["trainable_parameters"]) + "`;",
+              "* plain PyTorch: set `requires_grad` on parameters whose names start with "
+              + ", ".join(f"`{p}`" for p in record["ms_swift"]["trainable_parameters"]) + " only.",
+              "", "`mergekit.yaml` rebuilds the same layer layout from the base model (`mergekit-yaml`)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_training_exports(folder: str, record: dict, peft_config: dict, out_dir: str) -> None:
+    """Write ``peft/adapter_config.json`` (``peft_config``: :func:`lora_adapter_config`), ``llamafactory.yaml``
+    (both only where a block was inserted) and ``README.md`` into ``folder``, the directory that becomes
+    ``out_dir``; ``record``: ``expansion.json`` 's contents."""
+    if record["positions"]:  # no new block: nothing to train, no adapter
+        os.makedirs(os.path.join(folder, PEFT_DIR))
+        with open(os.path.join(folder, PEFT_DIR, "adapter_config.json"), "w") as stream:
+            json.dump(peft_config, stream, indent=1)
+        with open(os.path.join(folder, LLAMA_FACTORY_FILE), "w") as stream:
+            stream.write(llama_factory_yaml(record, out_dir))
+    with open(os.path.join(folder, "README.md"), "w") as stream:
+        stream.write(model_card(record, out_dir))

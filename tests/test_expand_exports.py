@@ -1,0 +1,130 @@
+"""``satcore expand``'s exports for training exactly the new blocks, held against the tools that read them.
+
+A tiny Llama checkpoint in bfloat16 with tied embeddings is grown at forced places (``--at``: no decision,
+so the test is fast), non-uniform and uniform.  References: real ``peft`` (``LoraConfig.from_pretrained``
+and ``get_peft_model`` on the grown model: adapters exactly on the new blocks), LLaMA-Factory's own module
+selection (``_setup_freeze_tuning`` and ``_setup_lora_tuning`` of ``llamafactory.model.adapter``, where it
+imports; it pins transformers <= 5.6 and peft <= 0.18, so it is skipped in the test environment and was run
+beside it with ``DISABLE_VERSION_CHECK=1``), PEFT's ``target_modules`` matching for the LoRA list
+LLaMA-Factory hands it, and safetensors' own reader for the dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+T = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from click.testing import CliRunner  # noqa: E402
+
+from satcore.cli.main import main  # noqa: E402
+
+LAYERS = 4
+LINEAR_MAPS = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj"}
+
+
+@pytest.fixture(scope="module")
+def bf16_tied(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bf16") / "model"
+    torch.manual_seed(0)
+    config = T.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=LAYERS,
+                           num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = T.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def grow(folder, out, at):
+    result = CliRunner().invoke(main, ["expand", str(folder), "--at", at, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "expansion.json").read_text())
+
+
+def new_layer_of(name: str) -> int | None:
+    match = re.search(r"model\.layers\.(\d+)\.", name)
+    return None if match is None else int(match.group(1))
+
+
+def test_bf16_in_bf16_out_with_tied_embeddings_kept(bf16_tied, tmp_path):
+    from safetensors import safe_open
+
+    folder, original = bf16_tied
+    out = tmp_path / "grown"
+    grow(folder, out, "1,3")
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    with safe_open(str(out / "model.safetensors"), "pt") as stored:
+        keys = list(stored.keys())
+        assert {stored.get_tensor(k).dtype for k in keys} == {torch.bfloat16}
+    assert "lm_head.weight" not in keys  # tied: stored once, as the embedding
+    grown = T.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert grown.dtype == torch.bfloat16 and grown.config.tie_word_embeddings
+    assert grown.lm_head.weight.data_ptr() == grown.model.embed_tokens.weight.data_ptr()
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(grown(ids).logits, original(ids).logits)  # every new block adds an exact 0
+
+
+@pytest.mark.parametrize("at, uniform", [("1,3", False), ("2,head", True)])
+def test_peft_config_puts_adapters_on_exactly_the_new_blocks(bf16_tied, tmp_path, at, uniform):
+    folder, _ = bf16_tied
+    out = tmp_path / "grown"
+    record = grow(folder, out, at)
+    positions = record["positions"]
+    assert positions == ([1, 4] if not uniform else [2, 5]) and record["trainable_layers"] == positions
+    config = peft.LoraConfig.from_pretrained(str(out / "peft"))
+    assert sorted(config.layers_to_transform) == positions
+    grown = T.AutoModelForCausalLM.from_pretrained(out)
+    adapted = peft.get_peft_model(grown, config)
+    wrapped = {name.split("base_model.model.", 1)[1].rsplit(".lora_A", 1)[0]
+               for name, _ in adapted.named_parameters() if ".lora_A." in name}
+    assert wrapped == {f"model.layers.{p}.{m}" for p in positions for m in LINEAR_MAPS}
+    trainable = {new_layer_of(n.split("base_model.model.", 1)[1]) for n, p in adapted.named_parameters()
+                 if p.requires_grad}
+    assert trainable == set(positions)
+
+
+@pytest.mark.parametrize("at, uniform", [("1,3", False), ("2,head", True)])
+def test_llama_factory_settings_train_exactly_the_new_blocks(bf16_tied, tmp_path, at, uniform):
+    folder, _ = bf16_tied
+    out = tmp_path / "grown"
+    record = grow(folder, out, at)
+    positions = set(record["positions"])
+    freeze, lora = record["llama_factory"], record["llama_factory_lora"]
+    assert freeze.get("expressible", True) is uniform
+    yaml_text = (out / "llamafactory.yaml").read_text()
+    assert ("use_llama_pro: true" in yaml_text) is uniform and ('finetuning_type: "lora"' in yaml_text) is not uniform
+    # PEFT's matching of the list LLaMA-Factory hands it (lora_target split at commas, as target_modules)
+    grown = T.AutoModelForCausalLM.from_pretrained(out)
+    adapted = peft.get_peft_model(grown, peft.LoraConfig(target_modules=lora["lora_target"].split(","),
+                                                         task_type="CAUSAL_LM"))
+    assert {new_layer_of(n) for n, p in adapted.named_parameters() if p.requires_grad} == positions
+    factory = pytest.importorskip("llamafactory.model.adapter")  # LLaMA-Factory's own selection, where it imports
+    from llamafactory.hparams import FinetuningArguments, ModelArguments
+
+    if uniform:
+        model = T.AutoModelForCausalLM.from_pretrained(out)
+        factory._setup_freeze_tuning(model, FinetuningArguments(**freeze), True, False)
+        assert {new_layer_of(n) for n, p in model.named_parameters() if p.requires_grad} == positions
+    model = T.AutoModelForCausalLM.from_pretrained(out)
+    adapted = factory._setup_lora_tuning(model.config, model, ModelArguments(model_name_or_path=str(out)),
+                                         FinetuningArguments(**lora), True, False)
+    assert {new_layer_of(n.split("base_model.model.", 1)[1]) for n, p in adapted.named_parameters()
+            if p.requires_grad} == positions
+
+
+def test_model_card_names_base_places_and_how_to_train(bf16_tied, tmp_path):
+    folder, _ = bf16_tied
+    out = tmp_path / "grown"
+    grow(folder, out, "1,3")
+    card = (out / "README.md").read_text()
+    assert f"Base model: `{folder}`, grown from {LAYERS} to {LAYERS + 2} layers" in card
+    assert "| 1 | 1 | 0 |" in card and "| 4 | 3 | 2 |" in card  # position, inserted before, copied from
+    assert "None: the places were forced (`--at 1,3`)." in card
+    assert "Train layers [1, 4] only" in card and 'LoraConfig.from_pretrained("peft")' in card
+    assert "llamafactory-cli train llamafactory.yaml" in card and "model.layers.1. model.layers.4." in card

