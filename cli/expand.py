@@ -20,7 +20,7 @@ import shutil
 import click
 
 from satcore import InputError, ProbeError
-from satcore.adapter_api import decision_interval_notes
+from satcore.adapter_api import DEFAULT_CALIBRATION, decision_interval_notes
 
 from .common import FiniteFloatRange, display_name, num, table
 from .hf_dir import window_length
@@ -120,7 +120,10 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
               help="UTF-8 text (tokenised with MODEL_DIR's tokenizer), or token ids: .npz with input_ids, .jsonl. "
               "Required unless --at forces the places.")
 @click.option("--blocks", callback=_blocks_option, default=None, metavar="K|auto",
-              help="How many blocks: K, or auto (those whose predicted held-out decrease is significant).")
+              help="How many blocks: K, or auto (the places whose predicted held-out decrease is credible: "
+              f"verified by a trial with P(decrease) at least {DEFAULT_CALIBRATION.p_threshold:g}, the shipped calibration's "
+              "threshold; with "
+              "--decision screen, a 95% interval below 0).")
 @click.option("-o", "--out", "out_dir", required=True, metavar="OUT_DIR", help="Directory to write (new or empty).")
 @click.option("--at", "at", default=None, metavar="NAME,...",
               help="Force the positions: original block names or indices to insert before, or head.")

@@ -29,7 +29,7 @@ def merge(dumps, output, join_candidates, quiet, chunk_samples):
 
     Scoring the result equals scoring the union of the shards.  Raw inputs are
     reduced to statistics first, so a single input compacts a raw dump.  Meta
-    fields on which all inputs agree are kept; ``merged_from`` lists the inputs.
+    fields on which all inputs agree are kept; merged_from lists the inputs.
     """
     inputs = [os.path.realpath(p) for p in dumps]
     repeated = next((p for i, p in enumerate(dumps) if inputs[i] in inputs[:i]), None)

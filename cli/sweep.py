@@ -31,7 +31,8 @@ def sweep(dumps, as_json, metric, rel_tol, noise_factor, plot_path, quiet, chunk
 
     A dump's depth is meta 'model_depth' when given, else its number of
     candidates other than the 'head' endpoint (its residual blocks).  The plateau rule is in docs/dump-format.md.
-    Dumps of unrelated models are refused (see :func:`model_identity`).
+    Dumps of unrelated models are refused: their candidate name patterns, stream widths, feature families or
+    probe settings (framework, loss, split) must agree.
     """
     if plot_path:  # before any work: a format or target that cannot be written costs nothing
         from .plot import check_plot_path

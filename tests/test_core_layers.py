@@ -296,6 +296,26 @@ def test_best_candidate_is_named_so_only_when_a_candidate_passed_the_test():
     assert f"largest estimate (no candidate passed the test): {noise.verdict.best_candidate}" in text
 
 
+def test_beside_a_decision_the_first_order_pick_is_not_called_best():
+    """A report led by a trial decision ("decision: insert a block at b0") names the verdict's pick the largest
+    first-order value, which the decision may overrule, not the "best candidate" (the two read as contradicting
+    each other where they differ)."""
+    import dataclasses
+
+    from satcore._decisions.calibration import DEFAULT_CALIBRATION
+    from satcore._decisions.trials import CandidateDecision, TrialCurve, choose
+
+    rng = np.random.default_rng(6)
+    report = _depth(rng, [0.0, 0.6]).report(split="heldout")
+    assert report.verdict.verdict is Verdict.IMPROVABLE and report.verdict.best_candidate == "b1"
+    curve = TrialCurve((1, 2), (0.0, -0.1), (0.0, -0.1), 0.01)
+    decision = choose([CandidateDecision("b0", -0.1, -0.1, (-0.2, -0.05), 0.9, -0.1, curve)],
+                      satcore.Recipe("adam", 1e-3, 300, 16, "block"), 1.0, 300, DEFAULT_CALIBRATION)
+    text = str(dataclasses.replace(report, decision=decision))
+    assert "decision: insert a block at b0" in text and "best candidate: " not in text
+    assert "largest first-order value (the decision above, from trials of your recipe, may choose elsewhere): b1" in text
+
+
 def test_each_noise_floor_is_named_by_its_unit_in_every_output():
     rng = np.random.default_rng(5)
     report = _depth(rng, [0.0, 0.3]).report(split="heldout")

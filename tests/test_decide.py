@@ -620,7 +620,8 @@ def test_the_printed_decision_says_when_its_held_out_data_is_larger_than_the_cal
         return [line for line in render_decision(d).splitlines() if "held-out samples" in line]
 
     assert len(notes(most + 1)) == 1 and notes(most + 1)[0].startswith(
-        f"note: the trials were read on {most + 1} held-out samples, more than the calibration's")
+        f"note: {most + 1} held-out samples, more than the {most} the calibration was fitted with: the choice and "
+        "the ranking stand, but read the intervals as too narrow")
     assert notes(most) == [] and notes(None) == [] and notes(10 * most, NORMAL) == []
 
 

@@ -610,6 +610,33 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, m
         assert digest(model_dir) == before
 
 
+def test_reading_a_long_text_does_not_pass_on_the_tokenizers_indexing_warning(tmp_path):
+    """The whole text is longer than the tokenizer's ``model_max_length``, so transformers warns "Token indices
+    sequence length is longer than the specified maximum ... will result in indexing errors"; the ids are cut into
+    windows within the context, so the warning is noise and is not shown (the same call without it warns)."""
+    import logging
+
+    from satcore.adapters.torch.checkpoint_dir import read_token_windows
+
+    tokenizer = tokenizer_for(TEXT)
+    tokenizer.model_max_length = 16
+    tokenizer.save_pretrained(tmp_path / "tok")
+    (tmp_path / "corpus.txt").write_text(TEXT)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        windows = read_token_windows(tmp_path / "corpus.txt", tokenizer_dir=tmp_path / "tok",
+                                     vocab_size=len(tokenizer), seq_len=16, max_windows=8)
+        assert tuple(windows.shape) == (8, 16) and not any("indexing errors" in r.getMessage() for r in records)
+        T.AutoTokenizer.from_pretrained(tmp_path / "tok")(TEXT)  # the reference: the plain call warns
+        assert any("indexing errors" in r.getMessage() for r in records)
+    finally:
+        logger.removeHandler(handler)
+
+
 def test_probe_accepts_a_checkpoint_directory(checkpoint, tmp_path):
     import satcore
 

@@ -109,7 +109,10 @@ def _text_ids(path, tokenizer, n_tokens: int) -> np.ndarray:
         text = raw[: exc.start].decode("utf-8")
     if not text.strip():
         raise InputError(f"{shown}: no text")
-    return np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"][:n_tokens], dtype=np.int64)
+    # verbose=False: the whole text is longer than the model's context, which transformers would warn of
+    # ("indexing errors"); the ids are cut into windows no longer than the context, so nothing is indexed past it
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    return np.asarray(ids[:n_tokens], dtype=np.int64)
 
 
 def _npz_ids(path) -> np.ndarray:

@@ -82,7 +82,7 @@ def render_report(report, label: str | None = None) -> str:
     lines.append(f"largest growth value (the raw estimate, not a recommendation): V {num(report.growth_value_max)} "
                  f"at {display_name(report.argmax)}; AG_max {num(report.ag_max)} at {display_name(report.ag_argmax)}")
     if report.verdict is not None:
-        lines.append(render_verdict(report.verdict, report.tests))
+        lines.append(render_verdict(report.verdict, report.tests, decided=decision is not None))
     if report.prop1 is not None:
         lines.append(render_prop1(report.prop1))
     lines += [f"warning: {display_name(w)}" for w in report.warnings]
@@ -193,7 +193,9 @@ def render_predictions(predictions) -> str:
         f"largest predicted held-out gain: {num(best.heldout.value)} at {display_name(best.name)}"])
 
 
-def render_verdict(verdict, tests) -> str:
+def render_verdict(verdict, tests, decided: bool = False) -> str:
+    """The first-order verdict line; ``decided``: a trial decision leads the report, and its place, not this
+    line's, is the one to act on (the two may differ: the trials train the block with the user's recipe)."""
     tol = verdict.tolerance
     if tol["units"] == "loss":
         tolerance = f"tolerance {num(tol['value'])} (loss units) at rho = {num(tol['rho'])}"
@@ -203,6 +205,8 @@ def render_verdict(verdict, tests) -> str:
     # estimate, and calling it "best" next to SATURATED or INCONCLUSIVE reads as advice to insert there.
     pick = ("best candidate" if verdict.verdict == Verdict.IMPROVABLE
             else "largest estimate (no candidate passed the test)")
+    if decided and verdict.verdict == Verdict.IMPROVABLE:  # beside "decision: insert at X", "best" would contradict it
+        pick = "largest first-order value (the decision above, from trials of your recipe, may choose elsewhere)"
     text = (f"first-order verdict: {verdict.verdict.upper()} (alpha {num(verdict.alpha)}, {tolerance}; "
             f"{verdict.method}); {pick}: {display_name(verdict.best_candidate)}")
     gains = [t for t in tests if t.predicted_gain is not None]
@@ -246,10 +250,10 @@ def calibration_notes(decision) -> list[str]:
     lines = []
     samples, fitted = getattr(decision, "heldout_samples", None), calibration.heldout_samples
     if samples is not None and fitted is not None and samples > fitted[1]:
-        lines.append(f"note: the trials were read on {samples} held-out samples, more than the calibration's error "
-                     f"model was fitted on (at most {fitted[1]}): on larger held-out splits its intervals and "
-                     "P(decrease) were over-confident on the decision bench (docs/predictive-validity.md); the "
-                     "ranking is not affected")
+        lines.append(f"note: {samples} held-out samples, more than the {fitted[1]} the calibration was fitted "
+                     "with: the choice and the ranking stand, but read the intervals as too narrow and P(decrease) "
+                     "as too close to 0 or 1 (on the decision bench, larger held-out splits made them "
+                     "over-confident; docs/predictive-validity.md)")
     optimizer = getattr(getattr(decision, "recipe", None), "optimizer", None)
     lines += [f"note: {optimizer.upper()} recipe: {text}" for name, text in calibration.optimizer_notes
               if name == optimizer]

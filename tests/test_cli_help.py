@@ -1,0 +1,26 @@
+"""Every ``satcore`` command's ``--help`` is plain text for users: no Sphinx roles or reStructuredText literals
+(a docstring written for the API docs shows through click as ``:func:`model_identity``` otherwise), and the
+words of ``expand --help`` are the documented rule (a P(decrease) threshold, not "significant")."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from satcore.adapter_api import DEFAULT_CALIBRATION
+from satcore.cli.main import main
+
+
+@pytest.mark.parametrize("command", sorted(main.commands))
+def test_help_has_no_sphinx_markup(command):
+    result = CliRunner().invoke(main, [command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert not re.search(r":(func|class|mod|meth|attr|data):|``", result.output), result.output
+
+
+def test_expand_help_states_the_threshold_auto_counts_by():
+    text = " ".join(CliRunner().invoke(main, ["expand", "--help"]).output.split())
+    assert "significant" not in text
+    assert f"P(decrease) at least {DEFAULT_CALIBRATION.p_threshold:g}, the shipped calibration's threshold" in text
