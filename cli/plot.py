@@ -6,8 +6,9 @@ written by :func:`satcore._io.atomic.atomic_write` (whole or not at all, never o
 
 A command checks its ``--plot`` path with :func:`check_plot_path` before it reads or prints
 anything: the format must be one the Agg canvas writes by itself (:data:`PLOT_FORMATS`; ``pgf``
-needs a TeX installation and is refused), the target must be writable by the atomic writer, and
-matplotlib must be installed.  Drawing and saving a figure writes nothing to stderr: matplotlib's
+needs a TeX installation and is refused) and the target must be writable by the atomic writer.
+It draws through :func:`draw_or_skip`: without matplotlib the figure alone is skipped, with one
+line on stderr naming the extra that installs it, and the command's other output stands.  Drawing and saving a figure writes nothing to stderr: matplotlib's
 warnings (a glyph missing from the font, a layout that does not fit) and log messages describe the
 figure, not the command's outcome.
 """
@@ -50,10 +51,21 @@ def plot_format(path: str) -> str:
 
 
 def check_plot_path(path: str, inputs=()) -> None:
-    """Refuse a ``--plot`` path before any work (module docstring): its format, its target, no matplotlib."""
+    """Refuse a ``--plot`` path before any work (module docstring): its format and its target."""
     check_target(path, inputs)  # first: "this is your input" says more than "not an image format"
     plot_format(path)
-    _pyplot()
+
+
+def draw_or_skip(path: str, draw) -> bool:
+    """``draw()`` the figure for ``--plot path``, or, where matplotlib is not installed, skip it with one line on
+    stderr naming the extra (the rest of the command's output does not need it); whether it was drawn."""
+    try:
+        require("matplotlib", extra="plot", by="--plot")
+    except MissingDependencyError as exc:
+        click.echo(f"satcore: note: {exc}; the figure {display_name(path)} was skipped", err=True)
+        return False
+    draw()
+    return True
 
 
 @contextlib.contextmanager
@@ -72,10 +84,6 @@ def _silent_matplotlib():
 
 def _pyplot():
     with _silent_matplotlib():
-        try:
-            require("matplotlib", extra="plot", by="--plot")
-        except MissingDependencyError as exc:
-            raise click.ClickException(str(exc)) from None
         import matplotlib
 
         matplotlib.use("Agg")

@@ -104,6 +104,6 @@ def score(dump, **options):
     else:
         click.echo(render_report(report, dump))
     if plot_path:  # after the scores, so that a bad plot path does not cost them
-        from .plot import plot_report
+        from .plot import draw_or_skip, plot_report
 
-        plot_report(report, plot_path, title=dump, inputs=(dump,))
+        draw_or_skip(plot_path, lambda: plot_report(report, plot_path, title=dump, inputs=(dump,)))

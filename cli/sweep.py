@@ -58,9 +58,9 @@ def sweep(dumps, as_json, metric, rel_tol, noise_factor, plot_path, quiet, chunk
         points.append(sweep_point(depth, path, report))
     result = depth_sweep(points, metric=metric, rel_tol=rel_tol, noise_factor=noise_factor)
     if plot_path:
-        from .plot import plot_sweep
+        from .plot import draw_or_skip, plot_sweep
 
-        plot_sweep(result, plot_path, inputs=dumps)
+        draw_or_skip(plot_path, lambda: plot_sweep(result, plot_path, inputs=dumps))
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, allow_nan=False))
     else:

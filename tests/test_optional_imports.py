@@ -42,12 +42,19 @@ def test_missing_optional_package_is_one_line_naming_the_extra(monkeypatch, modu
     assert err.value.__context__ is None  # raised before any import was tried: no chained ModuleNotFoundError
 
 
-def test_plot_without_matplotlib_names_the_extra(monkeypatch, tmp_path):
+@pytest.mark.parametrize("command", ["score", "sweep"])
+def test_plot_without_matplotlib_skips_the_figure_only_and_names_the_extra(monkeypatch, tmp_path, command):
+    """``--plot`` where matplotlib is not installed (``sys.modules`` entry ``None``: the import system's own
+    "not importable"): the command's output is what it is without ``--plot``, one line on stderr names the extra,
+    and no file is written."""
     from click.testing import CliRunner
 
     from satcore.cli.main import main
 
+    plain = CliRunner().invoke(main, [command, "examples/digits_resnet.npz"])
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    result = CliRunner().invoke(main, ["score", "examples/digits_resnet.npz", "--plot", str(tmp_path / "p.png")])
-    assert result.exit_code != 0 and "--plot needs matplotlib: pip install 'satcore[plot]'" in result.output
+    result = CliRunner().invoke(main, [command, "examples/digits_resnet.npz", "--plot", str(tmp_path / "p.png")])
+    assert result.exit_code == 0 and result.stdout == plain.stdout
+    assert result.stderr.splitlines()[-1] == (f"satcore: note: --plot needs matplotlib: pip install 'satcore[plot]'; "
+                                              f"the figure {tmp_path / 'p.png'} was skipped")
     assert not (tmp_path / "p.png").exists()
