@@ -13,8 +13,10 @@ def test_training_loops_doc_snippets_run(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     text = (Path(__file__).parent.parent / "docs" / "training-loops.md").read_text()
     snippets = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(snippets) == 3
+    assert len(snippets) == 4
     namespace = {}
     exec(compile("\n".join(snippets), "training-loops.md", "exec"), namespace)
     assert namespace["grouped"].report().best_candidate in namespace["grouped"].statistics
-    assert any(k.startswith("satcore/") for k in namespace["trainer"].state.log_history[-2])
+    logged = namespace["trainer"].state.log_history[-2]  # the decide= snippet's trainer
+    assert any(k.startswith("satcore/") for k in logged) and logged["satcore/decision/insert"] in (0.0, 1.0)
+    assert str(namespace["report"]).splitlines()[1].startswith("decision: ")
