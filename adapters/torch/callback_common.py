@@ -15,7 +15,7 @@ from satcore.adapter_api import family_spec
 from satcore import Recipe
 
 from .decide import PROBE_OPTION_NAMES, decide
-from .locate import locate_candidates
+from .locate import decision_places, locate_candidates
 from .probe import ProbeConfig, probe, unwrap_data_parallel
 
 
@@ -38,8 +38,8 @@ def callback_places(model, config: ProbeConfig, decide_options) -> tuple[list, l
     names = [c.name for c in locate_candidates(model, config.candidates, head=config.head)]
     if decide_options is None:
         return names, None
-    return names, [c.name for c in locate_candidates(model, decide_options["candidates"],
-                                                      head=decide_options["head"])]
+    places = decision_places(decide_options["candidates"], decide_options["head"])  # as decide reads them
+    return names, [c.name for c in locate_candidates(model, places["candidates"], head=places["head"])]
 
 
 # decide's arguments a callback supplies itself: the model it is handed, its probe data as the held-out split, its loss
