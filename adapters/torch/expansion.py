@@ -434,8 +434,9 @@ class Expansion:
         else:
             factory = {"expressible": False,
                        "reason": f"LLaMA-Factory's freeze tuning selects the last, the first or every "
-                                 f"(layers/n)-th layer; layers {layers} of {total} are none of these: use "
-                                 "ms-swift's trainable_parameters, or the Python loop in the docs"}
+                                 f"(layers/n)-th layer; layers {layers} of {total} are none of these: "
+                                 "llama_factory_lora trains them with its LoRA; ms-swift's trainable_parameters "
+                                 "or the Python loop in the docs train them fully"}
         swift = {"train_type": "full", "freeze_parameters_ratio": 1,
                  "trainable_parameters": [f"{self.block_prefix}.{i}." for i in layers]}
         lora = llama_factory_lora(self.model, find_blocks(self.model), layers) if layers else None

@@ -66,7 +66,7 @@ def llama_factory_yaml(record: dict, out_dir: str) -> str:
     freeze = record["llama_factory"]
     method = freeze if freeze.get("expressible", True) else record["llama_factory_lora"]
     why = ("full training of the new blocks (freeze tuning selects them)" if method is freeze else
-           f"LoRA on the new blocks: {freeze['reason']}")
+           "LoRA on the new blocks (freeze tuning selects the last, the first or every (layers/n)-th layer only)")
     lines = ["# written by satcore expand: trains exactly the new blocks " + json.dumps(record["trainable_layers"]),
              f"# {why}",
              "# add your dataset, template and output_dir, then: llamafactory-cli train THIS_FILE",
