@@ -139,3 +139,27 @@ def test_a_registered_spec_is_a_family_like_the_built_in_ones():
         unregister_family("square")
     with pytest.raises(ValueError, match="unknown family 'square'"):
         satcore.make_family("square", 4)
+
+
+def test_a_builder_registered_again_by_its_module_imported_again_replaces_itself(tmp_path, monkeypatch):
+    """An adapter registers its builders when its module is imported; imported again (``sys.modules`` cleared,
+    as a missing package's check does, or ``importlib.reload``) it makes new objects of the same top-level
+    functions, which replace the held ones without asking. A different function of that module is still refused."""
+    import importlib
+    import sys
+
+    from satcore._formulas.families import FamilyRegistry, family_spec
+
+    registry = FamilyRegistry([family_spec("mlp")])
+    (tmp_path / "jax_features_probe.py").write_text(
+        "def mlp_features(family, z):\n    return z\n\ndef other_features(family, z):\n    return -z\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first = importlib.import_module("jax_features_probe")
+    registry.register_builder("jax", "mlp", first.mlp_features)
+    monkeypatch.delitem(sys.modules, "jax_features_probe")
+    again = importlib.import_module("jax_features_probe")
+    assert again.mlp_features is not first.mlp_features
+    registry.register_builder("jax", "mlp", again.mlp_features)
+    assert registry.builder("jax", "mlp") is again.mlp_features
+    with pytest.raises(satcore.InputError, match="^family 'mlp' has a jax feature map already"):
+        registry.register_builder("jax", "mlp", again.other_features)

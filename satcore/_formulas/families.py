@@ -25,6 +25,8 @@ registered twice with different entries is refused unless ``overwrite=True``.
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -215,6 +217,19 @@ class FamilySpec:
         return n
 
 
+def _defined_as(entry) -> tuple:
+    """What an entry is, the same after the module that made it is imported again (``importlib.reload``, or
+    ``sys.modules`` cleared, as a missing package's check does): a function or class at a module's top level
+    by its module and qualified name (importing again makes new objects of them), a spec field by field,
+    other callables by identity, other values by value."""
+    if dataclasses.is_dataclass(entry) and not isinstance(entry, type):
+        return tuple(_defined_as(getattr(entry, f.name)) for f in dataclasses.fields(entry))
+    if callable(entry):
+        qualname = getattr(entry, "__qualname__", "<locals>")
+        return ("<locals>" in qualname and (id(entry),)) or (entry.__module__, qualname)
+    return (entry,)
+
+
 class FamilyRegistry:
     """The family kinds (:class:`FamilySpec`) and each framework's feature map of them, owned by this object.
 
@@ -225,8 +240,9 @@ class FamilyRegistry:
 
     Failure mode: registering a name (or a framework's builder of a kind) that already holds
     another entry is refused with an :class:`~satcore.InputError` naming it, unless
-    ``overwrite=True``, which replaces it; registering the very entry it holds again is a
-    no-op.  Looking up a kind that is not registered, or a builder a framework has not
+    ``overwrite=True``, which replaces it; registering the very entry it holds again, or the
+    same definitions from the same module (an adapter's module imported again, which makes new
+    function, class and spec objects), replaces it without asking.  Looking up a kind that is not registered, or a builder a framework has not
     registered, is refused with an :class:`~satcore.InputError` naming what is known.
 
     The package holds one instance, :data:`FAMILY_REGISTRY`, made with the built-in kinds
@@ -244,7 +260,7 @@ class FamilyRegistry:
     def register(self, spec: FamilySpec, *, overwrite: bool = False) -> FamilySpec:
         """Add the kind ``spec.name`` (see the class docstring for a name already held); returns ``spec``."""
         held = self._specs.get(spec.name)
-        if held is not None and held is not spec and not overwrite:
+        if held is not None and _defined_as(held) != _defined_as(spec) and not overwrite:
             raise InputError(f"family {spec.name!r} is registered already; pass overwrite=True to replace it")
         self._specs[spec.name] = spec
         return spec
@@ -253,7 +269,7 @@ class FamilyRegistry:
         """Add ``builder``, the ``framework``'s feature map of the registered kind ``kind``."""
         self.spec(kind)
         held = self._builders.get((framework, kind))
-        if held is not None and held is not builder and not overwrite:
+        if held is not None and _defined_as(held) != _defined_as(builder) and not overwrite:
             raise InputError(f"family {kind!r} has a {framework} feature map already; pass overwrite=True to replace it")
         self._builders[(framework, kind)] = builder
 
