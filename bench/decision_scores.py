@@ -242,13 +242,12 @@ def _decide(inst, calibration):
     recipe = Recipe("sgd", 1.0, inst["steps"], 1)
     cands = []
     for r in inst["rows"]:
-        if r["curve"] is None:  # priced by the screen alone (unscored: no change, even odds); never chosen
+        if r["curve"] is None:  # priced by the screen alone (unscored: no change), not verified; never chosen
             v = 0.0 if r["screen"] is None else r["screen"]
-            p = 0.5 if r["screen"] is None else float(v < 0)
-            cands.append(CandidateDecision(r["candidate"], v, v, (v, v), p, v))
+            cands.append(CandidateDecision.screen_only(r["candidate"], v, v))
             continue
         c = verified_candidate(r["candidate"], r["curve"], inst["steps"], calibration, r["screen"])
-        cands.append(c if r["may_choose"] else dataclasses.replace(c, trial=None))
+        cands.append(c if r["may_choose"] else dataclasses.replace(c, eliminated=True))
     d = choose(cands, recipe, inst["base_heldout"], inst["cost"], calibration)
     if d.runner_up is None or not inst.get("paired_se"):
         return d
@@ -478,8 +477,10 @@ def score(insts, calibrations: dict, method: str) -> dict:
                 signs += int(np.sign(pred[k]) == np.sign(r["target"]))
             if is_clear and r["target"] > 0:
                 harms += 1
-                flagged += int(p[k] < 0.5) if p is not None else int(pred is not None and pred[k] > 0)
-            if p is not None:
+                # a row without a probability (not verified) flags nothing
+                flagged += int(p[k] is not None and p[k] < 0.5) if p is not None else int(pred is not None
+                                                                                          and pred[k] > 0)
+            if p is not None and p[k] is not None:
                 probs.append(p[k])
                 outcomes.append(float(r["target"] < 0))
         if method == "decide":
@@ -487,9 +488,10 @@ def score(insts, calibrations: dict, method: str) -> dict:
             if d.runner_up is not None and inst.get("paired_se"):  # only where the paired margin is recorded
                 close_calls[d.close_call].append(float(d.choice == names[best]))
             for k, n in enumerate(names):
-                lo, hi = d.candidates[n].interval
-                covered += int(lo <= target[k] <= hi)
-                n_cov += 1
+                if d.candidates[n].interval is not None:  # over the rows that claim an interval
+                    lo, hi = d.candidates[n].interval
+                    covered += int(lo <= target[k] <= hi)
+                    n_cov += 1
     out = {"n_decisions": len(insts), "n_insertions": sum(len(i["rows"]) for i in insts),
            "spearman_pooled": _spearman(pooled_pred, pooled_real) if pooled_pred else None,
            "spearman_within": float(np.mean(within)) if within else None,
