@@ -671,3 +671,25 @@ def test_the_shipped_calibrations_are_a_data_file_with_their_provenance():
     assert dict(DEFAULT_CALIBRATION.optimizer_notes) == data["calibrations"]["default"]["optimizer_notes"]
     with pytest.raises(InputError, match="format must be"):
         shipped.read_calibrations(json.dumps({**data, "format": "satcore-calibration/0"}))
+
+
+def test_the_sensitivity_baseline_is_the_squared_gradient_of_a_zero_virtual_layer():
+    """Sensitivity-Based Layer Insertion's ranking from the probe's sums, ``||sum_cross||^2 / n^2``, against an
+    independent autograd computation: the zero-output block of the probe's family inserted at each candidate (in
+    float64), the mean loss over the same training batches, and the squared norm of its gradient with respect to
+    the block's zero terminal map.  Float64 throughout: the two sums differ by round-off, ~1e-16 relative per term,
+    so 1e-9 leaves room for the thousands of terms and any cancellation of the mean gradient."""
+    from satcore import virtual_layer_sensitivity
+    from satcore.adapters.torch.decide import inserted_copy
+
+    model = digits_resnet().double()
+    train = [(X.double(), y) for X, y in _data(0, 96, 32)]
+    splits = probe_splits(model, train, [(X.double(), y) for X, y in _data(1200, 64, 32)], per_sample_ce,
+                          candidates=CANDIDATES[:2])
+    sensitivity = virtual_layer_sensitivity(splits.train.statistics)
+    assert set(sensitivity) == set(CANDIDATES)
+    for at in CANDIDATES:
+        grown, params = inserted_copy(model, splits.train, at)
+        loss = torch.cat([per_sample_ce(grown(X), y) for X, y in train]).mean()
+        expected = sum(float((g.double() ** 2).sum()) for g in torch.autograd.grad(loss, params))
+        assert expected > 0 and sensitivity[at] == pytest.approx(expected, rel=1e-9)
