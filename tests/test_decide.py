@@ -693,3 +693,29 @@ def test_the_sensitivity_baseline_is_the_squared_gradient_of_a_zero_virtual_laye
         loss = torch.cat([per_sample_ce(grown(X), y) for X, y in train]).mean()
         expected = sum(float((g.double() ** 2).sum()) for g in torch.autograd.grad(loss, params))
         assert expected > 0 and sensitivity[at] == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_stop_tolerance_is_reported_in_loss_units_and_in_the_trials_standard_errors():
+    """The tolerance ``choose`` compares with is the calibration's share of the held-out loss (0.01 of 2.0: 0.02);
+    the decision reports it, and over the standard error of the credible trial of lowest prediction (0.004: 5
+    standard errors); a stop below it says so in one note with both numbers, and a practical tolerance stated
+    through the calibration moves the stop."""
+    from satcore._rendering.table import render_decision
+
+    recipe = Recipe("adam", 1e-3, 300, 16, "block")
+    calibration = dataclasses.replace(NORMAL, tolerance=0.01, trend_weight=0.0)
+    trial = TrialCurve((1, 2), (0.0, -0.015), (0.0, -0.015), 0.004)
+    small = verified_candidate("m.0", trial, 300, calibration, -0.1)
+    assert small.predicted_heldout_change == pytest.approx(-0.015, rel=4 * np.finfo(float).eps)
+    stop = choose([small], recipe, 2.0, 300, calibration)
+    assert stop.stop_reason == "gain_below_tolerance"
+    assert stop.stop_tolerance == pytest.approx(0.02, rel=4 * np.finfo(float).eps)
+    assert stop.stop_tolerance_se == pytest.approx(5.0, rel=8 * np.finfo(float).eps)
+    back = json.loads(json.dumps(stop.to_dict()))
+    assert back["stop_tolerance"] == stop.stop_tolerance and back["stop_tolerance_se"] == stop.stop_tolerance_se
+    notes = [line for line in render_decision(stop).splitlines() if line.startswith("note:") and "tolerance" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: stopped below the tolerance of 0.02 (the calibration's "
+                                                   "0.01 of the held-out loss, 5.0 standard errors")
+    practical = choose([small], recipe, 2.0, 300, dataclasses.replace(calibration, tolerance=0.005))
+    assert practical.choice == "m.0" and practical.stop_tolerance == pytest.approx(0.01, rel=4 * np.finfo(float).eps)
+    assert "tolerance" not in render_decision(practical)

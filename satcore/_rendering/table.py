@@ -139,6 +139,14 @@ def render_decision(decision) -> str:
                          "first-order screen's, often far off in magnitude, and it gets no interval or P(decrease))")
         lines += [f"note: {n}" for n in decision_interval_notes(decision.candidates)]
         lines += calibration_notes(decision)
+        if getattr(decision, "stop_reason", None) == "gain_below_tolerance" and decision.stop_tolerance is not None:
+            # the tolerance is a share of the loss; what the data resolves is the trial's standard error
+            in_se = decision.stop_tolerance_se
+            lines.append(f"note: stopped below the tolerance of {num(decision.stop_tolerance)} (the calibration's "
+                         f"{decision.calibration.tolerance:g} of the held-out loss"
+                         + ("" if in_se is None else f", {in_se:.1f} standard errors of the best credible trial")
+                         + "); state a practical one with calibration=dataclasses.replace(calibration, "
+                         "tolerance=...)")
         if getattr(decision, "close_call", False):
             difference, se = decision.margin
             runner_up = display_name(decision.runner_up)
