@@ -322,8 +322,9 @@ def _fit_at_trend_weight(insts, source: str, trend_weight: float, error_insts=()
             cal = Calibration(trend_weight, gamma, LEVELS, tuple(np.quantile(z, LEVELS)), 0.5, 0.0, source, c_trend)
             a, b = _logistic(pooled, cal)
             cal = Calibration(**{**cal.to_dict(), "logit_intercept": a, "logit_slope": b})
-            brier = np.mean([(c.p_decrease - float(r["target"] < 0)) ** 2
-                             for i in pooled for r, c in zip(i["rows"], _decide(i, cal).candidates.values())])
+            brier = np.mean([(c.p_decrease - float(r["target"] < 0)) ** 2  # over the rows with a probability
+                             for i in pooled for r, c in zip(i["rows"], _decide(i, cal).candidates.values())
+                             if c.p_decrease is not None])
             if best is None or brier < best[0]:
                 best = (brier, cal)
     cal = best[1]
