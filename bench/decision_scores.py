@@ -174,6 +174,30 @@ def attach_compressed(models: list, folder: Path) -> list:
     return [{**m, "compressed": runs[m["model"]]} if m["model"] in runs else m for m in models]
 
 
+SENSITIVITY_FOLDER = "decision_validity_sensitivity"  # bench/decision_validity.py --sensitivity, beside ``out``
+
+
+def attach_sensitivity(models: list, folder: Path) -> list:
+    """``models`` with the sensitivity baseline's values (``--sensitivity`` recordings in ``folder``) attached as
+    ``model["sensitivity"]`` (per candidate), where that model was recorded: refused unless the re-trained model's
+    base losses are the recorded ones (:data:`SAME_MODEL_RTOL`)."""
+    if not folder.is_dir():
+        return models
+    recorded = {m["model"]: m for m in load(folder)[0]}
+    out = []
+    for m in models:
+        new = recorded.get(m["model"])
+        if new is None:
+            out.append(m)
+            continue
+        deviation = max(abs(new["base"][k] - m["base"][k]) / max(abs(m["base"][k]), 1e-300) for k in new["base"])
+        if deviation > SAME_MODEL_RTOL or new["candidates"] != m["candidates"]:
+            raise SystemExit(f"{folder.name}: model {m['model']!r} is not the recorded one (base losses differ by "
+                             f"{deviation:.1e} relative, candidates {new['candidates']} against {m['candidates']})")
+        out.append({**m, "sensitivity": new["sensitivity"]})
+    return out
+
+
 def instances(models: list, schedule: str = SHIPPED_SCHEDULE, heldout: str = "heldout") -> list[dict]:
     """One decision per (model, recipe column, length, trial seed): every candidate's trial curve (that seed's
     prefix, read as ``schedule`` reads it, :func:`_trial_schedule`), its target (the other seeds' mean realized
@@ -209,7 +233,8 @@ def instances(models: list, schedule: str = SHIPPED_SCHEDULE, heldout: str = "he
                                      "target": float(np.mean(others)), "own": _at(run, "test", steps),
                                      "own_heldout": _at(run, "heldout", steps),
                                      "mean": float(np.mean(every)), "spread": float(np.ptp(every)),
-                                     "train_target": float(np.mean(train_others)), "screen": screen[c]})
+                                     "train_target": float(np.mean(train_others)), "screen": screen[c],
+                                     **({"sensitivity": m["sensitivity"][c]} if "sensitivity" in m else {})})
                     out.append({"model": m["model"], "set": m["set"], "column": column, "steps": steps, "seed": a,
                                 "cost": cost, "base_heldout": m["base"][heldout], "base_test": m["base"]["test"],
                                 "rows": rows,
@@ -242,13 +267,12 @@ def _decide(inst, calibration):
     recipe = Recipe("sgd", 1.0, inst["steps"], 1)
     cands = []
     for r in inst["rows"]:
-        if r["curve"] is None:  # priced by the screen alone (unscored: no change, even odds); never chosen
+        if r["curve"] is None:  # priced by the screen alone (unscored: no change), not verified; never chosen
             v = 0.0 if r["screen"] is None else r["screen"]
-            p = 0.5 if r["screen"] is None else float(v < 0)
-            cands.append(CandidateDecision(r["candidate"], v, v, (v, v), p, v))
+            cands.append(CandidateDecision.screen_only(r["candidate"], v, v))
             continue
         c = verified_candidate(r["candidate"], r["curve"], inst["steps"], calibration, r["screen"])
-        cands.append(c if r["may_choose"] else dataclasses.replace(c, trial=None))
+        cands.append(c if r["may_choose"] else dataclasses.replace(c, eliminated=True))
     d = choose(cands, recipe, inst["base_heldout"], inst["cost"], calibration)
     if d.runner_up is None or not inst.get("paired_se"):
         return d
@@ -298,8 +322,9 @@ def _fit_at_trend_weight(insts, source: str, trend_weight: float, error_insts=()
             cal = Calibration(trend_weight, gamma, LEVELS, tuple(np.quantile(z, LEVELS)), 0.5, 0.0, source, c_trend)
             a, b = _logistic(pooled, cal)
             cal = Calibration(**{**cal.to_dict(), "logit_intercept": a, "logit_slope": b})
-            brier = np.mean([(c.p_decrease - float(r["target"] < 0)) ** 2
-                             for i in pooled for r, c in zip(i["rows"], _decide(i, cal).candidates.values())])
+            brier = np.mean([(c.p_decrease - float(r["target"] < 0)) ** 2  # over the rows with a probability
+                             for i in pooled for r, c in zip(i["rows"], _decide(i, cal).candidates.values())
+                             if c.p_decrease is not None])
             if best is None or brier < best[0]:
                 best = (brier, cal)
     cal = best[1]
@@ -386,7 +411,8 @@ def _spearman(x, y):
 
 SEED_CEILING = "trial seed trained in full (seed ceiling)"
 HELDOUT_CEILING = "trial seed trained in full, read on the held-out split (held-out ceiling)"
-METHODS = ("decide", "short trial alone", "first-order ranking", "every block helps", "random candidate",
+SENSITIVITY = "sensitivity (SensLI: ||C||^2 of a zero virtual layer)"
+METHODS = ("decide", "short trial alone", "first-order ranking", SENSITIVITY, "every block helps", "random candidate",
            "head / end of stack", HELDOUT_CEILING, SEED_CEILING, "full-training oracle")
 
 
@@ -414,6 +440,12 @@ def _predictions(inst, method, calibration):
         pred = [r["screen"] for r in rows]
         pick = names[int(np.argmin(pred))]
         return pred, None, pick, pick if min(pred) < 0 else None
+    if method == SENSITIVITY:
+        # inserts where the sensitivity is largest, whatever the recipe, and never stops: every layer it ranks has a
+        # sensitivity >= 0, read as a predicted decrease of that size
+        pred = [-r["sensitivity"] for r in rows]
+        pick = names[int(np.argmin(pred))]
+        return pred, None, pick, pick
     if method == "every block helps":
         return [-1.0] * len(rows), [1.0] * len(rows), None, "random"
     if method == "random candidate":
@@ -434,6 +466,13 @@ def _predictions(inst, method, calibration):
         return pred, None, pick, pick if min(pred) < 0 else None
     pick = names[int(np.argmin([r["target"] for r in rows]))]
     return [r["target"] for r in rows], None, pick, pick if min(r["target"] for r in rows) < 0 else None
+
+
+def scored_methods(insts) -> tuple:
+    """:data:`METHODS`, less the sensitivity baseline where a model of ``insts`` has no recorded sensitivity
+    (:func:`attach_sensitivity`)."""
+    recorded = all("sensitivity" in r for i in insts for r in i["rows"])
+    return tuple(m for m in METHODS if m != SENSITIVITY or recorded)
 
 
 def score(insts, calibrations: dict, method: str) -> dict:
@@ -478,8 +517,10 @@ def score(insts, calibrations: dict, method: str) -> dict:
                 signs += int(np.sign(pred[k]) == np.sign(r["target"]))
             if is_clear and r["target"] > 0:
                 harms += 1
-                flagged += int(p[k] < 0.5) if p is not None else int(pred is not None and pred[k] > 0)
-            if p is not None:
+                # a row without a probability (not verified) flags nothing
+                flagged += int(p[k] is not None and p[k] < 0.5) if p is not None else int(pred is not None
+                                                                                          and pred[k] > 0)
+            if p is not None and p[k] is not None:
                 probs.append(p[k])
                 outcomes.append(float(r["target"] < 0))
         if method == "decide":
@@ -487,9 +528,10 @@ def score(insts, calibrations: dict, method: str) -> dict:
             if d.runner_up is not None and inst.get("paired_se"):  # only where the paired margin is recorded
                 close_calls[d.close_call].append(float(d.choice == names[best]))
             for k, n in enumerate(names):
-                lo, hi = d.candidates[n].interval
-                covered += int(lo <= target[k] <= hi)
-                n_cov += 1
+                if d.candidates[n].interval is not None:  # over the rows that claim an interval
+                    lo, hi = d.candidates[n].interval
+                    covered += int(lo <= target[k] <= hi)
+                    n_cov += 1
     out = {"n_decisions": len(insts), "n_insertions": sum(len(i["rows"]) for i in insts),
            "spearman_pooled": _spearman(pooled_pred, pooled_real) if pooled_pred else None,
            "spearman_within": float(np.mean(within)) if within else None,
@@ -757,6 +799,7 @@ def transfer_scores(out: Path) -> dict | None:
     if not folder.is_dir():
         return None
     models, sweeps, _ = load(folder)
+    models = attach_sensitivity(models, out.parent / SENSITIVITY_FOLDER)
     result = {"sets": sorted({m["set"] for m in models}), "models": sorted({m["model"] for m in models}),
               "base": {m["model"]: m["base"] for m in models}, "lengths": {},
               "sweeps": sweep_scores(sweeps, DEFAULT_CALIBRATION), "loops": loop_scores(folder, sweeps)}
@@ -780,7 +823,7 @@ def transfer_scores(out: Path) -> dict | None:
                 continue
             rows = result["lengths"].setdefault(str(steps), {"columns": sorted({i["column"] for i in sel})})
             if schedule == "even":
-                rows["every set"] = {m: score(sel, cals, m) for m in METHODS}
+                rows["every set"] = {m: score(sel, cals, m) for m in scored_methods(sel)}
                 rows["by set"] = {s: score([i for i in sel if i["set"] == s], cals, "decide") for s in result["sets"]}
                 rows["by column"] = {c: score([i for i in sel if i["column"] == c], cals, "decide")
                                      for c in rows["columns"]}
@@ -841,12 +884,13 @@ def compressed_scores(out: Path) -> dict | None:
 
 def all_scores(out: Path) -> dict:
     models, sweeps, meta = load(out)
+    models = attach_sensitivity(models, out.parent / SENSITIVITY_FOLDER)
     insts = instances(models)
     errors = larger_heldout(out)
     cals = lomo_calibrations(insts, errors)
     targets = sorted({(i["column"], i["steps"]) for i in insts})
     by_target = {f"{c}/{s}": {m: score([i for i in insts if (i["column"], i["steps"]) == (c, s)], cals, m)
-                              for m in METHODS} for c, s in targets}
+                              for m in scored_methods(insts)} for c, s in targets}
     long = [i for i in insts if i["steps"] in LONG]
     full = fit(insts, "every bench model set", error_insts=errors)
     result = {"meta": meta, "sets": sorted({i["set"] for i in insts}),
@@ -854,7 +898,7 @@ def all_scores(out: Path) -> dict:
               "calibrations_lomo": {s: c.to_dict() for s, c in cals.items()},
               "calibration_all": full.to_dict(),
               "by_target": by_target,
-              "long": {m: score(long, cals, m) for m in METHODS}, "long_steps": sorted({i["steps"] for i in long}),
+              "long": {m: score(long, cals, m) for m in scored_methods(long)}, "long_steps": sorted({i["steps"] for i in long}),
               "long_by_set": {s: score([i for i in long if i["set"] == s], cals, "decide") for s in cals},
               "in_sample_long": score(long, {s: full for s in cals}, "decide"),
               "sweeps": sweep_scores(sweeps, full), "loops": loop_scores(out, sweeps)}
@@ -869,8 +913,9 @@ def all_scores(out: Path) -> dict:
         result["large_heldout"] = large_heldout_scores(large, models)
     longer = out.parent / "decision_validity_1000"
     if longer.is_dir():  # 1000-step runs, kept out of every fit: each set scored with the calibration of the others
-        insts_1000 = [i for i in instances(load(longer)[0]) if i["steps"] == 1000]
-        result["transfer_1000"] = {m: score(insts_1000, cals, m) for m in METHODS}
+        models_1000 = attach_sensitivity(load(longer)[0], out.parent / SENSITIVITY_FOLDER)
+        insts_1000 = [i for i in instances(models_1000) if i["steps"] == 1000]
+        result["transfer_1000"] = {m: score(insts_1000, cals, m) for m in scored_methods(insts_1000)}
         result["transfer_1000_sets"] = sorted({i["set"] for i in insts_1000})
         result["transfer_1000_by_column"] = {c: score([i for i in insts_1000 if i["column"] == c], cals, "decide")
                                              for c in sorted({i["column"] for i in insts_1000})}
@@ -902,18 +947,18 @@ def tables(out: Path) -> str:
 
     lines += [f"**Long recipes ({', '.join(map(str, res['long_steps']))} steps), every column "
               "pooled**\n", head, rule]
-    lines += [row(m, res["long"][m]) for m in METHODS]
+    lines += [row(m, v) for m, v in res["long"].items()]
     for target, scores in res["by_target"].items():
         n = scores["decide"]
         lines += [f"\n**{target}** ({n['n_decisions']} decisions, {n['n_insertions']} insertions)\n", head, rule]
-        lines += [row(m, scores[m]) for m in METHODS]
+        lines += [row(m, v) for m, v in scores.items()]
     if "transfer_1000" in res:
         n = res["transfer_1000"]["decide"]
         columns = ", ".join(res["transfer_1000_by_column"])
         lines += [f"\n**1000 steps ({columns}), {', '.join(res['transfer_1000_sets'])}** ({n['n_decisions']} "
                   f"decisions, {n['n_insertions']} insertions; runs kept out of every fit, each set scored with the "
                   "calibration fitted on the other sets' 300-step runs)\n", head, rule]
-        lines += [row(m, res["transfer_1000"][m]) for m in METHODS]
+        lines += [row(m, v) for m, v in res["transfer_1000"].items()]
         lines += ["\n**1000 steps by column (decide)**\n", head, rule]
         lines += [row(c, v) for c, v in res["transfer_1000_by_column"].items()]
         lines += ["\n**1000 steps with `schedule=\"halving\"`** (its own calibrations, fitted leave one model set out on "
@@ -948,7 +993,7 @@ def tables(out: Path) -> str:
                       f"reads; {', '.join(rows['columns'])}; {n['n_decisions']} decisions, {n['n_insertions']} "
                       "insertions; decided with the calibrations `decide` ships, fitted on every bench model set)\n",
                       head, rule]
-            lines += [row(m, rows["every set"][m]) for m in METHODS]
+            lines += [row(m, v) for m, v in rows["every set"].items()]
             lines += [row('decide, `schedule="halving"`', rows["halving"])]
             lines += [row(f"decide: {k}", v) for k, v in {**rows["by set"], **rows["by column"]}.items()]
         if "large_heldout" in ts:

@@ -79,7 +79,7 @@ from torch import nn  # noqa: E402
 from exlib.data import load_images, load_text  # noqa: E402
 from exlib.models import BasicBlock, StagewiseResNet  # noqa: E402
 from exlib.training import batches, classifier_loss, lm_batches, lm_windows, per_sample_ce, train_classifier  # noqa: E402
-from satcore import Recipe  # noqa: E402
+from satcore import Recipe, virtual_layer_sensitivity  # noqa: E402
 from satcore._decisions.trials import paired_standard_error, trial_plan  # noqa: E402
 from satcore.adapters.torch import InsertedResidual, probe_splits, sequence_loss  # noqa: E402
 from satcore.adapters.torch.decide import per_sample_eval, recipe_minibatches, recipe_optimizer, screen, trial_losses  # noqa: E402
@@ -90,6 +90,8 @@ OUT_1000 = ROOT / "docs" / "figures" / "decision_validity_1000"
 OUT_TRANSFER = ROOT / "docs" / "figures" / "decision_validity_transfer"  # every column and length of the transfer sets
 # --compressed: time-compressed trials (an experiment, not what decide runs), every set's models, to OUT_COMPRESSED
 OUT_COMPRESSED = ROOT / "docs" / "figures" / "decision_validity_compressed"
+# --sensitivity: the sensitivity baseline's scores of every set's models (no trials), to OUT_SENSITIVITY
+OUT_SENSITIVITY = ROOT / "docs" / "figures" / "decision_validity_sensitivity"
 # --large-heldout N: the same models and trials, each trial also evaluated on a held-out split N times the bench's (its
 # first part is the bench's own held-out split), to decision_scores.large_heldout_folder(OUT, N): how the decision
 # depends on the size of the held-out data it reads (the test split and the targets are unchanged)
@@ -260,6 +262,22 @@ def record_compressed(task: dict, log, large_heldout: bool = False) -> dict:
                                         "candidate": name, "seed": seed, "steps": [T // 2, T],
                                         **{k: _summary(*measured[k]) for k in sets}})
     log(f"  {task['tag']} compressed trials: {time.time() - t0:.0f}s")
+    return out
+
+
+def record_sensitivity(task: dict, log) -> dict:
+    """The sensitivity baseline of one trained model (``--sensitivity``): at every candidate, Sensitivity-Based
+    Layer Insertion's ``||C||_F^2`` on the training probe split (:func:`satcore.virtual_layer_sensitivity`, the
+    probe's family as the virtual layer), no trial.  The base losses are recorded to check, when scored, that the
+    re-trained model is the recorded one (:func:`decision_scores.attach_sensitivity`)."""
+    t0 = time.time()
+    model, loss_fn, text = task["model"], task["loss_fn"], task["text"]
+    splits = probe_splits(model, task["probe_train"], task["heldout"], loss_fn, family="native" if text else "auto")
+    sets = {"heldout": task["heldout"], "test": task["test"], "train": task["probe_train"]}
+    out = {"model": task["tag"], "set": task["set"], "candidates": list(splits.train.statistics),
+           "base": {k: float(per_sample_eval(model, v, loss_fn).mean()) for k, v in sets.items()},
+           "sensitivity": virtual_layer_sensitivity(splits.train.statistics)}
+    log(f"  {task['tag']} sensitivity: {time.time() - t0:.0f}s")
     return out
 
 
@@ -604,15 +622,21 @@ def _stored(stored: dict | None, tag: str, path: Path):
 
 
 def record(part: str, log=print, column: str | None = None, seeds: tuple | None = None,
-           trial_seeds: tuple | None = None, large_heldout: int = 0, compressed: bool = False) -> None:
+           trial_seeds: tuple | None = None, large_heldout: int = 0, compressed: bool = False,
+           sensitivity: bool = False) -> None:
     out = OUT_1000 if column is not None and column.endswith("_1000") else OUT
+    if sensitivity:
+        if part not in (*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS) or column or trial_seeds or compressed \
+                or large_heldout:
+            raise SystemExit("--sensitivity: a model set part alone")
+        out = OUT_SENSITIVITY
     if compressed:
         if part not in (*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS) or column or trial_seeds:
             raise SystemExit("--compressed: a model set part alone (with --large-heldout: a fitted set's)")
         if large_heldout and (part not in (*IMAGES, *TEXTS) or large_heldout != LARGE_HELDOUT):
             raise SystemExit(f"--compressed --large-heldout: a fitted model set, {LARGE_HELDOUT} times")
         out = large_heldout_folder(OUT_COMPRESSED) if large_heldout else OUT_COMPRESSED
-    if part in TRANSFER and not compressed:
+    if part in TRANSFER and not compressed and not sensitivity:
         if trial_seeds is not None:
             raise SystemExit("--trial-seeds: the fitted model sets' parts only")
         out = OUT_TRANSFER
@@ -669,6 +693,8 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
             tasks = itertools.islice(tasks, len(stored))
         if compressed:
             makers = [(lambda t=t: record_compressed(t, log, bool(large_heldout))) for t in tasks]
+        elif sensitivity:
+            makers = [(lambda t=t: record_sensitivity(t, log)) for t in tasks]
         else:
             makers = [(lambda t=t: record_model(t, log, trial_seeds or SEEDS, _stored(stored, t["tag"], path)))
                       for t in tasks]
@@ -698,6 +724,9 @@ def main(argv=None) -> int:
     parser.add_argument("--compressed", action="store_true",
                         help="model set parts: time-compressed trials (lr x S/T for the even plan's T steps; an "
                              "experiment) to docs/figures/decision_validity_compressed/")
+    parser.add_argument("--sensitivity", action="store_true",
+                        help="model set parts: the sensitivity baseline (Sensitivity-Based Layer Insertion's ||C||^2 "
+                             "on the training probe split, no trials) to docs/figures/decision_validity_sensitivity/")
     parser.add_argument("--tables", action="store_true", help="score the recorded parts and print the docs tables")
     parser.add_argument("--variants", action="store_true",
                         help="score the decision rules tried (bench/decision_scores.py VARIANTS) and print their table")
@@ -707,7 +736,7 @@ def main(argv=None) -> int:
     if args.part:
         record(args.part, column=args.column, seeds=None if args.seeds is None else tuple(args.seeds),
                trial_seeds=None if args.trial_seeds is None else tuple(args.trial_seeds),
-               large_heldout=args.large_heldout, compressed=args.compressed)
+               large_heldout=args.large_heldout, compressed=args.compressed, sensitivity=args.sensitivity)
     if args.tables or args.fit or args.variants:
         from decision_scores import fit_and_write, tables, variants
 

@@ -20,7 +20,7 @@ import shutil
 import click
 
 from satcore import InputError, ProbeError
-from satcore.adapter_api import DEFAULT_CALIBRATION, decision_interval_notes
+from satcore.adapter_api import DEFAULT_CALIBRATION, NOT_VERIFIED, decision_interval_notes
 
 from .common import FiniteFloatRange, display_name, num, table
 from .hf_dir import window_length
@@ -79,15 +79,24 @@ def _report(expansion) -> str:
         ranking = decision.ranking()
         for name in ranking:
             c = decision.candidates[name]
-            rows.append([name, num(c.predicted_heldout_change), f"[{num(c.interval[0])}, {num(c.interval[1])}]",
-                         num(c.p_decrease), "trial" if getattr(c, "verified", False) else "screen",
-                         "yes" if _original_index(name) in chosen else ""])
+            rows.append([name, *_evidence_cells(c), "yes" if _original_index(name) in chosen else ""])
         lines += ["", table(["candidate", "predicted held-out change", "95% interval", "P(decrease)", "evidence",
                              "chosen"], rows), *_table_notes(decision.candidates, ranking, chosen),
                   "", f"decision cost: {decision.cost_block_steps} block-steps"]
         if decision.stop_reason:
             lines.append(f"the decision stops: {decision.stop_reason}")
     return "\n".join(lines)
+
+
+def _evidence_cells(c) -> list[str]:
+    """A ranking row's change, interval, P(decrease) and evidence cells.  A trial decision's candidate that no
+    trial verified has no interval or P(decrease) (``None``): the words "not verified" stand there; the first-order
+    decision's rows (``--decision screen``) are all the screen's, with its fold interval."""
+    trialled = getattr(c, "verified", None)
+    if trialled is False and c.p_decrease is None:
+        return [f"{num(c.predicted_heldout_change)} (screen)", "-", NOT_VERIFIED, f"screen ({NOT_VERIFIED})"]
+    return [num(c.predicted_heldout_change), f"[{num(c.interval[0])}, {num(c.interval[1])}]", num(c.p_decrease),
+            "trial" if trialled else "screen"]
 
 
 def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
@@ -101,16 +110,22 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
                  "ran); its interval and P(decrease) come from the same Student-t over the held-out folds"]
     elif len(trialled) < len(order):
         notes = ["evidence: 'trial' rows are short trials of the recipe, extrapolated and calibrated; 'screen' rows "
-                 "had no trial and show the first-order screen's value (not comparable with the trials', "
-                 "their order is the screen's, no trial chose them)"]
+                 f"are {NOT_VERIFIED}: no trial ran, they show the first-order screen's value (not comparable with "
+                 "the trials', often far off in magnitude) and no interval or P(decrease); their order is the "
+                 "screen's, no trial chose them"]
     else:
         notes = ["evidence: every place was verified by a short trial of the recipe (extrapolated, calibrated)"]
     notes += decision_interval_notes({n: rows[n] for n in order}, ALPHA)
-    uncertain = [n for n in order if _original_index(n) in chosen and rows[n].interval[1] >= 0]
+    placed = [n for n in order if _original_index(n) in chosen]
+    uncertain = [n for n in placed if rows[n].interval is not None and rows[n].interval[1] >= 0]
+    unverified = [n for n in placed if rows[n].interval is None]
     if uncertain:
         notes.append(f"{', '.join(uncertain)}: chosen although the 95% interval reaches 0: --blocks K takes the K "
                      "best-ranked places (one per group with --layout grouped) whatever their interval, --blocks auto "
                      "a trialled place by its P(decrease) (at least the calibration's threshold)")
+    if unverified:
+        notes.append(f"{', '.join(unverified)}: chosen although {NOT_VERIFIED}: --blocks K takes the K best-ranked "
+                     "places whatever their evidence, and the trials verified fewer places than that")
     return notes
 
 

@@ -66,6 +66,7 @@ from ._decisions.predictors import (
     kronecker_sgd_gain,
     predict_gains,
     sgd_step_gain,
+    virtual_layer_sensitivity,
 )
 from ._io.probe_result import ProbeResult
 from ._formulas.quantities import (
@@ -208,6 +209,7 @@ __all__ = [
     "kronecker_sgd_gain",
     "predict_gains",
     "sgd_step_gain",
+    "virtual_layer_sensitivity",
     # feature families (docs/core.md, Feature families)
     "FAMILIES",
     "Family",

@@ -30,6 +30,7 @@ from ._decisions.trials import (
     trial_checkpoints,
     trial_plan,
     verified_candidate,
+    NOT_VERIFIED,
 )
 from ._formulas.families import (
     FAMILY_REGISTRY,
@@ -61,7 +62,7 @@ from ._statistics.moments import forms_sample_gradients
 __all__ = [
     # the trial decision's arithmetic and its shipped calibrations
     "DEFAULT_CALIBRATION", "HALVING_CALIBRATION", "choose", "halving_plan", "paired_standard_error",
-    "trial_checkpoints", "trial_plan", "verified_candidate", "check_paired", "DEFAULT_ALPHA",
+    "trial_checkpoints", "trial_plan", "verified_candidate", "NOT_VERIFIED", "check_paired", "DEFAULT_ALPHA",
     # the trial decision's loop: the protocol a framework implements, the screen, the schedules
     "ScreenRow", "Trial", "TrialSettings", "TrialSteps", "check_unexpanded_losses", "grouped_trials", "screen",
     "trial_decision",

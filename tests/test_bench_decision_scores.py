@@ -443,3 +443,32 @@ def test_the_compressed_sgd_schedule_reads_only_sgd_trials_from_the_compressed_r
                 run = compressed[(row["candidate"], inst["seed"])]
                 assert list(row["curve"].heldout_change) == run["heldout_large"]["change"]
                 assert row["curve"].heldout_se == run["heldout_large"]["se"][1]
+
+
+def test_the_sensitivity_baseline_picks_the_largest_value_never_stops_and_needs_the_recorded_model(scores, tmp_path):
+    """``attach_sensitivity`` joins a ``--sensitivity`` recording to the recorded models by tag, refusing a
+    re-trained model whose base losses differ; the sensitivity baseline then picks, in every decision, the
+    candidate of largest recorded value and inserts there (it has no stop and no probability); where no model
+    has the recording, the baseline is left out of the scored methods."""
+    rng = np.random.default_rng(5)
+    recorded = [_model("toy/a", (0, 1, 2), rng)]
+    folder = tmp_path / scores.SENSITIVITY_FOLDER
+    folder.mkdir()
+    values = {"stage0": 2e-3, "stage1": 5e-3}
+    _write(folder / "toy.json", [{"model": "toy/a", "set": "toy", "candidates": CANDIDATES,
+                                  "base": dict(recorded[0]["base"]), "sensitivity": values}], (0, 1, 2))
+    assert scores.scored_methods(scores.instances(recorded)) == tuple(m for m in scores.METHODS
+                                                                       if m != scores.SENSITIVITY)
+    insts = scores.instances(scores.attach_sensitivity(recorded, folder))
+    assert scores.SENSITIVITY in scores.scored_methods(insts)
+    for inst in insts:
+        pred, p, pick, choice = scores._predictions(inst, scores.SENSITIVITY, None)
+        assert pred == [-values[c] for c in CANDIDATES] and p is None and pick == choice == "stage1"
+    row = scores.score(insts, {"toy": None}, scores.SENSITIVITY)  # a baseline reads no calibration
+    assert row["harms_flagged"] == 0 and row["decision_gain"] == pytest.approx(
+        np.mean([-i["rows"][1]["target"] / i["base_test"] for i in insts]), rel=1e-12)
+    other = {"model": "toy/a", "set": "toy", "candidates": CANDIDATES,
+             "base": {**recorded[0]["base"], "test": recorded[0]["base"]["test"] + 1e-9}, "sensitivity": values}
+    _write(folder / "toy.json", [other], (0, 1, 2))
+    with pytest.raises(SystemExit, match="is not the recorded one"):
+        scores.attach_sensitivity(recorded, folder)

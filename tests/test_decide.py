@@ -79,8 +79,44 @@ def test_decision_invariants_and_json_round_trip():
     strict = Calibration(**{**NORMAL.to_dict(), "tolerance": 1.0})
     assert choose(cands, recipe, 1.0, 30, strict).stop_reason == "gain_below_tolerance"
     # an unverified candidate is never chosen
-    unverified = CandidateDecision("u", -5.0, -5.0, (-6.0, -4.0), 1.0, -5.0)
+    unverified = CandidateDecision.screen_only("u", -5.0, -5.0)
     assert choose([unverified], recipe, 1.0, 0, NORMAL).stop_reason == "no_candidates"
+    # a candidate without a trial claims no interval or probability; a verified one must
+    with pytest.raises(InputError, match="no trial verified carries no interval"):
+        CandidateDecision("u", -5.0, -5.0, (-6.0, -4.0), 1.0, -5.0)
+    with pytest.raises(InputError, match="no trial verified carries no interval"):
+        CandidateDecision("u", -5.0, -5.0, None, 0.99999, -5.0)
+    with pytest.raises(InputError, match="a verified candidate needs"):
+        CandidateDecision("v", -0.1, -0.1, None, None, -0.1, cands[0].trial)
+
+
+def test_a_candidate_no_trial_verified_claims_no_probability_in_any_rendering():
+    """A screen-only row beside a verified choice (the screen's -2.6 nats where the trial's scale is hundredths,
+    as a ResNet's unverified place printed P(decrease) 0.99999 and then raised the test loss): no interval and no
+    P(decrease) in the object, the JSON, the logger's scalars and the printed table, and the words "not verified"
+    in each; the verified row keeps its numbers."""
+    from satcore._rendering.table import render_decision
+
+    recipe = Recipe("adam", 1e-3, 300, 16, "block")
+    trialled = verified_candidate("m.0", _curve((-0.01, -0.02, -0.03), steps=(18, 37, 75)), 300, NORMAL, -0.3)
+    screened = CandidateDecision.screen_only("head", -2.6, -3.1)
+    d = choose([trialled, screened], recipe, 2.0, 300, NORMAL)
+    assert d.choice == "m.0" and d.runner_up is None
+    assert (screened.interval, screened.p_decrease, screened.verified, screened.evidence) == (None, None, False,
+                                                                                             "not verified")
+    row = json.loads(json.dumps(d.to_dict()))["candidates"]["head"]
+    assert row["p_decrease"] is None and row["interval"] is None and row["evidence"] == "not verified"
+    assert row["predicted_heldout_change"] == -2.6 and row["verified"] is False
+    scalars = d.scalars()
+    assert scalars["satcore/decision/head/not_verified"] == 1.0 and scalars["satcore/decision/m.0/not_verified"] == 0.0
+    assert not {"p_decrease", "interval_low", "interval_high"} & {k.split("/")[-1] for k in scalars if "/head/" in k}
+    assert scalars["satcore/decision/m.0/p_decrease"] == trialled.p_decrease
+    assert set(scalars) <= InsertionDecision.scalar_keys(d.candidates)
+    lines = render_decision(d).splitlines()
+    head_row = next(line for line in lines if line.startswith("head "))
+    assert head_row.split() == ["head", "-2.6", "(screen)", "-", "not", "verified", "none:", "not", "verified",
+                                "(screen", "only)"]
+    assert any(line.startswith("note: never chosen:") and "not verified (no trial" in line for line in lines)
 
 
 def test_the_decision_table_says_why_where_its_columns_disagree():
@@ -118,7 +154,7 @@ def test_a_choice_within_the_standard_error_of_its_runner_up_is_a_close_call():
                                  TrialCurve((1, 2), (0.0, point), (0.0, point), se), **kw)
 
     dropped = cand("m.2", -0.2, 0.99, 0.02, eliminated=True)  # a larger decrease, but eliminated: no rival
-    screened = CandidateDecision("head", -0.5, -0.5, (-0.6, -0.4), 0.99, -0.5)  # screen only: no rival
+    screened = CandidateDecision.screen_only("head", -0.5, -0.5)  # screen only: no rival
     clear = choose([cand("m.0", -0.10, 0.9, 0.02), cand("m.1", -0.07, 0.8, 0.02), dropped, screened],
                    recipe, 1.0, 300, NORMAL)
     assert (clear.choice, clear.runner_up) == ("m.0", "m.1")
@@ -154,7 +190,7 @@ def test_the_decision_table_says_which_rows_were_eliminated_or_not_trialled():
     finalist = verified_candidate("m.0", _curve((-0.01, -0.02, -0.03), steps=(28, 56, 113)), 300, NORMAL, -0.3)
     dropped = dataclasses.replace(verified_candidate("m.1", _curve((-0.2, -0.3, -0.4), steps=(9, 18, 37)), 300,
                                                      NORMAL, -0.2), eliminated=True)
-    screened = CandidateDecision("m.2", -0.5, -0.5, (-0.6, -0.4), 0.99, -0.5)
+    screened = CandidateDecision.screen_only("m.2", -0.5, -0.5)
     d = choose([finalist, dropped, screened], recipe, 1.0, 300, NORMAL)
     assert d.choice == "m.0" and dropped.predicted_heldout_change < finalist.predicted_heldout_change
     lines = render_decision(d).splitlines()
@@ -162,7 +198,8 @@ def test_the_decision_table_says_which_rows_were_eliminated_or_not_trialled():
     rows = {line.split()[0]: line for line in lines[2:5]}
     assert rows["m.0"].endswith("113 steps")
     assert rows["m.1"].endswith("37 steps (eliminated)")
-    assert rows["m.2"].endswith("none (screen only)")
+    assert rows["m.2"].endswith("none: not verified (screen only)")
+    assert rows["m.2"].split()[1:5] == ["-0.5", "(screen)", "-", "not"]  # no interval, no P(decrease)
     assert any(line.startswith("note: never chosen: a candidate eliminated") for line in lines)
     assert not any("never chosen" in line for line in render_decision(choose([finalist], recipe, 1.0, 300,
                                                                              NORMAL)).splitlines())
@@ -323,6 +360,7 @@ def test_decide_contract_cost_and_untouched_model():
     for c in d1.candidates.values():
         if not c.verified:
             assert c.predicted_heldout_change == c.screen_heldout_change
+            assert c.p_decrease is None and c.interval is None and c.evidence == "not verified"
 
 
 def test_decide_stops_when_every_insertion_harms():
@@ -659,3 +697,51 @@ def test_the_shipped_calibrations_are_a_data_file_with_their_provenance():
     assert dict(DEFAULT_CALIBRATION.optimizer_notes) == data["calibrations"]["default"]["optimizer_notes"]
     with pytest.raises(InputError, match="format must be"):
         shipped.read_calibrations(json.dumps({**data, "format": "satcore-calibration/0"}))
+
+
+def test_the_sensitivity_baseline_is_the_squared_gradient_of_a_zero_virtual_layer():
+    """Sensitivity-Based Layer Insertion's ranking from the probe's sums, ``||sum_cross||^2 / n^2``, against an
+    independent autograd computation: the zero-output block of the probe's family inserted at each candidate (in
+    float64), the mean loss over the same training batches, and the squared norm of its gradient with respect to
+    the block's zero terminal map.  Float64 throughout: the two sums differ by round-off, ~1e-16 relative per term,
+    so 1e-9 leaves room for the thousands of terms and any cancellation of the mean gradient."""
+    from satcore import virtual_layer_sensitivity
+    from satcore.adapters.torch.decide import inserted_copy
+
+    model = digits_resnet().double()
+    train = [(X.double(), y) for X, y in _data(0, 96, 32)]
+    splits = probe_splits(model, train, [(X.double(), y) for X, y in _data(1200, 64, 32)], per_sample_ce,
+                          candidates=CANDIDATES[:2])
+    sensitivity = virtual_layer_sensitivity(splits.train.statistics)
+    assert set(sensitivity) == set(CANDIDATES)
+    for at in CANDIDATES:
+        grown, params = inserted_copy(model, splits.train, at)
+        loss = torch.cat([per_sample_ce(grown(X), y) for X, y in train]).mean()
+        expected = sum(float((g.double() ** 2).sum()) for g in torch.autograd.grad(loss, params))
+        assert expected > 0 and sensitivity[at] == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_stop_tolerance_is_reported_in_loss_units_and_in_the_trials_standard_errors():
+    """The tolerance ``choose`` compares with is the calibration's share of the held-out loss (0.01 of 2.0: 0.02);
+    the decision reports it, and over the standard error of the credible trial of lowest prediction (0.004: 5
+    standard errors); a stop below it says so in one note with both numbers, and a practical tolerance stated
+    through the calibration moves the stop."""
+    from satcore._rendering.table import render_decision
+
+    recipe = Recipe("adam", 1e-3, 300, 16, "block")
+    calibration = dataclasses.replace(NORMAL, tolerance=0.01, trend_weight=0.0)
+    trial = TrialCurve((1, 2), (0.0, -0.015), (0.0, -0.015), 0.004)
+    small = verified_candidate("m.0", trial, 300, calibration, -0.1)
+    assert small.predicted_heldout_change == pytest.approx(-0.015, rel=4 * np.finfo(float).eps)
+    stop = choose([small], recipe, 2.0, 300, calibration)
+    assert stop.stop_reason == "gain_below_tolerance"
+    assert stop.stop_tolerance == pytest.approx(0.02, rel=4 * np.finfo(float).eps)
+    assert stop.stop_tolerance_se == pytest.approx(5.0, rel=8 * np.finfo(float).eps)
+    back = json.loads(json.dumps(stop.to_dict()))
+    assert back["stop_tolerance"] == stop.stop_tolerance and back["stop_tolerance_se"] == stop.stop_tolerance_se
+    notes = [line for line in render_decision(stop).splitlines() if line.startswith("note:") and "tolerance" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: stopped below the tolerance of 0.02 (the calibration's "
+                                                   "0.01 of the held-out loss, 5.0 standard errors")
+    practical = choose([small], recipe, 2.0, 300, dataclasses.replace(calibration, tolerance=0.005))
+    assert practical.choice == "m.0" and practical.stop_tolerance == pytest.approx(0.01, rel=4 * np.finfo(float).eps)
+    assert "tolerance" not in render_decision(practical)

@@ -27,7 +27,7 @@ from satcore import Recipe  # noqa: E402
 from satcore.adapters.torch import find_blocks, sequence_loss  # noqa: E402
 from satcore.adapters.torch import decide  # noqa: E402
 from satcore.adapters.torch.expansion import (  # noqa: E402
-    GroupedPlacement, TrialRanking, expand, first_order_decision, insert_blocks, layout_of, place_groups,
+    CandidateEvidence, GroupedPlacement, TrialRanking, expand, first_order_decision, insert_blocks, layout_of, place_groups,
     placement_decision, split_batches,
 )
 from satcore._decisions.trials import CandidateDecision, TrialCurve  # noqa: E402
@@ -314,12 +314,17 @@ def test_auto_records_and_prints_the_places_its_cap_leaves_out():
 
 
 def report_rows(report, names):
-    """The ranking table's rows as ``{name: (change, lo, hi, p, evidence, chosen)}`` strings."""
+    """The ranking table's rows as ``{name: (change, lo, hi, p, evidence, chosen)}`` strings; a row no trial
+    verified has no interval (``lo``, ``hi`` None) and the words "not verified" for its P(decrease)."""
     rows = {}
     for line in report.splitlines():
         match = re.fullmatch(r"(\S+)\s+(\S+)\s+\[(\S+), (\S+)\]\s+(\S+)\s+(trial|screen)\s*(yes)?\s*", line)
         if match and match[1] in names:
             rows[match[1]] = match.groups()[1:]
+        unverified = re.fullmatch(r"(\S+)\s+(\S+) \(screen\)\s+-\s+(not verified)\s+(screen \(not verified\))"
+                                  r"\s*(yes)?\s*", line)
+        if unverified and unverified[1] in names:
+            rows[unverified[1]] = (unverified[2], None, None, *unverified.groups()[2:])
     return rows
 
 
@@ -342,7 +347,9 @@ def test_the_ranking_table_says_which_rows_a_trial_verified():
     verified = {n for n, c in d.candidates.items() if c.verified}
     assert len(verified) == 4 and {n for n, r in rows.items() if r[4] == "trial"} == verified
     assert {n for n, r in rows.items() if r[5]} == {n for n in d.ranking()[:2]}
-    assert "'screen' rows had no trial and show the first-order screen's value" in report
+    assert "'screen' rows are not verified: no trial ran, they show the first-order screen's value" in report
+    assert all(r[3] == "not verified" and d.candidates[n].p_decrease is None
+               for n, r in rows.items() if n not in verified)
     disagree = [n for n in d.ranking() if n in verified and d.candidates[n].interval[1] >= 0
                 and d.candidates[n].p_decrease >= 0.975]
     assert disagree  # these windows show it
@@ -359,16 +366,19 @@ def test_table_notes_name_the_rows_they_explain():
     rows = {"m.0": CandidateDecision("m.0", -0.2, -0.1, (-0.5, 0.01), 0.9999, -0.3, curve),
             "m.1": CandidateDecision("m.1", -0.2, -0.1, (-0.15, -0.05), 0.9, -0.3, curve),
             "m.2": CandidateDecision("m.2", -0.2, -0.1, (-0.4, -0.1), 0.99, -0.3, curve),
-            "head": CandidateDecision("head", -0.1, -0.1, (-0.2, 0.1), 0.6, -0.1)}
+            "head": CandidateDecision.screen_only("head", -0.1, -0.1)}
     notes = _table_notes(rows, list(rows), {0, 2, "head"})
-    assert len(notes) == 4 and notes[0].startswith("evidence: 'trial' rows are short trials")
+    assert len(notes) == 5 and notes[0].startswith("evidence: 'trial' rows are short trials")
+    assert "'screen' rows are not verified" in notes[0]
     assert notes[1].startswith("m.0: the 95% interval reaches 0 while P(decrease) is at least 0.975")
     assert notes[2].startswith("m.1: the point lies outside its 95% interval")
-    assert notes[3].startswith("m.0, head: chosen although the 95% interval reaches 0")
+    assert notes[3].startswith("m.0: chosen although the 95% interval reaches 0")
+    assert notes[4].startswith("head: chosen although not verified")
     trialled = {n: rows[n] for n in ("m.1", "m.2")}
     assert _table_notes(trialled, list(trialled), {1})[0].startswith(
         "evidence: every place was verified by a short trial")
-    assert _table_notes({"m.2": rows["head"]}, ["m.2"], set()) == [
+    screen = CandidateEvidence(-0.1, (-0.2, 0.1), 0.6, 0.1)  # the first-order decision's (--decision screen)
+    assert _table_notes({"m.2": screen}, ["m.2"], set()) == [
         "evidence: every value is the first-order screen's (the recipe's step priced linearly; no trial ran); "
         "its interval and P(decrease) come from the same Student-t over the held-out folds"]
 

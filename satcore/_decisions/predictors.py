@@ -62,6 +62,35 @@ OPTIMIZERS = ("sgd", "adam", "matched")  # the steps modelled (a Recipe's "adamw
 ADAM_EPS = 1e-8
 
 
+def virtual_layer_sensitivity(statistics) -> dict[str, float]:
+    """Per candidate, the sensitivity that Sensitivity-Based Layer Insertion ranks places by (Kreis, Herberg,
+    Köhne, Schiela, Herzog, "Sensitivity-Based Layer Insertion for Neural Networks"): the squared Frobenius norm
+    of the mean loss gradient with respect to the terminal map ``V`` of a zero-initialised "virtual" layer at the
+    candidate, ``||C||_F^2 = ||sum_cross||_F^2 / n^2`` from the probe's sums (``C = E_i[Q_i^T Psi_i]``, the
+    family's features ``Psi`` as the layer's inner part).  The raw cousin of the growth value
+    ``V = sqrt(tr(C K^+ C^T))``: no feature whitening, no held-out split, no recipe; SensLI inserts where it is
+    largest.  A baseline of the decision bench (docs/predictive-validity.md).
+
+    Parameters
+    ----------
+    statistics : Mapping[str, CandidateStatistics]
+        A probe's statistics (its ``statistics``), on the training split as SensLI reads it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from satcore import CandidateStatistics
+    >>> rng = np.random.default_rng(0)
+    >>> Q, Psi = rng.normal(size=(64, 3)), rng.normal(size=(64, 2))
+    >>> stats = {"b0": CandidateStatistics.from_samples(Q, Psi)}
+    >>> value = virtual_layer_sensitivity(stats)["b0"]
+    >>> bool(np.isclose(value, np.sum((Q.T @ Psi / 64) ** 2)))
+    True
+    """
+    return {name: float(np.sum(stats.sum_cross ** 2)) / float(stats.n_samples) ** 2
+            for name, stats in statistics.items()}
+
+
 def sgd_step_gain(C, lr: float, steps: int = 1) -> float:
     """First-order decrease of ``steps`` SGD steps: ``steps * lr * ||C||_F^2``."""
     C = np.asarray(C, dtype=np.float64)

@@ -97,9 +97,10 @@ class ScreenRow:
     p_decrease: float
 
     def candidate(self) -> CandidateDecision:
-        """The row as a candidate the trials did not verify (never chosen)."""
-        return CandidateDecision(self.name, self.heldout_change, self.training_change, self.interval,
-                                 self.p_decrease, self.heldout_change)
+        """The row as a candidate the trials did not verify (never chosen): the screen's changes, and no
+        interval or ``P(decrease)`` (:meth:`CandidateDecision.screen_only`: the fold interval omits the
+        predictor's error and read as near-certain)."""
+        return CandidateDecision.screen_only(self.name, self.heldout_change, self.training_change)
 
 
 def screen(train_statistics, heldout_statistics, recipe: Recipe) -> list[ScreenRow]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .._shared.display import display_name
 from .._decisions.criteria import Verdict
+from .._decisions.trials import NOT_VERIFIED
 
 LEGEND = (
     "columns: AG = activation-gradient norm; V = growth value (first-order gain per unit block size, the raw "
@@ -126,18 +127,26 @@ def render_decision(decision) -> str:
     head = (f"decision: insert a block at {display_name(choice)}" if choice is not None
             else f"decision: stop ({display_name(decision.stop_reason)})")
     cost = getattr(decision, "cost_block_steps", None)
-    rows = [[display_name(name), num(c.predicted_heldout_change), _interval(c.interval), num(c.p_decrease),
-             _trial_cell(c)] for name, c in decision.candidates.items()]
+    rows = [[display_name(name), *_evidence_cells(c), _trial_cell(c)] for name, c in decision.candidates.items()]
     lines = [head + ("" if cost is None else f" (decision cost: {num(cost)} block-steps)")]
     if rows:
         lines.append(table(["candidate", "held-out change", "interval", "P(decrease)", "trial"], rows))
         # without this a row with a better prediction than the choice reads as a wrong decision
         if any(getattr(c, "trial", None) is None or getattr(c, "eliminated", False)
                for c in decision.candidates.values()):
-            lines.append("note: never chosen: a candidate eliminated in successive halving's first stage (its "
-                         "shorter trial's prediction) or not trialled (screen only: first-order values)")
+            lines.append(f"note: never chosen: a candidate eliminated in successive halving's first stage (its "
+                         f"shorter trial's prediction) or {NOT_VERIFIED} (no trial: its held-out change is the "
+                         "first-order screen's, often far off in magnitude, and it gets no interval or P(decrease))")
         lines += [f"note: {n}" for n in decision_interval_notes(decision.candidates)]
         lines += calibration_notes(decision)
+        if getattr(decision, "stop_reason", None) == "gain_below_tolerance" and decision.stop_tolerance is not None:
+            # the tolerance is a share of the loss; what the data resolves is the trial's standard error
+            in_se = decision.stop_tolerance_se
+            lines.append(f"note: stopped below the tolerance of {num(decision.stop_tolerance)} (the calibration's "
+                         f"{decision.calibration.tolerance:g} of the held-out loss"
+                         + ("" if in_se is None else f", {in_se:.1f} standard errors of the best credible trial")
+                         + "); state a practical one with calibration=dataclasses.replace(calibration, "
+                         "tolerance=...)")
         if getattr(decision, "close_call", False):
             difference, se = decision.margin
             runner_up = display_name(decision.runner_up)
@@ -153,11 +162,19 @@ def render_decision(decision) -> str:
     return "\n".join(lines)
 
 
+def _evidence_cells(candidate) -> list[str]:
+    """A decision row's held-out change, interval and P(decrease) cells; a candidate no trial verified shows the
+    screen's change marked as such and the words "not verified" where a trial would give its probability."""
+    if getattr(candidate, "verified", False):
+        return [num(candidate.predicted_heldout_change), _interval(candidate.interval), num(candidate.p_decrease)]
+    return [f"{num(candidate.predicted_heldout_change)} (screen)", "-", NOT_VERIFIED]
+
+
 def _trial_cell(candidate) -> str:
     """The trial a decision row rests on: its steps, whether halving eliminated it, or none (the screen's)."""
     trial = getattr(candidate, "trial", None)
     if trial is None:
-        return "none (screen only)"
+        return f"none: {NOT_VERIFIED} (screen only)"
     return f"{trial.steps[-1]} steps" + (" (eliminated)" if getattr(candidate, "eliminated", False) else "")
 
 
@@ -173,7 +190,8 @@ def decision_interval_notes(candidates, alpha: float = 0.05) -> list[str]:
                      f"P(decrease) is at least {1 - alpha / 2:g}: the interval is from the calibrated residual "
                      "quantiles, P(decrease) from the calibrated logistic of the point over its error scale; they "
                      "answer different questions and can disagree near zero")
-    outside = [n for n, c in candidates.items() if not c.interval[0] <= c.predicted_heldout_change <= c.interval[1]]
+    outside = [n for n in trialled
+               if not candidates[n].interval[0] <= candidates[n].predicted_heldout_change <= candidates[n].interval[1]]
     if outside:
         notes.append(f"{', '.join(map(display_name, outside))}: the point lies outside its {1 - alpha:.0%} interval, "
                      "whose ends are the calibrated residuals' quantiles, not symmetric around the point")
