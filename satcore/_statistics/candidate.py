@@ -79,7 +79,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .._shared.arrays import as_pair, check_sizes, check_statistics_memory
-from .._formulas.psd import DEFAULT_RTOL, psd_spectrum
+from .._formulas.psd import DEFAULT_RTOL, gram_inverse
 from .._formulas.certification import debiased_energy, noise_floor, variance_estimate
 from .._shared.errors import InputError
 from .._formulas.folds import DEFAULT_FOLDS, FoldSums
@@ -512,7 +512,7 @@ class CandidateStatistics:
             raise InputError(f"candidate {name!r} has no samples")
         self._check_finite(name)
         C, K = self.cross_gradient(), self.feature_gram()
-        spectrum = psd_spectrum(K, rtol)
+        spectrum = gram_inverse(K, rtol)
         if not spectrum.lowest >= -INDEFINITE_RTOL * spectrum.highest:  # written so that a NaN fails it
             raise InputError(f"candidate {name!r}: sum_gram is not positive semi-definite (eigenvalue "
                              f"{spectrum.lowest:.3g} of the unit-diagonal Gram, largest {spectrum.highest:.3g})")
