@@ -34,6 +34,9 @@ quantities coincide (relative differences are printed and stored), then time
 ``satcore_float32``        the same with ``batch_dtype=torch.float32``
 ``satcore_variance``       ``variance=True`` (adds sum X^T X)
 ``satcore_scored``         default probe + ``report()`` (growth values)
+``satcore_scored_eigen``   the same with the score's ``G^-`` from an eigen
+                           decomposition (``psd_spectrum``: the route before
+                           ``gram_inverse``, side by side)
 ``backpack_sumgradsquared`` C and sum ||xi||^2 (no K: no growth value)
 ``backpack_batchgrad``     every X_i, summed into sum X^T X
 ``gromo``                  K and C (no variance)
@@ -189,6 +192,18 @@ def satcore_pass(model, batches, loss_fn, blocks, *, scored=False, **options):
     return result.report() if scored else result
 
 
+def with_eigen_route(run):
+    """``run()`` with the score's ``G^-`` from the eigen decomposition (the route before ``gram_inverse``)."""
+    from satcore._formulas import psd
+    from satcore._statistics import candidate
+
+    candidate.gram_inverse = psd.psd_spectrum
+    try:
+        return run()
+    finally:
+        candidate.gram_inverse = psd.gram_inverse
+
+
 def agreement(model, batches, loss_fn, blocks, features, *, gromo: bool) -> dict:
     """Relative differences, per block, where satcore's and the peers' quantities coincide."""
     ours = satcore_pass(model, batches, loss_fn, blocks, variance=True).statistics
@@ -242,6 +257,8 @@ def measure(workload: str, mode: str, repeats: int) -> tuple[dict, dict]:
         "satcore_float32": lambda: satcore_pass(model, batches, loss_fn, blocks, batch_dtype=torch.float32),
         "satcore_variance": lambda: satcore_pass(model, batches, loss_fn, blocks, variance=True),
         "satcore_scored": lambda: satcore_pass(model, batches, loss_fn, blocks, scored=True),
+        "satcore_scored_eigen": lambda: with_eigen_route(
+            lambda: satcore_pass(model, batches, loss_fn, blocks, scored=True)),
         "backpack_sumgradsquared": lambda: backpack_pass(model, batches, loss_fn, features, batch_grad=False),
         "backpack_batchgrad": lambda: backpack_pass(model, batches, loss_fn, features, batch_grad=True),
     }
@@ -255,6 +272,7 @@ def measure(workload: str, mode: str, repeats: int) -> tuple[dict, dict]:
     suffix = "" if workload == "gpt2" else f"_{workload}"
     t, m = seconds, memory
     summary = {
+        "satcore_scored_eigen_vs_satcore_scored_time": t["satcore_scored_eigen"] / t["satcore_scored"],
         "backpack_vs_satcore_time": t["backpack_sumgradsquared"] / t["satcore"],
         "backpack_vs_satcore_float32_time": t["backpack_sumgradsquared"] / t["satcore_float32"],
         "backpack_batchgrad_vs_satcore_variance_time": t["backpack_batchgrad"] / t["satcore_variance"],
@@ -266,6 +284,7 @@ def measure(workload: str, mode: str, repeats: int) -> tuple[dict, dict]:
             "gromo_vs_satcore_time": t["gromo"] / t["satcore"],
             "gromo_vs_satcore_float32_time": t["gromo"] / t["satcore_float32"],
             "gromo_scored_vs_satcore_scored_time": t["gromo_scored"] / t["satcore_scored"],
+            "gromo_scored_vs_satcore_scored_eigen_time": t["gromo_scored"] / t["satcore_scored_eigen"],
             "gromo_vs_satcore_memory": m["gromo"] / max(m["satcore"], 1),
         })
     summary["peers_max_rel_diff"] = max(checks["max_rel_diff"].values())

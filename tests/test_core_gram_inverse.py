@@ -46,6 +46,9 @@ def test_rank_deficient_is_the_projector():
     projector_value = np.sum((kept.T @ Q) ** 2) / n  # ||Pi Q||^2 / n = tr(C K^- C^T)
     assert inverse.quadratic_form(C) == pytest.approx(projector_value, rel=1e-10)
     assert inverse.quadratic_form(C) == pytest.approx(psd_spectrum(K).quadratic_form(C), rel=1e-12)
+    hinted = gram_inverse(K, rank_bound=n)  # the row count: the full-rank route is skipped, the same answer
+    assert hinted.rank == n and hinted.quadratic_form(C) == pytest.approx(projector_value, rel=1e-10)
+    assert gram_inverse(Psi[:, :40].T @ Psi[:, :40], rank_bound=10).rank == 40  # a wrong hint: only slower
 
 
 @pytest.mark.parametrize("case", ["float32 sums", "ill-conditioned", "zero feature", "not finite"])

@@ -77,6 +77,11 @@ def _dsyrk_ready(x: torch.Tensor) -> bool:
     return _upper_ready(x) and torch.get_num_threads() == 1
 
 
+def _ssyrk_ready(x: torch.Tensor) -> bool:
+    """Whether float32 rows ``x`` go to SciPy's ``ssyrk`` (one thread, as :func:`_dsyrk_ready`)."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and x.shape[0] > 0 and torch.get_num_threads() == 1
+
+
 GRAM_BLOCK = 512  # columns per block of the upper block triangle torch computes on several threads
 
 
@@ -119,13 +124,22 @@ def add_gram(total: torch.Tensor, x: torch.Tensor) -> None:
     per batch, 25% of the Gram's time at ``r = 1024``.  On more threads it is
     torch's ``addmm_`` into the blocks of the upper block triangle
     (:data:`GRAM_BLOCK` columns a block: 3 of 4 block products at
-    ``r = 1024``), in torch's thread pool (:func:`_dsyrk_ready`).  Elsewhere
+    ``r = 1024``), in torch's thread pool (:func:`_dsyrk_ready`).  Float32
+    rows (``batch_dtype=torch.float32``) on one CPU thread are one ``ssyrk``
+    (float32 products at twice the float64 rate, half the multiply-adds of a
+    general product) whose triangle is added to the float64 total.  Elsewhere
     the exactly symmetric :func:`gram` is added.
     """
+    x = x.detach()
+    if _ssyrk_ready(x) and total.device.type == "cpu" and total.is_contiguous():
+        from scipy.linalg.blas import ssyrk
+
+        # the float32 triangle (Fortran lower: C-ordered upper), added into the float64 total
+        np.add(total.numpy(), ssyrk(1.0, x.contiguous().numpy().T, trans=0, lower=1).T, out=total.numpy())
+        return
     if not (_upper_ready(x) and total.device.type == "cpu" and total.is_contiguous()):
         total += gram(x)
         return
-    x = x.detach()
     if _dsyrk_ready(x):
         from scipy.linalg.blas import dsyrk
 
@@ -147,7 +161,7 @@ def kernel_inner_products(q: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
     """
     kq = q @ q.transpose(1, 2)
     if not (_dsyrk_ready(psi) and psi.shape[1] > 0):
-        return _float64((kq * (psi @ psi.transpose(1, 2))).sum())
+        return _float64((kq * (psi @ psi.transpose(1, 2))).sum(dtype=torch.float64))
     from scipy.linalg.blas import dsyrk
 
     p = psi.detach().contiguous().numpy()
@@ -181,7 +195,7 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
     r = psi.shape[2]
     factor = q.device.type == "cpu" if factor is None else factor
     q2, p2 = q.reshape(M * T, N), psi.reshape(M * T, r)
-    sum_q_sq = _float64((q2 * q2).sum())
+    sum_q_sq = squared_norm(q2)  # float64 accumulation in any batch dtype
     out = {
         "n_samples": M,
         "n_vectors": M * T,
@@ -200,12 +214,12 @@ def batch_moments(q: torch.Tensor, psi: torch.Tensor, *, variance: bool = False,
     # kernel_inner_products takes the Psi_i Psi_i^T as dsyrk triangles where it can
     if forms_sample_gradients(T, N, r, variance=variance, factor=factor, half_kernels=_dsyrk_ready(psi)):
         X = (q.transpose(1, 2) @ psi).reshape(M * N, r)
-        out["sum_xi_sq"] = _float64((X * X).sum())
+        out["sum_xi_sq"] = squared_norm(X)
         if variance:
             symmetric_sum("sum_xtx", X)
     elif variance and factor:
         Y = (torch.linalg.qr(q.transpose(1, 2), mode="r")[1] @ psi).reshape(M * min(N, T), r)  # R_i Psi_i
-        out["sum_xi_sq"] = _float64((Y * Y).sum())
+        out["sum_xi_sq"] = squared_norm(Y)
         symmetric_sum("sum_xtx", Y)
     elif variance:
         W = (q @ q.transpose(1, 2)) @ psi  # K_i Psi_i

@@ -219,7 +219,7 @@ RESIDUAL_SHARE = 0.01  # rank-deficient: the factor's residual may move eigenval
 CHOLESKY_ERROR = 64.0  # a computed Cholesky factor is that of S G S + E, ||E|| <= this * dim * eps * ||S G S||
 
 
-def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL) -> GramInverse | PsdSpectrum:
+def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | None = None) -> GramInverse | PsdSpectrum:
     """``G^- = S (S G S)^+ S`` at :func:`psd_spectrum`'s cut, from a pivoted Cholesky factor where it suffices.
 
     The same generalised inverse, rank and cut as :func:`psd_spectrum` (it is
@@ -245,7 +245,9 @@ def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL) -> GramInverse | Psd
       (:data:`ROUNDOFF_FACTOR` times ``||R||``) stays under it, and
       ``W = S P L V_kept diag(mu_kept)^-1``.
 
-    Otherwise (an ill-conditioned full-rank Gram, float32 sums whose residual
+    ``rank_bound``: the rank expected at most (a Gram of ``n`` rows has rank
+    at most ``n``); below ``dim`` the full-rank route is not tried.  It only
+    picks the route: a wrong one costs time, never the answer.  Otherwise (an ill-conditioned full-rank Gram, float32 sums whose residual
     passes the cut, an indefinite or non-finite matrix) this is
     :func:`psd_spectrum`.  ``lowest`` of a :class:`GramInverse` is the lower
     bound above (``-||R||_F`` when rank-deficient), ``highest`` the bound or
@@ -267,7 +269,7 @@ def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL) -> GramInverse | Psd
     dim = scaled.shape[0]
     if not np.isfinite(scaled).all():
         return psd_spectrum(G, rtol)
-    inverse = _certified_inverse(scaled, rtol)
+    inverse = _certified_inverse(scaled, rtol) if rank_bound is None or rank_bound >= dim else None
     if inverse is not None:
         triangle, lowest, top = inverse
         return GramInverse(s[:, None] * triangle.T, True, rtol * top, lowest, top)

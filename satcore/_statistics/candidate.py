@@ -512,7 +512,9 @@ class CandidateStatistics:
             raise InputError(f"candidate {name!r} has no samples")
         self._check_finite(name)
         C, K = self.cross_gradient(), self.feature_gram()
-        spectrum = gram_inverse(K, rtol)
+        # without a stored count (an old dump) every batch is taken to have had the first batch's T
+        rows = n * self.n_positions if self.n_vectors is None else self.n_vectors
+        spectrum = gram_inverse(K, rtol, rank_bound=rows)  # K's rank is at most its rows
         if not spectrum.lowest >= -INDEFINITE_RTOL * spectrum.highest:  # written so that a NaN fails it
             raise InputError(f"candidate {name!r}: sum_gram is not positive semi-definite (eigenvalue "
                              f"{spectrum.lowest:.3g} of the unit-diagonal Gram, largest {spectrum.highest:.3g})")
@@ -525,8 +527,6 @@ class CandidateStatistics:
         g_norm_sq = float(np.sum(C * C))
         sigma_sq = variance_estimate(n, self.sum_xi_sq, g_norm_sq)
         gv_debiased = None
-        # without a stored count (an old dump) every batch is taken to have had the first batch's T
-        rows = n * self.n_positions if self.n_vectors is None else self.n_vectors
         if self.variance and n > 1:
             # sum_i xi_i^T (I kron K^+) xi_i = <K^+, sum_i X_i^T X_i>
             noise = float(np.sum(spectrum.pinv() * self.sum_xtx))
