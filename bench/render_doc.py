@@ -161,6 +161,31 @@ def decoder_cpu_section() -> str:
         f"parameter gradients the probe never forms. {report}. At "
         f"{d['probe_tokens_per_s']:.1f} tokens/s a report on 10^6 tokens would take about "
         f"{1e6 / d['probe_tokens_per_s'] / 3600:.0f} hours on this core: the GPU row stays the target.\n"
+        + decoder_scaled_report(d)
+    )
+
+
+def decoder_scaled_report(full: dict) -> str:
+    """``report()`` against the probe at the 1B row's width with fewer layers (``decoder_1b_cpu.py --layers``)."""
+    scaled = [S[k] for k in sorted(S) if k.startswith("decoder_1b_cpu_layers")]
+    if not scaled:
+        return ""
+    d = scaled[-1]
+    sec, k = d["seconds"], d["candidates"]
+    per_candidate = sec["score"] / k
+    extrapolated = per_candidate * full["candidates"] / full["seconds"]["probe"]
+    return (
+        f"\n**`report()` after this run's change**, measured at the same width with "
+        f"{d['config']['num_hidden_layers']} layers ({k} candidates of r = {d['n_features']}, the same "
+        f"{d['windows']} windows of {d['seq_len']} tokens, so each candidate's `K` has rank at most "
+        f"{d['windows'] * d['seq_len']}; code {d['versions']['commit']}, load average "
+        f"{d['versions']['load_average_1min']:.1f}, medians of 2 alternated calls): `report()` "
+        f"{sec['score']:.2f} s = **{d['score_vs_probe']:.1%}** of that probe's {d['seconds']['probe']:.1f} s, against "
+        f"{sec['score_eigen']:.2f} s = {d['score_eigen_vs_probe']:.1%} with `K^-` by eigen decomposition as before "
+        f"(`decoder_1b_cpu_layers{d['config']['num_hidden_layers']}`). The report's work is per candidate "
+        f"({per_candidate:.2f} s each); at the full row's {full['candidates']} candidates that is "
+        f"{per_candidate * full['candidates']:.1f} s, {extrapolated:.1%} of the full probe's "
+        f"{full['seconds']['probe']:.1f} s above (two runs: read it to within the load's 1.5x).\n"
     )
 
 

@@ -257,9 +257,21 @@ class FoldSums:
 
     @classmethod
     def of(cls, sums, counts, whiten) -> "FoldSums":
-        """From the fold sums ``(m, N, r)``, counts ``(m,)`` and the growth value's ``whiten``."""
-        means, weights = _fold_means(sums, counts)  # once for both metrics: k N r doubles at a time
-        return cls(_gram(whiten(means)), _gram(means), weights)
+        """From the fold sums ``(m, N, r)``, counts ``(m,)`` and the growth value's ``whiten``.
+
+        Both Grams are bilinear, so they are those of the sums scaled by ``1 / (n_a n_b)``: each
+        non-empty fold is read in place (no ``(k, N, r)`` copy of the means; whitened, it is
+        ``N x rank``).
+        """
+        sums = np.asarray(sums, dtype=np.float64)
+        counts = np.asarray(counts, dtype=np.float64)
+        kept = np.flatnonzero(counts > 0)
+        flat = [sums[a].reshape(-1) for a in kept]
+        euclidean = np.array([[np.dot(x, y) for y in flat] for x in flat]).reshape(kept.size, kept.size)
+        whitened = _gram(np.stack([whiten(sums[a]) for a in kept])) if kept.size else np.zeros((0, 0))
+        inverse = 1.0 / counts[kept]
+        scale = np.outer(inverse, inverse)
+        return cls(whitened * scale, euclidean * scale, counts[kept] / counts[kept].sum())
 
     def test(self, metric: str = "growth value") -> FoldTest:
         """:func:`fold_test` in the growth value's metric or, with ``metric="euclidean"``, ``||C||_F``'s."""

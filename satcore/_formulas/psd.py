@@ -201,7 +201,10 @@ def _unit_diagonal(G) -> tuple[np.ndarray, np.ndarray]:
     G = np.asarray(G, dtype=np.float64)
     s = jacobi_scale(G)
     with np.errstate(over="ignore", invalid="ignore"):
-        return s, 0.5 * (G + G.T) * s[:, None] * s[None, :]
+        scaled = G + G.T  # one r x r array, scaled in place: a fresh one per step page-faults at large r
+        scaled *= 0.5 * s[:, None]
+        scaled *= s[None, :]
+    return s, scaled
 
 
 def _eigen_spectrum(s: np.ndarray, scaled: np.ndarray, rtol: float) -> PsdSpectrum:
