@@ -183,6 +183,25 @@ def test_grams_added_into_running_totals_equal_returned_grams(dtype, variance):
         assert torch.equal(totals["sum_xtx"], start * 3)
 
 
+def test_float32_gram_added_into_a_float64_total_within_its_error_bound():
+    """A float32 Gram (``batch_dtype=torch.float32``: one ``ssyrk`` triangle on one CPU thread) added into a
+    float64 total equals the float64 product of the same float32 rows within the dot-product bound
+    ``|err| <= n eps32 |x|^T |x|`` entrywise (Higham, Accuracy and Stability, eq. 3.5)."""
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(300, 40, generator=g) * torch.logspace(-3, 3, 40)).float()  # columns on 6 decades
+    start = torch.randn(40, 40, generator=g, dtype=torch.float64)
+    start = start + start.T
+    total = start.clone()
+    batch_moments(x[:, None, :1], x[:, None, :], dtype=torch.float32, grams_into={"sum_gram": total})
+    complete_lower(total)
+    x64 = x.double()
+    exact = start + x64.T @ x64
+    bound = 300 * np.finfo(np.float32).eps * (x64.abs().T @ x64.abs()) + 1e-12 * start.abs()
+    assert torch.equal(total, total.T)
+    assert bool(((total - exact).abs() <= bound).all())
+    assert float((total - exact).abs().max()) > 0  # the float32 products did round: the bound is what is checked
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_kernel_inner_products_equal_per_sample_gradient_norms(dtype):
     """``sum_i <Q_i Q_i^T, Psi_i Psi_i^T>`` (one dsyrk triangle per sample on the CPU in float64)
