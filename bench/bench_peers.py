@@ -27,7 +27,8 @@ The model's own parameters are frozen for the peers (their backward then
 only reaches ``V``, the cheapest a peer can do); satcore's probe computes
 gradients to its taps only anyway.  First the numbers are checked where the
 quantities coincide (relative differences are printed and stored), then time
-(interleaved medians) and resident peak memory are compared:
+(interleaved medians of CPU seconds, user + system, of this one-thread process: on a shared
+machine far steadier than wall time) and resident peak memory are compared:
 
 =========================  =====================================================
 ``satcore``                default probe: C, K, sum ||xi||^2 (per-batch float64)
@@ -53,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 import warnings
 
 import numpy as np
@@ -265,7 +267,7 @@ def measure(workload: str, mode: str, repeats: int) -> tuple[dict, dict]:
     if gromo:
         runs["gromo"] = lambda: gromo_pass(model, batches, loss_fn, features)
         runs["gromo_scored"] = lambda: gromo_pass(model, batches, loss_fn, features, finalize={})
-    seconds = interleaved(runs, repeats)
+    seconds = interleaved(runs, repeats, clock=time.process_time)  # one thread: CPU seconds, steadier on a shared host
     memory = {name: peak_rss_increase(fn) for name, fn in runs.items()}
     for name in runs:
         print(f"  {name:24s} {seconds[name]:7.3f} s  peak +{memory[name] / 1e6:7.1f} MB", flush=True)
