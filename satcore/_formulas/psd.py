@@ -275,7 +275,8 @@ def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | No
     inverse = _certified_inverse(scaled, rtol) if rank_bound is None or rank_bound >= dim else None
     if inverse is not None:
         triangle, lowest, top = inverse
-        return GramInverse(s[:, None] * triangle.T, True, rtol * top, lowest, top)
+        # Fortran order: the layout BLAS reads, so no whitening copies it
+        return GramInverse(np.asfortranarray(s[:, None] * triangle.T), True, rtol * top, lowest, top)
     factor, pivots, rank, info = lapack.dpstrf(scaled, lower=1)
     order = pivots - 1  # row i of the factor is feature order[i]
     if info == 0:  # full rank, but the bound did not clear the cut
