@@ -134,7 +134,8 @@ class TrialPlan:
     def to_dict(self) -> dict:
         return {"planned_steps": self.planned_steps, "budget_steps": self.budget_steps, "arms": self.arms,
                 "replicates": self.replicates, "trial_steps": self.trial_steps,
-                "checkpoints": list(self.checkpoints), "cost_steps": self.cost_steps,
+                "checkpoints": list(self.checkpoints), "fixed_steps": self.fixed_steps,
+                "eval_steps": self.eval_steps, "cost_steps": self.cost_steps,
                 "cost_fraction": self.cost_fraction}
 
 
