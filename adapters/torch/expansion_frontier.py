@@ -99,7 +99,7 @@ class _Meter:
         if show:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=round(total, 2), unit="step", desc="deciding", leave=False,
+            self.bar = tqdm(total=total, unit="step", desc="deciding", leave=False,
                             bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} model-steps [{elapsed}<{remaining}]")
 
     def forward(self, windows: int) -> None:
