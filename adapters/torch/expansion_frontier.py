@@ -107,8 +107,8 @@ class _Meter:
 
     def add(self, steps: float) -> None:
         self.done += steps
-        if self.bar is not None:
-            self.bar.update(steps)
+        if self.bar is not None:  # the float sums may pass the total by a rounding error
+            self.bar.update(min(steps, self.bar.total - self.bar.n))
 
     def close(self) -> None:
         if self.bar is not None:
@@ -180,27 +180,34 @@ class _Arms:
         return {split: np.stack(r) for split, r in rows.items()}
 
 
+TIMED_STEPS = 2  # the first pass of a model pays for warming up; the estimate takes the faster of two
+
+
 def timed_step(model, train: list, recipe: Recipe) -> float:
-    """Seconds of one forward and backward pass of ``model`` over a minibatch of the recipe (gradients
-    taken with ``torch.autograd.grad``, so nothing of ``model`` changes, not even ``.grad``)."""
+    """Seconds of one forward and backward pass of ``model`` over a minibatch of the recipe: the faster of
+    :data:`TIMED_STEPS` passes (gradients taken with ``torch.autograd.grad``, so nothing of ``model`` changes, not
+    even ``.grad``)."""
     inputs, labels = next(recipe_minibatches(train, recipe.batch_size, 0))
     params = [p for p in model.parameters() if p.is_floating_point()]
     device = params[0].device
     inputs, labels = to_device(inputs, device), to_device(labels, device)
     flags = [p.requires_grad for p in params]
-    start = time.perf_counter()
+    times = []
     try:
         with torch.inference_mode(False), torch.enable_grad():
             for p in params:
                 p.requires_grad_(True)
-            loss = sequence_loss(call_model(model, inputs), labels).mean()
-            torch.autograd.grad(loss, params)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            for _ in range(TIMED_STEPS):
+                start = time.perf_counter()
+                loss = sequence_loss(call_model(model, inputs), labels).mean()
+                torch.autograd.grad(loss, params)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - start)
     finally:
         for p, flag in zip(params, flags):
             p.requires_grad_(flag)
-    return time.perf_counter() - start
+    return min(times)
 
 
 def _windows(batches) -> int:
@@ -320,7 +327,8 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     counts = block_counts(min(options["max_blocks"], n_blocks))
     evaluate, tokens, seconds = _setting(model, train, held, recipe, budget)
     read_steps = sum(FORWARD_SHARE * _windows(b) / recipe.batch_size for b in evaluate.values())
-    plan = plan_trials(recipe.steps, budget.fraction, len(counts), budget.replicates, 1 + read_steps, read_steps)
+    plan = plan_trials(recipe.steps, budget.fraction, len(counts), budget.replicates, TIMED_STEPS + read_steps,
+                       read_steps)
     if budget.announce is not None:
         budget.announce("\n".join(_plan_lines(
             f"plan: decide how many blocks (K = {', '.join(map(str, counts))}; K = 0 trains the model as it is) for "
@@ -329,7 +337,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
             {s: _windows(b) for s, b in evaluate.items()})))
     meter = _Meter(plan.cost_steps, budget.progress, recipe.batch_size)
     try:
-        meter.add(1.0)  # the timed step
+        meter.add(TIMED_STEPS)
         arms = _Arms(model, recipe, train, evaluate, {**options, "replicates": budget.replicates})
         losses = arms.read_model(meter)
         trials = {k: arms.run(uniform_places(n_blocks, k), plan.checkpoints) for k in counts}
@@ -415,7 +423,7 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
     evaluate, tokens, seconds = _setting(model, train, held, recipe, budget)
     read_steps = sum(FORWARD_SHARE * _windows(b) / recipe.batch_size for b in evaluate.values())
     probe_steps = _probe_steps(model, train, held, recipe, options["probe_options"])
-    fixed = 1 + probe_steps + read_steps
+    fixed = TIMED_STEPS + probe_steps + read_steps
     movable = sum(len(g) > 1 for g in groups)
     # the longest trials if every group proposes a move: what the plan promises at most
     plan = plan_trials(recipe.steps, budget.fraction, 1 + movable if movable else 0, budget.replicates, fixed,
@@ -426,14 +434,18 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
                  f"({recipe.steps * tokens:,} tokens), {recipe.optimizer} lr {recipe.lr:g}",
                  f"  screen: the first-order probe of {n_blocks + 1} places ({probe_steps:.1f} model-steps)"]
         if movable:
-            lines += [f"  at most: uniform and {movable} moved arm(s)"] + _plan_lines("", plan, seconds, tokens, {
-                s: _windows(b) for s, b in evaluate.items()})[1:]
+            trials = _plan_lines("", plan, seconds, tokens, {s: _windows(b) for s, b in evaluate.items()})[1]
+            lines += [f"  then, if the screen proposes a move in every group: uniform and {movable} moved arm(s)",
+                      trials + " (longer with fewer moves)",
+                      f"  cost: at most {plan.budget_steps:g} model-steps, {budget.fraction:.0%} of the planned "
+                      f"{recipe.steps} ({plan.budget_steps * tokens:,.0f} tokens); at most about "
+                      f"{_duration(plan.budget_steps * seconds)} here (one step timed at {seconds:.3g} s)"]
         else:
             lines.append(f"  no group has a second place: nothing to move; about {_duration(fixed * seconds)}")
         budget.announce("\n".join(lines))
     meter = _Meter(plan.cost_steps, budget.progress, recipe.batch_size)
     try:
-        meter.add(1.0)  # the timed step
+        meter.add(TIMED_STEPS)
         screen = first_order_decision(model, train, held, recipe=recipe, seed=options["seed"],
                                       **options["probe_options"])
         meter.add(probe_steps)
@@ -444,7 +456,8 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
             best = next((named[n] for n in ranking if n in named), place)
             if best != place:
                 proposals.append((tuple(group), place, best))
-        final_plan = plan_trials(recipe.steps, budget.fraction, 0, budget.replicates, 1 + probe_steps, read_steps)
+        final_plan = plan_trials(recipe.steps, budget.fraction, 0, budget.replicates, TIMED_STEPS + probe_steps,
+                                 read_steps)
         if proposals:
             final_plan = plan_trials(recipe.steps, budget.fraction, 1 + len(proposals), budget.replicates, fixed,
                                      read_steps)
@@ -469,4 +482,4 @@ def _tolerance(budget: DecisionBudget, losses: dict) -> float:
 
 
 __all__ = ["ArmResult", "ArmTrials", "BudgetedDecision", "DecisionBudget", "FrontierDecision", "Move",
-           "PlacementCheck", "RELATIVE_TOLERANCE", "frontier_decision", "placement_check", "timed_step"]
+           "PlacementCheck", "RELATIVE_TOLERANCE", "TIMED_STEPS", "frontier_decision", "placement_check", "timed_step"]
