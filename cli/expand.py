@@ -20,7 +20,7 @@ import shutil
 import click
 
 from satcore import InputError, ProbeError
-from satcore.adapter_api import DEFAULT_CALIBRATION, NOT_VERIFIED, decision_interval_notes
+from satcore.adapter_api import NOT_VERIFIED, decision_interval_notes
 
 from .common import FiniteFloatRange, display_name, num, table
 from .expand_report import defaults_line, frontier_report, moves_report, plot_frontier, stop_line
@@ -127,9 +127,9 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
     uncertain = [n for n in placed if rows[n].interval is not None and rows[n].interval[1] >= 0]
     unverified = [n for n in placed if rows[n].interval is None]
     if uncertain:
-        notes.append(f"{', '.join(uncertain)}: chosen although the 95% interval reaches 0: --blocks K takes the K "
-                     "best-ranked places (one per group with --layout grouped) whatever their interval, --blocks auto "
-                     "a trialled place by its P(decrease) (at least the calibration's threshold)")
+        notes.append(f"{', '.join(uncertain)}: chosen although the 95% interval reaches 0: --blocks K puts K blocks "
+                     "whatever the intervals (uniform places unless a trial moves one; the best-ranked with --layout "
+                     "ranked); whether to add any is --blocks auto's question")
     if unverified:
         notes.append(f"{', '.join(unverified)}: chosen although {NOT_VERIFIED}: --blocks K takes the K best-ranked "
                      "places whatever their evidence, and the trials verified fewer places than that")
@@ -142,10 +142,9 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
               help="UTF-8 text (tokenised with MODEL_DIR's tokenizer), or token ids: .npz with input_ids, .jsonl. "
               "Required unless --at forces the places.")
 @click.option("--blocks", callback=_blocks_option, default=None, metavar="K|auto",
-              help="How many blocks: K, or auto (the places whose predicted held-out decrease is credible: "
-              f"verified by a trial with P(decrease) at least {DEFAULT_CALIBRATION.p_threshold:g}, the shipped calibration's "
-              "threshold; with "
-              "--decision screen, a 95% interval below 0).")
+              help="How many blocks: K, or auto (the fewest whose predicted held-out loss after your training is "
+              "within --tolerance of the best of K = 0, 1, 2, 4, ... --max-blocks; none when expanding does not "
+              "pay; with --decision screen, the places whose 95% interval lies below 0).")
 @click.option("-o", "--out", "out_dir", required=True, metavar="OUT_DIR", help="Directory to write (new or empty).")
 @click.option("--at", "at", default=None, metavar="NAME,...",
               help="Force the positions: original block names or indices to insert before, or head.")
