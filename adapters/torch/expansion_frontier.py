@@ -25,7 +25,6 @@ choice) is :mod:`satcore._decisions.frontier`'s.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
