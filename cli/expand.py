@@ -172,7 +172,7 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
               help="With --blocks auto and --general-data: no K whose predicted general loss change exceeds it.")
 @click.option("--tolerance", type=FiniteFloatRange(min=0), default=None, metavar="NATS",
               help="--blocks auto takes the fewest blocks within this of the best predicted change, and a move "
-              "needs a gain beyond it (default 0.3%% of the held-out loss).")
+              "needs a gain beyond it (default 0.3% of the held-out loss).")
 @click.option("--plot", "plot_path", default=None, metavar="PNG",
               help="With --blocks auto: the frontier as a figure (needs matplotlib; skipped with a note without it).")
 @click.option("--quiet", is_flag=True, help="No plan, no defaults line, no progress bar; the report only.")
@@ -186,12 +186,13 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
 @click.option("--seed", type=Count(min=0, max=MAX_SEED), default=0, show_default=True,
               help="Seed of the fresh blocks' draws and of the decision's trials.")
 @click.option("--decision", type=click.Choice(("trial", "screen")), default="trial", show_default=True,
-              help="trial: the first-order screen verified by short trials of the recipe (at most one block's "
-              "training in all); screen: the first-order screen alone (cheaper).")
+              help="trial: short trials within --decision-budget (--blocks auto: the frontier over K; --blocks K: "
+              "the placement check, the first-order screen proposing the moves); screen: the first-order screen "
+              "alone (its cost is the probe; with --blocks auto, every place whose interval lies below 0).")
 @click.option("--layout", type=click.Choice(("grouped", "ranked")), default="grouped", show_default=True,
-              help="grouped: the places split into K contiguous groups (LLaMA-Pro's), one block per group where the "
-              "decision ranks best within it (with --blocks auto: 4 groups, a block where the group's place shows a "
-              "credible decrease); ranked: the decision's top K places anywhere in the stack.")
+              help="grouped: one block per contiguous group of places (LLaMA-Pro's), at the uniform place unless a "
+              "trial within --decision-budget credibly favours the screen's place in the group; ranked: the trial "
+              "decision's top K places anywhere in the stack (its trials train one block for the whole --steps).")
 @click.option("--max-statistics-gib", type=FiniteFloatRange(min=0, min_open=True, max=2**30), default=None,
               metavar="GIB",
               help="The most probe statistics the decision holds at once (both splits), in GiB: the places are "
