@@ -675,8 +675,9 @@ def test_smollm2_the_real_pretrained_case(tmp_path):
     text = tmp_path / "licence.txt"
     text.write_text(Path("/usr/share/common-licenses/GPL-3").read_text())
     before = digest(source)
+    # the screen alone: the budgeted default would need --steps in the hundreds for its trials on 30 blocks
     result = cli("expand", source, "--data", text, "--blocks", "2", "-o", tmp_path / "grown", "--seq-len", "16",
-                 "--max-windows", "8", "--steps", "10")
+                 "--max-windows", "8", "--steps", "10", "--decision", "screen")
     assert result.exit_code == 0, result.output
     assert digest(source) == before
     record = json.loads((tmp_path / "grown" / "expansion.json").read_text())
