@@ -320,8 +320,11 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     grown_layers = (f"{expansion.n_original} -> {expansion.n_original + len(expansion.new_blocks)} layers"
                     if expansion.new_blocks else f"the model unchanged ({expansion.n_original} layers, no block "
                     "inserted)")
-    click.echo(f"wrote {display_name(out_dir)}: {grown_layers}, expansion.json, mergekit.yaml, "
-               "peft/adapter_config.json, llamafactory.yaml, README.md (the model card: how to train the new blocks)")
+    written = [name for name in ("expansion.json", "mergekit.yaml", "peft/adapter_config.json", "llamafactory.yaml")
+               if os.path.exists(os.path.join(out_dir, name))]
+    if os.path.exists(os.path.join(out_dir, "README.md")):
+        written.append("README.md (the model card: how to train the new blocks)")
+    click.echo(f"wrote {display_name(out_dir)}: {grown_layers}, {', '.join(written)}")
 
 
 def _checkpoint_dtype(model_dir: str) -> str:

@@ -301,7 +301,7 @@ def _plan_lines(title: str, plan: TrialPlan, seconds: float, tokens_per_step: in
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+    return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def _setting(model, train: list, held: list, recipe: Recipe, budget: DecisionBudget) -> tuple:
