@@ -323,7 +323,7 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     written = [name for name in ("expansion.json", "mergekit.yaml", "peft/adapter_config.json", "llamafactory.yaml")
                if os.path.exists(os.path.join(out_dir, name))]
     if os.path.exists(os.path.join(out_dir, "README.md")):
-        written.append("README.md (the model card: how to train the new blocks)")
+        written.append("README.md (the model card" + (": how to train the new blocks)" if expansion.new_blocks else ")"))
     click.echo(f"wrote {display_name(out_dir)}: {grown_layers}, {', '.join(written)}")
 
 

@@ -441,6 +441,9 @@ class Expansion:
             factory.update(freeze_trainable_layers=k)
         elif k and layers == list(range(k)):
             factory.update(freeze_trainable_layers=-k)
+        elif not k:
+            factory = {"expressible": False, "reason": "no block was inserted: there are no new layers to train; "
+                                                       "continue training the model as it is"}
         else:
             factory = {"expressible": False,
                        "reason": f"LLaMA-Factory's freeze tuning selects the last, the first or every "
