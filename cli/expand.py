@@ -61,7 +61,7 @@ def _at_option(value, n_blocks: int, block_names: list[str]):
 
 
 def _report(expansion) -> str:
-    from satcore.adapters.torch.expansion import _original_index
+    from satcore.adapters.torch.expansion import TrialRanking, _original_index
 
     lines = [f"{len(expansion.new_blocks)} new block(s) at positions {expansion.positions} "
              f"(inserted before original blocks {expansion.inserted_before}), init={expansion.init}"]
@@ -89,7 +89,9 @@ def _report(expansion) -> str:
         if expansion.budgeted is not None:
             lines += moves_report(expansion)
         else:
-            lines.append(f"decision cost: {decision.cost_block_steps} block-steps")
+            unbudgeted = " (the trials' steps, not held to --decision-budget)" if isinstance(decision, TrialRanking) \
+                else ""
+            lines.append(f"decision cost: {decision.cost_block_steps} block-steps{unbudgeted}")
         if stop := stop_line(expansion):
             lines.append(stop)
     return "\n".join(lines)
