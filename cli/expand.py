@@ -20,9 +20,10 @@ import shutil
 import click
 
 from satcore import InputError, ProbeError
-from satcore.adapter_api import DEFAULT_CALIBRATION, NOT_VERIFIED, decision_interval_notes
+from satcore.adapter_api import NOT_VERIFIED, decision_interval_notes
 
 from .common import FiniteFloatRange, display_name, num, table
+from .expand_report import defaults_line, frontier_report, moves_report, plot_frontier, stop_line
 from .hf_dir import window_length
 from .numbers import MAX_SEED, Count
 from .out_dir import check_out_dir, staged_out_dir
@@ -60,7 +61,7 @@ def _at_option(value, n_blocks: int, block_names: list[str]):
 
 
 def _report(expansion) -> str:
-    from satcore.adapters.torch.expansion import _original_index
+    from satcore.adapters.torch.expansion import TrialRanking, _original_index
 
     lines = [f"{len(expansion.new_blocks)} new block(s) at positions {expansion.positions} "
              f"(inserted before original blocks {expansion.inserted_before}), init={expansion.init}"]
@@ -73,6 +74,8 @@ def _report(expansion) -> str:
         lines.append(f"--blocks auto: {len(expansion.left_out_by_max_blocks)} more place(s) with a credible decrease "
                      f"left out by the cap --max-blocks {expansion.max_blocks} (default a quarter of the layers): "
                      + ", ".join(expansion.left_out_by_max_blocks))
+    if expansion.budgeted is not None and hasattr(expansion.budgeted, "arms"):
+        return "\n".join(lines[1:] if not expansion.new_blocks else lines) + "\n" + "\n".join(frontier_report(expansion))
     if decision is not None:
         rows = []
         chosen = set(expansion.inserted_before)
@@ -82,9 +85,15 @@ def _report(expansion) -> str:
             rows.append([name, *_evidence_cells(c), "yes" if _original_index(name) in chosen else ""])
         lines += ["", table(["candidate", "predicted held-out change", "95% interval", "P(decrease)", "evidence",
                              "chosen"], rows), *_table_notes(decision.candidates, ranking, chosen),
-                  "", f"decision cost: {decision.cost_block_steps} block-steps"]
-        if decision.stop_reason:
-            lines.append(f"the decision stops: {decision.stop_reason}")
+                  ""]
+        if expansion.budgeted is not None:
+            lines += moves_report(expansion)
+        else:
+            unbudgeted = " (the trials' steps, not held to --decision-budget)" if isinstance(decision, TrialRanking) \
+                else ""
+            lines.append(f"decision cost: {decision.cost_block_steps} block-steps{unbudgeted}")
+        if stop := stop_line(expansion):
+            lines.append(stop)
     return "\n".join(lines)
 
 
@@ -120,9 +129,9 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
     uncertain = [n for n in placed if rows[n].interval is not None and rows[n].interval[1] >= 0]
     unverified = [n for n in placed if rows[n].interval is None]
     if uncertain:
-        notes.append(f"{', '.join(uncertain)}: chosen although the 95% interval reaches 0: --blocks K takes the K "
-                     "best-ranked places (one per group with --layout grouped) whatever their interval, --blocks auto "
-                     "a trialled place by its P(decrease) (at least the calibration's threshold)")
+        notes.append(f"{', '.join(uncertain)}: chosen although the 95% interval reaches 0: --blocks K puts K blocks "
+                     "whatever the intervals (uniform places unless a trial moves one; the best-ranked with --layout "
+                     "ranked); whether to add any is --blocks auto's question")
     if unverified:
         notes.append(f"{', '.join(unverified)}: chosen although {NOT_VERIFIED}: --blocks K takes the K best-ranked "
                      "places whatever their evidence, and the trials verified fewer places than that")
@@ -135,10 +144,9 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
               help="UTF-8 text (tokenised with MODEL_DIR's tokenizer), or token ids: .npz with input_ids, .jsonl. "
               "Required unless --at forces the places.")
 @click.option("--blocks", callback=_blocks_option, default=None, metavar="K|auto",
-              help="How many blocks: K, or auto (the places whose predicted held-out decrease is credible: "
-              f"verified by a trial with P(decrease) at least {DEFAULT_CALIBRATION.p_threshold:g}, the shipped calibration's "
-              "threshold; with "
-              "--decision screen, a 95% interval below 0).")
+              help="How many blocks: K, or auto (the fewest whose predicted held-out loss after your training is "
+              "within --tolerance of the best of K = 0, 1, 2, 4, ... --max-blocks; none when expanding does not "
+              "pay; with --decision screen, the places whose 95% interval lies below 0).")
 @click.option("-o", "--out", "out_dir", required=True, metavar="OUT_DIR", help="Directory to write (new or empty).")
 @click.option("--at", "at", default=None, metavar="NAME,...",
               help="Force the positions: original block names or indices to insert before, or head.")
@@ -150,32 +158,59 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
               help="Optimizer of the training the decision prices.")
 @click.option("--lr", type=FiniteFloatRange(min=0, min_open=True), default=2e-4, show_default=True,
               help="Learning rate of that training.")
-@click.option("--steps", type=Count(min=1), default=1000, show_default=True, help="Its steps.")
+@click.option("--steps", type=Count(min=1), default=1000, show_default=True,
+              help="The steps of the training you plan for the expanded model; the decision spends at most "
+              "--decision-budget of them.")
 @click.option("--batch-size", type=Count(min=1), default=8, show_default=True,
               help="Its batch size (windows); also the unit of the decision's cost.")
+@click.option("--decision-budget", type=FiniteFloatRange(min=0, min_open=True, max=1), default=0.1,
+              show_default=True, metavar="FRACTION",
+              help="The most of the planned training (--steps, in model-steps) the decision spends; a budget it "
+              "cannot decide within is refused, naming one that would do.")
+@click.option("--general-data", "general_path", default=None, metavar="FILE",
+              help="Text (or token ids) of the model's old domain: each trial also measures the change of its "
+              "held-out loss (forgetting), shown beside the gain.")
+@click.option("--max-forgetting", type=FiniteFloatRange(min=0), default=None, metavar="NATS",
+              help="With --blocks auto and --general-data: no K whose predicted general loss change exceeds it.")
+@click.option("--tolerance", type=FiniteFloatRange(min=0), default=None, metavar="NATS",
+              help="--blocks auto takes the fewest blocks within this of the best predicted change, and a move "
+              "needs a gain beyond it (default 0.3% of the held-out loss).")
+@click.option("--plot", "plot_path", default=None, metavar="PNG",
+              help="With --blocks auto: the frontier as a figure (needs matplotlib; skipped with a note without it).")
+@click.option("--quiet", is_flag=True, help="No plan, no defaults line, no progress bar; the report only.")
 @click.option("--seq-len", type=Count(min=2), default=None,
-              help="Tokens per window (default min(256, the model's context)).")
-@click.option("--max-windows", type=Count(min=4), default=256, show_default=True,
-              help="Windows of data read at most (half train the decision, half are held out).")
+              help="Tokens per window (default min(128, the model's context) on a CPU, 256 on a GPU).")
+@click.option("--max-windows", type=Count(min=4), default=None,
+              help="Windows of data read at most, half training the decision, half held out (default 64 on a CPU, "
+              "256 on a GPU).")
 @click.option("--max-blocks", type=Count(min=1), default=None,
               help="With --blocks auto: at most this many (default a quarter of the layers).")
 @click.option("--seed", type=Count(min=0, max=MAX_SEED), default=0, show_default=True,
               help="Seed of the fresh blocks' draws and of the decision's trials.")
 @click.option("--decision", type=click.Choice(("trial", "screen")), default="trial", show_default=True,
-              help="trial: the first-order screen verified by short trials of the recipe (at most one block's "
-              "training in all); screen: the first-order screen alone (cheaper).")
+              help="trial: short trials within --decision-budget (--blocks auto: the frontier over K; --blocks K: "
+              "the placement check, the first-order screen proposing the moves); screen: the first-order screen "
+              "alone (its cost is the probe; with --blocks auto, every place whose interval lies below 0).")
 @click.option("--layout", type=click.Choice(("grouped", "ranked")), default="grouped", show_default=True,
-              help="grouped: the places split into K contiguous groups (LLaMA-Pro's), one block per group where the "
-              "decision ranks best within it (with --blocks auto: 4 groups, a block where the group's place shows a "
-              "credible decrease); ranked: the decision's top K places anywhere in the stack.")
+              help="grouped: one block per contiguous group of places (LLaMA-Pro's), at the uniform place unless a "
+              "trial within --decision-budget credibly favours the screen's place in the group; ranked: the trial "
+              "decision's top K places anywhere in the stack (its trials train one block for the whole --steps).")
 @click.option("--max-statistics-gib", type=FiniteFloatRange(min=0, min_open=True, max=2**30), default=None,
               metavar="GIB",
               help="The most probe statistics the decision holds at once (both splits), in GiB: the places are "
               "probed in groups that fit, one pass over the data per group (default: all places in one pass). "
               "At least the last block's and the head's together (they share one pass).")
-def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimizer, lr, steps, batch_size, seq_len,
-           max_windows, max_blocks, seed, decision, layout, max_statistics_gib):
-    """Grow the decoder in MODEL_DIR by identity blocks where the evidence on FILE says; write OUT_DIR."""
+@click.pass_context
+def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimizer, lr, steps, batch_size,
+           decision_budget, general_path, max_forgetting, tolerance, plot_path, quiet, seq_len, max_windows,
+           max_blocks, seed, decision, layout, max_statistics_gib):
+    """Grow the decoder in MODEL_DIR by identity blocks where the evidence on FILE says; write OUT_DIR.
+
+    --blocks auto decides whether to expand and by how many blocks: short trials of K = 0 (the model as it is,
+    trained the same way) and K = 1, 2, 4, ... blocks at LLaMA-Pro's uniform places, within --decision-budget of
+    the training you plan (--steps, --batch-size, --lr); it takes the fewest blocks within --tolerance of the best,
+    and none when expanding does not pay.  --blocks K places K blocks: uniform places unless a trial credibly
+    favours a move."""
     if blocks is not None and at is not None:
         raise click.UsageError("give --blocks K|auto or --at NAME,..., not both")
     if blocks is None and at is None:
@@ -188,10 +223,24 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
     if max_statistics_gib is not None and at is not None:
         raise click.UsageError("--max-statistics-gib caps the decision's probe; with --at no decision is made, so it "
                                "would be ignored")
+    if (general_path is not None or max_forgetting is not None or plot_path is not None) and blocks != "auto":
+        raise click.UsageError("--general-data, --max-forgetting and --plot belong to --blocks auto's frontier")
+    if max_forgetting is not None and general_path is None:
+        raise click.UsageError("--max-forgetting needs --general-data (the general loss is measured on it)")
+    if blocks == "auto" and decision == "screen" and (general_path or plot_path):
+        raise click.UsageError("--general-data and --plot belong to the trial decision's frontier, not --decision "
+                               "screen")
     max_statistics_bytes = None if max_statistics_gib is None else int(max_statistics_gib * 2**30)
     if max_statistics_bytes == 0:
         raise click.UsageError(f"--max-statistics-gib {max_statistics_gib:g}: less than one byte")
     check_out_dir(out_dir, source_dir=model_dir)
+    if plot_path is not None:  # its target and format before any work; a missing matplotlib only skips the figure
+        from satcore.adapter_api import check_target
+
+        from .plot import plot_format
+
+        check_target(plot_path, [p for p in (data_path, general_path) if p])
+        plot_format(plot_path)
     from satcore import Recipe
     from satcore.adapters.torch.checkpoint_dir import load_causal_lm, read_token_windows
     from satcore.adapters.torch.expansion import decoder_stack
@@ -205,6 +254,7 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one report on stdout, no bars on stderr
+    on_gpu = torch.cuda.is_available()
     model = load_causal_lm(model_dir, dtype=torch.float32)  # decided in float32; saved in the checkpoint's dtype
     saved_dtype = _checkpoint_dtype(model_dir)
     try:
@@ -217,17 +267,35 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
     if seq_len is not None and context is not None and seq_len > context[1]:
         raise InputError(f"--seq-len {seq_len}: longer than the model's context ({context[0]} {context[1]} in "
                          f"{display_name(model_dir)}/config.json)")
-    data = None
+    data = general = None
+    windows = {"seq_len": seq_len or min(window_length(model.config), 256 if on_gpu else 128),
+               "max_windows": max_windows or (256 if on_gpu else 64)}
     if data_path is not None:  # with --at, read only to check it: the places are forced
-        data = read_token_windows(data_path, tokenizer_dir=model_dir, vocab_size=model.config.vocab_size,
-                                  seq_len=seq_len or window_length(model.config), max_windows=max_windows)
+        data = read_token_windows(data_path, tokenizer_dir=model_dir, vocab_size=model.config.vocab_size, **windows)
+    if general_path is not None:  # held out only: as many windows as the target's held-out half
+        general = read_token_windows(general_path, tokenizer_dir=model_dir, vocab_size=model.config.vocab_size,
+                                     seq_len=windows["seq_len"], max_windows=max(4, windows["max_windows"] // 2))
     if forced is not None and data is not None:
         click.echo(f"--data {display_name(data_path)}: checked, not read: --at forces the positions")
         data = None
+    budget = None
+    if forced is None and decision == "trial" and (blocks == "auto" or layout == "grouped"):
+        from satcore.adapters.torch.expansion_frontier import DecisionBudget
+
+        budget = DecisionBudget(decision_budget, general=general, max_forgetting=max_forgetting, tolerance=tolerance,
+                                progress=not quiet, announce=None if quiet else click.echo)
+        assumed = {f"--{name.replace('_', '-')}": value for name, value in
+                   (("steps", steps), ("batch_size", batch_size), ("lr", lr), ("seq_len", windows["seq_len"]),
+                    ("max_windows", windows["max_windows"]))
+                   if ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT}
+        if not quiet and (line := defaults_line(assumed, on_gpu)):
+            click.echo(line)
+    if on_gpu and forced is None:
+        model = model.to("cuda")
     expansion = expand_model(model, data, blocks=blocks, recipe=recipe, at=forced, init=init,
                              train_new_only=freeze_old, max_blocks=max_blocks, seed=seed, decision=decision,
-                             layout=layout, **({} if max_statistics_bytes is None else
-                                               {"max_statistics_bytes": max_statistics_bytes}))
+                             layout=layout, budget=budget, **({} if max_statistics_bytes is None else
+                                                              {"max_statistics_bytes": max_statistics_bytes}))
     with staged_out_dir(out_dir, prefix=".satcore-expand-") as staging:
         grown = expansion.model.to(getattr(torch, saved_dtype))
         grown.save_pretrained(staging, safe_serialization=True)
@@ -239,6 +307,8 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
         record["max_statistics_bytes"] = max_statistics_bytes  # None: every place in one probe pass
         record["data"] = None if data is None else {"file": os.path.abspath(data_path), "windows": len(data),
                                                     "seq_len": data.shape[1]}
+        record["general_data"] = None if general is None else {"file": os.path.abspath(general_path),
+                                                               "windows": len(general)}
         with open(os.path.join(staging, "expansion.json"), "w") as stream:
             json.dump(record, stream, indent=1)
         with open(os.path.join(staging, "mergekit.yaml"), "w") as stream:
@@ -246,9 +316,17 @@ def expand(model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimize
         peft_config = lora_adapter_config(grown, find_blocks(grown), expansion.positions, os.path.abspath(out_dir))
         write_training_exports(staging, record, peft_config, out_dir)
     click.echo(_report(expansion))
-    click.echo(f"wrote {display_name(out_dir)}: {expansion.n_original} -> "
-               f"{expansion.n_original + len(expansion.new_blocks)} layers, expansion.json, mergekit.yaml, "
-               "peft/adapter_config.json, llamafactory.yaml, README.md (the model card: how to train the new blocks)")
+    if plot_path is not None and (skipped := plot_frontier(expansion, plot_path,
+                                                           inputs=[p for p in (data_path, general_path) if p])):
+        click.echo(skipped)
+    grown_layers = (f"{expansion.n_original} -> {expansion.n_original + len(expansion.new_blocks)} layers"
+                    if expansion.new_blocks else f"the model unchanged ({expansion.n_original} layers, no block "
+                    "inserted)")
+    written = [name for name in ("expansion.json", "mergekit.yaml", "peft/adapter_config.json", "llamafactory.yaml")
+               if os.path.exists(os.path.join(out_dir, name))]
+    if os.path.exists(os.path.join(out_dir, "README.md")):
+        written.append("README.md (the model card" + (": how to train the new blocks)" if expansion.new_blocks else ")"))
+    click.echo(f"wrote {display_name(out_dir)}: {grown_layers}, {', '.join(written)}")
 
 
 def _checkpoint_dtype(model_dir: str) -> str:

@@ -12,6 +12,18 @@ imports them directly.
 
 from ._decisions.calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
 from ._decisions.criteria import DEFAULT_ALPHA
+from ._decisions.frontier import (
+    FORWARD_SHARE,
+    FrontierChoice,
+    Prediction,
+    TrialPlan,
+    block_counts,
+    choose_blocks,
+    plan_trials,
+    predict_change,
+    uniform_groups,
+    uniform_places,
+)
 from ._decisions.predictors import check_paired
 from ._decisions.trial_loop import (
     ScreenRow,
@@ -66,6 +78,9 @@ __all__ = [
     # the trial decision's loop: the protocol a framework implements, the screen, the schedules
     "ScreenRow", "Trial", "TrialSettings", "TrialSteps", "check_unexpanded_losses", "grouped_trials", "screen",
     "trial_decision",
+    # the budgeted expansion decisions' arithmetic (the frontier over K, the placement check)
+    "FORWARD_SHARE", "FrontierChoice", "Prediction", "TrialPlan", "block_counts", "choose_blocks", "plan_trials",
+    "predict_change", "uniform_groups", "uniform_places",
     # the feature-family registry
     "FAMILY_REGISTRY", "FamilyRegistry", "FamilySpec", "family_builder", "family_spec", "positions",
     "rebuild_family", "register_builder", "register_family", "registered_families", "DEFAULT_FOLDS",

@@ -1,6 +1,7 @@
 """Every ``satcore`` command's ``--help`` is plain text for users: no Sphinx roles or reStructuredText literals
 (a docstring written for the API docs shows through click as ``:func:`model_identity``` otherwise), and the
-words of ``expand --help`` are the documented rule (a P(decrease) threshold, not "significant")."""
+words of ``expand --help`` are the documented rule (auto: the fewest blocks within the tolerance of the best of the
+frontier, none when expanding does not pay; not "significant")."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from satcore.adapter_api import DEFAULT_CALIBRATION
 from satcore.cli.main import main
 
 
@@ -20,7 +20,9 @@ def test_help_has_no_sphinx_markup(command):
     assert not re.search(r":(func|class|mod|meth|attr|data):|``", result.output), result.output
 
 
-def test_expand_help_states_the_threshold_auto_counts_by():
+def test_expand_help_states_the_rule_auto_counts_by():
     text = " ".join(CliRunner().invoke(main, ["expand", "--help"]).output.split())
     assert "significant" not in text
-    assert f"P(decrease) at least {DEFAULT_CALIBRATION.p_threshold:g}, the shipped calibration's threshold" in text
+    assert ("the fewest whose predicted held-out loss after your training is within --tolerance of the best of K = 0, "
+            "1, 2, 4, ... --max-blocks; none when expanding does not pay") in text
+    assert "default 0.3% of the held-out loss" in text  # the tolerance, as docs/expansion.md states it

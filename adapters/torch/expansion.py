@@ -396,6 +396,7 @@ class Expansion:
     layout: str = "ranked"
     max_blocks: int | None = None  # the cap blocks="auto" applied, else None
     left_out_by_max_blocks: tuple[str, ...] = ()  # places with a credible decrease the cap left out
+    budgeted: object = None  # a FrontierDecision (blocks="auto") or PlacementCheck (blocks=K with a budget)
 
     @property
     def positions(self) -> list[int]:
@@ -407,7 +408,16 @@ class Expansion:
 
     @property
     def cost_block_steps(self) -> int:
+        if self.budgeted is not None:  # every pass of the budgeted decision, in model-steps, rounded up
+            return math.ceil(self.budgeted.cost_steps)
         return 0 if self.decision is None else self.decision.cost_block_steps
+
+    @property
+    def decision_cost_fraction(self) -> float:
+        """The decision's cost over the planned training's steps (``recipe.steps``)."""
+        if self.budgeted is not None:
+            return self.budgeted.cost_fraction
+        return self.cost_block_steps / self.recipe.steps
 
     def trainer_settings(self) -> dict:
         """The trainable layers in the forms LLaMA-Factory and ms-swift read (``finetuning_type: freeze``).
@@ -431,6 +441,9 @@ class Expansion:
             factory.update(freeze_trainable_layers=k)
         elif k and layers == list(range(k)):
             factory.update(freeze_trainable_layers=-k)
+        elif not k:
+            factory = {"expressible": False, "reason": "no block was inserted: there are no new layers to train; "
+                                                       "continue training the model as it is"}
         else:
             factory = {"expressible": False,
                        "reason": f"LLaMA-Factory's freeze tuning selects the last, the first or every "
@@ -503,19 +516,40 @@ class Expansion:
             "max_blocks": self.max_blocks,
             "capped_by_max_blocks": None if self.max_blocks is None else len(self.left_out_by_max_blocks),
             "layout": self.layout,
-            "groups": [[_original_index(n) for n in g] for g in self.decision.groups] if grouped else None,
-            "decision": None if self.decision is None else {
-                "method": ("first-order screen verified by short trials of the recipe (satcore.adapters.torch.decide)"
-                           if isinstance(method, TrialRanking) else
-                           "first-order screen (native family, predicted held-out change of the recipe's step)"),
-                "choice": self.decision.choice, "stop_reason": self.decision.stop_reason,
-                "ranking": self.decision.ranking()},
+            "groups": ([[_original_index(n) for n in g] for g in self.decision.groups] if grouped else
+                       [list(g) for g in self.budgeted.groups] if hasattr(self.budgeted, "groups") else None),
+            "decision": self._decision_record(method),
             "evidence": evidence,
             "cost_block_steps": self.cost_block_steps,
+            "decision_cost_fraction": None if self.decision is None and self.budgeted is None
+            else self.decision_cost_fraction,
+            "frontier": [a.to_dict() for a in self.budgeted.arms] if hasattr(self.budgeted, "arms") else None,
+            "chosen_blocks": self.budgeted.choice.chosen_blocks if hasattr(self.budgeted, "arms") else None,
             "recipe": self.recipe.to_dict(),
             "train": "new_blocks" if self.train_new_only else "all",
             **self.trainer_settings(),
         }
+
+
+    def _decision_record(self, method) -> dict | None:
+        """``expansion.json``'s ``decision``: the method, the choice and, when nothing is inserted, why."""
+        if self.budgeted is not None and hasattr(self.budgeted, "arms"):
+            choice = self.budgeted.choice
+            return {**self.budgeted.to_dict(), "choice": choice.chosen_blocks,
+                    "stop_reason": None if choice.chosen_blocks else "expanding_does_not_pay",
+                    "instead": None if choice.chosen_blocks else
+                    "continue training the model as it is, with the training you planned"}
+        if self.decision is None:
+            return None
+        record = {"method": ("first-order screen verified by short trials of the recipe (satcore.adapters.torch.decide)"
+                             if isinstance(method, TrialRanking) else
+                             "first-order screen (native family, predicted held-out change of the recipe's step)"),
+                  "choice": self.decision.choice, "stop_reason": self.decision.stop_reason,
+                  "ranking": self.decision.ranking()}
+        if self.budgeted is not None:
+            record.update(placement_check=self.budgeted.to_dict(),
+                          method=self.budgeted.to_dict()["method"] + "; " + record["method"] + " as the screen")
+        return record
 
 
 def _yaml_string(text: str) -> str:
@@ -569,9 +603,25 @@ def split_batches(data, heldout=None) -> tuple[list, list]:
     return data[0::2], data[1::2]
 
 
+def _budgeted(decision: str, layout: str, blocks, budget, loss_fn):
+    """The :class:`~.expansion_frontier.DecisionBudget` of a budgeted decision, or None for the others: ``"auto"``
+    with trials is the frontier (a default budget when none is given), ``K`` with trials, grouped and a budget the
+    placement check; both train on next-token windows (``loss_fn`` None)."""
+    if decision != "trial" or (blocks != "auto" and (layout != "grouped" or budget is None)):
+        return None
+    if loss_fn is not None:
+        raise InputError("the budgeted decisions train next-token windows with the model's loss; loss_fn must be "
+                         "None (or give decision='screen')")
+    if budget is None:
+        from .expansion_frontier import DecisionBudget
+
+        budget = DecisionBudget()
+    return budget
+
+
 def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=None, recipe: Recipe | None = None,
            at=None, init: str = "copy", train_new_only: bool = False, max_blocks: int | None = None, seed: int = 0,
-           decision: str = "trial", layout: str = "grouped", **probe_options) -> Expansion:
+           decision: str = "trial", layout: str = "grouped", budget=None, **probe_options) -> Expansion:
     """Grow the Hugging Face decoder ``model`` by identity blocks placed by one decision on ``data``.
 
     Parameters
@@ -607,6 +657,15 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
         ``blocks="auto"`` the split is into ``max_trials`` (4) groups and a group gets its block
         when its place is significant (verified by a trial with a credible decrease), so ``K``
         is 0 to 4, also at most ``max_blocks``, the groups with the lowest calibrated change first.
+    budget : :class:`~.expansion_frontier.DecisionBudget`, optional
+        The share of the planned training (``recipe``) the decision may spend, and the general data
+        and forgetting limit it weighs.  With ``decision="trial"``, ``blocks="auto"`` is the frontier
+        (:func:`~.expansion_frontier.frontier_decision`: ``K = 0`` and ``K = 1, 2, 4, ...`` at uniform
+        places, the fewest blocks within the tolerance of the best, none when expanding does not pay;
+        ``budget`` None: ``DecisionBudget()``); with ``layout="grouped"`` a budget makes ``blocks=K``
+        the placement check (:func:`~.expansion_frontier.placement_check`: uniform places unless a
+        trial credibly favours a move).  Without a budget ``blocks=K`` is the trial decision above,
+        which costs up to one block trained with the whole recipe.
     probe_options : passed to the probe (``position_subsample``, ``batch_dtype``, ...), and
         ``max_statistics_bytes``: the decision's probe in groups of places whose statistics fit
         (:func:`~.decide.decide`; the same decision, one pass over ``data`` per group).
@@ -647,6 +706,24 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
             raise InputError(f"blocks={blocks}: the model has {n + 1} places for a block ({n} blocks and the head)")
         train, held = split_batches(data, heldout)
         check_context(model, train + held)
+        budgeted = _budgeted(method, layout, blocks, budget, loss_fn)
+        if budgeted is not None:
+            from . import expansion_frontier
+
+            settings = {"blocks": blocks, "max_blocks": max(1, n // 4) if max_blocks is None else max_blocks,
+                        "init": init, "seed": seed, "train_new_only": train_new_only, "probe_options": probe_options}
+            run = expansion_frontier.frontier_decision if blocks == "auto" else expansion_frontier.placement_check
+            budgeted = run(model, train, held, recipe=recipe, budget=budgeted, options=settings)
+            if blocks == "auto":
+                chosen, limit = list(budgeted.chosen_places), settings["max_blocks"]
+            else:
+                chosen, decision = budgeted.places, budgeted.screen
+            grown, new = insert_blocks(model, chosen, init=init, seed=seed)
+            if train_new_only:
+                freeze_old(grown, new)
+            return Expansion(grown, new, n, init, blocks, decision, forced, recipe, train_new_only, terminals,
+                             names[0].rpartition(".")[0], "uniform" if blocks == "auto" else layout, limit,
+                             left_out, budgeted)
         decision = placement_decision(model, train, held, loss_fn, recipe=recipe, decision=method, layout=layout,
                                       blocks=blocks, seed=seed, **probe_options)
         ranking = decision.ranking()

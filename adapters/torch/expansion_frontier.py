@@ -1,0 +1,484 @@
+"""Expansion decided within a share of the training it informs: the frontier over K, and the placement check.
+
+The user states the training they plan for the expanded model (a :class:`satcore.Recipe`:
+steps, batch, lr); :class:`DecisionBudget` says what share of it the decision may spend
+(default 10%).  Two decisions run on that budget, both from short trials of *arms*: a copy
+of the model with identity blocks at given places, trained with the recipe in eval mode (no
+dropout), its held-out losses read at a quarter, half and all of the trial, from several
+seeds; the arithmetic (what the budget buys, the extrapolation to the full training, the
+choice) is :mod:`satcore._decisions.frontier`'s.
+
+* :func:`frontier_decision` (``expand(..., blocks="auto")``): how many blocks, if any.  The
+  arms are ``K = 0`` (no expansion: the model as it is, every parameter trained with the
+  recipe) and ``K = 1, 2, 4, ...`` up to ``max_blocks`` blocks at LLaMA-Pro's uniform places
+  (Wu et al., "LLaMA Pro: Progressive LLaMA with Block Expansion"), trained as the user
+  will (only the new blocks with ``train_new_only``, else every parameter).  With general
+  (old-domain) data each arm's change of the general held-out loss is measured beside the
+  target's.
+* :func:`placement_check` (``expand(..., blocks=K)``): where ``K`` blocks go.  Uniform places
+  are the prior; the first-order screen (:func:`~.expansion.first_order_decision`) proposes,
+  in each uniform place's group of places, the place it ranks first; a trial of the uniform
+  placement with that one block moved, paired with a trial of the uniform placement, moves
+  the block only where the moved arm's predicted held-out change after the full training is
+  credibly lower (its 95% interval below zero, its point below minus the tolerance).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from satcore import InputError, Recipe
+from satcore.adapter_api import (FORWARD_SHARE, FrontierChoice, Prediction, TrialPlan, block_counts, choose_blocks,
+                                 plan_trials, predict_change, uniform_groups, uniform_places)
+
+from .decide import per_sample_eval, recipe_minibatches, recipe_optimizer
+from .hf import sequence_loss
+from .locate import HEAD
+from .probe import call_model, to_device
+
+# the decision calibration's tolerance: a predicted decrease below 0.3% of the held-out loss is not worth a block
+RELATIVE_TOLERANCE = 0.003
+
+
+@dataclass(frozen=True)
+class DecisionBudget:
+    """What the budgeted decisions may spend and what they weigh.
+
+    fraction : the most of the planned training (``recipe.steps`` model-steps) the decision spends.
+    replicates : seeds per arm (the interval's seed noise needs at least 2).
+    general : token ids ``(N, T)`` (or batches) of the model's old domain, all held out; ``None``: the
+        general loss is not measured.
+    max_forgetting : arms whose predicted general loss change exceeds it (nats) are not chosen.
+    tolerance : nats; ``None``: 0.3% of the model's held-out loss.
+    progress : show a progress bar (tqdm, on stderr) while the trials run.
+    announce : called with the plan's lines before anything is trained (``None``: silent).
+    """
+
+    fraction: float = 0.10
+    replicates: int = 2
+    general: object = None
+    max_forgetting: float | None = None
+    tolerance: float | None = None
+    progress: bool = False
+    announce: Callable[[str], None] | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        if not (isinstance(self.fraction, (int, float)) and 0 < self.fraction <= 1):
+            raise InputError(f"decision budget: a fraction in (0, 1], got {self.fraction!r}")
+        if not (isinstance(self.replicates, int) and self.replicates >= 1):
+            raise InputError(f"decision budget: replicates must be a positive integer, got {self.replicates!r}")
+        if self.max_forgetting is not None and self.general is None:
+            raise InputError("max_forgetting needs general data (--general-data): the general loss is measured on it")
+
+
+@dataclass(frozen=True)
+class ArmTrials:
+    """One arm: its new blocks' places and its trials' per-window changes, ``{split: (replicates, checkpoints,
+    windows)}`` (loss after minus loss before)."""
+
+    places: tuple
+    changes: dict
+
+    def curve(self, split: str = "heldout") -> list[list[float]]:
+        """The mean change at each checkpoint, one list per replicate."""
+        return self.changes[split].mean(2).tolist()
+
+
+class _Meter:
+    """The decision's passes in model-steps, counted as they run, with an optional tqdm bar."""
+
+    def __init__(self, total: float | None, show: bool, batch_size: int):
+        self.done, self.batch_size = 0.0, batch_size
+        self.bar = None
+        if show:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, unit="step", desc="deciding", leave=False,
+                            bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} model-steps [{elapsed}<{remaining}]")
+
+    def forward(self, windows: int) -> None:
+        self.add(FORWARD_SHARE * windows / self.batch_size)
+
+    def add(self, steps: float) -> None:
+        self.done += steps
+        if self.bar is not None:  # the float sums may pass the total by a rounding error
+            self.bar.update(min(steps, self.bar.total - self.bar.n))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class _Arms:
+    """Trains arms of one model on one recipe and reads their changes (module docstring)."""
+
+    def __init__(self, model, recipe: Recipe, train: list, evaluate: dict, options: dict):
+        from .expansion import insert_blocks
+
+        self.insert, self.model, self.recipe, self.train, self.evaluate = insert_blocks, model, recipe, train, evaluate
+        self.init, self.seed, self.replicates = options["init"], options["seed"], options["replicates"]
+        self.train_new_only = options["train_new_only"]
+        self.before = {}
+        self.meter = None
+
+    def read_model(self, meter: _Meter) -> dict:
+        """The model's own per-window losses on every evaluated split (every arm starts from them: its blocks
+        are identities)."""
+        self.meter = meter
+        for split, batches in self.evaluate.items():
+            self.before[split] = per_sample_eval(self.model, batches, sequence_loss)
+            meter.forward(self.before[split].size)
+        return {split: float(losses.mean()) for split, losses in self.before.items()}
+
+    def run(self, places, checkpoints) -> ArmTrials:
+        """Every replicate of the arm with blocks before ``places``: ``checkpoints[-1]`` steps each."""
+        changes = {split: [] for split in self.evaluate}
+        for replicate in range(self.replicates):
+            for split, rows in self._replicate(places, checkpoints, self.seed + replicate).items():
+                changes[split].append(rows)
+        return ArmTrials(tuple(places), {split: np.stack(rows) for split, rows in changes.items()})
+
+    def _replicate(self, places, checkpoints, seed: int) -> dict:
+        grown, new = self.insert(self.model, list(places), init=self.init, seed=self.seed)
+        grown.eval()
+        if self.train_new_only and new:
+            from .expansion import freeze_old
+
+            freeze_old(grown, new)
+        else:
+            for p in grown.parameters():
+                p.requires_grad_(True)
+        params = [p for p in grown.parameters() if p.requires_grad]
+        optimizer = recipe_optimizer(self.recipe, params)
+        stream = recipe_minibatches(self.train, self.recipe.batch_size, seed)
+        device = params[0].device
+        rows, done = {split: [] for split in self.evaluate}, 0
+        with torch.inference_mode(False), torch.enable_grad():
+            for target in checkpoints:
+                while done < target:
+                    inputs, labels = next(stream)
+                    inputs, labels = to_device(inputs, device), to_device(labels, device)
+                    loss = sequence_loss(call_model(grown, inputs), labels).mean()
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                    done += 1
+                    self.meter.add(1.0)
+                for split, batches in self.evaluate.items():
+                    after = per_sample_eval(grown, batches, sequence_loss)
+                    if not np.isfinite(after).all():
+                        raise InputError(f"the trial of blocks before {list(places)} diverged at step {done} (lr "
+                                         f"{self.recipe.lr:g}): its {split} loss is not finite; lower --lr")
+                    rows[split].append(after - self.before[split])
+                    self.meter.forward(after.size)
+        return {split: np.stack(r) for split, r in rows.items()}
+
+
+TIMED_STEPS = 2  # the first pass of a model pays for warming up; the estimate takes the faster of two
+
+
+def timed_step(model, train: list, recipe: Recipe) -> float:
+    """Seconds of one forward and backward pass of ``model`` over a minibatch of the recipe: the faster of
+    :data:`TIMED_STEPS` passes (gradients taken with ``torch.autograd.grad``, so nothing of ``model`` changes, not
+    even ``.grad``)."""
+    inputs, labels = next(recipe_minibatches(train, recipe.batch_size, 0))
+    params = [p for p in model.parameters() if p.is_floating_point()]
+    device = params[0].device
+    inputs, labels = to_device(inputs, device), to_device(labels, device)
+    flags = [p.requires_grad for p in params]
+    times = []
+    try:
+        with torch.inference_mode(False), torch.enable_grad():
+            for p in params:
+                p.requires_grad_(True)
+            for _ in range(TIMED_STEPS):
+                start = time.perf_counter()
+                loss = sequence_loss(call_model(model, inputs), labels).mean()
+                torch.autograd.grad(loss, params)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - start)
+    finally:
+        for p, flag in zip(params, flags):
+            p.requires_grad_(flag)
+    return min(times)
+
+
+def _windows(batches) -> int:
+    from .expansion import _inputs_ids
+
+    return sum(len(_inputs_ids(b)) for b in batches)
+
+
+def _general_batches(general) -> list:
+    from .expansion import split_batches
+
+    if general is None:
+        return []
+    if torch.is_tensor(general):
+        train, held = split_batches(general)
+        return train + held  # all held out: nothing trains on the general data
+    return list(general)
+
+
+@dataclass(frozen=True)
+class BudgetedDecision:
+    """What a budgeted decision spent and measured (the base of :class:`FrontierDecision` and :class:`PlacementCheck`).
+
+    ``plan``: the trials' plan (:class:`satcore._decisions.frontier.TrialPlan`); ``cost_steps``: the passes counted as
+    they ran (at most ``plan.budget_steps``); ``losses``: the model's own held-out losses (``heldout``, ``general``);
+    ``seconds_per_step``: the timed step the estimate used.
+    """
+
+    plan: TrialPlan
+    cost_steps: float
+    losses: dict
+    seconds_per_step: float
+    tolerance: float | None  # None: no trial ran, nothing was compared
+
+    @property
+    def cost_fraction(self) -> float:
+        return self.cost_steps / self.plan.planned_steps
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """One arm of the frontier: ``blocks`` at ``places``, the predicted changes after the full training and the
+    trials they come from."""
+
+    blocks: int
+    places: tuple
+    target: Prediction
+    general: Prediction | None
+    trials: ArmTrials
+
+    def to_dict(self) -> dict:
+        return {"blocks": self.blocks, "places": list(self.places),
+                "predicted_heldout_change": self.target.point, "interval": list(self.target.interval),
+                "predicted_general_change": None if self.general is None else self.general.point,
+                "general_interval": None if self.general is None else list(self.general.interval),
+                "standard_errors": {"windows": self.target.se_sample, "seeds": self.target.se_seed},
+                "trial": {"heldout_change": self.trials.curve("heldout"),
+                          "general_change": self.trials.curve("general") if "general" in self.trials.changes
+                          else None}}
+
+
+@dataclass(frozen=True)
+class FrontierDecision(BudgetedDecision):
+    arms: tuple = ()
+    choice: FrontierChoice | None = None
+
+    @property
+    def chosen_places(self) -> tuple:
+        return next(a.places for a in self.arms if a.blocks == self.choice.chosen_blocks)
+
+    def to_dict(self) -> dict:
+        return {"method": ("frontier: K = 0 (the model as it is, trained the same way) and K blocks at uniform places, "
+                           "short trials from several seeds, each window's change fitted linearly in log2(steps) and "
+                           "read at the planned steps; 95% interval from the windows' and the seeds' noise"),
+                "frontier": [a.to_dict() for a in self.arms], "chosen_blocks": self.choice.chosen_blocks,
+                "best_blocks": self.choice.best_blocks, "tolerance": self.tolerance,
+                "excluded_by_max_forgetting": list(self.choice.excluded), "reason": self.choice.reason,
+                "plan": self.plan.to_dict(), "cost_steps": self.cost_steps,
+                "heldout_loss": self.losses["heldout"], "general_loss": self.losses.get("general"),
+                "seconds_per_step": self.seconds_per_step}
+
+
+def _plan_lines(title: str, plan: TrialPlan, seconds: float, tokens_per_step: int, evaluated: dict) -> list[str]:
+    reads = ", ".join(str(c) for c in plan.checkpoints)
+    windows = " + ".join(f"{n} {split.replace('heldout', 'held-out')} windows" for split, n in evaluated.items())
+    return [title,
+            f"  trials: {plan.arms} arm(s) x {plan.replicates} seed(s) x {plan.trial_steps} steps, each read at steps "
+            f"{reads} on {windows}",
+            f"  cost: {plan.cost_steps:.1f} model-steps, {plan.cost_fraction:.1%} of the planned "
+            f"{plan.planned_steps} ({plan.cost_steps * tokens_per_step:,.0f} tokens); about "
+            f"{_duration(plan.cost_steps * seconds)} here (one step timed at {seconds:.3g} s)"]
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _setting(model, train: list, held: list, recipe: Recipe, budget: DecisionBudget) -> tuple:
+    """``(evaluate, tokens per step, seconds per step)``: the splits the arms are read on, and the timed step."""
+    evaluate = {"heldout": held}
+    general = _general_batches(budget.general)
+    if general:
+        evaluate["general"] = general
+    first = recipe_minibatches(train, recipe.batch_size, 0)
+    from .expansion import _inputs_ids
+
+    ids = _inputs_ids(next(first)[0])
+    return evaluate, int(ids.numel()), timed_step(model, train, recipe)
+
+
+def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget: DecisionBudget, options: dict
+                      ) -> FrontierDecision:
+    """How many blocks (module docstring).  ``options``: ``max_blocks``, ``init``, ``seed``, ``train_new_only``."""
+    from .expansion import decoder_stack
+
+    n_blocks = len(decoder_stack(model)[0])
+    counts = block_counts(min(options["max_blocks"], n_blocks))
+    evaluate, tokens, seconds = _setting(model, train, held, recipe, budget)
+    read_steps = sum(FORWARD_SHARE * _windows(b) / recipe.batch_size for b in evaluate.values())
+    plan = plan_trials(recipe.steps, budget.fraction, len(counts), budget.replicates, TIMED_STEPS + read_steps,
+                       read_steps)
+    if budget.announce is not None:
+        budget.announce("\n".join(_plan_lines(
+            f"plan: decide how many blocks (K = {', '.join(map(str, counts))}; K = 0 trains the model as it is) for "
+            f"your training of {recipe.steps} steps of {recipe.batch_size} windows ({recipe.steps * tokens:,} "
+            f"tokens), {recipe.optimizer} lr {recipe.lr:g}", plan, seconds, tokens,
+            {s: _windows(b) for s, b in evaluate.items()})))
+    meter = _Meter(plan.cost_steps, budget.progress, recipe.batch_size)
+    try:
+        meter.add(TIMED_STEPS)
+        arms = _Arms(model, recipe, train, evaluate, {**options, "replicates": budget.replicates})
+        losses = arms.read_model(meter)
+        trials = {k: arms.run(uniform_places(n_blocks, k), plan.checkpoints) for k in counts}
+    finally:
+        meter.close()
+    tolerance = _tolerance(budget, losses)
+    results = tuple(ArmResult(k, t.places, predict_change(t.changes["heldout"], plan.checkpoints, recipe.steps),
+                              predict_change(t.changes["general"], plan.checkpoints, recipe.steps)
+                              if "general" in t.changes else None, t) for k, t in trials.items())
+    choice = choose_blocks({a.blocks: a.target for a in results},
+                           {a.blocks: a.general for a in results} if "general" in evaluate else None,
+                           tolerance, budget.max_forgetting)
+    return FrontierDecision(plan, meter.done, losses, seconds, tolerance, results, choice)
+
+
+@dataclass(frozen=True)
+class Move:
+    """One group's proposed move: the block at ``uniform`` to ``proposed`` (the screen's first place in
+    ``group``), ``difference`` the moved arm's predicted held-out change minus the uniform arm's after the full
+    training (paired: same seeds, same windows), ``moved`` whether it was credible enough to take."""
+
+    group: tuple
+    uniform: int | str
+    proposed: int | str
+    difference: Prediction | None
+    moved: bool
+
+    def to_dict(self) -> dict:
+        return {"group": list(self.group), "uniform": self.uniform, "proposed": self.proposed,
+                "predicted_difference": None if self.difference is None else self.difference.point,
+                "interval": None if self.difference is None else list(self.difference.interval),
+                "moved": self.moved}
+
+
+@dataclass(frozen=True)
+class PlacementCheck(BudgetedDecision):
+    """Where ``K`` blocks go: uniform places unless a trial moved one (module docstring)."""
+
+    uniform: tuple = ()
+    groups: tuple = ()  # the places each uniform place stands for
+    moves: tuple = ()
+    screen: object = None  # the first-order screen's ScreenDecision
+
+    @property
+    def places(self) -> list:
+        taken = {m.uniform: m.proposed for m in self.moves if m.moved}
+        return [taken.get(p, p) for p in self.uniform]
+
+    def to_dict(self) -> dict:
+        return {"method": ("placement check: LLaMA-Pro's uniform places, a block moved to the place the first-order "
+                           "screen ranks first in its group only where paired short trials predict a credible "
+                           "decrease of the held-out loss after the planned steps (95% interval below 0, point below "
+                           "minus the tolerance)"),
+                "uniform": list(self.uniform), "moves": [m.to_dict() for m in self.moves],
+                "tolerance": self.tolerance, "plan": self.plan.to_dict(),
+                "cost_steps": self.cost_steps, "heldout_loss": self.losses.get("heldout"),
+                "seconds_per_step": self.seconds_per_step}
+
+
+def _probe_steps(model, train: list, held: list, recipe: Recipe, probe_options: dict) -> float:
+    """The first-order screen's passes, in model-steps: each probed window is a forward and backward pass,
+    once per group of places that fits ``max_statistics_bytes`` (a forward pass more to plan the groups)."""
+    windows = _windows(train) + _windows(held)
+    limit = probe_options.get("max_statistics_bytes")
+    if limit is None:
+        return windows / recipe.batch_size
+    from .probe import plan
+
+    options = {k: v for k, v in probe_options.items() if k != "max_statistics_bytes"}
+    passes = plan(model, train[0], sequence_loss, family="native", **options).passes(limit, splits=2)
+    return len(passes) * windows / recipe.batch_size + FORWARD_SHARE * _windows(train[:1]) / recipe.batch_size
+
+
+def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: DecisionBudget, options: dict
+                    ) -> PlacementCheck:
+    """Where ``options["blocks"]`` blocks go (module docstring).  ``options``: ``blocks``, ``init``, ``seed``,
+    ``train_new_only``, ``probe_options``."""
+    from .expansion import decoder_stack, first_order_decision
+
+    names = decoder_stack(model)[0]
+    n_blocks, k = len(names), options["blocks"]
+    uniform, groups = uniform_places(n_blocks, k), uniform_groups(n_blocks, k)
+    evaluate, tokens, seconds = _setting(model, train, held, recipe, budget)
+    read_steps = sum(FORWARD_SHARE * _windows(b) / recipe.batch_size for b in evaluate.values())
+    probe_steps = _probe_steps(model, train, held, recipe, options["probe_options"])
+    fixed = TIMED_STEPS + probe_steps + read_steps
+    movable = sum(len(g) > 1 for g in groups)
+    # the longest trials if every group proposes a move: what the plan promises at most
+    plan = plan_trials(recipe.steps, budget.fraction, 1 + movable if movable else 0, budget.replicates, fixed,
+                       read_steps)
+    if budget.announce is not None:
+        lines = [f"plan: place {k} block(s): uniform places {uniform} unless a trial shows a move credibly better, "
+                 f"for your training of {recipe.steps} steps of {recipe.batch_size} windows "
+                 f"({recipe.steps * tokens:,} tokens), {recipe.optimizer} lr {recipe.lr:g}",
+                 f"  screen: the first-order probe of {n_blocks + 1} places ({probe_steps:.1f} model-steps)"]
+        if movable:
+            trials = _plan_lines("", plan, seconds, tokens, {s: _windows(b) for s, b in evaluate.items()})[1]
+            lines += [f"  then, if the screen proposes a move in every group: uniform and {movable} moved arm(s)",
+                      trials + " (longer with fewer moves)",
+                      f"  cost: at most {plan.budget_steps:g} model-steps, {budget.fraction:.0%} of the planned "
+                      f"{recipe.steps} ({plan.budget_steps * tokens:,.0f} tokens); at most about "
+                      f"{_duration(plan.budget_steps * seconds)} here (one step timed at {seconds:.3g} s)"]
+        else:
+            lines.append(f"  no group has a second place: nothing to move; about {_duration(fixed * seconds)}")
+        budget.announce("\n".join(lines))
+    meter = _Meter(plan.cost_steps, budget.progress, recipe.batch_size)
+    try:
+        meter.add(TIMED_STEPS)
+        screen = first_order_decision(model, train, held, recipe=recipe, seed=options["seed"],
+                                      **options["probe_options"])
+        meter.add(probe_steps)
+        ranking = screen.ranking()
+        moves, losses, tolerance, proposals = [], {}, budget.tolerance, []
+        for group, place in zip(groups, uniform):
+            named = {HEAD if p == HEAD else names[p]: p for p in group}
+            best = next((named[n] for n in ranking if n in named), place)
+            if best != place:
+                proposals.append((tuple(group), place, best))
+        final_plan = plan_trials(recipe.steps, budget.fraction, 0, budget.replicates, TIMED_STEPS + probe_steps,
+                                 read_steps)
+        if proposals:
+            final_plan = plan_trials(recipe.steps, budget.fraction, 1 + len(proposals), budget.replicates, fixed,
+                                     read_steps)
+            arms = _Arms(model, recipe, train, evaluate, {**options, "replicates": budget.replicates})
+            losses = arms.read_model(meter)
+            base = arms.run(uniform, final_plan.checkpoints)
+            tolerance = _tolerance(budget, losses)
+            for group, place, best in proposals:
+                moved = arms.run([best if p == place else p for p in uniform], final_plan.checkpoints)
+                difference = predict_change(moved.changes["heldout"] - base.changes["heldout"],
+                                            final_plan.checkpoints, recipe.steps)
+                credible = difference.interval[1] < 0 and difference.point < -tolerance
+                moves.append(Move(group, place, best, difference, credible))
+    finally:
+        meter.close()
+    return PlacementCheck(final_plan, meter.done, losses, seconds, tolerance, tuple(uniform),
+                          tuple(tuple(g) for g in groups), tuple(moves), screen)
+
+
+def _tolerance(budget: DecisionBudget, losses: dict) -> float:
+    return RELATIVE_TOLERANCE * abs(losses["heldout"]) if budget.tolerance is None else budget.tolerance
+
+
+__all__ = ["ArmResult", "ArmTrials", "BudgetedDecision", "DecisionBudget", "FrontierDecision", "Move",
+           "PlacementCheck", "RELATIVE_TOLERANCE", "TIMED_STEPS", "frontier_decision", "placement_check", "timed_step"]

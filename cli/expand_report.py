@@ -1,0 +1,127 @@
+"""What ``satcore expand`` says about its budgeted decisions: the defaults it assumed, the frontier, the moves, the
+answer in plain words, and the frontier's figure (``--plot``; matplotlib optional)."""
+
+from __future__ import annotations
+
+import click
+
+from satcore.adapter_api import MissingDependencyError, atomic_write, num, require, table
+
+from .common import display_name
+
+# the trial decision's stop reasons, as a user reads them
+STOP_WORDS = {
+    "gain_below_tolerance": "the best predicted decrease of the held-out loss is smaller than the tolerance (0.3% of "
+                            "the held-out loss before insertion): no place is worth a block",
+    "no_credible_decrease": "no trialled place's decrease is credible (its P(decrease) is below the calibration's "
+                            "threshold)",
+    "no_candidates": "no place could be trialled",
+}
+
+
+def defaults_line(assumed: dict, on_gpu: bool) -> str | None:
+    """One line naming the defaults the run relies on (``assumed``: option -> value, those the user left out)."""
+    if not assumed:
+        return None
+    given = ", ".join(f"{k} {v}" for k, v in assumed.items())
+    return (f"defaults: {given} ({'a GPU' if on_gpu else 'no GPU'} found; the planned training is yours to state with "
+            "--steps, --batch-size, --lr; windows of 128 tokens, at most 64 of them, on a CPU, 256 and 256 on a GPU)")
+
+
+def stop_line(expansion) -> str | None:
+    """Why the decision would add nothing, in plain words, and what ``--blocks K`` did anyway; None without a stop."""
+    decision = expansion.decision
+    if decision is None or not decision.stop_reason or expansion.budgeted is not None and hasattr(
+            expansion.budgeted, "arms"):
+        return None
+    why = STOP_WORDS.get(decision.stop_reason, decision.stop_reason)
+    added = len(expansion.new_blocks)
+    if added:
+        return (f"the decision would add nothing here: {why}; --blocks {expansion.blocks_requested} inserted {added} "
+                "anyway, as asked (--blocks auto decides whether to)")
+    return f"nothing inserted: {why}; continue training the model as it is"
+
+
+def frontier_report(expansion) -> list[str]:
+    """The frontier table, the choice and its cost (``blocks="auto"``)."""
+    frontier = expansion.budgeted
+    plan, general = frontier.plan, any(a.general is not None for a in frontier.arms)
+    rows = []
+    for arm in frontier.arms:
+        excluded = arm.blocks in frontier.choice.excluded
+        row = [str(arm.blocks), ", ".join(map(str, arm.places)) or "-", num(arm.target.point),
+               f"[{num(arm.target.interval[0])}, {num(arm.target.interval[1])}]"]
+        if general:
+            row += [num(arm.general.point) + (" (over --max-forgetting)" if excluded else "")]
+        rows.append(row + ["yes" if arm.blocks == frontier.choice.chosen_blocks else ""])
+    header = ["blocks", "places", "predicted held-out change", "95% interval"]
+    header += ["general change"] if general else []
+    lines = [f"frontier: the held-out loss change predicted after your {plan.planned_steps} steps (K = 0: the model as "
+             f"it is, trained the same way); trials of {plan.trial_steps} steps from {plan.replicates} seed(s), each "
+             "window's change fitted linearly in log2(steps) and read at your steps; the interval is the trials' "
+             "window and seed noise, not the extrapolation's error", "", table(header + ["chosen"], rows), ""]
+    chosen = frontier.choice.chosen_blocks
+    if chosen:
+        lines.append(f"chosen: {chosen} block(s) at LLaMA-Pro's uniform places "
+                     f"{list(frontier.chosen_places)}: {frontier.choice.reason}")
+    else:
+        lines += [f"chosen: no expansion. {frontier.choice.reason[0].upper()}{frontier.choice.reason[1:]}.",
+                  f"instead: continue training the model as it is (your {plan.planned_steps} steps on it)"]
+    lines.append(f"tolerance: {frontier.tolerance:.3g} nats (the smallest K within it of the best is chosen)")
+    return lines + [cost_line(expansion)]
+
+
+def moves_report(expansion) -> list[str]:
+    """The placement check's moves (``blocks=K`` with a budget)."""
+    check = expansion.budgeted
+    lines = [f"placement: LLaMA-Pro's uniform places {list(check.uniform)} unless a trial credibly favours a move"]
+    if not check.moves:
+        lines.append("  the screen ranks each group's uniform place first: no move to try")
+    for move in check.moves:
+        d = move.difference
+        verdict = f"moved to {move.proposed}" if move.moved else f"stays at {move.uniform}"
+        lines.append(f"  {move.uniform} -> {move.proposed} (the screen's first in its group): predicted held-out "
+                     f"change {num(d.point)} [{num(d.interval[0])}, {num(d.interval[1])}] against uniform after "
+                     f"{check.plan.planned_steps} steps: {verdict}")
+    return lines + [cost_line(expansion)]
+
+
+def cost_line(expansion) -> str:
+    budgeted = expansion.budgeted
+    return (f"decision cost: {budgeted.cost_steps:.1f} model-steps, {budgeted.cost_fraction:.1%} of the planned "
+            f"{budgeted.plan.planned_steps} steps")
+
+
+def plot_frontier(expansion, path: str, inputs=()) -> str | None:
+    """Draw the frontier (predicted held-out change per K with its interval, and the general change) to ``path``;
+    returns the line to print when matplotlib is missing (the figure is skipped, nothing else)."""
+    try:
+        require("matplotlib", extra="plot", by="--plot")
+    except MissingDependencyError as exc:
+        return f"{exc}: the figure was skipped"
+    from .plot import _pyplot, _silent_matplotlib, plot_format
+
+    fmt = plot_format(path)
+    with _silent_matplotlib():
+        plt = _pyplot()
+        arms = expansion.budgeted.arms
+        ks = [a.blocks for a in arms]
+        figure, axis = plt.subplots(figsize=(5, 3.5))
+        points = [a.target.point for a in arms]
+        errors = [[a.target.point - a.target.interval[0] for a in arms],
+                  [a.target.interval[1] - a.target.point for a in arms]]
+        axis.errorbar(ks, points, yerr=errors, marker="o", capsize=3, label="target held-out (95% interval)")
+        if all(a.general is not None for a in arms):
+            axis.plot(ks, [a.general.point for a in arms], marker="s", linestyle="--", label="general held-out")
+        chosen = expansion.budgeted.choice.chosen_blocks
+        axis.axvline(chosen, color="grey", linewidth=0.8)
+        axis.axhline(0, color="black", linewidth=0.5)
+        axis.set_xlabel("new blocks K (0: the model as it is)")
+        axis.set_ylabel(f"loss change after {expansion.budgeted.plan.planned_steps} steps (nats)")
+        axis.set_xticks(ks)
+        axis.legend(fontsize=8)
+        figure.tight_layout()
+        atomic_write(path, lambda stream: figure.savefig(stream, format=fmt), inputs=inputs)
+        plt.close(figure)
+    click.echo(f"wrote {display_name(path)}")
+    return None
