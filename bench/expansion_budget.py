@@ -1,0 +1,617 @@
+"""Does expanding pay for itself?  Block expansion against the free defaults at a realistic budget.
+
+The main protocol's decoder (``bench/expansion.py``: Llama-style, byte-level vocabulary, 8 blocks,
+width 48, grouped-query attention, windows of 48 bytes, batches of 8, AdamW lr 1e-3) is pretrained
+here on one text, the Linux kernel's admin-guide, process and filesystems documentation (Debian
+``linux-doc-6.1``; every fifth file held out: the *general* held-out text), then trained further on a
+target text for a planned budget of ``--steps`` steps.  Two domain pairs share that base model:
+
+* ``near``: the target is the kernel's networking documentation, the same project, markup and
+  vocabulary as the pretraining text (where not expanding may win);
+* ``far``: the target is the Python 3.11 documentation (Debian ``python3.11-doc``).
+
+Every fifth target file is held out (the *target* held-out text).  Arms, per pair and seed, all at
+equal compute (below):
+
+* ``none``: no expansion, the budget spent training the model as it is (every parameter);
+* ``uniform-K`` for K in ``--sweep`` (1, 2, 4, 8): LLaMA-Pro's uniform interleave (one new block after
+  each group of L/K blocks); K = L/4 = 2 is the conventional count (LLaMA-Pro's ratio) and the
+  reference every other arm is compared with;
+* ``end``: the conventional K blocks after the last block;
+* ``adept``: ADEPT-style, after the K blocks whose removal changes the general loss least (the proxy:
+  the loss on ``--probe-windows`` windows of the general *training* text with the block's output
+  replaced by its input, minus the model's loss there; its forward passes are charged);
+* ``random``: K distinct places out of L + 1, drawn per seed;
+* ``satcore``: ``satcore expand``'s default decision (:func:`satcore_decision`), its cost charged.
+
+Every expanded arm copies the preceding block into each new one with its output projections zeroed
+(LLaMA-Pro's identity blocks) and trains only the new blocks (LLaMA-Pro's recipe); ``none`` trains
+every parameter.
+
+Equal compute, in model FLOPs.  Per token, a block's forward costs ``2 x`` its projection weights plus
+``4 T d`` for attention (scores and values over ``T`` positions), the output head ``2 d V``.  A
+backward pass costs one forward for the activation gradients of every module the gradient passes
+through (every module above the lowest trainable one, the head included) and one more for the weight
+gradients of a trainable module (:func:`step_flops`); a pass without gradients costs its forward.
+Embedding lookups, norms and the optimizer update are not counted.  The budget is ``--steps`` steps
+of the conventional uniform arm (K = 2); each arm trains ``floor((budget - charge) / its step)``
+steps, where the charge is what its decision ran: ``adept``'s forward passes and the satcore
+decision's passes, every pass counted by the same rule as it runs (:class:`FlopMeter`, a hook on every
+decoder block and output head, of the model and of every copy a decision trains).  The meter counts
+model passes only, not the decision's own arithmetic on statistics; its wall time is recorded beside.
+
+Evaluation: the mean per-byte loss of each of ``--eval-windows`` windows, evenly spaced and not
+overlapping, of each held-out text, so every difference between two arms is paired by seed (same
+training batches, same decision windows) and by window.  Intervals are those of a crossed design
+(seeds x windows, :func:`crossed_interval`).
+
+Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is there.
+
+    OMP_NUM_THREADS=1 python bench/expansion_budget.py --arms baselines   # everything but satcore
+    OMP_NUM_THREADS=1 python bench/expansion_budget.py --arms satcore
+    python bench/expansion_budget.py --render                               # the tables of docs/expansion.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gzip
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+
+LINUX_DOC = Path.home() / ".cache/satcore-text-linux/usr/share/doc/linux-doc-6.1/Documentation"
+PYDOC = Path.home() / ".cache/satcore-text/usr/share/doc/python3.11/html/_sources"
+HINT = ("apt-get download linux-doc-6.1 python3.11-doc && dpkg-deb -x linux-doc-6.1_*.deb "
+        "~/.cache/satcore-text-linux && dpkg-deb -x python3.11-doc_*.deb ~/.cache/satcore-text")
+CACHE = Path.home() / ".cache/satcore-bench-expansion"
+RESULTS = Path(__file__).resolve().parent / "results" / "expansion_budget.jsonl"
+GENERAL_DIRS = ("admin-guide", "process", "filesystems")
+PAIRS = ("near", "far")
+SWEEP = (0, 1, 2, 4, 8)
+BASELINES = ("none", "uniform", "end", "adept", "random")
+REFERENCE = "uniform-2"  # LLaMA-Pro's conventional count for 8 blocks, L / 4
+TOLERANCE = 0.005  # nats/byte: the smallest K within this of the best counts as the best
+
+
+# --- texts --------------------------------------------------------------------------------------
+def _bytes_of(files) -> np.ndarray:
+    raw = b"\n".join(gzip.open(f).read() if f.suffix == ".gz" else f.read_bytes() for f in files)
+    return np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
+
+
+def _split(files) -> tuple[np.ndarray, np.ndarray]:
+    """Training and held-out byte streams of ``files``: every fifth file held out."""
+    files = sorted(files)
+    held = set(files[4::5])
+    return _bytes_of([f for f in files if f not in held]), _bytes_of(sorted(held))
+
+
+def texts() -> dict:
+    """``{name: (train, heldout)}`` byte streams of ``general``, ``near`` and ``far``."""
+    if not LINUX_DOC.is_dir() or not PYDOC.is_dir():
+        sys.exit(f"texts missing; extract them with: {HINT}")
+    general = [f for d in GENERAL_DIRS for f in (LINUX_DOC / d).rglob("*.rst.gz")]
+    return {"general": _split(general), "near": _split((LINUX_DOC / "networking").rglob("*.rst.gz")),
+            "far": _split(PYDOC.rglob("*.txt"))}
+
+
+def spaced_windows(ids: np.ndarray, n: int, seq_len: int):
+    """``n`` windows of ``seq_len`` tokens evenly spaced over ``ids``, not overlapping."""
+    import torch
+
+    stride = (len(ids) - seq_len) // max(n - 1, 1)
+    if stride < seq_len:
+        raise ValueError(f"{len(ids)} tokens hold fewer than {n} windows of {seq_len}")
+    return torch.from_numpy(np.stack([ids[i * stride:i * stride + seq_len] for i in range(n)]))
+
+
+# --- compute ------------------------------------------------------------------------------------
+def block_flops(config, seq_len: int) -> float:
+    """Forward FLOPs per token of one decoder block: ``2 x`` its projection weights (query, key, value,
+    output; gate, up, down) plus ``4 T d`` for attention's scores and weighted values over ``T``."""
+    d, heads = config.hidden_size, config.num_attention_heads
+    head_dim = d // heads
+    attention = d * head_dim * (2 * heads + 2 * config.num_key_value_heads)
+    return 2.0 * (attention + 3 * d * config.intermediate_size) + 4.0 * seq_len * heads * head_dim
+
+
+def head_flops(config) -> float:
+    """Forward FLOPs per token of the output head, ``2 d V``."""
+    return 2.0 * config.hidden_size * config.vocab_size
+
+
+def step_flops(n_blocks: int, trainable, head_trainable: bool, block: float, head: float) -> float:
+    """FLOPs per token of one training step of a stack of ``n_blocks`` blocks (then the head) whose
+    blocks at the indices ``trainable`` train: a forward of every module; backward, one forward's worth
+    for the activation gradients of every module from the lowest trainable one up (the head always),
+    one more for each trainable module's weight gradients.  No trainable module: the forward alone."""
+    trainable = set(trainable)
+    if not trainable and not head_trainable:
+        return n_blocks * block + head
+    lowest = min(trainable) if trainable else n_blocks
+    backward = sum(1 + (i in trainable) for i in range(lowest, n_blocks)) * block + (1 + head_trainable) * head
+    return n_blocks * block + head + backward
+
+
+def arm_step_flops(config, seq_len: int, n_blocks: int, new_positions) -> float:
+    """Per token: with ``new_positions`` (indices in the grown stack of ``n_blocks``) only those blocks
+    train (LLaMA-Pro); with none, every block and the head (continued training of the model as is)."""
+    block, head = block_flops(config, seq_len), head_flops(config)
+    if not new_positions:
+        return step_flops(n_blocks, range(n_blocks), True, block, head)
+    return step_flops(n_blocks, new_positions, False, block, head)
+
+
+def steps_within(budget: float, charge: float, step: float) -> int:
+    """Training steps of cost ``step`` that fit in ``budget`` once ``charge`` is paid (0 if it exceeds it)."""
+    return max(0, int((budget - charge) // step))
+
+
+class FlopMeter:
+    """FLOPs of every pass through a decoder block or an output head of this model's kind, of any model
+    (a hook on every module, as a decision's copies do not keep module hooks), by :func:`step_flops`'s
+    rule: a forward pass, plus, when the pass records gradients through the module's output, one more
+    forward's worth for activation gradients and one more if the module itself has trainable weights.
+    A pass recorded with gradients whose backward is never run is counted as if it were (an overcharge)."""
+
+    def __init__(self, config):
+        import torch
+
+        self.config, self.flops = config, {"grad": 0.0, "no_grad": 0.0}
+        self.handle = torch.nn.modules.module.register_module_forward_hook(self._count)
+
+    def _count(self, module, args, output):
+        import torch
+
+        is_block = type(module).__name__.endswith("DecoderLayer")
+        is_head = (isinstance(module, torch.nn.Linear) and module.out_features == self.config.vocab_size
+                   and module.in_features == self.config.hidden_size)
+        if not (is_block or is_head):
+            return
+        out = output[0] if isinstance(output, tuple) else output
+        tokens = out.shape[:-1].numel()
+        forward = (block_flops(self.config, out.shape[-2]) if is_block else head_flops(self.config)) * tokens
+        with_grad = torch.is_grad_enabled() and out.requires_grad
+        factor = 1 + with_grad * (1 + any(p.requires_grad for p in module.parameters()))
+        self.flops["grad" if with_grad else "no_grad"] += factor * forward
+
+    def close(self) -> float:
+        self.handle.remove()
+        return self.flops["grad"] + self.flops["no_grad"]
+
+
+# --- scoring (pure functions; tests/test_bench_expansion_budget.py) ------------------------------
+def crossed_interval(diffs, level: float = 0.95) -> dict:
+    """Mean of a seeds x windows matrix of paired differences with its interval, seeds and windows
+    both random (a crossed two-way design without replication): ``Var(mean) = (MS_seed + MS_window
+    - MS_residual) / (S W)`` from the two-way ANOVA mean squares, with Satterthwaite's degrees of
+    freedom.  Where that combination is not positive, the larger of ``MS_seed``, ``MS_window`` (its
+    own degrees of freedom).  One seed: the windows alone (a paired t interval)."""
+    from scipy import stats
+
+    d = np.asarray(diffs, dtype=float)
+    if d.ndim != 2:
+        raise ValueError(f"differences must be seeds x windows, got shape {d.shape}")
+    S, W = d.shape
+    mean = float(d.mean())
+    if S == 1:
+        var, df = d.var(ddof=1) / W, W - 1
+    else:
+        rows, cols = d.mean(axis=1), d.mean(axis=0)
+        ms_seed = W * ((rows - mean) ** 2).sum() / (S - 1)
+        ms_window = S * ((cols - mean) ** 2).sum() / (W - 1)
+        ms_res = ((d - rows[:, None] - cols[None, :] + mean) ** 2).sum() / ((S - 1) * (W - 1))
+        combined = ms_seed + ms_window - ms_res
+        if combined > 0:
+            var = combined / (S * W)
+            df = combined ** 2 / (ms_seed ** 2 / (S - 1) + ms_window ** 2 / (W - 1) + ms_res ** 2 / ((S - 1) * (W - 1)))
+        else:
+            var, df = (ms_seed / (S * W), S - 1) if ms_seed >= ms_window else (ms_window / (S * W), W - 1)
+    half = float(stats.t.ppf(0.5 + level / 2, df) * math.sqrt(var)) if var > 0 else 0.0
+    return {"mean": mean, "low": mean - half, "high": mean + half, "df": float(df)}
+
+
+def best_count(loss_by_count: dict, tolerance: float = TOLERANCE) -> int:
+    """The smallest count whose loss is within ``tolerance`` of the lowest."""
+    lowest = min(loss_by_count.values())
+    return min(k for k, v in loss_by_count.items() if v <= lowest + tolerance)
+
+
+def sweep_position(count: float, sweep=SWEEP) -> float:
+    """Where ``count`` sits on the sweep, in sweep steps (linear between neighbours; beyond the ends,
+    one step per the last interval)."""
+    grid = np.asarray(sweep, dtype=float)
+    if count <= grid[-1]:
+        return float(np.interp(count, grid, np.arange(len(grid))))
+    return len(grid) - 1 + (count - grid[-1]) / (grid[-1] - grid[-2])
+
+
+def within_one_step(count: float, best: float, sweep=SWEEP) -> bool:
+    return bool(abs(sweep_position(count, sweep) - sweep_position(best, sweep)) <= 1 + 1e-12)
+
+
+def spearman(x, y) -> float:
+    from scipy import stats
+
+    return float(stats.spearmanr(x, y).statistic)
+
+
+# --- model and training -------------------------------------------------------------------------
+def pretrained(args, general_train):
+    """The base model, pretrained on the general text once and cached (safetensors)."""
+    import torch
+    from expansion import base_config, train
+    from transformers import LlamaForCausalLM
+
+    key = (f"budget-L{args.layers}-d{args.width}-T{args.seq_len}-B{args.batch_size}-P{args.pretrain_steps}"
+           f"-lr{args.lr}-{'+'.join(GENERAL_DIRS)}")
+    folder = CACHE / key
+    if (folder / "config.json").exists():
+        return LlamaForCausalLM.from_pretrained(folder).eval(), json.loads((folder / "pretrain.json").read_text())
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(base_config(args))
+    start = time.time()
+    losses = train(model, general_train, args.pretrain_steps, args, np.random.default_rng(0))
+    model.save_pretrained(folder)
+    info = {"text": f"Linux 6.1 documentation: {', '.join(GENERAL_DIRS)}", "pretrain_steps": args.pretrain_steps,
+            "final_train_loss": float(np.mean(losses[-50:])), "seconds": time.time() - start}
+    (folder / "pretrain.json").write_text(json.dumps(info))
+    return model.eval(), info
+
+
+def window_losses(model, windows) -> list[float]:
+    """Mean next-byte loss (nats) of each window."""
+    import torch
+
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for w in windows.split(64):
+            logits = model(input_ids=w).logits[:, :-1]
+            nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1),
+                                                    reduction="none")
+            out += nll.view(len(w), -1).mean(dim=1).tolist()
+    return out
+
+
+def adept_places(base, windows, K: int) -> tuple[list, dict]:
+    """After the K blocks whose removal (output replaced by input) raises the loss on ``windows`` least."""
+    import torch
+
+    layers = base.model.layers
+
+    def bypass(module, args, kwargs, output):
+        x = args[0] if args else kwargs["hidden_states"]
+        return (x, *output[1:]) if isinstance(output, tuple) else x
+
+    reference = float(np.mean(window_losses(base, windows)))
+    importance = {}
+    for i, layer in enumerate(layers):
+        handle = layer.register_forward_hook(bypass, with_kwargs=True)
+        try:
+            importance[i] = float(np.mean(window_losses(base, windows))) - reference
+        finally:
+            handle.remove()
+    least = sorted(importance, key=importance.get)[:K]
+    del torch
+    return [i + 1 if i + 1 < len(layers) else "head" for i in sorted(least)], importance
+
+
+def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -> dict:
+    """``satcore expand``'s default for this model, target text and planned budget: the count and places
+    it chooses (``before``: original block indices or ``"head"``; ``[]`` for no expansion), and what it
+    recorded.  The one place the bench calls satcore's decision."""
+    from expansion import sample_windows
+    from satcore import Recipe
+    from satcore.adapters.torch.expansion import expand
+
+    rng = np.random.default_rng(20_000 + seed)
+    windows = sample_windows(target_train, plan["decision_windows"], plan["seq_len"], rng)
+    recipe = Recipe("adamw", lr=plan["lr"], steps=plan["steps"], batch_size=plan["batch_size"], trainable="block")
+    expansion = expand(base, windows, blocks="auto", recipe=recipe, train_new_only=True, seed=seed)
+    record = expansion.to_dict()
+    return {"before": list(record["inserted_before"]), "api": "expand(blocks='auto') default (trial, grouped)",
+            "frontier": record.get("frontier"), "chosen_blocks": record.get("chosen_blocks", len(record["inserted_before"])),
+            "decision_cost_fraction": record.get("decision_cost_fraction"), "record": record}
+
+
+def train_arm(base, before, steps: int, args, seed: int, target_train) -> tuple:
+    """The base grown by blocks before ``before`` (none: the base itself, every parameter trains; else only
+    the new blocks train), trained ``steps`` steps on the target text; returns it and the new positions."""
+    import torch
+    from expansion import train
+    from satcore.adapters.torch.expansion import freeze_old, insert_blocks
+
+    grown, new = insert_blocks(base, before, init="copy")
+    params = None
+    if new:
+        freeze_old(grown, new)
+        params = [p for p in grown.parameters() if p.requires_grad]
+    torch.manual_seed(seed)
+    train(grown, target_train, steps, args, np.random.default_rng(10_000 + seed), params)
+    return grown, [b.position for b in new]
+
+
+# --- the recording ------------------------------------------------------------------------------
+def _rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def arm_places(arm: str, L: int, seed: int, pair: str, base, probe) -> tuple[list, dict, float]:
+    """Places, evidence and charged FLOPs of a baseline arm (``none``, ``uniform-K``, ``end``, ``adept``,
+    ``random``; the last three at the conventional count)."""
+    from expansion import random_places, uniform
+
+    K = max(1, L // 4)
+    if arm == "none":
+        return [], {}, 0.0
+    if arm.startswith("uniform-"):
+        return uniform(L, int(arm.split("-")[1])), {}, 0.0
+    if arm == "end":
+        return ["head"] * K, {}, 0.0
+    if arm == "random":
+        return random_places(L, K, np.random.default_rng(40_000 + 100 * seed + PAIRS.index(pair))), {}, 0.0
+    meter = FlopMeter(base.config)
+    try:
+        before, importance = adept_places(base, probe, K)
+    finally:
+        charge = meter.close()
+    return before, {"general_loss_increase_without_block": importance}, charge
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=400, help="the planned budget: steps of the conventional uniform arm")
+    p.add_argument("--pretrain-steps", type=int, default=1500)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--width", type=int, default=48)
+    p.add_argument("--seq-len", type=int, default=48)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--eval-windows", type=int, default=192, help="held-out windows per text")
+    p.add_argument("--probe-windows", type=int, default=32, help="general training windows of the ADEPT-style proxy")
+    p.add_argument("--decision-windows", type=int, default=256, help="target training windows given to satcore")
+    p.add_argument("--general-windows", type=int, default=128, help="general training windows given to satcore")
+    p.add_argument("--pairs", choices=PAIRS, nargs="+", default=list(PAIRS))
+    p.add_argument("--arms", choices=("baselines", "satcore", "all"), default="all")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--render", type=Path, nargs="*", default=None, metavar="JSONL",
+                   help="print the tables from these result files (default --out) and exit")
+    args = p.parse_args(argv)
+    if args.render is not None:
+        print(render(args.render or [args.out]))
+        return
+    import torch
+
+    from expansion import sample_windows
+
+    torch.set_num_threads(1)
+    args.device = "cpu"
+    streams = texts()
+    base, info = pretrained(args, streams["general"][0])
+    L = args.layers
+    setup = {k: getattr(args, k) for k in ("steps", "pretrain_steps", "layers", "width", "seq_len", "batch_size",
+                                            "lr", "eval_windows", "probe_windows")}
+    evaluation = {name: spaced_windows(held, args.eval_windows, args.seq_len) for name, (_, held) in streams.items()}
+    tokens = args.batch_size * args.seq_len
+    reference_step = arm_step_flops(base.config, args.seq_len, L + 2, layout_new(L, REFERENCE)) * tokens
+    budget = args.steps * reference_step
+    done = {json.dumps(r["key"]) for r in _rows(args.out)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def record(key, row):
+        row = {"key": key, "setup": setup, "pretrain": info, "budget_flops": budget, **row}
+        with open(args.out, "a") as stream:
+            stream.write(json.dumps(row) + "\n")
+        done.add(json.dumps(key))
+        print(json.dumps({k: row.get(k) for k in ("key", "before", "steps_trained", "target", "general",
+                                                   "seconds")}), flush=True)
+
+    baseline_arms = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random"]
+    arms = {"baselines": baseline_arms, "satcore": ["satcore"], "all": baseline_arms + ["satcore"]}[args.arms]
+    for pair in args.pairs:
+        train_ids = streams[pair][0]
+        key = {"pair": pair, "arm": "base"}
+        if json.dumps(key) not in done:
+            record(key, {"before": [], "steps_trained": 0,
+                         **{f"{n}_windows": window_losses(base, evaluation[n]) for n in (pair, "general")},
+                         "target": None, "general": None, "seconds": 0.0})
+        for seed in range(args.seeds):
+            for arm in arms:
+                key = {"pair": pair, "seed": seed, "arm": arm}
+                if json.dumps(key) in done:
+                    continue
+                start = time.time()
+                if arm == "satcore":
+                    plan = {"steps": args.steps, "lr": args.lr, "batch_size": args.batch_size, "seq_len": args.seq_len,
+                            "decision_windows": args.decision_windows}
+                    meter = FlopMeter(base.config)
+                    try:
+                        decided = satcore_decision(base, train_ids, streams["general"][0], plan, seed)
+                    finally:
+                        charge = meter.close()
+                    before, evidence = decided.pop("before"), decided
+                else:
+                    probe = sample_windows(streams["general"][0], args.probe_windows, args.seq_len,
+                                           np.random.default_rng(30_000 + seed))
+                    before, evidence, charge = arm_places(arm, L, seed, pair, base, probe)
+                decision_seconds = time.time() - start
+                new = layout_new(L, before)
+                step = arm_step_flops(base.config, args.seq_len, L + len(new), new) * tokens
+                steps = steps_within(budget, charge, step)
+                grown, positions = train_arm(base, before, steps, args, seed, train_ids)
+                target, general = (window_losses(grown, evaluation[n]) for n in (pair, "general"))
+                record(key, {"before": before, "positions": positions, "steps_trained": steps, "step_flops": step,
+                             "charge_flops": charge, "charge_fraction": charge / budget,
+                             "decision_seconds": decision_seconds, "evidence": evidence,
+                             "target": float(np.mean(target)), "general": float(np.mean(general)),
+                             f"{pair}_windows": target, "general_windows": general,
+                             "seconds": time.time() - start})
+
+
+def layout_new(L: int, before) -> list[int]:
+    """Indices of the new blocks in the grown stack for ``before`` (or an arm name ``uniform-K``)."""
+    from expansion import uniform
+    from satcore.adapters.torch.expansion import layout_of
+
+    if isinstance(before, str):
+        before = uniform(L, int(before.split("-")[1]))
+    return [i for i, o in enumerate(layout_of(before, L)) if o is None]
+
+
+def sign_agreement(predicted, realized, above_noise) -> tuple[int, int]:
+    """How many of the points whose realized change is above noise have a predicted change of the same
+    sign: ``(right, counted)``."""
+    pairs = [(p, r) for p, r, keep in zip(predicted, realized, above_noise) if keep]
+    return sum(np.sign(p) == np.sign(r) for p, r in pairs), len(pairs)
+
+
+def _fmt(interval: dict) -> str:
+    return f"{interval['mean']:+.4f} [{interval['low']:+.4f}, {interval['high']:+.4f}]"
+
+
+def _count_of(arm: str, row: dict) -> int:
+    if arm == "none":
+        return 0
+    return len(row["before"])
+
+
+def render(paths) -> str:
+    """The section of docs/expansion.md from the result files ``paths`` (later rows with the same key
+    replace earlier ones); every row must share one setup and one base model."""
+    latest = {json.dumps(r["key"]): r for path in paths for r in _rows(path)}
+    rows = list(latest.values())
+    if not rows:
+        return f"no results in {', '.join(map(str, paths))}"
+    setup = rows[0]["setup"]
+    for r in rows:
+        if r["setup"] != setup or r["pretrain"] != rows[0]["pretrain"]:
+            return f"not paired: row {json.dumps(r['key'])} has another setup or base model than the first row"
+    base = {r["key"]["pair"]: r for r in rows if r["key"]["arm"] == "base"}
+    runs = {}
+    for r in rows:
+        if r["key"]["arm"] != "base":
+            runs.setdefault(r["key"]["pair"], {}).setdefault(r["key"]["arm"], {})[r["key"]["seed"]] = r
+    L = setup["layers"]
+    out = [f"Setup: {json.dumps(setup)}; base model: {json.dumps(rows[0]['pretrain'])}.", ""]
+    summary = {"upper": {}, "below_zero": [], "cells": [], "points": [], "charges": []}
+    for pair in [p for p in PAIRS if p in runs]:
+        arms, reference = runs[pair], runs[pair].get(REFERENCE, {})
+        target_key = f"{pair}_windows"
+        out += [f"**{pair}** (held-out loss of the base model: target {np.mean(base[pair][target_key]):.4f}, "
+                f"general {np.mean(base[pair]['general_windows']):.4f} nats/byte)", "",
+                f"| arm | K | places (seed 0) | seeds | steps trained | charge (% of budget) | target held-out "
+                f"| minus {REFERENCE} (95%) | general held-out | minus {REFERENCE} (95%) |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        order = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random", "satcore"]
+        for arm in [a for a in order if a in arms]:
+            by_seed = arms[arm]
+            seeds = sorted(s for s in by_seed if s in reference)
+            cells = []
+            for split, key in (("target", target_key), ("general", "general_windows")):
+                if arm == REFERENCE or not seeds:
+                    cells += [f"{np.mean([by_seed[s][split] for s in by_seed]):.4f}", ""]
+                    continue
+                interval = crossed_interval([np.subtract(by_seed[s][key], reference[s][key]) for s in seeds])
+                cells += [f"{np.mean([by_seed[s][split] for s in by_seed]):.4f}", _fmt(interval)]
+                if arm == "satcore":
+                    summary["upper"][pair, split] = interval["high"]
+                    if interval["high"] < 0:
+                        summary["below_zero"].append(f"{pair} {split}")
+            counts = sorted({_count_of(arm, r) for r in by_seed.values()})
+            trained = sorted({r["steps_trained"] for r in by_seed.values()})
+            charge = [100 * r["charge_fraction"] for r in by_seed.values()]
+            first = by_seed[min(by_seed)]["before"]
+            out.append(f"| {arm} | {'/'.join(map(str, counts))} | {first} | {len(by_seed)} | "
+                       f"{'-'.join(map(str, sorted({trained[0], trained[-1]})))} | "
+                       f"{max(charge):.1f} | " + " | ".join(cells) + " |")
+        # the frontier against the sweep
+        out += ["", f"Count against the sweep ({pair}): target held-out per K (none = 0, uniform-K), the realized best "
+                f"(smallest K within {TOLERANCE} of the lowest), satcore's count.", "",
+                "| seed | " + " | ".join(f"K={K}" for K in SWEEP) + " | realized best | satcore count | within one step |",
+                "|---|" + "---|" * len(SWEEP) + "---|---|---|"]
+        for seed in sorted(reference):
+            sweep_rows = {K: arms.get("none" if K == 0 else f"uniform-{K}", {}).get(seed) for K in SWEEP}
+            if any(r is None for r in sweep_rows.values()):
+                continue
+            loss = {K: r["target"] for K, r in sweep_rows.items()}
+            best = best_count(loss)
+            ours = arms.get("satcore", {}).get(seed)
+            count = None if ours is None else len(ours["before"])
+            hit = None if count is None else within_one_step(count, best)
+            if hit is not None:
+                summary["cells"].append(hit)
+            out.append(f"| {seed} | " + " | ".join(f"{loss[K]:.4f}" for K in SWEEP) +
+                       f" | {best} | {'-' if count is None else count} | {'-' if hit is None else 'yes' if hit else 'no'} |")
+            frontier = (ours or {}).get("evidence", {}).get("frontier") or []
+            for entry in frontier:
+                K = entry["blocks"]
+                if K in sweep_rows and entry.get("predicted_general_change") is not None:
+                    summary["points"].append((pair, seed, K, entry["predicted_general_change"],
+                                              sweep_rows[K]["general"] - float(np.mean(base[pair]["general_windows"])),
+                                              np.subtract(sweep_rows[K]["general_windows"], base[pair]["general_windows"])))
+        for seed, r in sorted(arms.get("satcore", {}).items()):
+            summary["charges"].append((pair, seed, r["charge_fraction"], r["evidence"].get("decision_cost_fraction")))
+        out.append("")
+    out += must_show(summary)
+    return "\n".join(out)
+
+
+def must_show(summary: dict) -> list[str]:
+    """The four criteria, measured, met or not."""
+    out = ["Must show, measured:", ""]
+    upper = summary["upper"]
+    if upper:
+        targets = {pair: v for (pair, split), v in upper.items() if split == "target"}
+        met = all(v <= 0.005 for v in targets.values()) and bool(summary["below_zero"])
+        out.append(f"* satcore minus {REFERENCE}, decision charged, upper 95% bound of the target difference "
+                   + ", ".join(f"{pair} {v:+.4f}" for pair, v in targets.items())
+                   + f" (<= +0.005 on every pair); below 0 on: {', '.join(summary['below_zero']) or 'none'}: "
+                   + ("met" if met else "not met"))
+    cells = summary["cells"]
+    if cells:
+        share = sum(cells) / len(cells)
+        out.append(f"* count within one sweep step of the realized best: {sum(cells)} of {len(cells)} cells "
+                   f"({100 * share:.0f}%, needs >= 80%): {'met' if share >= 0.8 else 'not met'}")
+    points = summary["points"]
+    if len(points) >= 3:
+        predicted, realized = [p[3] for p in points], [p[4] for p in points]
+        rho = spearman(predicted, realized)
+        noise = {}
+        for pair, seed, K, *_, windows in points:
+            noise.setdefault((pair, K), []).append(windows)
+        above = {k: (lambda i: i["low"] > 0 or i["high"] < 0)(crossed_interval(v)) for k, v in noise.items()}
+        right, counted = sign_agreement(predicted, realized, [above[p[0], p[2]] for p in points])
+        met = rho >= 0.6 and counted and right / counted >= 0.85
+        out.append(f"* predicted vs realized general change: Spearman {rho:+.2f} over {len(points)} points (needs "
+                   f">= 0.6); sign right {right} of {counted} above seed noise (needs >= 85%): "
+                   + ("met" if met else "not met"))
+    else:
+        out.append("* predicted vs realized general change: no predictions recorded (the decision made none): not met")
+    charges = summary["charges"]
+    if charges:
+        worst = max(c[2] for c in charges)
+        printed = [c[3] for c in charges if c[3] is not None]
+        out.append(f"* decision cost, measured: at most {100 * worst:.1f}% of the budget (needs <= 10% on every row"
+                   + (f"; the command printed at most {100 * max(printed):.1f}%" if printed else "; the command printed none")
+                   + f"): {'met' if worst <= 0.10 else 'not met'}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

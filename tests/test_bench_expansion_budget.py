@@ -1,0 +1,166 @@
+"""bench/expansion_budget.py's scoring: the crossed seeds x windows interval, the equal-compute accounting
+(FLOPs per step, the meter that charges a decision, steps within a budget), the realized best count and
+the one-sweep-step rule, checked against hand-computed values and independent references."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from scipy import stats
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "expansion_budget.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_expansion_budget", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_crossed_interval_matches_the_hand_computed_mean_squares(bench):
+    d = [[1.0, 2.0, 3.0], [3.0, 5.0, 4.0]]
+    # by hand: mean 3; seed means 2, 4; window means 2, 3.5, 3.5
+    ms_seed = 3 * (1 + 1) / 1  # W sum (row - mean)^2 / (S - 1) = 6
+    ms_window = 2 * (1 + 0.25 + 0.25) / 2  # S sum (col - mean)^2 / (W - 1) = 1.5
+    ms_res = (0 + 0.25 + 0.25 + 0 + 0.25 + 0.25) / 2  # residuals 0, -.5, .5 / 0, .5, -.5 = 0.5
+    var = (ms_seed + ms_window - ms_res) / 6  # 7 / 6
+    df = 7 ** 2 / (ms_seed ** 2 / 1 + ms_window ** 2 / 2 + ms_res ** 2 / 2)  # 49 / 37.25
+    half = stats.t.ppf(0.975, df) * math.sqrt(var)
+    got = bench.crossed_interval(d)
+    assert got["mean"] == pytest.approx(3.0, abs=1e-12)
+    assert got["df"] == pytest.approx(49 / 37.25, rel=1e-12)
+    assert (got["low"], got["high"]) == pytest.approx((3 - half, 3 + half), rel=1e-12)
+
+
+def test_crossed_interval_reduces_to_the_t_interval_over_seeds_when_windows_agree(bench):
+    # every window of a seed has the same difference: only the seeds vary, the interval is Student's over them
+    seeds = np.array([0.02, -0.01, 0.05, 0.03])
+    got = bench.crossed_interval(np.repeat(seeds[:, None], 7, axis=1))
+    low, high = stats.ttest_1samp(seeds, 0.0).confidence_interval(0.95)
+    assert (got["low"], got["high"]) == pytest.approx((low, high), rel=1e-9)
+    assert got["df"] == pytest.approx(3)
+
+
+def test_crossed_interval_with_one_seed_is_the_paired_t_interval_over_windows(bench):
+    windows = np.array([0.3, -0.1, 0.25, 0.05, 0.4])
+    got = bench.crossed_interval(windows[None, :])
+    low, high = stats.ttest_1samp(windows, 0.0).confidence_interval(0.95)
+    assert (got["low"], got["high"]) == pytest.approx((low, high), rel=1e-9)
+
+
+def test_crossed_interval_wider_than_the_seed_means_alone_when_windows_vary(bench):
+    rng = np.random.default_rng(0)
+    window_effect = rng.normal(0, 0.5, size=50)
+    d = 0.1 + rng.normal(0, 0.01, size=(3, 1)) + window_effect[None, :] + rng.normal(0, 0.01, size=(3, 50))
+    crossed = bench.crossed_interval(d)
+    low, high = stats.ttest_1samp(d.mean(axis=1), 0.0).confidence_interval(0.95)
+    # the windows are shared by every seed, so the seed means alone miss their variance
+    assert crossed["high"] - crossed["low"] > 2 * (high - low)
+
+
+def test_step_flops_by_hand(bench):
+    # 4 blocks of 10 FLOPs, head 3; only block 2 trains: forward 43, backward 2 x 10 (block 2) + 10 (block 3) + 3
+    assert bench.step_flops(4, [2], False, 10.0, 3.0) == 76.0
+    # everything trains: three forwards' worth
+    assert bench.step_flops(4, range(4), True, 10.0, 3.0) == 3 * 43.0
+    # nothing trains: the forward alone
+    assert bench.step_flops(4, [], False, 10.0, 3.0) == 43.0
+
+
+def test_block_and_head_flops_by_hand(bench):
+    config = SimpleNamespace(hidden_size=48, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+                             vocab_size=256)
+    # projections: q 48x48, k and v 48x24, o 48x48, gate/up/down 3 x 48x96 = 20736 weights; attention 4 T d
+    assert bench.block_flops(config, 48) == 2 * 20736 + 4 * 48 * 48
+    assert bench.head_flops(config) == 2 * 48 * 256
+
+
+def test_steps_within_a_budget(bench):
+    assert bench.steps_within(100.0, 15.0, 20.0) == 4
+    assert bench.steps_within(100.0, 0.0, 20.0) == 5
+    assert bench.steps_within(100.0, 120.0, 20.0) == 0
+
+
+def test_best_count_is_the_smallest_within_the_tolerance(bench):
+    assert bench.best_count({0: 2.100, 1: 2.104, 2: 2.099, 4: 2.2}, 0.005) == 0
+    assert bench.best_count({0: 2.2, 1: 2.15, 2: 2.10, 4: 2.098, 8: 2.09}, 0.005) == 8
+    assert bench.best_count({0: 2.2, 1: 2.15, 2: 2.10, 4: 2.098, 8: 2.09}, 0.01) == 4
+
+
+@pytest.mark.parametrize("count, best, expected", [
+    (0, 1, True), (0, 2, False), (2, 4, True), (4, 8, True), (1, 4, False),
+    (3, 4, True), (3, 8, False),  # 3 sits half way between 2 and 4
+    (12, 8, True), (16, 8, False),  # past the end, one step per the last interval (4)
+])
+def test_within_one_sweep_step(bench, count, best, expected):
+    assert bench.within_one_step(count, best, (0, 1, 2, 4, 8)) is expected
+
+
+def test_spearman_and_sign_agreement_by_hand(bench):
+    # ranks 1 2 3 4 against 1 3 2 4: 1 - 6 * 2 / (4 * 15) = 0.8
+    assert bench.spearman([0.1, 0.2, 0.3, 0.4], [1.0, 3.0, 2.0, 4.0]) == pytest.approx(0.8)
+    right, counted = bench.sign_agreement([0.1, -0.2, 0.3, -0.1], [0.2, 0.1, -0.3, -0.5], [True, True, False, True])
+    assert (right, counted) == (2, 3)
+
+
+def test_the_meter_charges_a_training_step_as_the_formula_prices_it(bench):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from satcore.adapters.torch.expansion import freeze_old, insert_blocks
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=12)
+    model = transformers.LlamaForCausalLM(config)
+    x = torch.randint(0, 64, (2, 12))
+    for before in ([], [1], [0, "head"]):
+        grown, new = insert_blocks(model, before, init="copy")
+        if new:
+            freeze_old(grown, new)
+        positions = [b.position for b in new]
+        meter = bench.FlopMeter(config)
+        grown(input_ids=x, labels=x).loss.backward()
+        charged = meter.close()
+        assert charged == pytest.approx(bench.arm_step_flops(config, 12, 3 + len(new), positions) * 24, rel=1e-12)
+    meter = bench.FlopMeter(config)
+    with torch.no_grad():
+        model(input_ids=x)
+    forward = (3 * bench.block_flops(config, 12) + bench.head_flops(config)) * 24
+    assert meter.close() == pytest.approx(forward, rel=1e-12)
+
+
+def _row(pair, seed, arm, before, target, general, **extra):
+    return {"key": {"pair": pair, "seed": seed, "arm": arm}, "setup": {"layers": 8}, "pretrain": {},
+            "before": before, "steps_trained": 10, "charge_fraction": 0.0, "evidence": {},
+            "target": float(np.mean(target)), "general": float(np.mean(general)),
+            f"{pair}_windows": list(target), "general_windows": list(general), **extra}
+
+
+def test_render_scores_the_count_against_the_realized_best_and_re_renders_identically(bench, tmp_path):
+    base = {"key": {"pair": "near", "arm": "base"}, "setup": {"layers": 8}, "pretrain": {}, "before": [],
+            "steps_trained": 0, "near_windows": [2.0, 2.2], "general_windows": [2.1, 2.3]}
+    rows = [base]
+    places = {0: [], 1: ["head"], 2: [4, "head"], 4: [2, 4, 6, "head"], 8: [1, 2, 3, 4, 5, 6, 7, "head"]}
+    for seed in range(2):
+        # K = 0 best at seed 0, K = 4 at seed 1 (within 0.005 of K = 8)
+        loss = {0: 1.90, 1: 1.95, 2: 1.96, 4: 1.97, 8: 1.98} if seed == 0 else \
+               {0: 2.00, 1: 1.99, 2: 1.95, 4: 1.902, 8: 1.900}
+        for K, value in loss.items():
+            arm = "none" if K == 0 else f"uniform-{K}"
+            rows.append(_row("near", seed, arm, places[K], [value - 0.1, value + 0.1], [2.2, 2.4]))
+        count = 0 if seed == 0 else 1  # seed 1: two steps from 4, a miss
+        rows.append(_row("near", seed, "satcore", places[count], [1.0, 1.2], [2.2, 2.4], charge_fraction=0.08))
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = bench.render([path])
+    assert "| 0 | 1.9000 | 1.9500 | 1.9600 | 1.9700 | 1.9800 | 0 | 0 | yes |" in table
+    assert "| 1 | 2.0000 | 1.9900 | 1.9500 | 1.9020 | 1.9000 | 4 | 1 | no |" in table
+    assert "1 of 2 cells (50%, needs >= 80%): not met" in table
+    assert "at most 8.0% of the budget" in table
+    assert bench.render([path]) == table
