@@ -155,12 +155,15 @@ def test_render_scores_the_count_against_the_realized_best_and_re_renders_identi
             arm = "none" if K == 0 else f"uniform-{K}"
             rows.append(_row("near", seed, arm, places[K], [value - 0.1, value + 0.1], [2.2, 2.4]))
         count = 0 if seed == 0 else 1  # seed 1: two steps from 4, a miss
-        rows.append(_row("near", seed, "satcore", places[count], [1.0, 1.2], [2.2, 2.4], charge_fraction=0.08))
+        rows.append(_row("near", seed, "satcore", places[count], [1.0, 1.2], [2.2, 2.4], charge_fraction=0.08,
+                         decision_seconds=4.0, train_seconds=20.0))
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     table = bench.render([path])
-    assert "| 0 | 1.9000 | 1.9500 | 1.9600 | 1.9700 | 1.9800 | 0 | 0 | yes |" in table
-    assert "| 1 | 2.0000 | 1.9900 | 1.9500 | 1.9020 | 1.9000 | 4 | 1 | no |" in table
+    assert "| 0 | 1.9000 | 1.9500 | 1.9600 | 1.9700 | 1.9800 | 0.0050 | 0 | 0 | yes |" in table
+    assert "| 1 | 2.0000 | 1.9900 | 1.9500 | 1.9020 | 1.9000 | 0.0050 | 4 | 1 | no |" in table
+    # 20 s over 10 steps: the 4 s decision is 2 steps' wall
+    assert "| 0 | 8.0 | - | 4 | 2.000 | 2 |" in table
     assert "1 of 2 cells (50%, needs >= 80%): not met" in table
     assert "at most 8.0% of the budget" in table
     assert bench.render([path]) == table
