@@ -170,21 +170,22 @@ def heldout_loss(model, windows: torch.Tensor) -> float:
     return float(np.mean([float(model(input_ids=w, labels=w).loss) for w in windows.split(16)]))
 
 
-def pretrained(args, linux):
-    """The base model, pretrained on the Linux docs once and cached (safetensors)."""
+def pretrained(args, text: np.ndarray, tag: str = "", described: dict | None = None):
+    """The base model, pretrained on ``text`` (the main protocol: the Linux docs) once and cached (safetensors)
+    under a key of its settings (``tag`` first, for another text); ``described`` heads its record."""
     from transformers import LlamaForCausalLM
 
-    key = f"L{args.layers}-d{args.width}-T{args.seq_len}-B{args.batch_size}-P{args.pretrain_steps}-lr{args.lr}"
+    key = f"{tag}L{args.layers}-d{args.width}-T{args.seq_len}-B{args.batch_size}-P{args.pretrain_steps}-lr{args.lr}"
     folder = CACHE / key
     if (folder / "config.json").exists():
         return LlamaForCausalLM.from_pretrained(folder).eval(), json.loads((folder / "pretrain.json").read_text())
     torch.manual_seed(0)
     model = LlamaForCausalLM(base_config(args))
     start = time.time()
-    losses = train(model, linux, args.pretrain_steps, args, np.random.default_rng(0))
+    losses = train(model, text, args.pretrain_steps, args, np.random.default_rng(0))
     model.save_pretrained(folder)
-    info = {"pretrain_steps": args.pretrain_steps, "final_train_loss": float(np.mean(losses[-50:])),
-            "seconds": time.time() - start}
+    info = {**(described or {}), "pretrain_steps": args.pretrain_steps,
+            "final_train_loss": float(np.mean(losses[-50:])), "seconds": time.time() - start}
     (folder / "pretrain.json").write_text(json.dumps(info))
     return model.eval(), info
 
@@ -358,16 +359,33 @@ def decision(base, python_train, args, seed, method, layout="ranked", blocks=Non
     return d, time.time() - start, counter.charge(args.batch_size)
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=120, help="continued-training steps per run (equal compute)")
-    p.add_argument("--pretrain-steps", type=int, default=800)
+def decoder_arguments(p) -> None:
+    """The decoder's shape and its training settings (the main protocol's defaults)."""
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--width", type=int, default=48)
     p.add_argument("--seq-len", type=int, default=48)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-3)
+
+
+def parse_or_render(p, argv, results: Path, render):
+    """``p``'s arguments with ``--out`` and ``--render``; None once ``--render`` has printed the tables."""
+    p.add_argument("--out", type=Path, default=results)
+    p.add_argument("--render", type=Path, nargs="*", default=None, metavar="JSONL",
+                   help="print the tables from these result files (default --out) and exit")
+    args = p.parse_args(argv)
+    if args.render is not None:
+        print(render(args.render or [args.out]))
+        return None
+    return args
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=120, help="continued-training steps per run (equal compute)")
+    p.add_argument("--pretrain-steps", type=int, default=800)
+    decoder_arguments(p)
     p.add_argument("--blocks", type=int, nargs="+", default=[2, 4])
     p.add_argument("--sweep", type=int, nargs="+", default=[1, 2, 4, 6])
     p.add_argument("--draws", type=int, default=2, help="random placements per seed")
@@ -387,12 +405,8 @@ def main(argv=None):
     p.add_argument("--modes", choices=MODES, nargs="+", default=list(MODES))
     p.add_argument("--placements", choices=PLACEMENTS, nargs="+", default=list(PLACEMENTS),
                    help="run only these placements")
-    p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--render", type=Path, nargs="*", default=None, metavar="JSONL",
-                   help="print the tables from these result files (default --out) and exit")
-    args = p.parse_args(argv)
-    if args.render is not None:
-        print(render(args.render or [args.out]))
+    args = parse_or_render(p, argv, RESULTS, render)
+    if args is None:
         return
     torch.set_num_threads(1)
     linux, python_train, python_held = corpora(args.max_bytes)

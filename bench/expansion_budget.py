@@ -55,7 +55,6 @@ Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is 
 from __future__ import annotations
 
 import argparse
-import copy
 import gzip
 import json
 import math
@@ -70,17 +69,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+from expansion import HINT, LINUX_DOC, PYDOC  # noqa: E402
 
-LINUX_DOC = Path.home() / ".cache/satcore-text-linux/usr/share/doc/linux-doc-6.1/Documentation"
-PYDOC = Path.home() / ".cache/satcore-text/usr/share/doc/python3.11/html/_sources"
-HINT = ("apt-get download linux-doc-6.1 python3.11-doc && dpkg-deb -x linux-doc-6.1_*.deb "
-        "~/.cache/satcore-text-linux && dpkg-deb -x python3.11-doc_*.deb ~/.cache/satcore-text")
-CACHE = Path.home() / ".cache/satcore-bench-expansion"
 RESULTS = Path(__file__).resolve().parent / "results" / "expansion_budget.jsonl"
 GENERAL_DIRS = ("admin-guide", "process", "filesystems")
 PAIRS = ("near", "far")
 SWEEP = (0, 1, 2, 4, 8)
-BASELINES = ("none", "uniform", "end", "adept", "random")
 REFERENCE = "uniform-2"  # LLaMA-Pro's conventional count for 8 blocks, L / 4
 TOLERANCE = 0.005  # nats/byte: the smallest K within this of the best counts as the best
 
@@ -249,28 +243,6 @@ def spearman(x, y) -> float:
 
 
 # --- model and training -------------------------------------------------------------------------
-def pretrained(args, general_train):
-    """The base model, pretrained on the general text once and cached (safetensors)."""
-    import torch
-    from expansion import base_config, train
-    from transformers import LlamaForCausalLM
-
-    key = (f"budget-L{args.layers}-d{args.width}-T{args.seq_len}-B{args.batch_size}-P{args.pretrain_steps}"
-           f"-lr{args.lr}-{'+'.join(GENERAL_DIRS)}")
-    folder = CACHE / key
-    if (folder / "config.json").exists():
-        return LlamaForCausalLM.from_pretrained(folder).eval(), json.loads((folder / "pretrain.json").read_text())
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(base_config(args))
-    start = time.time()
-    losses = train(model, general_train, args.pretrain_steps, args, np.random.default_rng(0))
-    model.save_pretrained(folder)
-    info = {"text": f"Linux 6.1 documentation: {', '.join(GENERAL_DIRS)}", "pretrain_steps": args.pretrain_steps,
-            "final_train_loss": float(np.mean(losses[-50:])), "seconds": time.time() - start}
-    (folder / "pretrain.json").write_text(json.dumps(info))
-    return model.eval(), info
-
-
 def window_losses(model, windows) -> list[float]:
     """Mean next-byte loss (nats) of each window."""
     import torch
@@ -384,15 +356,13 @@ def arm_places(arm: str, L: int, seed: int, pair: str, base, probe) -> tuple[lis
 
 
 def main(argv=None):
+    from expansion import decoder_arguments, parse_or_render
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=400, help="the planned budget: steps of the conventional uniform arm")
     p.add_argument("--pretrain-steps", type=int, default=1500)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--width", type=int, default=48)
-    p.add_argument("--seq-len", type=int, default=48)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-3)
+    decoder_arguments(p)
     p.add_argument("--eval-windows", type=int, default=192, help="held-out windows per text")
     p.add_argument("--probe-windows", type=int, default=32, help="general training windows of the ADEPT-style proxy")
     p.add_argument("--decision-windows", type=int, default=16,
@@ -400,21 +370,18 @@ def main(argv=None):
     p.add_argument("--general-windows", type=int, default=8, help="general training windows given to satcore")
     p.add_argument("--pairs", choices=PAIRS, nargs="+", default=list(PAIRS))
     p.add_argument("--arms", choices=("baselines", "satcore", "all"), default="all")
-    p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--render", type=Path, nargs="*", default=None, metavar="JSONL",
-                   help="print the tables from these result files (default --out) and exit")
-    args = p.parse_args(argv)
-    if args.render is not None:
-        print(render(args.render or [args.out]))
+    args = parse_or_render(p, argv, RESULTS, render)
+    if args is None:
         return
     import torch
 
-    from expansion import sample_windows
+    from expansion import pretrained, sample_windows
 
     torch.set_num_threads(1)
     args.device = "cpu"
     streams = texts()
-    base, info = pretrained(args, streams["general"][0])
+    base, info = pretrained(args, streams["general"][0], f"budget-{'+'.join(GENERAL_DIRS)}-",
+                            {"text": f"Linux 6.1 documentation: {', '.join(GENERAL_DIRS)}"})
     L = args.layers
     setup = {k: getattr(args, k) for k in ("steps", "pretrain_steps", "layers", "width", "seq_len", "batch_size",
                                             "lr", "eval_windows", "probe_windows")}
@@ -552,7 +519,7 @@ def _arm_table(pair: str, arms: dict, base: dict, summary: dict) -> list[str]:
 
 def _count_table(pair: str, arms: dict, summary: dict) -> list[str]:
     """Per seed: the target loss of the sweep, the realized best count at the decision's tolerance, satcore's."""
-    out = [f"| seed | " + " | ".join(f"K={K}" for K in SWEEP) + " | tolerance | realized best | satcore count "
+    out = ["| seed | " + " | ".join(f"K={K}" for K in SWEEP) + " | tolerance | realized best | satcore count "
            "| within one step |", "|---|" + "---|" * len(SWEEP) + "---|---|---|---|"]
     for seed in sorted(arms.get(REFERENCE, {})):
         rows = {K: _sweep_row(arms, K, seed) for K in SWEEP}
