@@ -75,6 +75,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "expansion_budget.jsonl"
 GENERAL_DIRS = ("admin-guide", "process", "filesystems")
 PAIRS = ("near", "far")
 SWEEP = (0, 1, 2, 4, 8)
+SATCORE_ARMS = ("satcore", "satcore-wide")  # the default; the same with more windows for its trials to train on
+ARM_ORDER = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random", *SATCORE_ARMS]
 REFERENCE = "uniform-2"  # LLaMA-Pro's conventional count for 8 blocks, L / 4
 TOLERANCE = 0.005  # nats/byte: the smallest K within this of the best counts as the best
 
@@ -191,8 +193,10 @@ def crossed_interval(diffs, level: float = 0.95) -> dict:
     """Mean of a seeds x windows matrix of paired differences with its interval, seeds and windows
     both random (a crossed two-way design without replication): ``Var(mean) = (MS_seed + MS_window
     - MS_residual) / (S W)`` from the two-way ANOVA mean squares, with Satterthwaite's degrees of
-    freedom.  Where that combination is not positive, the larger of ``MS_seed``, ``MS_window`` (its
-    own degrees of freedom).  One seed: the windows alone (a paired t interval)."""
+    freedom, at least the fewer of the seeds' and the windows' own (``S - 1``, ``W - 1``: subtracting
+    ``MS_residual`` can push Satterthwaite's value below both, and the interval to thousands of nats).
+    Where that combination is not positive, the larger of ``MS_seed``, ``MS_window`` (its own degrees of
+    freedom).  One seed: the windows alone (a paired t interval)."""
     from scipy import stats
 
     d = np.asarray(diffs, dtype=float)
@@ -211,6 +215,7 @@ def crossed_interval(diffs, level: float = 0.95) -> dict:
         if combined > 0:
             var = combined / (S * W)
             df = combined ** 2 / (ms_seed ** 2 / (S - 1) + ms_window ** 2 / (W - 1) + ms_res ** 2 / ((S - 1) * (W - 1)))
+            df = max(df, min(S - 1, W - 1))  # the subtracted term can push it below either source's own
         else:
             var, df = (ms_seed / (S * W), S - 1) if ms_seed >= ms_window else (ms_window / (S * W), W - 1)
     half = float(stats.t.ppf(0.5 + level / 2, df) * math.sqrt(var)) if var > 0 else 0.0
@@ -294,6 +299,10 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -
     rng = np.random.default_rng(20_000 + seed)
     windows = sample_windows(target_train, plan["decision_windows"], plan["seq_len"], rng)
     general = sample_windows(general_train, plan["general_windows"], plan["seq_len"], rng)
+    split = {}
+    if plan.get("trial_windows"):  # the trials train on their own windows; the held-out half as before
+        split = {"heldout": windows[1::2]}
+        windows = sample_windows(target_train, plan["trial_windows"], plan["seq_len"], rng)
     recipe = Recipe("adamw", lr=plan["lr"], steps=plan["steps"], batch_size=plan["batch_size"], trainable="block")
     try:
         from satcore.adapters.torch.expansion_frontier import DecisionBudget
@@ -301,7 +310,7 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -
         options, api = {}, "expand(blocks='auto'): trial decision, grouped layout (no budget)"
     else:
         options, api = {"budget": DecisionBudget(general=general)}, "expand(blocks='auto', budget=DecisionBudget(general=...))"
-    expansion = expand(base, windows, blocks="auto", recipe=recipe, train_new_only=True, seed=seed, **options)
+    expansion = expand(base, windows, blocks="auto", recipe=recipe, train_new_only=True, seed=seed, **split, **options)
     record = expansion.to_dict()
     decision = record.get("decision") or {}
     return {"before": list(record["inserted_before"]), "api": api, "frontier": record.get("frontier"),
@@ -369,7 +378,9 @@ def main(argv=None):
                    help="target training windows given to satcore (half train its trials, half are held out)")
     p.add_argument("--general-windows", type=int, default=8, help="general training windows given to satcore")
     p.add_argument("--pairs", choices=PAIRS, nargs="+", default=list(PAIRS))
-    p.add_argument("--arms", choices=("baselines", "satcore", "all"), default="all")
+    p.add_argument("--trial-windows", type=int, default=64,
+                   help="satcore-wide: target training windows its trials train on (its held-out windows as satcore's)")
+    p.add_argument("--arms", choices=("baselines", "satcore", "satcore-wide", "all"), default="all")
     args = parse_or_render(p, argv, RESULTS, render)
     if args is None:
         return
@@ -401,7 +412,8 @@ def main(argv=None):
                                                    "seconds")}), flush=True)
 
     baseline_arms = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random"]
-    arms = {"baselines": baseline_arms, "satcore": ["satcore"], "all": baseline_arms + ["satcore"]}[args.arms]
+    arms = {"baselines": baseline_arms, "satcore": ["satcore"], "satcore-wide": ["satcore-wide"],
+            "all": baseline_arms + list(SATCORE_ARMS)}[args.arms]
     for pair in args.pairs:
         train_ids = streams[pair][0]
         key = {"pair": pair, "arm": "base"}
@@ -415,9 +427,10 @@ def main(argv=None):
                 if json.dumps(key) in done:
                     continue
                 start = time.time()
-                if arm == "satcore":
+                if arm in SATCORE_ARMS:
                     plan = {"steps": args.steps, "lr": args.lr, "batch_size": args.batch_size, "seq_len": args.seq_len,
-                            "decision_windows": args.decision_windows, "general_windows": args.general_windows}
+                            "decision_windows": args.decision_windows, "general_windows": args.general_windows,
+                            "trial_windows": args.trial_windows if arm == "satcore-wide" else None}
                     meter = FlopMeter(base.config)
                     try:
                         decided = satcore_decision(base, train_ids, streams["general"][0], plan, seed)
@@ -465,7 +478,6 @@ def _fmt(interval: dict) -> str:
     return f"{interval['mean']:+.4f} [{interval['low']:+.4f}, {interval['high']:+.4f}]"
 
 
-ARM_ORDER = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random", "satcore"]
 
 
 def _load(paths):
@@ -520,7 +532,7 @@ def _arm_table(pair: str, arms: dict, base: dict, summary: dict) -> list[str]:
 def _count_table(pair: str, arms: dict, summary: dict) -> list[str]:
     """Per seed: the target loss of the sweep, the realized best count at the decision's tolerance, satcore's."""
     out = ["| seed | " + " | ".join(f"K={K}" for K in SWEEP) + " | tolerance | realized best | satcore count "
-           "| within one step |", "|---|" + "---|" * len(SWEEP) + "---|---|---|---|"]
+           "| within one step | satcore-wide count |", "|---|" + "---|" * len(SWEEP) + "---|---|---|---|---|"]
     for seed in sorted(arms.get(REFERENCE, {})):
         rows = {K: _sweep_row(arms, K, seed) for K in SWEEP}
         if any(r is None for r in rows.values()):
@@ -533,19 +545,21 @@ def _count_table(pair: str, arms: dict, summary: dict) -> list[str]:
         hit = None if count is None else within_one_step(count, best)
         if hit is not None:
             summary["cells"].append(hit)
+        wide = arms.get("satcore-wide", {}).get(seed)
         out.append(f"| {seed} | " + " | ".join(f"{loss[K]:.4f}" for K in SWEEP) + f" | {tolerance:.4f} | {best} | "
-                   f"{'-' if count is None else count} | {'-' if hit is None else 'yes' if hit else 'no'} |")
+                   f"{'-' if count is None else count} | {'-' if hit is None else 'yes' if hit else 'no'} | "
+                   f"{'-' if wide is None else len(wide['before'])} |")
     return out
 
 
-def _frontier_table(pair: str, arms: dict, base: dict, summary: dict) -> list[str]:
-    """satcore's predicted changes per K against the realized changes of the same arm (K blocks at uniform
-    places; K = 0 the model as it is), per seed."""
+def _frontier_table(pair: str, arms: dict, base: dict, summary: dict, arm: str) -> list[str]:
+    """The satcore arm's predicted changes per K against the realized changes of the same arm (K blocks at
+    uniform places; K = 0 the model as it is), per seed; the default's (``arm == "satcore"``) are scored."""
     out = ["| seed | K | predicted target change (95%) | realized | predicted general change (95%) | realized |",
            "|---|---|---|---|---|---|"]
     base_target = np.asarray(base[pair][f"{pair}_windows"])
     base_general = np.asarray(base[pair]["general_windows"])
-    for seed, ours in sorted(arms.get("satcore", {}).items()):
+    for seed, ours in sorted(arms[arm].items()):
         for entry in ours["evidence"].get("frontier") or []:
             row = _sweep_row(arms, entry["blocks"], seed)
             if row is None:
@@ -557,20 +571,22 @@ def _frontier_table(pair: str, arms: dict, base: dict, summary: dict) -> list[st
                        f"[{entry['interval'][0]:+.4f}, {entry['interval'][1]:+.4f}] | {realized_target:+.4f} | "
                        + ("-" if general is None else f"{general:+.4f} [{entry['general_interval'][0]:+.4f}, "
                           f"{entry['general_interval'][1]:+.4f}]") + f" | {float(np.mean(general_windows)):+.4f} |")
-            if general is not None:
+            if general is not None and arm == "satcore":
                 summary["points"].append({"cell": (pair, entry["blocks"]), "predicted": general,
                                           "realized": float(np.mean(general_windows)), "windows": general_windows})
     return out
 
 
-def _cost_table(pair: str, arms: dict, summary: dict) -> list[str]:
-    """The satcore decision's cost per seed: counted by the meter, printed by the command, in wall time."""
+def _cost_table(pair: str, arms: dict, summary: dict, arm: str) -> list[str]:
+    """The satcore arm's decision cost per seed: counted by the meter, printed by the command, in wall time; the
+    default's (``arm == "satcore"``) are scored."""
     out = ["| seed | charge, model FLOPs (% of budget) | printed by the command (%) | decision wall (s) "
            "| one training step's wall (s) | decision in training steps' wall |", "|---|---|---|---|---|---|"]
-    for seed, r in sorted(arms.get("satcore", {}).items()):
+    for seed, r in sorted(arms[arm].items()):
         printed = r["evidence"].get("decision_cost_fraction")
         step = r["train_seconds"] / max(r["steps_trained"], 1)
-        summary["charges"].append({"charge": r["charge_fraction"], "printed": printed})
+        if arm == "satcore":
+            summary["charges"].append({"charge": r["charge_fraction"], "printed": printed})
         out.append(f"| {seed} | {100 * r['charge_fraction']:.1f} | {'-' if printed is None else f'{100 * printed:.1f}'}"
                    f" | {r['decision_seconds']:.0f} | {step:.3f} | {r['decision_seconds'] / step:.0f} |")
     return out
@@ -593,12 +609,12 @@ def render(paths) -> str:
         out += ["", f"Count against the sweep ({pair}): target held-out per K (none = 0, uniform-K), the realized best "
                 "(the smallest K within the decision's tolerance of the lowest), satcore's count.", ""]
         out += _count_table(pair, arms, summary)
-        if "satcore" in arms:
-            out += ["", f"Predicted (satcore's frontier, at the planned steps) against realized changes from the base "
+        for arm in [a for a in SATCORE_ARMS if a in arms]:
+            out += ["", f"Predicted ({arm}'s frontier, at the planned steps) against realized changes from the base "
                     f"model ({pair}), nats/byte:", ""]
-            out += _frontier_table(pair, arms, base, summary)
-            out += ["", f"The decision's cost ({pair}):", ""]
-            out += _cost_table(pair, arms, summary)
+            out += _frontier_table(pair, arms, base, summary, arm)
+            out += ["", f"{arm}'s decision cost ({pair}):", ""]
+            out += _cost_table(pair, arms, summary, arm)
         out.append("")
     out += must_show(summary)
     return "\n".join(out)

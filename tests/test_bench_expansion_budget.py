@@ -38,6 +38,21 @@ def test_crossed_interval_matches_the_hand_computed_mean_squares(bench):
     assert (got["low"], got["high"]) == pytest.approx((3 - half, 3 + half), rel=1e-12)
 
 
+def test_crossed_interval_keeps_at_least_the_seeds_degrees_of_freedom(bench):
+    # two seeds, the residual mean square nearly cancels the windows': Satterthwaite's value falls below 1
+    d = np.array([[0.1, -0.1, 0.6, 0.1, -0.5, 0.4], [1.3, 0.9, -0.7, -1.3, -0.6, 0.0]])
+    S, W = d.shape
+    rows, cols, mean = d.mean(axis=1), d.mean(axis=0), d.mean()
+    ms = (W * ((rows - mean) ** 2).sum() / (S - 1), S * ((cols - mean) ** 2).sum() / (W - 1),
+          ((d - rows[:, None] - cols[None, :] + mean) ** 2).sum() / ((S - 1) * (W - 1)))
+    combined = ms[0] + ms[1] - ms[2]
+    assert combined > 0 and combined ** 2 / (ms[0] ** 2 + ms[1] ** 2 / 5 + ms[2] ** 2 / 5) < 0.01
+    got = bench.crossed_interval(d)
+    half = stats.t.ppf(0.975, 1) * math.sqrt(combined / (S * W))
+    assert got["df"] == 1
+    assert (got["low"], got["high"]) == pytest.approx((mean - half, mean + half), rel=1e-12)
+
+
 def test_crossed_interval_reduces_to_the_t_interval_over_seeds_when_windows_agree(bench):
     # every window of a seed has the same difference: only the seeds vary, the interval is Student's over them
     seeds = np.array([0.02, -0.01, 0.05, 0.03])
@@ -160,10 +175,19 @@ def test_render_scores_the_count_against_the_realized_best_and_re_renders_identi
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     table = bench.render([path])
-    assert "| 0 | 1.9000 | 1.9500 | 1.9600 | 1.9700 | 1.9800 | 0.0050 | 0 | 0 | yes |" in table
-    assert "| 1 | 2.0000 | 1.9900 | 1.9500 | 1.9020 | 1.9000 | 0.0050 | 4 | 1 | no |" in table
+    assert "| 0 | 1.9000 | 1.9500 | 1.9600 | 1.9700 | 1.9800 | 0.0050 | 0 | 0 | yes | - |" in table
+    assert "| 1 | 2.0000 | 1.9900 | 1.9500 | 1.9020 | 1.9000 | 0.0050 | 4 | 1 | no | - |" in table
     # 20 s over 10 steps: the 4 s decision is 2 steps' wall
     assert "| 0 | 8.0 | - | 4 | 2.000 | 2 |" in table
     assert "1 of 2 cells (50%, needs >= 80%): not met" in table
     assert "at most 8.0% of the budget" in table
     assert bench.render([path]) == table
+
+
+def test_the_recorded_results_re_render_the_lab_notes_tables(bench):
+    root = BENCH.parent.parent
+    recorded = sorted((root / "bench" / "results").glob("expansion_budget_*.jsonl"))
+    notes = (root / "docs" / "expansion-budget-notes.md").read_text()
+    tables = [line for line in bench.render(recorded).splitlines() if line.startswith("| ")]
+    assert recorded and len(tables) > 40
+    assert [line for line in tables if line not in notes] == []
