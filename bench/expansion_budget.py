@@ -14,7 +14,7 @@ Every fifth target file is held out (the *target* held-out text).  Arms, per pai
 equal compute (below):
 
 * ``none``: no expansion, the budget spent training the model as it is (every parameter);
-* ``uniform-K`` for K in ``--sweep`` (1, 2, 4, 8): LLaMA-Pro's uniform interleave (one new block after
+* ``uniform-K`` for K in :data:`SWEEP` (1, 2, 4, 8): LLaMA-Pro's uniform interleave (one new block after
   each group of L/K blocks); K = L/4 = 2 is the conventional count (LLaMA-Pro's ratio) and the
   reference every other arm is compared with;
 * ``end``: the conventional K blocks after the last block;
@@ -22,7 +22,9 @@ equal compute (below):
   the loss on ``--probe-windows`` windows of the general *training* text with the block's output
   replaced by its input, minus the model's loss there; its forward passes are charged);
 * ``random``: K distinct places out of L + 1, drawn per seed;
-* ``satcore``: ``satcore expand``'s default decision (:func:`satcore_decision`), its cost charged.
+* ``satcore``: ``satcore expand``'s default decision (:func:`satcore_decision`), its cost charged;
+* ``satcore-wide``: the same decision with ``--trial-windows`` target windows for its trials to train on
+  (its held-out windows and its cost unchanged): a diagnostic of what the default's few windows cost.
 
 Every expanded arm copies the preceding block into each new one with its output projections zeroed
 (LLaMA-Pro's identity blocks) and trains only the new blocks (LLaMA-Pro's recipe); ``none`` trains
@@ -48,8 +50,8 @@ training batches, same decision windows) and by window.  Intervals are those of 
 Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is there.
 
     OMP_NUM_THREADS=1 python bench/expansion_budget.py --arms baselines   # everything but satcore
-    OMP_NUM_THREADS=1 python bench/expansion_budget.py --arms satcore
-    python bench/expansion_budget.py --render                               # the tables of docs/expansion.md
+    OMP_NUM_THREADS=1 python bench/expansion_budget.py --arms satcore      # and satcore-wide
+    python bench/expansion_budget.py --render bench/results/expansion_budget_*.jsonl   # the lab notes' tables
 """
 
 from __future__ import annotations
@@ -265,8 +267,6 @@ def window_losses(model, windows) -> list[float]:
 
 def adept_places(base, windows, K: int) -> tuple[list, dict]:
     """After the K blocks whose removal (output replaced by input) raises the loss on ``windows`` least."""
-    import torch
-
     layers = base.model.layers
 
     def bypass(module, args, kwargs, output):
@@ -282,7 +282,6 @@ def adept_places(base, windows, K: int) -> tuple[list, dict]:
         finally:
             handle.remove()
     least = sorted(importance, key=importance.get)[:K]
-    del torch
     return [i + 1 if i + 1 < len(layers) else "head" for i in sorted(least)], importance
 
 
