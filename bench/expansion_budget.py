@@ -289,10 +289,10 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -
     """``satcore expand``'s default for this model, target text and planned budget (``blocks="auto"``, only the
     new blocks train, the recipe is the planned training), given the general text: the places it chooses
     (``before``: original block indices or ``"head"``; ``[]`` for no expansion) and what it recorded.  The
-    one place the bench calls satcore's decision.  Where the budgeted frontier is not installed (satcore
-    before it), the trial decision that was the default then."""
+    one place the bench calls satcore's decision."""
     from expansion import sample_windows
     from satcore import Recipe
+    from satcore.adapters.torch import DecisionBudget
     from satcore.adapters.torch.expansion import expand
 
     rng = np.random.default_rng(20_000 + seed)
@@ -303,13 +303,9 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -
         split = {"heldout": windows[1::2]}
         windows = sample_windows(target_train, plan["trial_windows"], plan["seq_len"], rng)
     recipe = Recipe("adamw", lr=plan["lr"], steps=plan["steps"], batch_size=plan["batch_size"], trainable="block")
-    try:
-        from satcore.adapters.torch.expansion_frontier import DecisionBudget
-    except ImportError:
-        options, api = {}, "expand(blocks='auto'): trial decision, grouped layout (no budget)"
-    else:
-        options, api = {"budget": DecisionBudget(general=general)}, "expand(blocks='auto', budget=DecisionBudget(general=...))"
-    expansion = expand(base, windows, blocks="auto", recipe=recipe, train_new_only=True, seed=seed, **split, **options)
+    api = "expand(blocks='auto', budget=DecisionBudget(general=...))"
+    expansion = expand(base, windows, blocks="auto", recipe=recipe, train_new_only=True, seed=seed,
+                       budget=DecisionBudget(general=general), **split)
     record = expansion.to_dict()
     decision = record.get("decision") or {}
     return {"before": list(record["inserted_before"]), "api": api, "frontier": record.get("frontier"),
