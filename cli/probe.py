@@ -112,8 +112,7 @@ def batches(path: str, headers: dict[str, NpyHeader], batch_size: int):
               help="Also accumulate sum X_i^T X_i (debiased growth value; satcore sweep's noise floor).")
 @click.option("--providers", default=None, metavar="EP[,EP...]",
               help="ONNX Runtime execution providers in order of preference, e.g. "
-              "CUDAExecutionProvider,CPUExecutionProvider (default: CPU); those this ONNX Runtime lacks are skipped, "
-              "none of them available is refused.")
+              "CUDAExecutionProvider,CPUExecutionProvider (default: CPU).")
 @click.option("-o", "--out", "out_path", required=True, metavar="DUMP", help="Dump file to write (.npz).")
 def probe(model, data_path, loss, candidates, family, seed, init_std, n_features, output_name, batch_size, split,
           variance, providers, out_path):

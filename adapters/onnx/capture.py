@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from satcore.adapter_api import display_name
-
 from .autodiff import GRAD_SUFFIX, gradient_model
 from .errors import OnnxProbeError
 from .locate import check_candidates, tensor_infos
@@ -61,10 +59,9 @@ class GradientRunner:
         model = gradient_model(probe, LOSS, self.candidates, tensor_infos(probe))
         options = ort.SessionOptions()
         options.log_severity_level = 4  # a refused batch raises one line here; ORT's own log would add another
-        ort.set_default_logger_severity(4)  # nor its colored warnings (raw escape codes) when a provider is missing
         try:
             self.session = ort.InferenceSession(model.SerializeToString(), options,
-                                                providers=available_providers(providers))
+                                                providers=list(providers or ["CPUExecutionProvider"]))
         except Exception as exc:  # ORT's pybind errors (Fail, InvalidGraph, NotImplemented, ...)
             raise OnnxProbeError(f"ONNX Runtime refused the gradient graph: {one_line(exc)}") from None
         self.fetch = [LOSS]
@@ -213,19 +210,3 @@ def probe_graph(model, candidates, *, loss: str, output: str | None = None):
             elem = infos[name].elem_type if name in infos else onnx.TensorProto.FLOAT
             graph.output.append(helper.make_tensor_value_info(name, elem, None))
     return probe, output, infos
-
-
-def available_providers(providers) -> list[str]:
-    """``providers`` (default the CPU's) less those this ONNX Runtime build lacks, in the order given (a list such as
-    ``CUDAExecutionProvider,CPUExecutionProvider`` falls back to the CPU on a machine without CUDA, as ONNX Runtime
-    does, without its warning lines); none of them available is one line naming them."""
-    import onnxruntime as ort
-
-    requested = list(providers or ["CPUExecutionProvider"])
-    available = set(ort.get_available_providers())
-    kept = [p for p in requested if p in available]
-    if not kept:
-        raise OnnxProbeError(f"execution provider(s) {', '.join(map(display_name, requested))} not available in this "
-                             f"ONNX Runtime (available: {', '.join(sorted(available))})")
-    return kept
-
