@@ -565,7 +565,8 @@ def test_decide_refuses_inputs_it_cannot_decide_on_in_one_line(change, message):
             out, target, reduction="none")[:, None].expand(-1, 10)
     with pytest.raises(InputError, match=message):
         decide(digits_resnet(), args["train"], args["heldout"], args["loss_fn"], recipe=Recipe("adam", 1e-3, 8, 32),
-               candidates=CANDIDATES, max_trials=args["max_trials"])
+               candidates=CANDIDATES, max_trials=args["max_trials"],
+               **{k: args[k] for k in ("seed", "schedule", "max_statistics_bytes") if k in args})
 
 
 def test_a_misspelt_keyword_is_refused_as_decides_before_any_probe():

@@ -316,7 +316,7 @@ BATCHES = [{"input_ids": torch.zeros(1, 3, dtype=torch.long)}]  # never read: ev
     (iter(BATCHES), None, InputError, "probe_data is a one-shot iterator"),
     (BATCHES, {"train": BATCHES, "recipe": RECIPE, "schedule": "fast"}, InputError,
      r"Callback\(decide=...\): schedule must be 'halving' or 'even', got 'fast'"),
-    (BATCHES, {"train": BATCHES, "recipe": RECIPE, "max_trials": 0}, InputError, r"max_trials: 0 is not in the range"),
+    (BATCHES, {"train": BATCHES, "recipe": RECIPE, "max_trials": 0}, InputError, r"max_trials must be a positive integer, got 0"),
     (BATCHES, {"train": BATCHES, "recipe": RECIPE, "seed": -3}, InputError, r"seed: -3 is not in the range"),
     (BATCHES, {"train": BATCHES, "recipe": RECIPE, "max_statistics_bytes": -1}, InputError,
      r"max_statistics_bytes: -1 is not in the range"),
