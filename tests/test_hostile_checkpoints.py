@@ -413,3 +413,17 @@ def test_missing_execution_providers_are_one_line_without_escape_codes(probe_inp
                                 env={**os.environ, **REPO})
         assert result.returncode == 2 and result.stdout == ""
         assert_one_line(result.stderr, ["--providers", "CUDAExecutionProvider is not available here"])
+
+
+def test_decide_names_labels_outside_the_vocabulary():
+    """The model's own loss (``loss_fn=None``): a label past the vocabulary is refused before any probe, naming the
+    batch and the label (cross-entropy would fail inside the model)."""
+    from satcore.adapters.torch import decide
+
+    ids = torch.randint(1, 64, (64, 8), generator=torch.Generator().manual_seed(0))
+    batches = [{"input_ids": w, "labels": w.clone()} for w in ids.split(8)]
+    batches[3]["labels"][0, 2] = 70
+    batches[1]["labels"][0, 0] = -100  # ignored: allowed
+    with pytest.raises(InputError, match=r"decide: training data: batch 3: label 70 is outside the model's "
+                                         r"vocabulary 0..63 \(and not -100, which is ignored\)"):
+        decide(build("llama"), batches[:4], batches[4:], recipe=Recipe("adam", 1e-3, 4, 8))

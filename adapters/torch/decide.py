@@ -35,7 +35,7 @@ from satcore.adapter_api import MAX_COUNT, MAX_SEED, whole_number
 
 from .grow import InsertedResidual, grow
 from .hf import model_loss
-from .input_bounds import check_trial_steps, forked_rng, read_batches
+from .input_bounds import check_labels, check_trial_steps, forked_rng, read_batches
 from .locate import decision_places
 from .native import _terminal_paths, insert_block, insertion_site
 from .probe import ProbeConfig, call_model, eval_mode, to_device
@@ -393,12 +393,15 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
             raise InputError(f"decide: the {split} data yielded no batches")
         for i, batch in enumerate(data):
             try:
-                inputs, _ = split_batch(batch, targets_to_model=True)
+                inputs, targets = split_batch(batch, targets_to_model=True)
             except ValueError as e:
                 raise InputError(f"decide: {split} data: {e} (pass batches, e.g. a list of (inputs, targets))") from None
             if _batch_size(inputs) == 0:
                 raise InputError(f"decide: {split} data: batch {i} holds no samples")
             check_input_dtype(model, inputs, f"decide: {split} data: batch {i}")
+            if loss_fn is None:  # the model's own loss: its labels must be in its vocabulary
+                labels = inputs.get("labels") if isinstance(inputs, Mapping) else None
+                check_labels(model, targets if labels is None else labels, f"decide: {split} data: batch {i}")
     evaluate = {"heldout": heldout, "train": train}
     # the unexpanded model's losses, once, before the probe so that a loss without per-sample values or a held-out
     # split too small for a standard error is refused first: every trial starts from them (its block is the identity)

@@ -24,6 +24,7 @@ from satcore import InputError
 from satcore.adapter_api import parse_whole_number
 
 MAX_DATA_BATCHES = 2**16
+IGNORED_LABEL = -100  # the label cross-entropy skips (PyTorch's and transformers' ignore_index)
 MAX_TRIAL_STEPS = 100_000
 ENV_MAX_TRIAL_STEPS = "SATCORE_MAX_TRIAL_STEPS"
 
@@ -47,6 +48,19 @@ def check_token_ids(ids, vocab_size: int, what: str) -> None:
     if ids.numel() and bool(outside.any()):
         raise InputError(f"{what}: token id {int(ids[outside].reshape(-1)[0])} is outside the model's vocabulary "
                          f"0..{vocab_size - 1}")
+
+
+def check_labels(model, labels, what: str) -> None:
+    """Refuse labels the model's own loss cannot take: outside its vocabulary ``0 .. vocab_size - 1`` and not
+    the ignored ``-100`` (cross-entropy would fail inside the loss), naming the first one.  Checked where the
+    loss is the model's own (``loss_fn=None``) and the model says its vocabulary (``config.vocab_size``)."""
+    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    if not isinstance(vocab_size, int) or not torch.is_tensor(labels) or labels.is_floating_point():
+        return
+    outside = (labels != IGNORED_LABEL) & ((labels < 0) | (labels >= vocab_size))
+    if bool(outside.any()):
+        raise InputError(f"{what}: label {int(labels[outside].reshape(-1)[0])} is outside the model's vocabulary "
+                         f"0..{vocab_size - 1} (and not {IGNORED_LABEL}, which is ignored)")
 
 
 def check_new_block_count(count: int, n_blocks: int, what: str) -> None:
