@@ -372,8 +372,11 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
         Before any probe or trial: a split that yields no batches or is one batch rather than an
         iterable of batches, an empty batch, fewer than 2 held-out samples, a ``loss_fn`` that does not
         return one loss per sample (a batch mean, 0-d or ``(1,)``), ``max_trials`` not a positive integer, a
-        loss that is not finite before any insertion; and a trial whose losses stop being finite (the recipe
-        diverged on the inserted block).
+        ``seed`` outside ``0 .. 2**63 - 1``, a ``max_statistics_bytes`` below 1, float inputs of another dtype
+        than the model's parameters, labels outside the vocabulary (the model's own loss), a split of more than
+        65,536 batches (an endless iterator), a recipe of more steps than ``SATCORE_MAX_TRIAL_STEPS`` (100,000;
+        :mod:`~.input_bounds`), a loss that is not finite before any insertion; and a trial whose losses stop
+        being finite (the recipe diverged on the inserted block).
     TypeError
         A keyword argument that is neither ``decide``'s nor a probe option (:class:`~.probe.ProbeConfig`).
     """
