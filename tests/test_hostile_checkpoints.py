@@ -427,3 +427,39 @@ def test_decide_names_labels_outside_the_vocabulary():
     with pytest.raises(InputError, match=r"decide: training data: batch 3: label 70 is outside the model's "
                                          r"vocabulary 0..63 \(and not -100, which is ignored\)"):
         decide(build("llama"), batches[:4], batches[4:], recipe=Recipe("adam", 1e-3, 4, 8))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_decide_leaves_the_cuda_generators_alone():
+    from satcore.adapters.torch import decide, sequence_loss
+
+    model = build("llama").cuda()
+    data = [({"input_ids": x.cuda()}, y.cuda()) for x, y in ((i["input_ids"], t) for i, t in windows())]
+    held = [({"input_ids": x.cuda()}, y.cuda()) for x, y in ((i["input_ids"], t) for i, t in windows(seed=1))]
+    torch.cuda.manual_seed_all(9)
+    cuda_state, cpu_state = torch.cuda.get_rng_state_all(), torch.get_rng_state()
+    decide(model, data, held, sequence_loss, recipe=Recipe("adam", 1e-3, 4, 8), family="mlp", max_trials=2)
+    assert all(torch.equal(a, b) for a, b in zip(torch.cuda.get_rng_state_all(), cuda_state))
+    assert torch.equal(torch.get_rng_state(), cpu_state)
+
+
+def test_text_is_tokenised_a_piece_at_a_time(source, tmp_path):
+    """A text of several megabytes reaches the tokenizer in pieces of about TEXT_PIECE_BYTES characters cut at line
+    breaks (one call on the whole of a huge file aborted the Rust tokenizer), every character read once."""
+    from satcore.adapters.torch import checkpoint_dir
+
+    text = tmp_path / "big.txt"
+    line = TEXT[:200] + "\n"
+    text.write_text(line * (3 * checkpoint_dir.TEXT_PIECE_BYTES // len(line)))
+    tokenizer, lengths = checkpoint_dir.load_tokenizer(source[0]), []
+
+    def recording(piece, **kwargs):
+        lengths.append(len(piece))
+        return tokenizer(piece, **kwargs)
+
+    ids = checkpoint_dir._text_ids(str(text), recording, 10**7)  # more than the file holds: all of it is read
+    # each piece ends at a line break: at most one piece plus the line carried over from the piece before
+    assert len(lengths) >= 3 and max(lengths) <= checkpoint_dir.TEXT_PIECE_BYTES + len(line)
+    assert sum(lengths) == os.path.getsize(text) and len(ids) < 10**7
+    per_line = len(tokenizer(line, add_special_tokens=False)["input_ids"])
+    np.testing.assert_array_equal(ids[:per_line], tokenizer(line, add_special_tokens=False)["input_ids"])
