@@ -16,7 +16,6 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -359,24 +358,27 @@ def test_full_disk_while_saving_is_one_line_naming_the_file(source, tmp_path):
     assert not out.exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".satcore")]
 
 
-def test_a_killed_run_leaves_only_a_folder_marked_incomplete(source, tmp_path):
+# the command run with a kill -9 of itself at one point of the write: after the weights, or right before the rename
+KILLED_AT = ("import os, shutil, signal, sys; from satcore.cli.main import main; "
+             "kill = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL); "
+             "setattr(shutil if sys.argv[1] == 'copy' else os, 'copyfile' if sys.argv[1] == 'copy' else 'rename', kill); "
+             "main(sys.argv[2:])")
+
+
+@pytest.mark.parametrize("moment", ["copy", "rename"])
+def test_a_killed_run_leaves_only_a_folder_marked_incomplete(moment, source, tmp_path):
+    """kill -9 while OUT_DIR is written (after the weights: the tokenizer's copy; or at the rename itself): what is
+    left is a hidden folder whose name says it is incomplete (and, until the last moment, a file in it), never
+    OUT_DIR."""
     out = tmp_path / "o"
-    proc = subprocess.Popen([*SATCORE, "expand", str(source[0]), "--at", "1", "-o", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **REPO})
-    try:
-        for _ in range(3000):  # the staging folder appears before the model is read
-            staged = [p for p in os.listdir(tmp_path) if p.startswith(".satcore")]
-            if staged or proc.poll() is not None:
-                break
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait(timeout=60)
+    proc = subprocess.run([sys.executable, "-c", KILLED_AT, moment, "expand", str(source[0]), "--at", "1", "-o",
+                           str(out)], capture_output=True, text=True, timeout=300, env={**os.environ, **REPO})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
     leftovers = [p for p in os.listdir(tmp_path) if p.startswith(".satcore")]
-    assert leftovers, "the run ended before the kill"
-    for name in leftovers:
-        assert name.startswith(".satcore-expand-incomplete-")
-        assert "did not finish" in (tmp_path / name / "INCOMPLETE.txt").read_text()
+    assert len(leftovers) == 1 and leftovers[0].startswith(".satcore-expand-incomplete-"), leftovers
+    if moment == "copy":  # the weights are there: the marker says they are not a finished model
+        assert (tmp_path / leftovers[0] / "model.safetensors").exists()
+        assert "did not finish" in (tmp_path / leftovers[0] / "INCOMPLETE.txt").read_text()
     assert not out.exists()
 
 
@@ -386,9 +388,12 @@ def test_mergekit_yaml_reads_back_the_model_dir_exactly(evil, source, tmp_path):
     yaml = pytest.importorskip("yaml")
     folder = tmp_path / f"m{evil}"
     shutil.copytree(source[0], folder)
-    result = CliRunner().invoke(main, ["expand", str(folder), "--at", "1,head", "-o", str(tmp_path / "o")])
+    out = tmp_path / f"o{evil}"
+    result = CliRunner().invoke(main, ["expand", str(folder), "--at", "1,head", "-o", str(out)])
     assert result.exit_code == 0, result.output
-    text = (tmp_path / "o" / "mergekit.yaml").read_text(encoding="utf-8")
+    factory = yaml.safe_load((out / "llamafactory.yaml").read_text(encoding="utf-8"))
+    assert factory["model_name_or_path"] == str(out)
+    text = (out / "mergekit.yaml").read_text(encoding="utf-8")
     assert not CONTROL.search(text.replace("\n", ""))
     config = yaml.safe_load(text)
     models = [source["model"] for s in config["slices"] for source in s["sources"]]
