@@ -20,7 +20,7 @@ import shutil
 import click
 
 from satcore import InputError, ProbeError
-from satcore.adapter_api import NOT_VERIFIED, decision_interval_notes
+from satcore.adapter_api import NOT_VERIFIED, decision_interval_notes, parse_whole_number
 
 from .common import FiniteFloatRange, display_name, num, table
 from .expand_report import defaults_line, frontier_report, moves_report, plot_frontier, stop_line
@@ -45,18 +45,26 @@ def _blocks_option(ctx, param, value):
 
 
 def _at_option(value, n_blocks: int, block_names: list[str]):
-    """``--at`` entries (block names, indices or ``head``) as original block indices or ``"head"``."""
+    """``--at`` entries (block names, indices or ``head``) as original block indices or ``"head"``; at most one
+    per place of the model (the count is checked before any entry is read)."""
+    from satcore.adapters.torch.input_bounds import check_new_block_count
+
+    items = [v.strip() for v in value.split(",", n_blocks + 1)]
+    check_new_block_count(len(items) if len(items) <= n_blocks + 1 else value.count(",") + 1, n_blocks, "--at")
     out = []
-    for item in (v.strip() for v in value.split(",")):
+    for item in items:
         if item == "head":
             out.append("head")
-        elif item.isdigit() and int(item) < n_blocks:
-            out.append(int(item))
         elif item in block_names:
             out.append(block_names.index(item))
         else:
-            raise click.BadParameter(f"{item!r} is not a block of the model ({block_names[0]} .. "
-                                     f"{block_names[-1]}, an index 0..{n_blocks - 1}, or head)", param_hint="--at")
+            try:
+                out.append(parse_whole_number(item, "--at", 0, n_blocks - 1))
+            except InputError:
+                shown = item if len(item) <= 40 else f"a {len(item)}-character entry"
+                raise click.BadParameter(f"{shown!r} is not a block of the model ({block_names[0]} .. "
+                                         f"{block_names[-1]}, an index 0..{n_blocks - 1}, or head)",
+                                         param_hint="--at") from None
     return out
 
 
@@ -242,7 +250,8 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         check_target(plot_path, [p for p in (data_path, general_path) if p])
         plot_format(plot_path)
     from satcore import Recipe
-    from satcore.adapters.torch.checkpoint_dir import load_causal_lm, read_token_windows
+    from satcore.adapters.torch.checkpoint_dir import (EXPAND_COPIES, checkpoint_dtype, load_causal_lm,
+                                                       read_config, read_token_windows)
     from satcore.adapters.torch.expansion import decoder_stack
     from satcore.adapters.torch.expansion import expand as expand_model
     from satcore.adapters.torch.expansion_exports import lora_adapter_config, write_training_exports
@@ -255,8 +264,9 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
 
     hf_logging.disable_progress_bar()  # one report on stdout, no bars on stderr
     on_gpu = torch.cuda.is_available()
-    model = load_causal_lm(model_dir, dtype=torch.float32)  # decided in float32; saved in the checkpoint's dtype
-    saved_dtype = _checkpoint_dtype(model_dir)
+    # decided in float32, saved in the checkpoint's dtype
+    model = load_causal_lm(model_dir, dtype=torch.float32, copies=EXPAND_COPIES)
+    saved_dtype = checkpoint_dtype(read_config(model_dir))
     try:
         names, _ = decoder_stack(model)
     except ProbeError as exc:
@@ -328,12 +338,3 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         written.append("README.md (the model card" + (": how to train the new blocks)" if expansion.new_blocks else ")"))
     click.echo(f"wrote {display_name(out_dir)}: {grown_layers}, {', '.join(written)}")
 
-
-def _checkpoint_dtype(model_dir: str) -> str:
-    """The dtype name the checkpoint's config declares (``float32`` when it declares none)."""
-    with open(os.path.join(model_dir, "config.json")) as stream:
-        config = json.load(stream)
-    name = config.get("dtype") or config.get("torch_dtype") or "float32"
-    if name not in ("float32", "float16", "bfloat16", "float64"):
-        raise InputError(f"{display_name(model_dir)}/config.json: dtype {name!r} is not one expand writes")
-    return name

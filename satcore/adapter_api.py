@@ -61,12 +61,14 @@ from ._growth.loop import AdapterSteps, round_summary
 from ._io.atomic import OutputError, atomic_write, check_target, command_inputs, note_input
 from ._io.dump import Dump, read_dump_meta
 from ._io.probe_result import Probe
+from ._io.yaml_text import yaml_quoted
 from ._io.zipnpy import NpyHeader, NpzArchive, NpzError
 from ._rendering.table import decision_interval_notes, num, render_report, table
 from ._scores.scores import StreamDiagnostics
 from ._shared.arrays import check_feature_count, check_memory, statistics_bytes
 from ._shared.display import display_name
 from ._shared.errors import MissingDependencyError
+from ._shared.numbers import MAX_COUNT, MAX_SEED, derived_seed, finite_real, parse_whole_number, shown_value, whole_number
 from ._shared.optional import require
 from ._shared.splits import TRAINING_SPLIT_WARNING, is_training_split
 from ._statistics.moments import forms_sample_gradients
@@ -89,10 +91,13 @@ __all__ = [
     "Probe", "AdapterSteps", "round_summary",
     # files: atomic writes, dumps, the safe .npz reader
     "OutputError", "atomic_write", "check_target", "command_inputs", "note_input", "Dump", "read_dump_meta",
-    "NpyHeader", "NpzArchive", "NpzError",
+    "NpyHeader", "NpzArchive", "NpzError", "yaml_quoted",
     # rendering
     "decision_interval_notes", "num", "render_report", "table", "display_name", "StreamDiagnostics",
     # shared checks
     "check_feature_count", "check_memory", "statistics_bytes", "MissingDependencyError", "require",
     "TRAINING_SPLIT_WARNING", "is_training_split",
+    # numbers from users: counts, seeds, reals (one reader for options, files and arguments)
+    "MAX_COUNT", "MAX_SEED", "derived_seed", "finite_real", "parse_whole_number", "shown_value",
+    "whole_number",
 ]

@@ -522,6 +522,11 @@ def test_decide_pairs_the_margins_standard_error_over_the_held_out_samples():
     ({"max_trials": 0}, "max_trials must be a positive integer"),
     ({"max_trials": True}, "max_trials must be a positive integer"),
     ({"max_trials": 1.5}, "max_trials must be a positive integer"),
+    ({"seed": -1}, "decide: seed: -1 is not in the range 0..9223372036854775807"),
+    ({"schedule": "fastest"}, "decide: schedule must be 'halving' or 'even', got 'fastest'"),
+    ({"max_statistics_bytes": -5}, "decide: max_statistics_bytes: -5 is not in the range 1.."),
+    ({"heldout": "float64"}, "decide: held-out data: batch 0: inputs are torch.float64, the model's parameters "
+                             "torch.float32"),
     ({"heldout": "one batch"}, "the held-out data is one batch"),
     ({"heldout": "empty batch"}, "held-out data: batch 2 holds no samples"),
     ({"loss_fn": "kept mean"}, r"loss_fn returned shape \(1,\) for a batch of 32 samples"),
@@ -545,6 +550,8 @@ def test_decide_refuses_inputs_it_cannot_decide_on_in_one_line(change, message):
         args["heldout"] = [(X[1200:1201], y[1200:1201])]
     elif args["heldout"] == "empty batch":
         args["heldout"] = _data(1200, 64, 32) + [(X[:0], y[:0])]
+    elif args["heldout"] == "float64":
+        args["heldout"] = [(X[1200:1264].double(), y[1200:1264])]
     elif args["heldout"] == "no labels":  # a mapping of inputs without targets, and no loss_fn to take them
         args["heldout"] = [{"x": X[1200:1232]}, {"x": X[1232:1264]}]
     if args["loss_fn"] == "batch mean":
@@ -558,7 +565,8 @@ def test_decide_refuses_inputs_it_cannot_decide_on_in_one_line(change, message):
             out, target, reduction="none")[:, None].expand(-1, 10)
     with pytest.raises(InputError, match=message):
         decide(digits_resnet(), args["train"], args["heldout"], args["loss_fn"], recipe=Recipe("adam", 1e-3, 8, 32),
-               candidates=CANDIDATES, max_trials=args["max_trials"])
+               candidates=CANDIDATES, max_trials=args["max_trials"],
+               **{k: args[k] for k in ("seed", "schedule", "max_statistics_bytes") if k in args})
 
 
 def test_a_misspelt_keyword_is_refused_as_decides_before_any_probe():

@@ -314,6 +314,10 @@ TAMPERED = {
     "setting_wrong_type": (lambda m: m["checkpoint"].update(variance="no"), ["checkpoint.variance = 'no'"]),
     "model_missing": (lambda m: m["checkpoint"].pop("model"), ["checkpoint.model is missing"]),
     "streams_not_a_mapping": (lambda m: m["checkpoint"].update(streams=3), ["checkpoint.streams"]),
+    "streams_lack_a_candidate": (lambda m: m["checkpoint"].update(streams={}),
+                                 ["checkpoint.streams: no stream sums for candidate"]),
+    "streams_lack_a_sum": (lambda m: m["checkpoint"].update(streams={n: {"n_vectors": 1} for n in m["candidates"]}),
+                           ["checkpoint.streams.", "missing or not a number: 'sum_z_sq'"]),
 }
 
 

@@ -314,6 +314,12 @@ BATCHES = [{"input_ids": torch.zeros(1, 3, dtype=torch.long)}]  # never read: ev
     (BATCHES, {"train": [], "recipe": RECIPE}, InputError, "'train' holds no batches"),
     (BATCHES, {"train": BATCHES, "recipe": RECIPE, "family": "nativ"}, InputError, "unknown family 'nativ'"),
     (iter(BATCHES), None, InputError, "probe_data is a one-shot iterator"),
+    (BATCHES, {"train": BATCHES, "recipe": RECIPE, "schedule": "fast"}, InputError,
+     r"Callback\(decide=...\): schedule must be 'halving' or 'even', got 'fast'"),
+    (BATCHES, {"train": BATCHES, "recipe": RECIPE, "max_trials": 0}, InputError, r"max_trials must be a positive integer, got 0"),
+    (BATCHES, {"train": BATCHES, "recipe": RECIPE, "seed": -3}, InputError, r"seed: -3 is not in the range"),
+    (BATCHES, {"train": BATCHES, "recipe": RECIPE, "max_statistics_bytes": -1}, InputError,
+     r"max_statistics_bytes: -1 is not in the range"),
 ])
 def test_callbacks_refuse_what_they_cannot_run_when_built(probe_data, options, error, message):
     """Refused when the callback is built, not at the first evaluation after training steps."""

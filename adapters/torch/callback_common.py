@@ -7,14 +7,12 @@ import dataclasses
 import inspect
 from collections.abc import Iterator, Mapping
 
-import torch
-
 from satcore.adapters.base import resolve_options
 from satcore import InputError
 from satcore.adapter_api import family_spec
 from satcore import Recipe
 
-from .decide import PROBE_OPTION_NAMES, decide
+from .decide import PROBE_OPTION_NAMES, check_decide_arguments, decide
 from .locate import decision_places, locate_candidates
 from .probe import ProbeConfig, probe, unwrap_data_parallel
 
@@ -99,6 +97,11 @@ def callback_decide_options(options, by: str, config: ProbeConfig) -> dict | Non
         raise TypeError(f"{by}(decide=...) got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; it "
                         f"takes decide's: {', '.join(sorted(known | PROBE_OPTION_NAMES))}")
     require_reiterable(options["train"], f"{by}(decide=...)'s 'train'")
+    checked = ("recipe", "schedule", "max_trials", "seed", "max_statistics_bytes")
+    try:
+        check_decide_arguments(**{k: options[k] for k in checked if k in options})
+    except InputError as exc:
+        raise InputError(f"{by}(decide=...): {str(exc).removeprefix('decide: ')}") from None
     if "family" in options:  # the callback's own family was checked with its settings
         check_family_name(options["family"], f"{by}(decide=...)")
     return {k: getattr(config, k) for k in CALLBACK_SHARED} | options
@@ -124,7 +127,4 @@ def callback_decision(model, heldout, loss_fn, options: dict):
     numbers as without it (its dropout masks, its data order)."""
     options = dict(options)
     train = options.pop("train")
-    # every CUDA device's generator too: a model dispatched over several GPUs trains its trials on each
-    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=cuda):
-        return decide(model, train, heldout, loss_fn, **options)
+    return decide(model, train, heldout, loss_fn, **options)  # decide forks the generators itself

@@ -60,7 +60,7 @@ def load_checkpoint(path, config: dict):
             raise ProbeError(f"{_shown(path)}: checkpoint.batches_done = {batches_done} but candidate {name!r} "
                              f"holds {stats[name].n_batches} batches")
         if saved_streams is not None:  # an older checkpoint kept the stream sums in its meta
-            stats[name] = _with_stream_sums(stats[name], saved_streams.get(name), path)
+            stats[name] = _with_stream_sums(stats[name], saved_streams.get(name), path, name)
     return stats, meta["family"], int(batches_done)
 
 
@@ -119,14 +119,18 @@ def model_fingerprint(model) -> str:
     return digest.hexdigest()[:32]
 
 
-def _with_stream_sums(statistics: CandidateStatistics, saved, path) -> CandidateStatistics:
+def _with_stream_sums(statistics: CandidateStatistics, saved, path, statistics_name: str) -> CandidateStatistics:
     """``statistics`` with the stream sums an older checkpoint kept in ``checkpoint.streams``
     (``{n_samples, n_vectors, sum_z_sq, sum_update_sq, has_update}``)."""
+    if not isinstance(saved, dict):
+        raise ProbeError(f"{_shown(path)}: checkpoint.streams: no stream sums for candidate "
+                         f"{display_name(repr(statistics_name), 120)} (a mapping of its sums is expected)")
     try:
         arrays = {**statistics.to_arrays(), "sum_z_sq": float(saved["sum_z_sq"]),
                   "n_stream_vectors": float(saved["n_vectors"])}
         if saved["has_update"]:
             arrays["sum_update_sq"] = float(saved["sum_update_sq"])
         return CandidateStatistics.from_arrays(arrays)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProbeError(f"{_shown(path)}: checkpoint.streams: {exc}") from None
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise ProbeError(f"{_shown(path)}: checkpoint.streams.{display_name(statistics_name, 120)}: missing or not a "
+                         f"number: {display_name(str(exc), 120)}") from None

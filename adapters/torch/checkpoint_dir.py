@@ -1,15 +1,17 @@
 """Hugging Face checkpoint directories and token files, read for ``satcore expand`` / ``satcore probe``.
 
 A checkpoint directory is what ``save_pretrained`` writes: ``config.json``, the
-weights (``*.safetensors``; ``pytorch_model*.bin`` is read by transformers with
-``weights_only=True``), and for text data its tokenizer files.  Nothing in it is
-executed (``trust_remote_code`` stays off) and nothing is written to it.
+weights (``*.safetensors``; pickled ``pytorch_model*.bin`` are refused, nothing is
+unpickled), and for text data its tokenizer files.  Nothing in it is executed
+(``trust_remote_code`` stays off) and nothing is written to it.  :func:`load_causal_lm`
+is the one loader: it checks the config against the weights' headers before anything
+is built (:func:`load_causal_lm` says in what order).
 
 Token data (``--data``), cut into windows of ``seq_len`` tokens:
 
 * plain UTF-8 text (any other suffix): tokenised with the checkpoint's own
-  tokenizer; at most ``max_windows * seq_len`` tokens are used, and only the
-  characters that can hold them are read (``MAX_TEXT_CHARS_PER_TOKEN`` each);
+  tokenizer a piece at a time; at most ``max_windows * seq_len`` tokens are used,
+  and only the characters that can hold them are read (``MAX_TEXT_CHARS_PER_TOKEN`` each);
 * ``.npz``: one integer array ``input_ids`` (any shape: flattened in order),
   read through satcore's bounded reader (nothing unpickled);
 * ``.jsonl``: one JSON list of integers per line, or an object with an
@@ -21,8 +23,13 @@ Every id must lie in ``0 .. vocab_size - 1``.  A problem is one
 
 from __future__ import annotations
 
-import json
+import codecs
+import contextlib
+import itertools
+import math
 import os
+import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +38,29 @@ import torch
 from satcore.adapter_api import display_name
 from satcore.adapter_api import NpzArchive
 from satcore import InputError, ProbeError
+from satcore.adapter_api import check_memory, shown_value, whole_number
 
-WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+from .input_bounds import check_token_ids
+from .safetensors_headers import read_json, weight_headers
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+PICKLED_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
 MAX_TEXT_CHARS_PER_TOKEN = 16  # generous: English subword tokenizers average ~4 characters a token
+TEXT_PIECE_BYTES = 2**20  # text is tokenised a piece at a time: a tokenizer handed gigabytes at once may abort
 MAX_JSONL_LINE_BYTES = 2**24
+MAX_CONFIG_BYTES = 2**24
+MAX_TOKENIZER_BYTES = 2**28
+# the sizes a decoder's config declares: whole numbers >= 1 (None allowed where transformers reads None as "derive it")
+SIZE_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "hidden_size", "n_embd", "intermediate_size", "n_inner",
+             "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "vocab_size",
+             "max_position_embeddings", "n_positions", "n_ctx", "sliding_window")
+NULLABLE_SIZES = ("n_inner", "num_key_value_heads", "head_dim", "sliding_window")
+MAX_SIZE = 2**31  # no dimension of a real model comes near; a larger one is a forged or mistyped config
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+# how many float32 copies of the model expand holds at once: the model, the grown copy, a trial's copy
+EXPAND_COPIES = 3
+_LAYER_NAME = re.compile(r"(.*?)\.([0-9]{1,9})\.")
 
 
 def is_checkpoint_dir(path) -> bool:
@@ -44,78 +69,273 @@ def is_checkpoint_dir(path) -> bool:
 
 
 def check_checkpoint_dir(path) -> None:
-    """Refuse, in one line naming what is missing, a directory ``from_pretrained`` cannot load."""
+    """Refuse, in one line naming what is missing, a directory the loader does not read: not a directory, no
+    ``config.json``, a path that is not UTF-8 (the safetensors reader takes UTF-8 paths only), pickled weights
+    (``pytorch_model.bin``: nothing is unpickled) or no weights."""
     shown = display_name(os.fspath(path))
     if not os.path.isdir(path):
         raise InputError(f"{shown}: not a directory (a Hugging Face checkpoint directory is expected)")
+    try:
+        os.fsencode(os.path.abspath(path)).decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{shown}: the path is not UTF-8, which the safetensors reader needs; rename the directory "
+                         "(or link it under a UTF-8 name)") from None
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise InputError(f"{shown}: no config.json (not a Hugging Face checkpoint directory)")
-    if not any(any(Path(path).glob(p)) for p in WEIGHT_PATTERNS):
-        raise InputError(f"{shown}: no weights (model.safetensors or pytorch_model.bin)")
-    try:
-        with open(os.path.join(path, "config.json"), "rb") as stream:
-            config = json.loads(stream.read(2**24))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"{shown}/config.json: not JSON ({exc})") from None
-    quantization = config.get("quantization_config") if isinstance(config, dict) else None
+    if not any(Path(path).glob("*.safetensors")):
+        pickled = next((p.name for pattern in PICKLED_WEIGHTS for p in sorted(Path(path).glob(pattern))), None)
+        if pickled is not None:
+            raise InputError(f"{shown}/{display_name(pickled)}: pickled weights are not read (unpickling runs code); "
+                             "save them as safetensors (model.save_pretrained(dir, safe_serialization=True))")
+        raise InputError(f"{shown}: no weights (model.safetensors or model.safetensors.index.json)")
+
+
+def read_config(path) -> dict:
+    """``config.json`` of the checkpoint directory ``path``, checked before anything is built from it: a JSON
+    object at most :data:`MAX_CONFIG_BYTES` and 32 levels deep, every size of :data:`SIZE_KEYS` it holds a whole
+    number in ``1 .. MAX_SIZE``, the heads dividing the width and each other, a float ``dtype`` expand writes,
+    no ``quantization_config``."""
+    shown = f"{display_name(os.fspath(path))}/config.json"
+    config = read_json(os.path.join(path, "config.json"), shown, MAX_CONFIG_BYTES)
+    if not isinstance(config, dict):
+        raise InputError(f"{shown}: not a JSON object")
+    for key in SIZE_KEYS:
+        if key in config and not (config[key] is None and key in NULLABLE_SIZES):
+            whole_number(config[key], f"{shown}: {key}", 1, MAX_SIZE)
+    sizes = {k: config.get(k) for k in ("hidden_size", "n_embd", "num_attention_heads", "n_head",
+                                         "num_key_value_heads", "head_dim")}
+    width, heads = sizes["hidden_size"] or sizes["n_embd"], sizes["num_attention_heads"] or sizes["n_head"]
+    if width and heads and sizes["head_dim"] is None and width % heads:
+        raise InputError(f"{shown}: the width {width} is not a multiple of the {heads} attention heads (and no "
+                         "head_dim says otherwise)")
+    if heads and sizes["num_key_value_heads"] and heads % sizes["num_key_value_heads"]:
+        raise InputError(f"{shown}: num_attention_heads {heads} is not a multiple of num_key_value_heads "
+                         f"{sizes['num_key_value_heads']}")
+    checkpoint_dtype(config, shown)
+    quantization = config.get("quantization_config")
     if quantization is not None:
         method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else "?"
-        raise InputError(f"{shown}/config.json: quantized checkpoints (quantization_config, {method!r}) are not "
-                         "supported: their weights cannot be grown and saved; de-quantise to a float checkpoint")
+        raise InputError(f"{shown}: quantized checkpoints (quantization_config, {display_name(repr(method), 40)}) are "
+                         "not supported: their weights cannot be grown and saved; de-quantise to a float checkpoint")
+    return config
 
 
-def load_causal_lm(path, *, dtype=None):
-    """``AutoModelForCausalLM.from_pretrained(path)`` in eval mode, or a one-line :class:`ProbeError`."""
+def checkpoint_dtype(config: dict, shown: str = "config.json") -> str:
+    """The dtype name the checkpoint's config declares (``float32`` when it declares none), one of :data:`DTYPES`."""
+    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    if name not in DTYPES:
+        raise InputError(f"{shown}: dtype {display_name(repr(name), 40)} is not one expand reads and writes "
+                         f"({', '.join(DTYPES)})")
+    return name
+
+
+def _stack(tensors) -> tuple[str | None, int]:
+    """``(prefix, n)``: the numbered stack with the most members among the weights' names (the decoder's
+    blocks, ``model.layers.0 .. n-1``) and how many it holds (indices 0..n-1 without gaps, else -1)."""
+    indices: dict[str, set] = {}
+    for name in tensors:
+        match = _LAYER_NAME.match(name)
+        if match:
+            indices.setdefault(match[1], set()).add(int(match[2]))
+    if not indices:
+        return None, 0
+    prefix, found = max(indices.items(), key=lambda kv: len(kv[1]))
+    return prefix, len(found) if found == set(range(len(found))) else -1
+
+
+def check_layers(path, config: dict, declared: int | None, tensors) -> None:
+    """Refuse a config whose layer count is not the weights' (``declared``: the value the config builds,
+    ``None`` when not yet known); transformers would fill missing layers with random ones, or drop layers."""
+    shown = display_name(os.fspath(path))
+    key = next((k for k in LAYER_KEYS if k in config), None)
+    count = config[key] if key is not None else declared
+    if count is None:
+        return
+    prefix, held = _stack(tensors)
+    files = ", ".join(sorted({t.file for t in tensors.values()}))
+    if held < 0:
+        raise InputError(f"{shown}/{files}: the layers of {prefix} are not numbered 0, 1, 2, ... without gaps")
+    if count != held:
+        given = f"{key} = {count}" if key is not None else f"no num_hidden_layers (the architecture's default {count})"
+        raise InputError(f"{shown}/config.json: {given}, but {files} holds {held} layer(s)"
+                         + (f" ({prefix}.0 .. {prefix}.{held - 1})" if held else "")
+                         + "; the config must describe the weights")
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still allocate: the kernel's ``MemAvailable``, less where a cgroup limit is lower;
+    ``None`` where the system does not say."""
+    found = []
+    try:
+        with open("/proc/meminfo") as stream:
+            found += [int(line.split()[1]) * 1024 for line in stream if line.startswith("MemAvailable:")]
+    except OSError:
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as used:
+            text = limit.read().strip()
+            if text != "max":
+                found.append(int(text) - int(used.read().strip()))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def _build_on_meta(path, config):
+    """The model ``config`` builds, on the meta device (shapes, no memory), or a one-line refusal."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    except (ValueError, KeyError, TypeError, ZeroDivisionError, AttributeError, RuntimeError) as exc:
+        raise ProbeError(f"{display_name(os.fspath(path))}: cannot build model_type "
+                         f"{display_name(repr(getattr(config, 'model_type', '?')), 40)} as a causal LM from its "
+                         f"config.json ({_reason(exc)})") from None
+
+
+def check_against_weights(path, model, tensors, copies: int) -> None:
+    """Refuse, before the weights are read, a model (built on the meta device) whose tensors have other shapes
+    than the weights' of the same names, or whose float32 parameters, held ``copies`` times, exceed the memory
+    available (:func:`available_memory`)."""
+    shown = display_name(os.fspath(path))
+    for name, tensor in model.state_dict().items():
+        saved = tensors.get(name)
+        if saved is not None and tuple(tensor.shape) != saved.shape:
+            raise InputError(f"{shown}/config.json does not match the weights: {display_name(name, 120)} is "
+                             f"{list(tensor.shape)} by the config, {list(saved.shape)} in {saved.file}")
+    n_bytes = copies * 4 * sum(t.numel() for t in itertools.chain(model.parameters(), model.buffers()))
+    available = available_memory()
+    if available is not None and n_bytes > available:
+        raise InputError(f"{shown}: the model in float32, held {copies} time(s), needs {n_bytes / 2**30:.1f} GiB; "
+                         f"{available / 2**30:.1f} GiB of memory is available")
+
+
+def _reason(exc: BaseException) -> str:
+    return display_name(" ".join(str(exc).split()), 300)
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' own log lines (its load report, config warnings) kept off the terminal: satcore reports
+    what it refuses in one line of its own."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def load_causal_lm(path, *, dtype=None, copies: int = 1):
+    """``AutoModelForCausalLM.from_pretrained(path)`` in eval mode, the directory checked first.
+
+    Order: the directory (:func:`check_checkpoint_dir`), the config (:func:`read_config`), the weights'
+    headers (:func:`~.safetensors_headers.weight_headers`), the layer count against them
+    (:func:`check_layers`), the model built on the meta device and its shapes and memory checked
+    (:func:`check_against_weights`, ``copies``: how many float32 copies the caller holds), and only then the
+    weights read (safetensors only), refused when transformers reports a tensor missing, unexpected or of
+    another shape.  Every refusal is one line naming the file and the key.
+    """
     check_checkpoint_dir(path)
     shown = display_name(os.fspath(path))
+    raw = read_config(path)
+    tensors = weight_headers(os.fspath(path), raw)
+    check_layers(path, raw, None, tensors)  # before the config is built: it may build a list per layer
+    from huggingface_hub.errors import StrictDataclassError
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    except (ValueError, KeyError, OSError) as exc:
-        raise ProbeError(f"{shown}/config.json: {' '.join(str(exc).split())[:300]}") from None
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, dtype=dtype or "auto")
-    except (ValueError, KeyError, OSError, RuntimeError) as exc:
-        kind = getattr(config, "model_type", "?")
-        raise ProbeError(f"{shown}: cannot load model_type {kind!r} as a causal LM "
-                         f"({' '.join(str(exc).split())[:300]})") from None
+    with _quiet_transformers():
+        try:
+            config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+        except (ValueError, KeyError, OSError, TypeError, ZeroDivisionError, StrictDataclassError) as exc:
+            raise ProbeError(f"{shown}/config.json: {_reason(exc)}") from None
+        check_layers(path, raw, getattr(config, "num_hidden_layers", None), tensors)
+        check_against_weights(path, _build_on_meta(path, config), tensors, copies)
+        try:
+            model, report = AutoModelForCausalLM.from_pretrained(
+                path, config=config, trust_remote_code=False, dtype=dtype or "auto", use_safetensors=True,
+                output_loading_info=True)
+        except SafetensorError as exc:
+            files = ", ".join(sorted({t.file for t in tensors.values()}))
+            raise InputError(f"{shown}/{files}: {_reason(exc)}") from None
+        except (ValueError, KeyError, OSError, RuntimeError) as exc:
+            raise ProbeError(f"{shown}: cannot load model_type {display_name(repr(config.model_type), 40)} as a "
+                             f"causal LM ({_reason(exc)})") from None
+    problems = [(kind, sorted(map(str, report.get(kind) or ())))
+                for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")]
+    problems = [(kind, names) for kind, names in problems if names]
+    if problems:
+        said = "; ".join(f"{len(names)} {kind.replace('_', ' ')} (first {display_name(names[0], 120)})"
+                         for kind, names in problems)
+        raise InputError(f"{shown}: config.json does not match the weights: {said}")
     return model.eval()
 
 
 def load_tokenizer(path):
-    """The checkpoint's own tokenizer, or a one-line :class:`InputError` naming what is missing."""
+    """The checkpoint's own tokenizer, or a one-line :class:`InputError` naming what is missing or malformed."""
     shown = display_name(os.fspath(path))
     if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
         raise InputError(f"{shown}: no tokenizer (tokenizer.json or tokenizer_config.json) to tokenise text "
                          "data with; pass token ids (.npz with input_ids, or .jsonl) instead")
+    for name, needs in (("tokenizer.json", "model"), ("tokenizer_config.json", None)):
+        if os.path.isfile(os.path.join(path, name)):
+            document = read_json(os.path.join(path, name), f"{shown}/{name}", MAX_TOKENIZER_BYTES)
+            if not isinstance(document, dict) or (needs and not isinstance(document.get(needs), dict)):
+                raise InputError(f"{shown}/{name}: not a tokenizer's JSON object"
+                                 + (f" (no {needs!r} mapping)" if needs else ""))
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-    except (ValueError, KeyError, OSError) as exc:
-        raise InputError(f"{shown}: its tokenizer does not load ({' '.join(str(exc).split())[:300]})") from None
+        with _quiet_transformers():
+            return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except MemoryError:
+        raise
+    except Exception as exc:  # the tokenizers library raises a bare Exception for a file it cannot parse
+        raise InputError(f"{shown}: its tokenizer does not load ({_reason(exc)})") from None
 
 
 def _text_ids(path, tokenizer, n_tokens: int) -> np.ndarray:
+    """Up to ``n_tokens`` ids of the UTF-8 text in ``path``, tokenised a piece of about
+    :data:`TEXT_PIECE_BYTES` at a time (each piece ends at a line break where the piece has one)."""
     shown = display_name(os.fspath(path))
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    pieces, held, offset, carry = [], 0, 0, ""
     with open(path, "rb") as stream:
-        raw = stream.read(n_tokens * MAX_TEXT_CHARS_PER_TOKEN)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        if exc.start < len(raw) - 3:  # a character cut at the read limit is not an error
-            raise InputError(f"{shown}: not UTF-8 text (byte {exc.start}); token ids go in .npz or .jsonl") from None
-        text = raw[: exc.start].decode("utf-8")
-    if not text.strip():
+        budget = n_tokens * MAX_TEXT_CHARS_PER_TOKEN
+        while held < n_tokens and budget > 0:
+            raw = stream.read(min(TEXT_PIECE_BYTES, budget))
+            budget -= len(raw)
+            last = not raw or budget <= 0
+            try:
+                text = carry + decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as exc:
+                if not (last and exc.start >= len(raw) - 3):  # a character cut at the read limit is not an error
+                    raise InputError(f"{shown}: not UTF-8 text (byte {offset + exc.start}); token ids go in .npz or "
+                                     ".jsonl") from None
+                text = carry + raw[: exc.start].decode("utf-8")
+            offset += len(raw)
+            cut = len(text) if last else text.rfind("\n") + 1 or len(text)
+            text, carry = text[:cut], text[cut:]
+            if text.strip():
+                # verbose=False: a piece longer than the model's context would make transformers warn of "indexing
+                # errors"; the ids are cut into windows no longer than the context, so nothing is indexed past it
+                ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+                pieces.append(np.asarray(ids[: n_tokens - held], dtype=np.int64))
+                held += len(pieces[-1])
+            if last:
+                break
+    if not pieces:
         raise InputError(f"{shown}: no text")
-    # verbose=False: the whole text is longer than the model's context, which transformers would warn of
-    # ("indexing errors"); the ids are cut into windows no longer than the context, so nothing is indexed past it
-    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
-    return np.asarray(ids[:n_tokens], dtype=np.int64)
+    return np.concatenate(pieces)
 
 
-def _npz_ids(path) -> np.ndarray:
+def _npz_ids(path, n_tokens: int) -> np.ndarray:
     shown = display_name(os.fspath(path))
     with NpzArchive(path) as archive:
         if "input_ids" not in archive.members:
@@ -123,51 +343,77 @@ def _npz_ids(path) -> np.ndarray:
         header = archive.header("input_ids")
         if header.dtype.kind not in "iu":
             raise InputError(f"{shown}: member 'input_ids' must hold integers, got dtype {header.dtype}")
-        return np.asarray(archive.read("input_ids"), dtype=np.int64).reshape(-1)
+        per_row = math.prod(header.shape[1:]) if header.shape else 1
+        rows = archive.rows("input_ids", whole=not header.shape)
+        try:  # only the rows that hold the tokens used
+            ids = rows.read(-(-n_tokens // max(per_row, 1)) if header.shape else 1)
+        finally:
+            rows.close()
+    if ids.dtype.kind == "u" and ids.size and int(ids.max()) > np.iinfo(np.int64).max:
+        raise InputError(f"{shown}: member 'input_ids' holds ids past int64 ({int(ids.max())})")
+    return np.asarray(ids, dtype=np.int64).reshape(-1)[:n_tokens]
 
 
-def _jsonl_ids(path, n_tokens: int) -> np.ndarray:
+def _jsonl_ids(path, n_tokens: int, vocab_size: int) -> np.ndarray:
     shown = display_name(os.fspath(path))
-    ids: list[int] = []
+    pieces, held = [], 0
     with open(path, "rb") as stream:
         for number, line in enumerate(iter(lambda: stream.readline(MAX_JSONL_LINE_BYTES + 1), b""), 1):
             if len(line) > MAX_JSONL_LINE_BYTES:
                 raise InputError(f"{shown}: line {number} is longer than {MAX_JSONL_LINE_BYTES} bytes")
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise InputError(f"{shown}: line {number} is not JSON ({exc})") from None
+            row = read_json(path, f"{shown}: line {number}", MAX_JSONL_LINE_BYTES, data=line)
             if isinstance(row, dict):
                 row = row.get("input_ids")
             if not isinstance(row, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in row):
                 raise InputError(f"{shown}: line {number}: expected a list of integer token ids or "
                                  "{\"input_ids\": [...]}")
-            ids += row
-            if len(ids) >= n_tokens:
+            if row and not 0 <= min(row) <= max(row) < vocab_size:  # Python ints: 10**30 is not cast to int64
+                bad = next(t for t in row if not 0 <= t < vocab_size)
+                raise InputError(f"{shown}: line {number}: token id {shown_value(bad)} is outside the model's "
+                                 f"vocabulary 0..{vocab_size - 1}")
+            pieces.append(np.asarray(row[: n_tokens - held], dtype=np.int64))
+            held += len(pieces[-1])
+            if held >= n_tokens:
                 break
-    return np.asarray(ids[:n_tokens], dtype=np.int64)
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+
+
+def _token_capacity(path, suffix: str) -> int:
+    """The most tokens ``path`` can hold, from its size alone (a JSON id takes at least 2 bytes, ``0,``; a text
+    token at least one byte; an .npz array its element count), so that a huge ``--max-windows`` reads no more."""
+    if suffix == ".npz":
+        with NpzArchive(path) as archive:
+            if "input_ids" in archive.members:
+                return math.prod(archive.header("input_ids").shape)
+        return 0
+    size = os.path.getsize(path)
+    return size // 2 + 1 if suffix == ".jsonl" else size
 
 
 def read_token_windows(path, *, tokenizer_dir, vocab_size: int, seq_len: int, max_windows: int) -> torch.Tensor:
-    """``(N, seq_len)`` token ids from ``path`` (module docstring), ``N <= max_windows``."""
+    """``(N, seq_len)`` token ids from ``path`` (module docstring), ``N <= max_windows``.
+
+    The tokens read are at most ``max_windows * seq_len`` and at most what the file can hold
+    (:func:`_token_capacity`); their int64 buffer is refused above satcore's memory budget
+    (``SATCORE_MEMORY_BUDGET``) before it is read.
+    """
     shown = display_name(os.fspath(path))
     if os.path.isdir(path):
         raise InputError(f"{shown}: is a directory, not a data file (UTF-8 text, .npz or .jsonl)")
     if not os.path.isfile(path):
         raise InputError(f"{shown}: no such file")
-    n_tokens = seq_len * max_windows
     suffix = Path(path).suffix.lower()
+    n_tokens = min(seq_len * max_windows, _token_capacity(path, suffix))
+    check_memory(8 * n_tokens, f"{shown}: {n_tokens:,} token ids (--max-windows x --seq-len, at most the file's)")
     if suffix == ".npz":
-        ids = _npz_ids(path)[:n_tokens]
+        ids = _npz_ids(path, n_tokens)
     elif suffix == ".jsonl":
-        ids = _jsonl_ids(path, n_tokens)
+        ids = _jsonl_ids(path, n_tokens, vocab_size)
     else:
         ids = _text_ids(path, load_tokenizer(tokenizer_dir), n_tokens)
-    if len(ids) and (ids.min() < 0 or ids.max() >= vocab_size):
-        bad = int(ids[(ids < 0) | (ids >= vocab_size)][0])
-        raise InputError(f"{shown}: token id {bad} is outside the model's vocabulary 0..{vocab_size - 1}")
+    check_token_ids(ids, vocab_size, shown)
     n = len(ids) // seq_len
     if n < 4:
         raise InputError(f"{shown}: {len(ids)} tokens make {n} window(s) of {seq_len}; expand needs at least 4 "

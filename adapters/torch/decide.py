@@ -31,9 +31,11 @@ from satcore.adapters.batches import split_batch
 from satcore import InputError, Recipe
 from satcore.adapter_api import TrialSettings, check_unexpanded_losses, grouped_trials, trial_decision
 from satcore.adapter_api import screen as screen_rows
+from satcore.adapter_api import MAX_COUNT, MAX_SEED, whole_number
 
 from .grow import InsertedResidual, grow
 from .hf import model_loss
+from .input_bounds import check_labels, check_trial_steps, forked_rng, read_batches
 from .locate import decision_places
 from .native import _terminal_paths, insert_block, insertion_site
 from .probe import ProbeConfig, call_model, eval_mode, to_device
@@ -278,6 +280,30 @@ def screen(splits, recipe: Recipe) -> dict:
     return {row.name: row for row in screen_rows(splits.train.statistics, splits.heldout.statistics, recipe)}
 
 
+def check_decide_arguments(*, recipe, schedule: str = "even", max_trials=4, seed=0, max_statistics_bytes=None) -> None:
+    """Refuse, naming the argument, what :func:`decide` cannot run with (before any data is read); also what a
+    training-loop callback's ``decide=`` is checked with when it is built."""
+    if not isinstance(recipe, Recipe):
+        raise InputError(f"decide: recipe must be a satcore.Recipe, got {type(recipe).__name__}")
+    TrialSettings(max_trials, schedule)  # the schedule and max_trials, as the decision reads them
+    whole_number(seed, "decide: seed", 0, MAX_SEED)
+    if max_statistics_bytes is not None:
+        whole_number(max_statistics_bytes, "decide: max_statistics_bytes", 1, MAX_COUNT)
+    check_trial_steps(recipe)
+
+
+def check_input_dtype(model, inputs, what: str) -> None:
+    """Refuse floating-point inputs of another dtype than the model's parameters (float64 data in a float32
+    model fails inside its first layer), naming the batch."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    tensors = inputs.values() if isinstance(inputs, Mapping) else [inputs]
+    for tensor in tensors:
+        if torch.is_tensor(tensor) and tensor.is_floating_point() and dtype is not None and tensor.dtype != dtype:
+            raise InputError(f"{what}: inputs are {tensor.dtype}, the model's parameters {dtype}; convert the data "
+                             f"(.to({dtype}))")
+
+
+@forked_rng()  # the caller's next random draws are those it would have made without the call
 @_with_gradients
 def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=None, family="auto", seed: int = 0,
            max_trials: int = 4, schedule: str = "even", calibration=None, groups=None,
@@ -346,32 +372,39 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
         Before any probe or trial: a split that yields no batches or is one batch rather than an
         iterable of batches, an empty batch, fewer than 2 held-out samples, a ``loss_fn`` that does not
         return one loss per sample (a batch mean, 0-d or ``(1,)``), ``max_trials`` not a positive integer, a
-        loss that is not finite before any insertion; and a trial whose losses stop being finite (the recipe
-        diverged on the inserted block).
+        ``seed`` outside ``0 .. 2**63 - 1``, a ``max_statistics_bytes`` below 1, float inputs of another dtype
+        than the model's parameters, labels outside the vocabulary (the model's own loss), a split of more than
+        65,536 batches (an endless iterator), a recipe of more steps than ``SATCORE_MAX_TRIAL_STEPS`` (100,000;
+        :mod:`~.input_bounds`), a loss that is not finite before any insertion; and a trial whose losses stop
+        being finite (the recipe diverged on the inserted block).
     TypeError
         A keyword argument that is neither ``decide``'s nor a probe option (:class:`~.probe.ProbeConfig`).
     """
-    if not isinstance(recipe, Recipe):
-        raise InputError(f"decide: recipe must be a satcore.Recipe, got {type(recipe).__name__}")
     # the probe's options pass through; anything else is a misspelt argument of decide, named as Python would
     if unknown := sorted(set(probe_options) - PROBE_OPTION_NAMES):
         raise TypeError(f"decide() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; besides its "
                         f"own it takes the probe's options: {', '.join(sorted(PROBE_OPTION_NAMES))}")
+    check_decide_arguments(recipe=recipe, schedule=schedule, max_trials=max_trials, seed=seed,
+                           max_statistics_bytes=max_statistics_bytes)
     settings = TrialSettings(max_trials, schedule, calibration, groups)
     for split, data in (("training", train), ("held-out", heldout)):
         if isinstance(data, Mapping) or (isinstance(data, tuple) and len(data) == 2 and torch.is_tensor(data[0])):
             raise InputError(f"decide: the {split} data is one batch; pass an iterable of batches, e.g. [batch]")
-    train, heldout = list(train), list(heldout)
+    train, heldout = read_batches(train, "decide: the training data"), read_batches(heldout, "decide: the held-out data")
     for split, data in (("training", train), ("held-out", heldout)):
         if not data:
             raise InputError(f"decide: the {split} data yielded no batches")
         for i, batch in enumerate(data):
             try:
-                inputs, _ = split_batch(batch, targets_to_model=True)
+                inputs, targets = split_batch(batch, targets_to_model=True)
             except ValueError as e:
                 raise InputError(f"decide: {split} data: {e} (pass batches, e.g. a list of (inputs, targets))") from None
             if _batch_size(inputs) == 0:
                 raise InputError(f"decide: {split} data: batch {i} holds no samples")
+            check_input_dtype(model, inputs, f"decide: {split} data: batch {i}")
+            if loss_fn is None:  # the model's own loss: its labels must be in its vocabulary
+                labels = inputs.get("labels") if isinstance(inputs, Mapping) else None
+                check_labels(model, targets if labels is None else labels, f"decide: {split} data: batch {i}")
     evaluate = {"heldout": heldout, "train": train}
     # the unexpanded model's losses, once, before the probe so that a loss without per-sample values or a held-out
     # split too small for a standard error is refused first: every trial starts from them (its block is the identity)

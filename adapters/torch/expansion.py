@@ -52,9 +52,11 @@ from torch import nn
 from satcore import InputError, ProbeError
 from satcore import Recipe
 from satcore.adapter_api import DEFAULT_ALPHA, screen
+from satcore.adapter_api import derived_seed, yaml_quoted
 
 from .expansion_exports import llama_factory_lora
 from .hf import context_length, sequence_loss
+from .input_bounds import check_new_block_count, check_token_ids, forked_rng, read_batches
 from .locate import HEAD, decision_places, find_blocks
 from .native import HF_TERMINALS, _check_hf, _has, insert_block
 from .splits import probe_splits_in_passes
@@ -352,7 +354,7 @@ def insert_blocks(model: nn.Module, inserted_before, *, init: str = "copy", seed
     for rank, j in enumerate(sorted(before, reverse=True)):
         at = HEAD if j == n else blocks[j]
         source = blocks[max(j - 1, 0)] if init == "copy" else None
-        grown = insert_block(grown, at, seed=seed + rank, copy_of=source)
+        grown = insert_block(grown, at, seed=derived_seed(seed + rank), copy_of=source)
     layout = layout_of(before, n)
     new = []
     for position, original in enumerate(layout):
@@ -466,7 +468,7 @@ class Expansion:
         weights are copies instead of fresh draws.
         """
         filters = MERGEKIT_FILTERS[self.terminals]
-        source = _yaml_string(source_dir)
+        source = mergekit_model(source_dir)
         lines = ["# written by satcore expand: mergekit-yaml THIS_FILE OUT rebuilds the expanded layer layout",
                  f"# from the original checkpoint ({len(self.new_blocks)} new block(s) at "
                  f"{self.positions}, init={self.init})"]
@@ -552,8 +554,11 @@ class Expansion:
         return record
 
 
-def _yaml_string(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+def mergekit_model(path: str) -> str:
+    """``path`` as the value of a mergekit ``model:`` key: a double-quoted scalar (:func:`satcore.adapter_api.yaml_quoted`),
+    or where mergekit would split the string form (a ``+`` names a LoRA, an ``@`` a revision) its mapping form."""
+    quoted = yaml_quoted(path)
+    return quoted if "+" not in path and "@" not in path else f"{{model: {{path: {quoted}}}}}"
 
 
 def _original_index(name: str) -> int | str:
@@ -592,7 +597,7 @@ def split_batches(data, heldout=None) -> tuple[list, list]:
             if value.dim() != 2 or value.is_floating_point():
                 raise InputError(f"token ids must be an integer (windows, tokens) tensor, got {tuple(value.shape)}")
             return _windows_batches(value, max(1, min(8, len(value) // 32)))
-        return list(value)
+        return read_batches(value, "expand: data")
 
     data = batches(data)
     if heldout is not None:
@@ -619,6 +624,7 @@ def _budgeted(decision: str, layout: str, blocks, budget, loss_fn):
     return budget
 
 
+@forked_rng()  # the caller's next random draws are those it would have made without the call
 def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=None, recipe: Recipe | None = None,
            at=None, init: str = "copy", train_new_only: bool = False, max_blocks: int | None = None, seed: int = 0,
            decision: str = "trial", layout: str = "grouped", budget=None, **probe_options) -> Expansion:
@@ -694,9 +700,10 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
                          "would be ignored")
     method, decision, forced, limit, left_out = decision, None, (), None, ()
     if at is not None:
-        chosen = list(at)
+        chosen = read_batches(at, "expand: at")
         if not chosen:
             raise InputError("at: give at least one block index or 'head'")
+        check_new_block_count(len(chosen), n, "expand: at")
         forced = tuple(str(a) for a in chosen)
         layout = "forced"
     else:
@@ -706,6 +713,10 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
             raise InputError(f"blocks={blocks}: the model has {n + 1} places for a block ({n} blocks and the head)")
         train, held = split_batches(data, heldout)
         check_context(model, train + held)
+        for i, batch in enumerate(train + held):
+            ids = _inputs_ids(batch)
+            if torch.is_tensor(ids):
+                check_token_ids(ids, model.config.vocab_size, f"expand: data: batch {i}")
         budgeted = _budgeted(method, layout, blocks, budget, loss_fn)
         if budgeted is not None:
             from . import expansion_frontier

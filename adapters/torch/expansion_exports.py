@@ -23,6 +23,8 @@ import os
 
 from torch import nn
 
+from satcore.adapter_api import yaml_quoted
+
 PEFT_DIR = "peft"  # OUT_DIR/peft/adapter_config.json: peft.LoraConfig.from_pretrained(OUT_DIR/peft)
 LLAMA_FACTORY_FILE = "llamafactory.yaml"
 LORA_RANK, LORA_ALPHA = 8, 16  # PEFT's and LLaMA-Factory's defaults
@@ -70,8 +72,10 @@ def llama_factory_yaml(record: dict, out_dir: str) -> str:
     lines = ["# written by satcore expand: trains exactly the new blocks " + json.dumps(record["trainable_layers"]),
              f"# {why}",
              "# add your dataset, template and output_dir, then: llamafactory-cli train THIS_FILE",
-             f"model_name_or_path: {json.dumps(os.path.abspath(out_dir))}", "stage: pt", "do_train: true"]
-    lines += [f"{key}: {json.dumps(value)}" for key, value in method.items()]
+             f"model_name_or_path: {yaml_quoted(os.path.abspath(out_dir))}", "stage: pt", "do_train: true"]
+    # strings as YAML double-quoted scalars (a path's DEL or line breaks escaped); numbers and flags as JSON's
+    lines += [f"{key}: {yaml_quoted(value) if isinstance(value, str) else json.dumps(value)}"
+              for key, value in method.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -36,7 +36,7 @@ from satcore.adapters.options import per_candidate
 from satcore import DepthStatistics
 from satcore import InputError, ProbeError
 from satcore import CandidateStatistics
-from satcore.adapter_api import statistics_bytes
+from satcore.adapter_api import derived_seed, statistics_bytes
 from satcore.adapter_api import DEFAULT_FOLDS
 
 from .capture import StreamTaps
@@ -327,7 +327,7 @@ class Probe:
             if torch.is_tensor(losses) and losses.dim() == 0:
                 self._check_scalar_loss(keep, targets)
             grads = taps.gradients(per_sample_losses(losses, samples), names)
-            generator = torch.Generator().manual_seed(config.seed * 1_000_003 + self.batches_done)
+            generator = torch.Generator().manual_seed(derived_seed(config.seed * 1_000_003 + self.batches_done))
             for name, grad in zip(names, grads):
                 z = taps.streams[name]
                 if name not in self.families:

@@ -10,10 +10,10 @@ recipe's unit, *block-steps* (one optimizer step of one inserted block).
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 from .._shared.errors import InputError
+from .._shared.numbers import MAX_COUNT, finite_real, whole_number
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 TRAINABLE = ("terminal", "block")
@@ -28,11 +28,12 @@ class Recipe:
     optimizer : {"adam", "adamw", "sgd"}
         The optimizer the block is trained with (Adam and AdamW from a zero state).
     lr : float
-        Learning rate, > 0.
+        Learning rate, finite and > 0 (a NumPy scalar is taken as the number it is).
     steps : int
-        Optimizer steps the user trains the block for, >= 1.
+        Optimizer steps the user trains the block for, ``1 .. 2**53`` (a NumPy integer is taken; a float
+        such as ``1e9`` is refused, as is a bool).
     batch_size : int
-        Training batch size, >= 1.
+        Training batch size, ``1 .. 2**53``.
     trainable : {"terminal", "block"}
         ``"terminal"``: only the zero-initialised terminal map ``V`` of the block is
         trained (the paper's setting, Theorem 1); ``"block"``: every parameter of the
@@ -62,20 +63,11 @@ class Recipe:
             raise InputError(f"recipe: optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.trainable not in TRAINABLE:
             raise InputError(f"recipe: trainable must be one of {', '.join(TRAINABLE)}, got {self.trainable!r}")
-        for name in ("lr", "weight_decay"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise InputError(f"recipe: {name} must be a finite number, got {value!r}")
-        if self.lr <= 0:
-            raise InputError(f"recipe: lr must be > 0, got {self.lr!r}")
-        if self.weight_decay < 0:
-            raise InputError(f"recipe: weight_decay must be >= 0, got {self.weight_decay!r}")
+        # NumPy scalars (np.float32(1e-3), np.int64(300)) are taken as the numbers they are, stored as Python's
+        object.__setattr__(self, "lr", finite_real(self.lr, "recipe: lr", low=0.0, low_open=True))
+        object.__setattr__(self, "weight_decay", finite_real(self.weight_decay, "recipe: weight_decay", low=0.0))
         for name in ("steps", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"recipe: {name} must be an integer >= 1, got {value!r}")
-        object.__setattr__(self, "lr", float(self.lr))
-        object.__setattr__(self, "weight_decay", float(self.weight_decay))
+            object.__setattr__(self, name, whole_number(getattr(self, name), f"recipe: {name}", 1, MAX_COUNT))
 
     def block_steps(self, candidates: int = 1) -> int:
         """Cost of training one block at each of ``candidates`` places with this recipe, in block-steps."""

@@ -1,0 +1,470 @@
+"""Hostile checkpoint directories, token files, numbers and outputs of ``satcore expand`` / ``satcore probe MODEL_DIR``,
+and the Python surface behind them (``decide``, ``expand``, ``Recipe``).
+
+Every case is a real file (a tiny Llama saved by transformers, then its config edited or its safetensors bytes
+rewritten) and must end in exit status 2 with ONE line naming the file and the field, no traceback, nothing
+written; the cases that declare huge sizes run in a fresh process whose peak memory is bounded
+(``peak_rss``), never by a timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from click.testing import CliRunner  # noqa: E402
+
+from satcore import InputError, Recipe  # noqa: E402
+from satcore.cli.main import main  # noqa: E402
+from test_expand import DECODER, TEXT, build, digest, tokenizer_for  # noqa: E402
+from test_hostile_inputs import CONTROL, RSS_LIMIT_BYTES, SATCORE, assert_one_line, peak_rss, probe_inputs  # noqa: E402,F401
+
+T = transformers
+# the satcore of this checkout in the child processes too (the console script may belong to another install)
+REPO = {"PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                    os.environ.get("PYTHONPATH")]))}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hostile_ckpt") / "model"
+    tokenizer = tokenizer_for(TEXT)
+    torch.manual_seed(0)
+    T.LlamaForCausalLM(T.LlamaConfig(**{**DECODER, "vocab_size": len(tokenizer), "num_hidden_layers": 4})
+                       ).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    text = folder.parent / "corpus.txt"
+    text.write_text(TEXT)
+    return folder, text
+
+
+def edited(source, tmp_path, name="m", **changes):
+    """A copy of the checkpoint with config.json's keys changed (``None``: the key removed)."""
+    folder = tmp_path / name
+    shutil.copytree(source[0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def forged_safetensors(folder, header: dict, data: bytes = b"", declared: int | None = None):
+    raw = json.dumps(header).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(raw) if declared is None else declared) + raw
+                                               + data)
+
+
+def run_expand(folder, data, out, *extra):
+    return CliRunner().invoke(main, ["expand", str(folder), "--data", str(data), "-o", str(out), "--seq-len", "16",
+                                     "--steps", "2", *map(str, extra)])
+
+
+def refused(result, *expect):
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert_one_line(result.stderr, expect)
+
+
+def checkpoint_case(case, source, tmp_path):
+    """``(folder, expected parts of the line)`` of one hostile checkpoint."""
+    folder = edited(source, tmp_path)
+    if case == "truncated":
+        data = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+        return folder, ["model.safetensors", "truncated"]
+    if case == "header_length_forged":
+        data = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(struct.pack("<Q", 2**62) + data[8:])
+        return folder, ["model.safetensors", "header declares 4,611,686,018,427,387,904 bytes"]
+    if case == "header_not_json":
+        (folder / "model.safetensors").write_bytes(struct.pack("<Q", 6) + b"{oops}")
+        return folder, ["model.safetensors: header: not JSON"]
+    if case == "offsets_forged":
+        forged_safetensors(folder, {"model.embed_tokens.weight": {"dtype": "F32", "shape": [1000, 1000],
+                                                                  "data_offsets": [0, 16]}}, bytes(16))
+        return folder, ["model.safetensors", "'model.embed_tokens.weight'", "data_offsets [0, 16] hold 16 bytes"]
+    if case == "dtype_forged":
+        forged_safetensors(folder, {"w": {"dtype": "Q9", "shape": [2], "data_offsets": [0, 2]}}, bytes(2))
+        return folder, ["model.safetensors", "tensor 'w': dtype 'Q9'"]
+    if case == "layers_word":
+        return edited(source, tmp_path, "w", num_hidden_layers="four"), [
+            "config.json: num_hidden_layers must be a whole number, got 'four'"]
+    if case == "layers_fraction":
+        return edited(source, tmp_path, "w", num_hidden_layers=4.5), ["config.json: num_hidden_layers", "4.5"]
+    if case == "layers_more_than_weights":
+        return edited(source, tmp_path, "w", num_hidden_layers=5), [
+            "config.json: num_hidden_layers = 5, but model.safetensors holds 4 layer(s) (model.layers.0 .. "
+            "model.layers.3)"]
+    if case == "layers_fewer_than_weights":
+        return edited(source, tmp_path, "w", num_hidden_layers=2), ["num_hidden_layers = 2", "holds 4 layer(s)"]
+    if case == "layers_absent":
+        return edited(source, tmp_path, "w", num_hidden_layers=None), [
+            "no num_hidden_layers (the architecture's default 32)", "holds 4 layer(s)"]
+    if case == "layers_billion":
+        return edited(source, tmp_path, "w", num_hidden_layers=10**9), ["num_hidden_layers = 1000000000"]
+    if case == "head_dim_forged":
+        return edited(source, tmp_path, "w", head_dim=8), [
+            "config.json does not match the weights", "q_proj.weight is [32, 16] by the config, [16, 16] in "
+            "model.safetensors"]
+    if case == "no_heads":
+        return edited(source, tmp_path, "w", num_attention_heads=0), [
+            "config.json: num_attention_heads: 0 is not in the range 1..2147483648"]
+    if case == "heads_indivisible":
+        return edited(source, tmp_path, "w", num_key_value_heads=3), [
+            "num_attention_heads 4 is not a multiple of num_key_value_heads 3"]
+    if case == "width_huge":
+        return edited(source, tmp_path, "w", hidden_size=10**40), ["config.json: hidden_size", "not in the range"]
+    if case == "bad_dtype":
+        return edited(source, tmp_path, "w", dtype="int8"), ["config.json: dtype 'int8'"]
+    if case == "deep_config":
+        (folder / "config.json").write_text("[" * 200_000 + "]" * 200_000)
+        return folder, ["config.json: nested more than 32 levels deep"]
+    if case == "tokenizer_list":
+        (folder / "tokenizer.json").write_text("[1, 2, 3]")
+        return folder, ["tokenizer.json: not a tokenizer's JSON object"]
+    if case == "pickled_weights":
+        (folder / "model.safetensors").unlink()
+        torch.save({"model.embed_tokens.weight": torch.zeros(2)}, folder / "pytorch_model.bin")
+        return folder, ["pytorch_model.bin: pickled weights are not read"]
+    if case == "unexpected_tensor":
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(folder / "model.safetensors")
+        tensors["model.smuggled.weight"] = torch.zeros(3)
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+        return folder, ["config.json does not match the weights", "1 unexpected keys (first model.smuggled.weight)"]
+    raise AssertionError(case)
+
+
+CHECKPOINT_CASES = ["truncated", "header_length_forged", "header_not_json", "offsets_forged", "dtype_forged",
+                    "layers_word", "layers_fraction", "layers_more_than_weights", "layers_fewer_than_weights",
+                    "layers_absent", "layers_billion", "head_dim_forged", "no_heads", "heads_indivisible",
+                    "width_huge", "bad_dtype", "deep_config", "tokenizer_list", "pickled_weights",
+                    "unexpected_tensor"]
+
+
+@pytest.mark.parametrize("case", CHECKPOINT_CASES)
+def test_hostile_checkpoints_are_one_line_before_any_work(case, source, tmp_path):
+    folder, expect = checkpoint_case(case, source, tmp_path)
+    before = digest(folder)
+    out = tmp_path / "out"
+    refused(run_expand(folder, source[1], out, "--blocks", "1"), *expect)
+    assert not out.exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".satcore")]
+    assert digest(folder) == before
+    if case != "tokenizer_list":  # probe reads the same directory through the same loader
+        result = CliRunner().invoke(main, ["probe", str(folder), "--data", str(source[1]), "-o",
+                                           str(tmp_path / "d.npz")])
+        refused(result, *expect)
+
+
+@pytest.mark.parametrize("case", ["layers_billion", "deep_config", "header_length_forged"])
+def test_huge_declarations_are_refused_in_bounded_memory(case, source, tmp_path):
+    folder, expect = checkpoint_case(case, source, tmp_path)
+    code, err, rss = peak_rss(["expand", str(folder), "--data", str(source[1]), "--blocks", "1", "-o",
+                               str(tmp_path / "o")], env=REPO)
+    assert code == 2, err
+    assert_one_line(err, expect)
+    # torch and transformers imported: the process's floor is about 400 MiB; a layer list of 10^9 would be gigabytes
+    assert rss < 3 * RSS_LIMIT_BYTES + 400 * 2**20, f"peak RSS {rss / 2**20:.0f} MiB"
+
+
+def test_a_model_larger_than_memory_is_refused_before_it_is_built(source, tmp_path):
+    """A consistent checkpoint whose weights (a sparse file: declared, not on disk) are far larger than memory:
+    its float32 size is estimated from the meta-device build and refused before any byte is read."""
+    folder = tmp_path / "big"
+    folder.mkdir()
+    vocab, width = 2**26, 1024  # 64 Gi parameters in the embedding alone: 256 GiB in float32
+    config = {**json.loads((source[0] / "config.json").read_text()), "vocab_size": vocab, "hidden_size": width,
+              "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1, "num_key_value_heads": 1,
+              "head_dim": width, "tie_word_embeddings": True}
+    (folder / "config.json").write_text(json.dumps(config))
+    shapes = {"model.embed_tokens.weight": [vocab, width], "model.norm.weight": [width],
+              "model.layers.0.input_layernorm.weight": [width], "model.layers.0.post_attention_layernorm.weight": [width],
+              **{f"model.layers.0.self_attn.{p}_proj.weight": [width, width] for p in "qkvo"},
+              "model.layers.0.mlp.gate_proj.weight": [8, width], "model.layers.0.mlp.up_proj.weight": [8, width],
+              "model.layers.0.mlp.down_proj.weight": [width, 8]}
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        size = 2 * int(np.prod(shape))
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    with open(folder / "model.safetensors", "wb") as stream:
+        stream.write(struct.pack("<Q", len(raw)) + raw)
+        stream.truncate(8 + len(raw) + offset)  # a hole: nothing written, nothing allocated
+    code, err, rss = peak_rss(["expand", str(folder), "--at", "0", "-o", str(tmp_path / "o")], env=REPO)
+    assert code == 2, err
+    assert_one_line(err, ["big: the model in float32, held 3 time(s), needs", "GiB of memory is available"])
+    assert rss < 3 * RSS_LIMIT_BYTES + 400 * 2**20, f"peak RSS {rss / 2**20:.0f} MiB"
+
+
+def test_a_model_dir_path_that_is_not_utf8_is_one_line(source, tmp_path):
+    folder = os.path.join(os.fsencode(tmp_path), b"caf\xe9")
+    shutil.copytree(os.fsencode(source[0]), folder)
+    result = subprocess.run([*SATCORE, "expand", os.fsdecode(folder), "--at", "1", "-o", str(tmp_path / "o")],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, **REPO})
+    assert result.returncode == 2, result.stderr
+    assert_one_line(result.stderr, ["caf\\udce9: the path is not UTF-8"])
+
+
+# -- token files and numbers ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("line, expect", [
+    ("[1, 2, " + str(10**30) + "]", ["ids.jsonl: line 1: token id an integer of 100 bits is outside"]),
+    ("[" * 100_000 + "]" * 100_000, ["ids.jsonl: line 1: nested more than 32 levels deep"]),
+    ("[" + "9" * 5001 + "]", ["ids.jsonl: line 1: not JSON", "4300"]),
+    ('{"input_ids": [1, true]}', ["ids.jsonl: line 1: expected a list of integer token ids"]),
+])
+def test_hostile_token_lines_are_one_line(line, expect, source, tmp_path):
+    data = tmp_path / "ids.jsonl"
+    data.write_text(line + "\n")
+    refused(run_expand(source[0], data, tmp_path / "o", "--blocks", "1"), *expect)
+
+
+def test_max_windows_is_bounded_by_the_file_not_allocated(source, tmp_path):
+    """--max-windows 2**53 on a 9 kB text: the tokens read are what the file holds (no buffer of 2**53 x 16)."""
+    code, err, rss = peak_rss(["expand", str(source[0]), "--data", str(source[1]), "--blocks", "1", "--seq-len", "16",
+                               "--steps", "2", "--decision", "screen", "--max-windows", str(2**53), "-o",
+                               str(tmp_path / "o")], env=REPO)
+    assert code == 0, err
+    assert json.loads((tmp_path / "o" / "expansion.json").read_text())["data"]["windows"] > 4
+    assert rss < 3 * RSS_LIMIT_BYTES + 400 * 2**20, f"peak RSS {rss / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("value, expect", [
+    ("²", ["--at", "'²' is not a block"]),
+    ("1" * 5001, ["--at", "a 5001-character entry"]),
+    (",".join(["1"] * 5000), ["--at: 5,000 new blocks; at most 5"]),
+    ("٣", ["--at", "'٣' is not a block"]),
+])
+def test_hostile_at_is_one_line(value, expect, source, tmp_path):
+    result = CliRunner().invoke(main, ["expand", str(source[0]), "--at", value, "-o", str(tmp_path / "o")])
+    refused(result, *expect)
+
+
+def test_the_top_seed_runs(source, tmp_path):
+    result = run_expand(source[0], source[1], tmp_path / "o", "--blocks", "1", "--decision", "screen", "--seed",
+                        str(2**63 - 1), "--init", "fresh")
+    assert result.exit_code == 0, result.output
+
+
+def test_python_expand_refuses_ids_past_the_vocabulary_and_too_many_places():
+    from satcore.adapters.torch.expansion import expand
+
+    model = build("llama")
+    ids = torch.randint(0, 64, (40, 8), generator=torch.Generator().manual_seed(0))
+    ids[7, 3] = 64
+    with pytest.raises(InputError, match=r"expand: data: batch \d+: token id 64 is outside the model's vocabulary "
+                                         r"0..63"):
+        expand(model, ids, blocks=1, decision="screen")
+    with pytest.raises(InputError, match="expand: at: 5 new blocks; at most 4"):
+        expand(model, None, blocks=None, at=[0, 1, 2, "head", 0])
+
+
+def test_recipe_numbers():
+    recipe = Recipe("adam", lr=np.float32(0.5), steps=np.int64(300), batch_size=np.uint8(8))
+    assert (recipe.lr, recipe.steps, recipe.batch_size) == (0.5, 300, 8)
+    assert type(recipe.steps) is int and type(recipe.lr) is float
+    for kwargs, message in (({"lr": 10**400}, "recipe: lr must be a finite number, got an integer of 1329 bits "
+                                              "\\(past float64's range\\)"),
+                            ({"lr": float("nan")}, "recipe: lr must be a finite number"),
+                            ({"steps": 1e9}, "recipe: steps must be a whole number, got 1000000000.0"),
+                            ({"steps": True}, "recipe: steps must be a whole number"),
+                            ({"steps": 2**60}, "recipe: steps: 1152921504606846976 is not in the range"),
+                            ({"weight_decay": -1}, "recipe: weight_decay must be >= 0")):
+        with pytest.raises(InputError, match=message):
+            Recipe("adam", **{"lr": 1e-3, "steps": 10, "batch_size": 4, **kwargs})
+
+
+# -- decide and expand: bounds, the caller's random state and model ---------------------------------
+
+
+def windows(n=64, seed=0):
+    ids = torch.randint(1, 64, (n, 8), generator=torch.Generator().manual_seed(seed))
+    return [({"input_ids": w}, w) for w in ids.split(8)]
+
+
+def test_decide_bounds_its_work_before_reading_the_data(monkeypatch):
+    import itertools
+
+    from satcore.adapters.torch import decide, sequence_loss
+
+    model = build("llama")
+    batch = windows()[0]
+    with pytest.raises(InputError, match="decide: the training data: more than 65,536 batches"):
+        decide(model, itertools.repeat(batch), windows(), sequence_loss, recipe=Recipe("adam", 1e-3, 4, 8))
+    with pytest.raises(InputError, match="recipe: steps 1,000,000,000: the trials would train up to "
+                                         "1,000,000,000 optimizer steps of 8 samples, above the bound of 100,000"):
+        decide(model, windows(), windows(seed=1), sequence_loss, recipe=Recipe("adam", 1e-3, 10**9, 8))
+    monkeypatch.setenv("SATCORE_MAX_TRIAL_STEPS", "²")
+    with pytest.raises(InputError, match="SATCORE_MAX_TRIAL_STEPS: '²' is not a whole number"):
+        decide(model, windows(), windows(seed=1), sequence_loss, recipe=Recipe("adam", 1e-3, 4, 8))
+
+
+def test_decide_and_expand_leave_the_callers_rng_and_model_alone():
+    from satcore.adapters.torch import decide, sequence_loss
+    from satcore.adapters.torch.expansion import expand
+
+    model = build("llama").train()  # dropout-free, but train mode: what a training loop hands over
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    decide(model, windows(), windows(seed=1), sequence_loss, recipe=Recipe("adam", 1e-3, 4, 8), family="mlp",
+           max_trials=2)
+    expand(model, torch.cat([w for (_, w) in windows(128)]), blocks=1, init="fresh", recipe=Recipe("adam", 1e-3, 4, 8))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert model.training
+    after = model.state_dict()
+    assert list(after) == list(weights) and all(torch.equal(after[k], weights[k]) for k in weights)
+
+
+# -- outputs ----------------------------------------------------------------------------------------
+
+
+def test_out_dir_too_long_is_refused_before_the_model_is_read(source, tmp_path):
+    result = CliRunner().invoke(main, ["expand", str(tmp_path / "no-such-model"), "--at", "1", "-o",
+                                       str(tmp_path / ("o" * 300))])
+    refused(result, "its name is longer than the 255 bytes the file system allows")
+
+
+def test_full_disk_while_saving_is_one_line_naming_the_file(source, tmp_path):
+    """A file-size limit (RLIMIT_FSIZE: writes past it fail with EFBIG, as on a full disk) met inside the safetensors
+    writer: one line naming OUT_DIR's file, nothing left behind."""
+    import resource
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, 16 * 1024))
+
+    out = tmp_path / "o"
+    result = subprocess.run([*SATCORE, "expand", str(source[0]), "--at", "1", "-o", str(out)], capture_output=True,
+                            text=True, timeout=300, preexec_fn=limited, env={**os.environ, **REPO})
+    assert result.returncode == 2, result.stderr
+    assert_one_line(result.stderr, [f"{out}/model.safetensors: cannot be written", "File too large"])
+    assert not out.exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".satcore")]
+
+
+# the command run with a kill -9 of itself at one point of the write: after the weights, or right before the rename
+KILLED_AT = ("import os, shutil, signal, sys; from satcore.cli.main import main; "
+             "kill = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL); "
+             "setattr(shutil if sys.argv[1] == 'copy' else os, 'copyfile' if sys.argv[1] == 'copy' else 'rename', kill); "
+             "main(sys.argv[2:])")
+
+
+@pytest.mark.parametrize("moment", ["copy", "rename"])
+def test_a_killed_run_leaves_only_a_folder_marked_incomplete(moment, source, tmp_path):
+    """kill -9 while OUT_DIR is written (after the weights: the tokenizer's copy; or at the rename itself): what is
+    left is a hidden folder whose name says it is incomplete (and, until the last moment, a file in it), never
+    OUT_DIR."""
+    out = tmp_path / "o"
+    proc = subprocess.run([sys.executable, "-c", KILLED_AT, moment, "expand", str(source[0]), "--at", "1", "-o",
+                           str(out)], capture_output=True, text=True, timeout=300, env={**os.environ, **REPO})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    leftovers = [p for p in os.listdir(tmp_path) if p.startswith(".satcore")]
+    assert len(leftovers) == 1 and leftovers[0].startswith(".satcore-expand-incomplete-"), leftovers
+    if moment == "copy":  # the weights are there: the marker says they are not a finished model
+        assert (tmp_path / leftovers[0] / "model.safetensors").exists()
+        assert "did not finish" in (tmp_path / leftovers[0] / "INCOMPLETE.txt").read_text()
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("evil", ["new\nline", "car\rreturn", "nel\x85x", "esc\x1b[2J", "sep\u2028x", "plus+at@v",
+                                  'quote"back\\slash', "tab\tbell\a"])
+def test_mergekit_yaml_reads_back_the_model_dir_exactly(evil, source, tmp_path):
+    yaml = pytest.importorskip("yaml")
+    folder = tmp_path / f"m{evil}"
+    shutil.copytree(source[0], folder)
+    out = tmp_path / f"o{evil}"
+    result = CliRunner().invoke(main, ["expand", str(folder), "--at", "1,head", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    factory = yaml.safe_load((out / "llamafactory.yaml").read_text(encoding="utf-8"))
+    assert factory["model_name_or_path"] == str(out)
+    text = (out / "mergekit.yaml").read_text(encoding="utf-8")
+    assert not CONTROL.search(text.replace("\n", ""))
+    config = yaml.safe_load(text)
+    models = [source["model"] for s in config["slices"] for source in s["sources"]]
+    paths = [m if isinstance(m, str) else m["model"]["path"] for m in models]
+    assert paths == [str(folder)] * 4  # [0], the copy of 0, [1..3], the copy of 3
+    mergekit_config = pytest.importorskip("mergekit.config")
+    merge = mergekit_config.MergeConfiguration.model_validate(config)
+    assert {str(s.model.model.path) for piece in merge.slices for s in piece.sources} == {str(folder)}
+    assert all(s.model.lora is None and s.model.model.revision is None for p in merge.slices for s in p.sources)
+
+
+def test_missing_execution_providers_are_one_line_without_escape_codes(probe_inputs, tmp_path):
+    """On a machine without CUDA, ``--providers CUDAExecutionProvider`` (alone or before the CPU's) is one plain line
+    naming it, before ONNX Runtime is asked (its own warning lines carry raw escape codes)."""
+    ort = pytest.importorskip("onnxruntime")
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this ONNX Runtime has CUDA")
+    _, model, data = probe_inputs
+    for providers in ("CUDAExecutionProvider", "CUDAExecutionProvider,CPUExecutionProvider"):
+        result = subprocess.run([*SATCORE, "probe", model, "--data", data, "--providers", providers, "-o",
+                                 str(tmp_path / "a.npz")], capture_output=True, text=True, timeout=300,
+                                env={**os.environ, **REPO})
+        assert result.returncode == 2 and result.stdout == ""
+        assert_one_line(result.stderr, ["--providers", "CUDAExecutionProvider is not available here"])
+
+
+def test_decide_names_labels_outside_the_vocabulary():
+    """The model's own loss (``loss_fn=None``): a label past the vocabulary is refused before any probe, naming the
+    batch and the label (cross-entropy would fail inside the model)."""
+    from satcore.adapters.torch import decide
+
+    ids = torch.randint(1, 64, (64, 8), generator=torch.Generator().manual_seed(0))
+    batches = [{"input_ids": w, "labels": w.clone()} for w in ids.split(8)]
+    batches[3]["labels"][0, 2] = 70
+    batches[1]["labels"][0, 0] = -100  # ignored: allowed
+    with pytest.raises(InputError, match=r"decide: training data: batch 3: label 70 is outside the model's "
+                                         r"vocabulary 0..63 \(and not -100, which is ignored\)"):
+        decide(build("llama"), batches[:4], batches[4:], recipe=Recipe("adam", 1e-3, 4, 8))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_decide_leaves_the_cuda_generators_alone():
+    from satcore.adapters.torch import decide, sequence_loss
+
+    model = build("llama").cuda()
+    data = [({"input_ids": x.cuda()}, y.cuda()) for x, y in ((i["input_ids"], t) for i, t in windows())]
+    held = [({"input_ids": x.cuda()}, y.cuda()) for x, y in ((i["input_ids"], t) for i, t in windows(seed=1))]
+    torch.cuda.manual_seed_all(9)
+    cuda_state, cpu_state = torch.cuda.get_rng_state_all(), torch.get_rng_state()
+    decide(model, data, held, sequence_loss, recipe=Recipe("adam", 1e-3, 4, 8), family="mlp", max_trials=2)
+    assert all(torch.equal(a, b) for a, b in zip(torch.cuda.get_rng_state_all(), cuda_state))
+    assert torch.equal(torch.get_rng_state(), cpu_state)
+
+
+def test_text_is_tokenised_a_piece_at_a_time(source, tmp_path):
+    """A text of several megabytes reaches the tokenizer in pieces of about TEXT_PIECE_BYTES characters cut at line
+    breaks (one call on the whole of a huge file aborted the Rust tokenizer), every character read once."""
+    from satcore.adapters.torch import checkpoint_dir
+
+    text = tmp_path / "big.txt"
+    line = TEXT[:200] + "\n"
+    text.write_text(line * (3 * checkpoint_dir.TEXT_PIECE_BYTES // len(line)))
+    tokenizer, lengths = checkpoint_dir.load_tokenizer(source[0]), []
+
+    def recording(piece, **kwargs):
+        lengths.append(len(piece))
+        return tokenizer(piece, **kwargs)
+
+    ids = checkpoint_dir._text_ids(str(text), recording, 10**7)  # more than the file holds: all of it is read
+    # each piece ends at a line break: at most one piece plus the line carried over from the piece before
+    assert len(lengths) >= 3 and max(lengths) <= checkpoint_dir.TEXT_PIECE_BYTES + len(line)
+    assert sum(lengths) == os.path.getsize(text) and len(ids) < 10**7
+    per_line = len(tokenizer(line, add_special_tokens=False)["input_ids"])
+    np.testing.assert_array_equal(ids[:per_line], tokenizer(line, add_special_tokens=False)["input_ids"])
