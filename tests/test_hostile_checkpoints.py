@@ -405,7 +405,7 @@ def test_mergekit_yaml_reads_back_the_model_dir_exactly(evil, source, tmp_path):
     assert all(s.model.lora is None and s.model.model.revision is None for p in merge.slices for s in p.sources)
 
 
-def test_missing_execution_providers_are_one_line_without_escape_codes(probe_inputs, tmp_path):
+def test_missing_execution_providers_are_one_line_without_escape_codes(probe_inputs, tmp_path):  # noqa: F811 (fixture)
     """On a machine without CUDA, ``--providers CUDAExecutionProvider`` (alone or before the CPU's) is one plain line
     naming it, before ONNX Runtime is asked (its own warning lines carry raw escape codes)."""
     ort = pytest.importorskip("onnxruntime")
