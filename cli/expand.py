@@ -173,8 +173,8 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
               help="Its batch size (windows); also the unit of the decision's cost.")
 @click.option("--decision-budget", type=FiniteFloatRange(min=0, min_open=True, max=1), default=0.1,
               show_default=True, metavar="FRACTION",
-              help="The most of the planned training (--steps, in model-steps) the decision spends; a budget it "
-              "cannot decide within is refused, naming one that would do.")
+              help="The most of the planned training's FLOPs (--steps) the decision spends; a budget it cannot "
+              "decide within, even reading only 8 held-out windows, is refused, naming one that would do.")
 @click.option("--general-data", "general_path", default=None, metavar="FILE",
               help="Text (or token ids) of the model's old domain: each trial also measures the change of its "
               "held-out loss (forgetting), shown beside the gain.")
@@ -189,8 +189,9 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
 @click.option("--seq-len", type=Count(min=2), default=None,
               help="Tokens per window (default min(128, the model's context) on a CPU, 256 on a GPU).")
 @click.option("--max-windows", type=Count(min=4), default=None,
-              help="Windows of data read at most, half training the decision, half held out (default 64 on a CPU, "
-              "256 on a GPU).")
+              help="Windows of data read at most (default 64 on a CPU, 256 on a GPU): with --blocks auto the trials "
+              "train on every window not held out, and as many are held out as a quarter of --decision-budget "
+              "reads (at least 8, at most half); otherwise half train the decision, half are held out.")
 @click.option("--max-blocks", type=Count(min=1), default=None,
               help="With --blocks auto: at most this many (default a quarter of the layers).")
 @click.option("--seed", type=Count(min=0, max=MAX_SEED), default=0, show_default=True,

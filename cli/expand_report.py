@@ -59,7 +59,8 @@ def frontier_report(expansion) -> list[str]:
     lines = [f"frontier: the held-out loss change predicted after your {plan.planned_steps} steps (K = 0: the model as "
              f"it is, trained the same way); trials of {plan.trial_steps} steps from {plan.replicates} seed(s), each "
              "window's change fitted linearly in log2(steps) and read at your steps; the interval is the trials' "
-             "window and seed noise, not the extrapolation's error", "", table(header + ["chosen"], rows), ""]
+             + ("held-out windows' noise" if plan.replicates == 1 else "window and seed noise")
+             + ", not the extrapolation's error", "", table(header + ["chosen"], rows), ""]
     chosen = frontier.choice.chosen_blocks
     if chosen:
         lines.append(f"chosen: {chosen} block(s) at LLaMA-Pro's uniform places "
@@ -88,8 +89,8 @@ def moves_report(expansion) -> list[str]:
 
 def cost_line(expansion) -> str:
     budgeted = expansion.budgeted
-    return (f"decision cost: {budgeted.cost_steps:.1f} model-steps, {budgeted.cost_fraction:.1%} of the planned "
-            f"{budgeted.plan.planned_steps} steps")
+    return (f"decision cost: {budgeted.cost_steps:.1f} planned steps' FLOPs, {budgeted.cost_fraction:.1%} of the "
+            f"planned {budgeted.plan.planned_steps} steps' FLOPs")
 
 
 def plot_frontier(expansion, path: str, inputs=()) -> str | None:

@@ -13,14 +13,17 @@ imports them directly.
 from ._decisions.calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
 from ._decisions.criteria import DEFAULT_ALPHA
 from ._decisions.frontier import (
-    FORWARD_SHARE,
+    MIN_HELDOUT,
     FrontierChoice,
     Prediction,
     TrialPlan,
+    affordable_heldout,
     block_counts,
     choose_blocks,
+    new_positions,
     plan_trials,
     predict_change,
+    step_flops,
     uniform_groups,
     uniform_places,
 )
@@ -81,8 +84,8 @@ __all__ = [
     "ScreenRow", "Trial", "TrialSettings", "TrialSteps", "check_unexpanded_losses", "grouped_trials", "screen",
     "trial_decision",
     # the budgeted expansion decisions' arithmetic (the frontier over K, the placement check)
-    "FORWARD_SHARE", "FrontierChoice", "Prediction", "TrialPlan", "block_counts", "choose_blocks", "plan_trials",
-    "predict_change", "uniform_groups", "uniform_places",
+    "MIN_HELDOUT", "FrontierChoice", "Prediction", "TrialPlan", "affordable_heldout", "block_counts", "choose_blocks",
+    "new_positions", "plan_trials", "predict_change", "step_flops", "uniform_groups", "uniform_places",
     # the feature-family registry
     "FAMILY_REGISTRY", "FamilyRegistry", "FamilySpec", "family_builder", "family_spec", "positions",
     "rebuild_family", "register_builder", "register_family", "registered_families", "DEFAULT_FOLDS",

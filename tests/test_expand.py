@@ -716,11 +716,20 @@ def test_cli_statistics_budget_probes_in_passes_and_decides_the_same(checkpoint,
     assert passes.exit_code == 0, passes.output
     a, b = (json.loads((tmp_path / d / "expansion.json").read_text()) for d in ("one", "passes"))
     assert a["evidence"] == b["evidence"]
-    # the decision's cost counts every probe pass: 3 passes over the 32 windows (4 model-steps each) and the forward
-    # pass over the first batch (1 window) that plans them, against 1 pass; both within the budget (the trials of
-    # the second are shorter)
+    # the decision's cost counts every probe pass: 3 passes over the 32 windows (4 batches, each priced as a step
+    # of the 4-block model training every parameter) and the forward pass over the first batch (1 window) that plans
+    # them, against 1 pass; in steps of the planned training (2 blocks added, every parameter trained: 6 blocks), by
+    # the FLOPs per token of the config (2 x the weight matrices, 4 T x the attention width, 2 d V the head)
+    config = T.AutoConfig.from_pretrained(folder)
+    d, ff, heads, kv = (config.hidden_size, config.intermediate_size, config.num_attention_heads,
+                        config.num_key_value_heads)
+    hd = d // heads
+    block = 2 * (d * hd * (2 * heads + 2 * kv) + 3 * d * ff) + 4 * 16 * heads * hd
+    head = 2 * d * config.vocab_size
+    unit = 3 * (6 * block + head)
+    full, forward = 3 * (4 * block + head) / unit, (4 * block + head) / unit
     a_plan, b_plan = (r["decision"]["placement_check"]["plan"] for r in (a, b))
-    assert b_plan["fixed_steps"] - a_plan["fixed_steps"] == pytest.approx(2 * 4 + 1 / 8 / 3, abs=1e-9)
+    assert b_plan["fixed_steps"] - a_plan["fixed_steps"] == pytest.approx(2 * 4 * full + forward / 8, rel=1e-9)
     assert a_plan["cost_steps"] <= 100 and b_plan["cost_steps"] <= 100
     small = cli("expand", folder, *args, "-o", tmp_path / "small", "--max-statistics-gib", "0.0001")
     lines = [line for line in small.output.splitlines() if line.strip()]

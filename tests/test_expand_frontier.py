@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 
 from satcore import InputError
-from satcore.adapter_api import (Prediction, block_counts, choose_blocks, plan_trials, predict_change,
-                                 uniform_groups, uniform_places)
+from satcore.adapter_api import (MIN_HELDOUT, Prediction, affordable_heldout, block_counts, choose_blocks,
+                                 plan_trials, predict_change, uniform_groups, uniform_places)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from satcore import Recipe  # noqa: E402
-from satcore.adapters.torch.expansion import expand, insert_blocks, split_batches  # noqa: E402
+from satcore.adapters.torch.expansion import expand, insert_blocks  # noqa: E402
 from satcore.adapters.torch.expansion_frontier import DecisionBudget  # noqa: E402
 
 from test_expand import checkpoint, cli  # noqa: E402,F401  (the module-scoped checkpoint fixture)
@@ -83,13 +83,14 @@ def test_prediction_is_the_least_squares_line_in_log_steps_and_its_noise():
     assert one_seed.se_seed == 0.0
 
 
-@pytest.mark.parametrize("planned,fraction,arms,replicates,fixed,reading", [
-    (1000, 0.1, 4, 2, 3.5, 1.25), (5000, 0.05, 5, 3, 10.0, 2.0), (300, 1.0, 2, 1, 1.0, 0.0)])
-def test_the_plan_is_the_longest_trial_within_the_budget(planned, fraction, arms, replicates, fixed, reading):
-    plan = plan_trials(planned, fraction, arms, replicates, fixed, reading)
+@pytest.mark.parametrize("planned,fraction,steps,reads,replicates,fixed", [
+    (1000, 0.1, [1.3, 0.8, 0.9, 1.0], [0.4, 0.5, 0.5, 0.6], 2, 3.5), (5000, 0.05, [1.0] * 5, [2.0] * 5, 3, 10.0),
+    (300, 1.0, [1.0, 1.25], [0.0, 0.0], 1, 1.0)])
+def test_the_plan_is_the_longest_trial_within_the_budget(planned, fraction, steps, reads, replicates, fixed):
+    plan = plan_trials(planned, fraction, steps, reads, replicates, fixed)
 
-    def cost(t):  # every pass: fixed, then each trial's steps and its 3 readings
-        return fixed + arms * replicates * (t + 3 * reading)
+    def cost(t):  # every pass: fixed, then each arm's trials: its steps at its price and its 3 readings
+        return fixed + replicates * sum(t * s + 3 * r for s, r in zip(steps, reads))
 
     assert plan.cost_steps == pytest.approx(cost(plan.trial_steps))
     assert cost(plan.trial_steps) <= fraction * planned < cost(plan.trial_steps + 1)
@@ -97,16 +98,27 @@ def test_the_plan_is_the_longest_trial_within_the_budget(planned, fraction, arms
 
 
 def test_a_budget_too_small_is_refused_naming_one_that_decides():
+    arms = ([1.0, 1.1, 1.2, 1.4], [1.0] * 4)
     with pytest.raises(InputError) as caught:
-        plan_trials(200, 0.1, 4, 2, 3.0, 1.0)
+        plan_trials(200, 0.1, *arms, 2, 3.0)
     message = str(caught.value)
-    assert "20 model-steps" in message and "\n" not in message
+    assert "20 steps' FLOPs" in message and "\n" not in message
     fraction = float(re.search(r"--decision-budget ([0-9.]+)", message).group(1))
     steps = int(re.search(r"--steps (\d+)", message).group(1))
-    assert plan_trials(200, fraction, 4, 2, 3.0, 1.0).trial_steps >= 4  # what it names is enough
-    assert plan_trials(steps, 0.1, 4, 2, 3.0, 1.0).trial_steps >= 4
+    assert plan_trials(200, fraction, *arms, 2, 3.0).trial_steps >= 4  # what it names is enough
+    assert plan_trials(steps, 0.1, *arms, 2, 3.0).trial_steps >= 4
     with pytest.raises(InputError, match="needs at least"):  # more than the whole training: only --steps is named
-        plan_trials(20, 1.0, 4, 2, 3.0, 1.0)
+        plan_trials(20, 1.0, *arms, 2, 3.0)
+
+
+@pytest.mark.parametrize("available,budget,per_window", [(64, 40.0, 0.5), (64, 400.0, 0.5), (10, 40.0, 0.5),
+                                                          (1000, 100.0, 0.25), (64, 4.0, 3.0)])
+def test_the_heldout_set_is_what_a_quarter_of_the_budget_reads(available, budget, per_window):
+    held = affordable_heldout(available, budget, per_window)
+    # by enumeration: the largest count whose reading fits a quarter of the budget, floored at the minimum, and
+    # never more than half the windows (the rest train)
+    fits = max([h for h in range(available + 1) if h * per_window <= budget / 4], default=0)
+    assert held == min(available // 2, max(MIN_HELDOUT, fits))
 
 
 def _p(point):
@@ -129,12 +141,13 @@ def test_the_choice_is_the_fewest_blocks_within_the_tolerance_of_the_best():
 
 
 # --- the trials -------------------------------------------------------------------------------------
-def _hand_trained_change(model, ids, places, recipe, seed, steps):
-    """The arm trained by hand: blocks at ``places``, AdamW on every parameter, minibatches of the training
-    half drawn by a seeded permutation per pass, the held-out loss from the model's own ``.loss`` per window."""
-    train, held = split_batches(ids)
-    pool = torch.cat([b[0]["input_ids"] for b in train])
-    heldout = torch.cat([b[0]["input_ids"] for b in held])
+def _hand_trained_change(model, ids, places, recipe, seed, steps, held_count):
+    """The arm trained by hand: blocks at ``places``, AdamW on every parameter, minibatches of the windows not
+    held out (``held_count`` evenly spaced ones are) drawn by a seeded permutation per pass, the held-out loss
+    from the model's own ``.loss`` per window."""
+    is_held = np.zeros(len(ids), bool)
+    is_held[[i * len(ids) // held_count for i in range(held_count)]] = True
+    pool, heldout = ids[~torch.from_numpy(is_held)], ids[torch.from_numpy(is_held)]
     grown, _ = insert_blocks(model, places)
     grown.eval()
     optimizer = torch.optim.AdamW(grown.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
@@ -177,12 +190,29 @@ def test_frontier_fields_agree_with_the_trials_and_a_hand_trained_arm(build):
         low, high = arm["interval"]
         assert low < arm["predicted_heldout_change"] < high
         assert arm["predicted_general_change"] != 0.0  # measured, not assumed zero
+    # the trials trained on every window not held out
+    sizes = record["decision"]["windows"]
+    assert sizes["heldout"] + sizes["train"] == 64 and sizes["heldout_sized"]
     # replicate 0 of the K = 1 arm, trained by hand with the same seed, reaches the same held-out change
-    by_hand = _hand_trained_change(model, ids, ["head"], recipe, 5, plan["trial_steps"])
+    by_hand = _hand_trained_change(model, ids, ["head"], recipe, 5, plan["trial_steps"], sizes["heldout"])
     assert frontier[1]["trial"]["heldout_change"][0][-1] == pytest.approx(by_hand, rel=1e-3, abs=1e-5)
     chosen = record["chosen_blocks"]
     assert record["positions"] == ([] if chosen == 0 else [len(find_layers(expansion)) - 1])
     assert 0 < record["decision_cost_fraction"] <= 0.2
+
+
+def test_replicates_draw_their_own_minibatch_orders():
+    """With two replicates, the second trains on the seed after the first's: its curve is a hand-trained arm's
+    with that seed, it differs from the first's, and the interval carries the seeds' noise."""
+    model, ids = llama(), windows(64)
+    recipe = Recipe("adamw", lr=3e-3, steps=600, batch_size=4)
+    record = expand(model, ids, blocks="auto", recipe=recipe, seed=5, budget=DecisionBudget(0.2, replicates=2)).to_dict()
+    plan, held = record["decision"]["plan"], record["decision"]["windows"]["heldout"]
+    arm = record["frontier"][1]
+    first, second = (curve[-1] for curve in arm["trial"]["heldout_change"])
+    assert second == pytest.approx(_hand_trained_change(model, ids, ["head"], recipe, 6, plan["trial_steps"], held),
+                                   rel=1e-3, abs=1e-5)
+    assert abs(first - second) > 1e-4 and arm["standard_errors"]["seeds"] > 0
 
 
 def find_layers(expansion):
@@ -191,32 +221,45 @@ def find_layers(expansion):
     return find_blocks(expansion.model)
 
 
-def test_the_budget_caps_every_pass_and_optimizer_step_actually_run():
-    """Hooks on the real model's embedding (copied into every trial's copy) and on every optimizer count what ran:
-    passes with gradients (the timing step and the trials' steps) and evaluations (forward only)."""
-    model, ids = llama(4), windows(64)
-    counts = {"grad_windows": 0, "eval_windows": 0, "optimizer_steps": 0}
+@pytest.fixture(scope="module")
+def bench():
+    import importlib.util
+    from pathlib import Path
 
-    def count(module, args):
-        counts["grad_windows" if torch.is_grad_enabled() else "eval_windows"] += args[0].shape[0]
+    path = Path(__file__).resolve().parent.parent / "bench" / "expansion_budget.py"
+    spec = importlib.util.spec_from_file_location("bench_expansion_budget_for_frontier", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    model.model.embed_tokens.register_forward_pre_hook(count)
+
+@pytest.mark.parametrize("train_new_only", [True, False])
+def test_the_counted_cost_is_the_flop_share_a_meter_on_the_real_model_counts(bench, train_new_only):
+    """The bench's FLOP meter (a hook on every decoder block and output head of every model that runs, its own
+    FLOPs per token from the config) counts every pass the decision ran; over the planned training's FLOPs (the
+    steps of K = 2 blocks at uniform places trained as the user will, by the bench's analytic step) that is the
+    share the decision counts and prints; and every optimizer step ran within it."""
+    model, ids = llama(8), windows(64, length=16)
+    steps = []
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    handle = register_optimizer_step_post_hook(lambda *_: counts.__setitem__("optimizer_steps",
-                                                                             counts["optimizer_steps"] + 1))
+    handle = register_optimizer_step_post_hook(lambda *_: steps.append(1))
+    meter = bench.FlopMeter(model.config)
     recipe = Recipe("adamw", lr=1e-3, steps=800, batch_size=8)
     try:
-        record = expand(model, ids, blocks="auto", recipe=recipe, max_blocks=2,
-                        budget=DecisionBudget(0.1)).to_dict()
+        record = expand(model, ids, blocks="auto", recipe=recipe, max_blocks=2, train_new_only=train_new_only,
+                        budget=DecisionBudget(0.1, general=windows(32, length=16, seed=9))).to_dict()
     finally:
+        flops = meter.close()
         handle.remove()
+    planned = [4, 9] if train_new_only else range(10)  # K = 2 at uniform places [4, head] of 8 blocks
+    block, head = bench.block_flops(model.config, 16), bench.head_flops(model.config)
+    step = bench.step_flops(10, planned, not train_new_only, block, head) * 8 * 16
     plan = record["decision"]["plan"]
-    assert counts["optimizer_steps"] == 3 * 2 * plan["trial_steps"]  # arms K = 0, 1, 2, two seeds each
-    assert counts["grad_windows"] == 8 * (2 + counts["optimizer_steps"])  # and the two timed steps
-    spent = counts["grad_windows"] / 8 + counts["eval_windows"] / 8 / 3
-    assert spent == pytest.approx(record["decision"]["cost_steps"]) and spent <= 0.1 * 800
-    assert record["decision_cost_fraction"] == pytest.approx(spent / 800)
+    assert record["decision"]["cost_steps"] == pytest.approx(flops / step, rel=1e-9)
+    assert record["decision_cost_fraction"] == pytest.approx(flops / (800 * step), rel=1e-9)
+    assert flops <= 0.1 * 800 * step
+    assert plan["replicates"] == 1 and len(steps) == 3 * plan["trial_steps"]  # K = 0, 1, 2, one seed each
 
 
 def test_the_plan_is_announced_before_any_step():
@@ -232,7 +275,9 @@ def test_the_plan_is_announced_before_any_step():
         handle.remove()
     (done_then, text), = seen
     assert done_then == 0 and steps
-    assert re.search(r"cost: [0-9.]+ model-steps, [0-9.]+% of the planned 600 \([0-9,]+ tokens\); about", text)
+    assert re.search(r"cost: [0-9.]+ planned steps' FLOPs, [0-9.]+% of the planned 600 \([0-9,]+ tokens' worth\); "
+                     r"about", text)
+    assert "x 1 seed (the interval from the held-out windows alone)" in text and "held out: " in text
 
 
 def test_a_move_needs_a_credible_trial_else_the_places_are_uniform():
@@ -279,13 +324,28 @@ def test_cli_quiet_has_no_plan_no_progress_and_the_default_prints_both_first(che
     args = ["--data", text, "--blocks", "auto", "--seq-len", "16", "--steps", "600"]
     quiet = cli("expand", folder, *args, "-o", tmp_path / "q", "--quiet")
     assert quiet.exit_code == 0, quiet.output
-    assert "model-steps [" not in quiet.output and "plan:" not in quiet.output and "defaults:" not in quiet.output
+    assert "steps' FLOPs [" not in quiet.output and "plan:" not in quiet.output and "defaults:" not in quiet.output
     talks = cli("expand", folder, *args, "-o", tmp_path / "t")
     assert talks.exit_code == 0, talks.output
     out = talks.output
     assert out.index("defaults: --batch-size 8, --lr 0.0002, --max-windows 64") < out.index("plan:")
-    assert out.index("plan:") < out.index("model-steps [") < out.index("frontier:")  # plan, then the bar
-    assert re.search(r"cost: [0-9.]+ model-steps, [0-9.]+% of the planned 600", out)
+    assert out.index("plan:") < out.index("steps' FLOPs [") < out.index("frontier:")  # plan, then the bar
+    assert re.search(r"cost: [0-9.]+ planned steps' FLOPs, [0-9.]+% of the planned 600", out)
+
+
+def test_cli_default_windows_fit_a_400_step_plan_and_the_plan_states_both_counts(checkpoint, tmp_path):  # noqa: F811
+    """The default --max-windows at 400 planned steps: the held-out set is cut to what the budget affords, not
+    refused; the plan line names the training and held-out windows, and together they are every window read."""
+    folder, text = checkpoint
+    result = cli("expand", folder, "--data", text, "--blocks", "auto", "--seq-len", "16", "--steps", "400",
+                 "-o", tmp_path / "o")
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "o" / "expansion.json").read_text())
+    sizes = record["decision"]["windows"]
+    trained = int(re.search(r"steps on (\d+) training windows", result.output).group(1))
+    held = int(re.search(r"held out: (\d+) windows", result.output).group(1))
+    assert (trained, held) == (sizes["train"], sizes["heldout"]) and trained + held == record["data"]["windows"]
+    assert MIN_HELDOUT <= held <= record["data"]["windows"] // 2
 
 
 @pytest.mark.parametrize("extra,message", [

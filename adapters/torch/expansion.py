@@ -410,7 +410,7 @@ class Expansion:
 
     @property
     def cost_block_steps(self) -> int:
-        if self.budgeted is not None:  # every pass of the budgeted decision, in model-steps, rounded up
+        if self.budgeted is not None:  # every pass of the budgeted decision, in planned steps' FLOPs, rounded up
             return math.ceil(self.budgeted.cost_steps)
         return 0 if self.decision is None else self.decision.cost_block_steps
 
@@ -634,7 +634,9 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
     ----------
     model : a ``...ForCausalLM`` (Llama, Mistral, Qwen2/3, Gemma, GPT-2, GPT-NeoX, ...); not modified.
     data : batches ``({"input_ids": ...}, labels)`` (or a ``(N, T)`` tensor of token ids), split
-        into a training half (even batches) and a held-out half (odd) unless ``heldout`` is given.
+        into a training half (even batches) and a held-out half (odd) unless ``heldout`` is given;
+        the frontier (``blocks="auto"`` with trials) holds out of token ids the windows its budget
+        affords (at least 8, at most half) and trains its trials on every other window.
     blocks : int, ``"auto"`` or None
         ``K``: the ``K`` candidates the decision ranks first (``layout="grouped"``: one per
         group); ``"auto"``: the candidates whose decrease is significant, best first, at most
@@ -724,6 +726,8 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
             settings = {"blocks": blocks, "max_blocks": max(1, n // 4) if max_blocks is None else max_blocks,
                         "init": init, "seed": seed, "train_new_only": train_new_only, "probe_options": probe_options}
             run = expansion_frontier.frontier_decision if blocks == "auto" else expansion_frontier.placement_check
+            if blocks == "auto" and heldout is None and torch.is_tensor(data):
+                train, held = data, None  # the frontier holds out what its budget affords, trains on the rest
             budgeted = run(model, train, held, recipe=recipe, budget=budgeted, options=settings)
             if blocks == "auto":
                 chosen, limit = list(budgeted.chosen_places), settings["max_blocks"]

@@ -5,8 +5,8 @@ steps, batch, lr); :class:`DecisionBudget` says what share of it the decision ma
 (default 10%).  Two decisions run on that budget, both from short trials of *arms*: a copy
 of the model with identity blocks at given places, trained with the recipe in eval mode (no
 dropout), its held-out losses read at a quarter, half and all of the trial, from several
-seeds; the arithmetic (what the budget buys, the extrapolation to the full training, the
-choice) is :mod:`satcore._decisions.frontier`'s.
+seeds; the arithmetic (what the budget buys in FLOPs, the held-out windows it affords, the
+extrapolation to the full training, the choice) is :mod:`satcore._decisions.frontier`'s.
 
 * :func:`frontier_decision` (``expand(..., blocks="auto")``): how many blocks, if any.  The
   arms are ``K = 0`` (no expansion: the model as it is, every parameter trained with the
@@ -33,8 +33,9 @@ import numpy as np
 import torch
 
 from satcore import InputError, Recipe
-from satcore.adapter_api import (FORWARD_SHARE, FrontierChoice, Prediction, TrialPlan, block_counts, choose_blocks,
-                                 plan_trials, predict_change, uniform_groups, uniform_places)
+from satcore.adapter_api import (MIN_HELDOUT, FrontierChoice, Prediction, TrialPlan, affordable_heldout, block_counts,
+                                 choose_blocks, new_positions, plan_trials, predict_change, step_flops, uniform_groups,
+                                 uniform_places)
 
 from .decide import per_sample_eval, recipe_minibatches, recipe_optimizer
 from .hf import sequence_loss
@@ -49,8 +50,9 @@ RELATIVE_TOLERANCE = 0.003
 class DecisionBudget:
     """What the budgeted decisions may spend and what they weigh.
 
-    fraction : the most of the planned training (``recipe.steps`` model-steps) the decision spends.
-    replicates : seeds per arm (the interval's seed noise needs at least 2).
+    fraction : the most of the planned training's FLOPs (``recipe.steps`` planned steps) the decision spends.
+    replicates : seeds per arm, each its own minibatch order; 1 (the default: the budget buys trials twice
+        as long): the interval is the held-out windows' alone, 2 or more add the seeds' noise.
     general : token ids ``(N, T)`` (or batches) of the model's old domain, all held out; ``None``: the
         general loss is not measured.
     max_forgetting : arms whose predicted general loss change exceeds it (nats) are not chosen.
@@ -60,7 +62,7 @@ class DecisionBudget:
     """
 
     fraction: float = 0.10
-    replicates: int = 2
+    replicates: int = 1
     general: object = None
     max_forgetting: float | None = None
     tolerance: float | None = None
@@ -89,20 +91,64 @@ class ArmTrials:
         return self.changes[split].mean(2).tolist()
 
 
-class _Meter:
-    """The decision's passes in model-steps, counted as they run, with an optional tqdm bar."""
+class _Costs:
+    """Each pass of the decision in planned steps' FLOPs (:mod:`satcore._decisions.frontier`'s docstring): the
+    unit is a step of ``K = planned`` blocks at uniform places, trained as the user will."""
 
-    def __init__(self, total: float | None, show: bool, batch_size: int):
-        self.done, self.batch_size = 0.0, batch_size
+    def __init__(self, model, seq_len: int, batch_size: int, planned: int, train_new_only: bool):
+        from .expansion import decoder_stack
+
+        self.n, self.batch_size, self.train_new_only = len(decoder_stack(model)[0]), batch_size, train_new_only
+        self.block, self.head = _flops_per_token(model, seq_len)
+        self.unit = self._flops(uniform_places(self.n, planned) if planned else [])
+
+    def _flops(self, places) -> float:
+        grown = self.n + len(places)
+        if not places or not self.train_new_only:  # K = 0, or every parameter trains: backward through all
+            return step_flops(grown, range(grown), True, self.block, self.head)
+        return step_flops(grown, new_positions(places, self.n), False, self.block, self.head)
+
+    def step(self, places) -> float:
+        """One trial step of the arm with blocks before ``places``."""
+        return self._flops(places) / self.unit
+
+    def full(self) -> float:
+        """A forward and backward pass of the model as it is with every parameter (the timing step)."""
+        return step_flops(self.n, range(self.n), True, self.block, self.head) / self.unit
+
+    def read(self, places, windows: int) -> float:
+        """A forward pass over ``windows`` of the arm with blocks before ``places``."""
+        forward = (self.n + len(places)) * self.block + self.head
+        return windows / self.batch_size * forward / self.unit
+
+
+def _flops_per_token(model, seq_len: int) -> tuple[float, float]:
+    """Forward FLOPs per token of one decoder block (``2 x`` its weight matrices, plus ``4 T`` times the
+    attention width for the scores and the weighted values over ``T`` positions) and of the output head."""
+    from .expansion import decoder_stack
+
+    config = model.config
+    block = model.get_submodule(decoder_stack(model)[0][0])
+    heads = getattr(config, "num_attention_heads", None) or config.n_head
+    width = heads * (getattr(config, "head_dim", None) or config.hidden_size // heads)
+    weights = sum(p.numel() for p in block.parameters() if p.dim() >= 2)
+    return 2.0 * weights + 4.0 * seq_len * width, 2.0 * model.get_output_embeddings().weight.numel()
+
+
+class _Meter:
+    """The decision's passes in planned steps' FLOPs, counted as they run, with an optional tqdm bar."""
+
+    def __init__(self, total: float | None, show: bool, costs: _Costs):
+        self.done, self.costs = 0.0, costs
         self.bar = None
         if show:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, unit="step", desc="deciding", leave=False,
-                            bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} model-steps [{elapsed}<{remaining}]")
+                            bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} steps' FLOPs [{elapsed}<{remaining}]")
 
-    def forward(self, windows: int) -> None:
-        self.add(FORWARD_SHARE * windows / self.batch_size)
+    def forward(self, places, windows: int) -> None:
+        self.add(self.costs.read(places, windows))
 
     def add(self, steps: float) -> None:
         self.done += steps
@@ -132,11 +178,12 @@ class _Arms:
         self.meter = meter
         for split, batches in self.evaluate.items():
             self.before[split] = per_sample_eval(self.model, batches, sequence_loss)
-            meter.forward(self.before[split].size)
+            meter.forward([], self.before[split].size)
         return {split: float(losses.mean()) for split, losses in self.before.items()}
 
     def run(self, places, checkpoints) -> ArmTrials:
-        """Every replicate of the arm with blocks before ``places``: ``checkpoints[-1]`` steps each."""
+        """Every replicate of the arm with blocks before ``places``: ``checkpoints[-1]`` steps each, replicate ``r``
+        drawing its minibatches in the order of seed ``seed + r``."""
         changes = {split: [] for split in self.evaluate}
         for replicate in range(self.replicates):
             for split, rows in self._replicate(places, checkpoints, self.seed + replicate).items():
@@ -168,14 +215,14 @@ class _Arms:
                     loss.backward()
                     optimizer.step()
                     done += 1
-                    self.meter.add(1.0)
+                    self.meter.add(self.meter.costs.step(places))
                 for split, batches in self.evaluate.items():
                     after = per_sample_eval(grown, batches, sequence_loss)
                     if not np.isfinite(after).all():
                         raise InputError(f"the trial of blocks before {list(places)} diverged at step {done} (lr "
                                          f"{self.recipe.lr:g}): its {split} loss is not finite; lower --lr")
                     rows[split].append(after - self.before[split])
-                    self.meter.forward(after.size)
+                    self.meter.forward(places, after.size)
         return {split: np.stack(r) for split, r in rows.items()}
 
 
@@ -215,15 +262,42 @@ def _windows(batches) -> int:
     return sum(len(_inputs_ids(b)) for b in batches)
 
 
-def _general_batches(general) -> list:
-    from .expansion import split_batches
+def _general_batches(general, count: int | None = None) -> list:
+    """The general data's batches, all held out (nothing trains on them); ``count``: token ids keep that many
+    windows, evenly spaced, so reading them costs what the target's held-out set does."""
+    from .expansion import _windows_batches, split_batches
 
     if general is None:
         return []
     if torch.is_tensor(general):
+        if count is not None and count < len(general):
+            return _windows_batches(general[_spaced(len(general), count)], 8)
         train, held = split_batches(general)
-        return train + held  # all held out: nothing trains on the general data
+        return train + held
     return list(general)
+
+
+def _spaced(n: int, count: int) -> torch.Tensor:
+    """``count`` indices evenly spaced over ``n`` (the held-out windows span the whole file, as the training ones)."""
+    return torch.arange(count) * n // count
+
+
+def _sized_split(windows, model, recipe: Recipe, budget: DecisionBudget, options: dict) -> tuple[list, list, int]:
+    """``(train, held, held-out count)`` of ``(N, T)`` token ids: held out as many windows as the budget affords
+    (:func:`satcore._decisions.frontier.affordable_heldout`), the rest training the trials (training windows cost
+    nothing to hold)."""
+    from .expansion import _windows_batches, decoder_stack
+
+    n_blocks = len(decoder_stack(model)[0])
+    counts = block_counts(min(options["max_blocks"], n_blocks))
+    costs = _Costs(model, windows.shape[1], recipe.batch_size, counts[-1], options["train_new_only"])
+    readings = 3 * budget.replicates  # trial_checkpoints: three readings per trial
+    per_window = costs.read([], 1) + readings * sum(costs.read(uniform_places(n_blocks, k), 1) for k in counts)
+    splits = 1 + (budget.general is not None)
+    count = affordable_heldout(len(windows), budget.fraction * recipe.steps, splits * per_window)
+    held = torch.zeros(len(windows), dtype=torch.bool)
+    held[_spaced(len(windows), count)] = True
+    return _windows_batches(windows[~held], 8), _windows_batches(windows[held], 8), count
 
 
 @dataclass(frozen=True)
@@ -272,6 +346,7 @@ class ArmResult:
 class FrontierDecision(BudgetedDecision):
     arms: tuple = ()
     choice: FrontierChoice | None = None
+    windows: dict = field(default_factory=dict)  # the target windows the trials trained on and were read on
 
     @property
     def chosen_places(self) -> tuple:
@@ -279,24 +354,28 @@ class FrontierDecision(BudgetedDecision):
 
     def to_dict(self) -> dict:
         return {"method": ("frontier: K = 0 (the model as it is, trained the same way) and K blocks at uniform places, "
-                           "short trials from several seeds, each window's change fitted linearly in log2(steps) and "
-                           "read at the planned steps; 95% interval from the windows' and the seeds' noise"),
+                           "short trials, each window's change fitted linearly in log2(steps) and "
+                           "read at the planned steps; 95% interval from the held-out windows' noise (and the seeds', with "
+                           "several replicates, each its own minibatch order)"),
                 "frontier": [a.to_dict() for a in self.arms], "chosen_blocks": self.choice.chosen_blocks,
                 "best_blocks": self.choice.best_blocks, "tolerance": self.tolerance,
                 "excluded_by_max_forgetting": list(self.choice.excluded), "reason": self.choice.reason,
-                "plan": self.plan.to_dict(), "cost_steps": self.cost_steps,
+                "plan": self.plan.to_dict(), "cost_steps": self.cost_steps, "windows": self.windows,
                 "heldout_loss": self.losses["heldout"], "general_loss": self.losses.get("general"),
                 "seconds_per_step": self.seconds_per_step}
 
 
-def _plan_lines(title: str, plan: TrialPlan, seconds: float, tokens_per_step: int, evaluated: dict) -> list[str]:
+def _plan_lines(title: str, plan: TrialPlan, seconds: float, tokens_per_step: int, evaluated: dict,
+                trained: int) -> list[str]:
     reads = ", ".join(str(c) for c in plan.checkpoints)
     windows = " + ".join(f"{n} {split.replace('heldout', 'held-out')} windows" for split, n in evaluated.items())
+    seeds = ("1 seed (the interval from the held-out windows alone)" if plan.replicates == 1 else
+             f"{plan.replicates} seeds (each its own minibatch order: the interval adds their noise)")
     return [title,
-            f"  trials: {plan.arms} arm(s) x {plan.replicates} seed(s) x {plan.trial_steps} steps, each read at steps "
-            f"{reads} on {windows}",
-            f"  cost: {plan.cost_steps:.1f} model-steps, {plan.cost_fraction:.1%} of the planned "
-            f"{plan.planned_steps} ({plan.cost_steps * tokens_per_step:,.0f} tokens); about "
+            f"  trials: {plan.arms} arm(s) x {seeds} x {plan.trial_steps} steps on {trained} training windows, "
+            f"each read at steps {reads} on {windows}",
+            f"  cost: {plan.cost_steps:.1f} planned steps' FLOPs, {plan.cost_fraction:.1%} of the planned "
+            f"{plan.planned_steps} ({plan.cost_steps * tokens_per_step:,.0f} tokens' worth); about "
             f"{_duration(plan.cost_steps * seconds)} here (one step timed at {seconds:.3g} s)"]
 
 
@@ -304,39 +383,48 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-def _setting(model, train: list, held: list, recipe: Recipe, budget: DecisionBudget) -> tuple:
-    """``(evaluate, tokens per step, seconds per step)``: the splits the arms are read on, and the timed step."""
+def _setting(model, train: list, held: list, recipe: Recipe, budget: DecisionBudget, sized: int | None) -> tuple:
+    """``(evaluate, tokens per step, seconds per step, window length)``: the splits the arms are read on (the
+    general data cut to ``sized`` windows where the held-out set was sized), and the timed step."""
     evaluate = {"heldout": held}
-    general = _general_batches(budget.general)
+    general = _general_batches(budget.general, sized)
     if general:
         evaluate["general"] = general
     first = recipe_minibatches(train, recipe.batch_size, 0)
     from .expansion import _inputs_ids
 
     ids = _inputs_ids(next(first)[0])
-    return evaluate, int(ids.numel()), timed_step(model, train, recipe)
+    return evaluate, int(ids.numel()), timed_step(model, train, recipe), int(ids.shape[-1])
 
 
 def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget: DecisionBudget, options: dict
                       ) -> FrontierDecision:
-    """How many blocks (module docstring).  ``options``: ``max_blocks``, ``init``, ``seed``, ``train_new_only``."""
+    """How many blocks (module docstring).  ``options``: ``max_blocks``, ``init``, ``seed``, ``train_new_only``.
+    ``held`` None: ``train`` is ``(N, T)`` token ids, split here into the held-out windows the budget affords and
+    the trials' training windows (the rest)."""
     from .expansion import decoder_stack
 
     n_blocks = len(decoder_stack(model)[0])
     counts = block_counts(min(options["max_blocks"], n_blocks))
-    evaluate, tokens, seconds = _setting(model, train, held, recipe, budget)
-    read_steps = sum(FORWARD_SHARE * _windows(b) / recipe.batch_size for b in evaluate.values())
-    plan = plan_trials(recipe.steps, budget.fraction, len(counts), budget.replicates, TIMED_STEPS + read_steps,
-                       read_steps)
+    sized = None
+    if held is None:
+        train, held, sized = _sized_split(train, model, recipe, budget, options)
+    evaluate, tokens, seconds, seq_len = _setting(model, train, held, recipe, budget, sized)
+    costs = _Costs(model, seq_len, recipe.batch_size, counts[-1], options["train_new_only"])
+    read = {k: sum(costs.read(uniform_places(n_blocks, k), _windows(b)) for b in evaluate.values()) for k in counts}
+    plan = plan_trials(recipe.steps, budget.fraction, [costs.step(uniform_places(n_blocks, k)) for k in counts],
+                       [read[k] for k in counts], budget.replicates, TIMED_STEPS * costs.full() + read[0])
     if budget.announce is not None:
         budget.announce("\n".join(_plan_lines(
             f"plan: decide how many blocks (K = {', '.join(map(str, counts))}; K = 0 trains the model as it is) for "
             f"your training of {recipe.steps} steps of {recipe.batch_size} windows ({recipe.steps * tokens:,} "
             f"tokens), {recipe.optimizer} lr {recipe.lr:g}", plan, seconds, tokens,
-            {s: _windows(b) for s, b in evaluate.items()})))
-    meter = _Meter(plan.cost_steps, budget.progress, recipe.batch_size)
+            {s: _windows(b) for s, b in evaluate.items()}, _windows(train))
+            + ([f"  held out: {sized} windows, what a quarter of the budget reads (at least {MIN_HELDOUT}, at most "
+                f"half); every other window trains the trials"] if sized is not None else [])))
+    meter = _Meter(plan.cost_steps, budget.progress, costs)
     try:
-        meter.add(TIMED_STEPS)
+        meter.add(TIMED_STEPS * costs.full())
         arms = _Arms(model, recipe, train, evaluate, {**options, "replicates": budget.replicates})
         losses = arms.read_model(meter)
         trials = {k: arms.run(uniform_places(n_blocks, k), plan.checkpoints) for k in counts}
@@ -349,7 +437,8 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     choice = choose_blocks({a.blocks: a.target for a in results},
                            {a.blocks: a.general for a in results} if "general" in evaluate else None,
                            tolerance, budget.max_forgetting)
-    return FrontierDecision(plan, meter.done, losses, seconds, tolerance, results, choice)
+    return FrontierDecision(plan, meter.done, losses, seconds, tolerance, results, choice,
+                            {"train": _windows(train), "heldout": _windows(held), "heldout_sized": sized is not None})
 
 
 @dataclass(frozen=True)
@@ -396,18 +485,20 @@ class PlacementCheck(BudgetedDecision):
                 "seconds_per_step": self.seconds_per_step}
 
 
-def _probe_steps(model, train: list, held: list, recipe: Recipe, probe_options: dict) -> float:
-    """The first-order screen's passes, in model-steps: each probed window is a forward and backward pass,
-    once per group of places that fits ``max_statistics_bytes`` (a forward pass more to plan the groups)."""
+def _probe_steps(model, train: list, held: list, costs: _Costs, probe_options: dict) -> float:
+    """The first-order screen's passes, in planned steps' FLOPs: each probed window a forward and backward pass
+    of the model as it is (counted as every parameter's, an upper bound), once per group of places that fits
+    ``max_statistics_bytes`` (a forward pass more to plan the groups)."""
     windows = _windows(train) + _windows(held)
+    probed = windows / costs.batch_size * costs.full()
     limit = probe_options.get("max_statistics_bytes")
     if limit is None:
-        return windows / recipe.batch_size
+        return probed
     from .probe import plan
 
     options = {k: v for k, v in probe_options.items() if k != "max_statistics_bytes"}
     passes = plan(model, train[0], sequence_loss, family="native", **options).passes(limit, splits=2)
-    return len(passes) * windows / recipe.batch_size + FORWARD_SHARE * _windows(train[:1]) / recipe.batch_size
+    return len(passes) * probed + costs.read([], _windows(train[:1]))
 
 
 def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: DecisionBudget, options: dict
@@ -419,32 +510,42 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
     names = decoder_stack(model)[0]
     n_blocks, k = len(names), options["blocks"]
     uniform, groups = uniform_places(n_blocks, k), uniform_groups(n_blocks, k)
-    evaluate, tokens, seconds = _setting(model, train, held, recipe, budget)
-    read_steps = sum(FORWARD_SHARE * _windows(b) / recipe.batch_size for b in evaluate.values())
-    probe_steps = _probe_steps(model, train, held, recipe, options["probe_options"])
-    fixed = TIMED_STEPS + probe_steps + read_steps
+    evaluate, tokens, seconds, seq_len = _setting(model, train, held, recipe, budget, None)
+    costs = _Costs(model, seq_len, recipe.batch_size, k, options["train_new_only"])
+    model_read = sum(costs.read([], _windows(b)) for b in evaluate.values())
+    read = sum(costs.read(uniform, _windows(b)) for b in evaluate.values())
+    # an arm's step priced as if group 0's block moved to its group's first place: the lowest a block can go, so
+    # the backward's longest; the moves' actual steps are counted as they run
+    step = costs.step([groups[0][0]] + uniform[1:])
+    probe_steps = _probe_steps(model, train, held, costs, options["probe_options"])
+    fixed = TIMED_STEPS * costs.full() + probe_steps + model_read
     movable = sum(len(g) > 1 for g in groups)
+
+    def planned(arms: int, fixed_steps: float) -> TrialPlan:
+        return plan_trials(recipe.steps, budget.fraction, [step] * arms, [read] * arms, budget.replicates,
+                           fixed_steps)
+
     # the longest trials if every group proposes a move: what the plan promises at most
-    plan = plan_trials(recipe.steps, budget.fraction, 1 + movable if movable else 0, budget.replicates, fixed,
-                       read_steps)
+    plan = planned(1 + movable if movable else 0, fixed)
     if budget.announce is not None:
         lines = [f"plan: place {k} block(s): uniform places {uniform} unless a trial shows a move credibly better, "
                  f"for your training of {recipe.steps} steps of {recipe.batch_size} windows "
                  f"({recipe.steps * tokens:,} tokens), {recipe.optimizer} lr {recipe.lr:g}",
-                 f"  screen: the first-order probe of {n_blocks + 1} places ({probe_steps:.1f} model-steps)"]
+                 f"  screen: the first-order probe of {n_blocks + 1} places ({probe_steps:.1f} planned steps' FLOPs)"]
         if movable:
-            trials = _plan_lines("", plan, seconds, tokens, {s: _windows(b) for s, b in evaluate.items()})[1]
+            trials = _plan_lines("", plan, seconds, tokens, {s: _windows(b) for s, b in evaluate.items()},
+                                 _windows(train))[1]
             lines += [f"  then, if the screen proposes a move in every group: uniform and {movable} moved arm(s)",
                       trials + " (longer with fewer moves)",
-                      f"  cost: at most {plan.budget_steps:g} model-steps, {budget.fraction:.0%} of the planned "
+                      f"  cost: at most {plan.budget_steps:g} planned steps' FLOPs, {budget.fraction:.0%} of the planned "
                       f"{recipe.steps} ({plan.budget_steps * tokens:,.0f} tokens); at most about "
                       f"{_duration(plan.budget_steps * seconds)} here (one step timed at {seconds:.3g} s)"]
         else:
             lines.append(f"  no group has a second place: nothing to move; about {_duration(fixed * seconds)}")
         budget.announce("\n".join(lines))
-    meter = _Meter(plan.cost_steps, budget.progress, recipe.batch_size)
+    meter = _Meter(plan.cost_steps, budget.progress, costs)
     try:
-        meter.add(TIMED_STEPS)
+        meter.add(TIMED_STEPS * costs.full())
         screen = first_order_decision(model, train, held, recipe=recipe, seed=options["seed"],
                                       **options["probe_options"])
         meter.add(probe_steps)
@@ -455,11 +556,9 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
             best = next((named[n] for n in ranking if n in named), place)
             if best != place:
                 proposals.append((tuple(group), place, best))
-        final_plan = plan_trials(recipe.steps, budget.fraction, 0, budget.replicates, TIMED_STEPS + probe_steps,
-                                 read_steps)
+        final_plan = planned(0, TIMED_STEPS * costs.full() + probe_steps)
         if proposals:
-            final_plan = plan_trials(recipe.steps, budget.fraction, 1 + len(proposals), budget.replicates, fixed,
-                                     read_steps)
+            final_plan = planned(1 + len(proposals), fixed)
             arms = _Arms(model, recipe, train, evaluate, {**options, "replicates": budget.replicates})
             losses = arms.read_model(meter)
             base = arms.run(uniform, final_plan.checkpoints)

@@ -8,13 +8,18 @@ LLaMA-Pro's uniform places (Wu et al., "LLaMA Pro: Progressive LLaMA with Block
 Expansion").  Each arm is trained ``T`` steps from ``R`` seeds (replicates),
 and its held-out losses are measured at ``T/4``, ``T/2`` and ``T``.
 
-**Cost, in model-steps.**  A pass with gradients over a batch of ``B`` windows
-(a trial's optimizer step, the timing step) is one step; a forward pass alone
-over ``B`` windows (an evaluation) is a third of one, the FLOP ratio of a
-forward to a forward and backward.  Every pass the decision runs is counted:
-the timing step, the evaluations of the model as it is, every arm's steps and
-evaluations (the ``K = 0`` arm's included) and, where there is one, the
-first-order probe (a forward and backward pass per batch).
+**Cost, in planned steps' FLOPs.**  The unit is one step of the planned training, priced as the
+largest arm's step trained as the user will (LLaMA-Pro's count at uniform places by default), in model
+FLOPs (:func:`step_flops`: a forward of every block and the head; backward, one forward's worth for the
+activation gradients of every module from the lowest trainable one up, one more for each trainable
+module's weight gradients).  Each pass the decision runs is counted by that rule against the unit: the
+timing step (every parameter), the evaluations of the model as it is (forward only), every arm's steps
+(``K = 0``: every parameter; ``K`` blocks: ``L + K`` blocks forward, backward as they train) and its
+evaluations (forward only), so the printed share is the share of the planned training's FLOPs.
+
+**Windows.**  Training windows cost nothing to hold, held-out ones a forward pass at every reading: the
+trials train on every window not held out, and the held-out set is as large as a quarter of the budget
+reads (:func:`affordable_heldout`), at least :data:`MIN_HELDOUT` windows and at most half the data.
 
 **Extrapolation.**  Over the few hundred steps that follow insertion, the
 held-out loss of a language model falls close to linearly in the logarithm of
@@ -24,9 +29,11 @@ and read at ``log2 S``: a fixed linear combination ``w`` of the checkpoints,
 ``e_i = sum_j w_j d_ij``.  The predicted change is the mean of ``e`` over
 windows and replicates.  Its interval is normal, ``point +- 1.96 se``, with
 ``se^2`` the sampling variance over held-out windows (of the replicates' mean
-``e_i``) plus the seed variance over replicates (of their window means,
-divided by ``R``): it measures the noise of the trials, not the error of the
-log-linear model, which grows with ``S / T``.
+``e_i``) plus, with several replicates (each its own minibatch order), the seed
+variance over replicates (of their window means, divided by ``R``); with one
+replicate (the default: the budget buys trials twice as long) the windows' alone.
+It measures the noise of the trials, not the error of the log-linear model, which
+grows with ``S / T``.
 
 **Choice.**  The smallest ``K`` whose predicted held-out change is within
 ``tolerance`` nats of the lowest, among the arms whose predicted change of the
@@ -45,9 +52,10 @@ import numpy as np
 from .._shared.errors import InputError
 from .trials import trial_checkpoints
 
-FORWARD_SHARE = 1 / 3  # a forward pass over a batch, in steps (forward + backward)
 MIN_TRIAL_STEPS = 4  # three distinct checkpoints: T/4, T/2, T
 Z_95 = 1.959963984540054
+MIN_HELDOUT = 8  # fewer held-out windows leave the interval's window variance on a handful of values
+READ_SHARE = 0.25  # the held-out set is sized so that reading it takes at most this share of the budget
 HEAD = "head"
 
 
@@ -100,21 +108,71 @@ def uniform_groups(n_blocks: int, k: int) -> list[list]:
     return [[HEAD if p == n_blocks else p for p in range(a, e + 1)] for a, e in zip(starts, ends)]
 
 
+def step_flops(n_blocks: int, trainable, head_trainable: bool, block: float, head: float) -> float:
+    """FLOPs per token of one training step of a stack of ``n_blocks`` blocks (then the head) whose
+    blocks at the indices ``trainable`` train: a forward of every module; backward, one forward's worth
+    for the activation gradients of every module from the lowest trainable one up (the head always),
+    one more for each trainable module's weight gradients.  No trainable module: the forward alone.
+
+    Examples
+    --------
+    >>> step_flops(2, [0, 1], True, 1.0, 1.0), step_flops(2, [1], False, 1.0, 1.0), step_flops(2, [], False, 1.0, 1.0)
+    (9.0, 6.0, 3.0)
+    """
+    trainable = set(trainable)
+    if not trainable and not head_trainable:
+        return n_blocks * block + head
+    lowest = min(trainable) if trainable else n_blocks
+    backward = sum(1 + (i in trainable) for i in range(lowest, n_blocks)) * block + (1 + head_trainable) * head
+    return n_blocks * block + head + backward
+
+
+def new_positions(places, n_blocks: int) -> list[int]:
+    """Indices in the grown stack of the blocks inserted before ``places`` (original indices, ``"head"``).
+
+    Examples
+    --------
+    >>> new_positions([4, "head"], 8), new_positions([0, 0], 3)
+    ([4, 9], [0, 1])
+    """
+    ordered = sorted(n_blocks if p == HEAD else p for p in places)
+    return [p + j for j, p in enumerate(ordered)]
+
+
+def affordable_heldout(available: int, budget_steps: float, window_reads: float) -> int:
+    """Held-out windows: as many as :data:`READ_SHARE` of ``budget_steps`` reads, at least :data:`MIN_HELDOUT`,
+    at most half of the ``available`` windows (the other half or more trains the trials: training windows
+    are free, each held-out one costs ``window_reads`` steps over the whole decision).
+
+    Examples
+    --------
+    >>> affordable_heldout(64, 40.0, 0.5), affordable_heldout(64, 400.0, 0.5), affordable_heldout(10, 40.0, 0.5)
+    (20, 32, 5)
+    """
+    afford = math.floor(READ_SHARE * budget_steps / window_reads) if window_reads > 0 else available
+    return max(0, min(available // 2, max(MIN_HELDOUT, afford)))
+
+
 @dataclass(frozen=True)
 class TrialPlan:
-    """How the decision budget is spent (module docstring: costs in model-steps).
+    """How the decision budget is spent, in planned steps' FLOPs (module docstring).
 
-    ``fixed_steps``: passes that do not depend on the trials' length (the timing step, the model's
-    own evaluations, a probe); ``eval_steps``: one evaluation of an arm (held-out and general data).
+    ``step_costs`` / ``read_costs``: per arm, one trial step and one reading (held-out and general windows);
+    ``fixed_steps``: passes that do not depend on the trials' length (the timing step, the model's own
+    evaluations, a probe).
     """
 
     planned_steps: int
     budget_steps: float
-    arms: int
+    step_costs: tuple
+    read_costs: tuple
     replicates: int
     trial_steps: int
     fixed_steps: float
-    eval_steps: float
+
+    @property
+    def arms(self) -> int:
+        return len(self.step_costs)
 
     @property
     def checkpoints(self) -> tuple[int, ...]:
@@ -122,30 +180,31 @@ class TrialPlan:
 
     @property
     def cost_steps(self) -> float:
-        """Every pass of the decision, in model-steps."""
-        per_trial = self.trial_steps + len(self.checkpoints) * self.eval_steps
-        return self.fixed_steps + self.arms * self.replicates * per_trial
+        """Every pass of the decision, in planned steps' FLOPs."""
+        reads = len(self.checkpoints)
+        per_replicate = sum(self.trial_steps * s + reads * r for s, r in zip(self.step_costs, self.read_costs))
+        return self.fixed_steps + self.replicates * per_replicate
 
     @property
     def cost_fraction(self) -> float:
-        """``cost_steps`` over the planned training's steps."""
+        """``cost_steps`` over the planned training's steps: the share of its FLOPs."""
         return self.cost_steps / self.planned_steps
 
     def to_dict(self) -> dict:
         return {"planned_steps": self.planned_steps, "budget_steps": self.budget_steps, "arms": self.arms,
                 "replicates": self.replicates, "trial_steps": self.trial_steps,
                 "checkpoints": list(self.checkpoints), "fixed_steps": self.fixed_steps,
-                "eval_steps": self.eval_steps, "cost_steps": self.cost_steps,
-                "cost_fraction": self.cost_fraction}
+                "step_costs": list(self.step_costs), "read_costs": list(self.read_costs),
+                "cost_steps": self.cost_steps, "cost_fraction": self.cost_fraction}
 
 
-def plan_trials(planned_steps: int, fraction: float, arms: int, replicates: int, fixed_steps: float,
-                eval_steps: float) -> TrialPlan:
+def plan_trials(planned_steps: int, fraction: float, step_costs, read_costs, replicates: int,
+                fixed_steps: float) -> TrialPlan:
     """The longest trials that keep the decision within ``fraction`` of ``planned_steps``.
 
-    Every one of ``arms`` is trained ``T`` steps from each of ``replicates`` seeds and evaluated at
-    :func:`trial_checkpoints` (``eval_steps`` each); ``T`` is the largest with
-    ``fixed_steps + arms replicates (T + 3 eval_steps) <= fraction planned_steps``.  With no arms
+    Arm ``a`` (a step costs ``step_costs[a]``, a reading ``read_costs[a]``) is trained ``T`` steps from each
+    of ``replicates`` seeds and read at :func:`trial_checkpoints`; ``T`` is the largest with
+    ``fixed_steps + replicates sum_a (T step_a + 3 read_a) <= fraction planned_steps``.  With no arms
     (nothing to try) ``T`` is 0 and only ``fixed_steps`` must fit.
 
     Raises
@@ -156,21 +215,22 @@ def plan_trials(planned_steps: int, fraction: float, arms: int, replicates: int,
     """
     if not 0 < fraction <= 1:
         raise InputError(f"--decision-budget {fraction:g}: a fraction of the planned training in (0, 1]")
+    step_costs, read_costs = tuple(map(float, step_costs)), tuple(map(float, read_costs))
     budget = fraction * planned_steps
-    trials = arms * replicates
-    longest = math.floor((budget - fixed_steps) / trials - 3 * eval_steps) if trials else 0
-    if (trials and longest < MIN_TRIAL_STEPS) or fixed_steps > budget:
-        needed = fixed_steps + trials * (MIN_TRIAL_STEPS + 3 * eval_steps)
+    steps, reads = replicates * sum(step_costs), replicates * sum(read_costs)
+    longest = math.floor((budget - fixed_steps - 3 * reads) / steps) if step_costs else 0
+    if (step_costs and longest < MIN_TRIAL_STEPS) or fixed_steps > budget:
+        needed = fixed_steps + MIN_TRIAL_STEPS * steps + 3 * reads
         fits = needed / planned_steps <= 1
         raise InputError(
             f"a decision budget of {fraction:g} (--decision-budget) of {planned_steps} planned steps (--steps) is "
-            f"{budget:g} model-steps; deciding among {arms} arm(s) with {replicates} seed(s) each needs at least "
-            f"{needed:.4g} (trials of {MIN_TRIAL_STEPS} steps read 3 times at {eval_steps:.3g} steps a reading, "
-            f"plus {fixed_steps:.3g} fixed): give "
+            f"{budget:.4g} steps' FLOPs; deciding among {len(step_costs)} arm(s) with {replicates} seed(s) each "
+            f"needs at least {needed:.4g} (trials of {MIN_TRIAL_STEPS} steps read 3 times on the fewest held-out "
+            f"windows, plus {fixed_steps:.3g} fixed): give "
             + (f"--decision-budget {math.ceil(100 * needed / planned_steps) / 100:g} or " if fits else "")
-            + f"--steps {math.ceil(needed / fraction)}, or read fewer held-out windows (--max-windows)")
-    return TrialPlan(int(planned_steps), float(budget), int(arms), int(replicates), int(longest),
-                     float(fixed_steps), float(eval_steps))
+            + f"--steps {math.ceil(needed / fraction)}")
+    return TrialPlan(int(planned_steps), float(budget), step_costs, read_costs, int(replicates), int(longest),
+                     float(fixed_steps))
 
 
 def extrapolation_weights(checkpoints, full_steps: int) -> np.ndarray:
@@ -269,5 +329,6 @@ def choose_blocks(target: dict, general: dict | None, tolerance: float,
     return FrontierChoice(chosen, best, tolerance, excluded, reason)
 
 
-__all__ = ["FORWARD_SHARE", "FrontierChoice", "Prediction", "TrialPlan", "block_counts", "choose_blocks",
-           "extrapolation_weights", "plan_trials", "predict_change", "uniform_groups", "uniform_places"]
+__all__ = ["MIN_HELDOUT", "FrontierChoice", "Prediction", "TrialPlan", "affordable_heldout", "block_counts",
+           "choose_blocks", "extrapolation_weights", "new_positions", "plan_trials", "predict_change", "step_flops",
+           "uniform_groups", "uniform_places"]
