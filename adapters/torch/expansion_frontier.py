@@ -421,7 +421,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
             f"tokens), {recipe.optimizer} lr {recipe.lr:g}", plan, seconds, tokens,
             {s: _windows(b) for s, b in evaluate.items()}, _windows(train))
             + ([f"  held out: {sized} windows, what a quarter of the budget reads (at least {MIN_HELDOUT}, at most "
-                f"half); every other window trains the trials"] if sized is not None else [])))
+                f"half); the rest train the trials"] if sized is not None else [])))
     meter = _Meter(plan.cost_steps, budget.progress, costs)
     try:
         meter.add(TIMED_STEPS * costs.full())
