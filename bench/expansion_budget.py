@@ -34,7 +34,8 @@ Equal compute, in model FLOPs.  Per token, a block's forward costs ``2 x`` its p
 ``4 T d`` for attention (scores and values over ``T`` positions), the output head ``2 d V``.  A
 backward pass costs one forward for the activation gradients of every module the gradient passes
 through (every module above the lowest trainable one, the head included) and one more for the weight
-gradients of a trainable module (:func:`step_flops`); a pass without gradients costs its forward.
+gradients of a trainable module (``satcore.adapter_api.step_flops``, the rule satcore's decision prices its
+own passes by); a pass without gradients costs its forward.
 Embedding lookups, norms and the optimizer update are not counted.  The budget is ``--steps`` steps
 of the conventional uniform arm (K = 2); each arm trains ``floor((budget - charge) / its step)``
 steps, where the charge is what its decision ran: ``adept``'s forward passes and the satcore
@@ -72,6 +73,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 from expansion import HINT, LINUX_DOC, PYDOC  # noqa: E402
+
+from satcore.adapter_api import step_flops  # noqa: E402,F401  (the decision prices its passes by the same rule)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "expansion_budget.jsonl"
 GENERAL_DIRS = ("admin-guide", "process", "filesystems")
@@ -128,19 +131,6 @@ def block_flops(config, seq_len: int) -> float:
 def head_flops(config) -> float:
     """Forward FLOPs per token of the output head, ``2 d V``."""
     return 2.0 * config.hidden_size * config.vocab_size
-
-
-def step_flops(n_blocks: int, trainable, head_trainable: bool, block: float, head: float) -> float:
-    """FLOPs per token of one training step of a stack of ``n_blocks`` blocks (then the head) whose
-    blocks at the indices ``trainable`` train: a forward of every module; backward, one forward's worth
-    for the activation gradients of every module from the lowest trainable one up (the head always),
-    one more for each trainable module's weight gradients.  No trainable module: the forward alone."""
-    trainable = set(trainable)
-    if not trainable and not head_trainable:
-        return n_blocks * block + head
-    lowest = min(trainable) if trainable else n_blocks
-    backward = sum(1 + (i in trainable) for i in range(lowest, n_blocks)) * block + (1 + head_trainable) * head
-    return n_blocks * block + head + backward
 
 
 def arm_step_flops(config, seq_len: int, n_blocks: int, new_positions) -> float:
@@ -369,9 +359,11 @@ def main(argv=None):
     decoder_arguments(p)
     p.add_argument("--eval-windows", type=int, default=192, help="held-out windows per text")
     p.add_argument("--probe-windows", type=int, default=32, help="general training windows of the ADEPT-style proxy")
-    p.add_argument("--decision-windows", type=int, default=16,
-                   help="target training windows given to satcore (half train its trials, half are held out)")
-    p.add_argument("--general-windows", type=int, default=8, help="general training windows given to satcore")
+    p.add_argument("--decision-windows", type=int, default=64,
+                   help="target training windows given to satcore (the command's default --max-windows on a CPU: "
+                   "its frontier holds out what the budget affords and trains its trials on the rest)")
+    p.add_argument("--general-windows", type=int, default=32,
+                   help="general training windows given to satcore (the command reads half --max-windows)")
     p.add_argument("--pairs", choices=PAIRS, nargs="+", default=list(PAIRS))
     p.add_argument("--trial-windows", type=int, default=64,
                    help="satcore-wide: target training windows its trials train on (its held-out windows as satcore's)")
