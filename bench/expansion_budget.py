@@ -24,7 +24,9 @@ equal compute (below):
 * ``random``: K distinct places out of L + 1, drawn per seed;
 * ``satcore``: ``satcore expand``'s default decision (:func:`satcore_decision`), its cost charged;
 * ``satcore-wide``: the same decision with ``--trial-windows`` target windows for its trials to train on
-  (its held-out windows and its cost unchanged): a diagnostic of what the default's few windows cost.
+  (its held-out windows and its cost unchanged): a diagnostic of what the default's few windows cost,
+  recorded when the default was given 16 decision windows (``--decision-windows 16 --general-windows 8``,
+  half of them held out); the decision now sizes its own held-out set, so its recorded rows are not rerun.
 
 Every expanded arm copies the preceding block into each new one with its output projections zeroed
 (LLaMA-Pro's identity blocks) and trains only the new blocks (LLaMA-Pro's recipe); ``none`` trains
