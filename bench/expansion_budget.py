@@ -635,7 +635,7 @@ def must_show(summary: dict) -> list[str]:
         above = {cell: (lambda i: i["low"] > 0 or i["high"] < 0)(crossed_interval(v)) for cell, v in noise.items()}
         right, counted = sign_agreement(predicted, realized, [above[p["cell"]] for p in points])
         met = rho >= 0.6 and counted > 0 and right / counted >= 0.85
-        out.append(f"* predicted vs realized general change: Spearman {rho:+.2f} over {len(points)} points (needs "
+        out.append(f"* predicted vs realized general change: Spearman {rho:+.3f} over {len(points)} points (needs "
                    f">= 0.6); sign right {right} of {counted} above seed noise (needs >= 85%): "
                    + ("met" if met else "not met"))
     else:
