@@ -371,3 +371,23 @@ def test_cli_plot_is_skipped_with_one_line_without_matplotlib(checkpoint, tmp_pa
     assert result.exit_code == 0, result.output
     assert "the figure was skipped" in result.output and not (tmp_path / "f.png").exists()
     assert (tmp_path / "o" / "expansion.json").exists()
+
+
+def test_trials_above_the_stated_bound_are_refused_before_they_start(monkeypatch):
+    """The frontier's trials (arms x trial steps x replicates) above ``SATCORE_MAX_TRIAL_STEPS`` are refused with
+    the count and what to do, after the plan is made and before any arm trains (the two timing steps only)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    model, ids = llama(), windows(64)
+    steps = []
+    monkeypatch.setenv("SATCORE_MAX_TRIAL_STEPS", "3")
+    handle = register_optimizer_step_post_hook(lambda *_: steps.append(1))
+    try:
+        with pytest.raises(InputError, match=r"^steps 600 with a decision budget of 0\.1: the trials would train "
+                                             r"[0-9,]+ optimizer steps of 8 samples, above the bound of 3; set "
+                                             r"SATCORE_MAX_TRIAL_STEPS"):
+            expand(model, ids, blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8),
+                   budget=DecisionBudget())
+    finally:
+        handle.remove()
+    assert len(steps) <= 2  # the timed steps that price the plan, no trial step

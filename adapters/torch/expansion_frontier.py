@@ -38,6 +38,7 @@ from satcore.adapter_api import (MIN_HELDOUT, FrontierChoice, Prediction, TrialP
                                  uniform_places)
 
 from .decide import per_sample_eval, recipe_minibatches, recipe_optimizer
+from .input_bounds import check_trial_work
 from .hf import sequence_loss
 from .locate import HEAD
 from .probe import call_model, to_device
@@ -414,6 +415,9 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     read = {k: sum(costs.read(uniform_places(n_blocks, k), _windows(b)) for b in evaluate.values()) for k in counts}
     plan = plan_trials(recipe.steps, budget.fraction, [costs.step(uniform_places(n_blocks, k)) for k in counts],
                        [read[k] for k in counts], budget.replicates, TIMED_STEPS * costs.full() + read[0])
+    check_trial_work(plan.trial_steps * plan.arms * plan.replicates, recipe.batch_size,
+                     f"steps {recipe.steps:,} with a decision budget of {budget.fraction:g}",
+                     "plan fewer steps or a smaller decision budget")
     if budget.announce is not None:
         budget.announce("\n".join(_plan_lines(
             f"plan: decide how many blocks (K = {', '.join(map(str, counts))}; K = 0 trains the model as it is) for "

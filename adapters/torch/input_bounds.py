@@ -79,11 +79,16 @@ def max_trial_steps() -> int:
 def check_trial_steps(recipe) -> None:
     """Refuse, before any probe, a recipe whose trials would train more than :func:`max_trial_steps` steps in all
     (the trials share ``recipe.steps`` steps of ``recipe.batch_size`` samples)."""
+    check_trial_work(recipe.steps, recipe.batch_size, f"recipe: steps {recipe.steps:,}", "price a shorter recipe")
+
+
+def check_trial_work(steps: int, batch_size: int, what: str, instead: str) -> None:
+    """Refuse, before the trials start, ``steps`` optimizer steps in all above :func:`max_trial_steps` (the
+    message names ``what`` asked for them and what to do ``instead``, besides raising the bound)."""
     bound = max_trial_steps()
-    if recipe.steps > bound:
-        raise InputError(f"recipe: steps {recipe.steps:,}: the trials would train up to {recipe.steps:,} optimizer "
-                         f"steps of {recipe.batch_size} samples, above the bound of {bound:,}; set "
-                         f"{ENV_MAX_TRIAL_STEPS} to confirm that work, or price a shorter recipe")
+    if steps > bound:
+        raise InputError(f"{what}: the trials would train {steps:,} optimizer steps of {batch_size} samples, above "
+                         f"the bound of {bound:,}; set {ENV_MAX_TRIAL_STEPS} to confirm that work, or {instead}")
 
 
 @contextlib.contextmanager
