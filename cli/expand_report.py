@@ -25,7 +25,8 @@ def defaults_line(assumed: dict, on_gpu: bool) -> str | None:
         return None
     given = ", ".join(f"{k} {v}" for k, v in assumed.items())
     return (f"defaults: {given} ({'a GPU' if on_gpu else 'no GPU'} found; the planned training is yours to state with "
-            "--steps, --batch-size, --lr; windows of 128 tokens, at most 64 of them, on a CPU, 256 and 256 on a GPU)")
+            "--steps, --batch-size, --lr; without --seq-len and --max-windows, windows of 128 tokens, at most 64 of "
+            "them, on a CPU, 256 and 256 on a GPU)")
 
 
 def stop_line(expansion) -> str | None:

@@ -100,7 +100,7 @@ def model_card(record: dict, out_dir: str) -> str:
         lines.append(f"Layout `{record['layout']}`; {decision.get('method', 'a decision')} on "
                      f"`{data.get('file', 'the data')}` ({data.get('windows', '?')} windows of "
                      f"{data.get('seq_len', '?')} tokens), for the recipe {json.dumps(record['recipe'])}; it cost "
-                     f"{record['cost_block_steps']} block-steps.")
+                     f"{_cost(record, decision)}.")
         if decision.get("stop_reason"):
             lines.append(f"It stopped: `{decision['stop_reason']}`.")
         lines.append("Every candidate place's evidence is in `expansion.json` (`evidence`, `decision`).")
@@ -132,3 +132,12 @@ def write_training_exports(folder: str, record: dict, peft_config: dict, out_dir
             stream.write(llama_factory_yaml(record, out_dir))
     with open(os.path.join(folder, "README.md"), "w") as stream:
         stream.write(model_card(record, out_dir))
+
+
+def _cost(record: dict, decision: dict) -> str:
+    """The decision's cost in the unit the command printed: a budgeted decision's planned steps' FLOPs and their
+    share of the planned training, else block-steps."""
+    if "cost_steps" in decision and record.get("decision_cost_fraction") is not None:
+        return (f"{decision['cost_steps']:.1f} planned steps' FLOPs, {100 * record['decision_cost_fraction']:.1f}% of "
+                "the planned training")
+    return f"{record['cost_block_steps']} block-steps"
