@@ -54,7 +54,8 @@ from exlib.models import StagewiseResNet, gpt2_decoder  # noqa: E402
 from exlib.output import versions  # noqa: E402
 from exlib.training import (  # noqa: E402
     batches, classifier_loss, lm_batches, lm_loss, lm_windows, per_sample_ce, train_classifier, train_lm)
-from satcore import Criteria, Recipe, predictors as P  # noqa: E402
+from satcore import Criteria, Recipe  # noqa: E402
+from satcore._decisions import predictors as P  # noqa: E402
 from satcore._statistics.depth import DepthStatistics  # noqa: E402
 from satcore.adapters.torch import StreamTaps, grow, positions, probe, sequence_loss  # noqa: E402
 from satcore.adapters.torch.probe import call_model, eval_mode  # noqa: E402
