@@ -133,9 +133,10 @@ def test_the_choice_is_the_fewest_blocks_within_the_tolerance_of_the_best():
     assert no.chosen_blocks == 0 and no.best_blocks == 4 and no.reason.startswith("expanding does not pay here")
     general = {0: _p(0.30), 1: _p(0.02), 2: _p(0.08), 4: _p(0.12)}
     kept = choose_blocks(target, general, 0.01, max_forgetting=0.05)
-    assert kept.chosen_blocks == 1 and kept.excluded == (0, 2, 4)
+    assert kept.chosen_blocks == 1 and kept.excluded == (0, 2, 4) and kept.max_forgetting == 0.05
     none = choose_blocks(target, general, 0.01, max_forgetting=0.01)
-    assert none.chosen_blocks == 0 and "every arm" in none.reason
+    assert none.chosen_blocks == 0 and "every arm" in none.reason and none.max_forgetting == 0.01
+    assert choose_blocks(target, general, 0.01).max_forgetting is None  # no limit stated, none recorded
     with pytest.raises(InputError, match="general"):
         choose_blocks(target, None, 0.01, max_forgetting=0.05)
 

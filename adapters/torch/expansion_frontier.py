@@ -360,6 +360,7 @@ class FrontierDecision(BudgetedDecision):
                            "several replicates, each its own minibatch order)"),
                 "frontier": [a.to_dict() for a in self.arms], "chosen_blocks": self.choice.chosen_blocks,
                 "best_blocks": self.choice.best_blocks, "tolerance": self.tolerance,
+                "max_forgetting": self.choice.max_forgetting,
                 "excluded_by_max_forgetting": list(self.choice.excluded), "reason": self.choice.reason,
                 "plan": self.plan.to_dict(), "cost_steps": self.cost_steps, "windows": self.windows,
                 "heldout_loss": self.losses["heldout"], "general_loss": self.losses.get("general"),

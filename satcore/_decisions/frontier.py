@@ -290,13 +290,15 @@ def predict_change(changes, checkpoints, full_steps: int) -> Prediction:
 
 @dataclass(frozen=True)
 class FrontierChoice:
-    """The chosen block count and why (``reason``, plain words); ``excluded``: arms over ``max_forgetting``."""
+    """The chosen block count and why (``reason``, plain words); ``excluded``: arms over ``max_forgetting``
+    (None: no limit was stated)."""
 
     chosen_blocks: int
     best_blocks: int | None
     tolerance: float
     excluded: tuple[int, ...]
     reason: str
+    max_forgetting: float | None = None
 
 
 def choose_blocks(target: dict, general: dict | None, tolerance: float,
@@ -317,7 +319,7 @@ def choose_blocks(target: dict, general: dict | None, tolerance: float,
     if not allowed:
         return FrontierChoice(0, None, tolerance, excluded, (
             f"expanding does not pay here: every arm's predicted general loss change is above --max-forgetting "
-            f"{max_forgetting:g} nats, no expansion included; nothing is inserted"))
+            f"{max_forgetting:g} nats, no expansion included; nothing is inserted"), max_forgetting)
     best = min(allowed, key=lambda k: target[k].point)
     chosen = next(k for k in allowed if target[k].point <= target[best].point + tolerance)
     if chosen == 0:
@@ -326,7 +328,7 @@ def choose_blocks(target: dict, general: dict | None, tolerance: float,
     else:
         reason = (f"{chosen} block(s): the fewest predicted within {tolerance:.3g} nats of the best arm (K = {best})"
                   + (", and above no expansion by more than that" if 0 in allowed else ""))
-    return FrontierChoice(chosen, best, tolerance, excluded, reason)
+    return FrontierChoice(chosen, best, tolerance, excluded, reason, max_forgetting)
 
 
 __all__ = ["MIN_HELDOUT", "FrontierChoice", "Prediction", "TrialPlan", "affordable_heldout", "block_counts",
