@@ -49,6 +49,30 @@ def test_no_core_function_takes_more_than_eight_parameters():
     assert not over, over
 
 
+# The adapters' functions over 8 parameters today, with their counts: the option funnels one decision policy
+# object is to replace. The list may only shrink (a function leaving it must be removed from it) and no count grow.
+ADAPTER_FUNCTIONS_OVER_EIGHT = {
+    "onnx/autodiff.py _transposed": 10, "tensorflow/growth.py grow_until_saturated": 19,
+    "torch/decide.py trial_losses": 10, "torch/decide.py decide": 14,
+    "torch/expansion.py first_order_decision": 10, "torch/expansion.py placement_decision": 11,
+    "torch/expansion.py expand": 15, "torch/growth.py grow_until_saturated": 23,
+    "torch/lightning_callback.py __init__": 9, "torch/probe.py _batch_sums": 11,
+    "torch/trainer_callback.py __init__": 9,
+}
+
+
+def test_no_adapter_function_gains_parameters_over_eight():
+    adapters = CORE.resolve().parent / "adapters"
+    over = {}
+    for path in sorted(adapters.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _parameters(node) > MAX_PARAMETERS:
+                over[f"{path.relative_to(adapters).as_posix()} {node.name}"] = _parameters(node)
+    grown = {k: v for k, v in over.items() if v > ADAPTER_FUNCTIONS_OVER_EIGHT.get(k, MAX_PARAMETERS)}
+    assert not grown, grown
+    assert set(over) == set(ADAPTER_FUNCTIONS_OVER_EIGHT), set(over) ^ set(ADAPTER_FUNCTIONS_OVER_EIGHT)
+
+
 def test_the_parameter_count_sees_a_long_signature():
     """The count the test above relies on, on a signature of 9 (and self, which does not count)."""
     node = ast.parse("def f(self, a, b=1, *c, d, e=2, **g): pass\ndef h(a, b, c, d, e, f, g, h, i): pass").body
