@@ -384,7 +384,7 @@ def test_trials_above_the_stated_bound_are_refused_before_they_start(monkeypatch
     monkeypatch.setenv("SATCORE_MAX_TRIAL_STEPS", "3")
     handle = register_optimizer_step_post_hook(lambda *_: steps.append(1))
     try:
-        with pytest.raises(InputError, match=r"^steps 600 with a decision budget of 0\.1: the trials would train "
+        with pytest.raises(InputError, match=r"^steps 600 with a decision budget of 0\.1: the trials would train up to "
                                              r"[0-9,]+ optimizer steps of 8 samples, above the bound of 3; set "
                                              r"SATCORE_MAX_TRIAL_STEPS"):
             expand(model, ids, blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8),

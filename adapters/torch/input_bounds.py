@@ -87,7 +87,7 @@ def check_trial_work(steps: int, batch_size: int, what: str, instead: str) -> No
     message names ``what`` asked for them and what to do ``instead``, besides raising the bound)."""
     bound = max_trial_steps()
     if steps > bound:
-        raise InputError(f"{what}: the trials would train {steps:,} optimizer steps of {batch_size} samples, above "
+        raise InputError(f"{what}: the trials would train up to {steps:,} optimizer steps of {batch_size} samples, above "
                          f"the bound of {bound:,}; set {ENV_MAX_TRIAL_STEPS} to confirm that work, or {instead}")
 
 
