@@ -63,11 +63,6 @@ EXPAND_COPIES = 3
 _LAYER_NAME = re.compile(r"(.*?)\.([0-9]{1,9})\.")
 
 
-def is_checkpoint_dir(path) -> bool:
-    """Whether ``path`` is a directory holding a ``config.json``."""
-    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
-
-
 def check_checkpoint_dir(path) -> None:
     """Refuse, in one line naming what is missing, a directory the loader does not read: not a directory, no
     ``config.json``, a path that is not UTF-8 (the safetensors reader takes UTF-8 paths only), pickled weights
