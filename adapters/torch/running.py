@@ -106,9 +106,10 @@ class RunningSums:
         totals as one :class:`satcore.BatchMoments` of ``n_batches`` batches.
 
         The Gram totals are made whole from their upper triangles first
-        (:func:`.moments.add_gram` updates only those on the CPU).  On the CPU the new statistics'
-        arrays become the totals and the old ones are let go: while it runs, this candidate's sums
-        are held twice.
+        (:func:`.moments.add_gram` updates only those on the CPU).  The new statistics adopt the
+        host arrays (``add_moments(adopt=True)``): on the CPU the totals themselves, which the old
+        statistics held too and which stay the totals from now on, so nothing is copied and folds no
+        batch reached stay unwritten (untouched zero pages).
         """
         for field in SYMMETRIC:
             if field in self.matrices:
@@ -126,8 +127,8 @@ class RunningSums:
         old = self.statistics
         folds = None if self.fold_cross is None else (self.fold_cross.cpu().numpy(), self.fold_samples)
         self.statistics = CandidateStatistics(old.n_hidden, old.n_features, old.n_positions, old.variance, old.n_folds,
-                                              old.curvature, old.stream, old.block_update).add_moments(totals,
-                                                                                                       folds=folds)
+                                              old.curvature, old.stream, old.block_update).add_moments(totals, folds=folds,
+                                                                                                       adopt=True)
         if self.device.type == "cpu":  # the new statistics' arrays are the totals from now on
             self._share_arrays(self.statistics, seeded=True)
         return self.statistics

@@ -34,6 +34,26 @@ def check_memory(n_bytes: int, what: str) -> None:
                          f"(set {ENV_MEMORY_BUDGET} to raise it)")
 
 
+LAZY_ZEROS_BYTES = 1 << 20  # arrays from this size on get their memory on first write (:func:`lazy_zeros`)
+
+
+def lazy_zeros(shape) -> np.ndarray:
+    """float64 zeros whose pages the operating system supplies on first write.
+
+    An anonymous ``mmap``: pages nothing writes stay the shared zero page, so
+    a candidate's ``m`` folds cost memory only for the folds its batches
+    reach (4 of 16 after 4 batches), whatever state the allocator is in
+    (``np.zeros`` is ``calloc``, which clears a reused heap block page by page
+    and makes it resident).  Under :data:`LAZY_ZEROS_BYTES`, ``np.zeros``.
+    """
+    size = int(np.prod(shape, dtype=np.int64))
+    if 8 * size < LAZY_ZEROS_BYTES:
+        return np.zeros(shape)
+    import mmap
+
+    return np.frombuffer(mmap.mmap(-1, 8 * size), dtype=np.float64).reshape(shape)
+
+
 def check_sizes(**sizes) -> None:
     """Refuse a size that is not a whole number >= 1 (an empty axis leaves nothing to estimate)."""
     for name, value in sizes.items():

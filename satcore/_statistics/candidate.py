@@ -78,7 +78,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .._shared.arrays import as_pair, check_sizes, check_statistics_memory
+from .._shared.arrays import as_pair, check_sizes, check_statistics_memory, lazy_zeros
 from .._formulas.psd import DEFAULT_RTOL, gram_inverse
 from .._formulas.certification import debiased_energy, noise_floor, variance_estimate
 from .._shared.errors import InputError
@@ -134,6 +134,20 @@ def _symmetric(matrix) -> np.ndarray:
     return 0.5 * (m + m.T)
 
 
+def _added(total: np.ndarray, value, symmetric: bool = False) -> np.ndarray:
+    """``total`` plus ``value`` (symmetrised where ``symmetric``), in place."""
+    total += _symmetric(value) if symmetric else np.asarray(value, dtype=np.float64)
+    return total
+
+
+def _adopted(zeros: np.ndarray, value, symmetric: bool = False) -> np.ndarray:
+    """``value`` itself where it is a C-ordered float64 array of ``zeros``' shape, else :func:`_added` to ``zeros``."""
+    if (isinstance(value, np.ndarray) and value.dtype == np.float64 and value.shape == zeros.shape
+            and value.flags.c_contiguous and value.flags.writeable):
+        return value
+    return _added(zeros, value, symmetric)
+
+
 @dataclass(eq=False, repr=False)
 class CandidateStatistics:
     """Mergeable, serialisable running sums for one candidate (see module docstring)."""
@@ -163,7 +177,8 @@ class CandidateStatistics:
         self.sum_gram = np.zeros((self.n_features, self.n_features))
         self.sum_xtx = np.zeros((self.n_features, self.n_features)) if self.variance else None
         self.sum_qq = np.zeros((self.n_hidden, self.n_hidden)) if self.curvature else None
-        self.fold_cross = np.zeros((self.n_folds, self.n_hidden, self.n_features)) if self.n_folds else None
+        # the folds a probe's batches never reach take no memory (4 of the 16 after 4 batches)
+        self.fold_cross = lazy_zeros((self.n_folds, self.n_hidden, self.n_features)) if self.n_folds else None
         self.fold_samples = np.zeros(self.n_folds, dtype=np.int64) if self.n_folds else None
         if self.block_update and not self.stream:
             raise InputError("block_update sums are relative to the stream's: they need stream=True")
@@ -223,7 +238,8 @@ class CandidateStatistics:
                                 z=z if self.stream else None)
         return self.add_moments(moments)
 
-    def add_moments(self, moments: BatchMoments, *, fold: int | None = None, folds=None) -> "CandidateStatistics":
+    def add_moments(self, moments: BatchMoments, *, fold: int | None = None, folds=None,
+                    adopt: bool = False) -> "CandidateStatistics":
         """Add one batch's sums, a :class:`~satcore._statistics.moments.BatchMoments` (adapters compute them on their
         device; NumPy values, Python numbers, or anything :func:`numpy.asarray` and ``float`` read).
 
@@ -234,6 +250,13 @@ class CandidateStatistics:
         ``n_folds``.  ``folds``: instead, per-fold parts ``(fold_cross, fold_samples)`` of the
         sums (another statistics' folds, as :meth:`accumulate` adds them).  A sum these
         statistics track (``sum_xtx``, ``sum_qq``, the stream sums) must be in the batch.
+
+        ``adopt``: statistics that hold no sums yet take the batch's float64 arrays (and ``folds``'
+        ``fold_cross``) as their own, without a copy, where they are C-ordered NumPy arrays of the
+        right shape (the caller lets go of them; its Grams exactly symmetric): the same bits as
+        adding them to zeros, without a second copy of every sum.  An adapter's device totals
+        handed over at the end of a probe come this way (on the CPU, copying 16 folds of
+        ``N x r`` into fresh zeros took a quarter of a GPT-2 probe and made every fold resident).
         """
         m = moments
         if m.sum_gram is None:
@@ -246,8 +269,11 @@ class CandidateStatistics:
             raise InputError("these statistics track the stream sums (stream=True); the batch did not supply them")
         if self.block_update and m.sum_update_sq is None:
             raise InputError("these statistics track sum_update_sq (block_update=True); the batch did not supply it")
+        if adopt and (self.n_samples or self.n_batches):
+            raise InputError("only statistics that hold no sums yet can adopt a batch's arrays")
+        take = _adopted if adopt else _added
         if self.n_folds and folds is not None:
-            self.fold_cross += np.asarray(folds[0], dtype=np.float64)
+            self.fold_cross = take(self.fold_cross, folds[0])
             self.fold_samples += np.asarray(folds[1], dtype=np.int64)
         elif self.n_folds:
             k = self.n_batches % self.n_folds if fold is None else int(fold)
@@ -257,14 +283,15 @@ class CandidateStatistics:
         self.n_vectors = None if self.n_vectors is None or m.n_vectors is None else self.n_vectors + int(m.n_vectors)
         self.sum_q_sq += float(m.sum_q_sq)
         self.sum_xi_sq += float(m.sum_xi_sq)
-        self.sum_cross += np.asarray(m.sum_cross, dtype=np.float64)
+        self.sum_cross = take(self.sum_cross, m.sum_cross)
         # Batch sums computed in float32 (or by a non-symmetric BLAS path) are symmetric only
-        # to round-off; symmetrising here keeps the totals exactly symmetric, as dumps require.
-        self.sum_gram += _symmetric(m.sum_gram)
+        # to round-off; symmetrising here keeps the totals exactly symmetric, as dumps require
+        # (adopted Grams are exactly symmetric already: 0.5 (G + G^T) would be G's very bits).
+        self.sum_gram = take(self.sum_gram, m.sum_gram, symmetric=True)
         if self.variance:
-            self.sum_xtx += _symmetric(m.sum_xtx)
+            self.sum_xtx = take(self.sum_xtx, m.sum_xtx, symmetric=True)
         if self.curvature:
-            self.sum_qq += _symmetric(m.sum_qq)
+            self.sum_qq = take(self.sum_qq, m.sum_qq, symmetric=True)
         if self.stream:
             self.sum_z_sq += float(m.sum_z_sq)
             self.n_stream_vectors += int(m.n_stream_vectors)
