@@ -1,11 +1,93 @@
-"""The score's cheaper routes against independent float64 NumPy references: statistics that adopt a
-probe's totals (``add_moments(adopt=True)``) and fold sums whose memory comes on first write (``lazy_zeros``)."""
+"""The score's cheaper routes against independent float64 NumPy references: the growth value from the
+whitened folds (``FoldSums.with_whitened_total``), the rank-deficient residual's norm by ``dsyrk``
+(``psd._residual_norm``), statistics that adopt a probe's totals (``add_moments(adopt=True)``) and
+fold sums whose memory comes on first write (``lazy_zeros``)."""
 
 import numpy as np
 import pytest
 
 from satcore import BatchMoments, CandidateStatistics, InputError
+from satcore._formulas import psd
+from satcore._formulas.folds import FoldSums
 from satcore._shared.arrays import LAZY_ZEROS_BYTES, lazy_zeros
+
+EPS = np.finfo(np.float64).eps
+
+
+def samples(rng, M, T, N, r):
+    return rng.standard_normal((M, T, N)), np.tanh(rng.standard_normal((M, T, r)) @ rng.standard_normal((r, r)))
+
+
+def projector_growth(Q, Psi):
+    """``sqrt(tr(C K^- C^T))`` as the norm of ``Q``'s projection onto the unit-column features' kept row space
+    (SVD, the cut of ``DEFAULT_RTOL`` on squared singular values), over ``sqrt(n)``."""
+    M, T, _ = Q.shape
+    P = Psi.reshape(M * T, -1)
+    U, sv, _ = np.linalg.svd(P / np.linalg.norm(P, axis=0), full_matrices=False)
+    kept = U[:, sv**2 > psd.DEFAULT_RTOL * sv[0] ** 2]
+    X = Q.reshape(M * T, -1)
+    # per sample: C = (1/M) sum_i Q_i^T Psi_i, the projector acts on the stacked positions
+    return float(np.linalg.norm(kept.T @ X)) / np.sqrt(M), kept.shape[1]
+
+
+@pytest.mark.parametrize("T, r", [(3, 20), (6, 40)])  # full rank (60 rows > 20) and rank-deficient (24 rows < 40)
+@pytest.mark.parametrize("fold", ["consecutive", "scattered"])
+def test_growth_value_from_the_whitened_folds(T, r, fold):
+    rng = np.random.default_rng(3)
+    Q, Psi = samples(rng, 4 * (5 if T == 3 else 1), T, 7, r)
+    batches = np.split(np.arange(Q.shape[0]), 4)
+    stats = CandidateStatistics(7, r, T, n_folds=16)
+    plain = CandidateStatistics(7, r, T, n_folds=0)  # no folds: tr(C G^- C^T) through C's own whitening
+    for b, idx in enumerate(batches):
+        where = b if fold == "consecutive" else 3 * b + 1  # folds 1, 4, 7, 10: not one product
+        stats.add_moments(_moments(Q[idx], Psi[idx]), fold=where)
+        plain.update(Q[idx], Psi[idx])
+    want, rank = projector_growth(Q, Psi)
+    score, reference = stats.score("x"), plain.score("x")
+    assert score.feature_rank == reference.feature_rank == rank
+    cond = 1.0 if rank == r else 1e3  # the rank-deficient factor's round-off, relative (psd module docstring)
+    assert score.growth_value == pytest.approx(want, rel=cond * 100 * EPS * r)
+    assert score.growth_value == pytest.approx(reference.growth_value, rel=cond * 100 * EPS * r)
+    # the fold Gram is what it was: the whitened fold sums' inner products
+    sums, counts = stats.fold_cross, stats.fold_samples
+    kept = np.flatnonzero(counts)
+    spectrum = psd.psd_spectrum(stats.feature_gram())
+    white = np.stack([spectrum.whiten(sums[a] / counts[a]) for a in kept]).reshape(kept.size, -1)
+    np.testing.assert_allclose(score.fold_sums.gram, white @ white.T, rtol=cond * 100 * EPS * r,
+                               atol=cond * 100 * EPS * r * np.abs(white @ white.T).max())
+
+
+def _moments(Q, Psi):
+    from satcore._statistics.moments import batch_moments
+
+    return batch_moments(Q, Psi)
+
+
+def test_with_whitened_total_is_whiten_of_the_sum():
+    rng = np.random.default_rng(4)
+    sums = rng.standard_normal((6, 5, 9))
+    counts = np.array([2, 0, 3, 1, 0, 0])
+    W = rng.standard_normal((9, 4))
+    folds, total = FoldSums.with_whitened_total(sums, counts, lambda A: A @ W)
+    np.testing.assert_allclose(total, sums[counts > 0].sum(0) @ W, rtol=0, atol=50 * EPS * np.abs(sums).sum(0).max()
+                               * np.abs(W).sum(0).max())
+    reference = FoldSums.of(sums, counts, lambda A: A @ W)
+    np.testing.assert_allclose(folds.gram, reference.gram, rtol=1e-14)
+    assert FoldSums.with_whitened_total(sums, np.zeros(6), lambda A: A @ W)[1] is None
+
+
+@pytest.mark.parametrize("n, k", [(1, 1), (37, 5), (300, 0), (700, 64)])
+def test_residual_norm_is_the_frobenius_norm(n, k):
+    """Any symmetric block and rows (not only a Cholesky factor's), so the residual is O(1), not round-off."""
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((n + 10, n + 10))
+    scaled = A + A.T
+    unfactored = rng.permutation(n + 10)[:n]
+    rows = rng.standard_normal((n, k))
+    want = np.linalg.norm(scaled[np.ix_(unfactored, unfactored)] - rows @ rows.T)
+    scale = np.linalg.norm(scaled) + np.linalg.norm(rows) ** 2
+    assert psd._residual_norm(scaled, unfactored, rows) == pytest.approx(want, abs=10 * (n + k) * EPS * scale)
+    assert psd._residual_norm(scaled, unfactored[:0], rows[:0]) == 0.0
 
 
 def totals(rng, N, r, *, variance=False):

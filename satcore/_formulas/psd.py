@@ -282,16 +282,39 @@ def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | No
     if info == 0:  # full rank, but the bound did not clear the cut
         return _eigen_spectrum(s, scaled, rtol)
     L = np.tril(factor[:, :rank])
-    unfactored = order[rank:]
-    residual = scaled[np.ix_(unfactored, unfactored)] - L[rank:] @ L[rank:].T
     mu, V = np.linalg.eigh(L.T @ L)
-    top, spread = (float(mu[-1]) if rank else 0.0), float(np.linalg.norm(residual))
+    top, spread = (float(mu[-1]) if rank else 0.0), _residual_norm(scaled, order[rank:], L[rank:])
     if info < 0 or top <= 0 or spread > RESIDUAL_SHARE * rtol * top:
         return _eigen_spectrum(s, scaled, rtol)
     keep = mu > rtol * top
     W = np.empty((dim, int(keep.sum())))
     W[order] = L @ (V[:, keep] / mu[keep])  # back in feature order
     return GramInverse(s[:, None] * W, False, rtol * top, -spread, top)
+
+
+def _residual_norm(scaled: np.ndarray, unfactored: np.ndarray, rows: np.ndarray) -> float:
+    """``||R||_F`` of the residual ``R = scaled[u, u] - rows rows^T`` (``u = unfactored``), symmetric: one
+    ``dsyrk`` into its lower triangle (half the multiply-adds of the general product) and
+    ``||R||_F^2 = 2 ||strict lower||^2 + ||diagonal||^2``."""
+    from scipy.linalg.blas import dsyrk
+
+    if not unfactored.size:
+        return 0.0
+    # the gathered block is symmetric: its transpose, a Fortran-ordered view, is what BLAS updates in place
+    # (its lower triangle: the upper one of the C-ordered block, whose rows are contiguous)
+    block = scaled[np.ix_(unfactored, unfactored)]
+    if rows.shape[1]:
+        dsyrk(-1.0, rows, beta=1.0, c=block.T, trans=0, lower=1, overwrite_c=1)
+    n, step, off_diagonal = block.shape[0], ROW_STEP, 0.0
+    for i in range(0, n, step):  # strictly upper part, a slab of rows at a time (np.triu would copy it all)
+        head = np.triu(block[i : i + step, i : i + step], 1)
+        tail = block[i : i + step, i + step :]
+        off_diagonal += float(np.sum(head * head)) + float(np.einsum("ij,ij->", tail, tail))
+    diagonal = np.diagonal(block)
+    return float(np.sqrt(2.0 * off_diagonal + np.dot(diagonal, diagonal)))
+
+
+ROW_STEP = 256  # rows of the residual summed at a time (:func:`_residual_norm`)
 
 
 def _certified_inverse(scaled: np.ndarray, rtol: float) -> tuple[np.ndarray, float, float] | None:

@@ -546,7 +546,15 @@ class CandidateStatistics:
             raise InputError(f"candidate {name!r}: sum_gram is not positive semi-definite (eigenvalue "
                              f"{spectrum.lowest:.3g} of the unit-diagonal Gram, largest {spectrum.highest:.3g})")
         ag_value = float(np.sqrt(self.sum_q_sq / n))
-        growth = float(np.sqrt(spectrum.quadratic_form(C)))
+        # the fold Grams now: these statistics may go on adding batches before the score's tests are asked for;
+        # the whitened folds add up to the whitened sum_cross (FoldSums.with_whitened_total), C's own whitening
+        fold_sums, whitened_sum = None, None
+        if self.n_folds:
+            fold_sums, whitened_sum = FoldSums.with_whitened_total(self.fold_cross, self.fold_samples, spectrum.whiten)
+        if whitened_sum is None:
+            growth = float(np.sqrt(spectrum.quadratic_form(C)))
+        else:
+            growth = float(np.sqrt(np.sum(whitened_sum * whitened_sum))) / n
         if growth > ag_value * (1 + PROJECTION_RTOL) + np.finfo(float).tiny:
             # a projection of Q cannot be longer than Q (Theorem 1 item 2)
             raise InputError(f"candidate {name!r}: growth value {growth:.6g} exceeds ag {ag_value:.6g}: "
@@ -558,8 +566,6 @@ class CandidateStatistics:
             # sum_i xi_i^T (I kron K^+) xi_i = <K^+, sum_i X_i^T X_i>
             noise = float(np.sum(spectrum.pinv() * self.sum_xtx))
             gv_debiased = (n * n * growth**2 - noise) / (n * (n - 1))
-        # the fold Grams now: these statistics may go on adding batches before the score's tests are asked for
-        fold_sums = FoldSums.of(self.fold_cross, self.fold_samples, spectrum.whiten) if self.n_folds else None
         return CandidateScore(
             name=name,
             n_samples=n,
