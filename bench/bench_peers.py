@@ -199,7 +199,7 @@ def with_eigen_route(run):
     from satcore._formulas import psd
     from satcore._statistics import candidate
 
-    candidate.gram_inverse = lambda K, rtol, rank_bound=None: psd.psd_spectrum(K, rtol)
+    candidate.gram_inverse = lambda K, rtol, rank_bound=None, symmetric=False: psd.psd_spectrum(K, rtol)
     try:
         return run()
     finally:

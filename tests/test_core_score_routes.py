@@ -125,3 +125,36 @@ def test_lazy_zeros():
     assert large.sum() == 2.0 * large.shape[1] and not large[0].any() and not large[2:].any()
     stats = CandidateStatistics(256, 1024, 1)
     assert stats.fold_cross.shape == (16, 256, 1024) and not stats.fold_cross[15].any()
+
+
+@pytest.mark.parametrize("n", [30, 200])  # rank-deficient (pivoted factor) and full rank (certified inverse)
+def test_an_exactly_symmetric_gram_skips_symmetrising_to_the_same_bits(n):
+    rng = np.random.default_rng(7)
+    P = np.tanh(rng.standard_normal((n, 60)) @ rng.standard_normal((60, 60))) * rng.lognormal(0, 2, 60)
+    G = P.T @ P
+    G = np.triu(G) + np.triu(G, 1).T  # exactly symmetric
+    s0, plain = psd._unit_diagonal(G)
+    s1, trusted = psd._unit_diagonal(G, symmetric=True)
+    assert np.array_equal(s0, s1) and np.array_equal(np.tril(plain), np.tril(trusted))
+    a, b = psd.gram_inverse(G), psd.gram_inverse(G, symmetric=True)
+    assert a.rank == b.rank == min(n, 60) and np.array_equal(a.factor, b.factor)
+    # C = A P in the features' row space: tr(C G^- C^T) = ||A Pi||^2, Pi the projector onto P's columns (SVD)
+    A = rng.standard_normal((3, n))
+    U = np.linalg.svd(P, full_matrices=False)[0]
+    want = np.sum((A @ U) ** 2)
+    assert b.quadratic_form(A @ P) == pytest.approx(want, rel=1e-8)
+
+
+def test_statistics_trust_only_the_grams_they_summed():
+    rng = np.random.default_rng(8)
+    Q, P = rng.standard_normal((6, 4, 5)), rng.standard_normal((6, 4, 9))
+    stats = CandidateStatistics(5, 9, 4)
+    stats.update(Q[:3], P[:3]).update(Q[3:], P[3:])
+    assert stats.sum_gram is stats._exact_gram and np.array_equal(stats.sum_gram, stats.sum_gram.T)
+    loaded = CandidateStatistics.from_arrays(stats.to_arrays())
+    assert loaded._exact_gram is None  # a dump's Gram is symmetric to its round-off only
+    assert loaded.score("x").growth_value == stats.score("x").growth_value
+    stats.sum_gram = stats.sum_gram * (1 + 1e-13 * rng.standard_normal((9, 9)))  # put there from outside
+    assert stats.sum_gram is not stats._exact_gram
+    stats.update(Q[:1], P[:1])  # still not trusted after adding to it
+    assert stats._exact_gram is None

@@ -175,6 +175,7 @@ class CandidateStatistics:
         self.sum_batch_grad_norm = 0.0
         self.sum_cross = np.zeros((self.n_hidden, self.n_features))
         self.sum_gram = np.zeros((self.n_features, self.n_features))
+        self._exact_gram = self.sum_gram  # sum_gram while it is this array, made exactly symmetric here (score)
         self.sum_xtx = np.zeros((self.n_features, self.n_features)) if self.variance else None
         self.sum_qq = np.zeros((self.n_hidden, self.n_hidden)) if self.curvature else None
         # the folds a probe's batches never reach take no memory (4 of the 16 after 4 batches)
@@ -287,7 +288,9 @@ class CandidateStatistics:
         # Batch sums computed in float32 (or by a non-symmetric BLAS path) are symmetric only
         # to round-off; symmetrising here keeps the totals exactly symmetric, as dumps require
         # (adopted Grams are exactly symmetric already: 0.5 (G + G^T) would be G's very bits).
+        exact = self.sum_gram is self._exact_gram  # not an array put there from outside
         self.sum_gram = take(self.sum_gram, m.sum_gram, symmetric=True)
+        self._exact_gram = self.sum_gram if exact else None
         if self.variance:
             self.sum_xtx = take(self.sum_xtx, m.sum_xtx, symmetric=True)
         if self.curvature:
@@ -445,6 +448,7 @@ class CandidateStatistics:
                stats.sum_update_sq or 0.0) < 0:
             raise InputError("negative sum of squares or norms")
         stats.sum_cross, stats.sum_gram = cross.copy(), gram.copy()
+        stats._exact_gram = None  # symmetric to the stored round-off only: scores symmetrise it
         if stats.variance:
             xtx = np.asarray(arrays["sum_xtx"], dtype=np.float64)
             if xtx.shape != gram.shape:
@@ -541,7 +545,8 @@ class CandidateStatistics:
         C, K = self.cross_gradient(), self.feature_gram()
         # without a stored count (an old dump) every batch is taken to have had the first batch's T
         rows = n * self.n_positions if self.n_vectors is None else self.n_vectors
-        spectrum = gram_inverse(K, rtol, rank_bound=rows)  # K's rank is at most its rows
+        # K's rank is at most its rows; sums these statistics added up themselves are exactly symmetric
+        spectrum = gram_inverse(K, rtol, rank_bound=rows, symmetric=self.sum_gram is self._exact_gram)
         if not spectrum.lowest >= -INDEFINITE_RTOL * spectrum.highest:  # written so that a NaN fails it
             raise InputError(f"candidate {name!r}: sum_gram is not positive semi-definite (eigenvalue "
                              f"{spectrum.lowest:.3g} of the unit-diagonal Gram, largest {spectrum.highest:.3g})")
