@@ -51,11 +51,18 @@ def parse_bench_args(doc: str):
 
 
 def set_threads(n: int) -> None:
-    """Pin torch's intra-op threads and NumPy's BLAS threads to ``n``.
+    """Pin torch's intra-op threads and NumPy's and SciPy's BLAS threads to ``n``.
 
     The bench machine has 2 cores shared with other work: oversubscribed
     OpenBLAS threads spin and made one ``eigh`` 5x slower in a trial.
+    SciPy ships its own OpenBLAS, which satcore loads lazily (``dsyrk`` of the
+    Grams, the score's Cholesky factors): ``threadpool_limits`` pins only the
+    libraries loaded when it runs, so SciPy's is loaded first.  Before, it ran
+    on every core while the bench reported one thread, and the CPU seconds of
+    its spinning workers were counted against satcore (``dpotrf`` at
+    ``r = 1024``: 58 ms of CPU against 16 ms on one thread, under load).
     """
+    import scipy.linalg  # noqa: F401  (its BLAS, for threadpool_limits to see)
     from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(n)
