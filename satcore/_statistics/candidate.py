@@ -175,7 +175,7 @@ class CandidateStatistics:
         self.sum_batch_grad_norm = 0.0
         self.sum_cross = np.zeros((self.n_hidden, self.n_features))
         self.sum_gram = np.zeros((self.n_features, self.n_features))
-        self._exact_gram = self.sum_gram  # sum_gram while it is this array, made exactly symmetric here (score)
+        self._exact_gram = True  # exactly symmetric: summed by add_moments, not put there from outside (score)
         self.sum_xtx = np.zeros((self.n_features, self.n_features)) if self.variance else None
         self.sum_qq = np.zeros((self.n_hidden, self.n_hidden)) if self.curvature else None
         # the folds a probe's batches never reach take no memory (4 of the 16 after 4 batches)
@@ -288,9 +288,9 @@ class CandidateStatistics:
         # Batch sums computed in float32 (or by a non-symmetric BLAS path) are symmetric only
         # to round-off; symmetrising here keeps the totals exactly symmetric, as dumps require
         # (adopted Grams are exactly symmetric already: 0.5 (G + G^T) would be G's very bits).
-        exact = self.sum_gram is self._exact_gram  # not an array put there from outside
-        self.sum_gram = take(self.sum_gram, m.sum_gram, symmetric=True)
-        self._exact_gram = self.sum_gram if exact else None
+        exact = self._exact_gram  # assigning sum_gram (the property) would clear it
+        self._sum_gram = take(self._sum_gram, m.sum_gram, symmetric=True)
+        self._exact_gram = exact
         if self.variance:
             self.sum_xtx = take(self.sum_xtx, m.sum_xtx, symmetric=True)
         if self.curvature:
@@ -350,6 +350,18 @@ class CandidateStatistics:
         )
 
     __hash__ = None  # mutable sums
+
+    @property
+    def sum_gram(self) -> np.ndarray:
+        """``sum_i Psi_i^T Psi_i`` (module docstring)."""
+        return self._sum_gram
+
+    @sum_gram.setter
+    def sum_gram(self, value) -> None:
+        # an array put here from outside (a dump's, a test's) is symmetric to its round-off only, as far as
+        # score() knows: it symmetrises it; the sums add_moments makes are exactly symmetric and skip that
+        self._sum_gram = value
+        self._exact_gram = False
 
     def __repr__(self) -> str:
         return (
@@ -447,8 +459,7 @@ class CandidateStatistics:
         if min(stats.sum_q_sq, stats.sum_xi_sq, stats.sum_batch_grad_norm, stats.sum_z_sq or 0.0,
                stats.sum_update_sq or 0.0) < 0:
             raise InputError("negative sum of squares or norms")
-        stats.sum_cross, stats.sum_gram = cross.copy(), gram.copy()
-        stats._exact_gram = None  # symmetric to the stored round-off only: scores symmetrise it
+        stats.sum_cross, stats.sum_gram = cross.copy(), gram.copy()  # symmetric to the stored round-off only
         if stats.variance:
             xtx = np.asarray(arrays["sum_xtx"], dtype=np.float64)
             if xtx.shape != gram.shape:
@@ -546,7 +557,7 @@ class CandidateStatistics:
         # without a stored count (an old dump) every batch is taken to have had the first batch's T
         rows = n * self.n_positions if self.n_vectors is None else self.n_vectors
         # K's rank is at most its rows; sums these statistics added up themselves are exactly symmetric
-        spectrum = gram_inverse(K, rtol, rank_bound=rows, symmetric=self.sum_gram is self._exact_gram)
+        spectrum = gram_inverse(K, rtol, rank_bound=rows, symmetric=self._exact_gram)
         if not spectrum.lowest >= -INDEFINITE_RTOL * spectrum.highest:  # written so that a NaN fails it
             raise InputError(f"candidate {name!r}: sum_gram is not positive semi-definite (eigenvalue "
                              f"{spectrum.lowest:.3g} of the unit-diagonal Gram, largest {spectrum.highest:.3g})")
