@@ -11,7 +11,9 @@ probe calls before each checkpoint and for each result, hands the totals
 of every batch so far to fresh statistics as one
 :class:`satcore.BatchMoments` through
 :meth:`~satcore.CandidateStatistics.add_moments`, the one way sums reach
-statistics (added to zeros: the totals' very bits).  The stream sums
+statistics (``adopt=True``: the fresh statistics take the host arrays as
+they are, the totals' very bits, and on the CPU the totals themselves,
+without a copy).  The stream sums
 (``sum_i ||z_i||^2``, its position vectors, the block update's
 ``sum_i ||block(z_i) - z_i||^2``) are fields of the same statistics.
 The totals are the whole probe's (seeded from a resumed checkpoint),
