@@ -8,7 +8,9 @@ target text for a planned budget of ``--steps`` steps.  Two domain pairs share t
 
 * ``near``: the target is the kernel's networking documentation, the same project, markup and
   vocabulary as the pretraining text (where not expanding may win);
-* ``far``: the target is the Python 3.11 documentation (Debian ``python3.11-doc``).
+* ``far``: the target is the Python 3.11 documentation (Debian ``python3.11-doc``);
+* ``perl``: the transfer pair, read by no fit of the decision's rule: the Perl 5.36 documentation
+  (Debian ``perl-doc``, ``pod/*.pod``).
 
 Every fifth target file is held out (the *target* held-out text).  Arms, per pair and seed, all at
 equal compute (below):
@@ -80,7 +82,9 @@ from satcore.adapter_api import step_flops  # noqa: E402,F401  (the decision pri
 
 RESULTS = Path(__file__).resolve().parent / "results" / "expansion_budget.jsonl"
 GENERAL_DIRS = ("admin-guide", "process", "filesystems")
-PAIRS = ("near", "far")
+PAIRS = ("near", "far", "perl")  # perl: the transfer pair (no fit reads it)
+PERL_POD = Path.home() / ".cache/satcore-text-perl/usr/share/perl/5.36.0/pod"
+PERL_HINT = "apt-get download perl-doc && dpkg-deb -x perl-doc_*.deb ~/.cache/satcore-text-perl"
 SWEEP = (0, 1, 2, 4, 8)
 SATCORE_ARMS = ("satcore", "satcore-wide")  # the default; the same with more windows for its trials to train on
 ARM_ORDER = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random", *SATCORE_ARMS]
@@ -102,12 +106,14 @@ def _split(files) -> tuple[np.ndarray, np.ndarray]:
 
 
 def texts() -> dict:
-    """``{name: (train, heldout)}`` byte streams of ``general``, ``near`` and ``far``."""
+    """``{name: (train, heldout)}`` byte streams of ``general``, ``near``, ``far`` and ``perl``."""
     if not LINUX_DOC.is_dir() or not PYDOC.is_dir():
         sys.exit(f"texts missing; extract them with: {HINT}")
+    if not PERL_POD.is_dir():
+        sys.exit(f"the transfer text is missing; extract it with: {PERL_HINT}")
     general = [f for d in GENERAL_DIRS for f in (LINUX_DOC / d).rglob("*.rst.gz")]
     return {"general": _split(general), "near": _split((LINUX_DOC / "networking").rglob("*.rst.gz")),
-            "far": _split(PYDOC.rglob("*.txt"))}
+            "far": _split(PYDOC.rglob("*.txt")), "perl": _split(PERL_POD.glob("*.pod"))}
 
 
 def spaced_windows(ids: np.ndarray, n: int, seq_len: int):
@@ -369,7 +375,8 @@ def main(argv=None):
     p.add_argument("--pairs", choices=PAIRS, nargs="+", default=list(PAIRS))
     p.add_argument("--trial-windows", type=int, default=64,
                    help="satcore-wide: target training windows its trials train on (its held-out windows as satcore's)")
-    p.add_argument("--arms", choices=("baselines", "satcore", "satcore-wide", "all"), default="all")
+    p.add_argument("--arms", choices=("baselines", "sweep", "satcore", "satcore-wide", "all"), default="all",
+                   help="sweep: none and uniform-K for every K of the sweep (the count must-show's arms)")
     args = parse_or_render(p, argv, RESULTS, render)
     if args is None:
         return
@@ -401,7 +408,7 @@ def main(argv=None):
                                                    "seconds")}), flush=True)
 
     baseline_arms = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random"]
-    arms = {"baselines": baseline_arms, "satcore": ["satcore"], "satcore-wide": ["satcore-wide"],
+    arms = {"baselines": baseline_arms, "sweep": baseline_arms[:len(SWEEP)], "satcore": ["satcore"], "satcore-wide": ["satcore-wide"],
             "all": baseline_arms + list(SATCORE_ARMS)}[args.arms]
     for pair in args.pairs:
         train_ids = streams[pair][0]
@@ -533,7 +540,7 @@ def _count_table(pair: str, arms: dict, summary: dict) -> list[str]:
         count = None if ours is None else len(ours["before"])
         hit = None if count is None else within_one_step(count, best)
         if hit is not None:
-            summary["cells"].append(hit)
+            summary["cells"].append((pair, hit))
         wide = arms.get("satcore-wide", {}).get(seed)
         out.append(f"| {seed} | " + " | ".join(f"{loss[K]:.4f}" for K in SWEEP) + f" | {tolerance:.4f} | {best} | "
                    f"{'-' if count is None else count} | {'-' if hit is None else 'yes' if hit else 'no'} | "
@@ -620,11 +627,14 @@ def must_show(summary: dict) -> list[str]:
                    + ", ".join(f"{pair} {v:+.4f}" for pair, v in targets.items())
                    + f" (needs <= +0.005 on every pair); upper bound below 0 on: {', '.join(below) or 'none'}: "
                    + ("met" if met else "not met"))
-    cells = summary["cells"]
+    cells = [hit for _, hit in summary["cells"]]
     if cells:
         share = sum(cells) / len(cells)
+        by_pair = {pair: [hit for p, hit in summary["cells"] if p == pair] for pair in PAIRS}
         out.append(f"* count within one sweep step of the realized best: {sum(cells)} of {len(cells)} cells "
-                   f"({100 * share:.0f}%, needs >= 80%): {'met' if share >= 0.8 else 'not met'}")
+                   f"({100 * share:.0f}%, needs >= 80%; " + ", ".join(f"{pair} {sum(h)} of {len(h)}" for pair, h in
+                                                                      by_pair.items() if h)
+                   + f"): {'met' if share >= 0.8 else 'not met'}")
     points = summary["points"]
     if len(points) >= 3:
         predicted, realized = [p["predicted"] for p in points], [p["realized"] for p in points]

@@ -179,7 +179,7 @@ def test_render_scores_the_count_against_the_realized_best_and_re_renders_identi
     assert "| 1 | 2.0000 | 1.9900 | 1.9500 | 1.9020 | 1.9000 | 0.0050 | 4 | 1 | no | - |" in table
     # 20 s over 10 steps: the 4 s decision is 2 steps' wall
     assert "| 0 | 8.0 | - | 4 | 2.000 | 2 |" in table
-    assert "1 of 2 cells (50%, needs >= 80%): not met" in table
+    assert "1 of 2 cells (50%, needs >= 80%; near 1 of 2): not met" in table
     assert "at most 8.0% of the budget" in table
     assert bench.render([path]) == table
 
