@@ -20,6 +20,7 @@ from ._decisions.frontier import (
     affordable_heldout,
     block_counts,
     choose_blocks,
+    credible,
     new_positions,
     plan_trials,
     predict_change,
@@ -85,7 +86,7 @@ __all__ = [
     "trial_decision",
     # the budgeted expansion decisions' arithmetic (the frontier over K, the placement check)
     "MIN_HELDOUT", "FrontierChoice", "Prediction", "TrialPlan", "affordable_heldout", "block_counts", "choose_blocks",
-    "new_positions", "plan_trials", "predict_change", "step_flops", "uniform_groups", "uniform_places",
+    "credible", "new_positions", "plan_trials", "predict_change", "step_flops", "uniform_groups", "uniform_places",
     # the feature-family registry
     "FAMILY_REGISTRY", "FamilyRegistry", "FamilySpec", "family_builder", "family_spec", "positions",
     "rebuild_family", "register_builder", "register_family", "registered_families", "DEFAULT_FOLDS",

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from satcore import InputError
-from satcore.adapter_api import (MIN_HELDOUT, Prediction, affordable_heldout, block_counts, choose_blocks,
+from satcore.adapter_api import (MIN_HELDOUT, Prediction, affordable_heldout, block_counts, choose_blocks, credible,
                                  plan_trials, predict_change, uniform_groups, uniform_places)
 
 torch = pytest.importorskip("torch")
@@ -141,6 +141,31 @@ def test_the_choice_is_the_fewest_blocks_within_the_tolerance_of_the_best():
         choose_blocks(target, None, 0.01, max_forgetting=0.05)
 
 
+def _d(point, low, high):
+    return Prediction(point, (low, high), (high - low) / 3.92, 0.0)
+
+
+def test_expanding_must_beat_no_expansion_credibly_paired_on_the_same_windows():
+    target = {0: _p(-0.10), 1: _p(-0.14), 2: _p(-0.155), 4: _p(-0.16)}
+    # K = 1 and 4 beat K = 0 credibly (interval below 0, point below -tolerance); K = 2's interval reaches above 0
+    versus = {1: _d(-0.04, -0.07, -0.01), 2: _d(-0.055, -0.12, 0.01), 4: _d(-0.06, -0.09, -0.03)}
+    got = choose_blocks(target, None, 0.01, versus_none=versus)
+    assert got.chosen_blocks == 4 and got.best_blocks == 4 and "credibly" in got.reason  # -0.14 not within 0.01
+    assert choose_blocks(target, None, 0.03, versus_none=versus).chosen_blocks == 1  # -0.14 within 0.03 of -0.16
+    assert choose_blocks(target, None, 0.01).chosen_blocks == 2  # without the prior: K = 2's point counts
+    # nothing credible: no expansion, though the points favour K = 4 by 0.06
+    doubtful = {1: _d(-0.04, -0.09, 0.01), 2: _d(-0.055, -0.13, 0.02), 4: _d(-0.06, -0.14, 0.02)}
+    no = choose_blocks(target, None, 0.01, versus_none=doubtful)
+    assert no.chosen_blocks == 0 and no.best_blocks == 4 and no.reason.startswith("expanding does not pay here")
+    # a point below 0 but not below minus the tolerance is not credible, however narrow its interval
+    assert not credible(_d(-0.009, -0.0095, -0.0085), 0.01) and credible(_d(-0.011, -0.012, -0.010), 0.01)
+    assert not credible(_d(-0.05, -0.10, 0.0), 0.01)  # an interval touching 0 is not below it
+    # K = 0 left out by --max-forgetting: nothing to beat, the smallest K within the tolerance of the best
+    general = {0: _p(0.30), 1: _p(0.02), 2: _p(0.03), 4: _p(0.04)}
+    kept = choose_blocks(target, general, 0.01, max_forgetting=0.05, versus_none=doubtful)
+    assert kept.chosen_blocks == 2 and kept.excluded == (0,)
+
+
 # --- the trials -------------------------------------------------------------------------------------
 def _hand_trained_change(model, ids, places, recipe, seed, steps, held_count):
     """The arm trained by hand: blocks at ``places``, AdamW on every parameter, minibatches of the windows not
@@ -191,6 +216,17 @@ def test_frontier_fields_agree_with_the_trials_and_a_hand_trained_arm(build):
         low, high = arm["interval"]
         assert low < arm["predicted_heldout_change"] < high
         assert arm["predicted_general_change"] != 0.0  # measured, not assumed zero
+    # K = 1 against K = 0, paired on the same windows: the difference of the mean curves, fitted the same way
+    none, one = (np.mean(a["trial"]["heldout_change"], axis=0) for a in frontier)
+    assert frontier[0]["predicted_minus_none"] is None
+    paired = np.polyval(np.polyfit(x, one - none, 1), math.log2(600))
+    assert frontier[1]["predicted_minus_none"] == pytest.approx(paired, abs=1e-9)
+    assert paired == pytest.approx(frontier[1]["predicted_heldout_change"] - frontier[0]["predicted_heldout_change"],
+                                   abs=1e-9)
+    low, high = frontier[1]["minus_none_interval"]
+    tolerance = record["decision"]["tolerance"]
+    assert low < paired < high
+    assert record["chosen_blocks"] == int(high < 0 and paired < -tolerance)  # K = 1 only where it beats K = 0 credibly
     # the trials trained on every window not held out
     sizes = record["decision"]["windows"]
     assert sizes["heldout"] + sizes["train"] == 64 and sizes["heldout_sized"]

@@ -331,10 +331,14 @@ class ArmResult:
     target: Prediction
     general: Prediction | None
     trials: ArmTrials
+    versus_none: Prediction | None = None  # this arm's held-out change minus K = 0's, paired on the same windows
 
     def to_dict(self) -> dict:
+        versus = self.versus_none
         return {"blocks": self.blocks, "places": list(self.places),
                 "predicted_heldout_change": self.target.point, "interval": list(self.target.interval),
+                "predicted_minus_none": None if versus is None else versus.point,
+                "minus_none_interval": None if versus is None else list(versus.interval),
                 "predicted_general_change": None if self.general is None else self.general.point,
                 "general_interval": None if self.general is None else list(self.general.interval),
                 "standard_errors": {"windows": self.target.se_sample, "seeds": self.target.se_seed},
@@ -357,7 +361,9 @@ class FrontierDecision(BudgetedDecision):
         return {"method": ("frontier: K = 0 (the model as it is, trained the same way) and K blocks at uniform places, "
                            "short trials, each window's change fitted linearly in log2(steps) and "
                            "read at the planned steps; 95% interval from the held-out windows' noise (and the seeds', with "
-                           "several replicates, each its own minibatch order)"),
+                           "several replicates, each its own minibatch order); K blocks are chosen only where they beat "
+                           "K = 0 credibly, paired on the same windows (interval below 0, point below minus the "
+                           "tolerance)"),
                 "frontier": [a.to_dict() for a in self.arms], "chosen_blocks": self.choice.chosen_blocks,
                 "best_blocks": self.choice.best_blocks, "tolerance": self.tolerance,
                 "max_forgetting": self.choice.max_forgetting,
@@ -436,12 +442,15 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     finally:
         meter.close()
     tolerance = _tolerance(budget, losses)
+    none = trials[0].changes["heldout"]
     results = tuple(ArmResult(k, t.places, predict_change(t.changes["heldout"], plan.checkpoints, recipe.steps),
                               predict_change(t.changes["general"], plan.checkpoints, recipe.steps)
-                              if "general" in t.changes else None, t) for k, t in trials.items())
+                              if "general" in t.changes else None, t,
+                              predict_change(t.changes["heldout"] - none, plan.checkpoints, recipe.steps) if k else None)
+                    for k, t in trials.items())
     choice = choose_blocks({a.blocks: a.target for a in results},
                            {a.blocks: a.general for a in results} if "general" in evaluate else None,
-                           tolerance, budget.max_forgetting)
+                           tolerance, budget.max_forgetting, {a.blocks: a.versus_none for a in results if a.blocks})
     return FrontierDecision(plan, meter.done, losses, seconds, tolerance, results, choice,
                             {"train": _windows(train), "heldout": _windows(held), "heldout_sized": sized is not None})
 
