@@ -181,8 +181,8 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
 @click.option("--max-forgetting", type=FiniteFloatRange(min=0), default=None, metavar="NATS",
               help="With --blocks auto and --general-data: no K whose predicted general loss change exceeds it.")
 @click.option("--tolerance", type=FiniteFloatRange(min=0), default=None, metavar="NATS",
-              help="--blocks auto takes the fewest blocks within this of the best predicted change, and a move "
-              "needs a gain beyond it (default 0.3% of the held-out loss).")
+              help="--blocks auto takes blocks only where they beat K = 0 by more than this, credibly, then the "
+              "fewest within it of the best; a move needs a gain beyond it (default 0.3% of the held-out loss).")
 @click.option("--plot", "plot_path", default=None, metavar="PNG",
               help="With --blocks auto: the frontier as a figure (needs matplotlib; skipped with a note without it).")
 @click.option("--quiet", is_flag=True, help="No plan, no defaults line, no progress bar; the report only.")
@@ -219,8 +219,8 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
 
     --blocks auto decides whether to expand and by how many blocks: short trials of K = 0 (the model as it is,
     trained the same way) and K = 1, 2, 4, ... blocks at LLaMA-Pro's uniform places, within --decision-budget of
-    the training you plan (--steps, --batch-size, --lr); it takes the fewest blocks within --tolerance of the best,
-    and none when expanding does not pay.  --blocks K places K blocks: uniform places unless a trial credibly
+    the training you plan (--steps, --batch-size, --lr); it adds blocks only where they beat K = 0 credibly (the
+    fewest within --tolerance of the best of those), and none when expanding does not pay.  --blocks K places K blocks: uniform places unless a trial credibly
     favours a move."""
     if blocks is not None and at is not None:
         raise click.UsageError("give --blocks K|auto or --at NAME,..., not both")

@@ -669,7 +669,7 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
         The share of the planned training (``recipe``) the decision may spend, and the general data
         and forgetting limit it weighs.  With ``decision="trial"``, ``blocks="auto"`` is the frontier
         (:func:`~.expansion_frontier.frontier_decision`: ``K = 0`` and ``K = 1, 2, 4, ...`` at uniform
-        places, the fewest blocks within the tolerance of the best, none when expanding does not pay;
+        places, blocks only where they beat ``K = 0`` credibly, none when expanding does not pay;
         ``budget`` None: ``DecisionBudget()``); with ``layout="grouped"`` a budget makes ``blocks=K``
         the placement check (:func:`~.expansion_frontier.placement_check`: uniform places unless a
         trial credibly favours a move).  Without a budget ``blocks=K`` is the trial decision above,
