@@ -344,6 +344,7 @@ def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_pat
     assert result.exit_code == 0, result.output
     assert "expanding does not pay here" in result.output.lower()
     assert "instead: continue training the model as it is (your 600 steps on it)" in result.output
+    assert "minus K = 0, paired (95%)" in result.output and "credibly" in result.output
     assert "the model unchanged (4 layers, no block inserted)" in result.output
     record = json.loads((out / "expansion.json").read_text())
     assert record["chosen_blocks"] == 0 and record["positions"] == [] and record["num_hidden_layers"]["after"] == 4
@@ -351,8 +352,8 @@ def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_pat
     assert record["trainable_layers"] == [] and "no block was inserted" in record["llama_factory"]["reason"]
     assert not (out / "peft").exists()
     assert [a["blocks"] for a in record["frontier"]] == [0, 1]
-    assert all(set(a) >= {"blocks", "predicted_heldout_change", "interval", "predicted_general_change"}
-               for a in record["frontier"])
+    assert all(set(a) >= {"blocks", "predicted_heldout_change", "interval", "predicted_general_change",
+                          "predicted_minus_none", "minus_none_interval"} for a in record["frontier"])
     assert T.AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 4
 
 
