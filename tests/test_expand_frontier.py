@@ -317,6 +317,20 @@ def test_the_plan_is_announced_before_any_step():
     assert "x 1 seed (the interval from the held-out windows alone)" in text and "held out: " in text
 
 
+def test_trials_that_repeat_their_training_windows_are_recorded_and_announced():
+    model, ids = llama(), windows(24)
+    seen = []
+    recipe = Recipe("adamw", lr=1e-3, steps=2000, batch_size=8)
+    record = expand(model, ids, blocks="auto", recipe=recipe,
+                    budget=DecisionBudget(announce=seen.append)).to_dict()["decision"]
+    plan, sizes = record["plan"], record["windows"]
+    passes = plan["trial_steps"] * 8 / sizes["train"]  # by hand: every trial step draws a batch of 8 training windows
+    assert sizes["trial_passes"] == pytest.approx(passes) and passes > 2
+    wanted = sizes["heldout"] + math.ceil(plan["trial_steps"] * 8 / 2)
+    assert (f"warning: each trial passes over its {sizes['train']} training windows {passes:.1f} times (more than 2)"
+            in seen[0] and f"give about {wanted} windows (--max-windows)" in seen[0])
+
+
 def test_a_move_needs_a_credible_trial_else_the_places_are_uniform():
     """blocks=K with a budget: the screen proposes its first place in each group; with a recipe that cannot move
     the loss (lr 1e-12) no trial shows a credible gain, so the blocks stay at LLaMA-Pro's uniform places."""

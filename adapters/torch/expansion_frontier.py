@@ -25,6 +25,7 @@ extrapolation to the full training, the choice) is :mod:`satcore._decisions.fron
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -228,6 +229,10 @@ class _Arms:
 
 
 TIMED_STEPS = 2  # the first pass of a model pays for warming up; the estimate takes the faster of two
+# trials that pass over their training windows more often than this are announced as such: at 2000 planned steps on
+# the command's 64 CPU windows (32 training the trials, 13 passes) the K = 0 trial over-fitted them (+0.64 nats at its
+# last reading) where 512 windows gave a falling curve (docs/expansion-budget-notes.md); 1.3 passes (400 steps) did not
+MAX_TRIAL_PASSES = 2.0
 
 
 def timed_step(model, train: list, recipe: Recipe) -> float:
@@ -425,6 +430,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     check_trial_work(plan.trial_steps * plan.arms * plan.replicates, recipe.batch_size,
                      f"steps {recipe.steps:,} with a decision budget of {budget.fraction:g}",
                      "plan fewer steps or a smaller decision budget")
+    passes = plan.trial_steps * recipe.batch_size / max(_windows(train), 1)
     if budget.announce is not None:
         budget.announce("\n".join(_plan_lines(
             f"plan: decide how many blocks (K = {', '.join(map(str, counts))}; K = 0 trains the model as it is) for "
@@ -432,7 +438,11 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
             f"tokens), {recipe.optimizer} lr {recipe.lr:g}", plan, seconds, tokens,
             {s: _windows(b) for s, b in evaluate.items()}, _windows(train))
             + ([f"  held out: {sized} windows, what a quarter of the budget reads (at least {MIN_HELDOUT}, at most "
-                f"half); the rest train the trials"] if sized is not None else [])))
+                f"half); the rest train the trials"] if sized is not None else [])
+            + ([f"  warning: each trial passes over its {_windows(train)} training windows {passes:.1f} times (more than "
+                f"{MAX_TRIAL_PASSES:g}): K = 0's trial may fit them and read as a harm; give about "
+                f"{_windows(held) + math.ceil(plan.trial_steps * recipe.batch_size / MAX_TRIAL_PASSES)} windows "
+                f"(--max-windows)"] if passes > MAX_TRIAL_PASSES else [])))
     meter = _Meter(plan.cost_steps, budget.progress, costs)
     try:
         meter.add(TIMED_STEPS * costs.full())
@@ -452,7 +462,8 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
                            {a.blocks: a.general for a in results} if "general" in evaluate else None,
                            tolerance, budget.max_forgetting, {a.blocks: a.versus_none for a in results if a.blocks})
     return FrontierDecision(plan, meter.done, losses, seconds, tolerance, results, choice,
-                            {"train": _windows(train), "heldout": _windows(held), "heldout_sized": sized is not None})
+                            {"train": _windows(train), "heldout": _windows(held), "heldout_sized": sized is not None,
+                             "trial_passes": passes})
 
 
 @dataclass(frozen=True)
@@ -594,4 +605,4 @@ def _tolerance(budget: DecisionBudget, losses: dict) -> float:
 
 
 __all__ = ["ArmResult", "ArmTrials", "BudgetedDecision", "DecisionBudget", "FrontierDecision", "Move",
-           "PlacementCheck", "RELATIVE_TOLERANCE", "TIMED_STEPS", "frontier_decision", "placement_check", "timed_step"]
+           "PlacementCheck", "MAX_TRIAL_PASSES", "RELATIVE_TOLERANCE", "TIMED_STEPS", "frontier_decision", "placement_check", "timed_step"]
