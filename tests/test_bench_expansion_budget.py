@@ -191,3 +191,15 @@ def test_the_recorded_results_re_render_the_lab_notes_tables(bench):
     tables = [line for line in bench.render(recorded).splitlines() if line.startswith("| ")]
     assert recorded and len(tables) > 40
     assert [line for line in tables if line not in notes] == []
+
+
+def test_the_long_budget_row_re_renders_its_lab_notes_tables(bench):
+    """The 2000-step row (one seed, near) is rendered on its own (another setup); its tables are the notes'."""
+    root = BENCH.parent.parent
+    recorded = sorted((root / "bench" / "results").glob("expansion_long_*.jsonl"))
+    if not recorded:
+        pytest.skip("no long-budget rows recorded")
+    notes = (root / "docs" / "expansion-budget-notes.md").read_text()
+    tables = [line for line in bench.render(recorded).splitlines() if line.startswith("| ")]
+    assert len(tables) > 10
+    assert [line for line in tables if line not in notes] == []
