@@ -32,7 +32,7 @@ from _workloads import WORKLOADS, floor_pass, interleaved, parse_bench_args, pro
 
 from satcore import Recipe
 from satcore.adapters.torch import decide
-from satcore.adapters.torch.decide import trial_losses
+from satcore.adapters.torch.decide import TorchTrials, trial_losses
 
 SIZES = {"quick": {"batches": 4, "steps": 60}, "full": {"batches": 8, "steps": 300}}
 BATCH = 64
@@ -52,7 +52,7 @@ def measure(size: str, repeats: int) -> dict:
     runs = {
         "floor": lambda: floor_pass(model, both, loss_fn),
         "probe": lambda: probe_pass(model, both, loss_fn),
-        "train_block": lambda: trial_losses(model, first, at, recipe, train, {}, (recipe.steps,), loss_fn),
+        "train_block": lambda: trial_losses(TorchTrials(model, first, recipe, train, {}, loss_fn, 0), at, (recipe.steps,)),
         "decide": lambda: decisions.append(decide(model, train, heldout, loss_fn, recipe=recipe)),
     }
     seconds = interleaved(runs, repeats)

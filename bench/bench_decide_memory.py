@@ -23,8 +23,8 @@ import torch
 from _results import record
 from _workloads import gpt2_batches, gpt2_model, parse_bench_args, peak_rss_increase, versions
 
-from satcore import Recipe
-from satcore.adapters.torch import decide, plan, sequence_loss
+from satcore import DecisionPolicy, Recipe
+from satcore.adapters.torch import ProbeConfig, decide, plan, sequence_loss
 
 
 def main():
@@ -46,8 +46,9 @@ def main():
         if isinstance(module, torch.nn.Embedding) and module.weight.shape == embedding.weight.shape:
             samples["grad"] += len(inputs[0]) if torch.is_grad_enabled() else 0
 
-    def run(**options):
-        return decide(model, train, heldout, sequence_loss, recipe=recipe, family="native", **options)
+    def run(max_statistics_bytes=None):
+        policy = DecisionPolicy(recipe, max_statistics_bytes=max_statistics_bytes, probe=ProbeConfig(family="native"))
+        return decide(model, train, heldout, sequence_loss, policy=policy)
 
     run(max_statistics_bytes=budget)  # warm-up: the kernels and the allocator's first pages
     rows = {}

@@ -82,7 +82,7 @@ from exlib.training import batches, classifier_loss, lm_batches, lm_windows, per
 from satcore import Recipe, virtual_layer_sensitivity  # noqa: E402
 from satcore._decisions.trials import paired_standard_error, trial_plan  # noqa: E402
 from satcore.adapters.torch import InsertedResidual, probe_splits, sequence_loss  # noqa: E402
-from satcore.adapters.torch.decide import per_sample_eval, recipe_minibatches, recipe_optimizer, screen, trial_losses  # noqa: E402
+from satcore.adapters.torch.decide import TorchTrials, per_sample_eval, recipe_minibatches, recipe_optimizer, screen, trial_losses  # noqa: E402
 from decision_scores import LARGE_HELDOUT, large_heldout_folder, schedule_points  # noqa: E402
 
 OUT = ROOT / "docs" / "figures" / "decision_validity"
@@ -217,8 +217,7 @@ def record_model(task: dict, log, seeds: tuple = SEEDS, stored: dict | None = No
         for column, (_, _, _, longest) in COLUMNS.items():
             points = checkpoints_for(len(names), longest)
             for seed in seeds:
-                measured = trial_losses(model, splits.train, name, column_recipe(column, text, longest),
-                                        task["train"], sets, points, loss_fn, seed=seed)
+                measured = trial_losses(TorchTrials(model, splits.train, column_recipe(column, text, longest), task["train"], sets, loss_fn, seed), name, points)
                 out["runs"].append({"candidate": name, "column": column, "seed": seed, "steps": points,
                                     **{k: _summary(*measured[k]) for k in sets}})
                 if "heldout_large" in sets:  # --large-heldout: keep them for the candidates' paired differences
@@ -256,8 +255,7 @@ def record_compressed(task: dict, log, large_heldout: bool = False) -> dict:
                             TEXT_BATCH if text else IMAGE_BATCH, trainable)
             for name in names:
                 for seed in SEEDS:
-                    measured = trial_losses(model, splits.train, name, recipe, task["train"], sets, [T // 2, T],
-                                            loss_fn, seed=seed)
+                    measured = trial_losses(TorchTrials(model, splits.train, recipe, task["train"], sets, loss_fn, seed), name, [T // 2, T])
                     out["runs"].append({"steps_recipe": steps, "T": T, "lr": recipe.lr, "column": column,
                                         "candidate": name, "seed": seed, "steps": [T // 2, T],
                                         **{k: _summary(*measured[k]) for k in sets}})
@@ -478,8 +476,7 @@ def depth_row(model, loss_fn, family, recipe, train, probe_train, heldout, test,
     points = sorted(schedule_points(len(names), recipe.steps, MAX_TRIALS, every_count=False))
     trials = {}
     for name in names[:verified]:
-        measured = trial_losses(model, splits.train, name, recipe.with_steps(points[-1]), train,
-                                {"heldout": heldout, "train": probe_train, "test": test}, points, loss_fn, seed=seed - 1)
+        measured = trial_losses(TorchTrials(model, splits.train, recipe.with_steps(points[-1]), train, {"heldout": heldout, "train": probe_train, "test": test}, loss_fn, seed - 1), name, points)
         trials[name] = {"steps": list(points), **{k: _summary(*measured[k]) for k in ("heldout", "train", "test")}}
     return {"heldout_loss": float(per_sample_eval(model, heldout, loss_fn).mean()),
             "screen": {k: row.heldout_change for k, row in screened.items()}, "trials": trials}
@@ -581,7 +578,8 @@ def record_loop(name: str, spec: tuple, seed: int, log, part: str = "") -> dict:
     alone), inserts the block and trains the whole grown model with the recipe's optimizer, lr and steps; the
     held-out guard rolls a harm back and stops.  The test loss of every round's trained model is recorded beside
     (never read by the loop)."""
-    from satcore.adapters.torch import grow_until_saturated
+    from satcore import DecisionPolicy, GrowthBudget, GrowthOptions
+    from satcore.adapters.torch import ProbeConfig, grow_until_saturated
 
     architecture = SWEEP_ARCHITECTURE.get(TRANSFER_LOOPS.get(part, ""))
     kind = {} if architecture is None else {"architecture": architecture}
@@ -599,9 +597,7 @@ def record_loop(name: str, spec: tuple, seed: int, log, part: str = "") -> dict:
         return grown
 
     t0 = time.time()
-    result = grow_until_saturated(model, train_round, start["heldout"], loss_fn, heldout_data=start["heldout"],
-                                  train_data=start["train"], recipe=start["recipe"], family=start["family"],
-                                  max_depth=max(DEPTHS), seed=seed)
+    result = grow_until_saturated(model, train_round, start["heldout"], loss_fn, heldout_data=start["heldout"], train_data=start["train"], options=GrowthOptions(budget=GrowthBudget(max_depth=max(DEPTHS)), seed=seed, probe=ProbeConfig(family=start["family"])), policy=DecisionPolicy(start["recipe"]))
     out = {"loop": tag, "source": start["source"], "recipe": start["recipe"].to_dict(), "model_seed": seed,
            **start["settings"], "family": start["family"], "start_depth": 1, "start_test_loss": start_test,
            "final_depth": result.depth, "stop_reason": result.stop_reason, "trained": trained,

@@ -49,8 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import record  # noqa: E402
 from _workloads import WORKLOADS, floor_pass, interleaved, versions  # noqa: E402
 
-from satcore import Recipe  # noqa: E402
-from satcore.adapters.torch import decide, plan, probe, sequence_loss  # noqa: E402
+from satcore import DecisionPolicy, Recipe  # noqa: E402
+from satcore.adapters.torch import ProbeConfig, decide, plan, probe, sequence_loss  # noqa: E402
 from satcore.adapters.torch.probe import to_device  # noqa: E402
 
 SIZES = {
@@ -231,7 +231,7 @@ def decide_1b(device, size, model, config, n_features, steps) -> dict:
     heldout = token_batches(config, batch_size, seq_len, n_held, 2, device)
     recipe = Recipe("adam", lr=1e-4, steps=steps, batch_size=batch_size)
     start = time.perf_counter()
-    decision = decide(model, train, heldout, sequence_loss, recipe=recipe, n_features=n_features or config.hidden_size)
+    decision = decide(model, train, heldout, sequence_loss, policy=DecisionPolicy(recipe, probe=ProbeConfig(n_features=n_features or config.hidden_size)))
     synchronize(device)
     seconds = time.perf_counter() - start
     row = {"seconds": seconds, "recipe_steps": steps, "cost_block_steps": decision.cost_block_steps,

@@ -339,7 +339,7 @@ def decision(base, python_train, args, seed, method, layout="ranked", blocks=Non
     (:class:`PassCounter`).  The screen reads ``decision_batches`` batches per split and prices the full
     recipe; the trial decision reads ``trial_batches`` per split and trials the recipe shortened to
     ``steps // trial_fraction``."""
-    from satcore import Recipe
+    from satcore import DecisionPolicy, Recipe
     from satcore.adapters.torch.expansion import placement_decision
 
     rng = np.random.default_rng(20_000 + seed)
@@ -352,8 +352,7 @@ def decision(base, python_train, args, seed, method, layout="ranked", blocks=Non
     counter = PassCounter(base)
     start = time.time()
     try:
-        d = placement_decision(base, batches[0], batches[1], recipe=recipe, decision=method, layout=layout,
-                               blocks=blocks, seed=seed)
+        d = placement_decision(base, batches[0], batches[1], decision=method, layout=layout, blocks=blocks, policy=DecisionPolicy(recipe, seed=seed))
     finally:
         counter.handle.remove()
     return d, time.time() - start, counter.charge(args.batch_size)

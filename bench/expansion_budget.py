@@ -285,7 +285,8 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -
     from expansion import sample_windows
     from satcore import Recipe
     from satcore.adapters.torch import DecisionBudget
-    from satcore.adapters.torch.expansion import expand
+    from satcore import DecisionPolicy
+    from satcore.adapters.torch.expansion import ExpansionOptions, expand
 
     rng = np.random.default_rng(20_000 + seed)
     windows = sample_windows(target_train, plan["decision_windows"], plan["seq_len"], rng)
@@ -296,8 +297,8 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -
         windows = sample_windows(target_train, plan["trial_windows"], plan["seq_len"], rng)
     recipe = Recipe("adamw", lr=plan["lr"], steps=plan["steps"], batch_size=plan["batch_size"], trainable="block")
     api = "expand(blocks='auto', budget=DecisionBudget(general=...))"
-    expansion = expand(base, windows, blocks="auto", recipe=recipe, train_new_only=True, seed=seed,
-                       budget=DecisionBudget(general=general), **split)
+    expansion = expand(base, windows, blocks="auto", policy=DecisionPolicy(recipe, seed=seed),
+                       options=ExpansionOptions(train_new_only=True, budget=DecisionBudget(general=general)), **split)
     record = expansion.to_dict()
     decision = record.get("decision") or {}
     return {"before": list(record["inserted_before"]), "api": api, "frontier": record.get("frontier"),

@@ -252,10 +252,10 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
 
         check_target(plot_path, [p for p in (data_path, general_path) if p])
         plot_format(plot_path)
-    from satcore import Recipe
+    from satcore import DecisionPolicy, Recipe
     from satcore.adapters.torch.checkpoint_dir import (EXPAND_COPIES, checkpoint_dtype, load_causal_lm,
                                                        read_config, read_token_windows)
-    from satcore.adapters.torch.expansion import decoder_stack
+    from satcore.adapters.torch.expansion import ExpansionOptions, decoder_stack
     from satcore.adapters.torch.expansion import expand as expand_model
     from satcore.adapters.torch.expansion_exports import lora_adapter_config, write_training_exports
     from satcore.adapters.torch.locate import find_blocks
@@ -305,10 +305,11 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
             click.echo(line)
     if on_gpu and forced is None:
         model = model.to("cuda")
-    expansion = expand_model(model, data, blocks=blocks, recipe=recipe, at=forced, init=init,
-                             train_new_only=freeze_old, max_blocks=max_blocks, seed=seed, decision=decision,
-                             layout=layout, budget=budget, **({} if max_statistics_bytes is None else
-                                                              {"max_statistics_bytes": max_statistics_bytes}))
+    # the flags, as the two objects expand reads: the decision's policy and how the model grows
+    policy = DecisionPolicy(recipe, seed=seed, max_statistics_bytes=max_statistics_bytes)
+    options = ExpansionOptions(at=forced, init=init, train_new_only=freeze_old, max_blocks=max_blocks,
+                               decision=decision, layout=layout, budget=budget)
+    expansion = expand_model(model, data, blocks=blocks, policy=policy, options=options)
     with staged_out_dir(out_dir, prefix=".satcore-expand-") as staging:
         grown = expansion.model.to(getattr(torch, saved_dtype))
         grown.save_pretrained(staging, safe_serialization=True)

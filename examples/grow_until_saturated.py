@@ -33,6 +33,7 @@ from exlib.data import load_text
 from exlib.models import gpt2_decoder
 from exlib.output import figure, results_dir, save_figure, write_results
 from exlib.training import lm_batches, lm_loss, lm_windows, train_lm
+from satcore import GrowthBudget, GrowthCriteria, GrowthOptions
 from satcore.adapters.torch import find_blocks, grow_until_saturated, insert_block, sequence_loss
 
 COLUMNS = [
@@ -72,9 +73,7 @@ def run(quick: bool) -> dict:
     per_seed, start = [], time.time()
     for seed in s["seeds"]:
         base = fit(fresh(1, seed), s["warmup"], seed)
-        result = grow_until_saturated(
-            base, lambda m, k: fit(m, s["steps"], 1000 * seed + k), probe_data, sequence_loss,
-            tolerance=s["tolerance"], rho=s["rho"], max_depth=s["max_depth"], max_rounds=s["max_depth"], seed=seed)
+        result = grow_until_saturated(base, lambda m, k: fit(m, s["steps"], 1000 * seed + k), probe_data, sequence_loss, options=GrowthOptions(GrowthCriteria(tolerance=s["tolerance"], rho=s["rho"]), GrowthBudget(max_depth=s["max_depth"], max_rounds=s["max_depth"]), seed=seed))
         inserted = [r for r in result.rounds if r.inserted_at is not None]
         rounds = len(inserted)
         out = {"seed": seed, "stop_reason": result.stop_reason,

@@ -19,9 +19,13 @@ from .._shared.numbers import MAX_COUNT, MAX_SEED, whole_number
 from .recipe import Recipe
 from .trial_loop import TrialSettings
 
-def _is_frozen_options(value) -> bool:
-    return (dataclasses.is_dataclass(value) and not isinstance(value, type)
-            and type(value).__dataclass_params__.frozen)
+def check_probe_options(value, what: str) -> None:
+    """Refuse ``value`` unless it is an adapter's frozen probe options (an instance of a frozen dataclass, such as
+    ``satcore.adapters.torch.ProbeConfig``): a dict of options is not one."""
+    if not (dataclasses.is_dataclass(value) and not isinstance(value, type)
+            and type(value).__dataclass_params__.frozen):
+        raise InputError(f"{what} must be an adapter's frozen probe options (e.g. "
+                         f"satcore.adapters.torch.ProbeConfig), got {type(value).__name__}")
 
 
 @dataclass(frozen=True)
@@ -88,9 +92,7 @@ class DecisionPolicy:
             object.__setattr__(self, "max_statistics_bytes",
                                whole_number(self.max_statistics_bytes, "policy: max_statistics_bytes", 1, MAX_COUNT))
         if self.probe is not None:
-            if not _is_frozen_options(self.probe):
-                raise InputError(f"policy: probe must be an adapter's frozen probe options (e.g. "
-                                 f"satcore.adapters.torch.ProbeConfig), got {type(self.probe).__name__}")
+            check_probe_options(self.probe, "policy: probe")
             if getattr(self.probe, "candidates", None) is not None or getattr(self.probe, "head", True) is False:
                 raise InputError("policy: probe: the places are the policy's; give them as "
                                  "DecisionPolicy(candidates=[...]) (\"head\" among them for the head), not in the "
@@ -116,4 +118,4 @@ class DecisionPolicy:
         return dataclasses.replace(self, seed=seed)
 
 
-__all__ = ["DecisionPolicy"]
+__all__ = ["DecisionPolicy", "check_probe_options"]
