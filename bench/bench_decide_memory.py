@@ -2,7 +2,7 @@
 
 Usage: ``python bench/bench_decide_memory.py [--quick] [--threads N]``.
 
-``decide(..., family="native")`` on a GPT-2 from a config (d 256 x 8 blocks,
+``decide(..., policy=DecisionPolicy(recipe, probe=ProbeConfig(family="native")))`` on a GPT-2 from a config (d 256 x 8 blocks,
 T 128; 9 places of ``r = 5 d`` native features) over 8 training and 8
 held-out batches of 4 windows, AdamW at LLaMA-Pro's lr, twice: all places in
 one probe pass, and with ``max_statistics_bytes`` set to two places' two

@@ -573,7 +573,7 @@ def image_loop_start(spec: tuple, seed: int, architecture: str = "resnet") -> di
 
 
 def record_loop(name: str, spec: tuple, seed: int, log, part: str = "") -> dict:
-    """``grow_until_saturated(..., recipe=...)`` from the sweep's depth-1 model (the same model: its test loss is
+    """``grow_until_saturated(..., policy=DecisionPolicy(recipe))`` from the sweep's depth-1 model (the same model: its test loss is
     checked against the sweep's when scored): each round decides with :func:`decide` (its trials train the block
     alone), inserts the block and trains the whole grown model with the recipe's optimizer, lr and steps; the
     held-out guard rolls a harm back and stops.  The test loss of every round's trained model is recorded beside

@@ -234,7 +234,7 @@ def decide_memory_section() -> str:
     one, bud, ver = dm["runs"]["one_pass"], dm["runs"]["budget"], dm["versions"]
     mib = 2**20
     return (
-        f"`decide(..., family=\"native\")` on a {dm['model']} ({dm['places']} places; {dm['batches_per_split']} "
+        f"`decide(..., policy=DecisionPolicy(recipe, probe=ProbeConfig(family=\"native\")))` on a {dm['model']} ({dm['places']} places; {dm['batches_per_split']} "
         f"batches of {dm['batch_size']} windows per split; AdamW, {dm['recipe']['steps']} steps), with all places "
         f"in one probe pass and with `max_statistics_bytes` = {dm['budget_bytes'] / mib:.0f} MiB (two places' two "
         f"splits: {len(dm['passes'])} passes), side by side in one process (code {ver['commit']}, load average "
