@@ -23,13 +23,19 @@ def residual_classifier(width=16):
     return keras.Model(x_in, keras.layers.Dense(10, name="head")(h))
 
 
-def test_keras_callback_adds_satcore_metrics_to_epoch_logs(tmp_path):
+def compiled_classifier():
+    """``(model, x, y, probe_data)``: the seeded residual classifier compiled with its loss, the digits and two
+    held-out batches of them."""
     keras.utils.set_random_seed(0)
     x, y = load_digits(return_X_y=True)
     x = (x / 16.0).astype(np.float32)
     model = residual_classifier()
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    probe_data = [(x[1000:1032], y[1000:1032]), (x[1032:1064], y[1032:1064])]
+    return model, x, y, [(x[1000:1032], y[1000:1032]), (x[1032:1064], y[1032:1064])]
+
+
+def test_keras_callback_adds_satcore_metrics_to_epoch_logs(tmp_path):
+    model, x, y, probe_data = compiled_classifier()
     callback = KerasCallback(probe_data)  # the compiled loss, made per-sample
     history = model.fit(x[:512], y[:512], batch_size=64, epochs=2, verbose=0,
                         callbacks=[callback, keras.callbacks.CSVLogger(str(tmp_path / "log.csv"))])
@@ -65,12 +71,7 @@ def test_keras_callback_decides_under_a_policy_at_epoch_end():
     from satcore import DecisionPolicy, InputError, Recipe, TrialSettings
     from satcore.adapters.tensorflow import decide
 
-    keras.utils.set_random_seed(0)
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)
-    model = residual_classifier()
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    probe_data = [(x[1000:1032], y[1000:1032]), (x[1032:1064], y[1032:1064])]
+    model, x, y, probe_data = compiled_classifier()
     train_data = [(x[:64], y[:64]), (x[64:128], y[64:128])]
     policy = DecisionPolicy(Recipe("sgd", 0.1, 4, 64), trials=TrialSettings(max_trials=2))
     callback = KerasCallback(probe_data, policy=policy, train_data=train_data)
