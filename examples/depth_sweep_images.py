@@ -12,7 +12,7 @@ is written so that ``satcore sweep`` reproduces the plateau:
     python examples/depth_sweep_images.py [--quick]
     satcore sweep examples/out/full/image_dumps/*.npz --plot sweep.png
 
-CPU scaling (stated in docs/results.md): 28x28 images 2x2-pooled to 14x14,
+CPU scaling (stated in studies/paper-experiments.md): 28x28 images 2x2-pooled to 14x14,
 half the paper's widths (8/16/32), 6000 training images, 10 epochs with a cosine schedule instead of
 300; ``--quick`` also uses a tiny subset and 6 epochs.
 """

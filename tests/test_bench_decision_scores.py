@@ -1,4 +1,4 @@
-"""``bench/decision_scores.py``'s merge of a later run's trial seeds into the recorded models.
+"""``studies/decision_scores.py``'s merge of a later run's trial seeds into the recorded models.
 
 A ``<part>-trialseed<seeds>.json`` file holds more trial seeds of ``<part>.json``'s models, re-trained from the
 same seeds; ``load`` adds its runs to the recorded models only when the re-trained model is the recorded one
@@ -21,13 +21,13 @@ import pytest
 from satcore import Recipe
 from satcore._decisions.trials import halving_plan
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parent.parent / "studies"
 CANDIDATES = ["stage0", "stage1"]
 LENGTHS = (30, 300)
 
 
 def _import_scores():
-    """``bench/decision_scores.py``, imported from the bench folder (not a package) without leaving it on the path."""
+    """``studies/decision_scores.py``, imported from the bench folder (not a package) without leaving it on the path."""
     sys.path.insert(0, str(BENCH))
     try:
         return importlib.import_module("decision_scores")

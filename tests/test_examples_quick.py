@@ -140,10 +140,10 @@ def test_results_page_shows_the_tables_the_full_runs_wrote():
 def test_results_page_figures_exist():
     import re
 
-    page = (ROOT / "docs" / "results.md").read_text()
-    figures = re.findall(r"\]\((figures/[^)]+\.png)\)", page)
+    page = (ROOT / "studies" / "paper-experiments.md").read_text()
+    figures = re.findall(r"\]\((results/[^)]+\.png)\)", page)
     assert figures
-    missing = [f for f in figures if not (ROOT / "docs" / f).is_file()]
+    missing = [f for f in figures if not (ROOT / "studies" / f).is_file()]
     assert not missing, missing
 
 

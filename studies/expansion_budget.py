@@ -1,6 +1,6 @@
 """Does expanding pay for itself?  Block expansion against the free defaults at a realistic budget.
 
-The main protocol's decoder (``bench/expansion.py``: Llama-style, byte-level vocabulary, 8 blocks,
+The main protocol's decoder (``studies/expansion.py``: Llama-style, byte-level vocabulary, 8 blocks,
 width 48, grouped-query attention, windows of 48 bytes, batches of 8, AdamW lr 1e-3) is pretrained
 here on one text, the Linux kernel's admin-guide, process and filesystems documentation (Debian
 ``linux-doc-6.1``; every fifth file held out: the *general* held-out text), then trained further on a
@@ -52,9 +52,9 @@ training batches, same decision windows) and by window.  Intervals are those of 
 
 Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is there.
 
-    OMP_NUM_THREADS=1 python bench/expansion_budget.py --arms baselines   # everything but satcore
-    OMP_NUM_THREADS=1 python bench/expansion_budget.py --arms satcore      # and satcore-wide
-    python bench/expansion_budget.py --render bench/results/expansion_budget_*.jsonl   # the lab notes' tables
+    OMP_NUM_THREADS=1 python studies/expansion_budget.py --arms baselines   # everything but satcore
+    OMP_NUM_THREADS=1 python studies/expansion_budget.py --arms satcore      # and satcore-wide
+    python studies/expansion_budget.py --render studies/results/expansion_budget_*.jsonl   # the lab notes' tables
 """
 
 from __future__ import annotations

