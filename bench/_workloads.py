@@ -22,19 +22,16 @@ from __future__ import annotations
 import functools
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from zoo.models_torch import HELDOUT_TEXT, BasicBlock, digits, gpt2_config, per_sample_ce, text_bytes
 
-from models_torch import HELDOUT_TEXT, BasicBlock, digits, gpt2_config, per_sample_ce, text_bytes  # noqa: E402
-
-from satcore.adapters.torch import probe, sequence_loss  # noqa: E402
-from satcore.adapters.torch.probe import call_model  # noqa: E402
+from satcore.adapters.torch import probe, sequence_loss
+from satcore.adapters.torch.probe import call_model
 
 
 def parse_bench_args(doc: str):

@@ -9,23 +9,19 @@ feature Gram ``K`` is estimated as in a real probe.  Writes the
 ``calibration`` section of ``bench/results.json``; docs/verdicts.md shows the
 tables.
 
-Usage: ``python bench/bench_calibration.py [--quick] [--reps N]``.
+Usage: ``python -m bench.bench_calibration [--quick] [--reps N]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 import satcore
-from _results import record
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # exlib: the examples' models
+from bench._results import record
 
 ALPHA = 0.05
 N_HIDDEN, FOLDS = 4, 16
@@ -102,8 +98,8 @@ def real_gradients():
     import torch
     from sklearn.datasets import load_digits
 
-    from exlib.models import StagewiseResNet
-    from exlib.training import train_classifier
+    from zoo.models import StagewiseResNet
+    from zoo.training import train_classifier
 
     torch.manual_seed(0)
     digits = load_digits()

@@ -2,7 +2,7 @@
 
 The template is a Python f-string body: every number in the page is read from
 ``results.json``, so the page cannot drift from the measurements.  Run after
-``python bench/run_all.py``.
+``python -m bench.run_all``.
 """
 
 import json

@@ -11,7 +11,7 @@ file (the special table ``runs`` lists every run's command, wall time,
 data and versions from the JSON files), so the page always shows what the scripts last produced.  ``--check``
 exits 1 (naming the table) when the page is out of date, changing nothing.
 
-    python examples/update_results_page.py [--check]
+    python -m examples.update_results_page [--check]
 """
 
 from __future__ import annotations

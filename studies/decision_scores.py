@@ -1085,7 +1085,7 @@ def _sweep_table(sweeps: list) -> list:
 
 
 CALIBRATION_PROVENANCE = {
-    "written_by": "python studies/decision_validity.py --fit",
+    "written_by": "python -m studies.decision_validity --fit",
     "fitted_on": "the long recipes (300 steps) of every model set of the decision bench, one calibration per trial "
                  "schedule of decide: 'default' on the even plan's trials, 'halving' on successive halving's; the "
                  "error model (scale, residual quantiles, logistic) on the same trials read at two held-out sizes, "

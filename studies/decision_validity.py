@@ -29,7 +29,7 @@ trial never shares its minibatches with what it predicts).  Every fitted choice 
 calibration's trend weight, error scale, residual quantiles, threshold, tolerance) is
 fitted leave one model set out (``--tables``).
 
-Run ``python studies/decision_validity.py --part SET`` (one process per part:
+Run ``python -m studies.decision_validity --part SET`` (one process per part:
 ``digits``, ``fashion``, ``llama-pydoc``, ``llama-linux``, ``sweeps``,
 ``sweeps-overfit-digits``, ``sweeps-overfit-fashion``, ``sweeps-text``) to record raw
 rows to ``studies/results/decision_validity/<part>.json`` (``--column sgd_block`` or
@@ -70,20 +70,19 @@ from pathlib import Path
 
 import numpy as np
 
+import torch
+from torch import nn
+
+from zoo.data import load_images, load_text
+from zoo.models import BasicBlock, StagewiseResNet
+from zoo.training import batches, classifier_loss, lm_batches, lm_windows, per_sample_ce, train_classifier
+from satcore import Recipe, virtual_layer_sensitivity
+from satcore._decisions.trials import paired_standard_error, trial_plan
+from satcore.adapters.torch import InsertedResidual, probe_splits, sequence_loss
+from satcore.adapters.torch.decide import per_sample_eval, recipe_minibatches, recipe_optimizer, screen, trial_losses
+from studies.decision_scores import LARGE_HELDOUT, large_heldout_folder, schedule_points
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
-
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from exlib.data import load_images, load_text  # noqa: E402
-from exlib.models import BasicBlock, StagewiseResNet  # noqa: E402
-from exlib.training import batches, classifier_loss, lm_batches, lm_windows, per_sample_ce, train_classifier  # noqa: E402
-from satcore import Recipe, virtual_layer_sensitivity  # noqa: E402
-from satcore._decisions.trials import paired_standard_error, trial_plan  # noqa: E402
-from satcore.adapters.torch import InsertedResidual, probe_splits, sequence_loss  # noqa: E402
-from satcore.adapters.torch.decide import per_sample_eval, recipe_minibatches, recipe_optimizer, screen, trial_losses  # noqa: E402
-from decision_scores import LARGE_HELDOUT, large_heldout_folder, schedule_points  # noqa: E402
 
 OUT = ROOT / "studies" / "results" / "decision_validity"
 OUT_1000 = ROOT / "studies" / "results" / "decision_validity_1000"
@@ -362,7 +361,7 @@ def decoder(architecture: str, layers: int, seed: int = 1):
     """A byte-level decoder of ``LLAMA``'s sizes: ``"llama"`` (:func:`llama`) or ``"gpt2"`` (``GPT2LMHeadModel``)."""
     if architecture == "llama":
         return llama(layers, seed)
-    from exlib.models import gpt2_decoder
+    from zoo.models import gpt2_decoder
 
     return gpt2_decoder(layers, d_model=LLAMA["hidden"], n_head=LLAMA["heads"], n_positions=LLAMA["seq_len"], seed=seed)
 
@@ -738,7 +737,7 @@ def main(argv=None) -> int:
                trial_seeds=None if args.trial_seeds is None else tuple(args.trial_seeds),
                large_heldout=args.large_heldout, compressed=args.compressed, sensitivity=args.sensitivity)
     if args.tables or args.fit or args.variants:
-        from decision_scores import fit_and_write, tables, variants
+        from studies.decision_scores import fit_and_write, tables, variants
 
         if args.fit:
             fit_and_write(OUT, ROOT / "satcore" / "_decisions" / "calibrations.json")

@@ -52,9 +52,9 @@ training batches, same decision windows) and by window.  Intervals are those of 
 
 Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is there.
 
-    OMP_NUM_THREADS=1 python studies/expansion_budget.py --arms baselines   # everything but satcore
-    OMP_NUM_THREADS=1 python studies/expansion_budget.py --arms satcore      # and satcore-wide
-    python studies/expansion_budget.py --render studies/results/expansion_budget_*.jsonl   # the lab notes' tables
+    OMP_NUM_THREADS=1 python -m studies.expansion_budget --arms baselines   # everything but satcore
+    OMP_NUM_THREADS=1 python -m studies.expansion_budget --arms satcore      # and satcore-wide
+    python -m studies.expansion_budget --render studies/results/expansion_budget_*.jsonl   # the lab notes' tables
 """
 
 from __future__ import annotations
@@ -70,11 +70,9 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from expansion import HINT, LINUX_DOC, PYDOC  # noqa: E402
+from studies.expansion import HINT, LINUX_DOC, PYDOC  # noqa: E402
 
 from satcore.adapter_api import step_flops  # noqa: E402,F401  (the decision prices its passes by the same rule)
 

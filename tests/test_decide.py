@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from models_torch import digits, digits_resnet, per_sample_ce
+from zoo.models_torch import digits, digits_resnet, per_sample_ce
 from satcore import InputError, InsertionDecision, Recipe
 from satcore._decisions.trials import (Calibration, CandidateDecision, TrialCurve, choose, error_scale, extrapolate,
                               halving_plan, trial_checkpoints, trial_plan, verified_candidate)

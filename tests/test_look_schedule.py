@@ -8,16 +8,12 @@ the first "improvable" must say so at most ``alpha`` of the time when the looks'
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from satcore._decisions.verdicts import look_schedule
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
 @pytest.mark.parametrize("initial, total, looks", [(16, 16, 1), (16, 17, 2), (16, 32, 2), (16, 33, 3), (4, 20, 4),
@@ -44,11 +40,9 @@ def test_bad_schedules_are_refused():
 
 
 def _calibration_bench():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_calibration", BENCH / "bench_calibration.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    from bench import bench_calibration
+
+    return bench_calibration
 
 
 def test_the_level_holds_across_looks_and_would_not_at_full_alpha_each():

@@ -1,5 +1,5 @@
 """Small REAL PyTorch models and data shared by the adapter tests (and by the
-TF/ONNX tests, which export the same weights).
+TF/ONNX tests, which export the same weights) and the performance benches.
 
 Data (shipped with packages or the OS, no downloads):
 
@@ -18,7 +18,7 @@ weights are cached per process, so repeated calls are cheap and independent):
   ``downsample``; stages ``layer1`` (8 ch, 8x8) and ``layer2`` (16 ch, stride 2)),
   residual blocks ``layer1.0, layer1.1, layer2.0, layer2.1``;
 * :class:`ResidualMLP` -- flattened digits, ``x + W2 relu(W1 x)`` blocks ``blocks.*``
-  (untrained; :mod:`models_keras` ports it to Keras with the same weights);
+  (untrained; :mod:`zoo.models_keras` ports it to Keras with the same weights);
 * :func:`digits_transformer` -- ``nn.TransformerEncoder`` (2 layers, d 32,
   batch_first) over the 8 image rows as tokens, blocks ``encoder.layers.0/1``;
   ``batch_first=False`` gives the same weights in PyTorch's default
@@ -124,6 +124,17 @@ class MLPBlock(nn.Module):
 
     def forward(self, x):
         return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class Residual(nn.Module):
+    """``z + f(z)`` with a tanh MLP ``f``: a residual block of no kind the adapters insert natively."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.f = nn.Sequential(nn.Linear(width, 2 * width), nn.Tanh(), nn.Linear(2 * width, width))
+
+    def forward(self, z):
+        return z + self.f(z)
 
 
 class ResidualMLP(nn.Module):

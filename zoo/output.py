@@ -15,7 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-EXAMPLES = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
 
 
 def out_dir(name: str, quick: bool) -> Path:
@@ -27,7 +28,7 @@ def out_dir(name: str, quick: bool) -> Path:
 
 def results_dir(quick: bool) -> Path:
     """Tables and figures: ``studies/results`` (full) or ``examples/out/quick/results`` (quick)."""
-    path = EXAMPLES.parent / "studies" / "results" if not quick else EXAMPLES / "out" / "quick" / "results"
+    path = ROOT / "studies" / "results" if not quick else EXAMPLES / "out" / "quick" / "results"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
