@@ -204,7 +204,7 @@ def record_model(task: dict, log, seeds: tuple = SEEDS, stored: dict | None = No
                 out["screen"][f"{column}/{steps}"] = {
                     name: row.heldout_change for name, row in screen(splits, column_recipe(column, text, steps)).items()}
     if stored is not None:
-        from decision_scores import model_deviation, model_mismatch
+        from studies.decision_scores import model_deviation, model_mismatch
 
         if (why := model_mismatch(stored, out)) is not None:
             raise SystemExit(f"{task['tag']}: the re-trained model is not the recorded one ({why}); "
@@ -652,7 +652,7 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
     if trial_seeds is not None:  # more trial seeds of a recorded part's models, merged by decision_scores.load
         if part not in (*IMAGES, *TEXTS):
             raise SystemExit("--trial-seeds: a model set part only")
-        from decision_scores import TRIAL_SEEDS_FILE
+        from studies.decision_scores import TRIAL_SEEDS_FILE
 
         recorded = json.loads(path.read_text())
         if overlap := set(trial_seeds) & set(recorded["seeds"]):

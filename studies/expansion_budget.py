@@ -280,7 +280,7 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -
     new blocks train, the recipe is the planned training), given the general text: the places it chooses
     (``before``: original block indices or ``"head"``; ``[]`` for no expansion) and what it recorded.  The
     one place the bench calls satcore's decision."""
-    from expansion import sample_windows
+    from studies.expansion import sample_windows
     from satcore import Recipe
     from satcore.adapters.torch import DecisionBudget
     from satcore.adapters.torch.expansion import expand
@@ -307,7 +307,7 @@ def train_arm(base, before, steps: int, args, seed: int, target_train) -> tuple:
     """The base grown by blocks before ``before`` (none: the base itself, every parameter trains; else only
     the new blocks train), trained ``steps`` steps on the target text; returns it and the new positions."""
     import torch
-    from expansion import train
+    from studies.expansion import train
     from satcore.adapters.torch.expansion import freeze_old, insert_blocks
 
     grown, new = insert_blocks(base, before, init="copy")
@@ -330,7 +330,7 @@ def _rows(path: Path) -> list[dict]:
 def arm_places(arm: str, L: int, seed: int, pair: str, base, probe) -> tuple[list, dict, float]:
     """Places, evidence and charged FLOPs of a baseline arm (``none``, ``uniform-K``, ``end``, ``adept``,
     ``random``; the last three at the conventional count)."""
-    from expansion import random_places, uniform
+    from studies.expansion import random_places, uniform
 
     K = max(1, L // 4)
     if arm == "none":
@@ -350,7 +350,7 @@ def arm_places(arm: str, L: int, seed: int, pair: str, base, probe) -> tuple[lis
 
 
 def main(argv=None):
-    from expansion import decoder_arguments, parse_or_render
+    from studies.expansion import decoder_arguments, parse_or_render
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -373,7 +373,7 @@ def main(argv=None):
         return
     import torch
 
-    from expansion import pretrained, sample_windows
+    from studies.expansion import pretrained, sample_windows
 
     torch.set_num_threads(1)
     args.device = "cpu"
@@ -446,7 +446,7 @@ def main(argv=None):
 
 def layout_new(L: int, before) -> list[int]:
     """Indices of the new blocks in the grown stack for ``before`` (or an arm name ``uniform-K``)."""
-    from expansion import uniform
+    from studies.expansion import uniform
     from satcore.adapters.torch.expansion import layout_of
 
     if isinstance(before, str):

