@@ -1,6 +1,6 @@
 """The decision's own cost: ``decide`` with a 300-step recipe beside ``probe`` and the floor.
 
-Usage: ``python bench/bench_decide_cost.py [--quick] [--threads N] [--repeats R]``.
+Usage: ``python -m bench.bench_decide_cost [--quick] [--threads N] [--repeats R]``.
 
 On the probe benches' ResNet-8 (digits 32x32, :mod:`_workloads`), with the
 training split ``train`` (``batches`` of 64 images) and a held-out split of
@@ -27,8 +27,8 @@ Writes section ``decide_cost`` and keys ``decide_cost_vs_floor``,
 
 from __future__ import annotations
 
-from _results import record
-from _workloads import WORKLOADS, floor_pass, interleaved, parse_bench_args, probe_pass, versions
+from bench._results import record
+from bench._workloads import WORKLOADS, floor_pass, interleaved, parse_bench_args, probe_pass, versions
 
 from satcore import Recipe
 from satcore.adapters.torch import decide

@@ -1,6 +1,6 @@
 """The decision's memory with and without a statistics budget (CPU).
 
-Usage: ``python bench/bench_decide_memory.py [--quick] [--threads N]``.
+Usage: ``python -m bench.bench_decide_memory [--quick] [--threads N]``.
 
 ``decide(..., policy=DecisionPolicy(recipe, probe=ProbeConfig(family="native")))`` on a GPT-2 from a config (d 256 x 8 blocks,
 T 128; 9 places of ``r = 5 d`` native features) over 8 training and 8
@@ -20,8 +20,8 @@ from __future__ import annotations
 import time
 
 import torch
-from _results import record
-from _workloads import gpt2_batches, gpt2_model, parse_bench_args, peak_rss_increase, versions
+from bench._results import record
+from bench._workloads import gpt2_batches, gpt2_model, parse_bench_args, peak_rss_increase, versions
 
 from satcore import DecisionPolicy, Recipe
 from satcore.adapters.torch import ProbeConfig, decide, plan, sequence_loss

@@ -200,12 +200,14 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
               help="trial: short trials within --decision-budget (--blocks auto: the frontier over K; --blocks K: "
               "the placement check, the first-order screen proposing the moves); screen: the first-order screen "
               "alone (its cost is the probe; with --blocks auto, every place whose interval lies below 0). "
-              "Experimental: screen, whose first-order values do not price a trained block's held-out gain.")
+              "Experimental: screen, whose first-order values do not price a trained block's held-out gain "
+              "(studies/decision-validity.md).")
 @click.option("--layout", type=click.Choice(("grouped", "ranked")), default="grouped", show_default=True,
               help="grouped: one block per contiguous group of places (LLaMA-Pro's), at the uniform place unless a "
               "trial within --decision-budget credibly favours the screen's place in the group; ranked: the trial "
               "decision's top K places anywhere in the stack (its trials train one block for the whole --steps). "
-              "Experimental: ranked, which lost to uniform interleave on the head-to-head (docs/expansion.md).")
+              "Experimental: ranked, which lost to uniform interleave on the head-to-head "
+              "(studies/expansion-head-to-head-notes.md).")
 @click.option("--max-statistics-gib", type=FiniteFloatRange(min=0, min_open=True, max=2**30), default=None,
               metavar="GIB",
               help="The most probe statistics the decision holds at once (both splits), in GiB: the places are "

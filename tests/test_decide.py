@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from models_torch import digits, digits_resnet, per_sample_ce
+from zoo.models_torch import digits, digits_resnet, per_sample_ce
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe, TrialSettings
 from satcore._decisions.trials import (Calibration, CandidateDecision, TrialCurve, choose, error_scale, extrapolate,
                               halving_plan, trial_checkpoints, trial_plan, verified_candidate)
@@ -680,7 +680,7 @@ def test_the_printed_decision_of_an_sgd_recipe_says_its_p_decrease_was_the_least
 
 
 def test_the_shipped_calibrations_are_a_data_file_with_their_provenance():
-    """``calibrations.json`` (what ``bench/decision_validity.py --fit`` writes) is read into the calibrations
+    """``calibrations.json`` (what ``studies/decision_validity.py --fit`` writes) is read into the calibrations
     decide uses; its provenance says what they were fitted on; a document of another format is refused."""
     import json
     from importlib.resources import files

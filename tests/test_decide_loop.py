@@ -138,7 +138,7 @@ def test_grouped_trials_and_the_settings_refusals():
 
 # -- torch decide on the core loop: values recorded from the earlier decide ---------------------------------------
 torch = pytest.importorskip("torch")
-from models_torch import digits, digits_resnet, per_sample_ce  # noqa: E402
+from zoo.models_torch import digits, digits_resnet, per_sample_ce  # noqa: E402
 
 EPS32 = float(np.finfo(np.float32).eps)
 

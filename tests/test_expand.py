@@ -691,10 +691,10 @@ def test_the_docs_python_example_runs_as_written(tmp_path, monkeypatch):
     import re
     from pathlib import Path
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "expansion.md").read_text()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "expansion-outputs.md").read_text()
     (code,) = re.findall(r"```python\n(.*?)```", page, flags=re.S)
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "docs/expansion.md", "exec"), {})
+    exec(compile(code, "docs/expansion-outputs.md", "exec"), {})
     assert json.loads((tmp_path / "grown" / "config.json").read_text())["num_hidden_layers"] == 6
 
 

@@ -226,7 +226,7 @@ def bench():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "expansion_budget.py"
+    path = Path(__file__).resolve().parent.parent / "studies" / "expansion_budget.py"
     spec = importlib.util.spec_from_file_location("bench_expansion_budget_for_frontier", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

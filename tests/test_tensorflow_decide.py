@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 keras = pytest.importorskip("keras")
 pytest.importorskip("tensorflow")
 
-from models_keras import keras_mlp  # noqa: E402
-from models_torch import ResidualMLP, digits, per_sample_ce  # noqa: E402
+from zoo.models_keras import keras_mlp  # noqa: E402
+from zoo.models_torch import ResidualMLP, digits, per_sample_ce  # noqa: E402
 
 from satcore import DecisionPolicy, InputError, Recipe, TrialSettings  # noqa: E402
 from satcore.adapters.tensorflow import decide as keras_decide  # noqa: E402

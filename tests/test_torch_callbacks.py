@@ -66,7 +66,7 @@ def test_lightning_callback_logs_satcore_metrics_at_validation_end(tmp_path):
     pl = pytest.importorskip("lightning.pytorch")
     import csv
 
-    import models_torch as mt
+    from zoo import models_torch as mt
     from satcore.adapters.torch import LightningCallback
 
     class Digits(pl.LightningModule):
@@ -180,7 +180,7 @@ def lightning_fit(tmp_path, callback, max_epochs=1):
     """A LightningModule holding its residual stack in an ``nn.Sequential`` (``net.blocks``), fitted on digits;
     returns ``(module, trainer, [steps trained])``."""
     pl = pytest.importorskip("lightning.pytorch")
-    import models_torch as mt
+    from zoo import models_torch as mt
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -226,7 +226,7 @@ def lightning_fit(tmp_path, callback, max_epochs=1):
 def test_lightning_callback_finds_a_sequential_stack_and_takes_a_module(tmp_path):
     """``module=`` an ``nn.Module`` (it was called as a function: a TypeError inside the model's forward),
     and the residual blocks of an ``nn.Sequential`` named ``blocks`` found (none were)."""
-    import models_torch as mt
+    from zoo import models_torch as mt
     from satcore.adapters.torch import LightningCallback
 
     probe_data = mt.digits_batches(8, 2)
@@ -246,7 +246,7 @@ def test_lightning_callback_finds_a_sequential_stack_and_takes_a_module(tmp_path
                                   r"\['net\.blocks\.0', 'net\.blocks\.1'\]"),
 ])
 def test_lightning_callback_configuration_is_refused_before_training(tmp_path, options, message):
-    import models_torch as mt
+    from zoo import models_torch as mt
     from satcore.adapters.torch import LightningCallback
 
     callback = LightningCallback(mt.digits_batches(8, 1), mt.per_sample_ce, **options)
@@ -367,7 +367,7 @@ def test_trainer_refuses_at_train_begin_what_would_fail_at_an_evaluation(tmp_pat
 def test_lightning_callback_decides_at_validation_end(tmp_path):
     """``policy=`` in Lightning (validation runs under ``inference_mode``; the trials train outside it): the logged
     decision equals ``decide`` on the module the fit ends with, and the report leads with it."""
-    import models_torch as mt
+    from zoo import models_torch as mt
     from satcore.adapters.torch import LightningCallback, decide
 
     probe_data, train_batches = mt.digits_batches(8, 2), mt.digits_batches(8, 4, start=400)

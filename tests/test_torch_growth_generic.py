@@ -20,28 +20,22 @@ import os
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-import models_torch as mt
+from zoo import models_torch as mt
+from zoo.models_torch import Residual
 from satcore import (DecisionPolicy, GrowthBudget, GrowthCriteria, GrowthLogError, GrowthOptions, TrialSettings,
                      read_growth_log)
 from satcore.adapters.torch import ProbeConfig, grow_until_saturated, probe
 from satcore.adapters.torch.grow import InsertedResidual
 from satcore.adapters.torch.growth import load_weights, save_weights
 
+ROOT = Path(__file__).resolve().parents[1]  # the subprocess imports zoo and this checkout's satcore from here
 CANDIDATES = ["1", "2"]
-
-
-class Residual(nn.Module):
-    def __init__(self, width):
-        super().__init__()
-        self.f = nn.Sequential(nn.Linear(width, 2 * width), nn.Tanh(), nn.Linear(2 * width, width))
-
-    def forward(self, z):
-        return z + self.f(z)
 
 
 def residual_sequential(seed=0, steps=30):
@@ -248,15 +242,14 @@ def test_weights_that_would_inflate_are_refused_before_reading(tmp_path):
 def test_a_full_disk_while_saving_weights_is_one_line_and_leaves_no_file(tmp_path):
     """RLIMIT_FSIZE (with SIGXFSZ ignored) makes the weights write fail as a full disk does."""
     code = f"""
-import os, resource, signal, sys
-sys.path.insert(0, {os.path.dirname(__file__)!r})
+import resource, signal
 import torch
 from torch import nn
 from satcore import SatcoreError
 from satcore import GrowthBudget, GrowthCriteria, GrowthOptions
 from satcore.adapters.torch import ProbeConfig, grow_until_saturated
-from test_torch_growth_generic import Residual
-import models_torch as mt
+from zoo.models_torch import Residual
+from zoo import models_torch as mt
 torch.manual_seed(0)
 model = nn.Sequential(nn.Flatten(), Residual(64), Residual(64), nn.Linear(64, 10)).double()
 data = mt.digits_batches(32, 16, dtype=torch.float64)
@@ -269,7 +262,7 @@ try:
 except SatcoreError as e:
     print("ERROR", e)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ERROR ") and "g.jsonl.round0.pt: cannot write" in lines[0], \
         out.stdout + out.stderr

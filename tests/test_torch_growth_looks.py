@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-import models_torch as mt
+from zoo import models_torch as mt
 from satcore import GrowthBudget, GrowthCriteria, GrowthOptions
 from satcore.adapters.torch import grow_until_saturated, probe, sequence_loss
 

@@ -657,15 +657,16 @@ class ExpansionOptions:
         credible places the cap leaves out are recorded, ``Expansion.left_out_by_max_blocks``).
     decision : ``"trial"`` (default): :func:`~.decide.decide`, the first-order screen verified by
         short trials of the recipe (at most one block's training in all); ``"screen"``: the
-        first-order screen alone (:func:`first_order_decision`, cheaper).  Both placements were
-        measured to lose to LLaMA-Pro's uniform interleave on the bench of docs/expansion.md;
+        first-order screen alone (:func:`first_order_decision`, cheaper; experimental: first-order values
+        do not price a trained block's held-out gain, studies/decision-validity.md).  Both placements were
+        measured to lose to LLaMA-Pro's uniform interleave (studies/expansion-head-to-head-notes.md);
         ``layout="grouped"`` tied it there with the decision's cost not charged and lost with it.
     layout : ``"grouped"`` (default): the ``L + 1`` places split into ``K`` contiguous groups
         (LLaMA-Pro's groups, :func:`place_groups`), one block per group at the place the decision
         ranks first within it, the trials spread over the groups (:func:`placement_decision`);
-        ``"ranked"``: the decision's top ``K`` places anywhere in the stack.  Grouped is the
+        ``"ranked"`` (experimental): the decision's top ``K`` places anywhere in the stack.  Grouped is the
         default because ranked put every block at the bottom of the stack and lost to uniform
-        interleave even with its cost not charged, where grouped tied it (docs/expansion.md; a
+        interleave even with its cost not charged, where grouped tied it (studies/expansion-head-to-head-notes.md; a
         choice made on that one bench, so not independent evidence).  With
         ``blocks="auto"`` the split is into ``max_trials`` (4) groups and a group gets its block
         when its place is significant (verified by a trial with a credible decrease), so ``K``
