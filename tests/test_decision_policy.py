@@ -85,7 +85,7 @@ def test_one_policy_decides_alike_through_decide_a_callback_and_a_growth_round()
     ``HFCallback`` and ``LightningCallback`` run) and the first round of ``grow_until_saturated`` give the same
     decision to the bit, where they overlap (the round decides at seed ``seed * 1000``: the policy's seed there)."""
     torch = pytest.importorskip("torch")
-    from models_torch import digits, digits_resnet, per_sample_ce
+    from zoo.models_torch import digits, digits_resnet, per_sample_ce
     from satcore.adapters.torch import ProbeConfig, decide, grow_until_saturated
     from satcore.adapters.torch.callback_common import callback_report, callback_settings
 
