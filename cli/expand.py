@@ -200,12 +200,14 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
               help="trial: short trials within --decision-budget (--blocks auto: the frontier over K; --blocks K: "
               "the placement check, the first-order screen proposing the moves); screen: the first-order screen "
               "alone (its cost is the probe; with --blocks auto, every place whose interval lies below 0). "
-              "Experimental: screen, whose first-order values do not price a trained block's held-out gain.")
+              "Experimental: screen, whose first-order values do not price a trained block's held-out gain "
+              "(studies/decision-validity.md).")
 @click.option("--layout", type=click.Choice(("grouped", "ranked")), default="grouped", show_default=True,
               help="grouped: one block per contiguous group of places (LLaMA-Pro's), at the uniform place unless a "
               "trial within --decision-budget credibly favours the screen's place in the group; ranked: the trial "
               "decision's top K places anywhere in the stack (its trials train one block for the whole --steps). "
-              "Experimental: ranked, which lost to uniform interleave on the head-to-head (docs/expansion.md).")
+              "Experimental: ranked, which lost to uniform interleave on the head-to-head "
+              "(studies/expansion-head-to-head-notes.md).")
 @click.option("--max-statistics-gib", type=FiniteFloatRange(min=0, min_open=True, max=2**30), default=None,
               metavar="GIB",
               help="The most probe statistics the decision holds at once (both splits), in GiB: the places are "
@@ -252,10 +254,10 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
 
         check_target(plot_path, [p for p in (data_path, general_path) if p])
         plot_format(plot_path)
-    from satcore import Recipe
+    from satcore import DecisionPolicy, Recipe
     from satcore.adapters.torch.checkpoint_dir import (EXPAND_COPIES, checkpoint_dtype, load_causal_lm,
                                                        read_config, read_token_windows)
-    from satcore.adapters.torch.expansion import decoder_stack
+    from satcore.adapters.torch.expansion import ExpansionOptions, decoder_stack
     from satcore.adapters.torch.expansion import expand as expand_model
     from satcore.adapters.torch.expansion_exports import lora_adapter_config, write_training_exports
     from satcore.adapters.torch.locate import find_blocks
@@ -305,10 +307,11 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
             click.echo(line)
     if on_gpu and forced is None:
         model = model.to("cuda")
-    expansion = expand_model(model, data, blocks=blocks, recipe=recipe, at=forced, init=init,
-                             train_new_only=freeze_old, max_blocks=max_blocks, seed=seed, decision=decision,
-                             layout=layout, budget=budget, **({} if max_statistics_bytes is None else
-                                                              {"max_statistics_bytes": max_statistics_bytes}))
+    # the flags, as the two objects expand reads: the decision's policy and how the model grows
+    policy = DecisionPolicy(recipe, seed=seed, max_statistics_bytes=max_statistics_bytes)
+    options = ExpansionOptions(at=forced, init=init, train_new_only=freeze_old, max_blocks=max_blocks,
+                               decision=decision, layout=layout, budget=budget)
+    expansion = expand_model(model, data, blocks=blocks, policy=policy, options=options)
     with staged_out_dir(out_dir, prefix=".satcore-expand-") as staging:
         grown = expansion.model.to(getattr(torch, saved_dtype))
         grown.save_pretrained(staging, safe_serialization=True)

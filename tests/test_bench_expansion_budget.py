@@ -1,4 +1,4 @@
-"""bench/expansion_budget.py's scoring: the crossed seeds x windows interval, the equal-compute accounting
+"""studies/expansion_budget.py's scoring: the crossed seeds x windows interval, the equal-compute accounting
 (FLOPs per step, the meter that charges a decision, steps within a budget), the realized best count and
 the one-sweep-step rule, checked against hand-computed values and independent references."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "expansion_budget.py"
+BENCH = Path(__file__).resolve().parent.parent / "studies" / "expansion_budget.py"
 
 
 @pytest.fixture(scope="module")
@@ -186,8 +186,8 @@ def test_render_scores_the_count_against_the_realized_best_and_re_renders_identi
 
 def test_the_recorded_results_re_render_the_lab_notes_tables(bench):
     root = BENCH.parent.parent
-    recorded = sorted((root / "bench" / "results").glob("expansion_budget_*.jsonl"))
-    notes = (root / "docs" / "expansion-budget-notes.md").read_text()
+    recorded = sorted((root / "studies" / "results").glob("expansion_budget_*.jsonl"))
+    notes = (root / "studies" / "expansion-budget-notes.md").read_text()
     tables = [line for line in bench.render(recorded).splitlines() if line.startswith("| ")]
     assert recorded and len(tables) > 40
     assert [line for line in tables if line not in notes] == []

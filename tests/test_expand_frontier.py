@@ -23,8 +23,8 @@ from satcore.adapter_api import (MIN_HELDOUT, Prediction, affordable_heldout, bl
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from satcore import Recipe  # noqa: E402
-from satcore.adapters.torch.expansion import expand, insert_blocks  # noqa: E402
+from satcore import DecisionPolicy, Recipe  # noqa: E402
+from satcore.adapters.torch.expansion import ExpansionOptions, expand, insert_blocks  # noqa: E402
 from satcore.adapters.torch.expansion_frontier import DecisionBudget  # noqa: E402
 
 from test_expand import checkpoint, cli  # noqa: E402,F401  (the module-scoped checkpoint fixture)
@@ -201,8 +201,7 @@ def _hand_trained_change(model, ids, places, recipe, seed, steps, held_count):
 def test_frontier_fields_agree_with_the_trials_and_a_hand_trained_arm(build):
     model, ids = build(), windows(64)
     recipe = Recipe("adamw", lr=3e-3, steps=600, batch_size=4)
-    expansion = expand(model, ids, blocks="auto", recipe=recipe, seed=5,
-                       budget=DecisionBudget(0.2, general=windows(16, seed=9)))
+    expansion = expand(model, ids, blocks="auto", policy=DecisionPolicy(recipe, seed=5), options=ExpansionOptions(budget=DecisionBudget(0.2, general=windows(16, seed=9))))
     record = expansion.to_dict()
     frontier, plan = record["frontier"], record["decision"]["plan"]
     assert [a["blocks"] for a in frontier] == [0, 1] and [a["places"] for a in frontier] == [[], ["head"]]
@@ -243,7 +242,7 @@ def test_replicates_draw_their_own_minibatch_orders():
     with that seed, it differs from the first's, and the interval carries the seeds' noise."""
     model, ids = llama(), windows(64)
     recipe = Recipe("adamw", lr=3e-3, steps=600, batch_size=4)
-    record = expand(model, ids, blocks="auto", recipe=recipe, seed=5, budget=DecisionBudget(0.2, replicates=2)).to_dict()
+    record = expand(model, ids, blocks="auto", policy=DecisionPolicy(recipe, seed=5), options=ExpansionOptions(budget=DecisionBudget(0.2, replicates=2))).to_dict()
     plan, held = record["decision"]["plan"], record["decision"]["windows"]["heldout"]
     arm = record["frontier"][1]
     first, second = (curve[-1] for curve in arm["trial"]["heldout_change"])
@@ -263,7 +262,7 @@ def bench():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "expansion_budget.py"
+    path = Path(__file__).resolve().parent.parent / "studies" / "expansion_budget.py"
     spec = importlib.util.spec_from_file_location("bench_expansion_budget_for_frontier", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -284,8 +283,7 @@ def test_the_counted_cost_is_the_flop_share_a_meter_on_the_real_model_counts(ben
     meter = bench.FlopMeter(model.config)
     recipe = Recipe("adamw", lr=1e-3, steps=800, batch_size=8)
     try:
-        record = expand(model, ids, blocks="auto", recipe=recipe, max_blocks=2, train_new_only=train_new_only,
-                        budget=DecisionBudget(0.1, general=windows(32, length=16, seed=9))).to_dict()
+        record = expand(model, ids, blocks="auto", recipe=recipe, options=ExpansionOptions(max_blocks=2, train_new_only=train_new_only, budget=DecisionBudget(0.1, general=windows(32, length=16, seed=9)))).to_dict()
     finally:
         flops = meter.close()
         handle.remove()
@@ -306,8 +304,7 @@ def test_the_plan_is_announced_before_any_step():
 
     handle = register_optimizer_step_post_hook(lambda *_: steps.append(1))
     try:
-        expand(model, ids, blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8),
-               budget=DecisionBudget(announce=lambda text: seen.append((len(steps), text))))
+        expand(model, ids, blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8), options=ExpansionOptions(budget=DecisionBudget(announce=lambda text: seen.append((len(steps), text)))))
     finally:
         handle.remove()
     (done_then, text), = seen
@@ -335,8 +332,7 @@ def test_a_move_needs_a_credible_trial_else_the_places_are_uniform():
     """blocks=K with a budget: the screen proposes its first place in each group; with a recipe that cannot move
     the loss (lr 1e-12) no trial shows a credible gain, so the blocks stay at LLaMA-Pro's uniform places."""
     model, ids = llama(4), windows(64)
-    expansion = expand(model, ids, blocks=2, recipe=Recipe("adamw", lr=1e-12, steps=600, batch_size=8),
-                       budget=DecisionBudget(0.2))
+    expansion = expand(model, ids, blocks=2, recipe=Recipe("adamw", lr=1e-12, steps=600, batch_size=8), options=ExpansionOptions(budget=DecisionBudget(0.2)))
     check = expansion.to_dict()["decision"]["placement_check"]
     assert check["uniform"] == [2, "head"] and expansion.inserted_before == [2, "head"]
     assert check["moves"] and not any(m["moved"] for m in check["moves"])
@@ -438,8 +434,7 @@ def test_trials_above_the_stated_bound_are_refused_before_they_start(monkeypatch
         with pytest.raises(InputError, match=r"^steps 600 with a decision budget of 0\.1: the trials would train up to "
                                              r"[0-9,]+ optimizer steps of 8 samples, above the bound of 3; set "
                                              r"SATCORE_MAX_TRIAL_STEPS"):
-            expand(model, ids, blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8),
-                   budget=DecisionBudget())
+            expand(model, ids, blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8), options=ExpansionOptions(budget=DecisionBudget()))
     finally:
         handle.remove()
     assert len(steps) <= 2  # the timed steps that price the plan, no trial step

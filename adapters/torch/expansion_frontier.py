@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from satcore import InputError, Recipe
+from satcore import DecisionPolicy, InputError, Recipe
 from satcore.adapter_api import (MIN_HELDOUT, FrontierChoice, Prediction, TrialPlan, affordable_heldout, block_counts,
                                  choose_blocks, new_positions, plan_trials, predict_change, step_flops, uniform_groups,
                                  uniform_places)
@@ -510,27 +510,29 @@ class PlacementCheck(BudgetedDecision):
                 "seconds_per_step": self.seconds_per_step}
 
 
-def _probe_steps(model, train: list, held: list, costs: _Costs, probe_options: dict) -> float:
+def _probe_steps(model, train: list, held: list, costs: _Costs, policy: DecisionPolicy) -> float:
     """The first-order screen's passes, in planned steps' FLOPs: each probed window a forward and backward pass
     of the model as it is (counted as every parameter's, an upper bound), once per group of places that fits
-    ``max_statistics_bytes`` (a forward pass more to plan the groups)."""
+    the policy's ``max_statistics_bytes`` (a forward pass more to plan the groups)."""
     windows = _windows(train) + _windows(held)
     probed = windows / costs.batch_size * costs.full()
-    limit = probe_options.get("max_statistics_bytes")
+    limit = policy.max_statistics_bytes
     if limit is None:
         return probed
+    from .decide import decision_probe_options
+    from .expansion import native_policy
     from .probe import plan
 
-    options = {k: v for k, v in probe_options.items() if k != "max_statistics_bytes"}
-    passes = plan(model, train[0], sequence_loss, family="native", **options).passes(limit, splits=2)
+    passes = plan(model, train[0], sequence_loss, **decision_probe_options(native_policy(policy))).passes(
+        limit, splits=2)
     return len(passes) * probed + costs.read([], _windows(train[:1]))
 
 
 def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: DecisionBudget, options: dict
                     ) -> PlacementCheck:
     """Where ``options["blocks"]`` blocks go (module docstring).  ``options``: ``blocks``, ``init``, ``seed``,
-    ``train_new_only``, ``probe_options``."""
-    from .expansion import decoder_stack, first_order_decision
+    ``train_new_only``, ``policy`` (the :class:`satcore.DecisionPolicy` of the screen)."""
+    from .expansion import decoder_stack, first_order_decision, native_policy
 
     names = decoder_stack(model)[0]
     n_blocks, k = len(names), options["blocks"]
@@ -542,7 +544,7 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
     # an arm's step priced as if group 0's block moved to its group's first place: the lowest a block can go, so
     # the backward's longest; the moves' actual steps are counted as they run
     step = costs.step([groups[0][0]] + uniform[1:])
-    probe_steps = _probe_steps(model, train, held, costs, options["probe_options"])
+    probe_steps = _probe_steps(model, train, held, costs, options["policy"])
     fixed = TIMED_STEPS * costs.full() + probe_steps + model_read
     movable = sum(len(g) > 1 for g in groups)
 
@@ -571,8 +573,7 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
     meter = _Meter(plan.cost_steps, budget.progress, costs)
     try:
         meter.add(TIMED_STEPS * costs.full())
-        screen = first_order_decision(model, train, held, recipe=recipe, seed=options["seed"],
-                                      **options["probe_options"])
+        screen = first_order_decision(model, train, held, policy=native_policy(options["policy"]))
         meter.add(probe_steps)
         ranking = screen.ranking()
         moves, losses, tolerance, proposals = [], {}, budget.tolerance, []

@@ -1,6 +1,6 @@
 """Does expanding pay for itself?  Block expansion against the free defaults at a realistic budget.
 
-The main protocol's decoder (``bench/expansion.py``: Llama-style, byte-level vocabulary, 8 blocks,
+The main protocol's decoder (``studies/expansion.py``: Llama-style, byte-level vocabulary, 8 blocks,
 width 48, grouped-query attention, windows of 48 bytes, batches of 8, AdamW lr 1e-3) is pretrained
 here on one text, the Linux kernel's admin-guide, process and filesystems documentation (Debian
 ``linux-doc-6.1``; every fifth file held out: the *general* held-out text), then trained further on a
@@ -54,9 +54,9 @@ training batches, same decision windows) and by window.  Intervals are those of 
 
 Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is there.
 
-    OMP_NUM_THREADS=1 python bench/expansion_budget.py --arms baselines   # everything but satcore
-    OMP_NUM_THREADS=1 python bench/expansion_budget.py --arms satcore      # and satcore-wide
-    python bench/expansion_budget.py --render bench/results/expansion_budget_*.jsonl   # the lab notes' tables
+    OMP_NUM_THREADS=1 python -m studies.expansion_budget --arms baselines   # everything but satcore
+    OMP_NUM_THREADS=1 python -m studies.expansion_budget --arms satcore      # and satcore-wide
+    python -m studies.expansion_budget --render studies/results/expansion_budget_*.jsonl   # the lab notes' tables
 """
 
 from __future__ import annotations
@@ -72,11 +72,9 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from expansion import HINT, LINUX_DOC, PYDOC  # noqa: E402
+from studies.expansion import HINT, LINUX_DOC, PYDOC  # noqa: E402
 
 from satcore.adapter_api import step_flops  # noqa: E402,F401  (the decision prices its passes by the same rule)
 
@@ -288,10 +286,11 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -
     new blocks train, the recipe is the planned training), given the general text: the places it chooses
     (``before``: original block indices or ``"head"``; ``[]`` for no expansion) and what it recorded.  The
     one place the bench calls satcore's decision."""
-    from expansion import sample_windows
+    from studies.expansion import sample_windows
     from satcore import Recipe
     from satcore.adapters.torch import DecisionBudget
-    from satcore.adapters.torch.expansion import expand
+    from satcore import DecisionPolicy
+    from satcore.adapters.torch.expansion import ExpansionOptions, expand
 
     rng = np.random.default_rng(20_000 + seed)
     windows = sample_windows(target_train, plan["decision_windows"], plan["seq_len"], rng)
@@ -302,8 +301,8 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -
         windows = sample_windows(target_train, plan["trial_windows"], plan["seq_len"], rng)
     recipe = Recipe("adamw", lr=plan["lr"], steps=plan["steps"], batch_size=plan["batch_size"], trainable="block")
     api = "expand(blocks='auto', budget=DecisionBudget(general=...))"
-    expansion = expand(base, windows, blocks="auto", recipe=recipe, train_new_only=True, seed=seed,
-                       budget=DecisionBudget(general=general), **split)
+    expansion = expand(base, windows, blocks="auto", policy=DecisionPolicy(recipe, seed=seed),
+                       options=ExpansionOptions(train_new_only=True, budget=DecisionBudget(general=general)), **split)
     record = expansion.to_dict()
     decision = record.get("decision") or {}
     return {"before": list(record["inserted_before"]), "api": api, "frontier": record.get("frontier"),
@@ -315,7 +314,7 @@ def train_arm(base, before, steps: int, args, seed: int, target_train) -> tuple:
     """The base grown by blocks before ``before`` (none: the base itself, every parameter trains; else only
     the new blocks train), trained ``steps`` steps on the target text; returns it and the new positions."""
     import torch
-    from expansion import train
+    from studies.expansion import train
     from satcore.adapters.torch.expansion import freeze_old, insert_blocks
 
     grown, new = insert_blocks(base, before, init="copy")
@@ -338,7 +337,7 @@ def _rows(path: Path) -> list[dict]:
 def arm_places(arm: str, L: int, seed: int, pair: str, base, probe) -> tuple[list, dict, float]:
     """Places, evidence and charged FLOPs of a baseline arm (``none``, ``uniform-K``, ``end``, ``adept``,
     ``random``; the last three at the conventional count)."""
-    from expansion import random_places, uniform
+    from studies.expansion import random_places, uniform
 
     K = max(1, L // 4)
     if arm == "none":
@@ -358,7 +357,7 @@ def arm_places(arm: str, L: int, seed: int, pair: str, base, probe) -> tuple[lis
 
 
 def main(argv=None):
-    from expansion import decoder_arguments, parse_or_render
+    from studies.expansion import decoder_arguments, parse_or_render
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -382,7 +381,7 @@ def main(argv=None):
         return
     import torch
 
-    from expansion import pretrained, sample_windows
+    from studies.expansion import pretrained, sample_windows
 
     torch.set_num_threads(1)
     args.device = "cpu"
@@ -455,7 +454,7 @@ def main(argv=None):
 
 def layout_new(L: int, before) -> list[int]:
     """Indices of the new blocks in the grown stack for ``before`` (or an arm name ``uniform-K``)."""
-    from expansion import uniform
+    from studies.expansion import uniform
     from satcore.adapters.torch.expansion import layout_of
 
     if isinstance(before, str):
