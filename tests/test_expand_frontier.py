@@ -319,7 +319,7 @@ def test_trials_that_repeat_their_training_windows_are_recorded_and_announced():
     seen = []
     recipe = Recipe("adamw", lr=1e-3, steps=2000, batch_size=8)
     record = expand(model, ids, blocks="auto", recipe=recipe,
-                    budget=DecisionBudget(announce=seen.append)).to_dict()["decision"]
+                    options=ExpansionOptions(budget=DecisionBudget(announce=seen.append))).to_dict()["decision"]
     plan, sizes = record["plan"], record["windows"]
     passes = plan["trial_steps"] * 8 / sizes["train"]  # by hand: every trial step draws a batch of 8 training windows
     assert sizes["trial_passes"] == pytest.approx(passes) and passes > 2
