@@ -1,8 +1,8 @@
-"""Models, batches, the floor pass and measuring helpers shared by the probe benchmarks.
+"""The workloads, the floor pass and measuring helpers shared by the probe benchmarks.
 
 Workloads (real models, real data shipped with the OS / scikit-learn; the
-building blocks come from ``tests/models_torch.py`` so benches and tests use
-the same code):
+models and batches are in the shared zoo, :mod:`zoo.models_torch`, beside the
+tests' models they are built from):
 
 * ``gpt2``: Hugging Face ``GPT2LMHeadModel`` from a small config (``n_embd``
   256, 8 blocks, 8 heads, ``T`` 128, byte vocabulary 256) over byte windows of
@@ -19,22 +19,17 @@ gradients cannot be had for less.
 
 from __future__ import annotations
 
-import functools
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from zoo.models_torch import gpt2_batches, gpt2_model, per_sample_ce, resnet8_batches, resnet8_model
 
-from models_torch import HELDOUT_TEXT, BasicBlock, digits, gpt2_config, per_sample_ce, text_bytes  # noqa: E402
-
-from satcore.adapters.torch import probe, sequence_loss  # noqa: E402
-from satcore.adapters.torch.probe import call_model  # noqa: E402
+from satcore.adapters.torch import probe, sequence_loss
+from satcore.adapters.torch.probe import call_model
 
 
 def parse_bench_args(doc: str):
@@ -67,71 +62,6 @@ def set_threads(n: int) -> None:
 
     torch.set_num_threads(n)
     threadpool_limits(n)
-
-
-# -- models -------------------------------------------------------------------------------
-class ResNet8(nn.Module):
-    """Stagewise ResNet-8 (paper, Appendix on ResNet experiments): one BasicBlock per stage."""
-
-    def __init__(self, widths=(16, 32, 64), classes=10, in_channels=3):
-        super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(widths[0])
-        self.relu = nn.ReLU(inplace=True)
-        self.layer1 = nn.Sequential(BasicBlock(widths[0], widths[0], 1))
-        self.layer2 = nn.Sequential(BasicBlock(widths[0], widths[1], 2))
-        self.layer3 = nn.Sequential(BasicBlock(widths[1], widths[2], 2))
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(widths[2], classes)
-
-    def forward(self, x):
-        x = self.relu(self.bn1(self.conv1(x)))
-        x = self.layer3(self.layer2(self.layer1(x)))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
-def gpt2_model(n_embd=256, n_layer=8, n_head=8, seq_len=128, seed=0):
-    from transformers import GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    config = gpt2_config(n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_positions=seq_len, attn_implementation="sdpa")
-    return GPT2LMHeadModel(config).eval()
-
-
-def resnet8_model(seed=0):
-    torch.manual_seed(seed)
-    return ResNet8().eval()
-
-
-# -- data ---------------------------------------------------------------------------------
-def gpt2_batches(batch_size, n_batches, start=0, seq_len=128):
-    """Byte windows of ``seq_len`` from sequence ``start`` on; the text is recycled past its end."""
-    data = text_bytes(HELDOUT_TEXT)
-    n_windows = len(data) // seq_len
-    out = []
-    for b in range(n_batches):
-        idx = torch.arange(start + b * batch_size, start + (b + 1) * batch_size) % n_windows
-        ids = torch.stack([data[i * seq_len : (i + 1) * seq_len] for i in idx.tolist()])
-        out.append(({"input_ids": ids}, ids))
-    return out
-
-
-@functools.lru_cache(maxsize=1)
-def digits_32x32():
-    """``load_digits`` upsampled 8x8 -> 32x32 (nearest), repeated to 3 channels, standardised."""
-    X, y = digits()
-    X = (X - 0.3) / 0.4
-    return X.repeat_interleave(4, 2).repeat_interleave(4, 3).repeat(1, 3, 1, 1), y
-
-
-def resnet8_batches(batch_size, n_batches, start=0):
-    """Batches of :func:`digits_32x32`, recycled past its 1797 samples."""
-    X, y = digits_32x32()
-    out = []
-    for b in range(n_batches):
-        idx = torch.arange(start + b * batch_size, start + (b + 1) * batch_size) % X.shape[0]
-        out.append((X[idx], y[idx]))
-    return out
 
 
 def stream(make_batches, batch_size, n_batches):

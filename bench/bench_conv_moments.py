@@ -1,6 +1,6 @@
 """Where the ``conv`` route's per-batch sums spend their time, candidate by candidate (ResNet-8).
 
-Usage: ``python bench/bench_conv_moments.py [--quick] [--threads N] [--repeats R]``.
+Usage: ``python -m bench.bench_conv_moments [--quick] [--threads N] [--repeats R]``.
 
 One default probe of the ResNet-8 workload (:mod:`_workloads`, batches of 64
 images) hands every candidate's ``(grad, hidden)`` to
@@ -31,8 +31,8 @@ import time
 
 import torch
 
-from _results import record
-from _workloads import WORKLOADS, floor_pass, interleaved, parse_bench_args, probe_pass, versions
+from bench._results import record
+from bench._workloads import WORKLOADS, floor_pass, interleaved, parse_bench_args, probe_pass, versions
 
 
 def captured_maps(model, batch, loss_fn) -> list:

@@ -1,6 +1,6 @@
 """Exact growth value: Gram form vs the paper's explicit M x M projector; Jacobian vs standard block.
 
-Usage: ``python bench/bench_core.py [--quick]``.  Times are medians of
+Usage: ``python -m bench.bench_core [--quick]``.  Times are medians of
 interleaved repeats in one process; peak memory is the tracemalloc peak of one
 call (NumPy reports its buffers to tracemalloc).  Writes ``bench/results.json``
 keys ``gram_vs_projector_speedup``, ``gram_vs_projector_memory_ratio`` (at the
@@ -17,7 +17,7 @@ import tracemalloc
 import numpy as np
 
 import satcore
-from _results import record
+from bench._results import record
 
 
 def timed(fn, repeats):

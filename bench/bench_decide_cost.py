@@ -1,6 +1,6 @@
 """The decision's own cost: ``decide`` with a 300-step recipe beside ``probe`` and the floor.
 
-Usage: ``python bench/bench_decide_cost.py [--quick] [--threads N] [--repeats R]``.
+Usage: ``python -m bench.bench_decide_cost [--quick] [--threads N] [--repeats R]``.
 
 On the probe benches' ResNet-8 (digits 32x32, :mod:`_workloads`), with the
 training split ``train`` (``batches`` of 64 images) and a held-out split of
@@ -27,12 +27,12 @@ Writes section ``decide_cost`` and keys ``decide_cost_vs_floor``,
 
 from __future__ import annotations
 
-from _results import record
-from _workloads import WORKLOADS, floor_pass, interleaved, parse_bench_args, probe_pass, versions
+from bench._results import record
+from bench._workloads import WORKLOADS, floor_pass, interleaved, parse_bench_args, probe_pass, versions
 
 from satcore import Recipe
 from satcore.adapters.torch import decide
-from satcore.adapters.torch.decide import trial_losses
+from satcore.adapters.torch.decide import TorchTrials, trial_losses
 
 SIZES = {"quick": {"batches": 4, "steps": 60}, "full": {"batches": 8, "steps": 300}}
 BATCH = 64
@@ -52,7 +52,7 @@ def measure(size: str, repeats: int) -> dict:
     runs = {
         "floor": lambda: floor_pass(model, both, loss_fn),
         "probe": lambda: probe_pass(model, both, loss_fn),
-        "train_block": lambda: trial_losses(model, first, at, recipe, train, {}, (recipe.steps,), loss_fn),
+        "train_block": lambda: trial_losses(TorchTrials(model, first, recipe, train, {}, loss_fn, 0), at, (recipe.steps,)),
         "decide": lambda: decisions.append(decide(model, train, heldout, loss_fn, recipe=recipe)),
     }
     seconds = interleaved(runs, repeats)

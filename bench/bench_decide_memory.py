@@ -1,8 +1,8 @@
 """The decision's memory with and without a statistics budget (CPU).
 
-Usage: ``python bench/bench_decide_memory.py [--quick] [--threads N]``.
+Usage: ``python -m bench.bench_decide_memory [--quick] [--threads N]``.
 
-``decide(..., family="native")`` on a GPT-2 from a config (d 256 x 8 blocks,
+``decide(..., policy=DecisionPolicy(recipe, probe=ProbeConfig(family="native")))`` on a GPT-2 from a config (d 256 x 8 blocks,
 T 128; 9 places of ``r = 5 d`` native features) over 8 training and 8
 held-out batches of 4 windows, AdamW at LLaMA-Pro's lr, twice: all places in
 one probe pass, and with ``max_statistics_bytes`` set to two places' two
@@ -20,11 +20,11 @@ from __future__ import annotations
 import time
 
 import torch
-from _results import record
-from _workloads import gpt2_batches, gpt2_model, parse_bench_args, peak_rss_increase, versions
+from bench._results import record
+from bench._workloads import gpt2_batches, gpt2_model, parse_bench_args, peak_rss_increase, versions
 
-from satcore import Recipe
-from satcore.adapters.torch import decide, plan, sequence_loss
+from satcore import DecisionPolicy, Recipe
+from satcore.adapters.torch import ProbeConfig, decide, plan, sequence_loss
 
 
 def main():
@@ -46,8 +46,9 @@ def main():
         if isinstance(module, torch.nn.Embedding) and module.weight.shape == embedding.weight.shape:
             samples["grad"] += len(inputs[0]) if torch.is_grad_enabled() else 0
 
-    def run(**options):
-        return decide(model, train, heldout, sequence_loss, recipe=recipe, family="native", **options)
+    def run(max_statistics_bytes=None):
+        policy = DecisionPolicy(recipe, max_statistics_bytes=max_statistics_bytes, probe=ProbeConfig(family="native"))
+        return decide(model, train, heldout, sequence_loss, policy=policy)
 
     run(max_statistics_bytes=budget)  # warm-up: the kernels and the allocator's first pages
     rows = {}

@@ -1,6 +1,6 @@
 """The memory plan against the measured peak of the probe it plans (CPU).
 
-Usage: ``python bench/bench_memory_plan.py [--quick] [--threads N]``.
+Usage: ``python -m bench.bench_memory_plan [--quick] [--threads N]``.
 
 For GPT-2 (d 256 x 8 blocks, T 128) with the ``mlp`` family at two widths
 (``n_features`` = 4 d, the default, and 8 d, where the sums dominate), with
@@ -16,8 +16,8 @@ plan is exact) and the details under ``sections.memory_plan``.
 
 from __future__ import annotations
 
-from _results import record
-from _workloads import floor_pass, gpt2_batches, gpt2_model, parse_bench_args, peak_rss_increase, stream, versions
+from bench._results import record
+from bench._workloads import floor_pass, gpt2_batches, gpt2_model, parse_bench_args, peak_rss_increase, stream, versions
 
 from satcore.adapters.torch import plan, probe, sequence_loss
 from satcore._formulas.folds import DEFAULT_FOLDS

@@ -1,6 +1,6 @@
 """Peers: BackPACK and GroMo against satcore on the same blocks and batches.
 
-Usage: ``python bench/bench_peers.py [--quick] [--threads N] [--repeats R]``.
+Usage: ``python -m bench.bench_peers [--quick] [--threads N] [--repeats R]``.
 
 Workloads of :mod:`_workloads`: GPT-2 (``mlp`` family, BackPACK and GroMo)
 and the paper's ResNet-8 (``conv`` family, BackPACK; GroMo's convolution
@@ -61,8 +61,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from _results import record
-from _workloads import WORKLOADS, interleaved, peak_rss_increase, parse_bench_args, versions
+from bench._results import record
+from bench._workloads import WORKLOADS, interleaved, peak_rss_increase, parse_bench_args, versions
 from satcore.adapters.torch import build_feature_map, find_blocks, probe
 from satcore.adapters.torch.features import ConvFeatures
 from satcore.adapters.torch.capture import get_stream, with_stream

@@ -1,6 +1,6 @@
 """Probe overhead and peak memory on a CUDA device (skipped, nothing written, without one).
 
-Usage: ``python bench/bench_probe_cuda.py [--quick] [--repeats R]``.
+Usage: ``python -m bench.bench_probe_cuda [--quick] [--repeats R]``.
 
 The workloads of :mod:`_workloads` (GPT-2 d=256, 8 blocks, T=128; the
 stagewise ResNet-8 at 32x32) with model and batches on the GPU, float32
@@ -26,8 +26,8 @@ import argparse
 
 import torch
 
-from _results import record
-from _workloads import WORKLOADS, floor_pass, interleaved, stream, versions
+from bench._results import record
+from bench._workloads import WORKLOADS, floor_pass, interleaved, stream, versions
 
 from satcore.adapters.torch import probe
 from satcore.adapters.torch.probe import to_device

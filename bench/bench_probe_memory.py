@@ -1,6 +1,6 @@
 """Peak memory of ``satcore.adapters.torch.probe`` does not grow with the number of samples.
 
-Usage: ``python bench/bench_probe_memory.py [--batches B] [--threads N]``.
+Usage: ``python -m bench.bench_probe_memory [--batches B] [--threads N]``.
 
 For each workload of :mod:`_workloads` (GPT-2 d=256 x 8 blocks, T=128; the
 stagewise ResNet-8 at 32x32) a probe over ``B`` batches and one over ``10 B``
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 
-from _results import record
-from _workloads import WORKLOADS, gpt2_batches, peak_rss_increase, resnet8_batches, set_threads, versions
+from bench._results import record
+from bench._workloads import WORKLOADS, gpt2_batches, peak_rss_increase, resnet8_batches, set_threads, versions
 
 from satcore.adapters.torch import probe
 

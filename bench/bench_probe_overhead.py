@@ -1,6 +1,6 @@
 """Probe overhead: ``satcore.adapters.torch.probe`` over every residual block vs the floor.
 
-Usage: ``python bench/bench_probe_overhead.py [--quick] [--threads N] [--repeats R]``.
+Usage: ``python -m bench.bench_probe_overhead [--quick] [--threads N] [--repeats R]``.
 
 For each workload of :mod:`_workloads` (GPT-2 d=256, 8 blocks, T=128; the
 paper's stagewise ResNet-8 at 32x32) the same list of batches is run through
@@ -56,8 +56,8 @@ import time
 import numpy as np
 import torch
 
-from _results import record
-from _workloads import WORKLOADS, floor_pass, interleaved, peak_rss_increase, probe_pass, parse_bench_args, versions
+from bench._results import record
+from bench._workloads import WORKLOADS, floor_pass, interleaved, peak_rss_increase, probe_pass, parse_bench_args, versions
 
 CONV_WORKLOADS = ("resnet8",)  # the workloads whose candidates take the conv family's route
 SIZES = {  # workload -> (batch size, batches) for quick / full

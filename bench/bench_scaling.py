@@ -1,6 +1,6 @@
 """Scaling of the probe with the number of samples: time (linear) and peak memory (flat).
 
-Usage: ``python bench/bench_scaling.py [--quick] [--threads N] [--repeats R]``.
+Usage: ``python -m bench.bench_scaling [--quick] [--threads N] [--repeats R]``.
 
 The paper's ResNet-8 (see :mod:`_workloads`) is probed with default options
 over ``n = batch_size * k`` samples, ``k`` doubling.  Batches are STREAMED
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from _results import record
-from _workloads import WORKLOADS, interleaved, peak_rss_increase, probe_pass, parse_bench_args, stream, versions
+from bench._results import record
+from bench._workloads import WORKLOADS, interleaved, peak_rss_increase, probe_pass, parse_bench_args, stream, versions
 
 BATCH_SIZE = 32
 MULTIPLES = {"quick": (1, 2, 4, 8), "full": (1, 2, 4, 8, 16, 32)}

@@ -1,6 +1,6 @@
 """``satcore score`` on a raw dump larger than a chunk: time and peak memory beside plain ``numpy.load``.
 
-Usage: ``python bench/bench_score_dump.py [--size-gb 1.0] [--quick] [--dir /tmp] [--keep]``.
+Usage: ``python -m bench.bench_score_dump [--size-gb 1.0] [--quick] [--dir /tmp] [--keep]``.
 
 Writes a raw ``satcore-dump/1`` file (``--candidates`` candidates of float32
 ``q`` ``(M, T, N)`` and ``psi`` ``(M, T, r)``, stored members; default shape a
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _results import record
+from bench._results import record
 
 SATCORE = Path(sys.executable).parent / "satcore"
 

@@ -1,6 +1,6 @@
 """The 1B-class decoder of ``device_run.py`` on this CPU: CPU, not the GPU target.
 
-Usage: ``python bench/decoder_1b_cpu.py [--windows 2] [--seq-len 128] [--layers 22]``.
+Usage: ``python -m bench.decoder_1b_cpu [--windows 2] [--seq-len 128] [--layers 22]``.
 
 No GPU is lent to the sessions that maintain this page, so the device script's
 Llama-style decoder (d 2048, 22 layers, 32 heads, 4 key-value heads:
@@ -33,10 +33,10 @@ import time
 
 import torch
 
-from _results import record
-from _workloads import floor_pass, peak_rss_increase, set_threads, versions
-from bench_peers import with_eigen_route
-from device_run import SIZES, llama, token_batches
+from bench._results import record
+from bench._workloads import floor_pass, peak_rss_increase, set_threads, versions
+from bench.bench_peers import with_eigen_route
+from bench.device_run import SIZES, llama, token_batches
 
 from satcore.adapters.torch import plan, probe, sequence_loss
 

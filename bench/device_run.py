@@ -2,8 +2,8 @@
 
 Usage (on the device, from the repository root; ``bench/device_run.sh`` wraps it)::
 
-    python bench/device_run.py --out $OUT/device_run.json
-    python bench/device_run.py --dry-run --out /tmp/device_run.json    # tiny sizes, on the CPU
+    python -m bench.device_run --out $OUT/device_run.json
+    python -m bench.device_run --dry-run --out /tmp/device_run.json    # tiny sizes, on the CPU
 
 Three parts, each a ratio or a count measured side by side in this one process:
 
@@ -44,14 +44,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench._results import record
+from bench._workloads import WORKLOADS, floor_pass, interleaved, versions
 
-from _results import record  # noqa: E402
-from _workloads import WORKLOADS, floor_pass, interleaved, versions  # noqa: E402
-
-from satcore import Recipe  # noqa: E402
-from satcore.adapters.torch import decide, plan, probe, sequence_loss  # noqa: E402
-from satcore.adapters.torch.probe import to_device  # noqa: E402
+from satcore import DecisionPolicy, Recipe
+from satcore.adapters.torch import ProbeConfig, decide, plan, probe, sequence_loss
+from satcore.adapters.torch.probe import to_device
 
 SIZES = {
     "device": {"probe": {"gpt2": (64, 16), "resnet8": (512, 16)}, "repeats": 5,
@@ -231,7 +229,7 @@ def decide_1b(device, size, model, config, n_features, steps) -> dict:
     heldout = token_batches(config, batch_size, seq_len, n_held, 2, device)
     recipe = Recipe("adam", lr=1e-4, steps=steps, batch_size=batch_size)
     start = time.perf_counter()
-    decision = decide(model, train, heldout, sequence_loss, recipe=recipe, n_features=n_features or config.hidden_size)
+    decision = decide(model, train, heldout, sequence_loss, policy=DecisionPolicy(recipe, probe=ProbeConfig(n_features=n_features or config.hidden_size)))
     synchronize(device)
     seconds = time.perf_counter() - start
     row = {"seconds": seconds, "recipe_steps": steps, "cost_block_steps": decision.cost_block_steps,

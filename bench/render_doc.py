@@ -1,8 +1,9 @@
-"""Render ``docs/benchmarks.md`` from ``bench/results.json`` and ``bench/benchmarks_template.md``.
+"""Render ``docs/benchmarks.md`` and ``docs/benchmarks-peers.md`` from ``bench/results.json`` and their templates
+(``bench/benchmarks_template.md``, ``bench/benchmarks_peers_template.md``).
 
 The template is a Python f-string body: every number in the page is read from
 ``results.json``, so the page cannot drift from the measurements.  Run after
-``python bench/run_all.py``.
+``python -m bench.run_all``.
 """
 
 import json
@@ -239,7 +240,7 @@ def decide_memory_section() -> str:
     one, bud, ver = dm["runs"]["one_pass"], dm["runs"]["budget"], dm["versions"]
     mib = 2**20
     return (
-        f"`decide(..., family=\"native\")` on a {dm['model']} ({dm['places']} places; {dm['batches_per_split']} "
+        f"`decide(..., policy=DecisionPolicy(recipe, probe=ProbeConfig(family=\"native\")))` on a {dm['model']} ({dm['places']} places; {dm['batches_per_split']} "
         f"batches of {dm['batch_size']} windows per split; AdamW, {dm['recipe']['steps']} steps), with all places "
         f"in one probe pass and with `max_statistics_bytes` = {dm['budget_bytes'] / mib:.0f} MiB (two places' two "
         f"splits: {len(dm['passes'])} passes), side by side in one process (code {ver['commit']}, load average "
@@ -258,9 +259,11 @@ def decide_memory_section() -> str:
 
 
 if __name__ == "__main__":
-    template = (HERE / "benchmarks_template.md").read_text()
-    namespace = dict(globals())
-    exec('out = f"""' + template + '"""', namespace)  # noqa: S102 - our own template, not input
-    out = namespace["out"]
-    (HERE.parent / "docs" / "benchmarks.md").write_text(out)
-    print("rendered docs/benchmarks.md:", len(out), "characters")
+    # two pages (each docs page stays under 400 lines): the probe's own costs, and the peers and scaling
+    for template, page in (("benchmarks_template.md", "benchmarks.md"), ("benchmarks_peers_template.md",
+                                                                          "benchmarks-peers.md")):
+        namespace = dict(globals())
+        exec('out = f"""' + (HERE / template).read_text() + '"""', namespace)  # noqa: S102 - our own template
+        out = namespace["out"]
+        (HERE.parent / "docs" / page).write_text(out)
+        print(f"rendered docs/{page}:", len(out), "characters")

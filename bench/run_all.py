@@ -1,6 +1,6 @@
 """Run every ``bench/bench_*.py`` in turn, then check ``bench/results.json``.
 
-Usage: ``python bench/run_all.py [--quick] [--threads N] [--only NAME ...]``.
+Usage: ``python -m bench.run_all [--quick] [--threads N] [--only NAME ...]`` (from the repository root).
 
 Each script runs in its own process (so one's allocations cannot inflate the
 next one's peak memory) with ``--quick`` when asked and when the script
@@ -76,10 +76,10 @@ def main():
     args = parser.parse_args()
     failed, timings = [], {}
     for script in scripts(args.only):
-        command = [sys.executable, str(script), *arguments(script, args.quick, args.threads)]
-        print(f"== {script.name} {' '.join(command[2:])}", flush=True)
+        command = [sys.executable, "-m", f"bench.{script.stem}", *arguments(script, args.quick, args.threads)]
+        print(f"== {script.name} {' '.join(command[3:])}", flush=True)
         start = time.perf_counter()
-        code = subprocess.run(command, cwd=HERE, env=thread_env(args.threads)).returncode
+        code = subprocess.run(command, cwd=HERE.parent, env=thread_env(args.threads)).returncode
         timings[script.name] = time.perf_counter() - start
         print(f"== {script.name}: exit {code}, {timings[script.name]:.0f} s", flush=True)
         if code:

@@ -181,8 +181,8 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
 @click.option("--max-forgetting", type=FiniteFloatRange(min=0), default=None, metavar="NATS",
               help="With --blocks auto and --general-data: no K whose predicted general loss change exceeds it.")
 @click.option("--tolerance", type=FiniteFloatRange(min=0), default=None, metavar="NATS",
-              help="--blocks auto takes the fewest blocks within this of the best predicted change, and a move "
-              "needs a gain beyond it (default 0.3% of the held-out loss).")
+              help="--blocks auto takes blocks only where they beat K = 0 by more than this, credibly, then the "
+              "fewest within it of the best; a move needs a gain beyond it (default 0.3% of the held-out loss).")
 @click.option("--plot", "plot_path", default=None, metavar="PNG",
               help="With --blocks auto: the frontier as a figure (needs matplotlib; skipped with a note without it).")
 @click.option("--quiet", is_flag=True, help="No plan, no defaults line, no progress bar; the report only.")
@@ -200,12 +200,14 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
               help="trial: short trials within --decision-budget (--blocks auto: the frontier over K; --blocks K: "
               "the placement check, the first-order screen proposing the moves); screen: the first-order screen "
               "alone (its cost is the probe; with --blocks auto, every place whose interval lies below 0). "
-              "Experimental: screen, whose first-order values do not price a trained block's held-out gain.")
+              "Experimental: screen, whose first-order values do not price a trained block's held-out gain "
+              "(studies/decision-validity.md).")
 @click.option("--layout", type=click.Choice(("grouped", "ranked")), default="grouped", show_default=True,
               help="grouped: one block per contiguous group of places (LLaMA-Pro's), at the uniform place unless a "
               "trial within --decision-budget credibly favours the screen's place in the group; ranked: the trial "
               "decision's top K places anywhere in the stack (its trials train one block for the whole --steps). "
-              "Experimental: ranked, which lost to uniform interleave on the head-to-head (docs/expansion.md).")
+              "Experimental: ranked, which lost to uniform interleave on the head-to-head "
+              "(studies/expansion-head-to-head-notes.md).")
 @click.option("--max-statistics-gib", type=FiniteFloatRange(min=0, min_open=True, max=2**30), default=None,
               metavar="GIB",
               help="The most probe statistics the decision holds at once (both splits), in GiB: the places are "
@@ -219,8 +221,8 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
 
     --blocks auto decides whether to expand and by how many blocks: short trials of K = 0 (the model as it is,
     trained the same way) and K = 1, 2, 4, ... blocks at LLaMA-Pro's uniform places, within --decision-budget of
-    the training you plan (--steps, --batch-size, --lr); it takes the fewest blocks within --tolerance of the best,
-    and none when expanding does not pay.  --blocks K places K blocks: uniform places unless a trial credibly
+    the training you plan (--steps, --batch-size, --lr); it adds blocks only where they beat K = 0 credibly (the
+    fewest within --tolerance of the best of those), and none when expanding does not pay.  --blocks K places K blocks: uniform places unless a trial credibly
     favours a move."""
     if blocks is not None and at is not None:
         raise click.UsageError("give --blocks K|auto or --at NAME,..., not both")
@@ -252,10 +254,10 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
 
         check_target(plot_path, [p for p in (data_path, general_path) if p])
         plot_format(plot_path)
-    from satcore import Recipe
+    from satcore import DecisionPolicy, Recipe
     from satcore.adapters.torch.checkpoint_dir import (EXPAND_COPIES, checkpoint_dtype, load_causal_lm,
                                                        read_config, read_token_windows)
-    from satcore.adapters.torch.expansion import decoder_stack
+    from satcore.adapters.torch.expansion import ExpansionOptions, decoder_stack
     from satcore.adapters.torch.expansion import expand as expand_model
     from satcore.adapters.torch.expansion_exports import lora_adapter_config, write_training_exports
     from satcore.adapters.torch.locate import find_blocks
@@ -305,10 +307,11 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
             click.echo(line)
     if on_gpu and forced is None:
         model = model.to("cuda")
-    expansion = expand_model(model, data, blocks=blocks, recipe=recipe, at=forced, init=init,
-                             train_new_only=freeze_old, max_blocks=max_blocks, seed=seed, decision=decision,
-                             layout=layout, budget=budget, **({} if max_statistics_bytes is None else
-                                                              {"max_statistics_bytes": max_statistics_bytes}))
+    # the flags, as the two objects expand reads: the decision's policy and how the model grows
+    policy = DecisionPolicy(recipe, seed=seed, max_statistics_bytes=max_statistics_bytes)
+    options = ExpansionOptions(at=forced, init=init, train_new_only=freeze_old, max_blocks=max_blocks,
+                               decision=decision, layout=layout, budget=budget)
+    expansion = expand_model(model, data, blocks=blocks, policy=policy, options=options)
     with staged_out_dir(out_dir, prefix=".satcore-expand-") as staging:
         grown = expansion.model.to(getattr(torch, saved_dtype))
         grown.save_pretrained(staging, safe_serialization=True)

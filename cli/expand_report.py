@@ -52,10 +52,12 @@ def frontier_report(expansion) -> list[str]:
         excluded = arm.blocks in frontier.choice.excluded
         row = [str(arm.blocks), ", ".join(map(str, arm.places)) or "-", num(arm.target.point),
                f"[{num(arm.target.interval[0])}, {num(arm.target.interval[1])}]"]
+        versus = arm.versus_none
+        row.append("-" if versus is None else f"{num(versus.point)} [{num(versus.interval[0])}, {num(versus.interval[1])}]")
         if general:
             row += [num(arm.general.point) + (" (over --max-forgetting)" if excluded else "")]
         rows.append(row + ["yes" if arm.blocks == frontier.choice.chosen_blocks else ""])
-    header = ["blocks", "places", "predicted held-out change", "95% interval"]
+    header = ["blocks", "places", "predicted held-out change", "95% interval", "minus K = 0, paired (95%)"]
     header += ["general change"] if general else []
     lines = [f"frontier: the held-out loss change predicted after your {plan.planned_steps} steps (K = 0: the model as "
              f"it is, trained the same way); trials of {plan.trial_steps} steps from {plan.replicates} seed(s), each "
@@ -69,7 +71,8 @@ def frontier_report(expansion) -> list[str]:
     else:
         lines += [f"chosen: no expansion. {frontier.choice.reason[0].upper()}{frontier.choice.reason[1:]}.",
                   f"instead: continue training the model as it is (your {plan.planned_steps} steps on it)"]
-    lines.append(f"tolerance: {frontier.tolerance:.3g} nats (the smallest K within it of the best is chosen)")
+    lines.append(f"tolerance: {frontier.tolerance:.3g} nats (K blocks must beat K = 0 credibly: paired interval below 0, "
+                 "point below minus the tolerance; of those, the smallest K within it of the best is chosen)")
     return lines + [cost_line(expansion)]
 
 

@@ -9,10 +9,10 @@ max, its realizability and noise floor, and the certified separated test
 (Prop. 1) at error level 0.1.  One satcore dump per depth (held-out probe)
 is written so that ``satcore sweep`` reproduces the plateau:
 
-    python examples/depth_sweep_images.py [--quick]
+    python -m examples.depth_sweep_images [--quick]
     satcore sweep examples/out/full/image_dumps/*.npz --plot sweep.png
 
-CPU scaling (stated in docs/results.md): 28x28 images 2x2-pooled to 14x14,
+CPU scaling (stated in studies/paper-experiments.md): 28x28 images 2x2-pooled to 14x14,
 half the paper's widths (8/16/32), 6000 training images, 10 epochs with a cosine schedule instead of
 300; ``--quick`` also uses a tiny subset and 6 epochs.
 """
@@ -23,12 +23,12 @@ import time
 
 import torch
 
-from exlib.command import quick_main
-from exlib.measure import ERROR_LEVEL, probe_model, report_row
-from exlib.output import out_dir, results_dir, write_results
-from exlib.sweeps import plateau_note, plot_sweep
-from exlib.resnets import image_data, settings, trained_resnet
-from exlib.training import batches, classifier_loss, per_sample_ce
+from zoo.command import quick_main
+from zoo.measure import ERROR_LEVEL, probe_model, report_row
+from zoo.output import out_dir, results_dir, write_results
+from zoo.sweeps import plateau_note, plot_sweep
+from zoo.resnets import image_data, settings, trained_resnet
+from zoo.training import batches, classifier_loss, per_sample_ce
 from satcore._decisions.sweep import depth_sweep, sweep_point
 
 COLUMNS = [

@@ -8,7 +8,7 @@ English text (Python 3.11 documentation sources from the Debian package
 sweep, with the ``mlp`` family (``psi = gelu(W1 LN(z))``, r = 4 d,
 W1 ~ N(0, 0.02^2) as GPT-2 initialises) at every block input and the head:
 
-    python examples/depth_sweep_text.py [--quick]
+    python -m examples.depth_sweep_text [--quick]
     satcore sweep examples/out/full/text_dumps/*.npz
 """
 
@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 import torch
 
-from exlib.command import quick_main
-from exlib.data import load_text
-from exlib.measure import ERROR_LEVEL, probe_model, report_row
-from exlib.models import gpt2_decoder
-from exlib.output import out_dir, results_dir, write_results
-from exlib.sweeps import plateau_note, plot_sweep
-from exlib.training import lm_batches, lm_loss, lm_windows, train_lm
+from zoo.command import quick_main
+from zoo.data import load_text
+from zoo.measure import ERROR_LEVEL, probe_model, report_row
+from zoo.models import gpt2_decoder
+from zoo.output import out_dir, results_dir, write_results
+from zoo.sweeps import plateau_note, plot_sweep
+from zoo.training import lm_batches, lm_loss, lm_windows, train_lm
 from satcore.adapters.torch import sequence_loss
 from satcore._decisions.sweep import depth_sweep, sweep_point
 

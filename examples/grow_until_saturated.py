@@ -18,7 +18,7 @@ zero-output blocks:
 A scratch sweep over depths 1..``max_depth`` with the same total budget says
 where depth stops helping, to compare with where the loop stopped.
 
-    python examples/grow_until_saturated.py [--quick]
+    python -m examples.grow_until_saturated [--quick]
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ import time
 import numpy as np
 import torch
 
-from exlib.command import quick_main
-from exlib.data import load_text
-from exlib.models import gpt2_decoder
-from exlib.output import figure, results_dir, save_figure, write_results
-from exlib.training import lm_batches, lm_loss, lm_windows, train_lm
+from zoo.command import quick_main
+from zoo.data import load_text
+from zoo.models import gpt2_decoder
+from zoo.output import figure, results_dir, save_figure, write_results
+from zoo.training import lm_batches, lm_loss, lm_windows, train_lm
+from satcore import GrowthBudget, GrowthCriteria, GrowthOptions
 from satcore.adapters.torch import find_blocks, grow_until_saturated, insert_block, sequence_loss
 
 COLUMNS = [
@@ -72,9 +73,7 @@ def run(quick: bool) -> dict:
     per_seed, start = [], time.time()
     for seed in s["seeds"]:
         base = fit(fresh(1, seed), s["warmup"], seed)
-        result = grow_until_saturated(
-            base, lambda m, k: fit(m, s["steps"], 1000 * seed + k), probe_data, sequence_loss,
-            tolerance=s["tolerance"], rho=s["rho"], max_depth=s["max_depth"], max_rounds=s["max_depth"], seed=seed)
+        result = grow_until_saturated(base, lambda m, k: fit(m, s["steps"], 1000 * seed + k), probe_data, sequence_loss, options=GrowthOptions(GrowthCriteria(tolerance=s["tolerance"], rho=s["rho"]), GrowthBudget(max_depth=s["max_depth"], max_rounds=s["max_depth"]), seed=seed))
         inserted = [r for r in result.rounds if r.inserted_at is not None]
         rounds = len(inserted)
         out = {"seed": seed, "stop_reason": result.stop_reason,

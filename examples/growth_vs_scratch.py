@@ -9,7 +9,7 @@ with the same recipe.  Several seeds; mean and sample standard deviation.
 Like the paper, this compares solution quality, not compute (Growth inherits
 the reference's training).
 
-    python examples/growth_vs_scratch.py [--quick]
+    python -m examples.growth_vs_scratch [--quick]
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import time
 import numpy as np
 import torch
 
-from exlib.command import quick_main
-from exlib.models import grow_zero_block
-from exlib.output import figure, results_dir, save_figure, write_results
-from exlib.resnets import image_data, settings, trained_resnet
-from exlib.training import classifier_loss, train_classifier
+from zoo.command import quick_main
+from zoo.models import grow_zero_block
+from zoo.output import figure, results_dir, save_figure, write_results
+from zoo.resnets import image_data, settings, trained_resnet
+from zoo.training import classifier_loss, train_classifier
 
 COLUMNS = [
     ("model", "final model"), ("seeds", "seeds"),

@@ -5,7 +5,7 @@ plus 3 cyclically added blocks) is trained on scikit-learn's digits (1,000
 images, 8x8) and probed with ``satcore.adapters.torch.probe`` on the 797
 held-out images in 16 batches of 50 (the ``conv`` family, with the per-sample
 variance sums and one batch per fold of the per-candidate test), so
-``satcore score examples/digits_resnet.npz`` tests every candidate.  Deterministic on CPU: rerun with ``python examples/make_example_dump.py``.
+``satcore score examples/digits_resnet.npz`` tests every candidate.  Deterministic on CPU: rerun with ``python -m examples.make_example_dump``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from sklearn.datasets import load_digits
 
-from exlib.models import StagewiseResNet
-from exlib.training import batches, per_sample_ce, train_classifier
+from zoo.models import StagewiseResNet
+from zoo.training import batches, per_sample_ce, train_classifier
 from satcore.adapters.torch import probe
 
 HERE = Path(__file__).resolve().parent

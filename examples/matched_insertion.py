@@ -21,7 +21,7 @@ sweep has not cached it), in float64 so tiny loss changes are measurable:
    and Cantelli's bound on ``P(<g_P, g_test> <= 0)``, the chance that the block
    does not lower the test loss to first order.
 
-    python examples/matched_insertion.py [--quick]
+    python -m examples.matched_insertion [--quick]
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ import time
 
 import torch
 
-from exlib.command import quick_main
-from exlib.output import figure, results_dir, save_figure, write_results
-from exlib.persample import per_sample_xi, whitened_kernel
-from exlib.resnets import image_data, settings, trained_resnet
-from exlib.training import batches, classifier_loss, per_sample_ce
+from zoo.command import quick_main
+from zoo.output import figure, results_dir, save_figure, write_results
+from zoo.persample import per_sample_xi, whitened_kernel
+from zoo.resnets import image_data, settings, trained_resnet
+from zoo.training import batches, classifier_loss, per_sample_ce
 from satcore import estimate_alignment, plan_insertion
 from satcore.adapters.torch import grow, probe
 

@@ -22,7 +22,7 @@ first-order prediction.
   targets' embeddings are computed once without gradient, so each
   ``loss_i`` depends on sample ``i`` only (the probe's per-sample contract).
 
-    python examples/pretrained_llm.py [--quick] [--model smollm2|minilm|both]
+    python -m examples.pretrained_llm [--quick] [--model smollm2|minilm|both]
 
 ``--quick`` runs MiniLM on a few licence sentences only; a missing package is
 reported and skipped.
@@ -43,9 +43,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import torch
 
-from exlib.command import quick_parser
-from exlib.data import load_text
-from exlib.output import figure, log_if_spread, results_dir, save_figure, write_results
+from zoo.command import quick_parser
+from zoo.data import load_text
+from zoo.output import figure, log_if_spread, results_dir, save_figure, write_results
 from satcore.adapters.torch import find_blocks, grow, probe, sequence_loss
 
 RHO, TOLERANCE = 0.01, 1e-4  # verdicts: a block of relative size 0.01 must gain more than 1e-4 nats to matter

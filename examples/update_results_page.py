@@ -1,6 +1,6 @@
-"""Copy the tables the full runs wrote (``docs/figures/<stem>.md``) into ``docs/results.md``.
+"""Copy the tables the full runs wrote (``studies/results/<stem>.md``) into ``studies/paper-experiments.md``.
 
-``docs/results.md`` marks each table as
+``studies/paper-experiments.md`` marks each table as
 
     <!-- table: images_depth_sweep -->
     ... (replaced) ...
@@ -11,7 +11,7 @@ file (the special table ``runs`` lists every run's command, wall time,
 data and versions from the JSON files), so the page always shows what the scripts last produced.  ``--check``
 exits 1 (naming the table) when the page is out of date, changing nothing.
 
-    python examples/update_results_page.py [--check]
+    python -m examples.update_results_page [--check]
 """
 
 from __future__ import annotations
@@ -22,18 +22,21 @@ import re
 import sys
 from pathlib import Path
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
-PAGE = DOCS / "results.md"
+STUDIES = Path(__file__).resolve().parents[1] / "studies"
+PAGE = STUDIES / "paper-experiments.md"
+RESULTS = STUDIES / "results"
 MARKER = re.compile(r"(<!-- table: (?P<stem>[\w-]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
 
 
 def runs_table() -> str:
     """One line per full-run table: command, wall time, when, data, versions (from the JSON ``meta``)."""
     lines = ["| table | command | wall time (s) | written | data | versions |", "|---|---|---|---|---|---|"]
-    for path in sorted((DOCS / "figures").glob("*.json")):
-        meta = json.loads(path.read_text())["meta"]
+    for path in sorted(RESULTS.glob("*.json")):
+        meta = json.loads(path.read_text()).get("meta")
+        if meta is None:  # not a run's table: the expansion studies' measured costs share the folder
+            continue
         parts = {name: part for name, part in meta.items() if isinstance(part, dict) and "seconds" in part}
-        if "seconds" not in meta and parts:  # a bench run in parts (bench/decision_validity.py): their sum
+        if "seconds" not in meta and parts:  # a bench run in parts (studies/decision_validity.py): their sum
             meta = {"seconds": sum(part["seconds"] for part in parts.values()),
                     "written": max(str(part.get("written", "")) for part in parts.values()),
                     "data": f"{len(parts)} parts, seconds summed: {', '.join(sorted(parts))}"}
@@ -49,7 +52,7 @@ def updated(text: str) -> tuple[str, list[str]]:
     changed = []
 
     def replace(match):
-        source = DOCS / "figures" / f"{match['stem']}.md"
+        source = RESULTS / f"{match['stem']}.md"
         if match["stem"] == "runs":
             body = runs_table()
         else:
@@ -68,9 +71,9 @@ def main():
     text, changed = updated(PAGE.read_text())
     if args.check:
         if changed:
-            print(f"docs/results.md is out of date for: {', '.join(changed)}", file=sys.stderr)
+            print(f"studies/paper-experiments.md is out of date for: {', '.join(changed)}", file=sys.stderr)
             sys.exit(1)
-        print("docs/results.md is up to date")
+        print("studies/paper-experiments.md is up to date")
         return
     PAGE.write_text(text)
     print(f"updated {len(changed)} table(s): {', '.join(changed) or 'none'}")

@@ -102,6 +102,7 @@ from ._growth.log import GrowthLogContents, read_growth_log
 from ._decisions.recipe import Recipe
 from ._decisions.trials import CandidateDecision, InsertionDecision, TrialCurve
 from ._decisions.trial_loop import TrialSettings
+from ._decisions.policy import DecisionPolicy
 from ._decisions.reporting import depth_report
 from ._decisions.report import REPORT_SCHEMA, DepthReport
 from ._scores.scores import CandidateScore, DepthScores, growth_noise_floor
@@ -240,6 +241,7 @@ __all__ = [
     "CandidateDecision",
     "TrialCurve",
     "TrialSettings",
+    "DecisionPolicy",
     # dumps (docs/dump-format.md)
     "DumpError",
     "read_dump",

@@ -20,6 +20,7 @@ from ._decisions.frontier import (
     affordable_heldout,
     block_counts,
     choose_blocks,
+    credible,
     new_positions,
     plan_trials,
     predict_change,
@@ -27,6 +28,7 @@ from ._decisions.frontier import (
     uniform_groups,
     uniform_places,
 )
+from ._decisions.policy import DecisionPolicy
 from ._decisions.predictors import check_paired
 from ._decisions.trial_loop import (
     ScreenRow,
@@ -81,11 +83,11 @@ __all__ = [
     "DEFAULT_CALIBRATION", "HALVING_CALIBRATION", "choose", "halving_plan", "paired_standard_error",
     "trial_checkpoints", "trial_plan", "verified_candidate", "NOT_VERIFIED", "check_paired", "DEFAULT_ALPHA",
     # the trial decision's loop: the protocol a framework implements, the screen, the schedules
-    "ScreenRow", "Trial", "TrialSettings", "TrialSteps", "check_unexpanded_losses", "grouped_trials", "screen",
+    "DecisionPolicy", "ScreenRow", "Trial", "TrialSettings", "TrialSteps", "check_unexpanded_losses", "grouped_trials", "screen",
     "trial_decision",
     # the budgeted expansion decisions' arithmetic (the frontier over K, the placement check)
     "MIN_HELDOUT", "FrontierChoice", "Prediction", "TrialPlan", "affordable_heldout", "block_counts", "choose_blocks",
-    "new_positions", "plan_trials", "predict_change", "step_flops", "uniform_groups", "uniform_places",
+    "credible", "new_positions", "plan_trials", "predict_change", "step_flops", "uniform_groups", "uniform_places",
     # the feature-family registry
     "FAMILY_REGISTRY", "FamilyRegistry", "FamilySpec", "family_builder", "family_spec", "positions",
     "rebuild_family", "register_builder", "register_family", "registered_families", "DEFAULT_FOLDS",

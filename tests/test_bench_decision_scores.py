@@ -1,4 +1,4 @@
-"""``bench/decision_scores.py``'s merge of a later run's trial seeds into the recorded models.
+"""``studies/decision_scores.py``'s merge of a later run's trial seeds into the recorded models.
 
 A ``<part>-trialseed<seeds>.json`` file holds more trial seeds of ``<part>.json``'s models, re-trained from the
 same seeds; ``load`` adds its runs to the recorded models only when the re-trained model is the recorded one
@@ -9,10 +9,8 @@ of the other seeds' realized change.  Synthetic JSON, no training.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,31 +18,23 @@ import pytest
 
 from satcore import Recipe
 from satcore._decisions.trials import halving_plan
+from studies import decision_scores
+from zoo.data import load_images
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
 CANDIDATES = ["stage0", "stage1"]
 LENGTHS = (30, 300)
 
 
-def _import_scores():
-    """``bench/decision_scores.py``, imported from the bench folder (not a package) without leaving it on the path."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module("decision_scores")
-    finally:
-        sys.path.remove(str(BENCH))
-
-
 @pytest.fixture(scope="module")
 def scores():
-    return _import_scores()
+    return decision_scores
 
 
 def _steps() -> list[int]:
     """Every checkpoint a decision of the synthetic runs reads, as the bench records them."""
     points = set(LENGTHS)
     for steps in LENGTHS:
-        points |= _import_scores().schedule_points(len(CANDIDATES), steps, 4)
+        points |= decision_scores.schedule_points(len(CANDIDATES), steps, 4)
     return sorted(points)
 
 
@@ -231,11 +221,6 @@ def test_the_larger_held_out_recording_must_hold_the_bench_recordings_runs(score
 def test_the_larger_probe_split_extends_the_benchs_own_and_leaves_train_and_test_as_they_were():
     """``--large-heldout`` draws 4 times the probe images from the same seeded permutation: the bench's probe split
     is its first quarter, and the training and test images are the same arrays (sklearn digits, shipped)."""
-    sys.path.insert(0, str(BENCH.parent / "examples"))
-    try:
-        from exlib.data import load_images
-    finally:
-        sys.path.remove(str(BENCH.parent / "examples"))
     small = load_images(300, 160, 300, seed=0, digits=True)
     large = load_images(300, 640, 300, seed=0, digits=True)
     assert large.probe[0].shape[0] == 640

@@ -1,4 +1,4 @@
-"""bench/expansion.py --render: a rerun row replaces the stored row with the same key, the paired differences are
+"""studies/expansion.py --render: a rerun row replaces the stored row with the same key, the paired differences are
 the documented Student-t intervals, and files of another setup are refused (every difference stays paired)."""
 
 import importlib.util
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "expansion.py"
+BENCH = Path(__file__).resolve().parent.parent / "studies" / "expansion.py"
 SETUP = {"steps": 120, "layers": 8}
 
 

@@ -1,4 +1,4 @@
-"""bench/predictive_validity.py --quick: real inserted blocks trained on two digits ResNets, every
+"""studies/predictive_validity.py --quick: real inserted blocks trained on two digits ResNets, every
 predictor scored; the JSON holds the recipe, one row per scored candidate and its realized changes."""
 
 import importlib.util
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "predictive_validity.py"
+BENCH = Path(__file__).resolve().parent.parent / "studies" / "predictive_validity.py"
 
 
 def test_quick_bench_measures_and_scores(tmp_path):
@@ -56,6 +56,6 @@ def test_only_reruns_one_model_set_and_merges(tmp_path):
     assert len(digits) == len(first["rows"]) - 1 and all(r["base_train_loss"] > 0 for r in digits)
     assert [r["candidate"] for r in merged["rows"] if r["model"] == "minilm"] == ["encoder.layer.0"]  # kept
     assert merged["scores"]["terminal_sgd/train"]["predictors"]["cnorm_train"]["n"] == len(merged["rows"])
-    assert [p["command"] for p in merged["parts"]] == ["bench/predictive_validity.py --quick",
-                                                       "bench/predictive_validity.py --quick --only digits"]
+    assert [p["command"] for p in merged["parts"]] == ["python -m studies.predictive_validity --quick",
+                                                       "python -m studies.predictive_validity --quick --only digits"]
     assert merged["wall_seconds"] == pytest.approx(sum(p["seconds"] for p in merged["parts"]))

@@ -34,10 +34,10 @@ import pytest
 
 torch = pytest.importorskip("torch")  # the settings' models and the reference are torch's
 
-import models_torch  # noqa: E402
-from models_keras import copied_dense, keras_mlp  # noqa: E402
-from models_keras import to_numpy as _np  # noqa: E402
-from models_torch import ResidualMLP  # noqa: E402
+from zoo import models_torch  # noqa: E402
+from zoo.models_keras import copied_dense, keras_mlp  # noqa: E402
+from zoo.models_keras import to_numpy as _np  # noqa: E402
+from zoo.models_torch import ResidualMLP  # noqa: E402
 
 import satcore  # noqa: E402
 from satcore import CandidateStatistics, ProbeError, SatcoreError, make_family  # noqa: E402

@@ -220,7 +220,7 @@ def test_real_gradients_with_signs_flipped_are_a_calibrated_null():
     """Per-sample (q, psi) of a real ResNet on scikit-learn digits; flipping each sample's q by a random
     sign makes H0 exact (E[q | psi] = 0) whatever the distribution."""
     torch = pytest.importorskip("torch")
-    import models_torch as mt
+    from zoo import models_torch as mt
 
     torch.manual_seed(0)
     model = mt.DigitsResNet().double().eval()

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import growth_fakes as fk
+from zoo import growth_fakes as fk
 from satcore import GrowthLogError, InputError, read_growth_log
 from satcore._growth.loop import (
     GrowthBudget,
@@ -30,7 +30,7 @@ from satcore._growth.loop import (
 from satcore._growth.log import encode_round, parse_log
 
 Z95 = 1.6448536269514722
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # the subprocesses import zoo and this checkout's satcore from here
 
 
 def _paired(steps, before_depth, after_depth):
@@ -40,11 +40,11 @@ def _paired(steps, before_depth, after_depth):
 
 @pytest.mark.slow
 def test_the_core_loop_imports_no_framework(tmp_path):
-    code = ("import sys; sys.path.insert(0, %r); import growth_fakes as fk\n"
+    code = ("import sys; from zoo import growth_fakes as fk\n"
             "r = fk.run_one(%r)\n"
             "heavy = [m for m in ('torch', 'tensorflow', 'keras', 'jax') if m in sys.modules]\n"
-            "print(r.stop_reason, r.depth, ','.join(heavy))") % (str(TESTS), str(tmp_path / "g.jsonl"))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+            "print(r.stop_reason, r.depth, ','.join(heavy))") % str(tmp_path / "g.jsonl")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.split() == ["max_rounds", "8"]  # 2 blocks + 6 rounds, nothing heavy listed
 
 
@@ -262,11 +262,11 @@ def test_concurrent_processes_on_one_log_never_interleave(tmp_path):
     """Two processes started together: whichever holds the lock runs; the other is refused or, if it
     comes after, returns the finished log. Either way the log is one run's, rounds 0..5."""
     log = tmp_path / "g.jsonl"
-    code = ("import sys; sys.path.insert(0, %r); import growth_fakes as fk\n"
+    code = ("import sys; from zoo import growth_fakes as fk\n"
             "from satcore import GrowthLogError\n"
             "try:\n    print(fk.run_one(%r).stop_reason)\n"
-            "except GrowthLogError as e:\n    print('refused', e)\n") % (str(TESTS), str(log))
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+            "except GrowthLogError as e:\n    print('refused', e)\n") % str(log)
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT) for _ in range(2)]
     outs = [p.communicate()[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert all(o == "max_rounds" or (o.startswith("refused") and "in use by another run" in o) for o in outs)

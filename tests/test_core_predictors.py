@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-import models_torch as mt
+from zoo import models_torch as mt
 from satcore import Criteria, InputError, Recipe
 from satcore._decisions import predictors as P
 from satcore._statistics.depth import DepthStatistics

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from models_torch import digits, digits_resnet, per_sample_ce
-from satcore import InputError, InsertionDecision, Recipe
+from zoo.models_torch import digits, digits_resnet, per_sample_ce
+from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe, TrialSettings
 from satcore._decisions.trials import (Calibration, CandidateDecision, TrialCurve, choose, error_scale, extrapolate,
                               halving_plan, trial_checkpoints, trial_plan, verified_candidate)
 from satcore.adapters.torch import decide, grow, probe_splits
 from satcore._decisions.calibration import DEFAULT_CALIBRATION
-from satcore.adapters.torch.decide import trial_losses
+from satcore.adapters.torch.decide import TorchTrials, trial_losses
 from satcore.adapters.torch.expansion import first_order_decision
-from satcore.adapters.torch.probe import CandidatePlan, MemoryPlan, plan
+from satcore.adapters.torch.probe import CandidatePlan, MemoryPlan, ProbeConfig, plan
 
 NORMAL = Calibration(1.0, 0.0, (0.025, 0.16, 0.5, 0.84, 0.975), (-1.96, -0.994, 0.0, 0.994, 1.96), 0.5, 0.0,
                      "normal residuals (test)")
@@ -226,8 +226,7 @@ def test_halving_resumes_each_trial_exactly_and_chooses_only_among_the_finalists
     model = digits_resnet()
     train, heldout = _data(0, 96, 32), _data(1200, 64, 32)
     recipe = Recipe("adam", 1e-2, 24, 16, "block")
-    d = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES, calibration=NORMAL,
-               seed=2, schedule="halving")
+    d = decide(model, train, heldout, per_sample_ce, policy=DecisionPolicy(recipe, trials=TrialSettings(calibration=NORMAL, schedule="halving"), candidates=CANDIDATES, seed=2))
     verified, first, finalists, second = halving_plan(len(CANDIDATES), recipe)
     assert (verified, first, finalists, second) == (3, 4, 2, 10)
     assert d.cost_block_steps == verified * first + finalists * (second - first) == recipe.steps
@@ -236,7 +235,7 @@ def test_halving_resumes_each_trial_exactly_and_chooses_only_among_the_finalists
     evaluate = {"heldout": heldout, "train": train}
     at_first = {}
     for name, c in d.candidates.items():
-        m = trial_losses(model, splits.train, name, recipe, train, evaluate, points, per_sample_ce, seed=2)
+        m = trial_losses(TorchTrials(model, splits.train, recipe, train, evaluate, per_sample_ce, 2), name, points)
         at_first[name] = float(np.mean(m["heldout"][1][points.index(first)] - m["heldout"][0]))
         own = trial_checkpoints(first) if c.eliminated else trial_checkpoints(second)
         rows = [points.index(t) for t in own]
@@ -250,7 +249,7 @@ def test_halving_resumes_each_trial_exactly_and_chooses_only_among_the_finalists
     rest = [c for n, c in d.candidates.items() if n != eliminated[0]]
     assert choose([best, *rest], recipe, d.heldout_loss, d.cost_block_steps, NORMAL).choice != eliminated[0]
     with pytest.raises(InputError, match="schedule"):
-        decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES[:2], schedule="thirds")
+        decide(model, train, heldout, per_sample_ce, policy=DecisionPolicy(recipe, trials=TrialSettings(schedule="thirds"), candidates=CANDIDATES[:2]))
 
 
 def test_shipped_interval_covers_at_its_nominal_rate_monte_carlo():
@@ -304,8 +303,7 @@ def test_trial_equals_a_hand_written_trial_and_leaves_the_model_bit_identical():
     train, heldout = _data(0, 128, 32), _data(1200, 96, 32)
     splits = probe_splits(model, train, heldout, per_sample_ce, candidates=["layer2.1"], head=False)
     recipe = Recipe("adam", 3e-3, 6, 16, "terminal")
-    measured = trial_losses(model, splits.train, "layer2.1", recipe, train, {"heldout": heldout}, (3, 6),
-                            per_sample_ce, seed=5)
+    measured = trial_losses(TorchTrials(model, splits.train, recipe, train, {"heldout": heldout}, per_sample_ce, 5), "layer2.1", (3, 6))
     # by hand: the same zero block, the same minibatches (one seeded permutation of the pooled samples)
     grown = grow(model, splits.train, "layer2.1", zero=True).model.eval()
     branch = grown.layer2[1].branch
@@ -342,8 +340,7 @@ def test_decide_contract_cost_and_untouched_model():
     model = digits_resnet()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     recipe = Recipe("adam", 1e-3, 24, 16, "block")
-    d = decide(model, _data(0, 128, 32), _data(1200, 96, 32), per_sample_ce, recipe=recipe,
-               candidates=CANDIDATES, calibration=NORMAL)
+    d = decide(model, _data(0, 128, 32), _data(1200, 96, 32), per_sample_ce, policy=DecisionPolicy(recipe, trials=TrialSettings(calibration=NORMAL), candidates=CANDIDATES))
     assert list(d.candidates) and set(d.candidates) == set(CANDIDATES)
     assert d.cost_block_steps == 3 * 8 and d.cost_fraction == pytest.approx(1.0)
     assert all(c.verified for c in d.candidates.values())
@@ -351,8 +348,7 @@ def test_decide_contract_cost_and_untouched_model():
     assert json.loads(json.dumps(d.to_dict()))["recipe"] == recipe.to_dict()
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     # max_trials: the screen's first candidates are verified, the others carry the screen's numbers
-    d1 = decide(model, _data(0, 128, 32), _data(1200, 96, 32), per_sample_ce, recipe=recipe,
-                candidates=CANDIDATES, max_trials=1, calibration=NORMAL)
+    d1 = decide(model, _data(0, 128, 32), _data(1200, 96, 32), per_sample_ce, policy=DecisionPolicy(recipe, trials=TrialSettings(max_trials=1, calibration=NORMAL), candidates=CANDIDATES))
     verified = [n for n, c in d1.candidates.items() if c.verified]
     assert len(verified) == 1 and d1.cost_block_steps == 24 and d1.choice in (None, verified[0])
     first = list(d1.candidates)[0]
@@ -371,8 +367,7 @@ def test_decide_stops_when_every_insertion_harms():
     the trials' harms."""
     model = digits_resnet()
     train, heldout = _data(0, 128, 32, shuffle_labels=True), _data(1200, 128, 32)
-    d = decide(model, train, heldout, per_sample_ce, recipe=Recipe("adam", 1e-2, 60, 32, "block"),
-               candidates=CANDIDATES, calibration=dataclasses.replace(NORMAL, trend_weight=0.0))
+    d = decide(model, train, heldout, per_sample_ce, policy=DecisionPolicy(Recipe("adam", 1e-2, 60, 32, "block"), trials=TrialSettings(calibration=dataclasses.replace(NORMAL, trend_weight=0.0)), candidates=CANDIDATES))
     assert d.choice is None and d.stop_reason == "no_credible_decrease"
     for c in d.candidates.values():
         assert c.trial.heldout_change[-1] > 0 and c.p_decrease < 0.5
@@ -398,16 +393,14 @@ def test_decide_evaluates_the_unexpanded_model_once_and_decides_as_the_trials_al
 
     handle = torch.nn.modules.module.register_module_forward_pre_hook(count)
     try:
-        d = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES,
-                   calibration=NORMAL, seed=2)
+        d = decide(model, train, heldout, per_sample_ce, policy=DecisionPolicy(recipe, trials=TrialSettings(calibration=NORMAL), candidates=CANDIDATES, seed=2))
     finally:
         handle.remove()
     verified, T, checkpoints = trial_plan(len(CANDIDATES), recipe, 4)
     assert forward_samples == {"model": 96 + 64, "copies": verified * len(checkpoints) * (96 + 64)}
     splits = probe_splits(model, train, heldout, per_sample_ce, candidates=CANDIDATES[:2], seed=2)
     for name, c in d.candidates.items():
-        m = trial_losses(model, splits.train, name, recipe.with_steps(T), train, {"heldout": heldout, "train": train},
-                         checkpoints, per_sample_ce, seed=2)  # before= not given: evaluated in the trial
+        m = trial_losses(TorchTrials(model, splits.train, recipe.with_steps(T), train, {"heldout": heldout, "train": train}, per_sample_ce, 2), name, checkpoints)  # before= not given: evaluated in the trial
         curve = TrialCurve.from_losses(checkpoints, *m["heldout"], *m["train"])
         expected = verified_candidate(name, curve, recipe.steps, NORMAL, c.screen_heldout_change)
         assert c.to_dict() == expected.to_dict(), name
@@ -415,8 +408,7 @@ def test_decide_evaluates_the_unexpanded_model_once_and_decides_as_the_trials_al
     assert d.heldout_loss == float(np.concatenate(
         [per_sample_ce(model(x), y).double().detach().numpy() for x, y in heldout]).mean())
     with pytest.raises(InputError, match="before= lacks"):
-        trial_losses(model, splits.train, "head", recipe, train, {"heldout": heldout}, (1,), per_sample_ce,
-                     before={"train": np.zeros(96)})
+        trial_losses(TorchTrials(model, splits.train, recipe, train, {"heldout": heldout}, per_sample_ce, 0), "head", (1,), before={"train": np.zeros(96)})
 
 
 def test_statistics_budget_packs_neighbouring_candidates_and_refuses_one_that_cannot_fit():
@@ -459,12 +451,12 @@ def test_decision_in_passes_under_a_statistics_budget_equals_the_one_pass_decisi
         if module is model and torch.is_grad_enabled():
             grad_samples[0] += len(args[0])
 
-    def run(**kw):
+    def run(max_statistics_bytes=None):
+        policy = DecisionPolicy(recipe, trials=TrialSettings(calibration=NORMAL), candidates=CANDIDATES, seed=2,
+                                max_statistics_bytes=max_statistics_bytes, probe=ProbeConfig(family="auto"))
         if route == "decide":
-            return decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES,
-                          calibration=NORMAL, seed=2, **kw)
-        return first_order_decision(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES,
-                                    family="auto", seed=2, **kw)
+            return decide(model, train, heldout, per_sample_ce, policy=policy)
+        return first_order_decision(model, train, heldout, per_sample_ce, policy=policy)
 
     one = run()
     handle = torch.nn.modules.module.register_module_forward_pre_hook(count)
@@ -496,14 +488,12 @@ def test_decide_pairs_the_margins_standard_error_over_the_held_out_samples():
     recipe = Recipe("adam", 1e-3, 40, 32, "block")
     # no trend: the predictions are the trials' last held-out changes, whose difference the margin is
     flat = dataclasses.replace(DEFAULT_CALIBRATION, trend_weight=0.0)
-    d = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES, max_trials=2, seed=2,
-               calibration=flat)
+    d = decide(model, train, heldout, per_sample_ce, policy=DecisionPolicy(recipe, trials=TrialSettings(max_trials=2, calibration=flat), candidates=CANDIDATES, seed=2))
     assert d.runner_up is not None and d.margin_se is not None and d.heldout_samples == 256
     splits = probe_splits(model, train, heldout, per_sample_ce, candidates=CANDIDATES[:2], seed=2)
     final = {}
     for name in (d.choice, d.runner_up):
-        measured = trial_losses(model, splits.train, name, recipe.with_steps(20), train, {"heldout": heldout},
-                                trial_checkpoints(20), per_sample_ce, seed=2)
+        measured = trial_losses(TorchTrials(model, splits.train, recipe.with_steps(20), train, {"heldout": heldout}, per_sample_ce, 2), name, trial_checkpoints(20))
         final[name] = measured["heldout"][1][-1]
     diff = final[d.runner_up] - final[d.choice]
     assert d.margin_se == pytest.approx(diff.std(ddof=1) / math.sqrt(diff.size), rel=1e-9)
@@ -522,9 +512,9 @@ def test_decide_pairs_the_margins_standard_error_over_the_held_out_samples():
     ({"max_trials": 0}, "max_trials must be a positive integer"),
     ({"max_trials": True}, "max_trials must be a positive integer"),
     ({"max_trials": 1.5}, "max_trials must be a positive integer"),
-    ({"seed": -1}, "decide: seed: -1 is not in the range 0..9223372036854775807"),
+    ({"seed": -1}, "policy: seed: -1 is not in the range 0..9223372036854775807"),
     ({"schedule": "fastest"}, "decide: schedule must be 'halving' or 'even', got 'fastest'"),
-    ({"max_statistics_bytes": -5}, "decide: max_statistics_bytes: -5 is not in the range 1.."),
+    ({"max_statistics_bytes": -5}, "policy: max_statistics_bytes: -5 is not in the range 1.."),
     ({"heldout": "float64"}, "decide: held-out data: batch 0: inputs are torch.float64, the model's parameters "
                              "torch.float32"),
     ({"heldout": "one batch"}, "the held-out data is one batch"),
@@ -564,23 +554,26 @@ def test_decide_refuses_inputs_it_cannot_decide_on_in_one_line(change, message):
         args["loss_fn"] = lambda out, target: torch.nn.functional.cross_entropy(
             out, target, reduction="none")[:, None].expand(-1, 10)
     with pytest.raises(InputError, match=message):
-        decide(digits_resnet(), args["train"], args["heldout"], args["loss_fn"], recipe=Recipe("adam", 1e-3, 8, 32),
-               candidates=CANDIDATES, max_trials=args["max_trials"],
-               **{k: args[k] for k in ("seed", "schedule", "max_statistics_bytes") if k in args})
+        trials = TrialSettings(**{k: args[k] for k in ("max_trials", "schedule") if k in args})
+        policy = DecisionPolicy(Recipe("adam", 1e-3, 8, 32), trials=trials, candidates=CANDIDATES,
+                                **{k: args[k] for k in ("seed", "max_statistics_bytes") if k in args})
+        decide(digits_resnet(), args["train"], args["heldout"], args["loss_fn"], policy=policy)
 
 
 def test_a_misspelt_keyword_is_refused_as_decides_before_any_probe():
-    """A keyword that is neither ``decide``'s nor a probe option is a ``TypeError`` naming ``decide`` (before: the
-    probe's internal ``ProbeConfig`` named it, after the held-out losses were evaluated)."""
+    """A keyword that is not ``decide``'s (its options are the policy's fields) is Python's ``TypeError`` naming
+    ``decide``, and a misspelt field of the policy or its parts is refused when it is built: before any probe."""
     calls = []
 
     def counting_ce(out, target):
         calls.append(len(target))
         return per_sample_ce(out, target)
 
-    with pytest.raises(TypeError, match=r"decide\(\) got unexpected keyword argument\(s\) 'shedule'; .* curvature"):
+    with pytest.raises(TypeError, match=r"decide\(\) got an unexpected keyword argument 'shedule'"):
         decide(digits_resnet(), _data(0, 64, 32), _data(1200, 64, 32), counting_ce, recipe=Recipe("adam", 1e-3, 8, 32),
-               candidates=CANDIDATES, shedule="halving")
+               shedule="halving")
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'shedule'"):
+        TrialSettings(shedule="halving")
     assert calls == []
 
 
@@ -592,21 +585,22 @@ def test_named_candidates_are_the_only_places_probed_and_trialled(route):
     train, heldout = _data(0, 64, 32), _data(1200, 64, 32)
     recipe = Recipe("adam", 1e-3, 4, 32, "block")
 
-    def run(**kw):
+    def run(candidates):
+        policy = DecisionPolicy(recipe, trials=TrialSettings(calibration=NORMAL), candidates=candidates,
+                                probe=ProbeConfig(family="auto"))
         if route == "decide":
-            return decide(model, train, heldout, per_sample_ce, recipe=recipe, calibration=NORMAL, **kw)
-        return first_order_decision(model, train, heldout, per_sample_ce, recipe=recipe, family="auto", **kw)
+            return decide(model, train, heldout, per_sample_ce, policy=policy)
+        return first_order_decision(model, train, heldout, per_sample_ce, policy=policy)
 
-    named = run(candidates=["layer1.1", "layer2.1"])
+    named = run(["layer1.1", "layer2.1"])
     assert set(named.candidates) == {"layer1.1", "layer2.1"}
     if route == "decide":
         assert all(c.verified for c in named.candidates.values())
-    assert set(run(candidates=CANDIDATES).candidates) == set(CANDIDATES)
-    assert set(run(candidates=["layer1.1", "layer2.1"], head=True).candidates) == set(CANDIDATES)
-    with pytest.raises(InputError, match=r"name 'head' and head=False leaves it out"):
-        run(candidates=CANDIDATES, head=False)
+    assert set(run(CANDIDATES).candidates) == set(CANDIDATES)
+    with pytest.raises(InputError, match=r"policy: probe: the places are the policy's"):
+        DecisionPolicy(recipe, probe=ProbeConfig(head=False))
     with pytest.raises(InputError, match=r"'head' is the output of the last named module; name at least one module"):
-        run(candidates=["head"])
+        run(["head"])
 
 
 def test_a_trial_that_diverges_is_refused_naming_the_place_and_the_recipe():
@@ -614,8 +608,7 @@ def test_a_trial_that_diverges_is_refused_naming_the_place_and_the_recipe():
     the candidate, the steps and the lr (before: "heldout_change must hold 2 finite values")."""
     with pytest.raises(InputError, match=r"the trial at 'layer1.1' diverged: its heldout loss is not finite after "
                                          r"\d+ sgd steps at lr 1e\+30; lower the recipe's lr"):
-        decide(digits_resnet(), _data(0, 64, 32), _data(1200, 64, 32), per_sample_ce,
-               recipe=Recipe("sgd", 1e30, 8, 32, "block"), candidates=CANDIDATES[:1], max_trials=1)
+        decide(digits_resnet(), _data(0, 64, 32), _data(1200, 64, 32), per_sample_ce, policy=DecisionPolicy(Recipe("sgd", 1e30, 8, 32, "block"), trials=TrialSettings(max_trials=1), candidates=CANDIDATES[:1]))
 
 
 @pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
@@ -626,9 +619,9 @@ def test_decide_under_no_grad_or_inference_mode_decides_as_with_gradients(contex
     train, heldout = _data(0, 64, 32), _data(1200, 64, 32)
     recipe = Recipe("adam", 1e-3, 8, 32, "block")
     model = digits_resnet()  # made outside: only the call runs under the context
-    a = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES)
+    a = decide(model, train, heldout, per_sample_ce, policy=DecisionPolicy(recipe, candidates=CANDIDATES))
     with context():
-        b = decide(model, train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES)
+        b = decide(model, train, heldout, per_sample_ce, policy=DecisionPolicy(recipe, candidates=CANDIDATES))
     assert a.choice == b.choice and a.stop_reason == b.stop_reason and a.cost_block_steps == b.cost_block_steps
     for name, c in a.candidates.items():
         assert b.candidates[name].predicted_heldout_change == c.predicted_heldout_change
@@ -641,9 +634,8 @@ def test_decide_takes_any_integer_max_trials_and_a_data_loader():
     train, heldout = _data(0, 64, 32), _data(1200, 64, 32)
     recipe = Recipe("adam", 1e-3, 8, 32)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X[1200:1264], y[1200:1264]), batch_size=32)
-    a = decide(digits_resnet(), train, heldout, per_sample_ce, recipe=recipe, candidates=CANDIDATES, max_trials=2)
-    b = decide(digits_resnet(), train, loader, per_sample_ce, recipe=recipe, candidates=CANDIDATES,
-               max_trials=np.int64(2))
+    a = decide(digits_resnet(), train, heldout, per_sample_ce, policy=DecisionPolicy(recipe, trials=TrialSettings(max_trials=2), candidates=CANDIDATES))
+    b = decide(digits_resnet(), train, loader, per_sample_ce, policy=DecisionPolicy(recipe, trials=TrialSettings(max_trials=np.int64(2)), candidates=CANDIDATES))
     assert a.choice == b.choice and a.stop_reason == b.stop_reason
     for name, c in a.candidates.items():
         assert b.candidates[name].predicted_heldout_change == c.predicted_heldout_change
@@ -688,7 +680,7 @@ def test_the_printed_decision_of_an_sgd_recipe_says_its_p_decrease_was_the_least
 
 
 def test_the_shipped_calibrations_are_a_data_file_with_their_provenance():
-    """``calibrations.json`` (what ``bench/decision_validity.py --fit`` writes) is read into the calibrations
+    """``calibrations.json`` (what ``studies/decision_validity.py --fit`` writes) is read into the calibrations
     decide uses; its provenance says what they were fitted on; a document of another format is refused."""
     import json
     from importlib.resources import files

@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 
-from satcore import InputError, Recipe, TrialSettings
+from satcore import DecisionPolicy, InputError, Recipe, TrialSettings
 from satcore._decisions.trials import Calibration, TrialCurve
 from satcore.adapter_api import ScreenRow, check_unexpanded_losses, trial_decision
 
@@ -138,7 +138,7 @@ def test_grouped_trials_and_the_settings_refusals():
 
 # -- torch decide on the core loop: values recorded from the earlier decide ---------------------------------------
 torch = pytest.importorskip("torch")
-from models_torch import digits, digits_resnet, per_sample_ce  # noqa: E402
+from zoo.models_torch import digits, digits_resnet, per_sample_ce  # noqa: E402
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -200,8 +200,11 @@ def test_torch_decide_gives_the_decision_recorded_before_its_loop_moved_into_the
     train = [(X[i : i + 32], y[i : i + 32]) for i in range(0, 96, 32)]
     heldout = [(X[i : i + 32], y[i : i + 32]) for i in range(1200, 1264, 32)]
     recorded = RECORDED[plan]
-    d = decide(digits_resnet(), train, heldout, per_sample_ce, candidates=NAMES, head=False, calibration=NORMAL,
-               **recorded["call"])
+    call = dict(recorded["call"])
+    trials = TrialSettings(max_trials=call.pop("max_trials", 4), schedule=call.pop("schedule", "even"),
+                           calibration=NORMAL, groups=call.pop("groups", None))
+    d = decide(digits_resnet(), train, heldout, per_sample_ce,
+               policy=DecisionPolicy(call.pop("recipe"), trials=trials, candidates=NAMES, **call))
     choice, stop_reason, cost, heldout_loss, margin = recorded["decision"]
     assert (d.choice, d.stop_reason, d.cost_block_steps) == (choice, stop_reason, cost)
     assert list(d.candidates) == list(recorded["candidates"])

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_device_run_dry_run_writes_every_part(tmp_path):
     out = tmp_path / "device_run.json"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "device_run.py"), "--dry-run", "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "bench.device_run", "--dry-run", "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(out.read_text())

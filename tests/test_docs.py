@@ -44,7 +44,7 @@ def test_implementation_pointers_exist(doc):
 def test_no_citations_of_documents_outside_the_repository():
     pattern = re.compile("SP" + r"EC (section|identity|\d)|se" + r"ed 00\d")  # split: this file must not match
     hits = []
-    for folder in ("satcore", "adapters", "cli", "docs", "tests", "bench", "examples"):
+    for folder in ("satcore", "adapters", "cli", "docs", "tests", "bench", "examples", "studies", "zoo"):
         for path in (ROOT / folder).rglob("*"):
             generated = {"out"} & set(path.relative_to(ROOT).parts)  # examples/out, bench/out: git-ignored outputs
             if path.suffix in (".py", ".md") and not generated and "satcore/adapters" not in str(path) \

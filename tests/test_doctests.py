@@ -24,6 +24,8 @@ MODULES = [
     "satcore._decisions.sweep",
     "satcore._decisions.verdicts",
     "satcore._decisions.recipe",
+    "satcore._decisions.policy",
+    "satcore._growth.loop",
     "satcore._decisions.trials",
     "satcore.adapters.batches",  # pure Python, like the core: no framework is imported
     "satcore.adapters.graph",

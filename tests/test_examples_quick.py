@@ -1,6 +1,7 @@
 """Smoke test of every example's ``--quick`` mode (issue 6).
 
-Runs each script in a subprocess, in the order a reader would (the image
+Runs each script in a subprocess (``python -m examples.<name>`` from the repository root, as the
+docs run them), in the order a reader would (the image
 sweep trains and caches the ResNets that the insertion and growth scripts
 reuse), then checks what they wrote under ``examples/out/quick``: tables with
 finite numbers, the plots, one dump per depth that the ``satcore sweep`` CLI
@@ -39,7 +40,7 @@ pytestmark = pytest.mark.slow
 
 def _run(args, timeout=900):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(args, cwd=EXAMPLES, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def quick_runs():
         pytest.importorskip(package)
     outputs = {}
     for script in SCRIPTS:
-        proc = _run([sys.executable, script, "--quick"])
+        proc = _run([sys.executable, "-m", f"examples.{Path(script).stem}", "--quick"])
         assert proc.returncode == 0, f"{script} --quick failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
         outputs[script] = proc.stdout
     return outputs
@@ -133,17 +134,17 @@ def test_sweep_cli_reads_the_dumps_back(quick_runs, kind, stem):
 
 
 def test_results_page_shows_the_tables_the_full_runs_wrote():
-    proc = _run([sys.executable, "update_results_page.py", "--check"], timeout=60)
+    proc = _run([sys.executable, "-m", "examples.update_results_page", "--check"], timeout=60)
     assert proc.returncode == 0, proc.stderr
 
 
 def test_results_page_figures_exist():
     import re
 
-    page = (ROOT / "docs" / "results.md").read_text()
-    figures = re.findall(r"\]\((figures/[^)]+\.png)\)", page)
+    page = (ROOT / "studies" / "paper-experiments.md").read_text()
+    figures = re.findall(r"\]\((results/[^)]+\.png)\)", page)
     assert figures
-    missing = [f for f in figures if not (ROOT / "docs" / f).is_file()]
+    missing = [f for f in figures if not (ROOT / "studies" / f).is_file()]
     assert not missing, missing
 
 

@@ -23,11 +23,11 @@ transformers = pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
 
-from satcore import Recipe  # noqa: E402
-from satcore.adapters.torch import find_blocks, sequence_loss  # noqa: E402
+from satcore import DecisionPolicy, Recipe, TrialSettings  # noqa: E402
+from satcore.adapters.torch import ExpansionOptions, ProbeConfig, find_blocks, sequence_loss  # noqa: E402
 from satcore.adapters.torch import decide  # noqa: E402
 from satcore.adapters.torch.expansion import (  # noqa: E402
-    CandidateEvidence, GroupedPlacement, TrialRanking, expand, first_order_decision, insert_blocks, layout_of, place_groups,
+    DEFAULT_RECIPE, CandidateEvidence, GroupedPlacement, TrialRanking, expand, first_order_decision, insert_blocks, layout_of, place_groups,
     placement_decision, split_batches,
 )
 from satcore._decisions.trials import CandidateDecision, TrialCurve  # noqa: E402
@@ -157,7 +157,7 @@ def test_predicted_heldout_change_equals_autograd_on_the_grown_model():
     model = build("llama").double()
     train, heldout = batches(windows(16, seed=0)), batches(windows(16, seed=1))
     recipe = Recipe("sgd", lr=0.05, steps=3, batch_size=4)
-    decision = first_order_decision(model, train, heldout, sequence_loss, recipe=recipe, seed=4)
+    decision = first_order_decision(model, train, heldout, sequence_loss, policy=DecisionPolicy(recipe, seed=4))
     blocks = find_blocks(model)
     for name in blocks + ["head"]:
         before = "head" if name == "head" else blocks.index(name)
@@ -181,7 +181,7 @@ def test_expand_ranks_and_freezes():
     model = build("llama")
     data = windows(32)
     recipe = Recipe("adamw", lr=1e-3, steps=10, batch_size=4)
-    expansion = expand(model, data, blocks=2, recipe=recipe, train_new_only=True, decision="screen")
+    expansion = expand(model, data, blocks=2, recipe=recipe, options=ExpansionOptions(train_new_only=True, decision="screen"))
     ranking = expansion.decision.ranking()
     changes = [expansion.decision.candidates[n].predicted_heldout_change for n in ranking]
     assert changes == sorted(changes)
@@ -200,20 +200,19 @@ def test_placement_decision_is_decide_with_the_native_family_and_expand_places_b
     data = windows(32)
     recipe = Recipe("adamw", lr=1e-3, steps=8, batch_size=4)
     train, held = split_batches(data)
-    trial = placement_decision(model, train, held, recipe=recipe, seed=3)
-    direct = decide(model, train, held, sequence_loss, recipe=recipe, family="native", seed=3)
+    trial = placement_decision(model, train, held, policy=DecisionPolicy(recipe, seed=3))
+    direct = decide(model, train, held, sequence_loss, policy=DecisionPolicy(recipe, seed=3, probe=ProbeConfig(family="native")))
     assert trial.ranking() == TrialRanking(direct).ranking() and trial.cost_block_steps == direct.cost_block_steps
     verified = [n for n in trial.ranking() if trial.candidates[n].verified]
     assert 0 < len(verified) <= 4 and trial.ranking()[:len(verified)] == sorted(
         verified, key=lambda n: trial.candidates[n].predicted_heldout_change)
-    expansion = expand(model, data, blocks=2, recipe=recipe, seed=3, layout="ranked")
+    expansion = expand(model, data, blocks=2, policy=DecisionPolicy(recipe, seed=3), options=ExpansionOptions(layout="ranked"))
     top = ["head" if n == "head" else int(n.rpartition(".")[2]) for n in trial.ranking()[:2]]
     assert sorted(expansion.inserted_before, key=str) == sorted(top, key=str)
-    screen = placement_decision(model, train, held, recipe=recipe, decision="screen", seed=3)
-    assert screen.ranking() == first_order_decision(model, train, held, sequence_loss, recipe=recipe,
-                                                    seed=3).ranking()
+    screen = placement_decision(model, train, held, decision="screen", policy=DecisionPolicy(recipe, seed=3))
+    assert screen.ranking() == first_order_decision(model, train, held, sequence_loss, policy=DecisionPolicy(recipe, seed=3)).ranking()
     with pytest.raises(InputError, match="decision must be one of"):
-        placement_decision(model, train, held, recipe=recipe, decision="oracle")
+        placement_decision(model, train, held, decision="oracle", policy=DecisionPolicy(recipe))
 
 
 @pytest.mark.parametrize("K", [2, 4])
@@ -240,7 +239,7 @@ def test_grouped_placement_spreads_the_trials_over_the_groups():
     model = build("llama")
     recipe = GROUPED_RECIPE
     train, held = split_batches(windows(16))
-    d = placement_decision(model, train, held, recipe=recipe, layout="grouped", blocks=2, max_trials=2, seed=3)
+    d = placement_decision(model, train, held, layout="grouped", blocks=2, policy=DecisionPolicy(recipe, trials=TrialSettings(max_trials=2), seed=3))
     assert isinstance(d, GroupedPlacement) and isinstance(d.base, TrialRanking)
     assert d.groups == (("model.layers.0", "model.layers.1"), ("model.layers.2", "head"))
     screen_order = list(d.candidates)  # the decision keeps its candidates in the screen's order
@@ -256,7 +255,7 @@ def test_grouped_expand_takes_each_groups_lowest_calibrated_change():
     only where its decrease is credible."""
     model = build("llama")
     recipe = GROUPED_RECIPE
-    expansion = expand(model, windows(16), blocks=3, recipe=recipe, seed=3, layout="grouped")
+    expansion = expand(model, windows(16), blocks=3, policy=DecisionPolicy(recipe, seed=3), options=ExpansionOptions(layout="grouped"))
     d3 = expansion.decision
     assert all(c.verified for c in d3.candidates.values()) and d3.cost_block_steps == 4 * 2 <= recipe.steps
     expected = [min(g, key=lambda n: d3.candidates[n].predicted_heldout_change) for g in d3.groups]
@@ -279,16 +278,17 @@ def test_forced_positions_override_the_grouped_layout():
     ``max_blocks``), neither of them, ``max_blocks`` without ``blocks="auto"`` and windows longer than the
     model's context (32 positions) are refused before anything is probed."""
     model = build("llama")
-    expansion = expand(model, windows(16), blocks=None, at=[0, "head"], layout="grouped")
+    expansion = expand(model, windows(16), blocks=None, options=ExpansionOptions(at=[0, "head"], layout="grouped"))
     record = expansion.to_dict()
     assert expansion.decision is None and record["inserted_before"] == [0, "head"]
     assert record["layout"] == "forced" and record["groups"] is None and record["cost_block_steps"] == 0
     assert record["max_blocks"] is None and record["capped_by_max_blocks"] is None
     with pytest.raises(InputError, match="layout must be one of"):
-        expand(model, windows(16), blocks=2, layout="diagonal")
-    refusals = [(dict(blocks=2, at=[1]), "not both"), (dict(blocks=None), "give blocks"),
-                (dict(blocks=2, max_blocks=1), "max_blocks caps blocks='auto' only; with blocks=2"),
-                (dict(blocks=None, at=[1], max_blocks=1), "with at it would be ignored"),
+        expand(model, windows(16), blocks=2, options=ExpansionOptions(layout="diagonal"))
+    refusals = [(dict(blocks=2, options=ExpansionOptions(at=[1])), "not both"), (dict(blocks=None), "give blocks"),
+                (dict(blocks=2, options=ExpansionOptions(max_blocks=1)),
+                 "max_blocks caps blocks='auto' only; with blocks=2"),
+                (dict(blocks=None, options=ExpansionOptions(at=[1], max_blocks=1)), "with at it would be ignored"),
                 (dict(blocks=2, data=windows(16, length=33)), "windows of 33 tokens are longer than the model's "
                                                               "context \\(max_position_embeddings 32")]
     for options, message in refusals:
@@ -300,8 +300,7 @@ def test_auto_records_and_prints_the_places_its_cap_leaves_out():
     """``blocks="auto"`` with ``max_blocks=1`` on the screen: the screen's places whose interval lies below
     zero (counted here from the intervals) are credible; the best one is inserted, the others are recorded as
     left out by the cap and named on the printed line."""
-    expansion = expand(build("llama"), windows(32), blocks="auto", max_blocks=1, decision="screen",
-                       layout="ranked", recipe=Recipe("adamw", lr=1e-3, steps=10, batch_size=4))
+    expansion = expand(build("llama"), windows(32), blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=10, batch_size=4), options=ExpansionOptions(max_blocks=1, decision="screen", layout="ranked"))
     d = expansion.decision
     credible = [n for n in d.ranking() if d.candidates[n].interval[1] < 0]
     assert len(credible) >= 2  # the cap has something to leave out on these windows
@@ -339,8 +338,7 @@ def test_the_ranking_table_says_which_rows_a_trial_verified():
     torch.manual_seed(0)
     model = T.LlamaForCausalLM(T.LlamaConfig(**{**DECODER, "num_hidden_layers": 4})).eval()
     steep = dataclasses.replace(DEFAULT_CALIBRATION, logit_intercept=0.0, logit_slope=5.0)
-    expansion = expand(model, windows(16), blocks=2, recipe=GROUPED_RECIPE, seed=3, layout="ranked",
-                       calibration=steep)
+    expansion = expand(model, windows(16), blocks=2, policy=DecisionPolicy(GROUPED_RECIPE, trials=TrialSettings(calibration=steep), seed=3), options=ExpansionOptions(layout="ranked"))
     d, report = expansion.decision, _report(expansion)
     rows = report_rows(report, d.candidates)
     assert set(rows) == set(d.candidates)
@@ -395,7 +393,7 @@ def llama_factory_layers(num_layers, n, use_llama_pro):
                                                  ([0, 0], True), ([0, 2], False)])
 def test_trainer_settings_select_the_new_blocks(before, expressible):
     model = build("llama")
-    expansion = expand(model, None, blocks=None, at=before)
+    expansion = expand(model, None, blocks=None, options=ExpansionOptions(at=before))
     settings = expansion.trainer_settings()
     assert settings["trainable_layers"] == expansion.positions
     factory = settings["llama_factory"]
@@ -693,10 +691,10 @@ def test_the_docs_python_example_runs_as_written(tmp_path, monkeypatch):
     import re
     from pathlib import Path
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "expansion.md").read_text()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "expansion-outputs.md").read_text()
     (code,) = re.findall(r"```python\n(.*?)```", page, flags=re.S)
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "docs/expansion.md", "exec"), {})
+    exec(compile(code, "docs/expansion-outputs.md", "exec"), {})
     assert json.loads((tmp_path / "grown" / "config.json").read_text())["num_hidden_layers"] == 6
 
 
@@ -747,4 +745,4 @@ def test_cli_statistics_budget_probes_in_passes_and_decides_the_same(checkpoint,
         assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output
     model = T.AutoModelForCausalLM.from_pretrained(folder)
     with pytest.raises(InputError, match="with at no decision is made"):
-        expand(model, None, blocks=None, at=[1], max_statistics_bytes=10**9)
+        expand(model, None, blocks=None, policy=DecisionPolicy(DEFAULT_RECIPE, max_statistics_bytes=10**9), options=ExpansionOptions(at=[1]))

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 
 from satcore import InputError
-from satcore.adapter_api import (MIN_HELDOUT, Prediction, affordable_heldout, block_counts, choose_blocks,
+from satcore.adapter_api import (MIN_HELDOUT, Prediction, affordable_heldout, block_counts, choose_blocks, credible,
                                  plan_trials, predict_change, uniform_groups, uniform_places)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from satcore import Recipe  # noqa: E402
-from satcore.adapters.torch.expansion import expand, insert_blocks  # noqa: E402
+from satcore import DecisionPolicy, Recipe  # noqa: E402
+from satcore.adapters.torch.expansion import ExpansionOptions, expand, insert_blocks  # noqa: E402
 from satcore.adapters.torch.expansion_frontier import DecisionBudget  # noqa: E402
 
 from test_expand import checkpoint, cli  # noqa: E402,F401  (the module-scoped checkpoint fixture)
@@ -141,6 +141,31 @@ def test_the_choice_is_the_fewest_blocks_within_the_tolerance_of_the_best():
         choose_blocks(target, None, 0.01, max_forgetting=0.05)
 
 
+def _d(point, low, high):
+    return Prediction(point, (low, high), (high - low) / 3.92, 0.0)
+
+
+def test_expanding_must_beat_no_expansion_credibly_paired_on_the_same_windows():
+    target = {0: _p(-0.10), 1: _p(-0.14), 2: _p(-0.155), 4: _p(-0.16)}
+    # K = 1 and 4 beat K = 0 credibly (interval below 0, point below -tolerance); K = 2's interval reaches above 0
+    versus = {1: _d(-0.04, -0.07, -0.01), 2: _d(-0.055, -0.12, 0.01), 4: _d(-0.06, -0.09, -0.03)}
+    got = choose_blocks(target, None, 0.01, versus_none=versus)
+    assert got.chosen_blocks == 4 and got.best_blocks == 4 and "credibly" in got.reason  # -0.14 not within 0.01
+    assert choose_blocks(target, None, 0.03, versus_none=versus).chosen_blocks == 1  # -0.14 within 0.03 of -0.16
+    assert choose_blocks(target, None, 0.01).chosen_blocks == 2  # without the prior: K = 2's point counts
+    # nothing credible: no expansion, though the points favour K = 4 by 0.06
+    doubtful = {1: _d(-0.04, -0.09, 0.01), 2: _d(-0.055, -0.13, 0.02), 4: _d(-0.06, -0.14, 0.02)}
+    no = choose_blocks(target, None, 0.01, versus_none=doubtful)
+    assert no.chosen_blocks == 0 and no.best_blocks == 4 and no.reason.startswith("expanding does not pay here")
+    # a point below 0 but not below minus the tolerance is not credible, however narrow its interval
+    assert not credible(_d(-0.009, -0.0095, -0.0085), 0.01) and credible(_d(-0.011, -0.012, -0.010), 0.01)
+    assert not credible(_d(-0.05, -0.10, 0.0), 0.01)  # an interval touching 0 is not below it
+    # K = 0 left out by --max-forgetting: nothing to beat, the smallest K within the tolerance of the best
+    general = {0: _p(0.30), 1: _p(0.02), 2: _p(0.03), 4: _p(0.04)}
+    kept = choose_blocks(target, general, 0.01, max_forgetting=0.05, versus_none=doubtful)
+    assert kept.chosen_blocks == 2 and kept.excluded == (0,)
+
+
 # --- the trials -------------------------------------------------------------------------------------
 def _hand_trained_change(model, ids, places, recipe, seed, steps, held_count):
     """The arm trained by hand: blocks at ``places``, AdamW on every parameter, minibatches of the windows not
@@ -176,8 +201,7 @@ def _hand_trained_change(model, ids, places, recipe, seed, steps, held_count):
 def test_frontier_fields_agree_with_the_trials_and_a_hand_trained_arm(build):
     model, ids = build(), windows(64)
     recipe = Recipe("adamw", lr=3e-3, steps=600, batch_size=4)
-    expansion = expand(model, ids, blocks="auto", recipe=recipe, seed=5,
-                       budget=DecisionBudget(0.2, general=windows(16, seed=9)))
+    expansion = expand(model, ids, blocks="auto", policy=DecisionPolicy(recipe, seed=5), options=ExpansionOptions(budget=DecisionBudget(0.2, general=windows(16, seed=9))))
     record = expansion.to_dict()
     frontier, plan = record["frontier"], record["decision"]["plan"]
     assert [a["blocks"] for a in frontier] == [0, 1] and [a["places"] for a in frontier] == [[], ["head"]]
@@ -191,6 +215,17 @@ def test_frontier_fields_agree_with_the_trials_and_a_hand_trained_arm(build):
         low, high = arm["interval"]
         assert low < arm["predicted_heldout_change"] < high
         assert arm["predicted_general_change"] != 0.0  # measured, not assumed zero
+    # K = 1 against K = 0, paired on the same windows: the difference of the mean curves, fitted the same way
+    none, one = (np.mean(a["trial"]["heldout_change"], axis=0) for a in frontier)
+    assert frontier[0]["predicted_minus_none"] is None
+    paired = np.polyval(np.polyfit(x, one - none, 1), math.log2(600))
+    assert frontier[1]["predicted_minus_none"] == pytest.approx(paired, abs=1e-9)
+    assert paired == pytest.approx(frontier[1]["predicted_heldout_change"] - frontier[0]["predicted_heldout_change"],
+                                   abs=1e-9)
+    low, high = frontier[1]["minus_none_interval"]
+    tolerance = record["decision"]["tolerance"]
+    assert low < paired < high
+    assert record["chosen_blocks"] == int(high < 0 and paired < -tolerance)  # K = 1 only where it beats K = 0 credibly
     # the trials trained on every window not held out
     sizes = record["decision"]["windows"]
     assert sizes["heldout"] + sizes["train"] == 64 and sizes["heldout_sized"]
@@ -207,7 +242,7 @@ def test_replicates_draw_their_own_minibatch_orders():
     with that seed, it differs from the first's, and the interval carries the seeds' noise."""
     model, ids = llama(), windows(64)
     recipe = Recipe("adamw", lr=3e-3, steps=600, batch_size=4)
-    record = expand(model, ids, blocks="auto", recipe=recipe, seed=5, budget=DecisionBudget(0.2, replicates=2)).to_dict()
+    record = expand(model, ids, blocks="auto", policy=DecisionPolicy(recipe, seed=5), options=ExpansionOptions(budget=DecisionBudget(0.2, replicates=2))).to_dict()
     plan, held = record["decision"]["plan"], record["decision"]["windows"]["heldout"]
     arm = record["frontier"][1]
     first, second = (curve[-1] for curve in arm["trial"]["heldout_change"])
@@ -227,7 +262,7 @@ def bench():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "expansion_budget.py"
+    path = Path(__file__).resolve().parent.parent / "studies" / "expansion_budget.py"
     spec = importlib.util.spec_from_file_location("bench_expansion_budget_for_frontier", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -248,8 +283,7 @@ def test_the_counted_cost_is_the_flop_share_a_meter_on_the_real_model_counts(ben
     meter = bench.FlopMeter(model.config)
     recipe = Recipe("adamw", lr=1e-3, steps=800, batch_size=8)
     try:
-        record = expand(model, ids, blocks="auto", recipe=recipe, max_blocks=2, train_new_only=train_new_only,
-                        budget=DecisionBudget(0.1, general=windows(32, length=16, seed=9))).to_dict()
+        record = expand(model, ids, blocks="auto", recipe=recipe, options=ExpansionOptions(max_blocks=2, train_new_only=train_new_only, budget=DecisionBudget(0.1, general=windows(32, length=16, seed=9)))).to_dict()
     finally:
         flops = meter.close()
         handle.remove()
@@ -270,8 +304,7 @@ def test_the_plan_is_announced_before_any_step():
 
     handle = register_optimizer_step_post_hook(lambda *_: steps.append(1))
     try:
-        expand(model, ids, blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8),
-               budget=DecisionBudget(announce=lambda text: seen.append((len(steps), text))))
+        expand(model, ids, blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8), options=ExpansionOptions(budget=DecisionBudget(announce=lambda text: seen.append((len(steps), text)))))
     finally:
         handle.remove()
     (done_then, text), = seen
@@ -281,12 +314,25 @@ def test_the_plan_is_announced_before_any_step():
     assert "x 1 seed (the interval from the held-out windows alone)" in text and "held out: " in text
 
 
+def test_trials_that_repeat_their_training_windows_are_recorded_and_announced():
+    model, ids = llama(), windows(24)
+    seen = []
+    recipe = Recipe("adamw", lr=1e-3, steps=2000, batch_size=8)
+    record = expand(model, ids, blocks="auto", recipe=recipe,
+                    options=ExpansionOptions(budget=DecisionBudget(announce=seen.append))).to_dict()["decision"]
+    plan, sizes = record["plan"], record["windows"]
+    passes = plan["trial_steps"] * 8 / sizes["train"]  # by hand: every trial step draws a batch of 8 training windows
+    assert sizes["trial_passes"] == pytest.approx(passes) and passes > 2
+    wanted = sizes["heldout"] + math.ceil(plan["trial_steps"] * 8 / 2)
+    assert (f"warning: each trial passes over its {sizes['train']} training windows {passes:.1f} times (more than 2)"
+            in seen[0] and f"give about {wanted} windows (--max-windows)" in seen[0])
+
+
 def test_a_move_needs_a_credible_trial_else_the_places_are_uniform():
     """blocks=K with a budget: the screen proposes its first place in each group; with a recipe that cannot move
     the loss (lr 1e-12) no trial shows a credible gain, so the blocks stay at LLaMA-Pro's uniform places."""
     model, ids = llama(4), windows(64)
-    expansion = expand(model, ids, blocks=2, recipe=Recipe("adamw", lr=1e-12, steps=600, batch_size=8),
-                       budget=DecisionBudget(0.2))
+    expansion = expand(model, ids, blocks=2, recipe=Recipe("adamw", lr=1e-12, steps=600, batch_size=8), options=ExpansionOptions(budget=DecisionBudget(0.2)))
     check = expansion.to_dict()["decision"]["placement_check"]
     assert check["uniform"] == [2, "head"] and expansion.inserted_before == [2, "head"]
     assert check["moves"] and not any(m["moved"] for m in check["moves"])
@@ -308,6 +354,7 @@ def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_pat
     assert result.exit_code == 0, result.output
     assert "expanding does not pay here" in result.output.lower()
     assert "instead: continue training the model as it is (your 600 steps on it)" in result.output
+    assert "minus K = 0, paired (95%)" in result.output and "credibly" in result.output
     assert "the model unchanged (4 layers, no block inserted)" in result.output
     record = json.loads((out / "expansion.json").read_text())
     assert record["chosen_blocks"] == 0 and record["positions"] == [] and record["num_hidden_layers"]["after"] == 4
@@ -315,8 +362,8 @@ def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_pat
     assert record["trainable_layers"] == [] and "no block was inserted" in record["llama_factory"]["reason"]
     assert not (out / "peft").exists()
     assert [a["blocks"] for a in record["frontier"]] == [0, 1]
-    assert all(set(a) >= {"blocks", "predicted_heldout_change", "interval", "predicted_general_change"}
-               for a in record["frontier"])
+    assert all(set(a) >= {"blocks", "predicted_heldout_change", "interval", "predicted_general_change",
+                          "predicted_minus_none", "minus_none_interval"} for a in record["frontier"])
     assert T.AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 4
 
 
@@ -387,8 +434,7 @@ def test_trials_above_the_stated_bound_are_refused_before_they_start(monkeypatch
         with pytest.raises(InputError, match=r"^steps 600 with a decision budget of 0\.1: the trials would train up to "
                                              r"[0-9,]+ optimizer steps of 8 samples, above the bound of 3; set "
                                              r"SATCORE_MAX_TRIAL_STEPS"):
-            expand(model, ids, blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8),
-                   budget=DecisionBudget())
+            expand(model, ids, blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8), options=ExpansionOptions(budget=DecisionBudget()))
     finally:
         handle.remove()
     assert len(steps) <= 2  # the timed steps that price the plan, no trial step

@@ -25,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
 
-from satcore import InputError, Recipe  # noqa: E402
+from satcore import DecisionPolicy, InputError, Recipe, TrialSettings  # noqa: E402
 from satcore.cli.main import main  # noqa: E402
 from test_expand import DECODER, TEXT, build, digest, tokenizer_for  # noqa: E402
 from test_hostile_inputs import CONTROL, RSS_LIMIT_BYTES, SATCORE, assert_one_line, peak_rss, probe_inputs  # noqa: E402,F401
@@ -264,16 +264,16 @@ def test_the_top_seed_runs(source, tmp_path):
 
 
 def test_python_expand_refuses_ids_past_the_vocabulary_and_too_many_places():
-    from satcore.adapters.torch.expansion import expand
+    from satcore.adapters.torch.expansion import ExpansionOptions, expand
 
     model = build("llama")
     ids = torch.randint(0, 64, (40, 8), generator=torch.Generator().manual_seed(0))
     ids[7, 3] = 64
     with pytest.raises(InputError, match=r"expand: data: batch \d+: token id 64 is outside the model's vocabulary "
                                          r"0..63"):
-        expand(model, ids, blocks=1, decision="screen")
+        expand(model, ids, blocks=1, options=ExpansionOptions(decision="screen"))
     with pytest.raises(InputError, match="expand: at: 5 new blocks; at most 4"):
-        expand(model, None, blocks=None, at=[0, 1, 2, "head", 0])
+        expand(model, None, blocks=None, options=ExpansionOptions(at=[0, 1, 2, "head", 0]))
 
 
 def test_recipe_numbers():
@@ -317,16 +317,15 @@ def test_decide_bounds_its_work_before_reading_the_data(monkeypatch):
 
 
 def test_decide_and_expand_leave_the_callers_rng_and_model_alone():
-    from satcore.adapters.torch import decide, sequence_loss
-    from satcore.adapters.torch.expansion import expand
+    from satcore.adapters.torch import ProbeConfig, decide, sequence_loss
+    from satcore.adapters.torch.expansion import ExpansionOptions, expand
 
     model = build("llama").train()  # dropout-free, but train mode: what a training loop hands over
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     torch.manual_seed(123)
     state = torch.get_rng_state()
-    decide(model, windows(), windows(seed=1), sequence_loss, recipe=Recipe("adam", 1e-3, 4, 8), family="mlp",
-           max_trials=2)
-    expand(model, torch.cat([w for (_, w) in windows(128)]), blocks=1, init="fresh", recipe=Recipe("adam", 1e-3, 4, 8))
+    decide(model, windows(), windows(seed=1), sequence_loss, policy=DecisionPolicy(Recipe("adam", 1e-3, 4, 8), trials=TrialSettings(max_trials=2), probe=ProbeConfig(family="mlp")))
+    expand(model, torch.cat([w for (_, w) in windows(128)]), blocks=1, recipe=Recipe("adam", 1e-3, 4, 8), options=ExpansionOptions(init="fresh"))
     assert torch.equal(torch.get_rng_state(), state)
     assert model.training
     after = model.state_dict()
@@ -436,14 +435,14 @@ def test_decide_names_labels_outside_the_vocabulary():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_decide_leaves_the_cuda_generators_alone():
-    from satcore.adapters.torch import decide, sequence_loss
+    from satcore.adapters.torch import ProbeConfig, decide, sequence_loss
 
     model = build("llama").cuda()
     data = [({"input_ids": x.cuda()}, y.cuda()) for x, y in ((i["input_ids"], t) for i, t in windows())]
     held = [({"input_ids": x.cuda()}, y.cuda()) for x, y in ((i["input_ids"], t) for i, t in windows(seed=1))]
     torch.cuda.manual_seed_all(9)
     cuda_state, cpu_state = torch.cuda.get_rng_state_all(), torch.get_rng_state()
-    decide(model, data, held, sequence_loss, recipe=Recipe("adam", 1e-3, 4, 8), family="mlp", max_trials=2)
+    decide(model, data, held, sequence_loss, policy=DecisionPolicy(Recipe("adam", 1e-3, 4, 8), trials=TrialSettings(max_trials=2), probe=ProbeConfig(family="mlp")))
     assert all(torch.equal(a, b) for a, b in zip(torch.cuda.get_rng_state_all(), cuda_state))
     assert torch.equal(torch.get_rng_state(), cpu_state)
 

@@ -290,7 +290,7 @@ def rewrite_meta(path, change):
 def checkpoint(tmp_path_factory):
     """A finished checkpoint of two batches of the digits ResNet, and what resumes it."""
     pytest.importorskip("torch")
-    import models_torch as mt
+    from zoo import models_torch as mt
 
     path = tmp_path_factory.mktemp("checkpoint") / "c.npz"
     model, batches = mt.digits_resnet(), mt.digits_batches(4, 2)
@@ -325,7 +325,7 @@ TAMPERED = {
 def test_tampered_checkpoint_is_refused_naming_file_and_key(checkpoint, tmp_path, case):
     import shutil
 
-    import models_torch as mt
+    from zoo import models_torch as mt
     from satcore.adapters.torch import probe
     from satcore._shared.errors import ProbeError
 
@@ -345,7 +345,7 @@ def test_tampered_checkpoint_is_refused_naming_file_and_key(checkpoint, tmp_path
 def test_checkpoint_of_another_model_or_candidates_is_refused(checkpoint):
     """Same architecture, other weights (another seed's training): the fingerprint differs; other candidates:
     the candidate list differs; both refused by key.  The writing model itself resumes."""
-    import models_torch as mt
+    from zoo import models_torch as mt
     from satcore.adapters.torch import probe
     from satcore.adapters.torch.checkpoint import model_fingerprint
     from satcore._shared.errors import ProbeError

@@ -39,3 +39,21 @@ def test_checkout_subpackages_are_the_design_folders():
     assert adapters == os.path.realpath(os.path.join(root, "adapters"))
     assert cli == os.path.realpath(os.path.join(root, "cli"))
     assert absent == "None None"
+
+
+def test_no_script_or_test_edits_the_import_path():
+    """Studies, benches, examples and tests import each other as packages from the checkout root (``zoo``,
+    ``studies``, ``bench``, ``examples``; pytest's ``pythonpath``), never by editing the interpreter's module
+    path: such edits made the import order of the checkout depend on which script ran first."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    edit = "sys." + "path"  # split: this file must not match
+    hits = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "venv")) and d not in ("out", "build", "__pycache__")
+                   and not os.path.islink(os.path.join(folder, d))]
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    hits += [f"{os.path.relpath(path, root)}:{i}" for i, line in enumerate(f, 1) if edit in line]
+    assert not hits, hits

@@ -1,23 +1,19 @@
 """The planned looks of a probe enlarged until it decides (``satcore._decisions.verdicts.look_schedule``).
 
 Under the null (``q`` independent of ``psi``: ``V_pop = 0``; the simulation of
-``bench/bench_calibration.py --looks``) a sequence of looks that stops at
+``studies/fold_test_calibration.py --looks``) a sequence of looks that stops at
 the first "improvable" must say so at most ``alpha`` of the time when the looks' levels add up to ``alpha``; testing every look at ``alpha`` is measured to exceed that, so the split matters.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from satcore._decisions.verdicts import look_schedule
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
 @pytest.mark.parametrize("initial, total, looks", [(16, 16, 1), (16, 17, 2), (16, 32, 2), (16, 33, 3), (4, 20, 4),
@@ -44,15 +40,13 @@ def test_bad_schedules_are_refused():
 
 
 def _calibration_bench():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_calibration", BENCH / "bench_calibration.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    from studies import fold_test_calibration
+
+    return fold_test_calibration
 
 
 def test_the_level_holds_across_looks_and_would_not_at_full_alpha_each():
-    """bench/bench_calibration.py --looks under H0, at 300 repetitions instead of 500."""
+    """studies/fold_test_calibration.py --looks under H0, at 300 repetitions instead of 500."""
     bench, rng, reps = _calibration_bench(), np.random.default_rng(0), 300
     split = look_schedule(16, 128, 0.05)  # looks at 16, 32, 64 batches at 0.05/6 each, then 128 at 0.025
     naive = dataclasses.replace(split, alpha_early=0.05, alpha_final=0.05)

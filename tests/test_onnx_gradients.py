@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-import models_torch  # noqa: E402
+from zoo import models_torch  # noqa: E402
 from roundoff import FLOAT32_MARGIN, float32_sensitivity, relative_error  # noqa: E402
 
 from satcore.adapters.onnx import per_sample_gradients, residual_candidates, load_model  # noqa: E402

@@ -30,7 +30,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-import models_torch  # noqa: E402
+from zoo import models_torch  # noqa: E402
 from roundoff import FLOAT32_MARGIN, float32_sensitivity, relative_error  # noqa: E402
 
 from satcore.adapters.onnx import load_model, per_sample_gradients  # noqa: E402

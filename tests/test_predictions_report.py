@@ -10,7 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import models_torch as mt
+from zoo import models_torch as mt
 import satcore
 from satcore.adapters.torch import probe_splits
 from satcore.cli.main import main

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import models_torch as mt
+from zoo import models_torch as mt
 from satcore._io.schemas import json_schema
 from satcore._decisions.sweep import depth_sweep, sweep_point
 

@@ -12,6 +12,7 @@ keras = pytest.importorskip("keras")
 from sklearn.datasets import load_digits  # noqa: E402
 
 from satcore.adapters.tensorflow import KerasCallback, probe  # noqa: E402
+from satcore.adapters.tensorflow.callbacks import per_sample_loss  # noqa: E402
 
 
 def residual_classifier(width=16):
@@ -22,13 +23,19 @@ def residual_classifier(width=16):
     return keras.Model(x_in, keras.layers.Dense(10, name="head")(h))
 
 
-def test_keras_callback_adds_satcore_metrics_to_epoch_logs(tmp_path):
+def compiled_classifier():
+    """``(model, x, y, probe_data)``: the seeded residual classifier compiled with its loss, the digits and two
+    held-out batches of them."""
     keras.utils.set_random_seed(0)
     x, y = load_digits(return_X_y=True)
     x = (x / 16.0).astype(np.float32)
     model = residual_classifier()
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    probe_data = [(x[1000:1032], y[1000:1032]), (x[1032:1064], y[1032:1064])]
+    return model, x, y, [(x[1000:1032], y[1000:1032]), (x[1032:1064], y[1032:1064])]
+
+
+def test_keras_callback_adds_satcore_metrics_to_epoch_logs(tmp_path):
+    model, x, y, probe_data = compiled_classifier()
     callback = KerasCallback(probe_data)  # the compiled loss, made per-sample
     history = model.fit(x[:512], y[:512], batch_size=64, epochs=2, verbose=0,
                         callbacks=[callback, keras.callbacks.CSVLogger(str(tmp_path / "log.csv"))])
@@ -55,3 +62,29 @@ def test_n_features_gives_the_leading_block_of_the_larger_family():
     assert list(full.statistics) == ["add0", "add1"] and small.statistics["add1"].n_features == 20
     assert small.statistics["add0"] == full.statistics["add0"]
     np.testing.assert_allclose(small.statistics["add1"].sum_gram, full.statistics["add1"].sum_gram[:20, :20], rtol=1e-6)
+
+
+def test_keras_callback_decides_under_a_policy_at_epoch_end():
+    """``policy=`` with ``train_data=``: each probed epoch also runs the Keras ``decide`` (the probe data as the
+    held-out split, the callback's places): its scalars join the epoch's logs, the report leads with it, and it is
+    the decision ``decide`` gives on the model ``fit`` ends with, to the bit."""
+    from satcore import DecisionPolicy, InputError, Recipe, TrialSettings
+    from satcore.adapters.tensorflow import decide
+
+    model, x, y, probe_data = compiled_classifier()
+    train_data = [(x[:64], y[:64]), (x[64:128], y[64:128])]
+    policy = DecisionPolicy(Recipe("sgd", 0.1, 4, 64), trials=TrialSettings(max_trials=2))
+    callback = KerasCallback(probe_data, policy=policy, train_data=train_data)
+    history = model.fit(x[:256], y[:256], batch_size=64, epochs=1, verbose=0, callbacks=[callback])
+    (_, report), = callback.reports
+    assert str(report).splitlines()[1].startswith("decision: ")
+    direct = decide(model, train_data, probe_data, per_sample_loss(model.loss), policy=policy)
+    assert report.decision.to_dict() == direct.to_dict()
+    for key, value in direct.scalars().items():
+        assert history.history[key] == [value], key
+    for options, message in (({"policy": policy}, "policy= and train_data="), ({"train_data": train_data}, "go together"),
+                             ({"policy": Recipe("sgd", 0.1, 4, 64), "train_data": train_data},
+                              "policy must be a satcore.DecisionPolicy"),
+                             ({"config": {"family": "mlp"}}, "config must be a satcore.adapters.tensorflow.ProbeConfig")):
+        with pytest.raises(InputError, match=message):
+            KerasCallback(probe_data, **options)

@@ -21,12 +21,13 @@ torch = pytest.importorskip("torch")
 keras = pytest.importorskip("keras")
 pytest.importorskip("tensorflow")
 
-from models_keras import keras_mlp  # noqa: E402
-from models_torch import ResidualMLP, digits, per_sample_ce  # noqa: E402
+from zoo.models_keras import keras_mlp  # noqa: E402
+from zoo.models_torch import ResidualMLP, digits, per_sample_ce  # noqa: E402
 
-from satcore import InputError, Recipe, TrialSettings  # noqa: E402
+from satcore import DecisionPolicy, InputError, Recipe, TrialSettings  # noqa: E402
 from satcore.adapters.tensorflow import decide as keras_decide  # noqa: E402
 from satcore.adapters.tensorflow.decide import RecipeOptimizer  # noqa: E402
+from satcore.adapters.torch import ProbeConfig as TorchProbeConfig  # noqa: E402
 from satcore.adapters.torch import decide as torch_decide  # noqa: E402
 
 WIDTH, DEPTH = 8, 2
@@ -60,10 +61,8 @@ def test_keras_decide_equals_torch_decide_on_the_same_weights_and_data(optimizer
     net, model = _models()
     train, heldout = _batches(0, 64, 32), _batches(1200, 64, 32)
     recipe = Recipe(optimizer, lr, 16, 64)  # every minibatch the whole training split
-    mine = torch_decide(net, train, heldout, per_sample_ce, recipe=recipe, candidates=TORCH_NAMES, head=False,
-                        max_trials=DEPTH, schedule=schedule, seed=1)
-    theirs = keras_decide(model, _as_numpy(train), _as_numpy(heldout), _keras_ce(), recipe=recipe,
-                          trials=TrialSettings(max_trials=DEPTH, schedule=schedule), seed=1)
+    mine = torch_decide(net, train, heldout, per_sample_ce, policy=DecisionPolicy(recipe, trials=TrialSettings(max_trials=DEPTH, schedule=schedule), candidates=TORCH_NAMES, seed=1))
+    theirs = keras_decide(model, _as_numpy(train), _as_numpy(heldout), _keras_ce(), policy=DecisionPolicy(recipe, trials=TrialSettings(max_trials=DEPTH, schedule=schedule), seed=1))
     assert list(theirs.candidates) == [KERAS_NAMES[TORCH_NAMES.index(n)] for n in mine.candidates]
     assert theirs.stop_reason == mine.stop_reason and theirs.cost_block_steps == mine.cost_block_steps
     # the unexpanded model's losses: one float32 forward pass each
@@ -114,9 +113,9 @@ def test_keras_decide_reads_the_compiled_loss_per_sample():
     _, model = _models()
     train, heldout = _as_numpy(_batches(0, 64, 32)), _as_numpy(_batches(1200, 64, 32))
     recipe, trials = Recipe("sgd", 0.5, 4, 64), TrialSettings(max_trials=1)
-    explicit = keras_decide(model, train, heldout, _keras_ce(), recipe=recipe, trials=trials)
+    explicit = keras_decide(model, train, heldout, _keras_ce(), policy=DecisionPolicy(recipe, trials=trials))
     model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    compiled = keras_decide(model, train, heldout, recipe=recipe, trials=trials)
+    compiled = keras_decide(model, train, heldout, policy=DecisionPolicy(recipe, trials=trials))
     assert compiled.to_dict() == explicit.to_dict()
 
 
@@ -128,8 +127,14 @@ def test_keras_decide_refuses_what_it_cannot_decide_on():
     train, heldout = _as_numpy(_batches(0, 64, 32)), _as_numpy(_batches(1200, 64, 32))
     with pytest.raises(InputError, match="pass loss_fn"):
         keras_decide(model, train, heldout, recipe=Recipe("sgd", 0.1, 4, 32))
-    with pytest.raises(InputError, match="trials must be a satcore.TrialSettings"):
-        keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32), trials={"max_trials": 2})
+    with pytest.raises(InputError, match="policy: trials must be a satcore.TrialSettings"):
+        DecisionPolicy(Recipe("sgd", 0.1, 4, 32), trials={"max_trials": 2})
+    with pytest.raises(InputError, match="policy: probe must be a satcore.adapters.tensorflow.ProbeConfig"):
+        keras_decide(model, train, heldout, _keras_ce(),
+                     policy=DecisionPolicy(Recipe("sgd", 0.1, 4, 32), probe=TorchProbeConfig()))
+    with pytest.raises(InputError, match="max_statistics_bytes probes the candidates in passes"):
+        keras_decide(model, train, heldout, _keras_ce(),
+                     policy=DecisionPolicy(Recipe("sgd", 0.1, 4, 32), max_statistics_bytes=10**6))
     with pytest.raises(InputError, match="trainable='terminal'"):
         keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32, "block"))
     with pytest.raises(InputError, match="0-d loss"):
@@ -137,5 +142,5 @@ def test_keras_decide_refuses_what_it_cannot_decide_on():
                      recipe=Recipe("sgd", 0.1, 4, 32))
     with pytest.raises(InputError, match="the held-out data is one batch"):
         keras_decide(model, train, heldout[0], _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32))
-    with pytest.raises(TypeError, match=r"decide\(\) got unexpected keyword argument\(s\) 'max_trials'"):
+    with pytest.raises(TypeError, match=r"decide\(\) got an unexpected keyword argument 'max_trials'"):
         keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32), max_trials=2)

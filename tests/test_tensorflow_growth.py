@@ -18,8 +18,8 @@ keras = pytest.importorskip("keras")
 
 from sklearn.datasets import load_digits  # noqa: E402
 
-from satcore import GrowthLogError, read_growth_log  # noqa: E402
-from satcore.adapters.tensorflow import InsertedResidual, grow_until_saturated, probe  # noqa: E402
+from satcore import GrowthBudget, GrowthCriteria, GrowthLogError, GrowthOptions, read_growth_log  # noqa: E402
+from satcore.adapters.tensorflow import InsertedResidual, ProbeConfig, grow_until_saturated, probe  # noqa: E402
 from satcore.adapters.tensorflow.growth import load_weights, save_weights  # noqa: E402
 
 F64 = "float64"
@@ -68,8 +68,7 @@ def _blocks(model):
 @pytest.mark.slow
 def test_keras_grows_with_zero_blocks_of_the_probed_family(setup):
     model, probe_data, heldout = setup
-    result = grow_until_saturated(model, lambda m, k: m, probe_data, LOSS, tolerance=0.0, max_rounds=1,
-                                  family="mlp")
+    result = grow_until_saturated(model, lambda m, k: m, probe_data, LOSS, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=1), probe=ProbeConfig(family="mlp")))
     (r,) = result.rounds
     assert r.inserted_at in ("add0", "add1") and r.inserted_block["family"]["kind"] == "mlp"
     assert result.depth == 3 and len(_blocks(result.model)) == 1
@@ -88,8 +87,12 @@ def test_keras_grows_with_zero_blocks_of_the_probed_family(setup):
 @pytest.mark.slow
 def test_keras_loop_trains_guards_and_resumes(setup, tmp_path):
     model, probe_data, heldout = setup
-    kw = dict(heldout_data=heldout, tolerance=0.0, max_rounds=2, family="mlp", guard=None)
-    whole = grow_until_saturated(model, train, probe_data, LOSS, log_path=tmp_path / "w.jsonl", **kw)
+    def kw(log_path):
+        return dict(heldout_data=heldout, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=2),
+                                                                guard=None, probe=ProbeConfig(family="mlp"),
+                                                                log_path=log_path))
+
+    whole = grow_until_saturated(model, train, probe_data, LOSS, **kw(tmp_path / "w.jsonl"))
     assert [r.inserted_at is not None for r in whole.rounds] == [True, True]
     for r in whole.rounds:
         assert r.loss_after_insert == pytest.approx(r.train_loss_before, rel=1e-13)
@@ -101,8 +104,8 @@ def test_keras_loop_trains_guards_and_resumes(setup, tmp_path):
         return train(m, k)
 
     with pytest.raises(KeyboardInterrupt):
-        grow_until_saturated(model, die, probe_data, LOSS, log_path=tmp_path / "p.jsonl", **kw)
-    resumed = grow_until_saturated(model, train, probe_data, LOSS, log_path=tmp_path / "p.jsonl", **kw)
+        grow_until_saturated(model, die, probe_data, LOSS, **kw(tmp_path / "p.jsonl"))
+    resumed = grow_until_saturated(model, train, probe_data, LOSS, **kw(tmp_path / "p.jsonl"))
     drop = ("probe_seconds", "train_seconds")
     logs = [[{k: v for k, v in r.to_dict().items() if k not in drop} for r in read_growth_log(p).rounds]
             for p in (tmp_path / "w.jsonl", tmp_path / "p.jsonl")]
@@ -123,8 +126,7 @@ def _harm(model, round_index):
 
 def test_keras_harm_beyond_noise_is_rolled_back(setup, tmp_path):
     model, probe_data, heldout = setup
-    result = grow_until_saturated(model, _harm, probe_data, LOSS, heldout_data=heldout, tolerance=0.0,
-                                  max_rounds=3, family="mlp")
+    result = grow_until_saturated(model, _harm, probe_data, LOSS, heldout_data=heldout, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=3), probe=ProbeConfig(family="mlp")))
     (r,) = result.rounds
     assert r.rolled_back and result.stop_reason == "heldout_knee" and result.depth == 2
     assert r.heldout_change > 1.6448536269514722 * r.heldout_change_se > 0

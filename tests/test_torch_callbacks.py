@@ -7,9 +7,9 @@ import glob
 import pytest
 import torch
 
-from satcore import Recipe
+from satcore import DecisionPolicy, Recipe
 from satcore._shared.errors import InputError, ProbeError
-from satcore.adapters.torch import probe
+from satcore.adapters.torch import ProbeConfig, probe
 from test_torch_hf import SENTENCES, causal_lm, tokenizer
 
 torch.set_num_threads(1)
@@ -66,7 +66,7 @@ def test_lightning_callback_logs_satcore_metrics_at_validation_end(tmp_path):
     pl = pytest.importorskip("lightning.pytorch")
     import csv
 
-    import models_torch as mt
+    from zoo import models_torch as mt
     from satcore.adapters.torch import LightningCallback
 
     class Digits(pl.LightningModule):
@@ -93,7 +93,7 @@ def test_lightning_callback_logs_satcore_metrics_at_validation_end(tmp_path):
     train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:256], y[:256]), batch_size=64)
     val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[256:320], y[256:320]), batch_size=64)
     probe_data = mt.digits_batches(8, 2)
-    module, callback = Digits(), LightningCallback(probe_data, mt.per_sample_ce, head=False)
+    module, callback = Digits(), LightningCallback(probe_data, mt.per_sample_ce, config=ProbeConfig(head=False))
     trainer = pl.Trainer(max_epochs=2, callbacks=[callback], logger=pl.loggers.CSVLogger(str(tmp_path)),
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          accelerator="cpu", devices=1, num_sanity_val_steps=1)
@@ -180,7 +180,7 @@ def lightning_fit(tmp_path, callback, max_epochs=1):
     """A LightningModule holding its residual stack in an ``nn.Sequential`` (``net.blocks``), fitted on digits;
     returns ``(module, trainer, [steps trained])``."""
     pl = pytest.importorskip("lightning.pytorch")
-    import models_torch as mt
+    from zoo import models_torch as mt
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -226,7 +226,7 @@ def lightning_fit(tmp_path, callback, max_epochs=1):
 def test_lightning_callback_finds_a_sequential_stack_and_takes_a_module(tmp_path):
     """``module=`` an ``nn.Module`` (it was called as a function: a TypeError inside the model's forward),
     and the residual blocks of an ``nn.Sequential`` named ``blocks`` found (none were)."""
-    import models_torch as mt
+    from zoo import models_torch as mt
     from satcore.adapters.torch import LightningCallback
 
     probe_data = mt.digits_batches(8, 2)
@@ -242,11 +242,11 @@ def test_lightning_callback_finds_a_sequential_stack_and_takes_a_module(tmp_path
 
 @pytest.mark.parametrize("options, message", [
     ({"module": lambda m: "net"}, r"module=\.\.\.\) must be an nn\.Module or a callable returning one; it gave str"),
-    ({"candidates": ["block.0"]}, r"candidate 'block\.0' is not a submodule name of Digits; its residual blocks are "
+    ({"config": ProbeConfig(candidates=["block.0"])}, r"candidate 'block\.0' is not a submodule name of Digits; its residual blocks are "
                                   r"\['net\.blocks\.0', 'net\.blocks\.1'\]"),
 ])
 def test_lightning_callback_configuration_is_refused_before_training(tmp_path, options, message):
-    import models_torch as mt
+    from zoo import models_torch as mt
     from satcore.adapters.torch import LightningCallback
 
     callback = LightningCallback(mt.digits_batches(8, 1), mt.per_sample_ce, **options)
@@ -267,7 +267,7 @@ def dropout_lm():
 
 
 def test_trainer_callback_decides_at_evaluations_without_changing_the_run(tmp_path):
-    """With ``decide=``, each probed evaluation also runs ``decide`` (the probe data as the held-out split): its
+    """With ``policy=``, each probed evaluation also runs ``decide`` (the probe data as the held-out split): its
     scalars are logged beside the first-order ones, the report leads with it, the decision equals ``decide`` on the
     model the Trainer ends with, and the training run (dropout on) logs the same losses as without it."""
     pytest.importorskip("accelerate")
@@ -276,9 +276,10 @@ def test_trainer_callback_decides_at_evaluations_without_changing_the_run(tmp_pa
 
     probe_data = [collated(SENTENCES[:3]), collated(SENTENCES[3:])]
     train_batches = [collated(SENTENCES[i:i + 2]) for i in range(0, len(SENTENCES), 2)]
-    options = {"train": train_batches, "recipe": Recipe("adamw", 1e-3, 8, 4), "seed": 3}
+    policy = DecisionPolicy(Recipe("adamw", 1e-3, 8, 4), seed=3)
     runs = {}
-    for label, callback in (("plain", HFCallback(probe_data)), ("deciding", HFCallback(probe_data, decide=options))):
+    for label, callback in (("plain", HFCallback(probe_data)),
+                            ("deciding", HFCallback(probe_data, policy=policy, train_data=train_batches))):
         model, trainer = trainer_with(tmp_path / label, callback, model=dropout_lm(), save_strategy="no",
                                       metric_for_best_model="satcore/decision/insert" if label == "deciding" else None)
         trainer.train()
@@ -289,7 +290,7 @@ def test_trainer_callback_decides_at_evaluations_without_changing_the_run(tmp_pa
     assert [step for step, _ in callback.reports] == [2, 4]
     assert all(isinstance(r.decision, InsertionDecision) for _, r in callback.reports)
     assert str(callback.reports[-1][1]).splitlines()[1].startswith("decision: ")  # the report leads with it
-    direct = decide(model, train_batches, probe_data, recipe=options["recipe"], seed=3)
+    direct = decide(model, train_batches, probe_data, policy=policy)
     logged = [e for e in trainer.state.log_history if "eval_loss" in e][-1]
     expected = direct.scalars()
     assert set(expected) <= set(logged) and expected["satcore/decision/cost_block_steps"] <= 8
@@ -303,52 +304,52 @@ BATCHES = [{"input_ids": torch.zeros(1, 3, dtype=torch.long)}]  # never read: ev
 
 
 @pytest.mark.parametrize("probe_data, options, error, message", [
-    (BATCHES, {"recipe": RECIPE}, TypeError, r"needs 'train' \(the training batches"),
-    (BATCHES, {"train": BATCHES}, TypeError, r"needs 'recipe' \(the satcore.Recipe"),
-    (BATCHES, {"train": BATCHES, "recipe": "adam"}, TypeError, "'recipe' must be a satcore.Recipe"),
-    (BATCHES, {"train": BATCHES, "recipe": RECIPE, "heldout": []}, TypeError, "'heldout' is the callback's own"),
-    (BATCHES, {"train": BATCHES, "recipe": RECIPE, "max_trial": 2}, TypeError,
-     r"unexpected keyword argument\(s\) 'max_trial'"),
-    (BATCHES, [("train", [])], TypeError, "takes a dict"),
-    (BATCHES, {"train": iter(BATCHES), "recipe": RECIPE}, InputError, "'train' is a one-shot iterator"),
-    (BATCHES, {"train": [], "recipe": RECIPE}, InputError, "'train' holds no batches"),
-    (BATCHES, {"train": BATCHES, "recipe": RECIPE, "family": "nativ"}, InputError, "unknown family 'nativ'"),
-    (iter(BATCHES), None, InputError, "probe_data is a one-shot iterator"),
-    (BATCHES, {"train": BATCHES, "recipe": RECIPE, "schedule": "fast"}, InputError,
-     r"Callback\(decide=...\): schedule must be 'halving' or 'even', got 'fast'"),
-    (BATCHES, {"train": BATCHES, "recipe": RECIPE, "max_trials": 0}, InputError, r"max_trials must be a positive integer, got 0"),
-    (BATCHES, {"train": BATCHES, "recipe": RECIPE, "seed": -3}, InputError, r"seed: -3 is not in the range"),
-    (BATCHES, {"train": BATCHES, "recipe": RECIPE, "max_statistics_bytes": -1}, InputError,
-     r"max_statistics_bytes: -1 is not in the range"),
+    (BATCHES, {"policy": DecisionPolicy(RECIPE)}, InputError, r"policy= needs train_data= \(the training batches"),
+    (BATCHES, {"train_data": BATCHES}, InputError, r"train_data= is what a decision's trials train on; give policy="),
+    (BATCHES, {"policy": RECIPE, "train_data": BATCHES}, InputError, "policy must be a satcore.DecisionPolicy"),
+    (BATCHES, {"config": {"family": "mlp"}}, InputError, "config must be a satcore.adapters.torch.ProbeConfig"),
+    (BATCHES, {"policy": DecisionPolicy(RECIPE), "train_data": iter(BATCHES)}, InputError,
+     "train_data is a one-shot iterator"),
+    (BATCHES, {"policy": DecisionPolicy(RECIPE), "train_data": []}, InputError, "train_data holds no batches"),
+    (BATCHES, {"policy": DecisionPolicy(RECIPE, probe=ProbeConfig(family="nativ")), "train_data": BATCHES},
+     InputError, "unknown family 'nativ'"),
+    (BATCHES, {"policy": DecisionPolicy(RECIPE.with_steps(10**6)), "train_data": BATCHES}, InputError,
+     "SATCORE_MAX_TRIAL_STEPS"),
+    (iter(BATCHES), {}, InputError, "probe_data is a one-shot iterator"),
 ])
 def test_callbacks_refuse_what_they_cannot_run_when_built(probe_data, options, error, message):
-    """Refused when the callback is built, not at the first evaluation after training steps."""
+    """Refused when the callback is built, not at the first evaluation after training steps (what the policy's
+    fields cannot be is refused when the policy is built: tests/test_decision_policy.py)."""
     from satcore.adapters.torch import HFCallback
 
     with pytest.raises(error, match=message):
-        HFCallback(probe_data, decide=options)
+        HFCallback(probe_data, **options)
     pytest.importorskip("lightning.pytorch")
     from satcore.adapters.torch import LightningCallback
 
     with pytest.raises(error, match=message):
-        LightningCallback(probe_data, decide=options)
+        LightningCallback(probe_data, **options)
 
 
-def test_callback_decisions_share_the_callbacks_places_unless_decide_sets_them():
-    from satcore.adapters.torch.callback_common import callback_decide_options
-    from satcore.adapters.torch.probe import ProbeConfig
+def test_callback_decisions_share_the_callbacks_places_unless_the_policy_sets_them():
+    from satcore.adapters.torch.callback_common import callback_settings
+    from satcore.adapters.torch.decide import decision_probe_options
 
-    config = ProbeConfig(candidates=["transformer.h.1"], family="native", head=False)
-    shared = callback_decide_options({"train": BATCHES, "recipe": RECIPE}, "HFCallback", config)
-    assert (shared["candidates"], shared["family"], shared["head"]) == (("transformer.h.1",), "native", False)
-    own = callback_decide_options({"train": BATCHES, "recipe": RECIPE, "family": "mlp"}, "HFCallback", config)
-    assert own["family"] == "mlp" and own["candidates"] == ("transformer.h.1",)
+    config = ProbeConfig(candidates=["transformer.h.1"], family="native", head=False, variance=True)
+    _, decision = callback_settings("HFCallback", BATCHES, config, DecisionPolicy(RECIPE), BATCHES)
+    shared = decision_probe_options(decision.policy, decision.defaults)
+    assert (shared["candidates"], shared["config"].family, shared["head"]) == (["transformer.h.1"], "native", False)
+    assert shared["config"].variance is False  # a probe setting of the callback's own, not the decision's
+    policy = DecisionPolicy(RECIPE, candidates=["transformer.h.0", "head"], probe=ProbeConfig(family="mlp"))
+    _, decision = callback_settings("HFCallback", BATCHES, config, policy, BATCHES)
+    own = decision_probe_options(decision.policy, decision.defaults)
+    assert (own["candidates"], own["config"].family, own["head"]) == (["transformer.h.0"], "mlp", True)
 
 
 @pytest.mark.parametrize("callback_options, metric, message", [
     ({"every": 2}, "satcore/growth_value_max", r"every=2\) logs it at one evaluation in 2.*use every=1"),
-    ({}, "satcore/decision/insert", r"not a key HFCallback logs \(decision keys are logged with HFCallback\(decide"),
-    ({"decide": {"train": BATCHES, "recipe": RECIPE, "candidates": ["transformer.h.7"]}}, "eval_loss",
+    ({}, "satcore/decision/insert", r"not a key HFCallback logs \(decision keys are logged with HFCallback\(policy"),
+    ({"policy": DecisionPolicy(RECIPE, candidates=["transformer.h.7"]), "train_data": BATCHES}, "eval_loss",
      r"candidate 'transformer\.h\.7' is not a submodule name"),
 ])
 def test_trainer_refuses_at_train_begin_what_would_fail_at_an_evaluation(tmp_path, callback_options, metric,
@@ -364,22 +365,23 @@ def test_trainer_refuses_at_train_begin_what_would_fail_at_an_evaluation(tmp_pat
 
 
 def test_lightning_callback_decides_at_validation_end(tmp_path):
-    """``decide=`` in Lightning (validation runs under ``inference_mode``; the trials train outside it): the logged
+    """``policy=`` in Lightning (validation runs under ``inference_mode``; the trials train outside it): the logged
     decision equals ``decide`` on the module the fit ends with, and the report leads with it."""
-    import models_torch as mt
+    from zoo import models_torch as mt
     from satcore.adapters.torch import LightningCallback, decide
 
     probe_data, train_batches = mt.digits_batches(8, 2), mt.digits_batches(8, 4, start=400)
-    options = {"train": train_batches, "recipe": Recipe("adam", 1e-2, 8, 16)}
-    callback = LightningCallback(probe_data, mt.per_sample_ce, decide=options, candidates=["net.blocks.1"])
+    policy = DecisionPolicy(Recipe("adam", 1e-2, 8, 16))
+    callback = LightningCallback(probe_data, mt.per_sample_ce, config=ProbeConfig(candidates=["net.blocks.1"]),
+                                 policy=policy, train_data=train_batches)
     module, trainer, fit, _ = lightning_fit(tmp_path, callback)
     fit()
     (epoch, report), = callback.reports
     assert str(report).splitlines()[1].startswith("decision: ")
     # the decision is of the callback's places (its candidates=), the ones its first-order keys are of
     assert list(report.decision.candidates) == [c.name for c in report.candidates] == ["net.blocks.1", "head"]
-    direct = decide(module, train_batches, probe_data, mt.per_sample_ce, recipe=options["recipe"],
-                    candidates=["net.blocks.1", "head"])  # decide trials the head only where it is named
+    direct = decide(module, train_batches, probe_data, mt.per_sample_ce,  # the head is trialled only where named
+                    policy=DecisionPolicy(policy.recipe, candidates=["net.blocks.1", "head"]))
     assert report.decision.to_dict()["choice"] == direct.choice
     for key, value in direct.scalars().items():  # Lightning keeps logged values as float32 tensors: rel 1e-6
         assert float(trainer.callback_metrics[key]) == pytest.approx(value, rel=1e-6, abs=1e-9), key
@@ -396,5 +398,5 @@ def test_callbacks_take_data_loaders_without_reading_them_when_built():
 
     mapped = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(4, 2)), batch_size=2)
     streamed = torch.utils.data.DataLoader(Stream(), batch_size=2)
-    callback = HFCallback(mapped, decide={"train": streamed, "recipe": RECIPE})
-    assert callback.decide_options["train"] is streamed and callback.probe_data is mapped
+    callback = HFCallback(mapped, policy=DecisionPolicy(RECIPE), train_data=streamed)
+    assert callback.decision.train is streamed and callback.probe_data is mapped

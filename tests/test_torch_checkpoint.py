@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import models_torch as mt
+from zoo import models_torch as mt
 from satcore.adapters.torch import probe, sequence_loss
 
 torch.set_num_threads(1)
@@ -102,7 +102,7 @@ def test_checkpoint_is_a_readable_dump_of_the_partial_probe(tmp_path):
 def test_float32_batch_sums_save_a_valid_dump(tmp_path):
     """Float32 per-batch Grams are symmetric only to round-off; the saved dump must still validate."""
     import satcore
-    from models_torch import digits_batches, digits_resnet, per_sample_ce
+    from zoo.models_torch import digits_batches, digits_resnet, per_sample_ce
     from satcore.adapters.torch import probe
 
     result = probe(digits_resnet(), digits_batches(50, 2), per_sample_ce, batch_dtype=torch.float32, variance=True)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-import models_torch as mt
+from zoo import models_torch as mt
 from satcore.adapters.torch import grow, probe, sequence_loss
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import models_torch as mt
+from zoo import models_torch as mt
 from satcore.adapters.torch import probe
 
 WORLD = 2

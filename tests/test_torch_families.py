@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import models_torch as mt
+from zoo import models_torch as mt
 from satcore import CandidateStatistics, batch_moments as core_batch_moments, make_family
 from satcore.adapters.torch import (
     ResidualBranch,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import models_torch as mt
+from zoo import models_torch as mt
 from satcore.adapters.torch import InsertedResidual, grow, probe, sequence_loss
 
 torch.set_num_threads(1)

@@ -9,9 +9,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-import models_torch as mt  # noqa: E402
+from zoo import models_torch as mt  # noqa: E402
 from satcore.adapters.torch import find_blocks, grow_until_saturated, sequence_loss  # noqa: E402
-from satcore import GrowthLogError, read_growth_log  # noqa: E402
+from satcore import GrowthBudget, GrowthCriteria, GrowthLogError, GrowthOptions, read_growth_log  # noqa: E402
 
 
 def _setup():
@@ -38,8 +38,7 @@ def setup():
 
 def test_grows_where_improvable_and_each_insertion_preserves_the_function(setup):
     model, probe_data, heldout = setup
-    result = grow_until_saturated(model, _train, probe_data, _loss, heldout_data=heldout, tolerance=0.0,
-                                  rho=0.01, max_depth=4, max_rounds=4)
+    result = grow_until_saturated(model, _train, probe_data, _loss, heldout_data=heldout, options=GrowthOptions(GrowthCriteria(tolerance=0.0, rho=0.01), GrowthBudget(max_depth=4, max_rounds=4)))
     assert len(find_blocks(model)) == 2  # the input model is untouched
     inserted = [r for r in result.rounds if r.inserted_at is not None]
     assert inserted and result.depth == 2 + len(inserted)
@@ -66,10 +65,8 @@ def test_hugging_face_dict_batches_need_no_loss_and_guard_as_pairs_do(setup):
     def as_dicts(batches):
         return [{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids} for ids, _ in batches]
 
-    pairs = grow_until_saturated(model, _train, probe_data, _loss, heldout_data=heldout, tolerance=0.0,
-                                 max_rounds=1)
-    dicts = grow_until_saturated(model, _train, as_dicts(probe_data), None, heldout_data=as_dicts(heldout),
-                                 tolerance=0.0, max_rounds=1)
+    pairs = grow_until_saturated(model, _train, probe_data, _loss, heldout_data=heldout, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=1)))
+    dicts = grow_until_saturated(model, _train, as_dicts(probe_data), None, heldout_data=as_dicts(heldout), options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=1)))
     a, b = pairs.rounds[0], dicts.rounds[0]
     assert a.inserted_at == b.inserted_at is not None
     assert b.heldout_change == pytest.approx(a.heldout_change, rel=1e-9, abs=1e-12)
@@ -78,7 +75,7 @@ def test_hugging_face_dict_batches_need_no_loss_and_guard_as_pairs_do(setup):
 
 def test_a_tolerance_no_block_can_reach_stops_at_once(setup):
     model, probe_data, _ = setup
-    result = grow_until_saturated(model, _train, probe_data, _loss, tolerance=1e3, rho=0.01)
+    result = grow_until_saturated(model, _train, probe_data, _loss, options=GrowthOptions(GrowthCriteria(tolerance=1e3, rho=0.01)))
     assert len(result.rounds) == 1 and result.rounds[0].inserted_at is None
     assert result.stop_reason in ("saturated", "no gain above tolerance")
     assert result.depth == 2
@@ -87,8 +84,7 @@ def test_a_tolerance_no_block_can_reach_stops_at_once(setup):
 def test_killed_run_resumes_to_the_uninterrupted_log(setup, tmp_path):
     model, probe_data, heldout = setup
     whole = tmp_path / "whole.jsonl"
-    grow_until_saturated(model, _train, probe_data, _loss, tolerance=0.0, max_depth=4, max_rounds=3,
-                         log_path=whole)
+    grow_until_saturated(model, _train, probe_data, _loss, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_depth=4, max_rounds=3), log_path=whole))
 
     class Killed(Exception):
         pass
@@ -100,10 +96,8 @@ def test_killed_run_resumes_to_the_uninterrupted_log(setup, tmp_path):
 
     part = tmp_path / "part.jsonl"
     with pytest.raises(Killed):
-        grow_until_saturated(model, train_then_die, probe_data, _loss, tolerance=0.0, max_depth=4, max_rounds=3,
-                             log_path=part)
-    resumed = grow_until_saturated(model, _train, probe_data, _loss, tolerance=0.0, max_depth=4, max_rounds=3,
-                                   log_path=part)
+        grow_until_saturated(model, train_then_die, probe_data, _loss, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_depth=4, max_rounds=3), log_path=part))
+    resumed = grow_until_saturated(model, _train, probe_data, _loss, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_depth=4, max_rounds=3), log_path=part))
     a = [r.to_dict() for r in read_growth_log(whole).rounds]
     b = [r.to_dict() for r in read_growth_log(part).rounds]
     assert len(a) == 3
@@ -118,11 +112,9 @@ def test_a_stopped_run_called_again_returns_its_trained_model(setup, tmp_path):
     the input model with untrained zero blocks re-inserted."""
     model, probe_data, _ = setup
     log = tmp_path / "run.jsonl"
-    first = grow_until_saturated(model, _train, probe_data, _loss, tolerance=0.0, max_depth=3, max_rounds=3,
-                                 log_path=log)
+    first = grow_until_saturated(model, _train, probe_data, _loss, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_depth=3, max_rounds=3), log_path=log))
     assert first.stop_reason == "max_depth" and first.rounds[-1].inserted_at is None
-    again = grow_until_saturated(model, _train, probe_data, _loss, tolerance=0.0, max_depth=3, max_rounds=3,
-                                 log_path=log)
+    again = grow_until_saturated(model, _train, probe_data, _loss, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_depth=3, max_rounds=3), log_path=log))
     assert again.stop_reason == first.stop_reason and len(again.rounds) == len(first.rounds)
     trained, resumed = first.model.state_dict(), again.model.state_dict()
     assert trained.keys() == resumed.keys()
@@ -130,4 +122,4 @@ def test_a_stopped_run_called_again_returns_its_trained_model(setup, tmp_path):
         assert torch.equal(trained[key], resumed[key]), key
     (tmp_path / "run.jsonl.round0.pt").unlink()  # a missing weights file is said, not silently skipped
     with pytest.raises(GrowthLogError, match="round0.pt.*missing"):
-        grow_until_saturated(model, _train, probe_data, _loss, tolerance=0.0, max_depth=3, max_rounds=3, log_path=log)
+        grow_until_saturated(model, _train, probe_data, _loss, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_depth=3, max_rounds=3), log_path=log))

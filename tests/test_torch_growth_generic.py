@@ -20,27 +20,22 @@ import os
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-import models_torch as mt
-from satcore import GrowthLogError, InputError, read_growth_log
-from satcore.adapters.torch import grow_until_saturated, probe
+from zoo import models_torch as mt
+from zoo.models_torch import Residual
+from satcore import (DecisionPolicy, GrowthBudget, GrowthCriteria, GrowthLogError, GrowthOptions, TrialSettings,
+                     read_growth_log)
+from satcore.adapters.torch import ProbeConfig, grow_until_saturated, probe
 from satcore.adapters.torch.grow import InsertedResidual
 from satcore.adapters.torch.growth import load_weights, save_weights
 
+ROOT = Path(__file__).resolve().parents[1]  # the subprocess imports zoo and this checkout's satcore from here
 CANDIDATES = ["1", "2"]
-
-
-class Residual(nn.Module):
-    def __init__(self, width):
-        super().__init__()
-        self.f = nn.Sequential(nn.Linear(width, 2 * width), nn.Tanh(), nn.Linear(2 * width, width))
-
-    def forward(self, z):
-        return z + self.f(z)
 
 
 def residual_sequential(seed=0, steps=30):
@@ -87,8 +82,7 @@ def test_the_native_default_on_a_model_without_blocks_says_which_family_to_pass(
 
     model, probe_data, _ = setup
     with pytest.raises(ProbeError, match="no residual blocks recognised in Sequential.*family='auto'"):
-        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, tolerance=0.0, max_rounds=1,
-                             candidates=CANDIDATES)
+        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=1), probe=ProbeConfig(family="native", candidates=CANDIDATES)))
 
 
 def test_the_native_default_on_recognised_blocks_of_no_native_kind_says_which_family_to_pass(setup):
@@ -106,13 +100,12 @@ def test_the_native_default_on_recognised_blocks_of_no_native_kind_says_which_fa
 
     model, probe_data, _ = setup
     with pytest.raises(ProbeError, match="no native insertion for Residual.*family='auto'"):
-        grow_until_saturated(Net(model), train_inserted, probe_data, mt.per_sample_ce, tolerance=0.0, max_rounds=1)
+        grow_until_saturated(Net(model), train_inserted, probe_data, mt.per_sample_ce, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=1)))
 
 
 def test_a_sequential_without_a_native_kind_grows_with_the_probed_family(setup):
     model, probe_data, heldout = setup
-    result = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=heldout,
-                                  tolerance=0.0, max_rounds=3, family="mlp", candidates=CANDIDATES)
+    result = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=heldout, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=3), probe=ProbeConfig(family="mlp", candidates=CANDIDATES)))
     for r in result.rounds:
         assert r.inserted_at in CANDIDATES and r.inserted_block["family"]["kind"] == "mlp"
         assert r.loss_after_insert == pytest.approx(r.train_loss_before, rel=1e-14)
@@ -128,8 +121,7 @@ def test_a_sequential_without_a_native_kind_grows_with_the_probed_family(setup):
 def test_the_generic_block_is_the_one_the_probe_measured(setup):
     """Insert at round 0 without training; compare with a probe at the same seed."""
     model, probe_data, _ = setup
-    result = grow_until_saturated(model, lambda m, k: m, probe_data, mt.per_sample_ce, tolerance=0.0,
-                                  max_rounds=1, family="mlp", candidates=CANDIDATES)
+    result = grow_until_saturated(model, lambda m, k: m, probe_data, mt.per_sample_ce, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=1), probe=ProbeConfig(family="mlp", candidates=CANDIDATES)))
     (r,) = result.rounds
     grown = result.model
     x = torch.cat([b[0] for b in probe_data])
@@ -159,8 +151,7 @@ def _harm(model, round_index):
 
 def test_a_harm_beyond_noise_is_rolled_back_to_the_model_before_the_round(setup):
     model, probe_data, heldout = setup
-    result = grow_until_saturated(model, _harm, probe_data, mt.per_sample_ce, heldout_data=heldout, tolerance=0.0,
-                                  max_rounds=3, family="mlp", candidates=CANDIDATES)
+    result = grow_until_saturated(model, _harm, probe_data, mt.per_sample_ce, heldout_data=heldout, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=3), probe=ProbeConfig(family="mlp", candidates=CANDIDATES)))
     (r,) = result.rounds
     assert r.rolled_back and result.stop_reason == "heldout_knee" and result.depth == 2
     assert r.heldout_change > 1.6448536269514722 * r.heldout_change_se > 0
@@ -172,9 +163,12 @@ def test_a_harm_beyond_noise_is_rolled_back_to_the_model_before_the_round(setup)
 @pytest.mark.slow
 def test_a_killed_generic_run_resumes_to_the_same_log_and_weights(setup, tmp_path):
     model, probe_data, heldout = setup
-    kw = dict(heldout_data=heldout, tolerance=0.0, max_rounds=3, family="mlp", candidates=CANDIDATES, guard=None)
-    whole = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, log_path=tmp_path / "w.jsonl",
-                                 **kw)
+    def kw(log_path):
+        return dict(heldout_data=heldout, options=GrowthOptions(
+            GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=3), guard=None,
+            probe=ProbeConfig(family="mlp", candidates=CANDIDATES), log_path=log_path))
+
+    whole = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, **kw(tmp_path / "w.jsonl"))
 
     def die(m, k):
         if k == 2:
@@ -182,9 +176,8 @@ def test_a_killed_generic_run_resumes_to_the_same_log_and_weights(setup, tmp_pat
         return train_inserted(m, k)
 
     with pytest.raises(KeyboardInterrupt):
-        grow_until_saturated(model, die, probe_data, mt.per_sample_ce, log_path=tmp_path / "p.jsonl", **kw)
-    resumed = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce,
-                                   log_path=tmp_path / "p.jsonl", **kw)
+        grow_until_saturated(model, die, probe_data, mt.per_sample_ce, **kw(tmp_path / "p.jsonl"))
+    resumed = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, **kw(tmp_path / "p.jsonl"))
     drop = ("probe_seconds", "train_seconds")
     logs = [[{k: v for k, v in r.to_dict().items() if k not in drop} for r in read_growth_log(p).rounds]
             for p in (tmp_path / "w.jsonl", tmp_path / "p.jsonl")]
@@ -198,8 +191,7 @@ def test_a_planted_link_at_the_weights_name_is_replaced_not_followed(setup, tmp_
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
     os.symlink(victim, tmp_path / "g.jsonl.round0.pt")
-    grow_until_saturated(model, lambda m, k: m, probe_data, mt.per_sample_ce, tolerance=0.0, max_rounds=1,
-                         family="mlp", candidates=CANDIDATES, log_path=tmp_path / "g.jsonl")
+    grow_until_saturated(model, lambda m, k: m, probe_data, mt.per_sample_ce, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=1), log_path=tmp_path / "g.jsonl", probe=ProbeConfig(family="mlp", candidates=CANDIDATES)))
     assert victim.read_text() == "keep me"
     weights = tmp_path / "g.jsonl.round0.pt"
     assert not weights.is_symlink() and weights.is_file()
@@ -250,26 +242,27 @@ def test_weights_that_would_inflate_are_refused_before_reading(tmp_path):
 def test_a_full_disk_while_saving_weights_is_one_line_and_leaves_no_file(tmp_path):
     """RLIMIT_FSIZE (with SIGXFSZ ignored) makes the weights write fail as a full disk does."""
     code = f"""
-import os, resource, signal, sys
-sys.path.insert(0, {os.path.dirname(__file__)!r})
+import resource, signal
 import torch
 from torch import nn
 from satcore import SatcoreError
-from satcore.adapters.torch import grow_until_saturated
-from test_torch_growth_generic import Residual
-import models_torch as mt
+from satcore import GrowthBudget, GrowthCriteria, GrowthOptions
+from satcore.adapters.torch import ProbeConfig, grow_until_saturated
+from zoo.models_torch import Residual
+from zoo import models_torch as mt
 torch.manual_seed(0)
 model = nn.Sequential(nn.Flatten(), Residual(64), Residual(64), nn.Linear(64, 10)).double()
 data = mt.digits_batches(32, 16, dtype=torch.float64)
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
 try:
-    grow_until_saturated(model, lambda m, k: m, data, mt.per_sample_ce, tolerance=0.0, max_rounds=1,
-                         family="mlp", candidates=["1", "2"], log_path={str(tmp_path / "g.jsonl")!r})
+    grow_until_saturated(model, lambda m, k: m, data, mt.per_sample_ce, options=GrowthOptions(
+        GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=1), probe=ProbeConfig(family="mlp", candidates=["1", "2"]),
+        log_path={str(tmp_path / "g.jsonl")!r}))
 except SatcoreError as e:
     print("ERROR", e)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ERROR ") and "g.jsonl.round0.pt: cannot write" in lines[0], \
         out.stdout + out.stderr
@@ -293,8 +286,7 @@ def test_a_users_own_conv_resnet_grows_with_the_conv_family():
     model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), ConvResidual(4), ConvResidual(4), nn.Flatten(),
                           nn.Linear(4 * 64, 10)).double().eval()
     data = mt.digits_batches(16, 16, start=1000, dtype=torch.float64)
-    result = grow_until_saturated(model, lambda m, k: m, data, mt.per_sample_ce, tolerance=0.0, max_rounds=1,
-                                  family="conv", candidates=["1", "2"])
+    result = grow_until_saturated(model, lambda m, k: m, data, mt.per_sample_ce, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=1), probe=ProbeConfig(family="conv", candidates=["1", "2"])))
     (r,) = result.rounds
     assert r.inserted_at is not None and r.inserted_block["family"]["kind"] == "conv" and result.depth == 3
     x = torch.cat([b[0] for b in data])
@@ -319,48 +311,41 @@ def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup, capsys
     model, probe_data, heldout = setup
     train_data = mt.digits_batches(64, 8, start=0, dtype=torch.float64)
     recipe = Recipe("adam", lr=1e-3, steps=16, batch_size=64, trainable="terminal")
-    result = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=heldout,
-                                  train_data=train_data, recipe=recipe, max_rounds=1, family="mlp",
-                                  candidates=CANDIDATES, progress=True)
+    result = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=heldout, train_data=train_data, options=GrowthOptions(budget=GrowthBudget(max_rounds=1), progress=True, probe=ProbeConfig(family="mlp", candidates=CANDIDATES)), policy=DecisionPolicy(recipe))
     err = capsys.readouterr().err
     assert "growth: " in err and "1round " in err and "sample" not in err
-    by_hand = decide(model, train_data, probe_data, mt.per_sample_ce, recipe=recipe, family="mlp", seed=0,
-                     candidates=CANDIDATES)
+    by_hand = decide(model, train_data, probe_data, mt.per_sample_ce, policy=DecisionPolicy(recipe, seed=0, candidates=CANDIDATES, probe=ProbeConfig(family="mlp")))
     first = result.rounds[0]
     assert by_hand.choice in CANDIDATES and first.inserted_at == by_hand.choice
     assert first.decision["cost_block_steps"] == by_hand.cost_block_steps <= recipe.steps
     assert first.decision["recipe"] == recipe.to_dict()
     with pytest.raises(ValueError, match="needs train_data"):
-        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, recipe=recipe, tolerance=0.0,
-                             family="mlp", candidates=CANDIDATES)
+        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, options=GrowthOptions(GrowthCriteria(tolerance=0.0), probe=ProbeConfig(family="mlp", candidates=CANDIDATES)), policy=DecisionPolicy(recipe))
     with pytest.raises(TypeError, match="needs tolerance="):  # the first-order decision reads it
-        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, family="mlp", candidates=CANDIDATES)
+        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, options=GrowthOptions(probe=ProbeConfig(family="mlp", candidates=CANDIDATES)))
 
 
-def test_decide_options_reach_decide_and_misplaced_ones_are_one_line(setup):
-    """``decide_options`` carry decide's own arguments (here the halving schedule) to each round's decision: the
-    first round logs the decision ``decide`` gives by hand with them.  Passed loose they would reach the probe that
-    builds the block and fail late with a bare TypeError: refused up front, naming ``decide_options``."""
+def test_the_policys_trials_reach_each_rounds_decision(setup):
+    """The policy's trial settings (here the halving schedule) reach each round's decision: the first round logs
+    the decision ``decide`` gives by hand under the same policy, at the round's seed, on the run's places and
+    family (before: passed as ``decide_options={...}``, whose misplaced keys were refused by a guard of their own;
+    the policy's fields are typed, so there is nothing to misplace)."""
     from satcore import Recipe
     from satcore.adapters.torch import decide
 
     model, probe_data, heldout = setup
     train_data = mt.digits_batches(64, 8, start=0, dtype=torch.float64)
     recipe = Recipe("adam", lr=1e-3, steps=16, batch_size=64, trainable="terminal")
+    policy = DecisionPolicy(recipe, trials=TrialSettings(schedule="halving"))
     result = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=heldout,
-                                  train_data=train_data, recipe=recipe, decide_options={"schedule": "halving"},
-                                  max_rounds=1, family="mlp", candidates=CANDIDATES)
-    by_hand = decide(model, train_data, probe_data, mt.per_sample_ce, recipe=recipe, family="mlp", seed=0,
-                     candidates=CANDIDATES, schedule="halving")
+                                  train_data=train_data, policy=policy, options=GrowthOptions(
+                                      budget=GrowthBudget(max_rounds=1),
+                                      probe=ProbeConfig(family="mlp", candidates=CANDIDATES)))
+    by_hand = decide(model, train_data, probe_data, mt.per_sample_ce, policy=DecisionPolicy(
+        recipe, trials=TrialSettings(schedule="halving"), candidates=CANDIDATES, probe=ProbeConfig(family="mlp")))
     logged = {row["name"]: row for row in result.rounds[0].candidates}
     assert logged == by_hand.to_dict()["candidates"]
     assert any(c.eliminated for c in by_hand.candidates.values())  # halving ran: the logged rows say so too
-    with pytest.raises(InputError, match="decide_options"):
-        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, train_data=train_data,
-                             recipe=recipe, schedule="halving", family="mlp", candidates=CANDIDATES)
-    with pytest.raises(InputError, match="needs recipe="):
-        grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, tolerance=0.0,
-                             decide_options={"max_trials": 2}, family="mlp", candidates=CANDIDATES)
 
 
 class _InsertAt:
@@ -382,7 +367,8 @@ def test_a_train_returning_none_or_empty_loss_data_is_one_line_naming_it(setup):
     from satcore import InputError
 
     model, probe_data, heldout = setup
-    common = dict(decide=_InsertAt("1"), max_rounds=1, family="mlp", candidates=CANDIDATES)
+    common = dict(policy=_InsertAt("1"), options=GrowthOptions(budget=GrowthBudget(max_rounds=1),
+                                                              probe=ProbeConfig(family="mlp", candidates=CANDIDATES)))
     with pytest.raises(InputError, match=r"train\(model, 0\) returned None; it must return the trained model"):
         grow_until_saturated(model, lambda m, k: None, probe_data, mt.per_sample_ce, heldout_data=heldout, **common)
     with pytest.raises(InputError, match="the heldout data yielded no samples"):
@@ -422,7 +408,7 @@ def test_a_user_feature_map_with_batchnorm_is_measured_and_grown_in_eval_mode(se
     (dict(candidates=None), "no residual blocks recognised in Sequential; pass candidates="),
     (dict(candidates=["9"]), "candidate '9' is not a submodule name of Sequential"),
     (dict(candidates=[]), "candidates is empty"),
-    (dict(candidates=["1", "head"], head=False), "name 'head' and head=False leaves it out"),
+    (dict(head=False), "policy: probe: the places are the policy's"),
     (dict(family="convv"), "unknown family 'convv'"),
     (dict(family="conv"), "family 'conv' needs a"),
     (dict(family=nn.Flatten(0)), "feature map returned shape"),
@@ -438,6 +424,8 @@ def test_what_decide_cannot_probe_is_one_satcore_error_naming_it(setup, bad, say
 
     model, probe_data, _ = setup
     options = dict(candidates=CANDIDATES, family="auto", heldout=probe_data) | bad
+    heldout, candidates = options.pop("heldout"), options.pop("candidates")
     with pytest.raises(SatcoreError, match=says):
-        decide(model, probe_data[:2], options.pop("heldout"), mt.per_sample_ce,
-               recipe=Recipe("adam", lr=1e-3, steps=2, batch_size=32), **options)
+        policy = DecisionPolicy(Recipe("adam", lr=1e-3, steps=2, batch_size=32), candidates=candidates,
+                                probe=ProbeConfig(**options))
+        decide(model, probe_data[:2], heldout, mt.per_sample_ce, policy=policy)

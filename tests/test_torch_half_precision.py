@@ -7,7 +7,7 @@ core in float64.
 import pytest
 import torch
 
-import models_torch as mt
+from zoo import models_torch as mt
 from satcore.adapters.torch import probe, sequence_loss
 from test_torch_probe_reference import reference_statistics
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-import models_torch as mt
+from zoo import models_torch as mt
 from satcore import ProbeError
 from satcore.adapters.torch import StreamTaps, find_candidates, probe, sequence_loss
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-import models_torch as mt
+from zoo import models_torch as mt
 from satcore._statistics.candidate import BATCHING_FIELDS
 from satcore.adapters.torch import probe, sequence_loss
 

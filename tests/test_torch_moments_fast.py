@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import models_torch as mt
+from zoo import models_torch as mt
 from satcore import batch_moments as core_batch_moments
 from satcore.adapters.torch import build_feature_map, probe
 from satcore.adapters.torch.moments import (

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-import models_torch as mt
+from zoo import models_torch as mt
 from satcore.adapters.torch import find_blocks, insert_block, probe, sequence_loss
 from satcore._shared.errors import ProbeError
 

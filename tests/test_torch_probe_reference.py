@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import models_torch as mt
+from zoo import models_torch as mt
 from satcore import CandidateStatistics, ag_batch, make_family
 from satcore.adapters.torch import probe, sequence_loss
 from satcore._formulas.families import conv_gradients

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-import models_torch as mt
+from zoo import models_torch as mt
 from roundoff import assert_nested_close
 from satcore import CandidateStatistics, make_family
 from satcore.adapters.torch import grow, probe

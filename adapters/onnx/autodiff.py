@@ -21,6 +21,7 @@ Nodes are built with :mod:`onnx.helper`; nothing is parsed from text.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from collections import defaultdict
 
 import numpy as np
@@ -436,8 +437,22 @@ def _max_pool(b, node, g, need):
     return [b.op("Reshape", [scattered, b.op("Shape", [x])])]
 
 
-def _spatial(b, node, x, kernel):
-    """Static ``(in, out, strides, pads, dilations)`` of a convolution or pool over ``x``'s spatial axes."""
+@dataclass(frozen=True)
+class _Window:
+    """The static geometry of a convolution or pool over its input's spatial axes: the input's sizes
+    (``spatial``), the output's (``outs``), ``strides``, ``pads`` (begins then ends), ``dilations`` and the
+    ``kernel``'s sizes."""
+
+    spatial: list
+    outs: list
+    strides: list
+    pads: list
+    dilations: list
+    kernel: list
+
+
+def _spatial(b, node, x, kernel) -> _Window:
+    """The static :class:`_Window` of a convolution or pool over ``x``'s spatial axes."""
     shape = b.shape(x)
     if shape is None or not all(isinstance(d, int) for d in shape[2:]):
         raise OnnxProbeError(f"{describe(node)}: its gradient needs static spatial dimensions, got {shape}")
@@ -461,15 +476,16 @@ def _spatial(b, node, x, kernel):
         pads = [0] * (2 * n)
     outs = [(spatial[k] + pads[k] + pads[k + n] - dilations[k] * (kernel[k] - 1) - 1) // strides[k] + 1
             for k in range(n)]
-    return spatial, outs, strides, pads, dilations
+    return _Window(spatial, outs, strides, pads, dilations, kernel)
 
 
-def _transposed(b, g, weight, spatial, outs, strides, pads, dilations, kernel, group):
-    """``ConvTranspose`` of ``g`` with the forward ``weight``: the adjoint of the convolution."""
-    padding = [spatial[k] - (strides[k] * (outs[k] - 1) + dilations[k] * (kernel[k] - 1) + 1 - pads[k]
-                             - pads[k + len(spatial)]) for k in range(len(spatial))]
-    return b.op("ConvTranspose", [g, weight], strides=strides, pads=pads, dilations=dilations, group=group,
-                kernel_shape=kernel, output_padding=padding)
+def _transposed(b, g, weight, window: _Window, group):
+    """``ConvTranspose`` of ``g`` with the forward ``weight`` over ``window``: the adjoint of the convolution."""
+    w = window
+    padding = [w.spatial[k] - (w.strides[k] * (w.outs[k] - 1) + w.dilations[k] * (w.kernel[k] - 1) + 1 - w.pads[k]
+                               - w.pads[k + len(w.spatial)]) for k in range(len(w.spatial))]
+    return b.op("ConvTranspose", [g, weight], strides=w.strides, pads=w.pads, dilations=w.dilations, group=group,
+                kernel_shape=w.kernel, output_padding=padding)
 
 
 def _conv(b, node, g, need):
@@ -480,8 +496,7 @@ def _conv(b, node, g, need):
     if w_shape is None or not all(isinstance(d, int) for d in w_shape):
         raise OnnxProbeError(f"{describe(node)}: its gradient needs a weight of static shape")
     kernel = list(_attr(node, "kernel_shape", w_shape[2:]))
-    spatial, outs, strides, pads, dilations = _spatial(b, node, x, kernel)
-    gx = _transposed(b, g[0], w, spatial, outs, strides, pads, dilations, kernel, _attr(node, "group", 1))
+    gx = _transposed(b, g[0], w, _spatial(b, node, x, kernel), _attr(node, "group", 1))
     return [gx] + [None] * (len(node.input) - 1)
 
 
@@ -489,7 +504,8 @@ def _average_pool(b, node, g, need):
     """Each window's ``g / count`` spread back over its window (a ConvTranspose with a ones kernel)."""
     x = node.input[0]
     kernel = list(_attr(node, "kernel_shape"))
-    spatial, outs, strides, pads, dilations = _spatial(b, node, x, kernel)
+    window = _spatial(b, node, x, kernel)
+    spatial, outs, strides, pads, dilations = window.spatial, window.outs, window.strides, window.pads, window.dilations
     e = b.elem(x)
     n = len(spatial)
     if _attr(node, "count_include_pad", 0):
@@ -503,7 +519,7 @@ def _average_pool(b, node, g, need):
     per_window = b.op("Div", [g[0], b.const(counts, e)])
     channels = b.op("Reshape", [per_window, b.ints([-1, 1, *outs])])
     ones = b.const(np.ones([1, 1, *kernel]), e)
-    spread = _transposed(b, channels, ones, spatial, outs, strides, pads, dilations, kernel, 1)
+    spread = _transposed(b, channels, ones, window, 1)
     return [b.op("Reshape", [spread, b.op("Shape", [x])])]
 
 

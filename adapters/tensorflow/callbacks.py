@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import keras
 
-from satcore import InputError, ProbeError
+from satcore import DecisionPolicy, InputError, ProbeError
 
 from .probe import ProbeConfig, probe
 
@@ -42,20 +42,46 @@ class KerasCallback(keras.callbacks.Callback):
     probe_data : re-iterable of ``(x, y)`` batches or a ``tf.data.Dataset``, held out from training.
     loss_fn : ``loss_fn(y_true, y_pred)`` as :class:`~.probe.Probe` takes it; ``None``: the
         model's compiled loss without batch reduction (:func:`per_sample_loss`).
-    every_n_epochs, prefix, report : how often, the key prefix, and keyword arguments of ``report()``.
-    config, options : the probe's :class:`~.probe.ProbeConfig` (or its fields).
+    every_n_epochs, report : how often, and keyword arguments of ``report()``.
+    config : the probe's :class:`~.probe.ProbeConfig` (default ``ProbeConfig()``).
+    policy, train_data : optional
+        Also decide, at each probed epoch end, where to insert a block under the
+        :class:`satcore.DecisionPolicy` (:func:`~.decide.decide`, the trials drawing from the ``train_data``
+        batches; the held-out split is ``probe_data``; the places, family and features those of ``config``
+        where the policy names none and gives no probe); the decision's scalars (``satcore/decision/...``) join
+        the epoch's logs and the report leads with it.  The trials train copies of the model, from their own
+        seeded generators.
 
-    ``reports`` holds ``(epoch, DepthReport)`` of every probe made.
+    ``prefix`` (``"satcore/"``, the start of every metric key) is a class attribute, as in the PyTorch
+    callbacks.  ``reports`` holds ``(epoch, DepthReport)`` of every probe made (with ``policy``, the report's
+    ``decision`` is that epoch's :class:`satcore.InsertionDecision`).
     """
 
-    def __init__(self, probe_data, loss_fn=None, *, every_n_epochs: int = 1, prefix: str = "satcore/",
-                 report: dict | None = None, config: ProbeConfig | None = None, **options):
+    prefix = "satcore/"
+
+    def __init__(self, probe_data, loss_fn=None, *, every_n_epochs: int = 1, report: dict | None = None,
+                 config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None):
         super().__init__()
         if every_n_epochs < 1:
             raise InputError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
-        self.probe_data, self.loss_fn = probe_data, loss_fn
-        self.every_n_epochs, self.prefix, self.report_options = every_n_epochs, prefix, dict(report or {})
-        self.config = ProbeConfig(**options) if config is None else replace(config, **options)
+        config = ProbeConfig() if config is None else config
+        if not isinstance(config, ProbeConfig):
+            raise InputError(f"KerasCallback: config must be a satcore.adapters.tensorflow.ProbeConfig, got "
+                             f"{type(config).__name__}")
+        if (policy is None) != (train_data is None):
+            raise InputError("KerasCallback: policy= and train_data= (the training batches the trials draw from) go "
+                             "together")
+        if policy is not None:
+            if not isinstance(policy, DecisionPolicy):
+                raise InputError(f"KerasCallback: policy must be a satcore.DecisionPolicy, got {type(policy).__name__}")
+            # the callback's places and features where the policy gives none (its own probe settings stay its own)
+            shared = ProbeConfig(family=config.family, init_std=config.init_std, n_features=config.n_features,
+                                 strategy=config.strategy)
+            policy = replace(policy, candidates=config.candidates if policy.candidates is None else policy.candidates,
+                             probe=shared if policy.probe is None else policy.probe)
+        self.probe_data, self.loss_fn, self.config = probe_data, loss_fn, config
+        self.every_n_epochs, self.report_options = every_n_epochs, dict(report or {})
+        self.policy, self.train_data = policy, train_data
         self.reports: list = []
 
     def on_epoch_end(self, epoch, logs=None):
@@ -63,6 +89,13 @@ class KerasCallback(keras.callbacks.Callback):
             return
         loss_fn = self.loss_fn if self.loss_fn is not None else per_sample_loss(self.model.loss)
         report = probe(self.model, self.probe_data, loss_fn, config=self.config).report(**self.report_options)
+        scalars = report.scalars(self.prefix)
+        if self.policy is not None:
+            from .decide import decide
+
+            decision = decide(self.model, self.train_data, self.probe_data, loss_fn, policy=self.policy)
+            report = replace(report, decision=decision)
+            scalars |= decision.scalars(self.prefix)
         self.reports.append((epoch, report))
         if logs is not None:
-            logs.update(report.scalars(self.prefix))
+            logs.update(scalars)

@@ -2,11 +2,11 @@
 
 ::
 
-    from satcore import Recipe, TrialSettings
+    from satcore import DecisionPolicy, Recipe, TrialSettings
     from satcore.adapters.tensorflow import decide
     decision = decide(model, train_batches, heldout_batches, loss_fn,
-                      recipe=Recipe("adam", lr=1e-3, steps=300, batch_size=128),
-                      trials=TrialSettings(max_trials=4, schedule="even"))
+                      policy=DecisionPolicy(Recipe("adam", lr=1e-3, steps=300, batch_size=128),
+                                            trials=TrialSettings(max_trials=4, schedule="even")))
 
 The decision is the core's loop (:func:`satcore.adapter_api.trial_decision`), the one the torch
 ``decide`` runs: the same screen, schedules, calibration and :class:`satcore.InsertionDecision`.
@@ -38,13 +38,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from satcore import InputError, Recipe
-from satcore.adapter_api import TRAINING_SPLIT_WARNING, TrialSettings, check_unexpanded_losses, screen, trial_decision
+from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
+from satcore.adapter_api import TRAINING_SPLIT_WARNING, check_unexpanded_losses, screen, trial_decision
 
 from .grow import InsertedResidual, grow
 from .probe import ProbeConfig, _unpack, probe
 
-PROBE_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(ProbeConfig)) - {"seed", "split"}
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
 
 
@@ -214,9 +213,9 @@ def _batches(data, split: str) -> list:
     return batches
 
 
-def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, trials: TrialSettings | None = None,
-           seed: int = 0, **probe_options):
-    """Where to insert the next block of a functional Keras model under ``recipe``, or why to stop: a
+def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
+           policy: DecisionPolicy | None = None) -> InsertionDecision:
+    """Where to insert the next block of a functional Keras model under the policy's recipe, or why to stop: a
     :class:`satcore.InsertionDecision` (module docstring).
 
     Parameters
@@ -230,36 +229,37 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, trials: Trial
         Per-sample losses (a Keras loss with ``reduction=None``); ``None``: the compiled model's loss,
         per sample.
     recipe : satcore.Recipe
-        How the user will train the inserted block; ``trainable`` must be ``"terminal"``.
-    trials : satcore.TrialSettings, optional
-        How many candidates are verified, by which schedule, under which calibration
-        (default ``TrialSettings()``: 4 trials, the even plan, the shipped calibration).
-    seed : int
-        The probe's feature maps and the trials' minibatch order.
-    probe_options
-        As the Keras :func:`~.probe.probe` takes them (``candidates``, ``family``, ``n_features``, ...).
+        How the user will train the inserted block (``trainable`` must be ``"terminal"``): the shorthand of
+        ``policy=DecisionPolicy(recipe)``.
+    policy : satcore.DecisionPolicy
+        Every option of the decision, as the torch ``decide`` reads it: ``recipe``; ``trials``
+        (:class:`satcore.TrialSettings`: how many candidates are verified, by which schedule, under which
+        calibration); ``candidates`` (layer names, as the Keras probe takes them; ``None``: the skip inputs of
+        the residual ``Add`` layers); ``seed`` (the probe's feature maps and the trials' minibatch order);
+        ``probe`` (a Keras :class:`~.probe.ProbeConfig`: ``family``, ``n_features``, ...).  Its
+        ``max_statistics_bytes`` is torch's (one probe pass per group of candidates): refused here.
 
     Raises
     ------
     satcore.InputError
-        Before any probe or trial: a recipe that is not a :class:`satcore.Recipe` or trains the whole
-        block, a split that yields no batches or is one batch, an empty batch, fewer than 2 held-out
-        samples, a loss that is not one per sample or not finite; and a trial whose losses stop
-        being finite (the recipe diverged on the inserted block).
-    TypeError
-        A keyword argument that is neither ``decide``'s nor a probe option.
+        Before any probe or trial: a recipe that trains the whole block, a ``max_statistics_bytes``, a probe
+        that is not a Keras ``ProbeConfig``, a split that yields no batches or is one batch, an empty batch,
+        fewer than 2 held-out samples, a loss that is not one per sample or not finite; and a trial whose losses
+        stop being finite (the recipe diverged on the inserted block).
     """
-    if not isinstance(recipe, Recipe):
-        raise InputError(f"decide: recipe must be a satcore.Recipe, got {type(recipe).__name__}")
+    policy = DecisionPolicy.of(recipe, policy)
+    recipe = policy.recipe
     if recipe.trainable != "terminal":
         raise InputError("decide: a Keras block's feature map is the probe's fixed seeded family, so only its terminal "
                          f"map V trains; use a recipe with trainable='terminal', got {recipe.trainable!r}")
-    if unknown := sorted(set(probe_options) - PROBE_OPTION_NAMES):
-        raise TypeError(f"decide() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; besides its "
-                        f"own it takes the probe's options: {', '.join(sorted(PROBE_OPTION_NAMES))}")
-    settings = TrialSettings() if trials is None else trials
-    if not isinstance(settings, TrialSettings):
-        raise InputError(f"decide: trials must be a satcore.TrialSettings, got {type(settings).__name__}")
+    if policy.max_statistics_bytes is not None:
+        raise InputError("decide: policy.max_statistics_bytes probes the candidates in passes, which the Keras "
+                         "decide does not do; leave it None")
+    config = ProbeConfig() if policy.probe is None else policy.probe
+    if not isinstance(config, ProbeConfig):
+        raise InputError(f"policy: probe must be a satcore.adapters.tensorflow.ProbeConfig, got "
+                         f"{type(config).__name__}")
+    config = dataclasses.replace(config, candidates=policy.candidates, seed=policy.seed)
     train = _batches(train, "training")
     evaluate = {"heldout": _batches(heldout, "held-out"), "train": train}
     loss_fn = _per_sample_loss(model, loss_fn)
@@ -268,11 +268,11 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, trials: Trial
     with warnings.catch_warnings():
         # meant to be the training split here: its statistics fit the step, the held-out split tests it
         warnings.filterwarnings("ignore", message=re.escape(TRAINING_SPLIT_WARNING))
-        fitted = probe(model, train, loss_fn, split="train", seed=seed, **probe_options)
-    tested = probe(model, evaluate["heldout"], loss_fn, split="heldout", seed=seed, **probe_options)
+        fitted = probe(model, train, loss_fn, config=config, split="train")
+    tested = probe(model, evaluate["heldout"], loss_fn, config=config, split="heldout")
     screened = screen(fitted.statistics, tested.statistics, recipe)
-    return trial_decision(KerasTrials(model, fitted, recipe, evaluate, loss_fn, seed), screened, before, recipe,
-                          settings)
+    return trial_decision(KerasTrials(model, fitted, recipe, evaluate, loss_fn, policy.seed), screened, before, recipe,
+                          policy.trials)
 
 
 __all__ = ["KerasTrials", "RecipeOptimizer", "decide", "per_sample_eval", "recipe_minibatches"]

@@ -22,13 +22,16 @@ import tensorflow as tf
 from satcore.adapter_api import atomic_write
 from satcore.adapter_api import display_name
 from satcore.adapter_api import NpzArchive, NpzError
-from satcore import GrowthLogError, ProbeError
-from satcore import FirstOrderDecide, GrowthOptions, GrowthResult, GrowthRound, HeldoutGuard, run_growth
+from dataclasses import replace
+
+from satcore import GrowthLogError, InputError, ProbeError
+from satcore import FirstOrderDecide, GrowthOptions, GrowthResult, GrowthRound, run_growth
 from satcore.adapter_api import AdapterSteps
+from satcore.adapters.base import growth_decision
 
 from .grow import InsertedResidual, grow
 from .locate import named_candidates, residual_candidates
-from .probe import Probe, _unpack
+from .probe import Probe, ProbeConfig, _unpack
 
 
 def per_sample_losses(model, data, loss_fn) -> np.ndarray:
@@ -87,15 +90,15 @@ class KerasGrowthSteps(AdapterSteps):
     load_weights = staticmethod(load_weights)
     weights_suffix = ".npz"
 
-    def __init__(self, train, loss_fn, data: dict, family="auto", probe_options=None):
+    def __init__(self, train, loss_fn, data: dict, probe: ProbeConfig):
         self.train_fn, self.loss_fn, self.data = train, loss_fn, data
-        self.family, self.options = family, dict(probe_options or {})
+        self.probe, self.family = probe, probe.family
 
     def start_probe(self, model, seed: int) -> Probe:
-        return Probe(model, self.loss_fn, family=self.family, seed=seed, split="probe", **self.options)
+        return Probe(model, self.loss_fn, replace(self.probe, seed=seed, split="probe"))
 
     def depth(self, model) -> int:
-        names = self.options.get("candidates")
+        names = self.probe.candidates
         base = residual_candidates(model) if names is None else named_candidates(model, names)
         return len(base) + _inserted(model)
 
@@ -113,33 +116,35 @@ class KerasGrowthSteps(AdapterSteps):
 
     def settings(self) -> dict:
         family = self.family if isinstance(self.family, str) else type(self.family).__name__
-        candidates = self.options.get("candidates")
+        candidates = self.probe.candidates
         return {"framework": "tensorflow", "family": family,
                 "candidates": None if candidates is None else list(candidates)}
 
 
 def grow_until_saturated(model, train, probe_data, loss_fn, *, heldout_data=None, train_data=None,
-                         options: GrowthOptions | None = None, tolerance: float | None = None, rho: float = 0.01,
-                         alpha: float = 0.05, max_depth: int | None = None, max_rounds: int = 10, seed: int = 0,
-                         first_look_batches: int | None = None, guard: HeldoutGuard | None = HeldoutGuard(),
-                         family="auto", decide=None, log_path=None, **probe_options) -> GrowthResult:
+                         options: GrowthOptions | None = None, policy=None) -> GrowthResult:
     """Rounds of decide -> insert -> train -> guard on a functional Keras model (module docstring).
 
-    The arguments are those of :func:`satcore.adapters.torch.grow_until_saturated` (``options``
-    or the loose ``tolerance ... guard``; ``family`` and ``probe_options`` as the Keras
-    :class:`~.probe.Probe` takes them), except ``zero`` (no native blocks) and ``progress``.
-    ``loss_fn(y_true, y_pred)`` returns per-sample losses (a Keras loss with ``reduction=None``).
-    Weights go beside the log as ``<log>.round<k>.npz``.
+    The arguments are those of :func:`satcore.adapters.torch.grow_until_saturated` (``options.probe`` a Keras
+    :class:`~.probe.ProbeConfig`, default ``family="auto"``; ``policy`` a :class:`satcore.DecisionPolicy`,
+    decided by :func:`~.decide.decide`, or a callable), except ``options.zero`` (no native blocks) and
+    ``options.progress``, which are not read.  ``loss_fn(y_true, y_pred)`` returns per-sample losses (a Keras
+    loss with ``reduction=None``).  Weights go beside the log as ``<log>.round<k>.npz``.
     """
-    options = GrowthOptions.resolve(options, tolerance, first_order=decide is None, rho=rho, alpha=alpha,
-                                    max_depth=max_depth, max_rounds=max_rounds, guard=guard, seed=seed,
-                                    first_look_batches=first_look_batches)
+    options = (GrowthOptions() if options is None else options).deciding(first_order=policy is None)
+    probe = ProbeConfig() if options.probe is None else options.probe
+    if not isinstance(probe, ProbeConfig):
+        raise InputError(f"growth options: probe must be a satcore.adapters.tensorflow.ProbeConfig, got "
+                         f"{type(probe).__name__}")
     data = {"probe": probe_data, "train": train_data if train_data is not None else probe_data,
             "heldout": heldout_data}
-    steps = KerasGrowthSteps(train, loss_fn, data, family, probe_options)
+    steps = KerasGrowthSteps(train, loss_fn, data, probe)
+    from .decide import decide as decide_fn
+
+    decide = growth_decision(policy, decide_fn, (train_data, probe_data), loss_fn, probe)
     if decide is None:
         decide = FirstOrderDecide(steps.start_probe, probe_data, options.criteria, options.first_look_batches)
-    return run_growth(model, steps, decide, options, log_path=log_path)
+    return run_growth(model, steps, decide, options, log_path=options.log_path)
 
 
 __all__ = ["KerasGrowthSteps", "grow_until_saturated", "load_weights", "per_sample_losses", "save_weights"]

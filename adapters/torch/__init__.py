@@ -34,7 +34,7 @@ from .grow import Grown, InsertedResidual, grow
 from .locate import HEAD, Candidate, find_blocks, find_candidates, named_candidates
 from .growth import GrowthResult, GrowthRound, grow_until_saturated
 from .native import NativeFeatures, insert_block, native_feature_map
-from .expansion import Expansion, expand, first_order_decision, insert_blocks
+from .expansion import Expansion, ExpansionOptions, expand, first_order_decision, insert_blocks
 from .expansion_frontier import DecisionBudget
 from .moments import batch_moments, position_index, subsample_positions
 from .hf import model_loss, per_sample_loss, sequence_loss
@@ -62,6 +62,7 @@ __all__ = [
     "Candidate",
     "DecisionBudget",
     "Expansion",
+    "ExpansionOptions",
     "FeatureMap",
     "Grown",
     "InsertedResidual",

@@ -28,10 +28,9 @@ import numpy as np
 import torch
 
 from satcore.adapters.batches import split_batch
-from satcore import InputError, Recipe
-from satcore.adapter_api import TrialSettings, check_unexpanded_losses, grouped_trials, trial_decision
+from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
+from satcore.adapter_api import check_unexpanded_losses, grouped_trials, trial_decision
 from satcore.adapter_api import screen as screen_rows
-from satcore.adapter_api import MAX_COUNT, MAX_SEED, whole_number
 
 from .grow import InsertedResidual, grow
 from .hf import model_loss
@@ -40,9 +39,6 @@ from .locate import decision_places
 from .native import _terminal_paths, insert_block, insertion_site
 from .probe import ProbeConfig, call_model, eval_mode, to_device
 from .splits import probe_splits_in_passes, probe_training_split
-
-
-PROBE_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(ProbeConfig)) | {"progress"}
 
 
 def _with_gradients(function):
@@ -180,10 +176,11 @@ class TorchTrials:
     block at a candidate of ``model``, trained with ``recipe`` on minibatches of ``train`` (:func:`recipe_minibatches`,
     ``seed``) and read on ``evaluate`` (``{split: batches}``).  ``probed(at)`` returns the probe result whose family
     the block at ``at`` is built from; it is called again on resume rather than kept (a pass of a memory-bounded
-    probe is dropped once read)."""
+    probe is dropped once read); a probe result itself serves every candidate."""
 
     def __init__(self, model, probed, recipe: Recipe, train, evaluate: dict, loss_fn=None, seed: int = 0):
-        self.model, self.probed, self.recipe, self.train = model, probed, recipe, train
+        self.model, self.recipe, self.train = model, recipe, train
+        self.probed = probed if callable(probed) else (lambda _: probed)
         self.evaluate, self.loss_fn, self.seed = evaluate, loss_fn, seed
 
     def start(self, at: str) -> "_Trial":
@@ -247,25 +244,26 @@ class _Trial:
 
 
 @_with_gradients
-def trial_losses(model, result, at: str, recipe: Recipe, train, evaluate: dict, checkpoints, loss_fn=None, *,
-                 seed: int = 0, before: dict | None = None) -> dict:
-    """Train the zero-output block at ``at`` (in a copy, :func:`inserted_copy`) with ``recipe`` on
-    minibatches of ``train`` (:func:`recipe_minibatches`, ``seed``) and evaluate it at ``checkpoints``.
+def trial_losses(trials: TorchTrials, at: str, checkpoints, before: dict | None = None) -> dict:
+    """Train the zero-output block at ``at`` (in a copy, :func:`inserted_copy`) as ``trials`` (a :class:`TorchTrials`:
+    the model, the probe result the block's family comes from, the recipe, the training batches, the splits to
+    evaluate, the loss and the minibatches' seed) trains it, and evaluate it at ``checkpoints``.
 
     Returns ``{"steps": checkpoints, name: (before (n,), after (k, n))}``: per-sample losses of each
-    ``evaluate[name]`` batch list before training and after each checkpoint's number of steps.
+    ``trials.evaluate[name]`` batch list before training and after each checkpoint's number of steps.
     ``recipe.steps`` is not read: the trial runs to the last checkpoint.  ``before``: the
-    unexpanded ``model``'s per-sample losses on each ``evaluate[name]`` (:func:`per_sample_eval`),
+    unexpanded model's per-sample losses on each ``evaluate[name]`` (:func:`per_sample_eval`),
     where the caller already has them (:func:`decide` evaluates them once for all its trials: the
     inserted block is the identity, so they are also the grown copy's before training); ``None``:
     evaluated here.
     """
     checkpoints = tuple(sorted({int(c) for c in checkpoints}))
+    evaluate = trials.evaluate
     if before is None:
-        before = {name: per_sample_eval(model, data, loss_fn) for name, data in evaluate.items()}
+        before = {name: per_sample_eval(trials.model, data, trials.loss_fn) for name, data in evaluate.items()}
     elif set(evaluate) - set(before):
         raise InputError(f"trial_losses: before= lacks {sorted(set(evaluate) - set(before))}")
-    trial = TorchTrials(model, lambda _: result, recipe, train, evaluate, loss_fn, seed).start(at)
+    trial = trials.start(at)
     after = {name: [] for name in evaluate}
     for target in checkpoints:
         trial.run_to(target)
@@ -280,16 +278,19 @@ def screen(splits, recipe: Recipe) -> dict:
     return {row.name: row for row in screen_rows(splits.train.statistics, splits.heldout.statistics, recipe)}
 
 
-def check_decide_arguments(*, recipe, schedule: str = "even", max_trials=4, seed=0, max_statistics_bytes=None) -> None:
-    """Refuse, naming the argument, what :func:`decide` cannot run with (before any data is read); also what a
-    training-loop callback's ``decide=`` is checked with when it is built."""
-    if not isinstance(recipe, Recipe):
-        raise InputError(f"decide: recipe must be a satcore.Recipe, got {type(recipe).__name__}")
-    TrialSettings(max_trials, schedule)  # the schedule and max_trials, as the decision reads them
-    whole_number(seed, "decide: seed", 0, MAX_SEED)
-    if max_statistics_bytes is not None:
-        whole_number(max_statistics_bytes, "decide: max_statistics_bytes", 1, MAX_COUNT)
-    check_trial_steps(recipe)
+def decision_probe_options(policy: DecisionPolicy, defaults: ProbeConfig | None = None) -> dict:
+    """The probe options of a decision under ``policy``: its probe (``policy.probe``, else ``defaults``, else
+    :class:`~.probe.ProbeConfig`'s defaults) at the policy's seed, and exactly its places (:func:`decision_places`:
+    the head only where ``"head"`` is named, never by default); where the policy names none, those of
+    ``defaults`` (its ``candidates`` and ``head``)."""
+    config = policy.probe if policy.probe is not None else defaults if defaults is not None else ProbeConfig()
+    if not isinstance(config, ProbeConfig):
+        raise InputError(f"policy: probe must be a satcore.adapters.torch.ProbeConfig, got {type(config).__name__}")
+    if policy.candidates is None and defaults is not None:
+        places = decision_places(defaults.candidates, defaults.head)
+    else:
+        places = decision_places(policy.candidates)
+    return {"config": dataclasses.replace(config, seed=policy.seed, candidates=None, head=True), **places}
 
 
 def check_input_dtype(model, inputs, what: str) -> None:
@@ -303,12 +304,9 @@ def check_input_dtype(model, inputs, what: str) -> None:
                              f"(.to({dtype}))")
 
 
-@forked_rng()  # the caller's next random draws are those it would have made without the call
-@_with_gradients
-def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=None, family="auto", seed: int = 0,
-           max_trials: int = 4, schedule: str = "even", calibration=None, groups=None,
-           max_statistics_bytes: int | None = None, **probe_options):
-    """Where to insert the next block under ``recipe``, or why to stop: a :class:`satcore.InsertionDecision`.
+def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
+           policy: DecisionPolicy | None = None) -> InsertionDecision:
+    """Where to insert the next block under the policy's recipe, or why to stop: a :class:`satcore.InsertionDecision`.
 
     Parameters
     ----------
@@ -320,45 +318,44 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
         measure the held-out loss on ``heldout``.
     loss_fn : per-sample loss ``loss_fn(outputs, targets) -> (B,)``; ``None`` for batches holding ``labels``.
     recipe : satcore.Recipe
-        How the user will train the inserted block.
-    candidates : ``None`` or a list of module names
-        ``None``: every block found and the ``head``.  A list: exactly those places are probed and
-        trialled; ``"head"`` in it adds the head (the output of the last named module), which is
-        otherwise left out (``head=True`` adds it too).
-    family, seed, probe_options
-        As :func:`~.probe.probe` takes them (``family`` may be an ``nn.Module`` feature map, or
-        ``"native"`` for a block of the model's own kind); ``seed`` also seeds the trials' minibatch order.
-    max_trials : int
-        How many candidates, in the screen's order, are verified by a trial.
-    schedule : {"even", "halving"}
-        How the trials share the recipe's steps.  ``"even"``: each verified candidate is trained
-        ``recipe.steps // verified`` steps (:func:`trial_losses`).  ``"halving"`` (successive halving,
-        :func:`satcore.adapter_api.halving_plan`): each is trained half of that, and the half with the
-        lowest held-out change then trained on with the rest; only those may be chosen (the others
-        come back ``eliminated``).  The same cost.  Held out on the bench's 300-step recipes, halving
-        ranks the candidates better (best picked in 68% of decisions against 50%) but stops within one
-        block of the best depth of the depth sweeps less often (8 of 12 against 11 of 12); on its
-        1000-step recipes it picks no better (51% against 53%) and ranks the candidates it drops worse
-        (within-model Spearman +0.31 against +0.50); so it is not the default
-        (docs/predictive-validity.md).
-    calibration : satcore._decisions.trials.Calibration, optional
-        Default: the shipped one fitted on the bench's trials of ``schedule``
-        (:mod:`satcore._decisions.calibration`: ``DEFAULT_CALIBRATION`` for the even plan,
-        ``HALVING_CALIBRATION`` for halving).
-    groups : sequence of sequences of candidate names, optional
-        Spread the trials over these groups (:func:`grouped_trials`): each group's first
-        ``ceil(max_trials / len(groups))`` in the screen's order are verified instead of the
-        screen's first ``max_trials``; their steps still add up to at most ``recipe.steps`` where
-        there are no more trials than steps (:func:`satcore._decisions.trials.trial_plan`).
-    max_statistics_bytes : int, optional
-        The most probe statistics (both splits' sums, :func:`~.probe.plan`) held at once.  The
-        candidates are then probed in consecutive groups that fit (:meth:`~.probe.MemoryPlan.passes`),
-        one pass over both splits per group, each group's statistics dropped once screened, and a
-        trialled candidate of an earlier group probed again (its group, training split) for its trial: the same
-        screen (with ``position_subsample`` the positions drawn differ), more passes.  A Llama-style
-        place (``r = d + intermediate`` native features) holds ``8 (17 d r + r^2 + 16)`` bytes a
-        split (16 folds): 0.19 GiB for SmolLM2-135M (``d = 576``, ``r = 2112``), 2.4 GiB for a
-        1.1B Llama (``d = 2048``, ``r = 7680``).  The head shares the last block's pass.
+        How the user will train the inserted block: the shorthand of ``policy=DecisionPolicy(recipe)``.
+    policy : satcore.DecisionPolicy
+        Every option of the decision (give it or ``recipe``, not both):
+
+        * ``recipe``: how the user will train the inserted block;
+        * ``trials`` (:class:`satcore.TrialSettings`): ``max_trials``, how many candidates, in the screen's
+          order, are verified by a trial; ``schedule``, how the trials share the recipe's steps:
+          ``"even"``, each verified candidate trained ``recipe.steps // verified`` steps
+          (:func:`trial_losses`), or ``"halving"`` (successive halving,
+          :func:`satcore.adapter_api.halving_plan`): each trained half of that, and the half with the
+          lowest held-out change then trained on with the rest; only those may be chosen (the others
+          come back ``eliminated``); the same cost.  Held out on the bench's 300-step recipes, halving
+          ranks the candidates better (best picked in 68% of decisions against 50%) but stops within one
+          block of the best depth of the depth sweeps less often (8 of 12 against 11 of 12); on its
+          1000-step recipes it picks no better (51% against 53%) and ranks the candidates it drops worse
+          (within-model Spearman +0.31 against +0.50); so it is not the default
+          (docs/predictive-validity.md).  ``calibration``: default the shipped one fitted on the bench's
+          trials of the schedule (:mod:`satcore._decisions.calibration`).  ``groups``: spread the trials
+          over these groups of candidate names (:func:`grouped_trials`): each group's first
+          ``ceil(max_trials / len(groups))`` in the screen's order are verified instead of the screen's
+          first ``max_trials``; their steps still add up to at most ``recipe.steps`` where there are no
+          more trials than steps (:func:`satcore._decisions.trials.trial_plan`);
+        * ``candidates``: ``None``, every block found and the ``head``; a list of module names, exactly
+          those places are probed and trialled, ``"head"`` in it adds the head (the output of the last
+          named module), which is otherwise left out;
+        * ``seed``: the probe's feature maps and the trials' minibatch order;
+        * ``max_statistics_bytes``: the most probe statistics (both splits' sums, :func:`~.probe.plan`)
+          held at once.  The candidates are then probed in consecutive groups that fit
+          (:meth:`~.probe.MemoryPlan.passes`), one pass over both splits per group, each group's
+          statistics dropped once screened, and a trialled candidate of an earlier group probed again
+          (its group, training split) for its trial: the same screen (with ``position_subsample`` the
+          positions drawn differ), more passes.  A Llama-style place (``r = d + intermediate`` native
+          features) holds ``8 (17 d r + r^2 + 16)`` bytes a split (16 folds): 0.19 GiB for SmolLM2-135M
+          (``d = 576``, ``r = 2112``), 2.4 GiB for a 1.1B Llama (``d = 2048``, ``r = 7680``).  The head
+          shares the last block's pass;
+        * ``probe``: a :class:`~.probe.ProbeConfig` of the probe's other options (``family``, which may be an
+          ``nn.Module`` feature map or ``"native"`` for a block of the model's own kind, ``n_features``,
+          ``mask``, ``position_subsample``, ``batch_dtype``, ...).
 
     Returns
     -------
@@ -369,24 +366,28 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
     Raises
     ------
     satcore.InputError
-        Before any probe or trial: a split that yields no batches or is one batch rather than an
-        iterable of batches, an empty batch, fewer than 2 held-out samples, a ``loss_fn`` that does not
-        return one loss per sample (a batch mean, 0-d or ``(1,)``), ``max_trials`` not a positive integer, a
-        ``seed`` outside ``0 .. 2**63 - 1``, a ``max_statistics_bytes`` below 1, float inputs of another dtype
+        Before any probe or trial: a policy that cannot run (:class:`satcore.DecisionPolicy` checks its fields
+        when it is built; both ``recipe`` and ``policy``, or neither), a split that yields no batches or is one
+        batch rather than an iterable of batches, an empty batch, fewer than 2 held-out samples, a ``loss_fn``
+        that does not return one loss per sample (a batch mean, 0-d or ``(1,)``), float inputs of another dtype
         than the model's parameters, labels outside the vocabulary (the model's own loss), a split of more than
         65,536 batches (an endless iterator), a recipe of more steps than ``SATCORE_MAX_TRIAL_STEPS`` (100,000;
         :mod:`~.input_bounds`), a loss that is not finite before any insertion; and a trial whose losses stop
         being finite (the recipe diverged on the inserted block).
-    TypeError
-        A keyword argument that is neither ``decide``'s nor a probe option (:class:`~.probe.ProbeConfig`).
     """
-    # the probe's options pass through; anything else is a misspelt argument of decide, named as Python would
-    if unknown := sorted(set(probe_options) - PROBE_OPTION_NAMES):
-        raise TypeError(f"decide() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; besides its "
-                        f"own it takes the probe's options: {', '.join(sorted(PROBE_OPTION_NAMES))}")
-    check_decide_arguments(recipe=recipe, schedule=schedule, max_trials=max_trials, seed=seed,
-                           max_statistics_bytes=max_statistics_bytes)
-    settings = TrialSettings(max_trials, schedule, calibration, groups)
+    return decide_under(model, train, heldout, loss_fn, DecisionPolicy.of(recipe, policy))
+
+
+@forked_rng()  # the caller's next random draws are those it would have made without the call
+@_with_gradients
+def decide_under(model, train, heldout, loss_fn, policy: DecisionPolicy,
+                 defaults: ProbeConfig | None = None) -> InsertionDecision:
+    """:func:`decide` under ``policy``, the probe's options where the policy gives none (its ``probe`` None, its
+    ``candidates`` None) those of ``defaults`` (:func:`decision_probe_options`): how a training-loop callback
+    decides with its own probe settings."""
+    recipe = policy.recipe
+    check_trial_steps(recipe)
+    probe_options = decision_probe_options(policy, defaults)
     for split, data in (("training", train), ("held-out", heldout)):
         if isinstance(data, Mapping) or (isinstance(data, tuple) and len(data) == 2 and torch.is_tensor(data[0])):
             raise InputError(f"decide: the {split} data is one batch; pass an iterable of batches, e.g. [batch]")
@@ -410,8 +411,6 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
     # split too small for a standard error is refused first: every trial starts from them (its block is the identity)
     before = {split: per_sample_eval(model, data, loss_fn) for split, data in evaluate.items()}
     check_unexpanded_losses(before)
-    # exactly the places named: the head only where "head" is named (or head=True), never by default
-    probe_options.update(decision_places(candidates, probe_options.pop("head", None)), family=family, seed=seed)
     screened, pass_of = [], {}
 
     def read(selection, splits):
@@ -419,8 +418,8 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
         pass_of.update(dict.fromkeys(splits.train.statistics, selection))
 
     # the trials need only the training split's statistics: the last pass's held-out split goes here
-    _, last = probe_splits_in_passes(model, train, heldout, loss_fn, read, max_statistics_bytes=max_statistics_bytes,
-                                     **probe_options)
+    _, last = probe_splits_in_passes(model, train, heldout, loss_fn, read,
+                                     max_statistics_bytes=policy.max_statistics_bytes, **probe_options)
 
     def probed(name):
         if name in last.statistics:
@@ -428,8 +427,8 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=No
         # an earlier pass's: its statistics are gone, its group is probed again
         return probe_training_split(model, train, loss_fn, **probe_options | pass_of[name])
 
-    trials = TorchTrials(model, probed, recipe, train, evaluate, loss_fn, seed)
-    return trial_decision(trials, screened, before, recipe, settings)
+    trials = TorchTrials(model, probed, recipe, train, evaluate, loss_fn, policy.seed)
+    return trial_decision(trials, screened, before, recipe, policy.trials)
 
 
-__all__ = ["TorchTrials", "decide", "grouped_trials", "inserted_copy", "per_sample_eval", "recipe_minibatches", "screen", "trial_losses"]
+__all__ = ["TorchTrials", "decide", "decide_under", "decision_probe_options", "grouped_trials", "inserted_copy", "per_sample_eval", "recipe_minibatches", "screen", "trial_losses"]

@@ -43,13 +43,13 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from torch import nn
 
-from satcore import InputError, ProbeError
+from satcore import DecisionPolicy, InputError, ProbeError
 from satcore import Recipe
 from satcore.adapter_api import DEFAULT_ALPHA, screen
 from satcore.adapter_api import derived_seed, yaml_quoted
@@ -57,8 +57,9 @@ from satcore.adapter_api import derived_seed, yaml_quoted
 from .expansion_exports import llama_factory_lora
 from .hf import context_length, sequence_loss
 from .input_bounds import check_new_block_count, check_token_ids, forked_rng, read_batches
-from .locate import HEAD, decision_places, find_blocks
+from .locate import HEAD, find_blocks
 from .native import HF_TERMINALS, _check_hf, _has, insert_block
+from .probe import ProbeConfig
 from .splits import probe_splits_in_passes
 
 INITS = ("copy", "fresh")
@@ -116,12 +117,11 @@ def _batch_samples(batch) -> int:
     return len(_inputs_ids(batch))
 
 
-def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, recipe: Recipe, candidates=None,
-                         family: str = "native", seed: int = 0, max_statistics_bytes: int | None = None,
-                         **probe_options) -> ScreenDecision:
-    """The first-order screen: probe ``model`` on ``train`` and ``heldout`` (:func:`~.splits.probe_splits`,
-    ``family="native"``: the tangent space of the block that will be inserted) and price the
-    recipe's step at every candidate on the held-out folds (:func:`satcore._decisions.predictors.predict_gains`).
+def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
+                         policy: DecisionPolicy | None = None) -> ScreenDecision:
+    """The first-order screen: probe ``model`` on ``train`` and ``heldout`` (:func:`~.splits.probe_splits`; the
+    policy's probe, by default ``family="native"``: the tangent space of the block that will be inserted) and price
+    the recipe's step at every candidate on the held-out folds (:func:`satcore._decisions.predictors.predict_gains`).
 
     The predicted step is ``recipe.steps`` steps of the recipe's optimizer (Adam for AdamW) on the
     new block's zeroed terminal maps, with the gradient held at its value at insertion.  The
@@ -129,9 +129,15 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
     ``1 - 0.05`` interval lies below zero.  Cost: each probed sample is one forward and backward
     pass of the model, as one training sample is, so the probe costs
     ``ceil(samples / recipe.batch_size)`` steps of training one block (block-steps).
-    ``max_statistics_bytes``: probe the candidates in groups whose statistics fit, as
-    :func:`~.decide.decide` does (one pass over both splits per group, the cost counted per pass).
+    ``recipe`` or ``policy`` (:class:`satcore.DecisionPolicy`) as :func:`~.decide.decide` takes them: its
+    ``candidates``, ``seed`` and ``probe`` are read, and ``max_statistics_bytes`` probes the candidates in
+    groups whose statistics fit, as :func:`~.decide.decide` does (one pass over both splits per group, the cost
+    counted per pass); its ``trials`` are not (no trial is run).
     """
+    from .decide import decision_probe_options
+
+    policy = DecisionPolicy.of(recipe, policy, by="first_order_decision")
+    recipe = policy.recipe
     train, heldout = list(train), list(heldout)
     evidence = {}
 
@@ -142,9 +148,9 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
             row = rows[name]
             evidence[name] = CandidateEvidence(row.heldout_change, row.interval, row.p_decrease, -row.training_change)
 
-    places = decision_places(candidates, probe_options.pop("head", None))  # exactly the named places, as decide
-    passes, _ = probe_splits_in_passes(model, train, heldout, loss_fn, read, max_statistics_bytes=max_statistics_bytes,
-                                       family=family, seed=seed, **places, **probe_options)
+    passes, _ = probe_splits_in_passes(model, train, heldout, loss_fn, read,
+                                       max_statistics_bytes=policy.max_statistics_bytes,
+                                       **decision_probe_options(policy, ProbeConfig(family="native")))
     samples = passes * sum(_batch_samples(b) for b in train + heldout)
     decision = ScreenDecision(None, None, evidence, math.ceil(samples / recipe.batch_size), recipe)
     significant = [n for n in decision.ranking() if decision.significant(n)]
@@ -252,13 +258,19 @@ class GroupedPlacement(_ReadsDecision):
         return {**self.base.to_dict(), "groups": [list(g) for g in self.groups]}
 
 
-def placement_decision(model: nn.Module, train, heldout, loss_fn=None, *, recipe: Recipe, decision: str = "trial",
-                       layout: str = "ranked", blocks: int | str | None = None, max_trials: int = 4, seed: int = 0,
-                       **probe_options):
-    """The ranking :func:`expand` places blocks by.
+def native_policy(policy: DecisionPolicy) -> DecisionPolicy:
+    """``policy`` with its probe's family ``"native"``: the blocks :func:`expand` inserts are of the model's own
+    kind, so its decisions probe exactly their tangent space."""
+    return replace(policy, probe=replace(policy.probe or ProbeConfig(), family="native"))
 
-    ``decision="trial"``: :func:`~.decide.decide` with the native family (``max_trials``
-    trials), read as a :class:`TrialRanking`; ``"screen"``: :func:`first_order_decision`.
+
+def placement_decision(model: nn.Module, train, heldout, loss_fn=None, *, policy: DecisionPolicy,
+                       decision: str = "trial", layout: str = "ranked", blocks: int | str | None = None):
+    """The ranking :func:`expand` places blocks by, under ``policy`` (:class:`satcore.DecisionPolicy`; its probe's
+    family is ``"native"`` here, :func:`native_policy`).
+
+    ``decision="trial"``: :func:`~.decide.decide` (``policy.trials.max_trials`` trials, the even plan), read as a
+    :class:`TrialRanking`; ``"screen"``: :func:`first_order_decision`.
     ``layout="ranked"``: that ranking as it is (``expand`` takes its top ``K``);
     ``"grouped"``: a :class:`GroupedPlacement` over ``blocks`` groups of places
     (:func:`place_groups`; ``blocks="auto"``: ``max_trials`` groups, at most one per place), the trials spread over the
@@ -270,6 +282,8 @@ def placement_decision(model: nn.Module, train, heldout, loss_fn=None, *, recipe
     if layout not in LAYOUTS:
         raise InputError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     loss_fn = sequence_loss if loss_fn is None else loss_fn
+    policy = native_policy(policy)
+    max_trials = policy.trials.max_trials
     groups = None
     if layout == "grouped":
         if blocks != "auto" and not (isinstance(blocks, int) and not isinstance(blocks, bool)):
@@ -278,14 +292,18 @@ def placement_decision(model: nn.Module, train, heldout, loss_fn=None, *, recipe
         places = place_groups(len(names), min(max_trials, len(names) + 1) if blocks == "auto" else blocks)
         groups = tuple(tuple(HEAD if p == HEAD else names[p] for p in group) for group in places)
     if decision == "screen":
-        ranked = first_order_decision(model, train, heldout, loss_fn, recipe=recipe, seed=seed, **probe_options)
+        ranked = first_order_decision(model, train, heldout, loss_fn, policy=policy)
     else:
         from .decide import decide
 
         # the even plan: K places are taken from the ranking (one per group with the grouped layout), so
         # every trialled place needs a trial of the same length (docs/expansion.md measured it this way)
-        ranked = TrialRanking(decide(model, train, heldout, loss_fn, recipe=recipe, family="native", seed=seed,
-                                     max_trials=max_trials, groups=groups, schedule="even", **probe_options))
+        if policy.trials.schedule != "even":
+            raise InputError("expand: the placement's trials run the even plan (every place trialled as long, so "
+                             f"that K places can be read off one ranking); the policy's schedule is "
+                             f"{policy.trials.schedule!r}")
+        trials = replace(policy.trials, groups=groups)
+        ranked = TrialRanking(decide(model, train, heldout, loss_fn, policy=replace(policy, trials=trials)))
     return ranked if groups is None else GroupedPlacement(ranked, groups)
 
 
@@ -624,10 +642,63 @@ def _budgeted(decision: str, layout: str, blocks, budget, loss_fn):
     return budget
 
 
+@dataclass(frozen=True)
+class ExpansionOptions:
+    """How :func:`expand` grows the model, besides the decision's own options (its :class:`satcore.DecisionPolicy`).
+
+    Attributes
+    ----------
+    at : original block indices (or ``"head"``) to insert before, instead of the decision (then
+        ``blocks`` and ``max_blocks`` must be None, ``data`` is not read, and the layout is
+        recorded as ``"forced"``).
+    init : ``"copy"`` (LLaMA-Pro) or ``"fresh"`` (module docstring).
+    train_new_only : leave only the new blocks' parameters trainable.
+    max_blocks : the most blocks ``blocks="auto"`` inserts (default a quarter of the layers, LLaMA-Pro's ratio; the
+        credible places the cap leaves out are recorded, ``Expansion.left_out_by_max_blocks``).
+    decision : ``"trial"`` (default): :func:`~.decide.decide`, the first-order screen verified by
+        short trials of the recipe (at most one block's training in all); ``"screen"``: the
+        first-order screen alone (:func:`first_order_decision`, cheaper; experimental: first-order values
+        do not price a trained block's held-out gain, studies/decision-validity.md).  Both placements were
+        measured to lose to LLaMA-Pro's uniform interleave (studies/expansion-head-to-head-notes.md);
+        ``layout="grouped"`` tied it there with the decision's cost not charged and lost with it.
+    layout : ``"grouped"`` (default): the ``L + 1`` places split into ``K`` contiguous groups
+        (LLaMA-Pro's groups, :func:`place_groups`), one block per group at the place the decision
+        ranks first within it, the trials spread over the groups (:func:`placement_decision`);
+        ``"ranked"`` (experimental): the decision's top ``K`` places anywhere in the stack.  Grouped is the
+        default because ranked put every block at the bottom of the stack and lost to uniform
+        interleave even with its cost not charged, where grouped tied it (studies/expansion-head-to-head-notes.md; a
+        choice made on that one bench, so not independent evidence).  With
+        ``blocks="auto"`` the split is into ``max_trials`` (4) groups and a group gets its block
+        when its place is significant (verified by a trial with a credible decrease), so ``K``
+        is 0 to 4, also at most ``max_blocks``, the groups with the lowest calibrated change first.
+    budget : :class:`~.expansion_frontier.DecisionBudget`, optional
+        The share of the planned training (the recipe) the decision may spend, and the general data
+        and forgetting limit it weighs.  With ``decision="trial"``, ``blocks="auto"`` is the frontier
+        (:func:`~.expansion_frontier.frontier_decision`: ``K = 0`` and ``K = 1, 2, 4, ...`` at uniform
+        places, blocks only where they beat ``K = 0`` credibly, none when expanding does not pay;
+        ``budget`` None: ``DecisionBudget()``); with ``layout="grouped"`` a budget makes ``blocks=K``
+        the placement check (:func:`~.expansion_frontier.placement_check`: uniform places unless a
+        trial credibly favours a move).  Without a budget ``blocks=K`` is the trial decision above,
+        which costs up to one block trained with the whole recipe.
+    """
+
+    at: object = None
+    init: str = "copy"
+    train_new_only: bool = False
+    max_blocks: int | None = None
+    decision: str = "trial"
+    layout: str = "grouped"
+    budget: object = None
+
+    def __post_init__(self):
+        for name, allowed in (("init", INITS), ("decision", DECISIONS), ("layout", LAYOUTS)):
+            if getattr(self, name) not in allowed:
+                raise InputError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+
+
 @forked_rng()  # the caller's next random draws are those it would have made without the call
 def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=None, recipe: Recipe | None = None,
-           at=None, init: str = "copy", train_new_only: bool = False, max_blocks: int | None = None, seed: int = 0,
-           decision: str = "trial", layout: str = "grouped", budget=None, **probe_options) -> Expansion:
+           policy: DecisionPolicy | None = None, options: ExpansionOptions | None = None) -> Expansion:
     """Grow the Hugging Face decoder ``model`` by identity blocks placed by one decision on ``data``.
 
     Parameters
@@ -640,67 +711,45 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
     blocks : int, ``"auto"`` or None
         ``K``: the ``K`` candidates the decision ranks first (``layout="grouped"``: one per
         group); ``"auto"``: the candidates whose decrease is significant, best first, at most
-        ``max_blocks`` (default a quarter of the layers, LLaMA-Pro's ratio; the credible places
-        the cap leaves out are recorded, ``Expansion.left_out_by_max_blocks``); None with ``at``.
-        Windows longer than the model's context (``max_position_embeddings``, GPT-2's
-        ``n_positions``) are refused.
-    recipe : :class:`satcore.Recipe`, default LLaMA-Pro's (AdamW, lr 2e-4): the step the decision prices.
-    at : original block indices (or ``"head"``) to insert before, instead of the decision (then
-        ``blocks`` and ``max_blocks`` must be None, ``data`` is not read, and the layout is
-        recorded as ``"forced"``).
-    init : ``"copy"`` (LLaMA-Pro) or ``"fresh"`` (module docstring).
-    train_new_only : leave only the new blocks' parameters trainable.
-    decision : ``"trial"`` (default): :func:`~.decide.decide`, the first-order screen verified by
-        short trials of ``recipe`` (at most one block's training in all); ``"screen"``: the
-        first-order screen alone (:func:`first_order_decision`, cheaper).  Both placements were
-        measured to lose to LLaMA-Pro's uniform interleave on the bench of docs/expansion.md;
-        ``layout="grouped"`` tied it there with the decision's cost not charged and lost with it.
-    layout : ``"grouped"`` (default): the ``L + 1`` places split into ``K`` contiguous groups
-        (LLaMA-Pro's groups, :func:`place_groups`), one block per group at the place the decision
-        ranks first within it, the trials spread over the groups (:func:`placement_decision`);
-        ``"ranked"``: the decision's top ``K`` places anywhere in the stack.  Grouped is the
-        default because ranked put every block at the bottom of the stack and lost to uniform
-        interleave even with its cost not charged, where grouped tied it (docs/expansion.md; a
-        choice made on that one bench, so not independent evidence).  With
-        ``blocks="auto"`` the split is into ``max_trials`` (4) groups and a group gets its block
-        when its place is significant (verified by a trial with a credible decrease), so ``K``
-        is 0 to 4, also at most ``max_blocks``, the groups with the lowest calibrated change first.
-    budget : :class:`~.expansion_frontier.DecisionBudget`, optional
-        The share of the planned training (``recipe``) the decision may spend, and the general data
-        and forgetting limit it weighs.  With ``decision="trial"``, ``blocks="auto"`` is the frontier
-        (:func:`~.expansion_frontier.frontier_decision`: ``K = 0`` and ``K = 1, 2, 4, ...`` at uniform
-        places, the fewest blocks within the tolerance of the best, none when expanding does not pay;
-        ``budget`` None: ``DecisionBudget()``); with ``layout="grouped"`` a budget makes ``blocks=K``
-        the placement check (:func:`~.expansion_frontier.placement_check`: uniform places unless a
-        trial credibly favours a move).  Without a budget ``blocks=K`` is the trial decision above,
-        which costs up to one block trained with the whole recipe.
-    probe_options : passed to the probe (``position_subsample``, ``batch_dtype``, ...), and
-        ``max_statistics_bytes``: the decision's probe in groups of places whose statistics fit
-        (:func:`~.decide.decide`; the same decision, one pass over ``data`` per group).
+        ``options.max_blocks``; None with ``options.at``.  Windows longer than the model's context
+        (``max_position_embeddings``, GPT-2's ``n_positions``) are refused.
+    recipe : :class:`satcore.Recipe`, default LLaMA-Pro's (AdamW, lr 2e-4): the step the decision prices; the
+        shorthand of ``policy=DecisionPolicy(recipe)``.
+    policy : :class:`satcore.DecisionPolicy`, optional
+        The decision's options (give it or ``recipe``): its ``recipe``; its ``seed``, which also seeds the new
+        blocks' draws (``init="fresh"``); ``trials.max_trials`` (the even plan; the grouped layout spreads the
+        trials over its groups); ``max_statistics_bytes``, the decision's probe in groups of places whose
+        statistics fit (:func:`~.decide.decide`; the same decision, one pass over ``data`` per group); and
+        ``probe`` (``position_subsample``, ``batch_dtype``, ...; the family is ``"native"``).
+    options : :class:`ExpansionOptions`, optional
+        The forced places, the new blocks' init, what trains, the cap, the decision, the layout and the
+        decision budget.
 
     Returns
     -------
     Expansion
     """
-    recipe = DEFAULT_RECIPE if recipe is None else recipe
+    if recipe is None and policy is None:
+        recipe = DEFAULT_RECIPE
+    policy = DecisionPolicy.of(recipe, policy, by="expand")
+    recipe, seed = policy.recipe, policy.seed
+    options = ExpansionOptions() if options is None else options
+    if not isinstance(options, ExpansionOptions):
+        raise InputError(f"expand: options must be an ExpansionOptions, got {type(options).__name__}")
+    at, init, max_blocks, layout = options.at, options.init, options.max_blocks, options.layout
     names, terminals = decoder_stack(model)
     n = len(names)
-    if init not in INITS:
-        raise InputError(f"init must be one of {', '.join(INITS)}, got {init!r}")
-    if decision not in DECISIONS:
-        raise InputError(f"decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
-    if layout not in LAYOUTS:
-        raise InputError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     if (blocks is None) == (at is None):
         raise InputError("give blocks (an integer or 'auto') or at (the places to force), not both"
                          if at is not None else "give blocks (an integer or 'auto'), or at to force the places")
     if max_blocks is not None and blocks != "auto":
         given = "at" if at is not None else f"blocks={blocks!r}"
         raise InputError(f"max_blocks caps blocks='auto' only; with {given} it would be ignored")
-    if at is not None and probe_options.get("max_statistics_bytes") is not None:
+    if at is not None and policy.max_statistics_bytes is not None:
         raise InputError("max_statistics_bytes caps the decision's probe; with at no decision is made, so it "
                          "would be ignored")
-    method, decision, forced, limit, left_out = decision, None, (), None, ()
+    train_new_only = options.train_new_only
+    method, decision, forced, limit, left_out = options.decision, None, (), None, ()
     if at is not None:
         chosen = read_batches(at, "expand: at")
         if not chosen:
@@ -719,12 +768,12 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
             ids = _inputs_ids(batch)
             if torch.is_tensor(ids):
                 check_token_ids(ids, model.config.vocab_size, f"expand: data: batch {i}")
-        budgeted = _budgeted(method, layout, blocks, budget, loss_fn)
+        budgeted = _budgeted(method, layout, blocks, options.budget, loss_fn)
         if budgeted is not None:
             from . import expansion_frontier
 
             settings = {"blocks": blocks, "max_blocks": max(1, n // 4) if max_blocks is None else max_blocks,
-                        "init": init, "seed": seed, "train_new_only": train_new_only, "probe_options": probe_options}
+                        "init": init, "seed": seed, "train_new_only": train_new_only, "policy": policy}
             run = expansion_frontier.frontier_decision if blocks == "auto" else expansion_frontier.placement_check
             if blocks == "auto" and heldout is None and torch.is_tensor(data):
                 train, held = data, None  # the frontier holds out what its budget affords, trains on the rest
@@ -739,8 +788,8 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
             return Expansion(grown, new, n, init, blocks, decision, forced, recipe, train_new_only, terminals,
                              names[0].rpartition(".")[0], "uniform" if blocks == "auto" else layout, limit,
                              left_out, budgeted)
-        decision = placement_decision(model, train, held, loss_fn, recipe=recipe, decision=method, layout=layout,
-                                      blocks=blocks, seed=seed, **probe_options)
+        decision = placement_decision(model, train, held, loss_fn, policy=policy, decision=method, layout=layout,
+                                      blocks=blocks)
         ranking = decision.ranking()
         if blocks == "auto":
             limit = max(1, n // 4) if max_blocks is None else max_blocks

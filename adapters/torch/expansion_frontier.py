@@ -25,6 +25,7 @@ extrapolation to the full training, the choice) is :mod:`satcore._decisions.fron
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from satcore import InputError, Recipe
+from satcore import DecisionPolicy, InputError, Recipe
 from satcore.adapter_api import (MIN_HELDOUT, FrontierChoice, Prediction, TrialPlan, affordable_heldout, block_counts,
                                  choose_blocks, new_positions, plan_trials, predict_change, step_flops, uniform_groups,
                                  uniform_places)
@@ -228,6 +229,10 @@ class _Arms:
 
 
 TIMED_STEPS = 2  # the first pass of a model pays for warming up; the estimate takes the faster of two
+# trials that pass over their training windows more often than this are announced as such: at 2000 planned steps on
+# the command's 64 CPU windows (32 training the trials, 13 passes) the K = 0 trial over-fitted them (+0.64 nats at its
+# last reading) where 512 windows gave a falling curve (docs/expansion-budget-notes.md); 1.3 passes (400 steps) did not
+MAX_TRIAL_PASSES = 2.0
 
 
 def timed_step(model, train: list, recipe: Recipe) -> float:
@@ -331,10 +336,14 @@ class ArmResult:
     target: Prediction
     general: Prediction | None
     trials: ArmTrials
+    versus_none: Prediction | None = None  # this arm's held-out change minus K = 0's, paired on the same windows
 
     def to_dict(self) -> dict:
+        versus = self.versus_none
         return {"blocks": self.blocks, "places": list(self.places),
                 "predicted_heldout_change": self.target.point, "interval": list(self.target.interval),
+                "predicted_minus_none": None if versus is None else versus.point,
+                "minus_none_interval": None if versus is None else list(versus.interval),
                 "predicted_general_change": None if self.general is None else self.general.point,
                 "general_interval": None if self.general is None else list(self.general.interval),
                 "standard_errors": {"windows": self.target.se_sample, "seeds": self.target.se_seed},
@@ -357,7 +366,9 @@ class FrontierDecision(BudgetedDecision):
         return {"method": ("frontier: K = 0 (the model as it is, trained the same way) and K blocks at uniform places, "
                            "short trials, each window's change fitted linearly in log2(steps) and "
                            "read at the planned steps; 95% interval from the held-out windows' noise (and the seeds', with "
-                           "several replicates, each its own minibatch order)"),
+                           "several replicates, each its own minibatch order); K blocks are chosen only where they beat "
+                           "K = 0 credibly, paired on the same windows (interval below 0, point below minus the "
+                           "tolerance)"),
                 "frontier": [a.to_dict() for a in self.arms], "chosen_blocks": self.choice.chosen_blocks,
                 "best_blocks": self.choice.best_blocks, "tolerance": self.tolerance,
                 "max_forgetting": self.choice.max_forgetting,
@@ -419,6 +430,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     check_trial_work(plan.trial_steps * plan.arms * plan.replicates, recipe.batch_size,
                      f"steps {recipe.steps:,} with a decision budget of {budget.fraction:g}",
                      "plan fewer steps or a smaller decision budget")
+    passes = plan.trial_steps * recipe.batch_size / max(_windows(train), 1)
     if budget.announce is not None:
         budget.announce("\n".join(_plan_lines(
             f"plan: decide how many blocks (K = {', '.join(map(str, counts))}; K = 0 trains the model as it is) for "
@@ -426,7 +438,11 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
             f"tokens), {recipe.optimizer} lr {recipe.lr:g}", plan, seconds, tokens,
             {s: _windows(b) for s, b in evaluate.items()}, _windows(train))
             + ([f"  held out: {sized} windows, what a quarter of the budget reads (at least {MIN_HELDOUT}, at most "
-                f"half); the rest train the trials"] if sized is not None else [])))
+                f"half); the rest train the trials"] if sized is not None else [])
+            + ([f"  warning: each trial passes over its {_windows(train)} training windows {passes:.1f} times (more than "
+                f"{MAX_TRIAL_PASSES:g}): K = 0's trial may fit them and read as a harm; give about "
+                f"{_windows(held) + math.ceil(plan.trial_steps * recipe.batch_size / MAX_TRIAL_PASSES)} windows "
+                f"(--max-windows)"] if passes > MAX_TRIAL_PASSES else [])))
     meter = _Meter(plan.cost_steps, budget.progress, costs)
     try:
         meter.add(TIMED_STEPS * costs.full())
@@ -436,14 +452,18 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     finally:
         meter.close()
     tolerance = _tolerance(budget, losses)
+    none = trials[0].changes["heldout"]
     results = tuple(ArmResult(k, t.places, predict_change(t.changes["heldout"], plan.checkpoints, recipe.steps),
                               predict_change(t.changes["general"], plan.checkpoints, recipe.steps)
-                              if "general" in t.changes else None, t) for k, t in trials.items())
+                              if "general" in t.changes else None, t,
+                              predict_change(t.changes["heldout"] - none, plan.checkpoints, recipe.steps) if k else None)
+                    for k, t in trials.items())
     choice = choose_blocks({a.blocks: a.target for a in results},
                            {a.blocks: a.general for a in results} if "general" in evaluate else None,
-                           tolerance, budget.max_forgetting)
+                           tolerance, budget.max_forgetting, {a.blocks: a.versus_none for a in results if a.blocks})
     return FrontierDecision(plan, meter.done, losses, seconds, tolerance, results, choice,
-                            {"train": _windows(train), "heldout": _windows(held), "heldout_sized": sized is not None})
+                            {"train": _windows(train), "heldout": _windows(held), "heldout_sized": sized is not None,
+                             "trial_passes": passes})
 
 
 @dataclass(frozen=True)
@@ -490,27 +510,29 @@ class PlacementCheck(BudgetedDecision):
                 "seconds_per_step": self.seconds_per_step}
 
 
-def _probe_steps(model, train: list, held: list, costs: _Costs, probe_options: dict) -> float:
+def _probe_steps(model, train: list, held: list, costs: _Costs, policy: DecisionPolicy) -> float:
     """The first-order screen's passes, in planned steps' FLOPs: each probed window a forward and backward pass
     of the model as it is (counted as every parameter's, an upper bound), once per group of places that fits
-    ``max_statistics_bytes`` (a forward pass more to plan the groups)."""
+    the policy's ``max_statistics_bytes`` (a forward pass more to plan the groups)."""
     windows = _windows(train) + _windows(held)
     probed = windows / costs.batch_size * costs.full()
-    limit = probe_options.get("max_statistics_bytes")
+    limit = policy.max_statistics_bytes
     if limit is None:
         return probed
+    from .decide import decision_probe_options
+    from .expansion import native_policy
     from .probe import plan
 
-    options = {k: v for k, v in probe_options.items() if k != "max_statistics_bytes"}
-    passes = plan(model, train[0], sequence_loss, family="native", **options).passes(limit, splits=2)
+    passes = plan(model, train[0], sequence_loss, **decision_probe_options(native_policy(policy))).passes(
+        limit, splits=2)
     return len(passes) * probed + costs.read([], _windows(train[:1]))
 
 
 def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: DecisionBudget, options: dict
                     ) -> PlacementCheck:
     """Where ``options["blocks"]`` blocks go (module docstring).  ``options``: ``blocks``, ``init``, ``seed``,
-    ``train_new_only``, ``probe_options``."""
-    from .expansion import decoder_stack, first_order_decision
+    ``train_new_only``, ``policy`` (the :class:`satcore.DecisionPolicy` of the screen)."""
+    from .expansion import decoder_stack, first_order_decision, native_policy
 
     names = decoder_stack(model)[0]
     n_blocks, k = len(names), options["blocks"]
@@ -522,7 +544,7 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
     # an arm's step priced as if group 0's block moved to its group's first place: the lowest a block can go, so
     # the backward's longest; the moves' actual steps are counted as they run
     step = costs.step([groups[0][0]] + uniform[1:])
-    probe_steps = _probe_steps(model, train, held, costs, options["probe_options"])
+    probe_steps = _probe_steps(model, train, held, costs, options["policy"])
     fixed = TIMED_STEPS * costs.full() + probe_steps + model_read
     movable = sum(len(g) > 1 for g in groups)
 
@@ -551,8 +573,7 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
     meter = _Meter(plan.cost_steps, budget.progress, costs)
     try:
         meter.add(TIMED_STEPS * costs.full())
-        screen = first_order_decision(model, train, held, recipe=recipe, seed=options["seed"],
-                                      **options["probe_options"])
+        screen = first_order_decision(model, train, held, policy=native_policy(options["policy"]))
         meter.add(probe_steps)
         ranking = screen.ranking()
         moves, losses, tolerance, proposals = [], {}, budget.tolerance, []
@@ -585,4 +606,4 @@ def _tolerance(budget: DecisionBudget, losses: dict) -> float:
 
 
 __all__ = ["ArmResult", "ArmTrials", "BudgetedDecision", "DecisionBudget", "FrontierDecision", "Move",
-           "PlacementCheck", "RELATIVE_TOLERANCE", "TIMED_STEPS", "frontier_decision", "placement_check", "timed_step"]
+           "PlacementCheck", "MAX_TRIAL_PASSES", "RELATIVE_TOLERANCE", "TIMED_STEPS", "frontier_decision", "placement_check", "timed_step"]

@@ -26,12 +26,11 @@ no more than the model's own tensors need, then ``torch.load(weights_only=True)`
 
 from __future__ import annotations
 
-import functools
-
 import os
 import stat
 import sys
 import zipfile
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -41,15 +40,16 @@ from satcore.adapter_api import atomic_write
 from satcore.adapter_api import display_name
 from satcore.adapters.batches import split_batch
 from satcore import GrowthLogError, InputError
-from satcore import FirstOrderDecide, GrowthOptions, GrowthResult, GrowthRound, HeldoutGuard, run_growth
+from satcore import FirstOrderDecide, GrowthOptions, GrowthResult, GrowthRound, run_growth
 from satcore.adapter_api import AdapterSteps, round_summary
+from satcore.adapters.base import growth_decision
 
 from .features import rebuild_feature_map
 from .grow import InsertedResidual, insert_branch
 from .hf import model_loss
 from .locate import HEAD, find_blocks, find_candidates, named_candidates
 from .native import insert_block
-from .probe import Probe, call_model
+from .probe import Probe, ProbeConfig, call_model
 
 WEIGHTS_SLACK_BYTES = 2**20  # the pickle, the zip directory and 64-byte record alignment of a torch.save file
 
@@ -150,20 +150,19 @@ class TorchGrowthSteps(AdapterSteps):
     load_weights = staticmethod(load_weights)
     weights_suffix = ".pt"
 
-    def __init__(self, train, loss_fn, data: dict, family="native", zero: str = "terminal", probe_options=None):
+    def __init__(self, train, loss_fn, data: dict, probe: ProbeConfig, zero: str = "terminal"):
         self.train_fn, self.loss_fn, self.data = train, loss_fn, data
-        self.family, self.zero, self.options = family, zero, dict(probe_options or {})
+        self.probe, self.family, self.zero = probe, probe.family, zero
 
     @property
     def native(self) -> bool:
         return isinstance(self.family, str) and self.family == "native"
 
     def start_probe(self, model, seed: int) -> Probe:
-        return Probe(model, self.loss_fn, family=self.family, seed=seed, split="probe", **self.options)
+        return Probe(model, self.loss_fn, replace(self.probe, seed=seed, split="probe"))
 
     def _candidates(self, model):
-        names = self.options.get("candidates")
-        head = self.options.get("head", True)
+        names, head = self.probe.candidates, self.probe.head
         return find_candidates(model, head=head) if names is None else named_candidates(model, names, head=head)
 
     def depth(self, model) -> int:
@@ -196,37 +195,13 @@ class TorchGrowthSteps(AdapterSteps):
         return insert_branch(model, candidate, rebuild_feature_map(spec, reference.dtype, reference.device))
 
     def settings(self) -> dict:
-        candidates = self.options.get("candidates")
+        candidates = self.probe.candidates
         return {"framework": "torch", "family": _family_label(self.family), "zero": self.zero,
                 "candidates": None if candidates is None else list(candidates)}
 
 
-def grow_until_saturated(
-    model: nn.Module,
-    train,
-    probe_data,
-    loss_fn,
-    *,
-    heldout_data=None,
-    train_data=None,
-    tolerance: float | None = None,
-    rho: float = 0.01,
-    alpha: float = 0.05,
-    max_depth: int | None = None,
-    max_rounds: int = 10,
-    seed: int = 0,
-    zero: str = "terminal",
-    first_look_batches: int | None = None,
-    log_path=None,
-    family="native",
-    guard: HeldoutGuard | None = HeldoutGuard(),
-    decide=None,
-    recipe=None,
-    decide_options: dict | None = None,
-    options: GrowthOptions | None = None,
-    progress: bool = False,
-    **probe_options,
-) -> GrowthResult:
+def grow_until_saturated(model: nn.Module, train, probe_data, loss_fn, *, heldout_data=None, train_data=None,
+                         options: GrowthOptions | None = None, policy=None) -> GrowthResult:
     """Rounds of decide -> insert -> train -> guard until the evidence says stop (module docstring).
 
     Parameters
@@ -243,88 +218,54 @@ def grow_until_saturated(
     heldout_data, train_data : iterables of (inputs, targets), optional
         Where the held-out and training losses are measured each round (without ``train_data``
         the "training" loss logged is the probe split's).  ``heldout_data`` turns the guard on.
-    tolerance, rho, alpha : float
-        The first-order decision (:class:`satcore._growth.loop.GrowthCriteria`): a gain of at most
-        ``tolerance`` (loss units) by a block of relative size ``rho`` does not matter; level ``alpha``.
-        Needed unless ``decide`` or ``recipe`` decides the rounds (they do not read these).
-    max_depth, max_rounds : int
-        Budgets (:class:`satcore._growth.loop.GrowthBudget`).
-    seed : int
-        Round ``k`` decides and inserts with seed ``seed * 1000 + k``.
-    zero : str
-        Passed to :func:`~.native.insert_block` (native family).
-    first_look_batches : int, optional
-        Start each round's probe with this many batches of ``probe_data`` and enlarge it while
-        inconclusive (docs/growth.md); ``probe_data`` then needs a ``len()``.
-    log_path : path, optional
-        JSON-lines log (:mod:`satcore._growth.log`); the weights of each round go beside it; an
-        existing log is resumed (or returned, if its run finished under the same settings).
-    family : str or nn.Module
-        ``"native"`` (the model's own block), or a family for the generic zero-output residual.
-    guard : HeldoutGuard or None
-        The held-out guard (:class:`satcore._growth.loop.HeldoutGuard`); ``None``: measure, never stop on it.
-    decide : callable, optional
-        ``decide(model, seed)`` -> a decision with ``choice``, ``stop_reason`` and ``to_dict()``
-        (the first-order probe by default).
-    recipe : satcore.Recipe, optional
-        Decide each round with :func:`~.decide.decide` under this recipe instead (the first-order
-        screen verified by short trials of the recipe; needs ``train_data``, the split the trials
-        train on, and takes ``probe_data`` as its held-out split).
-    decide_options : dict, optional
-        With ``recipe``: more arguments of :func:`~.decide.decide` (``schedule``, ``max_trials``,
-        ``calibration``, ``max_statistics_bytes``), kept apart from ``probe_options``, which also
-        reach the probe that builds the inserted block.
-    options : GrowthOptions, optional
-        All of ``tolerance`` ... ``first_look_batches`` and ``guard`` as one object (then leave those out).
-    progress : bool
-        A probe progress bar (samples) and one line per round on stderr.
-    **probe_options
-        Passed to :class:`~.probe.Probe` (``candidates``, ``mask``, ``batch_dtype``, ...).
+    options : satcore.GrowthOptions
+        The run's own settings (:class:`satcore._growth.loop.GrowthOptions`): ``criteria``, the first-order
+        decision (:class:`~satcore._growth.loop.GrowthCriteria`: a gain of at most ``tolerance`` (loss
+        units) by a block of relative size ``rho`` does not matter; level ``alpha``), needed unless
+        ``policy`` decides the rounds; ``budget`` (``max_depth``, ``max_rounds``); ``guard``
+        (:class:`~satcore._growth.loop.HeldoutGuard`; ``None``: measure, never stop on it); ``seed``
+        (round ``k`` decides and inserts with seed ``seed * 1000 + k``); ``first_look_batches`` (start each
+        round's probe with this many batches of ``probe_data`` and enlarge it while inconclusive,
+        docs/growth.md; ``probe_data`` then needs a ``len()``); ``probe`` (a :class:`~.probe.ProbeConfig`:
+        ``family``, ``"native"`` by default (the model's own block) or a family for the generic zero-output
+        residual, ``candidates``, ``mask``, ``batch_dtype``, ...); ``zero`` (passed to
+        :func:`~.native.insert_block`, native family); ``log_path`` (JSON-lines log,
+        :mod:`satcore._growth.log`; the weights of each round go beside it; an existing log is resumed, or
+        returned if its run finished under the same settings); ``progress`` (a probe progress bar (samples)
+        and one line per round on stderr).
+    policy : satcore.DecisionPolicy or callable, optional
+        How each round decides.  ``None``: the first-order probe (``options.criteria``).  A
+        :class:`satcore.DecisionPolicy`: :func:`~.decide.decide` under it, at the round's seed (the first-order
+        screen verified by short trials of its recipe; needs ``train_data``, the split the trials train on, and
+        takes ``probe_data`` as its held-out split; its places, where it names none, are ``options.probe``'s
+        candidates, its probe options, where it gives none, ``options.probe``'s).  A callable
+        ``decide(model, seed)`` -> a decision with ``choice``, ``stop_reason`` and ``to_dict()``.
     """
-    options = GrowthOptions.resolve(options, tolerance, first_order=decide is None and recipe is None, rho=rho,
-                                    alpha=alpha, max_depth=max_depth, max_rounds=max_rounds, guard=guard, seed=seed,
-                                    first_look_batches=first_look_batches)
-    if log_path is not None and _has_module(family):
-        raise GrowthLogError(f"{display_name(os.fspath(log_path))}: an nn.Module family cannot be rebuilt when the "
-                             "run resumes; use a built-in family or no log_path")
+    options = (GrowthOptions() if options is None else options).deciding(first_order=policy is None)
+    probe = ProbeConfig(family="native") if options.probe is None else options.probe
+    if not isinstance(probe, ProbeConfig):
+        raise InputError(f"growth options: probe must be a satcore.adapters.torch.ProbeConfig, got "
+                         f"{type(probe).__name__}")
+    if options.log_path is not None and _has_module(probe.family):
+        raise GrowthLogError(f"{display_name(os.fspath(options.log_path))}: an nn.Module family cannot be rebuilt "
+                             "when the run resumes; use a built-in family or no log_path")
     data = {"probe": probe_data, "train": train_data if train_data is not None else probe_data,
             "heldout": heldout_data}
-    steps = TorchGrowthSteps(train, loss_fn, data, family, zero, probe_options)
-    # the first-order probe reports its samples; decide (recipe=) has no hook, so its bar counts rounds
-    bar = _ProgressBar(counts_samples=recipe is None and decide is None) if progress else None
-    decide_options = dict(decide_options or {})
-    if decide_options and recipe is None:
-        raise InputError("decide_options= needs recipe= (they are arguments of satcore.adapters.torch.decide)")
-    misplaced = sorted(set(probe_options) & DECIDE_ONLY)
-    if misplaced:  # the probe that builds each inserted block would refuse them late, with a bare TypeError
-        raise InputError(f"grow_until_saturated: {', '.join(misplaced)} are arguments of decide: pass them as "
-                         f"decide_options={{...}} with recipe=")
-    if recipe is not None:
-        if decide is not None or train_data is None:
-            raise InputError("recipe= decides each round with satcore.adapters.torch.decide: it needs train_data "
-                             "(the trials train on it) and no decide=")
-        decide = functools.partial(_recipe_decision, train=train_data, heldout=probe_data, loss_fn=loss_fn,
-                                   recipe=recipe, family=family, probe_options={**probe_options, **decide_options})
+    steps = TorchGrowthSteps(train, loss_fn, data, probe, options.zero)
+    # the first-order probe reports its samples; decide (a policy) has no hook, so its bar counts rounds
+    bar = _ProgressBar(counts_samples=policy is None) if options.progress else None
+    from .decide import decide as decide_fn
+
+    decide = growth_decision(policy, decide_fn, (train_data, probe_data), loss_fn, probe)
     if decide is None:
         decide = FirstOrderDecide(steps.start_probe, probe_data, options.criteria, options.first_look_batches,
                                   None if bar is None else bar.update)
     try:
-        return run_growth(model, steps, decide, options, log_path=log_path,
+        return run_growth(model, steps, decide, options, log_path=options.log_path,
                           on_round=None if bar is None else bar.round_done)
     finally:
         if bar is not None:
             bar.close()
-
-
-# decide's own arguments, which the probe (the block's builder) does not take
-DECIDE_ONLY = frozenset({"schedule", "max_trials", "calibration", "groups", "max_statistics_bytes"})
-
-
-def _recipe_decision(model, seed, *, train, heldout, loss_fn, recipe, family, probe_options):
-    """A round's decision under ``recipe`` (:func:`~.decide.decide`), for :func:`grow_until_saturated`."""
-    from .decide import decide
-
-    return decide(model, train, heldout, loss_fn, recipe=recipe, family=family, seed=seed, **probe_options)
 
 
 class _ProgressBar:

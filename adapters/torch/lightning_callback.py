@@ -30,7 +30,7 @@ except ImportError:  # the standalone package
 
 from torch import nn
 
-from satcore import InputError
+from satcore import DecisionPolicy, InputError
 
 from .callback_common import callback_places, callback_report, callback_settings
 from .probe import ProbeConfig
@@ -47,27 +47,28 @@ class LightningCallback(Callback):
         itself (its ``forward``), an ``nn.Module`` (e.g. ``pl_module.model``,
         a wrapped Hugging Face model), or a callable ``module(pl_module)``
         returning one, e.g. ``lambda m: m.model``.
-    every_n_epochs, prefix, report : how often, the key prefix, and keyword
-        arguments of ``report()``.
-    decide : dict, optional
-        Also decide, at each probed validation end, where to insert a block under a recipe: keyword
-        arguments of :func:`~.decide.decide` with at least ``train`` and ``recipe`` (``HFCallback``'s
-        ``decide``); the held-out split is ``probe_data``, and the decision's scalars
+    every_n_epochs, report : how often, and keyword arguments of ``report()``.
+    config : the probe's :class:`~.probe.ProbeConfig` (default ``ProbeConfig()``).
+    policy, train_data : optional
+        Also decide, at each probed validation end, where to insert a block under the
+        :class:`satcore.DecisionPolicy`, the trials drawing from the ``train_data`` batches (``HFCallback``'s
+        ``policy`` and ``train_data``); the held-out split is ``probe_data``, and the decision's scalars
         (``satcore/decision/...``) are logged with the first-order ones.
-    config, options : the probe's :class:`~.probe.ProbeConfig` (or its fields).
 
-    ``reports`` holds ``(epoch, DepthReport)`` of every probe made (with ``decide``, the report's
-    ``decision`` is that validation's :class:`satcore.InsertionDecision`).
+    ``prefix`` (``"satcore/"``, the start of every metric key) is a class attribute: set it on a subclass or
+    the instance for another.  ``reports`` holds ``(epoch, DepthReport)`` of every probe made (with ``policy``,
+    the report's ``decision`` is that validation's :class:`satcore.InsertionDecision`).
     """
 
-    def __init__(self, probe_data, loss_fn=None, *, module=None, every_n_epochs: int = 1, prefix: str = "satcore/",
-                 report: dict | None = None, decide: dict | None = None, config: ProbeConfig | None = None,
-                 **options):
+    prefix = "satcore/"
+
+    def __init__(self, probe_data, loss_fn=None, *, module=None, every_n_epochs: int = 1, report: dict | None = None,
+                 config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None):
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
         self.probe_data, self.loss_fn, self.module = probe_data, loss_fn, module
-        self.every_n_epochs, self.prefix, self.report_options = every_n_epochs, prefix, dict(report or {})
-        self.config, self.decide_options = callback_settings("LightningCallback", probe_data, decide, config, options)
+        self.every_n_epochs, self.report_options = every_n_epochs, dict(report or {})
+        self.config, self.decision = callback_settings("LightningCallback", probe_data, config, policy, train_data)
         self.reports: list = []
 
     def _model(self, pl_module) -> nn.Module:
@@ -83,13 +84,13 @@ class LightningCallback(Callback):
         return model
 
     def on_fit_start(self, trainer, pl_module):
-        callback_places(self._model(pl_module), self.config, self.decide_options)
+        callback_places(self._model(pl_module), self.config, self.decision)
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
             return
         report, scalars = callback_report(self._model(pl_module), self.probe_data, self.loss_fn, self.config,
-                                          self.report_options, self.decide_options, self.prefix)
+                                          self.report_options, self.decision, self.prefix)
         self.reports.append((trainer.current_epoch, report))
         # the sums are all-reduced already: every rank holds the same numbers
         pl_module.log_dict(scalars, sync_dist=False)

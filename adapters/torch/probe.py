@@ -341,10 +341,8 @@ class Probe:
                     self.running[name] = _running_sums(name, z, self.families[name], self.statistics, config,
                                                        has_update=taps.updates.get(name) is not None)
                 present = keep if applies(keep, z) else None
-                moments = _batch_sums(
-                    z, grad, self.families[name], generator, config.position_subsample, config.variance,
-                    config.batch_dtype, self.running[name].matrices, present, config.curvature,
-                    taps.updates.get(name))
+                moments = _batch_sums(z, grad, self.families[name], generator, config, self.running[name].matrices,
+                                      present, taps.updates.get(name))
                 self.running[name].add(moments)
         self.batches_done += 1
         self.samples_done += samples
@@ -602,13 +600,14 @@ def _running_sums(name, z, feature_map, statistics, config, *, has_update: bool)
     return RunningSums(statistics[name], float64_device(z.device))
 
 
-def _batch_sums(z, grad, feature_map, generator, keep, variance, dtype, totals, present, curvature=False,
-                sum_update_sq=None):
+def _batch_sums(z, grad, feature_map, generator, config: ProbeConfig, totals, present, sum_update_sq=None):
     """The :class:`satcore.BatchMoments` of one batch of one candidate, its stream sums (and the block
     update's ``sum_update_sq``, as given) included, on its device, over the positions ``present``
-    (``(B, T)`` bool, or ``None``: all) marks as data; its Grams may go straight into ``totals``
+    (``(B, T)`` bool, or ``None``: all) marks as data, as ``config`` says (its ``position_subsample``,
+    ``variance``, ``batch_dtype``, ``curvature``); its Grams may go straight into ``totals``
     (``batch_moments(grams_into=...)``); with ``curvature`` also ``sum_qq = sum_i Q_i^T Q_i`` of the
     same positions."""
+    keep, variance, dtype, curvature = config.position_subsample, config.variance, config.batch_dtype, config.curvature
     extra = {"sum_update_sq": sum_update_sq}  # what the probe adds to the sums' record, in one copy of it
     with torch.no_grad():
         zp = positions(z)

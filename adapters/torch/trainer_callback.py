@@ -42,7 +42,7 @@ from transformers.trainer_callback import CallbackHandler
 
 import numpy as np
 
-from satcore import CandidateStatistics, DepthStatistics, InsertionDecision
+from satcore import CandidateStatistics, DecisionPolicy, DepthStatistics, InsertionDecision
 from satcore import InputError
 
 from .callback_common import callback_places, callback_report, callback_settings
@@ -58,32 +58,37 @@ class HFCallback(TrainerCallback):
     probe_data : re-iterable of batches, held out from training.
     loss_fn : :class:`~.probe.Probe`'s (``None``: the model's own per-sample loss).
     every : probe at every ``every``-th evaluation.
-    prefix : start of every metric key.
-    eval_prefix : the ``metric_key_prefix`` of the evaluations to follow.
     report : keyword arguments of :meth:`~satcore._io.probe_result.ProbeResult.report`
         (e.g. ``{"t": 0.01}`` for the separated test, which adds ``satcore/saturated``).
-    decide : dict, optional
-        Also decide, at each probed evaluation, where to insert a block under a recipe: keyword arguments of
-        :func:`~.decide.decide` with at least ``train`` (training batches) and ``recipe`` (a
-        :class:`satcore.Recipe`); the held-out split is ``probe_data``.  Its
+    config : the probe's :class:`~.probe.ProbeConfig` (default ``ProbeConfig()``; its ``split`` default
+        ``"heldout"``).
+    policy : satcore.DecisionPolicy, optional
+        Also decide, at each probed evaluation, where to insert a block under the policy
+        (:func:`~.decide.decide`; the held-out split is ``probe_data``, the places, family and features those
+        of ``config`` where the policy names none).  Its
         :meth:`~satcore._decisions.trials.InsertionDecision.scalars` (``satcore/decision/...``) are logged with the
         first-order ones and the report leads with it.  Each costs the probe of both splits and trials of at
         most ``recipe.steps`` block-steps (one block trained with the recipe), on a copy of the model, under
         forked random number generators: the training run is the same with or without it.
-    config, options : the probe's :class:`~.probe.ProbeConfig` (or its fields).
+    train_data : re-iterable of batches
+        With ``policy``: the training batches the trials draw from.
 
-    ``reports`` holds ``(global_step, DepthReport)`` of every probe made (with ``decide``, the report's
-    ``decision`` is the evaluation's :class:`satcore.InsertionDecision`).
+    ``prefix`` (``"satcore/"``, the start of every metric key) and ``eval_prefix`` (``"eval"``, the
+    ``metric_key_prefix`` of the evaluations to follow) are class attributes: set them on a subclass or the
+    instance for others.  ``reports`` holds ``(global_step, DepthReport)`` of every probe made (with ``policy``,
+    the report's ``decision`` is the evaluation's :class:`satcore.InsertionDecision`).
     """
 
-    def __init__(self, probe_data, loss_fn=None, *, every: int = 1, prefix: str = "satcore/",
-                 eval_prefix: str = "eval", report: dict | None = None, decide: dict | None = None,
-                 config: ProbeConfig | None = None, **options):
+    prefix = "satcore/"
+    eval_prefix = "eval"
+
+    def __init__(self, probe_data, loss_fn=None, *, every: int = 1, report: dict | None = None,
+                 config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
-        self.probe_data, self.loss_fn, self.every, self.prefix = probe_data, loss_fn, every, prefix
-        self.eval_prefix, self.report_options = eval_prefix, dict(report or {})
-        self.config, self.decide_options = callback_settings("HFCallback", probe_data, decide, config, options)
+        self.probe_data, self.loss_fn, self.every = probe_data, loss_fn, every
+        self.report_options = dict(report or {})
+        self.config, self.decision = callback_settings("HFCallback", probe_data, config, policy, train_data)
         self.reports: list = []
         self._evaluations = 0
         self._scalars: dict | None = None  # of the evaluation at _step
@@ -105,7 +110,7 @@ class HFCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._go_first()
         # the places, the probe's and the decisions', found before the first step rather than at an evaluation
-        self._check_metric(args.metric_for_best_model, *callback_places(model, self.config, self.decide_options))
+        self._check_metric(args.metric_for_best_model, *callback_places(model, self.config, self.decision))
 
     def _check_metric(self, metric: str | None, names: list, decided: list | None) -> None:
         """Refuse a ``metric_for_best_model`` under this callback's prefix that it will not log at every
@@ -122,7 +127,7 @@ class HFCallback(TrainerCallback):
         if decided is not None:
             keys |= InsertionDecision.scalar_keys(decided, self.prefix)
         if key not in keys:
-            hint = (" (decision keys are logged with HFCallback(decide=...))"
+            hint = (" (decision keys are logged with HFCallback(policy=..., train_data=...))"
                     if key.startswith(f"{self.prefix}decision/") and decided is None else "")
             raise InputError(f"metric_for_best_model={metric!r} is not a key HFCallback logs{hint}; it logs "
                              f"{sorted(keys)}")
@@ -149,7 +154,7 @@ class HFCallback(TrainerCallback):
         self._scalars = None
         if (self._evaluations - 1) % self.every == 0:
             report, scalars = callback_report(model, self.probe_data, self.loss_fn, self.config, self.report_options,
-                                              self.decide_options, self.prefix)
+                                              self.decision, self.prefix)
             self.reports.append((state.global_step, report))
             self._scalars = scalars
         return self._scalars

@@ -1,6 +1,6 @@
 """The shipped calibrations of decide's trials, read from ``calibrations.json`` beside this module.
 
-The file is data, written by ``python bench/decision_validity.py --fit``; its ``provenance`` says what the
+The file is data, written by ``python -m studies.decision_validity --fit``; its ``provenance`` says what the
 constants were fitted on and where their evidence is (docs/predictive-validity.md).  One calibration per
 trial schedule of ``decide``: ``DEFAULT_CALIBRATION`` (the even plan), ``HALVING_CALIBRATION``
 (successive halving).

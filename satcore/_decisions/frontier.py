@@ -35,11 +35,21 @@ replicate (the default: the budget buys trials twice as long) the windows' alone
 It measures the noise of the trials, not the error of the log-linear model, which
 grows with ``S / T``.
 
-**Choice.**  The smallest ``K`` whose predicted held-out change is within
-``tolerance`` nats of the lowest, among the arms whose predicted change of the
-general (old-domain) held-out loss is at most ``max_forgetting``; ``K = 0``
-means expanding does not pay: the same training spent on the model as it is
-is predicted to do as well.
+**Choice: expanding must beat K = 0 credibly.**  The short trials cannot see
+the planned training's ordering of the arms: over a few steps, training every
+parameter of the model as it is (``K = 0``) first raises the held-out loss,
+then over hundreds of steps gains more than the new blocks alone do (measured in
+docs/expansion-budget-notes.md, on three domain pairs).  So no expansion is the
+prior.  Each ``K > 0`` is compared with ``K = 0`` paired on the same held-out
+windows (:func:`predict_change` of the per-window difference of the two arms'
+changes), and is *credible* when that predicted difference's 95% interval lies
+below 0 and its point below minus ``tolerance`` (the placement check's rule for
+a move).  The choice is the smallest credible ``K`` whose predicted held-out
+change is within ``tolerance`` of the lowest credible one; with none credible,
+``K = 0``: expanding does not pay.  Arms whose predicted change of the general
+(old-domain) held-out loss exceeds ``max_forgetting`` are left out first; with
+``K = 0`` left out, the choice is the smallest ``K`` within ``tolerance`` of the
+lowest predicted change (no prior to beat).
 """
 
 from __future__ import annotations
@@ -301,12 +311,26 @@ class FrontierChoice:
     max_forgetting: float | None = None
 
 
+def credible(difference: Prediction, tolerance: float) -> bool:
+    """A predicted paired difference (an arm minus the one it must beat; negative: lower loss) is credible when its
+    95% interval lies below 0 and its point below minus ``tolerance``.
+
+    Examples
+    --------
+    >>> credible(Prediction(-0.05, (-0.09, -0.01), 0.02, 0.0), 0.006), credible(Prediction(-0.05, (-0.12, 0.02), 0.035, 0.0), 0.006)
+    (True, False)
+    """
+    return difference.interval[1] < 0 and difference.point < -tolerance
+
+
 def choose_blocks(target: dict, general: dict | None, tolerance: float,
-                  max_forgetting: float | None = None) -> FrontierChoice:
-    """The smallest ``K`` whose predicted held-out change is within ``tolerance`` of the lowest.
+                  max_forgetting: float | None = None, versus_none: dict | None = None) -> FrontierChoice:
+    """The block count (module docstring: expanding must beat ``K = 0`` credibly).
 
     ``target`` / ``general``: ``{K: Prediction}`` of the target and general held-out losses
-    (``general`` None: not measured).  Arms whose predicted general change exceeds
+    (``general`` None: not measured).  ``versus_none``: ``{K: Prediction}`` of arm ``K``'s held-out change minus
+    ``K = 0``'s, paired on the same windows, for every ``K > 0`` (None: no prior, the smallest ``K`` within
+    ``tolerance`` of the lowest predicted change).  Arms whose predicted general change exceeds
     ``max_forgetting`` are left out; when every arm is, nothing is added.
     """
     if tolerance < 0:
@@ -320,11 +344,25 @@ def choose_blocks(target: dict, general: dict | None, tolerance: float,
         return FrontierChoice(0, None, tolerance, excluded, (
             f"expanding does not pay here: every arm's predicted general loss change is above --max-forgetting "
             f"{max_forgetting:g} nats, no expansion included; nothing is inserted"), max_forgetting)
+    prior = versus_none is not None and 0 in allowed
+    if prior:
+        beats = [k for k in allowed if k > 0 and credible(versus_none[k], tolerance)]
+        if not beats:
+            best = min(allowed, key=lambda k: target[k].point)
+            return FrontierChoice(0, best, tolerance, excluded, (
+                f"expanding does not pay here: no block count's trials beat the model as it is, trained the same "
+                f"way, credibly (paired on the same held-out windows: 95% interval below 0 and point below -"
+                f"{tolerance:.3g} nats); nothing is inserted"), max_forgetting)
+        allowed = beats
     best = min(allowed, key=lambda k: target[k].point)
     chosen = next(k for k in allowed if target[k].point <= target[best].point + tolerance)
     if chosen == 0:
         reason = (f"expanding does not pay here: the model as it is, trained the same way, is predicted within "
                   f"{tolerance:.3g} nats of the best arm (K = {best}); nothing is inserted")
+    elif prior:
+        reason = (f"{chosen} block(s): the fewest predicted within {tolerance:.3g} nats of the best arm (K = {best}) "
+                  f"among those that beat the model as it is credibly (paired 95% interval below 0, point below -"
+                  f"{tolerance:.3g})")
     else:
         reason = (f"{chosen} block(s): the fewest predicted within {tolerance:.3g} nats of the best arm (K = {best})"
                   + (", and above no expansion by more than that" if 0 in allowed else ""))
@@ -332,5 +370,5 @@ def choose_blocks(target: dict, general: dict | None, tolerance: float,
 
 
 __all__ = ["MIN_HELDOUT", "FrontierChoice", "Prediction", "TrialPlan", "affordable_heldout", "block_counts",
-           "choose_blocks", "extrapolation_weights", "new_positions", "plan_trials", "predict_change", "step_flops",
+           "choose_blocks", "credible", "extrapolation_weights", "new_positions", "plan_trials", "predict_change", "step_flops",
            "uniform_groups", "uniform_places"]

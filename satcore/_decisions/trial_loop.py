@@ -31,6 +31,7 @@ from typing import Protocol
 import numpy as np
 
 from .._shared.errors import InputError
+from .._shared.numbers import positive_count
 from .calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
 from .predictors import predict_gains
 from .recipe import Recipe
@@ -159,13 +160,8 @@ class TrialSettings:
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise InputError(f"decide: schedule must be 'halving' or 'even', got {self.schedule!r}")
-        try:  # any integer, numpy's included; not a bool, float or str
-            count = None if isinstance(self.max_trials, bool) else operator.index(self.max_trials)
-        except TypeError:
-            count = None
-        if count is None or count < 1:
-            raise InputError(f"decide: max_trials must be a positive integer, got {self.max_trials!r}")
-        object.__setattr__(self, "max_trials", count)
+        # any integer, numpy's included; not a bool, float or str
+        object.__setattr__(self, "max_trials", positive_count(self.max_trials, "decide: max_trials"))
         if self.groups is not None:
             object.__setattr__(self, "groups", tuple(tuple(group) for group in self.groups))
         if self.calibration is None:

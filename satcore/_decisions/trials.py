@@ -30,7 +30,7 @@ standard error of ``d(T)`` from the paired per-sample held-out losses) and ``z``
 drawn from the empirical distribution of normalised residuals measured on the bench
 (split conformal prediction).  ``beta``, ``c``, ``gamma``, the quantiles of ``z``, the
 ``P(decrease)`` threshold and the tolerance are fitted on bench model sets
-(:class:`Calibration`; ``bench/decision_validity.py`` fits and scores them leave one
+(:class:`Calibration`; ``studies/decision_validity.py`` fits and scores them leave one
 model set out).  ``P(decrease) = 1 / (1 + exp(a + b \\hat d / s))`` (logistic calibration of
 the standardised prediction, fitted on the bench; ``F_z(-\\hat d / s)`` where no logistic fit is
 given); the ``1 - alpha`` interval is

@@ -44,7 +44,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Callable, Protocol
 
@@ -55,6 +55,7 @@ from scipy.special import ndtri
 from .._io.probe_result import Probe
 from .._shared.errors import InputError
 from .log import GrowthLog, GrowthLogContents, GrowthRound, read_growth_log
+from .._decisions.policy import check_probe_options
 from .._decisions.verdicts import look_schedule
 
 
@@ -142,49 +143,65 @@ class HeldoutGuard:
 
 @dataclass(frozen=True)
 class GrowthOptions:
-    """Everything that decides what a run does (recorded in its log's header).
+    """Everything that decides what a run does (its first six recorded in its log's header).
 
     ``criteria``: a :class:`GrowthCriteria`, or any object with ``alpha``, ``tolerance`` and ``rho``
-    (such as the report's own criteria object); ``guard=None`` measures the held-out change
-    without acting on it.
+    (such as the report's own criteria object), read by the first-order decisions only (``None``:
+    none given; a run decided by a :class:`satcore.DecisionPolicy` or a decide step of its own then
+    records ``GrowthCriteria(0.0)``'s); ``guard=None`` measures the held-out change without acting on
+    it; round ``k`` decides and inserts with seed ``seed * 1000 + k``; ``first_look_batches``: start
+    each round's probe with this many batches and enlarge it while inconclusive (docs/growth.md).
+
+    ``probe``: the adapter's frozen probe options for the run's own probe and the blocks it inserts
+    (``satcore.adapters.torch.ProbeConfig``: ``family``, ``candidates``, ``n_features``, ...; ``None``:
+    the adapter's defaults, the ``native`` family in torch); ``zero``: which maps of a native block
+    start at zero (torch's :func:`~satcore.adapters.torch.insert_block`); ``log_path``: the JSON-lines
+    log (:mod:`satcore._growth.log`), the weights of each round beside it, an existing log resumed;
+    ``progress``: a progress bar and one line per round on stderr (torch).
+
+    Examples
+    --------
+    >>> from satcore import GrowthBudget, GrowthCriteria, GrowthOptions
+    >>> options = GrowthOptions(GrowthCriteria(tolerance=1e-3), GrowthBudget(max_rounds=3))
+    >>> options.settings()["tolerance"], options.budget.max_rounds, options.round_seed(2)
+    (0.001, 3, 2)
+    >>> GrowthOptions().deciding(first_order=False).criteria.tolerance
+    0.0
     """
 
-    criteria: GrowthCriteria
+    criteria: GrowthCriteria | None = None
     budget: GrowthBudget = field(default_factory=GrowthBudget)
     guard: HeldoutGuard | None = field(default_factory=HeldoutGuard)
     seed: int = 0
     first_look_batches: int | None = None
+    probe: object = None
+    zero: str = "terminal"
+    log_path: object = None
+    progress: bool = False
 
     def __post_init__(self):
         _number("seed", self.seed, low=0, integer=True)
         _number("first_look_batches", self.first_look_batches, low=1, integer=True, optional=True)
+        if self.probe is not None:
+            check_probe_options(self.probe, "growth options: probe")
 
     def round_seed(self, k: int) -> int:
         """Round ``k`` decides and inserts with seed ``seed * 1000 + k``."""
         return self.seed * 1000 + k
 
-    @classmethod
-    def resolve(cls, options: "GrowthOptions | None", tolerance: float | None, *, first_order: bool = True,
-                **loose) -> "GrowthOptions":
-        """``options`` as given, or built from ``tolerance`` and the loose settings (``rho``, ``alpha``,
-        ``max_depth``, ``max_rounds``, ``guard``, ``seed``, ``first_look_batches``) of an adapter's call.
-
-        ``first_order``: whether the rounds decide with :class:`FirstOrderDecide`, the only reader of
-        the criteria; a pluggable decision (``decide=``, ``recipe=``) has its own, so there
-        ``tolerance`` may be left out and 0 is recorded."""
-        if options is not None:
-            if tolerance is not None:
-                raise TypeError("give either options= or tolerance= and the other loose settings, not both")
-            return options
-        if tolerance is None and first_order:
-            raise TypeError("the growth loop needs tolerance= (or options=GrowthOptions(...))")
-        tolerance = 0.0 if tolerance is None else tolerance
-        criteria = GrowthCriteria(tolerance, loose.pop("rho"), loose.pop("alpha"))
-        budget = GrowthBudget(loose.pop("max_depth"), loose.pop("max_rounds"))
-        return cls(criteria, budget, **loose)
+    def deciding(self, *, first_order: bool = True) -> "GrowthOptions":
+        """These options for a run whose rounds decide with :class:`FirstOrderDecide` (``first_order``), the only
+        reader of the criteria, which must then be given; a decision of its own (a policy, a decide step) has its
+        own criteria, so there ``criteria=None`` records ``GrowthCriteria(0.0)``."""
+        if self.criteria is not None:
+            return self
+        if first_order:
+            raise TypeError("the growth loop needs tolerance= for its first-order decisions: "
+                            "options=GrowthOptions(GrowthCriteria(tolerance=...))")
+        return replace(self, criteria=GrowthCriteria(0.0))
 
     def settings(self) -> dict:
-        c = self.criteria
+        c = self.deciding(first_order=False).criteria
         return {"alpha": c.alpha, "tolerance": c.tolerance, "rho": c.rho, **asdict(self.budget),
                 "guard": None if self.guard is None else asdict(self.guard), "seed": self.seed,
                 "first_look_batches": self.first_look_batches}

@@ -46,6 +46,15 @@ def whole_number(value, what: str, low: int = 1, high: int = MAX_COUNT) -> int:
     return number
 
 
+def positive_count(value, what: str) -> int:
+    """``value`` (an ``int`` or NumPy integer, not a bool) as an ``int`` of at least 1: :func:`whole_number` in
+    ``1 .. MAX_COUNT``, refused as ``"<what> must be a positive integer, got <value>"``."""
+    try:
+        return whole_number(value, what, 1, MAX_COUNT)
+    except InputError:
+        raise InputError(f"{what} must be a positive integer, got {shown_value(value)}") from None
+
+
 def parse_whole_number(text: str, what: str, low: int = 1, high: int = MAX_COUNT) -> int:
     """A whole number written in ASCII digits (an optional sign), in ``[low, high]``; the length is checked
     before the text is converted."""

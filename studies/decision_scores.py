@@ -1,4 +1,4 @@
-"""Scores of ``bench/decision_validity.py``'s recorded runs: calibration fitted leave one model set out, the
+"""Scores of ``studies/decision_validity.py``'s recorded runs: calibration fitted leave one model set out, the
 decision and its baselines per target, the depth sweeps, and the shipped calibration (``fit_and_write``).
 
 Everything here reads the raw JSON rows and calls the core functions ``decide`` calls
@@ -174,7 +174,7 @@ def attach_compressed(models: list, folder: Path) -> list:
     return [{**m, "compressed": runs[m["model"]]} if m["model"] in runs else m for m in models]
 
 
-SENSITIVITY_FOLDER = "decision_validity_sensitivity"  # bench/decision_validity.py --sensitivity, beside ``out``
+SENSITIVITY_FOLDER = "decision_validity_sensitivity"  # studies/decision_validity.py --sensitivity, beside ``out``
 
 
 def attach_sensitivity(models: list, folder: Path) -> list:
@@ -376,7 +376,7 @@ def lomo_calibrations(insts, error_insts=()) -> dict:
                    error_insts=[i for i in error_insts if i["set"] != s]) for s in sets}
 
 
-LARGE_HELDOUT = 4  # bench/decision_validity.py --large-heldout's default factor: the error model's second size
+LARGE_HELDOUT = 4  # studies/decision_validity.py --large-heldout's default factor: the error model's second size
 
 
 def large_heldout_folder(out: Path, factor: int = LARGE_HELDOUT) -> Path:
@@ -784,7 +784,7 @@ def larger_size_scores(out: Path, cals: dict, factor: int = 16) -> dict | None:
     return result
 
 
-TRANSFER_FOLDER = "decision_validity_transfer"  # bench/decision_validity.py TRANSFER's recordings, beside ``out``
+TRANSFER_FOLDER = "decision_validity_transfer"  # studies/decision_validity.py TRANSFER's recordings, beside ``out``
 
 
 def transfer_scores(out: Path) -> dict | None:
@@ -832,7 +832,7 @@ def transfer_scores(out: Path) -> dict | None:
     return result
 
 
-COMPRESSED_FOLDER = "decision_validity_compressed"  # bench/decision_validity.py --compressed, beside ``out``
+COMPRESSED_FOLDER = "decision_validity_compressed"  # studies/decision_validity.py --compressed, beside ``out``
 
 
 def compressed_scores(out: Path) -> dict | None:
@@ -1085,7 +1085,7 @@ def _sweep_table(sweeps: list) -> list:
 
 
 CALIBRATION_PROVENANCE = {
-    "written_by": "python bench/decision_validity.py --fit",
+    "written_by": "python -m studies.decision_validity --fit",
     "fitted_on": "the long recipes (300 steps) of every model set of the decision bench, one calibration per trial "
                  "schedule of decide: 'default' on the even plan's trials, 'halving' on successive halving's; the "
                  "error model (scale, residual quantiles, logistic) on the same trials read at two held-out sizes, "
@@ -1121,7 +1121,7 @@ def fit_and_write(out: Path, target: Path) -> dict:
     its own schedule, the error model on the trials read at both held-out sizes), written to ``target``."""
     models, _, _ = load(out)
     sets = ", ".join(sorted({m["set"] for m in models}))
-    cals = {name: fit(instances(models, schedule), f"bench/decision_validity.py, the long recipes of every model "
+    cals = {name: fit(instances(models, schedule), f"studies/decision_validity.py, the long recipes of every model "
                                                    f"set ({sets}), {schedule} trials; the error model also on "
                                                    "their trials read on a held-out split 4 times the bench's",
                       error_insts=larger_heldout(out, schedule))

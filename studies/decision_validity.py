@@ -29,29 +29,29 @@ trial never shares its minibatches with what it predicts).  Every fitted choice 
 calibration's trend weight, error scale, residual quantiles, threshold, tolerance) is
 fitted leave one model set out (``--tables``).
 
-Run ``python bench/decision_validity.py --part SET`` (one process per part:
+Run ``python -m studies.decision_validity --part SET`` (one process per part:
 ``digits``, ``fashion``, ``llama-pydoc``, ``llama-linux``, ``sweeps``,
 ``sweeps-overfit-digits``, ``sweeps-overfit-fashion``, ``sweeps-text``) to record raw
-rows to ``docs/figures/decision_validity/<part>.json`` (``--column sgd_block`` or
+rows to ``studies/results/decision_validity/<part>.json`` (``--column sgd_block`` or
 ``adam_terminal``: that recipe column instead, to ``<part>-<column>.json``; ``--seeds 3``:
 a sweep part's model seed 3 only, to ``<part>-seeds3.json``; ``--trial-seeds 2``: a model set part's models
 re-trained from the same seeds, refused unless their base losses and screen are the recorded ones, and only trial
 seed 2 run, to ``<part>-trialseed2.json`` (with ``--column``, ``<part>-<column>-trialseed2.json``), whose runs the scores merge into ``<part>.json``'s models; ``--large-heldout``: a model set part's
 models and trials with every trial also evaluated on a held-out split 4 times the bench's, to
-``docs/figures/decision_validity_large_heldout/``; ``--large-heldout 16``: 16 times, to ``..._x16/``); ``--tables``
-scores them (``bench/decision_scores.py``) and prints the docs tables; ``--variants`` the
+``studies/results/decision_validity_large_heldout/``; ``--large-heldout 16``: 16 times, to ``..._x16/``); ``--tables``
+scores them (``studies/decision_scores.py``) and prints the docs tables; ``--variants`` the
 decision rules tried; ``--fit`` writes ``satcore/_decisions/calibrations.json`` from all sets.
 
 **Transfer sets** (``TRANSFER``), which no fit reads: another architecture on data no fitted set uses, recorded
 the same way (``--part gpt2-perldoc`` or ``resmlp-fashion``, with ``--column`` as above; depth sweeps
 ``--part sweeps-transfer-resmlp``, ``sweeps-transfer-gpt2``) to
-``docs/figures/decision_validity_transfer/`` and scored with the calibration shipped (fitted on every model set):
+``studies/results/decision_validity_transfer/`` and scored with the calibration shipped (fitted on every model set):
 byte-level GPT-2 decoders (``transformers.GPT2LMHeadModel``, the ``native`` family inserting a ``GPT2Block`` with
 zeroed output projections) on the Perl 5.36 documentation (Debian ``perl-doc``), and pre-norm residual MLPs (an
 ``nn.Sequential`` of the user's own blocks: the probe's ``auto`` family) on another draw of Fashion-MNIST images.
 
 ``--compressed`` (a model set part, fitted or transfer): an experiment, time-compressed trials (the even plan's
-``T`` steps at ``lr * S / T``, :func:`record_compressed`), to ``docs/figures/decision_validity_compressed/``;
+``T`` steps at ``lr * S / T``, :func:`record_compressed`), to ``studies/results/decision_validity_compressed/``;
 with ``--large-heldout``, a fitted set's SGD trials at 300 steps also read on the larger held-out split (the
 compressed-SGD rule's error model), to ``..._compressed_large_heldout/``.
 """
@@ -70,28 +70,27 @@ from pathlib import Path
 
 import numpy as np
 
+import torch
+from torch import nn
+
+from zoo.data import load_images, load_text
+from zoo.models import BasicBlock, StagewiseResNet
+from zoo.training import batches, classifier_loss, lm_batches, lm_windows, per_sample_ce, train_classifier
+from satcore import Recipe, virtual_layer_sensitivity
+from satcore._decisions.trials import paired_standard_error, trial_plan
+from satcore.adapters.torch import InsertedResidual, probe_splits, sequence_loss
+from satcore.adapters.torch.decide import TorchTrials, per_sample_eval, recipe_minibatches, recipe_optimizer, screen, trial_losses
+from studies.decision_scores import LARGE_HELDOUT, large_heldout_folder, schedule_points
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from exlib.data import load_images, load_text  # noqa: E402
-from exlib.models import BasicBlock, StagewiseResNet  # noqa: E402
-from exlib.training import batches, classifier_loss, lm_batches, lm_windows, per_sample_ce, train_classifier  # noqa: E402
-from satcore import Recipe, virtual_layer_sensitivity  # noqa: E402
-from satcore._decisions.trials import paired_standard_error, trial_plan  # noqa: E402
-from satcore.adapters.torch import InsertedResidual, probe_splits, sequence_loss  # noqa: E402
-from satcore.adapters.torch.decide import per_sample_eval, recipe_minibatches, recipe_optimizer, screen, trial_losses  # noqa: E402
-from decision_scores import LARGE_HELDOUT, large_heldout_folder, schedule_points  # noqa: E402
-
-OUT = ROOT / "docs" / "figures" / "decision_validity"
-OUT_1000 = ROOT / "docs" / "figures" / "decision_validity_1000"
-OUT_TRANSFER = ROOT / "docs" / "figures" / "decision_validity_transfer"  # every column and length of the transfer sets
+OUT = ROOT / "studies" / "results" / "decision_validity"
+OUT_1000 = ROOT / "studies" / "results" / "decision_validity_1000"
+OUT_TRANSFER = ROOT / "studies" / "results" / "decision_validity_transfer"  # every column and length of the transfer sets
 # --compressed: time-compressed trials (an experiment, not what decide runs), every set's models, to OUT_COMPRESSED
-OUT_COMPRESSED = ROOT / "docs" / "figures" / "decision_validity_compressed"
+OUT_COMPRESSED = ROOT / "studies" / "results" / "decision_validity_compressed"
 # --sensitivity: the sensitivity baseline's scores of every set's models (no trials), to OUT_SENSITIVITY
-OUT_SENSITIVITY = ROOT / "docs" / "figures" / "decision_validity_sensitivity"
+OUT_SENSITIVITY = ROOT / "studies" / "results" / "decision_validity_sensitivity"
 # --large-heldout N: the same models and trials, each trial also evaluated on a held-out split N times the bench's (its
 # first part is the bench's own held-out split), to decision_scores.large_heldout_folder(OUT, N): how the decision
 # depends on the size of the held-out data it reads (the test split and the targets are unchanged)
@@ -205,7 +204,7 @@ def record_model(task: dict, log, seeds: tuple = SEEDS, stored: dict | None = No
                 out["screen"][f"{column}/{steps}"] = {
                     name: row.heldout_change for name, row in screen(splits, column_recipe(column, text, steps)).items()}
     if stored is not None:
-        from decision_scores import model_deviation, model_mismatch
+        from studies.decision_scores import model_deviation, model_mismatch
 
         if (why := model_mismatch(stored, out)) is not None:
             raise SystemExit(f"{task['tag']}: the re-trained model is not the recorded one ({why}); "
@@ -217,8 +216,7 @@ def record_model(task: dict, log, seeds: tuple = SEEDS, stored: dict | None = No
         for column, (_, _, _, longest) in COLUMNS.items():
             points = checkpoints_for(len(names), longest)
             for seed in seeds:
-                measured = trial_losses(model, splits.train, name, column_recipe(column, text, longest),
-                                        task["train"], sets, points, loss_fn, seed=seed)
+                measured = trial_losses(TorchTrials(model, splits.train, column_recipe(column, text, longest), task["train"], sets, loss_fn, seed), name, points)
                 out["runs"].append({"candidate": name, "column": column, "seed": seed, "steps": points,
                                     **{k: _summary(*measured[k]) for k in sets}})
                 if "heldout_large" in sets:  # --large-heldout: keep them for the candidates' paired differences
@@ -256,8 +254,7 @@ def record_compressed(task: dict, log, large_heldout: bool = False) -> dict:
                             TEXT_BATCH if text else IMAGE_BATCH, trainable)
             for name in names:
                 for seed in SEEDS:
-                    measured = trial_losses(model, splits.train, name, recipe, task["train"], sets, [T // 2, T],
-                                            loss_fn, seed=seed)
+                    measured = trial_losses(TorchTrials(model, splits.train, recipe, task["train"], sets, loss_fn, seed), name, [T // 2, T])
                     out["runs"].append({"steps_recipe": steps, "T": T, "lr": recipe.lr, "column": column,
                                         "candidate": name, "seed": seed, "steps": [T // 2, T],
                                         **{k: _summary(*measured[k]) for k in sets}})
@@ -362,7 +359,7 @@ def decoder(architecture: str, layers: int, seed: int = 1):
     """A byte-level decoder of ``LLAMA``'s sizes: ``"llama"`` (:func:`llama`) or ``"gpt2"`` (``GPT2LMHeadModel``)."""
     if architecture == "llama":
         return llama(layers, seed)
-    from exlib.models import gpt2_decoder
+    from zoo.models import gpt2_decoder
 
     return gpt2_decoder(layers, d_model=LLAMA["hidden"], n_head=LLAMA["heads"], n_positions=LLAMA["seq_len"], seed=seed)
 
@@ -478,8 +475,7 @@ def depth_row(model, loss_fn, family, recipe, train, probe_train, heldout, test,
     points = sorted(schedule_points(len(names), recipe.steps, MAX_TRIALS, every_count=False))
     trials = {}
     for name in names[:verified]:
-        measured = trial_losses(model, splits.train, name, recipe.with_steps(points[-1]), train,
-                                {"heldout": heldout, "train": probe_train, "test": test}, points, loss_fn, seed=seed - 1)
+        measured = trial_losses(TorchTrials(model, splits.train, recipe.with_steps(points[-1]), train, {"heldout": heldout, "train": probe_train, "test": test}, loss_fn, seed - 1), name, points)
         trials[name] = {"steps": list(points), **{k: _summary(*measured[k]) for k in ("heldout", "train", "test")}}
     return {"heldout_loss": float(per_sample_eval(model, heldout, loss_fn).mean()),
             "screen": {k: row.heldout_change for k, row in screened.items()}, "trials": trials}
@@ -576,12 +572,13 @@ def image_loop_start(spec: tuple, seed: int, architecture: str = "resnet") -> di
 
 
 def record_loop(name: str, spec: tuple, seed: int, log, part: str = "") -> dict:
-    """``grow_until_saturated(..., recipe=...)`` from the sweep's depth-1 model (the same model: its test loss is
+    """``grow_until_saturated(..., policy=DecisionPolicy(recipe))`` from the sweep's depth-1 model (the same model: its test loss is
     checked against the sweep's when scored): each round decides with :func:`decide` (its trials train the block
     alone), inserts the block and trains the whole grown model with the recipe's optimizer, lr and steps; the
     held-out guard rolls a harm back and stops.  The test loss of every round's trained model is recorded beside
     (never read by the loop)."""
-    from satcore.adapters.torch import grow_until_saturated
+    from satcore import DecisionPolicy, GrowthBudget, GrowthOptions
+    from satcore.adapters.torch import ProbeConfig, grow_until_saturated
 
     architecture = SWEEP_ARCHITECTURE.get(TRANSFER_LOOPS.get(part, ""))
     kind = {} if architecture is None else {"architecture": architecture}
@@ -599,9 +596,7 @@ def record_loop(name: str, spec: tuple, seed: int, log, part: str = "") -> dict:
         return grown
 
     t0 = time.time()
-    result = grow_until_saturated(model, train_round, start["heldout"], loss_fn, heldout_data=start["heldout"],
-                                  train_data=start["train"], recipe=start["recipe"], family=start["family"],
-                                  max_depth=max(DEPTHS), seed=seed)
+    result = grow_until_saturated(model, train_round, start["heldout"], loss_fn, heldout_data=start["heldout"], train_data=start["train"], options=GrowthOptions(budget=GrowthBudget(max_depth=max(DEPTHS)), seed=seed, probe=ProbeConfig(family=start["family"])), policy=DecisionPolicy(start["recipe"]))
     out = {"loop": tag, "source": start["source"], "recipe": start["recipe"].to_dict(), "model_seed": seed,
            **start["settings"], "family": start["family"], "start_depth": 1, "start_test_loss": start_test,
            "final_depth": result.depth, "stop_reason": result.stop_reason, "trained": trained,
@@ -653,7 +648,7 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
     if trial_seeds is not None:  # more trial seeds of a recorded part's models, merged by decision_scores.load
         if part not in (*IMAGES, *TEXTS):
             raise SystemExit("--trial-seeds: a model set part only")
-        from decision_scores import TRIAL_SEEDS_FILE
+        from studies.decision_scores import TRIAL_SEEDS_FILE
 
         recorded = json.loads(path.read_text())
         if overlap := set(trial_seeds) & set(recorded["seeds"]):
@@ -720,16 +715,16 @@ def main(argv=None) -> int:
                              "(to <part>-trialseed<seeds>.json, merged into <part>.json's models when scored)")
     parser.add_argument("--large-heldout", type=int, nargs="?", const=LARGE_HELDOUT, default=0, metavar="N",
                         help="model set parts: each trial also evaluated on a held-out split N (default 4) times the "
-                             "bench's (to docs/figures/decision_validity_large_heldout/, or ..._x<N>/)")
+                             "bench's (to studies/results/decision_validity_large_heldout/, or ..._x<N>/)")
     parser.add_argument("--compressed", action="store_true",
                         help="model set parts: time-compressed trials (lr x S/T for the even plan's T steps; an "
-                             "experiment) to docs/figures/decision_validity_compressed/")
+                             "experiment) to studies/results/decision_validity_compressed/")
     parser.add_argument("--sensitivity", action="store_true",
                         help="model set parts: the sensitivity baseline (Sensitivity-Based Layer Insertion's ||C||^2 "
-                             "on the training probe split, no trials) to docs/figures/decision_validity_sensitivity/")
+                             "on the training probe split, no trials) to studies/results/decision_validity_sensitivity/")
     parser.add_argument("--tables", action="store_true", help="score the recorded parts and print the docs tables")
     parser.add_argument("--variants", action="store_true",
-                        help="score the decision rules tried (bench/decision_scores.py VARIANTS) and print their table")
+                        help="score the decision rules tried (studies/decision_scores.py VARIANTS) and print their table")
     parser.add_argument("--fit", action="store_true", help="write satcore/_decisions/calibrations.json from every set")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -738,7 +733,7 @@ def main(argv=None) -> int:
                trial_seeds=None if args.trial_seeds is None else tuple(args.trial_seeds),
                large_heldout=args.large_heldout, compressed=args.compressed, sensitivity=args.sensitivity)
     if args.tables or args.fit or args.variants:
-        from decision_scores import fit_and_write, tables, variants
+        from studies.decision_scores import fit_and_write, tables, variants
 
         if args.fit:
             fit_and_write(OUT, ROOT / "satcore" / "_decisions" / "calibrations.json")

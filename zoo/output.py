@@ -1,7 +1,7 @@
 """Tables (markdown + JSON) and PNG plots, and where they go.
 
-Full runs write their tables and figures to ``docs/figures/`` (committed;
-``docs/results.md`` copies the tables from there); quick runs write the same
+Full runs write their tables and figures to ``studies/results/`` (committed;
+``studies/paper-experiments.md`` copies the tables from there); quick runs write the same
 files under ``examples/out/quick/results`` (git-ignored) for the smoke test.
 Bulky work files (checkpoints, dumps) always go under ``examples/out/<mode>/``.
 """
@@ -15,7 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-EXAMPLES = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
 
 
 def out_dir(name: str, quick: bool) -> Path:
@@ -26,8 +27,8 @@ def out_dir(name: str, quick: bool) -> Path:
 
 
 def results_dir(quick: bool) -> Path:
-    """Tables and figures: ``docs/figures`` (full) or ``examples/out/quick/results`` (quick)."""
-    path = EXAMPLES.parent / "docs" / "figures" if not quick else EXAMPLES / "out" / "quick" / "results"
+    """Tables and figures: ``studies/results`` (full) or ``examples/out/quick/results`` (quick)."""
+    path = ROOT / "studies" / "results" if not quick else EXAMPLES / "out" / "quick" / "results"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -6,27 +6,25 @@ heteroscedastic, high effective dimension, unequal folds) and on real per-sample
 each sample's ``q`` makes ``H0`` exact.  Every probe goes through
 :class:`satcore.CandidateStatistics` in 16 batches (one per fold), so the
 feature Gram ``K`` is estimated as in a real probe.  Writes the
-``calibration`` section of ``bench/results.json``; docs/verdicts.md shows the
-tables.
+``calibration`` section (``--looks``: ``calibration_looks``) of
+``studies/results/fold_test_calibration.json``; docs/verdicts.md and docs/growth.md show the tables.
 
-Usage: ``python bench/bench_calibration.py [--quick] [--reps N]``.
+Usage: ``python -m studies.fold_test_calibration [--quick] [--reps N] [--looks]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 import satcore
-from _results import record
+from bench._results import record
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # exlib: the examples' models
-
+RESULTS = Path(__file__).resolve().parent / "results" / "fold_test_calibration.json"
 ALPHA = 0.05
 N_HIDDEN, FOLDS = 4, 16
 
@@ -102,8 +100,8 @@ def real_gradients():
     import torch
     from sklearn.datasets import load_digits
 
-    from exlib.models import StagewiseResNet
-    from exlib.training import train_classifier
+    from zoo.models import StagewiseResNet
+    from zoo.training import train_classifier
 
     torch.manual_seed(0)
     digits = load_digits()
@@ -220,14 +218,14 @@ def main():
         start = time.perf_counter()
         values = {"alpha": ALPHA, "batch": 2, "looks": looks_table(args.reps or 500, rng)}
         values["seconds"] = round(time.perf_counter() - start, 1)
-        record("calibration_looks", values)
+        record("calibration_looks", values, path=RESULTS)
         for name, row in values["looks"].items():
             print(name, {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
         return
     start = time.perf_counter()
     values = {"alpha": ALPHA, "folds": FOLDS, "size": size_table(reps, rng), "power": power_table(reps // 2, rng)}
     values["seconds"] = round(time.perf_counter() - start, 1)
-    record("calibration", values)
+    record("calibration", values, path=RESULTS)
     for table in ("size", "power"):
         for name, row in values[table].items():
             print(table, name, {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
