@@ -120,11 +120,14 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
     'satcore score'.  A directory takes text or token ids as DATA (see 'satcore expand --help')."""
     check_target(out_path, (model, data_path))  # before the probe: -o MODEL or -o DATA is refused now
     if os.path.isdir(model):
+        from satcore.adapters.torch import ProbeConfig
+
         from .hf_dir import probe_checkpoint_dir
 
-        return probe_checkpoint_dir(model, data_path, candidates=candidates, family=family, seed=seed,
-                                    init_std=init_std, n_features=n_features, batch_size=batch_size, split=split,
-                                    variance=variance, out_path=out_path)
+        names = [c.strip() for c in candidates.split(",")] if candidates else None
+        config = ProbeConfig(candidates=names, family=family, seed=seed, init_std=init_std, n_features=n_features,
+                             split=split, variance=variance)
+        return probe_checkpoint_dir(model, data_path, config, batch_size=batch_size, out_path=out_path)
     arrays = read_data(data_path)
     if "inputs" in arrays and len(arrays) > 2:
         raise click.BadParameter(
