@@ -23,8 +23,8 @@ def window_length(config) -> int:
     return SEQ_LEN if context is None else min(SEQ_LEN, context[1])
 
 
-def probe_checkpoint_dir(model_dir, data_path, config, *, batch_size, out_path):
-    """Probe the checkpoint in ``model_dir`` on ``data_path``'s windows with ``config`` (the torch
+def probe_checkpoint_dir(model_dir, data_path, probe_config, *, batch_size, out_path):
+    """Probe the checkpoint in ``model_dir`` on ``data_path``'s windows with ``probe_config`` (the torch
     adapter's ``ProbeConfig``, built by the command from its options) and write the dump to ``out_path``."""
     import click
     import torch
@@ -40,6 +40,6 @@ def probe_checkpoint_dir(model_dir, data_path, config, *, batch_size, out_path):
     windows = read_token_windows(data_path, tokenizer_dir=model_dir, vocab_size=config.vocab_size,
                                  seq_len=window_length(config), max_windows=MAX_WINDOWS)
     batches = [({"input_ids": w}, w) for w in windows.split(batch_size)]
-    result = probe(model, batches, sequence_loss, config=config)
+    result = probe(model, batches, sequence_loss, config=probe_config)
     result.save(out_path, inputs=(data_path,))
     click.echo(f"wrote {display_name(out_path)}: {len(result.statistics)} candidate(s), {len(windows)} windows")
