@@ -68,6 +68,31 @@ def _at_option(value, n_blocks: int, block_names: list[str]):
     return out
 
 
+SIZED_NOTE = " (sized so the trials pass over their windows at most twice)"
+
+
+def _sized_windows(model, recipe, windows: dict, fraction: float, general_path, max_blocks, freeze_old
+                   ) -> tuple[int, str]:
+    """``(--max-windows, rule)`` without the option under ``--blocks auto``: the frontier's own count
+    (:func:`~satcore.adapters.torch.expansion_frontier.frontier_windows`), at least the default; capped, with one
+    line, at what the memory budget holds of token ids (the reader's bound)."""
+    from satcore.adapter_api import memory_budget
+    from satcore.adapters.torch.expansion_frontier import DecisionBudget, frontier_windows
+
+    least = windows["max_windows"]
+    sized = frontier_windows(model, recipe, seq_len=windows["seq_len"], max_blocks=max_blocks,
+                             budget=DecisionBudget(fraction, general=general_path), train_new_only=freeze_old,
+                             least=least)
+    if sized <= least:
+        return least, "default"
+    cap = max(least, memory_budget() // (8 * windows["seq_len"]))
+    if sized > cap:
+        click.echo(f"--max-windows {sized:,} would keep the trials within 2 passes over their windows; capped at "
+                   f"{cap:,}, what the memory budget holds (SATCORE_MEMORY_BUDGET): the plan warns of the passes")
+        return cap, "capped"
+    return sized, "sized"
+
+
 def _report(expansion) -> str:
     from satcore.adapters.torch.expansion import TrialRanking, _original_index
 
@@ -189,7 +214,8 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
 @click.option("--seq-len", type=Count(min=2), default=None,
               help="Tokens per window (default min(128, the model's context) on a CPU, 256 on a GPU).")
 @click.option("--max-windows", type=Count(min=4), default=None,
-              help="Windows of data read at most (default 64 on a CPU, 256 on a GPU): with --blocks auto the trials "
+              help="Windows of data read at most (default 64 on a CPU, 256 on a GPU; with --blocks auto, more where "
+              "needed so each trial passes over its training windows at most twice): with --blocks auto the trials "
               "train on every window not held out, and as many are held out as a quarter of --decision-budget "
               "reads (at least 8, at most half); otherwise half train the decision, half are held out.")
 @click.option("--max-blocks", type=Count(min=1), default=None,
@@ -285,6 +311,10 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     data = general = None
     windows = {"seq_len": seq_len or min(window_length(model.config), 256 if on_gpu else 128),
                "max_windows": max_windows or (256 if on_gpu else 64)}
+    windows_rule = "given" if max_windows is not None else "default"
+    if max_windows is None and blocks == "auto" and decision == "trial" and data_path is not None:
+        windows["max_windows"], windows_rule = _sized_windows(model, recipe, windows, decision_budget, general_path,
+                                                              max_blocks, freeze_old)
     if data_path is not None:  # with --at, read only to check it: the places are forced
         data = read_token_windows(data_path, tokenizer_dir=model_dir, vocab_size=model.config.vocab_size, **windows)
     if general_path is not None:  # held out only: as many windows as the target's held-out half
@@ -301,7 +331,8 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
                                 progress=not quiet, announce=None if quiet else click.echo)
         assumed = {f"--{name.replace('_', '-')}": value for name, value in
                    (("steps", steps), ("batch_size", batch_size), ("lr", lr), ("seq_len", windows["seq_len"]),
-                    ("max_windows", windows["max_windows"]))
+                    ("max_windows", f"{windows['max_windows']}{SIZED_NOTE}" if windows_rule == "sized"
+                     else windows["max_windows"]))
                    if ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT}
         if not quiet and (line := defaults_line(assumed, on_gpu)):
             click.echo(line)
@@ -322,7 +353,8 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         record["source"] = os.path.abspath(model_dir)
         record["max_statistics_bytes"] = max_statistics_bytes  # None: every place in one probe pass
         record["data"] = None if data is None else {"file": os.path.abspath(data_path), "windows": len(data),
-                                                    "seq_len": data.shape[1]}
+                                                    "seq_len": data.shape[1], "max_windows": windows["max_windows"],
+                                                    "max_windows_rule": windows_rule}
         record["general_data"] = None if general is None else {"file": os.path.abspath(general_path),
                                                                "windows": len(general)}
         with open(os.path.join(staging, "expansion.json"), "w") as stream:

@@ -26,7 +26,8 @@ def defaults_line(assumed: dict, on_gpu: bool) -> str | None:
     given = ", ".join(f"{k} {v}" for k, v in assumed.items())
     return (f"defaults: {given} ({'a GPU' if on_gpu else 'no GPU'} found; the planned training is yours to state with "
             "--steps, --batch-size, --lr; without --seq-len and --max-windows, windows of 128 tokens, at most 64 of "
-            "them, on a CPU, 256 and 256 on a GPU)")
+            "them, on a CPU, 256 and 256 on a GPU, more where --blocks auto's trials would pass over theirs more "
+            "than twice)")
 
 
 def stop_line(expansion) -> str | None:

@@ -70,7 +70,7 @@ from ._io.yaml_text import yaml_quoted
 from ._io.zipnpy import NpyHeader, NpzArchive, NpzError
 from ._rendering.table import decision_interval_notes, num, render_report, table
 from ._scores.scores import StreamDiagnostics
-from ._shared.arrays import check_feature_count, check_memory, statistics_bytes
+from ._shared.arrays import check_feature_count, check_memory, memory_budget, statistics_bytes
 from ._shared.display import display_name
 from ._shared.errors import MissingDependencyError
 from ._shared.numbers import MAX_COUNT, MAX_SEED, derived_seed, finite_real, parse_whole_number, shown_value, whole_number
@@ -100,7 +100,7 @@ __all__ = [
     # rendering
     "decision_interval_notes", "num", "render_report", "table", "display_name", "StreamDiagnostics",
     # shared checks
-    "check_feature_count", "check_memory", "statistics_bytes", "MissingDependencyError", "require",
+    "check_feature_count", "check_memory", "memory_budget", "statistics_bytes", "MissingDependencyError", "require",
     "TRAINING_SPLIT_WARNING", "is_training_split",
     # numbers from users: counts, seeds, reals (one reader for options, files and arguments)
     "MAX_COUNT", "MAX_SEED", "derived_seed", "finite_real", "parse_whole_number", "shown_value",

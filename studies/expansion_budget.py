@@ -84,6 +84,7 @@ PAIRS = ("near", "far", "perl")  # perl: the transfer pair (no fit reads it)
 PERL_POD = Path.home() / ".cache/satcore-text-perl/usr/share/perl/5.36.0/pod"
 PERL_HINT = "apt-get download perl-doc && dpkg-deb -x perl-doc_*.deb ~/.cache/satcore-text-perl"
 SWEEP = (0, 1, 2, 4, 8)
+CLI_WINDOWS = 64  # satcore expand's default --max-windows on a CPU, the least it reads without the option
 SATCORE_ARMS = ("satcore", "satcore-wide")  # the default; the same with more windows for its trials to train on
 ARM_ORDER = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random", *SATCORE_ARMS]
 REFERENCE = "uniform-2"  # LLaMA-Pro's conventional count for 8 blocks, L / 4
@@ -288,18 +289,25 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -
     one place the bench calls satcore's decision."""
     from studies.expansion import sample_windows
     from satcore import Recipe
-    from satcore.adapters.torch import DecisionBudget
+    from satcore.adapters.torch import DecisionBudget, frontier_windows
     from satcore import DecisionPolicy
     from satcore.adapters.torch.expansion import ExpansionOptions, expand
 
     rng = np.random.default_rng(20_000 + seed)
-    windows = sample_windows(target_train, plan["decision_windows"], plan["seq_len"], rng)
-    general = sample_windows(general_train, plan["general_windows"], plan["seq_len"], rng)
+    recipe = Recipe("adamw", lr=plan["lr"], steps=plan["steps"], batch_size=plan["batch_size"], trainable="block")
+    counts = {"target": plan["decision_windows"], "general": plan["general_windows"], "sized": False}
+    if counts["target"] is None:  # the command's rule without --max-windows: the frontier's own count, at least 64
+        counts["target"] = frontier_windows(base, recipe, seq_len=plan["seq_len"], train_new_only=True,
+                                            budget=DecisionBudget(general=general_train), least=CLI_WINDOWS)
+        counts["sized"] = counts["target"] > CLI_WINDOWS
+    if counts["general"] is None:  # the command reads half as many general windows
+        counts["general"] = max(4, counts["target"] // 2)
+    windows = sample_windows(target_train, counts["target"], plan["seq_len"], rng)
+    general = sample_windows(general_train, counts["general"], plan["seq_len"], rng)
     split = {}
     if plan.get("trial_windows"):  # the trials train on their own windows; the held-out half as before
         split = {"heldout": windows[1::2]}
         windows = sample_windows(target_train, plan["trial_windows"], plan["seq_len"], rng)
-    recipe = Recipe("adamw", lr=plan["lr"], steps=plan["steps"], batch_size=plan["batch_size"], trainable="block")
     api = "expand(blocks='auto', budget=DecisionBudget(general=...))"
     expansion = expand(base, windows, blocks="auto", policy=DecisionPolicy(recipe, seed=seed),
                        options=ExpansionOptions(train_new_only=True, budget=DecisionBudget(general=general)), **split)
@@ -307,7 +315,7 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -
     decision = record.get("decision") or {}
     return {"before": list(record["inserted_before"]), "api": api, "frontier": record.get("frontier"),
             "chosen_blocks": len(record["inserted_before"]), "tolerance": decision.get("tolerance"),
-            "decision_cost_fraction": record.get("decision_cost_fraction"), "record": record}
+            "decision_cost_fraction": record.get("decision_cost_fraction"), "windows": counts, "record": record}
 
 
 def train_arm(base, before, steps: int, args, seed: int, target_train) -> tuple:
@@ -366,11 +374,12 @@ def main(argv=None):
     decoder_arguments(p)
     p.add_argument("--eval-windows", type=int, default=192, help="held-out windows per text")
     p.add_argument("--probe-windows", type=int, default=32, help="general training windows of the ADEPT-style proxy")
-    p.add_argument("--decision-windows", type=int, default=64,
-                   help="target training windows given to satcore (the command's default --max-windows on a CPU: "
-                   "its frontier holds out what the budget affords and trains its trials on the rest)")
-    p.add_argument("--general-windows", type=int, default=32,
-                   help="general training windows given to satcore (the command reads half --max-windows)")
+    p.add_argument("--decision-windows", type=int, default=None,
+                   help="target training windows given to satcore (default: what the command reads without "
+                   "--max-windows on a CPU, frontier_windows at least 64; its frontier holds out what the budget "
+                   "affords and trains its trials on the rest)")
+    p.add_argument("--general-windows", type=int, default=None,
+                   help="general training windows given to satcore (default: half the target's, as the command reads)")
     p.add_argument("--pairs", choices=PAIRS, nargs="+", default=list(PAIRS))
     p.add_argument("--trial-windows", type=int, default=64,
                    help="satcore-wide: target training windows its trials train on (its held-out windows as satcore's)")

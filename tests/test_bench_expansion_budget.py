@@ -194,12 +194,12 @@ def test_the_recorded_results_re_render_the_lab_notes_tables(bench):
 
 
 def test_the_long_budget_row_re_renders_its_lab_notes_tables(bench):
-    """The 2000-step row (one seed, near) is rendered on its own (another setup); its tables are the notes'."""
+    """The 2000-step rows (near, 3 seeds; the sized satcore rows last, replacing the earlier ones) are rendered on
+    their own (another setup); their tables are the notes'."""
     root = BENCH.parent.parent
-    recorded = sorted((root / "bench" / "results").glob("expansion_long_*.jsonl"))
-    if not recorded:
-        pytest.skip("no long-budget rows recorded")
-    notes = (root / "docs" / "expansion-budget-notes.md").read_text()
+    recorded = sorted((root / "studies" / "results").glob("expansion_long_*.jsonl"))
+    assert recorded, "no long-budget rows recorded"
+    notes = (root / "studies" / "expansion-budget-notes.md").read_text()
     tables = [line for line in bench.render(recorded).splitlines() if line.startswith("| ")]
     assert len(tables) > 10
     assert [line for line in tables if line not in notes] == []

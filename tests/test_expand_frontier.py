@@ -376,7 +376,7 @@ def test_cli_quiet_has_no_plan_no_progress_and_the_default_prints_both_first(che
     talks = cli("expand", folder, *args, "-o", tmp_path / "t")
     assert talks.exit_code == 0, talks.output
     out = talks.output
-    assert out.index("defaults: --batch-size 8, --lr 0.0002, --max-windows 64") < out.index("plan:")
+    assert out.index("defaults: --batch-size 8, --lr 0.0002, --max-windows ") < out.index("plan:")
     assert out.index("plan:") < out.index("steps' FLOPs [") < out.index("frontier:")  # plan, then the bar
     assert re.search(r"cost: [0-9.]+ planned steps' FLOPs, [0-9.]+% of the planned 600", out)
 
@@ -438,3 +438,63 @@ def test_trials_above_the_stated_bound_are_refused_before_they_start(monkeypatch
     finally:
         handle.remove()
     assert len(steps) <= 2  # the timed steps that price the plan, no trial step
+
+
+def test_cli_sizes_the_windows_so_each_trial_passes_over_its_own_at_most_twice(checkpoint, tmp_path):  # noqa: F811
+    """Without --max-windows, at 2000 planned steps the 64 default windows would be passed over many times: the
+    command reads as many as the plan needs, says so on the defaults line and records it; the count is the held-out
+    windows plus 2 passes' worth of the trials' steps x batch (recomputed here from the record), no warning."""
+    folder, text = checkpoint
+    data = tmp_path / "more.txt"
+    data.write_text(text.read_text() * 4)  # more windows than the sized count
+    out = tmp_path / "o"
+    result = cli("expand", folder, "--data", data, "--blocks", "auto", "--seq-len", "16", "--steps", "2000", "-o", out)
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "expansion.json").read_text())
+    plan, sizes, read = record["decision"]["plan"], record["decision"]["windows"], record["data"]
+    wanted = sizes["heldout"] + math.ceil(plan["trial_steps"] * 8 / 2)  # steps x batch over 2 passes
+    assert read["max_windows"] == wanted == read["windows"] > 64 and read["max_windows_rule"] == "sized"
+    assert f"--max-windows {wanted} (sized so the trials pass over their windows at most twice)" in result.output
+    assert sizes["trial_passes"] <= 2 and "warning: each trial passes" not in result.output
+
+
+def test_cli_explicit_max_windows_is_honoured_and_warned_about(checkpoint, tmp_path):  # noqa: F811
+    folder, text = checkpoint
+    out = tmp_path / "o"
+    result = cli("expand", folder, "--data", text, "--blocks", "auto", "--seq-len", "16", "--steps", "2000",
+                 "--max-windows", "64", "-o", out)
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "expansion.json").read_text())
+    assert record["data"]["windows"] == 64 and record["data"]["max_windows_rule"] == "given"
+    assert result.output.startswith("defaults: --batch-size 8, --lr 0.0002 (")  # the given count is not a default
+    assert "warning: each trial passes" in result.output
+
+
+def test_cli_sized_windows_are_capped_by_the_memory_budget_with_one_line(checkpoint, tmp_path, monkeypatch):  # noqa: F811
+    import satcore.adapter_api
+
+    folder, text = checkpoint
+    monkeypatch.setattr(satcore.adapter_api, "memory_budget", lambda: 8 * 16 * 100)  # 100 windows of 16 token ids
+    out = tmp_path / "o"
+    result = cli("expand", folder, "--data", text, "--blocks", "auto", "--seq-len", "16", "--steps", "2000", "-o", out)
+    assert result.exit_code == 0, result.output
+    capped = [line for line in result.output.splitlines() if "capped at 100," in line]
+    assert len(capped) == 1 and "SATCORE_MEMORY_BUDGET" in capped[0]
+    record = json.loads((out / "expansion.json").read_text())
+    assert record["data"]["max_windows"] == 100 == record["data"]["windows"]
+    assert record["data"]["max_windows_rule"] == "capped"
+
+
+def test_frontier_windows_is_what_expand_needs_and_at_least_least():
+    """expand takes the windows it is given: given frontier_windows' count, its trials pass over their training
+    windows at most twice, and the count is the held-out windows plus 2 passes' worth of the trials' steps x batch;
+    a larger ``least`` (the command's default) is kept as it is."""
+    from satcore.adapters.torch import frontier_windows
+
+    model, recipe = llama(), Recipe("adamw", lr=1e-3, steps=2000, batch_size=8)
+    n = frontier_windows(model, recipe, seq_len=12)
+    record = expand(model, windows(n), blocks="auto", recipe=recipe,
+                    options=ExpansionOptions(budget=DecisionBudget())).to_dict()["decision"]
+    sizes = record["windows"]
+    assert n == sizes["heldout"] + math.ceil(record["plan"]["trial_steps"] * 8 / 2) and sizes["trial_passes"] <= 2
+    assert frontier_windows(model, recipe, seq_len=12, least=n + 50) == n + 50

@@ -35,7 +35,7 @@ from .locate import HEAD, Candidate, find_blocks, find_candidates, named_candida
 from .growth import GrowthResult, GrowthRound, grow_until_saturated
 from .native import NativeFeatures, insert_block, native_feature_map
 from .expansion import Expansion, ExpansionOptions, expand, first_order_decision, insert_blocks
-from .expansion_frontier import DecisionBudget
+from .expansion_frontier import DecisionBudget, frontier_windows
 from .moments import batch_moments, position_index, subsample_positions
 from .hf import model_loss, per_sample_loss, sequence_loss
 from .probe import MemoryPlan, Probe, ProbeConfig, per_sample_losses, plan, probe, probe_in_groups
@@ -64,6 +64,7 @@ __all__ = [
     "Expansion",
     "ExpansionOptions",
     "FeatureMap",
+    "frontier_windows",
     "Grown",
     "InsertedResidual",
     "NativeFeatures",

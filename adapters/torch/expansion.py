@@ -707,7 +707,10 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
     data : batches ``({"input_ids": ...}, labels)`` (or a ``(N, T)`` tensor of token ids), split
         into a training half (even batches) and a held-out half (odd) unless ``heldout`` is given;
         the frontier (``blocks="auto"`` with trials) holds out of token ids the windows its budget
-        affords (at least 8, at most half) and trains its trials on every other window.
+        affords (at least 8, at most half) and trains its trials on every other window.  It takes the
+        windows it is given: for each trial to pass over its training windows at most twice, give at least
+        :func:`~.expansion_frontier.frontier_windows` of them (what ``satcore expand`` reads without
+        ``--max-windows``); fewer are used as given, and the plan warns.
     blocks : int, ``"auto"`` or None
         ``K``: the ``K`` candidates the decision ranks first (``layout="grouped"``: one per
         group); ``"auto"``: the candidates whose decrease is significant, best first, at most

@@ -288,19 +288,74 @@ def _spaced(n: int, count: int) -> torch.Tensor:
     return torch.arange(count) * n // count
 
 
+def _heldout_count(available: int, costs: _Costs, counts: list, recipe: Recipe, budget: DecisionBudget) -> int:
+    """Held-out windows of ``available`` (per split): as many as the budget affords
+    (:func:`satcore._decisions.frontier.affordable_heldout`), at least 8, at most half."""
+    readings = 3 * budget.replicates  # trial_checkpoints: three readings per trial
+    per_window = costs.read([], 1) + readings * sum(costs.read(uniform_places(costs.n, k), 1) for k in counts)
+    splits = 1 + (budget.general is not None)
+    return affordable_heldout(available, budget.fraction * recipe.steps, splits * per_window)
+
+
+def _plan(costs: _Costs, counts: list, recipe: Recipe, budget: DecisionBudget, evaluated: list) -> TrialPlan:
+    """The trials' plan (:func:`satcore._decisions.frontier.plan_trials`) when ``evaluated`` windows (one count per
+    split read at each checkpoint) are held out."""
+    read = {k: sum(costs.read(uniform_places(costs.n, k), w) for w in evaluated) for k in counts}
+    return plan_trials(recipe.steps, budget.fraction, [costs.step(uniform_places(costs.n, k)) for k in counts],
+                       [read[k] for k in counts], budget.replicates, TIMED_STEPS * costs.full() + read[0])
+
+
+def trial_windows(trial_steps: int, batch_size: int) -> int:
+    """Training windows that trials of ``trial_steps`` steps of ``batch_size`` windows pass over at most
+    :data:`MAX_TRIAL_PASSES` times."""
+    return math.ceil(trial_steps * batch_size / MAX_TRIAL_PASSES)
+
+
+def frontier_windows(model, recipe: Recipe, *, seq_len: int, budget: DecisionBudget | None = None,
+                     max_blocks: int | None = None, train_new_only: bool = False, least: int = 0) -> int:
+    """Windows of ``seq_len`` tokens for ``expand(blocks="auto")``'s frontier to read so that each trial passes over
+    its training windows at most :data:`MAX_TRIAL_PASSES` times: the held-out windows its budget affords plus
+    :func:`trial_windows` of its plan, at least ``least``.  ``satcore expand`` reads this many without
+    ``--max-windows``; ``expand`` takes the windows it is given, so this is the count to give it (with
+    ``budget``, ``max_blocks`` and ``train_new_only`` as passed to ``expand``).
+
+    The held-out count grows with the windows until the budget's share caps it, and the trials shorten as it
+    grows: the count rises to the first that covers its own need, then falls to its need while that still
+    covers itself (where the held-out count is capped, the need exactly: held-out + trial windows)."""
+    from .expansion import decoder_stack
+
+    budget = DecisionBudget() if budget is None else budget
+    n_blocks = len(decoder_stack(model)[0])
+    counts = block_counts(min(max(1, n_blocks // 4) if max_blocks is None else max_blocks, n_blocks))
+    costs = _Costs(model, seq_len, recipe.batch_size, counts[-1], train_new_only)
+
+    def need(total: int) -> int:
+        held = _heldout_count(total, costs, counts, recipe, budget)
+        plan = _plan(costs, counts, recipe, budget, [held] * (1 + (budget.general is not None)))
+        return max(least, held + trial_windows(plan.trial_steps, recipe.batch_size))
+
+    total = max(least, 2 * MIN_HELDOUT)
+    for _ in range(64):  # held-out counts only grow along the way, so a few rounds reach the cap
+        if need(total) <= total:
+            break
+        total = need(total)
+    for _ in range(64):
+        fewer = need(total)
+        if fewer >= total or need(fewer) > fewer:
+            break
+        total = fewer
+    return total
+
+
 def _sized_split(windows, model, recipe: Recipe, budget: DecisionBudget, options: dict) -> tuple[list, list, int]:
     """``(train, held, held-out count)`` of ``(N, T)`` token ids: held out as many windows as the budget affords
-    (:func:`satcore._decisions.frontier.affordable_heldout`), the rest training the trials (training windows cost
-    nothing to hold)."""
+    (:func:`_heldout_count`), the rest training the trials (training windows cost nothing to hold)."""
     from .expansion import _windows_batches, decoder_stack
 
     n_blocks = len(decoder_stack(model)[0])
     counts = block_counts(min(options["max_blocks"], n_blocks))
     costs = _Costs(model, windows.shape[1], recipe.batch_size, counts[-1], options["train_new_only"])
-    readings = 3 * budget.replicates  # trial_checkpoints: three readings per trial
-    per_window = costs.read([], 1) + readings * sum(costs.read(uniform_places(n_blocks, k), 1) for k in counts)
-    splits = 1 + (budget.general is not None)
-    count = affordable_heldout(len(windows), budget.fraction * recipe.steps, splits * per_window)
+    count = _heldout_count(len(windows), costs, counts, recipe, budget)
     held = torch.zeros(len(windows), dtype=torch.bool)
     held[_spaced(len(windows), count)] = True
     return _windows_batches(windows[~held], 8), _windows_batches(windows[held], 8), count
@@ -424,9 +479,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
         train, held, sized = _sized_split(train, model, recipe, budget, options)
     evaluate, tokens, seconds, seq_len = _setting(model, train, held, recipe, budget, sized)
     costs = _Costs(model, seq_len, recipe.batch_size, counts[-1], options["train_new_only"])
-    read = {k: sum(costs.read(uniform_places(n_blocks, k), _windows(b)) for b in evaluate.values()) for k in counts}
-    plan = plan_trials(recipe.steps, budget.fraction, [costs.step(uniform_places(n_blocks, k)) for k in counts],
-                       [read[k] for k in counts], budget.replicates, TIMED_STEPS * costs.full() + read[0])
+    plan = _plan(costs, counts, recipe, budget, [_windows(b) for b in evaluate.values()])
     check_trial_work(plan.trial_steps * plan.arms * plan.replicates, recipe.batch_size,
                      f"steps {recipe.steps:,} with a decision budget of {budget.fraction:g}",
                      "plan fewer steps or a smaller decision budget")
@@ -441,7 +494,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
                 f"half); the rest train the trials"] if sized is not None else [])
             + ([f"  warning: each trial passes over its {_windows(train)} training windows {passes:.1f} times (more than "
                 f"{MAX_TRIAL_PASSES:g}): K = 0's trial may fit them and read as a harm; give about "
-                f"{_windows(held) + math.ceil(plan.trial_steps * recipe.batch_size / MAX_TRIAL_PASSES)} windows "
+                f"{_windows(held) + trial_windows(plan.trial_steps, recipe.batch_size)} windows "
                 f"(--max-windows)"] if passes > MAX_TRIAL_PASSES else [])))
     meter = _Meter(plan.cost_steps, budget.progress, costs)
     try:
@@ -606,4 +659,5 @@ def _tolerance(budget: DecisionBudget, losses: dict) -> float:
 
 
 __all__ = ["ArmResult", "ArmTrials", "BudgetedDecision", "DecisionBudget", "FrontierDecision", "Move",
-           "PlacementCheck", "MAX_TRIAL_PASSES", "RELATIVE_TOLERANCE", "TIMED_STEPS", "frontier_decision", "placement_check", "timed_step"]
+           "PlacementCheck", "MAX_TRIAL_PASSES", "RELATIVE_TOLERANCE", "TIMED_STEPS", "frontier_decision",
+           "frontier_windows", "placement_check", "timed_step", "trial_windows"]
