@@ -28,7 +28,8 @@ from torch import nn
 
 from zoo import models_torch as mt
 from zoo.models_torch import Residual
-from satcore import (DecisionPolicy, GrowthBudget, GrowthCriteria, GrowthLogError, GrowthOptions, TrialSettings,
+from satcore import (DecisionPolicy, GrowthBudget, GrowthCriteria, GrowthLogError, GrowthOptions, InputError,
+                     TrialSettings,
                      read_growth_log)
 from satcore.adapters.torch import ProbeConfig, grow_until_saturated, probe
 from satcore.adapters.torch.grow import InsertedResidual
@@ -321,7 +322,7 @@ def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup, capsys
     assert first.decision["recipe"] == recipe.to_dict()
     with pytest.raises(ValueError, match="needs train_data"):
         grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, options=GrowthOptions(GrowthCriteria(tolerance=0.0), probe=ProbeConfig(family="mlp", candidates=CANDIDATES)), policy=DecisionPolicy(recipe))
-    with pytest.raises(TypeError, match="needs tolerance="):  # the first-order decision reads it
+    with pytest.raises(InputError, match="needs tolerance="):  # the first-order decision reads it
         grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, options=GrowthOptions(probe=ProbeConfig(family="mlp", candidates=CANDIDATES)))
 
 

@@ -90,7 +90,9 @@ def _number(name: str, value, *, low=None, high=None, integer=False, optional=Fa
     if isinstance(value, bool) or not isinstance(value, kinds) or (not integer and not math.isfinite(value)):
         raise InputError(f"growth: {name} must be {'an integer' if integer else 'a finite number'}, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
-        raise InputError(f"growth: {name} must be in [{low}, {high}], got {value!r}")
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise InputError(f"growth: {name} must be {'a whole number' if integer else 'a number'} {bound}, "
+                         f"got {value!r}")
     return value
 
 
@@ -196,7 +198,7 @@ class GrowthOptions:
         if self.criteria is not None:
             return self
         if first_order:
-            raise TypeError("the growth loop needs tolerance= for its first-order decisions: "
+            raise InputError("growth options: criteria: the growth loop needs tolerance= for its first-order decisions: "
                             "options=GrowthOptions(GrowthCriteria(tolerance=...))")
         return replace(self, criteria=GrowthCriteria(0.0))
 
