@@ -52,7 +52,7 @@ from torch import nn
 from satcore import DecisionPolicy, InputError, ProbeError
 from satcore import Recipe
 from satcore.adapter_api import DEFAULT_ALPHA, screen
-from satcore.adapter_api import derived_seed, yaml_quoted
+from satcore.adapter_api import derived_seed, moved_keywords, yaml_quoted
 
 from .expansion_exports import llama_factory_lora
 from .hf import context_length, sequence_loss
@@ -696,6 +696,7 @@ class ExpansionOptions:
                 raise InputError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
 
 
+@moved_keywords("expand")
 @forked_rng()  # the caller's next random draws are those it would have made without the call
 def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=None, recipe: Recipe | None = None,
            policy: DecisionPolicy | None = None, options: ExpansionOptions | None = None) -> Expansion:

@@ -41,7 +41,7 @@ from satcore.adapter_api import display_name
 from satcore.adapters.batches import split_batch
 from satcore import GrowthLogError, InputError
 from satcore import FirstOrderDecide, GrowthOptions, GrowthResult, GrowthRound, run_growth
-from satcore.adapter_api import AdapterSteps, round_summary
+from satcore.adapter_api import AdapterSteps, moved_keywords, round_summary
 from satcore.adapters.base import growth_decision
 
 from .features import rebuild_feature_map
@@ -200,6 +200,7 @@ class TorchGrowthSteps(AdapterSteps):
                 "candidates": None if candidates is None else list(candidates)}
 
 
+@moved_keywords("grow_until_saturated")
 def grow_until_saturated(model: nn.Module, train, probe_data, loss_fn, *, heldout_data=None, train_data=None,
                          options: GrowthOptions | None = None, policy=None) -> GrowthResult:
     """Rounds of decide -> insert -> train -> guard until the evidence says stop (module docstring).
