@@ -152,9 +152,11 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
               help="UTF-8 text (tokenised with MODEL_DIR's tokenizer), or token ids: .npz with input_ids, .jsonl. "
               "Required unless --at forces the places.")
 @click.option("--blocks", callback=_blocks_option, default=None, metavar="K|auto",
-              help="How many blocks: K, or auto (the fewest whose predicted held-out loss after your training is "
-              "within --tolerance of the best of K = 0, 1, 2, 4, ... --max-blocks; none when expanding does not "
-              "pay; with --decision screen, the places whose 95% interval lies below 0).")
+              help="How many blocks: K, or auto (K = 0, 1, 2, 4, ... --max-blocks at uniform places; a K > 0 "
+              "counts only where it beats K = 0 credibly, paired on the same windows (its 95% interval below 0, "
+              "its point below minus --tolerance); of those, the fewest whose predicted held-out loss after your "
+              "training is within --tolerance of the best; none when expanding does not pay; with --decision "
+              "screen, the places whose 95% interval lies below 0).")
 @click.option("-o", "--out", "out_dir", required=True, metavar="OUT_DIR", help="Directory to write (new or empty).")
 @click.option("--at", "at", default=None, metavar="NAME,...",
               help="Force the positions: original block names or indices to insert before, or head.")
