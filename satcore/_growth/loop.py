@@ -535,10 +535,11 @@ def run_growth(model, steps: GrowthSteps, decide: Callable, options: GrowthOptio
 
 
 def round_summary(entry: GrowthRound) -> str:
-    """One line per round for progress output."""
+    """One line per round for progress output: the depth the round started at and, where its block is kept, the
+    depth it ends at (the run's ``GrowthResult.depth`` after its last round)."""
     text = f"round {entry.round}: depth {entry.depth}"
     if entry.inserted_at is not None:
-        text += f", block before {entry.inserted_at}"
+        text += f"{'' if entry.rolled_back else f' -> {entry.depth + 1}'}, block before {entry.inserted_at}"
         if entry.train_loss_after is not None:
             text += f", training loss {entry.train_loss_before:.4g} -> {entry.train_loss_after:.4g}"
         if entry.heldout_change is not None:
