@@ -82,7 +82,8 @@ def test_the_native_default_on_a_model_without_blocks_says_which_family_to_pass(
     from satcore import ProbeError
 
     model, probe_data, _ = setup
-    with pytest.raises(ProbeError, match="no residual blocks recognised in Sequential.*family='auto'"):
+    with pytest.raises(ProbeError, match=r"no residual blocks recognised in Sequential.*"
+                                         r"instead: options=GrowthOptions\(probe=ProbeConfig\(family='auto'\)\), a kind or an nn.Module"):
         grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=1), probe=ProbeConfig(family="native", candidates=CANDIDATES)))
 
 
@@ -100,7 +101,7 @@ def test_the_native_default_on_recognised_blocks_of_no_native_kind_says_which_fa
             return self.out(self.blocks(self.flat(x)))
 
     model, probe_data, _ = setup
-    with pytest.raises(ProbeError, match="no native insertion for Residual.*family='auto'"):
+    with pytest.raises(ProbeError, match=r"no native insertion for Residual.*instead: options=GrowthOptions\(probe=ProbeConfig\(family='auto'\)\), a kind or an nn.Module$"):
         grow_until_saturated(Net(model), train_inserted, probe_data, mt.per_sample_ce, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=1)))
 
 
