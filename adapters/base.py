@@ -94,7 +94,7 @@ class ProbeOptions:
     def __post_init__(self):
         if self.candidates is not None and not isinstance(self.candidates, tuple):
             object.__setattr__(self, "candidates", tuple(self.candidates))
-        check_family(self.family, "ProbeConfig: family")
+        check_family(self.family, "probe: family")
 
 
 class PolicyDecision:

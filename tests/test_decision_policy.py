@@ -133,7 +133,20 @@ def test_probe_config_refuses_a_family_the_probe_would_refuse_when_built():
     from torch import nn
 
     for family in ("nope", {"layer1": "mlp", "layer2": "nope"}):
-        with pytest.raises(InputError, match=r"^ProbeConfig: family: unknown family 'nope'; choose 'auto', one of"):
+        with pytest.raises(InputError, match=r"^probe: family: unknown family 'nope'; choose 'auto', one of"):
             torch_adapter.ProbeConfig(family=family)
     for family in ("auto", "native", "mlp", "conv", nn.Identity(), {"layer1": "native", "layer2": nn.Identity()}):
         assert torch_adapter.ProbeConfig(family=family).family is family
+
+
+def test_expansion_options_check_their_fields_when_built():
+    torch_adapter = pytest.importorskip("satcore.adapters.torch")
+    for fields, message in (({"layout": "diagonal"}, r"^expansion options: layout must be one of ranked, grouped, got "
+                                                      r"'diagonal'$"),
+                            ({"init": "zero"}, r"^expansion options: init must be one of copy, fresh, got 'zero'$"),
+                            ({"decision": "vote"}, r"^expansion options: decision must be one of trial, screen"),
+                            ({"train_new_only": "yes"}, r"^expansion options: train_new_only must be True or False"),
+                            ({"max_blocks": 0}, r"^expansion options: max_blocks: 0 is not in the range 1\.\.")):
+        with pytest.raises(InputError, match=message):
+            torch_adapter.ExpansionOptions(**fields)
+    assert torch_adapter.ExpansionOptions(max_blocks=np.int64(2)).max_blocks == 2

@@ -52,7 +52,7 @@ from torch import nn
 from satcore import CandidateDecision, DecisionPolicy, InputError, ProbeError
 from satcore import Recipe
 from satcore.adapter_api import DEFAULT_ALPHA, screen
-from satcore.adapter_api import derived_seed, moved_keywords, yaml_quoted
+from satcore.adapter_api import derived_seed, moved_keywords, whole_number, yaml_quoted
 
 from .expansion_exports import llama_factory_lora
 from .hf import context_length, sequence_loss
@@ -725,9 +725,14 @@ class ExpansionOptions:
     budget: object = None
 
     def __post_init__(self):
-        for name, allowed in (("init", INITS), ("decision", DECISIONS), ("layout", LAYOUTS)):
-            if getattr(self, name) not in allowed:
-                raise InputError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        for name, choices in (("init", INITS), ("decision", DECISIONS), ("layout", LAYOUTS)):
+            if getattr(self, name) not in choices:
+                raise InputError(f"expansion options: {name} must be one of {', '.join(choices)}, got "
+                                 f"{getattr(self, name)!r}")
+        if not isinstance(self.train_new_only, bool):
+            raise InputError(f"expansion options: train_new_only must be True or False, got {self.train_new_only!r}")
+        if self.max_blocks is not None:
+            object.__setattr__(self, "max_blocks", whole_number(self.max_blocks, "expansion options: max_blocks"))
 
 
 @moved_keywords("expand")
