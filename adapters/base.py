@@ -35,6 +35,8 @@ from dataclasses import dataclass, replace
 from satcore import DecisionPolicy, InputError, ProbeError, SatcoreError
 from satcore.adapter_api import TRAINING_SPLIT_WARNING, Probe, is_training_split
 
+from .options import check_family
+
 __all__ = ["PolicyDecision", "Probe", "ProbeOptions", "growth_decision", "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options",
            "warn_if_training_split"]
 
@@ -92,6 +94,7 @@ class ProbeOptions:
     def __post_init__(self):
         if self.candidates is not None and not isinstance(self.candidates, tuple):
             object.__setattr__(self, "candidates", tuple(self.candidates))
+        check_family(self.family, "probe: family")
 
 
 class PolicyDecision:

@@ -44,6 +44,28 @@ def per_candidate(value, names, option: str, default=None) -> dict:
     return {name: value for name in names}
 
 
+def known_family(kind: str, others: str = "pass a feature map"):
+    """The registered :class:`~satcore._formulas.families.FamilySpec` of ``kind``, or the ``InputError`` naming
+    what the probe takes (``others``: what else the adapter takes)."""
+    try:
+        return family_spec(kind)
+    except ValueError:
+        raise InputError(f"unknown family {kind!r}; choose 'auto', one of {registered_families()}, "
+                         f"or {others}") from None
+
+
+def check_family(family, what: str) -> None:
+    """Refuse, naming ``what``, a family the probe would refuse when it resolves it: a name that is neither
+    ``"auto"`` nor registered (:func:`known_family`, as :func:`builtin_kind` reads it), also as a mapping's
+    value; feature maps and :class:`satcore.Family` objects pass (their framework checks them)."""
+    for value in family.values() if isinstance(family, Mapping) else (family,):
+        if isinstance(value, str) and value != "auto":
+            try:
+                known_family(value)
+            except InputError as exc:
+                raise InputError(f"{what}: {exc}") from None
+
+
 def builtin_kind(spec, shape, *, image_layout: str = "(M, C, H, W)", others: str = "pass a feature map") -> str:
     """The built-in family ``spec`` names for a stream of ``shape``.
 
@@ -59,11 +81,7 @@ def builtin_kind(spec, shape, *, image_layout: str = "(M, C, H, W)", others: str
     """
     rank = len(shape)
     kind = ("conv" if rank == 4 else "mlp") if spec == "auto" else spec
-    try:
-        definition = family_spec(kind)
-    except ValueError:
-        raise InputError(f"unknown family {spec!r}; choose 'auto', one of {registered_families()}, "
-                         f"or {others}") from None
+    definition = known_family(kind, others)
     if definition.images_only and rank != 4:
         raise InputError(f"family {kind!r} needs a {image_layout} stream, got shape {tuple(shape)}")
     return kind

@@ -7,12 +7,16 @@ The template is a Python f-string body: every number in the page is read from
 """
 
 import json
+import sys
 from pathlib import Path
 
 from satcore._formulas.folds import DEFAULT_FOLDS
 
 HERE = Path(__file__).resolve().parent
 R = json.loads((HERE / "results.json").read_text())
+QUICK = sorted(k for k, v in R["sections"].items() if isinstance(v, dict) and v.get("quick"))
+if QUICK:
+    sys.exit(f"bench/results.json: quick-run sections {', '.join(QUICK)}; rerun them without --quick before rendering")
 S = R["sections"]
 po = S["probe_overhead"]
 W = po["workloads"]

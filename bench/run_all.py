@@ -7,7 +7,8 @@ next one's peak memory) with ``--quick`` when asked and when the script
 accepts it (scripts without a ``--quick`` flag get the small arguments of
 :data:`QUICK_FALLBACK`) and with BLAS/OpenMP threads pinned to ``--threads``
 (default 1) through the environment.  Every script merges its own keys into
-``bench/results.json``; afterwards the keys of :data:`REQUIRED` are checked
+``bench/results.json`` (with ``--quick``, ``bench/out/results-quick.json``: quick numbers never reach the
+committed results nor the pages rendered from them); afterwards the keys of :data:`REQUIRED` are checked
 and printed.  Exit status 1 if a script failed or a required key is missing.
 ``--quick`` is meant to finish in under 5 minutes on 2 idle cores.
 """
@@ -57,6 +58,17 @@ def arguments(script: Path, quick: bool, threads: int) -> list[str]:
     return args
 
 
+def results_file(quick: bool) -> Path:
+    """The file the scripts write: ``bench/results.json``, or the git-ignored quick one."""
+    return HERE / "out" / "results-quick.json" if quick else HERE / "results.json"
+
+
+def run_env(threads: int, quick: bool) -> dict:
+    """:func:`thread_env`, and with ``quick`` the flag that sends every script's keys to the quick file (also
+    scripts that take no ``--quick``)."""
+    return {**thread_env(threads), "SATCORE_BENCH_QUICK": "1" if quick else "0"}
+
+
 def thread_env(threads: int) -> dict:
     """The environment with BLAS/OpenMP pools pinned to ``threads``, also for scripts without ``--threads``.
 
@@ -79,12 +91,13 @@ def main():
         command = [sys.executable, "-m", f"bench.{script.stem}", *arguments(script, args.quick, args.threads)]
         print(f"== {script.name} {' '.join(command[3:])}", flush=True)
         start = time.perf_counter()
-        code = subprocess.run(command, cwd=HERE.parent, env=thread_env(args.threads)).returncode
+        code = subprocess.run(command, cwd=HERE.parent, env=run_env(args.threads, args.quick)).returncode
         timings[script.name] = time.perf_counter() - start
         print(f"== {script.name}: exit {code}, {timings[script.name]:.0f} s", flush=True)
         if code:
             failed.append(script.name)
-    results = json.loads((HERE / "results.json").read_text()) if (HERE / "results.json").exists() else {}
+    path = results_file(args.quick)
+    results = json.loads(path.read_text()) if path.exists() else {}
     missing = [k for k in REQUIRED if k not in results]
     print(f"\ntotal {sum(timings.values()):.0f} s")
     for key in REQUIRED:

@@ -147,7 +147,12 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
     from satcore.adapters.torch.expansion import ALPHA, _original_index
 
     trialled = [n for n in order if getattr(rows[n], "verified", False)]
-    if not trialled:
+    screen_only = bool(order) and all(getattr(rows[n], "verified", None) is False for n in order)
+    if screen_only:  # the placement check's screen: it proposed the moves the trials tested, verified no place
+        notes = [f"evidence: every row is the first-order screen's ({NOT_VERIFIED}: the recipe's step priced "
+                 "linearly, no trial of a place ran); it has no interval or P(decrease): the screen's own fold "
+                 "interval omits its error and reads as near-certain; its order proposes the moves below"]
+    elif not trialled:
         notes = ["evidence: every value is the first-order screen's (the recipe's step priced linearly; no trial "
                  "ran); its interval and P(decrease) come from the same Student-t over the held-out folds"]
     elif len(trialled) < len(order):
@@ -165,7 +170,10 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
         notes.append(f"{', '.join(uncertain)}: chosen although the 95% interval reaches 0: --blocks K puts K blocks "
                      "whatever the intervals (uniform places unless a trial moves one; the best-ranked with --layout "
                      "ranked); whether to add any is --blocks auto's question")
-    if unverified:
+    if unverified and screen_only:
+        notes.append(f"{', '.join(unverified)}: chosen although {NOT_VERIFIED}: --blocks K puts K blocks at uniform "
+                     "places unless a trial moves one; whether to add any is --blocks auto's question")
+    elif unverified:
         notes.append(f"{', '.join(unverified)}: chosen although {NOT_VERIFIED}: --blocks K takes the K best-ranked "
                      "places whatever their evidence, and the trials verified fewer places than that")
     return notes
@@ -177,9 +185,11 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
               help="UTF-8 text (tokenised with MODEL_DIR's tokenizer), or token ids: .npz with input_ids, .jsonl. "
               "Required unless --at forces the places.")
 @click.option("--blocks", callback=_blocks_option, default=None, metavar="K|auto",
-              help="How many blocks: K, or auto (the fewest whose predicted held-out loss after your training is "
-              "within --tolerance of the best of K = 0, 1, 2, 4, ... --max-blocks; none when expanding does not "
-              "pay; with --decision screen, the places whose 95% interval lies below 0).")
+              help="How many blocks: K, or auto (K = 0, 1, 2, 4, ... --max-blocks at uniform places; a K > 0 "
+              "counts only where it beats K = 0 credibly, paired on the same windows (its 95% interval below 0, "
+              "its point below minus --tolerance); of those, the fewest whose predicted held-out loss after your "
+              "training is within --tolerance of the best; none when expanding does not pay; with --decision "
+              "screen, the places whose 95% interval lies below 0).")
 @click.option("-o", "--out", "out_dir", required=True, metavar="OUT_DIR", help="Directory to write (new or empty).")
 @click.option("--at", "at", default=None, metavar="NAME,...",
               help="Force the positions: original block names or indices to insert before, or head.")

@@ -73,6 +73,7 @@ from ._scores.scores import StreamDiagnostics
 from ._shared.arrays import check_feature_count, check_memory, memory_budget, statistics_bytes
 from ._shared.display import display_name
 from ._shared.errors import MissingDependencyError
+from ._shared.moved_keywords import MOVED_KEYWORDS, moved_keywords
 from ._shared.numbers import MAX_COUNT, MAX_SEED, derived_seed, finite_real, parse_whole_number, shown_value, whole_number
 from ._shared.optional import require
 from ._shared.splits import TRAINING_SPLIT_WARNING, is_training_split
@@ -102,6 +103,8 @@ __all__ = [
     # shared checks
     "check_feature_count", "check_memory", "memory_budget", "statistics_bytes", "MissingDependencyError", "require",
     "TRAINING_SPLIT_WARNING", "is_training_split",
+    # the keywords the options objects replaced: a call passing one is told where it went
+    "MOVED_KEYWORDS", "moved_keywords",
     # numbers from users: counts, seeds, reals (one reader for options, files and arguments)
     "MAX_COUNT", "MAX_SEED", "derived_seed", "finite_real", "parse_whole_number", "shown_value",
     "whole_number",

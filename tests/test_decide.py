@@ -513,7 +513,7 @@ def test_decide_pairs_the_margins_standard_error_over_the_held_out_samples():
     ({"max_trials": True}, "max_trials must be a positive integer"),
     ({"max_trials": 1.5}, "max_trials must be a positive integer"),
     ({"seed": -1}, "policy: seed: -1 is not in the range 0..9223372036854775807"),
-    ({"schedule": "fastest"}, "decide: schedule must be 'halving' or 'even', got 'fastest'"),
+    ({"schedule": "fastest"}, "trials: schedule must be 'halving' or 'even', got 'fastest'"),
     ({"max_statistics_bytes": -5}, "policy: max_statistics_bytes: -5 is not in the range 1.."),
     ({"heldout": "float64"}, "decide: held-out data: batch 0: inputs are torch.float64, the model's parameters "
                              "torch.float32"),

@@ -36,9 +36,9 @@ def test_the_trial_settings_and_the_probe_keep_their_own_constraints():
     probe's by its ``ProbeConfig``; the policy refuses a probe that names places (they are the policy's)."""
     torch_adapter = pytest.importorskip("satcore.adapters.torch")
     for bad in (0, True, 1.5, "2"):
-        with pytest.raises(InputError, match=rf"^decide: max_trials must be a positive integer, got {bad!r}$"):
+        with pytest.raises(InputError, match=rf"^trials: max_trials must be a positive integer, got {bad!r}$"):
             TrialSettings(max_trials=bad)
-    with pytest.raises(InputError, match="schedule must be 'halving' or 'even'"):
+    with pytest.raises(InputError, match=r"^trials: schedule must be 'halving' or 'even'"):
         TrialSettings(schedule="thirds")
     for probe in (torch_adapter.ProbeConfig(candidates=["layer1"]), torch_adapter.ProbeConfig(head=False)):
         with pytest.raises(InputError, match=r"^policy: probe: the places are the policy's; give them as "
@@ -72,7 +72,8 @@ def test_the_policy_and_the_run_options_are_frozen_and_normalised():
 
 
 def test_growth_options_need_a_tolerance_only_for_first_order_decisions():
-    with pytest.raises(TypeError, match=r"needs tolerance= for its first-order decisions"):
+    with pytest.raises(InputError, match=r"^growth options: criteria: the growth loop needs tolerance= for its "
+                                         r"first-order decisions"):
         GrowthOptions().deciding(first_order=True)
     recorded = GrowthOptions().deciding(first_order=False)
     assert recorded.criteria == GrowthCriteria(0.0) and recorded.settings() == GrowthOptions(GrowthCriteria(0.0)).settings()
@@ -106,3 +107,46 @@ def test_one_policy_decides_alike_through_decide_a_callback_and_a_growth_round()
     assert {row["name"]: row for row in rounds[0].candidates} == direct["candidates"]
     assert rounds[0].inserted_at == direct["choice"]
     assert torch.equal(model.fc.weight, digits_resnet().fc.weight)  # nothing above modified the user's model
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: TrialSettings(groups=5), r"^trials: groups must be a list of lists of candidate names, got int$"),
+    (lambda: TrialSettings(groups=["ab"]), r"^trials: groups must be a list of lists of candidate names, got a group str$"),
+    (lambda: TrialSettings(groups=[[0, 1]]), r"^trials: groups: a group's entries must be candidate names \(str\)"),
+    (lambda: TrialSettings(max_trials=-1), r"^trials: max_trials must be a positive integer, got -1$"),
+    (lambda: TrialSettings(schedule="fast"), r"^trials: schedule must be 'halving' or 'even', got 'fast'$"),
+    (lambda: GrowthBudget(max_rounds=-1), r"^growth: max_rounds must be a whole number >= 0, got -1$"),
+    (lambda: GrowthBudget(max_depth=-2), r"^growth: max_depth must be a whole number >= 0, got -2$"),
+    (lambda: GrowthCriteria(tolerance=0.1, alpha=2.0), r"^growth: alpha must be a number in \[0, 1\], got 2\.0$"),
+    (lambda: GrowthOptions().deciding(first_order=True), r"^growth options: criteria: the growth loop needs tolerance="),
+])
+def test_options_refuse_a_field_when_built_in_one_input_error_naming_it(build, message):
+    """Each options object checks its fields when built (docs/api.md "Options"), with its own prefix: no
+    ``decide:`` where no decide ran, no raw ``TypeError`` from iterating a number."""
+    with pytest.raises(InputError, match=message):
+        build()
+    assert TrialSettings(groups=[["a", "b"], ("head",)]).groups == (("a", "b"), ("head",))
+
+
+def test_probe_config_refuses_a_family_the_probe_would_refuse_when_built():
+    torch_adapter = pytest.importorskip("satcore.adapters.torch")
+    from torch import nn
+
+    for family in ("nope", {"layer1": "mlp", "layer2": "nope"}):
+        with pytest.raises(InputError, match=r"^probe: family: unknown family 'nope'; choose 'auto', one of"):
+            torch_adapter.ProbeConfig(family=family)
+    for family in ("auto", "native", "mlp", "conv", nn.Identity(), {"layer1": "native", "layer2": nn.Identity()}):
+        assert torch_adapter.ProbeConfig(family=family).family is family
+
+
+def test_expansion_options_check_their_fields_when_built():
+    torch_adapter = pytest.importorskip("satcore.adapters.torch")
+    for fields, message in (({"layout": "diagonal"}, r"^expansion options: layout must be one of ranked, grouped, got "
+                                                      r"'diagonal'$"),
+                            ({"init": "zero"}, r"^expansion options: init must be one of copy, fresh, got 'zero'$"),
+                            ({"decision": "vote"}, r"^expansion options: decision must be one of trial, screen"),
+                            ({"train_new_only": "yes"}, r"^expansion options: train_new_only must be True or False"),
+                            ({"max_blocks": 0}, r"^expansion options: max_blocks: 0 is not in the range 1\.\.")):
+        with pytest.raises(InputError, match=message):
+            torch_adapter.ExpansionOptions(**fields)
+    assert torch_adapter.ExpansionOptions(max_blocks=np.int64(2)).max_blocks == 2

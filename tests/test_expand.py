@@ -375,6 +375,13 @@ def test_table_notes_name_the_rows_they_explain():
     trialled = {n: rows[n] for n in ("m.1", "m.2")}
     assert _table_notes(trialled, list(trialled), {1})[0].startswith(
         "evidence: every place was verified by a short trial")
+    proposals = {n: CandidateDecision.screen_only(n, -0.1, -0.2) for n in ("m.1", "head")}  # the placement check's
+    assert _table_notes(proposals, list(proposals), {"head"}) == [
+        "evidence: every row is the first-order screen's (not verified: the recipe's step priced linearly, no trial "
+        "of a place ran); it has no interval or P(decrease): the screen's own fold interval omits its error and "
+        "reads as near-certain; its order proposes the moves below",
+        "head: chosen although not verified: --blocks K puts K blocks at uniform places unless a trial moves one; "
+        "whether to add any is --blocks auto's question"]
     screen = CandidateEvidence(-0.1, (-0.2, 0.1), 0.6, 0.1)  # the first-order decision's (--decision screen)
     assert _table_notes({"m.2": screen}, ["m.2"], set()) == [
         "evidence: every value is the first-order screen's (the recipe's step priced linearly; no trial ran); "
@@ -463,6 +470,16 @@ def test_cli_writes_a_loadable_checkpoint_and_leaves_model_dir_alone(checkpoint,
     assert record["decision"]["method"].startswith("placement check: LLaMA-Pro's uniform places")
     assert check["uniform"] == [2, "head"] and 0 < record["decision_cost_fraction"] <= 0.5
     assert set(record["evidence"]) == {f"model.layers.{i}" for i in range(4)} | {"head"}
+    # the screen only proposed the moves: no trial verified a place, so no row reads as certain (docs/expansion-
+    # outputs.md, `evidence`); it once wrote the screen's fold interval and a p_decrease of 0.99999999998
+    for row in record["evidence"].values():
+        assert (row["verified"], row["evidence"], row["interval"], row["p_decrease"]) == (False, "not verified",
+                                                                                          None, None)
+        assert row["screen_heldout_change"] == row["predicted_heldout_change"]
+    assert record["decision"]["choice"] is None and record["decision"]["stop_reason"] is None
+    table_rows = [line.split() for line in result.output.splitlines() if line.startswith(("model.layers.", "head "))]
+    assert len(table_rows) == 5 and all(r[2:8] == ["(screen)", "-", "not", "verified", "screen", "(not"] for r in table_rows)
+    assert "evidence: every row is the first-order screen's (not verified" in result.output
     moved = {m["uniform"]: m["proposed"] for m in check["moves"] if m["moved"]}
     assert record["inserted_before"] == [moved.get(p, p) for p in check["uniform"]]
     assert (out / "mergekit.yaml").exists() and (out / "tokenizer.json").exists()

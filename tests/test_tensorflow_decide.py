@@ -142,5 +142,8 @@ def test_keras_decide_refuses_what_it_cannot_decide_on():
                      recipe=Recipe("sgd", 0.1, 4, 32))
     with pytest.raises(InputError, match="the held-out data is one batch"):
         keras_decide(model, train, heldout[0], _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32))
-    with pytest.raises(TypeError, match=r"decide\(\) got an unexpected keyword argument 'max_trials'"):
+    with pytest.raises(TypeError, match=r"^decide\(\) no longer takes max_trials=: pass policy=DecisionPolicy\(recipe, "
+                                        r"trials=TrialSettings\(max_trials=2\)\); see docs/api.md#options$"):
         keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32), max_trials=2)
+    with pytest.raises(TypeError, match=r"decide\(\) got an unexpected keyword argument 'max_trails'"):
+        keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32), max_trails=2)

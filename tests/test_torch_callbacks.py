@@ -311,8 +311,6 @@ BATCHES = [{"input_ids": torch.zeros(1, 3, dtype=torch.long)}]  # never read: ev
     (BATCHES, {"policy": DecisionPolicy(RECIPE), "train_data": iter(BATCHES)}, InputError,
      "train_data is a one-shot iterator"),
     (BATCHES, {"policy": DecisionPolicy(RECIPE), "train_data": []}, InputError, "train_data holds no batches"),
-    (BATCHES, {"policy": DecisionPolicy(RECIPE, probe=ProbeConfig(family="nativ")), "train_data": BATCHES},
-     InputError, "unknown family 'nativ'"),
     (BATCHES, {"policy": DecisionPolicy(RECIPE.with_steps(10**6)), "train_data": BATCHES}, InputError,
      "SATCORE_MAX_TRIAL_STEPS"),
     (iter(BATCHES), {}, InputError, "probe_data is a one-shot iterator"),

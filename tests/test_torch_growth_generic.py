@@ -28,7 +28,8 @@ from torch import nn
 
 from zoo import models_torch as mt
 from zoo.models_torch import Residual
-from satcore import (DecisionPolicy, GrowthBudget, GrowthCriteria, GrowthLogError, GrowthOptions, TrialSettings,
+from satcore import (DecisionPolicy, GrowthBudget, GrowthCriteria, GrowthLogError, GrowthOptions, InputError,
+                     TrialSettings,
                      read_growth_log)
 from satcore.adapters.torch import ProbeConfig, grow_until_saturated, probe
 from satcore.adapters.torch.grow import InsertedResidual
@@ -81,7 +82,8 @@ def test_the_native_default_on_a_model_without_blocks_says_which_family_to_pass(
     from satcore import ProbeError
 
     model, probe_data, _ = setup
-    with pytest.raises(ProbeError, match="no residual blocks recognised in Sequential.*family='auto'"):
+    with pytest.raises(ProbeError, match=r"no residual blocks recognised in Sequential.*"
+                                         r"instead: options=GrowthOptions\(probe=ProbeConfig\(family='auto'\)\), a kind or an nn.Module"):
         grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=1), probe=ProbeConfig(family="native", candidates=CANDIDATES)))
 
 
@@ -99,7 +101,7 @@ def test_the_native_default_on_recognised_blocks_of_no_native_kind_says_which_fa
             return self.out(self.blocks(self.flat(x)))
 
     model, probe_data, _ = setup
-    with pytest.raises(ProbeError, match="no native insertion for Residual.*family='auto'"):
+    with pytest.raises(ProbeError, match=r"no native insertion for Residual.*instead: options=GrowthOptions\(probe=ProbeConfig\(family='auto'\)\), a kind or an nn.Module$"):
         grow_until_saturated(Net(model), train_inserted, probe_data, mt.per_sample_ce, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=1)))
 
 
@@ -321,7 +323,7 @@ def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup, capsys
     assert first.decision["recipe"] == recipe.to_dict()
     with pytest.raises(ValueError, match="needs train_data"):
         grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, options=GrowthOptions(GrowthCriteria(tolerance=0.0), probe=ProbeConfig(family="mlp", candidates=CANDIDATES)), policy=DecisionPolicy(recipe))
-    with pytest.raises(TypeError, match="needs tolerance="):  # the first-order decision reads it
+    with pytest.raises(InputError, match="needs tolerance="):  # the first-order decision reads it
         grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, options=GrowthOptions(probe=ProbeConfig(family="mlp", candidates=CANDIDATES)))
 
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 import keras
 
 from satcore import DecisionPolicy, InputError, ProbeError
+from satcore.adapter_api import moved_keywords
 
 from .probe import ProbeConfig, probe
 
@@ -59,6 +60,7 @@ class KerasCallback(keras.callbacks.Callback):
 
     prefix = "satcore/"
 
+    @moved_keywords("callback")
     def __init__(self, probe_data, loss_fn=None, *, every_n_epochs: int = 1, report: dict | None = None,
                  config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None):
         super().__init__()

@@ -39,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
-from satcore.adapter_api import TRAINING_SPLIT_WARNING, check_unexpanded_losses, screen, trial_decision
+from satcore.adapter_api import TRAINING_SPLIT_WARNING, check_unexpanded_losses, moved_keywords, screen, trial_decision
 
 from .grow import InsertedResidual, grow
 from .probe import ProbeConfig, _unpack, probe
@@ -213,6 +213,7 @@ def _batches(data, split: str) -> list:
     return batches
 
 
+@moved_keywords("decide")
 def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
            policy: DecisionPolicy | None = None) -> InsertionDecision:
     """Where to insert the next block of a functional Keras model under the policy's recipe, or why to stop: a

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from satcore import GrowthLogError, InputError, ProbeError
 from satcore import FirstOrderDecide, GrowthOptions, GrowthResult, GrowthRound, run_growth
-from satcore.adapter_api import AdapterSteps
+from satcore.adapter_api import AdapterSteps, moved_keywords
 from satcore.adapters.base import growth_decision
 
 from .grow import InsertedResidual, grow
@@ -121,6 +121,7 @@ class KerasGrowthSteps(AdapterSteps):
                 "candidates": None if candidates is None else list(candidates)}
 
 
+@moved_keywords("grow_until_saturated")
 def grow_until_saturated(model, train, probe_data, loss_fn, *, heldout_data=None, train_data=None,
                          options: GrowthOptions | None = None, policy=None) -> GrowthResult:
     """Rounds of decide -> insert -> train -> guard on a functional Keras model (module docstring).

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from satcore import DecisionPolicy, InputError
-from satcore.adapter_api import family_spec
 
 from .decide import decide_under, decision_probe_options
 from .input_bounds import check_trial_steps
@@ -31,7 +30,7 @@ class CallbackDecision:
 def callback_settings(by: str, probe_data, config: ProbeConfig | None, policy, train_data):
     """``(ProbeConfig, CallbackDecision or None)`` of a callback built as ``by(probe_data, ..., config=, policy=,
     train_data=)``: the probe data is the ``heldout`` split unless the config's ``split`` says otherwise; data it
-    cannot read at every evaluation, a misspelt family and a decision that cannot run are refused here, before
+    cannot read at every evaluation and a decision that cannot run are refused here, before
     training."""
     config = ProbeConfig() if config is None else config
     if not isinstance(config, ProbeConfig):
@@ -39,7 +38,6 @@ def callback_settings(by: str, probe_data, config: ProbeConfig | None, policy, t
     if config.split is None:  # the probe data is held out from training (the tests assume it)
         config = dataclasses.replace(config, split="heldout")
     require_reiterable(probe_data, f"{by}'s probe_data")
-    check_family_name(config.family, by)
     if policy is None:
         if train_data is not None:
             raise InputError(f"{by}: train_data= is what a decision's trials train on; give policy= with it")
@@ -50,8 +48,6 @@ def callback_settings(by: str, probe_data, config: ProbeConfig | None, policy, t
         raise InputError(f"{by}: policy= needs train_data= (the training batches the trials draw from)")
     require_reiterable(train_data, f"{by}'s train_data")
     check_trial_steps(policy.recipe)
-    if policy.probe is not None:  # the callback's own family was checked with its settings
-        check_family_name(policy.probe.family, f"{by}(policy=...)")
     return config, CallbackDecision(policy, train_data, ProbeConfig(**{k: getattr(config, k) for k in CALLBACK_SHARED}))
 
 
@@ -83,15 +79,6 @@ def require_reiterable(data, what: str) -> None:
         empty = False
     if empty:
         raise InputError(f"{what} holds no batches")
-
-
-def check_family_name(family, what: str) -> None:
-    """Refuse a misspelt family name before any training (a dict, a feature map or a known name passes)."""
-    if isinstance(family, str) and family not in ("auto", "native"):
-        try:
-            family_spec(family)
-        except InputError as exc:
-            raise InputError(f"{what}: {exc}") from None
 
 
 def callback_report(model, probe_data, loss_fn, config: ProbeConfig, report_options: dict,

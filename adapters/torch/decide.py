@@ -29,7 +29,7 @@ import torch
 
 from satcore.adapters.batches import split_batch
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
-from satcore.adapter_api import check_unexpanded_losses, grouped_trials, trial_decision
+from satcore.adapter_api import check_unexpanded_losses, grouped_trials, moved_keywords, trial_decision
 from satcore.adapter_api import screen as screen_rows
 
 from .grow import InsertedResidual, grow
@@ -304,6 +304,7 @@ def check_input_dtype(model, inputs, what: str) -> None:
                              f"(.to({dtype}))")
 
 
+@moved_keywords("decide")
 def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
            policy: DecisionPolicy | None = None) -> InsertionDecision:
     """Where to insert the next block under the policy's recipe, or why to stop: a :class:`satcore.InsertionDecision`.

@@ -49,10 +49,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from satcore import DecisionPolicy, InputError, ProbeError
+from satcore import CandidateDecision, DecisionPolicy, InputError, ProbeError
 from satcore import Recipe
 from satcore.adapter_api import DEFAULT_ALPHA, screen
-from satcore.adapter_api import derived_seed, yaml_quoted
+from satcore.adapter_api import derived_seed, moved_keywords, whole_number, yaml_quoted
 
 from .expansion_exports import llama_factory_lora
 from .hf import context_length, sequence_loss
@@ -209,6 +209,40 @@ class TrialRanking(_ReadsDecision):
 
     def to_dict(self) -> dict:
         return self.decision.to_dict()
+
+
+@dataclass(frozen=True)
+class UnverifiedScreen(_ReadsDecision):
+    """The first-order screen as the placement check reads it (``blocks=K`` with a budget): it only proposes the
+    places the paired trials test (``PlacementCheck.moves``); no trial verified any place, so its rows are
+    :meth:`satcore.CandidateDecision.screen_only` (``verified`` false, ``"not verified"``, no interval or
+    ``P(decrease)``: the screen's own fold interval omits its error and read as near-certain), in the screen's
+    order.  Whether to add any block is not its question (``blocks="auto"``'s): no choice, no stop reason."""
+
+    screen: ScreenDecision
+
+    @property
+    def wrapped(self):
+        return self.screen
+
+    @property
+    def choice(self):
+        return None
+
+    @property
+    def stop_reason(self):
+        return None
+
+    @property
+    def candidates(self) -> dict:
+        return {n: CandidateDecision.screen_only(n, c.predicted_heldout_change, -c.predicted_training_gain)
+                for n, c in self.screen.candidates.items()}
+
+    def ranking(self) -> list[str]:
+        return self.screen.ranking()
+
+    def significant(self, name: str) -> bool:
+        return False
 
 
 LAYOUTS = ("ranked", "grouped")
@@ -691,11 +725,17 @@ class ExpansionOptions:
     budget: object = None
 
     def __post_init__(self):
-        for name, allowed in (("init", INITS), ("decision", DECISIONS), ("layout", LAYOUTS)):
-            if getattr(self, name) not in allowed:
-                raise InputError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        for name, choices in (("init", INITS), ("decision", DECISIONS), ("layout", LAYOUTS)):
+            if getattr(self, name) not in choices:
+                raise InputError(f"expansion options: {name} must be one of {', '.join(choices)}, got "
+                                 f"{getattr(self, name)!r}")
+        if not isinstance(self.train_new_only, bool):
+            raise InputError(f"expansion options: train_new_only must be True or False, got {self.train_new_only!r}")
+        if self.max_blocks is not None:
+            object.__setattr__(self, "max_blocks", whole_number(self.max_blocks, "expansion options: max_blocks"))
 
 
+@moved_keywords("expand")
 @forked_rng()  # the caller's next random draws are those it would have made without the call
 def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=None, recipe: Recipe | None = None,
            policy: DecisionPolicy | None = None, options: ExpansionOptions | None = None) -> Expansion:
@@ -784,7 +824,7 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
             if blocks == "auto":
                 chosen, limit = list(budgeted.chosen_places), settings["max_blocks"]
             else:
-                chosen, decision = budgeted.places, budgeted.screen
+                chosen, decision = budgeted.places, UnverifiedScreen(budgeted.screen)
             grown, new = insert_blocks(model, chosen, init=init, seed=seed)
             if train_new_only:
                 freeze_old(grown, new)

@@ -39,16 +39,16 @@ from torch import nn
 from satcore.adapter_api import atomic_write
 from satcore.adapter_api import display_name
 from satcore.adapters.batches import split_batch
-from satcore import GrowthLogError, InputError
+from satcore import GrowthLogError, InputError, ProbeError
 from satcore import FirstOrderDecide, GrowthOptions, GrowthResult, GrowthRound, run_growth
-from satcore.adapter_api import AdapterSteps, round_summary
+from satcore.adapter_api import AdapterSteps, moved_keywords, round_summary
 from satcore.adapters.base import growth_decision
 
 from .features import rebuild_feature_map
 from .grow import InsertedResidual, insert_branch
 from .hf import model_loss
 from .locate import HEAD, find_blocks, find_candidates, named_candidates
-from .native import insert_block
+from .native import FAMILY_INSTEAD, insert_block
 from .probe import Probe, ProbeConfig, call_model
 
 WEIGHTS_SLACK_BYTES = 2**20  # the pickle, the zip directory and 64-byte record alignment of a torch.save file
@@ -200,6 +200,7 @@ class TorchGrowthSteps(AdapterSteps):
                 "candidates": None if candidates is None else list(candidates)}
 
 
+@moved_keywords("grow_until_saturated")
 def grow_until_saturated(model: nn.Module, train, probe_data, loss_fn, *, heldout_data=None, train_data=None,
                          options: GrowthOptions | None = None, policy=None) -> GrowthResult:
     """Rounds of decide -> insert -> train -> guard until the evidence says stop (module docstring).
@@ -263,9 +264,16 @@ def grow_until_saturated(model: nn.Module, train, probe_data, loss_fn, *, heldou
     try:
         return run_growth(model, steps, decide, options, log_path=options.log_path,
                           on_round=None if bar is None else bar.round_done)
+    except ProbeError as exc:  # the native family's refusal, with the place a growth run takes its family
+        if FAMILY_INSTEAD not in str(exc):
+            raise
+        raise ProbeError(str(exc).replace(FAMILY_INSTEAD, GROWTH_FAMILY_INSTEAD)) from None
     finally:
         if bar is not None:
             bar.close()
+
+
+GROWTH_FAMILY_INSTEAD = "options=GrowthOptions(probe=ProbeConfig(family='auto')), a kind or an nn.Module"
 
 
 class _ProgressBar:

@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import os
 
+import numpy as np
 import torch
 
 from satcore import InputError
@@ -41,6 +42,15 @@ def read_batches(data, what: str) -> list:
 def check_token_ids(ids, vocab_size: int, what: str) -> None:
     """Refuse token ids outside ``0 .. vocab_size - 1`` (an embedding lookup past the table fails deep in the
     model), naming the first one."""
+    if isinstance(ids, np.ndarray):
+        # read where it lies: torch warns on sharing a read-only array (the .npz reader's), and a copy doubles it
+        if not (np.issubdtype(ids.dtype, np.integer) or np.issubdtype(ids.dtype, np.unsignedinteger)):
+            raise InputError(f"{what}: token ids must be integers, got {ids.dtype}")
+        outside = (ids < 0) | (ids >= vocab_size)
+        if ids.size and bool(outside.any()):
+            raise InputError(f"{what}: token id {int(ids[outside].reshape(-1)[0])} is outside the model's "
+                             f"vocabulary 0..{vocab_size - 1}")
+        return
     ids = torch.as_tensor(ids)
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise InputError(f"{what}: token ids must be integers, got {ids.dtype}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from satcore.adapter_api import require
+from satcore.adapter_api import moved_keywords, require
 
 if importlib.util.find_spec("pytorch_lightning") is None:  # else the standalone package serves
     require("lightning", extra="lightning", by="LightningCallback")
@@ -62,6 +62,7 @@ class LightningCallback(Callback):
 
     prefix = "satcore/"
 
+    @moved_keywords("callback")
     def __init__(self, probe_data, loss_fn=None, *, module=None, every_n_epochs: int = 1, report: dict | None = None,
                  config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None):
         if every_n_epochs < 1:

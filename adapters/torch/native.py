@@ -120,6 +120,9 @@ class Site:
     kind: str
 
 
+# what a probe takes instead of ``family="native"`` (grow_until_saturated names its own place for it)
+FAMILY_INSTEAD = "family='auto', a kind or an nn.Module"
+
 def _parent(name: str) -> tuple[str, str]:
     parent, _, child = name.rpartition(".")
     return parent, child
@@ -146,7 +149,7 @@ def _kind(model: nn.Module, block: nn.Module, name: str) -> str:
         return "hf"
     raise ProbeError(f"{name}: no native insertion for {type(block).__name__}; supported: GPT-2, GPT-NeoX, "
                      "Llama-style, nn.TransformerEncoderLayer(norm_first=True), torchvision-style ResNet blocks; "
-                     "grow a family's zero-output residual instead: family='auto', a kind or an nn.Module")
+                     f"grow a family's zero-output residual instead: {FAMILY_INSTEAD}")
 
 
 def _has(module: nn.Module, path: str) -> bool:
@@ -166,8 +169,8 @@ def insertion_site(model: nn.Module, at: str) -> Site:
     blocks = find_blocks(model)
     if not blocks:  # before the name check: no name can be right, the family is what to change
         raise ProbeError(f"no residual blocks recognised in {type(model).__name__}, so no block of its own kind "
-                         "(family='native'); grow a family's zero-output residual instead: family='auto', a kind "
-                         "or an nn.Module, with candidates=[module names]")
+                         f"(family='native'); grow a family's zero-output residual instead: {FAMILY_INSTEAD}, with "
+                         "candidates=[module names]")
     if at != HEAD and at not in blocks:
         raise ProbeError(f"unknown candidate {at!r}; the blocks of {type(model).__name__} are {blocks} (or {HEAD!r})")
     position = len(blocks) if at == HEAD else blocks.index(at)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import sys
 import warnings
 
-from satcore.adapter_api import require
+from satcore.adapter_api import moved_keywords, require
 
 require("transformers", "accelerate", extra="hf", by="HFCallback")
 
@@ -82,6 +82,7 @@ class HFCallback(TrainerCallback):
     prefix = "satcore/"
     eval_prefix = "eval"
 
+    @moved_keywords("callback")
     def __init__(self, probe_data, loss_fn=None, *, every: int = 1, report: dict | None = None,
                  config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None):
         if every < 1:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -133,6 +133,22 @@ def grouped_trials(names, groups, max_trials: int) -> list[str]:
     return [n for n in names if n in picked]
 
 
+def _name_groups(groups) -> tuple:
+    """``groups`` as a tuple of tuples of candidate names, or one ``InputError`` naming the field."""
+    if isinstance(groups, (str, bytes)) or not isinstance(groups, Iterable):
+        raise InputError(f"trials: groups must be a list of lists of candidate names, got {type(groups).__name__}")
+    out = []
+    for group in groups:
+        if isinstance(group, (str, bytes)) or not isinstance(group, Iterable):
+            raise InputError("trials: groups must be a list of lists of candidate names, got a group "
+                             f"{type(group).__name__}")
+        group = tuple(group)
+        if not all(isinstance(name, str) for name in group):
+            raise InputError(f"trials: groups: a group's entries must be candidate names (str), got {group!r}")
+        out.append(group)
+    return tuple(out)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrialSettings:
     """How the trials are planned (:func:`trial_decision`).
@@ -159,11 +175,11 @@ class TrialSettings:
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
-            raise InputError(f"decide: schedule must be 'halving' or 'even', got {self.schedule!r}")
+            raise InputError(f"trials: schedule must be 'halving' or 'even', got {self.schedule!r}")
         # any integer, numpy's included; not a bool, float or str
-        object.__setattr__(self, "max_trials", positive_count(self.max_trials, "decide: max_trials"))
+        object.__setattr__(self, "max_trials", positive_count(self.max_trials, "trials: max_trials"))
         if self.groups is not None:
-            object.__setattr__(self, "groups", tuple(tuple(group) for group in self.groups))
+            object.__setattr__(self, "groups", _name_groups(self.groups))
         if self.calibration is None:
             shipped = HALVING_CALIBRATION if self.schedule == "halving" else DEFAULT_CALIBRATION
             object.__setattr__(self, "calibration", shipped)

@@ -90,7 +90,9 @@ def _number(name: str, value, *, low=None, high=None, integer=False, optional=Fa
     if isinstance(value, bool) or not isinstance(value, kinds) or (not integer and not math.isfinite(value)):
         raise InputError(f"growth: {name} must be {'an integer' if integer else 'a finite number'}, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
-        raise InputError(f"growth: {name} must be in [{low}, {high}], got {value!r}")
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise InputError(f"growth: {name} must be {'a whole number' if integer else 'a number'} {bound}, "
+                         f"got {value!r}")
     return value
 
 
@@ -196,7 +198,7 @@ class GrowthOptions:
         if self.criteria is not None:
             return self
         if first_order:
-            raise TypeError("the growth loop needs tolerance= for its first-order decisions: "
+            raise InputError("growth options: criteria: the growth loop needs tolerance= for its first-order decisions: "
                             "options=GrowthOptions(GrowthCriteria(tolerance=...))")
         return replace(self, criteria=GrowthCriteria(0.0))
 
@@ -533,10 +535,11 @@ def run_growth(model, steps: GrowthSteps, decide: Callable, options: GrowthOptio
 
 
 def round_summary(entry: GrowthRound) -> str:
-    """One line per round for progress output."""
+    """One line per round for progress output: the depth the round started at and, where its block is kept, the
+    depth it ends at (the run's ``GrowthResult.depth`` after its last round)."""
     text = f"round {entry.round}: depth {entry.depth}"
     if entry.inserted_at is not None:
-        text += f", block before {entry.inserted_at}"
+        text += f"{'' if entry.rolled_back else f' -> {entry.depth + 1}'}, block before {entry.inserted_at}"
         if entry.train_loss_after is not None:
             text += f", training loss {entry.train_loss_before:.4g} -> {entry.train_loss_after:.4g}"
         if entry.heldout_change is not None:
