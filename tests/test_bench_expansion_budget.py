@@ -203,3 +203,32 @@ def test_the_long_budget_row_re_renders_its_lab_notes_tables(bench):
     tables = [line for line in bench.render(recorded).splitlines() if line.startswith("| ")]
     assert len(tables) > 10
     assert [line for line in tables if line not in notes] == []
+
+
+def test_the_smollm2_protocols_flops_for_its_30_layer_llama_config_match_an_independent_count(bench):
+    """The SmolLM2-135M protocol's accounting (GGUF sizes: width 576, MLP 1536, 9 query and 3 key/value heads,
+    30 blocks, vocabulary 49152) against weights counted off a real block and every pass tallied by hand."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    config = transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                      num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)
+    T, tokens = 64, 4 * 64
+    layer = LlamaDecoderLayer(config, 0)
+    weights = sum(m.weight.numel() for m in layer.modules() if isinstance(m, torch.nn.Linear))
+    assert weights == 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536  # q, o; k, v (3 of 9 heads); gate, up, down
+    block = 2 * weights + 4 * T * 576  # scores and weighted values: 2 x T x d each
+    head = 2 * 576 * 49152
+    assert bench.block_flops(config, T) == block and bench.head_flops(config) == head
+    # none: every block and the head train, three forwards' worth of the 30 blocks and the head
+    assert bench.arm_step_flops(config, T, 30, []) * tokens == 3 * (30 * block + head) * tokens
+    # uniform-2: new blocks at 15 and 31 of 32; forward of all, activation gradients from 15 up (17 blocks and
+    # the head), weight gradients of the 2 new blocks
+    positions = bench.layout_new(30, "uniform-2")
+    assert positions == [15, 31]
+    reference = ((32 * block + head) + (17 * block + head) + 2 * block) * tokens
+    assert bench.arm_step_flops(config, T, 32, positions) * tokens == reference
+    # the budget of 120 reference steps buys 120 // (3 (30 b + h) / (51 b + 2 h)) steps of the model as it is
+    assert bench.steps_within(120 * reference, 0.0, 3 * (30 * block + head) * tokens) == \
+        int(120 * (51 * block + 2 * head) // (3 * (30 * block + head)))
