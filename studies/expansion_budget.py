@@ -648,18 +648,19 @@ def render(paths) -> str:
         return loaded
     setup, pretrain, base, runs = loaded
     out = [f"Setup: {json.dumps(setup)}; base model: {json.dumps(pretrain)}.", ""]
+    unit = "nats/token" if setup.get("protocol") == "smollm2" else "nats/byte"
     summary = {"upper": {}, "cells": [], "points": [], "charges": []}
     for pair in [p for p in PAIRS if p in runs]:
         arms = runs[pair]
         out += [f"**{pair}** (held-out loss of the base model: target {np.mean(base[pair][f'{pair}_windows']):.4f}, "
-                f"general {np.mean(base[pair]['general_windows']):.4f} nats/byte)", ""]
+                f"general {np.mean(base[pair]['general_windows']):.4f} {unit})", ""]
         out += _arm_table(pair, arms, base, summary)
         out += ["", f"Count against the sweep ({pair}): target held-out per K (none = 0, uniform-K), the realized best "
                 "(the smallest K within the decision's tolerance of the lowest), satcore's count.", ""]
         out += _count_table(pair, arms, summary)
         for arm in [a for a in SATCORE_ARMS if a in arms]:
             out += ["", f"Predicted ({arm}'s frontier, at the planned steps) against realized changes from the base "
-                    f"model ({pair}), nats/byte:", ""]
+                    f"model ({pair}), {unit}:", ""]
             out += _frontier_table(pair, arms, base, summary, arm)
             out += ["", f"{arm}'s decision cost ({pair}):", ""]
             out += _cost_table(pair, arms, summary, arm)
@@ -701,7 +702,8 @@ def must_show(summary: dict) -> list[str]:
                    f">= 0.6); sign right {right} of {counted} above seed noise (needs >= 85%): "
                    + ("met" if met else "not met"))
     else:
-        out.append("* predicted vs realized general change: no predictions recorded: not met")
+        out.append(f"* predicted vs realized general change: {len(points)} prediction(s) with a realized row "
+                   "(needs 3 to rank): not met")
     charges = summary["charges"]
     if charges:
         worst = max(c["charge"] for c in charges)
