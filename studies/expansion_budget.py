@@ -139,11 +139,14 @@ def smollm2_texts(max_bytes: int):
     return model, info, {"far": (ids[0], ids[1]), "general": (ids[2], ids[3])}
 
 
-def estimate_seconds(arm_step: float, reference_step: float, steps: int, eval_windows: int, costs: dict) -> float:
-    """Rough CPU wall time of one arm from the measured costs: its steps at the uniform K = 2 step's seconds
-    scaled by FLOPs, and its two held-out evaluations at the measured forward's seconds per window."""
+def estimate_seconds(arm_step: float, reference_step: float, steps: int, args, costs: dict) -> float:
+    """Rough CPU wall time of one arm from the measured costs (``costs["batch"]``: batch x sequence length):
+    its steps at the uniform K = 2 step's seconds scaled by FLOPs and by tokens per step, and its two
+    held-out evaluations at the measured forward's seconds per token."""
+    measured = costs["batch"][0] * costs["batch"][1]
     step = costs["step_seconds"]["K=2, uniform, llama_pro"] * arm_step / reference_step
-    return steps * step + 2 * eval_windows * costs["forward_seconds"] / costs["batch"][0]
+    evaluation = 2 * args.eval_windows * args.seq_len * costs["forward_seconds"] / measured
+    return steps * step * args.batch_size * args.seq_len / measured + evaluation
 
 
 def spaced_windows(ids: np.ndarray, n: int, seq_len: int):
@@ -492,7 +495,8 @@ def main(argv=None):
                 step = arm_step_flops(base.config, args.seq_len, L + len(new), new) * tokens
                 steps = steps_within(budget, charge, step)
                 if costs:
-                    print(f"{arm}: {steps} steps, estimated {estimate_seconds(step, reference_step, steps, args.eval_windows, costs):.0f} s of training and evaluation", flush=True)
+                    seconds = estimate_seconds(step, reference_step, steps, args, costs)
+                    print(f"{arm}: {steps} steps, estimated {seconds:.0f} s of training and evaluation", flush=True)
                 started = time.time()
                 grown, positions = train_arm(base, before, steps, args, seed, train_ids)
                 train_seconds = time.time() - started
