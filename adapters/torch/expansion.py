@@ -418,6 +418,12 @@ def insert_blocks(model: nn.Module, inserted_before, *, init: str = "copy", seed
     return grown, tuple(new)
 
 
+def max_blocks_cap(n_blocks: int, max_blocks: int | None) -> int:
+    """The most blocks ``blocks="auto"`` inserts: ``max_blocks``, or a quarter of the ``n_blocks`` layers
+    (LLaMA-Pro's ratio), at least 1."""
+    return max(1, n_blocks // 4) if max_blocks is None else max_blocks
+
+
 def freeze_old(model: nn.Module, new_blocks) -> nn.Module:
     """Only the new blocks' parameters train (``requires_grad``), LLaMA-Pro's recipe; returns ``model``."""
     blocks, _ = decoder_stack(model)
@@ -815,7 +821,7 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
         if budgeted is not None:
             from . import expansion_frontier
 
-            settings = {"blocks": blocks, "max_blocks": max(1, n // 4) if max_blocks is None else max_blocks,
+            settings = {"blocks": blocks, "max_blocks": max_blocks_cap(n, max_blocks),
                         "init": init, "seed": seed, "train_new_only": train_new_only, "policy": policy}
             run = expansion_frontier.frontier_decision if blocks == "auto" else expansion_frontier.placement_check
             if blocks == "auto" and heldout is None and torch.is_tensor(data):
@@ -835,7 +841,7 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
                                       blocks=blocks)
         ranking = decision.ranking()
         if blocks == "auto":
-            limit = max(1, n // 4) if max_blocks is None else max_blocks
+            limit = max_blocks_cap(n, max_blocks)
             credible = [c for c in ranking if decision.significant(c)]
             picked, left_out = credible[:limit], tuple(credible[limit:])
         else:

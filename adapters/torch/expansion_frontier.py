@@ -288,6 +288,13 @@ def _spaced(n: int, count: int) -> torch.Tensor:
     return torch.arange(count) * n // count
 
 
+def _arm_counts(model, max_blocks: int) -> list:
+    """The frontier's arms, K = 0, 1, 2, 4, ... up to ``max_blocks`` (at most the model's layers)."""
+    from .expansion import decoder_stack
+
+    return block_counts(min(max_blocks, len(decoder_stack(model)[0])))
+
+
 def _heldout_count(available: int, costs: _Costs, counts: list, recipe: Recipe, budget: DecisionBudget) -> int:
     """Held-out windows of ``available`` (per split): as many as the budget affords
     (:func:`satcore._decisions.frontier.affordable_heldout`), at least 8, at most half."""
@@ -322,11 +329,10 @@ def frontier_windows(model, recipe: Recipe, *, seq_len: int, budget: DecisionBud
     The held-out count grows with the windows until the budget's share caps it, and the trials shorten as it
     grows: the count rises to the first that covers its own need, then falls to its need while that still
     covers itself (where the held-out count is capped, the need exactly: held-out + trial windows)."""
-    from .expansion import decoder_stack
+    from .expansion import decoder_stack, max_blocks_cap
 
     budget = DecisionBudget() if budget is None else budget
-    n_blocks = len(decoder_stack(model)[0])
-    counts = block_counts(min(max(1, n_blocks // 4) if max_blocks is None else max_blocks, n_blocks))
+    counts = _arm_counts(model, max_blocks_cap(len(decoder_stack(model)[0]), max_blocks))
     costs = _Costs(model, seq_len, recipe.batch_size, counts[-1], train_new_only)
 
     def need(total: int) -> int:
@@ -350,10 +356,9 @@ def frontier_windows(model, recipe: Recipe, *, seq_len: int, budget: DecisionBud
 def _sized_split(windows, model, recipe: Recipe, budget: DecisionBudget, options: dict) -> tuple[list, list, int]:
     """``(train, held, held-out count)`` of ``(N, T)`` token ids: held out as many windows as the budget affords
     (:func:`_heldout_count`), the rest training the trials (training windows cost nothing to hold)."""
-    from .expansion import _windows_batches, decoder_stack
+    from .expansion import _windows_batches
 
-    n_blocks = len(decoder_stack(model)[0])
-    counts = block_counts(min(options["max_blocks"], n_blocks))
+    counts = _arm_counts(model, options["max_blocks"])
     costs = _Costs(model, windows.shape[1], recipe.batch_size, counts[-1], options["train_new_only"])
     count = _heldout_count(len(windows), costs, counts, recipe, budget)
     held = torch.zeros(len(windows), dtype=torch.bool)
@@ -470,10 +475,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     """How many blocks (module docstring).  ``options``: ``max_blocks``, ``init``, ``seed``, ``train_new_only``.
     ``held`` None: ``train`` is ``(N, T)`` token ids, split here into the held-out windows the budget affords and
     the trials' training windows (the rest)."""
-    from .expansion import decoder_stack
-
-    n_blocks = len(decoder_stack(model)[0])
-    counts = block_counts(min(options["max_blocks"], n_blocks))
+    counts = _arm_counts(model, options["max_blocks"])
     sized = None
     if held is None:
         train, held, sized = _sized_split(train, model, recipe, budget, options)
@@ -501,7 +503,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
         meter.add(TIMED_STEPS * costs.full())
         arms = _Arms(model, recipe, train, evaluate, {**options, "replicates": budget.replicates})
         losses = arms.read_model(meter)
-        trials = {k: arms.run(uniform_places(n_blocks, k), plan.checkpoints) for k in counts}
+        trials = {k: arms.run(uniform_places(costs.n, k), plan.checkpoints) for k in counts}
     finally:
         meter.close()
     tolerance = _tolerance(budget, losses)
