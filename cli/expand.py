@@ -20,7 +20,7 @@ import shutil
 import click
 
 from satcore import InputError, ProbeError
-from satcore.adapter_api import NOT_VERIFIED, decision_interval_notes, parse_whole_number
+from satcore.adapter_api import DEFAULT_ALPHA, NOT_VERIFIED, decision_interval_notes, parse_whole_number
 
 from .common import FiniteFloatRange, display_name, num, table
 from .expand_report import defaults_line, frontier_report, moves_report, plot_frontier, stop_line
@@ -103,10 +103,6 @@ def _report(expansion) -> str:
     if groups is not None:
         lines.append("layout grouped, one block per group of places: "
                      + ", ".join("[" + ", ".join(map(str, g)) + "]" for g in groups))
-    if expansion.left_out_by_max_blocks:
-        lines.append(f"--blocks auto: {len(expansion.left_out_by_max_blocks)} more place(s) with a credible decrease "
-                     f"left out by the cap --max-blocks {expansion.max_blocks} (default a quarter of the layers): "
-                     + ", ".join(expansion.left_out_by_max_blocks))
     if expansion.budgeted is not None and hasattr(expansion.budgeted, "arms"):
         return "\n".join(lines[1:] if not expansion.new_blocks else lines) + "\n" + "\n".join(frontier_report(expansion))
     if decision is not None:
@@ -117,7 +113,8 @@ def _report(expansion) -> str:
             c = decision.candidates[name]
             rows.append([name, *_evidence_cells(c), "yes" if _original_index(name) in chosen else ""])
         lines += ["", table(["candidate", "predicted held-out change", "95% interval", "P(decrease)", "evidence",
-                             "chosen"], rows), *_table_notes(decision.candidates, ranking, chosen),
+                             "chosen"], rows),
+                  *_table_notes(decision.candidates, ranking, chosen, moves=expansion.budgeted is not None),
                   ""]
         if expansion.budgeted is not None:
             lines += moves_report(expansion)
@@ -131,30 +128,28 @@ def _report(expansion) -> str:
 
 
 def _evidence_cells(c) -> list[str]:
-    """A ranking row's change, interval, P(decrease) and evidence cells.  A trial decision's candidate that no
-    trial verified has no interval or P(decrease) (``None``): the words "not verified" stand there; the first-order
-    decision's rows (``--decision screen``) are all the screen's, with its fold interval."""
-    trialled = getattr(c, "verified", None)
-    if trialled is False and c.p_decrease is None:
+    """A ranking row's change, interval, P(decrease) and evidence cells (``c``: a
+    :class:`satcore.CandidateDecision`).  A candidate no trial verified (every row of ``--decision screen``
+    and of the placement check's screen) has no interval or P(decrease): the words "not verified" stand there."""
+    if not c.verified:
         return [f"{num(c.predicted_heldout_change)} (screen)", "-", NOT_VERIFIED, f"screen ({NOT_VERIFIED})"]
     return [num(c.predicted_heldout_change), f"[{num(c.interval[0])}, {num(c.interval[1])}]", num(c.p_decrease),
-            "trial" if trialled else "screen"]
+            "trial"]
 
 
-def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
-    """The lines under the ranking (``rows``, the candidates' evidence, in the table's ``order``) that say
-    what its columns are where they could mislead; ``chosen``: the original indices blocks went before."""
-    from satcore.adapters.torch.expansion import ALPHA, _original_index
+def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False) -> list[str]:
+    """The lines under the ranking (``rows``, the candidates' :class:`satcore.CandidateDecision`, in the table's
+    ``order``) that say what its columns are where they could mislead; ``chosen``: the original indices blocks
+    went before; ``moves``: the rows are the placement check's screen, which proposed the moves its trials
+    tested."""
+    from satcore.adapters.torch.expansion import _original_index
 
-    trialled = [n for n in order if getattr(rows[n], "verified", False)]
-    screen_only = bool(order) and all(getattr(rows[n], "verified", None) is False for n in order)
-    if screen_only:  # the placement check's screen: it proposed the moves the trials tested, verified no place
+    trialled = [n for n in order if rows[n].verified]
+    if not trialled:
         notes = [f"evidence: every row is the first-order screen's ({NOT_VERIFIED}: the recipe's step priced "
                  "linearly, no trial of a place ran); it has no interval or P(decrease): the screen's own fold "
-                 "interval omits its error and reads as near-certain; its order proposes the moves below"]
-    elif not trialled:
-        notes = ["evidence: every value is the first-order screen's (the recipe's step priced linearly; no trial "
-                 "ran); its interval and P(decrease) come from the same Student-t over the held-out folds"]
+                 "interval omits its error and reads as near-certain; its order "
+                 + ("proposes the moves below" if moves else "ranks the places")]
     elif len(trialled) < len(order):
         notes = ["evidence: 'trial' rows are short trials of the recipe, extrapolated and calibrated; 'screen' rows "
                  f"are {NOT_VERIFIED}: no trial ran, they show the first-order screen's value (not comparable with "
@@ -162,7 +157,7 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
                  "screen's, no trial chose them"]
     else:
         notes = ["evidence: every place was verified by a short trial of the recipe (extrapolated, calibrated)"]
-    notes += decision_interval_notes({n: rows[n] for n in order}, ALPHA)
+    notes += decision_interval_notes({n: rows[n] for n in order}, DEFAULT_ALPHA)
     placed = [n for n in order if _original_index(n) in chosen]
     uncertain = [n for n in placed if rows[n].interval is not None and rows[n].interval[1] >= 0]
     unverified = [n for n in placed if rows[n].interval is None]
@@ -170,9 +165,13 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
         notes.append(f"{', '.join(uncertain)}: chosen although the 95% interval reaches 0: --blocks K puts K blocks "
                      "whatever the intervals (uniform places unless a trial moves one; the best-ranked with --layout "
                      "ranked); whether to add any is --blocks auto's question")
-    if unverified and screen_only:
+    if unverified and moves:
         notes.append(f"{', '.join(unverified)}: chosen although {NOT_VERIFIED}: --blocks K puts K blocks at uniform "
                      "places unless a trial moves one; whether to add any is --blocks auto's question")
+    elif unverified and not trialled:
+        notes.append(f"{', '.join(unverified)}: chosen although {NOT_VERIFIED}: --blocks K puts K blocks at the "
+                     "places the screen ranks first (one per group with --layout grouped); whether to add any is "
+                     "--blocks auto's question, answered by trials")
     elif unverified:
         notes.append(f"{', '.join(unverified)}: chosen although {NOT_VERIFIED}: --blocks K takes the K best-ranked "
                      "places whatever their evidence, and the trials verified fewer places than that")
@@ -188,8 +187,8 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
               help="How many blocks: K, or auto (K = 0, 1, 2, 4, ... --max-blocks at uniform places; a K > 0 "
               "counts only where it beats K = 0 credibly, paired on the same windows (its 95% interval below 0, "
               "its point below minus --tolerance); of those, the fewest whose predicted held-out loss after your "
-              "training is within --tolerance of the best; none when expanding does not pay; with --decision "
-              "screen, the places whose 95% interval lies below 0).")
+              "training is within --tolerance of the best; none when expanding does not pay; trials only, not "
+              "with --decision screen).")
 @click.option("-o", "--out", "out_dir", required=True, metavar="OUT_DIR", help="Directory to write (new or empty).")
 @click.option("--at", "at", default=None, metavar="NAME,...",
               help="Force the positions: original block names or indices to insert before, or head.")
@@ -235,7 +234,8 @@ def _table_notes(rows: dict, order: list[str], chosen: set) -> list[str]:
 @click.option("--decision", type=click.Choice(("trial", "screen")), default="trial", show_default=True,
               help="trial: short trials within --decision-budget (--blocks auto: the frontier over K; --blocks K: "
               "the placement check, the first-order screen proposing the moves); screen: the first-order screen "
-              "alone (its cost is the probe; with --blocks auto, every place whose interval lies below 0). "
+              "alone (its cost is the probe; --blocks K only: its rows are not verified, no interval or "
+              "P(decrease), and without a trial it cannot price K = 0 against K > 0). "
               "Experimental: screen, whose first-order values do not price a trained block's held-out gain "
               "(studies/decision-validity.md).")
 @click.option("--layout", type=click.Choice(("grouped", "ranked")), default="grouped", show_default=True,
@@ -276,9 +276,10 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         raise click.UsageError("--general-data, --max-forgetting and --plot belong to --blocks auto's frontier")
     if max_forgetting is not None and general_path is None:
         raise click.UsageError("--max-forgetting needs --general-data (the general loss is measured on it)")
-    if blocks == "auto" and decision == "screen" and (general_path or plot_path):
-        raise click.UsageError("--general-data and --plot belong to the trial decision's frontier, not --decision "
-                               "screen")
+    if blocks == "auto" and decision == "screen":
+        raise click.UsageError("--blocks auto with --decision screen: the screen runs no trial, so it cannot price "
+                               "K = 0 against K > 0; give --blocks K with --decision screen, or drop --decision "
+                               "screen for the trial frontier")
     max_statistics_bytes = None if max_statistics_gib is None else int(max_statistics_gib * 2**30)
     if max_statistics_bytes == 0:
         raise click.UsageError(f"--max-statistics-gib {max_statistics_gib:g}: less than one byte")

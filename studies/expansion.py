@@ -56,7 +56,10 @@ its setup and its unexpanded held-out loss (so every comparison is paired).
 Reported: held-out loss per run, and per mode and K the paired differences
 satcore minus each baseline over seeds with a Student-t 95% interval.
 ``--blocks auto`` (significant candidates, up to L + 1) is compared with a
-sweep of K (each satcore placement, ``llama_pro`` mode).
+sweep of K (each trial placement, ``llama_pro`` mode; ``satcore-screen`` has
+no auto: its rows are not verified, so no place is significant and it cannot
+price K = 0 against K > 0; its auto rows in the recorded results used the
+screen's fold interval, which the library no longer reports).
 
 Every finished run is appended to ``--out`` (JSON lines), so a run cut short
 keeps what it measured and a rerun skips what is there.
@@ -462,7 +465,8 @@ def main(argv=None):
                         jobs += ["end", "shortgpt"]
                     if phase == "random":
                         jobs += [f"random{d}" for d in range(args.draws)]
-                    for job in [j for j in jobs if j.rstrip("0123456789") in args.placements]:
+                    for job in [j for j in jobs if j.rstrip("0123456789") in args.placements
+                                and not (K == "auto" and j == "satcore-screen")]:
                         key = {"phase": "sweep" if phase == "sweep" else "main", "seed": seed, "mode": mode,
                                "K": K, "placement": job}
                         if json.dumps(key) in done:

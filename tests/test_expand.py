@@ -27,8 +27,8 @@ from satcore import DecisionPolicy, Recipe, TrialSettings  # noqa: E402
 from satcore.adapters.torch import ExpansionOptions, ProbeConfig, find_blocks, sequence_loss  # noqa: E402
 from satcore.adapters.torch import decide  # noqa: E402
 from satcore.adapters.torch.expansion import (  # noqa: E402
-    DEFAULT_RECIPE, CandidateEvidence, GroupedPlacement, TrialRanking, expand, first_order_decision, insert_blocks, layout_of, place_groups,
-    placement_decision, split_batches,
+    DEFAULT_RECIPE, GroupedPlacement, TrialRanking, _original_index, expand, first_order_decision, insert_blocks,
+    layout_of, place_groups, placement_decision, split_batches,
 )
 from satcore._decisions.trials import CandidateDecision, TrialCurve  # noqa: E402
 from satcore._decisions.calibration import DEFAULT_CALIBRATION  # noqa: E402
@@ -282,7 +282,7 @@ def test_forced_positions_override_the_grouped_layout():
     record = expansion.to_dict()
     assert expansion.decision is None and record["inserted_before"] == [0, "head"]
     assert record["layout"] == "forced" and record["groups"] is None and record["cost_block_steps"] == 0
-    assert record["max_blocks"] is None and record["capped_by_max_blocks"] is None
+    assert record["max_blocks"] is None
     with pytest.raises(InputError, match="layout must be one of"):
         expand(model, windows(16), blocks=2, options=ExpansionOptions(layout="diagonal"))
     refusals = [(dict(blocks=2, options=ExpansionOptions(at=[1])), "not both"), (dict(blocks=None), "give blocks"),
@@ -296,20 +296,38 @@ def test_forced_positions_override_the_grouped_layout():
             expand(model, **{"data": windows(16), **options})
 
 
-def test_auto_records_and_prints_the_places_its_cap_leaves_out():
-    """``blocks="auto"`` with ``max_blocks=1`` on the screen: the screen's places whose interval lies below
-    zero (counted here from the intervals) are credible; the best one is inserted, the others are recorded as
-    left out by the cap and named on the printed line."""
-    expansion = expand(build("llama"), windows(32), blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=10, batch_size=4), options=ExpansionOptions(max_blocks=1, decision="screen", layout="ranked"))
+def test_the_screen_alone_ranks_unverified_places_and_cannot_count_blocks():
+    """``decision="screen"``: :func:`first_order_decision` priced every place and no trial verified one, so every
+    row is :meth:`CandidateDecision.screen_only` (no interval, no ``P(decrease)``, "not verified"; it once carried
+    the screen's fold interval and a near-certain ``P(decrease)``), ranked by the predicted held-out change, with
+    no choice; ``blocks=K`` takes the top ``K``.  ``blocks="auto"`` would need ``K = 0`` priced against
+    ``K > 0``, which only trials do: refused before the data is read (``data=None`` here)."""
+    model, recipe = build("llama"), Recipe("adamw", lr=1e-3, steps=10, batch_size=4)
+    train, held = split_batches(windows(32))
+    screen = first_order_decision(model, train, held, sequence_loss, policy=DecisionPolicy(recipe, seed=3))
+    expected = {n: CandidateDecision.screen_only(n, c.predicted_heldout_change, c.predicted_training_change)
+                for n, c in screen.candidates.items()}
+    assert screen.candidates == expected and set(expected) == set(find_blocks(model)) | {"head"}
+    assert screen.choice is None and screen.stop_reason is None and not any(map(screen.significant, expected))
+    expansion = expand(model, windows(32), blocks=2, policy=DecisionPolicy(recipe, seed=3),
+                       options=ExpansionOptions(decision="screen", layout="ranked"))
     d = expansion.decision
-    credible = [n for n in d.ranking() if d.candidates[n].interval[1] < 0]
-    assert len(credible) >= 2  # the cap has something to leave out on these windows
-    assert expansion.inserted_before == ["head" if credible[0] == "head" else int(credible[0].rpartition(".")[2])]
-    assert expansion.left_out_by_max_blocks == tuple(credible[1:])
+    changes = {n: c.predicted_heldout_change for n, c in screen.candidates.items()}
+    assert d.ranking() == sorted(changes, key=changes.get)
+    assert expansion.inserted_before == sorted((_original_index(n) for n in d.ranking()[:2]), key=str)
     record = expansion.to_dict()
-    assert record["max_blocks"] == 1 and record["capped_by_max_blocks"] == len(credible) - 1
-    assert (f"--blocks auto: {len(credible) - 1} more place(s) with a credible decrease left out by the cap "
-            f"--max-blocks 1 (default a quarter of the layers): {', '.join(credible[1:])}") in _report(expansion)
+    assert set(record["evidence"]) == set(expected)
+    for name, row in record["evidence"].items():
+        assert (row["verified"], row["evidence"], row["interval"], row["p_decrease"]) == (False, "not verified",
+                                                                                          None, None), name
+    assert record["decision"]["choice"] is None and record["decision"]["stop_reason"] is None
+    assert record["decision"]["method"].endswith("not verified by a trial)")
+    for options in (ExpansionOptions(decision="screen"), ExpansionOptions(decision="screen", max_blocks=2)):
+        with pytest.raises(InputError, match=r"^blocks='auto' with decision='screen': the first-order screen runs no "
+                                             r"trial, so it cannot price K = 0 against K > 0; give blocks=K"):
+            expand(model, None, blocks="auto", options=options)
+    with pytest.raises(InputError, match=r"loss_fn must be None$"):  # no decision='screen' offered for auto
+        expand(model, windows(32), blocks="auto", loss_fn=sequence_loss)
 
 
 def report_rows(report, names):
@@ -376,16 +394,18 @@ def test_table_notes_name_the_rows_they_explain():
     assert _table_notes(trialled, list(trialled), {1})[0].startswith(
         "evidence: every place was verified by a short trial")
     proposals = {n: CandidateDecision.screen_only(n, -0.1, -0.2) for n in ("m.1", "head")}  # the placement check's
-    assert _table_notes(proposals, list(proposals), {"head"}) == [
+    assert _table_notes(proposals, list(proposals), {"head"}, moves=True) == [
         "evidence: every row is the first-order screen's (not verified: the recipe's step priced linearly, no trial "
         "of a place ran); it has no interval or P(decrease): the screen's own fold interval omits its error and "
         "reads as near-certain; its order proposes the moves below",
         "head: chosen although not verified: --blocks K puts K blocks at uniform places unless a trial moves one; "
         "whether to add any is --blocks auto's question"]
-    screen = CandidateEvidence(-0.1, (-0.2, 0.1), 0.6, 0.1)  # the first-order decision's (--decision screen)
-    assert _table_notes({"m.2": screen}, ["m.2"], set()) == [
-        "evidence: every value is the first-order screen's (the recipe's step priced linearly; no trial ran); "
-        "its interval and P(decrease) come from the same Student-t over the held-out folds"]
+    assert _table_notes(proposals, list(proposals), {"head"}, moves=False) == [  # --decision screen's rows
+        "evidence: every row is the first-order screen's (not verified: the recipe's step priced linearly, no trial "
+        "of a place ran); it has no interval or P(decrease): the screen's own fold interval omits its error and "
+        "reads as near-certain; its order ranks the places",
+        "head: chosen although not verified: --blocks K puts K blocks at the places the screen ranks first (one per "
+        "group with --layout grouped); whether to add any is --blocks auto's question, answered by trials"]
 
 
 def llama_factory_layers(num_layers, n, use_llama_pro):
@@ -464,7 +484,7 @@ def test_cli_writes_a_loadable_checkpoint_and_leaves_model_dir_alone(checkpoint,
     assert digest(folder) == before
     record = json.loads((out / "expansion.json").read_text())
     assert len(record["positions"]) == 2 and record["num_hidden_layers"] == {"before": 4, "after": 6}
-    assert record["max_blocks"] is None and record["capped_by_max_blocks"] is None and "left out" not in result.output
+    assert record["max_blocks"] is None and "capped_by_max_blocks" not in record
     # the default decision: uniform places, a block moved only where a trial credibly favours the screen's place
     check = record["decision"]["placement_check"]
     assert record["decision"]["method"].startswith("placement check: LLaMA-Pro's uniform places")
@@ -524,6 +544,35 @@ def test_cli_token_files_give_the_text_decision(checkpoint, tmp_path):
     assert evidence[0] == evidence[1] == evidence[2]
 
 
+def test_cli_screen_rows_are_not_verified_in_the_table_the_record_and_the_card(checkpoint, tmp_path):
+    """--decision screen --blocks 2: no trial ran, so expansion.json's rows carry no interval or p_decrease and say
+    "not verified", the printed table has no interval or probability in any row (it once printed the screen's
+    fold interval and P(decrease) 1), and the model card names the method as not verified; the blocks are the
+    screen's first place in each of the 2 groups."""
+    folder, text = checkpoint
+    out = tmp_path / "s"
+    result = cli("expand", folder, "--data", text, "--blocks", "2", "-o", out, "--seq-len", "16", "--decision",
+                 "screen")
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "expansion.json").read_text())
+    assert set(record["evidence"]) == {f"model.layers.{i}" for i in range(4)} | {"head"}
+    for row in record["evidence"].values():
+        assert (row["verified"], row["evidence"], row["interval"], row["p_decrease"]) == (False, "not verified",
+                                                                                          None, None)
+    assert record["decision"]["choice"] is None and record["decision"]["stop_reason"] is None
+    changes = {n: r["predicted_heldout_change"] for n, r in record["evidence"].items()}
+    named = [[f"model.layers.{p}" if p != "head" else p for p in g] for g in record["groups"]]
+    assert record["inserted_before"] == [_original_index(min(g, key=changes.get)) for g in named]
+    rows = report_rows(result.output, changes)
+    assert set(rows) == set(changes)
+    assert all(r[1:5] == (None, None, "not verified", "screen (not verified)") for r in rows.values())
+    assert {n for n, r in rows.items() if r[5]} == {min(g, key=changes.get) for g in named}
+    assert "its order ranks the places" in result.output
+    assert "chosen although not verified: --blocks K puts K blocks at the places the screen ranks first" in \
+        result.output
+    assert "not verified by a trial" in (out / "README.md").read_text()
+
+
 def test_cli_at_and_fresh(checkpoint, tmp_path):
     folder, text = checkpoint
     result = cli("expand", folder, "--data", text, "--at", "model.layers.2,0,head", "--init", "fresh", "-o",
@@ -558,6 +607,9 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
     ("blocks_and_at", "give --blocks K|auto or --at NAME,..., not both"),
     ("no_data", "--data FILE is required unless --at forces the positions"),
     ("max_blocks_without_auto", "--max-blocks caps --blocks auto only; with --blocks 1 it would be ignored"),
+    ("auto_with_screen", "--blocks auto with --decision screen: the screen runs no trial, so it cannot price K = 0 "
+                         "against K > 0; give --blocks K with --decision screen, or drop --decision screen for the "
+                         "trial frontier"),
 ])
 def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, monkeypatch):
     import shutil
@@ -621,6 +673,8 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, m
         data = None
     elif case == "max_blocks_without_auto":
         extra = ["--blocks", "1", "--max-blocks", "1"]
+    elif case == "auto_with_screen":
+        extra = ["--blocks", "auto", "--decision", "screen", "--max-blocks", "2"]
     before = digest(model_dir) if model_dir.exists() else None
     result = CliRunner().invoke(main, ["expand", str(model_dir), *(["--data", str(data)] if data else []), "-o",
                                        str(out), "--seq-len", "16", *extra])

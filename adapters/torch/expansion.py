@@ -16,10 +16,11 @@ The placement is ONE decision step over the candidates of the unexpanded model
 (:func:`first_order_decision`: the native-family probe on a training and a
 held-out split, and the predicted held-out change of the recipe's step per
 candidate), then a ranking: ``blocks=K`` takes the ``K`` candidates with the
-largest predicted held-out decrease, ``blocks="auto"`` those whose decrease is
-significant (its interval excludes zero), best first, at most ``max_blocks``.
-(That is ``decision="screen"``; the default ``"trial"`` verifies the screen's
-best places by short trials, :func:`placement_decision`.)  ``layout="grouped"``
+largest predicted held-out decrease.  (That is ``decision="screen"``, whose rows
+are *not verified*: no trial, no interval, no ``P(decrease)``; it cannot price
+``K = 0`` against ``K > 0``, so ``blocks="auto"`` needs trials.  The default
+``"trial"`` verifies the screen's best places by short trials,
+:func:`placement_decision`.)  ``layout="grouped"``
 reads the decision group by group instead: one block in each of ``K``
 contiguous groups of places, LLaMA-Pro's groups (:class:`GroupedPlacement`).
 Why one step and not ``K`` rounds of decide-then-insert: an inserted identity
@@ -49,9 +50,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from satcore import CandidateDecision, DecisionPolicy, InputError, ProbeError
+from satcore import DecisionPolicy, InputError, ProbeError
 from satcore import Recipe
-from satcore.adapter_api import DEFAULT_ALPHA, screen
+from satcore.adapter_api import NOT_VERIFIED, screen
 from satcore.adapter_api import derived_seed, moved_keywords, whole_number, yaml_quoted
 
 from .expansion_exports import llama_factory_lora
@@ -65,7 +66,6 @@ from .splits import probe_splits_in_passes
 INITS = ("copy", "fresh")
 # LLaMA-Pro's recipe (the paper trains the new blocks with AdamW at 2e-4); steps and batch size are the user's
 DEFAULT_RECIPE = Recipe("adamw", lr=2e-4, steps=1000, batch_size=8, trainable="block")
-ALPHA = DEFAULT_ALPHA  # the level of the screen's held-out intervals (satcore.adapter_api.screen)
 # mergekit ``scale`` filters (substrings of tensor names) that zero a copied block's output projections
 MERGEKIT_FILTERS = {
     ("attn.c_proj", "mlp.c_proj"): ("c_proj",),
@@ -76,40 +76,35 @@ MERGEKIT_FILTERS = {
 
 # --- the decision step ----------------------------------------------------------------------
 @dataclass(frozen=True)
-class CandidateEvidence:
-    """One candidate's predicted held-out change of the recipe's step (negative: the loss goes down)."""
-
-    predicted_heldout_change: float
-    interval: tuple[float, float]
-    p_decrease: float
-    predicted_training_gain: float
-
-    def to_dict(self) -> dict:
-        return {"predicted_heldout_change": self.predicted_heldout_change, "interval": list(self.interval),
-                "p_decrease": self.p_decrease, "predicted_training_gain": self.predicted_training_gain}
-
-
-@dataclass(frozen=True)
 class ScreenDecision:
-    """What :func:`first_order_decision` decided: the best candidate whose predicted held-out
-    decrease is significant (``choice``), or ``None`` with a ``stop_reason``."""
+    """What :func:`first_order_decision` found: each candidate's first-order predicted held-out change of the
+    recipe's step (negative: the loss goes down), as :meth:`satcore.CandidateDecision.screen_only` rows
+    (``verified`` false, ``"not verified"``, no interval or ``P(decrease)``; why: :class:`satcore.CandidateDecision`).
+    It ranks the places; no trial verified any, so it chooses none: whether to add a block is a trial's question
+    (``choice`` and ``stop_reason`` None, no place :meth:`significant`)."""
 
-    choice: str | None
-    stop_reason: str | None
-    candidates: dict
+    candidates: dict  # name -> CandidateDecision, the candidates' depth order
     cost_block_steps: int
     recipe: Recipe
+
+    @property
+    def choice(self) -> None:
+        return None
+
+    @property
+    def stop_reason(self) -> None:
+        return None
 
     def ranking(self) -> list[str]:
         """Candidate names, largest predicted held-out decrease first."""
         return sorted(self.candidates, key=lambda n: self.candidates[n].predicted_heldout_change)
 
     def significant(self, name: str) -> bool:
-        return self.candidates[name].interval[1] < 0
+        """False: a screen verifies no place."""
+        return False
 
     def to_dict(self) -> dict:
-        return {"choice": self.choice, "stop_reason": self.stop_reason, "cost_block_steps": self.cost_block_steps,
-                "recipe": self.recipe.to_dict(),
+        return {"cost_block_steps": self.cost_block_steps, "recipe": self.recipe.to_dict(),
                 "candidates": {n: c.to_dict() for n, c in self.candidates.items()}}
 
 
@@ -124,10 +119,10 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
     the recipe's step at every candidate on the held-out folds (:func:`satcore._decisions.predictors.predict_gains`).
 
     The predicted step is ``recipe.steps`` steps of the recipe's optimizer (Adam for AdamW) on the
-    new block's zeroed terminal maps, with the gradient held at its value at insertion.  The
-    choice is the candidate with the largest predicted held-out decrease among those whose
-    ``1 - 0.05`` interval lies below zero.  Cost: each probed sample is one forward and backward
-    pass of the model, as one training sample is, so the probe costs
+    new block's zeroed terminal maps, with the gradient held at its value at insertion.  The rows are
+    :meth:`satcore.CandidateDecision.screen_only` (:class:`ScreenDecision`): ranked by that prediction, not
+    verified, with no interval or ``P(decrease)`` and no choice.  Cost: each probed sample is one forward and
+    backward pass of the model, as one training sample is, so the probe costs
     ``ceil(samples / recipe.batch_size)`` steps of training one block (block-steps).
     ``recipe`` or ``policy`` (:class:`satcore.DecisionPolicy`) as :func:`~.decide.decide` takes them: its
     ``candidates``, ``seed`` and ``probe`` are read, and ``max_statistics_bytes`` probes the candidates in
@@ -145,19 +140,13 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
         # decide's screen (satcore.adapter_api.screen), its rows kept in the candidates' depth order
         rows = {row.name: row for row in screen(split.train.statistics, split.heldout.statistics, recipe)}
         for name in (n for n in split.heldout.statistics if n in rows):
-            row = rows[name]
-            evidence[name] = CandidateEvidence(row.heldout_change, row.interval, row.p_decrease, -row.training_change)
+            evidence[name] = rows[name].candidate()
 
     passes, _ = probe_splits_in_passes(model, train, heldout, loss_fn, read,
                                        max_statistics_bytes=policy.max_statistics_bytes,
                                        **decision_probe_options(policy, ProbeConfig(family="native")))
     samples = passes * sum(_batch_samples(b) for b in train + heldout)
-    decision = ScreenDecision(None, None, evidence, math.ceil(samples / recipe.batch_size), recipe)
-    significant = [n for n in decision.ranking() if decision.significant(n)]
-    if significant:
-        return ScreenDecision(significant[0], None, evidence, decision.cost_block_steps, recipe)
-    return ScreenDecision(None, f"no candidate's predicted held-out decrease is significant (its {1 - ALPHA:.0%} "
-                          "interval reaches zero)", evidence, decision.cost_block_steps, recipe)
+    return ScreenDecision(evidence, math.ceil(samples / recipe.batch_size), recipe)
 
 
 DECISIONS = ("trial", "screen")
@@ -211,40 +200,6 @@ class TrialRanking(_ReadsDecision):
         return self.decision.to_dict()
 
 
-@dataclass(frozen=True)
-class UnverifiedScreen(_ReadsDecision):
-    """The first-order screen as the placement check reads it (``blocks=K`` with a budget): it only proposes the
-    places the paired trials test (``PlacementCheck.moves``); no trial verified any place, so its rows are
-    :meth:`satcore.CandidateDecision.screen_only` (``verified`` false, ``"not verified"``, no interval or
-    ``P(decrease)``: the screen's own fold interval omits its error and read as near-certain), in the screen's
-    order.  Whether to add any block is not its question (``blocks="auto"``'s): no choice, no stop reason."""
-
-    screen: ScreenDecision
-
-    @property
-    def wrapped(self):
-        return self.screen
-
-    @property
-    def choice(self):
-        return None
-
-    @property
-    def stop_reason(self):
-        return None
-
-    @property
-    def candidates(self) -> dict:
-        return {n: CandidateDecision.screen_only(n, c.predicted_heldout_change, -c.predicted_training_gain)
-                for n, c in self.screen.candidates.items()}
-
-    def ranking(self) -> list[str]:
-        return self.screen.ranking()
-
-    def significant(self, name: str) -> bool:
-        return False
-
-
 LAYOUTS = ("ranked", "grouped")
 
 
@@ -265,7 +220,7 @@ class GroupedPlacement(_ReadsDecision):
     (:func:`place_groups`), at the place of the group that ``base`` ranks first
     (:class:`TrialRanking`: the verified place with the lowest calibrated held-out change, in
     screen order where none was trialled; :class:`ScreenDecision`: the largest predicted
-    decrease).  ``ranking()`` lists the groups' places first (in ``base`` 's order), then
+    decrease, not verified).  ``ranking()`` lists the groups' places first (in ``base`` 's order), then
     every other candidate as ``base`` ranks it; only a group's place can be significant."""
 
     base: object  # TrialRanking or ScreenDecision
@@ -304,7 +259,7 @@ def placement_decision(model: nn.Module, train, heldout, loss_fn=None, *, policy
     family is ``"native"`` here, :func:`native_policy`).
 
     ``decision="trial"``: :func:`~.decide.decide` (``policy.trials.max_trials`` trials, the even plan), read as a
-    :class:`TrialRanking`; ``"screen"``: :func:`first_order_decision`.
+    :class:`TrialRanking`; ``"screen"``: :func:`first_order_decision` (its rows not verified, none significant).
     ``layout="ranked"``: that ranking as it is (``expand`` takes its top ``K``);
     ``"grouped"``: a :class:`GroupedPlacement` over ``blocks`` groups of places
     (:func:`place_groups`; ``blocks="auto"``: ``max_trials`` groups, at most one per place), the trials spread over the
@@ -455,7 +410,6 @@ class Expansion:
     block_prefix: str = field(default="")
     layout: str = "ranked"
     max_blocks: int | None = None  # the cap blocks="auto" applied, else None
-    left_out_by_max_blocks: tuple[str, ...] = ()  # places with a credible decrease the cap left out
     budgeted: object = None  # a FrontierDecision (blocks="auto") or PlacementCheck (blocks=K with a budget)
 
     @property
@@ -574,7 +528,6 @@ class Expansion:
             "num_hidden_layers": {"before": self.n_original, "after": self.n_original + len(self.new_blocks)},
             "forced": list(self.forced),
             "max_blocks": self.max_blocks,
-            "capped_by_max_blocks": None if self.max_blocks is None else len(self.left_out_by_max_blocks),
             "layout": self.layout,
             "groups": ([[_original_index(n) for n in g] for g in self.decision.groups] if grouped else
                        [list(g) for g in self.budgeted.groups] if hasattr(self.budgeted, "groups") else None),
@@ -603,7 +556,8 @@ class Expansion:
             return None
         record = {"method": ("first-order screen verified by short trials of the recipe (satcore.adapters.torch.decide)"
                              if isinstance(method, TrialRanking) else
-                             "first-order screen (native family, predicted held-out change of the recipe's step)"),
+                             "first-order screen (native family, predicted held-out change of the recipe's step, "
+                             f"{NOT_VERIFIED} by a trial)"),
                   "choice": self.decision.choice, "stop_reason": self.decision.stop_reason,
                   "ranking": self.decision.ranking()}
         if self.budgeted is not None:
@@ -673,8 +627,9 @@ def _budgeted(decision: str, layout: str, blocks, budget, loss_fn):
     if decision != "trial" or (blocks != "auto" and (layout != "grouped" or budget is None)):
         return None
     if loss_fn is not None:
+        # blocks='auto' has no unbudgeted form: the screen cannot count blocks (expand refuses it)
         raise InputError("the budgeted decisions train next-token windows with the model's loss; loss_fn must be "
-                         "None (or give decision='screen')")
+                         "None" + ("" if blocks == "auto" else " (or give decision='screen', or budget=None)"))
     if budget is None:
         from .expansion_frontier import DecisionBudget
 
@@ -693,12 +648,13 @@ class ExpansionOptions:
         recorded as ``"forced"``).
     init : ``"copy"`` (LLaMA-Pro) or ``"fresh"`` (module docstring).
     train_new_only : leave only the new blocks' parameters trainable.
-    max_blocks : the most blocks ``blocks="auto"`` inserts (default a quarter of the layers, LLaMA-Pro's ratio; the
-        credible places the cap leaves out are recorded, ``Expansion.left_out_by_max_blocks``).
+    max_blocks : the most blocks ``blocks="auto"`` inserts (default a quarter of the layers, LLaMA-Pro's ratio).
     decision : ``"trial"`` (default): :func:`~.decide.decide`, the first-order screen verified by
         short trials of the recipe (at most one block's training in all); ``"screen"``: the
         first-order screen alone (:func:`first_order_decision`, cheaper; experimental: first-order values
-        do not price a trained block's held-out gain, studies/decision-validity.md).  Both placements were
+        do not price a trained block's held-out gain, studies/decision-validity.md; its rows are not verified,
+        with no interval or ``P(decrease)``, and with no trial it cannot price ``K = 0`` against ``K > 0``, so
+        ``blocks="auto"`` with it is refused).  Both placements were
         measured to lose to LLaMA-Pro's uniform interleave (studies/expansion-head-to-head-notes.md);
         ``layout="grouped"`` tied it there with the decision's cost not charged and lost with it.
     layout : ``"grouped"`` (default): the ``L + 1`` places split into ``K`` contiguous groups
@@ -707,10 +663,8 @@ class ExpansionOptions:
         ``"ranked"`` (experimental): the decision's top ``K`` places anywhere in the stack.  Grouped is the
         default because ranked put every block at the bottom of the stack and lost to uniform
         interleave even with its cost not charged, where grouped tied it (studies/expansion-head-to-head-notes.md; a
-        choice made on that one bench, so not independent evidence).  With
-        ``blocks="auto"`` the split is into ``max_trials`` (4) groups and a group gets its block
-        when its place is significant (verified by a trial with a credible decrease), so ``K``
-        is 0 to 4, also at most ``max_blocks``, the groups with the lowest calibrated change first.
+        choice made on that one bench, so not independent evidence).  ``blocks="auto"`` is the frontier's count at
+        uniform places (``budget`` below), whatever the layout.
     budget : :class:`~.expansion_frontier.DecisionBudget`, optional
         The share of the planned training (the recipe) the decision may spend, and the general data
         and forgetting limit it weighs.  With ``decision="trial"``, ``blocks="auto"`` is the frontier
@@ -759,8 +713,8 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
         ``--max-windows``); fewer are used as given, and the plan warns.
     blocks : int, ``"auto"`` or None
         ``K``: the ``K`` candidates the decision ranks first (``layout="grouped"``: one per
-        group); ``"auto"``: the candidates whose decrease is significant, best first, at most
-        ``options.max_blocks``; None with ``options.at``.  Windows longer than the model's context
+        group); ``"auto"``: the frontier's count (``options.budget``; trials only, at most
+        ``options.max_blocks``); None with ``options.at``.  Windows longer than the model's context
         (``max_position_embeddings``, GPT-2's ``n_positions``) are refused.
     recipe : :class:`satcore.Recipe`, default LLaMA-Pro's (AdamW, lr 2e-4): the step the decision prices; the
         shorthand of ``policy=DecisionPolicy(recipe)``.
@@ -794,11 +748,15 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
     if max_blocks is not None and blocks != "auto":
         given = "at" if at is not None else f"blocks={blocks!r}"
         raise InputError(f"max_blocks caps blocks='auto' only; with {given} it would be ignored")
+    if blocks == "auto" and options.decision == "screen":
+        raise InputError("blocks='auto' with decision='screen': the first-order screen runs no trial, so it cannot "
+                         "price K = 0 against K > 0; give blocks=K with decision='screen', or decision='trial' for "
+                         "the frontier")
     if at is not None and policy.max_statistics_bytes is not None:
         raise InputError("max_statistics_bytes caps the decision's probe; with at no decision is made, so it "
                          "would be ignored")
     train_new_only = options.train_new_only
-    method, decision, forced, limit, left_out = options.decision, None, (), None, ()
+    method, decision, forced, limit = options.decision, None, (), None
     if at is not None:
         chosen = read_batches(at, "expand: at")
         if not chosen:
@@ -830,27 +788,21 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
             if blocks == "auto":
                 chosen, limit = list(budgeted.chosen_places), settings["max_blocks"]
             else:
-                chosen, decision = budgeted.places, UnverifiedScreen(budgeted.screen)
+                chosen, decision = budgeted.places, budgeted.screen
             grown, new = insert_blocks(model, chosen, init=init, seed=seed)
             if train_new_only:
                 freeze_old(grown, new)
             return Expansion(grown, new, n, init, blocks, decision, forced, recipe, train_new_only, terminals,
                              names[0].rpartition(".")[0], "uniform" if blocks == "auto" else layout, limit,
-                             left_out, budgeted)
+                             budgeted)
         decision = placement_decision(model, train, held, loss_fn, policy=policy, decision=method, layout=layout,
                                       blocks=blocks)
-        ranking = decision.ranking()
-        if blocks == "auto":
-            limit = max_blocks_cap(n, max_blocks)
-            credible = [c for c in ranking if decision.significant(c)]
-            picked, left_out = credible[:limit], tuple(credible[limit:])
-        else:
-            picked = ranking[:blocks]
-        chosen = [_original_index(c) for c in picked]
+        # blocks is K here: "auto" is the frontier (trials) or refused above (the screen)
+        chosen = [_original_index(c) for c in decision.ranking()[:blocks]]
     grown, new = insert_blocks(model, chosen, init=init, seed=seed)
     if train_new_only:
         freeze_old(grown, new)
     prefix = names[0].rpartition(".")[0]
     return Expansion(grown, new, n, init, blocks if at is None else len(chosen), decision, forced, recipe,
-                     train_new_only, terminals, prefix, layout, limit, left_out)
+                     train_new_only, terminals, prefix, layout, limit)
 
