@@ -287,7 +287,9 @@ def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | No
         triangle, lowest, top = inverse
         # Fortran order: the layout BLAS reads, so no whitening copies it
         return GramInverse(np.asfortranarray(s[:, None] * triangle.T), True, rtol * top, lowest, top)
-    factor, pivots, rank, info = lapack.dpstrf(scaled, lower=1)
+    # scaled.T: the Fortran-ordered view LAPACK reads as it is (its lower triangle, scaled's upper one), where
+    # the C-ordered scaled would be copied transposed first (at r = 2048 that copy was as long as the factorisation)
+    factor, pivots, rank, info = lapack.dpstrf(scaled.T, lower=1)
     order = pivots - 1  # row i of the factor is feature order[i]
     if info == 0:  # full rank, but the bound did not clear the cut
         return _eigen_spectrum(s, scaled, rtol)
@@ -337,7 +339,7 @@ def _certified_inverse(scaled: np.ndarray, rtol: float) -> tuple[np.ndarray, flo
     (``dpotrf`` stops at the first non-positive pivot: a rank-deficient Gram costs little here)."""
     from scipy.linalg import lapack
 
-    factor, info = lapack.dpotrf(scaled, lower=1, clean=1)
+    factor, info = lapack.dpotrf(scaled.T, lower=1, clean=1)  # the Fortran-ordered view: no transposed copy
     if info != 0:
         return None
     inverse, info = lapack.dtrtri(factor, lower=1)
