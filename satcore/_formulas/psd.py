@@ -50,7 +50,7 @@ near ``1e-16`` of the largest, under the ``rtol`` cut.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -94,6 +94,10 @@ class PsdSpectrum(_Whitening):
         """``G^- = S (S G S)^+ S`` at this tolerance (``G^+`` when ``G`` is nonsingular; module docstring)."""
         return (self.basis / self.eigenvalues) @ self.basis.T
 
+    def of_mean(self, n: float) -> "PsdSpectrum":
+        """The same inverse of ``G / n``: ``(G / n)^- = n G^-``, the basis scaled by ``sqrt(n)`` (``S G S`` is unchanged)."""
+        return replace(self, basis=self.basis * np.sqrt(n))
+
 
 @dataclass(frozen=True)
 class GramInverse(_Whitening):
@@ -134,6 +138,10 @@ class GramInverse(_Whitening):
     def pinv(self) -> np.ndarray:
         """``G^- = W W^T``."""
         return self.factor @ self.factor.T
+
+    def of_mean(self, n: float) -> "GramInverse":
+        """The same inverse of ``G / n``: ``(G / n)^- = n G^-``, the factor scaled by ``sqrt(n)`` (``S G S`` is unchanged)."""
+        return replace(self, factor=self.factor * np.sqrt(n))
 
 
 def jacobi_scale(G: np.ndarray) -> np.ndarray:
@@ -287,7 +295,9 @@ def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | No
         triangle, lowest, top = inverse
         # Fortran order: the layout BLAS reads, so no whitening copies it
         return GramInverse(np.asfortranarray(s[:, None] * triangle.T), True, rtol * top, lowest, top)
-    factor, pivots, rank, info = lapack.dpstrf(scaled, lower=1)
+    # scaled.T: the Fortran-ordered view LAPACK reads as it is (its lower triangle, scaled's upper one), where
+    # the C-ordered scaled would be copied transposed first (at r = 2048 that copy was as long as the factorisation)
+    factor, pivots, rank, info = lapack.dpstrf(scaled.T, lower=1)
     order = pivots - 1  # row i of the factor is feature order[i]
     if info == 0:  # full rank, but the bound did not clear the cut
         return _eigen_spectrum(s, scaled, rtol)
@@ -316,7 +326,7 @@ def _residual_norm(scaled: np.ndarray, unfactored: np.ndarray, rows: np.ndarray)
     unfactored, rows = unfactored[order], rows[order]
     # the gathered block is symmetric: its transpose, a Fortran-ordered view, is what BLAS updates in place
     # (its lower triangle: the upper one of the C-ordered block, whose rows are contiguous)
-    block = scaled[np.ix_(unfactored, unfactored)]
+    block = np.take(np.take(scaled, unfactored, 0), unfactored, 1)  # rows, then columns: 0.6 of the time of np.ix_
     if rows.shape[1]:
         dsyrk(-1.0, rows, beta=1.0, c=block.T, trans=0, lower=1, overwrite_c=1)
     n, step, off_diagonal = block.shape[0], ROW_STEP, 0.0
@@ -337,7 +347,7 @@ def _certified_inverse(scaled: np.ndarray, rtol: float) -> tuple[np.ndarray, flo
     (``dpotrf`` stops at the first non-positive pivot: a rank-deficient Gram costs little here)."""
     from scipy.linalg import lapack
 
-    factor, info = lapack.dpotrf(scaled, lower=1, clean=1)
+    factor, info = lapack.dpotrf(scaled.T, lower=1, clean=1)  # the Fortran-ordered view: no transposed copy
     if info != 0:
         return None
     inverse, info = lapack.dtrtri(factor, lower=1)

@@ -553,11 +553,11 @@ class CandidateStatistics:
         if n == 0:
             raise InputError(f"candidate {name!r} has no samples")
         self._check_finite(name)
-        C, K = self.cross_gradient(), self.feature_gram()
         # without a stored count (an old dump) every batch is taken to have had the first batch's T
         rows = n * self.n_positions if self.n_vectors is None else self.n_vectors
-        # K's rank is at most its rows; sums these statistics added up themselves are exactly symmetric
-        spectrum = gram_inverse(K, rtol, rank_bound=rows, symmetric=self._exact_gram)
+        # K's rank is at most its rows; sums these statistics added up themselves are exactly symmetric.
+        # K^- of K = sum_gram / n from sum_gram's own (the same unit-diagonal S K S): no r x r copy K
+        spectrum = gram_inverse(self.sum_gram, rtol, rank_bound=rows, symmetric=self._exact_gram).of_mean(n)
         if not spectrum.lowest >= -INDEFINITE_RTOL * spectrum.highest:  # written so that a NaN fails it
             raise InputError(f"candidate {name!r}: sum_gram is not positive semi-definite (eigenvalue "
                              f"{spectrum.lowest:.3g} of the unit-diagonal Gram, largest {spectrum.highest:.3g})")
@@ -568,14 +568,16 @@ class CandidateStatistics:
         if self.n_folds:
             fold_sums, whitened_sum = FoldSums.with_whitened_total(self.fold_cross, self.fold_samples, spectrum.whiten)
         if whitened_sum is None:
-            growth = float(np.sqrt(spectrum.quadratic_form(C)))
+            growth = float(np.sqrt(spectrum.quadratic_form(self.cross_gradient())))
         else:
             growth = float(np.sqrt(np.sum(whitened_sum * whitened_sum))) / n
         if growth > ag_value * (1 + PROJECTION_RTOL) + np.finfo(float).tiny:
             # a projection of Q cannot be longer than Q (Theorem 1 item 2)
             raise InputError(f"candidate {name!r}: growth value {growth:.6g} exceeds ag {ag_value:.6g}: "
                              "sum_q_sq is too small for sum_cross and sum_gram")
-        g_norm_sq = float(np.sum(C * C))
+        # ||C||_F^2 = ||sum_cross||_F^2 / n^2 as one dot product: no N x r copy C, no squared temporary
+        cross = np.ravel(self.sum_cross)
+        g_norm_sq = float(np.dot(cross, cross)) / (n * n)
         sigma_sq = variance_estimate(n, self.sum_xi_sq, g_norm_sq)
         gv_debiased = None
         if self.variance and n > 1:
