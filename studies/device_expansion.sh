@@ -10,33 +10,39 @@
 #
 #   here:     bash studies/device_expansion.sh prepare          # .smollm2-bundle/{a,b,c} (git ignores it)
 #             bash studies/device_expansion.sh dry-run          # the same path on the CPU at toy sizes
-#   device:   run(command="bash studies/device_expansion.sh stage a", carry=[".smollm2-bundle/a"], timeout_s=60)
+#   device:   run(command="bash studies/device_expansion.sh stage a", carry=[".smollm2-bundle/a"], timeout_s=60,
+#                 kind="nvidia-h100-x1")
 #             run(command="bash studies/device_expansion.sh stage b", carry=[".smollm2-bundle/b"], timeout_s=60)
-#             run(command="bash studies/device_expansion.sh run", carry=[".smollm2-bundle/c"], timeout_s=440)
-#   back here: cat <files_at>/expansion_budget_smollm2_gpu.jsonl >> studies/results/expansion_budget_smollm2_gpu.jsonl
+#             run(command="bash studies/device_expansion.sh run", carry=[".smollm2-bundle/c"], timeout_s=420)
+#   back here: cp <files_at>/expansion_budget_smollm2_gpu.jsonl studies/results/   # earlier rows and the new ones
 #             python -m studies.expansion_budget --render studies/results/expansion_budget_smollm2_gpu.jsonl
 #
-# Device-time estimate (nothing measured on a GPU yet; the CPU figures are studies/expansion-budget-notes.md's):
-# every arm spends the same model FLOPs, 500 uniform-2 steps of 501 GFLOP at 8 x 128 tokens = 250 TFLOP (none:
-# 293 steps of 853 GFLOP).  Assumed: float32 without TF32 at 15 TFLOP/s effective (about a quarter of an H100's
-# float32 peak: width 576 is small for its matrix units), 17 s an arm, overlapping with the launches of about
-# 3,000 kernels a step (30 blocks, eager PyTorch, 10 us each from Python: 30 ms a step, 15 s an arm): about
-# 20 s an arm.  bf16 would shorten the arithmetic, not the launches, so the rows stay float32 as on the CPU.
+# Device-time estimate (nothing measured on a GPU yet; the CPU figures are studies/expansion-budget-notes.md's).
+# Every arm spends the budget's model FLOPs: 500 steps of uniform K = 2 at 8 x 128 tokens, 251 TFLOP (501 GFLOP
+# a step; none: 293 steps of 853 GFLOP); in steps of K = 7 (a quarter of 30 blocks, the unit satcore expand
+# prices its decision in), 349 TFLOP: uniform-2 trains 695 steps, none 408.  Assumed:
+# float32 without TF32 at 15 TFLOP/s effective (about a quarter of an H100's float32 peak: width 576 is small for
+# its matrix units), 33 ms a uniform-2 step, overlapping with the launches of 3,000-4,000 kernels a step (30
+# blocks in eager PyTorch, about 8 us each from Python: 22-32 ms a step), so bf16 would save at most about a
+# quarter and the rows stay float32 as on the CPU.  An arm: about 25 s (K = 7's unit; 18 s in K = 2's);
 # satcore's decision about 30 s more (on the CPU it took 32 training steps' wall; on the GPU its short trials
-# are launch-bound); evaluation 2 x 256 windows, about 1 s.  A seed of the three arms: about 90 s.  Loading:
-# about 40 s (imports 5, the GGUF de-quantised on one core 25, measured 76 s on this project's shared CPU).
-# So 3 seeds about 310 s.  The bench starts no arm expected (its time on the last seed) to end past SOFT_S
-# (320 s after its start), the sweep only with 90 s left (unlikely at this estimate), and `timeout` ends all at
-# HARD_S (380 s): call 3 takes at most about 6.5 minutes, the whole run with the machine's start (1-2 minutes)
-# and the two staging calls (transfers, seconds) about 8.  For 2 seeds in about 6 minutes in all:
-# SOFT_S=220 HARD_S=280 bash studies/device_expansion.sh run.  Rows are appended arm by arm: a stop keeps them.
+# are launch-bound); evaluation 2 x 256 windows, about 1 s.  A seed of the three arms: about 105 s (90).
+# Loading: about 40 s (imports 5, the GGUF de-quantised on one core 25; 76 s on this project's shared CPU).
+# 3 seeds: about 355 s (310).  The bench starts no arm expected (its time on the last seed, else the longest so
+# far) to end past SOFT_S (300 s after its start), the sweep only with 90 s left, and `timeout` ends all at
+# HARD_S (360 s): call 3 takes at most 6 minutes and the whole run, with the machine's start (1-2 minutes) and
+# the staging calls (transfers, seconds), about 8.  Expected: 2 whole seeds and the third's none and uniform-2;
+# a later session's run resumes (rows already in studies/results/expansion_budget_smollm2_gpu.jsonl are
+# skipped: commit the returned file first, and name the same kind, nvidia-h100-x1, in every call, since the
+# GPU's name is in the rows' setup).  For 3 seeds in one session, about 9.5 minutes in all:
+# SOFT_S=380 HARD_S=440 bash studies/device_expansion.sh run (timeout_s=500).
 set -uo pipefail
 BUNDLE=.smollm2-bundle
 STAGED=${STAGED:-/tmp/smollm2-bundle}
 OUT=${OUT:-/tmp/device_expansion}
 PYTHON=${PYTHON:-python3}
-SOFT_S=${SOFT_S:-320}
-HARD_S=${HARD_S:-380}
+SOFT_S=${SOFT_S:-300}
+HARD_S=${HARD_S:-360}
 export STAGED OUT PYTHON SOFT_S HARD_S  # the arms run in a child (under timeout)
 PLAN=(--protocol smollm2 --steps 500 --batch-size 8 --seq-len 128 --lr 2e-4 --eval-windows 256 --seeds 0 1 2)
 
@@ -67,6 +73,8 @@ stage)
     ;;
 run)  # call 3: stage what it carried, then the arms under a hard time limit (timeout ends the whole group)
     mkdir -p "$OUT"
+    rows=studies/results/expansion_budget_smollm2_gpu.jsonl  # an earlier session's rows: skipped, the rest added
+    [ -f "$rows" ] && cp "$rows" "$OUT/"
     for part in "$BUNDLE"/*/; do stage "$(basename "$part")" >/dev/null; done
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia_smi.csv"
     timeout "$HARD_S" bash "$0" arms 2>&1 | tee "$OUT/device_expansion.log"
