@@ -31,7 +31,8 @@ quantities coincide (relative differences are printed and stored), then time
 machine far steadier than wall time) and resident peak memory are compared:
 
 =========================  =====================================================
-``satcore``                default probe: C, K, sum ||xi||^2 (per-batch float64)
+``satcore``                default probe: C, K, sum ||xi||^2 (per-batch float64;
+                           C from a float32 product of centred features)
 ``satcore_float32``        the same with ``batch_dtype=torch.float32``
 ``satcore_variance``       ``variance=True`` (adds sum X^T X)
 ``satcore_scored``         default probe + ``report()`` (growth values)

@@ -202,6 +202,34 @@ def test_float32_gram_added_into_a_float64_total_within_its_error_bound():
     assert float((total - exact).abs().max()) > 0  # the float32 products did round: the bound is what is checked
 
 
+def test_centred_float32_cross_within_its_error_bound_and_far_below_a_plain_float32_product():
+    """``sum_cross`` of float32 rows with float64 sums (a float32 model's default on the CPU:
+    :func:`centred_cross`) against the float64 NumPy product of the same rows, features with a common
+    offset of 50.  Entrywise within ``(n + 2) eps32 |Q|^T |Psi - 1 m^T|`` (``m`` the float32 mean of the
+    rows with a gradient: the centring's rounding plus the dot-product bound, Higham, Accuracy and Stability, eq. 3.5),
+    with padded rows (``Q`` and ``Psi`` zero) as without them; and 10x below a plain float32 product's
+    error, which grows with the offset (``n eps32 |Q|^T |Psi|``)."""
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(3, 100, 8, generator=g)
+    psi = 50.0 + torch.randn(3, 100, 30, generator=g) * torch.logspace(-2, 0, 30)
+    Q, P = q.reshape(-1, 8).double().numpy(), psi.reshape(-1, 30).double().numpy()
+    exact = Q.T @ P
+    eps = np.finfo(np.float32).eps
+    padding = torch.zeros(3, 20, 8), torch.zeros(3, 20, 30)
+    errors = []
+    for rows, features in ((q, psi), (torch.cat([q, padding[0]], 1), torch.cat([psi, padding[1]], 1))):
+        got = batch_moments(rows, features).sum_cross
+        assert got.dtype == torch.float64
+        n = rows.shape[0] * rows.shape[1]
+        live = rows.reshape(n, 8).ne(0).any(1).float()  # the padded rows leave the mean
+        means = (live @ features.reshape(n, 30) / live.sum()).double().numpy()
+        bound = (n + 2) * eps * (np.abs(Q).T @ np.abs(P - means))
+        assert np.all(np.abs(got.numpy() - exact) <= bound)
+        errors.append(np.linalg.norm(got.numpy() - exact))
+    plain = (q.reshape(-1, 8).T @ psi.reshape(-1, 30)).double().numpy()
+    assert max(errors) < 0.1 * np.linalg.norm(plain - exact)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_kernel_inner_products_equal_per_sample_gradient_norms(dtype):
     """``sum_i <Q_i Q_i^T, Psi_i Psi_i^T>`` (one dsyrk triangle per sample on the CPU in float64)

@@ -106,6 +106,28 @@ def test_probe_matches_per_sample_autograd(problem, dtype, tol):
         assert got.sum_q_sq > 0 and np.abs(got.sum_cross).max() > 0
 
 
+def test_sum_cross_is_the_folds_sum_past_the_fold_count_and_between_results():
+    """Each batch's ``C`` goes to its fold only and ``sum_cross`` is the folds' sum, formed at each result:
+    with more batches than folds (18 of one image, 16 folds: two folds hold two batches), a result
+    midway and the last one equal the per-sample reference, and so do their folds added up."""
+    from satcore.adapters.torch import Probe
+
+    model = mt.digits_resnet().double()
+    batches = mt.digits_batches(1, 18, dtype=torch.float64)
+    state = Probe(model, mt.per_sample_ce, candidates=["layer2.0"], head=False)
+    results = []
+    for k, batch in enumerate(batches):
+        state.update(batch)
+        if k in (8, 17):
+            results.append((state.result(), batches[: k + 1]))
+    for result, seen in results:
+        ref = reference_statistics(model, seen, mt.per_sample_ce, ("layer2.0", "input"), None)
+        got = result.statistics["layer2.0"]
+        assert rel(got.sum_cross, ref.sum_cross) < 1e-12
+        assert rel(got.fold_cross.sum(0), ref.sum_cross) < 1e-12
+    assert list(results[-1][0].statistics["layer2.0"].fold_samples) == [2, 2] + [1] * 14
+
+
 def test_ag_batch_is_papers_eq2_on_real_gradients():
     """ag_batch from the probe equals the core's ag_batch on the reference Q (eq. 2)."""
     model = mt.digits_resnet().double()

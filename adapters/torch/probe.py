@@ -204,7 +204,11 @@ class ProbeConfig(ProbeOptions):
         refused.
     batch_dtype : dtype of the per-batch sums (totals are float64, kept on the
         model's device; on Apple's MPS, which has no float64, float64 sums and
-        totals are computed on the CPU).
+        totals are computed on the CPU).  With float64 and a float32 model on
+        the CPU, ``sum_cross`` alone is one float32 product of the centred
+        features plus a float64 rank-one term (:func:`.moments.centred_cross`:
+        half the time of the float64 product, within the suite's float64
+        exactness checks).
     head : add the ``"head"`` endpoint (output of the last block).
     split : name of the probe data, passed to the report (a training split
         warns: the finite-sample test assumes an independent probe).
