@@ -93,6 +93,52 @@ def _sized_windows(model, recipe, windows: dict, fraction: float, general_path, 
     return sized, "sized"
 
 
+def _announcer(first: str | None):
+    """``click.echo`` for a budgeted decision's plan, with ``first`` (the defaults line) echoed before the plan's
+    lines: after the decision has checked its budget, so that a budget it refuses is one line."""
+    pending = [first] if first else []
+
+    def announce(text: str) -> None:
+        while pending:
+            click.echo(pending.pop())
+        click.echo(text)
+
+    return announce
+
+
+def _check_counts(config: dict, blocks, max_blocks, model_dir: str) -> None:
+    """Refuse a ``--blocks K`` or ``--max-blocks`` the model's layer count (from its ``config.json``, where it
+    names one) cannot take, before the weights are read: ``L`` layers have ``L + 1`` places, and the frontier's
+    arms go up to ``L`` blocks at most (:func:`~satcore.adapters.torch.expansion.max_blocks_cap`)."""
+    from satcore.adapters.torch.checkpoint_dir import LAYER_KEYS
+
+    key = next((k for k in LAYER_KEYS if k in config), None)
+    if key is None:
+        return  # the architecture's default: checked on the built model (expand)
+    layers, shown = config[key], f"{key} {config[key]} in {display_name(model_dir)}/config.json"
+    if isinstance(blocks, int) and blocks > layers + 1:
+        raise InputError(f"--blocks {blocks}: the model has {layers + 1} places for a block ({shown}, and the head); "
+                         f"give at most --blocks {layers + 1}")
+    if max_blocks is not None and max_blocks > layers:
+        raise InputError(f"--max-blocks {max_blocks}: more blocks than the model's layers ({shown}); give at most "
+                         f"--max-blocks {layers}")
+
+
+def _check_statistics_cap(model, data, policy, gib: float) -> None:
+    """Refuse a ``--max-statistics-gib`` below what the decision's smallest probe pass holds (the largest place's
+    statistics, or the last block's and the head's together, both splits), naming the least that works, before
+    any decision runs (one forward pass of one window plans it)."""
+    from satcore.adapters.torch.expansion import probe_memory_plan
+    from satcore.adapters.torch.probe import gib_up
+
+    window = data[:1]
+    least = probe_memory_plan(model, ({"input_ids": window}, window), policy).least_max_bytes(splits=2)
+    if policy.max_statistics_bytes < least:
+        raise InputError(f"--max-statistics-gib {gib:g}: the decision's smallest probe pass holds {least:,} bytes of "
+                         "statistics (the largest place's, or the last block's and the head's together, both "
+                         f"splits); give at least --max-statistics-gib {gib_up(least)}")
+
+
 def _report(expansion) -> str:
     from satcore.adapters.torch.expansion import TrialRanking, _original_index
 
@@ -227,7 +273,7 @@ def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False)
               "needed so each trial passes over its training windows at most twice): with --blocks auto the trials "
               "train on every window not held out, and as many are held out as a quarter of --decision-budget "
               "reads (at least 8, at most half); otherwise half train the decision, half are held out.")
-@click.option("--max-blocks", type=Count(min=1), default=None,
+@click.option("--max-blocks", type=Count(min=1, shown="1<=x<=the model's layers"), default=None,
               help="With --blocks auto: at most this many (default a quarter of the layers).")
 @click.option("--seed", type=Count(min=0, max=MAX_SEED), default=0, show_default=True,
               help="Seed of the fresh blocks' draws and of the decision's trials.")
@@ -292,8 +338,8 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         check_target(plot_path, [p for p in (data_path, general_path) if p])
         plot_format(plot_path)
     from satcore import DecisionPolicy, Recipe
-    from satcore.adapters.torch.checkpoint_dir import (EXPAND_COPIES, checkpoint_dtype, load_causal_lm,
-                                                       read_config, read_token_windows)
+    from satcore.adapters.torch.checkpoint_dir import (EXPAND_COPIES, check_checkpoint_dir, checkpoint_dtype,
+                                                       load_causal_lm, read_config, read_token_windows)
     from satcore.adapters.torch.expansion import ExpansionOptions, decoder_stack
     from satcore.adapters.torch.expansion import expand as expand_model
     from satcore.adapters.torch.expansion_exports import lora_adapter_config, write_training_exports
@@ -306,9 +352,12 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
 
     hf_logging.disable_progress_bar()  # one report on stdout, no bars on stderr
     on_gpu = torch.cuda.is_available()
+    check_checkpoint_dir(model_dir)
+    config = read_config(model_dir)
+    saved_dtype = checkpoint_dtype(config)
+    _check_counts(config, blocks, max_blocks, model_dir)  # before the weights are read
     # decided in float32, saved in the checkpoint's dtype
     model = load_causal_lm(model_dir, dtype=torch.float32, copies=EXPAND_COPIES)
-    saved_dtype = checkpoint_dtype(read_config(model_dir))
     try:
         names, _ = decoder_stack(model)
     except ProbeError as exc:
@@ -334,23 +383,28 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     if forced is not None and data is not None:
         click.echo(f"--data {display_name(data_path)}: checked, not read: --at forces the positions")
         data = None
-    budget = None
-    if forced is None and decision == "trial" and (blocks == "auto" or layout == "grouped"):
-        from satcore.adapters.torch.expansion_frontier import DecisionBudget
-
-        budget = DecisionBudget(decision_budget, general=general, max_forgetting=max_forgetting, tolerance=tolerance,
-                                progress=not quiet, announce=None if quiet else click.echo)
+    # the flags, as the two objects expand reads: the decision's policy and how the model grows
+    policy = DecisionPolicy(recipe, seed=seed, max_statistics_bytes=max_statistics_bytes)
+    if max_statistics_bytes is not None and data is not None:
+        _check_statistics_cap(model, data, policy, max_statistics_gib)
+    line = None
+    if forced is None and not quiet:  # every decision prices the planned training on windows so read
         assumed = {f"--{name.replace('_', '-')}": value for name, value in
                    (("steps", steps), ("batch_size", batch_size), ("lr", lr), ("seq_len", windows["seq_len"]),
                     ("max_windows", f"{windows['max_windows']}{SIZED_NOTE}" if windows_rule == "sized"
                      else windows["max_windows"]))
                    if ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT}
-        if not quiet and (line := defaults_line(assumed, on_gpu)):
-            click.echo(line)
+        line = defaults_line(assumed, on_gpu)
+    budget = None
+    if forced is None and decision == "trial" and (blocks == "auto" or layout == "grouped"):
+        from satcore.adapters.torch.expansion_frontier import DecisionBudget
+
+        budget = DecisionBudget(decision_budget, general=general, max_forgetting=max_forgetting, tolerance=tolerance,
+                                progress=not quiet, announce=None if quiet else _announcer(line))
+    elif line:
+        click.echo(line)
     if on_gpu and forced is None:
         model = model.to("cuda")
-    # the flags, as the two objects expand reads: the decision's policy and how the model grows
-    policy = DecisionPolicy(recipe, seed=seed, max_statistics_bytes=max_statistics_bytes)
     options = ExpansionOptions(at=forced, init=init, train_new_only=freeze_old, max_blocks=max_blocks,
                                decision=decision, layout=layout, budget=budget)
     expansion = expand_model(model, data, blocks=blocks, policy=policy, options=options)
@@ -366,8 +420,10 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         record["data"] = None if data is None else {"file": os.path.abspath(data_path), "windows": len(data),
                                                     "seq_len": data.shape[1], "max_windows": windows["max_windows"],
                                                     "max_windows_rule": windows_rule}
-        record["general_data"] = None if general is None else {"file": os.path.abspath(general_path),
-                                                               "windows": len(general)}
+        # read: what the file gave (half the target's --max-windows); used: what the trials were read on
+        record["general_data"] = None if general is None else {
+            "file": os.path.abspath(general_path), "windows_read": len(general),
+            "windows_used": record["decision"]["windows"]["general"]}
         with open(os.path.join(staging, "expansion.json"), "w") as stream:
             json.dump(record, stream, indent=1)
         with open(os.path.join(staging, "mergekit.yaml"), "w") as stream:

@@ -20,14 +20,20 @@ STOP_WORDS = {
 
 
 def defaults_line(assumed: dict, on_gpu: bool) -> str | None:
-    """One line naming the defaults the run relies on (``assumed``: option -> value, those the user left out)."""
+    """One line naming the defaults the run relies on (``assumed``: option -> value, those the user left out), with
+    the rule of each of those and of no other."""
     if not assumed:
         return None
     given = ", ".join(f"{k} {v}" for k, v in assumed.items())
-    return (f"defaults: {given} ({'a GPU' if on_gpu else 'no GPU'} found; the planned training is yours to state with "
-            "--steps, --batch-size, --lr; without --seq-len and --max-windows, windows of 128 tokens, at most 64 of "
-            "them, on a CPU, 256 and 256 on a GPU, more where --blocks auto's trials would pass over theirs more "
-            "than twice)")
+    rules = [f"{'a GPU' if on_gpu else 'no GPU'} found"]
+    if assumed.keys() & {"--steps", "--batch-size", "--lr"}:
+        rules.append("the planned training is yours to state with --steps, --batch-size, --lr")
+    if "--seq-len" in assumed:
+        rules.append("--seq-len: min(128, the model's context) on a CPU, min(256, context) on a GPU")
+    if "--max-windows" in assumed:
+        rules.append("--max-windows: 64 on a CPU, 256 on a GPU, more where --blocks auto's trials would pass over "
+                     "theirs more than twice")
+    return f"defaults: {given} ({'; '.join(rules)})"
 
 
 def stop_line(expansion) -> str | None:

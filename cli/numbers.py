@@ -20,10 +20,16 @@ __all__ = ["Count", "MAX_COUNT", "MAX_SEED"]
 
 
 class Count(click.IntRange):
-    """An integer in ``[min, max]`` (default ``1 .. 2^53``); the refusal shows a long value by its length."""
+    """An integer in ``[min, max]`` (default ``1 .. 2^53``); the refusal shows a long value by its length.
+    ``shown``: the range as ``--help`` states it, where the true bound is the input's (a model's layers), not
+    ``max``."""
 
-    def __init__(self, min: int = 1, max: int = MAX_COUNT):
+    def __init__(self, min: int = 1, max: int = MAX_COUNT, shown: str | None = None):
         super().__init__(min=min, max=max)
+        self.shown = shown
+
+    def _describe_range(self) -> str:
+        return super()._describe_range() if self.shown is None else self.shown
 
     def convert(self, value, param, ctx):
         if not isinstance(value, str):

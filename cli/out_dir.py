@@ -56,6 +56,9 @@ def check_out_dir(out_dir: str, *, source_dir: str | None = None, option: str = 
         real_out, real_source = os.path.realpath(out_dir), os.path.realpath(source_dir)
         if real_out == real_source or real_out.startswith(real_source + os.sep):
             raise InputError(f"{shown}: is MODEL_DIR or inside it; MODEL_DIR is never written to")
+    if os.path.isfile(out_dir) and not os.path.islink(out_dir):
+        raise InputError(f"{shown}: is a file, not a directory; refusing to replace it (give a new or empty "
+                         "directory)")
     if os.path.lexists(out_dir) and (not os.path.isdir(out_dir) or os.path.islink(out_dir) or os.listdir(out_dir)):
         raise InputError(f"{shown}: exists and is not an empty directory; refusing to replace it")
 

@@ -571,6 +571,51 @@ def test_cli_screen_rows_are_not_verified_in_the_table_the_record_and_the_card(c
     assert "chosen although not verified: --blocks K puts K blocks at the places the screen ranks first" in \
         result.output
     assert "not verified by a trial" in (out / "README.md").read_text()
+    # the screen prices the planned training's step on windows it read: the defaults it relied on come first, with
+    # the rule of those only (--seq-len was given)
+    first = result.output.splitlines()[0]
+    assert re.fullmatch(r"defaults: --steps 1000, --batch-size 8, --lr 0.0002, --max-windows \d+ \((a|no) GPU found; "
+                        r"the planned training is yours to state with --steps, --batch-size, --lr; --max-windows: 64 on "
+                        r"a CPU, 256 on a GPU, more where --blocks auto's trials would pass over theirs more than "
+                        r"twice\)", first), first
+
+
+def test_cli_ranked_layout_names_its_defaults_first(checkpoint, tmp_path):
+    """--layout ranked (no budget) trains its trials with the planned recipe: the defaults line is its first line too,
+    naming only the defaults relied on (--steps and --seq-len were given)."""
+    folder, text = checkpoint
+    result = cli("expand", folder, "--data", text, "--blocks", "1", "--layout", "ranked", "-o", tmp_path / "r",
+                 "--seq-len", "16", "--steps", "20", "--max-windows", "16")
+    assert result.exit_code == 0, result.output
+    first = result.output.splitlines()[0]
+    assert re.fullmatch(r"defaults: --batch-size 8, --lr 0.0002 \((a|no) GPU found; the planned training is yours "
+                        r"to state with --steps, --batch-size, --lr\)", first), first
+
+
+def test_cli_counts_past_the_models_layers_are_refused_from_its_config_before_its_weights(checkpoint, tmp_path):
+    """--blocks K above the L + 1 places and --max-blocks above the L layers: one line naming the flag and the
+    largest value that works, from config.json alone (the weights file is garbage here, and it is still this
+    refusal), with no defaults line before it; the Python twin refuses max_blocks above the layers too,
+    so what expansion.json records as max_blocks is the arms' largest K (one rule, max_blocks_cap)."""
+    import shutil
+
+    folder, text = checkpoint
+    model_dir = tmp_path / "m"
+    shutil.copytree(folder, model_dir)
+    (model_dir / "model.safetensors").write_bytes(b"not a safetensors file")
+    for extra, message in ((["--blocks", "100000"], "--blocks 100000: the model has 5 places for a block "
+                            f"(num_hidden_layers 4 in {model_dir}/config.json, and the head); give at most --blocks 5"),
+                           (["--blocks", "auto", "--max-blocks", "1000000"], "--max-blocks 1000000: more blocks than "
+                            f"the model's layers (num_hidden_layers 4 in {model_dir}/config.json); give at most "
+                            "--max-blocks 4")):
+        result = cli("expand", model_dir, "--data", text, "-o", tmp_path / "o", "--seq-len", "16", *extra)
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2 and lines == [f"satcore: error: {message}"], result.output
+    model = T.AutoModelForCausalLM.from_pretrained(folder)
+    with pytest.raises(InputError, match=r"max_blocks=5: more than the model's 4 layers \(give at most 4\)"):
+        expand(model, windows(), blocks="auto", options=ExpansionOptions(max_blocks=5))
+    help_text = " ".join(cli("expand", "--help").output.split())
+    assert "a quarter of the layers). [1<=x<=the model's layers]" in help_text
 
 
 def test_cli_at_and_fresh(checkpoint, tmp_path):
@@ -591,6 +636,7 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
     ("quantized", "quantized checkpoints"),
     ("no_tokenizer", "no tokenizer"),
     ("out_not_empty", "not an empty directory"),
+    ("out_is_a_file", "is a file, not a directory; refusing to replace it"),
     ("out_inside", "inside it"),
     ("not_utf8", "not UTF-8"),
     ("pickle", "object"),
@@ -641,6 +687,8 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, m
     elif case == "out_not_empty":
         out.mkdir()
         (out / "keep.txt").write_text("mine")
+    elif case == "out_is_a_file":
+        out.write_text("mine")
     elif case == "out_inside":
         out = model_dir / "sub"
     elif case == "not_utf8":
@@ -684,6 +732,8 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, m
     assert ".satcore-expand" not in lines[0] and (case == "blocks_and_at") == ("not both" in lines[0])
     if case == "out_not_empty":
         assert os.listdir(out) == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+    if case == "out_is_a_file":
+        assert out.read_text() == "mine"
     if before is not None:
         assert digest(model_dir) == before
 
@@ -800,10 +850,21 @@ def test_cli_statistics_budget_probes_in_passes_and_decides_the_same(checkpoint,
     a_plan, b_plan = (r["decision"]["placement_check"]["plan"] for r in (a, b))
     assert b_plan["fixed_steps"] - a_plan["fixed_steps"] == pytest.approx(2 * 4 * full + forward / 8, rel=1e-9)
     assert a_plan["cost_steps"] <= 100 and b_plan["cost_steps"] <= 100
-    small = cli("expand", folder, *args, "-o", tmp_path / "small", "--max-statistics-gib", "0.0001")
+    # the card states the cost as the command printed it: the unit and the digits
+    cost = re.search(r"^decision cost: (.*)$", one.output, re.M).group(1)
+    card = (tmp_path / "one" / "README.md").read_text()
+    assert f"it cost {cost}." in card and "planned steps' FLOPs" in cost and "block-steps" not in card
+    assert "as the screen" not in card and "Method: placement check: " in card
+    # a cap below the smallest pass (the last block's and the head's, 2 x 2 x 123,008 bytes) is one line, before any
+    # defaults line or decision, naming the flag and the least GiB that works; that value runs in 2-place passes
+    small = cli("expand", folder, *[a for a in args if a != "--quiet"], "-o", tmp_path / "small",
+                "--max-statistics-gib", "0.0001")
     lines = [line for line in small.output.splitlines() if line.strip()]
     assert small.exit_code == 2 and len(lines) == 1, small.output
-    assert "'model.layers.0' alone holds 246,016 bytes (0.00023 GiB) of statistics (2 split(s) of N=16, r=48)" in lines[0]
+    assert ("--max-statistics-gib 0.0001: the decision's smallest probe pass holds 492,032 bytes of statistics" in
+            lines[0])
+    least = float(re.search(r"give at least --max-statistics-gib ([0-9.e-]+)$", lines[0]).group(1))
+    assert 4 * per_place <= int(least * 2**30) < 6 * per_place
     assert not (tmp_path / "small").exists()
     assert json.loads((tmp_path / "passes" / "expansion.json").read_text())["max_statistics_bytes"] == int(gib * 2**30)
     assert json.loads((tmp_path / "one" / "expansion.json").read_text())["max_statistics_bytes"] is None

@@ -365,6 +365,18 @@ def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_pat
     assert all(set(a) >= {"blocks", "predicted_heldout_change", "interval", "predicted_general_change",
                           "predicted_minus_none", "minus_none_interval"} for a in record["frontier"])
     assert T.AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 4
+    assert record["max_blocks"] == max(a["blocks"] for a in record["frontier"]) == 1  # the cap the arms went up to
+    # the general data: the windows read (half the target's) and those the trials were read on (cut to the target's
+    # held-out count), each named
+    general = record["general_data"]
+    assert general["windows_read"] == record["data"]["max_windows"] // 2
+    assert general["windows_used"] == record["decision"]["windows"]["heldout"] < general["windows_read"]
+    # the card: no block added, train the model as it is; the cost as the command printed it
+    card = (out / "README.md").read_text()
+    assert "unchanged (4 layers): `satcore expand` added no block" in card and "Continue training the model as it is" \
+        in card and "grown from" not in card and "| position" not in card
+    cost = re.search(r"^decision cost: (.*)$", result.output, re.M).group(1)
+    assert f"it cost {cost}." in card and "block-steps" not in card
 
 
 def test_cli_quiet_has_no_plan_no_progress_and_the_default_prints_both_first(checkpoint, tmp_path):  # noqa: F811
@@ -397,7 +409,9 @@ def test_cli_default_windows_fit_a_400_step_plan_and_the_plan_states_both_counts
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--blocks", "auto", "--steps", "50"], "--steps"),
+    (["--blocks", "auto", "--steps", "50"], "deciding among 2 arm(s) with 1 seed(s) each needs at least"),
+    (["--blocks", "2", "--steps", "8"], "is 0.8 steps' FLOPs; checking the places of 2 block(s) (a trial of the "
+     "uniform places and one per group the screen may move a block in: 3 trials) with 1 seed(s) each needs at least"),
     (["--blocks", "auto", "--steps", "600", "--max-forgetting", "0.1"], "--max-forgetting needs --general-data"),
     (["--blocks", "2", "--steps", "600", "--general-data", "X"], "belong to --blocks auto"),
     (["--blocks", "auto", "--decision-budget", "1.5"], "--decision-budget"),
@@ -407,8 +421,12 @@ def test_cli_refusals_are_one_line(extra, message, checkpoint, tmp_path):  # noq
     extra = [str(text) if e == "X" else e for e in extra]
     result = cli("expand", folder, "--data", text, "--seq-len", "16", "-o", tmp_path / "o", *extra)
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert result.exit_code == 2 and message in lines[-1], result.output
-    assert not any("Traceback" in line for line in lines) and not (tmp_path / "o").exists()
+    assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output  # no defaults line first
+    assert not (tmp_path / "o").exists()
+    if "checking the places" in message:  # --blocks K: how to run without the budget, and no "arm(s)"
+        assert "arm(s)" not in lines[0] and lines[0].endswith(
+            "or --decision screen (the first-order screen alone, its cost the probe) or --layout ranked (trials of one "
+            "block, up to the whole --steps), both experimental, neither held to --decision-budget")
 
 
 def test_cli_plot_is_skipped_with_one_line_without_matplotlib(checkpoint, tmp_path, monkeypatch):  # noqa: F811

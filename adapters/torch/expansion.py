@@ -149,6 +149,16 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
     return ScreenDecision(evidence, math.ceil(samples / recipe.batch_size), recipe)
 
 
+def probe_memory_plan(model: nn.Module, batch, policy: DecisionPolicy):
+    """The :class:`~.probe.MemoryPlan` of the decision's probe of ``model`` under ``policy`` (the native family, the
+    policy's places), from one forward pass of ``batch``: what ``max_statistics_bytes`` splits into passes, and the
+    least it can be (:meth:`~.probe.MemoryPlan.least_max_bytes`, both splits), checked before any decision runs."""
+    from .decide import decision_probe_options
+    from .probe import plan
+
+    return plan(model, batch, sequence_loss, **decision_probe_options(native_policy(policy)))
+
+
 DECISIONS = ("trial", "screen")
 
 
@@ -375,7 +385,10 @@ def insert_blocks(model: nn.Module, inserted_before, *, init: str = "copy", seed
 
 def max_blocks_cap(n_blocks: int, max_blocks: int | None) -> int:
     """The most blocks ``blocks="auto"`` inserts: ``max_blocks``, or a quarter of the ``n_blocks`` layers
-    (LLaMA-Pro's ratio), at least 1."""
+    (LLaMA-Pro's ratio), at least 1.  A ``max_blocks`` above ``n_blocks`` is refused, not capped: the frontier's
+    arms go up to the value recorded (``expansion.json``'s ``max_blocks``)."""
+    if max_blocks is not None and max_blocks > n_blocks:
+        raise InputError(f"max_blocks={max_blocks}: more than the model's {n_blocks} layers (give at most {n_blocks})")
     return max(1, n_blocks // 4) if max_blocks is None else max_blocks
 
 
@@ -562,7 +575,8 @@ class Expansion:
                   "ranking": self.decision.ranking()}
         if self.budgeted is not None:
             record.update(placement_check=self.budgeted.to_dict(),
-                          method=self.budgeted.to_dict()["method"] + "; " + record["method"] + " as the screen")
+                          method=self.budgeted.to_dict()["method"] + "; the screen that proposes the moves: "
+                          + record["method"])
         return record
 
 
@@ -748,6 +762,7 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
     if max_blocks is not None and blocks != "auto":
         given = "at" if at is not None else f"blocks={blocks!r}"
         raise InputError(f"max_blocks caps blocks='auto' only; with {given} it would be ignored")
+    cap = max_blocks_cap(n, max_blocks) if blocks == "auto" else None  # refused here, before any work
     if blocks == "auto" and options.decision == "screen":
         raise InputError("blocks='auto' with decision='screen': the first-order screen runs no trial, so it cannot "
                          "price K = 0 against K > 0; give blocks=K with decision='screen', or decision='trial' for "
@@ -779,7 +794,7 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
         if budgeted is not None:
             from . import expansion_frontier
 
-            settings = {"blocks": blocks, "max_blocks": max_blocks_cap(n, max_blocks),
+            settings = {"blocks": blocks, "max_blocks": cap,
                         "init": init, "seed": seed, "train_new_only": train_new_only, "policy": policy}
             run = expansion_frontier.frontier_decision if blocks == "auto" else expansion_frontier.placement_check
             if blocks == "auto" and heldout is None and torch.is_tensor(data):

@@ -80,32 +80,38 @@ def llama_factory_yaml(record: dict, out_dir: str) -> str:
 
 
 def model_card(record: dict, out_dir: str) -> str:
-    """``README.md``: the base model, where the new blocks are, the decision, how to train them."""
+    """``README.md``: the base model, where the new blocks are, the decision, how to train them (or, where the
+    decision added none, that the model is the base model and is to be trained as it is)."""
     layers = record["num_hidden_layers"]
     decision = record.get("decision") or {}
     lines = ["---", "library_name: transformers", "tags: [satcore, block-expansion, llama-pro]", "---", "",
-             f"# {os.path.basename(os.path.abspath(out_dir))}", "",
-             f"Base model: `{record['source']}`, grown from {layers['before']} to {layers['after']} layers by "
-             f"`satcore expand` (identity blocks, init `{record['init']}`: each new block adds exactly 0, so the "
-             "model computes what the base model computes until the new blocks are trained).", "",
-             "## Where the new blocks are", "",
-             "| position in this model | inserted before original block | copied from |", "|---|---|---|"]
-    for position, before, source in zip(record["positions"], record["inserted_before"], record["copied_from"]):
-        lines.append(f"| {position} | {before} | {'-' if source is None else source} |")
+             f"# {os.path.basename(os.path.abspath(out_dir))}", ""]
+    if record["positions"]:
+        lines += [f"Base model: `{record['source']}`, grown from {layers['before']} to {layers['after']} layers by "
+                  f"`satcore expand` (identity blocks, init `{record['init']}`: each new block adds exactly 0, so the "
+                  "model computes what the base model computes until the new blocks are trained).", "",
+                  "## Where the new blocks are", "",
+                  "| position in this model | inserted before original block | copied from |", "|---|---|---|"]
+        for position, before, source in zip(record["positions"], record["inserted_before"], record["copied_from"]):
+            lines.append(f"| {position} | {before} | {'-' if source is None else source} |")
+    else:
+        lines.append(f"Base model: `{record['source']}`, unchanged ({layers['before']} layers): `satcore expand` added "
+                     "no block, because the decision below found that expanding does not pay on this data. Continue "
+                     "training the model as it is, with the training you planned.")
     lines += ["", "## The decision", ""]
     if record["layout"] == "forced":
         lines.append(f"None: the places were forced (`--at {','.join(record['forced'])}`).")
     else:
         data = record.get("data") or {}
-        lines.append(f"Layout `{record['layout']}`; {decision.get('method', 'a decision')} on "
-                     f"`{data.get('file', 'the data')}` ({data.get('windows', '?')} windows of "
-                     f"{data.get('seq_len', '?')} tokens), for the recipe {json.dumps(record['recipe'])}; it cost "
-                     f"{_cost(record, decision)}.")
+        lines.append(f"Decided on `{data.get('file', 'the data')}` ({data.get('windows', '?')} windows of "
+                     f"{data.get('seq_len', '?')} tokens) for the recipe {json.dumps(record['recipe'])}, layout "
+                     f"`{record['layout']}`; it cost {_cost(record, decision)}.")
+        lines.append(f"Method: {decision.get('method', 'a decision')}.")
         if decision.get("stop_reason"):
             lines.append(f"It stopped: `{decision['stop_reason']}`.")
         lines.append("Every candidate place's evidence is in `expansion.json` (`evidence`, `decision`).")
     if not record["positions"]:
-        return "\n".join(lines + ["", "No block was inserted: this is the base model as it was."]) + "\n"
+        return "\n".join(lines) + "\n"
     lines += ["", "## How to train the new blocks", "",
               f"Train layers {record['trainable_layers']} only (LLaMA-Pro's recipe), with any of:", "",
               f"* PEFT: `peft.get_peft_model(model, peft.LoraConfig.from_pretrained(\"{PEFT_DIR}\"))` puts LoRA "
@@ -135,9 +141,15 @@ def write_training_exports(folder: str, record: dict, peft_config: dict, out_dir
 
 
 def _cost(record: dict, decision: dict) -> str:
-    """The decision's cost in the unit the command printed: a budgeted decision's planned steps' FLOPs and their
-    share of the planned training, else block-steps."""
-    if "cost_steps" in decision and record.get("decision_cost_fraction") is not None:
-        return (f"{decision['cost_steps']:.1f} planned steps' FLOPs, {100 * record['decision_cost_fraction']:.1f}% of "
-                "the planned training")
-    return f"{record['cost_block_steps']} block-steps"
+    """The decision's cost in the unit and to the digit the command printed (``cli/expand_report.py``'s cost line):
+    a budgeted decision's planned steps' FLOPs and their share of the planned steps (with the frontier's choice,
+    its share of the chosen arm's steps too), else block-steps."""
+    budgeted = decision.get("placement_check") or decision
+    if "cost_steps" not in budgeted:
+        return f"{record['cost_block_steps']} block-steps"
+    planned = budgeted["plan"]["planned_steps"]
+    cost = (f"{budgeted['cost_steps']:.1f} planned steps' FLOPs, {record['decision_cost_fraction']:.1%} of the planned "
+            f"{planned} steps' FLOPs")
+    if decision.get("chosen_cost_fraction") is not None:
+        cost += f"; {decision['chosen_cost_fraction']:.1%} of {planned} steps of the chosen K = {decision['choice']}"
+    return cost

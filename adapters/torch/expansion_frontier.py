@@ -288,11 +288,12 @@ def _spaced(n: int, count: int) -> torch.Tensor:
     return torch.arange(count) * n // count
 
 
-def _arm_counts(model, max_blocks: int) -> list:
-    """The frontier's arms, K = 0, 1, 2, 4, ... up to ``max_blocks`` (at most the model's layers)."""
-    from .expansion import decoder_stack
+def _arm_counts(model, max_blocks: int | None) -> list:
+    """The frontier's arms, K = 0, 1, 2, 4, ... up to :func:`~.expansion.max_blocks_cap` (one rule: the default a
+    quarter of the layers, more than the layers refused)."""
+    from .expansion import decoder_stack, max_blocks_cap
 
-    return block_counts(min(max_blocks, len(decoder_stack(model)[0])))
+    return block_counts(max_blocks_cap(len(decoder_stack(model)[0]), max_blocks))
 
 
 def _heldout_count(available: int, costs: _Costs, counts: list, recipe: Recipe, budget: DecisionBudget) -> int:
@@ -329,10 +330,8 @@ def frontier_windows(model, recipe: Recipe, *, seq_len: int, budget: DecisionBud
     The held-out count grows with the windows until the budget's share caps it, and the trials shorten as it
     grows: the count rises to the first that covers its own need, then falls to its need while that still
     covers itself (where the held-out count is capped, the need exactly: held-out + trial windows)."""
-    from .expansion import decoder_stack, max_blocks_cap
-
     budget = DecisionBudget() if budget is None else budget
-    counts = _arm_counts(model, max_blocks_cap(len(decoder_stack(model)[0]), max_blocks))
+    counts = _arm_counts(model, max_blocks)
     costs = _Costs(model, seq_len, recipe.batch_size, counts[-1], train_new_only)
 
     def need(total: int) -> int:
@@ -416,7 +415,8 @@ class ArmResult:
 class FrontierDecision(BudgetedDecision):
     arms: tuple = ()
     choice: FrontierChoice | None = None
-    windows: dict = field(default_factory=dict)  # the target windows the trials trained on and were read on
+    # the target windows the trials trained on and were read on, and the general windows read (None without)
+    windows: dict = field(default_factory=dict)
 
     @property
     def chosen_places(self) -> tuple:
@@ -518,6 +518,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
                            tolerance, budget.max_forgetting, {a.blocks: a.versus_none for a in results if a.blocks})
     return FrontierDecision(plan, meter.done, losses, seconds, tolerance, results, choice,
                             {"train": _windows(train), "heldout": _windows(held), "heldout_sized": sized is not None,
+                             "general": _windows(evaluate["general"]) if "general" in evaluate else None,
                              "trial_passes": passes})
 
 
@@ -574,12 +575,9 @@ def _probe_steps(model, train: list, held: list, costs: _Costs, policy: Decision
     limit = policy.max_statistics_bytes
     if limit is None:
         return probed
-    from .decide import decision_probe_options
-    from .expansion import native_policy
-    from .probe import plan
+    from .expansion import probe_memory_plan
 
-    passes = plan(model, train[0], sequence_loss, **decision_probe_options(native_policy(policy))).passes(
-        limit, splits=2)
+    passes = probe_memory_plan(model, train[0], policy).passes(limit, splits=2)
     return len(passes) * probed + costs.read([], _windows(train[:1]))
 
 
@@ -603,9 +601,17 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
     fixed = TIMED_STEPS * costs.full() + probe_steps + model_read
     movable = sum(len(g) > 1 for g in groups)
 
+    # the refusal says what --blocks K decides (each group's place, not a count among arms) and how to run without
+    # this budget
+    deciding = (f"checking the places of {k} block(s) (a trial of the uniform places and one per group the screen "
+                f"may move a block in: {1 + movable} trials)" if movable else
+                f"placing {k} block(s) (the first-order screen alone: no group has a second place)")
+
     def planned(arms: int, fixed_steps: float) -> TrialPlan:
         return plan_trials(recipe.steps, budget.fraction, [step] * arms, [read] * arms, budget.replicates,
-                           fixed_steps)
+                           fixed_steps, deciding, "; or --decision screen (the first-order screen alone, its cost the "
+                           "probe) or --layout ranked (trials of one block, up to the whole --steps), both experimental, "
+                           "neither held to --decision-budget")
 
     # the longest trials if every group proposes a move: what the plan promises at most
     plan = planned(1 + movable if movable else 0, fixed)

@@ -461,6 +461,21 @@ class MemoryPlan:
         """Scoring goes candidate by candidate: the largest candidate's need."""
         return max(c.score_bytes for c in self.candidates)
 
+    def least_max_bytes(self, *, splits: int = 1) -> int:
+        """The smallest ``max_bytes`` :meth:`passes` accepts: the largest candidate's ``splits`` sums, or the head's
+        together with the block before it (they share a pass), whichever is larger.
+
+        Examples
+        --------
+        >>> rows = tuple(CandidatePlan(n, 4, 8, sums_bytes=b, batch_bytes=0, score_bytes=0)
+        ...              for n, b in (("b0", 300), ("b1", 100), (HEAD, 150)))
+        >>> MemoryPlan(rows, "cpu").least_max_bytes(splits=2)
+        600
+        """
+        need = [splits * c.sums_bytes for c in self.candidates]
+        pairs = [need[i - 1] + need[i] for i, c in enumerate(self.candidates) if c.name == HEAD and i]
+        return max(need + pairs)
+
     def passes(self, max_bytes: int, *, splits: int = 1) -> list[tuple[str, ...]]:
         """The candidates in consecutive groups whose sums, ``splits`` probes of them held at once
         (two for a train / held-out pair), take at most ``max_bytes``: one probe pass per group
@@ -486,7 +501,8 @@ class MemoryPlan:
             if need > max_bytes:
                 raise InputError(f"candidate {c.name!r} alone holds {_needed(need)} of statistics "
                                  f"({splits} split(s) of N={c.n_hidden}, r={c.n_features}); the statistics budget is "
-                                 f"{max_bytes:,} bytes")
+                                 f"{max_bytes:,} bytes, the least that works "
+                                 f"{_needed(self.least_max_bytes(splits=splits))}")
             if c.name == HEAD and groups and held + need > max_bytes:  # its block moves to the head's group
                 block = groups[-1].pop()
                 groups = [g for g in groups if g]
@@ -495,7 +511,8 @@ class MemoryPlan:
                 if held + need > max_bytes:
                     raise InputError(f"the head and {block!r} (whose output it reads) hold {_needed(held + need)} "
                                      f"of statistics together ({splits} split(s)); the statistics budget is "
-                                     f"{max_bytes:,} bytes")
+                                     f"{max_bytes:,} bytes, the least that works "
+                                     f"{_needed(self.least_max_bytes(splits=splits))}")
             if groups and held + need <= max_bytes:
                 groups[-1].append(c.name)
                 held += need
@@ -505,11 +522,16 @@ class MemoryPlan:
         return [tuple(g) for g in groups]
 
 
-def _needed(n_bytes: int) -> str:
-    """``n_bytes`` exactly and in GiB rounded UP to 3 significant digits (a budget of that many GiB holds it)."""
+def gib_up(n_bytes: int) -> str:
+    """``n_bytes`` in GiB rounded UP to 3 significant digits (a budget of that many GiB holds it)."""
     gib = n_bytes / 2**30
     step = 10.0 ** (math.floor(math.log10(gib)) - 2)
-    return f"{n_bytes:,} bytes ({math.ceil(gib / step) * step:.3g} GiB)"
+    return f"{math.ceil(gib / step) * step:.3g}"
+
+
+def _needed(n_bytes: int) -> str:
+    """``n_bytes`` exactly and in GiB rounded up (:func:`gib_up`)."""
+    return f"{n_bytes:,} bytes ({gib_up(n_bytes)} GiB)"
 
 
 def pass_options(group) -> dict:

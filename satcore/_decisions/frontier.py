@@ -209,13 +209,16 @@ class TrialPlan:
 
 
 def plan_trials(planned_steps: int, fraction: float, step_costs, read_costs, replicates: int,
-                fixed_steps: float) -> TrialPlan:
+                fixed_steps: float, deciding: str | None = None, otherwise: str = "") -> TrialPlan:
     """The longest trials that keep the decision within ``fraction`` of ``planned_steps``.
 
     Arm ``a`` (a step costs ``step_costs[a]``, a reading ``read_costs[a]``) is trained ``T`` steps from each
     of ``replicates`` seeds and read at :func:`trial_checkpoints`; ``T`` is the largest with
     ``fixed_steps + replicates sum_a (T step_a + 3 read_a) <= fraction planned_steps``.  With no arms
     (nothing to try) ``T`` is 0 and only ``fixed_steps`` must fit.
+
+    ``deciding``: what the trials decide, as the refusal names it (default "deciding among N arm(s)");
+    ``otherwise``: what the refusal adds after the budgets that would fit (another way to run, or "").
 
     Raises
     ------
@@ -234,11 +237,12 @@ def plan_trials(planned_steps: int, fraction: float, step_costs, read_costs, rep
         fits = needed / planned_steps <= 1
         raise InputError(
             f"a decision budget of {fraction:g} (--decision-budget) of {planned_steps} planned steps (--steps) is "
-            f"{budget:.4g} steps' FLOPs; deciding among {len(step_costs)} arm(s) with {replicates} seed(s) each "
+            f"{budget:.4g} steps' FLOPs; {deciding or f'deciding among {len(step_costs)} arm(s)'} with "
+            f"{replicates} seed(s) each "
             f"needs at least {needed:.4g} (trials of {MIN_TRIAL_STEPS} steps read 3 times on the fewest held-out "
             f"windows, plus {fixed_steps:.3g} fixed): give "
             + (f"--decision-budget {math.ceil(100 * needed / planned_steps) / 100:g} or " if fits else "")
-            + f"--steps {math.ceil(needed / fraction)}")
+            + f"--steps {math.ceil(needed / fraction)}" + otherwise)
     return TrialPlan(int(planned_steps), float(budget), step_costs, read_costs, int(replicates), int(longest),
                      float(fixed_steps))
 
