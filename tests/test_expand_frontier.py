@@ -331,6 +331,10 @@ def test_the_printed_share_is_the_metered_share_of_the_benchs_budget_where_the_h
     assert [a["blocks"] for a in record["frontier"]] == [0, 1, 2, 4]
     assert record["decision_cost_fraction"] == pytest.approx(metered / budget, rel=1e-9)
     assert metered <= 0.1 * budget
+    chosen = record["chosen_blocks"]  # the training that follows: the chosen arm's steps
+    positions = new_positions(uniform_places(layers, chosen), layers) if chosen else []
+    following = recipe.steps * bench.arm_step_flops(config, length, layers + chosen, positions) * batch * length
+    assert record["decision"]["chosen_cost_fraction"] == pytest.approx(metered / following, rel=1e-9)
 
     grown, new = insert_blocks(model, uniform_places(layers, 4), init="copy")
     freeze_old(grown, new)
