@@ -69,7 +69,7 @@ Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is 
     python -m studies.expansion_budget --render $(ls studies/results/expansion_budget_*.jsonl | grep -v smollm2)   # the lab notes' tables
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --protocol smollm2 --seeds 0 --steps 500 \
         --batch-size 4 --seq-len 16 --lr 2e-4 --eval-windows 64 --arms none \
-        --out studies/results/expansion_budget_smollm2.jsonl   # then uniform-2, satcore, each its own process
+        --out studies/results/expansion_budget_smollm2_l4_budget.jsonl   # then uniform-2, satcore, each its own process
 """
 
 from __future__ import annotations
