@@ -100,8 +100,10 @@ def moves_report(expansion) -> list[str]:
 
 def cost_line(expansion) -> str:
     budgeted = expansion.budgeted
+    chosen = (f"; {budgeted.chosen_cost_fraction:.1%} of {budgeted.plan.planned_steps} steps of the chosen K = "
+              f"{budgeted.choice.chosen_blocks}" if hasattr(budgeted, "chosen_cost_fraction") else "")
     return (f"decision cost: {budgeted.cost_steps:.1f} planned steps' FLOPs, {budgeted.cost_fraction:.1%} of the "
-            f"planned {budgeted.plan.planned_steps} steps' FLOPs")
+            f"planned {budgeted.plan.planned_steps} steps' FLOPs{chosen}")
 
 
 def plot_frontier(expansion, path: str, inputs=()) -> str | None:

@@ -41,10 +41,14 @@ through (every module above the lowest trainable one, the head included) and one
 gradients of a trainable module (``satcore.adapter_api.step_flops``, the rule satcore's decision prices its
 own passes by); a pass without gradients costs its forward.
 Embedding lookups, norms and the optimizer update are not counted.  The budget is ``--steps`` steps
-of the conventional uniform arm (K = 2); each arm trains ``floor((budget - charge) / its step)``
-steps, where the charge is what its decision ran: ``adept``'s forward passes and the satcore
-decision's passes, every pass counted by the same rule as it runs (:class:`FlopMeter`, a hook on every
-decoder block and output head, of the model and of every copy a decision trains).  The meter counts
+of the conventional uniform arm (:func:`planned_step_flops`: K = L/4 at uniform places, only the new blocks
+training; 2 blocks of the main protocol's 8, 7 of SmolLM2's 30), the unit ``satcore expand`` prices its
+decision in, so the charge over the budget is the share the command prints (the first SmolLM2 rows stated
+their budget in steps of K = 2, 0.72 of that unit at 16-token windows: the lab notes).  Each arm trains
+``floor((budget - charge) / its step)`` steps, where the charge is what its decision ran: ``adept``'s
+forward passes and the satcore decision's passes, every pass counted by the same rule as it runs
+(:class:`FlopMeter`, a hook on every decoder block and output head, of the model and of every copy a
+decision trains).  The meter counts
 model passes only, not the decision's own arithmetic on statistics; its wall time is recorded beside.
 
 Evaluation: the mean per-byte loss of each of ``--eval-windows`` windows, evenly spaced and not
@@ -69,7 +73,7 @@ Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is 
     python -m studies.expansion_budget --render $(ls studies/results/expansion_budget_*.jsonl | grep -v smollm2)   # the lab notes' tables
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --protocol smollm2 --seeds 0 --steps 500 \
         --batch-size 4 --seq-len 16 --lr 2e-4 --eval-windows 64 --arms none \
-        --out studies/results/expansion_budget_smollm2.jsonl   # then uniform-2, satcore, each its own process
+        --out studies/results/expansion_budget_smollm2_l4_budget.jsonl   # then uniform-2, satcore, each its own process
 """
 
 from __future__ import annotations
@@ -187,6 +191,17 @@ def arm_step_flops(config, seq_len: int, n_blocks: int, new_positions) -> float:
     if not new_positions:
         return step_flops(n_blocks, range(n_blocks), True, block, head)
     return step_flops(n_blocks, new_positions, False, block, head)
+
+
+def planned_step_flops(config, seq_len: int, L: int) -> float:
+    """Per token: one step of the planned training, the budget's unit: LLaMA-Pro's conventional count (L / 4,
+    ``max_blocks_cap``) at uniform places, only the new blocks training.  ``satcore expand --blocks auto`` prices
+    its decision in steps of its largest arm trained as the user will, by default that same arm, so a charge over
+    ``--steps`` of these is the share the command prints."""
+    from satcore.adapters.torch.expansion import max_blocks_cap
+
+    return arm_step_flops(config, seq_len, L + max_blocks_cap(L, None),
+                          layout_new(L, f"uniform-{max_blocks_cap(L, None)}"))
 
 
 def steps_within(budget: float, charge: float, step: float) -> int:
@@ -388,7 +403,9 @@ def arm_places(arm: str, L: int, seed: int, pair: str, base, probe) -> tuple[lis
     ``random``; the last three at the conventional count)."""
     from studies.expansion import random_places, uniform
 
-    K = max(1, L // 4)
+    from satcore.adapters.torch.expansion import max_blocks_cap
+
+    K = max_blocks_cap(L, None)
     if arm == "none":
         return [], {}, 0.0
     if arm.startswith("uniform-"):
@@ -410,7 +427,8 @@ def main(argv=None):
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=400, help="the planned budget: steps of the conventional uniform arm")
+    p.add_argument("--steps", type=int, default=400,
+                   help="the planned budget: steps of the conventional uniform arm (K = L/4, new blocks training)")
     p.add_argument("--pretrain-steps", type=int, default=1500)
     decoder_arguments(p)
     p.add_argument("--eval-windows", type=int, default=192, help="held-out windows per text")
@@ -466,7 +484,7 @@ def main(argv=None):
     costs = json.loads(SMOLLM2_COSTS.read_text()) if args.protocol == "smollm2" and not on_device else None
     tokens = args.batch_size * args.seq_len
     reference_step = arm_step_flops(base.config, args.seq_len, L + 2, layout_new(L, REFERENCE)) * tokens
-    budget = args.steps * reference_step
+    budget = args.steps * planned_step_flops(base.config, args.seq_len, L) * tokens
     done = {json.dumps(r["key"]) for r in _rows(args.out)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
 

@@ -194,10 +194,12 @@ def test_the_recorded_results_re_render_the_lab_notes_tables(bench):
     assert [line for line in tables if line not in notes] == []
 
 
-def test_the_smollm2_rows_re_render_their_lab_notes_tables(bench):
-    """The SmolLM2-135M rows (one seed, their own setup) are rendered on their own; their tables are the notes'."""
+@pytest.mark.parametrize("name", ["expansion_budget_smollm2.jsonl", "expansion_budget_smollm2_l4_budget.jsonl"])
+def test_the_smollm2_rows_re_render_their_lab_notes_tables(bench, name):
+    """The SmolLM2-135M rows (one seed, their own setup; first with the budget in steps of K = 2, then in the
+    conventional arm's) are rendered on their own; their tables are the notes'."""
     root = BENCH.parent.parent
-    recorded = root / "studies" / "results" / "expansion_budget_smollm2.jsonl"
+    recorded = root / "studies" / "results" / name
     if not recorded.exists():
         pytest.skip("no SmolLM2 rows recorded")
     notes = (root / "studies" / "expansion-budget-notes.md").read_text()

@@ -422,6 +422,13 @@ class FrontierDecision(BudgetedDecision):
     def chosen_places(self) -> tuple:
         return next(a.places for a in self.arms if a.blocks == self.choice.chosen_blocks)
 
+    @property
+    def chosen_cost_fraction(self) -> float:
+        """The decision's cost over the planned steps of the arm it chose, trained as the user will (its own
+        step's FLOPs, where ``cost_fraction``'s unit is the largest arm's): the share of the training that follows."""
+        step = next(s for a, s in zip(self.arms, self.plan.step_costs) if a.blocks == self.choice.chosen_blocks)
+        return self.cost_steps / (self.plan.planned_steps * step)
+
     def to_dict(self) -> dict:
         return {"method": ("frontier: K = 0 (the model as it is, trained the same way) and K blocks at uniform places, "
                            "short trials, each window's change fitted linearly in log2(steps) and "
@@ -433,7 +440,8 @@ class FrontierDecision(BudgetedDecision):
                 "best_blocks": self.choice.best_blocks, "tolerance": self.tolerance,
                 "max_forgetting": self.choice.max_forgetting,
                 "excluded_by_max_forgetting": list(self.choice.excluded), "reason": self.choice.reason,
-                "plan": self.plan.to_dict(), "cost_steps": self.cost_steps, "windows": self.windows,
+                "plan": self.plan.to_dict(), "cost_steps": self.cost_steps,
+                "chosen_cost_fraction": self.chosen_cost_fraction, "windows": self.windows,
                 "heldout_loss": self.losses["heldout"], "general_loss": self.losses.get("general"),
                 "seconds_per_step": self.seconds_per_step}
 
