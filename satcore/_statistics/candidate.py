@@ -553,11 +553,11 @@ class CandidateStatistics:
         if n == 0:
             raise InputError(f"candidate {name!r} has no samples")
         self._check_finite(name)
+        K = self.feature_gram()
         # without a stored count (an old dump) every batch is taken to have had the first batch's T
         rows = n * self.n_positions if self.n_vectors is None else self.n_vectors
-        # K's rank is at most its rows; sums these statistics added up themselves are exactly symmetric.
-        # K^- of K = sum_gram / n from sum_gram's own (the same unit-diagonal S K S): no r x r copy K
-        spectrum = gram_inverse(self.sum_gram, rtol, rank_bound=rows, symmetric=self._exact_gram).of_mean(n)
+        # K's rank is at most its rows; sums these statistics added up themselves are exactly symmetric
+        spectrum = gram_inverse(K, rtol, rank_bound=rows, symmetric=self._exact_gram)
         if not spectrum.lowest >= -INDEFINITE_RTOL * spectrum.highest:  # written so that a NaN fails it
             raise InputError(f"candidate {name!r}: sum_gram is not positive semi-definite (eigenvalue "
                              f"{spectrum.lowest:.3g} of the unit-diagonal Gram, largest {spectrum.highest:.3g})")
