@@ -390,11 +390,12 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     line = None
     if forced is None and not quiet:  # every decision prices the planned training on windows so read
         assumed = {f"--{name.replace('_', '-')}": value for name, value in
-                   (("steps", steps), ("batch_size", batch_size), ("lr", lr), ("seq_len", windows["seq_len"]),
+                   (("optimizer", optimizer), ("steps", steps), ("batch_size", batch_size), ("lr", lr),
+                    ("seq_len", windows["seq_len"]),
                     ("max_windows", f"{windows['max_windows']}{SIZED_NOTE}" if windows_rule == "sized"
                      else windows["max_windows"]))
                    if ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT}
-        line = defaults_line(assumed, on_gpu)
+        line = defaults_line(assumed, on_gpu, sized=blocks == "auto" and decision == "trial")
     budget = None
     if forced is None and decision == "trial" and (blocks == "auto" or layout == "grouped"):
         from satcore.adapters.torch.expansion_frontier import DecisionBudget

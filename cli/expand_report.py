@@ -19,20 +19,21 @@ STOP_WORDS = {
 }
 
 
-def defaults_line(assumed: dict, on_gpu: bool) -> str | None:
+def defaults_line(assumed: dict, on_gpu: bool, sized: bool) -> str | None:
     """One line naming the defaults the run relies on (``assumed``: option -> value, those the user left out), with
-    the rule of each of those and of no other."""
+    the rule of each of those and of no other; ``sized``: this path sizes ``--max-windows`` to its trials
+    (``--blocks auto`` with the trial decision)."""
     if not assumed:
         return None
     given = ", ".join(f"{k} {v}" for k, v in assumed.items())
     rules = [f"{'a GPU' if on_gpu else 'no GPU'} found"]
-    if assumed.keys() & {"--steps", "--batch-size", "--lr"}:
-        rules.append("the planned training is yours to state with --steps, --batch-size, --lr")
+    if assumed.keys() & {"--optimizer", "--steps", "--batch-size", "--lr"}:
+        rules.append("the planned training is yours to state with --optimizer, --steps, --batch-size, --lr")
     if "--seq-len" in assumed:
         rules.append("--seq-len: min(128, the model's context) on a CPU, min(256, context) on a GPU")
     if "--max-windows" in assumed:
-        rules.append("--max-windows: 64 on a CPU, 256 on a GPU, more where --blocks auto's trials would pass over "
-                     "theirs more than twice")
+        rules.append("--max-windows: 64 on a CPU, 256 on a GPU" + (", more where --blocks auto's trials would pass "
+                                                                    "over theirs more than twice" if sized else ""))
     return f"defaults: {given} ({'; '.join(rules)})"
 
 
@@ -63,7 +64,7 @@ def frontier_report(expansion) -> list[str]:
         row.append("-" if versus is None else f"{num(versus.point)} [{num(versus.interval[0])}, {num(versus.interval[1])}]")
         if general:
             row += [num(arm.general.point) + (" (over --max-forgetting)" if excluded else "")]
-        rows.append(row + ["yes" if arm.blocks == frontier.choice.chosen_blocks else ""])
+        rows.append(row + ["yes" if arm.blocks == frontier.choice.chosen_blocks and not excluded else ""])
     header = ["blocks", "places", "predicted held-out change", "95% interval", "minus K = 0, paired (95%)"]
     header += ["general change"] if general else []
     lines = [f"frontier: the held-out loss change predicted after your {plan.planned_steps} steps (K = 0: the model as "
@@ -77,9 +78,10 @@ def frontier_report(expansion) -> list[str]:
                      f"{list(frontier.chosen_places)}: {frontier.choice.reason}")
     else:
         lines += [f"chosen: no expansion. {frontier.choice.reason[0].upper()}{frontier.choice.reason[1:]}.",
-                  f"instead: continue training the model as it is (your {plan.planned_steps} steps on it)"]
-    lines.append(f"tolerance: {frontier.tolerance:.3g} nats (K blocks must beat K = 0 credibly: paired interval below 0, "
-                 "point below minus the tolerance; of those, the smallest K within it of the best is chosen)")
+                  f"instead: {frontier.instead}"]
+    lines.append(f"tolerance: {frontier.tolerance:.3g} nats ({frontier.rule})")
+    if frontier.warning:
+        lines.append(f"warning: {frontier.warning}")
     return lines + [cost_line(expansion)]
 
 
@@ -101,7 +103,7 @@ def moves_report(expansion) -> list[str]:
 def cost_line(expansion) -> str:
     budgeted = expansion.budgeted
     chosen = (f"; {budgeted.chosen_cost_fraction:.1%} of {budgeted.plan.planned_steps} steps of the chosen K = "
-              f"{budgeted.choice.chosen_blocks}" if hasattr(budgeted, "chosen_cost_fraction") else "")
+              f"{budgeted.choice.chosen_blocks}" if getattr(budgeted, "chosen_cost_fraction", None) is not None else "")
     return (f"decision cost: {budgeted.cost_steps:.1f} planned steps' FLOPs, {budgeted.cost_fraction:.1%} of the "
             f"planned {budgeted.plan.planned_steps} steps' FLOPs{chosen}")
 
@@ -127,8 +129,8 @@ def plot_frontier(expansion, path: str, inputs=()) -> str | None:
         axis.errorbar(ks, points, yerr=errors, marker="o", capsize=3, label="target held-out (95% interval)")
         if all(a.general is not None for a in arms):
             axis.plot(ks, [a.general.point for a in arms], marker="s", linestyle="--", label="general held-out")
-        chosen = expansion.budgeted.choice.chosen_blocks
-        axis.axvline(chosen, color="grey", linewidth=0.8)
+        if not expansion.budgeted.inserts_none_allowed:  # no arm chosen: no line marks one
+            axis.axvline(expansion.budgeted.choice.chosen_blocks, color="grey", linewidth=0.8)
         axis.axhline(0, color="black", linewidth=0.5)
         axis.set_xlabel("new blocks K (0: the model as it is)")
         axis.set_ylabel(f"loss change after {expansion.budgeted.plan.planned_steps} steps (nats)")

@@ -574,10 +574,10 @@ def test_cli_screen_rows_are_not_verified_in_the_table_the_record_and_the_card(c
     # the screen prices the planned training's step on windows it read: the defaults it relied on come first, with
     # the rule of those only (--seq-len was given)
     first = result.output.splitlines()[0]
-    assert re.fullmatch(r"defaults: --steps 1000, --batch-size 8, --lr 0.0002, --max-windows \d+ \((a|no) GPU found; "
-                        r"the planned training is yours to state with --steps, --batch-size, --lr; --max-windows: 64 on "
-                        r"a CPU, 256 on a GPU, more where --blocks auto's trials would pass over theirs more than "
-                        r"twice\)", first), first
+    # (--optimizer adamw is relied on, so named; the --blocks auto window-sizing rule is not this path's)
+    assert re.fullmatch(r"defaults: --optimizer adamw, --steps 1000, --batch-size 8, --lr 0.0002, --max-windows \d+ "
+                        r"\((a|no) GPU found; the planned training is yours to state with --optimizer, --steps, "
+                        r"--batch-size, --lr; --max-windows: 64 on a CPU, 256 on a GPU\)", first), first
 
 
 def test_cli_ranked_layout_names_its_defaults_first(checkpoint, tmp_path):
@@ -588,8 +588,8 @@ def test_cli_ranked_layout_names_its_defaults_first(checkpoint, tmp_path):
                  "--seq-len", "16", "--steps", "20", "--max-windows", "16")
     assert result.exit_code == 0, result.output
     first = result.output.splitlines()[0]
-    assert re.fullmatch(r"defaults: --batch-size 8, --lr 0.0002 \((a|no) GPU found; the planned training is yours "
-                        r"to state with --steps, --batch-size, --lr\)", first), first
+    assert re.fullmatch(r"defaults: --optimizer adamw, --batch-size 8, --lr 0.0002 \((a|no) GPU found; the planned "
+                        r"training is yours to state with --optimizer, --steps, --batch-size, --lr\)", first), first
 
 
 def test_cli_counts_past_the_models_layers_are_refused_from_its_config_before_its_weights(checkpoint, tmp_path):
@@ -616,6 +616,24 @@ def test_cli_counts_past_the_models_layers_are_refused_from_its_config_before_it
         expand(model, windows(), blocks="auto", options=ExpansionOptions(max_blocks=5))
     help_text = " ".join(cli("expand", "--help").output.split())
     assert "a quarter of the layers). [1<=x<=the model's layers]" in help_text
+
+
+def test_cli_screen_cost_fraction_is_in_block_steps_and_the_card_names_what_trains(checkpoint, tmp_path):
+    """--decision screen, which --decision-budget does not bound: decision_cost_fraction is cost_block_steps over
+    --steps, in block-steps, and exceeds 1 where the probe's passes outnumber the planned steps (docs); the card's
+    recipe names what trains as expansion.json's `train` does (all, or new_blocks with --freeze-old), where it once
+    read "trainable": "block" either way."""
+    folder, text = checkpoint
+    for flags, train in (((), "all"), (("--freeze-old",), "new_blocks")):
+        out = tmp_path / train
+        result = cli("expand", folder, "--data", text, "--blocks", "1", "-o", out, "--seq-len", "16", "--steps", "2",
+                     "--decision", "screen", "--quiet", *flags)
+        assert result.exit_code == 0, result.output
+        record = json.loads((out / "expansion.json").read_text())
+        assert record["train"] == train and record["cost_block_steps"] > 2
+        assert record["decision_cost_fraction"] == record["cost_block_steps"] / 2
+        card = (out / "README.md").read_text()
+        assert f'"train": "{train}"}}, layout' in card and '"trainable"' not in card
 
 
 def test_cli_at_and_fresh(checkpoint, tmp_path):

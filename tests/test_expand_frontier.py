@@ -433,10 +433,76 @@ def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_pat
     assert general["windows_used"] == record["decision"]["windows"]["heldout"] < general["windows_read"]
     # the card: no block added, train the model as it is; the cost as the command printed it
     card = (out / "README.md").read_text()
-    assert "unchanged (4 layers): `satcore expand` added no block" in card and "Continue training the model as it is" \
-        in card and "grown from" not in card and "| position" not in card
+    assert "unchanged (4 layers): `satcore expand` added no block" in card and "grown from" not in card \
+        and "| position" not in card
+    # one advice text: the command's, expansion.json's and the card's
+    assert record["decision"]["instead"] == "continue training the model as it is (your 600 steps on it)"
+    assert f"Instead: {record['decision']['instead']}." in card
     cost = re.search(r"^decision cost: (.*)$", result.output, re.M).group(1)
     assert f"it cost {cost}." in card and "block-steps" not in card
+
+
+def test_cli_with_every_arm_over_max_forgetting_chooses_none_and_warns_of_a_harmful_recipe(checkpoint, tmp_path):  # noqa: F811
+    """A constructed case where the planned recipe hurts: AdamW at lr 10 raises the held-out and the general loss at
+    every count, K = 0 included, so --max-forgetting 0 leaves out every arm.  Nothing is inserted, no arm is marked
+    chosen, and the command, expansion.json and the card say no arm met the forgetting limit (not "continue training
+    the model as it is", the arm the limit left out), and warn that the recipe raises the held-out loss."""
+    folder, text = checkpoint
+    out = tmp_path / "grown"
+    result = cli("expand", folder, "--data", text, "--blocks", "auto", "-o", out, "--seq-len", "16", "--steps", "600",
+                 "--lr", "10", "--general-data", text, "--max-forgetting", "0", "--quiet")
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "expansion.json").read_text())
+    decision = record["decision"]
+    assert all(a["predicted_general_change"] > 0 and a["predicted_heldout_change"] > 0 for a in record["frontier"])
+    assert decision["excluded_by_max_forgetting"] == [a["blocks"] for a in record["frontier"]] == [0, 1]
+    assert decision["stop_reason"] == "no_arm_within_max_forgetting" and record["positions"] == []
+    assert decision["chosen_cost_fraction"] is None  # no arm chosen, no chosen arm's training to compare with
+    least = min(record["frontier"], key=lambda a: a["predicted_general_change"])
+    assert decision["instead"] == (
+        "no arm met the forgetting limit, so none is to be trained: the predicted general change of each (K = 0 "
+        f"included) exceeds --max-forgetting 0 nats (the least, K = {least['blocks']}'s, is "
+        f"{least['predicted_general_change']:.3g}); raise the limit, or train with a smaller lr or fewer steps")
+    assert "every arm, K = 0 included, is over --max-forgetting: none is chosen" in decision["method"]
+    rows = [line.rstrip() for line in result.output.splitlines() if "(over --max-forgetting)" in line]
+    # both marked over the limit, neither chosen (the last column, "chosen", is empty)
+    assert len(rows) == 2 and all(r.endswith("(over --max-forgetting)") for r in rows)
+    assert f"instead: {decision['instead']}" in result.output and "continue training" not in result.output
+    assert f"warning: {decision['warning']}" in result.output
+    assert decision["warning"] == ("the trials predict the planned training raises the held-out loss at every block "
+                                   "count (K = 0 included); check the recipe (lr, steps) before training")
+    card = (out / "README.md").read_text()
+    assert "continue training" not in card and "does not pay" not in card
+    assert f"Instead: {decision['instead']}." in card and f"**Warning:** {decision['warning']}." in card
+    assert "no block was inserted" in record["llama_factory"]["reason"] and "continue training" not in \
+        record["llama_factory"]["reason"]
+
+
+def test_the_rule_stated_is_the_rule_applied_when_max_forgetting_leaves_no_expansion_out():
+    """With K = 0 over --max-forgetting and K = 1 within it there is nothing to beat: the method (expansion.json,
+    the card) and the command's tolerance line say that rule, not "beat K = 0 credibly"; no warning where an arm's
+    predicted held-out change is not positive."""
+    import dataclasses
+
+    from cli.expand_report import frontier_report
+    from satcore.adapter_api import FrontierChoice
+
+    expansion = expand(llama(4), windows(64), blocks="auto", recipe=Recipe("adamw", lr=1e-12, steps=600, batch_size=8),
+                       options=ExpansionOptions(budget=DecisionBudget(0.2), max_blocks=1))
+    frontier = expansion.budgeted
+    assert "beat K = 0 credibly" in frontier.to_dict()["method"]  # K = 0 in: the paired rule
+    arms = tuple(dataclasses.replace(a, target=_p(-0.01 * a.blocks)) for a in frontier.arms)
+    without_none = dataclasses.replace(frontier, arms=arms, choice=FrontierChoice(
+        1, 1, frontier.tolerance, (0,), "1 block(s): the fewest predicted within the tolerance of the best", 0.05))
+    method = without_none.to_dict()["method"]
+    assert "beat K = 0" not in method and method.endswith(
+        "K = 0 is over --max-forgetting, so there is nothing to beat: of the arms within it, the fewest blocks within "
+        "the tolerance of the best")
+    assert without_none.stop_reason is None and without_none.instead is None and without_none.warning is None
+    lines = frontier_report(dataclasses.replace(expansion, budgeted=without_none))
+    tolerance = next(line for line in lines if line.startswith("tolerance:"))
+    assert tolerance.endswith(f"({without_none.rule})") and "credibly" not in tolerance
+    assert not any(line.startswith("warning:") for line in lines)
 
 
 def test_cli_quiet_has_no_plan_no_progress_and_the_default_prints_both_first(checkpoint, tmp_path):  # noqa: F811
@@ -448,7 +514,7 @@ def test_cli_quiet_has_no_plan_no_progress_and_the_default_prints_both_first(che
     talks = cli("expand", folder, *args, "-o", tmp_path / "t")
     assert talks.exit_code == 0, talks.output
     out = talks.output
-    assert out.index("defaults: --batch-size 8, --lr 0.0002, --max-windows ") < out.index("plan:")
+    assert out.index("defaults: --optimizer adamw, --batch-size 8, --lr 0.0002, --max-windows ") < out.index("plan:")
     assert out.index("plan:") < out.index("steps' FLOPs [") < out.index("frontier:")  # plan, then the bar
     assert re.search(r"cost: [0-9.]+ planned steps' FLOPs, [0-9.]+% of the planned 600", out)
 
@@ -544,7 +610,7 @@ def test_cli_explicit_max_windows_is_honoured_and_warned_about(checkpoint, tmp_p
     assert result.exit_code == 0, result.output
     record = json.loads((out / "expansion.json").read_text())
     assert record["data"]["windows"] == 64 and record["data"]["max_windows_rule"] == "given"
-    assert result.output.startswith("defaults: --batch-size 8, --lr 0.0002 (")  # the given count is not a default
+    assert result.output.startswith("defaults: --optimizer adamw, --batch-size 8, --lr 0.0002 (")  # the given count is not a default
     assert "warning: each trial passes" in result.output
 
 

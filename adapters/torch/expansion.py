@@ -469,8 +469,9 @@ class Expansion:
         elif k and layers == list(range(k)):
             factory.update(freeze_trainable_layers=-k)
         elif not k:
-            factory = {"expressible": False, "reason": "no block was inserted: there are no new layers to train; "
-                                                       "continue training the model as it is"}
+            instead = getattr(self.budgeted, "instead", None)  # the frontier's advice, one text everywhere
+            factory = {"expressible": False, "reason": "no block was inserted: there are no new layers to train"
+                       + (f"; {instead}" if instead else "")}
         else:
             factory = {"expressible": False,
                        "reason": f"LLaMA-Factory's freeze tuning selects the last, the first or every "
@@ -560,11 +561,7 @@ class Expansion:
     def _decision_record(self, method) -> dict | None:
         """``expansion.json``'s ``decision``: the method, the choice and, when nothing is inserted, why."""
         if self.budgeted is not None and hasattr(self.budgeted, "arms"):
-            choice = self.budgeted.choice
-            return {**self.budgeted.to_dict(), "choice": choice.chosen_blocks,
-                    "stop_reason": None if choice.chosen_blocks else "expanding_does_not_pay",
-                    "instead": None if choice.chosen_blocks else
-                    "continue training the model as it is, with the training you planned"}
+            return {**self.budgeted.to_dict(), "choice": self.budgeted.choice.chosen_blocks}
         if self.decision is None:
             return None
         record = {"method": ("first-order screen verified by short trials of the recipe (satcore.adapters.torch.decide)"

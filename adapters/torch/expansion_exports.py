@@ -95,16 +95,21 @@ def model_card(record: dict, out_dir: str) -> str:
         for position, before, source in zip(record["positions"], record["inserted_before"], record["copied_from"]):
             lines.append(f"| {position} | {before} | {'-' if source is None else source} |")
     else:
+        # with every arm over --max-forgetting, decision.instead says why as well as what to do
+        why = ("" if decision.get("stop_reason") == "no_arm_within_max_forgetting" else
+               ", because the decision below found that expanding does not pay on this data")
+        instead = decision.get("instead")
         lines.append(f"Base model: `{record['source']}`, unchanged ({layers['before']} layers): `satcore expand` added "
-                     "no block, because the decision below found that expanding does not pay on this data. Continue "
-                     "training the model as it is, with the training you planned.")
+                     f"no block{why}." + (f" Instead: {instead}." if instead else ""))
+    if decision.get("warning"):
+        lines += ["", f"**Warning:** {decision['warning']}."]
     lines += ["", "## The decision", ""]
     if record["layout"] == "forced":
         lines.append(f"None: the places were forced (`--at {','.join(record['forced'])}`).")
     else:
         data = record.get("data") or {}
         lines.append(f"Decided on `{data.get('file', 'the data')}` ({data.get('windows', '?')} windows of "
-                     f"{data.get('seq_len', '?')} tokens) for the recipe {json.dumps(record['recipe'])}, layout "
+                     f"{data.get('seq_len', '?')} tokens) for the recipe {json.dumps(_recipe(record))}, layout "
                      f"`{record['layout']}`; it cost {_cost(record, decision)}.")
         lines.append(f"Method: {decision.get('method', 'a decision')}.")
         if decision.get("stop_reason"):
@@ -153,3 +158,9 @@ def _cost(record: dict, decision: dict) -> str:
     if decision.get("chosen_cost_fraction") is not None:
         cost += f"; {decision['chosen_cost_fraction']:.1%} of {planned} steps of the chosen K = {decision['choice']}"
     return cost
+
+
+def _recipe(record: dict) -> dict:
+    """The recipe as ``expansion.json`` states the training: what trains is its ``train`` (``all``, or
+    ``new_blocks`` with ``--freeze-old``), not the recipe's own ``trainable``."""
+    return {**{k: v for k, v in record["recipe"].items() if k != "trainable"}, "train": record.get("train", "all")}

@@ -423,19 +423,68 @@ class FrontierDecision(BudgetedDecision):
         return next(a.places for a in self.arms if a.blocks == self.choice.chosen_blocks)
 
     @property
-    def chosen_cost_fraction(self) -> float:
+    def chosen_cost_fraction(self) -> float | None:
         """The decision's cost over the planned steps of the arm it chose, trained as the user will (its own
-        step's FLOPs, where ``cost_fraction``'s unit is the largest arm's): the share of the training that follows."""
+        step's FLOPs, where ``cost_fraction``'s unit is the largest arm's): the share of the training that follows;
+        None where every arm is over ``--max-forgetting`` (none chosen)."""
+        if self.inserts_none_allowed:
+            return None
         step = next(s for a, s in zip(self.arms, self.plan.step_costs) if a.blocks == self.choice.chosen_blocks)
         return self.cost_steps / (self.plan.planned_steps * step)
+
+    @property
+    def inserts_none_allowed(self) -> bool:
+        """Every arm, ``K = 0`` included, is over ``--max-forgetting``: none is chosen."""
+        return all(a.blocks in self.choice.excluded for a in self.arms)
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why nothing is inserted (None: a block count was chosen)."""
+        if self.inserts_none_allowed:
+            return "no_arm_within_max_forgetting"
+        return None if self.choice.chosen_blocks else "expanding_does_not_pay"
+
+    @property
+    def instead(self) -> str | None:
+        """What to do where nothing is inserted, in plain words (the command, ``expansion.json`` and the card say
+        this); None where a block count was chosen."""
+        if self.inserts_none_allowed:
+            least = min(self.arms, key=lambda a: a.general.point)
+            return (f"no arm met the forgetting limit, so none is to be trained: the predicted general change of each "
+                    f"(K = 0 included) exceeds --max-forgetting {self.choice.max_forgetting:g} nats (the least, K = "
+                    f"{least.blocks}'s, is {least.general.point:.3g}); raise the limit, or train with a smaller lr or "
+                    "fewer steps")
+        if self.choice.chosen_blocks:
+            return None
+        return f"continue training the model as it is (your {self.plan.planned_steps} steps on it)"
+
+    @property
+    def warning(self) -> str | None:
+        """Where every arm's predicted held-out change is positive, that the planned recipe looks harmful (the
+        decision stands; None otherwise)."""
+        if not all(a.target.point > 0 for a in self.arms):
+            return None
+        return ("the trials predict the planned training raises the held-out loss at every block count (K = 0 "
+                "included); check the recipe (lr, steps) before training")
+
+    @property
+    def rule(self) -> str:
+        """The choice rule this decision applied, in plain words (``--max-forgetting`` may leave ``K = 0`` out, and
+        then there is nothing to beat)."""
+        if self.inserts_none_allowed:
+            return "every arm, K = 0 included, is over --max-forgetting: none is chosen"
+        if 0 in self.choice.excluded:
+            return ("K = 0 is over --max-forgetting, so there is nothing to beat: of the arms within it, the fewest "
+                    "blocks within the tolerance of the best")
+        return ("K blocks are chosen only where they beat K = 0 credibly, paired on the same windows (interval below "
+                "0, point below minus the tolerance); of those, the fewest within the tolerance of the best")
 
     def to_dict(self) -> dict:
         return {"method": ("frontier: K = 0 (the model as it is, trained the same way) and K blocks at uniform places, "
                            "short trials, each window's change fitted linearly in log2(steps) and "
                            "read at the planned steps; 95% interval from the held-out windows' noise (and the seeds', with "
-                           "several replicates, each its own minibatch order); K blocks are chosen only where they beat "
-                           "K = 0 credibly, paired on the same windows (interval below 0, point below minus the "
-                           "tolerance)"),
+                           f"several replicates, each its own minibatch order); {self.rule}"),
+                "stop_reason": self.stop_reason, "instead": self.instead, "warning": self.warning,
                 "frontier": [a.to_dict() for a in self.arms], "chosen_blocks": self.choice.chosen_blocks,
                 "best_blocks": self.choice.best_blocks, "tolerance": self.tolerance,
                 "max_forgetting": self.choice.max_forgetting,

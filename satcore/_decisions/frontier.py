@@ -346,8 +346,8 @@ def choose_blocks(target: dict, general: dict | None, tolerance: float,
     allowed = [k for k in sorted(target) if k not in excluded]
     if not allowed:
         return FrontierChoice(0, None, tolerance, excluded, (
-            f"expanding does not pay here: every arm's predicted general loss change is above --max-forgetting "
-            f"{max_forgetting:g} nats, no expansion included; nothing is inserted"), max_forgetting)
+            f"no arm met the forgetting limit: every arm's predicted general loss change, K = 0's included, is above "
+            f"--max-forgetting {max_forgetting:g} nats; nothing is inserted"), max_forgetting)
     prior = versus_none is not None and 0 in allowed
     if prior:
         beats = [k for k in allowed if k > 0 and credible(versus_none[k], tolerance)]
