@@ -28,7 +28,9 @@ only reaches ``V``, the cheapest a peer can do); satcore's probe computes
 gradients to its taps only anyway.  First the numbers are checked where the
 quantities coincide (relative differences are printed and stored), then time
 (interleaved medians of CPU seconds, user + system, of this one-thread process: on a shared
-machine far steadier than wall time) and resident peak memory are compared:
+machine far steadier than wall time) and resident peak memory (each contender alone in a fresh
+process, ``--peak-of WORKLOAD:CONTENDER``, interleaved medians; also in this process, after the other
+runs, which lifts every peak) are compared:
 
 =========================  =====================================================
 ``satcore``                default probe: C, K, sum ||xi||^2 (per-batch float64;
