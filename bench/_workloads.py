@@ -32,14 +32,17 @@ from satcore.adapters.torch import probe, sequence_loss
 from satcore.adapters.torch.probe import call_model
 
 
-def parse_bench_args(doc: str):
-    """The options every probe bench shares (``--quick``, ``--threads``, ``--repeats``); pins the threads."""
+def parse_bench_args(doc: str, options: dict | None = None):
+    """The options every probe bench shares (``--quick``, ``--threads``, ``--repeats``) and a script's own
+    string ``options`` (flag -> help); pins the threads."""
     import argparse
 
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=None)
+    for flag, text in (options or {}).items():
+        parser.add_argument(flag, default=None, help=text)
     args = parser.parse_args()
     set_threads(args.threads)
     return args
@@ -145,6 +148,25 @@ def peak_rss_increase(fn) -> int:
     base = _status_kib("VmRSS")
     fn()
     return max(0, _status_kib("VmHWM") - base) * 1024
+
+
+def fresh_process_peaks(command_for, names, repeats: int) -> dict:
+    """Median, over ``repeats``, of the last stdout line (an int: bytes) of ``command_for(name)`` for each name,
+    every command a fresh process; the order rotates from repeat to repeat, as :func:`interleaved`'s.
+
+    The peak a user running one tool sees: :func:`peak_rss_increase` inside one process
+    also counts what earlier calls left to the allocator (see ``bench_peers.py``).
+    Returns ``{"median": {name: bytes}, "runs": {name: [bytes, ...]}}``, the runs in the order they ran.
+    """
+    import subprocess
+
+    names = list(names)
+    runs = {n: [] for n in names}
+    for rep in range(repeats):
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            done = subprocess.run(command_for(name), capture_output=True, text=True, check=True)
+            runs[name].append(int(done.stdout.split()[-1]))
+    return {"median": {n: statistics.median(r) for n, r in runs.items()}, "runs": runs}
 
 
 def code_state() -> dict:

@@ -28,7 +28,9 @@ only reaches ``V``, the cheapest a peer can do); satcore's probe computes
 gradients to its taps only anyway.  First the numbers are checked where the
 quantities coincide (relative differences are printed and stored), then time
 (interleaved medians of CPU seconds, user + system, of this one-thread process: on a shared
-machine far steadier than wall time) and resident peak memory are compared:
+machine far steadier than wall time) and resident peak memory (each contender alone in a fresh
+process, ``--peak-of WORKLOAD:CONTENDER``, interleaved medians; also in this process, after the other
+runs, which lifts every peak) are compared:
 
 =========================  =====================================================
 ``satcore``                default probe: C, K, sum ||xi||^2 (per-batch float64;
@@ -55,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 import warnings
 
@@ -63,7 +66,8 @@ import torch
 from torch import nn
 
 from bench._results import record
-from bench._workloads import WORKLOADS, interleaved, peak_rss_increase, parse_bench_args, versions
+from bench._workloads import (WORKLOADS, fresh_process_peaks, interleaved, peak_rss_increase, parse_bench_args,
+                              versions)
 from satcore.adapters.torch import build_feature_map, find_blocks, probe
 from satcore.adapters.torch.features import ConvFeatures
 from satcore.adapters.torch.capture import get_stream, with_stream
@@ -242,8 +246,8 @@ def agreement(model, batches, loss_fn, blocks, features, *, gromo: bool) -> dict
 EXACT_DELTA = {"dtype": torch.float64, "force_pseudo_inverse": True}  # GroMo's decrease, for the check only
 
 
-def measure(workload: str, mode: str, repeats: int) -> tuple[dict, dict]:
-    """Agreement, then interleaved times and peak memory of every contender on one workload."""
+def contenders(workload: str, mode: str) -> tuple[dict, dict]:
+    """The workload's model, batches, blocks and feature maps, and a runner per contender."""
     build, make_batches, loss_fn = WORKLOADS[workload]
     n_blocks, batch_size, n_batches = SIZES[workload][mode]
     model = build(n_layer=n_blocks) if workload == "gpt2" else build()
@@ -251,10 +255,7 @@ def measure(workload: str, mode: str, repeats: int) -> tuple[dict, dict]:
         p.requires_grad_(False)
     blocks = find_blocks(model)
     batches = make_batches(batch_size, n_batches)
-    gromo = workload == "gpt2"
-    print(f"{workload}: {len(blocks)} blocks, {n_batches} batches of {batch_size}", flush=True)
     features = feature_maps(model, batches, blocks)
-    checks = agreement(model, batches, loss_fn, blocks, features, gromo=gromo)
     runs = {
         "satcore": lambda: satcore_pass(model, batches, loss_fn, blocks),
         "satcore_float32": lambda: satcore_pass(model, batches, loss_fn, blocks, batch_dtype=torch.float32),
@@ -265,15 +266,54 @@ def measure(workload: str, mode: str, repeats: int) -> tuple[dict, dict]:
         "backpack_sumgradsquared": lambda: backpack_pass(model, batches, loss_fn, features, batch_grad=False),
         "backpack_batchgrad": lambda: backpack_pass(model, batches, loss_fn, features, batch_grad=True),
     }
-    if gromo:
+    if workload == "gpt2":
         runs["gromo"] = lambda: gromo_pass(model, batches, loss_fn, features)
         runs["gromo_scored"] = lambda: gromo_pass(model, batches, loss_fn, features, finalize={})
+    setting = {"model": model, "batches": batches, "loss_fn": loss_fn, "blocks": blocks, "features": features,
+               "batch_size": batch_size, "n_batches": n_batches}
+    return setting, runs
+
+
+def peak_alone(workload: str, mode: str, name: str) -> int:
+    """Peak resident rise of contender ``name``'s second call in this process, after one call that loads
+    its modules and lazily built state (what a user running that one tool sees from then on).
+
+    The first call runs under :func:`peak_rss_increase` too: its allocator settings must hold from the
+    first allocation on (one call under glibc's defaults raised the second's peak by 45 MB on GPT-2).
+    """
+    _, runs = contenders(workload, mode)
+    peak_rss_increase(runs[name])
+    return peak_rss_increase(runs[name])
+
+
+def peaks_in_fresh_processes(workload: str, names, *, quick: bool, threads: int, repeats: int) -> dict:
+    """:func:`peak_alone` of every contender, each in a fresh ``python -m bench.bench_peers --peak-of``
+    with the same threads (:func:`_workloads.fresh_process_peaks`: interleaved, medians of ``repeats``)."""
+    def command(name):
+        return [sys.executable, "-m", "bench.bench_peers", "--peak-of", f"{workload}:{name}",
+                "--threads", str(threads), *(["--quick"] if quick else [])]
+
+    return fresh_process_peaks(command, names, repeats)
+
+
+def measure(workload: str, mode: str, repeats: int, threads: int) -> tuple[dict, dict]:
+    """Agreement, then interleaved times and peak memory (in this process, then each contender in a
+    fresh one) of every contender on one workload."""
+    setting, runs = contenders(workload, mode)
+    model, batches, loss_fn, blocks = (setting[k] for k in ("model", "batches", "loss_fn", "blocks"))
+    batch_size, n_batches = setting["batch_size"], setting["n_batches"]
+    gromo = workload == "gpt2"
+    print(f"{workload}: {len(blocks)} blocks, {n_batches} batches of {batch_size}", flush=True)
+    checks = agreement(model, batches, loss_fn, blocks, setting["features"], gromo=gromo)
     seconds = interleaved(runs, repeats, clock=time.process_time)  # one thread: CPU seconds, steadier on a shared host
-    memory = {name: peak_rss_increase(fn) for name, fn in runs.items()}
+    in_process = {name: peak_rss_increase(fn) for name, fn in runs.items()}
+    fresh = peaks_in_fresh_processes(workload, runs, quick=mode == "quick", threads=threads, repeats=repeats)
+    memory = fresh["median"]
     for name in runs:
-        print(f"  {name:24s} {seconds[name]:7.3f} s  peak +{memory[name] / 1e6:7.1f} MB", flush=True)
+        print(f"  {name:24s} {seconds[name]:7.3f} s  peak +{memory[name] / 1e6:7.1f} MB alone, "
+              f"+{in_process[name] / 1e6:7.1f} MB in this process", flush=True)
     suffix = "" if workload == "gpt2" else f"_{workload}"
-    t, m = seconds, memory
+    t, m, mi = seconds, memory, in_process
     summary = {
         "satcore_scored_eigen_vs_satcore_scored_time": t["satcore_scored_eigen"] / t["satcore_scored"],
         "backpack_vs_satcore_time": t["backpack_sumgradsquared"] / t["satcore"],
@@ -281,6 +321,7 @@ def measure(workload: str, mode: str, repeats: int) -> tuple[dict, dict]:
         "backpack_batchgrad_vs_satcore_variance_time": t["backpack_batchgrad"] / t["satcore_variance"],
         "backpack_vs_satcore_memory": m["backpack_sumgradsquared"] / max(m["satcore"], 1),
         "backpack_batchgrad_vs_satcore_variance_memory": m["backpack_batchgrad"] / max(m["satcore_variance"], 1),
+        "backpack_vs_satcore_memory_in_process": mi["backpack_sumgradsquared"] / max(mi["satcore"], 1),
     }
     if gromo:
         summary.update({
@@ -289,25 +330,31 @@ def measure(workload: str, mode: str, repeats: int) -> tuple[dict, dict]:
             "gromo_scored_vs_satcore_scored_time": t["gromo_scored"] / t["satcore_scored"],
             "gromo_scored_vs_satcore_scored_eigen_time": t["gromo_scored"] / t["satcore_scored_eigen"],
             "gromo_vs_satcore_memory": m["gromo"] / max(m["satcore"], 1),
+            "gromo_vs_satcore_memory_in_process": mi["gromo"] / max(mi["satcore"], 1),
         })
     summary["peers_max_rel_diff"] = max(checks["max_rel_diff"].values())
     summary = {key + suffix: value for key, value in summary.items()}
     for k, v in summary.items():
         print(f"{k} {v:.3g}", flush=True)
     details = {"blocks": blocks, "batch_size": batch_size, "batches": n_batches, "agreement": checks,
-               "seconds": seconds, "peak_rss_increase_bytes": memory}
+               "seconds": seconds, "peak_rss_increase_bytes": memory,
+               "peak_rss_increase_bytes_fresh_runs": fresh["runs"], "peak_rss_increase_bytes_in_process": in_process}
     return details, summary
 
 
 def main():
-    args = parse_bench_args(__doc__)
+    args = parse_bench_args(__doc__, {"--peak-of": "WORKLOAD:CONTENDER: print that one's peak_alone, in bytes"})
     # BackPACK's hooks on V, whose input needs no gradient: harmless, V's weight gradient is what is read.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
-    repeats = args.repeats or 3
     mode = "quick" if args.quick else "full"
+    if args.peak_of:
+        workload, name = args.peak_of.split(":")
+        print(peak_alone(workload, mode, name))
+        return
+    repeats = args.repeats or 3
     details, summary = {}, {}
     for workload in SIZES:
-        details[workload], values = measure(workload, mode, repeats)
+        details[workload], values = measure(workload, mode, repeats, args.threads)
         summary.update(values)
     record(
         "peers",

@@ -71,3 +71,17 @@ def test_render_doc_refuses_quick_results(tmp_path):
     assert done.returncode == 1
     assert done.stderr.strip() == ("bench/results.json: quick-run sections core; rerun them without --quick "
                                    "before rendering")
+
+
+def test_fresh_process_peaks_rotates_the_order_and_takes_each_names_median(tmp_path):
+    from bench._workloads import fresh_process_peaks
+
+    log = tmp_path / "order.txt"
+    log.touch()
+    # each fresh process appends its name and prints (processes so far) * 1000 after some other output
+    script = ("import sys; p = sys.argv[1]; open(p, 'a').write(sys.argv[2] + '\\n'); "
+              "print('loading'); print(1000 * len(open(p).read().split()))")
+    peaks = fresh_process_peaks(lambda name: [sys.executable, "-c", script, str(log), name], ["a", "b"], 3)
+    assert log.read_text().split() == ["a", "b", "b", "a", "a", "b"]
+    assert peaks["runs"] == {"a": [1000, 4000, 5000], "b": [2000, 3000, 6000]}
+    assert peaks["median"] == {"a": 4000, "b": 3000}  # medians, not means (3333, 3667)
