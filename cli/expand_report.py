@@ -101,11 +101,12 @@ def moves_report(expansion) -> list[str]:
 
 
 def cost_line(expansion) -> str:
+    from satcore.adapters.torch.expansion_exports import cost_words
+
     budgeted = expansion.budgeted
-    chosen = (f"; {budgeted.chosen_cost_fraction:.1%} of {budgeted.plan.planned_steps} steps of the chosen K = "
-              f"{budgeted.choice.chosen_blocks}" if getattr(budgeted, "chosen_cost_fraction", None) is not None else "")
-    return (f"decision cost: {budgeted.cost_steps:.1f} planned steps' FLOPs, {budgeted.cost_fraction:.1%} of the "
-            f"planned {budgeted.plan.planned_steps} steps' FLOPs{chosen}")
+    return "decision cost: " + cost_words(budgeted.cost_steps, budgeted.cost_fraction, budgeted.plan.planned_steps,
+                                          getattr(budgeted, "chosen_cost_fraction", None),
+                                          getattr(getattr(budgeted, "choice", None), "chosen_blocks", None))
 
 
 def plot_frontier(expansion, path: str, inputs=()) -> str | None:
@@ -129,7 +130,7 @@ def plot_frontier(expansion, path: str, inputs=()) -> str | None:
         axis.errorbar(ks, points, yerr=errors, marker="o", capsize=3, label="target held-out (95% interval)")
         if all(a.general is not None for a in arms):
             axis.plot(ks, [a.general.point for a in arms], marker="s", linestyle="--", label="general held-out")
-        if not expansion.budgeted.inserts_none_allowed:  # no arm chosen: no line marks one
+        if not expansion.budgeted.every_arm_excluded:  # no arm chosen: no line marks one
             axis.axvline(expansion.budgeted.choice.chosen_blocks, color="grey", linewidth=0.8)
         axis.axhline(0, color="black", linewidth=0.5)
         axis.set_xlabel("new blocks K (0: the model as it is)")

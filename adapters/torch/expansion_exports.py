@@ -146,18 +146,23 @@ def write_training_exports(folder: str, record: dict, peft_config: dict, out_dir
 
 
 def _cost(record: dict, decision: dict) -> str:
-    """The decision's cost in the unit and to the digit the command printed (``cli/expand_report.py``'s cost line):
-    a budgeted decision's planned steps' FLOPs and their share of the planned steps (with the frontier's choice,
-    its share of the chosen arm's steps too), else block-steps."""
+    """The decision's cost as the command printed it: a budgeted decision's :func:`cost_words`, else block-steps."""
     budgeted = decision.get("placement_check") or decision
     if "cost_steps" not in budgeted:
         return f"{record['cost_block_steps']} block-steps"
-    planned = budgeted["plan"]["planned_steps"]
-    cost = (f"{budgeted['cost_steps']:.1f} planned steps' FLOPs, {record['decision_cost_fraction']:.1%} of the planned "
-            f"{planned} steps' FLOPs")
-    if decision.get("chosen_cost_fraction") is not None:
-        cost += f"; {decision['chosen_cost_fraction']:.1%} of {planned} steps of the chosen K = {decision['choice']}"
-    return cost
+    return cost_words(budgeted["cost_steps"], record["decision_cost_fraction"], budgeted["plan"]["planned_steps"],
+                      decision.get("chosen_cost_fraction"), decision.get("choice"))
+
+
+def cost_words(cost_steps: float, fraction: float, planned_steps: int, chosen_fraction: float | None = None,
+               chosen_blocks: int | None = None) -> str:
+    """A budgeted decision's cost in words, the one wording of the command's cost line and the model card: its
+    planned steps' FLOPs and their share of the planned steps, and with a frontier's choice its share of the chosen
+    arm's steps (``chosen_fraction``, None without one)."""
+    words = f"{cost_steps:.1f} planned steps' FLOPs, {fraction:.1%} of the planned {planned_steps} steps' FLOPs"
+    if chosen_fraction is not None:
+        words += f"; {chosen_fraction:.1%} of {planned_steps} steps of the chosen K = {chosen_blocks}"
+    return words
 
 
 def _recipe(record: dict) -> dict:

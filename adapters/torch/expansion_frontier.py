@@ -427,20 +427,20 @@ class FrontierDecision(BudgetedDecision):
         """The decision's cost over the planned steps of the arm it chose, trained as the user will (its own
         step's FLOPs, where ``cost_fraction``'s unit is the largest arm's): the share of the training that follows;
         None where every arm is over ``--max-forgetting`` (none chosen)."""
-        if self.inserts_none_allowed:
+        if self.every_arm_excluded:
             return None
         step = next(s for a, s in zip(self.arms, self.plan.step_costs) if a.blocks == self.choice.chosen_blocks)
         return self.cost_steps / (self.plan.planned_steps * step)
 
     @property
-    def inserts_none_allowed(self) -> bool:
+    def every_arm_excluded(self) -> bool:
         """Every arm, ``K = 0`` included, is over ``--max-forgetting``: none is chosen."""
         return all(a.blocks in self.choice.excluded for a in self.arms)
 
     @property
     def stop_reason(self) -> str | None:
         """Why nothing is inserted (None: a block count was chosen)."""
-        if self.inserts_none_allowed:
+        if self.every_arm_excluded:
             return "no_arm_within_max_forgetting"
         return None if self.choice.chosen_blocks else "expanding_does_not_pay"
 
@@ -448,7 +448,7 @@ class FrontierDecision(BudgetedDecision):
     def instead(self) -> str | None:
         """What to do where nothing is inserted, in plain words (the command, ``expansion.json`` and the card say
         this); None where a block count was chosen."""
-        if self.inserts_none_allowed:
+        if self.every_arm_excluded:
             least = min(self.arms, key=lambda a: a.general.point)
             return (f"no arm met the forgetting limit, so none is to be trained: the predicted general change of each "
                     f"(K = 0 included) exceeds --max-forgetting {self.choice.max_forgetting:g} nats (the least, K = "
@@ -471,7 +471,7 @@ class FrontierDecision(BudgetedDecision):
     def rule(self) -> str:
         """The choice rule this decision applied, in plain words (``--max-forgetting`` may leave ``K = 0`` out, and
         then there is nothing to beat)."""
-        if self.inserts_none_allowed:
+        if self.every_arm_excluded:
             return "every arm, K = 0 included, is over --max-forgetting: none is chosen"
         if 0 in self.choice.excluded:
             return ("K = 0 is over --max-forgetting, so there is nothing to beat: of the arms within it, the fewest "
