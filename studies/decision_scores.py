@@ -233,10 +233,12 @@ def instances(models: list, schedule: str = SHIPPED_SCHEDULE, heldout: str = "he
                                      "target": float(np.mean(others)), "own": _at(run, "test", steps),
                                      "own_heldout": _at(run, "heldout", steps),
                                      "mean": float(np.mean(every)), "spread": float(np.ptp(every)),
+                                     "seed_sd": float(np.std(every, ddof=1)) if len(every) > 1 else math.inf,
                                      "train_target": float(np.mean(train_others)), "screen": screen[c],
                                      **({"sensitivity": m["sensitivity"][c]} if "sensitivity" in m else {})})
                     out.append({"model": m["model"], "set": m["set"], "column": column, "steps": steps, "seed": a,
                                 "cost": cost, "base_heldout": m["base"][heldout], "base_test": m["base"]["test"],
+                                "base_train": m["base"]["train"],
                                 "rows": rows,
                                 # --large-heldout recordings: the candidates' paired standard errors per checkpoint
                                 "paired_se": m.get("paired_se", {}).get(f"{column}/{a}/{heldout}"),
@@ -359,11 +361,11 @@ def _logistic(insts, cal) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def _mean_decision_gain(insts, calibration) -> float:
+def _mean_decision_gain(insts, calibration, decider=_decide) -> float:
     """Mean realized test decrease of the decisions, relative to the test loss (0 where they stop)."""
     gains = []
     for inst in insts:
-        d = _decide(inst, calibration)
+        d = decider(inst, calibration)
         target = {r["candidate"]: r["target"] for r in inst["rows"]}
         gains.append(0.0 if d.choice is None else -target[d.choice] / inst["base_test"])
     return float(np.mean(gains))
@@ -416,8 +418,9 @@ METHODS = ("decide", "short trial alone", "first-order ranking", SENSITIVITY, "e
            "head / end of stack", HELDOUT_CEILING, SEED_CEILING, "full-training oracle")
 
 
-def _predictions(inst, method, calibration):
-    """``(predicted changes per candidate or None, p_decrease per candidate or None, pick, decision choice)``."""
+def _predictions(inst, method, calibration, decider=_decide):
+    """``(predicted changes per candidate or None, p_decrease per candidate or None, pick, decision choice)``;
+    ``decider``: how ``decide`` decides (:func:`_decide`, or a stop rule tried, :data:`STOP_RULES`)."""
     rows, names = inst["rows"], [r["candidate"] for r in inst["rows"]]
     # the pick: the lowest prediction among the candidates the decision may choose (trialled, not eliminated)
     eligible = [k for k, r in enumerate(rows) if r["curve"] is not None and r["may_choose"]]
@@ -426,7 +429,7 @@ def _predictions(inst, method, calibration):
         return names[min(eligible, key=lambda k: pred[k])]
 
     if method == "decide":
-        d = _decide(inst, calibration)
+        d = decider(inst, calibration)
         cands = d.candidates
         pred = [cands[n].predicted_heldout_change for n in names]
         return pred, [cands[n].p_decrease for n in names], pick_of(pred), d.choice
@@ -475,15 +478,16 @@ def scored_methods(insts) -> tuple:
     return tuple(m for m in METHODS if m != SENSITIVITY or recorded)
 
 
-def score(insts, calibrations: dict, method: str) -> dict:
-    """One method's scores over ``insts`` (each scored with its own set's leave-one-out calibration)."""
+def score(insts, calibrations: dict, method: str, decider=_decide) -> dict:
+    """One method's scores over ``insts`` (each scored with its own set's leave-one-out calibration; ``decider``:
+    :func:`_predictions`')."""
     pooled_pred, pooled_real, within, picked, ratios, gains, probs, outcomes = [], [], [], [], [], [], [], []
     pick_gains, best_gains = [], []  # relative to the test loss, decisions whose best candidate decreased it
     harms = flagged = clear = signs = covered = n_cov = 0
     close_calls = {True: [], False: []}  # decide's choices by InsertionDecision.close_call: is the pick the best?
     for inst in insts:
         cal = calibrations[inst["set"]]
-        pred, p, pick, choice = _predictions(inst, method, cal)
+        pred, p, pick, choice = _predictions(inst, method, cal, decider)
         target = np.array([r["target"] for r in inst["rows"]])
         names = [r["candidate"] for r in inst["rows"]]
         best = int(np.argmin(target))
@@ -524,7 +528,7 @@ def score(insts, calibrations: dict, method: str) -> dict:
                 probs.append(p[k])
                 outcomes.append(float(r["target"] < 0))
         if method == "decide":
-            d = _decide(inst, cal)
+            d = decider(inst, cal)
             if d.runner_up is not None and inst.get("paired_se"):  # only where the paired margin is recorded
                 close_calls[d.close_call].append(float(d.choice == names[best]))
             for k, n in enumerate(names):
@@ -568,9 +572,11 @@ def score(insts, calibrations: dict, method: str) -> dict:
 
 
 # -- depth sweeps -----------------------------------------------------------------------------------------
-def sweep_scores(sweeps, calibration, schedule: str = SHIPPED_SCHEDULE) -> list[dict]:
-    """Each sweep's per-depth decision (``decide`` under ``schedule`` on the trials recorded at every depth) and
-    where it first stops, beside the realized best depth."""
+def sweep_scores(sweeps, calibration, schedule: str = SHIPPED_SCHEDULE, decider=_decide) -> list[dict]:
+    """Each sweep's per-depth decision (``decide`` under ``schedule`` on the trials recorded at every depth;
+    ``decider``: :func:`_predictions`') and where it first stops, beside the realized best depth.  The model's
+    training loss (``base_train``, a stop rule's input) is the sweep's, on its whole training set (the trials'
+    training split is part of it)."""
     out = []
     for sw in sweeps:
         recipe = Recipe.from_dict(sw["recipe"])
@@ -578,10 +584,10 @@ def sweep_scores(sweeps, calibration, schedule: str = SHIPPED_SCHEDULE) -> list[
         for d in sw["depths"]:
             names = list(d["screen"])
             trials, cost = _trial_schedule(schedule, names, d["screen"], d["trials"], recipe.steps)
-            inst = {"steps": recipe.steps, "base_heldout": d["heldout_loss"], "cost": cost,
+            inst = {"steps": recipe.steps, "base_heldout": d["heldout_loss"], "base_train": d["train_loss"], "cost": cost,
                     "rows": [{"candidate": c, "curve": trials[c][0], "may_choose": trials[c][1],
                               "screen": d["screen"][c]} for c in names]}
-            dec = _decide(inst, calibration)
+            dec = decider(inst, calibration)
             per_depth.append({"depth": d["depth"], "test_loss": d["test_loss"], "choice": dec.choice,
                               "stop_reason": dec.stop_reason, "cost_fraction": dec.cost_fraction})
             if stops is None and dec.choice is None:
@@ -704,6 +710,162 @@ def variants(out: Path) -> str:
                          f"{_f(r['sign_right'], True)} | {_f(r['brier_skill'], True)} | "
                          f"{_f(r['reliability_max_gap'])} | {_f(r['coverage_95'], True)} | "
                          f"{within if label.startswith('every') else '-'} |")
+    return "\n".join(lines)
+
+
+# -- stop rules tried: stopping short where the realized gain is clear ------------------------------------------
+CLEAR_GAIN_NOISE = 3  # a realized best gain is clear beyond this many seed standard deviations
+
+
+def stops_over_noise(insts, calibrations: dict, decider=_decide) -> tuple[int, int]:
+    """``(stops, decisions)``: of the decisions whose realized best gain (the best candidate's target decrease)
+    exceeds :data:`CLEAR_GAIN_NOISE` times the seed noise (the standard deviation over every trial seed of that
+    candidate's realized test change at the recipe's length), how many stop."""
+    stops = clear = 0
+    for inst in insts:
+        best = min(inst["rows"], key=lambda r: r["target"])
+        if -best["target"] > CLEAR_GAIN_NOISE * best["seed_sd"]:
+            clear += 1
+            stops += decider(inst, calibrations[inst["set"]]).choice is None
+    return stops, clear
+
+
+def _heldout_fraction(inst, candidate, fraction, x) -> float:
+    return fraction * abs(inst["base_heldout"])
+
+
+def _where(signature):
+    """The held-out fraction where ``signature(inst, trial, x)`` says the model or trial over-fits, else 0."""
+    return lambda inst, c, fraction, x: _heldout_fraction(inst, c, fraction, x) if signature(inst, c.trial, x) else 0.0
+
+
+def _last_doubling_share(trial: TrialCurve, which: str) -> float:
+    """The share of the trial's change made in its last doubling, ``(d(T) - d(T/2)) / d(T)`` (0 where d(T) >= 0)."""
+    end = (trial.heldout_change if which == "heldout" else trial.training_change)[-1]
+    return trial.trend(which) / end if end < 0 else 0.0
+
+
+# each rule: (stop tolerance in loss units of (inst, chosen candidate, fraction, x), the grid of x); the fraction is
+# fitted on TOLERANCES, the threshold on P_THRESHOLDS (fit_stop_rule)
+STOP_RULES = {
+    "shipped: a fraction of the held-out loss": (_heldout_fraction, (None,)),
+    "none: stop only without a credible decrease": (lambda inst, c, fraction, x: 0.0, (None,)),
+    "a fraction of the generalization gap (held-out minus training loss before insertion)":
+        (lambda inst, c, fraction, x: fraction * max(0.0, inst["base_heldout"] - inst["base_train"]), (None,)),
+    "the held-out fraction where the model's training loss is below x times its held-out loss":
+        (_where(lambda inst, trial, x: inst["base_train"] < x * inst["base_heldout"]), (0.5, 0.7, 0.8, 0.9, 0.95)),
+    "the held-out fraction where the trial's training decrease exceeds x times its held-out decrease":
+        (_where(lambda inst, trial, x: trial.training_change[-1] < x * trial.heldout_change[-1]), (1.5, 2, 3, 4, 6)),
+    "the held-out fraction where the held-out decrease of the trial's last doubling is below x d(T), training falling":
+        (_where(lambda inst, trial, x: trial.trend() > x * trial.heldout_change[-1] and trial.trend("training") < 0),
+         (0.0, 0.1, 0.2, 0.3, 0.5)),
+    "the held-out fraction where the held-out share of the last doubling trails the training share by more than x":
+        (_where(lambda inst, trial, x: _last_doubling_share(trial, "heldout")
+                < _last_doubling_share(trial, "training") - x), (-0.5, -0.25, 0.0, 0.25, 0.5)),
+}
+
+
+def _stop_rule_decider(rule: str, params: dict):
+    """:func:`_decide` with ``rule``'s stop tolerance (:data:`STOP_RULES`) in place of the calibration's;
+    ``params``: ``(fraction, x)`` by model set (key None: a sweep's decisions)."""
+    tolerance_of = STOP_RULES[rule][0]
+
+    def decide_with(inst, calibration):
+        d = _decide(inst, dataclasses.replace(calibration, tolerance=0.0))
+        if d.choice is None:
+            return d
+        chosen = d.candidates[d.choice]
+        tolerance = tolerance_of(inst, chosen, *params[inst.get("set")])
+        if -chosen.predicted_heldout_change < tolerance:
+            return dataclasses.replace(d, choice=None, stop_reason="gain_below_tolerance", stop_tolerance=tolerance)
+        return dataclasses.replace(d, stop_tolerance=tolerance)
+
+    return decide_with
+
+
+def fit_stop_rule(insts, calibration, rule: str) -> tuple:
+    """``(p_threshold, fraction, x)`` of ``rule`` fitted as :func:`fit` fits the shipped threshold and tolerance:
+    the largest mean realized gain of the decisions of ``insts`` (long recipes), ties to the lower threshold and
+    fraction, then the first ``x``; the error model is ``calibration``'s."""
+    insts = [i for i in insts if i["steps"] in LONG]
+    scored = []
+    for p in P_THRESHOLDS:
+        cal = dataclasses.replace(calibration, p_threshold=p)
+        for fraction in TOLERANCES:
+            for k, x in enumerate(STOP_RULES[rule][1]):
+                decider = _stop_rule_decider(rule, {i["set"]: (fraction, x) for i in insts})
+                scored.append((_mean_decision_gain(insts, cal, decider), -p, -fraction, -k, (p, fraction, x)))
+    return max(scored, key=lambda s: s[:4])[4]
+
+
+STOP_RULE_TARGETS = ("spearman_pooled", "spearman_within", "best_picked", "pick_gain_ratio", "harms_flagged",
+                     "sign_right", "brier_skill", "reliability_max_gap", "coverage_95")
+
+
+def stop_rule_scores(out: Path) -> dict:
+    """Every rule of :data:`STOP_RULES` fitted leave one bench set out (scored on the set left out, at 300 steps and
+    on the 1000-step recordings no fit reads) and on every bench set (scored on the transfer sets, with the error
+    model ``decide`` ships, and on the depth sweeps): stops where the realized best gain is clear
+    (:func:`stops_over_noise`), sweeps within one block, decision gain, and whether every other target of the
+    tables (:data:`STOP_RULE_TARGETS`) is the shipped rule's."""
+    from satcore._decisions.calibration import DEFAULT_CALIBRATION
+
+    models, sweeps, _ = load(out)
+    insts, errors = instances(models), larger_heldout(out)
+    cals = lomo_calibrations(insts, errors)
+    full = fit(insts, "every bench model set", error_insts=errors)
+    transfer_models, transfer_sweeps, _ = load(out.parent / TRANSFER_FOLDER)
+    transfer = instances(transfer_models)
+    columns = {"bench, 300 steps": [i for i in insts if i["steps"] == 300],
+               "bench, 1000": [i for i in instances(load(out.parent / "decision_validity_1000")[0])
+                               if i["steps"] == 1000],
+               **{f"transfer sets, {steps}": [i for i in transfer if i["steps"] == steps
+                                              and i["column"].endswith("_1000") == (steps == 1000)] for steps in LONG}}
+    transfer_sets = sorted({m["set"] for m in transfer_models})
+    result = {}
+    for rule in STOP_RULES:
+        held = {s: fit_stop_rule([i for i in insts if i["set"] != s], cals[s], rule) for s in cals}
+        every = fit_stop_rule(insts, full, rule)
+        params = {**{s: held[s][1:] for s in held}, **{s: every[1:] for s in transfer_sets}, None: every[1:]}
+        decider = _stop_rule_decider(rule, params)
+        held_cals = {s: dataclasses.replace(cals[s], p_threshold=held[s][0]) for s in cals}
+        shipped = dataclasses.replace(DEFAULT_CALIBRATION, p_threshold=every[0])
+        row = {"fitted_left_out": held, "fitted_every_set": every, "columns": {},
+               "sweeps": sweep_scores(sweeps, dataclasses.replace(full, p_threshold=every[0]), decider=decider),
+               "transfer_sweeps": sweep_scores(transfer_sweeps, shipped, decider=decider)}
+        for label, chosen in columns.items():
+            column_cals = held_cals if label.startswith("bench") else {s: shipped for s in transfer_sets}
+            scored = score(chosen, column_cals, "decide", decider)
+            row["columns"][label] = {"stops_over_noise": stops_over_noise(chosen, column_cals, decider),
+                                     "decision_gain": scored["decision_gain"],
+                                     **{k: scored.get(k) for k in STOP_RULE_TARGETS}}
+        result[rule] = row
+    return result
+
+
+def stop_rules(out: Path) -> str:
+    """The table of :func:`stop_rule_scores` (``--stop-rules``)."""
+    res = stop_rule_scores(out)
+    (out.parent / "decision_validity_stop_rules.json").write_text(json.dumps(res, indent=1, default=float))
+    shipped = res[next(iter(STOP_RULES))]
+    labels = list(shipped["columns"])
+    lines = ["| stop rule | fitted (threshold, fraction, x): left out / every set | stops where the realized best gain "
+             "exceeds 3 times the seed noise: " + " / ".join(labels) + " | sweeps within one block: bench / transfer "
+             "| decision gain (% of the test loss): " + " / ".join(labels) + " | other targets |",
+             "|---" * 6 + "|"]
+    for rule, row in res.items():
+        held = ", ".join(f"{s} {p:g}, {f:g}" + ("" if x is None else f", {x:g}")
+                         for s, (p, f, x) in row["fitted_left_out"].items())
+        p, f, x = row["fitted_every_set"]
+        every = f"{p:g}, {f:g}" + ("" if x is None else f", {x:g}")
+        stops = " / ".join(f"{a} of {b} ({100 * a / b:.0f}%)" for a, b in
+                           (row["columns"][c]["stops_over_noise"] for c in labels))
+        within = " / ".join(f"{sum(w['within_one'] for w in row[k])} of {len(row[k])}"
+                            for k in ("sweeps", "transfer_sweeps"))
+        gains = " / ".join(f"{100 * row['columns'][c]['decision_gain']:+.2f}" for c in labels)
+        same = all(row["columns"][c][k] == shipped["columns"][c][k] for c in labels for k in STOP_RULE_TARGETS)
+        lines.append(f"| {rule} | {held} / {every} | {stops} | {within} | {gains} | "
+                     f"{'as shipped' if same else 'differ (decision_validity_stop_rules.json)'} |")
     return "\n".join(lines)
 
 

@@ -40,7 +40,7 @@ seed 2 run, to ``<part>-trialseed2.json`` (with ``--column``, ``<part>-<column>-
 models and trials with every trial also evaluated on a held-out split 4 times the bench's, to
 ``studies/results/decision_validity_large_heldout/``; ``--large-heldout 16``: 16 times, to ``..._x16/``); ``--tables``
 scores them (``studies/decision_scores.py``) and prints the docs tables; ``--variants`` the
-decision rules tried; ``--fit`` writes ``satcore/_decisions/calibrations.json`` from all sets.
+decision rules tried; ``--stop-rules`` the stop rules tried; ``--fit`` writes ``satcore/_decisions/calibrations.json`` from all sets.
 
 **Transfer sets** (``TRANSFER``), which no fit reads: another architecture on data no fitted set uses, recorded
 the same way (``--part gpt2-perldoc`` or ``resmlp-fashion``, with ``--column`` as above; depth sweeps
@@ -725,6 +725,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tables", action="store_true", help="score the recorded parts and print the docs tables")
     parser.add_argument("--variants", action="store_true",
                         help="score the decision rules tried (studies/decision_scores.py VARIANTS) and print their table")
+    parser.add_argument("--stop-rules", action="store_true",
+                        help="score the stop rules tried (studies/decision_scores.py STOP_RULES) and print their table")
     parser.add_argument("--fit", action="store_true", help="write satcore/_decisions/calibrations.json from every set")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -732,8 +734,8 @@ def main(argv=None) -> int:
         record(args.part, column=args.column, seeds=None if args.seeds is None else tuple(args.seeds),
                trial_seeds=None if args.trial_seeds is None else tuple(args.trial_seeds),
                large_heldout=args.large_heldout, compressed=args.compressed, sensitivity=args.sensitivity)
-    if args.tables or args.fit or args.variants:
-        from studies.decision_scores import fit_and_write, tables, variants
+    if args.tables or args.fit or args.variants or args.stop_rules:
+        from studies.decision_scores import fit_and_write, stop_rules, tables, variants
 
         if args.fit:
             fit_and_write(OUT, ROOT / "satcore" / "_decisions" / "calibrations.json")
@@ -741,6 +743,8 @@ def main(argv=None) -> int:
             print(tables(OUT))
         if args.variants:
             print(variants(OUT))
+        if args.stop_rules:
+            print(stop_rules(OUT))
     return 0
 
 

@@ -95,6 +95,10 @@ def test_trial_seeds_are_merged_by_model_and_each_targets_the_other_seeds(scores
             others = [runs[(row["candidate"], b)]["test"]["change"][at] for b in (0, 1, 2) if b != inst["seed"]]
             assert row["target"] == pytest.approx((others[0] + others[1]) / 2, rel=4 * np.finfo(float).eps)
             assert row["own"] == runs[(row["candidate"], inst["seed"])]["test"]["change"][at]
+            every = [runs[(row["candidate"], b)]["test"]["change"][at] for b in (0, 1, 2)]
+            mean = sum(every) / 3
+            assert row["seed_sd"] == pytest.approx(math.sqrt(sum((v - mean) ** 2 for v in every) / 2),
+                                                   rel=16 * np.finfo(float).eps)
 
 
 @pytest.mark.parametrize("change, reason", [
@@ -457,3 +461,49 @@ def test_the_sensitivity_baseline_picks_the_largest_value_never_stops_and_needs_
     _write(folder / "toy.json", [other], (0, 1, 2))
     with pytest.raises(SystemExit, match="is not the recorded one"):
         scores.attach_sensitivity(recorded, folder)
+
+
+def _stop_case(base_train: float, decrease: float, best_target: float) -> dict:
+    """One decision of two trialled candidates on a model of held-out loss 2: ``a`` lowers the held-out loss by
+    ``decrease`` at every checkpoint (flat curve, standard error 1e-3: P(decrease) 0.99 under the shipped
+    calibration, whose trend weight is 0, so the prediction is ``-decrease``), ``b`` raises it by 0.01; seed noise
+    0.01 on each candidate's realized change."""
+    from satcore._decisions.trials import TrialCurve
+
+    def row(name, change, target):
+        curve = TrialCurve((18, 37, 75), (change,) * 3, (2 * change,) * 3, 1e-3)
+        return {"candidate": name, "curve": curve, "may_choose": True, "screen": change, "target": target,
+                "seed_sd": 0.01}
+
+    return {"set": "toy", "steps": 300, "cost": 300, "base_heldout": 2.0, "base_train": base_train,
+            "base_test": 2.0, "rows": [row("a", -decrease, best_target), row("b", 0.01, 0.02)]}
+
+
+@pytest.mark.parametrize("rule, base_train, decrease, stops", [
+    # the held-out fraction: 0.003 x 2 = 0.006 whatever the training loss
+    ("shipped: a fraction of the held-out loss", 1.0, 0.004, True),
+    ("shipped: a fraction of the held-out loss", 1.0, 0.007, False),
+    # the generalization gap's: 0.003 x (2 - 1) = 0.003, 0.003 x (2 - 0.5) = 0.0045, 0 where training is above
+    ("a fraction of the generalization gap (held-out minus training loss before insertion)", 1.0, 0.004, False),
+    ("a fraction of the generalization gap (held-out minus training loss before insertion)", 0.5, 0.004, True),
+    ("a fraction of the generalization gap (held-out minus training loss before insertion)", 2.5, 0.004, False),
+    # the held-out fraction where training < 0.9 x held-out (1.8): applied at 1.0, not at 1.9
+    ("the held-out fraction where the model's training loss is below x times its held-out loss", 1.0, 0.004, True),
+    ("the held-out fraction where the model's training loss is below x times its held-out loss", 1.9, 0.004, False),
+])
+def test_a_stop_rule_stops_below_its_tolerance_and_only_clear_gains_count(scores, rule, base_train, decrease, stops):
+    from satcore._decisions.calibration import DEFAULT_CALIBRATION
+
+    inst = _stop_case(base_train, decrease, -0.05)
+    decider = scores._stop_rule_decider(rule, {"toy": (0.003, 0.9)})
+    d = decider(inst, DEFAULT_CALIBRATION)
+    assert (d.choice, d.stop_reason) == ((None, "gain_below_tolerance") if stops else ("a", None))
+    # the best realized gain 0.05 exceeds 3 x 0.01: the decision counts, and stops or not as decided
+    assert scores.stops_over_noise([inst], {"toy": DEFAULT_CALIBRATION}, decider) == (int(stops), 1)
+    # 0.02 does not: no decision counts
+    assert scores.stops_over_noise([_stop_case(base_train, decrease, -0.02)], {"toy": DEFAULT_CALIBRATION},
+                                   decider) == (0, 0)
+    if rule.startswith("shipped"):  # the shipped rule is the shipped decision, its stop tolerance included
+        shipped = scores._decide(inst, DEFAULT_CALIBRATION)
+        assert (shipped.choice, shipped.stop_reason, shipped.stop_tolerance) == (d.choice, d.stop_reason,
+                                                                                d.stop_tolerance)
