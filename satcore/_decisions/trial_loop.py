@@ -90,7 +90,7 @@ class ScreenRow:
     ``interval`` and ``fold_test_p_positive``: the held-out change's fold interval and the fold
     test's probability that the step's held-out gain is positive (:class:`satcore.HeldoutGain`:
     they omit the predictor's own error, and read as a probability of the trained block's
-    decrease the latter is off by up to 0.6 per bin, studies/screen-probability.md).
+    decrease the latter is off by up to 0.47 per bin, studies/screen-probability.md).
     """
 
     name: str
