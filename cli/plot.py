@@ -161,8 +161,8 @@ def draw_predictions(ax, predictions, names):
     ax.set_yscale("symlog", linthresh=_linear_range(train + held))
     ax.set_ylabel("loss decrease")
     step = ", ".join(f"{k} {v:g}" for k, v in predictions.step.items())
-    ax.set_title(f"one inserted block trained by {predictions.optimizer} ({step}): {NOT_VERIFIED} (no trial ran; "
-                 "no P(decrease))", fontsize=9)
+    ax.set_title(f"one inserted block trained by {predictions.optimizer} ({step}): {NOT_VERIFIED}, no trial ran",
+                 fontsize=9)
     ax.legend(fontsize=8)
 
 
