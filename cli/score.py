@@ -51,7 +51,7 @@ from .numbers import Count
 )
 @click.option("--train", "train_dump", metavar="TRAIN_DUMP", default=None,
               help="The same candidates probed on the training split: lead with the predicted training and held-out "
-              "gains of --optimizer steps (DUMP is the held-out probe).")
+              "gains of --optimizer steps, not verified by any trial (no P(decrease)); DUMP is the held-out probe.")
 @click.option("--optimizer", type=click.Choice(["sgd", "adam", "matched"]), default="sgd", show_default=True,
               help="With --train: the step predicted (matched: the gradient-matched block of relative size --rho).")
 @click.option("--lr", type=FiniteFloatRange(min=0, min_open=True), default=None, help="With --train: learning rate.")

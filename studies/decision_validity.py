@@ -54,6 +54,10 @@ zeroed output projections) on the Perl 5.36 documentation (Debian ``perl-doc``),
 ``T`` steps at ``lr * S / T``, :func:`record_compressed`), to ``studies/results/decision_validity_compressed/``;
 with ``--large-heldout``, a fitted set's SGD trials at 300 steps also read on the larger held-out split (the
 compressed-SGD rule's error model), to ``..._compressed_large_heldout/``.
+
+``--screen`` (a model set part, fitted or transfer): the screen's rows of the re-trained models with their fold
+interval and fold-test probability, no trials (:func:`record_screen`), to
+``studies/results/decision_validity_screen/``, scored by ``studies/screen_probability.py``.
 """
 
 from __future__ import annotations
@@ -91,6 +95,8 @@ OUT_TRANSFER = ROOT / "studies" / "results" / "decision_validity_transfer"  # ev
 OUT_COMPRESSED = ROOT / "studies" / "results" / "decision_validity_compressed"
 # --sensitivity: the sensitivity baseline's scores of every set's models (no trials), to OUT_SENSITIVITY
 OUT_SENSITIVITY = ROOT / "studies" / "results" / "decision_validity_sensitivity"
+# --screen: the screen's rows of every set's models with their fold test's probability (no trials), to OUT_SCREEN
+OUT_SCREEN = ROOT / "studies" / "results" / "decision_validity_screen"
 # --large-heldout N: the same models and trials, each trial also evaluated on a held-out split N times the bench's (its
 # first part is the bench's own held-out split), to decision_scores.large_heldout_folder(OUT, N): how the decision
 # depends on the size of the held-out data it reads (the test split and the targets are unchanged)
@@ -160,7 +166,7 @@ DEPTHS = range(1, 7)
 
 
 def column_recipe(column: str, text: bool, steps: int) -> Recipe:
-    optimizer, lr, trainable, _ = COLUMNS[column]
+    optimizer, lr, trainable, _ = {**EXTRA_COLUMNS, **COLUMNS}[column]
     if text and optimizer == "adam":
         optimizer = "adamw"
     return Recipe(optimizer, lr, steps, TEXT_BATCH if text else IMAGE_BATCH, trainable)
@@ -275,6 +281,28 @@ def record_sensitivity(task: dict, log) -> dict:
            "base": {k: float(per_sample_eval(model, v, loss_fn).mean()) for k, v in sets.items()},
            "sensitivity": virtual_layer_sensitivity(splits.train.statistics)}
     log(f"  {task['tag']} sensitivity: {time.time() - t0:.0f}s")
+    return out
+
+
+def record_screen(task: dict, log) -> dict:
+    """The screen's rows of one trained model (``--screen``), no trial: for every recipe column of 300 steps (the
+    default and ``EXTRA_COLUMNS``) at 300 and 1000 steps, per candidate the first-order held-out change of the
+    recipe's steps with its fold interval and the fold test's probability that the step's held-out gain is positive
+    (:func:`satcore.predict_gains`; ``studies/screen_probability.py`` scores that probability as a forecast of the
+    realized test change).  The base
+    losses and the held-out changes are kept to check, when scored, that the re-trained model is the recorded one."""
+    t0 = time.time()
+    model, loss_fn, text = task["model"], task["loss_fn"], task["text"]
+    splits = probe_splits(model, task["probe_train"], task["heldout"], loss_fn, family="native" if text else "auto")
+    sets = {"heldout": task["heldout"], "test": task["test"], "train": task["probe_train"]}
+    out = {"model": task["tag"], "set": task["set"], "candidates": list(splits.train.statistics),
+           "base": {k: float(per_sample_eval(model, v, loss_fn).mean()) for k, v in sets.items()}, "screen_rows": {}}
+    for column in [c for c in {**COLUMNS, **EXTRA_COLUMNS} if not c.endswith("_1000")]:
+        for steps in LENGTHS[1:]:
+            out["screen_rows"][f"{column}/{steps}"] = {
+                name: {"heldout_change": row.heldout_change, "interval": list(row.interval), "fold_test_p_positive": row.fold_test_p_positive}
+                for name, row in screen(splits, column_recipe(column, text, steps)).items()}
+    log(f"  {task['tag']} screen: {time.time() - t0:.0f}s")
     return out
 
 
@@ -618,20 +646,20 @@ def _stored(stored: dict | None, tag: str, path: Path):
 
 def record(part: str, log=print, column: str | None = None, seeds: tuple | None = None,
            trial_seeds: tuple | None = None, large_heldout: int = 0, compressed: bool = False,
-           sensitivity: bool = False) -> None:
+           sensitivity: bool = False, screen_only: bool = False) -> None:
     out = OUT_1000 if column is not None and column.endswith("_1000") else OUT
-    if sensitivity:
+    if sensitivity or screen_only:
         if part not in (*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS) or column or trial_seeds or compressed \
-                or large_heldout:
-            raise SystemExit("--sensitivity: a model set part alone")
-        out = OUT_SENSITIVITY
+                or large_heldout or (sensitivity and screen_only):
+            raise SystemExit("--sensitivity, --screen: a model set part alone")
+        out = OUT_SENSITIVITY if sensitivity else OUT_SCREEN
     if compressed:
         if part not in (*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS) or column or trial_seeds:
             raise SystemExit("--compressed: a model set part alone (with --large-heldout: a fitted set's)")
         if large_heldout and (part not in (*IMAGES, *TEXTS) or large_heldout != LARGE_HELDOUT):
             raise SystemExit(f"--compressed --large-heldout: a fitted model set, {LARGE_HELDOUT} times")
         out = large_heldout_folder(OUT_COMPRESSED) if large_heldout else OUT_COMPRESSED
-    if part in TRANSFER and not compressed and not sensitivity:
+    if part in TRANSFER and not compressed and not sensitivity and not screen_only:
         if trial_seeds is not None:
             raise SystemExit("--trial-seeds: the fitted model sets' parts only")
         out = OUT_TRANSFER
@@ -690,6 +718,8 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
             makers = [(lambda t=t: record_compressed(t, log, bool(large_heldout))) for t in tasks]
         elif sensitivity:
             makers = [(lambda t=t: record_sensitivity(t, log)) for t in tasks]
+        elif screen_only:
+            makers = [(lambda t=t: record_screen(t, log)) for t in tasks]
         else:
             makers = [(lambda t=t: record_model(t, log, trial_seeds or SEEDS, _stored(stored, t["tag"], path)))
                       for t in tasks]
@@ -722,6 +752,10 @@ def main(argv=None) -> int:
     parser.add_argument("--sensitivity", action="store_true",
                         help="model set parts: the sensitivity baseline (Sensitivity-Based Layer Insertion's ||C||^2 "
                              "on the training probe split, no trials) to studies/results/decision_validity_sensitivity/")
+    parser.add_argument("--screen", action="store_true",
+                        help="model set parts: the screen's rows with their fold interval and the fold test's "
+                             "probability of a positive held-out gain (no trials) "
+                             "to studies/results/decision_validity_screen/ (scored by studies/screen_probability.py)")
     parser.add_argument("--tables", action="store_true", help="score the recorded parts and print the docs tables")
     parser.add_argument("--variants", action="store_true",
                         help="score the decision rules tried (studies/decision_scores.py VARIANTS) and print their table")
@@ -733,7 +767,8 @@ def main(argv=None) -> int:
     if args.part:
         record(args.part, column=args.column, seeds=None if args.seeds is None else tuple(args.seeds),
                trial_seeds=None if args.trial_seeds is None else tuple(args.trial_seeds),
-               large_heldout=args.large_heldout, compressed=args.compressed, sensitivity=args.sensitivity)
+               large_heldout=args.large_heldout, compressed=args.compressed, sensitivity=args.sensitivity,
+               screen_only=args.screen)
     if args.tables or args.fit or args.variants or args.stop_rules:
         from studies.decision_scores import fit_and_write, stop_rules, tables, variants
 

@@ -263,7 +263,8 @@ def candidate_predictors(name, tr, ho, f_tr, f_ho, rms, steps) -> dict:
         second = P.predict_gains(train, held, recipe, train_fisher={name: f_tr}, heldout_fisher={name: f_ho})[name]
         out[f"first_order_{opt}"], out[f"kfac_{opt}"] = first.training_gain, second.training_gain_second_order
         for key, gain in ((f"alignment_{opt}", first.heldout), (f"alignment_kfac_{opt}", second.heldout)):
-            out[key], out[f"{key}_p_decrease"], out[f"{key}_interval"] = gain.value, gain.p_decrease, list(gain.interval)
+            out[key], out[f"{key}_fold_test_p_positive"], out[f"{key}_interval"] = (
+                gain.value, gain.fold_test_p_positive, list(gain.interval))
     # held-out decrease of the gradient-matched block per unit of its relative size times ||z||_S:
     # tr(C_heldout K^- C^T) / V, which ranks like the held-out gain of any rho
     matched = P.predict_gains(train, held, criteria=Criteria(rho=1.0), stream_rms={name: rms})[name]

@@ -121,6 +121,9 @@ def test_heldout_gain_against_explicit_per_sample_gradients():
     se = np.sqrt(16 / 15 * np.sum(w**2 * (y - w @ y) ** 2))
     assert h.se == pytest.approx(se, rel=1e-12)
     assert h.interval[0] < h.value < h.interval[1] and h.n_folds == 16
+    from scipy import stats
+
+    assert h.fold_test_p_positive == pytest.approx(stats.t.cdf(h.value / se, df=15), rel=1e-12)
 
 
 def test_heldout_interval_covers_the_population_gain_by_monte_carlo():
@@ -132,10 +135,12 @@ def test_heldout_interval_covers_the_population_gain_by_monte_carlo():
         X = rng.normal(size=(160, 2, 3)) + mu
         h = P.heldout_gain(V, X.reshape(16, 10, 2, 3).sum(axis=1), np.full(16, 10))
         covered += h.interval[0] <= truth <= h.interval[1]
-        decrease.append(h.p_decrease)
+        decrease.append(h.fold_test_p_positive)
     assert 0.91 <= covered / 400 <= 0.99
-    # P(decrease) is a calibrated probability of the sign: its mean is near the share of positive truths
+    # the fold test's probability of a positive gain is on the side of the population gain's sign
     assert (np.mean(decrease) > 0.5) == (truth > 0)
+    # no trial verified the step: no P(decrease) (studies/screen-probability.md)
+    assert h.p_decrease is None and h.to_dict()["p_decrease"] is None
 
 
 def _depth_stats(rng, shift):

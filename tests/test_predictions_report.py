@@ -59,9 +59,57 @@ def test_score_train_option_equals_the_python_report(splits, tmp_path):
     assert missing.exit_code == 2 and "--lr" in missing.output
 
 
+def _fold_test_reference(train, heldout, lr, steps):
+    """Per candidate ``(held-out gain, fold test's P(gain > 0))`` of ``steps`` SGD steps at ``lr`` fitted on
+    ``train``, from the held-out fold sums by scipy's Student t (module docstring of the predictors)."""
+    from scipy import stats
+
+    out = {}
+    for name, tr in train.items():
+        ho = heldout[name]
+        V = -steps * lr * tr.sum_cross / tr.n_samples
+        keep = ho.fold_samples > 0
+        counts = ho.fold_samples[keep].astype(float)
+        y = np.array([np.sum(fold / n * V) for fold, n in zip(ho.fold_cross[keep], counts)])
+        w = counts / counts.sum()
+        m = len(y)
+        se = np.sqrt(m / (m - 1) * np.sum(w**2 * (y - w @ y) ** 2))
+        gain = -float(w @ y)
+        out[name] = (gain, float(stats.t.cdf(gain / se, df=m - 1)))
+    return out
+
+
+def test_score_train_rows_are_not_verified_and_carry_no_probability(splits, tmp_path):
+    """``satcore score HELDOUT --train TRAIN``: no trial verified the screen's rows, so the table reads "not
+    verified" where a probability would stand and the JSON's ``p_decrease`` is null; the fold test's number stays
+    in the JSON under its own name, equal to scipy's Student t of the fold values computed here."""
+    splits.train.save(tmp_path / "train.npz")
+    splits.heldout.save(tmp_path / "heldout.npz")
+    args = ["score", str(tmp_path / "heldout.npz"), "--train", str(tmp_path / "train.npz"), "--optimizer", "sgd",
+            "--lr", "0.05", "--steps", "30"]
+    want = _fold_test_reference(splits.train.statistics, splits.heldout.statistics, 0.05, 30)
+    run = CliRunner()
+    printed = run.invoke(main, args)
+    assert printed.exit_code == 0, printed.output
+    lines = printed.output.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("predicted gains of one inserted block"))
+    assert lines[head + 1].split()[-1] == "P(decrease)"
+    rows = {line.split()[0]: line for line in lines[head + 2:head + 2 + len(want)]}
+    assert set(rows) == set(want)
+    for name, (gain, _) in want.items():  # interval "-", and "not verified" where the probability stood
+        assert rows[name].split()[-5:] == [f"{gain:.4g}", "(screen)", "-", "not", "verified"]
+    data = run.invoke(main, [*args, "--json"])
+    assert data.exit_code == 0, data.output
+    for c in json.loads(data.output)["predictions"]["candidates"]:
+        gain, p = want[c["name"]]
+        assert c["evidence"] == "not verified" and c["predicted_heldout_gain"]["p_decrease"] is None
+        assert c["predicted_heldout_gain"]["value"] == pytest.approx(gain, rel=1e-9)
+        assert c["predicted_heldout_gain"]["fold_test_p_positive"] == pytest.approx(p, rel=1e-9, abs=1e-12)
+
+
 def test_plot_leads_with_the_predicted_gains(splits, tmp_path):
     """``satcore score --train ... --plot``: a panel of the predicted gains above the growth values; the
-    drawn points are the report's predictions (training gain, held-out gain and its interval)."""
+    drawn points are the report's predictions (training gain, held-out gain), with no interval or probability."""
     matplotlib = pytest.importorskip("matplotlib")  # the plot extra
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -78,9 +126,9 @@ def test_plot_leads_with_the_predicted_gains(splits, tmp_path):
     np.testing.assert_allclose(train_line.get_ydata(), want_train, rtol=1e-12)
     held = np.asarray(held_line.get_ydata(), dtype=float)
     np.testing.assert_allclose(held, [by_name[n].heldout.value for n in names], rtol=1e-12)
-    bars = ax.collections[0].get_segments()  # the interval of each held-out gain
-    np.testing.assert_allclose([seg[:, 1] for seg in bars], [by_name[n].heldout.interval for n in names], rtol=1e-9)
-    assert [t.get_text() for t in ax.texts] == [f"P {by_name[n].heldout.p_decrease:.2f}" for n in names]
+    # no trial verified them: no interval bars, no probability, and the panel says so
+    assert not ax.collections and not ax.texts
+    assert ax.get_title().endswith(": not verified, no trial ran")
     plt.close(fig)
     # with the curvature sums the training gain drawn is the second-order one
     curved = probe_splits(mt.digits_resnet(steps=40), mt.digits_batches(10, 16, start=0),

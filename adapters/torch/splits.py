@@ -5,7 +5,8 @@
 held-out probe's report (the tests read the split the model did not train on)
 carrying :func:`satcore._decisions.predictors.predict_gains`: per candidate the training
 gain of a stated optimizer step, fitted on the training split, and that step's
-held-out gain with interval and ``P(decrease)``.
+held-out gain with the fold test's interval; no trial verifies it, so its rows
+are "not verified" with no ``P(decrease)`` (:class:`satcore.HeldoutGain`).
 """
 
 from __future__ import annotations

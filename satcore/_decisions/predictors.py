@@ -40,8 +40,12 @@ by ``<g_heldout, V>``; with the held-out fold means ``g_a`` (the probe's fold
 sums) the per-fold values ``y_a = <g_a, V>`` are independent given ``V``, so
 ``ybar = sum_a w_a y_a = <g_heldout, V>`` has the standard error
 ``se^2 = m / (m - 1) sum_a w_a^2 (y_a - ybar)^2`` and a Student-t interval on
-``m - 1`` degrees of freedom; ``P(decrease) = F_t(-(ybar + c) / se)`` where
-``c`` is the (fixed) second-order term when a curvature is given.
+``m - 1`` degrees of freedom; the fold test's probability that the held-out
+gain is positive is ``F_t(-(ybar + c) / se)`` where ``c`` is the (fixed)
+second-order term when a curvature is given.  That is a statement about the
+step's first-order held-out gain, not a probability that a block trained with
+the recipe lowers the held-out loss (no trial verifies it: ``p_decrease`` is
+``None``; :class:`HeldoutGain`).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from .._formulas.psd import DEFAULT_RTOL, gram_inverse
 from .criteria import Criteria
 from .._shared.errors import InputError
 from .recipe import Recipe
+from .trials import NOT_VERIFIED
 
 OPTIMIZERS = ("sgd", "adam", "matched")  # the steps modelled (a Recipe's "adamw" without decay is "adam")
 ADAM_EPS = 1e-8
@@ -166,17 +171,29 @@ def kronecker_adam_gain(C, F, K, n_positions: int, lr: float, steps: int = 1, ep
 
 @dataclass(frozen=True)
 class HeldoutGain:
-    """Predicted held-out decrease of a fixed step ``V``: value, ``1 - alpha`` interval, P(decrease)."""
+    """Predicted held-out decrease of a fixed step ``V``: value, the fold test's ``1 - alpha`` interval and its
+    probability that the value is positive.
+
+    ``fold_test_p_positive`` is ``F_t(gain / se)``: under the fold test (Student t over the held-out folds) the
+    probability that *this step's* held-out gain is positive.  It omits the predictor's own error and is not a
+    probability that a block trained with the recipe lowers the held-out loss: read as one, its largest gap per
+    bin was 0.17-0.21 with Adam on 30-step recipes and 0.32 / 0.47 on the decision bench's 300- / 1000-step
+    recipes (studies/screen-probability.md).  No trial verifies the step, so ``p_decrease`` is ``None``: a
+    candidate no trial verified carries no ``P(decrease)``, as in :class:`satcore.CandidateDecision`.
+    """
 
     value: float
     interval: tuple[float, float]
     se: float
-    p_decrease: float
+    fold_test_p_positive: float
     n_folds: int
+
+    p_decrease = None  # not verified (class docstring): the contract's field, null in the JSON
 
     def to_dict(self) -> dict:
         return {"value": self.value, "interval": list(self.interval), "se": self.se,
-                "p_decrease": self.p_decrease, "n_folds": self.n_folds}
+                "fold_test_p_positive": self.fold_test_p_positive, "p_decrease": self.p_decrease,
+                "n_folds": self.n_folds}
 
 
 def heldout_gain(V, fold_sums, fold_counts, *, second_order: float = 0.0, alpha: float = 0.05) -> HeldoutGain:
@@ -211,7 +228,8 @@ def heldout_gain(V, fold_sums, fold_counts, *, second_order: float = 0.0, alpha:
 
 @dataclass(frozen=True)
 class CandidateGain:
-    """One candidate's predicted gains for a stated step; ``splits`` says where each number comes from."""
+    """One candidate's predicted gains for a stated step; ``splits`` says where each number comes from.
+    ``evidence`` is ``"not verified"``: no trial of the recipe ran (:class:`HeldoutGain`)."""
 
     name: str
     training_gain: float
@@ -219,8 +237,10 @@ class CandidateGain:
     heldout: HeldoutGain
     step_norm: float
 
+    evidence = NOT_VERIFIED
+
     def to_dict(self) -> dict:
-        return {"name": self.name, "predicted_training_gain": self.training_gain,
+        return {"name": self.name, "evidence": self.evidence, "predicted_training_gain": self.training_gain,
                 "predicted_training_gain_second_order": self.training_gain_second_order,
                 "predicted_heldout_gain": self.heldout.to_dict(), "step_norm": self.step_norm}
 

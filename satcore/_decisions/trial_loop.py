@@ -87,15 +87,17 @@ class ScreenRow:
 
     ``heldout_change`` / ``training_change``: the predicted change (loss after minus before; a
     harm is positive) of the recipe's steps on the held-out and the training split;
-    ``interval`` and ``p_decrease``: the held-out change's fold interval and its probability of
-    a decrease (which omit the predictor's own error).
+    ``interval`` and ``fold_test_p_positive``: the held-out change's fold interval and the fold
+    test's probability that the step's held-out gain is positive (:class:`satcore.HeldoutGain`:
+    they omit the predictor's own error, and read as a probability of the trained block's
+    decrease the latter is off by up to 0.47 per bin, studies/screen-probability.md).
     """
 
     name: str
     heldout_change: float
     training_change: float
     interval: tuple
-    p_decrease: float
+    fold_test_p_positive: float
 
     def candidate(self) -> CandidateDecision:
         """The row as a candidate the trials did not verify (never chosen): the screen's changes, and no
@@ -117,7 +119,8 @@ def screen(train_statistics, heldout_statistics, recipe: Recipe) -> list[ScreenR
     rows = []
     for c in predict_gains(train_statistics, heldout_statistics, step).candidates:
         low, high = c.heldout.interval
-        rows.append(ScreenRow(c.name, -c.heldout.value, -c.training_gain, (-high, -low), c.heldout.p_decrease))
+        rows.append(ScreenRow(c.name, -c.heldout.value, -c.training_gain, (-high, -low),
+                              c.heldout.fold_test_p_positive))
     return sorted(rows, key=operator.attrgetter("heldout_change"))
 
 

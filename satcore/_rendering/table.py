@@ -199,15 +199,21 @@ def decision_interval_notes(candidates, alpha: float = 0.05) -> list[str]:
 
 
 def render_predictions(predictions) -> str:
-    """The headline when a training split was given: what the stated step is predicted to gain, per candidate."""
+    """The headline when a training split was given: what the stated step is predicted to gain, per candidate.
+    No trial verified any of it: the held-out gain is marked as the screen's and the ``P(decrease)`` cell reads
+    "not verified", as in a decision's screen-only rows (its fold test's probability was no probability of the
+    trained block's decrease on the benches, ``satcore.HeldoutGain``)."""
     step = ", ".join(f"{k} {num(v)}" for k, v in predictions.step.items())
-    rows = [[display_name(c.name), num(c.training_gain), num(c.training_gain_second_order), num(c.heldout.value),
-             _interval(c.heldout.interval), num(c.heldout.p_decrease)] for c in predictions.candidates]
+    rows = [[display_name(c.name), num(c.training_gain), num(c.training_gain_second_order),
+             f"{num(c.heldout.value)} (screen)", "-", NOT_VERIFIED] for c in predictions.candidates]
     best = max(predictions.candidates, key=lambda c: c.heldout.value)
     return "\n".join([
         f"predicted gains of one inserted block trained by {predictions.optimizer} ({step}); loss units, positive = "
         "the loss falls; training gain from the training split, held-out gain from the probe split's folds:",
         table(["candidate", "train gain", "train gain (2nd order)", "held-out gain", "interval", "P(decrease)"], rows),
+        f"note: {NOT_VERIFIED}: first-order predictions of the step, no trial of the recipe ran (decide verifies "
+        "by short trials); the fold interval and the fold test's probability omit the predictor's own error and "
+        "are in the JSON only (docs/predictive-validity.md)",
         f"largest predicted held-out gain: {num(best.heldout.value)} at {display_name(best.name)}"])
 
 
