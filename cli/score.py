@@ -70,6 +70,7 @@ def score(dump, **options):
     as_json, output_format, quiet, chunk_samples = (options.pop(k) for k in ("as_json", "output_format", "quiet",
                                                                              "chunk_samples"))
     plot_path, train_dump = options.pop("plot_path"), options.pop("train_dump")
+    _check_step_options(train_dump, options["optimizer"], options["lr"], options["rho"])
     if plot_path:  # before any work: a format or target that cannot be written costs nothing, prints nothing
         from .plot import check_plot_path
 
@@ -82,8 +83,6 @@ def score(dump, **options):
     optimizer, lr, steps = (options.pop(k) for k in ("optimizer", "lr", "steps"))
     train = recipe = None
     if train_dump is not None:
-        if optimizer != "matched" and lr is None:
-            raise click.UsageError("--train needs --lr (or --optimizer matched with --rho)")
         train = load(train_dump, quiet=quiet, chunk_samples=chunk_samples)[1]
         try:  # here, where both files are known: a training dump of other candidates or shapes is named
             check_paired(train, stats)
@@ -107,3 +106,21 @@ def score(dump, **options):
         from .plot import draw_or_skip, plot_report
 
         draw_or_skip(plot_path, lambda: plot_report(report, plot_path, title=dump, inputs=(dump,)))
+
+
+def _check_step_options(train_dump, optimizer: str, lr, rho) -> None:
+    """Refuse, before any work, a step the command would not price as asked: ``--optimizer``, ``--lr`` or
+    ``--steps`` without ``--train`` (no prediction would be printed), sgd/adam without ``--lr``, and the
+    matched block without ``--rho`` (its relative size) or with ``--lr``/``--steps`` (which it ignores)."""
+    given = [f"--{name}" for name in ("optimizer", "lr", "steps")
+             if click.get_current_context().get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    if train_dump is None:
+        if given:
+            raise click.UsageError(f"{', '.join(given)} only apply with --train TRAIN_DUMP (the training split's "
+                                   "probe the predicted gains are fitted on); without it nothing would be predicted")
+    elif optimizer == "matched" and rho is None:
+        raise click.UsageError("--optimizer matched needs --rho, the relative size ||h|| / ||z|| of the matched block")
+    elif optimizer == "matched" and {"--lr", "--steps"} & set(given):
+        raise click.UsageError("--lr and --steps price sgd or adam steps; --optimizer matched is sized by --rho alone")
+    elif optimizer != "matched" and lr is None:
+        raise click.UsageError("--train needs --lr (or --optimizer matched with --rho)")

@@ -253,3 +253,23 @@ def test_bare_form_through_the_cli(tmp_path):
     assert out["split"] is None
     for c in out["candidates"]:
         assert c["growth_value"] == pytest.approx(satcore.growth_value(*data[c["name"]]), rel=1e-12)
+
+
+@pytest.mark.parametrize("args, words", [
+    # without --train nothing is predicted: the step's options would be dropped without a word
+    (["--lr", "0.05"], "--lr only apply with --train"),
+    (["--optimizer", "adam", "--steps", "30"], "--optimizer, --steps only apply with --train"),
+    # the matched block is sized by --rho: the refusal names the flag, not the Python API's criteria
+    (["--train", "{dump}", "--optimizer", "matched"], "--optimizer matched needs --rho"),
+    (["--train", "{dump}", "--optimizer", "matched", "--rho", "0.01", "--lr", "0.1"],
+     "--optimizer matched is sized by --rho alone"),
+    (["--train", "{dump}"], "--train needs --lr"),
+])
+def test_score_refuses_step_options_it_would_not_price_as_asked(dump, args, words):
+    """``score``'s step options (``--optimizer``, ``--lr``, ``--steps``) act only with ``--train``, and each
+    step needs its own size: a combination that would be ignored or priced otherwise is one line naming the
+    flags, exit 2."""
+    result = CliRunner().invoke(main, ["score", str(dump), *(a.format(dump=dump) for a in args)])
+    assert result.exit_code == 2, result.output
+    assert words in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
