@@ -6,9 +6,8 @@ a file are shown escaped (:func:`display_name`); JSON keeps them exact.
 
 from __future__ import annotations
 
-from .._shared.display import display_name
+from .._shared.display import NOT_VERIFIED, display_name
 from .._decisions.criteria import Verdict
-from .._decisions.trials import NOT_VERIFIED
 
 LEGEND = (
     "columns: AG = activation-gradient norm; V = growth value (first-order gain per unit block size, the raw "
