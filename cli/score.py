@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -84,6 +85,9 @@ def score(dump, **options):
     train = recipe = None
     if train_dump is not None:
         train = load(train_dump, quiet=quiet, chunk_samples=chunk_samples)[1]
+        if os.path.samefile(train_dump, dump):  # both read: they exist
+            raise click.UsageError(f"--train {display_name(train_dump)} is DUMP itself: the held-out gain would be "
+                                   "measured on the samples the step is fitted on; give the training split's probe")
         try:  # here, where both files are known: a training dump of other candidates or shapes is named
             check_paired(train, stats)
         except InputError as exc:

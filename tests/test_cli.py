@@ -273,3 +273,14 @@ def test_score_refuses_step_options_it_would_not_price_as_asked(dump, args, word
     assert result.exit_code == 2, result.output
     assert words in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_score_refuses_the_held_out_dump_as_its_own_training_split(dump, tmp_path):
+    """``--train DUMP`` on DUMP itself (or a link to it) would fit the step and measure its held-out gain on the
+    same samples, an in-sample number printed as held-out: one line naming --train, exit 2."""
+    link = tmp_path / "link.npz"
+    link.symlink_to(dump)
+    for train in (dump, link):
+        result = CliRunner().invoke(main, ["score", str(dump), "--train", str(train), "--lr", "0.1"])
+        assert result.exit_code == 2, result.output
+        assert "is DUMP itself" in result.output and len(result.output.strip().splitlines()) == 1
