@@ -70,6 +70,8 @@ def score(dump, **options):
     """
     as_json, output_format, quiet, chunk_samples = (options.pop(k) for k in ("as_json", "output_format", "quiet",
                                                                              "chunk_samples"))
+    if as_json and output_format not in (None, "json"):  # a usage error costs no reading
+        raise click.UsageError(f"--json and --format {output_format} disagree")
     plot_path, train_dump = options.pop("plot_path"), options.pop("train_dump")
     _check_step_options(train_dump, options["optimizer"], options["lr"], options["rho"])
     if plot_path:  # before any work: a format or target that cannot be written costs nothing, prints nothing
@@ -96,8 +98,6 @@ def score(dump, **options):
             recipe = Recipe(optimizer, lr, steps, max(s.n_samples for s in train.values()) or 1)
     report = scored(dump, stats, criteria, split=split, prop1=prop1, stream_rms=stats.stream_rms(source.meta),
                     train=train, recipe=recipe)
-    if as_json and output_format not in (None, "json"):
-        raise click.UsageError(f"--json and --format {output_format} disagree")
     output_format = "json" if as_json else output_format or "table"
     if output_format == "json":
         out = {"dump": dump, **report.to_dict()}

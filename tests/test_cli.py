@@ -284,3 +284,13 @@ def test_score_refuses_the_held_out_dump_as_its_own_training_split(dump, tmp_pat
         result = CliRunner().invoke(main, ["score", str(dump), "--train", str(train), "--lr", "0.1"])
         assert result.exit_code == 2, result.output
         assert "is DUMP itself" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, words", [(["--json", "--format", "csv"], "--json and --format csv disagree"),
+                                         (["--lr", "0.1"], "--lr only apply with --train")])
+def test_score_usage_errors_come_before_reading_the_dump(tmp_path, args, words):
+    """A contradiction among the flags is known before DUMP is read: on a dump that takes minutes to stream it
+    must not cost them (here DUMP does not exist, so a check after reading would name the file instead)."""
+    result = CliRunner().invoke(main, ["score", str(tmp_path / "absent.npz"), *args])
+    assert result.exit_code == 2, result.output
+    assert words in result.output and "absent.npz" not in result.output
