@@ -120,8 +120,9 @@ def _check_step_options(train_dump, optimizer: str, lr, rho) -> None:
              if click.get_current_context().get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
     if train_dump is None:
         if given:
-            raise click.UsageError(f"{', '.join(given)} only apply with --train TRAIN_DUMP (the training split's "
-                                   "probe the predicted gains are fitted on); without it nothing would be predicted")
+            raise click.UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only with --train "
+                                   "TRAIN_DUMP (the training split's probe the predicted gains are fitted on); without "
+                                   "it nothing would be predicted")
     elif optimizer == "matched" and rho is None:
         raise click.UsageError("--optimizer matched needs --rho, the relative size ||h|| / ||z|| of the matched block")
     elif optimizer == "matched" and {"--lr", "--steps"} & set(given):

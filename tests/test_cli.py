@@ -257,8 +257,8 @@ def test_bare_form_through_the_cli(tmp_path):
 
 @pytest.mark.parametrize("args, words", [
     # without --train nothing is predicted: the step's options would be dropped without a word
-    (["--lr", "0.05"], "--lr only apply with --train"),
-    (["--optimizer", "adam", "--steps", "30"], "--optimizer, --steps only apply with --train"),
+    (["--lr", "0.05"], "--lr applies only with --train"),
+    (["--optimizer", "adam", "--steps", "30"], "--optimizer, --steps apply only with --train"),
     # the matched block is sized by --rho: the refusal names the flag, not the Python API's criteria
     (["--train", "{dump}", "--optimizer", "matched"], "--optimizer matched needs --rho"),
     (["--train", "{dump}", "--optimizer", "matched", "--rho", "0.01", "--lr", "0.1"],
@@ -287,7 +287,7 @@ def test_score_refuses_the_held_out_dump_as_its_own_training_split(dump, tmp_pat
 
 
 @pytest.mark.parametrize("args, words", [(["--json", "--format", "csv"], "--json and --format csv disagree"),
-                                         (["--lr", "0.1"], "--lr only apply with --train")])
+                                         (["--lr", "0.1"], "--lr applies only with --train")])
 def test_score_usage_errors_come_before_reading_the_dump(tmp_path, args, words):
     """A contradiction among the flags is known before DUMP is read: on a dump that takes minutes to stream it
     must not cost them (here DUMP does not exist, so a check after reading would name the file instead)."""
