@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import click
 from click.testing import CliRunner
 
 import satcore
@@ -294,3 +295,22 @@ def test_score_usage_errors_come_before_reading_the_dump(tmp_path, args, words):
     result = CliRunner().invoke(main, ["score", str(tmp_path / "absent.npz"), *args])
     assert result.exit_code == 2, result.output
     assert words in result.output and "absent.npz" not in result.output
+
+
+def test_a_full_standard_output_is_named_in_the_one_line():
+    """``satcore score DUMP > /dev/full``: the write fails with an OSError that carries no file name; the line
+    names the stream instead of a bare '[Errno 28] No space left on device'."""
+    import errno
+    import io
+
+    from satcore.cli.main import _message
+
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    for err, stream in ((False, "standard output"), (True, "standard error")):
+        with pytest.raises(OSError) as info:
+            click.echo("a table", file=Full(), err=err)
+        assert _message(info.value) == f"{stream}: No space left on device"
+    assert _message(OSError(errno.ENOSPC, "No space left on device")) == "[Errno 28] No space left on device"
