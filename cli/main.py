@@ -82,7 +82,19 @@ def _message(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     if isinstance(exc, OSError) and exc.filename is not None and str(exc.filename) not in text:
         text = f"{exc.filename}: {exc.strerror or text}"  # name the file (e.g. '[Errno 27] File too large')
+    elif isinstance(exc, OSError) and exc.filename is None and (stream := _echo_stream(exc)) is not None:
+        text = f"{stream}: {exc.strerror or text}"  # 'satcore score D > /dev/full': a write with no file name
     return text
+
+
+def _echo_stream(exc: BaseException) -> str | None:
+    """The stream a failed ``click.echo`` wrote to, read off ``exc``'s traceback (None: not raised by echo)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is click.utils.echo.__code__:
+            return "standard error" if tb.tb_frame.f_locals.get("err") else "standard output"
+        tb = tb.tb_next
+    return None
 
 
 def _fail(message: str):

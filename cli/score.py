@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -69,7 +70,10 @@ def score(dump, **options):
     """
     as_json, output_format, quiet, chunk_samples = (options.pop(k) for k in ("as_json", "output_format", "quiet",
                                                                              "chunk_samples"))
+    if as_json and output_format not in (None, "json"):  # a usage error costs no reading
+        raise click.UsageError(f"--json and --format {output_format} disagree")
     plot_path, train_dump = options.pop("plot_path"), options.pop("train_dump")
+    _check_step_options(train_dump, options["optimizer"], options["lr"], options["rho"])
     if plot_path:  # before any work: a format or target that cannot be written costs nothing, prints nothing
         from .plot import check_plot_path
 
@@ -82,9 +86,10 @@ def score(dump, **options):
     optimizer, lr, steps = (options.pop(k) for k in ("optimizer", "lr", "steps"))
     train = recipe = None
     if train_dump is not None:
-        if optimizer != "matched" and lr is None:
-            raise click.UsageError("--train needs --lr (or --optimizer matched with --rho)")
         train = load(train_dump, quiet=quiet, chunk_samples=chunk_samples)[1]
+        if os.path.samefile(train_dump, dump):  # both read: they exist
+            raise click.UsageError(f"--train {display_name(train_dump)} is DUMP itself: the held-out gain would be "
+                                   "measured on the samples the step is fitted on; give the training split's probe")
         try:  # here, where both files are known: a training dump of other candidates or shapes is named
             check_paired(train, stats)
         except InputError as exc:
@@ -93,8 +98,6 @@ def score(dump, **options):
             recipe = Recipe(optimizer, lr, steps, max(s.n_samples for s in train.values()) or 1)
     report = scored(dump, stats, criteria, split=split, prop1=prop1, stream_rms=stats.stream_rms(source.meta),
                     train=train, recipe=recipe)
-    if as_json and output_format not in (None, "json"):
-        raise click.UsageError(f"--json and --format {output_format} disagree")
     output_format = "json" if as_json else output_format or "table"
     if output_format == "json":
         out = {"dump": dump, **report.to_dict()}
@@ -107,3 +110,22 @@ def score(dump, **options):
         from .plot import draw_or_skip, plot_report
 
         draw_or_skip(plot_path, lambda: plot_report(report, plot_path, title=dump, inputs=(dump,)))
+
+
+def _check_step_options(train_dump, optimizer: str, lr, rho) -> None:
+    """Refuse, before any work, a step the command would not price as asked: ``--optimizer``, ``--lr`` or
+    ``--steps`` without ``--train`` (no prediction would be printed), sgd/adam without ``--lr``, and the
+    matched block without ``--rho`` (its relative size) or with ``--lr``/``--steps`` (which it ignores)."""
+    given = [f"--{name}" for name in ("optimizer", "lr", "steps")
+             if click.get_current_context().get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    if train_dump is None:
+        if given:
+            raise click.UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only with --train "
+                                   "TRAIN_DUMP (the training split's probe the predicted gains are fitted on); without "
+                                   "it nothing would be predicted")
+    elif optimizer == "matched" and rho is None:
+        raise click.UsageError("--optimizer matched needs --rho, the relative size ||h|| / ||z|| of the matched block")
+    elif optimizer == "matched" and {"--lr", "--steps"} & set(given):
+        raise click.UsageError("--lr and --steps price sgd or adam steps; --optimizer matched is sized by --rho alone")
+    elif optimizer != "matched" and lr is None:
+        raise click.UsageError("--train needs --lr (or --optimizer matched with --rho)")

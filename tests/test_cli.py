@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import click
 from click.testing import CliRunner
 
 import satcore
@@ -253,3 +254,63 @@ def test_bare_form_through_the_cli(tmp_path):
     assert out["split"] is None
     for c in out["candidates"]:
         assert c["growth_value"] == pytest.approx(satcore.growth_value(*data[c["name"]]), rel=1e-12)
+
+
+@pytest.mark.parametrize("args, words", [
+    # without --train nothing is predicted: the step's options would be dropped without a word
+    (["--lr", "0.05"], "--lr applies only with --train"),
+    (["--optimizer", "adam", "--steps", "30"], "--optimizer, --steps apply only with --train"),
+    # the matched block is sized by --rho: the refusal names the flag, not the Python API's criteria
+    (["--train", "{dump}", "--optimizer", "matched"], "--optimizer matched needs --rho"),
+    (["--train", "{dump}", "--optimizer", "matched", "--rho", "0.01", "--lr", "0.1"],
+     "--optimizer matched is sized by --rho alone"),
+    (["--train", "{dump}"], "--train needs --lr"),
+])
+def test_score_refuses_step_options_it_would_not_price_as_asked(dump, args, words):
+    """``score``'s step options (``--optimizer``, ``--lr``, ``--steps``) act only with ``--train``, and each
+    step needs its own size: a combination that would be ignored or priced otherwise is one line naming the
+    flags, exit 2."""
+    result = CliRunner().invoke(main, ["score", str(dump), *(a.format(dump=dump) for a in args)])
+    assert result.exit_code == 2, result.output
+    assert words in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_score_refuses_the_held_out_dump_as_its_own_training_split(dump, tmp_path):
+    """``--train DUMP`` on DUMP itself (or a link to it) would fit the step and measure its held-out gain on the
+    same samples, an in-sample number printed as held-out: one line naming --train, exit 2."""
+    link = tmp_path / "link.npz"
+    link.symlink_to(dump)
+    for train in (dump, link):
+        result = CliRunner().invoke(main, ["score", str(dump), "--train", str(train), "--lr", "0.1"])
+        assert result.exit_code == 2, result.output
+        assert "is DUMP itself" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, words", [(["--json", "--format", "csv"], "--json and --format csv disagree"),
+                                         (["--lr", "0.1"], "--lr applies only with --train")])
+def test_score_usage_errors_come_before_reading_the_dump(tmp_path, args, words):
+    """A contradiction among the flags is known before DUMP is read: on a dump that takes minutes to stream it
+    must not cost them (here DUMP does not exist, so a check after reading would name the file instead)."""
+    result = CliRunner().invoke(main, ["score", str(tmp_path / "absent.npz"), *args])
+    assert result.exit_code == 2, result.output
+    assert words in result.output and "absent.npz" not in result.output
+
+
+def test_a_full_standard_output_is_named_in_the_one_line():
+    """``satcore score DUMP > /dev/full``: the write fails with an OSError that carries no file name; the line
+    names the stream instead of a bare '[Errno 28] No space left on device'."""
+    import errno
+    import io
+
+    from satcore.cli.main import _message
+
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    for err, stream in ((False, "standard output"), (True, "standard error")):
+        with pytest.raises(OSError) as info:
+            click.echo("a table", file=Full(), err=err)
+        assert _message(info.value) == f"{stream}: No space left on device"
+    assert _message(OSError(errno.ENOSPC, "No space left on device")) == "[Errno 28] No space left on device"

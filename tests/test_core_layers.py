@@ -332,7 +332,20 @@ def test_best_candidate_is_named_so_only_when_a_candidate_passed_the_test():
     assert noise.verdict.verdict is not Verdict.IMPROVABLE
     text = str(noise)
     assert "best candidate: " not in text
-    assert f"largest estimate (no candidate passed the test): {noise.verdict.best_candidate}" in text
+    assert f"largest unbiased V^2 (no candidate passed the test): {noise.verdict.best_candidate}" in text
+
+
+def test_with_no_candidate_improvable_the_pick_and_the_largest_raw_value_are_told_apart():
+    """The verdict's pick is the largest unbiased ``V^2``; the line above it names where the largest raw ``V``
+    is.  Where the two differ, calling both "the largest estimate" names two places for one phrase."""
+    report = _depth(np.random.default_rng(5), [0.0, 0.0]).report(split="heldout")
+    assert report.verdict.verdict is not Verdict.IMPROVABLE
+    unbiased = {t.name: t.growth_value_sq_unbiased for t in report.tests}
+    assert report.verdict.best_candidate == max(unbiased, key=unbiased.get) == "b0" and report.argmax == "b1"
+    text = str(report)
+    assert "largest growth value (the raw estimate, not a recommendation): V " in text and " at b1;" in text
+    assert "largest estimate" not in text
+    assert "largest unbiased V^2 (no candidate passed the test): b0" in text
 
 
 def test_beside_a_decision_the_first_order_pick_is_not_called_best():

@@ -119,6 +119,23 @@ def test_a_candidate_no_trial_verified_claims_no_probability_in_any_rendering():
     assert any(line.startswith("note: never chosen:") and "not verified (no trial" in line for line in lines)
 
 
+def test_printing_a_decision_shows_the_decision_table_and_its_notes():
+    """``print(decide(...))``, the first thing a user types: the decision's table with the notes the docs promise
+    (an SGD recipe's reliability, unverified rows), not the dataclass's field dump; ``repr`` stays the fields."""
+    from satcore._rendering.table import render_decision
+
+    recipe = Recipe("sgd", 0.05, 300, 16, "block")
+    trialled = verified_candidate("m.0", _curve((-0.01, -0.02, -0.03), steps=(37, 75, 150)), 300,
+                                  DEFAULT_CALIBRATION, -0.3)
+    d = choose([trialled, CandidateDecision.screen_only("head", -2.6, -3.1)], recipe, 2.0, 300, DEFAULT_CALIBRATION)
+    text = str(d)
+    assert text == render_decision(d)
+    assert text.startswith("decision: insert a block at m.0 (decision cost: 300 block-steps)")
+    assert any(line.startswith("note: SGD recipe:") for line in text.splitlines())
+    assert any(line.startswith("head ") and "not verified" in line for line in text.splitlines())
+    assert repr(d).startswith("InsertionDecision(choice='m.0', stop_reason=None")
+
+
 def test_the_decision_table_says_why_where_its_columns_disagree():
     """Hand-made candidates: a trialled one whose 95% interval reaches 0 beside P(decrease) 0.9999, one whose
     point lies outside its interval, and a consistent one; the rendered decision names each under its table,

@@ -203,6 +203,29 @@ def test_documented_example_runs(tmp_path, monkeypatch):
     assert_scores_match(got, satcore.score(q, psi, name="blocks.1"))
 
 
+def test_each_documented_score_command_prints_what_the_doc_says_it_adds(tmp_path, monkeypatch):
+    """The commands the worked example names after its code, run as written: each option "adds" something, so its
+    output differs from the plain table's; the Prop. 1 one adds the probe size that would decide at its ``t``."""
+    from click.testing import CliRunner
+
+    from satcore.cli.main import main
+
+    text = DOC.read_text()
+    monkeypatch.chdir(tmp_path)
+    exec(compile(re.findall(r"```python\n(.*?)```", text, flags=re.S)[0], str(DOC), "exec"), {})
+    options = [found.split() for found in re.findall(r"`satcore score example_dump\.npz([^`]*)`", text)]
+    assert [] in options and ["--json"] in options and len(options) == 3
+    outputs = {}
+    for extra in options:
+        result = CliRunner().invoke(main, ["score", "example_dump.npz", *extra])
+        assert result.exit_code == 0, result.output
+        outputs[" ".join(extra)] = result.output
+    plain = outputs.pop("")
+    assert all(out != plain for out in outputs.values()), "a documented option changes nothing"
+    prop1 = next(out for extra, out in outputs.items() if extra != "--json")
+    assert any(line.startswith("prop1 probe size for error <= 0.05 at t = ") for line in prop1.splitlines())
+
+
 def test_write_dump_refuses_inconsistent_input(tmp_path):
     q, psi = make_pair(1, 5, 1, 2, 3, "full", np.float64)
     with pytest.raises(ValueError, match="given twice"):

@@ -134,3 +134,25 @@ def test_score_train_needs_the_stream_norm_only_for_the_matched_step(tmp_path):
     assert invoke("score", bare, "--train", train, "--lr", 0.1).exit_code == 0
     refused = invoke("score", bare, "--train", train, "--optimizer", "matched", "--rho", 0.01)
     assert refused.exit_code == 2 and "stream RMS" in refused.output and "Traceback" not in refused.output
+
+
+def test_statistics_report_reads_its_own_stream_norms_as_the_command_line_does(tmp_path):
+    """``read_dump(path).statistics().report(rho=...)`` in Python and ``satcore score path --rho`` read the same
+    ``||z||_S``, the statistics' own stream sums: a tolerance in loss units and the matched block's predicted
+    gains need no ``stream_rms=`` when the sums are there (they were refused as "needs the stream RMS")."""
+    rng = np.random.default_rng(9)
+    held, train = _shard(rng, 0.5, 8), _shard(rng, 0.5, 8)
+    own = held.stream_rms()
+    assert set(own) == {"b0", "b1"}
+    implicit = held.report(split="heldout", tolerance=1e-3, rho=0.01)
+    assert implicit.to_dict() == held.report(split="heldout", tolerance=1e-3, rho=0.01, stream_rms=own).to_dict()
+    for t in implicit.tests:
+        assert t.tolerance == pytest.approx(1e-3 / (0.01 * own[t.name]), rel=1e-12)
+    matched = held.report(split="heldout", train=train, optimizer="matched", rho=0.01)
+    assert matched.predictions == held.report(split="heldout", train=train, optimizer="matched", rho=0.01,
+                                              stream_rms=own).predictions
+    path = tmp_path / "H.npz"
+    satcore.write_dump(path, held, meta={"split": "heldout"})
+    cli = json.loads(invoke("score", path, "--tolerance", 1e-3, "--rho", 0.01, "--json").output)
+    assert [c["test"]["tolerance"] for c in cli["candidates"]] == pytest.approx([t.tolerance for t in implicit.tests],
+                                                                                rel=1e-12)

@@ -56,8 +56,9 @@ class DepthReport:
     @property
     def best_candidate(self) -> str:
         """The candidate the first-order tests point to: among the ``improvable`` ones the largest
-        unbiased ``V^2``, else the largest estimate (:attr:`DepthVerdict.best_candidate`); without
-        tests, :attr:`argmax`.  The one "best candidate" the table, JSON, CSV and callbacks show."""
+        unbiased ``V^2``, else the candidate of largest unbiased ``V^2``
+        (:attr:`DepthVerdict.best_candidate`); without tests, :attr:`argmax`.  The one "best candidate" the
+        table, JSON, CSV and callbacks show."""
         return self.argmax if self.verdict is None else self.verdict.best_candidate
 
     def test(self, name: str) -> CandidateTest:

@@ -56,6 +56,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from .._shared.display import NOT_VERIFIED
 from .._shared.errors import InputError
 from .recipe import Recipe
 
@@ -256,9 +257,6 @@ def error_scale(curve: TrialCurve, full_steps: int, point: float, relative_scale
     return se + trend_scale * abs(curve.trend()) * (1.0 + doublings) + relative_scale * abs(point)
 
 
-NOT_VERIFIED = "not verified"  # how every rendering names a candidate no trial verified (screen only)
-
-
 @dataclass(frozen=True)
 class CandidateDecision:
     """One candidate's evidence.
@@ -400,6 +398,12 @@ class InsertionDecision:
         if self.choice is not None and self.choice not in self.candidates:
             raise InputError(f"decision: choice {self.choice!r} is not a candidate")
         object.__setattr__(self, "candidates", MappingProxyType(dict(self.candidates)))
+
+    def __str__(self) -> str:
+        """The decision's table and notes (``print(decision)``), as reports and callbacks show it."""
+        from .._rendering.table import render_decision
+
+        return render_decision(self)
 
     @property
     def stop_tolerance_se(self) -> float | None:

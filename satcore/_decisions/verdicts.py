@@ -132,7 +132,7 @@ class CandidateTest:
 class DepthVerdict:
     """The depth-wide answer: ``verdict``, the level ``alpha``, the tolerance as stated
     (``{"value", "units", "rho"}``), ``best_candidate`` (the improvable candidate with the
-    largest unbiased ``V^2``, else the largest estimate) and the ``method``."""
+    largest unbiased ``V^2``, else the candidate of largest unbiased ``V^2``) and the ``method``."""
 
     verdict: Verdict
     alpha: float

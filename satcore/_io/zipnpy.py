@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import stat
 import struct
 import zipfile
@@ -288,7 +289,9 @@ class NpzArchive:
 
 
 def _reason(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
+    """``exc``'s message as one line, without the memory addresses of object reprs (numpy's header parser names
+    a node ``<ast.Name object at 0x7f...>``: a different number on every run, meaningless to a user)."""
+    text = re.sub(r" object at 0x[0-9a-fA-F]+>", ">", str(exc) or type(exc).__name__)
     return display_name(" ".join(text.split()), limit=120)
 
 

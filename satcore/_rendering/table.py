@@ -6,9 +6,8 @@ a file are shown escaped (:func:`display_name`); JSON keeps them exact.
 
 from __future__ import annotations
 
-from .._shared.display import display_name
+from .._shared.display import NOT_VERIFIED, display_name
 from .._decisions.criteria import Verdict
-from .._decisions.trials import NOT_VERIFIED
 
 LEGEND = (
     "columns: AG = activation-gradient norm; V = growth value (first-order gain per unit block size, the raw "
@@ -225,10 +224,11 @@ def render_verdict(verdict, tests, decided: bool = False) -> str:
         tolerance = f"tolerance {num(tol['value'])} (loss units) at rho = {num(tol['rho'])}"
     else:
         tolerance = f"tolerance {num(tol['value'])} (growth-value units)"
-    # "best candidate" only where a candidate passed the test; otherwise the name is just the largest
-    # estimate, and calling it "best" next to SATURATED or INCONCLUSIVE reads as advice to insert there.
+    # "best candidate" only where a candidate passed the test; otherwise the name is just the largest unbiased
+    # V^2 (not the raw V the line above names), and calling it "best" next to SATURATED or INCONCLUSIVE reads
+    # as advice to insert there.
     pick = ("best candidate" if verdict.verdict == Verdict.IMPROVABLE
-            else "largest estimate (no candidate passed the test)")
+            else "largest unbiased V^2 (no candidate passed the test)")
     if decided and verdict.verdict == Verdict.IMPROVABLE:  # beside "decision: insert at X", "best" would contradict it
         pick = "largest first-order value (the decision above, from trials of your recipe, may choose elsewhere)"
     text = (f"first-order verdict: {verdict.verdict.upper()} (alpha {num(verdict.alpha)}, {tolerance}; "

@@ -12,6 +12,7 @@ character with its default ``ensure_ascii``).
 from __future__ import annotations
 
 MAX_DISPLAY_CHARS = 200  # a name is a label: past this it is cut (the JSON keeps it whole)
+NOT_VERIFIED = "not verified"  # how every rendering names a candidate no trial verified (screen only)
 
 
 _SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}

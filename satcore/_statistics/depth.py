@@ -105,10 +105,11 @@ class DepthStatistics(OrderedDict):
         the report then leads with) are those of
         :func:`satcore._decisions.reporting.depth_report`, as are the keyword shorthands
         ``alpha=``, ``tolerance=``, ``rho=``, ``delta=``, ``t=``, ``error=``,
-        ``detector_scale=``, ``optimizer=``, ``lr=``, ``steps=``.
+        ``detector_scale=``, ``optimizer=``, ``lr=``, ``steps=``.  ``stream_rms`` defaults to
+        :meth:`stream_rms`, the statistics' own ``||z||_S`` (what ``satcore score`` reads).
         """
         return self.score(rtol).report(criteria, split=split, prop1=prop1, train=train, recipe=recipe,
-                                       stream_rms=stream_rms, **options)
+                                       stream_rms=self.stream_rms() if stream_rms is None else stream_rms, **options)
 
 
 def score(Q, Psi, *, name: str = "", rtol: float = DEFAULT_RTOL, batch_size: int | None = None,

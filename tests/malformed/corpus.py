@@ -151,7 +151,17 @@ def cases(tmp: pathlib.Path, pickle_target: pathlib.Path):
         ["meta", "nested too deeply"])
     add("negative_dimension", {**header(), "q/blk": npy_with_shape(q, (20, -4)), "psi/blk": p},
         ["q/blk", "negative dimension"])
+    # a header whose dictionary is not a literal: numpy's parser names the node by its memory address
+    add("header_not_a_literal", {**header(), "q/blk": npy_header_text(q, "{'descr': '<f8', 'fortran_order': maybe, "
+                                                                        "'shape': (20, 4), }"), "psi/blk": p},
+        ["q/blk", "malformed .npy header", "<ast.Name>)"])
     return out
+
+
+def npy_header_text(array, text: str) -> bytes:
+    """``array``'s data under a version 1.0 header of exactly ``text`` (padded as numpy pads it)."""
+    padded = text.encode("latin1") + b" " * (-(len(text) + 11) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(padded).to_bytes(2, "little") + padded + np.ascontiguousarray(array).tobytes()
 
 
 def npy_with_shape(array, shape) -> bytes:
@@ -168,5 +178,5 @@ CASE_IDS = (
     "empty_candidate", "zero_width", "q_without_psi", "unknown_schema", "meta_not_json",
     "meta_missing_candidate", "unknown_key", "negative_count", "nonsymmetric_gram", "stats_nan",
     "stats_unknown_field", "stats_negative_variance", "stats_fractional_count", "meta_split_not_text",
-    "meta_model_depth", "meta_deeply_nested", "negative_dimension",
+    "meta_model_depth", "meta_deeply_nested", "negative_dimension", "header_not_a_literal",
 )
