@@ -79,7 +79,8 @@ def frontier_report(expansion) -> list[str]:
     else:
         lines += [f"chosen: no expansion. {frontier.choice.reason[0].upper()}{frontier.choice.reason[1:]}.",
                   f"instead: {frontier.instead}"]
-    lines.append(f"tolerance: {frontier.tolerance:.3g} nats ({frontier.rule})")
+    if not frontier.every_arm_excluded:  # else no tolerance was applied, and the chosen line says why
+        lines.append(f"tolerance: {frontier.tolerance:.3g} nats ({frontier.rule})")
     if frontier.warning:
         lines.append(f"warning: {frontier.warning}")
     return lines + [cost_line(expansion)]

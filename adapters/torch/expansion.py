@@ -113,7 +113,7 @@ def _batch_samples(batch) -> int:
 
 
 def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
-                         policy: DecisionPolicy | None = None) -> ScreenDecision:
+                         policy: DecisionPolicy | None = None, progress=None) -> ScreenDecision:
     """The first-order screen: probe ``model`` on ``train`` and ``heldout`` (:func:`~.splits.probe_splits`; the
     policy's probe, by default ``family="native"``: the tangent space of the block that will be inserted) and price
     the recipe's step at every candidate on the held-out folds (:func:`satcore._decisions.predictors.predict_gains`).
@@ -127,7 +127,8 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
     ``recipe`` or ``policy`` (:class:`satcore.DecisionPolicy`) as :func:`~.decide.decide` takes them: its
     ``candidates``, ``seed`` and ``probe`` are read, and ``max_statistics_bytes`` probes the candidates in
     groups whose statistics fit, as :func:`~.decide.decide` does (one pass over both splits per group, the cost
-    counted per pass); its ``trials`` are not (no trial is run).
+    counted per pass); its ``trials`` are not (no trial is run).  ``progress``: called with each probed batch's
+    sample count as the probe goes (every pass's batches; ``None``: silent).
     """
     from .decide import decision_probe_options
 
@@ -143,7 +144,7 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
             evidence[name] = rows[name].candidate()
 
     passes, _ = probe_splits_in_passes(model, train, heldout, loss_fn, read,
-                                       max_statistics_bytes=policy.max_statistics_bytes,
+                                       max_statistics_bytes=policy.max_statistics_bytes, progress=progress,
                                        **decision_probe_options(policy, ProbeConfig(family="native")))
     samples = passes * sum(_batch_samples(b) for b in train + heldout)
     return ScreenDecision(evidence, math.ceil(samples / recipe.batch_size), recipe)
