@@ -385,7 +385,7 @@ def test_trials_that_repeat_their_training_windows_are_recorded_and_announced():
     assert sizes["trial_passes"] == pytest.approx(passes) and passes > 2
     wanted = sizes["heldout"] + math.ceil(plan["trial_steps"] * 8 / 2)
     assert (f"warning: each trial passes over its {sizes['train']} training windows {passes:.1f} times (more than 2)"
-            in seen[0] and f"give about {wanted} windows (--max-windows)" in seen[0])
+            in seen[0] and f"give about {wanted} windows (a larger --max-windows, or more data where the file holds fewer)" in seen[0])
 
 
 def test_a_move_needs_a_credible_trial_else_the_places_are_uniform():
@@ -415,20 +415,30 @@ def _recorded_bar(monkeypatch) -> list:
             self.n += amount
             events.append(("bar", amount))
 
+        def refresh(self):
+            pass
+
         def close(self):
-            events.append(("closed", self.n))
+            events.append(("closed", self.n, self.total))
 
     monkeypatch.setattr("tqdm.auto.tqdm", Bar)
     return events
 
 
-def test_the_bar_moves_with_every_batch_of_the_placement_checks_probe(monkeypatch):
+@pytest.mark.parametrize("moves", ["proposed", "none"])
+def test_the_bar_moves_with_every_batch_of_the_placement_checks_probe(moves, monkeypatch):
     """blocks=K: the first-order screen's probe (every window of both splits, a forward and backward pass each) moves
-    the bar after each batch it probes, by the same share per window, not in one jump when it ends; the bar ends where
-    the counted cost does."""
+    the bar after each batch it probes, by the same share per window, not in one jump when it ends; its total is
+    then the plan of the trials the screen's moves need (none where the screen ranks every uniform place first in
+    its group, not the most the plan allowed), and the bar ends there, at the counted cost."""
+    from satcore.adapters.torch.expansion import ScreenDecision
     from satcore.adapters.torch.probe import Probe
 
     events = _recorded_bar(monkeypatch)
+    if moves == "none":  # the uniform places [2, head] first: no group proposes a move
+        ranking = ScreenDecision.ranking
+        monkeypatch.setattr(ScreenDecision, "ranking", lambda self: sorted(
+            ranking(self), key=lambda n: n not in ("model.layers.2", "head")))
     update = Probe.update
 
     def probed(self, batch):
@@ -441,13 +451,14 @@ def test_the_bar_moves_with_every_batch_of_the_placement_checks_probe(monkeypatc
                        options=ExpansionOptions(budget=DecisionBudget(0.2, progress=True)))
     # 64 windows in batches of 2 (at least 32 batches, split_batches), alternate ones trained and held out: 32
     # batches in one probe pass
-    at = [i for i, (kind, _) in enumerate(events) if kind == "probed"]
+    at = [i for i, (kind, *_) in enumerate(events) if kind == "probed"]
     assert [events[i][1] for i in at] == [2] * 32
-    moves = [events[i + 1] for i in at]
-    assert all(kind == "bar" for kind, _ in moves) and moves[0][1] > 0
-    assert [amount for _, amount in moves] == pytest.approx([moves[0][1]] * 32, rel=1e-12)
+    after = [events[i + 1] for i in at]
+    assert all(kind == "bar" for kind, _ in after) and after[0][1] > 0
+    assert [amount for _, amount in after] == pytest.approx([after[0][1]] * 32, rel=1e-12)
     check = expansion.budgeted
-    assert events[-1] == ("closed", pytest.approx(min(check.cost_steps, check.plan.cost_steps), rel=1e-12))
+    assert bool(check.moves) == (moves == "proposed")
+    assert events[-1] == ("closed", pytest.approx(check.cost_steps, rel=1e-12), check.plan.cost_steps)
 
 
 def test_the_bar_moves_with_every_batch_the_frontier_reads(monkeypatch):
@@ -470,12 +481,13 @@ def test_the_bar_moves_with_every_batch_the_frontier_reads(monkeypatch):
     expansion = expand(llama(4), windows(64), blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8),
                        options=ExpansionOptions(budget=DecisionBudget(0.2, progress=True), max_blocks=1))
     frontier = expansion.budgeted
-    at = [i for i, (kind, _) in enumerate(events) if kind == "read"]
+    at = [i for i, (kind, *_) in enumerate(events) if kind == "read"]
     held = frontier.windows["heldout"]
     assert sum(events[i][1] for i in at) == held * (1 + 3 * len(frontier.arms))  # the model's reading, 3 per arm
     assert len(at) == math.ceil(held / 8) * (1 + 3 * len(frontier.arms))  # one move per batch of 8 windows
     assert all(events[i + 1][0] == "bar" and events[i + 1][1] > 0 for i in at)
-    assert events[-1] == ("closed", pytest.approx(min(frontier.cost_steps, frontier.plan.cost_steps), rel=1e-12))
+    assert events[-1] == ("closed", pytest.approx(min(frontier.cost_steps, frontier.plan.cost_steps), rel=1e-12),
+                          frontier.plan.cost_steps)
 
 
 # --- the command --------------------------------------------------------------------------------------

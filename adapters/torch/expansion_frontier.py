@@ -174,6 +174,13 @@ class _Meter:
         self.running += steps
         self._show(self.done + self.running)
 
+    def replan(self, total: float) -> None:
+        """The bar's total once the decision knows its passes (the placement check's, once its screen has proposed
+        the moves to try: fewer trials than the plan's most)."""
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.refresh()
+
     def _show(self, position: float) -> None:
         if self.bar is not None:  # the float sums may pass the total by a rounding error; the bar never goes back
             self.bar.update(max(0.0, min(position, self.bar.total) - self.bar.n))
@@ -573,8 +580,8 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
                 f"half); the rest train the trials"] if sized is not None else [])
             + ([f"  warning: each trial passes over its {_windows(train)} training windows {passes:.1f} times (more than "
                 f"{MAX_TRIAL_PASSES:g}): K = 0's trial may fit them and read as a harm; give about "
-                f"{_windows(held) + trial_windows(plan.trial_steps, recipe.batch_size)} windows "
-                f"(--max-windows)"] if passes > MAX_TRIAL_PASSES else [])))
+                f"{_windows(held) + trial_windows(plan.trial_steps, recipe.batch_size)} windows (a larger "
+                f"--max-windows, or more data where the file holds fewer)"] if passes > MAX_TRIAL_PASSES else [])))
     meter = _Meter(plan.cost_steps, budget.progress, costs)
     try:
         meter.add(TIMED_STEPS * costs.full())
@@ -721,9 +728,10 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
             best = next((named[n] for n in ranking if n in named), place)
             if best != place:
                 proposals.append((tuple(group), place, best))
-        final_plan = planned(0, TIMED_STEPS * costs.full() + probe_steps)
+        final_plan = (planned(1 + len(proposals), fixed) if proposals else
+                      planned(0, TIMED_STEPS * costs.full() + probe_steps))
+        meter.replan(final_plan.cost_steps)
         if proposals:
-            final_plan = planned(1 + len(proposals), fixed)
             arms = _Arms(model, recipe, train, evaluate, {**options, "replicates": budget.replicates})
             losses = arms.read_model(meter)
             base = arms.run(uniform, final_plan.checkpoints)
