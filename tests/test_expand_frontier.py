@@ -490,6 +490,46 @@ def test_the_bar_moves_with_every_batch_the_frontier_reads(monkeypatch):
                           frontier.plan.cost_steps)
 
 
+def test_the_screens_bar_counts_every_window_it_probes_in_every_pass(monkeypatch):
+    """decision="screen" with progress: one bar of the windows probed, moved after each batch, its total every
+    window of both splits times the probe's passes (several here: max_statistics_bytes holds only the least pass)."""
+    from satcore.adapters.torch.expansion import probe_memory_plan
+    from satcore.adapters.torch.probe import Probe
+
+    events = _recorded_bar(monkeypatch)
+    update = Probe.update
+
+    def probed(self, batch):
+        samples = update(self, batch)
+        events.append(("probed", samples))
+        return samples
+
+    monkeypatch.setattr(Probe, "update", probed)
+    model, ids = llama(4), windows(64)
+    recipe = Recipe("adamw", lr=1e-3, steps=600, batch_size=8)
+    memory = probe_memory_plan(model, ({"input_ids": ids[:1]}, ids[:1]), DecisionPolicy(recipe))
+    least = memory.least_max_bytes(splits=2)
+    passes = len(memory.passes(least, splits=2))
+    assert passes > 1
+    expand(model, ids, blocks=2, policy=DecisionPolicy(recipe, max_statistics_bytes=least),
+           options=ExpansionOptions(decision="screen", progress=True))
+    at = [i for i, (kind, *_) in enumerate(events) if kind == "probed"]
+    assert [events[i][1] for i in at] == [2] * 32 * passes  # 32 batches of 2 windows (split_batches) per pass
+    assert all(events[i + 1] == ("bar", 2) for i in at)
+    assert events[-1] == ("closed", 64 * passes, 64 * passes)
+
+
+def test_cli_screen_shows_its_bar_unless_quiet(checkpoint, tmp_path):  # noqa: F811
+    folder, text = checkpoint
+    args = ["--data", text, "--blocks", "2", "--decision", "screen", "--seq-len", "16"]
+    talks = cli("expand", folder, *args, "-o", tmp_path / "t")
+    assert talks.exit_code == 0, talks.output
+    assert re.search(r"probing: +\d+%.* \d+/64 \[", talks.output)  # of the 64 windows read, both splits, one pass
+    quiet = cli("expand", folder, *args, "-o", tmp_path / "q", "--quiet")
+    assert quiet.exit_code == 0, quiet.output
+    assert "probing" not in quiet.output
+
+
 # --- the command --------------------------------------------------------------------------------------
 def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_path):  # noqa: F811
     """A constructed case where no expansion can help: a learning rate (1e-12) under which no arm moves the loss.

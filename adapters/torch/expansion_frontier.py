@@ -654,15 +654,13 @@ def _probe_steps(model, train: list, held: list, costs: _Costs, policy: Decision
     """The first-order screen's passes, in planned steps' FLOPs: each probed window a forward and backward pass
     of the model as it is (counted as every parameter's, an upper bound), once per group of places that fits
     the policy's ``max_statistics_bytes`` (a forward pass more to plan the groups)."""
+    from .expansion import probe_passes
+
     windows = _windows(train) + _windows(held)
     probed = windows / costs.batch_size * costs.full()
-    limit = policy.max_statistics_bytes
-    if limit is None:
+    if policy.max_statistics_bytes is None:
         return probed
-    from .expansion import probe_memory_plan
-
-    passes = probe_memory_plan(model, train[0], policy).passes(limit, splits=2)
-    return len(passes) * probed + costs.read([], _windows(train[:1]))
+    return probe_passes(model, train[0], policy) * probed + costs.read([], _windows(train[:1]))
 
 
 def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: DecisionBudget, options: dict
