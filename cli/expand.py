@@ -23,7 +23,7 @@ from satcore import InputError, ProbeError
 from satcore.adapter_api import DEFAULT_ALPHA, NOT_VERIFIED, decision_interval_notes, parse_whole_number
 
 from .common import FiniteFloatRange, display_name, num, table
-from .expand_report import defaults_line, frontier_report, moves_report, plot_frontier, stop_line
+from .expand_report import SEQ_LEN_RULE, defaults_line, frontier_report, moves_report, plot_frontier, stop_line
 from .hf_dir import window_length
 from .numbers import MAX_SEED, Count
 from .out_dir import check_out_dir, staged_out_dir
@@ -267,7 +267,7 @@ def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False)
               help="With --blocks auto: the frontier as a figure (needs matplotlib; skipped with a note without it).")
 @click.option("--quiet", is_flag=True, help="No plan, no defaults line, no progress bar; the report only.")
 @click.option("--seq-len", type=Count(min=2), default=None,
-              help="Tokens per window (default min(128, the model's context) on a CPU, 256 on a GPU).")
+              help=f"Tokens per window (default {SEQ_LEN_RULE}).")
 @click.option("--max-windows", type=Count(min=4), default=None,
               help="Windows of data read at most (default 64 on a CPU, 256 on a GPU; with --blocks auto, more where "
               "needed so each trial passes over its training windows at most twice): with --blocks auto the trials "
@@ -407,7 +407,7 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     if on_gpu and forced is None:
         model = model.to("cuda")
     options = ExpansionOptions(at=forced, init=init, train_new_only=freeze_old, max_blocks=max_blocks,
-                               decision=decision, layout=layout, budget=budget)
+                               decision=decision, layout=layout, budget=budget, progress=not quiet)
     expansion = expand_model(model, data, blocks=blocks, policy=policy, options=options)
     with staged_out_dir(out_dir, prefix=".satcore-expand-") as staging:
         grown = expansion.model.to(getattr(torch, saved_dtype))

@@ -19,6 +19,10 @@ STOP_WORDS = {
 }
 
 
+# --seq-len's default, as the option's help and the line of defaults say it
+SEQ_LEN_RULE = "min(128, the model's context) on a CPU, min(256, the model's context) on a GPU"
+
+
 def defaults_line(assumed: dict, on_gpu: bool, sized: bool) -> str | None:
     """One line naming the defaults the run relies on (``assumed``: option -> value, those the user left out), with
     the rule of each of those and of no other; ``sized``: this path sizes ``--max-windows`` to its trials
@@ -30,7 +34,7 @@ def defaults_line(assumed: dict, on_gpu: bool, sized: bool) -> str | None:
     if assumed.keys() & {"--optimizer", "--steps", "--batch-size", "--lr"}:
         rules.append("the planned training is yours to state with --optimizer, --steps, --batch-size, --lr")
     if "--seq-len" in assumed:
-        rules.append("--seq-len: min(128, the model's context) on a CPU, min(256, context) on a GPU")
+        rules.append(f"--seq-len: {SEQ_LEN_RULE}")
     if "--max-windows" in assumed:
         rules.append("--max-windows: 64 on a CPU, 256 on a GPU" + (", more where --blocks auto's trials would pass "
                                                                     "over theirs more than twice" if sized else ""))
@@ -79,7 +83,8 @@ def frontier_report(expansion) -> list[str]:
     else:
         lines += [f"chosen: no expansion. {frontier.choice.reason[0].upper()}{frontier.choice.reason[1:]}.",
                   f"instead: {frontier.instead}"]
-    lines.append(f"tolerance: {frontier.tolerance:.3g} nats ({frontier.rule})")
+    if not frontier.every_arm_excluded:  # else no tolerance was applied, and the chosen line says why
+        lines.append(f"tolerance: {frontier.tolerance:.3g} nats ({frontier.rule})")
     if frontier.warning:
         lines.append(f"warning: {frontier.warning}")
     return lines + [cost_line(expansion)]

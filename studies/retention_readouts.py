@@ -369,10 +369,10 @@ class _Readings:
         optimizer.step = tracked
         return optimizer
 
-    def _evaluate(self, model, batches, loss_fn):
+    def _evaluate(self, model, batches, loss_fn, progress=None):
         import torch
 
-        losses = self.evaluate(model, batches, loss_fn)
+        losses = self.evaluate(model, batches, loss_fn, progress)
         if self.params is None or self.previous is None:  # the model's own reading, before any trial step
             self.first[id(batches)] = float(losses.mean())
             return losses

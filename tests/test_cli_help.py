@@ -28,3 +28,14 @@ def test_expand_help_states_the_rule_auto_counts_by():
             "those, the fewest whose predicted held-out loss after your training is within --tolerance of the best; "
             "none when expanding does not pay") in text
     assert "default 0.3% of the held-out loss" in text  # the tolerance, as docs/expansion.md states it
+
+
+def test_expand_help_and_the_line_of_defaults_state_one_seq_len_rule():
+    """--seq-len's default is min(the model's context, 128 on a CPU, 256 on a GPU): the help said "256 on a GPU",
+    the line of defaults "min(256, context)"; both now say the rule the command applies."""
+    from satcore.cli.expand_report import defaults_line
+
+    text = " ".join(CliRunner().invoke(main, ["expand", "--help"]).output.split())
+    rule = "min(128, the model's context) on a CPU, min(256, the model's context) on a GPU"
+    assert f"Tokens per window (default {rule})." in text
+    assert f"--seq-len: {rule}" in defaults_line({"--seq-len": 128}, on_gpu=False, sized=False)

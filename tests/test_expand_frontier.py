@@ -385,7 +385,7 @@ def test_trials_that_repeat_their_training_windows_are_recorded_and_announced():
     assert sizes["trial_passes"] == pytest.approx(passes) and passes > 2
     wanted = sizes["heldout"] + math.ceil(plan["trial_steps"] * 8 / 2)
     assert (f"warning: each trial passes over its {sizes['train']} training windows {passes:.1f} times (more than 2)"
-            in seen[0] and f"give about {wanted} windows (--max-windows)" in seen[0])
+            in seen[0] and f"give about {wanted} windows (a larger --max-windows, or more data where the file holds fewer)" in seen[0])
 
 
 def test_a_move_needs_a_credible_trial_else_the_places_are_uniform():
@@ -400,6 +400,134 @@ def test_a_move_needs_a_credible_trial_else_the_places_are_uniform():
     for move in check["moves"]:
         names = {("head" if p == "head" else f"model.layers.{p}"): p for p in move["group"]}
         assert move["proposed"] == names[next(n for n in ranking if n in names)] != move["uniform"]
+
+
+# --- the progress bar ---------------------------------------------------------------------------------
+def _recorded_bar(monkeypatch) -> list:
+    """The decision's bar replaced by one that records its moves, ``("bar", amount)``, in one list of events."""
+    events = []
+
+    class Bar:
+        def __init__(self, total=None, **_):
+            self.total, self.n = total, 0.0
+
+        def update(self, amount):
+            self.n += amount
+            events.append(("bar", amount))
+
+        def refresh(self):
+            pass
+
+        def close(self):
+            events.append(("closed", self.n, self.total))
+
+    monkeypatch.setattr("tqdm.auto.tqdm", Bar)
+    return events
+
+
+@pytest.mark.parametrize("moves", ["proposed", "none"])
+def test_the_bar_moves_with_every_batch_of_the_placement_checks_probe(moves, monkeypatch):
+    """blocks=K: the first-order screen's probe (every window of both splits, a forward and backward pass each) moves
+    the bar after each batch it probes, by the same share per window, not in one jump when it ends; its total is
+    then the plan of the trials the screen's moves need (none where the screen ranks every uniform place first in
+    its group, not the most the plan allowed), and the bar ends there, at the counted cost."""
+    from satcore.adapters.torch.expansion import ScreenDecision
+    from satcore.adapters.torch.probe import Probe
+
+    events = _recorded_bar(monkeypatch)
+    if moves == "none":  # the uniform places [2, head] first: no group proposes a move
+        ranking = ScreenDecision.ranking
+        monkeypatch.setattr(ScreenDecision, "ranking", lambda self: sorted(
+            ranking(self), key=lambda n: n not in ("model.layers.2", "head")))
+    update = Probe.update
+
+    def probed(self, batch):
+        samples = update(self, batch)
+        events.append(("probed", samples))
+        return samples
+
+    monkeypatch.setattr(Probe, "update", probed)
+    expansion = expand(llama(4), windows(64), blocks=2, recipe=Recipe("adamw", lr=1e-12, steps=600, batch_size=8),
+                       options=ExpansionOptions(budget=DecisionBudget(0.2, progress=True)))
+    # 64 windows in batches of 2 (at least 32 batches, split_batches), alternate ones trained and held out: 32
+    # batches in one probe pass
+    at = [i for i, (kind, *_) in enumerate(events) if kind == "probed"]
+    assert [events[i][1] for i in at] == [2] * 32
+    after = [events[i + 1] for i in at]
+    assert all(kind == "bar" for kind, _ in after) and after[0][1] > 0
+    assert [amount for _, amount in after] == pytest.approx([after[0][1]] * 32, rel=1e-12)
+    check = expansion.budgeted
+    assert bool(check.moves) == (moves == "proposed")
+    assert events[-1] == ("closed", pytest.approx(check.cost_steps, rel=1e-12), check.plan.cost_steps)
+
+
+def test_the_bar_moves_with_every_batch_the_frontier_reads(monkeypatch):
+    """blocks="auto": each reading of the held-out windows (the model's own, then every arm at each of its trial's
+    three checkpoints) moves the bar after each batch it reads; the bar ends where the counted cost does."""
+    from satcore.adapters.torch import expansion_frontier
+    from satcore.adapters.torch.decide import per_sample_eval
+
+    events = _recorded_bar(monkeypatch)
+
+    def read(model, batches, loss_fn, progress=None):
+        assert progress is not None, "a reading without progress: the bar stands still while it runs"
+
+        def seen(samples):
+            events.append(("read", samples))
+            progress(samples)
+        return per_sample_eval(model, batches, loss_fn, progress=seen)
+
+    monkeypatch.setattr(expansion_frontier, "per_sample_eval", read)
+    expansion = expand(llama(4), windows(64), blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8),
+                       options=ExpansionOptions(budget=DecisionBudget(0.2, progress=True), max_blocks=1))
+    frontier = expansion.budgeted
+    at = [i for i, (kind, *_) in enumerate(events) if kind == "read"]
+    held = frontier.windows["heldout"]
+    assert sum(events[i][1] for i in at) == held * (1 + 3 * len(frontier.arms))  # the model's reading, 3 per arm
+    assert len(at) == math.ceil(held / 8) * (1 + 3 * len(frontier.arms))  # one move per batch of 8 windows
+    assert all(events[i + 1][0] == "bar" and events[i + 1][1] > 0 for i in at)
+    assert events[-1] == ("closed", pytest.approx(min(frontier.cost_steps, frontier.plan.cost_steps), rel=1e-12),
+                          frontier.plan.cost_steps)
+
+
+def test_the_screens_bar_counts_every_window_it_probes_in_every_pass(monkeypatch):
+    """decision="screen" with progress: one bar of the windows probed, moved after each batch, its total every
+    window of both splits times the probe's passes (several here: max_statistics_bytes holds only the least pass)."""
+    from satcore.adapters.torch.expansion import probe_memory_plan
+    from satcore.adapters.torch.probe import Probe
+
+    events = _recorded_bar(monkeypatch)
+    update = Probe.update
+
+    def probed(self, batch):
+        samples = update(self, batch)
+        events.append(("probed", samples))
+        return samples
+
+    monkeypatch.setattr(Probe, "update", probed)
+    model, ids = llama(4), windows(64)
+    recipe = Recipe("adamw", lr=1e-3, steps=600, batch_size=8)
+    memory = probe_memory_plan(model, ({"input_ids": ids[:1]}, ids[:1]), DecisionPolicy(recipe))
+    least = memory.least_max_bytes(splits=2)
+    passes = len(memory.passes(least, splits=2))
+    assert passes > 1
+    expand(model, ids, blocks=2, policy=DecisionPolicy(recipe, max_statistics_bytes=least),
+           options=ExpansionOptions(decision="screen", progress=True))
+    at = [i for i, (kind, *_) in enumerate(events) if kind == "probed"]
+    assert [events[i][1] for i in at] == [2] * 32 * passes  # 32 batches of 2 windows (split_batches) per pass
+    assert all(events[i + 1] == ("bar", 2) for i in at)
+    assert events[-1] == ("closed", 64 * passes, 64 * passes)
+
+
+def test_cli_screen_shows_its_bar_unless_quiet(checkpoint, tmp_path):  # noqa: F811
+    folder, text = checkpoint
+    args = ["--data", text, "--blocks", "2", "--decision", "screen", "--seq-len", "16"]
+    talks = cli("expand", folder, *args, "-o", tmp_path / "t")
+    assert talks.exit_code == 0, talks.output
+    assert re.search(r"probing: +\d+%.* \d+/64 \[", talks.output)  # of the 64 windows read, both splits, one pass
+    quiet = cli("expand", folder, *args, "-o", tmp_path / "q", "--quiet")
+    assert quiet.exit_code == 0, quiet.output
+    assert "probing" not in quiet.output
 
 
 # --- the command --------------------------------------------------------------------------------------
@@ -445,8 +573,9 @@ def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_pat
 def test_cli_with_every_arm_over_max_forgetting_chooses_none_and_warns_of_a_harmful_recipe(checkpoint, tmp_path):  # noqa: F811
     """A constructed case where the planned recipe hurts: AdamW at lr 10 raises the held-out and the general loss at
     every count, K = 0 included, so --max-forgetting 0 leaves out every arm.  Nothing is inserted, no arm is marked
-    chosen, and the command, expansion.json and the card say no arm met the forgetting limit (not "continue training
-    the model as it is", the arm the limit left out), and warn that the recipe raises the held-out loss."""
+    chosen, and the command, expansion.json and the card say once, in the choice's words, that no arm met the
+    forgetting limit, and then only what to do instead (not "continue training the model as it is", the arm the limit
+    left out), and warn that the recipe raises the held-out loss."""
     folder, text = checkpoint
     out = tmp_path / "grown"
     result = cli("expand", folder, "--data", text, "--blocks", "auto", "-o", out, "--seq-len", "16", "--steps", "600",
@@ -459,21 +588,27 @@ def test_cli_with_every_arm_over_max_forgetting_chooses_none_and_warns_of_a_harm
     assert decision["stop_reason"] == "no_arm_within_max_forgetting" and record["positions"] == []
     assert decision["chosen_cost_fraction"] is None  # no arm chosen, no chosen arm's training to compare with
     least = min(record["frontier"], key=lambda a: a["predicted_general_change"])
+    why = ("no arm met the forgetting limit: every arm's predicted general loss change, K = 0's included, is above "
+           "--max-forgetting 0 nats")
+    assert decision["reason"] == why
     assert decision["instead"] == (
-        "no arm met the forgetting limit, so none is to be trained: the predicted general change of each (K = 0 "
-        f"included) exceeds --max-forgetting 0 nats (the least, K = {least['blocks']}'s, is "
-        f"{least['predicted_general_change']:.3g}); raise the limit, or train with a smaller lr or fewer steps")
+        f"raise --max-forgetting past the least predicted general change (K = {least['blocks']}'s, "
+        f"{least['predicted_general_change']:.3g} nats), or train with a smaller lr or fewer steps")
     assert "every arm, K = 0 included, is over --max-forgetting: none is chosen" in decision["method"]
     rows = [line.rstrip() for line in result.output.splitlines() if "(over --max-forgetting)" in line]
     # both marked over the limit, neither chosen (the last column, "chosen", is empty)
     assert len(rows) == 2 and all(r.endswith("(over --max-forgetting)") for r in rows)
-    assert f"instead: {decision['instead']}" in result.output and "continue training" not in result.output
+    # the fact once (the chosen line, the choice's reason), then what to do; no tolerance line: none was applied
+    assert f"chosen: no expansion. N{why[1:]}.\ninstead: {decision['instead']}\n" in result.output
+    assert result.output.count("forgetting limit") == 1 and "over --max-forgetting: none is chosen" not in \
+        result.output and "tolerance:" not in result.output and "continue training" not in result.output
     assert f"warning: {decision['warning']}" in result.output
     assert decision["warning"] == ("the trials predict the planned training raises the held-out loss at every block "
                                    "count (K = 0 included); check the recipe (lr, steps) before training")
     card = (out / "README.md").read_text()
     assert "continue training" not in card and "does not pay" not in card
-    assert f"Instead: {decision['instead']}." in card and f"**Warning:** {decision['warning']}." in card
+    assert f"added no block, because {why}. Instead: {decision['instead']}." in card
+    assert card.count("forgetting limit") == 1 and f"**Warning:** {decision['warning']}." in card
     assert "no block was inserted" in record["llama_factory"]["reason"] and "continue training" not in \
         record["llama_factory"]["reason"]
 

@@ -139,8 +139,9 @@ def _loss_fn(model, loss_fn):
 
 
 @torch.no_grad()
-def per_sample_eval(model, batches, loss_fn=None) -> np.ndarray:
-    """Per-sample losses of ``model`` (eval mode) over ``batches``, float64."""
+def per_sample_eval(model, batches, loss_fn=None, progress=None) -> np.ndarray:
+    """Per-sample losses of ``model`` (eval mode) over ``batches``, float64; ``progress``: called with each batch's
+    sample count once it is read (``None``: silent)."""
     device = next(model.parameters()).device
     out = []
     with eval_mode(model):
@@ -159,6 +160,8 @@ def per_sample_eval(model, batches, loss_fn=None) -> np.ndarray:
                 raise InputError(f"decide: loss_fn returned shape {tuple(losses.shape)} for a batch of {size} samples; "
                                  "decide needs per-sample losses of shape (B,), e.g. reduction='none'")
             out.append(losses.detach().to(torch.float64).reshape(-1).cpu().numpy())
+            if progress is not None:
+                progress(len(out[-1]))
     return np.concatenate(out)
 
 

@@ -113,7 +113,7 @@ def _batch_samples(batch) -> int:
 
 
 def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
-                         policy: DecisionPolicy | None = None) -> ScreenDecision:
+                         policy: DecisionPolicy | None = None, progress=None) -> ScreenDecision:
     """The first-order screen: probe ``model`` on ``train`` and ``heldout`` (:func:`~.splits.probe_splits`; the
     policy's probe, by default ``family="native"``: the tangent space of the block that will be inserted) and price
     the recipe's step at every candidate on the held-out folds (:func:`satcore._decisions.predictors.predict_gains`).
@@ -127,7 +127,8 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
     ``recipe`` or ``policy`` (:class:`satcore.DecisionPolicy`) as :func:`~.decide.decide` takes them: its
     ``candidates``, ``seed`` and ``probe`` are read, and ``max_statistics_bytes`` probes the candidates in
     groups whose statistics fit, as :func:`~.decide.decide` does (one pass over both splits per group, the cost
-    counted per pass); its ``trials`` are not (no trial is run).
+    counted per pass); its ``trials`` are not (no trial is run).  ``progress``: called with each probed batch's
+    sample count as the probe goes (every pass's batches; ``None``: silent).
     """
     from .decide import decision_probe_options
 
@@ -143,7 +144,7 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
             evidence[name] = rows[name].candidate()
 
     passes, _ = probe_splits_in_passes(model, train, heldout, loss_fn, read,
-                                       max_statistics_bytes=policy.max_statistics_bytes,
+                                       max_statistics_bytes=policy.max_statistics_bytes, progress=progress,
                                        **decision_probe_options(policy, ProbeConfig(family="native")))
     samples = passes * sum(_batch_samples(b) for b in train + heldout)
     return ScreenDecision(evidence, math.ceil(samples / recipe.batch_size), recipe)
@@ -157,6 +158,29 @@ def probe_memory_plan(model: nn.Module, batch, policy: DecisionPolicy):
     from .probe import plan
 
     return plan(model, batch, sequence_loss, **decision_probe_options(native_policy(policy)))
+
+
+def probe_passes(model: nn.Module, batch, policy: DecisionPolicy) -> int:
+    """Passes over the data the decision's probe makes under ``policy``: one, or with its ``max_statistics_bytes``
+    one per group of places whose statistics fit (:func:`probe_memory_plan`, a forward pass of ``batch``)."""
+    if policy.max_statistics_bytes is None:
+        return 1
+    return len(probe_memory_plan(model, batch, policy).passes(policy.max_statistics_bytes, splits=2))
+
+
+def _screen_with_bar(model: nn.Module, train: list, heldout: list, loss_fn, policy: DecisionPolicy,
+                     progress: bool) -> ScreenDecision:
+    """:func:`first_order_decision`, with ``progress`` a tqdm bar (stderr) of the windows it probes, every pass's."""
+    if not progress:
+        return first_order_decision(model, train, heldout, loss_fn, policy=policy)
+    from tqdm.auto import tqdm
+
+    windows = sum(_batch_samples(b) for b in train + heldout)
+    bar = tqdm(total=probe_passes(model, train[0], policy) * windows, unit="window", desc="probing", leave=False)
+    try:
+        return first_order_decision(model, train, heldout, loss_fn, policy=policy, progress=bar.update)
+    finally:
+        bar.close()
 
 
 DECISIONS = ("trial", "screen")
@@ -264,7 +288,8 @@ def native_policy(policy: DecisionPolicy) -> DecisionPolicy:
 
 
 def placement_decision(model: nn.Module, train, heldout, loss_fn=None, *, policy: DecisionPolicy,
-                       decision: str = "trial", layout: str = "ranked", blocks: int | str | None = None):
+                       decision: str = "trial", layout: str = "ranked", blocks: int | str | None = None,
+                       progress: bool = False):
     """The ranking :func:`expand` places blocks by, under ``policy`` (:class:`satcore.DecisionPolicy`; its probe's
     family is ``"native"`` here, :func:`native_policy`).
 
@@ -275,7 +300,8 @@ def placement_decision(model: nn.Module, train, heldout, loss_fn=None, *, policy
     (:func:`place_groups`; ``blocks="auto"``: ``max_trials`` groups, at most one per place), the trials spread over the
     groups (each group's first ``ceil(max_trials / groups)`` places in the screen's order,
     :func:`~.decide.grouped_trials`; their steps still add up to at most the recipe's).
-    ``loss_fn`` ``None``: next-token cross-entropy (:func:`~.hf.sequence_loss`)."""
+    ``loss_fn`` ``None``: next-token cross-entropy (:func:`~.hf.sequence_loss`).  ``progress``: a tqdm bar (stderr)
+    of the windows the screen probes (``decision="screen"``)."""
     if decision not in DECISIONS:
         raise InputError(f"decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
     if layout not in LAYOUTS:
@@ -291,7 +317,7 @@ def placement_decision(model: nn.Module, train, heldout, loss_fn=None, *, policy
         places = place_groups(len(names), min(max_trials, len(names) + 1) if blocks == "auto" else blocks)
         groups = tuple(tuple(HEAD if p == HEAD else names[p] for p in group) for group in places)
     if decision == "screen":
-        ranked = first_order_decision(model, train, heldout, loss_fn, policy=policy)
+        ranked = _screen_with_bar(model, list(train), list(heldout), loss_fn, policy, progress)
     else:
         from .decide import decide
 
@@ -685,6 +711,8 @@ class ExpansionOptions:
         the placement check (:func:`~.expansion_frontier.placement_check`: uniform places unless a
         trial credibly favours a move).  Without a budget ``blocks=K`` is the trial decision above,
         which costs up to one block trained with the whole recipe.
+    progress : a tqdm bar (stderr) of the windows the first-order screen probes with ``decision="screen"`` (the
+        budgeted decisions show theirs with ``budget.progress``).
     """
 
     at: object = None
@@ -694,6 +722,7 @@ class ExpansionOptions:
     decision: str = "trial"
     layout: str = "grouped"
     budget: object = None
+    progress: bool = False
 
     def __post_init__(self):
         for name, choices in (("init", INITS), ("decision", DECISIONS), ("layout", LAYOUTS)):
@@ -808,7 +837,7 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
                              names[0].rpartition(".")[0], "uniform" if blocks == "auto" else layout, limit,
                              budgeted)
         decision = placement_decision(model, train, held, loss_fn, policy=policy, decision=method, layout=layout,
-                                      blocks=blocks)
+                                      blocks=blocks, progress=options.progress)
         # blocks is K here: "auto" is the frontier (trials) or refused above (the screen)
         chosen = [_original_index(c) for c in decision.ranking()[:blocks]]
     grown, new = insert_blocks(model, chosen, init=init, seed=seed)

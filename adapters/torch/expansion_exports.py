@@ -95,8 +95,9 @@ def model_card(record: dict, out_dir: str) -> str:
         for position, before, source in zip(record["positions"], record["inserted_before"], record["copied_from"]):
             lines.append(f"| {position} | {before} | {'-' if source is None else source} |")
     else:
-        # with every arm over --max-forgetting, decision.instead says why as well as what to do
-        why = ("" if decision.get("stop_reason") == "no_arm_within_max_forgetting" else
+        # why in the choice's own words where every arm is over --max-forgetting (decision.instead says only what
+        # to do)
+        why = (f", because {decision['reason']}" if decision.get("stop_reason") == "no_arm_within_max_forgetting" else
                ", because the decision below found that expanding does not pay on this data")
         instead = decision.get("instead")
         lines.append(f"Base model: `{record['source']}`, unchanged ({layers['before']} layers): `satcore expand` added "

@@ -138,10 +138,13 @@ def _flops_per_token(model, seq_len: int) -> tuple[float, float]:
 
 
 class _Meter:
-    """The decision's passes in planned steps' FLOPs, counted as they run, with an optional tqdm bar."""
+    """The decision's passes in planned steps' FLOPs, counted as they run, with an optional tqdm bar.
+
+    A long pass (the first-order screen's probe) moves the bar batch by batch (:meth:`probed`) and is counted whole
+    when it ends (:meth:`add`), so ``done`` is the sum of the passes' costs whatever the bar showed."""
 
     def __init__(self, total: float | None, show: bool, costs: _Costs):
-        self.done, self.costs = 0.0, costs
+        self.done, self.running, self.costs = 0.0, 0.0, costs
         self.bar = None
         if show:
             from tqdm.auto import tqdm
@@ -154,8 +157,33 @@ class _Meter:
 
     def add(self, steps: float) -> None:
         self.done += steps
-        if self.bar is not None:  # the float sums may pass the total by a rounding error
-            self.bar.update(min(steps, self.bar.total - self.bar.n))
+        self.running = 0.0
+        self._show(self.done)
+
+    def probed(self, windows: int) -> None:
+        """``windows`` more of the screen's probe done, each a forward and backward pass of the model as it is (as
+        :func:`_probe_steps` prices them): on the bar only, until the probe's cost is added."""
+        self._ahead(windows / self.costs.batch_size * self.costs.full())
+
+    def reading(self, places) -> Callable[[int], None]:
+        """The bar's count of a reading of the arm with blocks before ``places``, window by window (on the bar
+        only, until :meth:`forward` adds the reading's cost)."""
+        return lambda windows: self._ahead(self.costs.read(places, windows))
+
+    def _ahead(self, steps: float) -> None:
+        self.running += steps
+        self._show(self.done + self.running)
+
+    def replan(self, total: float) -> None:
+        """The bar's total once the decision knows its passes (the placement check's, once its screen has proposed
+        the moves to try: fewer trials than the plan's most)."""
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.refresh()
+
+    def _show(self, position: float) -> None:
+        if self.bar is not None:  # the float sums may pass the total by a rounding error; the bar never goes back
+            self.bar.update(max(0.0, min(position, self.bar.total) - self.bar.n))
 
     def close(self) -> None:
         if self.bar is not None:
@@ -179,7 +207,7 @@ class _Arms:
         are identities)."""
         self.meter = meter
         for split, batches in self.evaluate.items():
-            self.before[split] = per_sample_eval(self.model, batches, sequence_loss)
+            self.before[split] = per_sample_eval(self.model, batches, sequence_loss, progress=meter.reading([]))
             meter.forward([], self.before[split].size)
         return {split: float(losses.mean()) for split, losses in self.before.items()}
 
@@ -219,7 +247,7 @@ class _Arms:
                     done += 1
                     self.meter.add(self.meter.costs.step(places))
                 for split, batches in self.evaluate.items():
-                    after = per_sample_eval(grown, batches, sequence_loss)
+                    after = per_sample_eval(grown, batches, sequence_loss, progress=self.meter.reading(places))
                     if not np.isfinite(after).all():
                         raise InputError(f"the trial of blocks before {list(places)} diverged at step {done} (lr "
                                          f"{self.recipe.lr:g}): its {split} loss is not finite; lower --lr")
@@ -447,13 +475,12 @@ class FrontierDecision(BudgetedDecision):
     @property
     def instead(self) -> str | None:
         """What to do where nothing is inserted, in plain words (the command, ``expansion.json`` and the card say
-        this); None where a block count was chosen."""
+        this after the choice's ``reason``, which says why: this says only what to do); None where a block count was
+        chosen."""
         if self.every_arm_excluded:
             least = min(self.arms, key=lambda a: a.general.point)
-            return (f"no arm met the forgetting limit, so none is to be trained: the predicted general change of each "
-                    f"(K = 0 included) exceeds --max-forgetting {self.choice.max_forgetting:g} nats (the least, K = "
-                    f"{least.blocks}'s, is {least.general.point:.3g}); raise the limit, or train with a smaller lr or "
-                    "fewer steps")
+            return (f"raise --max-forgetting past the least predicted general change (K = {least.blocks}'s, "
+                    f"{least.general.point:.3g} nats), or train with a smaller lr or fewer steps")
         if self.choice.chosen_blocks:
             return None
         return f"continue training the model as it is (your {self.plan.planned_steps} steps on it)"
@@ -553,8 +580,8 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
                 f"half); the rest train the trials"] if sized is not None else [])
             + ([f"  warning: each trial passes over its {_windows(train)} training windows {passes:.1f} times (more than "
                 f"{MAX_TRIAL_PASSES:g}): K = 0's trial may fit them and read as a harm; give about "
-                f"{_windows(held) + trial_windows(plan.trial_steps, recipe.batch_size)} windows "
-                f"(--max-windows)"] if passes > MAX_TRIAL_PASSES else [])))
+                f"{_windows(held) + trial_windows(plan.trial_steps, recipe.batch_size)} windows (a larger "
+                f"--max-windows, or more data where the file holds fewer)"] if passes > MAX_TRIAL_PASSES else [])))
     meter = _Meter(plan.cost_steps, budget.progress, costs)
     try:
         meter.add(TIMED_STEPS * costs.full())
@@ -627,15 +654,13 @@ def _probe_steps(model, train: list, held: list, costs: _Costs, policy: Decision
     """The first-order screen's passes, in planned steps' FLOPs: each probed window a forward and backward pass
     of the model as it is (counted as every parameter's, an upper bound), once per group of places that fits
     the policy's ``max_statistics_bytes`` (a forward pass more to plan the groups)."""
+    from .expansion import probe_passes
+
     windows = _windows(train) + _windows(held)
     probed = windows / costs.batch_size * costs.full()
-    limit = policy.max_statistics_bytes
-    if limit is None:
+    if policy.max_statistics_bytes is None:
         return probed
-    from .expansion import probe_memory_plan
-
-    passes = probe_memory_plan(model, train[0], policy).passes(limit, splits=2)
-    return len(passes) * probed + costs.read([], _windows(train[:1]))
+    return probe_passes(model, train[0], policy) * probed + costs.read([], _windows(train[:1]))
 
 
 def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: DecisionBudget, options: dict
@@ -691,7 +716,8 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
     meter = _Meter(plan.cost_steps, budget.progress, costs)
     try:
         meter.add(TIMED_STEPS * costs.full())
-        screen = first_order_decision(model, train, held, policy=native_policy(options["policy"]))
+        screen = first_order_decision(model, train, held, policy=native_policy(options["policy"]),
+                                      progress=meter.probed)
         meter.add(probe_steps)
         ranking = screen.ranking()
         moves, losses, tolerance, proposals = [], {}, budget.tolerance, []
@@ -700,9 +726,10 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
             best = next((named[n] for n in ranking if n in named), place)
             if best != place:
                 proposals.append((tuple(group), place, best))
-        final_plan = planned(0, TIMED_STEPS * costs.full() + probe_steps)
+        final_plan = (planned(1 + len(proposals), fixed) if proposals else
+                      planned(0, TIMED_STEPS * costs.full() + probe_steps))
+        meter.replan(final_plan.cost_steps)
         if proposals:
-            final_plan = planned(1 + len(proposals), fixed)
             arms = _Arms(model, recipe, train, evaluate, {**options, "replicates": budget.replicates})
             losses = arms.read_model(meter)
             base = arms.run(uniform, final_plan.checkpoints)

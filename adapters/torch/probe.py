@@ -24,7 +24,7 @@ import math
 import numbers
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import torch
@@ -573,13 +573,15 @@ def plan(model: nn.Module, batch, loss_fn=None, *, config: ProbeConfig | None = 
     return MemoryPlan(tuple(rows), state.device.type)
 
 
-def probe(model: nn.Module, data, loss_fn=None, *, progress: bool = False, config: ProbeConfig | None = None,
-          plan_only: bool = False, **options) -> ProbeResult | MemoryPlan:
+def probe(model: nn.Module, data, loss_fn=None, *, progress: bool | Callable[[int], None] = False,
+          config: ProbeConfig | None = None, plan_only: bool = False, **options) -> ProbeResult | MemoryPlan:
     """Probe ``model`` on every batch of ``data``: a loop of :meth:`Probe.update`, then :meth:`Probe.result`.
 
     ``loss_fn`` and the batch convention are :class:`Probe`'s; ``options`` are
-    the fields of :class:`ProbeConfig` (or ``config``); ``progress`` shows a
-    tqdm bar counting samples (samples/s).  A probe resumed from a checkpoint
+    the fields of :class:`ProbeConfig` (or ``config``); ``progress`` True shows a
+    tqdm bar counting samples (samples/s); a callable is called instead with
+    each batch's sample count once the batch is probed (a caller's own bar, as
+    ``satcore expand``'s).  A probe resumed from a checkpoint
     skips the batches it already holds.  ``plan_only``: return the
     :class:`MemoryPlan` of the probe from ``data``'s first batch (:func:`plan`)
     instead of probing.
@@ -588,17 +590,18 @@ def probe(model: nn.Module, data, loss_fn=None, *, progress: bool = False, confi
         return plan(model, next(iter(data)), loss_fn, config=config, **options)
     state = Probe(model, loss_fn, config, **options)
     bar = None
-    if progress:
+    if progress is True:
         from tqdm.auto import tqdm
 
         bar = tqdm(unit="sample", desc="probe")
+        progress = bar.update
     skip = state.batches_done
     try:
         for index, batch in enumerate(data):
             if index >= skip:
                 samples = state.update(batch)
-                if bar is not None:
-                    bar.update(samples)
+                if progress:
+                    progress(samples)
     finally:
         if bar is not None:
             bar.close()

@@ -52,9 +52,10 @@ def probe_splits(model, train, heldout, loss_fn=None, **options) -> SplitResults
 
 
 def probe_splits_in_passes(model, train: list, heldout: list, loss_fn, read, *, max_statistics_bytes=None,
-                           **options) -> tuple[int, ProbeResult]:
+                           progress=False, **options) -> tuple[int, ProbeResult]:
     """:func:`probe_splits` in one pass, or, with ``max_statistics_bytes``, in consecutive groups of
-    candidates whose statistics (both splits) fit (:meth:`~.probe.MemoryPlan.passes`).
+    candidates whose statistics (both splits) fit (:meth:`~.probe.MemoryPlan.passes`); ``progress`` as
+    :func:`~.probe.probe` takes it, for every batch of every pass (not for the planning forward pass).
 
     ``read(selection, splits)`` is called on each pass's :class:`SplitResults` (``selection``: the
     probe options that pick its candidates, :func:`~.probe.pass_options`; ``{}`` for one pass), whose
@@ -66,6 +67,6 @@ def probe_splits_in_passes(model, train: list, heldout: list, loss_fn, read, *, 
         passes = [pass_options(g) for g in memory.passes(max_statistics_bytes, splits=2)]
     for selection in passes:
         splits = None  # the previous group's statistics go before this group's are summed
-        splits = probe_splits(model, train, heldout, loss_fn, **options | selection)
+        splits = probe_splits(model, train, heldout, loss_fn, progress=progress, **options | selection)
         read(selection, splits)
     return len(passes), splits.train

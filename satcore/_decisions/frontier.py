@@ -347,7 +347,7 @@ def choose_blocks(target: dict, general: dict | None, tolerance: float,
     if not allowed:
         return FrontierChoice(0, None, tolerance, excluded, (
             f"no arm met the forgetting limit: every arm's predicted general loss change, K = 0's included, is above "
-            f"--max-forgetting {max_forgetting:g} nats; nothing is inserted"), max_forgetting)
+            f"--max-forgetting {max_forgetting:g} nats"), max_forgetting)
     prior = versus_none is not None and 0 in allowed
     if prior:
         beats = [k for k in allowed if k > 0 and credible(versus_none[k], tolerance)]
