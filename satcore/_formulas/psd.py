@@ -50,7 +50,7 @@ near ``1e-16`` of the largest, under the ``rtol`` cut.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -94,6 +94,10 @@ class PsdSpectrum(_Whitening):
         """``G^- = S (S G S)^+ S`` at this tolerance (``G^+`` when ``G`` is nonsingular; module docstring)."""
         return (self.basis / self.eigenvalues) @ self.basis.T
 
+    def of_mean(self, n: float) -> "PsdSpectrum":
+        """The same inverse of ``G / n``: ``(G / n)^- = n G^-``, the basis scaled by ``sqrt(n)`` (``S G S`` is unchanged)."""
+        return replace(self, basis=self.basis * np.sqrt(n))
+
 
 @dataclass(frozen=True)
 class GramInverse(_Whitening):
@@ -134,6 +138,10 @@ class GramInverse(_Whitening):
     def pinv(self) -> np.ndarray:
         """``G^- = W W^T``."""
         return self.factor @ self.factor.T
+
+    def of_mean(self, n: float) -> "GramInverse":
+        """The same inverse of ``G / n``: ``(G / n)^- = n G^-``, the factor scaled by ``sqrt(n)`` (``S G S`` is unchanged)."""
+        return replace(self, factor=self.factor * np.sqrt(n))
 
 
 def jacobi_scale(G: np.ndarray) -> np.ndarray:

@@ -79,7 +79,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .._shared.arrays import as_pair, check_sizes, check_statistics_memory, lazy_zeros
-from .._formulas.psd import DEFAULT_RTOL, gram_inverse
+from .._formulas.psd import DEFAULT_RTOL, GramInverse, PsdSpectrum, gram_inverse
 from .._formulas.certification import debiased_energy, noise_floor, variance_estimate
 from .._shared.errors import InputError
 from .._formulas.folds import DEFAULT_FOLDS, FoldSums
@@ -512,6 +512,26 @@ class CandidateStatistics:
         """``K = sum_gram / n``."""
         return self.sum_gram / self.n_samples
 
+    def _feature_rows(self) -> int:
+        """The position vectors behind ``sum_gram``, a bound on its rank: without a stored count (an old dump)
+        every batch is taken to have had the first batch's ``T``."""
+        return self.n_samples * self.n_positions if self.n_vectors is None else self.n_vectors
+
+    def feature_gram_inverse(self, rtol: float = DEFAULT_RTOL) -> GramInverse | PsdSpectrum:
+        """``K^-`` of ``K = sum_gram / n`` (:func:`~satcore._formulas.psd.gram_inverse`), the one every growth value,
+        matched block and predicted change of these statistics reads (Lemma 4 of Liu et al.: ``V^2 = tr(C K^- C^T)``).
+
+        Made from ``sum_gram``'s own inverse as ``(sum_gram / n)^- = n sum_gram^-`` (``of_mean``; the unit-diagonal
+        ``S K S`` is ``sum_gram``'s), without an ``r x r`` copy ``K``: one route, so that the report's growth value and
+        ``grow``'s predicted change ``-alpha V^2`` agree to round-off however ill-conditioned ``K`` is (two
+        routes to one inverse differ by round-off times its conditioning).  ``K``'s rank is at most its position
+        vectors (the route's ``rank_bound``); sums these statistics added up themselves are exactly symmetric.
+        """
+        if self.n_samples == 0:
+            raise InputError("these statistics hold no samples: K = sum_gram / n is undefined")
+        return gram_inverse(self.sum_gram, rtol, rank_bound=self._feature_rows(),
+                            symmetric=self._exact_gram).of_mean(self.n_samples)
+
     def stream_rms(self) -> float | None:
         """``||z||_S = sqrt(sum_i ||z_i||^2 / n_samples)``, the empirical norm of the candidate's stream
         (paper, Appendix H: the block of relative size ``rho`` has ``alpha = rho ||z||_S / V``);
@@ -553,11 +573,8 @@ class CandidateStatistics:
         if n == 0:
             raise InputError(f"candidate {name!r} has no samples")
         self._check_finite(name)
-        K = self.feature_gram()
-        # without a stored count (an old dump) every batch is taken to have had the first batch's T
-        rows = n * self.n_positions if self.n_vectors is None else self.n_vectors
-        # K's rank is at most its rows; sums these statistics added up themselves are exactly symmetric
-        spectrum = gram_inverse(K, rtol, rank_bound=rows, symmetric=self._exact_gram)
+        rows = self._feature_rows()
+        spectrum = self.feature_gram_inverse(rtol)
         if not spectrum.lowest >= -INDEFINITE_RTOL * spectrum.highest:  # written so that a NaN fails it
             raise InputError(f"candidate {name!r}: sum_gram is not positive semi-definite (eigenvalue "
                              f"{spectrum.lowest:.3g} of the unit-diagonal Gram, largest {spectrum.highest:.3g})")
