@@ -3,9 +3,11 @@
 Usage: ``python -m bench.report_before_after --before DIR [--layers 2] [--repeats 7]``.
 
 ``DIR`` is another checkout of this repository (``git worktree add DIR <commit>``): its
-``satcore/_statistics/candidate.py`` and ``satcore/_formulas/psd.py`` are executed into copies of
-this checkout's module namespaces, so ``CandidateStatistics.score`` runs with that code's
-``score`` and ``gram_inverse`` on the very statistics this checkout's probe returned.  The probe is
+``satcore/_statistics/candidate.py``, ``satcore/_formulas/psd.py`` and ``satcore/_formulas/folds.py``
+are executed into copies of this checkout's module namespaces, so ``CandidateStatistics.score`` runs
+with that code's ``score``, ``gram_inverse`` and ``FoldSums`` on the very statistics this checkout's
+probe returned (a ``score`` that reads ``feature_gram_inverse`` reads the other checkout's
+``gram_inverse`` through it).  The probe is
 ``decoder_1b_cpu.py``'s Llama-style decoder at the 1B row's width (d 2048, ``r = d``) with
 ``--layers`` layers, 2 windows of 128 tokens, one thread; the two reports alternate ``--repeats``
 times (CPU seconds, medians) and their growth values and verdicts are compared.  Prints; writes
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+import satcore._formulas.folds as folds
 import satcore._formulas.psd as psd
 import satcore._statistics.candidate as candidate
 from bench._workloads import interleaved, set_threads
@@ -44,7 +47,11 @@ def main():
     set_threads(1)
     before = namespace_of(candidate, args.before / "satcore/_statistics/candidate.py")
     before["gram_inverse"] = namespace_of(psd, args.before / "satcore/_formulas/psd.py")["gram_inverse"]
-    scores = {"before": before["CandidateStatistics"].score, "after": candidate.CandidateStatistics.score}
+    before["FoldSums"] = namespace_of(folds, args.before / "satcore/_formulas/folds.py")["FoldSums"]
+    # the other checkout's feature_gram_inverse, where it has one (its score reads it), runs with it
+    methods = [m for m in ("score", "feature_gram_inverse") if hasattr(before["CandidateStatistics"], m)]
+    scores = {"before": {m: getattr(before["CandidateStatistics"], m) for m in methods},
+              "after": {m: getattr(candidate.CandidateStatistics, m) for m in methods}}
     model, config = llama(torch.device("cpu"), {**SIZES["device"]["llama"], "num_hidden_layers": args.layers},
                           torch.float32)
     batches = token_batches(config, 1, 128, 2, 0, torch.device("cpu"))
@@ -53,13 +60,15 @@ def main():
     result = probe(model, batches, sequence_loss, n_features=config.hidden_size)
     probe_seconds = time.process_time() - start
 
-    def report_with(score):
+    def report_with(code):
         def run():
-            candidate.CandidateStatistics.score = score
+            for name, method in code.items():
+                setattr(candidate.CandidateStatistics, name, method)
             try:
                 return result.report()
             finally:
-                candidate.CandidateStatistics.score = scores["after"]
+                for name, method in scores["after"].items():
+                    setattr(candidate.CandidateStatistics, name, method)
         return run
 
     reports = {name: report_with(score)() for name, score in scores.items()}

@@ -89,6 +89,10 @@ def test_residual_norm_is_the_frobenius_norm(n, k):
     scale = np.linalg.norm(scaled) + np.linalg.norm(rows) ** 2
     assert psd._residual_norm(scaled, unfactored, rows) == pytest.approx(want, abs=10 * (n + k) * EPS * scale)
     assert psd._residual_norm(scaled, unfactored[:0], rows[:0]) == 0.0
+    # the strict upper triangle is not read (gram_inverse factors it in place): NaN there changes nothing
+    hidden = scaled.copy()
+    hidden[np.triu_indices_from(hidden, 1)] = np.nan
+    assert psd._residual_norm(hidden, unfactored, rows) == psd._residual_norm(scaled, unfactored, rows)
 
 
 def totals(rng, N, r, *, variance=False):
