@@ -307,7 +307,8 @@ def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | No
     # eigen route (numpy's eigh reads the lower triangle) read of scaled afterwards: no second r x r array
     diagonal = np.diagonal(scaled).copy()
     factor, pivots, rank, info = lapack.dpstrf(scaled.T, lower=1, overwrite_a=1)
-    L = np.tril(factor[:, :rank])  # before the diagonal it shares with scaled is put back
+    L = factor[:, :rank].copy(order="C")  # before the diagonal it shares with scaled is put back
+    L[:rank] = np.tril(L[:rank])  # above the factor's diagonal: scaled's lower triangle, not the factor
     np.fill_diagonal(scaled, diagonal)
     order = pivots - 1  # row i of the factor is feature order[i]
     if info == 0:  # full rank, but the bound did not clear the cut

@@ -129,6 +129,12 @@ def _checked_folds(arrays, n_folds: int, cross: np.ndarray, n_samples: int):
     return folds.copy(), counts
 
 
+def _all_finite(values) -> bool:
+    """Whether every entry is finite: a finite sum says so in one pass without a mask (NaN or inf in it makes the
+    sum NaN or inf); only a sum that is not (those, or finite entries whose sum overflows) looks at each entry."""
+    return bool(np.isfinite(np.sum(values))) or bool(np.isfinite(values).all())
+
+
 def _symmetric(matrix) -> np.ndarray:
     m = np.asarray(matrix, dtype=np.float64)
     return 0.5 * (m + m.T)
@@ -560,7 +566,7 @@ class CandidateStatistics:
         """Refuse sums that hold NaN or inf: adapters add batches without looking at them
         (a per-batch check would stall a GPU), so this is where a float16 overflow surfaces."""
         fields = [f for f in ("sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm") + MATRIX_FIELDS
-                  if getattr(self, f) is not None and not np.isfinite(getattr(self, f)).all()]
+                  if getattr(self, f) is not None and not _all_finite(getattr(self, f))]
         if fields:
             raise InputError(
                 f"candidate {name!r}: {', '.join(fields)} not finite: its gradients or features held NaN or inf, "
