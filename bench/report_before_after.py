@@ -10,13 +10,15 @@ probe returned (a ``score`` that reads ``feature_gram_inverse`` reads the other 
 ``gram_inverse`` through it).  The probe is
 ``decoder_1b_cpu.py``'s Llama-style decoder at the 1B row's width (d 2048, ``r = d``) with
 ``--layers`` layers, 2 windows of 128 tokens, one thread; the two reports alternate ``--repeats``
-times (CPU seconds, medians) and their growth values and verdicts are compared.  Prints; writes
-nothing.
+times (CPU seconds, medians) and their growth values and verdicts are compared.  Prints; with
+``--record LABEL`` (the other checkout's commit) also writes ``sections.report_before_after.LABEL``,
+which the benchmarks page reads beside the full row's probe time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
@@ -26,7 +28,8 @@ import torch
 import satcore._formulas.folds as folds
 import satcore._formulas.psd as psd
 import satcore._statistics.candidate as candidate
-from bench._workloads import interleaved, set_threads
+from bench._results import RESULTS, record
+from bench._workloads import interleaved, set_threads, versions
 from bench.device_run import SIZES, llama, token_batches
 from satcore.adapters.torch import probe, sequence_loss
 
@@ -43,6 +46,7 @@ def main():
     parser.add_argument("--before", type=Path, required=True)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--record", metavar="LABEL", help="store the run as sections.report_before_after.LABEL")
     args = parser.parse_args()
     set_threads(1)
     before = namespace_of(candidate, args.before / "satcore/_statistics/candidate.py")
@@ -81,6 +85,18 @@ def main():
           f"({seconds['after'] / k:.3f} a candidate); same verdict: "
           f"{reports['before'].verdict == reports['after'].verdict}; growth values within {max(gaps):.1e}; "
           f"load average {load:.1f} -> {os.getloadavg()[0]:.1f} (medians of {args.repeats}, CPU seconds)")
+    if args.record:
+        runs = json.loads(RESULTS.read_text())["sections"].get(SECTION, {}) if RESULTS.exists() else {}
+        runs[args.record] = {
+            "candidates": k, "n_features": config.hidden_size, "layers": args.layers, "repeats": args.repeats,
+            "probe_seconds": probe_seconds, "report_seconds": seconds,
+            "same_verdict": reports["before"].verdict == reports["after"].verdict, "growth_gap": max(gaps),
+            "load_average_after": os.getloadavg()[0], "versions": versions(),
+        }
+        record(SECTION, runs)
+
+
+SECTION = "report_before_after"
 
 
 if __name__ == "__main__":
