@@ -240,6 +240,7 @@ def _eigen_spectrum(s: np.ndarray, scaled: np.ndarray, rtol: float) -> PsdSpectr
 CERTIFIED_MARGIN = 2.0  # full rank: the smallest eigenvalue's lower bound must clear the cut by this factor
 RESIDUAL_SHARE = 0.01  # rank-deficient: the factor's residual may move eigenvalues by this share of the cut
 CHOLESKY_ERROR = 64.0  # a computed Cholesky factor is that of S G S + E, ||E|| <= this * dim * eps * ||S G S||
+UNBLOCKED_RANK_SHARE = 0.25  # a rank bound at most this share of dim: the unblocked pivoted factor (gram_inverse)
 
 
 def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | None = None,
@@ -249,7 +250,7 @@ def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | No
     The same generalised inverse, rank and cut as :func:`psd_spectrum` (it is
     returned where the shortcuts below cannot prove that), for about a tenth of
     an eigen-decomposition's work.  The pivoted Cholesky factorisation
-    ``P^T (S G S) P = L L^T`` (LAPACK ``dpstf2``, stopping at pivots under
+    ``P^T (S G S) P = L L^T`` (LAPACK ``dpstrf`` or ``dpstf2``, stopping at pivots under
     ``dim * eps``) gives the rank-``k`` factor ``L``:
 
     * ``k = dim`` (full rank): ``1 / tr((S G S)^-1) = 1 / ||L^-1||_F^2`` is a
@@ -302,14 +303,17 @@ def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | No
         return GramInverse(np.asfortranarray(s[:, None] * triangle.T), True, rtol * top, lowest, top)
     # scaled.T: the Fortran-ordered view LAPACK reads as it is (its lower triangle, scaled's upper one), where
     # the C-ordered scaled would be copied transposed first (at r = 2048 that copy was as long as the factorisation),
-    # factored in place: dpstf2 does not reference the strict upper triangle of what it is given (LAPACK's
+    # factored in place: the factorisation does not reference the strict upper triangle of what it is given (LAPACK's
     # documentation), scaled's strict lower one, which with the diagonal kept aside is all the residual and the
     # eigen route (numpy's eigh reads the lower triangle) read of scaled afterwards: no second r x r array.
-    # dpstf2, not the blocked dpstrf: it computes each factor column from the ones before it and leaves the
-    # unfactored block alone, where dpstrf updates that whole block after each block of columns, which the
-    # residual computes again (at r = 2048, rank 256: 25 against 41 ms)
+    # Where the rank is at most a quarter of dim, LAPACK's unblocked dpstf2 (the same contract): it computes each
+    # factor column from the ones before it and leaves the unfactored block alone, where the blocked dpstrf updates
+    # that whole block after each block of columns, which the residual computes again (r = 2048: 9 against 20 ms
+    # at rank 128, 20 against 33 at 256); from about a third of dim dpstrf's level-3 updates win (157 against 96
+    # ms at rank 1024)
+    unblocked = rank_bound is not None and UNBLOCKED_RANK_SHARE * dim >= rank_bound
     diagonal = np.diagonal(scaled).copy()
-    factor, pivots, rank, info = lapack.dpstf2(scaled.T, lower=1, overwrite_a=1)
+    factor, pivots, rank, info = (lapack.dpstf2 if unblocked else lapack.dpstrf)(scaled.T, lower=1, overwrite_a=1)
     L = factor[:, :rank].copy(order="C")  # before the diagonal it shares with scaled is put back
     L[:rank] = np.tril(L[:rank])  # above the factor's diagonal: scaled's lower triangle, not the factor
     np.fill_diagonal(scaled, diagonal)
