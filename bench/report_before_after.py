@@ -91,7 +91,7 @@ def main():
             "candidates": k, "n_features": config.hidden_size, "layers": args.layers, "repeats": args.repeats,
             "probe_seconds": probe_seconds, "report_seconds": seconds,
             "same_verdict": reports["before"].verdict == reports["after"].verdict, "growth_gap": max(gaps),
-            "load_average_after": os.getloadavg()[0], "versions": versions(),
+            "load_average_start": load, "versions": versions(),  # versions(): the load at the end
         }
         record(SECTION, runs)
 
