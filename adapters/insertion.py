@@ -9,10 +9,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from satcore import InputError, alpha_for_relative_update
-from satcore import growth_value_from_moments
 
 
 class Grown(NamedTuple):
@@ -33,6 +33,7 @@ def insertion_step(stats, stream_rms, alpha, rho, zero, rtol) -> float:
         if stream_rms is None:
             raise InputError("rho needs the candidate's stream RMS ||z||_S, which this probe result does not record; "
                              "give alpha instead")
-        growth = growth_value_from_moments(stats.cross_gradient(), stats.feature_gram(), rtol)
+        # through the K^- the report's growth value reads (CandidateStatistics.feature_gram_inverse)
+        growth = math.sqrt(stats.feature_gram_inverse(rtol).quadratic_form(stats.cross_gradient()))
         return alpha_for_relative_update(rho, stream_rms, growth)
     return float(alpha)

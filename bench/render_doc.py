@@ -193,19 +193,52 @@ def decoder_scaled_report(full: dict) -> str:
         f"{full['seconds']['probe']:.1f} s above (the goal, 10%, is {'met' if extrapolated <= 0.1 else 'not met'} by this "
         f"run; read it to within the load's 1.5x: the full probe's time was taken at load 1.0, and this run's two "
         f"timed calls are the first after the probe, alternating with the eigen route's; a first call took 1.2x a "
-        f"later one in a profile). This round, side by "
-        f"side in one process against the code before it (`python -m bench.report_before_after --before DIR`, DIR a "
-        f"checkout of 0d566f5: the same probe's `report()` alternated 7 times, CPU seconds, medians, load average "
-        f"8.5): **0.275 -> 0.210 s a candidate**, 10.4% of the full probe's time a candidate (that run also took `K^-` "
-        f"as `sum_gram`'s own inverse scaled by `n`, since reverted: grow's predicted change inverts `K = sum_gram / n` "
-        f"and the two routes differed by round-off times the Gram's conditioning; its 7 ms a candidate back, not "
-        f"re-measured, is about 0.217 s, 10.7%); the "
-        f"pivoted Cholesky factor reads the Gram's Fortran-ordered transpose (the same symmetric matrix) instead of a "
-        f"transposed copy (32 against 59 ms at r = 2048), `||C||_F^2` one dot product of `sum_cross` (no `N x r` copy `C`), the residual's block "
-        f"gathered rows then columns. What is left per candidate is BLAS at its float64 rate on this core: whitening "
-        f"the written folds (one `N x r` by `r x rank` product each, `C`'s whitening their sum; two at rank 256 are "
-        f"2.1 G multiply-adds, 94 ms), `dpstrf` (32 ms), the residual's `dsyrk` (about 20 ms) and the unit-diagonal "
-        f"scaling (about 10 ms): 10% of this probe stays at the edge on one thread.\n"
+        f"later one in a profile). " + before_after_report(full)
+    )
+
+
+def before_after_report(full: dict) -> str:
+    """``report()`` side by side with older code at the 1B row's width (``sections.report_before_after``, one run a
+    checkout, ``bench/report_before_after.py --record``), against the full row's probe time a candidate."""
+    runs = S.get("report_before_after")
+    if not runs:
+        return "\n"
+    probe_each = full["seconds"]["probe"] / full["candidates"]
+    parts = []
+    for label, run in sorted(runs.items()):
+        k, sec, ver = run["candidates"], run["report_seconds"], run["versions"]
+        parts.append(f"against {label} **{sec['before'] / k:.3f} -> {sec['after'] / k:.3f} s a candidate** "
+                     f"({sec['after'] / sec['before']:.2f}x; load average {run['load_average_start']:.1f} -> "
+                     f"{ver['load_average_1min']:.1f}, growth values within {run['growth_gap']:.0e}, same verdict: "
+                     f"{run['same_verdict']})")
+    worst = max(run["report_seconds"]["after"] / run["candidates"] for run in runs.values())
+    commits = sorted({run["versions"]["commit"] for run in runs.values()})
+    return (
+        f"Side by side in one process with older code (`python -m bench.report_before_after --before DIR --record "
+        f"LABEL`, DIR a checkout of LABEL whose `score`, `gram_inverse` and `FoldSums` run on the same probe's "
+        f"statistics at this width, {next(iter(runs.values()))['layers']} layers; the two reports alternated "
+        f"{next(iter(runs.values()))['repeats']} times, CPU seconds, medians; code {', '.join(commits)}): "
+        + "; ".join(parts) + ". "
+        f"At {worst:.3f} s a candidate (the slower of the runs) `report()` is **{worst / probe_each:.1%}** of the full "
+        f"row's probe time a candidate ({full['seconds']['probe']:.1f} s over {full['candidates']}, above): the goal, "
+        f"10%, is {'met' if worst <= 0.1 * probe_each else 'not met'} (the probe's time was taken at load "
+        f"{full['versions']['load_average_1min']:.1f}, these at the loads above, which inflate the report's CPU "
+        f"seconds: read it to within that). What changed: `K^-` of a candidate's `K = sum_gram / n` comes from one "
+        f"route, `CandidateStatistics.feature_gram_inverse` (`sum_gram`'s own inverse scaled by `n`, no `r x r` copy "
+        f"`K`), which `report()`, `grow`'s matched block and predicted change and the matched predictor all read, "
+        f"so the report's `V^2` and `grow`'s `-alpha V^2` agree to round-off however ill-conditioned `K` is (two "
+        f"routes to one inverse differ by round-off times its conditioning; against 50-digit arithmetic on the "
+        f"stored sums of `tests/test_torch_grow.py`'s GPT-2 candidates this route was the more exact: 2.3e-9 "
+        f"against 3.3e-9 relative on the head, whose smallest kept eigenvalue sits at 1.05 times the cut, 7.6e-11 "
+        f"against 4.2e-10 and 5.2e-13 against 1.1e-12 on the blocks); the pivoted factor by LAPACK's unblocked "
+        f"`dpstf2` where the rank bound is at most a quarter of `r` (20 against 33 ms at rank 256: the blocked "
+        f"`dpstrf` updates the unfactored block after each block of columns, which the residual computes again), "
+        f"factored in place of the unit-diagonal Gram (no second `r x r` array); finiteness of a sum from one "
+        f"pairwise sum; the folds' Euclidean Gram one dot product a pair. What is left a candidate is BLAS at its "
+        f"float64 rate on this core: whitening the written folds (one `N x r` by `r x rank` product each, `C`'s "
+        f"whitening their sum; two at rank 256 are 2.1 G multiply-adds, about 95 ms), the residual's `dsyrk` "
+        f"(about 20 ms), `dpstf2` (about 20 ms), the `rank x rank` eigen decomposition and products (about 15 ms) "
+        f"and the unit-diagonal scaling (about 10 ms).\n"
     )
 
 

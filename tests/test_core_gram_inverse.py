@@ -31,10 +31,11 @@ def test_full_rank_is_the_inverse(scales):
     assert 0 < inverse.lowest <= np.linalg.eigvalsh(K / np.sqrt(np.outer(np.diag(K), np.diag(K))))[0]
 
 
-def test_rank_deficient_is_the_projector():
+@pytest.mark.parametrize("n", [50, 25])  # the hinted factor blocked (dpstrf), and unblocked (dpstf2: n <= r / 4)
+def test_rank_deficient_is_the_projector(n):
     """Fewer rows than features: rank and growth value of the explicit projector onto Psi's row space."""
     rng = np.random.default_rng(1)
-    n, r, N = 50, 120, 7
+    r, N = 120, 7
     Psi = features(rng, n, r, 2.0)
     Q = rng.standard_normal((n, N))
     K, C = Psi.T @ Psi / n, Q.T @ Psi / n
@@ -48,7 +49,8 @@ def test_rank_deficient_is_the_projector():
     assert inverse.quadratic_form(C) == pytest.approx(psd_spectrum(K).quadratic_form(C), rel=1e-12)
     hinted = gram_inverse(K, rank_bound=n)  # the row count: the full-rank route is skipped, the same answer
     assert hinted.rank == n and hinted.quadratic_form(C) == pytest.approx(projector_value, rel=1e-10)
-    assert gram_inverse(Psi[:, :40].T @ Psi[:, :40], rank_bound=10).rank == 40  # a wrong hint: only slower
+    full = Psi[:, : n - 10]  # full rank; a wrong hint (dpstf2 where n = 50, dpstrf where 25): only slower
+    assert gram_inverse(full.T @ full, rank_bound=10).rank == n - 10
 
 
 @pytest.mark.parametrize("case", ["float32 sums", "ill-conditioned", "zero feature", "not finite"])

@@ -1,7 +1,8 @@
 """The score's cheaper routes against independent float64 NumPy references: the growth value from the
 whitened folds (``FoldSums.with_whitened_total``), the rank-deficient residual's norm by ``dsyrk``
-(``psd._residual_norm``), statistics that adopt a probe's totals (``add_moments(adopt=True)``) and
-fold sums whose memory comes on first write (``lazy_zeros``)."""
+(``psd._residual_norm``), statistics that adopt a probe's totals (``add_moments(adopt=True)``),
+fold sums whose memory comes on first write (``lazy_zeros``) and the inverse of ``K = sum_gram / n`` from
+``sum_gram``'s own (``of_mean``)."""
 
 import numpy as np
 import pytest
@@ -88,6 +89,10 @@ def test_residual_norm_is_the_frobenius_norm(n, k):
     scale = np.linalg.norm(scaled) + np.linalg.norm(rows) ** 2
     assert psd._residual_norm(scaled, unfactored, rows) == pytest.approx(want, abs=10 * (n + k) * EPS * scale)
     assert psd._residual_norm(scaled, unfactored[:0], rows[:0]) == 0.0
+    # the strict upper triangle is not read (gram_inverse factors it in place): NaN there changes nothing
+    hidden = scaled.copy()
+    hidden[np.triu_indices_from(hidden, 1)] = np.nan
+    assert psd._residual_norm(hidden, unfactored, rows) == psd._residual_norm(scaled, unfactored, rows)
 
 
 def totals(rng, N, r, *, variance=False):
@@ -160,3 +165,29 @@ def test_statistics_trust_only_the_grams_they_summed():
     assert not stats._exact_gram
     merged = loaded.merge(loaded)  # summed by add_moments: exactly symmetric again
     assert merged._exact_gram and np.array_equal(merged.sum_gram, merged.sum_gram.T)
+
+
+# (rows, features, scale): full rank (the certified inverse), rank-deficient (the pivoted factor), and a
+# Gram whose columns span 1e6 in scale (the Jacobi scaling at work); n as a count of samples
+@pytest.mark.parametrize("rows, r, spread", [(50, 12, 0.0), (8, 20, 0.0), (40, 15, 6.0)])
+@pytest.mark.parametrize("route", ["gram_inverse", "psd_spectrum"])
+def test_inverse_of_the_mean_gram_is_n_times_the_sums(rows, r, spread, route):
+    """``of_mean(n)`` of the inverse of ``sum_gram`` is the inverse of ``K = sum_gram / n``: ``K^- = n sum_gram^-``
+    against NumPy's pseudo-inverse of ``K`` in float64 (``pinv``), and whitening by it against whitening by
+    the inverse computed from ``K`` itself (the route ``score`` took before)."""
+    rng = np.random.default_rng(rows + r)
+    P = rng.standard_normal((rows, r)) * np.logspace(0, spread, r)
+    G = P.T @ P
+    G = np.triu(G) + np.triu(G, 1).T
+    n = 37
+    K = G / n
+    inverse = getattr(psd, route)
+    got = inverse(G).of_mean(n)
+    assert got.rank == min(rows, r)
+    scale = 1.0 / np.sqrt(np.diag(K))  # compare the unit-diagonal inverses: K's spans 1e12 in scale
+    want = np.linalg.pinv(K * scale[:, None] * scale, rcond=1e-12, hermitian=True)
+    cond = np.linalg.cond(K * scale[:, None] * scale) if rows >= r else 1e4
+    assert np.allclose(got.pinv() / scale[:, None] / scale, want, rtol=0, atol=1e3 * cond * EPS * np.abs(want).max())
+    C = rng.standard_normal((3, r)) @ G  # in K's row space
+    direct = inverse(K)
+    assert got.quadratic_form(C) == pytest.approx(direct.quadratic_form(C), rel=1e3 * EPS * cond)

@@ -57,7 +57,7 @@ import numpy as np
 # scipy.special, not scipy.stats (whose ppf/cdf call these): a third of the import time, paid by every CLI run
 from scipy.special import stdtr, stdtrit
 
-from .._formulas.psd import DEFAULT_RTOL, gram_inverse
+from .._formulas.psd import DEFAULT_RTOL
 from .criteria import Criteria
 from .._shared.errors import InputError
 from .recipe import Recipe
@@ -270,7 +270,7 @@ def _step(stats, optimizer, lr, steps, rho, stream_rms, fisher, rtol):
     """``(V, first-order training gain, second-order training gain or None)`` of one candidate's step."""
     C, K = stats.cross_gradient(), stats.feature_gram()
     if optimizer == "matched":
-        spectrum = gram_inverse(K, rtol)
+        spectrum = stats.feature_gram_inverse(rtol)
         growth = math.sqrt(spectrum.quadratic_form(C))
         if growth == 0:
             return np.zeros_like(C), 0.0, None

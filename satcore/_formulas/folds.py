@@ -278,7 +278,9 @@ class FoldSums:
         counts = np.asarray(counts, dtype=np.float64)
         kept = np.flatnonzero(counts > 0)
         flat = [sums[a].reshape(-1) for a in kept]
-        euclidean = np.array([[np.dot(x, y) for y in flat] for x in flat]).reshape(kept.size, kept.size)
+        euclidean = np.zeros((kept.size, kept.size))
+        for a, b in zip(*np.triu_indices(kept.size)):  # each pair once: the Gram is symmetric
+            euclidean[a, b] = euclidean[b, a] = np.dot(flat[a], flat[b])
         total = None
         if kept.size:
             consecutive = kept[-1] - kept[0] + 1 == kept.size

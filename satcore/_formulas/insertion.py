@@ -60,7 +60,12 @@ def matched_projection(C, K, alpha: float, rtol: float = DEFAULT_RTOL) -> np.nda
     array([[-0.1 ],
            [-0.05]])
     """
-    return -alpha * (np.asarray(C, dtype=np.float64) @ psd_spectrum(K, rtol).pinv())
+    return _projection(C, psd_spectrum(K, rtol), alpha)
+
+
+def _projection(C, inverse, alpha: float) -> np.ndarray:
+    """``V* = -alpha C K^-`` through ``inverse``, a :mod:`satcore._formulas.psd` inverse of ``K``."""
+    return -alpha * (np.asarray(C, dtype=np.float64) @ inverse.pinv())
 
 
 def predicted_loss_change(C_fit, K, alpha: float, C_eval=None, rtol: float = DEFAULT_RTOL) -> float:
@@ -106,7 +111,12 @@ def predicted_loss_change(C_fit, K, alpha: float, C_eval=None, rtol: float = DEF
     >>> round(satcore.predicted_loss_change(C, K, 0.1, C_eval=np.array([[1.0], [0.0]])), 12)
     -0.1
     """
-    return -alpha * psd_spectrum(K, rtol).quadratic_form(C_fit, C_eval)
+    return _loss_change(psd_spectrum(K, rtol), alpha, C_fit, C_eval)
+
+
+def _loss_change(inverse, alpha: float, C_fit, C_eval=None) -> float:
+    """``-alpha tr(C_eval K^- C_fit^T)`` through ``inverse``, a :mod:`satcore._formulas.psd` inverse of ``K``."""
+    return -alpha * inverse.quadratic_form(C_fit, C_eval)
 
 
 def alpha_for_relative_update(rho: float, stream_rms: float, growth: float) -> float:
@@ -187,12 +197,11 @@ def plan_insertion(stats_fit, alpha: float, stats_eval=None, rtol: float = DEFAU
     >>> round(plan.predicted_change, 12), plan.predicted_change_eval
     (-0.083333333333, None)
     """
-    C, K = stats_fit.cross_gradient(), stats_fit.feature_gram()
+    # K^- as the statistics' own score reads it: the predicted change is -alpha times the report's V^2 to round-off
+    C, inverse = stats_fit.cross_gradient(), stats_fit.feature_gram_inverse(rtol)
     return InsertionPlan(
         alpha=alpha,
-        projection=matched_projection(C, K, alpha, rtol),
-        predicted_change=predicted_loss_change(C, K, alpha, rtol=rtol),
-        predicted_change_eval=(
-            None if stats_eval is None else predicted_loss_change(C, K, alpha, stats_eval.cross_gradient(), rtol)
-        ),
+        projection=_projection(C, inverse, alpha),
+        predicted_change=_loss_change(inverse, alpha, C),
+        predicted_change_eval=None if stats_eval is None else _loss_change(inverse, alpha, C, stats_eval.cross_gradient()),
     )

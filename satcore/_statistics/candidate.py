@@ -79,7 +79,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .._shared.arrays import as_pair, check_sizes, check_statistics_memory, lazy_zeros
-from .._formulas.psd import DEFAULT_RTOL, gram_inverse
+from .._formulas.psd import DEFAULT_RTOL, GramInverse, PsdSpectrum, gram_inverse
 from .._formulas.certification import debiased_energy, noise_floor, variance_estimate
 from .._shared.errors import InputError
 from .._formulas.folds import DEFAULT_FOLDS, FoldSums
@@ -127,6 +127,12 @@ def _checked_folds(arrays, n_folds: int, cross: np.ndarray, n_samples: int):
     if float(np.abs(folds.sum(axis=0) - cross).max(initial=0.0)) > CONSISTENCY_RTOL * scale:
         raise InputError("fold_cross does not add up to sum_cross")
     return folds.copy(), counts
+
+
+def _all_finite(values) -> bool:
+    """Whether every entry is finite: a finite sum says so in one pass without a mask (NaN or inf in it makes the
+    sum NaN or inf); only a sum that is not (those, or finite entries whose sum overflows) looks at each entry."""
+    return bool(np.isfinite(np.sum(values))) or bool(np.isfinite(values).all())
 
 
 def _symmetric(matrix) -> np.ndarray:
@@ -512,6 +518,26 @@ class CandidateStatistics:
         """``K = sum_gram / n``."""
         return self.sum_gram / self.n_samples
 
+    def _feature_rows(self) -> int:
+        """The position vectors behind ``sum_gram``, a bound on its rank: without a stored count (an old dump)
+        every batch is taken to have had the first batch's ``T``."""
+        return self.n_samples * self.n_positions if self.n_vectors is None else self.n_vectors
+
+    def feature_gram_inverse(self, rtol: float = DEFAULT_RTOL) -> GramInverse | PsdSpectrum:
+        """``K^-`` of ``K = sum_gram / n`` (:func:`~satcore._formulas.psd.gram_inverse`), the one every growth value,
+        matched block and predicted change of these statistics reads (Lemma 4 of Liu et al.: ``V^2 = tr(C K^- C^T)``).
+
+        Made from ``sum_gram``'s own inverse as ``(sum_gram / n)^- = n sum_gram^-`` (``of_mean``; the unit-diagonal
+        ``S K S`` is ``sum_gram``'s), without an ``r x r`` copy ``K``: one route, so that the report's growth value and
+        ``grow``'s predicted change ``-alpha V^2`` agree to round-off however ill-conditioned ``K`` is (two
+        routes to one inverse differ by round-off times its conditioning).  ``K``'s rank is at most its position
+        vectors (the route's ``rank_bound``); sums these statistics added up themselves are exactly symmetric.
+        """
+        if self.n_samples == 0:
+            raise InputError("these statistics hold no samples: K = sum_gram / n is undefined")
+        return gram_inverse(self.sum_gram, rtol, rank_bound=self._feature_rows(),
+                            symmetric=self._exact_gram).of_mean(self.n_samples)
+
     def stream_rms(self) -> float | None:
         """``||z||_S = sqrt(sum_i ||z_i||^2 / n_samples)``, the empirical norm of the candidate's stream
         (paper, Appendix H: the block of relative size ``rho`` has ``alpha = rho ||z||_S / V``);
@@ -540,7 +566,7 @@ class CandidateStatistics:
         """Refuse sums that hold NaN or inf: adapters add batches without looking at them
         (a per-batch check would stall a GPU), so this is where a float16 overflow surfaces."""
         fields = [f for f in ("sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm") + MATRIX_FIELDS
-                  if getattr(self, f) is not None and not np.isfinite(getattr(self, f)).all()]
+                  if getattr(self, f) is not None and not _all_finite(getattr(self, f))]
         if fields:
             raise InputError(
                 f"candidate {name!r}: {', '.join(fields)} not finite: its gradients or features held NaN or inf, "
@@ -553,11 +579,8 @@ class CandidateStatistics:
         if n == 0:
             raise InputError(f"candidate {name!r} has no samples")
         self._check_finite(name)
-        K = self.feature_gram()
-        # without a stored count (an old dump) every batch is taken to have had the first batch's T
-        rows = n * self.n_positions if self.n_vectors is None else self.n_vectors
-        # K's rank is at most its rows; sums these statistics added up themselves are exactly symmetric
-        spectrum = gram_inverse(K, rtol, rank_bound=rows, symmetric=self._exact_gram)
+        rows = self._feature_rows()
+        spectrum = self.feature_gram_inverse(rtol)
         if not spectrum.lowest >= -INDEFINITE_RTOL * spectrum.highest:  # written so that a NaN fails it
             raise InputError(f"candidate {name!r}: sum_gram is not positive semi-definite (eigenvalue "
                              f"{spectrum.lowest:.3g} of the unit-diagonal Gram, largest {spectrum.highest:.3g})")
