@@ -271,8 +271,8 @@ class Calibration:
         >>> {k: round(v, 6) for k, v in cal.stop_tolerance_terms(2.0, 1.5).items()}
         {'generalization gap': 0.005, 'held-out loss': 0.002}
         """
-        return {"generalization gap": self.generalization_gap_fraction * max(0.0, heldout_loss - training_loss),
-                "held-out loss": self.tolerance * abs(heldout_loss)}
+        bases = {"generalization gap": max(0.0, heldout_loss - training_loss), "held-out loss": abs(heldout_loss)}
+        return {what: getattr(self, fraction) * bases[what] for what, fraction in STOP_TOLERANCE_FRACTIONS.items()}
 
     def p_decrease(self, standardised: float) -> float:
         """``P(decrease)`` of a prediction ``point / scale`` (class docstring)."""
