@@ -11,8 +11,9 @@ from .common import display_name
 
 # the trial decision's stop reasons, as a user reads them
 STOP_WORDS = {
-    "gain_below_tolerance": "the best predicted decrease of the held-out loss is smaller than the tolerance (0.3% of "
-                            "the held-out loss before insertion): no place is worth a block",
+    "gain_below_tolerance": "the best predicted decrease of the held-out loss is smaller than the stop tolerance (a "
+                            "share of the model's held-out minus training loss before insertion): no place is worth "
+                            "a block",
     "no_credible_decrease": "no trialled place's decrease is credible (its P(decrease) is below the calibration's "
                             "threshold)",
     "no_candidates": "no place could be trialled",

@@ -275,7 +275,7 @@ def _decide(inst, calibration):
             continue
         c = verified_candidate(r["candidate"], r["curve"], inst["steps"], calibration, r["screen"])
         cands.append(c if r["may_choose"] else dataclasses.replace(c, eliminated=True))
-    d = choose(cands, recipe, inst["base_heldout"], inst["cost"], calibration)
+    d = choose(cands, recipe, inst["base_heldout"], inst["base_train"], inst["cost"], calibration)
     if d.runner_up is None or not inst.get("paired_se"):
         return d
     # the margin's standard error paired over the held-out samples, at the checkpoint both trials end on
@@ -288,8 +288,9 @@ def fit(insts, source: str, trend_by: str = "error", lengths: tuple = LONG, erro
     """The calibration fitted on the decisions of ``insts`` whose recipe length is in ``lengths``: the trend
     weight (``trend_by="error"``: the least relative absolute error of the point prediction; ``"gain"``: the
     largest mean realized gain of the decisions fitted at it), then the error scale (``gamma``, ``c``) by Brier
-    score, the residual quantiles and logistic of the fitted pair, threshold and tolerance by the decisions'
-    mean realized gain.  ``error_insts``: more decisions pooled with ``insts`` for the error model alone
+    score, the residual quantiles and logistic of the fitted pair, the threshold and the stop tolerance's
+    generalization gap fraction (on :data:`TOLERANCES`; the held-out loss fraction, a user's, 0) by the
+    decisions' mean realized gain, ties to the lower threshold and fraction.  ``error_insts``: more decisions pooled with ``insts`` for the error model alone
     (``gamma``, ``c``, quantiles, logistic): the same models' trials read on a larger held-out split, so that
     the error model holds where the held-out data, and with it the paired standard error, differs in size.
 
@@ -332,9 +333,9 @@ def _fit_at_trend_weight(insts, source: str, trend_weight: float, error_insts=()
     cal = best[1]
     scored = []
     for p in P_THRESHOLDS:
-        for tol in TOLERANCES:
-            trial = Calibration(**{**cal.to_dict(), "p_threshold": p, "tolerance": tol})
-            scored.append((_mean_decision_gain(insts, trial), -p, -tol, trial))
+        for fraction in TOLERANCES:
+            trial = dataclasses.replace(cal, p_threshold=p, generalization_gap_fraction=fraction)
+            scored.append((_mean_decision_gain(insts, trial), -p, -fraction, trial))
     return max(scored, key=lambda s: s[:3])[3]
 
 
@@ -656,7 +657,8 @@ VARIANTS = {
     "trend weight 1.0": lambda insts, source, errors: _fit_at_trend_weight(_long(insts), source, 1.0, _long(errors)),
     "P(decrease) from the residual quantiles (no logistic)": _with(_shipped, logit_slope=None),
     "P(decrease) threshold 0.7": _with(_shipped, p_threshold=0.7),
-    "tolerance 0.003 of the held-out loss": _with(_shipped, tolerance=0.003),
+    "stop tolerance 0.003 of the held-out loss (shipped before)":
+        _with(_shipped, tolerance=0.003, generalization_gap_fraction=0.0),
 }
 
 
@@ -734,6 +736,10 @@ def _heldout_fraction(inst, candidate, fraction, x) -> float:
     return fraction * abs(inst["base_heldout"])
 
 
+def _gap_fraction(inst, candidate, fraction, x) -> float:
+    return fraction * max(0.0, inst["base_heldout"] - inst["base_train"])
+
+
 def _where(signature):
     """The held-out fraction where ``signature(inst, trial, x)`` says the model or trial over-fits, else 0."""
     return lambda inst, c, fraction, x: _heldout_fraction(inst, c, fraction, x) if signature(inst, c.trial, x) else 0.0
@@ -748,10 +754,10 @@ def _last_doubling_share(trial: TrialCurve, which: str) -> float:
 # each rule: (stop tolerance in loss units of (inst, chosen candidate, fraction, x), the grid of x); the fraction is
 # fitted on TOLERANCES, the threshold on P_THRESHOLDS (fit_stop_rule)
 STOP_RULES = {
-    "shipped: a fraction of the held-out loss": (_heldout_fraction, (None,)),
+    "shipped: a fraction of the generalization gap (held-out minus training loss before insertion)":
+        (_gap_fraction, (None,)),
+    "a fraction of the held-out loss (shipped before)": (_heldout_fraction, (None,)),
     "none: stop only without a credible decrease": (lambda inst, c, fraction, x: 0.0, (None,)),
-    "a fraction of the generalization gap (held-out minus training loss before insertion)":
-        (lambda inst, c, fraction, x: fraction * max(0.0, inst["base_heldout"] - inst["base_train"]), (None,)),
     "the held-out fraction where the model's training loss is below x times its held-out loss":
         (_where(lambda inst, trial, x: inst["base_train"] < x * inst["base_heldout"]), (0.5, 0.7, 0.8, 0.9, 0.95)),
     "the held-out fraction where the trial's training decrease exceeds x times its held-out decrease":
@@ -771,7 +777,7 @@ def _stop_rule_decider(rule: str, params: dict):
     tolerance_of = STOP_RULES[rule][0]
 
     def decide_with(inst, calibration):
-        d = _decide(inst, dataclasses.replace(calibration, tolerance=0.0))
+        d = _decide(inst, dataclasses.replace(calibration, tolerance=0.0, generalization_gap_fraction=0.0))
         if d.choice is None:
             return d
         chosen = d.candidates[d.choice]
@@ -1252,6 +1258,8 @@ CALIBRATION_PROVENANCE = {
                  "schedule of decide: 'default' on the even plan's trials, 'halving' on successive halving's; the "
                  "error model (scale, residual quantiles, logistic) on the same trials read at two held-out sizes, "
                  "the bench's and 4 times it",
+    "stop_tolerance": "generalization_gap_fraction fitted (the stop tolerance's share of the model's held-out minus "
+                      "training loss before insertion); tolerance (a share of the held-out loss) 0: a user's",
     "evidence": "docs/predictive-validity.md scores the same fitting procedure leave one model set out and on "
                 "transfer sets no fit reads",
 }

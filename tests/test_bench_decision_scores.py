@@ -9,6 +9,7 @@ of the other seeds' realized change.  Synthetic JSON, no training.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -479,14 +480,17 @@ def _stop_case(base_train: float, decrease: float, best_target: float) -> dict:
             "base_test": 2.0, "rows": [row("a", -decrease, best_target), row("b", 0.01, 0.02)]}
 
 
+GAP_RULE = "shipped: a fraction of the generalization gap (held-out minus training loss before insertion)"
+
+
 @pytest.mark.parametrize("rule, base_train, decrease, stops", [
     # the held-out fraction: 0.003 x 2 = 0.006 whatever the training loss
-    ("shipped: a fraction of the held-out loss", 1.0, 0.004, True),
-    ("shipped: a fraction of the held-out loss", 1.0, 0.007, False),
+    ("a fraction of the held-out loss (shipped before)", 1.0, 0.004, True),
+    ("a fraction of the held-out loss (shipped before)", 1.0, 0.007, False),
     # the generalization gap's: 0.003 x (2 - 1) = 0.003, 0.003 x (2 - 0.5) = 0.0045, 0 where training is above
-    ("a fraction of the generalization gap (held-out minus training loss before insertion)", 1.0, 0.004, False),
-    ("a fraction of the generalization gap (held-out minus training loss before insertion)", 0.5, 0.004, True),
-    ("a fraction of the generalization gap (held-out minus training loss before insertion)", 2.5, 0.004, False),
+    (GAP_RULE, 1.0, 0.004, False),
+    (GAP_RULE, 0.5, 0.004, True),
+    (GAP_RULE, 2.5, 0.004, False),
     # the held-out fraction where training < 0.9 x held-out (1.8): applied at 1.0, not at 1.9
     ("the held-out fraction where the model's training loss is below x times its held-out loss", 1.0, 0.004, True),
     ("the held-out fraction where the model's training loss is below x times its held-out loss", 1.9, 0.004, False),
@@ -503,7 +507,7 @@ def test_a_stop_rule_stops_below_its_tolerance_and_only_clear_gains_count(scores
     # 0.02 does not: no decision counts
     assert scores.stops_over_noise([_stop_case(base_train, decrease, -0.02)], {"toy": DEFAULT_CALIBRATION},
                                    decider) == (0, 0)
-    if rule.startswith("shipped"):  # the shipped rule is the shipped decision, its stop tolerance included
-        shipped = scores._decide(inst, DEFAULT_CALIBRATION)
+    if rule == GAP_RULE:  # the shipped rule is the shipped decision at the same fraction, its stop tolerance included
+        shipped = scores._decide(inst, dataclasses.replace(DEFAULT_CALIBRATION, generalization_gap_fraction=0.003))
         assert (shipped.choice, shipped.stop_reason, shipped.stop_tolerance) == (d.choice, d.stop_reason,
                                                                                 d.stop_tolerance)

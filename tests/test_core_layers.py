@@ -362,7 +362,8 @@ def test_beside_a_decision_the_first_order_pick_is_not_called_best():
     assert report.verdict.verdict is Verdict.IMPROVABLE and report.verdict.best_candidate == "b1"
     curve = TrialCurve((1, 2), (0.0, -0.1), (0.0, -0.1), 0.01)
     decision = choose([CandidateDecision("b0", -0.1, -0.1, (-0.2, -0.05), 0.9, -0.1, curve)],
-                      satcore.Recipe("adam", 1e-3, 300, 16, "block"), 1.0, 300, DEFAULT_CALIBRATION)
+                      satcore.Recipe("adam", 1e-3, 300, 16, "block"), 1.0, 1.0, 300,
+                      DEFAULT_CALIBRATION)
     text = str(dataclasses.replace(report, decision=decision))
     assert "decision: insert a block at b0" in text and "best candidate: " not in text
     assert "largest first-order value (the decision above, from trials of your recipe, may choose elsewhere): b1" in text

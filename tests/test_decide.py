@@ -57,7 +57,7 @@ def test_decision_invariants_and_json_round_trip():
     recipe = Recipe("adam", 1e-3, 300, 64, "block")
     cands = [verified_candidate(n, _curve(v), 300, NORMAL, -1.0)
              for n, v in (("a", (-0.01, -0.02, -0.03)), ("b", (-0.02, -0.05, -0.09)), ("c", (0.01, 0.02, 0.04)))]
-    d = choose(cands, recipe, heldout_loss=1.0, cost_block_steps=30, calibration=NORMAL)
+    d = choose(cands, recipe, heldout_loss=1.0, training_loss=1.0, cost_block_steps=30, calibration=NORMAL)
     assert d.choice == "b" and d.stop_reason is None
     assert d.cost_fraction == pytest.approx(0.1)
     for c in d.candidates.values():
@@ -74,13 +74,13 @@ def test_decision_invariants_and_json_round_trip():
     with pytest.raises(InputError, match="exactly one"):
         InsertionDecision(None, None, {}, recipe, 1.0, 0, NORMAL)
     # stop: every candidate harms / the best gain is below the tolerance
-    stop = choose([cands[2]], recipe, 1.0, 10, NORMAL)
+    stop = choose([cands[2]], recipe, 1.0, 1.0, 10, NORMAL)
     assert stop.choice is None and stop.stop_reason == "no_credible_decrease"
     strict = Calibration(**{**NORMAL.to_dict(), "tolerance": 1.0})
-    assert choose(cands, recipe, 1.0, 30, strict).stop_reason == "gain_below_tolerance"
+    assert choose(cands, recipe, 1.0, 1.0, 30, strict).stop_reason == "gain_below_tolerance"
     # an unverified candidate is never chosen
     unverified = CandidateDecision.screen_only("u", -5.0, -5.0)
-    assert choose([unverified], recipe, 1.0, 0, NORMAL).stop_reason == "no_candidates"
+    assert choose([unverified], recipe, 1.0, 1.0, 0, NORMAL).stop_reason == "no_candidates"
     # a candidate without a trial claims no interval or probability; a verified one must
     with pytest.raises(InputError, match="no trial verified carries no interval"):
         CandidateDecision("u", -5.0, -5.0, (-6.0, -4.0), 1.0, -5.0)
@@ -100,7 +100,7 @@ def test_a_candidate_no_trial_verified_claims_no_probability_in_any_rendering():
     recipe = Recipe("adam", 1e-3, 300, 16, "block")
     trialled = verified_candidate("m.0", _curve((-0.01, -0.02, -0.03), steps=(18, 37, 75)), 300, NORMAL, -0.3)
     screened = CandidateDecision.screen_only("head", -2.6, -3.1)
-    d = choose([trialled, screened], recipe, 2.0, 300, NORMAL)
+    d = choose([trialled, screened], recipe, 2.0, 2.0, 300, NORMAL)
     assert d.choice == "m.0" and d.runner_up is None
     assert (screened.interval, screened.p_decrease, screened.verified, screened.evidence) == (None, None, False,
                                                                                              "not verified")
@@ -147,13 +147,13 @@ def test_the_decision_table_says_why_where_its_columns_disagree():
     odd = [CandidateDecision("m.0", -0.2, -0.1, (-0.5, 0.01), 0.9999, -0.3, curve),
            CandidateDecision("m.1", -0.2, -0.1, (-0.15, -0.05), 0.9, -0.3, curve)]
     fine = CandidateDecision("m.2", -0.2, -0.1, (-0.4, -0.1), 0.99, -0.3, curve)
-    text = render_decision(choose([*odd, fine], recipe, 1.0, 8, NORMAL))
+    text = render_decision(choose([*odd, fine], recipe, 1.0, 1.0, 8, NORMAL))
     notes = [line for line in text.splitlines() if line.startswith("note: ")]
     assert len(notes) == 3
     assert notes[0].startswith("note: m.0: the 95% interval reaches 0 while P(decrease) is at least 0.975")
     assert notes[1].startswith("note: m.1: the point lies outside its 95% interval")
     assert notes[2].startswith("note: close call: m.1 is 0 behind the choice")  # three equal predictions
-    assert "note: " not in render_decision(choose([fine], recipe, 1.0, 8, NORMAL))
+    assert "note: " not in render_decision(choose([fine], recipe, 1.0, 1.0, 8, NORMAL))
 
 
 def test_a_choice_within_the_standard_error_of_its_runner_up_is_a_close_call():
@@ -173,22 +173,22 @@ def test_a_choice_within_the_standard_error_of_its_runner_up_is_a_close_call():
     dropped = cand("m.2", -0.2, 0.99, 0.02, eliminated=True)  # a larger decrease, but eliminated: no rival
     screened = CandidateDecision.screen_only("head", -0.5, -0.5)  # screen only: no rival
     clear = choose([cand("m.0", -0.10, 0.9, 0.02), cand("m.1", -0.07, 0.8, 0.02), dropped, screened],
-                   recipe, 1.0, 300, NORMAL)
+                   recipe, 1.0, 1.0, 300, NORMAL)
     assert (clear.choice, clear.runner_up) == ("m.0", "m.1")
     difference, se = clear.margin
     assert difference == pytest.approx(0.03, rel=8 * np.finfo(float).eps)
     assert se == pytest.approx(0.02 * np.sqrt(2), rel=4 * np.finfo(float).eps)
     assert not clear.close_call and "close call" not in render_decision(clear)
-    close = choose([cand("m.0", -0.10, 0.9, 0.02), cand("m.1", -0.08, 0.8, 0.02), dropped], recipe, 1.0, 300,
-                   NORMAL)
+    close = choose([cand("m.0", -0.10, 0.9, 0.02), cand("m.1", -0.08, 0.8, 0.02), dropped], recipe, 1.0, 1.0,
+                   300, NORMAL)
     assert close.close_call and close.margin[0] == pytest.approx(0.02, rel=8 * np.finfo(float).eps)
     notes = [line for line in render_decision(close).splitlines() if "close call" in line]
     assert len(notes) == 1 and notes[0].startswith("note: close call: m.1 is 0.02 behind the choice")
-    shaky = choose([cand("m.0", -0.10, 0.9, 0.02), cand("m.1", -0.30, 0.3, 1.0)], recipe, 1.0, 300, NORMAL)
+    shaky = choose([cand("m.0", -0.10, 0.9, 0.02), cand("m.1", -0.30, 0.3, 1.0)], recipe, 1.0, 1.0, 300, NORMAL)
     assert shaky.choice == "m.0" and shaky.runner_up == "m.1" and shaky.margin[0] < 0 and shaky.close_call
     notes = [line for line in render_decision(shaky).splitlines() if "close call" in line]
     assert len(notes) == 1 and notes[0].startswith("note: close call: m.1 predicts a held-out decrease larger by 0.2 ")
-    stop = choose([cand("m.1", 0.05, 0.2, 0.02)], recipe, 1.0, 300, NORMAL)
+    stop = choose([cand("m.1", 0.05, 0.2, 0.02)], recipe, 1.0, 1.0, 300, NORMAL)
     assert stop.choice is None and stop.runner_up is None and stop.margin is None and not stop.close_call
     back = json.loads(json.dumps(close.to_dict()))
     assert back["runner_up"] == "m.1" and back["close_call"] is True and back["margin"] == list(close.margin)
@@ -208,7 +208,7 @@ def test_the_decision_table_says_which_rows_were_eliminated_or_not_trialled():
     dropped = dataclasses.replace(verified_candidate("m.1", _curve((-0.2, -0.3, -0.4), steps=(9, 18, 37)), 300,
                                                      NORMAL, -0.2), eliminated=True)
     screened = CandidateDecision.screen_only("m.2", -0.5, -0.5)
-    d = choose([finalist, dropped, screened], recipe, 1.0, 300, NORMAL)
+    d = choose([finalist, dropped, screened], recipe, 1.0, 1.0, 300, NORMAL)
     assert d.choice == "m.0" and dropped.predicted_heldout_change < finalist.predicted_heldout_change
     lines = render_decision(d).splitlines()
     assert lines[1].split()[-1] == "trial"
@@ -218,7 +218,7 @@ def test_the_decision_table_says_which_rows_were_eliminated_or_not_trialled():
     assert rows["m.2"].endswith("none: not verified (screen only)")
     assert rows["m.2"].split()[1:5] == ["-0.5", "(screen)", "-", "not"]  # no interval, no P(decrease)
     assert any(line.startswith("note: never chosen: a candidate eliminated") for line in lines)
-    assert not any("never chosen" in line for line in render_decision(choose([finalist], recipe, 1.0, 300,
+    assert not any("never chosen" in line for line in render_decision(choose([finalist], recipe, 1.0, 1.0, 300,
                                                                              NORMAL)).splitlines())
 
 
@@ -264,7 +264,7 @@ def test_halving_resumes_each_trial_exactly_and_chooses_only_among_the_finalists
     # an eliminated candidate with the best prediction of all is still never chosen
     best = dataclasses.replace(d.candidates[eliminated[0]], predicted_heldout_change=-10.0, p_decrease=1.0)
     rest = [c for n, c in d.candidates.items() if n != eliminated[0]]
-    assert choose([best, *rest], recipe, d.heldout_loss, d.cost_block_steps, NORMAL).choice != eliminated[0]
+    assert choose([best, *rest], recipe, d.heldout_loss, d.training_loss, d.cost_block_steps, NORMAL).choice != eliminated[0]
     with pytest.raises(InputError, match="schedule"):
         decide(model, train, heldout, per_sample_ce, policy=DecisionPolicy(recipe, trials=TrialSettings(schedule="thirds"), candidates=CANDIDATES[:2]))
 
@@ -376,6 +376,31 @@ def test_decide_contract_cost_and_untouched_model():
             assert c.p_decrease is None and c.interval is None and c.evidence == "not verified"
 
 
+def test_decide_records_the_shipped_share_of_the_models_generalization_gap_as_its_stop_tolerance():
+    """End to end: the stop tolerance ``decide`` records is the shipped calibration's ``generalization_gap_fraction``
+    of the model's held-out loss minus its training loss before insertion, here computed independently (the model
+    in eval mode on the training and held-out batches, per-sample cross-entropy in float64).  The model was
+    trained on the training batches' images, so the gap is positive.  The losses are float32 forward passes: each
+    mean is within a few float32 epsilons of the loss scale of the adapter's, and so is the gap."""
+    model = digits_resnet()
+    train, heldout = _data(0, 128, 32), _data(1200, 96, 32)
+    model.eval()
+    with torch.no_grad():
+        loss = {name: float(torch.cat([per_sample_ce(model(X), y) for X, y in data]).double().mean())
+                for name, data in (("train", train), ("heldout", heldout))}
+    model.train()
+    assert loss["heldout"] > loss["train"]
+    fraction = DEFAULT_CALIBRATION.generalization_gap_fraction
+    assert fraction > 0 and DEFAULT_CALIBRATION.tolerance == 0
+    d = decide(model, train, heldout, per_sample_ce,
+               policy=DecisionPolicy(Recipe("adam", 1e-3, 24, 16, "block"), candidates=CANDIDATES[:2]))
+    scale = 4 * float(np.finfo(np.float32).eps) * max(1.0, loss["heldout"])
+    assert d.heldout_loss == pytest.approx(loss["heldout"], rel=0, abs=scale)
+    assert d.training_loss == pytest.approx(loss["train"], rel=0, abs=scale)
+    assert d.stop_tolerance == pytest.approx(fraction * (loss["heldout"] - loss["train"]), rel=0, abs=2 * fraction * scale)
+    assert d.stop_tolerance_rule == "generalization gap"
+
+
 def test_decide_stops_when_every_insertion_harms():
     """Over-fitting by construction: the training batches carry shuffled labels, so whatever a block learns from
     them raises the held-out loss at every candidate.  Read without a trend: at lr 1e-2 on shuffled labels a
@@ -391,7 +416,7 @@ def test_decide_stops_when_every_insertion_harms():
     # the shipped calibration, on the same trials, stops too
     shipped = [verified_candidate(n, c.trial, d.recipe.steps, DEFAULT_CALIBRATION, c.screen_heldout_change)
                for n, c in d.candidates.items()]
-    assert choose(shipped, d.recipe, d.heldout_loss, d.cost_block_steps, DEFAULT_CALIBRATION).choice is None
+    assert choose(shipped, d.recipe, d.heldout_loss, d.training_loss, d.cost_block_steps, DEFAULT_CALIBRATION).choice is None
 
 
 def test_decide_evaluates_the_unexpanded_model_once_and_decides_as_the_trials_alone_would():
@@ -671,7 +696,7 @@ def test_the_printed_decision_says_when_its_held_out_data_is_larger_than_the_cal
     most = DEFAULT_CALIBRATION.heldout_samples[1]
 
     def notes(samples, calibration=DEFAULT_CALIBRATION):
-        d = dataclasses.replace(choose([cand], recipe, 1.0, 300, calibration), heldout_samples=samples)
+        d = dataclasses.replace(choose([cand], recipe, 1.0, 1.0, 300, calibration), heldout_samples=samples)
         return [line for line in render_decision(d).splitlines() if "held-out samples" in line]
 
     assert len(notes(most + 1)) == 1 and notes(most + 1)[0].startswith(
@@ -691,7 +716,7 @@ def test_the_printed_decision_of_an_sgd_recipe_says_its_p_decrease_was_the_least
 
     curve = TrialCurve((1, 2), (0.0, -0.1), (0.0, -0.1), 0.01)
     cand = CandidateDecision("m.0", -0.1, -0.1, (-0.2, -0.05), 0.9, -0.1, curve)
-    d = choose([cand], Recipe(optimizer, 0.05, 300, 16, "block"), 1.0, 300, calibration)
+    d = choose([cand], Recipe(optimizer, 0.05, 300, 16, "block"), 1.0, 1.0, 300, calibration)
     notes = [line for line in render_decision(d).splitlines() if line.startswith("note: SGD recipe:")]
     assert len(notes) == expected
 
@@ -706,12 +731,15 @@ def test_the_shipped_calibrations_are_a_data_file_with_their_provenance():
 
     text = files("satcore._decisions").joinpath("calibrations.json").read_text()
     data = json.loads(text)
-    assert set(data["provenance"]) == {"written_by", "fitted_on", "evidence"}
+    assert set(data["provenance"]) == {"written_by", "fitted_on", "stop_tolerance", "evidence"}
     assert shipped.read_calibrations(text) == {"default": DEFAULT_CALIBRATION, "halving": shipped.HALVING_CALIBRATION}
     # the constants decide reads, as fitted (an independent read of the file, not through Calibration)
     assert DEFAULT_CALIBRATION.logit_slope == data["calibrations"]["default"]["logit_slope"]
     assert list(DEFAULT_CALIBRATION.quantiles) == data["calibrations"]["default"]["quantiles"]
     assert dict(DEFAULT_CALIBRATION.optimizer_notes) == data["calibrations"]["default"]["optimizer_notes"]
+    # the stop tolerance decide applies: the fitted share of the generalization gap, no share of the held-out loss
+    assert (DEFAULT_CALIBRATION.generalization_gap_fraction, DEFAULT_CALIBRATION.tolerance) == (
+        data["calibrations"]["default"]["generalization_gap_fraction"], data["calibrations"]["default"]["tolerance"])
     with pytest.raises(InputError, match="format must be"):
         shipped.read_calibrations(json.dumps({**data, "format": "satcore-calibration/0"}))
 
@@ -738,27 +766,56 @@ def test_the_sensitivity_baseline_is_the_squared_gradient_of_a_zero_virtual_laye
         assert expected > 0 and sensitivity[at] == pytest.approx(expected, rel=1e-9)
 
 
-def test_the_stop_tolerance_is_reported_in_loss_units_and_in_the_trials_standard_errors():
-    """The tolerance ``choose`` compares with is the calibration's share of the held-out loss (0.01 of 2.0: 0.02);
-    the decision reports it, and over the standard error of the credible trial of lowest prediction (0.004: 5
-    standard errors); a stop below it says so in one note with both numbers, and a practical tolerance stated
-    through the calibration moves the stop."""
+@pytest.mark.parametrize("training_loss, tolerance, expected, rule, note", [
+    # a gap of 2.0 - 1.8 = 0.2: 0.1 of it is 0.02, above the trial's decrease 0.015: stop (5 standard errors)
+    (1.8, 0.0, 0.02, "generalization gap", "the calibration's 0.1 of the generalization gap: held-out loss 2 minus "
+                                           "training loss 1.8; 5.0 standard errors"),
+    # no gap (training loss at or above the held-out loss): tolerance 0, the credible decrease is chosen
+    (2.0, 0.0, 0.0, None, None),
+    (2.3, 0.0, 0.0, None, None),
+    # a user's share of the held-out loss larger than the gap's: 0.012 of 2.0 = 0.024 > 0.02 sets it (6 standard errors)
+    (1.8, 0.012, 0.024, "held-out loss", "the calibration's 0.012 of the held-out loss 2; 6.0 standard errors"),
+    # ... and smaller: the gap's 0.02 still sets it
+    (1.8, 0.005, 0.02, "generalization gap", "the calibration's 0.1 of the generalization gap"),
+    # no gap, a user's share of 0.005 of 2.0 = 0.01 below the decrease: chosen
+    (2.3, 0.005, 0.01, "held-out loss", None),
+])
+def test_the_stop_tolerance_is_the_larger_of_its_generalization_gap_and_held_out_shares(training_loss, tolerance,
+                                                                                         expected, rule, note):
+    """The tolerance ``choose`` compares with: the larger of the calibration's ``generalization_gap_fraction`` (0.1)
+    of ``max(0, held-out - training loss)`` and its ``tolerance`` of the held-out loss (2.0), hand-computed per
+    case; the decision reports it in loss units, over the standard error of the credible trial of lowest
+    prediction (0.004), and which share set it; a stop below it says so in one note with the numbers."""
     from satcore._rendering.table import render_decision
 
     recipe = Recipe("adam", 1e-3, 300, 16, "block")
-    calibration = dataclasses.replace(NORMAL, tolerance=0.01, trend_weight=0.0)
+    calibration = dataclasses.replace(NORMAL, trend_weight=0.0, generalization_gap_fraction=0.1, tolerance=tolerance)
     trial = TrialCurve((1, 2), (0.0, -0.015), (0.0, -0.015), 0.004)
     small = verified_candidate("m.0", trial, 300, calibration, -0.1)
     assert small.predicted_heldout_change == pytest.approx(-0.015, rel=4 * np.finfo(float).eps)
-    stop = choose([small], recipe, 2.0, 300, calibration)
-    assert stop.stop_reason == "gain_below_tolerance"
-    assert stop.stop_tolerance == pytest.approx(0.02, rel=4 * np.finfo(float).eps)
-    assert stop.stop_tolerance_se == pytest.approx(5.0, rel=8 * np.finfo(float).eps)
-    back = json.loads(json.dumps(stop.to_dict()))
-    assert back["stop_tolerance"] == stop.stop_tolerance and back["stop_tolerance_se"] == stop.stop_tolerance_se
-    notes = [line for line in render_decision(stop).splitlines() if line.startswith("note:") and "tolerance" in line]
-    assert len(notes) == 1 and notes[0].startswith("note: stopped below the tolerance of 0.02 (the calibration's "
-                                                   "0.01 of the held-out loss, 5.0 standard errors")
-    practical = choose([small], recipe, 2.0, 300, dataclasses.replace(calibration, tolerance=0.005))
-    assert practical.choice == "m.0" and practical.stop_tolerance == pytest.approx(0.01, rel=4 * np.finfo(float).eps)
-    assert "tolerance" not in render_decision(practical)
+    d = choose([small], recipe, 2.0, training_loss, 300, calibration)
+    # each tolerance is a product and a difference of numbers of order 1: a few epsilons
+    assert d.stop_tolerance == pytest.approx(expected, rel=8 * np.finfo(float).eps, abs=0.0)
+    assert d.stop_tolerance_se == pytest.approx(expected / 0.004, rel=16 * np.finfo(float).eps, abs=0.0)
+    assert (d.stop_tolerance_rule, d.training_loss) == (rule, training_loss)
+    stops = expected > 0.015
+    assert (d.choice, d.stop_reason) == ((None, "gain_below_tolerance") if stops else ("m.0", None))
+    back = json.loads(json.dumps(d.to_dict()))
+    assert (back["stop_tolerance"], back["stop_tolerance_se"], back["stop_tolerance_rule"], back["training_loss"]) == (
+        d.stop_tolerance, d.stop_tolerance_se, rule, training_loss)
+    assert Calibration.from_dict(back["calibration"]) == calibration
+    notes = [line for line in render_decision(d).splitlines() if line.startswith("note:") and "tolerance" in line]
+    if not stops:
+        assert notes == []
+        return
+    assert len(notes) == 1 and notes[0].startswith(f"note: stopped below the tolerance of {expected:g} ({note}")
+    assert notes[0].endswith("state a practical one as a share of the held-out loss with "
+                             "calibration=dataclasses.replace(calibration, tolerance=...)")
+
+
+@pytest.mark.parametrize("field", ["generalization_gap_fraction", "tolerance"])
+@pytest.mark.parametrize("value, words", [(-0.01, "must be >= 0, got -0.01"), (float("nan"), "must be a finite number"),
+                                          (True, "must be a finite number")])
+def test_a_stop_tolerance_share_that_is_not_a_finite_number_at_least_0_is_refused(field, value, words):
+    with pytest.raises(InputError, match=rf"^calibration: {field} {words}"):
+        dataclasses.replace(NORMAL, **{field: value})

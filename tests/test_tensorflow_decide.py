@@ -68,6 +68,10 @@ def test_keras_decide_equals_torch_decide_on_the_same_weights_and_data(optimizer
     # the unexpanded model's losses: one float32 forward pass each
     loss_scale = max(1.0, mine.heldout_loss)
     assert theirs.heldout_loss == pytest.approx(mine.heldout_loss, rel=0, abs=4 * EPS32 * loss_scale)
+    assert theirs.training_loss == pytest.approx(mine.training_loss, rel=0, abs=4 * EPS32 * loss_scale)
+    # the stop tolerance: the shipped share of the gap between the two
+    tolerance = mine.calibration.generalization_gap_fraction * 8 * EPS32 * loss_scale
+    assert theirs.stop_tolerance == pytest.approx(mine.stop_tolerance, rel=0, abs=tolerance)
     # the evaluation and each step add the float32 round-off of one forward and backward pass (a few eps32
     # relative to the loss) to the trained block, which carries it to the losses: linear in the steps taken
     steps = mine.cost_block_steps

@@ -44,7 +44,8 @@ from .hf import sequence_loss
 from .locate import HEAD
 from .probe import call_model, to_device
 
-# the decision calibration's tolerance: a predicted decrease below 0.3% of the held-out loss is not worth a block
+# the frontier's own tolerance: a predicted decrease below 0.3% of the held-out loss is not worth a block (the trial
+# decision's stop tolerance before it became a share of the generalization gap)
 RELATIVE_TOLERANCE = 0.003
 
 

@@ -220,7 +220,8 @@ def trial_decision(steps: TrialSteps, screened, before: Mapping, recipe: Recipe,
         they are ordered here, ties kept in the order given).
     before : mapping
         The unexpanded model's per-sample losses on ``"heldout"`` and ``"train"``
-        (:func:`check_unexpanded_losses`): every trial starts from them (its block is the identity).
+        (:func:`check_unexpanded_losses`): every trial starts from them (its block is the identity), and their
+        means' difference is the generalization gap the stop tolerance is a share of (:func:`choose`).
     recipe : Recipe
         How the user will train the inserted block; the trials together take at most its steps.
     settings : TrialSettings
@@ -243,8 +244,8 @@ def trial_decision(steps: TrialSteps, screened, before: Mapping, recipe: Recipe,
             out.append(dataclasses.replace(candidate, eliminated=True) if eliminated else candidate)
         else:
             out.append(row.candidate())
-    decision = dataclasses.replace(choose(out, recipe, float(before["heldout"].mean()), cost, settings.calibration),
-                                   heldout_samples=int(before["heldout"].size))
+    decision = dataclasses.replace(choose(out, recipe, float(before["heldout"].mean()), float(before["train"].mean()),
+                                          cost, settings.calibration), heldout_samples=int(before["heldout"].size))
     if decision.runner_up is None:
         return decision
     # the margin's standard error paired over the held-out samples both trials were evaluated on

@@ -29,7 +29,7 @@ and its error is modelled as ``realized - \\hat d = s z`` with the scale
 standard error of ``d(T)`` from the paired per-sample held-out losses) and ``z``
 drawn from the empirical distribution of normalised residuals measured on the bench
 (split conformal prediction).  ``beta``, ``c``, ``gamma``, the quantiles of ``z``, the
-``P(decrease)`` threshold and the tolerance are fitted on bench model sets
+``P(decrease)`` threshold and the stop tolerance's gap fraction are fitted on bench model sets
 (:class:`Calibration`; ``studies/decision_validity.py`` fits and scores them leave one
 model set out).  ``P(decrease) = 1 / (1 + exp(a + b \\hat d / s))`` (logistic calibration of
 the standardised prediction, fitted on the bench; ``F_z(-\\hat d / s)`` where no logistic fit is
@@ -40,7 +40,17 @@ The choice is the verified candidate with the lowest calibrated held-out change
 among those with ``P(decrease) >= p_threshold``; the decision stops (``choice`` is
 ``None``) with ``stop_reason`` ``"no_credible_decrease"`` when no candidate reaches
 the threshold, or ``"gain_below_tolerance"`` when the best predicted decrease is
-below ``tolerance`` times the held-out loss before insertion.
+below the stop tolerance, in loss units the larger of
+
+.. math::
+
+    f \\max(0, L_{heldout} - L_{train}) \\quad\\text{and}\\quad \\tau |L_{heldout}|
+
+(``L``: the model's losses before insertion on the held-out split and on the trials'
+training split; ``f``: ``generalization_gap_fraction``, fitted on the bench, so that a
+model that over-fits needs a larger predicted decrease and one that does not needs
+only a credible one; ``tau``: ``tolerance``, a user's practical share of the held-out
+loss, 0 as shipped).
 
 The paper's first-order criterion (Liu et al., "Quantifying Depth Sufficiency in
 Residual Neural Networks: A First-Order Criterion", Theorem 1) says whether a
@@ -58,9 +68,13 @@ import numpy as np
 
 from .._shared.display import NOT_VERIFIED
 from .._shared.errors import InputError
+from .._shared.numbers import finite_real
 from .recipe import Recipe
 
 STOP_REASONS = ("no_credible_decrease", "gain_below_tolerance", "no_candidates")
+# the stop tolerance's terms (Calibration.stop_tolerance_terms): what each is a fraction of -> its calibration field
+STOP_TOLERANCE_FRACTIONS = MappingProxyType({"generalization gap": "generalization_gap_fraction",
+                                             "held-out loss": "tolerance"})
 
 
 def paired_standard_error(differences):
@@ -155,7 +169,8 @@ class Calibration:
     p_threshold : float
         Smallest ``P(decrease)`` a candidate may be chosen with.
     tolerance : float
-        Smallest predicted decrease worth a block, as a fraction of the held-out loss before insertion.
+        A practical smallest predicted decrease worth a block, as a fraction of the held-out loss before
+        insertion (a user states one; 0 as shipped); :meth:`stop_tolerance_terms`.
     source : str
         Where the constants were fitted.
     trend_scale : float
@@ -169,6 +184,16 @@ class Calibration:
     optimizer_notes : tuple of (str, str)
         ``(optimizer, what the fit's evidence says of recipes with it)``, printed under a decision whose
         recipe uses that optimizer.
+    generalization_gap_fraction : float
+        The fitted smallest predicted decrease worth a block, as a fraction of the model's generalization gap
+        (held-out minus training loss before insertion; 0 where the model does not over-fit):
+        :meth:`stop_tolerance_terms`.
+
+    Raises
+    ------
+    InputError
+        ``tolerance`` or ``generalization_gap_fraction`` not a finite number ``>= 0``, or levels and quantiles
+        that are not a distribution's.
     """
 
     trend_weight: float
@@ -183,8 +208,11 @@ class Calibration:
     logit_slope: float | None = None
     heldout_samples: tuple | None = None
     optimizer_notes: tuple = ()
+    generalization_gap_fraction: float = 0.0
 
     def __post_init__(self):
+        for name in STOP_TOLERANCE_FRACTIONS.values():
+            object.__setattr__(self, name, finite_real(getattr(self, name), f"calibration: {name}", low=0.0))
         levels = tuple(float(v) for v in self.levels)
         quantiles = tuple(float(v) for v in self.quantiles)
         if len(levels) != len(quantiles) or len(levels) < 2:
@@ -223,11 +251,29 @@ class Calibration:
     def to_dict(self) -> dict:
         return {"trend_weight": self.trend_weight, "relative_scale": self.relative_scale,
                 "levels": list(self.levels), "quantiles": list(self.quantiles),
-                "p_threshold": self.p_threshold, "tolerance": self.tolerance, "source": self.source,
+                "p_threshold": self.p_threshold, "tolerance": self.tolerance,
+                "generalization_gap_fraction": self.generalization_gap_fraction, "source": self.source,
                 "trend_scale": self.trend_scale, "logit_intercept": self.logit_intercept,
                 "logit_slope": self.logit_slope,
                 "heldout_samples": None if self.heldout_samples is None else list(self.heldout_samples),
                 "optimizer_notes": dict(self.optimizer_notes)}
+
+    def stop_tolerance_terms(self, heldout_loss: float, training_loss: float) -> dict[str, float]:
+        """The stop tolerance's terms in loss units, by what they are a fraction of (:data:`STOP_TOLERANCE_FRACTIONS`):
+        ``"generalization gap"``, ``generalization_gap_fraction * max(0, heldout_loss - training_loss)``, and
+        ``"held-out loss"``, ``tolerance * |heldout_loss|`` (the losses of the model before insertion, on the held-out
+        split and on the trials' training split); the stop tolerance is the larger (:func:`choose`).
+
+        Examples
+        --------
+        >>> from satcore._decisions.calibration import DEFAULT_CALIBRATION
+        >>> import dataclasses
+        >>> cal = dataclasses.replace(DEFAULT_CALIBRATION, generalization_gap_fraction=0.01, tolerance=0.001)
+        >>> {k: round(v, 6) for k, v in cal.stop_tolerance_terms(2.0, 1.5).items()}
+        {'generalization gap': 0.005, 'held-out loss': 0.002}
+        """
+        bases = {"generalization gap": max(0.0, heldout_loss - training_loss), "held-out loss": abs(heldout_loss)}
+        return {what: getattr(self, fraction) * bases[what] for what, fraction in STOP_TOLERANCE_FRACTIONS.items()}
 
     def p_decrease(self, standardised: float) -> float:
         """``P(decrease)`` of a prediction ``point / scale`` (class docstring)."""
@@ -360,7 +406,7 @@ class InsertionDecision:
     recipe : Recipe
         The recipe the predictions are for.
     heldout_loss : float
-        The held-out loss before insertion (the tolerance's unit).
+        The held-out loss before insertion.
     cost_block_steps : int
         The trials' optimizer steps of one inserted block, summed.
     calibration : Calibration
@@ -370,9 +416,12 @@ class InsertionDecision:
         the choice's and the runner-up's held-out losses after their trials (``decide`` sets it);
         None: bounded by the two trials' standard errors alone (:attr:`margin`).
     stop_tolerance : float or None
-        The smallest predicted held-out decrease (loss units) the decision inserts a block for: the
-        calibration's ``tolerance`` times the held-out loss (:func:`choose`); None on decisions built without
-        it.
+        The smallest predicted held-out decrease (loss units) the decision inserts a block for: the larger of
+        the calibration's ``generalization_gap_fraction`` of the generalization gap and its ``tolerance`` of
+        the held-out loss (:func:`choose`, :attr:`stop_tolerance_rule`); None on decisions built without it.
+    training_loss : float or None
+        The training loss before insertion, on the trials' training split (:func:`choose`); None on decisions
+        built without it.
     heldout_samples : int or None
         How many held-out samples the trials were read on (``decide`` sets it); the calibration's
         error model was fitted on trials read on ``calibration.heldout_samples``
@@ -389,6 +438,7 @@ class InsertionDecision:
     margin_se: float | None = None
     heldout_samples: int | None = None
     stop_tolerance: float | None = None
+    training_loss: float | None = None
 
     def __post_init__(self):
         if (self.choice is None) == (self.stop_reason is None):
@@ -406,12 +456,23 @@ class InsertionDecision:
         return render_decision(self)
 
     @property
+    def stop_tolerance_rule(self) -> str | None:
+        """What set :attr:`stop_tolerance`: the key of the larger of
+        :meth:`Calibration.stop_tolerance_terms` (``"generalization gap"`` or ``"held-out loss"``; the gap's on a
+        tie), or None where both are 0 or the decision was built without the training loss."""
+        if self.training_loss is None or not self.stop_tolerance:
+            return None
+        terms = self.calibration.stop_tolerance_terms(self.heldout_loss, self.training_loss)
+        return max(terms, key=terms.get)
+
+    @property
     def stop_tolerance_se(self) -> float | None:
         """:attr:`stop_tolerance` in units of what the held-out data resolves: over the paired standard error of
         the trial it was compared with (the credible verified candidate of lowest predicted change); None
         where there is no such candidate or tolerance, or that standard error is 0 or unknown.  On the decision
-        bench the shipped tolerance (0.3% of the held-out loss) was a median 0.9-2.2 of them, depending on the
-        set of recipes (docs/predictive-validity.md)."""
+        bench the shipped tolerance (1% of the generalization gap) was a median 0.00-0.06 of them, depending on
+        the set of recipes, where 0.3% of the held-out loss (shipped before) was 0.9-2.2
+        (studies/decision-validity.md)."""
         credible = [c for c in self.candidates.values() if c.verified and not c.eliminated
                     and c.p_decrease >= self.calibration.p_threshold]
         if self.stop_tolerance is None or not credible:
@@ -473,7 +534,7 @@ class InsertionDecision:
         >>> trial = TrialCurve((75, 150, 300), (-0.02, -0.04, -0.05), (-0.03, -0.06, -0.08), 0.01)
         >>> d = choose([CandidateDecision("b0", -0.05, -0.08, (-0.09, -0.01), 0.97, -0.02, trial),
         ...             CandidateDecision.screen_only("head", -2.6, -2.9)],
-        ...            Recipe("adam", 1e-3, 300, 32), 2.0, 300, DEFAULT_CALIBRATION)
+        ...            Recipe("adam", 1e-3, 300, 32), 2.0, 1.8, 300, DEFAULT_CALIBRATION)
         >>> {k: v for k, v in d.scalars().items() if "interval" not in k}  # doctest: +NORMALIZE_WHITESPACE
         {'satcore/decision/insert': 1.0, 'satcore/decision/cost_block_steps': 300.0,
          'satcore/decision/close_call': 0.0, 'satcore/decision/b0/chosen': 1.0,
@@ -502,25 +563,31 @@ class InsertionDecision:
         margin = self.margin
         return {"choice": self.choice, "stop_reason": self.stop_reason,
                 "candidates": {name: c.to_dict() for name, c in self.candidates.items()},
-                "recipe": self.recipe.to_dict(), "heldout_loss": self.heldout_loss,
+                "recipe": self.recipe.to_dict(), "heldout_loss": self.heldout_loss, "training_loss": self.training_loss,
                 "cost_block_steps": self.cost_block_steps, "cost_fraction": self.cost_fraction,
                 "runner_up": self.runner_up, "margin": None if margin is None else list(margin),
                 "close_call": self.close_call, "heldout_samples": self.heldout_samples,
                 "stop_tolerance": self.stop_tolerance, "stop_tolerance_se": self.stop_tolerance_se,
+                "stop_tolerance_rule": self.stop_tolerance_rule,
                 "calibration": self.calibration.to_dict()}
 
 
-def choose(candidates, recipe: Recipe, heldout_loss: float, cost_block_steps: int,
+def choose(candidates, recipe: Recipe, heldout_loss: float, training_loss: float, cost_block_steps: int,
            calibration: Calibration) -> InsertionDecision:
     """The decision over ``candidates`` (an iterable of :class:`CandidateDecision`, screen order).
 
     Among verified candidates with ``p_decrease >= calibration.p_threshold`` the one with the
     lowest ``predicted_heldout_change``; stop when there is none, or when its predicted decrease
-    is below the stop tolerance, ``calibration.tolerance`` times the held-out loss (a user states a
-    practical one there: ``dataclasses.replace(calibration, tolerance=...)``; the decision reports it
-    in loss units and in the trial's standard errors, :attr:`InsertionDecision.stop_tolerance_se`).
+    is below the stop tolerance, the larger of ``calibration.generalization_gap_fraction`` times
+    ``max(0, heldout_loss - training_loss)`` and ``calibration.tolerance`` times ``|heldout_loss|``
+    (:meth:`Calibration.stop_tolerance_terms`; ``heldout_loss``, ``training_loss``: the model's before
+    insertion, on the held-out split and the trials' training split).  A user states a practical
+    tolerance as a share of the held-out loss, ``dataclasses.replace(calibration, tolerance=...)``; the
+    decision reports the stop tolerance in loss units, in the trial's standard errors
+    (:attr:`InsertionDecision.stop_tolerance_se`) and which term set it
+    (:attr:`InsertionDecision.stop_tolerance_rule`).
     """
-    stop_tolerance = float(calibration.tolerance * abs(heldout_loss))
+    stop_tolerance = float(max(calibration.stop_tolerance_terms(heldout_loss, training_loss).values()))
     candidates = {c.name: c for c in candidates}
     verified = [c for c in candidates.values() if c.verified and not c.eliminated]
     if not verified:
@@ -535,7 +602,7 @@ def choose(candidates, recipe: Recipe, heldout_loss: float, cost_block_steps: in
         else:
             reason, choice = None, best.name
     return InsertionDecision(choice, reason, candidates, recipe, float(heldout_loss), int(cost_block_steps),
-                             calibration, stop_tolerance=stop_tolerance)
+                             calibration, stop_tolerance=stop_tolerance, training_loss=float(training_loss))
 
 
 def trial_checkpoints(steps: int) -> tuple:
@@ -570,6 +637,7 @@ def halving_plan(n_candidates: int, recipe: Recipe, max_trials: int = 4) -> tupl
     return verified, first, finalists, first + max(0, recipe.steps - verified * first) // finalists
 
 
-__all__ = ["Calibration", "CandidateDecision", "InsertionDecision", "NOT_VERIFIED", "STOP_REASONS", "TrialCurve",
+__all__ = ["Calibration", "CandidateDecision", "InsertionDecision", "NOT_VERIFIED", "STOP_REASONS",
+           "STOP_TOLERANCE_FRACTIONS", "TrialCurve",
            "choose", "error_scale", "extrapolate", "halving_plan", "paired_standard_error", "trial_checkpoints", "trial_plan",
            "verified_candidate"]

@@ -19,6 +19,25 @@ LEGEND = (
 )
 
 
+def stop_tolerance_note(decision) -> str:
+    """The note under a tolerance stop: the stop tolerance in loss units, the term that set it with its numbers
+    (:attr:`~satcore.InsertionDecision.stop_tolerance_rule`) and, since a share of a loss does not say what the
+    held-out data resolves, its size in the best credible trial's standard errors."""
+    rule, cal = decision.stop_tolerance_rule, decision.calibration
+    if rule == "generalization gap":
+        source = (f"the calibration's {cal.generalization_gap_fraction:g} of the generalization gap: held-out loss "
+                  f"{num(decision.heldout_loss)} minus training loss {num(decision.training_loss)}")
+    elif rule == "held-out loss":
+        source = f"the calibration's {cal.tolerance:g} of the held-out loss {num(decision.heldout_loss)}"
+    else:  # both terms 0: the best credible candidate predicts no decrease
+        source = "no decrease predicted"
+    in_se = decision.stop_tolerance_se
+    return (f"note: stopped below the tolerance of {num(decision.stop_tolerance)} ({source}"
+            + ("" if in_se is None else f"; {in_se:.1f} standard errors of the best credible trial")
+            + "); state a practical one as a share of the held-out loss with "
+            "calibration=dataclasses.replace(calibration, tolerance=...)")
+
+
 def num(x) -> str:
     """Compact number for tables: 4 significant digits, '-' for missing."""
     if x is None or (isinstance(x, float) and x != x):
@@ -139,13 +158,7 @@ def render_decision(decision) -> str:
         lines += [f"note: {n}" for n in decision_interval_notes(decision.candidates)]
         lines += calibration_notes(decision)
         if getattr(decision, "stop_reason", None) == "gain_below_tolerance" and decision.stop_tolerance is not None:
-            # the tolerance is a share of the loss; what the data resolves is the trial's standard error
-            in_se = decision.stop_tolerance_se
-            lines.append(f"note: stopped below the tolerance of {num(decision.stop_tolerance)} (the calibration's "
-                         f"{decision.calibration.tolerance:g} of the held-out loss"
-                         + ("" if in_se is None else f", {in_se:.1f} standard errors of the best credible trial")
-                         + "); state a practical one with calibration=dataclasses.replace(calibration, "
-                         "tolerance=...)")
+            lines.append(stop_tolerance_note(decision))
         if getattr(decision, "close_call", False):
             difference, se = decision.margin
             runner_up = display_name(decision.runner_up)
