@@ -341,7 +341,7 @@ def decision(base, python_train, args, seed, method, layout="ranked", blocks=Non
     recipe; the trial decision reads ``trial_batches`` per split and trials the recipe shortened to
     ``steps // trial_fraction``."""
     from satcore import DecisionPolicy, Recipe
-    from satcore.adapters.torch.expansion import placement_decision
+    from satcore.adapters.torch.expansion import ExpansionOptions, placement_decision
 
     rng = np.random.default_rng(20_000 + seed)
     n_batches = args.decision_batches if method == "screen" else args.trial_batches
@@ -353,7 +353,8 @@ def decision(base, python_train, args, seed, method, layout="ranked", blocks=Non
     counter = PassCounter(base)
     start = time.time()
     try:
-        d = placement_decision(base, batches[0], batches[1], decision=method, layout=layout, blocks=blocks, policy=DecisionPolicy(recipe, seed=seed))
+        d = placement_decision(base, batches[0], batches[1], options=ExpansionOptions(decision=method, layout=layout),
+                               blocks=blocks, policy=DecisionPolicy(recipe, seed=seed))
     finally:
         counter.handle.remove()
     return d, time.time() - start, counter.charge(args.batch_size)

@@ -127,7 +127,8 @@ def test_printing_a_decision_shows_the_decision_table_and_its_notes():
     recipe = Recipe("sgd", 0.05, 300, 16, "block")
     trialled = verified_candidate("m.0", _curve((-0.01, -0.02, -0.03), steps=(37, 75, 150)), 300,
                                   DEFAULT_CALIBRATION, -0.3)
-    d = choose([trialled, CandidateDecision.screen_only("head", -2.6, -3.1)], recipe, 2.0, 300, DEFAULT_CALIBRATION)
+    d = choose([trialled, CandidateDecision.screen_only("head", -2.6, -3.1)], recipe, 2.0, 2.0, 300,
+               DEFAULT_CALIBRATION)
     text = str(d)
     assert text == render_decision(d)
     assert text.startswith("decision: insert a block at m.0 (decision cost: 300 block-steps)")

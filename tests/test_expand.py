@@ -200,7 +200,8 @@ def test_placement_decision_is_decide_with_the_native_family_and_expand_places_b
     data = windows(32)
     recipe = Recipe("adamw", lr=1e-3, steps=8, batch_size=4)
     train, held = split_batches(data)
-    trial = placement_decision(model, train, held, policy=DecisionPolicy(recipe, seed=3))
+    trial = placement_decision(model, train, held, policy=DecisionPolicy(recipe, seed=3),
+                               options=ExpansionOptions(layout="ranked"))
     direct = decide(model, train, held, sequence_loss, policy=DecisionPolicy(recipe, seed=3, probe=ProbeConfig(family="native")))
     assert trial.ranking() == TrialRanking(direct).ranking() and trial.cost_block_steps == direct.cost_block_steps
     verified = [n for n in trial.ranking() if trial.candidates[n].verified]
@@ -209,10 +210,11 @@ def test_placement_decision_is_decide_with_the_native_family_and_expand_places_b
     expansion = expand(model, data, blocks=2, policy=DecisionPolicy(recipe, seed=3), options=ExpansionOptions(layout="ranked"))
     top = ["head" if n == "head" else int(n.rpartition(".")[2]) for n in trial.ranking()[:2]]
     assert sorted(expansion.inserted_before, key=str) == sorted(top, key=str)
-    screen = placement_decision(model, train, held, decision="screen", policy=DecisionPolicy(recipe, seed=3))
+    screen = placement_decision(model, train, held, options=ExpansionOptions(decision="screen", layout="ranked"),
+                                policy=DecisionPolicy(recipe, seed=3))
     assert screen.ranking() == first_order_decision(model, train, held, sequence_loss, policy=DecisionPolicy(recipe, seed=3)).ranking()
     with pytest.raises(InputError, match="decision must be one of"):
-        placement_decision(model, train, held, decision="oracle", policy=DecisionPolicy(recipe))
+        placement_decision(model, train, held, options=ExpansionOptions(decision="oracle"), policy=DecisionPolicy(recipe))
 
 
 @pytest.mark.parametrize("K", [2, 4])
@@ -239,7 +241,7 @@ def test_grouped_placement_spreads_the_trials_over_the_groups():
     model = build("llama")
     recipe = GROUPED_RECIPE
     train, held = split_batches(windows(16))
-    d = placement_decision(model, train, held, layout="grouped", blocks=2, policy=DecisionPolicy(recipe, trials=TrialSettings(max_trials=2), seed=3))
+    d = placement_decision(model, train, held, options=ExpansionOptions(layout="grouped"), blocks=2, policy=DecisionPolicy(recipe, trials=TrialSettings(max_trials=2), seed=3))
     assert isinstance(d, GroupedPlacement) and isinstance(d.base, TrialRanking)
     assert d.groups == (("model.layers.0", "model.layers.1"), ("model.layers.2", "head"))
     screen_order = list(d.candidates)  # the decision keeps its candidates in the screen's order

@@ -288,24 +288,21 @@ def native_policy(policy: DecisionPolicy) -> DecisionPolicy:
 
 
 def placement_decision(model: nn.Module, train, heldout, loss_fn=None, *, policy: DecisionPolicy,
-                       decision: str = "trial", layout: str = "ranked", blocks: int | str | None = None,
-                       progress: bool = False):
+                       options: "ExpansionOptions", blocks: int | str | None = None):
     """The ranking :func:`expand` places blocks by, under ``policy`` (:class:`satcore.DecisionPolicy`; its probe's
     family is ``"native"`` here, :func:`native_policy`).
 
-    ``decision="trial"``: :func:`~.decide.decide` (``policy.trials.max_trials`` trials, the even plan), read as a
-    :class:`TrialRanking`; ``"screen"``: :func:`first_order_decision` (its rows not verified, none significant).
+    ``options`` (:class:`ExpansionOptions`) says how: ``decision="trial"``: :func:`~.decide.decide`
+    (``policy.trials.max_trials`` trials, the even plan), read as a :class:`TrialRanking`; ``"screen"``:
+    :func:`first_order_decision` (its rows not verified, none significant).
     ``layout="ranked"``: that ranking as it is (``expand`` takes its top ``K``);
     ``"grouped"``: a :class:`GroupedPlacement` over ``blocks`` groups of places
     (:func:`place_groups`; ``blocks="auto"``: ``max_trials`` groups, at most one per place), the trials spread over the
     groups (each group's first ``ceil(max_trials / groups)`` places in the screen's order,
     :func:`~.decide.grouped_trials`; their steps still add up to at most the recipe's).
-    ``loss_fn`` ``None``: next-token cross-entropy (:func:`~.hf.sequence_loss`).  ``progress``: a tqdm bar (stderr)
-    of the windows the screen probes (``decision="screen"``)."""
-    if decision not in DECISIONS:
-        raise InputError(f"decision must be one of {', '.join(DECISIONS)}, got {decision!r}")
-    if layout not in LAYOUTS:
-        raise InputError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    ``loss_fn`` ``None``: next-token cross-entropy (:func:`~.hf.sequence_loss`).  ``options.progress``: a tqdm bar
+    (stderr) of the windows the screen probes (``decision="screen"``)."""
+    decision, layout = options.decision, options.layout
     loss_fn = sequence_loss if loss_fn is None else loss_fn
     policy = native_policy(policy)
     max_trials = policy.trials.max_trials
@@ -317,7 +314,7 @@ def placement_decision(model: nn.Module, train, heldout, loss_fn=None, *, policy
         places = place_groups(len(names), min(max_trials, len(names) + 1) if blocks == "auto" else blocks)
         groups = tuple(tuple(HEAD if p == HEAD else names[p] for p in group) for group in places)
     if decision == "screen":
-        ranked = _screen_with_bar(model, list(train), list(heldout), loss_fn, policy, progress)
+        ranked = _screen_with_bar(model, list(train), list(heldout), loss_fn, policy, options.progress)
     else:
         from .decide import decide
 
@@ -836,8 +833,7 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
             return Expansion(grown, new, n, init, blocks, decision, forced, recipe, train_new_only, terminals,
                              names[0].rpartition(".")[0], "uniform" if blocks == "auto" else layout, limit,
                              budgeted)
-        decision = placement_decision(model, train, held, loss_fn, policy=policy, decision=method, layout=layout,
-                                      blocks=blocks, progress=options.progress)
+        decision = placement_decision(model, train, held, loss_fn, policy=policy, options=options, blocks=blocks)
         # blocks is K here: "auto" is the frontier (trials) or refused above (the screen)
         chosen = [_original_index(c) for c in decision.ranking()[:blocks]]
     grown, new = insert_blocks(model, chosen, init=init, seed=seed)
