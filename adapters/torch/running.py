@@ -6,7 +6,9 @@ host transfer and no synchronisation: on a GPU a per-batch copy of an
 ``r x r`` Gram to the host, or a Python ``float()`` of a device scalar,
 stalls the queue for longer than the sums take.  On the CPU the totals ARE
 the arrays of the core's :class:`satcore.CandidateStatistics` (shared
-memory, nothing copied per batch).  ``sum_cross`` is the exception where
+memory, nothing copied per batch), except that up to the first sync the
+Gram totals of a probe on one thread are held packed (half the bytes,
+:meth:`RunningSums._share_arrays`).  ``sum_cross`` is the exception where
 the statistics keep folds: a batch's ``C`` goes to its fold only, and the
 total is the folds' sum, formed at each sync; a float32 model's batch on the
 CPU waits for its fold unformed, as a :class:`.moments.CentredCross` (half
