@@ -132,13 +132,16 @@ class StreamTaps:
             )
         tap, passed = _tap(z)
         self.taps[name] = tap
-        self.streams[name] = self.batch_first(name, z.detach())
+        # the tap's values, not z itself: nothing here keeps the block's input past the block
+        self.streams[name] = self.batch_first(name, tap.detach())
         return passed
 
     def _input_hook(self, name):
         def hook(module, args, kwargs):
-            self.calls[name] = (args, kwargs)
-            return with_stream(args, kwargs, self._record(name, get_stream(args, kwargs)))
+            passed = self._record(name, get_stream(args, kwargs))
+            # the call's other arguments (a feature map that reads them puts its own stream in)
+            self.calls[name] = with_stream(args, kwargs, self.taps[name].detach())
+            return with_stream(args, kwargs, passed)
 
         return hook
 

@@ -661,7 +661,8 @@ def _batch_sums(z, grad, feature_map, generator, config: ProbeConfig, totals, pr
             if present is not None:
                 kept = present if index is None else present[:, index.to(present.device)]
                 q, psi = drop_absent(q, kept), drop_absent(psi, kept)
-            moments = batch_moments(q, psi, variance=variance, dtype=dtype, grams_into=totals)
+            moments = batch_moments(q, psi, variance=variance, dtype=dtype, grams_into=totals,
+                                    cross_formed=False)
             if present is not None:
                 extra["n_vectors"] = kept.sum()  # the zeroed rows are no position vectors
         if present is not None:

@@ -6,9 +6,14 @@ host transfer and no synchronisation: on a GPU a per-batch copy of an
 ``r x r`` Gram to the host, or a Python ``float()`` of a device scalar,
 stalls the queue for longer than the sums take.  On the CPU the totals ARE
 the arrays of the core's :class:`satcore.CandidateStatistics` (shared
-memory, nothing copied per batch).  ``sum_cross`` is the exception where
+memory, nothing copied per batch), except that up to the first sync the
+Gram totals of a probe on one thread are held packed (half the bytes,
+:meth:`RunningSums._share_arrays`).  ``sum_cross`` is the exception where
 the statistics keep folds: a batch's ``C`` goes to its fold only, and the
-total is the folds' sum, formed at each sync.  :meth:`RunningSums.sync`, which the
+total is the folds' sum, formed at each sync; a float32 model's batch on the
+CPU waits for its fold unformed, as a :class:`.moments.CentredCross` (half
+the bytes), until another batch reaches that fold or the next sync.
+:meth:`RunningSums.sync`, which the
 probe calls before each checkpoint and for each result, hands the totals
 of every batch so far to fresh statistics as one
 :class:`satcore.BatchMoments` through
@@ -30,7 +35,7 @@ import torch
 from satcore import BatchMoments
 from satcore import CandidateStatistics
 
-from .moments import complete_lower
+from .moments import CentredCross, add_packed, complete_lower, formed_cross, packed_zeros, packs_grams, unpacked
 
 MATRICES = ("sum_cross", "sum_gram", "sum_xtx", "sum_qq")
 SYMMETRIC = ("sum_gram", "sum_xtx")
@@ -63,6 +68,7 @@ class RunningSums:
         self.n_samples, self.n_batches = statistics.n_samples, statistics.n_batches
         self.n_vectors, self.n_stream_vectors = statistics.n_vectors, statistics.n_stream_vectors
         self.fold_samples = None if not statistics.n_folds else statistics.fold_samples.copy()
+        self.unformed_folds: dict[int, CentredCross] = {}  # fold -> its one batch since the last sync
         # position vectors counted since the last sync, of the stream and of the statistics (fewer
         # under position_subsample): Python ints, or device tensors once a padding mask counted them
         # there (read at sync, so no per-batch host copy)
@@ -71,14 +77,23 @@ class RunningSums:
 
     def _share_arrays(self, statistics: CandidateStatistics, seeded: bool) -> None:
         """The matrix totals: on the CPU views of ``statistics``' arrays (no copy), elsewhere device
-        copies of them (zeros when not ``seeded``: nothing to copy over)."""
-        def matrix(array):
+        copies of them (zeros when not ``seeded``: nothing to copy over).
+
+        Up to the first sync, the Gram totals (``sum_gram``, ``sum_xtx``) of a probe on one CPU
+        thread are held packed instead (:func:`.moments.packs_grams`; their upper triangles, half
+        the bytes: 33 MB less while a GPT-2 probe's graph is held, 8 candidates at ``r = 1024``);
+        the sync hands the statistics the whole matrices, whose views the totals are from then
+        on, as without packing.
+        """
+        def matrix(field, array):
+            if field in SYMMETRIC and not seeded and packs_grams(self.device):
+                return packed_zeros(array.shape[0])
             if self.device.type != "cpu" and not seeded:
                 return torch.zeros(array.shape, dtype=torch.float64, device=self.device)
             return torch.as_tensor(array, device=self.device)  # on the CPU: a view of the array, no copy
 
-        self.matrices = {f: matrix(getattr(statistics, f)) for f in MATRICES if getattr(statistics, f) is not None}
-        self.fold_cross = None if not statistics.n_folds else matrix(statistics.fold_cross)
+        self.matrices = {f: matrix(f, getattr(statistics, f)) for f in MATRICES if getattr(statistics, f) is not None}
+        self.fold_cross = None if not statistics.n_folds else matrix("fold_cross", statistics.fold_cross)
 
     def add(self, moments: BatchMoments) -> None:
         """Add one batch's ``moments`` from :mod:`.moments` (exactly symmetric Grams, if any; ``None``
@@ -90,13 +105,21 @@ class RunningSums:
         for field, total in self.matrices.items():
             value = getattr(moments, field)
             # with folds, sum_cross is their sum, formed at sync (_cross_from_folds)
-            if value is not None and (field != "sum_cross" or self.fold_cross is None):
-                total += value
+            if value is None or (field == "sum_cross" and self.fold_cross is not None):
+                continue
+            if total.dim() == 1:  # a packed Gram total: the batch's whole Gram, by its upper triangle
+                add_packed(total, value)
+            else:
+                total += formed_cross(value)
         for field, total in self.scalars.items():
             total += getattr(moments, field)
         if self.fold_cross is not None:
             fold = (self.n_batches * self.world + self.rank) % self.statistics.n_folds
-            self.fold_cross[fold] += moments.sum_cross
+            self._write_fold(fold)
+            if isinstance(moments.sum_cross, CentredCross):
+                self.unformed_folds[fold] = moments.sum_cross
+            else:
+                self.fold_cross[fold] += moments.sum_cross
             self.fold_samples[fold] += int(moments.n_samples)
         self.stream["sum_z_sq"] += moments.sum_z_sq
         if "sum_update_sq" in self.stream:
@@ -105,6 +128,13 @@ class RunningSums:
         self.n_batches += 1
         self.new_stream_vectors = self.new_stream_vectors + moments.n_stream_vectors
         self.new_statistics_vectors = self.new_statistics_vectors + moments.n_vectors
+
+    def _write_fold(self, fold: int) -> None:
+        """Add the batch that waits for ``fold`` unformed, if one does, to it: the batches reach each
+        fold in their order, as when each is added as it comes (the same bits)."""
+        unformed = self.unformed_folds.pop(fold, None)
+        if unformed is not None:
+            self.fold_cross[fold] += unformed.formed()
 
     def _cross_from_folds(self) -> None:
         """``sum_cross`` made the sum of the folds that hold samples, in fold order.
@@ -117,6 +147,8 @@ class RunningSums:
         the very bits of adding them up as they come; a resumed probe sums the
         same folds as an uninterrupted one.
         """
+        for fold in list(self.unformed_folds):
+            self._write_fold(fold)
         total = self.matrices["sum_cross"]
         written = [fold for fold, samples in enumerate(self.fold_samples) if samples]
         if not written:
@@ -131,13 +163,14 @@ class RunningSums:
         totals as one :class:`satcore.BatchMoments` of ``n_batches`` batches.
 
         The Gram totals are made whole from their upper triangles first
-        (:func:`.moments.add_gram` updates only those on the CPU).  The new statistics adopt the
+        (:func:`.moments.add_gram` updates only those on the CPU; packed ones are unpacked into new
+        arrays, which the totals are from then on).  The new statistics adopt the
         host arrays (``add_moments(adopt=True)``): on the CPU the totals themselves, which the old
         statistics held too and which stay the totals from now on, so nothing is copied and folds no
         batch reached stay unwritten (untouched zero pages).
         """
         for field in SYMMETRIC:
-            if field in self.matrices:
+            if field in self.matrices and self.matrices[field].dim() == 2:
                 complete_lower(self.matrices[field])
         if self.fold_cross is not None:
             self._cross_from_folds()
@@ -146,7 +179,8 @@ class RunningSums:
             self.n_vectors += int(self.new_statistics_vectors)
         self.n_stream_vectors += int(self.new_stream_vectors)
         self.new_stream_vectors = self.new_statistics_vectors = 0
-        matrices = {f: total.cpu().numpy() for f, total in self.matrices.items()}
+        matrices = {f: unpacked(total, len(getattr(self.statistics, f))) if total.dim() == 1 else total.cpu().numpy()
+                    for f, total in self.matrices.items()}
         scalars = {field: float(total) for field, total in self.scalars.items()}
         stream = {f: float(total) for f, total in self.stream.items()}
         totals = BatchMoments(n_samples=self.n_samples, n_vectors=self.n_vectors, n_batches=self.n_batches,

@@ -1,0 +1,101 @@
+"""The probe's running totals in their compact forms: Gram totals held packed (one CPU thread) and a
+float32 model's batch ``sum_cross`` waiting unformed for its fold give the sums of whole float64
+totals: the Grams to float64 round-off, the folds to the bit of adding each batch as it comes."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from satcore import CandidateStatistics
+from satcore.adapters.torch.moments import (
+    CentredCross,
+    add_gram,
+    add_packed,
+    batch_moments,
+    complete_lower,
+    packed_zeros,
+    squared_norm,
+    unpacked,
+)
+from satcore.adapters.torch.running import RunningSums
+
+torch.set_num_threads(1)
+
+
+def rel(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("r", [10, 9])  # the packed form's two layouts (r even, r odd)
+@pytest.mark.parametrize("threads", [1, 2])  # dsfrk; a whole upper triangle from torch, packed and added
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_packed_gram_total_equals_the_whole_total(r, threads, dtype):
+    """``add_gram`` into a packed total, unpacked, == the same batches into a whole total (completed),
+    exactly symmetric; a start packed and unpacked again is the start's very bits."""
+    g = torch.Generator().manual_seed(r)
+    start = torch.randn(r, r, generator=g, dtype=torch.float64)
+    start = start + start.T
+    packed, whole = packed_zeros(r), start.clone()
+    add_packed(packed, start)
+    assert np.array_equal(unpacked(packed, r), start.numpy())
+    torch.set_num_threads(threads)
+    try:
+        for rows in (7, 1, 12):
+            x = torch.randn(rows, r, generator=g, dtype=torch.float64).to(dtype)
+            add_gram(packed, x)
+            add_gram(whole, x)
+    finally:
+        torch.set_num_threads(1)
+    complete_lower(whole)
+    got = unpacked(packed, r)
+    assert np.array_equal(got, got.T)
+    assert rel(got, whole) < 20 * np.finfo(np.float64).eps
+
+
+def stream_moments(q, psi, totals, *, cross_formed):
+    """A batch's moments as the probe adds them (Grams into ``totals``; stream sums of ``q`` as ``z``)."""
+    moments = batch_moments(q, psi, grams_into=totals, cross_formed=cross_formed)
+    return replace(moments, sum_z_sq=squared_norm(q), n_stream_vectors=q.shape[0] * q.shape[1])
+
+
+def test_running_sums_hold_compact_totals_and_sync_to_the_batches_sums():
+    """Five float32 batches into 2 folds (batches 0, 2, 4 share fold 0): between syncs the Gram total is
+    packed and the last batch of each fold waits unformed; each sync gives the float64 Gram of the
+    rows (to float64 round-off) and folds and ``sum_cross`` bit for bit those of the same batches added
+    formed as they come (a probe on 2 threads: whole totals), which agree with ``Q^T Psi`` in float64."""
+    g = torch.Generator().manual_seed(4)
+    M, T, N, r = 3, 4, 5, 7
+    batches = [(torch.randn(M, T, N, generator=g), 3.0 + torch.randn(M, T, r, generator=g)) for _ in range(6)]
+
+    def running(threads):
+        torch.set_num_threads(threads)
+        try:
+            return RunningSums(CandidateStatistics(N, r, T, n_folds=2, stream=True), torch.device("cpu"))
+        finally:
+            torch.set_num_threads(1)
+
+    compact, whole = running(1), running(2)
+    assert compact.matrices["sum_gram"].dim() == 1 and whole.matrices["sum_gram"].dim() == 2
+    for synced_after in (5, 6):  # a sync, then one more batch and another sync
+        new = range(compact.n_batches, synced_after)
+        for q, psi in batches[new.start : new.stop]:
+            compact.add(stream_moments(q, psi, compact.matrices, cross_formed=False))
+            whole.add(stream_moments(q, psi, whole.matrices, cross_formed=True))
+        assert all(isinstance(c, CentredCross) for c in compact.unformed_folds.values())
+        assert set(compact.unformed_folds) == {i % 2 for i in new} and not whole.unformed_folds
+        got, ref = compact.sync(), whole.sync()
+        assert not compact.unformed_folds and compact.matrices["sum_gram"].dim() == 2
+        assert np.shares_memory(compact.matrices["sum_gram"].numpy(), got.sum_gram)  # the totals from now on
+        assert np.array_equal(got.fold_cross, ref.fold_cross) and np.array_equal(got.sum_cross, ref.sum_cross)
+        assert np.array_equal(got.sum_gram, got.sum_gram.T)
+        assert rel(got.sum_gram, ref.sum_gram) < 20 * np.finfo(np.float64).eps
+        rows = [(q.reshape(-1, N).double().numpy(), psi.reshape(-1, r).double().numpy())
+                for q, psi in batches[:synced_after]]
+        assert rel(got.sum_gram, sum(p.T @ p for _, p in rows)) < 20 * np.finfo(np.float64).eps
+        for fold in (0, 1):
+            exact = sum(q.T @ p for q, p in rows[fold::2])
+            assert rel(got.fold_cross[fold], exact) < 10 * M * T * np.finfo(np.float32).eps
+        assert got.n_samples == M * synced_after and list(got.fold_samples) == [M * 3, M * (synced_after - 3)]
