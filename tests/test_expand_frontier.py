@@ -425,20 +425,10 @@ def _recorded_bar(monkeypatch) -> list:
     return events
 
 
-@pytest.mark.parametrize("moves", ["proposed", "none"])
-def test_the_bar_moves_with_every_batch_of_the_placement_checks_probe(moves, monkeypatch):
-    """blocks=K: the first-order screen's probe (every window of both splits, a forward and backward pass each) moves
-    the bar after each batch it probes, by the same share per window, not in one jump when it ends; its total is
-    then the plan of the trials the screen's moves need (none where the screen ranks every uniform place first in
-    its group, not the most the plan allowed), and the bar ends there, at the counted cost."""
-    from satcore.adapters.torch.expansion import ScreenDecision
+def _record_probed_batches(monkeypatch, events: list) -> None:
+    """Every batch the probe adds appends ``("probed", samples)`` to ``events`` (beside the bar's moves)."""
     from satcore.adapters.torch.probe import Probe
 
-    events = _recorded_bar(monkeypatch)
-    if moves == "none":  # the uniform places [2, head] first: no group proposes a move
-        ranking = ScreenDecision.ranking
-        monkeypatch.setattr(ScreenDecision, "ranking", lambda self: sorted(
-            ranking(self), key=lambda n: n not in ("model.layers.2", "head")))
     update = Probe.update
 
     def probed(self, batch):
@@ -447,6 +437,22 @@ def test_the_bar_moves_with_every_batch_of_the_placement_checks_probe(moves, mon
         return samples
 
     monkeypatch.setattr(Probe, "update", probed)
+
+
+@pytest.mark.parametrize("moves", ["proposed", "none"])
+def test_the_bar_moves_with_every_batch_of_the_placement_checks_probe(moves, monkeypatch):
+    """blocks=K: the first-order screen's probe (every window of both splits, a forward and backward pass each) moves
+    the bar after each batch it probes, by the same share per window, not in one jump when it ends; its total is
+    then the plan of the trials the screen's moves need (none where the screen ranks every uniform place first in
+    its group, not the most the plan allowed), and the bar ends there, at the counted cost."""
+    from satcore.adapters.torch.expansion import ScreenDecision
+
+    events = _recorded_bar(monkeypatch)
+    if moves == "none":  # the uniform places [2, head] first: no group proposes a move
+        ranking = ScreenDecision.ranking
+        monkeypatch.setattr(ScreenDecision, "ranking", lambda self: sorted(
+            ranking(self), key=lambda n: n not in ("model.layers.2", "head")))
+    _record_probed_batches(monkeypatch, events)
     expansion = expand(llama(4), windows(64), blocks=2, recipe=Recipe("adamw", lr=1e-12, steps=600, batch_size=8),
                        options=ExpansionOptions(budget=DecisionBudget(0.2, progress=True)))
     # 64 windows in batches of 2 (at least 32 batches, split_batches), alternate ones trained and held out: 32
@@ -494,17 +500,9 @@ def test_the_screens_bar_counts_every_window_it_probes_in_every_pass(monkeypatch
     """decision="screen" with progress: one bar of the windows probed, moved after each batch, its total every
     window of both splits times the probe's passes (several here: max_statistics_bytes holds only the least pass)."""
     from satcore.adapters.torch.expansion import probe_memory_plan
-    from satcore.adapters.torch.probe import Probe
 
     events = _recorded_bar(monkeypatch)
-    update = Probe.update
-
-    def probed(self, batch):
-        samples = update(self, batch)
-        events.append(("probed", samples))
-        return samples
-
-    monkeypatch.setattr(Probe, "update", probed)
+    _record_probed_batches(monkeypatch, events)
     model, ids = llama(4), windows(64)
     recipe = Recipe("adamw", lr=1e-3, steps=600, batch_size=8)
     memory = probe_memory_plan(model, ({"input_ids": ids[:1]}, ids[:1]), DecisionPolicy(recipe))

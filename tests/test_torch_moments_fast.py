@@ -22,13 +22,9 @@ from satcore.adapters.torch.moments import (
     kernel_inner_products,
 )
 from satcore._formulas.families import conv_gradients, unfold3x3
+from roundoff import relative_error
 
 torch.set_num_threads(1)
-
-
-def rel(a, b):
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 # (M, N, C, H, W): square, oblong, single row / column / pixel, 2-pixel sides (every border case)
@@ -52,7 +48,7 @@ def test_conv_moments_equal_explicit_patches(shape, variance, heavy_border, gram
     assert set(got) == set(ref)
     assert got["n_samples"] == ref["n_samples"]
     for field in set(ref) - {"n_samples"}:
-        assert rel(got[field], ref[field]) < 1e-12, field
+        assert relative_error(got[field], ref[field]) < 1e-12, field
     assert got["sum_gram"].shape == (9 * C, 9 * C) and torch.equal(got["sum_gram"], got["sum_gram"].T)
 
 
@@ -72,7 +68,7 @@ def test_conv_sample_gradients_equal_explicit_patch_products(shape, split):
     patches = unfold3x3(hidden.numpy())  # (M, H W, 9 C)
     positions = grad.numpy().reshape(M, N, H * W)
     for m in range(M):
-        assert rel(got[m].permute(1, 3, 0, 2).reshape(N, 9 * C), positions[m] @ patches[m]) < 1e-13
+        assert relative_error(got[m].permute(1, 3, 0, 2).reshape(N, 9 * C), positions[m] @ patches[m]) < 1e-13
 
 
 def test_conv_moments_float32_sums(gram_route):
@@ -82,7 +78,7 @@ def test_conv_moments_float32_sums(gram_route):
     got = conv_batch_moments(grad, hidden, variance=True, dtype=torch.float32).as_dict()
     ref = core_batch_moments(conv_gradients(grad.double().numpy()), unfold3x3(hidden.double().numpy()), variance=True).as_dict()
     for field in ("sum_q_sq", "sum_cross", "sum_gram", "sum_xi_sq", "sum_xtx"):
-        assert rel(got[field], ref[field]) < 1e-5, field
+        assert relative_error(got[field], ref[field]) < 1e-5, field
         assert got[field].dtype == torch.float64
 
 
@@ -96,7 +92,7 @@ def test_conv_float32_sum_of_squares_accumulates_in_float64():
     exact = conv_batch_moments(grad, hidden).sum_xi_sq
     fast = conv_batch_moments(grad.float(), hidden.float(), dtype=torch.float32).sum_xi_sq
     assert fast.dtype == torch.float64
-    assert rel(fast, exact) < torch.finfo(torch.float32).eps
+    assert relative_error(fast, exact) < torch.finfo(torch.float32).eps
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-13), (torch.float32, 1e-5)])
@@ -109,8 +105,8 @@ def test_symmetric_gram_equals_product(dtype, tol):
         assert got.dtype == torch.float64
         assert torch.equal(got, got.T)  # exactly symmetric on every route (dsyrk or mirrored product)
         ref_view = view.numpy().T @ view.numpy()
-        assert rel(got, ref_view) < tol
-    assert rel(gram(x.to(dtype)), ref) < tol
+        assert relative_error(got, ref_view) < tol
+    assert relative_error(gram(x.to(dtype)), ref) < tol
     assert gram(x[:0]).shape == (11, 11) and not gram(x[:0]).any()
 
 
@@ -128,7 +124,7 @@ def test_probe_conv_route_equals_patch_route():
     slow = probe(model, batches, mt.per_sample_ce, candidates=[name], head=False, family=patches, variance=True)
     a, b = fast.statistics[name], slow.statistics[name]
     for field in ("sum_q_sq", "sum_cross", "sum_gram", "sum_xi_sq", "sum_xtx", "sum_batch_grad_norm"):
-        assert rel(getattr(a, field), getattr(b, field)) < 1e-12, field
+        assert relative_error(getattr(a, field), getattr(b, field)) < 1e-12, field
     assert a.score().growth_value == pytest.approx(b.score().growth_value, rel=1e-10)
 
 
@@ -148,7 +144,7 @@ def test_variance_kernel_routes_equal_core(shape, factor):
     got = batch_moments(q, psi, variance=True, factor=factor).as_dict()
     ref = core_batch_moments(q.numpy(), psi.numpy(), variance=True).as_dict()
     for field in ("sum_xi_sq", "sum_xtx", "sum_gram", "sum_cross"):
-        assert rel(got[field], ref[field]) < 1e-12, field
+        assert relative_error(got[field], ref[field]) < 1e-12, field
     assert torch.equal(got["sum_xtx"], got["sum_xtx"].T)
 
 
@@ -176,9 +172,9 @@ def test_grams_added_into_running_totals_equal_returned_grams(dtype, variance):
     for field in totals:
         complete_lower(totals[field])
         assert torch.equal(totals[field], totals[field].T)
-    assert rel(totals["sum_gram"], start + ref["sum_gram"]) < 1e-13
+    assert relative_error(totals["sum_gram"], start + ref["sum_gram"]) < 1e-13
     if variance:
-        assert rel(totals["sum_xtx"], start * 3 + ref["sum_xtx"]) < 1e-13
+        assert relative_error(totals["sum_xtx"], start * 3 + ref["sum_xtx"]) < 1e-13
     else:
         assert torch.equal(totals["sum_xtx"], start * 3)
 
@@ -259,7 +255,7 @@ def test_conv_moments_with_the_gram_in_image_groups_equal_explicit_patches(monke
     ref = core_batch_moments(conv_gradients(grad.numpy()), unfold3x3(hidden.numpy()), variance=variance).as_dict()
     assert set(got) == set(ref) and got["n_samples"] == 5
     for field in set(ref) - {"n_samples"}:
-        assert rel(got[field], ref[field]) < 1e-12, field
+        assert relative_error(got[field], ref[field]) < 1e-12, field
     assert torch.equal(got["sum_gram"], got["sum_gram"].T)
 
 
@@ -284,7 +280,7 @@ def test_symmetric_products_on_more_threads_use_torch_and_agree(monkeypatch, blo
     finally:
         torch.set_num_threads(1)
     for field in ("sum_cross", "sum_gram", "sum_xi_sq", "sum_xtx"):
-        assert rel(two[field], one[field]) < 1e-13, field
+        assert relative_error(two[field], one[field]) < 1e-13, field
     for field in ("sum_gram", "sum_xtx"):
         assert torch.equal(two[field], two[field].T)
     assert float(kernels) == pytest.approx(float(kernel_inner_products(q, psi)), rel=1e-13)

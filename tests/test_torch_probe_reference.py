@@ -17,6 +17,7 @@ from zoo import models_torch as mt
 from satcore import CandidateStatistics, ag_batch, make_family
 from satcore.adapters.torch import probe, sequence_loss
 from satcore._formulas.families import conv_gradients
+from roundoff import relative_error
 
 torch.set_num_threads(1)
 
@@ -77,11 +78,6 @@ def reference_statistics(model, batches, loss_fn, candidate, init_std):
     )
 
 
-def rel(a, b):
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
 # float64: exact to round-off.  float32: a float32 model's batched and single-sample
 # passes differ by themselves (measured up to 3e-6 for the conv ResNet, 2e-7 for the
 # GPTs), so the float32 bound is that round-off, not the adapter's.
@@ -100,7 +96,7 @@ def test_probe_matches_per_sample_autograd(problem, dtype, tol):
         assert got.n_samples == ref.n_samples == sum(len(t) for _, t in batches)
         assert (got.n_hidden, got.n_features, got.n_positions) == (ref.n_hidden, ref.n_features, ref.n_positions)
         for f in FIELDS:
-            assert rel(getattr(got, f), getattr(ref, f)) < tol, (c.name, f, rel(getattr(got, f), getattr(ref, f)))
+            assert relative_error(getattr(got, f), getattr(ref, f)) < tol, (c.name, f, relative_error(getattr(got, f), getattr(ref, f)))
         # eq. (2): the batch-mean gradient norm averaged over batches
         assert got.sum_batch_grad_norm / got.n_batches == pytest.approx(ref.sum_batch_grad_norm / ref.n_batches, rel=tol)
         assert got.sum_q_sq > 0 and np.abs(got.sum_cross).max() > 0
@@ -123,8 +119,8 @@ def test_sum_cross_is_the_folds_sum_past_the_fold_count_and_between_results():
     for result, seen in results:
         ref = reference_statistics(model, seen, mt.per_sample_ce, ("layer2.0", "input"), None)
         got = result.statistics["layer2.0"]
-        assert rel(got.sum_cross, ref.sum_cross) < 1e-12
-        assert rel(got.fold_cross.sum(0), ref.sum_cross) < 1e-12
+        assert relative_error(got.sum_cross, ref.sum_cross) < 1e-12
+        assert relative_error(got.fold_cross.sum(0), ref.sum_cross) < 1e-12
     assert list(results[-1][0].statistics["layer2.0"].fold_samples) == [2, 2] + [1] * 14
 
 

@@ -20,13 +20,9 @@ from satcore.adapters.torch.moments import (
     unpacked,
 )
 from satcore.adapters.torch.running import RunningSums
+from roundoff import relative_error
 
 torch.set_num_threads(1)
-
-
-def rel(a, b):
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 @pytest.mark.parametrize("r", [10, 9])  # the packed form's two layouts (r even, r odd)
@@ -52,7 +48,7 @@ def test_packed_gram_total_equals_the_whole_total(r, threads, dtype):
     complete_lower(whole)
     got = unpacked(packed, r)
     assert np.array_equal(got, got.T)
-    assert rel(got, whole) < 20 * np.finfo(np.float64).eps
+    assert relative_error(got, whole) < 20 * np.finfo(np.float64).eps
 
 
 def stream_moments(q, psi, totals, *, cross_formed):
@@ -91,11 +87,11 @@ def test_running_sums_hold_compact_totals_and_sync_to_the_batches_sums():
         assert np.shares_memory(compact.matrices["sum_gram"].numpy(), got.sum_gram)  # the totals from now on
         assert np.array_equal(got.fold_cross, ref.fold_cross) and np.array_equal(got.sum_cross, ref.sum_cross)
         assert np.array_equal(got.sum_gram, got.sum_gram.T)
-        assert rel(got.sum_gram, ref.sum_gram) < 20 * np.finfo(np.float64).eps
+        assert relative_error(got.sum_gram, ref.sum_gram) < 20 * np.finfo(np.float64).eps
         rows = [(q.reshape(-1, N).double().numpy(), psi.reshape(-1, r).double().numpy())
                 for q, psi in batches[:synced_after]]
-        assert rel(got.sum_gram, sum(p.T @ p for _, p in rows)) < 20 * np.finfo(np.float64).eps
+        assert relative_error(got.sum_gram, sum(p.T @ p for _, p in rows)) < 20 * np.finfo(np.float64).eps
         for fold in (0, 1):
             exact = sum(q.T @ p for q, p in rows[fold::2])
-            assert rel(got.fold_cross[fold], exact) < 10 * M * T * np.finfo(np.float32).eps
+            assert relative_error(got.fold_cross[fold], exact) < 10 * M * T * np.finfo(np.float32).eps
         assert got.n_samples == M * synced_after and list(got.fold_samples) == [M * 3, M * (synced_after - 3)]

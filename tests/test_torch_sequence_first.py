@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from zoo import models_torch as mt
-from roundoff import assert_nested_close
+from roundoff import assert_nested_close, relative_error
 from satcore import CandidateStatistics, make_family
 from satcore.adapters.torch import grow, probe
 
@@ -55,11 +55,6 @@ def reference_statistics(model, batches, module_name, position):
                                             batch_size=len(batches[0][1]))
 
 
-def rel(a, b):
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
 # 6 a batch: T != B; 8 a batch: T == B, where reading dim 0 as the batch raised no error
 @pytest.mark.parametrize("batch_size, n_batches", [(6, 4), (8, 3)])
 def test_sequence_first_equals_batch_first_and_reference(batch_size, n_batches):
@@ -74,7 +69,7 @@ def test_sequence_first_equals_batch_first_and_reference(batch_size, n_batches):
         for got in (a.statistics[c.name], b.statistics[c.name]):
             assert (got.n_samples, got.n_positions, got.n_hidden) == (batch_size * n_batches, 8, 32)
             for f in FIELDS:
-                assert rel(getattr(got, f), getattr(ref, f)) < 1e-12, (c.name, f)
+                assert relative_error(getattr(got, f), getattr(ref, f)) < 1e-12, (c.name, f)
         da, db = a.diagnostics[c.name], b.diagnostics[c.name]
         assert db.stream_rms == pytest.approx(da.stream_rms, rel=1e-12)
         if c.name == "head":
@@ -100,7 +95,7 @@ def test_sequence_first_mean_loss_is_rescaled_like_per_sample():
     per_sample = probe(sequence_first, batches, mt.per_sample_ce).statistics
     mean = probe(sequence_first, batches, lambda o, t: mt.per_sample_ce(o, t).mean()).statistics
     for name in per_sample:
-        assert rel(mean[name].sum_cross, per_sample[name].sum_cross) < 1e-12
+        assert relative_error(mean[name].sum_cross, per_sample[name].sum_cross) < 1e-12
         assert mean[name].sum_q_sq == pytest.approx(per_sample[name].sum_q_sq, rel=1e-12)
 
 
@@ -174,4 +169,4 @@ def test_grow_at_sequence_first_candidate_equals_batch_first(family, at):
     # the grown sequence-first model is still read sequence-first
     again = [probe(g.model, batches, mt.per_sample_ce, family=family).statistics for g in grown]
     for name in again[0]:
-        assert rel(again[1][name].sum_cross, again[0][name].sum_cross) < 1e-10
+        assert relative_error(again[1][name].sum_cross, again[0][name].sum_cross) < 1e-10
