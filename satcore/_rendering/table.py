@@ -33,7 +33,7 @@ def stop_tolerance_note(decision) -> str:
         source = "no decrease predicted"
     in_se = decision.stop_tolerance_se
     return (f"note: stopped below the tolerance of {num(decision.stop_tolerance)} ({source}"
-            + ("" if in_se is None else f"; {in_se:.1f} standard errors of the best credible trial")
+            + ("" if in_se is None else f"; {num(in_se)} standard errors of the best credible trial")
             + "); state a practical one as a share of the held-out loss with "
             "calibration=dataclasses.replace(calibration, tolerance=...)")
 
