@@ -775,7 +775,7 @@ def test_the_sensitivity_baseline_is_the_squared_gradient_of_a_zero_virtual_laye
     (2.0, 0.0, 0.0, None, None),
     (2.3, 0.0, 0.0, None, None),
     # a user's share of the held-out loss larger than the gap's: 0.012 of 2.0 = 0.024 > 0.02 sets it (6 standard errors)
-    (1.8, 0.012, 0.024, "held-out loss", "the calibration's 0.012 of the held-out loss 2; 6 standard errors"),
+    (1.8, 0.012, 0.024, "held-out loss", "the practical tolerance, 0.012 of the held-out loss 2; 6 standard errors"),
     # ... and smaller: the gap's 0.02 still sets it
     (1.8, 0.005, 0.02, "generalization gap", "the calibration's 0.1 of the generalization gap"),
     # no gap, a user's share of 0.005 of 2.0 = 0.01 below the decrease: chosen
@@ -810,8 +810,16 @@ def test_the_stop_tolerance_is_the_larger_of_its_generalization_gap_and_held_out
         assert notes == []
         return
     assert len(notes) == 1 and notes[0].startswith(f"note: stopped below the tolerance of {expected:g} ({note}")
-    assert notes[0].endswith("state a practical one as a share of the held-out loss with "
-                             "calibration=dataclasses.replace(calibration, tolerance=...)")
+    how = ("; state a practical one as a share of the held-out loss with policy=DecisionPolicy(recipe, "
+           "trials=TrialSettings(calibration=dataclasses.replace(decision.calibration, tolerance=...)))")
+    # the way to state one where the gap set it; none where the user's practical one did
+    assert notes[0].endswith(how) == (rule == "generalization gap")
+    assert notes[0].endswith(" standard errors of the best credible trial)") == (rule == "held-out loss")
+    if rule == "generalization gap":  # the code printed runs as printed, and keeps the decision's calibration
+        printed = notes[0].split(" with policy=", 1)[1].replace("tolerance=...", "tolerance=0.02")
+        policy = eval(printed, {"DecisionPolicy": DecisionPolicy, "TrialSettings": TrialSettings,  # noqa: S307
+                                "dataclasses": dataclasses, "decision": d, "recipe": recipe})
+        assert policy.trials.calibration == dataclasses.replace(calibration, tolerance=0.02)
 
 
 def test_a_stop_tolerance_small_against_the_trials_noise_is_not_printed_as_0_standard_errors():
