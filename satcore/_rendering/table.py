@@ -229,7 +229,8 @@ def render_predictions(predictions) -> str:
         table(["candidate", "train gain", "train gain (2nd order)", "held-out gain", "interval", "P(decrease)"], rows),
         f"note: {NOT_VERIFIED}: first-order predictions of the step, no trial of the recipe ran (decide verifies "
         "by short trials); the fold interval and the fold test's probability omit the predictor's own error and "
-        "are in the JSON only (docs/predictive-validity.md)",
+        "are in the JSON only (predictions.candidates[].predicted_heldout_gain: interval, fold_test_p_positive; "
+        "Python: report.predictions.candidates[i].heldout) (docs/predictive-validity.md)",
         f"largest predicted held-out gain: {num(best.heldout.value)} at {display_name(best.name)}"])
 
 
