@@ -160,7 +160,8 @@ def _report(expansion) -> str:
             rows.append([name, *_evidence_cells(c), "yes" if _original_index(name) in chosen else ""])
         lines += ["", table(["candidate", "predicted held-out change", "95% interval", "P(decrease)", "evidence",
                              "chosen"], rows),
-                  *_table_notes(decision.candidates, ranking, chosen, moves=expansion.budgeted is not None),
+                  *_table_notes(decision.candidates, ranking, chosen, moves=expansion.budgeted is not None,
+                                moved={m.proposed for m in getattr(expansion.budgeted, "moves", ()) if m.moved}),
                   ""]
         if expansion.budgeted is not None:
             lines += moves_report(expansion)
@@ -183,11 +184,12 @@ def _evidence_cells(c) -> list[str]:
             "trial"]
 
 
-def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False) -> list[str]:
+def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False, moved=()) -> list[str]:
     """The lines under the ranking (``rows``, the candidates' :class:`satcore.CandidateDecision`, in the table's
     ``order``) that say what its columns are where they could mislead; ``chosen``: the original indices blocks
     went before; ``moves``: the rows are the placement check's screen, which proposed the moves its trials
-    tested."""
+    tested; ``moved``: the original indices a block was moved to by those trials (chosen by a trial, so not
+    "chosen although not verified" although their screen rows are)."""
     from satcore.adapters.torch.expansion import _original_index
 
     trialled = [n for n in order if rows[n].verified]
@@ -206,7 +208,7 @@ def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False)
     notes += decision_interval_notes({n: rows[n] for n in order}, DEFAULT_ALPHA)
     placed = [n for n in order if _original_index(n) in chosen]
     uncertain = [n for n in placed if rows[n].interval is not None and rows[n].interval[1] >= 0]
-    unverified = [n for n in placed if rows[n].interval is None]
+    unverified = [n for n in placed if rows[n].interval is None and _original_index(n) not in moved]
     if uncertain:
         notes.append(f"{', '.join(uncertain)}: chosen although the 95% interval reaches 0: --blocks K puts K blocks "
                      "whatever the intervals (uniform places unless a trial moves one; the best-ranked with --layout "
@@ -221,6 +223,9 @@ def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False)
     elif unverified:
         notes.append(f"{', '.join(unverified)}: chosen although {NOT_VERIFIED}: --blocks K takes the K best-ranked "
                      "places whatever their evidence, and the trials verified fewer places than that")
+    if moved_there := [n for n in placed if _original_index(n) in moved]:
+        notes.append(f"{', '.join(moved_there)}: chosen because a paired trial against uniform favoured the move "
+                     "(placement, below); its row is the screen's that proposed it")
     return notes
 
 

@@ -770,12 +770,12 @@ def test_the_sensitivity_baseline_is_the_squared_gradient_of_a_zero_virtual_laye
 @pytest.mark.parametrize("training_loss, tolerance, expected, rule, note", [
     # a gap of 2.0 - 1.8 = 0.2: 0.1 of it is 0.02, above the trial's decrease 0.015: stop (5 standard errors)
     (1.8, 0.0, 0.02, "generalization gap", "the calibration's 0.1 of the generalization gap: held-out loss 2 minus "
-                                           "training loss 1.8; 5.0 standard errors"),
+                                           "training loss 1.8; 5 standard errors"),
     # no gap (training loss at or above the held-out loss): tolerance 0, the credible decrease is chosen
     (2.0, 0.0, 0.0, None, None),
     (2.3, 0.0, 0.0, None, None),
     # a user's share of the held-out loss larger than the gap's: 0.012 of 2.0 = 0.024 > 0.02 sets it (6 standard errors)
-    (1.8, 0.012, 0.024, "held-out loss", "the calibration's 0.012 of the held-out loss 2; 6.0 standard errors"),
+    (1.8, 0.012, 0.024, "held-out loss", "the practical tolerance, 0.012 of the held-out loss 2; 6 standard errors"),
     # ... and smaller: the gap's 0.02 still sets it
     (1.8, 0.005, 0.02, "generalization gap", "the calibration's 0.1 of the generalization gap"),
     # no gap, a user's share of 0.005 of 2.0 = 0.01 below the decrease: chosen
@@ -810,8 +810,29 @@ def test_the_stop_tolerance_is_the_larger_of_its_generalization_gap_and_held_out
         assert notes == []
         return
     assert len(notes) == 1 and notes[0].startswith(f"note: stopped below the tolerance of {expected:g} ({note}")
-    assert notes[0].endswith("state a practical one as a share of the held-out loss with "
-                             "calibration=dataclasses.replace(calibration, tolerance=...)")
+    how = ("; state a practical one as a share of the held-out loss with policy=DecisionPolicy(recipe, "
+           "trials=TrialSettings(calibration=dataclasses.replace(decision.calibration, tolerance=...)))")
+    # the way to state one where the gap set it; none where the user's practical one did
+    assert notes[0].endswith(how) == (rule == "generalization gap")
+    assert notes[0].endswith(" standard errors of the best credible trial)") == (rule == "held-out loss")
+    if rule == "generalization gap":  # the code printed runs as printed, and keeps the decision's calibration
+        printed = notes[0].split(" with policy=", 1)[1].replace("tolerance=...", "tolerance=0.02")
+        policy = eval(printed, {"DecisionPolicy": DecisionPolicy, "TrialSettings": TrialSettings,  # noqa: S307
+                                "dataclasses": dataclasses, "decision": d, "recipe": recipe})
+        assert policy.trials.calibration == dataclasses.replace(calibration, tolerance=0.02)
+
+
+def test_a_stop_tolerance_small_against_the_trials_noise_is_not_printed_as_0_standard_errors():
+    """The shipped tolerance is typically a few hundredths of the credible trial's standard error (0.005 over 0.2 =
+    0.025 here, by hand): the note prints that number, not "0.0 standard errors" beside a tolerance above 0."""
+    from satcore._rendering.table import render_decision
+
+    trial = TrialCurve((75, 150, 300), (-0.002, -0.004, -0.004), (-0.03, -0.06, -0.08), 0.2)
+    d = choose([CandidateDecision("b0", -0.004, -0.08, (-0.009, -0.001), 0.97, -0.02, trial)],
+               Recipe("adam", 1e-3, 300, 32), 2.0, 1.5, 300, DEFAULT_CALIBRATION)
+    assert d.stop_reason == "gain_below_tolerance"
+    assert d.stop_tolerance_se == pytest.approx(0.025, rel=8 * np.finfo(float).eps, abs=0.0)
+    assert "; 0.025 standard errors of the best credible trial" in render_decision(d)
 
 
 @pytest.mark.parametrize("field", ["generalization_gap_fraction", "tolerance"])

@@ -75,3 +75,14 @@ def test_the_readme_leads_with_which_tool_answers_which_question_and_stays_short
     table = "\n".join(lines[lines.index(headings[0]):lines.index(headings[1])])
     for tool in ("satcore score", "decide(", "grow_until_saturated(", "satcore expand"):
         assert tool in table, tool
+
+
+def test_the_stop_tolerance_fractions_stated_are_the_shipped_calibrations():
+    """predictive-validity.md states each schedule's shipped ``generalization_gap_fraction`` (successive halving's own
+    fit has none), read here from the calibrations the package ships."""
+    from satcore._decisions.calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
+
+    page = " ".join((ROOT / "docs" / "predictive-validity.md").read_text().split())
+    stated = (f"`generalization_gap_fraction` (fitted: {DEFAULT_CALIBRATION.generalization_gap_fraction:g} for the "
+              f"even plan, {HALVING_CALIBRATION.generalization_gap_fraction:g} for `schedule=\"halving\"`")
+    assert stated in page

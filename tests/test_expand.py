@@ -410,6 +410,18 @@ def test_table_notes_name_the_rows_they_explain():
         "group with --layout grouped); whether to add any is --blocks auto's question, answered by trials"]
 
 
+def test_table_notes_say_a_trial_moved_a_block_there():
+    """The placement check moved the block of a group to model.layers.1 (a paired trial against uniform credibly
+    favoured it) and kept head: only head is chosen without a trial's say; model.layers.1's note names the trial."""
+    proposals = {n: CandidateDecision.screen_only(n, -0.1, -0.2) for n in ("model.layers.1", "head")}
+    notes = _table_notes(proposals, list(proposals), {1, "head"}, moves=True, moved={1})
+    assert notes[1:] == [
+        "head: chosen although not verified: --blocks K puts K blocks at uniform places unless a trial moves one; "
+        "whether to add any is --blocks auto's question",
+        "model.layers.1: chosen because a paired trial against uniform favoured the move (placement, below); its "
+        "row is the screen's that proposed it"]
+
+
 def llama_factory_layers(num_layers, n, use_llama_pro):
     """LLaMA-Factory's freeze-tuning layer choice (its ``_setup_freeze_tuning``), restated."""
     if use_llama_pro:

@@ -128,3 +128,19 @@ def test_model_card_names_base_places_and_how_to_train(bf16_tied, tmp_path):
     assert "None: the places were forced (`--at 1,3`)." in card
     assert "Train layers [1, 4] only" in card and 'LoraConfig.from_pretrained("peft")' in card
     assert "llamafactory-cli train llamafactory.yaml" in card and "model.layers.1. model.layers.4." in card
+
+
+@pytest.mark.parametrize("frontier, keys", [([{"blocks": 0}, {"blocks": 1}], "(`frontier`, `decision`)"),
+                                            (None, "(`evidence`, `decision`)")])
+def test_model_card_points_at_the_key_that_holds_the_evidence(frontier, keys):
+    """``--blocks auto`` records its evidence per arm in ``frontier`` and leaves ``evidence`` (per place) empty; the
+    card's pointer names the key that holds it, per arm or per place."""
+    from satcore.adapters.torch.expansion_exports import model_card
+
+    record = {"num_hidden_layers": {"before": 4, "after": 4}, "positions": [], "source": "base", "layout": "uniform",
+              "data": {"file": "new.txt", "windows": 64, "seq_len": 32}, "recipe": {"optimizer": "adamw"},
+              "cost_block_steps": 16, "frontier": frontier, "evidence": {} if frontier else {"head": {}},
+              "decision": {"method": "m", "stop_reason": "expanding_does_not_pay"}}
+    card = model_card(record, "out")
+    place = "arm's" if frontier else "candidate place's"
+    assert f"Every {place} evidence is in `expansion.json` {keys}." in card

@@ -105,6 +105,10 @@ def test_score_train_rows_are_not_verified_and_carry_no_probability(splits, tmp_
         assert c["evidence"] == "not verified" and c["predicted_heldout_gain"]["p_decrease"] is None
         assert c["predicted_heldout_gain"]["value"] == pytest.approx(gain, rel=1e-9)
         assert c["predicted_heldout_gain"]["fold_test_p_positive"] == pytest.approx(p, rel=1e-9, abs=1e-12)
+    # the note under the table names where the fold interval and probability are: the keys read just above
+    note = next(line for line in lines if line.startswith("note: not verified: first-order predictions"))
+    assert ("in the JSON only (predictions.candidates[].predicted_heldout_gain: interval, fold_test_p_positive; "
+            "Python: report.predictions.candidates[i].heldout)") in note
 
 
 def test_plot_leads_with_the_predicted_gains(splits, tmp_path):

@@ -115,7 +115,9 @@ def model_card(record: dict, out_dir: str) -> str:
         lines.append(f"Method: {decision.get('method', 'a decision')}.")
         if decision.get("stop_reason"):
             lines.append(f"It stopped: `{decision['stop_reason']}`.")
-        lines.append("Every candidate place's evidence is in `expansion.json` (`evidence`, `decision`).")
+        # --blocks auto's evidence is per arm (``frontier``); its ``evidence`` (per place) is empty
+        lines.append("Every arm's evidence is in `expansion.json` (`frontier`, `decision`)." if record.get("frontier")
+                     else "Every candidate place's evidence is in `expansion.json` (`evidence`, `decision`).")
     if not record["positions"]:
         return "\n".join(lines) + "\n"
     lines += ["", "## How to train the new blocks", "",

@@ -22,20 +22,24 @@ LEGEND = (
 def stop_tolerance_note(decision) -> str:
     """The note under a tolerance stop: the stop tolerance in loss units, the term that set it with its numbers
     (:attr:`~satcore.InsertionDecision.stop_tolerance_rule`) and, since a share of a loss does not say what the
-    held-out data resolves, its size in the best credible trial's standard errors."""
+    held-out data resolves, its size in the best credible trial's standard errors; unless a practical tolerance
+    set it, how to state one."""
     rule, cal = decision.stop_tolerance_rule, decision.calibration
     if rule == "generalization gap":
         source = (f"the calibration's {cal.generalization_gap_fraction:g} of the generalization gap: held-out loss "
                   f"{num(decision.heldout_loss)} minus training loss {num(decision.training_loss)}")
     elif rule == "held-out loss":
-        source = f"the calibration's {cal.tolerance:g} of the held-out loss {num(decision.heldout_loss)}"
+        source = f"the practical tolerance, {cal.tolerance:g} of the held-out loss {num(decision.heldout_loss)}"
     else:  # both terms 0: the best credible candidate predicts no decrease
         source = "no decrease predicted"
     in_se = decision.stop_tolerance_se
+    # where to state one, runnable as printed: the decision's own calibration (the schedule's shipped one), since
+    # replacing another (the even plan's DEFAULT_CALIBRATION under schedule="halving") would swap the error model
+    how = ("" if rule == "held-out loss" else "; state a practical one as a share of the held-out loss with "
+           "policy=DecisionPolicy(recipe, trials=TrialSettings(calibration=dataclasses.replace(decision.calibration, "
+           "tolerance=...)))")
     return (f"note: stopped below the tolerance of {num(decision.stop_tolerance)} ({source}"
-            + ("" if in_se is None else f"; {in_se:.1f} standard errors of the best credible trial")
-            + "); state a practical one as a share of the held-out loss with "
-            "calibration=dataclasses.replace(calibration, tolerance=...)")
+            + ("" if in_se is None else f"; {num(in_se)} standard errors of the best credible trial") + ")" + how)
 
 
 def num(x) -> str:
@@ -225,7 +229,8 @@ def render_predictions(predictions) -> str:
         table(["candidate", "train gain", "train gain (2nd order)", "held-out gain", "interval", "P(decrease)"], rows),
         f"note: {NOT_VERIFIED}: first-order predictions of the step, no trial of the recipe ran (decide verifies "
         "by short trials); the fold interval and the fold test's probability omit the predictor's own error and "
-        "are in the JSON only (docs/predictive-validity.md)",
+        "are in the JSON only (predictions.candidates[].predicted_heldout_gain: interval, fold_test_p_positive; "
+        "Python: report.predictions.candidates[i].heldout) (docs/predictive-validity.md)",
         f"largest predicted held-out gain: {num(best.heldout.value)} at {display_name(best.name)}"])
 
 
