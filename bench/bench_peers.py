@@ -23,7 +23,11 @@ patches):
   ``compute_optimal_delta`` first-order decrease ``tr(M^T S^+ M)`` (=
   ``growth_value^2``, Lemma 4).
 
-The model's own parameters are frozen for the peers (their backward then
+Every contender's measured call starts from the same state (:func:`contenders`: the model loaded,
+the batches made, the blocks' names and widths found) and builds what its tool needs inside the call,
+as a user pays it: satcore's ``probe`` its taps and feature maps; BackPACK the feature maps, the
+``extend``-ed ``V`` and the inserting pre-hooks; GroMo the feature maps, its ``LinearGrowingModule``
+(with its tensor statistics) and the pre-hooks.  The model's own parameters are frozen for the peers (their backward then
 only reaches ``V``, the cheapest a peer can do); satcore's probe computes
 gradients to its taps only anyway.  First the numbers are checked where the
 quantities coincide (relative differences are printed and stored), then time
@@ -111,23 +115,37 @@ def inserted_branches(model, terminals: dict):
             handle.remove()
 
 
-def feature_maps(model, batches, blocks):
-    """satcore's seeded feature map (family ``auto``) for each block, built from one stream sample."""
-    modules, streams = dict(model.named_modules()), {}
+def stream_layouts(model, batches, blocks) -> dict:
+    """Per block, an empty-valued tensor of one position of its stream: ``(1, C, 1, 1)`` for an image,
+    ``(1, N)`` otherwise, in the stream's dtype.
 
-    def record_stream(name):
+    What a peer's user knows from the architecture (the widths), found once by a forward of one batch
+    before any measured call; :func:`peer_feature_maps` builds the weights from it inside each peer's
+    measured call (satcore builds its own inside ``probe``, from the first batch's streams).
+    """
+    modules, layouts = dict(model.named_modules()), {}
+
+    def record_layout(name):
         def hook(module, args, kwargs):
-            streams[name] = get_stream(args, kwargs)[:1].detach()
+            z = get_stream(args, kwargs)
+            shape = (1, z.shape[1], 1, 1) if z.dim() == 4 else (1, z.shape[-1])
+            layouts[name] = torch.zeros(shape, dtype=z.dtype)
 
         return hook
 
-    handles = [modules[n].register_forward_pre_hook(record_stream(n), with_kwargs=True) for n in blocks]
+    handles = [modules[n].register_forward_pre_hook(record_layout(n), with_kwargs=True) for n in blocks]
     with torch.no_grad():
         call_model(model, batches[0][0])
     for handle in handles:
         handle.remove()
+    return layouts
+
+
+def peer_feature_maps(model, layouts: dict) -> dict:
+    """satcore's seeded feature map (family ``auto``, the model's init scale) for each block of ``layouts``:
+    the weights a peer's branch ``V psi`` needs, built inside the peer's measured call."""
     init_std = model_init_std(model)
-    return {name: build_feature_map("auto", streams[name], init_std=init_std) for name in blocks}
+    return {name: build_feature_map("auto", like, init_std=init_std) for name, like in layouts.items()}
 
 
 def zero_terminal(features) -> nn.Module:
@@ -140,11 +158,16 @@ def zero_terminal(features) -> nn.Module:
     return V
 
 
-def backpack_pass(model, batches, loss_fn, features, *, batch_grad: bool):
-    """Per block: ``n``, ``sum X_i`` (N x r), ``sum ||X_i||^2`` and, with ``batch_grad``, ``sum X_i^T X_i``."""
+def backpack_pass(model, batches, loss_fn, layouts, *, batch_grad: bool):
+    """Per block: ``n``, ``sum X_i`` (N x r), ``sum ||X_i||^2`` and, with ``batch_grad``, ``sum X_i^T X_i``.
+
+    Builds everything it uses: the feature maps, the extended ``V`` (``extend`` adds BackPACK's hooks
+    to it), the pre-hooks inserting the branches and the extension.
+    """
     from backpack import backpack, extend
     from backpack.extensions import BatchGrad, SumGradSquared
 
+    features = peer_feature_maps(model, layouts)
     terminals = {name: (f, extend(zero_terminal(f))) for name, f in features.items()}
     sums = {name: {"n": 0, "cross": 0.0, "xi_sq": 0.0, "xtx": 0.0} for name in features}
     extension = BatchGrad() if batch_grad else SumGradSquared()
@@ -167,12 +190,18 @@ def backpack_pass(model, batches, loss_fn, features, *, batch_grad: bool):
     return sums
 
 
-def gromo_pass(model, batches, loss_fn, features, *, finalize=None):
+def gromo_pass(model, batches, loss_fn, layouts, *, finalize=None):
     """Per block GroMo's ``tensor_s`` (K), ``tensor_m`` (C^T) and, when ``finalize`` is a dict of
-    ``compute_optimal_delta`` keywords, its first-order decrease ``tr(M^T S^+ M)``."""
+    ``compute_optimal_delta`` keywords, its first-order decrease ``tr(M^T S^+ M)``.
+
+    Builds everything it uses: the feature maps, the ``LinearGrowingModule`` per block (its constructor
+    creates its ``TensorStatistic`` objects; ``init_computation`` resets them and makes its forward keep
+    its input and, with ``retain_grad``, its pre-activation's gradient, which ``update_computation``
+    folds in) and the pre-hooks inserting them.
+    """
     from gromo.modules.linear_growing_module import LinearGrowingModule
 
-    terminals = {}
+    features, terminals = peer_feature_maps(model, layouts), {}
     for name, f in features.items():
         V = LinearGrowingModule(f.n_features, f.width, use_bias=False, device=torch.device("cpu"), name=name)
         with torch.no_grad():
@@ -211,12 +240,12 @@ def with_eigen_route(run):
         candidate.gram_inverse = psd.gram_inverse
 
 
-def agreement(model, batches, loss_fn, blocks, features, *, gromo: bool) -> dict:
+def agreement(model, batches, loss_fn, blocks, layouts, *, gromo: bool) -> dict:
     """Relative differences, per block, where satcore's and the peers' quantities coincide."""
     ours = satcore_pass(model, batches, loss_fn, blocks, variance=True).statistics
-    bp = backpack_pass(model, batches, loss_fn, features, batch_grad=True)
-    bp_sgs = backpack_pass(model, batches, loss_fn, features, batch_grad=False)
-    gm = gromo_pass(model, batches, loss_fn, features, finalize=EXACT_DELTA) if gromo else None
+    bp = backpack_pass(model, batches, loss_fn, layouts, batch_grad=True)
+    bp_sgs = backpack_pass(model, batches, loss_fn, layouts, batch_grad=False)
+    gm = gromo_pass(model, batches, loss_fn, layouts, finalize=EXACT_DELTA) if gromo else None
     rows = {}
     for name in blocks:
         s = ours[name]
@@ -247,7 +276,13 @@ EXACT_DELTA = {"dtype": torch.float64, "force_pseudo_inverse": True}  # GroMo's 
 
 
 def contenders(workload: str, mode: str) -> tuple[dict, dict]:
-    """The workload's model, batches, blocks and feature maps, and a runner per contender."""
+    """The workload's model, batches, blocks and stream layouts, and a runner per contender.
+
+    The state every runner starts from: the model loaded (its parameters frozen), the batches made, the
+    blocks' names and widths found; nothing of any one tool.  Each runner builds what its tool needs
+    inside its call (satcore's ``probe``: its taps and feature maps; a peer: its feature maps, branches
+    and hooks), so the measured windows cover the same work a user of each tool pays.
+    """
     build, make_batches, loss_fn = WORKLOADS[workload]
     n_blocks, batch_size, n_batches = SIZES[workload][mode]
     model = build(n_layer=n_blocks) if workload == "gpt2" else build()
@@ -255,7 +290,7 @@ def contenders(workload: str, mode: str) -> tuple[dict, dict]:
         p.requires_grad_(False)
     blocks = find_blocks(model)
     batches = make_batches(batch_size, n_batches)
-    features = feature_maps(model, batches, blocks)
+    layouts = stream_layouts(model, batches, blocks)
     runs = {
         "satcore": lambda: satcore_pass(model, batches, loss_fn, blocks),
         "satcore_float32": lambda: satcore_pass(model, batches, loss_fn, blocks, batch_dtype=torch.float32),
@@ -263,13 +298,13 @@ def contenders(workload: str, mode: str) -> tuple[dict, dict]:
         "satcore_scored": lambda: satcore_pass(model, batches, loss_fn, blocks, scored=True),
         "satcore_scored_eigen": lambda: with_eigen_route(
             lambda: satcore_pass(model, batches, loss_fn, blocks, scored=True)),
-        "backpack_sumgradsquared": lambda: backpack_pass(model, batches, loss_fn, features, batch_grad=False),
-        "backpack_batchgrad": lambda: backpack_pass(model, batches, loss_fn, features, batch_grad=True),
+        "backpack_sumgradsquared": lambda: backpack_pass(model, batches, loss_fn, layouts, batch_grad=False),
+        "backpack_batchgrad": lambda: backpack_pass(model, batches, loss_fn, layouts, batch_grad=True),
     }
     if workload == "gpt2":
-        runs["gromo"] = lambda: gromo_pass(model, batches, loss_fn, features)
-        runs["gromo_scored"] = lambda: gromo_pass(model, batches, loss_fn, features, finalize={})
-    setting = {"model": model, "batches": batches, "loss_fn": loss_fn, "blocks": blocks, "features": features,
+        runs["gromo"] = lambda: gromo_pass(model, batches, loss_fn, layouts)
+        runs["gromo_scored"] = lambda: gromo_pass(model, batches, loss_fn, layouts, finalize={})
+    setting = {"model": model, "batches": batches, "loss_fn": loss_fn, "blocks": blocks, "layouts": layouts,
                "batch_size": batch_size, "n_batches": n_batches}
     return setting, runs
 
@@ -304,7 +339,7 @@ def measure(workload: str, mode: str, repeats: int, threads: int) -> tuple[dict,
     batch_size, n_batches = setting["batch_size"], setting["n_batches"]
     gromo = workload == "gpt2"
     print(f"{workload}: {len(blocks)} blocks, {n_batches} batches of {batch_size}", flush=True)
-    checks = agreement(model, batches, loss_fn, blocks, setting["features"], gromo=gromo)
+    checks = agreement(model, batches, loss_fn, blocks, setting["layouts"], gromo=gromo)
     seconds = interleaved(runs, repeats, clock=time.process_time)  # one thread: CPU seconds, steadier on a shared host
     in_process = {name: peak_rss_increase(fn) for name, fn in runs.items()}
     fresh = peaks_in_fresh_processes(workload, runs, quick=mode == "quick", threads=threads, repeats=repeats)

@@ -1,0 +1,57 @@
+"""bench/bench_peers.py: every contender's measured call starts from the same state and builds what it uses.
+
+Problem settings: the bench's two workloads at its quick sizes.  Cases: every contender's runner.
+Reference: the blocks :func:`find_blocks` finds, one feature map (one ``make_family`` draw) each.
+"""
+
+import pytest
+import torch
+
+import satcore.adapters.torch.features as features_module
+from bench import bench_peers
+
+# BackPACK's hooks on V, whose input needs no gradient (the bench ignores it too)
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+
+
+def hooks_on(model) -> int:
+    """Forward, pre-forward and backward hooks registered on any module of ``model``."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+               + len(m._backward_pre_hooks) for m in model.modules())
+
+
+@pytest.fixture(params=["gpt2", "resnet8"])
+def counted_contenders(request, monkeypatch):
+    """The workload's setting and runners, and the list every feature-map draw appends its width to."""
+    draws = []
+
+    def counting_make_family(kind, width, **options):
+        draws.append(width)
+        return make_family(kind, width, **options)
+
+    make_family = features_module.make_family
+    monkeypatch.setattr(features_module, "make_family", counting_make_family)
+    setting, runs = bench_peers.contenders(request.param, "quick")
+    return setting, runs, draws
+
+
+def test_the_shared_setting_holds_nothing_of_any_tool(counted_contenders):
+    setting, runs, draws = counted_contenders
+    assert draws == []  # no feature map built before the measured calls
+    assert hooks_on(setting["model"]) == 0
+    assert not any(p.requires_grad for p in setting["model"].parameters())
+    assert set(setting["layouts"]) == set(setting["blocks"])
+    assert all(like.numel() <= like.shape[1] for like in setting["layouts"].values())  # widths only, no data
+
+
+def test_every_contender_builds_its_feature_maps_inside_its_call_and_leaves_the_model_as_found(counted_contenders):
+    setting, runs, draws = counted_contenders
+    model, blocks = setting["model"], setting["blocks"]
+    weights = {name: p.clone() for name, p in model.named_parameters()}
+    widths = sorted(setting["layouts"][name].shape[1] for name in blocks)
+    for name, run in runs.items():
+        draws.clear()
+        run()
+        assert sorted(draws) == widths, name  # one seeded feature map per block, drawn in the measured call
+        assert hooks_on(model) == 0, name
+        assert all(torch.equal(p, weights[n]) and not p.requires_grad for n, p in model.named_parameters()), name
