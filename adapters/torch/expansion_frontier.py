@@ -136,10 +136,11 @@ class _Costs:
 
 
 # seconds of the first-order screen's probe per window over those of a forward and backward pass of the model (the
-# timed step's): the probe runs the fresh block at every place and sums each window's feature Gram and cross products
-# in float64 (decide's docstring: r = d + intermediate features a Llama place).  Measured side by side in one process
-# (CPU seconds, one thread; docs/expansion-decision.md#whether-to-expand-how-many-blocks-and-what-it-costs): SmolLM2-135M RATIO_SMOLLM2
-PROBE_TIME_RATIO = 2.0
+# timed step's): the native probe also runs the fresh block at every place and sums each window's feature Gram and
+# cross products in float64.  Measured side by side (studies/expansion-budget-notes.md, "The screen's probe in the
+# plan's time estimate"): SmolLM2-135M 2.8x per window, about 3.0x over the 64 windows a CPU reads by default; a
+# 256-wide 8-block Llama 7.7x (the per-place work a larger share of a narrow model: the estimate runs short there)
+PROBE_TIME_RATIO = 3.0
 
 
 def probe_time(steps: float) -> float:
