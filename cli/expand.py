@@ -292,7 +292,8 @@ def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False,
 @click.option("--layout", type=click.Choice(("grouped", "ranked")), default="grouped", show_default=True,
               help="grouped: one block per contiguous group of places (LLaMA-Pro's), at the uniform place unless a "
               "trial within --decision-budget credibly favours the screen's place in the group; ranked: the trial "
-              "decision's top K places anywhere in the stack (its trials train one block for the whole --steps). "
+              "decision's top K places anywhere in the stack (its trials train one block for the whole --steps; no "
+              "progress bar). "
               "Experimental: ranked, which lost to uniform interleave on the head-to-head "
               "(studies/expansion-head-to-head-notes.md).")
 @click.option("--max-statistics-gib", type=FiniteFloatRange(min=0, min_open=True, max=2**30), default=None,

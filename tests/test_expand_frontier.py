@@ -388,6 +388,46 @@ def test_trials_that_repeat_their_training_windows_are_recorded_and_announced():
             in seen[0] and f"give about {wanted} windows (a larger --max-windows, or more data where the file holds fewer)" in seen[0])
 
 
+def test_the_placement_checks_plan_prices_the_probe_at_its_ratio_to_a_forward_and_backward_pass(bench, monkeypatch):
+    """blocks=K: the plan's estimate of the screen's probe is PROBE_TIME_RATIO times a forward and backward pass of
+    the model per window, the whole decision's the trials' planned steps' FLOPs at the timed step's seconds per its
+    FLOPs plus that probe.  With the timed step (a forward and backward pass of the model as it is over a minibatch
+    of 8 windows) fixed at 0.75 s, the 64 windows of both splits take RATIO x 64 / 8 x 0.75 s; a planned step (K = 2
+    blocks at uniform places, every parameter trained) costs the bench's FLOPs of that step over the model's."""
+    from satcore.adapters.torch import expansion_frontier
+    from satcore.adapters.torch.expansion_frontier import PROBE_TIME_RATIO
+
+    monkeypatch.setattr(expansion_frontier, "timed_step", lambda *_: 0.75)
+    model, seen = llama(4), []
+    expand(model, windows(64), blocks=2, recipe=Recipe("adamw", lr=1e-12, steps=600, batch_size=8),
+           options=ExpansionOptions(budget=DecisionBudget(0.2, announce=seen.append)))
+    probe = PROBE_TIME_RATIO * 64 / 8 * 0.75
+    flops, shown = re.search(r"screen: the first-order probe of 5 places \(([0-9.]+) planned steps' FLOPs; about "
+                             r"([0-9.]+) s here", seen[0]).groups()
+    assert probe > 10 and float(shown) == pytest.approx(probe, abs=0.5)  # printed to the second from 10 s
+    block, head = bench.block_flops(model.config, 12), bench.head_flops(model.config)
+    full = bench.step_flops(4, range(4), True, block, head)  # the model as it is, every parameter: the timed step
+    unit = bench.step_flops(6, range(6), True, block, head)  # K = 2 blocks, every parameter: the planned step
+    assert float(flops) == pytest.approx(64 / 8 * full / unit, abs=0.05)  # the probe's cost: a pass a window
+    budget_steps = float(re.search(r"cost: at most ([0-9.]+) planned steps' FLOPs", seen[0])[1])
+    total = budget_steps * 0.75 * unit / full + (PROBE_TIME_RATIO - 1) * 64 / 8 * 0.75
+    minutes = float(re.search(r"at most about ([0-9.]+) min here", seen[0])[1])
+    assert total > 120 and minutes == pytest.approx(total / 60, abs=0.05)  # printed to a tenth of a minute
+
+
+def test_placement_trials_that_repeat_their_training_windows_are_announced():
+    """blocks=K: the plan warns as the frontier's does where each trial passes over its training windows more than
+    twice: 16 windows in batches of 1, half held out, 8 training the trials."""
+    model, seen = llama(4), []
+    expand(model, windows(16), blocks=2, recipe=Recipe("adamw", lr=1e-12, steps=2000, batch_size=8),
+           options=ExpansionOptions(budget=DecisionBudget(0.2, announce=seen.append)))
+    planned = int(re.search(r"x (\d+) steps on 8 training windows", seen[0])[1])  # the most-moves plan's trials
+    passes = planned * 8 / 8  # by hand: every step draws a batch of 8 of the 8 training windows
+    assert passes > 2
+    assert (f"warning: each trial passes over its 8 training windows {passes:.1f} times (more than 2)" in seen[0]
+            and f"give about {2 * math.ceil(planned * 8 / 2)} windows (a larger --max-windows" in seen[0])
+
+
 def test_a_move_needs_a_credible_trial_else_the_places_are_uniform():
     """blocks=K with a budget: the screen proposes its first place in each group; with a recipe that cannot move
     the loss (lr 1e-12) no trial shows a credible gain, so the blocks stay at LLaMA-Pro's uniform places."""
@@ -444,8 +484,10 @@ def test_the_bar_moves_with_every_batch_of_the_placement_checks_probe(moves, mon
     """blocks=K: the first-order screen's probe (every window of both splits, a forward and backward pass each) moves
     the bar after each batch it probes, by the same share per window, not in one jump when it ends; its total is
     then the plan of the trials the screen's moves need (none where the screen ranks every uniform place first in
-    its group, not the most the plan allowed), and the bar ends there, at the counted cost."""
+    its group, not the most the plan allowed), and the bar ends there, at the counted cost plus the probe's time
+    beyond its FLOPs (the bar counts time, so that its rate holds through the probe)."""
     from satcore.adapters.torch.expansion import ScreenDecision
+    from satcore.adapters.torch.expansion_frontier import PROBE_TIME_RATIO
 
     events = _recorded_bar(monkeypatch)
     if moves == "none":  # the uniform places [2, head] first: no group proposes a move
@@ -464,7 +506,10 @@ def test_the_bar_moves_with_every_batch_of_the_placement_checks_probe(moves, mon
     assert [amount for _, amount in after] == pytest.approx([after[0][1]] * 32, rel=1e-12)
     check = expansion.budgeted
     assert bool(check.moves) == (moves == "proposed")
-    assert events[-1] == ("closed", pytest.approx(check.cost_steps, rel=1e-12), check.plan.cost_steps)
+    # the bar counts time: the probe's windows at PROBE_TIME_RATIO times their FLOPs, the cost counts the FLOPs
+    slower = (PROBE_TIME_RATIO - 1) / PROBE_TIME_RATIO * sum(amount for _, amount in after)
+    assert slower > 0 and events[-1] == ("closed", pytest.approx(check.cost_steps + slower, rel=1e-12),
+                                         pytest.approx(check.plan.cost_steps + slower, rel=1e-12))
 
 
 def test_the_bar_moves_with_every_batch_the_frontier_reads(monkeypatch):
@@ -643,12 +688,12 @@ def test_cli_quiet_has_no_plan_no_progress_and_the_default_prints_both_first(che
     args = ["--data", text, "--blocks", "auto", "--seq-len", "16", "--steps", "600"]
     quiet = cli("expand", folder, *args, "-o", tmp_path / "q", "--quiet")
     assert quiet.exit_code == 0, quiet.output
-    assert "steps' FLOPs [" not in quiet.output and "plan:" not in quiet.output and "defaults:" not in quiet.output
+    assert "planned steps' time [" not in quiet.output and "plan:" not in quiet.output and "defaults:" not in quiet.output
     talks = cli("expand", folder, *args, "-o", tmp_path / "t")
     assert talks.exit_code == 0, talks.output
     out = talks.output
     assert out.index("defaults: --optimizer adamw, --batch-size 8, --lr 0.0002, --max-windows ") < out.index("plan:")
-    assert out.index("plan:") < out.index("steps' FLOPs [") < out.index("frontier:")  # plan, then the bar
+    assert out.index("plan:") < out.index("planned steps' time [") < out.index("frontier:")  # plan, then the bar
     assert re.search(r"cost: [0-9.]+ planned steps' FLOPs, [0-9.]+% of the planned 600", out)
 
 

@@ -709,7 +709,8 @@ class ExpansionOptions:
         trial credibly favours a move).  Without a budget ``blocks=K`` is the trial decision above,
         which costs up to one block trained with the whole recipe.
     progress : a tqdm bar (stderr) of the windows the first-order screen probes with ``decision="screen"`` (the
-        budgeted decisions show theirs with ``budget.progress``).
+        budgeted decisions show theirs with ``budget.progress``; the unbudgeted trial decision, ``layout="ranked"``,
+        shows none: docs/expansion-decision.md says why).
     """
 
     at: object = None

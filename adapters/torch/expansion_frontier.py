@@ -124,6 +124,31 @@ class _Costs:
         forward = (self.n + len(places)) * self.block + self.head
         return windows / self.batch_size * forward / self.unit
 
+    def seconds(self, steps: float, timed: float) -> float:
+        """Seconds here of ``steps`` planned steps' time, ``timed`` the timed step's seconds (:func:`timed_step`: a
+        forward and backward pass of the model as it is, :meth:`full` planned steps, not one)."""
+        return steps * timed / self.full()
+
+    def probe(self, windows: int) -> float:
+        """The first-order screen's probe of ``windows``: each a forward and backward pass of the model as it is
+        (counted as every parameter's, an upper bound); its time is :func:`probe_time` of this."""
+        return windows / self.batch_size * self.full()
+
+
+# seconds of the first-order screen's probe per window over those of a forward and backward pass of the model (the
+# timed step's): the native probe also runs the fresh block at every place and sums each window's feature Gram and
+# cross products in float64.  Measured side by side (studies/expansion-budget-notes.md, "The screen's probe in the
+# plan's time estimate"): SmolLM2-135M 2.8x per window, about 3.0x over the 64 windows a CPU reads by default; a
+# 256-wide 8-block Llama 7.7x (the per-place work a larger share of a narrow model: the estimate runs short there)
+PROBE_TIME_RATIO = 3.0
+
+
+def probe_time(steps: float) -> float:
+    """The time of probe passes that cost ``steps`` planned steps' FLOPs (:meth:`_Costs.probe`), in planned steps'
+    time: :data:`PROBE_TIME_RATIO` times ``steps``.  The plan's estimate and the bar price the probe so; what the
+    decision spends and records (``cost_steps``) stays its FLOPs."""
+    return PROBE_TIME_RATIO * steps
+
 
 def _flops_per_token(model, seq_len: int) -> tuple[float, float]:
     """Forward FLOPs per token of one decoder block (``2 x`` its weight matrices, plus ``4 T`` times the
@@ -139,32 +164,37 @@ def _flops_per_token(model, seq_len: int) -> tuple[float, float]:
 
 
 class _Meter:
-    """The decision's passes in planned steps' FLOPs, counted as they run, with an optional tqdm bar.
+    """The decision's passes in planned steps' FLOPs, counted as they run (``done``), with an optional tqdm bar of
+    their time in planned steps' time (``timed``: each pass at its FLOPs, the screen's probe at
+    :func:`probe_time` of them), so that the bar's rate, and the time left it shows, hold through the probe and the
+    trials alike.
 
     A long pass (the first-order screen's probe) moves the bar batch by batch (:meth:`probed`) and is counted whole
     when it ends (:meth:`add`), so ``done`` is the sum of the passes' costs whatever the bar showed."""
 
     def __init__(self, total: float | None, show: bool, costs: _Costs):
-        self.done, self.running, self.costs = 0.0, 0.0, costs
+        self.done, self.timed, self.running, self.costs = 0.0, 0.0, 0.0, costs
         self.bar = None
         if show:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, unit="step", desc="deciding", leave=False,
-                            bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} steps' FLOPs [{elapsed}<{remaining}]")
+                            bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} planned steps' time [{elapsed}<{remaining}]")
 
     def forward(self, places, windows: int) -> None:
         self.add(self.costs.read(places, windows))
 
-    def add(self, steps: float) -> None:
+    def add(self, steps: float, timed: float | None = None) -> None:
+        """``steps`` planned steps' FLOPs done, taking ``timed`` planned steps' time (``None``: ``steps``)."""
         self.done += steps
+        self.timed += steps if timed is None else timed
         self.running = 0.0
-        self._show(self.done)
+        self._show(self.timed)
 
     def probed(self, windows: int) -> None:
-        """``windows`` more of the screen's probe done, each a forward and backward pass of the model as it is (as
-        :func:`_probe_steps` prices them): on the bar only, until the probe's cost is added."""
-        self._ahead(windows / self.costs.batch_size * self.costs.full())
+        """``windows`` more of the screen's probe done (:meth:`_Costs.probe`, at :func:`probe_time`): on the bar
+        only, until the probe's cost is added."""
+        self._ahead(probe_time(self.costs.probe(windows)))
 
     def reading(self, places) -> Callable[[int], None]:
         """The bar's count of a reading of the arm with blocks before ``places``, window by window (on the bar
@@ -173,7 +203,7 @@ class _Meter:
 
     def _ahead(self, steps: float) -> None:
         self.running += steps
-        self._show(self.done + self.running)
+        self._show(self.timed + self.running)
 
     def replan(self, total: float) -> None:
         """The bar's total once the decision knows its passes (the placement check's, once its screen has proposed
@@ -346,6 +376,24 @@ def trial_windows(trial_steps: int, batch_size: int) -> int:
     """Training windows that trials of ``trial_steps`` steps of ``batch_size`` windows pass over at most
     :data:`MAX_TRIAL_PASSES` times."""
     return math.ceil(trial_steps * batch_size / MAX_TRIAL_PASSES)
+
+
+def trial_passes(trial_steps: int, batch_size: int, train: list) -> float:
+    """How many times trials of ``trial_steps`` steps of ``batch_size`` windows pass over the windows of ``train``."""
+    return trial_steps * batch_size / max(_windows(train), 1)
+
+
+def passes_warning(trained: int, passes: float, wanted: int) -> list[str]:
+    """The plan's warning where each trial passes over its ``trained`` training windows ``passes`` times, more than
+    :data:`MAX_TRIAL_PASSES` (else no line): a trial may then fit them, and its held-out change read the fit
+    (the frontier's K = 0 trial over-fitted 32 windows at 13 passes and read as a harm); ``wanted``: the windows to
+    give for at most that many passes."""
+    if passes <= MAX_TRIAL_PASSES:
+        return []
+    return [f"  warning: each trial passes over its {trained} training windows {passes:.1f} times (more than "
+            f"{MAX_TRIAL_PASSES:g}): a trial may fit them and its held-out change read the fit, not the blocks; "
+            f"give about {wanted} windows (a larger --max-windows, or more data where the file "
+            "holds fewer)"]
 
 
 def frontier_windows(model, recipe: Recipe, *, seq_len: int, budget: DecisionBudget | None = None,
@@ -523,7 +571,7 @@ class FrontierDecision(BudgetedDecision):
                 "seconds_per_step": self.seconds_per_step}
 
 
-def _plan_lines(title: str, plan: TrialPlan, seconds: float, tokens_per_step: int, evaluated: dict,
+def _plan_lines(title: str, plan: TrialPlan, costs: _Costs, seconds: float, tokens_per_step: int, evaluated: dict,
                 trained: int) -> list[str]:
     reads = ", ".join(str(c) for c in plan.checkpoints)
     windows = " + ".join(f"{n} {split.replace('heldout', 'held-out')} windows" for split, n in evaluated.items())
@@ -534,7 +582,7 @@ def _plan_lines(title: str, plan: TrialPlan, seconds: float, tokens_per_step: in
             f"each read at steps {reads} on {windows}",
             f"  cost: {plan.cost_steps:.1f} planned steps' FLOPs, {plan.cost_fraction:.1%} of the planned "
             f"{plan.planned_steps} ({plan.cost_steps * tokens_per_step:,.0f} tokens' worth); about "
-            f"{_duration(plan.cost_steps * seconds)} here (one step timed at {seconds:.3g} s)"]
+            f"{_duration(costs.seconds(plan.cost_steps, seconds))} here (one step timed at {seconds:.3g} s)"]
 
 
 def _duration(seconds: float) -> str:
@@ -570,19 +618,17 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     check_trial_work(plan.trial_steps * plan.arms * plan.replicates, recipe.batch_size,
                      f"steps {recipe.steps:,} with a decision budget of {budget.fraction:g}",
                      "plan fewer steps or a smaller decision budget")
-    passes = plan.trial_steps * recipe.batch_size / max(_windows(train), 1)
+    passes = trial_passes(plan.trial_steps, recipe.batch_size, train)
     if budget.announce is not None:
         budget.announce("\n".join(_plan_lines(
             f"plan: decide how many blocks (K = {', '.join(map(str, counts))}; K = 0 trains the model as it is) for "
             f"your training of {recipe.steps} steps of {recipe.batch_size} windows ({recipe.steps * tokens:,} "
-            f"tokens), {recipe.optimizer} lr {recipe.lr:g}", plan, seconds, tokens,
+            f"tokens), {recipe.optimizer} lr {recipe.lr:g}", plan, costs, seconds, tokens,
             {s: _windows(b) for s, b in evaluate.items()}, _windows(train))
             + ([f"  held out: {sized} windows, what a quarter of the budget reads (at least {MIN_HELDOUT}, at most "
                 f"half); the rest train the trials"] if sized is not None else [])
-            + ([f"  warning: each trial passes over its {_windows(train)} training windows {passes:.1f} times (more than "
-                f"{MAX_TRIAL_PASSES:g}): K = 0's trial may fit them and read as a harm; give about "
-                f"{_windows(held) + trial_windows(plan.trial_steps, recipe.batch_size)} windows (a larger "
-                f"--max-windows, or more data where the file holds fewer)"] if passes > MAX_TRIAL_PASSES else [])))
+            + passes_warning(_windows(train), passes,
+                             _windows(held) + trial_windows(plan.trial_steps, recipe.batch_size))))
     meter = _Meter(plan.cost_steps, budget.progress, costs)
     try:
         meter.add(TIMED_STEPS * costs.full())
@@ -651,17 +697,17 @@ class PlacementCheck(BudgetedDecision):
                 "seconds_per_step": self.seconds_per_step}
 
 
-def _probe_steps(model, train: list, held: list, costs: _Costs, policy: DecisionPolicy) -> float:
-    """The first-order screen's passes, in planned steps' FLOPs: each probed window a forward and backward pass
-    of the model as it is (counted as every parameter's, an upper bound), once per group of places that fits
-    the policy's ``max_statistics_bytes`` (a forward pass more to plan the groups)."""
+def _probe_steps(model, train: list, held: list, costs: _Costs, policy: DecisionPolicy) -> tuple[float, float]:
+    """``(FLOPs, time)`` of the first-order screen's passes, in planned steps' FLOPs and time: every window of both
+    splits probed (:meth:`_Costs.probe`, its time :func:`probe_time`) once per group of places that fits the
+    policy's ``max_statistics_bytes``, and a forward pass more to plan the groups."""
     from .expansion import probe_passes
 
-    windows = _windows(train) + _windows(held)
-    probed = windows / costs.batch_size * costs.full()
+    probed = costs.probe(_windows(train) + _windows(held))
     if policy.max_statistics_bytes is None:
-        return probed
-    return probe_passes(model, train[0], policy) * probed + costs.read([], _windows(train[:1]))
+        return probed, probe_time(probed)
+    passes, planning = probe_passes(model, train[0], policy), costs.read([], _windows(train[:1]))
+    return passes * probed + planning, probe_time(passes * probed) + planning
 
 
 def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: DecisionBudget, options: dict
@@ -680,7 +726,8 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
     # an arm's step priced as if group 0's block moved to its group's first place: the lowest a block can go, so
     # the backward's longest; the moves' actual steps are counted as they run
     step = costs.step([groups[0][0]] + uniform[1:])
-    probe_steps = _probe_steps(model, train, held, costs, options["policy"])
+    probe_steps, probe_timed = _probe_steps(model, train, held, costs, options["policy"])
+    slower = probe_timed - probe_steps  # the probe's time beyond its FLOPs: on the estimate and the bar, not the cost
     fixed = TIMED_STEPS * costs.full() + probe_steps + model_read
     movable = sum(len(g) > 1 for g in groups)
 
@@ -702,24 +749,29 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
         lines = [f"plan: place {k} block(s): uniform places {uniform} unless a trial shows a move credibly better, "
                  f"for your training of {recipe.steps} steps of {recipe.batch_size} windows "
                  f"({recipe.steps * tokens:,} tokens), {recipe.optimizer} lr {recipe.lr:g}",
-                 f"  screen: the first-order probe of {n_blocks + 1} places ({probe_steps:.1f} planned steps' FLOPs)"]
+                 f"  screen: the first-order probe of {n_blocks + 1} places ({probe_steps:.1f} planned steps' FLOPs; "
+                 f"about {_duration(costs.seconds(probe_timed, seconds))} here, each window about {PROBE_TIME_RATIO:g} times a "
+                 "forward and backward pass)"]
         if movable:
-            trials = _plan_lines("", plan, seconds, tokens, {s: _windows(b) for s, b in evaluate.items()},
+            trials = _plan_lines("", plan, costs, seconds, tokens, {s: _windows(b) for s, b in evaluate.items()},
                                  _windows(train))[1]
             lines += [f"  then, if the screen proposes a move in every group: uniform and {movable} moved arm(s)",
                       trials + " (longer with fewer moves)",
                       f"  cost: at most {plan.budget_steps:g} planned steps' FLOPs, {budget.fraction:.0%} of the planned "
                       f"{recipe.steps} ({plan.budget_steps * tokens:,.0f} tokens); at most about "
-                      f"{_duration(plan.budget_steps * seconds)} here (one step timed at {seconds:.3g} s)"]
+                      f"{_duration(costs.seconds(plan.budget_steps + slower, seconds))} here (one step timed at {seconds:.3g} s)"]
+            lines += passes_warning(_windows(train), trial_passes(plan.trial_steps, recipe.batch_size, train),
+                                    2 * trial_windows(plan.trial_steps, recipe.batch_size))  # half held out
         else:
-            lines.append(f"  no group has a second place: nothing to move; about {_duration(fixed * seconds)}")
+            lines.append(f"  no group has a second place: nothing to move; about "
+                         f"{_duration(costs.seconds(fixed + slower, seconds))}")
         budget.announce("\n".join(lines))
-    meter = _Meter(plan.cost_steps, budget.progress, costs)
+    meter = _Meter(plan.cost_steps + slower, budget.progress, costs)
     try:
         meter.add(TIMED_STEPS * costs.full())
         screen = first_order_decision(model, train, held, policy=native_policy(options["policy"]),
                                       progress=meter.probed)
-        meter.add(probe_steps)
+        meter.add(probe_steps, probe_timed)
         ranking = screen.ranking()
         moves, losses, tolerance, proposals = [], {}, budget.tolerance, []
         for group, place in zip(groups, uniform):
@@ -729,7 +781,7 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
                 proposals.append((tuple(group), place, best))
         final_plan = (planned(1 + len(proposals), fixed) if proposals else
                       planned(0, TIMED_STEPS * costs.full() + probe_steps))
-        meter.replan(final_plan.cost_steps)
+        meter.replan(final_plan.cost_steps + slower)
         if proposals:
             arms = _Arms(model, recipe, train, evaluate, {**options, "replicates": budget.replicates})
             losses = arms.read_model(meter)
@@ -752,5 +804,5 @@ def _tolerance(budget: DecisionBudget, losses: dict) -> float:
 
 
 __all__ = ["ArmResult", "ArmTrials", "BudgetedDecision", "DecisionBudget", "FrontierDecision", "Move",
-           "PlacementCheck", "MAX_TRIAL_PASSES", "RELATIVE_TOLERANCE", "TIMED_STEPS", "frontier_decision",
-           "frontier_windows", "placement_check", "timed_step", "trial_windows"]
+           "PlacementCheck", "MAX_TRIAL_PASSES", "PROBE_TIME_RATIO", "RELATIVE_TOLERANCE", "TIMED_STEPS",
+           "frontier_decision", "frontier_windows", "placement_check", "probe_time", "timed_step", "trial_windows"]
