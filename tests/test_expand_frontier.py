@@ -151,6 +151,7 @@ def test_expanding_must_beat_no_expansion_credibly_paired_on_the_same_windows():
     versus = {1: _d(-0.04, -0.07, -0.01), 2: _d(-0.055, -0.12, 0.01), 4: _d(-0.06, -0.09, -0.03)}
     got = choose_blocks(target, None, 0.01, versus_none=versus)
     assert got.chosen_blocks == 4 and got.best_blocks == 4 and "credibly" in got.reason  # -0.14 not within 0.01
+    assert got.reason.startswith("the fewest predicted within 0.01 nats of the best arm (K = 4)")  # count said once
     assert choose_blocks(target, None, 0.03, versus_none=versus).chosen_blocks == 1  # -0.14 within 0.03 of -0.16
     assert choose_blocks(target, None, 0.01).chosen_blocks == 2  # without the prior: K = 2's point counts
     # nothing credible: no expansion, though the points favour K = 4 by 0.06
@@ -671,7 +672,7 @@ def test_the_rule_stated_is_the_rule_applied_when_max_forgetting_leaves_no_expan
     assert "beat K = 0 credibly" in frontier.to_dict()["method"]  # K = 0 in: the paired rule
     arms = tuple(dataclasses.replace(a, target=_p(-0.01 * a.blocks)) for a in frontier.arms)
     without_none = dataclasses.replace(frontier, arms=arms, choice=FrontierChoice(
-        1, 1, frontier.tolerance, (0,), "1 block(s): the fewest predicted within the tolerance of the best", 0.05))
+        1, 1, frontier.tolerance, (0,), "the fewest predicted within the tolerance of the best", 0.05))
     method = without_none.to_dict()["method"]
     assert "beat K = 0" not in method and method.endswith(
         "K = 0 is over --max-forgetting, so there is nothing to beat: of the arms within it, the fewest blocks within "

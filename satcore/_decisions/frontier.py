@@ -364,11 +364,12 @@ def choose_blocks(target: dict, general: dict | None, tolerance: float,
         reason = (f"expanding does not pay here: the model as it is, trained the same way, is predicted within "
                   f"{tolerance:.3g} nats of the best arm (K = {best}); nothing is inserted")
     elif prior:
-        reason = (f"{chosen} block(s): the fewest predicted within {tolerance:.3g} nats of the best arm (K = {best}) "
+        # the count is the choice's own field (chosen_blocks); the reason says why that count
+        reason = (f"the fewest predicted within {tolerance:.3g} nats of the best arm (K = {best}) "
                   f"among those that beat the model as it is credibly (paired 95% interval below 0, point below -"
                   f"{tolerance:.3g})")
     else:
-        reason = (f"{chosen} block(s): the fewest predicted within {tolerance:.3g} nats of the best arm (K = {best})"
+        reason = (f"the fewest predicted within {tolerance:.3g} nats of the best arm (K = {best})"
                   + (", and above no expansion by more than that" if 0 in allowed else ""))
     return FrontierChoice(chosen, best, tolerance, excluded, reason, max_forgetting)
 
