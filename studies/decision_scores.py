@@ -858,6 +858,8 @@ OPTIMIZER_RULES = {
         lambda insts, calibration, errors: fit_thresholds_by_family(insts, calibration, LOW_P_THRESHOLDS),
     "the whole calibration per optimizer family (trend weight, error model, logistic, threshold, fraction)":
         lambda insts, calibration, errors: fit_by_family(insts, errors),
+    "SGD's own whole calibration, Adam's and AdamW's the shared one":
+        lambda insts, calibration, errors: {"adam": calibration, "sgd": fit_by_family(insts, errors)["sgd"]},
 }
 
 
