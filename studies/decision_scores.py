@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import spearmanr
+from scipy.stats import rankdata, spearmanr
 
 from satcore import Recipe
 from satcore._decisions.calibration import CALIBRATION_FORMAT
@@ -35,6 +35,12 @@ TRIAL_SEEDS_FILE = "-trialseed"  # <part>-trialseed<seeds>.json: more trial seed
 
 
 SHIPPED_SCHEDULE = "even"  # decide's default schedule; each schedule's calibration is fitted on its own trials
+OPTIMIZER_FAMILIES = ("adam", "sgd")
+
+
+def optimizer_family(optimizer: str) -> str:
+    """``"sgd"`` for SGD, ``"adam"`` for Adam and AdamW (a recipe's optimizer, or a recorded column's first word)."""
+    return "sgd" if optimizer == "sgd" else "adam"
 
 
 def schedule_points(n: int, steps: int, max_trials: int, every_count: bool = True) -> set:
@@ -237,6 +243,7 @@ def instances(models: list, schedule: str = SHIPPED_SCHEDULE, heldout: str = "he
                                      "train_target": float(np.mean(train_others)), "screen": screen[c],
                                      **({"sensitivity": m["sensitivity"][c]} if "sensitivity" in m else {})})
                     out.append({"model": m["model"], "set": m["set"], "column": column, "steps": steps, "seed": a,
+                                "optimizer_family": optimizer_family(column.split("_")[0]),
                                 "cost": cost, "base_heldout": m["base"][heldout], "base_test": m["base"]["test"],
                                 "base_train": m["base"]["train"],
                                 "rows": rows,
@@ -586,6 +593,7 @@ def sweep_scores(sweeps, calibration, schedule: str = SHIPPED_SCHEDULE, decider=
             names = list(d["screen"])
             trials, cost = _trial_schedule(schedule, names, d["screen"], d["trials"], recipe.steps)
             inst = {"steps": recipe.steps, "base_heldout": d["heldout_loss"], "base_train": d["train_loss"], "cost": cost,
+                    "optimizer_family": optimizer_family(recipe.optimizer),
                     "rows": [{"candidate": c, "curve": trials[c][0], "may_choose": trials[c][1],
                               "screen": d["screen"][c]} for c in names]}
             dec = decider(inst, calibration)
@@ -808,71 +816,232 @@ STOP_RULE_TARGETS = ("spearman_pooled", "spearman_within", "best_picked", "pick_
                      "sign_right", "brier_skill", "reliability_max_gap", "coverage_95")
 
 
-def stop_rule_scores(out: Path) -> dict:
-    """Every rule of :data:`STOP_RULES` fitted leave one bench set out (scored on the set left out, at 300 steps and
-    on the 1000-step recordings no fit reads) and on every bench set (scored on the transfer sets, with the error
-    model ``decide`` ships, and on the depth sweeps): stops where the realized best gain is clear
-    (:func:`stops_over_noise`), sweeps within one block, decision gain, and whether every other target of the
-    tables (:data:`STOP_RULE_TARGETS`) is the shipped rule's."""
-    from satcore._decisions.calibration import DEFAULT_CALIBRATION
+# per optimizer family (the recipe's optimizer, which the decision knows): the stop's constants, or the whole calibration,
+# fitted on each family's decisions
+LOW_P_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, *P_THRESHOLDS)
 
-    models, sweeps, _ = load(out)
-    insts, errors = instances(models), larger_heldout(out)
-    cals = lomo_calibrations(insts, errors)
-    full = fit(insts, "every bench model set", error_insts=errors)
-    transfer_models, transfer_sweeps, _ = load(out.parent / TRANSFER_FOLDER)
-    transfer = instances(transfer_models)
+
+def fit_thresholds_by_family(insts, calibration, thresholds: tuple = P_THRESHOLDS) -> dict:
+    """``{family: calibration}``: ``calibration`` with a ``P(decrease)`` threshold per optimizer family (on
+    ``thresholds``) and one stop tolerance fraction (on :data:`TOLERANCES`), fitted as :func:`fit` fits the shipped
+    pair: the largest mean realized gain of the decisions of ``insts`` (long recipes; a family's threshold moves only
+    its own decisions), ties to the lower threshold and fraction."""
+    insts = [i for i in insts if i["steps"] in LONG]
+    best = None
+    for fraction in TOLERANCES:
+        chosen, total = {}, 0.0
+        for family in OPTIMIZER_FAMILIES:
+            group = [i for i in insts if i["optimizer_family"] == family]
+            scored = [(len(group) * _mean_decision_gain(group, cal), -cal.p_threshold, cal) for cal in
+                      (dataclasses.replace(calibration, p_threshold=p, generalization_gap_fraction=fraction)
+                       for p in thresholds)]
+            gain, _, chosen[family] = max(scored, key=lambda s: s[:2])
+            total += gain
+        if best is None or total > best[0]:  # TOLERANCES increase: ties stay with the lower fraction
+            best = (total, chosen)
+    return best[1]
+
+
+def fit_by_family(insts, error_insts, source: str = "bench model sets") -> dict:
+    """``{family: calibration}``: the whole calibration (:func:`fit`: trend weight, error model, logistic, threshold,
+    stop tolerance fraction) fitted on each optimizer family's decisions alone."""
+    return {family: fit([i for i in insts if i["optimizer_family"] == family], f"{source}, {family} recipes",
+                        error_insts=[i for i in error_insts if i["optimizer_family"] == family])
+            for family in OPTIMIZER_FAMILIES}
+
+
+# each rule: (insts, the shared calibration, error_insts) -> {family: calibration}
+OPTIMIZER_RULES = {
+    "the P(decrease) threshold per optimizer family (SGD; Adam and AdamW)":
+        lambda insts, calibration, errors: fit_thresholds_by_family(insts, calibration),
+    "the same, the threshold also below 0.5 (0.1-0.4)":
+        lambda insts, calibration, errors: fit_thresholds_by_family(insts, calibration, LOW_P_THRESHOLDS),
+    "the whole calibration per optimizer family (trend weight, error model, logistic, threshold, fraction)":
+        lambda insts, calibration, errors: fit_by_family(insts, errors),
+    "SGD's own whole calibration, Adam's and AdamW's the shared one":
+        lambda insts, calibration, errors: {"adam": calibration, "sgd": fit_by_family(insts, errors)["sgd"]},
+}
+
+
+COMPRESSED_SGD_RULE = "SGD trials time-compressed (lr x S/T), the whole calibration fitted on them"
+
+
+def _family_decider(calibrations: dict):
+    """:func:`_decide` with ``calibrations[(model set, optimizer family)]`` (set None: a sweep's decisions) in place of
+    the calibration passed."""
+    return lambda inst, calibration: _decide(inst, calibrations[(inst.get("set"), inst["optimizer_family"])])
+
+
+def _family_constants(calibrations: dict) -> dict:
+    return {f: (c.p_threshold, c.generalization_gap_fraction) for f, c in calibrations.items()}
+
+
+def _stop_rule_setting(out: Path, schedule: str = SHIPPED_SCHEDULE) -> dict:
+    """What :func:`stop_rule_scores` reads, the trials read as ``schedule`` reads them: the bench's decisions and
+    their leave-one-set-out calibrations, the every-set fit, the four scored columns (bench at 300 steps and the
+    1000-step recordings no fit reads, transfer sets at 300 and 1000 steps), the transfer sets' names, and both
+    groups of depth sweeps (the even plan's: their recipes are Adam's and AdamW's, which no schedule tried changes)."""
+    def decisions(folder: Path) -> tuple[list, list, list]:
+        models, sweeps, _ = load(folder)
+        if schedule == COMPRESSED_SGD:
+            models = attach_compressed(models, out.parent / COMPRESSED_FOLDER)
+        return instances(models, schedule), sweeps, models
+
+    insts, sweeps, _ = decisions(out)
+    errors = larger_heldout(out, schedule)
+    transfer, transfer_sweeps, transfer_models = decisions(out.parent / TRANSFER_FOLDER)
     columns = {"bench, 300 steps": [i for i in insts if i["steps"] == 300],
-               "bench, 1000": [i for i in instances(load(out.parent / "decision_validity_1000")[0])
-                               if i["steps"] == 1000],
+               "bench, 1000": [i for i in decisions(out.parent / "decision_validity_1000")[0] if i["steps"] == 1000],
                **{f"transfer sets, {steps}": [i for i in transfer if i["steps"] == steps
                                               and i["column"].endswith("_1000") == (steps == 1000)] for steps in LONG}}
-    transfer_sets = sorted({m["set"] for m in transfer_models})
+    return {"insts": insts, "errors": errors, "cals": lomo_calibrations(insts, errors),
+            "full": fit(insts, "every bench model set", error_insts=errors), "columns": columns,
+            "transfer_sets": sorted({m["set"] for m in transfer_models}), "sweeps": sweeps,
+            "transfer_sweeps": transfer_sweeps}
+
+
+def _stop_rule_row(setting: dict, decider, bench_cals: dict, transfer_cal: Calibration, sweep_cals: tuple) -> dict:
+    """One rule's scores (:func:`stop_rule_scores`): ``decider`` over the four columns (``bench_cals`` by set on the
+    bench's, ``transfer_cal`` on the transfer sets'), and the bench's and transfer sets' sweeps under ``sweep_cals``."""
+    row = {"columns": {}, "sweeps": sweep_scores(setting["sweeps"], sweep_cals[0], decider=decider),
+           "transfer_sweeps": sweep_scores(setting["transfer_sweeps"], sweep_cals[1], decider=decider)}
+    for label, chosen in setting["columns"].items():
+        column_cals = bench_cals if label.startswith("bench") else {s: transfer_cal for s in setting["transfer_sets"]}
+        scored = score(chosen, column_cals, "decide", decider)
+        row["columns"][label] = {"stops_over_noise": stops_over_noise(chosen, column_cals, decider),
+                                 "decision_gain": scored["decision_gain"], **{k: scored.get(k) for k in STOP_RULE_TARGETS},
+                                 "sgd_reliability_max_gap": score([i for i in chosen if i["optimizer_family"] == "sgd"],
+                                                                  column_cals, "decide", decider)["reliability_max_gap"]}
+    return row
+
+
+def _auc(scores, labels) -> float | None:
+    """The probability that a random positive of ``labels`` scores above a random negative (ties count half)."""
+    scores, labels = np.asarray(scores, float), np.asarray(labels, bool)
+    n1, n0 = int(labels.sum()), int((~labels).sum())
+    if not n1 or not n0:
+        return None
+    return float((rankdata(scores)[labels].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def optimizer_evidence(setting: dict) -> dict:
+    """Per column and optimizer family, what a per-family rule could read: the trialled candidates' share whose
+    realized change is a decrease (target < 0), how well the trial's held-out change in its standard errors
+    (``-d(T) / se``) and its training decrease (``-training change at T``) separate them (AUC), and the shipped
+    decision's stops for no credible decrease among the decisions whose realized best gain is clear
+    (:func:`stops_over_noise`), with how many of them saw every trial raise the held-out loss at its end; and over
+    every decision whose trials all rose, how often the candidate of least rise decreased the test loss or raised
+    it clearly (by more than its seed range)."""
+    from satcore._decisions.calibration import DEFAULT_CALIBRATION
+
+    out = {}
+    for label, chosen in setting["columns"].items():
+        for family in OPTIMIZER_FAMILIES:
+            group = [i for i in chosen if i["optimizer_family"] == family]
+            rows = [r for i in group for r in _trialled(i)]
+            decreased = [r["target"] < 0 for r in rows]
+            floor = []
+            for inst in group:
+                best = min(inst["rows"], key=lambda r: r["target"])
+                cal = setting["cals"][inst["set"]] if label.startswith("bench") else DEFAULT_CALIBRATION
+                if (-best["target"] > CLEAR_GAIN_NOISE * best["seed_sd"]
+                        and _decide(inst, cal).stop_reason == "no_credible_decrease"):
+                    floor.append(all(r["curve"].heldout_change[-1] > 0 for r in _trialled(inst)))
+            # where every trial rose, the candidate a rule inserting anyway would take: the least rise
+            least = [min(_trialled(i), key=lambda r: r["curve"].heldout_change[-1]) for i in group
+                     if all(r["curve"].heldout_change[-1] > 0 for r in _trialled(i))]
+            out[f"{label}/{family}"] = {
+                "trialled": len(rows), "decrease_share": float(np.mean(decreased)),
+                "auc_heldout_z": _auc([-r["curve"].heldout_change[-1] / max(r["curve"].heldout_se, 1e-12)
+                                       for r in rows], decreased),
+                "auc_training_decrease": _auc([-r["curve"].training_change[-1] for r in rows], decreased),
+                "no_credible_stops": len(floor), "every_trial_rising": int(sum(floor)),
+                "decisions_every_trial_rising": len(least),
+                "least_rise_decreases": sum(r["target"] < 0 for r in least),
+                "least_rise_clear_harm": sum(r["target"] > r["spread"] for r in least)}
+    return out
+
+
+def stop_rule_scores(out: Path) -> dict:
+    """Every rule of :data:`STOP_RULES` and :data:`OPTIMIZER_RULES` fitted leave one bench set out (scored on the set
+    left out, at 300 steps and on the 1000-step recordings no fit reads) and on every bench set (scored on the transfer
+    sets, with the error model ``decide`` ships, or the rule's own, and on the depth sweeps): stops where the realized
+    best gain is clear (:func:`stops_over_noise`), sweeps within one block, decision gain, and every other target of
+    the tables (:data:`STOP_RULE_TARGETS`; the SGD recipes' largest reliability gap too); beside the rules, what a
+    per-optimizer rule could read (:func:`optimizer_evidence`)."""
+    from satcore._decisions.calibration import DEFAULT_CALIBRATION
+
+    setting = _stop_rule_setting(out)
+    insts, cals, full, transfer_sets = setting["insts"], setting["cals"], setting["full"], setting["transfer_sets"]
     result = {}
     for rule in STOP_RULES:
         held = {s: fit_stop_rule([i for i in insts if i["set"] != s], cals[s], rule) for s in cals}
         every = fit_stop_rule(insts, full, rule)
         params = {**{s: held[s][1:] for s in held}, **{s: every[1:] for s in transfer_sets}, None: every[1:]}
-        decider = _stop_rule_decider(rule, params)
-        held_cals = {s: dataclasses.replace(cals[s], p_threshold=held[s][0]) for s in cals}
         shipped = dataclasses.replace(DEFAULT_CALIBRATION, p_threshold=every[0])
-        row = {"fitted_left_out": held, "fitted_every_set": every, "columns": {},
-               "sweeps": sweep_scores(sweeps, dataclasses.replace(full, p_threshold=every[0]), decider=decider),
-               "transfer_sweeps": sweep_scores(transfer_sweeps, shipped, decider=decider)}
-        for label, chosen in columns.items():
-            column_cals = held_cals if label.startswith("bench") else {s: shipped for s in transfer_sets}
-            scored = score(chosen, column_cals, "decide", decider)
-            row["columns"][label] = {"stops_over_noise": stops_over_noise(chosen, column_cals, decider),
-                                     "decision_gain": scored["decision_gain"],
-                                     **{k: scored.get(k) for k in STOP_RULE_TARGETS}}
-        result[rule] = row
-    return result
+        row = _stop_rule_row(setting, _stop_rule_decider(rule, params),
+                             {s: dataclasses.replace(cals[s], p_threshold=held[s][0]) for s in cals}, shipped,
+                             (dataclasses.replace(full, p_threshold=every[0]), shipped))
+        result[rule] = {"fitted_left_out": held, "fitted_every_set": every, **row}
+    for rule, fitter in OPTIMIZER_RULES.items():
+        held = {s: fitter([i for i in insts if i["set"] != s], cals[s],
+                          [i for i in setting["errors"] if i["set"] != s]) for s in cals}
+        every = fitter(insts, DEFAULT_CALIBRATION, setting["errors"])
+        by_set = {**{(s, f): c for s in held for f, c in held[s].items()},
+                  **{(s, f): c for s in (*transfer_sets, None) for f, c in every.items()}}
+        row = _stop_rule_row(setting, _family_decider(by_set), cals, DEFAULT_CALIBRATION, (full, DEFAULT_CALIBRATION))
+        result[rule] = {"fitted_left_out": {s: _family_constants(held[s]) for s in held},
+                        "fitted_every_set": _family_constants(every),
+                        "calibrations_every_set": {f: c.to_dict() for f, c in every.items()}, **row}
+    # the SGD recipes' trials time-compressed (lr x S/T), the calibration fitted on them as the shipped one is
+    compressed = _stop_rule_setting(out, COMPRESSED_SGD)
+    row = _stop_rule_row(compressed, _decide, compressed["cals"], compressed["full"],
+                         (compressed["full"], compressed["full"]))
+    result[COMPRESSED_SGD_RULE] = {
+        "fitted_left_out": {s: (c.p_threshold, c.generalization_gap_fraction, None) for s, c in compressed["cals"].items()},
+        "fitted_every_set": (compressed["full"].p_threshold, compressed["full"].generalization_gap_fraction, None), **row}
+    return {"rules": result, "optimizer_evidence": optimizer_evidence(setting)}
 
 
 def stop_rules(out: Path) -> str:
     """The table of :func:`stop_rule_scores` (``--stop-rules``)."""
     res = stop_rule_scores(out)
     (out.parent / "decision_validity_stop_rules.json").write_text(json.dumps(res, indent=1, default=float))
-    shipped = res[next(iter(STOP_RULES))]
+    shipped = res["rules"][next(iter(STOP_RULES))]
     labels = list(shipped["columns"])
     lines = ["| stop rule | fitted (threshold, fraction, x): left out / every set | stops where the realized best gain "
              "exceeds 3 times the seed noise: " + " / ".join(labels) + " | sweeps within one block: bench / transfer "
              "| decision gain (% of the test loss): " + " / ".join(labels) + " | other targets |",
              "|---" * 6 + "|"]
-    for rule, row in res.items():
-        held = ", ".join(f"{s} {p:g}, {f:g}" + ("" if x is None else f", {x:g}")
-                         for s, (p, f, x) in row["fitted_left_out"].items())
-        p, f, x = row["fitted_every_set"]
-        every = f"{p:g}, {f:g}" + ("" if x is None else f", {x:g}")
+    for rule, row in res["rules"].items():
+        held = ", ".join(f"{s} {_stop_constants(c)}" for s, c in row["fitted_left_out"].items())
         stops = " / ".join(f"{a} of {b} ({100 * a / b:.0f}%)" for a, b in
                            (row["columns"][c]["stops_over_noise"] for c in labels))
         within = " / ".join(f"{sum(w['within_one'] for w in row[k])} of {len(row[k])}"
                             for k in ("sweeps", "transfer_sweeps"))
         gains = " / ".join(f"{100 * row['columns'][c]['decision_gain']:+.2f}" for c in labels)
         same = all(row["columns"][c][k] == shipped["columns"][c][k] for c in labels for k in STOP_RULE_TARGETS)
-        lines.append(f"| {rule} | {held} / {every} | {stops} | {within} | {gains} | "
-                     f"{'as shipped' if same else 'differ (decision_validity_stop_rules.json)'} |")
+        others = "as shipped" if same else " / ".join(
+            f"harms flagged {r['harms_flagged']}, signs {_f(r['sign_right'], True)}, Brier {_f(r['brier_skill'], True)}, "
+            f"gap {_f(r['reliability_max_gap'])} (SGD {_f(r['sgd_reliability_max_gap'])})"
+            for r in (row["columns"][c] for c in labels))
+        lines.append(f"| {rule} | {held} / {_stop_constants(row['fitted_every_set'])} | {stops} | {within} | {gains} | "
+                     f"{others} |")
+    lines += ["", "| column / optimizer family | trialled | realized decrease | AUC: -d(T)/se | AUC: training decrease "
+              "| stops for no credible decrease, realized best gain clear | of them every trial rising | decisions every "
+              "trial rising: the least rise decreases / clearly raises |", "|---" * 8 + "|"]
+    lines += [f"| {key} | {e['trialled']} | {_f(e['decrease_share'], True)} | {e['auc_heldout_z']:.2f} | "
+              f"{e['auc_training_decrease']:.2f} | {e['no_credible_stops']} | {e['every_trial_rising']} | "
+              f"{e['decisions_every_trial_rising']}: {e['least_rise_decreases']} / {e['least_rise_clear_harm']} |"
+              for key, e in res["optimizer_evidence"].items()]
     return "\n".join(lines)
+
+
+def _stop_constants(constants) -> str:
+    """A rule's fitted constants as the table prints them: ``threshold, fraction[, x]``, or per optimizer family."""
+    if isinstance(constants, dict):
+        return "; ".join(f"{family} {_stop_constants(c)}" for family, c in constants.items())
+    return ", ".join(f"{v:g}" for v in constants if v is not None)
 
 
 # -- output -------------------------------------------------------------------------------------------------

@@ -760,7 +760,8 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", action="store_true",
                         help="score the decision rules tried (studies/decision_scores.py VARIANTS) and print their table")
     parser.add_argument("--stop-rules", action="store_true",
-                        help="score the stop rules tried (studies/decision_scores.py STOP_RULES) and print their table")
+                        help="score the stop rules tried (studies/decision_scores.py STOP_RULES, OPTIMIZER_RULES) and print "
+                             "their table")
     parser.add_argument("--fit", action="store_true", help="write satcore/_decisions/calibrations.json from every set")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

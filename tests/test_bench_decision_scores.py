@@ -511,3 +511,58 @@ def test_a_stop_rule_stops_below_its_tolerance_and_only_clear_gains_count(scores
         shipped = scores._decide(inst, dataclasses.replace(DEFAULT_CALIBRATION, generalization_gap_fraction=0.003))
         assert (shipped.choice, shipped.stop_reason, shipped.stop_tolerance) == (d.choice, d.stop_reason,
                                                                                 d.stop_tolerance)
+
+
+@pytest.mark.parametrize("optimizer, family", [("sgd", "sgd"), ("adam", "adam"), ("adamw", "adam")])
+def test_a_recipe_optimizer_falls_in_its_family_and_a_recorded_column_in_its_first_words(scores, optimizer, family,
+                                                                                         tmp_path):
+    assert scores.optimizer_family(optimizer) == family
+    rng = np.random.default_rng(1)
+    _parts(tmp_path, rng)
+    insts = scores.instances(scores.load(tmp_path)[0])
+    assert insts and {i["optimizer_family"] for i in insts} == {"adam"}  # the synthetic runs' column: adam_block
+
+
+def _family_case(family: str, target: float) -> dict:
+    """One decision of one trialled candidate ``a`` on a model that does not over-fit (training loss = held-out loss:
+    stop tolerance 0 at every fraction): a flat held-out decrease of 0.0025 at standard error 0.01, so ``t = -0.25``
+    and, under the shipped logistic (``a = 0.10143``, ``b = 1.20584``; trend weight 0, the error scale the standard
+    error), ``P(decrease) = 1 / (1 + exp(a + b t)) = 0.5498``: credible at threshold 0.5, not at 0.6."""
+    from satcore._decisions.trials import TrialCurve
+
+    curve = TrialCurve((18, 37, 75), (-0.0025,) * 3, (-0.005,) * 3, 0.01)
+    return {"set": "toy", "steps": 300, "cost": 300, "base_heldout": 2.0, "base_train": 2.0, "base_test": 2.0,
+            "optimizer_family": family,
+            "rows": [{"candidate": "a", "curve": curve, "may_choose": True, "screen": -0.0025, "target": target,
+                      "seed_sd": 0.001}]}
+
+
+@pytest.mark.parametrize("thresholds, sgd_threshold", [("P_THRESHOLDS", 0.5), ("LOW_P_THRESHOLDS", 0.1)])
+def test_a_threshold_per_optimizer_family_is_fitted_on_that_familys_decisions(scores, thresholds, sgd_threshold):
+    from satcore._decisions.calibration import DEFAULT_CALIBRATION
+
+    # the candidate with P(decrease) 0.55 pays under SGD (realized -0.05) and harms under Adam (+0.02): the largest
+    # mean gain inserts it under SGD (the lowest threshold, ties to the lower) and stops under Adam (0.6, the lowest
+    # that stops); the stop tolerance is 0 at every fraction, so the fraction ties to 0
+    sgd, adam = _family_case("sgd", -0.05), _family_case("adam", 0.02)
+    a, b = DEFAULT_CALIBRATION.logit_intercept, DEFAULT_CALIBRATION.logit_slope
+    p_decrease = 1 / (1 + math.exp(a + b * (-0.0025 / 0.01)))
+    assert 0.5 < p_decrease < 0.6  # the case's premise, under the shipped logistic
+    assert scores._decide(sgd, DEFAULT_CALIBRATION).candidates["a"].p_decrease == pytest.approx(p_decrease, rel=1e-12)
+    fitted = scores.fit_thresholds_by_family([sgd, adam], DEFAULT_CALIBRATION, getattr(scores, thresholds))
+    assert {f: (c.p_threshold, c.generalization_gap_fraction) for f, c in fitted.items()} == {
+        "adam": (0.6, 0.0), "sgd": (sgd_threshold, 0.0)}
+    decider = scores._family_decider({("toy", f): c for f, c in fitted.items()})
+    assert decider(sgd, DEFAULT_CALIBRATION).choice == "a"
+    assert decider(adam, DEFAULT_CALIBRATION).stop_reason == "no_credible_decrease"
+    # the shipped threshold (0.6) stops both: the family's own threshold, not the calibration passed, decides
+    assert scores._decide(sgd, DEFAULT_CALIBRATION).choice is None
+
+
+@pytest.mark.parametrize("values, labels, auc", [
+    ([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1], 0.75),  # 0.35 beats 0.1 not 0.4; 0.8 beats both: 3 of 4 pairs
+    ([1.0, 1.0], [1, 0], 0.5),  # a tie counts half
+    ([0.2, 0.3], [1, 1], None),  # no negative: undefined
+])
+def test_the_auc_is_the_share_of_positive_negative_pairs_ordered(scores, values, labels, auc):
+    assert scores._auc(values, labels) == (auc if auc is None else pytest.approx(auc, abs=1e-15))
