@@ -51,7 +51,7 @@ def stop_tolerance_note(decision) -> str:
         source = "no decrease predicted"
     in_se = decision.stop_tolerance_se
     # where to state one, runnable as printed: the decision's own calibration (the schedule's shipped one), since
-    # replacing another (the even plan's DEFAULT_CALIBRATION under schedule="halving") would swap the error model
+    # replacing another (the even plan's, TrialSettings().calibration, under schedule="halving") would swap the error model
     how = ("" if rule == "held-out loss" else "; state a practical one as a share of the held-out loss with "
            "policy=DecisionPolicy(recipe, trials=TrialSettings(calibration=dataclasses.replace(decision.calibration, "
            "tolerance=...)))")
