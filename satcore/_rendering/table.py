@@ -24,9 +24,12 @@ LEGEND = (
 SCREEN_READING = "read them as a direction and a ranking, not an amount"
 
 
-def screen_beyond_loss_note(candidates, heldout_loss: float) -> str | None:
+def screen_beyond_loss_note(candidates, heldout_loss: float | None) -> str | None:
     """The note under a decision's table where some row no trial verified predicts a held-out change larger in size
-    than the held-out loss itself (``candidates``: name -> ``CandidateDecision``); None where none does."""
+    than the held-out loss itself (``candidates``: name -> ``CandidateDecision``); None where none does or the
+    decision states no held-out loss (None)."""
+    if heldout_loss is None:
+        return None
     over = [n for n, c in candidates.items()
             if not getattr(c, "verified", False) and abs(c.predicted_heldout_change) > abs(heldout_loss)]
     if not over:
@@ -176,7 +179,7 @@ def render_decision(decision) -> str:
             lines.append(f"note: never chosen: a candidate eliminated in successive halving's first stage (its "
                          f"shorter trial's prediction) or {NOT_VERIFIED} (no trial: its held-out change is the "
                          "first-order screen's, often far off in magnitude, and it gets no interval or P(decrease))")
-            if beyond := screen_beyond_loss_note(decision.candidates, decision.heldout_loss):
+            if beyond := screen_beyond_loss_note(decision.candidates, getattr(decision, "heldout_loss", None)):
                 lines.append(beyond)
         lines += [f"note: {n}" for n in decision_interval_notes(decision.candidates)]
         lines += calibration_notes(decision)
