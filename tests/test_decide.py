@@ -119,6 +119,28 @@ def test_a_candidate_no_trial_verified_claims_no_probability_in_any_rendering():
     assert any(line.startswith("note: never chosen:") and "not verified (no trial" in line for line in lines)
 
 
+def test_the_printed_decision_names_the_unverified_rows_whose_screen_change_exceeds_the_held_out_loss():
+    """A real case: one trial on the digits ResNet leaves two places to the screen, whose first-order changes
+    exceed the model's held-out cross-entropy several times over (computed here from the model, independently of
+    decide).  The note under the table counts and names exactly those rows and says how to read
+    them; where the held-out loss is larger than every screen change, no such note."""
+    from satcore._rendering.table import render_decision
+
+    model, heldout = digits_resnet(), _data(1200, 96, 32)
+    d = decide(model, _data(0, 128, 32), heldout, per_sample_ce, policy=DecisionPolicy(
+        Recipe("adam", 1e-3, 24, 16, "block"), trials=TrialSettings(max_trials=1), candidates=CANDIDATES))
+    with torch.no_grad():
+        loss = torch.cat([per_sample_ce(model(x), y) for x, y in heldout]).mean().item()
+    over = [n for n, c in d.candidates.items() if not c.verified and abs(c.predicted_heldout_change) > loss]
+    assert d.heldout_loss == pytest.approx(loss, rel=1e-5) and len(over) >= 1  # the case the note is for
+    note = [line for line in render_decision(d).splitlines() if "larger in size than the held-out loss" in line]
+    assert note == [f"note: {len(over)} not verified row(s) ({', '.join(over)}) predict a held-out change larger in "
+                    f"size than the held-out loss {d.heldout_loss:.4g} itself: the screen's first-order "
+                    "extrapolations; read them as a direction and a ranking, not an amount"]
+    above_all = max(abs(c.predicted_heldout_change) for c in d.candidates.values()) * 1.01
+    assert "larger in size than the held-out loss" not in render_decision(dataclasses.replace(d, heldout_loss=above_all))
+
+
 def test_printing_a_decision_shows_the_decision_table_and_its_notes():
     """``print(decide(...))``, the first thing a user types: the decision's table with the notes the docs promise
     (an SGD recipe's reliability, unverified rows), not the dataclass's field dump; ``repr`` stays the fields."""

@@ -84,6 +84,8 @@ def model_card(record: dict, out_dir: str) -> str:
     decision added none, that the model is the base model and is to be trained as it is)."""
     layers = record["num_hidden_layers"]
     decision = record.get("decision") or {}
+    # every arm over --max-forgetting: the first line says so, in the choice's reason; the rest say it no more
+    reason_first = not record["positions"] and decision.get("stop_reason") == "no_arm_within_max_forgetting"
     lines = ["---", "library_name: transformers", "tags: [satcore, block-expansion, llama-pro]", "---", "",
              f"# {os.path.basename(os.path.abspath(out_dir))}", ""]
     if record["positions"]:
@@ -97,7 +99,7 @@ def model_card(record: dict, out_dir: str) -> str:
     else:
         # why in the choice's own words where every arm is over --max-forgetting (decision.instead says only what
         # to do)
-        why = (f", because {decision['reason']}" if decision.get("stop_reason") == "no_arm_within_max_forgetting" else
+        why = (f", because {decision['reason']}" if reason_first else
                ", because the decision below found that expanding does not pay on this data")
         instead = decision.get("instead")
         lines.append(f"Base model: `{record['source']}`, unchanged ({layers['before']} layers): `satcore expand` added "
@@ -113,7 +115,7 @@ def model_card(record: dict, out_dir: str) -> str:
                      f"{data.get('seq_len', '?')} tokens) for the recipe {json.dumps(_recipe(record))}, layout "
                      f"`{record['layout']}`; it cost {_cost(record, decision)}.")
         lines.append(f"Method: {decision.get('method', 'a decision')}.")
-        if decision.get("stop_reason"):
+        if decision.get("stop_reason") and not reason_first:
             lines.append(f"It stopped: `{decision['stop_reason']}`.")
         # --blocks auto's evidence is per arm (``frontier``); its ``evidence`` (per place) is empty
         lines.append("Every arm's evidence is in `expansion.json` (`frontier`, `decision`)." if record.get("frontier")

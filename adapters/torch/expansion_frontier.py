@@ -546,9 +546,10 @@ class FrontierDecision(BudgetedDecision):
     @property
     def rule(self) -> str:
         """The choice rule this decision applied, in plain words (``--max-forgetting`` may leave ``K = 0`` out, and
-        then there is nothing to beat)."""
+        then there is nothing to beat).  Where it left every arm out, the rule only: the choice's ``reason`` says that
+        it did, once (the command's chosen line, the card's first line)."""
         if self.every_arm_excluded:
-            return "every arm, K = 0 included, is over --max-forgetting: none is chosen"
+            return "arms predicted to raise the general loss by more than --max-forgetting are left out before the choice"
         if 0 in self.choice.excluded:
             return ("K = 0 is over --max-forgetting, so there is nothing to beat: of the arms within it, the fewest "
                     "blocks within the tolerance of the best")

@@ -165,7 +165,9 @@ class TrialSettings:
         docstring); the same cost.
     calibration : Calibration, optional
         The trials' extrapolation and error model; default the shipped one fitted on the bench's
-        trials of ``schedule`` (``DEFAULT_CALIBRATION``, ``HALVING_CALIBRATION``).
+        trials of ``schedule``: ``TrialSettings(schedule=...).calibration`` is how to read it before any
+        decision (``decision.calibration`` after one), e.g. to state a practical ``tolerance`` with
+        ``dataclasses.replace``.
     groups : sequence of sequences of candidate names, optional
         Spread the trials over these groups (:func:`grouped_trials`) instead of the screen's first
         ``max_trials``.

@@ -266,9 +266,9 @@ class Calibration:
 
         Examples
         --------
-        >>> from satcore._decisions.calibration import DEFAULT_CALIBRATION
         >>> import dataclasses
-        >>> cal = dataclasses.replace(DEFAULT_CALIBRATION, generalization_gap_fraction=0.01, tolerance=0.001)
+        >>> from satcore import TrialSettings
+        >>> cal = dataclasses.replace(TrialSettings().calibration, generalization_gap_fraction=0.01, tolerance=0.001)
         >>> {k: round(v, 6) for k, v in cal.stop_tolerance_terms(2.0, 1.5).items()}
         {'generalization gap': 0.005, 'held-out loss': 0.002}
         """
@@ -528,13 +528,12 @@ class InsertionDecision:
 
         Examples
         --------
-        >>> from satcore import Recipe
+        >>> from satcore import Recipe, TrialSettings
         >>> from satcore._decisions.trials import CandidateDecision, TrialCurve, choose
-        >>> from satcore._decisions.calibration import DEFAULT_CALIBRATION
         >>> trial = TrialCurve((75, 150, 300), (-0.02, -0.04, -0.05), (-0.03, -0.06, -0.08), 0.01)
         >>> d = choose([CandidateDecision("b0", -0.05, -0.08, (-0.09, -0.01), 0.97, -0.02, trial),
         ...             CandidateDecision.screen_only("head", -2.6, -2.9)],
-        ...            Recipe("adam", 1e-3, 300, 32), 2.0, 1.8, 300, DEFAULT_CALIBRATION)
+        ...            Recipe("adam", 1e-3, 300, 32), 2.0, 1.8, 300, TrialSettings().calibration)
         >>> {k: v for k, v in d.scalars().items() if "interval" not in k}  # doctest: +NORMALIZE_WHITESPACE
         {'satcore/decision/insert': 1.0, 'satcore/decision/cost_block_steps': 300.0,
          'satcore/decision/close_call': 0.0, 'satcore/decision/b0/chosen': 1.0,

@@ -19,6 +19,26 @@ LEGEND = (
 )
 
 
+# how to read the first-order screen's unverified values: a linear extrapolation of the step, whose size can exceed
+# the held-out loss itself (a decrease larger than a loss bounded below by 0 allows)
+SCREEN_READING = "read them as a direction and a ranking, not an amount"
+
+
+def screen_beyond_loss_note(candidates, heldout_loss: float | None) -> str | None:
+    """The note under a decision's table where some row no trial verified predicts a held-out change larger in size
+    than the held-out loss itself (``candidates``: name -> ``CandidateDecision``); None where none does or the
+    decision states no held-out loss (None)."""
+    if heldout_loss is None:
+        return None
+    over = [n for n, c in candidates.items()
+            if not getattr(c, "verified", False) and abs(c.predicted_heldout_change) > abs(heldout_loss)]
+    if not over:
+        return None
+    return (f"note: {len(over)} {NOT_VERIFIED} row(s) ({', '.join(map(display_name, over))}) predict a held-out "
+            f"change larger in size than the held-out loss {num(heldout_loss)} itself: the screen's first-order "
+            f"extrapolations; {SCREEN_READING}")
+
+
 def stop_tolerance_note(decision) -> str:
     """The note under a tolerance stop: the stop tolerance in loss units, the term that set it with its numbers
     (:attr:`~satcore.InsertionDecision.stop_tolerance_rule`) and, since a share of a loss does not say what the
@@ -34,7 +54,7 @@ def stop_tolerance_note(decision) -> str:
         source = "no decrease predicted"
     in_se = decision.stop_tolerance_se
     # where to state one, runnable as printed: the decision's own calibration (the schedule's shipped one), since
-    # replacing another (the even plan's DEFAULT_CALIBRATION under schedule="halving") would swap the error model
+    # replacing another (the even plan's, TrialSettings().calibration, under schedule="halving") would swap the error model
     how = ("" if rule == "held-out loss" else "; state a practical one as a share of the held-out loss with "
            "policy=DecisionPolicy(recipe, trials=TrialSettings(calibration=dataclasses.replace(decision.calibration, "
            "tolerance=...)))")
@@ -159,6 +179,8 @@ def render_decision(decision) -> str:
             lines.append(f"note: never chosen: a candidate eliminated in successive halving's first stage (its "
                          f"shorter trial's prediction) or {NOT_VERIFIED} (no trial: its held-out change is the "
                          "first-order screen's, often far off in magnitude, and it gets no interval or P(decrease))")
+            if beyond := screen_beyond_loss_note(decision.candidates, getattr(decision, "heldout_loss", None)):
+                lines.append(beyond)
         lines += [f"note: {n}" for n in decision_interval_notes(decision.candidates)]
         lines += calibration_notes(decision)
         if getattr(decision, "stop_reason", None) == "gain_below_tolerance" and decision.stop_tolerance is not None:
@@ -227,8 +249,9 @@ def render_predictions(predictions) -> str:
         f"predicted gains of one inserted block trained by {predictions.optimizer} ({step}); loss units, positive = "
         "the loss falls; training gain from the training split, held-out gain from the probe split's folds:",
         table(["candidate", "train gain", "train gain (2nd order)", "held-out gain", "interval", "P(decrease)"], rows),
-        f"note: {NOT_VERIFIED}: first-order predictions of the step, no trial of the recipe ran (decide verifies "
-        "by short trials); the fold interval and the fold test's probability omit the predictor's own error and "
+        f"note: {NOT_VERIFIED}: first-order extrapolations of the step, no trial of the recipe ran (decide verifies "
+        f"by short trials); their size can exceed the held-out loss itself (the probe records no loss to compare them with): "
+        f"{SCREEN_READING}; the fold interval and the fold test's probability omit the predictor's own error and "
         "are in the JSON only (predictions.candidates[].predicted_heldout_gain: interval, fold_test_p_positive; "
         "Python: report.predictions.candidates[i].heldout) (docs/predictive-validity.md)",
         f"largest predicted held-out gain: {num(best.heldout.value)} at {display_name(best.name)}"])
