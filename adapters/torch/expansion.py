@@ -754,6 +754,11 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
         group); ``"auto"``: the frontier's count (``options.budget``; trials only, at most
         ``options.max_blocks``); None with ``options.at``.  Windows longer than the model's context
         (``max_position_embeddings``, GPT-2's ``n_positions``) are refused.
+    heldout : batches (or a ``(N, T)`` tensor of token ids), optional
+        The held-out split, read as ``data`` is; then all of ``data`` trains the decision.
+    loss_fn : ``loss_fn(outputs, targets) -> (B,)`` per-sample losses, optional
+        ``None``: next-token cross-entropy (:func:`~.hf.sequence_loss`); the budgeted decisions (the frontier,
+        the placement check) train on next-token windows and refuse another.
     recipe : :class:`satcore.Recipe`, default LLaMA-Pro's (AdamW, lr 2e-4): the step the decision prices; the
         shorthand of ``policy=DecisionPolicy(recipe)``.
     policy : :class:`satcore.DecisionPolicy`, optional
