@@ -620,7 +620,7 @@ def _inputs_ids(batch):
     return inputs.get("input_ids") if isinstance(inputs, dict) else inputs
 
 
-def check_context(model: nn.Module, batches, what: str = "data") -> None:
+def check_context(model: nn.Module, batches) -> None:
     """Refuse windows longer than the model's context (:func:`~.hf.context_length`): GPT-2 would
     index past its position table, a rotary model would run on positions it never trained on."""
     context = context_length(model.config)
@@ -630,7 +630,7 @@ def check_context(model: nn.Module, batches, what: str = "data") -> None:
     for batch in batches:
         ids = _inputs_ids(batch)
         if torch.is_tensor(ids) and ids.dim() >= 1 and ids.shape[-1] > positions:
-            raise InputError(f"{what}: windows of {ids.shape[-1]} tokens are longer than the model's context "
+            raise InputError(f"data: windows of {ids.shape[-1]} tokens are longer than the model's context "
                              f"({key} {positions} in its config)")
 
 
