@@ -91,10 +91,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (--device cuda), read as CUDA starts
 
-import numpy as np  # noqa: E402
-from studies.expansion import HINT, LINUX_DOC, PYDOC  # noqa: E402
+import numpy as np
+from studies.expansion import HINT, LINUX_DOC, PYDOC
 
-from satcore.adapter_api import step_flops  # noqa: E402,F401  (the decision prices its passes by the same rule)
+from satcore.adapter_api import step_flops  # the decision prices its passes by the same rule
 
 RESULTS = Path(__file__).resolve().parent / "results" / "expansion_budget.jsonl"
 SMOLLM2_COSTS = RESULTS.parent / "expansion_smollm2_costs.json"  # measured CPU seconds at batch 4 x 64, one thread
