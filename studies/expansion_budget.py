@@ -598,7 +598,7 @@ def _sweep_row(arms: dict, K: int, seed: int):
     return arms.get("none" if K == 0 else f"uniform-{K}", {}).get(seed)
 
 
-def _arm_table(pair: str, arms: dict, base: dict, summary: dict) -> list[str]:
+def _arm_table(pair: str, arms: dict, summary: dict) -> list[str]:
     """Per arm: count, steps, charge, held-out losses and their paired differences with the reference."""
     reference, target_key = arms.get(REFERENCE, {}), f"{pair}_windows"
     out = [f"| arm | K | places (seed 0) | seeds | steps trained | charge (% of budget) | target held-out "
@@ -673,7 +673,7 @@ def _frontier_table(pair: str, arms: dict, base: dict, summary: dict, arm: str) 
     return out
 
 
-def _cost_table(pair: str, arms: dict, summary: dict, arm: str) -> list[str]:
+def _cost_table(arms: dict, summary: dict, arm: str) -> list[str]:
     """The satcore arm's decision cost per seed: counted by the meter, printed by the command, in wall time; the
     default's (``arm == "satcore"``) are scored."""
     out = ["| seed | charge, model FLOPs (% of budget) | printed by the command (%) | decision wall (s) "
@@ -702,7 +702,7 @@ def render(paths) -> str:
         arms = runs[pair]
         out += [f"**{pair}** (held-out loss of the base model: target {np.mean(base[pair][f'{pair}_windows']):.4f}, "
                 f"general {np.mean(base[pair]['general_windows']):.4f} {unit})", ""]
-        out += _arm_table(pair, arms, base, summary)
+        out += _arm_table(pair, arms, summary)
         out += ["", f"Count against the sweep ({pair}): target held-out per K (none = 0, uniform-K), the realized best "
                 "(the smallest K within the decision's tolerance of the lowest), satcore's count.", ""]
         out += _count_table(pair, arms, summary)
@@ -711,7 +711,7 @@ def render(paths) -> str:
                     f"model ({pair}), {unit}:", ""]
             out += _frontier_table(pair, arms, base, summary, arm)
             out += ["", f"{arm}'s decision cost ({pair}):", ""]
-            out += _cost_table(pair, arms, summary, arm)
+            out += _cost_table(arms, summary, arm)
         out.append("")
     out += must_show(summary)
     return "\n".join(out)
