@@ -140,11 +140,11 @@ def resolve_options(cls, config=None, **options):
     return cls(**options) if config is None else replace(config, **options)
 
 
-def warn_if_training_split(split: str | None, stacklevel: int = 3) -> None:
+def warn_if_training_split(split: str | None) -> None:
     """Warn (``UserWarning``) when ``split`` names a training split: the finite-sample tests assume a
-    probe independent of training.  ``stacklevel`` 3 points at the caller of the adapter's ``Probe``."""
+    probe independent of training.  The warning points at the caller of the adapter's ``Probe`` (stack level 3)."""
     if is_training_split(split):
-        warnings.warn(TRAINING_SPLIT_WARNING, UserWarning, stacklevel=stacklevel)
+        warnings.warn(TRAINING_SPLIT_WARNING, UserWarning, stacklevel=3)
 
 
 def loss_name(loss) -> str:

@@ -363,7 +363,7 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     saved_dtype = checkpoint_dtype(config)
     _check_counts(config, blocks, max_blocks, model_dir)  # before the weights are read
     # decided in float32, saved in the checkpoint's dtype
-    model = load_causal_lm(model_dir, dtype=torch.float32, copies=EXPAND_COPIES)
+    model = load_causal_lm(model_dir, copies=EXPAND_COPIES)
     try:
         names, _ = decoder_stack(model)
     except ProbeError as exc:

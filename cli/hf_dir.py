@@ -27,7 +27,6 @@ def probe_checkpoint_dir(model_dir, data_path, probe_config, *, batch_size, out_
     """Probe the checkpoint in ``model_dir`` on ``data_path``'s windows with ``probe_config`` (the torch
     adapter's ``ProbeConfig``, built by the command from its options) and write the dump to ``out_path``."""
     import click
-    import torch
 
     from satcore.adapters.torch import probe, sequence_loss
     from satcore.adapters.torch.checkpoint_dir import load_causal_lm, read_token_windows
@@ -35,7 +34,7 @@ def probe_checkpoint_dir(model_dir, data_path, probe_config, *, batch_size, out_
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one report on stdout, no bars on stderr
-    model = load_causal_lm(model_dir, dtype=torch.float32)
+    model = load_causal_lm(model_dir)
     config = model.config
     windows = read_token_windows(data_path, tokenizer_dir=model_dir, vocab_size=config.vocab_size,
                                  seq_len=window_length(config), max_windows=MAX_WINDOWS)

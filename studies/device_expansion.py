@@ -23,7 +23,6 @@ import numpy as np
 
 BUNDLE = Path(__file__).resolve().parent.parent / ".smollm2-bundle"
 PART_BYTES = 36 * 2**20  # a part and the working tree (about 23 MiB) within a call's 64 MiB
-STREAMS = ("far_train", "far_heldout", "general_train", "general_heldout")
 GGUF_NAME = "model.gguf"
 
 

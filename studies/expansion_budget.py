@@ -93,10 +93,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (--device cuda), read as CUDA starts
 
-import numpy as np  # noqa: E402
-from studies.expansion import HINT, LINUX_DOC, PYDOC  # noqa: E402
+import numpy as np
+from studies.expansion import HINT, LINUX_DOC, PYDOC
 
-from satcore.adapter_api import step_flops  # noqa: E402,F401  (the decision prices its passes by the same rule)
+from satcore.adapter_api import step_flops  # the decision prices its passes by the same rule
 
 RESULTS = Path(__file__).resolve().parent / "results" / "expansion_budget.jsonl"
 SMOLLM2_COSTS = RESULTS.parent / "expansion_smollm2_costs.json"  # measured CPU seconds at batch 4 x 64, one thread
@@ -600,7 +600,7 @@ def _sweep_row(arms: dict, K: int, seed: int):
     return arms.get("none" if K == 0 else f"uniform-{K}", {}).get(seed)
 
 
-def _arm_table(pair: str, arms: dict, base: dict, summary: dict) -> list[str]:
+def _arm_table(pair: str, arms: dict, summary: dict) -> list[str]:
     """Per arm: count, steps, charge, held-out losses and their paired differences with the reference."""
     reference, target_key = arms.get(REFERENCE, {}), f"{pair}_windows"
     out = [f"| arm | K | places (seed 0) | seeds | steps trained | charge (% of budget) | target held-out "
@@ -675,7 +675,7 @@ def _frontier_table(pair: str, arms: dict, base: dict, summary: dict, arm: str) 
     return out
 
 
-def _cost_table(pair: str, arms: dict, summary: dict, arm: str) -> list[str]:
+def _cost_table(arms: dict, summary: dict, arm: str) -> list[str]:
     """The satcore arm's decision cost per seed: counted by the meter, printed by the command, in wall time; the
     default's (``arm == "satcore"``) are scored."""
     out = ["| seed | charge, model FLOPs (% of budget) | printed by the command (%) | decision wall (s) "
@@ -704,7 +704,7 @@ def render(paths) -> str:
         arms = runs[pair]
         out += [f"**{pair}** (held-out loss of the base model: target {np.mean(base[pair][f'{pair}_windows']):.4f}, "
                 f"general {np.mean(base[pair]['general_windows']):.4f} {unit})", ""]
-        out += _arm_table(pair, arms, base, summary)
+        out += _arm_table(pair, arms, summary)
         out += ["", f"Count against the sweep ({pair}): target held-out per K (none = 0, uniform-K), the realized best "
                 "(the smallest K within the decision's tolerance of the lowest), satcore's count.", ""]
         out += _count_table(pair, arms, summary)
@@ -713,7 +713,7 @@ def render(paths) -> str:
                     f"model ({pair}), {unit}:", ""]
             out += _frontier_table(pair, arms, base, summary, arm)
             out += ["", f"{arm}'s decision cost ({pair}):", ""]
-            out += _cost_table(pair, arms, summary, arm)
+            out += _cost_table(arms, summary, arm)
         out.append("")
     out += must_show(summary)
     return "\n".join(out)

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from satcore import InputError  # noqa: E402
-from satcore.adapters.torch.input_bounds import check_token_ids  # noqa: E402
+from satcore import InputError
+from satcore.adapters.torch.input_bounds import check_token_ids
 
 
 def test_read_only_token_ids_are_checked_without_torchs_not_writable_warning():

@@ -9,9 +9,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from zoo import models_torch as mt  # noqa: E402
-from satcore.adapters.torch import find_blocks, grow_until_saturated, sequence_loss  # noqa: E402
-from satcore import GrowthBudget, GrowthCriteria, GrowthLogError, GrowthOptions, read_growth_log  # noqa: E402
+from zoo import models_torch as mt
+from satcore.adapters.torch import find_blocks, grow_until_saturated, sequence_loss
+from satcore import GrowthBudget, GrowthCriteria, GrowthLogError, GrowthOptions, read_growth_log
 
 
 def _setup():

@@ -52,11 +52,11 @@ def _pool2(x: np.ndarray) -> np.ndarray:
     return x.reshape(m, h // 2, 2, w // 2, 2).mean(axis=(2, 4))
 
 
-def load_images(n_train: int, n_probe: int, n_test: int, *, seed: int = 0, downsample: bool = True,
-                digits: bool = False) -> ImageSplits:
+def load_images(n_train: int, n_probe: int, n_test: int, *, seed: int = 0, digits: bool = False) -> ImageSplits:
     """Disjoint train/probe/test subsets, standardised with the train mean and std.
 
-    ``digits=True`` takes sklearn's digits even where Fashion-MNIST is installed.
+    Fashion-MNIST is 2x2-average-pooled to 14x14; ``digits=True`` takes sklearn's digits even where
+    Fashion-MNIST is installed.
     """
     rng = np.random.default_rng(seed)
     if not digits and (FASHION_DIR / "train-images-idx3-ubyte.gz").exists():
@@ -64,9 +64,8 @@ def load_images(n_train: int, n_probe: int, n_test: int, *, seed: int = 0, downs
         y_all = _idx(FASHION_DIR / "train-labels-idx1-ubyte.gz").astype(np.int64)
         x_test = _idx(FASHION_DIR / "t10k-images-idx3-ubyte.gz").astype(np.float32) / 255.0
         y_test = _idx(FASHION_DIR / "t10k-labels-idx1-ubyte.gz").astype(np.int64)
-        if downsample:
-            x_all, x_test = _pool2(x_all), _pool2(x_test)
-        source = "Fashion-MNIST (Debian dataset-fashion-mnist)" + (", 2x2-average-pooled to 14x14" if downsample else "")
+        x_all, x_test = _pool2(x_all), _pool2(x_test)
+        source = "Fashion-MNIST (Debian dataset-fashion-mnist), 2x2-average-pooled to 14x14"
     else:
         from sklearn.datasets import load_digits
 

@@ -111,8 +111,8 @@ def save_figure(fig, path: Path):
     print(f"wrote {path}")
 
 
-def log_if_spread(ax, values, axis: str = "y"):
-    """Log scale when positive values span more than a decade."""
+def log_if_spread(ax, values):
+    """Log y scale when positive values span more than a decade."""
     positive = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
     if positive and max(positive) / min(positive) > 10:
-        (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+        ax.set_yscale("log")

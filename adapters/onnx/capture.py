@@ -77,7 +77,7 @@ class GradientRunner:
         return acts, {n: values[n + GRAD_SUFFIX] for n in self.candidates}
 
 
-def _loss_nodes(model, loss: str, output: str, infos) -> tuple[list, list]:
+def _loss_nodes(loss: str, output: str, infos) -> tuple[list, list]:
     """Nodes computing ``LOSS = sum_i loss_i`` (terms weighted by ``LOSS_SCALE``) and the extra inputs they read."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -199,7 +199,7 @@ def probe_graph(model, candidates, *, loss: str, output: str | None = None):
     probe.CopyFrom(model)
     graph = probe.graph
     batchnorm_as_affine(graph, infos)
-    nodes, inputs = _loss_nodes(model, loss, output, infos)
+    nodes, inputs = _loss_nodes(loss, output, infos)
     graph.node.extend(nodes)
     graph.input.extend(inputs)
     del graph.output[:]

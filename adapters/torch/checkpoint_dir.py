@@ -226,8 +226,8 @@ def _quiet_transformers():
         hf_logging.set_verbosity(level)
 
 
-def load_causal_lm(path, *, dtype=None, copies: int = 1):
-    """``AutoModelForCausalLM.from_pretrained(path)`` in eval mode, the directory checked first.
+def load_causal_lm(path, *, copies: int = 1):
+    """``AutoModelForCausalLM.from_pretrained(path)`` in float32 and eval mode, the directory checked first.
 
     Order: the directory (:func:`check_checkpoint_dir`), the config (:func:`read_config`), the weights'
     headers (:func:`~.safetensors_headers.weight_headers`), the layer count against them
@@ -254,7 +254,7 @@ def load_causal_lm(path, *, dtype=None, copies: int = 1):
         check_against_weights(path, _build_on_meta(path, config), tensors, copies)
         try:
             model, report = AutoModelForCausalLM.from_pretrained(
-                path, config=config, trust_remote_code=False, dtype=dtype or "auto", use_safetensors=True,
+                path, config=config, trust_remote_code=False, dtype=torch.float32, use_safetensors=True,
                 output_loading_info=True)
         except SafetensorError as exc:
             files = ", ".join(sorted({t.file for t in tensors.values()}))

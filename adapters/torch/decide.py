@@ -256,8 +256,8 @@ def trial_losses(trials: TorchTrials, at: str, checkpoints, before: dict | None 
     ``trials.evaluate[name]`` batch list before training and after each checkpoint's number of steps.
     ``recipe.steps`` is not read: the trial runs to the last checkpoint.  ``before``: the
     unexpanded model's per-sample losses on each ``evaluate[name]`` (:func:`per_sample_eval`),
-    where the caller already has them (:func:`decide` evaluates them once for all its trials: the
-    inserted block is the identity, so they are also the grown copy's before training); ``None``:
+    where the caller already has them (the inserted block is the identity, so they are also the grown
+    copy's before training: one evaluation serves every trial, as in :func:`decide`); ``None``:
     evaluated here.
     """
     checkpoints = tuple(sorted({int(c) for c in checkpoints}))

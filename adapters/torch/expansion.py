@@ -620,7 +620,7 @@ def _inputs_ids(batch):
     return inputs.get("input_ids") if isinstance(inputs, dict) else inputs
 
 
-def check_context(model: nn.Module, batches, what: str = "data") -> None:
+def check_context(model: nn.Module, batches) -> None:
     """Refuse windows longer than the model's context (:func:`~.hf.context_length`): GPT-2 would
     index past its position table, a rotary model would run on positions it never trained on."""
     context = context_length(model.config)
@@ -630,7 +630,7 @@ def check_context(model: nn.Module, batches, what: str = "data") -> None:
     for batch in batches:
         ids = _inputs_ids(batch)
         if torch.is_tensor(ids) and ids.dim() >= 1 and ids.shape[-1] > positions:
-            raise InputError(f"{what}: windows of {ids.shape[-1]} tokens are longer than the model's context "
+            raise InputError(f"data: windows of {ids.shape[-1]} tokens are longer than the model's context "
                              f"({key} {positions} in its config)")
 
 
@@ -754,6 +754,11 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
         group); ``"auto"``: the frontier's count (``options.budget``; trials only, at most
         ``options.max_blocks``); None with ``options.at``.  Windows longer than the model's context
         (``max_position_embeddings``, GPT-2's ``n_positions``) are refused.
+    heldout : batches (or a ``(N, T)`` tensor of token ids), optional
+        The held-out split, read as ``data`` is; then all of ``data`` trains the decision.
+    loss_fn : ``loss_fn(outputs, targets) -> (B,)`` per-sample losses, optional
+        ``None``: next-token cross-entropy (:func:`~.hf.sequence_loss`); the budgeted decisions (the frontier,
+        the placement check) train on next-token windows and refuse another.
     recipe : :class:`satcore.Recipe`, default LLaMA-Pro's (AdamW, lr 2e-4): the step the decision prices; the
         shorthand of ``policy=DecisionPolicy(recipe)``.
     policy : :class:`satcore.DecisionPolicy`, optional

@@ -290,7 +290,7 @@ class _Arms:
 TIMED_STEPS = 2  # the first pass of a model pays for warming up; the estimate takes the faster of two
 # trials that pass over their training windows more often than this are announced as such: at 2000 planned steps on
 # the command's 64 CPU windows (32 training the trials, 13 passes) the K = 0 trial over-fitted them (+0.64 nats at its
-# last reading) where 512 windows gave a falling curve (docs/expansion-budget-notes.md); 1.3 passes (400 steps) did not
+# last reading) where 512 windows gave a falling curve (studies/expansion-budget-notes.md); 1.3 passes (400 steps) did not
 MAX_TRIAL_PASSES = 2.0
 
 

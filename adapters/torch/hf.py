@@ -35,7 +35,6 @@ from torch import nn
 from satcore import ProbeError
 
 IGNORE_INDEX = -100
-TASKS = ("causal_lm", "token", "sequence")
 
 
 def token_losses(logits: torch.Tensor, labels: torch.Tensor, *, shift: bool,

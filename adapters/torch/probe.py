@@ -296,7 +296,6 @@ class Probe:
         self.statistics, self.families, self.specs = DepthStatistics(), {}, {}
         self.running: dict[str, RunningSums] = {}
         self.batches_done = 0
-        self.samples_done = 0
         self._warned_scalar = False
         if config.checkpoint is not None and os.path.exists(config.checkpoint):
             self.statistics, self.specs, self.batches_done = load_checkpoint(
@@ -349,7 +348,6 @@ class Probe:
                                       present, taps.updates.get(name))
                 self.running[name].add(moments)
         self.batches_done += 1
-        self.samples_done += samples
         if config.checkpoint is not None and self.batches_done % config.checkpoint_every == 0:
             self.save_checkpoint()
         return samples

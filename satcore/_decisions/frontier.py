@@ -39,7 +39,7 @@ grows with ``S / T``.
 the planned training's ordering of the arms: over a few steps, training every
 parameter of the model as it is (``K = 0``) first raises the held-out loss,
 then over hundreds of steps gains more than the new blocks alone do (measured in
-docs/expansion-budget-notes.md, on three domain pairs).  So no expansion is the
+studies/expansion-budget-notes.md, on three domain pairs).  So no expansion is the
 prior.  Each ``K > 0`` is compared with ``K = 0`` paired on the same held-out
 windows (:func:`predict_change` of the per-window difference of the two arms'
 changes), and is *credible* when that predicted difference's 95% interval lies

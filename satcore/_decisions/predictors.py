@@ -207,6 +207,8 @@ def heldout_gain(V, fold_sums, fold_counts, *, second_order: float = 0.0, alpha:
         The held-out statistics' ``fold_cross`` and ``fold_samples``.
     second_order : float
         Modelled quadratic change of the held-out loss at ``V`` (held fixed).
+    alpha : float
+        The interval's level is ``1 - alpha`` (Student t over the folds, ``m - 1`` degrees of freedom).
     """
     sums = np.asarray(fold_sums, dtype=np.float64)
     counts = np.asarray(fold_counts, dtype=np.float64)
@@ -328,12 +330,17 @@ def predict_gains(train_stats, heldout_stats, recipe: Recipe | None = None, *, c
     criteria : Criteria, optional
         Its ``alpha`` sets the held-out intervals' level (default 0.05), its
         ``rho`` the matched block's size.
+    stream_rms : dict, optional
+        The stream RMS ``||z||_S`` per candidate name: read only without a
+        recipe (the matched block), where every candidate needs one.
     train_fisher, heldout_fisher : dict, optional
         ``F = E[Q^T Q]`` per candidate on each split (default: the statistics'
         own ``sum_qq / n`` where they keep it, ``curvature=True``); with one the
         step is the Kronecker model's (module docstring) and the training gain
         gets its second-order value; with the held-out one too, the held-out
         gain includes the held-out quadratic term.
+    rtol : float, optional
+        Relative eigenvalue cut of ``K`` (docs/core.md, Rank tolerance).
 
     Returns
     -------

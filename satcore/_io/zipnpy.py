@@ -75,17 +75,16 @@ class Limits:
     memory_budget: int = DEFAULT_MEMORY_BUDGET
 
     @classmethod
-    def from_env(cls, environ=None) -> "Limits":
-        env = os.environ if environ is None else environ
+    def from_env(cls) -> "Limits":
         return cls(
-            _env_number(env, ENV_MAX_RATIO, DEFAULT_MAX_RATIO, float),
-            _env_number(env, ENV_MAX_INFLATED, DEFAULT_MAX_INFLATED_BYTES, int),
-            _env_number(env, ENV_MEMORY_BUDGET, DEFAULT_MEMORY_BUDGET, int),
+            _env_number(ENV_MAX_RATIO, DEFAULT_MAX_RATIO, float),
+            _env_number(ENV_MAX_INFLATED, DEFAULT_MAX_INFLATED_BYTES, int),
+            _env_number(ENV_MEMORY_BUDGET, DEFAULT_MEMORY_BUDGET, int),
         )
 
 
-def _env_number(env, name: str, default, kind):
-    text = env.get(name)
+def _env_number(name: str, default, kind):
+    text = os.environ.get(name)
     if text is None or text == "":
         return default
     try:
