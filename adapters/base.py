@@ -38,18 +38,19 @@ from satcore.adapter_api import TRAINING_SPLIT_WARNING, Probe, is_training_split
 from .options import check_family
 
 __all__ = ["PolicyDecision", "Probe", "ProbeOptions", "growth_decision", "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options",
-           "warn_if_training_split"]
+           "SPLIT_DATA", "warn_if_training_split"]
 
 
 @contextlib.contextmanager
-def refusing_bad_batch(index: int, framework_errors: tuple, *, passing: tuple = ()):
+def refusing_bad_batch(index: int, framework_errors: tuple, *, passing: tuple = (), where: str = ""):
     """Run the model and the loss on batch ``index`` inside this block: a framework error raised
     there is the batch's (inputs or targets of a shape or dtype they cannot take) and becomes a
     :class:`~satcore.ProbeError` naming the batch and the error's first line, chained to it.
 
     ``framework_errors``: what the framework raises for such inputs (torch ``RuntimeError``,
     Keras ``ValueError``, ...); ``passing``: subclasses of those that are no fault of the batch
-    and propagate unchanged (an accelerator out of memory).  A :class:`~satcore.SatcoreError`
+    and propagate unchanged (an accelerator out of memory); ``where``: what the message leads with, naming the
+    data the batch is from (``"decide: the held-out data: "``).  A :class:`~satcore.SatcoreError`
     raised inside (a refusal of satcore's own) propagates unchanged.
     """
     try:
@@ -61,7 +62,11 @@ def refusing_bad_batch(index: int, framework_errors: tuple, *, passing: tuple = 
             raise
         lines = str(exc).strip().splitlines()
         said = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-        raise ProbeError(f"batch {index}: the model or loss_fn cannot take it ({said})") from exc
+        raise ProbeError(f"{where}batch {index}: the model or loss_fn cannot take it ({said})") from exc
+
+
+# what decide's messages call its two splits (``evaluate``'s keys)
+SPLIT_DATA = {"heldout": "decide: the held-out data: ", "train": "decide: the training data: "}
 
 
 @dataclass(frozen=True)
