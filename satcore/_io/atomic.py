@@ -99,9 +99,11 @@ def _cannot_write_into(shown: str, folder: str, exc: OSError) -> OutputError:
     return OutputError(f"{shown}: cannot write into {display_name(folder)} ({exc.strerror or exc})")
 
 
-def check_target(path, inputs=()) -> None:
+def check_target(path, inputs=(), *, folder_exists: bool = True) -> None:
     """Refuse ``path`` if it exists and is not a regular file, or is one of ``inputs`` or of the files the
-    running command has read (module docstring), by resolved path or as the same file."""
+    running command has read (module docstring), by resolved path or as the same file; and, with
+    ``folder_exists``, a new ``path`` whose folder is not there (a command checks its outputs before its work;
+    ``False`` where the command makes the folder itself, as ``satcore expand`` its ``-o`` directory)."""
     target = os.fspath(path)
     shown = display_name(target)
     try:
@@ -112,7 +114,7 @@ def check_target(path, inputs=()) -> None:
         raise OutputError(f"{shown}: cannot write ({exc.strerror or exc})") from None
     if existing is not None and not stat.S_ISREG(existing.st_mode):
         raise OutputError(f"{shown}: is {_kind(existing.st_mode)}, not a regular file; refusing to replace it")
-    if existing is None:  # a new file: its folder must be there now, not after the work that makes the file
+    if existing is None and folder_exists:  # a new file: its folder must be there now, not after the work
         folder = os.path.dirname(os.path.abspath(target))
         try:
             os.stat(folder)  # a folder that is a file made the target's stat fail above, with ENOTDIR
