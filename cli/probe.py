@@ -73,6 +73,17 @@ def batches(path: str, headers: dict[str, NpyHeader], batch_size: int):
                 reader.close()
 
 
+def candidate_names(candidates: str | None) -> list[str] | None:
+    """``--candidates``' comma-separated names, ``None`` when the option is not given (every block and the head); an
+    empty name is refused, ``--candidates ""`` included (which used to mean every block)."""
+    if candidates is None:
+        return None
+    names = [c.strip() for c in candidates.split(",")]
+    if not all(names):
+        raise click.BadParameter("empty candidate name", param_hint="--candidates")
+    return names
+
+
 @click.command()
 @click.argument("model", type=click.Path())
 @click.option(
@@ -119,12 +130,12 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
     """Probe MODEL (an ONNX file, or a Hugging Face checkpoint directory) on DATA and write a dump for
     'satcore score'.  A directory takes text or token ids as DATA (see 'satcore expand --help')."""
     check_target(out_path, (model, data_path))  # before the probe: -o MODEL or -o DATA is refused now
+    names = candidate_names(candidates)
     if os.path.isdir(model):
         from satcore.adapters.torch import ProbeConfig
 
         from .hf_dir import probe_checkpoint_dir
 
-        names = [c.strip() for c in candidates.split(",")] if candidates else None
         config = ProbeConfig(candidates=names, family=family, seed=seed, init_std=init_std, n_features=n_features,
                              split=split, variance=variance)
         return probe_checkpoint_dir(model, data_path, config, batch_size=batch_size, out_path=out_path)
@@ -133,9 +144,6 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
         raise click.BadParameter(
             f"{data_path}: 'inputs' goes with 'targets' only; name each model input instead", param_hint="--data"
         )
-    names = [c.strip() for c in candidates.split(",")] if candidates else None
-    if names is not None and not all(names):
-        raise click.BadParameter("empty candidate name", param_hint="--candidates")
     from satcore.adapters.onnx import OnnxProbeError
     from satcore.adapters.onnx import probe as onnx_probe  # after the data check: a refusal loads no runtime
 

@@ -207,6 +207,24 @@ def test_n_features_the_family_cannot_take_is_one_line_exit_2(files, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("names", ["", " , ", "blocks.0,,head"])
+@pytest.mark.parametrize("model_kind", ["onnx", "checkpoint folder"])
+def test_an_empty_candidate_name_is_refused_for_either_model(files, tmp_path, names, model_kind):
+    """``--candidates`` with an empty name is one line naming the option, exit 2, no dump: for an ONNX file and,
+    before the folder is read, for a checkpoint folder (an empty one, refused otherwise for its missing
+    config.json).  ``--candidates ""`` used to probe every block, and a folder took ``a,,b``'s empty name to the
+    probe."""
+    _, _, _, model, data = files
+    if model_kind == "checkpoint folder":
+        model = tmp_path / "checkpoint"
+        model.mkdir()
+    res, out = _probe_with(model, data, tmp_path, "--candidates", names)
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines() == ["satcore: error: Invalid value for --candidates: empty candidate name "
+                                               "(see 'main probe --help')"]
+    assert not out.exists()
+
+
 def test_rho_scores_an_onnx_dump_and_a_merge_of_its_shards(files, tmp_path):
     """ONNX dumps carry the stream sums: ``--rho`` turns the tolerance into loss units with
     ``||z||_S = sqrt(mean_i ||z_i||^2)`` of the closed-form stream, on one dump and on a merge of
