@@ -179,6 +179,8 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
     except OnnxProbeError as exc:
         if str(exc).startswith("batch "):  # the adapter refused a batch: the data file's fault, so name it
             raise _bad(f"{display_name(data_path)}: {exc}") from None
+        if display_name(model) not in str(exc):  # the model's (its graph, or the loss or names given for it)
+            raise OnnxProbeError(f"{display_name(model)}: {exc}") from None
         raise
     result.save(out_path, inputs=(model, data_path))
     n_samples = next(iter(result.statistics.values())).n_samples

@@ -225,6 +225,42 @@ def test_an_empty_candidate_name_is_refused_for_either_model(files, tmp_path, na
     assert not out.exists()
 
 
+def plain_linear(path):
+    """``logits = x W``: a model without a residual ``Add``."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["logits"])], "plain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", IN])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])],
+        [numpy_helper.from_array(np.ones((IN, CLASSES), np.float32), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("case", ["no residual Add", "--loss", "--output", "--candidates"])
+def test_a_refusal_of_the_model_names_the_model_file(files, tmp_path, case):
+    """What the probe refuses about the model (no block found, a loss, output or candidate it does not have) is one
+    line that leads with the model's file, exit 2, no dump; for a model without blocks it says what to pass on the
+    command line (it used to say only ``candidates=[tensor names]``, without the file)."""
+    _, _, _, model, data = files
+    options = {"no residual Add": [], "--loss": ["--loss", "nope"], "--output": ["--output", "nope"],
+               "--candidates": ["--candidates", "nope"]}[case]
+    if case == "no residual Add":
+        model = plain_linear(tmp_path / "plain.onnx")
+    res, out = _probe_with(model, data, tmp_path, *options)
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"satcore: error: {model}: "), res.output
+    assert ("'nope'" in lines[0]) != (case == "no residual Add")
+    if case == "no residual Add":
+        assert lines[0].endswith("no residual Add found in the graph; pass candidates=[tensor names] "
+                                 "(satcore probe: --candidates NAME,...)")
+    assert not out.exists()
+
+
 def test_rho_scores_an_onnx_dump_and_a_merge_of_its_shards(files, tmp_path):
     """ONNX dumps carry the stream sums: ``--rho`` turns the tolerance into loss units with
     ``||z||_S = sqrt(mean_i ||z_i||^2)`` of the closed-form stream, on one dump and on a merge of
