@@ -115,9 +115,10 @@ def candidate_names(candidates: str | None) -> list[str] | None:
 )
 @click.option("--output", "output_name", default=None, help="Model output the loss reads (default: the first).")
 @click.option("--batch-size", type=Count(), default=None,
-              help=f"Samples per ONNX Runtime run (default: {MAX_DEFAULT_BATCH}, or fewer so that the data makes "
-              f"{DEFAULT_FOLDS} batches: the verdict's fold test deals batches, not samples, into {DEFAULT_FOLDS} "
-              "folds, and fewer batches than folds can never show a candidate improvable).")
+              help=f"Samples per batch: per ONNX Runtime run, or windows for a checkpoint folder (default: "
+              f"{MAX_DEFAULT_BATCH}, or fewer so that the data makes {DEFAULT_FOLDS} batches: the verdict's fold "
+              f"test deals batches, not samples, into {DEFAULT_FOLDS} folds, and fewer batches than folds can never "
+              "show a candidate improvable).")
 @click.option("--split", default=None, help="Name of the split DATA comes from (recorded in the dump).")
 @click.option("--variance", is_flag=True,
               help="Also accumulate sum X_i^T X_i (debiased growth value; satcore sweep's noise floor).")
@@ -150,7 +151,7 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
     n_data = next(iter(arrays.values())).shape[0]
     chosen = batch_size is None
     if chosen:
-        batch_size = min(MAX_DEFAULT_BATCH, -(-n_data // DEFAULT_FOLDS))
+        batch_size = default_batch_size(n_data)
     if providers is not None:
         import onnxruntime
 
@@ -185,8 +186,20 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
     result.save(out_path, inputs=(model, data_path))
     n_samples = next(iter(result.statistics.values())).n_samples
     n_batches = -(-n_data // batch_size)
-    click.echo(f"wrote {display_name(out_path)}: {len(result.statistics)} candidate(s), {n_samples} samples in "
-               f"{n_batches} batch(es) of {batch_size}"
+    say_written(out_path, f"{len(result.statistics)} candidate(s), {n_samples} samples", n_batches, batch_size,
+                chosen=chosen)
+
+
+def default_batch_size(n_samples: int) -> int:
+    """``--batch-size``'s default: :data:`MAX_DEFAULT_BATCH`, or fewer so that ``n_samples`` make
+    :data:`DEFAULT_FOLDS` batches (the fold test deals batches, not samples, into its folds)."""
+    return min(MAX_DEFAULT_BATCH, -(-n_samples // DEFAULT_FOLDS))
+
+
+def say_written(out_path, what: str, n_batches: int, batch_size: int, *, chosen: bool) -> None:
+    """The line that reports the dump (``what`` it holds, in how many batches of what size), and on stderr a note
+    where the batches fill fewer folds than the fold test has."""
+    click.echo(f"wrote {display_name(out_path)}: {what} in {n_batches} batch(es) of {batch_size}"
                + (f" (the default --batch-size: one batch per fold of the {DEFAULT_FOLDS}-fold test where the data "
                   f"allows)" if chosen else ""))
     if n_batches < DEFAULT_FOLDS:
