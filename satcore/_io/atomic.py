@@ -49,7 +49,8 @@ class _Terminated(BaseException):
     """SIGTERM arrived while an output was being written."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of ``os.stat`` mode ``mode`` that is not a regular file is, for a refusal (``"a FIFO"``, ...)."""
     for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
@@ -113,7 +114,7 @@ def check_target(path, inputs=(), *, folder_exists: bool = True) -> None:
     except OSError as exc:
         raise OutputError(f"{shown}: cannot write ({exc.strerror or exc})") from None
     if existing is not None and not stat.S_ISREG(existing.st_mode):
-        raise OutputError(f"{shown}: is {_kind(existing.st_mode)}, not a regular file; refusing to replace it")
+        raise OutputError(f"{shown}: is {file_kind(existing.st_mode)}, not a regular file; refusing to replace it")
     if existing is None and folder_exists:  # a new file: its folder must be there now, not after the work
         folder = os.path.dirname(os.path.abspath(target))
         try:
