@@ -214,6 +214,8 @@ def _damage(log: Path, how: str) -> None:
         log.write_bytes(b"\n".join(lines) + b"\n")
     elif how == "round skipped":
         log.write_bytes(b"\n".join([lines[0], lines[1], lines[3]]) + b"\n")
+    elif how == "another file":  # a PNG given as the log: no final newline, but its first line is already no JSON
+        log.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
     elif how == "wrong type":
         entry = json.loads(lines[1])
         entry["round"] = "0"
@@ -225,6 +227,7 @@ def _damage(log: Path, how: str) -> None:
     ("truncated", 4, "incomplete last line"), ("missing key", 3, "missing key 'seed'"),
     ("deep nesting", 3, "nested too deeply"), ("round skipped", 3, "round 2 where round 1 was expected"),
     ("wrong type", 2, "key 'round' has a value of type str"),
+    ("another file", 1, "not valid JSON"),  # not 'line 3: incomplete last line ... delete that line to resume'
 ])
 def test_log_damage_is_one_line_naming_the_file_and_line(tmp_path, how, line, says):
     log = _good_log(tmp_path)
