@@ -193,6 +193,15 @@ def test_a_missing_log_folder_is_reported_before_any_work(tmp_path):
     assert decide.calls == 0
 
 
+def test_round_seeds_stay_in_the_range_every_seed_is_taken_in():
+    """Round ``k``'s seed is ``seed * 1000 + k`` where that is at most ``2**63 - 1`` (insert_block and a decision
+    policy refuse more), and brought back into that range above it."""
+    assert [GrowthOptions(GrowthCriteria(0.0), seed=3).round_seed(k) for k in (0, 7)] == [3000, 3007]
+    top = 2**63 - 1
+    assert GrowthOptions(GrowthCriteria(0.0), seed=top).round_seed(5) == (top * 1000 + 5) % 2**63
+    assert 0 <= GrowthOptions(GrowthCriteria(0.0), seed=10**30).round_seed(0) <= top
+
+
 def _good_log(tmp_path) -> Path:
     log = tmp_path / "g.jsonl"
     run_growth(("a", "b"), fk.FakeSteps({d: 1.0 - 0.05 * d for d in range(20)}), fk.FakeDecide(),
