@@ -33,7 +33,7 @@ import warnings
 from dataclasses import dataclass, replace
 
 from satcore import DecisionPolicy, InputError, ProbeError, SatcoreError
-from satcore.adapter_api import TRAINING_SPLIT_WARNING, Probe, is_training_split
+from satcore.adapter_api import MAX_SEED, TRAINING_SPLIT_WARNING, Probe, is_training_split, whole_number
 
 from .options import check_family
 
@@ -100,6 +100,8 @@ class ProbeOptions:
         if self.candidates is not None and not isinstance(self.candidates, tuple):
             object.__setattr__(self, "candidates", tuple(self.candidates))
         check_family(self.family, "probe: family")
+        # a decision policy's range: NumPy's generator refused -1 and 1.5 only at the first batch, in its own words
+        object.__setattr__(self, "seed", whole_number(self.seed, "probe: seed", 0, MAX_SEED))
 
 
 class PolicyDecision:
