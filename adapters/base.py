@@ -30,14 +30,15 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from satcore import DecisionPolicy, InputError, ProbeError, SatcoreError
-from satcore.adapter_api import MAX_SEED, TRAINING_SPLIT_WARNING, Probe, is_training_split, whole_number
+from satcore.adapter_api import MAX_SEED, TRAINING_SPLIT_WARNING, Probe, is_training_split, positive_count, whole_number
 
 from .options import check_family
 
-__all__ = ["PolicyDecision", "Probe", "ProbeOptions", "growth_decision", "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options",
+__all__ = ["PolicyDecision", "Probe", "callback_schedule", "ProbeOptions", "growth_decision", "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options",
            "SPLIT_DATA", "warn_if_training_split"]
 
 
@@ -102,6 +103,18 @@ class ProbeOptions:
         check_family(self.family, "probe: family")
         # a decision policy's range: NumPy's generator refused -1 and 1.5 only at the first batch, in its own words
         object.__setattr__(self, "seed", whole_number(self.seed, "probe: seed", 0, MAX_SEED))
+
+
+def callback_schedule(by: str, what: str, every, report) -> tuple[int, dict]:
+    """``(every, report options)`` of the callback ``by`` built with ``<what>=every`` (how often it probes) and
+    ``report=`` (keywords of ``report()``): a whole number of at least 1, and ``None`` or a mapping; each refused
+    naming the callback and the argument, when the callback is built (a float or True used to pass, a string
+    report to fail in ``dict()``'s words)."""
+    every = positive_count(every, f"{by}: {what}")
+    if report is not None and not isinstance(report, Mapping):
+        raise InputError(f"{by}: report must be a mapping of report() keywords, e.g. {{'criteria': "
+                         f"satcore.Criteria(alpha=0.01)}}, got {type(report).__name__}")
+    return every, dict(report or {})
 
 
 class PolicyDecision:

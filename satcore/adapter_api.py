@@ -74,7 +74,8 @@ from ._shared.arrays import check_feature_count, check_memory, memory_budget, st
 from ._shared.display import display_name
 from ._shared.errors import MissingDependencyError
 from ._shared.moved_keywords import MOVED_KEYWORDS, moved_keywords
-from ._shared.numbers import MAX_COUNT, MAX_SEED, derived_seed, finite_real, parse_whole_number, shown_value, whole_number
+from ._shared.numbers import (MAX_COUNT, MAX_SEED, derived_seed, finite_real, parse_whole_number, positive_count,
+                              shown_value, whole_number)
 from ._shared.optional import require
 from ._shared.splits import TRAINING_SPLIT_WARNING, is_training_split
 from ._statistics.moments import forms_sample_gradients
@@ -106,6 +107,6 @@ __all__ = [
     # the keywords the options objects replaced: a call passing one is told where it went
     "MOVED_KEYWORDS", "moved_keywords",
     # numbers from users: counts, seeds, reals (one reader for options, files and arguments)
-    "MAX_COUNT", "MAX_SEED", "derived_seed", "finite_real", "parse_whole_number", "shown_value",
+    "MAX_COUNT", "MAX_SEED", "derived_seed", "finite_real", "parse_whole_number", "positive_count", "shown_value",
     "whole_number",
 ]
