@@ -191,3 +191,39 @@ def test_decide_refuses_a_batch_the_model_cannot_take_naming_the_split_and_batch
     assert "\n" not in message
     # refused while reading the unexpanded losses: the held-out split first, then the training split, no probe
     assert len(calls) <= (2 if split == "heldout" else 2 + index)
+
+
+@pytest.mark.parametrize("entry", ["decide", "grow_until_saturated", "KerasCallback(policy=...)"])
+def test_a_model_grow_cannot_rebuild_is_refused_before_any_probe(entry):
+    """A Sequential model (whose graph grow cannot rebuild) is refused by the Keras decision's entry points before
+    any probe or training step, with one line naming the entry point and how to make the model functional:
+    decide used to probe both splits first and fail in grow, after a probe refusal that said 'pass candidates'."""
+    from satcore import GrowthCriteria, GrowthOptions
+    from satcore.adapters.tensorflow import KerasCallback, ProbeConfig, grow_until_saturated
+
+    _, functional = _models()
+    sequential = keras.Sequential(functional.layers)  # the same layers, as a Sequential
+    train, heldout = _as_numpy(_batches(0, 64, 32)), _as_numpy(_batches(1200, 64, 32))
+    calls = []
+
+    def counted(y, p):
+        calls.append(1)
+        return _keras_ce()(y, p)
+
+    recipe = Recipe("sgd", 0.1, 4, 32)
+    with pytest.raises(InputError) as refused:
+        if entry == "decide":
+            keras_decide(sequential, train, heldout, counted, policy=DecisionPolicy(recipe, candidates=["dense"]))
+        elif entry == "grow_until_saturated":
+            grow_until_saturated(sequential, lambda model, k: model, heldout, counted,
+                                 options=GrowthOptions(GrowthCriteria(tolerance=1e-3)))
+        else:
+            sequential.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            x, y = train[0]
+            sequential.fit(x, y, epochs=1, verbose=0, callbacks=[
+                KerasCallback(heldout, counted, policy=DecisionPolicy(recipe), train_data=train,
+                              config=ProbeConfig(candidates=["dense"]))])
+    assert str(refused.value) == (f"{entry}: grow needs a functional Keras model; Sequential is not one (a subclassed "
+                                  "model's graph cannot be rebuilt; a Sequential's can: keras.Model(model.inputs, "
+                                  "model.outputs))")
+    assert calls == []  # no probe, no epoch's end

@@ -18,6 +18,7 @@ from satcore import DecisionPolicy, InputError, ProbeError
 from satcore.adapter_api import moved_keywords
 from satcore.adapters.base import callback_schedule
 
+from .grow import require_functional
 from .probe import ProbeConfig, probe
 
 
@@ -85,6 +86,10 @@ class KerasCallback(keras.callbacks.Callback):
         self.every_n_epochs, self.report_options = every_n_epochs, report_options
         self.policy, self.train_data = policy, train_data
         self.reports: list = []
+
+    def on_train_begin(self, logs=None):
+        if self.policy is not None:  # the decision's trials rebuild the graph: refused before the first step
+            require_functional(self.model, "KerasCallback(policy=...)")
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every_n_epochs:

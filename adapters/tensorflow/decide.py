@@ -42,7 +42,7 @@ from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
 from satcore.adapters.base import SPLIT_DATA, refusing_bad_batch
 from satcore.adapter_api import TRAINING_SPLIT_WARNING, check_unexpanded_losses, moved_keywords, screen, trial_decision
 
-from .grow import InsertedResidual, grow
+from .grow import InsertedResidual, grow, require_functional
 from .probe import BATCH_ERRORS, ProbeConfig, _unpack, probe
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
@@ -253,6 +253,7 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
     """
     policy = DecisionPolicy.of(recipe, policy)
     recipe = policy.recipe
+    require_functional(model, "decide")  # before the probes: the trials rebuild the graph with the block in it
     if recipe.trainable != "terminal":
         raise InputError("decide: a Keras block's feature map is the probe's fixed seeded family, so only its terminal "
                          f"map V trains; use a recipe with trainable='terminal', got {recipe.trainable!r}")
