@@ -30,26 +30,28 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from satcore import DecisionPolicy, InputError, ProbeError, SatcoreError
-from satcore.adapter_api import TRAINING_SPLIT_WARNING, Probe, is_training_split
+from satcore.adapter_api import MAX_SEED, TRAINING_SPLIT_WARNING, Probe, is_training_split, positive_count, whole_number
 
 from .options import check_family
 
-__all__ = ["PolicyDecision", "Probe", "ProbeOptions", "growth_decision", "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options",
-           "warn_if_training_split"]
+__all__ = ["PolicyDecision", "Probe", "callback_schedule", "ProbeOptions", "growth_decision", "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options",
+           "SPLIT_DATA", "warn_if_training_split"]
 
 
 @contextlib.contextmanager
-def refusing_bad_batch(index: int, framework_errors: tuple, *, passing: tuple = ()):
+def refusing_bad_batch(index: int, framework_errors: tuple, *, passing: tuple = (), where: str = ""):
     """Run the model and the loss on batch ``index`` inside this block: a framework error raised
     there is the batch's (inputs or targets of a shape or dtype they cannot take) and becomes a
     :class:`~satcore.ProbeError` naming the batch and the error's first line, chained to it.
 
     ``framework_errors``: what the framework raises for such inputs (torch ``RuntimeError``,
     Keras ``ValueError``, ...); ``passing``: subclasses of those that are no fault of the batch
-    and propagate unchanged (an accelerator out of memory).  A :class:`~satcore.SatcoreError`
+    and propagate unchanged (an accelerator out of memory); ``where``: what the message leads with, naming the
+    data the batch is from (``"decide: the held-out data: "``).  A :class:`~satcore.SatcoreError`
     raised inside (a refusal of satcore's own) propagates unchanged.
     """
     try:
@@ -61,7 +63,11 @@ def refusing_bad_batch(index: int, framework_errors: tuple, *, passing: tuple = 
             raise
         lines = str(exc).strip().splitlines()
         said = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-        raise ProbeError(f"batch {index}: the model or loss_fn cannot take it ({said})") from exc
+        raise ProbeError(f"{where}batch {index}: the model or loss_fn cannot take it ({said})") from exc
+
+
+# what decide's messages call its two splits (``evaluate``'s keys)
+SPLIT_DATA = {"heldout": "decide: the held-out data: ", "train": "decide: the training data: "}
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,20 @@ class ProbeOptions:
         if self.candidates is not None and not isinstance(self.candidates, tuple):
             object.__setattr__(self, "candidates", tuple(self.candidates))
         check_family(self.family, "probe: family")
+        # a decision policy's range: NumPy's generator refused -1 and 1.5 only at the first batch, in its own words
+        object.__setattr__(self, "seed", whole_number(self.seed, "probe: seed", 0, MAX_SEED))
+
+
+def callback_schedule(by: str, what: str, every, report) -> tuple[int, dict]:
+    """``(every, report options)`` of the callback ``by`` built with ``<what>=every`` (how often it probes) and
+    ``report=`` (keywords of ``report()``): a whole number of at least 1, and ``None`` or a mapping; each refused
+    naming the callback and the argument, when the callback is built (a float or True used to pass, a string
+    report to fail in ``dict()``'s words)."""
+    every = positive_count(every, f"{by}: {what}")
+    if report is not None and not isinstance(report, Mapping):
+        raise InputError(f"{by}: report must be a mapping of report() keywords, e.g. {{'criteria': "
+                         f"satcore.Criteria(alpha=0.01)}}, got {type(report).__name__}")
+    return every, dict(report or {})
 
 
 class PolicyDecision:

@@ -341,7 +341,8 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
 
         from .plot import plot_format
 
-        check_target(plot_path, [p for p in (data_path, general_path) if p])
+        # the figure may go into the -o directory, which expand makes
+        check_target(plot_path, [p for p in (data_path, general_path) if p], folder_exists=False)
         plot_format(plot_path)
     from satcore import DecisionPolicy, Recipe
     from satcore.adapters.torch.checkpoint_dir import (EXPAND_COPIES, check_checkpoint_dir, checkpoint_dtype,

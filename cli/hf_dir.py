@@ -4,13 +4,12 @@ MODEL_DIR is read as ``satcore expand`` reads it (config, weights, tokenizer;
 nothing executed, nothing written), ``--data`` as there too: UTF-8 text
 tokenised with the checkpoint's tokenizer, or token ids in ``.npz``
 (``input_ids``) / ``.jsonl``, cut into windows of ``min(256, context)`` tokens
-(at most 256 windows), ``--batch-size`` windows a batch.  The loss is the
+(at most 256 windows), ``--batch-size`` windows a batch (by default as for an ONNX model: at most 64, and
+16 batches where the windows allow).  The loss is the
 model's own next-token cross-entropy per window.
 """
 
 from __future__ import annotations
-
-from .common import display_name
 
 SEQ_LEN, MAX_WINDOWS = 256, 256
 
@@ -26,10 +25,10 @@ def window_length(config) -> int:
 def probe_checkpoint_dir(model_dir, data_path, probe_config, *, batch_size, out_path):
     """Probe the checkpoint in ``model_dir`` on ``data_path``'s windows with ``probe_config`` (the torch
     adapter's ``ProbeConfig``, built by the command from its options) and write the dump to ``out_path``."""
-    import click
-
     from satcore.adapters.torch import probe, sequence_loss
     from satcore.adapters.torch.checkpoint_dir import load_causal_lm, read_token_windows
+
+    from .probe import default_batch_size, say_written
 
     from transformers.utils import logging as hf_logging
 
@@ -38,7 +37,11 @@ def probe_checkpoint_dir(model_dir, data_path, probe_config, *, batch_size, out_
     config = model.config
     windows = read_token_windows(data_path, tokenizer_dir=model_dir, vocab_size=config.vocab_size,
                                  seq_len=window_length(config), max_windows=MAX_WINDOWS)
+    chosen = batch_size is None
+    if chosen:
+        batch_size = default_batch_size(len(windows))
     batches = [({"input_ids": w}, w) for w in windows.split(batch_size)]
     result = probe(model, batches, sequence_loss, config=probe_config)
     result.save(out_path, inputs=(data_path,))
-    click.echo(f"wrote {display_name(out_path)}: {len(result.statistics)} candidate(s), {len(windows)} windows")
+    say_written(out_path, f"{len(result.statistics)} candidate(s), {len(windows)} windows", len(batches), batch_size,
+                chosen=chosen)

@@ -73,6 +73,17 @@ def batches(path: str, headers: dict[str, NpyHeader], batch_size: int):
                 reader.close()
 
 
+def candidate_names(candidates: str | None) -> list[str] | None:
+    """``--candidates``' comma-separated names, ``None`` when the option is not given (every block and the head); an
+    empty name is refused, ``--candidates ""`` included (which used to mean every block)."""
+    if candidates is None:
+        return None
+    names = [c.strip() for c in candidates.split(",")]
+    if not all(names):
+        raise click.BadParameter("empty candidate name", param_hint="--candidates")
+    return names
+
+
 @click.command()
 @click.argument("model", type=click.Path())
 @click.option(
@@ -104,9 +115,10 @@ def batches(path: str, headers: dict[str, NpyHeader], batch_size: int):
 )
 @click.option("--output", "output_name", default=None, help="Model output the loss reads (default: the first).")
 @click.option("--batch-size", type=Count(), default=None,
-              help=f"Samples per ONNX Runtime run (default: {MAX_DEFAULT_BATCH}, or fewer so that the data makes "
-              f"{DEFAULT_FOLDS} batches: the verdict's fold test deals batches, not samples, into {DEFAULT_FOLDS} "
-              "folds, and fewer batches than folds can never show a candidate improvable).")
+              help=f"Samples per batch: per ONNX Runtime run, or windows for a checkpoint folder (default: "
+              f"{MAX_DEFAULT_BATCH}, or fewer so that the data makes {DEFAULT_FOLDS} batches: the verdict's fold "
+              f"test deals batches, not samples, into {DEFAULT_FOLDS} folds, and fewer batches than folds can never "
+              "show a candidate improvable).")
 @click.option("--split", default=None, help="Name of the split DATA comes from (recorded in the dump).")
 @click.option("--variance", is_flag=True,
               help="Also accumulate sum X_i^T X_i (debiased growth value; satcore sweep's noise floor).")
@@ -119,12 +131,12 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
     """Probe MODEL (an ONNX file, or a Hugging Face checkpoint directory) on DATA and write a dump for
     'satcore score'.  A directory takes text or token ids as DATA (see 'satcore expand --help')."""
     check_target(out_path, (model, data_path))  # before the probe: -o MODEL or -o DATA is refused now
+    names = candidate_names(candidates)
     if os.path.isdir(model):
         from satcore.adapters.torch import ProbeConfig
 
         from .hf_dir import probe_checkpoint_dir
 
-        names = [c.strip() for c in candidates.split(",")] if candidates else None
         config = ProbeConfig(candidates=names, family=family, seed=seed, init_std=init_std, n_features=n_features,
                              split=split, variance=variance)
         return probe_checkpoint_dir(model, data_path, config, batch_size=batch_size, out_path=out_path)
@@ -133,16 +145,13 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
         raise click.BadParameter(
             f"{data_path}: 'inputs' goes with 'targets' only; name each model input instead", param_hint="--data"
         )
-    names = [c.strip() for c in candidates.split(",")] if candidates else None
-    if names is not None and not all(names):
-        raise click.BadParameter("empty candidate name", param_hint="--candidates")
     from satcore.adapters.onnx import OnnxProbeError
     from satcore.adapters.onnx import probe as onnx_probe  # after the data check: a refusal loads no runtime
 
     n_data = next(iter(arrays.values())).shape[0]
     chosen = batch_size is None
     if chosen:
-        batch_size = min(MAX_DEFAULT_BATCH, -(-n_data // DEFAULT_FOLDS))
+        batch_size = default_batch_size(n_data)
     if providers is not None:
         import onnxruntime
 
@@ -171,12 +180,26 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
     except OnnxProbeError as exc:
         if str(exc).startswith("batch "):  # the adapter refused a batch: the data file's fault, so name it
             raise _bad(f"{display_name(data_path)}: {exc}") from None
+        if display_name(model) not in str(exc):  # the model's (its graph, or the loss or names given for it)
+            raise OnnxProbeError(f"{display_name(model)}: {exc}") from None
         raise
     result.save(out_path, inputs=(model, data_path))
     n_samples = next(iter(result.statistics.values())).n_samples
     n_batches = -(-n_data // batch_size)
-    click.echo(f"wrote {display_name(out_path)}: {len(result.statistics)} candidate(s), {n_samples} samples in "
-               f"{n_batches} batch(es) of {batch_size}"
+    say_written(out_path, f"{len(result.statistics)} candidate(s), {n_samples} samples", n_batches, batch_size,
+                chosen=chosen)
+
+
+def default_batch_size(n_samples: int) -> int:
+    """``--batch-size``'s default: :data:`MAX_DEFAULT_BATCH`, or fewer so that ``n_samples`` make
+    :data:`DEFAULT_FOLDS` batches (the fold test deals batches, not samples, into its folds)."""
+    return min(MAX_DEFAULT_BATCH, -(-n_samples // DEFAULT_FOLDS))
+
+
+def say_written(out_path, what: str, n_batches: int, batch_size: int, *, chosen: bool) -> None:
+    """The line that reports the dump (``what`` it holds, in how many batches of what size), and on stderr a note
+    where the batches fill fewer folds than the fold test has."""
+    click.echo(f"wrote {display_name(out_path)}: {what} in {n_batches} batch(es) of {batch_size}"
                + (f" (the default --batch-size: one batch per fold of the {DEFAULT_FOLDS}-fold test where the data "
                   f"allows)" if chosen else ""))
     if n_batches < DEFAULT_FOLDS:

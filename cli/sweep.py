@@ -122,4 +122,5 @@ def render_sweep(result) -> str:
 NO_STOP_DECISION = ("depth decision: none from statistics alone: the first-order verdicts and plateau below say "
                     "whether a zero-output block has a descent direction at each depth, not whether a deeper model "
                     "lowers the held-out loss; to decide when to stop, verify by short trials (satcore.adapters.torch."
-                    "decide at each depth, or grow_until_saturated with a recipe; docs/predictive-validity.md)")
+                    "decide or satcore.adapters.tensorflow.decide at each depth, or grow_until_saturated with a "
+                    "recipe; docs/predictive-validity.md)")

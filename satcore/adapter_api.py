@@ -63,7 +63,7 @@ from ._formulas.families import (
 )
 from ._formulas.folds import DEFAULT_FOLDS
 from ._growth.loop import AdapterSteps, round_summary
-from ._io.atomic import OutputError, atomic_write, check_target, command_inputs, note_input
+from ._io.atomic import OutputError, atomic_write, check_target, command_inputs, file_kind, note_input
 from ._io.dump import Dump, read_dump_meta
 from ._io.probe_result import Probe
 from ._io.yaml_text import yaml_quoted
@@ -74,7 +74,8 @@ from ._shared.arrays import check_feature_count, check_memory, memory_budget, st
 from ._shared.display import display_name
 from ._shared.errors import MissingDependencyError
 from ._shared.moved_keywords import MOVED_KEYWORDS, moved_keywords
-from ._shared.numbers import MAX_COUNT, MAX_SEED, derived_seed, finite_real, parse_whole_number, shown_value, whole_number
+from ._shared.numbers import (MAX_COUNT, MAX_SEED, derived_seed, finite_real, parse_whole_number, positive_count,
+                              shown_value, whole_number)
 from ._shared.optional import require
 from ._shared.splits import TRAINING_SPLIT_WARNING, is_training_split
 from ._statistics.moments import forms_sample_gradients
@@ -96,7 +97,7 @@ __all__ = [
     # the contracts every adapter implements: its incremental probe, its side of a growth round
     "Probe", "AdapterSteps", "round_summary",
     # files: atomic writes, dumps, the safe .npz reader
-    "OutputError", "atomic_write", "check_target", "command_inputs", "note_input", "Dump", "read_dump_meta",
+    "OutputError", "atomic_write", "check_target", "command_inputs", "file_kind", "note_input", "Dump", "read_dump_meta",
     "NpyHeader", "NpzArchive", "NpzError", "yaml_quoted",
     # rendering
     "decision_interval_notes", "num", "render_report", "table", "display_name", "StreamDiagnostics",
@@ -106,6 +107,6 @@ __all__ = [
     # the keywords the options objects replaced: a call passing one is told where it went
     "MOVED_KEYWORDS", "moved_keywords",
     # numbers from users: counts, seeds, reals (one reader for options, files and arguments)
-    "MAX_COUNT", "MAX_SEED", "derived_seed", "finite_real", "parse_whole_number", "shown_value",
+    "MAX_COUNT", "MAX_SEED", "derived_seed", "finite_real", "parse_whole_number", "positive_count", "shown_value",
     "whole_number",
 ]

@@ -135,6 +135,27 @@ def test_t_with_error_plans_the_probe_size(dump):
         assert test["required_probe_size"] == int(np.ceil(sigma_sum / (alpha * t**2)))
 
 
+def test_the_no_decision_lines_name_the_decide_of_every_adapter_that_has_one():
+    """The lines that send the reader of a first-order table to ``decide`` name a ``decide`` that exists, one per
+    adapter that has one (torch and Keras; ONNX has none): a Keras user's report used to name only the torch one.
+    Found from the adapters' source, not their imports (no framework is loaded)."""
+    import importlib.util
+    import re
+
+    from satcore._rendering.table import NO_DECISION
+    from satcore.cli.sweep import NO_STOP_DECISION
+
+    import satcore.adapters
+
+    deciding = {path.parent.name for path in Path(satcore.adapters.__file__).parent.glob("*/decide.py")
+                if re.search(r"^def decide\(", path.read_text(), re.M)}
+    assert deciding == {"torch", "tensorflow"}
+    for line in (NO_DECISION, NO_STOP_DECISION):
+        named = re.findall(r"satcore\.adapters\.(\w+)\.decide\b", line)
+        assert sorted(named) == sorted(deciding), line
+        assert all(importlib.util.find_spec(f"satcore.adapters.{framework}") is not None for framework in named)
+
+
 def test_table_rows_in_depth_order_and_maximum_line(dump):
     text = invoke("score", dump).stdout
     lines = text.splitlines()
@@ -197,14 +218,22 @@ def test_inspect_summarises(dump):
     assert "data read" not in invoke("inspect", dump, "--headers-only").stdout
 
 
-def test_score_plot_writes_png(dump, tmp_path):
+def test_score_plot_writes_png(dump, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")  # the plot extra
     png = tmp_path / "score.png"
     invoke("score", dump, "--plot", png, "--quiet")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # a plot that cannot be written fails the command, after the scores were printed
-    result = CliRunner().invoke(main, ["score", str(dump), "--plot", str(tmp_path / "no" / "such" / "x.png")])
+    # a plot whose write fails (a full disk) fails the command, after the scores were printed; a folder that is
+    # missing is refused before them (test_hostile_outputs)
+    from satcore._io.atomic import OutputError
+
+    def full_disk(path, write, *, inputs=()):
+        raise OutputError(f"{path}: cannot write (No space left on device)")
+
+    monkeypatch.setattr("satcore.cli.plot.atomic_write", full_disk)
+    result = CliRunner().invoke(main, ["score", str(dump), "--plot", str(tmp_path / "x.png")])
     assert result.exit_code == 2 and "largest growth value" in result.stdout
+    assert "No space left on device" in result.stderr and not (tmp_path / "x.png").exists()
 
 
 def test_installed_console_script(dump, tmp_path):

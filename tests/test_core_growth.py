@@ -193,6 +193,15 @@ def test_a_missing_log_folder_is_reported_before_any_work(tmp_path):
     assert decide.calls == 0
 
 
+def test_round_seeds_stay_in_the_range_every_seed_is_taken_in():
+    """Round ``k``'s seed is ``seed * 1000 + k`` where that is at most ``2**63 - 1`` (insert_block and a decision
+    policy refuse more), and brought back into that range above it."""
+    assert [GrowthOptions(GrowthCriteria(0.0), seed=3).round_seed(k) for k in (0, 7)] == [3000, 3007]
+    top = 2**63 - 1
+    assert GrowthOptions(GrowthCriteria(0.0), seed=top).round_seed(5) == (top * 1000 + 5) % 2**63
+    assert 0 <= GrowthOptions(GrowthCriteria(0.0), seed=10**30).round_seed(0) <= top
+
+
 def _good_log(tmp_path) -> Path:
     log = tmp_path / "g.jsonl"
     run_growth(("a", "b"), fk.FakeSteps({d: 1.0 - 0.05 * d for d in range(20)}), fk.FakeDecide(),
@@ -214,6 +223,8 @@ def _damage(log: Path, how: str) -> None:
         log.write_bytes(b"\n".join(lines) + b"\n")
     elif how == "round skipped":
         log.write_bytes(b"\n".join([lines[0], lines[1], lines[3]]) + b"\n")
+    elif how == "another file":  # a PNG given as the log: no final newline, but its first line is already no JSON
+        log.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
     elif how == "wrong type":
         entry = json.loads(lines[1])
         entry["round"] = "0"
@@ -225,6 +236,7 @@ def _damage(log: Path, how: str) -> None:
     ("truncated", 4, "incomplete last line"), ("missing key", 3, "missing key 'seed'"),
     ("deep nesting", 3, "nested too deeply"), ("round skipped", 3, "round 2 where round 1 was expected"),
     ("wrong type", 2, "key 'round' has a value of type str"),
+    ("another file", 1, "not valid JSON"),  # not 'line 3: incomplete last line ... delete that line to resume'
 ])
 def test_log_damage_is_one_line_naming_the_file_and_line(tmp_path, how, line, says):
     log = _good_log(tmp_path)

@@ -139,6 +139,23 @@ def test_probe_config_refuses_a_family_the_probe_would_refuse_when_built():
         assert torch_adapter.ProbeConfig(family=family).family is family
 
 
+@pytest.mark.parametrize("seed, message", [
+    (-1, r"^probe: seed: -1 is not in the range 0\.\.9223372036854775807$"),
+    (2**70, r"^probe: seed: 1180591620717411303424 is not in the range 0\.\.9223372036854775807$"),
+    (1.5, r"^probe: seed must be a whole number, got 1\.5 \(float\)$"),
+    (True, r"^probe: seed must be a whole number, got True \(bool\)$"),
+])
+def test_probe_config_refuses_a_seed_outside_the_policys_range_when_built(seed, message):
+    """A probe's seed is checked when its ``ProbeConfig`` is built, in the range of a ``DecisionPolicy``'s: -1 and
+    1.5 reached NumPy's generator at the first batch (its ``ValueError`` / ``TypeError``), True and 2**70 passed."""
+    torch_adapter = pytest.importorskip("satcore.adapters.torch")
+    with pytest.raises(InputError, match=message):
+        torch_adapter.ProbeConfig(seed=seed)
+    with pytest.raises(InputError, match=message.replace("probe: seed", "policy: seed")):
+        DecisionPolicy(Recipe("sgd", 0.1, 4, 32), seed=seed)  # the same range
+    assert torch_adapter.ProbeConfig(seed=2**63 - 1).seed == 2**63 - 1
+
+
 def test_expansion_options_check_their_fields_when_built():
     torch_adapter = pytest.importorskip("satcore.adapters.torch")
     for fields, message in (({"layout": "diagonal"}, r"^expansion options: layout must be one of ranked, grouped, got "

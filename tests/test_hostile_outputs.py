@@ -194,6 +194,20 @@ def test_plot_format_is_refused_before_the_scores(dumps, tmp_path, target):
     assert sorted(os.listdir(tmp_path)) == ["H.npz", "T.png"]
 
 
+@pytest.mark.parametrize("command", ["score", "sweep", "merge"])
+def test_output_into_a_missing_folder_is_refused_before_any_work(dumps, tmp_path, command):
+    """An output whose folder does not exist is one line naming the file and the folder, before anything is
+    read or printed (it used to come after the whole table on stdout, or after a whole probe)."""
+    heldout, train = dumps
+    target = str(tmp_path / "missing" / "out.png")
+    args = [command, heldout, "--plot", target] if command != "merge" else [command, heldout, train, "-o", target]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert_one_line(result.stderr, [target, "cannot write into", str(tmp_path / "missing"), "No such file"])
+    assert sorted(os.listdir(tmp_path)) == ["H.npz", "T.png"]
+
+
 def strict_json(text: str):
     def refuse(constant):
         raise AssertionError(f"non-JSON constant {constant}")

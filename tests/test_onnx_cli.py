@@ -207,6 +207,72 @@ def test_n_features_the_family_cannot_take_is_one_line_exit_2(files, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("names", ["", " , ", "blocks.0,,head"])
+@pytest.mark.parametrize("model_kind", ["onnx", "checkpoint folder"])
+def test_an_empty_candidate_name_is_refused_for_either_model(files, tmp_path, names, model_kind):
+    """``--candidates`` with an empty name is one line naming the option, exit 2, no dump: for an ONNX file and,
+    before the folder is read, for a checkpoint folder (an empty one, refused otherwise for its missing
+    config.json).  ``--candidates ""`` used to probe every block, and a folder took ``a,,b``'s empty name to the
+    probe."""
+    _, _, _, model, data = files
+    if model_kind == "checkpoint folder":
+        model = tmp_path / "checkpoint"
+        model.mkdir()
+    res, out = _probe_with(model, data, tmp_path, "--candidates", names)
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines() == ["satcore: error: Invalid value for --candidates: empty candidate name "
+                                               "(see 'main probe --help')"]
+    assert not out.exists()
+
+
+def plain_linear(path):
+    """``logits = x W``: a model without a residual ``Add``."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["logits"])], "plain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", IN])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])],
+        [numpy_helper.from_array(np.ones((IN, CLASSES), np.float32), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("case", ["no residual Add", "--loss", "--output", "--candidates"])
+def test_a_refusal_of_the_model_names_the_model_file(files, tmp_path, case):
+    """What the probe refuses about the model (no block found, a loss, output or candidate it does not have) is one
+    line that leads with the model's file, exit 2, no dump; for a model without blocks it says what to pass on the
+    command line (it used to say only ``candidates=[tensor names]``, without the file)."""
+    _, _, _, model, data = files
+    options = {"no residual Add": [], "--loss": ["--loss", "nope"], "--output": ["--output", "nope"],
+               "--candidates": ["--candidates", "nope"]}[case]
+    if case == "no residual Add":
+        model = plain_linear(tmp_path / "plain.onnx")
+    res, out = _probe_with(model, data, tmp_path, *options)
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"satcore: error: {model}: "), res.output
+    assert ("'nope'" in lines[0]) != (case == "no residual Add")
+    if case == "no residual Add":
+        assert lines[0].endswith("no residual Add found in the graph; pass candidates=[tensor names] "
+                                 "(satcore probe: --candidates NAME,...)")
+    assert not out.exists()
+
+
+def test_a_model_that_is_not_a_regular_file_is_named_for_what_it_is(files, tmp_path):
+    """``satcore probe /dev/null``: one line saying what the path is (it said 'no ONNX file at', which it is not), and
+    a path that is not there is still 'no ONNX file'."""
+    _, _, _, _, data = files
+    res, out = _probe_with("/dev/null", data, tmp_path)
+    assert res.exit_code == 2 and not out.exists(), res.output
+    assert res.output.strip().splitlines() == ["satcore: error: /dev/null: is a character device, not a regular "
+                                               "file; refused"]
+    res, _ = _probe_with(tmp_path / "absent.onnx", data, tmp_path)
+    assert res.exit_code == 2 and f"no ONNX file at '{tmp_path / 'absent.onnx'}'" in res.output
+
+
 def test_rho_scores_an_onnx_dump_and_a_merge_of_its_shards(files, tmp_path):
     """ONNX dumps carry the stream sums: ``--rho`` turns the tolerance into loss units with
     ``||z||_S = sqrt(mean_i ||z_i||^2)`` of the closed-form stream, on one dump and on a merge of

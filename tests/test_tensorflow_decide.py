@@ -24,7 +24,7 @@ pytest.importorskip("tensorflow")
 from zoo.models_keras import keras_mlp  # noqa: E402
 from zoo.models_torch import ResidualMLP, digits, per_sample_ce  # noqa: E402
 
-from satcore import DecisionPolicy, InputError, Recipe, TrialSettings  # noqa: E402
+from satcore import DecisionPolicy, InputError, ProbeError, Recipe, TrialSettings  # noqa: E402
 from satcore.adapters.tensorflow import decide as keras_decide  # noqa: E402
 from satcore.adapters.tensorflow.decide import RecipeOptimizer  # noqa: E402
 from satcore.adapters.torch import ProbeConfig as TorchProbeConfig  # noqa: E402
@@ -151,3 +151,79 @@ def test_keras_decide_refuses_what_it_cannot_decide_on():
         keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32), max_trials=2)
     with pytest.raises(TypeError, match=r"decide\(\) got an unexpected keyword argument 'max_trails'"):
         keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32), max_trails=2)
+
+
+BAD_BATCHES = {  # the split, the bad batch's index and how it is spoilt; each run of the model or its loss fails
+    "inputs of another width": ("train", 1, lambda x, y: (x[:, :5], y)),
+    "fewer targets than inputs": ("heldout", 0, lambda x, y: (x, y[:-1])),
+}
+
+
+@pytest.mark.parametrize("framework", ["torch", "keras"])
+@pytest.mark.parametrize("case", list(BAD_BATCHES))
+def test_decide_refuses_a_batch_the_model_cannot_take_naming_the_split_and_batch(framework, case):
+    """A batch whose inputs or targets the model or loss cannot take is one ``ProbeError`` line naming the split and
+    the batch, with the framework's own first line, before any probe or trial (both decides used to raise the
+    framework's exception from evaluating the unexpanded model's losses), as the probe refuses it."""
+    split, index, spoil = BAD_BATCHES[case]
+    net, model = _models()
+    data = {"train": _batches(0, 64, 32), "heldout": _batches(1200, 64, 32)}
+    data[split][index] = spoil(*data[split][index])
+    recipe = Recipe("sgd", 0.1, 4, 32)
+    shown = {"train": "the training data", "heldout": "the held-out data"}[split]
+    calls = []
+
+    def counting(loss):
+        def counted(*args):
+            calls.append(1)
+            return loss(*args)
+        return counted
+
+    if framework == "torch":
+        run = lambda: torch_decide(net, data["train"], data["heldout"], counting(per_sample_ce), recipe=recipe)  # noqa: E731
+    else:
+        data = {name: _as_numpy(batches) for name, batches in data.items()}
+        run = lambda: keras_decide(model, data["train"], data["heldout"], counting(_keras_ce()), recipe=recipe)  # noqa: E731
+    with pytest.raises(ProbeError) as refused:
+        run()
+    message = str(refused.value)
+    assert message.startswith(f"decide: {shown}: batch {index}: the model or loss_fn cannot take it (")
+    assert "\n" not in message
+    # refused while reading the unexpanded losses: the held-out split first, then the training split, no probe
+    assert len(calls) <= (2 if split == "heldout" else 2 + index)
+
+
+@pytest.mark.parametrize("entry", ["decide", "grow_until_saturated", "KerasCallback(policy=...)"])
+def test_a_model_grow_cannot_rebuild_is_refused_before_any_probe(entry):
+    """A Sequential model (whose graph grow cannot rebuild) is refused by the Keras decision's entry points before
+    any probe or training step, with one line naming the entry point and how to make the model functional:
+    decide used to probe both splits first and fail in grow, after a probe refusal that said 'pass candidates'."""
+    from satcore import GrowthCriteria, GrowthOptions
+    from satcore.adapters.tensorflow import KerasCallback, ProbeConfig, grow_until_saturated
+
+    _, functional = _models()
+    sequential = keras.Sequential(functional.layers)  # the same layers, as a Sequential
+    train, heldout = _as_numpy(_batches(0, 64, 32)), _as_numpy(_batches(1200, 64, 32))
+    calls = []
+
+    def counted(y, p):
+        calls.append(1)
+        return _keras_ce()(y, p)
+
+    recipe = Recipe("sgd", 0.1, 4, 32)
+    with pytest.raises(InputError) as refused:
+        if entry == "decide":
+            keras_decide(sequential, train, heldout, counted, policy=DecisionPolicy(recipe, candidates=["dense"]))
+        elif entry == "grow_until_saturated":
+            grow_until_saturated(sequential, lambda model, k: model, heldout, counted,
+                                 options=GrowthOptions(GrowthCriteria(tolerance=1e-3)))
+        else:
+            sequential.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            x, y = train[0]
+            sequential.fit(x, y, epochs=1, verbose=0, callbacks=[
+                KerasCallback(heldout, counted, policy=DecisionPolicy(recipe), train_data=train,
+                              config=ProbeConfig(candidates=["dense"]))])
+    assert str(refused.value) == (f"{entry}: grow needs a functional Keras model; Sequential is not one (a subclassed "
+                                  "model's graph cannot be rebuilt; a Sequential's can: keras.Model(model.inputs, "
+                                  "model.outputs))")
+    assert calls == []  # no probe, no epoch's end

@@ -316,7 +316,7 @@ def test_the_other_refusals_name_their_argument(token_setup):
     from satcore.adapters.tensorflow.callbacks import per_sample_loss
     from satcore.adapters.tensorflow.growth import per_sample_losses
 
-    with pytest.raises(InputError, match="^every_n_epochs must be >= 1, got 0"):
+    with pytest.raises(InputError, match="^KerasCallback: every_n_epochs must be a positive integer, got 0"):
         KerasCallback(batches, token_loss, every_n_epochs=0)
     with pytest.raises(ProbeError, match="^loss_fn: the model's compiled loss 3 is not one loss"):
         per_sample_loss(3)

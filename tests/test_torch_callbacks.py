@@ -256,6 +256,34 @@ def test_lightning_callback_configuration_is_refused_before_training(tmp_path, o
     assert steps == [] and callback.reports == []  # refused at on_fit_start, not after an epoch
 
 
+@pytest.mark.parametrize("callback", ["HFCallback", "LightningCallback", "KerasCallback"])
+@pytest.mark.parametrize("every, says", [(0, "0"), (-2, "-2"), (1.5, "1.5"), (True, "True")])
+def test_callbacks_refuse_a_schedule_that_is_not_a_positive_whole_number_when_built(callback, every, says):
+    """How often a callback probes is a whole number >= 1, refused when the callback is built with one
+    ``InputError`` naming the callback and its argument: 1.5 and True passed (``(epoch + 1) % 1.5`` then probes on
+    other epochs than the user meant), 0 was a ``ValueError`` in the torch callbacks and an ``InputError`` in
+    Keras; ``report=`` must be a mapping (a string failed in ``dict()``'s words)."""
+    if callback == "HFCallback":
+        pytest.importorskip("transformers")
+        from satcore.adapters.torch import HFCallback as build
+        what = "every"
+    elif callback == "LightningCallback":
+        pytest.importorskip("lightning.pytorch")
+        from satcore.adapters.torch import LightningCallback as build
+        what = "every_n_epochs"
+    else:
+        pytest.importorskip("tensorflow")
+        from satcore.adapters.tensorflow import KerasCallback as build
+        what = "every_n_epochs"
+    batches = [(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long))]
+    with pytest.raises(InputError) as refused:
+        build(batches, **{what: every})
+    assert str(refused.value) == f"{callback}: {what} must be a positive integer, got {says}"
+    with pytest.raises(InputError, match=f"^{callback}: report must be a mapping of report\\(\\) keywords, .*got str$"):
+        build(batches, report="alpha")
+    assert build(batches, **{what: 3}, report={"criteria": None}).report_options == {"criteria": None}
+
+
 def dropout_lm():
     """The small causal LM with dropout on: its training draws random numbers at every step."""
     from transformers import GPT2Config, GPT2LMHeadModel

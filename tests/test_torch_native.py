@@ -22,7 +22,7 @@ from torch import nn
 
 from zoo import models_torch as mt
 from satcore.adapters.torch import find_blocks, insert_block, probe, sequence_loss
-from satcore._shared.errors import ProbeError
+from satcore._shared.errors import InputError, ProbeError
 
 torch.set_num_threads(1)
 
@@ -201,6 +201,21 @@ def test_seed_draws_the_block_and_restores_the_global_rng():
     # initialised by GPT-2's own _init_weights: c_fc ~ N(0, initializer_range^2), LayerNorm (1, 0)
     assert fc[0].std().item() == pytest.approx(model.config.initializer_range, rel=0.1)
     assert torch.equal(new.ln_1.weight, torch.ones(32)) and not new.ln_1.bias.any()
+
+
+@pytest.mark.parametrize("seed, says", [
+    (-1, "insert_block: seed: -1 is not in the range 0..9223372036854775807"),
+    (2**64, "insert_block: seed: 18446744073709551616 is not in the range 0..9223372036854775807"),
+    (1.5, "insert_block: seed must be a whole number, got 1.5 (float)"),
+    (True, "insert_block: seed must be a whole number, got True (bool)"),
+    ("7", "insert_block: seed must be a whole number, got '7' (str)"),
+])
+def test_a_seed_outside_the_probes_range_is_refused_before_the_copy(seed, says):
+    """``insert_block``'s seed is the probe's (``0 .. 2**63 - 1``, a whole number): it accepted -1, 1.5 and True
+    (torch seeds them) and failed on 2**64 and '7' with torch's ValueError."""
+    with pytest.raises(InputError) as refused:
+        insert_block(mt.gpt2(), "transformer.h.1", seed=seed)
+    assert str(refused.value) == says
 
 
 @pytest.mark.parametrize("build,message", [

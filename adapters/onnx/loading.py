@@ -19,7 +19,7 @@ import math
 import os
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
-from satcore.adapter_api import note_input
+from satcore.adapter_api import file_kind, note_input
 
 from .errors import OnnxProbeError
 
@@ -274,7 +274,8 @@ def load_model(model):
         return proto
     path = Path(os.fspath(model))
     if not path.is_file():
-        raise OnnxProbeError(f"no ONNX file at {str(path)!r}")
+        raise OnnxProbeError(f"{path}: is {file_kind(path.stat().st_mode)}, not a regular file; refused"
+                             if path.exists() else f"no ONNX file at {str(path)!r}")
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises DecodeError and friends

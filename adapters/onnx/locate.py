@@ -74,6 +74,8 @@ def constant_names(graph) -> set[str]:
 
 SHAPE_OPS = ("Shape", "Size")  # their outputs carry no gradient: not data paths
 HEAD = "head"  # the output of the last residual block, as the torch adapter's candidate of that name
+# what to do where the residual search finds no block or cannot finish, in both spellings (the probe's, the CLI's)
+NAME_THEM = "pass candidates=[tensor names] (satcore probe: --candidates NAME,...)"
 # steps of the residual search per tensor of the graph (a block's search visits the block's own
 # tensors, so real networks use a few per tensor); past it the graph is refused, not walked for minutes
 SEARCH_STEPS_PER_TENSOR = 4
@@ -162,8 +164,7 @@ def residual_blocks(model) -> list[Block]:
         try:
             block = residual_block(ancestry, a, b, eligible)
         except SearchLimitError as exc:
-            raise OnnxProbeError(f"{exc} at {describe_node(node)} ({len(order)} nodes); "
-                                 "pass candidates=[tensor names]") from None
+            raise OnnxProbeError(f"{exc} at {describe_node(node)} ({len(order)} nodes); {NAME_THEM}") from None
         if block is None or block[0] in skips:
             continue
         skip, branch = block
@@ -217,7 +218,7 @@ def resolve_candidates(model, names=None, *, head: bool = True) -> dict[str, str
         by_name[HEAD] = blocks[-1].output
     if names is None:
         if not blocks:
-            raise OnnxProbeError("no residual Add found in the graph; pass candidates=[tensor names]")
+            raise OnnxProbeError(f"no residual Add found in the graph; {NAME_THEM}")
         return {n: t for n, t in by_name.items() if head or n != HEAD}
     if len(set(names)) != len(names):
         raise OnnxProbeError(f"candidate names must be distinct: {names}")

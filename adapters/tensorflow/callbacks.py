@@ -16,7 +16,9 @@ import keras
 
 from satcore import DecisionPolicy, InputError, ProbeError
 from satcore.adapter_api import moved_keywords
+from satcore.adapters.base import callback_schedule
 
+from .grow import require_functional
 from .probe import ProbeConfig, probe
 
 
@@ -64,8 +66,7 @@ class KerasCallback(keras.callbacks.Callback):
     def __init__(self, probe_data, loss_fn=None, *, every_n_epochs: int = 1, report: dict | None = None,
                  config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None):
         super().__init__()
-        if every_n_epochs < 1:
-            raise InputError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
+        every_n_epochs, report_options = callback_schedule("KerasCallback", "every_n_epochs", every_n_epochs, report)
         config = ProbeConfig() if config is None else config
         if not isinstance(config, ProbeConfig):
             raise InputError(f"KerasCallback: config must be a satcore.adapters.tensorflow.ProbeConfig, got "
@@ -82,9 +83,13 @@ class KerasCallback(keras.callbacks.Callback):
             policy = replace(policy, candidates=config.candidates if policy.candidates is None else policy.candidates,
                              probe=shared if policy.probe is None else policy.probe)
         self.probe_data, self.loss_fn, self.config = probe_data, loss_fn, config
-        self.every_n_epochs, self.report_options = every_n_epochs, dict(report or {})
+        self.every_n_epochs, self.report_options = every_n_epochs, report_options
         self.policy, self.train_data = policy, train_data
         self.reports: list = []
+
+    def on_train_begin(self, logs=None):
+        if self.policy is not None:  # the decision's trials rebuild the graph: refused before the first step
+            require_functional(self.model, "KerasCallback(policy=...)")
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every_n_epochs:

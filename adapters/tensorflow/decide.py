@@ -39,10 +39,11 @@ import numpy as np
 import tensorflow as tf
 
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
+from satcore.adapters.base import SPLIT_DATA, refusing_bad_batch
 from satcore.adapter_api import TRAINING_SPLIT_WARNING, check_unexpanded_losses, moved_keywords, screen, trial_decision
 
-from .grow import InsertedResidual, grow
-from .probe import ProbeConfig, _unpack, probe
+from .grow import InsertedResidual, grow, require_functional
+from .probe import BATCH_ERRORS, ProbeConfig, _unpack, probe
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
 
@@ -51,13 +52,15 @@ def _samples(tree) -> int:
     return int(tf.shape(tf.nest.flatten(tree)[0])[0])
 
 
-def per_sample_eval(model, batches, loss_fn) -> np.ndarray:
+def per_sample_eval(model, batches, loss_fn, where: str = "") -> np.ndarray:
     """Per-sample losses (float64) of ``model`` (``training=False``) over ``(x, y)`` batches; a ``(B, T)`` loss is
-    averaged over ``T`` (as the Keras probe reads it)."""
+    averaged over ``T`` (as the Keras probe reads it).  A batch the model or ``loss_fn`` cannot take is a
+    :class:`satcore.ProbeError` naming it, led by ``where`` (:func:`satcore.adapters.base.refusing_bad_batch`)."""
     out = []
-    for batch in batches:
+    for index, batch in enumerate(batches):
         x, y = _unpack(batch)
-        values = tf.convert_to_tensor(loss_fn(y, model(x, training=False)))
+        with refusing_bad_batch(index, BATCH_ERRORS, where=where):
+            values = tf.convert_to_tensor(loss_fn(y, model(x, training=False)))
         if values.shape.rank == 0:  # a batch mean: the trials' paired standard errors need one loss per sample
             raise InputError("decide: loss_fn returned a 0-d loss (a batch mean?); decide needs per-sample losses of "
                              "shape (B,), e.g. a Keras loss with reduction=None")
@@ -250,6 +253,7 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
     """
     policy = DecisionPolicy.of(recipe, policy)
     recipe = policy.recipe
+    require_functional(model, "decide")  # before the probes: the trials rebuild the graph with the block in it
     if recipe.trainable != "terminal":
         raise InputError("decide: a Keras block's feature map is the probe's fixed seeded family, so only its terminal "
                          f"map V trains; use a recipe with trainable='terminal', got {recipe.trainable!r}")
@@ -264,7 +268,7 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
     train = _batches(train, "training")
     evaluate = {"heldout": _batches(heldout, "held-out"), "train": train}
     loss_fn = _per_sample_loss(model, loss_fn)
-    before = {split: per_sample_eval(model, data, loss_fn) for split, data in evaluate.items()}
+    before = {split: per_sample_eval(model, data, loss_fn, where=SPLIT_DATA[split]) for split, data in evaluate.items()}
     check_unexpanded_losses(before)
     with warnings.catch_warnings():
         # meant to be the training split here: its statistics fit the step, the held-out split tests it

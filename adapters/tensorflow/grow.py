@@ -64,10 +64,16 @@ class InsertedResidual(keras.layers.Layer):
         return {**super().get_config(), "family": self.family_record}
 
 
-def _refuse_unless_growable(model, result, at):
+def require_functional(model, by: str) -> None:
+    """Refuse, naming ``by``, a model whose graph :func:`grow` cannot rebuild (a Sequential or subclassed one)."""
     if not is_functional(model):
-        raise InputError(f"model: grow needs a functional Keras model; {type(model).__name__} is not one "
-                         "(a subclassed model's graph cannot be rebuilt)")
+        raise InputError(f"{by}: grow needs a functional Keras model; {type(model).__name__} is not one (a subclassed "
+                         "model's graph cannot be rebuilt; a Sequential's can: keras.Model(model.inputs, "
+                         "model.outputs))")
+
+
+def _refuse_unless_growable(model, result, at):
+    require_functional(model, "model")
     if result.meta.get("framework") != "tensorflow" or at not in result.statistics:
         raise InputError(f"at: unknown candidate {at!r}; the TensorFlow probe result has {list(result.statistics)}")
     family = result.meta["family"][at]

@@ -29,7 +29,7 @@ from satcore import FirstOrderDecide, GrowthOptions, GrowthResult, GrowthRound, 
 from satcore.adapter_api import AdapterSteps, moved_keywords
 from satcore.adapters.base import growth_decision
 
-from .grow import InsertedResidual, grow
+from .grow import InsertedResidual, grow, require_functional
 from .locate import named_candidates, residual_candidates
 from .probe import Probe, ProbeConfig, _unpack
 
@@ -133,6 +133,7 @@ def grow_until_saturated(model, train, probe_data, loss_fn, *, heldout_data=None
     loss with ``reduction=None``).  Weights go beside the log as ``<log>.round<k>.npz``.
     """
     options = (GrowthOptions() if options is None else options).deciding(first_order=policy is None)
+    require_functional(model, "grow_until_saturated")  # before the first round's probe: every round rebuilds it
     probe = ProbeConfig() if options.probe is None else options.probe
     if not isinstance(probe, ProbeConfig):
         raise InputError(f"growth options: probe must be a satcore.adapters.tensorflow.ProbeConfig, got "

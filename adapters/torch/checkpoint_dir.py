@@ -38,7 +38,7 @@ import torch
 from satcore.adapter_api import display_name
 from satcore.adapter_api import NpzArchive
 from satcore import InputError, ProbeError
-from satcore.adapter_api import check_memory, shown_value, whole_number
+from satcore.adapter_api import check_memory, file_kind, shown_value, whole_number
 
 from .input_bounds import check_token_ids
 from .safetensors_headers import read_json, weight_headers
@@ -397,8 +397,9 @@ def read_token_windows(path, *, tokenizer_dir, vocab_size: int, seq_len: int, ma
     shown = display_name(os.fspath(path))
     if os.path.isdir(path):
         raise InputError(f"{shown}: is a directory, not a data file (UTF-8 text, .npz or .jsonl)")
-    if not os.path.isfile(path):
-        raise InputError(f"{shown}: no such file")
+    if not os.path.isfile(path):  # a device or a FIFO is there but is not read (it could block or never end)
+        raise InputError(f"{shown}: is {file_kind(os.stat(path).st_mode)}, not a regular file; refused"
+                         if os.path.exists(path) else f"{shown}: no such file")
     suffix = Path(path).suffix.lower()
     n_tokens = min(seq_len * max_windows, _token_capacity(path, suffix))
     check_memory(8 * n_tokens, f"{shown}: {n_tokens:,} token ids (--max-windows x --seq-len, at most the file's)")

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from satcore.adapters.base import SPLIT_DATA, refusing_bad_batch
 from satcore.adapters.batches import split_batch
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
 from satcore.adapter_api import check_unexpanded_losses, grouped_trials, moved_keywords, trial_decision
@@ -37,7 +38,7 @@ from .hf import model_loss
 from .input_bounds import check_labels, check_trial_steps, forked_rng, read_batches
 from .locate import decision_places
 from .native import _terminal_paths, insert_block, insertion_site
-from .probe import ProbeConfig, call_model, eval_mode, to_device
+from .probe import BATCH_ERRORS, ProbeConfig, call_model, eval_mode, to_device
 from .splits import probe_splits_in_passes, probe_training_split
 
 
@@ -139,19 +140,21 @@ def _loss_fn(model, loss_fn):
 
 
 @torch.no_grad()
-def per_sample_eval(model, batches, loss_fn=None, progress=None) -> np.ndarray:
+def per_sample_eval(model, batches, loss_fn=None, progress=None, where: str = "") -> np.ndarray:
     """Per-sample losses of ``model`` (eval mode) over ``batches``, float64; ``progress``: called with each batch's
-    sample count once it is read (``None``: silent)."""
+    sample count once it is read (``None``: silent).  A batch the model or ``loss_fn`` cannot take is a
+    :class:`satcore.ProbeError` naming it, led by ``where`` (:func:`satcore.adapters.base.refusing_bad_batch`)."""
     device = next(model.parameters()).device
     out = []
     with eval_mode(model):
-        for batch in batches:
+        for index, batch in enumerate(batches):
             inputs, targets = split_batch(batch, targets_to_model=True)
             if loss_fn is None and targets is None:  # the model's own loss needs labels
                 raise InputError("decide: a batch holds no targets (no 'labels'); pass loss_fn(outputs, targets) -> (B,) "
                                  "or batches with 'labels'")
             inputs, targets = to_device(inputs, device), to_device(targets, device)
-            losses = _loss_fn(model, loss_fn)(call_model(model, inputs), targets)
+            with refusing_bad_batch(index, BATCH_ERRORS, passing=(torch.cuda.OutOfMemoryError,), where=where):
+                losses = _loss_fn(model, loss_fn)(call_model(model, inputs), targets)
             if losses.ndim == 0:  # a batch mean: the trials' paired standard errors need one loss per sample
                 raise InputError("decide: loss_fn returned a 0-d loss (a batch mean?); decide needs per-sample "
                                  "losses of shape (B,), e.g. reduction='none'")
@@ -413,7 +416,7 @@ def decide_under(model, train, heldout, loss_fn, policy: DecisionPolicy,
     evaluate = {"heldout": heldout, "train": train}
     # the unexpanded model's losses, once, before the probe so that a loss without per-sample values or a held-out
     # split too small for a standard error is refused first: every trial starts from them (its block is the identity)
-    before = {split: per_sample_eval(model, data, loss_fn) for split, data in evaluate.items()}
+    before = {split: per_sample_eval(model, data, loss_fn, where=SPLIT_DATA[split]) for split, data in evaluate.items()}
     check_unexpanded_losses(before)
     screened, pass_of = [], {}
 

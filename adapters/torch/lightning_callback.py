@@ -32,6 +32,8 @@ from torch import nn
 
 from satcore import DecisionPolicy, InputError
 
+from satcore.adapters.base import callback_schedule
+
 from .callback_common import callback_places, callback_report, callback_settings
 from .probe import ProbeConfig
 
@@ -65,10 +67,9 @@ class LightningCallback(Callback):
     @moved_keywords("callback")
     def __init__(self, probe_data, loss_fn=None, *, module=None, every_n_epochs: int = 1, report: dict | None = None,
                  config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None):
-        if every_n_epochs < 1:
-            raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
+        self.every_n_epochs, self.report_options = callback_schedule("LightningCallback", "every_n_epochs",
+                                                                     every_n_epochs, report)
         self.probe_data, self.loss_fn, self.module = probe_data, loss_fn, module
-        self.every_n_epochs, self.report_options = every_n_epochs, dict(report or {})
         self.config, self.decision = callback_settings("LightningCallback", probe_data, config, policy, train_data)
         self.reports: list = []
 

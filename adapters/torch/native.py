@@ -94,7 +94,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from satcore import InputError, ProbeError
-from satcore.adapter_api import FamilySpec, register_builder, register_family
+from satcore.adapter_api import MAX_SEED, FamilySpec, register_builder, register_family, whole_number
 
 from .capture import with_stream
 from .features import FeatureMap
@@ -353,6 +353,7 @@ def insert_block(model: nn.Module, at: str, *, seed: int = 0, zero: str = "termi
     """
     if zero not in ("terminal", "norm"):
         raise InputError(f"zero must be 'terminal' or 'norm', got {zero!r}")
+    seed = whole_number(seed, "insert_block: seed", 0, MAX_SEED)  # the range of satcore's seeds (a policy's)
     grown = copy.deepcopy(model)
     site = insertion_site(grown, at)
     config = None

@@ -45,6 +45,8 @@ import numpy as np
 from satcore import CandidateStatistics, DecisionPolicy, DepthStatistics, InsertionDecision
 from satcore import InputError
 
+from satcore.adapters.base import callback_schedule
+
 from .callback_common import callback_places, callback_report, callback_settings
 from .probe import ProbeConfig
 
@@ -85,10 +87,8 @@ class HFCallback(TrainerCallback):
     @moved_keywords("callback")
     def __init__(self, probe_data, loss_fn=None, *, every: int = 1, report: dict | None = None,
                  config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None):
-        if every < 1:
-            raise ValueError(f"every must be >= 1, got {every}")
-        self.probe_data, self.loss_fn, self.every = probe_data, loss_fn, every
-        self.report_options = dict(report or {})
+        self.every, self.report_options = callback_schedule("HFCallback", "every", every, report)
+        self.probe_data, self.loss_fn = probe_data, loss_fn
         self.config, self.decision = callback_settings("HFCallback", probe_data, config, policy, train_data)
         self.reports: list = []
         self._evaluations = 0

@@ -186,11 +186,7 @@ class GrowthLogContents:
 def parse_log(data: bytes, shown: str) -> GrowthLogContents:
     """Check and decode a whole log (module docstring, Safety); ``shown`` names it in messages."""
     lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    elif lines:  # a last line without its newline: cut by a kill during the append
-        raise GrowthLogError(f"{shown} line {len(lines)}: incomplete last line (a run killed while writing leaves "
-                             f"one); delete that line to resume from the round before it")
+    cut = lines.pop()  # b"" after the last newline; else a last line cut by a kill during the append
     settings, rounds = None, []
     for number, raw in enumerate(lines, start=1):
         where = f"{shown} line {number}"
@@ -213,6 +209,9 @@ def parse_log(data: bytes, shown: str) -> GrowthLogContents:
             raise GrowthLogError(f"{where}: round {entry.round} where round {expected} was expected (two runs "
                                  "appending to one log?)")
         rounds.append(entry)
+    if cut:  # after the whole lines: a file that is no log at all is refused at its first line, not its last
+        raise GrowthLogError(f"{shown} line {len(lines) + 1}: incomplete last line (a run killed while writing leaves "
+                             f"one); delete that line to resume from the round before it")
     return GrowthLogContents(settings, tuple(rounds))
 
 

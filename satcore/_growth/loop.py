@@ -54,6 +54,7 @@ from scipy.special import ndtri
 
 from .._io.probe_result import Probe
 from .._shared.errors import InputError
+from .._shared.numbers import derived_seed
 from .log import GrowthLog, GrowthLogContents, GrowthRound, read_growth_log
 from .._decisions.policy import check_probe_options
 from .._decisions.verdicts import look_schedule
@@ -188,8 +189,9 @@ class GrowthOptions:
             check_probe_options(self.probe, "growth options: probe")
 
     def round_seed(self, k: int) -> int:
-        """Round ``k`` decides and inserts with seed ``seed * 1000 + k``."""
-        return self.seed * 1000 + k
+        """Round ``k`` decides and inserts with seed ``seed * 1000 + k``, brought back into ``0 .. MAX_SEED``
+        (:func:`~satcore._shared.numbers.derived_seed`; unchanged below it), the range every seed is taken in."""
+        return derived_seed(self.seed * 1000 + k)
 
     def deciding(self, *, first_order: bool = True) -> "GrowthOptions":
         """These options for a run whose rounds decide with :class:`FirstOrderDecide` (``first_order``), the only

@@ -49,7 +49,8 @@ class _Terminated(BaseException):
     """SIGTERM arrived while an output was being written."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of ``os.stat`` mode ``mode`` that is not a regular file is, for a refusal (``"a FIFO"``, ...)."""
     for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
@@ -94,9 +95,16 @@ def _identity(path) -> tuple[str, tuple[int, int] | None]:
     return resolved, (st.st_dev, st.st_ino)
 
 
-def check_target(path, inputs=()) -> None:
+def _cannot_write_into(shown: str, folder: str, exc: OSError) -> OutputError:
+    """The one line for an output whose folder cannot take it (missing, not a folder, not writable)."""
+    return OutputError(f"{shown}: cannot write into {display_name(folder)} ({exc.strerror or exc})")
+
+
+def check_target(path, inputs=(), *, folder_exists: bool = True) -> None:
     """Refuse ``path`` if it exists and is not a regular file, or is one of ``inputs`` or of the files the
-    running command has read (module docstring), by resolved path or as the same file."""
+    running command has read (module docstring), by resolved path or as the same file; and, with
+    ``folder_exists``, a new ``path`` whose folder is not there (a command checks its outputs before its work;
+    ``False`` where the command makes the folder itself, as ``satcore expand`` its ``-o`` directory)."""
     target = os.fspath(path)
     shown = display_name(target)
     try:
@@ -106,7 +114,13 @@ def check_target(path, inputs=()) -> None:
     except OSError as exc:
         raise OutputError(f"{shown}: cannot write ({exc.strerror or exc})") from None
     if existing is not None and not stat.S_ISREG(existing.st_mode):
-        raise OutputError(f"{shown}: is {_kind(existing.st_mode)}, not a regular file; refusing to replace it")
+        raise OutputError(f"{shown}: is {file_kind(existing.st_mode)}, not a regular file; refusing to replace it")
+    if existing is None and folder_exists:  # a new file: its folder must be there now, not after the work
+        folder = os.path.dirname(os.path.abspath(target))
+        try:
+            os.stat(folder)  # a folder that is a file made the target's stat fail above, with ENOTDIR
+        except OSError as exc:
+            raise _cannot_write_into(shown, folder, exc) from None
     resolved = os.path.realpath(target)
     file_id = None if existing is None else (existing.st_dev, existing.st_ino)
     sources = [(os.fspath(s), *_identity(s)) for s in inputs]
@@ -190,7 +204,7 @@ def atomic_write(path, write: Callable[[BinaryIO], None], *, inputs=()) -> None:
     try:
         dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        raise OutputError(f"{shown}: cannot write into {display_name(folder)} ({exc.strerror or exc})") from None
+        raise _cannot_write_into(shown, folder, exc) from None
     temp = None
     try:
         _remove_stale_temporaries(dir_fd, base)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib import format as npy_format
 
-from .atomic import note_input
+from .atomic import file_kind, note_input
 from .._shared.display import display_name
 from .._shared.errors import InputError
 
@@ -113,21 +113,13 @@ class NpyHeader:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def _file_kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return kind
-    return "not a regular file"
-
-
 def open_regular(path):
     """``(binary file, size)`` of a regular file; anything else is refused without blocking or reading."""
     shown = display_name(os.fspath(path))
     try:
         before = os.stat(path)
         if not stat.S_ISREG(before.st_mode):
-            raise NpzError(f"{shown}: is {_file_kind(before.st_mode)}, not a regular file; refused")
+            raise NpzError(f"{shown}: is {file_kind(before.st_mode)}, not a regular file; refused")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise NpzError(f"{shown}: no such file") from None
@@ -136,7 +128,7 @@ def open_regular(path):
     try:
         now = os.fstat(fd)
         if not stat.S_ISREG(now.st_mode):  # replaced between stat and open
-            raise NpzError(f"{shown}: is {_file_kind(now.st_mode)}, not a regular file; refused")
+            raise NpzError(f"{shown}: is {file_kind(now.st_mode)}, not a regular file; refused")
         os.set_blocking(fd, True)
         note_input(path, now)  # an input of the running command: no output of it may replace this file
         return os.fdopen(fd, "rb"), now.st_size

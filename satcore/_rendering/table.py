@@ -93,8 +93,8 @@ def _interval(iv) -> str:
 # the table, so that the verdict's "best candidate" is not read as advice to insert there.
 NO_DECISION = ("insertion decision: none from statistics alone: the first-order verdict below says whether a "
                "zero-output block has a descent direction, not whether one trained with your recipe lowers the "
-               "held-out loss; to decide, verify by short trials (satcore.adapters.torch.decide, or satcore expand "
-               "--blocks auto; docs/predictive-validity.md)")
+               "held-out loss; to decide, verify by short trials (satcore.adapters.torch.decide or "
+               "satcore.adapters.tensorflow.decide, or satcore expand --blocks auto; docs/predictive-validity.md)")
 
 
 def render_report(report, label: str | None = None) -> str:
