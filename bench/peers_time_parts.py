@@ -1,6 +1,6 @@
 """Where each contender's GPT-2 time goes: ms per batch of its parts, in one process.
 
-Usage: ``python -m bench.peers_time_parts [--repeats R]`` (one thread).
+Usage: ``python -m bench.peers_time_parts [--quick] [--threads N] [--repeats R]``.
 
 The contenders of :mod:`bench.bench_peers` (satcore's default probe, with ``report()``; BackPACK's
 ``SumGradSquared``; GroMo, with ``compute_optimal_delta``) at the bench's GPT-2 sizes, run in rotating
@@ -70,7 +70,7 @@ def _timing(function, part: str, totals: dict):
 def main():
     args = parse_bench_args(__doc__)
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
-    setting, runs = bench_peers.contenders("gpt2", "full")
+    setting, runs = bench_peers.contenders("gpt2", "quick" if args.quick else "full")
     totals: dict = {}
     timed_parts(totals)
     for name in CONTENDERS:  # first calls: imports and lazily built state
