@@ -95,8 +95,9 @@ def _identity(path) -> tuple[str, tuple[int, int] | None]:
 
 
 def check_target(path, inputs=()) -> None:
-    """Refuse ``path`` if it exists and is not a regular file, or is one of ``inputs`` or of the files the
-    running command has read (module docstring), by resolved path or as the same file."""
+    """Refuse ``path`` if it exists and is not a regular file, if it is new and its folder is not a directory,
+    or if it is one of ``inputs`` or of the files the running command has read (module docstring), by resolved
+    path or as the same file."""
     target = os.fspath(path)
     shown = display_name(target)
     try:
@@ -107,6 +108,9 @@ def check_target(path, inputs=()) -> None:
         raise OutputError(f"{shown}: cannot write ({exc.strerror or exc})") from None
     if existing is not None and not stat.S_ISREG(existing.st_mode):
         raise OutputError(f"{shown}: is {_kind(existing.st_mode)}, not a regular file; refusing to replace it")
+    folder = os.path.dirname(os.path.abspath(target))
+    if existing is None and not os.path.isdir(folder):  # now, not after the work whose result it would hold
+        raise OutputError(f"{shown}: cannot write into {display_name(folder)} (no such directory)")
     resolved = os.path.realpath(target)
     file_id = None if existing is None else (existing.st_dev, existing.st_ino)
     sources = [(os.fspath(s), *_identity(s)) for s in inputs]
