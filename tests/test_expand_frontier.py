@@ -592,6 +592,7 @@ def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_pat
     assert record["chosen_blocks"] == 0 and record["positions"] == [] and record["num_hidden_layers"]["after"] == 4
     assert record["decision"]["stop_reason"] == "expanding_does_not_pay" and record["decision"]["choice"] == 0
     assert record["trainable_layers"] == [] and "no block was inserted" in record["llama_factory"]["reason"]
+    assert record["ms_swift"] == record["llama_factory"]  # not "freeze all, unfreeze none", which trains nothing
     assert not (out / "peft").exists()
     assert [a["blocks"] for a in record["frontier"]] == [0, 1]
     assert all(set(a) >= {"blocks", "predicted_heldout_change", "interval", "predicted_general_change",
