@@ -735,7 +735,10 @@ def test_cli_default_windows_fit_a_400_step_plan_and_the_plan_states_both_counts
     (["--blocks", "2", "--steps", "8"], "is 0.8 steps' FLOPs; checking the places of 2 block(s) (a trial of the "
      "uniform places and one per group the screen may move a block in: 3 trials) with 1 seed(s) each needs at least"),
     (["--blocks", "auto", "--steps", "600", "--max-forgetting", "0.1"], "--max-forgetting needs --general-data"),
-    (["--blocks", "2", "--steps", "600", "--general-data", "X"], "belong to --blocks auto"),
+    (["--blocks", "2", "--steps", "600", "--general-data", "X"],
+     "--general-data belongs to --blocks auto's frontier; with --blocks 2 it would be ignored"),
+    (["--at", "1", "--general-data", "X", "--max-forgetting", "0.1"],
+     "--general-data and --max-forgetting belong to --blocks auto's frontier; with --at they would be ignored"),
     (["--blocks", "auto", "--decision-budget", "1.5"], "--decision-budget"),
 ])
 def test_cli_refusals_are_one_line(extra, message, checkpoint, tmp_path):  # noqa: F811
