@@ -670,7 +670,7 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
     ("out_not_empty", "not an empty directory"),
     ("out_is_a_file", "is a file, not a directory; refusing to replace it"),
     ("out_inside", "inside it"),
-    ("not_utf8", "not UTF-8"),
+    ("not_utf8", "latin1.txt: not UTF-8 text (byte 0xe9 at offset 3); token ids go in .npz or .jsonl"),
     ("pickle", "object"),
     ("out_of_vocab", "outside the model's vocabulary"),
     ("bad_at", "is not a block"),
