@@ -443,6 +443,26 @@ def test_a_move_needs_a_credible_trial_else_the_places_are_uniform():
         assert move["proposed"] == names[next(n for n in ranking if n in names)] != move["uniform"]
 
 
+
+@pytest.mark.parametrize("interval, point, why", [
+    ((-0.008, -0.002), -0.005, "a gain within the tolerance, 0.0188 nats"),  # credible, yet smaller than it
+    ((-0.006, 0.001), -0.0025, "its interval reaches 0"),
+])
+def test_a_move_that_stays_says_which_half_of_the_rule_kept_it(interval, point, why):
+    """blocks=K: the rule moves a block only where the difference's 95% interval is below 0 AND its point below
+    minus the tolerance; a move whose interval is below 0 but whose gain is within the tolerance once printed a bare
+    "stays at 2", which reads as contradicting its interval.  The reason is the half of the rule that failed."""
+    from types import SimpleNamespace
+
+    from satcore.cli.expand_report import moves_report
+
+    move = SimpleNamespace(uniform=2, proposed=1, moved=False, difference=SimpleNamespace(point=point, interval=interval))
+    check = SimpleNamespace(uniform=(2, "head"), moves=[move], tolerance=0.0188, cost_steps=31.9, cost_fraction=0.0997,
+                            plan=SimpleNamespace(planned_steps=320))
+    line = moves_report(SimpleNamespace(budgeted=check))[1]
+    assert line.startswith("  2 -> 1 (the screen's first in its group)") and line.endswith(f": stays at 2 ({why})")
+
+
 # --- the progress bar ---------------------------------------------------------------------------------
 def _recorded_bar(monkeypatch) -> list:
     """The decision's bar replaced by one that records its moves, ``("bar", amount)``, in one list of events."""
