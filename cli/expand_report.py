@@ -86,6 +86,11 @@ def frontier_report(expansion) -> list[str]:
                   f"instead: {frontier.instead}"]
     if not frontier.every_arm_excluded:  # else no tolerance was applied, and the chosen line says why
         lines.append(f"tolerance: {frontier.tolerance:.3g} nats ({frontier.rule})")
+        limit = frontier.choice.max_forgetting
+        if limit is not None:  # the limit the user gave is applied even where the table marks no arm over it
+            over = ", ".join(f"K = {k}" for k in frontier.choice.excluded) or "no arm"
+            lines.append(f"max forgetting: {limit:.3g} nats of predicted general loss change (--max-forgetting); "
+                         f"over it: {over}")
     if frontier.warning:
         lines.append(f"warning: {frontier.warning}")
     return lines + [cost_line(expansion)]

@@ -685,6 +685,22 @@ def test_cli_with_every_arm_over_max_forgetting_chooses_none_and_warns_of_a_harm
         record["llama_factory"]["reason"]
 
 
+def test_cli_says_the_max_forgetting_it_applied_where_no_arm_is_over_it(checkpoint, tmp_path):  # noqa: F811
+    """--max-forgetting 10 (nats): far above any general change a trial can predict here, so no arm is left out and
+    the table marks none; the report still says the limit was applied, and over it none, as expansion.json records
+    (its arms' predicted general changes, all below the limit, are the reference)."""
+    folder, text = checkpoint
+    out = tmp_path / "grown"
+    result = cli("expand", folder, "--data", text, "--blocks", "auto", "-o", out, "--seq-len", "16", "--steps", "600",
+                 "--general-data", text, "--max-forgetting", "10", "--quiet")
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "expansion.json").read_text())
+    assert all(arm["predicted_general_change"] < 10 for arm in record["frontier"])
+    assert record["decision"]["max_forgetting"] == 10 and record["decision"]["excluded_by_max_forgetting"] == []
+    assert ("max forgetting: 10 nats of predicted general loss change (--max-forgetting); over it: no arm"
+            in result.output.splitlines())
+
+
 def lines_stating_no_arm_within(card: str) -> list[str]:
     """The card's lines that state that no arm is within --max-forgetting, by the outcome's words (the choice's
     reason's, the method's rule before it said the rule only, the stop reason's name); "raise --max-forgetting past
