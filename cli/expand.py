@@ -40,7 +40,7 @@ def _blocks_option(ctx, param, value):
     except ValueError:
         raise click.BadParameter(f"{value!r} is neither an integer nor 'auto'") from None
     if k < 1:
-        raise click.BadParameter(f"{value!r}: at least 1 block")
+        raise click.BadParameter(f"{value!r}: at least 1 block; --blocks auto decides whether to add any")
     return k
 
 

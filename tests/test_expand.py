@@ -685,6 +685,9 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
     ("plot_parent_missing", "nope/f.png: cannot write into "),  # before the decision, not after OUT_DIR was written
     ("plot_parent_is_a_file", "notes.txt/f.png: cannot write (Not a directory)"),
     ("neither_blocks_nor_at", "give --blocks K|auto, or --at NAME,... to force the positions"),
+    ("blocks_zero", "Invalid value for '--blocks': '0': at least 1 block; --blocks auto decides whether to add any"),
+    ("blocks_negative", "Invalid value for '--blocks': '-1': at least 1 block"),
+    ("blocks_not_a_number", "Invalid value for '--blocks': 'abc' is neither an integer nor 'auto'"),
     ("blocks_and_at", "give --blocks K|auto or --at NAME,..., not both"),
     ("no_data", "--data FILE is required unless --at forces the positions"),
     ("max_blocks_without_auto", "--max-blocks caps --blocks auto only; with --blocks 1 it would be ignored"),
@@ -756,6 +759,8 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, m
         extra = ["--blocks", "auto", "--steps", "600", "--plot", plot] if plot else extra
     elif case == "neither_blocks_nor_at":
         extra = []
+    elif case in ("blocks_zero", "blocks_negative", "blocks_not_a_number"):
+        extra = ["--blocks", {"blocks_zero": "0", "blocks_negative": "-1", "blocks_not_a_number": "abc"}[case]]
     elif case == "blocks_and_at":
         extra = ["--blocks", "1", "--at", "1"]
     elif case == "no_data":
