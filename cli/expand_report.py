@@ -141,10 +141,15 @@ def plot_frontier(expansion, path: str, inputs=()) -> str | None:
         errors = [[a.target.point - a.target.interval[0] for a in arms],
                   [a.target.interval[1] - a.target.point for a in arms]]
         axis.errorbar(ks, points, yerr=errors, marker="o", capsize=3, label="target held-out (95% interval)")
+        choice = expansion.budgeted.choice
         if all(a.general is not None for a in arms):
             axis.plot(ks, [a.general.point for a in arms], marker="s", linestyle="--", label="general held-out")
+            if choice.max_forgetting is not None:  # the limit the general points are held to
+                axis.axhline(choice.max_forgetting, color="C1", linestyle=":", linewidth=0.8,
+                             label=f"--max-forgetting {choice.max_forgetting:.3g}")
         if not expansion.budgeted.every_arm_excluded:  # no arm chosen: no line marks one
-            axis.axvline(expansion.budgeted.choice.chosen_blocks, color="grey", linewidth=0.8)
+            # labelled: unlabelled, the line at K = 0 read as the plot's axis
+            axis.axvline(choice.chosen_blocks, color="grey", linewidth=0.8, label=f"chosen: K = {choice.chosen_blocks}")
         axis.axhline(0, color="black", linewidth=0.5)
         axis.set_xlabel("new blocks K (0: the model as it is)")
         axis.set_ylabel(f"loss change after {expansion.budgeted.plan.planned_steps} steps (nats)")

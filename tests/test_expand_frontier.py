@@ -685,15 +685,25 @@ def test_cli_with_every_arm_over_max_forgetting_chooses_none_and_warns_of_a_harm
         record["llama_factory"]["reason"]
 
 
-def test_cli_says_the_max_forgetting_it_applied_where_no_arm_is_over_it(checkpoint, tmp_path):  # noqa: F811
+def test_cli_says_the_max_forgetting_it_applied_where_no_arm_is_over_it(checkpoint, tmp_path, monkeypatch):  # noqa: F811
     """--max-forgetting 10 (nats): far above any general change a trial can predict here, so no arm is left out and
     the table marks none; the report still says the limit was applied, and over it none, as expansion.json records
-    (its arms' predicted general changes, all below the limit, are the reference)."""
+    (its arms' predicted general changes, all below the limit, are the reference).  The figure's legend names the
+    limit and the chosen K (an unlabelled line at K = 0 read as the axis)."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    legends, savefig = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda figure, *a, **k: (legends.append(
+        [t.get_text() for axis in figure.axes for t in axis.get_legend().get_texts()]), savefig(figure, *a, **k))[1])
     folder, text = checkpoint
     out = tmp_path / "grown"
     result = cli("expand", folder, "--data", text, "--blocks", "auto", "-o", out, "--seq-len", "16", "--steps", "600",
-                 "--general-data", text, "--max-forgetting", "10", "--quiet")
+                 "--general-data", text, "--max-forgetting", "10", "--plot", tmp_path / "f.png", "--quiet")
     assert result.exit_code == 0, result.output
+    chosen = json.loads((out / "expansion.json").read_text())["chosen_blocks"]
+    assert legends == [["general held-out", "--max-forgetting 10", f"chosen: K = {chosen}",
+                        "target held-out (95% interval)"]]
     record = json.loads((out / "expansion.json").read_text())
     assert all(arm["predicted_general_change"] < 10 for arm in record["frontier"])
     assert record["decision"]["max_forgetting"] == 10 and record["decision"]["excluded_by_max_forgetting"] == []
