@@ -202,9 +202,11 @@ def test_score_plot_writes_png(dump, tmp_path):
     png = tmp_path / "score.png"
     invoke("score", dump, "--plot", png, "--quiet")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # a plot that cannot be written fails the command, after the scores were printed
+    # a plot into a folder that does not exist is refused before any work (one line, no scores), as a bad format is
     result = CliRunner().invoke(main, ["score", str(dump), "--plot", str(tmp_path / "no" / "such" / "x.png")])
-    assert result.exit_code == 2 and "largest growth value" in result.stdout
+    lines = result.output.splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].endswith("/no/such (no such directory)")
+    assert "largest growth value" not in result.output
 
 
 def test_installed_console_script(dump, tmp_path):
