@@ -40,7 +40,7 @@ def _blocks_option(ctx, param, value):
     except ValueError:
         raise click.BadParameter(f"{value!r} is neither an integer nor 'auto'") from None
     if k < 1:
-        raise click.BadParameter(f"{value!r}: at least 1 block")
+        raise click.BadParameter(f"{value!r}: at least 1 block; --blocks auto decides whether to add any")
     return k
 
 
@@ -261,8 +261,8 @@ def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False,
               help="The most of the planned training's FLOPs (--steps) the decision spends; a budget it cannot "
               "decide within, even reading only 8 held-out windows, is refused, naming one that would do.")
 @click.option("--general-data", "general_path", default=None, metavar="FILE",
-              help="Text (or token ids) of the model's old domain: each trial also measures the change of its "
-              "held-out loss (forgetting), shown beside the gain.")
+              help="With --blocks auto: text (or token ids) of the model's old domain: each trial also measures "
+              "the change of its held-out loss (forgetting), shown beside the gain.")
 @click.option("--max-forgetting", type=FiniteFloatRange(min=0), default=None, metavar="NATS",
               help="With --blocks auto and --general-data: no K whose predicted general loss change exceeds it.")
 @click.option("--tolerance", type=FiniteFloatRange(min=0), default=None, metavar="NATS",
@@ -324,8 +324,12 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     if max_statistics_gib is not None and at is not None:
         raise click.UsageError("--max-statistics-gib caps the decision's probe; with --at no decision is made, so it "
                                "would be ignored")
-    if (general_path is not None or max_forgetting is not None or plot_path is not None) and blocks != "auto":
-        raise click.UsageError("--general-data, --max-forgetting and --plot belong to --blocks auto's frontier")
+    frontier_only = [flag for flag, value in (("--general-data", general_path), ("--max-forgetting", max_forgetting),
+                                              ("--plot", plot_path)) if value is not None]
+    if frontier_only and blocks != "auto":  # name what was given, and with what, as --max-blocks's refusal does
+        raise click.UsageError(f"{' and '.join(frontier_only)} belong{'s' if len(frontier_only) == 1 else ''} to "
+                               f"--blocks auto's frontier; with {'--at' if at else f'--blocks {blocks}'} "
+                               f"{'it' if len(frontier_only) == 1 else 'they'} would be ignored")
     if max_forgetting is not None and general_path is None:
         raise click.UsageError("--max-forgetting needs --general-data (the general loss is measured on it)")
     if blocks == "auto" and decision == "screen":
@@ -341,8 +345,9 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
 
         from .plot import plot_format
 
-        # the figure may go into the -o directory, which expand makes
-        check_target(plot_path, [p for p in (data_path, general_path) if p], folder_exists=False)
+        # the figure may go into the -o directory, which expand makes; any other folder must be there now
+        into_out_dir = os.path.dirname(os.path.abspath(plot_path)) == os.path.abspath(out_dir)
+        check_target(plot_path, [p for p in (data_path, general_path) if p], folder_exists=not into_out_dir)
         plot_format(plot_path)
     from satcore import DecisionPolicy, Recipe
     from satcore.adapters.torch.checkpoint_dir import (EXPAND_COPIES, check_checkpoint_dir, checkpoint_dtype,

@@ -86,6 +86,11 @@ def frontier_report(expansion) -> list[str]:
                   f"instead: {frontier.instead}"]
     if not frontier.every_arm_excluded:  # else no tolerance was applied, and the chosen line says why
         lines.append(f"tolerance: {frontier.tolerance:.3g} nats ({frontier.rule})")
+        limit = frontier.choice.max_forgetting
+        if limit is not None:  # the limit the user gave is applied even where the table marks no arm over it
+            over = ", ".join(f"K = {k}" for k in frontier.choice.excluded) or "no arm"
+            lines.append(f"max forgetting: {limit:.3g} nats of predicted general loss change (--max-forgetting); "
+                         f"over it: {over}")
     if frontier.warning:
         lines.append(f"warning: {frontier.warning}")
     return lines + [cost_line(expansion)]
@@ -99,7 +104,9 @@ def moves_report(expansion) -> list[str]:
         lines.append("  the screen ranks each group's uniform place first: no move to try")
     for move in check.moves:
         d = move.difference
-        verdict = f"moved to {move.proposed}" if move.moved else f"stays at {move.uniform}"
+        # why a move with its interval below 0 stays: the gain is within the tolerance (the rule's second half)
+        why = "its interval reaches 0" if d.interval[1] >= 0 else f"a gain within the tolerance, {check.tolerance:.3g} nats"
+        verdict = f"moved to {move.proposed}" if move.moved else f"stays at {move.uniform} ({why})"
         lines.append(f"  {move.uniform} -> {move.proposed} (the screen's first in its group): predicted held-out "
                      f"change {num(d.point)} [{num(d.interval[0])}, {num(d.interval[1])}] against uniform after "
                      f"{check.plan.planned_steps} steps: {verdict}")
@@ -134,10 +141,15 @@ def plot_frontier(expansion, path: str, inputs=()) -> str | None:
         errors = [[a.target.point - a.target.interval[0] for a in arms],
                   [a.target.interval[1] - a.target.point for a in arms]]
         axis.errorbar(ks, points, yerr=errors, marker="o", capsize=3, label="target held-out (95% interval)")
+        choice = expansion.budgeted.choice
         if all(a.general is not None for a in arms):
             axis.plot(ks, [a.general.point for a in arms], marker="s", linestyle="--", label="general held-out")
+            if choice.max_forgetting is not None:  # the limit the general points are held to
+                axis.axhline(choice.max_forgetting, color="C1", linestyle=":", linewidth=0.8,
+                             label=f"--max-forgetting {choice.max_forgetting:.3g}")
         if not expansion.budgeted.every_arm_excluded:  # no arm chosen: no line marks one
-            axis.axvline(expansion.budgeted.choice.chosen_blocks, color="grey", linewidth=0.8)
+            # labelled: unlabelled, the line at K = 0 read as the plot's axis
+            axis.axvline(choice.chosen_blocks, color="grey", linewidth=0.8, label=f"chosen: K = {choice.chosen_blocks}")
         axis.axhline(0, color="black", linewidth=0.5)
         axis.set_xlabel("new blocks K (0: the model as it is)")
         axis.set_ylabel(f"loss change after {expansion.budgeted.plan.planned_steps} steps (nats)")

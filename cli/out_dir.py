@@ -41,6 +41,8 @@ def check_out_dir(out_dir: str, *, source_dir: str | None = None, option: str = 
     parent = os.path.dirname(os.path.abspath(out_dir))
     if not os.path.isdir(parent):
         given = os.path.dirname(os.path.normpath(out_dir))  # as the user wrote it, not made absolute
+        if os.path.exists(parent):  # a file named as a folder: "does not exist" would be false
+            raise InputError(f"{_named(shown, option)}: its parent {display_name(given)} is a file, not a directory")
         raise InputError(f"{_named(shown, option)}: its parent directory {display_name(given)} does not exist "
                          "(create it first)")
     if not os.access(parent, os.W_OK | os.X_OK):

@@ -670,7 +670,7 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
     ("out_not_empty", "not an empty directory"),
     ("out_is_a_file", "is a file, not a directory; refusing to replace it"),
     ("out_inside", "inside it"),
-    ("not_utf8", "not UTF-8"),
+    ("not_utf8", "latin1.txt: not UTF-8 text (byte 0xe9 at offset 3); token ids go in .npz or .jsonl"),
     ("pickle", "object"),
     ("out_of_vocab", "outside the model's vocabulary"),
     ("bad_at", "is not a block"),
@@ -681,7 +681,13 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
     ("at_checks_data", "nonexist.txt: no such file"),
     ("data_is_a_directory", ": is a directory, not a data file"),
     ("out_parent_missing", "-o nope/deeper/p5: its parent directory nope/deeper does not exist"),
+    ("out_parent_is_a_file", "-o notes.txt/p5: its parent notes.txt is a file, not a directory"),
+    ("plot_parent_missing", "nope/f.png: cannot write into "),  # before the decision, not after OUT_DIR was written
+    ("plot_parent_is_a_file", "notes.txt/f.png: cannot write (Not a directory)"),
     ("neither_blocks_nor_at", "give --blocks K|auto, or --at NAME,... to force the positions"),
+    ("blocks_zero", "Invalid value for '--blocks': '0': at least 1 block; --blocks auto decides whether to add any"),
+    ("blocks_negative", "Invalid value for '--blocks': '-1': at least 1 block"),
+    ("blocks_not_a_number", "Invalid value for '--blocks': 'abc' is neither an integer nor 'auto'"),
     ("blocks_and_at", "give --blocks K|auto or --at NAME,..., not both"),
     ("no_data", "--data FILE is required unless --at forces the positions"),
     ("max_blocks_without_auto", "--max-blocks caps --blocks auto only; with --blocks 1 it would be ignored"),
@@ -745,8 +751,16 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, m
     elif case == "out_parent_missing":
         monkeypatch.chdir(tmp_path)
         out = "nope/deeper/p5"
+    elif case.endswith("parent_is_a_file") or case == "plot_parent_missing":
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "notes.txt").write_text("mine")
+        out = "notes.txt/p5" if case.startswith("out") else out
+        plot = {"plot_parent_missing": "nope/f.png", "plot_parent_is_a_file": "notes.txt/f.png"}.get(case)
+        extra = ["--blocks", "auto", "--steps", "600", "--plot", plot] if plot else extra
     elif case == "neither_blocks_nor_at":
         extra = []
+    elif case in ("blocks_zero", "blocks_negative", "blocks_not_a_number"):
+        extra = ["--blocks", {"blocks_zero": "0", "blocks_negative": "-1", "blocks_not_a_number": "abc"}[case]]
     elif case == "blocks_and_at":
         extra = ["--blocks", "1", "--at", "1"]
     elif case == "no_data":
@@ -764,8 +778,14 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, m
     assert ".satcore-expand" not in lines[0] and (case == "blocks_and_at") == ("not both" in lines[0])
     if case == "out_not_empty":
         assert os.listdir(out) == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
-    if case == "out_is_a_file":
+    elif case == "out_is_a_file":
         assert out.read_text() == "mine"
+    else:  # refused before any writing: no OUT_DIR, no staging folder beside it
+        assert not os.path.lexists(out) and not [p for p in tmp_path.rglob("*") if "incomplete" in p.name]
+    if case.endswith("parent_is_a_file"):
+        assert (tmp_path / "notes.txt").read_text() == "mine"
+    if case == "plot_parent_missing":
+        assert lines[0].endswith("/nope (No such file or directory)")
     if before is not None:
         assert digest(model_dir) == before
 

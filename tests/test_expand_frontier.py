@@ -443,6 +443,26 @@ def test_a_move_needs_a_credible_trial_else_the_places_are_uniform():
         assert move["proposed"] == names[next(n for n in ranking if n in names)] != move["uniform"]
 
 
+
+@pytest.mark.parametrize("interval, point, why", [
+    ((-0.008, -0.002), -0.005, "a gain within the tolerance, 0.0188 nats"),  # credible, yet smaller than it
+    ((-0.006, 0.001), -0.0025, "its interval reaches 0"),
+])
+def test_a_move_that_stays_says_which_half_of_the_rule_kept_it(interval, point, why):
+    """blocks=K: the rule moves a block only where the difference's 95% interval is below 0 AND its point below
+    minus the tolerance; a move whose interval is below 0 but whose gain is within the tolerance once printed a bare
+    "stays at 2", which reads as contradicting its interval.  The reason is the half of the rule that failed."""
+    from types import SimpleNamespace
+
+    from satcore.cli.expand_report import moves_report
+
+    move = SimpleNamespace(uniform=2, proposed=1, moved=False, difference=SimpleNamespace(point=point, interval=interval))
+    check = SimpleNamespace(uniform=(2, "head"), moves=[move], tolerance=0.0188, cost_steps=31.9, cost_fraction=0.0997,
+                            plan=SimpleNamespace(planned_steps=320))
+    line = moves_report(SimpleNamespace(budgeted=check))[1]
+    assert line.startswith("  2 -> 1 (the screen's first in its group)") and line.endswith(f": stays at 2 ({why})")
+
+
 # --- the progress bar ---------------------------------------------------------------------------------
 def _recorded_bar(monkeypatch) -> list:
     """The decision's bar replaced by one that records its moves, ``("bar", amount)``, in one list of events."""
@@ -592,6 +612,7 @@ def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_pat
     assert record["chosen_blocks"] == 0 and record["positions"] == [] and record["num_hidden_layers"]["after"] == 4
     assert record["decision"]["stop_reason"] == "expanding_does_not_pay" and record["decision"]["choice"] == 0
     assert record["trainable_layers"] == [] and "no block was inserted" in record["llama_factory"]["reason"]
+    assert record["ms_swift"] == record["llama_factory"]  # not "freeze all, unfreeze none", which trains nothing
     assert not (out / "peft").exists()
     assert [a["blocks"] for a in record["frontier"]] == [0, 1]
     assert all(set(a) >= {"blocks", "predicted_heldout_change", "interval", "predicted_general_change",
@@ -664,6 +685,33 @@ def test_cli_with_every_arm_over_max_forgetting_chooses_none_and_warns_of_a_harm
         record["llama_factory"]["reason"]
 
 
+def test_cli_says_the_max_forgetting_it_applied_where_no_arm_is_over_it(checkpoint, tmp_path, monkeypatch):  # noqa: F811
+    """--max-forgetting 10 (nats): far above any general change a trial can predict here, so no arm is left out and
+    the table marks none; the report still says the limit was applied, and over it none, as expansion.json records
+    (its arms' predicted general changes, all below the limit, are the reference).  The figure's legend names the
+    limit and the chosen K (an unlabelled line at K = 0 read as the axis)."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    legends, savefig = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda figure, *a, **k: (legends.append(
+        [t.get_text() for axis in figure.axes for t in axis.get_legend().get_texts()]), savefig(figure, *a, **k))[1])
+    folder, text = checkpoint
+    out = tmp_path / "grown"
+    result = cli("expand", folder, "--data", text, "--blocks", "auto", "-o", out, "--seq-len", "16", "--steps", "600",
+                 "--general-data", text, "--max-forgetting", "10", "--plot", out / "f.png", "--quiet")
+    assert result.exit_code == 0, result.output  # the figure goes into the OUT_DIR expand makes: not refused early
+    assert (out / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    chosen = json.loads((out / "expansion.json").read_text())["chosen_blocks"]
+    assert legends == [["general held-out", "--max-forgetting 10", f"chosen: K = {chosen}",
+                        "target held-out (95% interval)"]]
+    record = json.loads((out / "expansion.json").read_text())
+    assert all(arm["predicted_general_change"] < 10 for arm in record["frontier"])
+    assert record["decision"]["max_forgetting"] == 10 and record["decision"]["excluded_by_max_forgetting"] == []
+    assert ("max forgetting: 10 nats of predicted general loss change (--max-forgetting); over it: no arm"
+            in result.output.splitlines())
+
+
 def lines_stating_no_arm_within(card: str) -> list[str]:
     """The card's lines that state that no arm is within --max-forgetting, by the outcome's words (the choice's
     reason's, the method's rule before it said the rule only, the stop reason's name); "raise --max-forgetting past
@@ -734,7 +782,10 @@ def test_cli_default_windows_fit_a_400_step_plan_and_the_plan_states_both_counts
     (["--blocks", "2", "--steps", "8"], "is 0.8 steps' FLOPs; checking the places of 2 block(s) (a trial of the "
      "uniform places and one per group the screen may move a block in: 3 trials) with 1 seed(s) each needs at least"),
     (["--blocks", "auto", "--steps", "600", "--max-forgetting", "0.1"], "--max-forgetting needs --general-data"),
-    (["--blocks", "2", "--steps", "600", "--general-data", "X"], "belong to --blocks auto"),
+    (["--blocks", "2", "--steps", "600", "--general-data", "X"],
+     "--general-data belongs to --blocks auto's frontier; with --blocks 2 it would be ignored"),
+    (["--at", "1", "--general-data", "X", "--max-forgetting", "0.1"],
+     "--general-data and --max-forgetting belong to --blocks auto's frontier; with --at they would be ignored"),
     (["--blocks", "auto", "--decision-budget", "1.5"], "--decision-budget"),
 ])
 def test_cli_refusals_are_one_line(extra, message, checkpoint, tmp_path):  # noqa: F811

@@ -311,8 +311,9 @@ def _text_ids(path, tokenizer, n_tokens: int) -> np.ndarray:
                 text = carry + decoder.decode(raw, final=not raw)
             except UnicodeDecodeError as exc:
                 if not (last and exc.start >= len(raw) - 3):  # a character cut at the read limit is not an error
-                    raise InputError(f"{shown}: not UTF-8 text (byte {offset + exc.start}); token ids go in .npz or "
-                                     ".jsonl") from None
+                    # "(byte 10)" read as the byte's value; name both, the offset counted from the file's start
+                    raise InputError(f"{shown}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                                     f"{offset + exc.start}); token ids go in .npz or .jsonl") from None
                 text = carry + raw[: exc.start].decode("utf-8")
             offset += len(raw)
             cut = len(text) if last else text.rfind("\n") + 1 or len(text)

@@ -479,7 +479,8 @@ class Expansion:
         so.  ``llama_factory_lora``: its LoRA on exactly the new blocks, any positions
         (:func:`~.expansion_exports.llama_factory_lora`; ``None`` without a new block).  ms-swift takes
         parameter-name prefixes: ``freeze_parameters_ratio: 1`` freezes everything and
-        ``trainable_parameters`` unfreezes the new blocks.
+        ``trainable_parameters`` unfreezes the new blocks; without a new block that would train
+        nothing, so the entry is LLaMA-Factory's (``expressible: false`` and why).
         """
         total = self.n_original + len(self.new_blocks)
         layers = sorted(self.positions)
@@ -501,8 +502,9 @@ class Expansion:
                                  f"(layers/n)-th layer; layers {layers} of {total} are none of these: "
                                  "llama_factory_lora trains them with its LoRA; ms-swift's trainable_parameters "
                                  "or the Python loop in the docs train them fully"}
+        # with no new block, "freeze everything, unfreeze none" would train nothing: the same refusal as LLaMA-Factory's
         swift = {"train_type": "full", "freeze_parameters_ratio": 1,
-                 "trainable_parameters": [f"{self.block_prefix}.{i}." for i in layers]}
+                 "trainable_parameters": [f"{self.block_prefix}.{i}." for i in layers]} if k else dict(factory)
         lora = llama_factory_lora(self.model, find_blocks(self.model), layers) if layers else None
         return {"trainable_layers": layers, "llama_factory": factory, "llama_factory_lora": lora, "ms_swift": swift}
 
