@@ -249,12 +249,18 @@ def test_installed_console_script(dump, tmp_path):
     assert run("--help").returncode == 0
 
 
-def test_module_entry_point_runs_the_command(dump):
-    # `python -m satcore.cli.main` is the console script without an install; it once exited 0 doing nothing
-    proc = subprocess.run([sys.executable, "-m", "satcore.cli.main", "score", str(dump), "--json"],
+@pytest.mark.parametrize("module", ["satcore", "satcore.cli.main"])
+def test_module_entry_point_runs_the_command(dump, module):
+    # `python -m satcore` (and `satcore.cli.main`) is the console script without it on PATH; the second once exited
+    # 0 doing nothing, and a newcomer looked for the first
+    proc = subprocess.run([sys.executable, "-m", module, "score", str(dump), "--json"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == json.loads(invoke("score", dump, "--json").stdout)
+    usage = subprocess.run([sys.executable, "-m", module, "score", "--bogus"], capture_output=True, text=True,
+                           timeout=120)
+    assert (usage.returncode, usage.stderr) == (2, "satcore: error: No such option '--bogus'. (see 'satcore score "
+                                                   "--help')\n")  # named as the console script is, one line
 
 
 def test_cli_import_does_not_load_matplotlib_or_frameworks():
