@@ -86,6 +86,9 @@ def test_smollm2_directory_loads_and_computes_what_the_gguf_model_computes(tmp_p
     result = CliRunner().invoke(main, ["fetch-example", "smollm2", str(out)])
     assert result.exit_code == 0, result.output
     assert f"\nwrote {out}: SmolLM2-135M-Instruct (30 Llama blocks" in result.stdout
+    assert result.stdout.endswith(f"next: satcore expand {out} --data YOUR_TEXT.txt --blocks 2 -o {out}-expanded\n"
+                                  "(it prints its plan and cost before it starts: on a CPU the trials of this model "
+                                  "take tens of minutes; --decision screen, the first-order screen alone, a few)\n")
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(out))
     config = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in config and config["num_hidden_layers"] == 30
