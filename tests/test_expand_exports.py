@@ -12,6 +12,7 @@ LLaMA-Factory hands it, and safetensors' own reader for the dtype.
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -118,7 +119,7 @@ def test_llama_factory_settings_train_exactly_the_new_blocks(bf16_tied, tmp_path
             if p.requires_grad} == positions
 
 
-def test_model_card_names_base_places_and_how_to_train(bf16_tied, tmp_path):
+def test_model_card_names_base_places_and_how_to_train(bf16_tied, tmp_path, monkeypatch):
     folder, _ = bf16_tied
     out = tmp_path / "grown"
     grow(folder, out, "1,3")
@@ -126,7 +127,13 @@ def test_model_card_names_base_places_and_how_to_train(bf16_tied, tmp_path):
     assert f"Base model: `{folder}`, grown from {LAYERS} to {LAYERS + 2} layers" in card
     assert "| 1 | 1 | 0 |" in card and "| 4 | 3 | 2 |" in card  # position, inserted before, copied from
     assert "None: the places were forced (`--at 1,3`)." in card
-    assert "Train layers [1, 4] only" in card and 'LoraConfig.from_pretrained("peft")' in card
+    assert "Train layers [1, 4] only" in card
+    # the card's PEFT line loads as printed from any working directory (tmp_path here, not OUT_DIR)
+    printed = re.search(r"peft\.LoraConfig\.from_pretrained\((\"[^\"]+\")\)", card).group(1)
+    assert json.loads(printed) == os.path.join(os.path.abspath(out), "peft")
+    peft = pytest.importorskip("peft")
+    monkeypatch.chdir(tmp_path)
+    assert peft.LoraConfig.from_pretrained(json.loads(printed)).layers_to_transform == [1, 4]
     assert "llamafactory-cli train llamafactory.yaml" in card and "model.layers.1. model.layers.4." in card
 
 

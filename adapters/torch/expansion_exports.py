@@ -124,7 +124,10 @@ def model_card(record: dict, out_dir: str) -> str:
         return "\n".join(lines) + "\n"
     lines += ["", "## How to train the new blocks", "",
               f"Train layers {record['trainable_layers']} only (LLaMA-Pro's recipe), with any of:", "",
-              f"* PEFT: `peft.get_peft_model(model, peft.LoraConfig.from_pretrained(\"{PEFT_DIR}\"))` puts LoRA "
+              # the folder's absolute path, as llamafactory.yaml's model_name_or_path: "peft" alone loaded only
+              # from inside OUT_DIR
+              "* PEFT: `peft.get_peft_model(model, peft.LoraConfig.from_pretrained("
+              f"{json.dumps(os.path.join(os.path.abspath(out_dir), PEFT_DIR))}))` puts LoRA "
               "adapters on exactly those layers;",
               f"* LLaMA-Factory: `{LLAMA_FACTORY_FILE}` (add your dataset), `llamafactory-cli train "
               f"{LLAMA_FACTORY_FILE}`;",
