@@ -80,6 +80,17 @@ class ProgressCounter:
             self.bar.total = self.bar.n + remaining
             self.bar.refresh()
 
+    def trials_planned(self, batches_a_reading: int):
+        """The callable the core's trial loop announces its plan with (``planned(steps, readings)``,
+        :func:`satcore.adapter_api.trial_decision`): the bar's phase becomes ``"trials"`` and its total what is left,
+        one increment a step and ``batches_a_reading`` a reading (the batches of every split it reads)."""
+
+        def planned(steps: int, readings: int) -> None:
+            self.phase("trials")
+            self.plan(steps + readings * batches_a_reading)
+
+        return planned
+
     def extend(self, count: int) -> None:
         """``count`` more increments than the total planned (work the plan could not foresee)."""
         if self.bar is not None and self.bar.total is not None:

@@ -301,12 +301,9 @@ def _decide(model, train, heldout, loss_fn, policy: DecisionPolicy, progress: Pr
     tested = probe(model, evaluate["heldout"], loss_fn, config=config, progress=progress.per_batch(), split="heldout")
     screened = screen(fitted.statistics, tested.statistics, recipe)
 
-    def planned(steps, readings):
-        progress.phase("trials")
-        progress.plan(steps + readings * sum(len(data) for data in evaluate.values()))
-
     trials = KerasTrials(model, fitted, recipe, evaluate, loss_fn, policy.seed, progress)
-    return trial_decision(trials, screened, before, recipe, policy.trials, planned)
+    return trial_decision(trials, screened, before, recipe, policy.trials,
+                          progress.trials_planned(sum(len(data) for data in evaluate.values())))
 
 
 __all__ = ["KerasTrials", "RecipeOptimizer", "decide", "per_sample_eval", "recipe_minibatches"]

@@ -455,12 +455,9 @@ def decide_under(model, train, heldout, loss_fn, policy: DecisionPolicy,
         progress.extend(len(train))
         return probe_training_split(model, train, loss_fn, progress=progress.per_batch(), **probe_options | pass_of[name])
 
-    def planned(steps, readings):
-        progress.phase("trials")
-        progress.plan(steps + readings * (len(train) + len(heldout)))
-
     trials = TorchTrials(model, probed, recipe, train, evaluate, loss_fn, policy.seed, progress)
-    return trial_decision(trials, screened, before, recipe, policy.trials, planned)
+    return trial_decision(trials, screened, before, recipe, policy.trials,
+                          progress.trials_planned(len(train) + len(heldout)))
 
 
 __all__ = ["TorchTrials", "decide", "decide_under", "decision_probe_options", "grouped_trials", "inserted_copy", "per_sample_eval", "recipe_minibatches", "screen", "trial_losses"]
