@@ -38,8 +38,68 @@ from satcore.adapter_api import MAX_SEED, TRAINING_SPLIT_WARNING, Probe, is_trai
 
 from .options import check_family
 
-__all__ = ["PolicyDecision", "Probe", "callback_schedule", "ProbeOptions", "growth_decision", "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options",
+__all__ = ["PolicyDecision", "Probe", "ProgressCounter", "callback_schedule", "ProbeOptions", "growth_decision", "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options",
            "SPLIT_DATA", "warn_if_training_split"]
+
+
+class ProgressCounter:
+    """A long run's progress in one unit (``decide``: batches of work), as a ``progress`` keyword asks for it:
+    ``False`` or ``None`` silent, ``True`` a tqdm bar on stderr (tqdm imported here, only then), a callable
+    called with each increment instead; anything else one :class:`~satcore.InputError` naming ``what``'s
+    ``progress``.  :meth:`close` ends the bar."""
+
+    def __init__(self, progress=False, what: str = "decide"):
+        if progress is not None and not isinstance(progress, bool) and not callable(progress):
+            raise InputError(f"{what}: progress must be True, False or a callable taking each increment, got "
+                             f"{progress!r}")
+        self.bar = None
+        self.advance = None if progress is None or isinstance(progress, bool) else progress
+        if progress is True:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(unit="batch", desc=what)
+            self.advance = self.bar.update
+
+    def add(self, count: int = 1) -> None:
+        if self.advance is not None:
+            self.advance(count)
+
+    def per_batch(self):
+        """The callable a probe or an evaluation takes as its ``progress`` (called with each batch's sample count):
+        one increment a batch; ``None`` where silent."""
+        return None if self.advance is None else (lambda _samples: self.advance(1))
+
+    def phase(self, name: str) -> None:
+        """Name the phase now running on the bar (``"probe"``, ``"trials"``)."""
+        if self.bar is not None:
+            self.bar.set_description(name)
+
+    def plan(self, remaining: int) -> None:
+        """The bar's total, once ``remaining`` increments are all that is left to come."""
+        if self.bar is not None:
+            self.bar.total = self.bar.n + remaining
+            self.bar.refresh()
+
+    def trials_planned(self, batches_a_reading: int):
+        """The callable the core's trial loop announces its plan with (``planned(steps, readings)``,
+        :func:`satcore.adapter_api.trial_decision`): the bar's phase becomes ``"trials"`` and its total what is left,
+        one increment a step and ``batches_a_reading`` a reading (the batches of every split it reads)."""
+
+        def planned(steps: int, readings: int) -> None:
+            self.phase("trials")
+            self.plan(steps + readings * batches_a_reading)
+
+        return planned
+
+    def extend(self, count: int) -> None:
+        """``count`` more increments than the total planned (work the plan could not foresee)."""
+        if self.bar is not None and self.bar.total is not None:
+            self.bar.total += count
+            self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 @contextlib.contextmanager

@@ -64,7 +64,7 @@ def test_an_unknown_keyword_keeps_pythons_message_and_signatures_are_kept():
     with pytest.raises(TypeError, match=r"^decide\(\) got an unexpected keyword argument 'bogus'$"):
         torch_adapter.decide(None, [], [], bogus=1)
     assert list(inspect.signature(torch_adapter.decide).parameters) == ["model", "train", "heldout", "loss_fn",
-                                                                         "recipe", "policy"]
+                                                                         "recipe", "policy", "progress"]
     assert "policy" in inspect.signature(torch_adapter.HFCallback).parameters
     assert "options" in inspect.signature(torch_adapter.expand).parameters
     assert torch_adapter.decide.__doc__.startswith("Where to insert the next block")

@@ -227,3 +227,23 @@ def test_a_model_grow_cannot_rebuild_is_refused_before_any_probe(entry):
                                   "model's graph cannot be rebuilt; a Sequential's can: keras.Model(model.inputs, "
                                   "model.outputs))")
     assert calls == []  # no probe, no epoch's end
+
+
+# 2 training and 2 held-out batches (E = 4): the model's evaluation 4 and the probe's 4, then trials of the 2
+# candidates on the recipe's 16 steps.  Even: 8 steps each, read at 2, 4, 8: 2 (8 + 3 * 4) = 40.  Halving: 4 steps
+# each, read at 1, 2, 3, 4 (3 is one of 12's checkpoints); the finalist on to 4 + (16 - 8) = 12, read at 6 and 12:
+# 16 steps, (2 * 4 + 2) * 4 = 40 batches read.
+@pytest.mark.parametrize("schedule, total", [("even", 4 + 4 + 40), ("halving", 4 + 4 + 16 + 40)])
+def test_keras_decide_counts_its_batches_of_work_and_decides_the_same(schedule, total):
+    _, model = _models()
+    train, heldout = _as_numpy(_batches(0, 64, 32)), _as_numpy(_batches(1200, 64, 32))
+    policy = DecisionPolicy(Recipe("sgd", 0.5, 16, 64), trials=TrialSettings(max_trials=DEPTH, schedule=schedule),
+                            seed=1)
+    increments = []
+    counted = keras_decide(model, train, heldout, _keras_ce(), policy=policy, progress=increments.append)
+    silent = keras_decide(model, train, heldout, _keras_ce(), policy=policy)
+    assert counted.cost_block_steps == 16 and all(c.verified for c in counted.candidates.values())
+    assert set(increments) == {1} and len(increments) == total
+    assert counted.to_dict() == silent.to_dict() and counted.choice == silent.choice
+    with pytest.raises(InputError, match="decide: progress must be True, False or a callable"):
+        keras_decide(model, train, heldout, _keras_ce(), policy=policy, progress="yes")

@@ -39,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
-from satcore.adapters.base import SPLIT_DATA, refusing_bad_batch
+from satcore.adapters.base import SPLIT_DATA, ProgressCounter, refusing_bad_batch
 from satcore.adapter_api import TRAINING_SPLIT_WARNING, check_unexpanded_losses, moved_keywords, screen, trial_decision
 
 from .grow import InsertedResidual, grow, require_functional
@@ -52,9 +52,10 @@ def _samples(tree) -> int:
     return int(tf.shape(tf.nest.flatten(tree)[0])[0])
 
 
-def per_sample_eval(model, batches, loss_fn, where: str = "") -> np.ndarray:
+def per_sample_eval(model, batches, loss_fn, where: str = "", progress=None) -> np.ndarray:
     """Per-sample losses (float64) of ``model`` (``training=False``) over ``(x, y)`` batches; a ``(B, T)`` loss is
-    averaged over ``T`` (as the Keras probe reads it).  A batch the model or ``loss_fn`` cannot take is a
+    averaged over ``T`` (as the Keras probe reads it); ``progress``: called with each batch's sample count once it is
+    read (``None``: silent).  A batch the model or ``loss_fn`` cannot take is a
     :class:`satcore.ProbeError` naming it, led by ``where`` (:func:`satcore.adapters.base.refusing_bad_batch`)."""
     out = []
     for index, batch in enumerate(batches):
@@ -70,6 +71,8 @@ def per_sample_eval(model, batches, loss_fn, where: str = "") -> np.ndarray:
         if values.shape.rank > 1:
             values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
         out.append(np.asarray(values, dtype=np.float64))
+        if progress is not None:
+            progress(len(out[-1]))
     return np.concatenate(out)
 
 
@@ -128,11 +131,14 @@ class RecipeOptimizer:
 class KerasTrials:
     """The Keras side of :func:`satcore.adapter_api.trial_decision` (its ``TrialSteps``): trials of the zero-output
     block at a candidate of ``model`` (probed in ``result``), trained with ``recipe`` on minibatches of ``train``
-    (:func:`recipe_minibatches`, ``seed``) and read on ``evaluate`` (``{split: batches}``)."""
+    (:func:`recipe_minibatches`, ``seed``) and read on ``evaluate`` (``{split: batches}``); ``progress``: a
+    :class:`~satcore.adapters.base.ProgressCounter` counting each optimizer step and each batch read (default silent)."""
 
-    def __init__(self, model, result, recipe: Recipe, evaluate: dict, loss_fn, seed: int = 0):
+    def __init__(self, model, result, recipe: Recipe, evaluate: dict, loss_fn, seed: int = 0,
+                 progress: ProgressCounter | None = None):
         self.model, self.result, self.recipe = model, result, recipe
         self.evaluate, self.loss_fn, self.seed = evaluate, loss_fn, seed
+        self.progress = ProgressCounter() if progress is None else progress
 
     def start(self, at: str) -> "_KerasTrial":
         return _KerasTrial(self, at)
@@ -165,9 +171,11 @@ class _KerasTrial:
             gradient = tape.gradient(loss, projection)
             projection.assign(self.optimizer.step(projection.numpy(), np.asarray(gradient)))
             self.done += 1
+            self.source.progress.add()
 
     def losses(self, split: str) -> np.ndarray:
-        losses = per_sample_eval(self.grown, self.source.evaluate[split], self.source.loss_fn)
+        losses = per_sample_eval(self.grown, self.source.evaluate[split], self.source.loss_fn,
+                                 progress=self.source.progress.per_batch())
         if not np.isfinite(losses).all():  # the model's own losses were finite: the recipe diverged here
             recipe = self.source.recipe
             raise InputError(f"the trial at {self.at!r} diverged: its {split} loss is not finite after {self.done} "
@@ -218,7 +226,7 @@ def _batches(data, split: str) -> list:
 
 @moved_keywords("decide")
 def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
-           policy: DecisionPolicy | None = None) -> InsertionDecision:
+           policy: DecisionPolicy | None = None, progress=False) -> InsertionDecision:
     """Where to insert the next block of a functional Keras model under the policy's recipe, or why to stop: a
     :class:`satcore.InsertionDecision` (module docstring).
 
@@ -242,6 +250,10 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
         the residual ``Add`` layers); ``seed`` (the probe's feature maps and the trials' minibatch order);
         ``probe`` (a Keras :class:`~.probe.ProbeConfig`: ``family``, ``n_features``, ...).  Its
         ``max_statistics_bytes`` is torch's (one probe pass per group of candidates): refused here.
+    progress : bool or callable
+        As the torch ``decide`` takes it: ``False`` (default) silent, ``True`` a tqdm bar on stderr of the
+        batches of work (the model's evaluation, the probe's batches, the trials' steps and readings), a callable
+        called with each increment instead.
 
     Raises
     ------
@@ -252,6 +264,15 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
         stop being finite (the recipe diverged on the inserted block).
     """
     policy = DecisionPolicy.of(recipe, policy)
+    counter = ProgressCounter(progress, "decide")
+    try:
+        return _decide(model, train, heldout, loss_fn, policy, counter)
+    finally:
+        counter.close()
+
+
+def _decide(model, train, heldout, loss_fn, policy: DecisionPolicy, progress: ProgressCounter) -> InsertionDecision:
+    """:func:`decide` under ``policy``, counting its batches of work on ``progress``."""
     recipe = policy.recipe
     require_functional(model, "decide")  # before the probes: the trials rebuild the graph with the block in it
     if recipe.trainable != "terminal":
@@ -268,16 +289,21 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
     train = _batches(train, "training")
     evaluate = {"heldout": _batches(heldout, "held-out"), "train": train}
     loss_fn = _per_sample_loss(model, loss_fn)
-    before = {split: per_sample_eval(model, data, loss_fn, where=SPLIT_DATA[split]) for split, data in evaluate.items()}
+    progress.phase("model")
+    before = {split: per_sample_eval(model, data, loss_fn, SPLIT_DATA[split], progress.per_batch())
+              for split, data in evaluate.items()}
     check_unexpanded_losses(before)
+    progress.phase("probe")
     with warnings.catch_warnings():
         # meant to be the training split here: its statistics fit the step, the held-out split tests it
         warnings.filterwarnings("ignore", message=re.escape(TRAINING_SPLIT_WARNING))
-        fitted = probe(model, train, loss_fn, config=config, split="train")
-    tested = probe(model, evaluate["heldout"], loss_fn, config=config, split="heldout")
+        fitted = probe(model, train, loss_fn, config=config, progress=progress.per_batch(), split="train")
+    tested = probe(model, evaluate["heldout"], loss_fn, config=config, progress=progress.per_batch(), split="heldout")
     screened = screen(fitted.statistics, tested.statistics, recipe)
-    return trial_decision(KerasTrials(model, fitted, recipe, evaluate, loss_fn, policy.seed), screened, before, recipe,
-                          policy.trials)
+
+    trials = KerasTrials(model, fitted, recipe, evaluate, loss_fn, policy.seed, progress)
+    return trial_decision(trials, screened, before, recipe, policy.trials,
+                          progress.trials_planned(sum(len(data) for data in evaluate.values())))
 
 
 __all__ = ["KerasTrials", "RecipeOptimizer", "decide", "per_sample_eval", "recipe_minibatches"]

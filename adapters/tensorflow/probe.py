@@ -198,14 +198,15 @@ class Probe:
         return ProbeResult(copy.deepcopy(self.stats), meta)
 
 
-def probe(model, data, loss_fn, *, config: ProbeConfig | None = None, **options) -> ProbeResult:
+def probe(model, data, loss_fn, *, config: ProbeConfig | None = None, progress=None, **options) -> ProbeResult:
     """Per-candidate growth statistics of a Keras 3 model over ``data``: :class:`Probe` over every batch.
 
     ``data``: an iterable of ``(x, y)`` batches, or a ``tf.data.Dataset`` of them
     (required under a multi-replica strategy: it is distributed with
     ``strategy.experimental_distribute_dataset``); ``x`` may be NumPy or any array
     Keras accepts.  ``loss_fn`` is :class:`Probe`'s; ``options`` are the fields
-    of :class:`ProbeConfig`.
+    of :class:`ProbeConfig`.  ``progress``: called with each batch's sample count once the batch is probed
+    (``None``: silent), as the torch probe calls its own.
     """
     state = Probe(model, loss_fn, config, **options)
     if isinstance(data, tf.data.Dataset):
@@ -213,7 +214,9 @@ def probe(model, data, loss_fn, *, config: ProbeConfig | None = None, **options)
     elif state.strategy.num_replicas_in_sync > 1:
         raise InputError("data: under a multi-replica strategy, pass data as a tf.data.Dataset")
     for batch in data:
-        state.update(batch)
+        samples = state.update(batch)
+        if progress is not None:
+            progress(samples)
     return state.result()
 
 

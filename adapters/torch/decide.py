@@ -27,7 +27,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from satcore.adapters.base import SPLIT_DATA, refusing_bad_batch
+from satcore.adapters.base import SPLIT_DATA, ProgressCounter, refusing_bad_batch
 from satcore.adapters.batches import split_batch
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
 from satcore.adapter_api import check_unexpanded_losses, grouped_trials, moved_keywords, trial_decision
@@ -182,12 +182,15 @@ class TorchTrials:
     block at a candidate of ``model``, trained with ``recipe`` on minibatches of ``train`` (:func:`recipe_minibatches`,
     ``seed``) and read on ``evaluate`` (``{split: batches}``).  ``probed(at)`` returns the probe result whose family
     the block at ``at`` is built from; it is called again on resume rather than kept (a pass of a memory-bounded
-    probe is dropped once read); a probe result itself serves every candidate."""
+    probe is dropped once read); a probe result itself serves every candidate.  ``progress``: a
+    :class:`~satcore.adapters.base.ProgressCounter` counting each optimizer step and each batch read (default silent)."""
 
-    def __init__(self, model, probed, recipe: Recipe, train, evaluate: dict, loss_fn=None, seed: int = 0):
+    def __init__(self, model, probed, recipe: Recipe, train, evaluate: dict, loss_fn=None, seed: int = 0,
+                 progress: ProgressCounter | None = None):
         self.model, self.recipe, self.train = model, recipe, train
         self.probed = probed if callable(probed) else (lambda _: probed)
         self.evaluate, self.loss_fn, self.seed = evaluate, loss_fn, seed
+        self.progress = ProgressCounter() if progress is None else progress
 
     def start(self, at: str) -> "_Trial":
         return _Trial(self, at)
@@ -225,9 +228,11 @@ class _Trial:
             loss.backward()
             self.opt.step()
             self.done += 1
+            self.source.progress.add()
 
     def losses(self, split: str) -> np.ndarray:
-        losses = per_sample_eval(self.grown, self.source.evaluate[split], self.source.loss_fn)
+        losses = per_sample_eval(self.grown, self.source.evaluate[split], self.source.loss_fn,
+                                 progress=self.source.progress.per_batch())
         if not np.isfinite(losses).all():  # the model's own losses were finite: the recipe diverged here
             raise InputError(f"the trial at {self.at!r} diverged: its {split} loss is not finite after {self.done} "
                              f"{self.recipe.optimizer} steps at lr {self.recipe.lr:g}; lower the recipe's lr")
@@ -312,7 +317,7 @@ def check_input_dtype(model, inputs, what: str) -> None:
 
 @moved_keywords("decide")
 def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
-           policy: DecisionPolicy | None = None) -> InsertionDecision:
+           policy: DecisionPolicy | None = None, progress=False) -> InsertionDecision:
     """Where to insert the next block under the policy's recipe, or why to stop: a :class:`satcore.InsertionDecision`.
 
     Parameters
@@ -363,6 +368,11 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
         * ``probe``: a :class:`~.probe.ProbeConfig` of the probe's other options (``family``, which may be an
           ``nn.Module`` feature map or ``"native"`` for a block of the model's own kind, ``n_features``,
           ``mask``, ``position_subsample``, ``batch_dtype``, ...).
+    progress : bool or callable
+        ``False`` (default) silent; ``True`` a tqdm bar on stderr of the decision's batches of work: the
+        unexpanded model's evaluation of both splits, the probe's batches (every pass's), each trial's
+        optimizer steps and its readings of both splits; its total set once the trials are planned.  A
+        callable ``progress(n)`` is called with each increment instead, as :func:`~.probe.probe` takes it.
 
     Returns
     -------
@@ -382,16 +392,23 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
         :mod:`~.input_bounds`), a loss that is not finite before any insertion; and a trial whose losses stop
         being finite (the recipe diverged on the inserted block).
     """
-    return decide_under(model, train, heldout, loss_fn, DecisionPolicy.of(recipe, policy))
+    policy = DecisionPolicy.of(recipe, policy)
+    counter = ProgressCounter(progress, "decide")
+    try:
+        return decide_under(model, train, heldout, loss_fn, policy, progress=counter)
+    finally:
+        counter.close()
 
 
 @forked_rng()  # the caller's next random draws are those it would have made without the call
 @_with_gradients
 def decide_under(model, train, heldout, loss_fn, policy: DecisionPolicy,
-                 defaults: ProbeConfig | None = None) -> InsertionDecision:
+                 defaults: ProbeConfig | None = None, progress: ProgressCounter | None = None) -> InsertionDecision:
     """:func:`decide` under ``policy``, the probe's options where the policy gives none (its ``probe`` None, its
     ``candidates`` None) those of ``defaults`` (:func:`decision_probe_options`): how a training-loop callback
-    decides with its own probe settings."""
+    decides with its own probe settings.  ``progress`` counts the batches of work (:func:`decide`'s); default
+    silent."""
+    progress = ProgressCounter() if progress is None else progress
     recipe = policy.recipe
     check_trial_steps(recipe)
     probe_options = decision_probe_options(policy, defaults)
@@ -416,7 +433,9 @@ def decide_under(model, train, heldout, loss_fn, policy: DecisionPolicy,
     evaluate = {"heldout": heldout, "train": train}
     # the unexpanded model's losses, once, before the probe so that a loss without per-sample values or a held-out
     # split too small for a standard error is refused first: every trial starts from them (its block is the identity)
-    before = {split: per_sample_eval(model, data, loss_fn, where=SPLIT_DATA[split]) for split, data in evaluate.items()}
+    progress.phase("model")
+    before = {split: per_sample_eval(model, data, loss_fn, progress.per_batch(), where=SPLIT_DATA[split])
+              for split, data in evaluate.items()}
     check_unexpanded_losses(before)
     screened, pass_of = [], {}
 
@@ -425,17 +444,20 @@ def decide_under(model, train, heldout, loss_fn, policy: DecisionPolicy,
         pass_of.update(dict.fromkeys(splits.train.statistics, selection))
 
     # the trials need only the training split's statistics: the last pass's held-out split goes here
-    _, last = probe_splits_in_passes(model, train, heldout, loss_fn, read,
-                                     max_statistics_bytes=policy.max_statistics_bytes, **probe_options)
+    progress.phase("probe")
+    _, last = probe_splits_in_passes(model, train, heldout, loss_fn, read, max_statistics_bytes=policy.max_statistics_bytes,
+                                     progress=progress.per_batch(), **probe_options)
 
     def probed(name):
         if name in last.statistics:
             return last
-        # an earlier pass's: its statistics are gone, its group is probed again
-        return probe_training_split(model, train, loss_fn, **probe_options | pass_of[name])
+        # an earlier pass's: its statistics are gone, its group is probed again (work the plan did not count)
+        progress.extend(len(train))
+        return probe_training_split(model, train, loss_fn, progress=progress.per_batch(), **probe_options | pass_of[name])
 
-    trials = TorchTrials(model, probed, recipe, train, evaluate, loss_fn, policy.seed)
-    return trial_decision(trials, screened, before, recipe, policy.trials)
+    trials = TorchTrials(model, probed, recipe, train, evaluate, loss_fn, policy.seed, progress)
+    return trial_decision(trials, screened, before, recipe, policy.trials,
+                          progress.trials_planned(len(train) + len(heldout)))
 
 
 __all__ = ["TorchTrials", "decide", "decide_under", "decision_probe_options", "grouped_trials", "inserted_copy", "per_sample_eval", "recipe_minibatches", "screen", "trial_losses"]

@@ -210,7 +210,7 @@ def check_unexpanded_losses(before: Mapping) -> None:
 
 
 def trial_decision(steps: TrialSteps, screened, before: Mapping, recipe: Recipe,
-                   settings: TrialSettings) -> InsertionDecision:
+                   settings: TrialSettings, planned=None) -> InsertionDecision:
     """Where to insert the next block under ``recipe``, or why to stop (module docstring).
 
     Parameters
@@ -228,6 +228,9 @@ def trial_decision(steps: TrialSteps, screened, before: Mapping, recipe: Recipe,
         How the user will train the inserted block; the trials together take at most its steps.
     settings : TrialSettings
         How many trials, by which schedule, under which calibration.
+    planned : callable, optional
+        Called once, before the first trial, with the plan's work ``(steps, readings)``
+        (:func:`trial_work`): how a caller's progress bar learns its total.
 
     Returns
     -------
@@ -236,8 +239,11 @@ def trial_decision(steps: TrialSteps, screened, before: Mapping, recipe: Recipe,
     """
     rows = {row.name: row for row in sorted(screened, key=operator.attrgetter("heldout_change"))}
     trialled = settings.trialled(list(rows), recipe)
+    cost, readings = trial_work(len(trialled), recipe, settings.schedule)
+    if planned is not None:
+        planned(cost, readings)
     run = _halving_trials if settings.schedule == "halving" else _even_trials
-    curves, cost, final = run(steps, trialled, recipe, before)
+    curves, final = run(steps, trialled, recipe, before)
     out = []
     for name, row in rows.items():
         if name in curves:
@@ -253,6 +259,28 @@ def trial_decision(steps: TrialSteps, screened, before: Mapping, recipe: Recipe,
     # the margin's standard error paired over the held-out samples both trials were evaluated on
     return dataclasses.replace(decision, margin_se=paired_standard_error(final[decision.runner_up]
                                                                          - final[decision.choice]))
+
+
+def trial_work(trialled: int, recipe: Recipe, schedule: str) -> tuple[int, int]:
+    """``(steps, readings)``: the optimizer steps the plan of ``schedule`` takes over ``trialled`` candidates (the
+    decision's ``cost_block_steps``) and its readings, each one evaluation of every split of :data:`TRIAL_SPLITS`.
+
+    Even: ``n T`` steps, ``n`` times the checkpoints of ``T`` readings (:func:`~satcore._decisions.trials.trial_plan`);
+    halving: ``n T1 + f (T2 - T1)`` steps, ``n`` times the first phase's readings and ``f`` times the second's
+    (:func:`_halving_checkpoints`)."""
+    if schedule == "halving":
+        verified, first, finalists, second = halving_plan(trialled, recipe, trialled)
+        early, late = _halving_checkpoints(first, second)
+        return verified * first + finalists * (second - first), verified * len(early) + finalists * len(late)
+    verified, T, checkpoints = trial_plan(trialled, recipe, trialled)
+    return verified * T, verified * len(checkpoints)
+
+
+def _halving_checkpoints(first: int, second: int) -> tuple[list, list]:
+    """Where successive halving reads its trials: every trial at the checkpoints of ``first`` steps and those of
+    ``second`` up to ``first``; the finalists, resumed, at the rest of ``second`` 's."""
+    late = trial_checkpoints(second)
+    return sorted(set(trial_checkpoints(first)) | {t for t in late if t <= first}), [t for t in late if t > first]
 
 
 def measure(trial: Trial, checkpoints) -> dict:
@@ -273,41 +301,42 @@ def _curve(points, measured: dict, before: Mapping) -> tuple[TrialCurve, np.ndar
 
 
 def _even_trials(steps: TrialSteps, trialled, recipe: Recipe, before: Mapping):
-    """``({name: (curve, eliminated)}, block-steps, {name: per-sample held-out losses at the trial's end})``:
-    every trialled candidate ``recipe.steps // n`` steps."""
-    verified, T, checkpoints = trial_plan(len(trialled), recipe, len(trialled))
+    """``({name: (curve, eliminated)}, {name: per-sample held-out losses at the trial's end})``: every trialled
+    candidate ``recipe.steps // n`` steps."""
+    checkpoints = trial_plan(len(trialled), recipe, len(trialled))[2]
     curves, final = {}, {}
     for name in trialled:
         # each trial is released once measured: one copy of the model at a time
         curve, final[name] = _curve(checkpoints, measure(steps.start(name), checkpoints), before)
         curves[name] = (curve, False)
-    return curves, verified * T, final
+    return curves, final
 
 
 def _halving_trials(steps: TrialSteps, trialled, recipe: Recipe, before: Mapping):
-    """``({name: (curve, eliminated)}, block-steps, {name: per-sample held-out losses at its curve's end})`` by
+    """``({name: (curve, eliminated)}, {name: per-sample held-out losses at its curve's end})`` by
     successive halving (:func:`~satcore._decisions.trials.halving_plan`): every trialled candidate ``T1`` steps,
     set aside; the finalists (lowest held-out change at ``T1``) resumed to ``T2``.  A finalist's curve is read at
     a quarter, half and all of ``T2``, an eliminated one's of ``T1``."""
-    verified, first, finalists, second = halving_plan(len(trialled), recipe, len(trialled))
-    late = trial_checkpoints(second)
+    _, first, finalists, second = halving_plan(len(trialled), recipe, len(trialled))
+    early, later = _halving_checkpoints(first, second)
     measured, trials = {}, {}
     for name in trialled:
         trial = steps.start(name)
-        measured[name] = measure(trial, sorted(set(trial_checkpoints(first)) | {t for t in late if t <= first}))
+        measured[name] = measure(trial, early)
         trial.suspend()
         trials[name] = trial
     kept = sorted(trialled, key=lambda n: float(np.mean(measured[n][first]["heldout"] - before["heldout"])))
     kept = kept[:finalists]
     for name in kept:
         trials[name].resume()
-        measured[name] |= measure(trials[name], [t for t in late if t > first])
+        measured[name] |= measure(trials[name], later)
+    late = trial_checkpoints(second)
     curves, final = {}, {}
     for name in trialled:
         curve, final[name] = _curve(late if name in kept else trial_checkpoints(first), measured[name], before)
         curves[name] = (curve, name not in kept)
-    return curves, verified * first + finalists * (second - first), final
+    return curves, final
 
 
 __all__ = ["SCHEDULES", "TRIAL_SPLITS", "ScreenRow", "Trial", "TrialSettings", "TrialSteps", "check_unexpanded_losses",
-           "grouped_trials", "measure", "screen", "trial_decision"]
+           "grouped_trials", "measure", "screen", "trial_decision", "trial_work"]
