@@ -38,8 +38,8 @@ from satcore.adapter_api import MAX_SEED, TRAINING_SPLIT_WARNING, Probe, is_trai
 
 from .options import check_family
 
-__all__ = ["PolicyDecision", "Probe", "ProgressCounter", "callback_schedule", "ProbeOptions", "growth_decision", "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options",
-           "SPLIT_DATA", "warn_if_training_split"]
+__all__ = ["SPLIT_DATA", "PolicyDecision", "Probe", "ProbeOptions", "ProgressCounter", "callback_schedule", "growth_decision",
+           "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options", "warn_if_training_split"]
 
 
 class ProgressCounter:
