@@ -194,6 +194,9 @@ def test_candidate_names_map_back_to_tensors(token):
     np.testing.assert_array_equal(by_name["blocks.0"], by_tensor["/embed/Add_output_0"])
     np.testing.assert_array_equal(by_name["head"], by_tensor["/blocks.1/Add_1_output_0"])
     assert per_sample_gradients(proto, head=False).candidates == ("blocks.0", "blocks.1")
+    # named candidates are exactly those, the head only where named (docs/onnx.md; the torch probe adds its head)
+    assert per_sample_gradients(proto, candidates=["blocks.1"]).candidates == ("blocks.1",)
+    assert per_sample_gradients(proto, candidates=["blocks.1", "head"]).candidates == ("blocks.1", "head")
     with pytest.raises(OnnxProbeError, match=r"the residual blocks are \['blocks.0', 'blocks.1'\] \(or 'head'\)"):
         per_sample_gradients(proto, candidates=["block.0"])
     with pytest.raises(OnnxProbeError, match="one tensor twice"):
