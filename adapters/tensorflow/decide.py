@@ -52,7 +52,7 @@ def _samples(tree) -> int:
     return int(tf.shape(tf.nest.flatten(tree)[0])[0])
 
 
-def per_sample_eval(model, batches, loss_fn, where: str = "", progress=None) -> np.ndarray:
+def per_sample_eval(model, batches, loss_fn, progress=None, where: str = "") -> np.ndarray:
     """Per-sample losses (float64) of ``model`` (``training=False``) over ``(x, y)`` batches; a ``(B, T)`` loss is
     averaged over ``T`` (as the Keras probe reads it); ``progress``: called with each batch's sample count once it is
     read (``None``: silent).  A batch the model or ``loss_fn`` cannot take is a
@@ -290,7 +290,7 @@ def _decide(model, train, heldout, loss_fn, policy: DecisionPolicy, progress: Pr
     evaluate = {"heldout": _batches(heldout, "held-out"), "train": train}
     loss_fn = _per_sample_loss(model, loss_fn)
     progress.phase("model")
-    before = {split: per_sample_eval(model, data, loss_fn, SPLIT_DATA[split], progress.per_batch())
+    before = {split: per_sample_eval(model, data, loss_fn, progress=progress.per_batch(), where=SPLIT_DATA[split])
               for split, data in evaluate.items()}
     check_unexpanded_losses(before)
     progress.phase("probe")

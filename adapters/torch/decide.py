@@ -434,7 +434,7 @@ def decide_under(model, train, heldout, loss_fn, policy: DecisionPolicy,
     # the unexpanded model's losses, once, before the probe so that a loss without per-sample values or a held-out
     # split too small for a standard error is refused first: every trial starts from them (its block is the identity)
     progress.phase("model")
-    before = {split: per_sample_eval(model, data, loss_fn, progress.per_batch(), where=SPLIT_DATA[split])
+    before = {split: per_sample_eval(model, data, loss_fn, progress=progress.per_batch(), where=SPLIT_DATA[split])
               for split, data in evaluate.items()}
     check_unexpanded_losses(before)
     screened, pass_of = [], {}
