@@ -23,7 +23,7 @@ import click
 import numpy as np
 
 from satcore.adapter_api import command_inputs
-from satcore.adapter_api import display_name
+from satcore.adapter_api import display_name, options_named_by
 from satcore import SatcoreError
 
 from .expand import expand
@@ -74,8 +74,18 @@ class SatcoreGroup(click.Group):
         sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx):
-        with command_inputs():  # every file the command reads is an input that none of its outputs may replace
+        # every file the command reads is an input that none of its outputs may replace; a refusal of a value the
+        # user gave names it by the flag typed (--n-features), not by the Python keyword it is passed on as
+        with command_inputs(), options_named_by(_flag_of):
             return super().invoke(ctx)
+
+
+def _flag_of(keyword: str) -> str | None:
+    """The running command's flag for the Python keyword ``keyword`` (its option of that name, by its long
+    spelling), None where the command has no such option."""
+    ctx = click.get_current_context(silent=True)
+    options = [p for p in (ctx.command.params if ctx else ()) if isinstance(p, click.Option) and p.name == keyword]
+    return max(options[0].opts, key=len) if options else None
 
 
 def _message(exc: BaseException) -> str:

@@ -19,7 +19,7 @@ import numpy as np
 
 from satcore.adapter_api import check_target
 from satcore.adapter_api import NpyHeader, NpzArchive
-from satcore import FAMILIES
+from satcore import FAMILIES, ProbeError
 from satcore.adapter_api import DEFAULT_FOLDS
 
 from .common import FiniteFloatRange, display_name
@@ -178,16 +178,22 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
             n_features=n_features,
         )
     except OnnxProbeError as exc:
-        if str(exc).startswith("batch "):  # the adapter refused a batch: the data file's fault, so name it
-            raise _bad(f"{display_name(data_path)}: {exc}") from None
-        if display_name(model) not in str(exc):  # the model's (its graph, or the loss or names given for it)
-            raise OnnxProbeError(f"{display_name(model)}: {exc}") from None
-        raise
+        raise named_refusal(exc, model, data_path) from None
     result.save(out_path, inputs=(model, data_path))
     n_samples = next(iter(result.statistics.values())).n_samples
     n_batches = -(-n_data // batch_size)
     say_written(out_path, f"{len(result.statistics)} candidate(s), {n_samples} samples", n_batches, batch_size,
                 chosen=chosen)
+
+
+def named_refusal(exc: ProbeError, model, data_path) -> Exception:
+    """The probe's refusal ``exc`` led by the file it is about: DATA's for a refused batch, else MODEL's (its
+    graph or checkpoint, or the loss, candidates or family given for it) unless the message names it already."""
+    if str(exc).startswith("batch "):  # the adapter refused a batch: the data file's fault, so name it
+        return _bad(f"{display_name(data_path)}: {exc}")
+    if display_name(model) not in str(exc):
+        return type(exc)(f"{display_name(model)}: {exc}")
+    return exc
 
 
 def default_batch_size(n_samples: int) -> int:

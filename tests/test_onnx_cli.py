@@ -199,12 +199,59 @@ def test_n_features_sets_the_family_width(files, tmp_path):
         assert got["growth_value"] != pytest.approx(default.growth_value, rel=1e-3)  # the option acts
 
 
-def test_n_features_the_family_cannot_take_is_one_line_exit_2(files, tmp_path):
-    _, _, _, model, data = files
-    res, out = _probe_with(model, data, tmp_path, "--family", "linear", "--n-features", "3")
+def residual_conv(path):
+    """``h0 = Conv1x1(x)``, ``h1 = h0 + relu(Conv1x1(h0))``, logits from h1's channel means: 4-d streams, so
+    ``--family auto`` draws ``conv`` for them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = {"W0": rng.standard_normal((2, 2, 1, 1)), "W1": rng.standard_normal((2, 2, 1, 1)),
+               "W2": rng.standard_normal((2, CLASSES)), "flat": np.array([0, -1], np.int64)}
+    nodes = [helper.make_node("Conv", ["x", "W0"], ["h0"]), helper.make_node("Conv", ["h0", "W1"], ["a1"]),
+             helper.make_node("Relu", ["a1"], ["b1"]), helper.make_node("Add", ["h0", "b1"], ["h1"]),
+             helper.make_node("GlobalAveragePool", ["h1"], ["m"]), helper.make_node("Reshape", ["m", "flat"], ["f"]),
+             helper.make_node("MatMul", ["f", "W2"], ["logits"])]
+    graph = helper.make_graph(
+        nodes, "residual_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 3, 3])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])],
+        [numpy_helper.from_array(w if w.dtype == np.int64 else w.astype(np.float32), n) for n, w in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+# (model, --family, --n-features): what the refusal says after the file and the candidate, with the option named
+# by its flag (the command line's) and by its keyword (the Python probe's)
+FEATURE_REFUSALS = [
+    ("mlp", "linear", 3, "{} for family 'linear': does not apply (its number of features is fixed, 6 for a stream "
+                         "of width 6)"),
+    ("conv", "auto", 10, "{} for family 'conv': a positive multiple of 9 (9 per middle channel)"),
+    ("mlp", "conv", 9, "family 'conv' needs a (M, C, H, W) stream, got shape (16, 6)"),
+]
+
+
+@pytest.mark.parametrize("model_kind, family, n_features, expected", FEATURE_REFUSALS)
+def test_a_family_or_feature_count_the_stream_cannot_take_is_one_line_exit_2(files, tmp_path, model_kind, family,
+                                                                           n_features, expected):
+    """The refusal names the model file and the candidate, and the feature count as the user gave it:
+    ``--n-features 3`` on the command line, ``n_features=3`` to :func:`satcore.adapters.onnx.probe` (the command
+    line used to say ``n_features``, the keyword it passes the flag on as); no dump is written."""
+    from satcore.adapters.onnx import OnnxProbeError, probe
+
+    _, x, y, model, data = files
+    if model_kind == "conv":
+        model, data = residual_conv(tmp_path / "conv.onnx"), tmp_path / "images.npz"
+        x = np.random.default_rng(2).standard_normal((50, 2, 3, 3)).astype(np.float32)
+        np.savez(data, inputs=x, targets=y)
+    res, out = _probe_with(model, data, tmp_path, "--family", family, "--n-features", str(n_features),
+                           "--batch-size", "16")
     assert res.exit_code == 2, res.output
-    assert "n_features" in res.output and "Traceback" not in res.output
+    assert res.stderr == f"satcore: error: {model}: candidate 'h0': {expected.format(f'--n-features {n_features}')}\n"
     assert not out.exists()
+    with pytest.raises(OnnxProbeError) as refused:
+        probe(str(model), [(x[:16], y[:16])], family=family, n_features=n_features)
+    assert str(refused.value) == f"candidate 'h0': {expected.format(f'n_features={n_features}')}"
 
 
 @pytest.mark.parametrize("names", ["", " , ", "blocks.0,,head"])

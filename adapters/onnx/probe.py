@@ -14,7 +14,7 @@ from satcore.adapters.batches import LABELS
 from satcore.adapters.batches import split_batch as shared_split_batch
 from satcore.adapter_api import check_feature_count
 from satcore.adapters.options import per_candidate
-from satcore import DepthStatistics
+from satcore import DepthStatistics, InputError
 from satcore.adapter_api import positions
 from satcore import ProbeResult
 from satcore import CandidateStatistics
@@ -259,9 +259,12 @@ class Probe:
         acts, grads = captured
         for name in self.names:
             z, g = acts[name], grads[name]
-            if name not in self.maps:
-                self.maps[name] = feature_map(self.specs[name], z, seed=self.config.seed,
-                                              init_std=self.config.init_std, n_features=self.widths[name])
+            if name not in self.maps:  # a family or feature count its stream cannot take: the candidate's refusal
+                try:
+                    self.maps[name] = feature_map(self.specs[name], z, seed=self.config.seed,
+                                                  init_std=self.config.init_std, n_features=self.widths[name])
+                except InputError as exc:
+                    raise OnnxProbeError(f"candidate {name!r}: {exc}") from None
             try:
                 q, psi = positions(g), self.maps[name](z)
                 if name not in self.stats:

@@ -302,6 +302,15 @@ class Probe:
                 config.checkpoint, self.settings)
         warn_if_training_split(config.split)
 
+    def feature_map(self, name: str, z: torch.Tensor, candidate):
+        """The feature map of candidate ``name`` (the located ``candidate``) for streams like ``z``, built from the
+        probe's options; a family or feature count its stream cannot take is refused naming the candidate."""
+        try:
+            return build_feature_map(self.family[name], z, seed=self.config.seed, init_std=self.init_std,
+                                     n_features=self.n_features[name], model=self.model, candidate=candidate)
+        except InputError as exc:
+            raise ProbeError(f"candidate {name!r}: {exc}") from None
+
     def update(self, batch) -> int:
         """Add one batch (see the class docstring); returns its number of samples."""
         config, names = self.config, [c.name for c in self.found]
@@ -334,10 +343,7 @@ class Probe:
             for name, grad in zip(names, grads):
                 z = taps.streams[name]
                 if name not in self.families:
-                    self.families[name] = build_feature_map(
-                        self.family[name], z, seed=config.seed, init_std=self.init_std,
-                        n_features=self.n_features[name], model=self.model,
-                        candidate=taps.by_name[name]).eval()
+                    self.families[name] = self.feature_map(name, z, taps.by_name[name]).eval()
                 if self.families[name].reads_context:  # the native family runs the fresh block with the call's context
                     self.families[name].context = taps.calls[name]
                 if name not in self.running:
@@ -555,9 +561,7 @@ def plan(model: nn.Module, batch, loss_fn=None, *, config: ProbeConfig | None = 
         rows = []
         for name in names:
             z = taps.streams[name]
-            feature_map = build_feature_map(state.family[name], z, seed=state.config.seed, init_std=state.init_std,
-                                            n_features=state.n_features[name], model=state.model,
-                                            candidate=taps.by_name[name])
+            feature_map = state.feature_map(name, z, taps.by_name[name])
             M, T, N = positions(z).shape
             r = feature_map.n_features
             entry = torch.empty(0, dtype=state.config.batch_dtype).element_size()

@@ -35,6 +35,7 @@ from scipy.special import erf
 
 from .._shared.arrays import check_statistics_memory
 from .._shared.errors import InputError
+from .._shared.option_names import option_given
 
 FAMILIES = ("mlp", "conv", "linear", "bias")  # the built-in kinds; registered_families() adds the others
 
@@ -203,15 +204,19 @@ class FamilySpec:
         return self.draw is not None
 
     def checked_features(self, n_features, width: int):
-        """``n_features`` as an int after the kind's rule (``None`` stays ``None``: the default)."""
+        """``n_features`` as an int after the kind's rule (``None`` stays ``None``: the default); a refusal names
+        the option as the user gave it (:func:`~satcore._shared.option_names.option_given`: ``n_features=``, or
+        ``satcore probe``'s ``--n-features``)."""
         if n_features is None:
             return None
         n = int(n_features)
         if self.sized == "fixed":
             if n != self.fixed_features(width):
-                raise InputError(f"family {self.name!r} has a fixed number of features; n_features does not apply")
+                raise InputError(f"{option_given('n_features', n)} for family {self.name!r}: does not apply (its "
+                                 f"number of features is fixed, {self.fixed_features(width)} for a stream of width "
+                                 f"{width})")
         elif n < 1 or (self.sized == "nine" and n % 9):
-            raise InputError(f"n_features={n} for family {self.name!r}: "
+            raise InputError(f"{option_given('n_features', n)} for family {self.name!r}: "
                              + ("a positive multiple of 9 (9 per middle channel)" if self.sized == "nine"
                                 else "must be >= 1"))
         return n
