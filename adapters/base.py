@@ -46,7 +46,8 @@ class ProgressCounter:
     """A long run's progress in one unit (``decide``: batches of work), as a ``progress`` keyword asks for it:
     ``False`` or ``None`` silent, ``True`` a tqdm bar on stderr (tqdm imported here, only then), a callable
     called with each increment instead; anything else one :class:`~satcore.InputError` naming ``what``'s
-    ``progress``.  :meth:`close` ends the bar."""
+    ``progress``.  :meth:`close` ends the bar; as a context manager (``with ProgressCounter(progress) as
+    counter:``, how each adapter's ``decide`` counts its decision) the bar ends with the block, however it ends."""
 
     def __init__(self, progress=False, what: str = "decide"):
         if progress is not None and not isinstance(progress, bool) and not callable(progress):
@@ -100,6 +101,12 @@ class ProgressCounter:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+    def __enter__(self) -> ProgressCounter:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
 
 @contextlib.contextmanager

@@ -74,3 +74,16 @@ def test_a_progress_that_is_neither_a_bool_nor_a_callable_is_refused_in_one_line
         decide(digits_resnet(), _data(0, 64, 32), _data(1200, 64, 32), per_sample_ce, policy=_policy(),
                progress=bad)
     assert "\n" not in str(refused.value) and repr(bad) in str(refused.value)
+
+
+def test_the_bar_is_closed_when_the_decision_is_refused_after_it_opened(monkeypatch):
+    """``decide`` counts inside ``with ProgressCounter(...)``: a refusal raised once the bar is open (the held-out
+    split is one batch, checked after the counter is made) still ends the bar, once."""
+    from satcore.adapters.base import ProgressCounter
+
+    closed = []
+    monkeypatch.setattr(ProgressCounter, "close", lambda self: closed.append(self.bar is not None))
+    with pytest.raises(InputError, match="the held-out data is one batch"):
+        decide(digits_resnet(), _data(0, 64, 32), _data(1200, 32, 32)[0], per_sample_ce, policy=_policy(),
+               progress=True)
+    assert closed == [True]

@@ -264,11 +264,8 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
         stop being finite (the recipe diverged on the inserted block).
     """
     policy = DecisionPolicy.of(recipe, policy)
-    counter = ProgressCounter(progress, "decide")
-    try:
-        return _decide(model, train, heldout, loss_fn, policy, counter)
-    finally:
-        counter.close()
+    with ProgressCounter(progress, "decide") as counter:
+        return _decide(model, train, heldout, loss_fn, policy, progress=counter)
 
 
 def _decide(model, train, heldout, loss_fn, policy: DecisionPolicy, progress: ProgressCounter) -> InsertionDecision:

@@ -393,11 +393,8 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
         being finite (the recipe diverged on the inserted block).
     """
     policy = DecisionPolicy.of(recipe, policy)
-    counter = ProgressCounter(progress, "decide")
-    try:
+    with ProgressCounter(progress, "decide") as counter:
         return decide_under(model, train, heldout, loss_fn, policy, progress=counter)
-    finally:
-        counter.close()
 
 
 @forked_rng()  # the caller's next random draws are those it would have made without the call
