@@ -6,7 +6,9 @@ value the core rejects, a file that cannot be written, memory running out)
 ends with ONE line on stderr and exit status 2, never a traceback; names from
 files in that line are escaped (printable, one line).  Any other exception is
 a bug in satcore and shows as one, with its traceback.  ``satcore --debug``
-prints the traceback of an expected error too, before its line.
+prints the traceback of an expected error too, before its line.  A standard
+output that is a closed pipe (``satcore score D | head``) is no error to
+report: click ends the command silently with status 1.
 
 NumPy's floating-point warnings are silenced: every non-finite result is
 checked explicitly and refused with a message, so a RuntimeWarning would only
@@ -98,7 +100,12 @@ def _message(exc: BaseException) -> str:
 
 
 def _echo_stream(exc: BaseException) -> str | None:
-    """The stream a failed ``click.echo`` wrote to, read off ``exc``'s traceback (None: not raised by echo)."""
+    """The stream a failed ``click.echo`` wrote to, read off ``exc``'s traceback (None: not raised by echo).
+
+    Every command writes through ``click.echo``, whose public ``err`` argument picks the stream; the traceback
+    already holds echo's frame, so this reads the one fact the OSError lacks where it is.  (A write error has no
+    ``__context__`` naming a stream, and a stream's state after ENOSPC or EIO says nothing: it is not closed.)
+    """
     tb = exc.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code is click.utils.echo.__code__:

@@ -8,6 +8,7 @@ the certification quantities.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -349,3 +350,20 @@ def test_a_full_standard_output_is_named_in_the_one_line():
             click.echo("a table", file=Full(), err=err)
         assert _message(info.value) == f"{stream}: No space left on device"
     assert _message(OSError(errno.ENOSPC, "No space left on device")) == "[Errno 28] No space left on device"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_real_full_or_closed_standard_output(dump):
+    """In a real process: ``> /dev/full`` is one line naming standard output, exit 2; a pipe already closed by its
+    reader (``| head`` having exited) ends silently with status 1, no traceback (click's own EPIPE handling)."""
+    command = [sys.executable, "-m", "satcore", "score", str(dump), "--json"]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(command, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (2, "satcore: error: standard output: No space left on device\n")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # before the process starts: its first write meets a closed pipe whatever the timing
+    try:
+        proc = subprocess.run(command, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (1, "")
