@@ -179,7 +179,7 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
         )
     except OnnxProbeError as exc:
         if str(exc).startswith("batch "):  # the adapter refused a batch: the data file's fault, so name it
-            raise _bad(f"{display_name(data_path)}: {exc}") from None
+            raise _bad(f"{display_name(data_path)}: {exc}{fixed_batch_hint(model, batch_size, n_data)}") from None
         if display_name(model) not in str(exc):  # the model's (its graph, or the loss or names given for it)
             raise OnnxProbeError(f"{display_name(model)}: {exc}") from None
         raise
@@ -188,6 +188,28 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
     n_batches = -(-n_data // batch_size)
     say_written(out_path, f"{len(result.statistics)} candidate(s), {n_samples} samples", n_batches, batch_size,
                 chosen=chosen)
+
+
+def fixed_batch_hint(model_path: str, batch_size: int, n_samples: int) -> str:
+    """What to do where a batch was refused and the model's inputs have a fixed batch size other than the batches'
+    (an exporter writes its example's batch size unless told the axis is dynamic; ONNX Runtime's refusal names the
+    dimension but not the way out); "" otherwise.  Read only after a refusal: the happy path loads nothing more."""
+    from satcore.adapters.onnx import load_model
+
+    graph = load_model(model_path).graph
+    constants = {i.name for i in graph.initializer}
+    fixed = {i.name: i.type.tensor_type.shape.dim[0].dim_value for i in graph.input
+             if i.name not in constants and len(i.type.tensor_type.shape.dim) > 0
+             and i.type.tensor_type.shape.dim[0].HasField("dim_value")}
+    if len(set(fixed.values())) != 1:
+        return ""
+    name, size = next(iter(fixed.items()))
+    if size == batch_size and n_samples % size == 0:
+        return ""
+    count = "" if n_samples % size == 0 else f" and a sample count that is a multiple of {size} (DATA holds {n_samples})"
+    return (f"; the model's input {name!r} has a fixed batch size of {size} (an export's example batch): pass "
+            f"--batch-size {size}{count}, or export the model with a dynamic batch axis (torch.onnx.export(..., "
+            f"dynamic_axes={{{name!r}: {{0: 'batch'}}}}))")
 
 
 def default_batch_size(n_samples: int) -> int:
