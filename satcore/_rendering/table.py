@@ -210,11 +210,11 @@ def never_chosen_notes(candidates) -> list[str]:
     if unverified:
         verified = sum(getattr(c, "trial", None) is not None for c in candidates.values())
         why = ("no trial ran" if not verified else
-               f"the screen did not rank it among the {verified} place(s) the trials verified (rows are in the "
-               "screen's order, by its first-order held-out change; every row's is screen_heldout_change in "
-               "to_dict(); TrialSettings(max_trials=...) verifies more)")
-        notes.append(f"note: never chosen: {', '.join(unverified)} {NOT_VERIFIED} ({why}): its held-out change is "
-                     "the first-order screen's, often far off in magnitude, and it gets no interval or P(decrease)")
+               f"the screen ranked it outside the {verified} place(s) the trials verified (rows are in the screen's "
+               "order, by its first-order held-out change, to_dict()'s screen_heldout_change; "
+               "TrialSettings(max_trials=...) verifies more)")
+        notes.append(f"note: never chosen: {', '.join(unverified)} {NOT_VERIFIED}: {why}; its held-out change is "
+                     "the first-order screen's, often far off in magnitude, with no interval or P(decrease)")
     return notes
 
 
