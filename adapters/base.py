@@ -73,7 +73,8 @@ class ProgressCounter:
     def phase(self, name: str) -> None:
         """Name the phase now running on the bar (``"probe"``, ``"trials"``)."""
         if self.bar is not None:
-            self.bar.set_description(name)
+            # set_description adds ": ", and tqdm adds its own before a count without a total ("model: : 19batch")
+            self.bar.set_description_str(name)
 
     def plan(self, remaining: int) -> None:
         """The bar's total, once ``remaining`` increments are all that is left to come."""

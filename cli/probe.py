@@ -178,7 +178,8 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
             n_features=n_features,
         )
     except OnnxProbeError as exc:
-        raise named_refusal(exc, model, data_path) from None
+        hint = fixed_batch_hint(model, batch_size, n_data) if str(exc).startswith("batch ") else ""
+        raise named_refusal(exc, model, data_path, hint=hint) from None
     result.save(out_path, inputs=(model, data_path))
     n_samples = next(iter(result.statistics.values())).n_samples
     n_batches = -(-n_data // batch_size)
@@ -186,14 +187,37 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
                 chosen=chosen)
 
 
-def named_refusal(exc: ProbeError, model, data_path) -> Exception:
+def named_refusal(exc: ProbeError, model, data_path, *, hint: str = "") -> Exception:
     """The probe's refusal ``exc`` led by the file it is about: DATA's for a refused batch, else MODEL's (its
-    graph or checkpoint, or the loss, candidates or family given for it) unless the message names it already."""
+    graph or checkpoint, or the loss, candidates or family given for it) unless the message names it already.
+    ``hint`` (what to pass instead, or "") follows a refused batch's message."""
     if str(exc).startswith("batch "):  # the adapter refused a batch: the data file's fault, so name it
-        return _bad(f"{display_name(data_path)}: {exc}")
+        return _bad(f"{display_name(data_path)}: {exc}{hint}")
     if display_name(model) not in str(exc):
         return type(exc)(f"{display_name(model)}: {exc}")
     return exc
+
+
+def fixed_batch_hint(model_path: str, batch_size: int, n_samples: int) -> str:
+    """What to do where a batch was refused and the model's inputs have a fixed batch size other than the batches'
+    (an exporter writes its example's batch size unless told the axis is dynamic; ONNX Runtime's refusal names the
+    dimension but not the way out); "" otherwise.  Read only after a refusal: the happy path loads nothing more."""
+    from satcore.adapters.onnx import load_model
+
+    graph = load_model(model_path).graph
+    constants = {i.name for i in graph.initializer}
+    fixed = {i.name: i.type.tensor_type.shape.dim[0].dim_value for i in graph.input
+             if i.name not in constants and len(i.type.tensor_type.shape.dim) > 0
+             and i.type.tensor_type.shape.dim[0].HasField("dim_value")}
+    if len(set(fixed.values())) != 1:
+        return ""
+    name, size = next(iter(fixed.items()))
+    if size == batch_size and n_samples % size == 0:
+        return ""
+    count = "" if n_samples % size == 0 else f" and a sample count that is a multiple of {size} (DATA holds {n_samples})"
+    return (f"; the model's input {name!r} has a fixed batch size of {size} (an export's example batch): pass "
+            f"--batch-size {size}{count}, or export the model with a dynamic batch axis (torch.onnx.export(..., "
+            f"dynamic_axes={{{name!r}: {{0: 'batch'}}}}))")
 
 
 def default_batch_size(n_samples: int) -> int:

@@ -116,7 +116,9 @@ def test_a_candidate_no_trial_verified_claims_no_probability_in_any_rendering():
     head_row = next(line for line in lines if line.startswith("head "))
     assert head_row.split() == ["head", "-2.6", "(screen)", "-", "not", "verified", "none:", "not", "verified",
                                 "(screen", "only)"]
-    assert any(line.startswith("note: never chosen:") and "not verified (no trial" in line for line in lines)
+    # the reason it was not verified: the screen ranked it outside the one trial (its screen value is in the JSON)
+    assert any(line.startswith("note: never chosen: head not verified: the screen ranked it outside the 1 place(s) "
+                               "the trials verified") for line in lines)
 
 
 def test_the_printed_decision_names_the_unverified_rows_whose_screen_change_exceeds_the_held_out_loss():
@@ -240,9 +242,29 @@ def test_the_decision_table_says_which_rows_were_eliminated_or_not_trialled():
     assert rows["m.1"].endswith("37 steps (eliminated)")
     assert rows["m.2"].endswith("none: not verified (screen only)")
     assert rows["m.2"].split()[1:5] == ["-0.5", "(screen)", "-", "not"]  # no interval, no P(decrease)
-    assert any(line.startswith("note: never chosen: a candidate eliminated") for line in lines)
+    assert "note: never chosen: m.1 eliminated in successive halving's first stage (the change shown is its shorter " \
+           "trial's prediction)" in lines
+    # m.1's trial verified it, so two places were trialled; m.2 is the screen's alone
+    assert any(line.startswith("note: never chosen: m.2 not verified: the screen ranked it outside the 2 place(s) the "
+                               "trials verified") for line in lines)
     assert not any("never chosen" in line for line in render_decision(choose([finalist], recipe, 1.0, 1.0, 300,
                                                                              NORMAL)).splitlines())
+
+
+def test_unverified_rows_are_named_with_why_no_trial_verified_them():
+    """Rows the screen alone priced are named in the note with the reason: outside the places the trials
+    verified (counted), or no trial at all (a screen-only decision); a decision whose every row was trialled has
+    no such note."""
+    from satcore._rendering.table import never_chosen_notes
+
+    trialled = verified_candidate("m.0", _curve((-0.01, -0.02, -0.03), steps=(18, 37, 75)), 300, NORMAL, -0.3)
+    screen = {n: CandidateDecision.screen_only(n, v, v) for n, v in (("m.1", -2.0), ("head", -0.1))}
+    (note,) = never_chosen_notes({"m.0": trialled, **screen})
+    assert note.startswith("note: never chosen: m.1, head not verified: the screen ranked it outside the 1 place(s) the "
+                           "trials verified")
+    (note,) = never_chosen_notes(screen)
+    assert note.startswith("note: never chosen: m.1, head not verified: no trial ran; ")
+    assert never_chosen_notes({"m.0": trialled}) == []
 
 
 def test_both_plans_cost_at_most_the_recipe_or_one_step_a_trial():

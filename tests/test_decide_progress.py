@@ -66,6 +66,9 @@ def test_the_bar_goes_to_stderr_and_ends_at_its_total_the_probes_of_an_earlier_p
     out, err = capsys.readouterr()
     assert out == ""
     assert "trials" in err and f"{total}/{total}" in err
+    # each phase is named once, before the total is known as after: "probe: 7batch", not "probe: : 7batch"
+    phases = {part.split(":")[0] for part in err.replace("\n", "\r").split("\r") if ":" in part}
+    assert {"decide", "model", "probe", "trials"} <= phases and ": :" not in err
 
 
 @pytest.mark.parametrize("bad", [3, "yes", 0.5])

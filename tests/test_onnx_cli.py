@@ -29,7 +29,7 @@ def weights(seed=0):
     return [rng.standard_normal(shape).astype(np.float32) * 0.7 for shape in ((IN, D), (D, D), (D, D), (D, CLASSES))]
 
 
-def residual_mlp(path, ws):
+def residual_mlp(path, ws, batch="batch"):
     from onnx import TensorProto, helper, numpy_helper
 
     names = ["W0", "W1", "W2", "W3"]
@@ -46,8 +46,8 @@ def residual_mlp(path, ws):
     graph = helper.make_graph(
         nodes,
         "residual_mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", IN])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, IN])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, CLASSES])],
         [numpy_helper.from_array(w, n) for w, n in zip(ws, names)],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -377,3 +377,28 @@ def test_default_batch_size_makes_one_batch_per_fold_so_256_samples_decide(tmp_p
     assert verdicts["64"]["verdict"] == "inconclusive"
     assert "the limit is the number of batches, not samples: probe at least 7 batches (satcore probe: a smaller " \
            "--batch-size)" in verdicts["64"]["reason"]
+
+
+@pytest.mark.parametrize("samples, options, expected", [
+    (50, [], "pass --batch-size 2, or export"),  # the default --batch-size: 4
+    (49, ["--batch-size", "2"], "pass --batch-size 2 and a sample count that is a multiple of 2 (DATA holds 49)"),
+    (50, ["--batch-size", "5"], "pass --batch-size 2, or export"),
+])
+def test_a_fixed_batch_size_the_batches_do_not_match_is_refused_with_what_to_pass(files, tmp_path, samples, options,
+                                                                                    expected):
+    """A model exported with its example's batch size (2) refuses the CLI's batches of another size (or the last,
+    shorter one) in ONNX Runtime's words, which name the dimension but not the way out (a newcomer's exported ResNet);
+    the line says which --batch-size to pass or how to export a dynamic batch axis.  Batches of 2 run."""
+    ws, x, y, _, _ = files
+    model = residual_mlp(tmp_path / "fixed.onnx", ws, batch=2)
+    data = tmp_path / "fixed.npz"
+    np.savez(data, inputs=x[:samples], targets=y[:samples])
+    res, out = _probe_with(model, data, tmp_path, *options)
+    assert res.exit_code == 2 and not out.exists(), res.output
+    (line,) = res.output.strip().splitlines()
+    assert "the model's input 'x' has a fixed batch size of 2 (an export's example batch): " + expected in line
+    assert "export the model with a dynamic batch axis (torch.onnx.export(..., dynamic_axes={'x': {0: 'batch'}}))" \
+        in line
+    if samples % 2 == 0:
+        res, out = _probe_with(model, data, tmp_path, "--batch-size", "2")
+        assert res.exit_code == 0 and out.exists(), res.output

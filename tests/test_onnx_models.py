@@ -228,3 +228,35 @@ def check(name, exporter, dtype, tmp_path, opset=None):
             assert relative_error(got, truth[k]) <= F64_TOL, name_k
         else:
             assert relative_error(got, truth[k]) <= FLOAT32_MARGIN * sensitivity[k], (name_k, sensitivity[k])
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_residual_blocks_take_the_torch_adapters_names_under_either_exporter(exporter, tmp_path):
+    """A ResNet exported as it is: the blocks' names are the torch adapter's (``find_blocks``), whether the scope is
+    in the node's name (TorchScript: ``/layer1/layer1.0/Add``) or in its metadata (dynamo: ``node_add_40``, module
+    path under ``pkg.torch.onnx.name_scopes``), which a newcomer's dynamo export showed as ``relu``, ``relu_2``;
+    metadata that is not a list of strings, or too long to be a module path, is not read: the skip tensor names."""
+    from satcore.adapters.torch import find_blocks
+    from satcore.adapters.onnx.locate import MAX_NAME_SCOPES_CHARS, NAME_SCOPES_KEY
+
+    model = models_torch.digits_resnet().eval()
+    example, _ = digits(EXPORT_BATCH, 0)
+    path = tmp_path / "resnet.onnx"
+    if exporter == "dynamo":
+        torch.onnx.export(model, (example,), str(path), dynamo=True, input_names=["x"], output_names=["out"])
+    else:
+        torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=17, input_names=["x"],
+                          output_names=["out"])
+    proto = onnx.load(str(path))
+    blocks = residual_blocks(load_model(proto))
+    assert [b.name for b in blocks] == list(find_blocks(model)) == ["layer1.0", "layer1.1", "layer2.0", "layer2.1"]
+    if exporter == "torchscript":
+        return
+    adds = [n for n in proto.graph.node if any(p.key == NAME_SCOPES_KEY for p in n.metadata_props)
+            and n.op_type == "Add"]
+    hostile = ["__import__('os').getcwd()", "['', 'layer1', 3]", "['layer1.0', '" + "x" * MAX_NAME_SCOPES_CHARS + "']",
+               "[[[[" * 100]
+    for node, value in zip(adds, hostile):
+        next(p for p in node.metadata_props if p.key == NAME_SCOPES_KEY).value = value
+    unread = residual_blocks(load_model(proto))
+    assert [b.name for b in unread] == [b.skip for b in unread] and [b.skip for b in unread] == [b.skip for b in blocks]

@@ -68,7 +68,21 @@ def test_progress_bar_counts_samples(capsys):
     model = mt.digits_resnet()
     probe(model, mt.digits_batches(4, 3), mt.per_sample_ce, progress=True)
     err = capsys.readouterr().err
-    assert "12sample" in err.replace(" ", "") and "sample/s" in err
+    assert "12/12" in err and "sample/s" in err
+
+
+def test_progress_bar_of_batches_with_a_length_has_a_total_that_ends_at_the_samples_read(capsys):
+    """A list of batches shows a total from its length and its first batch's size (a newcomer's probe bar showed a
+    bare count); a shorter last batch brings the total down to the samples read; a generator shows a count only."""
+    model = mt.digits_resnet()
+    batches = mt.digits_batches(4, 3)
+    x, y = mt.digits_batches(2, 1)[0]
+    probe(model, [*batches, (x, y)], mt.per_sample_ce, progress=True)
+    err = capsys.readouterr().err
+    assert err.rstrip().rsplit("\r", 1)[-1].startswith("probe: 100%|") and "| 14/14 [" in err
+    probe(model, iter(batches), mt.per_sample_ce, progress=True)
+    err = capsys.readouterr().err
+    assert "12sample" in err.replace(" ", "") and "/" not in err.split("[")[0]
 
 
 def test_save_writes_a_satcore_dump(tmp_path):

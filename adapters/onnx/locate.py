@@ -152,7 +152,7 @@ def residual_blocks(model) -> list[Block]:
         return [] if node is None or node.op_type in SHAPE_OPS else node_reads(node)
 
     ancestry = Ancestry(parents, max_steps=MIN_SEARCH_STEPS + SEARCH_STEPS_PER_TENSOR * len(producer))
-    found: list[tuple[str, str, str]] = []  # (Add node's name, skip, output)
+    found: list[tuple] = []  # (Add node, skip, output)
     skips: set[str] = set()
     for k in order:
         node = graph.node[k]
@@ -174,20 +174,47 @@ def residual_blocks(model) -> list[Block]:
         # x + 0.0447 x^3 inside a GELU applies none: no block
         if any(t in producer and any(i in weights for i in graph.node[producer[t]].input) for t in branch):
             skips.add(skip)
-            found.append((node.name, skip, node.output[0]))
+            found.append((node, skip, node.output[0]))
     taken: set[str] = set()
     named = []
-    for node_name, skip, output in found:  # the scope; its second residual Add keeps its own name; else the tensor's
-        name = next((n for n in _scope_names(node_name) if n not in taken and n != HEAD), skip)
+    for node, skip, output in found:  # the scope; its second residual Add keeps its own name; else the tensor's
+        name = next((n for n in _scope_names(node) if n not in taken and n != HEAD), skip)
         taken.add(name)
         named.append(Block(name, skip, output))
     return named
 
 
-def _scope_names(node_name: str) -> list[str]:
-    """``["blocks.0", "blocks.0/Add_1"]`` for ``/blocks.0/Add_1``: scope, then scope and op; [] without a scope."""
-    parts = [p for p in node_name.split("/") if p]
+# the dynamo exporter's node metadata: the module path down to the op, e.g. "['', 'layer1', 'layer1.0', 'add_40']"
+NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+MAX_NAME_SCOPES_CHARS = 4096  # a module path's list; a longer value is not read (a hostile file's)
+
+
+def _scope_names(node) -> list[str]:
+    """``["blocks.0", "blocks.0/Add_1"]`` for the node ``/blocks.0/Add_1``: scope, then scope and op; [] without a
+    scope.  The TorchScript exporter puts the scope in the node's name; the dynamo exporter (``torch.onnx.export``'s
+    default from torch 2.9) names the node ``node_add_40`` and puts the module path in its metadata
+    (``NAME_SCOPES_KEY``: ``['', 'layer1', 'layer1.0', 'add_40']`` gives ``layer1.0``, the torch adapter's name)."""
+    parts = [p for p in node.name.split("/") if p]
+    if len(parts) < 2:
+        parts = _metadata_scopes(node)
     return [parts[-2], f"{parts[-2]}/{parts[-1]}"] if len(parts) >= 2 else []
+
+
+def _metadata_scopes(node) -> list[str]:
+    """The non-empty entries of the node's ``NAME_SCOPES_KEY`` metadata (a Python list of strings, read as a
+    literal, never evaluated); [] where it is absent, too long or not such a list."""
+    import ast
+
+    value = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES_KEY), "")
+    if not value or len(value) > MAX_NAME_SCOPES_CHARS:
+        return []
+    try:
+        scopes = ast.literal_eval(value)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return []
+    if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
+        return []
+    return [s for s in scopes if s]
 
 
 def residual_candidates(model) -> list[str]:

@@ -598,16 +598,30 @@ def probe(model: nn.Module, data, loss_fn=None, *, progress: bool | Callable[[in
         bar = tqdm(unit="sample", desc="probe")
         progress = bar.update
     skip = state.batches_done
+    batches_left = _batches_left(data, skip) if bar is not None else None
     try:
         for index, batch in enumerate(data):
             if index >= skip:
                 samples = state.update(batch)
+                if batches_left and bar.total is None:  # the sample total, once a batch's size is known
+                    bar.total = samples * batches_left
                 if progress:
                     progress(samples)
     finally:
         if bar is not None:
+            if bar.total is not None:  # the estimate (a shorter last batch) ends at what was read
+                bar.total = bar.n
             bar.close()
     return state.result(copy_sums=False)  # the probe ends here: no second set of sums
+
+def _batches_left(data, skip: int) -> int | None:
+    """How many batches of ``data`` a probe that skips ``skip`` reads, where ``data`` has a length (a list, a
+    ``DataLoader``); None for a generator or an iterable dataset's loader (whose ``len`` raises)."""
+    try:
+        return max(0, len(data) - skip)
+    except TypeError:
+        return None
+
 
 def _specs(families):
     return {name: fm.spec for name, fm in families.items()}

@@ -173,14 +173,10 @@ def render_decision(decision) -> str:
     lines = [head + ("" if cost is None else f" (decision cost: {num(cost)} block-steps)")]
     if rows:
         lines.append(table(["candidate", "held-out change", "interval", "P(decrease)", "trial"], rows))
-        # without this a row with a better prediction than the choice reads as a wrong decision
-        if any(getattr(c, "trial", None) is None or getattr(c, "eliminated", False)
-               for c in decision.candidates.values()):
-            lines.append(f"note: never chosen: a candidate eliminated in successive halving's first stage (its "
-                         f"shorter trial's prediction) or {NOT_VERIFIED} (no trial: its held-out change is the "
-                         "first-order screen's, often far off in magnitude, and it gets no interval or P(decrease))")
-            if beyond := screen_beyond_loss_note(decision.candidates, getattr(decision, "heldout_loss", None)):
-                lines.append(beyond)
+        # without these a row with a better prediction than the choice reads as a wrong decision
+        lines += never_chosen_notes(decision.candidates)
+        if beyond := screen_beyond_loss_note(decision.candidates, getattr(decision, "heldout_loss", None)):
+            lines.append(beyond)
         lines += [f"note: {n}" for n in decision_interval_notes(decision.candidates)]
         lines += calibration_notes(decision)
         if getattr(decision, "stop_reason", None) == "gain_below_tolerance" and decision.stop_tolerance is not None:
@@ -198,6 +194,28 @@ def render_decision(decision) -> str:
                              "does not tell them apart (they may be as good as each other; on the decision bench "
                              "close calls picked the best candidate less often, docs/predictive-validity.md)")
     return "\n".join(lines)
+
+
+def never_chosen_notes(candidates) -> list[str]:
+    """The notes naming a decision's rows that can never be chosen (``candidates``: name -> ``CandidateDecision``,
+    in table order, the screen's): those successive halving eliminated, and those no trial verified, with why
+    these were not verified (the screen ranked them outside the trials; a verified row's screen value is not in
+    the table, so without the reason an unverified row with a large screen decrease reads as a place skipped)."""
+    notes = []
+    eliminated = [display_name(n) for n, c in candidates.items() if getattr(c, "eliminated", False)]
+    if eliminated:
+        notes.append(f"note: never chosen: {', '.join(eliminated)} eliminated in successive halving's first stage "
+                     "(the change shown is its shorter trial's prediction)")
+    unverified = [display_name(n) for n, c in candidates.items() if getattr(c, "trial", None) is None]
+    if unverified:
+        verified = sum(getattr(c, "trial", None) is not None for c in candidates.values())
+        why = ("no trial ran" if not verified else
+               f"the screen ranked it outside the {verified} place(s) the trials verified (rows are in the screen's "
+               "order, by its first-order held-out change, to_dict()'s screen_heldout_change; "
+               "TrialSettings(max_trials=...) verifies more)")
+        notes.append(f"note: never chosen: {', '.join(unverified)} {NOT_VERIFIED}: {why}; its held-out change is "
+                     "the first-order screen's, often far off in magnitude, with no interval or P(decrease)")
+    return notes
 
 
 def _evidence_cells(candidate) -> list[str]:
