@@ -192,7 +192,8 @@ def named_refusal(exc: ProbeError, model, data_path, *, hint: str = "") -> Excep
     graph or checkpoint, or the loss, candidates or family given for it) unless the message names it already.
     ``hint`` (what to pass instead, or "") follows a refused batch's message."""
     if str(exc).startswith("batch "):  # the adapter refused a batch: the data file's fault, so name it
-        return _bad(f"{display_name(data_path)}: {exc}{hint}")
+        said = str(exc).rstrip(".") if hint else str(exc)  # the hint continues the sentence
+        return _bad(f"{display_name(data_path)}: {said}{hint}")
     if display_name(model) not in str(exc):
         return type(exc)(f"{display_name(model)}: {exc}")
     return exc

@@ -397,6 +397,7 @@ def test_a_fixed_batch_size_the_batches_do_not_match_is_refused_with_what_to_pas
     assert res.exit_code == 2 and not out.exists(), res.output
     (line,) = res.output.strip().splitlines()
     assert "the model's input 'x' has a fixed batch size of 2 (an export's example batch): " + expected in line
+    assert ".;" not in line
     assert "export the model with a dynamic batch axis (torch.onnx.export(..., dynamic_axes={'x': {0: 'batch'}}))" \
         in line
     if samples % 2 == 0:
