@@ -6,7 +6,9 @@
   a family option names (``"auto"``: ``conv`` for a 4-d image stream, ``mlp`` for vectors and
   tokens);
 * :func:`family_record`: what a result records of a drawn family, enough to rebuild it
-  with ``make_family`` in any framework (:func:`satcore._formulas.families.rebuild_family`).
+  with ``make_family`` in any framework (:func:`satcore._formulas.families.rebuild_family`);
+* :func:`family_option_label`: the ``family`` option in words, as a decision records the family its
+  trials were asked to train.
 
 Each adapter then builds the family's feature map for its tensors with the builder it
 registered for the kind (:func:`satcore._formulas.families.family_builder`; ``features.py``).
@@ -92,3 +94,19 @@ def family_record(family) -> dict:
     seed=seed)`` rebuilds it (``n_features=`` for ``mlp`` and ``conv``; ``init_std=`` as the
     adapter records it)."""
     return {"kind": family.kind, "width": family.width, "n_features": family.n_features, "seed": family.seed}
+
+
+def family_option_label(family) -> str:
+    """The probe's ``family`` option in words: a name as given (``"auto"``, ``"native"``, a kind), ``"per
+    candidate"`` for a mapping candidate -> family, else the class name of the feature map (or
+    :class:`satcore.Family`) given.
+
+    Examples
+    --------
+    >>> from satcore.adapters.options import family_option_label
+    >>> family_option_label("auto"), family_option_label({"fc": "linear"}), family_option_label(object())
+    ('auto', 'per candidate', 'object')
+    """
+    if isinstance(family, str):
+        return family
+    return "per candidate" if isinstance(family, Mapping) else type(family).__name__

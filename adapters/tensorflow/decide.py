@@ -40,6 +40,7 @@ import tensorflow as tf
 
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
 from satcore.adapters.base import SPLIT_DATA, ProgressCounter, refusing_bad_batch
+from satcore.adapters.options import family_option_label
 from satcore.adapter_api import TRAINING_SPLIT_WARNING, check_unexpanded_losses, moved_keywords, screen, trial_decision
 
 from .grow import InsertedResidual, grow, require_functional
@@ -147,10 +148,11 @@ class KerasTrials:
 class _KerasTrial:
     """One candidate's trial (:class:`satcore.adapter_api.Trial`): the grown copy, ``V``, the optimizer and the
     minibatch stream; ``suspend`` keeps ``V`` and the optimizer's state, ``resume`` rebuilds the copy and draws the
-    stream up to the steps done."""
+    stream up to the steps done; ``family``: the kind of the probe's family at ``at`` (the branch it trains)."""
 
     def __init__(self, source: KerasTrials, at: str):
         self.source, self.at, self.done, self.saved = source, at, 0, None
+        self.family = source.result.meta["family"][at]["kind"]
         self.optimizer = RecipeOptimizer(source.recipe)
         self._build()
 
@@ -300,7 +302,8 @@ def _decide(model, train, heldout, loss_fn, policy: DecisionPolicy, progress: Pr
 
     trials = KerasTrials(model, fitted, recipe, evaluate, loss_fn, policy.seed, progress)
     return trial_decision(trials, screened, before, recipe, policy.trials,
-                          progress.trials_planned(sum(len(data) for data in evaluate.values())))
+                          progress.trials_planned(sum(len(data) for data in evaluate.values())),
+                          requested_family=family_option_label(config.family))
 
 
 __all__ = ["KerasTrials", "RecipeOptimizer", "decide", "per_sample_eval", "recipe_minibatches"]

@@ -29,6 +29,7 @@ import torch
 
 from satcore.adapters.base import SPLIT_DATA, ProgressCounter, refusing_bad_batch
 from satcore.adapters.batches import split_batch
+from satcore.adapters.options import family_option_label
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
 from satcore.adapter_api import check_unexpanded_losses, grouped_trials, moved_keywords, trial_decision
 from satcore.adapter_api import screen as screen_rows
@@ -54,13 +55,19 @@ def _with_gradients(function):
     return wrapper
 
 
+def trained_family(result, at: str) -> str | None:
+    """The family of the block a trial at ``at`` trains (:func:`inserted_copy`): the kind of ``result`` 's feature
+    map there, as the probe resolved it (``"conv"``, ``"mlp"``, ``"native"``, ``"user"`` for an ``nn.Module``...)."""
+    return getattr(result.families.get(at), "kind", None)
+
+
 def inserted_copy(model, result, at: str, *, seed: int = 0, trainable: str = "terminal"):
     """``(copy, parameters)``: a deep copy of ``model`` with the zero-output block of ``result`` 's family
     inserted at ``at`` (the model's own kind for a ``"native"`` probe, :func:`~.native.insert_block`,
     else the family's residual branch, :func:`~.grow.grow` with ``zero=True``) and the block's parameters
     the recipe trains (``"terminal"``: its zero-initialised terminal maps; ``"block"``: all of them).
     Every parameter of the copy has ``requires_grad`` False except those."""
-    if getattr(result.families.get(at), "kind", None) == "native":
+    if trained_family(result, at) == "native":
         grown = insert_block(model, at, seed=seed)
         site = insertion_site(model, at)
         block = grown.get_submodule(site.container)[site.index]
@@ -203,7 +210,7 @@ class _Trial:
     ``suspend`` keeps only the trained parameters and the optimizer's state (the rest of the copy is
     frozen, and the trials run in eval mode, so nothing else changes); ``resume`` rebuilds the copy,
     loads them and draws the stream up to the steps done, so that a resumed trial takes exactly the
-    steps an uninterrupted one would."""
+    steps an uninterrupted one would.  ``family``: the family of the block it trains (:func:`trained_family`)."""
 
     def __init__(self, source: TorchTrials, at: str):
         self.source, self.at, self.recipe, self.done, self.saved = source, at, source.recipe, 0, None
@@ -211,7 +218,9 @@ class _Trial:
 
     def _build(self) -> None:
         source = self.source
-        self.grown, self.params = inserted_copy(source.model, source.probed(self.at), self.at, seed=source.seed,
+        result = source.probed(self.at)
+        self.family = trained_family(result, self.at)
+        self.grown, self.params = inserted_copy(source.model, result, self.at, seed=source.seed,
                                                 trainable=self.recipe.trainable)
         self.opt = recipe_optimizer(self.recipe, self.params)
         self.stream = recipe_minibatches(source.train, self.recipe.batch_size, source.seed)
@@ -454,7 +463,8 @@ def decide_under(model, train, heldout, loss_fn, policy: DecisionPolicy,
 
     trials = TorchTrials(model, probed, recipe, train, evaluate, loss_fn, policy.seed, progress)
     return trial_decision(trials, screened, before, recipe, policy.trials,
-                          progress.trials_planned(len(train) + len(heldout)))
+                          progress.trials_planned(len(train) + len(heldout)),
+                          requested_family=family_option_label(probe_options["config"].family))
 
 
-__all__ = ["TorchTrials", "decide", "decide_under", "decision_probe_options", "grouped_trials", "inserted_copy", "per_sample_eval", "recipe_minibatches", "screen", "trial_losses"]
+__all__ = ["TorchTrials", "decide", "decide_under", "decision_probe_options", "grouped_trials", "inserted_copy", "per_sample_eval", "recipe_minibatches", "screen", "trained_family", "trial_losses"]

@@ -32,7 +32,7 @@ from torch import nn
 
 from satcore.adapters.base import ProbeOptions, probe_meta, refusing_bad_batch, resolve_options, warn_if_training_split
 from satcore.adapters.batches import split_batch
-from satcore.adapters.options import per_candidate
+from satcore.adapters.options import family_option_label, per_candidate
 from satcore import DepthStatistics
 from satcore import InputError, ProbeError
 from satcore import CandidateStatistics
@@ -157,7 +157,7 @@ def eval_mode(model: nn.Module):
 def _family_label(family):
     if isinstance(family, dict):
         return {name: _family_label(f) for name, f in family.items()}
-    return family if isinstance(family, str) else type(family).__name__
+    return family_option_label(family)
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,10 @@ class Trial(Protocol):
     ``recipe.trainable`` names trainable and every other one frozen, the recipe's optimizer
     from a zero state, and a seeded stream of ``recipe.batch_size`` minibatches of the training
     split.  The user's model is never modified.
+
+    Its ``family`` attribute (a str) names the family of the inserted block as resolved at the candidate
+    (``"conv"``, ``"mlp"``, ``"native"``, ...): the decision records it as the candidate's
+    :attr:`~satcore.CandidateDecision.trial_family` (a trial without one leaves that None).
     """
 
     def run_to(self, step: int) -> None:
@@ -210,7 +214,7 @@ def check_unexpanded_losses(before: Mapping) -> None:
 
 
 def trial_decision(steps: TrialSteps, screened, before: Mapping, recipe: Recipe,
-                   settings: TrialSettings, planned=None) -> InsertionDecision:
+                   settings: TrialSettings, planned=None, requested_family: str | None = None) -> InsertionDecision:
     """Where to insert the next block under ``recipe``, or why to stop (module docstring).
 
     Parameters
@@ -231,11 +235,15 @@ def trial_decision(steps: TrialSteps, screened, before: Mapping, recipe: Recipe,
     planned : callable, optional
         Called once, before the first trial, with the plan's work ``(steps, readings)``
         (:func:`trial_work`): how a caller's progress bar learns its total.
+    requested_family : str, optional
+        The probe family the trials were asked to train, as the decision records it
+        (:attr:`~satcore.InsertionDecision.requested_family`; each trial's own ``family`` is what it resolved to).
 
     Returns
     -------
     InsertionDecision
-        With ``heldout_samples`` and, where the choice has a runner-up, ``margin_se`` set.
+        With ``heldout_samples``, ``requested_family``, each verified candidate's ``trial_family`` and, where the
+        choice has a runner-up, ``margin_se`` set.
     """
     rows = {row.name: row for row in sorted(screened, key=operator.attrgetter("heldout_change"))}
     trialled = settings.trialled(list(rows), recipe)
@@ -247,13 +255,14 @@ def trial_decision(steps: TrialSteps, screened, before: Mapping, recipe: Recipe,
     out = []
     for name, row in rows.items():
         if name in curves:
-            curve, eliminated = curves[name]
+            curve, eliminated, family = curves[name]
             candidate = verified_candidate(name, curve, recipe.steps, settings.calibration, row.heldout_change)
-            out.append(dataclasses.replace(candidate, eliminated=True) if eliminated else candidate)
+            out.append(dataclasses.replace(candidate, eliminated=eliminated, trial_family=family))
         else:
             out.append(row.candidate())
     decision = dataclasses.replace(choose(out, recipe, float(before["heldout"].mean()), float(before["train"].mean()),
-                                          cost, settings.calibration), heldout_samples=int(before["heldout"].size))
+                                          cost, settings.calibration), heldout_samples=int(before["heldout"].size),
+                                   requested_family=requested_family)
     if decision.runner_up is None:
         return decision
     # the margin's standard error paired over the held-out samples both trials were evaluated on
@@ -300,20 +309,26 @@ def _curve(points, measured: dict, before: Mapping) -> tuple[TrialCurve, np.ndar
     return curve, after["heldout"][-1]
 
 
+def _trial_family(trial: Trial) -> str | None:
+    """The family a trial trains (:class:`Trial`'s ``family``), None where its adapter does not say."""
+    return getattr(trial, "family", None)
+
+
 def _even_trials(steps: TrialSteps, trialled, recipe: Recipe, before: Mapping):
-    """``({name: (curve, eliminated)}, {name: per-sample held-out losses at the trial's end})``: every trialled
-    candidate ``recipe.steps // n`` steps."""
+    """``({name: (curve, eliminated, family)}, {name: per-sample held-out losses at the trial's end})``: every
+    trialled candidate ``recipe.steps // n`` steps."""
     checkpoints = trial_plan(len(trialled), recipe, len(trialled))[2]
     curves, final = {}, {}
     for name in trialled:
-        # each trial is released once measured: one copy of the model at a time
-        curve, final[name] = _curve(checkpoints, measure(steps.start(name), checkpoints), before)
-        curves[name] = (curve, False)
+        trial = steps.start(name)
+        curve, final[name] = _curve(checkpoints, measure(trial, checkpoints), before)
+        curves[name] = (curve, False, _trial_family(trial))
+        del trial  # released once measured, before the next is built: one copy of the model at a time
     return curves, final
 
 
 def _halving_trials(steps: TrialSteps, trialled, recipe: Recipe, before: Mapping):
-    """``({name: (curve, eliminated)}, {name: per-sample held-out losses at its curve's end})`` by
+    """``({name: (curve, eliminated, family)}, {name: per-sample held-out losses at its curve's end})`` by
     successive halving (:func:`~satcore._decisions.trials.halving_plan`): every trialled candidate ``T1`` steps,
     set aside; the finalists (lowest held-out change at ``T1``) resumed to ``T2``.  A finalist's curve is read at
     a quarter, half and all of ``T2``, an eliminated one's of ``T1``."""
@@ -334,7 +349,7 @@ def _halving_trials(steps: TrialSteps, trialled, recipe: Recipe, before: Mapping
     curves, final = {}, {}
     for name in trialled:
         curve, final[name] = _curve(late if name in kept else trial_checkpoints(first), measured[name], before)
-        curves[name] = (curve, name not in kept)
+        curves[name] = (curve, name not in kept, _trial_family(trials[name]))
     return curves, final
 
 

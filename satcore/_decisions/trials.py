@@ -318,12 +318,16 @@ class CandidateDecision:
     predictor's error, printed near-certain decreases where training the block raised the
     loss.  Such a candidate is never chosen.  ``eliminated``: trialled in the first stage of
     successive halving (:func:`halving_plan`) and dropped there; its ``trial`` is that shorter
-    one, and it is never chosen.
+    one, and it is never chosen.  ``trial_family``: the family of the block the trial trained, as resolved at
+    this candidate (``"conv"``, ``"mlp"``, ``"native"``: the model's own kind, what ``insert_block`` inserts,
+    ``"linear"``, ...; :attr:`InsertionDecision.requested_family` is what was asked for); None for a candidate
+    no trial verified, or one built without it.
 
     Raises
     ------
     InputError
-        An ``interval`` or ``p_decrease`` on a candidate without a ``trial``, or a verified one without them.
+        An ``interval``, ``p_decrease`` or ``trial_family`` on a candidate without a ``trial``, or a verified
+        one without an interval and ``p_decrease``.
     """
 
     name: str
@@ -334,12 +338,14 @@ class CandidateDecision:
     screen_heldout_change: float
     trial: TrialCurve | None = None
     eliminated: bool = False
+    trial_family: str | None = None
 
     def __post_init__(self):
         claims = (self.interval is not None, self.p_decrease is not None)
-        if claims != (self.verified, self.verified):
-            raise InputError(f"candidate {self.name!r}: " + ("a candidate no trial verified carries no interval and no "
-                                                            "p_decrease (None)" if not self.verified else
+        if claims != (self.verified, self.verified) or (self.trial_family is not None and not self.verified):
+            raise InputError(f"candidate {self.name!r}: " + ("a candidate no trial verified carries no interval, no "
+                                                            "p_decrease and no trial_family (None)"
+                                                            if not self.verified else
                                                             "a verified candidate needs its interval and p_decrease"))
         if self.interval is not None:
             object.__setattr__(self, "interval", tuple(float(v) for v in self.interval))
@@ -366,7 +372,7 @@ class CandidateDecision:
                 "predicted_training_change": self.predicted_training_change,
                 "interval": None if self.interval is None else list(self.interval), "p_decrease": self.p_decrease,
                 "screen_heldout_change": self.screen_heldout_change, "verified": self.verified,
-                "evidence": self.evidence, "eliminated": self.eliminated,
+                "evidence": self.evidence, "eliminated": self.eliminated, "trial_family": self.trial_family,
                 "trial": None if self.trial is None else self.trial.to_dict()}
 
 
@@ -426,6 +432,11 @@ class InsertionDecision:
         How many held-out samples the trials were read on (``decide`` sets it); the calibration's
         error model was fitted on trials read on ``calibration.heldout_samples``
         and is over-confident on many more (docs/predictive-validity.md).
+    requested_family : str or None
+        The probe family the trials were asked to train (``decide`` sets it from its probe's ``family``:
+        ``"auto"``, ``"native"``, a kind, a feature map's class name, or ``"per candidate"`` for a mapping); each
+        verified candidate's :attr:`CandidateDecision.trial_family` is what it resolved to there.  None on
+        decisions built without it.
     """
 
     choice: str | None
@@ -439,6 +450,7 @@ class InsertionDecision:
     heldout_samples: int | None = None
     stop_tolerance: float | None = None
     training_loss: float | None = None
+    requested_family: str | None = None
 
     def __post_init__(self):
         if (self.choice is None) == (self.stop_reason is None):
@@ -567,7 +579,7 @@ class InsertionDecision:
                 "runner_up": self.runner_up, "margin": None if margin is None else list(margin),
                 "close_call": self.close_call, "heldout_samples": self.heldout_samples,
                 "stop_tolerance": self.stop_tolerance, "stop_tolerance_se": self.stop_tolerance_se,
-                "stop_tolerance_rule": self.stop_tolerance_rule,
+                "stop_tolerance_rule": self.stop_tolerance_rule, "requested_family": self.requested_family,
                 "calibration": self.calibration.to_dict()}
 
 

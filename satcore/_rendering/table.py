@@ -171,6 +171,8 @@ def render_decision(decision) -> str:
     cost = getattr(decision, "cost_block_steps", None)
     rows = [[display_name(name), *_evidence_cells(c), _trial_cell(c)] for name, c in decision.candidates.items()]
     lines = [head + ("" if cost is None else f" (decision cost: {num(cost)} block-steps)")]
+    if trained := trial_family_line(decision):
+        lines.append(trained)
     if rows:
         lines.append(table(["candidate", "held-out change", "interval", "P(decrease)", "trial"], rows))
         # without these a row with a better prediction than the choice reads as a wrong decision
@@ -194,6 +196,25 @@ def render_decision(decision) -> str:
                              "does not tell them apart (they may be as good as each other; on the decision bench "
                              "close calls picked the best candidate less often, docs/predictive-validity.md)")
     return "\n".join(lines)
+
+
+def trial_family_line(decision) -> str | None:
+    """What block the decision's trials trained, in one line: ``"trials trained: conv branch (family auto)"``, each
+    family with its candidates where the trials trained several (``CandidateDecision.trial_family``, the requested
+    ``InsertionDecision.requested_family`` in brackets); None where no trial recorded its family.  A ``native``
+    trial trained the model's own block, the one ``insert_block`` inserts; any other a residual branch of the
+    family, the one ``grow(..., zero=True)`` inserts."""
+    at = {}
+    for name, candidate in decision.candidates.items():
+        if (family := getattr(candidate, "trial_family", None)) is not None:
+            at.setdefault(family, []).append(display_name(name))
+    if not at:
+        return None
+    blocks = {family: "the model's own block" if family == "native" else f"{family} branch" for family in at}
+    trained = (next(iter(blocks.values())) if len(at) == 1 else
+               "; ".join(f"{blocks[family]} at {', '.join(names)}" for family, names in at.items()))
+    requested = getattr(decision, "requested_family", None)
+    return f"trials trained: {trained}" + ("" if requested is None else f" (family {requested})")
 
 
 def never_chosen_notes(candidates) -> list[str]:
