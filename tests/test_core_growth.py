@@ -7,6 +7,7 @@ scipy's), so a wrong sign, pairing or quantile in the loop fails.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -120,6 +121,28 @@ def test_a_pluggable_decide_step_chooses_and_stops_with_its_own_reason(tmp_path)
            [(r.candidates, r.decision, r.stop_reason) for r in result.rounds]
     with pytest.raises(TypeError, match="choice"):
         run_growth(("a",), steps, lambda m, s: object(), GrowthOptions(GrowthCriteria(0.0)))
+
+
+def test_the_log_keeps_the_family_each_trial_trained_beside_rounds_logged_without_it(tmp_path):
+    """A round decided by a trial decision logs each candidate's ``trial_family`` and the decision's
+    ``requested_family``, and they read back; the next round's decision (as decide steps reported before the
+    fields) has neither, and the same log reads."""
+    from satcore import Recipe, TrialSettings
+    from satcore._decisions.trials import CandidateDecision, TrialCurve, choose
+
+    trial = TrialCurve((75, 150, 300), (-0.02, -0.04, -0.05), (-0.03, -0.06, -0.08), 0.01)
+    verified = CandidateDecision("a", -0.05, -0.08, (-0.09, -0.01), 0.97, -0.02, trial, trial_family="conv")
+    decision = choose([verified, CandidateDecision.screen_only("b", -2.6, -2.9)], Recipe("adam", 1e-3, 300, 32),
+                      2.0, 1.8, 300, TrialSettings().calibration)
+    decision = dataclasses.replace(decision, requested_family="auto")
+    decisions = iter([decision, _Decision(None, "every candidate harms")])
+    result = run_growth(("a", "b"), fk.FakeSteps({2: 1.0, 3: 0.9}), lambda model, seed: next(decisions),
+                        GrowthOptions(GrowthCriteria(0.0)), log_path=tmp_path / "g.jsonl")
+    assert result.rounds[0].inserted_at == "a"
+    first, second = read_growth_log(tmp_path / "g.jsonl").rounds
+    assert {row["name"]: row["trial_family"] for row in first.candidates} == {"a": "conv", "b": None}
+    assert first.decision["requested_family"] == "auto"
+    assert all("trial_family" not in row for row in second.candidates) and "requested_family" not in second.decision
 
 
 def test_budgets_stop_and_a_max_depth_round_inserts_nothing():

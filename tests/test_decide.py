@@ -88,6 +88,10 @@ def test_decision_invariants_and_json_round_trip():
         CandidateDecision("u", -5.0, -5.0, None, 0.99999, -5.0)
     with pytest.raises(InputError, match="a verified candidate needs"):
         CandidateDecision("v", -0.1, -0.1, None, None, -0.1, cands[0].trial)
+    with pytest.raises(InputError, match="no trial verified carries .* no trial_family"):
+        dataclasses.replace(unverified, trial_family="conv")
+    # built without the trials' families (as before the fields): None, and so in the JSON
+    assert back["requested_family"] is None and back["candidates"]["b"]["trial_family"] is None
 
 
 def test_a_candidate_no_trial_verified_claims_no_probability_in_any_rendering():
@@ -419,6 +423,38 @@ def test_decide_contract_cost_and_untouched_model():
         if not c.verified:
             assert c.predicted_heldout_change == c.screen_heldout_change
             assert c.p_decrease is None and c.interval is None and c.evidence == "not verified"
+
+
+def test_decide_records_the_family_its_trials_trained_as_resolved_per_candidate():
+    """``family="auto"`` resolves per candidate by the stream's rank, ``conv`` for an image stream ``(M, C, H, W)``
+    and ``mlp`` otherwise: the reference reads the rank of each candidate's input with forward pre-hooks on the
+    model itself, a residual block's (an image) and the classifier's (vectors).  ``family="native"`` trains the
+    model's own block at every candidate.  The decision records the resolved family per verified candidate and
+    the requested one, in its JSON and its printed line."""
+    model = digits_resnet()
+    train, heldout = _data(0, 128, 32), _data(1200, 96, 32)
+    names, ranks = ["layer1.1", "fc"], {}
+    # a pre-hook's return value replaces the module's inputs: __setitem__ returns None
+    hooks = [model.get_submodule(name).register_forward_pre_hook(lambda _, args, name=name: ranks.__setitem__(
+        name, args[0].dim())) for name in names]
+    with torch.no_grad():
+        model(train[0][0])
+    for hook in hooks:
+        hook.remove()
+    resolved = {name: "conv" if ranks[name] == 4 else "mlp" for name in names}
+    assert resolved == {"layer1.1": "conv", "fc": "mlp"}  # both resolutions occur
+    recipe = Recipe("adam", 1e-3, 8, 16, "block")
+    auto = decide(model, train, heldout, per_sample_ce, policy=DecisionPolicy(recipe, candidates=names))
+    native = decide(model, train, heldout, per_sample_ce,
+                    policy=DecisionPolicy(recipe, candidates=CANDIDATES[:2], probe=ProbeConfig(family="native")))
+    for d, requested, families in ((auto, "auto", resolved), (native, "native", dict.fromkeys(CANDIDATES[:2], "native"))):
+        assert all(c.verified for c in d.candidates.values())
+        assert {n: c.trial_family for n, c in d.candidates.items()} == families
+        back = json.loads(json.dumps(d.to_dict()))
+        assert back["requested_family"] == d.requested_family == requested
+        assert {n: c["trial_family"] for n, c in back["candidates"].items()} == families
+    assert str(auto).splitlines()[1] == "trials trained: conv branch at layer1.1; mlp branch at fc (family auto)"
+    assert str(native).splitlines()[1] == "trials trained: the model's own block (family native)"
 
 
 def test_decide_records_the_shipped_share_of_the_models_generalization_gap_as_its_stop_tolerance():

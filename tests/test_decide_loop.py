@@ -114,6 +114,45 @@ def test_halving_sets_every_trial_aside_and_resumes_only_the_finalists():
     assert d.choice == "a" and d.cost_block_steps == 3 * 4 + 2 * (10 - 4) == 24
 
 
+class FamilyTrials(LinearTrials):
+    """:class:`LinearTrials` whose trials name the family they train, each candidate its own."""
+
+    def __init__(self, trials: LinearTrials, families: dict):
+        super().__init__(trials.before, trials.rates, trials.weights)
+        self.families = families
+
+    def start(self, at: str):
+        trial = super().start(at)
+        trial.family = self.families[at]
+        return trial
+
+
+@pytest.mark.parametrize("schedule", ["even", "halving"])
+def test_the_decision_records_the_family_each_trial_trained_and_the_family_requested(schedule):
+    """Each verified candidate's ``trial_family`` is the one its trial named (eliminated ones too), a screen-only
+    row has none, the decision carries the requested family as given; a trial that names none (the protocol before
+    the field) leaves ``trial_family`` None and the printed decision without the line."""
+    linear, screened = _linear_problem()
+    families = {"a": "conv", "b": "mlp", "c": "conv", "d": "linear"}
+    settings = TrialSettings(max_trials=3, schedule=schedule, calibration=NORMAL)
+    recipe = Recipe("adam", 1e-3, 24, 8)
+    d = trial_decision(FamilyTrials(linear, families), screened, linear.before, recipe, settings,
+                       requested_family="auto")
+    assert {n: c.trial_family for n, c in d.candidates.items()} == {"c": "conv", "a": "conv", "d": None, "b": "mlp"}
+    assert d.requested_family == "auto"
+    assert d.to_dict()["requested_family"] == "auto"
+    assert {n: c["trial_family"] for n, c in d.to_dict()["candidates"].items()} == \
+        {"c": "conv", "a": "conv", "d": None, "b": "mlp"}
+    assert "\ntrials trained: conv branch at c, a; mlp branch at b (family auto)\n" in str(d)
+    silent = trial_decision(linear, screened, linear.before, recipe, settings)
+    assert all(c.trial_family is None for c in silent.candidates.values()) and silent.requested_family is None
+    assert "trials trained" not in str(silent)
+    # the rest of the decision does not depend on the families recorded
+    assert silent.to_dict() == d.to_dict() | {
+        "requested_family": None,
+        "candidates": {n: c | {"trial_family": None} for n, c in d.to_dict()["candidates"].items()}}
+
+
 def test_grouped_trials_and_the_settings_refusals():
     """Groups spread the trials (each group's first in the screen's order); the settings refuse a schedule or
     max_trials they cannot run and default the calibration by schedule; losses no trial can start from are

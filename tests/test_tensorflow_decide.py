@@ -111,6 +111,29 @@ def test_the_recipe_optimizer_steps_as_torch_optim_does():
             np.testing.assert_allclose(value, p.detach().numpy(), rtol=64 * np.finfo(float).eps, atol=0)
 
 
+def test_keras_decide_records_the_family_its_trials_trained_as_resolved_per_candidate():
+    """A family per candidate: ``linear`` named at the first residual ``Add``, ``"auto"`` left at the second,
+    which resolves by its stream's rank (``mlp`` for vectors; the reference reads the rank off the Keras graph,
+    the ``Add`` layer's inputs).  The decision records each trial's resolved family and the requested
+    ``"per candidate"``, in its JSON and its printed line, as the torch ``decide`` does."""
+    from satcore.adapters.tensorflow import ProbeConfig
+
+    _, model = _models()
+    train, heldout = _as_numpy(_batches(0, 64, 32)), _as_numpy(_batches(1200, 64, 32))
+    ranks = {name: len(model.get_layer(name).input[0].shape) for name in KERAS_NAMES}
+    families = {KERAS_NAMES[0]: "linear", KERAS_NAMES[1]: "conv" if ranks[KERAS_NAMES[1]] == 4 else "mlp"}
+    assert families[KERAS_NAMES[1]] == "mlp"
+    policy = DecisionPolicy(Recipe("sgd", 0.5, 4, 64), trials=TrialSettings(max_trials=DEPTH),
+                            probe=ProbeConfig(family={KERAS_NAMES[0]: "linear"}))
+    d = keras_decide(model, train, heldout, _keras_ce(), policy=policy)
+    assert {n: c.trial_family for n, c in d.candidates.items()} == families
+    back = d.to_dict()
+    assert back["requested_family"] == d.requested_family == "per candidate"
+    assert {n: c["trial_family"] for n, c in back["candidates"].items()} == families
+    trained = "; ".join(f"{families[n]} branch at {n}" for n in d.candidates)  # the screen's order
+    assert str(d).splitlines()[1] == f"trials trained: {trained} (family per candidate)"
+
+
 def test_keras_decide_reads_the_compiled_loss_per_sample():
     """``loss_fn=None`` takes the compiled model's loss with ``reduction=None``: the decision of the explicit
     per-sample loss, to the bit (the same arithmetic)."""
