@@ -78,7 +78,7 @@ from ._shared.numbers import (MAX_COUNT, MAX_SEED, derived_seed, finite_real, pa
                               shown_value, whole_number)
 from ._shared.optional import require
 from ._shared.splits import TRAINING_SPLIT_WARNING, is_training_split
-from ._statistics.moments import forms_sample_gradients
+from ._statistics.moments import PackedGram, complete_lower, forms_sample_gradients
 
 __all__ = [
     # the trial decision's arithmetic and its shipped calibrations
@@ -94,6 +94,8 @@ __all__ = [
     "FAMILY_REGISTRY", "FamilyRegistry", "FamilySpec", "family_builder", "family_spec", "positions",
     "rebuild_family", "register_builder", "register_family", "registered_families", "DEFAULT_FOLDS",
     "forms_sample_gradients",
+    # the statistics' compact Gram (adopted packed, made whole when first read)
+    "PackedGram", "complete_lower",
     # the contracts every adapter implements: its incremental probe, its side of a growth round
     "Probe", "AdapterSteps", "round_summary",
     # files: atomic writes, dumps, the safe .npz reader
