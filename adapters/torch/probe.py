@@ -10,7 +10,9 @@ violates this).  Streams and gradients are read batch-first, also where
 the model keeps them ``(T, B, d)`` (:mod:`.capture`).  Features
 ``psi(z_i)`` are computed without a graph; the batch sums are added up in
 float64 on the model's device (:mod:`.running`) into the core's
-:class:`satcore.CandidateStatistics`.  Positions a padding mask marks as
+:class:`satcore.CandidateStatistics` (on the CPU the first batches' tapped
+tensors may wait for that while they are smaller than the totals:
+:meth:`Probe._holds_tapped`; the sums and their bits are the same).  Positions a padding mask marks as
 absent are left out of every sum (:mod:`.masks`).
 Gradients go to the taps only (``torch.autograd.grad``), never into the
 parameters' ``.grad``.

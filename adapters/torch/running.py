@@ -12,7 +12,11 @@ Gram totals of a probe on one thread are held packed (half the bytes,
 the statistics keep folds: a batch's ``C`` goes to its fold only, and the
 total is the folds' sum, formed at each sync; a float32 model's batch on the
 CPU waits for its fold unformed, as a :class:`.moments.CentredCross` (half
-the bytes), until another batch reaches that fold or the next sync.
+the bytes), until another batch reaches that fold or the next sync.  Before
+any of this, a CPU probe's first batches may wait as their tapped streams and
+gradients (``Probe.tapped``), added in their order when the totals' bytes
+would outweigh them or at the next sync; the last sync of a probe hands its
+packed Gram totals on packed (:class:`satcore.adapter_api.PackedGram`).
 :meth:`RunningSums.sync`, which the
 probe calls before each checkpoint and for each result, hands the totals
 of every batch so far to fresh statistics as one
