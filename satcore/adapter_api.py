@@ -79,7 +79,7 @@ from ._shared.numbers import (MAX_COUNT, MAX_SEED, derived_seed, finite_real, pa
 from ._shared.option_names import option_given, options_named_by
 from ._shared.optional import require
 from ._shared.splits import TRAINING_SPLIT_WARNING, is_training_split
-from ._statistics.moments import forms_sample_gradients
+from ._statistics.moments import PackedGram, complete_lower, forms_sample_gradients
 
 __all__ = [
     # the trial decision's arithmetic and its shipped calibrations
@@ -95,6 +95,8 @@ __all__ = [
     "FAMILY_REGISTRY", "FamilyRegistry", "FamilySpec", "family_builder", "family_spec", "positions",
     "rebuild_family", "register_builder", "register_family", "registered_families", "DEFAULT_FOLDS",
     "forms_sample_gradients",
+    # the statistics' compact Gram (adopted packed, made whole when first read)
+    "PackedGram", "complete_lower",
     # the contracts every adapter implements: its incremental probe, its side of a growth round
     "Probe", "AdapterSteps", "round_summary",
     # files: atomic writes, dumps, the safe .npz reader

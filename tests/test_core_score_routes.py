@@ -122,6 +122,28 @@ def test_adopting_totals_is_adding_them_to_zeros():
     assert copied == added and copied.sum_cross is not loose.sum_cross
 
 
+@pytest.mark.parametrize("r", [7, 8])  # the packed form's two layouts (r odd, r even)
+def test_a_packed_gram_is_adopted_packed_and_read_whole(r):
+    """A ``PackedGram`` (LAPACK's rectangular full packed upper triangle, packed here by ``dtrttf``) is held
+    packed by statistics that adopt it, and ``sum_gram`` reads it as the whole matrix, element for element;
+    statistics that add it (no ``adopt``) hold that matrix too."""
+    from scipy.linalg.lapack import dtrttf
+
+    from satcore.adapter_api import PackedGram
+
+    rng = np.random.default_rng(r)
+    m = totals(rng, 5, r)
+    exact = np.triu(m.sum_gram) + np.triu(m.sum_gram, 1).T
+    packed, _ = dtrttf(exact.T, transr="N", uplo="L")
+    m = BatchMoments(**{**m.__dict__, "sum_gram": PackedGram(packed, r)})
+    adopted = CandidateStatistics(5, r, 5).add_moments(m, adopt=True)
+    assert isinstance(adopted._sum_gram, PackedGram)  # half the bytes until read
+    assert np.array_equal(adopted.sum_gram, exact) and adopted.sum_gram.flags.c_contiguous
+    assert adopted.sum_gram is adopted.sum_gram  # made whole once
+    added = CandidateStatistics(5, r, 5).add_moments(m)
+    assert np.array_equal(added.sum_gram, exact) and added == adopted
+
+
 def test_lazy_zeros():
     small, large = lazy_zeros((3, 4)), lazy_zeros((4, LAZY_ZEROS_BYTES // 32 + 1))
     for a in (small, large):

@@ -277,7 +277,9 @@ def test_n_features_and_the_memory_plan_match_the_probe():
     for row in memory.candidates:
         stats = small.statistics[row.name]
         assert (row.n_hidden, row.n_features) == (stats.n_hidden, stats.n_features)
-        # every array the statistics hold (the folds' m N r included: at N = r they outweigh the rest m times)
+        # every array the statistics hold (the folds' m N r included: at N = r they outweigh the rest m times),
+        # the Gram whole (a probe's last result holds it packed until sum_gram is read, as scoring does)
+        assert stats.sum_gram.shape == (stats.n_features, stats.n_features)
         held = sum(v.nbytes for v in vars(stats).values() if isinstance(v, np.ndarray))
         assert row.sums_bytes == held and stats.fold_cross.nbytes > stats.sum_gram.nbytes
     assert memory.device_bytes == sum(r.sums_bytes for r in memory.candidates) and memory.host_bytes == 0

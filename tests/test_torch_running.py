@@ -95,3 +95,31 @@ def test_running_sums_hold_compact_totals_and_sync_to_the_batches_sums():
             exact = sum(q.T @ p for q, p in rows[fold::2])
             assert relative_error(got.fold_cross[fold], exact) < 10 * M * T * np.finfo(np.float32).eps
         assert got.n_samples == M * synced_after and list(got.fold_samples) == [M * 3, M * (synced_after - 3)]
+
+
+@pytest.mark.parametrize("subsample", [None, 8])  # the positions a batch keeps are drawn from its own seed
+def test_batches_waiting_tapped_give_the_sums_of_batches_added_at_once(subsample, monkeypatch):
+    """A CPU probe holds its first batches' streams and gradients (``Probe.tapped``) while they take fewer
+    bytes than the Gram totals, and adds them at its result: the statistics of the batches added as
+    they come, element for element; the last result's Gram, held packed until read, is the bits of a
+    result the probe goes on after."""
+    from satcore.adapters.torch import Probe, sequence_loss
+    from zoo import models_torch as mt
+
+    model, batches = mt.gpt2(), mt.text_batches(16, 3, 3)
+
+    def probed(waits: bool, last: bool):
+        if not waits:
+            monkeypatch.setattr(Probe, "_holds_tapped", lambda self: False)
+        state = Probe(model, sequence_loss, position_subsample=subsample)
+        for batch in batches:
+            state.update(batch)
+            assert len(state.tapped) == (state.batches_done if waits else 0) and bool(state.running) != waits
+        result = state.result(copy_sums=not last)
+        monkeypatch.undo()
+        return result.statistics
+
+    waited = probed(True, last=True)
+    for got, ref in zip(waited.values(), probed(False, last=False).values()):
+        assert got == ref and got.n_batches == len(batches)
+    assert all(a == b for a, b in zip(waited.values(), probed(False, last=True).values()))

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from satcore import BatchMoments
-from satcore.adapter_api import forms_sample_gradients
+from satcore import adapter_api
+from satcore.adapter_api import PackedGram, forms_sample_gradients
 
 
 def float64_device(device: torch.device) -> torch.device:
@@ -108,11 +109,8 @@ def complete_lower(total: torch.Tensor) -> None:
     Only CPU totals need it (elsewhere :func:`add_gram` adds whole symmetric
     Grams); row by row, 3x faster than forming the mirrored matrix.
     """
-    if total.device.type != "cpu":
-        return
-    t = total.numpy()
-    for i in range(1, t.shape[0]):
-        t[i, :i] = t[:i, i]
+    if total.device.type == "cpu":
+        adapter_api.complete_lower(total.numpy())
 
 
 def packs_grams(device: torch.device) -> bool:
@@ -141,12 +139,7 @@ def add_packed(packed: torch.Tensor, upper: torch.Tensor) -> None:
 
 def unpacked(packed: torch.Tensor, r: int) -> np.ndarray:
     """The exactly symmetric ``r x r`` C-ordered float64 matrix of a :func:`packed_zeros` total (``dtfttr``)."""
-    from scipy.linalg.lapack import dtfttr
-
-    column_major, _ = dtfttr(r, packed.numpy(), transr="N", uplo="L")
-    whole = column_major.T  # C-ordered, the triangle in its upper half
-    complete_lower(torch.from_numpy(whole))
-    return whole
+    return PackedGram(packed.numpy(), r).whole()
 
 
 def add_gram(total: torch.Tensor, x: torch.Tensor) -> None:

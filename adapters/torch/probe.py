@@ -10,7 +10,9 @@ violates this).  Streams and gradients are read batch-first, also where
 the model keeps them ``(T, B, d)`` (:mod:`.capture`).  Features
 ``psi(z_i)`` are computed without a graph; the batch sums are added up in
 float64 on the model's device (:mod:`.running`) into the core's
-:class:`satcore.CandidateStatistics`.  Positions a padding mask marks as
+:class:`satcore.CandidateStatistics` (on the CPU the first batches' tapped
+tensors may wait for that while they are smaller than the totals:
+:meth:`Probe._holds_tapped`; the sums and their bits are the same).  Positions a padding mask marks as
 absent are left out of every sum (:mod:`.masks`).
 Gradients go to the taps only (``torch.autograd.grad``), never into the
 parameters' ``.grad``.
@@ -50,6 +52,7 @@ from .moments import (
     batch_moments,
     conv_batch_moments,
     float64_device,
+    packs_grams,
     position_index,
     squared_norm,
     subsample_positions,
@@ -239,6 +242,23 @@ class ProbeConfig(ProbeOptions):
         mask_label(self.mask)  # refuses what is not a mask
 
 
+@dataclass(frozen=True)
+class TappedBatch:
+    """One batch's tapped tensors, per candidate name, until :meth:`Probe._add_tapped` adds its sums.
+
+    ``index``: the batch's number in the probe (its position-subsampling seed); ``streams`` and ``grads``:
+    ``z`` and ``q``, batch-first, without a graph; ``updates``: the block update's sums; ``calls``: the
+    call's arguments where a feature map reads them; ``keep``: the batch's padding mask, or ``None``.
+    """
+
+    index: int
+    streams: dict
+    grads: dict
+    updates: dict
+    calls: dict
+    keep: torch.Tensor | None
+
+
 class Probe:
     """Incremental probe of ``model``: :meth:`update` one batch at a time, :meth:`result` at any point.
 
@@ -295,6 +315,7 @@ class Probe:
             self.settings["n_features"] = config.n_features
         self.statistics, self.families, self.specs = DepthStatistics(), {}, {}
         self.running: dict[str, RunningSums] = {}
+        self.tapped: list[TappedBatch] = []  # batches not yet in the running sums (_holds_tapped)
         self.batches_done = 0
         self._warned_scalar = False
         if config.checkpoint is not None and os.path.exists(config.checkpoint):
@@ -339,24 +360,56 @@ class Probe:
             if torch.is_tensor(losses) and losses.dim() == 0:
                 self._check_scalar_loss(keep, targets)
             grads = taps.gradients(per_sample_losses(losses, samples), names)
-            generator = torch.Generator().manual_seed(derived_seed(config.seed * 1_000_003 + self.batches_done))
-            for name, grad in zip(names, grads):
-                z = taps.streams[name]
+            for name in names:  # built from the first batch's streams
                 if name not in self.families:
-                    self.families[name] = self.feature_map(name, z, taps.by_name[name]).eval()
-                if self.families[name].reads_context:  # the native family runs the fresh block with the call's context
-                    self.families[name].context = taps.calls[name]
-                if name not in self.running:
-                    self.running[name] = _running_sums(name, z, self.families[name], self.statistics, config,
-                                                       has_update=taps.updates.get(name) is not None)
-                present = keep if applies(keep, z) else None
-                moments = _batch_sums(z, grad, self.families[name], generator, config, self.running[name].matrices,
-                                      present, taps.updates.get(name))
-                self.running[name].add(moments)
+                    self.families[name] = self.feature_map(name, taps.streams[name], taps.by_name[name]).eval()
+            self.tapped.append(TappedBatch(
+                self.batches_done, {n: taps.streams[n] for n in names}, dict(zip(names, grads)),
+                dict(taps.updates), {n: taps.calls[n] for n in names if self.families[n].reads_context}, keep))
         self.batches_done += 1
+        if not self._holds_tapped():
+            self._add_tapped()
         if config.checkpoint is not None and self.batches_done % config.checkpoint_every == 0:
             self.save_checkpoint()
         return samples
+
+    def _holds_tapped(self) -> bool:
+        """Whether the batches in :attr:`tapped` wait for the running sums: on the CPU, up to the first batch
+        added, while their streams and gradients take no more bytes than the Gram totals (packed where
+        :func:`.moments.packs_grams`; with ``variance`` also ``sum_xtx``) that adding them would make.
+
+        Those totals are the bulk of what a probe holds while the model's graph is (a GPT-2 of 8 blocks,
+        ``r = 1024``: 33.6 MB packed, against 8.4 MB of streams and gradients a batch of 4 x 128), so
+        waiting takes the totals off the first batches' forwards and backwards; a batch whose tensors
+        outweigh them (a ResNet's image maps) is added at once.
+        """
+        if self.running or self.device.type != "cpu":
+            return False
+        held = sum(t.nbytes for batch in self.tapped for t in (*batch.streams.values(), *batch.grads.values()))
+        per_gram = ((lambda r: r * (r + 1) // 2) if packs_grams(self.device) else (lambda r: r * r))
+        grams = 2 if self.config.variance else 1
+        return held <= sum(8 * grams * per_gram(f.n_features) for f in self.families.values())
+
+    def _add_tapped(self) -> None:
+        """Add the batches in :attr:`tapped` to the running sums, in their order: the sums, the same
+        additions and the same bits as when each is added as it comes."""
+        config, names = self.config, [c.name for c in self.found]
+        with torch.inference_mode(False):  # the totals may be made here, under a caller's inference_mode
+            while self.tapped:
+                batch = self.tapped.pop(0)
+                generator = torch.Generator().manual_seed(derived_seed(config.seed * 1_000_003 + batch.index))
+                for name in names:
+                    z, grad = batch.streams.pop(name), batch.grads.pop(name)  # let go of each once added
+                    feature_map = self.families[name]
+                    if feature_map.reads_context:  # the native family runs the fresh block with the call's context
+                        feature_map.context = batch.calls[name]
+                    if name not in self.running:
+                        self.running[name] = _running_sums(name, z, feature_map, self.statistics, config,
+                                                           has_update=batch.updates.get(name) is not None)
+                    present = batch.keep if applies(batch.keep, z) else None
+                    moments = _batch_sums(z, grad, feature_map, generator, config, self.running[name].matrices,
+                                          present, batch.updates.get(name))
+                    self.running[name].add(moments)
 
     def _check_scalar_loss(self, keep, targets) -> None:
         problem = scalar_loss_problem(keep, targets)
@@ -373,6 +426,7 @@ class Probe:
 
     def save_checkpoint(self) -> None:
         """Write the running sums to ``config.checkpoint`` (a ``satcore-dump/1`` file)."""
+        self._add_tapped()
         _sync(self.running, self.statistics)
         save_checkpoint(self.config.checkpoint, self.statistics, _specs(self.families),
                         self.batches_done, self.settings)
@@ -383,7 +437,9 @@ class Probe:
         The probe can go on after it: the result holds copies of the sums
         (``copy_sums=False``: the probe's own, for a last call, without doubling the memory).
         """
-        _sync(self.running, self.statistics)
+        self._add_tapped()
+        # without copies nor a checkpoint to write, no batch follows (probe's last call)
+        _sync(self.running, self.statistics, last=not copy_sums and self.config.checkpoint is None)
         ordered = DepthStatistics(
             (c.name, self.statistics[c.name]) for c in self.found if c.name in self.statistics)
         if len(ordered) != len(self.found):
@@ -627,10 +683,11 @@ def _specs(families):
     return {name: fm.spec for name, fm in families.items()}
 
 
-def _sync(running, statistics):
-    """Each candidate's ``statistics`` made those of every batch so far (:meth:`RunningSums.sync`)."""
+def _sync(running, statistics, *, last: bool = False):
+    """Each candidate's ``statistics`` made those of every batch so far (:meth:`RunningSums.sync`; ``last``:
+    no batch follows)."""
     for name, sums in running.items():
-        statistics[name] = sums.sync()
+        statistics[name] = sums.sync(last=last)
 
 
 def _running_sums(name, z, feature_map, statistics, config, *, has_update: bool) -> RunningSums:

@@ -83,7 +83,7 @@ from .._formulas.psd import DEFAULT_RTOL, GramInverse, PsdSpectrum, gram_inverse
 from .._formulas.certification import debiased_energy, noise_floor, variance_estimate
 from .._shared.errors import InputError
 from .._formulas.folds import DEFAULT_FOLDS, FoldSums
-from .moments import BatchMoments, batch_moments
+from .moments import BatchMoments, PackedGram, batch_moments
 from .._formulas.quantities import realizability
 from .._scores.scores import CandidateScore, StreamDiagnostics
 
@@ -264,6 +264,8 @@ class CandidateStatistics:
         adding them to zeros, without a second copy of every sum.  An adapter's device totals
         handed over at the end of a probe come this way (on the CPU, copying 16 folds of
         ``N x r`` into fresh zeros took a quarter of a GPT-2 probe and made every fold resident).
+        An adopted :class:`~satcore._statistics.moments.PackedGram` stays packed (half the bytes) until
+        ``sum_gram`` is first read.
         """
         m = moments
         if m.sum_gram is None:
@@ -295,7 +297,11 @@ class CandidateStatistics:
         # to round-off; symmetrising here keeps the totals exactly symmetric, as dumps require
         # (adopted Grams are exactly symmetric already: 0.5 (G + G^T) would be G's very bits).
         exact = self._exact_gram  # assigning sum_gram (the property) would clear it
-        self._sum_gram = take(self._sum_gram, m.sum_gram, symmetric=True)
+        gram = m.sum_gram
+        if isinstance(gram, PackedGram) and not (adopt and gram.order == self.n_features):
+            gram = gram.whole()
+        # an adopted packed Gram stays packed until sum_gram is first read (the property makes it whole)
+        self._sum_gram = gram if isinstance(gram, PackedGram) else take(self._sum_gram, gram, symmetric=True)
         self._exact_gram = exact
         if self.variance:
             self.sum_xtx = take(self.sum_xtx, m.sum_xtx, symmetric=True)
@@ -359,7 +365,9 @@ class CandidateStatistics:
 
     @property
     def sum_gram(self) -> np.ndarray:
-        """``sum_i Psi_i^T Psi_i`` (module docstring)."""
+        """``sum_i Psi_i^T Psi_i`` (module docstring); a Gram adopted packed is made whole here, once."""
+        if isinstance(self._sum_gram, PackedGram):
+            self._sum_gram = self._sum_gram.whole()
         return self._sum_gram
 
     @sum_gram.setter

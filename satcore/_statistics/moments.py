@@ -27,6 +27,37 @@ from .._shared.errors import InputError
 COUNTS = ("n_samples", "n_vectors", "n_stream_vectors", "n_batches")
 
 
+def complete_lower(matrix: np.ndarray) -> np.ndarray:
+    """``matrix`` (square) made exactly symmetric from its upper triangle, in place, row by row (3x faster
+    than forming the mirrored matrix); returns it."""
+    for i in range(1, matrix.shape[0]):
+        matrix[i, :i] = matrix[:i, i]
+    return matrix
+
+
+@dataclass(frozen=True, eq=False)
+class PackedGram:
+    """An exactly symmetric ``r x r`` float64 sum held by its upper triangle: ``r (r + 1) / 2`` entries in
+    LAPACK's rectangular full packed form (``transr='N'``, the lower triangle of the column-major matrix,
+    which is the row-major upper one), half the bytes of the matrix.
+
+    A probe's Gram totals on one CPU thread are held this way (the torch adapter's running sums), and
+    statistics that adopt one (:meth:`satcore.CandidateStatistics.add_moments`) keep it packed until
+    ``sum_gram`` is first read (:meth:`whole`).
+    """
+
+    packed: np.ndarray
+    order: int
+
+    def whole(self) -> np.ndarray:
+        """The C-ordered float64 ``r x r`` matrix, exactly symmetric (LAPACK ``dtfttr``, then the upper
+        triangle mirrored): the same bits however often it is formed."""
+        from scipy.linalg.lapack import dtfttr
+
+        column_major, _ = dtfttr(self.order, self.packed, transr="N", uplo="L")
+        return complete_lower(column_major.T)  # C-ordered, the triangle in its upper half
+
+
 @dataclass(frozen=True, eq=False, kw_only=True)
 class BatchMoments:
     """The sums of one batch of ``M`` samples for one candidate, in float64.
@@ -46,9 +77,10 @@ class BatchMoments:
         ``sum_i ||Q_i||_F^2`` (``ag^2 = sum_q_sq / n``, Theorem 1).
     sum_cross : array, shape (N, r)
         ``sum_i Q_i^T Psi_i = M C``, the cross-gradient sum.
-    sum_gram : array, shape (r, r), or None
-        ``sum_i Psi_i^T Psi_i = M K``, the feature Gram sum; ``None`` only where the producer
-        added it straight into running totals (the torch adapter's ``grams_into``).
+    sum_gram : array, shape (r, r), :class:`PackedGram`, or None
+        ``sum_i Psi_i^T Psi_i = M K``, the feature Gram sum (packed: an adapter's totals, for
+        statistics to adopt); ``None`` only where the producer added it straight into running
+        totals (the torch adapter's ``grams_into``).
     sum_xi_sq : float
         ``sum_i ||X_i||_F^2``, the second moment behind the noise floor and ``sigma^2``.
     sum_xtx : array, shape (r, r), or None
