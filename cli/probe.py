@@ -24,6 +24,7 @@ from satcore.adapter_api import DEFAULT_FOLDS
 
 from .common import FiniteFloatRange, display_name
 from .numbers import MAX_SEED, Count
+from .out_dir import refuse_inside_model_dir
 
 TARGETS = "targets"
 # the default batch size: at most this, and small enough that the data makes one batch per fold of the fold test
@@ -133,6 +134,7 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
     check_target(out_path, (model, data_path))  # before the probe: -o MODEL or -o DATA is refused now
     names = candidate_names(candidates)
     if os.path.isdir(model):
+        refuse_inside_model_dir(out_path, model)  # -o MODEL_DIR/model.safetensors would replace the weights
         from satcore.adapters.torch import ProbeConfig
 
         from .hf_dir import probe_checkpoint_dir

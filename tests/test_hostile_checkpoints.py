@@ -341,6 +341,25 @@ def test_out_dir_too_long_is_refused_before_the_model_is_read(source, tmp_path):
     refused(result, "its name is longer than the 255 bytes the file system allows")
 
 
+@pytest.mark.parametrize("command, target", [
+    ("probe", "model.safetensors"),  # the weights the probe reads: replacing them loses the model
+    ("probe", "config.json"),
+    ("probe", "../m/dump.npz"),  # a new file, the folder spelled another way
+    ("expand", "frontier.png"),
+])
+def test_outputs_inside_model_dir_are_refused_and_it_is_left_alone(command, target, source, tmp_path):
+    """MODEL_DIR is read, never written: an output path inside it (a file it holds or a new one) is one line
+    naming the path, before any work, and every file of MODEL_DIR keeps its bytes."""
+    folder = edited(source, tmp_path)
+    before = digest(folder)
+    path = str(folder / target)
+    args = (["probe", str(folder), "--data", str(source[1]), "-o", path] if command == "probe" else
+            ["expand", str(folder), "--data", str(source[1]), "--blocks", "auto", "--plot", path, "-o",
+             str(tmp_path / "o")])
+    refused(CliRunner().invoke(main, args), f"{path}: is MODEL_DIR or inside it; MODEL_DIR is never written to")
+    assert digest(folder) == before and not (tmp_path / "o").exists()
+
+
 def test_full_disk_while_saving_is_one_line_naming_the_file(source, tmp_path):
     """A file-size limit (RLIMIT_FSIZE: writes past it fail with EFBIG, as on a full disk) met inside the safetensors
     writer: one line naming OUT_DIR's file, nothing left behind."""
