@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -289,6 +290,38 @@ def test_recipe_numbers():
                             ({"weight_decay": -1}, "recipe: weight_decay must be >= 0")):
         with pytest.raises(InputError, match=message):
             Recipe("adam", **{"lr": 1e-3, "steps": 10, "batch_size": 4, **kwargs})
+
+
+@pytest.mark.parametrize("optimizer, dtype, lr, weight_decay, refused_step", [
+    ("adam", torch.float32, 1e38, 0.0, "1e+39"),  # Adam's first step is 10 lr: past float32's 3.4e38
+    ("adamw", torch.float16, 1e4, 0.0, "100000"),  # past float16's 65504
+    ("sgd", torch.float32, 1e-3, 1e39, "1e+39"),  # the weight decay itself
+    ("adam", torch.float64, 1e300, 0.0, None),  # float64 holds 1e301: the trials report the divergence
+    ("sgd", torch.float32, 1e30, 0.0, None),
+])
+def test_an_lr_past_the_parameters_range_is_refused_naming_it(optimizer, dtype, lr, weight_decay, refused_step):
+    """torch hands its optimizers' step scalars to the parameters' dtype and stops with its overflow error where
+    one does not fit: refused before the first step, naming the lr."""
+    from satcore.adapters.torch.decide import recipe_optimizer
+
+    recipe = Recipe(optimizer, lr=lr, steps=1, batch_size=1, weight_decay=weight_decay)
+    param = torch.nn.Parameter(torch.ones(3, dtype=dtype))
+    if refused_step is None:
+        recipe_optimizer(recipe, [param])
+        return
+    with pytest.raises(InputError, match=re.escape(f"recipe: lr {lr:g} (weight_decay {weight_decay:g}) makes optimizer "
+                                                   f"steps of up to {refused_step}, past the "
+                                                   f"{str(dtype).removeprefix('torch.')} parameters' range")):
+        recipe_optimizer(recipe, [param])
+
+
+def test_expand_lr_past_float32_is_one_line(source, tmp_path):
+    """--lr 1e300 used to end in torch's 'value cannot be converted to type float without overflow' traceback
+    at the first trial of --blocks auto."""
+    refused(run_expand(source[0], source[1], tmp_path / "o", "--blocks", "auto", "--lr", "1e300", "--steps", "300",
+                       "--quiet"),
+            "recipe: lr 1e+300", "past the float32 parameters' range", "--lr")
+    assert not (tmp_path / "o").exists()
 
 
 # -- decide and expand: bounds, the caller's random state and model ---------------------------------
