@@ -148,6 +148,17 @@ def checkpoint_case(case, source, tmp_path):
         tensors["model.smuggled.weight"] = torch.zeros(3)
         save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
         return folder, ["config.json does not match the weights", "1 unexpected keys (first model.smuggled.weight)"]
+    if case.startswith("index_metadata_"):  # sharded weights whose index lacks the metadata object transformers reads
+        from safetensors import safe_open
+
+        (folder / "model.safetensors").rename(folder / "shard.safetensors")
+        with safe_open(folder / "shard.safetensors", "np") as weights:
+            index = {"weight_map": {key: "shard.safetensors" for key in weights.keys()}}
+        if case == "index_metadata_number":
+            index["metadata"] = 7
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+        found = "7" if case == "index_metadata_number" else "none"
+        return folder, ["model.safetensors.index.json: metadata must be a JSON object", f"found {found}"]
     raise AssertionError(case)
 
 
@@ -155,7 +166,7 @@ CHECKPOINT_CASES = ["truncated", "header_length_forged", "header_not_json", "off
                     "layers_word", "layers_fraction", "layers_more_than_weights", "layers_fewer_than_weights",
                     "layers_absent", "layers_billion", "head_dim_forged", "no_heads", "heads_indivisible",
                     "width_huge", "bad_dtype", "deep_config", "tokenizer_list", "pickled_weights",
-                    "unexpected_tensor"]
+                    "unexpected_tensor", "index_metadata_number", "index_metadata_absent"]
 
 
 @pytest.mark.parametrize("case", CHECKPOINT_CASES)

@@ -90,6 +90,10 @@ def weight_files(directory: str, config: dict) -> tuple[str, ...]:
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise InputError(f"{shown}/{name}: no weight_map (a mapping of tensor names to shard files)")
+    if not isinstance(index.get("metadata"), dict):  # transformers' loader indexes and extends it
+        found = display_name(repr(index["metadata"]), 80) if "metadata" in index else "none"
+        raise InputError(f"{shown}/{name}: metadata must be a JSON object (save_pretrained writes "
+                         f"{{\"total_size\": ...}}), found {found}")
     shards = sorted(set(map(str, weight_map.values())))
     for shard in shards:
         if not _plain_name(shard) or not shard.endswith(".safetensors"):
