@@ -241,10 +241,13 @@ def test_a_model_dir_path_that_is_not_utf8_is_one_line(source, tmp_path):
     ("[" * 100_000 + "]" * 100_000, ["ids.jsonl: line 1: nested more than 32 levels deep"]),
     ("[" + "9" * 5001 + "]", ["ids.jsonl: line 1: not JSON", "4300"]),
     ('{"input_ids": [1, true]}', ["ids.jsonl: line 1: expected a list of integer token ids"]),
+    # bytes that are not UTF-8: json.loads would guess UTF-16 from them and report a 'utf-16-le' codec error
+    (b"[1, 2]\n\xff\xfe", ["ids.jsonl: line 2: not UTF-8 (byte 0xff at offset 0)"]),
+    (b"[1, \xe9]", ["ids.jsonl: line 1: not UTF-8 (byte 0xe9 at offset 4)"]),
 ])
 def test_hostile_token_lines_are_one_line(line, expect, source, tmp_path):
     data = tmp_path / "ids.jsonl"
-    data.write_text(line + "\n")
+    data.write_bytes((line if isinstance(line, bytes) else line.encode()) + b"\n")
     refused(run_expand(source[0], data, tmp_path / "o", "--blocks", "1"), *expect)
 
 
