@@ -388,6 +388,20 @@ def test_out_dir_too_long_is_refused_before_the_model_is_read(source, tmp_path):
     refused(result, "its name is longer than the 255 bytes the file system allows")
 
 
+@pytest.mark.parametrize("options, expect", [
+    (["--loss", "mse"], "--loss belongs to an ONNX model"),
+    (["--output", "logits"], "--output belongs to an ONNX model"),
+    (["--providers", "CPUExecutionProvider", "--loss", "out"], "--loss and --providers belong to an ONNX model"),
+])
+def test_probe_dir_refuses_the_onnx_options_it_would_ignore(options, expect, source, tmp_path):
+    """A checkpoint directory is probed on its own next-token cross-entropy: --loss mse used to be taken and
+    ignored, the dump then claiming nothing of it."""
+    out = tmp_path / "d.npz"
+    result = CliRunner().invoke(main, ["probe", str(source[0]), "--data", str(source[1]), "-o", str(out), *options])
+    refused(result, expect, "would be ignored")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("command, target", [
     ("probe", "model.safetensors"),  # the weights the probe reads: replacing them loses the model
     ("probe", "config.json"),
