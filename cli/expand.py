@@ -421,7 +421,12 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         model = model.to("cuda")
     options = ExpansionOptions(at=forced, init=init, train_new_only=freeze_old, max_blocks=max_blocks,
                                decision=decision, layout=layout, budget=budget, progress=not quiet)
-    expansion = expand_model(model, data, blocks=blocks, policy=policy, options=options)
+    try:
+        expansion = expand_model(model, data, blocks=blocks, policy=policy, options=options)
+    except InputError as exc:  # a batch the model cannot take or scores NaN on: the model's, on the data
+        if not str(exc).startswith(("batch ", "the model's own ")):
+            raise
+        raise ProbeError(f"{display_name(model_dir)} on {display_name(data_path)}: {exc}") from None
     with staged_out_dir(out_dir, prefix=".satcore-expand-") as staging:
         grown = expansion.model.to(getattr(torch, saved_dtype))
         grown.save_pretrained(staging, safe_serialization=True)

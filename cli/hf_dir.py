@@ -25,6 +25,8 @@ def window_length(config) -> int:
 def probe_checkpoint_dir(model_dir, data_path, probe_config, *, batch_size, out_path):
     """Probe the checkpoint in ``model_dir`` on ``data_path``'s windows with ``probe_config`` (the torch
     adapter's ``ProbeConfig``, built by the command from its options) and write the dump to ``out_path``."""
+    from satcore import ProbeError
+    from satcore.adapter_api import display_name
     from satcore.adapters.torch import probe, sequence_loss
     from satcore.adapters.torch.checkpoint_dir import load_causal_lm, read_token_windows
 
@@ -41,7 +43,12 @@ def probe_checkpoint_dir(model_dir, data_path, probe_config, *, batch_size, out_
     if chosen:
         batch_size = default_batch_size(len(windows))
     batches = [({"input_ids": w}, w) for w in windows.split(batch_size)]
-    result = probe(model, batches, sequence_loss, config=probe_config)
+    try:
+        result = probe(model, batches, sequence_loss, config=probe_config)
+    except ProbeError as exc:  # a batch the model cannot take or scores NaN on: the model's, on the data
+        if not str(exc).startswith("batch "):
+            raise
+        raise ProbeError(f"{display_name(model_dir)} on {display_name(data_path)}: {exc}") from None
     result.save(out_path, inputs=(data_path,))
     say_written(out_path, f"{len(result.statistics)} candidate(s), {len(windows)} windows", len(batches), batch_size,
                 chosen=chosen)

@@ -388,6 +388,23 @@ def test_out_dir_too_long_is_refused_before_the_model_is_read(source, tmp_path):
     refused(result, "its name is longer than the 255 bytes the file system allows")
 
 
+@pytest.mark.parametrize("command, expect", [
+    (["expand", "--seq-len", "16", "--quiet", "--blocks", "1", "--decision", "screen"],
+     "batch 0: the loss is NaN or infinite for 2 of 2 sample(s)"),
+    (["expand", "--seq-len", "16", "--quiet", "--blocks", "auto", "--steps", "300"],
+     "the model's own heldout loss, before any training, is NaN"),
+    (["probe"], "batch 0: the loss is NaN or infinite for 8 of 8 sample(s)"),
+])
+def test_a_model_whose_loss_is_nan_is_refused_naming_it(command, expect, source, tmp_path):
+    """rms_norm_eps NaN (JSON's NaN, which Python reads) makes every output NaN: expand --decision screen wrote a
+    grown checkpoint from a screen of NaN rows, probe a dump no reader takes, and --blocks auto blamed the lr."""
+    folder = edited(source, tmp_path, rms_norm_eps=float("nan"))
+    out = tmp_path / ("d.npz" if command == ["probe"] else "o")
+    result = CliRunner().invoke(main, [command[0], str(folder), "--data", str(source[1]), "-o", str(out), *command[1:]])
+    refused(result, f"{folder} on {source[1]}: {expect}")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("options, expect", [
     (["--loss", "mse"], "--loss belongs to an ONNX model"),
     (["--output", "logits"], "--output belongs to an ONNX model"),
