@@ -26,7 +26,7 @@ from .common import FiniteFloatRange, display_name, num, table
 from .expand_report import SEQ_LEN_RULE, defaults_line, frontier_report, moves_report, plot_frontier, stop_line
 from .hf_dir import window_length
 from .numbers import MAX_SEED, Count
-from .out_dir import check_out_dir, staged_out_dir
+from .out_dir import check_out_dir, refuse_inside_model_dir, staged_out_dir
 
 COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                 "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
@@ -348,6 +348,7 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         # the figure may go into the -o directory, which expand makes; any other folder must be there now
         into_out_dir = os.path.dirname(os.path.abspath(plot_path)) == os.path.abspath(out_dir)
         check_target(plot_path, [p for p in (data_path, general_path) if p], folder_exists=not into_out_dir)
+        refuse_inside_model_dir(plot_path, model_dir)
         plot_format(plot_path)
     from satcore import DecisionPolicy, Recipe
     from satcore.adapters.torch.checkpoint_dir import (EXPAND_COPIES, check_checkpoint_dir, checkpoint_dtype,
@@ -420,7 +421,12 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         model = model.to("cuda")
     options = ExpansionOptions(at=forced, init=init, train_new_only=freeze_old, max_blocks=max_blocks,
                                decision=decision, layout=layout, budget=budget, progress=not quiet)
-    expansion = expand_model(model, data, blocks=blocks, policy=policy, options=options)
+    try:
+        expansion = expand_model(model, data, blocks=blocks, policy=policy, options=options)
+    except InputError as exc:  # a batch the model cannot take or scores NaN on: the model's, on the data
+        if not str(exc).startswith(("batch ", "the model's own ")):
+            raise
+        raise ProbeError(f"{display_name(model_dir)} on {display_name(data_path)}: {exc}") from None
     with staged_out_dir(out_dir, prefix=".satcore-expand-") as staging:
         grown = expansion.model.to(getattr(torch, saved_dtype))
         grown.save_pretrained(staging, safe_serialization=True)

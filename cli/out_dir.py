@@ -55,14 +55,20 @@ def check_out_dir(out_dir: str, *, source_dir: str | None = None, option: str = 
         raise InputError(f"{_named(shown, option)}: the paths of the files in it would be longer than the "
                          f"{path_max} bytes the system allows")
     if source_dir is not None:
-        real_out, real_source = os.path.realpath(out_dir), os.path.realpath(source_dir)
-        if real_out == real_source or real_out.startswith(real_source + os.sep):
-            raise InputError(f"{shown}: is MODEL_DIR or inside it; MODEL_DIR is never written to")
+        refuse_inside_model_dir(out_dir, source_dir)
     if os.path.isfile(out_dir) and not os.path.islink(out_dir):
         raise InputError(f"{shown}: is a file, not a directory; refusing to replace it (give a new or empty "
                          "directory)")
     if os.path.lexists(out_dir) and (not os.path.isdir(out_dir) or os.path.islink(out_dir) or os.listdir(out_dir)):
         raise InputError(f"{shown}: exists and is not an empty directory; refusing to replace it")
+
+
+def refuse_inside_model_dir(path: str, model_dir: str) -> None:
+    """Refuse an output ``path`` that is ``model_dir`` or inside it (compared resolved): a command that reads a
+    checkpoint directory never writes to it, where an output could replace its weights or its config."""
+    real_out, real_source = os.path.realpath(path), os.path.realpath(model_dir)
+    if real_out == real_source or real_out.startswith(real_source + os.sep):
+        raise InputError(f"{display_name(path)}: is MODEL_DIR or inside it; MODEL_DIR is never written to")
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from satcore.adapter_api import DEFAULT_FOLDS
 
 from .common import FiniteFloatRange, display_name
 from .numbers import MAX_SEED, Count
+from .out_dir import refuse_inside_model_dir
 
 TARGETS = "targets"
 # the default batch size: at most this, and small enough that the data makes one batch per fold of the fold test
@@ -133,6 +134,13 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
     check_target(out_path, (model, data_path))  # before the probe: -o MODEL or -o DATA is refused now
     names = candidate_names(candidates)
     if os.path.isdir(model):
+        refuse_inside_model_dir(out_path, model)  # -o MODEL_DIR/model.safetensors would replace the weights
+        onnx_only = [flag for flag, given in (("--loss", loss != "cross_entropy"), ("--output", output_name),
+                                              ("--providers", providers)) if given]
+        if onnx_only:  # name what was given, as expand's refusals of options it would ignore do
+            raise click.UsageError(f"{' and '.join(onnx_only)} belong{'s' if len(onnx_only) == 1 else ''} to an ONNX "
+                                   "model; a checkpoint directory is probed with torch on its own next-token "
+                                   f"cross-entropy, so {'it' if len(onnx_only) == 1 else 'they'} would be ignored")
         from satcore.adapters.torch import ProbeConfig
 
         from .hf_dir import probe_checkpoint_dir
@@ -188,12 +196,13 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
 
 
 def named_refusal(exc: ProbeError, model, data_path, *, hint: str = "") -> Exception:
-    """The probe's refusal ``exc`` led by the file it is about: DATA's for a refused batch, else MODEL's (its
-    graph or checkpoint, or the loss, candidates or family given for it) unless the message names it already.
+    """The probe's refusal ``exc`` led by the files it is about: MODEL's and DATA's for a refused batch (the model
+    cannot take it, or scores it NaN), else MODEL's (its graph or checkpoint, or the loss, candidates or family given
+    for it) unless the message names it already.
     ``hint`` (what to pass instead, or "") follows a refused batch's message."""
     if str(exc).startswith("batch "):  # the adapter refused a batch: the data file's fault, so name it
         said = str(exc).rstrip(".") if hint else str(exc)  # the hint continues the sentence
-        return _bad(f"{display_name(data_path)}: {said}{hint}")
+        return _bad(f"{display_name(model)} on {display_name(data_path)}: {said}{hint}")
     if display_name(model) not in str(exc):
         return type(exc)(f"{display_name(model)}: {exc}")
     return exc

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -147,6 +148,17 @@ def checkpoint_case(case, source, tmp_path):
         tensors["model.smuggled.weight"] = torch.zeros(3)
         save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
         return folder, ["config.json does not match the weights", "1 unexpected keys (first model.smuggled.weight)"]
+    if case.startswith("index_metadata_"):  # sharded weights whose index lacks the metadata object transformers reads
+        from safetensors import safe_open
+
+        (folder / "model.safetensors").rename(folder / "shard.safetensors")
+        with safe_open(folder / "shard.safetensors", "np") as weights:
+            index = {"weight_map": {key: "shard.safetensors" for key in weights.keys()}}
+        if case == "index_metadata_number":
+            index["metadata"] = 7
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+        found = "7" if case == "index_metadata_number" else "none"
+        return folder, ["model.safetensors.index.json: metadata must be a JSON object", f"found {found}"]
     raise AssertionError(case)
 
 
@@ -154,7 +166,7 @@ CHECKPOINT_CASES = ["truncated", "header_length_forged", "header_not_json", "off
                     "layers_word", "layers_fraction", "layers_more_than_weights", "layers_fewer_than_weights",
                     "layers_absent", "layers_billion", "head_dim_forged", "no_heads", "heads_indivisible",
                     "width_huge", "bad_dtype", "deep_config", "tokenizer_list", "pickled_weights",
-                    "unexpected_tensor"]
+                    "unexpected_tensor", "index_metadata_number", "index_metadata_absent"]
 
 
 @pytest.mark.parametrize("case", CHECKPOINT_CASES)
@@ -229,10 +241,13 @@ def test_a_model_dir_path_that_is_not_utf8_is_one_line(source, tmp_path):
     ("[" * 100_000 + "]" * 100_000, ["ids.jsonl: line 1: nested more than 32 levels deep"]),
     ("[" + "9" * 5001 + "]", ["ids.jsonl: line 1: not JSON", "4300"]),
     ('{"input_ids": [1, true]}', ["ids.jsonl: line 1: expected a list of integer token ids"]),
+    # bytes that are not UTF-8: json.loads would guess UTF-16 from them and report a 'utf-16-le' codec error
+    (b"[1, 2]\n\xff\xfe", ["ids.jsonl: line 2: not UTF-8 (byte 0xff at offset 0)"]),
+    (b"[1, \xe9]", ["ids.jsonl: line 1: not UTF-8 (byte 0xe9 at offset 4)"]),
 ])
 def test_hostile_token_lines_are_one_line(line, expect, source, tmp_path):
     data = tmp_path / "ids.jsonl"
-    data.write_text(line + "\n")
+    data.write_bytes((line if isinstance(line, bytes) else line.encode()) + b"\n")
     refused(run_expand(source[0], data, tmp_path / "o", "--blocks", "1"), *expect)
 
 
@@ -291,6 +306,38 @@ def test_recipe_numbers():
             Recipe("adam", **{"lr": 1e-3, "steps": 10, "batch_size": 4, **kwargs})
 
 
+@pytest.mark.parametrize("optimizer, dtype, lr, weight_decay, refused_step", [
+    ("adam", torch.float32, 1e38, 0.0, "1e+39"),  # Adam's first step is 10 lr: past float32's 3.4e38
+    ("adamw", torch.float16, 1e4, 0.0, "100000"),  # past float16's 65504
+    ("sgd", torch.float32, 1e-3, 1e39, "1e+39"),  # the weight decay itself
+    ("adam", torch.float64, 1e300, 0.0, None),  # float64 holds 1e301: the trials report the divergence
+    ("sgd", torch.float32, 1e30, 0.0, None),
+])
+def test_an_lr_past_the_parameters_range_is_refused_naming_it(optimizer, dtype, lr, weight_decay, refused_step):
+    """torch hands its optimizers' step scalars to the parameters' dtype and stops with its overflow error where
+    one does not fit: refused before the first step, naming the lr."""
+    from satcore.adapters.torch.decide import recipe_optimizer
+
+    recipe = Recipe(optimizer, lr=lr, steps=1, batch_size=1, weight_decay=weight_decay)
+    param = torch.nn.Parameter(torch.ones(3, dtype=dtype))
+    if refused_step is None:
+        recipe_optimizer(recipe, [param])
+        return
+    with pytest.raises(InputError, match=re.escape(f"recipe: lr {lr:g} (weight_decay {weight_decay:g}) makes optimizer "
+                                                   f"steps of up to {refused_step}, past the "
+                                                   f"{str(dtype).removeprefix('torch.')} parameters' range")):
+        recipe_optimizer(recipe, [param])
+
+
+def test_expand_lr_past_float32_is_one_line(source, tmp_path):
+    """--lr 1e300 used to end in torch's 'value cannot be converted to type float without overflow' traceback
+    at the first trial of --blocks auto."""
+    refused(run_expand(source[0], source[1], tmp_path / "o", "--blocks", "auto", "--lr", "1e300", "--steps", "300",
+                       "--quiet"),
+            "recipe: lr 1e+300", "past the float32 parameters' range", "--lr")
+    assert not (tmp_path / "o").exists()
+
+
 # -- decide and expand: bounds, the caller's random state and model ---------------------------------
 
 
@@ -339,6 +386,56 @@ def test_out_dir_too_long_is_refused_before_the_model_is_read(source, tmp_path):
     result = CliRunner().invoke(main, ["expand", str(tmp_path / "no-such-model"), "--at", "1", "-o",
                                        str(tmp_path / ("o" * 300))])
     refused(result, "its name is longer than the 255 bytes the file system allows")
+
+
+@pytest.mark.parametrize("command, expect", [
+    (["expand", "--seq-len", "16", "--quiet", "--blocks", "1", "--decision", "screen"],
+     "batch 0: the loss is NaN or infinite for 2 of 2 sample(s)"),
+    (["expand", "--seq-len", "16", "--quiet", "--blocks", "auto", "--steps", "300"],
+     "the model's own heldout loss, before any training, is NaN"),
+    (["probe"], "batch 0: the loss is NaN or infinite for 8 of 8 sample(s)"),
+])
+def test_a_model_whose_loss_is_nan_is_refused_naming_it(command, expect, source, tmp_path):
+    """rms_norm_eps NaN (JSON's NaN, which Python reads) makes every output NaN: expand --decision screen wrote a
+    grown checkpoint from a screen of NaN rows, probe a dump no reader takes, and --blocks auto blamed the lr."""
+    folder = edited(source, tmp_path, rms_norm_eps=float("nan"))
+    out = tmp_path / ("d.npz" if command == ["probe"] else "o")
+    result = CliRunner().invoke(main, [command[0], str(folder), "--data", str(source[1]), "-o", str(out), *command[1:]])
+    refused(result, f"{folder} on {source[1]}: {expect}")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("options, expect", [
+    (["--loss", "mse"], "--loss belongs to an ONNX model"),
+    (["--output", "logits"], "--output belongs to an ONNX model"),
+    (["--providers", "CPUExecutionProvider", "--loss", "out"], "--loss and --providers belong to an ONNX model"),
+])
+def test_probe_dir_refuses_the_onnx_options_it_would_ignore(options, expect, source, tmp_path):
+    """A checkpoint directory is probed on its own next-token cross-entropy: --loss mse used to be taken and
+    ignored, the dump then claiming nothing of it."""
+    out = tmp_path / "d.npz"
+    result = CliRunner().invoke(main, ["probe", str(source[0]), "--data", str(source[1]), "-o", str(out), *options])
+    refused(result, expect, "would be ignored")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command, target", [
+    ("probe", "model.safetensors"),  # the weights the probe reads: replacing them loses the model
+    ("probe", "config.json"),
+    ("probe", "../m/dump.npz"),  # a new file, the folder spelled another way
+    ("expand", "frontier.png"),
+])
+def test_outputs_inside_model_dir_are_refused_and_it_is_left_alone(command, target, source, tmp_path):
+    """MODEL_DIR is read, never written: an output path inside it (a file it holds or a new one) is one line
+    naming the path, before any work, and every file of MODEL_DIR keeps its bytes."""
+    folder = edited(source, tmp_path)
+    before = digest(folder)
+    path = str(folder / target)
+    args = (["probe", str(folder), "--data", str(source[1]), "-o", path] if command == "probe" else
+            ["expand", str(folder), "--data", str(source[1]), "--blocks", "auto", "--plot", path, "-o",
+             str(tmp_path / "o")])
+    refused(CliRunner().invoke(main, args), f"{path}: is MODEL_DIR or inside it; MODEL_DIR is never written to")
+    assert digest(folder) == before and not (tmp_path / "o").exists()
 
 
 def test_full_disk_while_saving_is_one_line_naming_the_file(source, tmp_path):

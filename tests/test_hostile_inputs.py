@@ -321,6 +321,20 @@ def test_a_bug_shows_as_a_bug_and_debug_prints_tracebacks(hostile, monkeypatch):
     assert "Traceback" in result.stderr and result.stderr.splitlines()[-1].startswith("satcore: error: ")
 
 
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_probe_whose_sums_overflow_writes_no_dump(probe_inputs, tmp_path, existing):
+    """--init-std 1e300: the mlp family's features overflow and the sums hold Inf/NaN, a dump every reader refuses;
+    the probe says so in one line naming the output and the member, and writes nothing (an earlier file stays)."""
+    _, model, data = probe_inputs
+    out = tmp_path / "o.npz"
+    if existing:
+        out.write_bytes(b"earlier")
+    result = CliRunner().invoke(main, ["probe", model, "--data", data, "--init-std", "1e300", "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert_one_line(result.stderr, [f"{out}: not written: stats/h0/", "non-finite value(s)"])
+    assert (out.read_bytes() == b"earlier") if existing else not out.exists()
+
+
 def test_probe_batch_refusal_names_the_data_file(probe_inputs, tmp_path):
     _, model, _ = probe_inputs
     data = write_data(tmp_path / "labels.npz", inputs=np.ones((8, 5), dtype=np.float32),

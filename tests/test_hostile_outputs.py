@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import errno
 import io
+import itertools
 import json
 import os
 import stat
@@ -226,6 +227,22 @@ def test_extreme_tolerance_and_rho_are_valid_json(dumps, tolerance, rho):
     assert taus == ([None, None] if tolerance == "1e308" else pytest.approx([1e-600 / 1e-300] * 2, abs=1e-300))
     lines = CliRunner().invoke(main, ["score", heldout, "--tolerance", tolerance, "--rho", rho, "--format", "jsonl"])
     assert lines.exit_code == 0 and all(strict_json(line) for line in lines.stdout.splitlines())
+
+
+@pytest.mark.parametrize("alpha", ["1e-320", "5e-324"])
+def test_subnormal_alpha_names_the_batches_it_needs(dumps, alpha):
+    """k / alpha overflows to inf for a subnormal --alpha: the folds it needs are still a whole number, the
+    fewest m with 2^-(m-1) < alpha / k, found here in exact fractions."""
+    from fractions import Fraction
+
+    heldout, _ = dumps
+    result = CliRunner().invoke(main, ["score", heldout, "--alpha", alpha, "--json"])
+    assert result.exit_code == 0, result.output
+    k = 2  # candidates: Holm's alpha / k
+    needed = next(m for m in itertools.count(2) if Fraction(1, 2 ** (m - 1)) < Fraction(float(alpha)) / k)
+    reason = strict_json(result.stdout)["verdict"]["reason"]
+    assert f"probe at least {needed} batches" in reason, reason
+    assert CliRunner().invoke(main, ["score", heldout, "--alpha", alpha]).exit_code == 0
 
 
 # -- the wrong file blamed ------------------------------------------------------------------------------

@@ -357,6 +357,11 @@ class Probe:
                 losses = loss_fn(outputs, targets)
             samples = _batch_size(losses, taps.streams, names)
             check_samples(keep, samples)
+            if torch.is_tensor(losses) and not bool(torch.isfinite(losses.detach()).all()):
+                # a NaN or Inf loss makes every gradient, so every sum, NaN: nothing after it could be scored
+                bad = int((~torch.isfinite(losses.detach())).sum())
+                raise ProbeError(f"batch {self.batches_done}: the loss is NaN or infinite for {bad} of "
+                                 f"{losses.numel()} sample(s) (the model's outputs or the data)")
             if torch.is_tensor(losses) and losses.dim() == 0:
                 self._check_scalar_loss(keep, targets)
             grads = taps.gradients(per_sample_losses(losses, samples), names)

@@ -50,11 +50,15 @@ def read_json(path: str, what: str, max_bytes: int, *, data: bytes | None = None
             raise InputError(f"{what}: larger than {max_bytes:,} bytes")
         with open(path, "rb") as stream:
             data = stream.read(max_bytes + 1)
+    try:  # JSON is UTF-8 (RFC 8259); json.loads would guess UTF-16 or UTF-32 from the first bytes and misreport
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     try:
-        document = json.loads(data)
+        document = json.loads(text)
     except RecursionError:
         raise InputError(f"{what}: nested more than {MAX_JSON_DEPTH} levels deep") from None
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:
         raise InputError(f"{what}: not JSON ({display_name(' '.join(str(exc).split()), 200)})") from None
     level, depth = [document], 0
     while level:
@@ -90,6 +94,10 @@ def weight_files(directory: str, config: dict) -> tuple[str, ...]:
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise InputError(f"{shown}/{name}: no weight_map (a mapping of tensor names to shard files)")
+    if not isinstance(index.get("metadata"), dict):  # transformers' loader indexes and extends it
+        found = display_name(repr(index["metadata"]), 80) if "metadata" in index else "none"
+        raise InputError(f"{shown}/{name}: metadata must be a JSON object (save_pretrained writes "
+                         f"{{\"total_size\": ...}}), found {found}")
     shards = sorted(set(map(str, weight_map.values())))
     for shard in shards:
         if not _plain_name(shard) or not shard.endswith(".safetensors"):

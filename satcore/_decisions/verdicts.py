@@ -242,7 +242,8 @@ def decide(scores, criteria: Criteria | None = None, *,
     reasons = {t.reason for t in tests if t.reason}
     weak = sorted({t.n_folds for t in tests if t.reason is None and 2.0 ** -(t.n_folds - 1) >= alpha / k})
     if weak:
-        needed = 2 + math.floor(math.log2(k / alpha))  # the fewest folds whose 2^-(m-1) is below alpha/k
+        # the fewest folds whose 2^-(m-1) is below alpha/k; log2(k) - log2(alpha), as k / alpha overflows a subnormal alpha
+        needed = 2 + math.floor(math.log2(k) - math.log2(alpha))
         reasons.add(f"only {weak[0]} fold(s) hold samples: the smallest sign-flip p-value 2^-{weak[0] - 1} cannot "
                     f"pass Holm's alpha/{k}; folds are made of batches, so the limit is the number of batches, not "
                     f"samples: probe at least {needed} batches (satcore probe: a smaller --batch-size)")

@@ -57,7 +57,8 @@ def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None
     ``jac``: ``{name: (Q, J)}`` (``q/<name>``, ``jac/<name>``);
     ``meta``: extra JSON fields.  ``meta["candidates"]`` sets the depth order
     (it must list exactly the candidates given); otherwise the order is stats,
-    then raw, then jac.  Arrays are written as given (float32 stays float32).
+    then raw, then jac.  Arrays are written as given (float32 stays float32); an array holding NaN or Inf,
+    which every reader refuses, is refused here.
 
     The file is written whole or not at all (:func:`satcore._io.atomic.atomic_write`:
     a failed or killed write leaves any earlier file at ``path`` intact, and
@@ -94,6 +95,10 @@ def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None
     for key, value in members.items():
         if value.dtype.kind not in "iuf":  # np.savez would pickle an object array
             raise InputError(f"{key}: dtype {value.dtype} is not a real number type")
+        bad = int(value.size - np.count_nonzero(np.isfinite(value)))
+        if bad:  # every reader refuses such a member: a dump written with it could never be read back
+            raise InputError(f"{display_name(os.fspath(path))}: not written: {key} holds {bad} non-finite value(s) "
+                             "(NaN/Inf: sums that overflowed, or inputs that held them)")
     info = dict(meta or {})
     if "candidates" in info and sorted(info["candidates"]) != sorted(order):
         raise InputError(f"meta candidates {info['candidates']} do not match the data {order}")
