@@ -71,7 +71,7 @@ Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is 
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --arms baselines   # everything but satcore
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --arms satcore      # and satcore-wide
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --seeds 3 4 5 --pairs near --arms sweep \
-        --out studies/results/expansion_budget_seeds345_sweep_near.jsonl   # seeds 3-5: one file per process
+        --out studies/results/expansion_budget_seeds345_sweep_near.jsonl   # seeds 3-5 (6-14: seeds6to14_): one file per process
     python -m studies.expansion_budget --render $(ls studies/results/expansion_budget_*.jsonl | grep -v smollm2)   # the lab notes' tables
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --protocol smollm2 --seeds 0 --steps 500 \
         --batch-size 4 --seq-len 16 --lr 2e-4 --eval-windows 64 --arms none \
