@@ -619,6 +619,10 @@ def _arm_table(pair: str, arms: dict, summary: dict) -> list[str]:
             cells.append(_fmt(interval))
             if arm == "satcore":
                 summary["upper"][pair, split] = interval["high"]
+                if "none" in arms:  # the other free default: the same compute spent training the model as it is
+                    paired = sorted(s for s in by_seed if s in arms["none"])
+                    summary["versus_none"][pair, split] = crossed_interval(
+                        [np.subtract(by_seed[s][key], arms["none"][s][key]) for s in paired])
         counts = sorted({len(r["before"]) for r in by_seed.values()})
         trained = sorted({r["steps_trained"] for r in by_seed.values()})
         charge = max(100 * r["charge_fraction"] for r in by_seed.values())
@@ -699,7 +703,7 @@ def render(paths) -> str:
     setup, pretrain, base, runs = loaded
     out = [f"Setup: {json.dumps(setup)}; base model: {json.dumps(pretrain)}.", ""]
     unit = "nats/token" if setup.get("protocol") == "smollm2" else "nats/byte"
-    summary = {"upper": {}, "cells": [], "points": [], "charges": []}
+    summary = {"upper": {}, "versus_none": {}, "cells": [], "points": [], "charges": []}
     for pair in [p for p in PAIRS if p in runs]:
         arms = runs[pair]
         out += [f"**{pair}** (held-out loss of the base model: target {np.mean(base[pair][f'{pair}_windows']):.4f}, "
@@ -716,6 +720,12 @@ def render(paths) -> str:
             out += _cost_table(arms, summary, arm)
         out.append("")
     out += must_show(summary)
+    if summary["versus_none"]:
+        out += ["", "Against not expanding (`none`, the same compute spent training the model as it is), decision "
+                "charged, satcore minus none (95%; positive: satcore behind):", ""]
+        out += [f"* {pair}: target {_fmt(summary['versus_none'][pair, 'target'])}, general "
+                f"{_fmt(summary['versus_none'][pair, 'general'])}" for pair in PAIRS if (pair, "target") in
+                summary["versus_none"]]
     return "\n".join(out)
 
 
