@@ -689,13 +689,22 @@ def test_cli_says_the_max_forgetting_it_applied_where_no_arm_is_over_it(checkpoi
     """--max-forgetting 10 (nats): far above any general change a trial can predict here, so no arm is left out and
     the table marks none; the report still says the limit was applied, and over it none, as expansion.json records
     (its arms' predicted general changes, all below the limit, are the reference).  The figure's legend names the
-    limit and the chosen K (an unlabelled line at K = 0 read as the axis)."""
+    limit and the chosen K (an unlabelled line at K = 0 read as the axis); both curves carry the 95% intervals
+    expansion.json records (the general one once had none), read back from the figure's error bars."""
     pytest.importorskip("matplotlib")
+    from matplotlib.container import ErrorbarContainer
     from matplotlib.figure import Figure
 
-    legends, savefig = [], Figure.savefig
-    monkeypatch.setattr(Figure, "savefig", lambda figure, *a, **k: (legends.append(
-        [t.get_text() for axis in figure.axes for t in axis.get_legend().get_texts()]), savefig(figure, *a, **k))[1])
+    legends, bars, savefig = [], {}, Figure.savefig
+
+    def drawn(figure):
+        legends.append([t.get_text() for axis in figure.axes for t in axis.get_legend().get_texts()])
+        for container in (c for axis in figure.axes for c in axis.containers if isinstance(c, ErrorbarContainer)):
+            line, _, (verticals,) = container
+            bars[container.get_label()] = (line.get_ydata().tolist(),
+                                           [y for seg in verticals.get_segments() for y in (seg[0][1], seg[1][1])])
+
+    monkeypatch.setattr(Figure, "savefig", lambda figure, *a, **k: (drawn(figure), savefig(figure, *a, **k))[1])
     folder, text = checkpoint
     out = tmp_path / "grown"
     result = cli("expand", folder, "--data", text, "--blocks", "auto", "-o", out, "--seq-len", "16", "--steps", "600",
@@ -703,9 +712,15 @@ def test_cli_says_the_max_forgetting_it_applied_where_no_arm_is_over_it(checkpoi
     assert result.exit_code == 0, result.output  # the figure goes into the OUT_DIR expand makes: not refused early
     assert (out / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     chosen = json.loads((out / "expansion.json").read_text())["chosen_blocks"]
-    assert legends == [["general held-out", "--max-forgetting 10", f"chosen: K = {chosen}",
-                        "target held-out (95% interval)"]]
+    assert legends == [["--max-forgetting 10", f"chosen: K = {chosen}", "target held-out (95% interval)",
+                        "general held-out (95% interval)"]]
     record = json.loads((out / "expansion.json").read_text())
+    for label, point, interval in (("target", "predicted_heldout_change", "interval"),
+                                   ("general", "predicted_general_change", "general_interval")):
+        ys, spans = bars[f"{label} held-out (95% interval)"]
+        assert ys == pytest.approx([arm[point] for arm in record["frontier"]], rel=1e-6)
+        assert spans == pytest.approx([y for arm in record["frontier"] for y in arm[interval]], rel=1e-6)
+        assert all(low < high for low, high in zip(spans[::2], spans[1::2]))
     assert all(arm["predicted_general_change"] < 10 for arm in record["frontier"])
     assert record["decision"]["max_forgetting"] == 10 and record["decision"]["excluded_by_max_forgetting"] == []
     assert ("max forgetting: 10 nats of predicted general loss change (--max-forgetting); over it: no arm"
