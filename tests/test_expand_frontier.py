@@ -452,6 +452,16 @@ def test_the_estimate_is_the_mean_of_the_passes_after_a_warm_up_with_their_range
     assert (note in seen[0]) == (threads == 2)
 
 
+def test_a_probe_in_passes_is_priced_at_its_passes_plus_its_places_work_once():
+    """The screen's probe in P passes (``max_statistics_bytes``): each pass runs the model's forward and backward
+    over every window and the work of its group of places only, so P passes over windows worth 8 planned steps take
+    8 P plus (RATIO - 1) x 8 once, not RATIO x 8 P (which priced SmolLM2's 16-pass probe at 14.1 min for 4.2)."""
+    from satcore.adapters.torch.expansion_frontier import PROBE_TIME_RATIO, probe_time
+
+    assert probe_time(8.0) == pytest.approx(PROBE_TIME_RATIO * 8)
+    assert probe_time(16 * 8.0, 16) == pytest.approx(16 * 8 + (PROBE_TIME_RATIO - 1) * 8)
+
+
 def test_placement_trials_that_repeat_their_training_windows_are_announced():
     """blocks=K: the plan warns as the frontier's does where each trial passes over its training windows more than
     twice: 16 windows in batches of 1, half held out, 8 training the trials."""
@@ -640,8 +650,8 @@ def test_cli_screen_states_its_plan_first_and_shows_its_bar_unless_quiet(checkpo
         "them" in out
     cost = record["cost_block_steps"]
     assert re.search(rf"  cost: {cost} block-steps, {cost / 1000:.1%} of the planned 1000 \(not held to "
-                     r"--decision-budget\); each window about 3 times a forward and backward pass: about [0-9.]+ (s|min) "
-                     r"here \(", out)
+                     r"--decision-budget\); each window about 3 times a forward and backward pass, its places' share split "
+                     r"over the passes: about [0-9.]+ (s|min) here \(", out)
     quiet = cli("expand", folder, *args, "-o", tmp_path / "q", "--quiet")
     assert quiet.exit_code == 0, quiet.output
     assert "probing" not in quiet.output and "plan:" not in quiet.output

@@ -174,8 +174,8 @@ def _screen_plan(model: nn.Module, train: list, heldout: list, policy: DecisionP
     """The plan :func:`_screen_with_bar` announces before the screen starts, as the placement check's: what it reads
     (``passes`` passes over the windows of ``train`` and ``heldout``), its cost in block-steps (what it records,
     ``cost_block_steps``) and its time here, from :func:`~.expansion_frontier.timed_step` (passes of the model not
-    counted in that cost) at :data:`~.expansion_frontier.PROBE_TIME_RATIO` times a pass a window."""
-    from .expansion_frontier import PROBE_TIME_RATIO, timed_step
+    counted in that cost) and :func:`~.expansion_frontier.probe_time` of the passes a window."""
+    from .expansion_frontier import PROBE_TIME_RATIO, probe_time, timed_step
 
     recipe = policy.recipe
     trained, held = (sum(_batch_samples(b) for b in split) for split in (train, heldout))
@@ -190,8 +190,8 @@ def _screen_plan(model: nn.Module, train: list, heldout: list, policy: DecisionP
         f"  screen: the first-order probe of {len(decoder_stack(model)[0]) + 1} places on {trained} training + {held} "
         f"held-out windows, {passes} pass{'es' if passes > 1 else ''} over them",
         f"  cost: {cost} block-steps, {cost / recipe.steps:.1%} of the planned {recipe.steps} (not held to "
-        f"--decision-budget); each window about {PROBE_TIME_RATIO:g} times a forward and backward pass: "
-        f"{times.words(PROBE_TIME_RATIO * passes * (trained + held) / recipe.batch_size)}",
+        f"--decision-budget); each window about {PROBE_TIME_RATIO:g} times a forward and backward pass, its places' "
+        f"share split over the passes: {times.words(probe_time(passes * (trained + held) / recipe.batch_size, passes))}",
         *times.warning()])
 
 

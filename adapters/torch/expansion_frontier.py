@@ -143,11 +143,14 @@ class _Costs:
 PROBE_TIME_RATIO = 3.0
 
 
-def probe_time(steps: float) -> float:
-    """The time of probe passes that cost ``steps`` planned steps' FLOPs (:meth:`_Costs.probe`), in planned steps'
-    time: :data:`PROBE_TIME_RATIO` times ``steps``.  The plan's estimate and the bar price the probe so; what the
-    decision spends and records (``cost_steps``) stays its FLOPs."""
-    return PROBE_TIME_RATIO * steps
+def probe_time(steps: float, passes: int = 1) -> float:
+    """The time of ``passes`` probe passes that cost ``steps`` planned steps' FLOPs together (:meth:`_Costs.probe`),
+    in planned steps' time: ``steps + (PROBE_TIME_RATIO - 1) steps / passes``, :data:`PROBE_TIME_RATIO` times
+    ``steps`` in one pass.  Each pass runs the model's forward and backward (its FLOPs) and the work of its group of
+    places only, which all passes together do once (on SmolLM2-135M in 16 passes, ``--max-statistics-gib 1``, the
+    ratio on every pass priced the probe at 14.1 min where it took 4.2).  The plan's estimate and the bar price the
+    probe so; what the decision spends and records (``cost_steps``) stays its FLOPs."""
+    return steps + (PROBE_TIME_RATIO - 1) * steps / passes
 
 
 def _flops_per_token(model, seq_len: int) -> tuple[float, float]:
@@ -191,10 +194,10 @@ class _Meter:
         self.running = 0.0
         self._show(self.timed)
 
-    def probed(self, windows: int) -> None:
-        """``windows`` more of the screen's probe done (:meth:`_Costs.probe`, at :func:`probe_time`): on the bar
-        only, until the probe's cost is added."""
-        self._ahead(probe_time(self.costs.probe(windows)))
+    def probed(self, windows: int, passes: int) -> None:
+        """``windows`` more of the screen's probe in ``passes`` passes done (:meth:`_Costs.probe`, at
+        :func:`probe_time`): on the bar only, until the probe's cost is added."""
+        self._ahead(probe_time(self.costs.probe(windows), passes))
 
     def reading(self, places) -> Callable[[int], None]:
         """The bar's count of a reading of the arm with blocks before ``places``, window by window (on the bar
@@ -741,17 +744,18 @@ class PlacementCheck(BudgetedDecision):
                 **self.step_times.to_dict()}
 
 
-def _probe_steps(model, train: list, held: list, costs: _Costs, policy: DecisionPolicy) -> tuple[float, float]:
-    """``(FLOPs, time)`` of the first-order screen's passes, in planned steps' FLOPs and time: every window of both
-    splits probed (:meth:`_Costs.probe`, its time :func:`probe_time`) once per group of places that fits the
+def _probe_steps(model, train: list, held: list, costs: _Costs, policy: DecisionPolicy
+                 ) -> tuple[float, float, int]:
+    """``(FLOPs, time, passes)`` of the first-order screen's passes, in planned steps' FLOPs and time: every window of
+    both splits probed (:meth:`_Costs.probe`, its time :func:`probe_time`) once per group of places that fits the
     policy's ``max_statistics_bytes``, and a forward pass more to plan the groups."""
     from .expansion import probe_passes
 
     probed = costs.probe(_windows(train) + _windows(held))
     if policy.max_statistics_bytes is None:
-        return probed, probe_time(probed)
+        return probed, probe_time(probed), 1
     passes, planning = probe_passes(model, train[0], policy), costs.read([], _windows(train[:1]))
-    return passes * probed + planning, probe_time(passes * probed) + planning
+    return passes * probed + planning, probe_time(passes * probed, passes) + planning, passes
 
 
 def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: DecisionBudget, options: dict
@@ -770,7 +774,7 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
     # an arm's step priced as if group 0's block moved to its group's first place: the lowest a block can go, so
     # the backward's longest; the moves' actual steps are counted as they run
     step = costs.step([groups[0][0]] + uniform[1:])
-    probe_steps, probe_timed = _probe_steps(model, train, held, costs, options["policy"])
+    probe_steps, probe_timed, probe_passes = _probe_steps(model, train, held, costs, options["policy"])
     slower = probe_timed - probe_steps  # the probe's time beyond its FLOPs: on the estimate and the bar, not the cost
     fixed = TIMING_PASSES * costs.full() + probe_steps + model_read
     movable = sum(len(g) > 1 for g in groups)
@@ -820,7 +824,7 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
     try:
         meter.add(TIMING_PASSES * costs.full())
         screen = first_order_decision(model, train, held, policy=native_policy(options["policy"]),
-                                      progress=meter.probed)
+                                      progress=lambda windows: meter.probed(windows, probe_passes))
         meter.add(probe_steps, probe_timed)
         ranking = screen.ranking()
         moves, losses, tolerance, proposals = [], {}, budget.tolerance, []
