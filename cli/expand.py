@@ -409,18 +409,19 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
                      else windows["max_windows"]))
                    if ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT}
         line = defaults_line(assumed, on_gpu, sized=blocks == "auto" and decision == "trial")
-    budget = None
+    budget, announce = None, None if quiet or forced is not None else _announcer(line)
     if forced is None and decision == "trial" and (blocks == "auto" or layout == "grouped"):
         from satcore.adapters.torch.expansion_frontier import DecisionBudget
 
         budget = DecisionBudget(decision_budget, general=general, max_forgetting=max_forgetting, tolerance=tolerance,
-                                progress=not quiet, announce=None if quiet else _announcer(line))
-    elif line:
+                                progress=not quiet, announce=announce)
+    elif line and decision != "screen":  # the screen announces its plan after the line (ExpansionOptions.announce)
         click.echo(line)
     if on_gpu and forced is None:
         model = model.to("cuda")
     options = ExpansionOptions(at=forced, init=init, train_new_only=freeze_old, max_blocks=max_blocks,
-                               decision=decision, layout=layout, budget=budget, progress=not quiet)
+                               decision=decision, layout=layout, budget=budget, progress=not quiet,
+                               announce=announce if decision == "screen" else None)
     try:
         expansion = expand_model(model, data, blocks=blocks, policy=policy, options=options)
     except InputError as exc:  # a batch the model cannot take or scores NaN on: the model's, on the data

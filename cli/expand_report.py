@@ -122,9 +122,16 @@ def cost_line(expansion) -> str:
                                           getattr(getattr(budgeted, "choice", None), "chosen_blocks", None))
 
 
+def _points_and_errors(predictions) -> tuple[list, list]:
+    """``(points, yerr)`` of :class:`satcore.adapter_api.Prediction` s for ``errorbar``: the 95% interval as the
+    distances below and above each point."""
+    return ([p.point for p in predictions],
+            [[p.point - p.interval[0] for p in predictions], [p.interval[1] - p.point for p in predictions]])
+
+
 def plot_frontier(expansion, path: str, inputs=()) -> str | None:
-    """Draw the frontier (predicted held-out change per K with its interval, and the general change) to ``path``;
-    returns the line to print when matplotlib is missing (the figure is skipped, nothing else)."""
+    """Draw the frontier (predicted held-out change per K, and the general change, each with its 95% interval) to
+    ``path``; returns the line to print when matplotlib is missing (the figure is skipped, nothing else)."""
     try:
         require("matplotlib", extra="plot", by="--plot")
     except MissingDependencyError as exc:
@@ -137,13 +144,12 @@ def plot_frontier(expansion, path: str, inputs=()) -> str | None:
         arms = expansion.budgeted.arms
         ks = [a.blocks for a in arms]
         figure, axis = plt.subplots(figsize=(5, 3.5))
-        points = [a.target.point for a in arms]
-        errors = [[a.target.point - a.target.interval[0] for a in arms],
-                  [a.target.interval[1] - a.target.point for a in arms]]
-        axis.errorbar(ks, points, yerr=errors, marker="o", capsize=3, label="target held-out (95% interval)")
+        axis.errorbar(ks, *_points_and_errors([a.target for a in arms]), marker="o", capsize=3,
+                      label="target held-out (95% interval)")
         choice = expansion.budgeted.choice
-        if all(a.general is not None for a in arms):
-            axis.plot(ks, [a.general.point for a in arms], marker="s", linestyle="--", label="general held-out")
+        if all(a.general is not None for a in arms):  # expansion.json's general_interval, as the target's
+            axis.errorbar(ks, *_points_and_errors([a.general for a in arms]), marker="s", linestyle="--", capsize=3,
+                          label="general held-out (95% interval)")
             if choice.max_forgetting is not None:  # the limit the general points are held to
                 axis.axhline(choice.max_forgetting, color="C1", linestyle=":", linewidth=0.8,
                              label=f"--max-forgetting {choice.max_forgetting:.3g}")

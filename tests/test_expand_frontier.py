@@ -396,9 +396,9 @@ def test_the_placement_checks_plan_prices_the_probe_at_its_ratio_to_a_forward_an
     of 8 windows) fixed at 0.75 s, the 64 windows of both splits take RATIO x 64 / 8 x 0.75 s; a planned step (K = 2
     blocks at uniform places, every parameter trained) costs the bench's FLOPs of that step over the model's."""
     from satcore.adapters.torch import expansion_frontier
-    from satcore.adapters.torch.expansion_frontier import PROBE_TIME_RATIO
+    from satcore.adapters.torch.expansion_frontier import PROBE_TIME_RATIO, StepTimes
 
-    monkeypatch.setattr(expansion_frontier, "timed_step", lambda *_: 0.75)
+    monkeypatch.setattr(expansion_frontier, "timed_step", lambda *_: StepTimes((0.75,) * 4, 1))
     model, seen = llama(4), []
     expand(model, windows(64), blocks=2, recipe=Recipe("adamw", lr=1e-12, steps=600, batch_size=8),
            options=ExpansionOptions(budget=DecisionBudget(0.2, announce=seen.append)))
@@ -416,6 +416,52 @@ def test_the_placement_checks_plan_prices_the_probe_at_its_ratio_to_a_forward_an
     assert total > 120 and minutes == pytest.approx(total / 60, abs=0.05)  # printed to a tenth of a minute
 
 
+class _Clock:
+    """``time.perf_counter`` for the timing passes: each pass takes the next of ``passes`` seconds."""
+
+    def __init__(self, passes):
+        self.ends, self.now, self.started = iter(np.cumsum(passes)), 0.0, False
+
+    def perf_counter(self):
+        if self.started:
+            self.now = float(next(self.ends))
+        self.started = not self.started
+        return self.now
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_estimate_is_the_mean_of_the_passes_after_a_warm_up_with_their_range(threads, monkeypatch):
+    """The plan's time: the timing passes' first (warming up, 1000 s here) left out, the mean of the other four
+    (100, 200, 300, 900 s: 375 s, where their median is 250 s) prices the decision's work, the fastest and slowest give
+    its range (the old estimate, the faster of two passes, read one pass alone: ~10x short on busy cores).  Printed
+    in minutes, the three are in the ratios 1 : 3.75 : 9; expansion.json records the four and their mean.  On
+    several threads, passes that varied over 2x are named with what to try; on one thread they are not."""
+    from satcore.adapters.torch import expansion_frontier
+
+    monkeypatch.setattr(expansion_frontier, "time", _Clock([1000.0, 100.0, 200.0, 300.0, 900.0]))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    seen = []
+    record = expand(llama(), windows(64), blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8),
+                    options=ExpansionOptions(budget=DecisionBudget(announce=seen.append))).to_dict()["decision"]
+    mean, low, high = map(float, re.search(r"; about ([0-9.]+) min here \(([0-9.]+) min to ([0-9.]+) min at the "
+                                           r"fastest and slowest of 4 steps timed after a warm-up, 100 to 900 s each\)",
+                                           seen[0]).groups())
+    assert low > 10 and mean / low == pytest.approx(3.75, rel=0.01) and high / low == pytest.approx(9, rel=0.01)
+    assert record["timed_step_seconds"] == [100.0, 200.0, 300.0, 900.0] and record["seconds_per_step"] == 375.0
+    note = "note: the timed steps varied 9.0x on 2 threads: the cores look shared"
+    assert (note in seen[0]) == (threads == 2)
+
+
+def test_a_probe_in_passes_is_priced_at_its_passes_plus_its_places_work_once():
+    """The screen's probe in P passes (``max_statistics_bytes``): each pass runs the model's forward and backward
+    over every window and the work of its group of places only, so P passes over windows worth 8 planned steps take
+    8 P plus (RATIO - 1) x 8 once, not RATIO x 8 P (which priced SmolLM2's 16-pass probe at 14.1 min for 4.2)."""
+    from satcore.adapters.torch.expansion_frontier import PROBE_TIME_RATIO, probe_time
+
+    assert probe_time(8.0) == pytest.approx(PROBE_TIME_RATIO * 8)
+    assert probe_time(16 * 8.0, 16) == pytest.approx(16 * 8 + (PROBE_TIME_RATIO - 1) * 8)
+
+
 def test_placement_trials_that_repeat_their_training_windows_are_announced():
     """blocks=K: the plan warns as the frontier's does where each trial passes over its training windows more than
     twice: 16 windows in batches of 1, half held out, 8 training the trials."""
@@ -427,6 +473,9 @@ def test_placement_trials_that_repeat_their_training_windows_are_announced():
     assert passes > 2
     assert (f"warning: each trial passes over its 8 training windows {passes:.1f} times (more than 2)" in seen[0]
             and f"give about {2 * math.ceil(planned * 8 / 2)} windows (a larger --max-windows" in seen[0])
+    # and why it does not read that many on its own, as blocks="auto" does
+    assert "--blocks K reads --max-windows as given, half held out, where --blocks auto sizes both to the budget: " \
+        "the screen probes every window read" in seen[0]
 
 
 def test_a_move_needs_a_credible_trial_else_the_places_are_uniform():
@@ -583,15 +632,29 @@ def test_the_screens_bar_counts_every_window_it_probes_in_every_pass(monkeypatch
     assert events[-1] == ("closed", 64 * passes, 64 * passes)
 
 
-def test_cli_screen_shows_its_bar_unless_quiet(checkpoint, tmp_path):  # noqa: F811
+def test_cli_screen_states_its_plan_first_and_shows_its_bar_unless_quiet(checkpoint, tmp_path):  # noqa: F811
+    """--decision screen prints its plan as the trial routes do, after the defaults line and before the bar: the
+    windows it probes (expansion.json's, split in halves), its passes, its cost in the block-steps it records and its
+    time; --quiet prints neither plan nor bar."""
     folder, text = checkpoint
     args = ["--data", text, "--blocks", "2", "--decision", "screen", "--seq-len", "16"]
     talks = cli("expand", folder, *args, "-o", tmp_path / "t")
     assert talks.exit_code == 0, talks.output
-    assert re.search(r"probing: +\d+%.* \d+/64 \[", talks.output)  # of the 64 windows read, both splits, one pass
+    out = talks.output
+    assert re.search(r"probing: +\d+%.* \d+/64 \[", out)  # of the 64 windows read, both splits, one pass
+    record = json.loads((tmp_path / "t" / "expansion.json").read_text())
+    half = record["data"]["windows"] // 2
+    assert out.index("defaults: ") < out.index("plan: place 2 block(s) at the places the first-order screen ranks "
+                                               "first (one per group of places;") < out.index("probing:")
+    assert f"  screen: the first-order probe of 5 places on {half} training + {half} held-out windows, 1 pass over " \
+        "them" in out
+    cost = record["cost_block_steps"]
+    assert re.search(rf"  cost: {cost} block-steps, {cost / 1000:.1%} of the planned 1000 \(not held to "
+                     r"--decision-budget\); each window about 3 times a forward and backward pass, its places' share split "
+                     r"over the passes: about [0-9.]+ (s|min) here \(", out)
     quiet = cli("expand", folder, *args, "-o", tmp_path / "q", "--quiet")
     assert quiet.exit_code == 0, quiet.output
-    assert "probing" not in quiet.output
+    assert "probing" not in quiet.output and "plan:" not in quiet.output
 
 
 # --- the command --------------------------------------------------------------------------------------
@@ -689,13 +752,22 @@ def test_cli_says_the_max_forgetting_it_applied_where_no_arm_is_over_it(checkpoi
     """--max-forgetting 10 (nats): far above any general change a trial can predict here, so no arm is left out and
     the table marks none; the report still says the limit was applied, and over it none, as expansion.json records
     (its arms' predicted general changes, all below the limit, are the reference).  The figure's legend names the
-    limit and the chosen K (an unlabelled line at K = 0 read as the axis)."""
+    limit and the chosen K (an unlabelled line at K = 0 read as the axis); both curves carry the 95% intervals
+    expansion.json records (the general one once had none), read back from the figure's error bars."""
     pytest.importorskip("matplotlib")
+    from matplotlib.container import ErrorbarContainer
     from matplotlib.figure import Figure
 
-    legends, savefig = [], Figure.savefig
-    monkeypatch.setattr(Figure, "savefig", lambda figure, *a, **k: (legends.append(
-        [t.get_text() for axis in figure.axes for t in axis.get_legend().get_texts()]), savefig(figure, *a, **k))[1])
+    legends, bars, savefig = [], {}, Figure.savefig
+
+    def drawn(figure):
+        legends.append([t.get_text() for axis in figure.axes for t in axis.get_legend().get_texts()])
+        for container in (c for axis in figure.axes for c in axis.containers if isinstance(c, ErrorbarContainer)):
+            line, _, (verticals,) = container
+            bars[container.get_label()] = (line.get_ydata().tolist(),
+                                           [y for seg in verticals.get_segments() for y in (seg[0][1], seg[1][1])])
+
+    monkeypatch.setattr(Figure, "savefig", lambda figure, *a, **k: (drawn(figure), savefig(figure, *a, **k))[1])
     folder, text = checkpoint
     out = tmp_path / "grown"
     result = cli("expand", folder, "--data", text, "--blocks", "auto", "-o", out, "--seq-len", "16", "--steps", "600",
@@ -703,9 +775,15 @@ def test_cli_says_the_max_forgetting_it_applied_where_no_arm_is_over_it(checkpoi
     assert result.exit_code == 0, result.output  # the figure goes into the OUT_DIR expand makes: not refused early
     assert (out / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     chosen = json.loads((out / "expansion.json").read_text())["chosen_blocks"]
-    assert legends == [["general held-out", "--max-forgetting 10", f"chosen: K = {chosen}",
-                        "target held-out (95% interval)"]]
+    assert legends == [["--max-forgetting 10", f"chosen: K = {chosen}", "target held-out (95% interval)",
+                        "general held-out (95% interval)"]]
     record = json.loads((out / "expansion.json").read_text())
+    for label, point, interval in (("target", "predicted_heldout_change", "interval"),
+                                   ("general", "predicted_general_change", "general_interval")):
+        ys, spans = bars[f"{label} held-out (95% interval)"]
+        assert ys == pytest.approx([arm[point] for arm in record["frontier"]], rel=1e-6)
+        assert spans == pytest.approx([y for arm in record["frontier"] for y in arm[interval]], rel=1e-6)
+        assert all(low < high for low, high in zip(spans[::2], spans[1::2]))
     assert all(arm["predicted_general_change"] < 10 for arm in record["frontier"])
     assert record["decision"]["max_forgetting"] == 10 and record["decision"]["excluded_by_max_forgetting"] == []
     assert ("max forgetting: 10 nats of predicted general loss change (--max-forgetting); over it: no arm"

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -168,15 +169,47 @@ def probe_passes(model: nn.Module, batch, policy: DecisionPolicy) -> int:
     return len(probe_memory_plan(model, batch, policy).passes(policy.max_statistics_bytes, splits=2))
 
 
+def _screen_plan(model: nn.Module, train: list, heldout: list, policy: DecisionPolicy, blocks: int, layout: str,
+                 passes: int) -> str:
+    """The plan :func:`_screen_with_bar` announces before the screen starts, as the placement check's: what it reads
+    (``passes`` passes over the windows of ``train`` and ``heldout``), its cost in block-steps (what it records,
+    ``cost_block_steps``) and its time here, from :func:`~.expansion_frontier.timed_step` (passes of the model not
+    counted in that cost) and :func:`~.expansion_frontier.probe_time` of the passes a window."""
+    from .expansion_frontier import PROBE_TIME_RATIO, probe_time, timed_step
+
+    recipe = policy.recipe
+    trained, held = (sum(_batch_samples(b) for b in split) for split in (train, heldout))
+    cost = math.ceil(passes * (trained + held) / recipe.batch_size)
+    times = timed_step(model, train, recipe)
+    tokens = recipe.steps * recipe.batch_size * _inputs_ids(train[0]).shape[-1]
+    where = "one per group of places" if layout == "grouped" else "anywhere in the stack"
+    return "\n".join([
+        f"plan: place {blocks} block(s) at the places the first-order screen ranks first ({where}; --decision "
+        f"screen, experimental: no trial verifies them), for your training of {recipe.steps} steps of "
+        f"{recipe.batch_size} windows ({tokens:,} tokens), {recipe.optimizer} lr {recipe.lr:g}",
+        f"  screen: the first-order probe of {len(decoder_stack(model)[0]) + 1} places on {trained} training + {held} "
+        f"held-out windows, {passes} pass{'es' if passes > 1 else ''} over them",
+        f"  cost: {cost} block-steps, {cost / recipe.steps:.1%} of the planned {recipe.steps} (not held to "
+        f"--decision-budget); each window about {PROBE_TIME_RATIO:g} times a forward and backward pass, its places' "
+        f"share split over the passes: {times.words(probe_time(passes * (trained + held) / recipe.batch_size, passes))}",
+        *times.warning()])
+
+
 def _screen_with_bar(model: nn.Module, train: list, heldout: list, loss_fn, policy: DecisionPolicy,
-                     progress: bool) -> ScreenDecision:
-    """:func:`first_order_decision`, with ``progress`` a tqdm bar (stderr) of the windows it probes, every pass's."""
-    if not progress:
+                     options: "ExpansionOptions", blocks: int) -> ScreenDecision:
+    """:func:`first_order_decision`, with ``options.announce`` called with its plan first (:func:`_screen_plan`) and
+    ``options.progress`` a tqdm bar (stderr) of the windows it probes, every pass's."""
+    if not (options.progress or options.announce):
+        return first_order_decision(model, train, heldout, loss_fn, policy=policy)
+    passes = probe_passes(model, train[0], policy)
+    if options.announce is not None:
+        options.announce(_screen_plan(model, train, heldout, policy, blocks, options.layout, passes))
+    if not options.progress:
         return first_order_decision(model, train, heldout, loss_fn, policy=policy)
     from tqdm.auto import tqdm
 
     windows = sum(_batch_samples(b) for b in train + heldout)
-    bar = tqdm(total=probe_passes(model, train[0], policy) * windows, unit="window", desc="probing", leave=False)
+    bar = tqdm(total=passes * windows, unit="window", desc="probing", leave=False)
     try:
         return first_order_decision(model, train, heldout, loss_fn, policy=policy, progress=bar.update)
     finally:
@@ -314,7 +347,7 @@ def placement_decision(model: nn.Module, train, heldout, loss_fn=None, *, policy
         places = place_groups(len(names), min(max_trials, len(names) + 1) if blocks == "auto" else blocks)
         groups = tuple(tuple(HEAD if p == HEAD else names[p] for p in group) for group in places)
     if decision == "screen":
-        ranked = _screen_with_bar(model, list(train), list(heldout), loss_fn, policy, options.progress)
+        ranked = _screen_with_bar(model, list(train), list(heldout), loss_fn, policy, options, blocks)
     else:
         from .decide import decide
 
@@ -713,6 +746,9 @@ class ExpansionOptions:
     progress : a tqdm bar (stderr) of the windows the first-order screen probes with ``decision="screen"`` (the
         budgeted decisions show theirs with ``budget.progress``; the unbudgeted trial decision, ``layout="ranked"``,
         shows none: docs/expansion-decision.md says why).
+    announce : called with the first-order screen's plan (what it reads, its cost, its time here) before it starts,
+        with ``decision="screen"`` (``None``: silent; the budgeted decisions announce theirs with
+        ``budget.announce``).
     """
 
     at: object = None
@@ -723,6 +759,7 @@ class ExpansionOptions:
     layout: str = "grouped"
     budget: object = None
     progress: bool = False
+    announce: Callable[[str], None] | None = field(default=None, compare=False)
 
     def __post_init__(self):
         for name, choices in (("init", INITS), ("decision", DECISIONS), ("layout", LAYOUTS)):

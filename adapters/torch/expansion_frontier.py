@@ -124,10 +124,10 @@ class _Costs:
         forward = (self.n + len(places)) * self.block + self.head
         return windows / self.batch_size * forward / self.unit
 
-    def seconds(self, steps: float, timed: float) -> float:
-        """Seconds here of ``steps`` planned steps' time, ``timed`` the timed step's seconds (:func:`timed_step`: a
-        forward and backward pass of the model as it is, :meth:`full` planned steps, not one)."""
-        return steps * timed / self.full()
+    def passes(self, steps: float) -> float:
+        """``steps`` planned steps' time in timed passes (:func:`timed_step`: a forward and backward pass of the model
+        as it is, :meth:`full` planned steps, not one)."""
+        return steps / self.full()
 
     def probe(self, windows: int) -> float:
         """The first-order screen's probe of ``windows``: each a forward and backward pass of the model as it is
@@ -143,11 +143,14 @@ class _Costs:
 PROBE_TIME_RATIO = 3.0
 
 
-def probe_time(steps: float) -> float:
-    """The time of probe passes that cost ``steps`` planned steps' FLOPs (:meth:`_Costs.probe`), in planned steps'
-    time: :data:`PROBE_TIME_RATIO` times ``steps``.  The plan's estimate and the bar price the probe so; what the
-    decision spends and records (``cost_steps``) stays its FLOPs."""
-    return PROBE_TIME_RATIO * steps
+def probe_time(steps: float, passes: int = 1) -> float:
+    """The time of ``passes`` probe passes that cost ``steps`` planned steps' FLOPs together (:meth:`_Costs.probe`),
+    in planned steps' time: ``steps + (PROBE_TIME_RATIO - 1) steps / passes``, :data:`PROBE_TIME_RATIO` times
+    ``steps`` in one pass.  Each pass runs the model's forward and backward (its FLOPs) and the work of its group of
+    places only, which all passes together do once (on SmolLM2-135M in 16 passes, ``--max-statistics-gib 1``, the
+    ratio on every pass priced the probe at 14.1 min where it took 4.2).  The plan's estimate and the bar price the
+    probe so; what the decision spends and records (``cost_steps``) stays its FLOPs."""
+    return steps + (PROBE_TIME_RATIO - 1) * steps / passes
 
 
 def _flops_per_token(model, seq_len: int) -> tuple[float, float]:
@@ -191,10 +194,10 @@ class _Meter:
         self.running = 0.0
         self._show(self.timed)
 
-    def probed(self, windows: int) -> None:
-        """``windows`` more of the screen's probe done (:meth:`_Costs.probe`, at :func:`probe_time`): on the bar
-        only, until the probe's cost is added."""
-        self._ahead(probe_time(self.costs.probe(windows)))
+    def probed(self, windows: int, passes: int) -> None:
+        """``windows`` more of the screen's probe in ``passes`` passes done (:meth:`_Costs.probe`, at
+        :func:`probe_time`): on the bar only, until the probe's cost is added."""
+        self._ahead(probe_time(self.costs.probe(windows), passes))
 
     def reading(self, places) -> Callable[[int], None]:
         """The bar's count of a reading of the arm with blocks before ``places``, window by window (on the bar
@@ -290,17 +293,60 @@ class _Arms:
         return {split: np.stack(r) for split, r in rows.items()}
 
 
-TIMED_STEPS = 2  # the first pass of a model pays for warming up; the estimate takes the faster of two
+# passes of the model run to time its step: the first pays for warming up and is left out, the other four give the
+# estimate (their mean) and its range.  One pass, or the faster of two, read ~10x short with 2 threads on 2 busy
+# cores: each parallel op there waits for a thread the OS has put off, so a pass takes 0.05 to 0.23 s where one in an
+# idle moment takes 0.006 s (studies/expansion-budget-notes.md, "The plan's time estimate on a busy CPU")
+TIMING_PASSES = 5
 # trials that pass over their training windows more often than this are announced as such: at 2000 planned steps on
 # the command's 64 CPU windows (32 training the trials, 13 passes) the K = 0 trial over-fitted them (+0.64 nats at its
 # last reading) where 512 windows gave a falling curve (studies/expansion-budget-notes.md); 1.3 passes (400 steps) did not
 MAX_TRIAL_PASSES = 2.0
 
 
-def timed_step(model, train: list, recipe: Recipe) -> float:
-    """Seconds of one forward and backward pass of ``model`` over a minibatch of the recipe: the faster of
-    :data:`TIMED_STEPS` passes (gradients taken with ``torch.autograd.grad``, so nothing of ``model`` changes, not
-    even ``.grad``)."""
+@dataclass(frozen=True)
+class StepTimes:
+    """Wall seconds of the timed forward and backward passes of the model (:func:`timed_step`, the warm-up left out)
+    and the threads torch ran them on."""
+
+    seconds: tuple
+    threads: int
+
+    @property
+    def mean(self) -> float:
+        """The estimate's seconds per pass: the mean, as the decision's time is the sum of its passes' (on a busy CPU
+        their times are heavy-tailed: with 2 threads on 2 busy cores the median pass took 0.17 s, the mean 0.46 s,
+        studies/expansion-budget-notes.md)."""
+        return sum(self.seconds) / len(self.seconds)
+
+    @property
+    def spread(self) -> float:
+        """The slowest timed pass over the fastest."""
+        return max(self.seconds) / min(self.seconds)
+
+    def words(self, passes: float) -> str:
+        """The time here of ``passes`` timed passes' work: at the mean pass, and the range at the fastest and
+        slowest."""
+        fastest, slowest = min(self.seconds), max(self.seconds)
+        return (f"about {_duration(passes * self.mean)} here ({_duration(passes * fastest)} to "
+                f"{_duration(passes * slowest)} at the fastest and slowest of {len(self.seconds)} steps timed after a "
+                f"warm-up, {fastest:.3g} to {slowest:.3g} s each)")
+
+    def warning(self) -> list[str]:
+        """A line where the timed passes varied over 2x on several threads (else none): the cores look shared."""
+        if self.threads == 1 or self.spread <= 2:
+            return []
+        return [f"  note: the timed steps varied {self.spread:.1f}x on {self.threads} threads: the cores look shared, "
+                "so the time may run far outside the range; OMP_NUM_THREADS=1 may run faster and steadier"]
+
+    def to_dict(self) -> dict:
+        return {"seconds_per_step": self.mean, "timed_step_seconds": list(self.seconds), "threads": self.threads}
+
+
+def timed_step(model, train: list, recipe: Recipe) -> StepTimes:
+    """Wall seconds of a forward and backward pass of ``model`` over a minibatch of the recipe: :data:`TIMING_PASSES`
+    passes, the first (warming up) left out (gradients taken with ``torch.autograd.grad``, so nothing of ``model``
+    changes, not even ``.grad``)."""
     inputs, labels = next(recipe_minibatches(train, recipe.batch_size, 0))
     params = [p for p in model.parameters() if p.is_floating_point()]
     device = params[0].device
@@ -311,7 +357,7 @@ def timed_step(model, train: list, recipe: Recipe) -> float:
         with torch.inference_mode(False), torch.enable_grad():
             for p in params:
                 p.requires_grad_(True)
-            for _ in range(TIMED_STEPS):
+            for _ in range(TIMING_PASSES):
                 start = time.perf_counter()
                 loss = sequence_loss(call_model(model, inputs), labels).mean()
                 torch.autograd.grad(loss, params)
@@ -321,7 +367,7 @@ def timed_step(model, train: list, recipe: Recipe) -> float:
     finally:
         for p, flag in zip(params, flags):
             p.requires_grad_(flag)
-    return min(times)
+    return StepTimes(tuple(times[1:]), torch.get_num_threads())
 
 
 def _windows(batches) -> int:
@@ -372,7 +418,7 @@ def _plan(costs: _Costs, counts: list, recipe: Recipe, budget: DecisionBudget, e
     split read at each checkpoint) are held out."""
     read = {k: sum(costs.read(uniform_places(costs.n, k), w) for w in evaluated) for k in counts}
     return plan_trials(recipe.steps, budget.fraction, [costs.step(uniform_places(costs.n, k)) for k in counts],
-                       [read[k] for k in counts], budget.replicates, TIMED_STEPS * costs.full() + read[0])
+                       [read[k] for k in counts], budget.replicates, TIMING_PASSES * costs.full() + read[0])
 
 
 def trial_windows(trial_steps: int, batch_size: int) -> int:
@@ -451,13 +497,13 @@ class BudgetedDecision:
 
     ``plan``: the trials' plan (:class:`satcore._decisions.frontier.TrialPlan`); ``cost_steps``: the passes counted as
     they ran (at most ``plan.budget_steps``); ``losses``: the model's own held-out losses (``heldout``, ``general``);
-    ``seconds_per_step``: the timed step the estimate used.
+    ``step_times``: the timed passes the estimate used (:class:`StepTimes`).
     """
 
     plan: TrialPlan
     cost_steps: float
     losses: dict
-    seconds_per_step: float
+    step_times: StepTimes
     tolerance: float | None  # None: no trial ran, nothing was compared
 
     @property
@@ -572,10 +618,10 @@ class FrontierDecision(BudgetedDecision):
                 "plan": self.plan.to_dict(), "cost_steps": self.cost_steps,
                 "chosen_cost_fraction": self.chosen_cost_fraction, "windows": self.windows,
                 "heldout_loss": self.losses["heldout"], "general_loss": self.losses.get("general"),
-                "seconds_per_step": self.seconds_per_step}
+                **self.step_times.to_dict()}
 
 
-def _plan_lines(title: str, plan: TrialPlan, costs: _Costs, seconds: float, tokens_per_step: int, evaluated: dict,
+def _plan_lines(title: str, plan: TrialPlan, costs: _Costs, times: StepTimes, tokens_per_step: int, evaluated: dict,
                 trained: int) -> list[str]:
     reads = ", ".join(str(c) for c in plan.checkpoints)
     windows = " + ".join(f"{n} {split.replace('heldout', 'held-out')} windows" for split, n in evaluated.items())
@@ -585,8 +631,8 @@ def _plan_lines(title: str, plan: TrialPlan, costs: _Costs, seconds: float, toke
             f"  trials: {plan.arms} arm(s) x {seeds} x {plan.trial_steps} steps on {trained} training windows, "
             f"each read at steps {reads} on {windows}",
             f"  cost: {plan.cost_steps:.1f} planned steps' FLOPs, {plan.cost_fraction:.1%} of the planned "
-            f"{plan.planned_steps} ({plan.cost_steps * tokens_per_step:,.0f} tokens' worth); about "
-            f"{_duration(costs.seconds(plan.cost_steps, seconds))} here (one step timed at {seconds:.3g} s)"]
+            f"{plan.planned_steps} ({plan.cost_steps * tokens_per_step:,.0f} tokens' worth); "
+            f"{times.words(costs.passes(plan.cost_steps))}", *times.warning()]
 
 
 def _duration(seconds: float) -> str:
@@ -594,7 +640,7 @@ def _duration(seconds: float) -> str:
 
 
 def _setting(model, train: list, held: list, recipe: Recipe, budget: DecisionBudget, sized: int | None) -> tuple:
-    """``(evaluate, tokens per step, seconds per step, window length)``: the splits the arms are read on (the
+    """``(evaluate, tokens per step, step times, window length)``: the splits the arms are read on (the
     general data cut to ``sized`` windows where the held-out set was sized), and the timed step."""
     evaluate = {"heldout": held}
     general = _general_batches(budget.general, sized)
@@ -616,7 +662,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     sized = None
     if held is None:
         train, held, sized = _sized_split(train, model, recipe, budget, options)
-    evaluate, tokens, seconds, seq_len = _setting(model, train, held, recipe, budget, sized)
+    evaluate, tokens, times, seq_len = _setting(model, train, held, recipe, budget, sized)
     costs = _Costs(model, seq_len, recipe.batch_size, counts[-1], options["train_new_only"])
     plan = _plan(costs, counts, recipe, budget, [_windows(b) for b in evaluate.values()])
     check_trial_work(plan.trial_steps * plan.arms * plan.replicates, recipe.batch_size,
@@ -627,7 +673,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
         budget.announce("\n".join(_plan_lines(
             f"plan: decide how many blocks (K = {', '.join(map(str, counts))}; K = 0 trains the model as it is) for "
             f"your training of {recipe.steps} steps of {recipe.batch_size} windows ({recipe.steps * tokens:,} "
-            f"tokens), {recipe.optimizer} lr {recipe.lr:g}", plan, costs, seconds, tokens,
+            f"tokens), {recipe.optimizer} lr {recipe.lr:g}", plan, costs, times, tokens,
             {s: _windows(b) for s, b in evaluate.items()}, _windows(train))
             + ([f"  held out: {sized} windows, what a quarter of the budget reads (at least {MIN_HELDOUT}, at most "
                 f"half); the rest train the trials"] if sized is not None else [])
@@ -635,7 +681,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
                              _windows(held) + trial_windows(plan.trial_steps, recipe.batch_size))))
     meter = _Meter(plan.cost_steps, budget.progress, costs)
     try:
-        meter.add(TIMED_STEPS * costs.full())
+        meter.add(TIMING_PASSES * costs.full())
         arms = _Arms(model, recipe, train, evaluate, {**options, "replicates": budget.replicates})
         losses = arms.read_model(meter)
         trials = {k: arms.run(uniform_places(costs.n, k), plan.checkpoints) for k in counts}
@@ -651,7 +697,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     choice = choose_blocks({a.blocks: a.target for a in results},
                            {a.blocks: a.general for a in results} if "general" in evaluate else None,
                            tolerance, budget.max_forgetting, {a.blocks: a.versus_none for a in results if a.blocks})
-    return FrontierDecision(plan, meter.done, losses, seconds, tolerance, results, choice,
+    return FrontierDecision(plan, meter.done, losses, times, tolerance, results, choice,
                             {"train": _windows(train), "heldout": _windows(held), "heldout_sized": sized is not None,
                              "general": _windows(evaluate["general"]) if "general" in evaluate else None,
                              "trial_passes": passes})
@@ -698,20 +744,21 @@ class PlacementCheck(BudgetedDecision):
                 "uniform": list(self.uniform), "moves": [m.to_dict() for m in self.moves],
                 "tolerance": self.tolerance, "plan": self.plan.to_dict(),
                 "cost_steps": self.cost_steps, "heldout_loss": self.losses.get("heldout"),
-                "seconds_per_step": self.seconds_per_step}
+                **self.step_times.to_dict()}
 
 
-def _probe_steps(model, train: list, held: list, costs: _Costs, policy: DecisionPolicy) -> tuple[float, float]:
-    """``(FLOPs, time)`` of the first-order screen's passes, in planned steps' FLOPs and time: every window of both
-    splits probed (:meth:`_Costs.probe`, its time :func:`probe_time`) once per group of places that fits the
+def _probe_steps(model, train: list, held: list, costs: _Costs, policy: DecisionPolicy
+                 ) -> tuple[float, float, int]:
+    """``(FLOPs, time, passes)`` of the first-order screen's passes, in planned steps' FLOPs and time: every window of
+    both splits probed (:meth:`_Costs.probe`, its time :func:`probe_time`) once per group of places that fits the
     policy's ``max_statistics_bytes``, and a forward pass more to plan the groups."""
     from .expansion import probe_passes
 
     probed = costs.probe(_windows(train) + _windows(held))
     if policy.max_statistics_bytes is None:
-        return probed, probe_time(probed)
+        return probed, probe_time(probed), 1
     passes, planning = probe_passes(model, train[0], policy), costs.read([], _windows(train[:1]))
-    return passes * probed + planning, probe_time(passes * probed) + planning
+    return passes * probed + planning, probe_time(passes * probed, passes) + planning, passes
 
 
 def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: DecisionBudget, options: dict
@@ -723,16 +770,16 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
     names = decoder_stack(model)[0]
     n_blocks, k = len(names), options["blocks"]
     uniform, groups = uniform_places(n_blocks, k), uniform_groups(n_blocks, k)
-    evaluate, tokens, seconds, seq_len = _setting(model, train, held, recipe, budget, None)
+    evaluate, tokens, times, seq_len = _setting(model, train, held, recipe, budget, None)
     costs = _Costs(model, seq_len, recipe.batch_size, k, options["train_new_only"])
     model_read = sum(costs.read([], _windows(b)) for b in evaluate.values())
     read = sum(costs.read(uniform, _windows(b)) for b in evaluate.values())
     # an arm's step priced as if group 0's block moved to its group's first place: the lowest a block can go, so
     # the backward's longest; the moves' actual steps are counted as they run
     step = costs.step([groups[0][0]] + uniform[1:])
-    probe_steps, probe_timed = _probe_steps(model, train, held, costs, options["policy"])
+    probe_steps, probe_timed, probe_passes = _probe_steps(model, train, held, costs, options["policy"])
     slower = probe_timed - probe_steps  # the probe's time beyond its FLOPs: on the estimate and the bar, not the cost
-    fixed = TIMED_STEPS * costs.full() + probe_steps + model_read
+    fixed = TIMING_PASSES * costs.full() + probe_steps + model_read
     movable = sum(len(g) > 1 for g in groups)
 
     # the refusal says what --blocks K decides (each group's place, not a count among arms) and how to run without
@@ -754,27 +801,33 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
                  f"for your training of {recipe.steps} steps of {recipe.batch_size} windows "
                  f"({recipe.steps * tokens:,} tokens), {recipe.optimizer} lr {recipe.lr:g}",
                  f"  screen: the first-order probe of {n_blocks + 1} places ({probe_steps:.1f} planned steps' FLOPs; "
-                 f"about {_duration(costs.seconds(probe_timed, seconds))} here, each window about {PROBE_TIME_RATIO:g} times a "
-                 "forward and backward pass)"]
+                 f"about {_duration(costs.passes(probe_timed) * times.mean)} here, each window about "
+                 f"{PROBE_TIME_RATIO:g} times a forward and backward pass)"]
         if movable:
-            trials = _plan_lines("", plan, costs, seconds, tokens, {s: _windows(b) for s, b in evaluate.items()},
+            trials = _plan_lines("", plan, costs, times, tokens, {s: _windows(b) for s, b in evaluate.items()},
                                  _windows(train))[1]
             lines += [f"  then, if the screen proposes a move in every group: uniform and {movable} moved arm(s)",
                       trials + " (longer with fewer moves)",
                       f"  cost: at most {plan.budget_steps:g} planned steps' FLOPs, {budget.fraction:.0%} of the planned "
-                      f"{recipe.steps} ({plan.budget_steps * tokens:,.0f} tokens); at most about "
-                      f"{_duration(costs.seconds(plan.budget_steps + slower, seconds))} here (one step timed at {seconds:.3g} s)"]
-            lines += passes_warning(_windows(train), trial_passes(plan.trial_steps, recipe.batch_size, train),
+                      f"{recipe.steps} ({plan.budget_steps * tokens:,.0f} tokens); at most "
+                      f"{times.words(costs.passes(plan.budget_steps + slower))}"]
+            warned = passes_warning(_windows(train), trial_passes(plan.trial_steps, recipe.batch_size, train),
                                     2 * trial_windows(plan.trial_steps, recipe.batch_size))  # half held out
+            # why --blocks K does not size its windows to the budget as --blocks auto does (frontier_windows): there
+            # the windows that train the trials cost nothing, here the screen probes each one within the budget
+            lines += warned + ([f"  --blocks K reads --max-windows as given, half held out, where --blocks auto sizes "
+                                "both to the budget: the screen probes every window read (each about "
+                                f"{PROBE_TIME_RATIO:g} times a forward and backward pass, within the budget), so more "
+                                "windows mean a longer probe and shorter trials"] if warned else [])
         else:
-            lines.append(f"  no group has a second place: nothing to move; about "
-                         f"{_duration(costs.seconds(fixed + slower, seconds))}")
+            lines.append(f"  no group has a second place: nothing to move; {times.words(costs.passes(fixed + slower))}")
+        lines += times.warning()
         budget.announce("\n".join(lines))
     meter = _Meter(plan.cost_steps + slower, budget.progress, costs)
     try:
-        meter.add(TIMED_STEPS * costs.full())
+        meter.add(TIMING_PASSES * costs.full())
         screen = first_order_decision(model, train, held, policy=native_policy(options["policy"]),
-                                      progress=meter.probed)
+                                      progress=lambda windows: meter.probed(windows, probe_passes))
         meter.add(probe_steps, probe_timed)
         ranking = screen.ranking()
         moves, losses, tolerance, proposals = [], {}, budget.tolerance, []
@@ -784,7 +837,7 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
             if best != place:
                 proposals.append((tuple(group), place, best))
         final_plan = (planned(1 + len(proposals), fixed) if proposals else
-                      planned(0, TIMED_STEPS * costs.full() + probe_steps))
+                      planned(0, TIMING_PASSES * costs.full() + probe_steps))
         meter.replan(final_plan.cost_steps + slower)
         if proposals:
             arms = _Arms(model, recipe, train, evaluate, {**options, "replicates": budget.replicates})
@@ -799,7 +852,7 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
                 moves.append(Move(group, place, best, difference, credible))
     finally:
         meter.close()
-    return PlacementCheck(final_plan, meter.done, losses, seconds, tolerance, tuple(uniform),
+    return PlacementCheck(final_plan, meter.done, losses, times, tolerance, tuple(uniform),
                           tuple(tuple(g) for g in groups), tuple(moves), screen)
 
 
@@ -808,5 +861,5 @@ def _tolerance(budget: DecisionBudget, losses: dict) -> float:
 
 
 __all__ = ["ArmResult", "ArmTrials", "BudgetedDecision", "DecisionBudget", "FrontierDecision", "Move",
-           "PlacementCheck", "MAX_TRIAL_PASSES", "PROBE_TIME_RATIO", "RELATIVE_TOLERANCE", "TIMED_STEPS",
+           "PlacementCheck", "MAX_TRIAL_PASSES", "PROBE_TIME_RATIO", "RELATIVE_TOLERANCE", "StepTimes", "TIMING_PASSES",
            "frontier_decision", "frontier_windows", "placement_check", "probe_time", "timed_step", "trial_windows"]
