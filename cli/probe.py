@@ -137,9 +137,9 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
         refuse_inside_model_dir(out_path, model)  # -o MODEL_DIR/model.safetensors would replace the weights
         onnx_only = [flag for flag, given in (("--loss", loss != "cross_entropy"), ("--output", output_name),
                                               ("--providers", providers)) if given]
-        if onnx_only:  # name what was given, as expand's refusals of options it would ignore do
-            raise click.UsageError(f"{' and '.join(onnx_only)} belong{'s' if len(onnx_only) == 1 else ''} to an ONNX "
-                                   "model; a checkpoint directory is probed with torch on its own next-token "
+        if onnx_only:  # name the folder and what was given, as expand's refusals of options it would ignore do
+            raise click.UsageError(f"{model}: {' and '.join(onnx_only)} belong{'s' if len(onnx_only) == 1 else ''} to "
+                                   "an ONNX model; a checkpoint directory is probed with torch on its own next-token "
                                    f"cross-entropy, so {'it' if len(onnx_only) == 1 else 'they'} would be ignored")
         from satcore.adapters.torch import ProbeConfig
 

@@ -412,10 +412,11 @@ def test_a_model_whose_loss_is_nan_is_refused_naming_it(command, expect, source,
 ])
 def test_probe_dir_refuses_the_onnx_options_it_would_ignore(options, expect, source, tmp_path):
     """A checkpoint directory is probed on its own next-token cross-entropy: --loss mse used to be taken and
-    ignored, the dump then claiming nothing of it."""
+    ignored, the dump then claiming nothing of it. The line leads with MODEL_DIR, as the probe's other refusals do
+    (it once named only the flag)."""
     out = tmp_path / "d.npz"
     result = CliRunner().invoke(main, ["probe", str(source[0]), "--data", str(source[1]), "-o", str(out), *options])
-    refused(result, expect, "would be ignored")
+    refused(result, f"satcore: error: {source[0]}: {expect}", "would be ignored")
     assert not out.exists()
 
 
