@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from satcore import InputError
-from satcore.adapter_api import family_spec, registered_families
+from satcore.adapter_api import family_spec, option_given, registered_families
 
 
 def per_candidate(value, names, option: str, default=None) -> dict:
@@ -84,8 +84,8 @@ def builtin_kind(spec, shape, *, image_layout: str = "(M, C, H, W)", others: str
     rank = len(shape)
     kind = ("conv" if rank == 4 else "mlp") if spec == "auto" else spec
     definition = known_family(kind, others)
-    if definition.images_only and rank != 4:
-        raise InputError(f"family {kind!r} needs a {image_layout} stream, got shape {tuple(shape)}")
+    if definition.images_only and rank != 4:  # named as given: --family on the command line, family= in Python
+        raise InputError(f"{option_given('family', kind)} needs a {image_layout} stream, got shape {tuple(shape)}")
     return kind
 
 

@@ -863,7 +863,7 @@ def test_probe_of_a_checkpoint_directory_refuses_data_that_is_not_a_regular_file
 
 
 @pytest.mark.parametrize("options, expected", [
-    (["--family", "conv"], "family 'conv' needs a (M, C, H, W) stream, got shape (8, 32, 16)"),  # 8 windows of 32 tokens
+    (["--family", "conv"], "--family 'conv' needs a (M, C, H, W) stream, got shape (8, 32, 16)"),  # 8 windows of 32 tokens
     (["--family", "linear", "--n-features", "3"], "--n-features 3 for family 'linear': does not apply (its number "
                                                   "of features is fixed, 16 for a stream of width 16)"),
 ])

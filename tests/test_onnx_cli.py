@@ -221,22 +221,24 @@ def residual_conv(path):
     return path
 
 
-# (model, --family, --n-features): what the refusal says after the file and the candidate, with the option named
-# by its flag (the command line's) and by its keyword (the Python probe's)
+# (model, --family, --n-features): what the refusal says after the file and the candidate, with the option it
+# refuses ({n}: the feature count, {family}: the family) named by its flag (the command line's) and by its keyword
+# (the Python probe's)
 FEATURE_REFUSALS = [
-    ("mlp", "linear", 3, "{} for family 'linear': does not apply (its number of features is fixed, 6 for a stream "
+    ("mlp", "linear", 3, "{n} for family 'linear': does not apply (its number of features is fixed, 6 for a stream "
                          "of width 6)"),
-    ("conv", "auto", 10, "{} for family 'conv': a positive multiple of 9 (9 per middle channel)"),
-    ("mlp", "conv", 9, "family 'conv' needs a (M, C, H, W) stream, got shape (16, 6)"),
+    ("conv", "auto", 10, "{n} for family 'conv': a positive multiple of 9 (9 per middle channel)"),
+    ("mlp", "conv", 9, "{family} needs a (M, C, H, W) stream, got shape (16, 6)"),
 ]
 
 
 @pytest.mark.parametrize("model_kind, family, n_features, expected", FEATURE_REFUSALS)
 def test_a_family_or_feature_count_the_stream_cannot_take_is_one_line_exit_2(files, tmp_path, model_kind, family,
                                                                            n_features, expected):
-    """The refusal names the model file and the candidate, and the feature count as the user gave it:
+    """The refusal names the model file and the candidate, and the feature count or family as the user gave it:
     ``--n-features 3`` on the command line, ``n_features=3`` to :func:`satcore.adapters.onnx.probe` (the command
-    line used to say ``n_features``, the keyword it passes the flag on as); no dump is written."""
+    line used to say ``n_features``, the keyword it passes the flag on as, and ``family 'conv'`` for
+    ``--family conv``); no dump is written."""
     from satcore.adapters.onnx import OnnxProbeError, probe
 
     _, x, y, model, data = files
@@ -247,11 +249,13 @@ def test_a_family_or_feature_count_the_stream_cannot_take_is_one_line_exit_2(fil
     res, out = _probe_with(model, data, tmp_path, "--family", family, "--n-features", str(n_features),
                            "--batch-size", "16")
     assert res.exit_code == 2, res.output
-    assert res.stderr == f"satcore: error: {model}: candidate 'h0': {expected.format(f'--n-features {n_features}')}\n"
+    flags = expected.format(n=f"--n-features {n_features}", family=f"--family {family!r}")
+    assert res.stderr == f"satcore: error: {model}: candidate 'h0': {flags}\n"
     assert not out.exists()
     with pytest.raises(OnnxProbeError) as refused:
         probe(str(model), [(x[:16], y[:16])], family=family, n_features=n_features)
-    assert str(refused.value) == f"candidate 'h0': {expected.format(f'n_features={n_features}')}"
+    keywords = expected.format(n=f"n_features={n_features}", family=f"family={family!r}")
+    assert str(refused.value) == f"candidate 'h0': {keywords}"
 
 
 @pytest.mark.parametrize("names", ["", " , ", "blocks.0,,head"])

@@ -412,7 +412,7 @@ def test_a_user_feature_map_with_batchnorm_is_measured_and_grown_in_eval_mode(se
     (dict(candidates=[]), "candidates is empty"),
     (dict(head=False), "policy: probe: the places are the policy's"),
     (dict(family="convv"), "unknown family 'convv'"),
-    (dict(family="conv"), "family 'conv' needs a"),
+    (dict(family="conv"), "family='conv' needs a"),
     (dict(family=nn.Flatten(0)), "feature map returned shape"),
     (dict(family={"7": "mlp"}), r"family given for unknown candidate\(s\) \['7'\]"),
     (dict(heldout=[]), "data yielded no batches"),

@@ -201,7 +201,7 @@ def test_integer_candidate_input_is_refused_naming_it():
         ({"candidates": ["layer9"]}, "candidate 'layer9' is not a submodule"),
         ({"family": "fourier"}, "unknown family 'fourier'"),
         ({"family": {"layer1.0": "conv", "head": "spline"}}, "unknown family 'spline'"),
-        ({"candidates": ["fc"], "family": "conv"}, "family 'conv' needs a (M, C, H, W) stream"),
+        ({"candidates": ["fc"], "family": "conv"}, "family='conv' needs a (M, C, H, W) stream"),
     ],
 )
 def test_bad_arguments_are_refused_with_one_clear_line(kwargs, message):
