@@ -231,9 +231,13 @@ def fixed_batch_hint(model_path: str, batch_size: int, n_samples: int) -> str:
 
 
 def default_batch_size(n_samples: int) -> int:
-    """``--batch-size``'s default: :data:`MAX_DEFAULT_BATCH`, or fewer so that ``n_samples`` make
-    :data:`DEFAULT_FOLDS` batches (the fold test deals batches, not samples, into its folds)."""
-    return min(MAX_DEFAULT_BATCH, -(-n_samples // DEFAULT_FOLDS))
+    """``--batch-size``'s default: :data:`MAX_DEFAULT_BATCH`, or fewer so that ``n_samples`` make at least
+    :data:`DEFAULT_FOLDS` batches (the fold test deals batches, not samples, into its folds), one a batch where
+    there are fewer samples than folds.
+
+    ``floor(n_samples / DEFAULT_FOLDS)``: ``ceil`` made 15 batches of 8 from 113 windows, leaving a fold empty
+    while batches of 7 make 17."""
+    return max(1, min(MAX_DEFAULT_BATCH, n_samples // DEFAULT_FOLDS))
 
 
 def say_written(out_path, what: str, n_batches: int, batch_size: int, *, chosen: bool) -> None:

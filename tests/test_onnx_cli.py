@@ -384,7 +384,7 @@ def test_default_batch_size_makes_one_batch_per_fold_so_256_samples_decide(tmp_p
 
 
 @pytest.mark.parametrize("samples, options, expected", [
-    (50, [], "pass --batch-size 2, or export"),  # the default --batch-size: 4
+    (50, [], "pass --batch-size 2, or export"),  # the default --batch-size: 3
     (49, ["--batch-size", "2"], "pass --batch-size 2 and a sample count that is a multiple of 2 (DATA holds 49)"),
     (50, ["--batch-size", "5"], "pass --batch-size 2, or export"),
 ])
