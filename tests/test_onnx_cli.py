@@ -407,3 +407,26 @@ def test_a_fixed_batch_size_the_batches_do_not_match_is_refused_with_what_to_pas
     if samples % 2 == 0:
         res, out = _probe_with(model, data, tmp_path, "--batch-size", "2")
         assert res.exit_code == 0 and out.exists(), res.output
+
+
+def test_a_fixed_batch_refused_on_the_probes_own_targets_input_says_what_that_input_is(files, tmp_path):
+    """A legacy torch export names its input ``input.1``; with a fixed batch size ONNX Runtime then refuses the
+    batch on ``satcore_targets`` (it checks the feeds in its own order), a name in neither the model nor DATA.  The
+    line says it is DATA's targets, and the hint still names the model's input and the --batch-size to pass."""
+    onnx = pytest.importorskip("onnx")
+    ws, x, y, _, _ = files
+    model = onnx.load(residual_mlp(tmp_path / "fixed.onnx", ws, batch=2))
+    model.graph.input[0].name = "input.1"
+    for node in model.graph.node:
+        node.input[:] = ["input.1" if name == "x" else name for name in node.input]
+    path = tmp_path / "legacy.onnx"
+    onnx.save(model, path)
+    data = tmp_path / "fixed.npz"
+    np.savez(data, inputs=x[:48], targets=y[:48])
+    res, out = _probe_with(path, data, tmp_path)
+    assert res.exit_code == 2 and not out.exists(), res.output
+    (line,) = res.output.strip().splitlines()
+    assert ("Got invalid dimensions for input: satcore_targets (DATA's targets, as the probe feeds them to its loss) "
+            "for the following indices") in line
+    assert "the model's input 'input.1' has a fixed batch size of 2 (an export's example batch): pass --batch-size 2" \
+        in line

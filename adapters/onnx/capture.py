@@ -43,6 +43,16 @@ def one_line(exc: BaseException) -> str:
     return text[-300:]
 
 
+def _own_inputs_named(text: str) -> str:
+    """ORT's message ``text`` with the probe's own inputs said what they are: a model with a fixed batch size (a
+    legacy torch export's ``input.1``) can be refused first on ``satcore_targets``, a name that is nowhere in the
+    user's model or data."""
+    for name, what in ((TARGETS, "DATA's targets, as the probe feeds them to its loss"),
+                       (LOSS_SCALE, "the weights the probe gives its loss terms")):
+        text = text.replace(f"input: {name} ", f"input: {name} ({what}) ")
+    return text
+
+
 class GradientRunner:
     """One ONNX Runtime session over the probe graph plus its backward graph.
 
@@ -72,7 +82,7 @@ class GradientRunner:
         try:
             values = dict(zip(self.fetch, self.session.run(self.fetch, feeds)))
         except Exception as exc:  # ORT raises its own exception types
-            raise OnnxProbeError(f"ONNX Runtime failed on a batch: {one_line(exc)}") from None
+            raise OnnxProbeError(f"ONNX Runtime failed on a batch: {_own_inputs_named(one_line(exc))}") from None
         acts = {n: (feeds[n] if n in self.graph_inputs else values[n]) for n in self.candidates}
         return acts, {n: values[n + GRAD_SUFFIX] for n in self.candidates}
 
