@@ -232,12 +232,14 @@ def fixed_batch_hint(model_path: str, batch_size: int, n_samples: int) -> str:
 
 def default_batch_size(n_samples: int) -> int:
     """``--batch-size``'s default: :data:`MAX_DEFAULT_BATCH`, or fewer so that ``n_samples`` make at least
-    :data:`DEFAULT_FOLDS` batches (the fold test deals batches, not samples, into its folds), one a batch where
-    there are fewer samples than folds.
+    :data:`DEFAULT_FOLDS` batches (the fold test deals batches, not samples, into its folds).
 
-    ``floor(n_samples / DEFAULT_FOLDS)``: ``ceil`` made 15 batches of 8 from 113 windows, leaving a fold empty
-    while batches of 7 make 17."""
-    return max(1, min(MAX_DEFAULT_BATCH, n_samples // DEFAULT_FOLDS))
+    ``ceil(n_samples / DEFAULT_FOLDS)``, or one less where that makes fewer batches than folds: 113 windows in
+    batches of 8 are 15 (a fold left empty), in batches of 7 are 17; 400 samples keep batches of 25 (16), 31 of 2."""
+    size = -(-n_samples // DEFAULT_FOLDS)
+    if -(-n_samples // size) < DEFAULT_FOLDS:
+        size = max(1, size - 1)  # n > 16 (size - 1), so batches of size - 1 are more than 16
+    return min(MAX_DEFAULT_BATCH, size)
 
 
 def say_written(out_path, what: str, n_batches: int, batch_size: int, *, chosen: bool) -> None:

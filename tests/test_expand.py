@@ -830,16 +830,16 @@ def test_probe_accepts_a_checkpoint_directory(checkpoint, tmp_path):
 def test_probe_of_a_checkpoint_directory_without_batch_size_takes_the_default(checkpoint, tmp_path):
     """``satcore probe MODEL_DIR`` without ``--batch-size`` (it stopped with a torch traceback) takes the ONNX path's
     default: at most 64 windows a batch and at least 16 batches where the windows allow, so its dump is the one
-    ``--batch-size floor(windows / 16)`` writes, and it says so, with no note of an empty fold (the checkpoint's
-    113 windows once went in 15 batches of 8, ceil(113 / 16), and the note asked for a smaller --batch-size)."""
+    ``--batch-size 7`` writes for the checkpoint's 113 windows (17 batches), and it says so, with no note of an
+    empty fold (they once went in 15 batches of 8, ceil(113 / 16), and the note asked for a smaller --batch-size)."""
     import satcore
 
     folder, text = checkpoint
     default = cli("probe", folder, "--data", text, "-o", tmp_path / "default.npz")
     assert default.exit_code == 0, default.output
     windows = int(re.search(r"(\d+) windows", default.stdout).group(1))
-    size = min(64, windows // 16)
-    assert windows % 16 and -(-windows // size) >= 16  # a count that batches of ceil(windows / 16) leave short
+    assert windows == 113
+    size = 7
     assert f"{windows} windows in {-(-windows // size)} batch(es) of {size} (the default --batch-size" in default.stdout
     assert "fill only" not in default.output
     given = cli("probe", folder, "--data", text, "-o", tmp_path / "given.npz", "--batch-size", size)

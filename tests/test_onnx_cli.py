@@ -383,6 +383,20 @@ def test_default_batch_size_makes_one_batch_per_fold_so_256_samples_decide(tmp_p
            "--batch-size)" in verdicts["64"]["reason"]
 
 
+@pytest.mark.parametrize("samples", [1, 15, 16, 17, 31, 47, 50, 113, 256, 400, 1023, 1025, 5000])
+def test_the_default_batch_size_fills_every_fold_where_the_samples_allow(samples):
+    """The largest batch, at most one fold's share ceil(samples / 16) and at most 64, that makes at least 16 batches
+    (every fold of the fold test gets one), found by counting: ceil(113 / 16) = 8 made 15 batches of the 113 windows
+    of a checkpoint folder, leaving a fold empty, where 7 makes 17; fewer samples than folds go one a batch."""
+    from satcore.cli.probe import default_batch_size
+
+    share = -(-samples // 16)
+    fills = [size for size in range(1, share + 1) if -(-samples // size) >= 16]
+    expected = min(64, max(fills)) if fills else 1
+    assert default_batch_size(samples) == expected
+    assert -(-samples // expected) >= min(16, samples)
+
+
 @pytest.mark.parametrize("samples, options, expected", [
     (50, [], "pass --batch-size 2, or export"),  # the default --batch-size: 3
     (49, ["--batch-size", "2"], "pass --batch-size 2 and a sample count that is a multiple of 2 (DATA holds 49)"),
