@@ -138,7 +138,7 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
         onnx_only = [flag for flag, given in (("--loss", loss != "cross_entropy"), ("--output", output_name),
                                               ("--providers", providers)) if given]
         if onnx_only:  # name the folder and what was given, as expand's refusals of options it would ignore do
-            raise click.UsageError(f"{model}: {' and '.join(onnx_only)} belong{'s' if len(onnx_only) == 1 else ''} to "
+            raise click.UsageError(f"{display_name(model)}: {' and '.join(onnx_only)} belong{'s' if len(onnx_only) == 1 else ''} to "
                                    "an ONNX model; a checkpoint directory is probed with torch on its own next-token "
                                    f"cross-entropy, so {'it' if len(onnx_only) == 1 else 'they'} would be ignored")
         from satcore.adapters.torch import ProbeConfig
