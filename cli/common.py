@@ -16,7 +16,7 @@ from satcore.adapter_api import num, table
 
 from .numbers import Count
 
-__all__ = ["display_name", "load", "scored", "statistics", "num", "table", "human_bytes"]
+__all__ = ["display_name", "load", "scored", "statistics", "num", "table", "human_bytes", "model_on_data"]
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -96,3 +96,9 @@ def human_bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     raise AssertionError("unreachable")
+
+
+def model_on_data(model, data_path, text: str) -> str:
+    """A refusal ``text`` of the model on the data (a batch it cannot take or scores NaN on), led by both files:
+    either may be at fault, so the line names neither option alone (``satcore probe``, ``satcore expand``)."""
+    return f"{display_name(model)} on {display_name(data_path)}: {text}"

@@ -22,7 +22,7 @@ import click
 from satcore import InputError, ProbeError
 from satcore.adapter_api import DEFAULT_ALPHA, NOT_VERIFIED, decision_interval_notes, parse_whole_number
 
-from .common import FiniteFloatRange, display_name, num, table
+from .common import FiniteFloatRange, display_name, model_on_data, num, table
 from .expand_report import SEQ_LEN_RULE, defaults_line, frontier_report, moves_report, plot_frontier, stop_line
 from .hf_dir import window_length
 from .numbers import MAX_SEED, Count
@@ -427,7 +427,7 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     except InputError as exc:  # a batch the model cannot take or scores NaN on: the model's, on the data
         if not str(exc).startswith(("batch ", "the model's own ")):
             raise
-        raise ProbeError(f"{display_name(model_dir)} on {display_name(data_path)}: {exc}") from None
+        raise ProbeError(model_on_data(model_dir, data_path, str(exc))) from None
     with staged_out_dir(out_dir, prefix=".satcore-expand-") as staging:
         grown = expansion.model.to(getattr(torch, saved_dtype))
         grown.save_pretrained(staging, safe_serialization=True)

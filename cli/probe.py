@@ -22,7 +22,7 @@ from satcore.adapter_api import NpyHeader, NpzArchive
 from satcore import FAMILIES, ProbeError
 from satcore.adapter_api import DEFAULT_FOLDS
 
-from .common import FiniteFloatRange, display_name
+from .common import FiniteFloatRange, display_name, model_on_data
 from .numbers import MAX_SEED, Count
 from .out_dir import refuse_inside_model_dir
 
@@ -196,13 +196,12 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
 
 
 def named_refusal(exc: ProbeError, model, data_path, *, hint: str = "") -> Exception:
-    """The probe's refusal ``exc`` led by the files it is about: MODEL's and DATA's for a refused batch (the model
-    cannot take it, or scores it NaN), else MODEL's (its graph or checkpoint, or the loss, candidates or family given
-    for it) unless the message names it already.
-    ``hint`` (what to pass instead, or "") follows a refused batch's message."""
-    if str(exc).startswith("batch "):  # the adapter refused a batch: the data file's fault, so name it
+    """The probe's refusal ``exc`` led by the files it is about: MODEL's and DATA's for a refused batch
+    (:func:`model_on_data`), else MODEL's (its graph or checkpoint, or the loss, candidates or family given for it)
+    unless the message names it already.  ``hint`` (what to pass instead, or "") follows a refused batch's message."""
+    if str(exc).startswith("batch "):
         said = str(exc).rstrip(".") if hint else str(exc)  # the hint continues the sentence
-        return _bad(f"{display_name(model)} on {display_name(data_path)}: {said}{hint}")
+        return type(exc)(model_on_data(model, data_path, said + hint))
     if display_name(model) not in str(exc):
         return type(exc)(f"{display_name(model)}: {exc}")
     return exc
