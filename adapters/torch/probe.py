@@ -675,6 +675,7 @@ def probe(model: nn.Module, data, loss_fn=None, *, progress: bool | Callable[[in
             bar.close()
     return state.result(copy_sums=False)  # the probe ends here: no second set of sums
 
+
 def _batches_left(data, skip: int) -> int | None:
     """How many batches of ``data`` a probe that skips ``skip`` reads, where ``data`` has a length (a list, a
     ``DataLoader``); None for a generator or an iterable dataset's loader (whose ``len`` raises)."""
