@@ -86,6 +86,7 @@ SGD, EVERY = ("sgd",), ("adam", "sgd")
 # calibration fitted on the readout's decisions, as the shipped one is), "kept" (the shipped one), "sgd" (SGD's own
 # fitted on the readout's SGD decisions, Adam's and AdamW's the shipped))
 READOUT_RULES = {
+    "shipped: d(T), the shipped calibration": (lambda c, s: c, EVERY, "kept"),
     "SGD: the change after the first checkpoint": (lambda c, s: after_first_checkpoint(c), SGD, "refit"),
     "SGD: the change after the first checkpoint, carried to the recipe's length": (late_priced, SGD, "refit"),
     "SGD: the change after the first checkpoint where the trial rose there": (lambda c, s: after_a_rise(c), SGD, "refit"),
