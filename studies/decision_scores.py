@@ -235,12 +235,16 @@ def instances(models: list, schedule: str = SHIPPED_SCHEDULE, heldout: str = "he
                         others = [_at(runs[(c, column, b)], "test", steps) for b in seeds if b != a]
                         every = [_at(runs[(c, column, b)], "test", steps) for b in seeds]
                         train_others = [_at(runs[(c, column, b)], "train", steps) for b in seeds if b != a]
+                        # the target's test-sample noise: the other seeds' paired test standard errors, averaged
+                        test_se = [runs[(c, column, b)]["test"]["se"][runs[(c, column, b)]["steps"].index(steps)]
+                                   for b in seeds if b != a]
                         rows.append({"candidate": c, "curve": trials[c][0], "may_choose": trials[c][1],
                                      "target": float(np.mean(others)), "own": _at(run, "test", steps),
                                      "own_heldout": _at(run, "heldout", steps),
                                      "mean": float(np.mean(every)), "spread": float(np.ptp(every)),
                                      "seed_sd": float(np.std(every, ddof=1)) if len(every) > 1 else math.inf,
                                      "train_target": float(np.mean(train_others)), "screen": screen[c],
+                                     "target_se": float(np.mean(test_se)) if test_se else math.inf,
                                      **({"sensitivity": m["sensitivity"][c]} if "sensitivity" in m else {})})
                     out.append({"model": m["model"], "set": m["set"], "column": column, "steps": steps, "seed": a,
                                 "optimizer_family": optimizer_family(column.split("_")[0]),

@@ -40,7 +40,8 @@ seed 2 run, to ``<part>-trialseed2.json`` (with ``--column``, ``<part>-<column>-
 models and trials with every trial also evaluated on a held-out split 4 times the bench's, to
 ``studies/results/decision_validity_large_heldout/``; ``--large-heldout 16``: 16 times, to ``..._x16/``); ``--tables``
 scores them (``studies/decision_scores.py``) and prints the docs tables; ``--variants`` the
-decision rules tried; ``--stop-rules`` the stop rules tried; ``--fit`` writes ``satcore/_decisions/calibrations.json`` from all sets.
+decision rules tried; ``--stop-rules`` the stop rules tried; ``--readouts`` the trial readouts tried against
+short stops and what bounds them (``studies/decision_readouts.py``); ``--fit`` writes ``satcore/_decisions/calibrations.json`` from all sets.
 
 **Transfer sets** (``TRANSFER``), which no fit reads: another architecture on data no fitted set uses, recorded
 the same way (``--part gpt2-perldoc`` or ``resmlp-fashion``, with ``--column`` as above; depth sweeps
@@ -762,6 +763,9 @@ def main(argv=None) -> int:
     parser.add_argument("--stop-rules", action="store_true",
                         help="score the stop rules tried (studies/decision_scores.py STOP_RULES, OPTIMIZER_RULES) and print "
                              "their table")
+    parser.add_argument("--readouts", action="store_true",
+                        help="score the trial readouts tried against short stops (studies/decision_readouts.py "
+                             "READOUT_RULES) and what bounds those stops, and print their tables")
     parser.add_argument("--fit", action="store_true", help="write satcore/_decisions/calibrations.json from every set")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -770,6 +774,10 @@ def main(argv=None) -> int:
                trial_seeds=None if args.trial_seeds is None else tuple(args.trial_seeds),
                large_heldout=args.large_heldout, compressed=args.compressed, sensitivity=args.sensitivity,
                screen_only=args.screen)
+    if args.readouts:
+        from studies.decision_readouts import readouts
+
+        print(readouts(OUT))
     if args.tables or args.fit or args.variants or args.stop_rules:
         from studies.decision_scores import fit_and_write, stop_rules, tables, variants
 

@@ -566,3 +566,53 @@ def test_a_threshold_per_optimizer_family_is_fitted_on_that_familys_decisions(sc
 ])
 def test_the_auc_is_the_share_of_positive_negative_pairs_ordered(scores, values, labels, auc):
     assert scores._auc(values, labels) == (auc if auc is None else pytest.approx(auc, abs=1e-15))
+
+
+def test_readouts_measure_the_trial_after_its_first_checkpoint_and_price_a_decrease_by_the_training_curve():
+    from satcore._decisions.trials import TrialCurve
+    from studies import decision_readouts as readouts
+
+    # an SGD trial whose held-out loss rose by 0.004 at T/4 then fell: after the shock it lowered it by 0.003
+    rose = TrialCurve((25, 50, 100), (0.004, 0.002, 0.001), (0.01, 0.0, -0.01), 0.002)
+    late = readouts.after_first_checkpoint(rose)
+    assert late.heldout_change == pytest.approx((0.0, -0.002, -0.003), abs=1e-15)
+    assert late.training_change == pytest.approx((0.0, -0.01, -0.02), abs=1e-15)
+    assert late.heldout_se == 0.002
+    # carried to 400 steps: log2(4 x 400 / 100) / 2 = 2 doublings' worth of the last two's change per doubling
+    priced = readouts.late_priced(rose, 400)
+    assert priced.heldout_change[-1] == pytest.approx(-0.006, abs=1e-15) and priced.heldout_se == 0.004
+    assert readouts.after_a_rise(rose) == late
+    fell = TrialCurve((25, 50, 100), (-0.001, -0.002, -0.001), (-0.01, -0.02, -0.03), 0.002)
+    assert readouts.after_a_rise(fell) is fell
+    # training falls by 0.01 per doubling at T = 100: at 800 steps -0.03 - 0.01 x 3 = -0.06, twice t(T), so d(T) x 2
+    doubled = readouts.training_priced(fell, 800)
+    assert doubled.heldout_change == pytest.approx((-0.002, -0.004, -0.002), abs=1e-15) and doubled.heldout_se == 0.004
+    # the factor is capped (at 10^6 steps it would be 1 + log2(10^4) / 3 ~ 5.4) and a rise is never priced
+    assert readouts.training_priced(fell, 10 ** 6).heldout_change[-1] == pytest.approx(
+        -0.001 * readouts.TRAINING_PRICE_CAP, abs=1e-15)
+    assert readouts.training_priced(rose, 800) is rose
+
+
+def test_the_stop_ceiling_counts_short_stops_the_full_run_or_the_test_split_could_see(scores):
+    from satcore._decisions.calibration import DEFAULT_CALIBRATION
+    from studies import decision_readouts as readouts
+
+    def case(own_a: float, target_se: float) -> dict:
+        # both trials raise the held-out loss (no credible decrease: a stop) where the realized best gain, 0.05, is
+        # beyond 3 seed SDs; ``own_a``: candidate a's own full-length held-out change
+        inst = _stop_case(1.0, -0.005, -0.05)
+        for r, own in zip(inst["rows"], (own_a, 0.02)):
+            r.update(own_heldout=own, target_se=target_se)
+        return {**inst, "model": "toy/a", "column": "sgd_block", "seed": 0}
+
+    seen, unseen = case(-0.01, 0.01), case(0.003, 0.04)
+    setting = {"columns": {"bench, 300 steps": [seen, unseen], "transfer sets, 300": [unseen]},
+               "cals": {"toy": DEFAULT_CALIBRATION}, "transfer_sets": ["toy"]}
+    # on the larger split the second decision's full run lowers the held-out loss at a
+    res = readouts.stop_ceiling(setting, {"bench, 300 steps": [case(-0.01, 0.01)]})
+    bench = res["bench, 300 steps"]
+    assert bench["stops_over_noise"] == (2, 2) and bench["full_run_heldout_decrease"] == 1
+    assert bench["larger_split"] == {"full_run_heldout_decrease": 2, "stops_over_noise": (1, 1)}
+    # the gain is 5 test standard errors in the first decision, 1.25 in the second: only the first is resolved
+    assert bench["best_gain_in_test_se"] == pytest.approx([5.0, 1.25]) and bench["test_resolved"] == (1, 1)
+    assert res["transfer sets, 300"]["larger_split"] is None and res["transfer sets, 300"]["test_resolved"] == (0, 0)
