@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from satcore import DecisionPolicy, InputError, Recipe
+from satcore import DecisionPolicy, InputError, ModelOnDataError, Recipe
 from satcore.adapter_api import (MIN_HELDOUT, FrontierChoice, Prediction, TrialPlan, affordable_heldout, block_counts,
                                  choose_blocks, new_positions, plan_trials, predict_change, step_flops, uniform_groups,
                                  uniform_places)
@@ -243,7 +243,7 @@ class _Arms:
         for split, batches in self.evaluate.items():
             self.before[split] = per_sample_eval(self.model, batches, sequence_loss, progress=meter.reading([]))
             if not np.isfinite(self.before[split]).all():  # before any step: no lr is to blame, as a trial's would be
-                raise InputError(f"the model's own {split} loss, before any training, is NaN or infinite on "
+                raise ModelOnDataError(f"the model's own {split} loss, before any training, is NaN or infinite on "
                                  f"{int((~np.isfinite(self.before[split])).sum())} window(s) (its config or weights)")
             meter.forward([], self.before[split].size)
         return {split: float(losses.mean()) for split, losses in self.before.items()}
