@@ -39,7 +39,8 @@ from satcore.adapter_api import MAX_SEED, TRAINING_SPLIT_WARNING, Probe, is_trai
 from .options import check_family
 
 __all__ = ["SPLIT_DATA", "PolicyDecision", "Probe", "ProbeOptions", "ProgressCounter", "callback_schedule", "growth_decision",
-           "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options", "warn_if_training_split"]
+           "check_step_range", "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options",
+           "warn_if_training_split"]
 
 
 class ProgressCounter:
@@ -132,6 +133,24 @@ def refusing_bad_batch(index: int, framework_errors: tuple, *, passing: tuple = 
         lines = str(exc).strip().splitlines()
         said = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
         raise ModelOnDataError(f"{where}batch {index}: the model or loss_fn cannot take it ({said})") from exc
+
+
+# the largest multiple of the lr an optimizer step applies: Adam's first step, lr / (1 - beta1) with beta1 = 0.9
+FIRST_STEP_SCALE = 10.0
+
+
+def check_step_range(recipe, dtype_name: str, dtype_max: float) -> None:
+    """Refuse a ``recipe`` (:class:`satcore.Recipe`) whose optimizer steps do not fit the trained parameters' dtype.
+
+    A step applies ``FIRST_STEP_SCALE * lr`` (Adam's first), ``lr * weight_decay`` and ``weight_decay`` as
+    scalars of the parameters' dtype (``dtype_name``, largest finite value ``dtype_max``); one past that range
+    stops torch's first step with its overflow error and makes NumPy's (the Keras trials') step infinite, so it is
+    refused before the first step, naming the lr (a smaller lr that diverges is the trials' to report).
+    """
+    step = max(FIRST_STEP_SCALE * recipe.lr, recipe.lr * recipe.weight_decay, recipe.weight_decay)
+    if step > dtype_max:
+        raise InputError(f"recipe: lr {recipe.lr:g} (weight_decay {recipe.weight_decay:g}) makes optimizer steps of "
+                         f"up to {step:g}, past the {dtype_name} parameters' range {dtype_max:g}; lower the lr (--lr)")
 
 
 # what decide's messages call its two splits (``evaluate``'s keys)
