@@ -53,7 +53,7 @@ from torch import nn
 
 from satcore import DecisionPolicy, InputError, ProbeError
 from satcore import Recipe
-from satcore.adapter_api import NOT_VERIFIED, screen
+from satcore.adapter_api import NOT_VERIFIED, render_decision, screen
 from satcore.adapter_api import derived_seed, moved_keywords, whole_number, yaml_quoted
 
 from .expansion_exports import llama_factory_lora
@@ -107,6 +107,11 @@ class ScreenDecision:
     def significant(self, name: str) -> bool:
         """False: a screen verifies no place."""
         return False
+
+    def __str__(self) -> str:
+        """The screen's table and notes (``print(decision)``), as an :class:`satcore.InsertionDecision` shows its
+        own: the place it ranks first, its cost, each candidate's predicted held-out change, not verified."""
+        return render_decision(self)
 
     def to_dict(self) -> dict:
         return {"cost_block_steps": self.cost_block_steps, "recipe": self.recipe.to_dict(),
