@@ -57,7 +57,7 @@ from satcore.adapter_api import NOT_VERIFIED, render_decision, screen
 from satcore.adapter_api import derived_seed, moved_keywords, whole_number, yaml_quoted
 
 from .expansion_exports import llama_factory_lora
-from .expansion_frontier import StepTimes, timing_record
+from .expansion_frontier import PROBE_TIME_RATIO, DecisionBudget, StepTimes, probe_time, timed_step, timing_record
 from .hf import context_length, sequence_loss
 from .input_bounds import check_new_block_count, check_token_ids, forked_rng, read_batches
 from .locate import HEAD, find_blocks
@@ -184,8 +184,6 @@ def _screen_plan(model: nn.Module, train: list, heldout: list, policy: DecisionP
     (``passes`` passes over the windows of ``train`` and ``heldout``), its cost in block-steps (what it records,
     ``cost_block_steps``) and its time here, from ``times`` (:func:`~.expansion_frontier.timed_step`: passes of the
     model not counted in that cost) and :func:`~.expansion_frontier.probe_time` of the passes a window."""
-    from .expansion_frontier import PROBE_TIME_RATIO, probe_time
-
     recipe = policy.recipe
     trained, held = (sum(_batch_samples(b) for b in split) for split in (train, heldout))
     cost = math.ceil(passes * (trained + held) / recipe.batch_size)
@@ -213,8 +211,6 @@ def _screen_with_bar(model: nn.Module, train: list, heldout: list, loss_fn, poli
     passes = probe_passes(model, train[0], policy)
     times = None
     if options.announce is not None:
-        from .expansion_frontier import timed_step
-
         times = timed_step(model, train, policy.recipe)
         options.announce(_screen_plan(model, train, heldout, policy, blocks, options.layout, passes, times))
     if not options.progress:
@@ -716,8 +712,6 @@ def _budgeted(decision: str, layout: str, blocks, budget, loss_fn):
         raise InputError("the budgeted decisions train next-token windows with the model's loss; loss_fn must be "
                          "None" + ("" if blocks == "auto" else " (or give decision='screen', or budget=None)"))
     if budget is None:
-        from .expansion_frontier import DecisionBudget
-
         budget = DecisionBudget()
     return budget
 

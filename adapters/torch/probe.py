@@ -361,7 +361,7 @@ class Probe:
                 # a NaN or Inf loss makes every gradient, so every sum, NaN: nothing after it could be scored
                 bad = int((~torch.isfinite(losses.detach())).sum())
                 raise ModelOnDataError(f"batch {self.batches_done}: the loss is NaN or infinite for {bad} of "
-                                 f"{losses.numel()} sample(s) (the model's outputs or the data)")
+                                       f"{losses.numel()} sample(s) (the model's outputs or the data)")
             if torch.is_tensor(losses) and losses.dim() == 0:
                 self._check_scalar_loss(keep, targets)
             grads = taps.gradients(per_sample_losses(losses, samples), names)
