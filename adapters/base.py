@@ -7,7 +7,7 @@ An adapter turns a model of its framework into the core's statistics
   :class:`satcore.adapter_api.Probe`, whose docstring is the spec): ``update(batch)``
   adds one batch's sums and returns its samples, ``batches_done`` counts the batches,
   ``result()`` returns a :class:`satcore.ProbeResult` at any point, and the probe goes on
-  after it; a batch it cannot use raises a :class:`satcore.ProbeError`
+  after it; a batch it cannot use raises a :class:`satcore.ModelOnDataError`
   (:func:`refusing_bad_batch`), never the framework's own exception;
 * ``probe(model, data, ...)``: a ``Probe`` fed every batch of ``data``, then its result;
 * its options as a frozen dataclass derived from :class:`ProbeOptions`, the options
@@ -33,13 +33,14 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from satcore import DecisionPolicy, InputError, ProbeError, SatcoreError
+from satcore import DecisionPolicy, InputError, ModelOnDataError, SatcoreError
 from satcore.adapter_api import MAX_SEED, TRAINING_SPLIT_WARNING, Probe, is_training_split, positive_count, whole_number
 
 from .options import check_family
 
 __all__ = ["SPLIT_DATA", "PolicyDecision", "Probe", "ProbeOptions", "ProgressCounter", "callback_schedule", "growth_decision",
-           "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options", "warn_if_training_split"]
+           "check_step_range", "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options",
+           "warn_if_training_split"]
 
 
 class ProgressCounter:
@@ -114,7 +115,7 @@ class ProgressCounter:
 def refusing_bad_batch(index: int, framework_errors: tuple, *, passing: tuple = (), where: str = ""):
     """Run the model and the loss on batch ``index`` inside this block: a framework error raised
     there is the batch's (inputs or targets of a shape or dtype they cannot take) and becomes a
-    :class:`~satcore.ProbeError` naming the batch and the error's first line, chained to it.
+    :class:`~satcore.ModelOnDataError` naming the batch and the error's first line, chained to it.
 
     ``framework_errors``: what the framework raises for such inputs (torch ``RuntimeError``,
     Keras ``ValueError``, ...); ``passing``: subclasses of those that are no fault of the batch
@@ -131,7 +132,25 @@ def refusing_bad_batch(index: int, framework_errors: tuple, *, passing: tuple = 
             raise
         lines = str(exc).strip().splitlines()
         said = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-        raise ProbeError(f"{where}batch {index}: the model or loss_fn cannot take it ({said})") from exc
+        raise ModelOnDataError(f"{where}batch {index}: the model or loss_fn cannot take it ({said})") from exc
+
+
+# the largest multiple of the lr an optimizer step applies: Adam's first step, lr / (1 - beta1) with beta1 = 0.9
+FIRST_STEP_SCALE = 10.0
+
+
+def check_step_range(recipe, dtype_name: str, dtype_max: float) -> None:
+    """Refuse a ``recipe`` (:class:`satcore.Recipe`) whose optimizer steps do not fit the trained parameters' dtype.
+
+    A step applies ``FIRST_STEP_SCALE * lr`` (Adam's first), ``lr * weight_decay`` and ``weight_decay`` as
+    scalars of the parameters' dtype (``dtype_name``, largest finite value ``dtype_max``); one past that range
+    stops torch's first step with its overflow error and makes NumPy's (the Keras trials') step infinite, so it is
+    refused before the first step, naming the lr (a smaller lr that diverges is the trials' to report).
+    """
+    step = max(FIRST_STEP_SCALE * recipe.lr, recipe.lr * recipe.weight_decay, recipe.weight_decay)
+    if step > dtype_max:
+        raise InputError(f"recipe: lr {recipe.lr:g} (weight_decay {recipe.weight_decay:g}) makes optimizer steps of "
+                         f"up to {step:g}, past the {dtype_name} parameters' range {dtype_max:g}; lower the lr (--lr)")
 
 
 # what decide's messages call its two splits (``evaluate``'s keys)

@@ -19,7 +19,7 @@ import shutil
 
 import click
 
-from satcore import InputError, ProbeError
+from satcore import InputError, ModelOnDataError, ProbeError
 from satcore.adapter_api import DEFAULT_ALPHA, NOT_VERIFIED, decision_interval_notes, parse_whole_number
 
 from .common import FiniteFloatRange, display_name, model_on_data, num, table
@@ -424,9 +424,7 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
                                announce=announce if decision == "screen" else None)
     try:
         expansion = expand_model(model, data, blocks=blocks, policy=policy, options=options)
-    except InputError as exc:  # a batch the model cannot take or scores NaN on: the model's, on the data
-        if not str(exc).startswith(("batch ", "the model's own ")):
-            raise
+    except ModelOnDataError as exc:  # a batch the model cannot take or scores NaN on: the model's, on the data
         raise ProbeError(model_on_data(model_dir, data_path, str(exc))) from None
     with staged_out_dir(out_dir, prefix=".satcore-expand-") as staging:
         grown = expansion.model.to(getattr(torch, saved_dtype))

@@ -19,7 +19,7 @@ import numpy as np
 
 from satcore.adapter_api import check_target
 from satcore.adapter_api import NpyHeader, NpzArchive
-from satcore import FAMILIES, ProbeError
+from satcore import FAMILIES, ModelOnDataError, ProbeError
 from satcore.adapter_api import DEFAULT_FOLDS
 
 from .common import FiniteFloatRange, display_name, model_on_data
@@ -186,7 +186,7 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
             n_features=n_features,
         )
     except OnnxProbeError as exc:
-        hint = fixed_batch_hint(model, batch_size, n_data) if str(exc).startswith("batch ") else ""
+        hint = fixed_batch_hint(model, batch_size, n_data) if isinstance(exc, ModelOnDataError) else ""
         raise named_refusal(exc, model, data_path, hint=hint) from None
     result.save(out_path, inputs=(model, data_path))
     n_samples = next(iter(result.statistics.values())).n_samples
@@ -196,10 +196,10 @@ def probe(model, data_path, loss, candidates, family, seed, init_std, n_features
 
 
 def named_refusal(exc: ProbeError, model, data_path, *, hint: str = "") -> Exception:
-    """The probe's refusal ``exc`` led by the files it is about: MODEL's and DATA's for a refused batch
-    (:func:`model_on_data`), else MODEL's (its graph or checkpoint, or the loss, candidates or family given for it)
-    unless the message names it already.  ``hint`` (what to pass instead, or "") follows a refused batch's message."""
-    if str(exc).startswith("batch "):
+    """The probe's refusal ``exc`` led by the files it is about: MODEL's and DATA's for a
+    :class:`~satcore.ModelOnDataError` (:func:`model_on_data`), else MODEL's (its graph or checkpoint, or the loss,
+    candidates or family given for it) unless the message names it already.  ``hint`` (what to pass instead, or "") follows a refused batch's message."""
+    if isinstance(exc, ModelOnDataError):
         said = str(exc).rstrip(".") if hint else str(exc)  # the hint continues the sentence
         return type(exc)(model_on_data(model, data_path, said + hint))
     if display_name(model) not in str(exc):

@@ -85,7 +85,7 @@ from ._formulas.quantities import (
     realizability,
     tangent_complete,
 )
-from ._shared.errors import GrowthLogError, InputError, ProbeError, SatcoreError
+from ._shared.errors import GrowthLogError, InputError, ModelOnDataError, ProbeError, SatcoreError
 from ._growth.loop import (
     FirstOrderDecide,
     GrowthBudget,
@@ -220,6 +220,7 @@ __all__ = [
     "SatcoreError",
     "InputError",
     "ProbeError",
+    "ModelOnDataError",
     "GrowthLogError",
     # how an inserted block is trained (satcore._decisions.recipe)
     "Recipe",

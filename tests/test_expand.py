@@ -298,6 +298,26 @@ def test_forced_positions_override_the_grouped_layout():
             expand(model, **{"data": windows(16), **options})
 
 
+def test_a_printed_screen_names_the_place_it_ranks_first_its_cost_and_every_row_unverified():
+    """``print(first_order_decision(...))`` shows the screen as ``print(decide(...))`` shows a decision (it printed
+    the raw dataclass): a head naming the place of the largest predicted held-out decrease and the cost, then one row
+    per candidate with its predicted change marked as the screen's and "not verified" where a trial's values go."""
+    from satcore.adapter_api import num
+
+    model, recipe = build("llama"), Recipe("adamw", lr=1e-3, steps=10, batch_size=4)
+    train, held = split_batches(windows(32))
+    screen = first_order_decision(model, train, held, sequence_loss, policy=DecisionPolicy(recipe, seed=3))
+    changes = {n: c.predicted_heldout_change for n, c in screen.candidates.items()}
+    lines = str(screen).splitlines()
+    assert lines[0] == (f"decision: none: the first-order screen ranks {min(changes, key=changes.get)} first, not "
+                        f"verified by a trial (decision cost: {screen.cost_block_steps} block-steps)")
+    assert lines[1].split() == ["candidate", "held-out", "change", "interval", "P(decrease)", "trial"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:2 + len(changes)]}
+    assert rows == {n: [num(change), "(screen)", "-", "not", "verified", "none:", "not", "verified", "(screen", "only)"]
+                    for n, change in changes.items()}
+    assert "ScreenDecision(" not in str(screen)
+
+
 def test_the_screen_alone_ranks_unverified_places_and_cannot_count_blocks():
     """``decision="screen"``: :func:`first_order_decision` priced every place and no trial verified one, so every
     row is :meth:`CandidateDecision.screen_only` (no interval, no ``P(decrease)``, "not verified"; it once carried

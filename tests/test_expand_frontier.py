@@ -452,6 +452,27 @@ def test_the_estimate_is_the_mean_of_the_passes_after_a_warm_up_with_their_range
     assert (note in seen[0]) == (threads == 2)
 
 
+@pytest.mark.parametrize("announced", [True, False])
+def test_the_screen_records_its_plans_timed_passes_as_the_trials_do(announced, monkeypatch):
+    """decision="screen" announces a plan priced, as the trials' plans are, at the timing passes after the warm-up
+    (100, 200, 300, 900 s: a mean of 375 s): expansion.json's decision records the four, their mean and the threads
+    (it once recorded none); announcing no plan (the CLI's --quiet) times nothing, and each of the three is null."""
+    from satcore.adapters.torch import expansion_frontier
+
+    monkeypatch.setattr(expansion_frontier, "time", _Clock([1000.0, 100.0, 200.0, 300.0, 900.0]))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    seen = []
+    record = expand(llama(), windows(64), blocks=1, recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8),
+                    options=ExpansionOptions(decision="screen", announce=seen.append if announced else None)
+                    ).to_dict()["decision"]
+    timing = {k: record[k] for k in ("seconds_per_step", "timed_step_seconds", "threads")}
+    if announced:
+        assert "100 to 900 s each" in seen[0]
+        assert timing == {"seconds_per_step": 375.0, "timed_step_seconds": [100.0, 200.0, 300.0, 900.0], "threads": 3}
+    else:
+        assert timing == {"seconds_per_step": None, "timed_step_seconds": None, "threads": None}
+
+
 def test_a_probe_in_passes_is_priced_at_its_passes_plus_its_places_work_once():
     """The screen's probe in P passes (``max_statistics_bytes``): each pass runs the model's forward and backward
     over every window and the work of its group of places only, so P passes over windows worth 8 planned steps take

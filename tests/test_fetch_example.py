@@ -72,6 +72,27 @@ def test_dir_and_name_are_checked_before_any_work(tmp_path, case):
     assert sorted(os.listdir(tmp_path)) == (["out"] if case == "not_empty" else [])
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux's /proc, where no folder can be made")
+def test_a_dir_whose_parent_takes_no_folder_is_refused_before_the_conversion(monkeypatch):
+    """DIR in /proc, as root: ``os.access`` said /proc was writable (root's answer, made everyone's here), so the
+    conversion ran for minutes before the write failed; a folder made in the parent is the check, before any work."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    from satcore.adapters.torch import gguf
+
+    converted = []
+    monkeypatch.setattr(os, "access", lambda *args, **kwargs: True)
+    monkeypatch.setattr(gguf, "example_gguf", lambda name: Path("example.gguf"))
+    monkeypatch.setattr(gguf, "load_gguf_causal_lm", lambda path: converted.append(path))
+    result = CliRunner().invoke(main, ["fetch-example", "smollm2", "/proc/satcore-example"])
+    # the reason is the OS's: root is told no such file or directory, anyone else permission denied
+    assert one_line_error(result).startswith("satcore: error: /proc/satcore-example: its parent directory /proc is not "
+                                             "writable (a folder cannot be made in it: ")
+    assert converted == []
+
+
 @pytest.mark.slow
 def test_smollm2_directory_loads_and_computes_what_the_gguf_model_computes(tmp_path):
     torch = pytest.importorskip("torch")

@@ -26,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
 
-from satcore import DecisionPolicy, InputError, Recipe, TrialSettings  # noqa: E402
+from satcore import DecisionPolicy, InputError, ModelOnDataError, Recipe, TrialSettings  # noqa: E402
 from satcore.cli.main import main  # noqa: E402
 from test_expand import DECODER, TEXT, build, digest, tokenizer_for  # noqa: E402
 from test_hostile_inputs import CONTROL, RSS_LIMIT_BYTES, SATCORE, assert_one_line, peak_rss, probe_inputs  # noqa: E402,F401
@@ -402,6 +402,27 @@ def test_a_model_whose_loss_is_nan_is_refused_naming_it(command, expect, source,
     out = tmp_path / ("d.npz" if command == ["probe"] else "o")
     result = CliRunner().invoke(main, [command[0], str(folder), "--data", str(source[1]), "-o", str(out), *command[1:]])
     refused(result, f"{folder} on {source[1]}: {expect}")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("error, led", [
+    (ModelOnDataError("the grown model's loss is NaN on 3 window(s)"), True),  # no prefix to recognise it by
+    (InputError("batch 0 of the data: a refusal of the data alone"), False),  # the prefix alone does not make it
+])
+def test_expand_leads_a_refusal_with_both_files_by_its_type(error, led, source, tmp_path, monkeypatch):
+    """The model on the data (:class:`satcore.ModelOnDataError`) is told by its type, not its message's first word:
+    its line leads with MODEL_DIR and DATA; any other refusal is printed as it was raised."""
+    import satcore.adapters.torch.expansion as expansion
+
+    def refuse(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(expansion, "expand", refuse)
+    out = tmp_path / "o"
+    result = CliRunner().invoke(main, ["expand", str(source[0]), "--data", str(source[1]), "-o", str(out),
+                                       "--seq-len", "16", "--at", "1", "--quiet"])
+    lead = f"{source[0]} on {source[1]}: " if led else ""
+    refused(result, f"satcore: error: {lead}{error}")
     assert not out.exists()
 
 

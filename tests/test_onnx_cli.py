@@ -397,6 +397,24 @@ def test_the_default_batch_size_fills_every_fold_where_the_samples_allow(samples
     assert -(-samples // expected) >= min(16, samples)
 
 
+@pytest.mark.parametrize("error, expected", [
+    ("ModelOnDataError", "m.onnx on d.npz: the model's own loss is NaN"),  # no 'batch ' prefix: led by its type
+    ("OnnxProbeError", "m.onnx: batch has several target keys"),  # a 'batch ' prefix alone: MODEL's, as any other
+])
+def test_a_probe_refusal_names_both_files_for_the_model_on_the_data_only(error, expected):
+    """Which refusals are the model on the data is the error's type (:class:`satcore.ModelOnDataError`), not its
+    message's first word: only those lead with MODEL and DATA, any other with MODEL."""
+    import satcore
+    from satcore.adapters import onnx as sat_onnx
+    from satcore.cli.probe import named_refusal
+
+    kind = getattr(satcore, error, None) or getattr(sat_onnx, error)
+    said = expected.split(": ", 1)[1]
+    refusal = named_refusal(kind(said), "m.onnx", "d.npz")
+    assert type(refusal) is kind
+    assert str(refusal) == expected
+
+
 @pytest.mark.parametrize("samples, options, expected", [
     (50, [], "pass --batch-size 2, or export"),  # the default --batch-size: 3
     (49, ["--batch-size", "2"], "pass --batch-size 2 and a sample count that is a multiple of 2 (DATA holds 49)"),

@@ -19,6 +19,7 @@ onnx = pytest.importorskip("onnx")
 
 from click.testing import CliRunner  # noqa: E402
 
+from satcore import ModelOnDataError  # noqa: E402
 from satcore.adapters.onnx import OnnxProbeError, load_model, probe  # noqa: E402
 from satcore.cli.main import main  # noqa: E402
 
@@ -193,11 +194,12 @@ def test_cross_entropy_label_outside_the_classes(tmp_path, label):
     with pytest.raises(OnnxProbeError) as info:
         probe(small_model(), [(x, y), (x, bad)])
     assert all(w in str(info.value) for w in words), str(info.value)
+    assert isinstance(info.value, ModelOnDataError)  # the model on the data: the command line names both files
     onnx.save(small_model(), str(tmp_path / "m.onnx"))
     data = tmp_path / "data.npz"
     np.savez(data, inputs=np.concatenate([x, x]), targets=np.concatenate([y, bad]))
     assert_one_line_exit_2(["probe", tmp_path / "m.onnx", "--data", data, "--batch-size", len(x),
-                            "-o", tmp_path / "d.npz"], *words)
+                            "-o", tmp_path / "d.npz"], f"{tmp_path / 'm.onnx'} on {data}: batch 1", *words)
     assert not (tmp_path / "d.npz").exists()
 
 

@@ -111,6 +111,46 @@ def test_the_recipe_optimizer_steps_as_torch_optim_does():
             np.testing.assert_allclose(value, p.detach().numpy(), rtol=64 * np.finfo(float).eps, atol=0)
 
 
+@pytest.mark.parametrize("optimizer, dtype, lr, weight_decay, refused_step", [
+    ("adam", "float32", 1e38, 0.0, "1e+39"),  # Adam's first step is 10 lr: past float32's 3.4e38
+    ("adamw", "float16", 1e4, 0.0, "100000"),  # past float16's 65504
+    ("sgd", "float32", 1e-3, 1e39, "1e+39"),  # the weight decay itself
+    ("adam", "float64", 1e308, 0.0, "inf"),  # the Keras block's own dtype: 10 lr is past float64's 1.8e308
+    ("adam", "float64", 1e300, 0.0, None),  # float64 holds 1e301: the trials report the divergence
+    ("sgd", "float32", 1e30, 0.0, None),
+])
+def test_the_recipe_optimizer_refuses_an_lr_past_the_parameters_range_as_torch_does(optimizer, dtype, lr,
+                                                                                    weight_decay, refused_step):
+    """NumPy turns a step scalar past the parameter's dtype into inf (one RuntimeWarning) where torch stops with
+    its overflow error: both refuse the recipe before the first step, in the same words, naming the lr."""
+    from satcore.adapters.torch.decide import recipe_optimizer
+
+    recipe = Recipe(optimizer, lr=lr, steps=1, batch_size=1, weight_decay=weight_decay)
+    p = np.ones(3, dtype)
+    with np.errstate(all="raise"):  # an accepted step computes without overflow
+        if refused_step is None:
+            assert np.isfinite(RecipeOptimizer(recipe).step(p, p)).all()
+            return
+        with pytest.raises(InputError) as keras_refusal:
+            RecipeOptimizer(recipe).step(p, p)
+    assert str(keras_refusal.value) == (f"recipe: lr {lr:g} (weight_decay {weight_decay:g}) makes optimizer steps of up "
+                                        f"to {refused_step}, past the {dtype} parameters' range "
+                                        f"{np.finfo(dtype).max:g}; lower the lr (--lr)")
+    with pytest.raises(InputError) as torch_refusal:
+        recipe_optimizer(recipe, [torch.nn.Parameter(torch.ones(3, dtype=getattr(torch, dtype)))])
+    assert str(torch_refusal.value) == str(keras_refusal.value)
+
+
+def test_keras_decide_refuses_an_lr_past_its_blocks_float64_in_one_line():
+    """lr 1e308 made the first Adam step of the float64 block infinite, then reported as the trial's divergence."""
+    _, model = _models()
+    train, heldout = _as_numpy(_batches(0, 64, 32)), _as_numpy(_batches(1200, 64, 32))
+    with pytest.raises(InputError, match=r"^recipe: lr 1e\+308 \(weight_decay 0\) makes optimizer steps of up to "
+                                         r"inf, past the float64 parameters' range"):
+        keras_decide(model, train, heldout, _keras_ce(), policy=DecisionPolicy(Recipe("adam", 1e308, 4, 64),
+                                                                               trials=TrialSettings(max_trials=1)))
+
+
 def test_keras_decide_records_the_family_its_trials_trained_as_resolved_per_candidate():
     """A family per candidate: ``linear`` named at the first residual ``Add``, ``"auto"`` left at the second,
     which resolves by its stream's rank (``mlp`` for vectors; the reference reads the rank off the Keras graph,

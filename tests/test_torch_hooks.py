@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from zoo import models_torch as mt
-from satcore import ProbeError
+from satcore import ModelOnDataError
 from satcore.adapters.torch import StreamTaps, find_candidates, probe, sequence_loss
 
 torch.set_num_threads(1)
@@ -124,7 +124,7 @@ def test_hooks_removed_after_exception_in_loop():
     def failing_loss(outputs, targets):
         raise RuntimeError("boom in loss")
 
-    with pytest.raises(ProbeError, match=r"batch 0: the model or loss_fn cannot take it \(RuntimeError: boom in loss\)"):
+    with pytest.raises(ModelOnDataError, match=r"batch 0: the model or loss_fn cannot take it \(RuntimeError: boom in loss\)"):
         probe(model, mt.digits_batches(4, 2), failing_loss)
     assert _hook_counts(model) == before
 

@@ -1,6 +1,6 @@
-"""The one exception the ONNX adapter raises for bad models, names and data."""
+"""The ONNX adapter's exception for bad models, names and data, and its subclass for a batch the model refuses."""
 
-from satcore import ProbeError
+from satcore import ModelOnDataError, ProbeError
 
 
 class OnnxProbeError(ProbeError):
@@ -8,3 +8,8 @@ class OnnxProbeError(ProbeError):
 
     Its message is one line naming what is wrong; the CLI prints it and exits 2.
     """
+
+
+class OnnxBatchError(OnnxProbeError, ModelOnDataError):
+    """A batch the ONNX model cannot take: the adapter's error, and the model's on the data (either may be at
+    fault), so ``except OnnxProbeError`` and ``except ModelOnDataError`` both catch it."""

@@ -20,7 +20,7 @@ from satcore import ProbeResult
 from satcore import CandidateStatistics
 
 from .capture import IGNORE_INDEX, LOSS_SCALE, LOSSES, TARGETS, GradientRunner, probe_graph
-from .errors import OnnxProbeError
+from .errors import OnnxBatchError, OnnxProbeError
 from .features import feature_map
 from .loading import load_model
 from .locate import resolve_candidates
@@ -252,7 +252,7 @@ class Probe:
         try:
             captured = self.session(batch)
         except OnnxProbeError as exc:
-            raise OnnxProbeError(f"batch {index}: {exc}") from None
+            raise OnnxBatchError(f"batch {index}: {exc}") from None
         if captured is None:
             self.batches_done += 1
             return 0
@@ -273,7 +273,7 @@ class Probe:
                 # T may change from batch to batch (the first batch's is kept)
                 self.stats[name].update(q, psi, z=positions(z))
             except ValueError as exc:
-                raise OnnxProbeError(f"batch {index}: candidate {name!r}: {exc}") from None
+                raise OnnxBatchError(f"batch {index}: candidate {name!r}: {exc}") from None
         self.batches_done += 1
         return len(next(iter(acts.values())))
 

@@ -39,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
-from satcore.adapters.base import SPLIT_DATA, ProgressCounter, refusing_bad_batch
+from satcore.adapters.base import SPLIT_DATA, ProgressCounter, check_step_range, refusing_bad_batch
 from satcore.adapters.options import family_option_label
 from satcore.adapter_api import TRAINING_SPLIT_WARNING, check_unexpanded_losses, moved_keywords, screen, trial_decision
 
@@ -105,7 +105,8 @@ class RecipeOptimizer:
     SGD ``p -= lr (g + w p)``; Adam ``g += w p``, ``m = b1 m + (1 - b1) g``,
     ``v = b2 v + (1 - b2) g^2``, ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``
     (``b1, b2 = 0.9, 0.999``, ``eps = 1e-8``); AdamW: ``p *= 1 - lr w``, then Adam without ``w``.
-    ``state`` (``t``, ``m``, ``v``) is what a suspended trial keeps.
+    ``state`` (``t``, ``m``, ``v``) is what a suspended trial keeps.  A recipe whose steps do not fit ``p``'s dtype
+    is refused at the first step, as torch's optimizer is (:func:`satcore.adapters.base.check_step_range`).
     """
 
     def __init__(self, recipe: Recipe):
@@ -114,6 +115,7 @@ class RecipeOptimizer:
     def step(self, p: np.ndarray, g: np.ndarray) -> np.ndarray:
         """``p`` after one step along gradient ``g`` (a new array)."""
         lr, decay, kind = self.recipe.lr, self.recipe.weight_decay, self.recipe.optimizer
+        check_step_range(self.recipe, p.dtype.name, float(np.finfo(p.dtype).max))  # NumPy would make it inf, unsaid
         if kind == "adamw":
             p = p * (1.0 - lr * decay)
         elif decay:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from satcore.adapters.base import SPLIT_DATA, ProgressCounter, refusing_bad_batch
+from satcore.adapters.base import SPLIT_DATA, ProgressCounter, check_step_range, refusing_bad_batch
 from satcore.adapters.batches import split_batch
 from satcore.adapters.options import family_option_label
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
@@ -175,25 +175,14 @@ def per_sample_eval(model, batches, loss_fn=None, progress=None, where: str = ""
     return np.concatenate(out)
 
 
-# the largest multiple of the lr that torch's optimizers hand a parameter's dtype: Adam's first step, lr / (1 - beta1)
-FIRST_STEP_SCALE = 10.0
-
-
 def recipe_optimizer(recipe: Recipe, params):
-    """The torch optimizer ``recipe`` names, over ``params``, at its lr and weight decay.
-
-    The optimizers apply ``FIRST_STEP_SCALE * lr`` (Adam's first step), ``lr * weight_decay`` and ``weight_decay``
-    as scalars of the parameters' dtype; one past that dtype's range would stop the first step with torch's
-    overflow error, so it is refused here, naming the lr (a smaller lr that diverges is the trials' to report).
-    """
+    """The torch optimizer ``recipe`` names, over ``params``, at its lr and weight decay; a recipe whose steps do
+    not fit the parameters' narrowest floating dtype is refused (:func:`satcore.adapters.base.check_step_range`)."""
     params = list(params)
     dtype = min((p.dtype for p in params if p.dtype.is_floating_point), key=lambda d: torch.finfo(d).max,
                 default=None)
-    step = max(FIRST_STEP_SCALE * recipe.lr, recipe.lr * recipe.weight_decay, recipe.weight_decay)
-    if dtype is not None and step > torch.finfo(dtype).max:
-        raise InputError(f"recipe: lr {recipe.lr:g} (weight_decay {recipe.weight_decay:g}) makes optimizer steps of "
-                         f"up to {step:g}, past the {str(dtype).removeprefix('torch.')} parameters' range "
-                         f"{torch.finfo(dtype).max:g}; lower the lr (--lr)")
+    if dtype is not None:
+        check_step_range(recipe, str(dtype).removeprefix("torch."), torch.finfo(dtype).max)
     if recipe.optimizer == "sgd":
         return torch.optim.SGD(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
     if recipe.optimizer == "adamw":

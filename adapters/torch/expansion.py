@@ -53,10 +53,11 @@ from torch import nn
 
 from satcore import DecisionPolicy, InputError, ProbeError
 from satcore import Recipe
-from satcore.adapter_api import NOT_VERIFIED, screen
+from satcore.adapter_api import NOT_VERIFIED, render_decision, screen
 from satcore.adapter_api import derived_seed, moved_keywords, whole_number, yaml_quoted
 
 from .expansion_exports import llama_factory_lora
+from .expansion_frontier import PROBE_TIME_RATIO, DecisionBudget, StepTimes, probe_time, timed_step, timing_record
 from .hf import context_length, sequence_loss
 from .input_bounds import check_new_block_count, check_token_ids, forked_rng, read_batches
 from .locate import HEAD, find_blocks
@@ -82,11 +83,14 @@ class ScreenDecision:
     recipe's step (negative: the loss goes down), as :meth:`satcore.CandidateDecision.screen_only` rows
     (``verified`` false, ``"not verified"``, no interval or ``P(decrease)``; why: :class:`satcore.CandidateDecision`).
     It ranks the places; no trial verified any, so it chooses none: whether to add a block is a trial's question
-    (``choice`` and ``stop_reason`` None, no place :meth:`significant`)."""
+    (``choice`` and ``stop_reason`` None, no place :meth:`significant`).  ``step_times``: the timed passes of the
+    time estimate of ``expand``'s announced plan (:class:`~.expansion_frontier.StepTimes`), None where no plan was
+    announced (nothing timed)."""
 
     candidates: dict  # name -> CandidateDecision, the candidates' depth order
     cost_block_steps: int
     recipe: Recipe
+    step_times: StepTimes | None = None
 
     @property
     def choice(self) -> None:
@@ -104,9 +108,14 @@ class ScreenDecision:
         """False: a screen verifies no place."""
         return False
 
+    def __str__(self) -> str:
+        """The screen's table and notes (``print(decision)``), as an :class:`satcore.InsertionDecision` shows its
+        own: the place it ranks first, its cost, each candidate's predicted held-out change, not verified."""
+        return render_decision(self)
+
     def to_dict(self) -> dict:
         return {"cost_block_steps": self.cost_block_steps, "recipe": self.recipe.to_dict(),
-                "candidates": {n: c.to_dict() for n, c in self.candidates.items()}}
+                "candidates": {n: c.to_dict() for n, c in self.candidates.items()}, **timing_record(self.step_times)}
 
 
 def _batch_samples(batch) -> int:
@@ -170,17 +179,14 @@ def probe_passes(model: nn.Module, batch, policy: DecisionPolicy) -> int:
 
 
 def _screen_plan(model: nn.Module, train: list, heldout: list, policy: DecisionPolicy, blocks: int, layout: str,
-                 passes: int) -> str:
+                 passes: int, times: StepTimes) -> str:
     """The plan :func:`_screen_with_bar` announces before the screen starts, as the placement check's: what it reads
     (``passes`` passes over the windows of ``train`` and ``heldout``), its cost in block-steps (what it records,
-    ``cost_block_steps``) and its time here, from :func:`~.expansion_frontier.timed_step` (passes of the model not
-    counted in that cost) and :func:`~.expansion_frontier.probe_time` of the passes a window."""
-    from .expansion_frontier import PROBE_TIME_RATIO, probe_time, timed_step
-
+    ``cost_block_steps``) and its time here, from ``times`` (:func:`~.expansion_frontier.timed_step`: passes of the
+    model not counted in that cost) and :func:`~.expansion_frontier.probe_time` of the passes a window."""
     recipe = policy.recipe
     trained, held = (sum(_batch_samples(b) for b in split) for split in (train, heldout))
     cost = math.ceil(passes * (trained + held) / recipe.batch_size)
-    times = timed_step(model, train, recipe)
     tokens = recipe.steps * recipe.batch_size * _inputs_ids(train[0]).shape[-1]
     where = "one per group of places" if layout == "grouped" else "anywhere in the stack"
     return "\n".join([
@@ -197,21 +203,25 @@ def _screen_plan(model: nn.Module, train: list, heldout: list, policy: DecisionP
 
 def _screen_with_bar(model: nn.Module, train: list, heldout: list, loss_fn, policy: DecisionPolicy,
                      options: "ExpansionOptions", blocks: int) -> ScreenDecision:
-    """:func:`first_order_decision`, with ``options.announce`` called with its plan first (:func:`_screen_plan`) and
-    ``options.progress`` a tqdm bar (stderr) of the windows it probes, every pass's."""
+    """:func:`first_order_decision`, with ``options.announce`` called with its plan first (:func:`_screen_plan`; the
+    decision keeps the timed passes of its time estimate, ``step_times``) and ``options.progress`` a tqdm bar
+    (stderr) of the windows it probes, every pass's."""
     if not (options.progress or options.announce):
         return first_order_decision(model, train, heldout, loss_fn, policy=policy)
     passes = probe_passes(model, train[0], policy)
+    times = None
     if options.announce is not None:
-        options.announce(_screen_plan(model, train, heldout, policy, blocks, options.layout, passes))
+        times = timed_step(model, train, policy.recipe)
+        options.announce(_screen_plan(model, train, heldout, policy, blocks, options.layout, passes, times))
     if not options.progress:
-        return first_order_decision(model, train, heldout, loss_fn, policy=policy)
+        return replace(first_order_decision(model, train, heldout, loss_fn, policy=policy), step_times=times)
     from tqdm.auto import tqdm
 
     windows = sum(_batch_samples(b) for b in train + heldout)
     bar = tqdm(total=passes * windows, unit="window", desc="probing", leave=False)
     try:
-        return first_order_decision(model, train, heldout, loss_fn, policy=policy, progress=bar.update)
+        return replace(first_order_decision(model, train, heldout, loss_fn, policy=policy, progress=bar.update),
+                       step_times=times)
     finally:
         bar.close()
 
@@ -628,6 +638,8 @@ class Expansion:
                              f"{NOT_VERIFIED} by a trial)"),
                   "choice": self.decision.choice, "stop_reason": self.decision.stop_reason,
                   "ranking": self.decision.ranking()}
+        if isinstance(method, ScreenDecision):  # what its plan's time estimate was made from, as the trials' record
+            record.update(timing_record(method.step_times))
         if self.budgeted is not None:
             record.update(placement_check=self.budgeted.to_dict(),
                           method=self.budgeted.to_dict()["method"] + "; the screen that proposes the moves: "
@@ -700,8 +712,6 @@ def _budgeted(decision: str, layout: str, blocks, budget, loss_fn):
         raise InputError("the budgeted decisions train next-token windows with the model's loss; loss_fn must be "
                          "None" + ("" if blocks == "auto" else " (or give decision='screen', or budget=None)"))
     if budget is None:
-        from .expansion_frontier import DecisionBudget
-
         budget = DecisionBudget()
     return budget
 

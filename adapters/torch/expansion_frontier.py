@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from satcore import DecisionPolicy, InputError, Recipe
+from satcore import DecisionPolicy, InputError, ModelOnDataError, Recipe
 from satcore.adapter_api import (MIN_HELDOUT, FrontierChoice, Prediction, TrialPlan, affordable_heldout, block_counts,
                                  choose_blocks, new_positions, plan_trials, predict_change, step_flops, uniform_groups,
                                  uniform_places)
@@ -243,8 +243,8 @@ class _Arms:
         for split, batches in self.evaluate.items():
             self.before[split] = per_sample_eval(self.model, batches, sequence_loss, progress=meter.reading([]))
             if not np.isfinite(self.before[split]).all():  # before any step: no lr is to blame, as a trial's would be
-                raise InputError(f"the model's own {split} loss, before any training, is NaN or infinite on "
-                                 f"{int((~np.isfinite(self.before[split])).sum())} window(s) (its config or weights)")
+                raise ModelOnDataError(f"the model's own {split} loss, before any training, is NaN or infinite on "
+                                       f"{int((~np.isfinite(self.before[split])).sum())} window(s) (its config or weights)")
             meter.forward([], self.before[split].size)
         return {split: float(losses.mean()) for split, losses in self.before.items()}
 
@@ -302,6 +302,8 @@ TIMING_PASSES = 5
 # the command's 64 CPU windows (32 training the trials, 13 passes) the K = 0 trial over-fitted them (+0.64 nats at its
 # last reading) where 512 windows gave a falling curve (studies/expansion-budget-notes.md); 1.3 passes (400 steps) did not
 MAX_TRIAL_PASSES = 2.0
+# what a decision records of its plan's time estimate (:meth:`StepTimes.to_dict`; each None where none was made)
+TIMING_KEYS = ("seconds_per_step", "timed_step_seconds", "threads")
 
 
 @dataclass(frozen=True)
@@ -340,7 +342,13 @@ class StepTimes:
                 "so the time may run far outside the range; OMP_NUM_THREADS=1 may run faster and steadier"]
 
     def to_dict(self) -> dict:
-        return {"seconds_per_step": self.mean, "timed_step_seconds": list(self.seconds), "threads": self.threads}
+        return dict(zip(TIMING_KEYS, (self.mean, list(self.seconds), self.threads)))
+
+
+def timing_record(times: StepTimes | None) -> dict:
+    """What a decision records of its plan's time estimate: ``times``' :meth:`StepTimes.to_dict`, or each of
+    :data:`TIMING_KEYS` None where no estimate was made (the screen announcing no plan, so timing nothing)."""
+    return dict.fromkeys(TIMING_KEYS) if times is None else times.to_dict()
 
 
 def timed_step(model, train: list, recipe: Recipe) -> StepTimes:
@@ -861,5 +869,6 @@ def _tolerance(budget: DecisionBudget, losses: dict) -> float:
 
 
 __all__ = ["ArmResult", "ArmTrials", "BudgetedDecision", "DecisionBudget", "FrontierDecision", "Move",
-           "PlacementCheck", "MAX_TRIAL_PASSES", "PROBE_TIME_RATIO", "RELATIVE_TOLERANCE", "StepTimes", "TIMING_PASSES",
-           "frontier_decision", "frontier_windows", "placement_check", "probe_time", "timed_step", "trial_windows"]
+           "PlacementCheck", "MAX_TRIAL_PASSES", "PROBE_TIME_RATIO", "RELATIVE_TOLERANCE", "StepTimes", "TIMING_KEYS",
+           "TIMING_PASSES", "frontier_decision", "frontier_windows", "placement_check", "probe_time", "timed_step",
+           "timing_record", "trial_windows"]

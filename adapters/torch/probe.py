@@ -36,7 +36,7 @@ from satcore.adapters.base import ProbeOptions, probe_meta, refusing_bad_batch, 
 from satcore.adapters.batches import split_batch
 from satcore.adapters.options import family_option_label, per_candidate
 from satcore import DepthStatistics
-from satcore import InputError, ProbeError
+from satcore import InputError, ModelOnDataError, ProbeError
 from satcore import CandidateStatistics
 from satcore.adapter_api import derived_seed, statistics_bytes
 from satcore.adapter_api import DEFAULT_FOLDS
@@ -360,8 +360,8 @@ class Probe:
             if torch.is_tensor(losses) and not bool(torch.isfinite(losses.detach()).all()):
                 # a NaN or Inf loss makes every gradient, so every sum, NaN: nothing after it could be scored
                 bad = int((~torch.isfinite(losses.detach())).sum())
-                raise ProbeError(f"batch {self.batches_done}: the loss is NaN or infinite for {bad} of "
-                                 f"{losses.numel()} sample(s) (the model's outputs or the data)")
+                raise ModelOnDataError(f"batch {self.batches_done}: the loss is NaN or infinite for {bad} of "
+                                       f"{losses.numel()} sample(s) (the model's outputs or the data)")
             if torch.is_tensor(losses) and losses.dim() == 0:
                 self._check_scalar_loss(keep, targets)
             grads = taps.gradients(per_sample_losses(losses, samples), names)

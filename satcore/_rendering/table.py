@@ -164,10 +164,17 @@ def table_notes(report) -> list[str]:
 
 
 def render_decision(decision) -> str:
-    """The decision a user acts on (an ``InsertionDecision``), shown above the first-order table."""
+    """The decision a user acts on (an ``InsertionDecision``), shown above the first-order table; one that neither
+    chose nor stopped (the torch adapter's ``ScreenDecision``: no trial verified a place) is the screen's ranking,
+    its head naming the place it ranks first."""
     choice = decision.choice
-    head = (f"decision: insert a block at {display_name(choice)}" if choice is not None
-            else f"decision: stop ({display_name(decision.stop_reason)})")
+    if choice is not None:
+        head = f"decision: insert a block at {display_name(choice)}"
+    elif decision.stop_reason is not None:
+        head = f"decision: stop ({display_name(decision.stop_reason)})"
+    else:
+        best = min(decision.candidates, key=lambda n: decision.candidates[n].predicted_heldout_change, default=None)
+        head = f"decision: none: the first-order screen ranks {display_name(best)} first, {NOT_VERIFIED} by a trial"
     cost = getattr(decision, "cost_block_steps", None)
     rows = [[display_name(name), *_evidence_cells(c), _trial_cell(c)] for name, c in decision.candidates.items()]
     lines = [head + ("" if cost is None else f" (decision cost: {num(cost)} block-steps)")]

@@ -16,7 +16,8 @@ against earlier releases keeps catching them.
     │   ├── DumpError                 an invalid dump file (satcore._io.dump)
     │   ├── NpzError                  an .npz container that cannot be read safely (satcore._io.zipnpy)
     │   ├── ProbeError                a model, candidate or batch an adapter cannot probe
-    │   │   └── OnnxProbeError        (satcore.adapters.onnx)
+    │   │   ├── ModelOnDataError      a batch the model cannot take or scores NaN on (either may be at fault)
+    │   │   └── OnnxProbeError        (satcore.adapters.onnx; its batch refusals are both)
     │   └── GrowthLogError            a growth log or its weights that cannot be resumed
     ├── OutputError (OSError)         an output that cannot or must not be written (satcore._io.atomic)
     └── MissingDependencyError (ImportError)  an optional package is not installed (satcore._shared.optional)
@@ -37,6 +38,12 @@ class ProbeError(InputError):
     """A model, candidate name, loss or data batch that an adapter cannot probe."""
 
 
+class ModelOnDataError(ProbeError):
+    """The model refused on the data: a batch the model (or the loss given for it) cannot take, or a loss that
+    is NaN or infinite before any training.  Either the model or the data may be at fault, so the command line
+    leads the message with both files, where any other refusal names the one at fault."""
+
+
 class GrowthLogError(InputError):
     """A growth log (or a weights file it names) that is damaged, foreign or in use."""
 
@@ -46,4 +53,4 @@ class MissingDependencyError(SatcoreError, ImportError):
     (``pip install 'satcore[EXTRA]'``).  An :class:`ImportError`, so ``except ImportError`` still catches it."""
 
 
-__all__ = ["SatcoreError", "InputError", "ProbeError", "GrowthLogError", "MissingDependencyError"]
+__all__ = ["SatcoreError", "InputError", "ProbeError", "ModelOnDataError", "GrowthLogError", "MissingDependencyError"]
