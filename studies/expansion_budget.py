@@ -107,7 +107,8 @@ PERL_HINT = "apt-get download perl-doc && dpkg-deb -x perl-doc_*.deb ~/.cache/sa
 SWEEP = (0, 1, 2, 4, 8)
 CLI_WINDOWS = 64  # satcore expand's default --max-windows on a CPU, the least it reads without the option
 CLI_WINDOWS_GPU = 256  # the same on a GPU (the command decides on one when it finds one)
-SATCORE_ARMS = ("satcore", "satcore-wide")  # the default; the same with more windows for its trials to train on
+# the default as recorded; the same with more windows for its trials to train on; the default rerun with the current code
+SATCORE_ARMS = ("satcore", "satcore-wide", "satcore-full")
 ARM_ORDER = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random", *SATCORE_ARMS]
 REFERENCE = "uniform-2"  # LLaMA-Pro's conventional count for 8 blocks, L / 4
 TOLERANCE = 0.005  # nats/byte: the smallest K within this of the best counts as the best
@@ -500,7 +501,7 @@ def main(argv=None):
 
     baseline_arms = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random"]
     arms = {"baselines": baseline_arms, "sweep": baseline_arms[:len(SWEEP)], "satcore": ["satcore"], "satcore-wide": ["satcore-wide"],
-            "all": baseline_arms + list(SATCORE_ARMS)}
+            "all": baseline_arms + ["satcore", "satcore-wide"]}
     arms = [arm for name in args.arms for arm in arms.get(name, [name])]
     took = {}  # seconds each arm took last: what --stop-after-s expects it to take again (one not run yet: the longest)
     for pair in args.pairs:
