@@ -107,8 +107,9 @@ PERL_HINT = "apt-get download perl-doc && dpkg-deb -x perl-doc_*.deb ~/.cache/sa
 SWEEP = (0, 1, 2, 4, 8)
 CLI_WINDOWS = 64  # satcore expand's default --max-windows on a CPU, the least it reads without the option
 CLI_WINDOWS_GPU = 256  # the same on a GPU (the command decides on one when it finds one)
-# the default as recorded; the same with more windows for its trials to train on; the default rerun with the current code
-SATCORE_ARMS = ("satcore", "satcore-wide", "satcore-full")
+# the default as recorded; the same with more windows for its trials to train on; the current code with every trial
+# run to its end (DecisionBudget(race=False)), and with the race (the trials stop once no K > 0 can become credible)
+SATCORE_ARMS = ("satcore", "satcore-wide", "satcore-full", "satcore-race")
 ARM_ORDER = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random", *SATCORE_ARMS]
 REFERENCE = "uniform-2"  # LLaMA-Pro's conventional count for 8 blocks, L / 4
 TOLERANCE = 0.005  # nats/byte: the smallest K within this of the best counts as the best
@@ -340,11 +341,12 @@ def adept_places(base, windows, K: int) -> tuple[list, dict]:
     return [i + 1 if i + 1 < len(layers) else "head" for i in sorted(least)], importance
 
 
-def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -> dict:
+def satcore_decision(base, target_train, general_train, plan: dict, seed: int, race: bool = True) -> dict:
     """``satcore expand``'s default for this model, target text and planned budget (``blocks="auto"``, only the
     new blocks train, the recipe is the planned training), given the general text: the places it chooses
     (``before``: original block indices or ``"head"``; ``[]`` for no expansion) and what it recorded.  The
-    one place the bench calls satcore's decision."""
+    one place the bench calls satcore's decision.  ``race``: :class:`DecisionBudget`'s (False: every trial to its
+    end)."""
     from studies.expansion import sample_windows
     from satcore import Recipe
     from satcore.adapters.torch import DecisionBudget, frontier_windows
@@ -369,7 +371,8 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -
         windows = sample_windows(target_train, plan["trial_windows"], plan["seq_len"], rng)
     api = "expand(blocks='auto', budget=DecisionBudget(general=...))"
     expansion = expand(base, windows, blocks="auto", policy=DecisionPolicy(recipe, seed=seed),
-                       options=ExpansionOptions(train_new_only=True, budget=DecisionBudget(general=general)), **split)
+                       options=ExpansionOptions(train_new_only=True, budget=DecisionBudget(general=general, race=race)),
+                       **split)
     record = expansion.to_dict()
     decision = record.get("decision") or {}
     return {"before": list(record["inserted_before"]), "api": api, "frontier": record.get("frontier"),
@@ -528,7 +531,8 @@ def main(argv=None):
                             "trial_windows": args.trial_windows if arm == "satcore-wide" else None}
                     meter = FlopMeter(base.config)
                     try:
-                        decided = satcore_decision(base, train_ids, streams["general"][0], plan, seed)
+                        decided = satcore_decision(base, train_ids, streams["general"][0], plan, seed,
+                                                   race=arm != "satcore-full")
                     finally:
                         charge = meter.close()
                     before, evidence = decided.pop("before"), decided
