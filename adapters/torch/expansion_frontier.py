@@ -14,7 +14,10 @@ extrapolation to the full training, the choice) is :mod:`satcore._decisions.fron
   (Wu et al., "LLaMA Pro: Progressive LLaMA with Block Expansion"), trained as the user
   will (only the new blocks with ``train_new_only``, else every parameter).  With general
   (old-domain) data each arm's change of the general held-out loss is measured beside the
-  target's.
+  target's.  The arms train side by side, checkpoint by checkpoint, and stop once no ``K > 0``
+  can still beat ``K = 0`` credibly (``DecisionBudget.race``; the race in
+  :mod:`satcore._decisions.frontier`'s docstring): the plan's cost is the ceiling, what the
+  trials spent is counted.
 * :func:`placement_check` (``expand(..., blocks=K)``): where ``K`` blocks go.  Uniform places
   are the prior; the first-order screen (:func:`~.expansion.first_order_decision`) proposes,
   in each uniform place's group of places, the place it ranks first; a trial of the uniform
@@ -724,7 +727,9 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
             + ([f"  held out: {sized} windows, what a quarter of the budget reads (at least {MIN_HELDOUT}, at most "
                 f"half); the rest train the trials"] if sized is not None else [])
             + passes_warning(_windows(train), passes,
-                             _windows(held) + trial_windows(plan.trial_steps, recipe.batch_size))))
+                             _windows(held) + trial_windows(plan.trial_steps, recipe.batch_size))
+            + (["  the cost is a ceiling: the trials stop once no K > 0 can still beat K = 0 credibly (--no-race: "
+                "every trial to its end)"] if budget.race and budget.max_forgetting is None else [])))
     meter = _Meter(plan.cost_steps, budget.progress, costs)
     readings = dict.fromkeys(counts, len(plan.checkpoints))  # checkpoints each arm reads: all, unless the race stops it
 
