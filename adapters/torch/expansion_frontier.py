@@ -66,7 +66,8 @@ class DecisionBudget:
     progress : show a progress bar (tqdm, on stderr) while the trials run.
     race : the frontier's trials stop once no ``K > 0`` can still beat ``K = 0`` credibly
         (:func:`satcore.adapter_api.racing`), the budget not spent left to the training; off with ``max_forgetting``
-        (an arm over it can leave ``K = 0`` out, and then there is nothing to beat).
+        (an arm over it can leave ``K = 0`` out, and then there is nothing to beat).  The arms then train side by
+        side, every arm's copy (and optimizer state) held at once; off, one arm after another.
     announce : called with the plan's lines before anything is trained (``None``: silent).
     """
 
@@ -257,14 +258,22 @@ class _Arms:
 
     def run(self, places, checkpoints) -> ArmTrials:
         """Every replicate of the arm with blocks before ``places``: ``checkpoints[-1]`` steps each, replicate ``r``
-        drawing its minibatches in the order of seed ``seed + r``."""
-        return self.race({0: places}, checkpoints, None)[0]
+        drawing its minibatches in the order of seed ``seed + r``; one replicate at a time (one copy held)."""
+        rows = []
+        for replicate in range(self.replicates):
+            trial = _Trial(self, places, self.seed + replicate)
+            for target in checkpoints:
+                trial.advance(target)
+            rows.append(trial.rows)
+        return ArmTrials(tuple(places), _stacked(rows))
 
     def race(self, places: dict, checkpoints, going: Callable | None) -> dict:
         """``{K: ArmTrials}`` of the arms ``{K: places}`` trained side by side, checkpoint by checkpoint (as
         :meth:`run` each); after each checkpoint but the last, ``going({K: changes so far}, checkpoints so far)``
-        names the arms that go on (``None``: every arm to the end).  A stopped arm's trials hold the checkpoints it
-        read."""
+        names the arms that go on.  A stopped arm's trials hold the checkpoints it read.  Every arm's copies are
+        held at once; ``going`` None (nothing stops early): :meth:`run`, one arm after another."""
+        if going is None:
+            return {k: self.run(p, checkpoints) for k, p in places.items()}
         trials = {k: [_Trial(self, p, self.seed + r) for r in range(self.replicates)] for k, p in places.items()}
         running = set(trials)
         for n, target in enumerate(checkpoints, 1):
@@ -272,10 +281,15 @@ class _Arms:
                 for trial in trials[k]:
                     trial.advance(target)
             if going is not None and 2 <= n < len(checkpoints):
-                running &= set(going({k: trials[k][0].stacked(trials[k]) for k in running}, checkpoints[:n]))
+                running &= set(going({k: _stacked([t.rows for t in trials[k]]) for k in running}, checkpoints[:n]))
             if not running:
                 break
-        return {k: ArmTrials(tuple(places[k]), t[0].stacked(t)) for k, t in trials.items()}
+        return {k: ArmTrials(tuple(places[k]), _stacked([t.rows for t in ts])) for k, ts in trials.items()}
+
+
+def _stacked(rows: list) -> dict:
+    """``{split: (replicates, checkpoints read, windows)}`` of one arm's replicates' rows (:attr:`_Trial.rows`)."""
+    return {split: np.stack([np.stack(r[split]) for r in rows]) for split in rows[0]}
 
 
 class _Trial:
@@ -319,11 +333,6 @@ class _Trial:
                                      f"{arms.recipe.lr:g}): its {split} loss is not finite; lower --lr")
                 self.rows[split].append(after - arms.before[split])
                 meter.forward(self.places, after.size)
-
-    @staticmethod
-    def stacked(replicates: list) -> dict:
-        """``{split: (replicates, checkpoints read, windows)}`` of one arm's replicates."""
-        return {split: np.stack([np.stack(t.rows[split]) for t in replicates]) for split in replicates[0].rows}
 
 
 # passes of the model run to time its step: the first pays for warming up and is left out, the other four give the
