@@ -268,6 +268,10 @@ def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False,
 @click.option("--tolerance", type=FiniteFloatRange(min=0), default=None, metavar="NATS",
               help="--blocks auto takes blocks only where they beat K = 0 by more than this, credibly, then the "
               "fewest within it of the best; a move needs a gain beyond it (default 0.3% of the held-out loss).")
+@click.option("--race/--no-race", default=True, show_default=True,
+              help="With --blocks auto: stop the trials once no K > 0 can still beat K = 0 credibly (off with "
+              "--max-forgetting); the budget not spent is your training's, and the cost printed at the end is what "
+              "was spent.  --no-race: every trial to its end.")
 @click.option("--plot", "plot_path", default=None, metavar="PNG",
               help="With --blocks auto: the frontier as a figure (needs matplotlib; skipped with a note without it).")
 @click.option("--quiet", is_flag=True, help="No plan, no defaults line, no progress bar; the report only.")
@@ -303,7 +307,7 @@ def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False,
               "At least the last block's and the head's together (they share one pass).")
 @click.pass_context
 def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, optimizer, lr, steps, batch_size,
-           decision_budget, general_path, max_forgetting, tolerance, plot_path, quiet, seq_len, max_windows,
+           decision_budget, general_path, max_forgetting, tolerance, race, plot_path, quiet, seq_len, max_windows,
            max_blocks, seed, decision, layout, max_statistics_gib):
     """Grow the decoder in MODEL_DIR by identity blocks where the evidence on FILE says; write OUT_DIR.
 
@@ -414,7 +418,7 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         from satcore.adapters.torch.expansion_frontier import DecisionBudget
 
         budget = DecisionBudget(decision_budget, general=general, max_forgetting=max_forgetting, tolerance=tolerance,
-                                progress=not quiet, announce=announce)
+                                progress=not quiet, race=race, announce=announce)
     elif line and decision != "screen":  # the screen announces its plan after the line (ExpansionOptions.announce)
         click.echo(line)
     if on_gpu and forced is None:

@@ -93,6 +93,10 @@ def frontier_report(expansion) -> list[str]:
                          f"over it: {over}")
     if frontier.warning:
         lines.append(f"warning: {frontier.warning}")
+    if frontier.stopped_at is not None:
+        lines.append(f"race: the trials stopped at step {frontier.stopped_at} of {plan.trial_steps}: no K > 0 could "
+                     f"still beat K = 0 credibly; the planned {plan.cost_fraction:.1%} was the ceiling, the rest of it "
+                     "is your training's")
     return lines + [cost_line(expansion)]
 
 

@@ -14,6 +14,7 @@ from ._decisions.calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
 from ._decisions.criteria import DEFAULT_ALPHA
 from ._decisions.frontier import (
     MIN_HELDOUT,
+    RACE_MARGIN,
     FrontierChoice,
     Prediction,
     TrialPlan,
@@ -23,6 +24,8 @@ from ._decisions.frontier import (
     credible,
     new_positions,
     plan_trials,
+    racing,
+    still_credible,
     predict_change,
     step_flops,
     uniform_groups,
@@ -89,8 +92,9 @@ __all__ = [
     "DecisionPolicy", "ScreenRow", "Trial", "TrialSettings", "TrialSteps", "check_unexpanded_losses", "grouped_trials", "screen",
     "trial_decision",
     # the budgeted expansion decisions' arithmetic (the frontier over K, the placement check)
-    "MIN_HELDOUT", "FrontierChoice", "Prediction", "TrialPlan", "affordable_heldout", "block_counts", "choose_blocks",
-    "credible", "new_positions", "plan_trials", "predict_change", "step_flops", "uniform_groups", "uniform_places",
+    "MIN_HELDOUT", "RACE_MARGIN", "FrontierChoice", "Prediction", "TrialPlan", "affordable_heldout", "block_counts", "choose_blocks",
+    "credible", "new_positions", "plan_trials", "predict_change", "racing", "step_flops", "still_credible",
+    "uniform_groups", "uniform_places",
     # the feature-family registry
     "FAMILY_REGISTRY", "FamilyRegistry", "FamilySpec", "family_builder", "family_spec", "positions",
     "rebuild_family", "register_builder", "register_family", "registered_families", "DEFAULT_FOLDS",

@@ -28,7 +28,11 @@ equal compute (below):
 * ``satcore-wide``: the same decision with ``--trial-windows`` target windows for its trials to train on
   (its held-out windows and its cost unchanged): a diagnostic of what the default's few windows cost,
   recorded when the default was given 16 decision windows (``--decision-windows 16 --general-windows 8``,
-  half of them held out); the decision now sizes its own held-out set, so its recorded rows are not rerun.
+  half of them held out); the decision now sizes its own held-out set, so its recorded rows are not rerun;
+* ``satcore-full`` and ``satcore-race``: the default decision with the current code, every trial run to its end
+  (``DecisionBudget(race=False)``) and with the race (the trials stop once no K > 0 can still beat K = 0
+  credibly, the budget not spent left to the training): the ``satcore`` rows were recorded with an earlier code
+  (two timing passes, not five: 9-step trials read at 2, 4, 9, where the current code's are 7 steps read at 1, 3, 7).
 
 Every expanded arm copies the preceding block into each new one with its output projections zeroed
 (LLaMA-Pro's identity blocks) and trains only the new blocks (LLaMA-Pro's recipe); ``none`` trains
@@ -72,6 +76,8 @@ Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is 
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --arms satcore      # and satcore-wide
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --seeds 3 4 5 --pairs near --arms sweep \
         --out studies/results/expansion_budget_seeds345_sweep_near.jsonl   # seeds 3-5 (6-14: seeds6to14_): one file per process
+    OMP_NUM_THREADS=1 python -m studies.expansion_budget --seeds 0 --pairs near --arms satcore-race \
+        --out near_s0.jsonl   # one process per pair and seed, then one file per pair: expansion_budget_race_satcore_near.jsonl
     python -m studies.expansion_budget --render $(ls studies/results/expansion_budget_*.jsonl | grep -v smollm2)   # the lab notes' tables
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --protocol smollm2 --seeds 0 --steps 500 \
         --batch-size 4 --seq-len 16 --lr 2e-4 --eval-windows 64 --arms none \
@@ -107,7 +113,10 @@ PERL_HINT = "apt-get download perl-doc && dpkg-deb -x perl-doc_*.deb ~/.cache/sa
 SWEEP = (0, 1, 2, 4, 8)
 CLI_WINDOWS = 64  # satcore expand's default --max-windows on a CPU, the least it reads without the option
 CLI_WINDOWS_GPU = 256  # the same on a GPU (the command decides on one when it finds one)
-SATCORE_ARMS = ("satcore", "satcore-wide")  # the default; the same with more windows for its trials to train on
+# the default as recorded; the same with more windows for its trials to train on; the current code with every trial
+# run to its end (DecisionBudget(race=False)), and with the race (the trials stop once no K > 0 can become credible)
+SATCORE_ARMS = ("satcore", "satcore-wide", "satcore-full", "satcore-race")
+SCORED_ARMS = ("satcore", "satcore-full", "satcore-race")  # the default's decisions, each scored on the criteria
 ARM_ORDER = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random", *SATCORE_ARMS]
 REFERENCE = "uniform-2"  # LLaMA-Pro's conventional count for 8 blocks, L / 4
 TOLERANCE = 0.005  # nats/byte: the smallest K within this of the best counts as the best
@@ -339,11 +348,12 @@ def adept_places(base, windows, K: int) -> tuple[list, dict]:
     return [i + 1 if i + 1 < len(layers) else "head" for i in sorted(least)], importance
 
 
-def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -> dict:
+def satcore_decision(base, target_train, general_train, plan: dict, seed: int, race: bool = True) -> dict:
     """``satcore expand``'s default for this model, target text and planned budget (``blocks="auto"``, only the
     new blocks train, the recipe is the planned training), given the general text: the places it chooses
     (``before``: original block indices or ``"head"``; ``[]`` for no expansion) and what it recorded.  The
-    one place the bench calls satcore's decision."""
+    one place the bench calls satcore's decision.  ``race``: :class:`DecisionBudget`'s (False: every trial to its
+    end)."""
     from studies.expansion import sample_windows
     from satcore import Recipe
     from satcore.adapters.torch import DecisionBudget, frontier_windows
@@ -368,7 +378,8 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int) -
         windows = sample_windows(target_train, plan["trial_windows"], plan["seq_len"], rng)
     api = "expand(blocks='auto', budget=DecisionBudget(general=...))"
     expansion = expand(base, windows, blocks="auto", policy=DecisionPolicy(recipe, seed=seed),
-                       options=ExpansionOptions(train_new_only=True, budget=DecisionBudget(general=general)), **split)
+                       options=ExpansionOptions(train_new_only=True, budget=DecisionBudget(general=general, race=race)),
+                       **split)
     record = expansion.to_dict()
     decision = record.get("decision") or {}
     return {"before": list(record["inserted_before"]), "api": api, "frontier": record.get("frontier"),
@@ -500,7 +511,7 @@ def main(argv=None):
 
     baseline_arms = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random"]
     arms = {"baselines": baseline_arms, "sweep": baseline_arms[:len(SWEEP)], "satcore": ["satcore"], "satcore-wide": ["satcore-wide"],
-            "all": baseline_arms + list(SATCORE_ARMS)}
+            "all": baseline_arms + ["satcore", "satcore-wide"]}
     arms = [arm for name in args.arms for arm in arms.get(name, [name])]
     took = {}  # seconds each arm took last: what --stop-after-s expects it to take again (one not run yet: the longest)
     for pair in args.pairs:
@@ -527,7 +538,8 @@ def main(argv=None):
                             "trial_windows": args.trial_windows if arm == "satcore-wide" else None}
                     meter = FlopMeter(base.config)
                     try:
-                        decided = satcore_decision(base, train_ids, streams["general"][0], plan, seed)
+                        decided = satcore_decision(base, train_ids, streams["general"][0], plan, seed,
+                                                   race=arm != "satcore-full")
                     finally:
                         charge = meter.close()
                     before, evidence = decided.pop("before"), decided
@@ -617,11 +629,11 @@ def _arm_table(pair: str, arms: dict, summary: dict) -> list[str]:
                 continue
             interval = crossed_interval([np.subtract(by_seed[s][key], reference[s][key]) for s in seeds])
             cells.append(_fmt(interval))
-            if arm == "satcore":
-                summary["upper"][pair, split] = interval["high"]
+            if arm in SCORED_ARMS:
+                summary[arm]["upper"][pair, split] = interval["high"]
                 if "none" in arms:  # the other free default: the same compute spent training the model as it is
                     paired = sorted(s for s in by_seed if s in arms["none"])
-                    summary["versus_none"][pair, split] = crossed_interval(
+                    summary[arm]["versus_none"][pair, split] = crossed_interval(
                         [np.subtract(by_seed[s][key], arms["none"][s][key]) for s in paired])
         counts = sorted({len(r["before"]) for r in by_seed.values()})
         trained = sorted({r["steps_trained"] for r in by_seed.values()})
@@ -633,30 +645,36 @@ def _arm_table(pair: str, arms: dict, summary: dict) -> list[str]:
 
 def _count_table(pair: str, arms: dict, summary: dict) -> list[str]:
     """Per seed: the target loss of the sweep, the realized best count at the decision's tolerance, satcore's."""
+    others = [a for a in SCORED_ARMS[1:] if a in arms]  # the current code's decisions, each its count and hit
     out = ["| seed | " + " | ".join(f"K={K}" for K in SWEEP) + " | tolerance | realized best | satcore count "
-           "| within one step | satcore-wide count |", "|---|" + "---|" * len(SWEEP) + "---|---|---|---|---|"]
+           "| within one step | satcore-wide count |" + "".join(f" {a} count | within one step |" for a in others),
+           "|---|" + "---|" * len(SWEEP) + "---|---|---|---|---|" + "---|---|" * len(others)]
     for seed in sorted(arms.get(REFERENCE, {})):
         rows = {K: _sweep_row(arms, K, seed) for K in SWEEP}
         if any(r is None for r in rows.values()):
             continue
         loss = {K: r["target"] for K, r in rows.items()}
-        ours = arms.get("satcore", {}).get(seed)
+        ours = next((arms[a][seed] for a in SCORED_ARMS if seed in arms.get(a, {})), None)
         tolerance = (ours or {}).get("evidence", {}).get("tolerance") or TOLERANCE
         best = best_count(loss, tolerance)
-        count = None if ours is None else len(ours["before"])
-        hit = None if count is None else within_one_step(count, best)
-        if hit is not None:
-            summary["cells"].append((pair, hit))
+        counted = []
+        for arm in ("satcore", *others):
+            row = arms.get(arm, {}).get(seed)
+            count = None if row is None else len(row["before"])
+            hit = None if count is None else within_one_step(count, best)
+            if hit is not None:
+                summary[arm]["cells"].append((pair, hit))
+            counted.append(f"{'-' if count is None else count} | {'-' if hit is None else 'yes' if hit else 'no'}")
         wide = arms.get("satcore-wide", {}).get(seed)
         out.append(f"| {seed} | " + " | ".join(f"{loss[K]:.4f}" for K in SWEEP) + f" | {tolerance:.4f} | {best} | "
-                   f"{'-' if count is None else count} | {'-' if hit is None else 'yes' if hit else 'no'} | "
-                   f"{'-' if wide is None else len(wide['before'])} |")
+                   f"{counted[0]} | {'-' if wide is None else len(wide['before'])} |"
+                   + "".join(f" {c} |" for c in counted[1:]))
     return out
 
 
 def _frontier_table(pair: str, arms: dict, base: dict, summary: dict, arm: str) -> list[str]:
     """The satcore arm's predicted changes per K against the realized changes of the same arm (K blocks at
-    uniform places; K = 0 the model as it is), per seed; the default's (``arm == "satcore"``) are scored."""
+    uniform places; K = 0 the model as it is), per seed; the default's decisions (:data:`SCORED_ARMS`) are scored."""
     out = ["| seed | K | predicted target change (95%) | realized | predicted general change (95%) | realized |",
            "|---|---|---|---|---|---|"]
     base_target = np.asarray(base[pair][f"{pair}_windows"])
@@ -673,22 +691,23 @@ def _frontier_table(pair: str, arms: dict, base: dict, summary: dict, arm: str) 
                        f"[{entry['interval'][0]:+.4f}, {entry['interval'][1]:+.4f}] | {realized_target:+.4f} | "
                        + ("-" if general is None else f"{general:+.4f} [{entry['general_interval'][0]:+.4f}, "
                           f"{entry['general_interval'][1]:+.4f}]") + f" | {float(np.mean(general_windows)):+.4f} |")
-            if general is not None and arm == "satcore":
-                summary["points"].append({"cell": (pair, entry["blocks"]), "predicted": general,
+            if general is not None and arm in SCORED_ARMS:
+                summary[arm]["points"].append({"cell": (pair, entry["blocks"]), "predicted": general,
                                           "realized": float(np.mean(general_windows)), "windows": general_windows})
     return out
 
 
 def _cost_table(arms: dict, summary: dict, arm: str) -> list[str]:
     """The satcore arm's decision cost per seed: counted by the meter, printed by the command, in wall time; the
-    default's (``arm == "satcore"``) are scored."""
+    default's decisions (:data:`SCORED_ARMS`) are scored."""
     out = ["| seed | charge, model FLOPs (% of budget) | printed by the command (%) | decision wall (s) "
            "| one training step's wall (s) | decision in training steps' wall |", "|---|---|---|---|---|---|"]
     for seed, r in sorted(arms[arm].items()):
         printed = r["evidence"].get("decision_cost_fraction")
         step = r["train_seconds"] / max(r["steps_trained"], 1)
-        if arm == "satcore":
-            summary["charges"].append({"charge": r["charge_fraction"], "printed": printed})
+        if arm in SCORED_ARMS:
+            summary[arm]["charges"].append({"pair": r["key"]["pair"], "charge": r["charge_fraction"],
+                                            "printed": printed})
         out.append(f"| {seed} | {100 * r['charge_fraction']:.1f} | {'-' if printed is None else f'{100 * printed:.1f}'}"
                    f" | {r['decision_seconds']:.0f} | {step:.3f} | {r['decision_seconds'] / step:.0f} |")
     return out
@@ -703,7 +722,7 @@ def render(paths) -> str:
     setup, pretrain, base, runs = loaded
     out = [f"Setup: {json.dumps(setup)}; base model: {json.dumps(pretrain)}.", ""]
     unit = "nats/token" if setup.get("protocol") == "smollm2" else "nats/byte"
-    summary = {"upper": {}, "versus_none": {}, "cells": [], "points": [], "charges": []}
+    summary = {arm: {"upper": {}, "versus_none": {}, "cells": [], "points": [], "charges": []} for arm in SCORED_ARMS}
     for pair in [p for p in PAIRS if p in runs]:
         arms = runs[pair]
         out += [f"**{pair}** (held-out loss of the base model: target {np.mean(base[pair][f'{pair}_windows']):.4f}, "
@@ -719,24 +738,36 @@ def render(paths) -> str:
             out += ["", f"{arm}'s decision cost ({pair}):", ""]
             out += _cost_table(arms, summary, arm)
         out.append("")
-    out += must_show(summary)
-    if summary["versus_none"]:
-        out += ["", "Against not expanding (`none`, the same compute spent training the model as it is), decision "
-                "charged, satcore minus none (95%; positive: satcore behind):", ""]
-        out += [f"* {pair}: target {_fmt(summary['versus_none'][pair, 'target'])}, general "
-                f"{_fmt(summary['versus_none'][pair, 'general'])}" for pair in PAIRS if (pair, "target") in
-                summary["versus_none"]]
-    return "\n".join(out)
+    for arm in [a for a in SCORED_ARMS if summary[a]["charges"]]:
+        scored = summary[arm]
+        out += must_show(scored, arm)
+        if scored["versus_none"]:
+            out += ["", "Against not expanding (`none`, the same compute spent training the model as it is), decision "
+                    f"charged, {arm} minus none (95%; positive: {arm} behind):", ""]
+            out += [f"* {pair}: target {_fmt(scored['versus_none'][pair, 'target'])}, general "
+                    f"{_fmt(scored['versus_none'][pair, 'general'])}" for pair in PAIRS if (pair, "target") in
+                    scored["versus_none"]]
+        if arm != "satcore":  # the charge varies where the race stops the trials
+            out += ["", f"{arm}'s decision charge (model FLOPs, % of the budget), min / median / max per pair: "
+                    + "; ".join(f"{pair} {_spread([c['charge'] for c in scored['charges'] if c['pair'] == pair])}"
+                                for pair in PAIRS if any(c["pair"] == pair for c in scored["charges"]))]
+        out.append("")
+    return "\n".join(out).rstrip("\n")
 
 
-def must_show(summary: dict) -> list[str]:
-    """The four criteria, measured, met or not."""
-    out = ["Must show, measured:", ""]
+def _spread(charges: list) -> str:
+    return " / ".join(f"{100 * v:.1f}" for v in (min(charges), float(np.median(charges)), max(charges)))
+
+
+def must_show(summary: dict, arm: str = "satcore") -> list[str]:
+    """The four criteria, measured, met or not, for one scored arm's ``summary`` (the heading names any arm but the
+    default as recorded)."""
+    out = ["Must show, measured" + ("" if arm == "satcore" else f" ({arm})") + ":", ""]
     targets = {pair: v for (pair, split), v in summary["upper"].items() if split == "target"}
     below = [f"{pair} {split}" for (pair, split), v in summary["upper"].items() if v < 0]
     if targets:
         met = all(v <= 0.005 for v in targets.values()) and bool(below)
-        out.append(f"* satcore minus {REFERENCE}, decision charged, upper 95% bound of the target difference: "
+        out.append(f"* {arm} minus {REFERENCE}, decision charged, upper 95% bound of the target difference: "
                    + ", ".join(f"{pair} {v:+.4f}" for pair, v in targets.items())
                    + f" (needs <= +0.005 on every pair); upper bound below 0 on: {', '.join(below) or 'none'}: "
                    + ("met" if met else "not met"))

@@ -206,7 +206,9 @@ def test_frontier_fields_agree_with_the_trials_and_a_hand_trained_arm(build):
     record = expansion.to_dict()
     frontier, plan = record["frontier"], record["decision"]["plan"]
     assert [a["blocks"] for a in frontier] == [0, 1] and [a["places"] for a in frontier] == [[], ["head"]]
-    x = np.log2(plan["checkpoints"])
+    steps = record["decision"]["race"]["arm_steps"]  # the race may stop the trials early: each read to its steps
+    assert steps["0"] == steps["1"] and steps["1"] in plan["checkpoints"]
+    x = np.log2([c for c in plan["checkpoints"] if c <= steps["1"]])
     for arm in frontier:
         # the prediction is the trials' mean curve fitted linearly in log2(steps), read at the planned steps
         for key, curve in (("predicted_heldout_change", "heldout_change"), ("predicted_general_change",
@@ -231,7 +233,7 @@ def test_frontier_fields_agree_with_the_trials_and_a_hand_trained_arm(build):
     sizes = record["decision"]["windows"]
     assert sizes["heldout"] + sizes["train"] == 64 and sizes["heldout_sized"]
     # replicate 0 of the K = 1 arm, trained by hand with the same seed, reaches the same held-out change
-    by_hand = _hand_trained_change(model, ids, ["head"], recipe, 5, plan["trial_steps"], sizes["heldout"])
+    by_hand = _hand_trained_change(model, ids, ["head"], recipe, 5, steps["1"], sizes["heldout"])
     assert frontier[1]["trial"]["heldout_change"][0][-1] == pytest.approx(by_hand, rel=1e-3, abs=1e-5)
     chosen = record["chosen_blocks"]
     assert record["positions"] == ([] if chosen == 0 else [len(find_layers(expansion)) - 1])
@@ -244,10 +246,10 @@ def test_replicates_draw_their_own_minibatch_orders():
     model, ids = llama(), windows(64)
     recipe = Recipe("adamw", lr=3e-3, steps=600, batch_size=4)
     record = expand(model, ids, blocks="auto", policy=DecisionPolicy(recipe, seed=5), options=ExpansionOptions(budget=DecisionBudget(0.2, replicates=2))).to_dict()
-    plan, held = record["decision"]["plan"], record["decision"]["windows"]["heldout"]
+    steps, held = record["decision"]["race"]["arm_steps"]["1"], record["decision"]["windows"]["heldout"]
     arm = record["frontier"][1]
     first, second = (curve[-1] for curve in arm["trial"]["heldout_change"])
-    assert second == pytest.approx(_hand_trained_change(model, ids, ["head"], recipe, 6, plan["trial_steps"], held),
+    assert second == pytest.approx(_hand_trained_change(model, ids, ["head"], recipe, 6, steps, held),
                                    rel=1e-3, abs=1e-5)
     assert abs(first - second) > 1e-4 and arm["standard_errors"]["seeds"] > 0
 
@@ -295,7 +297,8 @@ def test_the_counted_cost_is_the_flop_share_a_meter_on_the_real_model_counts(ben
     assert record["decision"]["cost_steps"] == pytest.approx(flops / step, rel=1e-9)
     assert record["decision_cost_fraction"] == pytest.approx(flops / (800 * step), rel=1e-9)
     assert flops <= 0.1 * 800 * step
-    assert plan["replicates"] == 1 and len(steps) == 3 * plan["trial_steps"]  # K = 0, 1, 2, one seed each
+    # K = 0, 1, 2, one seed each, each to the step the race stopped it at (the plan's last without a stop)
+    assert plan["replicates"] == 1 and len(steps) == sum(record["decision"]["race"]["arm_steps"].values())
 
 
 def test_the_printed_share_is_the_metered_share_of_the_benchs_budget_where_the_head_is_large_and_l4_is_not_2(bench):
@@ -624,12 +627,15 @@ def test_the_bar_moves_with_every_batch_the_frontier_reads(monkeypatch):
                        options=ExpansionOptions(budget=DecisionBudget(0.2, progress=True), max_blocks=1))
     frontier = expansion.budgeted
     at = [i for i, (kind, *_) in enumerate(events) if kind == "read"]
-    held = frontier.windows["heldout"]
-    assert sum(events[i][1] for i in at) == held * (1 + 3 * len(frontier.arms))  # the model's reading, 3 per arm
-    assert len(at) == math.ceil(held / 8) * (1 + 3 * len(frontier.arms))  # one move per batch of 8 windows
+    held, plan = frontier.windows["heldout"], frontier.plan
+    # the model's reading, then each arm's at every checkpoint it reached (all 3, unless the race stopped it)
+    readings = [plan.checkpoints.index(frontier.race["arm_steps"][str(a.blocks)]) + 1 for a in frontier.arms]
+    assert sum(events[i][1] for i in at) == held * (1 + sum(readings))
+    assert len(at) == math.ceil(held / 8) * (1 + sum(readings))  # one move per batch of 8 windows
     assert all(events[i + 1][0] == "bar" and events[i + 1][1] > 0 for i in at)
-    assert events[-1] == ("closed", pytest.approx(min(frontier.cost_steps, frontier.plan.cost_steps), rel=1e-12),
-                          frontier.plan.cost_steps)
+    # the bar's total is the plan's cost of the checkpoints reached (replanned where the race stopped the trials)
+    assert events[-1] == ("closed", pytest.approx(min(frontier.cost_steps, plan.cost_steps), rel=1e-12),
+                          pytest.approx(plan.cost_reached(readings), rel=1e-12))
 
 
 def test_the_screens_bar_counts_every_window_it_probes_in_every_pass(monkeypatch):
@@ -987,3 +993,36 @@ def test_frontier_windows_is_what_expand_needs_and_at_least_least():
     sizes = record["windows"]
     assert n == sizes["heldout"] + math.ceil(record["plan"]["trial_steps"] * 8 / 2) and sizes["trial_passes"] <= 2
     assert frontier_windows(model, recipe, seq_len=12, least=n + 50) == n + 50
+
+
+def test_the_race_stops_the_trials_charges_less_and_chooses_as_the_full_trials_do():
+    """Where no K > 0 can become credible at the second checkpoint (a 4-block model trained every parameter gains
+    more than a block after its last), the race stops every trial there: the same readings as the full trials up to
+    that checkpoint, predictions read from them, the same choice (no expansion), and a counted cost that is the plan's
+    cost of two checkpoints per arm, below its ceiling."""
+    from satcore.adapter_api import predict_change, racing
+
+    def decide(race: bool):
+        return expand(llama(4), windows(64), blocks="auto",
+                      policy=DecisionPolicy(Recipe("adamw", lr=1e-3, steps=600, batch_size=8), seed=5),
+                      options=ExpansionOptions(max_blocks=1, budget=DecisionBudget(0.2, race=race))).budgeted
+
+    raced, full = decide(True), decide(False)
+    plan = full.plan
+    assert raced.plan == plan and len(plan.checkpoints) == 3
+    assert full.race["stopped_at_step"] is None and full.race["on"] is False
+    assert raced.race["on"] and raced.stopped_at == plan.checkpoints[1]
+    assert raced.race["arm_steps"] == {"0": plan.checkpoints[1], "1": plan.checkpoints[1]}
+    changes = {a.blocks: a.trials.changes["heldout"] for a in full.arms}
+    # the rule, applied by hand to the full trials' first two readings, stops them too
+    assert racing({k: c[:, :2] for k, c in changes.items()}, plan.checkpoints[:2], 600, raced.tolerance) == ()
+    for stopped, whole in zip(raced.arms, full.arms):
+        np.testing.assert_array_equal(stopped.trials.changes["heldout"], whole.trials.changes["heldout"][:, :2])
+        assert stopped.target == predict_change(changes[whole.blocks][:, :2], plan.checkpoints[:2], 600)
+    assert raced.arms[1].versus_none == predict_change(changes[1][:, :2] - changes[0][:, :2], plan.checkpoints[:2], 600)
+    assert raced.choice.chosen_blocks == full.choice.chosen_blocks == 0
+    assert raced.cost_steps == pytest.approx(plan.cost_reached([2, 2]), rel=1e-12)
+    assert full.cost_steps == pytest.approx(plan.cost_steps, rel=1e-12)
+    assert raced.cost_steps < 0.6 * full.cost_steps
+    record = raced.to_dict()
+    assert record["race"]["ceiling_cost_steps"] == pytest.approx(plan.cost_steps) and record["cost_steps"] == raced.cost_steps

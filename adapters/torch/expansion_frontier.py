@@ -14,7 +14,10 @@ extrapolation to the full training, the choice) is :mod:`satcore._decisions.fron
   (Wu et al., "LLaMA Pro: Progressive LLaMA with Block Expansion"), trained as the user
   will (only the new blocks with ``train_new_only``, else every parameter).  With general
   (old-domain) data each arm's change of the general held-out loss is measured beside the
-  target's.
+  target's.  The arms train side by side, checkpoint by checkpoint, and stop once no ``K > 0``
+  can still beat ``K = 0`` credibly (``DecisionBudget.race``; the race in
+  :mod:`satcore._decisions.frontier`'s docstring): the plan's cost is the ceiling, what the
+  trials spent is counted.
 * :func:`placement_check` (``expand(..., blocks=K)``): where ``K`` blocks go.  Uniform places
   are the prior; the first-order screen (:func:`~.expansion.first_order_decision`) proposes,
   in each uniform place's group of places, the place it ranks first; a trial of the uniform
@@ -34,9 +37,9 @@ import numpy as np
 import torch
 
 from satcore import DecisionPolicy, InputError, ModelOnDataError, Recipe
-from satcore.adapter_api import (MIN_HELDOUT, FrontierChoice, Prediction, TrialPlan, affordable_heldout, block_counts,
-                                 choose_blocks, new_positions, plan_trials, predict_change, step_flops, uniform_groups,
-                                 uniform_places)
+from satcore.adapter_api import (MIN_HELDOUT, RACE_MARGIN, FrontierChoice, Prediction, TrialPlan, affordable_heldout,
+                                 block_counts, choose_blocks, new_positions, plan_trials, predict_change, racing,
+                                 step_flops, uniform_groups, uniform_places)
 
 from .decide import per_sample_eval, recipe_minibatches, recipe_optimizer
 from .input_bounds import check_trial_work
@@ -61,6 +64,10 @@ class DecisionBudget:
     max_forgetting : arms whose predicted general loss change exceeds it (nats) are not chosen.
     tolerance : nats; ``None``: 0.3% of the model's held-out loss.
     progress : show a progress bar (tqdm, on stderr) while the trials run.
+    race : the frontier's trials stop once no ``K > 0`` can still beat ``K = 0`` credibly
+        (:func:`satcore.adapter_api.racing`), the budget not spent left to the training; off with ``max_forgetting``
+        (an arm over it can leave ``K = 0`` out, and then there is nothing to beat).  The arms then train side by
+        side, every arm's copy (and optimizer state) held at once; off, one arm after another.
     announce : called with the plan's lines before anything is trained (``None``: silent).
     """
 
@@ -70,6 +77,7 @@ class DecisionBudget:
     max_forgetting: float | None = None
     tolerance: float | None = None
     progress: bool = False
+    race: bool = True
     announce: Callable[[str], None] | None = field(default=None, compare=False)
 
     def __post_init__(self):
@@ -250,17 +258,49 @@ class _Arms:
 
     def run(self, places, checkpoints) -> ArmTrials:
         """Every replicate of the arm with blocks before ``places``: ``checkpoints[-1]`` steps each, replicate ``r``
-        drawing its minibatches in the order of seed ``seed + r``."""
-        changes = {split: [] for split in self.evaluate}
+        drawing its minibatches in the order of seed ``seed + r``; one replicate at a time (one copy held)."""
+        rows = []
         for replicate in range(self.replicates):
-            for split, rows in self._replicate(places, checkpoints, self.seed + replicate).items():
-                changes[split].append(rows)
-        return ArmTrials(tuple(places), {split: np.stack(rows) for split, rows in changes.items()})
+            trial = _Trial(self, places, self.seed + replicate)
+            for target in checkpoints:
+                trial.advance(target)
+            rows.append(trial.rows)
+        return ArmTrials(tuple(places), _stacked(rows))
 
-    def _replicate(self, places, checkpoints, seed: int) -> dict:
-        grown, new = self.insert(self.model, list(places), init=self.init, seed=self.seed)
+    def race(self, places: dict, checkpoints, going: Callable | None) -> dict:
+        """``{K: ArmTrials}`` of the arms ``{K: places}`` trained side by side, checkpoint by checkpoint (as
+        :meth:`run` each); after each checkpoint but the last, ``going({K: changes so far}, checkpoints so far)``
+        names the arms that go on.  A stopped arm's trials hold the checkpoints it read.  Every arm's copies are
+        held at once; ``going`` None (nothing stops early): :meth:`run`, one arm after another."""
+        if going is None:
+            return {k: self.run(p, checkpoints) for k, p in places.items()}
+        trials = {k: [_Trial(self, p, self.seed + r) for r in range(self.replicates)] for k, p in places.items()}
+        running = set(trials)
+        for n, target in enumerate(checkpoints, 1):
+            for k in sorted(running):
+                for trial in trials[k]:
+                    trial.advance(target)
+            if going is not None and 2 <= n < len(checkpoints):
+                running &= set(going({k: _stacked([t.rows for t in trials[k]]) for k in running}, checkpoints[:n]))
+            if not running:
+                break
+        return {k: ArmTrials(tuple(places[k]), _stacked([t.rows for t in ts])) for k, ts in trials.items()}
+
+
+def _stacked(rows: list) -> dict:
+    """``{split: (replicates, checkpoints read, windows)}`` of one arm's replicates' rows (:attr:`_Trial.rows`)."""
+    return {split: np.stack([np.stack(r[split]) for r in rows]) for split in rows[0]}
+
+
+class _Trial:
+    """One replicate of one arm: the grown model, its optimizer and minibatch stream, and its per-window changes at
+    each checkpoint read (``rows``)."""
+
+    def __init__(self, arms: _Arms, places, seed: int):
+        self.arms, self.places = arms, list(places)
+        grown, new = arms.insert(arms.model, self.places, init=arms.init, seed=arms.seed)
         grown.eval()
-        if self.train_new_only and new:
+        if arms.train_new_only and new:
             from .expansion import freeze_old
 
             freeze_old(grown, new)
@@ -268,29 +308,31 @@ class _Arms:
             for p in grown.parameters():
                 p.requires_grad_(True)
         params = [p for p in grown.parameters() if p.requires_grad]
-        optimizer = recipe_optimizer(self.recipe, params)
-        stream = recipe_minibatches(self.train, self.recipe.batch_size, seed)
-        device = params[0].device
-        rows, done = {split: [] for split in self.evaluate}, 0
+        self.grown, self.optimizer = grown, recipe_optimizer(arms.recipe, params)
+        self.stream = recipe_minibatches(arms.train, arms.recipe.batch_size, seed)
+        self.device = params[0].device
+        self.rows, self.done = {split: [] for split in arms.evaluate}, 0
+
+    def advance(self, target: int) -> None:
+        """Train to step ``target``, then read every evaluated split."""
+        arms, meter = self.arms, self.arms.meter
         with torch.inference_mode(False), torch.enable_grad():
-            for target in checkpoints:
-                while done < target:
-                    inputs, labels = next(stream)
-                    inputs, labels = to_device(inputs, device), to_device(labels, device)
-                    loss = sequence_loss(call_model(grown, inputs), labels).mean()
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimizer.step()
-                    done += 1
-                    self.meter.add(self.meter.costs.step(places))
-                for split, batches in self.evaluate.items():
-                    after = per_sample_eval(grown, batches, sequence_loss, progress=self.meter.reading(places))
-                    if not np.isfinite(after).all():
-                        raise InputError(f"the trial of blocks before {list(places)} diverged at step {done} (lr "
-                                         f"{self.recipe.lr:g}): its {split} loss is not finite; lower --lr")
-                    rows[split].append(after - self.before[split])
-                    self.meter.forward(places, after.size)
-        return {split: np.stack(r) for split, r in rows.items()}
+            while self.done < target:
+                inputs, labels = next(self.stream)
+                inputs, labels = to_device(inputs, self.device), to_device(labels, self.device)
+                loss = sequence_loss(call_model(self.grown, inputs), labels).mean()
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.optimizer.step()
+                self.done += 1
+                meter.add(meter.costs.step(self.places))
+            for split, batches in arms.evaluate.items():
+                after = per_sample_eval(self.grown, batches, sequence_loss, progress=meter.reading(self.places))
+                if not np.isfinite(after).all():
+                    raise InputError(f"the trial of blocks before {self.places} diverged at step {self.done} (lr "
+                                     f"{arms.recipe.lr:g}): its {split} loss is not finite; lower --lr")
+                self.rows[split].append(after - arms.before[split])
+                meter.forward(self.places, after.size)
 
 
 # passes of the model run to time its step: the first pays for warming up and is left out, the other four give the
@@ -551,6 +593,22 @@ class FrontierDecision(BudgetedDecision):
     choice: FrontierChoice | None = None
     # the target windows the trials trained on and were read on, and the general windows read (None without)
     windows: dict = field(default_factory=dict)
+    raced: bool = False  # whether the trials could stop early (DecisionBudget.race)
+
+    @property
+    def stopped_at(self) -> int | None:
+        """The trial step at which every trial stopped, the race over (None: they ran to the end)."""
+        read = max(a.trials.changes["heldout"].shape[1] for a in self.arms)
+        return None if read == len(self.plan.checkpoints) else self.plan.checkpoints[read - 1]
+
+    @property
+    def race(self) -> dict:
+        """The race in ``expansion.json``: on or off, its margin, where each arm's trials stopped (their last
+        checkpoint's step), where every trial did, and the ceiling the plan printed (``cost_steps``: what was spent)."""
+        return {"on": self.raced, "margin_half_widths": RACE_MARGIN if self.raced else None,
+                "arm_steps": {str(a.blocks): self.plan.checkpoints[a.trials.changes["heldout"].shape[1] - 1]
+                              for a in self.arms},
+                "stopped_at_step": self.stopped_at, "ceiling_cost_steps": self.plan.cost_steps}
 
     @property
     def chosen_places(self) -> tuple:
@@ -623,7 +681,7 @@ class FrontierDecision(BudgetedDecision):
                 "best_blocks": self.choice.best_blocks, "tolerance": self.tolerance,
                 "max_forgetting": self.choice.max_forgetting,
                 "excluded_by_max_forgetting": list(self.choice.excluded), "reason": self.choice.reason,
-                "plan": self.plan.to_dict(), "cost_steps": self.cost_steps,
+                "plan": self.plan.to_dict(), "cost_steps": self.cost_steps, "race": self.race,
                 "chosen_cost_fraction": self.chosen_cost_fraction, "windows": self.windows,
                 "heldout_loss": self.losses["heldout"], "general_loss": self.losses.get("general"),
                 **self.step_times.to_dict()}
@@ -686,21 +744,35 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
             + ([f"  held out: {sized} windows, what a quarter of the budget reads (at least {MIN_HELDOUT}, at most "
                 f"half); the rest train the trials"] if sized is not None else [])
             + passes_warning(_windows(train), passes,
-                             _windows(held) + trial_windows(plan.trial_steps, recipe.batch_size))))
+                             _windows(held) + trial_windows(plan.trial_steps, recipe.batch_size))
+            + (["  the cost is a ceiling: the trials stop once no K > 0 can still beat K = 0 credibly (--no-race: "
+                "every trial to its end)"] if budget.race and budget.max_forgetting is None else [])))
     meter = _Meter(plan.cost_steps, budget.progress, costs)
+    readings = dict.fromkeys(counts, len(plan.checkpoints))  # checkpoints each arm reads: all, unless the race stops it
+
+    def going(changes: dict, read: tuple) -> tuple:
+        on = racing({k: c["heldout"] for k, c in changes.items()}, read, recipe.steps, tolerance)
+        readings.update({k: len(read) for k in changes if k not in on})
+        meter.replan(plan.cost_reached([readings[k] for k in counts]))
+        return on
+
     try:
         meter.add(TIMING_PASSES * costs.full())
         arms = _Arms(model, recipe, train, evaluate, {**options, "replicates": budget.replicates})
         losses = arms.read_model(meter)
-        trials = {k: arms.run(uniform_places(costs.n, k), plan.checkpoints) for k in counts}
+        tolerance = _tolerance(budget, losses)
+        trials = arms.race({k: uniform_places(costs.n, k) for k in counts}, plan.checkpoints,
+                           going if budget.race and budget.max_forgetting is None else None)
     finally:
         meter.close()
-    tolerance = _tolerance(budget, losses)
     none = trials[0].changes["heldout"]
-    results = tuple(ArmResult(k, t.places, predict_change(t.changes["heldout"], plan.checkpoints, recipe.steps),
-                              predict_change(t.changes["general"], plan.checkpoints, recipe.steps)
-                              if "general" in t.changes else None, t,
-                              predict_change(t.changes["heldout"] - none, plan.checkpoints, recipe.steps) if k else None)
+
+    def predict(changes, k: int) -> Prediction:  # from the checkpoints arm k read
+        return predict_change(changes, plan.checkpoints[:readings[k]], recipe.steps)
+
+    results = tuple(ArmResult(k, t.places, predict(t.changes["heldout"], k),
+                              predict(t.changes["general"], k) if "general" in t.changes else None, t,
+                              predict(t.changes["heldout"] - none[:, :readings[k]], k) if k else None)
                     for k, t in trials.items())
     choice = choose_blocks({a.blocks: a.target for a in results},
                            {a.blocks: a.general for a in results} if "general" in evaluate else None,
@@ -708,7 +780,8 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     return FrontierDecision(plan, meter.done, losses, times, tolerance, results, choice,
                             {"train": _windows(train), "heldout": _windows(held), "heldout_sized": sized is not None,
                              "general": _windows(evaluate["general"]) if "general" in evaluate else None,
-                             "trial_passes": passes})
+                             "trial_passes": passes},
+                            budget.race and budget.max_forgetting is None)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,16 @@ change is within ``tolerance`` of the lowest credible one; with none credible,
 (old-domain) held-out loss exceeds ``max_forgetting`` are left out first; with
 ``K = 0`` left out, the choice is the smallest ``K`` within ``tolerance`` of the
 lowest predicted change (no prior to beat).
+
+**The race: trials stop once no expansion can become credible.**  The arms are trained checkpoint by
+checkpoint, side by side.  After each checkpoint but the last, from the second on (a line in ``log2 t``
+needs two), each ``K > 0`` still running is predicted from the checkpoints read so far; it goes on only
+while it may still become credible (:func:`still_credible`): its paired difference from ``K = 0``,
+moved down by :data:`RACE_MARGIN` times its 95% half-width (how far the remaining checkpoints may carry
+it), would be credible.  ``K = 0`` goes on while any ``K > 0`` does; when none does, every trial stops
+(:func:`racing`), the choice is ``K = 0``, and the budget not spent is the
+training's (:meth:`TrialPlan.cost_reached`).  A stopped arm's predictions are read from its checkpoints
+so far.  Nothing is chosen early: an expansion is still chosen only on every checkpoint read.
 """
 
 from __future__ import annotations
@@ -67,6 +77,11 @@ Z_95 = 1.959963984540054
 MIN_HELDOUT = 8  # fewer held-out windows leave the interval's window variance on a handful of values
 READ_SHARE = 0.25  # the held-out set is sized so that reading it takes at most this share of the budget
 HEAD = "head"
+# half-widths of an interim paired difference's 95% interval that the trial's last checkpoint may still move it
+# down (still_credible): fitted on the bench's near and far pairs (the largest move, over 60 arm x seed cells, of the
+# point or the upper bound from the reading at step 3 to the one at step 7 of 400 planned steps: 0.98), rounded up;
+# scored on perl (largest 0.78; studies/expansion-budget-notes.md, "Racing")
+RACE_MARGIN = 1.0
 
 
 def block_counts(max_blocks: int) -> tuple[int, ...]:
@@ -190,9 +205,22 @@ class TrialPlan:
 
     @property
     def cost_steps(self) -> float:
-        """Every pass of the decision, in planned steps' FLOPs."""
-        reads = len(self.checkpoints)
-        per_replicate = sum(self.trial_steps * s + reads * r for s, r in zip(self.step_costs, self.read_costs))
+        """Every pass of the decision, in planned steps' FLOPs: the ceiling, every arm read at every checkpoint."""
+        return self.cost_reached([len(self.checkpoints)] * self.arms)
+
+    def cost_reached(self, readings) -> float:
+        """The passes of trials stopped early (:func:`racing`), in planned steps' FLOPs: arm ``a`` trained to its
+        ``readings[a]``-th checkpoint ``t_a`` and read that many times,
+        ``fixed_steps + replicates sum_a (t_a step_a + readings_a read_a)`` (an arm never read: ``t_a = 0``).
+
+        Examples
+        --------
+        >>> plan = TrialPlan(400, 40.0, (1.0, 0.5), (1.0, 1.0), 1, 8, 2.0)
+        >>> plan.checkpoints, plan.cost_reached([3, 3]), plan.cost_reached([2, 2])   # 2 + 8 + 4 + 6; 2 + 4 + 2 + 4
+        ((2, 4, 8), 20.0, 12.0)
+        """
+        steps = [self.checkpoints[n - 1] if n else 0 for n in readings]
+        per_replicate = sum(t * s + n * r for t, n, s, r in zip(steps, readings, self.step_costs, self.read_costs))
         return self.fixed_steps + self.replicates * per_replicate
 
     @property
@@ -327,6 +355,54 @@ def credible(difference: Prediction, tolerance: float) -> bool:
     return difference.interval[1] < 0 and difference.point < -tolerance
 
 
+def still_credible(difference: Prediction, tolerance: float, margin: float = RACE_MARGIN) -> bool:
+    """Whether a paired difference predicted from the checkpoints read so far may still become :func:`credible` once
+    the trial is read to its end: :func:`credible` of the prediction moved down by ``margin`` times its 95%
+    half-width ``h``, ``point - margin h < -tolerance`` and ``upper - margin h < 0`` (at ``margin = 1``: the lower
+    bound below minus the tolerance and the point below 0).
+
+    The move is how far the last checkpoint may carry the prediction: :data:`RACE_MARGIN` (module docstring).
+
+    Examples
+    --------
+    >>> still_credible(Prediction(-0.02, (-0.10, 0.06), 0.04, 0.0), 0.006)   # shifted: -0.10 [-0.18, -0.02]
+    True
+    >>> still_credible(Prediction(0.01, (-0.07, 0.09), 0.04, 0.0), 0.006)    # shifted: -0.07 [-0.15, +0.01]
+    False
+    """
+    shift = margin * (difference.interval[1] - difference.point)
+    moved = Prediction(difference.point - shift, (difference.interval[0] - shift, difference.interval[1] - shift),
+                       difference.se_sample, difference.se_seed)
+    return credible(moved, tolerance)
+
+
+def racing(changes: dict, checkpoints, full_steps: int, tolerance: float, margin: float = RACE_MARGIN
+           ) -> tuple[int, ...]:
+    """The arms whose trials go on after the checkpoints read so far (module docstring: the race).
+
+    ``changes``: ``{K: (replicates, checkpoints read, windows)}`` of the arms still running, ``K = 0`` among them;
+    ``checkpoints``: the steps read so far, at least two (a line in ``log2 t``).  Each ``K > 0`` goes on while its
+    paired difference from ``K = 0``, predicted from these checkpoints (:func:`predict_change`), is
+    :func:`still_credible`; ``K = 0`` goes on while any does (it is what they must beat).  Returns the block counts
+    that go on, ascending (empty: the race is over, no arm can become credible).
+
+    Examples
+    --------
+    >>> none = np.zeros((1, 2, 4))
+    >>> gain = none - np.array([0.0, 0.02])[None, :, None] - np.array([0.0, 0.01, -0.01, 0.0])   # -0.02 more by t = 4
+    >>> racing({0: none, 1: none + 0.01, 2: gain}, (2, 4), 64, 0.006)   # K = 2's line: -0.02 per doubling
+    (0, 2)
+    >>> racing({0: none, 1: none + 0.01}, (2, 4), 64, 0.006)
+    ()
+    """
+    if len(checkpoints) < 2:
+        raise InputError(f"racing needs at least 2 checkpoints read (a line in log2 t), got {len(checkpoints)}")
+    none = np.asarray(changes[0], np.float64)
+    going = tuple(k for k in sorted(changes) if k > 0 and still_credible(
+        predict_change(np.asarray(changes[k], np.float64) - none, checkpoints, full_steps), tolerance, margin))
+    return (0, *going) if going else ()
+
+
 def choose_blocks(target: dict, general: dict | None, tolerance: float,
                   max_forgetting: float | None = None, versus_none: dict | None = None) -> FrontierChoice:
     """The block count (module docstring: expanding must beat ``K = 0`` credibly).
@@ -374,6 +450,6 @@ def choose_blocks(target: dict, general: dict | None, tolerance: float,
     return FrontierChoice(chosen, best, tolerance, excluded, reason, max_forgetting)
 
 
-__all__ = ["MIN_HELDOUT", "FrontierChoice", "Prediction", "TrialPlan", "affordable_heldout", "block_counts",
-           "choose_blocks", "credible", "extrapolation_weights", "new_positions", "plan_trials", "predict_change", "step_flops",
-           "uniform_groups", "uniform_places"]
+__all__ = ["MIN_HELDOUT", "RACE_MARGIN", "FrontierChoice", "Prediction", "TrialPlan", "affordable_heldout",
+           "block_counts", "choose_blocks", "credible", "extrapolation_weights", "new_positions", "plan_trials",
+           "predict_change", "racing", "step_flops", "still_credible", "uniform_groups", "uniform_places"]
