@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from zoo.models_torch import digits, digits_resnet, per_sample_ce
-from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe, TrialSettings
+from satcore import DecisionPolicy, InputError, InsertionDecision, ModelOnDataError, Recipe, TrialSettings
 from satcore._decisions.trials import (Calibration, CandidateDecision, TrialCurve, choose, error_scale, extrapolate,
                               halving_plan, trial_checkpoints, trial_plan, verified_candidate)
 from satcore.adapters.torch import decide, grow, probe_splits
@@ -677,11 +677,13 @@ def test_decide_refuses_inputs_it_cannot_decide_on_in_one_line(change, message):
     elif args["loss_fn"] == "per class":
         args["loss_fn"] = lambda out, target: torch.nn.functional.cross_entropy(
             out, target, reduction="none")[:, None].expand(-1, 10)
-    with pytest.raises(InputError, match=message):
+    with pytest.raises(InputError, match=message) as refused:
         trials = TrialSettings(**{k: args[k] for k in ("max_trials", "schedule") if k in args})
         policy = DecisionPolicy(Recipe("adam", 1e-3, 8, 32), trials=trials, candidates=CANDIDATES,
                                 **{k: args[k] for k in ("seed", "max_statistics_bytes") if k in args})
         decide(digits_resnet(), args["train"], args["heldout"], args["loss_fn"], policy=policy)
+    if change.get("loss_fn") == "nan":  # the model's, on that data: the CLI leads it with both files
+        assert isinstance(refused.value, ModelOnDataError)
 
 
 def test_a_misspelt_keyword_is_refused_as_decides_before_any_probe():

@@ -30,7 +30,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .._shared.errors import InputError
+from .._shared.errors import InputError, ModelOnDataError
 from .._shared.numbers import positive_count
 from .calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
 from .predictors import predict_gains
@@ -202,12 +202,13 @@ class TrialSettings:
 
 def check_unexpanded_losses(before: Mapping) -> None:
     """Refuse per-sample losses of the unexpanded model (``{"heldout": (n,), "train": (m,)}``) that no trial
-    can start from: a loss that is not finite, or fewer than 2 held-out samples (no standard error)."""
+    can start from: a loss that is not finite (:class:`ModelOnDataError`: the model's, on that data), or fewer
+    than 2 held-out samples (no standard error)."""
     for split, losses in before.items():
         if not np.isfinite(losses).all():
-            raise InputError(f"decide: the model's loss is not finite on {int((~np.isfinite(losses)).sum())} of "
-                             f"{losses.size} {'held-out' if split == 'heldout' else 'training'} samples before any "
-                             "block is inserted (loss_fn or the model gives NaN or inf)")
+            raise ModelOnDataError(f"decide: the model's loss is not finite on {int((~np.isfinite(losses)).sum())} of "
+                                   f"{losses.size} {'held-out' if split == 'heldout' else 'training'} samples "
+                                   "before any block is inserted (loss_fn or the model gives NaN or inf)")
     if before["heldout"].size < 2:
         raise InputError(f"decide: the held-out data holds {before['heldout'].size} sample(s); a trial's held-out "
                          "change needs at least 2 for its standard error")
