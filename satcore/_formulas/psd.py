@@ -106,8 +106,8 @@ class GramInverse(_Whitening):
 
     Made by :func:`gram_inverse` from a Cholesky factorisation where that
     provably keeps the directions the eigenvalue cut keeps.  ``factor`` is
-    ``W`` (``dim x rank``); at full rank it is ``S L^-T``, upper triangular
-    (``triangular``), held as the transposed view of the Fortran-ordered
+    ``W`` (``dim x rank``); at full rank it is ``S L^-T`` (times ``sqrt(mean_of)``),
+    upper triangular (``triangular``), held as the transposed view of the Fortran-ordered
     ``L^-1 S`` LAPACK's ``dtrtri`` gave (scaled in place, no copy), and
     whitening is one triangular product, half the multiply-adds of a general one.  ``lowest`` is a lower bound on the
     smallest eigenvalue of ``S G S`` (not the eigenvalue itself) and
