@@ -233,7 +233,8 @@ def with_eigen_route(run):
     from satcore._formulas import psd
     from satcore._statistics import candidate
 
-    candidate.gram_inverse = lambda K, rtol, rank_bound=None, symmetric=False: psd.psd_spectrum(K, rtol)
+    candidate.gram_inverse = (lambda K, rtol, rank_bound=None, symmetric=False, mean_of=1.0:
+                              psd.psd_spectrum(K, rtol).of_mean(mean_of))
     try:
         return run()
     finally:

@@ -213,3 +213,33 @@ def test_inverse_of_the_mean_gram_is_n_times_the_sums(rows, r, spread, route):
     C = rng.standard_normal((3, r)) @ G  # in K's row space
     direct = inverse(K)
     assert got.quadratic_form(C) == pytest.approx(direct.quadratic_form(C), rel=1e3 * EPS * cond)
+
+
+@pytest.mark.parametrize("rows, collinear, rank", [(200, 0.0, 60), (30, 0.0, 30), (200, 1e-6, 59)],
+                         ids=["certified", "rank-deficient", "ill-conditioned"])
+def test_a_packed_gram_takes_the_same_route_to_the_same_bits(rows, collinear, rank):
+    """``gram_inverse`` of a packed exactly symmetric Gram (a probe's ``sum_gram`` until read) factors the array it
+    unpacks it into: the same inverse, bit for bit, as from the whole matrix, also where the full-rank
+    certificate is tried and fails (every route after it rebuilds the matrix the factorisation overwrote): rank
+    deficient without a rank bound (``dpotrf`` stops midway) and full rank with two columns 1e-6 apart (the
+    bound misses the cut; the eigen route cuts that direction).  ``mean_of`` is ``of_mean``'s inverse of
+    ``G / n`` to round-off."""
+    from scipy.linalg.lapack import dtrttf
+
+    from satcore.adapter_api import PackedGram
+
+    rng = np.random.default_rng(rows)
+    P = rng.standard_normal((rows, 60)) * np.logspace(0, 3, 60)
+    if collinear:
+        P[:, -1] = P[:, 0] + collinear * rng.standard_normal(rows)
+    G = P.T @ P
+    G = np.triu(G) + np.triu(G, 1).T
+    packed = PackedGram(dtrttf(np.asfortranarray(G), transr="N", uplo="L")[0], 60)
+    assert np.array_equal(packed.whole(), G)
+    whole, held = psd.gram_inverse(G, symmetric=True), psd.gram_inverse(packed, symmetric=True)
+    assert type(whole) is type(held) and whole.rank == held.rank == rank
+    assert np.array_equal(whole.pinv(), held.pinv())
+    assert isinstance(held, psd.GramInverse) == (not collinear)
+    n = 37
+    mean = psd.gram_inverse(packed, symmetric=True, mean_of=n)
+    assert np.allclose(mean.pinv(), held.of_mean(n).pinv(), rtol=1e-12, atol=0)

@@ -226,6 +226,24 @@ def test_centred_float32_cross_within_its_error_bound_and_far_below_a_plain_floa
     assert max(errors) < 0.1 * np.linalg.norm(plain - exact)
 
 
+def test_a_centred_cross_formed_into_zeros_has_the_bits_of_adding_it_to_zeros():
+    """A fold's first batch is formed where it lies (``CentredCross.add_to_zeros``) instead of added to the
+    fold's zeros: the same bytes, for a float32 model's rows and for a form whose entries are ``-0.0`` (a
+    ``-0.0`` product plus ``+0 * m`` with ``m < 0``), which adding to zeros makes ``+0.0``."""
+    from satcore.adapters.torch.moments import CentredCross, centred_cross
+
+    g = torch.Generator().manual_seed(3)
+    q, psi = torch.randn(40, 6, generator=g), torch.randn(40, 9, generator=g) + 2.0
+    signed = CentredCross(torch.full((6, 9), -0.0), torch.zeros(6, dtype=torch.float64), -torch.ones(9))
+    assert bool(torch.signbit(signed.formed()).all())
+    for cross in (centred_cross(q, psi), signed):
+        added = torch.zeros(6, 9, dtype=torch.float64)
+        added += cross.formed()
+        formed = torch.zeros(6, 9, dtype=torch.float64)
+        cross.add_to_zeros(formed)
+        assert formed.numpy().tobytes() == added.numpy().tobytes()
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_kernel_inner_products_equal_per_sample_gradient_norms(dtype):
     """``sum_i <Q_i Q_i^T, Psi_i Psi_i^T>`` (one dsyrk triangle per sample on the CPU in float64)

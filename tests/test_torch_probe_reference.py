@@ -9,6 +9,8 @@ load_digits, Hugging Face GPT-2, GPT-NeoX and Llama trained on English text, a B
 ``nn.TransformerEncoder``.
 """
 
+import importlib
+
 import numpy as np
 import pytest
 import torch
@@ -142,3 +144,42 @@ def test_ag_batch_is_papers_eq2_on_real_gradients():
                 h.remove()
             Q.append(conv_gradients(g.numpy()))
     assert result.report()["layer2.1"].ag_batch == pytest.approx(ag_batch(np.concatenate(Q), 5), rel=1e-12)
+
+
+@pytest.mark.parametrize("immediate", [True, False], ids=["cpu", "accelerator"])
+def test_a_non_finite_loss_is_refused_naming_its_batch(immediate, monkeypatch, tmp_path):
+    """Batch 1 of 3 has a NaN and an infinite per-sample loss (2 of 4).  Where reading the loss costs nothing
+    (the CPU) its update is refused; where it would stall a device queue (patched in: an accelerator) the
+    counts stay on the device and the next sync refuses, the probe's result or its checkpoint, before the
+    checkpoint file is written; the batches before it pass either way."""
+    from satcore import ProbeError
+    from satcore.adapters.torch import Probe
+
+    # the module, which the package's probe function shadows as an attribute
+    monkeypatch.setattr(importlib.import_module("satcore.adapters.torch.probe"), "reads_without_sync",
+                        lambda device: immediate)
+    calls = []
+
+    def loss_fn(outputs, targets):
+        losses = mt.per_sample_ce(outputs, targets)
+        calls.append(None)
+        if len(calls) == 2:
+            losses = losses + torch.tensor([0.0, float("nan"), 0.0, float("inf")])
+        return losses
+
+    message = r"batch 1: the loss is NaN or infinite for 2 of 4 sample\(s\)"
+    batches = mt.digits_batches(4, 3)
+    model = mt.digits_resnet()
+    for checkpoint in (None, tmp_path / "sums.npz"):
+        calls.clear()
+        state = Probe(model, loss_fn, candidates=["layer2.0"], head=False, checkpoint=checkpoint,
+                      checkpoint_every=3)
+        state.update(batches[0])
+        if immediate:
+            with pytest.raises(ProbeError, match=message):
+                state.update(batches[1])
+            continue
+        state.update(batches[1])
+        with pytest.raises(ProbeError, match=message):
+            state.update(batches[2]) if checkpoint else state.result()
+        assert checkpoint is None or not checkpoint.exists()

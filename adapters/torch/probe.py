@@ -140,6 +140,11 @@ def input_device(model: nn.Module, parameter) -> torch.device:
     return parameter.device if parameter is not None else torch.device("cpu")
 
 
+def reads_without_sync(device: torch.device) -> bool:
+    """Whether reading a value of a tensor on ``device`` on the host waits for no device queue: the CPU's."""
+    return device.type == "cpu"
+
+
 def model_init_std(model: nn.Module) -> float | None:
     """The model's init scale when it states one (Hugging Face ``config.initializer_range``)."""
     value = getattr(getattr(model, "config", None), "initializer_range", None)
@@ -316,6 +321,7 @@ class Probe:
         self.statistics, self.families, self.specs = DepthStatistics(), {}, {}
         self.running: dict[str, RunningSums] = {}
         self.tapped: list[TappedBatch] = []  # batches not yet in the running sums (_holds_tapped)
+        self.unread_losses: list[tuple[int, torch.Tensor, int]] = []  # (batch, non-finite count on its device, size)
         self.batches_done = 0
         self._warned_scalar = False
         if config.checkpoint is not None and os.path.exists(config.checkpoint):
@@ -357,11 +363,8 @@ class Probe:
                 losses = loss_fn(outputs, targets)
             samples = _batch_size(losses, taps.streams, names)
             check_samples(keep, samples)
-            if torch.is_tensor(losses) and not bool(torch.isfinite(losses.detach()).all()):
-                # a NaN or Inf loss makes every gradient, so every sum, NaN: nothing after it could be scored
-                bad = int((~torch.isfinite(losses.detach())).sum())
-                raise ModelOnDataError(f"batch {self.batches_done}: the loss is NaN or infinite for {bad} of "
-                                       f"{losses.numel()} sample(s) (the model's outputs or the data)")
+            if torch.is_tensor(losses):
+                self._check_losses(losses.detach())
             if torch.is_tensor(losses) and losses.dim() == 0:
                 self._check_scalar_loss(keep, targets)
             grads = taps.gradients(per_sample_losses(losses, samples), names)
@@ -377,6 +380,29 @@ class Probe:
         if config.checkpoint is not None and self.batches_done % config.checkpoint_every == 0:
             self.save_checkpoint()
         return samples
+
+    def _check_losses(self, losses: torch.Tensor) -> None:
+        """Refuse a batch whose per-sample ``losses`` hold NaN or inf: they make every gradient, so every sum,
+        NaN, and nothing after them could be scored.  On the CPU at once; on an accelerator the count of
+        non-finite losses stays on the device (reading it per batch would stall the queue, as a sum's
+        ``float()`` would) and :meth:`_refuse_non_finite_losses` reads it at the probe's next sync."""
+        bad = (~torch.isfinite(losses)).sum()
+        self.unread_losses.append((self.batches_done, bad, losses.numel()))
+        if reads_without_sync(losses.device):
+            self._refuse_non_finite_losses()
+
+    def _refuse_non_finite_losses(self) -> None:
+        """Raise :class:`satcore.ModelOnDataError` naming the first batch of :attr:`unread_losses` that held a NaN or
+        infinite loss, if one did; one host read for all of them, where the probe syncs anyway (a result, a
+        checkpoint), before anything of those batches' sums is handed out or written."""
+        if not self.unread_losses:
+            return
+        counts = torch.stack([bad for _, bad, _ in self.unread_losses]).cpu().tolist()
+        pending, self.unread_losses = self.unread_losses, []
+        for (batch, _, size), bad in zip(pending, counts):
+            if bad:
+                raise ModelOnDataError(f"batch {batch}: the loss is NaN or infinite for {bad} of {size} sample(s) "
+                                       "(the model's outputs or the data)")
 
     def _holds_tapped(self) -> bool:
         """Whether the batches in :attr:`tapped` wait for the running sums: on the CPU, up to the first batch
@@ -431,6 +457,7 @@ class Probe:
 
     def save_checkpoint(self) -> None:
         """Write the running sums to ``config.checkpoint`` (a ``satcore-dump/1`` file)."""
+        self._refuse_non_finite_losses()
         self._add_tapped()
         _sync(self.running, self.statistics)
         save_checkpoint(self.config.checkpoint, self.statistics, _specs(self.families),
@@ -442,6 +469,7 @@ class Probe:
         The probe can go on after it: the result holds copies of the sums
         (``copy_sums=False``: the probe's own, for a last call, without doubling the memory).
         """
+        self._refuse_non_finite_losses()
         self._add_tapped()
         # without copies nor a checkpoint to write, no batch follows (probe's last call)
         _sync(self.running, self.statistics, last=not copy_sums and self.config.checkpoint is None)

@@ -74,6 +74,7 @@ class RunningSums:
         self.n_vectors, self.n_stream_vectors = statistics.n_vectors, statistics.n_stream_vectors
         self.fold_samples = None if not statistics.n_folds else statistics.fold_samples.copy()
         self.unformed_folds: dict[int, CentredCross] = {}  # fold -> its one batch since the last sync
+        self.blank_folds: set[int] = set()  # folds of unformed_folds whose batch is their first (zeros until formed)
         # position vectors counted since the last sync, of the stream and of the statistics (fewer
         # under position_subsample): Python ints, or device tensors once a padding mask counted them
         # there (read at sync, so no per-batch host copy)
@@ -123,6 +124,8 @@ class RunningSums:
             self._write_fold(fold)
             if isinstance(moments.sum_cross, CentredCross):
                 self.unformed_folds[fold] = moments.sum_cross
+                if not self.fold_samples[fold]:
+                    self.blank_folds.add(fold)
             else:
                 self.fold_cross[fold] += moments.sum_cross
             self.fold_samples[fold] += int(moments.n_samples)
@@ -138,7 +141,12 @@ class RunningSums:
         """Add the batch that waits for ``fold`` unformed, if one does, to it: the batches reach each
         fold in their order, as when each is added as it comes (the same bits)."""
         unformed = self.unformed_folds.pop(fold, None)
-        if unformed is not None:
+        if unformed is None:
+            return
+        if fold in self.blank_folds:  # its first batch: formed where it lies (CentredCross.add_to_zeros)
+            self.blank_folds.discard(fold)
+            unformed.add_to_zeros(self.fold_cross[fold])
+        else:
             self.fold_cross[fold] += unformed.formed()
 
     def _cross_from_folds(self) -> None:

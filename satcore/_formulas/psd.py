@@ -106,8 +106,8 @@ class GramInverse(_Whitening):
 
     Made by :func:`gram_inverse` from a Cholesky factorisation where that
     provably keeps the directions the eigenvalue cut keeps.  ``factor`` is
-    ``W`` (``dim x rank``); at full rank it is ``S L^-T``, upper triangular
-    (``triangular``), held as the transposed view of the Fortran-ordered
+    ``W`` (``dim x rank``); at full rank it is ``S L^-T`` (times ``sqrt(mean_of)``),
+    upper triangular (``triangular``), held as the transposed view of the Fortran-ordered
     ``L^-1 S`` LAPACK's ``dtrtri`` gave (scaled in place, no copy), and
     whitening is one triangular product, half the multiply-adds of a general one.  ``lowest`` is a lower bound on the
     smallest eigenvalue of ``S G S`` (not the eigenvalue itself) and
@@ -212,13 +212,14 @@ def _unit_diagonal(G, symmetric: bool = False) -> tuple[np.ndarray, np.ndarray]:
 
     An exactly ``symmetric`` ``G`` is scaled as it is: ``(G + G^T) / 2`` would be ``G``'s very bits
     (``2 g`` times ``s_i / 2`` is ``g s_i`` rounded once), and the transposed read is most of the pass.
+    A packed ``G`` (:func:`_matrix`) is exactly symmetric, made whole into a new array and scaled there.
     """
-    G = np.asarray(G, dtype=np.float64)
+    G, owned = _matrix(G)
     s = jacobi_scale(G)
     with np.errstate(over="ignore", invalid="ignore"):
-        if symmetric:
+        if symmetric or owned:
             # a slab of rows at a time, scaled by both sides while it is in cache: one pass over G, the same bits
-            scaled = np.empty_like(G)
+            scaled = G if owned else np.empty_like(G)
             for i in range(0, G.shape[0], ROW_STEP):
                 slab = np.multiply(G[i : i + ROW_STEP], s[i : i + ROW_STEP, None], out=scaled[i : i + ROW_STEP])
                 slab *= s[None, :]
@@ -227,6 +228,15 @@ def _unit_diagonal(G, symmetric: bool = False) -> tuple[np.ndarray, np.ndarray]:
         scaled *= 0.5 * s[:, None]
         scaled *= s[None, :]
     return s, scaled
+
+
+def _matrix(G) -> tuple[np.ndarray, bool]:
+    """``G`` as a float64 array, and whether that array is a new one this module may overwrite: a Gram held
+    packed (:class:`satcore.adapter_api.PackedGram`, anything with ``whole()``) is made whole into a new array,
+    which the unit-diagonal scaling then takes over (no second ``r x r`` array; the packed sums stay packed)."""
+    if hasattr(G, "whole"):
+        return G.whole(), True
+    return np.asarray(G, dtype=np.float64), False
 
 
 def _eigen_spectrum(s: np.ndarray, scaled: np.ndarray, rtol: float) -> PsdSpectrum:
@@ -246,7 +256,7 @@ UNBLOCKED_RANK_SHARE = 0.25  # a rank bound at most this share of dim: the unblo
 
 
 def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | None = None,
-                 symmetric: bool = False) -> GramInverse | PsdSpectrum:
+                 symmetric: bool = False, mean_of: float = 1.0) -> GramInverse | PsdSpectrum:
     """``G^- = S (S G S)^+ S`` at :func:`psd_spectrum`'s cut, from a pivoted Cholesky factor where it suffices.
 
     The same generalised inverse, rank and cut as :func:`psd_spectrum` (it is
@@ -276,7 +286,11 @@ def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | No
     at most ``n``); below ``dim`` the full-rank route is not tried.  It only
     picks the route: a wrong one costs time, never the answer.  ``symmetric``: ``G`` is exactly
     symmetric (a statistics' own Gram), so the symmetrising pass over ``G`` and its transpose is
-    skipped: the same bits, a tenth of the work at ``r = 2048``.  Otherwise (an ill-conditioned full-rank Gram, float32 sums whose residual
+    skipped: the same bits, a tenth of the work at ``r = 2048``; a ``G`` held packed
+    (:class:`satcore.adapter_api.PackedGram`) is exactly symmetric and is made whole here only, into the
+    array the route scales and factors in place.  ``mean_of``: the inverse returned is that of
+    ``G / mean_of``, ``mean_of G^-`` (``of_mean(mean_of)``), its factor scaled in the pass that applies
+    ``S`` rather than copied (an ``r x r`` array less per candidate of a report).  Otherwise (an ill-conditioned full-rank Gram, float32 sums whose residual
     passes the cut, an indefinite or non-finite matrix) this is
     :func:`psd_spectrum`.  ``lowest`` of a :class:`GramInverse` is the lower
     bound above (``-||R||_F`` when rank-deficient), ``highest`` the bound or
@@ -297,14 +311,17 @@ def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | No
     s, scaled = _unit_diagonal(G, symmetric)
     dim = scaled.shape[0]
     if not np.isfinite(scaled).all():
-        return psd_spectrum(G, rtol)
-    inverse = _certified_inverse(scaled, rtol) if rank_bound is None or rank_bound >= dim else None
-    if inverse is not None:
-        triangle, lowest, top = inverse
-        # W = S L^-T is the transpose of L^-1 S: the Fortran-ordered triangle's columns scaled in place, whose
-        # transposed view BLAS reads as it is when whitening (no r x r product and copy: 3.3 ms at r = 1024)
-        triangle *= s
-        return GramInverse(triangle.T, True, rtol * top, lowest, top)
+        return psd_spectrum(G, rtol).of_mean(mean_of)
+    if rank_bound is None or rank_bound >= dim:
+        inverse = _certified_inverse(scaled, rtol)
+        if inverse is not None:
+            triangle, lowest, top = inverse
+            # W = sqrt(mean_of) S L^-T is the transpose of L^-1 S sqrt(mean_of): the Fortran-ordered triangle's
+            # columns scaled in place, whose transposed view BLAS reads as it is when whitening (no r x r product
+            # and copy: 3.3 ms at r = 1024)
+            triangle *= s * np.sqrt(mean_of)
+            return GramInverse(triangle.T, True, rtol * top, lowest, top)
+        s, scaled = _unit_diagonal(G, symmetric)  # the factorisation took scaled's array
     # scaled.T: the Fortran-ordered view LAPACK reads as it is (its lower triangle, scaled's upper one), where
     # the C-ordered scaled would be copied transposed first (at r = 2048 that copy was as long as the factorisation),
     # factored in place: the factorisation does not reference the strict upper triangle of what it is given (LAPACK's
@@ -323,15 +340,15 @@ def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | No
     np.fill_diagonal(scaled, diagonal)
     order = pivots - 1  # row i of the factor is feature order[i]
     if info == 0:  # full rank, but the bound did not clear the cut
-        return _eigen_spectrum(s, scaled, rtol)
+        return _eigen_spectrum(s, scaled, rtol).of_mean(mean_of)
     mu, V = np.linalg.eigh(L.T @ L)
     top, spread = (float(mu[-1]) if rank else 0.0), _residual_norm(scaled, order[rank:], L[rank:])
     if info < 0 or top <= 0 or spread > RESIDUAL_SHARE * rtol * top:
-        return _eigen_spectrum(s, scaled, rtol)
+        return _eigen_spectrum(s, scaled, rtol).of_mean(mean_of)
     keep = mu > rtol * top
     W = np.empty((dim, int(keep.sum())))
     W[order] = L @ (V[:, keep] / mu[keep])  # back in feature order
-    return GramInverse(s[:, None] * W, False, rtol * top, -spread, top)
+    return GramInverse((s * np.sqrt(mean_of))[:, None] * W, False, rtol * top, -spread, top)
 
 
 def _residual_norm(scaled: np.ndarray, unfactored: np.ndarray, rows: np.ndarray) -> float:
@@ -364,14 +381,20 @@ def _residual_norm(scaled: np.ndarray, unfactored: np.ndarray, rows: np.ndarray)
 def _certified_inverse(scaled: np.ndarray, rtol: float) -> tuple[np.ndarray, float, float] | None:
     """``(L^-1, 1 / tr(scaled^-1), ||scaled||_F)`` from the unpivoted Cholesky factor ``scaled = L L^T`` when the
     lower bound ``1 / tr(scaled^-1)`` on its smallest eigenvalue clears the cut (:func:`gram_inverse`), else ``None``
-    (``dpotrf`` stops at the first non-positive pivot: a rank-deficient Gram costs little here)."""
+    (``dpotrf`` stops at the first non-positive pivot: a rank-deficient Gram costs little here).
+
+    Factored and inverted in ``scaled``'s own array (its transposed view; ``L^-1`` is returned in it, the rest
+    zeroed), so ``scaled`` no longer holds the matrix afterwards, whatever the answer: no second ``r x r`` array,
+    whose fresh pages cost as much as half the factorisation (a report's Grams at ``r = 1024``).
+    """
     from scipy.linalg import lapack
 
-    factor, info = lapack.dpotrf(scaled.T, lower=1, clean=1)  # the Fortran-ordered view: no transposed copy
+    top = float(np.linalg.norm(scaled))
+    # the Fortran-ordered view, factored where it is: no transposed copy, no copy at all
+    factor, info = lapack.dpotrf(scaled.T, lower=1, clean=1, overwrite_a=1)
     if info != 0:
         return None
     inverse, info = lapack.dtrtri(factor, lower=1, overwrite_c=1)  # in the factor's own array: no second r x r
-    top = float(np.linalg.norm(scaled))
     flat = inverse.ravel(order="K")  # a view of the Fortran-ordered triangle: ||L^-1||_F^2 without a squared copy
     lowest = 1.0 / float(np.dot(flat, flat))
     if info != 0 or not lowest > (CERTIFIED_MARGIN * rtol + CHOLESKY_ERROR * scaled.shape[0] * np.finfo(float).eps) * top:

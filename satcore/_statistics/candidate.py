@@ -535,16 +535,17 @@ class CandidateStatistics:
         """``K^-`` of ``K = sum_gram / n`` (:func:`~satcore._formulas.psd.gram_inverse`), the one every growth value,
         matched block and predicted change of these statistics reads (Lemma 4 of Liu et al.: ``V^2 = tr(C K^- C^T)``).
 
-        Made from ``sum_gram``'s own inverse as ``(sum_gram / n)^- = n sum_gram^-`` (``of_mean``; the unit-diagonal
-        ``S K S`` is ``sum_gram``'s), without an ``r x r`` copy ``K``: one route, so that the report's growth value and
+        Made from ``sum_gram``'s own inverse as ``(sum_gram / n)^- = n sum_gram^-`` (``mean_of``; the unit-diagonal
+        ``S K S`` is ``sum_gram``'s), without an ``r x r`` copy ``K``, from a packed ``sum_gram`` without making it
+        whole here (``gram_inverse`` unpacks it into the array it factors): one route, so that the report's growth value and
         ``grow``'s predicted change ``-alpha V^2`` agree to round-off however ill-conditioned ``K`` is (two
         routes to one inverse differ by round-off times its conditioning).  ``K``'s rank is at most its position
         vectors (the route's ``rank_bound``); sums these statistics added up themselves are exactly symmetric.
         """
         if self.n_samples == 0:
             raise InputError("these statistics hold no samples: K = sum_gram / n is undefined")
-        return gram_inverse(self.sum_gram, rtol, rank_bound=self._feature_rows(),
-                            symmetric=self._exact_gram).of_mean(self.n_samples)
+        return gram_inverse(self._sum_gram, rtol, rank_bound=self._feature_rows(), symmetric=self._exact_gram,
+                            mean_of=self.n_samples)
 
     def stream_rms(self) -> float | None:
         """``||z||_S = sqrt(sum_i ||z_i||^2 / n_samples)``, the empirical norm of the candidate's stream
@@ -573,8 +574,10 @@ class CandidateStatistics:
     def _check_finite(self, name: str) -> None:
         """Refuse sums that hold NaN or inf: adapters add batches without looking at them
         (a per-batch check would stall a GPU), so this is where a float16 overflow surfaces."""
-        fields = [f for f in ("sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm") + MATRIX_FIELDS
-                  if getattr(self, f) is not None and not _all_finite(getattr(self, f))]
+        # a packed sum_gram by its packed entries (the same numbers): reading sum_gram would make it whole
+        values = {f: self._sum_gram.packed if f == "sum_gram" and isinstance(self._sum_gram, PackedGram)
+                  else getattr(self, f) for f in ("sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm") + MATRIX_FIELDS}
+        fields = [f for f, value in values.items() if value is not None and not _all_finite(value)]
         if fields:
             raise InputError(
                 f"candidate {name!r}: {', '.join(fields)} not finite: its gradients or features held NaN or inf, "
