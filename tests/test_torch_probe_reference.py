@@ -151,8 +151,9 @@ def test_a_non_finite_loss_is_refused_naming_its_batch(immediate, monkeypatch, t
     """Batch 1 of 3 has a NaN and an infinite per-sample loss (2 of 4).  Where reading the loss costs nothing
     (the CPU) its update is refused; where it would stall a device queue (patched in: an accelerator) the
     counts stay on the device and the next sync refuses, the probe's result or its checkpoint, before the
-    checkpoint file is written; the batches before it pass either way."""
-    from satcore import ProbeError
+    checkpoint file is written; the batches before it pass either way.  Either refusal is the model's, on that
+    data (:class:`satcore.ModelOnDataError`: the command line leads it with both files)."""
+    from satcore import ModelOnDataError
     from satcore.adapters.torch import Probe
 
     # the module, which the package's probe function shadows as an attribute
@@ -176,10 +177,10 @@ def test_a_non_finite_loss_is_refused_naming_its_batch(immediate, monkeypatch, t
                       checkpoint_every=3)
         state.update(batches[0])
         if immediate:
-            with pytest.raises(ProbeError, match=message):
+            with pytest.raises(ModelOnDataError, match=message):
                 state.update(batches[1])
             continue
         state.update(batches[1])
-        with pytest.raises(ProbeError, match=message):
+        with pytest.raises(ModelOnDataError, match=message):
             state.update(batches[2]) if checkpoint else state.result()
         assert checkpoint is None or not checkpoint.exists()
