@@ -35,6 +35,7 @@ from satcore._decisions.calibration import DEFAULT_CALIBRATION  # noqa: E402
 from satcore._shared.errors import InputError  # noqa: E402
 from satcore.cli.expand import _report, _table_notes  # noqa: E402
 from satcore.cli.main import main  # noqa: E402
+from test_hostile_outputs import refuse_new_files_in  # noqa: E402
 
 T = transformers
 COMMON = dict(vocab_size=64, max_position_embeddings=32, use_cache=True, attn_implementation="eager",
@@ -684,6 +685,9 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
     ("out_parent_is_a_file", "-o notes.txt/p5: its parent notes.txt is a file, not a directory"),
     ("plot_parent_missing", "nope/f.png: cannot write into "),  # before the decision, not after OUT_DIR was written
     ("plot_parent_is_a_file", "notes.txt/f.png: cannot write (Not a directory)"),
+    # a folder whose permission bits allow writing (os.access, root) but which takes no file: before the decision
+    ("out_parent_takes_no_file", "-o locked/p5: cannot write into "),
+    ("plot_folder_takes_no_file", "locked/f.png: cannot write into "),
     ("neither_blocks_nor_at", "give --blocks K|auto, or --at NAME,... to force the positions"),
     ("blocks_zero", "Invalid value for '--blocks': '0': at least 1 block; --blocks auto decides whether to add any"),
     ("blocks_negative", "Invalid value for '--blocks': '-1': at least 1 block"),
@@ -757,6 +761,12 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, m
         out = "notes.txt/p5" if case.startswith("out") else out
         plot = {"plot_parent_missing": "nope/f.png", "plot_parent_is_a_file": "notes.txt/f.png"}.get(case)
         extra = ["--blocks", "auto", "--steps", "600", "--plot", plot] if plot else extra
+    elif case.endswith("takes_no_file"):
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "locked").mkdir()
+        refuse_new_files_in(monkeypatch, tmp_path / "locked")
+        out = "locked/p5" if case.startswith("out") else out
+        extra = ["--blocks", "auto", "--steps", "600"] + (["--plot", "locked/f.png"] if case.startswith("plot") else [])
     elif case == "neither_blocks_nor_at":
         extra = []
     elif case in ("blocks_zero", "blocks_negative", "blocks_not_a_number"):
@@ -786,6 +796,8 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, m
         assert (tmp_path / "notes.txt").read_text() == "mine"
     if case == "plot_parent_missing":
         assert lines[0].endswith("/nope (No such file or directory)")
+    if case.endswith("takes_no_file"):
+        assert lines[0].endswith("/locked (Permission denied)") and os.listdir(tmp_path / "locked") == []
     if before is not None:
         assert digest(model_dir) == before
 
