@@ -106,6 +106,14 @@ def _announcer(first: str | None):
     return announce
 
 
+def _same_file(first: str, second: str) -> bool:
+    """Whether the paths name one file (however spelled or linked); a missing one is refused by its reader."""
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return False
+
+
 def _check_counts(config: dict, blocks, max_blocks, model_dir: str) -> None:
     """Refuse a ``--blocks K`` or ``--max-blocks`` the model's layer count (from its ``config.json``, where it
     names one) cannot take, before the weights are read: ``L`` layers have ``L + 1`` places, and the frontier's
@@ -332,6 +340,10 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
                                f"{'it' if len(frontier_only) == 1 else 'they'} would be ignored")
     if max_forgetting is not None and general_path is None:
         raise click.UsageError("--max-forgetting needs --general-data (the general loss is measured on it)")
+    if general_path is not None and data_path is not None and _same_file(general_path, data_path):
+        # its windows would be the trials' training windows: a "general change" that only falls, whatever it costs
+        raise click.UsageError(f"--general-data {display_name(general_path)} is the --data file; give other text, of "
+                               "the model's old domain: the general loss measures what the training costs there")
     if blocks == "auto" and decision == "screen":
         raise click.UsageError("--blocks auto with --decision screen: the screen runs no trial, so it cannot price "
                                "K = 0 against K > 0; give --blocks K with --decision screen, or drop --decision "

@@ -694,6 +694,7 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
     ("blocks_not_a_number", "Invalid value for '--blocks': 'abc' is neither an integer nor 'auto'"),
     ("blocks_and_at", "give --blocks K|auto or --at NAME,..., not both"),
     ("no_data", "--data FILE is required unless --at forces the positions"),
+    ("general_is_data", "is the --data file; give other text, of the model's old domain"),
     ("max_blocks_without_auto", "--max-blocks caps --blocks auto only; with --blocks 1 it would be ignored"),
     ("auto_with_screen", "--blocks auto with --decision screen: the screen runs no trial, so it cannot price K = 0 "
                          "against K > 0; give --blocks K with --decision screen, or drop --decision screen for the "
@@ -775,6 +776,9 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, m
         extra = ["--blocks", "1", "--at", "1"]
     elif case == "no_data":
         data = None
+    elif case == "general_is_data":  # another spelling of the same file: a link
+        os.symlink(data, tmp_path / "general.txt")
+        extra = ["--blocks", "auto", "--steps", "600", "--general-data", str(tmp_path / "general.txt")]
     elif case == "max_blocks_without_auto":
         extra = ["--blocks", "1", "--max-blocks", "1"]
     elif case == "auto_with_screen":
