@@ -132,6 +132,14 @@ def _check_counts(config: dict, blocks, max_blocks, model_dir: str) -> None:
                          f"--max-blocks {layers}")
 
 
+def _check_seq_len(seq_len: int | None, context: tuple[str, int] | None, model_dir: str) -> None:
+    """Refuse a ``--seq-len`` longer than the model's ``context`` (:func:`~satcore.adapters.torch.hf.context_length`
+    of its ``config.json`` or its built config; ``None``: it names none)."""
+    if seq_len is not None and context is not None and seq_len > context[1]:
+        raise InputError(f"--seq-len {seq_len}: longer than the model's context ({context[0]} {context[1]} in "
+                         f"{display_name(model_dir)}/config.json)")
+
+
 def _check_statistics_cap(model, data, policy, gib: float) -> None:
     """Refuse a ``--max-statistics-gib`` below what the decision's smallest probe pass holds (the largest place's
     statistics, or the last block's and the head's together, both splits), naming the least that works, before
@@ -381,6 +389,7 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     config = read_config(model_dir)
     saved_dtype = checkpoint_dtype(config)
     _check_counts(config, blocks, max_blocks, model_dir)  # before the weights are read
+    _check_seq_len(seq_len, context_length(config), model_dir)  # so too where config.json names the context
     # decided in float32, saved in the checkpoint's dtype
     model = load_causal_lm(model_dir, copies=EXPAND_COPIES)
     try:
@@ -389,10 +398,7 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         raise ProbeError(f"{display_name(model_dir)}: {exc}") from None
     recipe = Recipe(optimizer, lr=lr, steps=steps, batch_size=batch_size, trainable="block")
     forced = None if at is None else _at_option(at, len(names), names)
-    context = context_length(model.config)
-    if seq_len is not None and context is not None and seq_len > context[1]:
-        raise InputError(f"--seq-len {seq_len}: longer than the model's context ({context[0]} {context[1]} in "
-                         f"{display_name(model_dir)}/config.json)")
+    _check_seq_len(seq_len, context_length(model.config), model_dir)  # the architecture's default context
     data = general = None
     windows = {"seq_len": seq_len or min(window_length(model.config), 256 if on_gpu else 128),
                "max_windows": max_windows or (256 if on_gpu else 64)}

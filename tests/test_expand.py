@@ -608,7 +608,8 @@ def test_cli_ranked_layout_names_its_defaults_first(checkpoint, tmp_path):
 
 
 def test_cli_counts_past_the_models_layers_are_refused_from_its_config_before_its_weights(checkpoint, tmp_path):
-    """--blocks K above the L + 1 places and --max-blocks above the L layers: one line naming the flag and the
+    """--blocks K above the L + 1 places, --max-blocks above the L layers and a --seq-len past the context (it
+    once loaded the weights, float32 copies of a large model, first): one line naming the flag and the
     largest value that works, from config.json alone (the weights file is garbage here, and it is still this
     refusal), with no defaults line before it; the Python twin refuses max_blocks above the layers too,
     so what expansion.json records as max_blocks is the arms' largest K (one rule, max_blocks_cap)."""
@@ -618,11 +619,14 @@ def test_cli_counts_past_the_models_layers_are_refused_from_its_config_before_it
     model_dir = tmp_path / "m"
     shutil.copytree(folder, model_dir)
     (model_dir / "model.safetensors").write_bytes(b"not a safetensors file")
+    context = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
     for extra, message in ((["--blocks", "100000"], "--blocks 100000: the model has 5 places for a block "
                             f"(num_hidden_layers 4 in {model_dir}/config.json, and the head); give at most --blocks 5"),
                            (["--blocks", "auto", "--max-blocks", "1000000"], "--max-blocks 1000000: more blocks than "
                             f"the model's layers (num_hidden_layers 4 in {model_dir}/config.json); give at most "
-                            "--max-blocks 4")):
+                            "--max-blocks 4"),
+                           (["--blocks", "1", "--seq-len", "100000"], "--seq-len 100000: longer than the model's "
+                            f"context (max_position_embeddings {context} in {model_dir}/config.json)")):
         result = cli("expand", model_dir, "--data", text, "-o", tmp_path / "o", "--seq-len", "16", *extra)
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert result.exit_code == 2 and lines == [f"satcore: error: {message}"], result.output
