@@ -104,8 +104,10 @@ def moves_report(expansion) -> list[str]:
         lines.append("  the screen ranks each group's uniform place first: no move to try")
     for move in check.moves:
         d = move.difference
-        # why a move with its interval below 0 stays: the gain is within the tolerance (the rule's second half)
-        why = "its interval reaches 0" if d.interval[1] >= 0 else f"a gain within the tolerance, {check.tolerance:.3g} nats"
+        # why a move stays: credibly worse, uncertain, or (interval below 0) a gain within the tolerance
+        why = ("the move is predicted worse: its interval lies above 0" if d.interval[0] > 0 else
+               "its interval reaches 0" if d.interval[1] >= 0 else
+               f"a gain within the tolerance, {check.tolerance:.3g} nats")
         verdict = f"moved to {move.proposed}" if move.moved else f"stays at {move.uniform} ({why})"
         lines.append(f"  {move.uniform} -> {move.proposed} (the screen's first in its group): predicted held-out "
                      f"change {num(d.point)} [{num(d.interval[0])}, {num(d.interval[1])}] against uniform after "

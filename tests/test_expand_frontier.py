@@ -496,6 +496,7 @@ def test_a_move_needs_a_credible_trial_else_the_places_are_uniform():
 @pytest.mark.parametrize("interval, point, why", [
     ((-0.008, -0.002), -0.005, "a gain within the tolerance, 0.0188 nats"),  # credible, yet smaller than it
     ((-0.006, 0.001), -0.0025, "its interval reaches 0"),
+    ((0.014, 0.023), 0.018, "the move is predicted worse: its interval lies above 0"),  # once "its interval reaches 0"
 ])
 def test_a_move_that_stays_says_which_half_of_the_rule_kept_it(interval, point, why):
     """blocks=K: the rule moves a block only where the difference's 95% interval is below 0 AND its point below
