@@ -659,6 +659,15 @@ def test_cli_screen_states_its_plan_first_and_shows_its_bar_unless_quiet(checkpo
 
 
 # --- the command --------------------------------------------------------------------------------------
+def general_text(text, tmp_path) -> str:
+    """A --general-data file for the checkpoint's corpus ``text``: its sentences in reverse order, in a file of its
+    own (the --data file itself is refused as --general-data)."""
+    path = tmp_path / "general.txt"
+    with open(text, encoding="utf-8") as stream:
+        path.write_text(". ".join(reversed(stream.read().split(". "))), encoding="utf-8")
+    return str(path)
+
+
 def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_path):  # noqa: F811
     """A constructed case where no expansion can help: a learning rate (1e-12) under which no arm moves the loss.
     Every arm is within the tolerance of the best, so K = 0: nothing inserted, said in plain words, and the
@@ -666,7 +675,7 @@ def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_pat
     folder, text = checkpoint
     out = tmp_path / "grown"
     result = cli("expand", folder, "--data", text, "--blocks", "auto", "-o", out, "--seq-len", "16", "--steps", "600",
-                 "--lr", "1e-12", "--general-data", text, "--quiet")
+                 "--lr", "1e-12", "--general-data", general_text(text, tmp_path), "--quiet")
     assert result.exit_code == 0, result.output
     assert "expanding does not pay here" in result.output.lower()
     assert "instead: continue training the model as it is (your 600 steps on it)" in result.output
@@ -708,7 +717,7 @@ def test_cli_with_every_arm_over_max_forgetting_chooses_none_and_warns_of_a_harm
     folder, text = checkpoint
     out = tmp_path / "grown"
     result = cli("expand", folder, "--data", text, "--blocks", "auto", "-o", out, "--seq-len", "16", "--steps", "600",
-                 "--lr", "10", "--general-data", text, "--max-forgetting", "0", "--quiet")
+                 "--lr", "10", "--general-data", general_text(text, tmp_path), "--max-forgetting", "0", "--quiet")
     assert result.exit_code == 0, result.output
     record = json.loads((out / "expansion.json").read_text())
     decision = record["decision"]
@@ -772,7 +781,7 @@ def test_cli_says_the_max_forgetting_it_applied_where_no_arm_is_over_it(checkpoi
     folder, text = checkpoint
     out = tmp_path / "grown"
     result = cli("expand", folder, "--data", text, "--blocks", "auto", "-o", out, "--seq-len", "16", "--steps", "600",
-                 "--general-data", text, "--max-forgetting", "10", "--plot", out / "f.png", "--quiet")
+                 "--general-data", general_text(text, tmp_path), "--max-forgetting", "10", "--plot", out / "f.png", "--quiet")
     assert result.exit_code == 0, result.output  # the figure goes into the OUT_DIR expand makes: not refused early
     assert (out / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     chosen = json.loads((out / "expansion.json").read_text())["chosen_blocks"]
