@@ -89,8 +89,10 @@ def frontier_report(expansion) -> list[str]:
         limit = frontier.choice.max_forgetting
         if limit is not None:  # the limit the user gave is applied even where the table marks no arm over it
             over = ", ".join(f"K = {k}" for k in frontier.choice.excluded) or "no arm"
+            # short trials miss how much the planned training forgets (expansion-decision.md, Retention): say so here
             lines.append(f"max forgetting: {limit:.3g} nats of predicted general loss change (--max-forgetting); "
-                         f"over it: {over}")
+                         f"over it: {over}; the prediction carries the trials' first steps to yours: it ranks the "
+                         "arms, and is no bound on what your training forgets")
     if frontier.warning:
         lines.append(f"warning: {frontier.warning}")
     return lines + [cost_line(expansion)]

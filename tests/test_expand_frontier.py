@@ -796,8 +796,9 @@ def test_cli_says_the_max_forgetting_it_applied_where_no_arm_is_over_it(checkpoi
         assert all(low < high for low, high in zip(spans[::2], spans[1::2]))
     assert all(arm["predicted_general_change"] < 10 for arm in record["frontier"])
     assert record["decision"]["max_forgetting"] == 10 and record["decision"]["excluded_by_max_forgetting"] == []
-    assert ("max forgetting: 10 nats of predicted general loss change (--max-forgetting); over it: no arm"
-            in result.output.splitlines())
+    assert ("max forgetting: 10 nats of predicted general loss change (--max-forgetting); over it: no arm; the "
+            "prediction carries the trials' first steps to yours: it ranks the arms, and is no bound on what your "
+            "training forgets" in result.output.splitlines())
 
 
 def lines_stating_no_arm_within(card: str) -> list[str]:
