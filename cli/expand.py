@@ -132,6 +132,12 @@ def _check_counts(config: dict, blocks, max_blocks, model_dir: str) -> None:
                          f"--max-blocks {layers}")
 
 
+def _window_tokens(seq_len: int | None, config, on_gpu: bool) -> int:
+    """``--seq-len``, else ``min(128, context)`` on a CPU, ``min(256, context)`` on a GPU (``config``: the model's
+    config, or its ``config.json`` object before the weights are read)."""
+    return seq_len or min(window_length(config), 256 if on_gpu else 128)
+
+
 def _check_seq_len(seq_len: int | None, context: tuple[str, int] | None, model_dir: str) -> None:
     """Refuse a ``--seq-len`` longer than the model's ``context`` (:func:`~satcore.adapters.torch.hf.context_length`
     of its ``config.json`` or its built config; ``None``: it names none)."""
@@ -371,8 +377,9 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         refuse_inside_model_dir(plot_path, model_dir)
         plot_format(plot_path)
     from satcore import DecisionPolicy, Recipe
-    from satcore.adapters.torch.checkpoint_dir import (EXPAND_COPIES, check_checkpoint_dir, checkpoint_dtype,
-                                                       load_causal_lm, read_config, read_token_windows)
+    from satcore.adapters.torch.checkpoint_dir import (EXPAND_COPIES, MIN_WINDOWS, check_checkpoint_dir,
+                                                       checkpoint_dtype, load_causal_lm, read_config,
+                                                       read_token_windows)
     from satcore.adapters.torch.expansion import ExpansionOptions, decoder_stack
     from satcore.adapters.torch.expansion import expand as expand_model
     from satcore.adapters.torch.expansion_exports import lora_adapter_config, write_training_exports
@@ -390,6 +397,13 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     saved_dtype = checkpoint_dtype(config)
     _check_counts(config, blocks, max_blocks, model_dir)  # before the weights are read
     _check_seq_len(seq_len, context_length(config), model_dir)  # so too where config.json names the context
+    if isinstance(config.get("vocab_size"), int):  # a file's refusal (empty, too short, text without a tokenizer,
+        # not UTF-8, ids past the vocabulary) before the weights are read: the fewest windows expand takes, read
+        # again in full once the model has sized them
+        for path in (p for p in (data_path, general_path) if p is not None):
+            read_token_windows(path, tokenizer_dir=model_dir, vocab_size=config["vocab_size"],
+                               seq_len=_window_tokens(seq_len, config, on_gpu),
+                               max_windows=MIN_WINDOWS)
     # decided in float32, saved in the checkpoint's dtype
     model = load_causal_lm(model_dir, copies=EXPAND_COPIES)
     try:
@@ -400,7 +414,7 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     forced = None if at is None else _at_option(at, len(names), names)
     _check_seq_len(seq_len, context_length(model.config), model_dir)  # the architecture's default context
     data = general = None
-    windows = {"seq_len": seq_len or min(window_length(model.config), 256 if on_gpu else 128),
+    windows = {"seq_len": _window_tokens(seq_len, model.config, on_gpu),
                "max_windows": max_windows or (256 if on_gpu else 64)}
     windows_rule = "given" if max_windows is not None else "default"
     if max_windows is None and blocks == "auto" and decision == "trial" and data_path is not None:

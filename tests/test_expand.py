@@ -637,6 +637,41 @@ def test_cli_counts_past_the_models_layers_are_refused_from_its_config_before_it
     assert "a quarter of the layers). [1<=x<=the model's layers]" in help_text
 
 
+@pytest.mark.parametrize("case, message", [
+    ("empty", "empty.txt: no text"),
+    ("short", "short.txt: 6 tokens make 0 window(s) of 16; expand needs at least 4"),
+    ("not_utf8", "latin1.txt: not UTF-8 text (byte 0xe9 at offset 3)"),
+    ("no_tokenizer", "no tokenizer (tokenizer.json or tokenizer_config.json) to tokenise text data with"),
+    ("general_empty", "empty.txt: no text"),
+])
+def test_cli_data_files_are_refused_before_the_weights_are_read(checkpoint, tmp_path, case, message):
+    """An empty --data or --general-data, one shorter than the 4 windows expand takes, text that is not UTF-8, text
+    for a checkpoint without a tokenizer: refused in one line before the weights are read (the weights file is
+    garbage here, and it is still this refusal).  They came after loading every weight, in float32 copies."""
+    import shutil
+
+    folder, text = checkpoint
+    model_dir = tmp_path / "m"
+    shutil.copytree(folder, model_dir)
+    (model_dir / "model.safetensors").write_bytes(b"not a safetensors file")
+    files = {"empty": "", "short": "The kernel", "not_utf8": "caf\xe9 " * 400}
+    for name, content in files.items():
+        (tmp_path / {"empty": "empty.txt", "short": "short.txt", "not_utf8": "latin1.txt"}[name]).write_bytes(
+            content.encode("latin-1"))
+    data, extra = {"empty": tmp_path / "empty.txt", "short": tmp_path / "short.txt",
+                   "not_utf8": tmp_path / "latin1.txt"}.get(case, text), []
+    if case == "no_tokenizer":
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (model_dir / name).unlink()
+    elif case == "general_empty":
+        extra = ["--general-data", tmp_path / "empty.txt"]
+    result = cli("expand", model_dir, "--data", data, "-o", tmp_path / "o", "--seq-len", "16", "--blocks", "auto",
+                 "--steps", "600", *extra)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output
+    assert not os.path.lexists(tmp_path / "o")
+
+
 def test_cli_screen_cost_fraction_is_in_block_steps_and_the_card_names_what_trains(checkpoint, tmp_path):
     """--decision screen, which --decision-budget does not bound: decision_cost_fraction is cost_block_steps over
     --steps, in block-steps, and exceeds 1 where the probe's passes outnumber the planned steps (docs); the card's
