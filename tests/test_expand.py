@@ -759,6 +759,8 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, m
         shutil.rmtree(model_dir)
         T.BertForMaskedLM(T.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                                        intermediate_size=32)).save_pretrained(model_dir)
+        data = tmp_path / "ids.jsonl"  # token ids, as a checkpoint without a tokenizer takes (the data, valid)
+        data.write_text(json.dumps([5] * 16 * 8) + "\n")
     elif case == "quantized":
         config = json.loads((model_dir / "config.json").read_text())
         config["quantization_config"] = {"quant_method": "gguf"}
