@@ -868,6 +868,8 @@ def test_cli_default_windows_fit_a_400_step_plan_and_the_plan_states_both_counts
 
 @pytest.mark.parametrize("extra,message", [
     (["--blocks", "auto", "--steps", "50"], "deciding among 2 arm(s) with 1 seed(s) each needs at least"),
+    # three arms or more: the largest can be given up instead (a plan whose --steps are fixed)
+    (["--blocks", "auto", "--steps", "50", "--max-blocks", "2"], "deciding among 3 arm(s) with 1 seed(s)"),
     (["--blocks", "2", "--steps", "8"], "is 0.8 steps' FLOPs; checking the places of 2 block(s) (a trial of the "
      "uniform places and one per group the screen may move a block in: 3 trials) with 1 seed(s) each needs at least"),
     (["--blocks", "auto", "--steps", "600", "--max-forgetting", "0.1"], "--max-forgetting needs --general-data"),
@@ -884,6 +886,8 @@ def test_cli_refusals_are_one_line(extra, message, checkpoint, tmp_path):  # noq
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output  # no defaults line first
     assert not (tmp_path / "o").exists()
+    if "arm(s)" in message:  # the frontier names fewer arms where there are more than two
+        assert lines[0].endswith("; or fewer arms: --max-blocks 1 (K = 0, 1)") is ("3 arm(s)" in message)
     if "checking the places" in message:  # --blocks K: how to run without the budget, and no "arm(s)"
         assert "arm(s)" not in lines[0] and lines[0].endswith(
             "or --decision screen (the first-order screen alone, its cost the probe) or --layout ranked (trials of one "
