@@ -106,6 +106,14 @@ def _announcer(first: str | None):
     return announce
 
 
+def _same_file(first: str, second: str) -> bool:
+    """Whether the paths name one file (however spelled or linked); a missing one is refused by its reader."""
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return False
+
+
 def _check_counts(config: dict, blocks, max_blocks, model_dir: str) -> None:
     """Refuse a ``--blocks K`` or ``--max-blocks`` the model's layer count (from its ``config.json``, where it
     names one) cannot take, before the weights are read: ``L`` layers have ``L + 1`` places, and the frontier's
@@ -122,6 +130,20 @@ def _check_counts(config: dict, blocks, max_blocks, model_dir: str) -> None:
     if max_blocks is not None and max_blocks > layers:
         raise InputError(f"--max-blocks {max_blocks}: more blocks than the model's layers ({shown}); give at most "
                          f"--max-blocks {layers}")
+
+
+def _window_tokens(seq_len: int | None, config, on_gpu: bool) -> int:
+    """``--seq-len``, else ``min(128, context)`` on a CPU, ``min(256, context)`` on a GPU (``config``: the model's
+    config, or its ``config.json`` object before the weights are read)."""
+    return seq_len or min(window_length(config), 256 if on_gpu else 128)
+
+
+def _check_seq_len(seq_len: int | None, context: tuple[str, int] | None, model_dir: str) -> None:
+    """Refuse a ``--seq-len`` longer than the model's ``context`` (:func:`~satcore.adapters.torch.hf.context_length`
+    of its ``config.json`` or its built config; ``None``: it names none)."""
+    if seq_len is not None and context is not None and seq_len > context[1]:
+        raise InputError(f"--seq-len {seq_len}: longer than the model's context ({context[0]} {context[1]} in "
+                         f"{display_name(model_dir)}/config.json)")
 
 
 def _check_statistics_cap(model, data, policy, gib: float) -> None:
@@ -336,6 +358,10 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
                                f"{'it' if len(frontier_only) == 1 else 'they'} would be ignored")
     if max_forgetting is not None and general_path is None:
         raise click.UsageError("--max-forgetting needs --general-data (the general loss is measured on it)")
+    if general_path is not None and data_path is not None and _same_file(general_path, data_path):
+        # its windows would be the trials' training windows: a "general change" that only falls, whatever it costs
+        raise click.UsageError(f"--general-data {display_name(general_path)} is the --data file; give other text, of "
+                               "the model's old domain: the general loss measures what the training costs there")
     if blocks == "auto" and decision == "screen":
         raise click.UsageError("--blocks auto with --decision screen: the screen runs no trial, so it cannot price "
                                "K = 0 against K > 0; give --blocks K with --decision screen, or drop --decision "
@@ -355,8 +381,9 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         refuse_inside_model_dir(plot_path, model_dir)
         plot_format(plot_path)
     from satcore import DecisionPolicy, Recipe
-    from satcore.adapters.torch.checkpoint_dir import (EXPAND_COPIES, check_checkpoint_dir, checkpoint_dtype,
-                                                       load_causal_lm, read_config, read_token_windows)
+    from satcore.adapters.torch.checkpoint_dir import (EXPAND_COPIES, MIN_WINDOWS, check_checkpoint_dir,
+                                                       checkpoint_dtype, load_causal_lm, read_config,
+                                                       read_token_windows)
     from satcore.adapters.torch.expansion import ExpansionOptions, decoder_stack
     from satcore.adapters.torch.expansion import expand as expand_model
     from satcore.adapters.torch.expansion_exports import lora_adapter_config, write_training_exports
@@ -373,6 +400,14 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     config = read_config(model_dir)
     saved_dtype = checkpoint_dtype(config)
     _check_counts(config, blocks, max_blocks, model_dir)  # before the weights are read
+    _check_seq_len(seq_len, context_length(config), model_dir)  # so too where config.json names the context
+    if isinstance(config.get("vocab_size"), int):  # a file's refusal (empty, too short, text without a tokenizer,
+        # not UTF-8, ids past the vocabulary) before the weights are read: the fewest windows expand takes, read
+        # again in full once the model has sized them
+        for path in (p for p in (data_path, general_path) if p is not None):
+            read_token_windows(path, tokenizer_dir=model_dir, vocab_size=config["vocab_size"],
+                               seq_len=_window_tokens(seq_len, config, on_gpu),
+                               max_windows=MIN_WINDOWS)
     # decided in float32, saved in the checkpoint's dtype
     model = load_causal_lm(model_dir, copies=EXPAND_COPIES)
     try:
@@ -381,12 +416,9 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         raise ProbeError(f"{display_name(model_dir)}: {exc}") from None
     recipe = Recipe(optimizer, lr=lr, steps=steps, batch_size=batch_size, trainable="block")
     forced = None if at is None else _at_option(at, len(names), names)
-    context = context_length(model.config)
-    if seq_len is not None and context is not None and seq_len > context[1]:
-        raise InputError(f"--seq-len {seq_len}: longer than the model's context ({context[0]} {context[1]} in "
-                         f"{display_name(model_dir)}/config.json)")
+    _check_seq_len(seq_len, context_length(model.config), model_dir)  # the architecture's default context
     data = general = None
-    windows = {"seq_len": seq_len or min(window_length(model.config), 256 if on_gpu else 128),
+    windows = {"seq_len": _window_tokens(seq_len, model.config, on_gpu),
                "max_windows": max_windows or (256 if on_gpu else 64)}
     windows_rule = "given" if max_windows is not None else "default"
     if max_windows is None and blocks == "auto" and decision == "trial" and data_path is not None:

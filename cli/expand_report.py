@@ -89,8 +89,10 @@ def frontier_report(expansion) -> list[str]:
         limit = frontier.choice.max_forgetting
         if limit is not None:  # the limit the user gave is applied even where the table marks no arm over it
             over = ", ".join(f"K = {k}" for k in frontier.choice.excluded) or "no arm"
+            # short trials miss how much the planned training forgets (expansion-decision.md, Retention): say so here
             lines.append(f"max forgetting: {limit:.3g} nats of predicted general loss change (--max-forgetting); "
-                         f"over it: {over}")
+                         f"over it: {over}; the prediction carries the trials' first steps to yours: it ranks the "
+                         "arms, and is no bound on what your training forgets")
     if frontier.warning:
         lines.append(f"warning: {frontier.warning}")
     if frontier.stopped_at is not None:
@@ -108,8 +110,10 @@ def moves_report(expansion) -> list[str]:
         lines.append("  the screen ranks each group's uniform place first: no move to try")
     for move in check.moves:
         d = move.difference
-        # why a move with its interval below 0 stays: the gain is within the tolerance (the rule's second half)
-        why = "its interval reaches 0" if d.interval[1] >= 0 else f"a gain within the tolerance, {check.tolerance:.3g} nats"
+        # why a move stays: credibly worse, uncertain, or (interval below 0) a gain within the tolerance
+        why = ("the move is predicted worse: its interval lies above 0" if d.interval[0] > 0 else
+               "its interval reaches 0" if d.interval[1] >= 0 else
+               f"a gain within the tolerance, {check.tolerance:.3g} nats")
         verdict = f"moved to {move.proposed}" if move.moved else f"stays at {move.uniform} ({why})"
         lines.append(f"  {move.uniform} -> {move.proposed} (the screen's first in its group): predicted held-out "
                      f"change {num(d.point)} [{num(d.interval[0])}, {num(d.interval[1])}] against uniform after "

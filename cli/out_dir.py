@@ -18,7 +18,7 @@ import shutil
 import tempfile
 
 from satcore import InputError
-from satcore.adapter_api import OutputError
+from satcore.adapter_api import OutputError, check_folder_writable
 
 from .common import display_name
 
@@ -45,11 +45,7 @@ def check_out_dir(out_dir: str, *, source_dir: str | None = None, option: str = 
             raise InputError(f"{_named(shown, option)}: its parent {display_name(given)} is a file, not a directory")
         raise InputError(f"{_named(shown, option)}: its parent directory {display_name(given)} does not exist "
                          "(create it first)")
-    try:  # a folder made and removed: os.access answers yes to root where no folder can be made (/proc)
-        os.rmdir(tempfile.mkdtemp(prefix=".satcore-write-check-", dir=parent))
-    except OSError as exc:
-        raise InputError(f"{_named(shown, option)}: its parent directory {display_name(parent)} is not writable (a "
-                         f"folder cannot be made in it: {exc.strerror or exc})") from None
+    check_folder_writable(_named(shown, option), parent)  # created in, not os.access: root passes that anywhere
     name_max, path_max = _limit(parent, "PC_NAME_MAX", 255), _limit(parent, "PC_PATH_MAX", 4096)
     if len(os.fsencode(os.path.basename(os.path.abspath(out_dir)))) > name_max:
         raise InputError(f"{_named(shown, option)}: its name is longer than the {name_max} bytes the file system "

@@ -35,6 +35,7 @@ from satcore._decisions.calibration import DEFAULT_CALIBRATION  # noqa: E402
 from satcore._shared.errors import InputError  # noqa: E402
 from satcore.cli.expand import _report, _table_notes  # noqa: E402
 from satcore.cli.main import main  # noqa: E402
+from test_hostile_outputs import refuse_new_files_in  # noqa: E402
 
 T = transformers
 COMMON = dict(vocab_size=64, max_position_embeddings=32, use_cache=True, attn_implementation="eager",
@@ -627,7 +628,8 @@ def test_cli_ranked_layout_names_its_defaults_first(checkpoint, tmp_path):
 
 
 def test_cli_counts_past_the_models_layers_are_refused_from_its_config_before_its_weights(checkpoint, tmp_path):
-    """--blocks K above the L + 1 places and --max-blocks above the L layers: one line naming the flag and the
+    """--blocks K above the L + 1 places, --max-blocks above the L layers and a --seq-len past the context (it
+    once loaded the weights, float32 copies of a large model, first): one line naming the flag and the
     largest value that works, from config.json alone (the weights file is garbage here, and it is still this
     refusal), with no defaults line before it; the Python twin refuses max_blocks above the layers too,
     so what expansion.json records as max_blocks is the arms' largest K (one rule, max_blocks_cap)."""
@@ -637,11 +639,14 @@ def test_cli_counts_past_the_models_layers_are_refused_from_its_config_before_it
     model_dir = tmp_path / "m"
     shutil.copytree(folder, model_dir)
     (model_dir / "model.safetensors").write_bytes(b"not a safetensors file")
+    context = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
     for extra, message in ((["--blocks", "100000"], "--blocks 100000: the model has 5 places for a block "
                             f"(num_hidden_layers 4 in {model_dir}/config.json, and the head); give at most --blocks 5"),
                            (["--blocks", "auto", "--max-blocks", "1000000"], "--max-blocks 1000000: more blocks than "
                             f"the model's layers (num_hidden_layers 4 in {model_dir}/config.json); give at most "
-                            "--max-blocks 4")):
+                            "--max-blocks 4"),
+                           (["--blocks", "1", "--seq-len", "100000"], "--seq-len 100000: longer than the model's "
+                            f"context (max_position_embeddings {context} in {model_dir}/config.json)")):
         result = cli("expand", model_dir, "--data", text, "-o", tmp_path / "o", "--seq-len", "16", *extra)
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert result.exit_code == 2 and lines == [f"satcore: error: {message}"], result.output
@@ -650,6 +655,41 @@ def test_cli_counts_past_the_models_layers_are_refused_from_its_config_before_it
         expand(model, windows(), blocks="auto", options=ExpansionOptions(max_blocks=5))
     help_text = " ".join(cli("expand", "--help").output.split())
     assert "a quarter of the layers). [1<=x<=the model's layers]" in help_text
+
+
+@pytest.mark.parametrize("case, message", [
+    ("empty", "empty.txt: no text"),
+    ("short", "short.txt: 6 tokens make 0 window(s) of 16; expand needs at least 4"),
+    ("not_utf8", "latin1.txt: not UTF-8 text (byte 0xe9 at offset 3)"),
+    ("no_tokenizer", "no tokenizer (tokenizer.json or tokenizer_config.json) to tokenise text data with"),
+    ("general_empty", "empty.txt: no text"),
+])
+def test_cli_data_files_are_refused_before_the_weights_are_read(checkpoint, tmp_path, case, message):
+    """An empty --data or --general-data, one shorter than the 4 windows expand takes, text that is not UTF-8, text
+    for a checkpoint without a tokenizer: refused in one line before the weights are read (the weights file is
+    garbage here, and it is still this refusal).  They came after loading every weight, in float32 copies."""
+    import shutil
+
+    folder, text = checkpoint
+    model_dir = tmp_path / "m"
+    shutil.copytree(folder, model_dir)
+    (model_dir / "model.safetensors").write_bytes(b"not a safetensors file")
+    files = {"empty": "", "short": "The kernel", "not_utf8": "caf\xe9 " * 400}
+    for name, content in files.items():
+        (tmp_path / {"empty": "empty.txt", "short": "short.txt", "not_utf8": "latin1.txt"}[name]).write_bytes(
+            content.encode("latin-1"))
+    data, extra = {"empty": tmp_path / "empty.txt", "short": tmp_path / "short.txt",
+                   "not_utf8": tmp_path / "latin1.txt"}.get(case, text), []
+    if case == "no_tokenizer":
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (model_dir / name).unlink()
+    elif case == "general_empty":
+        extra = ["--general-data", tmp_path / "empty.txt"]
+    result = cli("expand", model_dir, "--data", data, "-o", tmp_path / "o", "--seq-len", "16", "--blocks", "auto",
+                 "--steps", "600", *extra)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output
+    assert not os.path.lexists(tmp_path / "o")
 
 
 def test_cli_screen_cost_fraction_is_in_block_steps_and_the_card_names_what_trains(checkpoint, tmp_path):
@@ -704,12 +744,16 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
     ("out_parent_is_a_file", "-o notes.txt/p5: its parent notes.txt is a file, not a directory"),
     ("plot_parent_missing", "nope/f.png: cannot write into "),  # before the decision, not after OUT_DIR was written
     ("plot_parent_is_a_file", "notes.txt/f.png: cannot write (Not a directory)"),
+    # a folder whose permission bits allow writing (os.access, root) but which takes no file: before the decision
+    ("out_parent_takes_no_file", "-o locked/p5: cannot write into "),
+    ("plot_folder_takes_no_file", "locked/f.png: cannot write into "),
     ("neither_blocks_nor_at", "give --blocks K|auto, or --at NAME,... to force the positions"),
     ("blocks_zero", "Invalid value for '--blocks': '0': at least 1 block; --blocks auto decides whether to add any"),
     ("blocks_negative", "Invalid value for '--blocks': '-1': at least 1 block"),
     ("blocks_not_a_number", "Invalid value for '--blocks': 'abc' is neither an integer nor 'auto'"),
     ("blocks_and_at", "give --blocks K|auto or --at NAME,..., not both"),
     ("no_data", "--data FILE is required unless --at forces the positions"),
+    ("general_is_data", "is the --data file; give other text, of the model's old domain"),
     ("max_blocks_without_auto", "--max-blocks caps --blocks auto only; with --blocks 1 it would be ignored"),
     ("auto_with_screen", "--blocks auto with --decision screen: the screen runs no trial, so it cannot price K = 0 "
                          "against K > 0; give --blocks K with --decision screen, or drop --decision screen for the "
@@ -735,6 +779,8 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, m
         shutil.rmtree(model_dir)
         T.BertForMaskedLM(T.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                                        intermediate_size=32)).save_pretrained(model_dir)
+        data = tmp_path / "ids.jsonl"  # token ids, as a checkpoint without a tokenizer takes (the data, valid)
+        data.write_text(json.dumps([5] * 16 * 8) + "\n")
     elif case == "quantized":
         config = json.loads((model_dir / "config.json").read_text())
         config["quantization_config"] = {"quant_method": "gguf"}
@@ -777,6 +823,12 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, m
         out = "notes.txt/p5" if case.startswith("out") else out
         plot = {"plot_parent_missing": "nope/f.png", "plot_parent_is_a_file": "notes.txt/f.png"}.get(case)
         extra = ["--blocks", "auto", "--steps", "600", "--plot", plot] if plot else extra
+    elif case.endswith("takes_no_file"):
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "locked").mkdir()
+        refuse_new_files_in(monkeypatch, tmp_path / "locked")
+        out = "locked/p5" if case.startswith("out") else out
+        extra = ["--blocks", "auto", "--steps", "600"] + (["--plot", "locked/f.png"] if case.startswith("plot") else [])
     elif case == "neither_blocks_nor_at":
         extra = []
     elif case in ("blocks_zero", "blocks_negative", "blocks_not_a_number"):
@@ -785,6 +837,9 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, m
         extra = ["--blocks", "1", "--at", "1"]
     elif case == "no_data":
         data = None
+    elif case == "general_is_data":  # another spelling of the same file: a link
+        os.symlink(data, tmp_path / "general.txt")
+        extra = ["--blocks", "auto", "--steps", "600", "--general-data", str(tmp_path / "general.txt")]
     elif case == "max_blocks_without_auto":
         extra = ["--blocks", "1", "--max-blocks", "1"]
     elif case == "auto_with_screen":
@@ -806,6 +861,8 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, m
         assert (tmp_path / "notes.txt").read_text() == "mine"
     if case == "plot_parent_missing":
         assert lines[0].endswith("/nope (No such file or directory)")
+    if case.endswith("takes_no_file"):
+        assert lines[0].endswith("/locked (Permission denied)") and os.listdir(tmp_path / "locked") == []
     if before is not None:
         assert digest(model_dir) == before
 

@@ -135,6 +135,34 @@ def test_model_card_names_base_places_and_how_to_train(bf16_tied, tmp_path, monk
     monkeypatch.chdir(tmp_path)
     assert peft.LoraConfig.from_pretrained(json.loads(printed)).layers_to_transform == [1, 4]
     assert "llamafactory-cli train llamafactory.yaml" in card and "model.layers.1. model.layers.4." in card
+    # [1, 4] is no form of LLaMA-Factory's freeze tuning: its file is LoRA, and the card says so, as for PEFT's
+    assert ('finetuning_type: "lora"' in (out / "llamafactory.yaml").read_text()
+            and "`llamafactory-cli train llamafactory.yaml`; LoRA on those layers" in card)
+    assert "puts LoRA adapters (rank 8) on exactly those layers: low-rank updates, not those layers' full" in card
+
+
+@pytest.mark.parametrize("train", ["all", "new_blocks"])
+def test_model_card_trains_what_the_decision_priced(train):
+    """Without ``--freeze-old`` the decision priced training every parameter (``K = 0`` against ``K`` blocks, all
+    trained): the card says to train so, and offers the new blocks alone (LLaMA-Pro's recipe) as not priced; with
+    it, training the new blocks alone is the priced recipe.  (The card used to say "Train layers [...] only" under
+    a decision of ``"train": "all"``.)"""
+    from satcore.adapters.torch.expansion_exports import model_card
+
+    record = {"num_hidden_layers": {"before": 4, "after": 6}, "positions": [2, 5], "inserted_before": [2, "head"],
+              "copied_from": [1, 3], "init": "copy", "source": "base", "layout": "uniform", "train": train,
+              "data": {"file": "new.txt", "windows": 64, "seq_len": 32}, "recipe": {"optimizer": "adamw"},
+              "cost_block_steps": 16, "frontier": None, "decision": {"method": "m"}, "trainable_layers": [2, 5],
+              "llama_factory": {"finetuning_type": "freeze"},
+              "ms_swift": {"trainable_parameters": ["model.layers.2.", "model.layers.5."]}}
+    card = model_card(record, "out")
+    priced_all = "The decision priced training every parameter of the grown model"
+    assert (priced_all in card) is (train == "all")
+    assert ("To train layers [2, 5] only (LLaMA-Pro's recipe, which this decision did not price) instead" in card) is (
+        train == "all")
+    assert ("Train layers [2, 5] only (LLaMA-Pro's recipe, the one the decision priced)" in card) is (
+        train == "new_blocks")
+    assert "`llamafactory-cli train llamafactory.yaml`: full training of those layers (freeze tuning)" in card
 
 
 @pytest.mark.parametrize("frontier, keys", [([{"blocks": 0}, {"blocks": 1}], "(`frontier`, `decision`)"),

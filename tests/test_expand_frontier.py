@@ -520,6 +520,7 @@ def test_a_move_needs_a_credible_trial_else_the_places_are_uniform():
 @pytest.mark.parametrize("interval, point, why", [
     ((-0.008, -0.002), -0.005, "a gain within the tolerance, 0.0188 nats"),  # credible, yet smaller than it
     ((-0.006, 0.001), -0.0025, "its interval reaches 0"),
+    ((0.014, 0.023), 0.018, "the move is predicted worse: its interval lies above 0"),  # once "its interval reaches 0"
 ])
 def test_a_move_that_stays_says_which_half_of_the_rule_kept_it(interval, point, why):
     """blocks=K: the rule moves a block only where the difference's 95% interval is below 0 AND its point below
@@ -685,6 +686,15 @@ def test_cli_screen_states_its_plan_first_and_shows_its_bar_unless_quiet(checkpo
 
 
 # --- the command --------------------------------------------------------------------------------------
+def general_text(text, tmp_path) -> str:
+    """A --general-data file for the checkpoint's corpus ``text``: its sentences in reverse order, in a file of its
+    own (the --data file itself is refused as --general-data)."""
+    path = tmp_path / "general.txt"
+    with open(text, encoding="utf-8") as stream:
+        path.write_text(". ".join(reversed(stream.read().split(". "))), encoding="utf-8")
+    return str(path)
+
+
 def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_path):  # noqa: F811
     """A constructed case where no expansion can help: a learning rate (1e-12) under which no arm moves the loss.
     Every arm is within the tolerance of the best, so K = 0: nothing inserted, said in plain words, and the
@@ -692,7 +702,7 @@ def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_pat
     folder, text = checkpoint
     out = tmp_path / "grown"
     result = cli("expand", folder, "--data", text, "--blocks", "auto", "-o", out, "--seq-len", "16", "--steps", "600",
-                 "--lr", "1e-12", "--general-data", text, "--quiet")
+                 "--lr", "1e-12", "--general-data", general_text(text, tmp_path), "--quiet")
     assert result.exit_code == 0, result.output
     assert "expanding does not pay here" in result.output.lower()
     assert "instead: continue training the model as it is (your 600 steps on it)" in result.output
@@ -734,7 +744,7 @@ def test_cli_with_every_arm_over_max_forgetting_chooses_none_and_warns_of_a_harm
     folder, text = checkpoint
     out = tmp_path / "grown"
     result = cli("expand", folder, "--data", text, "--blocks", "auto", "-o", out, "--seq-len", "16", "--steps", "600",
-                 "--lr", "10", "--general-data", text, "--max-forgetting", "0", "--quiet")
+                 "--lr", "10", "--general-data", general_text(text, tmp_path), "--max-forgetting", "0", "--quiet")
     assert result.exit_code == 0, result.output
     record = json.loads((out / "expansion.json").read_text())
     decision = record["decision"]
@@ -798,7 +808,7 @@ def test_cli_says_the_max_forgetting_it_applied_where_no_arm_is_over_it(checkpoi
     folder, text = checkpoint
     out = tmp_path / "grown"
     result = cli("expand", folder, "--data", text, "--blocks", "auto", "-o", out, "--seq-len", "16", "--steps", "600",
-                 "--general-data", text, "--max-forgetting", "10", "--plot", out / "f.png", "--quiet")
+                 "--general-data", general_text(text, tmp_path), "--max-forgetting", "10", "--plot", out / "f.png", "--quiet")
     assert result.exit_code == 0, result.output  # the figure goes into the OUT_DIR expand makes: not refused early
     assert (out / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     chosen = json.loads((out / "expansion.json").read_text())["chosen_blocks"]
@@ -813,8 +823,9 @@ def test_cli_says_the_max_forgetting_it_applied_where_no_arm_is_over_it(checkpoi
         assert all(low < high for low, high in zip(spans[::2], spans[1::2]))
     assert all(arm["predicted_general_change"] < 10 for arm in record["frontier"])
     assert record["decision"]["max_forgetting"] == 10 and record["decision"]["excluded_by_max_forgetting"] == []
-    assert ("max forgetting: 10 nats of predicted general loss change (--max-forgetting); over it: no arm"
-            in result.output.splitlines())
+    assert ("max forgetting: 10 nats of predicted general loss change (--max-forgetting); over it: no arm; the "
+            "prediction carries the trials' first steps to yours: it ranks the arms, and is no bound on what your "
+            "training forgets" in result.output.splitlines())
 
 
 def lines_stating_no_arm_within(card: str) -> list[str]:
@@ -884,6 +895,8 @@ def test_cli_default_windows_fit_a_400_step_plan_and_the_plan_states_both_counts
 
 @pytest.mark.parametrize("extra,message", [
     (["--blocks", "auto", "--steps", "50"], "deciding among 2 arm(s) with 1 seed(s) each needs at least"),
+    # three arms or more: the largest can be given up instead (a plan whose --steps are fixed)
+    (["--blocks", "auto", "--steps", "50", "--max-blocks", "2"], "deciding among 3 arm(s) with 1 seed(s)"),
     (["--blocks", "2", "--steps", "8"], "is 0.8 steps' FLOPs; checking the places of 2 block(s) (a trial of the "
      "uniform places and one per group the screen may move a block in: 3 trials) with 1 seed(s) each needs at least"),
     (["--blocks", "auto", "--steps", "600", "--max-forgetting", "0.1"], "--max-forgetting needs --general-data"),
@@ -900,6 +913,8 @@ def test_cli_refusals_are_one_line(extra, message, checkpoint, tmp_path):  # noq
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output  # no defaults line first
     assert not (tmp_path / "o").exists()
+    if "arm(s)" in message:  # the frontier names fewer arms where there are more than two
+        assert lines[0].endswith("; or fewer arms: --max-blocks 1 (K = 0, 1)") is ("3 arm(s)" in message)
     if "checking the places" in message:  # --blocks K: how to run without the budget, and no "arm(s)"
         assert "arm(s)" not in lines[0] and lines[0].endswith(
             "or --decision screen (the first-order screen alone, its cost the probe) or --layout ranked (trials of one "

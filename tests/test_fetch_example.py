@@ -75,7 +75,7 @@ def test_dir_and_name_are_checked_before_any_work(tmp_path, case):
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux's /proc, where no folder can be made")
 def test_a_dir_whose_parent_takes_no_folder_is_refused_before_the_conversion(monkeypatch):
     """DIR in /proc, as root: ``os.access`` said /proc was writable (root's answer, made everyone's here), so the
-    conversion ran for minutes before the write failed; a folder made in the parent is the check, before any work."""
+    conversion ran for minutes before the write failed; a file created in the parent is the check, before any work."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from pathlib import Path
@@ -88,8 +88,7 @@ def test_a_dir_whose_parent_takes_no_folder_is_refused_before_the_conversion(mon
     monkeypatch.setattr(gguf, "load_gguf_causal_lm", lambda path: converted.append(path))
     result = CliRunner().invoke(main, ["fetch-example", "smollm2", "/proc/satcore-example"])
     # the reason is the OS's: root is told no such file or directory, anyone else permission denied
-    assert one_line_error(result).startswith("satcore: error: /proc/satcore-example: its parent directory /proc is not "
-                                             "writable (a folder cannot be made in it: ")
+    assert one_line_error(result).startswith("satcore: error: /proc/satcore-example: cannot write into /proc (")
     assert converted == []
 
 

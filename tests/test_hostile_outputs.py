@@ -209,6 +209,48 @@ def test_output_into_a_missing_folder_is_refused_before_any_work(dumps, tmp_path
     assert sorted(os.listdir(tmp_path)) == ["H.npz", "T.png"]
 
 
+def refuse_new_files_in(monkeypatch, folder) -> None:
+    """Make ``folder`` take no new file or folder, as a read-only mount, an ACL or ``/proc`` does even for root
+    (whom its permission bits, and so ``os.access``, never stop): the unnamed file the atomic writer and its
+    check create, and the temporary directory an output directory is staged in, fail with EACCES there."""
+    import tempfile
+
+    import satcore._io.atomic
+
+    locked = os.stat(folder)
+    refused = PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    unnamed_file, mkdtemp = satcore._io.atomic._unnamed_file, tempfile.mkdtemp
+
+    def no_unnamed_file(dir_fd):
+        if os.path.samestat(os.fstat(dir_fd), locked):
+            raise refused
+        return unnamed_file(dir_fd)
+
+    def no_folder(*args, dir=None, **kwargs):
+        if dir is not None and os.path.samestat(os.stat(dir), locked):
+            raise refused
+        return mkdtemp(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(satcore._io.atomic, "_unnamed_file", no_unnamed_file)
+    monkeypatch.setattr(tempfile, "mkdtemp", no_folder)
+
+
+@pytest.mark.parametrize("command", ["score", "sweep", "merge"])
+def test_output_into_a_folder_that_takes_no_file_is_refused_before_any_work(dumps, tmp_path, monkeypatch, command):
+    """A folder that is there but takes no new file (its permission bits allow it) is one line naming the file
+    and the folder, before anything is printed: checked by creating a file there, not by ``os.access``."""
+    heldout, train = dumps
+    (tmp_path / "locked").mkdir()
+    refuse_new_files_in(monkeypatch, tmp_path / "locked")
+    target = str(tmp_path / "locked" / "out.png")
+    args = [command, heldout, "--plot", target] if command != "merge" else [command, heldout, train, "-o", target]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert_one_line(result.stderr, [target, "cannot write into", str(tmp_path / "locked"), "Permission denied"])
+    assert os.listdir(tmp_path / "locked") == []
+
+
 def strict_json(text: str):
     def refuse(constant):
         raise AssertionError(f"non-JSON constant {constant}")

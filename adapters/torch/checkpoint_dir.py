@@ -388,6 +388,9 @@ def _token_capacity(path, suffix: str) -> int:
     return size // 2 + 1 if suffix == ".jsonl" else size
 
 
+MIN_WINDOWS = 4  # the fewest windows expand decides on
+
+
 def read_token_windows(path, *, tokenizer_dir, vocab_size: int, seq_len: int, max_windows: int) -> torch.Tensor:
     """``(N, seq_len)`` token ids from ``path`` (module docstring), ``N <= max_windows``.
 
@@ -412,7 +415,7 @@ def read_token_windows(path, *, tokenizer_dir, vocab_size: int, seq_len: int, ma
         ids = _text_ids(path, load_tokenizer(tokenizer_dir), n_tokens)
     check_token_ids(ids, vocab_size, shown)
     n = len(ids) // seq_len
-    if n < 4:
-        raise InputError(f"{shown}: {len(ids)} tokens make {n} window(s) of {seq_len}; expand needs at least 4 "
-                         "(lower --seq-len or give more data)")
+    if n < MIN_WINDOWS:
+        raise InputError(f"{shown}: {len(ids)} tokens make {n} window(s) of {seq_len}; expand needs at least "
+                         f"{MIN_WINDOWS} (lower --seq-len or give more data)")
     return torch.from_numpy(ids[: n * seq_len].reshape(n, seq_len).copy())

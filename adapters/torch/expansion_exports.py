@@ -122,15 +122,24 @@ def model_card(record: dict, out_dir: str) -> str:
                      else "Every candidate place's evidence is in `expansion.json` (`evidence`, `decision`).")
     if not record["positions"]:
         return "\n".join(lines) + "\n"
-    lines += ["", "## How to train the new blocks", "",
-              f"Train layers {record['trainable_layers']} only (LLaMA-Pro's recipe), with any of:", "",
+    layers_only = f"layers {record['trainable_layers']} only (LLaMA-Pro's recipe"
+    if record["layout"] == "forced" or _recipe(record)["train"] == "new_blocks":
+        how = f"Train {layers_only}{'' if record['layout'] == 'forced' else ', the one the decision priced'}), with any of:"
+    else:  # the decision priced training every parameter: the card may not send the user to another recipe unsaid
+        how = ("The decision priced training every parameter of the grown model (the recipe's `\"train\": \"all\"`; "
+               "`--freeze-old` prices training the new blocks only): train it so, with your trainer's full "
+               f"fine-tuning. To train {layers_only}, which this decision did not price) instead, with any of:")
+    lora_factory = not record["llama_factory"].get("expressible", True)
+    lines += ["", "## How to train the new blocks", "", how, "",
               # the folder's absolute path, as llamafactory.yaml's model_name_or_path: "peft" alone loaded only
               # from inside OUT_DIR
               "* PEFT: `peft.get_peft_model(model, peft.LoraConfig.from_pretrained("
               f"{json.dumps(os.path.join(os.path.abspath(out_dir), PEFT_DIR))}))` puts LoRA "
-              "adapters on exactly those layers;",
+              f"adapters (rank {LORA_RANK}) on exactly those layers: low-rank updates, not those layers' full training;",
               f"* LLaMA-Factory: `{LLAMA_FACTORY_FILE}` (add your dataset), `llamafactory-cli train "
-              f"{LLAMA_FACTORY_FILE}`;",
+              f"{LLAMA_FACTORY_FILE}`" + ("; LoRA on those layers, as PEFT's, since LLaMA-Factory's freeze tuning "
+                                         "selects the last, the first or every (layers/n)-th layer only;"
+                                         if lora_factory else ": full training of those layers (freeze tuning);"),
               "* ms-swift: `--train_type full --freeze_parameters_ratio 1 --trainable_parameters "
               + " ".join(record["ms_swift"]["trainable_parameters"]) + "`;",
               "* plain PyTorch: set `requires_grad` on parameters whose names start with "

@@ -467,8 +467,12 @@ def _plan(costs: _Costs, counts: list, recipe: Recipe, budget: DecisionBudget, e
     """The trials' plan (:func:`satcore._decisions.frontier.plan_trials`) when ``evaluated`` windows (one count per
     split read at each checkpoint) are held out."""
     read = {k: sum(costs.read(uniform_places(costs.n, k), w) for w in evaluated) for k in counts}
+    # a plan that is fixed (its --steps) can give up the largest arm instead of a larger budget
+    fewer = (f"; or fewer arms: --max-blocks {counts[-2]} (K = {', '.join(map(str, counts[:-1]))})"
+             if len(counts) > 2 else "")
     return plan_trials(recipe.steps, budget.fraction, [costs.step(uniform_places(costs.n, k)) for k in counts],
-                       [read[k] for k in counts], budget.replicates, TIMING_PASSES * costs.full() + read[0])
+                       [read[k] for k in counts], budget.replicates, TIMING_PASSES * costs.full() + read[0],
+                       otherwise=fewer)
 
 
 def trial_windows(trial_steps: int, batch_size: int) -> int:

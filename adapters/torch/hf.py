@@ -73,10 +73,11 @@ def context_length(config) -> tuple[str, int] | None:
     """``(key, positions)``: the model's context as its ``config.json`` names it (GPT-2's
     ``n_positions``, Llama's ``max_position_embeddings``, ...), or ``None`` when the config has
     none of :data:`CONTEXT_KEYS`.  Longer windows index past GPT-2's position table, and feed
-    rotary models positions they were never trained on."""
+    rotary models positions they were never trained on.  ``config``: a transformers config, or the
+    ``config.json`` object as read (a ``dict``, before the weights are)."""
     aliases = getattr(config, "attribute_map", {})
     for key in CONTEXT_KEYS:
-        value = getattr(config, key, None)
+        value = config.get(key) if isinstance(config, dict) else getattr(config, key, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return aliases.get(key, key), value
     return None

@@ -100,11 +100,37 @@ def _cannot_write_into(shown: str, folder: str, exc: OSError) -> OutputError:
     return OutputError(f"{shown}: cannot write into {display_name(folder)} ({exc.strerror or exc})")
 
 
+def check_folder_writable(shown: str, folder: str) -> None:
+    """Refuse ``folder`` (for the output ``shown``) unless a file can be created in it, by creating one as
+    :func:`atomic_write` does: unnamed where the platform allows, else under a hidden name removed at once.
+
+    ``os.access`` answers from the permission bits alone, which root passes everywhere and which ACLs,
+    security modules, FUSE mounts and ``/proc`` or ``/sys`` overrule; a command that trusted it found its
+    output folder unwritable only after all its work.
+    """
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _cannot_write_into(shown, folder, exc) from None
+    try:
+        fd = _unnamed_file(dir_fd)
+        if fd is None:
+            trial = _hidden_name("satcore-write-check")
+            fd = os.open(trial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+            os.unlink(trial, dir_fd=dir_fd)
+        os.close(fd)
+    except OSError as exc:
+        raise _cannot_write_into(shown, folder, exc) from None
+    finally:
+        os.close(dir_fd)
+
+
 def check_target(path, inputs=(), *, folder_exists: bool = True) -> None:
     """Refuse ``path`` if it exists and is not a regular file, or is one of ``inputs`` or of the files the
     running command has read (module docstring), by resolved path or as the same file; and, with
-    ``folder_exists``, a new ``path`` whose folder is not there (a command checks its outputs before its work;
-    ``False`` where the command makes the folder itself, as ``satcore expand`` its ``-o`` directory)."""
+    ``folder_exists``, a new ``path`` whose folder is not there; and a ``path`` whose folder, there, takes no new
+    file (:func:`check_folder_writable`).  A command checks its outputs before its work; ``folder_exists`` is
+    ``False`` where the command makes the folder itself, as ``satcore expand`` its ``-o`` directory."""
     target = os.fspath(path)
     shown = display_name(target)
     try:
@@ -115,12 +141,14 @@ def check_target(path, inputs=(), *, folder_exists: bool = True) -> None:
         raise OutputError(f"{shown}: cannot write ({exc.strerror or exc})") from None
     if existing is not None and not stat.S_ISREG(existing.st_mode):
         raise OutputError(f"{shown}: is {file_kind(existing.st_mode)}, not a regular file; refusing to replace it")
+    folder = os.path.dirname(os.path.abspath(target))
     if existing is None and folder_exists:  # a new file: its folder must be there now, not after the work
-        folder = os.path.dirname(os.path.abspath(target))
         try:
             os.stat(folder)  # a folder that is a file made the target's stat fail above, with ENOTDIR
         except OSError as exc:
             raise _cannot_write_into(shown, folder, exc) from None
+    if existing is not None or folder_exists:  # and take a new file now, not after the work
+        check_folder_writable(shown, folder)
     resolved = os.path.realpath(target)
     file_id = None if existing is None else (existing.st_dev, existing.st_ino)
     sources = [(os.fspath(s), *_identity(s)) for s in inputs]
