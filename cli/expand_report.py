@@ -72,8 +72,11 @@ def frontier_report(expansion) -> list[str]:
         rows.append(row + ["yes" if arm.blocks == frontier.choice.chosen_blocks and not excluded else ""])
     header = ["blocks", "places", "predicted held-out change", "95% interval", "minus K = 0, paired (95%)"]
     header += ["general change"] if general else []
+    # a race that stopped the trials read its predictions off fewer steps than planned: the header says which
+    trials = (f"trials of {plan.trial_steps} steps" if frontier.stopped_at is None else
+              f"trials stopped at step {frontier.stopped_at} of {plan.trial_steps} by the race")
     lines = [f"frontier: the held-out loss change predicted after your {plan.planned_steps} steps (K = 0: the model as "
-             f"it is, trained the same way); trials of {plan.trial_steps} steps from {plan.replicates} seed(s), each "
+             f"it is, trained the same way); {trials} from {plan.replicates} seed(s), each "
              "window's change fitted linearly in log2(steps) and read at your steps; the interval is the trials' "
              + ("held-out windows' noise" if plan.replicates == 1 else "window and seed noise")
              + ", not the extrapolation's error", "", table(header + ["chosen"], rows), ""]

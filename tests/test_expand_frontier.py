@@ -1000,14 +1000,16 @@ def test_the_race_stops_the_trials_charges_less_and_chooses_as_the_full_trials_d
     more than a block after its last), the race stops every trial there: the same readings as the full trials up to
     that checkpoint, predictions read from them, the same choice (no expansion), and a counted cost that is the plan's
     cost of two checkpoints per arm, below its ceiling."""
+    from cli.expand_report import frontier_report
     from satcore.adapter_api import predict_change, racing
 
     def decide(race: bool):
         return expand(llama(4), windows(64), blocks="auto",
                       policy=DecisionPolicy(Recipe("adamw", lr=1e-3, steps=600, batch_size=8), seed=5),
-                      options=ExpansionOptions(max_blocks=1, budget=DecisionBudget(0.2, race=race))).budgeted
+                      options=ExpansionOptions(max_blocks=1, budget=DecisionBudget(0.2, race=race)))
 
-    raced, full = decide(True), decide(False)
+    raced_expansion, full_expansion = decide(True), decide(False)
+    raced, full = raced_expansion.budgeted, full_expansion.budgeted
     plan = full.plan
     assert raced.plan == plan and len(plan.checkpoints) == 3
     assert full.race["stopped_at_step"] is None and full.race["on"] is False
@@ -1024,5 +1026,9 @@ def test_the_race_stops_the_trials_charges_less_and_chooses_as_the_full_trials_d
     assert raced.cost_steps == pytest.approx(plan.cost_reached([2, 2]), rel=1e-12)
     assert full.cost_steps == pytest.approx(plan.cost_steps, rel=1e-12)
     assert raced.cost_steps < 0.6 * full.cost_steps
+    # the frontier's header says which steps its predictions were read off: the race's, not the plan's
+    raced_header, full_header = frontier_report(raced_expansion)[0], frontier_report(full_expansion)[0]
+    assert f"trials stopped at step {plan.checkpoints[1]} of {plan.trial_steps} by the race" in raced_header
+    assert f"trials of {plan.trial_steps} steps" in full_header and "race" not in full_header
     record = raced.to_dict()
     assert record["race"]["ceiling_cost_steps"] == pytest.approx(plan.cost_steps) and record["cost_steps"] == raced.cost_steps
