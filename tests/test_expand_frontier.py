@@ -1000,8 +1000,10 @@ def test_the_race_stops_the_trials_charges_less_and_chooses_as_the_full_trials_d
     more than a block after its last), the race stops every trial there: the same readings as the full trials up to
     that checkpoint, predictions read from them, the same choice (no expansion), and a counted cost that is the plan's
     cost of two checkpoints per arm, below its ceiling."""
+    import dataclasses
+
     from cli.expand_report import frontier_report
-    from satcore.adapter_api import predict_change, racing
+    from satcore.adapter_api import num, predict_change, racing
 
     def decide(race: bool):
         return expand(llama(4), windows(64), blocks="auto",
@@ -1030,5 +1032,14 @@ def test_the_race_stops_the_trials_charges_less_and_chooses_as_the_full_trials_d
     raced_header, full_header = frontier_report(raced_expansion)[0], frontier_report(full_expansion)[0]
     assert f"trials stopped at step {plan.checkpoints[1]} of {plan.trial_steps} by the race" in raced_header
     assert f"trials of {plan.trial_steps} steps" in full_header and "race" not in full_header
+    # K = 0 read to the end beside K = 1 stopped at the second checkpoint: K = 1's row and a race line say so
+    mixed = dataclasses.replace(raced, arms=(full.arms[0], raced.arms[1]))
+    lines = "\n".join(frontier_report(dataclasses.replace(full_expansion, budgeted=mixed))).splitlines()
+    step = plan.checkpoints[1]
+    assert mixed.stopped_at is None and mixed.race["arm_steps"] == {"0": plan.trial_steps, "1": step}
+    row = next(line for line in lines if line.startswith("1 "))
+    assert f"{num(raced.arms[1].target.point)} (to step {step})" in row
+    assert not any("(to step" in line for line in lines if line.startswith("0 "))
+    assert any(line.startswith(f"race: K = 1 at step {step} of {plan.trial_steps} stopped") for line in lines)
     record = raced.to_dict()
     assert record["race"]["ceiling_cost_steps"] == pytest.approx(plan.cost_steps) and record["cost_steps"] == raced.cost_steps
