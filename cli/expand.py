@@ -328,14 +328,19 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     if max_statistics_gib is not None and at is not None:
         raise click.UsageError("--max-statistics-gib caps the decision's probe; with --at no decision is made, so it "
                                "would be ignored")
+    race_flag = ("--race" if race else "--no-race") \
+        if ctx.get_parameter_source("race") is not click.core.ParameterSource.DEFAULT else None
     frontier_only = [flag for flag, value in (("--general-data", general_path), ("--max-forgetting", max_forgetting),
-                                              ("--plot", plot_path)) if value is not None]
+                                              ("--plot", plot_path), (race_flag, race_flag)) if value is not None]
     if frontier_only and blocks != "auto":  # name what was given, and with what, as --max-blocks's refusal does
         raise click.UsageError(f"{' and '.join(frontier_only)} belong{'s' if len(frontier_only) == 1 else ''} to "
                                f"--blocks auto's frontier; with {'--at' if at else f'--blocks {blocks}'} "
                                f"{'it' if len(frontier_only) == 1 else 'they'} would be ignored")
     if max_forgetting is not None and general_path is None:
         raise click.UsageError("--max-forgetting needs --general-data (the general loss is measured on it)")
+    if max_forgetting is not None and race_flag == "--race":
+        raise click.UsageError("--race with --max-forgetting: the race is off under --max-forgetting (an arm over it "
+                               "can leave K = 0 out, the arm the race compares against); drop --race")
     if blocks == "auto" and decision == "screen":
         raise click.UsageError("--blocks auto with --decision screen: the screen runs no trial, so it cannot price "
                                "K = 0 against K > 0; give --blocks K with --decision screen, or drop --decision "

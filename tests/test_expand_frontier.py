@@ -892,6 +892,10 @@ def test_cli_default_windows_fit_a_400_step_plan_and_the_plan_states_both_counts
     (["--at", "1", "--general-data", "X", "--max-forgetting", "0.1"],
      "--general-data and --max-forgetting belong to --blocks auto's frontier; with --at they would be ignored"),
     (["--blocks", "auto", "--decision-budget", "1.5"], "--decision-budget"),
+    (["--blocks", "2", "--steps", "600", "--no-race"],
+     "--no-race belongs to --blocks auto's frontier; with --blocks 2 it would be ignored"),
+    (["--blocks", "auto", "--steps", "600", "--general-data", "X", "--max-forgetting", "0.1", "--race"],
+     "--race with --max-forgetting: the race is off under --max-forgetting"),
 ])
 def test_cli_refusals_are_one_line(extra, message, checkpoint, tmp_path):  # noqa: F811
     folder, text = checkpoint
