@@ -559,6 +559,22 @@ def _recorded_bar(monkeypatch) -> list:
     return events
 
 
+def test_a_replanned_total_a_rounding_error_below_the_work_shown_keeps_the_bar_full_without_a_warning():
+    """The race's new total, summed in another order than the work shown, came 1e-13 below it: tqdm printed
+    "TqdmWarning: clamping frac to range [0, 1]" on the user's terminal."""
+    import warnings
+
+    from satcore.adapters.torch.expansion_frontier import _Meter
+
+    meter = _Meter(198.5, True, None)
+    meter.add(111.90918079096055)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        meter.replan(111.90918079096046)
+        meter.close()
+    assert meter.bar.n == meter.bar.total == 111.90918079096055
+
+
 def _record_probed_batches(monkeypatch, events: list) -> None:
     """Every batch the probe adds appends ``("probed", samples)`` to ``events`` (beside the bar's moves)."""
     from satcore.adapters.torch.probe import Probe

@@ -219,8 +219,8 @@ class _Meter:
     def replan(self, total: float) -> None:
         """The bar's total once the decision knows its passes (the placement check's, once its screen has proposed
         the moves to try: fewer trials than the plan's most)."""
-        if self.bar is not None:
-            self.bar.total = total
+        if self.bar is not None:  # never below what it shows: the float sums can land a rounding error under it
+            self.bar.total = max(total, self.bar.n)
             self.bar.refresh()
 
     def _show(self, position: float) -> None:
