@@ -350,8 +350,10 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     if max_statistics_gib is not None and at is not None:
         raise click.UsageError("--max-statistics-gib caps the decision's probe; with --at no decision is made, so it "
                                "would be ignored")
+    race_flag = ("--race" if race else "--no-race") \
+        if ctx.get_parameter_source("race") is not click.core.ParameterSource.DEFAULT else None
     frontier_only = [flag for flag, value in (("--general-data", general_path), ("--max-forgetting", max_forgetting),
-                                              ("--plot", plot_path)) if value is not None]
+                                              ("--plot", plot_path), (race_flag, race_flag)) if value is not None]
     if frontier_only and blocks != "auto":  # name what was given, and with what, as --max-blocks's refusal does
         raise click.UsageError(f"{' and '.join(frontier_only)} belong{'s' if len(frontier_only) == 1 else ''} to "
                                f"--blocks auto's frontier; with {'--at' if at else f'--blocks {blocks}'} "
@@ -362,6 +364,9 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         # its windows would be the trials' training windows: a "general change" that only falls, whatever it costs
         raise click.UsageError(f"--general-data {display_name(general_path)} is the --data file; give other text, of "
                                "the model's old domain: the general loss measures what the training costs there")
+    if max_forgetting is not None and race_flag == "--race":
+        raise click.UsageError("--race with --max-forgetting: the race is off under --max-forgetting (an arm over it "
+                               "can leave K = 0 out, the arm the race compares against); drop --race")
     if blocks == "auto" and decision == "screen":
         raise click.UsageError("--blocks auto with --decision screen: the screen runs no trial, so it cannot price "
                                "K = 0 against K > 0; give --blocks K with --decision screen, or drop --decision "
@@ -461,7 +466,8 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     try:
         expansion = expand_model(model, data, blocks=blocks, policy=policy, options=options)
     except ModelOnDataError as exc:  # a batch the model cannot take or scores NaN on: the model's, on the data
-        raise ProbeError(model_on_data(model_dir, data_path, str(exc))) from None
+        raise ProbeError(model_on_data(model_dir, general_path if exc.split == "general" else data_path,
+                                       str(exc))) from None
     with staged_out_dir(out_dir, prefix=".satcore-expand-") as staging:
         grown = expansion.model.to(getattr(torch, saved_dtype))
         grown.save_pretrained(staging, safe_serialization=True)

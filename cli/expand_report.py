@@ -60,10 +60,14 @@ def frontier_report(expansion) -> list[str]:
     """The frontier table, the choice and its cost (``blocks="auto"``)."""
     frontier = expansion.budgeted
     plan, general = frontier.plan, any(a.general is not None for a in frontier.arms)
+    # an arm the race stopped is read off its trials up to that step (and K = 0's up to the same step, paired),
+    # so its row is marked: beside a row read at the end its numbers would look like the same trial's
+    stopped = {int(k): step for k, step in frontier.race["arm_steps"].items() if step < plan.trial_steps}
     rows = []
     for arm in frontier.arms:
         excluded = arm.blocks in frontier.choice.excluded
-        row = [str(arm.blocks), ", ".join(map(str, arm.places)) or "-", num(arm.target.point),
+        mark = f" (to step {stopped[arm.blocks]})" if arm.blocks in stopped else ""
+        row = [str(arm.blocks), ", ".join(map(str, arm.places)) or "-", num(arm.target.point) + mark,
                f"[{num(arm.target.interval[0])}, {num(arm.target.interval[1])}]"]
         versus = arm.versus_none
         row.append("-" if versus is None else f"{num(versus.point)} [{num(versus.interval[0])}, {num(versus.interval[1])}]")
@@ -72,8 +76,11 @@ def frontier_report(expansion) -> list[str]:
         rows.append(row + ["yes" if arm.blocks == frontier.choice.chosen_blocks and not excluded else ""])
     header = ["blocks", "places", "predicted held-out change", "95% interval", "minus K = 0, paired (95%)"]
     header += ["general change"] if general else []
+    # a race that stopped the trials read its predictions off fewer steps than planned: the header says which
+    trials = (f"trials of {plan.trial_steps} steps" if frontier.stopped_at is None else
+              f"trials stopped at step {frontier.stopped_at} of {plan.trial_steps} by the race")
     lines = [f"frontier: the held-out loss change predicted after your {plan.planned_steps} steps (K = 0: the model as "
-             f"it is, trained the same way); trials of {plan.trial_steps} steps from {plan.replicates} seed(s), each "
+             f"it is, trained the same way); {trials} from {plan.replicates} seed(s), each "
              "window's change fitted linearly in log2(steps) and read at your steps; the interval is the trials' "
              + ("held-out windows' noise" if plan.replicates == 1 else "window and seed noise")
              + ", not the extrapolation's error", "", table(header + ["chosen"], rows), ""]
@@ -95,10 +102,15 @@ def frontier_report(expansion) -> list[str]:
                          "arms, and is no bound on what your training forgets")
     if frontier.warning:
         lines.append(f"warning: {frontier.warning}")
+    ceiling = f"the planned {plan.cost_fraction:.1%} was the ceiling, the rest of it is your training's"
     if frontier.stopped_at is not None:
         lines.append(f"race: the trials stopped at step {frontier.stopped_at} of {plan.trial_steps}: no K > 0 could "
-                     f"still beat K = 0 credibly; the planned {plan.cost_fraction:.1%} was the ceiling, the rest of it "
-                     "is your training's")
+                     f"still beat K = 0 credibly; {ceiling}")
+    elif stopped:
+        arms = ", ".join(f"K = {k} at step {step}" for k, step in stopped.items())
+        lines.append(f"race: {arms} of {plan.trial_steps} stopped, no longer able to beat K = 0 credibly: each such "
+                     "row (to step N) is read off its trials up to there, its paired difference off K = 0's up to the "
+                     f"same step; {ceiling}")
     return lines + [cost_line(expansion)]
 
 

@@ -316,6 +316,17 @@ def test_a_printed_screen_names_the_place_it_ranks_first_its_cost_and_every_row_
     rows = {line.split()[0]: line.split()[1:] for line in lines[2:2 + len(changes)]}
     assert rows == {n: [num(change), "(screen)", "-", "not", "verified", "none:", "not", "verified", "(screen", "only)"]
                     for n, change in changes.items()}
+    assert list(rows) == screen.ranking()
+    # depth order that is not the ranking: the rows follow the ranking, as a decision's rows follow its screen's
+    # (they were in depth order, the first row not the place the head names)
+    from satcore import CandidateDecision
+    from satcore.adapters.torch.expansion import ScreenDecision
+
+    depth = {"model.layers.0": -0.1, "model.layers.1": -0.3, "head": -0.2}
+    shuffled = str(ScreenDecision({n: CandidateDecision.screen_only(n, c, c) for n, c in depth.items()}, 8, recipe))
+    assert [line.split()[0] for line in shuffled.splitlines()[2:5]] == ["model.layers.1", "head", "model.layers.0"]
+    note = next(line for line in shuffled.splitlines() if line.startswith("note: never chosen:"))
+    assert "no trial ran; their held-out change is the first-order screen's" in note
     assert "ScreenDecision(" not in str(screen)
 
 

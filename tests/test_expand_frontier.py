@@ -560,6 +560,22 @@ def _recorded_bar(monkeypatch) -> list:
     return events
 
 
+def test_a_replanned_total_a_rounding_error_below_the_work_shown_keeps_the_bar_full_without_a_warning():
+    """The race's new total, summed in another order than the work shown, came 1e-13 below it: tqdm printed
+    "TqdmWarning: clamping frac to range [0, 1]" on the user's terminal."""
+    import warnings
+
+    from satcore.adapters.torch.expansion_frontier import _Meter
+
+    meter = _Meter(198.5, True, None)
+    meter.add(111.90918079096055)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        meter.replan(111.90918079096046)
+        meter.close()
+    assert meter.bar.n == meter.bar.total == 111.90918079096055
+
+
 def _record_probed_batches(monkeypatch, events: list) -> None:
     """Every batch the probe adds appends ``("probed", samples)`` to ``events`` (beside the bar's moves)."""
     from satcore.adapters.torch.probe import Probe
@@ -905,6 +921,10 @@ def test_cli_default_windows_fit_a_400_step_plan_and_the_plan_states_both_counts
     (["--at", "1", "--general-data", "X", "--max-forgetting", "0.1"],
      "--general-data and --max-forgetting belong to --blocks auto's frontier; with --at they would be ignored"),
     (["--blocks", "auto", "--decision-budget", "1.5"], "--decision-budget"),
+    (["--blocks", "2", "--steps", "600", "--no-race"],
+     "--no-race belongs to --blocks auto's frontier; with --blocks 2 it would be ignored"),
+    (["--blocks", "auto", "--steps", "600", "--general-data", "X", "--max-forgetting", "0.1", "--race"],
+     "--race with --max-forgetting: the race is off under --max-forgetting"),
 ])
 def test_cli_refusals_are_one_line(extra, message, checkpoint, tmp_path):  # noqa: F811
     folder, text = checkpoint
@@ -1015,14 +1035,18 @@ def test_the_race_stops_the_trials_charges_less_and_chooses_as_the_full_trials_d
     more than a block after its last), the race stops every trial there: the same readings as the full trials up to
     that checkpoint, predictions read from them, the same choice (no expansion), and a counted cost that is the plan's
     cost of two checkpoints per arm, below its ceiling."""
-    from satcore.adapter_api import predict_change, racing
+    import dataclasses
+
+    from cli.expand_report import frontier_report
+    from satcore.adapter_api import num, predict_change, racing
 
     def decide(race: bool):
         return expand(llama(4), windows(64), blocks="auto",
                       policy=DecisionPolicy(Recipe("adamw", lr=1e-3, steps=600, batch_size=8), seed=5),
-                      options=ExpansionOptions(max_blocks=1, budget=DecisionBudget(0.2, race=race))).budgeted
+                      options=ExpansionOptions(max_blocks=1, budget=DecisionBudget(0.2, race=race)))
 
-    raced, full = decide(True), decide(False)
+    raced_expansion, full_expansion = decide(True), decide(False)
+    raced, full = raced_expansion.budgeted, full_expansion.budgeted
     plan = full.plan
     assert raced.plan == plan and len(plan.checkpoints) == 3
     assert full.race["stopped_at_step"] is None and full.race["on"] is False
@@ -1039,5 +1063,18 @@ def test_the_race_stops_the_trials_charges_less_and_chooses_as_the_full_trials_d
     assert raced.cost_steps == pytest.approx(plan.cost_reached([2, 2]), rel=1e-12)
     assert full.cost_steps == pytest.approx(plan.cost_steps, rel=1e-12)
     assert raced.cost_steps < 0.6 * full.cost_steps
+    # the frontier's header says which steps its predictions were read off: the race's, not the plan's
+    raced_header, full_header = frontier_report(raced_expansion)[0], frontier_report(full_expansion)[0]
+    assert f"trials stopped at step {plan.checkpoints[1]} of {plan.trial_steps} by the race" in raced_header
+    assert f"trials of {plan.trial_steps} steps" in full_header and "race" not in full_header
+    # K = 0 read to the end beside K = 1 stopped at the second checkpoint: K = 1's row and a race line say so
+    mixed = dataclasses.replace(raced, arms=(full.arms[0], raced.arms[1]))
+    lines = "\n".join(frontier_report(dataclasses.replace(full_expansion, budgeted=mixed))).splitlines()
+    step = plan.checkpoints[1]
+    assert mixed.stopped_at is None and mixed.race["arm_steps"] == {"0": plan.trial_steps, "1": step}
+    row = next(line for line in lines if line.startswith("1 "))
+    assert f"{num(raced.arms[1].target.point)} (to step {step})" in row
+    assert not any("(to step" in line for line in lines if line.startswith("0 "))
+    assert any(line.startswith(f"race: K = 1 at step {step} of {plan.trial_steps} stopped") for line in lines)
     record = raced.to_dict()
     assert record["race"]["ceiling_cost_steps"] == pytest.approx(plan.cost_steps) and record["cost_steps"] == raced.cost_steps

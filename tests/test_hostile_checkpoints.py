@@ -392,7 +392,7 @@ def test_out_dir_too_long_is_refused_before_the_model_is_read(source, tmp_path):
     (["expand", "--seq-len", "16", "--quiet", "--blocks", "1", "--decision", "screen"],
      "batch 0: the loss is NaN or infinite for 2 of 2 sample(s)"),
     (["expand", "--seq-len", "16", "--quiet", "--blocks", "auto", "--steps", "300"],
-     "the model's own heldout loss, before any training, is NaN"),
+     "the model's own held-out loss, before any training, is NaN"),
     (["probe"], "batch 0: the loss is NaN or infinite for 7 of 7 sample(s)"),  # the default: 113 windows in 17 batches
 ])
 def test_a_model_whose_loss_is_nan_is_refused_naming_it(command, expect, source, tmp_path):
@@ -402,6 +402,28 @@ def test_a_model_whose_loss_is_nan_is_refused_naming_it(command, expect, source,
     out = tmp_path / ("d.npz" if command == ["probe"] else "o")
     result = CliRunner().invoke(main, [command[0], str(folder), "--data", str(source[1]), "-o", str(out), *command[1:]])
     refused(result, f"{folder} on {source[1]}: {expect}")
+    assert not out.exists()
+
+
+def test_a_general_data_the_model_scores_nan_on_is_named_not_the_data(source, tmp_path):
+    """A token whose embedding row is NaN, in --general-data and not in --data: the model's general loss is NaN
+    before any training, and the line led with MODEL_DIR on --data's file, which the model scores finitely."""
+    from safetensors.torch import load_file, save_file
+
+    folder = edited(source, tmp_path)
+    weights = load_file(folder / "model.safetensors")
+    poisoned = weights["model.embed_tokens.weight"].shape[0] - 1
+    weights["model.embed_tokens.weight"][poisoned] = float("nan")
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    ids = np.arange(4096) % poisoned  # every id but the poisoned one
+    np.savez(tmp_path / "data.npz", input_ids=ids)
+    np.savez(tmp_path / "general.npz", input_ids=np.where(ids % 7 == 0, poisoned, ids))
+    out = tmp_path / "o"
+    result = CliRunner().invoke(main, ["expand", str(folder), "--data", str(tmp_path / "data.npz"), "--general-data",
+                                       str(tmp_path / "general.npz"), "-o", str(out), "--seq-len", "16", "--blocks",
+                                       "auto", "--steps", "300", "--quiet"])
+    refused(result, f"{folder} on {tmp_path / 'general.npz'}: the model's own general loss, before any training, "
+            "is NaN or infinite")
     assert not out.exists()
 
 

@@ -219,8 +219,8 @@ class _Meter:
     def replan(self, total: float) -> None:
         """The bar's total once the decision knows its passes (the placement check's, once its screen has proposed
         the moves to try: fewer trials than the plan's most)."""
-        if self.bar is not None:
-            self.bar.total = total
+        if self.bar is not None:  # never below what it shows: the float sums can land a rounding error under it
+            self.bar.total = max(total, self.bar.n)
             self.bar.refresh()
 
     def _show(self, position: float) -> None:
@@ -251,8 +251,9 @@ class _Arms:
         for split, batches in self.evaluate.items():
             self.before[split] = per_sample_eval(self.model, batches, sequence_loss, progress=meter.reading([]))
             if not np.isfinite(self.before[split]).all():  # before any step: no lr is to blame, as a trial's would be
-                raise ModelOnDataError(f"the model's own {split} loss, before any training, is NaN or infinite on "
-                                       f"{int((~np.isfinite(self.before[split])).sum())} window(s) (its config or weights)")
+                raise ModelOnDataError(f"the model's own {'held-out' if split == 'heldout' else split} loss, before any training, is "
+                                       f"NaN or infinite on {int((~np.isfinite(self.before[split])).sum())} window(s) "
+                                       "(its config or weights)", split=split)
             meter.forward([], self.before[split].size)
         return {split: float(losses.mean()) for split, losses in self.before.items()}
 

@@ -167,16 +167,18 @@ def render_decision(decision) -> str:
     """The decision a user acts on (an ``InsertionDecision``), shown above the first-order table; one that neither
     chose nor stopped (the torch adapter's ``ScreenDecision``: no trial verified a place) is the screen's ranking,
     its head naming the place it ranks first."""
-    choice = decision.choice
+    choice, order = decision.choice, list(decision.candidates)  # a decision's candidates are in the screen's order
     if choice is not None:
         head = f"decision: insert a block at {display_name(choice)}"
     elif decision.stop_reason is not None:
         head = f"decision: stop ({display_name(decision.stop_reason)})"
-    else:
-        best = min(decision.candidates, key=lambda n: decision.candidates[n].predicted_heldout_change, default=None)
-        head = f"decision: none: the first-order screen ranks {display_name(best)} first, {NOT_VERIFIED} by a trial"
+    else:  # the screen alone holds its candidates in depth order: its rows are put in its ranking, as a decision's
+        order.sort(key=lambda n: decision.candidates[n].predicted_heldout_change)
+        head = (f"decision: none: the first-order screen ranks {display_name(order[0]) if order else None} first, "
+                f"{NOT_VERIFIED} by a trial")
     cost = getattr(decision, "cost_block_steps", None)
-    rows = [[display_name(name), *_evidence_cells(c), _trial_cell(c)] for name, c in decision.candidates.items()]
+    rows = [[display_name(name), *_evidence_cells(decision.candidates[name]), _trial_cell(decision.candidates[name])]
+            for name in order]
     lines = [head + ("" if cost is None else f" (decision cost: {num(cost)} block-steps)")]
     if trained := trial_family_line(decision):
         lines.append(trained)
@@ -241,7 +243,8 @@ def never_chosen_notes(candidates) -> list[str]:
                f"the screen ranked it outside the {verified} place(s) the trials verified (rows are in the screen's "
                "order, by its first-order held-out change, to_dict()'s screen_heldout_change; "
                "TrialSettings(max_trials=...) verifies more)")
-        notes.append(f"note: never chosen: {', '.join(unverified)} {NOT_VERIFIED}: {why}; its held-out change is "
+        notes.append(f"note: never chosen: {', '.join(unverified)} {NOT_VERIFIED}: {why}; "
+                     f"{'its' if len(unverified) == 1 else 'their'} held-out change is "
                      "the first-order screen's, often far off in magnitude, with no interval or P(decrease)")
     return notes
 

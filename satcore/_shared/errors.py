@@ -41,7 +41,13 @@ class ProbeError(InputError):
 class ModelOnDataError(ProbeError):
     """The model refused on the data: a batch the model (or the loss given for it) cannot take, or a loss that
     is NaN or infinite before any training.  Either the model or the data may be at fault, so the command line
-    leads the message with both files, where any other refusal names the one at fault."""
+    leads the message with both files, where any other refusal names the one at fault.  ``split``: the evaluated
+    split it was refused on where the data has several (``"general"``: ``satcore expand``'s ``--general-data``,
+    whose file the line then names), else None."""
+
+    def __init__(self, message: str, *, split: str | None = None):
+        super().__init__(message)
+        self.split = split
 
 
 class GrowthLogError(InputError):
