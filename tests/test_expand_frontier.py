@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import sys
 
 import numpy as np
@@ -923,12 +924,14 @@ def test_cli_default_windows_fit_a_400_step_plan_and_the_plan_states_both_counts
     (["--blocks", "auto", "--decision-budget", "1.5"], "--decision-budget"),
     (["--blocks", "2", "--steps", "600", "--no-race"],
      "--no-race belongs to --blocks auto's frontier; with --blocks 2 it would be ignored"),
-    (["--blocks", "auto", "--steps", "600", "--general-data", "X", "--max-forgetting", "0.1", "--race"],
+    (["--blocks", "auto", "--steps", "600", "--general-data", "G", "--max-forgetting", "0.1", "--race"],
      "--race with --max-forgetting: the race is off under --max-forgetting"),
 ])
 def test_cli_refusals_are_one_line(extra, message, checkpoint, tmp_path):  # noqa: F811
     folder, text = checkpoint
-    extra = [str(text) if e == "X" else e for e in extra]
+    general = tmp_path / "general.txt"  # "G": a general text of its own (the --data file as --general-data is refused)
+    shutil.copyfile(text, general)
+    extra = [str(text) if e == "X" else str(general) if e == "G" else e for e in extra]
     result = cli("expand", folder, "--data", text, "--seq-len", "16", "-o", tmp_path / "o", *extra)
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output  # no defaults line first
