@@ -376,7 +376,7 @@ class _Trial:
 # estimate, their fastest and slowest its range.  One step, or the faster of two, read ~10x short with 2 threads on 2
 # busy cores: each parallel op there waits for a thread the OS has put off, so a pass takes 0.05 to 0.23 s where one in
 # an idle moment takes 0.006 s (studies/expansion-budget-notes.md, "The plan's time estimate on a busy CPU").  Timing
-# the trials' own steps costs nothing (the five passes the decision once ran first cost 4 of 400 planned steps)
+# the trials' own steps costs nothing (the five passes the decision once ran first cost 6.7 of 400 planned steps)
 TIMED_STEPS = 4
 # passes of the model :func:`timed_step` runs for the first-order screen's plan (``--decision screen``, no trial to
 # time): the first warms up, the other TIMED_STEPS are timed
