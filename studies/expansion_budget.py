@@ -32,7 +32,9 @@ equal compute (below):
 * ``satcore-full`` and ``satcore-race``: the default decision with the current code, every trial run to its end
   (``DecisionBudget(race=False)``) and with the race (the trials stop once no K > 0 can still beat K = 0
   credibly, the budget not spent left to the training): the ``satcore`` rows were recorded with an earlier code
-  (two timing passes, not five: 9-step trials read at 2, 4, 9, where the current code's are 7 steps read at 1, 3, 7).
+  (two timing passes, not five: 9-step trials read at 2, 4, 9, where the code these two ran has 7 steps read at 1, 3, 7);
+* ``satcore-trial-timed``: the default decision (the race) with its time estimate made from its own first trial
+  steps, no timing passes charged to the budget (the code after ``satcore-race``'s).
 
 Every expanded arm copies the preceding block into each new one with its output projections zeroed
 (LLaMA-Pro's identity blocks) and trains only the new blocks (LLaMA-Pro's recipe); ``none`` trains
@@ -114,9 +116,10 @@ SWEEP = (0, 1, 2, 4, 8)
 CLI_WINDOWS = 64  # satcore expand's default --max-windows on a CPU, the least it reads without the option
 CLI_WINDOWS_GPU = 256  # the same on a GPU (the command decides on one when it finds one)
 # the default as recorded; the same with more windows for its trials to train on; the current code with every trial
-# run to its end (DecisionBudget(race=False)), and with the race (the trials stop once no K > 0 can become credible)
-SATCORE_ARMS = ("satcore", "satcore-wide", "satcore-full", "satcore-race")
-SCORED_ARMS = ("satcore", "satcore-full", "satcore-race")  # the default's decisions, each scored on the criteria
+# run to its end (DecisionBudget(race=False)), and with the race (the trials stop once no K > 0 can become credible);
+# the race with its time estimate from its own trial steps (no timing passes charged)
+SATCORE_ARMS = ("satcore", "satcore-wide", "satcore-full", "satcore-race", "satcore-trial-timed")
+SCORED_ARMS = ("satcore", "satcore-full", "satcore-race", "satcore-trial-timed")  # the default's decisions, each scored on the criteria
 ARM_ORDER = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random", *SATCORE_ARMS]
 REFERENCE = "uniform-2"  # LLaMA-Pro's conventional count for 8 blocks, L / 4
 TOLERANCE = 0.005  # nats/byte: the smallest K within this of the best counts as the best

@@ -124,18 +124,14 @@ class _Costs:
         return self._flops(places) / self.unit
 
     def full(self) -> float:
-        """A forward and backward pass of the model as it is with every parameter (the timing step)."""
+        """A forward and backward pass of the model as it is with every parameter (``K = 0``'s step; the probe's per
+        window)."""
         return step_flops(self.n, range(self.n), True, self.block, self.head) / self.unit
 
     def read(self, places, windows: int) -> float:
         """A forward pass over ``windows`` of the arm with blocks before ``places``."""
         forward = (self.n + len(places)) * self.block + self.head
         return windows / self.batch_size * forward / self.unit
-
-    def passes(self, steps: float) -> float:
-        """``steps`` planned steps' time in timed passes (:func:`timed_step`: a forward and backward pass of the model
-        as it is, :meth:`full` planned steps, not one)."""
-        return steps / self.full()
 
     def probe(self, windows: int) -> float:
         """The first-order screen's probe of ``windows``: each a forward and backward pass of the model as it is
@@ -181,10 +177,16 @@ class _Meter:
     trials alike.
 
     A long pass (the first-order screen's probe) moves the bar batch by batch (:meth:`probed`) and is counted whole
-    when it ends (:meth:`add`), so ``done`` is the sum of the passes' costs whatever the bar showed."""
+    when it ends (:meth:`add`), so ``done`` is the sum of the passes' costs whatever the bar showed.
 
-    def __init__(self, total: float | None, show: bool, costs: _Costs):
-        self.done, self.timed, self.running, self.costs = 0.0, 0.0, 0.0, costs
+    The time estimate comes from the decision's own first trial steps (:meth:`stepped`): the first warms up and is
+    left out, the next :data:`TIMED_STEPS` (of whichever arms train them) give ``times``
+    (:class:`StepTimes`, seconds per planned step's FLOPs), announced with ``total`` priced at them
+    (``announce``; the bar shows the estimate beside its own time left)."""
+
+    def __init__(self, total: float, show: bool, costs: _Costs, announce: Callable[[str], None] | None = None):
+        self.done, self.timed, self.running, self.costs, self.total = 0.0, 0.0, 0.0, costs, total
+        self.steps, self.times, self.announce = [], None, announce
         self.bar = None
         if show:
             from tqdm.auto import tqdm
@@ -194,6 +196,37 @@ class _Meter:
 
     def forward(self, places, windows: int) -> None:
         self.add(self.costs.read(places, windows))
+
+    @property
+    def timing(self) -> bool:
+        """Whether the trial steps are still being timed (no estimate yet)."""
+        return self.times is None
+
+    def stepped(self, places, seconds: float) -> None:
+        """A trial step of the arm with blocks before ``places`` done in ``seconds`` (timed while :attr:`timing`)."""
+        steps = self.costs.step(places)
+        self.add(steps)
+        if self.timing:
+            self.steps.append((seconds, steps))
+            if len(self.steps) > TIMED_STEPS:
+                self.estimate()
+
+    def estimate(self) -> None:
+        """Make the time estimate from the steps timed so far (the warm-up left out where another step was timed):
+        after :data:`TIMED_STEPS`, or when the trials end before (nothing where no trial step ran)."""
+        if not self.timing or not self.steps:
+            return
+        timed = self.steps[1:] or self.steps
+        self.times = StepTimes(tuple(s for s, _ in timed), tuple(w for _, w in timed), torch.get_num_threads())
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"estimate {_duration(self.total * self.times.mean)}")
+        if self.announce is not None:
+            lines = [f"  time: {self.times.words(self.total)} for the whole decision", *self.times.warning()]
+            if self.bar is None:
+                self.announce("\n".join(lines))
+            else:
+                with self.bar.external_write_mode():
+                    self.announce("\n".join(lines))
 
     def add(self, steps: float, timed: float | None = None) -> None:
         """``steps`` planned steps' FLOPs done, taking ``timed`` planned steps' time (``None``: ``steps``)."""
@@ -219,6 +252,7 @@ class _Meter:
     def replan(self, total: float) -> None:
         """The bar's total once the decision knows its passes (the placement check's, once its screen has proposed
         the moves to try: fewer trials than the plan's most)."""
+        self.total = total
         if self.bar is not None:  # never below what it shows: the float sums can land a rounding error under it
             self.bar.total = max(total, self.bar.n)
             self.bar.refresh()
@@ -319,14 +353,17 @@ class _Trial:
         arms, meter = self.arms, self.arms.meter
         with torch.inference_mode(False), torch.enable_grad():
             while self.done < target:
+                start = time.perf_counter()
                 inputs, labels = next(self.stream)
                 inputs, labels = to_device(inputs, self.device), to_device(labels, self.device)
                 loss = sequence_loss(call_model(self.grown, inputs), labels).mean()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 self.optimizer.step()
+                if meter.timing and self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
                 self.done += 1
-                meter.add(meter.costs.step(self.places))
+                meter.stepped(self.places, time.perf_counter() - start)
             for split, batches in arms.evaluate.items():
                 after = per_sample_eval(self.grown, batches, sequence_loss, progress=meter.reading(self.places))
                 if not np.isfinite(after).all():
@@ -336,11 +373,15 @@ class _Trial:
                 meter.forward(self.places, after.size)
 
 
-# passes of the model run to time its step: the first pays for warming up and is left out, the other four give the
-# estimate (their mean) and its range.  One pass, or the faster of two, read ~10x short with 2 threads on 2 busy
-# cores: each parallel op there waits for a thread the OS has put off, so a pass takes 0.05 to 0.23 s where one in an
-# idle moment takes 0.006 s (studies/expansion-budget-notes.md, "The plan's time estimate on a busy CPU")
-TIMING_PASSES = 5
+# the budgeted decisions' trial steps timed after the first (which warms up and is left out): their mean gives the
+# estimate, their fastest and slowest its range.  One step, or the faster of two, read ~10x short with 2 threads on 2
+# busy cores: each parallel op there waits for a thread the OS has put off, so a pass takes 0.05 to 0.23 s where one in
+# an idle moment takes 0.006 s (studies/expansion-budget-notes.md, "The plan's time estimate on a busy CPU").  Timing
+# the trials' own steps costs nothing (the five passes the decision once ran first cost 6.7 of 400 planned steps)
+TIMED_STEPS = 4
+# passes of the model :func:`timed_step` runs for the first-order screen's plan (``--decision screen``, no trial to
+# time): the first warms up, the other TIMED_STEPS are timed
+TIMING_PASSES = 1 + TIMED_STEPS
 # trials that pass over their training windows more often than this are announced as such: at 2000 planned steps on
 # the command's 64 CPU windows (32 training the trials, 13 passes) the K = 0 trial over-fitted them (+0.64 nats at its
 # last reading) where 512 windows gave a falling curve (studies/expansion-budget-notes.md); 1.3 passes (400 steps) did not
@@ -351,35 +392,41 @@ TIMING_KEYS = ("seconds_per_step", "timed_step_seconds", "threads")
 
 @dataclass(frozen=True)
 class StepTimes:
-    """Wall seconds of the timed forward and backward passes of the model (:func:`timed_step`, the warm-up left out)
-    and the threads torch ran them on."""
+    """Wall seconds of the timed steps (the warm-up left out), each one's work in the estimate's unit (``work``: a
+    budgeted decision's trial steps in planned steps' FLOPs, :meth:`_Meter.stepped`; the screen's passes of the model,
+    1 each, :func:`timed_step`) and the threads torch ran them on."""
 
     seconds: tuple
+    work: tuple
     threads: int
 
     @property
     def mean(self) -> float:
-        """The estimate's seconds per pass: the mean, as the decision's time is the sum of its passes' (on a busy CPU
-        their times are heavy-tailed: with 2 threads on 2 busy cores the median pass took 0.17 s, the mean 0.46 s,
-        studies/expansion-budget-notes.md)."""
-        return sum(self.seconds) / len(self.seconds)
+        """The estimate's seconds per unit of work: the timed steps' seconds over their work, as the decision's time
+        is the sum of its passes' (on a busy CPU their times are heavy-tailed: with 2 threads on 2 busy cores the
+        median pass took 0.17 s, the mean 0.46 s, studies/expansion-budget-notes.md)."""
+        return sum(self.seconds) / sum(self.work)
+
+    @property
+    def rates(self) -> list[float]:
+        """Each timed step's seconds per unit of work."""
+        return [s / w for s, w in zip(self.seconds, self.work)]
 
     @property
     def spread(self) -> float:
-        """The slowest timed pass over the fastest."""
-        return max(self.seconds) / min(self.seconds)
+        """The slowest timed step over the fastest, per unit of work."""
+        return max(self.rates) / min(self.rates)
 
-    def words(self, passes: float) -> str:
-        """The time here of ``passes`` timed passes' work: at the mean pass, and the range at the fastest and
-        slowest."""
-        fastest, slowest = min(self.seconds), max(self.seconds)
-        return (f"about {_duration(passes * self.mean)} here ({_duration(passes * fastest)} to "
-                f"{_duration(passes * slowest)} at the fastest and slowest of {len(self.seconds)} steps timed after a "
-                f"warm-up, {fastest:.3g} to {slowest:.3g} s each)")
+    def words(self, work: float) -> str:
+        """The time here of ``work`` units: at the mean, and the range at the fastest and slowest step."""
+        fastest, slowest = min(self.rates), max(self.rates)
+        return (f"about {_duration(work * self.mean)} here ({_duration(work * fastest)} to "
+                f"{_duration(work * slowest)} at the fastest and slowest of {len(self.seconds)} steps timed after a "
+                f"warm-up, {min(self.seconds):.3g} to {max(self.seconds):.3g} s each)")
 
     def warning(self) -> list[str]:
         """A line where the timed passes varied over 2x on several threads (else none): the cores look shared."""
-        if self.threads == 1 or self.spread <= 2:
+        if self.threads == 1 or len(self.seconds) < 2 or self.spread <= 2:
             return []
         return [f"  note: the timed steps varied {self.spread:.1f}x on {self.threads} threads: the cores look shared, "
                 "so the time may run far outside the range; OMP_NUM_THREADS=1 may run faster and steadier"]
@@ -389,15 +436,17 @@ class StepTimes:
 
 
 def timing_record(times: StepTimes | None) -> dict:
-    """What a decision records of its plan's time estimate: ``times``' :meth:`StepTimes.to_dict`, or each of
-    :data:`TIMING_KEYS` None where no estimate was made (the screen announcing no plan, so timing nothing)."""
+    """What a decision records of its time estimate: ``times``' :meth:`StepTimes.to_dict`, or each of
+    :data:`TIMING_KEYS` None where no estimate was made (the screen announcing no plan, so timing nothing; a
+    placement check that ran no trial)."""
     return dict.fromkeys(TIMING_KEYS) if times is None else times.to_dict()
 
 
 def timed_step(model, train: list, recipe: Recipe) -> StepTimes:
-    """Wall seconds of a forward and backward pass of ``model`` over a minibatch of the recipe: :data:`TIMING_PASSES`
-    passes, the first (warming up) left out (gradients taken with ``torch.autograd.grad``, so nothing of ``model``
-    changes, not even ``.grad``)."""
+    """Wall seconds of a forward and backward pass of ``model`` over a minibatch of the recipe, for the first-order
+    screen's plan (``--decision screen`` trains nothing to time): :data:`TIMING_PASSES` passes, the first (warming up)
+    left out, each 1 unit of work (gradients taken with ``torch.autograd.grad``, so nothing of ``model`` changes, not
+    even ``.grad``)."""
     inputs, labels = next(recipe_minibatches(train, recipe.batch_size, 0))
     params = [p for p in model.parameters() if p.is_floating_point()]
     device = params[0].device
@@ -418,7 +467,7 @@ def timed_step(model, train: list, recipe: Recipe) -> StepTimes:
     finally:
         for p, flag in zip(params, flags):
             p.requires_grad_(flag)
-    return StepTimes(tuple(times[1:]), torch.get_num_threads())
+    return StepTimes(tuple(times[1:]), (1.0,) * (len(times) - 1), torch.get_num_threads())
 
 
 def _windows(batches) -> int:
@@ -472,8 +521,7 @@ def _plan(costs: _Costs, counts: list, recipe: Recipe, budget: DecisionBudget, e
     fewer = (f"; or fewer arms: --max-blocks {counts[-2]} (K = {', '.join(map(str, counts[:-1]))})"
              if len(counts) > 2 else "")
     return plan_trials(recipe.steps, budget.fraction, [costs.step(uniform_places(costs.n, k)) for k in counts],
-                       [read[k] for k in counts], budget.replicates, TIMING_PASSES * costs.full() + read[0],
-                       otherwise=fewer)
+                       [read[k] for k in counts], budget.replicates, read[0], otherwise=fewer)
 
 
 def trial_windows(trial_steps: int, batch_size: int) -> int:
@@ -552,13 +600,13 @@ class BudgetedDecision:
 
     ``plan``: the trials' plan (:class:`satcore._decisions.frontier.TrialPlan`); ``cost_steps``: the passes counted as
     they ran (at most ``plan.budget_steps``); ``losses``: the model's own held-out losses (``heldout``, ``general``);
-    ``step_times``: the timed passes the estimate used (:class:`StepTimes`).
+    ``step_times``: the trial steps the time estimate was made from (:class:`StepTimes`; None: no trial ran).
     """
 
     plan: TrialPlan
     cost_steps: float
     losses: dict
-    step_times: StepTimes
+    step_times: StepTimes | None
     tolerance: float | None  # None: no trial ran, nothing was compared
 
     @property
@@ -689,11 +737,14 @@ class FrontierDecision(BudgetedDecision):
                 "plan": self.plan.to_dict(), "cost_steps": self.cost_steps, "race": self.race,
                 "chosen_cost_fraction": self.chosen_cost_fraction, "windows": self.windows,
                 "heldout_loss": self.losses["heldout"], "general_loss": self.losses.get("general"),
-                **self.step_times.to_dict()}
+                **timing_record(self.step_times)}
 
 
-def _plan_lines(title: str, plan: TrialPlan, costs: _Costs, times: StepTimes, tokens_per_step: int, evaluated: dict,
-                trained: int) -> list[str]:
+# the plan's words for the time estimate, which the decision's own first trial steps make (_Meter.estimate)
+ESTIMATE_FOLLOWS = f"the time estimate follows the first {1 + TIMED_STEPS} trial steps"
+
+
+def _plan_lines(title: str, plan: TrialPlan, tokens_per_step: int, evaluated: dict, trained: int) -> list[str]:
     reads = ", ".join(str(c) for c in plan.checkpoints)
     windows = " + ".join(f"{n} {split.replace('heldout', 'held-out')} windows" for split, n in evaluated.items())
     seeds = ("1 seed (the interval from the held-out windows alone)" if plan.replicates == 1 else
@@ -702,8 +753,7 @@ def _plan_lines(title: str, plan: TrialPlan, costs: _Costs, times: StepTimes, to
             f"  trials: {plan.arms} arm(s) x {seeds} x {plan.trial_steps} steps on {trained} training windows, "
             f"each read at steps {reads} on {windows}",
             f"  cost: {plan.cost_steps:.1f} planned steps' FLOPs, {plan.cost_fraction:.1%} of the planned "
-            f"{plan.planned_steps} ({plan.cost_steps * tokens_per_step:,.0f} tokens' worth); "
-            f"{times.words(costs.passes(plan.cost_steps))}", *times.warning()]
+            f"{plan.planned_steps} ({plan.cost_steps * tokens_per_step:,.0f} tokens' worth); {ESTIMATE_FOLLOWS}"]
 
 
 def _duration(seconds: float) -> str:
@@ -711,8 +761,8 @@ def _duration(seconds: float) -> str:
 
 
 def _setting(model, train: list, held: list, recipe: Recipe, budget: DecisionBudget, sized: int | None) -> tuple:
-    """``(evaluate, tokens per step, step times, window length)``: the splits the arms are read on (the
-    general data cut to ``sized`` windows where the held-out set was sized), and the timed step."""
+    """``(evaluate, tokens per step, window length)``: the splits the arms are read on (the general data cut to
+    ``sized`` windows where the held-out set was sized)."""
     evaluate = {"heldout": held}
     general = _general_batches(budget.general, sized)
     if general:
@@ -721,7 +771,7 @@ def _setting(model, train: list, held: list, recipe: Recipe, budget: DecisionBud
     from .expansion import _inputs_ids
 
     ids = _inputs_ids(next(first)[0])
-    return evaluate, int(ids.numel()), timed_step(model, train, recipe), int(ids.shape[-1])
+    return evaluate, int(ids.numel()), int(ids.shape[-1])
 
 
 def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget: DecisionBudget, options: dict
@@ -733,7 +783,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     sized = None
     if held is None:
         train, held, sized = _sized_split(train, model, recipe, budget, options)
-    evaluate, tokens, times, seq_len = _setting(model, train, held, recipe, budget, sized)
+    evaluate, tokens, seq_len = _setting(model, train, held, recipe, budget, sized)
     costs = _Costs(model, seq_len, recipe.batch_size, counts[-1], options["train_new_only"])
     plan = _plan(costs, counts, recipe, budget, [_windows(b) for b in evaluate.values()])
     check_trial_work(plan.trial_steps * plan.arms * plan.replicates, recipe.batch_size,
@@ -744,7 +794,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
         budget.announce("\n".join(_plan_lines(
             f"plan: decide how many blocks (K = {', '.join(map(str, counts))}; K = 0 trains the model as it is) for "
             f"your training of {recipe.steps} steps of {recipe.batch_size} windows ({recipe.steps * tokens:,} "
-            f"tokens), {recipe.optimizer} lr {recipe.lr:g}", plan, costs, times, tokens,
+            f"tokens), {recipe.optimizer} lr {recipe.lr:g}", plan, tokens,
             {s: _windows(b) for s, b in evaluate.items()}, _windows(train))
             + ([f"  held out: {sized} windows, what a quarter of the budget reads (at least {MIN_HELDOUT}, at most "
                 f"half); the rest train the trials"] if sized is not None else [])
@@ -752,7 +802,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
                              _windows(held) + trial_windows(plan.trial_steps, recipe.batch_size))
             + (["  the cost is a ceiling: the trials stop once no K > 0 can still beat K = 0 credibly (--no-race: "
                 "every trial to its end)"] if budget.race and budget.max_forgetting is None else [])))
-    meter = _Meter(plan.cost_steps, budget.progress, costs)
+    meter = _Meter(plan.cost_steps, budget.progress, costs, budget.announce)
     readings = dict.fromkeys(counts, len(plan.checkpoints))  # checkpoints each arm reads: all, unless the race stops it
 
     def going(changes: dict, read: tuple) -> tuple:
@@ -762,12 +812,12 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
         return on
 
     try:
-        meter.add(TIMING_PASSES * costs.full())
         arms = _Arms(model, recipe, train, evaluate, {**options, "replicates": budget.replicates})
         losses = arms.read_model(meter)
         tolerance = _tolerance(budget, losses)
         trials = arms.race({k: uniform_places(costs.n, k) for k in counts}, plan.checkpoints,
                            going if budget.race and budget.max_forgetting is None else None)
+        meter.estimate()
     finally:
         meter.close()
     none = trials[0].changes["heldout"]
@@ -782,7 +832,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     choice = choose_blocks({a.blocks: a.target for a in results},
                            {a.blocks: a.general for a in results} if "general" in evaluate else None,
                            tolerance, budget.max_forgetting, {a.blocks: a.versus_none for a in results if a.blocks})
-    return FrontierDecision(plan, meter.done, losses, times, tolerance, results, choice,
+    return FrontierDecision(plan, meter.done, losses, meter.times, tolerance, results, choice,
                             {"train": _windows(train), "heldout": _windows(held), "heldout_sized": sized is not None,
                              "general": _windows(evaluate["general"]) if "general" in evaluate else None,
                              "trial_passes": passes},
@@ -830,7 +880,7 @@ class PlacementCheck(BudgetedDecision):
                 "uniform": list(self.uniform), "moves": [m.to_dict() for m in self.moves],
                 "tolerance": self.tolerance, "plan": self.plan.to_dict(),
                 "cost_steps": self.cost_steps, "heldout_loss": self.losses.get("heldout"),
-                **self.step_times.to_dict()}
+                **timing_record(self.step_times)}
 
 
 def _probe_steps(model, train: list, held: list, costs: _Costs, policy: DecisionPolicy
@@ -856,7 +906,7 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
     names = decoder_stack(model)[0]
     n_blocks, k = len(names), options["blocks"]
     uniform, groups = uniform_places(n_blocks, k), uniform_groups(n_blocks, k)
-    evaluate, tokens, times, seq_len = _setting(model, train, held, recipe, budget, None)
+    evaluate, tokens, seq_len = _setting(model, train, held, recipe, budget, None)
     costs = _Costs(model, seq_len, recipe.batch_size, k, options["train_new_only"])
     model_read = sum(costs.read([], _windows(b)) for b in evaluate.values())
     read = sum(costs.read(uniform, _windows(b)) for b in evaluate.values())
@@ -865,7 +915,7 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
     step = costs.step([groups[0][0]] + uniform[1:])
     probe_steps, probe_timed, probe_passes = _probe_steps(model, train, held, costs, options["policy"])
     slower = probe_timed - probe_steps  # the probe's time beyond its FLOPs: on the estimate and the bar, not the cost
-    fixed = TIMING_PASSES * costs.full() + probe_steps + model_read
+    fixed = probe_steps + model_read
     movable = sum(len(g) > 1 for g in groups)
 
     # the refusal says what --blocks K decides (each group's place, not a count among arms) and how to run without
@@ -887,16 +937,14 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
                  f"for your training of {recipe.steps} steps of {recipe.batch_size} windows "
                  f"({recipe.steps * tokens:,} tokens), {recipe.optimizer} lr {recipe.lr:g}",
                  f"  screen: the first-order probe of {n_blocks + 1} places ({probe_steps:.1f} planned steps' FLOPs; "
-                 f"about {_duration(costs.passes(probe_timed) * times.mean)} here, each window about "
-                 f"{PROBE_TIME_RATIO:g} times a forward and backward pass)"]
+                 f"each window about {PROBE_TIME_RATIO:g} times a forward and backward pass)"]
         if movable:
-            trials = _plan_lines("", plan, costs, times, tokens, {s: _windows(b) for s, b in evaluate.items()},
+            trials = _plan_lines("", plan, tokens, {s: _windows(b) for s, b in evaluate.items()},
                                  _windows(train))[1]
             lines += [f"  then, if the screen proposes a move in every group: uniform and {movable} moved arm(s)",
                       trials + " (longer with fewer moves)",
                       f"  cost: at most {plan.budget_steps:g} planned steps' FLOPs, {budget.fraction:.0%} of the planned "
-                      f"{recipe.steps} ({plan.budget_steps * tokens:,.0f} tokens); at most "
-                      f"{times.words(costs.passes(plan.budget_steps + slower))}"]
+                      f"{recipe.steps} ({plan.budget_steps * tokens:,.0f} tokens); {ESTIMATE_FOLLOWS}"]
             warned = passes_warning(_windows(train), trial_passes(plan.trial_steps, recipe.batch_size, train),
                                     2 * trial_windows(plan.trial_steps, recipe.batch_size))  # half held out
             # why --blocks K does not size its windows to the budget as --blocks auto does (frontier_windows): there
@@ -906,12 +954,11 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
                                 f"{PROBE_TIME_RATIO:g} times a forward and backward pass, within the budget), so more "
                                 "windows mean a longer probe and shorter trials"] if warned else [])
         else:
-            lines.append(f"  no group has a second place: nothing to move; {times.words(costs.passes(fixed + slower))}")
-        lines += times.warning()
+            lines.append("  no group has a second place: nothing to move, no trial to time (the progress bar shows the "
+                         "probe's time left)")
         budget.announce("\n".join(lines))
-    meter = _Meter(plan.cost_steps + slower, budget.progress, costs)
+    meter = _Meter(plan.cost_steps + slower, budget.progress, costs, budget.announce)
     try:
-        meter.add(TIMING_PASSES * costs.full())
         screen = first_order_decision(model, train, held, policy=native_policy(options["policy"]),
                                       progress=lambda windows: meter.probed(windows, probe_passes))
         meter.add(probe_steps, probe_timed)
@@ -923,7 +970,7 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
             if best != place:
                 proposals.append((tuple(group), place, best))
         final_plan = (planned(1 + len(proposals), fixed) if proposals else
-                      planned(0, TIMING_PASSES * costs.full() + probe_steps))
+                      planned(0, probe_steps))
         meter.replan(final_plan.cost_steps + slower)
         if proposals:
             arms = _Arms(model, recipe, train, evaluate, {**options, "replicates": budget.replicates})
@@ -936,9 +983,10 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
                                             final_plan.checkpoints, recipe.steps)
                 credible = difference.interval[1] < 0 and difference.point < -tolerance
                 moves.append(Move(group, place, best, difference, credible))
+        meter.estimate()
     finally:
         meter.close()
-    return PlacementCheck(final_plan, meter.done, losses, times, tolerance, tuple(uniform),
+    return PlacementCheck(final_plan, meter.done, losses, meter.times, tolerance, tuple(uniform),
                           tuple(tuple(g) for g in groups), tuple(moves), screen)
 
 
@@ -947,6 +995,6 @@ def _tolerance(budget: DecisionBudget, losses: dict) -> float:
 
 
 __all__ = ["ArmResult", "ArmTrials", "BudgetedDecision", "DecisionBudget", "FrontierDecision", "Move",
-           "PlacementCheck", "MAX_TRIAL_PASSES", "PROBE_TIME_RATIO", "RELATIVE_TOLERANCE", "StepTimes", "TIMING_KEYS",
-           "TIMING_PASSES", "frontier_decision", "frontier_windows", "placement_check", "probe_time", "timed_step",
+           "PlacementCheck", "MAX_TRIAL_PASSES", "PROBE_TIME_RATIO", "RELATIVE_TOLERANCE", "StepTimes", "TIMED_STEPS",
+           "TIMING_KEYS", "TIMING_PASSES", "frontier_decision", "frontier_windows", "placement_check", "probe_time", "timed_step",
            "timing_record", "trial_windows"]
