@@ -732,7 +732,7 @@ def test_named_candidates_are_the_only_places_probed_and_trialled(route):
 def test_a_trial_that_diverges_is_refused_naming_the_place_and_the_recipe():
     """A recipe whose lr makes the inserted block diverge gives non-finite trial losses: one ``InputError`` naming
     the candidate, the steps and the lr (before: "heldout_change must hold 2 finite values")."""
-    with pytest.raises(InputError, match=r"the trial at 'layer1.1' diverged: its heldout loss is not finite after "
+    with pytest.raises(InputError, match=r"the trial at 'layer1.1' diverged: its held-out loss is not finite after "
                                          r"\d+ sgd steps at lr 1e\+30; lower the recipe's lr"):
         decide(digits_resnet(), _data(0, 64, 32), _data(1200, 64, 32), per_sample_ce, policy=DecisionPolicy(Recipe("sgd", 1e30, 8, 32, "block"), trials=TrialSettings(max_trials=1), candidates=CANDIDATES[:1]))
 

@@ -41,7 +41,8 @@ import tensorflow as tf
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
 from satcore.adapters.base import SPLIT_DATA, ProgressCounter, check_step_range, refusing_bad_batch
 from satcore.adapters.options import family_option_label
-from satcore.adapter_api import TRAINING_SPLIT_WARNING, check_unexpanded_losses, moved_keywords, screen, trial_decision
+from satcore.adapter_api import (TRAINING_SPLIT_WARNING, check_unexpanded_losses, moved_keywords, screen, split_words,
+                                 trial_decision)
 
 from .grow import InsertedResidual, grow, require_functional
 from .probe import BATCH_ERRORS, ProbeConfig, _unpack, probe
@@ -182,8 +183,8 @@ class _KerasTrial:
                                  progress=self.source.progress.per_batch())
         if not np.isfinite(losses).all():  # the model's own losses were finite: the recipe diverged here
             recipe = self.source.recipe
-            raise InputError(f"the trial at {self.at!r} diverged: its {split} loss is not finite after {self.done} "
-                             f"{recipe.optimizer} steps at lr {recipe.lr:g}; lower the recipe's lr")
+            raise InputError(f"the trial at {self.at!r} diverged: its {split_words(split)} loss is not finite after "
+                             f"{self.done} {recipe.optimizer} steps at lr {recipe.lr:g}; lower the recipe's lr")
         return losses
 
     def suspend(self) -> None:

@@ -31,7 +31,7 @@ from satcore.adapters.base import SPLIT_DATA, ProgressCounter, check_step_range,
 from satcore.adapters.batches import split_batch
 from satcore.adapters.options import family_option_label
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
-from satcore.adapter_api import check_unexpanded_losses, grouped_trials, moved_keywords, trial_decision
+from satcore.adapter_api import check_unexpanded_losses, grouped_trials, moved_keywords, split_words, trial_decision
 from satcore.adapter_api import screen as screen_rows
 
 from .grow import InsertedResidual, grow
@@ -249,8 +249,8 @@ class _Trial:
         losses = per_sample_eval(self.grown, self.source.evaluate[split], self.source.loss_fn,
                                  progress=self.source.progress.per_batch())
         if not np.isfinite(losses).all():  # the model's own losses were finite: the recipe diverged here
-            raise InputError(f"the trial at {self.at!r} diverged: its {split} loss is not finite after {self.done} "
-                             f"{self.recipe.optimizer} steps at lr {self.recipe.lr:g}; lower the recipe's lr")
+            raise InputError(f"the trial at {self.at!r} diverged: its {split_words(split)} loss is not finite after "
+                             f"{self.done} {self.recipe.optimizer} steps at lr {self.recipe.lr:g}; lower the recipe's lr")
         return losses
 
     def suspend(self) -> None:

@@ -39,7 +39,7 @@ import torch
 from satcore import DecisionPolicy, InputError, ModelOnDataError, Recipe
 from satcore.adapter_api import (MIN_HELDOUT, RACE_MARGIN, FrontierChoice, Prediction, TrialPlan, affordable_heldout,
                                  block_counts, choose_blocks, new_positions, plan_trials, predict_change, racing,
-                                 step_flops, uniform_groups, uniform_places)
+                                 split_words, step_flops, uniform_groups, uniform_places)
 
 from .decide import per_sample_eval, recipe_minibatches, recipe_optimizer
 from .input_bounds import check_trial_work
@@ -285,7 +285,7 @@ class _Arms:
         for split, batches in self.evaluate.items():
             self.before[split] = per_sample_eval(self.model, batches, sequence_loss, progress=meter.reading([]))
             if not np.isfinite(self.before[split]).all():  # before any step: no lr is to blame, as a trial's would be
-                raise ModelOnDataError(f"the model's own {'held-out' if split == 'heldout' else split} loss, before any training, is "
+                raise ModelOnDataError(f"the model's own {split_words(split)} loss, before any training, is "
                                        f"NaN or infinite on {int((~np.isfinite(self.before[split])).sum())} window(s) "
                                        "(its config or weights)", split=split)
             meter.forward([], self.before[split].size)
@@ -368,7 +368,7 @@ class _Trial:
                 after = per_sample_eval(self.grown, batches, sequence_loss, progress=meter.reading(self.places))
                 if not np.isfinite(after).all():
                     raise InputError(f"the trial of blocks before {self.places} diverged at step {self.done} (lr "
-                                     f"{arms.recipe.lr:g}): its {split} loss is not finite; lower --lr")
+                                     f"{arms.recipe.lr:g}): its {split_words(split)} loss is not finite; lower --lr")
                 self.rows[split].append(after - arms.before[split])
                 meter.forward(self.places, after.size)
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from .._shared.errors import InputError, ModelOnDataError
 from .._shared.numbers import positive_count
+from .._shared.splits import split_words
 from .calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
 from .predictors import predict_gains
 from .recipe import Recipe
@@ -207,7 +208,7 @@ def check_unexpanded_losses(before: Mapping) -> None:
     for split, losses in before.items():
         if not np.isfinite(losses).all():
             raise ModelOnDataError(f"decide: the model's loss is not finite on {int((~np.isfinite(losses)).sum())} of "
-                                   f"{losses.size} {'held-out' if split == 'heldout' else 'training'} samples "
+                                   f"{losses.size} {split_words(split)} samples "
                                    "before any block is inserted (loss_fn or the model gives NaN or inf)")
     if before["heldout"].size < 2:
         raise InputError(f"decide: the held-out data holds {before['heldout'].size} sample(s); a trial's held-out "
