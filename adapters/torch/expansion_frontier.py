@@ -88,6 +88,11 @@ class DecisionBudget:
         if self.max_forgetting is not None and self.general is None:
             raise InputError("max_forgetting needs general data (--general-data): the general loss is measured on it")
 
+    @property
+    def races(self) -> bool:
+        """Whether the frontier's trials race: ``race``, and no ``max_forgetting`` (which can leave ``K = 0`` out)."""
+        return self.race and self.max_forgetting is None
+
 
 @dataclass(frozen=True)
 class ArmTrials:
@@ -100,6 +105,11 @@ class ArmTrials:
     def curve(self, split: str = "heldout") -> list[list[float]]:
         """The mean change at each checkpoint, one list per replicate."""
         return self.changes[split].mean(2).tolist()
+
+    @property
+    def readings(self) -> int:
+        """The checkpoints its trials read: every one of the plan's, unless the race stopped them."""
+        return self.changes["heldout"].shape[1]
 
 
 class _Costs:
@@ -315,7 +325,7 @@ class _Arms:
             for k in sorted(running):
                 for trial in trials[k]:
                     trial.advance(target)
-            if going is not None and 2 <= n < len(checkpoints):
+            if 2 <= n < len(checkpoints):
                 running &= set(going({k: _stacked([t.rows for t in trials[k]]) for k in running}, checkpoints[:n]))
             if not running:
                 break
@@ -651,7 +661,7 @@ class FrontierDecision(BudgetedDecision):
     @property
     def stopped_at(self) -> int | None:
         """The trial step at which every trial stopped, the race over (None: they ran to the end)."""
-        read = max(a.trials.changes["heldout"].shape[1] for a in self.arms)
+        read = max(a.trials.readings for a in self.arms)
         return None if read == len(self.plan.checkpoints) else self.plan.checkpoints[read - 1]
 
     @property
@@ -659,7 +669,7 @@ class FrontierDecision(BudgetedDecision):
         """The race in ``expansion.json``: on or off, its margin, where each arm's trials stopped (their last
         checkpoint's step), where every trial did, and the ceiling the plan printed (``cost_steps``: what was spent)."""
         return {"on": self.raced, "margin_half_widths": RACE_MARGIN if self.raced else None,
-                "arm_steps": {str(a.blocks): self.plan.checkpoints[a.trials.changes["heldout"].shape[1] - 1]
+                "arm_steps": {str(a.blocks): self.plan.checkpoints[a.trials.readings - 1]
                               for a in self.arms},
                 "stopped_at_step": self.stopped_at, "ceiling_cost_steps": self.plan.cost_steps}
 
@@ -801,9 +811,9 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
             + passes_warning(_windows(train), passes,
                              _windows(held) + trial_windows(plan.trial_steps, recipe.batch_size))
             + (["  the cost is a ceiling: the trials stop once no K > 0 can still beat K = 0 credibly (--no-race: "
-                "every trial to its end)"] if budget.race and budget.max_forgetting is None else [])))
+                "every trial to its end)"] if budget.races else [])))
     meter = _Meter(plan.cost_steps, budget.progress, costs, budget.announce)
-    readings = dict.fromkeys(counts, len(plan.checkpoints))  # checkpoints each arm reads: all, unless the race stops it
+    readings = dict.fromkeys(counts, len(plan.checkpoints))  # while racing, the checkpoints each arm will have read
 
     def going(changes: dict, read: tuple) -> tuple:
         on = racing({k: c["heldout"] for k, c in changes.items()}, read, recipe.steps, tolerance)
@@ -816,18 +826,18 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
         losses = arms.read_model(meter)
         tolerance = _tolerance(budget, losses)
         trials = arms.race({k: uniform_places(costs.n, k) for k in counts}, plan.checkpoints,
-                           going if budget.race and budget.max_forgetting is None else None)
+                           going if budget.races else None)
         meter.estimate()
     finally:
         meter.close()
     none = trials[0].changes["heldout"]
 
-    def predict(changes, k: int) -> Prediction:  # from the checkpoints arm k read
-        return predict_change(changes, plan.checkpoints[:readings[k]], recipe.steps)
+    def predict(changes, read: int) -> Prediction:  # from the checkpoints an arm read
+        return predict_change(changes, plan.checkpoints[:read], recipe.steps)
 
-    results = tuple(ArmResult(k, t.places, predict(t.changes["heldout"], k),
-                              predict(t.changes["general"], k) if "general" in t.changes else None, t,
-                              predict(t.changes["heldout"] - none[:, :readings[k]], k) if k else None)
+    results = tuple(ArmResult(k, t.places, predict(t.changes["heldout"], t.readings),
+                              predict(t.changes["general"], t.readings) if "general" in t.changes else None, t,
+                              predict(t.changes["heldout"] - none[:, :t.readings], t.readings) if k else None)
                     for k, t in trials.items())
     choice = choose_blocks({a.blocks: a.target for a in results},
                            {a.blocks: a.general for a in results} if "general" in evaluate else None,
@@ -836,7 +846,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
                             {"train": _windows(train), "heldout": _windows(held), "heldout_sized": sized is not None,
                              "general": _windows(evaluate["general"]) if "general" in evaluate else None,
                              "trial_passes": passes},
-                            budget.race and budget.max_forgetting is None)
+                            budget.races)
 
 
 @dataclass(frozen=True)
