@@ -48,10 +48,12 @@ def read_stop(inst: dict, calibration) -> dict | None:
 
 
 def resolution_column(chosen: list, cals: dict) -> dict:
-    """Per outcome (:func:`outcome`), the stops, the unresolved among them, and the decisions; with
+    """Per outcome (:func:`outcome`), the stops, the unresolved among them with the samples factors they name, and
+    the decisions; with
     ``stops_over_noise`` the must-show count (stops where the realized best gain is clear, every stop counted, out of
     the decisions where it is clear) split into claimed saturations and unresolved stops."""
-    counts = {k: {"decisions": 0, "stops": 0, "unresolved": 0} for k in ("short", "between", "saturated")}
+    counts = {k: {"decisions": 0, "stops": 0, "unresolved": 0, "samples_factors": []}
+              for k in ("short", "between", "saturated")}
     for inst in chosen:
         kind = outcome(inst)
         counts[kind]["decisions"] += 1
@@ -59,6 +61,8 @@ def resolution_column(chosen: list, cals: dict) -> dict:
         if stop is not None:
             counts[kind]["stops"] += 1
             counts[kind]["unresolved"] += not stop["resolved"]
+            if not stop["resolved"]:
+                counts[kind]["samples_factors"].append(float(stop["samples_factor"]))
     short = counts["short"]
     return {"outcomes": counts, "stops_over_noise": (short["stops"], short["decisions"]),
             "claimed_over_noise": short["stops"] - short["unresolved"], "unresolved_over_noise": short["unresolved"]}
@@ -110,13 +114,20 @@ def _share(a: int, b: int) -> str:
     return f"{a}/{b} ({100 * a / b:.0f}%)" if b else f"{a}/0"
 
 
+def _spread(factors: list) -> str:
+    """``median (least-most)`` of samples factors, '-' for none."""
+    factors = sorted(factors)
+    return f"{factors[len(factors) // 2]:.3g} ({factors[0]:.3g}-{factors[-1]:.3g})" if factors else "-"
+
+
 def resolution(out: Path) -> str:
     """The tables of :func:`resolution_scores` (``--resolution``), its JSON written beside ``out``."""
     res = resolution_scores(out)
     (out.parent / "decision_validity_resolution.json").write_text(json.dumps(res, indent=1, default=float))
     lines = ["| column | stops where the realized best gain exceeds 3 seed SDs (every stop) | of them, claimed "
              "saturations | of them, unresolved | short stops the rule calls unresolved | true saturations (best gain "
-             "within 1 seed SD) it calls unresolved | stops between | every stop unresolved |", "|---" * 8 + "|"]
+             "within 1 seed SD) it calls unresolved | stops between | every stop unresolved | samples needed over "
+             "the split's, short stops / true saturations (median, range) |", "|---" * 9 + "|"]
     for label, c in res["columns"].items():
         o = c["outcomes"]
         stops = sum(v["stops"] for v in o.values())
@@ -124,7 +135,8 @@ def resolution(out: Path) -> str:
                      f"{c['unresolved_over_noise']} | {_share(o['short']['unresolved'], o['short']['stops'])} | "
                      f"{_share(o['saturated']['unresolved'], o['saturated']['stops'])} | "
                      f"{_share(o['between']['unresolved'], o['between']['stops'])} | "
-                     f"{_share(sum(v['unresolved'] for v in o.values()), stops)} |")
+                     f"{_share(sum(v['unresolved'] for v in o.values()), stops)} | "
+                     f"{_spread(o['short']['samples_factors'])} / {_spread(o['saturated']['samples_factors'])} |")
     lines += ["", f"| column | samples needed | unresolved stops | resolved on the split {LARGE_HELDOUT} times larger "
               "| of them, the decision inserts there | short stops among them | of those, no longer stopping "
               "there | samples needed over the split's (median, range) |", "|---" * 8 + "|"]
@@ -132,9 +144,7 @@ def resolution(out: Path) -> str:
         for side, words in (("within", f"within {LARGE_HELDOUT} times the split"),
                             ("beyond", f"beyond {LARGE_HELDOUT} times")):
             r = v[side]
-            factors = sorted(r["samples_factors"])
-            spread = (f"{factors[len(factors) // 2]:.3g} ({factors[0]:.3g}-{factors[-1]:.3g})" if factors else "-")
             lines.append(f"| {label} | {words} | {r['stops']} | {_share(r['resolved_there'], r['stops'])} | "
                          f"{r['inserts_there']} | {r['short']} | {_share(r['short_inserts_there'], r['short'])} | "
-                         f"{spread} |")
+                         f"{_spread(r['samples_factors'])} |")
     return "\n".join(lines)
