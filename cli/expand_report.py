@@ -52,6 +52,8 @@ def stop_line(expansion) -> str | None:
             expansion.budgeted, "arms"):
         return None
     why = STOP_WORDS.get(decision.stop_reason, decision.stop_reason)
+    if (needed := getattr(decision, "heldout_samples_needed", None)) is not None:
+        why += f" (about {needed} held-out samples would resolve it)"
     added = len(expansion.new_blocks)
     if added:
         return (f"the decision would add nothing here: {why}; --blocks {expansion.blocks_requested} inserted {added} "

@@ -595,6 +595,20 @@ def test_decide_on_a_tiny_held_out_split_says_it_cannot_resolve_the_stop_and_a_l
     assert (back["stop_reason"], back["heldout_samples_needed"]) == ("heldout_too_small", d.heldout_samples_needed)
 
 
+def test_expand_says_how_many_held_out_samples_would_resolve_its_stop():
+    """``satcore expand``'s line under a stop names the samples of an unresolved one, and nothing for another."""
+    from types import SimpleNamespace
+
+    from cli.expand_report import STOP_WORDS, stop_line
+
+    for reason, needed in (("heldout_too_small", 900), ("gain_below_tolerance", None)):
+        expansion = SimpleNamespace(decision=SimpleNamespace(stop_reason=reason, heldout_samples_needed=needed),
+                                    budgeted=None, new_blocks=[], blocks_requested=1)
+        said = "" if needed is None else f" (about {needed} held-out samples would resolve it)"
+        assert stop_line(expansion) == (f"nothing inserted: {STOP_WORDS[reason]}{said}; continue training the model "
+                                        "as it is")
+
+
 def test_decide_stops_when_every_insertion_harms():
     """Over-fitting by construction: the training batches carry shuffled labels, so whatever a block learns from
     them raises the held-out loss at every candidate.  Read without a trend: at lr 1e-2 on shuffled labels a
