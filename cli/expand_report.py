@@ -16,6 +16,9 @@ STOP_WORDS = {
                             "a block",
     "no_credible_decrease": "no trialled place's decrease is credible (its P(decrease) is below the calibration's "
                             "threshold)",
+    "heldout_too_small": "the held-out data cannot resolve a gain of the stop tolerance at some trialled place (its "
+                         "95% interval reaches past it): no place is shown to be worth a block, nor shown not to be; "
+                         "more held-out data would resolve it",
     "no_candidates": "no place could be trialled",
 }
 
@@ -49,6 +52,8 @@ def stop_line(expansion) -> str | None:
             expansion.budgeted, "arms"):
         return None
     why = STOP_WORDS.get(decision.stop_reason, decision.stop_reason)
+    if (needed := getattr(decision, "heldout_samples_needed", None)) is not None:
+        why += f" (about {needed} held-out samples would resolve it)"
     added = len(expansion.new_blocks)
     if added:
         return (f"the decision would add nothing here: {why}; --blocks {expansion.blocks_requested} inserted {added} "

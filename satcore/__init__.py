@@ -101,6 +101,7 @@ from ._growth.loop import (
 from ._growth.log import GrowthLogContents, read_growth_log
 from ._decisions.recipe import Recipe
 from ._decisions.trials import CandidateDecision, InsertionDecision, TrialCurve
+from ._decisions.resolution import HeldoutResolution, heldout_resolution
 from ._decisions.trial_loop import TrialSettings
 from ._decisions.policy import DecisionPolicy
 from ._decisions.reporting import depth_report
@@ -243,6 +244,9 @@ __all__ = [
     "TrialCurve",
     "TrialSettings",
     "DecisionPolicy",
+    # whether a stop's held-out data resolves it (satcore._decisions.resolution)
+    "HeldoutResolution",
+    "heldout_resolution",
     # dumps (docs/dump-format.md)
     "DumpError",
     "read_dump",

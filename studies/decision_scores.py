@@ -948,8 +948,10 @@ def optimizer_evidence(setting: dict) -> dict:
             for inst in group:
                 best = min(inst["rows"], key=lambda r: r["target"])
                 cal = setting["cals"][inst["set"]] if label.startswith("bench") else DEFAULT_CALIBRATION
-                if (-best["target"] > CLEAR_GAIN_NOISE * best["seed_sd"]
-                        and _decide(inst, cal).stop_reason == "no_credible_decrease"):
+                decision = _decide(inst, cal)
+                # a stop for no credible decrease, whether or not the held-out data resolves it
+                if (-best["target"] > CLEAR_GAIN_NOISE * best["seed_sd"] and decision.choice is None
+                        and not decision.credible_candidates):
                     floor.append(all(r["curve"].heldout_change[-1] > 0 for r in _trialled(inst)))
             # where every trial rose, the candidate a rule inserting anyway would take: the least rise
             least = [min(_trialled(i), key=lambda r: r["curve"].heldout_change[-1]) for i in group

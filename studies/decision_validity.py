@@ -41,7 +41,8 @@ models and trials with every trial also evaluated on a held-out split 4 times th
 ``studies/results/decision_validity_large_heldout/``; ``--large-heldout 16``: 16 times, to ``..._x16/``); ``--tables``
 scores them (``studies/decision_scores.py``) and prints the docs tables; ``--variants`` the
 decision rules tried; ``--stop-rules`` the stop rules tried; ``--readouts`` the trial readouts tried against
-short stops and what bounds them (``studies/decision_readouts.py``); ``--fit`` writes ``satcore/_decisions/calibrations.json`` from all sets.
+short stops and what bounds them (``studies/decision_readouts.py``); ``--resolution`` which stops the held-out data
+resolves and whether the held-out samples named would (``studies/decision_resolution.py``); ``--fit`` writes ``satcore/_decisions/calibrations.json`` from all sets.
 
 **Transfer sets** (``TRANSFER``), which no fit reads: another architecture on data no fitted set uses, recorded
 the same way (``--part gpt2-perldoc`` or ``resmlp-fashion``, with ``--column`` as above; depth sweeps
@@ -766,6 +767,9 @@ def main(argv=None) -> int:
     parser.add_argument("--readouts", action="store_true",
                         help="score the trial readouts tried against short stops (studies/decision_readouts.py "
                              "READOUT_RULES) and what bounds those stops, and print their tables")
+    parser.add_argument("--resolution", action="store_true",
+                        help="score which stops the held-out data resolves and whether the held-out samples named "
+                             "would resolve them (studies/decision_resolution.py), and print their tables")
     parser.add_argument("--fit", action="store_true", help="write satcore/_decisions/calibrations.json from every set")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -778,6 +782,10 @@ def main(argv=None) -> int:
         from studies.decision_readouts import readouts
 
         print(readouts(OUT))
+    if args.resolution:
+        from studies.decision_resolution import resolution
+
+        print(resolution(OUT))
     if args.tables or args.fit or args.variants or args.stop_rules:
         from studies.decision_scores import fit_and_write, stop_rules, tables, variants
 

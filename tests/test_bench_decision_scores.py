@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from zoo.data import load_images
 
 CANDIDATES = ["stage0", "stage1"]
 LENGTHS = (30, 300)
+Z95 = NormalDist().inv_cdf(0.975)  # the 95% half-width's quantile, independent of the scipy call under test
 
 
 @pytest.fixture(scope="module")
@@ -466,13 +468,14 @@ def test_the_sensitivity_baseline_picks_the_largest_value_never_stops_and_needs_
 
 def _stop_case(base_train: float, decrease: float, best_target: float) -> dict:
     """One decision of two trialled candidates on a model of held-out loss 2: ``a`` lowers the held-out loss by
-    ``decrease`` at every checkpoint (flat curve, standard error 1e-3: P(decrease) 0.99 under the shipped
-    calibration, whose trend weight is 0, so the prediction is ``-decrease``), ``b`` raises it by 0.01; seed noise
-    0.01 on each candidate's realized change."""
+    ``decrease`` at every checkpoint (flat curve, standard error 1e-4: P(decrease) 0.99 under the shipped
+    calibration, whose trend weight is 0, so the prediction is ``-decrease``, and a 95% half-width of 0.0002 that
+    resolves the stops below: they are no held-out data's), ``b`` raises it by 0.01; seed noise 0.01 on each
+    candidate's realized change."""
     from satcore._decisions.trials import TrialCurve
 
     def row(name, change, target):
-        curve = TrialCurve((18, 37, 75), (change,) * 3, (2 * change,) * 3, 1e-3)
+        curve = TrialCurve((18, 37, 75), (change,) * 3, (2 * change,) * 3, 1e-4)
         return {"candidate": name, "curve": curve, "may_choose": True, "screen": change, "target": target,
                 "seed_sd": 0.01}
 
@@ -554,7 +557,8 @@ def test_a_threshold_per_optimizer_family_is_fitted_on_that_familys_decisions(sc
         "adam": (0.6, 0.0), "sgd": (sgd_threshold, 0.0)}
     decider = scores._family_decider({("toy", f): c for f, c in fitted.items()})
     assert decider(sgd, DEFAULT_CALIBRATION).choice == "a"
-    assert decider(adam, DEFAULT_CALIBRATION).stop_reason == "no_credible_decrease"
+    # no credible decrease, and one the held-out data does not resolve either (-0.0025 +- 1.96 * 0.01 reaches past 0)
+    assert decider(adam, DEFAULT_CALIBRATION).stop_reason == "heldout_too_small"
     # the shipped threshold (0.6) stops both: the family's own threshold, not the calibration passed, decides
     assert scores._decide(sgd, DEFAULT_CALIBRATION).choice is None
 
@@ -616,3 +620,31 @@ def test_the_stop_ceiling_counts_short_stops_the_full_run_or_the_test_split_coul
     # the gain is 5 test standard errors in the first decision, 1.25 in the second: only the first is resolved
     assert bench["best_gain_in_test_se"] == pytest.approx([5.0, 1.25]) and bench["test_resolved"] == (1, 1)
     assert res["transfer sets, 300"]["larger_split"] is None and res["transfer sets, 300"]["test_resolved"] == (0, 0)
+
+
+def test_the_resolution_study_counts_unresolved_stops_and_reads_them_again_on_the_larger_split():
+    from satcore._decisions.calibration import DEFAULT_CALIBRATION
+    from studies import decision_resolution as resolution
+
+    def case(se: float, best_target: float) -> dict:
+        # both trials raise the held-out loss (a +0.005, b +0.01) on a model of gap 1: stop tolerance 0.01 x 1 = 0.01;
+        # a's interval 0.005 +- 1.96 se reaches past -0.01 where se > 0.015 / 1.96, i.e. unresolved at se 0.01
+        inst = _stop_case(1.0, -0.005, best_target)
+        for r in inst["rows"]:
+            r["curve"] = dataclasses.replace(r["curve"], heldout_se=se)
+        return {**inst, "model": "toy/a", "column": "sgd_block", "seed": 0}
+
+    cals = {"toy": DEFAULT_CALIBRATION}
+    short, saturated, claimed = case(0.01, -0.05), case(0.01, 0.02), case(1e-4, -0.05)
+    assert [resolution.outcome(i) for i in (short, saturated)] == ["short", "saturated"]
+    column = resolution.resolution_column([short, saturated, claimed], cals)
+    assert column["stops_over_noise"] == (2, 2) and (column["claimed_over_noise"], column["unresolved_over_noise"]) == (1, 1)
+    assert {k: v for k, v in column["outcomes"]["saturated"].items() if k != "samples_factors"} == {
+        "decisions": 1, "stops": 1, "unresolved": 1}
+    # a's factor (1.96 x 0.01 / |0.005 + 0.01|)^2 = 1.71 is within 4 times the split; read there at half the standard
+    # error (0.005 + 0.0098 clears -0.01) the stop is resolved: a claimed saturation, not an insertion
+    factor = (Z95 * 0.01 / 0.015) ** 2
+    assert resolution.read_stop(short, DEFAULT_CALIBRATION)["samples_factor"] == pytest.approx(factor, rel=1e-12)
+    valid = resolution.factor_validity([short], [case(0.005, -0.05)], cals)
+    assert valid["beyond"]["stops"] == 0 and {k: v for k, v in valid["within"].items() if k != "samples_factors"} == {
+        "stops": 1, "resolved_there": 1, "inserts_there": 0, "short": 1, "short_inserts_there": 0}

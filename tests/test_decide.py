@@ -7,15 +7,17 @@ import dataclasses
 import itertools
 import json
 import math
+from statistics import NormalDist
 
 import numpy as np
 import pytest
 import torch
 
-from zoo.models_torch import digits, digits_resnet, per_sample_ce
-from satcore import DecisionPolicy, InputError, InsertionDecision, ModelOnDataError, Recipe, TrialSettings
+from zoo.models_torch import ResidualMLP, digits, digits_resnet, per_sample_ce
+from satcore import (DecisionPolicy, InputError, InsertionDecision, ModelOnDataError, Recipe, TrialSettings,
+                     heldout_resolution)
 from satcore._decisions.trials import (Calibration, CandidateDecision, TrialCurve, choose, error_scale, extrapolate,
-                              halving_plan, trial_checkpoints, trial_plan, verified_candidate)
+                              halving_plan, paired_standard_error, trial_checkpoints, trial_plan, verified_candidate)
 from satcore.adapters.torch import decide, grow, probe_splits
 from satcore._decisions.calibration import DEFAULT_CALIBRATION
 from satcore.adapters.torch.decide import TorchTrials, trial_losses
@@ -361,6 +363,70 @@ def test_trial_plan_costs_at_most_one_block_for_up_to_eight_candidates():
                 assert verified == min(n, max_trials) and verified * T <= steps and points[-1] == T
 
 
+# the 95% half-width's normal quantile, from the standard library: independent of the scipy call under test
+Z95 = NormalDist().inv_cdf(0.975)
+
+
+@pytest.mark.parametrize("changes, ses, tolerance, resolved, candidate, factor", [
+    # -0.004 - 1.96 * 0.01 reaches past -0.01; 0.02 - 0.0196 does not: the half-width must fall under 0.006
+    ([-0.004, 0.02], [0.01, 0.01], 0.01, False, 0, (Z95 * 0.01 / 0.006) ** 2),
+    # both reach; the first needs the more samples ((0.0196 / 0.006)^2 = 10.7 against (0.0196 / 0.01)^2 = 3.8)
+    ([-0.004, -0.02], [0.01, 0.01], 0.01, False, 0, (Z95 * 0.01 / 0.006) ** 2),
+    # a gain shown beyond the tolerance resolves the other way: -0.03 is 0.02 past -0.01
+    ([-0.03, 0.02], [0.02, 0.001], 0.01, False, 0, (Z95 * 0.02 / 0.02) ** 2),
+    # every interval above -0.01 (0.01 - 0.0039, 0.03 - 0.0196): resolved, the nearest the first
+    ([0.01, 0.03], [0.002, 0.01], 0.01, True, 0, None),
+    # a tolerance of 0: the sign alone, 0.005 against its half-width 0.0196
+    ([0.005], [0.01], 0.0, False, 0, (Z95 * 0.01 / 0.005) ** 2),
+    # a change exactly at -eps, or an infinite standard error: no finite number of samples
+    ([-0.01], [0.01], 0.01, False, 0, math.inf),
+    ([0.0, 0.05], [math.inf, 0.001], 0.01, False, 0, math.inf),
+])
+def test_the_held_out_resolution_is_the_hand_computed_half_width_and_samples(changes, ses, tolerance, resolved,
+                                                                             candidate, factor):
+    """``h = z_0.975 se``; unresolved where some ``d - h < -eps``; the samples factor ``(h / |d + eps|)^2`` of the
+    candidate needing the most (module docstring of satcore._decisions.resolution), each case by hand."""
+    r = heldout_resolution(changes, ses, tolerance)
+    assert (r.resolved, r.candidate, r.tolerance) == (resolved, candidate, tolerance)
+    eps = np.finfo(float).eps
+    assert r.half_width == pytest.approx(Z95 * ses[candidate], rel=4 * eps, abs=0.0)
+    if factor is None:
+        assert r.samples_factor is None and r.samples_needed(160) is None
+    elif math.isinf(factor):
+        assert r.samples_factor == math.inf and r.samples_needed(160) is None
+    else:
+        # a ratio of sums and products of a few numbers of order 1: a few epsilons, squared
+        assert r.samples_factor == pytest.approx(factor, rel=16 * eps, abs=0.0)
+        assert r.samples_needed(160) == max(161, math.ceil(160 * factor))
+
+
+def test_the_samples_needed_follow_the_paired_standard_errors_one_over_sqrt_n():
+    """The samples factor assumes the half-width shrinks as ``1 / sqrt(n)``.  Read four times over (the same
+    per-sample differences tiled 4 times), a paired standard error shrinks by ``sqrt((n - 1) / (4 n - 1))``, by hand
+    (the sum of squares 4 times, over ``4 n - 1`` and ``4 n``): about one half.  A stop whose factor is 3.5 is then
+    resolved at 4 n, one whose factor is 4.5 is not."""
+    rng = np.random.default_rng(3)
+    n = 50
+    differences = rng.normal(-0.004, 0.05, n)
+    se, se4 = paired_standard_error(differences), paired_standard_error(np.tile(differences, 4))
+    assert se4 / se == pytest.approx(math.sqrt((n - 1) / (4 * n - 1)), rel=64 * np.finfo(float).eps)
+    d, h = float(differences.mean()), Z95 * se
+    for factor, resolves in ((3.5, True), (4.5, False)):
+        tolerance = h / math.sqrt(factor) - d  # so that (h / |d + tolerance|)^2 = factor
+        at_n = heldout_resolution([d], [se], tolerance)
+        assert not at_n.resolved and at_n.samples_factor == pytest.approx(factor, rel=64 * np.finfo(float).eps)
+        assert (at_n.samples_needed(n) <= 4 * n) == resolves
+        assert heldout_resolution([d], [se4], tolerance).resolved == resolves
+
+
+def test_the_held_out_resolution_refuses_what_it_cannot_read():
+    for changes, ses, tolerance, words in (([], [], 0.0, "at least one"), ([0.1, 0.2], [0.1], 0.0, "as many"),
+                                           ([math.nan], [0.1], 0.0, "finite"), ([0.1], [-0.1], 0.0, ">= 0"),
+                                           ([0.1], [math.nan], 0.0, ">= 0"), ([0.1], [0.1], -0.01, ">= 0")):
+        with pytest.raises(InputError, match=words):
+            heldout_resolution(changes, ses, tolerance)
+
+
 # -- the adapter ------------------------------------------------------------------------------------------
 def test_trial_equals_a_hand_written_trial_and_leaves_the_model_bit_identical():
     model = digits_resnet()
@@ -480,6 +546,67 @@ def test_decide_records_the_shipped_share_of_the_models_generalization_gap_as_it
     assert d.training_loss == pytest.approx(loss["train"], rel=0, abs=scale)
     assert d.stop_tolerance == pytest.approx(fraction * (loss["heldout"] - loss["train"]), rel=0, abs=2 * fraction * scale)
     assert d.stop_tolerance_rule == "generalization gap"
+
+
+def _flat_digits(start, n, batch):
+    X, y = digits()
+    X, y = X[start : start + n].reshape(n, 64), y[start : start + n]
+    return [(X[i : i + batch], y[i : i + batch]) for i in range(0, n, batch)]
+
+
+# a residual MLP of width 8 from seed 0, two blocks, trained by SGD at lr 0.5 for 16 full-batch steps, under a
+# practical tolerance of 0.09 of the held-out loss (about 0.21 nats): its trials lower the held-out loss by 0.06-0.16
+RESOLUTION_RECIPE = Recipe("sgd", 0.5, 16, 64)
+RESOLUTION_TOLERANCE = 0.09
+
+
+def resolution_policy(candidates=None) -> DecisionPolicy:
+    calibration = dataclasses.replace(TrialSettings().calibration, tolerance=RESOLUTION_TOLERANCE)
+    return DecisionPolicy(RESOLUTION_RECIPE, trials=TrialSettings(max_trials=2, calibration=calibration),
+                          candidates=candidates, seed=1)
+
+
+@pytest.mark.parametrize("heldout_samples, resolved", [(16, False), (512, True)])
+def test_decide_on_a_tiny_held_out_split_says_it_cannot_resolve_the_stop_and_a_larger_one_does(heldout_samples,
+                                                                                              resolved):
+    """On 16 held-out samples both trials' 95% intervals (-0.15 +- 0.11) reach past minus the tolerance (-0.22):
+    the stop is ``"heldout_too_small"`` and names about how many samples would resolve it (about 50); on 512 (more
+    than that) the same trials read -0.07 +- 0.02, and the stop below the tolerance is a resolved one.  The numbers
+    the decision reports are checked against :func:`satcore.heldout_resolution` of its own trials, which the core
+    tests check by hand."""
+    torch.manual_seed(0)
+    net = ResidualMLP(8, 2).eval()
+    d = decide(net, _flat_digits(0, 64, 32), _flat_digits(1200, heldout_samples, min(heldout_samples, 64)),
+               per_sample_ce, policy=resolution_policy(["blocks.0", "blocks.1"]))
+    assert d.choice is None and d.heldout_samples == heldout_samples
+    trials = [c.trial for c in d.candidates.values()]
+    read = heldout_resolution([t.heldout_change[-1] for t in trials], [t.heldout_se for t in trials], d.stop_tolerance)
+    assert read.resolved == resolved and d.heldout_resolution == read.half_width
+    printed = str(d)
+    if resolved:
+        assert d.stop_reason == "gain_below_tolerance" and d.heldout_samples_needed is None
+        assert "cannot resolve" not in printed
+        return
+    assert d.stop_reason == "heldout_too_small"
+    assert heldout_samples < d.heldout_samples_needed == read.samples_needed(heldout_samples) <= 512
+    assert (f"the held-out data cannot resolve a gain of the tolerance ({d.stop_tolerance:.4g})" in printed
+            and f"about {d.heldout_samples_needed} held-out samples would" in printed)
+    back = json.loads(json.dumps(d.to_dict()))
+    assert (back["stop_reason"], back["heldout_samples_needed"]) == ("heldout_too_small", d.heldout_samples_needed)
+
+
+def test_expand_says_how_many_held_out_samples_would_resolve_its_stop():
+    """``satcore expand``'s line under a stop names the samples of an unresolved one, and nothing for another."""
+    from types import SimpleNamespace
+
+    from cli.expand_report import STOP_WORDS, stop_line
+
+    for reason, needed in (("heldout_too_small", 900), ("gain_below_tolerance", None)):
+        expansion = SimpleNamespace(decision=SimpleNamespace(stop_reason=reason, heldout_samples_needed=needed),
+                                    budgeted=None, new_blocks=[], blocks_requested=1)
+        said = "" if needed is None else f" (about {needed} held-out samples would resolve it)"
+        assert stop_line(expansion) == (f"nothing inserted: {STOP_WORDS[reason]}{said}; continue training the model "
+                                        "as it is")
 
 
 def test_decide_stops_when_every_insertion_harms():
@@ -851,14 +978,14 @@ def test_the_sensitivity_baseline_is_the_squared_gradient_of_a_zero_virtual_laye
 
 
 @pytest.mark.parametrize("training_loss, tolerance, expected, rule, note", [
-    # a gap of 2.0 - 1.8 = 0.2: 0.1 of it is 0.02, above the trial's decrease 0.015: stop (5 standard errors)
+    # a gap of 2.0 - 1.8 = 0.2: 0.1 of it is 0.02, above the trial's decrease 0.015: stop (10 standard errors)
     (1.8, 0.0, 0.02, "generalization gap", "the calibration's 0.1 of the generalization gap: held-out loss 2 minus "
-                                           "training loss 1.8; 5 standard errors"),
+                                           "training loss 1.8; 10 standard errors"),
     # no gap (training loss at or above the held-out loss): tolerance 0, the credible decrease is chosen
     (2.0, 0.0, 0.0, None, None),
     (2.3, 0.0, 0.0, None, None),
-    # a user's share of the held-out loss larger than the gap's: 0.012 of 2.0 = 0.024 > 0.02 sets it (6 standard errors)
-    (1.8, 0.012, 0.024, "held-out loss", "the practical tolerance, 0.012 of the held-out loss 2; 6 standard errors"),
+    # a user's share of the held-out loss larger than the gap's: 0.012 of 2.0 = 0.024 > 0.02 sets it (12 standard errors)
+    (1.8, 0.012, 0.024, "held-out loss", "the practical tolerance, 0.012 of the held-out loss 2; 12 standard errors"),
     # ... and smaller: the gap's 0.02 still sets it
     (1.8, 0.005, 0.02, "generalization gap", "the calibration's 0.1 of the generalization gap"),
     # no gap, a user's share of 0.005 of 2.0 = 0.01 below the decrease: chosen
@@ -869,18 +996,20 @@ def test_the_stop_tolerance_is_the_larger_of_its_generalization_gap_and_held_out
     """The tolerance ``choose`` compares with: the larger of the calibration's ``generalization_gap_fraction`` (0.1)
     of ``max(0, held-out - training loss)`` and its ``tolerance`` of the held-out loss (2.0), hand-computed per
     case; the decision reports it in loss units, over the standard error of the credible trial of lowest
-    prediction (0.004), and which share set it; a stop below it says so in one note with the numbers."""
+    prediction (0.002), and which share set it; a stop below it says so in one note with the numbers.  The trial's
+    95% interval, -0.015 +- 1.96 * 0.002, lies above minus every stopping tolerance (-0.02, -0.024): the held-out
+    data resolves these stops (an unresolved one is ``"heldout_too_small"``, tested below)."""
     from satcore._rendering.table import render_decision
 
     recipe = Recipe("adam", 1e-3, 300, 16, "block")
     calibration = dataclasses.replace(NORMAL, trend_weight=0.0, generalization_gap_fraction=0.1, tolerance=tolerance)
-    trial = TrialCurve((1, 2), (0.0, -0.015), (0.0, -0.015), 0.004)
+    trial = TrialCurve((1, 2), (0.0, -0.015), (0.0, -0.015), 0.002)
     small = verified_candidate("m.0", trial, 300, calibration, -0.1)
     assert small.predicted_heldout_change == pytest.approx(-0.015, rel=4 * np.finfo(float).eps)
     d = choose([small], recipe, 2.0, training_loss, 300, calibration)
     # each tolerance is a product and a difference of numbers of order 1: a few epsilons
     assert d.stop_tolerance == pytest.approx(expected, rel=8 * np.finfo(float).eps, abs=0.0)
-    assert d.stop_tolerance_se == pytest.approx(expected / 0.004, rel=16 * np.finfo(float).eps, abs=0.0)
+    assert d.stop_tolerance_se == pytest.approx(expected / 0.002, rel=16 * np.finfo(float).eps, abs=0.0)
     assert (d.stop_tolerance_rule, d.training_loss) == (rule, training_loss)
     stops = expected > 0.015
     assert (d.choice, d.stop_reason) == ((None, "gain_below_tolerance") if stops else ("m.0", None))
@@ -907,15 +1036,19 @@ def test_the_stop_tolerance_is_the_larger_of_its_generalization_gap_and_held_out
 
 def test_a_stop_tolerance_small_against_the_trials_noise_is_not_printed_as_0_standard_errors():
     """The shipped tolerance is typically a few hundredths of the credible trial's standard error (0.005 over 0.2 =
-    0.025 here, by hand): the note prints that number, not "0.0 standard errors" beside a tolerance above 0."""
+    0.025 here, by hand): the note prints that number, not "0.0 standard errors" beside a tolerance above 0.  Such a
+    stop is one the held-out data cannot resolve (-0.004 +- 1.96 * 0.2 reaches far past -0.005): it is
+    ``"heldout_too_small"``, and both notes are printed."""
     from satcore._rendering.table import render_decision
 
     trial = TrialCurve((75, 150, 300), (-0.002, -0.004, -0.004), (-0.03, -0.06, -0.08), 0.2)
     d = choose([CandidateDecision("b0", -0.004, -0.08, (-0.009, -0.001), 0.97, -0.02, trial)],
                Recipe("adam", 1e-3, 300, 32), 2.0, 1.5, 300, DEFAULT_CALIBRATION)
-    assert d.stop_reason == "gain_below_tolerance"
+    assert d.stop_reason == "heldout_too_small"
     assert d.stop_tolerance_se == pytest.approx(0.025, rel=8 * np.finfo(float).eps, abs=0.0)
-    assert "; 0.025 standard errors of the best credible trial" in render_decision(d)
+    printed = render_decision(d)
+    assert "; 0.025 standard errors of the best credible trial" in printed
+    assert "note: the held-out data cannot resolve a gain of the tolerance (0.005)" in printed
 
 
 @pytest.mark.parametrize("field", ["generalization_gap_fraction", "tolerance"])

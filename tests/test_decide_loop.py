@@ -203,7 +203,9 @@ RECORDED = {
     },
     "halving": {
         "call": dict(recipe=Recipe("adam", 1e-2, 24, 16, "terminal"), seed=2, schedule="halving"),
-        "decision": (None, "no_credible_decrease", 24, 0.10126138445642141, None),
+        # recorded as "no_credible_decrease"; layer1.1's trial, +0.188 +- 1.96 * 0.096, reaches past minus the stop
+        # tolerance: the held-out data (64 samples) does not resolve the stop
+        "decision": (None, "heldout_too_small", 24, 0.10126138445642141, None),
         "candidates": {
             "layer1.1": (-7.088664377574001, True, ((1, 2, 4), (-0.037052786335600274, 0.1585271955371752,
                          0.1875690070449716), (0.06826679463741434, 0.1533864921998429, 0.4533171464703753),

@@ -29,6 +29,7 @@ MODULES = [
     "satcore._decisions.policy",
     "satcore._growth.loop",
     "satcore._decisions.trials",
+    "satcore._decisions.resolution",
     "satcore._decisions.frontier",
     "satcore.adapters.batches",  # pure Python, like the core: no framework is imported
     "satcore.adapters.graph",

@@ -12,6 +12,7 @@ the cost and which candidates were verified or eliminated are equal.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -92,6 +93,29 @@ def test_keras_decide_equals_torch_decide_on_the_same_weights_and_data(optimizer
     assert len(chosen) == 1, (mine.choice, theirs.choice)
     predictions = sorted(c.predicted_heldout_change for c in mine.candidates.values())
     assert predictions[1] - predictions[0] > 2 * curve_tol  # the choice is not a tie within round-off
+
+
+@pytest.mark.parametrize("heldout_samples, stop_reason", [(16, "heldout_too_small"), (512, "gain_below_tolerance")])
+def test_keras_decide_says_as_torch_does_how_much_held_out_data_resolves_a_stop(heldout_samples, stop_reason):
+    """The stop of tests/test_decide.py's resolution test (SGD at lr 0.5, 16 full-batch steps, a practical tolerance
+    of 0.09 of the held-out loss), in both frameworks: on 16 held-out samples the held-out data cannot resolve it,
+    on 512 it does; the same stop reason, the half-width within the trials' float32 round-off (as above) times
+    1.96, and the same held-out samples needed (a ceiling of ``n (h / |d + eps|)^2``, 51 here, far from an
+    integer's round-off)."""
+    net, model = _models()
+    train, heldout = _batches(0, 64, 32), _batches(1200, heldout_samples, min(heldout_samples, 64))
+    calibration = dataclasses.replace(TrialSettings().calibration, tolerance=0.09)
+    trials = TrialSettings(max_trials=DEPTH, calibration=calibration)
+    recipe = Recipe("sgd", 0.5, 16, 64)
+    mine = torch_decide(net, train, heldout, per_sample_ce,
+                        policy=DecisionPolicy(recipe, trials=trials, candidates=TORCH_NAMES, seed=1))
+    theirs = keras_decide(model, _as_numpy(train), _as_numpy(heldout), _keras_ce(),
+                          policy=DecisionPolicy(recipe, trials=trials, seed=1))
+    assert mine.stop_reason == theirs.stop_reason == stop_reason
+    assert theirs.heldout_samples_needed == mine.heldout_samples_needed
+    assert (mine.heldout_samples_needed is None) == (stop_reason != "heldout_too_small")
+    tol = 1.96 * 4 * EPS32 * max(1.0, mine.heldout_loss) * (1 + mine.cost_block_steps)
+    assert theirs.heldout_resolution == pytest.approx(mine.heldout_resolution, rel=0, abs=tol)
 
 
 def test_the_recipe_optimizer_steps_as_torch_optim_does():

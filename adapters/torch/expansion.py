@@ -230,8 +230,9 @@ DECISIONS = ("trial", "screen")
 
 
 class _ReadsDecision:
-    """A placement's ``choice``, ``stop_reason``, ``candidates`` and ``cost_block_steps``: those of the
-    decision it reads (``wrapped``, a property of the subclass)."""
+    """A placement's ``choice``, ``stop_reason``, ``candidates``, ``cost_block_steps`` and
+    ``heldout_samples_needed``: those of the decision it reads (``wrapped``, a property of the subclass; a
+    decision without the last, the screen's, needs none)."""
 
     @property
     def choice(self):
@@ -248,6 +249,10 @@ class _ReadsDecision:
     @property
     def cost_block_steps(self) -> int:
         return self.wrapped.cost_block_steps
+
+    @property
+    def heldout_samples_needed(self) -> int | None:
+        return getattr(self.wrapped, "heldout_samples_needed", None)
 
 
 @dataclass(frozen=True)

@@ -263,7 +263,7 @@ def trial_decision(steps: TrialSteps, screened, before: Mapping, recipe: Recipe,
         else:
             out.append(row.candidate())
     decision = dataclasses.replace(choose(out, recipe, float(before["heldout"].mean()), float(before["train"].mean()),
-                                          cost, settings.calibration), heldout_samples=int(before["heldout"].size),
+                                          cost, settings.calibration, int(before["heldout"].size)),
                                    requested_family=requested_family)
     if decision.runner_up is None:
         return decision

@@ -50,7 +50,10 @@ below the stop tolerance, in loss units the larger of
 training split; ``f``: ``generalization_gap_fraction``, fitted on the bench, so that a
 model that over-fits needs a larger predicted decrease and one that does not needs
 only a credible one; ``tau``: ``tolerance``, a user's practical share of the held-out
-loss, 0 as shipped).
+loss, 0 as shipped).  Either stop claims that no block pays; where the held-out data
+cannot resolve that claim (some trial's 95% interval from its paired standard error
+still reaches past minus the stop tolerance, :func:`~satcore.heldout_resolution`) the
+stop is ``"heldout_too_small"`` instead, with the held-out samples that would resolve it.
 
 The paper's first-order criterion (Liu et al., "Quantifying Depth Sufficiency in
 Residual Neural Networks: A First-Order Criterion", Theorem 1) says whether a
@@ -70,8 +73,9 @@ from .._shared.display import NOT_VERIFIED
 from .._shared.errors import InputError
 from .._shared.numbers import finite_real
 from .recipe import Recipe
+from .resolution import stop_resolution
 
-STOP_REASONS = ("no_credible_decrease", "gain_below_tolerance", "no_candidates")
+STOP_REASONS = ("no_credible_decrease", "gain_below_tolerance", "heldout_too_small", "no_candidates")
 # the stop tolerance's terms (Calibration.stop_tolerance_terms): what each is a fraction of -> its calibration field
 STOP_TOLERANCE_FRACTIONS = MappingProxyType({"generalization gap": "generalization_gap_fraction",
                                              "held-out loss": "tolerance"})
@@ -406,7 +410,9 @@ class InsertionDecision:
     choice : str or None
         The candidate to insert at; ``None``: stop.
     stop_reason : str or None
-        ``"no_credible_decrease"``, ``"gain_below_tolerance"`` or ``"no_candidates"`` when ``choice`` is None.
+        ``"no_credible_decrease"``, ``"gain_below_tolerance"``, ``"heldout_too_small"`` (either of the first two
+        where the held-out data cannot resolve it: :attr:`heldout_samples_needed`) or ``"no_candidates"`` when
+        ``choice`` is None.
     candidates : Mapping[str, CandidateDecision]
         Every candidate's evidence, in the screen's order.
     recipe : Recipe
@@ -437,6 +443,14 @@ class InsertionDecision:
         ``"auto"``, ``"native"``, a kind, a feature map's class name, or ``"per candidate"`` for a mapping); each
         verified candidate's :attr:`CandidateDecision.trial_family` is what it resolved to there.  None on
         decisions built without it.
+    heldout_resolution : float or None
+        On a stop with verified candidates: the 95% half-width ``1.96 se`` (loss units) of the trial the stop's
+        claim rests on (:func:`~satcore.heldout_resolution`: the one whose interval reaches furthest past minus
+        the stop tolerance, by the samples it needs, or comes nearest to it); None with a choice.
+    heldout_samples_needed : int or None
+        On a ``"heldout_too_small"`` stop: about how many held-out samples would resolve it (the half-width
+        shrinks as ``1 / sqrt(n)``; a planning number that assumes the trials' changes stay put); None otherwise,
+        or where the held-out count is not known.
     """
 
     choice: str | None
@@ -451,6 +465,8 @@ class InsertionDecision:
     stop_tolerance: float | None = None
     training_loss: float | None = None
     requested_family: str | None = None
+    heldout_resolution: float | None = None
+    heldout_samples_needed: int | None = None
 
     def __post_init__(self):
         if (self.choice is None) == (self.stop_reason is None):
@@ -478,6 +494,14 @@ class InsertionDecision:
         return max(terms, key=terms.get)
 
     @property
+    def credible_candidates(self) -> list:
+        """The candidates the decision could choose: verified, not eliminated, ``p_decrease`` at least the
+        calibration's threshold (a stop without any stops for no credible decrease, or, unresolved, for too small
+        a held-out split)."""
+        return [c for c in self.candidates.values() if c.verified and not c.eliminated
+                and c.p_decrease >= self.calibration.p_threshold]
+
+    @property
     def stop_tolerance_se(self) -> float | None:
         """:attr:`stop_tolerance` in units of what the held-out data resolves: over the paired standard error of
         the trial it was compared with (the credible verified candidate of lowest predicted change); None
@@ -485,8 +509,7 @@ class InsertionDecision:
         bench the shipped tolerance (1% of the generalization gap) was a median 0.00-0.06 of them, depending on
         the set of recipes, where 0.3% of the held-out loss (shipped before) was 0.9-2.2
         (studies/decision-validity.md)."""
-        credible = [c for c in self.candidates.values() if c.verified and not c.eliminated
-                    and c.p_decrease >= self.calibration.p_threshold]
+        credible = self.credible_candidates
         if self.stop_tolerance is None or not credible:
             return None
         se = min(credible, key=lambda c: c.predicted_heldout_change).trial.heldout_se
@@ -580,11 +603,12 @@ class InsertionDecision:
                 "close_call": self.close_call, "heldout_samples": self.heldout_samples,
                 "stop_tolerance": self.stop_tolerance, "stop_tolerance_se": self.stop_tolerance_se,
                 "stop_tolerance_rule": self.stop_tolerance_rule, "requested_family": self.requested_family,
+                "heldout_resolution": self.heldout_resolution, "heldout_samples_needed": self.heldout_samples_needed,
                 "calibration": self.calibration.to_dict()}
 
 
 def choose(candidates, recipe: Recipe, heldout_loss: float, training_loss: float, cost_block_steps: int,
-           calibration: Calibration) -> InsertionDecision:
+           calibration: Calibration, heldout_samples: int | None = None) -> InsertionDecision:
     """The decision over ``candidates`` (an iterable of :class:`CandidateDecision`, screen order).
 
     Among verified candidates with ``p_decrease >= calibration.p_threshold`` the one with the
@@ -597,6 +621,10 @@ def choose(candidates, recipe: Recipe, heldout_loss: float, training_loss: float
     decision reports the stop tolerance in loss units, in the trial's standard errors
     (:attr:`InsertionDecision.stop_tolerance_se`) and which term set it
     (:attr:`InsertionDecision.stop_tolerance_rule`).
+
+    A stop (no credible decrease, or one below the stop tolerance) is ``"heldout_too_small"`` where the verified
+    candidates' trials do not resolve it (:func:`~satcore.heldout_resolution` at the stop tolerance); with
+    ``heldout_samples`` (the held-out samples the trials were read on) the decision says how many would.
     """
     stop_tolerance = float(max(calibration.stop_tolerance_terms(heldout_loss, training_loss).values()))
     candidates = {c.name: c for c in candidates}
@@ -612,8 +640,17 @@ def choose(candidates, recipe: Recipe, heldout_loss: float, training_loss: float
             reason, choice = "gain_below_tolerance", None
         else:
             reason, choice = None, best.name
+    resolution, needed = None, None
+    if choice is None and verified:
+        read = stop_resolution(verified, stop_tolerance)[1]
+        resolution = read.half_width
+        if not read.resolved:
+            reason = "heldout_too_small"
+            needed = None if heldout_samples is None else read.samples_needed(int(heldout_samples))
     return InsertionDecision(choice, reason, candidates, recipe, float(heldout_loss), int(cost_block_steps),
-                             calibration, stop_tolerance=stop_tolerance, training_loss=float(training_loss))
+                             calibration, stop_tolerance=stop_tolerance, training_loss=float(training_loss),
+                             heldout_samples=heldout_samples, heldout_resolution=resolution,
+                             heldout_samples_needed=needed)
 
 
 def trial_checkpoints(steps: int) -> tuple:
@@ -650,5 +687,5 @@ def halving_plan(n_candidates: int, recipe: Recipe, max_trials: int = 4) -> tupl
 
 __all__ = ["Calibration", "CandidateDecision", "InsertionDecision", "NOT_VERIFIED", "STOP_REASONS",
            "STOP_TOLERANCE_FRACTIONS", "TrialCurve",
-           "choose", "error_scale", "extrapolate", "halving_plan", "paired_standard_error", "trial_checkpoints", "trial_plan",
-           "verified_candidate"]
+           "choose", "error_scale", "extrapolate", "halving_plan", "paired_standard_error",
+           "trial_checkpoints", "trial_plan", "verified_candidate"]

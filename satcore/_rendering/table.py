@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .._shared.display import NOT_VERIFIED, display_name
 from .._decisions.criteria import Verdict
+from .._decisions.resolution import stop_resolution
 
 LEGEND = (
     "columns: AG = activation-gradient norm; V = growth value (first-order gain per unit block size, the raw "
@@ -60,6 +61,23 @@ def stop_tolerance_note(decision) -> str:
            "tolerance=...)))")
     return (f"note: stopped below the tolerance of {num(decision.stop_tolerance)} ({source}"
             + ("" if in_se is None else f"; {num(in_se)} standard errors of the best credible trial") + ")" + how)
+
+
+def heldout_resolution_note(decision) -> str:
+    """The note under a ``"heldout_too_small"`` stop: the trial its claim rests on, whose 95% interval from the
+    held-out data alone still reaches past minus the stop tolerance, and about how many held-out samples would
+    resolve it (:func:`satcore.heldout_resolution`)."""
+    name, read = stop_resolution(decision.candidates.values(), decision.stop_tolerance)
+    change = decision.candidates[name].trial.heldout_change[-1]
+    read_on = "" if decision.heldout_samples is None else f" on {decision.heldout_samples} held-out samples"
+    needed = decision.heldout_samples_needed
+    would = ("no number of held-out samples named" if needed is None else
+             f"about {needed} held-out samples would (the half-width shrinks as 1/sqrt(n); a planning number that "
+             "assumes the trials' changes stay put)")
+    return (f"note: the held-out data cannot resolve a gain of the tolerance ({num(decision.stop_tolerance)}): "
+            f"{display_name(name)}'s trial changed the held-out loss by {num(change)} +- {num(read.half_width)} (95%, "
+            f"from its paired standard error{read_on}), which reaches past -{num(decision.stop_tolerance)}; {would}; "
+            "no block is inserted, and none is shown not to pay")
 
 
 def num(x) -> str:
@@ -190,8 +208,13 @@ def render_decision(decision) -> str:
             lines.append(beyond)
         lines += [f"note: {n}" for n in decision_interval_notes(decision.candidates)]
         lines += calibration_notes(decision)
-        if getattr(decision, "stop_reason", None) == "gain_below_tolerance" and decision.stop_tolerance is not None:
+        stop = getattr(decision, "stop_reason", None)
+        # an unresolved stop with a credible candidate stopped below the tolerance too: both notes say why
+        if getattr(decision, "stop_tolerance", None) is not None and (stop == "gain_below_tolerance" or (
+                stop == "heldout_too_small" and decision.stop_tolerance_se is not None)):
             lines.append(stop_tolerance_note(decision))
+        if stop == "heldout_too_small":
+            lines.append(heldout_resolution_note(decision))
         if getattr(decision, "close_call", False):
             difference, se = decision.margin
             runner_up = display_name(decision.runner_up)

@@ -1,0 +1,150 @@
+"""Which of the decision's stops the held-out data resolves, scored on the recordings (``python -m
+studies.decision_validity --resolution``), and whether the held-out samples it says would resolve one do.
+
+A stop claims that no trialled candidate lowers the held-out loss by the stop tolerance; ``decide`` names it
+``"heldout_too_small"`` where some trial's 95% interval from its paired standard error still reaches past minus the
+tolerance (:func:`satcore.heldout_resolution`), with the samples factor ``n' / n = (h / |d + eps|)^2`` that would
+resolve it.  Nothing here is fitted: the rule reads the decision's own stop tolerance (the calibration's, fitted leave
+one bench set out as the other scores are) and the trials' standard errors.  Per scored column (bench at 300 and 1000
+steps, transfer sets at 300 and 1000), :func:`resolution_column` counts the stops by what the realized outcome says of
+them (a *short stop*: the best candidate's realized gain beyond :data:`CLEAR_GAIN_NOISE` seed standard deviations; a
+*true saturation*: not beyond :data:`SATURATION_NOISE` of them) and by what the rule says (unresolved or a claimed
+saturation); :func:`factor_validity` reads the unresolved stops again on the held-out split 4 times the bench's (the
+``--large-heldout`` recordings: the same trials), where it is recorded (300 steps).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from satcore._decisions.calibration import DEFAULT_CALIBRATION
+from satcore._decisions.resolution import stop_resolution
+from studies.decision_scores import (CLEAR_GAIN_NOISE, LARGE_HELDOUT, TRANSFER_FOLDER, _decide, _stop_rule_setting,
+                                     larger_heldout)
+
+SATURATION_NOISE = 1  # a true saturation: the realized best gain is not beyond this many seed standard deviations
+
+
+def outcome(inst: dict) -> str:
+    """``"short"`` where the best candidate's realized gain exceeds :data:`CLEAR_GAIN_NOISE` seed standard deviations,
+    ``"saturated"`` where it does not exceed :data:`SATURATION_NOISE` of them (a harm included), else ``"between"``."""
+    best = min(inst["rows"], key=lambda r: r["target"])
+    gain, noise = -best["target"], best["seed_sd"]
+    if gain > CLEAR_GAIN_NOISE * noise:
+        return "short"
+    return "saturated" if gain <= SATURATION_NOISE * noise else "between"
+
+
+def read_stop(inst: dict, calibration) -> dict | None:
+    """The decision on ``inst`` (:func:`studies.decision_scores._decide`): None where it inserts, else whether the
+    held-out data resolves its stop and the samples factor that would (None where resolved)."""
+    d = _decide(inst, calibration)
+    if d.choice is not None:
+        return None
+    read = stop_resolution(d.candidates.values(), d.stop_tolerance)[1]
+    assert (d.stop_reason == "heldout_too_small") != read.resolved  # the decision's label is the rule's
+    return {"resolved": read.resolved, "samples_factor": read.samples_factor}
+
+
+def resolution_column(chosen: list, cals: dict) -> dict:
+    """Per outcome (:func:`outcome`), the stops, the unresolved among them with the samples factors they name, and
+    the decisions; with
+    ``stops_over_noise`` the must-show count (stops where the realized best gain is clear, every stop counted, out of
+    the decisions where it is clear) split into claimed saturations and unresolved stops."""
+    counts = {k: {"decisions": 0, "stops": 0, "unresolved": 0, "samples_factors": []}
+              for k in ("short", "between", "saturated")}
+    for inst in chosen:
+        kind = outcome(inst)
+        counts[kind]["decisions"] += 1
+        stop = read_stop(inst, cals[inst["set"]])
+        if stop is not None:
+            counts[kind]["stops"] += 1
+            counts[kind]["unresolved"] += not stop["resolved"]
+            if not stop["resolved"]:
+                counts[kind]["samples_factors"].append(float(stop["samples_factor"]))
+    short = counts["short"]
+    return {"outcomes": counts, "stops_over_noise": (short["stops"], short["decisions"]),
+            "claimed_over_noise": short["stops"] - short["unresolved"], "unresolved_over_noise": short["unresolved"]}
+
+
+def factor_validity(chosen: list, large: list, cals: dict, factor: int = LARGE_HELDOUT) -> dict:
+    """The unresolved stops of ``chosen`` whose twin (the same model, recipe column and trial seed) ``large`` reads
+    on a held-out split ``factor`` times larger, split by whether the samples they need are within it
+    (``samples_factor <= factor``): how many resolve there (the decision inserts, or its stop is resolved), how many
+    of the short stops among them no longer stop, and the samples factors."""
+    twins = {(i["model"], i["column"], i["seed"]): i for i in large}
+    out = {side: {"stops": 0, "resolved_there": 0, "inserts_there": 0, "short": 0, "short_inserts_there": 0,
+                  "samples_factors": []} for side in ("within", "beyond")}
+    for inst in chosen:
+        twin = twins.get((inst["model"], inst["column"], inst["seed"]))
+        stop = read_stop(inst, cals[inst["set"]])
+        if twin is None or stop is None or stop["resolved"]:
+            continue
+        row = out["within" if stop["samples_factor"] <= factor else "beyond"]
+        there = read_stop(twin, cals[inst["set"]])
+        short = outcome(inst) == "short"
+        row["stops"] += 1
+        row["resolved_there"] += there is None or there["resolved"]
+        row["inserts_there"] += there is None
+        row["short"] += short
+        row["short_inserts_there"] += short and there is None
+        row["samples_factors"].append(float(stop["samples_factor"]))
+    return out
+
+
+def resolution_scores(out: Path) -> dict:
+    """:func:`resolution_column` on the four scored columns (the bench's with each set's calibration fitted on the
+    others, the transfer sets' with the shipped one) and :func:`factor_validity` where the larger split is recorded."""
+    setting = _stop_rule_setting(out)
+    transfer_large = larger_heldout(out.parent / TRANSFER_FOLDER)
+    large = {"bench, 300 steps": [i for i in setting["errors"] if i["steps"] == 300],
+             "transfer sets, 300": [i for i in transfer_large if i["steps"] == 300 and not i["column"].endswith("_1000")]}
+    res = {"columns": {}, "validity": {}}
+    for label, chosen in setting["columns"].items():
+        cals = (setting["cals"] if label.startswith("bench")
+                else dict.fromkeys(setting["transfer_sets"], DEFAULT_CALIBRATION))
+        res["columns"][label] = resolution_column(chosen, cals)
+        if large.get(label):
+            res["validity"][label] = factor_validity(chosen, large[label], cals)
+    return res
+
+
+def _share(a: int, b: int) -> str:
+    return f"{a}/{b} ({100 * a / b:.0f}%)" if b else f"{a}/0"
+
+
+def _spread(factors: list) -> str:
+    """``median (least-most)`` of samples factors, '-' for none."""
+    factors = sorted(factors)
+    return f"{factors[len(factors) // 2]:.3g} ({factors[0]:.3g}-{factors[-1]:.3g})" if factors else "-"
+
+
+def resolution(out: Path) -> str:
+    """The tables of :func:`resolution_scores` (``--resolution``), its JSON written beside ``out``."""
+    res = resolution_scores(out)
+    (out.parent / "decision_validity_resolution.json").write_text(json.dumps(res, indent=1, default=float))
+    lines = ["| column | stops where the realized best gain exceeds 3 seed SDs (every stop) | of them, claimed "
+             "saturations | of them, unresolved | short stops the rule calls unresolved | true saturations (best gain "
+             "within 1 seed SD) it calls unresolved | stops between | every stop unresolved | samples needed over "
+             "the split's, short stops / true saturations (median, range) |", "|---" * 9 + "|"]
+    for label, c in res["columns"].items():
+        o = c["outcomes"]
+        stops = sum(v["stops"] for v in o.values())
+        lines.append(f"| {label} | {_share(*c['stops_over_noise'])} | {c['claimed_over_noise']} | "
+                     f"{c['unresolved_over_noise']} | {_share(o['short']['unresolved'], o['short']['stops'])} | "
+                     f"{_share(o['saturated']['unresolved'], o['saturated']['stops'])} | "
+                     f"{_share(o['between']['unresolved'], o['between']['stops'])} | "
+                     f"{_share(sum(v['unresolved'] for v in o.values()), stops)} | "
+                     f"{_spread(o['short']['samples_factors'])} / {_spread(o['saturated']['samples_factors'])} |")
+    lines += ["", f"| column | samples needed | unresolved stops | resolved on the split {LARGE_HELDOUT} times larger "
+              "| of them, the decision inserts there | short stops among them | of those, no longer stopping "
+              "there | samples needed over the split's (median, range) |", "|---" * 8 + "|"]
+    for label, v in res["validity"].items():
+        for side, words in (("within", f"within {LARGE_HELDOUT} times the split"),
+                            ("beyond", f"beyond {LARGE_HELDOUT} times")):
+            r = v[side]
+            lines.append(f"| {label} | {words} | {r['stops']} | {_share(r['resolved_there'], r['stops'])} | "
+                         f"{r['inserts_there']} | {r['short']} | {_share(r['short_inserts_there'], r['short'])} | "
+                         f"{_spread(r['samples_factors'])} |")
+    return "\n".join(lines)
