@@ -466,8 +466,8 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     try:
         expansion = expand_model(model, data, blocks=blocks, policy=policy, options=options)
     except ModelOnDataError as exc:  # a batch the model cannot take or scores NaN on: the model's, on the data
-        raise ProbeError(model_on_data(model_dir, general_path if exc.split == "general" else data_path,
-                                       str(exc))) from None
+        raise ProbeError(model_on_data(model_dir, general_path, str(exc), "--general-data") if exc.split == "general"
+                         else model_on_data(model_dir, data_path, str(exc))) from None
     with staged_out_dir(out_dir, prefix=".satcore-expand-") as staging:
         grown = expansion.model.to(getattr(torch, saved_dtype))
         grown.save_pretrained(staging, safe_serialization=True)

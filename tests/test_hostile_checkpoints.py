@@ -422,8 +422,35 @@ def test_a_general_data_the_model_scores_nan_on_is_named_not_the_data(source, tm
     result = CliRunner().invoke(main, ["expand", str(folder), "--data", str(tmp_path / "data.npz"), "--general-data",
                                        str(tmp_path / "general.npz"), "-o", str(out), "--seq-len", "16", "--blocks",
                                        "auto", "--steps", "300", "--quiet"])
-    refused(result, f"{folder} on {tmp_path / 'general.npz'}: the model's own general loss, before any training, "
-            "is NaN or infinite")
+    refused(result, f"{folder} on --general-data {tmp_path / 'general.npz'}: the model's own general loss, before any "
+            "training, is NaN or infinite")
+    assert not out.exists()
+
+
+def test_a_general_data_batch_the_model_cannot_take_names_general_data_and_its_file(source, tmp_path, monkeypatch):
+    """A model that cannot take one token (its forward raises IndexError, as an embedding lookup past its rows does)
+    present in --general-data and not in --data: the refusal led with MODEL_DIR on --data's file, which the model
+    takes; it names --general-data and that file."""
+    folder = edited(source, tmp_path)
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    untakeable = vocab - 1
+    forward = T.LlamaForCausalLM.forward
+
+    def refusing(self, input_ids=None, **kwargs):
+        if input_ids is not None and bool((input_ids == untakeable).any()):
+            raise IndexError("index out of range in self")
+        return forward(self, input_ids=input_ids, **kwargs)
+
+    monkeypatch.setattr(T.LlamaForCausalLM, "forward", refusing)
+    ids = np.arange(4096) % untakeable  # every id but the one the model cannot take
+    np.savez(tmp_path / "data.npz", input_ids=ids)
+    np.savez(tmp_path / "general.npz", input_ids=np.where(ids % 7 == 0, untakeable, ids))
+    out = tmp_path / "o"
+    result = CliRunner().invoke(main, ["expand", str(folder), "--data", str(tmp_path / "data.npz"), "--general-data",
+                                       str(tmp_path / "general.npz"), "-o", str(out), "--seq-len", "16", "--blocks",
+                                       "auto", "--steps", "300", "--quiet"])
+    refused(result, f"{folder} on --general-data {tmp_path / 'general.npz'}: batch 0: the model or loss_fn cannot "
+            "take it (IndexError: index out of range in self)")
     assert not out.exists()
 
 
