@@ -4,9 +4,14 @@ A tiny Llama checkpoint in bfloat16 with tied embeddings is grown at forced plac
 so the test is fast), non-uniform and uniform.  References: real ``peft`` (``LoraConfig.from_pretrained``
 and ``get_peft_model`` on the grown model: adapters exactly on the new blocks), LLaMA-Factory's own module
 selection (``_setup_freeze_tuning`` and ``_setup_lora_tuning`` of ``llamafactory.model.adapter``, where it
-imports; it pins transformers <= 5.6 and peft <= 0.18, so it is skipped in the test environment and was run
-beside it with ``DISABLE_VERSION_CHECK=1``), PEFT's ``target_modules`` matching for the LoRA list
-LLaMA-Factory hands it, and safetensors' own reader for the dtype.
+imports; it pins transformers <= 5.6 and peft <= 0.18, so it is skipped in the test environment), PEFT's
+``target_modules`` matching for the LoRA list LLaMA-Factory hands it, and safetensors' own reader for the dtype.
+
+LLaMA-Factory's checks ran (LLaMA-Factory 0.9.5, transformers 5.6.0, peft 0.18.1, torch 2.13.0 CPU) in a virtual
+environment of their own: ``python3.11 -m venv lf && lf/bin/pip install llamafactory torch==2.13.0``, then
+``lf/bin/pip uninstall -y torchvision torchaudio`` (the torchvision it pulls does not load beside that torch, and
+transformers then refuses to import), ``lf/bin/pip install pytest``, ``lf/bin/pip install --no-deps -e .`` and
+``lf/bin/python -m pytest tests/test_expand_exports.py`` from the repository root.
 """
 
 from __future__ import annotations
@@ -90,33 +95,47 @@ def test_peft_config_puts_adapters_on_exactly_the_new_blocks(bf16_tied, tmp_path
     assert trainable == set(positions)
 
 
-@pytest.mark.parametrize("at, uniform", [("1,3", False), ("2,head", True)])
-def test_llama_factory_settings_train_exactly_the_new_blocks(bf16_tied, tmp_path, at, uniform):
+# --at, the positions it makes in the 6 (5) layers, and the form of LLaMA-Factory's freeze tuning that selects them
+FREEZE_FORMS = [("1,3", [1, 4], None),  # none: LoRA
+                ("2,head", [2, 5], {"freeze_trainable_layers": 2, "use_llama_pro": True}),  # every 3rd: 2, 5
+                ("head,head", [4, 5], {"freeze_trainable_layers": 2}),  # the last 2
+                ("0", [0], {"freeze_trainable_layers": -1})]  # the first 1
+
+
+@pytest.mark.parametrize("at, positions, form", FREEZE_FORMS)
+def test_llama_factory_settings_train_exactly_the_new_blocks(bf16_tied, tmp_path, at, positions, form):
     folder, _ = bf16_tied
     out = tmp_path / "grown"
     record = grow(folder, out, at)
-    positions = set(record["positions"])
+    assert record["positions"] == positions
     freeze, lora = record["llama_factory"], record["llama_factory_lora"]
-    assert freeze.get("expressible", True) is uniform
+    assert freeze == ({"expressible": False, "reason": freeze.get("reason")} if form is None
+                      else {"finetuning_type": "freeze", "freeze_trainable_modules": "all", **form})
     yaml_text = (out / "llamafactory.yaml").read_text()
-    assert ("use_llama_pro: true" in yaml_text) is uniform and ('finetuning_type: "lora"' in yaml_text) is not uniform
+    assert ('finetuning_type: "lora"' in yaml_text) is (form is None)
     # PEFT's matching of the list LLaMA-Factory hands it (lora_target split at commas, as target_modules)
     grown = T.AutoModelForCausalLM.from_pretrained(out)
     adapted = peft.get_peft_model(grown, peft.LoraConfig(target_modules=lora["lora_target"].split(","),
                                                          task_type="CAUSAL_LM"))
-    assert {new_layer_of(n) for n, p in adapted.named_parameters() if p.requires_grad} == positions
+    assert {new_layer_of(n) for n, p in adapted.named_parameters() if p.requires_grad} == set(positions)
     factory = pytest.importorskip("llamafactory.model.adapter")  # LLaMA-Factory's own selection, where it imports
     from llamafactory.hparams import FinetuningArguments, ModelArguments
 
-    if uniform:
+    def freeze_selects(settings) -> set:
         model = T.AutoModelForCausalLM.from_pretrained(out)
-        factory._setup_freeze_tuning(model, FinetuningArguments(**freeze), True, False)
-        assert {new_layer_of(n) for n, p in model.named_parameters() if p.requires_grad} == positions
+        factory._setup_freeze_tuning(model, FinetuningArguments(**settings), True, False)
+        return {new_layer_of(n) for n, p in model.named_parameters() if p.requires_grad}
+
+    if form is not None:
+        assert freeze_selects(freeze) == set(positions)
+    else:  # LLaMA-Pro's settings for 2 layers of 6 select its uniform places, 2 and 5, not the new blocks 1 and 4
+        assert freeze_selects({"finetuning_type": "freeze", "freeze_trainable_modules": "all",
+                               "freeze_trainable_layers": 2, "use_llama_pro": True}) == {2, 5}
     model = T.AutoModelForCausalLM.from_pretrained(out)
     adapted = factory._setup_lora_tuning(model.config, model, ModelArguments(model_name_or_path=str(out)),
                                          FinetuningArguments(**lora), True, False)
     assert {new_layer_of(n.split("base_model.model.", 1)[1]) for n, p in adapted.named_parameters()
-            if p.requires_grad} == positions
+            if p.requires_grad} == set(positions)
 
 
 def test_model_card_names_base_places_and_how_to_train(bf16_tied, tmp_path, monkeypatch):
