@@ -184,6 +184,47 @@ def test_model_card_trains_what_the_decision_priced(train):
     assert "`llamafactory-cli train llamafactory.yaml`: full training of those layers (freeze tuning)" in card
 
 
+RACED = "The trials raced: an arm with new blocks stops once it can no longer beat K = 0 (no new block, the same " \
+        "training) credibly, and K = 0 with the last of them. Here "
+
+
+@pytest.mark.parametrize("race, spent, said", [
+    ({"on": True, "arm_steps": {"0": 5, "1": 5, "2": 5}, "stopped_at_step": 5},
+     21.6, RACED + "every trial stopped at step 5 of 10. The decision spent 21.6 planned steps' FLOPs (5.4% of the "
+                   "planned 400 steps' FLOPs) of a ceiling of 39.6 (9.9%), printed before it started; the rest is "
+                   "your training's."),
+    ({"on": True, "arm_steps": {"0": 10, "1": 5, "2": 10}, "stopped_at_step": None},
+     35.5, RACED + "K = 1 stopped at step 5 of 10; the other arms trained all 10 steps. The decision spent 35.5 "
+                   "planned steps' FLOPs (8.9% of the planned 400 steps' FLOPs) of a ceiling of 39.6 (9.9%), printed "
+                   "before it started; the rest is your training's."),
+    ({"on": True, "arm_steps": {"0": 10, "1": 10}, "stopped_at_step": None},
+     39.6, RACED + "no trial stopped early: every arm trained all 10 steps. The decision spent 39.6 planned steps' "
+                   "FLOPs (9.9% of the planned 400 steps' FLOPs) of a ceiling of 39.6 (9.9%), printed before it "
+                   "started."),
+    ({"on": False, "arm_steps": {"0": 10, "1": 10}, "stopped_at_step": None}, 39.6, None),  # --no-race
+])
+def test_model_card_says_what_the_race_stopped_and_spent(race, spent, said):
+    """Where --blocks auto raced, the card says which arms stopped at which step and what the decision spent
+    against the ceiling printed before it started (the card said nothing of the race); the numbers are the
+    recorded far-pair rows' (studies/results/expansion_budget_timing_race_far.jsonl: 400 planned steps, trials of
+    10 read at 2, 5, 10, a ceiling of 39.6 planned steps)."""
+    from satcore.adapters.torch.expansion_exports import model_card
+
+    plan = {"planned_steps": 400, "trial_steps": 10, "checkpoints": [2, 5, 10], "cost_steps": 39.623,
+            "cost_fraction": 39.623 / 400}
+    record = {"num_hidden_layers": {"before": 4, "after": 4}, "positions": [], "source": "base", "layout": "uniform",
+              "data": {"file": "new.txt", "windows": 64, "seq_len": 32}, "recipe": {"optimizer": "adamw"},
+              "frontier": [{"blocks": 0}], "decision_cost_fraction": spent / 400,
+              "decision": {"method": "m", "stop_reason": "expanding_does_not_pay", "plan": plan, "cost_steps": spent,
+                           "race": {**race, "margin_half_widths": 1.0 if race["on"] else None,
+                                    "ceiling_cost_steps": 39.623}}}
+    card = model_card(record, "out").splitlines()
+    raced = [line for line in card if "raced" in line]
+    assert raced == ([] if said is None else [said])
+    assert f"it cost {spent:.1f} planned steps' FLOPs, {spent / 400:.1%} of the planned 400 steps' FLOPs." in \
+        "\n".join(card)  # the cost line the command printed, beside it
+
+
 @pytest.mark.parametrize("frontier, keys", [([{"blocks": 0}, {"blocks": 1}], "(`frontier`, `decision`)"),
                                             (None, "(`evidence`, `decision`)")])
 def test_model_card_points_at_the_key_that_holds_the_evidence(frontier, keys):

@@ -771,6 +771,13 @@ def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_pat
     assert f"Instead: {record['decision']['instead']}." in card
     cost = re.search(r"^decision cost: (.*)$", result.output, re.M).group(1)
     assert f"it cost {cost}." in card and "block-steps" not in card
+    # the race (on: no --max-forgetting), as expansion.json records it: where the trials stopped, the ceiling
+    race, trial_steps = record["decision"]["race"], record["decision"]["plan"]["trial_steps"]
+    where = (f"every trial stopped at step {race['stopped_at_step']} of {trial_steps}" if race["stopped_at_step"]
+             else f"no trial stopped early: every arm trained all {trial_steps} steps")
+    assert race["on"] and [line for line in card.splitlines() if "raced" in line] == [
+        next(line for line in card.splitlines() if line.startswith("The trials raced"))]
+    assert f"Here {where}." in card and f"of a ceiling of {race['ceiling_cost_steps']:.1f}" in card
 
 
 def test_cli_with_every_arm_over_max_forgetting_chooses_none_and_warns_of_a_harmful_recipe(checkpoint, tmp_path):  # noqa: F811
