@@ -868,9 +868,13 @@ def test_cli_says_the_max_forgetting_it_applied_where_no_arm_is_over_it(checkpoi
         assert all(low < high for low, high in zip(spans[::2], spans[1::2]))
     assert all(arm["predicted_general_change"] < 10 for arm in record["frontier"])
     assert record["decision"]["max_forgetting"] == 10 and record["decision"]["excluded_by_max_forgetting"] == []
-    assert ("max forgetting: 10 nats of predicted general loss change (--max-forgetting); over it: no arm; the "
-            "prediction carries the trials' first steps to yours: it ranks the arms, and is no bound on what your "
-            "training forgets" in result.output.splitlines())
+    # what the limit bounds (the trials' predicted point after the planned steps) and what it does not
+    steps = record["decision"]["plan"]["trial_steps"]
+    assert ("max forgetting: 10 nats (--max-forgetting), held against each arm's predicted general loss change after "
+            f"your 600 steps (the point the trials' first {steps} steps extrapolate to, not its interval); over it: no "
+            "arm. It limits that prediction, not the change your training will make, which can be larger (on the "
+            "budget bench, predicted and realized general changes agreed in sign in 58 of 105 cells, Spearman +0.46)"
+            in result.output.splitlines())
 
 
 def lines_stating_no_arm_within(card: str) -> list[str]:
