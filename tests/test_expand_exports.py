@@ -184,6 +184,9 @@ def test_model_card_trains_what_the_decision_priced(train):
     assert "`llamafactory-cli train llamafactory.yaml`: full training of those layers (freeze tuning)" in card
 
 
+# expansion.json's keys the card reads where --blocks auto added no block (the decision's own keys apart)
+UNEXPANDED = {"num_hidden_layers": {"before": 4, "after": 4}, "positions": [], "source": "base", "layout": "uniform",
+              "data": {"file": "new.txt", "windows": 64, "seq_len": 32}, "recipe": {"optimizer": "adamw"}}
 RACED = "The trials raced: an arm with new blocks stops once it can no longer beat K = 0 (no new block, the same " \
         "training) credibly, and K = 0 with the last of them. Here "
 
@@ -212,9 +215,7 @@ def test_model_card_says_what_the_race_stopped_and_spent(race, spent, said):
 
     plan = {"planned_steps": 400, "trial_steps": 10, "checkpoints": [2, 5, 10], "cost_steps": 39.623,
             "cost_fraction": 39.623 / 400}
-    record = {"num_hidden_layers": {"before": 4, "after": 4}, "positions": [], "source": "base", "layout": "uniform",
-              "data": {"file": "new.txt", "windows": 64, "seq_len": 32}, "recipe": {"optimizer": "adamw"},
-              "frontier": [{"blocks": 0}], "decision_cost_fraction": spent / 400,
+    record = {**UNEXPANDED, "frontier": [{"blocks": 0}], "decision_cost_fraction": spent / 400,
               "decision": {"method": "m", "stop_reason": "expanding_does_not_pay", "plan": plan, "cost_steps": spent,
                            "race": {**race, "margin_half_widths": 1.0 if race["on"] else None,
                                     "ceiling_cost_steps": 39.623}}}
@@ -232,9 +233,7 @@ def test_model_card_points_at_the_key_that_holds_the_evidence(frontier, keys):
     card's pointer names the key that holds it, per arm or per place."""
     from satcore.adapters.torch.expansion_exports import model_card
 
-    record = {"num_hidden_layers": {"before": 4, "after": 4}, "positions": [], "source": "base", "layout": "uniform",
-              "data": {"file": "new.txt", "windows": 64, "seq_len": 32}, "recipe": {"optimizer": "adamw"},
-              "cost_block_steps": 16, "frontier": frontier, "evidence": {} if frontier else {"head": {}},
+    record = {**UNEXPANDED, "cost_block_steps": 16, "frontier": frontier, "evidence": {} if frontier else {"head": {}},
               "decision": {"method": "m", "stop_reason": "expanding_does_not_pay"}}
     card = model_card(record, "out")
     place = "arm's" if frontier else "candidate place's"
