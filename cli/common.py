@@ -98,7 +98,9 @@ def human_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def model_on_data(model, data_path, text: str) -> str:
+def model_on_data(model, data_path, text: str, option: str | None = None) -> str:
     """A refusal ``text`` of the model on the data (a batch it cannot take or scores NaN on), led by both files:
-    either may be at fault, so the line names neither option alone (``satcore probe``, ``satcore expand``)."""
-    return f"{display_name(model)} on {display_name(data_path)}: {text}"
+    either may be at fault, so the line names neither option alone (``satcore probe``, ``satcore expand``).
+    ``option``: the flag that gave ``data_path``, named before it where the command reads a second data file
+    (``satcore expand --general-data``)."""
+    return f"{display_name(model)} on {option + ' ' if option else ''}{display_name(data_path)}: {text}"

@@ -286,7 +286,9 @@ def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False,
               help="With --blocks auto: text (or token ids) of the model's old domain: each trial also measures "
               "the change of its held-out loss (forgetting), shown beside the gain.")
 @click.option("--max-forgetting", type=FiniteFloatRange(min=0), default=None, metavar="NATS",
-              help="With --blocks auto and --general-data: no K whose predicted general loss change exceeds it.")
+              help="With --blocks auto and --general-data: no K whose predicted general loss change after --steps "
+              "(extrapolated from the short trials) exceeds it. It limits that prediction, not the realized change "
+              "after your training, which can exceed it.")
 @click.option("--tolerance", type=FiniteFloatRange(min=0), default=None, metavar="NATS",
               help="--blocks auto takes blocks only where they beat K = 0 by more than this, credibly, then the "
               "fewest within it of the best; a move needs a gain beyond it (default 0.3% of the held-out loss).")
@@ -466,8 +468,8 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     try:
         expansion = expand_model(model, data, blocks=blocks, policy=policy, options=options)
     except ModelOnDataError as exc:  # a batch the model cannot take or scores NaN on: the model's, on the data
-        raise ProbeError(model_on_data(model_dir, general_path if exc.split == "general" else data_path,
-                                       str(exc))) from None
+        raise ProbeError(model_on_data(model_dir, general_path, str(exc), "--general-data") if exc.split == "general"
+                         else model_on_data(model_dir, data_path, str(exc))) from None
     with staged_out_dir(out_dir, prefix=".satcore-expand-") as staging:
         grown = expansion.model.to(getattr(torch, saved_dtype))
         grown.save_pretrained(staging, safe_serialization=True)

@@ -126,6 +126,23 @@ def test_heldout_gain_against_explicit_per_sample_gradients():
     assert h.fold_test_p_positive == pytest.approx(stats.t.cdf(h.value / se, df=15), rel=1e-12)
 
 
+def test_a_huge_steps_heldout_gain_and_norm_are_the_small_steps_scaled_without_overflow():
+    """A recipe lr of 1e300 makes a step ``V`` near 1e300: its per-fold values' squared spread (1e600) and its
+    sum of squares overflowed float64 (RuntimeWarnings printed before decide's refusal, se and the norm inf).  The
+    gain, se and norm are linear in ``V`` and the fold test's probability is scale-free, so the reference is the
+    same step at unit scale times ``2^997`` (exact in float64)."""
+    rng = np.random.default_rng(2)
+    sums, counts = rng.normal(size=(8, 3, 4)) + 0.2, np.full(8, 5)
+    V, huge = rng.normal(size=(3, 4)), 2.0**997
+    with np.errstate(all="raise"):
+        small, big = P.heldout_gain(V, sums, counts), P.heldout_gain(huge * V, sums, counts)
+        norm = P._step_norm(huge * V)
+    assert (big.value, big.se) == (huge * small.value, huge * small.se)
+    assert big.interval == (huge * small.interval[0], huge * small.interval[1])
+    assert big.fold_test_p_positive == small.fold_test_p_positive and np.isfinite(big.se)
+    assert norm == huge * float(np.linalg.norm(V))
+
+
 def test_heldout_interval_covers_the_population_gain_by_monte_carlo():
     rng = np.random.default_rng(1)
     mu, V = np.full((2, 3), 0.05), rng.normal(size=(2, 3))

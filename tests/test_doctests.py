@@ -27,6 +27,7 @@ MODULES = [
     "satcore._decisions.verdicts",
     "satcore._decisions.recipe",
     "satcore._decisions.policy",
+    "satcore._decisions.predictors",
     "satcore._growth.loop",
     "satcore._decisions.trials",
     "satcore._decisions.resolution",

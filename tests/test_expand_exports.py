@@ -4,9 +4,14 @@ A tiny Llama checkpoint in bfloat16 with tied embeddings is grown at forced plac
 so the test is fast), non-uniform and uniform.  References: real ``peft`` (``LoraConfig.from_pretrained``
 and ``get_peft_model`` on the grown model: adapters exactly on the new blocks), LLaMA-Factory's own module
 selection (``_setup_freeze_tuning`` and ``_setup_lora_tuning`` of ``llamafactory.model.adapter``, where it
-imports; it pins transformers <= 5.6 and peft <= 0.18, so it is skipped in the test environment and was run
-beside it with ``DISABLE_VERSION_CHECK=1``), PEFT's ``target_modules`` matching for the LoRA list
-LLaMA-Factory hands it, and safetensors' own reader for the dtype.
+imports; it pins transformers <= 5.6 and peft <= 0.18, so it is skipped in the test environment), PEFT's
+``target_modules`` matching for the LoRA list LLaMA-Factory hands it, and safetensors' own reader for the dtype.
+
+LLaMA-Factory's checks ran (LLaMA-Factory 0.9.5, transformers 5.6.0, peft 0.18.1, torch 2.13.0 CPU) in a virtual
+environment of their own: ``python3.11 -m venv lf && lf/bin/pip install llamafactory torch==2.13.0``, then
+``lf/bin/pip uninstall -y torchvision torchaudio`` (the torchvision it pulls does not load beside that torch, and
+transformers then refuses to import), ``lf/bin/pip install pytest``, ``lf/bin/pip install --no-deps -e .`` and
+``lf/bin/python -m pytest tests/test_expand_exports.py`` from the repository root.
 """
 
 from __future__ import annotations
@@ -90,33 +95,47 @@ def test_peft_config_puts_adapters_on_exactly_the_new_blocks(bf16_tied, tmp_path
     assert trainable == set(positions)
 
 
-@pytest.mark.parametrize("at, uniform", [("1,3", False), ("2,head", True)])
-def test_llama_factory_settings_train_exactly_the_new_blocks(bf16_tied, tmp_path, at, uniform):
+# --at, the positions it makes in the 6 (5) layers, and the form of LLaMA-Factory's freeze tuning that selects them
+FREEZE_FORMS = [("1,3", [1, 4], None),  # none: LoRA
+                ("2,head", [2, 5], {"freeze_trainable_layers": 2, "use_llama_pro": True}),  # every 3rd: 2, 5
+                ("head,head", [4, 5], {"freeze_trainable_layers": 2}),  # the last 2
+                ("0", [0], {"freeze_trainable_layers": -1})]  # the first 1
+
+
+@pytest.mark.parametrize("at, positions, form", FREEZE_FORMS)
+def test_llama_factory_settings_train_exactly_the_new_blocks(bf16_tied, tmp_path, at, positions, form):
     folder, _ = bf16_tied
     out = tmp_path / "grown"
     record = grow(folder, out, at)
-    positions = set(record["positions"])
+    assert record["positions"] == positions
     freeze, lora = record["llama_factory"], record["llama_factory_lora"]
-    assert freeze.get("expressible", True) is uniform
+    assert freeze == ({"expressible": False, "reason": freeze.get("reason")} if form is None
+                      else {"finetuning_type": "freeze", "freeze_trainable_modules": "all", **form})
     yaml_text = (out / "llamafactory.yaml").read_text()
-    assert ("use_llama_pro: true" in yaml_text) is uniform and ('finetuning_type: "lora"' in yaml_text) is not uniform
+    assert ('finetuning_type: "lora"' in yaml_text) is (form is None)
     # PEFT's matching of the list LLaMA-Factory hands it (lora_target split at commas, as target_modules)
     grown = T.AutoModelForCausalLM.from_pretrained(out)
     adapted = peft.get_peft_model(grown, peft.LoraConfig(target_modules=lora["lora_target"].split(","),
                                                          task_type="CAUSAL_LM"))
-    assert {new_layer_of(n) for n, p in adapted.named_parameters() if p.requires_grad} == positions
+    assert {new_layer_of(n) for n, p in adapted.named_parameters() if p.requires_grad} == set(positions)
     factory = pytest.importorskip("llamafactory.model.adapter")  # LLaMA-Factory's own selection, where it imports
     from llamafactory.hparams import FinetuningArguments, ModelArguments
 
-    if uniform:
+    def freeze_selects(settings) -> set:
         model = T.AutoModelForCausalLM.from_pretrained(out)
-        factory._setup_freeze_tuning(model, FinetuningArguments(**freeze), True, False)
-        assert {new_layer_of(n) for n, p in model.named_parameters() if p.requires_grad} == positions
+        factory._setup_freeze_tuning(model, FinetuningArguments(**settings), True, False)
+        return {new_layer_of(n) for n, p in model.named_parameters() if p.requires_grad}
+
+    if form is not None:
+        assert freeze_selects(freeze) == set(positions)
+    else:  # LLaMA-Pro's settings for 2 layers of 6 select its uniform places, 2 and 5, not the new blocks 1 and 4
+        assert freeze_selects({"finetuning_type": "freeze", "freeze_trainable_modules": "all",
+                               "freeze_trainable_layers": 2, "use_llama_pro": True}) == {2, 5}
     model = T.AutoModelForCausalLM.from_pretrained(out)
     adapted = factory._setup_lora_tuning(model.config, model, ModelArguments(model_name_or_path=str(out)),
                                          FinetuningArguments(**lora), True, False)
     assert {new_layer_of(n.split("base_model.model.", 1)[1]) for n, p in adapted.named_parameters()
-            if p.requires_grad} == positions
+            if p.requires_grad} == set(positions)
 
 
 def test_model_card_names_base_places_and_how_to_train(bf16_tied, tmp_path, monkeypatch):
@@ -165,6 +184,48 @@ def test_model_card_trains_what_the_decision_priced(train):
     assert "`llamafactory-cli train llamafactory.yaml`: full training of those layers (freeze tuning)" in card
 
 
+# expansion.json's keys the card reads where --blocks auto added no block (the decision's own keys apart)
+UNEXPANDED = {"num_hidden_layers": {"before": 4, "after": 4}, "positions": [], "source": "base", "layout": "uniform",
+              "data": {"file": "new.txt", "windows": 64, "seq_len": 32}, "recipe": {"optimizer": "adamw"}}
+RACED = "The trials raced: an arm with new blocks stops once it can no longer beat K = 0 (no new block, the same " \
+        "training) credibly, and K = 0 with the last of them. Here "
+
+
+@pytest.mark.parametrize("race, spent, said", [
+    ({"on": True, "arm_steps": {"0": 5, "1": 5, "2": 5}, "stopped_at_step": 5},
+     21.6, RACED + "every trial stopped at step 5 of 10. The decision spent 21.6 planned steps' FLOPs (5.4% of the "
+                   "planned 400 steps' FLOPs) of a ceiling of 39.6 (9.9%), printed before it started; the rest is "
+                   "your training's."),
+    ({"on": True, "arm_steps": {"0": 10, "1": 5, "2": 10}, "stopped_at_step": None},
+     35.5, RACED + "K = 1 stopped at step 5 of 10; the other arms trained all 10 steps. The decision spent 35.5 "
+                   "planned steps' FLOPs (8.9% of the planned 400 steps' FLOPs) of a ceiling of 39.6 (9.9%), printed "
+                   "before it started; the rest is your training's."),
+    ({"on": True, "arm_steps": {"0": 10, "1": 10}, "stopped_at_step": None},
+     39.6, RACED + "no trial stopped early: every arm trained all 10 steps. The decision spent 39.6 planned steps' "
+                   "FLOPs (9.9% of the planned 400 steps' FLOPs) of a ceiling of 39.6 (9.9%), printed before it "
+                   "started."),
+    ({"on": False, "arm_steps": {"0": 10, "1": 10}, "stopped_at_step": None}, 39.6, None),  # --no-race
+])
+def test_model_card_says_what_the_race_stopped_and_spent(race, spent, said):
+    """Where --blocks auto raced, the card says which arms stopped at which step and what the decision spent
+    against the ceiling printed before it started (the card said nothing of the race); the numbers are the
+    recorded far-pair rows' (studies/results/expansion_budget_timing_race_far.jsonl: 400 planned steps, trials of
+    10 read at 2, 5, 10, a ceiling of 39.6 planned steps)."""
+    from satcore.adapters.torch.expansion_exports import model_card
+
+    plan = {"planned_steps": 400, "trial_steps": 10, "checkpoints": [2, 5, 10], "cost_steps": 39.623,
+            "cost_fraction": 39.623 / 400}
+    record = {**UNEXPANDED, "frontier": [{"blocks": 0}], "decision_cost_fraction": spent / 400,
+              "decision": {"method": "m", "stop_reason": "expanding_does_not_pay", "plan": plan, "cost_steps": spent,
+                           "race": {**race, "margin_half_widths": 1.0 if race["on"] else None,
+                                    "ceiling_cost_steps": 39.623}}}
+    card = model_card(record, "out").splitlines()
+    raced = [line for line in card if "raced" in line]
+    assert raced == ([] if said is None else [said])
+    assert f"it cost {spent:.1f} planned steps' FLOPs, {spent / 400:.1%} of the planned 400 steps' FLOPs." in \
+        "\n".join(card)  # the cost line the command printed, beside it
+
+
 @pytest.mark.parametrize("frontier, keys", [([{"blocks": 0}, {"blocks": 1}], "(`frontier`, `decision`)"),
                                             (None, "(`evidence`, `decision`)")])
 def test_model_card_points_at_the_key_that_holds_the_evidence(frontier, keys):
@@ -172,9 +233,7 @@ def test_model_card_points_at_the_key_that_holds_the_evidence(frontier, keys):
     card's pointer names the key that holds it, per arm or per place."""
     from satcore.adapters.torch.expansion_exports import model_card
 
-    record = {"num_hidden_layers": {"before": 4, "after": 4}, "positions": [], "source": "base", "layout": "uniform",
-              "data": {"file": "new.txt", "windows": 64, "seq_len": 32}, "recipe": {"optimizer": "adamw"},
-              "cost_block_steps": 16, "frontier": frontier, "evidence": {} if frontier else {"head": {}},
+    record = {**UNEXPANDED, "cost_block_steps": 16, "frontier": frontier, "evidence": {} if frontier else {"head": {}},
               "decision": {"method": "m", "stop_reason": "expanding_does_not_pay"}}
     card = model_card(record, "out")
     place = "arm's" if frontier else "candidate place's"

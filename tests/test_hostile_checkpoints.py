@@ -405,25 +405,43 @@ def test_a_model_whose_loss_is_nan_is_refused_naming_it(command, expect, source,
     assert not out.exists()
 
 
-def test_a_general_data_the_model_scores_nan_on_is_named_not_the_data(source, tmp_path):
-    """A token whose embedding row is NaN, in --general-data and not in --data: the model's general loss is NaN
-    before any training, and the line led with MODEL_DIR on --data's file, which the model scores finitely."""
+GENERAL_ONLY_FAULTS = {
+    # the token's embedding row is NaN: the model's general loss is NaN before any training
+    "nan": "the model's own general loss, before any training, is NaN or infinite",
+    # the model cannot take the token (its forward raises IndexError, as an embedding lookup past its rows does)
+    "untakeable": "batch 0: the model or loss_fn cannot take it (IndexError: index out of range in self)",
+}
+
+
+@pytest.mark.parametrize("fault", sorted(GENERAL_ONLY_FAULTS))
+def test_a_fault_only_the_general_data_meets_names_general_data_and_its_file(fault, source, tmp_path, monkeypatch):
+    """A token the model scores NaN on or cannot take, in --general-data and not in --data: the line led with
+    MODEL_DIR on --data's file, which the model takes and scores finitely; it names --general-data and its file."""
     from safetensors.torch import load_file, save_file
 
     folder = edited(source, tmp_path)
-    weights = load_file(folder / "model.safetensors")
-    poisoned = weights["model.embed_tokens.weight"].shape[0] - 1
-    weights["model.embed_tokens.weight"][poisoned] = float("nan")
-    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
-    ids = np.arange(4096) % poisoned  # every id but the poisoned one
+    bad = json.loads((folder / "config.json").read_text())["vocab_size"] - 1
+    if fault == "nan":
+        weights = load_file(folder / "model.safetensors")
+        weights["model.embed_tokens.weight"][bad] = float("nan")
+        save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    else:
+        forward = T.LlamaForCausalLM.forward
+
+        def refusing(self, input_ids=None, **kwargs):
+            if input_ids is not None and bool((input_ids == bad).any()):
+                raise IndexError("index out of range in self")
+            return forward(self, input_ids=input_ids, **kwargs)
+
+        monkeypatch.setattr(T.LlamaForCausalLM, "forward", refusing)
+    ids = np.arange(4096) % bad  # every id but the bad one
     np.savez(tmp_path / "data.npz", input_ids=ids)
-    np.savez(tmp_path / "general.npz", input_ids=np.where(ids % 7 == 0, poisoned, ids))
+    np.savez(tmp_path / "general.npz", input_ids=np.where(ids % 7 == 0, bad, ids))
     out = tmp_path / "o"
     result = CliRunner().invoke(main, ["expand", str(folder), "--data", str(tmp_path / "data.npz"), "--general-data",
                                        str(tmp_path / "general.npz"), "-o", str(out), "--seq-len", "16", "--blocks",
                                        "auto", "--steps", "300", "--quiet"])
-    refused(result, f"{folder} on {tmp_path / 'general.npz'}: the model's own general loss, before any training, "
-            "is NaN or infinite")
+    refused(result, f"{folder} on --general-data {tmp_path / 'general.npz'}: {GENERAL_ONLY_FAULTS[fault]}")
     assert not out.exists()
 
 

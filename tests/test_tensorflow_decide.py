@@ -165,14 +165,33 @@ def test_the_recipe_optimizer_refuses_an_lr_past_the_parameters_range_as_torch_d
     assert str(torch_refusal.value) == str(keras_refusal.value)
 
 
-def test_keras_decide_refuses_an_lr_past_its_blocks_float64_in_one_line():
-    """lr 1e308 made the first Adam step of the float64 block infinite, then reported as the trial's divergence."""
-    _, model = _models()
-    train, heldout = _as_numpy(_batches(0, 64, 32)), _as_numpy(_batches(1200, 64, 32))
-    with pytest.raises(InputError, match=r"^recipe: lr 1e\+308 \(weight_decay 0\) makes optimizer steps of up to "
-                                         r"inf, past the float64 parameters' range"):
-        keras_decide(model, train, heldout, _keras_ce(), policy=DecisionPolicy(Recipe("adam", 1e308, 4, 64),
-                                                                               trials=TrialSettings(max_trials=1)))
+@pytest.mark.parametrize("framework, lr, refusal", [
+    # the Keras block is float64, which holds Adam's first step of 1e301: the trial reports the divergence
+    ("keras", 1e300, "the trial at 'b1_add' diverged: its held-out loss is not finite after 1 adam steps at lr "
+                     "1e+300; lower the recipe's lr"),
+    ("torch", 1e300, "recipe: lr 1e+300 (weight_decay 0) makes optimizer steps of up to 1e+301, past the float32 "
+                     "parameters' range 3.40282e+38; lower the lr (--lr)"),
+    # past float64: refused before the screen, whose step would be infinite
+    ("keras", 1e308, "recipe: lr 1e+308 (weight_decay 0) makes optimizer steps of up to inf, past the float64 "
+                     "parameters' range 1.79769e+308; lower the lr (--lr)"),
+])
+def test_decide_at_a_huge_lr_refuses_in_one_line_after_a_screen_without_overflow(framework, lr, refusal):
+    """The screen prices the recipe's step (near 1e300) before any trial: its held-out interval and step norm
+    overflowed, so NumPy's RuntimeWarnings printed before the refusal.  Now the refusal is all that is said."""
+    import warnings
+
+    net, model = _models()
+    train, heldout = _batches(0, 64, 32), _batches(1200, 64, 32)
+    policy = DecisionPolicy(Recipe("adam", lr, 4, 64), trials=TrialSettings(max_trials=1),
+                            candidates=TORCH_NAMES if framework == "torch" else None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the call instead of printing
+        with pytest.raises(InputError) as refused:
+            if framework == "keras":
+                keras_decide(model, _as_numpy(train), _as_numpy(heldout), _keras_ce(), policy=policy)
+            else:
+                torch_decide(net, train, heldout, per_sample_ce, policy=policy)
+    assert str(refused.value) == refusal
 
 
 def test_keras_decide_records_the_family_its_trials_trained_as_resolved_per_candidate():

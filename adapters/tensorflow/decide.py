@@ -283,6 +283,9 @@ def _decide(model, train, heldout, loss_fn, policy: DecisionPolicy, progress: Pr
     if policy.max_statistics_bytes is not None:
         raise InputError("decide: policy.max_statistics_bytes probes the candidates in passes, which the Keras "
                          "decide does not do; leave it None")
+    # the block's V is float64 (grow.py): a recipe whose steps do not fit is refused before the screen prices them
+    # (inf and NaN there, with NumPy's warnings), not at the first trial step
+    check_step_range(recipe, "float64", float(np.finfo(np.float64).max))
     config = ProbeConfig() if policy.probe is None else policy.probe
     if not isinstance(config, ProbeConfig):
         raise InputError(f"policy: probe must be a satcore.adapters.tensorflow.ProbeConfig, got "

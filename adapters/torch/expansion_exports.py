@@ -117,6 +117,9 @@ def model_card(record: dict, out_dir: str) -> str:
         lines.append(f"Method: {decision.get('method', 'a decision')}.")
         if decision.get("stop_reason") and not reason_first:
             lines.append(f"It stopped: `{decision['stop_reason']}`.")
+        race = _race_words(record, decision)
+        if race:
+            lines.append(race)
         # --blocks auto's evidence is per arm (``frontier``); its ``evidence`` (per place) is empty
         lines.append("Every arm's evidence is in `expansion.json` (`frontier`, `decision`)." if record.get("frontier")
                      else "Every candidate place's evidence is in `expansion.json` (`evidence`, `decision`).")
@@ -169,6 +172,31 @@ def _cost(record: dict, decision: dict) -> str:
         return f"{record['cost_block_steps']} block-steps"
     return cost_words(budgeted["cost_steps"], record["decision_cost_fraction"], budgeted["plan"]["planned_steps"],
                       decision.get("chosen_cost_fraction"), decision.get("choice"))
+
+
+def _race_words(record: dict, decision: dict) -> str | None:
+    """What the race did (``decision.race``, where ``--blocks auto`` raced; None where it did not): which arms'
+    trials stopped early and at which step, and what the decision spent against the ceiling printed before it
+    started (the unspent rest is the user's training's)."""
+    race = decision.get("race") or {}
+    if not race.get("on"):
+        return None
+    plan = decision["plan"]
+    steps = plan["trial_steps"]
+    stopped = {k: step for k, step in race["arm_steps"].items() if step < steps}
+    if race["stopped_at_step"] is not None:
+        what = f"every trial stopped at step {race['stopped_at_step']} of {steps}"
+    elif stopped:
+        what = (", ".join(f"K = {k} stopped at step {step}" for k, step in stopped.items())
+                + f" of {steps}; the other arms trained all {steps} steps")
+    else:
+        what = f"no trial stopped early: every arm trained all {steps} steps"
+    return ("The trials raced: an arm with new blocks stops once it can no longer beat K = 0 (no new block, the same "
+            f"training) credibly, and K = 0 with the last of them. Here {what}. The decision spent "
+            f"{decision['cost_steps']:.1f} planned steps' FLOPs ({record['decision_cost_fraction']:.1%} of the planned "
+            f"{plan['planned_steps']} steps' FLOPs) of a ceiling of {race['ceiling_cost_steps']:.1f} "
+            f"({plan['cost_fraction']:.1%}), printed before it started" + ("; the rest is your training's." if stopped
+                                                                         else "."))
 
 
 def cost_words(cost_steps: float, fraction: float, planned_steps: int, chosen_fraction: float | None = None,

@@ -292,14 +292,22 @@ class _Arms:
         """The model's own per-window losses on every evaluated split (every arm starts from them: its blocks
         are identities)."""
         self.meter = meter
-        for split, batches in self.evaluate.items():
-            self.before[split] = per_sample_eval(self.model, batches, sequence_loss, progress=meter.reading([]))
+        for split in self.evaluate:
+            self.before[split] = self.losses(self.model, split, [])
             if not np.isfinite(self.before[split]).all():  # before any step: no lr is to blame, as a trial's would be
                 raise ModelOnDataError(f"the model's own {split_words(split)} loss, before any training, is "
                                        f"NaN or infinite on {int((~np.isfinite(self.before[split])).sum())} window(s) "
                                        "(its config or weights)", split=split)
             meter.forward([], self.before[split].size)
         return {split: float(losses.mean()) for split, losses in self.before.items()}
+
+    def losses(self, model, split: str, places) -> np.ndarray:
+        """``model``'s (the arm with blocks before ``places``) per-window losses on the evaluated ``split``; a batch it
+        cannot take is refused naming the split (``"general"``: the user's other file, not the target data's)."""
+        try:
+            return per_sample_eval(model, self.evaluate[split], sequence_loss, progress=self.meter.reading(places))
+        except ModelOnDataError as exc:
+            raise ModelOnDataError(str(exc), split=split) from exc
 
     def run(self, places, checkpoints) -> ArmTrials:
         """Every replicate of the arm with blocks before ``places``: ``checkpoints[-1]`` steps each, replicate ``r``
@@ -374,8 +382,8 @@ class _Trial:
                     torch.cuda.synchronize(self.device)
                 self.done += 1
                 meter.stepped(self.places, time.perf_counter() - start)
-            for split, batches in arms.evaluate.items():
-                after = per_sample_eval(self.grown, batches, sequence_loss, progress=meter.reading(self.places))
+            for split in arms.evaluate:
+                after = arms.losses(self.grown, split, self.places)
                 if not np.isfinite(after).all():
                     raise InputError(f"the trial of blocks before {self.places} diverged at step {self.done} (lr "
                                      f"{arms.recipe.lr:g}): its {split_words(split)} loss is not finite; lower --lr")
