@@ -258,8 +258,8 @@ def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False,
               "Required unless --at forces the places.")
 @click.option("--blocks", callback=_blocks_option, default=None, metavar="K|auto",
               help="How many blocks: K, or auto (K = 0, 1, 2, 4, ... --max-blocks at uniform places; a K > 0 "
-              "counts only where it beats K = 0 credibly, paired on the same windows (its 95% interval below 0, "
-              "its point below minus --tolerance); of those, the fewest whose predicted held-out loss after your "
+              "counts only where it beats K = 0 credibly, paired on the same windows (its 95% interval, the trials' "
+              "noise and the error of carrying them to your steps, below 0, its point below minus --tolerance); of those, the fewest whose predicted held-out loss after your "
               "training is within --tolerance of the best; none when expanding does not pay; trials only, not "
               "with --decision screen).")
 @click.option("-o", "--out", "out_dir", required=True, metavar="OUT_DIR", help="Directory to write (new or empty).")

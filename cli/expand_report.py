@@ -88,7 +88,8 @@ def frontier_report(expansion) -> list[str]:
              f"it is, trained the same way); {trials} from {plan.replicates} seed(s), each "
              "window's change fitted linearly in log2(steps) and read at your steps; the interval is the trials' "
              + ("held-out windows' noise" if plan.replicates == 1 else "window and seed noise")
-             + ", not the extrapolation's error", "", table(header + ["chosen"], rows), ""]
+             + f"; the paired column adds the carry error, {frontier.carry_per_doubling:g} nats per doubling from "
+             "the trial's last step to yours", "", table(header + ["chosen"], rows), ""]
     chosen = frontier.choice.chosen_blocks
     if chosen:
         lines.append(f"chosen: {chosen} block(s) at LLaMA-Pro's uniform places "

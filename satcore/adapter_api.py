@@ -13,6 +13,7 @@ imports them directly.
 from ._decisions.calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
 from ._decisions.criteria import DEFAULT_ALPHA
 from ._decisions.frontier import (
+    CARRY_PER_DOUBLING,
     MIN_HELDOUT,
     RACE_MARGIN,
     FrontierChoice,
@@ -20,6 +21,7 @@ from ._decisions.frontier import (
     TrialPlan,
     affordable_heldout,
     block_counts,
+    carry_error,
     choose_blocks,
     credible,
     new_positions,
@@ -30,6 +32,7 @@ from ._decisions.frontier import (
     step_flops,
     uniform_groups,
     uniform_places,
+    with_carry,
 )
 from ._decisions.policy import DecisionPolicy
 from ._decisions.predictors import check_paired
@@ -93,9 +96,9 @@ __all__ = [
     "DecisionPolicy", "ScreenRow", "Trial", "TrialSettings", "TrialSteps", "check_unexpanded_losses", "grouped_trials", "screen",
     "trial_decision",
     # the budgeted expansion decisions' arithmetic (the frontier over K, the placement check)
-    "MIN_HELDOUT", "RACE_MARGIN", "FrontierChoice", "Prediction", "TrialPlan", "affordable_heldout", "block_counts", "choose_blocks",
-    "credible", "new_positions", "plan_trials", "predict_change", "racing", "step_flops", "still_credible",
-    "uniform_groups", "uniform_places",
+    "CARRY_PER_DOUBLING", "MIN_HELDOUT", "RACE_MARGIN", "FrontierChoice", "Prediction", "TrialPlan", "affordable_heldout",
+    "block_counts", "carry_error", "choose_blocks", "credible", "new_positions", "plan_trials", "predict_change", "racing",
+    "step_flops", "still_credible", "uniform_groups", "uniform_places", "with_carry",
     # the feature-family registry
     "FAMILY_REGISTRY", "FamilyRegistry", "FamilySpec", "family_builder", "family_spec", "positions",
     "rebuild_family", "register_builder", "register_family", "registered_families", "DEFAULT_FOLDS",

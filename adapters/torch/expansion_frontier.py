@@ -37,9 +37,10 @@ import numpy as np
 import torch
 
 from satcore import DecisionPolicy, InputError, ModelOnDataError, Recipe
-from satcore.adapter_api import (MIN_HELDOUT, RACE_MARGIN, FrontierChoice, Prediction, TrialPlan, affordable_heldout,
-                                 block_counts, choose_blocks, new_positions, plan_trials, predict_change, racing,
-                                 split_words, step_flops, uniform_groups, uniform_places)
+from satcore.adapter_api import (CARRY_PER_DOUBLING, MIN_HELDOUT, RACE_MARGIN, FrontierChoice, Prediction, TrialPlan,
+                                 affordable_heldout, block_counts, carry_error, choose_blocks, new_positions,
+                                 plan_trials, predict_change, racing, split_words, step_flops, uniform_groups,
+                                 uniform_places, with_carry)
 
 from .decide import per_sample_eval, recipe_minibatches, recipe_optimizer
 from .input_bounds import check_trial_work
@@ -69,6 +70,9 @@ class DecisionBudget:
         (an arm over it can leave ``K = 0`` out, and then there is nothing to beat).  The arms then train side by
         side, every arm's copy (and optimizer state) held at once; off, one arm after another.
     announce : called with the plan's lines before anything is trained (``None``: silent).
+    carry_per_doubling : the frontier's carry error, nats of standard deviation per doubling from the trial's last
+        checkpoint to ``recipe.steps``, added to each ``K > 0``'s paired difference from ``K = 0``
+        (:func:`satcore.adapter_api.carry_error`); the default is fitted on the bench (0: the trials' noise alone).
     """
 
     fraction: float = 0.10
@@ -79,12 +83,16 @@ class DecisionBudget:
     progress: bool = False
     race: bool = True
     announce: Callable[[str], None] | None = field(default=None, compare=False)
+    carry_per_doubling: float = CARRY_PER_DOUBLING
 
     def __post_init__(self):
         if not (isinstance(self.fraction, (int, float)) and 0 < self.fraction <= 1):
             raise InputError(f"decision budget: a fraction in (0, 1], got {self.fraction!r}")
         if not (isinstance(self.replicates, int) and self.replicates >= 1):
             raise InputError(f"decision budget: replicates must be a positive integer, got {self.replicates!r}")
+        if not (isinstance(self.carry_per_doubling, (int, float)) and self.carry_per_doubling >= 0):
+            raise InputError(f"decision budget: carry_per_doubling must be at least 0 nats, got "
+                             f"{self.carry_per_doubling!r}")
         if self.max_forgetting is not None and self.general is None:
             raise InputError("max_forgetting needs general data (--general-data): the general loss is measured on it")
 
@@ -650,6 +658,8 @@ class ArmResult:
                 "predicted_heldout_change": self.target.point, "interval": list(self.target.interval),
                 "predicted_minus_none": None if versus is None else versus.point,
                 "minus_none_interval": None if versus is None else list(versus.interval),
+                "minus_none_standard_errors": None if versus is None else {
+                    "windows": versus.se_sample, "seeds": versus.se_seed, "carry": versus.se_carry},
                 "predicted_general_change": None if self.general is None else self.general.point,
                 "general_interval": None if self.general is None else list(self.general.interval),
                 "standard_errors": {"windows": self.target.se_sample, "seeds": self.target.se_seed},
@@ -665,6 +675,7 @@ class FrontierDecision(BudgetedDecision):
     # the target windows the trials trained on and were read on, and the general windows read (None without)
     windows: dict = field(default_factory=dict)
     raced: bool = False  # whether the trials could stop early (DecisionBudget.race)
+    carry_per_doubling: float = 0.0  # the carry error the paired differences weigh (DecisionBudget.carry_per_doubling)
 
     @property
     def stopped_at(self) -> int | None:
@@ -740,13 +751,15 @@ class FrontierDecision(BudgetedDecision):
             return ("K = 0 is over --max-forgetting, so there is nothing to beat: of the arms within it, the fewest "
                     "blocks within the tolerance of the best")
         return ("K blocks are chosen only where they beat K = 0 credibly, paired on the same windows (interval below "
-                "0, point below minus the tolerance); of those, the fewest within the tolerance of the best")
+                "0, with the carry error, and point below minus the tolerance); of those, the fewest within the "
+                "tolerance of the best")
 
     def to_dict(self) -> dict:
         return {"method": ("frontier: K = 0 (the model as it is, trained the same way) and K blocks at uniform places, "
                            "short trials, each window's change fitted linearly in log2(steps) and "
                            "read at the planned steps; 95% interval from the held-out windows' noise (and the seeds', with "
-                           f"several replicates, each its own minibatch order); {self.rule}"),
+                           "several replicates, each its own minibatch order), a paired difference from K = 0's adding "
+                           f"the carry error, {self.carry_per_doubling:g} nats per doubling carried; {self.rule}"),
                 "stop_reason": self.stop_reason, "instead": self.instead, "warning": self.warning,
                 "frontier": [a.to_dict() for a in self.arms], "chosen_blocks": self.choice.chosen_blocks,
                 "best_blocks": self.choice.best_blocks, "tolerance": self.tolerance,
@@ -754,6 +767,9 @@ class FrontierDecision(BudgetedDecision):
                 "excluded_by_max_forgetting": list(self.choice.excluded), "reason": self.choice.reason,
                 "plan": self.plan.to_dict(), "cost_steps": self.cost_steps, "race": self.race,
                 "chosen_cost_fraction": self.chosen_cost_fraction, "windows": self.windows,
+                "carry_error": {"per_doubling": self.carry_per_doubling,
+                                "at_trial_end": carry_error(self.carry_per_doubling, self.plan.trial_steps,
+                                                            self.plan.planned_steps) if self.arms else None},
                 "heldout_loss": self.losses["heldout"], "general_loss": self.losses.get("general"),
                 **timing_record(self.step_times)}
 
@@ -824,7 +840,8 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     readings = dict.fromkeys(counts, len(plan.checkpoints))  # while racing, the checkpoints each arm will have read
 
     def going(changes: dict, read: tuple) -> tuple:
-        on = racing({k: c["heldout"] for k, c in changes.items()}, read, recipe.steps, tolerance)
+        on = racing({k: c["heldout"] for k, c in changes.items()}, read, recipe.steps, tolerance,
+                    carry_error(budget.carry_per_doubling, plan.trial_steps, recipe.steps))
         readings.update({k: len(read) for k in changes if k not in on})
         meter.replan(plan.cost_reached([readings[k] for k in counts]))
         return on
@@ -843,9 +860,13 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     def predict(changes, read: int) -> Prediction:  # from the checkpoints an arm read
         return predict_change(changes, plan.checkpoints[:read], recipe.steps)
 
+    def versus_none(changes, read: int) -> Prediction:  # what the choice rests on: with the carry error
+        return with_carry(predict(changes - none[:, :read], read),
+                          carry_error(budget.carry_per_doubling, plan.checkpoints[read - 1], recipe.steps))
+
     results = tuple(ArmResult(k, t.places, predict(t.changes["heldout"], t.readings),
                               predict(t.changes["general"], t.readings) if "general" in t.changes else None, t,
-                              predict(t.changes["heldout"] - none[:, :t.readings], t.readings) if k else None)
+                              versus_none(t.changes["heldout"], t.readings) if k else None)
                     for k, t in trials.items())
     choice = choose_blocks({a.blocks: a.target for a in results},
                            {a.blocks: a.general for a in results} if "general" in evaluate else None,
@@ -854,7 +875,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
                             {"train": _windows(train), "heldout": _windows(held), "heldout_sized": sized is not None,
                              "general": _windows(evaluate["general"]) if "general" in evaluate else None,
                              "trial_passes": passes},
-                            budget.races)
+                            budget.races, budget.carry_per_doubling)
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,20 @@ windows and replicates.  Its interval is normal, ``point +- 1.96 se``, with
 ``e_i``) plus, with several replicates (each its own minibatch order), the seed
 variance over replicates (of their window means, divided by ``R``); with one
 replicate (the default: the budget buys trials twice as long) the windows' alone.
-It measures the noise of the trials, not the error of the log-linear model, which
-grows with ``S / T``.
+That measures the noise of the trials, not the error of carrying a short trial's
+line to ``S`` steps.
+
+**Carry error.**  A paired difference from ``K = 0`` (below) is what the choice
+rests on, so its interval adds the carry error: a standard deviation growing
+linearly with the length of the extrapolation in doublings,
+``se_carry = kappa log2(S / t_last)`` (:func:`carry_error`, ``t_last`` the last
+checkpoint read), added in quadrature, ``half = 1.96 sqrt(se^2 + se_carry^2)``
+(:func:`with_carry`).  ``kappa`` (:data:`CARRY_PER_DOUBLING`) is the maximum-likelihood
+fit of the realized differences at full budget (uniform ``K`` blocks minus no
+expansion, same seed) around the predicted ones, ``realized - predicted ~
+N(0, se^2 + se_carry^2)``, on the bench's three domain pairs
+(studies/expansion-budget-notes.md, "Carry error").  The arms' own intervals stay
+the trials' noise alone.
 
 **Choice: expanding must beat K = 0 credibly.**  The short trials cannot see
 the planned training's ordering of the arms: over a few steps, training every
@@ -77,6 +89,10 @@ Z_95 = 1.959963984540054
 MIN_HELDOUT = 8  # fewer held-out windows leave the interval's window variance on a handful of values
 READ_SHARE = 0.25  # the held-out set is sized so that reading it takes at most this share of the budget
 HEAD = "head"
+# the carry error's standard deviation per doubling of the extrapolation (carry_error), nats: the maximum-likelihood
+# fit on the bench's near, far and perl pairs together (0.0225; left out one pair at a time: 0.0211 without near, 0.0218
+# without far, 0.0240 without perl), rounded up (studies/expansion-budget-notes.md, "Carry error")
+CARRY_PER_DOUBLING = 0.023
 # half-widths of an interim paired difference's 95% interval that the trial's last checkpoint may still move it
 # down (still_credible): fitted when the trials were 7 steps read at 1, 3, 7 (five timing passes were charged before
 # them), on the bench's near and far pairs (the largest move, over 60 arm x seed cells, of the point or the upper
@@ -295,17 +311,54 @@ def extrapolation_weights(checkpoints, full_steps: int) -> np.ndarray:
 class Prediction:
     """A predicted change after the full training (nats; negative: a decrease) and its 95% interval.
 
-    ``se_sample``: the standard error from the held-out windows; ``se_seed``: from the replicates.
+    ``se_sample``: the standard error from the held-out windows; ``se_seed``: from the replicates; ``se_carry``: the
+    carry error's (:func:`with_carry`; 0: the trials' noise alone).
     """
 
     point: float
     interval: tuple[float, float]
     se_sample: float
     se_seed: float
+    se_carry: float = 0.0
+
+    @property
+    def noise_half_width(self) -> float:
+        """The 95% half-width of the trials' noise alone: the interval's half-width ``h`` less the carry error's share
+        in quadrature, ``sqrt(h^2 - (1.96 se_carry)^2)`` (``1.96 sqrt(se_sample^2 + se_seed^2)`` where
+        :func:`with_carry` made the interval; ``h`` itself without carry error)."""
+        half = (self.interval[1] - self.interval[0]) / 2
+        return math.sqrt(max(0.0, half ** 2 - (Z_95 * self.se_carry) ** 2))
 
     def to_dict(self) -> dict:
         return {"point": self.point, "interval": list(self.interval), "se_sample": self.se_sample,
-                "se_seed": self.se_seed}
+                "se_seed": self.se_seed, "se_carry": self.se_carry}
+
+
+def carry_error(per_doubling: float, trial_steps: int, full_steps: int) -> float:
+    """The carry error's standard deviation (nats) of a prediction read ``full_steps`` from a trial whose last
+    checkpoint is ``trial_steps``: ``per_doubling log2(full_steps / trial_steps)``, 0 where nothing is carried.
+
+    Examples
+    --------
+    >>> carry_error(0.02, 10, 400), carry_error(0.02, 10, 10)   # log2(40) = 5.32 doublings
+    (0.10643856189774725, 0.0)
+    """
+    return per_doubling * max(0.0, math.log2(full_steps / trial_steps))
+
+
+def with_carry(prediction: Prediction, se_carry: float) -> Prediction:
+    """``prediction`` with the carry error ``se_carry`` added to its interval in quadrature: ``point +- 1.96
+    sqrt(se_sample^2 + se_seed^2 + se_carry^2)`` (module docstring: carry error).
+
+    Examples
+    --------
+    >>> p = with_carry(Prediction(-0.1, (-0.1 - Z_95 * 0.03, -0.1 + Z_95 * 0.03), 0.03, 0.0), 0.04)
+    >>> [round(v, 6) for v in p.interval], round(p.noise_half_width, 6)   # 1.96 x 0.05 = 0.098
+    ([-0.197998, -0.002002], 0.058799)
+    """
+    half = Z_95 * math.sqrt(prediction.se_sample ** 2 + prediction.se_seed ** 2 + se_carry ** 2)
+    return Prediction(prediction.point, (prediction.point - half, prediction.point + half), prediction.se_sample,
+                      prediction.se_seed, se_carry)
 
 
 def predict_change(changes, checkpoints, full_steps: int) -> Prediction:
@@ -359,9 +412,11 @@ def credible(difference: Prediction, tolerance: float) -> bool:
 
 def still_credible(difference: Prediction, tolerance: float, margin: float = RACE_MARGIN) -> bool:
     """Whether a paired difference predicted from the checkpoints read so far may still become :func:`credible` once
-    the trial is read to its end: :func:`credible` of the prediction moved down by ``margin`` times its 95%
-    half-width ``h``, ``point - margin h < -tolerance`` and ``upper - margin h < 0`` (at ``margin = 1``: the lower
-    bound below minus the tolerance and the point below 0).
+    the trial is read to its end: :func:`credible` of the prediction moved down by ``margin`` times the 95%
+    half-width of its noise ``h`` (:attr:`Prediction.noise_half_width`), ``point - margin h < -tolerance`` and
+    ``upper - margin h < 0`` (without carry error, at ``margin = 1``: the lower bound below minus the tolerance and the
+    point below 0).  The interval keeps its carry error: the remaining checkpoints move the point, not the distance it
+    is carried.
 
     The move is how far the last checkpoint may carry the prediction: :data:`RACE_MARGIN` (module docstring).
 
@@ -372,20 +427,21 @@ def still_credible(difference: Prediction, tolerance: float, margin: float = RAC
     >>> still_credible(Prediction(0.01, (-0.07, 0.09), 0.04, 0.0), 0.006)    # shifted: -0.07 [-0.15, +0.01]
     False
     """
-    shift = margin * (difference.interval[1] - difference.point)
+    shift = margin * difference.noise_half_width
     moved = Prediction(difference.point - shift, (difference.interval[0] - shift, difference.interval[1] - shift),
-                       difference.se_sample, difference.se_seed)
+                       difference.se_sample, difference.se_seed, difference.se_carry)
     return credible(moved, tolerance)
 
 
-def racing(changes: dict, checkpoints, full_steps: int, tolerance: float, margin: float = RACE_MARGIN
-           ) -> tuple[int, ...]:
+def racing(changes: dict, checkpoints, full_steps: int, tolerance: float, se_carry: float = 0.0,
+           margin: float = RACE_MARGIN) -> tuple[int, ...]:
     """The arms whose trials go on after the checkpoints read so far (module docstring: the race).
 
     ``changes``: ``{K: (replicates, checkpoints read, windows)}`` of the arms still running, ``K = 0`` among them;
-    ``checkpoints``: the steps read so far, at least two (a line in ``log2 t``).  Each ``K > 0`` goes on while its
-    paired difference from ``K = 0``, predicted from these checkpoints (:func:`predict_change`), is
-    :func:`still_credible`; ``K = 0`` goes on while any does (it is what they must beat).  Returns the block counts
+    ``checkpoints``: the steps read so far, at least two (a line in ``log2 t``); ``se_carry``: the carry error of a
+    prediction from the trial's last checkpoint (:func:`carry_error`), which the choice will weigh.  Each ``K > 0``
+    goes on while its paired difference from ``K = 0``, predicted from these checkpoints (:func:`predict_change`)
+    with that carry error (:func:`with_carry`), is :func:`still_credible`; ``K = 0`` goes on while any does (it is what they must beat).  Returns the block counts
     that go on, ascending (empty: the race is over, no arm can become credible).
 
     Examples
@@ -396,12 +452,15 @@ def racing(changes: dict, checkpoints, full_steps: int, tolerance: float, margin
     (0, 2)
     >>> racing({0: none, 1: none + 0.01}, (2, 4), 64, 0.006)
     ()
+    >>> racing({0: none, 1: none + 0.01, 2: gain}, (2, 4), 64, 0.006, se_carry=0.06)   # K = 2: -0.100 +- 0.118
+    ()
     """
     if len(checkpoints) < 2:
         raise InputError(f"racing needs at least 2 checkpoints read (a line in log2 t), got {len(checkpoints)}")
     none = np.asarray(changes[0], np.float64)
-    going = tuple(k for k in sorted(changes) if k > 0 and still_credible(
-        predict_change(np.asarray(changes[k], np.float64) - none, checkpoints, full_steps), tolerance, margin))
+    going = tuple(k for k in sorted(changes) if k > 0 and still_credible(with_carry(
+        predict_change(np.asarray(changes[k], np.float64) - none, checkpoints, full_steps), se_carry), tolerance,
+        margin))
     return (0, *going) if going else ()
 
 
@@ -452,6 +511,7 @@ def choose_blocks(target: dict, general: dict | None, tolerance: float,
     return FrontierChoice(chosen, best, tolerance, excluded, reason, max_forgetting)
 
 
-__all__ = ["MIN_HELDOUT", "RACE_MARGIN", "FrontierChoice", "Prediction", "TrialPlan", "affordable_heldout",
-           "block_counts", "choose_blocks", "credible", "extrapolation_weights", "new_positions", "plan_trials",
-           "predict_change", "racing", "step_flops", "still_credible", "uniform_groups", "uniform_places"]
+__all__ = ["CARRY_PER_DOUBLING", "MIN_HELDOUT", "RACE_MARGIN", "FrontierChoice", "Prediction", "TrialPlan",
+           "affordable_heldout", "block_counts", "carry_error", "choose_blocks", "credible", "extrapolation_weights",
+           "new_positions", "plan_trials", "predict_change", "racing", "step_flops", "still_credible", "uniform_groups",
+           "uniform_places", "with_carry"]
