@@ -324,6 +324,27 @@ def test_a_model_that_is_not_a_regular_file_is_named_for_what_it_is(files, tmp_p
     assert res.exit_code == 2 and f"no ONNX file at '{tmp_path / 'absent.onnx'}'" in res.output
 
 
+@pytest.mark.parametrize("name, says", [("digits.keras", "a Keras model: probe it in Python with "
+                                                        "satcore.adapters.tensorflow.probe"),
+                                        ("weights.pt", "torch weights: export the model to ONNX"),
+                                        ("model.onnx", None)])
+def test_a_file_of_another_format_is_refused_with_where_it_goes(files, tmp_path, name, says):
+    """``satcore probe model.keras``: a Keras or torch save (a zip archive, as both are) is refused in one line that
+    says, from the name, how such a model is probed (it said only 'not a readable ONNX model (DecodeError)'); a
+    ``.onnx`` name that does not hold ONNX is refused without a guess."""
+    import zipfile
+
+    _, _, _, _, data = files
+    with zipfile.ZipFile(tmp_path / name, "w") as archive:
+        archive.writestr("config.json", "{}")
+    res, out = _probe_with(tmp_path / name, data, tmp_path)
+    assert res.exit_code == 2 and not out.exists(), res.output
+    lines = res.output.strip().splitlines()
+    lead = f"satcore: error: {tmp_path / name}: not a readable ONNX model (DecodeError)"
+    assert len(lines) == 1 and lines[0].startswith(lead), res.output
+    assert lines[0] == lead if says is None else lines[0].startswith(f"{lead}; the name says {says}")
+
+
 def test_rho_scores_an_onnx_dump_and_a_merge_of_its_shards(files, tmp_path):
     """ONNX dumps carry the stream sums: ``--rho`` turns the tolerance into loss units with
     ``||z||_S = sqrt(mean_i ||z_i||^2)`` of the closed-form stream, on one dump and on a merge of

@@ -88,3 +88,19 @@ def test_keras_callback_decides_under_a_policy_at_epoch_end():
                              ({"config": {"family": "mlp"}}, "config must be a satcore.adapters.tensorflow.ProbeConfig")):
         with pytest.raises(InputError, match=message):
             KerasCallback(probe_data, **options)
+
+
+@pytest.mark.parametrize("verbose", [0, 1, 2])
+def test_keras_callback_decision_shows_its_bar_where_fit_shows_its_own(capfd, verbose):
+    """A decision takes minutes where an epoch's end takes seconds: under ``fit(verbose=1)`` (Keras's progress bar)
+    it shows ``decide``'s tqdm bar on stderr, through its trials to the end; under ``verbose=0`` or ``2`` (no bar)
+    it is silent (it was silent always: minutes with nothing on the screen between two epochs)."""
+    from satcore import DecisionPolicy, Recipe, TrialSettings
+
+    model, x, y, probe_data = compiled_classifier()
+    train_data = [(x[:64], y[:64]), (x[64:128], y[64:128])]
+    policy = DecisionPolicy(Recipe("sgd", 0.1, 4, 64), trials=TrialSettings(max_trials=2))
+    callback = KerasCallback(probe_data, policy=policy, train_data=train_data)
+    model.fit(x[:64], y[:64], batch_size=64, epochs=1, verbose=verbose, callbacks=[callback])
+    err = capfd.readouterr().err
+    assert (callback.reports[0][1].decision is not None) and (("trials: 100%" in err) == (verbose == 1)), err

@@ -3,6 +3,7 @@ own reader) and a Lightning Trainer, each on a small model; the logged values eq
 model's final weights made afterwards (so the callback probed the model it was handed, at that step)."""
 
 import glob
+import re
 
 import pytest
 import torch
@@ -118,7 +119,7 @@ def trainer_with(tmp_path, callback, model=None, **options):
     train = [{"input_ids": ids} for ids in tokenizer()(lines)["input_ids"]]
     args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=5,
                              per_device_eval_batch_size=5, eval_strategy="steps", eval_steps=2, logging_steps=2,
-                             report_to=[], use_cpu=True, disable_tqdm=True, learning_rate=1e-3, seed=0, **options)
+                             report_to=[], use_cpu=True, learning_rate=1e-3, seed=0, **{"disable_tqdm": True} | options)
     return model, Trainer(model=model, args=args, train_dataset=train, eval_dataset=train[:5],
                           data_collator=DataCollatorForLanguageModeling(tokenizer(), mlm=False), callbacks=[callback])
 
@@ -176,9 +177,9 @@ class Residual(torch.nn.Module):
         return z + self.fc2(torch.relu(self.fc1(z)))
 
 
-def lightning_fit(tmp_path, callback, max_epochs=1):
-    """A LightningModule holding its residual stack in an ``nn.Sequential`` (``net.blocks``), fitted on digits;
-    returns ``(module, trainer, [steps trained])``."""
+def lightning_fit(tmp_path, callback, max_epochs=1, progress_bar=False):
+    """A LightningModule holding its residual stack in an ``nn.Sequential`` (``net.blocks``), fitted on digits
+    (with Lightning's progress bar where ``progress_bar``); returns ``(module, trainer, fit, [steps trained])``."""
     pl = pytest.importorskip("lightning.pytorch")
     from zoo import models_torch as mt
 
@@ -218,7 +219,7 @@ def lightning_fit(tmp_path, callback, max_epochs=1):
     val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[128:192], y[128:192]), batch_size=64)
     module = Digits()
     trainer = pl.Trainer(max_epochs=max_epochs, callbacks=[callback], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+                         enable_progress_bar=progress_bar, enable_model_summary=False, accelerator="cpu", devices=1,
                          num_sanity_val_steps=0)
     return module, trainer, lambda: trainer.fit(module, train, val), steps
 
@@ -411,6 +412,43 @@ def test_lightning_callback_decides_at_validation_end(tmp_path):
     assert report.decision.to_dict()["choice"] == direct.choice
     for key, value in direct.scalars().items():  # Lightning keeps logged values as float32 tensors: rel 1e-6
         assert float(trainer.callback_metrics[key]) == pytest.approx(value, rel=1e-6, abs=1e-9), key
+
+
+def bars_run_to_the_end(err: str) -> int:
+    """How many ``decide`` bars ``err`` holds (each prints its empty start once; not the count of ``100%``, which
+    tqdm may print more than once a bar and rounds 769/772 to), checking that where there are any, a bar ran its
+    trials to its total (``N/N``)."""
+    started = err.count("decide: 0batch")
+    ended = {m.start() for m in re.finditer(r"trials: 100%\|[^|]*\| (\d+)/\1 ", err)}
+    assert bool(started) == bool(ended), err
+    return started
+
+
+@pytest.mark.parametrize("shown", [False, True])
+def test_callback_decisions_show_their_bar_where_the_training_loop_shows_its_own(tmp_path, capfd, shown):
+    """A decision takes minutes where an evaluation takes seconds: where the Trainer shows its tqdm bars
+    (``disable_tqdm=False``) or Lightning its progress bar, each decision shows ``decide``'s bar on stderr, through
+    its trials to the end; where they are off it is silent (it was silent always: minutes with nothing on the
+    screen between two logged steps)."""
+    pytest.importorskip("accelerate")
+    from zoo import models_torch as mt
+    from satcore.adapters.torch import HFCallback, LightningCallback
+
+    probe_data = [collated(SENTENCES[:3]), collated(SENTENCES[3:])]
+    train_batches = [collated(SENTENCES[i:i + 2]) for i in range(0, len(SENTENCES), 2)]
+    policy = DecisionPolicy(Recipe("adamw", 1e-3, 4, 4))
+    deciding = HFCallback(probe_data, policy=policy, train_data=train_batches)
+    _, trainer = trainer_with(tmp_path / "hf", deciding, save_strategy="no", disable_tqdm=not shown)
+    trainer.train()
+    err = capfd.readouterr().err
+    assert len(deciding.reports) == 2 and bars_run_to_the_end(err) == (2 if shown else 0), err
+    deciding = LightningCallback(mt.digits_batches(8, 2), mt.per_sample_ce, config=ProbeConfig(candidates=["net.blocks.1"]),
+                                 policy=DecisionPolicy(Recipe("adam", 1e-2, 4, 16)),
+                                 train_data=mt.digits_batches(8, 4, start=400))
+    _, _, fit, _ = lightning_fit(tmp_path / "lightning", deciding, progress_bar=shown)
+    fit()
+    err = capfd.readouterr().err
+    assert len(deciding.reports) == 1 and bars_run_to_the_end(err) == (1 if shown else 0), err
 
 
 def test_callbacks_take_data_loaders_without_reading_them_when_built():

@@ -23,6 +23,15 @@ from satcore.adapter_api import file_kind, note_input
 
 from .errors import OnnxProbeError
 
+# How a model saved in another framework's format is probed instead, by its file's suffix: the ONNX reader's own
+# error (DecodeError) does not say that the file is a Keras or torch save, nor where such a model goes.
+OTHER_FORMATS = {
+    **dict.fromkeys((".keras", ".h5"), "a Keras model: probe it in Python with satcore.adapters.tensorflow.probe and "
+                    "result.save(DUMP) for 'satcore score', or export it to ONNX (tf2onnx)"),
+    **dict.fromkeys((".pt", ".pth", ".bin", ".safetensors"), "torch weights: export the model to ONNX "
+                    "(torch.onnx.export) or pass the Hugging Face checkpoint folder that holds them"),
+}
+
 
 def _tensors(graph):
     """Every TensorProto of ``graph`` and its subgraphs (initializers and attributes)."""
@@ -276,12 +285,14 @@ def load_model(model):
     if not path.is_file():
         raise OnnxProbeError(f"{path}: is {file_kind(path.stat().st_mode)}, not a regular file; refused"
                              if path.exists() else f"no ONNX file at {str(path)!r}")
+    other = OTHER_FORMATS.get(path.suffix.lower())
+    hint = f"; the name says {other}" if other else ""
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises DecodeError and friends
-        raise OnnxProbeError(f"{path}: not a readable ONNX model ({type(exc).__name__})") from None
-    if not proto.graph.node:
-        raise OnnxProbeError(f"{path}: the ONNX graph has no nodes")
+        raise OnnxProbeError(f"{path}: not a readable ONNX model ({type(exc).__name__}){hint}") from None
+    if not proto.graph.node:  # also what some other formats' bytes parse as
+        raise OnnxProbeError(f"{path}: the ONNX graph has no nodes{hint}")
     try:
         sort_graph(proto.graph)
         check_tensor_sizes(proto, path.parent)

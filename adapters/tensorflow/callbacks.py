@@ -100,7 +100,10 @@ class KerasCallback(keras.callbacks.Callback):
         if self.policy is not None:
             from .decide import decide
 
-            decision = decide(self.model, self.train_data, self.probe_data, loss_fn, policy=self.policy)
+            # a decision takes minutes where an epoch's end takes seconds: its bar shows where fit shows its own
+            shows_bar = self.params.get("verbose") in (1, "auto")
+            decision = decide(self.model, self.train_data, self.probe_data, loss_fn, policy=self.policy,
+                              progress=shows_bar)
             report = replace(report, decision=decision)
             scalars |= decision.scalars(self.prefix)
         self.reports.append((epoch, report))

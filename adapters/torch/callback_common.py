@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from satcore import DecisionPolicy, InputError
+from satcore.adapters.base import ProgressCounter
 
 from .decide import decide_under, decision_probe_options
 from .input_bounds import check_trial_steps
@@ -82,17 +83,20 @@ def require_reiterable(data, what: str) -> None:
 
 
 def callback_report(model, probe_data, loss_fn, config: ProbeConfig, report_options: dict,
-                    decision: CallbackDecision | None, prefix: str):
+                    decision: CallbackDecision | None, prefix: str, progress: bool = False):
     """``(report, scalars)`` of a callback's evaluation: the probe of ``probe_data`` reported with
     ``report_options`` and, with a ``decision`` (:func:`callback_settings`), the decision it leads with
     (:func:`satcore.adapters.torch.decide` on ``model`` with the callback's probe data as the held-out split,
     under a fork of the random number generators, so that the run it is called from draws the same numbers as
-    without it: its dropout masks, its data order); its scalars (``prefix``) those of the two."""
+    without it: its dropout masks, its data order); its scalars (``prefix``) those of the two.  ``progress``: the
+    decision shows ``decide``'s tqdm bar on stderr (the callbacks pass it where the training loop shows its own
+    bars: a decision takes minutes where the loop's evaluation takes seconds)."""
     report = probe(model, probe_data, loss_fn, config=config).report(**report_options)
     scalars = report.scalars(prefix)
     if decision is not None:
-        decided = decide_under(unwrap_data_parallel(model), decision.train, probe_data, loss_fn, decision.policy,
-                               decision.defaults)
+        with ProgressCounter(progress) as counter:
+            decided = decide_under(unwrap_data_parallel(model), decision.train, probe_data, loss_fn,
+                                   decision.policy, decision.defaults, progress=counter)
         report = dataclasses.replace(report, decision=decided)
         scalars |= decided.scalars(prefix)
     return report, scalars

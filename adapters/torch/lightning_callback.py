@@ -92,7 +92,8 @@ class LightningCallback(Callback):
         if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
             return
         report, scalars = callback_report(self._model(pl_module), self.probe_data, self.loss_fn, self.config,
-                                          self.report_options, self.decision, self.prefix)
+                                          self.report_options, self.decision, self.prefix,
+                                          progress=trainer.progress_bar_callback is not None and trainer.is_global_zero)
         self.reports.append((trainer.current_epoch, report))
         # the sums are all-reduced already: every rank holds the same numbers
         pl_module.log_dict(scalars, sync_dist=False)

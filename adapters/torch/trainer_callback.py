@@ -145,9 +145,10 @@ class HFCallback(TrainerCallback):
             report = placeholder.report()
         return set(report.scalars(self.prefix))
 
-    def _measure(self, state, model) -> dict | None:
+    def _measure(self, args, state, model) -> dict | None:
         """This evaluation's scalars (probing once per evaluation: ``on_log`` and then ``on_evaluate`` of one
-        evaluation share them), ``None`` when it is skipped."""
+        evaluation share them), ``None`` when it is skipped.  A decision shows its progress bar where the Trainer
+        shows its own (``args.disable_tqdm`` false, on the local main process)."""
         if self._step == state.global_step:
             return self._scalars
         self._step = state.global_step
@@ -155,7 +156,8 @@ class HFCallback(TrainerCallback):
         self._scalars = None
         if (self._evaluations - 1) % self.every == 0:
             report, scalars = callback_report(model, self.probe_data, self.loss_fn, self.config, self.report_options,
-                                              self.decision, self.prefix)
+                                              self.decision, self.prefix,
+                                              progress=not args.disable_tqdm and state.is_local_process_zero)
             self.reports.append((state.global_step, report))
             self._scalars = scalars
         return self._scalars
@@ -163,7 +165,7 @@ class HFCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
         if not logs or not any(str(k).startswith(self.eval_prefix + "_") for k in logs):
             return
-        scalars = self._measure(state, model)
+        scalars = self._measure(args, state, model)
         if scalars:
             logs.update(scalars)
             entry = state.log_history[-1] if state.log_history else None
@@ -171,7 +173,7 @@ class HFCallback(TrainerCallback):
                 entry.update(scalars)  # the Trainer copied logs into its history before calling on_log
 
     def on_evaluate(self, args, state, control, metrics=None, model=None, **kwargs):
-        scalars = self._measure(state, model)
+        scalars = self._measure(args, state, model)
         if scalars and metrics is not None:
             for key, value in scalars.items():
                 # the Trainer logged this very dict, so on_log put the unprefixed key in it too: one name per value
