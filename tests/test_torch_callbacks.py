@@ -328,8 +328,8 @@ def test_trainer_callback_decides_at_evaluations_without_changing_the_run(tmp_pa
     depth-wide scalars (what it chose, its predicted change) are logged beside the first-order ones, the report
     leads with it, the decision equals ``decide`` on the model the Trainer ends with, and the training run
     (dropout on) logs the same losses as without it.  By default no per-candidate key is logged or printed: the
-    Trainer printed all 58 keys of two blocks and the head at each evaluation (some 3,000 characters; about 310
-    keys for 24 layers); ``reports`` keeps the whole report."""
+    Trainer printed all 46 keys of the two blocks and the head at each evaluation (some 2,250 characters, 549
+    now); ``reports`` keeps the whole report."""
     pytest.importorskip("accelerate")
     from satcore import InsertionDecision, Recipe
     from satcore.adapters.torch import HFCallback, decide

@@ -18,9 +18,10 @@ batch convention is :class:`~.probe.Probe`'s, so ``DataCollator`` batches with
   ``eval_satcore/growth_value_max``).
 
 The Trainer prints every key of an evaluation's log entry (its progress bar, or ``PrinterCallback``), so the
-per-candidate keys (six a candidate, twelve with a decision: 58 keys for three blocks and the head, 310 for 24,
-thousands of characters at each evaluation) are logged only with ``log_candidates=True``; ``reports`` holds every
-evaluation's whole report either way (``report.to_dict()`` is its JSON).
+per-candidate keys (six a candidate, up to twelve with a decision: 46 keys and some 2,250 printed characters at
+each evaluation of a two-block GPT-2, up to 312 keys for 24 layers, where the summary is 12) are logged only with
+``log_candidates=True``; ``reports`` holds every evaluation's whole report either way (``report.to_dict()`` is
+its JSON).
 
 A ``metric_for_best_model`` naming a ``satcore/`` key the callback cannot log
 (a typo, a candidate the probe does not have) is refused at ``on_train_begin``,
