@@ -407,6 +407,14 @@ def test_callbacks_refuse_what_they_cannot_run_when_built(probe_data, options, e
         LightningCallback(probe_data, **options)
 
 
+def test_trainer_callback_refuses_a_log_candidates_that_is_not_true_or_false():
+    from satcore.adapters.torch import HFCallback
+
+    with pytest.raises(InputError, match=r"^HFCallback: log_candidates must be True or False, got 'yes'$"):
+        HFCallback(BATCHES, log_candidates="yes")
+    assert HFCallback(BATCHES).log_candidates is False  # the depth-wide keys only, unless asked
+
+
 def test_callback_decisions_share_the_callbacks_places_unless_the_policy_sets_them():
     from satcore.adapters.torch.callback_common import callback_settings
     from satcore.adapters.torch.decide import decision_probe_options
