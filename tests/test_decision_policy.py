@@ -88,7 +88,7 @@ def test_one_policy_decides_alike_through_decide_a_callback_and_a_growth_round()
     torch = pytest.importorskip("torch")
     from zoo.models_torch import digits, digits_resnet, per_sample_ce
     from satcore.adapters.torch import ProbeConfig, decide, grow_until_saturated
-    from satcore.adapters.torch.callback_common import callback_report, callback_settings
+    from satcore.adapters.torch.callback_common import callback_report, callback_scalars, callback_settings
 
     X, y = digits()
     train = [(X[i : i + 32], y[i : i + 32]) for i in range(0, 96, 32)]
@@ -98,9 +98,9 @@ def test_one_policy_decides_alike_through_decide_a_callback_and_a_growth_round()
     model = digits_resnet()
     direct = decide(model, train, heldout, per_sample_ce, policy=policy).to_dict()
     config, decision = callback_settings("HFCallback", heldout, ProbeConfig(), policy, train)
-    report, scalars = callback_report(model, heldout, per_sample_ce, config, {}, decision, "satcore/")
+    report = callback_report(model, heldout, per_sample_ce, config, {}, decision)
     assert report.decision.to_dict() == direct
-    assert scalars["satcore/decision/cost_block_steps"] == direct["cost_block_steps"]
+    assert callback_scalars(report, "satcore/")["satcore/decision/cost_block_steps"] == direct["cost_block_steps"]
     rounds = grow_until_saturated(model, lambda m, k: m, heldout, per_sample_ce, train_data=train,
                                   options=GrowthOptions(budget=GrowthBudget(max_rounds=1)), policy=policy).rounds
     assert rounds[0].seed == 0 == policy.seed

@@ -138,3 +138,6 @@ def test_scalars_keys_and_values(torch_result):
     assert scalars["satcore/n_improvable"] == sum(t.verdict == "improvable" for t in report.tests)
     name = report.candidates[0].name
     assert scalars[f"satcore/{name}/ag"] == report.candidates[0].ag
+    # the depth-wide summary a training loop prints: exactly the keys naming no candidate, the same values
+    depth_wide = {k: v for k, v in scalars.items() if not any(k.startswith(f"satcore/{c.name}/") for c in report.candidates)}
+    assert len(depth_wide) == 7 and report.scalars(per_candidate=False) == depth_wide

@@ -36,7 +36,7 @@ def test_trainer_callback_writes_satcore_metrics_to_logs_and_tensorboard(tmp_pat
     lines = [" ".join(SENTENCES[i:] + SENTENCES[:i]) for i in range(len(SENTENCES))] * 2
     train = [{"input_ids": ids} for ids in tokenizer()(lines)["input_ids"]]
     probe_data = [collated(SENTENCES[:3]), collated(SENTENCES[3:])]  # padded, labels -100 at the pads
-    callback = HFCallback(probe_data)
+    callback = HFCallback(probe_data, log_candidates=True)  # the per-candidate keys too
     args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=5,
                              per_device_eval_batch_size=5, eval_strategy="steps", eval_steps=2, logging_steps=2,
                              save_strategy="no", report_to=["tensorboard"], use_cpu=True, disable_tqdm=True,
@@ -99,7 +99,7 @@ def test_lightning_callback_logs_satcore_metrics_at_validation_end(tmp_path):
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          accelerator="cpu", devices=1, num_sanity_val_steps=1)
     trainer.fit(module, train, val)
-    assert [epoch for epoch, _ in callback.reports] == [0, 1]  # not the sanity check
+    assert [step for step, _ in callback.reports] == [4, 8]  # 4 batches an epoch; not the sanity check
     final = probe(module, probe_data, mt.per_sample_ce, head=False).report()
     assert float(trainer.callback_metrics["satcore/growth_value_max"]) == pytest.approx(final.growth_value_max, rel=1e-6)
     (path,) = glob.glob(str(tmp_path / "**" / "metrics.csv"), recursive=True)
@@ -156,7 +156,7 @@ def test_trainer_refuses_a_satcore_metric_it_will_never_log_before_training(tmp_
     from satcore.adapters.torch import HFCallback
     from satcore._shared.errors import InputError
 
-    callback = HFCallback([collated(SENTENCES[:3])])
+    callback = HFCallback([collated(SENTENCES[:3])], log_candidates=True)
     model, trainer = trainer_with(tmp_path, callback, save_strategy="no", metric_for_best_model=metric)
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(InputError, match=r"is not a key HFCallback logs; it logs \[.*'satcore/growth_value_max', .*"
@@ -177,9 +177,10 @@ class Residual(torch.nn.Module):
         return z + self.fc2(torch.relu(self.fc1(z)))
 
 
-def lightning_fit(tmp_path, callback, max_epochs=1, progress_bar=False):
+def lightning_fit(tmp_path, callback, max_epochs=1, progress_bar=False, **trainer_options):
     """A LightningModule holding its residual stack in an ``nn.Sequential`` (``net.blocks``), fitted on digits
-    (with Lightning's progress bar where ``progress_bar``); returns ``(module, trainer, fit, [steps trained])``."""
+    (2 batches an epoch; with Lightning's progress bar where ``progress_bar``; ``trainer_options`` to the Trainer
+    over the defaults below); returns ``(module, trainer, fit, [steps trained])``."""
     pl = pytest.importorskip("lightning.pytorch")
     from zoo import models_torch as mt
 
@@ -218,9 +219,10 @@ def lightning_fit(tmp_path, callback, max_epochs=1, progress_bar=False):
     train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:128], y[:128]), batch_size=64)
     val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[128:192], y[128:192]), batch_size=64)
     module = Digits()
-    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=[callback], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=progress_bar, enable_model_summary=False, accelerator="cpu", devices=1,
-                         num_sanity_val_steps=0)
+    trainer = pl.Trainer(**{"max_epochs": max_epochs, "callbacks": [callback], "logger": False,
+                            "enable_checkpointing": False, "enable_progress_bar": progress_bar,
+                            "enable_model_summary": False, "accelerator": "cpu", "devices": 1,
+                            "num_sanity_val_steps": 0} | trainer_options)
     return module, trainer, lambda: trainer.fit(module, train, val), steps
 
 
@@ -239,6 +241,32 @@ def test_lightning_callback_finds_a_sequential_stack_and_takes_a_module(tmp_path
     assert [c.name for c in report.candidates] == ["blocks.0", "blocks.1", "head"]
     assert report.growth_value_max == pytest.approx(
         probe(module.net, probe_data, mt.per_sample_ce).report().growth_value_max, rel=1e-12)
+
+
+def test_lightning_callback_probes_every_validation_of_its_epochs_keyed_by_step(tmp_path):
+    """With ``val_check_interval`` (two validations an epoch) and ``every_n_epochs=2``: a probe at each validation
+    of the second epoch, at the steps where Lightning's own ``ModelCheckpoint(every_n_epochs=2)``, monitoring a
+    ``satcore/`` key, saves; ``reports`` keyed by those steps (they were keyed by epoch: two ``(1, report)``
+    that nothing told apart)."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from zoo import models_torch as mt
+    from satcore.adapters.torch import LightningCallback
+
+    probe_data = mt.digits_batches(8, 2)
+    callback = LightningCallback(probe_data, mt.per_sample_ce, every_n_epochs=2)
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_epochs=2,
+                                               monitor="satcore/growth_value_max", mode="max", save_top_k=-1)
+    module, trainer, fit, steps = lightning_fit(tmp_path, callback, max_epochs=2, val_check_interval=0.5,
+                                                callbacks=[callback, checkpoints], enable_checkpointing=True)
+    fit()
+    assert steps == [0, 1, 2, 3]  # two batches an epoch, a validation after each
+    saved = sorted(int(p.stem.removeprefix("step=")) for p in (tmp_path / "ckpt").glob("*.ckpt"))
+    assert saved == [3, 4]  # the validations of the second epoch (global_step counts the steps done)
+    assert [step for step, _ in callback.reports] == saved
+    first, last = (report.growth_value_max for _, report in callback.reports)
+    assert first != last  # a step trained between the two validations of one epoch
+    assert last == pytest.approx(probe(module, probe_data, mt.per_sample_ce).report().growth_value_max, rel=1e-12)
+    assert checkpoints.best_model_score == pytest.approx(max(first, last), rel=1e-6)  # logged as float32
 
 
 @pytest.mark.parametrize("options, message", [
@@ -295,10 +323,13 @@ def dropout_lm():
     return GPT2LMHeadModel(config).train()
 
 
-def test_trainer_callback_decides_at_evaluations_without_changing_the_run(tmp_path):
+def test_trainer_callback_decides_at_evaluations_without_changing_the_run(tmp_path, capfd):
     """With ``policy=``, each probed evaluation also runs ``decide`` (the probe data as the held-out split): its
-    scalars are logged beside the first-order ones, the report leads with it, the decision equals ``decide`` on the
-    model the Trainer ends with, and the training run (dropout on) logs the same losses as without it."""
+    depth-wide scalars (what it chose, its predicted change) are logged beside the first-order ones, the report
+    leads with it, the decision equals ``decide`` on the model the Trainer ends with, and the training run
+    (dropout on) logs the same losses as without it.  By default no per-candidate key is logged or printed: the
+    Trainer printed all 46 keys of the two blocks and the head at each evaluation (some 2,250 characters, 549
+    now); ``reports`` keeps the whole report."""
     pytest.importorskip("accelerate")
     from satcore import InsertionDecision, Recipe
     from satcore.adapters.torch import HFCallback, decide
@@ -313,19 +344,37 @@ def test_trainer_callback_decides_at_evaluations_without_changing_the_run(tmp_pa
                                       metric_for_best_model="satcore/decision/insert" if label == "deciding" else None)
         trainer.train()
         runs[label] = (model, trainer, callback)
+    printed = capfd.readouterr().out  # disable_tqdm: the Trainer's PrinterCallback prints each log entry
     losses = {k: [e["loss"] for e in t.state.log_history if "loss" in e] for k, (_, t, _) in runs.items()}
     assert len(losses["plain"]) == 2 and losses["plain"] == losses["deciding"]  # the same numbers drawn: exact
     model, trainer, callback = runs["deciding"]
     assert [step for step, _ in callback.reports] == [2, 4]
     assert all(isinstance(r.decision, InsertionDecision) for _, r in callback.reports)
-    assert str(callback.reports[-1][1]).splitlines()[1].startswith("decision: ")  # the report leads with it
+    report = callback.reports[-1][1]
+    assert str(report).splitlines()[1].startswith("decision: ")  # the report leads with it
+    names = [c.name for c in report.candidates]
+    assert names == ["transformer.h.0", "transformer.h.1", "head"]
     direct = decide(model, train_batches, probe_data, policy=policy)
+    assert report.decision.to_dict() == direct.to_dict()  # the whole decision stays reachable
     logged = [e for e in trainer.state.log_history if "eval_loss" in e][-1]
-    expected = direct.scalars()
-    assert set(expected) <= set(logged) and expected["satcore/decision/cost_block_steps"] <= 8
-    for key, value in expected.items():  # the same computation on the same weights
-        assert logged[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
-    assert "satcore/growth_value_max" in logged  # the first-order keys stay
+    # the reference: every key decide's decision and the final probe give, less those naming a candidate
+    full = direct.scalars() | probe(model, probe_data).report().scalars()
+    depth_wide = {k for k in full if not any(f"/{name}/" in k for name in names)}
+    assert {"satcore/growth_value_max", "satcore/best_candidate_index", "satcore/decision/insert"} <= depth_wide
+    if direct.choice is None:
+        assert "satcore/decision/choice_index" not in logged and "satcore/decision/predicted_heldout_change" not in logged
+    else:  # what it chose, as an index into the report's candidates, and the choice's predicted held-out change
+        assert logged["satcore/decision/choice_index"] == names.index(direct.choice)
+        depth_wide.add("satcore/decision/choice_index")
+        assert depth_wide >= {"satcore/decision/predicted_heldout_change", "satcore/decision/close_call"}
+    assert {k for k in logged if k.startswith("satcore/")} == depth_wide
+    assert direct.scalars()["satcore/decision/cost_block_steps"] <= 8
+    for key in depth_wide - {"satcore/decision/choice_index"}:  # the same computation on the same weights
+        rel = 1e-9 if key.startswith("satcore/decision/") else 1e-6  # the probe: a float32 model, float64 sums
+        assert logged[key] == pytest.approx(full[key], rel=rel, abs=1e-12), key
+    evaluations = [line for line in printed.splitlines() if "satcore/decision/insert" in line]
+    assert len(evaluations) == 2 and not any(name in printed for name in names[:2]), printed
+    assert max(map(len, evaluations)) < 800  # the Trainer's own eval_ keys and the depth-wide ones
 
 
 RECIPE = Recipe("adam", 1e-3, 8, 4)
@@ -358,6 +407,14 @@ def test_callbacks_refuse_what_they_cannot_run_when_built(probe_data, options, e
         LightningCallback(probe_data, **options)
 
 
+def test_trainer_callback_refuses_a_log_candidates_that_is_not_true_or_false():
+    from satcore.adapters.torch import HFCallback
+
+    with pytest.raises(InputError, match=r"^HFCallback: log_candidates must be True or False, got 'yes'$"):
+        HFCallback(BATCHES, log_candidates="yes")
+    assert HFCallback(BATCHES).log_candidates is False  # the depth-wide keys only, unless asked
+
+
 def test_callback_decisions_share_the_callbacks_places_unless_the_policy_sets_them():
     from satcore.adapters.torch.callback_common import callback_settings
     from satcore.adapters.torch.decide import decision_probe_options
@@ -376,6 +433,8 @@ def test_callback_decisions_share_the_callbacks_places_unless_the_policy_sets_th
 @pytest.mark.parametrize("callback_options, metric, message", [
     ({"every": 2}, "satcore/growth_value_max", r"every=2\) logs it at one evaluation in 2.*use every=1"),
     ({}, "satcore/decision/insert", r"not a key HFCallback logs \(decision keys are logged with HFCallback\(policy"),
+    ({}, "satcore/transformer.h.1/growth_value",
+     r"not a key HFCallback logs \(per-candidate keys are logged with HFCallback\(log_candidates=True\)\)"),
     ({"policy": DecisionPolicy(RECIPE, candidates=["transformer.h.7"]), "train_data": BATCHES}, "eval_loss",
      r"candidate 'transformer\.h\.7' is not a submodule name"),
 ])

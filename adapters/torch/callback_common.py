@@ -1,5 +1,6 @@
 """What the training-loop callbacks (``HFCallback``, ``LightningCallback``) share: their settings read and checked
-when they are built, their places found when training starts, and an evaluation's probe, report and decision."""
+when they are built, their places found when training starts, an evaluation's probe, report and decision, and the
+scalars they log of it."""
 
 from __future__ import annotations
 
@@ -83,20 +84,30 @@ def require_reiterable(data, what: str) -> None:
 
 
 def callback_report(model, probe_data, loss_fn, config: ProbeConfig, report_options: dict,
-                    decision: CallbackDecision | None, prefix: str, progress: bool = False):
-    """``(report, scalars)`` of a callback's evaluation: the probe of ``probe_data`` reported with
-    ``report_options`` and, with a ``decision`` (:func:`callback_settings`), the decision it leads with
+                    decision: CallbackDecision | None, progress: bool = False):
+    """The report of a callback's evaluation: the probe of ``probe_data`` reported with ``report_options`` and,
+    with a ``decision`` (:func:`callback_settings`), leading with the decision
     (:func:`satcore.adapters.torch.decide` on ``model`` with the callback's probe data as the held-out split,
     under a fork of the random number generators, so that the run it is called from draws the same numbers as
-    without it: its dropout masks, its data order); its scalars (``prefix``) those of the two.  ``progress``: the
-    decision shows ``decide``'s tqdm bar on stderr (the callbacks pass it where the training loop shows its own
-    bars: a decision takes minutes where the loop's evaluation takes seconds)."""
+    without it: its dropout masks, its data order).  ``progress``: the decision shows ``decide``'s tqdm bar on
+    stderr (the callbacks pass it where the training loop shows its own bars: a decision takes minutes where the
+    loop's evaluation takes seconds)."""
     report = probe(model, probe_data, loss_fn, config=config).report(**report_options)
-    scalars = report.scalars(prefix)
-    if decision is not None:
-        with ProgressCounter(progress) as counter:
-            decided = decide_under(unwrap_data_parallel(model), decision.train, probe_data, loss_fn,
-                                   decision.policy, decision.defaults, progress=counter)
-        report = dataclasses.replace(report, decision=decided)
-        scalars |= decided.scalars(prefix)
-    return report, scalars
+    if decision is None:
+        return report
+    with ProgressCounter(progress) as counter:
+        decided = decide_under(unwrap_data_parallel(model), decision.train, probe_data, loss_fn,
+                               decision.policy, decision.defaults, progress=counter)
+    return dataclasses.replace(report, decision=decided)
+
+
+def callback_scalars(report, prefix: str, per_candidate: bool = True) -> dict[str, float]:
+    """What a callback logs of ``report`` (:func:`callback_report`): its :meth:`~satcore.DepthReport.scalars` and
+    its decision's (:meth:`~satcore.InsertionDecision.scalars`), keys starting ``prefix``; without
+    ``per_candidate`` the depth-wide ones only.  The decision's ``choice_index`` counts the report's candidates,
+    the list ``argmax_index`` and ``best_candidate_index`` count, so that every index a callback logs is into one
+    list."""
+    scalars = report.scalars(prefix, per_candidate)
+    if report.decision is not None:
+        scalars |= report.decision.scalars(prefix, per_candidate, places=[c.name for c in report.candidates])
+    return scalars

@@ -1,8 +1,10 @@
 """``LightningCallback``: probe at the end of a Lightning validation, metrics through ``log_dict``.
 
-At the end of every ``every_n_epochs``-th validation epoch (not during the
-sanity check) the callback probes the module on ``probe_data`` and logs the
-report's :meth:`~satcore.DepthReport.scalars` (keys starting
+At the end of every validation in every ``every_n_epochs``-th training epoch (not during the sanity check)
+the callback probes the module on ``probe_data``: as ``ModelCheckpoint(every_n_epochs=...)`` counts, epochs, so
+that with ``val_check_interval`` (several validations an epoch) each validation of such an epoch is probed and a
+``ModelCheckpoint`` monitoring a ``satcore/`` key finds it at each.  It logs the report's
+:meth:`~satcore.DepthReport.scalars` (keys starting
 ``satcore/``) with ``pl_module.log_dict``: every logger of the Trainer gets
 them, and ``trainer.callback_metrics`` holds them (so a ``ModelCheckpoint``
 can monitor ``satcore/growth_value_max``).  Lightning validates under
@@ -34,7 +36,7 @@ from satcore import DecisionPolicy, InputError
 
 from satcore.adapters.base import callback_schedule
 
-from .callback_common import callback_places, callback_report, callback_settings
+from .callback_common import callback_places, callback_report, callback_scalars, callback_settings
 from .probe import ProbeConfig
 
 
@@ -49,7 +51,8 @@ class LightningCallback(Callback):
         itself (its ``forward``), an ``nn.Module`` (e.g. ``pl_module.model``,
         a wrapped Hugging Face model), or a callable ``module(pl_module)``
         returning one, e.g. ``lambda m: m.model``.
-    every_n_epochs, report : how often, and keyword arguments of ``report()``.
+    every_n_epochs, report : how often (every validation of every ``every_n_epochs``-th epoch), and keyword
+        arguments of ``report()``.
     config : the probe's :class:`~.probe.ProbeConfig` (default ``ProbeConfig()``).
     policy, train_data : optional
         Also decide, at each probed validation end, where to insert a block under the
@@ -58,8 +61,9 @@ class LightningCallback(Callback):
         (``satcore/decision/...``) are logged with the first-order ones.
 
     ``prefix`` (``"satcore/"``, the start of every metric key) is a class attribute: set it on a subclass or
-    the instance for another.  ``reports`` holds ``(epoch, DepthReport)`` of every probe made (with ``policy``,
-    the report's ``decision`` is that validation's :class:`satcore.InsertionDecision`).
+    the instance for another.  ``reports`` holds ``(global_step, DepthReport)`` of every probe made, as
+    ``HFCallback.reports`` does (the step identifies a validation; an epoch may hold several), with ``policy``
+    the report's ``decision`` that validation's :class:`satcore.InsertionDecision`.
     """
 
     prefix = "satcore/"
@@ -91,9 +95,9 @@ class LightningCallback(Callback):
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
             return
-        report, scalars = callback_report(self._model(pl_module), self.probe_data, self.loss_fn, self.config,
-                                          self.report_options, self.decision, self.prefix,
-                                          progress=trainer.progress_bar_callback is not None and trainer.is_global_zero)
-        self.reports.append((trainer.current_epoch, report))
+        report = callback_report(self._model(pl_module), self.probe_data, self.loss_fn, self.config,
+                                 self.report_options, self.decision,
+                                 progress=trainer.progress_bar_callback is not None and trainer.is_global_zero)
+        self.reports.append((trainer.global_step, report))
         # the sums are all-reduced already: every rank holds the same numbers
-        pl_module.log_dict(scalars, sync_dist=False)
+        pl_module.log_dict(callback_scalars(report, self.prefix), sync_dist=False)

@@ -3,8 +3,9 @@
 At every ``every``-th evaluation the callback probes the model on
 ``probe_data`` (a re-iterable: a list of batches or a ``DataLoader``; the
 batch convention is :class:`~.probe.Probe`'s, so ``DataCollator`` batches with
-``labels`` need no ``loss_fn``) and adds the report's
-:meth:`~satcore.DepthReport.scalars` (keys starting ``satcore/``) to
+``labels`` need no ``loss_fn``) and adds the report's depth-wide
+:meth:`~satcore.DepthReport.scalars` (keys starting ``satcore/``; with a decision its depth-wide
+:meth:`~satcore.InsertionDecision.scalars`: what it chose and its predicted change) to
 
 * the evaluation's log entry, which the ``Trainer`` hands to every logger it
   has (``report_to``: TensorBoard, W&B, ...) and keeps in
@@ -15,6 +16,12 @@ batch convention is :class:`~.probe.Probe`'s, so ``DataCollator`` batches with
   so that ``metric_for_best_model="satcore/growth_value_max"`` works with
   ``load_best_model_at_end`` (the ``Trainer`` looks that name up as
   ``eval_satcore/growth_value_max``).
+
+The Trainer prints every key of an evaluation's log entry (its progress bar, or ``PrinterCallback``), so the
+per-candidate keys (six a candidate, up to twelve with a decision: 46 keys and some 2,250 printed characters at
+each evaluation of a two-block GPT-2, up to 312 keys for 24 layers, where the summary is 12) are logged only with
+``log_candidates=True``; ``reports`` holds every evaluation's whole report either way (``report.to_dict()`` is
+its JSON).
 
 A ``metric_for_best_model`` naming a ``satcore/`` key the callback cannot log
 (a typo, a candidate the probe does not have) is refused at ``on_train_begin``,
@@ -47,7 +54,7 @@ from satcore import InputError
 
 from satcore.adapters.base import callback_schedule
 
-from .callback_common import callback_places, callback_report, callback_settings
+from .callback_common import callback_places, callback_report, callback_scalars, callback_settings
 from .probe import ProbeConfig
 
 
@@ -74,6 +81,9 @@ class HFCallback(TrainerCallback):
         forked random number generators: the training run is the same with or without it.
     train_data : re-iterable of batches
         With ``policy``: the training batches the trials draw from.
+    log_candidates : bool
+        Log the per-candidate keys too (``satcore/<name>/...``, ``satcore/decision/<name>/...``); default: the
+        depth-wide ones only, which the Trainer prints at each evaluation.
 
     ``prefix`` (``"satcore/"``, the start of every metric key) and ``eval_prefix`` (``"eval"``, the
     ``metric_key_prefix`` of the evaluations to follow) are class attributes: set them on a subclass or the
@@ -86,8 +96,12 @@ class HFCallback(TrainerCallback):
 
     @moved_keywords("callback")
     def __init__(self, probe_data, loss_fn=None, *, every: int = 1, report: dict | None = None,
-                 config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None):
+                 config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None,
+                 log_candidates: bool = False):
         self.every, self.report_options = callback_schedule("HFCallback", "every", every, report)
+        if not isinstance(log_candidates, bool):
+            raise InputError(f"HFCallback: log_candidates must be True or False, got {log_candidates!r}")
+        self.log_candidates = log_candidates
         self.probe_data, self.loss_fn = probe_data, loss_fn
         self.config, self.decision = callback_settings("HFCallback", probe_data, config, policy, train_data)
         self.reports: list = []
@@ -124,18 +138,21 @@ class HFCallback(TrainerCallback):
         if self.every > 1:
             raise InputError(f"metric_for_best_model={metric!r}: HFCallback(every={self.every}) logs it at one "
                              f"evaluation in {self.every}, and the Trainer looks it up at each; use every=1")
-        keys = self._logged_keys(names)
-        if decided is not None:
-            keys |= InsertionDecision.scalar_keys(decided, self.prefix)
+        keys = self._logged_keys(names, decided, self.log_candidates)
         if key not in keys:
-            hint = (" (decision keys are logged with HFCallback(policy=..., train_data=...))"
-                    if key.startswith(f"{self.prefix}decision/") and decided is None else "")
+            if key.startswith(f"{self.prefix}decision/") and decided is None:
+                hint = " (decision keys are logged with HFCallback(policy=..., train_data=...))"
+            elif key in self._logged_keys(names, decided, per_candidate=True):
+                hint = " (per-candidate keys are logged with HFCallback(log_candidates=True))"
+            else:
+                hint = ""
             raise InputError(f"metric_for_best_model={metric!r} is not a key HFCallback logs{hint}; it logs "
                              f"{sorted(keys)}")
 
-    def _logged_keys(self, names: list[str]) -> set[str]:
+    def _logged_keys(self, names: list[str], decided: list | None, per_candidate: bool) -> set[str]:
         """The keys :meth:`~satcore.DepthReport.scalars` gives for these candidates, read off the report of
-        placeholder statistics (16 folds, so with the verdict keys), so that the list never drifts from it."""
+        placeholder statistics (16 folds, so with the verdict keys), so that the list never drifts from it, and
+        those :meth:`~satcore.InsertionDecision.scalars` can give for the decisions' candidates ``decided``."""
         rng = np.random.default_rng(0)
         placeholder = DepthStatistics([(name, CandidateStatistics.from_samples(
             rng.standard_normal((32, 1)), rng.standard_normal((32, 1)), batch_size=2)) for name in names])
@@ -143,7 +160,10 @@ class HFCallback(TrainerCallback):
             report = placeholder.report(**self.report_options)
         except ValueError:  # an option the placeholder cannot take (it has no stream norms): the plain report
             report = placeholder.report()
-        return set(report.scalars(self.prefix))
+        keys = set(report.scalars(self.prefix, per_candidate))
+        if decided is not None:
+            keys |= InsertionDecision.scalar_keys(decided, self.prefix, per_candidate)
+        return keys
 
     def _measure(self, args, state, model) -> dict | None:
         """This evaluation's scalars (probing once per evaluation: ``on_log`` and then ``on_evaluate`` of one
@@ -155,11 +175,10 @@ class HFCallback(TrainerCallback):
         self._evaluations += 1
         self._scalars = None
         if (self._evaluations - 1) % self.every == 0:
-            report, scalars = callback_report(model, self.probe_data, self.loss_fn, self.config, self.report_options,
-                                              self.decision, self.prefix,
-                                              progress=not args.disable_tqdm and state.is_local_process_zero)
+            report = callback_report(model, self.probe_data, self.loss_fn, self.config, self.report_options,
+                                     self.decision, progress=not args.disable_tqdm and state.is_local_process_zero)
             self.reports.append((state.global_step, report))
-            self._scalars = scalars
+            self._scalars = callback_scalars(report, self.prefix, self.log_candidates)
         return self._scalars
 
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):

@@ -146,13 +146,14 @@ class DepthReport:
 
         return "".join(json.dumps(r, allow_nan=False) + "\n" for r in self.to_records())
 
-    def scalars(self, prefix: str = "satcore/") -> dict[str, float]:
+    def scalars(self, prefix: str = "satcore/", per_candidate: bool = True) -> dict[str, float]:
         """Numbers for a metrics logger (TensorBoard, a Trainer's logs), keys starting with ``prefix``.
 
         ``growth_value_max``, ``ag_max``, ``argmax_index`` (the upstream-first index of the
         candidate holding the growth maximum; loggers keep numbers, not names) and
         ``best_candidate_index`` (that of :attr:`best_candidate`), ``improvable`` and
-        ``saturated`` (1/0: the depth-wide verdict), ``n_improvable``, and per candidate
+        ``saturated`` (1/0: the depth-wide verdict), ``n_improvable``, and, with ``per_candidate``
+        (six keys a candidate: a 24-layer model's 150 where the summary is 7), per candidate
         ``<name>/growth_value``, ``<name>/ag``, ``<name>/realizability``, ``<name>/noise_floor``
         (``||C||_F`` units), ``<name>/growth_noise_floor`` (growth-value units) and
         ``<name>/p_value_adjusted``.  Values that are not finite are left out.
@@ -168,7 +169,7 @@ class DepthReport:
             out[f"{prefix}saturated"] = float(self.verdict.verdict == Verdict.SATURATED)
             out[f"{prefix}n_improvable"] = float(sum(t.verdict == Verdict.IMPROVABLE for t in self.tests))
         tests = {t.name: t for t in self.tests}
-        for c in self.candidates:
+        for c in self.candidates if per_candidate else ():
             for key in ("growth_value", "ag", "realizability", "noise_floor", "growth_noise_floor"):
                 out[f"{prefix}{c.name}/{key}"] = getattr(c, key)
             if c.name in tests:

@@ -64,6 +64,7 @@ decision.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -396,7 +397,7 @@ def verified_candidate(name: str, curve: TrialCurve, full_steps: int, calibratio
 
 
 # InsertionDecision.scalars' keys: the decision's, and each candidate's in the order it reads them
-_DECISION_SCALARS = ("insert", "cost_block_steps", "close_call")
+_DECISION_SCALARS = ("insert", "cost_block_steps", "close_call", "choice_index", "predicted_heldout_change")
 _CANDIDATE_SCALARS = ("chosen", "not_verified", "predicted_heldout_change", "p_decrease", "interval_low",
                       "interval_high")
 
@@ -553,13 +554,17 @@ class InsertionDecision:
         """Whether the choice leads its runner-up by less than the standard error of the difference (:attr:`margin`)."""
         return self.margin is not None and self.margin[0] < self.margin[1]
 
-    def scalars(self, prefix: str = "satcore/") -> dict[str, float]:
+    def scalars(self, prefix: str = "satcore/", per_candidate: bool = True,
+                places: Sequence[str] | None = None) -> dict[str, float]:
         """Numbers for a metrics logger, keys starting with ``prefix + "decision/"`` (loggers keep numbers, not
-        names): ``insert`` (1 to insert, 0 to stop), ``cost_block_steps``, ``close_call`` (1/0, with a choice)
-        and per candidate ``<name>/chosen`` (1/0), ``<name>/not_verified`` (1 where no trial verified it: its
-        held-out change is then the first-order screen's, and it has no ``p_decrease`` or interval keys),
-        ``<name>/predicted_heldout_change``, ``<name>/p_decrease``, ``<name>/interval_low`` and
-        ``<name>/interval_high``.  Values that are not finite are left out.
+        names): ``insert`` (1 to insert, 0 to stop), ``cost_block_steps``; with a choice ``close_call`` (1/0),
+        ``predicted_heldout_change`` (the choice's) and, given ``places`` (the decision's places upstream
+        first, as ``best_candidate_index`` counts them; :attr:`candidates` is in the screen's order, which
+        changes between decisions), ``choice_index``, the choice's index among them; and, with
+        ``per_candidate``, per candidate ``<name>/chosen`` (1/0), ``<name>/not_verified`` (1 where no trial
+        verified it: its held-out change is then the first-order screen's, and it has no ``p_decrease`` or
+        interval keys), ``<name>/predicted_heldout_change``, ``<name>/p_decrease``, ``<name>/interval_low``
+        and ``<name>/interval_high``.  Values that are not finite are left out.
 
         Examples
         --------
@@ -571,27 +576,35 @@ class InsertionDecision:
         ...            Recipe("adam", 1e-3, 300, 32), 2.0, 1.8, 300, TrialSettings().calibration)
         >>> {k: v for k, v in d.scalars().items() if "interval" not in k}  # doctest: +NORMALIZE_WHITESPACE
         {'satcore/decision/insert': 1.0, 'satcore/decision/cost_block_steps': 300.0,
-         'satcore/decision/close_call': 0.0, 'satcore/decision/b0/chosen': 1.0,
+         'satcore/decision/close_call': 0.0, 'satcore/decision/predicted_heldout_change': -0.05,
+         'satcore/decision/b0/chosen': 1.0,
          'satcore/decision/b0/not_verified': 0.0, 'satcore/decision/b0/predicted_heldout_change': -0.05,
          'satcore/decision/b0/p_decrease': 0.97, 'satcore/decision/head/chosen': 0.0,
          'satcore/decision/head/not_verified': 1.0, 'satcore/decision/head/predicted_heldout_change': -2.6}
+        >>> d.scalars(per_candidate=False, places=["b0", "head"])  # doctest: +NORMALIZE_WHITESPACE
+        {'satcore/decision/insert': 1.0, 'satcore/decision/cost_block_steps': 300.0,
+         'satcore/decision/close_call': 0.0, 'satcore/decision/choice_index': 0.0,
+         'satcore/decision/predicted_heldout_change': -0.05}
         """
         head = f"{prefix}decision/"
         out = {f"{head}insert": float(self.choice is not None), f"{head}cost_block_steps": self.cost_block_steps}
         if self.choice is not None:
             out[f"{head}close_call"] = float(self.close_call)
-        for name, c in self.candidates.items():
+            if places is not None and self.choice in places:
+                out[f"{head}choice_index"] = float(list(places).index(self.choice))
+            out[f"{head}predicted_heldout_change"] = self.candidates[self.choice].predicted_heldout_change
+        for name, c in self.candidates.items() if per_candidate else ():
             values = (float(name == self.choice), float(not c.verified), c.predicted_heldout_change, c.p_decrease,
                       *(c.interval or (None, None)))
             out |= {f"{head}{name}/{key}": v for key, v in zip(_CANDIDATE_SCALARS, values, strict=True)}
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}
 
     @staticmethod
-    def scalar_keys(names, prefix: str = "satcore/") -> set[str]:
+    def scalar_keys(names, prefix: str = "satcore/", per_candidate: bool = True) -> set[str]:
         """Every key :meth:`scalars` can give for candidates ``names`` (a callback checks a metric it is asked to
         monitor against them before training)."""
         return ({f"{prefix}decision/{k}" for k in _DECISION_SCALARS}
-                | {f"{prefix}decision/{n}/{k}" for n in names for k in _CANDIDATE_SCALARS})
+                | {f"{prefix}decision/{n}/{k}" for n in (names if per_candidate else ()) for k in _CANDIDATE_SCALARS})
 
     def to_dict(self) -> dict:
         margin = self.margin
