@@ -464,7 +464,8 @@ def channel_correlations(x: torch.Tensor, step: int | None = None, dtype=None) -
     if spectra_bytes > CONV_FFT_BYTES or _sums_device(dtype, x.device).type == "mps":
         return _shifted_correlations(x, step, dtype)
     cross = None
-    grid = _in_dtype(dtype, x.new_zeros((min(step, M), C, n_h, n_w)))[0]  # only [..., :H, :W] is ever written
+    # only [..., :H, :W] is ever written
+    grid = torch.zeros((min(step, M), C, n_h, n_w), dtype=dtype, device=_sums_device(dtype, x.device))
     for start in range(0, M, step):
         images = grid[: min(step, M - start)]
         images[..., :H, :W] = x[start : start + step]
@@ -522,7 +523,7 @@ def _lag_weights(n_h: int, n_w: int, dtype: torch.dtype, device: torch.device) -
 def _shifted_correlations(x: torch.Tensor, step: int, dtype) -> torch.Tensor:
     """:func:`channel_correlations` as 13 products ``S_d`` of ``C x ML`` by ``ML x C`` (``S_{-d} = S_d^T``)."""
     M, C, H, W = x.shape
-    half = _in_dtype(dtype, x.new_zeros((len(HALF_LAGS), C, C)))[0]
+    half = torch.zeros((len(HALF_LAGS), C, C), dtype=dtype, device=_sums_device(dtype, x.device))
     for start in range(0, M, step):
         flat = _FlatImages(*_in_dtype(dtype, x[start : start + step]), dtype)
         base = flat.shifted(0, 0)
