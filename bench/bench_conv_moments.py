@@ -9,14 +9,15 @@ each candidate and times, on exactly those tensors, in rotating order
 (``repeats`` times, medians of CPU seconds, user + system, of this process,
 which a shared machine disturbs less than wall time):
 
-* ``float64``: the two float64 copies of the float32 maps (``grad`` and ``hidden``);
-* ``sample_gradients``: the per-image gradients ``X_m`` (``moments.conv_sample_gradients``);
-* ``correlations``: the hidden map's channel correlations at the 25 lags
-  (``moments.channel_correlations``: FFTs, one product per frequency, the lags' inverse DFT);
+* ``sample_gradients``: the per-image gradients ``X_m`` (``moments.conv_sample_gradients``), float32
+  products of the float32 maps as the route forms them;
+* ``correlations``: the hidden map's channel correlations at the 25 lags in float64
+  (``moments.channel_correlations``: the images converted group by group, FFTs, one product per
+  frequency, the lags' inverse DFT);
 * ``border_and_diagonal``: the rest of ``moments.conv_gram`` (border line
   correlations, corner pixels, exact diagonal, zero features);
 * ``total``: ``conv_batch_moments`` itself; ``rest = total - the parts above``
-  (squared norms, ``sum_cross``, mirroring the Gram);
+  (the ``X_m`` converted to float64 and added up, squared norms, mirroring the Gram);
 
 and the floor (a plain forward + backward of the whole network on one batch,
 CPU seconds too) for scale.  Writes ``sections.conv_moments_profile`` and
@@ -56,14 +57,12 @@ def captured_maps(model, batch, loss_fn) -> list:
 def part_functions(grad, hidden) -> dict:
     from satcore.adapters.torch import moments
 
-    g64, h64 = moments._in_dtype(torch.float64, grad, hidden)
-    M, C, H, W = h64.shape
-    step = max(1, moments.CONV_CHUNK_BYTES // (C * (H + 2) * (W + 2) * h64.element_size()))
+    M, C, H, W = hidden.shape
+    step = max(1, moments.CONV_CHUNK_BYTES // (C * (H + 2) * (W + 2) * torch.float64.itemsize))
     return {
-        "float64": lambda: moments._in_dtype(torch.float64, grad, hidden),
-        "sample_gradients": lambda: moments.conv_sample_gradients(g64, h64),
-        "correlations": lambda: moments.channel_correlations(h64, step),
-        "gram": lambda: moments.conv_gram(h64, step),
+        "sample_gradients": lambda: moments.conv_sample_gradients(grad, hidden),
+        "correlations": lambda: moments.channel_correlations(hidden, step, torch.float64),
+        "gram": lambda: moments.conv_gram(hidden, step, torch.float64),
         "total": lambda: moments.conv_batch_moments(grad, hidden),
     }
 
@@ -85,12 +84,12 @@ def main():
     seconds = interleaved(runs, repeats, clock=time.process_time)
     candidates = []
     for i, (grad, hidden) in enumerate(maps):
-        s = {part: seconds[f"{i}:{part}"] for part in ("float64", "sample_gradients", "correlations", "gram", "total")}
+        s = {part: seconds[f"{i}:{part}"] for part in ("sample_gradients", "correlations", "gram", "total")}
         row = {"grad_shape": list(grad.shape), "hidden_shape": list(hidden.shape),
-               "seconds": {"float64": s["float64"], "sample_gradients": s["sample_gradients"],
+               "seconds": {"sample_gradients": s["sample_gradients"],
                            "correlations": s["correlations"], "border_and_diagonal": s["gram"] - s["correlations"],
                            "total": s["total"]}}
-        row["seconds"]["rest"] = s["total"] - s["float64"] - s["sample_gradients"] - s["gram"]
+        row["seconds"]["rest"] = s["total"] - s["sample_gradients"] - s["gram"]
         candidates.append(row)
         print(f"candidate {i} hidden {tuple(hidden.shape)}: "
               + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in row["seconds"].items()), flush=True)

@@ -116,10 +116,10 @@ def conv_profile_section() -> str:
     cp = S.get("conv_moments_profile")
     if cp is None:
         return "`sections.conv_moments_profile` is absent: `bench_conv_moments.py` has not run.\n"
-    parts = ("float64", "sample_gradients", "correlations", "border_and_diagonal", "rest", "total")
-    lines = ["| candidate: hidden map `(B, C, H, W)` | float64 copies | per-image gradients `X_m` | channel "
+    parts = ("sample_gradients", "correlations", "border_and_diagonal", "rest", "total")
+    lines = ["| candidate: hidden map `(B, C, H, W)` | per-image gradients `X_m` (float32 products) | channel "
              "correlations (FFT) | border corrections, diagonal | rest | total |",
-             "|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|"]
     for i, row in enumerate(cp["candidates"]):
         cells = " | ".join(f"{row['seconds'][k] * 1e3:.1f}" for k in parts)
         lines.append(f"| {i}: {tuple(row['hidden_shape'])} | {cells} |")

@@ -22,7 +22,7 @@ from satcore.adapters.torch.moments import (
     kernel_inner_products,
 )
 from satcore._formulas.families import conv_gradients, unfold3x3
-from roundoff import relative_error
+from roundoff import EPS32, relative_error
 
 torch.set_num_threads(1)
 
@@ -302,3 +302,34 @@ def test_symmetric_products_on_more_threads_use_torch_and_agree(monkeypatch, blo
     for field in ("sum_gram", "sum_xtx"):
         assert torch.equal(two[field], two[field].T)
     assert float(kernels) == pytest.approx(float(kernel_inner_products(q, psi)), rel=1e-13)
+
+
+@pytest.mark.parametrize("cancelling", [False, True])
+def test_conv_moments_of_float32_maps_within_the_float32_product_bound(cancelling):
+    """Float32 maps with float64 sums (the default probe of a float32 model on the CPU) take the per-image
+    gradients ``X_m`` as float32 products of length ``K = HW``, summed over the images in float64.  Against
+    the float64 sums of the same float32 numbers: ``sum_cross`` within the float32 dot-product bound
+    ``gamma_K sum_m |G_m| |U_m|^T`` entry by entry (Higham, Section 3.1), ``sum ||X_m||^2`` within
+    ``sum_m (2 ||X_m|| + d_m) d_m`` with ``d_m = gamma_K || |G_m| |U_m|^T ||``, every other field float64
+    round-off.  ``cancelling``: the second half of the images nearly undoes the first (a saturated
+    candidate), so the entrywise bound is thousands of times ``sum_cross``'s size."""
+    M, N, C, H, W = 8, 3, 4, 12, 10
+    g = torch.Generator().manual_seed(7)
+    grad = torch.randn(M, N, H, W, generator=g)
+    hidden = torch.randn(M, C, H, W, generator=g).relu()
+    if cancelling:
+        grad[M // 2 :] = -grad[: M // 2] * (1 + 1e-3 * torch.randn(M // 2, N, H, W, generator=g))
+        hidden[M // 2 :] = hidden[: M // 2]
+    got = conv_batch_moments(grad, hidden).as_dict()
+    g64, h64 = grad.double().numpy(), hidden.double().numpy()
+    exact = core_batch_moments(conv_gradients(g64), unfold3x3(h64)).as_dict()
+    gamma = H * W * EPS32 / (1 - H * W * EPS32)
+    per_image = [np.abs(g64[m].reshape(N, H * W)) @ np.abs(unfold3x3(h64[m : m + 1])[0]) for m in range(M)]
+    kappa = np.linalg.norm(sum(per_image)) / np.linalg.norm(exact["sum_cross"])
+    assert kappa > (1e3 if cancelling else 1.5)  # the cancellation the case stands for
+    assert np.all(np.abs(got["sum_cross"].numpy() - exact["sum_cross"]) <= gamma * sum(per_image))
+    sample_norms = [np.linalg.norm(g64[m].reshape(N, H * W) @ unfold3x3(h64[m : m + 1])[0]) for m in range(M)]
+    bound = sum((2 * x + gamma * np.linalg.norm(a)) * gamma * np.linalg.norm(a) for x, a in zip(sample_norms, per_image))
+    assert abs(float(got["sum_xi_sq"]) - exact["sum_xi_sq"]) <= bound
+    for field in ("sum_q_sq", "sum_gram", "batch_grad_norm"):
+        assert relative_error(got[field], exact[field]) < 1e-12, field

@@ -42,15 +42,48 @@ def _float64(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to(float64_device(x.device), torch.float64)
 
 
+SQUARES_CHUNK = 1 << 17  # CPU: entries per float64 conversion of :func:`squared_norm` (1 MB, in cache)
+
+
 def squared_norm(x: torch.Tensor) -> torch.Tensor:
-    """``||x||^2`` in float64 (0-d, on :func:`float64_device`), read in ``x``'s own memory order."""
-    flat = _float64(x).reshape(-1)
-    return torch.dot(flat, flat)
+    """``||x||^2`` in float64 (0-d, on :func:`float64_device`), read in ``x``'s own memory order.
+
+    A float32 entry's square is exact in float64 (24-bit significands), so
+    this is the float64 sum of the exact squares whatever ``x``'s dtype.  On
+    the CPU a tensor not already float64 is converted :data:`SQUARES_CHUNK`
+    entries at a time into one reused buffer instead of as a whole: a probe
+    squares each candidate's stream and block update every batch, and a
+    whole float64 copy of a ResNet-8 map (8 MB) is fresh pages written
+    then read (0.8 against 0.5 ms for the chunks on one core, more with the
+    page faults of a probe's churning allocations).
+    """
+    flat = _memory_order(x.detach()).reshape(-1)
+    if flat.dtype == torch.float64 or flat.device.type != "cpu" or flat.numel() <= SQUARES_CHUNK:
+        flat = _float64(flat)
+        return torch.dot(flat, flat)
+    total = torch.zeros((), dtype=torch.float64)
+    buffer = torch.empty(SQUARES_CHUNK, dtype=torch.float64)
+    for part in flat.split(SQUARES_CHUNK):
+        converted = buffer[: part.numel()].copy_(part)
+        total += torch.dot(converted, converted)
+    return total
+
+
+def _memory_order(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with its dimensions permuted by decreasing stride: a view that is contiguous whenever ``x`` is
+    dense in some order (a channels-last map, a transposed matrix), so that flattening it copies nothing."""
+    order = sorted(range(x.dim()), key=lambda d: -x.stride(d))
+    return x.permute(order)
+
+
+def _sums_device(dtype, device: torch.device) -> torch.device:
+    """Where sums in ``dtype`` of tensors on ``device`` are formed: :func:`float64_device` for float64."""
+    return float64_device(device) if dtype == torch.float64 else device
 
 
 def _in_dtype(dtype, *tensors):
     """``tensors`` in ``dtype``, moved to :func:`float64_device` when that is float64."""
-    return [t.to(float64_device(t.device) if dtype == torch.float64 else t.device, dtype) for t in tensors]
+    return [t.to(_sums_device(dtype, t.device), dtype) for t in tensors]
 
 
 def mirror_upper(x: torch.Tensor) -> torch.Tensor:
@@ -402,11 +435,13 @@ def _fft_size(n: int) -> int:
         size += 1
 
 
-def channel_correlations(x: torch.Tensor, step: int | None = None) -> torch.Tensor:
+def channel_correlations(x: torch.Tensor, step: int | None = None, dtype=None) -> torch.Tensor:
     """``S[dh + 2, dw + 2] = sum_m sum_u x_m[u] x_m[u + d]^T`` (``C x C``) for ``|dh|, |dw| <= 2``.
 
     ``x`` ``(M, C, H, W)`` is zero outside each image; ``step`` images go
-    through at a time (default: all).  By the correlation theorem, over an
+    through at a time (default: all), each group converted to ``dtype``
+    (default: ``x``'s) as it is copied into the zero-padded grid the FFTs
+    read, so a float32 map never has a whole float64 copy.  By the correlation theorem, over an
     ``n_h x n_w`` grid with ``n >= H + 2`` (so that lags up to 2 never wrap
     onto the image), ``S_d`` is the inverse DFT at lag ``-d`` of the
     cross-spectra ``P(f) = sum_m X_m(f) X_m(f)^H``: one real FFT per image and
@@ -423,13 +458,18 @@ def channel_correlations(x: torch.Tensor, step: int | None = None) -> torch.Tens
     M, C, H, W = x.shape
     n_h, n_w = _fft_size(H + 2), _fft_size(W + 2)
     step = step or M
-    spectra_bytes = C * C * n_h * (n_w // 2 + 1) * 2 * x.element_size()
+    dtype = dtype or x.dtype
+    spectra_bytes = C * C * n_h * (n_w // 2 + 1) * 2 * dtype.itemsize
     # Apple's MPS (float32 sums only) has partial complex support: it keeps the real products
-    if spectra_bytes > CONV_FFT_BYTES or x.device.type == "mps":
-        return _shifted_correlations(x, step)
+    if spectra_bytes > CONV_FFT_BYTES or _sums_device(dtype, x.device).type == "mps":
+        return _shifted_correlations(x, step, dtype)
     cross = None
+    # only [..., :H, :W] is ever written
+    grid = torch.zeros((min(step, M), C, n_h, n_w), dtype=dtype, device=_sums_device(dtype, x.device))
     for start in range(0, M, step):
-        spectra = torch.fft.rfft2(x[start : start + step], s=(n_h, n_w))  # (m, C, n_h, n_w // 2 + 1)
+        images = grid[: min(step, M - start)]
+        images[..., :H, :W] = x[start : start + step]
+        spectra = torch.fft.rfft2(images)  # (m, C, n_h, n_w // 2 + 1)
         per_frequency = spectra.permute(2, 3, 1, 0).reshape(-1, C, spectra.shape[0]).contiguous()
         if cross is None:
             cross = torch.bmm(per_frequency, per_frequency.mH)
@@ -437,7 +477,7 @@ def channel_correlations(x: torch.Tensor, step: int | None = None) -> torch.Tens
             cross.baddbmm_(per_frequency, per_frequency.mH)
     # the real parts of the 13 lags' sums as ONE real product: [Re w, -Im w] by [Re P; Im P], frequency by frequency
     parts = torch.view_as_real(cross).view(-1, C * C, 2).transpose(1, 2).reshape(-1, C * C)
-    return _from_half_lags((_lag_weights(n_h, n_w, x.dtype, x.device) @ parts).view(len(HALF_LAGS), C, C))
+    return _from_half_lags((_lag_weights(n_h, n_w, dtype, grid.device) @ parts).view(len(HALF_LAGS), C, C))
 
 
 HALF_LAGS = [(dh, dw) for dh in range(3) for dw in range(-2, 3) if dh or dw >= 0]  # the other 12: S_{-d} = S_d^T
@@ -480,12 +520,12 @@ def _lag_weights(n_h: int, n_w: int, dtype: torch.dtype, device: torch.device) -
     return torch.stack([weights.real, -weights.imag], 2).reshape(len(HALF_LAGS), -1).contiguous()
 
 
-def _shifted_correlations(x: torch.Tensor, step: int) -> torch.Tensor:
+def _shifted_correlations(x: torch.Tensor, step: int, dtype) -> torch.Tensor:
     """:func:`channel_correlations` as 13 products ``S_d`` of ``C x ML`` by ``ML x C`` (``S_{-d} = S_d^T``)."""
     M, C, H, W = x.shape
-    half = x.new_zeros((len(HALF_LAGS), C, C))
+    half = torch.zeros((len(HALF_LAGS), C, C), dtype=dtype, device=_sums_device(dtype, x.device))
     for start in range(0, M, step):
-        flat = _FlatImages(x[start : start + step], x.dtype)
+        flat = _FlatImages(*_in_dtype(dtype, x[start : start + step]), dtype)
         base = flat.shifted(0, 0)
         for i, (dh, dw) in enumerate(HALF_LAGS):
             half[i] += base @ flat.shifted(dh, dw).T
@@ -511,7 +551,7 @@ def _line_correlations(lines: torch.Tensor) -> torch.Tensor:
     return torch.cat([ahead[:, 1:].flip(1).transpose(2, 3), ahead], 1)
 
 
-def conv_gram(x: torch.Tensor, step: int | None = None) -> torch.Tensor:
+def conv_gram(x: torch.Tensor, step: int | None = None, dtype=None) -> torch.Tensor:
     """``sum_m U_m U_m^T`` (``9C x 9C``, unfold order) of the zero-padded 3x3 patches ``U_m`` of ``x`` ``(M, C, H, W)``.
 
     Block ``(k, k')`` (kernel offsets ``k = (kh, kw)``) is
@@ -524,7 +564,9 @@ def conv_gram(x: torch.Tensor, step: int | None = None) -> torch.Tensor:
     correlation per ``(kh, kw' - kw)``, one column correlation per
     ``(kw, kh' - kh)`` and, where both apply with ``k' = k``, the corner
     pixel added back (inclusion-exclusion).  Symmetric to round-off (the
-    FFT computes ``S_d`` and ``S_{-d}`` apart).  ``step``: images per FFT pass.
+    FFT computes ``S_d`` and ``S_{-d}`` apart).  ``step``: images per FFT pass;
+    ``dtype`` (default: ``x``'s): the sums', into which each group of images,
+    border line and corner pixel is converted as it is read.
 
     The diagonal is set to the exact sums of squares (nine window sums of
     ``x^2``), and a feature that is exactly zero on every image (a dead ReLU
@@ -534,27 +576,44 @@ def conv_gram(x: torch.Tensor, step: int | None = None) -> torch.Tensor:
     rank cut would blow up into O(1) entries of an indefinite matrix.
     """
     M, C, H, W = x.shape
-    k = torch.arange(3, device=x.device)
+    dtype = dtype or x.dtype
+    step = step or M
+    correlations = channel_correlations(x, step, dtype)
+    k = torch.arange(3, device=correlations.device)
     lag = k[None, :] - k[:, None] + 2  # [k, k'] -> index of k' - k
-    blocks = channel_correlations(x, step)[lag[:, None, :, None], lag[None, :, None, :]]  # (kh, kw, kh', kw', C, C)
+    blocks = correlations[lag[:, None, :, None], lag[None, :, None, :]]  # (kh, kw, kh', kw', C, C)
     edges = {0: -1, 2: 0}  # kernel offset -> the row / column its window leaves out
-    rows = _line_correlations(torch.stack([x[:, :, e] for e in edges.values()], 2))  # (2, 5, C, C)
-    cols = _line_correlations(torch.stack([x[:, :, :, e] for e in edges.values()], 2))
+    rows = _line_correlations(*_in_dtype(dtype, torch.stack([x[:, :, e] for e in edges.values()], 2)))  # (2, 5, C, C)
+    cols = _line_correlations(*_in_dtype(dtype, torch.stack([x[:, :, :, e] for e in edges.values()], 2)))
     for i, offset in enumerate(edges):
         blocks[offset, :, offset, :] -= rows[i][lag]  # kh = kh' = offset
         blocks[:, offset, :, offset] -= cols[i][lag]  # kw = kw' = offset
     corners = list(itertools.product(edges.items(), edges.items()))
-    pixels = torch.stack([x[:, :, row, col] for (_, row), (_, col) in corners], 2)  # (M, C, 4)
+    pixels, = _in_dtype(dtype, torch.stack([x[:, :, row, col] for (_, row), (_, col) in corners], 2))  # (M, C, 4)
     for ((kh, _), (kw, _)), product in zip(corners, torch.einsum("mci,mdi->icd", pixels, pixels)):
         blocks[kh, kw, kh, kw] += product
     out = blocks.permute(4, 0, 1, 5, 2, 3).reshape(9 * C, 9 * C)
-    energy = torch.nn.functional.pad((x * x).sum(0), (1, 1, 1, 1))  # (C, H + 2, W + 2)
+    squares = sum(images.square().sum(0) for images in _image_groups(x, step, dtype))
+    energy = torch.nn.functional.pad(squares, (1, 1, 1, 1))  # (C, H + 2, W + 2)
     diagonal = torch.stack([energy[:, kh : kh + H, kw : kw + W].sum((1, 2)) for kh, kw in np.ndindex(3, 3)], 1)
     diagonal = diagonal.reshape(9 * C)  # unfold order: channel, then kernel offset
     alive = (diagonal != 0).to(out.dtype)
     out *= alive[:, None] * alive[None, :]  # one pass, no boolean indexing (and no device sync off the CPU)
     out.diagonal().copy_(diagonal)
     return out
+
+
+def _float32_products_ready(grad: torch.Tensor, hidden: torch.Tensor, dtype) -> bool:
+    """Whether :func:`conv_batch_moments` forms the per-image gradients ``X_m`` as float32 products: float32
+    maps on the CPU (a float32 model's) whose sums are asked for in float64."""
+    return (dtype == torch.float64 and grad.dtype == hidden.dtype == torch.float32 and grad.device.type == "cpu"
+            and hidden.device.type == "cpu")
+
+
+def _image_groups(x: torch.Tensor, step: int, dtype):
+    """``x``'s images ``step`` at a time, each group converted to ``dtype`` (:func:`_in_dtype`) as it is read."""
+    for start in range(0, x.shape[0], step):
+        yield _in_dtype(dtype, x[start : start + step])[0]
 
 
 SAMPLE_GRADIENT_IMAGES = 6  # CPU: images per product of the split route (4-8 were fastest at 8x8 to 32x32 maps)
@@ -631,28 +690,64 @@ def conv_batch_moments(grad: torch.Tensor, hidden: torch.Tensor, *, variance: bo
     On the CPU the Gram's FFTs take the images in groups whose padded map
     takes at most :data:`CONV_CHUNK_BYTES`: a cache-sized group runs its
     small products from cache and reuses its temporaries instead of
-    page-faulting them afresh.
+    page-faulting them afresh.  For the same reason the maps are converted
+    to ``dtype`` a group at a time as they are read, never as whole copies,
+    and the ``X_m`` of :data:`SAMPLE_GRADIENT_IMAGES` images at a time are
+    added into the sums and dropped (at ResNet-8's 8x8 maps all ``X_m`` of a
+    batch of 64 took 19 MB).
+
+    Float32 maps (a float32 model's) on the CPU whose sums are asked for in
+    float64 (:func:`_float32_products_ready`) take each ``X_m`` as a float32
+    product of the float32 maps, converted to float64 before anything adds
+    them up: half the time of the float64 products (22 against 43 ms for the
+    four candidates of a ResNet-8 batch of 64), the probe's largest share.
+    The error is that of a float32 dot product of length ``K = HW`` (the
+    products of float32 entries are exact, their float32 sums round):
+    ``|fl(X_m) - X_m| <= gamma_K |G_m| |U_m|^T`` entrywise with
+    ``gamma_K = K u / (1 - K u)``, ``u = 2^-24`` (Higham, "Accuracy and
+    Stability of Numerical Algorithms", Section 3.1), so
+    ``||Delta sum_cross||_F <= gamma_K kappa ||sum_cross||_F`` with the
+    cancellation ``kappa = ||sum_m |G_m| |U_m|^T||_F / ||sum_m G_m U_m^T||_F``:
+    the same size as what the float32 model's own round-off in ``G_m`` (about
+    ``u |G_m|``) already puts into ``sum_cross``, times ``K``.  On the probe
+    bench's ResNet-8 (``kappa`` 16-62, ``K`` 64-1024) ``sum_cross`` came out
+    2-3e-7 from the float64 products, ``sum ||X_m||^2`` (exact float64
+    squares of the float32 ``X_m``) 1e-9: the entries' errors are
+    independent and do not add up.  The Gram stays float64 throughout (it
+    enters inverted, and its round-off would land on the directions the
+    rank cut keeps); ``tests/test_torch_moments_fast.py`` checks the bound.
     """
-    grad, hidden = _in_dtype(dtype, grad, hidden)
     M, C, H, W = hidden.shape
-    step = M
-    if hidden.device.type == "cpu":
-        step = max(1, CONV_CHUNK_BYTES // (C * (H + 2) * (W + 2) * hidden.element_size()))
-    X = conv_sample_gradients(grad, hidden)  # (M, kh, N, kw, C)
-    N = X.shape[2]
-    order = unfold_order(C, X.device)
-    # over the images as a matrix-vector product: 3x faster than X.sum(0) at C = 64
-    cross = (X.new_ones(M) @ X.reshape(M, -1)).view(3, N, 3, C).transpose(0, 1).reshape(N, 9 * C)
+    N = grad.shape[1]
+    device = _sums_device(dtype, hidden.device)
+    on_cpu = device.type == "cpu"
+    step = max(1, CONV_CHUNK_BYTES // (C * (H + 2) * (W + 2) * dtype.itemsize)) if on_cpu else M
+    group = SAMPLE_GRADIENT_IMAGES if on_cpu else M  # the split route's images per product
+    products = torch.float32 if _float32_products_ready(grad, hidden, dtype) else dtype
+    cross = torch.zeros(3 * N * 3 * C, dtype=dtype, device=device)  # (kh, n, kw, c) order
+    sum_q_sq = sum_xi_sq = torch.zeros((), dtype=torch.float64, device=float64_device(device))
+    sum_xtx = torch.zeros((9 * C, 9 * C), dtype=torch.float64, device=float64_device(device)) if variance else None
+    for g, x in zip(_image_groups(grad, group, products), _image_groups(hidden, group, products)):
+        X, = _in_dtype(dtype, conv_sample_gradients(g, x))  # (m, kh, N, kw, C)
+        m = X.shape[0]
+        # over the images as a matrix-vector product: 3x faster than X.sum(0) at C = 64
+        cross.addmv_(X.reshape(m, -1).T, X.new_ones(m))
+        sum_q_sq = sum_q_sq + squared_norm(g)
+        sum_xi_sq = sum_xi_sq + squared_norm(X)  # float64 accumulation: in float32, 2.4M squares lost 9e-5 of the sum
+        if variance:  # rows (image, n), columns (kh, kw, c); the Gram's rows and columns then go to unfold order
+            add_gram(sum_xtx, X.transpose(1, 2).reshape(m * N, 9 * C))
+    order = unfold_order(C, device)
     out = {
         "n_samples": M,
         "n_vectors": M * H * W,
-        "sum_gram": mirror_upper(_float64(conv_gram(hidden, step))),
-        "sum_q_sq": squared_norm(grad),
-        "sum_cross": _float64(cross[:, order]),
-        "sum_xi_sq": squared_norm(X),  # float64 accumulation: in float32, 2.4M squares lost 9e-5 of the sum
+        "sum_gram": mirror_upper(_float64(conv_gram(hidden, step, dtype))),
+        "sum_q_sq": sum_q_sq,
+        "sum_cross": _float64(cross.view(3, N, 3, C).transpose(0, 1).reshape(N, 9 * C)[:, order]),
+        "sum_xi_sq": sum_xi_sq,
     }
-    if variance:  # rows (image, n), columns (kh, kw, c); the Gram's rows and columns then go to unfold order
-        out["sum_xtx"] = gram(X.transpose(1, 2).reshape(M * N, 9 * C))[order][:, order]
+    if variance:
+        complete_lower(sum_xtx)
+        out["sum_xtx"] = sum_xtx[order][:, order]
     out["batch_grad_norm"] = out["sum_q_sq"].sqrt() / M
     return BatchMoments(**out)
 
