@@ -309,8 +309,9 @@ def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | No
     picks the route: a wrong one costs time, never the answer.  ``symmetric``: ``G`` is exactly
     symmetric (a statistics' own Gram), so the symmetrising pass over ``G`` and its transpose is
     skipped: the same bits, a tenth of the work at ``r = 2048``; a ``G`` held packed
-    (:class:`satcore.adapter_api.PackedGram`) is exactly symmetric and is made whole here only, into the
-    array the route scales and factors in place.  ``mean_of``: the inverse returned is that of
+    (:class:`satcore.adapter_api.PackedGram`) is exactly symmetric and is unpacked here only, into the
+    array the route scales and factors in place: tried at full rank, as the one triangle the factorisation
+    reads (:func:`_unit_upper`), made whole only for the routes after a failed certificate.  ``mean_of``: the inverse returned is that of
     ``G / mean_of``, ``mean_of G^-`` (``of_mean(mean_of)``), its factor scaled in the pass that applies
     ``S`` rather than copied (an ``r x r`` array less per candidate of a report).  Otherwise (an ill-conditioned full-rank Gram, float32 sums whose residual
     passes the cut, an indefinite or non-finite matrix) this is
