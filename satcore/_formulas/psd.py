@@ -331,15 +331,14 @@ def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | No
     """
     from scipy.linalg import lapack
 
-    packed = hasattr(G, "upper")
-    full_rank = rank_bound is None or rank_bound >= (G.order if packed else np.shape(G)[0])
     # a packed G tried at full rank: unpacked as the one triangle the factorisation reads (zeros below)
-    s, scaled = _unit_upper(G) if packed and full_rank else _unit_diagonal(G, symmetric)
+    upper = hasattr(G, "upper") and (rank_bound is None or rank_bound >= G.order)
+    s, scaled = _unit_upper(G) if upper else _unit_diagonal(G, symmetric)
     dim = scaled.shape[0]
     if not np.isfinite(scaled).all():
         return psd_spectrum(G, rtol).of_mean(mean_of)
-    if full_rank:
-        inverse = _certified_inverse(scaled, rtol, zeros_below=packed)
+    if rank_bound is None or rank_bound >= dim:
+        inverse = _certified_inverse(scaled, rtol, zeros_below=upper)
         if inverse is not None:
             triangle, lowest, top = inverse
             # W = sqrt(mean_of) S L^-T is the transpose of L^-1 S sqrt(mean_of): the Fortran-ordered triangle's
