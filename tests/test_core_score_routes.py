@@ -243,3 +243,32 @@ def test_a_packed_gram_takes_the_same_route_to_the_same_bits(rows, collinear, ra
     n = 37
     mean = psd.gram_inverse(packed, symmetric=True, mean_of=n)
     assert np.allclose(mean.pinv(), held.of_mean(n).pinv(), rtol=1e-12, atol=0)
+
+
+def test_a_packed_gram_is_factored_from_its_upper_triangle_to_the_whole_matrixs_bits():
+    """Tried at full rank, a packed Gram is unpacked as its upper triangle only (zeros below: no mirrored half) and
+    factored there without SciPy's cleaning pass: against the whole matrix's route, the same unit-diagonal triangle,
+    factor and certificate bound bit for bit, the factor exactly triangular (the zeros ``pinv`` reads), and
+    ``||S G S||_F`` from the triangle within round-off of NumPy's norm of the whole matrix.  ``r = 600`` spans three
+    slabs of :data:`~satcore._formulas.psd.ROW_STEP` rows."""
+    from scipy.linalg.lapack import dtrttf
+
+    from satcore.adapter_api import PackedGram
+
+    r, n = 600, 37
+    rng = np.random.default_rng(600)
+    P = rng.standard_normal((2 * r, r)) * np.logspace(0, 3, r)
+    G = P.T @ P
+    G = np.triu(G) + np.triu(G, 1).T
+    packed = PackedGram(dtrttf(np.asfortranarray(G), transr="N", uplo="L")[0], r)
+    upper = packed.upper()
+    assert upper.flags.c_contiguous and np.array_equal(upper, np.triu(G))
+    s, scaled = psd._unit_upper(packed)
+    s_whole, whole = psd._unit_diagonal(G, symmetric=True)
+    assert np.array_equal(s, s_whole) and np.array_equal(scaled, np.triu(whole))
+    held, full = (psd.gram_inverse(g, symmetric=True, mean_of=n) for g in (packed, G))
+    assert isinstance(held, psd.GramInverse) and held.triangular and held.rank == r
+    assert np.array_equal(held.factor, full.factor) and not np.tril(held.factor, -1).any()
+    assert held.lowest == full.lowest
+    assert held.highest == pytest.approx(np.linalg.norm(whole), rel=4 * r * EPS)
+    assert full.highest == pytest.approx(np.linalg.norm(whole), rel=4 * r * EPS)

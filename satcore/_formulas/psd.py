@@ -218,16 +218,38 @@ def _unit_diagonal(G, symmetric: bool = False) -> tuple[np.ndarray, np.ndarray]:
     s = jacobi_scale(G)
     with np.errstate(over="ignore", invalid="ignore"):
         if symmetric or owned:
-            # a slab of rows at a time, scaled by both sides while it is in cache: one pass over G, the same bits
-            scaled = G if owned else np.empty_like(G)
-            for i in range(0, G.shape[0], ROW_STEP):
-                slab = np.multiply(G[i : i + ROW_STEP], s[i : i + ROW_STEP, None], out=scaled[i : i + ROW_STEP])
-                slab *= s[None, :]
-            return s, scaled
+            return s, _scaled_by_slabs(G, s, s, G if owned else np.empty_like(G))
         scaled = G + G.T  # one r x r array, scaled in place: a fresh one per step page-faults at large r
         scaled *= 0.5 * s[:, None]
         scaled *= s[None, :]
     return s, scaled
+
+
+def _unit_upper(G) -> tuple[np.ndarray, np.ndarray]:
+    """``S`` (:func:`jacobi_scale`) and the upper triangle of ``S G S``, zeros below, of a packed ``G`` (``upper()``:
+    :meth:`satcore.adapter_api.PackedGram.upper`), in a new array: all that the Cholesky factorisation of its
+    Fortran-ordered view (``lower``) reads, without the lower triangle :func:`_unit_diagonal` mirrors and scales
+    (making it and scaling it: 3 of a candidate's score's 57 ms at ``r = 1024``); the triangle's bits are
+    :func:`_unit_diagonal`'s."""
+    scaled = G.upper()
+    s = jacobi_scale(scaled)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return s, _scaled_by_slabs(scaled, s, s, scaled, upper=True)
+
+
+def _scaled_by_slabs(matrix: np.ndarray, rows: np.ndarray, columns: np.ndarray | None, out: np.ndarray,
+                     upper: bool = False) -> np.ndarray:
+    """``out[i, j] = matrix[i, j] rows[i] columns[j]`` (``columns`` ``None``: 1), a slab of :data:`ROW_STEP` rows at a
+    time, scaled by both sides while it is in cache: one pass, each entry rounded as ``(m r_i) c_j``.  ``upper``: only
+    the columns from each slab's first row on (the upper triangle, and below the diagonal within the slab's diagonal
+    block, where a triangular ``matrix`` holds zeros that stay zeros); ``out`` is returned."""
+    for i in range(0, matrix.shape[0], ROW_STEP):
+        first = i if upper else 0
+        slab = np.multiply(matrix[i : i + ROW_STEP, first:], rows[i : i + ROW_STEP, None],
+                           out=out[i : i + ROW_STEP, first:])
+        if columns is not None:
+            slab *= columns[None, first:]
+    return out
 
 
 def _matrix(G) -> tuple[np.ndarray, bool]:
@@ -287,8 +309,9 @@ def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | No
     picks the route: a wrong one costs time, never the answer.  ``symmetric``: ``G`` is exactly
     symmetric (a statistics' own Gram), so the symmetrising pass over ``G`` and its transpose is
     skipped: the same bits, a tenth of the work at ``r = 2048``; a ``G`` held packed
-    (:class:`satcore.adapter_api.PackedGram`) is exactly symmetric and is made whole here only, into the
-    array the route scales and factors in place.  ``mean_of``: the inverse returned is that of
+    (:class:`satcore.adapter_api.PackedGram`) is exactly symmetric and is unpacked here only, into the
+    array the route scales and factors in place: tried at full rank, as the one triangle the factorisation
+    reads (:func:`_unit_upper`), made whole only for the routes after a failed certificate.  ``mean_of``: the inverse returned is that of
     ``G / mean_of``, ``mean_of G^-`` (``of_mean(mean_of)``), its factor scaled in the pass that applies
     ``S`` rather than copied (an ``r x r`` array less per candidate of a report).  Otherwise (an ill-conditioned full-rank Gram, float32 sums whose residual
     passes the cut, an indefinite or non-finite matrix) this is
@@ -308,18 +331,20 @@ def gram_inverse(G: np.ndarray, rtol: float = DEFAULT_RTOL, rank_bound: int | No
     """
     from scipy.linalg import lapack
 
-    s, scaled = _unit_diagonal(G, symmetric)
+    # a packed G tried at full rank: unpacked as the one triangle the factorisation reads (zeros below)
+    upper = hasattr(G, "upper") and (rank_bound is None or rank_bound >= G.order)
+    s, scaled = _unit_upper(G) if upper else _unit_diagonal(G, symmetric)
     dim = scaled.shape[0]
     if not np.isfinite(scaled).all():
         return psd_spectrum(G, rtol).of_mean(mean_of)
     if rank_bound is None or rank_bound >= dim:
-        inverse = _certified_inverse(scaled, rtol)
+        inverse = _certified_inverse(scaled, rtol, zeros_below=upper)
         if inverse is not None:
             triangle, lowest, top = inverse
             # W = sqrt(mean_of) S L^-T is the transpose of L^-1 S sqrt(mean_of): the Fortran-ordered triangle's
-            # columns scaled in place, whose transposed view BLAS reads as it is when whitening (no r x r product
-            # and copy: 3.3 ms at r = 1024)
-            triangle *= s * np.sqrt(mean_of)
+            # columns scaled in place (its transposed view's rows, on and above the diagonal: below it, zeros), which
+            # BLAS reads as it is when whitening (no r x r product and copy: 3.3 ms at r = 1024)
+            _scaled_by_slabs(triangle.T, s * np.sqrt(mean_of), None, triangle.T, upper=True)
             return GramInverse(triangle.T, True, rtol * top, lowest, top)
         s, scaled = _unit_diagonal(G, symmetric)  # the factorisation took scaled's array
     # scaled.T: the Fortran-ordered view LAPACK reads as it is (its lower triangle, scaled's upper one), where
@@ -378,20 +403,28 @@ def _residual_norm(scaled: np.ndarray, unfactored: np.ndarray, rows: np.ndarray)
     return float(np.sqrt(2.0 * off_diagonal + np.dot(diagonal, diagonal)))
 
 
-def _certified_inverse(scaled: np.ndarray, rtol: float) -> tuple[np.ndarray, float, float] | None:
+def _certified_inverse(scaled: np.ndarray, rtol: float,
+                       zeros_below: bool = False) -> tuple[np.ndarray, float, float] | None:
     """``(L^-1, 1 / tr(scaled^-1), ||scaled||_F)`` from the unpivoted Cholesky factor ``scaled = L L^T`` when the
     lower bound ``1 / tr(scaled^-1)`` on its smallest eigenvalue clears the cut (:func:`gram_inverse`), else ``None``
     (``dpotrf`` stops at the first non-positive pivot: a rank-deficient Gram costs little here).
 
     Factored and inverted in ``scaled``'s own array (its transposed view; ``L^-1`` is returned in it, the rest
     zeroed), so ``scaled`` no longer holds the matrix afterwards, whatever the answer: no second ``r x r`` array,
-    whose fresh pages cost as much as half the factorisation (a report's Grams at ``r = 1024``).
+    whose fresh pages cost as much as half the factorisation (a report's Grams at ``r = 1024``).  ``zeros_below``:
+    ``scaled`` holds the matrix in its upper triangle and zeros below (:func:`_unit_upper`), which are the factor's
+    zeros as they are, where SciPy's ``clean`` would write them column by column across the rows (3 ms at
+    ``r = 1024``, a fifth of the factorisation), and ``||scaled||_F^2`` is twice the triangle's less the diagonal's.
     """
     from scipy.linalg import lapack
 
-    top = float(np.linalg.norm(scaled))
+    if zeros_below:
+        flat, diagonal = scaled.ravel(), np.diagonal(scaled)
+        top = float(np.sqrt(2.0 * float(np.dot(flat, flat)) - float(np.dot(diagonal, diagonal))))
+    else:
+        top = float(np.linalg.norm(scaled))
     # the Fortran-ordered view, factored where it is: no transposed copy, no copy at all
-    factor, info = lapack.dpotrf(scaled.T, lower=1, clean=1, overwrite_a=1)
+    factor, info = lapack.dpotrf(scaled.T, lower=1, clean=int(not zeros_below), overwrite_a=1)
     if info != 0:
         return None
     inverse, info = lapack.dtrtri(factor, lower=1, overwrite_c=1)  # in the factor's own array: no second r x r

@@ -50,12 +50,18 @@ class PackedGram:
     order: int
 
     def whole(self) -> np.ndarray:
-        """The C-ordered float64 ``r x r`` matrix, exactly symmetric (LAPACK ``dtfttr``, then the upper
-        triangle mirrored): the same bits however often it is formed."""
+        """The C-ordered float64 ``r x r`` matrix, exactly symmetric (:meth:`upper`, its upper triangle mirrored):
+        the same bits however often it is formed."""
+        return complete_lower(self.upper())
+
+    def upper(self) -> np.ndarray:
+        """A new C-ordered float64 ``r x r`` array holding the matrix in its upper triangle (diagonal included) and
+        zeros below: LAPACK ``dtfttr`` writes the triangle only, into the array SciPy's wrapper allocates
+        zero-filled; the triangle a Cholesky factorisation reads, without :meth:`whole`'s mirroring."""
         from scipy.linalg.lapack import dtfttr
 
         column_major, _ = dtfttr(self.order, self.packed, transr="N", uplo="L")
-        return complete_lower(column_major.T)  # C-ordered, the triangle in its upper half
+        return column_major.T  # C-ordered, the triangle in its upper half
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
