@@ -1115,6 +1115,10 @@ def test_the_race_stops_the_trials_charges_less_and_chooses_as_the_full_trials_d
     assert any(line.startswith(f"race: K = 1 at step {step} of {plan.trial_steps} stopped") for line in lines)
     record = raced.to_dict()
     assert record["race"]["ceiling_cost_steps"] == pytest.approx(plan.cost_steps) and record["cost_steps"] == raced.cost_steps
+    # the carry error recorded at the trials' end is the one their paired intervals carry: from where the race stopped
+    assert record["carry_error"]["at_trial_end"] == carry_error(CARRY_PER_DOUBLING, plan.checkpoints[1], 600) \
+        == raced.arms[1].to_dict()["minus_none_standard_errors"]["carry"]
+    assert full.to_dict()["carry_error"]["at_trial_end"] == carry_error(CARRY_PER_DOUBLING, plan.trial_steps, 600)
 
 
 def test_cli_the_carry_error_turns_a_credible_expansion_into_none_where_it_covers_the_gain(checkpoint, tmp_path,  # noqa: F811
