@@ -179,7 +179,8 @@ class Residual(torch.nn.Module):
 
 def lightning_fit(tmp_path, callback, max_epochs=1, progress_bar=False):
     """A LightningModule holding its residual stack in an ``nn.Sequential`` (``net.blocks``), fitted on digits
-    (with Lightning's progress bar where ``progress_bar``); returns ``(module, trainer, fit, [steps trained])``."""
+    (with Lightning's progress bar where ``progress_bar``: ``True`` its default, or a progress bar callback);
+    returns ``(module, trainer, fit, [steps trained])``."""
     pl = pytest.importorskip("lightning.pytorch")
     from zoo import models_torch as mt
 
@@ -218,8 +219,9 @@ def lightning_fit(tmp_path, callback, max_epochs=1, progress_bar=False):
     train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:128], y[:128]), batch_size=64)
     val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[128:192], y[128:192]), batch_size=64)
     module = Digits()
-    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=[callback], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=progress_bar, enable_model_summary=False, accelerator="cpu", devices=1,
+    bar = [] if isinstance(progress_bar, bool) else [progress_bar]
+    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=[callback, *bar], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=bool(progress_bar), enable_model_summary=False, accelerator="cpu", devices=1,
                          num_sanity_val_steps=0)
     return module, trainer, lambda: trainer.fit(module, train, val), steps
 
@@ -449,6 +451,24 @@ def test_callback_decisions_show_their_bar_where_the_training_loop_shows_its_own
     fit()
     err = capfd.readouterr().err
     assert len(deciding.reports) == 1 and bars_run_to_the_end(err) == (1 if shown else 0), err
+
+
+def test_lightning_decisions_stay_quiet_under_a_progress_bar_turned_off_by_its_refresh_rate(tmp_path, capfd):
+    """``TQDMProgressBar(refresh_rate=0)`` is a Lightning progress bar that shows nothing (``is_enabled`` false): the
+    decision is silent under it, as under ``enable_progress_bar=False`` (it showed its bar: the callback asked only
+    whether the Trainer had a progress bar callback)."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from zoo import models_torch as mt
+    from satcore.adapters.torch import LightningCallback
+
+    deciding = LightningCallback(mt.digits_batches(8, 2), mt.per_sample_ce, config=ProbeConfig(candidates=["net.blocks.1"]),
+                                 policy=DecisionPolicy(Recipe("adam", 1e-2, 4, 16)),
+                                 train_data=mt.digits_batches(8, 4, start=400))
+    _, trainer, fit, _ = lightning_fit(tmp_path, deciding, progress_bar=pl.callbacks.TQDMProgressBar(0))
+    fit()
+    assert trainer.progress_bar_callback is not None and not trainer.progress_bar_callback.is_enabled
+    err = capfd.readouterr().err
+    assert len(deciding.reports) == 1 and bars_run_to_the_end(err) == 0, err
 
 
 def test_callbacks_take_data_loaders_without_reading_them_when_built():
