@@ -426,6 +426,15 @@ def bars_run_to_the_end(err: str) -> int:
     return started
 
 
+def deciding_lightning_callback():
+    """A LightningCallback deciding at ``net.blocks.1`` of :func:`lightning_fit`'s module, 4 steps of Adam."""
+    from zoo import models_torch as mt
+    from satcore.adapters.torch import LightningCallback
+
+    return LightningCallback(mt.digits_batches(8, 2), mt.per_sample_ce, config=ProbeConfig(candidates=["net.blocks.1"]),
+                             policy=DecisionPolicy(Recipe("adam", 1e-2, 4, 16)), train_data=mt.digits_batches(8, 4, start=400))
+
+
 @pytest.mark.parametrize("shown", [False, True])
 def test_callback_decisions_show_their_bar_where_the_training_loop_shows_its_own(tmp_path, capfd, shown):
     """A decision takes minutes where an evaluation takes seconds: where the Trainer shows its tqdm bars
@@ -433,8 +442,7 @@ def test_callback_decisions_show_their_bar_where_the_training_loop_shows_its_own
     its trials to the end; where they are off it is silent (it was silent always: minutes with nothing on the
     screen between two logged steps)."""
     pytest.importorskip("accelerate")
-    from zoo import models_torch as mt
-    from satcore.adapters.torch import HFCallback, LightningCallback
+    from satcore.adapters.torch import HFCallback
 
     probe_data = [collated(SENTENCES[:3]), collated(SENTENCES[3:])]
     train_batches = [collated(SENTENCES[i:i + 2]) for i in range(0, len(SENTENCES), 2)]
@@ -444,9 +452,7 @@ def test_callback_decisions_show_their_bar_where_the_training_loop_shows_its_own
     trainer.train()
     err = capfd.readouterr().err
     assert len(deciding.reports) == 2 and bars_run_to_the_end(err) == (2 if shown else 0), err
-    deciding = LightningCallback(mt.digits_batches(8, 2), mt.per_sample_ce, config=ProbeConfig(candidates=["net.blocks.1"]),
-                                 policy=DecisionPolicy(Recipe("adam", 1e-2, 4, 16)),
-                                 train_data=mt.digits_batches(8, 4, start=400))
+    deciding = deciding_lightning_callback()
     _, _, fit, _ = lightning_fit(tmp_path / "lightning", deciding, progress_bar=shown)
     fit()
     err = capfd.readouterr().err
@@ -458,12 +464,8 @@ def test_lightning_decisions_stay_quiet_under_a_progress_bar_turned_off_by_its_r
     decision is silent under it, as under ``enable_progress_bar=False`` (it showed its bar: the callback asked only
     whether the Trainer had a progress bar callback)."""
     pl = pytest.importorskip("lightning.pytorch")
-    from zoo import models_torch as mt
-    from satcore.adapters.torch import LightningCallback
 
-    deciding = LightningCallback(mt.digits_batches(8, 2), mt.per_sample_ce, config=ProbeConfig(candidates=["net.blocks.1"]),
-                                 policy=DecisionPolicy(Recipe("adam", 1e-2, 4, 16)),
-                                 train_data=mt.digits_batches(8, 4, start=400))
+    deciding = deciding_lightning_callback()
     _, trainer, fit, _ = lightning_fit(tmp_path, deciding, progress_bar=pl.callbacks.TQDMProgressBar(0))
     fit()
     assert trainer.progress_bar_callback is not None and not trainer.progress_bar_callback.is_enabled
