@@ -459,6 +459,24 @@ def test_callback_decisions_show_their_bar_where_the_training_loop_shows_its_own
     assert len(deciding.reports) == 1 and bars_run_to_the_end(err) == (1 if shown else 0), err
 
 
+@pytest.mark.parametrize("local_zero, world_zero", [(True, False), (True, True), (False, False)])
+def test_trainer_decisions_show_their_bar_on_the_process_that_shows_the_trainers(monkeypatch, local_zero, world_zero):
+    """The Trainer's ``ProgressCallback`` draws its bars on the world's main process only: a decision shows its bar
+    there, not on another node's local main process (it did, on every node's), with ``disable_tqdm`` false."""
+    from types import SimpleNamespace
+
+    import satcore.adapters.torch.trainer_callback as trainer_callback
+
+    asked = []
+    monkeypatch.setattr(trainer_callback, "callback_report",
+                        lambda *args, progress, **kwargs: asked.append(progress) or (None, {}))
+    deciding = trainer_callback.HFCallback([collated(SENTENCES[:3])], policy=DecisionPolicy(Recipe("adamw", 1e-3, 4, 4)),
+                                           train_data=[collated(SENTENCES[:2])])
+    state = SimpleNamespace(global_step=1, is_local_process_zero=local_zero, is_world_process_zero=world_zero)
+    deciding._measure(SimpleNamespace(disable_tqdm=False), state, None)
+    assert asked == [world_zero]
+
+
 def test_lightning_decisions_stay_quiet_under_a_progress_bar_turned_off_by_its_refresh_rate(tmp_path, capfd):
     """``TQDMProgressBar(refresh_rate=0)`` is a Lightning progress bar that shows nothing (``is_enabled`` false): the
     decision is silent under it, as under ``enable_progress_bar=False`` (it showed its bar: the callback asked only

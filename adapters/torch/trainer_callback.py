@@ -148,7 +148,8 @@ class HFCallback(TrainerCallback):
     def _measure(self, args, state, model) -> dict | None:
         """This evaluation's scalars (probing once per evaluation: ``on_log`` and then ``on_evaluate`` of one
         evaluation share them), ``None`` when it is skipped.  A decision shows its progress bar where the Trainer
-        shows its own (``args.disable_tqdm`` false, on the local main process)."""
+        shows its own (``args.disable_tqdm`` false, on the global main process: the Trainer's ``ProgressCallback``
+        draws on ``state.is_world_process_zero`` only)."""
         if self._step == state.global_step:
             return self._scalars
         self._step = state.global_step
@@ -157,7 +158,7 @@ class HFCallback(TrainerCallback):
         if (self._evaluations - 1) % self.every == 0:
             report, scalars = callback_report(model, self.probe_data, self.loss_fn, self.config, self.report_options,
                                               self.decision, self.prefix,
-                                              progress=not args.disable_tqdm and state.is_local_process_zero)
+                                              progress=not args.disable_tqdm and state.is_world_process_zero)
             self.reports.append((state.global_step, report))
             self._scalars = scalars
         return self._scalars
