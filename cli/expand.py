@@ -13,6 +13,7 @@ renamed into place, so a failure leaves nothing half-written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -69,6 +70,18 @@ def _at_option(value, n_blocks: int, block_names: list[str]):
 
 
 SIZED_NOTE = " (sized so the trials pass over their windows at most twice)"
+
+
+@contextlib.contextmanager
+def _led_by(option: str | None):
+    """A data file's refusal raised inside, led by ``option`` where given: the command reads two data files, and a
+    refusal of the second naming only its path read as one of ``--data``'s (``model_on_data`` leads so too)."""
+    try:
+        yield
+    except InputError as exc:
+        if option is None:
+            raise
+        raise InputError(f"{option} {exc}") from None
 
 
 def _sized_windows(model, recipe, windows: dict, fraction: float, general_path, max_blocks, freeze_old
@@ -411,10 +424,11 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     if isinstance(config.get("vocab_size"), int):  # a file's refusal (empty, too short, text without a tokenizer,
         # not UTF-8, ids past the vocabulary) before the weights are read: the fewest windows expand takes, read
         # again in full once the model has sized them
-        for path in (p for p in (data_path, general_path) if p is not None):
-            read_token_windows(path, tokenizer_dir=model_dir, vocab_size=config["vocab_size"],
-                               seq_len=_window_tokens(seq_len, config, on_gpu),
-                               max_windows=MIN_WINDOWS)
+        for path, option in ((data_path, None), (general_path, "--general-data")):
+            with _led_by(option):
+                if path is not None:
+                    read_token_windows(path, tokenizer_dir=model_dir, vocab_size=config["vocab_size"],
+                                       seq_len=_window_tokens(seq_len, config, on_gpu), max_windows=MIN_WINDOWS)
     # decided in float32, saved in the checkpoint's dtype
     model = load_causal_lm(model_dir, copies=EXPAND_COPIES)
     try:
@@ -434,8 +448,9 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     if data_path is not None:  # with --at, read only to check it: the places are forced
         data = read_token_windows(data_path, tokenizer_dir=model_dir, vocab_size=model.config.vocab_size, **windows)
     if general_path is not None:  # held out only: as many windows as the target's held-out half
-        general = read_token_windows(general_path, tokenizer_dir=model_dir, vocab_size=model.config.vocab_size,
-                                     seq_len=windows["seq_len"], max_windows=max(4, windows["max_windows"] // 2))
+        with _led_by("--general-data"):
+            general = read_token_windows(general_path, tokenizer_dir=model_dir, vocab_size=model.config.vocab_size,
+                                         seq_len=windows["seq_len"], max_windows=max(4, windows["max_windows"] // 2))
     if forced is not None and data is not None:
         click.echo(f"--data {display_name(data_path)}: checked, not read: --at forces the positions")
         data = None

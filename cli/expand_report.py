@@ -61,6 +61,23 @@ def stop_line(expansion) -> str | None:
     return f"nothing inserted: {why}; continue training the model as it is"
 
 
+def _overshoot_notes(frontier) -> list[str]:
+    """A note per split whose predicted change, at some arm, is a fall larger than the model's loss there: a
+    cross-entropy cannot fall below 0, so the trials' line in log2(steps) overshoots at the planned steps (a
+    high lr's trials: a loss of 5.70 predicted to fall by 5.94); the rows still rank the arms, not their amounts."""
+    notes = []
+    for split, what in (("heldout", "held-out"), ("general", "general")):
+        loss = frontier.losses.get(split)
+        predictions = {a.blocks: a.target if split == "heldout" else a.general for a in frontier.arms}
+        over = [k for k, p in predictions.items() if loss is not None and p is not None and p.point < -loss]
+        if over:
+            arms = ", ".join(f"K = {k}" for k in over)
+            notes.append(f"note: {arms} predict{'s' if len(over) == 1 else ''} a {what} loss fall larger than the {what} loss itself ({num(loss)} "
+                         f"nats), below 0 after your {frontier.plan.planned_steps} steps: the trials' line overshoots "
+                         "there; read the rows as a ranking, not as amounts")
+    return notes
+
+
 def frontier_report(expansion) -> list[str]:
     """The frontier table, the choice and its cost (``blocks="auto"``)."""
     frontier = expansion.budgeted
@@ -90,6 +107,7 @@ def frontier_report(expansion) -> list[str]:
              + ("held-out windows' noise" if plan.replicates == 1 else "window and seed noise")
              + f"; the paired column adds the carry error, {frontier.carry_per_doubling:g} nats per doubling from "
              "the trial's last step to yours", "", table(header + ["chosen"], rows), ""]
+    lines += _overshoot_notes(frontier)
     chosen = frontier.choice.chosen_blocks
     if chosen:
         lines.append(f"chosen: {chosen} block(s) at LLaMA-Pro's uniform places "

@@ -1051,6 +1051,24 @@ def test_a_stop_tolerance_small_against_the_trials_noise_is_not_printed_as_0_sta
     assert "note: the held-out data cannot resolve a gain of the tolerance (0.005)" in printed
 
 
+def test_an_unresolved_stop_at_a_tolerance_of_0_says_no_decrease_of_any_size_shows():
+    """With the held-out loss (1.5) below the training loss (2.0) and the shipped calibration's share 0, the stop
+    tolerance is 0: the trial's -0.004 +- 1.96 * 0.2 (P(decrease) 0.5, below the threshold) includes 0, so the stop
+    is ``"heldout_too_small"``, and its note says that no decrease of any size is resolved, not "a gain of the
+    tolerance (0)" reaching "past -0"."""
+    from satcore._rendering.table import render_decision
+
+    trial = TrialCurve((75, 150, 300), (-0.002, -0.004, -0.004), (-0.03, -0.06, -0.08), 0.2)
+    d = choose([CandidateDecision("b0", -0.004, -0.08, (-0.4, 0.4), 0.5, -0.02, trial)],
+               Recipe("adam", 1e-3, 300, 32), 1.5, 2.0, 300, DEFAULT_CALIBRATION, heldout_samples=16)
+    assert d.stop_tolerance == 0.0 and d.stop_reason == "heldout_too_small"
+    printed = render_decision(d)
+    assert ("note: the held-out data cannot resolve a decrease of any size (the stop tolerance is 0): b0's trial "
+            f"changed the held-out loss by -0.004 +- {1.959963984540054 * 0.2:.4g} (95%, from its paired standard "
+            "error on 16 held-out samples), which reaches below 0;") in " ".join(printed.split())
+    assert "-0;" not in printed and "tolerance (0)" not in printed
+
+
 @pytest.mark.parametrize("field", ["generalization_gap_fraction", "tolerance"])
 @pytest.mark.parametrize("value, words", [(-0.01, "must be >= 0, got -0.01"), (float("nan"), "must be a finite number"),
                                           (True, "must be a finite number")])

@@ -673,7 +673,8 @@ def test_cli_counts_past_the_models_layers_are_refused_from_its_config_before_it
     ("short", "short.txt: 6 tokens make 0 window(s) of 16; expand needs at least 4"),
     ("not_utf8", "latin1.txt: not UTF-8 text (byte 0xe9 at offset 3)"),
     ("no_tokenizer", "no tokenizer (tokenizer.json or tokenizer_config.json) to tokenise text data with"),
-    ("general_empty", "empty.txt: no text"),
+    ("general_empty", "--general-data {tmp}/empty.txt: no text"),  # the option leads: two data files are read
+    ("general_missing", "--general-data {tmp}/nope.txt: no such file"),
 ])
 def test_cli_data_files_are_refused_before_the_weights_are_read(checkpoint, tmp_path, case, message):
     """An empty --data or --general-data, one shorter than the 4 windows expand takes, text that is not UTF-8, text
@@ -694,12 +695,12 @@ def test_cli_data_files_are_refused_before_the_weights_are_read(checkpoint, tmp_
     if case == "no_tokenizer":
         for name in ("tokenizer.json", "tokenizer_config.json"):
             (model_dir / name).unlink()
-    elif case == "general_empty":
-        extra = ["--general-data", tmp_path / "empty.txt"]
+    elif case.startswith("general"):
+        extra = ["--general-data", tmp_path / {"general_empty": "empty.txt", "general_missing": "nope.txt"}[case]]
     result = cli("expand", model_dir, "--data", data, "-o", tmp_path / "o", "--seq-len", "16", "--blocks", "auto",
                  "--steps", "600", *extra)
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output
+    assert result.exit_code == 2 and len(lines) == 1 and message.format(tmp=tmp_path) in lines[0], result.output
     assert not os.path.lexists(tmp_path / "o")
 
 

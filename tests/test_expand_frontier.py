@@ -1115,6 +1115,34 @@ def test_the_race_stops_the_trials_charges_less_and_chooses_as_the_full_trials_d
     assert any(line.startswith(f"race: K = 1 at step {step} of {plan.trial_steps} stopped") for line in lines)
     record = raced.to_dict()
     assert record["race"]["ceiling_cost_steps"] == pytest.approx(plan.cost_steps) and record["cost_steps"] == raced.cost_steps
+    # the carry error recorded at the trials' end is the one their paired intervals carry: from where the race stopped
+    assert record["carry_error"]["at_trial_end"] == carry_error(CARRY_PER_DOUBLING, plan.checkpoints[1], 600) \
+        == raced.arms[1].to_dict()["minus_none_standard_errors"]["carry"]
+    assert full.to_dict()["carry_error"]["at_trial_end"] == carry_error(CARRY_PER_DOUBLING, plan.trial_steps, 600)
+
+
+def test_the_frontier_notes_a_predicted_fall_larger_than_the_loss_itself():
+    """A predicted change below minus the model's own loss is a loss below 0 after the planned steps (a high lr's
+    trials read 5.94 nats of fall on a loss of 5.70): the table is followed by a note naming the arms, per split; none
+    where every point is within the loss."""
+    import dataclasses
+
+    from cli.expand_report import frontier_report
+
+    expansion = expand(llama(4), windows(64), blocks="auto",
+                       policy=DecisionPolicy(Recipe("adamw", lr=1e-3, steps=600, batch_size=8), seed=5),
+                       options=ExpansionOptions(max_blocks=1, budget=DecisionBudget(0.2, race=False)))
+    frontier = expansion.budgeted
+    assert not any(line.startswith("note:") for line in frontier_report(expansion))
+    points = [a.target.point for a in frontier.arms]
+    assert max(points) < 0  # both arms lower the held-out loss: a loss between their falls is overshot by one
+    loss = (min(points) + max(points)) / -2
+    small = dataclasses.replace(frontier, losses={**frontier.losses, "heldout": loss})
+    notes = [line for line in frontier_report(dataclasses.replace(expansion, budgeted=small)) if line.startswith("note:")]
+    over = [f"K = {a.blocks}" for a in frontier.arms if a.target.point < -loss]
+    assert len(over) == 1 and notes == [f"note: {over[0]} predicts a held-out loss fall larger than the held-out loss itself ({loss:.4g} nats), "
+                     "below 0 after your 600 steps: the trials' line overshoots there; read the rows as a ranking, not "
+                     "as amounts"]
 
 
 def test_cli_the_carry_error_turns_a_credible_expansion_into_none_where_it_covers_the_gain(checkpoint, tmp_path,  # noqa: F811

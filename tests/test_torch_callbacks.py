@@ -179,8 +179,9 @@ class Residual(torch.nn.Module):
 
 def lightning_fit(tmp_path, callback, max_epochs=1, progress_bar=False, **trainer_options):
     """A LightningModule holding its residual stack in an ``nn.Sequential`` (``net.blocks``), fitted on digits
-    (2 batches an epoch; with Lightning's progress bar where ``progress_bar``; ``trainer_options`` to the Trainer
-    over the defaults below); returns ``(module, trainer, fit, [steps trained])``."""
+    (2 batches an epoch; with Lightning's progress bar where ``progress_bar``: ``True`` its default, or a progress
+    bar callback; ``trainer_options`` to the Trainer over the defaults below); returns ``(module, trainer, fit,
+    [steps trained])``."""
     pl = pytest.importorskip("lightning.pytorch")
     from zoo import models_torch as mt
 
@@ -219,8 +220,9 @@ def lightning_fit(tmp_path, callback, max_epochs=1, progress_bar=False, **traine
     train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:128], y[:128]), batch_size=64)
     val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[128:192], y[128:192]), batch_size=64)
     module = Digits()
-    trainer = pl.Trainer(**{"max_epochs": max_epochs, "callbacks": [callback], "logger": False,
-                            "enable_checkpointing": False, "enable_progress_bar": progress_bar,
+    bar = [] if isinstance(progress_bar, bool) else [progress_bar]
+    trainer = pl.Trainer(**{"max_epochs": max_epochs, "callbacks": [callback, *bar], "logger": False,
+                            "enable_checkpointing": False, "enable_progress_bar": bool(progress_bar),
                             "enable_model_summary": False, "accelerator": "cpu", "devices": 1,
                             "num_sanity_val_steps": 0} | trainer_options)
     return module, trainer, lambda: trainer.fit(module, train, val), steps
@@ -483,6 +485,15 @@ def bars_run_to_the_end(err: str) -> int:
     return started
 
 
+def deciding_lightning_callback():
+    """A LightningCallback deciding at ``net.blocks.1`` of :func:`lightning_fit`'s module, 4 steps of Adam."""
+    from zoo import models_torch as mt
+    from satcore.adapters.torch import LightningCallback
+
+    return LightningCallback(mt.digits_batches(8, 2), mt.per_sample_ce, config=ProbeConfig(candidates=["net.blocks.1"]),
+                             policy=DecisionPolicy(Recipe("adam", 1e-2, 4, 16)), train_data=mt.digits_batches(8, 4, start=400))
+
+
 @pytest.mark.parametrize("shown", [False, True])
 def test_callback_decisions_show_their_bar_where_the_training_loop_shows_its_own(tmp_path, capfd, shown):
     """A decision takes minutes where an evaluation takes seconds: where the Trainer shows its tqdm bars
@@ -490,8 +501,7 @@ def test_callback_decisions_show_their_bar_where_the_training_loop_shows_its_own
     its trials to the end; where they are off it is silent (it was silent always: minutes with nothing on the
     screen between two logged steps)."""
     pytest.importorskip("accelerate")
-    from zoo import models_torch as mt
-    from satcore.adapters.torch import HFCallback, LightningCallback
+    from satcore.adapters.torch import HFCallback
 
     probe_data = [collated(SENTENCES[:3]), collated(SENTENCES[3:])]
     train_batches = [collated(SENTENCES[i:i + 2]) for i in range(0, len(SENTENCES), 2)]
@@ -501,13 +511,43 @@ def test_callback_decisions_show_their_bar_where_the_training_loop_shows_its_own
     trainer.train()
     err = capfd.readouterr().err
     assert len(deciding.reports) == 2 and bars_run_to_the_end(err) == (2 if shown else 0), err
-    deciding = LightningCallback(mt.digits_batches(8, 2), mt.per_sample_ce, config=ProbeConfig(candidates=["net.blocks.1"]),
-                                 policy=DecisionPolicy(Recipe("adam", 1e-2, 4, 16)),
-                                 train_data=mt.digits_batches(8, 4, start=400))
+    deciding = deciding_lightning_callback()
     _, _, fit, _ = lightning_fit(tmp_path / "lightning", deciding, progress_bar=shown)
     fit()
     err = capfd.readouterr().err
     assert len(deciding.reports) == 1 and bars_run_to_the_end(err) == (1 if shown else 0), err
+
+
+@pytest.mark.parametrize("local_zero, world_zero", [(True, False), (True, True), (False, False)])
+def test_trainer_decisions_show_their_bar_on_the_process_that_shows_the_trainers(monkeypatch, local_zero, world_zero):
+    """The Trainer's ``ProgressCallback`` draws its bars on the world's main process only: a decision shows its bar
+    there, not on another node's local main process (it did, on every node's), with ``disable_tqdm`` false."""
+    from types import SimpleNamespace
+
+    import satcore.adapters.torch.trainer_callback as trainer_callback
+
+    asked = []
+    monkeypatch.setattr(trainer_callback, "callback_report", lambda *args, progress, **kwargs: asked.append(progress))
+    monkeypatch.setattr(trainer_callback, "callback_scalars", lambda *args: {})
+    deciding = trainer_callback.HFCallback([collated(SENTENCES[:3])], policy=DecisionPolicy(Recipe("adamw", 1e-3, 4, 4)),
+                                           train_data=[collated(SENTENCES[:2])])
+    state = SimpleNamespace(global_step=1, is_local_process_zero=local_zero, is_world_process_zero=world_zero)
+    deciding._measure(SimpleNamespace(disable_tqdm=False), state, None)
+    assert asked == [world_zero]
+
+
+def test_lightning_decisions_stay_quiet_under_a_progress_bar_turned_off_by_its_refresh_rate(tmp_path, capfd):
+    """``TQDMProgressBar(refresh_rate=0)`` is a Lightning progress bar that shows nothing (``is_enabled`` false): the
+    decision is silent under it, as under ``enable_progress_bar=False`` (it showed its bar: the callback asked only
+    whether the Trainer had a progress bar callback)."""
+    pl = pytest.importorskip("lightning.pytorch")
+
+    deciding = deciding_lightning_callback()
+    _, trainer, fit, _ = lightning_fit(tmp_path, deciding, progress_bar=pl.callbacks.TQDMProgressBar(0))
+    fit()
+    assert trainer.progress_bar_callback is not None and not trainer.progress_bar_callback.is_enabled
+    err = capfd.readouterr().err
+    assert len(deciding.reports) == 1 and bars_run_to_the_end(err) == 0, err
 
 
 def test_callbacks_take_data_loaders_without_reading_them_when_built():

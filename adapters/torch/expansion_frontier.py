@@ -768,7 +768,9 @@ class FrontierDecision(BudgetedDecision):
                 "plan": self.plan.to_dict(), "cost_steps": self.cost_steps, "race": self.race,
                 "chosen_cost_fraction": self.chosen_cost_fraction, "windows": self.windows,
                 "carry_error": {"per_doubling": self.carry_per_doubling,
-                                "at_trial_end": carry_error(self.carry_per_doubling, self.plan.trial_steps,
+                                # where the race stopped every trial, they ended there, and so did the line carried
+                                "at_trial_end": carry_error(self.carry_per_doubling,
+                                                            self.stopped_at or self.plan.trial_steps,
                                                             self.plan.planned_steps) if self.arms else None},
                 "heldout_loss": self.losses["heldout"], "general_loss": self.losses.get("general"),
                 **timing_record(self.step_times)}

@@ -40,6 +40,13 @@ from .callback_common import callback_places, callback_report, callback_scalars,
 from .probe import ProbeConfig
 
 
+def shows_progress_bar(trainer) -> bool:
+    """Whether ``trainer`` shows its progress bar on this process: it has one, enabled (a ``TQDMProgressBar`` with
+    ``refresh_rate=0`` is one that shows nothing), and this is the global rank 0 that prints it."""
+    bar = trainer.progress_bar_callback
+    return bar is not None and bar.is_enabled and trainer.is_global_zero
+
+
 class LightningCallback(Callback):
     """A Lightning ``Callback`` that probes at validation end (module docstring).
 
@@ -96,8 +103,7 @@ class LightningCallback(Callback):
         if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
             return
         report = callback_report(self._model(pl_module), self.probe_data, self.loss_fn, self.config,
-                                 self.report_options, self.decision,
-                                 progress=trainer.progress_bar_callback is not None and trainer.is_global_zero)
+                                 self.report_options, self.decision, progress=shows_progress_bar(trainer))
         self.reports.append((trainer.global_step, report))
         # the sums are all-reduced already: every rank holds the same numbers
         pl_module.log_dict(callback_scalars(report, self.prefix), sync_dist=False)

@@ -168,7 +168,8 @@ class HFCallback(TrainerCallback):
     def _measure(self, args, state, model) -> dict | None:
         """This evaluation's scalars (probing once per evaluation: ``on_log`` and then ``on_evaluate`` of one
         evaluation share them), ``None`` when it is skipped.  A decision shows its progress bar where the Trainer
-        shows its own (``args.disable_tqdm`` false, on the local main process)."""
+        shows its own (``args.disable_tqdm`` false, on the global main process: the Trainer's ``ProgressCallback``
+        draws on ``state.is_world_process_zero`` only)."""
         if self._step == state.global_step:
             return self._scalars
         self._step = state.global_step
@@ -176,7 +177,7 @@ class HFCallback(TrainerCallback):
         self._scalars = None
         if (self._evaluations - 1) % self.every == 0:
             report = callback_report(model, self.probe_data, self.loss_fn, self.config, self.report_options,
-                                     self.decision, progress=not args.disable_tqdm and state.is_local_process_zero)
+                                     self.decision, progress=not args.disable_tqdm and state.is_world_process_zero)
             self.reports.append((state.global_step, report))
             self._scalars = callback_scalars(report, self.prefix, self.log_candidates)
         return self._scalars

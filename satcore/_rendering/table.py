@@ -74,9 +74,14 @@ def heldout_resolution_note(decision) -> str:
     would = ("no number of held-out samples named" if needed is None else
              f"about {needed} held-out samples would (the half-width shrinks as 1/sqrt(n); a planning number that "
              "assumes the trials' changes stay put)")
-    return (f"note: the held-out data cannot resolve a gain of the tolerance ({num(decision.stop_tolerance)}): "
+    # a tolerance of 0 (the held-out loss not above the training loss, no share stated) asks whether any decrease
+    # shows: "a gain of the tolerance (0)" and "reaches past -0" said that in words a user could not act on
+    gain, bound = ((f"a gain of the tolerance ({num(decision.stop_tolerance)})",
+                    f"reaches past -{num(decision.stop_tolerance)}") if decision.stop_tolerance > 0 else
+                   ("a decrease of any size (the stop tolerance is 0)", "reaches below 0"))
+    return (f"note: the held-out data cannot resolve {gain}: "
             f"{display_name(name)}'s trial changed the held-out loss by {num(change)} +- {num(read.half_width)} (95%, "
-            f"from its paired standard error{read_on}), which reaches past -{num(decision.stop_tolerance)}; {would}; "
+            f"from its paired standard error{read_on}), which {bound}; {would}; "
             "no block is inserted, and none is shown not to pay")
 
 
