@@ -83,7 +83,12 @@ Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is 
         --out studies/results/expansion_budget_seeds345_sweep_near.jsonl   # seeds 3-5 (6-14: seeds6to14_): one file per process
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --seeds 0 --pairs near --arms satcore-race \
         --out near_s0.jsonl   # one process per pair and seed, then one file per pair: expansion_budget_race_satcore_near.jsonl
-    python -m studies.expansion_budget --render $(ls studies/results/expansion_budget_*.jsonl | grep -v smollm2)   # the lab notes' tables
+    python -m studies.expansion_budget --render $(ls studies/results/expansion_budget_*.jsonl | grep -v -e smollm2 -e positive)   # the lab notes' tables
+    OMP_NUM_THREADS=1 python -m studies.expansion_budget --layers 1 --pretrain-steps 4000 --steps 2000 --pairs far \
+        --arms none uniform-1 uniform-2 --seeds 0 1 2 3 4 5 6 7 8 9 \
+        --out studies/results/expansion_budget_positive_L1_sweep_far.jsonl   # the positive control (lab notes); then
+        # --arms satcore-carry to ..._carry_far.jsonl and, with --carry-per-doubling 0, to ..._nocarry_far.jsonl;
+        # its table: --layers 1 --render-rules SWEEP CARRY NOCARRY
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --protocol smollm2 --seeds 0 --steps 500 \
         --batch-size 4 --seq-len 16 --lr 2e-4 --eval-windows 64 --arms none \
         --out studies/results/expansion_budget_smollm2_l4_budget.jsonl   # then uniform-2, satcore, each its own process
