@@ -83,7 +83,12 @@ Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is 
         --out studies/results/expansion_budget_seeds345_sweep_near.jsonl   # seeds 3-5 (6-14: seeds6to14_): one file per process
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --seeds 0 --pairs near --arms satcore-race \
         --out near_s0.jsonl   # one process per pair and seed, then one file per pair: expansion_budget_race_satcore_near.jsonl
-    python -m studies.expansion_budget --render $(ls studies/results/expansion_budget_*.jsonl | grep -v smollm2)   # the lab notes' tables
+    python -m studies.expansion_budget --render $(ls studies/results/expansion_budget_*.jsonl | grep -v -e smollm2 -e positive)   # the lab notes' tables
+    OMP_NUM_THREADS=1 python -m studies.expansion_budget --layers 1 --pretrain-steps 4000 --steps 2000 --pairs far \
+        --arms none uniform-1 uniform-2 --seeds 0 1 2 3 4 5 6 7 8 9 \
+        --out studies/results/expansion_budget_positive_L1_sweep_far.jsonl   # the positive control (lab notes); then
+        # --arms satcore-carry to ..._carry_far.jsonl and, with --carry-per-doubling 0, to ..._nocarry_far.jsonl;
+        # its table: --layers 1 --render-rules SWEEP CARRY NOCARRY
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --protocol smollm2 --seeds 0 --steps 500 \
         --batch-size 4 --seq-len 16 --lr 2e-4 --eval-windows 64 --arms none \
         --out studies/results/expansion_budget_smollm2_l4_budget.jsonl   # then uniform-2, satcore, each its own process
@@ -479,8 +484,16 @@ def main(argv=None):
     p.add_argument("--stop-after-s", type=float, default=None,
                    help="start no arm expected to end past this many seconds of the run (the time it took for "
                    "the last seed, else the longest arm's so far)")
+    p.add_argument("--render-rules", type=Path, nargs="+", default=None, metavar="JSONL",
+                   help="print the positive control's table (render_rules: the first file's none and uniform rows at "
+                   "the conventional count of --layers, each further file one decision rule's satcore rows) and exit")
     args = parse_or_render(p, argv, RESULTS, render)
     if args is None:
+        return
+    if args.render_rules:
+        from satcore.adapters.torch.expansion import max_blocks_cap
+
+        print(render_rules(args.render_rules, f"uniform-{max_blocks_cap(args.layers, None)}"))
         return
     import torch
 
@@ -764,6 +777,54 @@ def render(paths) -> str:
                                 for pair in PAIRS if any(c["pair"] == pair for c in scored["charges"]))]
         out.append("")
     return "\n".join(out).rstrip("\n")
+
+
+def render_rules(paths, reference: str) -> str:
+    """The positive control's table: per seed, the held-out target loss of ``none`` and of every ``uniform-K`` arm
+    in the first file of ``paths``, and each further file's satcore decision (one decision rule a file, named by
+    the carry error it recorded, ``decision.carry_error.per_doubling``): its count, target loss and its frontier's
+    predicted paired difference from ``K = 0`` with the interval it chose by, per ``K > 0``; then, paired
+    by seed and window (:func:`crossed_interval`), each ``uniform-K`` minus ``none`` (over the seeds it was run at)
+    and each rule minus ``reference`` (the conventional count's arm) and minus ``none``.  The seeds are those of
+    ``none``, ``reference`` and every rule.  Every file must share the first one's setup and base model, and hold
+    one pair."""
+    sweep, *rule_paths = paths
+    rules = []
+    for path in rule_paths:
+        loaded = _load([sweep, path])
+        if isinstance(loaded, str):
+            return loaded
+        (pair, arms), = loaded[3].items()
+        (decided,) = [arms[a] for a in SATCORE_ARMS if a in arms]
+        carry = next(iter(decided.values()))["evidence"]["record"]["decision"]["carry_error"]["per_doubling"]
+        rules.append((f"carry {carry:g}", decided))
+    target, none = f"{pair}_windows", arms["none"]
+    uniform = [a for a in ARM_ORDER if a.startswith("uniform-") and a in arms]
+    seeds = sorted(set(none).intersection(arms[reference], *(d for _, d in rules)))
+    out = ["| seed | none | " + " | ".join(uniform) + " | "
+           + " | ".join(f"{label}: K | {label}: target | {label}: predicted minus K = 0" for label, _ in rules) + " |",
+           "|---|---|" + "---|" * len(uniform) + "---|---|---|" * len(rules)]
+
+    def predicted(row: dict) -> str:
+        return "; ".join(f"K={e['blocks']} {e['predicted_minus_none']:+.4f} [{e['minus_none_interval'][0]:+.4f}, "
+                         f"{e['minus_none_interval'][1]:+.4f}]" for e in row["evidence"]["frontier"] if e["blocks"])
+
+    for seed in seeds:
+        out.append(f"| {seed} | {none[seed]['target']:.4f} | "
+                   + "".join(f"{arms[a][seed]['target']:.4f} | " if seed in arms[a] else "- | " for a in uniform)
+                   + " | ".join(f"{len(d[seed]['before'])} | {d[seed]['target']:.4f} | {predicted(d[seed])}"
+                                for _, d in rules) + " |")
+
+    def minus(arm: dict, other: dict) -> str:
+        return _fmt(crossed_interval([np.subtract(arm[s][target], other[s][target]) for s in seeds if s in arm]))
+
+    out += ["", f"Paired over {len(seeds)} seeds x {len(none[seeds[0]][target])} windows ({pair}, target held-out, "
+            "95%):", ""]
+    out += [f"* {a} minus none: {minus(arms[a], none)}" + ("" if set(seeds) <= set(arms[a]) else
+            f" (seeds {', '.join(map(str, sorted(set(seeds) & set(arms[a]))))})") for a in uniform]
+    out += [f"* satcore ({label}) minus {reference}: {minus(d, arms[reference])}; minus none: {minus(d, none)}"
+            for label, d in rules]
+    return "\n".join(out)
 
 
 def _spread(charges: list) -> str:

@@ -184,10 +184,54 @@ def test_render_scores_the_count_against_the_realized_best_and_re_renders_identi
     assert bench.render([path]) == table
 
 
+def test_render_rules_pairs_each_rule_with_none_and_the_reference_by_seed(bench, tmp_path):
+    """Two seeds; within a seed every window has the same difference, so each paired interval is Student's t over
+    the two seeds' differences (the crossed interval's reduction, an independent reference: scipy)."""
+    sweep = [{"key": {"pair": "far", "arm": "base"}, "setup": {"layers": 8}, "pretrain": {}, "before": [],
+              "steps_trained": 0, "far_windows": [2.0, 2.2], "general_windows": [2.1, 2.3]}]
+    losses = {"none": (1.80, 1.84), "uniform-2": (1.74, 1.75), "uniform-1": (1.75, 1.77)}  # the file's order
+    places = {"none": [], "uniform-1": ["head"], "uniform-2": [0, "head"], "uniform-4": [0, 0, 0, "head"]}
+    for arm, by_seed in losses.items():
+        sweep += [_row("far", seed, arm, places[arm], [v - 0.1, v + 0.1], [2.2, 2.4])
+                  for seed, v in enumerate(by_seed)]
+    sweep.append(_row("far", 1, "uniform-4", places["uniform-4"], [1.8, 2.1], [2.2, 2.4]))  # run at one seed only
+    paths = [tmp_path / "sweep.jsonl"]
+    paths[0].write_text("".join(json.dumps(r) + "\n" for r in sweep))
+    rules = {0.023: ((0, 1.81), (0, 1.86)), 0.0: ((1, 1.76), (1, 1.79))}  # per seed: (count, target loss)
+    frontier = [{"blocks": 0, "predicted_minus_none": None, "minus_none_interval": None},
+                {"blocks": 1, "predicted_minus_none": 0.15, "minus_none_interval": [-0.125, 0.425]}]
+    for carry, by_seed in rules.items():
+        decision = {"frontier": frontier, "record": {"decision": {"carry_error": {"per_doubling": carry}}}}
+        rows = [_row("far", seed, "satcore-carry", ["head"] * count, [v - 0.1, v + 0.1], [2.2, 2.4], evidence=decision)
+                for seed, (count, v) in enumerate(by_seed)]
+        paths.append(tmp_path / f"rule{carry}.jsonl")
+        paths[-1].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = bench.render_rules(paths, "uniform-1")
+    assert "| seed | none | uniform-1 | uniform-2 | uniform-4 | carry 0.023: K | carry 0.023: target | carry 0.023: predicted " \
+        "minus K = 0 | carry 0: K | carry 0: target | carry 0: predicted minus K = 0 |" in table  # counts in order
+    prediction = "K=1 +0.1500 [-0.1250, +0.4250]"  # K = 0 has no difference from itself
+    assert f"| 0 | 1.8000 | 1.7500 | 1.7400 | - | 0 | 1.8100 | {prediction} | 1 | 1.7600 | {prediction} |" in table
+    assert f"| 1 | 1.8400 | 1.7700 | 1.7500 | 1.9500 | 0 | 1.8600 | {prediction} | 1 | 1.7900 | {prediction} |" in table
+
+    def student(differences):
+        low, high = stats.ttest_1samp(differences, 0.0).confidence_interval(0.95)
+        return f"{np.mean(differences):+.4f} [{low:+.4f}, {high:+.4f}]"
+
+    assert f"* uniform-1 minus none: {student([-0.05, -0.07])}" in table
+    assert f"* uniform-2 minus none: {student([-0.06, -0.09])}" in table
+    # one seed: Student's t over its two windows, 1.8 and 2.1 minus none's 1.74 and 1.94
+    assert f"* uniform-4 minus none: {student([0.06, 0.16])} (seeds 1)" in table
+    assert f"* satcore (carry 0.023) minus uniform-1: {student([0.06, 0.09])}; minus none: {student([0.01, 0.02])}" \
+        in table
+    assert f"* satcore (carry 0) minus uniform-1: {student([0.01, 0.02])}; minus none: {student([-0.04, -0.05])}" \
+        in table
+
+
 def test_the_recorded_results_re_render_the_lab_notes_tables(bench):
     root = BENCH.parent.parent
     recorded = sorted(p for p in (root / "studies" / "results").glob("expansion_budget_*.jsonl")
-                      if not p.name.startswith("expansion_budget_smollm2"))  # another model: rendered on its own
+                      if not p.name.startswith(("expansion_budget_smollm2", "expansion_budget_positive")))  # other
+    # models (SmolLM2-135M; the positive control's shallower bases): rendered on their own
     notes = (root / "studies" / "expansion-budget-notes.md").read_text()
     tables = [line for line in bench.render(recorded).splitlines() if line.startswith("| ")]
     assert recorded and len(tables) > 40
@@ -218,6 +262,17 @@ def test_the_long_budget_row_re_renders_its_lab_notes_tables(bench):
     tables = [line for line in bench.render(recorded).splitlines() if line.startswith("| ")]
     assert len(tables) > 10
     assert [line for line in tables if line not in notes] == []
+
+
+def test_the_positive_control_re_renders_its_lab_notes_table(bench):
+    """The positive control's rows (a one-block base, its own setup: the sweep, then the decision at the shipped
+    carry error and at 0) render the notes' table and paired intervals."""
+    results = BENCH.parent / "results"
+    recorded = [results / f"expansion_budget_positive_L1_{name}_far.jsonl" for name in ("sweep", "carry", "nocarry")]
+    notes = (BENCH.parent / "expansion-budget-notes.md").read_text()
+    lines = [line for line in bench.render_rules(recorded, "uniform-1").splitlines() if line.startswith(("| ", "* "))]
+    assert len(lines) == 1 + 10 + 5  # header, ten seeds, five paired intervals
+    assert [line for line in lines if line not in notes] == []
 
 
 def test_the_smollm2_protocols_flops_for_its_30_layer_llama_config_match_an_independent_count(bench):
