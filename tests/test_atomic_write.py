@@ -99,6 +99,36 @@ def test_killed_mid_write_leaves_old_file_or_complete_file(tmp_path, sig, mode, 
     assert sorted(os.listdir(tmp_path)) == sorted([target.name, live.name])
 
 
+# A writer whose SIGTERM lands as the write's handler is being put back, the write done: ``signal.signal`` is
+# wrapped in the child only, to send the signal there; Python runs the handler at the next bytecode.
+RESTORING = """
+import os, signal, sys
+import satcore._io.atomic
+from satcore._io.atomic import atomic_write
+install, sent = signal.signal, []
+
+def restore_after_sigterm(signum, action):
+    if signum == signal.SIGTERM and action == signal.SIG_DFL and not sent:
+        sent.append(signum)  # one signal, as a user's one kill sends
+        os.kill(os.getpid(), signal.SIGTERM)
+    return install(signum, action)
+
+satcore._io.atomic.signal.signal = restore_after_sigterm
+atomic_write(sys.argv[1], lambda stream: stream.write(b"new" * 2000))
+"""
+
+
+def test_sigterm_as_the_default_is_put_back_dies_of_sigterm_with_the_file_complete(tmp_path):
+    """A SIGTERM landing while the default action is being restored, after the write: the writer dies of the
+    signal (it escaped as an uncaught exception, exit status 1, with a traceback), the target complete."""
+    target = tmp_path / "out.npz"
+    target.write_bytes(OLD)
+    proc = subprocess.run([sys.executable, "-c", RESTORING, str(target)], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (-signal.SIGTERM, "")
+    assert target.read_bytes() == NEW
+    assert stale_temporaries(tmp_path, target) == []
+
+
 def test_writes_interrupted_anywhere_leave_the_old_dump_or_a_complete_one(tmp_path):
     """SIGKILL and SIGTERM at spread points of a real dump's write (``write_dump``, ~25 MB): whichever point
     each lands on, the target is the old file or a complete dump (every member and its CRC), and after the next

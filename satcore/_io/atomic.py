@@ -162,22 +162,28 @@ def check_target(path, inputs=(), *, folder_exists: bool = True) -> None:
 @contextlib.contextmanager
 def _sigterm_raises():
     """SIGTERM raises :class:`_Terminated` inside the block (so the cleanup runs), where it would kill."""
-    install = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-    if install:
-        def handler(signum, frame):
-            raise _Terminated()
-
-        signal.signal(signal.SIGTERM, handler)
-    try:
+    if not (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
         yield
+        return
+
+    def handler(signum, frame):
+        raise _Terminated()
+
+    # The handler runs between any two bytecodes, so its exception can come from the install or from the restore
+    # as well as from the block: the outer ``except`` sees it wherever it comes from (a SIGTERM landing while the
+    # default was being put back once escaped as an uncaught exception, exit status 1).
+    try:
+        try:
+            signal.signal(signal.SIGTERM, handler)
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     except _Terminated:
         # cleaned up by now: die of SIGTERM as the process would have, with the usual exit status
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         raise
-    finally:
-        if install:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _hidden_name(base: str) -> str:
