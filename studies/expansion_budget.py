@@ -614,6 +614,13 @@ def _fmt(interval: dict) -> str:
 
 
 
+def main_protocol_files(folder: Path) -> list[Path]:
+    """The main protocol's result files in ``folder``: every ``expansion_budget_*.jsonl`` but those of other models
+    (SmolLM2-135M; the positive control's shallower bases), which render on their own (one setup and base a table)."""
+    return sorted(p for p in Path(folder).glob("expansion_budget_*.jsonl")
+                  if not p.name.startswith(("expansion_budget_smollm2", "expansion_budget_positive")))
+
+
 def _load(paths):
     """``(setup, pretrain, base rows by pair, runs[pair][arm][seed])`` from the result files (a later row with
     the same key replaces an earlier one), or a message when their rows do not share one setup and base."""

@@ -51,7 +51,7 @@ def recorded_points() -> dict:
     """``{"400": [...], "2000": [...]}``: one point per (pair, seed, K) of every satcore row of :data:`SEEDS` with a
     realized sweep row, holding the trial curves (``h``: target, ``g``: general), the frontier's predictions and the realized
     changes from the base model (``real_g``, and ``general_windows`` for the noise rule)."""
-    files = {"400": sorted(p for p in RESULTS.glob("expansion_budget_*.jsonl") if "smollm2" not in p.name),
+    files = {"400": bench.main_protocol_files(RESULTS),
              "2000": sorted(RESULTS.glob("expansion_long_near*.jsonl"))}
     out = {}
     for tag, paths in files.items():

@@ -229,9 +229,7 @@ def test_render_rules_pairs_each_rule_with_none_and_the_reference_by_seed(bench,
 
 def test_the_recorded_results_re_render_the_lab_notes_tables(bench):
     root = BENCH.parent.parent
-    recorded = sorted(p for p in (root / "studies" / "results").glob("expansion_budget_*.jsonl")
-                      if not p.name.startswith(("expansion_budget_smollm2", "expansion_budget_positive")))  # other
-    # models (SmolLM2-135M; the positive control's shallower bases): rendered on their own
+    recorded = bench.main_protocol_files(root / "studies" / "results")
     notes = (root / "studies" / "expansion-budget-notes.md").read_text()
     tables = [line for line in bench.render(recorded).splitlines() if line.startswith("| ")]
     assert recorded and len(tables) > 40
