@@ -1087,7 +1087,8 @@ def test_a_stop_tolerance_small_against_the_trials_noise_is_not_printed_as_0_sta
 def test_an_unresolved_stop_whose_change_sits_at_the_tolerance_names_no_count(se, needed):
     """A trial at -0.004 against the stop tolerance 0.005 (the shipped 0.01 of the gap 2.0 - 1.5), read on 160
     held-out samples: 0.001 from -0.005.  With se 0.01 that distance is within one standard error, so no count is
-    named (the factor ``(0.0196 / 0.001)^2 = 384`` swings with the noise) and the note says why and what to do; with
+    named (the factor ``(0.0196 / 0.001)^2 = 384`` swings with the noise) and the note says why and what to do (a
+    larger split, its first step ``ceil(160 z^2)``, or a practical tolerance); with
     se 0.0008 it is beyond one (the interval, +- 0.001568, still reaches past -0.005), and the count is
     ``ceil(160 (1.959964 * 0.0008 / 0.001)^2) = ceil(393.4) = 394``, by hand."""
     from satcore._rendering.table import render_decision
@@ -1097,8 +1098,10 @@ def test_an_unresolved_stop_whose_change_sits_at_the_tolerance_names_no_count(se
                Recipe("adam", 1e-3, 300, 32), 2.0, 1.5, 300, DEFAULT_CALIBRATION, heldout_samples=160)
     assert (d.stop_reason, d.heldout_samples_needed, d.heldout_binding_candidate) == ("heldout_too_small", needed, "b0")
     note = render_decision(d).splitlines()[-1]
-    at_tolerance = ("its change is 0.001 from -0.005, within its standard error 0.01, so no count of held-out "
-                    "samples is named")
+    # the first step: ceil(160 x 1.959964^2) = ceil(614.6) = 615 samples
+    at_tolerance = ("its change is 0.001 from -0.005, within its standard error 0.01, so this split cannot size the "
+                    "held-out data that would settle it and no count is named; decide again on a larger held-out "
+                    "split (about 615 samples would resolve it were the change one standard error from the tolerance")
     assert (at_tolerance in note) == (needed is None)
     assert ("state a practical tolerance the data resolves (TrialSettings(..., tolerance=...)" in note) == (needed is None)
     assert (f"about {needed} held-out samples would" in note) == (needed is not None)

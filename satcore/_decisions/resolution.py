@@ -111,6 +111,17 @@ class HeldoutResolution:
         return max(samples + 1, math.ceil(samples * self.samples_factor))
 
 
+def samples_at_one_standard_error(samples: int) -> int:
+    """``ceil(z_{0.975}^2 samples)``: the held-out samples that would resolve a stop whose change were one standard
+    error from minus the tolerance (the largest count named, :data:`SAMPLES_FACTOR_NAMED`), ``samples`` read: the
+    first step the decision suggests where its change sits at the tolerance and no count is named.
+
+    >>> samples_at_one_standard_error(160)
+    615
+    """
+    return math.ceil(SAMPLES_FACTOR_NAMED * samples)
+
+
 def heldout_resolution(changes, standard_errors, tolerance: float) -> HeldoutResolution:
     """Whether the trials' held-out changes resolve a stop at ``tolerance``, and the samples factor that would.
 
@@ -187,4 +198,5 @@ def stop_resolution(candidates, stop_tolerance: float) -> tuple:
     return trialled[read.candidate].name, read
 
 
-__all__ = ["HeldoutResolution", "RESOLUTION_LEVEL", "SAMPLES_FACTOR_NAMED", "heldout_resolution", "stop_resolution"]
+__all__ = ["HeldoutResolution", "RESOLUTION_LEVEL", "SAMPLES_FACTOR_NAMED", "heldout_resolution",
+           "samples_at_one_standard_error", "stop_resolution"]

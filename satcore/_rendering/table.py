@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .._shared.display import NOT_VERIFIED, display_name
 from .._decisions.criteria import Verdict
+from .._decisions.resolution import samples_at_one_standard_error
 
 LEGEND = (
     "columns: AG = activation-gradient norm; V = growth value (first-order gain per unit block size, the raw "
@@ -79,11 +80,13 @@ def heldout_resolution_note(decision) -> str:
     elif decision.heldout_samples is None:
         would = "no number of held-out samples named"
     else:  # the count's own one-standard-error band reaches infinity: naming one would be noise
+        first_step = samples_at_one_standard_error(decision.heldout_samples)
         would = (f"its change is {num(abs(change + eps))} from -{num(eps)}, within its standard error "
-                 f"{num(trial.heldout_se)}, so no count of held-out samples is named: this split cannot tell whether a "
-                 "little more data settles it or none does; state a practical tolerance the data resolves "
-                 "(TrialSettings(..., tolerance=...), a share of the held-out loss) or decide again on a larger held-out "
-                 "split")
+                 f"{num(trial.heldout_se)}, so this split cannot size the held-out data that would settle it and no "
+                 f"count is named; decide again on a larger held-out split (about {first_step} samples would resolve "
+                 "it were the change one standard error from the tolerance: a first step, not a count) or state a "
+                 "practical tolerance the data resolves (TrialSettings(..., tolerance=...), a share of the held-out "
+                 "loss)")
     # a tolerance of 0 (the held-out loss not above the training loss, no share stated) asks whether any decrease
     # shows: "a gain of the tolerance (0)" and "reaches past -0" said that in words a user could not act on
     if eps > 0:
