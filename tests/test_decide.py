@@ -1131,3 +1131,24 @@ def test_an_unresolved_stop_at_a_tolerance_of_0_says_no_decrease_of_any_size_sho
 def test_a_stop_tolerance_share_that_is_not_a_finite_number_at_least_0_is_refused(field, value, words):
     with pytest.raises(InputError, match=rf"^calibration: {field} {words}"):
         dataclasses.replace(NORMAL, **{field: value})
+
+
+def test_a_stated_tolerance_becomes_the_schedules_calibrations_and_rules_where_larger():
+    """``TrialSettings(tolerance=t)`` is the schedule's shipped calibration with ``tolerance`` t (halving keeps its
+    own error model), or the one passed; the stop tolerance is then the larger of ``t |heldout|`` and the fitted
+    share of the gap: 0.01 x 2.0 = 0.02 against 0.01 x (2.0 - 1.5) = 0.005, by hand, and the rule says stated.
+    A tolerance below 0 or not finite is refused, naming the option."""
+    from satcore._decisions.calibration import HALVING_CALIBRATION
+
+    assert TrialSettings(tolerance=0.01).calibration == dataclasses.replace(DEFAULT_CALIBRATION, tolerance=0.01)
+    assert TrialSettings(schedule="halving", tolerance=0.01).calibration == dataclasses.replace(HALVING_CALIBRATION,
+                                                                                                tolerance=0.01)
+    assert TrialSettings(calibration=NORMAL, tolerance=0.01).calibration == dataclasses.replace(NORMAL, tolerance=0.01)
+    assert TrialSettings().calibration == DEFAULT_CALIBRATION  # None: the calibration's own (0 as shipped)
+    trial = TrialCurve((75, 150, 300), (-0.002, -0.004, -0.004), (-0.03, -0.06, -0.08), 1e-4)
+    d = choose([CandidateDecision("b0", -0.004, -0.08, (-0.0045, -0.0035), 0.99, -0.02, trial)],
+               Recipe("adam", 1e-3, 300, 32), 2.0, 1.5, 300, TrialSettings(tolerance=0.01).calibration)
+    assert d.stop_tolerance == pytest.approx(0.02, rel=4 * np.finfo(float).eps) and d.stop_tolerance_rule == "held-out loss"
+    for bad in (-0.01, math.nan, math.inf):
+        with pytest.raises(InputError, match="trials: tolerance"):
+            TrialSettings(tolerance=bad)
