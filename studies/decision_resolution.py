@@ -10,7 +10,10 @@ steps, transfer sets at 300 and 1000), :func:`resolution_column` counts the stop
 them (a *short stop*: the best candidate's realized gain beyond :data:`CLEAR_GAIN_NOISE` seed standard deviations; a
 *true saturation*: not beyond :data:`SATURATION_NOISE` of them) and by what the rule says (unresolved or a claimed
 saturation); :func:`factor_validity` reads the unresolved stops again on the held-out split 4 times the bench's (the
-``--large-heldout`` recordings: the same trials), where it is recorded (300 steps).
+``--large-heldout`` recordings: the same trials), where it is recorded (300 steps); :func:`follow_advice` scores a
+user who decides again on the samples a stop names (:data:`ADVICE`: the counts ``decide`` names, every count, or
+those and ``z^2`` times the split where the change sits at the tolerance) on the recorded larger splits, counting
+every stop of the two steps.
 """
 
 from __future__ import annotations
