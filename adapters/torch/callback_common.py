@@ -1,6 +1,6 @@
 """What the training-loop callbacks (``HFCallback``, ``LightningCallback``) share: their settings read and checked
-when they are built, their places found when training starts, an evaluation's probe, report and decision, and the
-scalars they log of it."""
+when they are built, their places found when training starts, and an evaluation's probe, report and decision
+(the scalars they log of it are :func:`satcore.adapters.base.callback_scalars`, the Keras callback's too)."""
 
 from __future__ import annotations
 
@@ -99,15 +99,3 @@ def callback_report(model, probe_data, loss_fn, config: ProbeConfig, report_opti
         decided = decide_under(unwrap_data_parallel(model), decision.train, probe_data, loss_fn,
                                decision.policy, decision.defaults, progress=counter)
     return dataclasses.replace(report, decision=decided)
-
-
-def callback_scalars(report, prefix: str, per_candidate: bool = True) -> dict[str, float]:
-    """What a callback logs of ``report`` (:func:`callback_report`): its :meth:`~satcore.DepthReport.scalars` and
-    its decision's (:meth:`~satcore.InsertionDecision.scalars`), keys starting ``prefix``; without
-    ``per_candidate`` the depth-wide ones only.  The decision's ``choice_index`` counts the report's candidates,
-    the list ``argmax_index`` and ``best_candidate_index`` count, so that every index a callback logs is into one
-    list."""
-    scalars = report.scalars(prefix, per_candidate)
-    if report.decision is not None:
-        scalars |= report.decision.scalars(prefix, per_candidate, places=[c.name for c in report.candidates])
-    return scalars
