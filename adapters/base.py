@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from satcore import DecisionPolicy, InputError, ModelOnDataError, SatcoreError
@@ -40,7 +40,7 @@ from .options import check_family
 
 __all__ = ["SPLIT_DATA", "PolicyDecision", "Probe", "ProbeOptions", "ProgressCounter", "callback_log_candidates",
            "callback_scalars", "callback_schedule", "growth_decision",
-           "check_step_range", "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options",
+           "check_step_range", "loss_name", "probe_meta", "refusing_bad_batch", "require_reiterable", "resolve_options",
            "warn_if_training_split"]
 
 
@@ -203,6 +203,20 @@ def callback_schedule(by: str, what: str, every, report) -> tuple[int, dict]:
         raise InputError(f"{by}: report must be a mapping of report() keywords, e.g. {{'criteria': "
                          f"satcore.Criteria(alpha=0.01)}}, got {type(report).__name__}")
     return every, dict(report or {})
+
+
+def require_reiterable(data, what: str) -> None:
+    """Refuse ``data`` that a callback cannot read at every evaluation: a one-shot iterator (a generator), which
+    the first evaluation would exhaust, or an empty sequence."""
+    if isinstance(data, Iterator):  # not iter(data): that would start a DataLoader's worker processes
+        raise InputError(f"{what} is a one-shot iterator (a generator?): it is read at every evaluation, so pass a "
+                         f"re-iterable such as a list of batches, a DataLoader or a tf.data.Dataset")
+    try:
+        empty = len(data) == 0
+    except TypeError:  # no length (a DataLoader over an IterableDataset): found empty when read, if it is
+        empty = False
+    if empty:
+        raise InputError(f"{what} holds no batches")
 
 
 def callback_log_candidates(by: str, log_candidates) -> bool:

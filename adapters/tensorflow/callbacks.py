@@ -22,9 +22,10 @@ import keras
 
 from satcore import DecisionPolicy, InputError, ProbeError
 from satcore.adapter_api import moved_keywords
-from satcore.adapters.base import callback_log_candidates, callback_scalars, callback_schedule
+from satcore.adapters.base import callback_log_candidates, callback_scalars, callback_schedule, require_reiterable
 
 from .grow import require_functional
+from .locate import locate_candidates
 from .probe import ProbeConfig, probe
 
 
@@ -48,11 +49,14 @@ class KerasCallback(keras.callbacks.Callback):
 
     Parameters
     ----------
-    probe_data : re-iterable of ``(x, y)`` batches or a ``tf.data.Dataset``, held out from training.
+    probe_data : re-iterable of ``(x, y)`` batches or a ``tf.data.Dataset``, held out from training (read at every
+        probed epoch: a generator or no batches are refused when the callback is built).
     loss_fn : ``loss_fn(y_true, y_pred)`` as :class:`~.probe.Probe` takes it; ``None``: the
         model's compiled loss without batch reduction (:func:`per_sample_loss`).
     every_n_epochs, report : how often, and keyword arguments of ``report()``.
-    config : the probe's :class:`~.probe.ProbeConfig` (default ``ProbeConfig()``).
+    config : the probe's :class:`~.probe.ProbeConfig` (default ``ProbeConfig()``; its ``split`` default
+        ``"heldout"``, as in the PyTorch callbacks).  Its places, and the policy's, are found in the model when
+        training starts (``on_train_begin``), so that a layer it does not have is refused before the first step.
     policy, train_data : optional
         Also decide, at each probed epoch end, where to insert a block under the
         :class:`satcore.DecisionPolicy` (:func:`~.decide.decide`, the trials drawing from the ``train_data``
@@ -82,12 +86,16 @@ class KerasCallback(keras.callbacks.Callback):
         if not isinstance(config, ProbeConfig):
             raise InputError(f"KerasCallback: config must be a satcore.adapters.tensorflow.ProbeConfig, got "
                              f"{type(config).__name__}")
+        if config.split is None:  # the probe data is held out from training (the tests assume it)
+            config = replace(config, split="heldout")
+        require_reiterable(probe_data, "KerasCallback's probe_data")
         if (policy is None) != (train_data is None):
             raise InputError("KerasCallback: policy= and train_data= (the training batches the trials draw from) go "
                              "together")
         if policy is not None:
             if not isinstance(policy, DecisionPolicy):
                 raise InputError(f"KerasCallback: policy must be a satcore.DecisionPolicy, got {type(policy).__name__}")
+            require_reiterable(train_data, "KerasCallback's train_data")
             # the callback's places and features where the policy gives none (its own probe settings stay its own)
             shared = ProbeConfig(family=config.family, init_std=config.init_std, n_features=config.n_features,
                                  strategy=config.strategy)
@@ -101,6 +109,10 @@ class KerasCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if self.policy is not None:  # the decision's trials rebuild the graph: refused before the first step
             require_functional(self.model, "KerasCallback(policy=...)")
+        # the places, the probe's and the decisions', found before the first step rather than at an epoch's end
+        locate_candidates(self.model, self.config.candidates)
+        if self.policy is not None:
+            locate_candidates(self.model, self.policy.candidates)
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every_n_epochs:

@@ -5,11 +5,10 @@ when they are built, their places found when training starts, and an evaluation'
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from satcore import DecisionPolicy, InputError
-from satcore.adapters.base import ProgressCounter
+from satcore.adapters.base import ProgressCounter, require_reiterable
 
 from .decide import decide_under, decision_probe_options
 from .input_bounds import check_trial_steps
@@ -67,20 +66,6 @@ def callback_places(model, config: ProbeConfig, decision: CallbackDecision | Non
 # the callback's probe settings its decisions share unless the policy sets them: the places, their family and features
 CALLBACK_SHARED = ("candidates", "family", "head", "mask", "n_features", "position_subsample", "batch_dtype",
                    "init_std")
-
-
-def require_reiterable(data, what: str) -> None:
-    """Refuse ``data`` that a callback cannot read at every evaluation: a one-shot iterator (a generator), which
-    the first evaluation would exhaust, or an empty sequence."""
-    if isinstance(data, Iterator):  # not iter(data): that would start a DataLoader's worker processes
-        raise InputError(f"{what} is a one-shot iterator (a generator?): it is read at every evaluation, so pass a "
-                         f"re-iterable such as a list of batches or a DataLoader")
-    try:
-        empty = len(data) == 0
-    except TypeError:  # no length (a DataLoader over an IterableDataset): found empty when read, if it is
-        empty = False
-    if empty:
-        raise InputError(f"{what} holds no batches")
 
 
 def callback_report(model, probe_data, loss_fn, config: ProbeConfig, report_options: dict,
