@@ -34,9 +34,9 @@ from torch import nn
 
 from satcore import DecisionPolicy, InputError
 
-from satcore.adapters.base import callback_schedule
+from satcore.adapters.base import callback_scalars, callback_schedule
 
-from .callback_common import callback_places, callback_report, callback_scalars, callback_settings
+from .callback_common import callback_places, callback_report, callback_settings
 from .probe import ProbeConfig
 
 
