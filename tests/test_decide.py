@@ -630,12 +630,62 @@ def test_expand_says_how_many_held_out_samples_would_resolve_its_stop():
 
     from cli.expand_report import STOP_WORDS, stop_line
 
-    for reason, needed in (("heldout_too_small", 900), ("gain_below_tolerance", None)):
-        expansion = SimpleNamespace(decision=SimpleNamespace(stop_reason=reason, heldout_samples_needed=needed),
+    for reason, samples, needed in (("heldout_too_small", 160, 900), ("gain_below_tolerance", 160, None)):
+        expansion = SimpleNamespace(decision=SimpleNamespace(stop_reason=reason, heldout_samples=samples,
+                                                             heldout_samples_needed=needed),
                                     budgeted=None, new_blocks=[], blocks_requested=1)
-        said = "" if needed is None else f" (about {needed} held-out samples would resolve it)"
+        said = "" if needed is None else (f"; about {needed} held-out samples would resolve it (the half-width "
+                                          "shrinks as 1/sqrt(n); a planning number that assumes the trials' changes "
+                                          "stay put)")
         assert stop_line(expansion) == (f"nothing inserted: {STOP_WORDS[reason]}{said}; continue training the model "
                                         "as it is")
+
+
+# what would resolve the stop below, by hand: the count ceil(160 (1.959964 * 0.0008 / 0.001)^2) = 394, or, at the
+# tolerance (se 0.01), no count and the first step ceil(160 x 1.959964^2) = ceil(614.6) = 615 samples
+AT_TOLERANCE_WORDS = ("no count is named; decide again on a larger held-out split (about 615 samples would resolve it "
+                      "were the change one standard error from the tolerance: a first step, not a count) or state a "
+                      "practical tolerance the data resolves (TrialSettings(..., tolerance=...), a share of the "
+                      "held-out loss)")
+
+
+@pytest.mark.parametrize("se, needed", [(0.01, None), (0.0008, 394)])
+@pytest.mark.parametrize("layout", ["ranked", "grouped"])
+def test_expand_says_what_would_resolve_an_unresolved_stop_as_decides_note_does(se, needed, layout):
+    """The stop of :func:`test_an_unresolved_stop_whose_change_sits_at_the_tolerance_names_no_count` (one trial at
+    -0.004 against the tolerance 0.005, read on 160 held-out samples) read by ``satcore expand`` as its placement
+    (``--layout ranked``: :class:`TrialRanking`; ``grouped``: a :class:`GroupedPlacement` over it): its stop line,
+    ``expansion.json``'s ``decision`` and the model card say what decide's note says, the named count (394) or,
+    where the change sits at the tolerance, the first step (615 samples) or a practical tolerance.  The line said
+    nothing of samples at the tolerance: the wrapper did not expose the held-out samples read."""
+    from cli.expand_report import stop_line
+    from satcore._rendering.table import render_decision
+    from satcore.adapters.torch.expansion import Expansion, GroupedPlacement, TrialRanking
+    from satcore.adapters.torch.expansion_exports import model_card
+
+    recipe = Recipe("adam", 1e-3, 300, 32)
+    trial = TrialCurve((75, 150, 300), (-0.002, -0.004, -0.004), (-0.03, -0.06, -0.08), se)
+    d = choose([CandidateDecision("layers.0", -0.004, -0.08, (-0.009, -0.001), 0.97, -0.02, trial)],
+               recipe, 2.0, 1.5, 300, DEFAULT_CALIBRATION, heldout_samples=160)
+    assert (d.stop_reason, d.heldout_samples_needed) == ("heldout_too_small", needed)
+    words = AT_TOLERANCE_WORDS if needed is None else (
+        f"about {needed} held-out samples would resolve it (the half-width shrinks as 1/sqrt(n); a planning number "
+        "that assumes the trials' changes stay put)")
+    assert words in render_decision(d)  # decide's own note
+    placement = TrialRanking(d) if layout == "ranked" else GroupedPlacement(TrialRanking(d), (("layers.0",),))
+    expansion = Expansion(None, (), 2, "copy", 1, placement, (), recipe, True, ("model.norm", "lm_head"),
+                          layout=layout)
+    line = stop_line(expansion)
+    assert words in line and line.endswith("; continue training the model as it is")
+    # at the tolerance, why no count is named
+    assert ("sits within one standard error of minus the tolerance" in line) == (needed is None)
+    record = json.loads(json.dumps(expansion.to_dict()))
+    assert (record["decision"]["stop_reason"], record["decision"]["heldout_samples"],
+            record["decision"]["heldout_samples_needed"]) == ("heldout_too_small", 160, needed)
+    card = model_card({**record, "source": "base", "data": {"file": "new.txt", "windows": 64, "seq_len": 32}}, "out")
+    assert "It stopped: `heldout_too_small`. The held-out data cannot resolve a gain of the stop tolerance at some " \
+           "trialled place: " in card and words in " ".join(card.split())
+    assert "could not show on this data whether expanding pays" in card and "does not pay" not in card
 
 
 def test_decide_stops_when_every_insertion_harms():

@@ -62,6 +62,28 @@ def stop_tolerance_note(decision) -> str:
             + ("" if in_se is None else f"; {num(in_se)} standard errors of the best credible trial") + ")" + how)
 
 
+def heldout_samples_words(heldout_samples: int | None, heldout_samples_needed: int | None,
+                          at_tolerance: str = "the change of the trial it rests on sits within one standard error of "
+                                              "minus the tolerance, so this split cannot size the held-out data that "
+                                              "would settle it") -> str:
+    """What would resolve a ``"heldout_too_small"`` stop, read off the decision's own fields
+    (:attr:`~satcore.InsertionDecision.heldout_samples`, :attr:`~satcore.InsertionDecision.heldout_samples_needed`):
+    the count it names; where it names none on a known split (the binding change within one standard error of minus
+    the tolerance, :attr:`~satcore.HeldoutResolution.at_tolerance`), ``at_tolerance`` (why) and the two ways on: a
+    larger split, whose first step is ``ceil(z_{0.975}^2 n)`` samples (:func:`samples_at_one_standard_error`), or a
+    practical tolerance.  One text for decide's note and ``satcore expand``'s stop line and model card."""
+    if heldout_samples_needed is not None:
+        return (f"about {heldout_samples_needed} held-out samples would resolve it (the half-width shrinks as "
+                "1/sqrt(n); a planning number that assumes the trials' changes stay put)")
+    if heldout_samples is None:
+        return "no number of held-out samples named"
+    first_step = samples_at_one_standard_error(heldout_samples)
+    return (f"{at_tolerance} and no count is named; decide again on a larger held-out split (about {first_step} "
+            "samples would resolve it were the change one standard error from the tolerance: a first step, not a "
+            "count) or state a practical tolerance the data resolves (TrialSettings(..., tolerance=...), a share of "
+            "the held-out loss)")
+
+
 def heldout_resolution_note(decision) -> str:
     """The note under a ``"heldout_too_small"`` stop: the stop tolerance, which term ruled it (fitted: a share of the
     generalization gap; stated: a share of the held-out loss) and its size in the binding trial's half-widths; that
@@ -73,20 +95,10 @@ def heldout_resolution_note(decision) -> str:
     trial = decision.candidates[name].trial
     change = trial.heldout_change[-1]
     read_on = "" if decision.heldout_samples is None else f" on {decision.heldout_samples} held-out samples"
-    needed = decision.heldout_samples_needed
-    if needed is not None:
-        would = (f"about {needed} held-out samples would (the half-width shrinks as 1/sqrt(n); a planning number that "
-                 "assumes the trials' changes stay put)")
-    elif decision.heldout_samples is None:
-        would = "no number of held-out samples named"
-    else:  # the count's own one-standard-error band reaches infinity: naming one would be noise
-        first_step = samples_at_one_standard_error(decision.heldout_samples)
-        would = (f"its change is {num(abs(change + eps))} from -{num(eps)}, within its standard error "
-                 f"{num(trial.heldout_se)}, so this split cannot size the held-out data that would settle it and no "
-                 f"count is named; decide again on a larger held-out split (about {first_step} samples would resolve "
-                 "it were the change one standard error from the tolerance: a first step, not a count) or state a "
-                 "practical tolerance the data resolves (TrialSettings(..., tolerance=...), a share of the held-out "
-                 "loss)")
+    # where no count is named, why: the distance the count divides by, against its standard error
+    at_tolerance = (f"its change is {num(abs(change + eps))} from -{num(eps)}, within its standard error "
+                    f"{num(trial.heldout_se)}, so this split cannot size the held-out data that would settle it")
+    would = heldout_samples_words(decision.heldout_samples, decision.heldout_samples_needed, at_tolerance)
     # a tolerance of 0 (the held-out loss not above the training loss, no share stated) asks whether any decrease
     # shows: "a gain of the tolerance (0)" and "reaches past -0" said that in words a user could not act on
     if eps > 0:
