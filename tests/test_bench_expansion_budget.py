@@ -368,3 +368,22 @@ def test_render_arm_errors_sets_each_arms_prediction_against_its_realized_change
     assert table[2:] == ["| 1 block, 2000 | far | 0 | 2 | 19, 39 | -0.0750, -0.1500 | -0.4500 | -0.2800 | +0.1700 | - |",
                          "| 1 block, 2000 | far | 1 | 2 | 19, 39 | -0.0750, -0.1200 | -0.2500 | -0.2800 | -0.0300 | "
                          f"-0.2000 ({math.sqrt(0.0008):.4f}) |"]
+
+
+def test_the_control_the_rule_can_reach_re_renders_its_lab_notes_tables(bench):
+    """The control's rows (a one-block base on the near pair: the sweep, then the decision at the shipped carry error
+    and at 0; a two-block base on the same pair at the shipped one), the settings tried on the way and the arm-by-arm
+    misses render the notes' tables."""
+    results = BENCH.parent / "results"
+    notes = (BENCH.parent / "expansion-budget-notes.md").read_text()
+    recorded = [results / f"expansion_budget_control_L1_{name}_near.jsonl" for name in ("sweep", "carry", "nocarry")]
+    lines = [line for line in bench.render_rules(recorded, "uniform-1").splitlines() if line.startswith(("| ", "* "))]
+    assert len(lines) == 1 + 10 + 3  # header, ten seeds, three paired intervals
+    explored = sorted(results.glob("expansion_budget_control_explore_*.jsonl"))
+    lines += [line for line in bench.render_settings(explored).splitlines() if line.startswith("| ")]
+    controls = [[results / f"expansion_budget_positive_L1_{name}_far.jsonl" for name in ("sweep", "carry")],
+                recorded[:2], [results / f"expansion_budget_control_L2_{name}_near.jsonl" for name in ("sweep", "carry")]]
+    lines += [line for line in bench.render_rules(controls[2], "uniform-1").splitlines() if line.startswith(("| ", "* "))]
+    lines += [line for line in bench.render_arm_errors([bench.main_protocol_files(results), *controls]).splitlines()
+              if line.startswith("| ")]
+    assert [line for line in lines if line not in notes] == []
