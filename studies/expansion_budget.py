@@ -487,8 +487,21 @@ def main(argv=None):
     p.add_argument("--render-rules", type=Path, nargs="+", default=None, metavar="JSONL",
                    help="print the positive control's table (render_rules: the first file's none and uniform rows at "
                    "the conventional count of --layers, each further file one decision rule's satcore rows) and exit")
+    p.add_argument("--render-settings", type=Path, nargs="+", default=None, metavar="JSONL",
+                   help="print the settings tried in search of a control (render_settings: each file's uniform-K "
+                   "minus none, per pair) and exit")
+    p.add_argument("--render-arm-errors", nargs="+", default=None, metavar="FILES",
+                   help="print where the trials' predictions miss, arm by arm (render_arm_errors), one setting per "
+                   "argument: comma-separated result files, or main (the main protocol's files), and exit")
     args = parse_or_render(p, argv, RESULTS, render)
     if args is None:
+        return
+    if args.render_settings:
+        print(render_settings(args.render_settings))
+        return
+    if args.render_arm_errors:
+        print(render_arm_errors([main_protocol_files(RESULTS.parent) if group == "main" else
+                                 [Path(p) for p in group.split(",")] for group in args.render_arm_errors]))
         return
     if args.render_rules:
         from satcore.adapters.torch.expansion import max_blocks_cap
@@ -616,9 +629,10 @@ def _fmt(interval: dict) -> str:
 
 def main_protocol_files(folder: Path) -> list[Path]:
     """The main protocol's result files in ``folder``: every ``expansion_budget_*.jsonl`` but those of other models
-    (SmolLM2-135M; the positive control's shallower bases), which render on their own (one setup and base a table)."""
+    (SmolLM2-135M; the positive controls' shallower bases), which render on their own (one setup and base a table)."""
     return sorted(p for p in Path(folder).glob("expansion_budget_*.jsonl")
-                  if not p.name.startswith(("expansion_budget_smollm2", "expansion_budget_positive")))
+                  if not p.name.startswith(("expansion_budget_smollm2", "expansion_budget_positive",
+                                            "expansion_budget_control")))
 
 
 def _load(paths):
@@ -823,7 +837,7 @@ def render_rules(paths, reference: str) -> str:
                                 for _, d in rules) + " |")
 
     def minus(arm: dict, other: dict) -> str:
-        return _fmt(crossed_interval([np.subtract(arm[s][target], other[s][target]) for s in seeds if s in arm]))
+        return _fmt(paired_minus(arm, other, [s for s in seeds if s in arm], target))
 
     out += ["", f"Paired over {len(seeds)} seeds x {len(none[seeds[0]][target])} windows ({pair}, target held-out, "
             "95%):", ""]
@@ -831,6 +845,77 @@ def render_rules(paths, reference: str) -> str:
             f" (seeds {', '.join(map(str, sorted(set(seeds) & set(arms[a]))))})") for a in uniform]
     out += [f"* satcore ({label}) minus {reference}: {minus(d, arms[reference])}; minus none: {minus(d, none)}"
             for label, d in rules]
+    return "\n".join(out)
+
+
+def paired_minus(arm: dict, other: dict, seeds, column: str) -> dict:
+    """``arm`` minus ``other`` (rows by seed) on the per-window losses ``column``, paired by seed and window over
+    ``seeds`` (:func:`crossed_interval`)."""
+    return crossed_interval([np.subtract(arm[s][column], other[s][column]) for s in seeds])
+
+
+def render_settings(paths) -> str:
+    """The settings tried in search of a control: one line per file, pair and ``uniform-K`` arm with its base
+    (blocks, width, pretraining steps), planned steps, the seeds both it and ``none`` were run at, the steps each
+    trained within the same budget, and uniform ``K`` minus ``none`` on the target held-out loss, paired by seed and
+    window (:func:`paired_minus`).  Each file holds one setup and base model (a message where one does not)."""
+    out = ["| base: blocks, width, pretraining steps | pair | planned steps | seeds | steps trained: none / uniform K "
+           "| uniform K minus none |", "|---|---|---|---|---|---|"]
+    for path in paths:
+        loaded = _load([path])
+        if isinstance(loaded, str):
+            return loaded
+        setup, _, _, runs = loaded
+        for pair, arms in runs.items():
+            none = arms.get("none", {})
+            for arm in (a for a in ARM_ORDER if a.startswith("uniform-") and a in arms):
+                seeds = sorted(set(none) & set(arms[arm]))
+                if seeds:
+                    out.append(f"| {setup['layers']}, {setup['width']}, {setup['pretrain_steps']} | {pair} | "
+                               f"{setup['steps']} | {', '.join(map(str, seeds))} | {none[seeds[0]]['steps_trained']} / "
+                               f"{arms[arm][seeds[0]]['steps_trained']} | K = {arm.split('-')[1]}: "
+                               f"{_fmt(paired_minus(arms[arm], none, seeds, f'{pair}_windows'))} |")
+    return "\n".join(out)
+
+
+def render_arm_errors(settings, arm: str = "satcore-carry") -> str:
+    """Where the trials' prediction misses, arm by arm: per setting (a list of result files with one setup and base
+    model), pair and block count ``K`` of ``arm``'s frontier, over the seeds with a sweep row for ``K`` (``none`` or
+    ``uniform-K``): the trials' mean held-out change at their first two checkpoints (every trial reads two), the
+    predicted change at the planned steps, the realized change of the sweep's arm from the base model (the bench's
+    held-out windows, not the decision's), realized minus predicted; for ``K > 0``, the same for the paired difference
+    from ``K = 0`` (mean and standard deviation over seeds)."""
+    out = ["| base, planned steps | pair | K | seeds | trial checkpoints | trial readings | predicted | realized "
+           "| realized minus predicted | paired difference from K = 0: realized minus predicted, mean (sd) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for paths in settings:
+        loaded = _load(paths)
+        if isinstance(loaded, str):
+            return loaded
+        setup, _, base, runs = loaded
+        for pair, arms in sorted(runs.items(), key=lambda item: PAIRS.index(item[0])):
+            cases = {}
+            for seed, row in sorted(arms.get(arm, {}).items()):
+                decision = row["evidence"]["record"]["decision"]
+                for entry in decision["frontier"]:
+                    sweep = _sweep_row(arms, entry["blocks"], seed)
+                    if sweep is None or arms["none"].get(seed) is None:
+                        continue
+                    readings = np.mean(entry["trial"]["heldout_change"], axis=0)[:2]
+                    realized = sweep["target"] - float(np.mean(base[pair][f"{pair}_windows"]))
+                    paired = (sweep["target"] - arms["none"][seed]["target"] - entry["predicted_minus_none"]
+                              if entry["blocks"] else None)
+                    cases.setdefault(entry["blocks"], []).append(
+                        (readings, entry["predicted_heldout_change"], realized, paired, decision["plan"]["checkpoints"][:2]))
+            for K, rows in sorted(cases.items()):
+                readings, predicted, realized, paired, checkpoints = zip(*rows)
+                out.append(f"| {setup['layers']} block{'s' * (setup['layers'] != 1)}, {setup['steps']} | {pair} | {K} | "
+                           f"{len(rows)} | "
+                           f"{', '.join(map(str, checkpoints[0]))} | "
+                           f"{', '.join(f'{v:+.4f}' for v in np.mean(readings, axis=0))} | {np.mean(predicted):+.4f} | "
+                           f"{np.mean(realized):+.4f} | {np.mean(realized) - np.mean(predicted):+.4f} | "
+                           + ("-" if not K else f"{np.mean(paired):+.4f} "
+                              + (f"({np.std(paired, ddof=1):.4f})" if len(paired) > 1 else "(one seed)")) + " |")
     return "\n".join(out)
 
 

@@ -300,3 +300,90 @@ def test_the_smollm2_protocols_flops_for_its_30_layer_llama_config_match_an_inde
     # the budget of 120 reference steps buys 120 // (3 (30 b + h) / (51 b + 2 h)) steps of the model as it is
     assert bench.steps_within(120 * reference, 0.0, 3 * (30 * block + head) * tokens) == \
         int(120 * (51 * block + 2 * head) // (3 * (30 * block + head)))
+
+
+def _student(differences):
+    """The paired interval of per-seed differences constant over windows: Student's t over the seeds (scipy)."""
+    low, high = stats.ttest_1samp(differences, 0.0).confidence_interval(0.95)
+    return f"{np.mean(differences):+.4f} [{low:+.4f}, {high:+.4f}]"
+
+
+def test_render_settings_gives_each_files_uniform_arms_minus_none_paired_by_seed(bench, tmp_path):
+    """Two files, two setups: per file, pair and uniform arm one line, over the seeds both it and none were run at;
+    where a seed's windows differ by the same amount the interval is Student's t over the seeds, with one seed the
+    paired t over its windows (independent references: scipy); a file whose rows do not share one setup gives the
+    loader's message."""
+    def rows(setup, pair, windows, steps):
+        base = {"key": {"pair": pair, "arm": "base"}, "setup": setup, "pretrain": {}, "before": [], "steps_trained": 0,
+                f"{pair}_windows": [2.0, 2.2], "general_windows": [2.1, 2.3]}
+        return [base] + [_row(pair, seed, arm, [], w, [2.2, 2.4], setup=setup, steps_trained=steps[arm])
+                         for arm, by_seed in windows.items() for seed, w in by_seed.items()]
+
+    shallow = {"layers": 2, "width": 48, "pretrain_steps": 4000, "steps": 2000}
+    paths = [tmp_path / "two.jsonl", tmp_path / "one.jsonl"]
+    first = rows(shallow, "near", {"none": {0: [1.7, 1.9], 1: [1.74, 1.94], 2: [1.8, 2.0]},
+                                   "uniform-1": {0: [1.68, 1.88], 1: [1.73, 1.93]}, "uniform-2": {2: [1.8, 2.1]}},
+                 {"none": 1601, "uniform-1": 2000, "uniform-2": 1197})
+    second = rows({**shallow, "layers": 1, "width": 32}, "far",
+                  {"none": {0: [1.6, 1.8], 1: [1.7, 1.9]}, "uniform-1": {0: [1.5, 1.7], 1: [1.65, 1.85]}},
+                  {"none": 2231, "uniform-1": 2000})
+    for path, content in zip(paths, (first, second)):
+        path.write_text("".join(json.dumps(r) + "\n" for r in content))
+    one_seed = stats.ttest_1samp([0.0, 0.1], 0.0).confidence_interval(0.95)  # seed 2: its two windows
+    assert bench.render_settings(paths).splitlines()[2:] == [
+        f"| 2, 48, 4000 | near | 2000 | 0, 1 | 1601 / 2000 | K = 1: {_student([-0.02, -0.01])} |",
+        f"| 2, 48, 4000 | near | 2000 | 2 | 1601 / 1197 | K = 2: +0.0500 [{one_seed[0]:+.4f}, {one_seed[1]:+.4f}] |",
+        f"| 1, 32, 4000 | far | 2000 | 0, 1 | 2231 / 2000 | K = 1: {_student([-0.1, -0.05])} |"]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps(r) + "\n" for r in first + second[1:]))
+    assert bench.render_settings([mixed]).startswith("not paired:")
+
+
+def test_render_arm_errors_sets_each_arms_prediction_against_its_realized_change(bench, tmp_path):
+    """One setting, two seeds: per K the trials' first two readings, the predicted change, the realized change of the
+    sweep's arm from the base model (mean of its windows: 2.1) and realized minus predicted; for K = 1 the paired
+    difference's realized minus predicted, mean and sample standard deviation over the seeds, by hand."""
+    setup = {"layers": 1, "steps": 2000}
+    base = {"key": {"pair": "far", "arm": "base"}, "setup": setup, "pretrain": {}, "before": [], "steps_trained": 0,
+            "far_windows": [2.0, 2.2], "general_windows": [2.1, 2.3]}
+    targets = {"none": (1.80, 1.84), "uniform-1": (1.78, 1.86)}
+    rows = [base] + [_row("far", seed, arm, [], [v - 0.1, v + 0.1], [2.2, 2.4], setup=setup)
+                     for arm, by_seed in targets.items() for seed, v in enumerate(by_seed)]
+    trials = {0: ([[-0.1, -0.2, -0.25]], [[-0.12, -0.18]]), 1: ([[-0.05, -0.1]], [[-0.03, -0.06]])}
+    predicted = {0: (-0.50, -0.30), 1: (-0.40, -0.20)}  # per seed: K = 0, K = 1
+    for seed in (0, 1):
+        frontier = [{"blocks": 0, "trial": {"heldout_change": trials[seed][0]}, "predicted_heldout_change":
+                     predicted[seed][0], "predicted_minus_none": None},
+                    {"blocks": 1, "trial": {"heldout_change": trials[seed][1]}, "predicted_heldout_change":
+                     predicted[seed][1], "predicted_minus_none": predicted[seed][1] - predicted[seed][0]}]
+        decision = {"frontier": frontier, "plan": {"checkpoints": [19, 39, 79]}}
+        rows.append(_row("far", seed, "satcore-carry", [], [1.9, 1.9], [2.2, 2.4], setup=setup,
+                         evidence={"record": {"decision": decision}}))
+    path = tmp_path / "control.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = bench.render_arm_errors([[path]]).splitlines()
+    # K = 0: readings (-0.1 - 0.05) / 2, (-0.2 - 0.1) / 2; predicted -0.45; realized 1.82 - 2.1 = -0.28
+    # K = 1: readings -0.075, -0.12; predicted -0.25; realized 1.82 - 2.1; paired: realized -0.02, +0.02 minus
+    # predicted +0.2, +0.2: -0.22, -0.18 (sd 0.0283)
+    assert table[2:] == ["| 1 block, 2000 | far | 0 | 2 | 19, 39 | -0.0750, -0.1500 | -0.4500 | -0.2800 | +0.1700 | - |",
+                         "| 1 block, 2000 | far | 1 | 2 | 19, 39 | -0.0750, -0.1200 | -0.2500 | -0.2800 | -0.0300 | "
+                         f"-0.2000 ({math.sqrt(0.0008):.4f}) |"]
+
+
+def test_the_control_the_rule_can_reach_re_renders_its_lab_notes_tables(bench):
+    """The control's rows (a one-block base on the near pair: the sweep, then the decision at the shipped carry error
+    and at 0; a two-block base on the same pair at the shipped one), the settings tried on the way and the arm-by-arm
+    misses render the notes' tables."""
+    results = BENCH.parent / "results"
+    notes = (BENCH.parent / "expansion-budget-notes.md").read_text()
+    recorded = [results / f"expansion_budget_control_L1_{name}_near.jsonl" for name in ("sweep", "carry", "nocarry")]
+    lines = [line for line in bench.render_rules(recorded, "uniform-1").splitlines() if line.startswith(("| ", "* "))]
+    assert len(lines) == 1 + 10 + 3  # header, ten seeds, three paired intervals
+    explored = sorted(results.glob("expansion_budget_control_explore_*.jsonl"))
+    lines += [line for line in bench.render_settings(explored).splitlines() if line.startswith("| ")]
+    controls = [[results / f"expansion_budget_positive_L1_{name}_far.jsonl" for name in ("sweep", "carry")],
+                recorded[:2], [results / f"expansion_budget_control_L2_{name}_near.jsonl" for name in ("sweep", "carry")]]
+    lines += [line for line in bench.render_rules(controls[2], "uniform-1").splitlines() if line.startswith(("| ", "* "))]
+    lines += [line for line in bench.render_arm_errors([bench.main_protocol_files(results), *controls]).splitlines()
+              if line.startswith("| ")]
+    assert [line for line in lines if line not in notes] == []
