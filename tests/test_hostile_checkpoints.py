@@ -306,6 +306,37 @@ def test_recipe_numbers():
             Recipe("adam", **{"lr": 1e-3, "steps": 10, "batch_size": 4, **kwargs})
 
 
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("field, value, expect", [
+    ("fraction", NAN, "decision budget: fraction must be a finite number, got nan"),
+    ("fraction", True, "decision budget: fraction must be a finite number, got True (bool)"),
+    ("fraction", 1.5, "decision budget: fraction must be <= 1 (of the planned training), got 1.5"),
+    ("replicates", True, "decision budget: replicates must be a positive integer, got True"),
+    ("carry_per_doubling", INF, "decision budget: carry_per_doubling (nats) must be a finite number, got inf"),
+    ("max_forgetting", -0.1, "decision budget: max_forgetting (nats) must be >= 0, got -0.1"),
+    ("max_forgetting", NAN, "decision budget: max_forgetting (nats) must be a finite number, got nan"),
+    ("max_forgetting", "0.1", "decision budget: max_forgetting (nats) must be a finite number, got '0.1' (str)"),
+    ("tolerance", INF, "decision budget: tolerance (nats) must be a finite number, got inf"),
+    ("tolerance", -1, "decision budget: tolerance (nats) must be >= 0, got -1"),
+    ("tolerance", "x", "decision budget: tolerance (nats) must be a finite number, got 'x' (str)"),
+])
+def test_a_decision_budget_refuses_what_it_cannot_weigh_when_built(field, value, expect):
+    """A NaN or inf tolerance or max_forgetting compared false and chose silently, a text one failed as a TypeError
+    after the trials had run, a negative tolerance only after the model's losses: each is refused on construction."""
+    from satcore.adapters.torch.expansion_frontier import DecisionBudget
+
+    general = torch.ones(8, 4, dtype=torch.long)
+    with pytest.raises(InputError) as refused:
+        DecisionBudget(**{"general": general, field: value})
+    assert str(refused.value) == expect
+    taken = DecisionBudget(fraction=np.float32(0.25), replicates=np.int64(2), general=general,
+                           max_forgetting=np.float64(0.5), tolerance=0)
+    assert (taken.fraction, taken.replicates, taken.max_forgetting, taken.tolerance) == (0.25, 2, 0.5, 0.0)
+    assert type(taken.fraction) is float and type(taken.replicates) is int
+
+
 @pytest.mark.parametrize("optimizer, dtype, lr, weight_decay, refused_step", [
     ("adam", torch.float32, 1e38, 0.0, "1e+39"),  # Adam's first step is 10 lr: past float32's 3.4e38
     ("adamw", torch.float16, 1e4, 0.0, "100000"),  # past float16's 65504
