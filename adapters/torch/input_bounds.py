@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -31,7 +32,10 @@ ENV_MAX_TRIAL_STEPS = "SATCORE_MAX_TRIAL_STEPS"
 
 
 def read_batches(data, what: str) -> list:
-    """``list(data)``, at most :data:`MAX_DATA_BATCHES` batches (an endless iterator is refused, naming ``what``)."""
+    """``list(data)``, at most :data:`MAX_DATA_BATCHES` batches (an endless iterator is refused, naming ``what``;
+    ``None`` or another object that is not iterable too, instead of a bare ``TypeError``)."""
+    if not isinstance(data, Iterable):
+        raise InputError(f"{what}: not an iterable of batches, got {type(data).__name__}")
     batches = list(itertools.islice(data, MAX_DATA_BATCHES + 1))
     if len(batches) > MAX_DATA_BATCHES:
         raise InputError(f"{what}: more than {MAX_DATA_BATCHES:,} batches (an endless iterator?); pass a finite "
