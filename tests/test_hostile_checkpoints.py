@@ -377,6 +377,25 @@ def windows(n=64, seed=0):
     return [({"input_ids": w}, w) for w in ids.split(8)]
 
 
+@pytest.mark.parametrize("budget", ["5e-324", "1e-300"])
+def test_a_tiny_decision_budget_names_only_the_remedies_in_range(budget, source, tmp_path):
+    """--decision-budget 5e-324 made the --steps that would fit inf: an OverflowError's traceback; 1e-300 named a
+    300-digit --steps, past the option's range.  Only the --decision-budget that decides is named."""
+    out = tmp_path / "o"
+    result = run_expand(source[0], source[1], out, "--blocks", "auto", "--steps", "200", "--decision-budget", budget)
+    refused(result, f"a decision budget of {float(budget):g} (--decision-budget) of 200 planned steps (--steps)")
+    assert re.search(r"fixed\): give --decision-budget 0\.\d+$", result.stderr.strip()), result.stderr
+    assert not out.exists()
+
+
+def test_a_decision_no_budget_or_steps_in_range_affords_says_so():
+    from satcore.adapter_api import MAX_COUNT, plan_trials
+
+    with pytest.raises(InputError) as refused_plan:  # 2 arms, 2 seeds: more than the whole of 20 steps
+        plan_trials(20, 1e-300, [1.0, 1.1], [1.0, 1.0], 2, 3.0)
+    assert str(refused_plan.value).endswith(f"fixed): no --decision-budget up to 1 nor --steps up to {MAX_COUNT} fits")
+
+
 def test_decide_bounds_its_work_before_reading_the_data(monkeypatch):
     import itertools
 
