@@ -13,6 +13,7 @@ the cost and which candidates were verified or eliminated are equal.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -257,6 +258,28 @@ def test_keras_decide_refuses_what_it_cannot_decide_on():
         keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32), max_trials=2)
     with pytest.raises(TypeError, match=r"decide\(\) got an unexpected keyword argument 'max_trails'"):
         keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32), max_trails=2)
+
+
+@pytest.mark.parametrize("framework", ["torch", "keras"])
+@pytest.mark.parametrize("split, given, expect", [
+    ("train", "endless", "decide: the training data: more than 65,536 batches (an endless iterator?); pass a finite "
+                         "list of batches"),
+    ("heldout", None, "decide: the held-out data: not an iterable of batches, got NoneType"),
+])
+def test_decide_reads_a_split_in_bounded_work_or_refuses_it(framework, split, given, expect):
+    """Keras' decide read a split with list(data): an endless iterator was read until memory ran out (torch's stopped
+    at MAX_DATA_BATCHES), and None was a bare TypeError; both decides now read through one bounded reader."""
+    net, model = _models()
+    data = {"train": _batches(0, 64, 32), "heldout": _batches(1200, 64, 32)}
+    if framework == "keras":
+        data = {name: _as_numpy(batches) for name, batches in data.items()}
+    data[split] = itertools.repeat(data[split][0]) if given == "endless" else given
+    with pytest.raises(InputError) as refused:
+        if framework == "torch":
+            torch_decide(net, data["train"], data["heldout"], per_sample_ce, recipe=Recipe("sgd", 0.1, 4, 32))
+        else:
+            keras_decide(model, data["train"], data["heldout"], _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32))
+    assert str(refused.value) == expect
 
 
 BAD_BATCHES = {  # the split, the bad batch's index and how it is spoilt; each run of the model or its loss fails
