@@ -282,6 +282,24 @@ def test_decide_reads_a_split_in_bounded_work_or_refuses_it(framework, split, gi
     assert str(refused.value) == expect
 
 
+@pytest.mark.parametrize("inputs, reason", [
+    (np.array([object()] * 32), "(Failed to convert a NumPy array to a Tensor (Unsupported object type object).)"),
+    (None, "(Attempt to convert a value (None) with an unsupported type (<class 'NoneType'>) to a Tensor.)"),
+    (np.float32(1.0), "slice index 0 of dimension 0 out of bounds"),  # a scalar: no sample axis
+])
+def test_keras_decide_refuses_inputs_tensorflow_cannot_take_as_a_batch(inputs, reason):
+    """Counting a batch's samples converted its inputs to a tensor outside any refusal: an object array, None or a
+    scalar escaped as TensorFlow's ValueError or InvalidArgumentError; now one InputError naming split and batch."""
+    _, model = _models()
+    train, heldout = _as_numpy(_batches(0, 64, 32)), _as_numpy(_batches(1200, 64, 32))
+    train[1] = (inputs, train[1][1])
+    with pytest.raises(InputError) as refused:
+        keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32))
+    message = str(refused.value)
+    assert message.startswith("decide: training data: batch 1: inputs TensorFlow cannot take as a batch (")
+    assert reason in message and "\n" not in message
+
+
 BAD_BATCHES = {  # the split, the bad batch's index and how it is spoilt; each run of the model or its loss fails
     "inputs of another width": ("train", 1, lambda x, y: (x[:, :5], y)),
     "fewer targets than inputs": ("heldout", 0, lambda x, y: (x, y[:-1])),

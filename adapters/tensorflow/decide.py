@@ -224,7 +224,13 @@ def _batches(data, split: str) -> list:
             x, _ = _unpack(batch)
         except (ValueError, TypeError) as e:
             raise InputError(f"decide: {split} data: {e} (pass batches, e.g. a list of (x, y))") from None
-        if _samples(x) == 0:
+        try:
+            samples = _samples(x)
+        except (ValueError, TypeError, IndexError, tf.errors.InvalidArgumentError) as e:  # not an array TF takes
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise InputError(f"decide: {split} data: batch {i}: inputs TensorFlow cannot take as a batch ({first})"
+                             ) from None
+        if samples == 0:
             raise InputError(f"decide: {split} data: batch {i} holds no samples")
     return batches
 
