@@ -413,6 +413,30 @@ def test_decide_bounds_its_work_before_reading_the_data(monkeypatch):
         decide(model, windows(), windows(seed=1), sequence_loss, recipe=Recipe("adam", 1e-3, 4, 8))
 
 
+@pytest.mark.parametrize("general, expect", [
+    (torch.rand(16, 8), "decision budget: general: token ids must be an integer (windows, tokens) tensor of at least 4 "
+                        "windows, got float32 (16, 8)"),
+    (torch.ones(16, dtype=torch.long), "tensor of at least 4 windows, got int64 (16,)"),
+    (torch.ones(3, 8, dtype=torch.long), "tensor of at least 4 windows, got int64 (3, 8)"),
+    (None, "decision budget: general: more than 65,536 batches (an endless iterator?)"),
+])
+def test_expand_names_general_data_it_cannot_read_as_the_general_data(general, expect):
+    """DecisionBudget(general=...) the frontier cannot read: a float tensor failed as the model's "batch 0" and 3
+    windows as "expand needs at least 4 batches of data", both read as the target data's; an endless iterator was
+    read until memory ran out.  Each is refused naming the general data, before any trial."""
+    import itertools
+
+    from satcore.adapters.torch import ExpansionOptions, expand
+    from satcore.adapters.torch.expansion_frontier import DecisionBudget
+
+    general = itertools.repeat(windows()[0]) if general is None else general
+    budget = DecisionBudget(general=general)
+    with pytest.raises(InputError) as refused:
+        expand(build("llama"), torch.randint(1, 64, (64, 8), generator=torch.Generator().manual_seed(0)),
+               blocks="auto", recipe=Recipe("adamw", 1e-3, 400, 8, "block"), options=ExpansionOptions(budget=budget))
+    assert expect in str(refused.value)
+
+
 def test_decide_and_expand_leave_the_callers_rng_and_model_alone():
     from satcore.adapters.torch import ProbeConfig, decide, sequence_loss
     from satcore.adapters.torch.expansion import ExpansionOptions, expand

@@ -40,7 +40,7 @@ from satcore import DecisionPolicy, InputError, ModelOnDataError, Recipe
 from satcore.adapter_api import (CARRY_PER_DOUBLING, MIN_HELDOUT, RACE_MARGIN, FrontierChoice, Prediction, TrialPlan,
                                  affordable_heldout, block_counts, carry_error, choose_blocks, new_positions,
                                  plan_trials, predict_change, racing, split_words, step_flops, uniform_groups,
-                                 uniform_places, with_carry, finite_real, positive_count)
+                                 uniform_places, with_carry, finite_real, positive_count, read_batches)
 
 from .decide import per_sample_eval, recipe_minibatches, recipe_optimizer
 from .input_bounds import check_trial_work
@@ -516,11 +516,17 @@ def _general_batches(general, count: int | None = None) -> list:
     if general is None:
         return []
     if torch.is_tensor(general):
+        # named as the general data here: a float tensor was otherwise the model's failure on "batch 0", and fewer
+        # than 4 windows "expand needs at least 4 batches of data", both read as the target data's
+        if general.dim() != 2 or general.is_floating_point() or general.is_complex() or len(general) < 4:
+            raise InputError(f"decision budget: general: token ids must be an integer (windows, tokens) tensor of at "
+                             f"least 4 windows, got {str(general.dtype).removeprefix('torch.')} "
+                             f"{tuple(general.shape)}")
         if count is not None and count < len(general):
             return _windows_batches(general[_spaced(len(general), count)], 8)
         train, held = split_batches(general)
         return train + held
-    return list(general)
+    return read_batches(general, "decision budget: general")
 
 
 def _spaced(n: int, count: int) -> torch.Tensor:
