@@ -251,6 +251,21 @@ def test_hostile_token_lines_are_one_line(line, expect, source, tmp_path):
     refused(run_expand(source[0], data, tmp_path / "o", "--blocks", "1"), *expect)
 
 
+@pytest.mark.parametrize("flag", ["--data", "--general-data"])
+def test_text_with_a_nul_byte_is_refused_as_not_text(flag, source, tmp_path):
+    """A file of zeros (sparse, preallocated, a download cut short) is UTF-8 all the same: read as 'text', its NULs
+    were tokenised and --general-data's 4 GiB of them measured as the model's old domain.  No text holds a NUL."""
+    zeros = tmp_path / "zeros.txt"
+    zeros.write_bytes(source[1].read_bytes()[:1000] + bytes(10_000))
+    data, general = (zeros, None) if flag == "--data" else (source[1], zeros)
+    out = tmp_path / "o"
+    extra = ["--blocks", "1"] if general is None else ["--blocks", "auto", "--steps", "300", "--general-data", general]
+    result = run_expand(source[0], data, out, *extra)
+    refused(result, f"{flag + ' ' if general else ''}{zeros}: not text (a NUL byte at offset 1000); token ids go in "
+                    ".npz or .jsonl")
+    assert not out.exists()
+
+
 def test_max_windows_is_bounded_by_the_file_not_allocated(source, tmp_path):
     """--max-windows 2**53 on a 9 kB text: the tokens read are what the file holds (no buffer of 2**53 x 16)."""
     code, err, rss = peak_rss(["expand", str(source[0]), "--data", str(source[1]), "--blocks", "1", "--seq-len", "16",
