@@ -38,9 +38,9 @@ import torch
 
 from satcore import DecisionPolicy, InputError, ModelOnDataError, Recipe
 from satcore.adapter_api import (CARRY_PER_DOUBLING, MIN_HELDOUT, RACE_MARGIN, FrontierChoice, Prediction, TrialPlan,
-                                 affordable_heldout, block_counts, carry_error, choose_blocks, new_positions,
-                                 plan_trials, predict_change, racing, split_words, step_flops, uniform_groups,
-                                 uniform_places, with_carry, finite_real, positive_count, read_batches)
+                                 affordable_heldout, block_counts, carry_error, choose_blocks, finite_real,
+                                 new_positions, plan_trials, positive_count, predict_change, racing, read_batches,
+                                 split_words, step_flops, uniform_groups, uniform_places, with_carry)
 
 from .decide import per_sample_eval, recipe_minibatches, recipe_optimizer
 from .input_bounds import check_trial_work
