@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from satcore import DecisionPolicy, InputError, ModelOnDataError, SatcoreError
@@ -38,8 +38,9 @@ from satcore.adapter_api import MAX_SEED, TRAINING_SPLIT_WARNING, Probe, is_trai
 
 from .options import check_family
 
-__all__ = ["SPLIT_DATA", "PolicyDecision", "Probe", "ProbeOptions", "ProgressCounter", "callback_schedule", "growth_decision",
-           "check_step_range", "loss_name", "probe_meta", "refusing_bad_batch", "resolve_options",
+__all__ = ["SPLIT_DATA", "PolicyDecision", "Probe", "ProbeOptions", "ProgressCounter", "callback_log_candidates",
+           "callback_scalars", "callback_schedule", "growth_decision",
+           "check_step_range", "loss_name", "probe_meta", "refusing_bad_batch", "require_reiterable", "resolve_options",
            "warn_if_training_split"]
 
 
@@ -202,6 +203,41 @@ def callback_schedule(by: str, what: str, every, report) -> tuple[int, dict]:
         raise InputError(f"{by}: report must be a mapping of report() keywords, e.g. {{'criteria': "
                          f"satcore.Criteria(alpha=0.01)}}, got {type(report).__name__}")
     return every, dict(report or {})
+
+
+def require_reiterable(data, what: str) -> None:
+    """Refuse ``data`` that a callback cannot read at every evaluation: a one-shot iterator (a generator), which
+    the first evaluation would exhaust, or an empty sequence."""
+    if isinstance(data, Iterator):  # not iter(data): that would start a DataLoader's worker processes
+        raise InputError(f"{what} is a one-shot iterator (a generator?): it is read at every evaluation, so pass a "
+                         f"re-iterable such as a list of batches, a DataLoader or a tf.data.Dataset")
+    try:
+        empty = len(data) == 0
+    except TypeError:  # no length (a DataLoader over an IterableDataset): found empty when read, if it is
+        empty = False
+    if empty:
+        raise InputError(f"{what} holds no batches")
+
+
+def callback_log_candidates(by: str, log_candidates) -> bool:
+    """``log_candidates`` of the callback ``by`` (whether it logs the per-candidate keys as well as the depth-wide
+    ones, :func:`callback_scalars`): ``True`` or ``False``, refused naming the callback when it is built."""
+    if not isinstance(log_candidates, bool):
+        raise InputError(f"{by}: log_candidates must be True or False, got {log_candidates!r}")
+    return log_candidates
+
+
+def callback_scalars(report, prefix: str, per_candidate: bool = True) -> dict[str, float]:
+    """What a training-loop callback logs of ``report`` (a :class:`satcore.DepthReport`, with its
+    :class:`satcore.InsertionDecision` where the callback decides): its :meth:`~satcore.DepthReport.scalars` and
+    its decision's (:meth:`~satcore.InsertionDecision.scalars`), keys starting ``prefix``; without
+    ``per_candidate`` the depth-wide ones only.  The decision's ``choice_index`` counts the report's candidates,
+    the list ``argmax_index`` and ``best_candidate_index`` count, so that every index a callback logs is into one
+    list.  One function for every framework's callbacks, so that one decision logs one key set in each."""
+    scalars = report.scalars(prefix, per_candidate)
+    if report.decision is not None:
+        scalars |= report.decision.scalars(prefix, per_candidate, places=[c.name for c in report.candidates])
+    return scalars
 
 
 class PolicyDecision:

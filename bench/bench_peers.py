@@ -1,6 +1,7 @@
 """Peers: BackPACK and GroMo against satcore on the same blocks and batches.
 
-Usage: ``python -m bench.bench_peers [--quick] [--threads N] [--repeats R]``.
+Usage: ``python -m bench.bench_peers [--quick] [--threads N] [--repeats R] [--workload gpt2|resnet8]``
+(``--workload``: that workload's rows only; the other's stay as recorded).
 
 Workloads of :mod:`_workloads`: GPT-2 (``mlp`` family, BackPACK and GroMo)
 and the paper's ResNet-8 (``conv`` family, BackPACK; GroMo's convolution
@@ -69,7 +70,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench._results import record
+from bench._results import record, results_path
 from bench._workloads import (WORKLOADS, fresh_process_peaks, interleaved, peak_rss_increase, parse_bench_args,
                               versions)
 from satcore.adapters.torch import build_feature_map, find_blocks, probe
@@ -379,7 +380,8 @@ def measure(workload: str, mode: str, repeats: int, threads: int) -> tuple[dict,
 
 
 def main():
-    args = parse_bench_args(__doc__, {"--peak-of": "WORKLOAD:CONTENDER: print that one's peak_alone, in bytes"})
+    args = parse_bench_args(__doc__, {"--peak-of": "WORKLOAD:CONTENDER: print that one's peak_alone, in bytes",
+                                      "--workload": f"one of {list(SIZES)}: its rows only, the other's as recorded"})
     # BackPACK's hooks on V, whose input needs no gradient: harmless, V's weight gradient is what is read.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     mode = "quick" if args.quick else "full"
@@ -387,9 +389,11 @@ def main():
         workload, name = args.peak_of.split(":")
         print(peak_alone(workload, mode, name))
         return
+    if args.workload not in (None, *SIZES):
+        raise SystemExit(f"--workload must be one of {list(SIZES)}, got {args.workload!r}")
     repeats = args.repeats or 3
-    details, summary = {}, {}
-    for workload in SIZES:
+    details, summary = recorded_workloads(args.quick) if args.workload else {}, {}
+    for workload in [args.workload] if args.workload else SIZES:
         details[workload], values = measure(workload, mode, repeats, args.threads)
         summary.update(values)
     record(
@@ -398,6 +402,16 @@ def main():
          "workloads": details},
         summary,
     )
+
+
+def recorded_workloads(quick: bool) -> dict:
+    """The workloads' details as the peers section of the results holds them (none when it holds none):
+    a run of one workload keeps the other's (its summary keys stay at the top level as they are)."""
+    import json
+
+    path = results_path({"quick": quick})
+    sections = json.loads(path.read_text()).get("sections", {}) if path.exists() else {}
+    return dict(sections.get("peers", {}).get("workloads", {}))
 
 
 def peer_versions() -> dict:

@@ -3,7 +3,8 @@
 Usage: ``python -m bench.peers_time_parts [--quick] [--threads N] [--repeats R]``.
 
 The contenders of :mod:`bench.bench_peers` (satcore's default probe, with ``report()``; BackPACK's
-``SumGradSquared``; GroMo, with ``compute_optimal_delta``) at the bench's GPT-2 sizes, run in rotating
+``SumGradSquared``; GroMo, with ``compute_optimal_delta``) and satcore's probe reduced to its float64
+Gram (:func:`gram_only`, the floor of an exact default) at the bench's GPT-2 sizes, run in rotating
 order ``R`` times; each part is timed (CPU seconds of this process) by wrapping the function that does
 it, and the medians are printed per batch.  A peer's forward includes its branch ``z + V psi(z)`` (and
 the features ``psi``, listed apart), its backward ``V``'s gradient and its hooks.  Prints only: the
@@ -23,7 +24,35 @@ import torch
 from bench import bench_peers
 from bench._workloads import parse_bench_args
 
-CONTENDERS = ("satcore", "backpack_sumgradsquared", "gromo", "satcore_scored", "gromo_scored")
+CONTENDERS = ("satcore", "backpack_sumgradsquared", "gromo", "satcore_scored", "gromo_scored", "satcore_gram_only")
+
+
+def gram_only(run):
+    """``run`` (satcore's default probe) with every per-batch sum but the Gram left at zero: the float64
+    Gram of the float32 features added into the totals as the default adds it (``add_gram``), nothing else
+    formed.  What no exact default can go under, the Gram being the float64 product it keeps (a float32
+    Gram's round-off lands on the directions ``K^-`` amplifies: see the peers page)."""
+    from satcore import BatchMoments
+    from satcore.adapters.torch import moments
+
+    probe = importlib.import_module("satcore.adapters.torch.probe")
+
+    def gram_sums(q, psi, *, grams_into, **_):
+        M, T, N = q.shape
+        rows = psi.reshape(M * T, -1).to(torch.float64)
+        moments.add_gram(grams_into["sum_gram"], rows)
+        zero = torch.zeros((), dtype=torch.float64)
+        return BatchMoments(n_samples=M, n_vectors=M * T, sum_q_sq=zero, batch_grad_norm=zero, sum_gram=None,
+                                    sum_cross=torch.zeros((N, rows.shape[1]), dtype=torch.float64), sum_xi_sq=zero)
+
+    def runner():
+        routine, probe.batch_moments = probe.batch_moments, gram_sums
+        try:
+            return run()
+        finally:
+            probe.batch_moments = routine
+
+    return runner
 
 
 def timed_parts(totals: dict) -> None:
@@ -71,6 +100,7 @@ def main():
     args = parse_bench_args(__doc__)
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     setting, runs = bench_peers.contenders("gpt2", "quick" if args.quick else "full")
+    runs["satcore_gram_only"] = gram_only(runs["satcore"])
     totals: dict = {}
     timed_parts(totals)
     for name in CONTENDERS:  # first calls: imports and lazily built state

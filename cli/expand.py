@@ -274,10 +274,11 @@ def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False,
               "counts only where it beats K = 0 credibly, paired on the same windows (its 95% interval, the trials' "
               "noise and the error of carrying them to your steps, below 0, its point below minus --tolerance); of those, the fewest whose predicted held-out loss after your "
               "training is within --tolerance of the best; none when expanding does not pay; trials only, not "
-              "with --decision screen).")
+              "with --decision screen). Required unless --at gives the places.")
 @click.option("-o", "--out", "out_dir", required=True, metavar="OUT_DIR", help="Directory to write (new or empty).")
 @click.option("--at", "at", default=None, metavar="NAME,...",
-              help="Force the positions: original block names or indices to insert before, or head.")
+              help="Force the positions: original block names or indices to insert before, or head (default: the "
+              "decision places the blocks).")
 @click.option("--init", type=click.Choice(("copy", "fresh")), default="copy", show_default=True,
               help="copy: LLaMA-Pro (the preceding block, output projections zeroed); fresh: the model's own "
               "initialisation, output projections zeroed.")
@@ -293,24 +294,27 @@ def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False,
               help="Its batch size (windows); also the unit of the decision's cost.")
 @click.option("--decision-budget", type=FiniteFloatRange(min=0, min_open=True, max=1), default=0.1,
               show_default=True, metavar="FRACTION",
-              help="The most of the planned training's FLOPs (--steps) the decision spends; a budget it cannot "
+              help="The most of the planned training's FLOPs (--steps) the decision spends, a fraction; a budget it cannot "
               "decide within, even reading only 8 held-out windows, is refused, naming one that would do.")
 @click.option("--general-data", "general_path", default=None, metavar="FILE",
               help="With --blocks auto: text (or token ids) of the model's old domain: each trial also measures "
-              "the change of its held-out loss (forgetting), shown beside the gain.")
+              "the change of its held-out loss (forgetting), shown beside the gain (default: none, no forgetting "
+              "measured).")
 @click.option("--max-forgetting", type=FiniteFloatRange(min=0), default=None, metavar="NATS",
               help="With --blocks auto and --general-data: no K whose predicted general loss change after --steps "
-              "(extrapolated from the short trials) exceeds it. It limits that prediction, not the realized change "
-              "after your training, which can exceed it.")
+              "(extrapolated from the short trials) exceeds it, in nats per token (the loss's units; default: no "
+              "limit). It limits that prediction, not the realized change after your training, which can exceed it.")
 @click.option("--tolerance", type=FiniteFloatRange(min=0), default=None, metavar="NATS",
               help="--blocks auto takes blocks only where they beat K = 0 by more than this, credibly, then the "
-              "fewest within it of the best; a move needs a gain beyond it (default 0.3% of the held-out loss).")
+              "fewest within it of the best; a move needs a gain beyond it, in nats per token (the loss's units; "
+              "default 0.3% of the held-out loss).")
 @click.option("--race/--no-race", default=True, show_default=True,
               help="With --blocks auto: stop the trials once no K > 0 can still beat K = 0 credibly (off with "
               "--max-forgetting); the budget not spent is your training's, and the cost printed at the end is what "
               "was spent.  --no-race: every trial to its end.")
 @click.option("--plot", "plot_path", default=None, metavar="PNG",
-              help="With --blocks auto: the frontier as a figure (needs matplotlib; skipped with a note without it).")
+              help="With --blocks auto: the frontier as a figure, its format from the file's extension (needs "
+              "matplotlib; skipped with a note without it; default: no figure).")
 @click.option("--quiet", is_flag=True, help="No plan, no defaults line, no progress bar; the report only.")
 @click.option("--seq-len", type=Count(min=2), default=None,
               help=f"Tokens per window (default {SEQ_LEN_RULE}).")

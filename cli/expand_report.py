@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from satcore.adapter_api import MissingDependencyError, atomic_write, num, require, table
+from satcore.adapter_api import MissingDependencyError, atomic_write, heldout_samples_words, num, require, table
 
 from .common import display_name
 
@@ -17,8 +17,7 @@ STOP_WORDS = {
     "no_credible_decrease": "no trialled place's decrease is credible (its P(decrease) is below the calibration's "
                             "threshold)",
     "heldout_too_small": "the held-out data cannot resolve a gain of the stop tolerance at some trialled place (its "
-                         "95% interval reaches past it): no place is shown to be worth a block, nor shown not to be; "
-                         "more held-out data would resolve it",
+                         "95% interval reaches past it): no place is shown to be worth a block, nor shown not to be",
     "no_candidates": "no place could be trialled",
 }
 
@@ -52,8 +51,8 @@ def stop_line(expansion) -> str | None:
             expansion.budgeted, "arms"):
         return None
     why = STOP_WORDS.get(decision.stop_reason, decision.stop_reason)
-    if (needed := getattr(decision, "heldout_samples_needed", None)) is not None:
-        why += f" (about {needed} held-out samples would resolve it)"
+    if decision.stop_reason == "heldout_too_small":  # decide's note's words, from the decision's own fields
+        why += f"; {heldout_samples_words(decision.heldout_samples, decision.heldout_samples_needed)}"
     added = len(expansion.new_blocks)
     if added:
         return (f"the decision would add nothing here: {why}; --blocks {expansion.blocks_requested} inserted {added} "

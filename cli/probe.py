@@ -120,7 +120,9 @@ def candidate_names(candidates: str | None) -> list[str] | None:
               f"{MAX_DEFAULT_BATCH}, or fewer so that the data makes {DEFAULT_FOLDS} batches: the verdict's fold "
               f"test deals batches, not samples, into {DEFAULT_FOLDS} folds, and fewer batches than folds can never "
               "show a candidate improvable).")
-@click.option("--split", default=None, help="Name of the split DATA comes from (recorded in the dump).")
+@click.option("--split", default=None,
+              help="Name of the split DATA comes from, recorded in the dump (default: none recorded; satcore score "
+              "then warns that the split is not stated, or takes --probe-split).")
 @click.option("--variance", is_flag=True,
               help="Also accumulate sum X_i^T X_i (debiased growth value; satcore sweep's noise floor).")
 @click.option("--providers", default=None, metavar="EP[,EP...]",

@@ -25,7 +25,8 @@ from .numbers import Count
 @click.option("--format", "output_format", type=click.Choice(["table", "json", "jsonl", "csv"]), default=None,
               help="table (default), json (= --json), jsonl (one JSON object per candidate) or csv "
               "(a header, then one row per candidate, name first).")
-@click.option("--probe-split", metavar="NAME", help="Split the probe came from (overrides meta 'split').")
+@click.option("--probe-split", metavar="NAME",
+              help="Split the probe came from (default: the dump's meta 'split', which this overrides).")
 @click.option("--alpha", type=FiniteFloatRange(0, 1, min_open=True, max_open=True), default=DEFAULT_ALPHA,
               show_default=True, help="Level of the per-candidate tests (Holm across candidates) and intervals.")
 @click.option("--tolerance", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
@@ -34,9 +35,9 @@ from .numbers import Count
 @click.option("--rho", type=FiniteFloatRange(min=0, min_open=True), default=None,
               help="Relative size ||h|| / ||z|| of the inserted block: the tolerance is then in loss units and "
               "each candidate's predicted first-order gain rho ||z||_S sqrt(max(U, 0)) is shown (U: the "
-              "fold-unbiased V^2).")
-@click.option("--delta", type=FiniteFloatRange(min=0), default=None, help="Prop. 1: tolerance delta (||C||_F units).")
-@click.option("--t", "t", type=FiniteFloatRange(min=0, min_open=True), default=None, help="Prop. 1: separation t.")
+              "fold-unbiased V^2; default: none, the tolerance in growth-value units).")
+@click.option("--delta", type=FiniteFloatRange(min=0), default=None, help="Prop. 1: tolerance delta (||C||_F units; default 0).")
+@click.option("--t", "t", type=FiniteFloatRange(min=0, min_open=True), default=None, help="Prop. 1: separation t (||C||_F units; default: the t whose error bound is --error).")
 @click.option(
     "--error",
     type=FiniteFloatRange(0, 1, min_open=True, max_open=True),
@@ -48,16 +49,19 @@ from .numbers import Count
     "--detector-scale",
     type=FiniteFloatRange(min=0, min_open=True),
     default=None,
-    help="Also run Theorem 3's detector Gamma_hat <= S * n^-1/4 (S in ||C||_F units).",
+    help="Also run Theorem 3's detector Gamma_hat <= S * n^-1/4 (S in ||C||_F units; default: not run).",
 )
 @click.option("--train", "train_dump", metavar="TRAIN_DUMP", default=None,
               help="The same candidates probed on the training split: lead with the predicted training and held-out "
-              "gains of --optimizer steps, not verified by any trial (no P(decrease)); DUMP is the held-out probe.")
+              "gains of --optimizer steps, not verified by any trial (no P(decrease)); DUMP is the held-out probe (default: "
+              "none, no prediction).")
 @click.option("--optimizer", type=click.Choice(["sgd", "adam", "matched"]), default="sgd", show_default=True,
               help="With --train: the step predicted (matched: the gradient-matched block of relative size --rho).")
-@click.option("--lr", type=FiniteFloatRange(min=0, min_open=True), default=None, help="With --train: learning rate.")
-@click.option("--steps", type=Count(), default=1, show_default=True, help="With --train: steps.")
-@click.option("--plot", "plot_path", metavar="PNG", help="Also draw AG and growth value per candidate (matplotlib).")
+@click.option("--lr", type=FiniteFloatRange(min=0, min_open=True), default=None, help="With --train: learning rate (no default: sgd and adam need it).")
+@click.option("--steps", type=Count(), default=1, show_default=True, help="With --train: optimizer steps.")
+@click.option("--plot", "plot_path", metavar="PNG",
+              help="Also draw AG and growth value per candidate (matplotlib), the format from the file's extension "
+              "(default: no figure).")
 @QUIET_OPTION
 @CHUNK_OPTION
 def score(dump, **options):

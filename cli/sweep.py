@@ -20,10 +20,12 @@ from .common import CHUNK_OPTION, QUIET_OPTION, FiniteFloatRange, display_name, 
 @click.option("--metric", type=click.Choice(["growth_value", "ag"]), default="growth_value", show_default=True,
               help="Curve the plateau rule reads: growth_value_max or AG_max.")
 @click.option("--rel-tol", type=FiniteFloatRange(min=0), default=0.25, show_default=True,
-              help="Plateau: later depths stay within (1 + rel_tol) x the tail minimum plus noise.")
+              help="Plateau: later depths stay within (1 + rel_tol) x the tail minimum plus noise (a fraction).")
 @click.option("--noise-factor", type=FiniteFloatRange(min=0, min_open=True), default=2.0, show_default=True,
-              help="Plateau is 'low signal' when every value is <= noise_factor x its noise floor.")
-@click.option("--plot", "plot_path", metavar="PNG", help="Draw the curve, noise floor and plateau (matplotlib).")
+              help="Plateau is 'low signal' when every value is <= noise_factor x its noise floor (a multiple).")
+@click.option("--plot", "plot_path", metavar="PNG",
+              help="Draw the curve, noise floor and plateau (matplotlib), the format from the file's extension "
+              "(default: no figure).")
 @QUIET_OPTION
 @CHUNK_OPTION
 def sweep(dumps, as_json, metric, rel_tol, noise_factor, plot_path, quiet, chunk_samples):

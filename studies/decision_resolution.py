@@ -10,7 +10,10 @@ steps, transfer sets at 300 and 1000), :func:`resolution_column` counts the stop
 them (a *short stop*: the best candidate's realized gain beyond :data:`CLEAR_GAIN_NOISE` seed standard deviations; a
 *true saturation*: not beyond :data:`SATURATION_NOISE` of them) and by what the rule says (unresolved or a claimed
 saturation); :func:`factor_validity` reads the unresolved stops again on the held-out split 4 times the bench's (the
-``--large-heldout`` recordings: the same trials), where it is recorded (300 steps).
+``--large-heldout`` recordings: the same trials), where it is recorded (300 steps); :func:`follow_advice` scores a
+user who decides again on the samples a stop names (:data:`ADVICE`: the counts ``decide`` names, every count, or
+those and ``z^2`` times the split where the change sits at the tolerance) on the recorded larger splits, counting
+every stop of the two steps.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import json
 from pathlib import Path
 
 from satcore._decisions.calibration import DEFAULT_CALIBRATION
-from satcore._decisions.resolution import stop_resolution
+from satcore._decisions.resolution import SAMPLES_FACTOR_NAMED, stop_resolution
 from studies.decision_scores import (CLEAR_GAIN_NOISE, LARGE_HELDOUT, TRANSFER_FOLDER, _decide, _stop_rule_setting,
                                      larger_heldout)
 
+ADVICE_SPLITS = (LARGE_HELDOUT, 16)  # the larger held-out splits recorded (--large-heldout 4 and 16), as factors
 SATURATION_NOISE = 1  # a true saturation: the realized best gain is not beyond this many seed standard deviations
 
 
@@ -44,7 +48,7 @@ def read_stop(inst: dict, calibration) -> dict | None:
         return None
     read = stop_resolution(d.candidates.values(), d.stop_tolerance)[1]
     assert (d.stop_reason == "heldout_too_small") != read.resolved  # the decision's label is the rule's
-    return {"resolved": read.resolved, "samples_factor": read.samples_factor}
+    return {"resolved": read.resolved, "samples_factor": read.samples_factor, "at_tolerance": read.at_tolerance}
 
 
 def resolution_column(chosen: list, cals: dict) -> dict:
@@ -93,20 +97,67 @@ def factor_validity(chosen: list, large: list, cals: dict, factor: int = LARGE_H
     return out
 
 
+# the two-step protocols :func:`follow_advice` scores: which unresolved stops the user decides again on, and on how
+# many samples (a factor of the split read): the counts ``decide`` names; every count, the ones no longer named
+# included; and, besides the named counts, the stops at the tolerance on ``z^2`` times the split (the count were the
+# change one standard error from the tolerance)
+ADVICE = {"named counts": lambda stop: None if stop["at_tolerance"] else stop["samples_factor"],
+          "every count (none withheld)": lambda stop: stop["samples_factor"],
+          "named counts, at the tolerance z^2 times": lambda stop: (SAMPLES_FACTOR_NAMED if stop["at_tolerance"]
+                                                                    else stop["samples_factor"])}
+
+
+def follow_advice(chosen: list, larger: dict, cals: dict, advice) -> dict:
+    """A user who, on an unresolved stop whose ``advice(stop)`` (a samples factor, or None: nothing to follow) is
+    within a recorded larger split, decides again on the smallest such split (``larger``: factor -> the decisions
+    of ``chosen``'s twins read on it; the recordings hold whole splits, not prefixes, so the user reads at least the
+    samples named), and acts on that second decision.  Counts every stop of the protocol: ``stops_over_noise``
+    (stops where the realized best gain is clear, out of those decisions, as :func:`resolution_column`), how many
+    stops were followed (by outcome) and how many true saturations end in an insertion (``saturated_inserts``,
+    against ``saturated_inserts_single``: the single decision's)."""
+    twins = {factor: {(i["model"], i["column"], i["seed"]): i for i in insts} for factor, insts in larger.items()}
+    out = {"stops_over_noise": [0, 0], "followed": {"short": 0, "between": 0, "saturated": 0},
+           "saturated_inserts": 0, "saturated_inserts_single": 0}
+    for inst in chosen:
+        kind, calibration = outcome(inst), cals[inst["set"]]
+        stop = read_stop(inst, calibration)
+        out["saturated_inserts_single"] += kind == "saturated" and stop is None
+        factor = None if stop is None or stop["resolved"] else advice(stop)
+        key = (inst["model"], inst["column"], inst["seed"])
+        split = None if factor is None else min((f for f in twins if f >= factor and key in twins[f]), default=None)
+        if split is not None:
+            out["followed"][kind] += 1
+            stop = read_stop(twins[split][key], calibration)
+        out["saturated_inserts"] += kind == "saturated" and stop is None
+        if kind == "short":
+            out["stops_over_noise"][0] += stop is not None
+            out["stops_over_noise"][1] += 1
+    out["stops_over_noise"] = tuple(out["stops_over_noise"])
+    return out
+
+
 def resolution_scores(out: Path) -> dict:
     """:func:`resolution_column` on the four scored columns (the bench's with each set's calibration fitted on the
     others, the transfer sets' with the shipped one) and :func:`factor_validity` where the larger split is recorded."""
     setting = _stop_rule_setting(out)
-    transfer_large = larger_heldout(out.parent / TRANSFER_FOLDER)
-    large = {"bench, 300 steps": [i for i in setting["errors"] if i["steps"] == 300],
-             "transfer sets, 300": [i for i in transfer_large if i["steps"] == 300 and not i["column"].endswith("_1000")]}
-    res = {"columns": {}, "validity": {}}
+
+    def at_300(insts: list) -> list:
+        return [i for i in insts if i["steps"] == 300 and not i["column"].endswith("_1000")]
+
+    larger = {"bench, 300 steps": {factor: at_300(larger_heldout(out, factor=factor)) for factor in ADVICE_SPLITS},
+              "transfer sets, 300": {factor: at_300(larger_heldout(out.parent / TRANSFER_FOLDER, factor=factor))
+                                     for factor in ADVICE_SPLITS}}
+    res = {"columns": {}, "validity": {}, "advice": {}}
     for label, chosen in setting["columns"].items():
         cals = (setting["cals"] if label.startswith("bench")
                 else dict.fromkeys(setting["transfer_sets"], DEFAULT_CALIBRATION))
         res["columns"][label] = resolution_column(chosen, cals)
-        if large.get(label):
-            res["validity"][label] = factor_validity(chosen, large[label], cals)
+        recorded = {factor: insts for factor, insts in larger.get(label, {}).items() if insts}
+        if recorded.get(LARGE_HELDOUT):
+            res["validity"][label] = factor_validity(chosen, recorded[LARGE_HELDOUT], cals)
+        if recorded:
+            res["advice"][label] = {"splits": sorted(recorded), **{
+                name: follow_advice(chosen, recorded, cals, advice) for name, advice in ADVICE.items()}}
     return res
 
 
@@ -147,4 +198,17 @@ def resolution(out: Path) -> str:
             lines.append(f"| {label} | {words} | {r['stops']} | {_share(r['resolved_there'], r['stops'])} | "
                          f"{r['inserts_there']} | {r['short']} | {_share(r['short_inserts_there'], r['short'])} | "
                          f"{_spread(r['samples_factors'])} |")
+    lines += ["", "| column | larger splits recorded | protocol | stops where the realized best gain exceeds 3 seed SDs "
+              "(every stop of the protocol) | stops decided again: short / between / true saturations | true "
+              "saturations that end inserting (single decision's) |", "|---" * 6 + "|"]
+    for label, columns in res["advice"].items():
+        splits = ", ".join(f"{f}x" for f in columns["splits"])
+        lines.append(f"| {label} | {splits} | single decision (the must-show) | "
+                     f"{_share(*res['columns'][label]['stops_over_noise'])} | - | - |")
+        for name in ADVICE:
+            a = columns[name]
+            followed = a["followed"]
+            lines.append(f"| {label} | {splits} | follow {name} | {_share(*a['stops_over_noise'])} | "
+                         f"{followed['short']} / {followed['between']} / {followed['saturated']} | "
+                         f"{a['saturated_inserts']} ({a['saturated_inserts_single']}) |")
     return "\n".join(lines)

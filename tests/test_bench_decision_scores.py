@@ -648,3 +648,35 @@ def test_the_resolution_study_counts_unresolved_stops_and_reads_them_again_on_th
     valid = resolution.factor_validity([short], [case(0.005, -0.05)], cals)
     assert valid["beyond"]["stops"] == 0 and {k: v for k, v in valid["within"].items() if k != "samples_factors"} == {
         "stops": 1, "resolved_there": 1, "inserts_there": 0, "short": 1, "short_inserts_there": 0}
+
+
+def test_following_the_advice_decides_again_on_the_smallest_recorded_split_that_holds_the_samples_named():
+    """The two-step protocol, by hand.  Both trials raise the held-out loss (a +0.005, b +0.01; stop tolerance 0.01 on
+    a gap of 1); a's distance from -0.01 is 0.015.  With se 0.01 the distance is beyond one standard error: the
+    count ``(1.96 x 0.01 / 0.015)^2 = 1.71`` times the split is named, and the user decides again on the 4x split
+    (not the 16x: the smallest holding it), where a trial showing the gain (-0.05, se 0.001) inserts: the short stop
+    is gone.  With se 0.02 the distance is within one (factor 6.8): nothing named, the stop stays under the named
+    counts; every count (6.8) goes to the 16x split, and the z^2 first step (3.84) to the 4x one."""
+    from satcore._decisions.calibration import DEFAULT_CALIBRATION
+    from studies import decision_resolution as resolution
+
+    def case(se: float, a_change: float = 0.005, seed: int = 0) -> dict:
+        inst = _stop_case(1.0, -a_change, -0.05)  # the realized best gain 0.05: 5 seed SDs, a short stop
+        for r in inst["rows"]:
+            r["curve"] = dataclasses.replace(r["curve"], heldout_se=se if r["candidate"] == "a" else 1e-4)
+        return {**inst, "model": "toy/a", "column": "sgd_block", "seed": seed}
+
+    cals = {"toy": DEFAULT_CALIBRATION}
+    gain = case(0.001, a_change=-0.05)  # the larger split's twin: a credible gain of 0.05, beyond the tolerance
+    assert resolution.read_stop(gain, DEFAULT_CALIBRATION) is None
+    named, at_tolerance = case(0.01), case(0.02, seed=1)
+    assert resolution.read_stop(named, DEFAULT_CALIBRATION)["samples_factor"] == pytest.approx((Z95 * 0.01 / 0.015) ** 2)
+    assert resolution.read_stop(at_tolerance, DEFAULT_CALIBRATION)["at_tolerance"]
+    twin = {"seed": 1}
+    larger = {4: [gain, {**gain, **twin}], 16: [{**case(0.01), "seed": 1}]}  # 16x: seed 1's twin still stops
+    follow = {name: resolution.follow_advice([named, at_tolerance], larger, cals, advice)
+              for name, advice in resolution.ADVICE.items()}
+    assert follow["named counts"]["stops_over_noise"] == (1, 2) and follow["named counts"]["followed"]["short"] == 1
+    # every count: seed 1's 6.8 goes to the 16x twin, which stops again; the first step goes to the 4x one
+    assert follow["every count (none withheld)"]["stops_over_noise"] == (1, 2)
+    assert follow["named counts, at the tolerance z^2 times"]["stops_over_noise"] == (0, 2)

@@ -70,3 +70,18 @@ def test_every_contender_builds_its_feature_maps_inside_its_call_and_leaves_the_
         assert sorted(draws) == widths, name  # one seeded feature map per block, drawn in the measured call
         assert hooks_on(model) == 0, name
         assert all(torch.equal(p, weights[n]) and not p.requires_grad for n, p in model.named_parameters()), name
+
+
+def test_one_workload_run_keeps_the_other_workloads_rows(tmp_path, monkeypatch):
+    """``--workload gpt2`` reruns GPT-2's rows only: the details it starts from are the recorded peers
+    section's (ResNet-8's kept as they are), none where no results or no peers section exist yet."""
+    import json
+
+    path = tmp_path / "results.json"
+    monkeypatch.setattr(bench_peers, "results_path", lambda values=None: path)
+    assert bench_peers.recorded_workloads(quick=False) == {}
+    path.write_text(json.dumps({"sections": {"other": {}}}))
+    assert bench_peers.recorded_workloads(quick=False) == {}
+    resnet8 = {"seconds": {"satcore": 0.6}, "blocks": ["layer1"]}
+    path.write_text(json.dumps({"sections": {"peers": {"workloads": {"resnet8": resnet8}}}}))
+    assert bench_peers.recorded_workloads(quick=False) == {"resnet8": resnet8}

@@ -20,6 +20,7 @@ from satcore._decisions.trials import (Calibration, CandidateDecision, TrialCurv
                               halving_plan, paired_standard_error, trial_checkpoints, trial_plan, verified_candidate)
 from satcore.adapters.torch import decide, grow, probe_splits
 from satcore._decisions.calibration import DEFAULT_CALIBRATION
+from satcore._decisions.resolution import SAMPLES_FACTOR_NAMED
 from satcore.adapters.torch.decide import TorchTrials, trial_losses
 from satcore.adapters.torch.expansion import first_order_decision
 from satcore.adapters.torch.probe import CandidatePlan, MemoryPlan, ProbeConfig, plan
@@ -367,29 +368,34 @@ def test_trial_plan_costs_at_most_one_block_for_up_to_eight_candidates():
 Z95 = NormalDist().inv_cdf(0.975)
 
 
-@pytest.mark.parametrize("changes, ses, tolerance, resolved, candidate, factor", [
-    # -0.004 - 1.96 * 0.01 reaches past -0.01; 0.02 - 0.0196 does not: the half-width must fall under 0.006
-    ([-0.004, 0.02], [0.01, 0.01], 0.01, False, 0, (Z95 * 0.01 / 0.006) ** 2),
+@pytest.mark.parametrize("changes, ses, tolerance, resolved, candidate, factor, named", [
+    # -0.004 - 1.96 * 0.01 reaches past -0.01; 0.02 - 0.0196 does not: the half-width must fall under 0.006; but
+    # 0.006 is within the change's standard error 0.01 of -0.01 (10.7 > 1.96^2): no count named
+    ([-0.004, 0.02], [0.01, 0.01], 0.01, False, 0, (Z95 * 0.01 / 0.006) ** 2, False),
     # both reach; the first needs the more samples ((0.0196 / 0.006)^2 = 10.7 against (0.0196 / 0.01)^2 = 3.8)
-    ([-0.004, -0.02], [0.01, 0.01], 0.01, False, 0, (Z95 * 0.01 / 0.006) ** 2),
-    # a gain shown beyond the tolerance resolves the other way: -0.03 is 0.02 past -0.01
-    ([-0.03, 0.02], [0.02, 0.001], 0.01, False, 0, (Z95 * 0.02 / 0.02) ** 2),
+    ([-0.004, -0.02], [0.01, 0.01], 0.01, False, 0, (Z95 * 0.01 / 0.006) ** 2, False),
+    # a gain shown beyond the tolerance resolves the other way: -0.035 is 0.025 past -0.01, beyond its se 0.02
+    ([-0.035, 0.02], [0.02, 0.001], 0.01, False, 0, (Z95 * 0.02 / 0.025) ** 2, True),
     # every interval above -0.01 (0.01 - 0.0039, 0.03 - 0.0196): resolved, the nearest the first
-    ([0.01, 0.03], [0.002, 0.01], 0.01, True, 0, None),
-    # a tolerance of 0: the sign alone, 0.005 against its half-width 0.0196
-    ([0.005], [0.01], 0.0, False, 0, (Z95 * 0.01 / 0.005) ** 2),
+    ([0.01, 0.03], [0.002, 0.01], 0.01, True, 0, None, False),
+    # a tolerance of 0: the sign alone, 0.005 against its half-width 0.0196 (within its se 0.01: not named) ...
+    ([0.005], [0.01], 0.0, False, 0, (Z95 * 0.01 / 0.005) ** 2, False),
+    # ... and 0.015 against 0.0196: beyond its se, (0.0196 / 0.015)^2 = 1.71 times named
+    ([0.015], [0.01], 0.0, False, 0, (Z95 * 0.01 / 0.015) ** 2, True),
     # a change exactly at -eps, or an infinite standard error: no finite number of samples
-    ([-0.01], [0.01], 0.01, False, 0, math.inf),
-    ([0.0, 0.05], [math.inf, 0.001], 0.01, False, 0, math.inf),
+    ([-0.01], [0.01], 0.01, False, 0, math.inf, False),
+    ([0.0, 0.05], [math.inf, 0.001], 0.01, False, 0, math.inf, False),
 ])
 def test_the_held_out_resolution_is_the_hand_computed_half_width_and_samples(changes, ses, tolerance, resolved,
-                                                                             candidate, factor):
+                                                                             candidate, factor, named):
     """``h = z_0.975 se``; unresolved where some ``d - h < -eps``; the samples factor ``(h / |d + eps|)^2`` of the
-    candidate needing the most (module docstring of satcore._decisions.resolution), each case by hand."""
+    candidate needing the most, named as a count only where ``|d + eps| >= se`` (module docstring of
+    satcore._decisions.resolution), each case by hand."""
     r = heldout_resolution(changes, ses, tolerance)
     assert (r.resolved, r.candidate, r.tolerance) == (resolved, candidate, tolerance)
     eps = np.finfo(float).eps
     assert r.half_width == pytest.approx(Z95 * ses[candidate], rel=4 * eps, abs=0.0)
+    assert r.at_tolerance == (factor is not None and not named)
     if factor is None:
         assert r.samples_factor is None and r.samples_needed(160) is None
     elif math.isinf(factor):
@@ -397,14 +403,31 @@ def test_the_held_out_resolution_is_the_hand_computed_half_width_and_samples(cha
     else:
         # a ratio of sums and products of a few numbers of order 1: a few epsilons, squared
         assert r.samples_factor == pytest.approx(factor, rel=16 * eps, abs=0.0)
-        assert r.samples_needed(160) == max(161, math.ceil(160 * factor))
+        assert r.samples_needed(160) == (max(161, math.ceil(160 * factor)) if named else None)
+
+
+@pytest.mark.parametrize("distance_in_se, named", [(0.98, False), (1.02, True)])
+def test_a_count_is_named_only_where_the_change_is_a_standard_error_from_the_tolerance(distance_in_se, named):
+    """The threshold, by hand on both sides: a change ``d`` whose distance from ``-eps`` is 0.98 standard errors
+    names no count (the distance's own one-se band reaches 0, the count's reaches infinity; the factor
+    ``(1.96 / 0.98)^2 = 4.0`` is above ``1.96^2``), one 1.02 standard errors away names ``ceil(n (1.96 / 1.02)^2)``
+    (3.69 times ``n``)."""
+    se, eps, n = 0.05, 0.02, 200
+    change = -eps + distance_in_se * se  # above -eps, the interval reaching past it: unresolved
+    r = heldout_resolution([change], [se], eps)
+    assert not r.resolved and r.at_tolerance == (not named)
+    by_hand = (Z95 / distance_in_se) ** 2
+    assert r.samples_factor == pytest.approx(by_hand, rel=64 * np.finfo(float).eps)
+    assert (by_hand > SAMPLES_FACTOR_NAMED) == (not named) and SAMPLES_FACTOR_NAMED == pytest.approx(3.8415, abs=1e-4)
+    assert r.samples_needed(n) == (math.ceil(n * by_hand) if named else None)
 
 
 def test_the_samples_needed_follow_the_paired_standard_errors_one_over_sqrt_n():
     """The samples factor assumes the half-width shrinks as ``1 / sqrt(n)``.  Read four times over (the same
     per-sample differences tiled 4 times), a paired standard error shrinks by ``sqrt((n - 1) / (4 n - 1))``, by hand
     (the sum of squares 4 times, over ``4 n - 1`` and ``4 n``): about one half.  A stop whose factor is 3.5 is then
-    resolved at 4 n, one whose factor is 4.5 is not."""
+    resolved at 4 n, and its count (within the named range) says so; one whose factor is 4.5 is not, and names no
+    count (4.5 is beyond ``1.96^2``)."""
     rng = np.random.default_rng(3)
     n = 50
     differences = rng.normal(-0.004, 0.05, n)
@@ -415,7 +438,8 @@ def test_the_samples_needed_follow_the_paired_standard_errors_one_over_sqrt_n():
         tolerance = h / math.sqrt(factor) - d  # so that (h / |d + tolerance|)^2 = factor
         at_n = heldout_resolution([d], [se], tolerance)
         assert not at_n.resolved and at_n.samples_factor == pytest.approx(factor, rel=64 * np.finfo(float).eps)
-        assert (at_n.samples_needed(n) <= 4 * n) == resolves
+        needed = at_n.samples_needed(n)
+        assert (needed is not None and needed <= 4 * n) == resolves
         assert heldout_resolution([d], [se4], tolerance).resolved == resolves
 
 
@@ -561,8 +585,7 @@ RESOLUTION_TOLERANCE = 0.09
 
 
 def resolution_policy(candidates=None) -> DecisionPolicy:
-    calibration = dataclasses.replace(TrialSettings().calibration, tolerance=RESOLUTION_TOLERANCE)
-    return DecisionPolicy(RESOLUTION_RECIPE, trials=TrialSettings(max_trials=2, calibration=calibration),
+    return DecisionPolicy(RESOLUTION_RECIPE, trials=TrialSettings(max_trials=2, tolerance=RESOLUTION_TOLERANCE),
                           candidates=candidates, seed=1)
 
 
@@ -589,10 +612,16 @@ def test_decide_on_a_tiny_held_out_split_says_it_cannot_resolve_the_stop_and_a_l
         return
     assert d.stop_reason == "heldout_too_small"
     assert heldout_samples < d.heldout_samples_needed == read.samples_needed(heldout_samples) <= 512
-    assert (f"the held-out data cannot resolve a gain of the tolerance ({d.stop_tolerance:.4g})" in printed
-            and f"about {d.heldout_samples_needed} held-out samples would" in printed)
+    binding = list(d.candidates)[read.candidate]
+    assert d.heldout_binding_candidate == binding
+    # the stated tolerance ruled (0.09 of the held-out loss, the gap's share smaller), in the binding half-widths
+    ruled = (f"the held-out data cannot resolve a gain of the tolerance ({d.stop_tolerance:.4g}; stated: "
+             f"{RESOLUTION_TOLERANCE:g} of the held-out loss; {d.stop_tolerance / read.half_width:.4g} half-widths)")
+    assert ruled in printed and f"{binding}'s trial changed the held-out loss by" in printed
+    assert f"about {d.heldout_samples_needed} held-out samples would" in printed
     back = json.loads(json.dumps(d.to_dict()))
-    assert (back["stop_reason"], back["heldout_samples_needed"]) == ("heldout_too_small", d.heldout_samples_needed)
+    assert (back["stop_reason"], back["heldout_samples_needed"], back["heldout_binding_candidate"]) == (
+        "heldout_too_small", d.heldout_samples_needed, binding)
 
 
 def test_expand_says_how_many_held_out_samples_would_resolve_its_stop():
@@ -601,12 +630,62 @@ def test_expand_says_how_many_held_out_samples_would_resolve_its_stop():
 
     from cli.expand_report import STOP_WORDS, stop_line
 
-    for reason, needed in (("heldout_too_small", 900), ("gain_below_tolerance", None)):
-        expansion = SimpleNamespace(decision=SimpleNamespace(stop_reason=reason, heldout_samples_needed=needed),
+    for reason, samples, needed in (("heldout_too_small", 160, 900), ("gain_below_tolerance", 160, None)):
+        expansion = SimpleNamespace(decision=SimpleNamespace(stop_reason=reason, heldout_samples=samples,
+                                                             heldout_samples_needed=needed),
                                     budgeted=None, new_blocks=[], blocks_requested=1)
-        said = "" if needed is None else f" (about {needed} held-out samples would resolve it)"
+        said = "" if needed is None else (f"; about {needed} held-out samples would resolve it (the half-width "
+                                          "shrinks as 1/sqrt(n); a planning number that assumes the trials' changes "
+                                          "stay put)")
         assert stop_line(expansion) == (f"nothing inserted: {STOP_WORDS[reason]}{said}; continue training the model "
                                         "as it is")
+
+
+# what would resolve the stop below, by hand: the count ceil(160 (1.959964 * 0.0008 / 0.001)^2) = 394, or, at the
+# tolerance (se 0.01), no count and the first step ceil(160 x 1.959964^2) = ceil(614.6) = 615 samples
+AT_TOLERANCE_WORDS = ("no count is named; decide again on a larger held-out split (about 615 samples would resolve it "
+                      "were the change one standard error from the tolerance: a first step, not a count) or state a "
+                      "practical tolerance the data resolves (TrialSettings(..., tolerance=...), a share of the "
+                      "held-out loss)")
+
+
+@pytest.mark.parametrize("se, needed", [(0.01, None), (0.0008, 394)])
+@pytest.mark.parametrize("layout", ["ranked", "grouped"])
+def test_expand_says_what_would_resolve_an_unresolved_stop_as_decides_note_does(se, needed, layout):
+    """The stop of :func:`test_an_unresolved_stop_whose_change_sits_at_the_tolerance_names_no_count` (one trial at
+    -0.004 against the tolerance 0.005, read on 160 held-out samples) read by ``satcore expand`` as its placement
+    (``--layout ranked``: :class:`TrialRanking`; ``grouped``: a :class:`GroupedPlacement` over it): its stop line,
+    ``expansion.json``'s ``decision`` and the model card say what decide's note says, the named count (394) or,
+    where the change sits at the tolerance, the first step (615 samples) or a practical tolerance.  The line said
+    nothing of samples at the tolerance: the wrapper did not expose the held-out samples read."""
+    from cli.expand_report import stop_line
+    from satcore._rendering.table import render_decision
+    from satcore.adapters.torch.expansion import Expansion, GroupedPlacement, TrialRanking
+    from satcore.adapters.torch.expansion_exports import model_card
+
+    recipe = Recipe("adam", 1e-3, 300, 32)
+    trial = TrialCurve((75, 150, 300), (-0.002, -0.004, -0.004), (-0.03, -0.06, -0.08), se)
+    d = choose([CandidateDecision("layers.0", -0.004, -0.08, (-0.009, -0.001), 0.97, -0.02, trial)],
+               recipe, 2.0, 1.5, 300, DEFAULT_CALIBRATION, heldout_samples=160)
+    assert (d.stop_reason, d.heldout_samples_needed) == ("heldout_too_small", needed)
+    words = AT_TOLERANCE_WORDS if needed is None else (
+        f"about {needed} held-out samples would resolve it (the half-width shrinks as 1/sqrt(n); a planning number "
+        "that assumes the trials' changes stay put)")
+    assert words in render_decision(d)  # decide's own note
+    placement = TrialRanking(d) if layout == "ranked" else GroupedPlacement(TrialRanking(d), (("layers.0",),))
+    expansion = Expansion(None, (), 2, "copy", 1, placement, (), recipe, True, ("model.norm", "lm_head"),
+                          layout=layout)
+    line = stop_line(expansion)
+    assert words in line and line.endswith("; continue training the model as it is")
+    # at the tolerance, why no count is named
+    assert ("sits within one standard error of minus the tolerance" in line) == (needed is None)
+    record = json.loads(json.dumps(expansion.to_dict()))
+    assert (record["decision"]["stop_reason"], record["decision"]["heldout_samples"],
+            record["decision"]["heldout_samples_needed"]) == ("heldout_too_small", 160, needed)
+    card = model_card({**record, "source": "base", "data": {"file": "new.txt", "windows": 64, "seq_len": 32}}, "out")
+    assert "It stopped: `heldout_too_small`. The held-out data cannot resolve a gain of the stop tolerance at some " \
+           "trialled place: " in card and words in " ".join(card.split())
+    assert "could not show on this data whether expanding pays" in card and "does not pay" not in card
 
 
 def test_decide_stops_when_every_insertion_harms():
@@ -1027,7 +1106,7 @@ def test_the_stop_tolerance_is_the_larger_of_its_generalization_gap_and_held_out
         return
     assert len(notes) == 1 and notes[0].startswith(f"note: stopped below the tolerance of {expected:g} ({note}")
     how = ("; state a practical one as a share of the held-out loss with policy=DecisionPolicy(recipe, "
-           "trials=TrialSettings(calibration=dataclasses.replace(decision.calibration, tolerance=...)))")
+           "trials=TrialSettings(calibration=decision.calibration, tolerance=...))")
     # the way to state one where the gap set it; none where the user's practical one did
     assert notes[0].endswith(how) == (rule == "generalization gap")
     assert notes[0].endswith(" standard errors of the best credible trial)") == (rule == "held-out loss")
@@ -1052,7 +1131,34 @@ def test_a_stop_tolerance_small_against_the_trials_noise_is_not_printed_as_0_sta
     assert d.stop_tolerance_se == pytest.approx(0.025, rel=8 * np.finfo(float).eps, abs=0.0)
     printed = render_decision(d)
     assert "; 0.025 standard errors of the best credible trial" in printed
-    assert "note: the held-out data cannot resolve a gain of the tolerance (0.005)" in printed
+    # the fitted share of the gap (0.01 of 2.0 - 1.5) ruled; 0.005 over the half-width 1.96 * 0.2 = 0.01276
+    assert ("note: the held-out data cannot resolve a gain of the tolerance (0.005; fitted: 0.01 of the "
+            "generalization gap; 0.01276 half-widths)") in printed
+    assert d.heldout_binding_candidate == "b0" and "no number of held-out samples named" in printed
+
+
+@pytest.mark.parametrize("se, needed", [(0.01, None), (0.0008, 394)])
+def test_an_unresolved_stop_whose_change_sits_at_the_tolerance_names_no_count(se, needed):
+    """A trial at -0.004 against the stop tolerance 0.005 (the shipped 0.01 of the gap 2.0 - 1.5), read on 160
+    held-out samples: 0.001 from -0.005.  With se 0.01 that distance is within one standard error, so no count is
+    named (the factor ``(0.0196 / 0.001)^2 = 384`` swings with the noise) and the note says why and what to do (a
+    larger split, its first step ``ceil(160 z^2)``, or a practical tolerance); with
+    se 0.0008 it is beyond one (the interval, +- 0.001568, still reaches past -0.005), and the count is
+    ``ceil(160 (1.959964 * 0.0008 / 0.001)^2) = ceil(393.4) = 394``, by hand."""
+    from satcore._rendering.table import render_decision
+
+    trial = TrialCurve((75, 150, 300), (-0.002, -0.004, -0.004), (-0.03, -0.06, -0.08), se)
+    d = choose([CandidateDecision("b0", -0.004, -0.08, (-0.009, -0.001), 0.97, -0.02, trial)],
+               Recipe("adam", 1e-3, 300, 32), 2.0, 1.5, 300, DEFAULT_CALIBRATION, heldout_samples=160)
+    assert (d.stop_reason, d.heldout_samples_needed, d.heldout_binding_candidate) == ("heldout_too_small", needed, "b0")
+    note = render_decision(d).splitlines()[-1]
+    # the first step: ceil(160 x 1.959964^2) = ceil(614.6) = 615 samples
+    at_tolerance = ("its change is 0.001 from -0.005, within its standard error 0.01, so this split cannot size the "
+                    "held-out data that would settle it and no count is named; decide again on a larger held-out "
+                    "split (about 615 samples would resolve it were the change one standard error from the tolerance")
+    assert (at_tolerance in note) == (needed is None)
+    assert ("state a practical tolerance the data resolves (TrialSettings(..., tolerance=...)" in note) == (needed is None)
+    assert (f"about {needed} held-out samples would" in note) == (needed is not None)
 
 
 def test_an_unresolved_stop_at_a_tolerance_of_0_says_no_decrease_of_any_size_shows():
@@ -1079,3 +1185,24 @@ def test_an_unresolved_stop_at_a_tolerance_of_0_says_no_decrease_of_any_size_sho
 def test_a_stop_tolerance_share_that_is_not_a_finite_number_at_least_0_is_refused(field, value, words):
     with pytest.raises(InputError, match=rf"^calibration: {field} {words}"):
         dataclasses.replace(NORMAL, **{field: value})
+
+
+def test_a_stated_tolerance_becomes_the_schedules_calibrations_and_rules_where_larger():
+    """``TrialSettings(tolerance=t)`` is the schedule's shipped calibration with ``tolerance`` t (halving keeps its
+    own error model), or the one passed; the stop tolerance is then the larger of ``t |heldout|`` and the fitted
+    share of the gap: 0.01 x 2.0 = 0.02 against 0.01 x (2.0 - 1.5) = 0.005, by hand, and the rule says stated.
+    A tolerance below 0 or not finite is refused, naming the option."""
+    from satcore._decisions.calibration import HALVING_CALIBRATION
+
+    assert TrialSettings(tolerance=0.01).calibration == dataclasses.replace(DEFAULT_CALIBRATION, tolerance=0.01)
+    assert TrialSettings(schedule="halving", tolerance=0.01).calibration == dataclasses.replace(HALVING_CALIBRATION,
+                                                                                                tolerance=0.01)
+    assert TrialSettings(calibration=NORMAL, tolerance=0.01).calibration == dataclasses.replace(NORMAL, tolerance=0.01)
+    assert TrialSettings().calibration == DEFAULT_CALIBRATION  # None: the calibration's own (0 as shipped)
+    trial = TrialCurve((75, 150, 300), (-0.002, -0.004, -0.004), (-0.03, -0.06, -0.08), 1e-4)
+    d = choose([CandidateDecision("b0", -0.004, -0.08, (-0.0045, -0.0035), 0.99, -0.02, trial)],
+               Recipe("adam", 1e-3, 300, 32), 2.0, 1.5, 300, TrialSettings(tolerance=0.01).calibration)
+    assert d.stop_tolerance == pytest.approx(0.02, rel=4 * np.finfo(float).eps) and d.stop_tolerance_rule == "held-out loss"
+    for bad in (-0.01, math.nan, math.inf):
+        with pytest.raises(InputError, match="trials: tolerance"):
+            TrialSettings(tolerance=bad)

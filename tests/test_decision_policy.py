@@ -88,7 +88,8 @@ def test_one_policy_decides_alike_through_decide_a_callback_and_a_growth_round()
     torch = pytest.importorskip("torch")
     from zoo.models_torch import digits, digits_resnet, per_sample_ce
     from satcore.adapters.torch import ProbeConfig, decide, grow_until_saturated
-    from satcore.adapters.torch.callback_common import callback_report, callback_scalars, callback_settings
+    from satcore.adapters.base import callback_scalars
+    from satcore.adapters.torch.callback_common import callback_report, callback_settings
 
     X, y = digits()
     train = [(X[i : i + 32], y[i : i + 32]) for i in range(0, 96, 32)]

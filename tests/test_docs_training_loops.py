@@ -24,3 +24,21 @@ def test_training_loops_doc_snippets_run(monkeypatch, tmp_path, capfd):
     assert str(namespace["report"]).splitlines()[1].startswith("decision: ")
     err = capfd.readouterr().err
     assert "bos_token_id must be" not in err and "eos_token_id must be" not in err, err
+
+
+def test_training_loops_doc_lists_every_probe_setting():
+    """The doc's list of the PyTorch ``ProbeConfig`` settings is its fields, in order (``curvature`` was missing),
+    and the TensorFlow ``ProbeConfig`` is its first seven and ``strategy`` (the doc called the two the same)."""
+    import dataclasses
+
+    from satcore.adapters.torch import ProbeConfig
+
+    text = " ".join((Path(__file__).parent.parent / "docs" / "training-loops.md").read_text().split())
+    listed = re.search(r"frozen `ProbeConfig` \(([^)]*)\)", text).group(1)
+    torch_fields = [f.name for f in dataclasses.fields(ProbeConfig)]
+    assert re.findall(r"`(\w+)`", listed) == torch_fields
+    pytest.importorskip("tensorflow")
+    from satcore.adapters.tensorflow import ProbeConfig as KerasProbeConfig
+
+    assert "`ProbeConfig` takes the first seven and `strategy`" in text
+    assert [f.name for f in dataclasses.fields(KerasProbeConfig)] == [*torch_fields[:7], "strategy"]

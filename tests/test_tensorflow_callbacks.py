@@ -45,10 +45,14 @@ def test_keras_callback_adds_satcore_metrics_to_epoch_logs(tmp_path):
     final = probe(model, probe_data, per_sample).report()
     assert logged[-1] == pytest.approx(final.growth_value_max, rel=1e-6)
     assert [epoch for epoch, _ in callback.reports] == [0, 1]
+    # the probe data is the held-out split, as in the PyTorch callbacks: no "probe split not stated" warning
+    assert all(report.split == "heldout" and not any("split" in w for w in report.warnings)
+               for _, report in callback.reports)
     with open(tmp_path / "log.csv") as f:
         rows = list(csv.DictReader(f))
     assert float(rows[-1]["satcore/growth_value_max"]) == pytest.approx(final.growth_value_max, rel=1e-6)
-    assert any(key.endswith("/growth_value") for key in rows[0])
+    # the depth-wide keys only by default (fit(verbose=1) prints every key of the epoch's logs)
+    assert "satcore/best_candidate_index" in rows[0] and not any(key.endswith("/growth_value") for key in rows[0])
 
 
 def test_n_features_gives_the_leading_block_of_the_larger_family():
@@ -74,13 +78,13 @@ def test_keras_callback_decides_under_a_policy_at_epoch_end():
     model, x, y, probe_data = compiled_classifier()
     train_data = [(x[:64], y[:64]), (x[64:128], y[64:128])]
     policy = DecisionPolicy(Recipe("sgd", 0.1, 4, 64), trials=TrialSettings(max_trials=2))
-    callback = KerasCallback(probe_data, policy=policy, train_data=train_data)
+    callback = KerasCallback(probe_data, policy=policy, train_data=train_data, log_candidates=True)
     history = model.fit(x[:256], y[:256], batch_size=64, epochs=1, verbose=0, callbacks=[callback])
     (_, report), = callback.reports
     assert str(report).splitlines()[1].startswith("decision: ")
     direct = decide(model, train_data, probe_data, per_sample_loss(model.loss), policy=policy)
     assert report.decision.to_dict() == direct.to_dict()
-    for key, value in direct.scalars().items():
+    for key, value in direct.scalars(places=["add0", "add1"]).items():  # choice_index among the callback's places
         assert history.history[key] == [value], key
     for options, message in (({"policy": policy}, "policy= and train_data="), ({"train_data": train_data}, "go together"),
                              ({"policy": Recipe("sgd", 0.1, 4, 64), "train_data": train_data},
@@ -104,3 +108,42 @@ def test_keras_callback_decision_shows_its_bar_where_fit_shows_its_own(capfd, ve
     model.fit(x[:64], y[:64], batch_size=64, epochs=1, verbose=verbose, callbacks=[callback])
     err = capfd.readouterr().err
     assert (callback.reports[0][1].decision is not None) and (("trials: 100%" in err) == (verbose == 1)), err
+
+
+def test_keras_callback_refuses_data_it_cannot_read_at_every_epoch_when_built():
+    """Probe data and training batches are read at every probed epoch: a generator (exhausted by the first epoch's
+    end) or no batches are refused when the callback is built, as the PyTorch callbacks refuse them; a generator
+    used to give the first epoch its numbers and fail at the second."""
+    from satcore import DecisionPolicy, InputError, Recipe
+
+    _, x, y, probe_data = compiled_classifier()
+    policy = DecisionPolicy(Recipe("sgd", 0.1, 4, 64))
+    for data, options, message in (
+            (iter(probe_data), {}, "KerasCallback's probe_data is a one-shot iterator"),
+            ([], {}, "KerasCallback's probe_data holds no batches"),
+            (probe_data, {"policy": policy, "train_data": iter(probe_data)}, "KerasCallback's train_data is a one-shot"),
+            (probe_data, {"policy": policy, "train_data": []}, "KerasCallback's train_data holds no batches")):
+        with pytest.raises(InputError, match=f"^{message}"):
+            KerasCallback(data, **options)
+    dataset = tf.data.Dataset.from_tensor_slices((x[:64], y[:64])).batch(32)  # re-iterable: taken
+    assert KerasCallback(dataset).probe_data is dataset
+
+
+@pytest.mark.parametrize("options", [{"config": "absent"}, {"policy": "absent"}])
+def test_keras_callback_refuses_a_place_the_model_lacks_before_the_first_step(options):
+    """A candidate the model does not have (the probe's, or the decision's) is refused when training starts, before
+    the first step; it was found at the first epoch's end, after a whole epoch of training."""
+    from satcore import DecisionPolicy, ProbeError, Recipe
+    from satcore.adapters.tensorflow import ProbeConfig
+
+    model, x, y, probe_data = compiled_classifier()
+    if "config" in options:
+        callback = KerasCallback(probe_data, config=ProbeConfig(candidates=["add0", "absent"]))
+    else:
+        callback = KerasCallback(probe_data, policy=DecisionPolicy(Recipe("sgd", 0.1, 4, 64), candidates=["absent"]),
+                                 train_data=probe_data)
+    steps = []
+    with pytest.raises(ProbeError, match=r"^candidates: 'absent': 'absent' is not a layer name of "):
+        model.fit(x[:128], y[:128], batch_size=64, epochs=1, verbose=0,
+                  callbacks=[callback, keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: steps.append(batch))])
+    assert steps == [] and callback.reports == []

@@ -12,7 +12,6 @@ the cost and which candidates were verified or eliminated are equal.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 
@@ -105,8 +104,7 @@ def test_keras_decide_says_as_torch_does_how_much_held_out_data_resolves_a_stop(
     integer's round-off)."""
     net, model = _models()
     train, heldout = _batches(0, 64, 32), _batches(1200, heldout_samples, min(heldout_samples, 64))
-    calibration = dataclasses.replace(TrialSettings().calibration, tolerance=0.09)
-    trials = TrialSettings(max_trials=DEPTH, calibration=calibration)
+    trials = TrialSettings(max_trials=DEPTH, tolerance=0.09)
     recipe = Recipe("sgd", 0.5, 16, 64)
     mine = torch_decide(net, train, heldout, per_sample_ce,
                         policy=DecisionPolicy(recipe, trials=trials, candidates=TORCH_NAMES, seed=1))
@@ -114,6 +112,8 @@ def test_keras_decide_says_as_torch_does_how_much_held_out_data_resolves_a_stop(
                           policy=DecisionPolicy(recipe, trials=trials, seed=1))
     assert mine.stop_reason == theirs.stop_reason == stop_reason
     assert theirs.heldout_samples_needed == mine.heldout_samples_needed
+    # the trial the stop rests on, kept on the decision: the same block in both
+    assert theirs.heldout_binding_candidate == KERAS_NAMES[TORCH_NAMES.index(mine.heldout_binding_candidate)]
     assert (mine.heldout_samples_needed is None) == (stop_reason != "heldout_too_small")
     tol = 1.96 * 4 * EPS32 * max(1.0, mine.heldout_loss) * (1 + mine.cost_block_steps)
     assert theirs.heldout_resolution == pytest.approx(mine.heldout_resolution, rel=0, abs=tol)

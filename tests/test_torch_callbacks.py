@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from satcore import DecisionPolicy, Recipe
+from satcore import DecisionPolicy, Recipe, TrialSettings
 from satcore._shared.errors import InputError, ProbeError
 from satcore.adapters.torch import ProbeConfig, probe
 from test_torch_hf import SENTENCES, causal_lm, tokenizer
@@ -95,6 +95,7 @@ def test_lightning_callback_logs_satcore_metrics_at_validation_end(tmp_path):
     val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[256:320], y[256:320]), batch_size=64)
     probe_data = mt.digits_batches(8, 2)
     module, callback = Digits(), LightningCallback(probe_data, mt.per_sample_ce, config=ProbeConfig(head=False))
+    callback.log_candidates = True  # the per-candidate keys too, as a ModelCheckpoint monitoring one needs
     trainer = pl.Trainer(max_epochs=2, callbacks=[callback], logger=pl.loggers.CSVLogger(str(tmp_path)),
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          accelerator="cpu", devices=1, num_sanity_val_steps=1)
@@ -409,12 +410,109 @@ def test_callbacks_refuse_what_they_cannot_run_when_built(probe_data, options, e
         LightningCallback(probe_data, **options)
 
 
-def test_trainer_callback_refuses_a_log_candidates_that_is_not_true_or_false():
-    from satcore.adapters.torch import HFCallback
+def test_the_lightning_callback_refuses_a_log_candidates_that_is_not_true_or_false_before_the_first_step():
+    """Its ``log_candidates`` is a class attribute (the keyword would be its ninth parameter): one set on the
+    instance is checked at ``on_fit_start``, as the keyword of the other two callbacks is when they are built."""
+    pytest.importorskip("lightning.pytorch")
+    from satcore.adapters.torch import LightningCallback
 
-    with pytest.raises(InputError, match=r"^HFCallback: log_candidates must be True or False, got 'yes'$"):
-        HFCallback(BATCHES, log_candidates="yes")
-    assert HFCallback(BATCHES).log_candidates is False  # the depth-wide keys only, unless asked
+    callback = LightningCallback(BATCHES)
+    assert callback.log_candidates is False  # the depth-wide keys only, unless asked
+    callback.log_candidates = "yes"
+    with pytest.raises(InputError, match="^LightningCallback: log_candidates must be True or False, got 'yes'$"):
+        callback.on_fit_start(None, None)
+
+
+@pytest.mark.parametrize("callback", ["HFCallback", "KerasCallback"])
+def test_callbacks_refuse_a_log_candidates_that_is_not_true_or_false(callback):
+    if callback == "HFCallback":
+        from satcore.adapters.torch import HFCallback as build
+    else:
+        pytest.importorskip("tensorflow")
+        from satcore.adapters.tensorflow import KerasCallback as build
+    with pytest.raises(InputError, match=f"^{callback}: log_candidates must be True or False, got 'yes'$"):
+        build(BATCHES, log_candidates="yes")
+    assert build(BATCHES).log_candidates is False  # the depth-wide keys only, unless asked
+
+
+def report_with_a_decision():
+    """A report of two candidates (``add0``, ``add1``; 16 folds, so with the tests' keys) whose decision verified
+    ``add1`` and chose it, and only screened ``add0``."""
+    import numpy as np
+
+    from satcore import CandidateStatistics, DepthStatistics
+    from satcore._decisions.trials import CandidateDecision, TrialCurve, choose
+
+    rng = np.random.default_rng(0)
+    statistics = DepthStatistics([(name, CandidateStatistics.from_samples(
+        rng.standard_normal((32, 2)), rng.standard_normal((32, 2)), batch_size=2)) for name in ("add0", "add1")])
+    trial = TrialCurve((2, 4, 8), (-0.02, -0.04, -0.05), (-0.03, -0.06, -0.08), 0.01)
+    decision = choose([CandidateDecision("add1", -0.05, -0.08, (-0.09, -0.01), 0.97, -0.02, trial),
+                       CandidateDecision.screen_only("add0", -0.01, -0.02)],
+                      RECIPE, 2.0, 1.8, 8, TrialSettings().calibration)
+    return statistics.report(), decision
+
+
+# what every callback logs of report_with_a_decision() by default: the report's and the decision's depth-wide keys
+DEPTH_WIDE_KEYS = {f"satcore/{key}" for key in (
+    "growth_value_max", "ag_max", "argmax_index", "best_candidate_index", "improvable", "saturated", "n_improvable",
+    "decision/insert", "decision/cost_block_steps", "decision/close_call", "decision/choice_index",
+    "decision/predicted_heldout_change")}
+
+
+@pytest.mark.parametrize("log_candidates", [False, True])
+def test_trainer_lightning_and_keras_callbacks_log_the_same_keys_of_one_decision(monkeypatch, log_candidates):
+    """``HFCallback``, ``LightningCallback`` and ``KerasCallback`` handed one report and decision log one key set:
+    the 12 depth-wide keys by default, the choice's index among them, and with ``log_candidates=True`` every
+    candidate's too.  Keras's ``fit(verbose=1)`` prints every key of the epoch's logs; the Keras callback logged
+    every candidate's keys (six a candidate, six more of a verified candidate's decision) and no ``choice_index``,
+    and the Lightning callback every candidate's keys whatever was asked (it had no ``log_candidates``; a class
+    attribute there)."""
+    import sys
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    pytest.importorskip("tensorflow")
+    import satcore.adapters.torch.trainer_callback as trainer_callback
+    from satcore.adapters.tensorflow import KerasCallback
+
+    report, decision = report_with_a_decision()
+    monkeypatch.setattr(trainer_callback, "callback_report", lambda *args, **kwargs: replace(report, decision=decision))
+    trainer = trainer_callback.HFCallback(BATCHES, log_candidates=log_candidates)
+    trainer_logs = {"eval_loss": 1.0}
+    trainer.on_log(SimpleNamespace(disable_tqdm=True), SimpleNamespace(global_step=2, is_world_process_zero=True,
+                                                                       log_history=[]), None, logs=trainer_logs)
+
+    monkeypatch.setattr(sys.modules["satcore.adapters.tensorflow.callbacks"], "probe",
+                        lambda *args, **kwargs: SimpleNamespace(report=lambda **options: report))
+    monkeypatch.setattr(sys.modules["satcore.adapters.tensorflow.decide"], "decide", lambda *args, **kwargs: decision)
+    keras_callback = KerasCallback(BATCHES, lambda y, p: y, policy=DecisionPolicy(RECIPE), train_data=BATCHES,
+                                   log_candidates=log_candidates)
+    keras_callback.set_params({"verbose": 0})
+    keras_logs = {"loss": 1.0}
+    keras_callback.on_epoch_end(0, keras_logs)
+
+    pytest.importorskip("lightning.pytorch")
+    import satcore.adapters.torch.lightning_callback as lightning_callback
+
+    monkeypatch.setattr(lightning_callback, "callback_report", lambda *args, **kwargs: replace(report,
+                                                                                               decision=decision))
+    lightning_logs = {}
+    module = SimpleNamespace(log_dict=lambda logs, sync_dist: lightning_logs.update(logs))
+    lightning = lightning_callback.LightningCallback(BATCHES)
+    lightning.log_candidates = log_candidates
+    lightning.on_validation_epoch_end(
+        SimpleNamespace(sanity_checking=False, current_epoch=0, global_step=2, progress_bar_callback=None), module)
+
+    trainer_keys, keras_keys = set(trainer_logs) - {"eval_loss"}, set(keras_logs) - {"loss"}
+    assert keras_keys == trainer_keys == set(lightning_logs)
+    assert keras_logs["satcore/decision/choice_index"] == trainer_logs["satcore/decision/choice_index"] == 1.0
+    if log_candidates:
+        assert {"satcore/add0/growth_value", "satcore/add1/realizability", "satcore/decision/add0/not_verified",
+                "satcore/decision/add1/p_decrease"} <= keras_keys
+        assert keras_keys > DEPTH_WIDE_KEYS
+    else:
+        assert keras_keys == DEPTH_WIDE_KEYS
 
 
 def test_callback_decisions_share_the_callbacks_places_unless_the_policy_sets_them():
@@ -471,7 +569,9 @@ def test_lightning_callback_decides_at_validation_end(tmp_path):
     direct = decide(module, train_batches, probe_data, mt.per_sample_ce,  # the head is trialled only where named
                     policy=DecisionPolicy(policy.recipe, candidates=["net.blocks.1", "head"]))
     assert report.decision.to_dict()["choice"] == direct.choice
-    for key, value in direct.scalars().items():  # Lightning keeps logged values as float32 tensors: rel 1e-6
+    # the depth-wide keys by default (log_candidates False), as HFCallback's
+    assert not any(key.startswith("satcore/decision/net.") for key in trainer.callback_metrics)
+    for key, value in direct.scalars(per_candidate=False).items():  # Lightning keeps float32 tensors: rel 1e-6
         assert float(trainer.callback_metrics[key]) == pytest.approx(value, rel=1e-6, abs=1e-9), key
 
 

@@ -20,7 +20,7 @@ from satcore.adapters.torch.moments import (
     unpacked,
 )
 from satcore.adapters.torch.running import RunningSums
-from roundoff import relative_error
+from roundoff import EPS32, relative_error
 
 torch.set_num_threads(1)
 
@@ -49,6 +49,26 @@ def test_packed_gram_total_equals_the_whole_total(r, threads, dtype):
     got = unpacked(packed, r)
     assert np.array_equal(got, got.T)
     assert relative_error(got, whole) < 20 * np.finfo(np.float64).eps
+
+
+@pytest.mark.parametrize("r", [41, 40])
+def test_float32_gram_into_a_packed_total_within_its_error_bound(r):
+    """Float32 rows (``batch_dtype=torch.float32``) into a packed total on one CPU thread: the batch's
+    ``ssfrk`` triangle in the packed form, added into the float64 total, equals the float64 product of the
+    same rows within the dot-product bound ``n eps32 |x|^T |x|`` entrywise (Higham, Accuracy and Stability,
+    eq. 3.5), columns on 6 decades."""
+    g = torch.Generator().manual_seed(r)
+    n = 300
+    x = (torch.randn(n, r, generator=g, dtype=torch.float64) * torch.logspace(-3, 3, r, dtype=torch.float64)).float()
+    start = torch.randn(r, r, generator=g, dtype=torch.float64)
+    start = start + start.T
+    packed = packed_zeros(r)
+    add_packed(packed, start)
+    add_gram(packed, x)
+    x64 = x.double()
+    error = (torch.from_numpy(unpacked(packed, r)) - (start + x64.T @ x64)).abs()
+    assert bool((error <= n * EPS32 * (x64.abs().T @ x64.abs()) + 1e-12 * start.abs()).all())
+    assert float(error.max()) > 1e-9 * float((x64.T @ x64).abs().max())  # float32 products: the bound is what is checked
 
 
 def stream_moments(q, psi, totals, *, cross_formed):

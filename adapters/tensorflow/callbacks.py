@@ -1,11 +1,17 @@
 """``KerasCallback``: probe at the end of ``fit``'s epochs, metrics into the epoch's logs.
 
 At the end of every ``every_n_epochs``-th epoch the callback probes
-``self.model`` on ``probe_data`` and adds the report's
-:meth:`~satcore.DepthReport.scalars` (keys starting ``satcore/``) to
+``self.model`` on ``probe_data`` and adds the report's depth-wide
+:meth:`~satcore.DepthReport.scalars` (keys starting ``satcore/``; with a decision its depth-wide
+:meth:`~satcore.InsertionDecision.scalars` too) to
 the epoch's ``logs``, which Keras hands to the callbacks after this one in
 the list and to the ``History`` that ``fit`` returns: place it before a
 ``keras.callbacks.TensorBoard`` or ``CSVLogger`` that should record them.
+
+``fit(verbose=1)`` prints every key of the epoch's logs, so the per-candidate keys (six a candidate, up to
+twelve with a decision) are logged only with ``log_candidates=True``, as in ``HFCallback``: the keys the two log
+for one report are the same (:func:`satcore.adapters.base.callback_scalars`).  ``reports`` holds every probed
+epoch's whole report either way.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ import keras
 
 from satcore import DecisionPolicy, InputError, ProbeError
 from satcore.adapter_api import moved_keywords
-from satcore.adapters.base import callback_schedule
+from satcore.adapters.base import callback_log_candidates, callback_scalars, callback_schedule, require_reiterable
 
 from .grow import require_functional
+from .locate import locate_candidates
 from .probe import ProbeConfig, probe
 
 
@@ -42,11 +49,14 @@ class KerasCallback(keras.callbacks.Callback):
 
     Parameters
     ----------
-    probe_data : re-iterable of ``(x, y)`` batches or a ``tf.data.Dataset``, held out from training.
+    probe_data : re-iterable of ``(x, y)`` batches or a ``tf.data.Dataset``, held out from training (read at every
+        probed epoch: a generator or no batches are refused when the callback is built).
     loss_fn : ``loss_fn(y_true, y_pred)`` as :class:`~.probe.Probe` takes it; ``None``: the
         model's compiled loss without batch reduction (:func:`per_sample_loss`).
     every_n_epochs, report : how often, and keyword arguments of ``report()``.
-    config : the probe's :class:`~.probe.ProbeConfig` (default ``ProbeConfig()``).
+    config : the probe's :class:`~.probe.ProbeConfig` (default ``ProbeConfig()``; its ``split`` default
+        ``"heldout"``, as in the PyTorch callbacks).  Its places, and the policy's, are found in the model when
+        training starts (``on_train_begin``), so that a layer it does not have is refused before the first step.
     policy, train_data : optional
         Also decide, at each probed epoch end, where to insert a block under the
         :class:`satcore.DecisionPolicy` (:func:`~.decide.decide`, the trials drawing from the ``train_data``
@@ -54,6 +64,9 @@ class KerasCallback(keras.callbacks.Callback):
         where the policy names none and gives no probe); the decision's scalars (``satcore/decision/...``) join
         the epoch's logs and the report leads with it.  The trials train copies of the model, from their own
         seeded generators.
+    log_candidates : bool
+        Log the per-candidate keys too (``satcore/<name>/...``, ``satcore/decision/<name>/...``); default: the
+        depth-wide ones only, which ``fit(verbose=1)`` prints at each epoch's end.
 
     ``prefix`` (``"satcore/"``, the start of every metric key) is a class attribute, as in the PyTorch
     callbacks.  ``reports`` holds ``(epoch, DepthReport)`` of every probe made (with ``policy``, the report's
@@ -64,19 +77,25 @@ class KerasCallback(keras.callbacks.Callback):
 
     @moved_keywords("callback")
     def __init__(self, probe_data, loss_fn=None, *, every_n_epochs: int = 1, report: dict | None = None,
-                 config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None):
+                 config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None,
+                 log_candidates: bool = False):
         super().__init__()
         every_n_epochs, report_options = callback_schedule("KerasCallback", "every_n_epochs", every_n_epochs, report)
+        self.log_candidates = callback_log_candidates("KerasCallback", log_candidates)
         config = ProbeConfig() if config is None else config
         if not isinstance(config, ProbeConfig):
             raise InputError(f"KerasCallback: config must be a satcore.adapters.tensorflow.ProbeConfig, got "
                              f"{type(config).__name__}")
+        if config.split is None:  # the probe data is held out from training (the tests assume it)
+            config = replace(config, split="heldout")
+        require_reiterable(probe_data, "KerasCallback's probe_data")
         if (policy is None) != (train_data is None):
             raise InputError("KerasCallback: policy= and train_data= (the training batches the trials draw from) go "
                              "together")
         if policy is not None:
             if not isinstance(policy, DecisionPolicy):
                 raise InputError(f"KerasCallback: policy must be a satcore.DecisionPolicy, got {type(policy).__name__}")
+            require_reiterable(train_data, "KerasCallback's train_data")
             # the callback's places and features where the policy gives none (its own probe settings stay its own)
             shared = ProbeConfig(family=config.family, init_std=config.init_std, n_features=config.n_features,
                                  strategy=config.strategy)
@@ -90,13 +109,16 @@ class KerasCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if self.policy is not None:  # the decision's trials rebuild the graph: refused before the first step
             require_functional(self.model, "KerasCallback(policy=...)")
+        # the places, the probe's and the decisions', found before the first step rather than at an epoch's end
+        locate_candidates(self.model, self.config.candidates)
+        if self.policy is not None:
+            locate_candidates(self.model, self.policy.candidates)
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every_n_epochs:
             return
         loss_fn = self.loss_fn if self.loss_fn is not None else per_sample_loss(self.model.loss)
         report = probe(self.model, self.probe_data, loss_fn, config=self.config).report(**self.report_options)
-        scalars = report.scalars(self.prefix)
         if self.policy is not None:
             from .decide import decide
 
@@ -105,7 +127,6 @@ class KerasCallback(keras.callbacks.Callback):
             decision = decide(self.model, self.train_data, self.probe_data, loss_fn, policy=self.policy,
                               progress=shows_bar)
             report = replace(report, decision=decision)
-            scalars |= decision.scalars(self.prefix)
         self.reports.append((epoch, report))
         if logs is not None:
-            logs.update(scalars)
+            logs.update(callback_scalars(report, self.prefix, self.log_candidates))

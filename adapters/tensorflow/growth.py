@@ -30,7 +30,7 @@ from satcore.adapter_api import AdapterSteps, moved_keywords
 from satcore.adapters.base import growth_decision
 
 from .grow import InsertedResidual, grow, require_functional
-from .locate import named_candidates, residual_candidates
+from .locate import locate_candidates
 from .probe import Probe, ProbeConfig, _unpack
 
 
@@ -98,9 +98,7 @@ class KerasGrowthSteps(AdapterSteps):
         return Probe(model, self.loss_fn, replace(self.probe, seed=seed, split="probe"))
 
     def depth(self, model) -> int:
-        names = self.probe.candidates
-        base = residual_candidates(model) if names is None else named_candidates(model, names)
-        return len(base) + _inserted(model)
+        return len(locate_candidates(model, self.probe.candidates)) + _inserted(model)
 
     def _zero_block(self, model, at: str, seed: int):
         state = self.start_probe(model, seed)

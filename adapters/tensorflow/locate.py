@@ -122,6 +122,12 @@ def named_candidates(model, names) -> tuple[Candidate, ...]:
     return tuple(cands)
 
 
+def locate_candidates(model, names) -> tuple[Candidate, ...]:
+    """The candidates ``names`` of ``model`` (:func:`named_candidates`); ``None``: its residual ones
+    (:func:`residual_candidates`)."""
+    return residual_candidates(model) if names is None else named_candidates(model, names)
+
+
 def is_functional(model) -> bool:
     """A Keras 3 functional model (a graph of layers), as opposed to a subclassed one."""
     return hasattr(model, "_operations")  # keras Functional subclasses keras' Function graph

@@ -20,7 +20,7 @@ from satcore import InputError, ProbeError
 
 from .capture import recording, taps
 from .features import feature_map, positions
-from .locate import named_candidates, residual_candidates
+from .locate import locate_candidates
 from .moments import replica_moments
 
 # what Keras and TensorFlow raise for inputs or targets of a shape or dtype the model or loss cannot take
@@ -114,7 +114,7 @@ class Probe:
             # its scalar is sum_i loss_i, which total_loss would read as a mean and multiply by B
             raise ProbeError("loss_fn sums over the batch (reduction='sum'); use reduction=None or the default mean")
         self.model, self.loss_fn, self.config = model, loss_fn, config
-        self.cands = residual_candidates(model) if config.candidates is None else named_candidates(model, config.candidates)
+        self.cands = locate_candidates(model, config.candidates)
         self.names = [c.name for c in self.cands]
         self.specs = per_candidate(config.family, self.names, "family", default="auto")
         self.n_features = per_candidate(config.n_features, self.names, "n_features")

@@ -1,15 +1,14 @@
 """What the training-loop callbacks (``HFCallback``, ``LightningCallback``) share: their settings read and checked
-when they are built, their places found when training starts, an evaluation's probe, report and decision, and the
-scalars they log of it."""
+when they are built, their places found when training starts, and an evaluation's probe, report and decision
+(the scalars they log of it are :func:`satcore.adapters.base.callback_scalars`, the Keras callback's too)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from satcore import DecisionPolicy, InputError
-from satcore.adapters.base import ProgressCounter
+from satcore.adapters.base import ProgressCounter, require_reiterable
 
 from .decide import decide_under, decision_probe_options
 from .input_bounds import check_trial_steps
@@ -69,20 +68,6 @@ CALLBACK_SHARED = ("candidates", "family", "head", "mask", "n_features", "positi
                    "init_std")
 
 
-def require_reiterable(data, what: str) -> None:
-    """Refuse ``data`` that a callback cannot read at every evaluation: a one-shot iterator (a generator), which
-    the first evaluation would exhaust, or an empty sequence."""
-    if isinstance(data, Iterator):  # not iter(data): that would start a DataLoader's worker processes
-        raise InputError(f"{what} is a one-shot iterator (a generator?): it is read at every evaluation, so pass a "
-                         f"re-iterable such as a list of batches or a DataLoader")
-    try:
-        empty = len(data) == 0
-    except TypeError:  # no length (a DataLoader over an IterableDataset): found empty when read, if it is
-        empty = False
-    if empty:
-        raise InputError(f"{what} holds no batches")
-
-
 def callback_report(model, probe_data, loss_fn, config: ProbeConfig, report_options: dict,
                     decision: CallbackDecision | None, progress: bool = False):
     """The report of a callback's evaluation: the probe of ``probe_data`` reported with ``report_options`` and,
@@ -99,15 +84,3 @@ def callback_report(model, probe_data, loss_fn, config: ProbeConfig, report_opti
         decided = decide_under(unwrap_data_parallel(model), decision.train, probe_data, loss_fn,
                                decision.policy, decision.defaults, progress=counter)
     return dataclasses.replace(report, decision=decided)
-
-
-def callback_scalars(report, prefix: str, per_candidate: bool = True) -> dict[str, float]:
-    """What a callback logs of ``report`` (:func:`callback_report`): its :meth:`~satcore.DepthReport.scalars` and
-    its decision's (:meth:`~satcore.InsertionDecision.scalars`), keys starting ``prefix``; without
-    ``per_candidate`` the depth-wide ones only.  The decision's ``choice_index`` counts the report's candidates,
-    the list ``argmax_index`` and ``best_candidate_index`` count, so that every index a callback logs is into one
-    list."""
-    scalars = report.scalars(prefix, per_candidate)
-    if report.decision is not None:
-        scalars |= report.decision.scalars(prefix, per_candidate, places=[c.name for c in report.candidates])
-    return scalars

@@ -230,9 +230,9 @@ DECISIONS = ("trial", "screen")
 
 
 class _ReadsDecision:
-    """A placement's ``choice``, ``stop_reason``, ``candidates``, ``cost_block_steps`` and
+    """A placement's ``choice``, ``stop_reason``, ``candidates``, ``cost_block_steps``, ``heldout_samples`` and
     ``heldout_samples_needed``: those of the decision it reads (``wrapped``, a property of the subclass; a
-    decision without the last, the screen's, needs none)."""
+    decision without the last two, the screen's, reads None: it resolves no stop)."""
 
     @property
     def choice(self):
@@ -249,6 +249,10 @@ class _ReadsDecision:
     @property
     def cost_block_steps(self) -> int:
         return self.wrapped.cost_block_steps
+
+    @property
+    def heldout_samples(self) -> int | None:
+        return getattr(self.wrapped, "heldout_samples", None)
 
     @property
     def heldout_samples_needed(self) -> int | None:
@@ -643,6 +647,9 @@ class Expansion:
                              f"{NOT_VERIFIED} by a trial)"),
                   "choice": self.decision.choice, "stop_reason": self.decision.stop_reason,
                   "ranking": self.decision.ranking()}
+        if self.decision.stop_reason == "heldout_too_small":  # what would resolve it: the decision's own numbers
+            record.update(heldout_samples=self.decision.heldout_samples,
+                          heldout_samples_needed=self.decision.heldout_samples_needed)
         if isinstance(method, ScreenDecision):  # what its plan's time estimate was made from, as the trials' record
             record.update(timing_record(method.step_times))
         if self.budgeted is not None:

@@ -23,7 +23,7 @@ import os
 
 from torch import nn
 
-from satcore.adapter_api import yaml_quoted
+from satcore.adapter_api import heldout_samples_words, yaml_quoted
 
 PEFT_DIR = "peft"  # OUT_DIR/peft/adapter_config.json: peft.LoraConfig.from_pretrained(OUT_DIR/peft)
 LLAMA_FACTORY_FILE = "llamafactory.yaml"
@@ -100,6 +100,8 @@ def model_card(record: dict, out_dir: str) -> str:
         # why in the choice's own words where every arm is over --max-forgetting (decision.instead says only what
         # to do)
         why = (f", because {decision['reason']}" if reason_first else
+               ", because the decision below could not show on this data whether expanding pays"
+               if decision.get("stop_reason") == "heldout_too_small" else
                ", because the decision below found that expanding does not pay on this data")
         instead = decision.get("instead")
         lines.append(f"Base model: `{record['source']}`, unchanged ({layers['before']} layers): `satcore expand` added "
@@ -116,7 +118,10 @@ def model_card(record: dict, out_dir: str) -> str:
                      f"`{record['layout']}`; it cost {_cost(record, decision)}.")
         lines.append(f"Method: {decision.get('method', 'a decision')}.")
         if decision.get("stop_reason") and not reason_first:
-            lines.append(f"It stopped: `{decision['stop_reason']}`.")
+            lines.append(f"It stopped: `{decision['stop_reason']}`." + (
+                "" if decision["stop_reason"] != "heldout_too_small" else
+                " The held-out data cannot resolve a gain of the stop tolerance at some trialled place: "
+                f"{heldout_samples_words(decision['heldout_samples'], decision['heldout_samples_needed'])}."))
         race = _race_words(record, decision)
         if race:
             lines.append(race)

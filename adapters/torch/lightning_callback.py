@@ -8,8 +8,10 @@ that with ``val_check_interval`` (several validations an epoch) each validation 
 ``satcore/``) with ``pl_module.log_dict``: every logger of the Trainer gets
 them, and ``trainer.callback_metrics`` holds them (so a ``ModelCheckpoint``
 can monitor ``satcore/growth_value_max``).  Lightning validates under
-``torch.inference_mode``; the probe takes its gradients outside it.  Works
-with ``lightning`` (``lightning.pytorch``) or the older ``pytorch_lightning``.
+``torch.inference_mode``; the probe takes its gradients outside it.  Like ``HFCallback`` and ``KerasCallback``
+it logs the depth-wide keys unless its ``log_candidates`` is ``True`` (one key set for one report,
+:func:`satcore.adapters.base.callback_scalars`): every logger of the Trainer files each key it is given, up to
+twelve a candidate with a decision.  Works with ``lightning`` (``lightning.pytorch``) or the older ``pytorch_lightning``.
 
 The configuration is checked at ``on_fit_start``, before the first training
 step: ``module`` must give an ``nn.Module`` and the candidates must be found
@@ -34,9 +36,9 @@ from torch import nn
 
 from satcore import DecisionPolicy, InputError
 
-from satcore.adapters.base import callback_schedule
+from satcore.adapters.base import callback_log_candidates, callback_scalars, callback_schedule
 
-from .callback_common import callback_places, callback_report, callback_scalars, callback_settings
+from .callback_common import callback_places, callback_report, callback_settings
 from .probe import ProbeConfig
 
 
@@ -67,13 +69,19 @@ class LightningCallback(Callback):
         ``policy`` and ``train_data``); the held-out split is ``probe_data``, and the decision's scalars
         (``satcore/decision/...``) are logged with the first-order ones.
 
-    ``prefix`` (``"satcore/"``, the start of every metric key) is a class attribute: set it on a subclass or
-    the instance for another.  ``reports`` holds ``(global_step, DepthReport)`` of every probe made, as
+    ``prefix`` (``"satcore/"``, the start of every metric key) and ``log_candidates`` (``False``: the depth-wide
+    keys only, ``HFCallback``'s set; ``True``: the per-candidate keys too, ``satcore/<name>/...`` and
+    ``satcore/decision/<name>/...``, which a ``ModelCheckpoint`` monitoring one needs) are class attributes: set
+    them on a subclass or the instance for others (``HFCallback`` and ``KerasCallback`` take ``log_candidates``
+    as a keyword).  A ``log_candidates`` other than ``True`` or ``False`` is refused at ``on_fit_start``, before
+    the first step.  ``reports`` holds ``(global_step, DepthReport)`` of every probe made, as
     ``HFCallback.reports`` does (the step identifies a validation; an epoch may hold several), with ``policy``
     the report's ``decision`` that validation's :class:`satcore.InsertionDecision`.
     """
 
     prefix = "satcore/"
+    # an attribute, not HFCallback's keyword: beside module it would be a ninth parameter (tests/test_core_layers.py)
+    log_candidates = False
 
     @moved_keywords("callback")
     def __init__(self, probe_data, loss_fn=None, *, module=None, every_n_epochs: int = 1, report: dict | None = None,
@@ -97,6 +105,7 @@ class LightningCallback(Callback):
         return model
 
     def on_fit_start(self, trainer, pl_module):
+        callback_log_candidates("LightningCallback", self.log_candidates)
         callback_places(self._model(pl_module), self.config, self.decision)
 
     def on_validation_epoch_end(self, trainer, pl_module):
@@ -106,4 +115,4 @@ class LightningCallback(Callback):
                                  self.report_options, self.decision, progress=shows_progress_bar(trainer))
         self.reports.append((trainer.global_step, report))
         # the sums are all-reduced already: every rank holds the same numbers
-        pl_module.log_dict(callback_scalars(report, self.prefix), sync_dist=False)
+        pl_module.log_dict(callback_scalars(report, self.prefix, self.log_candidates), sync_dist=False)

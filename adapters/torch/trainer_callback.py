@@ -52,9 +52,9 @@ import numpy as np
 from satcore import CandidateStatistics, DecisionPolicy, DepthStatistics, InsertionDecision
 from satcore import InputError
 
-from satcore.adapters.base import callback_schedule
+from satcore.adapters.base import callback_log_candidates, callback_scalars, callback_schedule
 
-from .callback_common import callback_places, callback_report, callback_scalars, callback_settings
+from .callback_common import callback_places, callback_report, callback_settings
 from .probe import ProbeConfig
 
 
@@ -99,9 +99,7 @@ class HFCallback(TrainerCallback):
                  config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None,
                  log_candidates: bool = False):
         self.every, self.report_options = callback_schedule("HFCallback", "every", every, report)
-        if not isinstance(log_candidates, bool):
-            raise InputError(f"HFCallback: log_candidates must be True or False, got {log_candidates!r}")
-        self.log_candidates = log_candidates
+        self.log_candidates = callback_log_candidates("HFCallback", log_candidates)
         self.probe_data, self.loss_fn = probe_data, loss_fn
         self.config, self.decision = callback_settings("HFCallback", probe_data, config, policy, train_data)
         self.reports: list = []

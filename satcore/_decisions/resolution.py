@@ -27,6 +27,26 @@ samples; the stop needs the largest ``n'_c`` over the candidates whose interval 
 ``-eps``.  Like the probe's size to decide (:mod:`satcore._decisions.verdicts`), it assumes the
 estimate stays where it is: a planning number, not a promise.
 
+*Where the count means nothing.*  The distance ``|d_c + eps|`` the count divides by is itself read
+with the standard error ``se_c``.  Within one standard error of the tolerance, ``|d_c + eps| < se_c``,
+the distance's own one-standard-error band ``|d_c + eps| +- se_c`` reaches 0, so the count's band
+``n (h_c / (|d_c + eps| -+ se_c))^2`` reaches infinity: the split does not tell whether a little more
+data or no amount settles the stop, and a count read there swings with the noise (one dataset's
+growing splits named 180, 76008, 472 and 2249 samples).  With ``h_c = z_{0.975} se_c`` the condition
+is, on the samples factor,
+
+.. math::
+
+    \\frac{n'_c}{n} = \\left(\\frac{h_c}{|d_c + eps|}\\right)^2 > z_{0.975}^2 \\approx 3.84,
+
+so a count is named only up to :data:`SAMPLES_FACTOR_NAMED` times the samples read; beyond it the
+change *sits at the tolerance* (:attr:`HeldoutResolution.at_tolerance`) and no number is named.  On the decision
+bench's 300-step stops read again on a held-out split 4 times larger, the stops with a named count
+(factors 1.0-3.7) were resolved there in 8 of 12 and 7 of 8, and the counts beyond it (5.6 to 30,000
+times the split) were no bound (studies/decision-validity.md, "Stops the held-out data cannot
+resolve").  A tolerance the data resolves with fewer samples is a practical one the user states
+(:class:`~satcore.TrialSettings` ``tolerance``).
+
 Only the part of the prediction's error that the held-out sample size sets is read here; the
 calibrated interval of a :class:`~satcore.CandidateDecision` also carries the extrapolation's
 error (the trial's trend), which more held-out data does not shrink.
@@ -43,6 +63,10 @@ from scipy.special import ndtri
 from .._shared.errors import InputError
 
 RESOLUTION_LEVEL = 0.95  # the held-out resolution's interval: the decision's own intervals' level
+_Z = float(ndtri(0.5 + RESOLUTION_LEVEL / 2))
+# the largest samples factor a count is named for: (h / |d + eps|)^2 <= z^2, i.e. |d + eps| >= se (module docstring)
+SAMPLES_FACTOR_NAMED = _Z ** 2
+
 
 
 @dataclass(frozen=True)
@@ -62,7 +86,8 @@ class HeldoutResolution:
         Whether every interval lies above ``-tolerance`` (the stop's claim holds on this data).
     samples_factor : float or None
         ``n' / n`` (the samples needed over those read, ``(h / |d + eps|)^2``; ``inf`` where the change sits
-        exactly at ``-eps`` or its standard error is infinite); None where resolved.
+        exactly at ``-eps`` or its standard error is infinite); None where resolved.  Above
+        :data:`SAMPLES_FACTOR_NAMED` the change sits at the tolerance and :meth:`samples_needed` names no count.
     """
 
     candidate: int
@@ -71,12 +96,30 @@ class HeldoutResolution:
     resolved: bool
     samples_factor: float | None
 
+    @property
+    def at_tolerance(self) -> bool:
+        """Whether the stop is unresolved with its binding change within one standard error of ``-tolerance``
+        (``samples_factor > SAMPLES_FACTOR_NAMED``: ``|d + tolerance| < se``): no count is named."""
+        return self.samples_factor is not None and self.samples_factor > SAMPLES_FACTOR_NAMED
+
     def samples_needed(self, samples: int) -> int | None:
         """``ceil(samples * samples_factor)``: the held-out samples that would resolve the stop, ``samples`` read;
-        None where resolved or no finite number would (a change exactly at ``-tolerance``)."""
-        if self.samples_factor is None or not math.isfinite(self.samples_factor):
+        None where resolved or where the change sits at the tolerance (:attr:`at_tolerance`: the count's own
+        band reaches infinity, a change exactly at ``-tolerance`` included)."""
+        if self.samples_factor is None or self.at_tolerance:
             return None
         return max(samples + 1, math.ceil(samples * self.samples_factor))
+
+
+def samples_at_one_standard_error(samples: int) -> int:
+    """``ceil(z_{0.975}^2 samples)``: the held-out samples that would resolve a stop whose change were one standard
+    error from minus the tolerance (the largest count named, :data:`SAMPLES_FACTOR_NAMED`), ``samples`` read: the
+    first step the decision suggests where its change sits at the tolerance and no count is named.
+
+    >>> samples_at_one_standard_error(160)
+    615
+    """
+    return math.ceil(SAMPLES_FACTOR_NAMED * samples)
 
 
 def heldout_resolution(changes, standard_errors, tolerance: float) -> HeldoutResolution:
@@ -104,8 +147,19 @@ def heldout_resolution(changes, standard_errors, tolerance: float) -> HeldoutRes
     fall under ``|-0.004 + 0.01| = 0.006``, ``(0.0196 / 0.006)^2 = 10.7`` times the samples.
 
     >>> r = heldout_resolution([-0.004, 0.02], [0.01, 0.01], 0.01)
-    >>> r.candidate, round(r.half_width, 4), r.resolved, round(r.samples_factor, 2), r.samples_needed(160)
-    (0, 0.0196, False, 10.67, 1708)
+    >>> r.candidate, round(r.half_width, 4), r.resolved, round(r.samples_factor, 2)
+    (0, 0.0196, False, 10.67)
+
+    That count is not named: the change, 0.006 from -0.01, is within its standard error (0.01) of it, so
+    the distance the count divides by is not resolved either (10.7 > 1.96^2):
+
+    >>> r.at_tolerance, r.samples_needed(160)
+    (True, None)
+
+    A change 0.015 from the tolerance is beyond its standard error: ``(0.0196 / 0.015)^2 = 1.71`` times:
+
+    >>> heldout_resolution([0.005], [0.01], 0.01).samples_needed(160)
+    274
 
     Four times the samples halve the half-width; then it resolves:
 
@@ -119,7 +173,7 @@ def heldout_resolution(changes, standard_errors, tolerance: float) -> HeldoutRes
     # an infinite standard error (a trial read on fewer than 2 samples) resolves nothing: no finite n is named
     if not (se >= 0).all() or not (math.isfinite(tolerance) and tolerance >= 0):
         raise InputError("held-out resolution: the standard errors and the tolerance must be numbers >= 0")
-    half = float(ndtri(0.5 + RESOLUTION_LEVEL / 2)) * se
+    half = _Z * se
     reaching = d - half < -tolerance
     if not reaching.any():
         nearest = int(np.argmin(d - half))
@@ -144,4 +198,5 @@ def stop_resolution(candidates, stop_tolerance: float) -> tuple:
     return trialled[read.candidate].name, read
 
 
-__all__ = ["HeldoutResolution", "RESOLUTION_LEVEL", "heldout_resolution", "stop_resolution"]
+__all__ = ["HeldoutResolution", "RESOLUTION_LEVEL", "SAMPLES_FACTOR_NAMED", "heldout_resolution",
+           "samples_at_one_standard_error", "stop_resolution"]

@@ -31,7 +31,7 @@ from typing import Protocol
 import numpy as np
 
 from .._shared.errors import InputError, ModelOnDataError
-from .._shared.numbers import positive_count
+from .._shared.numbers import finite_real, positive_count
 from .._shared.splits import split_words
 from .calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
 from .predictors import predict_gains
@@ -171,17 +171,28 @@ class TrialSettings:
     calibration : Calibration, optional
         The trials' extrapolation and error model; default the shipped one fitted on the bench's
         trials of ``schedule``: ``TrialSettings(schedule=...).calibration`` is how to read it before any
-        decision (``decision.calibration`` after one), e.g. to state a practical ``tolerance`` with
-        ``dataclasses.replace``.
+        decision (``decision.calibration`` after one).
     groups : sequence of sequences of candidate names, optional
         Spread the trials over these groups (:func:`grouped_trials`) instead of the screen's first
         ``max_trials``.
+    tolerance : float, optional
+        A practical stop tolerance the user states: the smallest held-out decrease worth a block, as a share
+        of the held-out loss before insertion (``0.003``: 0.3%).  It becomes the calibration's ``tolerance``
+        (so :attr:`calibration` carries it); the stop tolerance is the larger of it and the fitted share of the
+        generalization gap (:meth:`Calibration.stop_tolerance_terms`), and the printed stop says which ruled.
+        None: the calibration's own (0 as shipped).
+
+    Examples
+    --------
+    >>> TrialSettings(tolerance=0.003).calibration.tolerance
+    0.003
     """
 
     max_trials: int = 4
     schedule: str = "even"
     calibration: object = None
     groups: tuple | None = None
+    tolerance: float | None = None
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -196,6 +207,9 @@ class TrialSettings:
         elif not isinstance(self.calibration, Calibration):  # else an AttributeError once the trials had run
             raise InputError(f"trials: calibration must be a satcore Calibration (e.g. dataclasses.replace of "
                              f"TrialSettings().calibration), got {type(self.calibration).__name__}")
+        if self.tolerance is not None:
+            object.__setattr__(self, "tolerance", finite_real(self.tolerance, "trials: tolerance", low=0.0))
+            object.__setattr__(self, "calibration", dataclasses.replace(self.calibration, tolerance=self.tolerance))
 
     def trialled(self, names: list, recipe: Recipe) -> list[str]:
         """The candidates among ``names`` (the screen's order) the trials verify."""

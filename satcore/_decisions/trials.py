@@ -450,8 +450,14 @@ class InsertionDecision:
         the stop tolerance, by the samples it needs, or comes nearest to it); None with a choice.
     heldout_samples_needed : int or None
         On a ``"heldout_too_small"`` stop: about how many held-out samples would resolve it (the half-width
-        shrinks as ``1 / sqrt(n)``; a planning number that assumes the trials' changes stay put); None otherwise,
-        or where the held-out count is not known.
+        shrinks as ``1 / sqrt(n)``; a planning number that assumes the trials' changes stay put).  None on any
+        other decision, where the held-out count is not known, and where the binding trial's change sits within
+        one standard error of minus the stop tolerance (:attr:`~satcore.HeldoutResolution.at_tolerance`): there the count's
+        own uncertainty reaches infinity and no number is named (a practical tolerance settles it:
+        :class:`~satcore.TrialSettings` ``tolerance``).
+    heldout_binding_candidate : str or None
+        On a stop with verified candidates: the candidate whose trial :attr:`heldout_resolution` is read on (the
+        stop's claim rests on it); None with a choice.
     """
 
     choice: str | None
@@ -468,14 +474,16 @@ class InsertionDecision:
     requested_family: str | None = None
     heldout_resolution: float | None = None
     heldout_samples_needed: int | None = None
+    heldout_binding_candidate: str | None = None
 
     def __post_init__(self):
         if (self.choice is None) == (self.stop_reason is None):
             raise InputError("decision: exactly one of choice and stop_reason is set")
         if self.stop_reason is not None and self.stop_reason not in STOP_REASONS:
             raise InputError(f"decision: unknown stop_reason {self.stop_reason!r}")
-        if self.choice is not None and self.choice not in self.candidates:
-            raise InputError(f"decision: choice {self.choice!r} is not a candidate")
+        for role, name in (("choice", self.choice), ("heldout_binding_candidate", self.heldout_binding_candidate)):
+            if name is not None and name not in self.candidates:
+                raise InputError(f"decision: {role} {name!r} is not a candidate")
         object.__setattr__(self, "candidates", MappingProxyType(dict(self.candidates)))
 
     def __str__(self) -> str:
@@ -617,7 +625,7 @@ class InsertionDecision:
                 "stop_tolerance": self.stop_tolerance, "stop_tolerance_se": self.stop_tolerance_se,
                 "stop_tolerance_rule": self.stop_tolerance_rule, "requested_family": self.requested_family,
                 "heldout_resolution": self.heldout_resolution, "heldout_samples_needed": self.heldout_samples_needed,
-                "calibration": self.calibration.to_dict()}
+                "heldout_binding_candidate": self.heldout_binding_candidate, "calibration": self.calibration.to_dict()}
 
 
 def choose(candidates, recipe: Recipe, heldout_loss: float, training_loss: float, cost_block_steps: int,
@@ -653,9 +661,9 @@ def choose(candidates, recipe: Recipe, heldout_loss: float, training_loss: float
             reason, choice = "gain_below_tolerance", None
         else:
             reason, choice = None, best.name
-    resolution, needed = None, None
+    resolution, needed, binding = None, None, None
     if choice is None and verified:
-        read = stop_resolution(verified, stop_tolerance)[1]
+        binding, read = stop_resolution(verified, stop_tolerance)
         resolution = read.half_width
         if not read.resolved:
             reason = "heldout_too_small"
@@ -663,7 +671,7 @@ def choose(candidates, recipe: Recipe, heldout_loss: float, training_loss: float
     return InsertionDecision(choice, reason, candidates, recipe, float(heldout_loss), int(cost_block_steps),
                              calibration, stop_tolerance=stop_tolerance, training_loss=float(training_loss),
                              heldout_samples=heldout_samples, heldout_resolution=resolution,
-                             heldout_samples_needed=needed)
+                             heldout_samples_needed=needed, heldout_binding_candidate=binding)
 
 
 def trial_checkpoints(steps: int) -> tuple:

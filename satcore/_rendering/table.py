@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .._shared.display import NOT_VERIFIED, display_name
 from .._decisions.criteria import Verdict
-from .._decisions.resolution import stop_resolution
+from .._decisions.resolution import samples_at_one_standard_error
 
 LEGEND = (
     "columns: AG = activation-gradient norm; V = growth value (first-order gain per unit block size, the raw "
@@ -55,32 +55,62 @@ def stop_tolerance_note(decision) -> str:
         source = "no decrease predicted"
     in_se = decision.stop_tolerance_se
     # where to state one, runnable as printed: the decision's own calibration (the schedule's shipped one), since
-    # replacing another (the even plan's, TrialSettings().calibration, under schedule="halving") would swap the error model
+    # another (the even plan's, TrialSettings()'s, under schedule="halving") would swap the error model
     how = ("" if rule == "held-out loss" else "; state a practical one as a share of the held-out loss with "
-           "policy=DecisionPolicy(recipe, trials=TrialSettings(calibration=dataclasses.replace(decision.calibration, "
-           "tolerance=...)))")
+           "policy=DecisionPolicy(recipe, trials=TrialSettings(calibration=decision.calibration, tolerance=...))")
     return (f"note: stopped below the tolerance of {num(decision.stop_tolerance)} ({source}"
             + ("" if in_se is None else f"; {num(in_se)} standard errors of the best credible trial") + ")" + how)
 
 
+def heldout_samples_words(heldout_samples: int | None, heldout_samples_needed: int | None,
+                          at_tolerance: str = "the change of the trial it rests on sits within one standard error of "
+                                              "minus the tolerance, so this split cannot size the held-out data that "
+                                              "would settle it") -> str:
+    """What would resolve a ``"heldout_too_small"`` stop, read off the decision's own fields
+    (:attr:`~satcore.InsertionDecision.heldout_samples`, :attr:`~satcore.InsertionDecision.heldout_samples_needed`):
+    the count it names; where it names none on a known split (the binding change within one standard error of minus
+    the tolerance, :attr:`~satcore.HeldoutResolution.at_tolerance`), ``at_tolerance`` (why) and the two ways on: a
+    larger split, whose first step is ``ceil(z_{0.975}^2 n)`` samples (:func:`samples_at_one_standard_error`), or a
+    practical tolerance.  One text for decide's note and ``satcore expand``'s stop line and model card."""
+    if heldout_samples_needed is not None:
+        return (f"about {heldout_samples_needed} held-out samples would resolve it (the half-width shrinks as "
+                "1/sqrt(n); a planning number that assumes the trials' changes stay put)")
+    if heldout_samples is None:
+        return "no number of held-out samples named"
+    first_step = samples_at_one_standard_error(heldout_samples)
+    return (f"{at_tolerance} and no count is named; decide again on a larger held-out split (about {first_step} "
+            "samples would resolve it were the change one standard error from the tolerance: a first step, not a "
+            "count) or state a practical tolerance the data resolves (TrialSettings(..., tolerance=...), a share of "
+            "the held-out loss)")
+
+
 def heldout_resolution_note(decision) -> str:
-    """The note under a ``"heldout_too_small"`` stop: the trial its claim rests on, whose 95% interval from the
-    held-out data alone still reaches past minus the stop tolerance, and about how many held-out samples would
-    resolve it (:func:`satcore.heldout_resolution`)."""
-    name, read = stop_resolution(decision.candidates.values(), decision.stop_tolerance)
-    change = decision.candidates[name].trial.heldout_change[-1]
+    """The note under a ``"heldout_too_small"`` stop: the stop tolerance, which term ruled it (fitted: a share of the
+    generalization gap; stated: a share of the held-out loss) and its size in the binding trial's half-widths; that
+    trial (:attr:`~satcore.InsertionDecision.heldout_binding_candidate`), whose 95% interval from the held-out data
+    alone still reaches past minus the tolerance; and about how many held-out samples would resolve it, or, where
+    its change sits within one standard error of the tolerance, that no count is named
+    (:attr:`~satcore.HeldoutResolution.at_tolerance`)."""
+    name, eps, half = decision.heldout_binding_candidate, decision.stop_tolerance, decision.heldout_resolution
+    trial = decision.candidates[name].trial
+    change = trial.heldout_change[-1]
     read_on = "" if decision.heldout_samples is None else f" on {decision.heldout_samples} held-out samples"
-    needed = decision.heldout_samples_needed
-    would = ("no number of held-out samples named" if needed is None else
-             f"about {needed} held-out samples would (the half-width shrinks as 1/sqrt(n); a planning number that "
-             "assumes the trials' changes stay put)")
+    # where no count is named, why: the distance the count divides by, against its standard error
+    at_tolerance = (f"its change is {num(abs(change + eps))} from -{num(eps)}, within its standard error "
+                    f"{num(trial.heldout_se)}, so this split cannot size the held-out data that would settle it")
+    would = heldout_samples_words(decision.heldout_samples, decision.heldout_samples_needed, at_tolerance)
     # a tolerance of 0 (the held-out loss not above the training loss, no share stated) asks whether any decrease
     # shows: "a gain of the tolerance (0)" and "reaches past -0" said that in words a user could not act on
-    gain, bound = ((f"a gain of the tolerance ({num(decision.stop_tolerance)})",
-                    f"reaches past -{num(decision.stop_tolerance)}") if decision.stop_tolerance > 0 else
-                   ("a decrease of any size (the stop tolerance is 0)", "reaches below 0"))
+    if eps > 0:
+        cal, rule = decision.calibration, decision.stop_tolerance_rule
+        ruled = (f"stated: {cal.tolerance:g} of the held-out loss" if rule == "held-out loss" else
+                 f"fitted: {cal.generalization_gap_fraction:g} of the generalization gap")
+        in_half = "" if not half else f"; {num(eps / half)} half-widths"
+        gain, bound = f"a gain of the tolerance ({num(eps)}; {ruled}{in_half})", f"reaches past -{num(eps)}"
+    else:
+        gain, bound = "a decrease of any size (the stop tolerance is 0)", "reaches below 0"
     return (f"note: the held-out data cannot resolve {gain}: "
-            f"{display_name(name)}'s trial changed the held-out loss by {num(change)} +- {num(read.half_width)} (95%, "
+            f"{display_name(name)}'s trial changed the held-out loss by {num(change)} +- {num(half)} (95%, "
             f"from its paired standard error{read_on}), which {bound}; {would}; "
             "no block is inserted, and none is shown not to pay")
 
