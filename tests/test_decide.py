@@ -835,6 +835,7 @@ def test_decide_pairs_the_margins_standard_error_over_the_held_out_samples():
 
 @pytest.mark.parametrize("change, message", [
     ({"train": []}, "the training data yielded no batches"),
+    ({"train": None}, "^decide: the training data: not an iterable of batches, got NoneType$"),
     ({"heldout": []}, "the held-out data yielded no batches"),
     ({"heldout": "tensor pair"}, "held-out data: a batch is a pair"),
     ({"heldout": "one sample"}, "holds 1 sample"),
@@ -844,6 +845,8 @@ def test_decide_pairs_the_margins_standard_error_over_the_held_out_samples():
     ({"max_trials": 1.5}, "max_trials must be a positive integer"),
     ({"seed": -1}, "policy: seed: -1 is not in the range 0..9223372036854775807"),
     ({"schedule": "fastest"}, "trials: schedule must be 'halving' or 'even', got 'fastest'"),
+    ({"calibration": "tight"}, r"^trials: calibration must be a satcore Calibration \(e\.g\. dataclasses\.replace of "
+                               r"TrialSettings\(\)\.calibration\), got str$"),
     ({"max_statistics_bytes": -5}, "policy: max_statistics_bytes: -5 is not in the range 1.."),
     ({"heldout": "float64"}, "decide: held-out data: batch 0: inputs are torch.float64, the model's parameters "
                              "torch.float32"),
@@ -858,7 +861,8 @@ def test_decide_refuses_inputs_it_cannot_decide_on_in_one_line(change, message):
     """What a user plausibly passes by mistake is refused before any probe or trial, with an ``InputError`` naming
     the argument: empty splits, one batch (or its two tensors) instead of an iterable of batches, an empty batch,
     one held-out sample (no standard error), a loss that returns the batch mean (0-d or kept as ``(1,)``) or more
-    than one value per sample, and a ``max_trials`` that is not a positive integer."""
+    than one value per sample, a ``max_trials`` that is not a positive integer, a split of ``None`` (was a bare
+    ``TypeError``) and a calibration that is not one (was an ``AttributeError`` once the trials had run)."""
     X, y = digits()
     args = {"train": _data(0, 64, 32), "heldout": _data(1200, 64, 32), "loss_fn": per_sample_ce, "max_trials": 2}
     args.update(change)
@@ -884,7 +888,7 @@ def test_decide_refuses_inputs_it_cannot_decide_on_in_one_line(change, message):
         args["loss_fn"] = lambda out, target: torch.nn.functional.cross_entropy(
             out, target, reduction="none")[:, None].expand(-1, 10)
     with pytest.raises(InputError, match=message) as refused:
-        trials = TrialSettings(**{k: args[k] for k in ("max_trials", "schedule") if k in args})
+        trials = TrialSettings(**{k: args[k] for k in ("max_trials", "schedule", "calibration") if k in args})
         policy = DecisionPolicy(Recipe("adam", 1e-3, 8, 32), trials=trials, candidates=CANDIDATES,
                                 **{k: args[k] for k in ("seed", "max_statistics_bytes") if k in args})
         decide(digits_resnet(), args["train"], args["heldout"], args["loss_fn"], policy=policy)

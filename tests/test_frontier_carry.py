@@ -82,5 +82,5 @@ def test_the_shipped_carry_error_and_a_negative_one_refused():
     from satcore.adapters.torch.expansion_frontier import DecisionBudget
 
     assert DecisionBudget().carry_per_doubling == CARRY_PER_DOUBLING == 0.023
-    with pytest.raises(InputError, match="carry_per_doubling must be at least 0 nats"):
+    with pytest.raises(InputError, match=r"carry_per_doubling \(nats\) must be >= 0, got -0.01"):
         DecisionBudget(carry_per_doubling=-0.01)

@@ -251,6 +251,21 @@ def test_hostile_token_lines_are_one_line(line, expect, source, tmp_path):
     refused(run_expand(source[0], data, tmp_path / "o", "--blocks", "1"), *expect)
 
 
+@pytest.mark.parametrize("flag", ["--data", "--general-data"])
+def test_text_with_a_nul_byte_is_refused_as_not_text(flag, source, tmp_path):
+    """A file of zeros (sparse, preallocated, a download cut short) is UTF-8 all the same: read as 'text', its NULs
+    were tokenised and --general-data's 4 GiB of them measured as the model's old domain.  No text holds a NUL."""
+    zeros = tmp_path / "zeros.txt"
+    zeros.write_bytes(source[1].read_bytes()[:1000] + bytes(10_000))
+    data, general = (zeros, None) if flag == "--data" else (source[1], zeros)
+    out = tmp_path / "o"
+    extra = ["--blocks", "1"] if general is None else ["--blocks", "auto", "--steps", "300", "--general-data", general]
+    result = run_expand(source[0], data, out, *extra)
+    refused(result, f"{flag + ' ' if general else ''}{zeros}: not text (a NUL byte at offset 1000); token ids go in "
+                    ".npz or .jsonl")
+    assert not out.exists()
+
+
 def test_max_windows_is_bounded_by_the_file_not_allocated(source, tmp_path):
     """--max-windows 2**53 on a 9 kB text: the tokens read are what the file holds (no buffer of 2**53 x 16)."""
     code, err, rss = peak_rss(["expand", str(source[0]), "--data", str(source[1]), "--blocks", "1", "--seq-len", "16",
@@ -306,6 +321,37 @@ def test_recipe_numbers():
             Recipe("adam", **{"lr": 1e-3, "steps": 10, "batch_size": 4, **kwargs})
 
 
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("field, value, expect", [
+    ("fraction", NAN, "decision budget: fraction must be a finite number, got nan"),
+    ("fraction", True, "decision budget: fraction must be a finite number, got True (bool)"),
+    ("fraction", 1.5, "decision budget: fraction must be <= 1 (of the planned training), got 1.5"),
+    ("replicates", True, "decision budget: replicates must be a positive integer, got True"),
+    ("carry_per_doubling", INF, "decision budget: carry_per_doubling (nats) must be a finite number, got inf"),
+    ("max_forgetting", -0.1, "decision budget: max_forgetting (nats) must be >= 0, got -0.1"),
+    ("max_forgetting", NAN, "decision budget: max_forgetting (nats) must be a finite number, got nan"),
+    ("max_forgetting", "0.1", "decision budget: max_forgetting (nats) must be a finite number, got '0.1' (str)"),
+    ("tolerance", INF, "decision budget: tolerance (nats) must be a finite number, got inf"),
+    ("tolerance", -1, "decision budget: tolerance (nats) must be >= 0, got -1"),
+    ("tolerance", "x", "decision budget: tolerance (nats) must be a finite number, got 'x' (str)"),
+])
+def test_a_decision_budget_refuses_what_it_cannot_weigh_when_built(field, value, expect):
+    """A NaN or inf tolerance or max_forgetting compared false and chose silently, a text one failed as a TypeError
+    after the trials had run, a negative tolerance only after the model's losses: each is refused on construction."""
+    from satcore.adapters.torch.expansion_frontier import DecisionBudget
+
+    general = torch.ones(8, 4, dtype=torch.long)
+    with pytest.raises(InputError) as refused:
+        DecisionBudget(**{"general": general, field: value})
+    assert str(refused.value) == expect
+    taken = DecisionBudget(fraction=np.float32(0.25), replicates=np.int64(2), general=general,
+                           max_forgetting=np.float64(0.5), tolerance=0)
+    assert (taken.fraction, taken.replicates, taken.max_forgetting, taken.tolerance) == (0.25, 2, 0.5, 0.0)
+    assert type(taken.fraction) is float and type(taken.replicates) is int
+
+
 @pytest.mark.parametrize("optimizer, dtype, lr, weight_decay, refused_step", [
     ("adam", torch.float32, 1e38, 0.0, "1e+39"),  # Adam's first step is 10 lr: past float32's 3.4e38
     ("adamw", torch.float16, 1e4, 0.0, "100000"),  # past float16's 65504
@@ -346,6 +392,25 @@ def windows(n=64, seed=0):
     return [({"input_ids": w}, w) for w in ids.split(8)]
 
 
+@pytest.mark.parametrize("budget", ["5e-324", "1e-300"])
+def test_a_tiny_decision_budget_names_only_the_remedies_in_range(budget, source, tmp_path):
+    """--decision-budget 5e-324 made the --steps that would fit inf: an OverflowError's traceback; 1e-300 named a
+    300-digit --steps, past the option's range.  Only the --decision-budget that decides is named."""
+    out = tmp_path / "o"
+    result = run_expand(source[0], source[1], out, "--blocks", "auto", "--steps", "200", "--decision-budget", budget)
+    refused(result, f"a decision budget of {float(budget):g} (--decision-budget) of 200 planned steps (--steps)")
+    assert re.search(r"fixed\): give --decision-budget 0\.\d+$", result.stderr.strip()), result.stderr
+    assert not out.exists()
+
+
+def test_a_decision_no_budget_or_steps_in_range_affords_says_so():
+    from satcore.adapter_api import MAX_COUNT, plan_trials
+
+    with pytest.raises(InputError) as refused_plan:  # 2 arms, 2 seeds: more than the whole of 20 steps
+        plan_trials(20, 1e-300, [1.0, 1.1], [1.0, 1.0], 2, 3.0)
+    assert str(refused_plan.value).endswith(f"fixed): no --decision-budget up to 1 nor --steps up to {MAX_COUNT} fits")
+
+
 def test_decide_bounds_its_work_before_reading_the_data(monkeypatch):
     import itertools
 
@@ -361,6 +426,30 @@ def test_decide_bounds_its_work_before_reading_the_data(monkeypatch):
     monkeypatch.setenv("SATCORE_MAX_TRIAL_STEPS", "²")
     with pytest.raises(InputError, match="SATCORE_MAX_TRIAL_STEPS: '²' is not a whole number"):
         decide(model, windows(), windows(seed=1), sequence_loss, recipe=Recipe("adam", 1e-3, 4, 8))
+
+
+@pytest.mark.parametrize("general, expect", [
+    (torch.rand(16, 8), "decision budget: general: token ids must be an integer (windows, tokens) tensor of at least 4 "
+                        "windows, got float32 (16, 8)"),
+    (torch.ones(16, dtype=torch.long), "tensor of at least 4 windows, got int64 (16,)"),
+    (torch.ones(3, 8, dtype=torch.long), "tensor of at least 4 windows, got int64 (3, 8)"),
+    (None, "decision budget: general: more than 65,536 batches (an endless iterator?)"),
+])
+def test_expand_names_general_data_it_cannot_read_as_the_general_data(general, expect):
+    """DecisionBudget(general=...) the frontier cannot read: a float tensor failed as the model's "batch 0" and 3
+    windows as "expand needs at least 4 batches of data", both read as the target data's; an endless iterator was
+    read until memory ran out.  Each is refused naming the general data, before any trial."""
+    import itertools
+
+    from satcore.adapters.torch import ExpansionOptions, expand
+    from satcore.adapters.torch.expansion_frontier import DecisionBudget
+
+    general = itertools.repeat(windows()[0]) if general is None else general
+    budget = DecisionBudget(general=general)
+    with pytest.raises(InputError) as refused:
+        expand(build("llama"), torch.randint(1, 64, (64, 8), generator=torch.Generator().manual_seed(0)),
+               blocks="auto", recipe=Recipe("adamw", 1e-3, 400, 8, "block"), options=ExpansionOptions(budget=budget))
+    assert expect in str(refused.value)
 
 
 def test_decide_and_expand_leave_the_callers_rng_and_model_alone():

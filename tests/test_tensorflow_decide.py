@@ -12,6 +12,7 @@ the cost and which candidates were verified or eliminated are equal.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -257,6 +258,46 @@ def test_keras_decide_refuses_what_it_cannot_decide_on():
         keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32), max_trials=2)
     with pytest.raises(TypeError, match=r"decide\(\) got an unexpected keyword argument 'max_trails'"):
         keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32), max_trails=2)
+
+
+@pytest.mark.parametrize("framework", ["torch", "keras"])
+@pytest.mark.parametrize("split, given, expect", [
+    ("train", "endless", "decide: the training data: more than 65,536 batches (an endless iterator?); pass a finite "
+                         "list of batches"),
+    ("heldout", None, "decide: the held-out data: not an iterable of batches, got NoneType"),
+])
+def test_decide_reads_a_split_in_bounded_work_or_refuses_it(framework, split, given, expect):
+    """Keras' decide read a split with list(data): an endless iterator was read until memory ran out (torch's stopped
+    at MAX_DATA_BATCHES), and None was a bare TypeError; both decides now read through one bounded reader."""
+    net, model = _models()
+    data = {"train": _batches(0, 64, 32), "heldout": _batches(1200, 64, 32)}
+    if framework == "keras":
+        data = {name: _as_numpy(batches) for name, batches in data.items()}
+    data[split] = itertools.repeat(data[split][0]) if given == "endless" else given
+    with pytest.raises(InputError) as refused:
+        if framework == "torch":
+            torch_decide(net, data["train"], data["heldout"], per_sample_ce, recipe=Recipe("sgd", 0.1, 4, 32))
+        else:
+            keras_decide(model, data["train"], data["heldout"], _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32))
+    assert str(refused.value) == expect
+
+
+@pytest.mark.parametrize("inputs, reason", [
+    (np.array([object()] * 32), "(Failed to convert a NumPy array to a Tensor (Unsupported object type object).)"),
+    (None, "(Attempt to convert a value (None) with an unsupported type (<class 'NoneType'>) to a Tensor.)"),
+    (np.float32(1.0), "slice index 0 of dimension 0 out of bounds"),  # a scalar: no sample axis
+])
+def test_keras_decide_refuses_inputs_tensorflow_cannot_take_as_a_batch(inputs, reason):
+    """Counting a batch's samples converted its inputs to a tensor outside any refusal: an object array, None or a
+    scalar escaped as TensorFlow's ValueError or InvalidArgumentError; now one InputError naming split and batch."""
+    _, model = _models()
+    train, heldout = _as_numpy(_batches(0, 64, 32)), _as_numpy(_batches(1200, 64, 32))
+    train[1] = (inputs, train[1][1])
+    with pytest.raises(InputError) as refused:
+        keras_decide(model, train, heldout, _keras_ce(), recipe=Recipe("sgd", 0.1, 4, 32))
+    message = str(refused.value)
+    assert message.startswith("decide: training data: batch 1: inputs TensorFlow cannot take as a batch (")
+    assert reason in message and "\n" not in message
 
 
 BAD_BATCHES = {  # the split, the bad batch's index and how it is spoilt; each run of the model or its loss fails

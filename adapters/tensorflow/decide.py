@@ -41,8 +41,8 @@ import tensorflow as tf
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
 from satcore.adapters.base import SPLIT_DATA, ProgressCounter, check_step_range, refusing_bad_batch
 from satcore.adapters.options import family_option_label
-from satcore.adapter_api import (TRAINING_SPLIT_WARNING, check_unexpanded_losses, moved_keywords, screen, split_words,
-                                 trial_decision)
+from satcore.adapter_api import (TRAINING_SPLIT_WARNING, check_unexpanded_losses, moved_keywords, read_batches, screen,
+                                 split_words, trial_decision)
 
 from .grow import InsertedResidual, grow, require_functional
 from .probe import BATCH_ERRORS, ProbeConfig, _unpack, probe
@@ -216,7 +216,7 @@ def _batches(data, split: str) -> list:
     """``data`` read into a list of batches, each checked (:func:`decide`'s refusals)."""
     if isinstance(data, Mapping) or (isinstance(data, tuple) and len(data) == 2 and hasattr(data[0], "shape")):
         raise InputError(f"decide: the {split} data is one batch; pass an iterable of batches, e.g. [batch]")
-    batches = list(data)
+    batches = read_batches(data, f"decide: the {split} data")  # bounded: an endless iterator is refused
     if not batches:
         raise InputError(f"decide: the {split} data yielded no batches")
     for i, batch in enumerate(batches):
@@ -224,7 +224,13 @@ def _batches(data, split: str) -> list:
             x, _ = _unpack(batch)
         except (ValueError, TypeError) as e:
             raise InputError(f"decide: {split} data: {e} (pass batches, e.g. a list of (x, y))") from None
-        if _samples(x) == 0:
+        try:
+            samples = _samples(x)
+        except (ValueError, TypeError, IndexError, tf.errors.InvalidArgumentError) as e:  # not an array TF takes
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise InputError(f"decide: {split} data: batch {i}: inputs TensorFlow cannot take as a batch ({first})"
+                             ) from None
+        if samples == 0:
             raise InputError(f"decide: {split} data: batch {i} holds no samples")
     return batches
 

@@ -305,6 +305,10 @@ def _text_ids(path, tokenizer, n_tokens: int) -> np.ndarray:
         budget = n_tokens * MAX_TEXT_CHARS_PER_TOKEN
         while held < n_tokens and budget > 0:
             raw = stream.read(min(TEXT_PIECE_BYTES, budget))
+            nul = raw.find(b"\0")  # UTF-8 all the same (a sparse or preallocated file's zeros): no text holds one
+            if nul >= 0:
+                raise InputError(f"{shown}: not text (a NUL byte at offset {offset + nul}); token ids go in .npz or "
+                                 ".jsonl")
             budget -= len(raw)
             last = not raw or budget <= 0
             try:

@@ -31,12 +31,13 @@ from satcore.adapters.base import SPLIT_DATA, ProgressCounter, check_step_range,
 from satcore.adapters.batches import split_batch
 from satcore.adapters.options import family_option_label
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
-from satcore.adapter_api import check_unexpanded_losses, grouped_trials, moved_keywords, split_words, trial_decision
+from satcore.adapter_api import (check_unexpanded_losses, grouped_trials, moved_keywords, read_batches, split_words,
+                                 trial_decision)
 from satcore.adapter_api import screen as screen_rows
 
 from .grow import InsertedResidual, grow
 from .hf import model_loss
-from .input_bounds import check_labels, check_trial_steps, forked_rng, read_batches
+from .input_bounds import check_labels, check_trial_steps, forked_rng
 from .locate import decision_places
 from .native import _terminal_paths, insert_block, insertion_site
 from .probe import BATCH_ERRORS, ProbeConfig, call_model, eval_mode, to_device

@@ -54,12 +54,12 @@ from torch import nn
 from satcore import DecisionPolicy, InputError, ProbeError
 from satcore import Recipe
 from satcore.adapter_api import NOT_VERIFIED, render_decision, screen
-from satcore.adapter_api import derived_seed, moved_keywords, whole_number, yaml_quoted
+from satcore.adapter_api import derived_seed, moved_keywords, read_batches, whole_number, yaml_quoted
 
 from .expansion_exports import llama_factory_lora
 from .expansion_frontier import PROBE_TIME_RATIO, DecisionBudget, StepTimes, probe_time, timed_step, timing_record
 from .hf import context_length, sequence_loss
-from .input_bounds import check_new_block_count, check_token_ids, forked_rng, read_batches
+from .input_bounds import check_new_block_count, check_token_ids, forked_rng
 from .locate import HEAD, find_blocks
 from .native import HF_TERMINALS, _check_hf, _has, insert_block
 from .probe import ProbeConfig

@@ -38,9 +38,9 @@ import torch
 
 from satcore import DecisionPolicy, InputError, ModelOnDataError, Recipe
 from satcore.adapter_api import (CARRY_PER_DOUBLING, MIN_HELDOUT, RACE_MARGIN, FrontierChoice, Prediction, TrialPlan,
-                                 affordable_heldout, block_counts, carry_error, choose_blocks, new_positions,
-                                 plan_trials, predict_change, racing, split_words, step_flops, uniform_groups,
-                                 uniform_places, with_carry)
+                                 affordable_heldout, block_counts, carry_error, choose_blocks, finite_real,
+                                 new_positions, plan_trials, positive_count, predict_change, racing, read_batches,
+                                 split_words, step_flops, uniform_groups, uniform_places, with_carry)
 
 from .decide import per_sample_eval, recipe_minibatches, recipe_optimizer
 from .input_bounds import check_trial_work
@@ -86,13 +86,19 @@ class DecisionBudget:
     carry_per_doubling: float = CARRY_PER_DOUBLING
 
     def __post_init__(self):
-        if not (isinstance(self.fraction, (int, float)) and 0 < self.fraction <= 1):
-            raise InputError(f"decision budget: a fraction in (0, 1], got {self.fraction!r}")
-        if not (isinstance(self.replicates, int) and self.replicates >= 1):
-            raise InputError(f"decision budget: replicates must be a positive integer, got {self.replicates!r}")
-        if not (isinstance(self.carry_per_doubling, (int, float)) and self.carry_per_doubling >= 0):
-            raise InputError(f"decision budget: carry_per_doubling must be at least 0 nats, got "
-                             f"{self.carry_per_doubling!r}")
+        # every number checked here, before any work: a NaN or inf tolerance or max_forgetting compared false and chose
+        # silently, a text one failed as a TypeError after the trials; NumPy scalars are the numbers they are (Recipe's)
+        fraction = finite_real(self.fraction, "decision budget: fraction", low=0.0, low_open=True)
+        if fraction > 1:
+            raise InputError(f"decision budget: fraction must be <= 1 (of the planned training), got {fraction:g}")
+        object.__setattr__(self, "fraction", fraction)
+        object.__setattr__(self, "replicates", positive_count(self.replicates, "decision budget: replicates"))
+        object.__setattr__(self, "carry_per_doubling",
+                           finite_real(self.carry_per_doubling, "decision budget: carry_per_doubling (nats)", low=0.0))
+        for name in ("max_forgetting", "tolerance"):  # None: not set
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, finite_real(getattr(self, name), f"decision budget: {name} (nats)",
+                                                           low=0.0))
         if self.max_forgetting is not None and self.general is None:
             raise InputError("max_forgetting needs general data (--general-data): the general loss is measured on it")
 
@@ -510,11 +516,17 @@ def _general_batches(general, count: int | None = None) -> list:
     if general is None:
         return []
     if torch.is_tensor(general):
+        # named as the general data here: a float tensor was otherwise the model's failure on "batch 0", and fewer
+        # than 4 windows "expand needs at least 4 batches of data", both read as the target data's
+        if general.dim() != 2 or general.is_floating_point() or general.is_complex() or len(general) < 4:
+            raise InputError(f"decision budget: general: token ids must be an integer (windows, tokens) tensor of at "
+                             f"least 4 windows, got {str(general.dtype).removeprefix('torch.')} "
+                             f"{tuple(general.shape)}")
         if count is not None and count < len(general):
             return _windows_batches(general[_spaced(len(general), count)], 8)
         train, held = split_batches(general)
         return train + held
-    return list(general)
+    return read_batches(general, "decision budget: general")
 
 
 def _spaced(n: int, count: int) -> torch.Tensor:

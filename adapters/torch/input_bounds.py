@@ -1,7 +1,7 @@
 """Bounds on what ``decide`` and ``expand`` are handed, checked before any work, and the random state they keep.
 
-* data: a split is read into a list once; at most :data:`MAX_DATA_BATCHES` batches are taken, so an endless
-  iterator is refused instead of read until memory runs out;
+* data: a split is read into a list once by :func:`satcore.adapter_api.read_batches` (every adapter's): at most
+  ``MAX_DATA_BATCHES`` batches are taken, so an endless iterator is refused instead of read until memory runs out;
 * token ids: every id in ``0 .. vocab_size - 1`` (:func:`check_token_ids`), in Python as on the command line;
 * new blocks: at most one per place of the model (``n_blocks + 1``), so ``at=`` with thousands of entries is
   refused instead of growing the model for minutes;
@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 
 import numpy as np
@@ -24,19 +23,9 @@ import torch
 from satcore import InputError
 from satcore.adapter_api import parse_whole_number
 
-MAX_DATA_BATCHES = 2**16
 IGNORED_LABEL = -100  # the label cross-entropy skips (PyTorch's and transformers' ignore_index)
 MAX_TRIAL_STEPS = 100_000
 ENV_MAX_TRIAL_STEPS = "SATCORE_MAX_TRIAL_STEPS"
-
-
-def read_batches(data, what: str) -> list:
-    """``list(data)``, at most :data:`MAX_DATA_BATCHES` batches (an endless iterator is refused, naming ``what``)."""
-    batches = list(itertools.islice(data, MAX_DATA_BATCHES + 1))
-    if len(batches) > MAX_DATA_BATCHES:
-        raise InputError(f"{what}: more than {MAX_DATA_BATCHES:,} batches (an endless iterator?); pass a finite "
-                         "list of batches")
-    return batches
 
 
 def check_token_ids(ids, vocab_size: int, what: str) -> None:

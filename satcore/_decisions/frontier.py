@@ -82,6 +82,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._shared.errors import InputError
+from .._shared.numbers import MAX_COUNT
 from .trials import trial_checkpoints
 
 MIN_TRIAL_STEPS = 4  # three distinct checkpoints: T/4, T/2, T
@@ -280,15 +281,19 @@ def plan_trials(planned_steps: int, fraction: float, step_costs, read_costs, rep
     longest = math.floor((budget - fixed_steps - 3 * reads) / steps) if step_costs else 0
     if (step_costs and longest < MIN_TRIAL_STEPS) or fixed_steps > budget:
         needed = fixed_steps + MIN_TRIAL_STEPS * steps + 3 * reads
-        fits = needed / planned_steps <= 1
+        # each remedy named only where it lies in its option's range: a tiny fraction asked for --steps past 2**53
+        # (a 300-digit count, or an OverflowError where needed / fraction is inf)
+        steps_needed = needed / fraction
+        remedies = [f"--decision-budget {math.ceil(100 * needed / planned_steps) / 100:g}"] if needed <= planned_steps else []
+        remedies += [f"--steps {math.ceil(steps_needed)}"] if steps_needed <= MAX_COUNT else []
         raise InputError(
             f"a decision budget of {fraction:g} (--decision-budget) of {planned_steps} planned steps (--steps) is "
             f"{budget:.4g} steps' FLOPs; {deciding or f'deciding among {len(step_costs)} arm(s)'} with "
             f"{replicates} seed(s) each "
             f"needs at least {needed:.4g} (trials of {MIN_TRIAL_STEPS} steps read 3 times on the fewest held-out "
-            f"windows, plus {fixed_steps:.3g} fixed): give "
-            + (f"--decision-budget {math.ceil(100 * needed / planned_steps) / 100:g} or " if fits else "")
-            + f"--steps {math.ceil(needed / fraction)}" + otherwise)
+            f"windows, plus {fixed_steps:.3g} fixed): "
+            + (f"give {' or '.join(remedies)}" if remedies else
+               f"no --decision-budget up to 1 nor --steps up to {MAX_COUNT} fits") + otherwise)
     return TrialPlan(int(planned_steps), float(budget), step_costs, read_costs, int(replicates), int(longest),
                      float(fixed_steps))
 

@@ -36,8 +36,8 @@ from .._shared.splits import split_words
 from .calibration import DEFAULT_CALIBRATION, HALVING_CALIBRATION
 from .predictors import predict_gains
 from .recipe import Recipe
-from .trials import (CandidateDecision, InsertionDecision, TrialCurve, choose, halving_plan, paired_standard_error,
-                     trial_checkpoints, trial_plan, verified_candidate)
+from .trials import (Calibration, CandidateDecision, InsertionDecision, TrialCurve, choose, halving_plan,
+                     paired_standard_error, trial_checkpoints, trial_plan, verified_candidate)
 
 SCHEDULES = ("even", "halving")
 # the splits a trial reads, in the order it reads them (the held-out first: a divergence is named by it)
@@ -204,6 +204,9 @@ class TrialSettings:
         if self.calibration is None:
             shipped = HALVING_CALIBRATION if self.schedule == "halving" else DEFAULT_CALIBRATION
             object.__setattr__(self, "calibration", shipped)
+        elif not isinstance(self.calibration, Calibration):  # else an AttributeError once the trials had run
+            raise InputError(f"trials: calibration must be a satcore Calibration (e.g. dataclasses.replace of "
+                             f"TrialSettings().calibration), got {type(self.calibration).__name__}")
         if self.tolerance is not None:
             object.__setattr__(self, "tolerance", finite_real(self.tolerance, "trials: tolerance", low=0.0))
             object.__setattr__(self, "calibration", dataclasses.replace(self.calibration, tolerance=self.tolerance))

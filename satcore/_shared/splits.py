@@ -1,5 +1,13 @@
-"""The names that say a probe split is the training set, the warning reports and probes then give, and how a
-split the decisions read is named in what a user reads."""
+"""The names that say a probe split is the training set, the warning reports and probes then give, how a
+split the decisions read is named in what a user reads, and how every adapter reads a split's batches."""
+
+import itertools
+from collections.abc import Iterable
+
+from .errors import InputError
+
+# at most this many batches are read from a split: an endless iterator is refused instead of read until memory runs out
+MAX_DATA_BATCHES = 2**16
 
 TRAINING_SPLIT_NAMES = ("train", "training", "trainset", "train_set")
 
@@ -25,3 +33,15 @@ def split_words(split: str) -> str:
     ('held-out', 'training', 'general')
     """
     return SPLIT_WORDS.get(split, split)
+
+
+def read_batches(data, what: str) -> list:
+    """``list(data)``, at most :data:`MAX_DATA_BATCHES` batches (an endless iterator is refused, naming ``what``;
+    ``None`` or another object that is not iterable too, instead of a bare ``TypeError``)."""
+    if not isinstance(data, Iterable):
+        raise InputError(f"{what}: not an iterable of batches, got {type(data).__name__}")
+    batches = list(itertools.islice(data, MAX_DATA_BATCHES + 1))
+    if len(batches) > MAX_DATA_BATCHES:
+        raise InputError(f"{what}: more than {MAX_DATA_BATCHES:,} batches (an endless iterator?); pass a finite "
+                         "list of batches")
+    return batches

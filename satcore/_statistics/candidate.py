@@ -455,6 +455,8 @@ class CandidateStatistics:
             raise InputError("n_positions must be >= 1")
         if scalars.get("n_vectors") == 0 and scalars["n_samples"] >= 1:
             raise InputError(f"n_vectors is 0 but n_samples is {scalars['n_samples']}: samples add position vectors")
+        if scalars.get("n_stream_vectors") == 0 and scalars.get("sum_z_sq", 0) > 0:  # else a stream RMS per position
+            raise InputError(f"n_stream_vectors is 0 but sum_z_sq is {scalars['sum_z_sq']:g}: a stream sum has vectors")
         n_folds = scalars.get("n_folds", 0)
         if n_folds > MAX_FOLDS:
             raise InputError(f"n_folds must be in [0, {MAX_FOLDS}], got {n_folds}")

@@ -191,6 +191,9 @@ def dump_cases(tmp):
         ["non-finite", "\\x1b]0;PWNED\\x07"])
     add("escape_in_unknown_key", {**header(), "q/blk": q, "psi/blk": p, "x\x1b[31m/\nFORGED": p},
         ["unknown key", "x\\x1b[31m/\\nFORGED"])
+    stream = {**good_stats(rng), "stats/blk/sum_z_sq": np.array(10.0), "stats/blk/n_stream_vectors": np.array(0.0)}
+    add("stream_sum_without_vectors", {**header(), **stream},  # its RMS per position was sqrt(10 / max(0, 1))
+        ["stream_sum_without_vectors.npz", "n_stream_vectors is 0 but sum_z_sq is 10"])
     stats = good_stats(rng)
     stats["stats/blk/sum_gram"] = np.array([[1e-320, 1e300], [1e300, 1e-320]])
     stats["stats/blk/sum_cross"] = np.zeros((4, 2))
