@@ -673,9 +673,7 @@ def unfold_order(C: int, device=None) -> torch.Tensor:
     return torch.arange(9 * C, device=device).view(3, 3, C).permute(2, 0, 1).reshape(-1)
 
 
-# CPU: images per FFT pass of the Gram so that their padded map fits a core's L2 cache (1 MB on the bench's EPYC);
-# 2 MB groups took 10% more time for ResNet-8's sums (103 against 114 ms a batch, medians side by side, load 7.5)
-CONV_CHUNK_BYTES = 1 << 20
+CONV_CHUNK_BYTES = 2 << 20  # CPU: images per FFT pass of the Gram so that their padded map stays in cache
 
 
 def conv_batch_moments(grad: torch.Tensor, hidden: torch.Tensor, *, variance: bool = False,
