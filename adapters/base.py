@@ -205,9 +205,20 @@ def callback_schedule(by: str, what: str, every, report) -> tuple[int, dict]:
     return every, dict(report or {})
 
 
+def is_one_batch(data) -> bool:
+    """Whether ``data``, given where an iterable of batches belongs, is one batch instead: a mapping of model inputs
+    or a pair ``(inputs, targets)`` of arrays (Keras' ``validation_data=(x, y)`` form), which iterating would read
+    as batches of its parts."""
+    return isinstance(data, Mapping) or (isinstance(data, tuple) and len(data) == 2 and hasattr(data[0], "shape"))
+
+
 def require_reiterable(data, what: str) -> None:
-    """Refuse ``data`` that a callback cannot read at every evaluation: a one-shot iterator (a generator), which
-    the first evaluation would exhaust, or an empty sequence."""
+    """Refuse ``data`` that a callback cannot read at every evaluation: one batch (:func:`is_one_batch`, found
+    otherwise at the first evaluation, after training), a one-shot iterator (a generator), which the first
+    evaluation would exhaust, or an empty sequence."""
+    if is_one_batch(data):
+        raise InputError(f"{what} is one batch (a pair (inputs, targets) or a mapping); pass an iterable of batches, "
+                         f"e.g. [batch] or a tf.data.Dataset / DataLoader of them")
     if isinstance(data, Iterator):  # not iter(data): that would start a DataLoader's worker processes
         raise InputError(f"{what} is a one-shot iterator (a generator?): it is read at every evaluation, so pass a "
                          f"re-iterable such as a list of batches, a DataLoader or a tf.data.Dataset")

@@ -1161,6 +1161,44 @@ def test_an_unresolved_stop_whose_change_sits_at_the_tolerance_names_no_count(se
     assert (f"about {needed} held-out samples would" in note) == (needed is not None)
 
 
+def test_an_unresolved_stop_says_the_least_stated_tolerance_its_split_resolves():
+    """The note's other way on, a practical tolerance, sized: the trial at -0.004 +- 1.959964 * 0.01 is resolved once
+    the stop tolerance reaches 0.019600 + 0.004 = 0.023600, by hand, which over the held-out loss 2.0 is a share of
+    0.0118, printed rounded up (0.012).  A decision with that share stated stops resolved; with 0.011 it does not."""
+    from satcore._rendering.table import render_decision
+
+    trial = TrialCurve((75, 150, 300), (-0.002, -0.004, -0.004), (-0.03, -0.06, -0.08), 0.01)
+    candidates = [CandidateDecision("b0", -0.004, -0.08, (-0.009, -0.001), 0.97, -0.02, trial)]
+
+    def decided(tolerance):
+        calibration = dataclasses.replace(DEFAULT_CALIBRATION, tolerance=tolerance)
+        return choose(candidates, Recipe("adam", 1e-3, 300, 32), 2.0, 1.5, 300, calibration, heldout_samples=160)
+
+    d = decided(0.0)
+    assert d.stop_reason == "heldout_too_small"
+    assert d.heldout_resolved_share == pytest.approx((1.959963984540054 * 0.01 + 0.004) / 2.0, rel=1e-12)
+    assert ("; this split resolves a stated tolerance of 0.012 of the held-out loss or more "
+            "(TrialSettings(..., tolerance=0.012): a stop, resolved); no block is inserted") in render_decision(d)
+    assert (decided(0.012).stop_reason, decided(0.011).stop_reason) == ("gain_below_tolerance", "heldout_too_small")
+    assert decided(0.012).heldout_resolved_share is None and "this split resolves" not in render_decision(decided(0.012))
+
+
+def test_following_the_notes_stated_tolerance_resolves_a_real_stop():
+    """The 16-sample stop above: deciding again (same seed, same trials) with the tolerance the note names stops
+    resolved, inserting nothing, as the note says."""
+    torch.manual_seed(0)
+    net = ResidualMLP(8, 2).eval()
+    train, heldout = _flat_digits(0, 64, 32), _flat_digits(1200, 16, 16)
+    d = decide(net, train, heldout, per_sample_ce, policy=resolution_policy(["blocks.0", "blocks.1"]))
+    assert d.stop_reason == "heldout_too_small"
+    stated = float(str(d).split("TrialSettings(..., tolerance=", 1)[1].split(")", 1)[0])
+    assert d.heldout_resolved_share <= stated < 1.1 * d.heldout_resolved_share
+    again = decide(net, train, heldout, per_sample_ce, policy=DecisionPolicy(
+        RESOLUTION_RECIPE, trials=TrialSettings(max_trials=2, calibration=d.calibration, tolerance=stated),
+        candidates=["blocks.0", "blocks.1"], seed=1))
+    assert again.choice is None and again.stop_reason in ("gain_below_tolerance", "no_credible_decrease")
+
+
 def test_an_unresolved_stop_at_a_tolerance_of_0_says_no_decrease_of_any_size_shows():
     """With the held-out loss (1.5) below the training loss (2.0) and the shipped calibration's share 0, the stop
     tolerance is 0: the trial's -0.004 +- 1.96 * 0.2 (P(decrease) 0.5, below the threshold) includes 0, so the stop

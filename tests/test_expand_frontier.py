@@ -158,6 +158,16 @@ def test_expanding_must_beat_no_expansion_credibly_paired_on_the_same_windows():
     doubtful = {1: _d(-0.04, -0.09, 0.01), 2: _d(-0.055, -0.13, 0.02), 4: _d(-0.06, -0.14, 0.02)}
     no = choose_blocks(target, None, 0.01, versus_none=doubtful)
     assert no.chosen_blocks == 0 and no.best_blocks == 4 and no.reason.startswith("expanding does not pay here")
+    # ... and says how large a gain those trials could have shown: K = 1's paired interval is the narrowest of
+    # those reaching below -0.01 (half-width 0.05), K = 4's reaches lowest (-0.14); not "shown not to pay"
+    assert no.resolvable_gain == pytest.approx(0.05)
+    assert no.reason.endswith("; a gain is not ruled out: the paired intervals reach -0.14 nats, so these trials "
+                              "could show only a gain beyond about 0.05 nats (the paired 95% half-width; longer "
+                              "trials, a larger --decision-budget, narrow it)")
+    # every interval above -0.01: the stop is resolved, no such words
+    shown = choose_blocks(target, None, 0.01, versus_none={1: _d(0.02, -0.005, 0.045), 2: _d(0.01, -0.009, 0.03),
+                                                            4: _d(0.03, 0.0, 0.06)})
+    assert shown.chosen_blocks == 0 and shown.resolvable_gain is None and "not ruled out" not in shown.reason
     # a point below 0 but not below minus the tolerance is not credible, however narrow its interval
     assert not credible(_d(-0.009, -0.0095, -0.0085), 0.01) and credible(_d(-0.011, -0.012, -0.010), 0.01)
     assert not credible(_d(-0.05, -0.10, 0.0), 0.01)  # an interval touching 0 is not below it
@@ -749,6 +759,13 @@ def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_pat
     record = json.loads((out / "expansion.json").read_text())
     assert record["chosen_blocks"] == 0 and record["positions"] == [] and record["num_hidden_layers"]["after"] == 4
     assert record["decision"]["stop_reason"] == "expanding_does_not_pay" and record["decision"]["choice"] == 0
+    # its trials' carry error alone (0.023 nats a doubling, 1.96 of it) leaves a gain beyond the tolerance open:
+    # the line, the record and the card say what gain the trials could have shown, not that none pays
+    resolvable = record["decision"]["resolvable_gain"]
+    assert resolvable > record["decision"]["tolerance"] and f"gain beyond about {resolvable:.3g} nats" in result.output
+    card = (out / "README.md").read_text()
+    assert f"did not show that expanding pays on this data (its trials could show only a gain beyond about " \
+           f"{resolvable:.3g} nats" in card and "found that expanding does not pay" not in card
     assert record["trainable_layers"] == [] and "no block was inserted" in record["llama_factory"]["reason"]
     assert record["ms_swift"] == record["llama_factory"]  # not "freeze all, unfreeze none", which trains nothing
     assert not (out / "peft").exists()

@@ -51,6 +51,11 @@ def test_lightning_and_keras_take_the_same_table():
     pytest.importorskip("lightning.pytorch")
     with pytest.raises(TypeError, match=r"^LightningCallback\(\) no longer takes decide=: pass policy="):
         torch_adapter.LightningCallback([], decide={})
+    # the option HFCallback and KerasCallback take as a keyword is Lightning's class attribute: said, not Python's
+    # bare "unexpected keyword argument"
+    with pytest.raises(TypeError, match=r"^LightningCallback\(\) no longer takes log_candidates=: set the class "
+                                        r"attribute log_candidates = True \(on a subclass or the instance\)"):
+        torch_adapter.LightningCallback([], log_candidates=True)
     tf_adapter = pytest.importorskip("satcore.adapters.tensorflow")
     with pytest.raises(TypeError, match=r"^decide\(\) no longer takes trials=: pass policy=DecisionPolicy\(recipe, "):
         tf_adapter.decide(None, [], [], recipe=RECIPE, trials=None)

@@ -122,7 +122,11 @@ def test_keras_callback_refuses_data_it_cannot_read_at_every_epoch_when_built():
             (iter(probe_data), {}, "KerasCallback's probe_data is a one-shot iterator"),
             ([], {}, "KerasCallback's probe_data holds no batches"),
             (probe_data, {"policy": policy, "train_data": iter(probe_data)}, "KerasCallback's train_data is a one-shot"),
-            (probe_data, {"policy": policy, "train_data": []}, "KerasCallback's train_data holds no batches")):
+            (probe_data, {"policy": policy, "train_data": []}, "KerasCallback's train_data holds no batches"),
+            # Keras' own validation_data=(x, y) form: one batch, read as batches of its parts after an epoch
+            ((x[:64], y[:64]), {}, r"KerasCallback's probe_data is one batch \(a pair \(inputs, targets\) or a "
+                                   r"mapping\); pass an iterable of batches, e.g. \[batch\]"),
+            (probe_data, {"policy": policy, "train_data": (x[:64], y[:64])}, "KerasCallback's train_data is one batch")):
         with pytest.raises(InputError, match=f"^{message}"):
             KerasCallback(data, **options)
     dataset = tf.data.Dataset.from_tensor_slices((x[:64], y[:64])).batch(32)  # re-iterable: taken

@@ -395,6 +395,9 @@ BATCHES = [{"input_ids": torch.zeros(1, 3, dtype=torch.long)}]  # never read: ev
     (BATCHES, {"policy": DecisionPolicy(RECIPE.with_steps(10**6)), "train_data": BATCHES}, InputError,
      "SATCORE_MAX_TRIAL_STEPS"),
     (iter(BATCHES), {}, InputError, "probe_data is a one-shot iterator"),
+    (BATCHES[0], {}, InputError, r"probe_data is one batch \(a pair \(inputs, targets\) or a mapping\)"),
+    ((torch.zeros(2, 3), torch.zeros(2)), {}, InputError, "probe_data is one batch"),
+    (BATCHES, {"policy": DecisionPolicy(RECIPE), "train_data": BATCHES[0]}, InputError, "train_data is one batch"),
 ])
 def test_callbacks_refuse_what_they_cannot_run_when_built(probe_data, options, error, message):
     """Refused when the callback is built, not at the first evaluation after training steps (what the policy's

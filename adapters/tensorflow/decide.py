@@ -32,14 +32,13 @@ from __future__ import annotations
 import dataclasses
 import re
 import warnings
-from collections.abc import Mapping
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
-from satcore.adapters.base import SPLIT_DATA, ProgressCounter, check_step_range, refusing_bad_batch
+from satcore.adapters.base import SPLIT_DATA, ProgressCounter, check_step_range, is_one_batch, refusing_bad_batch
 from satcore.adapters.options import family_option_label
 from satcore.adapter_api import (TRAINING_SPLIT_WARNING, check_unexpanded_losses, moved_keywords, read_batches, screen,
                                  split_words, trial_decision)
@@ -214,7 +213,7 @@ def _per_sample_loss(model, loss_fn):
 
 def _batches(data, split: str) -> list:
     """``data`` read into a list of batches, each checked (:func:`decide`'s refusals)."""
-    if isinstance(data, Mapping) or (isinstance(data, tuple) and len(data) == 2 and hasattr(data[0], "shape")):
+    if is_one_batch(data):
         raise InputError(f"decide: the {split} data is one batch; pass an iterable of batches, e.g. [batch]")
     batches = read_batches(data, f"decide: the {split} data")  # bounded: an endless iterator is refused
     if not batches:

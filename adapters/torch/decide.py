@@ -27,7 +27,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from satcore.adapters.base import SPLIT_DATA, ProgressCounter, check_step_range, refusing_bad_batch
+from satcore.adapters.base import SPLIT_DATA, ProgressCounter, check_step_range, is_one_batch, refusing_bad_batch
 from satcore.adapters.batches import split_batch
 from satcore.adapters.options import family_option_label
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
@@ -426,7 +426,7 @@ def decide_under(model, train, heldout, loss_fn, policy: DecisionPolicy,
     check_trial_steps(recipe)
     probe_options = decision_probe_options(policy, defaults)
     for split, data in (("training", train), ("held-out", heldout)):
-        if isinstance(data, Mapping) or (isinstance(data, tuple) and len(data) == 2 and torch.is_tensor(data[0])):
+        if is_one_batch(data):
             raise InputError(f"decide: the {split} data is one batch; pass an iterable of batches, e.g. [batch]")
     train, heldout = read_batches(train, "decide: the training data"), read_batches(heldout, "decide: the held-out data")
     for split, data in (("training", train), ("held-out", heldout)):

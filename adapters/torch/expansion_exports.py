@@ -102,6 +102,9 @@ def model_card(record: dict, out_dir: str) -> str:
         why = (f", because {decision['reason']}" if reason_first else
                ", because the decision below could not show on this data whether expanding pays"
                if decision.get("stop_reason") == "heldout_too_small" else
+               ", because the decision below did not show that expanding pays on this data (its trials could show "
+               f"only a gain beyond about {decision['resolvable_gain']:.3g} nats; a smaller one is not ruled out)"
+               if decision.get("resolvable_gain") is not None else
                ", because the decision below found that expanding does not pay on this data")
         instead = decision.get("instead")
         lines.append(f"Base model: `{record['source']}`, unchanged ({layers['before']} layers): `satcore expand` added "

@@ -777,7 +777,7 @@ class FrontierDecision(BudgetedDecision):
                 "best_blocks": self.choice.best_blocks, "tolerance": self.tolerance,
                 "max_forgetting": self.choice.max_forgetting,
                 "excluded_by_max_forgetting": list(self.choice.excluded), "reason": self.choice.reason,
-                "plan": self.plan.to_dict(), "cost_steps": self.cost_steps, "race": self.race,
+                "resolvable_gain": self.choice.resolvable_gain, "plan": self.plan.to_dict(), "cost_steps": self.cost_steps, "race": self.race,
                 "chosen_cost_fraction": self.chosen_cost_fraction, "windows": self.windows,
                 "carry_error": {"per_doubling": self.carry_per_doubling,
                                 # where the race stopped every trial, they ended there, and so did the line carried

@@ -393,7 +393,10 @@ def predict_change(changes, checkpoints, full_steps: int) -> Prediction:
 @dataclass(frozen=True)
 class FrontierChoice:
     """The chosen block count and why (``reason``, plain words); ``excluded``: arms over ``max_forgetting``
-    (None: no limit was stated)."""
+    (None: no limit was stated); ``resolvable_gain``: on a stop where no ``K > 0`` beat ``K = 0`` credibly but some
+    paired 95% interval reaches below minus the tolerance (a gain beyond it not ruled out), the narrowest of those
+    intervals' half-widths, nats: the least predicted gain its trials could have shown credibly (a credible
+    difference needs its upper end below 0, so its point below minus its half-width); None otherwise."""
 
     chosen_blocks: int
     best_blocks: int | None
@@ -401,6 +404,7 @@ class FrontierChoice:
     excluded: tuple[int, ...]
     reason: str
     max_forgetting: float | None = None
+    resolvable_gain: float | None = None
 
 
 def credible(difference: Prediction, tolerance: float) -> bool:
@@ -495,10 +499,17 @@ def choose_blocks(target: dict, general: dict | None, tolerance: float,
         beats = [k for k in allowed if k > 0 and credible(versus_none[k], tolerance)]
         if not beats:
             best = min(allowed, key=lambda k: target[k].point)
+            # a gain beyond the tolerance these intervals do not rule out: "not shown to pay", not "shown not to"
+            unresolved = [versus_none[k] for k in allowed if k > 0 and versus_none[k].interval[0] < -tolerance]
+            resolvable = (min((d.interval[1] - d.interval[0]) / 2 for d in unresolved) if unresolved else None)
             return FrontierChoice(0, best, tolerance, excluded, (
                 f"expanding does not pay here: no block count's trials beat the model as it is, trained the same "
                 f"way, credibly (paired on the same held-out windows: 95% interval below 0 and point below -"
-                f"{tolerance:.3g} nats); nothing is inserted"), max_forgetting)
+                f"{tolerance:.3g} nats); nothing is inserted" + ("" if resolvable is None else
+                f"; a gain is not ruled out: the paired intervals reach "
+                f"{min(d.interval[0] for d in unresolved):.3g} nats, so these trials could show only a gain beyond "
+                f"about {resolvable:.3g} nats (the paired 95% half-width; longer trials, a larger "
+                f"--decision-budget, narrow it)")), max_forgetting, resolvable)
         allowed = beats
     best = min(allowed, key=lambda k: target[k].point)
     chosen = next(k for k in allowed if target[k].point <= target[best].point + tolerance)

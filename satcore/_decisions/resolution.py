@@ -45,7 +45,8 @@ bench's 300-step stops read again on a held-out split 4 times larger, the stops 
 (factors 1.0-3.7) were resolved there in 8 of 12 and 7 of 8, and the counts beyond it (5.6 to 30,000
 times the split) were no bound (studies/decision-validity.md, "Stops the held-out data cannot
 resolve").  A tolerance the data resolves with fewer samples is a practical one the user states
-(:class:`~satcore.TrialSettings` ``tolerance``).
+(:class:`~satcore.TrialSettings` ``tolerance``); the least one the samples read resolve is
+``max_c (h_c - d_c)`` (:func:`resolved_tolerance`): every interval then lies above its minus.
 
 Only the part of the prediction's error that the held-out sample size sets is read here; the
 calibrated interval of a :class:`~satcore.CandidateDecision` also carries the extrapolation's
@@ -192,11 +193,32 @@ def stop_resolution(candidates, stop_tolerance: float) -> tuple:
     """``(name, HeldoutResolution)``: whether the trials of ``candidates`` (:class:`~satcore.CandidateDecision`; the
     verified ones a decision may choose: not eliminated) resolve a stop at ``stop_tolerance`` (:func:`heldout_resolution` of their held-out
     changes at the trials' ends and paired standard errors), and the candidate it rests on."""
-    trialled = [c for c in candidates if c.verified and not c.eliminated]
+    trialled = _trialled(candidates)
     read = heldout_resolution([c.trial.heldout_change[-1] for c in trialled], [c.trial.heldout_se for c in trialled],
                               stop_tolerance)
     return trialled[read.candidate].name, read
 
 
+def _trialled(candidates) -> list:
+    """The verified candidates a decision may choose (not eliminated): those whose trials a stop rests on."""
+    return [c for c in candidates if c.verified and not c.eliminated]
+
+
+def resolved_tolerance(candidates) -> float:
+    """The least stop tolerance (loss units) at which the trials of ``candidates`` (:func:`stop_resolution`'s) resolve
+    a stop: ``max_c (h_c - d_c)``, ``h_c = z_{0.975} se_c`` (0 where every interval lies above 0), so that every
+    interval ``d_c +- h_c`` lies above its minus (module docstring).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as C
+    >>> trial = lambda d, se: C(verified=True, eliminated=False, trial=C(heldout_change=[d], heldout_se=se))
+    >>> round(resolved_tolerance([trial(-0.004, 0.01), trial(0.02, 0.01)]), 4)   # 0.0196 + 0.004
+    0.0236
+    """
+    trialled = _trialled(candidates)
+    return max(0.0, *(_Z * c.trial.heldout_se - c.trial.heldout_change[-1] for c in trialled))
+
+
 __all__ = ["HeldoutResolution", "RESOLUTION_LEVEL", "SAMPLES_FACTOR_NAMED", "heldout_resolution",
-           "samples_at_one_standard_error", "stop_resolution"]
+           "resolved_tolerance", "samples_at_one_standard_error", "stop_resolution"]

@@ -74,7 +74,7 @@ from .._shared.display import NOT_VERIFIED
 from .._shared.errors import InputError
 from .._shared.numbers import finite_real
 from .recipe import Recipe
-from .resolution import stop_resolution
+from .resolution import resolved_tolerance, stop_resolution
 
 STOP_REASONS = ("no_credible_decrease", "gain_below_tolerance", "heldout_too_small", "no_candidates")
 # the stop tolerance's terms (Calibration.stop_tolerance_terms): what each is a fraction of -> its calibration field
@@ -501,6 +501,17 @@ class InsertionDecision:
             return None
         terms = self.calibration.stop_tolerance_terms(self.heldout_loss, self.training_loss)
         return max(terms, key=terms.get)
+
+    @property
+    def heldout_resolved_share(self) -> float | None:
+        """On a ``"heldout_too_small"`` stop, the least ``TrialSettings(tolerance=...)`` (a share of the held-out
+        loss) at which these trials' held-out data resolves the stop: ``max_c (1.96 se_c - d_c) / |heldout_loss|``
+        over the trials it rests on (:func:`~satcore._decisions.resolution.resolved_tolerance`), every 95% interval
+        then above minus the tolerance; a decision again with it (same trials) stops resolved, with no block
+        inserted.  None on other decisions or a held-out loss of 0."""
+        if self.stop_reason != "heldout_too_small" or not self.heldout_loss:
+            return None
+        return resolved_tolerance(self.candidates.values()) / abs(self.heldout_loss)
 
     @property
     def credible_candidates(self) -> list:

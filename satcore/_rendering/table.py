@@ -6,6 +6,8 @@ a file are shown escaped (:func:`display_name`); JSON keeps them exact.
 
 from __future__ import annotations
 
+import math
+
 from .._shared.display import NOT_VERIFIED, display_name
 from .._decisions.criteria import Verdict
 from .._decisions.resolution import samples_at_one_standard_error
@@ -109,9 +111,16 @@ def heldout_resolution_note(decision) -> str:
         gain, bound = f"a gain of the tolerance ({num(eps)}; {ruled}{in_half})", f"reaches past -{num(eps)}"
     else:
         gain, bound = "a decrease of any size (the stop tolerance is 0)", "reaches below 0"
+    share = decision.heldout_resolved_share
+    stated = ""
+    if share:  # the practical tolerance the advice offers, sized: rounded up to 2 significant digits, still resolving
+        step = 10.0 ** (math.floor(math.log10(share)) - 1)
+        rounded = f"{math.ceil(share / step) * step:.2g}"
+        stated = (f"; this split resolves a stated tolerance of {rounded} of the held-out loss or more "
+                  f"(TrialSettings(..., tolerance={rounded}): a stop, resolved)")
     return (f"note: the held-out data cannot resolve {gain}: "
             f"{display_name(name)}'s trial changed the held-out loss by {num(change)} +- {num(half)} (95%, "
-            f"from its paired standard error{read_on}), which {bound}; {would}; "
+            f"from its paired standard error{read_on}), which {bound}; {would}{stated}; "
             "no block is inserted, and none is shown not to pay")
 
 

@@ -31,6 +31,9 @@ _PROBE_FIELDS = ("family", "n_features", "init_std", "variance", "position_subsa
 
 _DECIDE_PROBE = {k: "pass policy=DecisionPolicy(recipe, probe=ProbeConfig({k}={v}))" for k in _PROBE_FIELDS}
 _CALLBACK_PROBE = {k: "pass config=ProbeConfig({k}={v})" for k in (*_PROBE_FIELDS, "candidates", "head")}
+_CLASS_ATTRIBUTE = "set the class attribute {k} = {v} (on a subclass or the instance)"
+_CALLBACK = {"decide": "pass policy=DecisionPolicy(recipe), train_data=train",
+             **dict.fromkeys(("prefix", "eval_prefix"), _CLASS_ATTRIBUTE), **_CALLBACK_PROBE}
 
 #: function name -> {earlier keyword -> what to do instead}; ``{k}`` is the keyword, ``{v}`` the value given
 #: (a number, a short string or ``None``; ``...`` for anything else)
@@ -54,11 +57,9 @@ MOVED_KEYWORDS: dict[str, dict[str, str]] = {
         "decide_options": "pass policy=DecisionPolicy(recipe, trials=TrialSettings(...))",
         "decide": "pass policy= (a DecisionPolicy, or your callable decide(model, seed) itself)",
     },
-    "callback": {
-        "decide": "pass policy=DecisionPolicy(recipe), train_data=train",
-        **{k: "set the class attribute {k} (on a subclass or the instance)" for k in ("prefix", "eval_prefix")},
-        **_CALLBACK_PROBE,
-    },
+    "callback": _CALLBACK,
+    # HFCallback's and KerasCallback's log_candidates= is a class attribute here (a ninth parameter is over the limit)
+    "lightning_callback": {**_CALLBACK, "log_candidates": _CLASS_ATTRIBUTE},
     "expand": {
         **{k: "pass policy=DecisionPolicy(recipe, {k}={v})" for k in ("seed", "max_statistics_bytes")},
         **_DECIDE_PROBE,
