@@ -69,7 +69,6 @@ _Z = float(ndtri(0.5 + RESOLUTION_LEVEL / 2))
 SAMPLES_FACTOR_NAMED = _Z ** 2
 
 
-
 @dataclass(frozen=True)
 class HeldoutResolution:
     """What the held-out data resolves of a stop (:func:`heldout_resolution`; module docstring).
