@@ -991,6 +991,31 @@ def test_cli_refusals_are_one_line(extra, message, checkpoint, tmp_path):  # noq
             "block, up to the whole --steps), both experimental, neither held to --decision-budget")
 
 
+@pytest.mark.parametrize("blocks, read, batch", [("auto", 24, 32), ("2", 16, 16)])
+def test_cli_refuses_a_batch_size_above_the_windows_the_trials_train_on(blocks, read, batch, checkpoint,  # noqa: F811
+                                                                       tmp_path):
+    """Trials whose training windows are fewer than --batch-size would train on all of them each step, not on the
+    batch the plan prices every trial step at: refused before any work in one line naming the batch, the windows and
+    what to give (both decisions with trials: --blocks auto's frontier, --blocks K's placement check, half of the
+    windows held out here); the batch it names is then taken."""
+    folder, text = checkpoint
+    args = ["expand", folder, "--data", text, "--seq-len", "16", "--steps", "600", "--blocks", blocks,
+            "--max-windows", read]
+    result = cli(*args, "--batch-size", batch, "-o", tmp_path / "o")
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    trained = read // 2  # the frontier holds out at most half (all it affords of 24), the placement check half
+    assert lines[0] == (
+        f"satcore: error: --batch-size {batch} is more than the {trained} windows the trials train on (of {read} "
+        f"read, the rest held out): each trial step would train on all {trained}, not on a batch of {batch} as the "
+        f"plan prices it and your training takes; give about {lines[0].split('give about ')[1].split()[0]} windows "
+        f"(a larger --max-windows, or more data where the file holds fewer) or --batch-size {trained} or less")
+    assert int(lines[0].split("give about ")[1].split()[0]) >= trained + 2 * batch  # two passes of 4+ trial steps
+    assert not (tmp_path / "o").exists()
+    taken = cli(*args, "--batch-size", trained, "-o", tmp_path / "t", "--quiet")
+    assert taken.exit_code == 0, taken.output
+
+
 def test_cli_plot_is_skipped_with_one_line_without_matplotlib(checkpoint, tmp_path, monkeypatch):  # noqa: F811
     folder, text = checkpoint
     monkeypatch.setitem(sys.modules, "matplotlib", None)

@@ -51,11 +51,17 @@ def test_lightning_and_keras_take_the_same_table():
     pytest.importorskip("lightning.pytorch")
     with pytest.raises(TypeError, match=r"^LightningCallback\(\) no longer takes decide=: pass policy="):
         torch_adapter.LightningCallback([], decide={})
-    # the option HFCallback and KerasCallback take as a keyword is Lightning's class attribute: said, not Python's
-    # bare "unexpected keyword argument"
-    with pytest.raises(TypeError, match=r"^LightningCallback\(\) no longer takes log_candidates=: set the class "
-                                        r"attribute log_candidates = True \(on a subclass or the instance\)"):
+    # the option HFCallback and KerasCallback take as a keyword is Lightning's class attribute, never its keyword:
+    # said so, neither as moved ("no longer takes") nor as Python's bare "unexpected keyword argument"
+    with pytest.raises(TypeError) as err:
         torch_adapter.LightningCallback([], log_candidates=True)
+    assert str(err.value) == ("LightningCallback() takes log_candidates as a class attribute, not a keyword: set "
+                              "log_candidates = True on a subclass or the instance; see help(LightningCallback)")
+    # its truly moved class attributes keep the moved message
+    with pytest.raises(TypeError) as err:
+        torch_adapter.LightningCallback([], prefix="fit/")
+    assert str(err.value) == ("LightningCallback() no longer takes prefix=: set the class attribute prefix = 'fit/' "
+                              "(on a subclass or the instance)" + SEE)
     tf_adapter = pytest.importorskip("satcore.adapters.tensorflow")
     with pytest.raises(TypeError, match=r"^decide\(\) no longer takes trials=: pass policy=DecisionPolicy\(recipe, "):
         tf_adapter.decide(None, [], [], recipe=RECIPE, trials=None)

@@ -586,6 +586,21 @@ def passes_warning(trained: int, passes: float, wanted: int) -> list[str]:
             "holds fewer)"]
 
 
+def check_trial_batch(trained: int, held: int, batch_size: int, wanted: int) -> None:
+    """Refuse trials whose ``trained`` training windows (``held`` more held out) are fewer than a batch of
+    ``batch_size``: each trial step would train on all of them (:func:`~.decide.recipe_minibatches`), not on the batch
+    the plan prices every trial step at and the planned training takes, so the printed cost and the trials would
+    describe other work than what runs.  One line naming ``--batch-size`` and the windows, and what to give:
+    ``wanted`` windows (:func:`passes_warning`'s, the count for at most :data:`MAX_TRIAL_PASSES` passes), or a batch
+    the training windows hold."""
+    if trained < batch_size:
+        raise InputError(f"--batch-size {batch_size} is more than the {trained} windows the trials train on (of "
+                         f"{trained + held} read, the rest held out): each "
+                         f"trial step would train on all {trained}, not on a batch of {batch_size} as the plan prices "
+                         f"it and your training takes; give about {wanted} windows (a larger --max-windows, or more "
+                         f"data where the file holds fewer) or --batch-size {trained} or less")
+
+
 def frontier_windows(model, recipe: Recipe, *, seq_len: int, budget: DecisionBudget | None = None,
                      max_blocks: int | None = None, train_new_only: bool = False, least: int = 0) -> int:
     """Windows of ``seq_len`` tokens for ``expand(blocks="auto")``'s frontier to read so that each trial passes over
@@ -834,6 +849,8 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     evaluate, tokens, seq_len = _setting(model, train, held, recipe, budget, sized)
     costs = _Costs(model, seq_len, recipe.batch_size, counts[-1], options["train_new_only"])
     plan = _plan(costs, counts, recipe, budget, [_windows(b) for b in evaluate.values()])
+    wanted = _windows(held) + trial_windows(plan.trial_steps, recipe.batch_size)
+    check_trial_batch(_windows(train), _windows(held), recipe.batch_size, wanted)
     check_trial_work(plan.trial_steps * plan.arms * plan.replicates, recipe.batch_size,
                      f"steps {recipe.steps:,} with a decision budget of {budget.fraction:g}",
                      "plan fewer steps or a smaller decision budget")
@@ -846,8 +863,7 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
             {s: _windows(b) for s, b in evaluate.items()}, _windows(train))
             + ([f"  held out: {sized} windows, what a quarter of the budget reads (at least {MIN_HELDOUT}, at most "
                 f"half); the rest train the trials"] if sized is not None else [])
-            + passes_warning(_windows(train), passes,
-                             _windows(held) + trial_windows(plan.trial_steps, recipe.batch_size))
+            + passes_warning(_windows(train), passes, wanted)
             + (["  the cost is a ceiling: the trials stop once no K > 0 can still beat K = 0 credibly (--no-race: "
                 "every trial to its end)"] if budget.races else [])))
     meter = _Meter(plan.cost_steps, budget.progress, costs, budget.announce)
@@ -985,6 +1001,9 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
 
     # the longest trials if every group proposes a move: what the plan promises at most
     plan = planned(1 + movable if movable else 0, fixed)
+    wanted = 2 * trial_windows(plan.trial_steps, recipe.batch_size)  # half held out
+    if movable:
+        check_trial_batch(_windows(train), _windows(held), recipe.batch_size, wanted)
     if budget.announce is not None:
         lines = [f"plan: place {k} block(s): uniform places {uniform} unless a trial shows a move credibly better, "
                  f"for your training of {recipe.steps} steps of {recipe.batch_size} windows "
@@ -998,8 +1017,7 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
                       trials + " (longer with fewer moves)",
                       f"  cost: at most {plan.budget_steps:g} planned steps' FLOPs, {budget.fraction:.0%} of the planned "
                       f"{recipe.steps} ({plan.budget_steps * tokens:,.0f} tokens); {ESTIMATE_FOLLOWS}"]
-            warned = passes_warning(_windows(train), trial_passes(plan.trial_steps, recipe.batch_size, train),
-                                    2 * trial_windows(plan.trial_steps, recipe.batch_size))  # half held out
+            warned = passes_warning(_windows(train), trial_passes(plan.trial_steps, recipe.batch_size, train), wanted)
             # why --blocks K does not size its windows to the budget as --blocks auto does (frontier_windows): there
             # the windows that train the trials cost nothing, here the screen probes each one within the budget
             lines += warned + ([f"  --blocks K reads --max-windows as given, half held out, where --blocks auto sizes "

@@ -5,7 +5,9 @@ adapter's ``ProbeConfig``); docs/api.md's "Options" table maps each earlier keyw
 :data:`MOVED_KEYWORDS` is that table as data, one entry per function (the same for every framework's function
 of that name); :func:`moved_keywords` applies an entry to a function.  It only translates the error: a moved
 keyword is never accepted (none of them is a parameter of the function it decorates, checked when decorated),
-and any other unknown keyword keeps Python's own message.
+and any other unknown keyword keeps Python's own message.  A keyword that one class never took but holds as a
+class attribute where its siblings take the keyword (``LightningCallback``'s ``log_candidates``, HFCallback's
+keyword) is answered as such, not as moved.
 
 Examples
 --------
@@ -58,8 +60,6 @@ MOVED_KEYWORDS: dict[str, dict[str, str]] = {
         "decide": "pass policy= (a DecisionPolicy, or your callable decide(model, seed) itself)",
     },
     "callback": _CALLBACK,
-    # HFCallback's and KerasCallback's log_candidates= is a class attribute here (a ninth parameter is over the limit)
-    "lightning_callback": {**_CALLBACK, "log_candidates": _CLASS_ATTRIBUTE},
     "expand": {
         **{k: "pass policy=DecisionPolicy(recipe, {k}={v})" for k in ("seed", "max_statistics_bytes")},
         **_DECIDE_PROBE,
@@ -76,16 +76,25 @@ def _shown(value) -> str:
     return "..."
 
 
-def moved_keywords(table: str):
+def moved_keywords(table: str, class_attributes: tuple[str, ...] = ()):
     """Decorator: a call of the function with a keyword of ``MOVED_KEYWORDS[table]`` raises one ``TypeError``
     naming the keyword and its replacement (module docstring); the function's signature and docstring are kept
     (:func:`functools.wraps`).  Refused when decorating: a moved keyword the function still takes, or a
-    ``**kwargs`` (which would accept one)."""
+    ``**kwargs`` (which would accept one).
+
+    Parameters
+    ----------
+    table : str
+        The entry of :data:`MOVED_KEYWORDS`.
+    class_attributes : tuple of str
+        Keywords the decorated ``__init__``'s class never took but holds as class attributes (its siblings take
+        them as keywords): a call passing one is told "takes ... as a class attribute", not "no longer takes".
+    """
     moved = MOVED_KEYWORDS[table]
 
     def decorate(function):
         parameters = inspect.signature(function).parameters
-        taken = sorted(set(moved) & set(parameters))
+        taken = sorted((set(moved) | set(class_attributes)) & set(parameters))
         if taken or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
             raise AssertionError(f"{function.__qualname__}: takes moved keyword(s) {taken} or **kwargs")
         name = function.__qualname__.removesuffix(".__init__")
@@ -93,6 +102,10 @@ def moved_keywords(table: str):
         @functools.wraps(function)
         def wrapper(*args, **kwargs):
             for keyword in kwargs:
+                if keyword in class_attributes:
+                    raise TypeError(f"{name}() takes {keyword} as a class attribute, not a keyword: set "
+                                    f"{keyword} = {_shown(kwargs[keyword])} on a subclass or the instance; "
+                                    f"see help({name})")
                 if keyword in moved:
                     instead = moved[keyword].format(k=keyword, v=_shown(kwargs[keyword]))
                     raise TypeError(f"{name}() no longer takes {keyword}=: {instead}; see {OPTIONS_DOC}")
