@@ -34,13 +34,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from satcore import DecisionPolicy, InputError, ModelOnDataError, SatcoreError
-from satcore.adapter_api import MAX_SEED, TRAINING_SPLIT_WARNING, Probe, is_training_split, positive_count, whole_number
+from satcore.adapter_api import (MAX_SEED, TRAINING_SPLIT_WARNING, Probe, is_training_split, positive_count, read_batches,
+                                 whole_number)
 
 from .options import check_family
 
 __all__ = ["SPLIT_DATA", "PolicyDecision", "Probe", "ProbeOptions", "ProgressCounter", "callback_log_candidates",
            "callback_scalars", "callback_schedule", "growth_decision",
-           "check_step_range", "loss_name", "probe_meta", "refusing_bad_batch", "require_reiterable", "resolve_options",
+           "check_step_range", "loss_name", "probe_meta", "read_split", "refusing_bad_batch", "require_reiterable", "resolve_options",
            "warn_if_training_split"]
 
 
@@ -210,6 +211,18 @@ def is_one_batch(data) -> bool:
     or a pair ``(inputs, targets)`` of arrays (Keras' ``validation_data=(x, y)`` form), which iterating would read
     as batches of its parts."""
     return isinstance(data, Mapping) or (isinstance(data, tuple) and len(data) == 2 and hasattr(data[0], "shape"))
+
+
+def read_split(data, what: str) -> list:
+    """The batches of one split a decision reads (``what``: its name in a refusal, e.g. ``"decide: the training
+    data"``) as a list, read once: one batch in its place (:func:`is_one_batch`), an endless iterator
+    (:func:`satcore.adapter_api.read_batches`' bound) and no batches are refused, in every framework's words alike."""
+    if is_one_batch(data):
+        raise InputError(f"{what} is one batch; pass an iterable of batches, e.g. [batch]")
+    batches = read_batches(data, what)
+    if not batches:
+        raise InputError(f"{what} yielded no batches")
+    return batches
 
 
 def require_reiterable(data, what: str) -> None:

@@ -38,9 +38,9 @@ import numpy as np
 import tensorflow as tf
 
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
-from satcore.adapters.base import SPLIT_DATA, ProgressCounter, check_step_range, is_one_batch, refusing_bad_batch
+from satcore.adapters.base import SPLIT_DATA, ProgressCounter, check_step_range, read_split, refusing_bad_batch
 from satcore.adapters.options import family_option_label
-from satcore.adapter_api import (TRAINING_SPLIT_WARNING, check_unexpanded_losses, moved_keywords, read_batches, screen,
+from satcore.adapter_api import (TRAINING_SPLIT_WARNING, check_unexpanded_losses, moved_keywords, screen,
                                  split_words, trial_decision)
 
 from .grow import InsertedResidual, grow, require_functional
@@ -213,11 +213,7 @@ def _per_sample_loss(model, loss_fn):
 
 def _batches(data, split: str) -> list:
     """``data`` read into a list of batches, each checked (:func:`decide`'s refusals)."""
-    if is_one_batch(data):
-        raise InputError(f"decide: the {split} data is one batch; pass an iterable of batches, e.g. [batch]")
-    batches = read_batches(data, f"decide: the {split} data")  # bounded: an endless iterator is refused
-    if not batches:
-        raise InputError(f"decide: the {split} data yielded no batches")
+    batches = read_split(data, f"decide: the {split} data")
     for i, batch in enumerate(batches):
         try:
             x, _ = _unpack(batch)

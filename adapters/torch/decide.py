@@ -27,12 +27,11 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from satcore.adapters.base import SPLIT_DATA, ProgressCounter, check_step_range, is_one_batch, refusing_bad_batch
+from satcore.adapters.base import SPLIT_DATA, ProgressCounter, check_step_range, read_split, refusing_bad_batch
 from satcore.adapters.batches import split_batch
 from satcore.adapters.options import family_option_label
 from satcore import DecisionPolicy, InputError, InsertionDecision, Recipe
-from satcore.adapter_api import (check_unexpanded_losses, grouped_trials, moved_keywords, read_batches, split_words,
-                                 trial_decision)
+from satcore.adapter_api import check_unexpanded_losses, grouped_trials, moved_keywords, split_words, trial_decision
 from satcore.adapter_api import screen as screen_rows
 
 from .grow import InsertedResidual, grow
@@ -425,13 +424,8 @@ def decide_under(model, train, heldout, loss_fn, policy: DecisionPolicy,
     recipe = policy.recipe
     check_trial_steps(recipe)
     probe_options = decision_probe_options(policy, defaults)
+    train, heldout = read_split(train, "decide: the training data"), read_split(heldout, "decide: the held-out data")
     for split, data in (("training", train), ("held-out", heldout)):
-        if is_one_batch(data):
-            raise InputError(f"decide: the {split} data is one batch; pass an iterable of batches, e.g. [batch]")
-    train, heldout = read_batches(train, "decide: the training data"), read_batches(heldout, "decide: the held-out data")
-    for split, data in (("training", train), ("held-out", heldout)):
-        if not data:
-            raise InputError(f"decide: the {split} data yielded no batches")
         for i, batch in enumerate(data):
             try:
                 inputs, targets = split_batch(batch, targets_to_model=True)
