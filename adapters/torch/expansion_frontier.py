@@ -1001,8 +1001,8 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
 
     # the longest trials if every group proposes a move: what the plan promises at most
     plan = planned(1 + movable if movable else 0, fixed)
-    wanted = 2 * trial_windows(plan.trial_steps, recipe.batch_size)  # half held out
     if movable:
+        wanted = 2 * trial_windows(plan.trial_steps, recipe.batch_size)  # half held out
         check_trial_batch(_windows(train), _windows(held), recipe.batch_size, wanted)
     if budget.announce is not None:
         lines = [f"plan: place {k} block(s): uniform places {uniform} unless a trial shows a move credibly better, "
