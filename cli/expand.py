@@ -408,7 +408,7 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     from satcore.adapters.torch.checkpoint_dir import (EXPAND_COPIES, MIN_WINDOWS, check_checkpoint_dir,
                                                        checkpoint_dtype, load_causal_lm, read_config,
                                                        read_token_windows)
-    from satcore.adapters.torch.expansion import ExpansionOptions, decoder_stack
+    from satcore.adapters.torch.expansion import ExpansionOptions, check_trials_batch, decoder_stack, split_batches
     from satcore.adapters.torch.expansion import expand as expand_model
     from satcore.adapters.torch.expansion_exports import lora_adapter_config, write_training_exports
     from satcore.adapters.torch.locate import find_blocks
@@ -462,6 +462,8 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     policy = DecisionPolicy(recipe, seed=seed, max_statistics_bytes=max_statistics_bytes)
     if max_statistics_bytes is not None and data is not None:
         _check_statistics_cap(model, data, policy, max_statistics_gib)
+    if forced is None and decision == "trial" and blocks != "auto" and layout == "ranked":  # before the defaults line
+        check_trials_batch(*split_batches(data), recipe)
     line = None
     if forced is None and not quiet:  # every decision prices the planned training on windows so read
         assumed = {f"--{name.replace('_', '-')}": value for name, value in

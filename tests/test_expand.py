@@ -1014,6 +1014,25 @@ def test_the_docs_python_example_runs_as_written(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "grown" / "config.json").read_text())["num_hidden_layers"] == 6
 
 
+def test_every_key_of_expansion_json_is_in_its_docs(checkpoint, tmp_path):
+    """docs/expansion-outputs.md's list of expansion.json names every top-level key the command writes (each is
+    there whatever the decision, null where it does not apply) and the keys of ``num_hidden_layers`` and ``recipe``;
+    it once left out ``format``, ``source``, ``init``, ``blocks_requested``, ``forced``, ``num_hidden_layers``,
+    ``recipe`` and ``llama_factory_lora``."""
+    import re
+    from pathlib import Path
+
+    folder, text = checkpoint
+    result = cli("expand", folder, "--data", text, "--at", "0,head", "-o", tmp_path / "o")
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "o" / "expansion.json").read_text())
+    page = (Path(__file__).resolve().parents[1] / "docs" / "expansion-outputs.md").read_text()
+    listed = page.split("* `expansion.json`:")[1].split("* `mergekit.yaml`")[0]
+    documented = set(re.findall(r"`([a-z_]+)`", listed))
+    keys = set(record) | set(record["num_hidden_layers"]) | set(record["recipe"])
+    assert len(keys) > 30 and keys <= documented, sorted(keys - documented)
+
+
 def test_cli_statistics_budget_probes_in_passes_and_decides_the_same(checkpoint, tmp_path):
     """--max-statistics-gib: the 5 places of the 4-block Llama (N = 16, r = 16 + 32 features, 8 (17 N r + r^2 +
     16) = 123,008 bytes a place and split) probed two at a time (a budget of 2 places x 2 splits, 492,032 bytes, and

@@ -480,23 +480,27 @@ def test_the_estimate_is_the_first_trial_steps_after_a_warm_up_with_their_range(
     assert (note in seen[1]) == (threads == 2)
 
 
-@pytest.mark.parametrize("announced", [True, False])
-def test_the_screen_records_its_plans_timed_passes_as_the_trials_do(announced, monkeypatch):
+@pytest.mark.parametrize("announced, batch_size, per_step", [(True, 8, 375.0), (False, 8, None), (True, 128, 1500.0)])
+def test_the_screen_records_its_plans_timed_passes_as_the_trials_do(announced, batch_size, per_step, monkeypatch):
     """decision="screen" announces a plan priced, as the trials' plans are, at the timing passes after the warm-up
     (100, 200, 300, 900 s: a mean of 375 s): expansion.json's decision records the four, their mean and the threads
-    (it once recorded none); announcing no plan (the CLI's --quiet) times nothing, and each of the three is null."""
+    (it once recorded none); announcing no plan (the CLI's --quiet) times nothing, and each of the three is null.
+    A batch above the 32 training windows is taken (the screen trains nothing): the timed passes are of those 32,
+    a quarter of a batch of 128, so a step of the batch is priced at 4 x 375 s (once priced at 375 s)."""
     from satcore.adapters.torch import expansion_frontier
 
     monkeypatch.setattr(expansion_frontier, "time", _Clock([1000.0, 100.0, 200.0, 300.0, 900.0]))
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     seen = []
-    record = expand(llama(), windows(64), blocks=1, recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8),
+    recipe = Recipe("adamw", lr=1e-3, steps=600, batch_size=batch_size)
+    record = expand(llama(), windows(64), blocks=1, recipe=recipe,
                     options=ExpansionOptions(decision="screen", announce=seen.append if announced else None)
                     ).to_dict()["decision"]
     timing = {k: record[k] for k in ("seconds_per_step", "timed_step_seconds", "threads")}
     if announced:
         assert "100 to 900 s each" in seen[0]
-        assert timing == {"seconds_per_step": 375.0, "timed_step_seconds": [100.0, 200.0, 300.0, 900.0], "threads": 3}
+        assert timing == {"seconds_per_step": per_step, "timed_step_seconds": [100.0, 200.0, 300.0, 900.0],
+                          "threads": 3}
     else:
         assert timing == {"seconds_per_step": None, "timed_step_seconds": None, "threads": None}
 
@@ -991,16 +995,17 @@ def test_cli_refusals_are_one_line(extra, message, checkpoint, tmp_path):  # noq
             "block, up to the whole --steps), both experimental, neither held to --decision-budget")
 
 
-@pytest.mark.parametrize("blocks, read, batch", [("auto", 24, 32), ("2", 16, 16)])
-def test_cli_refuses_a_batch_size_above_the_windows_the_trials_train_on(blocks, read, batch, checkpoint,  # noqa: F811
-                                                                       tmp_path):
+@pytest.mark.parametrize("blocks, layout, read, batch", [("auto", "grouped", 24, 32), ("2", "grouped", 16, 16),
+                                                          ("2", "ranked", 16, 16)])
+def test_cli_refuses_a_batch_size_above_the_windows_the_trials_train_on(blocks, layout, read, batch,
+                                                                       checkpoint, tmp_path):  # noqa: F811
     """Trials whose training windows are fewer than --batch-size would train on all of them each step, not on the
-    batch the plan prices every trial step at: refused before any work in one line naming the batch, the windows and
-    what to give (both decisions with trials: --blocks auto's frontier, --blocks K's placement check, half of the
-    windows held out here); the batch it names is then taken."""
+    batch the decision prices every trial step at: refused before any work in one line naming the batch, the windows
+    and what to give (every decision with trials: --blocks auto's frontier, --blocks K's placement check and
+    --layout ranked's trials, half of the windows held out here); the batch it names is then taken."""
     folder, text = checkpoint
     args = ["expand", folder, "--data", text, "--seq-len", "16", "--steps", "600", "--blocks", blocks,
-            "--max-windows", read]
+            "--max-windows", read, "--layout", layout]
     result = cli(*args, "--batch-size", batch, "-o", tmp_path / "o")
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 2 and len(lines) == 1, result.output
@@ -1008,12 +1013,27 @@ def test_cli_refuses_a_batch_size_above_the_windows_the_trials_train_on(blocks, 
     assert lines[0] == (
         f"satcore: error: --batch-size {batch} is more than the {trained} windows the trials train on (of {read} "
         f"read, the rest held out): each trial step would train on all {trained}, not on a batch of {batch} as the "
-        f"plan prices it and your training takes; give about {lines[0].split('give about ')[1].split()[0]} windows "
-        f"(a larger --max-windows, or more data where the file holds fewer) or --batch-size {trained} or less")
-    assert int(lines[0].split("give about ")[1].split()[0]) >= trained + 2 * batch  # two passes of 4+ trial steps
+        f"decision prices it and your training takes; give about {lines[0].split('give about ')[1].split()[0]} "
+        "windows (a larger --max-windows, or more data where the file holds fewer) or --batch-size "
+        f"{trained} or less")
+    wanted = int(lines[0].split("give about ")[1].split()[0])
+    # the budgeted decisions: two passes of 4+ trial steps; the ranked trials (up to --steps): two batches
+    assert wanted >= trained + 2 * batch if layout == "grouped" else wanted == 2 * batch
     assert not (tmp_path / "o").exists()
     taken = cli(*args, "--batch-size", trained, "-o", tmp_path / "t", "--quiet")
     assert taken.exit_code == 0, taken.output
+
+
+def test_cli_screen_takes_a_batch_size_above_the_windows_it_reads(checkpoint, tmp_path):  # noqa: F811
+    """--decision screen trains nothing on its windows: a --batch-size above the 8 training windows of 16 read is
+    the training the user plans, taken (not the trials' refusal above); the probe's cost counts steps of that batch,
+    one pass over the 16 windows a step of 16."""
+    folder, text = checkpoint
+    result = cli("expand", folder, "--data", text, "--seq-len", "16", "--steps", "600", "--blocks", "2",
+                 "--max-windows", "16", "--batch-size", "16", "--decision", "screen", "-o", tmp_path / "o", "--quiet")
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "o" / "expansion.json").read_text())
+    assert record["cost_block_steps"] == 1 and record["recipe"]["batch_size"] == 16
 
 
 def test_cli_plot_is_skipped_with_one_line_without_matplotlib(checkpoint, tmp_path, monkeypatch):  # noqa: F811

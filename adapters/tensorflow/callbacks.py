@@ -75,7 +75,7 @@ class KerasCallback(keras.callbacks.Callback):
 
     prefix = "satcore/"
 
-    @moved_keywords("callback")
+    @moved_keywords("callback", class_attributes=("prefix",))
     def __init__(self, probe_data, loss_fn=None, *, every_n_epochs: int = 1, report: dict | None = None,
                  config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None,
                  log_candidates: bool = False):

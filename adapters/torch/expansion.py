@@ -713,6 +713,18 @@ def split_batches(data, heldout=None) -> tuple[list, list]:
     return data[0::2], data[1::2]
 
 
+def check_trials_batch(train: list, held: list, recipe: Recipe) -> None:
+    """Refuse the unbudgeted trial decision (``layout="ranked"``, or a budget of None) on ``train`` and ``held``
+    batches (:func:`split_batches`) whose training windows are fewer than ``recipe``'s batch, as the budgeted
+    decisions do (:func:`~.expansion_frontier.check_trial_batch`): its trials train that batch for up to the
+    recipe's steps, so the windows to give are two batches, half held out.  ``satcore expand`` checks before its
+    defaults line, so that the refusal is one line."""
+    from .expansion_frontier import check_trial_batch
+
+    check_trial_batch(*(sum(map(_batch_samples, split)) for split in (train, held)), recipe.batch_size,
+                      2 * recipe.batch_size)
+
+
 def _budgeted(decision: str, layout: str, blocks, budget, loss_fn):
     """The :class:`~.expansion_frontier.DecisionBudget` of a budgeted decision, or None for the others: ``"auto"``
     with trials is the frontier (a default budget when none is given), ``K`` with trials, grouped and a budget the
@@ -900,6 +912,8 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
             return Expansion(grown, new, n, init, blocks, decision, forced, recipe, train_new_only, terminals,
                              names[0].rpartition(".")[0], "uniform" if blocks == "auto" else layout, limit,
                              budgeted)
+        if method == "trial":
+            check_trials_batch(train, held, recipe)
         decision = placement_decision(model, train, held, loss_fn, policy=policy, options=options, blocks=blocks)
         # blocks is K here: "auto" is the frontier (trials) or refused above (the screen)
         chosen = [_original_index(c) for c in decision.ranking()[:blocks]]

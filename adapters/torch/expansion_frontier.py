@@ -426,7 +426,7 @@ TIMING_KEYS = ("seconds_per_step", "timed_step_seconds", "threads")
 class StepTimes:
     """Wall seconds of the timed steps (the warm-up left out), each one's work in the estimate's unit (``work``: a
     budgeted decision's trial steps in planned steps' FLOPs, :meth:`_Meter.stepped`; the screen's passes of the model,
-    1 each, :func:`timed_step`) and the threads torch ran them on."""
+    each its windows over the recipe's batch, :func:`timed_step`) and the threads torch ran them on."""
 
     seconds: tuple
     work: tuple
@@ -477,9 +477,15 @@ def timing_record(times: StepTimes | None) -> dict:
 def timed_step(model, train: list, recipe: Recipe) -> StepTimes:
     """Wall seconds of a forward and backward pass of ``model`` over a minibatch of the recipe, for the first-order
     screen's plan (``--decision screen`` trains nothing to time): :data:`TIMING_PASSES` passes, the first (warming up)
-    left out, each 1 unit of work (gradients taken with ``torch.autograd.grad``, so nothing of ``model`` changes, not
-    even ``.grad``)."""
+    left out, each the work of its windows over the recipe's batch, 1 for a full batch (gradients taken with
+    ``torch.autograd.grad``, so nothing of ``model`` changes, not even ``.grad``).  Where ``train`` holds fewer
+    windows than a batch the minibatch is all of them (:func:`~.decide.recipe_minibatches`), and its time is carried
+    to the batch linearly: the screen trains nothing, so a batch above its windows is the planned training's, not
+    refused."""
     inputs, labels = next(recipe_minibatches(train, recipe.batch_size, 0))
+    from .expansion import _inputs_ids
+
+    work = len(_inputs_ids(inputs)) / recipe.batch_size
     params = [p for p in model.parameters() if p.is_floating_point()]
     device = params[0].device
     inputs, labels = to_device(inputs, device), to_device(labels, device)
@@ -499,7 +505,7 @@ def timed_step(model, train: list, recipe: Recipe) -> StepTimes:
     finally:
         for p, flag in zip(params, flags):
             p.requires_grad_(flag)
-    return StepTimes(tuple(times[1:]), (1.0,) * (len(times) - 1), torch.get_num_threads())
+    return StepTimes(tuple(times[1:]), (work,) * (len(times) - 1), torch.get_num_threads())
 
 
 def _windows(batches) -> int:
@@ -589,16 +595,18 @@ def passes_warning(trained: int, passes: float, wanted: int) -> list[str]:
 def check_trial_batch(trained: int, held: int, batch_size: int, wanted: int) -> None:
     """Refuse trials whose ``trained`` training windows (``held`` more held out) are fewer than a batch of
     ``batch_size``: each trial step would train on all of them (:func:`~.decide.recipe_minibatches`), not on the batch
-    the plan prices every trial step at and the planned training takes, so the printed cost and the trials would
-    describe other work than what runs.  One line naming ``--batch-size`` and the windows, and what to give:
-    ``wanted`` windows (:func:`passes_warning`'s, the count for at most :data:`MAX_TRIAL_PASSES` passes), or a batch
-    the training windows hold."""
+    the decision prices every trial step at and the planned training takes, so its cost and its trials would
+    describe other work than what runs (every decision with trials: the frontier, the placement check, the
+    unbudgeted trials of ``expand``).  One line naming ``--batch-size`` and the windows, and what to give:
+    ``wanted`` windows (the budgeted decisions: :func:`passes_warning`'s, the count for at most
+    :data:`MAX_TRIAL_PASSES` passes; the unbudgeted trials, which run up to the recipe's steps: two batches, half held
+    out), or a batch the training windows hold."""
     if trained < batch_size:
         raise InputError(f"--batch-size {batch_size} is more than the {trained} windows the trials train on (of "
                          f"{trained + held} read, the rest held out): each "
-                         f"trial step would train on all {trained}, not on a batch of {batch_size} as the plan prices "
-                         f"it and your training takes; give about {wanted} windows (a larger --max-windows, or more "
-                         f"data where the file holds fewer) or --batch-size {trained} or less")
+                         f"trial step would train on all {trained}, not on a batch of {batch_size} as the decision "
+                         f"prices it and your training takes; give about {wanted} windows (a larger --max-windows, or "
+                         f"more data where the file holds fewer) or --batch-size {trained} or less")
 
 
 def frontier_windows(model, recipe: Recipe, *, seq_len: int, budget: DecisionBudget | None = None,
@@ -1001,8 +1009,8 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
 
     # the longest trials if every group proposes a move: what the plan promises at most
     plan = planned(1 + movable if movable else 0, fixed)
-    wanted = 2 * trial_windows(plan.trial_steps, recipe.batch_size)  # half held out
     if movable:
+        wanted = 2 * trial_windows(plan.trial_steps, recipe.batch_size)  # half held out
         check_trial_batch(_windows(train), _windows(held), recipe.batch_size, wanted)
     if budget.announce is not None:
         lines = [f"plan: place {k} block(s): uniform places {uniform} unless a trial shows a move credibly better, "

@@ -83,7 +83,7 @@ class LightningCallback(Callback):
     # an attribute, not HFCallback's keyword: beside module it would be a ninth parameter (tests/test_core_layers.py)
     log_candidates = False
 
-    @moved_keywords("callback", class_attributes=("log_candidates",))
+    @moved_keywords("callback", class_attributes=("prefix", "log_candidates"))
     def __init__(self, probe_data, loss_fn=None, *, module=None, every_n_epochs: int = 1, report: dict | None = None,
                  config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None):
         self.every_n_epochs, self.report_options = callback_schedule("LightningCallback", "every_n_epochs",

@@ -94,7 +94,7 @@ class HFCallback(TrainerCallback):
     prefix = "satcore/"
     eval_prefix = "eval"
 
-    @moved_keywords("callback")
+    @moved_keywords("callback", class_attributes=("prefix", "eval_prefix"))
     def __init__(self, probe_data, loss_fn=None, *, every: int = 1, report: dict | None = None,
                  config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None,
                  log_candidates: bool = False):

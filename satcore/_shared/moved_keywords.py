@@ -5,9 +5,9 @@ adapter's ``ProbeConfig``); docs/api.md's "Options" table maps each earlier keyw
 :data:`MOVED_KEYWORDS` is that table as data, one entry per function (the same for every framework's function
 of that name); :func:`moved_keywords` applies an entry to a function.  It only translates the error: a moved
 keyword is never accepted (none of them is a parameter of the function it decorates, checked when decorated),
-and any other unknown keyword keeps Python's own message.  A keyword that one class never took but holds as a
-class attribute where its siblings take the keyword (``LightningCallback``'s ``log_candidates``, HFCallback's
-keyword) is answered as such, not as moved.
+and any other unknown keyword keeps Python's own message.  A keyword a callback holds as a class attribute (its
+``prefix``, HFCallback's ``eval_prefix``: keywords once; ``LightningCallback``'s ``log_candidates``, HFCallback's
+keyword) is answered by one line, named at the class's own decorator: set it on a subclass or the instance.
 
 Examples
 --------
@@ -33,9 +33,7 @@ _PROBE_FIELDS = ("family", "n_features", "init_std", "variance", "position_subsa
 
 _DECIDE_PROBE = {k: "pass policy=DecisionPolicy(recipe, probe=ProbeConfig({k}={v}))" for k in _PROBE_FIELDS}
 _CALLBACK_PROBE = {k: "pass config=ProbeConfig({k}={v})" for k in (*_PROBE_FIELDS, "candidates", "head")}
-_CLASS_ATTRIBUTE = "set the class attribute {k} = {v} (on a subclass or the instance)"
-_CALLBACK = {"decide": "pass policy=DecisionPolicy(recipe), train_data=train",
-             **dict.fromkeys(("prefix", "eval_prefix"), _CLASS_ATTRIBUTE), **_CALLBACK_PROBE}
+_CALLBACK = {"decide": "pass policy=DecisionPolicy(recipe), train_data=train", **_CALLBACK_PROBE}
 
 #: function name -> {earlier keyword -> what to do instead}; ``{k}`` is the keyword, ``{v}`` the value given
 #: (a number, a short string or ``None``; ``...`` for anything else)
@@ -87,8 +85,8 @@ def moved_keywords(table: str, class_attributes: tuple[str, ...] = ()):
     table : str
         The entry of :data:`MOVED_KEYWORDS`.
     class_attributes : tuple of str
-        Keywords the decorated ``__init__``'s class never took but holds as class attributes (its siblings take
-        them as keywords): a call passing one is told "takes ... as a class attribute", not "no longer takes".
+        The class attributes of the decorated ``__init__``'s class that a call might pass as keywords (once
+        keywords, or its siblings' keywords): a call passing one is told "takes ... as a class attribute".
     """
     moved = MOVED_KEYWORDS[table]
 
