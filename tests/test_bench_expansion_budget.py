@@ -449,3 +449,26 @@ def test_render_control_gives_the_general_loss_its_criterion_and_the_gain_each_s
     for seed, gain in enumerate(("0.150", "-", "0.060")):
         assert f"| 1 block, 2000 | near | carry 0.023 | {seed} | 0 / 0 | " in table
         assert f" | not recorded | {gain} | K=1 {realized[seed]} |" in table.splitlines()[-3 + seed]
+
+
+def test_the_rerun_control_decisions_reproduce_the_recorded_ones_and_record_their_resolvable_gain(bench):
+    """The one-block near control's decisions rerun by the code that records ``decision.resolvable_gain`` (both rules,
+    ten seeds): every frontier and held-out loss as first recorded, and each stop's recorded gain and line are those
+    ``_recomputed_choice`` reads off the first recording, which predates the field."""
+    results = BENCH.parent / "results"
+    for rule in ("carry", "nocarry"):
+        first = {r["key"].get("seed"): r for r in bench._rows(results / f"expansion_budget_control_L1_{rule}_near.jsonl")}
+        rerun = [r for r in bench._rows(results / f"expansion_budget_control_L1_{rule}_resolvable_near.jsonl")
+                 if r["key"]["arm"] != "base"]
+        assert sorted(r["key"]["seed"] for r in rerun) == list(range(10))
+        for row in rerun:
+            old = first[row["key"]["seed"]]
+            assert [row[k] for k in ("near_windows", "general_windows")] == [old[k] for k in ("near_windows",
+                                                                                                "general_windows")]
+            assert row["evidence"]["frontier"] == old["evidence"]["frontier"]
+            decision, before = row["evidence"]["record"]["decision"], old["evidence"]["record"]["decision"]
+            choice = bench._recomputed_choice(before)
+            assert "resolvable_gain" not in before and decision["chosen_blocks"] == before["chosen_blocks"] == 0
+            assert (choice.chosen_blocks, choice.resolvable_gain, choice.reason) == (0, decision["resolvable_gain"],
+                                                                                      decision["reason"])
+            assert decision["reason"].startswith(before["reason"])
