@@ -89,6 +89,8 @@ Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is 
         --out studies/results/expansion_budget_positive_L1_sweep_far.jsonl   # the positive control (lab notes); then
         # --arms satcore-carry to ..._carry_far.jsonl and, with --carry-per-doubling 0, to ..._nocarry_far.jsonl;
         # its table: --layers 1 --render-rules SWEEP CARRY NOCARRY
+        # the controls' general loss, general-change criterion and resolvable gains (lab notes): --layers 1
+        # --render-control SWEEP,CARRY,NOCARRY SWEEP,UNIFORM2,CARRY ..., one control an argument
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --protocol smollm2 --seeds 0 --steps 500 \
         --batch-size 4 --seq-len 16 --lr 2e-4 --eval-windows 64 --arms none \
         --out studies/results/expansion_budget_smollm2_l4_budget.jsonl   # then uniform-2, satcore, each its own process
@@ -820,13 +822,12 @@ def render(paths) -> str:
 
 def render_rules(paths, reference: str) -> str:
     """The positive control's table: per seed, the held-out target loss of ``none`` and of every ``uniform-K`` arm
-    in the first file of ``paths``, and each further file's satcore decision (one decision rule a file, named by
-    the carry error it recorded, ``decision.carry_error.per_doubling``): its count, target loss and its frontier's
+    of the sweep in ``paths`` (the files without a satcore arm), and each further file's satcore decision (one
+    decision rule a file, :func:`_control`): its count, target loss and its frontier's
     predicted paired difference from ``K = 0`` with the interval it chose by, per ``K > 0``; then, paired
     by seed and window (:func:`crossed_interval`), each ``uniform-K`` minus ``none`` (over the seeds it was run at)
     and each rule minus ``reference`` (the conventional count's arm) and minus ``none``.  The seeds are those of
-    ``none``, ``reference`` and every rule.  Every file must share the first one's setup and base model, and hold
-    one pair."""
+    ``none``, ``reference`` and every rule.  Every file must share one setup and base model, and hold one pair."""
     loaded = _control(paths)
     if isinstance(loaded, str):
         return loaded
@@ -1010,18 +1011,20 @@ def _resolvable_table(controls) -> list[str]:
     realized ``uniform-K`` minus ``none`` on the target held-out loss at that seed."""
     out = ["| base, planned steps | pair | rule | seed | K: recorded / recomputed | predicted minus K = 0 (95%) "
            "| resolvable gain: recorded | recomputed | realized uniform-K minus none |", "|---|---|---|---|---|---|---|---|---|"]
+    def gain(value) -> str:  # nats; None: nothing printed
+        return "-" if value is None else f"{value:.3f}"
+
     for setup, _, pair, arms, rules in controls:
         for label, rows in rules:
             for seed, row in sorted(rows.items()):
                 decision = row["evidence"]["record"]["decision"]
                 choice = _recomputed_choice(decision)
-                recorded = decision.get("resolvable_gain", "not recorded")
-                realized = "; ".join(f"K={e['blocks']} {_sweep_row(arms, e['blocks'], seed)['target'] - arms['none'][seed]['target']:+.4f}"
-                                     for e in decision["frontier"] if e["blocks"] and _sweep_row(arms, e["blocks"], seed))
+                recorded = gain(decision["resolvable_gain"]) if "resolvable_gain" in decision else "not recorded"
+                sweeps = [(e["blocks"], _sweep_row(arms, e["blocks"], seed)) for e in decision["frontier"] if e["blocks"]]
+                realized = "; ".join(f"K={K} {r['target'] - arms['none'][seed]['target']:+.4f}" for K, r in sweeps if r)
                 out.append(f"| {_setting(setup)} | {pair} | {label} | {seed} | {decision['chosen_blocks']} / "
-                           f"{choice.chosen_blocks} | {_predicted_minus_none(row)} | "
-                           f"{'-' if recorded is None else recorded if isinstance(recorded, str) else f'{recorded:.3f}'} | "
-                           f"{'-' if choice.resolvable_gain is None else f'{choice.resolvable_gain:.3f}'} | {realized} |")
+                           f"{choice.chosen_blocks} | {_predicted_minus_none(row)} | {recorded} | "
+                           f"{gain(choice.resolvable_gain)} | {realized} |")
     return out
 
 

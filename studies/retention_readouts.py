@@ -14,7 +14,10 @@ excludes 0):
 * readouts with a fitted number are fitted on two pairs and scored on the third (leave one pair out),
   the 27 held-out predictions pooled; fit-free readouts are scored as they are;
 * the 2000-step near recordings (``expansion_long_near*.jsonl``) are a transfer set no fit reads (fits
-  there use all three 400-step pairs).
+  there use all three 400-step pairs);
+* the controls' cells (:data:`CONTROLS`: one- and two-block bases, 2000 planned steps, trials of two readings,
+  every seed) are another (:func:`evaluate_controls`), beside each fit-free readout on the main protocol's 135
+  must-show points (every seed of the decision its criteria score).
 
 The comparison reads seeds 0, 1 and 2 (:data:`SEEDS`, the seeds the probe reran), 27 points at 400 steps; the
 bench's later seeds (3-5) enter its own must-show, not this table.

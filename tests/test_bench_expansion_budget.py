@@ -472,3 +472,17 @@ def test_the_rerun_control_decisions_reproduce_the_recorded_ones_and_record_thei
             assert (choice.chosen_blocks, choice.resolvable_gain, choice.reason) == (0, decision["resolvable_gain"],
                                                                                       decision["reason"])
             assert decision["reason"].startswith(before["reason"])
+
+
+def test_the_controls_general_loss_criterion_and_resolvable_gains_re_render_their_lab_notes_tables(bench):
+    """The three controls as the notes render them (the one-block near control with its rerun decisions, the two-block
+    one with its uniform-2 rows, the positive control): every table row and criterion line is the notes'."""
+    results = BENCH.parent / "results"
+    settings = [[results / f"expansion_budget_{name}.jsonl" for name in names] for names in (
+        ("control_L1_sweep_near", "control_L1_carry_resolvable_near", "control_L1_nocarry_resolvable_near"),
+        ("control_L2_sweep_near", "control_L2_uniform2_near", "control_L2_carry_near"),
+        ("positive_L1_sweep_far", "positive_L1_carry_far", "positive_L1_nocarry_far"))]
+    notes = (BENCH.parent / "expansion-budget-notes.md").read_text()
+    lines = [line for line in bench.render_control(settings, "uniform-1").splitlines() if line.startswith(("| ", "* "))]
+    assert len(lines) == (1 + 14) + 4 + (1 + 45)  # the general loss (14 arms), 3 controls and pooled, 45 stops
+    assert [line for line in lines if line not in notes] == []

@@ -56,7 +56,7 @@ def test_the_recordings_re_render_the_lab_notes_readout_table():
 def test_the_shipped_readout_on_the_controls_and_the_main_protocol_is_the_benchs_criterion():
     """The study's shipped row scores the controls and the main protocol's must-show points as the bench does: the
     controls' pooled criterion of ``render_control`` and ``general_criterion`` on the main protocol's satcore-carry
-    frontier (two code paths: the study's own points, noise cells and scoring)."""
+    frontier (two code paths: the study's own points, noise cells and scoring); its table is the lab notes'."""
     from studies import expansion_budget as bench
 
     controls, main = study.control_points(), study.main_points()
@@ -74,3 +74,6 @@ def test_the_shipped_readout_on_the_controls_and_the_main_protocol_is_the_benchs
     pooled = bench.render_control(settings, "uniform-1").splitlines()
     assert f"Spearman {row[1]} over 50 points (needs >= 0.6); sign right {row[2]} above" in \
         next(line for line in pooled if line.startswith("* all 3 controls"))
+    notes = (ROOT / "studies" / "expansion-budget-notes.md").read_text()
+    table = [line for line in study.evaluate_controls(study.recorded_points(), controls, main) if line.startswith("| ")]
+    assert len(table) == 15 and [line for line in table if line not in notes] == []  # header, 14 readouts
