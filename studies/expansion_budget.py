@@ -89,6 +89,8 @@ Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is 
         --out studies/results/expansion_budget_positive_L1_sweep_far.jsonl   # the positive control (lab notes); then
         # --arms satcore-carry to ..._carry_far.jsonl and, with --carry-per-doubling 0, to ..._nocarry_far.jsonl;
         # its table: --layers 1 --render-rules SWEEP CARRY NOCARRY
+        # the controls' general loss, general-change criterion and resolvable gains (lab notes): --layers 1
+        # --render-control SWEEP,CARRY,NOCARRY SWEEP,UNIFORM2,CARRY ..., one control an argument
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --protocol smollm2 --seeds 0 --steps 500 \
         --batch-size 4 --seq-len 16 --lr 2e-4 --eval-windows 64 --arms none \
         --out studies/results/expansion_budget_smollm2_l4_budget.jsonl   # then uniform-2, satcore, each its own process
@@ -490,6 +492,10 @@ def main(argv=None):
     p.add_argument("--render-settings", type=Path, nargs="+", default=None, metavar="JSONL",
                    help="print the settings tried in search of a control (render_settings: each file's uniform-K "
                    "minus none, per pair) and exit")
+    p.add_argument("--render-control", nargs="+", default=None, metavar="FILES",
+                   help="print the controls' general loss, their general-change criterion and the gain their stops could "
+                   "resolve (render_control; the conventional count of --layers the reference), one control per "
+                   "argument: its comma-separated result files (sweep and rules), and exit")
     p.add_argument("--render-arm-errors", nargs="+", default=None, metavar="FILES",
                    help="print where the trials' predictions miss, arm by arm (render_arm_errors), one setting per "
                    "argument: comma-separated result files, or main (the main protocol's files), and exit")
@@ -503,10 +509,12 @@ def main(argv=None):
         print(render_arm_errors([main_protocol_files(RESULTS.parent) if group == "main" else
                                  [Path(p) for p in group.split(",")] for group in args.render_arm_errors]))
         return
-    if args.render_rules:
+    if args.render_rules or args.render_control:
         from satcore.adapters.torch.expansion import max_blocks_cap
 
-        print(render_rules(args.render_rules, f"uniform-{max_blocks_cap(args.layers, None)}"))
+        reference = f"uniform-{max_blocks_cap(args.layers, None)}"
+        print(render_rules(args.render_rules, reference) if args.render_rules else
+              render_control([[Path(p) for p in group.split(",")] for group in args.render_control], reference))
         return
     import torch
 
@@ -717,28 +725,40 @@ def _count_table(pair: str, arms: dict, summary: dict) -> list[str]:
     return out
 
 
+def _frontier_cases(pair: str, arms: dict, base: dict, decided: dict):
+    """Per seed and entry of the frontier of a satcore arm's rows ``decided`` (by seed) with a sweep row for its K in
+    ``arms`` (K blocks at uniform places; K = 0 the model as it is): ``(seed, entry, realized target change, realized
+    general change per window)``, the realized changes those of the sweep's arm from the base model ``base`` (its
+    row)."""
+    base_target = np.asarray(base[f"{pair}_windows"])
+    base_general = np.asarray(base["general_windows"])
+    for seed, ours in sorted(decided.items()):
+        for entry in ours["evidence"].get("frontier") or []:
+            row = _sweep_row(arms, entry["blocks"], seed)
+            if row is not None:
+                yield (seed, entry, float(np.mean(np.subtract(row[f"{pair}_windows"], base_target))),
+                       np.subtract(row["general_windows"], base_general))
+
+
+def _general_point(cell, predicted: float, windows) -> dict:
+    """One point of the general-change criterion (:func:`general_criterion`): a prediction, the realized change per
+    window and the cell (the points whose realized changes make one seed-noise interval)."""
+    return {"cell": cell, "predicted": predicted, "realized": float(np.mean(windows)), "windows": windows}
+
+
 def _frontier_table(pair: str, arms: dict, base: dict, summary: dict, arm: str) -> list[str]:
     """The satcore arm's predicted changes per K against the realized changes of the same arm (K blocks at
     uniform places; K = 0 the model as it is), per seed; the default's decisions (:data:`SCORED_ARMS`) are scored."""
     out = ["| seed | K | predicted target change (95%) | realized | predicted general change (95%) | realized |",
            "|---|---|---|---|---|---|"]
-    base_target = np.asarray(base[pair][f"{pair}_windows"])
-    base_general = np.asarray(base[pair]["general_windows"])
-    for seed, ours in sorted(arms[arm].items()):
-        for entry in ours["evidence"].get("frontier") or []:
-            row = _sweep_row(arms, entry["blocks"], seed)
-            if row is None:
-                continue
-            realized_target = float(np.mean(np.subtract(row[f"{pair}_windows"], base_target)))
-            general_windows = np.subtract(row["general_windows"], base_general)
-            general = entry.get("predicted_general_change")
-            out.append(f"| {seed} | {entry['blocks']} | {entry['predicted_heldout_change']:+.4f} "
-                       f"[{entry['interval'][0]:+.4f}, {entry['interval'][1]:+.4f}] | {realized_target:+.4f} | "
-                       + ("-" if general is None else f"{general:+.4f} [{entry['general_interval'][0]:+.4f}, "
-                          f"{entry['general_interval'][1]:+.4f}]") + f" | {float(np.mean(general_windows)):+.4f} |")
-            if general is not None and arm in SCORED_ARMS:
-                summary[arm]["points"].append({"cell": (pair, entry["blocks"]), "predicted": general,
-                                          "realized": float(np.mean(general_windows)), "windows": general_windows})
+    for seed, entry, realized_target, general_windows in _frontier_cases(pair, arms, base[pair], arms[arm]):
+        general = entry.get("predicted_general_change")
+        out.append(f"| {seed} | {entry['blocks']} | {entry['predicted_heldout_change']:+.4f} "
+                   f"[{entry['interval'][0]:+.4f}, {entry['interval'][1]:+.4f}] | {realized_target:+.4f} | "
+                   + ("-" if general is None else f"{general:+.4f} [{entry['general_interval'][0]:+.4f}, "
+                      f"{entry['general_interval'][1]:+.4f}]") + f" | {float(np.mean(general_windows)):+.4f} |")
+        if general is not None and arm in SCORED_ARMS:
+            summary[arm]["points"].append(_general_point((pair, entry["blocks"]), general, general_windows))
     return out
 
 
@@ -802,23 +822,16 @@ def render(paths) -> str:
 
 def render_rules(paths, reference: str) -> str:
     """The positive control's table: per seed, the held-out target loss of ``none`` and of every ``uniform-K`` arm
-    in the first file of ``paths``, and each further file's satcore decision (one decision rule a file, named by
-    the carry error it recorded, ``decision.carry_error.per_doubling``): its count, target loss and its frontier's
+    of the sweep in ``paths`` (the files without a satcore arm), and each further file's satcore decision (one
+    decision rule a file, :func:`_control`): its count, target loss and its frontier's
     predicted paired difference from ``K = 0`` with the interval it chose by, per ``K > 0``; then, paired
     by seed and window (:func:`crossed_interval`), each ``uniform-K`` minus ``none`` (over the seeds it was run at)
     and each rule minus ``reference`` (the conventional count's arm) and minus ``none``.  The seeds are those of
-    ``none``, ``reference`` and every rule.  Every file must share the first one's setup and base model, and hold
-    one pair."""
-    sweep, *rule_paths = paths
-    rules = []
-    for path in rule_paths:
-        loaded = _load([sweep, path])
-        if isinstance(loaded, str):
-            return loaded
-        (pair, arms), = loaded[3].items()
-        (decided,) = [arms[a] for a in SATCORE_ARMS if a in arms]
-        carry = next(iter(decided.values()))["evidence"]["record"]["decision"]["carry_error"]["per_doubling"]
-        rules.append((f"carry {carry:g}", decided))
+    ``none``, ``reference`` and every rule.  Every file must share one setup and base model, and hold one pair."""
+    loaded = _control(paths)
+    if isinstance(loaded, str):
+        return loaded
+    _, _, pair, arms, rules = loaded
     target, none = f"{pair}_windows", arms["none"]
     uniform = [a for a in ARM_ORDER if a.startswith("uniform-") and a in arms]
     seeds = sorted(set(none).intersection(arms[reference], *(d for _, d in rules)))
@@ -826,14 +839,10 @@ def render_rules(paths, reference: str) -> str:
            + " | ".join(f"{label}: K | {label}: target | {label}: predicted minus K = 0" for label, _ in rules) + " |",
            "|---|---|" + "---|" * len(uniform) + "---|---|---|" * len(rules)]
 
-    def predicted(row: dict) -> str:
-        return "; ".join(f"K={e['blocks']} {e['predicted_minus_none']:+.4f} [{e['minus_none_interval'][0]:+.4f}, "
-                         f"{e['minus_none_interval'][1]:+.4f}]" for e in row["evidence"]["frontier"] if e["blocks"])
-
     for seed in seeds:
         out.append(f"| {seed} | {none[seed]['target']:.4f} | "
                    + "".join(f"{arms[a][seed]['target']:.4f} | " if seed in arms[a] else "- | " for a in uniform)
-                   + " | ".join(f"{len(d[seed]['before'])} | {d[seed]['target']:.4f} | {predicted(d[seed])}"
+                   + " | ".join(f"{len(d[seed]['before'])} | {d[seed]['target']:.4f} | {_predicted_minus_none(d[seed])}"
                                 for _, d in rules) + " |")
 
     def minus(arm: dict, other: dict) -> str:
@@ -846,6 +855,37 @@ def render_rules(paths, reference: str) -> str:
     out += [f"* satcore ({label}) minus {reference}: {minus(d, arms[reference])}; minus none: {minus(d, none)}"
             for label, d in rules]
     return "\n".join(out)
+
+
+def _predicted_minus_none(row: dict) -> str:
+    """A satcore row's frontier: each ``K > 0``'s predicted paired difference from ``K = 0`` and the interval the
+    choice weighed."""
+    return "; ".join(f"K={e['blocks']} {e['predicted_minus_none']:+.4f} [{e['minus_none_interval'][0]:+.4f}, "
+                     f"{e['minus_none_interval'][1]:+.4f}]" for e in row["evidence"]["frontier"] if e["blocks"])
+
+
+def _control(paths):
+    """One control's rows from its result files: those without a satcore arm are its sweep (``none`` and
+    ``uniform-K``, loaded together), each file with one a decision rule's rows (loaded with the sweep).  Returns
+    ``(setup, the base model's row, pair, the sweep's rows arms[arm][seed], rules)``, ``rules`` a list of ``(label,
+    rows by seed)``, the label naming the carry error the rule recorded (``decision.carry_error.per_doubling``);
+    or the loader's message where the files do not share one setup and base model.  The files hold one pair."""
+    rule_paths = [p for p in paths if any(r["key"]["arm"] in SATCORE_ARMS for r in _rows(p))]
+    sweeps = [p for p in paths if p not in rule_paths]
+    loaded = _load(sweeps)
+    if isinstance(loaded, str):
+        return loaded
+    setup, _, base, runs = loaded
+    (pair, arms), = runs.items()
+    rules = []
+    for path in rule_paths:
+        decided = _load([*sweeps, path])
+        if isinstance(decided, str):
+            return decided
+        (rows,) = [by_seed for arm, by_seed in decided[3][pair].items() if arm in SATCORE_ARMS]
+        carry = next(iter(rows.values()))["evidence"]["record"]["decision"]["carry_error"]["per_doubling"]
+        rules.append((f"carry {carry:g}", rows))
+    return setup, base[pair], pair, arms, rules
 
 
 def paired_minus(arm: dict, other: dict, seeds, column: str) -> dict:
@@ -876,6 +916,116 @@ def render_settings(paths) -> str:
                                f"{arms[arm][seeds[0]]['steps_trained']} | K = {arm.split('-')[1]}: "
                                f"{_fmt(paired_minus(arms[arm], none, seeds, f'{pair}_windows'))} |")
     return "\n".join(out)
+
+
+def render_control(settings, reference: str) -> str:
+    """What the controls' recorded rows say beyond the target loss, per control (a list of result files,
+    :func:`_control`): the general held-out loss of every arm (:func:`_forgetting_table`), the general-change
+    criterion on the controls' cells (:func:`_control_criteria`) and the least gain each "does not pay" stop could
+    have shown (:func:`_resolvable_table`); ``reference``: the conventional count's arm."""
+    controls = []
+    for paths in settings:
+        loaded = _control(paths)
+        if isinstance(loaded, str):
+            return loaded
+        controls.append(loaded)
+    return "\n".join(_forgetting_table(controls, reference) + [""] + _control_criteria(controls) + [""]
+                     + _resolvable_table(controls))
+
+
+def _forgetting_table(controls, reference: str) -> list[str]:
+    """Per control and arm (``none``, each ``uniform-K``, each rule's satcore): its count, seeds, steps trained,
+    general held-out loss, its change from the base model and its difference from ``none`` and from ``reference``,
+    paired by seed and window over the seeds both were run at (:func:`crossed_interval`)."""
+    out = ["| base, planned steps | pair | arm | K | seeds | steps trained | general held-out | change from the base "
+           f"model (95%) | minus none (95%) | minus {reference} (95%) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for setup, base, pair, arms, rules in controls:
+        named = [(a, arms[a]) for a in ARM_ORDER if a in arms and (a == "none" or a.startswith("uniform-"))]
+        for name, rows in named + [(f"satcore ({label})", rows) for label, rows in rules]:
+            change = crossed_interval([np.subtract(r["general_windows"], base["general_windows"]) for r in rows.values()])
+            versus = []
+            for other in (arms["none"], arms[reference]):
+                seeds = sorted(set(rows) & set(other))
+                versus.append("" if other is rows or not seeds else _fmt(paired_minus(rows, other, seeds,
+                                                                                      "general_windows")))
+            counts = sorted({len(r["before"]) for r in rows.values()})
+            trained = sorted({r["steps_trained"] for r in rows.values()})
+            out.append(f"| {_setting(setup)} | {pair} | {name} | {'/'.join(map(str, counts))} | {len(rows)} | "
+                       f"{'-'.join(map(str, sorted({trained[0], trained[-1]})))} | "
+                       f"{np.mean([r['general'] for r in rows.values()]):.4f} | {_fmt(change)} | {' | '.join(versus)} |")
+    return out
+
+
+def _control_criteria(controls) -> list[str]:
+    """The general-change criterion (:func:`general_criterion`) on the controls' cells, each control's and pooled:
+    the frontier of the rule at the shipped carry error, each ``K``'s predicted change of the general held-out loss
+    against the realized change of the sweep's arm at the same seed (``none``, ``uniform-K``) from the base model;
+    and paired to ``K = 0``, each ``K > 0``'s predicted change minus ``K = 0``'s against ``uniform-K`` minus ``none``.
+    A cell (seed noise) is a control's ``K``."""
+    from satcore.adapter_api import CARRY_PER_DOUBLING
+
+    out, pooled = [], {"changes": [], "paired": []}
+    for setup, base, pair, arms, rules in controls:
+        (decided,) = [rows for label, rows in rules if label == f"carry {CARRY_PER_DOUBLING:g}"]
+        points = {"changes": [], "paired": []}
+        by_seed = {}
+        for seed, entry, _, windows in _frontier_cases(pair, arms, base, decided):
+            cell = (_setting(setup), pair, entry["blocks"])
+            points["changes"].append(_general_point(cell, entry["predicted_general_change"], windows))
+            by_seed.setdefault(seed, {})[entry["blocks"]] = (entry["predicted_general_change"], windows)
+        for seed, arms_at in sorted(by_seed.items()):
+            points["paired"] += [_general_point((_setting(setup), pair, K), predicted - arms_at[0][0],
+                                                np.subtract(windows, arms_at[0][1]))
+                                 for K, (predicted, windows) in sorted(arms_at.items()) if K]
+        for kind in pooled:
+            pooled[kind] += points[kind]
+        out.append(f"* {_setting(setup)}, {pair}: " + _criteria_line(points))
+    return out + [f"* all {len(controls)} controls: " + _criteria_line(pooled)]
+
+
+def _criteria_line(points: dict) -> str:
+    return (general_criterion(points["changes"]) + "; paired to K = 0: "
+            + general_criterion(points["paired"], "K > 0 minus K = 0, predicted vs realized"))
+
+
+def _recomputed_choice(decision: dict):
+    """``choose_blocks`` run on a decision's recorded frontier (its predictions, intervals and standard errors as
+    recorded; the controls' decisions had no ``--max-forgetting``): the choice the current code makes from those
+    trials, with its ``resolvable_gain``."""
+    from satcore.adapter_api import Prediction, choose_blocks
+
+    def prediction(point, interval, errors) -> Prediction:
+        return Prediction(point, tuple(interval), errors["windows"], errors["seeds"], errors.get("carry", 0.0))
+
+    frontier = decision["frontier"]
+    return choose_blocks({e["blocks"]: prediction(e["predicted_heldout_change"], e["interval"], e["standard_errors"])
+                          for e in frontier}, None, decision["tolerance"], None,
+                         {e["blocks"]: prediction(e["predicted_minus_none"], e["minus_none_interval"],
+                                                  e["minus_none_standard_errors"]) for e in frontier if e["blocks"]})
+
+
+def _resolvable_table(controls) -> list[str]:
+    """Per control, rule and seed: the count chosen (as recorded / recomputed, :func:`_recomputed_choice`), the
+    predicted paired differences the choice weighed, ``decision.resolvable_gain`` as recorded ("not recorded": the row
+    predates it) and as recomputed ("-": no interval reaches below minus the tolerance, nothing printed), and the
+    realized ``uniform-K`` minus ``none`` on the target held-out loss at that seed."""
+    out = ["| base, planned steps | pair | rule | seed | K: recorded / recomputed | predicted minus K = 0 (95%) "
+           "| resolvable gain: recorded | recomputed | realized uniform-K minus none |", "|---|---|---|---|---|---|---|---|---|"]
+    def gain(value) -> str:  # nats; None: nothing printed
+        return "-" if value is None else f"{value:.3f}"
+
+    for setup, _, pair, arms, rules in controls:
+        for label, rows in rules:
+            for seed, row in sorted(rows.items()):
+                decision = row["evidence"]["record"]["decision"]
+                choice = _recomputed_choice(decision)
+                recorded = gain(decision["resolvable_gain"]) if "resolvable_gain" in decision else "not recorded"
+                sweeps = [(e["blocks"], _sweep_row(arms, e["blocks"], seed)) for e in decision["frontier"] if e["blocks"]]
+                realized = "; ".join(f"K={K} {r['target'] - arms['none'][seed]['target']:+.4f}" for K, r in sweeps if r)
+                out.append(f"| {_setting(setup)} | {pair} | {label} | {seed} | {decision['chosen_blocks']} / "
+                           f"{choice.chosen_blocks} | {_predicted_minus_none(row)} | {recorded} | "
+                           f"{gain(choice.resolvable_gain)} | {realized} |")
+    return out
 
 
 def render_arm_errors(settings, arm: str = "satcore-carry") -> str:
@@ -909,7 +1059,7 @@ def render_arm_errors(settings, arm: str = "satcore-carry") -> str:
                         (readings, entry["predicted_heldout_change"], realized, paired, decision["plan"]["checkpoints"][:2]))
             for K, rows in sorted(cases.items()):
                 readings, predicted, realized, paired, checkpoints = zip(*rows)
-                out.append(f"| {setup['layers']} block{'s' * (setup['layers'] != 1)}, {setup['steps']} | {pair} | {K} | "
+                out.append(f"| {_setting(setup)} | {pair} | {K} | "
                            f"{len(rows)} | "
                            f"{', '.join(map(str, checkpoints[0]))} | "
                            f"{', '.join(f'{v:+.4f}' for v in np.mean(readings, axis=0))} | {np.mean(predicted):+.4f} | "
@@ -917,6 +1067,11 @@ def render_arm_errors(settings, arm: str = "satcore-carry") -> str:
                            + ("-" if not K else f"{np.mean(paired):+.4f} "
                               + (f"({np.std(paired, ddof=1):.4f})" if len(paired) > 1 else "(one seed)")) + " |")
     return "\n".join(out)
+
+
+def _setting(setup: dict) -> str:
+    """A control's setting in words: its base's blocks and the planned steps."""
+    return f"{setup['layers']} block{'s' * (setup['layers'] != 1)}, {setup['steps']}"
 
 
 def _spread(charges: list) -> str:
@@ -943,22 +1098,7 @@ def must_show(summary: dict, arm: str = "satcore") -> list[str]:
                    f"({100 * share:.0f}%, needs >= 80%; " + ", ".join(f"{pair} {sum(h)} of {len(h)}" for pair, h in
                                                                       by_pair.items() if h)
                    + f"): {'met' if share >= 0.8 else 'not met'}")
-    points = summary["points"]
-    if len(points) >= 3:
-        predicted, realized = [p["predicted"] for p in points], [p["realized"] for p in points]
-        rho = spearman(predicted, realized)
-        noise = {}
-        for p in points:
-            noise.setdefault(p["cell"], []).append(p["windows"])
-        above = {cell: (lambda i: i["low"] > 0 or i["high"] < 0)(crossed_interval(v)) for cell, v in noise.items()}
-        right, counted = sign_agreement(predicted, realized, [above[p["cell"]] for p in points])
-        met = rho >= 0.6 and counted > 0 and right / counted >= 0.85
-        out.append(f"* predicted vs realized general change: Spearman {rho:+.3f} over {len(points)} points (needs "
-                   f">= 0.6); sign right {right} of {counted} above seed noise (needs >= 85%): "
-                   + ("met" if met else "not met"))
-    else:
-        out.append(f"* predicted vs realized general change: {len(points)} prediction(s) with a realized row "
-                   "(needs 3 to rank): not met")
+    out.append("* " + general_criterion(summary["points"]))
     charges = summary["charges"]
     if charges:
         worst = max(c["charge"] for c in charges)
@@ -967,6 +1107,24 @@ def must_show(summary: dict, arm: str = "satcore") -> list[str]:
                    "on every row" + (f"; the command printed at most {100 * max(printed):.1f}%" if printed else
                                      "; the command printed none") + f"): {'met' if worst <= 0.10 else 'not met'}")
     return out
+
+
+def general_criterion(points, what: str = "predicted vs realized general change") -> str:
+    """The general-change criterion, measured, met or not: Spearman of the predicted against the realized changes
+    over ``points`` (:func:`_general_point`; >= 0.6), and the share of the points whose realized change is above seed
+    noise (their cell's crossed interval excludes 0) with the predicted sign (>= 85%)."""
+    if len(points) < 3:
+        return f"{what}: {len(points)} prediction(s) with a realized row (needs 3 to rank): not met"
+    predicted, realized = [p["predicted"] for p in points], [p["realized"] for p in points]
+    rho = spearman(predicted, realized)
+    noise = {}
+    for p in points:
+        noise.setdefault(p["cell"], []).append(p["windows"])
+    above = {cell: (lambda i: i["low"] > 0 or i["high"] < 0)(crossed_interval(v)) for cell, v in noise.items()}
+    right, counted = sign_agreement(predicted, realized, [above[p["cell"]] for p in points])
+    met = rho >= 0.6 and counted > 0 and right / counted >= 0.85
+    return (f"{what}: Spearman {rho:+.3f} over {len(points)} points (needs >= 0.6); sign right {right} of {counted} "
+            f"above seed noise (needs >= 85%): " + ("met" if met else "not met"))
 
 
 if __name__ == "__main__":

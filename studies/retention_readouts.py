@@ -14,7 +14,10 @@ excludes 0):
 * readouts with a fitted number are fitted on two pairs and scored on the third (leave one pair out),
   the 27 held-out predictions pooled; fit-free readouts are scored as they are;
 * the 2000-step near recordings (``expansion_long_near*.jsonl``) are a transfer set no fit reads (fits
-  there use all three 400-step pairs).
+  there use all three 400-step pairs);
+* the controls' cells (:data:`CONTROLS`: one- and two-block bases, 2000 planned steps, trials of two readings,
+  every seed) are another (:func:`evaluate_controls`), beside each fit-free readout on the main protocol's 135
+  must-show points (every seed of the decision its criteria score).
 
 The comparison reads seeds 0, 1 and 2 (:data:`SEEDS`, the seeds the probe reran), 27 points at 400 steps; the
 bench's later seeds (3-5) enter its own must-show, not this table.
@@ -45,39 +48,59 @@ PROBE = RESULTS / "retention_probe.jsonl"
 LINE_STEPS = (0.5, 1.5, 2.0)
 PAIRS = bench.PAIRS
 SEEDS = (0, 1, 2)  # the seeds the readouts were compared on and the probe reran; the bench's later seeds are not read
+# the controls (the bench's lab notes: a positive control, a control the rule can reach): each its sweep and the rule
+# at the shipped carry error, every seed recorded
+CONTROLS = (("1 block, near", ("control_L1_sweep_near", "control_L1_carry_near")),
+            ("2 blocks, near", ("control_L2_sweep_near", "control_L2_carry_near")),
+            ("1 block, far", ("positive_L1_sweep_far", "positive_L1_carry_far")))
 
 
 def recorded_points() -> dict:
     """``{"400": [...], "2000": [...]}``: one point per (pair, seed, K) of every satcore row of :data:`SEEDS` with a
-    realized sweep row, holding the trial curves (``h``: target, ``g``: general), the frontier's predictions and the realized
-    changes from the base model (``real_g``, and ``general_windows`` for the noise rule)."""
-    files = {"400": bench.main_protocol_files(RESULTS),
-             "2000": sorted(RESULTS.glob("expansion_long_near*.jsonl"))}
-    out = {}
-    for tag, paths in files.items():
-        _, _, base, runs = bench._load(paths)
-        points = []
-        for pair, arms in runs.items():
-            base_general = np.asarray(base[pair]["general_windows"])
-            for seed, ours in sorted(arms.get("satcore", {}).items()):
-                if seed not in SEEDS:
+    realized sweep row (:func:`_points`)."""
+    return {"400": _points("400", bench.main_protocol_files(RESULTS), SEEDS),
+            "2000": _points("2000", sorted(RESULTS.glob("expansion_long_near*.jsonl")), SEEDS)}
+
+
+def _points(tag: str, paths, seeds=None, arm: str = "satcore") -> list:
+    """One point per (pair, seed in ``seeds`` (None: every seed), K) of every ``arm`` row in the result files ``paths`` with a realized
+    sweep row, holding the trial curves (``h``: target, ``g``: general), the frontier's predictions, the realized
+    changes from the base model (``real_g``, and ``general_windows`` for the noise rule) and the arms' step costs
+    (``costs``, in planned steps); ``set``: ``tag``."""
+    _, _, base, runs = bench._load(paths)
+    points = []
+    for pair, arms in runs.items():
+        base_general = np.asarray(base[pair]["general_windows"])
+        for seed, ours in sorted(arms.get(arm, {}).items()):
+            if seeds is not None and seed not in seeds:
+                continue
+            decision = ours["evidence"]["record"]["decision"]
+            costs = dict(zip([e["blocks"] for e in decision["frontier"]], decision["plan"]["step_costs"]))
+            for entry in ours["evidence"]["frontier"]:
+                row = bench._sweep_row(arms, entry["blocks"], seed)
+                if row is None:
                     continue
-                decision = ours["evidence"]["record"]["decision"]
-                for entry in ours["evidence"]["frontier"]:
-                    row = bench._sweep_row(arms, entry["blocks"], seed)
-                    if row is None:
-                        continue
-                    windows = np.subtract(row["general_windows"], base_general)
-                    points.append({
-                        "set": tag, "pair": pair, "seed": seed, "K": entry["blocks"],
-                        "S": decision["plan"]["planned_steps"], "checkpoints": decision["plan"]["checkpoints"],
-                        "h": np.mean(entry["trial"]["heldout_change"], 0),
-                        "g": np.mean(entry["trial"]["general_change"], 0),
-                        "pred_t": entry["predicted_heldout_change"], "pred_g": entry["predicted_general_change"],
-                        "gap": decision["heldout_loss"] - decision["general_loss"],
-                        "real_g": float(windows.mean()), "general_windows": windows})
-        out[tag] = points
-    return out
+                windows = np.subtract(row["general_windows"], base_general)
+                g = np.mean(entry["trial"]["general_change"], 0)
+                points.append({  # the checkpoints the trial read (the race may stop it before the last)
+                    "set": tag, "pair": pair, "seed": seed, "K": entry["blocks"],
+                    "S": decision["plan"]["planned_steps"], "checkpoints": decision["plan"]["checkpoints"][:len(g)],
+                    "h": np.mean(entry["trial"]["heldout_change"], 0), "g": g,
+                    "pred_t": entry["predicted_heldout_change"], "pred_g": entry["predicted_general_change"],
+                    "gap": decision["heldout_loss"] - decision["general_loss"], "costs": costs,
+                    "real_g": float(windows.mean()), "general_windows": windows})
+    return points
+
+
+def control_points() -> list:
+    """The controls' points (:data:`CONTROLS`, every seed, the shipped rule's frontier), ``set`` naming the control."""
+    return [p for label, names in CONTROLS
+            for p in _points(label, [RESULTS / f"expansion_budget_{n}.jsonl" for n in names], arm="satcore-carry")]
+
+
+def main_points() -> list:
+    """The main protocol's must-show points: every seed of the decision its criteria score (``satcore-carry``)."""
+    return _points("main", bench.main_protocol_files(RESULTS), arm="satcore-carry")
 
 
 def attach_probe(points: list, path: Path) -> bool:
@@ -183,10 +206,11 @@ def _k0_shipped(readout):
 def _paired_k0(p, points) -> float:
     """K = 0's last general reading plus the least-squares line of the arm's general curve minus K = 0's."""
     none = next(q for q in points if (q["set"], q["pair"], q["seed"], q["K"]) == (p["set"], p["pair"], p["seed"], 0))
-    return none["g"][-1] + _ls(np.subtract(p["g"], none["g"]), p["checkpoints"], p["S"])
+    read = min(len(p["g"]), len(none["g"]))  # the checkpoints both read (the race may stop one arm first)
+    return none["g"][read - 1] + _ls(np.subtract(p["g"][:read], none["g"][:read]), p["checkpoints"][:read], p["S"])
 
 
-def readouts(all_points, costs: dict) -> list[tuple]:
+def readouts(all_points) -> list[tuple]:
     """``(name, readout(point, fitted), fit(points) or None, needs the probe)``."""
     ratio_beta = _fit_slope(lambda p: p["pred_t"] ** 2, lambda p: p["real_g"] - _ratio(p) * p["pred_t"])
     trend_beta = _fit_slope(lambda p: (p["g"][-1] - _half(p)) * _doublings(p), lambda p: p["real_g"] - p["g"][-1])
@@ -196,7 +220,7 @@ def readouts(all_points, costs: dict) -> list[tuple]:
          False),
         ("the trial's last reading g(T)", lambda p, w: p["g"][-1], None, False),
         ("least squares in log2 t, read at each arm's equal-compute steps",
-         lambda p, w: _ls(p["g"], p["checkpoints"], p["S"] / costs[p["set"], p["pair"], p["seed"]][p["K"]]), None,
+         lambda p, w: _ls(p["g"], p["checkpoints"], p["S"] / p["costs"][p["K"]]), None,
          False),
         ("trend per doubling: g(T) + [g(T) - g(T/2)] log2(S/T)",
          lambda p, w: p["g"][-1] + (p["g"][-1] - _half(p)) * _doublings(p), None, False),
@@ -236,7 +260,7 @@ def evaluate(points: dict, probed: bool, draws: int = 2000) -> list[str]:
     out = ["| readout | held out: Spearman (27 points) | minus shipped (95%, seeds resampled) | sign | near + far "
            "| perl | 2000 steps (transfer): Spearman | sign |", "|---|---|---|---|---|---|---|---|"]
     shipped = [p["pred_g"] for p in points["400"]]
-    for name, readout, fit, needs_probe in readouts(points["400"] + points["2000"], step_costs()):
+    for name, readout, fit, needs_probe in readouts(points["400"] + points["2000"]):
         if needs_probe and not probed:
             continue
         held = {}
@@ -256,6 +280,30 @@ def evaluate(points: dict, probed: bool, draws: int = 2000) -> list[str]:
     return out
 
 
+def evaluate_controls(points: dict, controls: list, main: list) -> list[str]:
+    """The controls' points as a transfer set no fit reads (another base, budget and trial length): per readout
+    (fitted readouts fitted on the three 400-step pairs, as for the 2000-step set; the probe's need readings the
+    controls' rows do not hold), Spearman and signs over every control's points pooled, Spearman per control, and
+    beside them a fit-free readout's on ``main`` (the main protocol's must-show points: every seed of the decision
+    it scores; fitted readouts are scored there one pair out, in :func:`evaluate`)."""
+    labels = [label for label, _ in CONTROLS]
+    out = [f"| readout | controls (transfer): Spearman ({len(controls)} points) | sign | " + " | ".join(labels)
+           + f" | main protocol ({len(main)} points): Spearman | sign |", "|---|---|---|" + "---|" * len(labels)
+           + "---|---|"]
+    for name, readout, fit, needs_probe in readouts(points["400"] + points["2000"] + controls + main):
+        if needs_probe:
+            continue
+        w = fit(points["400"]) if fit else None
+        predicted = [readout(p, w) for p in controls]
+        rho, right, counted = score(predicted, controls)
+        each = [bench.spearman(*zip(*[(v, p["real_g"]) for v, p in zip(predicted, controls) if p["set"] == label]))
+                for label in labels]
+        on_main = "- | -" if fit else "{:+.3f} | {} of {}".format(*score([readout(p, None) for p in main], main))
+        out.append(f"| {name} | {rho:+.3f} | {right} of {counted} | " + " | ".join(f"{r:+.3f}" for r in each)
+                   + f" | {on_main} |")
+    return out
+
+
 def seed_bootstrap(points, predicted, reference, draws: int = 2000) -> tuple[float, float]:
     """95% interval of ``Spearman(predicted) - Spearman(reference)`` against the realized changes, the seeds drawn
     with replacement within each pair (each draw keeps a seed's points together; a fit-free readout only)."""
@@ -272,19 +320,6 @@ def seed_bootstrap(points, predicted, reference, draws: int = 2000) -> tuple[flo
                            - bench.spearman(reference[rows], realized[rows]))
     low, high = np.percentile(differences, [2.5, 97.5])
     return float(low), float(high)
-
-
-def step_costs() -> dict:
-    """``{(set, pair, seed): {K: step cost in planned steps}}`` from the satcore rows' plans."""
-    out = {}
-    for tag, pattern in (("400", "expansion_budget_satcore_*.jsonl"), ("2000", "expansion_long_near_sized_*.jsonl")):
-        for path in RESULTS.glob(pattern):
-            for r in map(json.loads, path.read_text().splitlines()):
-                if r["key"]["arm"] == "satcore":
-                    plan = r["evidence"]["record"]["decision"]["plan"]
-                    blocks = [e["blocks"] for e in r["evidence"]["frontier"]]
-                    out[tag, r["key"]["pair"], r["key"]["seed"]] = dict(zip(blocks, plan["step_costs"]))
-    return out
 
 
 def diagnostics(points: dict) -> list[str]:
@@ -450,7 +485,8 @@ def main(argv=None) -> None:
         probe(args.probe_out)
     points = recorded_points()
     probed = attach_probe(points["400"], args.probe_out) and attach_probe(points["2000"], args.probe_out)
-    print("\n".join(evaluate(points, probed) + [""] + diagnostics(points)))
+    print("\n".join(evaluate(points, probed) + [""] + diagnostics(points) + [""]
+                    + evaluate_controls(points, control_points(), main_points())))
 
 
 if __name__ == "__main__":

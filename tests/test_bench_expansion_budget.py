@@ -387,3 +387,102 @@ def test_the_control_the_rule_can_reach_re_renders_its_lab_notes_tables(bench):
     lines += [line for line in bench.render_arm_errors([bench.main_protocol_files(results), *controls]).splitlines()
               if line.startswith("| ")]
     assert [line for line in lines if line not in notes] == []
+
+
+def _control_rows(tmp_path, frontiers, general):
+    """A one-block control on near at seeds 0-2: the sweep (none, uniform-1) and the shipped rule's rows, every window
+    of a row one value (so each crossed interval is Student's t over the seeds); ``general``: per arm, per seed."""
+    setup = {"layers": 1, "steps": 2000}
+    base = {"key": {"pair": "near", "arm": "base"}, "setup": setup, "pretrain": {}, "before": [], "steps_trained": 0,
+            "near_windows": [2.0, 2.0], "general_windows": [2.0, 2.0]}
+    targets = {"none": (1.90, 1.92, 1.91), "uniform-1": (1.88, 1.93, 1.87)}
+    sweep = [base] + [_row("near", seed, arm, [] if arm == "none" else ["head"], [v, v], [general[arm][seed]] * 2,
+                           setup=setup, steps_trained=2231 if arm == "none" else 2000)
+                      for arm, by_seed in targets.items() for seed, v in enumerate(by_seed)]
+    rule = [base]
+    for seed, frontier in enumerate(frontiers):
+        decision = {"frontier": frontier, "tolerance": 0.006, "chosen_blocks": 0, "carry_error": {"per_doubling": 0.023}}
+        rule.append(_row("near", seed, "satcore-carry", [], [1.91, 1.91], [general["satcore"][seed]] * 2, setup=setup,
+                         steps_trained=2109, evidence={"frontier": frontier, "record": {"decision": decision}}))
+    paths = [tmp_path / "sweep.jsonl", tmp_path / "carry.jsonl"]
+    for path, rows in zip(paths, (sweep, rule)):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return paths
+
+
+def _frontier(general_change, minus_none, interval):
+    """One decision's frontier, K = 0 and K = 1: the general predictions and K = 1's paired difference from K = 0."""
+    errors = {"windows": 0.02, "seeds": 0.0}
+    return [{"blocks": 0, "predicted_heldout_change": -0.2, "interval": [-0.3, -0.1], "standard_errors": errors,
+             "predicted_minus_none": None, "minus_none_interval": None, "predicted_general_change": general_change[0]},
+            {"blocks": 1, "predicted_heldout_change": -0.2 + minus_none, "interval": [-0.25, -0.05],
+             "standard_errors": errors, "predicted_minus_none": minus_none, "minus_none_interval": interval,
+             "minus_none_standard_errors": {**errors, "carry": 0.03}, "predicted_general_change": general_change[1]}]
+
+
+def test_render_control_gives_the_general_loss_its_criterion_and_the_gain_each_stop_could_resolve(bench, tmp_path):
+    """Three seeds, every window of a row one value: each interval is Student's t over the seeds' differences, the
+    criterion's Spearman scipy's; only K = 0's realized change (+0.10, +0.08, +0.09 from the base model) is above seed
+    noise, and K = 0 was predicted to fall at seed 0 (2 of 3 signs right); the paired differences (uniform-1 minus
+    none) are all above it; a stop's resolvable gain is the half-width of an interval reaching below minus the
+    tolerance (seeds 0 and 2), none where the interval lies above it (seed 1)."""
+    general = {"none": (2.10, 2.08, 2.09), "uniform-1": (1.98, 1.97, 2.01), "satcore": (2.09, 2.065, 2.08)}
+    predicted = ((-0.01, -0.03), (0.05, 0.0), (0.02, -0.02))
+    frontiers = [_frontier(predicted[0], 0.05, [-0.10, 0.20]), _frontier(predicted[1], 0.10, [0.02, 0.18]),
+                 _frontier(predicted[2], -0.05, [-0.11, 0.01])]
+    table = bench.render_control([_control_rows(tmp_path, frontiers, general)], "uniform-1")
+    assert "| 1 block, 2000 | near | none | 0 | 3 | 2231 | 2.0900 | " + _student([0.10, 0.08, 0.09]) + " |  | " \
+        + _student([0.12, 0.11, 0.08]) + " |" in table
+    assert "| 1 block, 2000 | near | uniform-1 | 1 | 3 | 2000 | 1.9867 | " + _student([-0.02, -0.03, 0.01]) + " | " \
+        + _student([-0.12, -0.11, -0.08]) + " |  |" in table
+    assert "| 1 block, 2000 | near | satcore (carry 0.023) | 0 | 3 | 2109 | 2.0783 | " \
+        + _student([0.09, 0.065, 0.08]) + " | " + _student([-0.01, -0.015, -0.01]) + " | " \
+        + _student([0.11, 0.095, 0.07]) + " |" in table
+    changes = stats.spearmanr([-0.01, -0.03, 0.05, 0.0, 0.02, -0.02], [0.10, -0.02, 0.08, -0.03, 0.09, 0.01])[0]
+    paired = stats.spearmanr([-0.02, -0.05, -0.04], [-0.12, -0.11, -0.08])[0]
+    line = (f"predicted vs realized general change: Spearman {changes:+.3f} over 6 points (needs >= 0.6); sign right "
+            f"2 of 3 above seed noise (needs >= 85%): not met; paired to K = 0: K > 0 minus K = 0, predicted vs "
+            f"realized: Spearman {paired:+.3f} over 3 points (needs >= 0.6); sign right 3 of 3 above seed noise "
+            f"(needs >= 85%): not met")
+    assert f"* 1 block, 2000, near: {line}" in table and f"* all 1 controls: {line}" in table
+    realized = ("-0.0200", "+0.0100", "-0.0400")  # uniform-1 minus none, target
+    for seed, gain in enumerate(("0.150", "-", "0.060")):
+        assert f"| 1 block, 2000 | near | carry 0.023 | {seed} | 0 / 0 | " in table
+        assert f" | not recorded | {gain} | K=1 {realized[seed]} |" in table.splitlines()[-3 + seed]
+
+
+def test_the_rerun_control_decisions_reproduce_the_recorded_ones_and_record_their_resolvable_gain(bench):
+    """The one-block near control's decisions rerun by the code that records ``decision.resolvable_gain`` (both rules,
+    ten seeds): every frontier and held-out loss as first recorded, and each stop's recorded gain and line are those
+    ``_recomputed_choice`` reads off the first recording, which predates the field."""
+    results = BENCH.parent / "results"
+    for rule in ("carry", "nocarry"):
+        first = {r["key"].get("seed"): r for r in bench._rows(results / f"expansion_budget_control_L1_{rule}_near.jsonl")}
+        rerun = [r for r in bench._rows(results / f"expansion_budget_control_L1_{rule}_resolvable_near.jsonl")
+                 if r["key"]["arm"] != "base"]
+        assert sorted(r["key"]["seed"] for r in rerun) == list(range(10))
+        for row in rerun:
+            old = first[row["key"]["seed"]]
+            assert [row[k] for k in ("near_windows", "general_windows")] == [old[k] for k in ("near_windows",
+                                                                                                "general_windows")]
+            assert row["evidence"]["frontier"] == old["evidence"]["frontier"]
+            decision, before = row["evidence"]["record"]["decision"], old["evidence"]["record"]["decision"]
+            choice = bench._recomputed_choice(before)
+            assert "resolvable_gain" not in before and decision["chosen_blocks"] == before["chosen_blocks"] == 0
+            assert (choice.chosen_blocks, choice.resolvable_gain, choice.reason) == (0, decision["resolvable_gain"],
+                                                                                      decision["reason"])
+            assert decision["reason"].startswith(before["reason"])
+
+
+def test_the_controls_general_loss_criterion_and_resolvable_gains_re_render_their_lab_notes_tables(bench):
+    """The three controls as the notes render them (the one-block near control with its rerun decisions, the two-block
+    one with its uniform-2 rows, the positive control): every table row and criterion line is the notes'."""
+    results = BENCH.parent / "results"
+    settings = [[results / f"expansion_budget_{name}.jsonl" for name in names] for names in (
+        ("control_L1_sweep_near", "control_L1_carry_resolvable_near", "control_L1_nocarry_resolvable_near"),
+        ("control_L2_sweep_near", "control_L2_uniform2_near", "control_L2_carry_near"),
+        ("positive_L1_sweep_far", "positive_L1_carry_far", "positive_L1_nocarry_far"))]
+    notes = (BENCH.parent / "expansion-budget-notes.md").read_text()
+    lines = [line for line in bench.render_control(settings, "uniform-1").splitlines() if line.startswith(("| ", "* "))]
+    assert len(lines) == (1 + 14) + 4 + (1 + 45)  # the general loss (14 arms), 3 controls and pooled, 45 stops
+    assert [line for line in lines if line not in notes] == []

@@ -51,3 +51,29 @@ def test_the_recordings_re_render_the_lab_notes_readout_table():
     assert len(rows) == 19  # the header and 18 readouts (the separator starts "|-")
     assert [line for line in rows[1:] if tuple(without_bootstrap(line)) not in recorded] == []
     assert rows[1].split(" | ")[1:] == rows[2].split(" | ")[1:]
+
+
+def test_the_shipped_readout_on_the_controls_and_the_main_protocol_is_the_benchs_criterion():
+    """The study's shipped row scores the controls and the main protocol's must-show points as the bench does: the
+    controls' pooled criterion of ``render_control`` and ``general_criterion`` on the main protocol's satcore-carry
+    frontier (two code paths: the study's own points, noise cells and scoring); its table is the lab notes'."""
+    from studies import expansion_budget as bench
+
+    controls, main = study.control_points(), study.main_points()
+    assert len(controls) == 50 and len(main) == 135
+    row = study.evaluate_controls(study.recorded_points(), controls, main)[2].split(" | ")
+    assert row[0] == "| shipped: least squares in log2 t, read at log2 S"
+    _, _, base, runs = bench._load(bench.main_protocol_files(study.RESULTS))
+    points = [bench._general_point((pair, entry["blocks"]), entry["predicted_general_change"], windows)
+              for pair, arms in runs.items()
+              for _, entry, _, windows in bench._frontier_cases(pair, arms, base[pair], arms["satcore-carry"])]
+    assert f"Spearman {row[6]} over 135 points (needs >= 0.6); sign right {row[7][:-2]} above" \
+        in bench.general_criterion(points)
+    results = study.RESULTS
+    settings = [[results / f"expansion_budget_{n}.jsonl" for n in names] for _, names in study.CONTROLS]
+    pooled = bench.render_control(settings, "uniform-1").splitlines()
+    assert f"Spearman {row[1]} over 50 points (needs >= 0.6); sign right {row[2]} above" in \
+        next(line for line in pooled if line.startswith("* all 3 controls"))
+    notes = (ROOT / "studies" / "expansion-budget-notes.md").read_text()
+    table = [line for line in study.evaluate_controls(study.recorded_points(), controls, main) if line.startswith("| ")]
+    assert len(table) == 15 and [line for line in table if line not in notes] == []  # header, 14 readouts
