@@ -90,7 +90,8 @@ Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is 
         # --arms satcore-carry to ..._carry_far.jsonl and, with --carry-per-doubling 0, to ..._nocarry_far.jsonl;
         # its table: --layers 1 --render-rules SWEEP CARRY NOCARRY
         # the controls' general loss, general-change criterion and resolvable gains (lab notes): --layers 1
-        # --render-control SWEEP,CARRY,NOCARRY SWEEP,UNIFORM2,CARRY ..., one control an argument
+        # --render-control SWEEP,CARRY,NOCARRY SWEEP,UNIFORM2,CARRY ..., one control an argument; what --max-forgetting
+        # would choose from the recorded frontiers and realize: --render-forgetting main SWEEP,CARRY ... (lab notes)
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --protocol smollm2 --seeds 0 --steps 500 \
         --batch-size 4 --seq-len 16 --lr 2e-4 --eval-windows 64 --arms none \
         --out studies/results/expansion_budget_smollm2_l4_budget.jsonl   # then uniform-2, satcore, each its own process

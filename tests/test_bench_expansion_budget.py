@@ -553,3 +553,17 @@ def test_render_forgetting_scores_each_limit_by_the_realized_losses_of_the_count
     assert ("| 1 block, 2000 | near | satcore-carry | as uniform-1 is predicted to forget | 3 | K=1: 3 | 0 | 2 | "
             + " | ".join(_student(d) for d in ([0.02, 0.02, 0.01], [0.0, -0.02, 0.02], [0.0, 0.03, -0.03],
                                                [-0.12, -0.13, -0.06])) + " |") in lines
+
+
+def test_the_forgetting_limits_re_render_their_lab_notes_table(bench):
+    """The main protocol and the three controls as the notes render them: every row of the table is the notes'."""
+    results = BENCH.parent / "results"
+    controls = [[results / f"expansion_budget_{name}.jsonl" for name in names] for names in (
+        ("control_L1_sweep_near", "control_L1_carry_resolvable_near"),
+        ("control_L2_sweep_near", "control_L2_uniform2_near", "control_L2_carry_near"),
+        ("positive_L1_sweep_far", "positive_L1_carry_far"))]
+    notes = (BENCH.parent / "expansion-budget-notes.md").read_text()
+    lines = [line for line in bench.render_forgetting([bench.main_protocol_files(results), *controls]).splitlines()
+             if line.startswith("| ")]
+    assert len(lines) == 1 + len(bench.FORGETTING_RULES) * (3 * 2 + 3)  # two frontiers on the main pairs, one a control
+    assert [line for line in lines if line not in notes] == []
