@@ -90,7 +90,8 @@ Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is 
         # --arms satcore-carry to ..._carry_far.jsonl and, with --carry-per-doubling 0, to ..._nocarry_far.jsonl;
         # its table: --layers 1 --render-rules SWEEP CARRY NOCARRY
         # the controls' general loss, general-change criterion and resolvable gains (lab notes): --layers 1
-        # --render-control SWEEP,CARRY,NOCARRY SWEEP,UNIFORM2,CARRY ..., one control an argument
+        # --render-control SWEEP,CARRY,NOCARRY SWEEP,UNIFORM2,CARRY ..., one control an argument; what --max-forgetting
+        # would choose from the recorded frontiers and realize: --render-forgetting main SWEEP,CARRY ... (lab notes)
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --protocol smollm2 --seeds 0 --steps 500 \
         --batch-size 4 --seq-len 16 --lr 2e-4 --eval-windows 64 --arms none \
         --out studies/results/expansion_budget_smollm2_l4_budget.jsonl   # then uniform-2, satcore, each its own process
@@ -499,15 +500,19 @@ def main(argv=None):
     p.add_argument("--render-arm-errors", nargs="+", default=None, metavar="FILES",
                    help="print where the trials' predictions miss, arm by arm (render_arm_errors), one setting per "
                    "argument: comma-separated result files, or main (the main protocol's files), and exit")
+    p.add_argument("--render-forgetting", nargs="+", default=None, metavar="FILES",
+                   help="print what --max-forgetting would choose from the recorded frontiers and its realized losses "
+                   "(render_forgetting), one setting per argument: comma-separated result files, or main, and exit")
     args = parse_or_render(p, argv, RESULTS, render)
     if args is None:
         return
     if args.render_settings:
         print(render_settings(args.render_settings))
         return
-    if args.render_arm_errors:
-        print(render_arm_errors([main_protocol_files(RESULTS.parent) if group == "main" else
-                                 [Path(p) for p in group.split(",")] for group in args.render_arm_errors]))
+    if args.render_arm_errors or args.render_forgetting:
+        settings = [main_protocol_files(RESULTS.parent) if group == "main" else [Path(p) for p in group.split(",")]
+                    for group in args.render_arm_errors or args.render_forgetting]
+        print(render_arm_errors(settings) if args.render_arm_errors else render_forgetting(settings))
         return
     if args.render_rules or args.render_control:
         from satcore.adapters.torch.expansion import max_blocks_cap
@@ -988,20 +993,28 @@ def _criteria_line(points: dict) -> str:
             + general_criterion(points["paired"], "K > 0 minus K = 0, predicted vs realized"))
 
 
-def _recomputed_choice(decision: dict):
+def _recomputed_choice(decision: dict, max_forgetting: float | None = None):
     """``choose_blocks`` run on a decision's recorded frontier (its predictions, intervals and standard errors as
-    recorded; the controls' decisions had no ``--max-forgetting``): the choice the current code makes from those
-    trials, with its ``resolvable_gain``."""
+    recorded; the bench's decisions had no ``--max-forgetting``): the choice the current code makes from those
+    trials, with its ``resolvable_gain``; with ``max_forgetting`` (nats), the choice under that limit on the recorded
+    predicted general changes.  A prediction recorded without standard errors (the general ones; the paired ones of
+    the code before the carry error) gets the interval's half-width over z at 95% (``choose_blocks`` reads only the
+    general points and the paired intervals)."""
+    from scipy import stats
+
     from satcore.adapter_api import Prediction, choose_blocks
 
     def prediction(point, interval, errors) -> Prediction:
+        errors = errors or {"windows": (interval[1] - interval[0]) / (2 * stats.norm.ppf(0.975)), "seeds": 0.0}
         return Prediction(point, tuple(interval), errors["windows"], errors["seeds"], errors.get("carry", 0.0))
 
     frontier = decision["frontier"]
+    general = None if max_forgetting is None else {
+        e["blocks"]: prediction(e["predicted_general_change"], e["general_interval"], None) for e in frontier}
     return choose_blocks({e["blocks"]: prediction(e["predicted_heldout_change"], e["interval"], e["standard_errors"])
-                          for e in frontier}, None, decision["tolerance"], None,
+                          for e in frontier}, general, decision["tolerance"], max_forgetting,
                          {e["blocks"]: prediction(e["predicted_minus_none"], e["minus_none_interval"],
-                                                  e["minus_none_standard_errors"]) for e in frontier if e["blocks"]})
+                                                  e.get("minus_none_standard_errors")) for e in frontier if e["blocks"]})
 
 
 def _resolvable_table(controls) -> list[str]:
@@ -1026,6 +1039,97 @@ def _resolvable_table(controls) -> list[str]:
                            f"{choice.chosen_blocks} | {_predicted_minus_none(row)} | {recorded} | "
                            f"{gain(choice.resolvable_gain)} | {realized} |")
     return out
+
+
+# --max-forgetting rules scored from the recorded frontiers: none (the default), a limit in nats, or "conventional": no
+# arm predicted to forget more than uniform at the conventional count (the frontier's own prediction for it)
+FORGETTING_RULES = (None, 0.0, 0.02, 0.05, 0.1, "conventional")
+
+
+def forgetting_limit(frontier, rule, conventional: int):
+    """The ``--max-forgetting`` (nats) a rule gives one decision: None (no limit) and a number as they are;
+    ``"conventional"``: the predicted general change of ``frontier``'s entry for the ``conventional`` count."""
+    if rule != "conventional":
+        return rule
+    (entry,) = [e for e in frontier if e["blocks"] == conventional]
+    return entry["predicted_general_change"]
+
+
+def charged_losses(arms: dict, decided: dict, K: int, seed: int, column: str, charge_scale: float) -> np.ndarray:
+    """Per-window held-out losses ``column`` of ``K`` blocks at ``seed`` as a satcore arm choosing them would realize
+    them: the sweep's arm (``none``; ``uniform-K``, the frontier's places for ``K``), trained on the whole budget,
+    plus what the decision's charge cost at that seed, measured on the arm it chose: the satcore row ``decided[seed]``
+    (the budget less its charge trained) minus the sweep's row with its places, per window, times ``charge_scale``
+    (the rule's charge over the recorded one; steps lost in proportion)."""
+    row = decided[seed]
+    same = _sweep_row(arms, len(row["before"]), seed)
+    if same is None or same["before"] != row["before"]:
+        raise ValueError(f"seed {seed}: no sweep row with the satcore row's places {row['before']} to measure its charge")
+    return np.add(_sweep_row(arms, K, seed)[column], charge_scale * np.subtract(row[column], same[column]))
+
+
+def constrained_rows(arms: dict, decided: dict, pair: str, rule, conventional: int) -> dict:
+    """Per seed of the satcore rows ``decided`` with sweep rows: the count ``choose_blocks`` makes from the recorded
+    frontier under ``rule``'s limit (:func:`forgetting_limit`, :func:`_recomputed_choice`) and its realized losses
+    (:func:`charged_losses`), ``{"K", "limit", "over", "<pair>_windows", "general_windows"}``, ``over``: every arm
+    was predicted over the limit (``choose_blocks`` then adds nothing).  The charge: the recorded one (scale 1) where
+    the decision ran every trial to its end or no limit is given (the race stays on); with a limit where it raced,
+    the race is off (``expand``'s rule) and every trial runs to its end: the race's ceiling
+    (``decision.race.ceiling_cost_steps`` over ``decision.cost_steps``)."""
+    out = {}
+    for seed, row in sorted(decided.items()):
+        decision = row["evidence"]["record"]["decision"]
+        limit = forgetting_limit(decision["frontier"], rule, conventional)
+        choice = _recomputed_choice(decision, limit)
+        if seed not in arms["none"] or _sweep_row(arms, choice.chosen_blocks, seed) is None:
+            continue
+        raced = (decision.get("race") or {}).get("on", False)
+        scale = decision["race"]["ceiling_cost_steps"] / decision["cost_steps"] if raced and limit is not None else 1.0
+        out[seed] = {"K": choice.chosen_blocks, "limit": limit, "over": len(choice.excluded) == len(decision["frontier"]),
+                     **{column: charged_losses(arms, decided, choice.chosen_blocks, seed, column, scale)
+                        for column in (f"{pair}_windows", "general_windows")}}
+    return out
+
+
+def render_forgetting(settings, rules=FORGETTING_RULES, decisions=("satcore-carry", "satcore-full")) -> str:
+    """What ``--max-forgetting`` gives, per setting (a list of result files with one setup and base model), pair,
+    satcore arm of ``decisions`` recorded there and rule (:data:`FORGETTING_RULES`), from the arm's recorded frontiers
+    (:func:`constrained_rows`): the counts chosen, the seeds where every arm was predicted over the limit, the seeds
+    whose realized general change from the base model is at most the limit (``"conventional"``: at most the realized
+    change of uniform at the conventional count at that seed), and the realized target and general held-out losses
+    minus uniform at the conventional count and minus ``none``, paired by seed and window (:func:`paired_minus`)."""
+    from satcore.adapters.torch.expansion import max_blocks_cap
+
+    out = ["| base, planned steps | pair | frontier | --max-forgetting | seeds | K chosen (seeds) | every arm over the "
+           "limit (seeds) | realized general change within the limit (seeds) | target minus uniform-conventional (95%) "
+           "| general minus uniform-conventional (95%) | target minus none (95%) | general minus none (95%) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for paths in settings:
+        loaded = _load(paths)
+        if isinstance(loaded, str):
+            return loaded
+        setup, _, base, runs = loaded
+        conventional = max_blocks_cap(setup["layers"], None)
+        reference = f"uniform-{conventional}"
+        for pair, arms in sorted(runs.items(), key=lambda item: PAIRS.index(item[0])):
+            general_base = float(np.mean(base[pair]["general_windows"]))
+            for arm, rule in ((a, r) for a in decisions if a in arms for r in rules):
+                rows = constrained_rows(arms, arms[arm], pair, rule, conventional)
+                seeds = sorted(set(rows) & set(arms[reference]))
+                counts = {K: sum(rows[s]["K"] == K for s in seeds) for K in sorted({rows[s]["K"] for s in seeds})}
+                within = "-" if rule is None else str(sum(
+                    float(np.mean(rows[s]["general_windows"])) - general_base <= (
+                        arms[reference][s]["general"] - general_base if rule == "conventional" else rows[s]["limit"])
+                    for s in seeds))
+                cells = [_fmt(paired_minus(rows, other, seeds, column)) for other in (arms[reference], arms["none"])
+                         for column in (f"{pair}_windows", "general_windows")]
+                name = ("none (default)" if rule is None else f"as {reference} is predicted to forget"
+                        if rule == "conventional" else f"{rule:g}")
+                out.append(f"| {_setting(setup)} | {pair} | {arm} | {name} | {len(seeds)} | "
+                           + ", ".join(f"K={K}: {n}" for K, n in counts.items())
+                           + f" | {'-' if rule is None else sum(rows[s]['over'] for s in seeds)} | {within} | "
+                           + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 def render_arm_errors(settings, arm: str = "satcore-carry") -> str:

@@ -486,3 +486,84 @@ def test_the_controls_general_loss_criterion_and_resolvable_gains_re_render_thei
     lines = [line for line in bench.render_control(settings, "uniform-1").splitlines() if line.startswith(("| ", "* "))]
     assert len(lines) == (1 + 14) + 4 + (1 + 45)  # the general loss (14 arms), 3 controls and pooled, 45 stops
     assert [line for line in lines if line not in notes] == []
+
+
+def test_charged_losses_add_the_charge_measured_on_the_arm_the_decision_chose(bench):
+    """By hand: the sweep's arm plus the scaled per-window loss of the satcore row against the sweep row with its
+    places (K = 0 chosen: none; K = 1 chosen: uniform-1); a satcore row whose places no sweep row has is refused."""
+    arms = {"none": {0: _row("near", 0, "none", [], [1.0, 2.0], [3.0, 3.0])},
+            "uniform-1": {0: _row("near", 0, "uniform-1", ["head"], [0.9, 1.7], [2.0, 2.5])}}
+    at_zero = {0: _row("near", 0, "satcore-carry", [], [1.1, 2.4], [3.0, 2.9])}
+    assert bench.charged_losses(arms, at_zero, 1, 0, "near_windows", 2.0) == pytest.approx([1.1, 2.5], abs=1e-12)
+    assert bench.charged_losses(arms, at_zero, 1, 0, "general_windows", 2.0) == pytest.approx([2.0, 2.3], abs=1e-12)
+    at_one = {0: _row("near", 0, "satcore-carry", ["head"], [0.95, 1.8], [2.0, 2.5])}
+    assert bench.charged_losses(arms, at_one, 0, 0, "near_windows", 1.0) == pytest.approx([1.05, 2.1], abs=1e-12)
+    with pytest.raises(ValueError, match="places"):
+        bench.charged_losses(arms, {0: _row("near", 0, "satcore-carry", [0], [1.0, 1.0], [1.0, 1.0])}, 0, 0,
+                             "near_windows", 1.0)
+
+
+def _forgetting_files(tmp_path):
+    """A one-block control on near at seeds 0-2 (base general loss 2.0): the sweep (none, uniform-1) and raced satcore
+    rows choosing K = 0 (charge ceiling twice the recorded cost), every window of a row one value.  Predicted general
+    change: K = 0 +0.10, K = 1 -0.01 (seed 2: +0.02, so a limit of 0 leaves out every arm); K = 1's paired difference
+    from K = 0 is not credible, so without a limit K = 0 is chosen."""
+    setup = {"layers": 1, "steps": 2000}
+    base = {"key": {"pair": "near", "arm": "base"}, "setup": setup, "pretrain": {}, "before": [], "steps_trained": 0,
+            "near_windows": [2.0, 2.0], "general_windows": [2.0, 2.0]}
+    losses = {"none": ((1.90, 1.92, 1.91), (2.10, 2.08, 2.09)), "uniform-1": ((1.88, 1.93, 1.87), (1.98, 1.97, 2.01)),
+              "satcore-carry": ((1.91, 1.93, 1.915), (2.10, 2.07, 2.10))}
+    errors = {"windows": 0.02, "seeds": 0.0}
+    rows = [base]
+    for arm, (target, general) in losses.items():
+        for seed in range(3):
+            extra = {}
+            if arm == "satcore-carry":
+                frontier = [{"blocks": K, "predicted_heldout_change": -0.2 + 0.02 * K, "interval": [-0.3, -0.1],
+                             "standard_errors": errors, "predicted_minus_none": None if K == 0 else 0.02,
+                             "minus_none_interval": None if K == 0 else [-0.1, 0.2],
+                             "minus_none_standard_errors": None if K == 0 else {**errors, "carry": 0.05},
+                             "predicted_general_change": g, "general_interval": [g - 0.03, g + 0.03]}
+                            for K, g in ((0, 0.10), (1, 0.02 if seed == 2 else -0.01))]
+                decision = {"frontier": frontier, "tolerance": 0.006, "race": {"on": True, "ceiling_cost_steps": 40.0},
+                            "cost_steps": 20.0}
+                extra = {"evidence": {"frontier": frontier, "record": {"decision": decision}}}
+            rows.append(_row("near", seed, arm, ["head"] if arm == "uniform-1" else [], [target[seed]] * 2,
+                             [general[seed]] * 2, setup=setup, **extra))
+    path = tmp_path / "control.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return [path]
+
+
+def test_render_forgetting_scores_each_limit_by_the_realized_losses_of_the_count_it_chooses(bench, tmp_path):
+    """By hand, limit 0 (charge scale 40 / 20 = 2): seeds 0, 1 choose K = 1 (K = 0 over it), realized target 1.88 +
+    2 (0.01) = 1.90 and 1.93 + 2 (0.01) = 1.95, general 1.98 + 0 and 1.97 - 0.02; seed 2 leaves out every arm and
+    adds nothing: 1.91 + 2 (0.005) = 1.92, general 2.09 + 2 (0.01) = 2.11; its general change from the base model,
+    +0.11, is the one over the limit.  The conventional rule's limit is K = 1's prediction: K = 1 at every seed.  No
+    limit: the satcore rows as recorded.  Each interval Student's t over the seeds (windows agree)."""
+    table = bench.render_forgetting([_forgetting_files(tmp_path)])
+    lines = table.splitlines()
+    assert len(lines) == 2 + len(bench.FORGETTING_RULES)
+    assert ("| 1 block, 2000 | near | satcore-carry | 0 | 3 | K=0: 1, K=1: 2 | 1 | 2 | " + " | ".join(_student(d) for d in (
+        [0.02, 0.02, 0.05], [0.0, -0.02, 0.10], [0.0, 0.03, 0.01], [-0.12, -0.13, 0.02])) + " |") in lines
+    assert ("| 1 block, 2000 | near | satcore-carry | none (default) | 3 | K=0: 3 | - | - | " + " | ".join(_student(d) for d in (
+        [0.03, 0.0, 0.045], [0.12, 0.10, 0.09], [0.01, 0.01, 0.005], [0.0, -0.01, 0.01])) + " |") in lines
+    # K = 1 everywhere, seed 2 at scale 2: target 1.87 + 0.01, general 2.01 + 0.02, over uniform-1's change (seeds 0,
+    # 1: at most it, 1.98 and 1.95)
+    assert ("| 1 block, 2000 | near | satcore-carry | as uniform-1 is predicted to forget | 3 | K=1: 3 | 0 | 2 | "
+            + " | ".join(_student(d) for d in ([0.02, 0.02, 0.01], [0.0, -0.02, 0.02], [0.0, 0.03, -0.03],
+                                               [-0.12, -0.13, -0.06])) + " |") in lines
+
+
+def test_the_forgetting_limits_re_render_their_lab_notes_table(bench):
+    """The main protocol and the three controls as the notes render them: every row of the table is the notes'."""
+    results = BENCH.parent / "results"
+    controls = [[results / f"expansion_budget_{name}.jsonl" for name in names] for names in (
+        ("control_L1_sweep_near", "control_L1_carry_resolvable_near"),
+        ("control_L2_sweep_near", "control_L2_uniform2_near", "control_L2_carry_near"),
+        ("positive_L1_sweep_far", "positive_L1_carry_far"))]
+    notes = (BENCH.parent / "expansion-budget-notes.md").read_text()
+    lines = [line for line in bench.render_forgetting([bench.main_protocol_files(results), *controls]).splitlines()
+             if line.startswith("| ")]
+    assert len(lines) == 1 + len(bench.FORGETTING_RULES) * (3 * 2 + 3)  # two frontiers on the main pairs, one a control
+    assert [line for line in lines if line not in notes] == []
