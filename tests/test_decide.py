@@ -1244,3 +1244,26 @@ def test_a_stated_tolerance_becomes_the_schedules_calibrations_and_rules_where_l
     for bad in (-0.01, math.nan, math.inf):
         with pytest.raises(InputError, match="trials: tolerance"):
             TrialSettings(tolerance=bad)
+
+
+def test_the_printed_decision_names_the_trialled_rows_whose_interval_reaches_below_minus_the_held_out_loss():
+    """A real case, as a user met it: short AdamW trials of a block on the digits ResNet, whose held-out
+    cross-entropy (computed here from the model, independently of decide) is about 0.14, print intervals whose lower
+    end is a decrease several times that loss.  The note under the table names exactly those rows; where the held-out
+    loss is larger than every interval's reach, no such note."""
+    from satcore._rendering.table import render_decision
+
+    model, heldout = digits_resnet(), _data(1200, 96, 32)
+    d = decide(model, _data(0, 128, 32), heldout, per_sample_ce, policy=DecisionPolicy(
+        Recipe("adamw", 1e-3, 48, 16, "block"), trials=TrialSettings(max_trials=2), candidates=CANDIDATES))
+    with torch.no_grad():
+        loss = torch.cat([per_sample_ce(model(x), y) for x, y in heldout]).mean().item()
+    below = [n for n, c in d.candidates.items() if c.verified and c.interval[0] < -loss]
+    assert d.heldout_loss == pytest.approx(loss, rel=1e-5) and len(below) >= 1  # the case the note is for
+    note = [line for line in render_decision(d).splitlines() if "reaches below minus the held-out loss" in line]
+    assert note == [f"note: {', '.join(below)}: the 95% interval reaches below minus the held-out loss "
+                    f"(-{d.heldout_loss:.4g}), a decrease larger than the loss itself: its ends are the calibrated "
+                    "error scale times the bench's residual quantiles, which the loss does not bound; read that end "
+                    "as how uncertain the prediction is, not as a gain the block can make"]
+    beyond_all = max(-c.interval[0] for c in d.candidates.values() if c.verified) * 1.01
+    assert "reaches below minus" not in render_decision(dataclasses.replace(d, heldout_loss=beyond_all))

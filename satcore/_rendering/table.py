@@ -42,6 +42,24 @@ def screen_beyond_loss_note(candidates, heldout_loss: float | None) -> str | Non
             f"extrapolations; {SCREEN_READING}")
 
 
+def interval_beyond_loss_note(candidates, heldout_loss: float | None, alpha: float = 0.05) -> str | None:
+    """The note under a decision's table where some trialled row's ``1 - alpha`` interval reaches below minus the
+    held-out loss (``candidates``: name -> ``CandidateDecision``): a decrease larger than a loss bounded below by 0
+    allows.  The interval is the point plus the calibrated error scale times the bench's residual quantiles
+    (docs/predictive-validity.md), which the loss does not bound; without the note its lower end reads as a gain the
+    block could make.  None where no row's does or the decision states no held-out loss (None)."""
+    if heldout_loss is None:
+        return None
+    below = [n for n, c in candidates.items()
+             if getattr(c, "verified", False) and c.interval[0] < -abs(heldout_loss)]
+    if not below:
+        return None
+    return (f"note: {', '.join(map(display_name, below))}: the {1 - alpha:.0%} interval reaches below minus the "
+            f"held-out loss (-{num(abs(heldout_loss))}), a decrease larger than the loss itself: its ends are the "
+            "calibrated error scale times the bench's residual quantiles, which the loss does not bound; read that "
+            "end as how uncertain the prediction is, not as a gain the block can make")
+
+
 def stop_tolerance_note(decision) -> str:
     """The note under a tolerance stop: the stop tolerance in loss units, the term that set it with its numbers
     (:attr:`~satcore.InsertionDecision.stop_tolerance_rule`) and, since a share of a loss does not say what the
@@ -248,8 +266,9 @@ def render_decision(decision) -> str:
         lines.append(table(["candidate", "held-out change", "interval", "P(decrease)", "trial"], rows))
         # without these a row with a better prediction than the choice reads as a wrong decision
         lines += never_chosen_notes(decision.candidates)
-        if beyond := screen_beyond_loss_note(decision.candidates, getattr(decision, "heldout_loss", None)):
-            lines.append(beyond)
+        heldout_loss = getattr(decision, "heldout_loss", None)
+        lines += [note for note in (screen_beyond_loss_note(decision.candidates, heldout_loss),
+                                    interval_beyond_loss_note(decision.candidates, heldout_loss)) if note]
         lines += [f"note: {n}" for n in decision_interval_notes(decision.candidates)]
         lines += calibration_notes(decision)
         stop = getattr(decision, "stop_reason", None)
