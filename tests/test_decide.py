@@ -165,6 +165,13 @@ def test_printing_a_decision_shows_the_decision_table_and_its_notes():
     assert text.startswith("decision: insert a block at m.0 (decision cost: 300 block-steps)")
     assert any(line.startswith("note: SGD recipe:") for line in text.splitlines())
     assert any(line.startswith("head ") and "not verified" in line for line in text.splitlines())
+    # under the table, what its columns are: the held-out change is the prediction for the recipe's 300 steps, not
+    # the change of the trial's 150 shown beside it
+    lines = text.splitlines()
+    legend = lines[next(i for i, line in enumerate(lines) if line.startswith("head ")) + 1]
+    assert legend.startswith("columns: held-out change = the held-out loss after your 300 steps minus before, "
+                             "predicted from the trial's curve"), legend
+    assert "trial = the steps that trial trained" in legend and "P(decrease) = the calibrated probability" in legend
     assert repr(d).startswith("InsertionDecision(choice='m.0', stop_reason=None")
 
 

@@ -263,7 +263,8 @@ def render_decision(decision) -> str:
     if trained := trial_family_line(decision):
         lines.append(trained)
     if rows:
-        lines.append(table(["candidate", "held-out change", "interval", "P(decrease)", "trial"], rows))
+        lines += [table(["candidate", "held-out change", "interval", "P(decrease)", "trial"], rows),
+                  decision_legend(getattr(decision, "recipe", None))]
         # without these a row with a better prediction than the choice reads as a wrong decision
         lines += never_chosen_notes(decision.candidates)
         heldout_loss = getattr(decision, "heldout_loss", None)
@@ -291,6 +292,17 @@ def render_decision(decision) -> str:
                              "does not tell them apart (they may be as good as each other; on the decision bench "
                              "close calls picked the best candidate less often, docs/predictive-validity.md)")
     return "\n".join(lines)
+
+
+def decision_legend(recipe) -> str:
+    """The line under a decision's table that says what its columns are, as ``satcore score``'s legend does: without
+    it "held-out change" beside a trial of 75 steps reads as the change those steps made, where it is the prediction
+    for the ``recipe``'s steps (None: a decision that states no recipe)."""
+    after = "" if recipe is None else f" after your {recipe.steps} steps"
+    return (f"columns: held-out change = the held-out loss{after} minus before, predicted from the trial's curve "
+            "(negative: a decrease; a (screen) row: the first-order screen's value, no trial); interval = its 95% "
+            "interval; P(decrease) = the calibrated probability that the block trained with the recipe lowers the "
+            "held-out loss; trial = the steps that trial trained (the recipe's steps shared among the trials)")
 
 
 def trial_family_line(decision) -> str | None:
