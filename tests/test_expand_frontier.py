@@ -1063,6 +1063,21 @@ def test_cli_sizes_the_windows_so_each_trial_passes_over_its_own_at_most_twice(c
     assert sizes["trial_passes"] <= 2 and "warning: each trial passes" not in result.output
 
 
+def test_cli_defaults_line_says_when_the_data_holds_fewer_windows_than_the_sized_count(checkpoint, tmp_path):  # noqa: F811
+    """As above on the corpus alone, which holds fewer windows than the sized count: the line of defaults names the
+    sized count and what --data held (the windows read, recorded), so that the count does not read as windows read;
+    the trials then pass over theirs more than twice and the plan warns."""
+    folder, text = checkpoint
+    out = tmp_path / "o"
+    result = cli("expand", folder, "--data", text, "--blocks", "auto", "--seq-len", "16", "--steps", "2000", "-o", out)
+    assert result.exit_code == 0, result.output
+    read = json.loads((out / "expansion.json").read_text())["data"]
+    assert read["max_windows_rule"] == "sized" and read["windows"] < read["max_windows"]
+    assert (f"--max-windows {read['max_windows']} (sized so the trials pass over their windows at most twice) "
+            f"(--data holds {read['windows']})") in result.output.splitlines()[0]
+    assert "warning: each trial passes" in result.output
+
+
 def test_cli_explicit_max_windows_is_honoured_and_warned_about(checkpoint, tmp_path):  # noqa: F811
     folder, text = checkpoint
     out = tmp_path / "o"
