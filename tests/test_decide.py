@@ -128,6 +128,16 @@ def test_a_candidate_no_trial_verified_claims_no_probability_in_any_rendering():
                                "the trials verified") for line in lines)
 
 
+def _resnet_decision(recipe, max_trials):
+    """``decide`` on the digits ResNet at :data:`CANDIDATES` (128 training and 96 held-out samples) under ``recipe``,
+    and the model's held-out cross-entropy computed here from the model, independently of decide."""
+    model, heldout = digits_resnet(), _data(1200, 96, 32)
+    d = decide(model, _data(0, 128, 32), heldout, per_sample_ce, policy=DecisionPolicy(
+        recipe, trials=TrialSettings(max_trials=max_trials), candidates=CANDIDATES))
+    with torch.no_grad():
+        return d, torch.cat([per_sample_ce(model(x), y) for x, y in heldout]).mean().item()
+
+
 def test_the_printed_decision_names_the_unverified_rows_whose_screen_change_exceeds_the_held_out_loss():
     """A real case: one trial on the digits ResNet leaves two places to the screen, whose first-order changes
     exceed the model's held-out cross-entropy several times over (computed here from the model, independently of
@@ -135,11 +145,7 @@ def test_the_printed_decision_names_the_unverified_rows_whose_screen_change_exce
     them; where the held-out loss is larger than every screen change, no such note."""
     from satcore._rendering.table import render_decision
 
-    model, heldout = digits_resnet(), _data(1200, 96, 32)
-    d = decide(model, _data(0, 128, 32), heldout, per_sample_ce, policy=DecisionPolicy(
-        Recipe("adam", 1e-3, 24, 16, "block"), trials=TrialSettings(max_trials=1), candidates=CANDIDATES))
-    with torch.no_grad():
-        loss = torch.cat([per_sample_ce(model(x), y) for x, y in heldout]).mean().item()
+    d, loss = _resnet_decision(Recipe("adam", 1e-3, 24, 16, "block"), max_trials=1)
     over = [n for n, c in d.candidates.items() if not c.verified and abs(c.predicted_heldout_change) > loss]
     assert d.heldout_loss == pytest.approx(loss, rel=1e-5) and len(over) >= 1  # the case the note is for
     note = [line for line in render_decision(d).splitlines() if "larger in size than the held-out loss" in line]
@@ -1260,11 +1266,7 @@ def test_the_printed_decision_names_the_trialled_rows_whose_interval_reaches_bel
     loss is larger than every interval's reach, no such note."""
     from satcore._rendering.table import render_decision
 
-    model, heldout = digits_resnet(), _data(1200, 96, 32)
-    d = decide(model, _data(0, 128, 32), heldout, per_sample_ce, policy=DecisionPolicy(
-        Recipe("adamw", 1e-3, 48, 16, "block"), trials=TrialSettings(max_trials=2), candidates=CANDIDATES))
-    with torch.no_grad():
-        loss = torch.cat([per_sample_ce(model(x), y) for x, y in heldout]).mean().item()
+    d, loss = _resnet_decision(Recipe("adamw", 1e-3, 48, 16, "block"), max_trials=2)
     below = [n for n, c in d.candidates.items() if c.verified and c.interval[0] < -loss]
     assert d.heldout_loss == pytest.approx(loss, rel=1e-5) and len(below) >= 1  # the case the note is for
     note = [line for line in render_decision(d).splitlines() if "reaches below minus the held-out loss" in line]
