@@ -164,6 +164,19 @@ def test_expanding_must_beat_no_expansion_credibly_paired_on_the_same_windows():
     assert no.reason.endswith("; a gain is not ruled out: the paired intervals reach -0.14 nats, so these trials "
                               "could show only a gain beyond about 0.05 nats (the paired 95% half-width; longer "
                               "trials, a larger --decision-budget, narrow it)")
+    # with the carry error (se 0.06): the words say what the half-width is made of, each part's 95% half-width (the
+    # noise's 0.05 as _d built it, the carry's 1.96 x 0.06), and that a larger budget narrows the carry only as
+    # log2(your steps / the trials') falls; the half-width itself is K = 1's, the narrowest, sqrt(0.05^2 + 0.1176^2)
+    from satcore.adapter_api import with_carry
+
+    carried = choose_blocks(target, None, 0.01, versus_none={k: with_carry(d, 0.06) for k, d in doubtful.items()})
+    assert carried.chosen_blocks == 0 and carried.resolvable_gain == pytest.approx(math.hypot(0.05, 1.96 * 0.06),
+                                                                                    rel=1e-4)
+    assert carried.reason.endswith(
+        f"could show only a gain beyond about {carried.resolvable_gain:.3g} nats (the paired 95% half-width: the "
+        "trials' noise, 0.05, and the error of carrying them to your steps, 0.118, in quadrature; a larger "
+        "--decision-budget narrows the first with more held-out windows, the second only as log2(your steps / the "
+        "trials' steps) falls)"), carried.reason
     # every interval above -0.01: the stop is resolved, no such words
     shown = choose_blocks(target, None, 0.01, versus_none={1: _d(0.02, -0.005, 0.045), 2: _d(0.01, -0.009, 0.03),
                                                             4: _d(0.03, 0.0, 0.06)})
