@@ -106,6 +106,14 @@ def _sized_windows(model, recipe, windows: dict, fraction: float, general_path, 
     return sized, "sized"
 
 
+def _max_windows_value(count: int, rule: str, read: int | None) -> str:
+    """The line of defaults' ``--max-windows``: the ``count``, why where ``rule`` is ``"sized"``, and the windows
+    ``--data`` held where it ``read`` fewer (a user read the sized 1750 as windows read, where the file held 179 and
+    the trials passed over theirs 31 times; the plan's warning then names what to give)."""
+    held = "" if read is None or read >= count else f" (--data holds {read:,})"
+    return f"{count}{SIZED_NOTE if rule == 'sized' else ''}{held}"
+
+
 def _announcer(first: str | None):
     """``click.echo`` for a budgeted decision's plan, with ``first`` (the defaults line) echoed before the plan's
     lines: after the decision has checked its budget, so that a budget it refuses is one line."""
@@ -469,8 +477,8 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         assumed = {f"--{name.replace('_', '-')}": value for name, value in
                    (("optimizer", optimizer), ("steps", steps), ("batch_size", batch_size), ("lr", lr),
                     ("seq_len", windows["seq_len"]),
-                    ("max_windows", f"{windows['max_windows']}{SIZED_NOTE}" if windows_rule == "sized"
-                     else windows["max_windows"]))
+                    ("max_windows", _max_windows_value(windows["max_windows"], windows_rule,
+                                                       None if data is None else len(data))))
                    if ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT}
         line = defaults_line(assumed, on_gpu, sized=blocks == "auto" and decision == "trial")
     budget, announce = None, None if quiet or forced is not None else _announcer(line)

@@ -128,6 +128,16 @@ def test_a_candidate_no_trial_verified_claims_no_probability_in_any_rendering():
                                "the trials verified") for line in lines)
 
 
+def _resnet_decision(recipe, max_trials):
+    """``decide`` on the digits ResNet at :data:`CANDIDATES` (128 training and 96 held-out samples) under ``recipe``,
+    and the model's held-out cross-entropy computed here from the model, independently of decide."""
+    model, heldout = digits_resnet(), _data(1200, 96, 32)
+    d = decide(model, _data(0, 128, 32), heldout, per_sample_ce, policy=DecisionPolicy(
+        recipe, trials=TrialSettings(max_trials=max_trials), candidates=CANDIDATES))
+    with torch.no_grad():
+        return d, torch.cat([per_sample_ce(model(x), y) for x, y in heldout]).mean().item()
+
+
 def test_the_printed_decision_names_the_unverified_rows_whose_screen_change_exceeds_the_held_out_loss():
     """A real case: one trial on the digits ResNet leaves two places to the screen, whose first-order changes
     exceed the model's held-out cross-entropy several times over (computed here from the model, independently of
@@ -135,11 +145,7 @@ def test_the_printed_decision_names_the_unverified_rows_whose_screen_change_exce
     them; where the held-out loss is larger than every screen change, no such note."""
     from satcore._rendering.table import render_decision
 
-    model, heldout = digits_resnet(), _data(1200, 96, 32)
-    d = decide(model, _data(0, 128, 32), heldout, per_sample_ce, policy=DecisionPolicy(
-        Recipe("adam", 1e-3, 24, 16, "block"), trials=TrialSettings(max_trials=1), candidates=CANDIDATES))
-    with torch.no_grad():
-        loss = torch.cat([per_sample_ce(model(x), y) for x, y in heldout]).mean().item()
+    d, loss = _resnet_decision(Recipe("adam", 1e-3, 24, 16, "block"), max_trials=1)
     over = [n for n, c in d.candidates.items() if not c.verified and abs(c.predicted_heldout_change) > loss]
     assert d.heldout_loss == pytest.approx(loss, rel=1e-5) and len(over) >= 1  # the case the note is for
     note = [line for line in render_decision(d).splitlines() if "larger in size than the held-out loss" in line]
@@ -165,6 +171,13 @@ def test_printing_a_decision_shows_the_decision_table_and_its_notes():
     assert text.startswith("decision: insert a block at m.0 (decision cost: 300 block-steps)")
     assert any(line.startswith("note: SGD recipe:") for line in text.splitlines())
     assert any(line.startswith("head ") and "not verified" in line for line in text.splitlines())
+    # under the table, what its columns are: the held-out change is the prediction for the recipe's 300 steps, not
+    # the change of the trial's 150 shown beside it
+    lines = text.splitlines()
+    legend = lines[next(i for i, line in enumerate(lines) if line.startswith("head ")) + 1]
+    assert legend.startswith("columns: held-out change = the held-out loss after your 300 steps minus before, "
+                             "predicted from the trial's curve"), legend
+    assert "trial = the steps that trial trained" in legend and "P(decrease) = the calibrated probability" in legend
     assert repr(d).startswith("InsertionDecision(choice='m.0', stop_reason=None")
 
 
@@ -1244,3 +1257,22 @@ def test_a_stated_tolerance_becomes_the_schedules_calibrations_and_rules_where_l
     for bad in (-0.01, math.nan, math.inf):
         with pytest.raises(InputError, match="trials: tolerance"):
             TrialSettings(tolerance=bad)
+
+
+def test_the_printed_decision_names_the_trialled_rows_whose_interval_reaches_below_minus_the_held_out_loss():
+    """A real case, as a user met it: short AdamW trials of a block on the digits ResNet, whose held-out
+    cross-entropy (computed here from the model, independently of decide) is about 0.14, print intervals whose lower
+    end is a decrease several times that loss.  The note under the table names exactly those rows; where the held-out
+    loss is larger than every interval's reach, no such note."""
+    from satcore._rendering.table import render_decision
+
+    d, loss = _resnet_decision(Recipe("adamw", 1e-3, 48, 16, "block"), max_trials=2)
+    below = [n for n, c in d.candidates.items() if c.verified and c.interval[0] < -loss]
+    assert d.heldout_loss == pytest.approx(loss, rel=1e-5) and len(below) >= 1  # the case the note is for
+    note = [line for line in render_decision(d).splitlines() if "reaches below minus the held-out loss" in line]
+    assert note == [f"note: {', '.join(below)}: the 95% interval reaches below minus the held-out loss "
+                    f"(-{d.heldout_loss:.4g}), a decrease larger than the loss itself: its ends are the calibrated "
+                    "error scale times the bench's residual quantiles, which the loss does not bound; read that end "
+                    "as how uncertain the prediction is, not as a gain the block can make"]
+    beyond_all = max(-c.interval[0] for c in d.candidates.values() if c.verified) * 1.01
+    assert "reaches below minus" not in render_decision(dataclasses.replace(d, heldout_loss=beyond_all))

@@ -155,3 +155,22 @@ def test_what_the_docs_say_keras_lacks_the_keras_adapter_lacks():
     claimed = [name for words, name in lacking.items() if words in said]
     assert "insert_block" in claimed  # the sentence is found (docs/core.md's)
     assert not [name for name in claimed if name in keras_adapter.__all__], said
+
+
+def test_the_score_table_columns_docs_verdicts_names_are_the_printed_ones():
+    """docs/verdicts.md lists the columns of ``satcore score``'s table: each is a column of the printed header (the
+    page named a ``verdict`` column, whose header reads ``first-order``, the word the legend explains)."""
+    from click.testing import CliRunner
+
+    from satcore._rendering.table import LEGEND
+    from satcore.cli.main import main
+
+    text = " ".join((ROOT / "docs" / "verdicts.md").read_text().split())
+    listed = re.search(r"The text table changed columns \(([^)]+)\)", text)
+    assert listed, "docs/verdicts.md no longer lists the table's columns"
+    named = re.findall(r"`([^`]+)`", listed.group(1))
+    printed = CliRunner().invoke(main, ["score", str(ROOT / "examples" / "digits_resnet.npz"), "--quiet"])
+    assert printed.exit_code == 0, printed.output
+    header = next(line for line in printed.output.splitlines() if line.startswith("candidate "))
+    assert len(named) >= 6 and not [c for c in named if c not in header.split()], (named, header)
+    assert not [c for c in named if f"{c} = " not in LEGEND]  # each column it names is one the legend explains

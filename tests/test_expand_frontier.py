@@ -164,6 +164,19 @@ def test_expanding_must_beat_no_expansion_credibly_paired_on_the_same_windows():
     assert no.reason.endswith("; a gain is not ruled out: the paired intervals reach -0.14 nats, so these trials "
                               "could show only a gain beyond about 0.05 nats (the paired 95% half-width; longer "
                               "trials, a larger --decision-budget, narrow it)")
+    # with the carry error (se 0.06): the words say what the half-width is made of, each part's 95% half-width (the
+    # noise's 0.05 as _d built it, the carry's 1.96 x 0.06), and that a larger budget narrows the carry only as
+    # log2(your steps / the trials') falls; the half-width itself is K = 1's, the narrowest, sqrt(0.05^2 + 0.1176^2)
+    from satcore.adapter_api import with_carry
+
+    carried = choose_blocks(target, None, 0.01, versus_none={k: with_carry(d, 0.06) for k, d in doubtful.items()})
+    assert carried.chosen_blocks == 0 and carried.resolvable_gain == pytest.approx(math.hypot(0.05, 1.96 * 0.06),
+                                                                                    rel=1e-4)
+    assert carried.reason.endswith(
+        f"could show only a gain beyond about {carried.resolvable_gain:.3g} nats (the paired 95% half-width: the "
+        "trials' noise, 0.05, and the error of carrying them to your steps, 0.118, in quadrature; a larger "
+        "--decision-budget narrows the first with more held-out windows, the second only as log2(your steps / the "
+        "trials' steps) falls)"), carried.reason
     # every interval above -0.01: the stop is resolved, no such words
     shown = choose_blocks(target, None, 0.01, versus_none={1: _d(0.02, -0.005, 0.045), 2: _d(0.01, -0.009, 0.03),
                                                             4: _d(0.03, 0.0, 0.06)})
@@ -1081,6 +1094,21 @@ def test_cli_sizes_the_windows_so_each_trial_passes_over_its_own_at_most_twice(c
     assert read["max_windows"] == wanted == read["windows"] > 64 and read["max_windows_rule"] == "sized"
     assert f"--max-windows {wanted} (sized so the trials pass over their windows at most twice)" in result.output
     assert sizes["trial_passes"] <= 2 and "warning: each trial passes" not in result.output
+
+
+def test_cli_defaults_line_says_when_the_data_holds_fewer_windows_than_the_sized_count(checkpoint, tmp_path):  # noqa: F811
+    """As above on the corpus alone, which holds fewer windows than the sized count: the line of defaults names the
+    sized count and what --data held (the windows read, recorded), so that the count does not read as windows read;
+    the trials then pass over theirs more than twice and the plan warns."""
+    folder, text = checkpoint
+    out = tmp_path / "o"
+    result = cli("expand", folder, "--data", text, "--blocks", "auto", "--seq-len", "16", "--steps", "2000", "-o", out)
+    assert result.exit_code == 0, result.output
+    read = json.loads((out / "expansion.json").read_text())["data"]
+    assert read["max_windows_rule"] == "sized" and read["windows"] < read["max_windows"]
+    assert (f"--max-windows {read['max_windows']} (sized so the trials pass over their windows at most twice) "
+            f"(--data holds {read['windows']})") in result.output.splitlines()[0]
+    assert "warning: each trial passes" in result.output
 
 
 def test_cli_explicit_max_windows_is_honoured_and_warned_about(checkpoint, tmp_path):  # noqa: F811

@@ -394,3 +394,18 @@ def test_keras_decide_counts_its_batches_of_work_and_decides_the_same(schedule, 
     assert counted.to_dict() == silent.to_dict() and counted.choice == silent.choice
     with pytest.raises(InputError, match="decide: progress must be True, False or a callable"):
         keras_decide(model, train, heldout, _keras_ce(), policy=policy, progress="yes")
+
+
+def test_by_default_torch_decides_over_the_head_too_and_keras_over_the_blocks_alone():
+    """What docs/adapters.md says a user must match for the two decisions to agree: left to find the places, the torch
+    ``decide`` screens and trials every block and the ``head``, the Keras one every residual ``Add`` (no head), so the
+    recipe's steps are split among one more trial in torch and the trials' lengths differ; naming torch's blocks
+    (``candidates=``) gives Keras's places, ``blocks.i`` as ``b{i}_add``."""
+    net, model = _models()
+    train, heldout = _batches(0, 64, 32), _batches(1200, 64, 32)
+    policy = DecisionPolicy(Recipe("adam", 3e-2, 12, 64), trials=TrialSettings(max_trials=DEPTH + 1), seed=1)
+    mine = torch_decide(net, train, heldout, per_sample_ce, policy=policy)
+    theirs = keras_decide(model, _as_numpy(train), _as_numpy(heldout), _keras_ce(), policy=policy)
+    assert sorted(mine.candidates) == sorted(TORCH_NAMES + ["head"]) and sorted(theirs.candidates) == KERAS_NAMES
+    assert mine.candidates["blocks.0"].trial.steps[-1] == 12 // (DEPTH + 1)
+    assert theirs.candidates["b0_add"].trial.steps[-1] == 12 // DEPTH

@@ -42,6 +42,24 @@ def screen_beyond_loss_note(candidates, heldout_loss: float | None) -> str | Non
             f"extrapolations; {SCREEN_READING}")
 
 
+def interval_beyond_loss_note(candidates, heldout_loss: float | None, alpha: float = 0.05) -> str | None:
+    """The note under a decision's table where some trialled row's ``1 - alpha`` interval reaches below minus the
+    held-out loss (``candidates``: name -> ``CandidateDecision``): a decrease larger than a loss bounded below by 0
+    allows.  The interval is the point plus the calibrated error scale times the bench's residual quantiles
+    (docs/predictive-validity.md), which the loss does not bound; without the note its lower end reads as a gain the
+    block could make.  None where no row's does or the decision states no held-out loss (None)."""
+    if heldout_loss is None:
+        return None
+    below = [n for n, c in candidates.items()
+             if getattr(c, "verified", False) and c.interval[0] < -abs(heldout_loss)]
+    if not below:
+        return None
+    return (f"note: {', '.join(map(display_name, below))}: the {1 - alpha:.0%} interval reaches below minus the "
+            f"held-out loss (-{num(abs(heldout_loss))}), a decrease larger than the loss itself: its ends are the "
+            "calibrated error scale times the bench's residual quantiles, which the loss does not bound; read that "
+            "end as how uncertain the prediction is, not as a gain the block can make")
+
+
 def stop_tolerance_note(decision) -> str:
     """The note under a tolerance stop: the stop tolerance in loss units, the term that set it with its numbers
     (:attr:`~satcore.InsertionDecision.stop_tolerance_rule`) and, since a share of a loss does not say what the
@@ -245,11 +263,13 @@ def render_decision(decision) -> str:
     if trained := trial_family_line(decision):
         lines.append(trained)
     if rows:
-        lines.append(table(["candidate", "held-out change", "interval", "P(decrease)", "trial"], rows))
+        lines += [table(["candidate", "held-out change", "interval", "P(decrease)", "trial"], rows),
+                  decision_legend(getattr(decision, "recipe", None))]
         # without these a row with a better prediction than the choice reads as a wrong decision
         lines += never_chosen_notes(decision.candidates)
-        if beyond := screen_beyond_loss_note(decision.candidates, getattr(decision, "heldout_loss", None)):
-            lines.append(beyond)
+        heldout_loss = getattr(decision, "heldout_loss", None)
+        lines += [note for note in (screen_beyond_loss_note(decision.candidates, heldout_loss),
+                                    interval_beyond_loss_note(decision.candidates, heldout_loss)) if note]
         lines += [f"note: {n}" for n in decision_interval_notes(decision.candidates)]
         lines += calibration_notes(decision)
         stop = getattr(decision, "stop_reason", None)
@@ -272,6 +292,17 @@ def render_decision(decision) -> str:
                              "does not tell them apart (they may be as good as each other; on the decision bench "
                              "close calls picked the best candidate less often, docs/predictive-validity.md)")
     return "\n".join(lines)
+
+
+def decision_legend(recipe) -> str:
+    """The line under a decision's table that says what its columns are, as ``satcore score``'s legend does: without
+    it "held-out change" beside a trial of 75 steps reads as the change those steps made, where it is the prediction
+    for the ``recipe``'s steps (None: a decision that states no recipe)."""
+    after = "" if recipe is None else f" after your {recipe.steps} steps"
+    return (f"columns: held-out change = the held-out loss{after} minus before, predicted from the trial's curve "
+            "(negative: a decrease; a (screen) row: the first-order screen's value, no trial); interval = its 95% "
+            "interval; P(decrease) = the calibrated probability that the block trained with the recipe lowers the "
+            "held-out loss; trial = the steps that trial trained (the recipe's steps shared among the trials)")
 
 
 def trial_family_line(decision) -> str | None:
