@@ -57,7 +57,7 @@ from satcore.adapter_api import NOT_VERIFIED, render_decision, screen
 from satcore.adapter_api import derived_seed, moved_keywords, read_batches, whole_number, yaml_quoted
 
 from .expansion_exports import llama_factory_lora
-from .expansion_frontier import PROBE_TIME_RATIO, DecisionBudget, StepTimes, probe_time, timed_step, timing_record
+from .expansion_frontier import PROBE_TIME_RATIO, DecisionBudget, StepTimes, _windows, probe_time, timed_step, timing_record
 from .hf import context_length, sequence_loss
 from .input_bounds import check_new_block_count, check_token_ids, forked_rng
 from .locate import HEAD, find_blocks
@@ -118,10 +118,6 @@ class ScreenDecision:
                 "candidates": {n: c.to_dict() for n, c in self.candidates.items()}, **timing_record(self.step_times)}
 
 
-def _batch_samples(batch) -> int:
-    return len(_inputs_ids(batch))
-
-
 def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
                          policy: DecisionPolicy | None = None, progress=None) -> ScreenDecision:
     """The first-order screen: probe ``model`` on ``train`` and ``heldout`` (:func:`~.splits.probe_splits`; the
@@ -156,7 +152,7 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
     passes, _ = probe_splits_in_passes(model, train, heldout, loss_fn, read,
                                        max_statistics_bytes=policy.max_statistics_bytes, progress=progress,
                                        **decision_probe_options(policy, ProbeConfig(family="native")))
-    samples = passes * sum(_batch_samples(b) for b in train + heldout)
+    samples = passes * _windows(train + heldout)
     return ScreenDecision(evidence, math.ceil(samples / recipe.batch_size), recipe)
 
 
@@ -185,7 +181,7 @@ def _screen_plan(model: nn.Module, train: list, heldout: list, policy: DecisionP
     ``cost_block_steps``) and its time here, from ``times`` (:func:`~.expansion_frontier.timed_step`: passes of the
     model not counted in that cost) and :func:`~.expansion_frontier.probe_time` of the passes a window."""
     recipe = policy.recipe
-    trained, held = (sum(_batch_samples(b) for b in split) for split in (train, heldout))
+    trained, held = (_windows(split) for split in (train, heldout))
     cost = math.ceil(passes * (trained + held) / recipe.batch_size)
     tokens = recipe.steps * recipe.batch_size * _inputs_ids(train[0]).shape[-1]
     where = "one per group of places" if layout == "grouped" else "anywhere in the stack"
@@ -217,7 +213,7 @@ def _screen_with_bar(model: nn.Module, train: list, heldout: list, loss_fn, poli
         return replace(first_order_decision(model, train, heldout, loss_fn, policy=policy), step_times=times)
     from tqdm.auto import tqdm
 
-    windows = sum(_batch_samples(b) for b in train + heldout)
+    windows = _windows(train + heldout)
     bar = tqdm(total=passes * windows, unit="window", desc="probing", leave=False)
     try:
         return replace(first_order_decision(model, train, heldout, loss_fn, policy=policy, progress=bar.update),
@@ -721,7 +717,7 @@ def check_trials_batch(train: list, held: list, recipe: Recipe) -> None:
     defaults line, so that the refusal is one line."""
     from .expansion_frontier import check_trial_batch
 
-    check_trial_batch(*(sum(map(_batch_samples, split)) for split in (train, held)), recipe.batch_size,
+    check_trial_batch(_windows(train), _windows(held), recipe.batch_size,
                       2 * recipe.batch_size)
 
 
