@@ -269,6 +269,39 @@ def test_probe_data_nan_names_key_and_batch(probe_inputs, tmp_path):
     assert_one_line(result.stderr, ["nan.npz", "'inputs'", "NaN or Inf", "batch 2"])
 
 
+def edited_model(model: str, path, edit):
+    """A copy of the ONNX file ``model`` at ``path``, ``edit(proto)`` applied to it."""
+    import onnx
+
+    proto = onnx.load(model)
+    edit(proto)
+    onnx.save(proto, str(path))
+    return path
+
+
+def batch_axis(size: int):
+    def edit(proto):
+        proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value = size
+    return edit
+
+
+HOSTILE_MODELS = {  # case: (edit of the residual MLP, parts of the line)
+    # a batch axis no batch fits: it was a ZeroDivisionError traceback (the hint's sample count modulo the size)
+    "batch_axis_zero": (batch_axis(0), ["batch 0", "fixed batch size of 0: export the model with a dynamic batch"]),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_MODELS))
+def test_hostile_onnx_models_are_one_line(probe_inputs, tmp_path, case):
+    _, model, data = probe_inputs
+    edit, expect = HOSTILE_MODELS[case]
+    path = edited_model(model, tmp_path / f"{case}.onnx", edit)
+    result = CliRunner().invoke(main, ["probe", str(path), "--data", data, "-o", str(tmp_path / "o.npz")])
+    assert result.exit_code == 2, result.output
+    assert_one_line(result.stderr, [f"{case}.onnx", *expect])
+    assert not (tmp_path / "o.npz").exists()
+
+
 # -- outputs --------------------------------------------------------------------------------------
 
 
