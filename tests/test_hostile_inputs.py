@@ -285,9 +285,26 @@ def batch_axis(size: int):
     return edit
 
 
+def typed_values(dims, values):
+    """Store the first weight in ``float_data``: ``values`` of them under the shape ``dims``."""
+    def edit(proto):
+        tensor = proto.graph.initializer[0]
+        tensor.ClearField("raw_data")
+        tensor.ClearField("dims")
+        tensor.dims.extend(dims)
+        tensor.float_data.extend([1.0] * values)
+    return edit
+
+
 HOSTILE_MODELS = {  # case: (edit of the residual MLP, parts of the line)
     # a batch axis no batch fits: it was a ZeroDivisionError traceback (the hint's sample count modulo the size)
     "batch_axis_zero": (batch_axis(0), ["batch 0", "fixed batch size of 0: export the model with a dynamic batch"]),
+    # weights in typed fields with fewer values than their shape: the line named the loss's tensor (its rank unknown
+    # after shape inference gave up at the weight), not the weight
+    "typed_values_none": (typed_values([10**6, 10**6], 0), ["tensor name: W0", "one and only one value field"]),
+    "typed_values_short": (typed_values([10**6, 10**6], 4), [
+        "tensor name: W0", "float_data size (4) is too small for the declared shape (1000000000000 float values"]),
+    "typed_values_one_short": (typed_values([5, 8], 39), ["tensor name: W0", "float_data size (39) is too small"]),
 }
 
 

@@ -199,7 +199,8 @@ def describe_node(node) -> str:
 def check_tensor_sizes(proto, folder: Path | None) -> None:
     """Refuse tensors whose bytes are not exactly what their shape and type declare.
 
-    Inline ``raw_data`` must hold ``prod(dims) * itemsize`` bytes.  External
+    Inline ``raw_data`` must hold ``prod(dims) * itemsize`` bytes, typed fields
+    the values of ``prod(dims)`` elements (:func:`check_typed_values`).  External
     data (``folder``: the model's) is checked from ``stat`` alone, before a
     byte is read: its location must stay in ``folder``, and the tensor's
     ``prod(dims) * itemsize`` must equal its ``length`` entry (or, without
@@ -215,7 +216,8 @@ def check_tensor_sizes(proto, folder: Path | None) -> None:
     for tensor in _tensors(proto.graph):
         external = tensor.data_location == TensorProto.EXTERNAL
         if not external and not tensor.HasField("raw_data"):
-            continue  # typed fields (float_data, ...) hold what they hold; onnx checks their count
+            check_typed_values(tensor)
+            continue
         if tensor.data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
             raise OnnxProbeError(f"tensor {tensor.name!r}: raw bytes of type {tensor.data_type} are not read")
         try:
@@ -253,6 +255,21 @@ def check_tensor_sizes(proto, folder: Path | None) -> None:
         total += declared
     if total:
         check_memory(total, "the model's external data")
+
+
+def check_typed_values(tensor) -> None:
+    """Refuse a tensor stored in typed fields (``float_data``, ...) holding fewer values than its shape declares.
+
+    Left unchecked, ONNX shape inference gives the graph after it no shapes and the
+    refusal names a tensor far from this one (the loss's).  onnx's own check counts
+    the values in its packing (sub-byte types, complex pairs) without converting them.
+    """
+    from onnx.checker import ValidationError, check_tensor
+
+    try:
+        check_tensor(tensor)
+    except ValidationError as exc:
+        raise OnnxProbeError(" ".join(str(exc).split())) from None
 
 
 def load_model(model):
