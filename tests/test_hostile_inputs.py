@@ -296,6 +296,40 @@ def typed_values(dims, values):
     return edit
 
 
+def retyped(op_type: str, domain: str = ""):
+    """The block's ``Tanh`` (output ``b1``) as ``op_type`` of ``domain``: an op onnx has no schema for."""
+    def edit(proto):
+        from onnx import helper
+
+        node = next(n for n in proto.graph.node if n.output[0] == "b1")
+        node.op_type, node.domain = op_type, domain
+        if domain:
+            proto.opset_import.append(helper.make_opsetid(domain, 1))
+    return edit
+
+
+def feature_axis(size: int):
+    def edit(proto):
+        proto.graph.input[0].type.tensor_type.shape.dim[1].dim_value = size
+    return edit
+
+
+def loop_block(proto):
+    """The block's ``Tanh`` inside a ``Loop`` whose body declares no shapes."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["go"], ["go_on"]), helper.make_node("Tanh", ["v"], ["v_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("go", TensorProto.BOOL, []), helper.make_tensor_value_info("v", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("go_on", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, None)])
+    proto.graph.initializer.extend([numpy_helper.from_array(np.array(3, np.int64), "trips"),
+                                    numpy_helper.from_array(np.array(True), "go")])
+    node = next(n for n in proto.graph.node if n.output[0] == "b1")
+    node.CopyFrom(helper.make_node("Loop", ["trips", "go", "a1"], ["b1"], body=body))
+
+
 HOSTILE_MODELS = {  # case: (edit of the residual MLP, parts of the line)
     # a batch axis no batch fits: it was a ZeroDivisionError traceback (the hint's sample count modulo the size)
     "batch_axis_zero": (batch_axis(0), ["batch 0", "fixed batch size of 0: export the model with a dynamic batch"]),
@@ -305,6 +339,13 @@ HOSTILE_MODELS = {  # case: (edit of the residual MLP, parts of the line)
     "typed_values_short": (typed_values([10**6, 10**6], 4), [
         "tensor name: W0", "float_data size (4) is too small for the declared shape (1000000000000 float values"]),
     "typed_values_one_short": (typed_values([5, 8], 39), ["tensor name: W0", "float_data size (39) is too small"]),
+    # shape inference gives up at a node, and every tensor after it has no shape: the refusal of the loss's tensor
+    # says where inference gave up and why (before: only that the file declares no value_info for the loss's tensor)
+    "op_without_schema": (retyped("FooBar"), ["it first found none at FooBar node 'b1', an op onnx has no schema for "
+                                              "(domain 'ai.onnx')"]),
+    "custom_domain": (retyped("Pwn", "com.evil"), ["Pwn node 'b1', an op onnx has no schema for (domain 'com.evil')"]),
+    "loop_without_shapes": (loop_block, ["it first found none at Loop node 'b1' (inputs trips [], go [], a1 "]),
+    "feature_axis_zero": (feature_axis(0), ["it first found none at MatMul node 'h0' (inputs x ['batch', 0], W0 [5, "]),
 }
 
 
