@@ -360,6 +360,42 @@ def test_hostile_onnx_models_are_one_line(probe_inputs, tmp_path, case):
     assert not (tmp_path / "o.npz").exists()
 
 
+def endless_loop_beside_the_loss(proto):
+    """A ``Loop`` of 10^15 trips reading ``h0``, whose output is a second graph output that the loss never reads."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    shaped = ["batch", 6]
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["go"], ["go_on"]), helper.make_node("Identity", ["v"], ["v_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("go", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v", TensorProto.FLOAT, shaped)],
+        [helper.make_tensor_value_info("go_on", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, shaped)])
+    proto.graph.initializer.extend([numpy_helper.from_array(np.array(10**15, np.int64), "trips"),
+                                    numpy_helper.from_array(np.array(True), "go")])
+    proto.graph.node.append(helper.make_node("Loop", ["trips", "go", "h0"], ["aux"], body=body))
+    proto.graph.output.append(helper.make_tensor_value_info("aux", TensorProto.FLOAT, shaped))
+
+
+def test_nodes_no_fetched_output_reads_are_not_run(probe_inputs, tmp_path):
+    """ONNX Runtime runs every node of its graph: the probe's graph keeps only what the loss and the candidates
+    read, so an endless Loop on another output (it hung the probe before) costs nothing and the dump is the one of
+    the model without it."""
+    _, model, data = probe_inputs
+    path = edited_model(model, tmp_path / "loop.onnx", endless_loop_beside_the_loss)
+    proc = subprocess.run(SATCORE + ["probe", str(path), "--data", data, "-o", str(tmp_path / "loop.npz")],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert proc.returncode == 0, proc.stderr
+    result = CliRunner().invoke(main, ["probe", model, "--data", data, "-o", str(tmp_path / "plain.npz")])
+    assert result.exit_code == 0, result.output
+    looped, plain = (np.load(tmp_path / f"{name}.npz") for name in ("loop", "plain"))
+    assert sorted(looped.files) == sorted(plain.files) and "stats/h0/sum_gram" in plain.files
+    for key in set(plain.files) - {"meta"}:  # meta names the model file
+        np.testing.assert_array_equal(looped[key], plain[key], err_msg=key)
+
+
 # -- outputs --------------------------------------------------------------------------------------
 
 

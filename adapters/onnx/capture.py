@@ -22,6 +22,7 @@ import numpy as np
 
 from .autodiff import GRAD_SUFFIX, gradient_model
 from .errors import OnnxProbeError
+from .loading import prune_to_outputs
 from .locate import check_candidates, tensor_infos
 
 ROUTE = "backward-graph"
@@ -219,4 +220,5 @@ def probe_graph(model, candidates, *, loss: str, output: str | None = None):
         if name not in graph_inputs:
             elem = infos[name].elem_type if name in infos else onnx.TensorProto.FLOAT
             graph.output.append(helper.make_tensor_value_info(name, elem, None))
+    prune_to_outputs(graph)  # the model's other outputs are no longer fetched: their nodes need not run
     return probe, output, infos

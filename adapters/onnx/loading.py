@@ -184,6 +184,27 @@ def sort_graph(graph, *, check_only: bool = False) -> bool:
     return was_sorted
 
 
+def prune_to_outputs(graph) -> None:
+    """Drop, in place, the nodes of ``graph`` that none of its outputs reads, directly or through other nodes.
+
+    ONNX Runtime runs every node of a session's graph, fetched or not: the
+    model's other heads would cost every batch their work, and a hostile
+    file's ``Loop`` of 10^15 trips that no output reads would run forever.
+    """
+    producer = {o: k for k, node in enumerate(graph.node) for o in node.output if o}
+    needed: set[int] = set()
+    stack = [o.name for o in graph.output]
+    while stack:
+        k = producer.get(stack.pop())
+        if k is not None and k not in needed:
+            needed.add(k)
+            stack.extend(node_reads(graph.node[k]))
+    if len(needed) < len(graph.node):
+        kept = [copy_node(graph.node[k]) for k in sorted(needed)]
+        del graph.node[:]
+        graph.node.extend(kept)
+
+
 def copy_node(node):
     from onnx import NodeProto
 
