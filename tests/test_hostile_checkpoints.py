@@ -183,6 +183,53 @@ def test_hostile_checkpoints_are_one_line_before_any_work(case, source, tmp_path
         refused(result, *expect)
 
 
+def sharded(folder):
+    """``folder`` with its weights in one shard, ``shard.safetensors``, named by ``model.safetensors.index.json``."""
+    from safetensors import safe_open
+
+    (folder / "model.safetensors").rename(folder / "shard.safetensors")
+    with safe_open(folder / "shard.safetensors", "np") as weights:
+        index = {"metadata": {}, "weight_map": {key: "shard.safetensors" for key in weights.keys()}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return folder
+
+
+SPECIAL_FILES = {  # case: (the file of the checkpoint replaced, by what, the kind the line names)
+    "config_fifo": ("config.json", "fifo", "a FIFO"),
+    "config_dev_zero": ("config.json", "/dev/zero", "a character device"),
+    "weights_fifo": ("model.safetensors", "fifo", "a FIFO"),
+    "weights_directory": ("model.safetensors", "directory", "a directory"),
+    "index_fifo": ("model.safetensors.index.json", "fifo", "a FIFO"),
+    "shard_dev_zero": ("shard.safetensors", "/dev/zero", "a character device"),
+    "tokenizer_dev_zero": ("tokenizer.json", "/dev/zero", "a character device"),
+    "tokenizer_config_fifo": ("tokenizer_config.json", "fifo", "a FIFO"),
+}
+
+
+@pytest.mark.parametrize("case", list(SPECIAL_FILES))
+def test_a_checkpoint_file_that_is_no_regular_file_is_named_as_what_it_is(case, source, tmp_path):
+    """A FIFO, a device or a directory where a checkpoint file goes is never opened (it could block or never end)
+    and is refused naming it and what it is; before, it was called missing ('no config.json', 'shard ... is
+    missing'), or handed to the tokenizer's loader, which failed on it in its own words."""
+    name, replacement, kind = SPECIAL_FILES[case]
+    folder = edited(source, tmp_path)
+    if name.startswith(("shard", "model.safetensors.index")):
+        sharded(folder)
+    (folder / name).unlink()
+    if replacement == "fifo":
+        os.mkfifo(folder / name)
+    elif replacement == "directory":
+        (folder / name).mkdir()
+    else:
+        os.symlink(replacement, folder / name)
+    for command in ("expand", "probe"):
+        out = tmp_path / f"{command}.out"
+        args = ["-o", str(out)] + (["--blocks", "1"] if command == "expand" else [])
+        result = CliRunner().invoke(main, [command, str(folder), "--data", str(source[1]), *args])
+        refused(result, f"{folder / name}: is {kind}, not a regular file; refused")
+        assert not out.exists()
+
+
 @pytest.mark.parametrize("case", ["layers_billion", "deep_config", "header_length_forged"])
 def test_huge_declarations_are_refused_in_bounded_memory(case, source, tmp_path):
     folder, expect = checkpoint_case(case, source, tmp_path)
