@@ -131,6 +131,9 @@ def checkpoint_case(case, source, tmp_path):
         return edited(source, tmp_path, "w", hidden_size=10**40), ["config.json: hidden_size", "not in the range"]
     if case == "bad_dtype":
         return edited(source, tmp_path, "w", dtype="int8"), ["config.json: dtype 'int8'"]
+    if case == "tie_word_embeddings_word":  # the tokenizer's loader reads config.json too: it was named the cause
+        return edited(source, tmp_path, "w", tie_word_embeddings="yes"), [
+            "w/config.json: Validation error for field 'tie_word_embeddings'", "expected bool, got str"]
     if case == "deep_config":
         (folder / "config.json").write_text("[" * 200_000 + "]" * 200_000)
         return folder, ["config.json: nested more than 32 levels deep"]
@@ -165,7 +168,7 @@ def checkpoint_case(case, source, tmp_path):
 CHECKPOINT_CASES = ["truncated", "header_length_forged", "header_not_json", "offsets_forged", "dtype_forged",
                     "layers_word", "layers_fraction", "layers_more_than_weights", "layers_fewer_than_weights",
                     "layers_absent", "layers_billion", "head_dim_forged", "no_heads", "heads_indivisible",
-                    "width_huge", "bad_dtype", "deep_config", "tokenizer_list", "pickled_weights",
+                    "width_huge", "bad_dtype", "tie_word_embeddings_word", "deep_config", "tokenizer_list", "pickled_weights",
                     "unexpected_tensor", "index_metadata_number", "index_metadata_absent"]
 
 

@@ -241,15 +241,11 @@ def load_causal_lm(path, *, copies: int = 1):
     raw = read_config(path)
     tensors = weight_headers(os.fspath(path), raw)
     check_layers(path, raw, None, tensors)  # before the config is built: it may build a list per layer
-    from huggingface_hub.errors import StrictDataclassError
     from safetensors import SafetensorError
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
+    config = hf_config(path)
     with _quiet_transformers():
-        try:
-            config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-        except (ValueError, KeyError, OSError, TypeError, ZeroDivisionError, StrictDataclassError) as exc:
-            raise ProbeError(f"{shown}/config.json: {_reason(exc)}") from None
         check_layers(path, raw, getattr(config, "num_hidden_layers", None), tensors)
         check_against_weights(path, _build_on_meta(path, config), tensors, copies)
         try:
@@ -272,6 +268,19 @@ def load_causal_lm(path, *, copies: int = 1):
     return model.eval()
 
 
+def hf_config(path):
+    """transformers' config of the checkpoint directory ``path`` (``AutoConfig``, no remote code); what it refuses
+    (a value of the wrong type, an unknown model_type) is one line naming config.json."""
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
+    with _quiet_transformers():
+        try:
+            return AutoConfig.from_pretrained(path, trust_remote_code=False)
+        except (ValueError, KeyError, OSError, TypeError, ZeroDivisionError, StrictDataclassError) as exc:
+            raise ProbeError(f"{display_name(os.fspath(path))}/config.json: {_reason(exc)}") from None
+
+
 def load_tokenizer(path):
     """The checkpoint's own tokenizer, or a one-line :class:`InputError` naming what is missing or malformed."""
     shown = display_name(os.fspath(path))
@@ -285,6 +294,8 @@ def load_tokenizer(path):
             if not isinstance(document, dict) or (needs and not isinstance(document.get(needs), dict)):
                 raise InputError(f"{shown}/{name}: not a tokenizer's JSON object"
                                  + (f" (no {needs!r} mapping)" if needs else ""))
+    if regular_file(os.path.join(path, "config.json"), f"{shown}/config.json"):
+        hf_config(path)  # AutoTokenizer reads it too: its refusal would be reported as the tokenizer's
     from transformers import AutoTokenizer
 
     try:
