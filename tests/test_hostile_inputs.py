@@ -25,6 +25,8 @@ from satcore._io.dump import DumpError, read_dump
 
 SATCORE = [str(Path(sys.executable).parent / "satcore")]
 RSS_LIMIT_BYTES = 200 * 2**20
+# the satcore of this checkout in child processes (the console script may import another install's)
+THIS_CHECKOUT = {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
 CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f\x80-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
@@ -378,6 +380,19 @@ def endless_loop_beside_the_loss(proto):
     proto.graph.output.append(helper.make_tensor_value_info("aux", TensorProto.FLOAT, shaped))
 
 
+def test_a_file_larger_than_onnx_allows_is_refused_unread(probe_inputs, tmp_path):
+    """A file past protobuf's 2 GiB (a sparse file: declared, not on disk) is no ONNX model: refused from its size,
+    where onnx.load read all of it (a peak of 3.2 GB for 3 GiB) before its parser refused it."""
+    _, _, data = probe_inputs
+    path = tmp_path / "huge.onnx"
+    with open(path, "wb") as stream:
+        stream.truncate(3 * 2**30)
+    code, err, rss = peak_rss(["probe", str(path), "--data", data, "-o", str(tmp_path / "o.npz")], env=THIS_CHECKOUT)
+    assert code == 2, err
+    assert_one_line(err, ["huge.onnx: 3,221,225,472 bytes, more than an ONNX file holds (2,147,483,647"])
+    assert rss < RSS_LIMIT_BYTES, f"peak RSS {rss / 2**20:.0f} MiB"
+
+
 def test_nodes_no_fetched_output_reads_are_not_run(probe_inputs, tmp_path):
     """ONNX Runtime runs every node of its graph: the probe's graph keeps only what the loss and the candidates
     read, so an endless Loop on another output (it hung the probe before) costs nothing and the dump is the one of
@@ -385,8 +400,7 @@ def test_nodes_no_fetched_output_reads_are_not_run(probe_inputs, tmp_path):
     _, model, data = probe_inputs
     path = edited_model(model, tmp_path / "loop.onnx", endless_loop_beside_the_loss)
     proc = subprocess.run(SATCORE + ["probe", str(path), "--data", data, "-o", str(tmp_path / "loop.npz")],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **THIS_CHECKOUT})
     assert proc.returncode == 0, proc.stderr
     result = CliRunner().invoke(main, ["probe", model, "--data", data, "-o", str(tmp_path / "plain.npz")])
     assert result.exit_code == 0, result.output

@@ -31,6 +31,7 @@ OTHER_FORMATS = {
     **dict.fromkeys((".pt", ".pth", ".bin", ".safetensors"), "torch weights: export the model to ONNX "
                     "(torch.onnx.export) or pass the Hugging Face checkpoint folder that holds them"),
 }
+MAX_PROTO_BYTES = 2**31 - 1  # protobuf's limit on one message: a larger file is no ONNX model
 
 
 def _tensors(graph):
@@ -325,6 +326,10 @@ def load_model(model):
                              if path.exists() else f"no ONNX file at {str(path)!r}")
     other = OTHER_FORMATS.get(path.suffix.lower())
     hint = f"; the name says {other}" if other else ""
+    size = path.stat().st_size
+    if size > MAX_PROTO_BYTES:  # onnx.load would read it all before the parser refuses it
+        raise OnnxProbeError(f"{path}: {size:,} bytes, more than an ONNX file holds ({MAX_PROTO_BYTES:,}, protobuf's "
+                             f"limit: larger weights are stored as external data); not read{hint}")
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises DecodeError and friends
