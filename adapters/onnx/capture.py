@@ -18,6 +18,8 @@ execution providers given (CPU by default).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from .autodiff import GRAD_SUFFIX, gradient_model
@@ -33,15 +35,19 @@ TARGETS = "satcore_targets"
 LOSS_SCALE = "satcore_loss_scale"
 IGNORE_INDEX = -100  # PyTorch's and Hugging Face's label for a token left out of the loss
 LOSS = "satcore_loss"
+# where in ORT's sources a message was raised: "/onnxruntime_src/.../model.cc:256 onnxruntime::Model::Model(...) "
+CPP_LOCATION = re.compile(r"/[^\s:]+\.(?:cc|cpp|h|hpp):\d+ (?:[^ (]+ )*[^ (]+\([^)]*\)(?: const)? ")
+MAX_ORT_CHARS = 300
 
 
 def one_line(exc: BaseException) -> str:
-    """ORT's message without the C++ location and signature that precede it, on one line."""
-    text = " ".join(str(exc).split())
+    """ORT's message without the C++ locations and signatures in it, on one line: at most its last
+    :data:`MAX_ORT_CHARS` characters (the specific part), cut at a word."""
+    text = " ".join(CPP_LOCATION.sub(" ", str(exc)).split())
     for marker in ("was false. ", "FAIL : "):
         if marker in text and text.rpartition(marker)[2].strip():
             text = text.rpartition(marker)[2]
-    return text[-300:]
+    return text if len(text) <= MAX_ORT_CHARS else "... " + text[-MAX_ORT_CHARS:].partition(" ")[2]
 
 
 def _own_inputs_named(text: str) -> str:
