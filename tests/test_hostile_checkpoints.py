@@ -233,6 +233,24 @@ def test_a_checkpoint_file_that_is_no_regular_file_is_named_as_what_it_is(case, 
         assert not out.exists()
 
 
+@pytest.mark.parametrize("name, replacement, kind", [("special_tokens_map.json", "fifo", "a FIFO"),
+                                                     ("tokenizer.json", "/dev/zero", "a character device")])
+def test_a_file_expand_copies_that_is_no_regular_file_is_refused_before_any_work(name, replacement, kind, source,
+                                                                                 tmp_path):
+    """expand --at reads no tokenizer, but copies the tokenizer's files into OUT_DIR: one that is a FIFO or a device
+    is refused naming it before any work; before, the copy skipped it and OUT_DIR had no tokenizer, silently."""
+    folder = edited(source, tmp_path)
+    (folder / name).unlink(missing_ok=True)
+    if replacement == "fifo":
+        os.mkfifo(folder / name)
+    else:
+        os.symlink(replacement, folder / name)
+    out = tmp_path / "o"
+    refused(CliRunner().invoke(main, ["expand", str(folder), "--at", "1", "-o", str(out)]),
+            f"{folder / name}: is {kind}, not a regular file; refused")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("case", ["layers_billion", "deep_config", "header_length_forged"])
 def test_huge_declarations_are_refused_in_bounded_memory(case, source, tmp_path):
     folder, expect = checkpoint_case(case, source, tmp_path)
