@@ -387,6 +387,24 @@ def endless_loop_beside_the_loss(proto):
     proto.graph.output.append(helper.make_tensor_value_info("aux", TensorProto.FLOAT, shaped))
 
 
+@pytest.mark.parametrize("kind, make", [("a FIFO", os.mkfifo), ("a directory", os.mkdir)])
+def test_external_data_that_is_no_regular_file_is_named_as_what_it_is(tmp_path, kind, make):
+    """External data inside the model's folder that is a FIFO or a directory is never opened and is named as what
+    it is; before, it was 'not found' while the user could see it."""
+    from test_onnx_errors import with_external_weight
+
+    from satcore.adapters.onnx import OnnxProbeError, load_model
+
+    def location(folder):
+        make(folder / "special.bin")
+        return "special.bin"
+
+    path = with_external_weight(tmp_path / "m", location)
+    with pytest.raises(OnnxProbeError, match=f"external data file of tensor 'W', 'special.bin', is {kind}, not a "
+                                             "regular file; refused"):
+        load_model(path)
+
+
 def test_a_file_larger_than_onnx_allows_is_refused_unread(probe_inputs, tmp_path):
     """A file past protobuf's 2 GiB (a sparse file: declared, not on disk) is no ONNX model: refused from its size,
     where onnx.load read all of it (a peak of 3.2 GB for 3 GiB) before its parser refused it."""

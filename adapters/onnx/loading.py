@@ -79,7 +79,9 @@ def check_location(tensor: str, location: str, folder: Path) -> Path:
             f"external data of tensor {tensor!r} resolves outside the model folder: {location!r} -> {target}"
         )
     if not target.is_file():
-        raise OnnxProbeError(f"external data file of tensor {tensor!r} not found: {location!r}")
+        raise OnnxProbeError(f"external data file of tensor {tensor!r}, {location!r}, is "
+                             f"{file_kind(target.stat().st_mode)}, not a regular file; refused" if target.exists()
+                             else f"external data file of tensor {tensor!r} not found: {location!r}")
     note_input(target)  # read by the running command: `probe -o` may not replace the model's weights
     return target
 
