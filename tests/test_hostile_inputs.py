@@ -8,6 +8,7 @@ directory) must be refused without allocating them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -332,6 +333,17 @@ def loop_block(proto):
     node.CopyFrom(helper.make_node("Loop", ["trips", "go", "a1"], ["b1"], body=body))
 
 
+def renamed(old: str, new: str):
+    """The tensor ``old`` named ``new`` wherever the graph makes, reads or lists it."""
+    def edit(proto):
+        for node in proto.graph.node:
+            node.input[:] = [new if name == old else name for name in node.input]
+            node.output[:] = [new if name == old else name for name in node.output]
+        for value in itertools.chain(proto.graph.input, proto.graph.output):
+            value.name = new if value.name == old else value.name
+    return edit
+
+
 HOSTILE_MODELS = {  # case: (edit of the residual MLP, parts of the line)
     # a batch axis no batch fits: it was a ZeroDivisionError traceback (the hint's sample count modulo the size)
     "batch_axis_zero": (batch_axis(0), ["batch 0", "fixed batch size of 0: export the model with a dynamic batch"]),
@@ -348,6 +360,13 @@ HOSTILE_MODELS = {  # case: (edit of the residual MLP, parts of the line)
     "custom_domain": (retyped("Pwn", "com.evil"), ["Pwn node 'b1', an op onnx has no schema for (domain 'com.evil')"]),
     "loop_without_shapes": (loop_block, ["it first found none at Loop node 'b1' (inputs trips [], go [], a1 "]),
     "feature_axis_zero": (feature_axis(0), ["it first found none at MatMul node 'h0' (inputs x ['batch', 0], W0 [5, "]),
+    # a tensor named as one the probe adds: refused as a cycle through the probe's tensor, or by ONNX Runtime as a
+    # duplicate definition, before
+    "name_of_the_probes_loss": (renamed("logits", "satcore_loss"), [
+        "tensor 'satcore_loss': the probe adds tensors of this name to the graph", "rename it in the model"]),
+    "name_of_the_probes_tensor": (renamed("a1", "satcore_picked"), ["tensor 'satcore_picked': the probe adds"]),
+    "name_of_a_candidates_gradient": (renamed("h1", "h0_grad"), ["tensor 'h0_grad': the probe adds tensors of this",
+                                                                 "each candidate's name + '_grad'"]),
     # ONNX Runtime's refusal without its C++ source location and signature (they led the line, which was cut
     # mid-word from the front to fit)
     "opset_future": (lambda proto: setattr(proto.opset_import[0], "version", 999), [

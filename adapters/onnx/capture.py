@@ -18,6 +18,7 @@ execution providers given (CPU by default).
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import numpy as np
@@ -35,6 +36,7 @@ TARGETS = "satcore_targets"
 LOSS_SCALE = "satcore_loss_scale"
 IGNORE_INDEX = -100  # PyTorch's and Hugging Face's label for a token left out of the loss
 LOSS = "satcore_loss"
+RESERVED_PREFIX = "satcore_"  # the probe's own tensors: its loss's, its inputs', its backward graph's
 # where in ORT's sources a message was raised: "/onnxruntime_src/.../model.cc:256 onnxruntime::Model::Model(...) "
 CPP_LOCATION = re.compile(r"/[^\s:]+\.(?:cc|cpp|h|hpp):\d+ (?:[^ (]+ )*[^ (]+\([^)]*\)(?: const)? ")
 MAX_ORT_CHARS = 300
@@ -191,6 +193,18 @@ def batchnorm_as_affine(graph, infos) -> None:
     graph.node.extend(nodes)
 
 
+def check_reserved_names(graph, candidates) -> None:
+    """Refuse a tensor of the model named as one the probe adds to its graph (``satcore_...``, a candidate's name
+    with :data:`GRAD_SUFFIX`): the two would meet as a cycle or a duplicate definition, refused in those words."""
+    reserved = {name + GRAD_SUFFIX for name in candidates}
+    named = itertools.chain((v.name for v in itertools.chain(graph.input, graph.output, graph.initializer)),
+                            (o for node in graph.node for o in node.output))
+    clash = next((name for name in named if name.startswith(RESERVED_PREFIX) or name in reserved), None)
+    if clash is not None:
+        raise OnnxProbeError(f"tensor {clash!r}: the probe adds tensors of this name to the graph ({RESERVED_PREFIX}..., "
+                             f"and each candidate's name + {GRAD_SUFFIX!r}); rename it in the model")
+
+
 def probe_graph(model, candidates, *, loss: str, output: str | None = None):
     """``(probe model, logits/loss output name, infos)``: the model with summed loss and candidate outputs.
 
@@ -212,6 +226,7 @@ def probe_graph(model, candidates, *, loss: str, output: str | None = None):
     if output not in outputs:
         raise OnnxProbeError(f"output {output!r} is not a graph output {outputs}")
     check_candidates(model, candidates)
+    check_reserved_names(model.graph, candidates)
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     graph = probe.graph
