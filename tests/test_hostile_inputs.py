@@ -282,9 +282,10 @@ def edited_model(model: str, path, edit):
     return path
 
 
-def batch_axis(size: int):
+def input_axis(axis: int, size: int):
+    """The model input's ``axis`` declared of ``size``."""
     def edit(proto):
-        proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value = size
+        proto.graph.input[0].type.tensor_type.shape.dim[axis].dim_value = size
     return edit
 
 
@@ -311,26 +312,26 @@ def retyped(op_type: str, domain: str = ""):
     return edit
 
 
-def feature_axis(size: int):
-    def edit(proto):
-        proto.graph.input[0].type.tensor_type.shape.dim[1].dim_value = size
-    return edit
+def loop_node(proto, source: str, output: str, *, trips: int, op: str, shape):
+    """A ``Loop`` node of ``trips`` trips applying ``op`` to ``source`` (its one carried value) into ``output``, its
+    body's values declared of ``shape`` (``None``: no shape); its trip count and condition added as weights."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["go"], ["go_on"]), helper.make_node(op, ["v"], ["v_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("go", TensorProto.BOOL, []), helper.make_tensor_value_info("v", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("go_on", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, shape)])
+    proto.graph.initializer.extend([numpy_helper.from_array(np.array(trips, np.int64), "trips"),
+                                    numpy_helper.from_array(np.array(True), "go")])
+    return helper.make_node("Loop", ["trips", "go", source], [output], body=body)
 
 
 def loop_block(proto):
     """The block's ``Tanh`` inside a ``Loop`` whose body declares no shapes."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    body = helper.make_graph(
-        [helper.make_node("Identity", ["go"], ["go_on"]), helper.make_node("Tanh", ["v"], ["v_out"])], "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("go", TensorProto.BOOL, []), helper.make_tensor_value_info("v", TensorProto.FLOAT, None)],
-        [helper.make_tensor_value_info("go_on", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, None)])
-    proto.graph.initializer.extend([numpy_helper.from_array(np.array(3, np.int64), "trips"),
-                                    numpy_helper.from_array(np.array(True), "go")])
     node = next(n for n in proto.graph.node if n.output[0] == "b1")
-    node.CopyFrom(helper.make_node("Loop", ["trips", "go", "a1"], ["b1"], body=body))
+    node.CopyFrom(loop_node(proto, "a1", "b1", trips=3, op="Tanh", shape=None))
 
 
 def renamed(old: str, new: str):
@@ -346,7 +347,7 @@ def renamed(old: str, new: str):
 
 HOSTILE_MODELS = {  # case: (edit of the residual MLP, parts of the line)
     # a batch axis no batch fits: it was a ZeroDivisionError traceback (the hint's sample count modulo the size)
-    "batch_axis_zero": (batch_axis(0), ["batch 0", "fixed batch size of 0: export the model with a dynamic batch"]),
+    "batch_axis_zero": (input_axis(0, 0), ["batch 0", "fixed batch size of 0: export the model with a dynamic batch"]),
     # weights in typed fields with fewer values than their shape: the line named the loss's tensor (its rank unknown
     # after shape inference gave up at the weight), not the weight
     "typed_values_none": (typed_values([10**6, 10**6], 0), ["tensor name: W0", "one and only one value field"]),
@@ -359,7 +360,7 @@ HOSTILE_MODELS = {  # case: (edit of the residual MLP, parts of the line)
                                               "(domain 'ai.onnx')"]),
     "custom_domain": (retyped("Pwn", "com.evil"), ["Pwn node 'b1', an op onnx has no schema for (domain 'com.evil')"]),
     "loop_without_shapes": (loop_block, ["it first found none at Loop node 'b1' (inputs trips [], go [], a1 "]),
-    "feature_axis_zero": (feature_axis(0), ["it first found none at MatMul node 'h0' (inputs x ['batch', 0], W0 [5, "]),
+    "feature_axis_zero": (input_axis(1, 0), ["it first found none at MatMul node 'h0' (inputs x ['batch', 0], W0 [5, "]),
     # a tensor named as one the probe adds: refused as a cycle through the probe's tensor, or by ONNX Runtime as a
     # duplicate definition, before
     "name_of_the_probes_loss": (renamed("logits", "satcore_loss"), [
@@ -390,20 +391,10 @@ def test_hostile_onnx_models_are_one_line(probe_inputs, tmp_path, case):
 
 def endless_loop_beside_the_loss(proto):
     """A ``Loop`` of 10^15 trips reading ``h0``, whose output is a second graph output that the loss never reads."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
-    shaped = ["batch", 6]
-    body = helper.make_graph(
-        [helper.make_node("Identity", ["go"], ["go_on"]), helper.make_node("Identity", ["v"], ["v_out"])], "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("go", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v", TensorProto.FLOAT, shaped)],
-        [helper.make_tensor_value_info("go_on", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, shaped)])
-    proto.graph.initializer.extend([numpy_helper.from_array(np.array(10**15, np.int64), "trips"),
-                                    numpy_helper.from_array(np.array(True), "go")])
-    proto.graph.node.append(helper.make_node("Loop", ["trips", "go", "h0"], ["aux"], body=body))
-    proto.graph.output.append(helper.make_tensor_value_info("aux", TensorProto.FLOAT, shaped))
+    proto.graph.node.append(loop_node(proto, "h0", "aux", trips=10**15, op="Identity", shape=["batch", 6]))
+    proto.graph.output.append(helper.make_tensor_value_info("aux", TensorProto.FLOAT, ["batch", 6]))
 
 
 @pytest.mark.parametrize("kind, make", [("a FIFO", os.mkfifo), ("a directory", os.mkdir)])
