@@ -251,6 +251,27 @@ def test_a_file_expand_copies_that_is_no_regular_file_is_refused_before_any_work
     assert not out.exists()
 
 
+@pytest.mark.parametrize("kind, what", [("link_to_empty_dir", "a symbolic link"), ("link_to_dev_null", "a symbolic link"),
+                                        ("fifo", "a FIFO"), ("full_dir", "a directory with files in it")])
+def test_an_out_dir_that_is_taken_says_what_is_there(kind, what, source, tmp_path):
+    """-o naming something that is not a new or empty directory is refused saying what it is: before, a symbolic
+    link to an empty directory read 'exists and is not an empty directory' alone, which it seemed to be."""
+    out = tmp_path / "out"
+    if kind == "link_to_empty_dir":
+        (tmp_path / "empty").mkdir()
+        os.symlink(tmp_path / "empty", out)
+    elif kind == "link_to_dev_null":
+        os.symlink("/dev/null", out)
+    elif kind == "fifo":
+        os.mkfifo(out)
+    else:
+        out.mkdir()
+        (out / "keep.txt").write_text("mine")
+    refused(CliRunner().invoke(main, ["expand", str(source[0]), "--at", "1", "-o", str(out)]),
+            f"{out}: exists and is not an empty directory ({what}); refusing to replace it")
+    assert os.path.lexists(out) and not [p for p in os.listdir(tmp_path) if p.startswith(".satcore")]
+
+
 @pytest.mark.parametrize("case", ["layers_billion", "deep_config", "header_length_forged"])
 def test_huge_declarations_are_refused_in_bounded_memory(case, source, tmp_path):
     folder, expect = checkpoint_case(case, source, tmp_path)
