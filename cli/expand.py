@@ -417,6 +417,7 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
                                                        checkpoint_dtype, load_causal_lm, read_config,
                                                        read_token_windows)
     from satcore.adapters.torch.expansion import ExpansionOptions, check_trials_batch, decoder_stack, split_batches
+    from satcore.adapters.torch.safetensors_headers import regular_file
     from satcore.adapters.torch.expansion import expand as expand_model
     from satcore.adapters.torch.expansion_exports import lora_adapter_config, write_training_exports
     from satcore.adapters.torch.locate import find_blocks
@@ -429,6 +430,8 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     hf_logging.disable_progress_bar()  # one report on stdout, no bars on stderr
     on_gpu = torch.cuda.is_available()
     check_checkpoint_dir(model_dir)
+    for name in COPIED_FILES:  # copied into OUT_DIR at the end: a FIFO or a device is refused now, not skipped then
+        regular_file(os.path.join(model_dir, name), f"{display_name(model_dir)}/{name}")
     config = read_config(model_dir)
     saved_dtype = checkpoint_dtype(config)
     _check_counts(config, blocks, max_blocks, model_dir)  # before the weights are read

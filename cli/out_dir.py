@@ -18,7 +18,7 @@ import shutil
 import tempfile
 
 from satcore import InputError
-from satcore.adapter_api import OutputError, check_folder_writable
+from satcore.adapter_api import OutputError, check_folder_writable, file_kind
 
 from .common import display_name
 
@@ -59,7 +59,9 @@ def check_out_dir(out_dir: str, *, source_dir: str | None = None, option: str = 
         raise InputError(f"{shown}: is a file, not a directory; refusing to replace it (give a new or empty "
                          "directory)")
     if os.path.lexists(out_dir) and (not os.path.isdir(out_dir) or os.path.islink(out_dir) or os.listdir(out_dir)):
-        raise InputError(f"{shown}: exists and is not an empty directory; refusing to replace it")
+        what = ("a symbolic link" if os.path.islink(out_dir) else "a directory with files in it"
+                if os.path.isdir(out_dir) else file_kind(os.stat(out_dir).st_mode))
+        raise InputError(f"{shown}: exists and is not an empty directory ({what}); refusing to replace it")
 
 
 def refuse_inside_model_dir(path: str, model_dir: str) -> None:

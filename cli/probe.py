@@ -225,9 +225,14 @@ def fixed_batch_hint(model_path: str, batch_size: int, n_samples: int) -> str:
     name, size = next(iter(fixed.items()))
     if size == batch_size and n_samples % size == 0:
         return ""
-    count = "" if n_samples % size == 0 else f" and a sample count that is a multiple of {size} (DATA holds {n_samples})"
-    return (f"; the model's input {name!r} has a fixed batch size of {size} (an export's example batch): pass "
-            f"--batch-size {size}{count}, or export the model with a dynamic batch axis (torch.onnx.export(..., "
+    if size < 1:  # a hostile file's batch axis of 0: no --batch-size fits it, only a dynamic axis does
+        remedy = ""
+    else:
+        count = "" if n_samples % size == 0 else (f" and a sample count that is a multiple of {size} (DATA holds "
+                                                  f"{n_samples})")
+        remedy = f" (an export's example batch): pass --batch-size {size}{count}, or"
+    return (f"; the model's input {name!r} has a fixed batch size of {size}{remedy or ':'} "
+            f"export the model with a dynamic batch axis (torch.onnx.export(..., "
             f"dynamic_axes={{{name!r}: {{0: 'batch'}}}}))")
 
 

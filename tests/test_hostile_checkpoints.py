@@ -131,6 +131,9 @@ def checkpoint_case(case, source, tmp_path):
         return edited(source, tmp_path, "w", hidden_size=10**40), ["config.json: hidden_size", "not in the range"]
     if case == "bad_dtype":
         return edited(source, tmp_path, "w", dtype="int8"), ["config.json: dtype 'int8'"]
+    if case == "tie_word_embeddings_word":  # the tokenizer's loader reads config.json too: it was named the cause
+        return edited(source, tmp_path, "w", tie_word_embeddings="yes"), [
+            "w/config.json: Validation error for field 'tie_word_embeddings'", "expected bool, got str"]
     if case == "deep_config":
         (folder / "config.json").write_text("[" * 200_000 + "]" * 200_000)
         return folder, ["config.json: nested more than 32 levels deep"]
@@ -165,7 +168,7 @@ def checkpoint_case(case, source, tmp_path):
 CHECKPOINT_CASES = ["truncated", "header_length_forged", "header_not_json", "offsets_forged", "dtype_forged",
                     "layers_word", "layers_fraction", "layers_more_than_weights", "layers_fewer_than_weights",
                     "layers_absent", "layers_billion", "head_dim_forged", "no_heads", "heads_indivisible",
-                    "width_huge", "bad_dtype", "deep_config", "tokenizer_list", "pickled_weights",
+                    "width_huge", "bad_dtype", "tie_word_embeddings_word", "deep_config", "tokenizer_list", "pickled_weights",
                     "unexpected_tensor", "index_metadata_number", "index_metadata_absent"]
 
 
@@ -181,6 +184,92 @@ def test_hostile_checkpoints_are_one_line_before_any_work(case, source, tmp_path
         result = CliRunner().invoke(main, ["probe", str(folder), "--data", str(source[1]), "-o",
                                            str(tmp_path / "d.npz")])
         refused(result, *expect)
+
+
+def sharded(folder):
+    """``folder`` with its weights in one shard, ``shard.safetensors``, named by ``model.safetensors.index.json``."""
+    from safetensors import safe_open
+
+    (folder / "model.safetensors").rename(folder / "shard.safetensors")
+    with safe_open(folder / "shard.safetensors", "np") as weights:
+        index = {"metadata": {}, "weight_map": {key: "shard.safetensors" for key in weights.keys()}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return folder
+
+
+SPECIAL_FILES = {  # case: (the file of the checkpoint replaced, by what, the kind the line names)
+    "config_fifo": ("config.json", "fifo", "a FIFO"),
+    "config_dev_zero": ("config.json", "/dev/zero", "a character device"),
+    "weights_fifo": ("model.safetensors", "fifo", "a FIFO"),
+    "weights_directory": ("model.safetensors", "directory", "a directory"),
+    "index_fifo": ("model.safetensors.index.json", "fifo", "a FIFO"),
+    "shard_dev_zero": ("shard.safetensors", "/dev/zero", "a character device"),
+    "tokenizer_dev_zero": ("tokenizer.json", "/dev/zero", "a character device"),
+    "tokenizer_config_fifo": ("tokenizer_config.json", "fifo", "a FIFO"),
+}
+
+
+@pytest.mark.parametrize("case", list(SPECIAL_FILES))
+def test_a_checkpoint_file_that_is_no_regular_file_is_named_as_what_it_is(case, source, tmp_path):
+    """A FIFO, a device or a directory where a checkpoint file goes is never opened (it could block or never end)
+    and is refused naming it and what it is; before, it was called missing ('no config.json', 'shard ... is
+    missing'), or handed to the tokenizer's loader, which failed on it in its own words."""
+    name, replacement, kind = SPECIAL_FILES[case]
+    folder = edited(source, tmp_path)
+    if name.startswith(("shard", "model.safetensors.index")):
+        sharded(folder)
+    (folder / name).unlink()
+    if replacement == "fifo":
+        os.mkfifo(folder / name)
+    elif replacement == "directory":
+        (folder / name).mkdir()
+    else:
+        os.symlink(replacement, folder / name)
+    for command in ("expand", "probe"):
+        out = tmp_path / f"{command}.out"
+        args = ["-o", str(out)] + (["--blocks", "1"] if command == "expand" else [])
+        result = CliRunner().invoke(main, [command, str(folder), "--data", str(source[1]), *args])
+        refused(result, f"{folder / name}: is {kind}, not a regular file; refused")
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("name, replacement, kind", [("special_tokens_map.json", "fifo", "a FIFO"),
+                                                     ("tokenizer.json", "/dev/zero", "a character device")])
+def test_a_file_expand_copies_that_is_no_regular_file_is_refused_before_any_work(name, replacement, kind, source,
+                                                                                 tmp_path):
+    """expand --at reads no tokenizer, but copies the tokenizer's files into OUT_DIR: one that is a FIFO or a device
+    is refused naming it before any work; before, the copy skipped it and OUT_DIR had no tokenizer, silently."""
+    folder = edited(source, tmp_path)
+    (folder / name).unlink(missing_ok=True)
+    if replacement == "fifo":
+        os.mkfifo(folder / name)
+    else:
+        os.symlink(replacement, folder / name)
+    out = tmp_path / "o"
+    refused(CliRunner().invoke(main, ["expand", str(folder), "--at", "1", "-o", str(out)]),
+            f"{folder / name}: is {kind}, not a regular file; refused")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kind, what", [("link_to_empty_dir", "a symbolic link"), ("link_to_dev_null", "a symbolic link"),
+                                        ("fifo", "a FIFO"), ("full_dir", "a directory with files in it")])
+def test_an_out_dir_that_is_taken_says_what_is_there(kind, what, source, tmp_path):
+    """-o naming something that is not a new or empty directory is refused saying what it is: before, a symbolic
+    link to an empty directory read 'exists and is not an empty directory' alone, which it seemed to be."""
+    out = tmp_path / "out"
+    if kind == "link_to_empty_dir":
+        (tmp_path / "empty").mkdir()
+        os.symlink(tmp_path / "empty", out)
+    elif kind == "link_to_dev_null":
+        os.symlink("/dev/null", out)
+    elif kind == "fifo":
+        os.mkfifo(out)
+    else:
+        out.mkdir()
+        (out / "keep.txt").write_text("mine")
+    refused(CliRunner().invoke(main, ["expand", str(source[0]), "--at", "1", "-o", str(out)]),
+            f"{out}: exists and is not an empty directory ({what}); refusing to replace it")
+    assert os.path.lexists(out) and not [p for p in os.listdir(tmp_path) if p.startswith(".satcore")]
 
 
 @pytest.mark.parametrize("case", ["layers_billion", "deep_config", "header_length_forged"])

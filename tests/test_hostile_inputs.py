@@ -8,6 +8,7 @@ directory) must be refused without allocating them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -25,6 +26,8 @@ from satcore._io.dump import DumpError, read_dump
 
 SATCORE = [str(Path(sys.executable).parent / "satcore")]
 RSS_LIMIT_BYTES = 200 * 2**20
+# the satcore of this checkout in child processes (the console script may import another install's)
+THIS_CHECKOUT = {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
 CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f\x80-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
@@ -267,6 +270,179 @@ def test_probe_data_nan_names_key_and_batch(probe_inputs, tmp_path):
                                        str(tmp_path / "o.npz")])
     assert result.exit_code == 2
     assert_one_line(result.stderr, ["nan.npz", "'inputs'", "NaN or Inf", "batch 2"])
+
+
+def edited_model(model: str, path, edit):
+    """A copy of the ONNX file ``model`` at ``path``, ``edit(proto)`` applied to it."""
+    import onnx
+
+    proto = onnx.load(model)
+    edit(proto)
+    onnx.save(proto, str(path))
+    return path
+
+
+def input_axis(axis: int, size: int):
+    """The model input's ``axis`` declared of ``size``."""
+    def edit(proto):
+        proto.graph.input[0].type.tensor_type.shape.dim[axis].dim_value = size
+    return edit
+
+
+def typed_values(dims, values):
+    """Store the first weight in ``float_data``: ``values`` of them under the shape ``dims``."""
+    def edit(proto):
+        tensor = proto.graph.initializer[0]
+        tensor.ClearField("raw_data")
+        tensor.ClearField("dims")
+        tensor.dims.extend(dims)
+        tensor.float_data.extend([1.0] * values)
+    return edit
+
+
+def retyped(op_type: str, domain: str = ""):
+    """The block's ``Tanh`` (output ``b1``) as ``op_type`` of ``domain``: an op onnx has no schema for."""
+    def edit(proto):
+        from onnx import helper
+
+        node = next(n for n in proto.graph.node if n.output[0] == "b1")
+        node.op_type, node.domain = op_type, domain
+        if domain:
+            proto.opset_import.append(helper.make_opsetid(domain, 1))
+    return edit
+
+
+def loop_node(proto, source: str, output: str, *, trips: int, op: str, shape):
+    """A ``Loop`` node of ``trips`` trips applying ``op`` to ``source`` (its one carried value) into ``output``, its
+    body's values declared of ``shape`` (``None``: no shape); its trip count and condition added as weights."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["go"], ["go_on"]), helper.make_node(op, ["v"], ["v_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("go", TensorProto.BOOL, []), helper.make_tensor_value_info("v", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("go_on", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, shape)])
+    proto.graph.initializer.extend([numpy_helper.from_array(np.array(trips, np.int64), "trips"),
+                                    numpy_helper.from_array(np.array(True), "go")])
+    return helper.make_node("Loop", ["trips", "go", source], [output], body=body)
+
+
+def loop_block(proto):
+    """The block's ``Tanh`` inside a ``Loop`` whose body declares no shapes."""
+    node = next(n for n in proto.graph.node if n.output[0] == "b1")
+    node.CopyFrom(loop_node(proto, "a1", "b1", trips=3, op="Tanh", shape=None))
+
+
+def renamed(old: str, new: str):
+    """The tensor ``old`` named ``new`` wherever the graph makes, reads or lists it."""
+    def edit(proto):
+        for node in proto.graph.node:
+            node.input[:] = [new if name == old else name for name in node.input]
+            node.output[:] = [new if name == old else name for name in node.output]
+        for value in itertools.chain(proto.graph.input, proto.graph.output):
+            value.name = new if value.name == old else value.name
+    return edit
+
+
+HOSTILE_MODELS = {  # case: (edit of the residual MLP, parts of the line)
+    # a batch axis no batch fits: it was a ZeroDivisionError traceback (the hint's sample count modulo the size)
+    "batch_axis_zero": (input_axis(0, 0), ["batch 0", "fixed batch size of 0: export the model with a dynamic batch"]),
+    # weights in typed fields with fewer values than their shape: the line named the loss's tensor (its rank unknown
+    # after shape inference gave up at the weight), not the weight
+    "typed_values_none": (typed_values([10**6, 10**6], 0), ["tensor name: W0", "one and only one value field"]),
+    "typed_values_short": (typed_values([10**6, 10**6], 4), [
+        "tensor name: W0", "float_data size (4) is too small for the declared shape (1000000000000 float values"]),
+    "typed_values_one_short": (typed_values([5, 8], 39), ["tensor name: W0", "float_data size (39) is too small"]),
+    # shape inference gives up at a node, and every tensor after it has no shape: the refusal of the loss's tensor
+    # says where inference gave up and why (before: only that the file declares no value_info for the loss's tensor)
+    "op_without_schema": (retyped("FooBar"), ["it first found none at FooBar node 'b1', an op onnx has no schema for "
+                                              "(domain 'ai.onnx')"]),
+    "custom_domain": (retyped("Pwn", "com.evil"), ["Pwn node 'b1', an op onnx has no schema for (domain 'com.evil')"]),
+    "loop_without_shapes": (loop_block, ["it first found none at Loop node 'b1' (inputs trips [], go [], a1 "]),
+    "feature_axis_zero": (input_axis(1, 0), ["it first found none at MatMul node 'h0' (inputs x ['batch', 0], W0 [5, "]),
+    # a tensor named as one the probe adds: refused as a cycle through the probe's tensor, or by ONNX Runtime as a
+    # duplicate definition, before
+    "name_of_the_probes_loss": (renamed("logits", "satcore_loss"), [
+        "tensor 'satcore_loss': the probe adds tensors of this name to the graph", "rename it in the model"]),
+    "name_of_the_probes_tensor": (renamed("a1", "satcore_picked"), ["tensor 'satcore_picked': the probe adds"]),
+    "name_of_a_candidates_gradient": (renamed("h1", "h0_grad"), ["tensor 'h0_grad': the probe adds tensors of this",
+                                                                 "each candidate's name + '_grad'"]),
+    # ONNX Runtime's refusal without its C++ source location and signature (they led the line, which was cut
+    # mid-word from the front to fit)
+    "opset_future": (lambda proto: setattr(proto.opset_import[0], "version", 999), [
+        "ONNX Runtime refused the gradient graph: ... opset versions. Opset 999 is under development"]),
+    "ir_version_future": (lambda proto: setattr(proto, "ir_version", 999), [
+        "refused the gradient graph: Unsupported model IR version: 999, max supported IR version"]),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_MODELS))
+def test_hostile_onnx_models_are_one_line(probe_inputs, tmp_path, case):
+    _, model, data = probe_inputs
+    edit, expect = HOSTILE_MODELS[case]
+    path = edited_model(model, tmp_path / f"{case}.onnx", edit)
+    result = CliRunner().invoke(main, ["probe", str(path), "--data", data, "-o", str(tmp_path / "o.npz")])
+    assert result.exit_code == 2, result.output
+    assert_one_line(result.stderr, [f"{case}.onnx", *expect])
+    assert "onnxruntime::" not in result.stderr and "onnxruntime_src" not in result.stderr
+    assert not (tmp_path / "o.npz").exists()
+
+
+def endless_loop_beside_the_loss(proto):
+    """A ``Loop`` of 10^15 trips reading ``h0``, whose output is a second graph output that the loss never reads."""
+    from onnx import TensorProto, helper
+
+    proto.graph.node.append(loop_node(proto, "h0", "aux", trips=10**15, op="Identity", shape=["batch", 6]))
+    proto.graph.output.append(helper.make_tensor_value_info("aux", TensorProto.FLOAT, ["batch", 6]))
+
+
+@pytest.mark.parametrize("kind, make", [("a FIFO", os.mkfifo), ("a directory", os.mkdir)])
+def test_external_data_that_is_no_regular_file_is_named_as_what_it_is(tmp_path, kind, make):
+    """External data inside the model's folder that is a FIFO or a directory is never opened and is named as what
+    it is; before, it was 'not found' while the user could see it."""
+    from test_onnx_errors import with_external_weight
+
+    from satcore.adapters.onnx import OnnxProbeError, load_model
+
+    def location(folder):
+        make(folder / "special.bin")
+        return "special.bin"
+
+    path = with_external_weight(tmp_path / "m", location)
+    with pytest.raises(OnnxProbeError, match=f"external data file of tensor 'W', 'special.bin', is {kind}, not a "
+                                             "regular file; refused"):
+        load_model(path)
+
+
+def test_a_file_larger_than_onnx_allows_is_refused_unread(probe_inputs, tmp_path):
+    """A file past protobuf's 2 GiB (a sparse file: declared, not on disk) is no ONNX model: refused from its size,
+    where onnx.load read all of it (a peak of 3.2 GB for 3 GiB) before its parser refused it."""
+    _, _, data = probe_inputs
+    path = tmp_path / "huge.onnx"
+    with open(path, "wb") as stream:
+        stream.truncate(3 * 2**30)
+    code, err, rss = peak_rss(["probe", str(path), "--data", data, "-o", str(tmp_path / "o.npz")], env=THIS_CHECKOUT)
+    assert code == 2, err
+    assert_one_line(err, ["huge.onnx: 3,221,225,472 bytes, more than an ONNX file holds (2,147,483,647"])
+    assert rss < RSS_LIMIT_BYTES, f"peak RSS {rss / 2**20:.0f} MiB"
+
+
+def test_nodes_no_fetched_output_reads_are_not_run(probe_inputs, tmp_path):
+    """ONNX Runtime runs every node of its graph: the probe's graph keeps only what the loss and the candidates
+    read, so an endless Loop on another output (it hung the probe before) costs nothing and the dump is the one of
+    the model without it."""
+    _, model, data = probe_inputs
+    path = edited_model(model, tmp_path / "loop.onnx", endless_loop_beside_the_loss)
+    proc = subprocess.run(SATCORE + ["probe", str(path), "--data", data, "-o", str(tmp_path / "loop.npz")],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **THIS_CHECKOUT})
+    assert proc.returncode == 0, proc.stderr
+    result = CliRunner().invoke(main, ["probe", model, "--data", data, "-o", str(tmp_path / "plain.npz")])
+    assert result.exit_code == 0, result.output
+    looped, plain = (np.load(tmp_path / f"{name}.npz") for name in ("loop", "plain"))
+    assert sorted(looped.files) == sorted(plain.files) and "stats/h0/sum_gram" in plain.files
+    for key in set(plain.files) - {"meta"}:  # meta names the model file
+        np.testing.assert_array_equal(looped[key], plain[key], err_msg=key)
 
 
 # -- outputs --------------------------------------------------------------------------------------

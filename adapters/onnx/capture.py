@@ -18,10 +18,14 @@ execution providers given (CPU by default).
 
 from __future__ import annotations
 
+import itertools
+import re
+
 import numpy as np
 
 from .autodiff import GRAD_SUFFIX, gradient_model
 from .errors import OnnxProbeError
+from .loading import prune_to_outputs
 from .locate import check_candidates, tensor_infos
 
 ROUTE = "backward-graph"
@@ -32,15 +36,20 @@ TARGETS = "satcore_targets"
 LOSS_SCALE = "satcore_loss_scale"
 IGNORE_INDEX = -100  # PyTorch's and Hugging Face's label for a token left out of the loss
 LOSS = "satcore_loss"
+RESERVED_PREFIX = "satcore_"  # the probe's own tensors: its loss's, its inputs', its backward graph's
+# where in ORT's sources a message was raised: "/onnxruntime_src/.../model.cc:256 onnxruntime::Model::Model(...) "
+CPP_LOCATION = re.compile(r"/[^\s:]+\.(?:cc|cpp|h|hpp):\d+ (?:[^ (]+ )*[^ (]+\([^)]*\)(?: const)? ")
+MAX_ORT_CHARS = 300
 
 
 def one_line(exc: BaseException) -> str:
-    """ORT's message without the C++ location and signature that precede it, on one line."""
-    text = " ".join(str(exc).split())
+    """ORT's message without the C++ locations and signatures in it, on one line: at most its last
+    :data:`MAX_ORT_CHARS` characters (the specific part), cut at a word."""
+    text = " ".join(CPP_LOCATION.sub(" ", str(exc)).split())
     for marker in ("was false. ", "FAIL : "):
         if marker in text and text.rpartition(marker)[2].strip():
             text = text.rpartition(marker)[2]
-    return text[-300:]
+    return text if len(text) <= MAX_ORT_CHARS else "... " + text[-MAX_ORT_CHARS:].partition(" ")[2]
 
 
 def _own_inputs_named(text: str) -> str:
@@ -184,6 +193,18 @@ def batchnorm_as_affine(graph, infos) -> None:
     graph.node.extend(nodes)
 
 
+def check_reserved_names(graph, candidates) -> None:
+    """Refuse a tensor of the model named as one the probe adds to its graph (``satcore_...``, a candidate's name
+    with :data:`GRAD_SUFFIX`): the two would meet as a cycle or a duplicate definition, refused in those words."""
+    reserved = {name + GRAD_SUFFIX for name in candidates}
+    named = itertools.chain((v.name for v in itertools.chain(graph.input, graph.output, graph.initializer)),
+                            (o for node in graph.node for o in node.output))
+    clash = next((name for name in named if name.startswith(RESERVED_PREFIX) or name in reserved), None)
+    if clash is not None:
+        raise OnnxProbeError(f"tensor {clash!r}: the probe adds tensors of this name to the graph ({RESERVED_PREFIX}..., "
+                             f"and each candidate's name + {GRAD_SUFFIX!r}); rename it in the model")
+
+
 def probe_graph(model, candidates, *, loss: str, output: str | None = None):
     """``(probe model, logits/loss output name, infos)``: the model with summed loss and candidate outputs.
 
@@ -205,6 +226,7 @@ def probe_graph(model, candidates, *, loss: str, output: str | None = None):
     if output not in outputs:
         raise OnnxProbeError(f"output {output!r} is not a graph output {outputs}")
     check_candidates(model, candidates)
+    check_reserved_names(model.graph, candidates)
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     graph = probe.graph
@@ -219,4 +241,5 @@ def probe_graph(model, candidates, *, loss: str, output: str | None = None):
         if name not in graph_inputs:
             elem = infos[name].elem_type if name in infos else onnx.TensorProto.FLOAT
             graph.output.append(helper.make_tensor_value_info(name, elem, None))
+    prune_to_outputs(graph)  # the model's other outputs are no longer fetched: their nodes need not run
     return probe, output, infos

@@ -31,6 +31,7 @@ OTHER_FORMATS = {
     **dict.fromkeys((".pt", ".pth", ".bin", ".safetensors"), "torch weights: export the model to ONNX "
                     "(torch.onnx.export) or pass the Hugging Face checkpoint folder that holds them"),
 }
+MAX_PROTO_BYTES = 2**31 - 1  # protobuf's limit on one message: a larger file is no ONNX model
 
 
 def _tensors(graph):
@@ -78,7 +79,9 @@ def check_location(tensor: str, location: str, folder: Path) -> Path:
             f"external data of tensor {tensor!r} resolves outside the model folder: {location!r} -> {target}"
         )
     if not target.is_file():
-        raise OnnxProbeError(f"external data file of tensor {tensor!r} not found: {location!r}")
+        raise OnnxProbeError(f"external data file of tensor {tensor!r}, {location!r}, is "
+                             f"{file_kind(target.stat().st_mode)}, not a regular file; refused" if target.exists()
+                             else f"external data file of tensor {tensor!r} not found: {location!r}")
     note_input(target)  # read by the running command: `probe -o` may not replace the model's weights
     return target
 
@@ -184,6 +187,27 @@ def sort_graph(graph, *, check_only: bool = False) -> bool:
     return was_sorted
 
 
+def prune_to_outputs(graph) -> None:
+    """Drop, in place, the nodes of ``graph`` that none of its outputs reads, directly or through other nodes.
+
+    ONNX Runtime runs every node of a session's graph, fetched or not: the
+    model's other heads would cost every batch their work, and a hostile
+    file's ``Loop`` of 10^15 trips that no output reads would run forever.
+    """
+    producer = {o: k for k, node in enumerate(graph.node) for o in node.output if o}
+    needed: set[int] = set()
+    stack = [o.name for o in graph.output]
+    while stack:
+        k = producer.get(stack.pop())
+        if k is not None and k not in needed:
+            needed.add(k)
+            stack.extend(node_reads(graph.node[k]))
+    if len(needed) < len(graph.node):
+        kept = [copy_node(graph.node[k]) for k in sorted(needed)]
+        del graph.node[:]
+        graph.node.extend(kept)
+
+
 def copy_node(node):
     from onnx import NodeProto
 
@@ -199,7 +223,8 @@ def describe_node(node) -> str:
 def check_tensor_sizes(proto, folder: Path | None) -> None:
     """Refuse tensors whose bytes are not exactly what their shape and type declare.
 
-    Inline ``raw_data`` must hold ``prod(dims) * itemsize`` bytes.  External
+    Inline ``raw_data`` must hold ``prod(dims) * itemsize`` bytes, typed fields
+    the values of ``prod(dims)`` elements (:func:`check_typed_values`).  External
     data (``folder``: the model's) is checked from ``stat`` alone, before a
     byte is read: its location must stay in ``folder``, and the tensor's
     ``prod(dims) * itemsize`` must equal its ``length`` entry (or, without
@@ -215,7 +240,8 @@ def check_tensor_sizes(proto, folder: Path | None) -> None:
     for tensor in _tensors(proto.graph):
         external = tensor.data_location == TensorProto.EXTERNAL
         if not external and not tensor.HasField("raw_data"):
-            continue  # typed fields (float_data, ...) hold what they hold; onnx checks their count
+            check_typed_values(tensor)
+            continue
         if tensor.data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
             raise OnnxProbeError(f"tensor {tensor.name!r}: raw bytes of type {tensor.data_type} are not read")
         try:
@@ -255,6 +281,21 @@ def check_tensor_sizes(proto, folder: Path | None) -> None:
         check_memory(total, "the model's external data")
 
 
+def check_typed_values(tensor) -> None:
+    """Refuse a tensor stored in typed fields (``float_data``, ...) holding fewer values than its shape declares.
+
+    Left unchecked, ONNX shape inference gives the graph after it no shapes and the
+    refusal names a tensor far from this one (the loss's).  onnx's own check counts
+    the values in its packing (sub-byte types, complex pairs) without converting them.
+    """
+    from onnx.checker import ValidationError, check_tensor
+
+    try:
+        check_tensor(tensor)
+    except ValidationError as exc:
+        raise OnnxProbeError(" ".join(str(exc).split())) from None
+
+
 def load_model(model):
     """A ``ModelProto`` from a path or a ``ModelProto``: sizes and external data checked, nodes sorted.
 
@@ -287,6 +328,10 @@ def load_model(model):
                              if path.exists() else f"no ONNX file at {str(path)!r}")
     other = OTHER_FORMATS.get(path.suffix.lower())
     hint = f"; the name says {other}" if other else ""
+    size = path.stat().st_size
+    if size > MAX_PROTO_BYTES:  # onnx.load would read it all before the parser refuses it
+        raise OnnxProbeError(f"{path}: {size:,} bytes, more than an ONNX file holds ({MAX_PROTO_BYTES:,}, protobuf's "
+                             f"limit: larger weights are stored as external data); not read{hint}")
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises DecodeError and friends

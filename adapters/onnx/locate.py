@@ -41,11 +41,37 @@ class TensorInfos(dict):
     """``{tensor name: TensorInfo}``; ``missing(name)`` says why a tensor has none (one clause)."""
 
     inference_error: str | None = None
+    first_lost: str | None = None  # the first node, in topological order, whose outputs inference left shapeless
 
     def missing(self, name: str) -> str:
         if self.inference_error:
             return f"ONNX shape inference failed: {self.inference_error}"
+        if self.first_lost:
+            return f"ONNX shape inference found none for {name!r}; it first found none at {self.first_lost}"
         return f"ONNX shape inference found none for {name!r}; the file declares no value_info for it"
+
+
+def first_lost_shape(model, infos: TensorInfos) -> str | None:
+    """The first node (topological order) with shaped inputs whose outputs shape inference left without a shape,
+    and why where it can say: an op without a schema, else its inputs' shapes; ``None`` where there is none.
+
+    Every tensor after it goes shapeless too, so a later refusal names a tensor (the loss's) far from the cause.
+    """
+    import onnx
+
+    functions = {(f.domain, f.name) for f in model.functions}
+    for node in topological_nodes(model.graph):
+        inputs = [i for i in node.input if i]
+        if any(infos.get(i) is None or infos[i].shape is None for i in inputs):
+            continue
+        if all(o in infos and infos[o].shape is not None for o in node.output if o):
+            continue
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if not onnx.defs.has(node.op_type, domain) and (node.domain, node.op_type) not in functions:
+            return f"{describe_node(node)}, an op onnx has no schema for (domain {node.domain or 'ai.onnx'!r})"
+        shapes = ", ".join(f"{i} {list(infos[i].shape)}" for i in inputs)
+        return f"{describe_node(node)} (inputs {shapes or 'none'})"
+    return None
 
 
 def tensor_infos(model) -> TensorInfos:
@@ -62,6 +88,8 @@ def tensor_infos(model) -> TensorInfos:
     out.update((vi.name, _info(vi)) for vi in itertools.chain(g.value_info, g.input, g.output))
     for init in g.initializer:
         out[init.name] = TensorInfo(init.data_type, tuple(init.dims))
+    if out.inference_error is None:
+        out.first_lost = first_lost_shape(model, out)
     return out
 
 

@@ -41,7 +41,7 @@ from satcore import InputError, ProbeError
 from satcore.adapter_api import check_memory, file_kind, shown_value, whole_number
 
 from .input_bounds import check_token_ids
-from .safetensors_headers import read_json, weight_headers
+from .safetensors_headers import read_json, regular_file, weight_headers
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 PICKLED_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
@@ -65,7 +65,7 @@ _LAYER_NAME = re.compile(r"(.*?)\.([0-9]{1,9})\.")
 
 def check_checkpoint_dir(path) -> None:
     """Refuse, in one line naming what is missing, a directory the loader does not read: not a directory, no
-    ``config.json``, a path that is not UTF-8 (the safetensors reader takes UTF-8 paths only), pickled weights
+    ``config.json`` (or something else than a regular file there: :func:`~.safetensors_headers.regular_file`), a path that is not UTF-8 (the safetensors reader takes UTF-8 paths only), pickled weights
     (``pytorch_model.bin``: nothing is unpickled) or no weights."""
     shown = display_name(os.fspath(path))
     if not os.path.isdir(path):
@@ -75,7 +75,7 @@ def check_checkpoint_dir(path) -> None:
     except UnicodeDecodeError:
         raise InputError(f"{shown}: the path is not UTF-8, which the safetensors reader needs; rename the directory "
                          "(or link it under a UTF-8 name)") from None
-    if not os.path.isfile(os.path.join(path, "config.json")):
+    if not regular_file(os.path.join(path, "config.json"), f"{shown}/config.json"):
         raise InputError(f"{shown}: no config.json (not a Hugging Face checkpoint directory)")
     if not any(Path(path).glob("*.safetensors")):
         pickled = next((p.name for pattern in PICKLED_WEIGHTS for p in sorted(Path(path).glob(pattern))), None)
@@ -241,15 +241,11 @@ def load_causal_lm(path, *, copies: int = 1):
     raw = read_config(path)
     tensors = weight_headers(os.fspath(path), raw)
     check_layers(path, raw, None, tensors)  # before the config is built: it may build a list per layer
-    from huggingface_hub.errors import StrictDataclassError
     from safetensors import SafetensorError
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
+    config = hf_config(path)
     with _quiet_transformers():
-        try:
-            config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-        except (ValueError, KeyError, OSError, TypeError, ZeroDivisionError, StrictDataclassError) as exc:
-            raise ProbeError(f"{shown}/config.json: {_reason(exc)}") from None
         check_layers(path, raw, getattr(config, "num_hidden_layers", None), tensors)
         check_against_weights(path, _build_on_meta(path, config), tensors, copies)
         try:
@@ -272,10 +268,24 @@ def load_causal_lm(path, *, copies: int = 1):
     return model.eval()
 
 
+def hf_config(path):
+    """transformers' config of the checkpoint directory ``path`` (``AutoConfig``, no remote code); what it refuses
+    (a value of the wrong type, an unknown model_type) is one line naming config.json."""
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
+    with _quiet_transformers():
+        try:
+            return AutoConfig.from_pretrained(path, trust_remote_code=False)
+        except (ValueError, KeyError, OSError, TypeError, ZeroDivisionError, StrictDataclassError) as exc:
+            raise ProbeError(f"{display_name(os.fspath(path))}/config.json: {_reason(exc)}") from None
+
+
 def load_tokenizer(path):
     """The checkpoint's own tokenizer, or a one-line :class:`InputError` naming what is missing or malformed."""
     shown = display_name(os.fspath(path))
-    if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+    present = [f for f in TOKENIZER_FILES if regular_file(os.path.join(path, f), f"{shown}/{f}")]  # all checked
+    if not present:
         raise InputError(f"{shown}: no tokenizer (tokenizer.json or tokenizer_config.json) to tokenise text "
                          "data with; pass token ids (.npz with input_ids, or .jsonl) instead")
     for name, needs in (("tokenizer.json", "model"), ("tokenizer_config.json", None)):
@@ -284,6 +294,8 @@ def load_tokenizer(path):
             if not isinstance(document, dict) or (needs and not isinstance(document.get(needs), dict)):
                 raise InputError(f"{shown}/{name}: not a tokenizer's JSON object"
                                  + (f" (no {needs!r} mapping)" if needs else ""))
+    if regular_file(os.path.join(path, "config.json"), f"{shown}/config.json"):
+        hf_config(path)  # AutoTokenizer reads it too: its refusal would be reported as the tokenizer's
     from transformers import AutoTokenizer
 
     try:

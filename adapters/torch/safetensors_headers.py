@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 
 from satcore import InputError
-from satcore.adapter_api import MAX_COUNT, display_name, whole_number
+from satcore.adapter_api import MAX_COUNT, display_name, file_kind, whole_number
 
 # bytes per element of the dtypes torch reads from safetensors
 ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -40,6 +40,17 @@ class TensorHeader:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+
+def regular_file(path: str, shown: str) -> bool:
+    """Whether a regular file (or a symlink to one) is at ``path``: ``False`` where nothing is, one line naming
+    ``shown`` and what is there otherwise (a FIFO, a device, a directory: reading it could block or never end,
+    and calling it missing would send the user looking for a file they can see)."""
+    if os.path.isfile(path):
+        return True
+    if os.path.exists(path):
+        raise InputError(f"{shown}: is {file_kind(os.stat(path).st_mode)}, not a regular file; refused")
+    return False
 
 
 def read_json(path: str, what: str, max_bytes: int, *, data: bytes | None = None):
@@ -80,13 +91,14 @@ def weight_files(directory: str, config: dict) -> tuple[str, ...]:
             raise InputError(f"{shown}/config.json: transformers_weights must name a .safetensors file of the "
                              f"directory, got {display_name(repr(explicit), 80)}")
         name = explicit
-    elif os.path.isfile(os.path.join(directory, "model.safetensors")):
+    elif regular_file(os.path.join(directory, "model.safetensors"), f"{shown}/model.safetensors"):
         name = "model.safetensors"
-    elif os.path.isfile(os.path.join(directory, "model.safetensors.index.json")):
+    elif regular_file(os.path.join(directory, "model.safetensors.index.json"),
+                      f"{shown}/model.safetensors.index.json"):
         name = "model.safetensors.index.json"
     else:
         raise InputError(f"{shown}: no model.safetensors (or model.safetensors.index.json) to read the weights from")
-    if not os.path.isfile(os.path.join(directory, name)):
+    if not regular_file(os.path.join(directory, name), f"{shown}/{display_name(name)}"):
         raise InputError(f"{shown}: no {display_name(name)} (config.json's transformers_weights names it)")
     if not name.endswith(".index.json"):
         return (name,)
@@ -103,7 +115,7 @@ def weight_files(directory: str, config: dict) -> tuple[str, ...]:
         if not _plain_name(shard) or not shard.endswith(".safetensors"):
             raise InputError(f"{shown}/{name}: shard {display_name(repr(shard), 80)} is not a .safetensors file of "
                              "the directory")
-        if not os.path.isfile(os.path.join(directory, shard)):
+        if not regular_file(os.path.join(directory, shard), f"{shown}/{display_name(shard)}"):
             raise InputError(f"{shown}/{name}: shard {display_name(shard)} is missing")
     return tuple(shards)
 
