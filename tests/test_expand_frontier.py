@@ -927,6 +927,20 @@ def test_the_max_forgetting_line_cites_the_current_codes_retention_numbers():
             f"loosely (Spearman +{spearman} over 135 points)") in decision_page
 
 
+def test_the_at_places_docs_expansion_md_gives_for_uniform_interleave_are_the_codes():
+    """docs/expansion.md's advice where the general loss matters is LLaMA-Pro's uniform places given with --at; it
+    once named --at without saying which places those are.  The formula it states, (i + 1) L // K and head for L, is
+    uniform_places for every stack and count, and its example --at is the conventional count's (K = L / 4)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "expansion.md").read_text(encoding="utf-8")
+    assert "`--at` the indices `(i + 1) L // K`, i = 0 .. K - 1, `head` for L" in text
+    for n_blocks in range(1, 13):
+        for k in range(1, n_blocks + 2):
+            stated = [(i + 1) * n_blocks // k for i in range(k)]
+            assert [("head" if p == n_blocks else p) for p in stated] == uniform_places(n_blocks, k)
+    n_blocks, given = re.search(r"\(L = (\d+): `--at ([^`]+)`\)", text).groups()
+    assert [int(p) if p.isdigit() else p for p in given.split(",")] == uniform_places(int(n_blocks), int(n_blocks) // 4)
+
+
 def lines_stating_no_arm_within(card: str) -> list[str]:
     """The card's lines that state that no arm is within --max-forgetting, by the outcome's words (the choice's
     reason's, the method's rule before it said the rule only, the stop reason's name); "raise --max-forgetting past
