@@ -777,6 +777,13 @@ def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_pat
     record = json.loads((out / "expansion.json").read_text())
     assert record["chosen_blocks"] == 0 and record["positions"] == [] and record["num_hidden_layers"]["after"] == 4
     assert record["decision"]["stop_reason"] == "expanding_does_not_pay" and record["decision"]["choice"] == 0
+    # expansion-decision.md names these keys where the record holds them: under decision (it once wrote
+    # `stop_reason: "expanding_does_not_pay"` and `cost_steps`, which a reader looks for at the top level)
+    page = " ".join((Path(__file__).resolve().parent.parent / "docs" / "expansion-decision.md").read_text().split())
+    for key in ("stop_reason", "cost_steps", "instead"):
+        assert key not in record and key in record["decision"]
+        bare = page.replace(f"`decision.{key}", "").replace("`plan`, `cost_steps`)", "")  # Expansion.budgeted's
+        assert f"`decision.{key}" in page and f"`{key}" not in bare
     # its trials' carry error alone (0.023 nats a doubling, 1.96 of it) leaves a gain beyond the tolerance open:
     # the line, the record and the card say what gain the trials could have shown, not that none pays
     resolvable = record["decision"]["resolvable_gain"]
