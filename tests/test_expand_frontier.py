@@ -26,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 
 from satcore import DecisionPolicy, Recipe  # noqa: E402
 from satcore.adapters.torch.expansion import ExpansionOptions, expand, freeze_old, insert_blocks  # noqa: E402
-from satcore.adapters.torch.expansion_frontier import DecisionBudget  # noqa: E402
+from satcore.adapters.torch.expansion_frontier import TIMING_KEYS, DecisionBudget  # noqa: E402
 
 from test_expand import checkpoint, cli  # noqa: E402,F401  (the module-scoped checkpoint fixture)
 
@@ -550,8 +550,12 @@ def test_a_move_needs_a_credible_trial_else_the_places_are_uniform():
     the loss (lr 1e-12) no trial shows a credible gain, so the blocks stay at LLaMA-Pro's uniform places."""
     model, ids = llama(4), windows(64)
     expansion = expand(model, ids, blocks=2, recipe=Recipe("adamw", lr=1e-12, steps=600, batch_size=8), options=ExpansionOptions(budget=DecisionBudget(0.2)))
-    check = expansion.to_dict()["decision"]["placement_check"]
+    decision = expansion.to_dict()["decision"]
+    check = decision["placement_check"]
     assert check["uniform"] == [2, "head"] and expansion.inserted_before == [2, "head"]
+    # the plan's timing is the check's, in placement_check alone (the decision once beside it held three nulls,
+    # the timing of the screen inside the check, which times nothing)
+    assert set(TIMING_KEYS) <= set(check) and not set(TIMING_KEYS) & set(decision)
     assert check["moves"] and not any(m["moved"] for m in check["moves"])
     ranking = expansion.decision.ranking()  # the screen's
     for move in check["moves"]:
