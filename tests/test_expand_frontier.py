@@ -519,7 +519,8 @@ def test_the_screen_records_its_plans_timed_passes_as_the_trials_do(announced, b
                     ).to_dict()["decision"]
     timing = {k: record[k] for k in ("seconds_per_step", "timed_step_seconds", "threads")}
     if announced:
-        assert "100 to 900 s each" in seen[0]
+        # the timed work named as it ran: passes over min(batch, 32 training windows), not steps of the batch
+        assert f"of 4 passes of {min(batch_size, 32)} windows timed after a warm-up, 100 to 900 s each" in seen[0]
         assert timing == {"seconds_per_step": per_step, "timed_step_seconds": [100.0, 200.0, 300.0, 900.0],
                           "threads": 3}
     else:

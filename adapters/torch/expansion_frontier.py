@@ -426,11 +426,14 @@ TIMING_KEYS = ("seconds_per_step", "timed_step_seconds", "threads")
 class StepTimes:
     """Wall seconds of the timed steps (the warm-up left out), each one's work in the estimate's unit (``work``: a
     budgeted decision's trial steps in planned steps' FLOPs, :meth:`_Meter.stepped`; the screen's passes of the model,
-    each its windows over the recipe's batch, :func:`timed_step`) and the threads torch ran them on."""
+    each its windows over the recipe's batch, :func:`timed_step`), the threads torch ran them on and what each timed
+    step was, in words (the screen's are passes of the model over fewer windows than a batch where its training
+    windows hold fewer: called steps, their seconds read as a batch's)."""
 
     seconds: tuple
     work: tuple
     threads: int
+    timed: str = "steps"
 
     @property
     def mean(self) -> float:
@@ -453,7 +456,7 @@ class StepTimes:
         """The time here of ``work`` units: at the mean, and the range at the fastest and slowest step."""
         fastest, slowest = min(self.rates), max(self.rates)
         return (f"about {_duration(work * self.mean)} here ({_duration(work * fastest)} to "
-                f"{_duration(work * slowest)} at the fastest and slowest of {len(self.seconds)} steps timed after a "
+                f"{_duration(work * slowest)} at the fastest and slowest of {len(self.seconds)} {self.timed} timed after a "
                 f"warm-up, {min(self.seconds):.3g} to {max(self.seconds):.3g} s each)")
 
     def warning(self) -> list[str]:
@@ -505,7 +508,8 @@ def timed_step(model, train: list, recipe: Recipe) -> StepTimes:
     finally:
         for p, flag in zip(params, flags):
             p.requires_grad_(flag)
-    return StepTimes(tuple(times[1:]), (work,) * (len(times) - 1), torch.get_num_threads())
+    return StepTimes(tuple(times[1:]), (work,) * (len(times) - 1), torch.get_num_threads(),
+                     f"passes of {len(_inputs_ids(inputs))} windows")
 
 
 def _windows(batches) -> int:
