@@ -374,6 +374,10 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     if max_blocks is not None and blocks != "auto":
         raise click.UsageError(f"--max-blocks caps --blocks auto only; with {'--at' if at else f'--blocks {blocks}'} "
                                "it would be ignored")
+    if ctx.get_parameter_source("layout") is not click.core.ParameterSource.DEFAULT and (blocks == "auto" or at):
+        # --blocks auto's arms sit at LLaMA-Pro's uniform places and --at names them: a layout given went unused
+        raise click.UsageError(f"--layout places --blocks K's blocks; with {'--at' if at else '--blocks auto'} (its "
+                               f"{'places as given' if at else 'arms at uniform places'}) it would be ignored")
     if max_statistics_gib is not None and at is not None:
         raise click.UsageError("--max-statistics-gib caps the decision's probe; with --at no decision is made, so it "
                                "would be ignored")

@@ -174,3 +174,21 @@ def test_the_score_table_columns_docs_verdicts_names_are_the_printed_ones():
     header = next(line for line in printed.output.splitlines() if line.startswith("candidate "))
     assert len(named) >= 6 and not [c for c in named if c not in header.split()], (named, header)
     assert not [c for c in named if f"{c} = " not in LEGEND]  # each column it names is one the legend explains
+
+
+def test_every_field_a_decision_writes_is_named_in_its_api_row():
+    """docs/api.md's InsertionDecision and CandidateDecision rows name every key of their ``to_dict()``: the
+    InsertionDecision row once left out ``heldout_samples``, which a stop's JSON carries beside
+    ``heldout_samples_needed``."""
+    from satcore import Recipe
+    from satcore._decisions.trials import Calibration, TrialCurve, choose, verified_candidate
+
+    calibration = Calibration(1.0, 0.0, (0.025, 0.5, 0.975), (-1.96, 0.0, 1.96), 0.5, 0.0, "normal residuals")
+    curve = TrialCurve((2, 5, 10), (-0.01, -0.02, -0.03), (-0.01, -0.02, -0.03), 0.01)
+    decision = choose([verified_candidate("a", curve, 300, calibration, -1.0)], Recipe("adam", 1e-3, 300, 64),
+                      heldout_loss=1.0, training_loss=1.0, cost_block_steps=30, calibration=calibration)
+    rows = {row.split("|")[1].strip(): row for row in API.splitlines() if row.startswith("| `")}
+    for name, record in (("`InsertionDecision`", decision.to_dict()),
+                         ("`CandidateDecision`", decision.candidates["a"].to_dict())):
+        named = set(re.findall(r"`(\w+)", rows[name]))  # `candidates[name]` names candidates
+        assert set(record) <= named, sorted(set(record) - named)

@@ -559,7 +559,8 @@ def test_cli_writes_a_loadable_checkpoint_and_leaves_model_dir_alone(checkpoint,
 
 def test_cli_layout_round_trip(checkpoint, tmp_path):
     """The default layout, grouped, reaches expansion.json: 4 blocks, 5 places, K = 2 groups [0, 1, 2] and
-    [3, head], one new block in each; --layout ranked is recorded, with no groups."""
+    [3, head], one new block in each; --at records the layout forced, with no groups (a --layout beside it is
+    refused: test_cli_refusals_are_one_line_exit_2)."""
     folder, text = checkpoint
     result = cli("expand", folder, "--data", text, "--blocks", "2", "-o", tmp_path / "g", "--seq-len", "16",
                  "--steps", "200", "--decision-budget", "0.5", "--max-windows", "32", "--quiet")
@@ -569,7 +570,7 @@ def test_cli_layout_round_trip(checkpoint, tmp_path):
     assert record["layout"] == "grouped" and record["groups"] == [[0, 1, 2], [3, "head"]]
     assert [sum(b in g for b in record["inserted_before"]) for g in record["groups"]] == [1, 1]
     assert 0 < record["cost_block_steps"] <= 100
-    result = cli("expand", folder, "--at", "1", "--layout", "ranked", "-o", tmp_path / "r")  # --data not needed
+    result = cli("expand", folder, "--at", "1", "-o", tmp_path / "r")  # --data not needed
     assert result.exit_code == 0, result.output
     record = json.loads((tmp_path / "r" / "expansion.json").read_text())
     assert record["layout"] == "forced" and record["groups"] is None and record["data"] is None
@@ -767,6 +768,10 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
     ("no_data", "--data FILE is required unless --at forces the positions"),
     ("general_is_data", "is the --data file; give other text, of the model's old domain"),
     ("max_blocks_without_auto", "--max-blocks caps --blocks auto only; with --blocks 1 it would be ignored"),
+    # a --layout the decision would not use (it once ran the uniform frontier and recorded layout "uniform")
+    ("layout_with_auto", "--layout places --blocks K's blocks; with --blocks auto (its arms at uniform places) it "
+                         "would be ignored"),
+    ("layout_with_at", "--layout places --blocks K's blocks; with --at (its places as given) it would be ignored"),
     ("auto_with_screen", "--blocks auto with --decision screen: the screen runs no trial, so it cannot price K = 0 "
                          "against K > 0; give --blocks K with --decision screen, or drop --decision screen for the "
                          "trial frontier"),
@@ -856,6 +861,9 @@ def test_cli_refusals_are_one_line_exit_2(case, message, checkpoint, tmp_path, m
         extra = ["--blocks", "1", "--max-blocks", "1"]
     elif case == "auto_with_screen":
         extra = ["--blocks", "auto", "--decision", "screen", "--max-blocks", "2"]
+    elif case.startswith("layout_with"):
+        extra = ["--blocks", "auto", "--layout", "ranked"] if case.endswith("auto") else ["--at", "1", "--layout",
+                                                                                             "grouped"]
     before = digest(model_dir) if model_dir.exists() else None
     result = CliRunner().invoke(main, ["expand", str(model_dir), *(["--data", str(data)] if data else []), "-o",
                                        str(out), "--seq-len", "16", *extra])

@@ -646,7 +646,9 @@ class Expansion:
         if self.decision.stop_reason == "heldout_too_small":  # what would resolve it: the decision's own numbers
             record.update(heldout_samples=self.decision.heldout_samples,
                           heldout_samples_needed=self.decision.heldout_samples_needed)
-        if isinstance(method, ScreenDecision):  # what its plan's time estimate was made from, as the trials' record
+        if self.budgeted is None and isinstance(method, ScreenDecision):
+            # what its plan's time estimate was made from, as the trials' record; under a placement check the plan
+            # and its timing are the check's, recorded in placement_check (the screen inside it times nothing)
             record.update(timing_record(method.step_times))
         if self.budgeted is not None:
             record.update(placement_check=self.budgeted.to_dict(),

@@ -426,11 +426,14 @@ TIMING_KEYS = ("seconds_per_step", "timed_step_seconds", "threads")
 class StepTimes:
     """Wall seconds of the timed steps (the warm-up left out), each one's work in the estimate's unit (``work``: a
     budgeted decision's trial steps in planned steps' FLOPs, :meth:`_Meter.stepped`; the screen's passes of the model,
-    each its windows over the recipe's batch, :func:`timed_step`) and the threads torch ran them on."""
+    each its windows over the recipe's batch, :func:`timed_step`), the threads torch ran them on and what each timed
+    step was, in words (the screen's are passes of the model over fewer windows than a batch where its training
+    windows hold fewer: called steps, their seconds read as a batch's)."""
 
     seconds: tuple
     work: tuple
     threads: int
+    timed: str = "steps"
 
     @property
     def mean(self) -> float:
@@ -453,7 +456,7 @@ class StepTimes:
         """The time here of ``work`` units: at the mean, and the range at the fastest and slowest step."""
         fastest, slowest = min(self.rates), max(self.rates)
         return (f"about {_duration(work * self.mean)} here ({_duration(work * fastest)} to "
-                f"{_duration(work * slowest)} at the fastest and slowest of {len(self.seconds)} steps timed after a "
+                f"{_duration(work * slowest)} at the fastest and slowest of {len(self.seconds)} {self.timed} timed after a "
                 f"warm-up, {min(self.seconds):.3g} to {max(self.seconds):.3g} s each)")
 
     def warning(self) -> list[str]:
@@ -505,7 +508,8 @@ def timed_step(model, train: list, recipe: Recipe) -> StepTimes:
     finally:
         for p, flag in zip(params, flags):
             p.requires_grad_(flag)
-    return StepTimes(tuple(times[1:]), (work,) * (len(times) - 1), torch.get_num_threads())
+    return StepTimes(tuple(times[1:]), (work,) * (len(times) - 1), torch.get_num_threads(),
+                     f"passes of {len(_inputs_ids(inputs))} windows")
 
 
 def _windows(batches) -> int:
@@ -857,7 +861,12 @@ def frontier_decision(model, train: list, held: list, *, recipe: Recipe, budget:
     evaluate, tokens, seq_len = _setting(model, train, held, recipe, budget, sized)
     costs = _Costs(model, seq_len, recipe.batch_size, counts[-1], options["train_new_only"])
     plan = _plan(costs, counts, recipe, budget, [_windows(b) for b in evaluate.values()])
-    wanted = _windows(held) + trial_windows(plan.trial_steps, recipe.batch_size)
+    # the windows to give for at most two passes: where the held-out set is sized to the budget it grows with the
+    # windows and the trials shorten, so the count is frontier_windows' (the held-out windows now plus the trials'
+    # need named a count that, given, still warned: 1253 where 1446 were needed)
+    wanted = (frontier_windows(model, recipe, seq_len=seq_len, budget=budget, max_blocks=options["max_blocks"],
+                               train_new_only=options["train_new_only"]) if sized is not None
+              else _windows(held) + trial_windows(plan.trial_steps, recipe.batch_size))
     check_trial_batch(_windows(train), _windows(held), recipe.batch_size, wanted)
     check_trial_work(plan.trial_steps * plan.arms * plan.replicates, recipe.batch_size,
                      f"steps {recipe.steps:,} with a decision budget of {budget.fraction:g}",
