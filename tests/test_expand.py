@@ -278,7 +278,7 @@ def test_grouped_expand_takes_each_groups_lowest_calibrated_change():
 
 def test_forced_positions_override_the_grouped_layout():
     """``at`` forces the places: no decision, the layout recorded as forced; ``at`` with ``blocks`` (or with
-    ``max_blocks``), neither of them, ``max_blocks`` without ``blocks="auto"`` and windows longer than the
+    ``max_blocks`` or a layout other than the default, as ``blocks="auto"``), neither of them, ``max_blocks`` without ``blocks="auto"`` and windows longer than the
     model's context (32 positions) are refused before anything is probed."""
     model = build("llama")
     expansion = expand(model, windows(16), blocks=None, options=ExpansionOptions(at=[0, "head"], layout="grouped"))
@@ -292,6 +292,10 @@ def test_forced_positions_override_the_grouped_layout():
                 (dict(blocks=2, options=ExpansionOptions(max_blocks=1)),
                  "max_blocks caps blocks='auto' only; with blocks=2"),
                 (dict(blocks=None, options=ExpansionOptions(at=[1], max_blocks=1)), "with at it would be ignored"),
+                (dict(blocks=None, options=ExpansionOptions(at=[1], layout="ranked")),
+                 "layout='ranked' places blocks=K's blocks; with at \\(its places as given\\) it would be ignored"),
+                (dict(blocks="auto", options=ExpansionOptions(layout="ranked")),
+                 "with blocks='auto' \\(its arms at uniform places\\) it would be ignored"),
                 (dict(blocks=2, data=windows(16, length=33)), "windows of 33 tokens are longer than the model's "
                                                               "context \\(max_position_embeddings 32")]
     for options, message in refusals:

@@ -765,7 +765,8 @@ class ExpansionOptions:
         default because ranked put every block at the bottom of the stack and lost to uniform
         interleave even with its cost not charged, where grouped tied it (studies/expansion-head-to-head-notes.md; a
         choice made on that one bench, so not independent evidence).  ``blocks="auto"`` is the frontier's count at
-        uniform places (``budget`` below), whatever the layout.
+        uniform places (``budget`` below); with it or ``at`` a layout other than the default is refused (it would
+        go unused).
     budget : :class:`~.expansion_frontier.DecisionBudget`, optional
         The share of the planned training (the recipe) the decision may spend, and the general data
         and forgetting limit it weighs.  With ``decision="trial"``, ``blocks="auto"`` is the frontier
@@ -867,6 +868,9 @@ def expand(model: nn.Module, data, *, blocks: int | str, heldout=None, loss_fn=N
         raise InputError("blocks='auto' with decision='screen': the first-order screen runs no trial, so it cannot "
                          "price K = 0 against K > 0; give blocks=K with decision='screen', or decision='trial' for "
                          "the frontier")
+    if layout != "grouped" and (blocks == "auto" or at is not None):  # as the command's --layout: it would go unused
+        given, places = ("at", "places as given") if at is not None else ("blocks='auto'", "arms at uniform places")
+        raise InputError(f"layout={layout!r} places blocks=K's blocks; with {given} (its {places}) it would be ignored")
     if at is not None and policy.max_statistics_bytes is not None:
         raise InputError("max_statistics_bytes caps the decision's probe; with at no decision is made, so it "
                          "would be ignored")
