@@ -188,7 +188,7 @@ def resolution_scores(out: Path) -> dict:
         if steps == 1000 and recorded:
             res["larger_split"][label] = {
                 "sets": sorted({i["set"] for i in recorded[LARGE_HELDOUT]}),
-                "models": (len({i["model"] for i in recorded[LARGE_HELDOUT]}), len({i["model"] for i in chosen})),
+                "decisions": (len(recorded[LARGE_HELDOUT]), len(chosen)),
                 "max_deviation_from_recording": _recorded_deviation(load(large_heldout_folder(larger))[0],
                                                                     load(recording)[0]),
                 **larger_split_scores(chosen, recorded[LARGE_HELDOUT], cals)}
@@ -245,13 +245,13 @@ def resolution(out: Path) -> str:
             lines.append(f"| {label} | {splits} | follow {name} | {_share(*a['stops_over_noise'])} | "
                          f"{followed['short']} / {followed['between']} / {followed['saturated']} | "
                          f"{a['saturated_inserts']} ({a['saturated_inserts_single']}) |")
-    lines += ["", "| column | models read again (sets) | held-out split read | decisions | stops where the realized best gain exceeds "
-              "3 seed SDs | best picked | within-model Spearman | largest difference from the recording |",
-              "|---" * 8 + "|"]
+    lines += ["", "| column | decisions read again, of the column's (sets) | held-out split read | stops where the realized "
+              "best gain exceeds 3 seed SDs | best picked | within-model Spearman | largest difference from the "
+              "recording |", "|---" * 7 + "|"]
     for label, v in res["larger_split"].items():
         for split in ("bench's held-out split", f"held-out x{LARGE_HELDOUT}"):
             r = v[split]
-            lines.append(f"| {label} | {v['models'][0]} of {v['models'][1]} ({', '.join(v['sets'])}) | {split} | {r['n_decisions']} | "
+            lines.append(f"| {label} | {v['decisions'][0]} of {v['decisions'][1]} ({', '.join(v['sets'])}) | {split} | "
                          f"{_share(*r['stops_over_noise'])} | {100 * r['best_picked']:.0f}% | "
                          f"{'-' if r['spearman_within'] is None else format(r['spearman_within'], '+.2f')} | "
                          f"{v['max_deviation_from_recording']:.1e} |")
