@@ -10,10 +10,11 @@ steps, transfer sets at 300 and 1000), :func:`resolution_column` counts the stop
 them (a *short stop*: the best candidate's realized gain beyond :data:`CLEAR_GAIN_NOISE` seed standard deviations; a
 *true saturation*: not beyond :data:`SATURATION_NOISE` of them) and by what the rule says (unresolved or a claimed
 saturation); :func:`factor_validity` reads the unresolved stops again on the held-out split 4 times the bench's (the
-``--large-heldout`` recordings: the same trials), where it is recorded (300 steps); :func:`follow_advice` scores a
-user who decides again on the samples a stop names (:data:`ADVICE`: the counts ``decide`` names, every count, or
-those and ``z^2`` times the split where the change sits at the tolerance) on the recorded larger splits, counting
-every stop of the two steps.
+``--large-heldout`` recordings: the same trials), where it is recorded (4 and 16 times at 300 steps, 4 times at 1000);
+:func:`follow_advice` scores a user who decides again on the samples a stop names (:data:`ADVICE`: the counts
+``decide`` names, every count, or those and ``z^2`` times the split where the change sits at the tolerance) on the
+recorded larger splits, counting every stop of the two steps; :func:`larger_split_scores` reads the other must-shows
+of the 1000-step decisions on the 4x split (a larger held-out split than the bench's, the same trials).
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ from pathlib import Path
 
 from satcore._decisions.calibration import DEFAULT_CALIBRATION
 from satcore._decisions.resolution import SAMPLES_FACTOR_NAMED, stop_resolution
-from studies.decision_scores import (CLEAR_GAIN_NOISE, LARGE_HELDOUT, TRANSFER_FOLDER, _decide, _stop_rule_setting,
-                                     larger_heldout)
+from studies.decision_scores import (BENCH_1000_FOLDER, CLEAR_GAIN_NOISE, LARGE_HELDOUT, TRANSFER_1000_FOLDER,
+                                     TRANSFER_FOLDER, _decide, _recorded_deviation, _stop_rule_setting,
+                                     large_heldout_folder, larger_heldout, load, score, stops_over_noise)
 
-ADVICE_SPLITS = (LARGE_HELDOUT, 16)  # the larger held-out splits recorded (--large-heldout 4 and 16), as factors
+# the larger held-out splits recorded (--large-heldout 4 and 16), as factors, per recipe length: at 1000 steps the 4x
+# split only (--large-heldout with a 1000-step --column)
+ADVICE_SPLITS = {300: (LARGE_HELDOUT, 16), 1000: (LARGE_HELDOUT,)}
 SATURATION_NOISE = 1  # a true saturation: the realized best gain is not beyond this many seed standard deviations
 
 
@@ -136,28 +140,58 @@ def follow_advice(chosen: list, larger: dict, cals: dict, advice) -> dict:
     return out
 
 
+def larger_split_scores(chosen: list, large: list, cals: dict) -> dict:
+    """The decisions of ``chosen`` that ``large`` reads again on a larger held-out split (the same models, recipe
+    columns, lengths and trial seeds), scored on the bench's split and on the larger one: the must-shows other than
+    the stop counts' protocols (stops where the realized best gain is clear, :func:`studies.decision_scores.
+    stops_over_noise`; best picked; within-model Spearman, :func:`studies.decision_scores.score`).  The targets are
+    the same on both splits (the other trial seeds' test change), so only the split the decision reads differs."""
+    keys = {(i["model"], i["column"], i["seed"], i["steps"]) for i in large}
+    bench = [i for i in chosen if (i["model"], i["column"], i["seed"], i["steps"]) in keys]
+    out = {}
+    for split, insts in (("bench's held-out split", bench), (f"held-out x{LARGE_HELDOUT}", large)):
+        scored = score(insts, cals, "decide")
+        out[split] = {"stops_over_noise": stops_over_noise(insts, cals), "best_picked": scored["best_picked"],
+                      "spearman_within": scored["spearman_within"], "n_decisions": scored["n_decisions"]}
+    return out
+
+
 def resolution_scores(out: Path) -> dict:
     """:func:`resolution_column` on the four scored columns (the bench's with each set's calibration fitted on the
-    others, the transfer sets' with the shipped one) and :func:`factor_validity` where the larger split is recorded."""
+    others, the transfer sets' with the shipped one), and where a larger split is recorded :func:`factor_validity`,
+    :func:`follow_advice` and (1000 steps) :func:`larger_split_scores` with the largest difference of its recorded
+    changes from the column's own recording (the same models and trials)."""
     setting = _stop_rule_setting(out)
 
-    def at_300(insts: list) -> list:
-        return [i for i in insts if i["steps"] == 300 and not i["column"].endswith("_1000")]
+    def at(steps: int, insts: list) -> list:
+        # a 1000-step column's decisions at 300 steps read its own runs' prefixes: each length reads its own columns
+        return [i for i in insts if i["steps"] == steps and i["column"].endswith("_1000") == (steps == 1000)]
 
-    larger = {"bench, 300 steps": {factor: at_300(larger_heldout(out, factor=factor)) for factor in ADVICE_SPLITS},
-              "transfer sets, 300": {factor: at_300(larger_heldout(out.parent / TRANSFER_FOLDER, factor=factor))
-                                     for factor in ADVICE_SPLITS}}
-    res = {"columns": {}, "validity": {}, "advice": {}}
+    # per scored column: its recipe length, the folder of its recording and the folder whose larger splits
+    # (large_heldout_folder) hold its trials read again
+    folders = {"bench, 300 steps": (300, out, out), "bench, 1000": (1000, *(out.parent / BENCH_1000_FOLDER,) * 2),
+               "transfer sets, 300": (300, *(out.parent / TRANSFER_FOLDER,) * 2),
+               "transfer sets, 1000": (1000, out.parent / TRANSFER_FOLDER, out.parent / TRANSFER_1000_FOLDER)}
+    res = {"columns": {}, "validity": {}, "advice": {}, "larger_split": {}}
     for label, chosen in setting["columns"].items():
-        cals = (setting["cals"] if label.startswith("bench")
-                else dict.fromkeys(setting["transfer_sets"], DEFAULT_CALIBRATION))
+        cals = (setting["cals"] if label.startswith("bench") else dict.fromkeys(setting["transfer_sets"],
+                                                                                 DEFAULT_CALIBRATION))
         res["columns"][label] = resolution_column(chosen, cals)
-        recorded = {factor: insts for factor, insts in larger.get(label, {}).items() if insts}
+        steps, recording, larger = folders[label]
+        recorded = {factor: insts for factor in ADVICE_SPLITS[steps]
+                    if (insts := at(steps, larger_heldout(larger, factor=factor)))}
         if recorded.get(LARGE_HELDOUT):
             res["validity"][label] = factor_validity(chosen, recorded[LARGE_HELDOUT], cals)
         if recorded:
             res["advice"][label] = {"splits": sorted(recorded), **{
                 name: follow_advice(chosen, recorded, cals, advice) for name, advice in ADVICE.items()}}
+        if steps == 1000 and recorded:
+            res["larger_split"][label] = {
+                "sets": sorted({i["set"] for i in recorded[LARGE_HELDOUT]}),
+                "decisions": (len(recorded[LARGE_HELDOUT]), len(chosen)),
+                "max_deviation_from_recording": _recorded_deviation(load(large_heldout_folder(larger))[0],
+                                                                    load(recording)[0]),
+                **larger_split_scores(chosen, recorded[LARGE_HELDOUT], cals)}
     return res
 
 
@@ -211,4 +245,14 @@ def resolution(out: Path) -> str:
             lines.append(f"| {label} | {splits} | follow {name} | {_share(*a['stops_over_noise'])} | "
                          f"{followed['short']} / {followed['between']} / {followed['saturated']} | "
                          f"{a['saturated_inserts']} ({a['saturated_inserts_single']}) |")
+    lines += ["", "| column | decisions read again, of the column's (sets) | held-out split read | stops where the realized "
+              "best gain exceeds 3 seed SDs | best picked | within-model Spearman | largest difference from the "
+              "recording |", "|---" * 7 + "|"]
+    for label, v in res["larger_split"].items():
+        for split in ("bench's held-out split", f"held-out x{LARGE_HELDOUT}"):
+            r = v[split]
+            lines.append(f"| {label} | {v['decisions'][0]} of {v['decisions'][1]} ({', '.join(v['sets'])}) | {split} | "
+                         f"{_share(*r['stops_over_noise'])} | {100 * r['best_picked']:.0f}% | "
+                         f"{'-' if r['spearman_within'] is None else format(r['spearman_within'], '+.2f')} | "
+                         f"{v['max_deviation_from_recording']:.1e} |")
     return "\n".join(lines)

@@ -895,7 +895,7 @@ def _stop_rule_setting(out: Path, schedule: str = SHIPPED_SCHEDULE) -> dict:
     errors = larger_heldout(out, schedule)
     transfer, transfer_sweeps, transfer_models = decisions(out.parent / TRANSFER_FOLDER)
     columns = {"bench, 300 steps": [i for i in insts if i["steps"] == 300],
-               "bench, 1000": [i for i in decisions(out.parent / "decision_validity_1000")[0] if i["steps"] == 1000],
+               "bench, 1000": [i for i in decisions(out.parent / BENCH_1000_FOLDER)[0] if i["steps"] == 1000],
                **{f"transfer sets, {steps}": [i for i in transfer if i["steps"] == steps
                                               and i["column"].endswith("_1000") == (steps == 1000)] for steps in LONG}}
     return {"insts": insts, "errors": errors, "cals": lomo_calibrations(insts, errors),
@@ -1128,6 +1128,10 @@ def larger_size_scores(out: Path, cals: dict, factor: int = 16) -> dict | None:
 
 
 TRANSFER_FOLDER = "decision_validity_transfer"  # studies/decision_validity.py TRANSFER's recordings, beside ``out``
+BENCH_1000_FOLDER = "decision_validity_1000"  # the bench's 1000-step columns (no fit reads them), beside ``out``
+# the transfer sets' 1000-step columns read on a larger held-out split (--large-heldout with a 1000-step column) are
+# recorded to large_heldout_folder(out.parent / TRANSFER_1000_FOLDER), apart from the 300-step ones
+TRANSFER_1000_FOLDER = "decision_validity_transfer_1000"
 
 
 def transfer_scores(out: Path) -> dict | None:
@@ -1189,7 +1193,7 @@ def compressed_scores(out: Path) -> dict | None:
     if not folder.is_dir():
         return None
     recorded, transfer = {}, set()
-    for path in (out, out.parent / "decision_validity_1000", out.parent / TRANSFER_FOLDER):
+    for path in (out, out.parent / BENCH_1000_FOLDER, out.parent / TRANSFER_FOLDER):
         for m in load(path)[0] if path.is_dir() else []:
             entry = recorded.setdefault(m["model"], {"base": m["base"], "runs": {}})
             for r in m["runs"]:
@@ -1254,7 +1258,7 @@ def all_scores(out: Path) -> dict:
     large = large_heldout_folder(out)
     if large.is_dir() and len({m["set"] for m in load(large)[0]}) >= 2:
         result["large_heldout"] = large_heldout_scores(large, models)
-    longer = out.parent / "decision_validity_1000"
+    longer = out.parent / BENCH_1000_FOLDER
     if longer.is_dir():  # 1000-step runs, kept out of every fit: each set scored with the calibration of the others
         models_1000 = attach_sensitivity(load(longer)[0], out.parent / SENSITIVITY_FOLDER)
         insts_1000 = [i for i in instances(models_1000) if i["steps"] == 1000]

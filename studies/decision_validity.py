@@ -38,7 +38,10 @@ a sweep part's model seed 3 only, to ``<part>-seeds3.json``; ``--trial-seeds 2``
 re-trained from the same seeds, refused unless their base losses and screen are the recorded ones, and only trial
 seed 2 run, to ``<part>-trialseed2.json`` (with ``--column``, ``<part>-<column>-trialseed2.json``), whose runs the scores merge into ``<part>.json``'s models; ``--large-heldout``: a model set part's
 models and trials with every trial also evaluated on a held-out split 4 times the bench's, to
-``studies/results/decision_validity_large_heldout/``; ``--large-heldout 16``: 16 times, to ``..._x16/``); ``--tables``
+``studies/results/decision_validity_large_heldout/``; ``--large-heldout 16``: 16 times, to ``..._x16/``; with a 1000-step
+``--column``, to ``decision_validity_1000_large_heldout/``, the transfer sets' to
+``decision_validity_transfer_1000_large_heldout/``); ``--models TAG ...``: a model set part's models of those tags only
+(``digits/e150``, ``llama-pydoc/s300``: each model is trained alone from its seed, so it is the whole part's); ``--tables``
 scores them (``studies/decision_scores.py``) and prints the docs tables; ``--variants`` the
 decision rules tried; ``--stop-rules`` the stop rules tried; ``--readouts`` the trial readouts tried against
 short stops and what bounds them (``studies/decision_readouts.py``); ``--resolution`` which stops the held-out data
@@ -86,13 +89,15 @@ from satcore import Recipe, virtual_layer_sensitivity
 from satcore._decisions.trials import paired_standard_error, trial_plan
 from satcore.adapters.torch import InsertedResidual, probe_splits, sequence_loss
 from satcore.adapters.torch.decide import TorchTrials, per_sample_eval, recipe_minibatches, recipe_optimizer, screen, trial_losses
-from studies.decision_scores import LARGE_HELDOUT, large_heldout_folder, schedule_points
+from studies.decision_scores import LARGE_HELDOUT, TRANSFER_1000_FOLDER, large_heldout_folder, schedule_points
 
 ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "studies" / "results" / "decision_validity"
 OUT_1000 = ROOT / "studies" / "results" / "decision_validity_1000"
 OUT_TRANSFER = ROOT / "studies" / "results" / "decision_validity_transfer"  # every column and length of the transfer sets
+# the folder --large-heldout names for the transfer sets' 1000-step columns (decision_scores.TRANSFER_1000_FOLDER)
+OUT_TRANSFER_1000 = ROOT / "studies" / "results" / TRANSFER_1000_FOLDER
 # --compressed: time-compressed trials (an experiment, not what decide runs), every set's models, to OUT_COMPRESSED
 OUT_COMPRESSED = ROOT / "studies" / "results" / "decision_validity_compressed"
 # --sensitivity: the sensitivity baseline's scores of every set's models (no trials), to OUT_SENSITIVITY
@@ -334,7 +339,15 @@ class ResMLP(nn.Module):
         return self.head(self.blocks(self.stem(x)))
 
 
-def image_tasks(name: str, large_heldout: int = 0):
+def model_tags(part: str) -> list[str]:
+    """The tags of a model set part's models, as recorded (``--models`` names them)."""
+    if part in (*TEXTS, *TRANSFER_TEXTS):
+        return [f"{part}/s{steps}" for steps in LLAMA["steps"]]
+    return [f"{part}/e{e}" for e in {**IMAGES, **TRANSFER_IMAGES}[part][4]]
+
+
+def image_tasks(name: str, large_heldout: int = 0, only: tuple | None = None):
+    """The set's trained models (each trained alone from its seed), ``only`` those tags where given."""
     if name in TRANSFER_IMAGES:
         *spec, data_seed = TRANSFER_IMAGES[name]
     else:
@@ -348,6 +361,8 @@ def image_tasks(name: str, large_heldout: int = 0):
                          f"bench's beside its {n_train} training images")
     probe = (data.probe[0][:n_probe], data.probe[1][:n_probe])
     for e in epochs:
+        if only is not None and f"{name}/e{e}" not in only:
+            continue
         torch.manual_seed(1)
         model = ResMLP(data.train[0][0].size) if name in TRANSFER_IMAGES else StagewiseResNet(0, WIDTHS)
         train_classifier(model, *data.train, epochs=e, seed=1)
@@ -439,11 +454,14 @@ def text_windows(text: str, probe_factor: int = 1):
             lm_windows(test, seq, n_test, seed=4))
 
 
-def text_tasks(name: str, large_heldout: int = 0):
+def text_tasks(name: str, large_heldout: int = 0, only: tuple | None = None):
+    """The set's trained decoders (each trained alone from its seed), ``only`` those tags where given."""
     architecture, text = {**TEXTS, **TRANSFER_TEXTS}[name]
     source, train_w, large_w, test_w = text_windows(text, large_heldout or 1)
     probe_w = large_w[:LLAMA["windows"][1]]
     for steps in LLAMA["steps"]:
+        if only is not None and f"{name}/s{steps}" not in only:
+            continue
         model = decoder(architecture, LLAMA["layers"])
         train_lm_windows(model, train_w, steps)
         yield {"tag": f"{name}/s{steps}", "set": name, "source": source, "model": model, "loss_fn": sequence_loss,
@@ -648,7 +666,7 @@ def _stored(stored: dict | None, tag: str, path: Path):
 
 def record(part: str, log=print, column: str | None = None, seeds: tuple | None = None,
            trial_seeds: tuple | None = None, large_heldout: int = 0, compressed: bool = False,
-           sensitivity: bool = False, screen_only: bool = False) -> None:
+           sensitivity: bool = False, screen_only: bool = False, only: tuple | None = None) -> None:
     out = OUT_1000 if column is not None and column.endswith("_1000") else OUT
     if sensitivity or screen_only:
         if part not in (*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS) or column or trial_seeds or compressed \
@@ -666,10 +684,12 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
             raise SystemExit("--trial-seeds: the fitted model sets' parts only")
         out = OUT_TRANSFER
     if large_heldout and not compressed:
-        if (part not in (*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS) or trial_seeds is not None
-                or (column or "").endswith("_1000")):
-            raise SystemExit("--large-heldout: a model set part's 300-step columns only")
-        out = large_heldout_folder(OUT_TRANSFER if part in TRANSFER else OUT, large_heldout)
+        if part not in (*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS) or trial_seeds is not None:
+            raise SystemExit("--large-heldout: a model set part alone")
+        # out is the folder of the column's own recording (a transfer set's 1000-step columns have a folder of their
+        # own here, so that what reads the 300-step larger splits reads no 1000-step run)
+        long_transfer = part in TRANSFER and (column or "").endswith("_1000")
+        out = large_heldout_folder(OUT_TRANSFER_1000 if long_transfer else out, large_heldout)
     out.mkdir(parents=True, exist_ok=True)
     path = out / (f"{part}.json" if column is None else f"{part}-{column}.json")
     if seeds is not None:  # a sweep part's model seeds recorded one process at a time
@@ -685,6 +705,10 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
             raise SystemExit(f"{path}: trial seeds {sorted(overlap)} are recorded there already")
         stored = {m["model"]: m for m in recorded["models"]}
         path = path.with_name(f"{path.stem}{TRIAL_SEEDS_FILE}{'-'.join(map(str, trial_seeds))}.json")
+    if only is not None:
+        tags = model_tags(part) if part in (*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS) else []
+        if not tags or not set(only) <= set(tags):
+            raise SystemExit(f"--models: a model set part's models ({', '.join(tags) or 'none here'})")
     if column is not None:
         COLUMNS.clear()
         COLUMNS[column] = EXTRA_COLUMNS[column]
@@ -713,7 +737,7 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
         key = "sweeps"
     else:
         is_image = part in IMAGES or part in TRANSFER_IMAGES
-        tasks = image_tasks(part, large_heldout) if is_image else text_tasks(part, large_heldout)
+        tasks = (image_tasks if is_image else text_tasks)(part, large_heldout, only)
         if stored is not None:  # a column's part may hold only its first models (a run cut for CPU): train no more
             tasks = itertools.islice(tasks, len(stored))
         if compressed:
@@ -748,6 +772,9 @@ def main(argv=None) -> int:
     parser.add_argument("--large-heldout", type=int, nargs="?", const=LARGE_HELDOUT, default=0, metavar="N",
                         help="model set parts: each trial also evaluated on a held-out split N (default 4) times the "
                              "bench's (to studies/results/decision_validity_large_heldout/, or ..._x<N>/)")
+    parser.add_argument("--models", nargs="+", metavar="TAG",
+                        help="model set parts: only these models (tags as recorded, e.g. digits/e150; each is trained "
+                             "alone from its seed, so it is the model the whole part records), to the part's file")
     parser.add_argument("--compressed", action="store_true",
                         help="model set parts: time-compressed trials (lr x S/T for the even plan's T steps; an "
                              "experiment) to studies/results/decision_validity_compressed/")
@@ -777,7 +804,7 @@ def main(argv=None) -> int:
         record(args.part, column=args.column, seeds=None if args.seeds is None else tuple(args.seeds),
                trial_seeds=None if args.trial_seeds is None else tuple(args.trial_seeds),
                large_heldout=args.large_heldout, compressed=args.compressed, sensitivity=args.sensitivity,
-               screen_only=args.screen)
+               screen_only=args.screen, only=None if args.models is None else tuple(args.models))
     if args.readouts:
         from studies.decision_readouts import readouts
 

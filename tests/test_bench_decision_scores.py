@@ -680,3 +680,72 @@ def test_following_the_advice_decides_again_on_the_smallest_recorded_split_that_
     # every count: seed 1's 6.8 goes to the 16x twin, which stops again; the first step goes to the 4x one
     assert follow["every count (none withheld)"]["stops_over_noise"] == (1, 2)
     assert follow["named counts, at the tolerance z^2 times"]["stops_over_noise"] == (0, 2)
+
+
+def test_the_larger_split_scores_read_only_the_decisions_read_again_on_both_splits():
+    """``larger_split_scores``: the decisions recorded on the larger split (model, column, seed, length) scored on
+    the bench's split and on the larger one with the same targets; a decision without a twin there is left out of
+    both.  Seed 0 stops on the bench's split (a raises the held-out loss by 0.005) and inserts on the larger one
+    (a lowers it by 0.05); the realized best gain, 0.05, is 5 seed SDs: a short stop on the bench's split only."""
+    from satcore._decisions.calibration import DEFAULT_CALIBRATION
+    from studies import decision_resolution as resolution
+
+    def case(decrease: float, model: str = "toy/a", seed: int = 0) -> dict:
+        inst = _stop_case(1.0, decrease, -0.05)
+        for r in inst["rows"]:
+            r["spread"] = 0.02  # the seeds' range (score counts a clear sign beyond it)
+        return {**inst, "model": model, "column": "sgd_block_1000", "seed": seed}
+
+    cals = {"toy": DEFAULT_CALIBRATION}
+    chosen = [case(-0.005), case(0.05, seed=1), case(-0.005, model="toy/b")]  # toy/b: not read on the larger split
+    res = resolution.larger_split_scores(chosen, [case(0.05), case(0.05, seed=1)], cals)
+    bench, larger = res["bench's held-out split"], res[f"held-out x{resolution.LARGE_HELDOUT}"]
+    assert (bench["n_decisions"], bench["stops_over_noise"]) == (2, (1, 2))
+    assert (larger["n_decisions"], larger["stops_over_noise"]) == (2, (0, 2))
+    # a, the realized best, has the lower prediction on both splits (+0.005 against b's +0.01 where it stops)
+    assert bench["best_picked"] == larger["best_picked"] == 1.0
+    assert bench["spearman_within"] is None  # two candidates: no rank correlation
+
+
+def test_a_model_set_part_records_only_the_models_named_each_trained_alone_from_its_seed(monkeypatch):
+    """``--models``: ``image_tasks(..., only=...)`` trains only the models named, and a model is the one the whole
+    part trains whatever ran before it (its seed set at its start), so a part's file of some models holds the same
+    runs as the whole part's; a tag the part does not have is refused before any training."""
+    import torch
+
+    from studies import decision_validity as validity
+
+    assert validity.model_tags("digits") == ["digits/e150", "digits/e2", "digits/e15"]
+    assert validity.model_tags("llama-pydoc") == ["llama-pydoc/s1000", "llama-pydoc/s40", "llama-pydoc/s300"]
+    alone = list(validity.image_tasks("digits", only=("digits/e2",)))
+    torch.rand(1000)  # the global generator moved on, as by an earlier model's training
+    again = list(validity.image_tasks("digits", only=("digits/e2",)))
+    assert [t["tag"] for t in alone] == [t["tag"] for t in again] == ["digits/e2"]
+    for a, b in zip(alone[0]["model"].state_dict().values(), again[0]["model"].state_dict().values()):
+        assert torch.equal(a, b)
+    with pytest.raises(SystemExit, match="digits/e150, digits/e2, digits/e15"):
+        validity.record("digits", only=("digits/e3",))
+    with pytest.raises(SystemExit, match="none here"):
+        validity.record("sweeps", only=("digits/e2",))
+
+
+def test_larger_split_recordings_of_1000_step_columns_go_beside_their_own_recordings(monkeypatch, tmp_path):
+    """``--large-heldout`` with a 1000-step column: the bench's to ``decision_validity_1000_large_heldout``, the
+    transfer sets' to ``decision_validity_transfer_1000_large_heldout`` (apart from their 300-step larger splits,
+    which the readouts and the transfer tables read at 300 steps); the 300-step columns where they were."""
+    from studies import decision_validity as validity
+
+    for name in ("OUT", "OUT_1000", "OUT_TRANSFER", "OUT_TRANSFER_1000"):
+        monkeypatch.setattr(validity, name, tmp_path / getattr(validity, name).name)
+    monkeypatch.setattr(validity, "COLUMNS", dict(validity.COLUMNS))  # record replaces them by the column given
+    # no model trained: one stub model, so that the file is written where the recording would be
+    monkeypatch.setattr(validity, "image_tasks", lambda *args: iter([{"tag": "toy"}]))
+    monkeypatch.setattr(validity, "record_model", lambda task, *args: {"model": task["tag"]})
+    places = {("digits", "sgd_block_1000"): "decision_validity_1000_large_heldout/digits-sgd_block_1000.json",
+              ("digits", "sgd_block"): "decision_validity_large_heldout/digits-sgd_block.json",
+              ("resmlp-fashion", "sgd_block_1000"):
+                  "decision_validity_transfer_1000_large_heldout/resmlp-fashion-sgd_block_1000.json",
+              ("resmlp-fashion", "sgd_block"): "decision_validity_transfer_large_heldout/resmlp-fashion-sgd_block.json"}
+    for part, column in places:
+        validity.record(part, log=lambda _: None, column=column, large_heldout=4)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.json")) == sorted(places.values())
