@@ -453,8 +453,8 @@ def test_render_control_gives_the_general_loss_its_criterion_and_the_gain_each_s
 
 def test_the_rerun_control_decisions_reproduce_the_recorded_ones_and_record_their_resolvable_gain(bench):
     """The one-block near control's decisions rerun by the code that records ``decision.resolvable_gain`` (both rules,
-    ten seeds): every frontier and held-out loss as first recorded, and each stop's recorded gain and line are those
-    ``_recomputed_choice`` reads off the first recording, which predates the field."""
+    ten seeds): every frontier and held-out loss as first recorded, and each stop's recorded gain is the one
+    ``_recomputed_choice`` reads off the first recording, which predates the field (both lines state it)."""
     results = BENCH.parent / "results"
     for rule in ("carry", "nocarry"):
         first = {r["key"].get("seed"): r for r in bench._rows(results / f"expansion_budget_control_L1_{rule}_near.jsonl")}
@@ -469,9 +469,13 @@ def test_the_rerun_control_decisions_reproduce_the_recorded_ones_and_record_thei
             decision, before = row["evidence"]["record"]["decision"], old["evidence"]["record"]["decision"]
             choice = bench._recomputed_choice(before)
             assert "resolvable_gain" not in before and decision["chosen_blocks"] == before["chosen_blocks"] == 0
-            assert (choice.chosen_blocks, choice.resolvable_gain, choice.reason) == (0, decision["resolvable_gain"],
-                                                                                      decision["reason"])
-            assert decision["reason"].startswith(before["reason"])
+            assert (choice.chosen_blocks, choice.resolvable_gain) == (0, decision["resolvable_gain"])
+            # the line's words are the code's (they changed after the recording); its claim and number are the rows'
+            gain = decision["resolvable_gain"]
+            for reason in (choice.reason, decision["reason"]):
+                assert reason.startswith(before["reason"])
+                assert (gain is None and reason == before["reason"]) or (
+                    f"could show only a gain beyond about {gain:.3g} nats" in reason)
 
 
 def test_the_controls_general_loss_criterion_and_resolvable_gains_re_render_their_lab_notes_tables(bench):
