@@ -666,6 +666,19 @@ def _load(paths):
     return rows[0]["setup"], rows[0]["pretrain"], base, runs
 
 
+def _settings_pairs(settings):
+    """``(setup, base rows by pair, pair, runs[arm][seed])`` for each setting (a list of result files, :func:`_load`)
+    and pair in the bench's order, or the first setting's message where its rows are not one setup and base."""
+    out = []
+    for paths in settings:
+        loaded = _load(paths)
+        if isinstance(loaded, str):
+            return loaded
+        setup, _, base, runs = loaded
+        out += [(setup, base, pair, arms) for pair, arms in sorted(runs.items(), key=lambda item: PAIRS.index(item[0]))]
+    return out
+
+
 def _sweep_row(arms: dict, K: int, seed: int):
     return arms.get("none" if K == 0 else f"uniform-{K}", {}).get(seed)
 
@@ -1104,31 +1117,29 @@ def render_forgetting(settings, rules=FORGETTING_RULES, decisions=("satcore-carr
            "limit (seeds) | realized general change within the limit (seeds) | target minus uniform-conventional (95%) "
            "| general minus uniform-conventional (95%) | target minus none (95%) | general minus none (95%) |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for paths in settings:
-        loaded = _load(paths)
-        if isinstance(loaded, str):
-            return loaded
-        setup, _, base, runs = loaded
+    pairs = _settings_pairs(settings)
+    if isinstance(pairs, str):
+        return pairs
+    for setup, base, pair, arms in pairs:
         conventional = max_blocks_cap(setup["layers"], None)
         reference = f"uniform-{conventional}"
-        for pair, arms in sorted(runs.items(), key=lambda item: PAIRS.index(item[0])):
-            general_base = float(np.mean(base[pair]["general_windows"]))
-            for arm, rule in ((a, r) for a in decisions if a in arms for r in rules):
-                rows = constrained_rows(arms, arms[arm], pair, rule, conventional)
-                seeds = sorted(set(rows) & set(arms[reference]))
-                counts = {K: sum(rows[s]["K"] == K for s in seeds) for K in sorted({rows[s]["K"] for s in seeds})}
-                within = "-" if rule is None else str(sum(
-                    float(np.mean(rows[s]["general_windows"])) - general_base <= (
-                        arms[reference][s]["general"] - general_base if rule == "conventional" else rows[s]["limit"])
-                    for s in seeds))
-                cells = [_fmt(paired_minus(rows, other, seeds, column)) for other in (arms[reference], arms["none"])
-                         for column in (f"{pair}_windows", "general_windows")]
-                name = ("none (default)" if rule is None else f"as {reference} is predicted to forget"
-                        if rule == "conventional" else f"{rule:g}")
-                out.append(f"| {_setting(setup)} | {pair} | {arm} | {name} | {len(seeds)} | "
-                           + ", ".join(f"K={K}: {n}" for K, n in counts.items())
-                           + f" | {'-' if rule is None else sum(rows[s]['over'] for s in seeds)} | {within} | "
-                           + " | ".join(cells) + " |")
+        general_base = float(np.mean(base[pair]["general_windows"]))
+        for arm, rule in ((a, r) for a in decisions if a in arms for r in rules):
+            rows = constrained_rows(arms, arms[arm], pair, rule, conventional)
+            seeds = sorted(set(rows) & set(arms[reference]))
+            counts = {K: sum(rows[s]["K"] == K for s in seeds) for K in sorted({rows[s]["K"] for s in seeds})}
+            within = "-" if rule is None else str(sum(
+                float(np.mean(rows[s]["general_windows"])) - general_base <= (
+                    arms[reference][s]["general"] - general_base if rule == "conventional" else rows[s]["limit"])
+                for s in seeds))
+            cells = [_fmt(paired_minus(rows, other, seeds, column)) for other in (arms[reference], arms["none"])
+                     for column in (f"{pair}_windows", "general_windows")]
+            name = ("none (default)" if rule is None else f"as {reference} is predicted to forget"
+                    if rule == "conventional" else f"{rule:g}")
+            out.append(f"| {_setting(setup)} | {pair} | {arm} | {name} | {len(seeds)} | "
+                       + ", ".join(f"K={K}: {n}" for K, n in counts.items())
+                       + f" | {'-' if rule is None else sum(rows[s]['over'] for s in seeds)} | {within} | "
+                       + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -1142,34 +1153,32 @@ def render_arm_errors(settings, arm: str = "satcore-carry") -> str:
     out = ["| base, planned steps | pair | K | seeds | trial checkpoints | trial readings | predicted | realized "
            "| realized minus predicted | paired difference from K = 0: realized minus predicted, mean (sd) |",
            "|---|---|---|---|---|---|---|---|---|---|"]
-    for paths in settings:
-        loaded = _load(paths)
-        if isinstance(loaded, str):
-            return loaded
-        setup, _, base, runs = loaded
-        for pair, arms in sorted(runs.items(), key=lambda item: PAIRS.index(item[0])):
-            cases = {}
-            for seed, row in sorted(arms.get(arm, {}).items()):
-                decision = row["evidence"]["record"]["decision"]
-                for entry in decision["frontier"]:
-                    sweep = _sweep_row(arms, entry["blocks"], seed)
-                    if sweep is None or arms["none"].get(seed) is None:
-                        continue
-                    readings = np.mean(entry["trial"]["heldout_change"], axis=0)[:2]
-                    realized = sweep["target"] - float(np.mean(base[pair][f"{pair}_windows"]))
-                    paired = (sweep["target"] - arms["none"][seed]["target"] - entry["predicted_minus_none"]
-                              if entry["blocks"] else None)
-                    cases.setdefault(entry["blocks"], []).append(
-                        (readings, entry["predicted_heldout_change"], realized, paired, decision["plan"]["checkpoints"][:2]))
-            for K, rows in sorted(cases.items()):
-                readings, predicted, realized, paired, checkpoints = zip(*rows)
-                out.append(f"| {_setting(setup)} | {pair} | {K} | "
-                           f"{len(rows)} | "
-                           f"{', '.join(map(str, checkpoints[0]))} | "
-                           f"{', '.join(f'{v:+.4f}' for v in np.mean(readings, axis=0))} | {np.mean(predicted):+.4f} | "
-                           f"{np.mean(realized):+.4f} | {np.mean(realized) - np.mean(predicted):+.4f} | "
-                           + ("-" if not K else f"{np.mean(paired):+.4f} "
-                              + (f"({np.std(paired, ddof=1):.4f})" if len(paired) > 1 else "(one seed)")) + " |")
+    pairs = _settings_pairs(settings)
+    if isinstance(pairs, str):
+        return pairs
+    for setup, base, pair, arms in pairs:
+        cases = {}
+        for seed, row in sorted(arms.get(arm, {}).items()):
+            decision = row["evidence"]["record"]["decision"]
+            for entry in decision["frontier"]:
+                sweep = _sweep_row(arms, entry["blocks"], seed)
+                if sweep is None or arms["none"].get(seed) is None:
+                    continue
+                readings = np.mean(entry["trial"]["heldout_change"], axis=0)[:2]
+                realized = sweep["target"] - float(np.mean(base[pair][f"{pair}_windows"]))
+                paired = (sweep["target"] - arms["none"][seed]["target"] - entry["predicted_minus_none"]
+                          if entry["blocks"] else None)
+                cases.setdefault(entry["blocks"], []).append(
+                    (readings, entry["predicted_heldout_change"], realized, paired, decision["plan"]["checkpoints"][:2]))
+        for K, rows in sorted(cases.items()):
+            readings, predicted, realized, paired, checkpoints = zip(*rows)
+            out.append(f"| {_setting(setup)} | {pair} | {K} | "
+                       f"{len(rows)} | "
+                       f"{', '.join(map(str, checkpoints[0]))} | "
+                       f"{', '.join(f'{v:+.4f}' for v in np.mean(readings, axis=0))} | {np.mean(predicted):+.4f} | "
+                       f"{np.mean(realized):+.4f} | {np.mean(realized) - np.mean(predicted):+.4f} | "
+                       + ("-" if not K else f"{np.mean(paired):+.4f} "
+                          + (f"({np.std(paired, ddof=1):.4f})" if len(paired) > 1 else "(one seed)")) + " |")
     return "\n".join(out)
 
 
