@@ -1150,12 +1150,12 @@ def render_arm_errors(settings, arm: str = "satcore-carry") -> str:
     predicted change at the planned steps, the realized change of the sweep's arm from the base model (the bench's
     held-out windows, not the decision's), realized minus predicted; for ``K > 0``, the same for the paired difference
     from ``K = 0`` (mean and standard deviation over seeds)."""
-    out = ["| base, planned steps | pair | K | seeds | trial checkpoints | trial readings | predicted | realized "
-           "| realized minus predicted | paired difference from K = 0: realized minus predicted, mean (sd) |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
     pairs = _settings_pairs(settings)
     if isinstance(pairs, str):
         return pairs
+    out = ["| base, planned steps | pair | K | seeds | trial checkpoints | trial readings | predicted | realized "
+           "| realized minus predicted | paired difference from K = 0: realized minus predicted, mean (sd) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for setup, base, pair, arms in pairs:
         cases = {}
         for seed, row in sorted(arms.get(arm, {}).items()):
