@@ -583,6 +583,16 @@ def test_a_model_whose_loss_is_nan_is_refused_naming_it(command, expect, source,
     assert not out.exists()
 
 
+def test_a_vocab_size_short_of_the_tokenizer_is_named_as_config_jsons(source, tmp_path):
+    """config.json's vocab_size below the ids the checkpoint's own tokenizer gives for the text: the line named the
+    data file ("token id 286 is outside the model's vocabulary"), whose text is not at fault."""
+    folder = edited(source, tmp_path, vocab_size=10)
+    result = run_expand(folder, source[1], tmp_path / "o", "--blocks", "1", "--decision", "screen")
+    refused(result, f"{folder}/config.json: vocab_size 10 does not cover token id ")
+    assert "its tokenizer gives for" in result.output and "the tokenizer and config.json disagree" in result.output
+    assert not (tmp_path / "o").exists()
+
+
 GENERAL_ONLY_FAULTS = {
     # the token's embedding row is NaN: the model's general loss is NaN before any training
     "nan": "the model's own general loss, before any training, is NaN or infinite",

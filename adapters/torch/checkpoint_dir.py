@@ -429,6 +429,10 @@ def read_token_windows(path, *, tokenizer_dir, vocab_size: int, seq_len: int, ma
         ids = _jsonl_ids(path, n_tokens, vocab_size)
     else:
         ids = _text_ids(path, load_tokenizer(tokenizer_dir), n_tokens)
+        if len(ids) and int(ids.max()) >= vocab_size:  # the checkpoint's tokenizer made it: config.json's fault
+            raise InputError(f"{display_name(os.fspath(tokenizer_dir))}/config.json: vocab_size {vocab_size} does not "
+                             f"cover token id {int(ids.max())}, which its tokenizer gives for {shown}: the tokenizer "
+                             "and config.json disagree")
     check_token_ids(ids, vocab_size, shown)
     n = len(ids) // seq_len
     if n < MIN_WINDOWS:
