@@ -574,12 +574,33 @@ def test_out_dir_too_long_is_refused_before_the_model_is_read(source, tmp_path):
     (["probe"], "batch 0: the loss is NaN or infinite for 7 of 7 sample(s)"),  # the default: 113 windows in 17 batches
 ])
 def test_a_model_whose_loss_is_nan_is_refused_naming_it(command, expect, source, tmp_path):
-    """rms_norm_eps NaN (JSON's NaN, which Python reads) makes every output NaN: expand --decision screen wrote a
-    grown checkpoint from a screen of NaN rows, probe a dump no reader takes, and --blocks auto blamed the lr."""
-    folder = edited(source, tmp_path, rms_norm_eps=float("nan"))
+    """A final norm of NaN weights makes every output NaN (as rms_norm_eps NaN did, which config.json's check now
+    refuses first): expand --decision screen wrote a grown checkpoint from a screen of NaN rows, probe a dump no reader
+    takes, and --blocks auto blamed the lr."""
+    from safetensors.torch import load_file, save_file
+
+    folder = edited(source, tmp_path)
+    weights = load_file(folder / "model.safetensors")
+    weights["model.norm.weight"][:] = float("nan")
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     out = tmp_path / ("d.npz" if command == ["probe"] else "o")
     result = CliRunner().invoke(main, [command[0], str(folder), "--data", str(source[1]), "-o", str(out), *command[1:]])
     refused(result, f"{folder} on {source[1]}: {expect}")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("changes, key", [({"rms_norm_eps": float("nan")}, "rms_norm_eps"),
+                                          ({"rope_scaling": {"type": "linear", "factor": float("nan")}},
+                                           "rope_scaling.factor")])
+@pytest.mark.parametrize("command", ["expand", "probe"])
+def test_a_nan_in_config_json_is_refused_naming_its_key(command, changes, key, source, tmp_path):
+    """JSON's NaN, which Python reads: rms_norm_eps NaN made every output NaN, refused only as a NaN loss after the
+    model was built and run; it is config.json's value, named before any work."""
+    folder = edited(source, tmp_path, **changes)
+    out = tmp_path / ("d.npz" if command == "probe" else "o")
+    extra = ["--blocks", "1", "--decision", "screen"] if command == "expand" else []
+    result = CliRunner().invoke(main, [command, str(folder), "--data", str(source[1]), "-o", str(out), *extra])
+    refused(result, f"{folder}/config.json: {key} is NaN; give a number")
     assert not out.exists()
 
 

@@ -89,11 +89,14 @@ def read_config(path) -> dict:
     """``config.json`` of the checkpoint directory ``path``, checked before anything is built from it: a JSON
     object at most :data:`MAX_CONFIG_BYTES` and 32 levels deep, every size of :data:`SIZE_KEYS` it holds a whole
     number in ``1 .. MAX_SIZE``, the heads dividing the width and each other, a float ``dtype`` expand writes,
-    no ``quantization_config``."""
+    no ``quantization_config``, no NaN (JSON's ``NaN``, which Python reads; ``Infinity`` is a value some configs
+    hold)."""
     shown = f"{display_name(os.fspath(path))}/config.json"
     config = read_json(os.path.join(path, "config.json"), shown, MAX_CONFIG_BYTES)
     if not isinstance(config, dict):
         raise InputError(f"{shown}: not a JSON object")
+    if (nan := _nan_key(config)) is not None:  # JSON's NaN, which Python reads: every output NaN, or worse, silently
+        raise InputError(f"{shown}: {nan} is NaN; give a number")
     for key in SIZE_KEYS:
         if key in config and not (config[key] is None and key in NULLABLE_SIZES):
             whole_number(config[key], f"{shown}: {key}", 1, MAX_SIZE)
@@ -113,6 +116,18 @@ def read_config(path) -> dict:
         raise InputError(f"{shown}: quantized checkpoints (quantization_config, {display_name(repr(method), 40)}) are "
                          "not supported: their weights cannot be grown and saved; de-quantise to a float checkpoint")
     return config
+
+
+def _nan_key(value, path: str = "") -> str | None:
+    """The first key (dotted, list items by index) of a parsed JSON value that holds a NaN, None where none does
+    (the value is at most 32 levels deep: :func:`read_config` read it)."""
+    if isinstance(value, float) and math.isnan(value):
+        return path or "the value"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if (found := _nan_key(item, f"{path}.{key}" if path else str(key))) is not None:
+            return found
+    return None
 
 
 def checkpoint_dtype(config: dict, shown: str = "config.json") -> str:
