@@ -417,11 +417,11 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         refuse_inside_model_dir(plot_path, model_dir)
         plot_format(plot_path)
     from satcore import DecisionPolicy, Recipe
+    from satcore.adapter_api import regular_file
     from satcore.adapters.torch.checkpoint_dir import (EXPAND_COPIES, MIN_WINDOWS, check_checkpoint_dir,
                                                        checkpoint_dtype, load_causal_lm, read_config,
                                                        read_token_windows)
     from satcore.adapters.torch.expansion import ExpansionOptions, check_trials_batch, decoder_stack, split_batches
-    from satcore.adapters.torch.safetensors_headers import regular_file
     from satcore.adapters.torch.expansion import expand as expand_model
     from satcore.adapters.torch.expansion_exports import lora_adapter_config, write_training_exports
     from satcore.adapters.torch.locate import find_blocks

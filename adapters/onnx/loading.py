@@ -19,7 +19,7 @@ import math
 import os
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
-from satcore.adapter_api import file_kind, note_input
+from satcore.adapter_api import file_kind, note_input, regular_file
 
 from .errors import OnnxProbeError
 
@@ -323,9 +323,8 @@ def load_model(model):
         sort_graph(proto.graph)
         return proto
     path = Path(os.fspath(model))
-    if not path.is_file():
-        raise OnnxProbeError(f"{path}: is {file_kind(path.stat().st_mode)}, not a regular file; refused"
-                             if path.exists() else f"no ONNX file at {str(path)!r}")
+    if not regular_file(path, str(path), OnnxProbeError):
+        raise OnnxProbeError(f"no ONNX file at {str(path)!r}")
     other = OTHER_FORMATS.get(path.suffix.lower())
     hint = f"; the name says {other}" if other else ""
     size = path.stat().st_size

@@ -38,10 +38,10 @@ import torch
 from satcore.adapter_api import display_name
 from satcore.adapter_api import NpzArchive
 from satcore import InputError, ProbeError
-from satcore.adapter_api import check_memory, file_kind, shown_value, whole_number
+from satcore.adapter_api import check_memory, regular_file, shown_value, whole_number
 
 from .input_bounds import check_token_ids
-from .safetensors_headers import read_json, regular_file, weight_headers
+from .safetensors_headers import read_json, weight_headers
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 PICKLED_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
@@ -65,7 +65,7 @@ _LAYER_NAME = re.compile(r"(.*?)\.([0-9]{1,9})\.")
 
 def check_checkpoint_dir(path) -> None:
     """Refuse, in one line naming what is missing, a directory the loader does not read: not a directory, no
-    ``config.json`` (or something else than a regular file there: :func:`~.safetensors_headers.regular_file`), a path that is not UTF-8 (the safetensors reader takes UTF-8 paths only), pickled weights
+    ``config.json`` (or something else than a regular file there: :func:`~satcore.adapter_api.regular_file`), a path that is not UTF-8 (the safetensors reader takes UTF-8 paths only), pickled weights
     (``pytorch_model.bin``: nothing is unpickled) or no weights."""
     shown = display_name(os.fspath(path))
     if not os.path.isdir(path):
@@ -432,9 +432,8 @@ def read_token_windows(path, *, tokenizer_dir, vocab_size: int, seq_len: int, ma
     shown = display_name(os.fspath(path))
     if os.path.isdir(path):
         raise InputError(f"{shown}: is a directory, not a data file (UTF-8 text, .npz or .jsonl)")
-    if not os.path.isfile(path):  # a device or a FIFO is there but is not read (it could block or never end)
-        raise InputError(f"{shown}: is {file_kind(os.stat(path).st_mode)}, not a regular file; refused"
-                         if os.path.exists(path) else f"{shown}: no such file")
+    if not regular_file(path, shown):  # a device or a FIFO is there but is not read (it could block or never end)
+        raise InputError(f"{shown}: no such file")
     suffix = Path(path).suffix.lower()
     n_tokens = min(seq_len * max_windows, _token_capacity(path, suffix))
     check_memory(8 * n_tokens, f"{shown}: {n_tokens:,} token ids (--max-windows x --seq-len, at most the file's)")

@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 
 from satcore import InputError
-from satcore.adapter_api import MAX_COUNT, display_name, file_kind, whole_number
+from satcore.adapter_api import MAX_COUNT, display_name, regular_file, whole_number
 
 # bytes per element of the dtypes torch reads from safetensors
 ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -40,17 +40,6 @@ class TensorHeader:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
-
-
-def regular_file(path: str, shown: str) -> bool:
-    """Whether a regular file (or a symlink to one) is at ``path``: ``False`` where nothing is, one line naming
-    ``shown`` and what is there otherwise (a FIFO, a device, a directory: reading it could block or never end,
-    and calling it missing would send the user looking for a file they can see)."""
-    if os.path.isfile(path):
-        return True
-    if os.path.exists(path):
-        raise InputError(f"{shown}: is {file_kind(os.stat(path).st_mode)}, not a regular file; refused")
-    return False
 
 
 def read_json(path: str, what: str, max_bytes: int, *, data: bytes | None = None):

@@ -36,7 +36,7 @@ import threading
 from typing import BinaryIO, Callable
 
 from .._shared.display import display_name
-from .._shared.errors import SatcoreError
+from .._shared.errors import InputError, SatcoreError
 
 TMPFILE_UNSUPPORTED = {"EOPNOTSUPP", "EISDIR", "EINVAL", "ENOTSUP", "EACCES"}
 
@@ -56,6 +56,18 @@ def file_kind(mode: int) -> str:
         if test(mode):
             return kind
     return "not a regular file"
+
+
+def regular_file(path, shown: str, error: type[Exception] | None = None) -> bool:
+    """Whether a regular file (or a symlink to one) is at ``path``: ``False`` where nothing is, one line naming
+    ``shown`` and what is there otherwise (:func:`file_kind`; raised as ``error``, by default
+    :class:`~satcore.InputError`): a FIFO or a device could block or never end when read, and calling a directory
+    missing would send the user looking for a file they can see."""
+    if os.path.isfile(path):
+        return True
+    if os.path.exists(path):
+        raise (error or InputError)(f"{shown}: is {file_kind(os.stat(path).st_mode)}, not a regular file; refused")
+    return False
 
 
 # The files read so far by the running command: {(resolved path, (device, inode)): shown name}; None outside

@@ -33,7 +33,6 @@ _PROBE_FIELDS = ("family", "n_features", "init_std", "variance", "position_subsa
 
 _DECIDE_PROBE = {k: "pass policy=DecisionPolicy(recipe, probe=ProbeConfig({k}={v}))" for k in _PROBE_FIELDS}
 _CALLBACK_PROBE = {k: "pass config=ProbeConfig({k}={v})" for k in (*_PROBE_FIELDS, "candidates", "head")}
-_CALLBACK = {"decide": "pass policy=DecisionPolicy(recipe), train_data=train", **_CALLBACK_PROBE}
 
 #: function name -> {earlier keyword -> what to do instead}; ``{k}`` is the keyword, ``{v}`` the value given
 #: (a number, a short string or ``None``; ``...`` for anything else)
@@ -57,7 +56,7 @@ MOVED_KEYWORDS: dict[str, dict[str, str]] = {
         "decide_options": "pass policy=DecisionPolicy(recipe, trials=TrialSettings(...))",
         "decide": "pass policy= (a DecisionPolicy, or your callable decide(model, seed) itself)",
     },
-    "callback": _CALLBACK,
+    "callback": {"decide": "pass policy=DecisionPolicy(recipe), train_data=train", **_CALLBACK_PROBE},
     "expand": {
         **{k: "pass policy=DecisionPolicy(recipe, {k}={v})" for k in ("seed", "max_statistics_bytes")},
         **_DECIDE_PROBE,
