@@ -1185,17 +1185,17 @@ def prior_choice(decision: dict, conventional: int, variant) -> tuple[int, str]:
 
 
 def prior_rows(arms: dict, decided: dict, pair: str, conventional: int, variant, charge: str = "ceiling") -> dict:
-    """Per seed of the satcore rows ``decided`` with sweep rows: the count and case of ``variant`` (None: the shipped
-    rule as recorded; else :func:`prior_choice`), whether it is within one sweep step of the realized best (the
+    """Per seed of the satcore rows ``decided`` with sweep rows: the count and case of ``variant`` (None: the decision
+    as recorded; else :func:`prior_choice`), whether it is within one sweep step of the realized best (the
     smallest count with a sweep row at that seed whose target loss is within the decision's tolerance of the lowest,
     :func:`best_count`), and its realized losses (:func:`charged_losses`) ``{"K", "case", "hit", "<pair>_windows",
-    "general_windows"}``.  The charge: the recorded one for the shipped rule; for a variant, ``"recorded"`` or
+    "general_windows"}``.  The charge: the recorded one as recorded; for a variant, ``"recorded"`` or
     ``"ceiling"``, every trial run to its end (the race as shipped stops once no ``K > 0`` can become credible, not
     once ``K = 0`` cannot: the race's ceiling over the recorded cost, :func:`constrained_rows`)."""
     out = {}
     for seed, row in sorted(decided.items()):
         decision = row["evidence"]["record"]["decision"]
-        K, case = ((decision["chosen_blocks"], "as recorded") if variant is None else
+        K, case = ((len(row["before"]), "as recorded") if variant is None else
                    prior_choice(decision, conventional, variant))
         sweep = {k: r["target"] for k in SWEEP if (r := _sweep_row(arms, k, seed)) is not None}
         if K not in sweep or 0 not in sweep:
@@ -1221,55 +1221,49 @@ def _prior_settings(settings, decisions):
             for setup, _, pair, arms in pairs for arm in decisions if arm in arms]
 
 
+def _prior_cases(found, variants, charge: str):
+    """Per setting of ``found`` (:func:`_prior_settings`) and rule (None: the decisions as recorded, then each of
+    ``variants``): ``(label, pair, frontier arm, sweep rows, uniform at the conventional count's rows, the rule,
+    its rows (:func:`prior_rows`), the seeds scored, the rows as recorded)``."""
+    for label, pair, arm, conventional, arms, decided in found:
+        reference = arms[f"uniform-{conventional}"]
+        recorded = prior_rows(arms, decided, pair, conventional, None)
+        for variant in (None, *variants):
+            rows = prior_rows(arms, decided, pair, conventional, variant, charge)
+            yield (label, pair, arm, arms, reference, variant, rows, sorted(set(rows) & set(reference) & set(recorded)),
+                   recorded)
+
+
+def _variant_name(variant) -> str:
+    return "as recorded" if variant is None else f"z {variant[0]:g}" + (", carry" if variant[1] else "")
+
+
 def render_prior(settings, variants=PRIOR_VARIANTS, decisions=("satcore-carry", "satcore-full"),
                  charge: str = "ceiling") -> str:
-    """The symmetric rules against the shipped one, per setting (a list of result files with one setup and base
-    model), pair, satcore arm of ``decisions`` and rule (the shipped rule, then each of ``variants``), from the
-    recorded frontiers (:func:`prior_rows`): the counts and cases, the cells within one sweep step of the realized
-    best, and the realized target and general held-out losses minus uniform at the conventional count, minus
-    ``none`` and (target) minus the shipped rule, paired by seed and window (:func:`paired_minus`)."""
+    """The symmetric rules against the decisions as recorded, per setting (a list of result files with one setup and
+    base model), pair, satcore arm of ``decisions`` and rule (:func:`_prior_cases`), from the recorded frontiers: the
+    counts and cases, the cells within one sweep step of the realized best, and the realized target and general
+    held-out losses minus uniform at the conventional count, minus ``none`` and (target) minus the decisions as
+    recorded, paired by seed and window (:func:`paired_minus`)."""
     found = _prior_settings(settings, decisions)
     if isinstance(found, str):
         return found
     out = ["| base, planned steps | pair | frontier | rule | seeds | K chosen (seeds) | case (seeds) | count within one "
            "step | target minus uniform-conventional (95%) | general minus uniform-conventional (95%) | target minus "
-           "none (95%) | general minus none (95%) | target minus the shipped rule (95%) |",
+           "none (95%) | general minus none (95%) | target minus as recorded (95%) |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for label, pair, arm, conventional, arms, decided in found:
-        reference, target = arms[f"uniform-{conventional}"], f"{pair}_windows"
-        shipped = prior_rows(arms, decided, pair, conventional, None)
-        for variant in (None, *variants):
-            rows = prior_rows(arms, decided, pair, conventional, variant, charge)
-            seeds = sorted(set(rows) & set(reference) & set(shipped))
-            counts = {K: sum(rows[s]["K"] == K for s in seeds) for K in sorted({rows[s]["K"] for s in seeds})}
-            cases = {c: sum(rows[s]["case"] == c for s in seeds) for c in PRIOR_CASES}
-            cells = [_fmt(paired_minus(rows, other, seeds, column)) for other in (reference, arms["none"])
-                     for column in (target, "general_windows")]
-            versus = "" if variant is None else _fmt(paired_minus(rows, shipped, seeds, target))
-            name = "shipped" if variant is None else f"z {variant[0]:g}" + (", carry" if variant[1] else "")
-            out.append(f"| {label} | {pair} | {arm} | {name} | {len(seeds)} | "
-                       + ", ".join(f"K={K}: {n}" for K, n in counts.items()) + " | "
-                       + ("-" if variant is None else ", ".join(f"{c}: {n}" for c, n in cases.items() if n))
-                       + f" | {sum(rows[s]['hit'] for s in seeds)} of {len(seeds)} | " + " | ".join(cells)
-                       + f" | {versus} |")
+    for label, pair, arm, arms, reference, variant, rows, seeds, recorded in _prior_cases(found, variants, charge):
+        target = f"{pair}_windows"
+        counts = {K: sum(rows[s]["K"] == K for s in seeds) for K in sorted({rows[s]["K"] for s in seeds})}
+        cases = {c: sum(rows[s]["case"] == c for s in seeds) for c in PRIOR_CASES}
+        cells = [_fmt(paired_minus(rows, other, seeds, column)) for other in (reference, arms["none"])
+                 for column in (target, "general_windows")]
+        versus = "" if variant is None else _fmt(paired_minus(rows, recorded, seeds, target))
+        out.append(f"| {label} | {pair} | {arm} | {_variant_name(variant)} | {len(seeds)} | "
+                   + ", ".join(f"K={K}: {n}" for K, n in counts.items()) + " | "
+                   + ("-" if variant is None else ", ".join(f"{c}: {n}" for c, n in cases.items() if n))
+                   + f" | {sum(rows[s]['hit'] for s in seeds)} of {len(seeds)} | " + " | ".join(cells) + f" | {versus} |")
     return "\n".join(out)
-
-
-def _prior_scores(found, variants, charge: str) -> dict:
-    """``{(label, pair, frontier arm): {variant: (upper 95% bound of the target minus uniform at the conventional
-    count, cells within one sweep step, cells, the target minus the shipped rule)}}`` (variant None: the shipped
-    rule)."""
-    scores = {}
-    for label, pair, arm, conventional, arms, decided in found:
-        reference, target = arms[f"uniform-{conventional}"], f"{pair}_windows"
-        shipped = prior_rows(arms, decided, pair, conventional, None)
-        for variant in (None, *variants):
-            rows = prior_rows(arms, decided, pair, conventional, variant, charge)
-            seeds = sorted(set(rows) & set(reference) & set(shipped))
-            scores.setdefault((label, pair, arm), {})[variant] = (
-                paired_minus(rows, reference, seeds, target)["high"], sum(rows[s]["hit"] for s in seeds), len(seeds),
-                paired_minus(rows, shipped, seeds, target))
-    return scores
 
 
 def render_prior_fit(settings, variants=PRIOR_VARIANTS, decisions=("satcore-carry", "satcore-full"),
@@ -1283,21 +1277,23 @@ def render_prior_fit(settings, variants=PRIOR_VARIANTS, decisions=("satcore-carr
     found = _prior_settings(settings, decisions)
     if isinstance(found, str):
         return found
-    out = ["| charge | left out | fitted on | variant fitted | upper bound minus uniform-conventional: variant / shipped "
-           "| count within one step: variant / shipped | target minus the shipped rule (95%) |",
+    out = ["| charge | left out | fitted on | variant fitted | upper bound minus uniform-conventional: variant / as "
+           "recorded | count within one step: variant / as recorded | target minus as recorded (95%) |",
            "|---|---|---|---|---|---|---|"]
-    def name(variant) -> str:
-        return f"z {variant[0]:g}" + (", carry" if variant[1] else "")
-
     for charge in ("ceiling", "recorded"):
-        scores = _prior_scores(found, variants, charge)
+        scores = {}  # (label, pair, arm) -> variant -> (upper bound, cells within one step, cells, minus as recorded)
+        for label, pair, arm, _, reference, variant, rows, seeds, recorded in _prior_cases(found, variants, charge):
+            target = f"{pair}_windows"
+            scores.setdefault((label, pair, arm), {})[variant] = (
+                paired_minus(rows, reference, seeds, target)["high"], sum(rows[s]["hit"] for s in seeds), len(seeds),
+                paired_minus(rows, recorded, seeds, target))
         fitted = [key for key in scores if key[2] == "satcore-carry" and key[1] not in transfer]
-        for key in scores:
+        for key, scored in scores.items():
             on = [k for k in fitted if k != key]
             best = min(variants, key=lambda v: (max(scores[k][v][0] for k in on), -sum(scores[k][v][1] for k in on)))
-            upper, hits, cells, versus = scores[key][best]
-            out.append(f"| {charge} | {', '.join(key[:2])}, {key[2]} | {'the other ' + str(len(on)) if key in fitted else 'all ' + str(len(on))} "
-                       f"| {name(best)} | {upper:+.4f} / {scores[key][None][0]:+.4f} | {hits} / {scores[key][None][1]} of "
+            upper, hits, cells, versus = scored[best]
+            out.append(f"| {charge} | {', '.join(key)} | {'the other' if key in fitted else 'all'} {len(on)} | "
+                       f"{_variant_name(best)} | {upper:+.4f} / {scored[None][0]:+.4f} | {hits} / {scored[None][1]} of "
                        f"{cells} | {_fmt(versus)} |")
     return "\n".join(out)
 
