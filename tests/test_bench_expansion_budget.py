@@ -629,3 +629,22 @@ def test_render_prior_scores_each_variant_by_the_realized_losses_of_the_count_it
     recorded = bench.render_prior([_forgetting_files(tmp_path)], variants=((0.0, False),), decisions=("satcore-carry",),
                                   charge="recorded").splitlines()   # scale 1: the satcore rows themselves
     assert recorded[3].endswith(" | +0.0000 [+0.0000, +0.0000] |")
+
+
+def test_the_symmetric_rules_re_render_their_lab_notes_tables(bench):
+    """The main protocol, the three controls and the one-block control's full trials as the notes render them (every
+    variant at the race's ceiling; the variant fitted leaving one setting out, both charges): every row is the notes'.
+    The fit's claim there: no variant ahead of or level with the decisions as recorded on the main pairs."""
+    results = BENCH.parent / "results"
+    controls = [[results / f"expansion_budget_{name}.jsonl" for name in names] for names in (
+        ("control_L1_sweep_near", "control_L1_carry_resolvable_near"),
+        ("control_L2_sweep_near", "control_L2_uniform2_near", "control_L2_carry_near"),
+        ("positive_L1_sweep_far", "positive_L1_carry_far"), ("control_L1_sweep_near", "control_L1_full_near"))]
+    settings = [bench.main_protocol_files(results), *controls]
+    notes = (BENCH.parent / "expansion-budget-notes.md").read_text()
+    table = [line for line in bench.render_prior(settings).splitlines() if line.startswith("| ")]
+    fit = [line for line in bench.render_prior_fit(settings).splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + (1 + len(bench.PRIOR_VARIANTS)) * (3 * 2 + 4) and len(fit) == 1 + 2 * 10
+    assert [line for line in table + fit if line not in notes] == []
+    main = [line.split(" | ") for line in table if line.startswith("| 8 blocks") and "as recorded |" not in line]
+    assert all(float(cells[-1].split()[0]) > 0 for cells in main)   # every variant behind as recorded on the main pairs
