@@ -1189,9 +1189,10 @@ def prior_rows(arms: dict, decided: dict, pair: str, conventional: int, variant,
     as recorded; else :func:`prior_choice`), whether it is within one sweep step of the realized best (the
     smallest count with a sweep row at that seed whose target loss is within the decision's tolerance of the lowest,
     :func:`best_count`), and its realized losses (:func:`charged_losses`) ``{"K", "case", "hit", "<pair>_windows",
-    "general_windows"}``.  The charge: the recorded one as recorded; for a variant, ``"recorded"`` or
-    ``"ceiling"``, every trial run to its end (the race as shipped stops once no ``K > 0`` can become credible, not
-    once ``K = 0`` cannot: the race's ceiling over the recorded cost, :func:`constrained_rows`)."""
+    "general_windows"}``.  The charge: the recorded one for the decisions as recorded; for a variant, the recorded
+    one (``charge="recorded"``) or, ``"ceiling"``, every trial run to its end: the race's ceiling over the recorded
+    cost (:func:`constrained_rows`), since the race as shipped stops once no ``K > 0`` can become credible, not once
+    ``K = 0`` cannot."""
     out = {}
     for seed, row in sorted(decided.items()):
         decision = row["evidence"]["record"]["decision"]
