@@ -92,6 +92,8 @@ Every finished run is appended to ``--out`` (JSON lines); a rerun skips what is 
         # the controls' general loss, general-change criterion and resolvable gains (lab notes): --layers 1
         # --render-control SWEEP,CARRY,NOCARRY SWEEP,UNIFORM2,CARRY ..., one control an argument; what --max-forgetting
         # would choose from the recorded frontiers and realize: --render-forgetting main SWEEP,CARRY ... (lab notes)
+        # the symmetric rules (the conventional count where the trials cannot tell), scored the same way and fitted
+        # leaving one setting out: --render-prior main SWEEP,CARRY ... (lab notes)
     OMP_NUM_THREADS=1 python -m studies.expansion_budget --protocol smollm2 --seeds 0 --steps 500 \
         --batch-size 4 --seq-len 16 --lr 2e-4 --eval-windows 64 --arms none \
         --out studies/results/expansion_budget_smollm2_l4_budget.jsonl   # then uniform-2, satcore, each its own process
@@ -503,16 +505,22 @@ def main(argv=None):
     p.add_argument("--render-forgetting", nargs="+", default=None, metavar="FILES",
                    help="print what --max-forgetting would choose from the recorded frontiers and its realized losses "
                    "(render_forgetting), one setting per argument: comma-separated result files, or main, and exit")
+    p.add_argument("--render-prior", nargs="+", default=None, metavar="FILES",
+                   help="print what the symmetric rules (the conventional count where the trials cannot tell) would "
+                   "choose from the recorded frontiers and realize, and their variant fitted leaving one setting out "
+                   "(render_prior, render_prior_fit), one setting per argument: comma-separated result files, or "
+                   "main, and exit")
     args = parse_or_render(p, argv, RESULTS, render)
     if args is None:
         return
     if args.render_settings:
         print(render_settings(args.render_settings))
         return
-    if args.render_arm_errors or args.render_forgetting:
+    if args.render_arm_errors or args.render_forgetting or args.render_prior:
         settings = [main_protocol_files(RESULTS.parent) if group == "main" else [Path(p) for p in group.split(",")]
-                    for group in args.render_arm_errors or args.render_forgetting]
-        print(render_arm_errors(settings) if args.render_arm_errors else render_forgetting(settings))
+                    for group in args.render_arm_errors or args.render_forgetting or args.render_prior]
+        print(render_arm_errors(settings) if args.render_arm_errors else render_forgetting(settings)
+              if args.render_forgetting else render_prior(settings) + "\n\n" + render_prior_fit(settings))
         return
     if args.render_rules or args.render_control:
         from satcore.adapters.torch.expansion import max_blocks_cap
@@ -1140,6 +1148,154 @@ def render_forgetting(settings, rules=FORGETTING_RULES, decisions=("satcore-carr
                        + ", ".join(f"K={K}: {n}" for K, n in counts.items())
                        + f" | {'-' if rule is None else sum(rows[s]['over'] for s in seeds)} | {within} | "
                        + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+# The symmetric rule family (the conventional count as the prior), scored from the recorded frontiers: each variant
+# is (z, carry), z the standard errors of the test that not expanding is credibly better than uniform at the
+# conventional count (0: its point beyond the tolerance alone; 1.96: its paired 95% interval above 0 as well), carry
+# whether that interval holds the carry error (False: the trials' noise alone; at z = 0 the same rule)
+PRIOR_VARIANTS = ((0.0, False), *((z, carry) for carry in (False, True) for z in (0.674, 1.0, 1.282, 1.645, 1.96)))
+PRIOR_CASES = ("pays", "does not pay", "could not tell")
+
+
+def prior_choice(decision: dict, conventional: int, variant) -> tuple[int, str]:
+    """The count a symmetric rule ``variant`` (:data:`PRIOR_VARIANTS`) makes from a recorded decision, and its case
+    (:data:`PRIOR_CASES`): a ``K > 0`` that beats ``K = 0`` credibly, as the shipped rule chooses it
+    (:func:`_recomputed_choice`), "pays"; else ``K = 0`` where uniform at the ``conventional`` count is credibly worse
+    than it, "does not pay": that count's predicted paired difference from ``K = 0`` above the tolerance and ``z``
+    standard errors above 0 (the carry error's among them where ``carry``); else the conventional count, "could not
+    tell".  A paired prediction recorded without standard errors (the code before the carry error) gets its
+    interval's half-width over z at 95%, the noise alone."""
+    from scipy import stats
+
+    shipped = _recomputed_choice(decision)
+    if shipped.chosen_blocks:
+        return shipped.chosen_blocks, "pays"
+    z, carry = variant
+    (entry,) = [e for e in decision["frontier"] if e["blocks"] == conventional]
+    low, high = entry["minus_none_interval"]
+    errors = entry.get("minus_none_standard_errors") or {"windows": (high - low) / (2 * stats.norm.ppf(0.975)),
+                                                            "seeds": 0.0}
+    se = math.sqrt(errors["windows"] ** 2 + errors["seeds"] ** 2 + (errors.get("carry", 0.0) ** 2 if carry else 0.0))
+    point = entry["predicted_minus_none"]
+    if point > decision["tolerance"] and point - z * se > 0:
+        return 0, "does not pay"
+    return conventional, "could not tell"
+
+
+def prior_rows(arms: dict, decided: dict, pair: str, conventional: int, variant, charge: str = "ceiling") -> dict:
+    """Per seed of the satcore rows ``decided`` with sweep rows: the count and case of ``variant`` (None: the decision
+    as recorded; else :func:`prior_choice`), whether it is within one sweep step of the realized best (the
+    smallest count with a sweep row at that seed whose target loss is within the decision's tolerance of the lowest,
+    :func:`best_count`), and its realized losses (:func:`charged_losses`) ``{"K", "case", "hit", "<pair>_windows",
+    "general_windows"}``.  The charge: the recorded one for the decisions as recorded; for a variant, the recorded
+    one (``charge="recorded"``) or, ``"ceiling"``, every trial run to its end: the race's ceiling over the recorded
+    cost (:func:`constrained_rows`), since the race as shipped stops once no ``K > 0`` can become credible, not once
+    ``K = 0`` cannot."""
+    out = {}
+    for seed, row in sorted(decided.items()):
+        decision = row["evidence"]["record"]["decision"]
+        K, case = ((len(row["before"]), "as recorded") if variant is None else
+                   prior_choice(decision, conventional, variant))
+        sweep = {k: r["target"] for k in SWEEP if (r := _sweep_row(arms, k, seed)) is not None}
+        if K not in sweep or 0 not in sweep:
+            continue
+        raced = (decision.get("race") or {}).get("on", False)
+        scale = (decision["race"]["ceiling_cost_steps"] / decision["cost_steps"]
+                 if variant is not None and charge == "ceiling" and raced else 1.0)
+        out[seed] = {"K": K, "case": case, "hit": within_one_step(K, best_count(sweep, decision["tolerance"])),
+                     **{column: charged_losses(arms, decided, K, seed, column, scale)
+                        for column in (f"{pair}_windows", "general_windows")}}
+    return out
+
+
+def _prior_settings(settings, decisions):
+    """``(label, pair, frontier arm, conventional count, sweep rows, satcore rows)`` per setting, pair and satcore
+    arm of ``decisions`` recorded there, or the loader's message."""
+    from satcore.adapters.torch.expansion import max_blocks_cap
+
+    pairs = _settings_pairs(settings)
+    if isinstance(pairs, str):
+        return pairs
+    return [(_setting(setup), pair, arm, max_blocks_cap(setup["layers"], None), arms, arms[arm])
+            for setup, _, pair, arms in pairs for arm in decisions if arm in arms]
+
+
+def _prior_cases(found, variants, charge: str):
+    """Per setting of ``found`` (:func:`_prior_settings`) and rule (None: the decisions as recorded, then each of
+    ``variants``): ``(label, pair, frontier arm, sweep rows, uniform at the conventional count's rows, the rule,
+    its rows (:func:`prior_rows`), the seeds scored, the rows as recorded)``."""
+    for label, pair, arm, conventional, arms, decided in found:
+        reference = arms[f"uniform-{conventional}"]
+        recorded = prior_rows(arms, decided, pair, conventional, None)
+        for variant in (None, *variants):
+            rows = prior_rows(arms, decided, pair, conventional, variant, charge)
+            yield (label, pair, arm, arms, reference, variant, rows, sorted(set(rows) & set(reference) & set(recorded)),
+                   recorded)
+
+
+def _variant_name(variant) -> str:
+    return "as recorded" if variant is None else f"z {variant[0]:g}" + (", carry" if variant[1] else "")
+
+
+def render_prior(settings, variants=PRIOR_VARIANTS, decisions=("satcore-carry", "satcore-full"),
+                 charge: str = "ceiling") -> str:
+    """The symmetric rules against the decisions as recorded, per setting (a list of result files with one setup and
+    base model), pair, satcore arm of ``decisions`` and rule (:func:`_prior_cases`), from the recorded frontiers: the
+    counts and cases, the cells within one sweep step of the realized best, and the realized target and general
+    held-out losses minus uniform at the conventional count, minus ``none`` and (target) minus the decisions as
+    recorded, paired by seed and window (:func:`paired_minus`)."""
+    found = _prior_settings(settings, decisions)
+    if isinstance(found, str):
+        return found
+    out = ["| base, planned steps | pair | frontier | rule | seeds | K chosen (seeds) | case (seeds) | count within one "
+           "step | target minus uniform-conventional (95%) | general minus uniform-conventional (95%) | target minus "
+           "none (95%) | general minus none (95%) | target minus as recorded (95%) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for label, pair, arm, arms, reference, variant, rows, seeds, recorded in _prior_cases(found, variants, charge):
+        target = f"{pair}_windows"
+        counts = {K: sum(rows[s]["K"] == K for s in seeds) for K in sorted({rows[s]["K"] for s in seeds})}
+        cases = {c: sum(rows[s]["case"] == c for s in seeds) for c in PRIOR_CASES}
+        cells = [_fmt(paired_minus(rows, other, seeds, column)) for other in (reference, arms["none"])
+                 for column in (target, "general_windows")]
+        versus = "" if variant is None else _fmt(paired_minus(rows, recorded, seeds, target))
+        out.append(f"| {label} | {pair} | {arm} | {_variant_name(variant)} | {len(seeds)} | "
+                   + ", ".join(f"K={K}: {n}" for K, n in counts.items()) + " | "
+                   + ("-" if variant is None else ", ".join(f"{c}: {n}" for c, n in cases.items() if n))
+                   + f" | {sum(rows[s]['hit'] for s in seeds)} of {len(seeds)} | " + " | ".join(cells) + f" | {versus} |")
+    return "\n".join(out)
+
+
+def render_prior_fit(settings, variants=PRIOR_VARIANTS, decisions=("satcore-carry", "satcore-full"),
+                     transfer=("perl",)) -> str:
+    """The symmetric rule's free parameter (its variant, :data:`PRIOR_VARIANTS`) fitted leaving one setting out and
+    reported on the one left out, per charge (:func:`prior_rows`): the fitted settings are the ``satcore-carry``
+    frontiers (the shipped rule's) of every pair but ``transfer``; each is scored with the variant fitted on the
+    others, the rest (``transfer`` pairs, the other frontiers) with the one fitted on all.  The fit: the lowest worst
+    upper 95% bound of the target minus uniform at the conventional count over its settings (the must-show holds
+    only where every setting's does), then the most cells within one sweep step."""
+    found = _prior_settings(settings, decisions)
+    if isinstance(found, str):
+        return found
+    out = ["| charge | left out | fitted on | variant fitted | upper bound minus uniform-conventional: variant / as "
+           "recorded | count within one step: variant / as recorded | target minus as recorded (95%) |",
+           "|---|---|---|---|---|---|---|"]
+    for charge in ("ceiling", "recorded"):
+        scores = {}  # (label, pair, arm) -> variant -> (upper bound, cells within one step, cells, minus as recorded)
+        for label, pair, arm, _, reference, variant, rows, seeds, recorded in _prior_cases(found, variants, charge):
+            target = f"{pair}_windows"
+            scores.setdefault((label, pair, arm), {})[variant] = (
+                paired_minus(rows, reference, seeds, target)["high"], sum(rows[s]["hit"] for s in seeds), len(seeds),
+                paired_minus(rows, recorded, seeds, target))
+        fitted = [key for key in scores if key[2] == "satcore-carry" and key[1] not in transfer]
+        for key, scored in scores.items():
+            on = [k for k in fitted if k != key]
+            best = min(variants, key=lambda v: (max(scores[k][v][0] for k in on), -sum(scores[k][v][1] for k in on)))
+            upper, hits, cells, versus = scored[best]
+            out.append(f"| {charge} | {', '.join(key)} | {'the other' if key in fitted else 'all'} {len(on)} | "
+                       f"{_variant_name(best)} | {upper:+.4f} / {scored[None][0]:+.4f} | {hits} / {scored[None][1]} of "
+                       f"{cells} | {_fmt(versus)} |")
     return "\n".join(out)
 
 

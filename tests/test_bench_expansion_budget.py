@@ -571,3 +571,80 @@ def test_the_forgetting_limits_re_render_their_lab_notes_table(bench):
              if line.startswith("| ")]
     assert len(lines) == 1 + len(bench.FORGETTING_RULES) * (3 * 2 + 3)  # two frontiers on the main pairs, one a control
     assert [line for line in lines if line not in notes] == []
+
+
+def _paired_decision(point, errors, tolerance=0.006, conventional=2):
+    """A recorded decision whose frontier holds K = 0 and the ``conventional`` count, that count's paired difference
+    from K = 0 ``point`` with the standard errors ``errors`` and its 95% interval from them."""
+    half = 1.959963984540054 * math.sqrt(sum(v ** 2 for v in errors.values()))
+    frontier = [{"blocks": K, "predicted_heldout_change": -0.1, "interval": [-0.2, 0.0],
+                 "standard_errors": {"windows": 0.05, "seeds": 0.0}, "predicted_minus_none": None if K == 0 else point,
+                 "minus_none_interval": None if K == 0 else [point - half, point + half],
+                 "minus_none_standard_errors": None if K == 0 else errors} for K in (0, conventional)]
+    return {"frontier": frontier, "tolerance": tolerance}
+
+
+def test_prior_choice_puts_each_frontier_in_the_case_its_paired_interval_says(bench):
+    """Expanding credibly better than K = 0 (interval below 0, point below minus the tolerance): the shipped rule's
+    K, "pays".  Not expanding credibly better than the conventional count (point above the tolerance and z standard
+    errors above 0): K = 0.  Neither: the conventional count.  The carry error widens the test only where the variant
+    says so; z = 0 is the point against the tolerance alone."""
+    errors = {"windows": 0.02, "seeds": 0.0, "carry": 0.05}
+    pays = _paired_decision(-0.2, errors)
+    assert [bench.prior_choice(pays, 2, v) for v in ((0.0, False), (1.96, True))] == [(2, "pays")] * 2
+    worse = _paired_decision(0.05, errors)  # 0.05 - 1.96 x 0.02 > 0; 0.05 - 1.96 x 0.0539 < 0 < 0.05 - 0.674 x 0.0539
+    assert bench.prior_choice(worse, 2, (1.96, False)) == (0, "does not pay")
+    assert bench.prior_choice(worse, 2, (1.96, True)) == (2, "could not tell")
+    assert bench.prior_choice(worse, 2, (0.674, True)) == (0, "does not pay")
+    small = _paired_decision(0.005, errors)  # above 0, not above the tolerance 0.006
+    assert bench.prior_choice(small, 2, (0.0, False)) == (2, "could not tell")
+    # the code before the carry error recorded no standard errors: the interval's half-width over z, here 0.0539
+    unrecorded = _paired_decision(0.05, errors)
+    unrecorded["frontier"][1]["minus_none_standard_errors"] = None
+    assert [bench.prior_choice(unrecorded, 2, (z, carry)) for z, carry in ((0.674, False), (1.0, False), (1.0, True))] \
+        == [(0, "does not pay"), (2, "could not tell"), (2, "could not tell")]
+
+
+def test_render_prior_scores_each_variant_by_the_realized_losses_of_the_count_it_chooses(bench, tmp_path):
+    """The forgetting fixture's control (K = 1's paired difference from K = 0 +0.02, windows' standard error 0.02,
+    carry 0.05, tolerance 0.006; charge ceiling twice the recorded cost), by hand: z = 0 takes the point, above the
+    tolerance, for "does not pay": K = 0 at every seed, realized none + 2 (satcore - none), target 1.92, 1.94, 1.92,
+    general 2.10, 2.06, 2.11;
+    z = 1 (0.02 - 0.02 is not above 0) and z = 0.674 with the carry (0.02 - 0.674 x 0.0539 < 0): "could not tell",
+    uniform-1 + 2 (satcore - none), target 1.90, 1.95, 1.88, general 1.98, 1.95, 2.03.  The shipped rule: the satcore
+    rows as recorded (1.91, 1.93, 1.915).  Each interval Student's t over the seeds (windows agree); every count here
+    is within one sweep step of the realized best (K = 1, 0, 1)."""
+    lines = bench.render_prior([_forgetting_files(tmp_path)], variants=((0.0, False), (1.0, False), (0.674, True)),
+                               decisions=("satcore-carry",)).splitlines()
+    assert len(lines) == 2 + 4
+    assert lines[2].startswith("| 1 block, 2000 | near | satcore-carry | as recorded | 3 | K=0: 3 | - | 3 of 3 | ")
+    assert lines[3] == ("| 1 block, 2000 | near | satcore-carry | z 0 | 3 | K=0: 3 | does not pay: 3 | 3 of 3 | "
+                        + " | ".join(_student(d) for d in ([0.04, 0.01, 0.05], [0.12, 0.09, 0.10], [0.02, 0.02, 0.01],
+                                                           [0.0, -0.02, 0.02], [0.01, 0.01, 0.005])) + " |")
+    by_hand = " | ".join(_student(d) for d in ([0.02, 0.02, 0.01], [0.0, -0.02, 0.02], [0.0, 0.03, -0.03],
+                                               [-0.12, -0.13, -0.06], [-0.01, 0.02, -0.035]))
+    assert lines[4] == f"| 1 block, 2000 | near | satcore-carry | z 1 | 3 | K=1: 3 | could not tell: 3 | 3 of 3 | {by_hand} |"
+    assert lines[5] == (f"| 1 block, 2000 | near | satcore-carry | z 0.674, carry | 3 | K=1: 3 | could not tell: 3 | 3 of 3 "
+                        f"| {by_hand} |")
+    recorded = bench.render_prior([_forgetting_files(tmp_path)], variants=((0.0, False),), decisions=("satcore-carry",),
+                                  charge="recorded").splitlines()   # scale 1: the satcore rows themselves
+    assert recorded[3].endswith(" | +0.0000 [+0.0000, +0.0000] |")
+
+
+def test_the_symmetric_rules_re_render_their_lab_notes_tables(bench):
+    """The main protocol, the three controls and the one-block control's full trials as the notes render them (every
+    variant at the race's ceiling; the variant fitted leaving one setting out, both charges): every row is the notes'.
+    The fit's claim there: no variant ahead of or level with the decisions as recorded on the main pairs."""
+    results = BENCH.parent / "results"
+    controls = [[results / f"expansion_budget_{name}.jsonl" for name in names] for names in (
+        ("control_L1_sweep_near", "control_L1_carry_resolvable_near"),
+        ("control_L2_sweep_near", "control_L2_uniform2_near", "control_L2_carry_near"),
+        ("positive_L1_sweep_far", "positive_L1_carry_far"), ("control_L1_sweep_near", "control_L1_full_near"))]
+    settings = [bench.main_protocol_files(results), *controls]
+    notes = (BENCH.parent / "expansion-budget-notes.md").read_text()
+    table = [line for line in bench.render_prior(settings).splitlines() if line.startswith("| ")]
+    fit = [line for line in bench.render_prior_fit(settings).splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + (1 + len(bench.PRIOR_VARIANTS)) * (3 * 2 + 4) and len(fit) == 1 + 2 * 10
+    assert [line for line in table + fit if line not in notes] == []
+    main = [line.split(" | ") for line in table if line.startswith("| 8 blocks") and "as recorded |" not in line]
+    assert all(float(cells[-1].split()[0]) > 0 for cells in main)   # every variant behind as recorded on the main pairs
