@@ -145,6 +145,11 @@ def _curve(run: dict, T: int) -> TrialCurve:
                       run["heldout"]["se"][run["steps"].index(T)])
 
 
+def _train_se(run: dict | None, curve: TrialCurve | None) -> float | None:
+    """The paired standard error of a trial's training change at its last checkpoint (None without a trial)."""
+    return None if curve is None else run["train"]["se"][run["steps"].index(curve.steps[-1])]
+
+
 def _trial_schedule(schedule: str, names: list, screen: dict, runs: dict, steps: int) -> tuple[dict, int]:
     """``({candidate: (curve or None, may_choose)}, block-steps)`` of one decision under ``schedule``, as
     ``decide`` runs it with ``max_trials=4``: ``"halving"`` (the screen's first 4, successive halving: the
@@ -239,6 +244,7 @@ def instances(models: list, schedule: str = SHIPPED_SCHEDULE, heldout: str = "he
                         test_se = [runs[(c, column, b)]["test"]["se"][runs[(c, column, b)]["steps"].index(steps)]
                                    for b in seeds if b != a]
                         rows.append({"candidate": c, "curve": trials[c][0], "may_choose": trials[c][1],
+                                     "train_se": _train_se(read[c], trials[c][0]),
                                      "target": float(np.mean(others)), "own": _at(run, "test", steps),
                                      "own_heldout": _at(run, "heldout", steps),
                                      "mean": float(np.mean(every)), "spread": float(np.ptp(every)),
@@ -599,7 +605,8 @@ def sweep_scores(sweeps, calibration, schedule: str = SHIPPED_SCHEDULE, decider=
             inst = {"steps": recipe.steps, "base_heldout": d["heldout_loss"], "base_train": d["train_loss"], "cost": cost,
                     "optimizer_family": optimizer_family(recipe.optimizer),
                     "rows": [{"candidate": c, "curve": trials[c][0], "may_choose": trials[c][1],
-                              "screen": d["screen"][c]} for c in names]}
+                              "train_se": _train_se(d["trials"].get(c), trials[c][0]), "screen": d["screen"][c]}
+                             for c in names]}
             dec = decider(inst, calibration)
             per_depth.append({"depth": d["depth"], "test_loss": d["test_loss"], "choice": dec.choice,
                               "stop_reason": dec.stop_reason, "cost_fraction": dec.cost_fraction})

@@ -45,7 +45,8 @@ models and trials with every trial also evaluated on a held-out split 4 times th
 scores them (``studies/decision_scores.py``) and prints the docs tables; ``--variants`` the
 decision rules tried; ``--stop-rules`` the stop rules tried; ``--readouts`` the trial readouts tried against
 short stops and what bounds them (``studies/decision_readouts.py``); ``--resolution`` which stops the held-out data
-resolves and whether the held-out samples named would (``studies/decision_resolution.py``); ``--fit`` writes ``satcore/_decisions/calibrations.json`` from all sets.
+resolves and whether the held-out samples named would (``studies/decision_resolution.py``); ``--short-stops`` why the
+transfer sets' short stops happen and the rules scored against them (``studies/decision_short_stops.py``); ``--fit`` writes ``satcore/_decisions/calibrations.json`` from all sets.
 
 **Transfer sets** (``TRANSFER``), which no fit reads: another architecture on data no fitted set uses, recorded
 the same way (``--part gpt2-perldoc`` or ``resmlp-fashion``, with ``--column`` as above; depth sweeps
@@ -797,6 +798,9 @@ def main(argv=None) -> int:
     parser.add_argument("--resolution", action="store_true",
                         help="score which stops the held-out data resolves and whether the held-out samples named "
                              "would resolve them (studies/decision_resolution.py), and print their tables")
+    parser.add_argument("--short-stops", action="store_true",
+                        help="list the short stops with their trials' curves and score the rules tried against them "
+                             "(studies/decision_short_stops.py SHORT_STOP_RULES), and print their tables")
     parser.add_argument("--fit", action="store_true", help="write satcore/_decisions/calibrations.json from every set")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -813,6 +817,10 @@ def main(argv=None) -> int:
         from studies.decision_resolution import resolution
 
         print(resolution(OUT))
+    if args.short_stops:
+        from studies.decision_short_stops import short_stops
+
+        print(short_stops(OUT))
     if args.tables or args.fit or args.variants or args.stop_rules:
         from studies.decision_scores import fit_and_write, stop_rules, tables, variants
 
