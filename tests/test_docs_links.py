@@ -1,7 +1,7 @@
 """The docs are a user guide that links into studies/ for the evidence, so the links must hold.
 
 * every docs/*.md page stays at most 400 lines (the evidence goes to studies/, the page links it);
-* every relative link in README.md, docs/ and studies/ reaches a file, and its ``#anchor``, where it has one,
+* every relative link in README.md, docs/, studies/ and bench/NOTES.md reaches a file, and its ``#anchor``, where it has one,
   a heading of that page as GitHub slugs it (a page split in two breaks "see above" links silently otherwise).
 """
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "studies").rglob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "studies").rglob("*.md")),
+         ROOT / "bench" / "NOTES.md"]
 # [text](target) outside code; an image's ![alt](target) too
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
