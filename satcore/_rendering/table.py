@@ -18,7 +18,7 @@ LEGEND = (
     "V^2 (may be < 0); V_interval = interval for the population V; p_adj = Holm-adjusted sign-flip p-value of "
     "H0: V = 0; first-order = the first-order verdict of the paper's criterion; real. = V / AG; ||C||_F = "
     "cross-gradient norm (Prop. 1's quantity); C_floor = its sampling-noise floor, in ||C||_F's units (JSON "
-    "noise_floor)"
+    "noise_floor); formulas: docs/core.md, Quantities; the fold test, interval and verdicts: docs/verdicts.md"
 )
 
 
