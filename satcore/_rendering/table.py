@@ -296,7 +296,7 @@ def render_decision(decision) -> str:
 
 def _screen_ranked(candidates, order) -> bool:
     """Whether the rows ``order`` lists are in the first-order screen's ranking (its largest decrease first)."""
-    screen = [candidates[name].screen_heldout_change for name in order]
+    screen = [getattr(candidates[name], "screen_heldout_change", None) for name in order]  # a decision's rows have it
     return None not in screen and all(a <= b for a, b in zip(screen, screen[1:]))
 
 
