@@ -266,35 +266,38 @@ def callback_scalars(report, prefix: str, per_candidate: bool = True) -> dict[st
 
 class PolicyDecision:
     """A growth round's decision under a :class:`satcore.DecisionPolicy`: the adapter's ``decide`` at the round's
-    seed, its trials training on ``splits[0]`` and read on ``splits[1]`` (the run's training and probe splits).
+    seed, its trials training on ``splits[0]`` and read on ``splits[1]`` (the run's training and probe splits),
+    ``progress`` passed on to it (``False``, or a callable of each increment of its batches of work).
     The policy's places, where it names none, are those of the run's ``probe`` (its ``candidates``; torch trials
     the head only where it is named), and its probe options, where it gives none, the run's (the family the
     inserted block is built from)."""
 
-    def __init__(self, decide, policy, splits: tuple, loss_fn, probe: ProbeOptions):
+    def __init__(self, decide, policy, splits: tuple, loss_fn, probe: ProbeOptions, progress=False):
         candidates = policy.candidates if policy.candidates is not None else probe.candidates
         own = policy.probe
         if own is None:  # the run's probe without its places (the policy's), as DecisionPolicy takes a probe
             own = replace(probe, candidates=None, **({"head": True} if hasattr(probe, "head") else {}))
         self.decide, self.policy = decide, replace(policy, candidates=candidates, probe=own)
-        self.splits, self.loss_fn = splits, loss_fn
+        self.splits, self.loss_fn, self.progress = splits, loss_fn, progress
 
     def __call__(self, model, seed: int):
         train, heldout = self.splits
-        return self.decide(model, train, heldout, self.loss_fn, policy=self.policy.with_seed(seed))
+        return self.decide(model, train, heldout, self.loss_fn, policy=self.policy.with_seed(seed),
+                           progress=self.progress)
 
 
-def growth_decision(policy, decide, splits: tuple, loss_fn, probe: ProbeOptions):
+def growth_decision(policy, decide, splits: tuple, loss_fn, probe: ProbeOptions, progress=False):
     """How a growth run's rounds decide under its ``policy=``: ``None`` for the first-order probe (the adapter's
     own), a :class:`PolicyDecision` for a :class:`satcore.DecisionPolicy` (``decide``: the adapter's; ``splits``:
-    its training and probe splits, the training one needed), or the callable ``decide(model, seed)`` given."""
+    its training and probe splits, the training one needed; ``progress``: its decide's), or the callable
+    ``decide(model, seed)`` given."""
     if policy is None:
         return None
     if isinstance(policy, DecisionPolicy):
         if splits[0] is None:
             raise InputError("policy= decides each round with the adapter's decide: it needs train_data (the trials "
                              "train on it)")
-        return PolicyDecision(decide, policy, splits, loss_fn, probe)
+        return PolicyDecision(decide, policy, splits, loss_fn, probe, progress)
     if not callable(policy):
         raise InputError(f"policy must be a satcore.DecisionPolicy or a callable decide(model, seed), got "
                          f"{type(policy).__name__}")

@@ -233,6 +233,7 @@ def fixed_batch_hint(model_path: str, batch_size: int, n_samples: int) -> str:
         remedy = f" (an export's example batch): pass --batch-size {size}{count}, or"
     return (f"; the model's input {name!r} has a fixed batch size of {size}{remedy or ':'} "
             f"export the model with a dynamic batch axis (torch.onnx.export(..., "
+            f"dynamic_shapes={{{name!r}: {{0: torch.export.Dim('batch')}}}}), or with dynamo=False "
             f"dynamic_axes={{{name!r}: {{0: 'batch'}}}}))")
 
 

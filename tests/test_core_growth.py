@@ -26,6 +26,7 @@ from satcore._growth.loop import (
     HeldoutGuard,
     RoundDecision,
     StopReason,
+    round_summary,
     run_growth,
 )
 from satcore._growth.log import encode_round, parse_log
@@ -62,6 +63,19 @@ def test_a_harm_beyond_noise_is_rolled_back_and_stops_at_the_knee():
         assert r.heldout_change_se == pytest.approx(se, rel=1e-12)
     last = result.rounds[-1]
     assert last.heldout_change > Z95 * last.heldout_change_se  # harm beyond noise: the precondition
+
+
+def test_print_of_a_result_is_its_stop_and_one_line_per_round_not_the_model(tmp_path):
+    steps = fk.FakeSteps({2: 1.0, 3: 0.9, 4: 0.8, 5: 1.1}, jitter=0.05)
+    log = tmp_path / "g.jsonl"
+    result = run_growth(("a", "b"), steps, fk.FakeDecide(), fk.options(max_rounds=10), log_path=log)
+    lines = str(result).splitlines()
+    assert lines[0] == "growth: stopped (heldout_knee) at depth 4 after 3 round(s)"
+    assert lines[1:4] == [round_summary(r) for r in result.rounds] and lines[4] == f"log: {log}"
+    change, se = _paired(steps, 4, 5)  # the rolled-back round's numbers, recomputed from the fake's losses
+    assert lines[3].startswith(f"round 2: depth 4, block before {result.rounds[2].inserted_at}, ")
+    assert f"held-out change {change:+.3g} (se {se:.2g}), rolled back; stop: heldout_knee (" in lines[3]
+    assert "FakeSteps" not in str(result) and repr(result).startswith("GrowthResult(model=")
 
 
 def test_a_harm_within_noise_is_kept_and_a_gain_below_the_guard_tolerance_stops():

@@ -178,6 +178,12 @@ def test_printing_a_decision_shows_the_decision_table_and_its_notes():
     assert legend.startswith("columns: held-out change = the held-out loss after your 300 steps minus before, "
                              "predicted from the trial's curve"), legend
     assert "trial = the steps that trial trained" in legend and "P(decrease) = the calibrated probability" in legend
+    # rows given out of the screen's ranking (m.0 screened -0.3 above head's -2.6) are not said to be in it; in it, are
+    assert "rows:" not in legend
+    ranked = choose([CandidateDecision.screen_only("head", -2.6, -3.1), trialled], recipe, 2.0, 2.0, 300,
+                    DEFAULT_CALIBRATION)
+    assert next(line for line in str(ranked).splitlines() if line.startswith("columns: ")).endswith("; rows: in the first-order screen's ranking (its largest decrease "
+                                                "first), which the trials do not re-sort")
     assert repr(d).startswith("InsertionDecision(choice='m.0', stop_reason=None")
 
 

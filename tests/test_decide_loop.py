@@ -144,6 +144,11 @@ def test_the_decision_records_the_family_each_trial_trained_and_the_family_reque
     assert {n: c["trial_family"] for n, c in d.to_dict()["candidates"].items()} == \
         {"c": "conv", "a": "conv", "d": None, "b": "mlp"}
     assert "\ntrials trained: conv branch at c, a; mlp branch at b (family auto)\n" in str(d)
+    # the rows are the screen's ranking, and the legend says so (they read as unordered beside the trials' numbers)
+    rows = [line.split()[0] for line in str(d).splitlines() if line.split()[:1] and line.split()[0] in families]
+    screen = {row.name: row.heldout_change for row in screened}
+    assert rows == sorted(screen, key=screen.get) == list(d.candidates)
+    assert "rows: in the first-order screen's ranking (its largest decrease first)" in str(d)
     silent = trial_decision(linear, screened, linear.before, recipe, settings)
     assert all(c.trial_family is None for c in silent.candidates.values()) and silent.requested_family is None
     assert "trials trained" not in str(silent)

@@ -176,6 +176,21 @@ def test_the_score_table_columns_docs_verdicts_names_are_the_printed_ones():
     assert not [c for c in named if f"{c} = " not in LEGEND]  # each column it names is one the legend explains
 
 
+def test_the_score_legend_names_the_pages_that_define_its_columns():
+    """The legend under ``satcore score``'s table says where its columns are defined (a newcomer found no way from
+    the printed table to the formulas): each page it names exists, with the section it names, and the page's
+    section defines what the legend sends there (core.md's Quantities: AG, the growth value, realizability and C;
+    verdicts.md: the noise floor, the interval and the verdicts)."""
+    from satcore._rendering.table import LEGEND
+
+    cited = dict(re.findall(r"(docs/[a-z-]+\.md)(?:, ([A-Z][a-z]+))?", LEGEND))
+    assert cited == {"docs/core.md": "Quantities", "docs/verdicts.md": ""}, cited
+    core = (ROOT / "docs" / "core.md").read_text().split("\n## Quantities\n")[1].split("\n## ")[0]
+    assert all(f"`{name}(" in core for name in ("ag", "growth_value", "realizability", "cross_gradient"))
+    verdicts = (ROOT / "docs" / "verdicts.md").read_text()
+    assert all(word in verdicts for word in ("V_floor", "Holm", "**improvable**", "jackknife"))
+
+
 def test_every_field_a_decision_writes_is_named_in_its_api_row():
     """docs/api.md's InsertionDecision and CandidateDecision rows name every key of their ``to_dict()``: the
     InsertionDecision row once left out ``heldout_samples``, which a stop's JSON carries beside

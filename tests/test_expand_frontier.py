@@ -413,8 +413,8 @@ def test_trials_that_repeat_their_training_windows_are_recorded_and_announced():
     passes = plan["trial_steps"] * 8 / sizes["train"]  # by hand: every trial step draws a batch of 8 training windows
     assert sizes["trial_passes"] == pytest.approx(passes) and passes > 2
     warned = re.search(rf"warning: each trial passes over its {sizes['train']} training windows {passes:.1f} times "
-                       r"\(more than 2\): .*; give about (\d+) windows \(a larger --max-windows, or more data where the "
-                       r"file holds fewer\)", seen[0])
+                       r"\(more than 2\): .*; give about (\d+) windows \(a larger --max-windows; where the file holds "
+                       r"fewer, more data, or a shorter --seq-len, which cuts more windows from it\)", seen[0])
     # the count it names, given, is enough: the held-out set grows with the windows and the trials shorten, so the
     # held-out windows now plus the trials' need (once named) fell short and, given, warned again
     wanted = int(warned[1])
@@ -1076,7 +1076,8 @@ def test_cli_refuses_a_batch_size_above_the_windows_the_trials_train_on(blocks, 
         f"satcore: error: --batch-size {batch} is more than the {trained} windows the trials train on (of {read} "
         f"read, the rest held out): each trial step would train on all {trained}, not on a batch of {batch} as the "
         f"decision prices it and your training takes; give about {lines[0].split('give about ')[1].split()[0]} "
-        "windows (a larger --max-windows, or more data where the file holds fewer) or --batch-size "
+        "windows (a larger --max-windows; where the file holds fewer, more data, or a shorter --seq-len, which cuts "
+        "more windows from it) or --batch-size "
         f"{trained} or less")
     wanted = int(lines[0].split("give about ")[1].split()[0])
     # the budgeted decisions: two passes of 4+ trial steps; the ranked trials (up to --steps): two batches

@@ -455,8 +455,8 @@ def test_a_fixed_batch_size_the_batches_do_not_match_is_refused_with_what_to_pas
     (line,) = res.output.strip().splitlines()
     assert "the model's input 'x' has a fixed batch size of 2 (an export's example batch): " + expected in line
     assert ".;" not in line
-    assert "export the model with a dynamic batch axis (torch.onnx.export(..., dynamic_axes={'x': {0: 'batch'}}))" \
-        in line
+    assert ("export the model with a dynamic batch axis (torch.onnx.export(..., dynamic_shapes={'x': "
+            "{0: torch.export.Dim('batch')}}), or with dynamo=False dynamic_axes={'x': {0: 'batch'}}))") in line
     if samples % 2 == 0:
         res, out = _probe_with(model, data, tmp_path, "--batch-size", "2")
         assert res.exit_code == 0 and out.exists(), res.output

@@ -306,7 +306,8 @@ def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup, capsys
     """``recipe=`` makes each round's decision :func:`decide`'s: the first round logs exactly the decision
     ``decide`` gives, called by hand on the same model, splits and seed (an independent call).  Called as
     docs/growth.md shows it, without the first-order ``tolerance`` that a recipe's decision does not read.
-    Its progress bar counts rounds (``decide`` reports no probed samples, so a sample bar stood at 0)."""
+    Its progress bar counts the decision's batches of work, as many as ``decide`` reports by hand (a bar of
+    rounds stood still through a whole round's trials)."""
     from satcore import Recipe
     from satcore.adapters.torch import decide
 
@@ -315,8 +316,10 @@ def test_a_recipe_decides_each_round_with_decide_on_the_same_model(setup, capsys
     recipe = Recipe("adam", lr=1e-3, steps=16, batch_size=64, trainable="terminal")
     result = grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=heldout, train_data=train_data, options=GrowthOptions(budget=GrowthBudget(max_rounds=1), progress=True, probe=ProbeConfig(family="mlp", candidates=CANDIDATES)), policy=DecisionPolicy(recipe))
     err = capsys.readouterr().err
-    assert "growth: " in err and "1round " in err and "sample" not in err
-    by_hand = decide(model, train_data, probe_data, mt.per_sample_ce, policy=DecisionPolicy(recipe, seed=0, candidates=CANDIDATES, probe=ProbeConfig(family="mlp")))
+    counted = []
+    by_hand = decide(model, train_data, probe_data, mt.per_sample_ce, policy=DecisionPolicy(recipe, seed=0, candidates=CANDIDATES, probe=ProbeConfig(family="mlp")), progress=counted.append)
+    assert len(counted) > 8 and f"growth: {sum(counted)}batch " in err and "sample" not in err
+    assert "round 0: depth " in err  # and the round's line
     first = result.rounds[0]
     assert by_hand.choice in CANDIDATES and first.inserted_at == by_hand.choice
     assert first.decision["cost_block_steps"] == by_hand.cost_block_steps <= recipe.steps

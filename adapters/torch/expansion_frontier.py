@@ -592,8 +592,8 @@ def passes_warning(trained: int, passes: float, wanted: int) -> list[str]:
         return []
     return [f"  warning: each trial passes over its {trained} training windows {passes:.1f} times (more than "
             f"{MAX_TRIAL_PASSES:g}): a trial may fit them and its held-out change read the fit, not the blocks; "
-            f"give about {wanted} windows (a larger --max-windows, or more data where the file "
-            "holds fewer)"]
+            f"give about {wanted} windows (a larger --max-windows; where the file holds fewer, more data, or a "
+            "shorter --seq-len, which cuts more windows from it)"]
 
 
 def check_trial_batch(trained: int, held: int, batch_size: int, wanted: int) -> None:
@@ -609,8 +609,9 @@ def check_trial_batch(trained: int, held: int, batch_size: int, wanted: int) -> 
         raise InputError(f"--batch-size {batch_size} is more than the {trained} windows the trials train on (of "
                          f"{trained + held} read, the rest held out): each "
                          f"trial step would train on all {trained}, not on a batch of {batch_size} as the decision "
-                         f"prices it and your training takes; give about {wanted} windows (a larger --max-windows, or "
-                         f"more data where the file holds fewer) or --batch-size {trained} or less")
+                         f"prices it and your training takes; give about {wanted} windows (a larger --max-windows; "
+                         f"where the file holds fewer, more data, or a shorter --seq-len, which cuts more windows from "
+                         f"it) or --batch-size {trained} or less")
 
 
 def frontier_windows(model, recipe: Recipe, *, seq_len: int, budget: DecisionBudget | None = None,

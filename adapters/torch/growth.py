@@ -40,7 +40,7 @@ from satcore.adapter_api import atomic_write
 from satcore.adapter_api import display_name
 from satcore.adapters.batches import split_batch
 from satcore import GrowthLogError, InputError, ProbeError
-from satcore import FirstOrderDecide, GrowthOptions, GrowthResult, GrowthRound, run_growth
+from satcore import DecisionPolicy, FirstOrderDecide, GrowthOptions, GrowthResult, GrowthRound, run_growth
 from satcore.adapter_api import AdapterSteps, moved_keywords, round_summary
 from satcore.adapters.base import growth_decision
 
@@ -232,8 +232,10 @@ def grow_until_saturated(model: nn.Module, train, probe_data, loss_fn, *, heldou
         residual, ``candidates``, ``mask``, ``batch_dtype``, ...); ``zero`` (passed to
         :func:`~.native.insert_block`, native family); ``log_path`` (JSON-lines log,
         :mod:`satcore._growth.log`; the weights of each round go beside it; an existing log is resumed, or
-        returned if its run finished under the same settings); ``progress`` (a probe progress bar (samples)
-        and one line per round on stderr).
+        returned if its run finished under the same settings); ``progress`` (a progress bar on stderr of
+        what moves within a round: the first-order probe's samples, a ``DecisionPolicy``'s batches of work (its
+        decide's model evaluation, probe and trial steps), or for a callable ``policy`` the rounds; and one line
+        per round).
     policy : satcore.DecisionPolicy or callable, optional
         How each round decides.  ``None``: the first-order probe (``options.criteria``).  A
         :class:`satcore.DecisionPolicy`: :func:`~.decide.decide` under it, at the round's seed (the first-order
@@ -253,11 +255,14 @@ def grow_until_saturated(model: nn.Module, train, probe_data, loss_fn, *, heldou
     data = {"probe": probe_data, "train": train_data if train_data is not None else probe_data,
             "heldout": heldout_data}
     steps = TorchGrowthSteps(train, loss_fn, data, probe, options.zero)
-    # the first-order probe reports its samples; decide (a policy) has no hook, so its bar counts rounds
-    bar = _ProgressBar(counts_samples=policy is None) if options.progress else None
+    # the bar counts what moves within a round: the first-order probe's samples, a policy's decide's batches of
+    # work (its model evaluation, probe and trial steps); a callable decide has no hook, so rounds
+    unit = "sample" if policy is None else "batch" if isinstance(policy, DecisionPolicy) else "round"
+    bar = _ProgressBar(unit) if options.progress else None
     from .decide import decide as decide_fn
 
-    decide = growth_decision(policy, decide_fn, (train_data, probe_data), loss_fn, probe)
+    decide = growth_decision(policy, decide_fn, (train_data, probe_data), loss_fn, probe,
+                             progress=False if bar is None else bar.update)
     if decide is None:
         decide = FirstOrderDecide(steps.start_probe, probe_data, options.criteria, options.first_look_batches,
                                   None if bar is None else bar.update)
@@ -277,19 +282,20 @@ GROWTH_FAMILY_INSTEAD = "options=GrowthOptions(probe=ProbeConfig(family='auto'))
 
 
 class _ProgressBar:
-    """A tqdm bar counting probed samples (``counts_samples``) or finished rounds, and one line per round."""
+    """A tqdm bar counting ``unit``s: probed samples (``"sample"``), a decision's batches of work (``"batch"``) or
+    finished rounds (``"round"``), and one line per round."""
 
-    def __init__(self, counts_samples: bool = True):
+    def __init__(self, unit: str):
         from tqdm.auto import tqdm
 
-        self.counts_samples = counts_samples
-        self.bar = tqdm(unit="sample", desc="probe") if counts_samples else tqdm(unit="round", desc="growth")
+        self.unit = unit
+        self.bar = tqdm(unit=unit, desc="probe" if unit == "sample" else "growth")
 
     def update(self, samples: int) -> None:
         self.bar.update(samples)
 
     def round_done(self, entry: GrowthRound) -> None:
-        if not self.counts_samples:
+        if self.unit == "round":
             self.bar.update(1)
         self.bar.write(round_summary(entry), file=sys.stderr)
 

@@ -419,6 +419,16 @@ class GrowthResult:
     depth: int
     log_path: str | None = None
 
+    def __str__(self) -> str:
+        """What ``print(result)`` shows: why the run stopped and at what depth, then one line per round (the
+        lines ``progress`` writes); the dataclass's own repr holds the model and every round's record."""
+        stop = getattr(self.stop_reason, "value", self.stop_reason)
+        lines = [f"growth: stopped ({stop}) at depth {self.depth} after {len(self.rounds)} round(s)"]
+        lines += [round_summary(entry) for entry in self.rounds]
+        if self.log_path is not None:
+            lines.append(f"log: {self.log_path}")
+        return "\n".join(lines)
+
 
 def weights_path(log_path: str, round_index: int, suffix: str = ".pt") -> str:
     """Where round ``round_index``'s weights go: beside the log, ``<log>.round<k><suffix>``."""

@@ -18,7 +18,7 @@ LEGEND = (
     "V^2 (may be < 0); V_interval = interval for the population V; p_adj = Holm-adjusted sign-flip p-value of "
     "H0: V = 0; first-order = the first-order verdict of the paper's criterion; real. = V / AG; ||C||_F = "
     "cross-gradient norm (Prop. 1's quantity); C_floor = its sampling-noise floor, in ||C||_F's units (JSON "
-    "noise_floor)"
+    "noise_floor); formulas: docs/core.md, Quantities; the fold test, interval and verdicts: docs/verdicts.md"
 )
 
 
@@ -264,7 +264,7 @@ def render_decision(decision) -> str:
         lines.append(trained)
     if rows:
         lines += [table(["candidate", "held-out change", "interval", "P(decrease)", "trial"], rows),
-                  decision_legend(getattr(decision, "recipe", None))]
+                  decision_legend(getattr(decision, "recipe", None), _screen_ranked(decision.candidates, order))]
         # without these a row with a better prediction than the choice reads as a wrong decision
         lines += never_chosen_notes(decision.candidates)
         heldout_loss = getattr(decision, "heldout_loss", None)
@@ -294,15 +294,25 @@ def render_decision(decision) -> str:
     return "\n".join(lines)
 
 
-def decision_legend(recipe) -> str:
+def _screen_ranked(candidates, order) -> bool:
+    """Whether the rows ``order`` lists are in the first-order screen's ranking (its largest decrease first)."""
+    screen = [getattr(candidates[name], "screen_heldout_change", None) for name in order]  # a decision's rows have it
+    return None not in screen and all(a <= b for a, b in zip(screen, screen[1:]))
+
+
+def decision_legend(recipe, screen_ranked: bool = False) -> str:
     """The line under a decision's table that says what its columns are, as ``satcore score``'s legend does: without
     it "held-out change" beside a trial of 75 steps reads as the change those steps made, where it is the prediction
-    for the ``recipe``'s steps (None: a decision that states no recipe)."""
+    for the ``recipe``'s steps (None: a decision that states no recipe).  ``screen_ranked``: the rows are in the
+    screen's ranking, as a decision's are, and the line says so (rows in neither depth nor the trials' order read as
+    unordered)."""
     after = "" if recipe is None else f" after your {recipe.steps} steps"
+    rows = ("; rows: in the first-order screen's ranking (its largest decrease first), which the trials do not "
+            "re-sort" if screen_ranked else "")
     return (f"columns: held-out change = the held-out loss{after} minus before, predicted from the trial's curve "
             "(negative: a decrease; a (screen) row: the first-order screen's value, no trial); interval = its 95% "
             "interval; P(decrease) = the calibrated probability that the block trained with the recipe lowers the "
-            "held-out loss; trial = the steps that trial trained (the recipe's steps shared among the trials)")
+            f"held-out loss; trial = the steps that trial trained (the recipe's steps shared among the trials){rows}")
 
 
 def trial_family_line(decision) -> str | None:
