@@ -101,6 +101,16 @@ def checkpoint_case(case, source, tmp_path):
     if case == "dtype_forged":
         forged_safetensors(folder, {"w": {"dtype": "Q9", "shape": [2], "data_offsets": [0, 2]}}, bytes(2))
         return folder, ["model.safetensors", "tensor 'w': dtype 'Q9'"]
+    if case == "header_duplicate_tensor":  # the reader would keep the second 'w' and call the first's bytes a gap
+        raw = ('{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, '
+               '"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}').encode()
+        (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(8))
+        return folder, ["model.safetensors: header: key 'w' appears twice in one object"]
+    if case == "index_duplicate_tensor":  # which shard holds model.norm.weight? json keeps the last, silently
+        index = (sharded(folder) / "model.safetensors.index.json").read_text()
+        (folder / "model.safetensors.index.json").write_text(index.replace(
+            '"weight_map": {', '"weight_map": {"model.norm.weight": "elsewhere.safetensors", ', 1))
+        return folder, ["model.safetensors.index.json: key 'model.norm.weight' appears twice in one object"]
     if case == "layers_word":
         return edited(source, tmp_path, "w", num_hidden_layers="four"), [
             "config.json: num_hidden_layers must be a whole number, got 'four'"]
@@ -166,6 +176,7 @@ def checkpoint_case(case, source, tmp_path):
 
 
 CHECKPOINT_CASES = ["truncated", "header_length_forged", "header_not_json", "offsets_forged", "dtype_forged",
+                    "header_duplicate_tensor", "index_duplicate_tensor",
                     "layers_word", "layers_fraction", "layers_more_than_weights", "layers_fewer_than_weights",
                     "layers_absent", "layers_billion", "head_dim_forged", "no_heads", "heads_indivisible",
                     "width_huge", "bad_dtype", "tie_word_embeddings_word", "deep_config", "tokenizer_list", "pickled_weights",
@@ -330,6 +341,7 @@ def test_a_model_dir_path_that_is_not_utf8_is_one_line(source, tmp_path):
     ("[" * 100_000 + "]" * 100_000, ["ids.jsonl: line 1: nested more than 32 levels deep"]),
     ("[" + "9" * 5001 + "]", ["ids.jsonl: line 1: not JSON", "4300"]),
     ('{"input_ids": [1, true]}', ["ids.jsonl: line 1: expected a list of integer token ids"]),
+    ('{"input_ids": [1, 2], "input_ids": [3]}', ["ids.jsonl: line 1: key 'input_ids' appears twice in one object"]),
     # bytes that are not UTF-8: json.loads would guess UTF-16 from them and report a 'utf-16-le' codec error
     (b"[1, 2]\n\xff\xfe", ["ids.jsonl: line 2: not UTF-8 (byte 0xff at offset 0)"]),
     (b"[1, \xe9]", ["ids.jsonl: line 1: not UTF-8 (byte 0xe9 at offset 4)"]),

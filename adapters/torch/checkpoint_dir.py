@@ -92,7 +92,8 @@ def read_config(path) -> dict:
     no ``quantization_config``, no NaN (JSON's ``NaN``, which Python reads; ``Infinity`` is a value some configs
     hold)."""
     shown = f"{display_name(os.fspath(path))}/config.json"
-    config = read_json(os.path.join(path, "config.json"), shown, MAX_CONFIG_BYTES)
+    # unique_keys=False: transformers reads config.json after this, keeping a repeated key's last value; checked so
+    config = read_json(os.path.join(path, "config.json"), shown, MAX_CONFIG_BYTES, unique_keys=False)
     if not isinstance(config, dict):
         raise InputError(f"{shown}: not a JSON object")
     if (nan := _nan_key(config)) is not None:  # JSON's NaN, which Python reads: every output NaN, or worse, silently
@@ -305,7 +306,8 @@ def load_tokenizer(path):
                          "data with; pass token ids (.npz with input_ids, or .jsonl) instead")
     for name, needs in (("tokenizer.json", "model"), ("tokenizer_config.json", None)):
         if os.path.isfile(os.path.join(path, name)):
-            document = read_json(os.path.join(path, name), f"{shown}/{name}", MAX_TOKENIZER_BYTES)
+            document = read_json(os.path.join(path, name), f"{shown}/{name}", MAX_TOKENIZER_BYTES,
+                                 unique_keys=False)  # the tokenizer's libraries read it after this (read_config)
             if not isinstance(document, dict) or (needs and not isinstance(document.get(needs), dict)):
                 raise InputError(f"{shown}/{name}: not a tokenizer's JSON object"
                                  + (f" (no {needs!r} mapping)" if needs else ""))

@@ -28,6 +28,7 @@ import numpy as np
 
 from .atomic import atomic_write
 from .._shared.display import display_name
+from .._shared.json_keys import DuplicateKeyError, loads_unique
 from .._shared.errors import InputError
 from .._formulas.folds import DEFAULT_FOLDS
 from .zipnpy import NpyHeader, NpzArchive, NpzError
@@ -196,7 +197,9 @@ class Dump:
             raise DumpError("meta: missing (required with satcore_schema)")
         text = Dump._text(archive, "meta")
         try:
-            meta = json.loads(text)
+            meta = loads_unique(text)
+        except DuplicateKeyError as exc:
+            raise DumpError(f"meta: {exc}") from None
         except json.JSONDecodeError as exc:
             raise DumpError(f"meta: not valid JSON ({exc.msg} at position {exc.pos})") from None
         except RecursionError:
