@@ -847,3 +847,46 @@ def test_text_is_tokenised_a_piece_at_a_time(source, tmp_path):
     assert sum(lengths) == os.path.getsize(text) and len(ids) < 10**7
     per_line = len(tokenizer(line, add_special_tokens=False)["input_ids"])
     np.testing.assert_array_equal(ids[:per_line], tokenizer(line, add_special_tokens=False)["input_ids"])
+
+
+def test_expand_reads_config_json_and_loads_the_tokenizer_once(source, tmp_path, monkeypatch):
+    """config.json is read twice a command, once by satcore's checks of the raw JSON and once by transformers to
+    build the config, and the tokenizer loaded once, for the check of --data before the weights and its read
+    after: each data read had built the config and loaded the tokenizer again (a 64 MB tokenizer.json takes the
+    tokenizers library half a minute, and satcore's own parse of it a third as long again), and the model's loader
+    read config.json twice more."""
+    import builtins
+
+    config_json = os.path.realpath(source[0] / "config.json")
+    opened, loads, real_open = [], [], builtins.open
+    real_tokenizer = T.AutoTokenizer.from_pretrained
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == config_json:
+            opened.append(file)
+        return real_open(file, *args, **kwargs)
+
+    def counting_tokenizer(*args, **kwargs):
+        loads.append(args)
+        return real_tokenizer(*args, **kwargs)
+
+    from satcore.adapters.torch import checkpoint_dir
+
+    real_read_json, parsed = checkpoint_dir.read_json, []
+
+    def recorded_read_json(path, what, *args, **kwargs):
+        parsed.append(os.path.basename(str(path)))
+        return real_read_json(path, what, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(T.AutoTokenizer, "from_pretrained", counting_tokenizer)
+    monkeypatch.setattr(checkpoint_dir, "read_json", recorded_read_json)
+    monkeypatch.setattr(checkpoint_dir, "ANNOUNCED_TOKENIZER_BYTES", 1)  # this tokenizer.json is 8 kB
+    result = run_expand(source[0], source[1], tmp_path / "out", "--blocks", "1", "--decision", "screen")
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert (len(opened), len(loads)) == (2, 1), opened
+    # the library parses tokenizer.json; satcore reads it only to say why the library refused it
+    assert "tokenizer.json" not in parsed and "tokenizer_config.json" in parsed
+    # the load's cost is said before it starts, once
+    announced = [line for line in result.stderr.splitlines() if "tokenizer.json (0.0 MB): about 0 s" in line]
+    assert len(announced) == 1 and announced[0].startswith(f"loading {source[0]}/tokenizer.json"), result.stderr
