@@ -244,6 +244,27 @@ def test_a_checkpoint_file_that_is_no_regular_file_is_named_as_what_it_is(case, 
         assert not out.exists()
 
 
+@pytest.mark.parametrize("name, target", [("model.safetensors", "model.safetensors"), ("tokenizer.json", "loop.json"),
+                                          ("config.json", "gone.json")])
+def test_a_checkpoint_file_that_is_a_link_to_no_file_is_named_as_one(name, target, source, tmp_path):
+    """A symbolic link where a checkpoint file goes that leads to no file (a loop, or its target gone) is refused
+    naming it as such: before, a weights link loop read 'no model.safetensors (...) to read the weights from' beside
+    the file ls shows, and a tokenizer.json loop reached the tokenizer's loader, which failed in its own words."""
+    folder = edited(source, tmp_path)
+    (folder / name).unlink()
+    os.symlink(target, folder / name)
+    if target == "loop.json":
+        os.symlink(name, folder / target)
+    reason = "No such file or directory" if target == "gone.json" else "Too many levels of symbolic links"
+    for command in ("expand", "probe"):
+        out = tmp_path / f"{command}.out"
+        args = ["-o", str(out)] + (["--blocks", "1"] if command == "expand" else [])
+        result = CliRunner().invoke(main, [command, str(folder), "--data", str(source[1]), *args])
+        refused(result, f"{folder / name}: is a symbolic link to no file ({reason}: a link loop, or its target "
+                        f"'{target}' is missing); refused")
+        assert not out.exists()
+
+
 @pytest.mark.parametrize("name, replacement, kind", [("special_tokens_map.json", "fifo", "a FIFO"),
                                                      ("tokenizer.json", "/dev/zero", "a character device")])
 def test_a_file_expand_copies_that_is_no_regular_file_is_refused_before_any_work(name, replacement, kind, source,
