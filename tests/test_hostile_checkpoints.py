@@ -111,6 +111,13 @@ def checkpoint_case(case, source, tmp_path):
         (folder / "model.safetensors.index.json").write_text(index.replace(
             '"weight_map": {', '"weight_map": {"model.norm.weight": "elsewhere.safetensors", ', 1))
         return folder, ["model.safetensors.index.json: key 'model.norm.weight' appears twice in one object"]
+    if case == "int8_weights":  # the reader cast them to float and expand grew a model of garbage, silently
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(folder / "model.safetensors")
+        save_file({k: (v * 100).to(torch.int8) for k, v in weights.items()}, folder / "model.safetensors",
+                  metadata={"format": "pt"})
+        return folder, ["model.safetensors: tensor 'model.embed_tokens.weight' is I8, not a float dtype"]
     if case == "layers_word":
         return edited(source, tmp_path, "w", num_hidden_layers="four"), [
             "config.json: num_hidden_layers must be a whole number, got 'four'"]
@@ -176,7 +183,7 @@ def checkpoint_case(case, source, tmp_path):
 
 
 CHECKPOINT_CASES = ["truncated", "header_length_forged", "header_not_json", "offsets_forged", "dtype_forged",
-                    "header_duplicate_tensor", "index_duplicate_tensor",
+                    "header_duplicate_tensor", "index_duplicate_tensor", "int8_weights",
                     "layers_word", "layers_fraction", "layers_more_than_weights", "layers_fewer_than_weights",
                     "layers_absent", "layers_billion", "head_dim_forged", "no_heads", "heads_indivisible",
                     "width_huge", "bad_dtype", "tie_word_embeddings_word", "deep_config", "tokenizer_list", "pickled_weights",
@@ -911,3 +918,4 @@ def test_expand_reads_config_json_and_loads_the_tokenizer_once(source, tmp_path,
     # the load's cost is said before it starts, once
     announced = [line for line in result.stderr.splitlines() if "tokenizer.json (0.0 MB): about 0 s" in line]
     assert len(announced) == 1 and announced[0].startswith(f"loading {source[0]}/tokenizer.json"), result.stderr
+

@@ -63,6 +63,7 @@ NULLABLE_SIZES = ("n_inner", "num_key_value_heads", "head_dim", "sliding_window"
 MAX_SIZE = 2**31  # no dimension of a real model comes near; a larger one is a forged or mistyped config
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
+FLOAT_WEIGHTS = ("F32", "F16", "BF16", "F64")  # the safetensors dtypes of those
 # how many float32 copies of the model expand holds at once: the model, the grown copy, a trial's copy
 EXPAND_COPIES = 3
 _LAYER_NAME = re.compile(r"(.*?)\.([0-9]{1,9})\.")
@@ -212,14 +213,21 @@ def _build_on_meta(path, config):
 
 def check_against_weights(path, model, tensors, copies: int) -> None:
     """Refuse, before the weights are read, a model (built on the meta device) whose tensors have other shapes
-    than the weights' of the same names, or whose float32 parameters, held ``copies`` times, exceed the memory
-    available (:func:`available_memory`)."""
+    than the weights' of the same names, a float tensor of it stored in another dtype than a float one of
+    :data:`FLOAT_WEIGHTS` (integers or 8-bit floats: quantized or damaged weights, which transformers would cast
+    to float silently), or whose float32 parameters, held ``copies`` times, exceed the memory available
+    (:func:`available_memory`)."""
     shown = display_name(os.fspath(path))
     for name, tensor in model.state_dict().items():
         saved = tensors.get(name)
         if saved is not None and tuple(tensor.shape) != saved.shape:
             raise InputError(f"{shown}/config.json does not match the weights: {display_name(name, 120)} is "
                              f"{list(tensor.shape)} by the config, {list(saved.shape)} in {saved.file}")
+        if saved is not None and tensor.is_floating_point() and saved.dtype not in FLOAT_WEIGHTS:
+            raise InputError(f"{shown}/{saved.file}: tensor {display_name(repr(name), 120)} is {saved.dtype}, not "
+                             f"a float dtype ({', '.join(FLOAT_WEIGHTS)}): quantized or damaged weights are not "
+                             "read (transformers would cast them to float, silently); de-quantise to a float "
+                             "checkpoint")
     n_bytes = copies * 4 * sum(t.numel() for t in itertools.chain(model.parameters(), model.buffers()))
     available = available_memory()
     if available is not None and n_bytes > available:
