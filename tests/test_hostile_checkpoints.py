@@ -919,3 +919,15 @@ def test_expand_reads_config_json_and_loads_the_tokenizer_once(source, tmp_path,
     announced = [line for line in result.stderr.splitlines() if "tokenizer.json (0.0 MB): about 0 s" in line]
     assert len(announced) == 1 and announced[0].startswith(f"loading {source[0]}/tokenizer.json"), result.stderr
 
+
+@pytest.mark.parametrize("flag", ["--data", "--general-data"])
+def test_a_data_path_that_cannot_be_looked_up_is_not_called_missing(flag, source, tmp_path):
+    """A --data name longer than the file system allows, or a path through a regular file, named 'no such file'
+    before: the user looked for a file that is not the problem; the line says why it cannot be read."""
+    for path, reason in ((tmp_path / ("a" * 300 + ".txt"), "File name too long"),
+                         (source[1] / "corpus.txt", "Not a directory")):
+        args = ["--data", str(path)] if flag == "--data" else ["--data", str(source[1]), "--general-data", str(path)]
+        result = CliRunner().invoke(main, ["expand", str(source[0]), *args, "-o", str(tmp_path / "o"), "--blocks",
+                                           "auto", "--seq-len", "16"])
+        refused(result, f": cannot be read ({reason})")
+        assert not (tmp_path / "o").exists()

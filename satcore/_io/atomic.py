@@ -76,6 +76,12 @@ def regular_file(path, shown: str, error: type[Exception] | None = None) -> bool
             reason = exc.strerror or str(exc)
         raise (error or InputError)(f"{shown}: is a symbolic link to no file ({reason}: a link loop, or its target "
                                     f"{display_name(os.readlink(path), 120)!r} is missing); refused")
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:  # not "missing": a name too long, a folder of the path not searchable or not a folder
+        raise (error or InputError)(f"{shown}: cannot be read ({exc.strerror or exc})") from None
     return False
 
 
