@@ -519,3 +519,22 @@ def test_probe_batch_refusal_names_the_data_file(probe_inputs, tmp_path):
     assert result.exit_code == 2
     assert_one_line(result.stderr, ["labels.npz", "batch 0"])
     assert not (tmp_path / "o.npz").exists()
+
+
+@pytest.mark.parametrize("form", ["stats", "raw", "jac"])
+def test_write_dump_refuses_a_candidate_without_samples(form, tmp_path):
+    """A dump with a candidate of no samples was written (a CandidateStatistics no batch reached, an empty array)
+    and then refused by every reader, satcore score among them ('empty candidate'); it is refused when written,
+    naming the member, and no file is left."""
+    import satcore
+
+    path = tmp_path / "empty.npz"
+    empty = {"stats": dict(stats={"a": satcore.CandidateStatistics(3, 2)}),
+             "raw": dict(raw={"a": (np.zeros((0, 3)), np.zeros((0, 2)))}),
+             "jac": dict(jac={"a": (np.zeros((4, 3)), np.zeros((4, 0)))})}[form]
+    member = {"stats": "stats/a/n_samples", "raw": "q/a", "jac": "jac/a"}[form]
+    with pytest.raises(satcore.InputError) as caught:
+        satcore.write_dump(path, **empty)
+    assert str(caught.value) == (f"{path}: not written: {member} is empty (no samples, or an axis of extent 0): "
+                                 "probe some data first")
+    assert not path.exists()

@@ -58,8 +58,8 @@ def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None
     ``jac``: ``{name: (Q, J)}`` (``q/<name>``, ``jac/<name>``);
     ``meta``: extra JSON fields.  ``meta["candidates"]`` sets the depth order
     (it must list exactly the candidates given); otherwise the order is stats,
-    then raw, then jac.  Arrays are written as given (float32 stays float32); an array holding NaN or Inf,
-    which every reader refuses, is refused here.
+    then raw, then jac.  Arrays are written as given (float32 stays float32); an array holding NaN or Inf, or a
+    candidate without samples, which every reader refuses, is refused here.
 
     The file is written whole or not at all (:func:`satcore._io.atomic.atomic_write`:
     a failed or killed write leaves any earlier file at ``path`` intact, and
@@ -96,6 +96,10 @@ def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None
     for key, value in members.items():
         if value.dtype.kind not in "iuf":  # np.savez would pickle an object array
             raise InputError(f"{key}: dtype {value.dtype} is not a real number type")
+        if (value.size == 0) if not key.startswith("stats/") else (key.endswith("/n_samples") and value == 0):
+            # every reader refuses an empty candidate: a dump written with it could never be read back
+            raise InputError(f"{display_name(os.fspath(path))}: not written: {display_name(key)} is empty (no "
+                             "samples, or an axis of extent 0): probe some data first")
         bad = int(value.size - np.count_nonzero(np.isfinite(value)))
         if bad:  # every reader refuses such a member: a dump written with it could never be read back
             raise InputError(f"{display_name(os.fspath(path))}: not written: {key} holds {bad} non-finite value(s) "
