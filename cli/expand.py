@@ -128,6 +128,16 @@ def _announcer(first: str | None):
     return announce
 
 
+def _check_recorded_path(path: str, option: str) -> None:
+    """Refuse a data ``path`` that is not UTF-8 before any work: expansion.json and the model card record it (the
+    card, UTF-8 text, could not hold it: the decision ran, then the write failed)."""
+    try:
+        os.fsencode(os.path.abspath(path)).decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{option} {display_name(path)}: the path is not UTF-8, which expansion.json and the model "
+                         "card record; rename the file (or link it under a UTF-8 name)") from None
+
+
 def _same_file(first: str, second: str) -> bool:
     """Whether the paths name one file (however spelled or linked); a missing one is refused by its reader."""
     try:
@@ -407,6 +417,9 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     if max_statistics_bytes == 0:
         raise click.UsageError(f"--max-statistics-gib {max_statistics_gib:g}: less than one byte")
     check_out_dir(out_dir, source_dir=model_dir)
+    for path, option in ((data_path, "--data"), (general_path, "--general-data")):
+        if path is not None:
+            _check_recorded_path(path, option)
     if plot_path is not None:  # its target and format before any work; a missing matplotlib only skips the figure
         from satcore.adapter_api import check_target
 

@@ -931,3 +931,18 @@ def test_a_data_path_that_cannot_be_looked_up_is_not_called_missing(flag, source
                                            "auto", "--seq-len", "16"])
         refused(result, f": cannot be read ({reason})")
         assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flag", ["--data", "--general-data"])
+def test_a_data_path_that_is_not_utf8_is_refused_before_any_work(flag, source, tmp_path):
+    """A data file whose name is not UTF-8 was read and decided on, then writing the model card (UTF-8 text that
+    records the path) raised UnicodeEncodeError with a traceback; it is refused in one line before any work."""
+    named = os.fsdecode(bytes(tmp_path) + b"/caf\xe9.txt")
+    shutil.copyfile(source[1], named)
+    args = ["--data", named] if flag == "--data" else ["--data", str(source[1]), "--general-data", named]
+    extra = ["--blocks", "1", "--decision", "screen"] if flag == "--data" else ["--blocks", "auto"]
+    result = CliRunner().invoke(main, ["expand", str(source[0]), *args, "-o", str(tmp_path / "o"), "--seq-len", "16",
+                                       "--steps", "2", *extra])
+    refused(result, f"{flag} {tmp_path}/caf\\udce9.txt: the path is not UTF-8, which expansion.json and the model "
+                    "card record")
+    assert not (tmp_path / "o").exists()
