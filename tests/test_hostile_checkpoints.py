@@ -111,6 +111,26 @@ def checkpoint_case(case, source, tmp_path):
         (folder / "model.safetensors.index.json").write_text(index.replace(
             '"weight_map": {', '"weight_map": {"model.norm.weight": "elsewhere.safetensors", ', 1))
         return folder, ["model.safetensors.index.json: key 'model.norm.weight' appears twice in one object"]
+    if case == "shard_left_out_of_index":  # the line blamed config.json alone, for the layers in the unlisted shard
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(folder / "model.safetensors")
+        (folder / "model.safetensors").unlink()
+        names = sorted(weights)
+        for shard, part in (("s1.safetensors", names[: len(names) // 2]), ("s2.safetensors", names[len(names) // 2:])):
+            save_file({k: weights[k] for k in part}, folder / shard, metadata={"format": "pt"})
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {}, "weight_map": {k: "s1.safetensors" for k in names[: len(names) // 2]}}))
+        return folder, ["config.json: num_hidden_layers = 4, but s1.safetensors holds 2 layer(s)",
+                        "(or model.safetensors.index.json leaves out a shard: the folder also holds s2.safetensors, "
+                        "which its weight_map does not name)"]
+    if case == "index_outside_only":  # every shard outside the folder: 'no weights (... or ...index.json)' beside it
+        index = (sharded(folder) / "model.safetensors.index.json").read_text()
+        (folder / "shard.safetensors").rename(tmp_path / "shard.safetensors")
+        (folder / "model.safetensors.index.json").write_text(index.replace('"shard.safetensors"',
+                                                                            '"../shard.safetensors"'))
+        return folder, ["model.safetensors.index.json: shard '../shard.safetensors' is not a .safetensors file of the "
+                        "directory"]
     if case == "int8_weights":  # the reader cast them to float and expand grew a model of garbage, silently
         from safetensors.torch import load_file, save_file
 
@@ -183,7 +203,8 @@ def checkpoint_case(case, source, tmp_path):
 
 
 CHECKPOINT_CASES = ["truncated", "header_length_forged", "header_not_json", "offsets_forged", "dtype_forged",
-                    "header_duplicate_tensor", "index_duplicate_tensor", "int8_weights",
+                    "header_duplicate_tensor", "index_duplicate_tensor", "int8_weights", "shard_left_out_of_index",
+                    "index_outside_only",
                     "layers_word", "layers_fraction", "layers_more_than_weights", "layers_fewer_than_weights",
                     "layers_absent", "layers_billion", "head_dim_forged", "no_heads", "heads_indivisible",
                     "width_huge", "bad_dtype", "tie_word_embeddings_word", "deep_config", "tokenizer_list", "pickled_weights",

@@ -44,6 +44,7 @@ from .input_bounds import check_token_ids
 from .safetensors_headers import read_json, weight_headers
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+INDEX = "model.safetensors.index.json"
 PICKLED_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
 MAX_TEXT_CHARS_PER_TOKEN = 16  # generous: English subword tokenizers average ~4 characters a token
 TEXT_PIECE_BYTES = 2**20  # text is tokenised a piece at a time: a tokenizer handed gigabytes at once may abort
@@ -83,7 +84,8 @@ def check_checkpoint_dir(path) -> None:
                          "(or link it under a UTF-8 name)") from None
     if not regular_file(os.path.join(path, "config.json"), f"{shown}/config.json"):
         raise InputError(f"{shown}: no config.json (not a Hugging Face checkpoint directory)")
-    if not any(Path(path).glob("*.safetensors")):
+    # an index without shards in the folder is read (weight_files names what its weight_map points to)
+    if not any(Path(path).glob("*.safetensors")) and not os.path.lexists(os.path.join(path, INDEX)):
         pickled = next((p.name for pattern in PICKLED_WEIGHTS for p in sorted(Path(path).glob(pattern))), None)
         if pickled is not None:
             raise InputError(f"{shown}/{display_name(pickled)}: pickled weights are not read (unpickling runs code); "
@@ -176,7 +178,21 @@ def check_layers(path, config: dict, declared: int | None, tensors) -> None:
         given = f"{key} = {count}" if key is not None else f"no num_hidden_layers (the architecture's default {count})"
         raise InputError(f"{shown}/config.json: {given}, but {files} holds {held} layer(s)"
                          + (f" ({prefix}.0 .. {prefix}.{held - 1})" if held else "")
-                         + "; the config must describe the weights")
+                         + "; the config must describe the weights" + _unlisted_shards(path, tensors))
+
+
+def _unlisted_shards(path, tensors) -> str:
+    """Where the weights come from ``model.safetensors.index.json`` and the folder holds ``.safetensors`` files its
+    weight_map does not name (a shard left out of the index, the likelier fault than the config), the words that
+    say so, else ``""``.  Such files are not refused: some repositories ship a consolidated copy beside shards."""
+    read = {t.file for t in tensors.values()}
+    if "model.safetensors" in read or not os.path.isfile(os.path.join(path, INDEX)):
+        return ""
+    unlisted = sorted(p.name for p in Path(path).glob("*.safetensors") if p.name not in read)
+    if not unlisted:
+        return ""
+    names = ", ".join(display_name(n) for n in unlisted[:3]) + (", ..." if len(unlisted) > 3 else "")
+    return f" (or {INDEX} leaves out a shard: the folder also holds {names}, which its weight_map does not name)"
 
 
 def available_memory() -> int | None:
@@ -296,7 +312,7 @@ def load_causal_lm(path, *, copies: int = 1, raw: dict | None = None, read_hf_co
     if problems:
         said = "; ".join(f"{len(names)} {kind.replace('_', ' ')} (first {display_name(names[0], 120)})"
                          for kind, names in problems)
-        raise InputError(f"{shown}: config.json does not match the weights: {said}")
+        raise InputError(f"{shown}: config.json does not match the weights: {said}" + _unlisted_shards(path, tensors))
     return model.eval()
 
 
