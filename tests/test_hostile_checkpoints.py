@@ -456,6 +456,21 @@ def test_python_expand_refuses_ids_past_the_vocabulary_and_too_many_places():
         expand(model, None, blocks=None, options=ExpansionOptions(at=[0, 1, 2, "head", 0]))
 
 
+@pytest.mark.parametrize("data, expect", [
+    # a str iterates as its characters: 'corpus.txt' was read as 10 batches and refused for their count
+    ("corpus.txt", "expand: data: got the str 'corpus.txt', not an iterable of batches"),
+    (b"ids", "expand: data: got the bytes b'ids', not an iterable of batches"),
+    # a float tensor was named by its shape alone, which is right
+    (torch.zeros(40, 8), "token ids must be an integer (windows, tokens) tensor, got float32 (40, 8)"),
+])
+def test_python_expand_names_data_of_the_wrong_kind(data, expect):
+    from satcore.adapters.torch.expansion import ExpansionOptions, expand
+
+    with pytest.raises(InputError) as caught:
+        expand(build("llama"), data, blocks=1, options=ExpansionOptions(decision="screen"))
+    assert expect in str(caught.value)
+
+
 def test_recipe_numbers():
     recipe = Recipe("adam", lr=np.float32(0.5), steps=np.int64(300), batch_size=np.uint8(8))
     assert (recipe.lr, recipe.steps, recipe.batch_size) == (0.5, 300, 8)
