@@ -16,7 +16,7 @@ from satcore.adapter_api import num, table
 
 from .numbers import Count
 
-__all__ = ["display_name", "load", "scored", "statistics", "num", "table", "human_bytes", "model_on_data"]
+__all__ = ["announced", "display_name", "load", "scored", "statistics", "num", "table", "human_bytes", "model_on_data"]
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -88,6 +88,13 @@ def statistics(dump: Dump, *, quiet: bool, chunk_samples: int | None = None):
     finally:
         if progress is not None:
             progress.close()
+
+
+def announced(note: str | None, work):
+    """``work()``, with ``note`` (what it will cost: a long load) on stderr first where there is one."""
+    if note:
+        click.echo(note, err=True)
+    return work()
 
 
 def human_bytes(n: int) -> str:

@@ -14,6 +14,7 @@ renamed into place, so a failure leaves nothing half-written.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ import click
 from satcore import InputError, ModelOnDataError, ProbeError
 from satcore.adapter_api import DEFAULT_ALPHA, NOT_VERIFIED, decision_interval_notes, parse_whole_number
 
-from .common import FiniteFloatRange, display_name, model_on_data, num, table
+from .common import FiniteFloatRange, announced, display_name, model_on_data, num, table
 from .expand_report import SEQ_LEN_RULE, defaults_line, frontier_report, moves_report, plot_frontier, stop_line
 from .hf_dir import window_length
 from .numbers import MAX_SEED, Count
@@ -125,6 +126,16 @@ def _announcer(first: str | None):
         click.echo(text)
 
     return announce
+
+
+def _check_recorded_path(path: str, option: str) -> None:
+    """Refuse a data ``path`` that is not UTF-8 before any work: expansion.json and the model card record it (the
+    card, UTF-8 text, could not hold it: the decision ran, then the write failed)."""
+    try:
+        os.fsencode(os.path.abspath(path)).decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{option} {display_name(path)}: the path is not UTF-8, which expansion.json and the model "
+                         "card record; rename the file (or link it under a UTF-8 name)") from None
 
 
 def _same_file(first: str, second: str) -> bool:
@@ -406,6 +417,9 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     if max_statistics_bytes == 0:
         raise click.UsageError(f"--max-statistics-gib {max_statistics_gib:g}: less than one byte")
     check_out_dir(out_dir, source_dir=model_dir)
+    for path, option in ((data_path, "--data"), (general_path, "--general-data")):
+        if path is not None:
+            _check_recorded_path(path, option)
     if plot_path is not None:  # its target and format before any work; a missing matplotlib only skips the figure
         from satcore.adapter_api import check_target
 
@@ -419,8 +433,9 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     from satcore import DecisionPolicy, Recipe
     from satcore.adapter_api import regular_file
     from satcore.adapters.torch.checkpoint_dir import (EXPAND_COPIES, MIN_WINDOWS, check_checkpoint_dir,
-                                                       checkpoint_dtype, load_causal_lm, read_config,
-                                                       read_token_windows)
+                                                       checkpoint_dtype, hf_config, load_causal_lm,
+                                                       load_tokenizer, read_config, read_token_windows,
+                                                       tokenizer_load_note)
     from satcore.adapters.torch.expansion import ExpansionOptions, check_trials_batch, decoder_stack, split_batches
     from satcore.adapters.torch.expansion import expand as expand_model
     from satcore.adapters.torch.expansion_exports import lora_adapter_config, write_training_exports
@@ -437,6 +452,10 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     for name in COPIED_FILES:  # copied into OUT_DIR at the end: a FIFO or a device is refused now, not skipped then
         regular_file(os.path.join(model_dir, name), f"{display_name(model_dir)}/{name}")
     config = read_config(model_dir)
+    # each read once, where first needed (text data needs the tokenizer; it and the model take the built config)
+    read_hf_config = functools.cache(lambda: hf_config(model_dir))
+    tokenizer = functools.cache(lambda: announced(None if quiet else tokenizer_load_note(model_dir),
+                                                  lambda: load_tokenizer(model_dir, read_hf_config())))
     saved_dtype = checkpoint_dtype(config)
     _check_counts(config, blocks, max_blocks, model_dir)  # before the weights are read
     _check_seq_len(seq_len, context_length(config), model_dir)  # so too where config.json names the context
@@ -447,9 +466,10 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
             with _led_by(option):
                 if path is not None:
                     read_token_windows(path, tokenizer_dir=model_dir, vocab_size=config["vocab_size"],
-                                       seq_len=_window_tokens(seq_len, config, on_gpu), max_windows=MIN_WINDOWS)
+                                       seq_len=_window_tokens(seq_len, config, on_gpu), max_windows=MIN_WINDOWS,
+                                       tokenizer=tokenizer)
     # decided in float32, saved in the checkpoint's dtype
-    model = load_causal_lm(model_dir, copies=EXPAND_COPIES)
+    model = load_causal_lm(model_dir, copies=EXPAND_COPIES, raw=config, read_hf_config=read_hf_config)
     try:
         names, _ = decoder_stack(model)
     except ProbeError as exc:
@@ -465,11 +485,14 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         windows["max_windows"], windows_rule = _sized_windows(model, recipe, windows, decision_budget, general_path,
                                                               max_blocks, freeze_old)
     if data_path is not None:  # with --at, read only to check it: the places are forced
-        data = read_token_windows(data_path, tokenizer_dir=model_dir, vocab_size=model.config.vocab_size, **windows)
+        data = read_token_windows(data_path, tokenizer_dir=model_dir, vocab_size=model.config.vocab_size,
+                                  tokenizer=tokenizer, **windows)
     if general_path is not None:  # held out only: as many windows as the target's held-out half
         with _led_by("--general-data"):
             general = read_token_windows(general_path, tokenizer_dir=model_dir, vocab_size=model.config.vocab_size,
-                                         seq_len=windows["seq_len"], max_windows=max(4, windows["max_windows"] // 2))
+                                         seq_len=windows["seq_len"], max_windows=max(4, windows["max_windows"] // 2),
+                                         tokenizer=tokenizer)
+    tokenizer.cache_clear()  # every file is read: not held through the decision (2 GB for a 64 MB tokenizer.json)
     if forced is not None and data is not None:
         click.echo(f"--data {display_name(data_path)}: checked, not read: --at forces the positions")
         data = None

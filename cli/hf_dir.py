@@ -27,7 +27,10 @@ def probe_checkpoint_dir(model_dir, data_path, probe_config, *, batch_size, out_
     adapter's ``ProbeConfig``, built by the command from its options) and write the dump to ``out_path``."""
     from satcore import ProbeError
     from satcore.adapters.torch import probe, sequence_loss
-    from satcore.adapters.torch.checkpoint_dir import load_causal_lm, read_token_windows
+    from satcore.adapters.torch.checkpoint_dir import (load_causal_lm, load_tokenizer, read_token_windows,
+                                                       tokenizer_load_note)
+
+    from .common import announced
 
     from .probe import default_batch_size, named_refusal, say_written
 
@@ -37,7 +40,9 @@ def probe_checkpoint_dir(model_dir, data_path, probe_config, *, batch_size, out_
     model = load_causal_lm(model_dir)
     config = model.config
     windows = read_token_windows(data_path, tokenizer_dir=model_dir, vocab_size=config.vocab_size,
-                                 seq_len=window_length(config), max_windows=MAX_WINDOWS)
+                                 seq_len=window_length(config), max_windows=MAX_WINDOWS,
+                                 tokenizer=lambda: announced(tokenizer_load_note(model_dir),  # config.json read once
+                                                             lambda: load_tokenizer(model_dir, config)))
     chosen = batch_size is None
     if chosen:
         batch_size = default_batch_size(len(windows))

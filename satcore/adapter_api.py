@@ -80,6 +80,7 @@ from ._rendering.table import (decision_interval_notes, heldout_samples_words, n
 from ._scores.scores import StreamDiagnostics
 from ._shared.arrays import check_feature_count, check_memory, memory_budget, statistics_bytes
 from ._shared.display import display_name
+from ._shared.json_keys import DuplicateKeyError, loads_unique
 from ._shared.errors import MissingDependencyError
 from ._shared.moved_keywords import MOVED_KEYWORDS, moved_keywords
 from ._shared.numbers import (MAX_COUNT, MAX_SEED, derived_seed, finite_real, parse_whole_number, positive_count,
@@ -110,7 +111,7 @@ __all__ = [
     "Probe", "AdapterSteps", "round_summary",
     # files: atomic writes, dumps, the safe .npz reader
     "OutputError", "atomic_write", "check_folder_writable", "check_target", "command_inputs", "file_kind", "note_input", "regular_file", "Dump", "read_dump_meta",
-    "NpyHeader", "NpzArchive", "NpzError", "yaml_quoted",
+    "NpyHeader", "NpzArchive", "NpzError", "yaml_quoted", "DuplicateKeyError", "loads_unique",
     # rendering
     "decision_interval_notes", "heldout_samples_words", "num", "render_decision", "render_report", "table", "display_name", "StreamDiagnostics",
     # shared checks

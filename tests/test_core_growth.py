@@ -262,6 +262,9 @@ def _damage(log: Path, how: str) -> None:
         log.write_bytes(b"\n".join([lines[0], lines[1], lines[3]]) + b"\n")
     elif how == "another file":  # a PNG given as the log: no final newline, but its first line is already no JSON
         log.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    elif how == "duplicate key":  # a hand-edited round: which round is it? json keeps the last, silently
+        lines[2] = lines[2].replace(b'{"round":', b'{"round":7,"round":', 1)
+        log.write_bytes(b"\n".join(lines) + b"\n")
     elif how == "wrong type":
         entry = json.loads(lines[1])
         entry["round"] = "0"
@@ -273,6 +276,7 @@ def _damage(log: Path, how: str) -> None:
     ("truncated", 4, "incomplete last line"), ("missing key", 3, "missing key 'seed'"),
     ("deep nesting", 3, "nested too deeply"), ("round skipped", 3, "round 2 where round 1 was expected"),
     ("wrong type", 2, "key 'round' has a value of type str"),
+    ("duplicate key", 3, "key 'round' appears twice in one object"),
     ("another file", 1, "not valid JSON"),  # not 'line 3: incomplete last line ... delete that line to resume'
 ])
 def test_log_damage_is_one_line_naming_the_file_and_line(tmp_path, how, line, says):

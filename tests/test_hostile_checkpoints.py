@@ -101,6 +101,43 @@ def checkpoint_case(case, source, tmp_path):
     if case == "dtype_forged":
         forged_safetensors(folder, {"w": {"dtype": "Q9", "shape": [2], "data_offsets": [0, 2]}}, bytes(2))
         return folder, ["model.safetensors", "tensor 'w': dtype 'Q9'"]
+    if case == "header_duplicate_tensor":  # the reader would keep the second 'w' and call the first's bytes a gap
+        raw = ('{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, '
+               '"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}').encode()
+        (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(8))
+        return folder, ["model.safetensors: header: key 'w' appears twice in one object"]
+    if case == "index_duplicate_tensor":  # which shard holds model.norm.weight? json keeps the last, silently
+        index = (sharded(folder) / "model.safetensors.index.json").read_text()
+        (folder / "model.safetensors.index.json").write_text(index.replace(
+            '"weight_map": {', '"weight_map": {"model.norm.weight": "elsewhere.safetensors", ', 1))
+        return folder, ["model.safetensors.index.json: key 'model.norm.weight' appears twice in one object"]
+    if case == "shard_left_out_of_index":  # the line blamed config.json alone, for the layers in the unlisted shard
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(folder / "model.safetensors")
+        (folder / "model.safetensors").unlink()
+        names = sorted(weights)
+        for shard, part in (("s1.safetensors", names[: len(names) // 2]), ("s2.safetensors", names[len(names) // 2:])):
+            save_file({k: weights[k] for k in part}, folder / shard, metadata={"format": "pt"})
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {}, "weight_map": {k: "s1.safetensors" for k in names[: len(names) // 2]}}))
+        return folder, ["config.json: num_hidden_layers = 4, but s1.safetensors holds 2 layer(s)",
+                        "(or model.safetensors.index.json leaves out a shard: the folder also holds s2.safetensors, "
+                        "which its weight_map does not name)"]
+    if case == "index_outside_only":  # every shard outside the folder: 'no weights (... or ...index.json)' beside it
+        index = (sharded(folder) / "model.safetensors.index.json").read_text()
+        (folder / "shard.safetensors").rename(tmp_path / "shard.safetensors")
+        (folder / "model.safetensors.index.json").write_text(index.replace('"shard.safetensors"',
+                                                                            '"../shard.safetensors"'))
+        return folder, ["model.safetensors.index.json: shard '../shard.safetensors' is not a .safetensors file of the "
+                        "directory"]
+    if case == "int8_weights":  # the reader cast them to float and expand grew a model of garbage, silently
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(folder / "model.safetensors")
+        save_file({k: (v * 100).to(torch.int8) for k, v in weights.items()}, folder / "model.safetensors",
+                  metadata={"format": "pt"})
+        return folder, ["model.safetensors: tensor 'model.embed_tokens.weight' is I8, not a float dtype"]
     if case == "layers_word":
         return edited(source, tmp_path, "w", num_hidden_layers="four"), [
             "config.json: num_hidden_layers must be a whole number, got 'four'"]
@@ -166,6 +203,8 @@ def checkpoint_case(case, source, tmp_path):
 
 
 CHECKPOINT_CASES = ["truncated", "header_length_forged", "header_not_json", "offsets_forged", "dtype_forged",
+                    "header_duplicate_tensor", "index_duplicate_tensor", "int8_weights", "shard_left_out_of_index",
+                    "index_outside_only",
                     "layers_word", "layers_fraction", "layers_more_than_weights", "layers_fewer_than_weights",
                     "layers_absent", "layers_billion", "head_dim_forged", "no_heads", "heads_indivisible",
                     "width_huge", "bad_dtype", "tie_word_embeddings_word", "deep_config", "tokenizer_list", "pickled_weights",
@@ -230,6 +269,27 @@ def test_a_checkpoint_file_that_is_no_regular_file_is_named_as_what_it_is(case, 
         args = ["-o", str(out)] + (["--blocks", "1"] if command == "expand" else [])
         result = CliRunner().invoke(main, [command, str(folder), "--data", str(source[1]), *args])
         refused(result, f"{folder / name}: is {kind}, not a regular file; refused")
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("name, target", [("model.safetensors", "model.safetensors"), ("tokenizer.json", "loop.json"),
+                                          ("config.json", "gone.json")])
+def test_a_checkpoint_file_that_is_a_link_to_no_file_is_named_as_one(name, target, source, tmp_path):
+    """A symbolic link where a checkpoint file goes that leads to no file (a loop, or its target gone) is refused
+    naming it as such: before, a weights link loop read 'no model.safetensors (...) to read the weights from' beside
+    the file ls shows, and a tokenizer.json loop reached the tokenizer's loader, which failed in its own words."""
+    folder = edited(source, tmp_path)
+    (folder / name).unlink()
+    os.symlink(target, folder / name)
+    if target == "loop.json":
+        os.symlink(name, folder / target)
+    reason = "No such file or directory" if target == "gone.json" else "Too many levels of symbolic links"
+    for command in ("expand", "probe"):
+        out = tmp_path / f"{command}.out"
+        args = ["-o", str(out)] + (["--blocks", "1"] if command == "expand" else [])
+        result = CliRunner().invoke(main, [command, str(folder), "--data", str(source[1]), *args])
+        refused(result, f"{folder / name}: is a symbolic link to no file ({reason}: a link loop, or its target "
+                        f"'{target}' is missing); refused")
         assert not out.exists()
 
 
@@ -330,6 +390,7 @@ def test_a_model_dir_path_that_is_not_utf8_is_one_line(source, tmp_path):
     ("[" * 100_000 + "]" * 100_000, ["ids.jsonl: line 1: nested more than 32 levels deep"]),
     ("[" + "9" * 5001 + "]", ["ids.jsonl: line 1: not JSON", "4300"]),
     ('{"input_ids": [1, true]}', ["ids.jsonl: line 1: expected a list of integer token ids"]),
+    ('{"input_ids": [1, 2], "input_ids": [3]}', ["ids.jsonl: line 1: key 'input_ids' appears twice in one object"]),
     # bytes that are not UTF-8: json.loads would guess UTF-16 from them and report a 'utf-16-le' codec error
     (b"[1, 2]\n\xff\xfe", ["ids.jsonl: line 2: not UTF-8 (byte 0xff at offset 0)"]),
     (b"[1, \xe9]", ["ids.jsonl: line 1: not UTF-8 (byte 0xe9 at offset 4)"]),
@@ -393,6 +454,21 @@ def test_python_expand_refuses_ids_past_the_vocabulary_and_too_many_places():
         expand(model, ids, blocks=1, options=ExpansionOptions(decision="screen"))
     with pytest.raises(InputError, match="expand: at: 5 new blocks; at most 4"):
         expand(model, None, blocks=None, options=ExpansionOptions(at=[0, 1, 2, "head", 0]))
+
+
+@pytest.mark.parametrize("data, expect", [
+    # a str iterates as its characters: 'corpus.txt' was read as 10 batches and refused for their count
+    ("corpus.txt", "expand: data: got the str 'corpus.txt', not an iterable of batches"),
+    (b"ids", "expand: data: got the bytes b'ids', not an iterable of batches"),
+    # a float tensor was named by its shape alone, which is right
+    (torch.zeros(40, 8), "token ids must be an integer (windows, tokens) tensor, got float32 (40, 8)"),
+])
+def test_python_expand_names_data_of_the_wrong_kind(data, expect):
+    from satcore.adapters.torch.expansion import ExpansionOptions, expand
+
+    with pytest.raises(InputError) as caught:
+        expand(build("llama"), data, blocks=1, options=ExpansionOptions(decision="screen"))
+    assert expect in str(caught.value)
 
 
 def test_recipe_numbers():
@@ -835,3 +911,74 @@ def test_text_is_tokenised_a_piece_at_a_time(source, tmp_path):
     assert sum(lengths) == os.path.getsize(text) and len(ids) < 10**7
     per_line = len(tokenizer(line, add_special_tokens=False)["input_ids"])
     np.testing.assert_array_equal(ids[:per_line], tokenizer(line, add_special_tokens=False)["input_ids"])
+
+
+def test_expand_reads_config_json_and_loads_the_tokenizer_once(source, tmp_path, monkeypatch):
+    """config.json is read twice a command, once by satcore's checks of the raw JSON and once by transformers to
+    build the config, and the tokenizer loaded once, for the check of --data before the weights and its read
+    after: each data read had built the config and loaded the tokenizer again (a 64 MB tokenizer.json takes the
+    tokenizers library half a minute, and satcore's own parse of it a third as long again), and the model's loader
+    read config.json twice more."""
+    import builtins
+
+    config_json = os.path.realpath(source[0] / "config.json")
+    opened, loads, real_open = [], [], builtins.open
+    real_tokenizer = T.AutoTokenizer.from_pretrained
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == config_json:
+            opened.append(file)
+        return real_open(file, *args, **kwargs)
+
+    def counting_tokenizer(*args, **kwargs):
+        loads.append(args)
+        return real_tokenizer(*args, **kwargs)
+
+    from satcore.adapters.torch import checkpoint_dir
+
+    real_read_json, parsed = checkpoint_dir.read_json, []
+
+    def recorded_read_json(path, what, *args, **kwargs):
+        parsed.append(os.path.basename(str(path)))
+        return real_read_json(path, what, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(T.AutoTokenizer, "from_pretrained", counting_tokenizer)
+    monkeypatch.setattr(checkpoint_dir, "read_json", recorded_read_json)
+    monkeypatch.setattr(checkpoint_dir, "ANNOUNCED_TOKENIZER_BYTES", 1)  # this tokenizer.json is 8 kB
+    result = run_expand(source[0], source[1], tmp_path / "out", "--blocks", "1", "--decision", "screen")
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert (len(opened), len(loads)) == (2, 1), opened
+    # the library parses tokenizer.json; satcore reads it only to say why the library refused it
+    assert "tokenizer.json" not in parsed and "tokenizer_config.json" in parsed
+    # the load's cost is said before it starts, once
+    announced = [line for line in result.stderr.splitlines() if "tokenizer.json (0.0 MB): about 0 s" in line]
+    assert len(announced) == 1 and announced[0].startswith(f"loading {source[0]}/tokenizer.json"), result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--data", "--general-data"])
+def test_a_data_path_that_cannot_be_looked_up_is_not_called_missing(flag, source, tmp_path):
+    """A --data name longer than the file system allows, or a path through a regular file, named 'no such file'
+    before: the user looked for a file that is not the problem; the line says why it cannot be read."""
+    for path, reason in ((tmp_path / ("a" * 300 + ".txt"), "File name too long"),
+                         (source[1] / "corpus.txt", "Not a directory")):
+        args = ["--data", str(path)] if flag == "--data" else ["--data", str(source[1]), "--general-data", str(path)]
+        result = CliRunner().invoke(main, ["expand", str(source[0]), *args, "-o", str(tmp_path / "o"), "--blocks",
+                                           "auto", "--seq-len", "16"])
+        refused(result, f": cannot be read ({reason})")
+        assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flag", ["--data", "--general-data"])
+def test_a_data_path_that_is_not_utf8_is_refused_before_any_work(flag, source, tmp_path):
+    """A data file whose name is not UTF-8 was read and decided on, then writing the model card (UTF-8 text that
+    records the path) raised UnicodeEncodeError with a traceback; it is refused in one line before any work."""
+    named = os.fsdecode(bytes(tmp_path) + b"/caf\xe9.txt")
+    shutil.copyfile(source[1], named)
+    args = ["--data", named] if flag == "--data" else ["--data", str(source[1]), "--general-data", named]
+    extra = ["--blocks", "1", "--decision", "screen"] if flag == "--data" else ["--blocks", "auto"]
+    result = CliRunner().invoke(main, ["expand", str(source[0]), *args, "-o", str(tmp_path / "o"), "--seq-len", "16",
+                                       "--steps", "2", *extra])
+    refused(result, f"{flag} {tmp_path}/caf\\udce9.txt: the path is not UTF-8, which expansion.json and the model "
+                    "card record")
+    assert not (tmp_path / "o").exists()

@@ -257,7 +257,8 @@ def test_bad_model_files_are_one_line(probe_inputs, tmp_path, kind):
     proc = subprocess.run(SATCORE + ["probe", str(model), "--data", data, "-o", str(tmp_path / "o.npz")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
-    assert_one_line(proc.stderr, [])
+    # an empty file parses as an empty model: it read 'the ONNX graph has no nodes', hiding that it is empty
+    assert_one_line(proc.stderr, ["m.onnx: the file is empty (0 bytes), not an ONNX model"] if kind == "empty" else [])
     assert not (tmp_path / "o.npz").exists()
 
 
@@ -519,3 +520,22 @@ def test_probe_batch_refusal_names_the_data_file(probe_inputs, tmp_path):
     assert result.exit_code == 2
     assert_one_line(result.stderr, ["labels.npz", "batch 0"])
     assert not (tmp_path / "o.npz").exists()
+
+
+@pytest.mark.parametrize("form", ["stats", "raw", "jac"])
+def test_write_dump_refuses_a_candidate_without_samples(form, tmp_path):
+    """A dump with a candidate of no samples was written (a CandidateStatistics no batch reached, an empty array)
+    and then refused by every reader, satcore score among them ('empty candidate'); it is refused when written,
+    naming the member, and no file is left."""
+    import satcore
+
+    path = tmp_path / "empty.npz"
+    empty = {"stats": dict(stats={"a": satcore.CandidateStatistics(3, 2)}),
+             "raw": dict(raw={"a": (np.zeros((0, 3)), np.zeros((0, 2)))}),
+             "jac": dict(jac={"a": (np.zeros((4, 3)), np.zeros((4, 0)))})}[form]
+    member = {"stats": "stats/a/n_samples", "raw": "q/a", "jac": "jac/a"}[form]
+    with pytest.raises(satcore.InputError) as caught:
+        satcore.write_dump(path, **empty)
+    assert str(caught.value) == (f"{path}: not written: {member} is empty (no samples, or an axis of extent 0): "
+                                 "probe some data first")
+    assert not path.exists()

@@ -328,6 +328,8 @@ def load_model(model):
     other = OTHER_FORMATS.get(path.suffix.lower())
     hint = f"; the name says {other}" if other else ""
     size = path.stat().st_size
+    if size == 0:  # protobuf parses no bytes as an empty model: "the graph has no nodes" hid that the file is empty
+        raise OnnxProbeError(f"{path}: the file is empty (0 bytes), not an ONNX model{hint}")
     if size > MAX_PROTO_BYTES:  # onnx.load would read it all before the parser refuses it
         raise OnnxProbeError(f"{path}: {size:,} bytes, more than an ONNX file holds ({MAX_PROTO_BYTES:,}, protobuf's "
                              f"limit: larger weights are stored as external data); not read{hint}")

@@ -44,12 +44,18 @@ from .input_bounds import check_token_ids
 from .safetensors_headers import read_json, weight_headers
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+INDEX = "model.safetensors.index.json"
 PICKLED_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
 MAX_TEXT_CHARS_PER_TOKEN = 16  # generous: English subword tokenizers average ~4 characters a token
 TEXT_PIECE_BYTES = 2**20  # text is tokenised a piece at a time: a tokenizer handed gigabytes at once may abort
 MAX_JSONL_LINE_BYTES = 2**24
 MAX_CONFIG_BYTES = 2**24
 MAX_TOKENIZER_BYTES = 2**28
+# what loading tokenizer.json costs, all of it in its libraries (the tokenizers library's parse, then transformers'
+# own json.load of it): AutoTokenizer took 46 s for a 64.7 MB file on a shared 2-core machine; a load expected past
+# a few seconds is announced first (tokenizer_load_note)
+TOKENIZER_SECONDS_PER_MB = 0.7
+ANNOUNCED_TOKENIZER_BYTES = 8 * 10**6
 # the sizes a decoder's config declares: whole numbers >= 1 (None allowed where transformers reads None as "derive it")
 SIZE_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "hidden_size", "n_embd", "intermediate_size", "n_inner",
              "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "vocab_size",
@@ -58,6 +64,7 @@ NULLABLE_SIZES = ("n_inner", "num_key_value_heads", "head_dim", "sliding_window"
 MAX_SIZE = 2**31  # no dimension of a real model comes near; a larger one is a forged or mistyped config
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
+FLOAT_WEIGHTS = ("F32", "F16", "BF16", "F64")  # the safetensors dtypes of those
 # how many float32 copies of the model expand holds at once: the model, the grown copy, a trial's copy
 EXPAND_COPIES = 3
 _LAYER_NAME = re.compile(r"(.*?)\.([0-9]{1,9})\.")
@@ -77,7 +84,8 @@ def check_checkpoint_dir(path) -> None:
                          "(or link it under a UTF-8 name)") from None
     if not regular_file(os.path.join(path, "config.json"), f"{shown}/config.json"):
         raise InputError(f"{shown}: no config.json (not a Hugging Face checkpoint directory)")
-    if not any(Path(path).glob("*.safetensors")):
+    # an index without shards in the folder is read (weight_files names what its weight_map points to)
+    if not any(Path(path).glob("*.safetensors")) and not os.path.lexists(os.path.join(path, INDEX)):
         pickled = next((p.name for pattern in PICKLED_WEIGHTS for p in sorted(Path(path).glob(pattern))), None)
         if pickled is not None:
             raise InputError(f"{shown}/{display_name(pickled)}: pickled weights are not read (unpickling runs code); "
@@ -92,7 +100,8 @@ def read_config(path) -> dict:
     no ``quantization_config``, no NaN (JSON's ``NaN``, which Python reads; ``Infinity`` is a value some configs
     hold)."""
     shown = f"{display_name(os.fspath(path))}/config.json"
-    config = read_json(os.path.join(path, "config.json"), shown, MAX_CONFIG_BYTES)
+    # unique_keys=False: transformers reads config.json after this, keeping a repeated key's last value; checked so
+    config = read_json(os.path.join(path, "config.json"), shown, MAX_CONFIG_BYTES, unique_keys=False)
     if not isinstance(config, dict):
         raise InputError(f"{shown}: not a JSON object")
     if (nan := _nan_key(config)) is not None:  # JSON's NaN, which Python reads: every output NaN, or worse, silently
@@ -169,7 +178,21 @@ def check_layers(path, config: dict, declared: int | None, tensors) -> None:
         given = f"{key} = {count}" if key is not None else f"no num_hidden_layers (the architecture's default {count})"
         raise InputError(f"{shown}/config.json: {given}, but {files} holds {held} layer(s)"
                          + (f" ({prefix}.0 .. {prefix}.{held - 1})" if held else "")
-                         + "; the config must describe the weights")
+                         + "; the config must describe the weights" + _unlisted_shards(path, tensors))
+
+
+def _unlisted_shards(path, tensors) -> str:
+    """Where the weights come from ``model.safetensors.index.json`` and the folder holds ``.safetensors`` files its
+    weight_map does not name (a shard left out of the index, the likelier fault than the config), the words that
+    say so, else ``""``.  Such files are not refused: some repositories ship a consolidated copy beside shards."""
+    read = {t.file for t in tensors.values()}
+    if "model.safetensors" in read or not os.path.isfile(os.path.join(path, INDEX)):
+        return ""
+    unlisted = sorted(p.name for p in Path(path).glob("*.safetensors") if p.name not in read)
+    if not unlisted:
+        return ""
+    names = ", ".join(display_name(n) for n in unlisted[:3]) + (", ..." if len(unlisted) > 3 else "")
+    return f" (or {INDEX} leaves out a shard: the folder also holds {names}, which its weight_map does not name)"
 
 
 def available_memory() -> int | None:
@@ -206,14 +229,21 @@ def _build_on_meta(path, config):
 
 def check_against_weights(path, model, tensors, copies: int) -> None:
     """Refuse, before the weights are read, a model (built on the meta device) whose tensors have other shapes
-    than the weights' of the same names, or whose float32 parameters, held ``copies`` times, exceed the memory
-    available (:func:`available_memory`)."""
+    than the weights' of the same names, a float tensor of it stored in another dtype than a float one of
+    :data:`FLOAT_WEIGHTS` (integers or 8-bit floats: quantized or damaged weights, which transformers would cast
+    to float silently), or whose float32 parameters, held ``copies`` times, exceed the memory available
+    (:func:`available_memory`)."""
     shown = display_name(os.fspath(path))
     for name, tensor in model.state_dict().items():
         saved = tensors.get(name)
         if saved is not None and tuple(tensor.shape) != saved.shape:
             raise InputError(f"{shown}/config.json does not match the weights: {display_name(name, 120)} is "
                              f"{list(tensor.shape)} by the config, {list(saved.shape)} in {saved.file}")
+        if saved is not None and tensor.is_floating_point() and saved.dtype not in FLOAT_WEIGHTS:
+            raise InputError(f"{shown}/{saved.file}: tensor {display_name(repr(name), 120)} is {saved.dtype}, not "
+                             f"a float dtype ({', '.join(FLOAT_WEIGHTS)}): quantized or damaged weights are not "
+                             "read (transformers would cast them to float, silently); de-quantise to a float "
+                             "checkpoint")
     n_bytes = copies * 4 * sum(t.numel() for t in itertools.chain(model.parameters(), model.buffers()))
     available = available_memory()
     if available is not None and n_bytes > available:
@@ -241,7 +271,7 @@ def _quiet_transformers():
         hf_logging.set_verbosity(level)
 
 
-def load_causal_lm(path, *, copies: int = 1):
+def load_causal_lm(path, *, copies: int = 1, raw: dict | None = None, read_hf_config=None):
     """``AutoModelForCausalLM.from_pretrained(path)`` in float32 and eval mode, the directory checked first.
 
     Order: the directory (:func:`check_checkpoint_dir`), the config (:func:`read_config`), the weights'
@@ -249,17 +279,20 @@ def load_causal_lm(path, *, copies: int = 1):
     (:func:`check_layers`), the model built on the meta device and its shapes and memory checked
     (:func:`check_against_weights`, ``copies``: how many float32 copies the caller holds), and only then the
     weights read (safetensors only), refused when transformers reports a tensor missing, unexpected or of
-    another shape.  Every refusal is one line naming the file and the key.
+    another shape.  Every refusal is one line naming the file and the key.  ``raw``: ``path``'s
+    :func:`read_config` where the caller has read it; ``read_hf_config``: a function returning ``path``'s
+    :func:`hf_config`, called where this reads it, for a caller that builds it once for several readers
+    (``functools.cache``): config.json is read once a command.
     """
     check_checkpoint_dir(path)
     shown = display_name(os.fspath(path))
-    raw = read_config(path)
+    raw = read_config(path) if raw is None else raw
     tensors = weight_headers(os.fspath(path), raw)
     check_layers(path, raw, None, tensors)  # before the config is built: it may build a list per layer
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    config = hf_config(path)
+    config = hf_config(path) if read_hf_config is None else read_hf_config()
     with _quiet_transformers():
         check_layers(path, raw, getattr(config, "num_hidden_layers", None), tensors)
         check_against_weights(path, _build_on_meta(path, config), tensors, copies)
@@ -279,7 +312,7 @@ def load_causal_lm(path, *, copies: int = 1):
     if problems:
         said = "; ".join(f"{len(names)} {kind.replace('_', ' ')} (first {display_name(names[0], 120)})"
                          for kind, names in problems)
-        raise InputError(f"{shown}: config.json does not match the weights: {said}")
+        raise InputError(f"{shown}: config.json does not match the weights: {said}" + _unlisted_shards(path, tensors))
     return model.eval()
 
 
@@ -296,30 +329,57 @@ def hf_config(path):
             raise ProbeError(f"{display_name(os.fspath(path))}/config.json: {_reason(exc)}") from None
 
 
-def load_tokenizer(path):
-    """The checkpoint's own tokenizer, or a one-line :class:`InputError` naming what is missing or malformed."""
+def load_tokenizer(path, config=None):
+    """The checkpoint's own tokenizer, or a one-line :class:`InputError` naming what is missing or malformed.
+    ``config``: the checkpoint's :func:`hf_config` where the caller holds it (config.json is then not read again).
+
+    ``tokenizer.json`` is parsed by the tokenizers library alone (a 64 MB file takes it half a minute; a second
+    parse of satcore's own took a third as long again); only where the library refuses it is the file read here,
+    to name what is wrong with it (:func:`read_json`) rather than repeat the library's words."""
     shown = display_name(os.fspath(path))
     present = [f for f in TOKENIZER_FILES if regular_file(os.path.join(path, f), f"{shown}/{f}")]  # all checked
     if not present:
         raise InputError(f"{shown}: no tokenizer (tokenizer.json or tokenizer_config.json) to tokenise text "
                          "data with; pass token ids (.npz with input_ids, or .jsonl) instead")
-    for name, needs in (("tokenizer.json", "model"), ("tokenizer_config.json", None)):
-        if os.path.isfile(os.path.join(path, name)):
-            document = read_json(os.path.join(path, name), f"{shown}/{name}", MAX_TOKENIZER_BYTES)
-            if not isinstance(document, dict) or (needs and not isinstance(document.get(needs), dict)):
-                raise InputError(f"{shown}/{name}: not a tokenizer's JSON object"
-                                 + (f" (no {needs!r} mapping)" if needs else ""))
-    if regular_file(os.path.join(path, "config.json"), f"{shown}/config.json"):
-        hf_config(path)  # AutoTokenizer reads it too: its refusal would be reported as the tokenizer's
+    if "tokenizer.json" in present and os.path.getsize(os.path.join(path, "tokenizer.json")) > MAX_TOKENIZER_BYTES:
+        raise InputError(f"{shown}/tokenizer.json: larger than {MAX_TOKENIZER_BYTES:,} bytes")
+    if "tokenizer_config.json" in present:
+        _tokenizer_document(path, "tokenizer_config.json", None)
+    if config is None and regular_file(os.path.join(path, "config.json"), f"{shown}/config.json"):
+        config = hf_config(path)  # AutoTokenizer reads it too: its refusal would be reported as the tokenizer's
     from transformers import AutoTokenizer
 
     try:
         with _quiet_transformers():
-            return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+            return AutoTokenizer.from_pretrained(path, config=config, trust_remote_code=False)
     except MemoryError:
         raise
     except Exception as exc:  # the tokenizers library raises a bare Exception for a file it cannot parse
+        if "tokenizer.json" in present:
+            _tokenizer_document(path, "tokenizer.json", "model")  # what is wrong with it, where satcore can say
         raise InputError(f"{shown}: its tokenizer does not load ({_reason(exc)})") from None
+
+
+def tokenizer_load_note(path) -> str | None:
+    """The line a command prints before loading ``path``'s tokenizer where ``tokenizer.json`` is large enough for
+    the load to take more than a few seconds (:data:`ANNOUNCED_TOKENIZER_BYTES`): its size and the time expected,
+    at :data:`TOKENIZER_SECONDS_PER_MB`; ``None`` for a smaller file or none."""
+    file = os.path.join(path, "tokenizer.json")
+    size = os.path.getsize(file) if os.path.isfile(file) else 0
+    if size < ANNOUNCED_TOKENIZER_BYTES:
+        return None
+    return (f"loading {display_name(os.fspath(path))}/tokenizer.json ({size / 1e6:.1f} MB): about "
+            f"{size / 1e6 * TOKENIZER_SECONDS_PER_MB:.0f} s in the tokenizers library and transformers (measured "
+            f"{TOKENIZER_SECONDS_PER_MB} s per MB on a 2-core machine)")
+
+
+def _tokenizer_document(path, name: str, needs: str | None) -> None:
+    """Refuse the tokenizer file ``name`` of ``path`` unless it is a JSON object (holding a ``needs`` mapping)."""
+    shown = f"{display_name(os.fspath(path))}/{name}"
+    # unique_keys=False: the tokenizer's libraries read it after this, keeping a repeated key's last value
+    document = read_json(os.path.join(path, name), shown, MAX_TOKENIZER_BYTES, unique_keys=False)
+    if not isinstance(document, dict) or (needs and not isinstance(document.get(needs), dict)):
+        raise InputError(f"{shown}: not a tokenizer's JSON object" + (f" (no {needs!r} mapping)" if needs else ""))
 
 
 def _text_ids(path, tokenizer, n_tokens: int) -> np.ndarray:
@@ -422,8 +482,13 @@ def _token_capacity(path, suffix: str) -> int:
 MIN_WINDOWS = 4  # the fewest windows expand decides on
 
 
-def read_token_windows(path, *, tokenizer_dir, vocab_size: int, seq_len: int, max_windows: int) -> torch.Tensor:
+def read_token_windows(path, *, tokenizer_dir, vocab_size: int, seq_len: int, max_windows: int,
+                       tokenizer=None) -> torch.Tensor:
     """``(N, seq_len)`` token ids from ``path`` (module docstring), ``N <= max_windows``.
+
+    Text is tokenised with ``tokenizer()``, a function returning the checkpoint's tokenizer, called only for text
+    (a command reading several files loads it once: ``functools.cache(lambda: load_tokenizer(...))``); by default
+    :func:`load_tokenizer` of ``tokenizer_dir``.
 
     The tokens read are at most ``max_windows * seq_len`` and at most what the file can hold
     (:func:`_token_capacity`); their int64 buffer is refused above satcore's memory budget
@@ -442,7 +507,7 @@ def read_token_windows(path, *, tokenizer_dir, vocab_size: int, seq_len: int, ma
     elif suffix == ".jsonl":
         ids = _jsonl_ids(path, n_tokens, vocab_size)
     else:
-        ids = _text_ids(path, load_tokenizer(tokenizer_dir), n_tokens)
+        ids = _text_ids(path, load_tokenizer(tokenizer_dir) if tokenizer is None else tokenizer(), n_tokens)
         if len(ids) and int(ids.max()) >= vocab_size:  # the checkpoint's tokenizer made it: config.json's fault
             raise InputError(f"{display_name(os.fspath(tokenizer_dir))}/config.json: vocab_size {vocab_size} does not "
                              f"cover token id {int(ids.max())}, which its tokenizer gives for {shown}: the tokenizer "

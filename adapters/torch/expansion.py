@@ -698,7 +698,8 @@ def split_batches(data, heldout=None) -> tuple[list, list]:
     def batches(value):
         if torch.is_tensor(value):
             if value.dim() != 2 or value.is_floating_point():
-                raise InputError(f"token ids must be an integer (windows, tokens) tensor, got {tuple(value.shape)}")
+                raise InputError(f"token ids must be an integer (windows, tokens) tensor, got "
+                                 f"{str(value.dtype).removeprefix('torch.')} {tuple(value.shape)}")
             return _windows_batches(value, max(1, min(8, len(value) // 32)))
         return read_batches(value, "expand: data")
 

@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 
 from satcore import InputError
-from satcore.adapter_api import MAX_COUNT, display_name, regular_file, whole_number
+from satcore.adapter_api import MAX_COUNT, DuplicateKeyError, display_name, loads_unique, regular_file, whole_number
 
 # bytes per element of the dtypes torch reads from safetensors
 ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -42,9 +42,11 @@ class TensorHeader:
         return math.prod(self.shape)
 
 
-def read_json(path: str, what: str, max_bytes: int, *, data: bytes | None = None):
+def read_json(path: str, what: str, max_bytes: int, *, data: bytes | None = None, unique_keys: bool = True):
     """The JSON document in ``path`` (or ``data``, read from it), at most ``max_bytes`` and
-    :data:`MAX_JSON_DEPTH` levels deep; a problem is one line naming ``what``."""
+    :data:`MAX_JSON_DEPTH` levels deep, no object naming a key twice; a problem is one line naming ``what``.
+    ``unique_keys=False``: a repeated key's last value is kept, for a file another library reads after satcore
+    (``config.json``, the tokenizer's files), so that its values are checked as that library reads them."""
     if data is None:
         if os.path.getsize(path) > max_bytes:
             raise InputError(f"{what}: larger than {max_bytes:,} bytes")
@@ -55,7 +57,9 @@ def read_json(path: str, what: str, max_bytes: int, *, data: bytes | None = None
     except UnicodeDecodeError as exc:
         raise InputError(f"{what}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     try:
-        document = json.loads(text)
+        document = loads_unique(text) if unique_keys else json.loads(text)
+    except DuplicateKeyError as exc:
+        raise InputError(f"{what}: {exc}") from None
     except RecursionError:
         raise InputError(f"{what}: nested more than {MAX_JSON_DEPTH} levels deep") from None
     except ValueError as exc:

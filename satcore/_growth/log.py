@@ -31,6 +31,7 @@ import stat
 from dataclasses import asdict, dataclass
 
 from .._shared.display import display_name
+from .._shared.json_keys import DuplicateKeyError, loads_unique
 from .._shared.errors import GrowthLogError
 
 FORMAT_KEY = "satcore_growth_log"
@@ -163,7 +164,9 @@ def _decode_round(data, where: str) -> GrowthRound:
 
 def _parse_line(raw: bytes, where: str):
     try:
-        return json.loads(raw)
+        return loads_unique(raw.decode("utf-8"))
+    except DuplicateKeyError as exc:
+        raise GrowthLogError(f"{where}: {exc}") from None
     except RecursionError:
         raise GrowthLogError(f"{where}: nested too deeply to be a growth log line") from None
     except (UnicodeDecodeError, ValueError) as exc:

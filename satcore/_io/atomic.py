@@ -62,11 +62,26 @@ def regular_file(path, shown: str, error: type[Exception] | None = None) -> bool
     """Whether a regular file (or a symlink to one) is at ``path``: ``False`` where nothing is, one line naming
     ``shown`` and what is there otherwise (:func:`file_kind`; raised as ``error``, by default
     :class:`~satcore.InputError`): a FIFO or a device could block or never end when read, and calling a directory
-    missing would send the user looking for a file they can see."""
+    missing would send the user looking for a file they can see.  So too a symbolic link that leads to no file
+    (a loop, or its target gone), which ``ls`` shows where the file should be."""
     if os.path.isfile(path):
         return True
     if os.path.exists(path):
         raise (error or InputError)(f"{shown}: is {file_kind(os.stat(path).st_mode)}, not a regular file; refused")
+    if os.path.islink(path):
+        try:
+            os.stat(path)
+            reason = "it resolves to nothing"
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+        raise (error or InputError)(f"{shown}: is a symbolic link to no file ({reason}: a link loop, or its target "
+                                    f"{display_name(os.readlink(path), 120)!r} is missing); refused")
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:  # not "missing": a name too long, a folder of the path not searchable or not a folder
+        raise (error or InputError)(f"{shown}: cannot be read ({exc.strerror or exc})") from None
     return False
 
 

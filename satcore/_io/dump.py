@@ -28,6 +28,7 @@ import numpy as np
 
 from .atomic import atomic_write
 from .._shared.display import display_name
+from .._shared.json_keys import DuplicateKeyError, loads_unique
 from .._shared.errors import InputError
 from .._formulas.folds import DEFAULT_FOLDS
 from .zipnpy import NpyHeader, NpzArchive, NpzError
@@ -57,8 +58,8 @@ def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None
     ``jac``: ``{name: (Q, J)}`` (``q/<name>``, ``jac/<name>``);
     ``meta``: extra JSON fields.  ``meta["candidates"]`` sets the depth order
     (it must list exactly the candidates given); otherwise the order is stats,
-    then raw, then jac.  Arrays are written as given (float32 stays float32); an array holding NaN or Inf,
-    which every reader refuses, is refused here.
+    then raw, then jac.  Arrays are written as given (float32 stays float32); an array holding NaN or Inf, or a
+    candidate without samples, which every reader refuses, is refused here.
 
     The file is written whole or not at all (:func:`satcore._io.atomic.atomic_write`:
     a failed or killed write leaves any earlier file at ``path`` intact, and
@@ -95,6 +96,10 @@ def write_dump(path, stats: DepthStatistics | None = None, *, raw=None, jac=None
     for key, value in members.items():
         if value.dtype.kind not in "iuf":  # np.savez would pickle an object array
             raise InputError(f"{key}: dtype {value.dtype} is not a real number type")
+        if (value.size == 0) if not key.startswith("stats/") else (key.endswith("/n_samples") and value == 0):
+            # every reader refuses an empty candidate: a dump written with it could never be read back
+            raise InputError(f"{display_name(os.fspath(path))}: not written: {display_name(key)} is empty (no "
+                             "samples, or an axis of extent 0): probe some data first")
         bad = int(value.size - np.count_nonzero(np.isfinite(value)))
         if bad:  # every reader refuses such a member: a dump written with it could never be read back
             raise InputError(f"{display_name(os.fspath(path))}: not written: {key} holds {bad} non-finite value(s) "
@@ -196,7 +201,9 @@ class Dump:
             raise DumpError("meta: missing (required with satcore_schema)")
         text = Dump._text(archive, "meta")
         try:
-            meta = json.loads(text)
+            meta = loads_unique(text)
+        except DuplicateKeyError as exc:
+            raise DumpError(f"meta: {exc}") from None
         except json.JSONDecodeError as exc:
             raise DumpError(f"meta: not valid JSON ({exc.msg} at position {exc.pos})") from None
         except RecursionError:

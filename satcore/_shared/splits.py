@@ -4,6 +4,7 @@ split the decisions read is named in what a user reads, and how every adapter re
 import itertools
 from collections.abc import Iterable
 
+from .display import display_name
 from .errors import InputError
 
 # at most this many batches are read from a split: an endless iterator is refused instead of read until memory runs out
@@ -40,6 +41,10 @@ def read_batches(data, what: str) -> list:
     ``None`` or another object that is not iterable too, instead of a bare ``TypeError``)."""
     if not isinstance(data, Iterable):
         raise InputError(f"{what}: not an iterable of batches, got {type(data).__name__}")
+    if isinstance(data, (str, bytes)):  # a str iterates as characters: 'corpus.txt' was read as 10 batches
+        raise InputError(f"{what}: got the {type(data).__name__} {display_name(repr(data), 80)}, not an "
+                         "iterable of batches; a file is read by the command line (--data), not here: pass its "
+                         "batches")
     batches = list(itertools.islice(data, MAX_DATA_BATCHES + 1))
     if len(batches) > MAX_DATA_BATCHES:
         raise InputError(f"{what}: more than {MAX_DATA_BATCHES:,} batches (an endless iterator?); pass a finite "

@@ -155,6 +155,10 @@ def cases(tmp: pathlib.Path, pickle_target: pathlib.Path):
     add("header_not_a_literal", {**header(), "q/blk": npy_header_text(q, "{'descr': '<f8', 'fortran_order': maybe, "
                                                                         "'shape': (20, 4), }"), "psi/blk": p},
         ["q/blk", "malformed .npy header", "<ast.Name>)"])
+    # JSON readers keep a repeated key's last value: is this probe of the held-out split or of the training one?
+    twice = '{"candidates": ["blk"], "split": "train", "split": "heldout"}'
+    add("meta_duplicate_key", {"satcore_schema": np.array(SCHEMA), "meta": np.array(twice), "q/blk": q, "psi/blk": p},
+        ["meta: key 'split' appears twice in one object"])
     return out
 
 
@@ -178,5 +182,5 @@ CASE_IDS = (
     "empty_candidate", "zero_width", "q_without_psi", "unknown_schema", "meta_not_json",
     "meta_missing_candidate", "unknown_key", "negative_count", "nonsymmetric_gram", "stats_nan",
     "stats_unknown_field", "stats_negative_variance", "stats_fractional_count", "meta_split_not_text",
-    "meta_model_depth", "meta_deeply_nested", "negative_dimension", "header_not_a_literal",
+    "meta_model_depth", "meta_deeply_nested", "negative_dimension", "header_not_a_literal", "meta_duplicate_key",
 )
