@@ -235,12 +235,17 @@ def require_reiterable(data, what: str) -> None:
     if isinstance(data, Iterator):  # not iter(data): that would start a DataLoader's worker processes
         raise InputError(f"{what} is a one-shot iterator (a generator?): it is read at every evaluation, so pass a "
                          f"re-iterable such as a list of batches, a DataLoader or a tf.data.Dataset")
-    try:
-        empty = len(data) == 0
-    except TypeError:  # no length (a DataLoader over an IterableDataset): found empty when read, if it is
-        empty = False
-    if empty:
+    if known_length(data) == 0:  # no length (a DataLoader over an IterableDataset): found empty when read, if it is
         raise InputError(f"{what} holds no batches")
+
+
+def known_length(data) -> int | None:
+    """How many batches ``data`` holds where it says (a list, a ``DataLoader``, a ``tf.data.Dataset`` of known
+    cardinality); ``None`` where it cannot (a loader over an iterable dataset, whose ``len`` raises)."""
+    try:
+        return len(data)
+    except TypeError:
+        return None
 
 
 def callback_log_candidates(by: str, log_candidates) -> bool:

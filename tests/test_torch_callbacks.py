@@ -621,6 +621,24 @@ def test_callback_decisions_show_their_bar_where_the_training_loop_shows_its_own
     assert len(deciding.reports) == 1 and bars_run_to_the_end(err) == (1 if shown else 0), err
 
 
+@pytest.mark.parametrize("shown", [False, True])
+def test_trainer_callback_probes_show_their_bar_where_the_trainer_shows_its_own(tmp_path, capfd, shown):
+    """The probe of an evaluation split can take several times the evaluation itself (a MiniLM classifier's 4
+    batches of 16: about 40 s after an 11 s evaluation on a busy CPU): with ``disable_tqdm=False`` each probe shows
+    its bar on stderr, run to its total, and with the Trainer's bars off it is silent (it was silent always)."""
+    pytest.importorskip("accelerate")
+    from satcore.adapters.torch import HFCallback
+
+    probing = HFCallback([collated(SENTENCES[:3]), collated(SENTENCES[3:])])
+    _, trainer = trainer_with(tmp_path, probing, save_strategy="no", disable_tqdm=not shown)
+    trainer.train()
+    err = capfd.readouterr().err
+    samples = len(SENTENCES)
+    ended = re.findall(rf"probe: 100%\|[^|]*\| {samples}/{samples} ", err)
+    assert len(probing.reports) == 2 and err.count("probe: 0sample") == (2 if shown else 0), err
+    assert bool(ended) == shown, err
+
+
 @pytest.mark.parametrize("local_zero, world_zero", [(True, False), (True, True), (False, False)])
 def test_trainer_decisions_show_their_bar_on_the_process_that_shows_the_trainers(monkeypatch, local_zero, world_zero):
     """The Trainer's ``ProgressCallback`` draws its bars on the world's main process only: a decision shows its bar
