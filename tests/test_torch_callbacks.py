@@ -4,6 +4,7 @@ model's final weights made afterwards (so the callback probed the model it was h
 
 import glob
 import re
+import warnings
 
 import pytest
 import torch
@@ -551,6 +552,28 @@ def test_trainer_refuses_at_train_begin_what_would_fail_at_an_evaluation(tmp_pat
     with pytest.raises((InputError, ProbeError), match=message):
         trainer.train()
     assert trainer.state.global_step == 0 and callback.reports == []
+
+
+@pytest.mark.parametrize("batches", [2, 7])
+def test_trainer_callback_warns_at_train_begin_where_its_probe_cannot_reach_improvable(tmp_path, batches):
+    """Folds are made of batches: a GPT-2's 3 places (2 blocks and the head) need 7 probe batches before Holm's
+    alpha/3 can be passed, so 2 batches (what a first try gives: a MiniLM run logged ``satcore/improvable`` 0 at
+    every evaluation, the reason only in ``callback.reports``) warn when training starts, naming the number; 7 do
+    not."""
+    pytest.importorskip("accelerate")
+    from satcore.adapters.torch import HFCallback
+
+    probe_data = [collated(SENTENCES[i % 5:i % 5 + 1]) for i in range(batches)]
+    callback = HFCallback(probe_data)
+    _, trainer = trainer_with(tmp_path, callback, save_strategy="no")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    said = [str(w.message) for w in caught if str(w.message).startswith("HFCallback: probe_data holds")]
+    assert len(callback.reports) == 2
+    assert said == (["HFCallback: probe_data holds 2 batch(es); the fold test over 3 candidates needs at least 7 "
+                     "(its folds are made of batches, not samples) to call any candidate improvable, so "
+                     "satcore/improvable stays 0: split it into 7 or more batches"] if batches == 2 else []), said
 
 
 def test_lightning_callback_decides_at_validation_end(tmp_path):

@@ -23,7 +23,7 @@ import keras
 from satcore import DecisionPolicy, InputError, ProbeError
 from satcore.adapter_api import moved_keywords
 from satcore.adapters.base import (ProgressCounter, callback_log_candidates, callback_scalars, callback_schedule,
-                                  known_length, require_reiterable)
+                                  known_length, require_reiterable, warn_if_too_few_batches)
 
 from .grow import require_functional
 from .locate import locate_candidates
@@ -111,7 +111,8 @@ class KerasCallback(keras.callbacks.Callback):
         if self.policy is not None:  # the decision's trials rebuild the graph: refused before the first step
             require_functional(self.model, "KerasCallback(policy=...)")
         # the places, the probe's and the decisions', found before the first step rather than at an epoch's end
-        locate_candidates(self.model, self.config.candidates)
+        names = locate_candidates(self.model, self.config.candidates)
+        warn_if_too_few_batches("KerasCallback", self.probe_data, len(names), self.report_options)
         if self.policy is not None:
             locate_candidates(self.model, self.policy.candidates)
 
