@@ -390,6 +390,9 @@ BATCHES = [{"input_ids": torch.zeros(1, 3, dtype=torch.long)}]  # never read: ev
     (BATCHES, {"train_data": BATCHES}, InputError, r"train_data= is what a decision's trials train on; give policy="),
     (BATCHES, {"policy": RECIPE, "train_data": BATCHES}, InputError, "policy must be a satcore.DecisionPolicy"),
     (BATCHES, {"config": {"family": "mlp"}}, InputError, "config must be a satcore.adapters.torch.ProbeConfig"),
+    # a Lightning fit with it ran its first epoch and then stopped at the second probe: checkpoint.model differs
+    (BATCHES, {"config": ProbeConfig(checkpoint="probe.npz")}, InputError,
+     r"config\.checkpoint resumes one probe of one model's weights"),
     (BATCHES, {"policy": DecisionPolicy(RECIPE), "train_data": iter(BATCHES)}, InputError,
      "train_data is a one-shot iterator"),
     (BATCHES, {"policy": DecisionPolicy(RECIPE), "train_data": []}, InputError, "train_data holds no batches"),

@@ -36,6 +36,10 @@ def callback_settings(by: str, probe_data, config: ProbeConfig | None, policy, t
     config = ProbeConfig() if config is None else config
     if not isinstance(config, ProbeConfig):
         raise InputError(f"{by}: config must be a satcore.adapters.torch.ProbeConfig, got {type(config).__name__}")
+    if config.checkpoint is not None:  # it resumes one probe of fixed weights: the second evaluation's would differ
+        raise InputError(f"{by}: config.checkpoint resumes one probe of one model's weights, and each evaluation "
+                         f"probes new weights (the second would be refused as another model's); leave it out and "
+                         f"keep callback.reports, or save a dump of the trained model with probe(...).save(PATH)")
     if config.split is None:  # the probe data is held out from training (the tests assume it)
         config = dataclasses.replace(config, split="heldout")
     require_reiterable(probe_data, f"{by}'s probe_data")
