@@ -34,8 +34,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from satcore import DecisionPolicy, InputError, ModelOnDataError, SatcoreError
-from satcore.adapter_api import (MAX_SEED, TRAINING_SPLIT_WARNING, Probe, is_training_split, positive_count, read_batches,
-                                 whole_number)
+from satcore.adapter_api import (DEFAULT_ALPHA, MAX_SEED, TRAINING_SPLIT_WARNING, Probe, fewest_batches_to_reject,
+                                 is_training_split, positive_count, read_batches, whole_number)
 
 from .options import check_family
 
@@ -235,12 +235,31 @@ def require_reiterable(data, what: str) -> None:
     if isinstance(data, Iterator):  # not iter(data): that would start a DataLoader's worker processes
         raise InputError(f"{what} is a one-shot iterator (a generator?): it is read at every evaluation, so pass a "
                          f"re-iterable such as a list of batches, a DataLoader or a tf.data.Dataset")
-    try:
-        empty = len(data) == 0
-    except TypeError:  # no length (a DataLoader over an IterableDataset): found empty when read, if it is
-        empty = False
-    if empty:
+    if known_length(data) == 0:  # no length (a DataLoader over an IterableDataset): found empty when read, if it is
         raise InputError(f"{what} holds no batches")
+
+
+def warn_if_too_few_batches(by: str, probe_data, n_candidates: int, report_options: dict) -> None:
+    """Warn, when training starts, where ``probe_data`` holds too few batches for the fold test to call any of
+    ``n_candidates`` improvable at the ``alpha`` of ``report_options`` (the callback's ``report=``): its
+    ``satcore/improvable`` would stay 0 however large the batches."""
+    batches = known_length(probe_data)
+    alpha = report_options.get("alpha", getattr(report_options.get("criteria"), "alpha", DEFAULT_ALPHA))
+    needed = fewest_batches_to_reject(n_candidates, alpha)
+    if batches is not None and batches < needed:
+        warnings.warn(f"{by}: probe_data holds {batches} batch(es); the fold test over {n_candidates} candidates needs "
+                      f"at least {needed} (its folds are made of batches, not samples) to call any candidate "
+                      f"improvable, so satcore/improvable stays 0: split it into {needed} or more batches",
+                      UserWarning, stacklevel=3)
+
+
+def known_length(data) -> int | None:
+    """How many batches ``data`` holds where it says (a list, a ``DataLoader``, a ``tf.data.Dataset`` of known
+    cardinality); ``None`` where it cannot (a loader over an iterable dataset, whose ``len`` raises)."""
+    try:
+        return len(data)
+    except TypeError:
+        return None
 
 
 def callback_log_candidates(by: str, log_candidates) -> bool:

@@ -55,6 +55,7 @@ from ._decisions.trials import (
     verified_candidate,
     NOT_VERIFIED,
 )
+from ._decisions.verdicts import fewest_batches_to_reject
 from ._formulas.families import (
     FAMILY_REGISTRY,
     FamilyRegistry,
@@ -93,7 +94,7 @@ from ._statistics.moments import PackedGram, complete_lower, forms_sample_gradie
 __all__ = [
     # the trial decision's arithmetic and its shipped calibrations
     "DEFAULT_CALIBRATION", "HALVING_CALIBRATION", "choose", "halving_plan", "paired_standard_error",
-    "trial_checkpoints", "trial_plan", "verified_candidate", "NOT_VERIFIED", "check_paired", "DEFAULT_ALPHA",
+    "trial_checkpoints", "trial_plan", "verified_candidate", "NOT_VERIFIED", "check_paired", "DEFAULT_ALPHA", "fewest_batches_to_reject",
     # the trial decision's loop: the protocol a framework implements, the screen, the schedules
     "DecisionPolicy", "ScreenRow", "Trial", "TrialSettings", "TrialSteps", "check_unexpanded_losses", "grouped_trials", "screen",
     "trial_decision",

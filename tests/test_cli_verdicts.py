@@ -94,3 +94,29 @@ def test_sweep_depth_counts_blocks_and_low_signal_comes_from_the_tests(tmp_path)
     assert [p["depth"] for p in out["points"]] == [2, 4]
     assert all(p["verdict"] == "improvable" for p in out["points"])
     assert out["plateau"] is not None and out["plateau"]["low_signal"] is False
+
+
+@pytest.mark.parametrize("k, alpha", [(1, 0.05), (3, 0.05), (7, 0.05), (24, 0.01), (2, 0.5)])
+def test_fewest_batches_to_reject_is_where_the_fold_test_first_can(k, alpha):
+    """``fewest_batches_to_reject(k, alpha)`` (what the callbacks warn with when training starts) is the smallest
+    number of one-batch folds whose smallest sign-flip p-value ``2^-(m-1)`` is below Holm's ``alpha / k``, and on
+    candidates with a strong signal the real report is improvable at that many batches and cannot be at one fewer."""
+    from satcore.adapter_api import fewest_batches_to_reject
+
+    needed = fewest_batches_to_reject(k, alpha)
+    assert needed == next(m for m in range(1, 64) if 2.0 ** -(m - 1) < alpha / k)
+    for batches, improvable in ((needed, True), (needed - 1, False)):
+        if batches > 16 or batches < 2:
+            continue
+        rng = np.random.default_rng(0)
+        depth = {}
+        for i in range(k):
+            s = satcore.CandidateStatistics(3, 5)
+            for _ in range(batches):
+                psi = rng.standard_normal((8, 5))
+                s.update(rng.standard_normal((8, 3)) * 0.01 + 3.0 * psi[:, :3], psi)
+            depth[f"block{i}"] = s
+        report = satcore.DepthStatistics(depth).report(alpha=alpha)
+        assert (report.verdict.verdict == "improvable") == improvable, (batches, report.verdict)
+        if not improvable:
+            assert f"probe at least {needed} batches" in report.verdict.reason

@@ -110,6 +110,34 @@ def test_keras_callback_decision_shows_its_bar_where_fit_shows_its_own(capfd, ve
     assert (callback.reports[0][1].decision is not None) and (("trials: 100%" in err) == (verbose == 1)), err
 
 
+@pytest.mark.parametrize("verbose", [0, 1, 2])
+def test_keras_callback_probe_shows_its_bar_where_fit_shows_its_own(capfd, verbose):
+    """The probe at an epoch's end can take longer than the epoch's validation: under ``fit(verbose=1)`` it shows a
+    tqdm bar of its batches on stderr, run to its total; under ``verbose=0`` or ``2`` it is silent."""
+    model, x, y, probe_data = compiled_classifier()
+    callback = KerasCallback(probe_data)
+    model.fit(x[:64], y[:64], batch_size=64, epochs=1, verbose=verbose, callbacks=[callback])
+    err = capfd.readouterr().err
+    assert len(callback.reports) == 1 and ("probe: 100%" in err and " 2/2 " in err) == (verbose == 1), err
+
+
+@pytest.mark.parametrize("batches", [2, 7])
+def test_keras_callback_warns_at_train_begin_where_its_probe_cannot_reach_improvable(batches):
+    """Two residual ``Add``s need 7 probe batches before Holm's alpha/2 can be passed: 2 batches warn when ``fit``
+    starts, 7 (of the same 64 samples) do not."""
+    import warnings
+
+    model, x, y, _ = compiled_classifier()
+    edges = np.linspace(1000, 1064, batches + 1).astype(int)
+    callback = KerasCallback([(x[a:b], y[a:b]) for a, b in zip(edges[:-1], edges[1:])])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x[:64], y[:64], batch_size=64, epochs=1, verbose=0, callbacks=[callback])
+    said = [str(w.message) for w in caught if str(w.message).startswith("KerasCallback: probe_data holds")]
+    assert len(callback.reports) == 1
+    assert len(said) == (batches == 2) and all("over 2 candidates needs at least 7" in m for m in said), said
+
+
 def test_keras_callback_refuses_data_it_cannot_read_at_every_epoch_when_built():
     """Probe data and training batches are read at every probed epoch: a generator (exhausted by the first epoch's
     end) or no batches are refused when the callback is built, as the PyTorch callbacks refuse them; a generator

@@ -4,6 +4,7 @@ model's final weights made afterwards (so the callback probed the model it was h
 
 import glob
 import re
+import warnings
 
 import pytest
 import torch
@@ -389,6 +390,9 @@ BATCHES = [{"input_ids": torch.zeros(1, 3, dtype=torch.long)}]  # never read: ev
     (BATCHES, {"train_data": BATCHES}, InputError, r"train_data= is what a decision's trials train on; give policy="),
     (BATCHES, {"policy": RECIPE, "train_data": BATCHES}, InputError, "policy must be a satcore.DecisionPolicy"),
     (BATCHES, {"config": {"family": "mlp"}}, InputError, "config must be a satcore.adapters.torch.ProbeConfig"),
+    # a Lightning fit with it ran its first epoch and then stopped at the second probe: checkpoint.model differs
+    (BATCHES, {"config": ProbeConfig(checkpoint="probe.npz")}, InputError,
+     r"config\.checkpoint resumes one probe of one model's weights"),
     (BATCHES, {"policy": DecisionPolicy(RECIPE), "train_data": iter(BATCHES)}, InputError,
      "train_data is a one-shot iterator"),
     (BATCHES, {"policy": DecisionPolicy(RECIPE), "train_data": []}, InputError, "train_data holds no batches"),
@@ -553,6 +557,28 @@ def test_trainer_refuses_at_train_begin_what_would_fail_at_an_evaluation(tmp_pat
     assert trainer.state.global_step == 0 and callback.reports == []
 
 
+@pytest.mark.parametrize("batches", [2, 7])
+def test_trainer_callback_warns_at_train_begin_where_its_probe_cannot_reach_improvable(tmp_path, batches):
+    """Folds are made of batches: a GPT-2's 3 places (2 blocks and the head) need 7 probe batches before Holm's
+    alpha/3 can be passed, so 2 batches (what a first try gives: a MiniLM run logged ``satcore/improvable`` 0 at
+    every evaluation, the reason only in ``callback.reports``) warn when training starts, naming the number; 7 do
+    not."""
+    pytest.importorskip("accelerate")
+    from satcore.adapters.torch import HFCallback
+
+    probe_data = [collated(SENTENCES[i % 5:i % 5 + 1]) for i in range(batches)]
+    callback = HFCallback(probe_data)
+    _, trainer = trainer_with(tmp_path, callback, save_strategy="no")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    said = [str(w.message) for w in caught if str(w.message).startswith("HFCallback: probe_data holds")]
+    assert len(callback.reports) == 2
+    assert said == (["HFCallback: probe_data holds 2 batch(es); the fold test over 3 candidates needs at least 7 "
+                     "(its folds are made of batches, not samples) to call any candidate improvable, so "
+                     "satcore/improvable stays 0: split it into 7 or more batches"] if batches == 2 else []), said
+
+
 def test_lightning_callback_decides_at_validation_end(tmp_path):
     """``policy=`` in Lightning (validation runs under ``inference_mode``; the trials train outside it): the logged
     decision equals ``decide`` on the module the fit ends with, and the report leads with it."""
@@ -619,6 +645,24 @@ def test_callback_decisions_show_their_bar_where_the_training_loop_shows_its_own
     fit()
     err = capfd.readouterr().err
     assert len(deciding.reports) == 1 and bars_run_to_the_end(err) == (1 if shown else 0), err
+
+
+@pytest.mark.parametrize("shown", [False, True])
+def test_trainer_callback_probes_show_their_bar_where_the_trainer_shows_its_own(tmp_path, capfd, shown):
+    """The probe of an evaluation split can take several times the evaluation itself (a MiniLM classifier's 4
+    batches of 16: about 40 s after an 11 s evaluation on a busy CPU): with ``disable_tqdm=False`` each probe shows
+    its bar on stderr, run to its total, and with the Trainer's bars off it is silent (it was silent always)."""
+    pytest.importorskip("accelerate")
+    from satcore.adapters.torch import HFCallback
+
+    probing = HFCallback([collated(SENTENCES[:3]), collated(SENTENCES[3:])])
+    _, trainer = trainer_with(tmp_path, probing, save_strategy="no", disable_tqdm=not shown)
+    trainer.train()
+    err = capfd.readouterr().err
+    samples = len(SENTENCES)
+    ended = re.findall(rf"probe: 100%\|[^|]*\| {samples}/{samples} ", err)
+    assert len(probing.reports) == 2 and err.count("probe: 0sample") == (2 if shown else 0), err
+    assert bool(ended) == shown, err
 
 
 @pytest.mark.parametrize("local_zero, world_zero", [(True, False), (True, True), (False, False)])

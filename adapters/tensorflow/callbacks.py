@@ -22,7 +22,8 @@ import keras
 
 from satcore import DecisionPolicy, InputError, ProbeError
 from satcore.adapter_api import moved_keywords
-from satcore.adapters.base import callback_log_candidates, callback_scalars, callback_schedule, require_reiterable
+from satcore.adapters.base import (ProgressCounter, callback_log_candidates, callback_scalars, callback_schedule,
+                                  known_length, require_reiterable, warn_if_too_few_batches)
 
 from .grow import require_functional
 from .locate import locate_candidates
@@ -110,7 +111,8 @@ class KerasCallback(keras.callbacks.Callback):
         if self.policy is not None:  # the decision's trials rebuild the graph: refused before the first step
             require_functional(self.model, "KerasCallback(policy=...)")
         # the places, the probe's and the decisions', found before the first step rather than at an epoch's end
-        locate_candidates(self.model, self.config.candidates)
+        names = locate_candidates(self.model, self.config.candidates)
+        warn_if_too_few_batches("KerasCallback", self.probe_data, len(names), self.report_options)
         if self.policy is not None:
             locate_candidates(self.model, self.policy.candidates)
 
@@ -118,12 +120,17 @@ class KerasCallback(keras.callbacks.Callback):
         if (epoch + 1) % self.every_n_epochs:
             return
         loss_fn = self.loss_fn if self.loss_fn is not None else per_sample_loss(self.model.loss)
-        report = probe(self.model, self.probe_data, loss_fn, config=self.config).report(**self.report_options)
+        # the probe can take longer than the epoch's validation, and a decision minutes: their bars show where fit
+        # shows its own
+        shows_bar = self.params.get("verbose") in (1, "auto")
+        with ProgressCounter(shows_bar, "probe") as counter:
+            if known_length(self.probe_data) is not None:
+                counter.plan(known_length(self.probe_data))
+            result = probe(self.model, self.probe_data, loss_fn, config=self.config, progress=counter.per_batch())
+        report = result.report(**self.report_options)
         if self.policy is not None:
             from .decide import decide
 
-            # a decision takes minutes where an epoch's end takes seconds: its bar shows where fit shows its own
-            shows_bar = self.params.get("verbose") in (1, "auto")
             decision = decide(self.model, self.train_data, self.probe_data, loss_fn, policy=self.policy,
                               progress=shows_bar)
             report = replace(report, decision=decision)

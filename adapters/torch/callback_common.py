@@ -36,6 +36,10 @@ def callback_settings(by: str, probe_data, config: ProbeConfig | None, policy, t
     config = ProbeConfig() if config is None else config
     if not isinstance(config, ProbeConfig):
         raise InputError(f"{by}: config must be a satcore.adapters.torch.ProbeConfig, got {type(config).__name__}")
+    if config.checkpoint is not None:  # it resumes one probe of fixed weights: the second evaluation's would differ
+        raise InputError(f"{by}: config.checkpoint resumes one probe of one model's weights, and each evaluation "
+                         f"probes new weights (the second would be refused as another model's); leave it out and "
+                         f"keep callback.reports, or save a dump of the trained model with probe(...).save(PATH)")
     if config.split is None:  # the probe data is held out from training (the tests assume it)
         config = dataclasses.replace(config, split="heldout")
     require_reiterable(probe_data, f"{by}'s probe_data")
@@ -74,10 +78,10 @@ def callback_report(model, probe_data, loss_fn, config: ProbeConfig, report_opti
     with a ``decision`` (:func:`callback_settings`), leading with the decision
     (:func:`satcore.adapters.torch.decide` on ``model`` with the callback's probe data as the held-out split,
     under a fork of the random number generators, so that the run it is called from draws the same numbers as
-    without it: its dropout masks, its data order).  ``progress``: the decision shows ``decide``'s tqdm bar on
-    stderr (the callbacks pass it where the training loop shows its own bars: a decision takes minutes where the
-    loop's evaluation takes seconds)."""
-    report = probe(model, probe_data, loss_fn, config=config).report(**report_options)
+    without it: its dropout masks, its data order).  ``progress``: the probe shows its tqdm bar on stderr, and the
+    decision ``decide``'s (the callbacks pass it where the training loop shows its own bars: the probe of an
+    evaluation split can take several times the evaluation, and a decision minutes)."""
+    report = probe(model, probe_data, loss_fn, config=config, progress=progress).report(**report_options)
     if decision is None:
         return report
     with ProgressCounter(progress) as counter:

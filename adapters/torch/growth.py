@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import warnings
 import zipfile
 from dataclasses import replace
 
@@ -48,7 +49,7 @@ from .features import rebuild_feature_map
 from .grow import InsertedResidual, insert_branch
 from .hf import model_loss
 from .locate import HEAD, find_blocks, find_candidates, named_candidates
-from .native import FAMILY_INSTEAD, insert_block
+from .native import FAMILY_INSTEAD, insert_block, zero_map_meets_batchnorm
 from .probe import Probe, ProbeConfig, call_model
 
 WEIGHTS_SLACK_BYTES = 2**20  # the pickle, the zip directory and 64-byte record alignment of a torch.save file
@@ -173,6 +174,12 @@ class TorchGrowthSteps(AdapterSteps):
 
     def insert(self, model, at: str, seed: int):
         if self.native:
+            if self.zero == "terminal" and zero_map_meets_batchnorm(model, at):
+                warnings.warn(f"grow_until_saturated: the block inserted at {at} has its terminal conv zeroed before a "
+                              "BatchNorm; a train(model, round) that runs it in train mode normalises that zero map and "
+                              "the first steps can raise the loss far (then the guard rolls the block back: "
+                              "'heldout_knee'). Train it with its BatchNorms in eval mode for the first steps, or pass "
+                              "GrowthOptions(zero='norm') (docs/growth.md)", UserWarning, stacklevel=2)
             return insert_block(model, at, seed=seed, zero=self.zero), None
         # the feature map the round's probe measured at ``at``: built on one batch, as the probe builds it
         state = self.start_probe(model, seed)

@@ -36,7 +36,8 @@ from torch import nn
 
 from satcore import DecisionPolicy, InputError
 
-from satcore.adapters.base import callback_log_candidates, callback_scalars, callback_schedule
+from satcore.adapters.base import (callback_log_candidates, callback_scalars, callback_schedule,
+                                   warn_if_too_few_batches)
 
 from .callback_common import callback_places, callback_report, callback_settings
 from .probe import ProbeConfig
@@ -106,7 +107,8 @@ class LightningCallback(Callback):
 
     def on_fit_start(self, trainer, pl_module):
         callback_log_candidates("LightningCallback", self.log_candidates)
-        callback_places(self._model(pl_module), self.config, self.decision)
+        names, _ = callback_places(self._model(pl_module), self.config, self.decision)
+        warn_if_too_few_batches("LightningCallback", self.probe_data, len(names), self.report_options)
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:

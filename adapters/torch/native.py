@@ -367,9 +367,7 @@ def insert_block(model: nn.Module, at: str, *, seed: int = 0, zero: str = "termi
         _check_hf(grown)
         config = grown.config
         _grow_config(config, site, source)
-    if zero == "norm" and not (site.kind == "resnet" and isinstance(
-            getattr(grown.get_submodule(site.reference), "bn" + _terminal_paths(
-                grown.get_submodule(site.reference), "resnet")[0][-1], None), nn.modules.batchnorm._BatchNorm)):
+    if zero == "norm" and not _norm_after_terminal(grown, site):
         raise ProbeError(f"zero='norm' needs a ResNet block with a BatchNorm after its terminal conv; {at} has none")
     if copy_of is None:
         block = fresh_block(grown, site, seed, config, zero).train(model.training)
@@ -385,6 +383,21 @@ def insert_block(model: nn.Module, at: str, *, seed: int = 0, zero: str = "termi
     elif site.kind == "encoder":
         grown.get_submodule(_parent(site.container)[0]).num_layers = len(container)
     return grown
+
+
+def _norm_after_terminal(model: nn.Module, site: Site) -> bool:
+    """Whether the block inserted at ``site`` is a ResNet block with a BatchNorm after its terminal conv."""
+    if site.kind != "resnet":
+        return False
+    block = model.get_submodule(site.reference)
+    return isinstance(getattr(block, "bn" + _terminal_paths(block, "resnet")[0][-1], None),
+                      nn.modules.batchnorm._BatchNorm)
+
+
+def zero_map_meets_batchnorm(model: nn.Module, at: str) -> bool:
+    """Whether ``insert_block(model, at)`` (``zero="terminal"``) inserts a zeroed conv that a BatchNorm normalises:
+    trained in train mode, that BatchNorm's first update is amplified by ``1/sqrt(eps)`` (module docstring)."""
+    return _norm_after_terminal(model, insertion_site(model, at))
 
 
 def _in_features(module: nn.Module) -> int:

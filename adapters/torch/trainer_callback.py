@@ -52,7 +52,8 @@ import numpy as np
 from satcore import CandidateStatistics, DecisionPolicy, DepthStatistics, InsertionDecision
 from satcore import InputError
 
-from satcore.adapters.base import callback_log_candidates, callback_scalars, callback_schedule
+from satcore.adapters.base import (callback_log_candidates, callback_scalars, callback_schedule,
+                                   warn_if_too_few_batches)
 
 from .callback_common import callback_places, callback_report, callback_settings
 from .probe import ProbeConfig
@@ -123,7 +124,9 @@ class HFCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._go_first()
         # the places, the probe's and the decisions', found before the first step rather than at an evaluation
-        self._check_metric(args.metric_for_best_model, *callback_places(model, self.config, self.decision))
+        names, decided = callback_places(model, self.config, self.decision)
+        warn_if_too_few_batches("HFCallback", self.probe_data, len(names), self.report_options)
+        self._check_metric(args.metric_for_best_model, names, decided)
 
     def _check_metric(self, metric: str | None, names: list, decided: list | None) -> None:
         """Refuse a ``metric_for_best_model`` under this callback's prefix that it will not log at every

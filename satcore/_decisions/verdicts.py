@@ -242,8 +242,7 @@ def decide(scores, criteria: Criteria | None = None, *,
     reasons = {t.reason for t in tests if t.reason}
     weak = sorted({t.n_folds for t in tests if t.reason is None and 2.0 ** -(t.n_folds - 1) >= alpha / k})
     if weak:
-        # the fewest folds whose 2^-(m-1) is below alpha/k; log2(k) - log2(alpha), as k / alpha overflows a subnormal alpha
-        needed = 2 + math.floor(math.log2(k) - math.log2(alpha))
+        needed = fewest_batches_to_reject(k, alpha)
         reasons.add(f"only {weak[0]} fold(s) hold samples: the smallest sign-flip p-value 2^-{weak[0] - 1} cannot "
                     f"pass Holm's alpha/{k}; folds are made of batches, so the limit is the number of batches, not "
                     f"samples: probe at least {needed} batches (satcore probe: a smaller --batch-size)")
@@ -251,6 +250,13 @@ def decide(scores, criteria: Criteria | None = None, *,
         reasons.add("no tolerance given: 'saturated' needs one (a growth value is never shown to be exactly 0)")
     verdict = DepthVerdict(overall, alpha, criteria.to_dict(), best.name, METHOD, "; ".join(sorted(reasons)) or None)
     return tuple(tests), verdict
+
+
+def fewest_batches_to_reject(n_candidates: int, alpha: float) -> int:
+    """The fewest probe batches (one fold each, up to the folds) whose smallest sign-flip p-value ``2^-(m-1)`` passes
+    Holm's strictest step ``alpha / n_candidates``: with fewer, no candidate can be called improvable."""
+    # log2(k) - log2(alpha), as k / alpha overflows a subnormal alpha
+    return 2 + math.floor(math.log2(n_candidates) - math.log2(alpha))
 
 
 @dataclass(frozen=True)
