@@ -539,3 +539,26 @@ def test_write_dump_refuses_a_candidate_without_samples(form, tmp_path):
     assert str(caught.value) == (f"{path}: not written: {member} is empty (no samples, or an axis of extent 0): "
                                  "probe some data first")
     assert not path.exists()
+
+
+@pytest.mark.parametrize("Q, expect", [
+    ("gradients.npy", "Q: takes a real floating-point array of shape (M, N) or (M, T, N), got a str"),
+    (np.ones((6, 3), dtype=np.int64), "Q: takes a real floating-point array of shape (M, N) or (M, T, N), got "
+                                      "integers (dtype int64)"),
+    ([[1, 2, 3]] * 6, "Q: takes a real floating-point array of shape (M, N) or (M, T, N), got integers (dtype int64)"),
+    ([[1.0, 2.0], [3.0]], "Q: takes a real floating-point array of shape (M, N) or (M, T, N), got a list that is "
+                          "no array"),
+])
+def test_score_refuses_what_is_no_real_array_naming_the_argument(Q, expect):
+    """satcore.score given a str, integers or a ragged list where Q goes is refused with an InputError naming Q and
+    what it takes (a TypeError still): before, a bare TypeError (or NumPy's ValueError for the ragged list).  Integers are refused, not
+    converted (docs/core.md, Conventions): gradients and features are real numbers, and a cast would hide labels or
+    indices handed over by mistake."""
+    import satcore
+
+    with pytest.raises(satcore.InputError) as info:
+        satcore.score(Q, np.ones((6, 4)))
+    assert str(info.value).startswith(expect) and "\n" not in str(info.value), str(info.value)
+    assert isinstance(info.value, TypeError)  # as the refusal was before it named the argument
+    with pytest.raises(satcore.InputError, match=r"^Psi: takes a real floating-point array .* got booleans"):
+        satcore.score(np.ones((6, 3)), np.ones((6, 4), dtype=bool))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InputError
+from .errors import ArrayTypeError, InputError
 
 
 def memory_budget() -> int:
@@ -84,8 +84,11 @@ def as_samples(array, name: str, check_finite: bool = True, allow_empty: bool = 
     """Return ``array`` as float64 of shape ``(M, T, width)``.
 
     Accepts ``(M, width)`` (one position per sample) or ``(M, T, width)``.
-    Integer and boolean input is refused: gradients and features are real
-    numbers, and silently casting labels would hide a mistake.  So are NaN and
+    Integer, boolean and complex input is refused, as is what is no array (a
+    str, a ragged list), with an :class:`~satcore._shared.errors.ArrayTypeError`
+    (an ``InputError`` and a ``TypeError``) naming ``name``: gradients and
+    features are real numbers, and silently casting labels would hide a
+    mistake.  So are NaN and
     infinite entries (e.g. a float16 overflow upstream): every sum would
     carry them into the scores.  ``check_finite=False`` leaves that check to
     a caller that sees it in its sums for free (:func:`refuse_non_finite`).
@@ -93,9 +96,21 @@ def as_samples(array, name: str, check_finite: bool = True, allow_empty: bool = 
     with no sample, position or coordinate there is nothing to estimate;
     ``allow_empty`` lets a streaming update add a batch of ``M = 0`` samples.
     """
-    arr = np.asarray(array)
-    if arr.dtype.kind not in "fc" or arr.dtype.kind == "c":
-        raise TypeError(f"{name}: expected a real floating-point array, got dtype {arr.dtype}")
+    takes = f"{name}: takes a real floating-point array of shape (M, N) or (M, T, N), got"
+    try:
+        arr = np.asarray(array)
+    except ValueError as exc:  # a ragged nested list
+        raise ArrayTypeError(f"{takes} a {type(array).__name__} that is no array (NumPy: {exc})") from None
+    if arr.dtype.kind != "f":
+        kinds = {"i": "integers", "u": "integers", "b": "booleans", "c": "complex values"}
+        if arr.dtype.kind in kinds:
+            got = f"{kinds[arr.dtype.kind]} (dtype {arr.dtype})"
+        elif isinstance(array, np.ndarray):
+            got = f"dtype {arr.dtype}"
+        else:  # a str, None, an object NumPy makes no numbers of
+            got = "None" if array is None else f"a {type(array).__name__}"
+        cast = "; cast it (.astype(float)) if these are the values meant" if arr.dtype.kind in "iub" else ""
+        raise ArrayTypeError(f"{takes} {got}{cast}")
     if arr.ndim == 2:
         arr = arr[:, None, :]
     elif arr.ndim != 3:
