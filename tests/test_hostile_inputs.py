@@ -562,3 +562,18 @@ def test_score_refuses_what_is_no_real_array_naming_the_argument(Q, expect):
     assert isinstance(info.value, TypeError)  # as the refusal was before it named the argument
     with pytest.raises(satcore.InputError, match=r"^Psi: takes a real floating-point array .* got booleans"):
         satcore.score(np.ones((6, 3)), np.ones((6, 4), dtype=bool))
+
+
+def test_score_calls_a_candidate_given_no_name_candidate():
+    """satcore.score on arrays without name= calls the candidate "candidate" (docs/api.md), in its result and in its
+    refusals, as CandidateStatistics.score() does too: before, both said '', and a refusal read "candidate '': ..."."""
+    import satcore
+
+    rng = np.random.default_rng(0)
+    Q, Psi = rng.standard_normal((8, 3)), rng.standard_normal((8, 4))
+    assert satcore.score(Q, Psi).name == "candidate" and satcore.score(Q, Psi).to_dict()["name"] == "candidate"
+    assert satcore.score(Q, Psi, name="layer3").name == "layer3"
+    stats = satcore.CandidateStatistics(3, 4).update(Q, Psi)
+    assert stats.score().name == "candidate"
+    with pytest.raises(satcore.InputError, match=r"^candidate 'candidate' has no samples$"):
+        satcore.CandidateStatistics(3, 4).score()
