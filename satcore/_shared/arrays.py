@@ -132,6 +132,34 @@ def refuse_non_finite(arr: np.ndarray, name: str) -> None:
         raise InputError(f"{name}: {bad} of {arr.size} entries are NaN or infinite")
 
 
+# The largest ||Q||_F^2, ||Psi||_F^2 or product of the two that a pair may have (about 1.3e154): every running sum
+# is bounded by one of them (sum_i ||Q_i^T Psi_i||_F^2 <= ||Q||_F^2 ||Psi||_F^2, Cauchy-Schwarz), and the fold test
+# squares sums of that size (its jackknife), so under this root of float64's range nothing overflows.
+SQUARED_NORM_LIMIT = float(np.sqrt(np.finfo(np.float64).max))
+
+
+def refuse_out_of_range(q: np.ndarray, psi: np.ndarray) -> None:
+    """Refuse, before any sum is formed, a pair whose statistics or fold test would overflow float64 (over
+    :data:`SQUARED_NORM_LIMIT`), or that holds NaN or infinite entries, in one pass over each array (its
+    ``||.||_F^2``): an overflow mid-sum printed NumPy's RuntimeWarning before the refusal of the sums."""
+    squares = {}
+    with np.errstate(over="ignore", invalid="ignore"):  # an inf or NaN here is the answer, refused below
+        for arr, name in ((q, "Q"), (psi, "Psi")):
+            flat = arr.reshape(-1)
+            squares[name] = float(np.dot(flat, flat))
+            if not np.isfinite(squares[name]):
+                refuse_non_finite(arr, name)  # NaN or infinite entries, counted
+            if not squares[name] <= SQUARED_NORM_LIMIT:
+                raise InputError(f"{name}: its squared norm ({squares[name]:.3g}; largest entry "
+                                 f"{float(np.max(np.abs(arr))):.3g} in size) is over {SQUARED_NORM_LIMIT:.3g}, the square "
+                                 "root of float64's range, which the fold test needs (it squares the sums); rescale it")
+    if not squares["Q"] * squares["Psi"] <= SQUARED_NORM_LIMIT:
+        raise InputError(f"Q and Psi: the product of their squared norms ({squares['Q']:.3g} x {squares['Psi']:.3g}) "
+                         f"is over {SQUARED_NORM_LIMIT:.3g}, the square root of float64's range, which the fold test "
+                         "needs (the product bounds the per-sample variance sums, and the test squares them); rescale "
+                         "either")
+
+
 def as_pair(Q, Psi, check_finite: bool = True, allow_empty: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Both arrays as ``(M, T, width)`` float64 with matching ``M`` and ``T``."""
     q = as_samples(Q, "Q", check_finite, allow_empty)

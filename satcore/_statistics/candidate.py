@@ -78,7 +78,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .._shared.arrays import as_pair, check_sizes, check_statistics_memory, lazy_zeros
+from .._shared.arrays import as_pair, check_sizes, refuse_out_of_range, check_statistics_memory, lazy_zeros
 from .._formulas.psd import DEFAULT_RTOL, GramInverse, PsdSpectrum, gram_inverse
 from .._formulas.certification import debiased_energy, noise_floor, variance_estimate
 from .._shared.errors import InputError
@@ -205,7 +205,8 @@ class CandidateStatistics:
         all samples: a batch at a time costs a call per batch, which dominated
         scoring small arrays.
         """
-        q, psi = as_pair(Q, Psi)
+        q, psi = as_pair(Q, Psi, check_finite=False)
+        refuse_out_of_range(q, psi)  # checks finiteness too, in the same one pass
         M, T = q.shape[:2]
         stats = cls(q.shape[2], psi.shape[2], T, variance, n_folds, curvature)
         if M == 0:
