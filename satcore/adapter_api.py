@@ -70,8 +70,8 @@ from ._formulas.families import (
 )
 from ._formulas.folds import DEFAULT_FOLDS
 from ._growth.loop import AdapterSteps, round_summary
-from ._io.atomic import (OutputError, atomic_write, check_folder_writable, check_target, command_inputs, file_kind,
-                         note_input, regular_file)
+from ._io.atomic import (OutputError, atomic_write, check_folder_writable, check_target, command_inputs, directory,
+                         file_kind, note_input, regular_file)
 from ._io.dump import Dump, read_dump_meta
 from ._io.probe_result import Probe
 from ._io.yaml_text import yaml_quoted
@@ -111,7 +111,7 @@ __all__ = [
     # the contracts every adapter implements: its incremental probe, its side of a growth round
     "Probe", "AdapterSteps", "round_summary",
     # files: atomic writes, dumps, the safe .npz reader
-    "OutputError", "atomic_write", "check_folder_writable", "check_target", "command_inputs", "file_kind", "note_input", "regular_file", "Dump", "read_dump_meta",
+    "OutputError", "atomic_write", "check_folder_writable", "check_target", "command_inputs", "directory", "file_kind", "note_input", "regular_file", "Dump", "read_dump_meta",
     "NpyHeader", "NpzArchive", "NpzError", "yaml_quoted", "DuplicateKeyError", "loads_unique",
     # rendering
     "decision_interval_notes", "heldout_samples_words", "num", "render_decision", "render_report", "table", "display_name", "StreamDiagnostics",

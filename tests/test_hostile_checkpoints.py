@@ -293,6 +293,24 @@ def test_a_checkpoint_file_that_is_a_link_to_no_file_is_named_as_one(name, targe
         assert not out.exists()
 
 
+@pytest.mark.parametrize("target", ["model", "gone"])
+def test_a_model_dir_that_is_a_link_to_no_directory_is_named_as_one(target, source, tmp_path):
+    """MODEL_DIR given as a symbolic link that leads to no directory (a loop, or its target gone) is refused naming
+    it as such, in the words a link to no file gets: before, it read 'not a directory' beside the name ls shows."""
+    link = tmp_path / "model"
+    os.symlink(target, link)
+    reason = "No such file or directory" if target == "gone" else "Too many levels of symbolic links"
+    out = tmp_path / "o"
+    refused(CliRunner().invoke(main, ["expand", str(link), "--data", str(source[1]), "--blocks", "1", "-o", str(out)]),
+            f"{link}: is a symbolic link to no directory ({reason}: a link loop, or its target '{target}' is missing); "
+            "refused")
+    assert not out.exists()
+    from satcore.adapters.torch.checkpoint_dir import load_causal_lm
+
+    with pytest.raises(InputError, match=r"^[^\n]*: is a symbolic link to no directory \("):
+        load_causal_lm(link)
+
+
 @pytest.mark.parametrize("name, replacement, kind", [("special_tokens_map.json", "fifo", "a FIFO"),
                                                      ("tokenizer.json", "/dev/zero", "a character device")])
 def test_a_file_expand_copies_that_is_no_regular_file_is_refused_before_any_work(name, replacement, kind, source,

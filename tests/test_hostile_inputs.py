@@ -539,3 +539,75 @@ def test_write_dump_refuses_a_candidate_without_samples(form, tmp_path):
     assert str(caught.value) == (f"{path}: not written: {member} is empty (no samples, or an axis of extent 0): "
                                  "probe some data first")
     assert not path.exists()
+
+
+@pytest.mark.parametrize("Q, expect", [
+    ("gradients.npy", "Q: takes a real floating-point array of shape (M, N) or (M, T, N), got a str"),
+    (np.ones((6, 3), dtype=np.int64), "Q: takes a real floating-point array of shape (M, N) or (M, T, N), got "
+                                      "integers (dtype int64)"),
+    ([[1, 2, 3]] * 6, "Q: takes a real floating-point array of shape (M, N) or (M, T, N), got integers (dtype int64)"),
+    ([[1.0, 2.0], [3.0]], "Q: takes a real floating-point array of shape (M, N) or (M, T, N), got a list that is "
+                          "no array"),
+])
+def test_score_refuses_what_is_no_real_array_naming_the_argument(Q, expect):
+    """satcore.score given a str, integers or a ragged list where Q goes is refused with an InputError naming Q and
+    what it takes (a TypeError still): before, a bare TypeError (or NumPy's ValueError for the ragged list).  Integers are refused, not
+    converted (docs/core.md, Conventions): gradients and features are real numbers, and a cast would hide labels or
+    indices handed over by mistake."""
+    import satcore
+
+    with pytest.raises(satcore.InputError) as info:
+        satcore.score(Q, np.ones((6, 4)))
+    assert str(info.value).startswith(expect) and "\n" not in str(info.value), str(info.value)
+    assert isinstance(info.value, TypeError)  # as the refusal was before it named the argument
+    with pytest.raises(satcore.InputError, match=r"^Psi: takes a real floating-point array .* got booleans"):
+        satcore.score(np.ones((6, 3)), np.ones((6, 4), dtype=bool))
+
+
+def test_score_calls_a_candidate_given_no_name_candidate():
+    """satcore.score on arrays without name= calls the candidate "candidate" (docs/api.md), in its result and in its
+    refusals, as CandidateStatistics.score() does too: before, both said '', and a refusal read "candidate '': ..."."""
+    import satcore
+
+    rng = np.random.default_rng(0)
+    Q, Psi = rng.standard_normal((8, 3)), rng.standard_normal((8, 4))
+    assert satcore.score(Q, Psi).name == "candidate" and satcore.score(Q, Psi).to_dict()["name"] == "candidate"
+    assert satcore.score(Q, Psi, name="layer3").name == "layer3"
+    stats = satcore.CandidateStatistics(3, 4).update(Q, Psi)
+    assert stats.score().name == "candidate"
+    with pytest.raises(satcore.InputError, match=r"^candidate 'candidate' has no samples$"):
+        satcore.CandidateStatistics(3, 4).score()
+
+
+@pytest.mark.parametrize("scale_q, scale_psi, expect", [
+    (1e200, 1.0, r"^Q: its squared norm \(inf; largest entry 2\.\d+e\+200 in size\) is over 1\.34e\+154, the square "
+                 r"root of float64's range"),
+    (1.0, 1e100, r"^Psi: its squared norm \(\d\.\d+e\+201; largest entry 1\.\d+e\+100 in size\) is over 1\.34e\+154"),
+    (1e50, 1e50, r"^Q and Psi: the product of their squared norms \(.*e\+101 x .*e\+101\) is over 1\.34e\+154"),
+    (np.nan, 1.0, r"^Q: 1 of 24 entries are NaN or infinite$"),
+    (1.0, np.inf, r"^Psi: 1 of 32 entries are NaN or infinite$"),
+])
+def test_score_refuses_overflowing_arrays_before_any_arithmetic_warns(scale_q, scale_psi, expect):
+    """satcore.score on arrays whose sums would pass float64's range is refused naming the array, and the refusal is
+    all it says: before, NumPy's 'overflow encountered' / 'invalid value' RuntimeWarning printed first, then a refusal
+    naming the sums (of a candidate called '').  NaN and infinite entries keep their count.  Warnings are errors
+    here, so one raised before the refusal fails the test."""
+    import warnings
+
+    import satcore
+
+    rng = np.random.default_rng(0)
+    Q, Psi = rng.standard_normal((8, 3)), rng.standard_normal((8, 4))
+    if np.isfinite(scale_q) and np.isfinite(scale_psi):  # every entry too large
+        Q, Psi = Q * scale_q, Psi * scale_psi
+    else:  # one entry NaN or infinite
+        Q[2, 1] *= scale_q
+        Psi[5, 3] *= scale_psi
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(satcore.InputError, match=expect):
+            satcore.score(Q, Psi)
+        # just inside the range: scored, its fold test too, finite and without a warning
+        big = np.finfo(float).max ** 0.25 / 1e3
+        inside = satcore.score(rng.standard_normal((8, 3)) * big, rng.standard_normal((8, 4)))
+        assert np.isfinite(inside.growth_value) and np.isfinite(inside.fold_test.p_value)

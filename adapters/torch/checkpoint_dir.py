@@ -38,7 +38,7 @@ import torch
 from satcore.adapter_api import display_name
 from satcore.adapter_api import NpzArchive
 from satcore import InputError, ProbeError
-from satcore.adapter_api import check_memory, regular_file, shown_value, whole_number
+from satcore.adapter_api import check_memory, directory, regular_file, shown_value, whole_number
 
 from .input_bounds import check_token_ids
 from .safetensors_headers import read_json, weight_headers
@@ -71,11 +71,12 @@ _LAYER_NAME = re.compile(r"(.*?)\.([0-9]{1,9})\.")
 
 
 def check_checkpoint_dir(path) -> None:
-    """Refuse, in one line naming what is missing, a directory the loader does not read: not a directory, no
+    """Refuse, in one line naming what is missing, a directory the loader does not read: not a directory (a
+    symbolic link to none: :func:`~satcore.adapter_api.directory`), no
     ``config.json`` (or something else than a regular file there: :func:`~satcore.adapter_api.regular_file`), a path that is not UTF-8 (the safetensors reader takes UTF-8 paths only), pickled weights
     (``pytorch_model.bin``: nothing is unpickled) or no weights."""
     shown = display_name(os.fspath(path))
-    if not os.path.isdir(path):
+    if not directory(path, shown):
         raise InputError(f"{shown}: not a directory (a Hugging Face checkpoint directory is expected)")
     try:
         os.fsencode(os.path.abspath(path)).decode("utf-8")

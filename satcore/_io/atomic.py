@@ -68,21 +68,38 @@ def regular_file(path, shown: str, error: type[Exception] | None = None) -> bool
         return True
     if os.path.exists(path):
         raise (error or InputError)(f"{shown}: is {file_kind(os.stat(path).st_mode)}, not a regular file; refused")
+    _refuse_unreachable(path, shown, "file", error)
+    return False
+
+
+def directory(path, shown: str, error: type[Exception] | None = None) -> bool:
+    """Whether a directory (or a symlink to one) is at ``path``: ``False`` where nothing is or something else
+    is (the caller says what it expects); a symbolic link that leads to no directory (a loop, or its target gone)
+    is refused in the words :func:`regular_file` has for a link to no file, since ``ls`` shows its name."""
+    if os.path.isdir(path):
+        return True
+    if not os.path.exists(path):
+        _refuse_unreachable(path, shown, "directory", error)
+    return False
+
+
+def _refuse_unreachable(path, shown: str, what: str, error: type[Exception] | None) -> None:
+    """For a ``path`` at which nothing is reached: refuse a symbolic link (to no ``what``) or a path that cannot be
+    looked up for another reason than being missing; return where it is simply missing."""
     if os.path.islink(path):
         try:
             os.stat(path)
             reason = "it resolves to nothing"
         except OSError as exc:
             reason = exc.strerror or str(exc)
-        raise (error or InputError)(f"{shown}: is a symbolic link to no file ({reason}: a link loop, or its target "
+        raise (error or InputError)(f"{shown}: is a symbolic link to no {what} ({reason}: a link loop, or its target "
                                     f"{display_name(os.readlink(path), 120)!r} is missing); refused")
     try:
         os.stat(path)
     except FileNotFoundError:
-        return False
+        return
     except OSError as exc:  # not "missing": a name too long, a folder of the path not searchable or not a folder
         raise (error or InputError)(f"{shown}: cannot be read ({exc.strerror or exc})") from None
-    return False
 
 
 # The files read so far by the running command: {(resolved path, (device, inode)): shown name}; None outside

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InputError
+from .errors import ArrayTypeError, InputError
 
 
 def memory_budget() -> int:
@@ -84,8 +84,11 @@ def as_samples(array, name: str, check_finite: bool = True, allow_empty: bool = 
     """Return ``array`` as float64 of shape ``(M, T, width)``.
 
     Accepts ``(M, width)`` (one position per sample) or ``(M, T, width)``.
-    Integer and boolean input is refused: gradients and features are real
-    numbers, and silently casting labels would hide a mistake.  So are NaN and
+    Integer, boolean and complex input is refused, as is what is no array (a
+    str, a ragged list), with an :class:`~satcore._shared.errors.ArrayTypeError`
+    (an ``InputError`` and a ``TypeError``) naming ``name``: gradients and
+    features are real numbers, and silently casting labels would hide a
+    mistake.  So are NaN and
     infinite entries (e.g. a float16 overflow upstream): every sum would
     carry them into the scores.  ``check_finite=False`` leaves that check to
     a caller that sees it in its sums for free (:func:`refuse_non_finite`).
@@ -93,9 +96,21 @@ def as_samples(array, name: str, check_finite: bool = True, allow_empty: bool = 
     with no sample, position or coordinate there is nothing to estimate;
     ``allow_empty`` lets a streaming update add a batch of ``M = 0`` samples.
     """
-    arr = np.asarray(array)
-    if arr.dtype.kind not in "fc" or arr.dtype.kind == "c":
-        raise TypeError(f"{name}: expected a real floating-point array, got dtype {arr.dtype}")
+    takes = f"{name}: takes a real floating-point array of shape (M, N) or (M, T, N), got"
+    try:
+        arr = np.asarray(array)
+    except ValueError as exc:  # a ragged nested list
+        raise ArrayTypeError(f"{takes} a {type(array).__name__} that is no array (NumPy: {exc})") from None
+    if arr.dtype.kind != "f":
+        kinds = {"i": "integers", "u": "integers", "b": "booleans", "c": "complex values"}
+        if arr.dtype.kind in kinds:
+            got = f"{kinds[arr.dtype.kind]} (dtype {arr.dtype})"
+        elif isinstance(array, np.ndarray):
+            got = f"dtype {arr.dtype}"
+        else:  # a str, None, an object NumPy makes no numbers of
+            got = "None" if array is None else f"a {type(array).__name__}"
+        cast = "; cast it (.astype(float)) if these are the values meant" if arr.dtype.kind in "iub" else ""
+        raise ArrayTypeError(f"{takes} {got}{cast}")
     if arr.ndim == 2:
         arr = arr[:, None, :]
     elif arr.ndim != 3:
@@ -115,6 +130,34 @@ def refuse_non_finite(arr: np.ndarray, name: str) -> None:
     if not np.isfinite(arr).all():
         bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
         raise InputError(f"{name}: {bad} of {arr.size} entries are NaN or infinite")
+
+
+# The largest ||Q||_F^2, ||Psi||_F^2 or product of the two that a pair may have (about 1.3e154): every running sum
+# is bounded by one of them (sum_i ||Q_i^T Psi_i||_F^2 <= ||Q||_F^2 ||Psi||_F^2, Cauchy-Schwarz), and the fold test
+# squares sums of that size (its jackknife), so under this root of float64's range nothing overflows.
+SQUARED_NORM_LIMIT = float(np.sqrt(np.finfo(np.float64).max))
+
+
+def refuse_out_of_range(q: np.ndarray, psi: np.ndarray) -> None:
+    """Refuse, before any sum is formed, a pair whose statistics or fold test would overflow float64 (over
+    :data:`SQUARED_NORM_LIMIT`), or that holds NaN or infinite entries, in one pass over each array (its
+    ``||.||_F^2``): an overflow mid-sum printed NumPy's RuntimeWarning before the refusal of the sums."""
+    squares = {}
+    with np.errstate(over="ignore", invalid="ignore"):  # an inf or NaN here is the answer, refused below
+        for arr, name in ((q, "Q"), (psi, "Psi")):
+            flat = arr.reshape(-1)
+            squares[name] = float(np.dot(flat, flat))
+            if not np.isfinite(squares[name]):
+                refuse_non_finite(arr, name)  # NaN or infinite entries, counted
+            if not squares[name] <= SQUARED_NORM_LIMIT:
+                raise InputError(f"{name}: its squared norm ({squares[name]:.3g}; largest entry "
+                                 f"{float(np.max(np.abs(arr))):.3g} in size) is over {SQUARED_NORM_LIMIT:.3g}, the square "
+                                 "root of float64's range, which the fold test needs (it squares the sums); rescale it")
+    if not squares["Q"] * squares["Psi"] <= SQUARED_NORM_LIMIT:
+        raise InputError(f"Q and Psi: the product of their squared norms ({squares['Q']:.3g} x {squares['Psi']:.3g}) "
+                         f"is over {SQUARED_NORM_LIMIT:.3g}, the square root of float64's range, which the fold test "
+                         "needs (the product bounds the per-sample variance sums, and the test squares them); rescale "
+                         "either")
 
 
 def as_pair(Q, Psi, check_finite: bool = True, allow_empty: bool = False) -> tuple[np.ndarray, np.ndarray]:

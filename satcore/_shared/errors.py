@@ -6,7 +6,8 @@ message as one line and exits 2.  Anything else that escapes is a bug in satcore
 shows as one, with its traceback.
 
 The subclasses that refuse values also derive from :class:`ValueError` (and
-:class:`OutputError` from :class:`OSError`) so that ``except ValueError`` written
+:class:`OutputError` from :class:`OSError`, :class:`ArrayTypeError` from
+:class:`TypeError`) so that ``except ValueError`` (``except TypeError``) written
 against earlier releases keeps catching them.
 
 ::
@@ -18,7 +19,8 @@ against earlier releases keeps catching them.
     │   ├── ProbeError                a model, candidate or batch an adapter cannot probe
     │   │   ├── ModelOnDataError      a batch the model cannot take or scores NaN on (either may be at fault)
     │   │   └── OnnxProbeError        (satcore.adapters.onnx; its batch refusals are both)
-    │   └── GrowthLogError            a growth log or its weights that cannot be resumed
+    │   ├── GrowthLogError            a growth log or its weights that cannot be resumed
+    │   └── ArrayTypeError (TypeError)  an array argument that is no real floating-point array (satcore._shared.arrays)
     ├── OutputError (OSError)         an output that cannot or must not be written (satcore._io.atomic)
     └── MissingDependencyError (ImportError)  an optional package is not installed (satcore._shared.optional)
 """
@@ -52,6 +54,11 @@ class ModelOnDataError(ProbeError):
 
 class GrowthLogError(InputError):
     """A growth log (or a weights file it names) that is damaged, foreign or in use."""
+
+
+class ArrayTypeError(InputError, TypeError):
+    """An argument where an array of real numbers goes that is none: integers, booleans, complex values, a str, a
+    ragged list.  A :class:`TypeError` too, as these refusals were before they named the argument."""
 
 
 class MissingDependencyError(SatcoreError, ImportError):

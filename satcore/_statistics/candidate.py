@@ -78,7 +78,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .._shared.arrays import as_pair, check_sizes, check_statistics_memory, lazy_zeros
+from .._shared.arrays import as_pair, check_sizes, refuse_out_of_range, check_statistics_memory, lazy_zeros
 from .._formulas.psd import DEFAULT_RTOL, GramInverse, PsdSpectrum, gram_inverse
 from .._formulas.certification import debiased_energy, noise_floor, variance_estimate
 from .._shared.errors import InputError
@@ -91,6 +91,7 @@ STREAM_FIELDS = ("sum_z_sq", "n_stream_vectors")  # together, or neither (``stre
 SCALAR_FIELDS = ("n_samples", "n_positions", "n_vectors", "sum_q_sq", "sum_xi_sq", "sum_batch_grad_norm",
                  "n_batches", "n_folds") + STREAM_FIELDS + ("sum_update_sq",)
 COUNT_FIELDS = ("n_samples", "n_positions", "n_vectors", "n_batches", "n_folds", "n_stream_vectors")
+UNNAMED = "candidate"  # what a candidate scored without a name is called, in its score and in its refusals
 MAX_FOLDS = 64  # 2^63 sign patterns: far past anything a probe needs (16 is the default)
 MAX_COUNT = 2**53  # counts stored as float64 are exact up to here
 # Stored sums may come from float32 per-batch sums (relative round-off ~1e-7 per batch); a relation
@@ -204,7 +205,8 @@ class CandidateStatistics:
         all samples: a batch at a time costs a call per batch, which dominated
         scoring small arrays.
         """
-        q, psi = as_pair(Q, Psi)
+        q, psi = as_pair(Q, Psi, check_finite=False)
+        refuse_out_of_range(q, psi)  # checks finiteness too, in the same one pass
         M, T = q.shape[:2]
         stats = cls(q.shape[2], psi.shape[2], T, variance, n_folds, curvature)
         if M == 0:
@@ -557,7 +559,7 @@ class CandidateStatistics:
             return None
         return float(np.sqrt(self.sum_z_sq / self.n_samples))
 
-    def stream_diagnostics(self, name: str = "") -> StreamDiagnostics | None:
+    def stream_diagnostics(self, name: str = UNNAMED) -> StreamDiagnostics | None:
         """:class:`~satcore._scores.scores.StreamDiagnostics` from the stream sums (``None`` without them)."""
         rms = self.stream_rms()
         if rms is None:
@@ -586,8 +588,9 @@ class CandidateStatistics:
                 "or values too large to square in float64"
             )
 
-    def score(self, name: str = "", rtol: float = DEFAULT_RTOL) -> CandidateScore:
-        """Finalise into a :class:`CandidateScore`; see its docstring for the formulas."""
+    def score(self, name: str = UNNAMED, rtol: float = DEFAULT_RTOL) -> CandidateScore:
+        """Finalise into a :class:`CandidateScore` of the candidate ``name`` (default ``"candidate"``); see its
+        docstring for the formulas."""
         n = self.n_samples
         if n == 0:
             raise InputError(f"candidate {name!r} has no samples")

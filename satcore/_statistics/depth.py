@@ -14,7 +14,7 @@ from .._formulas.psd import DEFAULT_RTOL
 from .._shared.errors import InputError
 from .._formulas.folds import DEFAULT_FOLDS
 from .._scores.scores import CandidateScore, DepthScores
-from .candidate import CandidateStatistics
+from .candidate import UNNAMED, CandidateStatistics
 
 class DepthStatistics(OrderedDict):
     """Ordered mapping ``candidate name -> CandidateStatistics``, upstream first.
@@ -112,12 +112,13 @@ class DepthStatistics(OrderedDict):
                                        stream_rms=self.stream_rms() if stream_rms is None else stream_rms, **options)
 
 
-def score(Q, Psi, *, name: str = "", rtol: float = DEFAULT_RTOL, batch_size: int | None = None,
+def score(Q, Psi, *, name: str = UNNAMED, rtol: float = DEFAULT_RTOL, batch_size: int | None = None,
           n_folds: int = DEFAULT_FOLDS) -> CandidateScore:
     """Score one candidate from in-memory arrays: the frozen :class:`CandidateScore`.
 
     Runs the same streaming statistics a probe uses (with ``sum X_i^T X_i``),
-    so ``score(Q, Psi).growth_value == growth_value(Q, Psi)``.  ``n_folds``:
+    so ``score(Q, Psi).growth_value == growth_value(Q, Psi)``.  ``name``: the
+    candidate's, in the score and in any refusal (default ``"candidate"``).  ``n_folds``:
     the folds kept for the per-candidate test (0: none); the test itself runs
     only when the score's ``fold_test`` is first read.
     """
