@@ -834,6 +834,24 @@ def test_cli_says_expanding_does_not_pay_and_inserts_nothing(checkpoint, tmp_pat
     assert f"Here {where}." in card and f"of a ceiling of {race['ceiling_cost_steps']:.1f}" in card
 
 
+def construct_readings(monkeypatch, change):
+    """Every trial's per-window losses read as the model's own plus ``change(n)``, ``n`` = 1, 2, ... counting the
+    trial readings of each split in the order they are taken (arm after arm, checkpoint after checkpoint); the trials
+    still train and read (the meter counts their passes)."""
+    from satcore.adapters.torch import expansion_frontier
+
+    real, reads = expansion_frontier._Arms.losses, {}
+
+    def constructed(arms, model, split, places):
+        losses = real(arms, model, split, places)
+        if model is arms.model:  # the model's own losses, before any trial
+            return losses
+        reads[split] = reads.get(split, 0) + 1
+        return arms.before[split] + change(reads[split])
+
+    monkeypatch.setattr(expansion_frontier._Arms, "losses", constructed)
+
+
 def test_cli_with_every_arm_over_max_forgetting_chooses_none_and_warns_of_a_harmful_recipe(checkpoint, tmp_path,  # noqa: F811
                                                                                              monkeypatch):
     """A constructed case where the planned recipe hurts: every trial reading of the held-out and the general loss
@@ -844,18 +862,7 @@ def test_cli_with_every_arm_over_max_forgetting_chooses_none_and_warns_of_a_harm
     loss.  The readings are constructed because a real recipe that hurts here (AdamW at lr 30) diverges, and a
     diverging run's curve differs with the CPU's float32 kernels: on one host it rose at every count, on another it
     fell back after its first reading and extrapolated to a decrease."""
-    from satcore.adapters.torch import expansion_frontier
-
-    real, reads = expansion_frontier._Arms.losses, {}
-
-    def rising(arms, model, split, places):
-        losses = real(arms, model, split, places)  # read as usual (the meter counts the pass)
-        if model is arms.model:  # the model's own losses, before any trial
-            return losses
-        reads[split] = reads.get(split, 0) + 1
-        return arms.before[split] + 0.5 * reads[split]
-
-    monkeypatch.setattr(expansion_frontier._Arms, "losses", rising)
+    construct_readings(monkeypatch, lambda n: 0.5 * n)
     folder, text = checkpoint
     out = tmp_path / "grown"
     result = cli("expand", folder, "--data", text, "--blocks", "auto", "-o", out, "--seq-len", "16", "--steps", "600",
@@ -898,6 +905,31 @@ def test_cli_with_every_arm_over_max_forgetting_chooses_none_and_warns_of_a_harm
     assert f"Method: {decision['method']}." in card and "It stopped" not in card
     assert "no block was inserted" in record["llama_factory"]["reason"] and "continue training" not in \
         record["llama_factory"]["reason"]
+
+
+def test_cli_warns_where_a_prediction_is_below_minus_the_models_loss(checkpoint, tmp_path, monkeypatch):  # noqa: F811
+    """A diverging recipe's readings, constructed: each arm's trial reads +1000, +600, +100 nats at its three
+    checkpoints, which a line in log2(steps) carries far below minus the model's held-out loss at the planned 600
+    steps (a loss after below 0).  The command, expansion.json and the card warn, naming the arm with the lowest
+    prediction, its number, the model's loss and the first reading; the numbers are expansion.json's own."""
+    construct_readings(monkeypatch, lambda n: (1000.0, 600.0, 100.0)[(n - 1) % 3])
+    folder, text = checkpoint
+    out = tmp_path / "grown"
+    result = cli("expand", folder, "--data", text, "--blocks", "auto", "-o", out, "--seq-len", "16", "--steps", "600",
+                 "--quiet")
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "expansion.json").read_text())
+    decision, loss = record["decision"], record["decision"]["heldout_loss"]
+    assert record["decision"]["plan"]["checkpoints"] and len(record["frontier"]) >= 2
+    worst = min(record["frontier"], key=lambda a: a["predicted_heldout_change"])
+    assert worst["predicted_heldout_change"] < -loss and worst["trial"]["heldout_change"][0][0] == pytest.approx(1000)
+    assert decision["warning"] == (
+        f"K = {worst['blocks']}'s predicted held-out change ({worst['predicted_heldout_change']:.4g} nats) is below "
+        f"minus the model's held-out loss ({loss:.4g} nats), which no training reaches: its trials' curve (first "
+        "reading +1000 nats) does not extrapolate, as a diverging recipe's does not; check the recipe (lr, steps) "
+        "before training")
+    assert f"warning: {decision['warning']}" in result.output
+    assert f"**Warning:** {decision['warning']}." in (out / "README.md").read_text()
 
 
 def test_cli_says_the_max_forgetting_it_applied_where_no_arm_is_over_it(checkpoint, tmp_path, monkeypatch):  # noqa: F811

@@ -773,12 +773,24 @@ class FrontierDecision(BudgetedDecision):
 
     @property
     def warning(self) -> str | None:
-        """Where every arm's predicted held-out change is positive, that the planned recipe looks harmful (the
-        decision stands; None otherwise)."""
-        if not all(a.target.point > 0 for a in self.arms):
+        """Where every arm's predicted held-out change is positive, that the planned recipe looks harmful; where an
+        arm's is below minus the model's own held-out loss (a loss after below 0, which no training of a cross-entropy
+        reaches), that its trials' curve does not extrapolate: a diverging recipe's first readings rise by orders of
+        magnitude and fall back, and a line in log2(steps) through them runs past 0.  The decision stands; None
+        otherwise."""
+        if self.arms and all(a.target.point > 0 for a in self.arms):
+            return ("the trials predict the planned training raises the held-out loss at every block count (K = 0 "
+                    "included); check the recipe (lr, steps) before training")
+        loss = self.losses.get("heldout")
+        beyond = [a for a in self.arms if loss is not None and a.target.point < -loss]
+        if not beyond:
             return None
-        return ("the trials predict the planned training raises the held-out loss at every block count (K = 0 "
-                "included); check the recipe (lr, steps) before training")
+        worst = min(beyond, key=lambda a: a.target.point)
+        first = worst.trials.curve("heldout")[0][0]
+        return (f"K = {worst.blocks}'s predicted held-out change ({worst.target.point:.4g} nats) is below minus the "
+                f"model's held-out loss ({loss:.4g} nats), which no training reaches: its trials' curve (first reading "
+                f"{first:+.4g} nats) does not extrapolate, as a diverging recipe's does not; check the recipe (lr, steps) "
+                "before training")
 
     @property
     def rule(self) -> str:
