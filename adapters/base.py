@@ -73,9 +73,12 @@ class ProgressCounter:
         one increment a batch; ``None`` where silent."""
         return None if self.advance is None else (lambda _samples: self.advance(1))
 
-    def phase(self, name: str) -> None:
-        """Name the phase now running on the bar (``"probe"``, ``"trials"``)."""
+    def phase(self, name: str, remaining: int | None = None) -> None:
+        """Name the phase now running on the bar (``"model"``, ``"probe"``, ``"trials"``) and make the bar's total
+        what has been counted plus the phase's ``remaining`` increments; ``None`` where the phase cannot know them
+        (its data has no length): a count without a total then, not an earlier phase's total."""
         if self.bar is not None:
+            self.bar.total = None if remaining is None else self.bar.n + remaining
             # set_description adds ": ", and tqdm adds its own before a count without a total ("model: : 19batch")
             self.bar.set_description_str(name)
 
@@ -91,8 +94,7 @@ class ProgressCounter:
         one increment a step and ``batches_a_reading`` a reading (the batches of every split it reads)."""
 
         def planned(steps: int, readings: int) -> None:
-            self.phase("trials")
-            self.plan(steps + readings * batches_a_reading)
+            self.phase("trials", steps + readings * batches_a_reading)
 
         return planned
 
