@@ -42,7 +42,7 @@ from .options import check_family
 __all__ = ["SPLIT_DATA", "PolicyDecision", "Probe", "ProbeOptions", "ProgressCounter", "callback_log_candidates",
            "callback_scalars", "callback_schedule", "growth_decision",
            "check_step_range", "loss_name", "probe_meta", "read_split", "refusing_bad_batch", "require_reiterable", "resolve_options",
-           "warn_if_training_split"]
+           "warn_if_heldout_is_probe", "warn_if_training_split"]
 
 
 class ProgressCounter:
@@ -73,9 +73,12 @@ class ProgressCounter:
         one increment a batch; ``None`` where silent."""
         return None if self.advance is None else (lambda _samples: self.advance(1))
 
-    def phase(self, name: str) -> None:
-        """Name the phase now running on the bar (``"probe"``, ``"trials"``)."""
+    def phase(self, name: str, remaining: int | None = None) -> None:
+        """Name the phase now running on the bar (``"model"``, ``"probe"``, ``"trials"``) and make the bar's total
+        what has been counted plus the phase's ``remaining`` increments; ``None`` where the phase cannot know them
+        (its data has no length): a count without a total then, not an earlier phase's total."""
         if self.bar is not None:
+            self.bar.total = None if remaining is None else self.bar.n + remaining
             # set_description adds ": ", and tqdm adds its own before a count without a total ("model: : 19batch")
             self.bar.set_description_str(name)
 
@@ -91,8 +94,7 @@ class ProgressCounter:
         one increment a step and ``batches_a_reading`` a reading (the batches of every split it reads)."""
 
         def planned(steps: int, readings: int) -> None:
-            self.phase("trials")
-            self.plan(steps + readings * batches_a_reading)
+            self.phase("trials", steps + readings * batches_a_reading)
 
         return planned
 
@@ -251,6 +253,26 @@ def warn_if_too_few_batches(by: str, probe_data, n_candidates: int, report_optio
                       f"at least {needed} (its folds are made of batches, not samples) to call any candidate "
                       f"improvable, so satcore/improvable stays 0: split it into {needed} or more batches",
                       UserWarning, stacklevel=3)
+
+
+def warn_if_heldout_is_probe(policy, probe_data, heldout_data) -> None:
+    """Warn (``UserWarning``, once per growth run, pointing at the caller of the adapter's
+    ``grow_until_saturated``) where ``heldout_data`` is ``probe_data``, the split each round's decision chooses
+    on (the first-order probe's, or a ``DecisionPolicy``'s trials' held-out split): the same object, or lists or
+    tuples of the same batch objects in any order.  The guard would then read the data the place was chosen on,
+    so its held-out change favours the chosen block.  Batches are compared by identity only: comparing tensors'
+    values would read both splits whole.  A callable ``policy`` does not read ``probe_data``: no warning."""
+    if heldout_data is None or not (policy is None or isinstance(policy, DecisionPolicy)):
+        return
+    same = probe_data is heldout_data or (
+        isinstance(probe_data, (list, tuple)) and isinstance(heldout_data, (list, tuple))
+        and len(probe_data) == len(heldout_data) > 0
+        and sorted(map(id, probe_data)) == sorted(map(id, heldout_data)))
+    if same:
+        warnings.warn("grow_until_saturated: heldout_data holds the same batches as probe_data, where each round "
+                      "decides its place; the held-out guard then reads the data the place was chosen on and "
+                      "favours the chosen block. Pass a held-out split the decision does not read "
+                      "(docs/growth.md)", UserWarning, stacklevel=4)
 
 
 def known_length(data) -> int | None:

@@ -11,7 +11,7 @@ zero-output blocks:
 
 (a) scratch: the loop's final depth trained from random initialisation;
 (b) end: a block appended after the last one every round (fixed schedule);
-(c) random: a block before a uniformly drawn candidate every round;
+(c) random: a block at a uniformly drawn candidate every round;
 (d) AutoGrow's rule: a block at the end whenever the validation loss improved
     by less than ``autogrow_threshold`` over the last round, else training on.
 

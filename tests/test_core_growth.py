@@ -73,7 +73,8 @@ def test_print_of_a_result_is_its_stop_and_one_line_per_round_not_the_model(tmp_
     assert lines[0] == "growth: stopped (heldout_knee) at depth 4 after 3 round(s)"
     assert lines[1:4] == [round_summary(r) for r in result.rounds] and lines[4] == f"log: {log}"
     change, se = _paired(steps, 4, 5)  # the rolled-back round's numbers, recomputed from the fake's losses
-    assert lines[3].startswith(f"round 2: depth 4, block before {result.rounds[2].inserted_at}, ")
+    # the place is named as a decision names it ("decision: insert a block at ..."), one phrase for one concept
+    assert lines[3].startswith(f"round 2: depth 4, block at {result.rounds[2].inserted_at}, ")
     assert f"held-out change {change:+.3g} (se {se:.2g}), rolled back; stop: heldout_knee (" in lines[3]
     assert "FakeSteps" not in str(result) and repr(result).startswith("GrowthResult(model=")
 

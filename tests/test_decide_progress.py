@@ -9,6 +9,7 @@ independent reference); the decision is the same, bit for bit, whether it counts
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -66,9 +67,15 @@ def test_the_bar_goes_to_stderr_and_ends_at_its_total_the_probes_of_an_earlier_p
     out, err = capsys.readouterr()
     assert out == ""
     assert "trials" in err and f"{total}/{total}" in err
-    # each phase is named once, before the total is known as after: "probe: 7batch", not "probe: : 7batch"
-    phases = {part.split(":")[0] for part in err.replace("\n", "\r").split("\r") if ":" in part}
+    # each phase is named once: "probe: ...", not "probe: : ..."
+    segments = [part for part in err.replace("\n", "\r").split("\r") if ":" in part]
+    phases = {part.split(":")[0] for part in segments}
     assert {"decide", "model", "probe", "trials"} <= phases and ": :" not in err
+    # each phase shows its total from when it is named: the model's E, then the probe's 2 passes of E each
+    # ("probe:  67%|...| 10/15", once "probe: 10batch")
+    for phase, phase_total in [("model", 5), ("probe", 5 + 2 * 5)]:
+        shown = [part for part in segments if part.startswith(f"{phase}:")]
+        assert shown and all(re.search(rf"\| \d+/{phase_total} \[", part) for part in shown), shown
 
 
 @pytest.mark.parametrize("bad", [3, "yes", 0.5])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -396,7 +397,21 @@ def test_keras_decide_counts_its_batches_of_work_and_decides_the_same(schedule, 
         keras_decide(model, train, heldout, _keras_ce(), policy=policy, progress="yes")
 
 
-def test_by_default_torch_decides_over_the_head_too_and_keras_over_the_blocks_alone():
+def test_keras_decides_bar_shows_each_phases_total_from_when_it_is_named(capsys):
+    """``progress=True``: the model's evaluation and the probe each read both splits once (E = 4 batches): their
+    bar shows ``k/4`` then ``k/8`` from when the phase is named (once "probe: 6batch", no total until the trials)."""
+    _, model = _models()
+    train, heldout = _as_numpy(_batches(0, 64, 32)), _as_numpy(_batches(1200, 64, 32))
+    policy = DecisionPolicy(Recipe("sgd", 0.5, 4, 64), trials=TrialSettings(max_trials=DEPTH), seed=1)
+    capsys.readouterr()
+    keras_decide(model, train, heldout, _keras_ce(), policy=policy, progress=True)
+    segments = [part for part in capsys.readouterr().err.replace("\n", "\r").split("\r") if ":" in part]
+    for phase, phase_total in [("model", 4), ("probe", 8)]:
+        shown = [part for part in segments if part.startswith(f"{phase}:")]
+        assert shown and all(re.search(rf"\| \d+/{phase_total} \[", part) for part in shown), shown
+
+
+
     """What docs/adapters.md says a user must match for the two decisions to agree: left to find the places, the torch
     ``decide`` screens and trials every block and the ``head``, the Keras one every residual ``Add`` (no head), so the
     recipe's steps are split among one more trial in torch and the trials' lengths differ; naming torch's blocks

@@ -141,3 +141,21 @@ def test_keras_weights_round_trip(tmp_path):
     load_weights(fresh, path)
     for a, b in zip(model.get_weights(), fresh.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_keras_heldout_split_of_the_probes_own_batches_warns_once(setup):
+    """As torch's (tests/test_torch_growth_generic.py): ``heldout_data`` holding ``probe_data``'s batches makes the
+    guard read the data each round's place was chosen on; one ``UserWarning`` per run at the caller's line, none
+    for other batches."""
+    import warnings
+
+    model, probe_data, heldout = setup
+    says = "heldout_data holds the same batches as probe_data"
+    options = GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=2), probe=ProbeConfig(family="mlp"))
+    with pytest.warns(UserWarning, match=says) as caught:
+        grow_until_saturated(model, lambda m, k: m, probe_data, LOSS, heldout_data=list(probe_data), options=options)
+    assert [w.filename for w in caught if says in str(w.message)] == [__file__]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=says)
+        grow_until_saturated(model, lambda m, k: m, probe_data, LOSS, heldout_data=heldout,
+                             options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=0)))

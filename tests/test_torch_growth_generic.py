@@ -382,6 +382,36 @@ def test_a_train_returning_none_or_empty_loss_data_is_one_line_naming_it(setup):
         grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, train_data=[], **common)
 
 
+def test_a_heldout_split_of_the_probes_own_batches_warns_once_where_the_decision_reads_them(setup):
+    """``heldout_data`` holding ``probe_data``'s batches (the same list, or the same batch objects reordered) makes
+    the guard read the data each round's place was chosen on: one ``UserWarning`` per run, at the caller's line,
+    for the first-order probe and for a ``DecisionPolicy`` (whose trials read ``probe_data`` as their held-out
+    split).  Silent: a split of other batches, copies of the batches (values are not compared: that would read
+    both splits whole) and a callable decide, which does not read ``probe_data``."""
+    import warnings
+
+    from satcore import Recipe
+
+    model, probe_data, heldout = setup
+    probed = ProbeConfig(family="mlp", candidates=CANDIDATES)
+    rounds = GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=2), probe=probed)
+    none = GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=0), probe=probed)
+    policy = DecisionPolicy(Recipe("adam", lr=1e-3, steps=16, batch_size=64, trainable="terminal"))
+    says = "heldout_data holds the same batches as probe_data"
+    for same, options, by in [(probe_data, rounds, None), (probe_data[::-1], none, None),
+                              (tuple(probe_data), none, policy)]:
+        with pytest.warns(UserWarning, match=says) as caught:
+            grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=same,
+                                 train_data=heldout, options=options, policy=by)
+        assert [w.filename for w in caught if says in str(w.message)] == [__file__]
+    copies = [(x.clone(), y.clone()) for x, y in probe_data]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for other, by in [(heldout, None), (copies, None), (probe_data, _InsertAt("1")), (probe_data[:-1], None)]:
+            grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=other,
+                                 options=none, policy=by)
+
+
 def test_a_user_feature_map_with_batchnorm_is_measured_and_grown_in_eval_mode(setup):
     """A user's ``nn.Module`` family holding a BatchNorm, in train mode as built: the probe reads its
     width and computes ``psi`` in eval mode (a train-mode BatchNorm refuses the one sample the width is

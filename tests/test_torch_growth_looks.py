@@ -50,7 +50,7 @@ def test_a_strong_signal_stops_at_the_first_look(capsys):
     result = grow_until_saturated(model, _keep, data, sequence_loss, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=1), first_look_batches=16, progress=True))
     r = result.rounds[0]
     # the round's line ends at the depth the run reports (it once said the depth the round started at only)
-    assert f"round 0: depth {result.depth - 1} -> {result.depth}, block before {r.inserted_at}," in capsys.readouterr().err
+    assert f"round 0: depth {result.depth - 1} -> {result.depth}, block at {r.inserted_at}," in capsys.readouterr().err
     assert r.probe_looks == 1 and r.probe_samples == 32 and r.inserted_at is not None
     assert r.look_alpha == pytest.approx(0.025 / 2)  # a first look of 3 planned (16, 32, 64 batches)
 
@@ -65,6 +65,6 @@ def test_a_first_look_as_large_as_the_split_is_one_look_at_alpha_and_progress_is
     err = capsys.readouterr().err
     assert "sample" in err  # the tqdm bar counts samples, as probe(progress=True) does
     # one line a round; whether this weak signal inserts or stops moves with the host's float rounding
-    assert re.search(r"round 0: depth \d+( -> \d+, block before \S+, training loss \S+ -> \S+|; stop: \S+) \(", err)
+    assert re.search(r"round 0: depth \d+( -> \d+, block at \S+, training loss \S+ -> \S+|; stop: \S+) \(", err)
     with pytest.raises(TypeError, match="len"):
         grow_until_saturated(model, _keep, iter(few), mt.per_sample_ce, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=1), first_look_batches=4))

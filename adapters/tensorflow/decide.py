@@ -295,11 +295,12 @@ def _decide(model, train, heldout, loss_fn, policy: DecisionPolicy, progress: Pr
     train = _batches(train, "training")
     evaluate = {"heldout": _batches(heldout, "held-out"), "train": train}
     loss_fn = _per_sample_loss(model, loss_fn)
-    progress.phase("model")
+    batches_a_reading = sum(len(data) for data in evaluate.values())  # both splits are lists (read_split)
+    progress.phase("model", batches_a_reading)
     before = {split: per_sample_eval(model, data, loss_fn, progress=progress.per_batch(), where=SPLIT_DATA[split])
               for split, data in evaluate.items()}
     check_unexpanded_losses(before)
-    progress.phase("probe")
+    progress.phase("probe", batches_a_reading)
     with warnings.catch_warnings():
         # meant to be the training split here: its statistics fit the step, the held-out split tests it
         warnings.filterwarnings("ignore", message=re.escape(TRAINING_SPLIT_WARNING))
@@ -309,7 +310,7 @@ def _decide(model, train, heldout, loss_fn, policy: DecisionPolicy, progress: Pr
 
     trials = KerasTrials(model, fitted, recipe, evaluate, loss_fn, policy.seed, progress)
     return trial_decision(trials, screened, before, recipe, policy.trials,
-                          progress.trials_planned(sum(len(data) for data in evaluate.values())),
+                          progress.trials_planned(batches_a_reading),
                           requested_family=family_option_label(config.family))
 
 

@@ -40,7 +40,7 @@ from .input_bounds import check_labels, check_trial_steps, forked_rng
 from .locate import decision_places
 from .native import _terminal_paths, insert_block, insertion_site
 from .probe import BATCH_ERRORS, ProbeConfig, call_model, eval_mode, to_device
-from .splits import probe_splits_in_passes, probe_training_split
+from .splits import probe_splits_in_passes, probe_training_split, statistics_passes
 
 
 def _with_gradients(function):
@@ -386,7 +386,8 @@ def decide(model, train, heldout, loss_fn=None, *, recipe: Recipe | None = None,
     progress : bool or callable
         ``False`` (default) silent; ``True`` a tqdm bar on stderr of the decision's batches of work: the
         unexpanded model's evaluation of both splits, the probe's batches (every pass's), each trial's
-        optimizer steps and its readings of both splits; its total set once the trials are planned.  A
+        optimizer steps and its readings of both splits; each phase's total set when it starts (the trials'
+        once they are planned).  A
         callable ``progress(n)`` is called with each increment instead, as :func:`~.probe.probe` takes it.
 
     Returns
@@ -440,7 +441,8 @@ def decide_under(model, train, heldout, loss_fn, policy: DecisionPolicy,
     evaluate = {"heldout": heldout, "train": train}
     # the unexpanded model's losses, once, before the probe so that a loss without per-sample values or a held-out
     # split too small for a standard error is refused first: every trial starts from them (its block is the identity)
-    progress.phase("model")
+    batches_a_reading = len(train) + len(heldout)  # both splits are lists (read_split)
+    progress.phase("model", batches_a_reading)
     before = {split: per_sample_eval(model, data, loss_fn, progress=progress.per_batch(), where=SPLIT_DATA[split])
               for split, data in evaluate.items()}
     check_unexpanded_losses(before)
@@ -451,9 +453,10 @@ def decide_under(model, train, heldout, loss_fn, policy: DecisionPolicy,
         pass_of.update(dict.fromkeys(splits.train.statistics, selection))
 
     # the trials need only the training split's statistics: the last pass's held-out split goes here
-    progress.phase("probe")
-    _, last = probe_splits_in_passes(model, train, heldout, loss_fn, read, max_statistics_bytes=policy.max_statistics_bytes,
-                                     progress=progress.per_batch(), **probe_options)
+    passes = statistics_passes(model, train, loss_fn, policy.max_statistics_bytes, **probe_options)
+    progress.phase("probe", len(passes) * batches_a_reading)
+    last = probe_splits_in_passes(model, train, heldout, loss_fn, read, passes=passes, progress=progress.per_batch(),
+                                  **probe_options)
 
     def probed(name):
         if name in last.statistics:
@@ -464,7 +467,7 @@ def decide_under(model, train, heldout, loss_fn, policy: DecisionPolicy,
 
     trials = TorchTrials(model, probed, recipe, train, evaluate, loss_fn, policy.seed, progress)
     return trial_decision(trials, screened, before, recipe, policy.trials,
-                          progress.trials_planned(len(train) + len(heldout)),
+                          progress.trials_planned(batches_a_reading),
                           requested_family=family_option_label(probe_options["config"].family))
 
 

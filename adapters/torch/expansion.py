@@ -63,7 +63,7 @@ from .input_bounds import check_new_block_count, check_token_ids, forked_rng
 from .locate import HEAD, find_blocks
 from .native import HF_TERMINALS, _check_hf, _has, insert_block
 from .probe import ProbeConfig
-from .splits import probe_splits_in_passes
+from .splits import probe_splits_in_passes, statistics_passes
 
 INITS = ("copy", "fresh")
 # LLaMA-Pro's recipe (the paper trains the new blocks with AdamW at 2e-4); steps and batch size are the user's
@@ -149,10 +149,10 @@ def first_order_decision(model: nn.Module, train, heldout, loss_fn=None, *, reci
         for name in (n for n in split.heldout.statistics if n in rows):
             evidence[name] = rows[name].candidate()
 
-    passes, _ = probe_splits_in_passes(model, train, heldout, loss_fn, read,
-                                       max_statistics_bytes=policy.max_statistics_bytes, progress=progress,
-                                       **decision_probe_options(policy, ProbeConfig(family="native")))
-    samples = passes * _windows(train + heldout)
+    probe_options = decision_probe_options(policy, ProbeConfig(family="native"))
+    passes = statistics_passes(model, train, loss_fn, policy.max_statistics_bytes, **probe_options)
+    probe_splits_in_passes(model, train, heldout, loss_fn, read, passes=passes, progress=progress, **probe_options)
+    samples = len(passes) * _windows(train + heldout)
     return ScreenDecision(evidence, math.ceil(samples / recipe.batch_size), recipe)
 
 

@@ -43,7 +43,7 @@ from satcore.adapters.batches import split_batch
 from satcore import GrowthLogError, InputError, ProbeError
 from satcore import DecisionPolicy, FirstOrderDecide, GrowthOptions, GrowthResult, GrowthRound, run_growth
 from satcore.adapter_api import AdapterSteps, moved_keywords, round_summary
-from satcore.adapters.base import growth_decision
+from satcore.adapters.base import growth_decision, warn_if_heldout_is_probe
 
 from .features import rebuild_feature_map
 from .grow import InsertedResidual, insert_branch
@@ -225,7 +225,8 @@ def grow_until_saturated(model: nn.Module, train, probe_data, loss_fn, *, heldou
         Per-sample loss ``loss_fn(outputs, targets) -> (B,)`` (as for :func:`~.probe.probe`).
     heldout_data, train_data : iterables of (inputs, targets), optional
         Where the held-out and training losses are measured each round (without ``train_data``
-        the "training" loss logged is the probe split's).  ``heldout_data`` turns the guard on.
+        the "training" loss logged is the probe split's).  ``heldout_data`` turns the guard on; holding
+        ``probe_data``'s own batches, it warns (the guard would read what the decision chose on).
     options : satcore.GrowthOptions
         The run's own settings (:class:`satcore._growth.loop.GrowthOptions`): ``criteria``, the first-order
         decision (:class:`~satcore._growth.loop.GrowthCriteria`: a gain of at most ``tolerance`` (loss
@@ -259,6 +260,7 @@ def grow_until_saturated(model: nn.Module, train, probe_data, loss_fn, *, heldou
     if options.log_path is not None and _has_module(probe.family):
         raise GrowthLogError(f"{display_name(os.fspath(options.log_path))}: an nn.Module family cannot be rebuilt "
                              "when the run resumes; use a built-in family or no log_path")
+    warn_if_heldout_is_probe(policy, probe_data, heldout_data)
     data = {"probe": probe_data, "train": train_data if train_data is not None else probe_data,
             "heldout": heldout_data}
     steps = TorchGrowthSteps(train, loss_fn, data, probe, options.zero)

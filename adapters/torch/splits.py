@@ -51,22 +51,28 @@ def probe_splits(model, train, heldout, loss_fn=None, **options) -> SplitResults
                         probe(model, heldout, loss_fn, split="heldout", **options))
 
 
-def probe_splits_in_passes(model, train: list, heldout: list, loss_fn, read, *, max_statistics_bytes=None,
-                           progress=False, **options) -> tuple[int, ProbeResult]:
-    """:func:`probe_splits` in one pass, or, with ``max_statistics_bytes``, in consecutive groups of
-    candidates whose statistics (both splits) fit (:meth:`~.probe.MemoryPlan.passes`); ``progress`` as
-    :func:`~.probe.probe` takes it, for every batch of every pass (not for the planning forward pass).
+def statistics_passes(model, train: list, loss_fn, max_statistics_bytes=None, **options) -> list[dict]:
+    """The probe options of each pass of :func:`probe_splits_in_passes`: ``[{}]``, one pass, without
+    ``max_statistics_bytes``; with it, consecutive groups of candidates whose statistics (both splits) fit
+    (:meth:`~.probe.MemoryPlan.passes`, planned on one forward pass of ``train``'s first batch; ``options`` as for
+    :func:`~.probe.probe`), each as :func:`~.probe.pass_options` gives it."""
+    if max_statistics_bytes is None:
+        return [{}]
+    memory = plan(model, train[0], loss_fn, **options)
+    return [pass_options(g) for g in memory.passes(max_statistics_bytes, splits=2)]
+
+
+def probe_splits_in_passes(model, train: list, heldout: list, loss_fn, read, *, passes=({},), progress=False,
+                           **options) -> ProbeResult:
+    """:func:`probe_splits` once per entry of ``passes`` (:func:`statistics_passes`; one pass by default), each
+    pass's options added to ``options``; ``progress`` as :func:`~.probe.probe` takes it, for every batch of every
+    pass.
 
     ``read(selection, splits)`` is called on each pass's :class:`SplitResults` (``selection``: the
-    probe options that pick its candidates, :func:`~.probe.pass_options`; ``{}`` for one pass), whose
-    statistics are dropped before the next pass sums its own.  Returns the number of passes and the
-    last pass's training-split result."""
-    passes = [{}]
-    if max_statistics_bytes is not None:
-        memory = plan(model, train[0], loss_fn, **options)
-        passes = [pass_options(g) for g in memory.passes(max_statistics_bytes, splits=2)]
+    probe options that pick its candidates, ``{}`` for one pass), whose statistics are dropped before the next
+    pass sums its own.  Returns the last pass's training-split result."""
     for selection in passes:
         splits = None  # the previous group's statistics go before this group's are summed
         splits = probe_splits(model, train, heldout, loss_fn, progress=progress, **options | selection)
         read(selection, splits)
-    return len(passes), splits.train
+    return splits.train

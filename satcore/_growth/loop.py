@@ -551,7 +551,7 @@ def round_summary(entry: GrowthRound) -> str:
     depth it ends at (the run's ``GrowthResult.depth`` after its last round)."""
     text = f"round {entry.round}: depth {entry.depth}"
     if entry.inserted_at is not None:
-        text += f"{'' if entry.rolled_back else f' -> {entry.depth + 1}'}, block before {entry.inserted_at}"
+        text += f"{'' if entry.rolled_back else f' -> {entry.depth + 1}'}, block at {entry.inserted_at}"
         if entry.train_loss_after is not None:
             text += f", training loss {entry.train_loss_before:.4g} -> {entry.train_loss_after:.4g}"
         if entry.heldout_change is not None:
