@@ -62,7 +62,11 @@ class CallbackDumps:
         existing = self.folder
         while not os.path.lexists(existing):  # a new folder: its nearest existing parent must take it
             existing = os.path.dirname(os.path.abspath(existing))
-        mode = os.stat(existing).st_mode
+        try:
+            mode = os.stat(existing).st_mode
+        except OSError as exc:  # a link to nowhere (or in a loop), a folder this process may not look into
+            raise InputError(f"{by}: dump_dir={shown}: cannot use {display_name(existing)} as a folder "
+                             f"({exc.strerror or exc})") from None
         if not stat.S_ISDIR(mode):
             kind = "a file" if stat.S_ISREG(mode) else file_kind(mode)
             what = kind if existing == self.folder else f"inside {display_name(existing)}, which is {kind}"

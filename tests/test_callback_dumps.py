@@ -231,6 +231,9 @@ def test_callbacks_refuse_a_dump_dir_they_would_overwrite_or_that_is_not_a_folde
         build(callback, file / "sub")
     with pytest.raises(InputError, match=rf"^{callback}: dump_dir must be a folder's path, got int"):
         build(callback, 3)
+    os.symlink(tmp_path / "nowhere", tmp_path / "link")
+    with pytest.raises(InputError, match=rf"^{callback}: dump_dir=.*/link/d: cannot use .*/link as a folder \(No such"):
+        build(callback, tmp_path / "link" / "d")
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / taken).write_bytes(b"the user's")
     (tmp_path / "d" / "b.txt").write_bytes(b"")
