@@ -29,6 +29,7 @@ same cases of the contract and holds its statistics to one independent reference
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -42,7 +43,7 @@ from .options import check_family
 __all__ = ["SPLIT_DATA", "PolicyDecision", "Probe", "ProbeOptions", "ProgressCounter", "callback_log_candidates",
            "callback_scalars", "callback_schedule", "growth_decision",
            "check_step_range", "loss_name", "probe_meta", "read_split", "refusing_bad_batch", "require_reiterable", "resolve_options",
-           "warn_if_heldout_is_probe", "warn_if_training_split"]
+           "warn_if_heldout_is_probe", "warn_if_training_split", "weights_fingerprint"]
 
 
 class ProgressCounter:
@@ -376,3 +377,20 @@ def probe_meta(framework: str, model: str, loss, options: ProbeOptions, **extra)
     added when the result is written (:meth:`satcore._io.probe_result.ProbeResult.dump_meta`)."""
     return {"framework": framework, "model": model, "loss": loss_name(loss), "split": options.split,
             "seed": options.seed, **extra}
+
+
+def weights_fingerprint(tensors) -> str:
+    """A hash of a model's architecture and weights, cheap to compute: 32 hex digits of the SHA-256 of, for each
+    ``(name, shape, dtype, ends)`` of ``tensors`` in order (its parameters and buffers), ``name``, ``shape`` and
+    ``dtype`` as text and ``ends``, its first and last four values (all of them where it has at most 8), as float64
+    (``None``: a tensor whose values this process cannot read, hashed by name, shape and dtype only).  The other
+    values are not read (that would cost a pass over the weights), so two models equal in every name, shape, dtype
+    and sampled value are not told apart.  The torch probe's checkpoints and the callbacks' dumps record it."""
+    import numpy as np
+
+    digest = hashlib.sha256()
+    for name, shape, dtype, ends in tensors:
+        digest.update(f"{name}\0{tuple(shape)}\0{dtype}\0".encode())
+        if ends is not None:
+            digest.update(np.asarray(ends, dtype=np.float64).tobytes())
+    return digest.hexdigest()[:32]

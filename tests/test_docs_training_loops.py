@@ -15,13 +15,16 @@ def test_training_loops_doc_snippets_run(monkeypatch, tmp_path, capfd):
     monkeypatch.chdir(tmp_path)
     text = (Path(__file__).parent.parent / "docs" / "training-loops.md").read_text()
     snippets = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(snippets) == 4
+    assert len(snippets) == 5
     namespace = {}
     exec(compile("\n".join(snippets), "training-loops.md", "exec"), namespace)
     assert namespace["grouped"].report().best_candidate in namespace["grouped"].statistics
     logged = namespace["trainer"].state.log_history[-2]  # the decide= snippet's trainer
     assert any(k.startswith("satcore/") for k in logged) and logged["satcore/decision/insert"] in (0.0, 1.0)
     assert str(namespace["report"]).splitlines()[1].startswith("decision: ")
+    # the dump_dir= snippet's dump scores to its callback's report
+    assert sorted(p.name for p in (tmp_path / "satcore-dumps").iterdir()) == ["satcore-step-000002.npz"]
+    assert namespace["dump"].statistics().report().growth_value_max == namespace["dumped_report"].growth_value_max
     err = capfd.readouterr().err
     assert "bos_token_id must be" not in err and "eos_token_id must be" not in err, err
 

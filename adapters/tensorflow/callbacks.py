@@ -23,7 +23,8 @@ import keras
 from satcore import DecisionPolicy, InputError, ProbeError
 from satcore.adapter_api import moved_keywords
 from satcore.adapters.base import (ProgressCounter, callback_log_candidates, callback_scalars, callback_schedule,
-                                  known_length, require_reiterable, warn_if_too_few_batches)
+                                  known_length, require_reiterable, warn_if_too_few_batches, weights_fingerprint)
+from satcore.adapters.callback_dumps import callback_dumps, config_record
 
 from .grow import require_functional
 from .locate import locate_candidates
@@ -43,6 +44,31 @@ def per_sample_loss(loss):
     if callable(loss):
         return loss
     raise ProbeError(f"loss_fn: the model's compiled loss {loss!r} is not one loss; pass loss_fn(y_true, y_pred) -> (B,)")
+
+
+def is_chief(strategy) -> bool:
+    """Whether this process is the chief of ``strategy``'s cluster, the one that writes files for the run (TensorFlow's
+    rule, ``multi_worker_util.is_chief``): every process without a cluster (one machine, any number of devices), the
+    ``chief`` (or ``evaluator``) task, else, in a cluster without a ``chief``, worker 0."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    cluster = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    if not cluster or resolver.task_type in (None, "chief", "evaluator"):
+        return True
+    return resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in cluster
+
+
+def keras_fingerprint(model) -> str:
+    """:func:`satcore.adapters.base.weights_fingerprint` of ``model.weights`` (by their ``path``), the torch
+    checkpoints' fingerprint of a Keras model: its first and last four values of each weight, not a pass over
+    them."""
+
+    def entries():
+        for weight in model.weights:
+            flat = keras.ops.reshape(weight.value, (-1,))
+            ends = keras.ops.concatenate([flat[:4], flat[-4:]]) if flat.shape[0] > 8 else flat
+            yield weight.path, tuple(weight.shape), weight.dtype, keras.ops.convert_to_numpy(ends)
+
+    return weights_fingerprint(entries())
 
 
 class KerasCallback(keras.callbacks.Callback):
@@ -68,6 +94,12 @@ class KerasCallback(keras.callbacks.Callback):
     log_candidates : bool
         Log the per-candidate keys too (``satcore/<name>/...``, ``satcore/decision/<name>/...``); default: the
         depth-wide ones only, which ``fit(verbose=1)`` prints at each epoch's end.
+    dump_dir : str or os.PathLike, optional
+        Also write each probed epoch's statistics to ``dump_dir/satcore-epoch-<epoch>.npz`` (four digits at least;
+        the epoch counted from 1, as ``fit`` shows it and ``ModelCheckpoint``'s ``{epoch}`` names it), a dump
+        ``satcore score`` reads (:mod:`satcore.adapters.callback_dumps`), from the chief only under a multi-worker
+        ``tf.distribute`` strategy (:func:`is_chief`); a path that is a file, or a folder holding a file at such a
+        name, is refused here.
 
     ``prefix`` (``"satcore/"``, the start of every metric key) is a class attribute, as in the PyTorch
     callbacks.  ``reports`` holds ``(epoch, DepthReport)`` of every probe made (with ``policy``, the report's
@@ -79,7 +111,7 @@ class KerasCallback(keras.callbacks.Callback):
     @moved_keywords("callback", class_attributes=("prefix",))
     def __init__(self, probe_data, loss_fn=None, *, every_n_epochs: int = 1, report: dict | None = None,
                  config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None,
-                 log_candidates: bool = False):
+                 log_candidates: bool = False, dump_dir=None):
         super().__init__()
         every_n_epochs, report_options = callback_schedule("KerasCallback", "every_n_epochs", every_n_epochs, report)
         self.log_candidates = callback_log_candidates("KerasCallback", log_candidates)
@@ -105,6 +137,7 @@ class KerasCallback(keras.callbacks.Callback):
         self.probe_data, self.loss_fn, self.config = probe_data, loss_fn, config
         self.every_n_epochs, self.report_options = every_n_epochs, report_options
         self.policy, self.train_data = policy, train_data
+        self.dumps = callback_dumps("KerasCallback", dump_dir)
         self.reports: list = []
 
     def on_train_begin(self, logs=None):
@@ -127,6 +160,11 @@ class KerasCallback(keras.callbacks.Callback):
             if known_length(self.probe_data) is not None:
                 counter.plan(known_length(self.probe_data))
             result = probe(self.model, self.probe_data, loss_fn, config=self.config, progress=counter.per_batch())
+        if self.dumps is not None and is_chief(self.config.strategy or self.model.distribute_strategy):
+            # the epoch as Keras shows it and ModelCheckpoint's "{epoch}" names it: from 1
+            meta = {"by": "KerasCallback", "epoch": epoch + 1, "config": config_record(self.config),
+                    "model_fingerprint": keras_fingerprint(self.model)}
+            self.dumps.write(result, meta, epoch=epoch + 1)
         report = result.report(**self.report_options)
         if self.policy is not None:
             from .decide import decide

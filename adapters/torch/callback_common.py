@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 from satcore import DecisionPolicy, InputError
 from satcore.adapters.base import ProgressCounter, require_reiterable
+from satcore.adapters.callback_dumps import CallbackDumps, config_record
 
+from .checkpoint import model_fingerprint
 from .decide import decide_under, decision_probe_options
 from .input_bounds import check_trial_steps
 from .locate import locate_candidates
@@ -39,7 +41,7 @@ def callback_settings(by: str, probe_data, config: ProbeConfig | None, policy, t
     if config.checkpoint is not None:  # it resumes one probe of fixed weights: the second evaluation's would differ
         raise InputError(f"{by}: config.checkpoint resumes one probe of one model's weights, and each evaluation "
                          f"probes new weights (the second would be refused as another model's); leave it out and "
-                         f"keep callback.reports, or save a dump of the trained model with probe(...).save(PATH)")
+                         f"give {by}(dump_dir=FOLDER) for a dump of each evaluation")
     if config.split is None:  # the probe data is held out from training (the tests assume it)
         config = dataclasses.replace(config, split="heldout")
     require_reiterable(probe_data, f"{by}'s probe_data")
@@ -73,18 +75,37 @@ CALLBACK_SHARED = ("candidates", "family", "head", "mask", "n_features", "positi
 
 
 def callback_report(model, probe_data, loss_fn, config: ProbeConfig, report_options: dict,
-                    decision: CallbackDecision | None, progress: bool = False):
+                    decision: CallbackDecision | None, progress: bool = False, dump=None):
     """The report of a callback's evaluation: the probe of ``probe_data`` reported with ``report_options`` and,
     with a ``decision`` (:func:`callback_settings`), leading with the decision
     (:func:`satcore.adapters.torch.decide` on ``model`` with the callback's probe data as the held-out split,
     under a fork of the random number generators, so that the run it is called from draws the same numbers as
     without it: its dropout masks, its data order).  ``progress``: the probe shows its tqdm bar on stderr, and the
     decision ``decide``'s (the callbacks pass it where the training loop shows its own bars: the probe of an
-    evaluation split can take several times the evaluation, and a decision minutes)."""
-    report = probe(model, probe_data, loss_fn, config=config, progress=progress).report(**report_options)
+    evaluation split can take several times the evaluation, and a decision minutes).  ``dump``: called with the
+    probe's :class:`~.result.ProbeResult` before any decision (:func:`dump_writer`)."""
+    result = probe(model, probe_data, loss_fn, config=config, progress=progress)
+    if dump is not None:
+        dump(result)
+    report = result.report(**report_options)
     if decision is None:
         return report
     with ProgressCounter(progress) as counter:
         decided = decide_under(unwrap_data_parallel(model), decision.train, probe_data, loss_fn,
                                decision.policy, decision.defaults, progress=counter)
     return dataclasses.replace(report, decision=decided)
+
+
+def dump_writer(dumps: CallbackDumps, model, config: ProbeConfig, **where):
+    """``callback_report``'s ``dump`` for the callback's folder ``dumps`` (the callbacks pass one on the process
+    that writes them): it writes the probe's result as the dump of the evaluation at ``where`` (``step=``,
+    ``epoch=``: its name and ``meta.callback``), recording what reproduces it: the probe's config
+    (:func:`~satcore.adapters.callback_dumps.config_record`) and the model's :func:`~.checkpoint.model_fingerprint`
+    (the weights probed, as a probe checkpoint records them)."""
+
+    def write(result):
+        meta = {"by": dumps.by, **where, "config": config_record(config),
+                "model_fingerprint": model_fingerprint(unwrap_data_parallel(model))}
+        dumps.write(result, meta, **where)
+
+    return write

@@ -28,14 +28,13 @@ or count them twice).
 
 from __future__ import annotations
 
-import hashlib
-
 from satcore.adapter_api import display_name
 from satcore import DepthStatistics
 from satcore import read_dump, write_dump
 from satcore.adapter_api import read_dump_meta
 from satcore import ProbeError
 from satcore import CandidateStatistics
+from satcore.adapters.base import weights_fingerprint
 
 
 def save_checkpoint(path, statistics, specs, batches_done: int, config: dict) -> None:
@@ -102,21 +101,23 @@ def model_fingerprint(model) -> str:
     """
     import torch
 
-    digest = hashlib.sha256()
-    with torch.no_grad():
-        for name, tensor in model.state_dict(keep_vars=True).items():
-            if not isinstance(tensor, torch.Tensor):
-                continue
-            digest.update(f"{name}\0{tuple(tensor.shape)}\0{tensor.dtype}\0".encode())
-            values = tensor.detach()
-            if values.is_meta or values.numel() == 0 or type(values) is not torch.Tensor:
-                continue  # no data here, or a sharded subclass (an FSDP DTensor) whose values this rank cannot read alone
-            flat = values.reshape(-1)
-            ends = torch.cat([flat[:4], flat[-4:]]) if flat.numel() > 8 else flat
-            if ends.is_complex():
-                ends = torch.view_as_real(ends)
-            digest.update(ends.to(device="cpu", dtype=torch.float64).numpy().tobytes())
-    return digest.hexdigest()[:32]
+    def entries():
+        with torch.no_grad():
+            for name, tensor in model.state_dict(keep_vars=True).items():
+                if not isinstance(tensor, torch.Tensor):
+                    continue
+                values = tensor.detach()
+                if values.is_meta or values.numel() == 0 or type(values) is not torch.Tensor:
+                    # no data here, or a sharded subclass (an FSDP DTensor) whose values this rank cannot read alone
+                    yield name, tuple(tensor.shape), tensor.dtype, None
+                    continue
+                flat = values.reshape(-1)
+                ends = torch.cat([flat[:4], flat[-4:]]) if flat.numel() > 8 else flat
+                if ends.is_complex():
+                    ends = torch.view_as_real(ends)
+                yield name, tuple(tensor.shape), tensor.dtype, ends.to(device="cpu", dtype=torch.float64).numpy()
+
+    return weights_fingerprint(entries())
 
 
 def _with_stream_sums(statistics: CandidateStatistics, saved, path, statistics_name: str) -> CandidateStatistics:

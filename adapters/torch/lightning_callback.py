@@ -39,7 +39,9 @@ from satcore import DecisionPolicy, InputError
 from satcore.adapters.base import (callback_log_candidates, callback_scalars, callback_schedule,
                                    warn_if_too_few_batches)
 
-from .callback_common import callback_places, callback_report, callback_settings
+from satcore.adapters.callback_dumps import callback_dumps
+
+from .callback_common import callback_places, callback_report, callback_settings, dump_writer
 from .probe import ProbeConfig
 
 
@@ -69,6 +71,12 @@ class LightningCallback(Callback):
         :class:`satcore.DecisionPolicy`, the trials drawing from the ``train_data`` batches (``HFCallback``'s
         ``policy`` and ``train_data``); the held-out split is ``probe_data``, and the decision's scalars
         (``satcore/decision/...``) are logged with the first-order ones.
+    dump_dir : str or os.PathLike, optional
+        Also write each probed validation's statistics to
+        ``dump_dir/satcore-epoch-<current_epoch>-step-<global_step>.npz`` (four and six digits at least, the epoch
+        counted from 0 as in Lightning's checkpoint names), a dump ``satcore score`` reads
+        (:mod:`satcore.adapters.callback_dumps`), from the global rank 0; a path that is a file, or a folder
+        holding a file at such a name, is refused here.
 
     ``prefix`` (``"satcore/"``, the start of every metric key) and ``log_candidates`` (``False``: the depth-wide
     keys only, ``HFCallback``'s set; ``True``: the per-candidate keys too, ``satcore/<name>/...`` and
@@ -81,16 +89,18 @@ class LightningCallback(Callback):
     """
 
     prefix = "satcore/"
-    # an attribute, not HFCallback's keyword: beside module it would be a ninth parameter (tests/test_core_layers.py)
+    # an attribute, not HFCallback's keyword: beside module it would be a tenth parameter (tests/test_core_layers.py)
     log_candidates = False
 
     @moved_keywords("callback", class_attributes=("prefix", "log_candidates"))
     def __init__(self, probe_data, loss_fn=None, *, module=None, every_n_epochs: int = 1, report: dict | None = None,
-                 config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None):
+                 config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None,
+                 dump_dir=None):
         self.every_n_epochs, self.report_options = callback_schedule("LightningCallback", "every_n_epochs",
                                                                      every_n_epochs, report)
         self.probe_data, self.loss_fn, self.module = probe_data, loss_fn, module
         self.config, self.decision = callback_settings("LightningCallback", probe_data, config, policy, train_data)
+        self.dumps = callback_dumps("LightningCallback", dump_dir)
         self.reports: list = []
 
     def _model(self, pl_module) -> nn.Module:
@@ -113,8 +123,12 @@ class LightningCallback(Callback):
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
             return
-        report = callback_report(self._model(pl_module), self.probe_data, self.loss_fn, self.config,
-                                 self.report_options, self.decision, progress=shows_progress_bar(trainer))
+        model = self._model(pl_module)
+        # the dump from the global rank 0 only, as Lightning's ModelCheckpoint saves
+        dump = (dump_writer(self.dumps, model, self.config, epoch=trainer.current_epoch, step=trainer.global_step)
+                if self.dumps is not None and trainer.is_global_zero else None)
+        report = callback_report(model, self.probe_data, self.loss_fn, self.config, self.report_options,
+                                 self.decision, progress=shows_progress_bar(trainer), dump=dump)
         self.reports.append((trainer.global_step, report))
         # the sums are all-reduced already: every rank holds the same numbers
         pl_module.log_dict(callback_scalars(report, self.prefix, self.log_candidates), sync_dist=False)

@@ -55,7 +55,9 @@ from satcore import InputError
 from satcore.adapters.base import (callback_log_candidates, callback_scalars, callback_schedule,
                                    warn_if_too_few_batches)
 
-from .callback_common import callback_places, callback_report, callback_settings
+from satcore.adapters.callback_dumps import callback_dumps
+
+from .callback_common import callback_places, callback_report, callback_settings, dump_writer
 from .probe import ProbeConfig
 
 
@@ -85,6 +87,10 @@ class HFCallback(TrainerCallback):
     log_candidates : bool
         Log the per-candidate keys too (``satcore/<name>/...``, ``satcore/decision/<name>/...``); default: the
         depth-wide ones only, which the Trainer prints at each evaluation.
+    dump_dir : str or os.PathLike, optional
+        Also write each probed evaluation's statistics to ``dump_dir/satcore-step-<global_step>.npz`` (six digits
+        at least), a dump ``satcore score`` reads (:mod:`satcore.adapters.callback_dumps`), from the global main
+        process; a path that is a file, or a folder holding a file at such a name, is refused here.
 
     ``prefix`` (``"satcore/"``, the start of every metric key) and ``eval_prefix`` (``"eval"``, the
     ``metric_key_prefix`` of the evaluations to follow) are class attributes: set them on a subclass or the
@@ -98,11 +104,12 @@ class HFCallback(TrainerCallback):
     @moved_keywords("callback", class_attributes=("prefix", "eval_prefix"))
     def __init__(self, probe_data, loss_fn=None, *, every: int = 1, report: dict | None = None,
                  config: ProbeConfig | None = None, policy: DecisionPolicy | None = None, train_data=None,
-                 log_candidates: bool = False):
+                 log_candidates: bool = False, dump_dir=None):
         self.every, self.report_options = callback_schedule("HFCallback", "every", every, report)
         self.log_candidates = callback_log_candidates("HFCallback", log_candidates)
         self.probe_data, self.loss_fn = probe_data, loss_fn
         self.config, self.decision = callback_settings("HFCallback", probe_data, config, policy, train_data)
+        self.dumps = callback_dumps("HFCallback", dump_dir)
         self.reports: list = []
         self._evaluations = 0
         self._scalars: dict | None = None  # of the evaluation at _step
@@ -177,8 +184,12 @@ class HFCallback(TrainerCallback):
         self._evaluations += 1
         self._scalars = None
         if (self._evaluations - 1) % self.every == 0:
+            # the dump, like the Trainer's own checkpoints and logs, from the global main process only
+            dump = (dump_writer(self.dumps, model, self.config, step=state.global_step, epoch=state.epoch)
+                    if self.dumps is not None and state.is_world_process_zero else None)
             report = callback_report(model, self.probe_data, self.loss_fn, self.config, self.report_options,
-                                     self.decision, progress=not args.disable_tqdm and state.is_world_process_zero)
+                                     self.decision, progress=not args.disable_tqdm and state.is_world_process_zero,
+                                     dump=dump)
             self.reports.append((state.global_step, report))
             self._scalars = callback_scalars(report, self.prefix, self.log_candidates)
         return self._scalars
