@@ -1,0 +1,45 @@
+"""Hostile and careless arguments to ``satcore expand`` and the Python ``decide`` / ``grow`` entry points, a round
+after those of ``test_hostile_checkpoints.py``: each must end in exit status 2 (``InputError`` in Python) with ONE
+line naming the argument or file and what is wrong, no traceback, nothing written.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from satcore import InputError
+from satcore.cli.main import main
+from test_hostile_inputs import assert_one_line
+
+
+def refused(result, *expect):
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert_one_line(result.stderr, expect)
+
+
+@pytest.mark.parametrize("kind", ["missing", "file", "fifo"])
+def test_a_model_dir_that_is_no_folder_is_named_for_what_it_is(kind, tmp_path):
+    """MODEL_DIR that does not exist, or is a file or a FIFO: before, each read 'not a directory', which sent the
+    user looking for a folder where there was nothing, or a file they had given by mistake."""
+    pytest.importorskip("torch")
+    model = tmp_path / "model"
+    if kind == "file":
+        model.write_text("{}")
+    elif kind == "fifo":
+        os.mkfifo(model)
+    data = tmp_path / "corpus.txt"
+    data.write_text("hello world\n")
+    out = tmp_path / "o"
+    expect = {"missing": "does not exist (a Hugging Face model folder is expected)",
+              "file": "is a file, not a Hugging Face model folder",
+              "fifo": "is a FIFO, not a Hugging Face model folder"}[kind]
+    refused(CliRunner().invoke(main, ["expand", str(model), "--data", str(data), "--blocks", "1", "-o", str(out)]),
+            f"{model}: {expect}")
+    assert not out.exists()
+    from satcore.adapters.torch.checkpoint_dir import load_causal_lm
+
+    with pytest.raises(InputError, match=f"^{model}: {expect.split(' (')[0]}"):
+        load_causal_lm(model)
