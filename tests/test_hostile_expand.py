@@ -43,3 +43,27 @@ def test_a_model_dir_that_is_no_folder_is_named_for_what_it_is(kind, tmp_path):
 
     with pytest.raises(InputError, match=f"^{model}: {expect.split(' (')[0]}"):
         load_causal_lm(model)
+
+
+@pytest.fixture(scope="module")
+def mlp_probe():
+    """A small residual MLP on digits and its probe result (blocks.0, blocks.1, head)."""
+    torch = pytest.importorskip("torch")
+    from satcore.adapters.torch import probe
+    from zoo.models_torch import ResidualMLP, digits, per_sample_ce
+
+    X, y = digits()
+    torch.manual_seed(0)
+    model = ResidualMLP()
+    return model, probe(model, [(X[i : i + 32], y[i : i + 32]) for i in range(0, 128, 32)], per_sample_ce)
+
+
+def test_grow_at_a_candidate_the_probe_lacks_is_an_input_error(mlp_probe):
+    """grow(model, result, 'nope'): before, a bare ValueError, which a caller catching satcore's InputError (as the
+    command line does) did not catch; now an InputError naming the argument, as the TensorFlow adapter's."""
+    from satcore.adapters.torch import grow
+
+    model, result = mlp_probe
+    with pytest.raises(InputError, match=r"^at: unknown candidate 'nope'; the probe has \['blocks\.0', 'blocks\.1', "
+                                         r"'head'\]$"):
+        grow(model, result, "nope", rho=0.1)
