@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 import pytest
 from click.testing import CliRunner
 
@@ -67,3 +69,52 @@ def test_grow_at_a_candidate_the_probe_lacks_is_an_input_error(mlp_probe):
     with pytest.raises(InputError, match=r"^at: unknown candidate 'nope'; the probe has \['blocks\.0', 'blocks\.1', "
                                          r"'head'\]$"):
         grow(model, result, "nope", rho=0.1)
+
+
+@pytest.mark.parametrize("step, expect", [
+    (dict(alpha=float("nan")), r"^alpha must be a finite number, got nan$"),
+    (dict(alpha=float("inf")), r"^alpha must be a finite number, got inf$"),
+    (dict(rho=float("inf")), r"^rho must be a finite number, got inf$"),
+    (dict(alpha="0.1"), r"^alpha must be a finite number, got '0\.1' \(str\)$"),
+    (dict(alpha=1e308), r"^alpha 1e\+308: the block's weights -alpha C K\^\+ pass float64's range; give a smaller "
+                        r"step$"),
+])
+def test_grow_refuses_a_step_that_gives_weights_of_nan_or_inf(step, expect, mlp_probe):
+    """grow(alpha=nan) and grow(rho=inf) returned a model whose new block held NaN or infinite weights and a NaN or
+    -inf predicted change, without a word; alpha=1e308 printed NumPy's overflow RuntimeWarning and did the same.  Each
+    is one line naming the step now (warnings are errors here), and the model is not copied.  A negative step stays
+    (the reverse of the fitted block, which examples/pretrained_llm.py checks): its predicted change is the positive
+    step's, negated."""
+    import warnings
+
+    from satcore.adapters.torch import grow
+
+    model, result = mlp_probe
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(InputError, match=expect):
+            grow(model, result, "blocks.0", **step)
+        forward, backward = grow(model, result, "blocks.0", alpha=0.5), grow(model, result, "blocks.0", alpha=-0.5)
+    assert backward.predicted_change == pytest.approx(-forward.predicted_change, rel=1e-12)
+    assert forward.predicted_change < 0
+
+
+@pytest.mark.parametrize("call, expect", [
+    (lambda s: s.matched_projection(np.ones((2, 1)), np.eye(1), float("nan")), r"^alpha must be a finite number"),
+    (lambda s: s.predicted_loss_change(np.ones((2, 1)), np.eye(1), float("-inf")), r"^alpha must be a finite number"),
+    (lambda s: s.alpha_for_relative_update(float("nan"), 1.0, 0.5), r"^rho must be a finite number, got nan$"),
+    (lambda s: s.alpha_for_relative_update(0.1, -1.0, 0.5), r"^stream_rms must be >= 0, got -1"),
+    (lambda s: s.alpha_for_relative_update(1e300, 1e300, 0.5), r"^rho 1e\+300: its step rho \|\|z\|\|_S / V \(1e\+300 x 1e\+300 / 0\.5\) passes float64's range$"),
+    (lambda s: s.matched_projection(np.full((2, 1), 1e200), np.eye(1), 1e200), r"^alpha 1e\+200: the block's "),
+])
+def test_insertion_formulas_refuse_steps_out_of_range(call, expect):
+    """The public formulas behind grow(): a NaN or infinite step, or one whose weights pass float64's range, is one
+    line; before, they returned NaN or inf arrays (the last with NumPy's RuntimeWarning).  Warnings are errors."""
+    import warnings
+
+    import satcore
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(InputError, match=expect):
+            call(satcore)
