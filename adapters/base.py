@@ -35,7 +35,8 @@ from dataclasses import dataclass, replace
 
 from satcore import DecisionPolicy, InputError, ModelOnDataError, SatcoreError
 from satcore.adapter_api import (DEFAULT_ALPHA, MAX_SEED, TRAINING_SPLIT_WARNING, Probe, fewest_batches_to_reject,
-                                 is_training_split, positive_count, read_batches, whole_number)
+                                 is_training_split, positive_count, no_batches, read_batches,
+                                 whole_number)
 
 from .options import check_family
 
@@ -223,7 +224,7 @@ def read_split(data, what: str) -> list:
         raise InputError(f"{what} is one batch; pass an iterable of batches, e.g. [batch]")
     batches = read_batches(data, what)
     if not batches:
-        raise InputError(f"{what} yielded no batches")
+        raise InputError(no_batches(data, what))
     return batches
 
 

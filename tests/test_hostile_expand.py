@@ -118,3 +118,25 @@ def test_insertion_formulas_refuse_steps_out_of_range(call, expect):
         warnings.simplefilter("error")
         with pytest.raises(InputError, match=expect):
             call(satcore)
+
+
+def test_an_exhausted_iterator_is_named_as_one_and_the_split_as_its_own(mlp_probe):
+    """A generator read once already (passed to a second call) reads as empty: decide and probe_splits said only 'no
+    batches', and probe_splits said 'data', not which of its two splits; each now names the split and asks whether
+    the iterator was read to its end.  An empty list keeps the plain line."""
+    from satcore import Recipe
+    from satcore.adapters.torch import decide, probe_splits
+    from zoo.models_torch import digits, per_sample_ce
+
+    model, _ = mlp_probe
+    X, y = digits()
+    train = [(X[i : i + 32], y[i : i + 32]) for i in range(0, 128, 32)]
+    heldout = (batch for batch in train)
+    list(heldout)
+    exhausted = r" \(an iterator, already read to its end\? pass a list of batches, which can be read again\)"
+    with pytest.raises(InputError, match=rf"^decide: the held-out data yielded no batches{exhausted}$"):
+        decide(model, train, heldout, per_sample_ce, recipe=Recipe("adam", 1e-3, 40, 16, "block"))
+    with pytest.raises(InputError, match=rf"^the held-out data yielded no batches{exhausted}: nothing was probed$"):
+        probe_splits(model, train, heldout, per_sample_ce)
+    with pytest.raises(InputError, match=r"^the held-out data yielded no batches: nothing was probed$"):
+        probe_splits(model, train, [], per_sample_ce)
