@@ -140,3 +140,30 @@ def test_an_exhausted_iterator_is_named_as_one_and_the_split_as_its_own(mlp_prob
         probe_splits(model, train, heldout, per_sample_ce)
     with pytest.raises(InputError, match=r"^the held-out data yielded no batches: nothing was probed$"):
         probe_splits(model, train, [], per_sample_ce)
+
+
+def test_a_module_named_twice_or_under_its_second_name_is_named_as_such(mlp_probe):
+    """decide/probe candidates naming one place twice said 'names must be distinct and not head' (which one?); a
+    module registered under a second name (model.alias = model.blocks[0]) was 'not a submodule name', though
+    model.alias is one: each is named now, with the name to give."""
+    import copy
+
+    from satcore import DecisionPolicy, Recipe
+    from satcore.adapters.torch import decide, probe
+    from zoo.models_torch import digits, per_sample_ce
+
+    model, _ = mlp_probe
+    X, y = digits()
+    data = [(X[i : i + 32], y[i : i + 32]) for i in range(0, 64, 32)]
+    policy = DecisionPolicy(Recipe("adam", 1e-3, 40, 16, "block"), candidates=["blocks.0", "blocks.0"])
+    with pytest.raises(InputError, match=r"^candidate 'blocks\.0' is named twice in \['blocks\.0', 'blocks\.0'\]; "
+                                         r"name each place once$"):
+        decide(model, data, data, per_sample_ce, policy=policy)
+    aliased = copy.deepcopy(model)
+    aliased.alias = aliased.blocks[0]
+    for names in (["alias"], ["blocks.1", "alias"]):
+        with pytest.raises(InputError, match=r"^candidate 'alias' is the module 'blocks\.0' under a second name \(one "
+                                             r"module registered twice\); name it 'blocks\.0'$"):
+            probe(aliased, data, per_sample_ce, candidates=names)
+    with pytest.raises(InputError, match=r"^candidate 'nope' is not a submodule name of ResidualMLP"):
+        probe(aliased, data, per_sample_ce, candidates=["nope"])
