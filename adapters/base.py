@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from satcore import DecisionPolicy, InputError, ModelOnDataError, SatcoreError
@@ -231,7 +231,9 @@ def read_split(data, what: str) -> list:
 def require_reiterable(data, what: str) -> None:
     """Refuse ``data`` that a callback cannot read at every evaluation: one batch (:func:`is_one_batch`, found
     otherwise at the first evaluation, after training), a one-shot iterator (a generator), which the first
-    evaluation would exhaust, or an empty sequence."""
+    evaluation would exhaust, an empty sequence, or what is no iterable (``None``)."""
+    if not isinstance(data, Iterable):
+        raise InputError(f"{what}: not an iterable of batches, got {type(data).__name__}")
     if is_one_batch(data):
         raise InputError(f"{what} is one batch (a pair (inputs, targets) or a mapping); pass an iterable of batches, "
                          f"e.g. [batch] or a tf.data.Dataset / DataLoader of them")

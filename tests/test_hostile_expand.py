@@ -6,6 +6,7 @@ line naming the argument or file and what is wrong, no traceback, nothing writte
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 
@@ -167,3 +168,33 @@ def test_a_module_named_twice_or_under_its_second_name_is_named_as_such(mlp_prob
             probe(aliased, data, per_sample_ce, candidates=names)
     with pytest.raises(InputError, match=r"^candidate 'nope' is not a submodule name of ResidualMLP"):
         probe(aliased, data, per_sample_ce, candidates=["nope"])
+
+
+@pytest.mark.parametrize("split, value, expect", [
+    ("probe_data", "spent", "probe_data is a one-shot iterator (a generator?): it is read at every evaluation"),
+    ("probe_data", None, "probe_data: not an iterable of batches, got NoneType"),
+    ("heldout_data", [], "heldout_data holds no batches"),
+    ("heldout_data", "spent", "heldout_data is a one-shot iterator"),
+    ("train_data", "spent", "train_data is a one-shot iterator"),
+])
+def test_grow_until_saturated_refuses_data_it_cannot_read_every_round(split, value, expect, mlp_probe):
+    """grow_until_saturated reads probe_data (and heldout_data, train_data) every round: a generator already read
+    gave 'data yielded no batches' (which data?), one read in round 1 would be empty in round 2, heldout_data=[] was
+    taken (the guard then measured nothing), and probe_data=None raised a bare TypeError.  Each is refused before
+    any round, in the words of the training-loop callbacks."""
+    from satcore import GrowthCriteria, GrowthOptions
+    from satcore.adapters.torch import grow_until_saturated
+    from zoo.models_torch import digits, per_sample_ce
+
+    model, _ = mlp_probe
+    X, y = digits()
+    data = [(X[i : i + 32], y[i : i + 32]) for i in range(0, 64, 32)]
+    if value == "spent":
+        value = (batch for batch in data)
+        list(value)
+    splits = {"probe_data": data, split: value}
+    trained = []
+    with pytest.raises(InputError, match=rf"^grow_until_saturated's {re.escape(expect)}"):
+        grow_until_saturated(model, lambda m, r: trained.append(r) or m, loss_fn=per_sample_ce,
+                             options=GrowthOptions(GrowthCriteria(tolerance=0.01)), **splits)
+    assert trained == []
