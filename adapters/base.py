@@ -278,6 +278,15 @@ def warn_if_heldout_is_probe(policy, probe_data, heldout_data) -> None:
                       "(docs/growth.md)", UserWarning, stacklevel=4)
 
 
+def require_round_data(probe_data, heldout_data=None, train_data=None) -> None:
+    """Refuse, before round 1, a split ``grow_until_saturated`` reads every round that it cannot read so
+    (:func:`require_reiterable`; ``probe_data`` always, the others where given): a generator would be empty from
+    the second round on, ``None`` fail at the first."""
+    for name, split in (("probe_data", probe_data), ("heldout_data", heldout_data), ("train_data", train_data)):
+        if split is not None or name == "probe_data":
+            require_reiterable(split, f"grow_until_saturated's {name}")
+
+
 def known_length(data) -> int | None:
     """How many batches ``data`` holds where it says (a list, a ``DataLoader``, a ``tf.data.Dataset`` of known
     cardinality); ``None`` where it cannot (a loader over an iterable dataset, whose ``len`` raises)."""
