@@ -31,12 +31,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from satcore import DecisionPolicy, InputError, ModelOnDataError, SatcoreError
 from satcore.adapter_api import (DEFAULT_ALPHA, MAX_SEED, TRAINING_SPLIT_WARNING, Probe, fewest_batches_to_reject,
-                                 is_training_split, positive_count, read_batches, whole_number)
+                                 is_training_split, positive_count, no_batches, read_batches,
+                                 whole_number)
 
 from .options import check_family
 
@@ -224,14 +225,16 @@ def read_split(data, what: str) -> list:
         raise InputError(f"{what} is one batch; pass an iterable of batches, e.g. [batch]")
     batches = read_batches(data, what)
     if not batches:
-        raise InputError(f"{what} yielded no batches")
+        raise InputError(no_batches(data, what))
     return batches
 
 
 def require_reiterable(data, what: str) -> None:
     """Refuse ``data`` that a callback cannot read at every evaluation: one batch (:func:`is_one_batch`, found
     otherwise at the first evaluation, after training), a one-shot iterator (a generator), which the first
-    evaluation would exhaust, or an empty sequence."""
+    evaluation would exhaust, an empty sequence, or what is no iterable (``None``)."""
+    if not isinstance(data, Iterable):
+        raise InputError(f"{what}: not an iterable of batches, got {type(data).__name__}")
     if is_one_batch(data):
         raise InputError(f"{what} is one batch (a pair (inputs, targets) or a mapping); pass an iterable of batches, "
                          f"e.g. [batch] or a tf.data.Dataset / DataLoader of them")
@@ -274,6 +277,15 @@ def warn_if_heldout_is_probe(policy, probe_data, heldout_data) -> None:
                       "decides its place; the held-out guard then reads the data the place was chosen on and "
                       "favours the chosen block. Pass a held-out split the decision does not read "
                       "(docs/growth.md)", UserWarning, stacklevel=4)
+
+
+def require_round_data(probe_data, heldout_data=None, train_data=None) -> None:
+    """Refuse, before round 1, a split ``grow_until_saturated`` reads every round that it cannot read so
+    (:func:`require_reiterable`; ``probe_data`` always, the others where given): a generator would be empty from
+    the second round on, ``None`` fail at the first."""
+    for name, split in (("probe_data", probe_data), ("heldout_data", heldout_data), ("train_data", train_data)):
+        if split is not None or name == "probe_data":
+            require_reiterable(split, f"grow_until_saturated's {name}")
 
 
 def known_length(data) -> int | None:

@@ -13,6 +13,7 @@ import math
 from typing import NamedTuple
 
 from satcore import InputError, alpha_for_relative_update
+from satcore.adapter_api import finite_real
 
 
 class Grown(NamedTuple):
@@ -36,4 +37,4 @@ def insertion_step(stats, stream_rms, alpha, rho, zero, rtol) -> float:
         # through the K^- the report's growth value reads (CandidateStatistics.feature_gram_inverse)
         growth = math.sqrt(stats.feature_gram_inverse(rtol).quadratic_form(stats.cross_gradient()))
         return alpha_for_relative_update(rho, stream_rms, growth)
-    return float(alpha)
+    return finite_real(alpha, "alpha")

@@ -88,7 +88,8 @@ from ._shared.numbers import (MAX_COUNT, MAX_SEED, derived_seed, finite_real, pa
                               shown_value, whole_number)
 from ._shared.option_names import option_given, options_named_by
 from ._shared.optional import require
-from ._shared.splits import MAX_DATA_BATCHES, TRAINING_SPLIT_WARNING, is_training_split, read_batches, split_words
+from ._shared.splits import (MAX_DATA_BATCHES, TRAINING_SPLIT_WARNING, is_training_split, no_batches, read_batches,
+                             split_words)
 from ._statistics.moments import PackedGram, complete_lower, forms_sample_gradients
 
 __all__ = [
@@ -117,7 +118,7 @@ __all__ = [
     "decision_interval_notes", "heldout_samples_words", "num", "render_decision", "render_report", "table", "display_name", "StreamDiagnostics",
     # shared checks
     "check_feature_count", "check_memory", "memory_budget", "statistics_bytes", "MissingDependencyError", "require",
-    "TRAINING_SPLIT_WARNING", "is_training_split", "split_words", "MAX_DATA_BATCHES", "read_batches",
+    "TRAINING_SPLIT_WARNING", "is_training_split", "split_words", "MAX_DATA_BATCHES", "no_batches", "read_batches",
     # an option named in a refusal as the user gave it: the Python keyword, or the running command's flag
     "option_given", "options_named_by",
     # the keywords the options objects replaced: a call passing one is told where it went

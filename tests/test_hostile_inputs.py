@@ -611,3 +611,51 @@ def test_score_refuses_overflowing_arrays_before_any_arithmetic_warns(scale_q, s
         big = np.finfo(float).max ** 0.25 / 1e3
         inside = satcore.score(rng.standard_normal((8, 3)) * big, rng.standard_normal((8, 4)))
         assert np.isfinite(inside.growth_value) and np.isfinite(inside.fold_test.p_value)
+
+
+
+# the public functions of sample arrays besides score(): (call on (Q, Psi, J), the arrays it reads)
+ARRAY_FUNCTIONS = {
+    "ag": (lambda Q, Psi, J: satcore_api().ag(Q), "Q"),
+    "ag_normalized": (lambda Q, Psi, J: satcore_api().ag_normalized(Q), "Q"),
+    "ag_batch": (lambda Q, Psi, J: satcore_api().ag_batch(Q, 4), "Q"),
+    "cross_gradient": (lambda Q, Psi, J: satcore_api().cross_gradient(Q, Psi), "Q Psi"),
+    "feature_gram": (lambda Q, Psi, J: satcore_api().feature_gram(Psi), "Psi"),
+    "growth_value": (lambda Q, Psi, J: satcore_api().growth_value(Q, Psi), "Q Psi"),
+    "growth_value_jacobian": (lambda Q, Psi, J: satcore_api().growth_value_jacobian(Q, J), "Q J"),
+    "projector": (lambda Q, Psi, J: satcore_api().projector(Psi), "Psi"),
+    "projected_growth_value": (lambda Q, Psi, J: satcore_api().projected_growth_value(Q, Psi), "Q Psi"),
+    "feature_rank": (lambda Q, Psi, J: satcore_api().feature_rank(Psi), "Psi"),
+    "tangent_complete": (lambda Q, Psi, J: satcore_api().tangent_complete(Psi), "Psi"),
+    "CandidateStatistics.from_samples": (lambda Q, Psi, J: satcore_api().CandidateStatistics.from_samples(Q, Psi),
+                                         "Q Psi"),
+}
+
+
+def satcore_api():
+    import satcore
+
+    return satcore
+
+
+@pytest.mark.parametrize("function, scaled", [(f, name) for f, (_, reads) in sorted(ARRAY_FUNCTIONS.items())
+                                              for name in reads.split()])
+def test_array_functions_refuse_overflowing_arrays_before_any_arithmetic_warns(function, scaled):
+    """Every public function of sample arrays, given one whose squared norm passes float64's range (x 1e200), is
+    refused naming that array, and the refusal is all it says: before, ag_batch, growth_value, projector and
+    projected_growth_value printed NumPy's 'overflow encountered' RuntimeWarning, and ag, feature_gram, feature_rank
+    and growth_value_jacobian returned inf, NaN or 0 without a word.  Well inside the range (x 1e70, a squared
+    norm near 1e141) the value is the unscaled arrays', scaled.  Warnings are errors here."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    arrays = {"Q": rng.standard_normal((8, 3)), "Psi": rng.standard_normal((8, 4)), "J": rng.standard_normal((8, 3, 4))}
+    call = ARRAY_FUNCTIONS[function][0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(satcore_api().InputError, match=rf"^{scaled}: its squared norm \(inf; largest entry "
+                                                           r"\d\.\d+e\+200 in size\) is over 1\.34e\+154, the square "
+                                                           "root of float64's range"):
+            call(**{**arrays, scaled: arrays[scaled] * 1e200})
+        if function.startswith("ag") or (scaled == "Q" and "growth" in function):  # homogeneous of degree 1 in Q
+            assert call(**{**arrays, "Q": arrays["Q"] * 1e70}) == pytest.approx(call(**arrays) * 1e70, rel=1e-12)

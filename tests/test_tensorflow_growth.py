@@ -159,3 +159,22 @@ def test_keras_heldout_split_of_the_probes_own_batches_warns_once(setup):
         warnings.filterwarnings("error", message=says)
         grow_until_saturated(model, lambda m, k: m, probe_data, LOSS, heldout_data=heldout,
                              options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=0)))
+
+
+@pytest.mark.parametrize("split, spent", [("probe_data", True), ("heldout_data", False)])
+def test_keras_loop_refuses_data_it_cannot_read_every_round(setup, split, spent):
+    """As torch's: a spent generator (probe_data) or an empty heldout_data is refused before round 1, naming the
+    argument; before, the generator gave 'no batches' of no named split and the empty held-out split was taken."""
+    from satcore import InputError
+
+    model, probe_data, _ = setup
+    value = (batch for batch in probe_data) if spent else []
+    if spent:
+        list(value)
+    trained = []
+    expect = "probe_data is a one-shot iterator" if spent else "heldout_data holds no batches"
+    with pytest.raises(InputError, match=f"^grow_until_saturated's {expect}"):
+        grow_until_saturated(model, lambda m, k: trained.append(k) or m, loss_fn=LOSS,
+                             options=GrowthOptions(GrowthCriteria(tolerance=0.0), probe=ProbeConfig(family="mlp")),
+                             **{"probe_data": probe_data, split: value})
+    assert trained == []

@@ -27,7 +27,7 @@ from dataclasses import replace
 from satcore import GrowthLogError, InputError, ProbeError
 from satcore import FirstOrderDecide, GrowthOptions, GrowthResult, GrowthRound, run_growth
 from satcore.adapter_api import AdapterSteps, moved_keywords
-from satcore.adapters.base import growth_decision, warn_if_heldout_is_probe
+from satcore.adapters.base import growth_decision, require_round_data, warn_if_heldout_is_probe
 
 from .grow import InsertedResidual, grow, require_functional
 from .locate import locate_candidates
@@ -136,6 +136,7 @@ def grow_until_saturated(model, train, probe_data, loss_fn, *, heldout_data=None
     if not isinstance(probe, ProbeConfig):
         raise InputError(f"growth options: probe must be a satcore.adapters.tensorflow.ProbeConfig, got "
                          f"{type(probe).__name__}")
+    require_round_data(probe_data, heldout_data, train_data)
     warn_if_heldout_is_probe(policy, probe_data, heldout_data)
     data = {"probe": probe_data, "train": train_data if train_data is not None else probe_data,
             "heldout": heldout_data}

@@ -71,13 +71,12 @@ _LAYER_NAME = re.compile(r"(.*?)\.([0-9]{1,9})\.")
 
 
 def check_checkpoint_dir(path) -> None:
-    """Refuse, in one line naming what is missing, a directory the loader does not read: not a directory (a
+    """Refuse, in one line naming what is missing, a directory the loader does not read: a path where no directory is (missing, a file, a
     symbolic link to none: :func:`~satcore.adapter_api.directory`), no
     ``config.json`` (or something else than a regular file there: :func:`~satcore.adapter_api.regular_file`), a path that is not UTF-8 (the safetensors reader takes UTF-8 paths only), pickled weights
     (``pytorch_model.bin``: nothing is unpickled) or no weights."""
     shown = display_name(os.fspath(path))
-    if not directory(path, shown):
-        raise InputError(f"{shown}: not a directory (a Hugging Face checkpoint directory is expected)")
+    directory(path, shown, expected="a Hugging Face model folder")
     try:
         os.fsencode(os.path.abspath(path)).decode("utf-8")
     except UnicodeDecodeError:

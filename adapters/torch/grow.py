@@ -19,7 +19,7 @@ import copy
 import torch
 from torch import nn
 
-from satcore import DEFAULT_RTOL
+from satcore import DEFAULT_RTOL, InputError
 from satcore.adapters.insertion import Grown, insertion_step
 from satcore.adapter_api import family_spec, registered_families
 from satcore import plan_insertion
@@ -68,10 +68,10 @@ def grow(model: nn.Module, result, at: str, *, alpha=None, rho=None, zero: bool 
     bit-identical to the original's.
     """
     if at not in result.statistics:
-        raise ValueError(f"unknown candidate {at!r}; the probe has {list(result.statistics)}")
+        raise InputError(f"at: unknown candidate {at!r}; the probe has {list(result.statistics)}")
     kind = getattr(result.families.get(at), "kind", None)
     if kind in registered_families() and not family_spec(kind).drawn:  # built from the model: 'native'
-        raise ValueError(f"{at}: a {kind!r} probe's block is inserted by insert_block(model, {at!r}, seed=...), "
+        raise InputError(f"{at}: a {kind!r} probe's block is inserted by insert_block(model, {at!r}, seed=...), "
                          "not by grow()")
     stats = result.statistics[at]
     alpha = insertion_step(stats, result.diagnostics[at].stream_rms, alpha, rho, zero, rtol)

@@ -43,7 +43,7 @@ from satcore.adapters.batches import split_batch
 from satcore import GrowthLogError, InputError, ProbeError
 from satcore import DecisionPolicy, FirstOrderDecide, GrowthOptions, GrowthResult, GrowthRound, run_growth
 from satcore.adapter_api import AdapterSteps, moved_keywords, round_summary
-from satcore.adapters.base import growth_decision, warn_if_heldout_is_probe
+from satcore.adapters.base import growth_decision, require_round_data, warn_if_heldout_is_probe
 
 from .features import rebuild_feature_map
 from .grow import InsertedResidual, insert_branch
@@ -260,6 +260,7 @@ def grow_until_saturated(model: nn.Module, train, probe_data, loss_fn, *, heldou
     if options.log_path is not None and _has_module(probe.family):
         raise GrowthLogError(f"{display_name(os.fspath(options.log_path))}: an nn.Module family cannot be rebuilt "
                              "when the run resumes; use a built-in family or no log_path")
+    require_round_data(probe_data, heldout_data, train_data)
     warn_if_heldout_is_probe(policy, probe_data, heldout_data)
     data = {"probe": probe_data, "train": train_data if train_data is not None else probe_data,
             "heldout": heldout_data}

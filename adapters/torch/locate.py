@@ -132,13 +132,27 @@ def named_candidates(model: nn.Module, names, *, head: bool = True) -> tuple[Can
     if HEAD in names:  # a candidate the names imply, not a module: refused with what it is
         raise ProbeError(f"candidates name modules; {HEAD!r} (the output of the last one) is added without being "
                          f"named: leave it out of {names}")
+    # a module registered under two names (self.alias = self.blocks[0]) is listed under its first only
+    first_name = {id(m): n for n, m in modules.items()}
     for n in names:
-        if not isinstance(n, str) or n not in modules or n == "":
+        if not isinstance(n, str) or n == "" or (n not in modules and _submodule(model, n) is None):
             raise ProbeError(f"candidate {n!r} is not a submodule name of {type(model).__name__}; "
                              + _valid_names(model, modules))
-    if len(set(names)) != len(names) or HEAD in names:
-        raise ProbeError(f"candidate names must be distinct and not {HEAD!r}: {names}")
+        if n not in modules:
+            raise ProbeError(f"candidate {n!r} is the module {first_name[id(_submodule(model, n))]!r} under a second "
+                             f"name (one module registered twice); name it {first_name[id(_submodule(model, n))]!r}")
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise ProbeError(f"candidate {twice!r} is named twice in {names}; name each place once")
     return with_head([_candidate(model, n) for n in names], head)
+
+
+def _submodule(model: nn.Module, name: str) -> nn.Module | None:
+    """The module ``model.get_submodule(name)`` reaches, None where none does."""
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
 
 
 def decision_places(candidates=None, head: bool | None = None) -> dict:

@@ -38,7 +38,7 @@ from satcore.adapters.options import family_option_label, per_candidate
 from satcore import DepthStatistics
 from satcore import InputError, ModelOnDataError, ProbeError
 from satcore import CandidateStatistics
-from satcore.adapter_api import derived_seed, statistics_bytes
+from satcore.adapter_api import derived_seed, no_batches, split_words, statistics_bytes
 from satcore.adapter_api import DEFAULT_FOLDS
 
 from .capture import StreamTaps
@@ -688,6 +688,7 @@ def probe(model: nn.Module, data, loss_fn=None, *, progress: bool | Callable[[in
         progress = bar.update
     skip = state.batches_done
     batches_left = _batches_left(data, skip) if bar is not None else None
+    index = -1
     try:
         for index, batch in enumerate(data):
             if index >= skip:
@@ -701,6 +702,9 @@ def probe(model: nn.Module, data, loss_fn=None, *, progress: bool | Callable[[in
             if bar.total is not None:  # the estimate (a shorter last batch) ends at what was read
                 bar.total = bar.n
             bar.close()
+    if index < 0 and not skip:  # named here, where data is at hand: an exhausted iterator reads as empty
+        split = state.config.split
+        raise ProbeError(no_batches(data, f"the {split_words(split)} data" if split else "data") + ": nothing was probed")
     return state.result(copy_sums=False)  # the probe ends here: no second set of sums
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from .psd import DEFAULT_RTOL, psd_spectrum
 from .._shared.errors import InputError
+from .._shared.numbers import finite_real
 
 
 def matched_projection(C, K, alpha: float, rtol: float = DEFAULT_RTOL) -> np.ndarray:
@@ -60,12 +61,25 @@ def matched_projection(C, K, alpha: float, rtol: float = DEFAULT_RTOL) -> np.nda
     array([[-0.1 ],
            [-0.05]])
     """
-    return _projection(C, psd_spectrum(K, rtol), alpha)
+    return _projection(C, psd_spectrum(K, rtol), _step(alpha))
+
+
+def _step(alpha) -> float:
+    """``alpha`` as a finite float (a negative one steps up the gradient: the reverse of the fitted block), one line
+    naming it otherwise: a NaN or infinite step gave a block of NaN or infinite weights without a word."""
+    return finite_real(alpha, "alpha")
 
 
 def _projection(C, inverse, alpha: float) -> np.ndarray:
-    """``V* = -alpha C K^-`` through ``inverse``, a :mod:`satcore._formulas.psd` inverse of ``K``."""
-    return -alpha * (np.asarray(C, dtype=np.float64) @ inverse.pinv())
+    """``V* = -alpha C K^-`` through ``inverse``, a :mod:`satcore._formulas.psd` inverse of ``K``; refused (one
+    line naming ``alpha``) where an entry passes float64's range, which NumPy announced with a RuntimeWarning and
+    returned as inf weights."""
+    with np.errstate(over="ignore", invalid="ignore"):  # an inf here is the answer, refused below
+        projection = -alpha * (np.asarray(C, dtype=np.float64) @ inverse.pinv())
+    if not np.isfinite(projection).all():
+        raise InputError(f"alpha {alpha:.6g}: the block's weights -alpha C K^+ pass float64's range; give a smaller "
+                         "step")
+    return projection
 
 
 def predicted_loss_change(C_fit, K, alpha: float, C_eval=None, rtol: float = DEFAULT_RTOL) -> float:
@@ -111,7 +125,7 @@ def predicted_loss_change(C_fit, K, alpha: float, C_eval=None, rtol: float = DEF
     >>> round(satcore.predicted_loss_change(C, K, 0.1, C_eval=np.array([[1.0], [0.0]])), 12)
     -0.1
     """
-    return _loss_change(psd_spectrum(K, rtol), alpha, C_fit, C_eval)
+    return _loss_change(psd_spectrum(K, rtol), _step(alpha), C_fit, C_eval)
 
 
 def _loss_change(inverse, alpha: float, C_fit, C_eval=None) -> float:
@@ -150,9 +164,15 @@ def alpha_for_relative_update(rho: float, stream_rms: float, growth: float) -> f
     >>> satcore.alpha_for_relative_update(0.01, stream_rms=2.0, growth=0.5)
     0.04
     """
+    rho, stream_rms = finite_real(rho, "rho"), finite_real(stream_rms, "stream_rms", low=0.0)
     if growth <= 0:
         raise InputError("growth value is zero: no first-order direction to insert")
-    return rho * stream_rms / growth
+    with np.errstate(over="ignore"):
+        alpha = rho * stream_rms / growth
+    if not np.isfinite(alpha):
+        raise InputError(f"rho {rho:.6g}: its step rho ||z||_S / V ({rho:.6g} x {stream_rms:.6g} / {growth:.6g}) "
+                         "passes float64's range")
+    return alpha
 
 
 @dataclass(frozen=True)
@@ -198,6 +218,7 @@ def plan_insertion(stats_fit, alpha: float, stats_eval=None, rtol: float = DEFAU
     (-0.083333333333, None)
     """
     # K^- as the statistics' own score reads it: the predicted change is -alpha times the report's V^2 to round-off
+    alpha = _step(alpha)
     C, inverse = stats_fit.cross_gradient(), stats_fit.feature_gram_inverse(rtol)
     return InsertionPlan(
         alpha=alpha,

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from .._shared.arrays import as_pair, as_samples, check_memory
+from .._shared.arrays import as_pair, as_samples, check_memory, squared_norm_in_range
 from .psd import DEFAULT_RTOL, psd_spectrum
 from .._shared.errors import InputError
 
@@ -305,6 +305,7 @@ def growth_value_jacobian(Q, J, rtol: float = DEFAULT_RTOL) -> float:
     if jac.ndim != 3 or jac.dtype.kind != "f":
         raise InputError(f"J: expected a float array of shape (M, T*N, p), got {jac.shape} {jac.dtype}")
     jac = jac.astype(np.float64, copy=False)
+    squared_norm_in_range(jac, "J")  # g and G are bounded by it and ||Q||^2: neither overflows
     M, T, N = q.shape
     if jac.shape[:2] != (M, T * N):
         raise InputError(f"J has shape {jac.shape}, expected ({M}, {T * N}, p) for Q of shape {q.shape}")

@@ -50,8 +50,8 @@ class _Terminated(BaseException):
 
 
 def file_kind(mode: int) -> str:
-    """What a file of ``os.stat`` mode ``mode`` that is not a regular file is, for a refusal (``"a FIFO"``, ...)."""
-    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+    """What a file of ``os.stat`` mode ``mode`` is, for a refusal (``"a FIFO"``, ``"a file"`` for a regular one)."""
+    for test, kind in ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
             return kind
@@ -72,14 +72,22 @@ def regular_file(path, shown: str, error: type[Exception] | None = None) -> bool
     return False
 
 
-def directory(path, shown: str, error: type[Exception] | None = None) -> bool:
+def directory(path, shown: str, error: type[Exception] | None = None, *, expected: str | None = None) -> bool:
     """Whether a directory (or a symlink to one) is at ``path``: ``False`` where nothing is or something else
     is (the caller says what it expects); a symbolic link that leads to no directory (a loop, or its target gone)
-    is refused in the words :func:`regular_file` has for a link to no file, since ``ls`` shows its name."""
+    is refused in the words :func:`regular_file` has for a link to no file, since ``ls`` shows its name.
+
+    With ``expected`` (what the folder is to the user, ``"a Hugging Face model folder"``) there is no ``False``:
+    ``shown`` is refused as not existing, or as what is there instead (``is a file, not a Hugging Face model
+    folder``), since "not a directory" would send the user looking for a folder they never gave."""
     if os.path.isdir(path):
         return True
     if not os.path.exists(path):
         _refuse_unreachable(path, shown, "directory", error)
+        if expected is not None:
+            raise (error or InputError)(f"{shown}: does not exist ({expected} is expected)")
+    elif expected is not None:
+        raise (error or InputError)(f"{shown}: is {file_kind(os.stat(path).st_mode)}, not {expected}")
     return False
 
 

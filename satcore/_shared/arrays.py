@@ -90,8 +90,11 @@ def as_samples(array, name: str, check_finite: bool = True, allow_empty: bool = 
     features are real numbers, and silently casting labels would hide a
     mistake.  So are NaN and
     infinite entries (e.g. a float16 overflow upstream): every sum would
-    carry them into the scores.  ``check_finite=False`` leaves that check to
-    a caller that sees it in its sums for free (:func:`refuse_non_finite`).
+    carry them into the scores; and entries so large that the squared norm
+    passes :data:`SQUARED_NORM_LIMIT` (:func:`squared_norm_in_range`), whose
+    sums would overflow with a NumPy RuntimeWarning before any refusal.
+    ``check_finite=False`` leaves those checks to a caller that sees them in
+    its sums for free (:func:`refuse_non_finite`).
     An axis of extent 0 is refused (:class:`~satcore._shared.errors.InputError`):
     with no sample, position or coordinate there is nothing to estimate;
     ``allow_empty`` lets a streaming update add a batch of ``M = 0`` samples.
@@ -122,7 +125,7 @@ def as_samples(array, name: str, check_finite: bool = True, allow_empty: bool = 
                          "(an axis of extent 0); nothing to estimate")
     arr = np.asarray(arr, dtype=np.float64)
     if check_finite:
-        refuse_non_finite(arr, name)
+        squared_norm_in_range(arr, name)
     return arr
 
 
@@ -138,21 +141,27 @@ def refuse_non_finite(arr: np.ndarray, name: str) -> None:
 SQUARED_NORM_LIMIT = float(np.sqrt(np.finfo(np.float64).max))
 
 
+def squared_norm_in_range(arr: np.ndarray, name: str) -> float:
+    """``||arr||_F^2``, refused (one line naming ``name``) where ``arr`` holds NaN or infinite entries or the
+    value is over :data:`SQUARED_NORM_LIMIT`; one pass over the array, warning-free: an overflow mid-sum printed
+    NumPy's RuntimeWarning before the refusal."""
+    flat = arr.reshape(-1)
+    with np.errstate(over="ignore", invalid="ignore"):  # an inf or NaN here is the answer, refused below
+        squared = float(np.dot(flat, flat))
+    if not np.isfinite(squared):
+        refuse_non_finite(arr, name)  # NaN or infinite entries, counted
+    if not squared <= SQUARED_NORM_LIMIT:
+        raise InputError(f"{name}: its squared norm ({squared:.3g}; largest entry {float(np.max(np.abs(arr))):.3g} in "
+                         f"size) is over {SQUARED_NORM_LIMIT:.3g}, the square root of float64's range, under which no sum "
+                         "satcore forms of it overflows, nor the fold test's squares of those sums; rescale it")
+    return squared
+
+
 def refuse_out_of_range(q: np.ndarray, psi: np.ndarray) -> None:
     """Refuse, before any sum is formed, a pair whose statistics or fold test would overflow float64 (over
-    :data:`SQUARED_NORM_LIMIT`), or that holds NaN or infinite entries, in one pass over each array (its
-    ``||.||_F^2``): an overflow mid-sum printed NumPy's RuntimeWarning before the refusal of the sums."""
-    squares = {}
-    with np.errstate(over="ignore", invalid="ignore"):  # an inf or NaN here is the answer, refused below
-        for arr, name in ((q, "Q"), (psi, "Psi")):
-            flat = arr.reshape(-1)
-            squares[name] = float(np.dot(flat, flat))
-            if not np.isfinite(squares[name]):
-                refuse_non_finite(arr, name)  # NaN or infinite entries, counted
-            if not squares[name] <= SQUARED_NORM_LIMIT:
-                raise InputError(f"{name}: its squared norm ({squares[name]:.3g}; largest entry "
-                                 f"{float(np.max(np.abs(arr))):.3g} in size) is over {SQUARED_NORM_LIMIT:.3g}, the square "
-                                 "root of float64's range, which the fold test needs (it squares the sums); rescale it")
+    :data:`SQUARED_NORM_LIMIT`), or that holds NaN or infinite entries, in one pass over each array
+    (:func:`squared_norm_in_range`)."""
+    squares = {name: squared_norm_in_range(arr, name) for arr, name in ((q, "Q"), (psi, "Psi"))}
     if not squares["Q"] * squares["Psi"] <= SQUARED_NORM_LIMIT:
         raise InputError(f"Q and Psi: the product of their squared norms ({squares['Q']:.3g} x {squares['Psi']:.3g}) "
                          f"is over {SQUARED_NORM_LIMIT:.3g}, the square root of float64's range, which the fold test "
@@ -162,8 +171,10 @@ def refuse_out_of_range(q: np.ndarray, psi: np.ndarray) -> None:
 
 def as_pair(Q, Psi, check_finite: bool = True, allow_empty: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Both arrays as ``(M, T, width)`` float64 with matching ``M`` and ``T``."""
-    q = as_samples(Q, "Q", check_finite, allow_empty)
-    psi = as_samples(Psi, "Psi", check_finite, allow_empty)
+    q = as_samples(Q, "Q", False, allow_empty)
+    psi = as_samples(Psi, "Psi", False, allow_empty)
+    if check_finite:
+        refuse_out_of_range(q, psi)
     # every function of the pair forms C (N x r) and K (r x r), and K can dwarf the arrays themselves
     check_memory(statistics_bytes(q.shape[2], psi.shape[2]), f"the sums of N = {q.shape[2]} and r = {psi.shape[2]}")
     if q.shape[:2] != psi.shape[:2]:

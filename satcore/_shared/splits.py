@@ -2,7 +2,7 @@
 split the decisions read is named in what a user reads, and how every adapter reads a split's batches."""
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from .display import display_name
 from .errors import InputError
@@ -34,6 +34,14 @@ def split_words(split: str) -> str:
     ('held-out', 'training', 'general')
     """
     return SPLIT_WORDS.get(split, split)
+
+
+def no_batches(data, what: str) -> str:
+    """The line refusing ``data`` (``what``, as a message names it) that yielded no batch: an iterator read to its end
+    before (a generator passed a second time) reads as empty, so the line asks whether it was."""
+    exhausted = (" (an iterator, already read to its end? pass a list of batches, which can be read again)"
+                 if isinstance(data, Iterator) else "")
+    return f"{what} yielded no batches{exhausted}"
 
 
 def read_batches(data, what: str) -> list:

@@ -459,6 +459,9 @@ class CandidateStatistics:
             raise InputError(f"n_vectors is 0 but n_samples is {scalars['n_samples']}: samples add position vectors")
         if scalars.get("n_stream_vectors") == 0 and scalars.get("sum_z_sq", 0) > 0:  # else a stream RMS per position
             raise InputError(f"n_stream_vectors is 0 but sum_z_sq is {scalars['sum_z_sq']:g}: a stream sum has vectors")
+        if scalars["n_batches"] == 0 and scalars["sum_batch_grad_norm"] > 0:  # else ag_batch None, without a word
+            raise InputError(f"n_batches is 0 but sum_batch_grad_norm is {scalars['sum_batch_grad_norm']:g}: a sum "
+                             "over batches has batches")
         n_folds = scalars.get("n_folds", 0)
         if n_folds > MAX_FOLDS:
             raise InputError(f"n_folds must be in [0, {MAX_FOLDS}], got {n_folds}")

@@ -194,6 +194,9 @@ def dump_cases(tmp):
     stream = {**good_stats(rng), "stats/blk/sum_z_sq": np.array(10.0), "stats/blk/n_stream_vectors": np.array(0.0)}
     add("stream_sum_without_vectors", {**header(), **stream},  # its RMS per position was sqrt(10 / max(0, 1))
         ["stream_sum_without_vectors.npz", "n_stream_vectors is 0 but sum_z_sq is 10"])
+    batches = {**good_stats(rng), "stats/blk/sum_batch_grad_norm": np.array(2.5), "stats/blk/n_batches": np.array(0.0)}
+    add("batch_norm_sum_without_batches", {**header(), **batches},  # its ag_batch was left out, without a word
+        ["batch_norm_sum_without_batches.npz", "n_batches is 0 but sum_batch_grad_norm is 2.5"])
     stats = good_stats(rng)
     stats["stats/blk/sum_gram"] = np.array([[1e-320, 1e300], [1e300, 1e-320]])
     stats["stats/blk/sum_cross"] = np.zeros((4, 2))
