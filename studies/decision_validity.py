@@ -46,7 +46,9 @@ scores them (``studies/decision_scores.py``) and prints the docs tables; ``--var
 decision rules tried; ``--stop-rules`` the stop rules tried; ``--readouts`` the trial readouts tried against
 short stops and what bounds them (``studies/decision_readouts.py``); ``--resolution`` which stops the held-out data
 resolves and whether the held-out samples named would (``studies/decision_resolution.py``); ``--short-stops`` why the
-transfer sets' short stops happen and the rules scored against them (``studies/decision_short_stops.py``); ``--fit`` writes ``satcore/_decisions/calibrations.json`` from all sets.
+transfer sets' short stops happen and the rules scored against them (``studies/decision_short_stops.py``);
+``--third-set`` those rules, fixed before it was recorded, on the third transfer set (``THIRD``, recorded to
+``studies/results/decision_validity_third/`` with ``--part`` as the transfer sets are; ``studies/decision_third_set.py``); ``--fit`` writes ``satcore/_decisions/calibrations.json`` from all sets.
 
 **Transfer sets** (``TRANSFER``), which no fit reads: another architecture on data no fitted set uses, recorded
 the same way (``--part gpt2-perldoc`` or ``resmlp-fashion``, with ``--column`` as above; depth sweeps
@@ -835,6 +837,9 @@ def main(argv=None) -> int:
     parser.add_argument("--short-stops", action="store_true",
                         help="list the short stops with their trials' curves and score the rules tried against them "
                              "(studies/decision_short_stops.py SHORT_STOP_RULES), and print their tables")
+    parser.add_argument("--third-set", action="store_true",
+                        help="score the rules fixed before the third transfer set was recorded on it, alone and pooled "
+                             "with the transfer sets (studies/decision_third_set.py), and print their table")
     parser.add_argument("--fit", action="store_true", help="write satcore/_decisions/calibrations.json from every set")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -855,6 +860,10 @@ def main(argv=None) -> int:
         from studies.decision_short_stops import short_stops
 
         print(short_stops(OUT))
+    if args.third_set:
+        from studies.decision_third_set import third_set
+
+        print(third_set(OUT))
     if args.tables or args.fit or args.variants or args.stop_rules:
         from studies.decision_scores import fit_and_write, stop_rules, tables, variants
 
