@@ -46,7 +46,9 @@ scores them (``studies/decision_scores.py``) and prints the docs tables; ``--var
 decision rules tried; ``--stop-rules`` the stop rules tried; ``--readouts`` the trial readouts tried against
 short stops and what bounds them (``studies/decision_readouts.py``); ``--resolution`` which stops the held-out data
 resolves and whether the held-out samples named would (``studies/decision_resolution.py``); ``--short-stops`` why the
-transfer sets' short stops happen and the rules scored against them (``studies/decision_short_stops.py``); ``--fit`` writes ``satcore/_decisions/calibrations.json`` from all sets.
+transfer sets' short stops happen and the rules scored against them (``studies/decision_short_stops.py``);
+``--third-set`` those rules, fixed before it was recorded, on the third transfer set (``THIRD``, recorded to
+``studies/results/decision_validity_third/`` with ``--part`` as the transfer sets are; ``studies/decision_third_set.py``); ``--fit`` writes ``satcore/_decisions/calibrations.json`` from all sets.
 
 **Transfer sets** (``TRANSFER``), which no fit reads: another architecture on data no fitted set uses, recorded
 the same way (``--part gpt2-perldoc`` or ``resmlp-fashion``, with ``--column`` as above; depth sweeps
@@ -165,9 +167,25 @@ TRANSFER_SWEEPS = {"sweeps-transfer-resmlp": {"resmlp-fashion-n500": (False, 500
                    "sweeps-transfer-gpt2": {"gpt2-perl-s300": ("perl", 300, (1, 2)),
                                             "gpt2-perl-s1000": ("perl", 1000, (1, 2))}}
 SWEEP_PARTS.update(TRANSFER_SWEEPS)
-SWEEP_ARCHITECTURE = {"sweeps-transfer-resmlp": "resmlp", "sweeps-transfer-gpt2": "gpt2"}  # else PlainResNet, Llama
+SWEEP_ARCHITECTURE = {"sweeps-transfer-resmlp": "resmlp", "sweeps-transfer-gpt2": "gpt2",  # else PlainResNet, Llama
+                      "sweeps-third-resmlp": "resmlp"}
 TRANSFER_LOOPS = {"loops-transfer-resmlp": "sweeps-transfer-resmlp", "loops-transfer-gpt2": "sweeps-transfer-gpt2"}
 TRANSFER = (*TRANSFER_IMAGES, *TRANSFER_TEXTS, *TRANSFER_SWEEPS, *TRANSFER_LOOPS)
+# the third transfer set (issue 39), fixed before any of it was recorded and read by no fit and no earlier rule choice
+# (studies/decision-validity.md, "A third transfer set"): byte-level GPT-2 decoders of other sizes (hidden 48, 3 layers)
+# on the Linux documentation, their windows drawn with other seeds; residual MLPs of width 96 on sklearn digits drawn
+# with data seed 7; each trained as the model sets of its kind are, to OUT_THIRD
+OUT_THIRD = ROOT / "studies" / "results" / "decision_validity_third"
+THIRD_TEXTS = {"gpt2-linux": ("gpt2", "linux")}
+THIRD_DECODER = {"hidden": 48, "layers": 3, "heads": 2, "window_seeds": (12, 13, 14)}  # train, probe, test offsets
+THIRD_IMAGES = {"resmlp-digits": (True, 300, 160, 300, (150, 2, 15), 7)}
+THIRD_RESMLP_WIDTH = 96
+# its depth sweeps, specs as SWEEPS', on the digits drawn with the residual MLPs' data seed: moderately trained, and
+# over-fitting (100 images, no weight decay, 150 epochs)
+THIRD_SWEEPS = {"sweeps-third-resmlp": {"resmlp-digits-n300": (True, 300, 20, 96, 5e-4, (1, 2, 3)),
+                                        "resmlp-digits-n100-overfit": (True, 100, 150, 96, 0.0, (1, 2, 3))}}
+SWEEP_PARTS.update(THIRD_SWEEPS)
+THIRD = (*THIRD_TEXTS, *THIRD_IMAGES, *THIRD_SWEEPS)
 SWEEP_RECIPE = Recipe("adam", 1e-3, 150, IMAGE_BATCH, "block")
 TEXT_SWEEP_RECIPE = Recipe("adamw", 1e-3, 150, TEXT_BATCH, "block")
 DEPTHS = range(1, 7)
@@ -342,15 +360,15 @@ class ResMLP(nn.Module):
 
 def model_tags(part: str) -> list[str]:
     """The tags of a model set part's models, as recorded (``--models`` names them)."""
-    if part in (*TEXTS, *TRANSFER_TEXTS):
+    if part in (*TEXTS, *TRANSFER_TEXTS, *THIRD_TEXTS):
         return [f"{part}/s{steps}" for steps in LLAMA["steps"]]
-    return [f"{part}/e{e}" for e in {**IMAGES, **TRANSFER_IMAGES}[part][4]]
+    return [f"{part}/e{e}" for e in {**IMAGES, **TRANSFER_IMAGES, **THIRD_IMAGES}[part][4]]
 
 
 def image_tasks(name: str, large_heldout: int = 0, only: tuple | None = None):
     """The set's trained models (each trained alone from its seed), ``only`` those tags where given."""
-    if name in TRANSFER_IMAGES:
-        *spec, data_seed = TRANSFER_IMAGES[name]
+    if name in TRANSFER_IMAGES or name in THIRD_IMAGES:
+        *spec, data_seed = {**TRANSFER_IMAGES, **THIRD_IMAGES}[name]
     else:
         spec, data_seed = IMAGES[name], 0
     use_digits, n_train, n_probe, n_test, epochs = spec
@@ -365,7 +383,10 @@ def image_tasks(name: str, large_heldout: int = 0, only: tuple | None = None):
         if only is not None and f"{name}/e{e}" not in only:
             continue
         torch.manual_seed(1)
-        model = ResMLP(data.train[0][0].size) if name in TRANSFER_IMAGES else StagewiseResNet(0, WIDTHS)
+        if name in THIRD_IMAGES:
+            model = ResMLP(data.train[0][0].size, width=THIRD_RESMLP_WIDTH)
+        else:
+            model = ResMLP(data.train[0][0].size) if name in TRANSFER_IMAGES else StagewiseResNet(0, WIDTHS)
         train_classifier(model, *data.train, epochs=e, seed=1)
         yield {"tag": f"{name}/e{e}", "set": name, "source": data.source, "model": model, "loss_fn": per_sample_ce,
                "text": False, "train": batches(*data.train, 100),
@@ -401,13 +422,14 @@ def perl_text():
                         f"Perl 5.36 documentation (Debian perl-doc), {len(files)} files")
 
 
-def decoder(architecture: str, layers: int, seed: int = 1):
-    """A byte-level decoder of ``LLAMA``'s sizes: ``"llama"`` (:func:`llama`) or ``"gpt2"`` (``GPT2LMHeadModel``)."""
+def decoder(architecture: str, layers: int, seed: int = 1, hidden: int = LLAMA["hidden"], heads: int = LLAMA["heads"]):
+    """A byte-level decoder of ``LLAMA``'s sizes: ``"llama"`` (:func:`llama`) or ``"gpt2"`` (``GPT2LMHeadModel``, of
+    width ``hidden`` with ``heads`` heads)."""
     if architecture == "llama":
         return llama(layers, seed)
     from zoo.models import gpt2_decoder
 
-    return gpt2_decoder(layers, d_model=LLAMA["hidden"], n_head=LLAMA["heads"], n_positions=LLAMA["seq_len"], seed=seed)
+    return gpt2_decoder(layers, d_model=hidden, n_head=heads, n_positions=LLAMA["seq_len"], seed=seed)
 
 
 def llama(layers: int, seed: int = 1):
@@ -442,28 +464,32 @@ def train_lm_windows(model, windows, steps: int, seed: int = 1, *, lr: float = L
     model.eval()
 
 
-def text_windows(text: str, probe_factor: int = 1):
+def text_windows(text: str, probe_factor: int = 1, seeds: tuple = (2, 3, 4)):
     """``(source, train, probe, test)`` windows of ``LLAMA["seq_len"]`` bytes of ``text`` (``"pydoc"``, ``"linux"``);
-    ``probe_factor`` times the probe windows (their first part the same windows: the offsets are drawn in order)."""
+    ``probe_factor`` times the probe windows (their first part the same windows: the offsets are drawn in order);
+    ``seeds``: the train, probe and test windows' offset seeds."""
     if text == "pydoc":
         loaded = load_text(False)
         source, train, probe, test = loaded.source, loaded.train, loaded.probe, loaded.test
     else:
         source, train, probe, test = linux_text() if text == "linux" else perl_text()
     seq, (n_train, n_probe, n_test) = LLAMA["seq_len"], LLAMA["windows"]
-    return (source, lm_windows(train, seq, n_train, seed=2), lm_windows(probe, seq, n_probe * probe_factor, seed=3),
-            lm_windows(test, seq, n_test, seed=4))
+    return (source, lm_windows(train, seq, n_train, seed=seeds[0]),
+            lm_windows(probe, seq, n_probe * probe_factor, seed=seeds[1]), lm_windows(test, seq, n_test, seed=seeds[2]))
 
 
 def text_tasks(name: str, large_heldout: int = 0, only: tuple | None = None):
     """The set's trained decoders (each trained alone from its seed), ``only`` those tags where given."""
-    architecture, text = {**TEXTS, **TRANSFER_TEXTS}[name]
-    source, train_w, large_w, test_w = text_windows(text, large_heldout or 1)
+    architecture, text = {**TEXTS, **TRANSFER_TEXTS, **THIRD_TEXTS}[name]
+    third = name in THIRD_TEXTS
+    source, train_w, large_w, test_w = text_windows(text, large_heldout or 1,
+                                                    THIRD_DECODER["window_seeds"] if third else (2, 3, 4))
     probe_w = large_w[:LLAMA["windows"][1]]
     for steps in LLAMA["steps"]:
         if only is not None and f"{name}/s{steps}" not in only:
             continue
-        model = decoder(architecture, LLAMA["layers"])
+        model = (decoder(architecture, THIRD_DECODER["layers"], hidden=THIRD_DECODER["hidden"],
+                         heads=THIRD_DECODER["heads"]) if third else decoder(architecture, LLAMA["layers"]))
         train_lm_windows(model, train_w, steps)
         yield {"tag": f"{name}/s{steps}", "set": name, "source": source, "model": model, "loss_fn": sequence_loss,
                "text": True, "train": lm_batches(train_w, 64), "probe_train": lm_batches(train_w[:64], 32),
@@ -485,18 +511,19 @@ class PlainResNet(nn.Module):
         return self.fc(self.blocks(self.stem(x)).mean(dim=(2, 3)))
 
 
-def record_sweep(name: str, spec: tuple, seed: int, log, architecture: str = "resnet") -> dict:
+def record_sweep(name: str, spec: tuple, seed: int, log, architecture: str = "resnet", data_seed: int = 0) -> dict:
     """Test loss of scratch models of every depth (one recipe, model seed ``seed``) and the trials ``decide`` runs
     at each depth (trial minibatch seed ``seed``), with the trials' test change recorded beside the held-out one.
-    ``architecture``: ``"resnet"`` (:class:`PlainResNet`) or ``"resmlp"`` (:class:`ResMLP`)."""
+    ``architecture``: ``"resnet"`` (:class:`PlainResNet`) or ``"resmlp"`` (:class:`ResMLP`); ``data_seed``: the
+    images' draw (:func:`zoo.data.load_images`)."""
     use_digits, n_train, epochs, width, weight_decay, seeds = spec
-    data = load_images(n_train, 160, 300, seed=0, digits=use_digits)
+    data = load_images(n_train, 160, 300, seed=data_seed, digits=use_digits)
     train, heldout = batches(*data.train, 100), batches(*data.probe, 40)
     test = batches(*data.test, 150)
     probe_train = batches(data.train[0][:128], data.train[1][:128], 64)
     tag = f"{name}/seed{seed}" if len(seeds) > 1 else name
     out = {"sweep": tag, "source": data.source, "recipe": SWEEP_RECIPE.to_dict(), "model_seed": seed,
-           "n_train": n_train, "epochs": epochs, "width": width, "weight_decay": weight_decay,
+           "n_train": n_train, "epochs": epochs, "width": width, "weight_decay": weight_decay, "data_seed": data_seed,
            "architecture": architecture, "depths": []}
     for depth in DEPTHS:
         t0 = time.time()
@@ -684,6 +711,10 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
         if trial_seeds is not None:
             raise SystemExit("--trial-seeds: the fitted model sets' parts only")
         out = OUT_TRANSFER
+    if part in THIRD:
+        if compressed or sensitivity or screen_only or trial_seeds is not None or large_heldout or seeds or only:
+            raise SystemExit(f"{part}: the third transfer set is recorded whole, with --column alone")
+        out = OUT_THIRD
     if large_heldout and not compressed:
         if part not in (*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS) or trial_seeds is not None:
             raise SystemExit("--large-heldout: a model set part alone")
@@ -719,6 +750,8 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
               "sizes": {"images": IMAGES, "llama": LLAMA, "widths": list(WIDTHS), "sweeps": SWEEP_PARTS.get(part),
                         **({"transfer": {**TRANSFER_IMAGES, **TRANSFER_TEXTS}.get(part), "resmlp": RESMLP}
                            if part in TRANSFER else {}),
+                        **({"third": {**THIRD_IMAGES, **THIRD_TEXTS}.get(part), "decoder": THIRD_DECODER,
+                            "resmlp_width": THIRD_RESMLP_WIDTH} if part in THIRD else {}),
                         **({"large_heldout_factor": large_heldout} if large_heldout else {})},
               "models": [], "sweeps": [],
               # float rounding differs between CPU kernels (AVX2, AVX-512), and long training amplifies it: the same
@@ -733,11 +766,13 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
     elif part in SWEEP_PARTS:
         sweep = record_text_sweep if part in TEXT_SWEEPS or SWEEP_ARCHITECTURE.get(part) == "gpt2" else record_sweep
         architecture = {"architecture": SWEEP_ARCHITECTURE[part]} if part in SWEEP_ARCHITECTURE else {}
+        if part in THIRD_SWEEPS:
+            architecture["data_seed"] = THIRD_IMAGES["resmlp-digits"][-1]
         makers = [(lambda n=n, spec=spec, seed=seed: sweep(n, spec, seed, log, **architecture))
                   for n, spec in SWEEP_PARTS[part].items() for seed in spec[-1] if seeds is None or seed in seeds]
         key = "sweeps"
     else:
-        is_image = part in IMAGES or part in TRANSFER_IMAGES
+        is_image = part in IMAGES or part in TRANSFER_IMAGES or part in THIRD_IMAGES
         tasks = (image_tasks if is_image else text_tasks)(part, large_heldout, only)
         if stored is not None:  # a column's part may hold only its first models (a run cut for CPU): train no more
             tasks = itertools.islice(tasks, len(stored))
@@ -761,7 +796,8 @@ def record(part: str, log=print, column: str | None = None, seeds: tuple | None 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", choices=(*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS, *SWEEP_PARTS,
+    parser.add_argument("--part", choices=(*IMAGES, *TEXTS, *TRANSFER_IMAGES, *TRANSFER_TEXTS, *THIRD_TEXTS, *THIRD_IMAGES,
+                                           *SWEEP_PARTS,
                                            *LOOP_PARTS))
     parser.add_argument("--column", choices=tuple(EXTRA_COLUMNS),
                         help="record this recipe column instead of the default ones (to <part>-<column>.json)")
@@ -801,6 +837,9 @@ def main(argv=None) -> int:
     parser.add_argument("--short-stops", action="store_true",
                         help="list the short stops with their trials' curves and score the rules tried against them "
                              "(studies/decision_short_stops.py SHORT_STOP_RULES), and print their tables")
+    parser.add_argument("--third-set", action="store_true",
+                        help="score the rules fixed before the third transfer set was recorded on it, alone and pooled "
+                             "with the transfer sets (studies/decision_third_set.py), and print their table")
     parser.add_argument("--fit", action="store_true", help="write satcore/_decisions/calibrations.json from every set")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -821,6 +860,10 @@ def main(argv=None) -> int:
         from studies.decision_short_stops import short_stops
 
         print(short_stops(OUT))
+    if args.third_set:
+        from studies.decision_third_set import third_set
+
+        print(third_set(OUT))
     if args.tables or args.fit or args.variants or args.stop_rules:
         from studies.decision_scores import fit_and_write, stop_rules, tables, variants
 
