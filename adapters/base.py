@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from satcore import DecisionPolicy, InputError, ModelOnDataError, SatcoreError
+from satcore import DecisionPolicy, InputError, ModelOnDataError, ProbeError, SatcoreError
 from satcore.adapter_api import (DEFAULT_ALPHA, MAX_SEED, TRAINING_SPLIT_WARNING, Probe, fewest_batches_to_reject,
                                  is_training_split, positive_count, no_batches, read_batches,
                                  whole_number)
@@ -43,7 +43,7 @@ from .options import check_family
 
 __all__ = ["SPLIT_DATA", "PolicyDecision", "Probe", "ProbeOptions", "ProgressCounter", "callback_log_candidates",
            "callback_scalars", "callback_schedule", "growth_decision",
-           "check_step_range", "loss_name", "probe_meta", "read_split", "refusing_bad_batch", "require_reiterable", "resolve_options",
+           "check_step_range", "loss_name", "probe_meta", "read_split", "refuse_named_twice", "refusing_bad_batch", "require_reiterable", "resolve_options",
            "warn_if_heldout_is_probe", "warn_if_training_split", "weights_fingerprint"]
 
 
@@ -143,6 +143,14 @@ def refusing_bad_batch(index: int, framework_errors: tuple, *, passing: tuple = 
 
 # the largest multiple of the lr an optimizer step applies: Adam's first step, lr / (1 - beta1) with beta1 = 0.9
 FIRST_STEP_SCALE = 10.0
+
+
+def refuse_named_twice(names: list, error: type[ProbeError] = ProbeError) -> None:
+    """Raise ``error`` (the adapter's :class:`~satcore.ProbeError`) naming the first candidate that ``names`` gives
+    twice, in the same words for every adapter (the names as the user gave them, so the repeat is found in them)."""
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise error(f"candidate {twice!r} is named twice in {names}; name each place once")
 
 
 def check_step_range(recipe, dtype_name: str, dtype_max: float) -> None:

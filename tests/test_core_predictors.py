@@ -17,6 +17,7 @@ import torch
 from zoo import models_torch as mt
 from satcore import Criteria, InputError, Recipe
 from satcore._decisions import predictors as P
+from satcore._shared.arrays import frobenius_norm
 from satcore._statistics.depth import DepthStatistics
 from satcore._formulas.insertion import predicted_loss_change
 from satcore._statistics.candidate import CandidateStatistics
@@ -136,7 +137,7 @@ def test_a_huge_steps_heldout_gain_and_norm_are_the_small_steps_scaled_without_o
     V, huge = rng.normal(size=(3, 4)), 2.0**997
     with np.errstate(all="raise"):
         small, big = P.heldout_gain(V, sums, counts), P.heldout_gain(huge * V, sums, counts)
-        norm = P._step_norm(huge * V)
+        norm = frobenius_norm(huge * V)
     assert (big.value, big.se) == (huge * small.value, huge * small.se)
     assert big.interval == (huge * small.interval[0], huge * small.interval[1])
     assert big.fold_test_p_positive == small.fold_test_p_positive and np.isfinite(big.se)

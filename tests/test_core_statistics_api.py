@@ -61,3 +61,23 @@ def test_totals_of_several_batches_are_those_batches_added_one_by_one():
     assert (handed.n_samples, handed.n_batches, handed.n_vectors) == (9, 3, 27)
     assert handed == one_by_one
     assert handed.score().growth_value == one_by_one.score().growth_value
+
+
+def test_repr_describes_huge_and_infinite_sums_without_a_warning():
+    """repr squared the cross sum to print its norm: sums of 1e300 printed NumPy's overflow RuntimeWarning (and
+    ||sum_cross||_F=inf, though the norm is 2.45e300); it scales now, and an infinite sum reads as inf, quietly."""
+    import math
+    import warnings
+
+    huge = CandidateStatistics.from_samples(np.ones((4, 3)), np.ones((4, 2)))
+    huge.sum_cross[...] = 1e300
+    huge.sum_gram[...] = 1e300
+    infinite = CandidateStatistics.from_samples(np.ones((4, 3)), np.ones((4, 2)))
+    infinite.sum_cross[0, 0] = np.inf
+    infinite.sum_gram[0, 0] = np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        shown = repr(huge), repr(infinite)
+    # the norm of six entries of 1e300 is 1e300 sqrt(6); the trace is the two diagonal entries'
+    assert shown[0].endswith(f"||sum_cross||_F={1e300 * math.sqrt(6):.6g}, tr(sum_gram)=2e+300)")
+    assert shown[1].endswith("||sum_cross||_F=inf, tr(sum_gram)=inf)")

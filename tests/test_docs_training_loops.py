@@ -25,6 +25,8 @@ def test_training_loops_doc_snippets_run(monkeypatch, tmp_path, capfd):
     # the dump_dir= snippet's dump scores to its callback's report
     assert sorted(p.name for p in (tmp_path / "satcore-dumps").iterdir()) == ["satcore-step-000002.npz"]
     assert namespace["dump"].statistics().report().growth_value_max == namespace["dumped_report"].growth_value_max
+    # nine probe batches: the fold test has the folds it needs, so the offline score can call a candidate
+    assert namespace["dump"].statistics().report().tests[0].n_folds == 9
     err = capfd.readouterr().err
     assert "bos_token_id must be" not in err and "eos_token_id must be" not in err, err
 

@@ -21,6 +21,7 @@ MODULES = [
     "satcore._formulas.insertion",
     "satcore._formulas.optim",
     "satcore._formulas.families",
+    "satcore._shared.arrays",
     "satcore._shared.option_names",
     "satcore._shared.splits",
     "satcore._decisions.sweep",

@@ -170,6 +170,39 @@ def test_a_module_named_twice_or_under_its_second_name_is_named_as_such(mlp_prob
         probe(aliased, data, per_sample_ce, candidates=["nope"])
 
 
+def test_onnx_candidate_named_twice_is_named_in_the_torch_words(tmp_path):
+    """The ONNX probe said 'candidate names must be distinct: [...]' where torch names the repeat; one helper
+    (refuse_named_twice) words it for every adapter."""
+    pytest.importorskip("onnxruntime")
+    from satcore.adapters.onnx import OnnxProbeError, Probe
+    from test_onnx_cli import residual_mlp, weights
+
+    model = residual_mlp(tmp_path / "m.onnx", weights())  # its blocks are named after their skips: h0, h1
+    with pytest.raises(OnnxProbeError, match=r"^candidate 'h1' is named twice in \['h1', 'h0', 'h1'\]; "
+                                             r"name each place once$"):
+        Probe(model, candidates=["h1", "h0", "h1"])
+
+
+def test_tensorflow_candidate_named_twice_is_named_in_the_torch_words():
+    """The Keras probe said 'candidates must be distinct: [...]' for a name given twice; it now names it as torch
+    and ONNX do. Two names tapping one tensor keep a refusal of their own, in ONNX's words."""
+    keras = pytest.importorskip("keras")
+    pytest.importorskip("tensorflow")
+    from satcore import ProbeError
+    from satcore.adapters.tensorflow import Candidate, Probe
+
+    x = keras.Input((4,))
+    h = keras.layers.Dense(4, name="embed")(x)
+    block = keras.layers.Dense(4, activation="tanh", name="block")(h)
+    model = keras.Model(x, keras.layers.Dense(3, name="out")(keras.layers.Add(name="add")([h, block])))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    with pytest.raises(ProbeError, match=r"^candidate 'block' is named twice in \['block', 'out', 'block'\]; "
+                                         r"name each place once$"):
+        Probe(model, loss, candidates=["block", "out", "block"])
+    with pytest.raises(ProbeError, match=r"^candidates \['block', 'again'\] name one tensor twice$"):
+        Probe(model, loss, candidates=["block", Candidate("again", "block", "input")])
+
+
 @pytest.mark.parametrize("split, value, expect", [
     ("probe_data", "spent", "probe_data is a one-shot iterator (a generator?): it is read at every evaluation"),
     ("probe_data", None, "probe_data: not an iterable of batches, got NoneType"),

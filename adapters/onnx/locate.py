@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from satcore.adapters.base import refuse_named_twice
+
 from .errors import OnnxProbeError
 from .loading import describe_node, node_reads, topological_nodes, topological_order
 
@@ -275,8 +277,7 @@ def resolve_candidates(model, names=None, *, head: bool = True) -> dict[str, str
         if not blocks:
             raise OnnxProbeError(f"no residual Add found in the graph; {NAME_THEM}")
         return {n: t for n, t in by_name.items() if head or n != HEAD}
-    if len(set(names)) != len(names):
-        raise OnnxProbeError(f"candidate names must be distinct: {names}")
+    refuse_named_twice(names, OnnxProbeError)
     out = {}
     for name in names:
         tensor = by_name.get(name, name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from satcore import ProbeError
+from satcore.adapters.base import refuse_named_twice
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,10 @@ def named_candidates(model, names) -> tuple[Candidate, ...]:
             raise ProbeError(f"candidates: {c.name!r}: position must be 'input' or 'output', not {c.position!r}")
         if c.layer not in layers:
             raise ProbeError(f"candidates: {c.name!r}: {c.layer!r} is not a layer name of {model.name!r}")
-    if len({c.name for c in cands}) != len(cands) or len({(c.layer, c.position) for c in cands}) != len(cands):
-        raise ProbeError(f"candidates must be distinct: {[c.name for c in cands]}")
+    names = [c.name for c in cands]
+    refuse_named_twice(names)
+    if len({(c.layer, c.position) for c in cands}) != len(cands):  # two names, one tap: ONNX's words
+        raise ProbeError(f"candidates {names} name one tensor twice")
     return tuple(cands)
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from satcore import ProbeError
+from satcore.adapters.base import refuse_named_twice
 
 STACK_NAMES = ("h", "layers", "layer", "block", "blocks")
 HEAD = "head"
@@ -141,9 +142,7 @@ def named_candidates(model: nn.Module, names, *, head: bool = True) -> tuple[Can
         if n not in modules:
             raise ProbeError(f"candidate {n!r} is the module {first_name[id(_submodule(model, n))]!r} under a second "
                              f"name (one module registered twice); name it {first_name[id(_submodule(model, n))]!r}")
-    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
-    if twice is not None:
-        raise ProbeError(f"candidate {twice!r} is named twice in {names}; name each place once")
+    refuse_named_twice(names)
     return with_head([_candidate(model, n) for n in names], head)
 
 

@@ -59,6 +59,7 @@ from scipy.special import stdtr, stdtrit
 
 from .._formulas.psd import DEFAULT_RTOL
 from .criteria import Criteria
+from .._shared.arrays import frobenius_norm, power_of_two_scale
 from .._shared.errors import InputError
 from .recipe import Recipe
 from .trials import NOT_VERIFIED
@@ -196,21 +197,6 @@ class HeldoutGain:
                 "n_folds": self.n_folds}
 
 
-def _power_of_two_scale(x: np.ndarray) -> float:
-    """The least power of two above ``max |x|`` (1 for an ``x`` of zeros or with a non-finite entry).
-
-    Dividing by it is exact (barring subnormals), so sums of squares of ``x / scale`` times ``scale`` are those of
-    ``x`` to the last bit where ``x``'s do not overflow, and finite where they would (a step ``V`` of lr 1e300).
-
-    Examples
-    --------
-    >>> _power_of_two_scale(np.array([3.0, -5.0])), _power_of_two_scale(np.zeros(2))
-    (8.0, 1.0)
-    """
-    largest = float(np.max(np.abs(x), initial=0.0))
-    return math.ldexp(1.0, math.frexp(largest)[1]) if 0 < largest < math.inf else 1.0
-
-
 def heldout_gain(V, fold_sums, fold_counts, *, second_order: float = 0.0, alpha: float = 0.05) -> HeldoutGain:
     """Held-out decrease ``-(<g_heldout, V> + second_order)`` with its fold interval (module docstring).
 
@@ -231,7 +217,7 @@ def heldout_gain(V, fold_sums, fold_counts, *, second_order: float = 0.0, alpha:
     sums, counts = sums[keep], counts[keep]
     w = counts / counts.sum()
     step = np.asarray(V, dtype=np.float64)
-    scale = _power_of_two_scale(step)  # a huge lr's step (1e300) would overflow the per-fold values' squared spread
+    scale = power_of_two_scale(step)  # a huge lr's step (1e300) would overflow the per-fold values' squared spread
     y = np.tensordot(sums / counts[:, None, None], step / scale, axes=([1, 2], [0, 1]))
     mean = float(w @ y)
     gain = -(scale * mean + second_order)
@@ -243,14 +229,6 @@ def heldout_gain(V, fold_sums, fold_counts, *, second_order: float = 0.0, alpha:
         return HeldoutGain(gain, (gain, gain), 0.0, float(gain > 0), m)
     half = float(stdtrit(m - 1, 1 - alpha / 2)) * se  # Student t quantile and cdf, m - 1 degrees of freedom
     return HeldoutGain(gain, (gain - half, gain + half), se, float(stdtr(m - 1, gain / se)), m)
-
-
-def _step_norm(V) -> float:
-    """``||V||_F``, computed on ``V`` scaled by :func:`_power_of_two_scale` so that a huge lr's step does not overflow
-    the sum of squares (the norm itself is finite up to float64's largest value)."""
-    V = np.asarray(V, dtype=np.float64)
-    scale = _power_of_two_scale(V)
-    return scale * float(np.linalg.norm(V / scale))
 
 
 @dataclass(frozen=True)
@@ -408,7 +386,7 @@ def predict_gains(train_stats, heldout_stats, recipe: Recipe | None = None, *, c
             quad = kronecker_quadratic(V, held_fisher, ho.feature_gram(), ho.n_positions)
         out.append(CandidateGain(name, first, second,
                                  heldout_gain(V_held, ho.fold_cross, ho.fold_samples, second_order=quad, alpha=alpha),
-                                 _step_norm(V)))
+                                 frobenius_norm(V)))
     splits = {"predicted_training_gain": "training split (the step is fitted there)",
               "predicted_heldout_gain": "held-out split (folds give the interval)"}
     return PredictedGains(optimizer, step, alpha, tuple(out), splits)

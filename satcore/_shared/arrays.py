@@ -8,6 +8,8 @@ with positions (tokens, pixels) has per-sample matrices ``Q_i`` of shape
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .errors import ArrayTypeError, InputError
@@ -127,6 +129,40 @@ def as_samples(array, name: str, check_finite: bool = True, allow_empty: bool = 
     if check_finite:
         squared_norm_in_range(arr, name)
     return arr
+
+
+def power_of_two_scale(x: np.ndarray) -> float:
+    """The least power of two above ``max |x|``, at most ``2^1023`` (1 for an ``x`` of zeros or with a non-finite
+    entry).
+
+    Dividing by it is exact (barring subnormals), so sums of squares of ``x / scale`` times ``scale`` are those of
+    ``x`` to the last bit where ``x``'s do not overflow, and finite where they would (a step ``V`` of lr 1e300,
+    statistics summed to that size).
+
+    Examples
+    --------
+    >>> power_of_two_scale(np.array([3.0, -5.0])), power_of_two_scale(np.zeros(2))
+    (8.0, 1.0)
+    >>> power_of_two_scale(np.array([1e308])) == 2.0**1023  # not 2^1024, which overflows
+    True
+    """
+    largest = float(np.max(np.abs(x), initial=0.0))
+    # at most 2^1023, the largest power of two float64 holds (max |x| over 2^1023 needs 2^1024, which overflows)
+    return math.ldexp(1.0, min(math.frexp(largest)[1], 1023)) if 0 < largest < math.inf else 1.0
+
+
+def frobenius_norm(x) -> float:
+    """``||x||_F``, computed on ``x`` scaled by :func:`power_of_two_scale`: finite and warning-free up to float64's
+    largest value (a huge lr's step, statistics summed to 1e300), where the plain sum of squares overflows.
+
+    Examples
+    --------
+    >>> frobenius_norm(np.array([3e300, 4e300]))
+    5e+300
+    """
+    x = np.asarray(x, dtype=np.float64)
+    scale = power_of_two_scale(x)
+    return scale * float(np.linalg.norm(x / scale))
 
 
 def refuse_non_finite(arr: np.ndarray, name: str) -> None:

@@ -78,7 +78,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .._shared.arrays import as_pair, check_sizes, refuse_out_of_range, check_statistics_memory, lazy_zeros
+from .._shared.arrays import (as_pair, check_sizes, check_statistics_memory, frobenius_norm, lazy_zeros,
+                              refuse_out_of_range)
 from .._formulas.psd import DEFAULT_RTOL, GramInverse, PsdSpectrum, gram_inverse
 from .._formulas.certification import debiased_energy, noise_floor, variance_estimate
 from .._shared.errors import InputError
@@ -380,12 +381,15 @@ class CandidateStatistics:
         self._exact_gram = False
 
     def __repr__(self) -> str:
+        # it describes sums of any size without a warning: the norm is scaled (finite up to float64's largest
+        # value), and a trace past that range (or of infinite entries) is shown as the inf or nan it is
+        with np.errstate(over="ignore", invalid="ignore"):
+            trace = float(np.trace(self.sum_gram))
         return (
             f"CandidateStatistics(N={self.n_hidden}, r={self.n_features}, T={self.n_positions}, "
             f"variance={self.variance}, stream={self.stream}, n_samples={self.n_samples}, n_vectors={self.n_vectors}, "
             f"n_batches={self.n_batches}, sum_q_sq={self.sum_q_sq:.6g}, sum_xi_sq={self.sum_xi_sq:.6g}, "
-            f"||sum_cross||_F={float(np.linalg.norm(self.sum_cross)):.6g}, "
-            f"tr(sum_gram)={float(np.trace(self.sum_gram)):.6g})"
+            f"||sum_cross||_F={frobenius_norm(self.sum_cross):.6g}, tr(sum_gram)={trace:.6g})"
         )
 
     # -- merging and serialisation -------------------------------------------------
