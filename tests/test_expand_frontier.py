@@ -1100,9 +1100,15 @@ def test_cli_refusals_are_one_line(extra, message, checkpoint, tmp_path):  # noq
     if "arm(s)" in message:  # the frontier names fewer arms where there are more than two
         assert lines[0].endswith("; or fewer arms: --max-blocks 1 (K = 0, 1)") is ("3 arm(s)" in message)
     if "checking the places" in message:  # --blocks K: how to run without the budget, and no "arm(s)"
+        # the 4-block stack's uniform places for 2 blocks, as uniform_places gives them: before block 2 and the head
         assert "arm(s)" not in lines[0] and lines[0].endswith(
-            "or --decision screen (the first-order screen alone, its cost the probe) or --layout ranked (trials of one "
+            "; or --at 2,head (LLaMA-Pro's uniform places, no decision, no cost); or --decision screen (the first-order screen alone, its cost the probe) or --layout ranked (trials of one "
             "block, up to the whole --steps), both experimental, neither held to --decision-budget")
+        # the places it names run as given: LLaMA-Pro's interleave of 2 blocks in 4, one after every second block
+        at = re.search(r"; or --at (\S+) ", lines[0]).group(1)
+        forced = cli("expand", folder, "--at", at, "-o", tmp_path / "at")
+        record = json.loads((tmp_path / "at" / "expansion.json").read_text())
+        assert forced.exit_code == 0 and record["inserted_before"] == [2, "head"], forced.output
 
 
 @pytest.mark.parametrize("blocks, layout, read, batch", [("auto", "grouped", 24, 32), ("2", "grouped", 16, 16),

@@ -1018,16 +1018,18 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
     movable = sum(len(g) > 1 for g in groups)
 
     # the refusal says what --blocks K decides (each group's place, not a count among arms) and how to run without
-    # this budget
+    # this budget: first the uniform places themselves, which the check would keep unless a trial moved a block
     deciding = (f"checking the places of {k} block(s) (a trial of the uniform places and one per group the screen "
                 f"may move a block in: {1 + movable} trials)" if movable else
                 f"placing {k} block(s) (the first-order screen alone: no group has a second place)")
+    forced = ",".join(map(str, uniform))
 
     def planned(arms: int, fixed_steps: float) -> TrialPlan:
         return plan_trials(recipe.steps, budget.fraction, [step] * arms, [read] * arms, budget.replicates,
-                           fixed_steps, deciding, "; or --decision screen (the first-order screen alone, its cost the "
-                           "probe) or --layout ranked (trials of one block, up to the whole --steps), both experimental, "
-                           "neither held to --decision-budget")
+                           fixed_steps, deciding, f"; or --at {forced} (LLaMA-Pro's uniform places, no decision, no "
+                           "cost); or --decision screen (the first-order screen alone, its cost the probe) or --layout "
+                           "ranked (trials of one block, up to the whole --steps), both experimental, neither held to "
+                           "--decision-budget")
 
     # the longest trials if every group proposes a move: what the plan promises at most
     plan = planned(1 + movable if movable else 0, fixed)
