@@ -959,9 +959,16 @@ def test_cli_says_the_max_forgetting_it_applied_where_no_arm_is_over_it(checkpoi
     assert result.exit_code == 0, result.output  # the figure goes into the OUT_DIR expand makes: not refused early
     assert (out / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     chosen = json.loads((out / "expansion.json").read_text())["chosen_blocks"]
-    assert legends == [["--max-forgetting 10", f"chosen: K = {chosen}", "target held-out (95% interval)",
-                        "general held-out (95% interval)"]]
     record = json.loads((out / "expansion.json").read_text())
+    tolerance = record["decision"]["tolerance"]
+    assert legends == [["--max-forgetting 10", f"chosen: K = {chosen}", "target held-out (95% interval)",
+                        "general held-out (95% interval)",
+                        f"minus the tolerance ({tolerance:.3g}): credible below it and 0", "minus K = 0, paired (95%)"]]
+    # the second panel: what the choice rests on, each K > 0's paired difference as expansion.json records it
+    ys, spans = bars["minus K = 0, paired (95%)"]
+    expanded = [arm for arm in record["frontier"] if arm["blocks"] > 0]
+    assert ys == pytest.approx([arm["predicted_minus_none"] for arm in expanded], rel=1e-6)
+    assert spans == pytest.approx([y for arm in expanded for y in arm["minus_none_interval"]], rel=1e-6)
     for label, point, interval in (("target", "predicted_heldout_change", "interval"),
                                    ("general", "predicted_general_change", "general_interval")):
         ys, spans = bars[f"{label} held-out (95% interval)"]
