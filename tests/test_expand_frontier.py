@@ -445,6 +445,12 @@ def test_the_placement_checks_plan_prices_the_probe_in_flops_and_its_estimate_fo
     full = bench.step_flops(4, range(4), True, block, head)  # the model as it is, every parameter
     unit = bench.step_flops(6, range(6), True, block, head)  # K = 2 blocks, every parameter: the planned step
     assert float(flops) == pytest.approx(64 / 8 * full / unit, abs=0.05)  # the probe's cost: a pass a window
+    # the statistics the screen holds at once, by the documented size of a place's sums a split, 8 (17 N r + r^2 + 16)
+    # bytes (N the width, r the inputs of the zeroed output maps: width + intermediate), 5 places, 2 splits
+    held = float(re.search(r"  memory: the screen holds the statistics of all 5 places at once, ([0-9.e+-]+) GiB "
+                           r"\(both splits, float64\); --max-statistics-gib caps it", seen[0])[1])
+    n, r = 16, 16 + 32
+    assert held == pytest.approx(2 * 5 * 8 * (17 * n * r + r * r + 16) / 2**30, rel=5e-3)
     assert "the time estimate follows the first 5 trial steps" in seen[0] and len(seen) == 2
     # each timed step: a uniform-arm step (K = 2 at uniform places of 4 blocks, every parameter) in planned steps
     assert check.step_times.work == pytest.approx([1.0] * 4, rel=1e-12) and check.step_times.seconds == (0.75,) * 4
