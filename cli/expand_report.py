@@ -182,7 +182,9 @@ def _points_and_errors(predictions) -> tuple[list, list]:
 
 def plot_frontier(expansion, path: str, inputs=()) -> str | None:
     """Draw the frontier (predicted held-out change per K, and the general change, each with its 95% interval) to
-    ``path``; returns the line to print when matplotlib is missing (the figure is skipped, nothing else)."""
+    ``path``, and beside it what the choice rests on: each ``K > 0``'s paired difference from ``K = 0`` with its
+    interval and minus the tolerance; returns the line to print when matplotlib is missing (the figure is skipped,
+    nothing else)."""
     try:
         require("matplotlib", extra="plot", by="--plot")
     except MissingDependencyError as exc:
@@ -194,7 +196,8 @@ def plot_frontier(expansion, path: str, inputs=()) -> str | None:
         plt = _pyplot()
         arms = expansion.budgeted.arms
         ks = [a.blocks for a in arms]
-        figure, axis = plt.subplots(figsize=(5, 3.5))
+        # two panels: the arms' own intervals overlap where the paired differences (one set of windows) separate
+        figure, (axis, paired) = plt.subplots(1, 2, figsize=(9, 3.5))
         axis.errorbar(ks, *_points_and_errors([a.target for a in arms]), marker="o", capsize=3,
                       label="target held-out (95% interval)")
         choice = expansion.budgeted.choice
@@ -212,6 +215,16 @@ def plot_frontier(expansion, path: str, inputs=()) -> str | None:
         axis.set_ylabel(f"loss change after {expansion.budgeted.plan.planned_steps} steps (nats)")
         axis.set_xticks(ks)
         axis.legend(fontsize=8)
+        expanded = [a for a in arms if a.versus_none is not None]
+        paired.errorbar([a.blocks for a in expanded], *_points_and_errors([a.versus_none for a in expanded]),
+                        marker="o", color="C2", capsize=3, label="minus K = 0, paired (95%)")
+        paired.axhline(-choice.tolerance, color="C2", linestyle=":", linewidth=0.8,
+                       label=f"minus the tolerance ({choice.tolerance:.3g}): credible below it and 0")
+        paired.axhline(0, color="black", linewidth=0.5)
+        paired.set_xlabel("new blocks K")
+        paired.set_ylabel("held-out change minus K = 0's (nats)")
+        paired.set_xticks([a.blocks for a in expanded])
+        paired.legend(fontsize=8)
         figure.tight_layout()
         atomic_write(path, lambda stream: figure.savefig(stream, format=fmt), inputs=inputs)
         plt.close(figure)

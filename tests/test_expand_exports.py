@@ -160,6 +160,29 @@ def test_model_card_names_base_places_and_how_to_train(bf16_tied, tmp_path, monk
     assert "puts LoRA adapters (rank 8) on exactly those layers: low-rank updates, not those layers' full" in card
 
 
+@pytest.mark.parametrize("at, k, divides", [("1,2,head", 3, False), ("1,3", 2, True)])
+def test_llama_factory_refusal_of_a_count_not_dividing_the_layers_is_named(bf16_tied, tmp_path, at, k, divides):
+    """K blocks at LLaMA-Pro's uniform places in 4 layers: K = 3 makes 7 layers, which LLaMA-Factory's use_llama_pro
+    refuses for n = 3 (not a multiple), so the record and the card say why and which K would do; K = 2 at
+    non-uniform places gets no such words: what stops the freeze form there is the places."""
+    folder, _ = bf16_tied
+    out = tmp_path / "grown"
+    record = grow(folder, out, at)
+    reason = record["llama_factory"]["reason"]
+    card = (out / "README.md").read_text()
+    words = (f"its use_llama_pro needs the {LAYERS + k} layers to be a multiple of n = {k}: K blocks at uniform "
+             f"places are its every (layers/n)-th layer where K divides the original {LAYERS}")
+    assert (words in reason, words in card) == (not divides, not divides)
+    assert 'finetuning_type: "lora"' in (out / "llamafactory.yaml").read_text()
+    if not divides:
+        factory = pytest.importorskip("llamafactory.model.adapter")  # LLaMA-Factory's own refusal, where it imports
+        from llamafactory.hparams import FinetuningArguments
+
+        with pytest.raises(ValueError, match="divisible"):
+            factory._setup_freeze_tuning(T.AutoModelForCausalLM.from_pretrained(out), FinetuningArguments(
+                finetuning_type="freeze", freeze_trainable_layers=k, use_llama_pro=True), True, False)
+
+
 @pytest.mark.parametrize("train", ["all", "new_blocks"])
 def test_model_card_trains_what_the_decision_priced(train):
     """Without ``--freeze-old`` the decision priced training every parameter (``K = 0`` against ``K`` blocks, all

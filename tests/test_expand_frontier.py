@@ -445,6 +445,12 @@ def test_the_placement_checks_plan_prices_the_probe_in_flops_and_its_estimate_fo
     full = bench.step_flops(4, range(4), True, block, head)  # the model as it is, every parameter
     unit = bench.step_flops(6, range(6), True, block, head)  # K = 2 blocks, every parameter: the planned step
     assert float(flops) == pytest.approx(64 / 8 * full / unit, abs=0.05)  # the probe's cost: a pass a window
+    # the statistics the screen holds at once, by the documented size of a place's sums a split, 8 (17 N r + r^2 + 16)
+    # bytes (N the width, r the inputs of the zeroed output maps: width + intermediate), 5 places, 2 splits
+    held = float(re.search(r"  memory: the screen holds the statistics of all 5 places at once, ([0-9.e+-]+) GiB "
+                           r"\(both splits, float64\); --max-statistics-gib caps it", seen[0])[1])
+    n, r = 16, 16 + 32
+    assert held == pytest.approx(2 * 5 * 8 * (17 * n * r + r * r + 16) / 2**30, rel=5e-3)
     assert "the time estimate follows the first 5 trial steps" in seen[0] and len(seen) == 2
     # each timed step: a uniform-arm step (K = 2 at uniform places of 4 blocks, every parameter) in planned steps
     assert check.step_times.work == pytest.approx([1.0] * 4, rel=1e-12) and check.step_times.seconds == (0.75,) * 4
@@ -959,9 +965,16 @@ def test_cli_says_the_max_forgetting_it_applied_where_no_arm_is_over_it(checkpoi
     assert result.exit_code == 0, result.output  # the figure goes into the OUT_DIR expand makes: not refused early
     assert (out / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     chosen = json.loads((out / "expansion.json").read_text())["chosen_blocks"]
-    assert legends == [["--max-forgetting 10", f"chosen: K = {chosen}", "target held-out (95% interval)",
-                        "general held-out (95% interval)"]]
     record = json.loads((out / "expansion.json").read_text())
+    tolerance = record["decision"]["tolerance"]
+    assert legends == [["--max-forgetting 10", f"chosen: K = {chosen}", "target held-out (95% interval)",
+                        "general held-out (95% interval)",
+                        f"minus the tolerance ({tolerance:.3g}): credible below it and 0", "minus K = 0, paired (95%)"]]
+    # the second panel: what the choice rests on, each K > 0's paired difference as expansion.json records it
+    ys, spans = bars["minus K = 0, paired (95%)"]
+    expanded = [arm for arm in record["frontier"] if arm["blocks"] > 0]
+    assert ys == pytest.approx([arm["predicted_minus_none"] for arm in expanded], rel=1e-6)
+    assert spans == pytest.approx([y for arm in expanded for y in arm["minus_none_interval"]], rel=1e-6)
     for label, point, interval in (("target", "predicted_heldout_change", "interval"),
                                    ("general", "predicted_general_change", "general_interval")):
         ys, spans = bars[f"{label} held-out (95% interval)"]
@@ -1100,9 +1113,15 @@ def test_cli_refusals_are_one_line(extra, message, checkpoint, tmp_path):  # noq
     if "arm(s)" in message:  # the frontier names fewer arms where there are more than two
         assert lines[0].endswith("; or fewer arms: --max-blocks 1 (K = 0, 1)") is ("3 arm(s)" in message)
     if "checking the places" in message:  # --blocks K: how to run without the budget, and no "arm(s)"
+        # the 4-block stack's uniform places for 2 blocks, as uniform_places gives them: before block 2 and the head
         assert "arm(s)" not in lines[0] and lines[0].endswith(
-            "or --decision screen (the first-order screen alone, its cost the probe) or --layout ranked (trials of one "
+            "; or --at 2,head (LLaMA-Pro's uniform places, no decision, no cost); or --decision screen (the first-order screen alone, its cost the probe) or --layout ranked (trials of one "
             "block, up to the whole --steps), both experimental, neither held to --decision-budget")
+        # the places it names run as given: LLaMA-Pro's interleave of 2 blocks in 4, one after every second block
+        at = re.search(r"; or --at (\S+) ", lines[0]).group(1)
+        forced = cli("expand", folder, "--at", at, "-o", tmp_path / "at")
+        record = json.loads((tmp_path / "at" / "expansion.json").read_text())
+        assert forced.exit_code == 0 and record["inserted_before"] == [2, "head"], forced.output
 
 
 @pytest.mark.parametrize("blocks, layout, read, batch", [("auto", "grouped", 24, 32), ("2", "grouped", 16, 16),

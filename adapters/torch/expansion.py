@@ -56,7 +56,7 @@ from satcore import Recipe
 from satcore.adapter_api import NOT_VERIFIED, render_decision, screen
 from satcore.adapter_api import derived_seed, moved_keywords, read_batches, whole_number, yaml_quoted
 
-from .expansion_exports import llama_factory_lora
+from .expansion_exports import llama_factory_lora, llama_pro_stride_words
 from .expansion_frontier import PROBE_TIME_RATIO, DecisionBudget, StepTimes, _windows, probe_time, timed_step, timing_record
 from .hf import context_length, sequence_loss
 from .input_bounds import check_new_block_count, check_token_ids, forked_rng
@@ -547,9 +547,10 @@ class Expansion:
         else:
             factory = {"expressible": False,
                        "reason": f"LLaMA-Factory's freeze tuning selects the last, the first or every "
-                                 f"(layers/n)-th layer; layers {layers} of {total} are none of these: "
-                                 "llama_factory_lora trains them with its LoRA; ms-swift's trainable_parameters "
-                                 "or the Python loop in the docs train them fully"}
+                                 f"(layers/n)-th layer; layers {layers} of {total} are none of these"
+                                 + llama_pro_stride_words(self.n_original, k) + ": llama_factory_lora trains them "
+                                 "with its LoRA; ms-swift's trainable_parameters or the Python loop in the docs "
+                                 "train them fully"}
         # with no new block, "freeze everything, unfreeze none" would train nothing: the same refusal as LLaMA-Factory's
         swift = {"train_type": "full", "freeze_parameters_ratio": 1,
                  "trainable_parameters": [f"{self.block_prefix}.{i}." for i in layers]} if k else dict(factory)

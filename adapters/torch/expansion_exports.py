@@ -62,6 +62,17 @@ def llama_factory_lora(model: nn.Module, blocks: list[str], positions: list[int]
             "lora_target": ",".join(names)}
 
 
+def llama_pro_stride_words(original: int, k: int) -> str:
+    """Why LLaMA-Factory's ``use_llama_pro`` cannot select ``k`` new blocks in ``original + k`` layers, where
+    that is divisibility (else ""): it refuses a layer count that ``n`` does not divide, and K blocks at
+    LLaMA-Pro's uniform places are its every ``(layers / n)``-th layer exactly where K divides the original
+    layers (then ``original + k`` is a multiple of ``k`` too)."""
+    if not k or (original + k) % k == 0:
+        return ""
+    return (f"; its use_llama_pro needs the {original + k} layers to be a multiple of n = {k}: K blocks at uniform "
+            f"places are its every (layers/n)-th layer where K divides the original {original}")
+
+
 def llama_factory_yaml(record: dict, out_dir: str) -> str:
     """A LLaMA-Factory configuration training exactly the new blocks (module docstring); the dataset and
     output keys are the user's to add."""
@@ -149,7 +160,8 @@ def model_card(record: dict, out_dir: str) -> str:
               f"adapters (rank {LORA_RANK}) on exactly those layers: low-rank updates, not those layers' full training;",
               f"* LLaMA-Factory: `{LLAMA_FACTORY_FILE}` (add your dataset), `llamafactory-cli train "
               f"{LLAMA_FACTORY_FILE}`" + ("; LoRA on those layers, as PEFT's, since LLaMA-Factory's freeze tuning "
-                                         "selects the last, the first or every (layers/n)-th layer only;"
+                                         "selects the last, the first or every (layers/n)-th layer only"
+                                         + llama_pro_stride_words(layers["before"], len(record["positions"])) + ";"
                                          if lora_factory else ": full training of those layers (freeze tuning);"),
               "* ms-swift: `--train_type full --freeze_parameters_ratio 1 --trainable_parameters "
               + " ".join(record["ms_swift"]["trainable_parameters"]) + "`;",

@@ -996,6 +996,20 @@ def _probe_steps(model, train: list, held: list, costs: _Costs, policy: Decision
     return passes * probed + planning, probe_time(passes * probed, passes) + planning, passes
 
 
+def _screen_memory_line(model, batch, policy, places: int, passes: int) -> str:
+    """The plan's line of what the screen's statistics hold at once (both splits, float64), before it starts: on a
+    large model they, not the FLOPs, decide whether the command fits (SmolLM2-135M's 31 places: about 12 GiB)."""
+    from .expansion import probe_memory_plan
+
+    cap = policy.max_statistics_bytes
+    if cap is not None:
+        return (f"  memory: the screen holds at most {cap / 2**30:.3g} GiB of statistics at once "
+                f"(--max-statistics-gib), in {passes} pass(es) over the windows")
+    held = 2 * probe_memory_plan(model, batch, policy).device_bytes
+    return (f"  memory: the screen holds the statistics of all {places} places at once, {held / 2**30:.3g} GiB (both "
+            "splits, float64); --max-statistics-gib caps it, at one more pass over the windows per group of places")
+
+
 def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: DecisionBudget, options: dict
                     ) -> PlacementCheck:
     """Where ``options["blocks"]`` blocks go (module docstring).  ``options``: ``blocks``, ``init``, ``seed``,
@@ -1018,16 +1032,18 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
     movable = sum(len(g) > 1 for g in groups)
 
     # the refusal says what --blocks K decides (each group's place, not a count among arms) and how to run without
-    # this budget
+    # this budget: first the uniform places themselves, which the check would keep unless a trial moved a block
     deciding = (f"checking the places of {k} block(s) (a trial of the uniform places and one per group the screen "
                 f"may move a block in: {1 + movable} trials)" if movable else
                 f"placing {k} block(s) (the first-order screen alone: no group has a second place)")
+    forced = ",".join(map(str, uniform))
 
     def planned(arms: int, fixed_steps: float) -> TrialPlan:
         return plan_trials(recipe.steps, budget.fraction, [step] * arms, [read] * arms, budget.replicates,
-                           fixed_steps, deciding, "; or --decision screen (the first-order screen alone, its cost the "
-                           "probe) or --layout ranked (trials of one block, up to the whole --steps), both experimental, "
-                           "neither held to --decision-budget")
+                           fixed_steps, deciding, f"; or --at {forced} (LLaMA-Pro's uniform places, no decision, no "
+                           "cost); or --decision screen (the first-order screen alone, its cost the probe) or --layout "
+                           "ranked (trials of one block, up to the whole --steps), both experimental, neither held to "
+                           "--decision-budget")
 
     # the longest trials if every group proposes a move: what the plan promises at most
     plan = planned(1 + movable if movable else 0, fixed)
@@ -1039,7 +1055,8 @@ def placement_check(model, train: list, held: list, *, recipe: Recipe, budget: D
                  f"for your training of {recipe.steps} steps of {recipe.batch_size} windows "
                  f"({recipe.steps * tokens:,} tokens), {recipe.optimizer} lr {recipe.lr:g}",
                  f"  screen: the first-order probe of {n_blocks + 1} places ({probe_steps:.1f} planned steps' FLOPs; "
-                 f"each window about {PROBE_TIME_RATIO:g} times a forward and backward pass)"]
+                 f"each window about {PROBE_TIME_RATIO:g} times a forward and backward pass)",
+                 _screen_memory_line(model, train[0], options["policy"], n_blocks + 1, probe_passes)]
         if movable:
             trials = _plan_lines("", plan, tokens, {s: _windows(b) for s, b in evaluate.items()},
                                  _windows(train))[1]
