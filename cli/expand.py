@@ -22,7 +22,8 @@ import shutil
 import click
 
 from satcore import InputError, ModelOnDataError, ProbeError
-from satcore.adapter_api import DEFAULT_ALPHA, NOT_VERIFIED, decision_interval_notes, parse_whole_number
+from satcore.adapter_api import (DEFAULT_ALPHA, NOT_VERIFIED, SCREEN_READING, decision_interval_notes,
+                                 parse_whole_number)
 
 from .common import FiniteFloatRange, announced, display_name, model_on_data, num, table
 from .expand_report import SEQ_LEN_RULE, defaults_line, frontier_report, moves_report, plot_frontier, stop_line
@@ -238,6 +239,11 @@ def _evidence_cells(c) -> list[str]:
             "trial"]
 
 
+# the unit, where the table shows none, with how to read the size: the screen's value is the recipe's step
+# extrapolated linearly over all its steps, and on a pretrained model can run past the held-out loss itself
+SCREEN_SIZE = f"the screen's held-out change is in nats, a linear extrapolation: {SCREEN_READING}"
+
+
 def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False, moved=()) -> list[str]:
     """The lines under the ranking (``rows``, the candidates' :class:`satcore.CandidateDecision`, in the table's
     ``order``) that say what its columns are where they could mislead; ``chosen``: the original indices blocks
@@ -249,14 +255,14 @@ def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False,
     trialled = [n for n in order if rows[n].verified]
     if not trialled:
         notes = [f"evidence: every row is the first-order screen's ({NOT_VERIFIED}: the recipe's step priced "
-                 "linearly, no trial of a place ran); it has no interval or P(decrease): the screen's own fold "
-                 "interval omits its error and reads as near-certain; its order "
+                 f"linearly, no trial of a place ran); {SCREEN_SIZE}; it has no interval or P(decrease): the "
+                 "screen's own fold interval omits its error and reads as near-certain; its order "
                  + ("proposes the moves below" if moves else "ranks the places")]
     elif len(trialled) < len(order):
         notes = ["evidence: 'trial' rows are short trials of the recipe, extrapolated and calibrated; 'screen' rows "
                  f"are {NOT_VERIFIED}: no trial ran, they show the first-order screen's value (not comparable with "
-                 "the trials', often far off in magnitude) and no interval or P(decrease); their order is the "
-                 "screen's, no trial chose them"]
+                 f"the trials', often far off in magnitude; {SCREEN_SIZE}) and no interval or P(decrease); their "
+                 "order is the screen's, no trial chose them"]
     else:
         notes = ["evidence: every place was verified by a short trial of the recipe (extrapolated, calibrated)"]
     notes += decision_interval_notes({n: rows[n] for n in order}, DEFAULT_ALPHA)

@@ -424,6 +424,10 @@ def test_table_notes_name_the_rows_they_explain():
     notes = _table_notes(rows, list(rows), {0, 2, "head"})
     assert len(notes) == 5 and notes[0].startswith("evidence: 'trial' rows are short trials")
     assert "'screen' rows are not verified" in notes[0]
+    # the unit, which the table's header does not show, and how to read the screen's size (a linear extrapolation
+    # that on a pretrained model runs past the held-out loss itself)
+    assert ("(not comparable with the trials', often far off in magnitude; the screen's held-out change is in nats, "
+            "a linear extrapolation: read them as a direction and a ranking, not an amount)") in notes[0]
     assert notes[1].startswith("m.0: the 95% interval reaches 0 while P(decrease) is at least 0.975")
     assert notes[2].startswith("m.1: the point lies outside its 95% interval")
     assert notes[3].startswith("m.0: chosen although the 95% interval reaches 0")
@@ -434,13 +438,17 @@ def test_table_notes_name_the_rows_they_explain():
     proposals = {n: CandidateDecision.screen_only(n, -0.1, -0.2) for n in ("m.1", "head")}  # the placement check's
     assert _table_notes(proposals, list(proposals), {"head"}, moves=True) == [
         "evidence: every row is the first-order screen's (not verified: the recipe's step priced linearly, no trial "
-        "of a place ran); it has no interval or P(decrease): the screen's own fold interval omits its error and "
+        "of a place ran); the screen's held-out change is in nats, a linear extrapolation: read them as a direction "
+        "and a ranking, not an amount; it has no interval or P(decrease): the screen's own fold interval omits its "
+        "error and "
         "reads as near-certain; its order proposes the moves below",
         "head: chosen although not verified: --blocks K puts K blocks at uniform places unless a trial moves one; "
         "whether to add any is --blocks auto's question"]
     assert _table_notes(proposals, list(proposals), {"head"}, moves=False) == [  # --decision screen's rows
         "evidence: every row is the first-order screen's (not verified: the recipe's step priced linearly, no trial "
-        "of a place ran); it has no interval or P(decrease): the screen's own fold interval omits its error and "
+        "of a place ran); the screen's held-out change is in nats, a linear extrapolation: read them as a direction "
+        "and a ranking, not an amount; it has no interval or P(decrease): the screen's own fold interval omits its "
+        "error and "
         "reads as near-certain; its order ranks the places",
         "head: chosen although not verified: --blocks K puts K blocks at the places the screen ranks first (one per "
         "group with --layout grouped); whether to add any is --blocks auto's question, answered by trials"]
@@ -619,6 +627,9 @@ def test_cli_screen_rows_are_not_verified_in_the_table_the_record_and_the_card(c
     assert all(r[1:5] == (None, None, "not verified", "screen (not verified)") for r in rows.values())
     assert {n for n, r in rows.items() if r[5]} == {min(g, key=changes.get) for g in named}
     assert "its order ranks the places" in result.output
+    # the table shows no unit; its legend gives it, with how to read a linear extrapolation's size
+    assert ("the screen's held-out change is in nats, a linear extrapolation: read them as a direction and a ranking, "
+            "not an amount") in result.output
     assert "chosen although not verified: --blocks K puts K blocks at the places the screen ranks first" in \
         result.output
     assert "not verified by a trial" in (out / "README.md").read_text()
