@@ -747,6 +747,11 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
     record = json.loads((tmp_path / "o" / "expansion.json").read_text())
     assert record["inserted_before"] == [0, 2, "head"] and record["positions"] == [0, 3, 6]
     assert record["cost_block_steps"] == 0 and record["train"] == "new_blocks" and record["init"] == "fresh"
+    # no decision priced a training: no recipe is recorded (it once held the default 1000 steps of "block"), nor a
+    # decision or its cost; the card says the places were forced and names no recipe
+    assert record["recipe"] is None and record["decision"] is None and record["decision_cost_fraction"] is None
+    card = (tmp_path / "o" / "README.md").read_text()
+    assert "None: the places were forced (`--at " in card and "recipe {" not in card
 
 
 @pytest.mark.parametrize("case, message", [
@@ -1052,7 +1057,9 @@ def test_every_key_of_expansion_json_is_in_its_docs(checkpoint, tmp_path):
     page = (Path(__file__).resolve().parents[1] / "docs" / "expansion-outputs.md").read_text()
     listed = page.split("* `expansion.json`:")[1].split("* `mergekit.yaml`")[0]
     documented = set(re.findall(r"`([a-z_]+)`", listed))
-    keys = set(record) | set(record["num_hidden_layers"]) | set(record["recipe"])
+    # --at decides nothing, so its record has no recipe (null): the recipe's keys are those a decision records
+    assert record["recipe"] is None
+    keys = set(record) | set(record["num_hidden_layers"]) | set(Recipe("adamw", lr=2e-4, steps=10, batch_size=8).to_dict())
     assert len(keys) > 30 and keys <= documented, sorted(keys - documented)
 
 

@@ -626,7 +626,8 @@ class Expansion:
             else self.decision_cost_fraction,
             "frontier": [a.to_dict() for a in self.budgeted.arms] if hasattr(self.budgeted, "arms") else None,
             "chosen_blocks": self.budgeted.choice.chosen_blocks if hasattr(self.budgeted, "arms") else None,
-            "recipe": self.recipe.to_dict(),
+            # forced places (--at): no decision priced a training, so none is recorded as if one had
+            "recipe": None if self.decision is None and self.budgeted is None else self.recipe.to_dict(),
             "train": "new_blocks" if self.train_new_only else "all",
             **self.trainer_settings(),
         }
