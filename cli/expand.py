@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import shutil
+import time
 
 import click
 
@@ -445,6 +446,7 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     from satcore.adapters.torch.expansion import ExpansionOptions, check_trials_batch, decoder_stack, split_batches
     from satcore.adapters.torch.expansion import expand as expand_model
     from satcore.adapters.torch.expansion_exports import lora_adapter_config, write_training_exports
+    from satcore.adapters.torch.expansion_frontier import decision_time_line
     from satcore.adapters.torch.locate import find_blocks
     from satcore.adapters.torch.hf import context_length
 
@@ -530,11 +532,13 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     options = ExpansionOptions(at=forced, init=init, train_new_only=freeze_old, max_blocks=max_blocks,
                                decision=decision, layout=layout, budget=budget, progress=not quiet,
                                announce=announce if decision == "screen" else None)
+    started = time.monotonic()
     try:
         expansion = expand_model(model, data, blocks=blocks, policy=policy, options=options)
     except ModelOnDataError as exc:  # a batch the model cannot take or scores NaN on: the model's, on the data
         raise ProbeError(model_on_data(model_dir, general_path, str(exc), "--general-data") if exc.split == "general"
                          else model_on_data(model_dir, data_path, str(exc))) from None
+    took = time.monotonic() - started  # the decision's wall time (with the blocks' insertion, a copy), not the saving
     with staged_out_dir(out_dir, prefix=".satcore-expand-") as staging:
         grown = expansion.model.to(getattr(torch, saved_dtype))
         grown.save_pretrained(staging, safe_serialization=True)
@@ -558,6 +562,8 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         peft_config = lora_adapter_config(grown, find_blocks(grown), expansion.positions, os.path.abspath(out_dir))
         write_training_exports(staging, record, peft_config, out_dir)
     click.echo(_report(expansion))
+    if forced is None and not quiet:  # beside the estimate printed before its work ran
+        click.echo(decision_time_line(took, expansion.step_times))
     if plot_path is not None and (skipped := plot_frontier(expansion, plot_path,
                                                            inputs=[p for p in (data_path, general_path) if p])):
         click.echo(skipped)

@@ -633,6 +633,9 @@ def test_cli_screen_rows_are_not_verified_in_the_table_the_record_and_the_card(c
     assert "chosen although not verified: --blocks K puts K blocks at the places the screen ranks first" in \
         result.output
     assert "not verified by a trial" in (out / "README.md").read_text()
+    # after the decision, the time it took beside the plan's estimate (the time itself is not asserted)
+    assert re.search(r"^decision took [0-9.]+ (s|min) \(estimated [0-9.]+ (s|min)\)$", result.output, re.M), \
+        result.output
     # the screen prices the planned training's step on windows it read: the defaults it relied on come first, with
     # the rule of those only (--seq-len was given)
     first = result.output.splitlines()[0]
@@ -744,6 +747,7 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
                  tmp_path / "o", "--freeze-old")
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[0] == f"--data {text}: checked, not read: --at forces the positions"
+    assert "decision took" not in result.output  # no decision ran
     record = json.loads((tmp_path / "o" / "expansion.json").read_text())
     assert record["inserted_before"] == [0, 2, "head"] and record["positions"] == [0, 3, 6]
     assert record["cost_block_steps"] == 0 and record["train"] == "new_blocks" and record["init"] == "fresh"
@@ -1077,6 +1081,7 @@ def test_cli_statistics_budget_probes_in_passes_and_decides_the_same(checkpoint,
     assert 4 * per_place <= int(gib * 2**30) < 6 * per_place
     passes = cli("expand", folder, *args, "-o", tmp_path / "passes", "--max-statistics-gib", f"{gib:.6g}")
     assert passes.exit_code == 0, passes.output
+    assert "decision took" not in one.output + passes.output  # --quiet prints no time line
     a, b = (json.loads((tmp_path / d / "expansion.json").read_text()) for d in ("one", "passes"))
     assert a["evidence"] == b["evidence"]
     # the decision's cost counts every probe pass: 3 passes over the 32 windows (4 batches, each priced as a step
