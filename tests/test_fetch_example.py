@@ -106,9 +106,12 @@ def test_smollm2_directory_loads_and_computes_what_the_gguf_model_computes(tmp_p
     result = CliRunner().invoke(main, ["fetch-example", "smollm2", str(out)])
     assert result.exit_code == 0, result.output
     assert f"\nwrote {out}: SmolLM2-135M-Instruct (30 Llama blocks" in result.stdout
-    assert result.stdout.endswith(f"next: satcore expand {out} --data YOUR_TEXT.txt --blocks 2 -o {out}-expanded\n"
-                                  "(it prints its plan and cost before it starts: on a CPU the trials of this model "
-                                  "take tens of minutes; --decision screen, the first-order screen alone, a few)\n")
+    assert result.stdout.endswith(f"next: satcore expand {out} --data YOUR_TEXT.txt --blocks 2 --decision-budget 0.04 "
+                                  f"--seq-len 64 -o {out}-expanded\n"
+                                  "(it prints its plan and cost before it starts; give at least 4,096 tokens of text, "
+                                  "64 windows of 64, so that each trial passes over its windows under twice; the "
+                                  "defaults, --decision-budget 0.1 and --seq-len 128, price about four times the work, "
+                                  "tens of minutes on a CPU)\n")
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(out))
     config = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in config and config["num_hidden_layers"] == 30
@@ -129,3 +132,41 @@ def test_smollm2_directory_loads_and_computes_what_the_gguf_model_computes(tmp_p
     # the same float32 weights through the same float32 ops of the same class in one process: float32 round-off
     # is the same too, so the logits are equal to the bit (a weight copied wrong would move them by far more)
     assert torch.equal(logits, expected)
+
+
+class _PlanPrinted(Exception):
+    """Raised where the screen's probe would start: the plan is printed by then, and nothing of it runs."""
+
+
+@pytest.mark.slow
+def test_the_suggested_expand_command_plans_its_trials_without_the_passes_warning(tmp_path, monkeypatch):
+    """The ``satcore expand`` command ``fetch-example`` suggests next (``NEXT_EXPAND``), run on SmolLM2-135M's
+    sizes (its config, random weights: the plan depends on the sizes alone) with 64 windows of token ids, plans
+    its trials within 2 passes over their training windows: no passes warning.  The default it once suggested
+    (``--blocks 2`` alone) planned 26-step trials, 6.5 passes over 32 windows, warned, and ran about 30 min on 2
+    CPU cores.  The command stops where the screen's probe would start, after the plan is printed."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from satcore.adapters.torch import expansion
+    from satcore.cli.fetch_example import NEXT_EXPAND
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                                      tie_word_embeddings=True)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "model")
+    ids = np.random.default_rng(0).integers(0, 49152, size=(64, 64))  # 64 windows of 64 tokens, as the line asks
+    np.savez(tmp_path / "ids.npz", input_ids=ids)
+
+    def stop(*args, **kwargs):
+        raise _PlanPrinted
+
+    monkeypatch.setattr(expansion, "first_order_decision", stop)
+    result = CliRunner().invoke(main, ["expand", str(tmp_path / "model"), "--data", str(tmp_path / "ids.npz"),
+                                       *NEXT_EXPAND, "-o", str(tmp_path / "out")])
+    assert isinstance(result.exception, _PlanPrinted), result.output
+    assert "x 6 steps on 32 training windows" in result.output, result.output  # 6 x 8 / 32 = 1.5 passes
+    assert "passes over its" not in result.output and "warning" not in result.output, result.output
+    # the suggestion as printed, with the flags the plan above was made with
+    assert " ".join(NEXT_EXPAND) == "--blocks 2 --decision-budget 0.04 --seq-len 64"

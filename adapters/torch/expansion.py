@@ -179,7 +179,7 @@ def _screen_plan(model: nn.Module, train: list, heldout: list, policy: DecisionP
     """The plan :func:`_screen_with_bar` announces before the screen starts, as the placement check's: what it reads
     (``passes`` passes over the windows of ``train`` and ``heldout``), its cost in block-steps (what it records,
     ``cost_block_steps``) and its time here, from ``times`` (:func:`~.expansion_frontier.timed_step`: passes of the
-    model not counted in that cost) and :func:`~.expansion_frontier.probe_time` of the passes a window."""
+    model not counted in that cost) at the work it priced (:attr:`StepTimes.priced`, :func:`_screen_work`)."""
     recipe = policy.recipe
     trained, held = (_windows(split) for split in (train, heldout))
     cost = math.ceil(passes * (trained + held) / recipe.batch_size)
@@ -193,8 +193,14 @@ def _screen_plan(model: nn.Module, train: list, heldout: list, policy: DecisionP
         f"held-out windows, {passes} pass{'es' if passes > 1 else ''} over them",
         f"  cost: {cost} block-steps, {cost / recipe.steps:.1%} of the planned {recipe.steps} (not held to "
         f"--decision-budget); each window about {PROBE_TIME_RATIO:g} times a forward and backward pass, its places' "
-        f"share split over the passes: {times.words(probe_time(passes * (trained + held) / recipe.batch_size, passes))}",
+        f"share split over the passes: {times.words(times.priced)}",
         *times.warning()])
+
+
+def _screen_work(train: list, heldout: list, recipe, passes: int) -> float:
+    """The first-order screen's work in the recipe's minibatches' passes of the model: :func:`probe_time` of
+    ``passes`` passes over the windows of ``train`` and ``heldout``."""
+    return probe_time(passes * (_windows(train) + _windows(heldout)) / recipe.batch_size, passes)
 
 
 def _screen_with_bar(model: nn.Module, train: list, heldout: list, loss_fn, policy: DecisionPolicy,
@@ -207,7 +213,8 @@ def _screen_with_bar(model: nn.Module, train: list, heldout: list, loss_fn, poli
     passes = probe_passes(model, train[0], policy)
     times = None
     if options.announce is not None:
-        times = timed_step(model, train, policy.recipe)
+        times = replace(timed_step(model, train, policy.recipe),
+                        priced=_screen_work(train, heldout, policy.recipe, passes))
         options.announce(_screen_plan(model, train, heldout, policy, blocks, options.layout, passes, times))
     if not options.progress:
         return replace(first_order_decision(model, train, heldout, loss_fn, policy=policy), step_times=times)
@@ -517,6 +524,15 @@ class Expansion:
             return self.budgeted.cost_fraction
         return self.cost_block_steps / self.recipe.steps
 
+    @property
+    def step_times(self) -> StepTimes | None:
+        """The timed steps the decision's announced time estimate was made from (:class:`StepTimes`, its
+        ``priced`` the work it priced): the budgeted decision's, else the screen's; None where none was made (no
+        decision, an unbudgeted trial ranking, a decision that announced nothing)."""
+        if self.budgeted is not None:
+            return self.budgeted.step_times
+        return getattr(getattr(self.decision, "base", self.decision), "step_times", None)
+
     def trainer_settings(self) -> dict:
         """The trainable layers in the forms LLaMA-Factory and ms-swift read (``finetuning_type: freeze``).
 
@@ -626,7 +642,8 @@ class Expansion:
             else self.decision_cost_fraction,
             "frontier": [a.to_dict() for a in self.budgeted.arms] if hasattr(self.budgeted, "arms") else None,
             "chosen_blocks": self.budgeted.choice.chosen_blocks if hasattr(self.budgeted, "arms") else None,
-            "recipe": self.recipe.to_dict(),
+            # forced places (--at): no decision priced a training, so none is recorded as if one had
+            "recipe": None if self.decision is None and self.budgeted is None else self.recipe.to_dict(),
             "train": "new_blocks" if self.train_new_only else "all",
             **self.trainer_settings(),
         }

@@ -241,7 +241,8 @@ class _Meter:
         if not self.timing or not self.steps:
             return
         timed = self.steps[1:] or self.steps
-        self.times = StepTimes(tuple(s for s, _ in timed), tuple(w for _, w in timed), torch.get_num_threads())
+        self.times = StepTimes(tuple(s for s, _ in timed), tuple(w for _, w in timed), torch.get_num_threads(),
+                               priced=self.total)
         if self.bar is not None:
             self.bar.set_postfix_str(f"estimate {_duration(self.total * self.times.mean)}")
         if self.announce is not None:
@@ -428,12 +429,15 @@ class StepTimes:
     budgeted decision's trial steps in planned steps' FLOPs, :meth:`_Meter.stepped`; the screen's passes of the model,
     each its windows over the recipe's batch, :func:`timed_step`), the threads torch ran them on and what each timed
     step was, in words (the screen's are passes of the model over fewer windows than a batch where its training
-    windows hold fewer: called steps, their seconds read as a batch's)."""
+    windows hold fewer: called steps, their seconds read as a batch's).  ``priced``: the work of the whole decision
+    its announced time estimate priced (None where none was announced), held against the time it took
+    (:func:`decision_time_line`)."""
 
     seconds: tuple
     work: tuple
     threads: int
     timed: str = "steps"
+    priced: float | None = None
 
     @property
     def mean(self) -> float:
@@ -848,6 +852,16 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
+def decision_time_line(seconds: float, times: StepTimes | None) -> str:
+    """The line after a decision that gives the wall ``seconds`` it took beside the estimate announced before its
+    work ran (``times``' :attr:`StepTimes.priced` at their mean; without one, the time alone): on a shared CPU the
+    two can differ severalfold, and the estimate alone leaves the user to time it."""
+    took = f"decision took {_duration(seconds)}"
+    if times is None or times.priced is None:
+        return took
+    return f"{took} (estimated {_duration(times.priced * times.mean)})"
+
+
 def _setting(model, train: list, held: list, recipe: Recipe, budget: DecisionBudget, sized: int | None) -> tuple:
     """``(evaluate, tokens per step, window length)``: the splits the arms are read on (the general data cut to
     ``sized`` windows where the held-out set was sized)."""
@@ -1114,5 +1128,5 @@ def _tolerance(budget: DecisionBudget, losses: dict) -> float:
 
 __all__ = ["ArmResult", "ArmTrials", "BudgetedDecision", "DecisionBudget", "FrontierDecision", "Move",
            "PlacementCheck", "MAX_TRIAL_PASSES", "PROBE_TIME_RATIO", "RELATIVE_TOLERANCE", "StepTimes", "TIMED_STEPS",
-           "TIMING_KEYS", "TIMING_PASSES", "frontier_decision", "frontier_windows", "placement_check", "probe_time", "timed_step",
+           "TIMING_KEYS", "TIMING_PASSES", "decision_time_line", "frontier_decision", "frontier_windows", "placement_check", "probe_time", "timed_step",
            "timing_record", "trial_windows"]
