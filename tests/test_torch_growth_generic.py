@@ -376,9 +376,9 @@ def test_a_train_returning_none_or_empty_loss_data_is_one_line_naming_it(setup):
                                                               probe=ProbeConfig(family="mlp", candidates=CANDIDATES)))
     with pytest.raises(InputError, match=r"train\(model, 0\) returned None; it must return the trained model"):
         grow_until_saturated(model, lambda m, k: None, probe_data, mt.per_sample_ce, heldout_data=heldout, **common)
-    with pytest.raises(InputError, match="the heldout data yielded no samples"):
+    with pytest.raises(InputError, match="grow_until_saturated's heldout_data holds no batches"):
         grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, heldout_data=[], **common)
-    with pytest.raises(InputError, match="the train data yielded no samples"):
+    with pytest.raises(InputError, match="grow_until_saturated's train_data holds no batches"):
         grow_until_saturated(model, train_inserted, probe_data, mt.per_sample_ce, train_data=[], **common)
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from zoo import models_torch as mt
-from satcore import GrowthBudget, GrowthCriteria, GrowthOptions
+from satcore import GrowthBudget, GrowthCriteria, GrowthOptions, InputError
 from satcore.adapters.torch import grow_until_saturated, probe, sequence_loss
 
 
@@ -66,5 +66,6 @@ def test_a_first_look_as_large_as_the_split_is_one_look_at_alpha_and_progress_is
     assert "sample" in err  # the tqdm bar counts samples, as probe(progress=True) does
     # one line a round; whether this weak signal inserts or stops moves with the host's float rounding
     assert re.search(r"round 0: depth \d+( -> \d+, block at \S+, training loss \S+ -> \S+|; stop: \S+) \(", err)
-    with pytest.raises(TypeError, match="len"):
+    # an iterator would be spent by the first look: refused before round 0, naming it
+    with pytest.raises(InputError, match="grow_until_saturated's probe_data is a one-shot iterator"):
         grow_until_saturated(model, _keep, iter(few), mt.per_sample_ce, options=GrowthOptions(GrowthCriteria(tolerance=0.0), GrowthBudget(max_rounds=1), first_look_batches=4))
