@@ -79,10 +79,12 @@ class CallbackDumps:
                 raise InputError(f"{by}: dump_dir={shown} holds {display_name(taken[0])}{more}, at the names its "
                                  f"dumps take ({self.pattern}); they would be replaced: give a new or empty folder")
 
-    def write(self, result, meta: dict, **name) -> str | None:
+    def write(self, result, config, fingerprint: str, **name) -> str | None:
         """Write ``result`` (a :class:`satcore.ProbeResult`) as the dump named by ``name`` (``step=``, ``epoch=``),
-        its ``meta`` the result's own (:meth:`~satcore.ProbeResult.dump_meta`) with ``callback`` = ``meta``;
-        return its path, or ``None`` where a file this callback did not write holds the name (warned, kept)."""
+        its ``meta`` the result's own (:meth:`~satcore.ProbeResult.dump_meta`) with ``callback``: this callback,
+        ``name``, what reproduces the dump (the probe's ``config``, :func:`config_record`, and the model's weights'
+        ``fingerprint``); return its path, or ``None`` where a file this callback did not write holds the name
+        (warned, kept)."""
         path = os.path.join(self.folder, self.pattern.format(**name))
         if path not in self.written and os.path.lexists(path):
             warnings.warn(f"{self.by}: {display_name(path)} appeared during training and is not a dump this callback "
@@ -90,6 +92,7 @@ class CallbackDumps:
                           f"its report)", UserWarning, stacklevel=3)
             return None
         os.makedirs(self.folder, exist_ok=True)
+        meta = {"by": self.by, **name, "config": config_record(config), "model_fingerprint": fingerprint}
         write_dump(path, result.statistics, meta={**result.dump_meta(), "callback": meta})
         if path not in self.written:
             self.written.append(path)

@@ -24,7 +24,7 @@ from satcore import DecisionPolicy, InputError, ProbeError
 from satcore.adapter_api import moved_keywords
 from satcore.adapters.base import (ProgressCounter, callback_log_candidates, callback_scalars, callback_schedule,
                                   known_length, require_reiterable, warn_if_too_few_batches, weights_fingerprint)
-from satcore.adapters.callback_dumps import callback_dumps, config_record
+from satcore.adapters.callback_dumps import callback_dumps
 
 from .grow import require_functional
 from .locate import locate_candidates
@@ -162,9 +162,7 @@ class KerasCallback(keras.callbacks.Callback):
             result = probe(self.model, self.probe_data, loss_fn, config=self.config, progress=counter.per_batch())
         if self.dumps is not None and is_chief(self.config.strategy or self.model.distribute_strategy):
             # the epoch as Keras shows it and ModelCheckpoint's "{epoch}" names it: from 1
-            meta = {"by": "KerasCallback", "epoch": epoch + 1, "config": config_record(self.config),
-                    "model_fingerprint": keras_fingerprint(self.model)}
-            self.dumps.write(result, meta, epoch=epoch + 1)
+            self.dumps.write(result, self.config, keras_fingerprint(self.model), epoch=epoch + 1)
         report = result.report(**self.report_options)
         if self.policy is not None:
             from .decide import decide

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from satcore import DecisionPolicy, InputError
 from satcore.adapters.base import ProgressCounter, require_reiterable
-from satcore.adapters.callback_dumps import CallbackDumps, config_record
+from satcore.adapters.callback_dumps import CallbackDumps
 
 from .checkpoint import model_fingerprint
 from .decide import decide_under, decision_probe_options
@@ -104,8 +104,6 @@ def dump_writer(dumps: CallbackDumps, model, config: ProbeConfig, **where):
     (the weights probed, as a probe checkpoint records them)."""
 
     def write(result):
-        meta = {"by": dumps.by, **where, "config": config_record(config),
-                "model_fingerprint": model_fingerprint(unwrap_data_parallel(model))}
-        dumps.write(result, meta, **where)
+        dumps.write(result, config, model_fingerprint(unwrap_data_parallel(model)), **where)
 
     return write

@@ -136,12 +136,15 @@ def named_candidates(model: nn.Module, names, *, head: bool = True) -> tuple[Can
     # a module registered under two names (self.alias = self.blocks[0]) is listed under its first only
     first_name = {id(m): n for n, m in modules.items()}
     for n in names:
-        if not isinstance(n, str) or n == "" or (n not in modules and _submodule(model, n) is None):
+        named = isinstance(n, str) and n != ""  # "" names the model itself, not a place in it
+        if named and n in modules:
+            continue
+        module = _submodule(model, n) if named else None
+        if module is None:
             raise ProbeError(f"candidate {n!r} is not a submodule name of {type(model).__name__}; "
                              + _valid_names(model, modules))
-        if n not in modules:
-            raise ProbeError(f"candidate {n!r} is the module {first_name[id(_submodule(model, n))]!r} under a second "
-                             f"name (one module registered twice); name it {first_name[id(_submodule(model, n))]!r}")
+        raise ProbeError(f"candidate {n!r} is the module {first_name[id(module)]!r} under a second name (one module "
+                         f"registered twice); name it {first_name[id(module)]!r}")
     refuse_named_twice(names)
     return with_head([_candidate(model, n) for n in names], head)
 
